@@ -1,0 +1,146 @@
+"""One family of typed errors for the whole project.
+
+Every error the project raises on purpose derives from :class:`AgentScopeServerlessError`,
+so callers can catch the family, and the HTTP layer maps each class to one status code.
+Messages never include secrets (tokens, passwords, connection strings with credentials).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentScopeServerlessError(Exception):
+    """Base of every error raised by this project.
+
+    ``code`` is a stable, machine-readable identifier (used in HTTP error bodies and in
+    ``failed`` events); the message is for humans.
+    """
+
+    code: str = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class ConfigurationError(AgentScopeServerlessError, ValueError):
+    """A setting is missing or has a bad value (raised at start-up)."""
+
+    code = "CONFIGURATION_ERROR"
+
+
+class InvalidInputError(AgentScopeServerlessError, ValueError):
+    """An argument or request body is not valid.
+
+    ``errors`` lists the offending fields as ``{"loc": [...], "msg": "..."}`` items.
+
+    >>> InvalidInputError("user_id must not be blank", field="user_id").errors
+    [{'loc': ['user_id'], 'msg': 'user_id must not be blank'}]
+    """
+
+    code = "INVALID_INPUT"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        if errors is None:
+            errors = [{"loc": [field] if field else [], "msg": message}]
+        self.errors = errors
+
+
+class ServiceNotStartedError(AgentScopeServerlessError, RuntimeError):
+    """A data method was called on a service before ``start()`` or after ``stop()``."""
+
+    code = "SERVICE_NOT_STARTED"
+
+    def __init__(self, service_name: str) -> None:
+        super().__init__(
+            f"{service_name} is not started: call `await service.start()` first "
+            "(or use `async with service:`)"
+        )
+        self.service_name = service_name
+
+
+class NotFoundError(AgentScopeServerlessError, LookupError):
+    """The thing asked for does not exist (or belongs to someone else)."""
+
+    code = "NOT_FOUND"
+
+
+class SessionNotFoundError(NotFoundError):
+    """No session with that id for that user."""
+
+    code = "SESSION_NOT_FOUND"
+
+    def __init__(self, user_id: str, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} not found")
+        self.user_id = user_id
+        self.session_id = session_id
+
+
+class ConflictError(AgentScopeServerlessError):
+    """The request conflicts with the current state (for example a concurrent write)."""
+
+    code = "CONFLICT"
+
+
+class PayloadTooLargeError(AgentScopeServerlessError):
+    """A request body or stored item is larger than the configured limit."""
+
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class AuthenticationError(AgentScopeServerlessError):
+    """No credential, or a credential that does not match any key."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(AgentScopeServerlessError):
+    """The credential is valid but may not act on the requested user or resource."""
+
+    code = "PERMISSION_DENIED"
+
+
+class StoreUnavailableError(AgentScopeServerlessError):
+    """A backing store (Redis, DynamoDB, a sandbox server) cannot be reached or failed.
+
+    ``store`` names the store (``"redis"``, ``"dynamodb"``, ...); the message never
+    carries credentials.
+    """
+
+    code = "STORE_UNAVAILABLE"
+
+    def __init__(self, store: str, message: str) -> None:
+        super().__init__(f"{store} is unavailable: {message}")
+        self.store = store
+
+
+class AgentError(AgentScopeServerlessError):
+    """The agent failed while handling a request."""
+
+    code = "AGENT_ERROR"
+
+
+__all__ = [
+    "AgentError",
+    "AgentScopeServerlessError",
+    "AuthenticationError",
+    "ConfigurationError",
+    "ConflictError",
+    "InvalidInputError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "ServiceNotStartedError",
+    "SessionNotFoundError",
+    "StoreUnavailableError",
+]

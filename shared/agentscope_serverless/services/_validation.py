@@ -1,0 +1,160 @@
+"""Normalisation and validation shared by every backend (ids, messages, cursors, limits)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.schemas.agent_schemas import Message
+
+MAX_ID_LENGTH = 512
+DEFAULT_SESSION_ID = "default"
+
+
+def require_user_id(user_id: Any) -> str:
+    """A user id is a non-blank string; it is used exactly as given (never stripped)."""
+    if not isinstance(user_id, str):
+        raise InvalidInputError(
+            f"user_id must be a string, got {type(user_id).__name__}", field="user_id"
+        )
+    if not user_id.strip():
+        raise InvalidInputError("user_id must not be blank", field="user_id")
+    if len(user_id) > MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"user_id is longer than {MAX_ID_LENGTH} characters", field="user_id"
+        )
+    return user_id
+
+
+def clean_session_id(session_id: Any) -> str | None:
+    """A session id stripped of surrounding whitespace; None when missing or blank."""
+    if session_id is None:
+        return None
+    if not isinstance(session_id, str):
+        raise InvalidInputError(
+            f"session_id must be a string, got {type(session_id).__name__}", field="session_id"
+        )
+    session_id = session_id.strip()
+    if len(session_id) > MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"session_id is longer than {MAX_ID_LENGTH} characters", field="session_id"
+        )
+    return session_id or None
+
+
+def new_or_clean_session_id(session_id: Any) -> str:
+    """The cleaned session id, or a fresh uuid when it is missing or blank."""
+    return clean_session_id(session_id) or str(uuid.uuid4())
+
+
+def session_id_or_default(session_id: Any) -> str:
+    """The cleaned session id, or ``"default"`` (memory and state group by it)."""
+    return clean_session_id(session_id) or DEFAULT_SESSION_ID
+
+
+def to_message(item: Any, *, position: int | None = None) -> Message:
+    """A validated, private copy of a :class:`Message` given as a model or a dict."""
+    where = "message" if position is None else f"message[{position}]"
+    if isinstance(item, Message):
+        return item.model_copy(deep=True)
+    if isinstance(item, Mapping):
+        try:
+            return Message.model_validate(dict(item))
+        except ValidationError as exc:
+            raise InvalidInputError(
+                f"{where} is not a valid message: {exc.errors()[0]['msg']}",
+                errors=[{"loc": [where, *err["loc"]], "msg": err["msg"]} for err in exc.errors()],
+            ) from None
+    raise InvalidInputError(
+        f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
+    )
+
+
+def to_messages(message: Any) -> list[Message]:
+    """One message or a list of them as validated copies; ``None`` items are skipped.
+
+    Everything is validated before anything is returned, so a bad item in a list stores
+    nothing.
+    """
+    if isinstance(message, list | tuple):
+        return [to_message(item, position=i) for i, item in enumerate(message) if item is not None]
+    if message is None:
+        return []
+    return [to_message(message)]
+
+
+def json_copy(value: Any, *, field: str) -> Any:
+    """A deep copy through JSON, which is what every backend stores.
+
+    Fails with :class:`InvalidInputError` when ``value`` cannot be stored as JSON, so every
+    backend accepts and returns exactly the same data.
+    """
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
+
+
+def require_positive_int(value: Any, *, field: str, maximum: int | None = None) -> int:
+    """``value`` as an int of at least 1 (and at most ``maximum``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{field} must be an integer", field=field)
+    if value < 1:
+        raise InvalidInputError(f"{field} must be at least 1, got {value}", field=field)
+    if maximum is not None and value > maximum:
+        raise InvalidInputError(f"{field} must be at most {maximum}, got {value}", field=field)
+    return value
+
+
+def encode_cursor(payload: Mapping[str, Any]) -> str:
+    """An opaque, URL-safe cursor carrying ``payload``."""
+    raw = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: Any) -> dict[str, Any]:
+    """The payload of a cursor made by :func:`encode_cursor`."""
+    if not isinstance(cursor, str) or not cursor:
+        raise InvalidInputError("cursor must be a non-empty string", field="cursor")
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        payload = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise InvalidInputError("cursor is not valid", field="cursor") from None
+    if not isinstance(payload, dict):
+        raise InvalidInputError("cursor is not valid", field="cursor")
+    return payload
+
+
+def cursor_position(cursor: str | None, key: str) -> int:
+    """The non-negative integer ``key`` of a cursor; 0 when there is no cursor."""
+    if cursor is None:
+        return 0
+    value = decode_cursor(cursor).get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError("cursor is not valid", field="cursor")
+    return value
+
+
+__all__ = [
+    "DEFAULT_SESSION_ID",
+    "MAX_ID_LENGTH",
+    "clean_session_id",
+    "cursor_position",
+    "decode_cursor",
+    "encode_cursor",
+    "json_copy",
+    "new_or_clean_session_id",
+    "require_positive_int",
+    "require_user_id",
+    "session_id_or_default",
+    "to_message",
+    "to_messages",
+]

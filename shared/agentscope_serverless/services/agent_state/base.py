@@ -1,0 +1,117 @@
+"""The agent state interface, and the behaviour every backend shares.
+
+State is a JSON-serialisable dict kept per user, session (``"default"`` when none is
+given) and round. Rounds are numbered from 1; a save without ``round_id`` gets the next
+round atomically.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.services._validation import (
+    json_copy,
+    require_positive_int,
+    require_user_id,
+    session_id_or_default,
+)
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+
+
+class StateService(StartedGuard, ServiceWithLifecycleManager):
+    """Serialisable agent state by user, session and round.
+
+    >>> async def demo(state: StateService) -> None:
+    ...     round_id = await state.save_state("u1", {"step": 3}, session_id="s1")
+    ...     assert await state.export_state("u1", session_id="s1") == {"step": 3}
+
+    Every backend stores a copy (as JSON) and returns a copy: mutating what you passed in
+    or got back never changes what is stored.
+    """
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def save_state(
+        self,
+        user_id: str,
+        state: dict[str, Any],
+        session_id: str | None = None,
+        round_id: int | None = None,
+    ) -> int:
+        """Store ``state`` and return its round id.
+
+        Without ``round_id`` the next round is allocated atomically (concurrent saves get
+        distinct rounds); with it, that round is overwritten.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if not isinstance(state, dict):
+            raise InvalidInputError(
+                f"state must be a dict, got {type(state).__name__}", field="state"
+            )
+        stored = json_copy(state, field="state")
+        sid = session_id_or_default(session_id)
+        if round_id is None:
+            return await self._save_next(user_id, sid, stored)
+        round_id = require_positive_int(round_id, field="round_id")
+        await self._save_round(user_id, sid, round_id, stored)
+        return round_id
+
+    async def export_state(
+        self, user_id: str, session_id: str | None = None, round_id: int | None = None
+    ) -> dict[str, Any] | None:
+        """A copy of the state of ``round_id`` (the latest round by default), or None."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        sid = session_id_or_default(session_id)
+        if round_id is not None:
+            round_id = require_positive_int(round_id, field="round_id")
+        return await self._load(user_id, sid, round_id)
+
+    async def list_rounds(self, user_id: str, session_id: str | None = None) -> list[int]:
+        """The round ids stored for the session, ascending."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        return await self._list_rounds(user_id, session_id_or_default(session_id))
+
+    async def delete_state(self, user_id: str, session_id: str | None = None) -> None:
+        """Delete every round of the session's state; no error when there is none."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        await self._delete(user_id, session_id_or_default(session_id))
+
+    @abstractmethod
+    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+        """Atomically allocate the round after the highest one and store ``state`` there."""
+
+    @abstractmethod
+    async def _save_round(
+        self, user_id: str, session_id: str, round_id: int, state: dict[str, Any]
+    ) -> None:
+        """Store ``state`` as round ``round_id``, replacing what was there."""
+
+    @abstractmethod
+    async def _load(
+        self, user_id: str, session_id: str, round_id: int | None
+    ) -> dict[str, Any] | None:
+        """A fresh copy of the round (the highest when None), or None."""
+
+    @abstractmethod
+    async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
+        """Stored round ids, ascending."""
+
+    @abstractmethod
+    async def _delete(self, user_id: str, session_id: str) -> None:
+        """Remove every round of the session."""
+
+
+__all__ = ["StateService"]

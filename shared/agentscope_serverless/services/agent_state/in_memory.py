@@ -1,0 +1,54 @@
+"""Agent state in the process's memory: the embedded default for local runs and tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from agentscope_serverless.services.agent_state.base import StateService
+
+
+class InMemoryStateService(StateService):
+    """State kept in a dict: ``{user_id: {session_id: {round_id: state}}}``.
+
+    >>> state = InMemoryStateService()
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+
+    def _rounds(self, user_id: str, session_id: str) -> dict[int, dict[str, Any]]:
+        return self._states.setdefault(user_id, {}).setdefault(session_id, {})
+
+    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+        rounds = self._rounds(user_id, session_id)
+        round_id = max(rounds, default=0) + 1
+        rounds[round_id] = state
+        return round_id
+
+    async def _save_round(
+        self, user_id: str, session_id: str, round_id: int, state: dict[str, Any]
+    ) -> None:
+        self._rounds(user_id, session_id)[round_id] = state
+
+    async def _load(
+        self, user_id: str, session_id: str, round_id: int | None
+    ) -> dict[str, Any] | None:
+        rounds = self._states.get(user_id, {}).get(session_id, {})
+        if round_id is None:
+            round_id = max(rounds, default=None)
+        state = rounds.get(round_id) if round_id is not None else None
+        return copy.deepcopy(state) if state is not None else None
+
+    async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
+        return sorted(self._states.get(user_id, {}).get(session_id, {}))
+
+    async def _delete(self, user_id: str, session_id: str) -> None:
+        sessions = self._states.get(user_id)
+        if sessions is not None:
+            sessions.pop(session_id, None)
+            if not sessions:
+                del self._states[user_id]
+
+
+__all__ = ["InMemoryStateService"]

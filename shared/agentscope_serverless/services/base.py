@@ -1,0 +1,73 @@
+"""The service lifecycle: ``start()``, ``stop()``, ``health()``, and ``async with``.
+
+>>> class Clock(ServiceWithLifecycleManager):
+...     async def start(self) -> None: ...
+...     async def stop(self) -> None: ...
+...     async def health(self) -> bool: return True
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from types import TracebackType
+from typing import Self
+
+from agentscope_serverless.errors import ServiceNotStartedError
+
+
+class Service(ABC):
+    """Something with a lifecycle: started before use, stopped after, and health-checked."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Initialise resources and connections."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Release what ``start()`` acquired."""
+
+    @abstractmethod
+    async def health(self) -> bool:
+        """True when the service can serve requests (remote backends really ping)."""
+
+
+class ServiceLifecycleManagerMixin:
+    """``async with service:`` starts it on entry and stops it on exit."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()  # type: ignore[attr-defined]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        await self.stop()  # type: ignore[attr-defined]
+        return False
+
+
+class ServiceWithLifecycleManager(Service, ServiceLifecycleManagerMixin):
+    """Base class of every service: the lifecycle methods plus ``async with`` support."""
+
+
+class StartedGuard:
+    """Tracks whether a service is started, so data methods fail clearly when it is not."""
+
+    _started: bool = False
+
+    def _set_started(self, started: bool) -> None:
+        self._started = started
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            raise ServiceNotStartedError(type(self).__name__)
+
+
+__all__ = [
+    "Service",
+    "ServiceLifecycleManagerMixin",
+    "ServiceWithLifecycleManager",
+    "StartedGuard",
+]

@@ -1,0 +1,24 @@
+"""Long-term memory: the interface and its backends.
+
+The Redis backend is imported on first use, so importing this package never imports a
+store client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.memory.in_memory import InMemoryMemoryService
+
+_LAZY = {"RedisMemoryService": "agentscope_serverless.services.memory.redis"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["InMemoryMemoryService", "MemoryService", "RedisMemoryService"]

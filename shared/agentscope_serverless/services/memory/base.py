@@ -1,0 +1,137 @@
+"""The long-term memory interface, and the behaviour every backend shares.
+
+Memory is organised by user, then by session (``"default"`` when none is given). Search is
+keyword search over tokens, ranked by BM25 with ties to the most recent memory.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services._validation import (
+    clean_session_id,
+    require_positive_int,
+    require_user_id,
+    session_id_or_default,
+    to_messages,
+)
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.memory.text import query_terms
+
+DEFAULT_PAGE_SIZE = 10
+MAX_PAGE_SIZE = 1000
+MAX_TOP_K = 1000
+
+
+def _filters(filters: Any) -> Mapping[str, Any]:
+    if filters is None:
+        return {}
+    if not isinstance(filters, Mapping):
+        raise InvalidInputError("filters must be a dict", field="filters")
+    return filters
+
+
+class MemoryService(StartedGuard, ServiceWithLifecycleManager):
+    """Long-term memory of users: messages to remember, found again by keyword search.
+
+    >>> async def demo(memory: MemoryService) -> None:
+    ...     await memory.add_memory("u1", [{"role": "user", "content": "I love green tea"}])
+    ...     hits = await memory.search_memory("u1", [{"role": "user", "content": "tea?"}])
+    """
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def add_memory(self, user_id: str, messages: Any, session_id: str | None = None) -> None:
+        """Remember ``messages`` (a message or a list; models or dicts) for the user."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        validated = to_messages(messages)
+        if validated:
+            await self._add(user_id, session_id_or_default(session_id), validated)
+
+    async def search_memory(
+        self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """Memories matching the text of the last message, best first.
+
+        ``filters={"top_k": k}`` keeps the ``k`` best. An unknown user or a query without
+        words gives ``[]``.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        top_k = _filters(filters).get("top_k")
+        if top_k is not None:
+            top_k = require_positive_int(top_k, field="top_k", maximum=MAX_TOP_K)
+        items = to_messages(messages)
+        terms = query_terms(items[-1] if items else None)
+        if not terms:
+            return []
+        return await self._search(user_id, terms, top_k or MAX_TOP_K)
+
+    async def list_memory(
+        self, user_id: str, filters: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """One page of the user's memories, oldest first.
+
+        ``filters={"page_num": 1, "page_size": 10}`` (the defaults) selects the page.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        options = _filters(filters)
+        page_num = require_positive_int(options.get("page_num", 1), field="page_num")
+        page_size = require_positive_int(
+            options.get("page_size", DEFAULT_PAGE_SIZE), field="page_size", maximum=MAX_PAGE_SIZE
+        )
+        return await self._list(user_id, (page_num - 1) * page_size, page_size)
+
+    async def delete_memory(self, user_id: str, session_id: str | None = None) -> None:
+        """Forget one session's memories, or all of the user's when ``session_id`` is None.
+
+        A blank ``session_id`` is an error, not "everything": forgetting all of a user's
+        memory has to be asked for explicitly.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if session_id is None:
+            await self._delete(user_id, None)
+            return
+        sid = clean_session_id(session_id)
+        if sid is None:
+            raise InvalidInputError(
+                "session_id must not be blank (pass None to delete all memory)",
+                field="session_id",
+            )
+        await self._delete(user_id, sid)
+
+    @abstractmethod
+    async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
+        """Store and index ``messages`` (validated copies) after the user's other memories."""
+
+    @abstractmethod
+    async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
+        """The ``top_k`` best memories for ``terms`` by BM25, ties to the most recent.
+
+        Must read what matches (an index), not the user's whole memory.
+        """
+
+    @abstractmethod
+    async def _list(self, user_id: str, offset: int, limit: int) -> list[Message]:
+        """``limit`` memories starting at ``offset``, in the order they were added."""
+
+    @abstractmethod
+    async def _delete(self, user_id: str, session_id: str | None) -> None:
+        """Remove one session's memories (or all the user's) from storage and index."""
+
+
+__all__ = ["MemoryService"]

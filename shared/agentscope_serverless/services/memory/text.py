@@ -1,0 +1,117 @@
+"""Text analysis and ranking for keyword memory search, shared by every memory backend.
+
+Search is over tokens, not substrings: ``"a"`` does not match ``"banana"``. Matches are
+ranked with BM25 (Okapi, ``k1=1.2``, ``b=0.75``); ties go to the most recent memory.
+
+>>> tokenize("Hello, World! hello")
+['hello', 'world', 'hello']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Scripts written without spaces between words: each character is a token of its own.
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+def tokenize(text: str) -> list[str]:
+    """Case-folded word tokens of ``text``, in order (CJK characters one by one)."""
+    tokens: list[str] = []
+    for word in _WORD.findall(text.casefold()):
+        if _UNSPACED.search(word):
+            tokens.extend(_split_unspaced(word))
+        else:
+            tokens.append(word)
+    return tokens
+
+
+def _split_unspaced(word: str) -> Iterable[str]:
+    run = ""
+    for char in word:
+        if _UNSPACED.match(char):
+            if run:
+                yield run
+                run = ""
+            yield char
+        else:
+            run += char
+    if run:
+        yield run
+
+
+def message_text(message: Message) -> str:
+    """All the text parts of a message, joined by spaces: what memory search indexes."""
+    return " ".join(
+        part.text for part in message.content or [] if isinstance(part, TextContent) and part.text
+    )
+
+
+def query_terms(message: Message | None) -> list[str]:
+    """The distinct tokens of a query message, in first-seen order."""
+    if message is None:
+        return []
+    return list(dict.fromkeys(tokenize(message_text(message))))
+
+
+def term_frequencies(message: Message) -> tuple[Counter[str], int]:
+    """The tokens of a memory with their counts, and its length in tokens."""
+    tokens = tokenize(message_text(message))
+    return Counter(tokens), len(tokens)
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """What BM25 needs to know about a user's whole memory."""
+
+    documents: int
+    total_length: int
+
+    @property
+    def average_length(self) -> float:
+        return self.total_length / self.documents if self.documents else 0.0
+
+
+def idf(documents: int, document_frequency: int) -> float:
+    """BM25's inverse document frequency (always positive)."""
+    return math.log(1.0 + (documents - document_frequency + 0.5) / (document_frequency + 0.5))
+
+
+def bm25_score(
+    term_counts: dict[str, int],
+    length: int,
+    idfs: dict[str, float],
+    stats: CorpusStats,
+) -> float:
+    """The BM25 score of one memory for the query terms whose ``idfs`` are given."""
+    avg = stats.average_length or 1.0
+    score = 0.0
+    for term, term_idf in idfs.items():
+        tf = term_counts.get(term, 0)
+        if tf:
+            norm = tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg)
+            score += term_idf * tf * (BM25_K1 + 1) / norm
+    return score
+
+
+__all__ = [
+    "BM25_B",
+    "BM25_K1",
+    "CorpusStats",
+    "bm25_score",
+    "idf",
+    "message_text",
+    "query_terms",
+    "term_frequencies",
+    "tokenize",
+]

@@ -1,0 +1,174 @@
+"""The session history interface, and the behaviour every backend shares.
+
+Backends implement the ``_``-prefixed hooks; the public methods validate and normalise
+their arguments first, so every backend treats ids, messages and limits the same way.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.pagination import Page
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import (
+    clean_session_id,
+    new_or_clean_session_id,
+    require_positive_int,
+    require_user_id,
+    to_messages,
+)
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+
+MAX_PAGE_SIZE = 1000
+
+
+class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
+    """Conversations of users, each an ordered list of messages.
+
+    >>> async def demo(service: SessionHistoryService) -> None:
+    ...     session = await service.create_session("u1", "s1")
+    ...     await service.append_message(session, {"role": "user", "content": "hi"})
+    ...     (await service.get_session("u1", "s1")).messages[0].get_text_content()
+
+    Guarantees on every backend:
+
+    - ``create_session`` is idempotent: an existing session comes back unchanged.
+    - ``get_session`` returns None for a missing session.
+    - ``list_sessions`` lists exactly that user's sessions, without their messages.
+    - ``append_message`` is atomic: concurrent appends all land, in one total order; a
+      session that does not exist yet is created.
+    """
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
+        """Create a session (a fresh uuid when ``session_id`` is missing or blank).
+
+        Creating a session that exists returns it unchanged, with its history.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        return await self._create_session(user_id, new_or_clean_session_id(session_id))
+
+    async def get_session(self, user_id: str, session_id: str) -> Session | None:
+        """The session with its full history, or None when it does not exist."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        sid = clean_session_id(session_id)
+        if sid is None:
+            return None
+        return await self._get_session(user_id, sid)
+
+    async def delete_session(self, user_id: str, session_id: str) -> None:
+        """Delete a session and its history; deleting a missing session is not an error."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        sid = clean_session_id(session_id)
+        if sid is not None:
+            await self._delete_session(user_id, sid)
+
+    async def list_sessions(self, user_id: str) -> list[Session]:
+        """Every session of ``user_id`` in creation order, with ``messages == []``."""
+        sessions: list[Session] = []
+        cursor: str | None = None
+        while True:
+            page = await self.list_sessions_page(user_id, limit=MAX_PAGE_SIZE, cursor=cursor)
+            sessions.extend(page.items)
+            if page.next_cursor is None:
+                return sessions
+            cursor = page.next_cursor
+
+    async def list_sessions_page(
+        self, user_id: str, *, limit: int = 50, cursor: str | None = None
+    ) -> Page[Session]:
+        """One page of ``list_sessions``; pass ``next_cursor`` back for the next one."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        limit = require_positive_int(limit, field="limit", maximum=MAX_PAGE_SIZE)
+        return await self._list_sessions_page(user_id, limit, cursor)
+
+    async def list_messages(
+        self, user_id: str, session_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Page[Message]:
+        """One page of a session's messages in order.
+
+        Raises :class:`SessionNotFoundError` when the session does not exist.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        limit = require_positive_int(limit, field="limit", maximum=MAX_PAGE_SIZE)
+        sid = clean_session_id(session_id)
+        if sid is None:
+            raise SessionNotFoundError(user_id, "")
+        page = await self._list_messages(user_id, sid, limit, cursor)
+        if page is None:
+            raise SessionNotFoundError(user_id, sid)
+        return page
+
+    async def append_message(
+        self,
+        session: Session,
+        message: Message | dict[str, Any] | list[Message] | list[dict[str, Any]],
+    ) -> None:
+        """Append one message or a list of them (models or dicts) to ``session``.
+
+        The stored messages are validated copies, and ``session.messages`` of the object
+        passed in is extended with them. A session that does not exist yet is created.
+        """
+        self._ensure_started()
+        user_id = require_user_id(session.user_id)
+        sid = clean_session_id(session.id)
+        if sid is None:
+            raise InvalidInputError("session.id must not be blank", field="session.id")
+        messages = to_messages(message)
+        if not messages:
+            return
+        await self._append_messages(user_id, sid, messages)
+        session.messages.extend(m.model_copy(deep=True) for m in messages)
+
+    @abstractmethod
+    async def _create_session(self, user_id: str, session_id: str) -> Session:
+        """Create the session if missing; return it as stored (with its history)."""
+
+    @abstractmethod
+    async def _get_session(self, user_id: str, session_id: str) -> Session | None:
+        """The stored session with every message, or None."""
+
+    @abstractmethod
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        """Remove the session and its messages, if present."""
+
+    @abstractmethod
+    async def _list_sessions_page(
+        self, user_id: str, limit: int, cursor: str | None
+    ) -> Page[Session]:
+        """A page of the user's sessions, oldest first, without messages.
+
+        The cursor must only encode a position inside this user's own listing, never a
+        raw store key, so a forged cursor cannot reach another user's data.
+        """
+
+    @abstractmethod
+    async def _list_messages(
+        self, user_id: str, session_id: str, limit: int, cursor: str | None
+    ) -> Page[Message] | None:
+        """A page of the session's messages, or None when the session does not exist."""
+
+    @abstractmethod
+    async def _append_messages(
+        self, user_id: str, session_id: str, messages: list[Message]
+    ) -> None:
+        """Atomically append ``messages`` (already validated) in order, creating the session."""
+
+
+__all__ = ["MAX_PAGE_SIZE", "SessionHistoryService"]

@@ -1,0 +1,96 @@
+"""Session history in the process's memory: the embedded default for local runs and tests."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.pagination import Page
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import cursor_position, encode_cursor
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+
+@dataclass
+class _StoredSession:
+    seq: int
+    messages: list[Message] = field(default_factory=list)
+
+
+class InMemorySessionHistoryService(SessionHistoryService):
+    """Sessions kept in a dict: ``{user_id: {session_id: messages}}``.
+
+    Data lives as long as the object; ``stop()`` keeps it, so a restarted service sees it.
+    Stored messages are private copies: changing a returned session changes nothing stored.
+
+    >>> service = InMemorySessionHistoryService()
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, dict[str, _StoredSession]] = {}
+        self._seq = itertools.count(1)
+
+    async def _create_session(self, user_id: str, session_id: str) -> Session:
+        stored = self._sessions.setdefault(user_id, {}).get(session_id)
+        if stored is None:
+            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        return self._to_session(user_id, session_id, stored)
+
+    async def _get_session(self, user_id: str, session_id: str) -> Session | None:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        return None if stored is None else self._to_session(user_id, session_id, stored)
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        user_sessions = self._sessions.get(user_id, {})
+        user_sessions.pop(session_id, None)
+        if not user_sessions:
+            self._sessions.pop(user_id, None)
+
+    async def _list_sessions_page(
+        self, user_id: str, limit: int, cursor: str | None
+    ) -> Page[Session]:
+        after = cursor_position(cursor, "after")
+        ordered = sorted(
+            (stored.seq, sid) for sid, stored in self._sessions.get(user_id, {}).items()
+        )
+        remaining = [(seq, sid) for seq, sid in ordered if seq > after]
+        page = remaining[:limit]
+        next_cursor = encode_cursor({"after": page[-1][0]}) if len(remaining) > limit else None
+        return Page[Session](
+            items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
+            next_cursor=next_cursor,
+        )
+
+    async def _list_messages(
+        self, user_id: str, session_id: str, limit: int, cursor: str | None
+    ) -> Page[Message] | None:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        if stored is None:
+            return None
+        offset = cursor_position(cursor, "offset")
+        items = stored.messages[offset : offset + limit]
+        end = offset + len(items)
+        return Page[Message](
+            items=[m.model_copy(deep=True) for m in items],
+            next_cursor=encode_cursor({"offset": end}) if end < len(stored.messages) else None,
+        )
+
+    async def _append_messages(
+        self, user_id: str, session_id: str, messages: list[Message]
+    ) -> None:
+        stored = self._sessions.setdefault(user_id, {}).get(session_id)
+        if stored is None:
+            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        stored.messages.extend(m.model_copy(deep=True) for m in messages)
+
+    @staticmethod
+    def _to_session(user_id: str, session_id: str, stored: _StoredSession) -> Session:
+        return Session(
+            id=session_id,
+            user_id=user_id,
+            messages=[m.model_copy(deep=True) for m in stored.messages],
+        )
+
+
+__all__ = ["InMemorySessionHistoryService"]

@@ -1,0 +1,105 @@
+"""One settings object, read from environment variables and validated once at start-up.
+
+Every setting is an environment variable of the same name in upper case, for example
+``SESSION_HISTORY_BACKEND=redis``. A bad value fails at start-up with the variable's name
+and what is wrong with it (never its value, which may be a secret).
+
+>>> Settings(session_history_backend="in_memory").memory_backend
+'in_memory'
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agentscope_serverless.errors import ConfigurationError
+
+SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
+MemoryBackend = Literal["in_memory", "redis"]
+StateBackend = Literal["in_memory", "redis", "dynamodb"]
+
+
+class Settings(BaseSettings):
+    """Every setting of the project, with its environment variable and default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="",
+        case_sensitive=False,
+        extra="ignore",
+        env_ignore_empty=True,
+        frozen=True,
+    )
+
+    session_history_backend: SessionHistoryBackend = Field(
+        "in_memory", description="Where session history lives: in_memory, redis or dynamodb."
+    )
+    memory_backend: MemoryBackend = Field(
+        "in_memory", description="Where long-term memory lives: in_memory or redis."
+    )
+    state_backend: StateBackend = Field(
+        "in_memory", description="Where agent state lives: in_memory, redis or dynamodb."
+    )
+
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="Redis URL (redis:// or rediss:// for TLS; may carry credentials).",
+    )
+    redis_cluster: bool = Field(False, description="Talk to Redis in cluster mode.")
+    session_ttl_seconds: int | None = Field(
+        None, ge=1, description="Sliding expiry of sessions in Redis/DynamoDB; unset: none."
+    )
+    memory_ttl_seconds: int | None = Field(
+        None, ge=1, description="Expiry of long-term memory; unset: memory never expires."
+    )
+    state_ttl_seconds: int | None = Field(
+        None, ge=1, description="Sliding expiry of agent state; unset: none."
+    )
+    max_messages_per_session: int | None = Field(
+        None, ge=1, description="Keep only the newest N messages of a session; unset: all."
+    )
+
+    dynamodb_sessions_table: str = Field(
+        "agentscope-sessions", min_length=3, description="DynamoDB table for session history."
+    )
+    dynamodb_state_table: str = Field(
+        "agentscope-state", min_length=3, description="DynamoDB table for agent state."
+    )
+    dynamodb_endpoint_url: str | None = Field(
+        None, description="DynamoDB endpoint (for a local emulator); unset: AWS."
+    )
+    aws_region: str = Field("us-east-1", description="AWS region of the DynamoDB tables.")
+
+    sandbox_base_url: str | None = Field(
+        None, description="Remote sandbox server URL; unset: an embedded local sandbox."
+    )
+    sandbox_bearer_token: SecretStr | None = Field(
+        None, description="Bearer token of the remote sandbox server."
+    )
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate the settings, raising :class:`ConfigurationError` on bad values.
+
+    ``overrides`` take precedence over the environment.
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']).upper() or 'SETTINGS'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigurationError(f"invalid settings: {problems}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return load_settings()
+
+
+__all__ = ["Settings", "get_settings", "load_settings"]
