@@ -1,4 +1,4 @@
-"""CONTRACT §1–§2: session history, on every backend."""
+"""CONTRACT §1 and §2: session history, on every backend."""
 
 from __future__ import annotations
 
