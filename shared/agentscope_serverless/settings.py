@@ -11,9 +11,10 @@ and what is wrong with it (never its value, which may be a secret).
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentscope_serverless.errors import ConfigurationError
@@ -21,6 +22,7 @@ from agentscope_serverless.errors import ConfigurationError
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
 StateBackend = Literal["in_memory", "redis", "dynamodb"]
+KeyStoreBackend = Literal["in_memory", "file"]
 
 
 class Settings(BaseSettings):
@@ -79,6 +81,48 @@ class Settings(BaseSettings):
     sandbox_bearer_token: SecretStr | None = Field(
         None, description="Bearer token of the remote sandbox server."
     )
+
+    agent_app: str = Field(
+        "agentscope_serverless.agents.demo:app",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="The AgentApp the process endpoints serve, as an import path module:attribute.",
+    )
+    agent_memory_top_k: int = Field(
+        5, ge=1, le=1000, description="How many long-term memories a run hands to the agent."
+    )
+    auth_keys_backend: KeyStoreBackend = Field(
+        "in_memory", description="Where API keys (hashed) live: in_memory or file."
+    )
+    auth_keys_file: Path = Field(
+        Path("~/.agentscope-serverless/keys.json"),
+        description="The key file of the file key store (written with 0600 permissions).",
+    )
+    max_request_bytes: int = Field(
+        1_048_576, ge=1, description="Largest accepted request body in bytes (413 above)."
+    )
+    sse_ping_interval_seconds: float = Field(
+        15.0, gt=0, description="Send a `: ping` comment when a stream is silent this long."
+    )
+
+    llm_base_url: str = Field(
+        "https://api.openai.com/v1", description="Base URL of an OpenAI-compatible chat API."
+    )
+    llm_api_key: SecretStr | None = Field(None, description="API key of the chat API.")
+    llm_model: str = Field("gpt-4o-mini", min_length=1, description="Model name for the chat API.")
+    llm_system_prompt: str = Field(
+        "You are a helpful assistant.", description="System prompt of the LLM agent."
+    )
+    llm_max_iterations: int = Field(
+        8, ge=1, le=100, description="Most model calls per request when the model calls tools."
+    )
+    llm_timeout_seconds: float = Field(
+        60.0, gt=0, description="Timeout of one call to the chat API."
+    )
+
+    @field_validator("auth_keys_file")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        return value.expanduser()
 
 
 def load_settings(**overrides: object) -> Settings:

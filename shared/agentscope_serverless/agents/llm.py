@@ -1,0 +1,309 @@
+"""An agent on any OpenAI-compatible chat completions API, with tools.
+
+It streams the model's tokens, runs the tools the model calls, hands the results back and
+asks again, until the model answers without calling a tool (at most ``LLM_MAX_ITERATIONS``
+model calls). The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``,
+``Authorization: Bearer {LLM_API_KEY}``, model ``LLM_MODEL``)::
+
+    from agentscope_serverless.agents.llm import create_llm_app
+    app = create_llm_app(tools=[weather_tool])
+
+``app`` below is the same without tools, configured from settings
+(``AGENT_APP=agentscope_serverless.agents.llm:app``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from agentscope_serverless.agents.tools import AgentTool
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.errors import AgentError
+from agentscope_serverless.runner import Runner
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    DataContent,
+    FunctionCall,
+    FunctionCallOutput,
+    Message,
+    MessageType,
+    Role,
+    TextContent,
+    convert_to_openai_messages,
+    convert_to_openai_tool_call,
+)
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.settings import Settings, get_settings
+
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+@dataclass(frozen=True)
+class _Config:
+    base_url: str
+    api_key: SecretStr | None
+    model: str
+    system_prompt: str
+    max_iterations: int
+    timeout: float
+
+
+class LLMAgent:
+    """Chat with a model over an OpenAI-compatible API, calling ``tools`` as it asks.
+
+    Every argument left out comes from settings (``LLM_*``) when the agent first runs.
+
+    >>> agent = LLMAgent(base_url="http://127.0.0.1:9000/v1", model="local-model")
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[AgentTool] = (),
+        base_url: str | None = None,
+        api_key: SecretStr | str | None = None,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        max_iterations: int | None = None,
+        timeout: float | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.tools = {tool.name: tool for tool in tools}
+        if len(self.tools) != len(tools):
+            raise ValueError("tool names must be unique")
+        self._overrides: dict[str, Any] = {
+            "base_url": base_url,
+            "api_key": SecretStr(api_key) if isinstance(api_key, str) else api_key,
+            "model": model,
+            "system_prompt": system_prompt,
+            "max_iterations": max_iterations,
+            "timeout": timeout,
+        }
+        self._settings = settings
+        self._config: _Config | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    async def run(
+        self,
+        messages: Sequence[Message],
+        *,
+        memories: Sequence[Message] = (),
+        usage: dict[str, int] | None = None,
+    ) -> AsyncIterator[TextContent | Message]:
+        """Answer the conversation ``messages``: text deltas, then tool calls and results.
+
+        Yields :class:`TextContent` deltas as the model streams, and for each round of tool
+        calls a ``function_call`` :class:`Message` and one ``function_call_output`` message
+        per call. Token counts reported by the API are added to ``usage``.
+        """
+        config = self._settings_config()
+        chat = self._chat_messages(config, messages, memories)
+        tools = [tool.to_openai() for tool in self.tools.values()]
+        for _ in range(config.max_iterations):
+            text: list[str] = []
+            calls: dict[int, dict[str, str]] = {}
+            async for chunk in self._complete(config, chat, tools, usage):
+                choices = chunk.get("choices") or [{}]
+                delta = choices[0].get("delta") or {}
+                if delta.get("content"):
+                    text.append(delta["content"])
+                    yield TextContent(text=delta["content"], delta=True)
+                for call in delta.get("tool_calls") or []:
+                    _merge_tool_call(calls, call)
+            if not calls:
+                return
+            function_calls = [
+                FunctionCall(call_id=c["id"], name=c["name"], arguments=c["arguments"])
+                for _, c in sorted(calls.items())
+            ]
+            yield Message(
+                type=MessageType.FUNCTION_CALL,
+                role=Role.ASSISTANT,
+                content=[DataContent(data=call.model_dump()) for call in function_calls],
+            )
+            chat.append(
+                {
+                    "role": "assistant",
+                    "content": "".join(text) or None,
+                    "tool_calls": [convert_to_openai_tool_call(call) for call in function_calls],
+                }
+            )
+            for call in function_calls:
+                output = await self._call_tool(call)
+                result = FunctionCallOutput(call_id=call.call_id or "", output=output)
+                yield Message(
+                    type=MessageType.FUNCTION_CALL_OUTPUT,
+                    role=Role.TOOL,
+                    content=[DataContent(data=result.model_dump())],
+                )
+                chat.append({"role": "tool", "tool_call_id": result.call_id, "content": output})
+        raise AgentError(
+            f"the model was still calling tools after {config.max_iterations} rounds",
+            code="AGENT_MAX_ITERATIONS",
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (a later run opens new ones)."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    def _settings_config(self) -> _Config:
+        if self._config is None:
+            settings = self._settings or get_settings()
+            defaults = _Config(
+                base_url=settings.llm_base_url,
+                api_key=settings.llm_api_key,
+                model=settings.llm_model,
+                system_prompt=settings.llm_system_prompt,
+                max_iterations=settings.llm_max_iterations,
+                timeout=settings.llm_timeout_seconds,
+            )
+            given = {k: v for k, v in self._overrides.items() if v is not None}
+            self._config = dataclasses.replace(defaults, **given)
+        return self._config
+
+    def _client(self, config: _Config) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {"Accept": "text/event-stream"}
+            if config.api_key is not None:
+                headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+            self._http = httpx.AsyncClient(
+                base_url=config.base_url, headers=headers, timeout=config.timeout
+            )
+        return self._http
+
+    def _chat_messages(
+        self, config: _Config, messages: Sequence[Message], memories: Sequence[Message]
+    ) -> list[dict[str, Any]]:
+        chat: list[dict[str, Any]] = []
+        if config.system_prompt:
+            chat.append({"role": "system", "content": config.system_prompt})
+        in_conversation = {m.id for m in messages}
+        recalled = [
+            f"- {m.role}: {m.get_text_content()}"
+            for m in memories
+            if m.id not in in_conversation and m.get_text_content()
+        ]
+        if recalled:
+            note = "From earlier conversations with this user:\n" + "\n".join(recalled)
+            chat.append({"role": "system", "content": note})
+        chat.extend(convert_to_openai_messages(messages))
+        return chat
+
+    async def _complete(
+        self,
+        config: _Config,
+        chat: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        usage: dict[str, int] | None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of one streamed chat completion."""
+        payload: dict[str, Any] = {
+            "model": config.model,
+            "messages": chat,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            payload["tools"] = tools
+        try:
+            async with self._client(config).stream(
+                "POST", "chat/completions", json=payload
+            ) as response:
+                if response.status_code >= 400:
+                    raise AgentError(
+                        f"the chat API answered HTTP {response.status_code}", code="LLM_ERROR"
+                    )
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = _parse_chunk(data)
+                    if usage is not None and isinstance(chunk.get("usage"), dict):
+                        for key in USAGE_KEYS:
+                            usage[key] = usage.get(key, 0) + int(chunk["usage"].get(key) or 0)
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise AgentError(
+                f"cannot reach the chat API ({type(exc).__name__})", code="LLM_UNAVAILABLE"
+            ) from None
+
+    async def _call_tool(self, call: FunctionCall) -> str:
+        tool = self.tools.get(call.name or "")
+        if tool is None:
+            return f"error: there is no tool named {call.name!r}"
+        return await tool.invoke(call.arguments)
+
+
+def _parse_chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        raise AgentError("the chat API sent a chunk that is not JSON", code="LLM_ERROR") from None
+    if not isinstance(chunk, dict):
+        raise AgentError("the chat API sent a chunk that is not an object", code="LLM_ERROR")
+    if chunk.get("error"):
+        raise AgentError("the chat API reported an error while streaming", code="LLM_ERROR")
+    return chunk
+
+
+def _merge_tool_call(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
+    """Fold one streamed tool-call delta into the calls gathered so far, by index."""
+    call = calls.setdefault(int(delta.get("index") or 0), {"id": "", "name": "", "arguments": ""})
+    function = delta.get("function") or {}
+    if delta.get("id"):
+        call["id"] = delta["id"]
+    if function.get("name"):
+        call["name"] += function["name"]
+    if function.get("arguments"):
+        call["arguments"] += function["arguments"]
+
+
+def create_llm_app(
+    tools: Sequence[AgentTool] = (), *, settings: Settings | None = None
+) -> AgentApp:
+    """An :class:`AgentApp` serving an :class:`LLMAgent` with ``tools``."""
+    agent = LLMAgent(tools=tools, settings=settings)
+    app = AgentApp(
+        app_name="llm",
+        app_description="An agent on an OpenAI-compatible chat API, with tools.",
+    )
+
+    @app.shutdown
+    async def close(self: Runner) -> None:
+        await agent.aclose()
+
+    @app.query(framework="text")
+    async def query(
+        self: Runner,
+        msgs: list[Message],
+        request: Any = None,
+        *,
+        session: Session,
+        memories: list[Message],
+        response: AgentResponse,
+        **kwargs: Any,
+    ) -> AsyncIterator[TextContent | Message]:
+        history = [m for m in session.messages if isinstance(m, Message)]
+        usage: dict[str, int] = {}
+        async for item in agent.run([*history, *msgs], memories=memories, usage=usage):
+            yield item
+        if usage:
+            response.usage = usage
+
+    return app
+
+
+app = create_llm_app()
+
+__all__ = ["LLMAgent", "app", "create_llm_app"]

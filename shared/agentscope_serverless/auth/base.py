@@ -1,0 +1,101 @@
+"""The key store interface, and the logic every backend shares (issue, verify, revoke).
+
+>>> async def demo(store: KeyStore) -> None:
+...     issued = await store.create_key(kind="user", user_id="alice")
+...     principal = await store.authenticate(issued.key)
+...     assert principal.user_id == "alice"
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from agentscope_serverless.auth.keys import (
+    IssuedKey,
+    KeyKind,
+    KeyRecord,
+    Principal,
+    hash_secret,
+    new_key,
+    parse_key,
+    secret_matches,
+)
+from agentscope_serverless.errors import AuthenticationError, InvalidInputError, NotFoundError
+from agentscope_serverless.services._validation import require_user_id
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+
+# Compared against when the key id is unknown, so a miss costs the same as a wrong secret.
+_DUMMY_HASH = hash_secret("no such key")
+
+
+class KeyStore(StartedGuard, ServiceWithLifecycleManager):
+    """API keys, stored hashed: create, list, revoke, and authenticate a presented key."""
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def create_key(self, *, kind: KeyKind = "user", user_id: str | None = None) -> IssuedKey:
+        """Issue a key. A user key needs ``user_id``; a service key must not have one."""
+        self._ensure_started()
+        if kind == "user":
+            user_id = require_user_id(user_id)
+        elif kind == "service":
+            if user_id is not None:
+                raise InvalidInputError("a service key has no user", field="user_id")
+        else:
+            raise InvalidInputError("kind must be 'user' or 'service'", field="kind")
+        key_id, secret, key = new_key()
+        record = KeyRecord(key_id=key_id, key_hash=hash_secret(secret), kind=kind, user_id=user_id)
+        await self._put(record)
+        return IssuedKey(key=key, record=record)
+
+    async def revoke_key(self, key_id: str) -> KeyRecord:
+        """Revoke a key for good; revoking it again is not an error."""
+        self._ensure_started()
+        record = await self._revoke(key_id)
+        if record is None:
+            raise NotFoundError(f"no key with id {key_id!r}")
+        return record
+
+    async def list_keys(self) -> list[KeyRecord]:
+        """Every key record (revoked ones too), oldest first."""
+        self._ensure_started()
+        return sorted(await self._list(), key=lambda r: (r.created_at, r.key_id))
+
+    async def authenticate(self, key: str) -> Principal:
+        """The principal of a valid, unrevoked key; :class:`AuthenticationError` otherwise."""
+        self._ensure_started()
+        parsed = parse_key(key)
+        if parsed is None:
+            raise AuthenticationError("invalid API key")
+        key_id, secret = parsed
+        record = await self._get(key_id)
+        matches = secret_matches(secret, record.key_hash if record else _DUMMY_HASH)
+        if record is None or not matches or record.revoked:
+            raise AuthenticationError("invalid API key")
+        return Principal(key_id=record.key_id, kind=record.kind, user_id=record.user_id)
+
+    @abstractmethod
+    async def _get(self, key_id: str) -> KeyRecord | None:
+        """The record of ``key_id``, or None."""
+
+    @abstractmethod
+    async def _put(self, record: KeyRecord) -> None:
+        """Store a new record."""
+
+    @abstractmethod
+    async def _revoke(self, key_id: str) -> KeyRecord | None:
+        """Mark the record revoked and return it; None when there is no such key."""
+
+    @abstractmethod
+    async def _list(self) -> list[KeyRecord]:
+        """Every stored record."""
+
+
+__all__ = ["KeyStore"]

@@ -1,0 +1,24 @@
+"""Build the key store selected by settings (``AUTH_KEYS_BACKEND``).
+
+>>> from agentscope_serverless.settings import load_settings
+>>> type(create_key_store(load_settings(auth_keys_backend="in_memory"))).__name__
+'InMemoryKeyStore'
+"""
+
+from __future__ import annotations
+
+from agentscope_serverless.auth.base import KeyStore
+from agentscope_serverless.auth.file import FileKeyStore
+from agentscope_serverless.auth.in_memory import InMemoryKeyStore
+from agentscope_serverless.settings import Settings, get_settings
+
+
+def create_key_store(settings: Settings | None = None) -> KeyStore:
+    """The key store of ``AUTH_KEYS_BACKEND`` (not started)."""
+    settings = settings or get_settings()
+    if settings.auth_keys_backend == "file":
+        return FileKeyStore(settings.auth_keys_file)
+    return InMemoryKeyStore()
+
+
+__all__ = ["create_key_store"]

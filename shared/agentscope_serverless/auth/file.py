@@ -1,0 +1,135 @@
+"""Keys in a JSON file: for a local server, managed with the ``agentscope-serverless keys`` CLI.
+
+The file holds only hashes. It is replaced atomically (write to a temporary file, fsync,
+rename) with 0600 permissions, and changes are serialised across processes with an
+advisory lock, so the CLI can create or revoke keys while a server is running: the server
+sees the change on the next request (it re-reads the file when it changes on disk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agentscope_serverless.auth.base import KeyStore
+from agentscope_serverless.auth.keys import KeyRecord
+from agentscope_serverless.errors import StoreUnavailableError
+
+FILE_VERSION = 1
+
+
+class FileKeyStore(KeyStore):
+    """Key records in a JSON file at ``path`` (created on the first key).
+
+    >>> store = FileKeyStore("/tmp/example-keys.json")
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self._records: dict[str, KeyRecord] = {}
+        self._stamp: tuple[int, int, int] | None = None
+
+    async def health(self) -> bool:
+        if not self._started:
+            return False
+        try:
+            self._load()
+        except StoreUnavailableError:
+            return False
+        return True
+
+    async def _get(self, key_id: str) -> KeyRecord | None:
+        return self._load().get(key_id)
+
+    async def _put(self, record: KeyRecord) -> None:
+        def add(records: dict[str, KeyRecord]) -> KeyRecord:
+            records[record.key_id] = record
+            return record
+
+        await asyncio.to_thread(self._update, add)
+
+    async def _revoke(self, key_id: str) -> KeyRecord | None:
+        def revoke(records: dict[str, KeyRecord]) -> KeyRecord | None:
+            record = records.get(key_id)
+            if record is not None:
+                record = records[key_id] = record.model_copy(update={"revoked": True})
+            return record
+
+        return await asyncio.to_thread(self._update, revoke)
+
+    async def _list(self) -> list[KeyRecord]:
+        return list(self._load().values())
+
+    def _load(self) -> dict[str, KeyRecord]:
+        """The records on disk, re-read only when the file changed since the last read."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            self._records, self._stamp = {}, None
+            return self._records
+        except OSError as exc:
+            raise StoreUnavailableError("key file", f"cannot read {self.path}: {exc}") from None
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if stamp != self._stamp:
+            self._records = self._read()
+            self._stamp = stamp
+        return self._records
+
+    def _read(self) -> dict[str, KeyRecord]:
+        try:
+            data = json.loads(self.path.read_bytes())
+            records = [KeyRecord.model_validate(item) for item in data["keys"]]
+        except (OSError, ValueError, KeyError, TypeError, ValidationError):
+            raise StoreUnavailableError(
+                "key file", f"{self.path} is not a readable key file"
+            ) from None
+        return {record.key_id: record for record in records}
+
+    def _update(
+        self, change: Callable[[dict[str, KeyRecord]], KeyRecord | None]
+    ) -> KeyRecord | None:
+        """Apply ``change`` to the records and write them back, under an exclusive lock."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            self._stamp = None
+            records = dict(self._load())
+            result = change(records)
+            self._write(records)
+            return result
+        finally:
+            os.close(lock_fd)
+
+    def _write(self, records: dict[str, KeyRecord]) -> None:
+        payload = json.dumps(
+            {"version": FILE_VERSION, "keys": [r.model_dump() for r in records.values()]},
+            indent=2,
+        ).encode()
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".keys-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+__all__ = ["FileKeyStore"]

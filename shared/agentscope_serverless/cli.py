@@ -1,0 +1,347 @@
+"""The ``agentscope-serverless`` command: run a local server, talk to it, manage API keys.
+
+::
+
+    agentscope-serverless serve                      # every router; demo agent; in-memory stores
+    agentscope-serverless invoke "My name is Alice" --session demo --key ask_...
+    agentscope-serverless chat --key ask_...
+    agentscope-serverless keys create --user alice   # prints the key once; stores its hash
+    agentscope-serverless keys list
+    agentscope-serverless keys revoke KEY_ID
+
+Client commands read the server URL from ``AGENTSCOPE_URL`` and the key from
+``AGENTSCOPE_API_KEY`` when not given. ``keys`` commands manage the key file
+(``AUTH_KEYS_FILE``, or ``--file``); a server uses it with ``AUTH_KEYS_BACKEND=file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agentscope_serverless.errors import AgentScopeServerlessError
+
+if TYPE_CHECKING:
+    import httpx
+
+    from agentscope_serverless.auth.file import FileKeyStore
+
+URL_ENV = "AGENTSCOPE_URL"
+KEY_ENV = "AGENTSCOPE_API_KEY"
+DEFAULT_URL = "http://127.0.0.1:8090"
+
+app = typer.Typer(
+    help="AgentScope Serverless: serve agents as HTTP APIs, talk to them, manage API keys.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+keys_app = typer.Typer(
+    help="Manage API keys in the key file (only their hashes are stored).",
+    no_args_is_help=True,
+)
+app.add_typer(keys_app, name="keys")
+
+console = Console(soft_wrap=True, highlight=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False)
+
+UrlOption = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="The server's base URL.")]
+KeyOption = Annotated[
+    str | None, typer.Option("--key", envvar=KEY_ENV, help="Your API key (ask_...).")
+]
+SessionOption = Annotated[
+    str | None, typer.Option("--session", help="Continue this session (default: a new one).")
+]
+UserOption = Annotated[
+    str | None, typer.Option("--user", help="With a service key: the user to act for.")
+]
+FileOption = Annotated[
+    Path | None, typer.Option("--file", help="The key file (default: AUTH_KEYS_FILE).")
+]
+
+
+class CommandError(Exception):
+    """A failure to report to the user in one line."""
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    errors.print(f"[bold red]error:[/bold red] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    agent: Annotated[
+        str | None, typer.Option(help="The AgentApp to serve, as module:attribute.")
+    ] = None,
+    dev_user: Annotated[
+        str, typer.Option(help="The user of the development key (in-memory key store).")
+    ] = "dev",
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+) -> None:
+    """Run every router in one local server (settings and env pick the backends).
+
+    On the embedded defaults (in-memory stores and keys, the demo agent) a development key
+    is created and printed; it lasts as long as the server.
+    """
+    import uvicorn
+
+    from agentscope_serverless.auth import InMemoryKeyStore, create_key_store
+    from agentscope_serverless.http import create_app
+    from agentscope_serverless.settings import load_settings
+
+    try:
+        settings = load_settings(**({"agent_app": agent} if agent else {}))
+        key_store = create_key_store(settings)
+        dev_key = None
+        if isinstance(key_store, InMemoryKeyStore):
+            dev_key = asyncio.run(_create_dev_key(key_store, dev_user))
+        web_app = create_app(settings=settings, key_store=key_store)
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+    console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
+    console.print(f"agent: {settings.agent_app}", markup=False)
+    console.print(
+        f"stores: session history {settings.session_history_backend}, memory "
+        f"{settings.memory_backend}, state {settings.state_backend}, "
+        f"keys {settings.auth_keys_backend}",
+        markup=False,
+    )
+    if dev_key is None:
+        console.print(
+            f"API keys: {settings.auth_keys_file} (make one with: "
+            "agentscope-serverless keys create --user <user>)",
+            markup=False,
+        )
+    else:
+        console.print(f"[bold green]development key[/bold green] (user {dev_user!r}):")
+        console.print(dev_key, markup=False)
+        console.print("\n[bold]Try it:[/bold]")
+        for line in _curl_examples(base, dev_key):
+            console.print(line, markup=False)
+    uvicorn.run(web_app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+async def _create_dev_key(key_store: Any, user: str) -> str:
+    await key_store.start()
+    issued = await key_store.create_key(kind="user", user_id=user)
+    key: str = issued.key
+    return key
+
+
+def _curl_examples(base: str, key: str) -> list[str]:
+    lines = []
+    for text in ("My name is Alice", "What is my name?"):
+        body = json.dumps({"input": [{"role": "user", "content": text}], "session_id": "demo"})
+        lines.append(
+            f"curl -N {base}/process -H 'Authorization: Bearer {key}' "
+            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        )
+    lines.append(f"agentscope-serverless chat --url {base} --key {key}")
+    return lines
+
+
+@app.command()
+def invoke(
+    message: Annotated[str, typer.Argument(help="What to say to the agent.")],
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+    session: SessionOption = None,
+    user: UserOption = None,
+) -> None:
+    """Send one message to a running server and print the streamed reply."""
+    import httpx
+
+    api_key = _require_key(key)
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
+        try:
+            session_id = _stream_reply(client, api_key, message, session, user)
+        except CommandError as exc:
+            _fail(str(exc))
+    console.print(f"[dim]session: {session_id}[/dim]")
+
+
+@app.command()
+def chat(
+    url: UrlOption = DEFAULT_URL,
+    key: KeyOption = None,
+    session: SessionOption = None,
+    user: UserOption = None,
+) -> None:
+    """Chat with a running server, one session, until /exit or end of input."""
+    import httpx
+
+    api_key = _require_key(key)
+    console.print(f"Chatting with {url}; type /exit (or Ctrl-D) to leave.", markup=False)
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
+        while True:
+            try:
+                text = console.input("[bold green]you>[/bold green] ").strip()
+            except (EOFError, KeyboardInterrupt):
+                console.print()
+                break
+            if text in ("/exit", "/quit"):
+                break
+            if not text:
+                continue
+            console.print("[bold blue]agent>[/bold blue] ", end="")
+            try:
+                session = _stream_reply(client, api_key, text, session, user)
+            except CommandError as exc:
+                errors.print(f"[bold red]error:[/bold red] {exc}")
+    if session:
+        console.print(f"[dim]session: {session}[/dim]")
+
+
+def _require_key(key: str | None) -> str:
+    if not key:
+        _fail(f"no API key: pass --key or set {KEY_ENV}")
+    return key
+
+
+def _stream_reply(
+    client: httpx.Client, key: str, text: str, session_id: str | None, user_id: str | None
+) -> str:
+    """Stream one reply to the console; return the session id."""
+    import httpx
+
+    body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
+    if session_id:
+        body["session_id"] = session_id
+    headers = {"Authorization": f"Bearer {key}"}
+    if user_id:
+        headers["X-User-Id"] = user_id
+    try:
+        with client.stream("POST", "/process", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                response.read()
+                raise CommandError(_error_message(response))
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("object") == "content" and event.get("delta"):
+                    console.print(event.get("text") or "", end="", markup=False)
+                    console.file.flush()
+                elif event.get("object") == "response":
+                    session_id = event.get("session_id") or session_id
+                    if event.get("status") == "failed":
+                        console.print()
+                        error = event.get("error") or {}
+                        raise CommandError(
+                            f"the agent failed: {error.get('message')} ({error.get('code')})"
+                        )
+    except httpx.HTTPError as exc:
+        raise CommandError(f"cannot talk to {client.base_url}: {type(exc).__name__}") from None
+    console.print()
+    return session_id or ""
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"HTTP {response.status_code} {error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
+
+
+def _key_store(file: Path | None) -> FileKeyStore:
+    from agentscope_serverless.auth.file import FileKeyStore
+    from agentscope_serverless.settings import load_settings
+
+    if file is not None:
+        return FileKeyStore(file)
+    try:
+        return FileKeyStore(load_settings().auth_keys_file)
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+
+
+@keys_app.command("create")
+def keys_create(
+    user: Annotated[
+        str | None, typer.Option("--user", help="A user key: the user it acts as.")
+    ] = None,
+    service: Annotated[
+        bool, typer.Option("--service", help="A service key: acts for the user each request names.")
+    ] = False,
+    file: FileOption = None,
+) -> None:
+    """Create a key and print it (once: only its hash is stored)."""
+    if service and user is not None:
+        _fail("a service key acts for any user: leave out --user")
+    if not service and user is None:
+        _fail("say who the key is for: --user <user>, or --service")
+    store = _key_store(file)
+
+    async def create() -> Any:
+        async with store:
+            return await store.create_key(kind="service" if service else "user", user_id=user)
+
+    try:
+        issued = asyncio.run(create())
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message)
+    record = issued.record
+    who = f"user {record.user_id!r}" if record.user_id else "a service"
+    console.print(f"Created key [bold]{record.key_id}[/bold] for {who} in {store.path}:")
+    console.print(issued.key, markup=False)
+    console.print("[yellow]Keep it now: it is not shown again.[/yellow]")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key id (from `keys list`).")],
+    file: FileOption = None,
+) -> None:
+    """Revoke a key for good."""
+    store = _key_store(file)
+
+    async def revoke() -> Any:
+        async with store:
+            return await store.revoke_key(key_id)
+
+    try:
+        asyncio.run(revoke())
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message)
+    console.print(f"Revoked key [bold]{key_id}[/bold].")
+
+
+@keys_app.command("list")
+def keys_list(file: FileOption = None) -> None:
+    """List the keys (ids, kinds and users; never the keys themselves)."""
+    store = _key_store(file)
+
+    async def list_keys() -> Any:
+        async with store:
+            return await store.list_keys()
+
+    try:
+        records = asyncio.run(list_keys())
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message)
+    table = Table("key id", "kind", "user", "created", "status")
+    for record in records:
+        created = datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        status = "[red]revoked[/red]" if record.revoked else "[green]active[/green]"
+        table.add_row(record.key_id, record.kind, record.user_id or "-", created, status)
+    console.print(table)
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,159 @@
+"""``create_app``: the one factory of the web application, for any subset of routers.
+
+>>> app = create_app(["sessions"])          # one Lambda function per router...
+>>> app = create_app()                      # ...or every router in one server
+
+Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
+``sessions``, ``memory``, ``state``; ``/health`` is always there. The process router serves
+the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
+not at import time). Services are built from settings (or taken from the agent app) and
+started in the application's lifespan, which Mangum also runs in Lambda.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from fastapi import FastAPI
+
+from agentscope_serverless import __version__
+from agentscope_serverless.app import AgentApp, load_agent_app
+from agentscope_serverless.auth.base import KeyStore
+from agentscope_serverless.auth.factory import create_key_store
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.errors import install_error_handlers
+from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from agentscope_serverless.http.routers import health, memory, process, sessions, state
+from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.settings import Settings, get_settings
+
+ROUTERS = ("process", "sessions", "memory", "state")
+
+_SERVICE_OF_ROUTER = {"sessions": "session_history", "memory": "memory", "state": "state"}
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def create_app(
+    routers: Iterable[str] | None = None,
+    *,
+    settings: Settings | None = None,
+    agent_app: AgentApp | None = None,
+    key_store: KeyStore | None = None,
+) -> FastAPI:
+    """A FastAPI application with ``routers`` (all of them by default) and ``/health``.
+
+    ``key_store`` defaults to the one selected by settings (``AUTH_KEYS_BACKEND``).
+    """
+    settings = settings or get_settings()
+    names = _router_names(routers)
+    if "process" in names and agent_app is None:
+        agent_app = load_agent_app(settings.agent_app)
+    runner = None
+    if agent_app is not None:
+        services = agent_app.build_services(settings)
+        if "process" in names:
+            runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
+    else:
+        services = _services_for(names, settings)
+    context = AppContext(
+        settings=settings,
+        key_store=key_store or create_key_store(settings),
+        services=services,
+        agent_app=agent_app,
+        runner=runner,
+    )
+    title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
+    app = new_application(
+        context,
+        title=title,
+        description=(agent_app.app_description if agent_app else "") or "Agents as HTTP APIs.",
+        lifespan=_lifespan(context),
+    )
+    if agent_app is not None and "process" in names:
+        app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
+    for name, module in (("sessions", sessions), ("memory", memory), ("state", state)):
+        if name in names:
+            app.include_router(module.router)
+    return app
+
+
+def new_application(
+    context: AppContext, *, title: str, description: str, lifespan: Lifespan
+) -> FastAPI:
+    """An application with the shared plumbing: errors, request ids, body limit, ``/health``."""
+    app = FastAPI(
+        title=title,
+        description=description,
+        version=__version__,
+        lifespan=lifespan,
+        redoc_url=None,
+    )
+    app.state.context = context
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=context.settings.max_request_bytes)
+    app.add_middleware(RequestContextMiddleware)
+    app.include_router(health.router)
+    return app
+
+
+def _router_names(routers: Iterable[str] | None) -> tuple[str, ...]:
+    if routers is None:
+        return ROUTERS
+    names = tuple(dict.fromkeys(routers))
+    unknown = [n for n in names if n not in ROUTERS and n != "health"]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown router(s) {', '.join(unknown)}; choose from {', '.join(ROUTERS)}"
+        )
+    return names
+
+
+def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
+    from agentscope_serverless.services.factory import (
+        create_memory_service,
+        create_session_history_service,
+        create_state_service,
+    )
+
+    builders = {
+        "session_history": create_session_history_service,
+        "memory": create_memory_service,
+        "state": create_state_service,
+    }
+    manager = ServiceManager()
+    for name in names:
+        service = _SERVICE_OF_ROUTER.get(name)
+        if service is not None:
+            manager.register_service(service, builders[service](settings))
+    return manager
+
+
+async def call_hook(hook: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> None:
+    """Call a before-start/after-finish hook, sync or async."""
+    if hook is not None:
+        result = hook(*args, **kwargs)
+        if inspect.isawaitable(result):
+            await result
+
+
+def _lifespan(context: AppContext) -> Lifespan:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(context.services)
+            await stack.enter_async_context(context.key_store)
+            if context.runner is not None and context.agent_app is not None:
+                await call_hook(context.agent_app.before_start, app)
+                stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
+                await stack.enter_async_context(context.runner)
+            yield
+
+    return lifespan
+
+
+__all__ = ["ROUTERS", "call_hook", "create_app", "new_application"]

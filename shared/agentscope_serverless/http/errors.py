@@ -1,0 +1,170 @@
+"""The one mapping from the project's errors to HTTP responses.
+
+Every error body has the same shape::
+
+    {"error": {"code": "INVALID_INPUT", "message": "...", "fields": [{"loc": [...], "msg": "..."}]}}
+
+``fields`` is present for validation errors (422). Server errors (500) say only
+``internal server error``: no stack trace, no exception text, nothing secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentscope_serverless.errors import (
+    AgentScopeServerlessError,
+    AuthenticationError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ServiceNotStartedError,
+    StoreUnavailableError,
+)
+from agentscope_serverless.log import logger
+
+INTERNAL_ERROR = "INTERNAL_ERROR"
+
+_STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
+    InvalidInputError: 422,
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+    NotFoundError: 404,
+    ConflictError: 409,
+    PayloadTooLargeError: 413,
+    StoreUnavailableError: 503,
+    ServiceNotStartedError: 503,
+}
+
+_CODE_OF_STATUS = {
+    400: "BAD_REQUEST",
+    401: AuthenticationError.code,
+    403: PermissionDeniedError.code,
+    404: NotFoundError.code,
+    405: "METHOD_NOT_ALLOWED",
+    409: ConflictError.code,
+    413: PayloadTooLargeError.code,
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: InvalidInputError.code,
+    503: StoreUnavailableError.code,
+}
+
+
+def status_of(exc: AgentScopeServerlessError) -> int:
+    """The HTTP status of one of our errors (500 for those without a client-side cause)."""
+    for cls in type(exc).__mro__:
+        if cls in _STATUS_OF:
+            return _STATUS_OF[cls]
+    return 500
+
+
+@cache
+def _status_of_codes() -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    pending: list[type[AgentScopeServerlessError]] = [AgentScopeServerlessError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        status = next((_STATUS_OF[c] for c in cls.__mro__ if c in _STATUS_OF), 500)
+        statuses.setdefault(cls.code, status)
+    return statuses
+
+
+def status_of_code(code: str) -> int:
+    """The HTTP status of an error code (as carried by a ``failed`` event); 500 if unknown."""
+    return _status_of_codes().get(code, 500)
+
+
+def error_body(
+    code: str, message: str, fields: Sequence[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The JSON body of an error response."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if fields is not None:
+        error["fields"] = list(fields)
+    return {"error": error}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    fields: Sequence[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    """An error response; a 401 also tells the client how to authenticate."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status >= 500 and status != 503:
+        code, message, fields = INTERNAL_ERROR, "internal server error", None
+    return JSONResponse(error_body(code, message, fields), status_code=status, headers=headers)
+
+
+def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
+    """The response for one of our errors."""
+    fields = exc.errors if isinstance(exc, InvalidInputError) else None
+    status = status_of(exc)
+    if status == 500:
+        logger.error("request failed", extra={"code": exc.code, "error": type(exc).__name__})
+    return error_response(status, exc.code, exc.message, fields)
+
+
+def _validation_fields(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    # Only where and what: pydantic's "input" echoes the value sent, which may be secret.
+    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", ""))} for err in errors]
+
+
+async def _our_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AgentScopeServerlessError)
+    return response_for(exc)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    fields = _validation_fields(exc.errors())
+    where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
+    return error_response(422, InvalidInputError.code, f"invalid request: {where}", fields)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
+    response = error_response(exc.status_code, code, message)
+    for name, value in (exc.headers or {}).items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error", extra={"error": type(exc).__name__})
+    response = error_response(500, INTERNAL_ERROR, "internal server error")
+    request_id = getattr(request.state, "request_id", None)
+    if request_id:
+        response.headers["X-Request-Id"] = request_id
+    return response
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error raised while serving ``app`` through this mapping."""
+    app.add_exception_handler(AgentScopeServerlessError, _our_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+__all__ = [
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "response_for",
+    "status_of",
+    "status_of_code",
+]

@@ -1,0 +1,159 @@
+"""Serve a plain function at one endpoint (what ``LocalDeployManager.deploy(func)`` runs).
+
+The function gets the validated request body (a ``request_model`` instance, or the raw JSON
+when ``request_model`` is None) and may return a value, an awaitable, or an (async)
+iterator of items. ``response_type`` picks the wire format:
+
+- ``sse``: one ``data:`` line per item (models as their JSON, other values JSON-encoded);
+- ``json``: the value, or the list of items, as JSON;
+- ``text``: the items as plain text, streamed.
+
+The endpoint is authenticated like every other route; a ``user_id`` field of the body is
+checked (and, for a service key, filled in) as in :mod:`agentscope_serverless.http.auth`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from agentscope_serverless.auth.base import KeyStore
+from agentscope_serverless.auth.factory import create_key_store
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.http.app import call_hook, new_application
+from agentscope_serverless.http.auth import Caller, CurrentCaller
+from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.sse import encode, sse_response
+from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.settings import Settings, get_settings
+
+ResponseType = Literal["sse", "json", "text"]
+RESPONSE_TYPES = ("sse", "json", "text")
+
+
+def create_function_app(
+    func: Callable[[Any], Any],
+    *,
+    endpoint_path: str = "/process",
+    request_model: type[BaseModel] | None = None,
+    response_type: str = "sse",
+    before_start: Callable[..., Any] | None = None,
+    after_finish: Callable[..., Any] | None = None,
+    hook_kwargs: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
+    key_store: KeyStore | None = None,
+) -> FastAPI:
+    """An application serving ``func`` at ``POST endpoint_path``, plus ``/health``.
+
+    ``before_start(app, **hook_kwargs)`` and ``after_finish(app, **hook_kwargs)`` run
+    around the server's lifetime.
+    """
+    if response_type not in RESPONSE_TYPES:
+        raise ValueError(f"response_type must be one of {', '.join(RESPONSE_TYPES)}")
+    settings = settings or get_settings()
+    context = AppContext(
+        settings=settings,
+        key_store=key_store or create_key_store(settings),
+        services=ServiceManager(),
+    )
+    extra = dict(hook_kwargs or {})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with context.key_store:
+            await call_hook(before_start, app, **extra)
+            try:
+                yield
+            finally:
+                await call_hook(after_finish, app, **extra)
+
+    app = new_application(
+        context, title="AgentScope Serverless", description="A served function.", lifespan=lifespan
+    )
+
+    async def endpoint(request: Request, caller: CurrentCaller) -> Response:
+        body = _validated(await _json_body(request), request_model, caller)
+        result = func(body)
+        if response_type == "json":
+            return JSONResponse(_jsonable(await _collect(result)))
+        if response_type == "text":
+            return StreamingResponse(_text(result), media_type="text/plain; charset=utf-8")
+        return sse_response(_sse(result), ping_interval=settings.sse_ping_interval_seconds)
+
+    app.add_api_route(endpoint_path, endpoint, methods=["POST"], response_model=None)
+    return app
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw or b"null")
+    except json.JSONDecodeError:
+        raise InvalidInputError("the body is not valid JSON", field="body") from None
+
+
+def _validated(payload: Any, model: type[BaseModel] | None, caller: Caller) -> Any:
+    if model is None:
+        claimed = payload.get("user_id") if isinstance(payload, dict) else None
+        user_id = caller.user_id(claimed if isinstance(claimed, str) else None)
+        return {**payload, "user_id": user_id} if isinstance(payload, dict) else payload
+    try:
+        body = model.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidInputError(
+            f"invalid request: {exc.errors()[0]['msg']}",
+            errors=[{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()],
+        ) from None
+    if "user_id" in type(body).model_fields:
+        claimed = getattr(body, "user_id", None)
+        user_id = caller.user_id(claimed if isinstance(claimed, str) else None)
+        body = body.model_copy(update={"user_id": user_id})
+    return body
+
+
+async def _items(result: Any) -> AsyncIterator[Any]:
+    if inspect.isasyncgen(result):
+        async with contextlib.aclosing(result) as items:
+            async for item in items:
+                yield item
+    elif inspect.isgenerator(result):
+        with contextlib.closing(result) as sync_items:
+            for item in sync_items:
+                yield item
+    else:
+        yield await result if inspect.isawaitable(result) else result
+
+
+async def _collect(result: Any) -> Any:
+    items = [item async for item in _items(result)]
+    streamed = inspect.isasyncgen(result) or inspect.isgenerator(result)
+    return items if streamed else items[0]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+async def _sse(result: Any) -> AsyncIterator[bytes]:
+    async for item in _items(result):
+        data = item.model_dump_json() if isinstance(item, BaseModel) else json.dumps(item)
+        yield encode(data)
+
+
+async def _text(result: Any) -> AsyncIterator[bytes]:
+    async for item in _items(result):
+        yield (item.model_dump_json() + "\n" if isinstance(item, BaseModel) else str(item)).encode()
+
+
+__all__ = ["RESPONSE_TYPES", "ResponseType", "create_function_app"]

@@ -1,0 +1,137 @@
+"""Middleware: request ids with one log line per request, and the request body size limit.
+
+**Request context.** Every request gets a request id, on its response and its log lines.
+
+The id comes from the ``X-Request-Id`` header when it is a reasonable token (up to 128
+letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echoed in the
+response's ``X-Request-Id`` header. One JSON log line per request records the method, the
+path (never the query string or headers), the status and the duration.
+
+**Body limit.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: at once when
+``Content-Length`` says so, otherwise as soon as the bytes read exceed it (chunked uploads).
+
+Both are pure ASGI (no per-request task), so streaming responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentscope_serverless.errors import PayloadTooLargeError
+from agentscope_serverless.http.errors import error_response
+from agentscope_serverless.log import bind_request_id, logger
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def request_id_of(scope: Scope) -> str:
+    """The client's request id when it is valid, else a fresh one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            candidate = bytes(value).decode("latin-1")
+            if _VALID_ID.match(candidate):
+                return candidate
+            break
+    return uuid.uuid4().hex
+
+
+class RequestContextMiddleware:
+    """Tags each request with a request id and logs it once it is answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_of(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        bind_request_id(request_id)
+        header = (b"x-request-id", request_id.encode())
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            logger.info(
+                "request",
+                extra={
+                    "method": scope.get("method"),
+                    "path": scope.get("path"),
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                },
+            )
+
+
+class BodyTooLarge(HTTPException):
+    """Raised while reading a body past the limit (FastAPI lets HTTP exceptions through)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(status_code=413, detail=f"the request body is larger than {limit} bytes")
+
+
+class BodySizeLimitMiddleware:
+    """Rejects request bodies larger than ``max_bytes`` with 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            error = PayloadTooLargeError(f"the request body is larger than {self.max_bytes} bytes")
+            response = error_response(413, error.code, error.message)
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, receive_limited, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "BodySizeLimitMiddleware",
+    "BodyTooLarge",
+    "RequestContextMiddleware",
+    "request_id_of",
+]

@@ -1,0 +1,40 @@
+"""``GET /health``: each service's health, without authentication."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from agentscope_serverless.http.context import AppContext, get_context
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    """``healthy`` when every service answers; ``degraded`` (with HTTP 503) otherwise."""
+
+    status: Literal["healthy", "degraded"]
+    services: dict[str, bool]
+
+
+@router.get(
+    "/health",
+    response_model=Health,
+    summary="Health of the services",
+    responses={503: {"model": Health, "description": "A service is unhealthy."}},
+)
+async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONResponse:
+    services = await context.services.health_check()
+    try:
+        services["auth_keys"] = bool(await context.key_store.health())
+    except Exception:
+        services["auth_keys"] = False
+    healthy = all(services.values())
+    body = Health(status="healthy" if healthy else "degraded", services=services)
+    return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
+
+
+__all__ = ["Health", "router"]

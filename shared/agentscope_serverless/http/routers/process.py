@@ -1,0 +1,208 @@
+"""Running the agent: ``POST /process`` and the OpenAI-compatible endpoints.
+
+``/process`` takes an :class:`AgentRequest`; with ``stream`` (the default) it answers with
+Server-Sent Events (one ``data: <event JSON>`` per event of the run, CONTRACT §7, and
+``: ping`` comments while the agent is silent), otherwise with the final
+:class:`AgentResponse` as JSON. The session id (given, or a new uuid) is returned in the
+``X-Session-Id`` header too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header
+from fastapi.responses import JSONResponse, Response
+
+from agentscope_serverless.http import openai_compat as compat
+from agentscope_serverless.http.auth import CurrentCaller
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.errors import error_response, status_of_code
+from agentscope_serverless.http.sse import encode, sse_response
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
+    AgentResponse,
+    Event,
+    RunStatus,
+)
+from agentscope_serverless.services._validation import clean_session_id
+
+SESSION_HEADER = "X-Session-Id"
+COMPATIBLE_PREFIX = "/compatible-mode/v1"
+
+Context = Annotated[AppContext, Depends(get_context)]
+SessionHeader = Annotated[
+    str | None, Header(alias=SESSION_HEADER, description="The session to continue.")
+]
+
+
+def _session_headers(session_id: str) -> dict[str, str]:
+    # Header values must be printable ASCII; other ids are still in the body.
+    safe = session_id.isascii() and session_id.isprintable()
+    return {SESSION_HEADER: session_id} if safe else {}
+
+
+async def _started(events: AsyncGenerator[Event, None]) -> AsyncIterator[Event]:
+    """``events`` with the first one already taken, so setup errors surface as HTTP errors."""
+    first = await anext(events)
+
+    async def chained() -> AsyncIterator[Event]:
+        async with contextlib.aclosing(events):
+            yield first
+            async for event in events:
+                yield event
+
+    return chained()
+
+
+async def _encoded(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield encode(event.model_dump_json())
+
+
+def _failure(response: AgentResponse) -> JSONResponse:
+    assert response.error is not None
+    code = response.error.code
+    return error_response(status_of_code(code), code, response.error.message)
+
+
+def _with_body_model(endpoint: Callable[..., Any], model: type[AgentRequest]) -> None:
+    """Validate ``endpoint``'s ``body`` parameter with ``model`` (an AgentRequest subclass)."""
+    signature = inspect.signature(endpoint)
+    parameters = [
+        p.replace(annotation=model) if p.name == "body" else p
+        for p in signature.parameters.values()
+    ]
+    endpoint.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+
+
+def build_router(
+    endpoint_path: str = "/process", request_model: type[AgentRequest] = AgentRequest
+) -> APIRouter:
+    """The process router: ``endpoint_path`` and the two OpenAI-compatible endpoints."""
+    router = APIRouter(tags=["agent"])
+
+    async def process(body: AgentRequest, caller: CurrentCaller, context: Context) -> Response:
+        user_id = caller.user_id(body.user_id)
+        session_id = clean_session_id(body.session_id) or str(uuid.uuid4())
+        run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
+        runner = context.require_runner()
+        headers = _session_headers(session_id)
+        if not body.stream:
+            final = await runner.query(run)
+            status = 200 if final.error is None else status_of_code(final.error.code)
+            return Response(
+                final.model_dump_json(),
+                status_code=status,
+                media_type="application/json",
+                headers=headers,
+            )
+        events = await _started(runner.stream_query(run))
+        return sse_response(
+            _encoded(events),
+            ping_interval=context.settings.sse_ping_interval_seconds,
+            headers=headers,
+        )
+
+    _with_body_model(process, request_model)
+    router.add_api_route(
+        endpoint_path,
+        process,
+        methods=["POST"],
+        response_model=None,
+        summary="Run the agent",
+        description=(
+            "Streams the run as Server-Sent Events (`stream: true`, the default) or returns "
+            "the final AgentResponse (`stream: false`)."
+        ),
+        responses={
+            200: {
+                "description": "The run's events (text/event-stream) or the final response.",
+                "model": AgentResponse,
+                "content": {"text/event-stream": {}},
+            }
+        },
+    )
+
+    @router.post(f"{COMPATIBLE_PREFIX}/chat/completions", summary="OpenAI chat completions")
+    async def chat_completions(
+        body: compat.ChatCompletionRequest,
+        caller: CurrentCaller,
+        context: Context,
+        x_session_id: SessionHeader = None,
+    ) -> Response:
+        user_id = caller.user_id(body.user)
+        given = clean_session_id(compat.session_id_of(x_session_id, body.metadata))
+        messages = compat.chat_messages(body.messages)
+        session_id = given or str(uuid.uuid4())
+        run = AgentRequest(
+            input=compat.new_turn(messages) if given else messages,
+            session_id=session_id,
+            user_id=user_id,
+            model=body.model,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_tokens=body.max_tokens,
+            seed=body.seed,
+            stop=body.stop,
+        )
+        runner = context.require_runner()
+        headers = _session_headers(session_id)
+        if not body.stream:
+            final = await runner.query(run)
+            if final.status != RunStatus.Completed:
+                return _failure(final)
+            return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        events = await _started(runner.stream_query(run))
+        return sse_response(
+            compat.chat_completion_chunks(events, model=body.model, include_usage=include_usage),
+            ping_interval=context.settings.sse_ping_interval_seconds,
+            headers=headers,
+        )
+
+    @router.post(f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses")
+    async def responses(
+        body: compat.ResponsesRequest,
+        caller: CurrentCaller,
+        context: Context,
+        x_session_id: SessionHeader = None,
+    ) -> Response:
+        user_id = caller.user_id(body.user)
+        given = clean_session_id(
+            compat.session_id_of(x_session_id, body.metadata, body.conversation)
+        )
+        messages = compat.responses_input(body)
+        session_id = given or str(uuid.uuid4())
+        run = AgentRequest(
+            input=compat.new_turn(messages) if given else messages,
+            session_id=session_id,
+            user_id=user_id,
+            model=body.model,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_tokens=body.max_output_tokens,
+        )
+        runner = context.require_runner()
+        headers = _session_headers(session_id)
+        if not body.stream:
+            final = await runner.query(run)
+            if final.status != RunStatus.Completed:
+                return _failure(final)
+            payload = compat.responses_object(final, model=body.model, session_id=session_id)
+            return JSONResponse(payload, headers=headers)
+        events = await _started(runner.stream_query(run))
+        return sse_response(
+            compat.responses_events(events, model=body.model, session_id=session_id),
+            ping_interval=context.settings.sse_ping_interval_seconds,
+            headers=headers,
+        )
+
+    return router
+
+
+__all__ = ["COMPATIBLE_PREFIX", "SESSION_HEADER", "build_router"]

@@ -1,0 +1,133 @@
+"""Session history over HTTP, scoped to the caller's user.
+
+| Method and path | What |
+|---|---|
+| ``POST /sessions`` | create a session (idempotent; a new uuid without ``session_id``) |
+| ``GET /sessions?limit=&cursor=`` | list sessions, oldest first, a page at a time |
+| ``GET /sessions/{id}`` | a session with its messages (404 when missing) |
+| ``DELETE /sessions/{id}`` | delete a session and its history |
+| ``GET /sessions/{id}/messages?limit=&cursor=`` | a page of a session's messages |
+| ``POST /sessions/{id}/messages`` | append messages (creates the session if needed) |
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, Field
+
+from agentscope_serverless.errors import SessionNotFoundError
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.pagination import Page
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
+
+router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+
+def _history(context: Annotated[AppContext, Depends(get_context)]) -> SessionHistoryService:
+    service: SessionHistoryService = context.service("session_history")
+    return service
+
+
+History = Annotated[SessionHistoryService, Depends(_history)]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Items per page.")]
+Cursor = Annotated[str | None, Query(description="`next_cursor` of the previous page.")]
+
+
+class SessionCreate(BaseModel):
+    """A session to create; without ``session_id`` the server picks a uuid."""
+
+    session_id: str | None = None
+
+
+class SessionSummary(BaseModel):
+    """A session without its messages."""
+
+    id: str
+    user_id: str
+
+
+class SessionPage(BaseModel):
+    """A page of sessions; pass ``next_cursor`` back for the next one."""
+
+    items: list[SessionSummary]
+    next_cursor: str | None = None
+
+
+class MessagesIn(BaseModel):
+    """Messages to append, in order."""
+
+    messages: list[Message] = Field(min_length=1)
+
+
+class MessagesOut(BaseModel):
+    """The messages as stored."""
+
+    messages: list[Message]
+
+
+@router.post("", status_code=201, response_model=SessionSummary, summary="Create a session")
+async def create_session(
+    body: SessionCreate, user_id: CurrentUser, history: History
+) -> SessionSummary:
+    session = await history.create_session(user_id, body.session_id)
+    return SessionSummary(id=session.id, user_id=session.user_id)
+
+
+@router.get("", response_model=SessionPage, summary="List sessions")
+async def list_sessions(
+    user_id: CurrentUser, history: History, limit: Limit = 50, cursor: Cursor = None
+) -> SessionPage:
+    page = await history.list_sessions_page(user_id, limit=limit, cursor=cursor)
+    return SessionPage(
+        items=[SessionSummary(id=s.id, user_id=s.user_id) for s in page.items],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.get("/{session_id}", response_model=Session, summary="Get a session with its messages")
+async def get_session(session_id: str, user_id: CurrentUser, history: History) -> Session:
+    session = await history.get_session(user_id, session_id)
+    if session is None:
+        raise SessionNotFoundError(user_id, session_id)
+    return session
+
+
+@router.delete("/{session_id}", status_code=204, summary="Delete a session")
+async def delete_session(session_id: str, user_id: CurrentUser, history: History) -> Response:
+    await history.delete_session(user_id, session_id)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{session_id}/messages", response_model=Page[Message], summary="Read a session's messages"
+)
+async def list_messages(
+    session_id: str,
+    user_id: CurrentUser,
+    history: History,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[Message]:
+    return await history.list_messages(user_id, session_id, limit=limit, cursor=cursor)
+
+
+@router.post(
+    "/{session_id}/messages",
+    status_code=201,
+    response_model=MessagesOut,
+    summary="Append messages to a session",
+)
+async def append_messages(
+    session_id: str, body: MessagesIn, user_id: CurrentUser, history: History
+) -> MessagesOut:
+    session = Session(id=session_id, user_id=user_id)
+    await history.append_message(session, body.messages)
+    return MessagesOut(messages=[m for m in session.messages if isinstance(m, Message)])
+
+
+__all__ = ["router"]

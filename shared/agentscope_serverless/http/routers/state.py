@@ -1,0 +1,103 @@
+"""Agent state over HTTP, scoped to the caller's user.
+
+| Method and path | What |
+|---|---|
+| ``POST /state/{session_id}`` | save a state (the next round, or ``round_id``) |
+| ``GET /state/{session_id}?round_id=`` | a saved state (the latest round by default) |
+| ``GET /state/{session_id}/rounds`` | the saved rounds |
+| ``DELETE /state/{session_id}`` | delete every round of the session's state |
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, Field
+
+from agentscope_serverless.errors import NotFoundError
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.services.agent_state.base import StateService
+
+router = APIRouter(prefix="/state", tags=["state"])
+
+
+def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateService:
+    service: StateService = context.service("state")
+    return service
+
+
+State = Annotated[StateService, Depends(_state)]
+
+
+class StateSave(BaseModel):
+    """A state to save; with ``round_id`` that round is overwritten."""
+
+    state: dict[str, Any]
+    round_id: int | None = Field(None, ge=1)
+
+
+class StateSaved(BaseModel):
+    """Where a state was saved."""
+
+    session_id: str
+    round_id: int
+
+
+class StateOut(BaseModel):
+    """A saved state and its round."""
+
+    session_id: str
+    round_id: int
+    state: dict[str, Any]
+
+
+class Rounds(BaseModel):
+    """The saved rounds of a session, ascending."""
+
+    session_id: str
+    rounds: list[int]
+
+
+@router.post("/{session_id}", status_code=201, response_model=StateSaved, summary="Save state")
+async def save_state(
+    session_id: str, body: StateSave, user_id: CurrentUser, state: State
+) -> StateSaved:
+    round_id = await state.save_state(
+        user_id, body.state, session_id=session_id, round_id=body.round_id
+    )
+    return StateSaved(session_id=session_id, round_id=round_id)
+
+
+@router.get("/{session_id}", response_model=StateOut, summary="Export state")
+async def export_state(
+    session_id: str,
+    user_id: CurrentUser,
+    state: State,
+    round_id: Annotated[int | None, Query(ge=1, description="Default: the latest.")] = None,
+) -> StateOut:
+    missing = NotFoundError(f"no saved state for session {session_id!r}")
+    if round_id is None:
+        rounds = await state.list_rounds(user_id, session_id)
+        if not rounds:
+            raise missing
+        round_id = rounds[-1]
+    saved = await state.export_state(user_id, session_id, round_id)
+    if saved is None:
+        raise missing
+    return StateOut(session_id=session_id, round_id=round_id, state=saved)
+
+
+@router.get("/{session_id}/rounds", response_model=Rounds, summary="List saved rounds")
+async def list_rounds(session_id: str, user_id: CurrentUser, state: State) -> Rounds:
+    return Rounds(session_id=session_id, rounds=await state.list_rounds(user_id, session_id))
+
+
+@router.delete("/{session_id}", status_code=204, summary="Delete state")
+async def delete_state(session_id: str, user_id: CurrentUser, state: State) -> Response:
+    await state.delete_state(user_id, session_id)
+    return Response(status_code=204)
+
+
+__all__ = ["router"]

@@ -1,0 +1,502 @@
+"""The Runner: one request through an agent handler, streamed as the events of a run.
+
+The handler is called like AgentScope Runtime's query handlers::
+
+    async def query(self, msgs, request=None, **kwargs): ...
+
+where ``self`` is the Runner, ``msgs`` the request's input messages, and ``kwargs`` carry
+``request``, ``response`` (the :class:`AgentResponse` being built; a handler may set its
+``usage``), ``session`` (the :class:`Session` with its history, loaded before the call) and
+``memories`` (long-term memories matching the input; ``[]`` without a memory service).
+
+A handler may be an async (or plain) generator yielding text pieces, :class:`Message`\\ s or
+content parts (``TextContent(text=..., delta=True)`` for a streamed piece), a coroutine
+returning text or a :class:`Message`, or, with ``framework="agentscope"``, a generator of
+AgentScope-style ``(msg, last)`` pairs whose cumulative text is streamed as suffixes.
+
+>>> async def echo(self, msgs, request=None, **kwargs):
+...     yield "You said: "
+...     yield msgs[-1].get_text_content()
+>>> runner = Runner(echo)
+
+Run it with ``async with runner: await runner.query({"input": [...]})``, or stream the
+events of CONTRACT §7 with ``runner.stream_query(...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pydantic import ValidationError
+
+from agentscope_serverless.errors import (
+    AgentError,
+    AgentScopeServerlessError,
+    ConfigurationError,
+    InvalidInputError,
+    ServiceNotStartedError,
+)
+from agentscope_serverless.log import logger
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
+    AgentResponse,
+    Content,
+    Error,
+    Event,
+    Message,
+    Role,
+    RunStatus,
+    TextContent,
+)
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import new_or_clean_session_id
+from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+FRAMEWORKS = ("text", "agentscope")
+AGENT_UNKNOWN_ERROR = "AGENT_UNKNOWN_ERROR"
+
+QueryHandler = Callable[..., Any]
+LifecycleHandler = Callable[..., Any]
+
+_ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
+EventT = TypeVar("EventT", bound=Event)
+
+
+class Runner:
+    """Runs requests through a query handler, with session history, memory and state.
+
+    ``services`` is a :class:`ServiceManager` with a ``session_history`` service and
+    optionally ``memory`` and ``state``; whoever passes it starts and stops it. Without it,
+    the runner builds the services from settings and manages them itself.
+    ``async with runner:`` (or ``start()``/``stop()``) also runs the init and shutdown
+    handlers.
+    """
+
+    def __init__(
+        self,
+        query_handler: QueryHandler | None = None,
+        *,
+        framework: str = "text",
+        init_handler: LifecycleHandler | None = None,
+        shutdown_handler: LifecycleHandler | None = None,
+        services: ServiceManager | None = None,
+        memory_top_k: int = 5,
+    ) -> None:
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+        if services is not None and not isinstance(
+            services.get("session_history"), SessionHistoryService
+        ):
+            raise ConfigurationError("the runner needs a 'session_history' service")
+        self.query_handler = query_handler
+        self.framework_type = framework
+        self.init_handler = init_handler
+        self.shutdown_handler = shutdown_handler
+        self.memory_top_k = memory_top_k
+        self._services = services
+        self._owns_services = services is None
+        self._agentscope_msg: Any = None
+        self._started = False
+
+    @property
+    def services(self) -> ServiceManager:
+        """The services the runner uses (built at ``start()`` when none were passed)."""
+        if self._services is None:
+            raise ServiceNotStartedError(type(self).__name__)
+        return self._services
+
+    @property
+    def session_history_service(self) -> SessionHistoryService:
+        """Where conversations are kept."""
+        service: SessionHistoryService = self.services["session_history"]  # type: ignore[assignment]
+        return service
+
+    @property
+    def memory_service(self) -> MemoryService | None:
+        """Long-term memory, when configured."""
+        service = self.services.get("memory")
+        return service if isinstance(service, MemoryService) else None
+
+    @property
+    def state_service(self) -> StateService | None:
+        """Agent state, when configured."""
+        service = self.services.get("state")
+        return service if isinstance(service, StateService) else None
+
+    @property
+    def is_started(self) -> bool:
+        """Whether ``start()`` completed and ``stop()`` was not called since."""
+        return self._started
+
+    async def start(self) -> None:
+        """Start owned services and run the init handler (a no-op when already started)."""
+        if self._started:
+            return
+        if self.query_handler is None:
+            raise ConfigurationError("no query handler: register one with @app.query(...)")
+        if self.framework_type == "agentscope":
+            self._agentscope_msg = _agentscope_msg_class()
+        if self._services is None:
+            from agentscope_serverless.services.factory import create_service_manager
+
+            self._services = create_service_manager()
+        if self._owns_services:
+            await self._services.__aenter__()
+        try:
+            if self.init_handler is not None:
+                await _maybe_await(self.init_handler(self))
+        except BaseException:
+            if self._owns_services:
+                await self._services.__aexit__(None, None, None)
+            raise
+        self._started = True
+
+    async def stop(self) -> None:
+        """Run the shutdown handler and stop owned services."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            if self.shutdown_handler is not None:
+                await _maybe_await(self.shutdown_handler(self))
+        finally:
+            if self._owns_services and self._services is not None:
+                await self._services.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def query(
+        self, request: AgentRequest | Mapping[str, Any], *, user_id: str | None = None
+    ) -> AgentResponse:
+        """Run a request to the end and return the final response (completed or failed)."""
+        final: Event | None = None
+        async for event in self.stream_query(request, user_id=user_id):
+            final = event
+        assert isinstance(final, AgentResponse)
+        return final
+
+    async def stream_query(
+        self, request: AgentRequest | Mapping[str, Any], *, user_id: str | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """The events of one run, in the order of CONTRACT §7.
+
+        The session (``request.session_id``, or a new uuid) is created if new and its
+        history loaded before the agent is called; the user is ``user_id``, else
+        ``request.user_id``, else the session id. Problems loading the session raise before
+        the first event; an agent error ends the stream with a ``failed`` response event.
+        Afterwards the input and the agent's messages are appended to the history (the input
+        alone when the agent failed) and, with a memory service, added to memory.
+        """
+        if not self._started:
+            raise ServiceNotStartedError(type(self).__name__)
+        request = _as_request(request)
+        session_id = new_or_clean_session_id(request.session_id)
+        user = user_id or request.user_id or session_id
+        session = await self.session_history_service.create_session(user, session_id)
+        memories = await self._recall(user, request.input)
+        turn = _Turn(AgentResponse(session_id=session.id))
+        for event in turn.start():
+            yield event
+        try:
+            async with contextlib.aclosing(
+                self._run_handler(turn, request, session, memories)
+            ) as events:
+                async for event in events:
+                    yield event
+            for event in turn.close():
+                yield event
+        except Exception as exc:
+            logger.exception("the agent failed", extra={"session_id": session.id})
+            await self._record_quietly(session, request.input)
+            yield turn.fail(_error_of(exc))
+            return
+        except (asyncio.CancelledError, GeneratorExit):
+            await asyncio.shield(self._record_quietly(session, request.input))
+            raise
+        try:
+            await self.session_history_service.append_message(
+                session, [*request.input, *turn.outputs]
+            )
+        except Exception as exc:
+            logger.exception("could not save the session history", extra={"session_id": session.id})
+            yield turn.fail(_error_of(exc))
+            return
+        await self._remember_quietly(session, [*request.input, *turn.outputs])
+        yield turn.finish()
+
+    async def _run_handler(
+        self, turn: _Turn, request: AgentRequest, session: Session, memories: list[Message]
+    ) -> AsyncGenerator[Event, None]:
+        assert self.query_handler is not None
+        msgs: list[Any] = list(request.input)
+        if self._agentscope_msg is not None:
+            msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
+        result = self.query_handler(
+            self, msgs, request=request, response=turn.response, session=session, memories=memories
+        )
+        if inspect.isasyncgen(result):
+            async with contextlib.aclosing(result) as items:
+                async for item in items:
+                    for event in turn.feed(item):
+                        yield event
+        elif inspect.isgenerator(result):
+            with contextlib.closing(result) as sync_items:
+                for item in sync_items:
+                    for event in turn.feed(item):
+                        yield event
+        else:
+            value = await result if inspect.isawaitable(result) else result
+            for event in turn.feed(value):
+                yield event
+
+    async def _recall(self, user_id: str, messages: list[Message]) -> list[Message]:
+        memory = self.memory_service
+        if memory is None or not messages:
+            return []
+        return await memory.search_memory(user_id, messages, filters={"top_k": self.memory_top_k})
+
+    async def _record_quietly(self, session: Session, messages: list[Message]) -> None:
+        """Keep the input of a run that did not finish; errors here are only logged."""
+        try:
+            await self.session_history_service.append_message(session, list(messages))
+        except Exception:
+            logger.exception("could not save the input of a failed run")
+        await self._remember_quietly(session, messages)
+
+    async def _remember_quietly(self, session: Session, messages: list[Message]) -> None:
+        """Add a run's messages to memory; memory is best effort, so errors are only logged."""
+        memory = self.memory_service
+        if memory is None:
+            return
+        try:
+            await memory.add_memory(session.user_id, list(messages), session_id=session.id)
+        except Exception:
+            logger.exception("could not add the run to memory", extra={"session_id": session.id})
+
+
+class _Turn:
+    """Turns what a handler produces into the events of one run, numbering them.
+
+    Pieces of text and content deltas go into the open assistant message (opened on the
+    first piece); a whole :class:`Message` closes it and is emitted as a message of its own.
+    """
+
+    def __init__(self, response: AgentResponse) -> None:
+        self.response = response
+        self.outputs: list[Message] = []
+        self._sequence = 0
+        self._open: Message | None = None
+        self._open_key: object = None
+        self._snapshot = ""
+
+    def start(self) -> list[Event]:
+        return [
+            self._emit(self.response.created().model_copy()),
+            self._emit(self.response.in_progress().model_copy()),
+        ]
+
+    def feed(self, item: Any) -> list[Event]:
+        if item is None:
+            return []
+        if isinstance(item, str):
+            return self.text(item)
+        if isinstance(item, Message):
+            return self.message(item)
+        if isinstance(item, Content):
+            return self.content(item)
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bool):
+            return self.snapshot(item[0], item[1])
+        raise AgentError(f"the agent produced a value of unsupported type {type(item).__name__}")
+
+    def text(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        message, events = self._ensure_open()
+        events.append(self._emit(message.add_delta_content(TextContent(text=text, delta=True))))
+        return events
+
+    def content(self, part: Content) -> list[Event]:
+        message, events = self._ensure_open()
+        if part.delta:
+            events.append(self._emit(message.add_delta_content(part.model_copy())))
+            return events
+        events += self._complete_parts(message)
+        if isinstance(part, TextContent):
+            piece = TextContent(text=part.text or "", delta=True)
+            events.append(self._emit(message.add_delta_content(piece)))
+            events += self._complete_parts(message)
+        else:
+            events.append(self._emit(message.add_content(part)))
+        return events
+
+    def message(self, message: Message) -> list[Event]:
+        events = self.close()
+        events += self._open_message(
+            Message(
+                id=message.id,
+                type=message.type,
+                role=message.role or Role.ASSISTANT,
+                code=message.code,
+                message=message.message,
+                usage=message.usage,
+                metadata=message.metadata,
+            )
+        )
+        for part in message.content or []:
+            fresh = {"delta": False, "index": None, "msg_id": None, "status": None}
+            events += self.content(part.model_copy(update=fresh))
+        events += self.close()
+        return events
+
+    def snapshot(self, msg: Any, last: bool) -> list[Event]:
+        """An AgentScope-style ``(msg, last)`` pair: ``msg`` holds the text so far."""
+        key = getattr(msg, "id", None) or id(msg)
+        events: list[Event] = []
+        message = self._open
+        if message is None or self._open_key != key:
+            events += self.close()
+            role = getattr(msg, "role", None)
+            message = Message(role=role if role in _ROLES else Role.ASSISTANT)
+            events += self._open_message(message, key)
+        text = _agentscope_text(msg)
+        if text.startswith(self._snapshot):
+            piece = text[len(self._snapshot) :]
+        else:
+            events += self._complete_parts(message)
+            piece = text
+        if piece:
+            events.append(
+                self._emit(message.add_delta_content(TextContent(text=piece, delta=True)))
+            )
+        self._snapshot = text
+        if last:
+            events += self.close()
+        return events
+
+    def close(self) -> list[Event]:
+        message = self._open
+        if message is None:
+            return []
+        events = self._complete_parts(message)
+        events.append(self._emit(message.completed()))
+        self.outputs.append(message)
+        self._open, self._open_key, self._snapshot = None, None, ""
+        return events
+
+    def finish(self) -> AgentResponse:
+        response = self.response
+        response.output = list(self.outputs)
+        if response.usage is None:
+            response.usage = next((m.usage for m in reversed(self.outputs) if m.usage), None)
+        response.completed_at = int(time.time())
+        return self._emit(response.completed())
+
+    def fail(self, error: Error) -> AgentResponse:
+        response = self.response
+        response.output = list(self.outputs) or None
+        response.completed_at = int(time.time())
+        return self._emit(response.failed(error))
+
+    def _emit(self, event: EventT) -> EventT:
+        event.sequence_number = self._sequence
+        self._sequence += 1
+        return event
+
+    def _open_message(self, message: Message, key: object = None) -> list[Event]:
+        message.in_progress()
+        self._open, self._open_key, self._snapshot = message, key, ""
+        return [self._emit(message.model_copy())]
+
+    def _ensure_open(self) -> tuple[Message, list[Event]]:
+        if self._open is not None:
+            return self._open, []
+        message = Message(role=Role.ASSISTANT)
+        return message, self._open_message(message)
+
+    def _complete_parts(self, message: Message) -> list[Event]:
+        events: list[Event] = []
+        for index, part in enumerate(message.content or []):
+            if part.status != RunStatus.Completed:
+                completed = message.content_completed(index)
+                if completed is not None:
+                    events.append(self._emit(completed))
+        return events
+
+
+def _as_request(request: AgentRequest | Mapping[str, Any]) -> AgentRequest:
+    if isinstance(request, AgentRequest):
+        return request
+    try:
+        return AgentRequest.model_validate(dict(request))
+    except ValidationError as exc:
+        raise InvalidInputError(
+            f"not a valid request: {exc.errors()[0]['msg']}",
+            errors=[{"loc": list(err["loc"]), "msg": err["msg"]} for err in exc.errors()],
+        ) from None
+
+
+def _error_of(exc: BaseException) -> Error:
+    """The ``error`` of a failed event: our errors keep their code and (safe) message."""
+    if isinstance(exc, AgentScopeServerlessError):
+        return Error(code=exc.code, message=exc.message)
+    return Error(code=AGENT_UNKNOWN_ERROR, message=f"Unknown agent error: {type(exc).__name__}")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _agentscope_msg_class() -> Any:
+    try:
+        return importlib.import_module("agentscope.message").Msg
+    except ImportError:
+        raise ConfigurationError(
+            "framework='agentscope' needs the agentscope package: "
+            "pip install 'agentscope-serverless[agentscope]'"
+        ) from None
+
+
+def _to_agentscope_msg(msg_class: Any, message: Message) -> Any:
+    role = message.role if message.role in (Role.USER, Role.ASSISTANT, Role.SYSTEM) else Role.USER
+    return msg_class(name=role, content=message.get_text_content() or "", role=role)
+
+
+def _agentscope_text(msg: Any) -> str:
+    """The text of an AgentScope ``Msg`` (duck-typed: ``get_text_content()`` or ``content``)."""
+    get_text = getattr(msg, "get_text_content", None)
+    if callable(get_text):
+        text = get_text()
+        return text if isinstance(text, str) else ""
+    content = getattr(msg, "content", None)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(block.get("text", ""))
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        )
+    return ""
+
+
+__all__ = ["AGENT_UNKNOWN_ERROR", "FRAMEWORKS", "Runner"]
