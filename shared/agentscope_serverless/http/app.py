@@ -13,6 +13,7 @@ started in the application's lifespan, which Mangum also runs in Lambda.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -27,7 +28,7 @@ from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
 from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
-from agentscope_serverless.http.routers import health, memory, process, sessions, state
+from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
@@ -74,11 +75,14 @@ def create_app(
         description=(agent_app.app_description if agent_app else "") or "Agents as HTTP APIs.",
         lifespan=_lifespan(context),
     )
+    # Router modules are imported only when mounted: a function serving one router does
+    # not pay for defining the others at cold start.
     if agent_app is not None and "process" in names:
+        process = importlib.import_module(f"{__package__}.routers.process")
         app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name, module in (("sessions", sessions), ("memory", memory), ("state", state)):
+    for name in ("sessions", "memory", "state"):
         if name in names:
-            app.include_router(module.router)
+            app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
     return app
 
 

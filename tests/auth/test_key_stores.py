@@ -1,0 +1,162 @@
+"""Key stores, on every backend: hashed storage, constant-time checks, revocation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from agentscope_serverless.auth import (
+    FileKeyStore,
+    InMemoryKeyStore,
+    IssuedKey,
+    KeyStore,
+    create_key_store,
+)
+from agentscope_serverless.auth.keys import parse_key
+from agentscope_serverless.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    NotFoundError,
+    ServiceNotStartedError,
+    StoreUnavailableError,
+)
+from agentscope_serverless.settings import load_settings
+
+
+@pytest.fixture(params=["in_memory", "file"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], KeyStore]:
+    if request.param == "file":
+        return lambda: FileKeyStore(tmp_path / "keys" / "keys.json")
+    shared = InMemoryKeyStore()
+    return lambda: shared
+
+
+@pytest.fixture
+async def store(make_store: Callable[[], KeyStore]) -> AsyncIterator[KeyStore]:
+    async with make_store() as started:
+        yield started
+
+
+async def test_a_user_key_authenticates_as_its_user(store: KeyStore) -> None:
+    issued = await store.create_key(kind="user", user_id="alice")
+    assert issued.key.startswith(f"ask_{issued.record.key_id}_")
+    principal = await store.authenticate(issued.key)
+    assert (principal.kind, principal.user_id, principal.key_id) == (
+        "user",
+        "alice",
+        issued.record.key_id,
+    )
+
+
+async def test_a_service_key_has_no_user(store: KeyStore) -> None:
+    issued = await store.create_key(kind="service")
+    assert (await store.authenticate(issued.key)).user_id is None
+    with pytest.raises(InvalidInputError):
+        await store.create_key(kind="service", user_id="alice")
+    with pytest.raises(InvalidInputError):
+        await store.create_key(kind="user")
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda key: key[:-1] + ("A" if key[-1] != "A" else "B"),
+        lambda key: "ask_ffffffffffffffff_" + key.split("_", 2)[2],
+        lambda key: key + "x",
+        lambda key: "",
+        lambda key: "Bearer " + key,
+    ],
+)
+async def test_a_wrong_or_malformed_key_is_refused(
+    store: KeyStore, tamper: Callable[[str], str]
+) -> None:
+    issued = await store.create_key(kind="user", user_id="alice")
+    with pytest.raises(AuthenticationError, match="invalid API key"):
+        await store.authenticate(tamper(issued.key))
+
+
+async def test_a_revoked_key_is_refused_and_listed_as_revoked(store: KeyStore) -> None:
+    kept = await store.create_key(kind="user", user_id="alice")
+    dropped = await store.create_key(kind="user", user_id="bob")
+    revoked = await store.revoke_key(dropped.record.key_id)
+    assert revoked.revoked
+    await store.revoke_key(dropped.record.key_id)
+    with pytest.raises(AuthenticationError):
+        await store.authenticate(dropped.key)
+    await store.authenticate(kept.key)
+    listed = {r.key_id: r.revoked for r in await store.list_keys()}
+    assert listed == {kept.record.key_id: False, dropped.record.key_id: True}
+    with pytest.raises(NotFoundError):
+        await store.revoke_key("0000000000000000")
+
+
+async def test_keys_are_long_and_random(store: KeyStore) -> None:
+    keys = [(await store.create_key(kind="service")).key for _ in range(5)]
+    assert len(set(keys)) == 5
+    for key in keys:
+        parsed = parse_key(key)
+        assert parsed is not None and len(parsed[1]) == 43
+
+
+async def test_a_store_must_be_started(make_store: Callable[[], KeyStore]) -> None:
+    with pytest.raises(ServiceNotStartedError):
+        await make_store().create_key(kind="service")
+
+
+def test_the_key_file_holds_hashes_only_with_private_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+
+    async def create() -> IssuedKey:
+        async with FileKeyStore(path) as store:
+            return await store.create_key(kind="user", user_id="alice")
+
+    issued = asyncio.run(create())
+    content = path.read_text()
+    secret = issued.key.split("_", 2)[2]
+    assert secret not in content and issued.key not in content
+    assert json.loads(content)["keys"][0]["key_hash"] == issued.record.key_hash
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+async def test_a_running_file_store_sees_changes_made_by_another(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path) as server, FileKeyStore(path) as cli:
+        issued = await cli.create_key(kind="user", user_id="alice")
+        assert (await server.authenticate(issued.key)).user_id == "alice"
+        await cli.revoke_key(issued.record.key_id)
+        with pytest.raises(AuthenticationError):
+            await server.authenticate(issued.key)
+
+
+async def test_concurrent_creations_are_all_kept(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    stores = [FileKeyStore(path) for _ in range(10)]
+    for store in stores:
+        await store.start()
+    await asyncio.gather(
+        *(s.create_key(kind="user", user_id=f"u{i}") for i, s in enumerate(stores))
+    )
+    assert len(await stores[0].list_keys()) == 10
+
+
+async def test_a_corrupt_key_file_is_a_store_failure(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text("[1, 2")
+    async with FileKeyStore(path) as store:
+        assert not await store.health()
+        with pytest.raises(StoreUnavailableError):
+            await store.authenticate("ask_0123456789abcdef_" + "A" * 43)
+
+
+def test_the_factory_follows_the_settings(tmp_path: Path) -> None:
+    file_store = create_key_store(
+        load_settings(auth_keys_backend="file", auth_keys_file=str(tmp_path / "k.json"))
+    )
+    assert isinstance(file_store, FileKeyStore) and file_store.path == tmp_path / "k.json"
+    assert isinstance(create_key_store(load_settings()), InMemoryKeyStore)

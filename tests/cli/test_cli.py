@@ -1,0 +1,210 @@
+"""The console script: serve, invoke and chat as real processes; keys on the key file."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from agentscope_serverless.auth import FileKeyStore
+from agentscope_serverless.cli import app
+from agentscope_serverless.errors import AuthenticationError
+
+SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    key: str
+    banner: list[str]
+    output: Path
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines the server wrote so far."""
+        lines = self.output.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``agentscope-serverless serve`` on a free port, with its printed development key."""
+    port = free_port()
+    output = tmp_path_factory.mktemp("serve") / "output.txt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": "INFO"}
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--log-level", "warning"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, f"serve exited: {output.read_text()}"
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.05)
+        banner = output.read_text().splitlines()
+        key = next(line for line in banner if line.startswith("ask_"))
+        yield Server(url=url, key=key, banner=banner, output=output)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_prints_a_dev_key_and_working_curl_examples(server: Server) -> None:
+    assert any(server.url in line and "/docs" in line for line in server.banner)
+    curls = [line for line in server.banner if line.startswith("curl ")]
+    assert len(curls) == 2 and all(server.key in line for line in curls)
+    first, second = (as_request(line) for line in curls)
+    assert first.startswith("data: ")
+    assert "Your name is Alice." in second
+
+
+def as_request(curl: str) -> str:
+    """Run a printed ``curl -N URL -H ... -d BODY`` line with httpx (curl may be missing)."""
+    words = shlex.split(curl)
+    assert words[:2] == ["curl", "-N"]
+    url, options = words[2], words[3:]
+    headers = dict(
+        value.split(": ", 1) for flag, value in itertools.pairwise(options) if flag == "-H"
+    )
+    body = options[options.index("-d") + 1]
+    return httpx.post(url, headers=headers, content=body, timeout=30).text
+
+
+def test_invoke_then_chat_continue_one_session(server: Server) -> None:
+    cli = CliRunner()
+    told = cli.invoke(
+        app,
+        [
+            "invoke",
+            "My name is Alice",
+            "--url",
+            server.url,
+            "--key",
+            server.key,
+            "--session",
+            "cli-session",
+        ],
+    )
+    assert told.exit_code == 0, told.output
+    assert "Nice to meet you, Alice! I will remember your name." in told.output
+    assert "session: cli-session" in told.output
+    chatted = cli.invoke(
+        app,
+        ["chat", "--url", server.url, "--session", "cli-session"],
+        input="What is my name?\nhello\n/exit\n",
+        env={"AGENTSCOPE_API_KEY": server.key},
+    )
+    assert chatted.exit_code == 0, chatted.output
+    assert "Your name is Alice." in chatted.output
+    assert "Hello, Alice!" in chatted.output
+
+
+def test_invoke_as_a_process_reports_a_bad_key(server: Server) -> None:
+    result = subprocess.run(
+        [SCRIPT, "invoke", "hi", "--url", server.url, "--key", "ask_nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "401" in result.stderr and "invalid API key" in result.stderr
+
+
+def test_invoke_needs_a_key() -> None:
+    result = CliRunner().invoke(app, ["invoke", "hi"], env={"AGENTSCOPE_API_KEY": ""})
+    assert result.exit_code == 1
+    assert "no API key" in result.output
+
+
+def test_keys_create_list_revoke_with_the_file_store(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    cli = CliRunner()
+    created = cli.invoke(app, ["keys", "create", "--user", "alice", "--file", str(key_file)])
+    assert created.exit_code == 0, created.output
+    key = next(line for line in created.output.splitlines() if line.startswith("ask_"))
+    service = cli.invoke(
+        app, ["keys", "create", "--service"], env={"AUTH_KEYS_FILE": str(key_file)}
+    )
+    assert service.exit_code == 0, service.output
+
+    store = FileKeyStore(key_file)
+    records = json.loads(key_file.read_text())["keys"]
+    assert {(r["kind"], r["user_id"]) for r in records} == {("user", "alice"), ("service", None)}
+    assert key not in key_file.read_text()
+
+    listed = cli.invoke(app, ["keys", "list", "--file", str(key_file)])
+    assert listed.exit_code == 0
+    alice_id = next(r["key_id"] for r in records if r["user_id"] == "alice")
+    assert alice_id in listed.output and "alice" in listed.output and "active" in listed.output
+    assert "ask_" not in listed.output
+
+    revoked = cli.invoke(app, ["keys", "revoke", alice_id, "--file", str(key_file)])
+    assert revoked.exit_code == 0
+    assert "revoked" in cli.invoke(app, ["keys", "list", "--file", str(key_file)]).output
+
+    async def check() -> None:
+        async with store:
+            with pytest.raises(AuthenticationError):
+                await store.authenticate(key)
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["keys", "create"], "--user"),
+        (["keys", "create", "--user", "a", "--service"], "leave out --user"),
+        (["keys", "revoke", "0000000000000000"], "no key with id"),
+    ],
+)
+def test_keys_commands_explain_mistakes(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, [*args, "--file", str(tmp_path / "k.json")])
+    assert result.exit_code == 1
+    assert message in result.output
+
+
+def test_requests_are_logged_as_json_with_a_request_id_and_never_a_key(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {server.key}", "X-Request-Id": "trace-me-1"}
+    httpx.get(f"{server.url}/sessions", headers=headers)
+    httpx.get(f"{server.url}/sessions", headers={"Authorization": "Bearer ask_wrong"})
+    deadline = time.monotonic() + 10
+    while not any(line.get("request_id") == "trace-me-1" for line in server.log_lines()):
+        assert time.monotonic() < deadline, "no log line for the request"
+        time.sleep(0.05)
+    logged = next(line for line in server.log_lines() if line.get("request_id") == "trace-me-1")
+    assert (logged["message"], logged["method"], logged["path"]) == ("request", "GET", "/sessions")
+    assert logged["status"] == 200 and logged["duration_ms"] >= 0
+    assert logged["service"] == "agentscope-serverless"
+    secret = server.key.split("_", 2)[2]
+    json_lines = [line for line in server.output.read_text().splitlines() if line.startswith("{")]
+    assert all(secret not in line and "ask_wrong" not in line for line in json_lines)

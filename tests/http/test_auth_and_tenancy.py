@@ -1,0 +1,226 @@
+"""Authentication and tenancy, on every authenticated route, over real HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.http import Keys, user_message
+
+S = "shared-name"
+
+# Every authenticated route, with a body that is valid for it.
+ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    (
+        "POST",
+        "/process",
+        {"input": [user_message("What is my name?")], "session_id": S, "stream": False},
+    ),
+    (
+        "POST",
+        "/compatible-mode/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "What is my name?"}],
+            "metadata": {"session_id": S},
+        },
+    ),
+    (
+        "POST",
+        "/compatible-mode/v1/responses",
+        {"model": "m", "input": "What is my name?", "metadata": {"session_id": S}},
+    ),
+    ("GET", "/sessions", None),
+    ("GET", f"/sessions/{S}", None),
+    ("GET", f"/sessions/{S}/messages", None),
+    ("POST", "/memory/search", {"query": "pineapple"}),
+    ("GET", "/memory", None),
+    ("GET", f"/state/{S}", None),
+    ("GET", f"/state/{S}/rounds", None),
+    ("POST", "/sessions", {"session_id": S}),
+    ("POST", f"/sessions/{S}/messages", {"messages": [user_message("bob was here")]}),
+    ("POST", "/memory", {"messages": [user_message("bob likes kiwis")], "session_id": S}),
+    ("POST", f"/state/{S}", {"state": {"owner": "bob"}}),
+    ("DELETE", f"/state/{S}", None),
+    ("DELETE", f"/memory/{S}", None),
+    ("DELETE", "/memory", None),
+    ("DELETE", f"/sessions/{S}", None),
+]
+ROUTE_IDS = [f"{method} {path}" for method, path, _ in ROUTES]
+
+
+def call(
+    client: httpx.Client, route: tuple[str, str, dict[str, Any] | None], **kw: Any
+) -> httpx.Response:
+    method, path, body = route
+    return client.request(method, path, json=body, **kw)
+
+
+def assert_unauthenticated(response: httpx.Response) -> None:
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_a_missing_key_gets_401(client_for: Callable[..., httpx.Client], route: Any) -> None:
+    assert_unauthenticated(call(client_for(None), route))
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_a_wrong_key_gets_401(
+    client_for: Callable[..., httpx.Client], keys: Keys, route: Any
+) -> None:
+    forged = keys.alice[:-4] + "AAAA"
+    unknown = "ask_0123456789abcdef_" + "A" * 43
+    for key in (forged, unknown, "not-a-key", keys.revoked):
+        assert_unauthenticated(call(client_for(key), route))
+    basic = client_for(None, Authorization="Basic YWxpY2U6c2VjcmV0")
+    assert_unauthenticated(call(basic, route))
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_a_user_key_naming_another_user_gets_403(
+    client_for: Callable[..., httpx.Client], keys: Keys, route: Any
+) -> None:
+    bob = client_for(keys.bob)
+    as_header = call(bob, route, headers={"X-User-Id": "alice"})
+    as_query = call(bob, route, params={"user_id": "alice"})
+    for response in (as_header, as_query):
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "PERMISSION_DENIED"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/process", {"input": [user_message("hi")], "user_id": "alice", "stream": False}),
+        (
+            "/compatible-mode/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "alice"},
+        ),
+        ("/compatible-mode/v1/responses", {"model": "m", "input": "hi", "user": "alice"}),
+    ],
+)
+def test_a_user_key_naming_another_user_in_the_body_gets_403(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, Any]
+) -> None:
+    response = client_for(keys.bob).post(path, json=body)
+    assert response.status_code == 403
+
+
+def test_naming_ones_own_user_is_allowed(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    bob = client_for(keys.bob, **{"X-User-Id": "bob"})
+    assert bob.get("/sessions", params={"user_id": "bob"}).status_code == 200
+    response = bob.post(
+        "/process", json={"input": [user_message("hi")], "user_id": "bob", "stream": False}
+    )
+    assert response.status_code == 200
+
+
+def test_two_users_cannot_reach_each_others_data_on_any_route(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    alice = client_for(keys.alice)
+    told = alice.post(
+        "/process",
+        json={"input": [user_message("My name is Alice")], "session_id": S, "stream": False},
+    )
+    assert told.status_code == 200
+    alice.post(
+        "/memory", json={"messages": [user_message("alice loves pineapple")], "session_id": S}
+    )
+    alice.post(f"/state/{S}", json={"state": {"owner": "alice"}})
+
+    bob = client_for(keys.bob)
+    seen = {}
+    for route in ROUTES:
+        response = call(bob, route)
+        assert response.status_code < 500, route
+        seen[f"{route[0]} {route[1]}"] = response
+        for secret in ("Alice", "alice", "pineapple"):
+            assert secret not in response.text, (route, response.text)
+    assert seen[f"GET /state/{S}"].status_code == 404
+    assert seen[f"GET /state/{S}/rounds"].json()["rounds"] == []
+    assert seen[f"POST /state/{S}"].json()["round_id"] == 1
+    assert seen["POST /memory/search"].json()["items"] == []
+    assert "don't know your name" in seen["POST /process"].text
+
+    # Alice's data is untouched by everything Bob did.
+    history = alice.get(f"/sessions/{S}/messages").json()["items"]
+    assert history[0]["content"][0]["text"] == "My name is Alice"
+    assert len(history) == 2
+    assert [s["id"] for s in alice.get("/sessions").json()["items"]] == [S]
+    hits = alice.post("/memory/search", json={"query": "pineapple"}).json()["items"]
+    assert [h["content"][0]["text"] for h in hits] == ["alice loves pineapple"]
+    state = alice.get(f"/state/{S}").json()
+    assert (state["round_id"], state["state"]) == (1, {"owner": "alice"})
+
+
+def test_a_service_key_must_name_the_user(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    response = client_for(keys.service).get("/sessions")
+    assert response.status_code == 422
+    assert response.json()["error"]["fields"][0]["loc"] == ["X-User-Id"]
+
+
+def test_a_service_key_acts_for_the_user_it_names(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    session = f"svc-{uuid.uuid4()}"
+    alice = client_for(keys.alice)
+    alice.post(
+        "/process",
+        json={"input": [user_message("My name is Alice")], "session_id": session, "stream": False},
+    )
+    service = client_for(keys.service)
+    as_alice = {"X-User-Id": "alice"}
+    assert service.get(f"/sessions/{session}", headers=as_alice).json()["user_id"] == "alice"
+    assert service.get(f"/sessions/{session}", params={"user_id": "alice"}).status_code == 200
+    answer = service.post(
+        "/process",
+        json={
+            "input": [user_message("What is my name?")],
+            "session_id": session,
+            "user_id": "alice",
+            "stream": False,
+        },
+    )
+    assert answer.json()["output"][0]["content"][0]["text"] == "Your name is Alice."
+    assert service.get(f"/sessions/{session}", headers={"X-User-Id": "bob"}).status_code == 404
+
+
+def test_a_service_key_naming_two_users_gets_422(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    service = client_for(keys.service, **{"X-User-Id": "alice"})
+    response = service.post(
+        "/process", json={"input": [user_message("hi")], "user_id": "bob", "stream": False}
+    )
+    assert response.status_code == 422
+
+
+def test_health_needs_no_key(client_for: Callable[..., httpx.Client]) -> None:
+    response = client_for(None).get("/health")
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "healthy",
+        "services": {"session_history": True, "memory": True, "state": True, "auth_keys": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/shutdown"), ("POST", "/admin/shutdown"), ("GET", "/admin/status")],
+)
+def test_there_are_no_admin_routes(
+    client_for: Callable[..., httpx.Client], keys: Keys, method: str, path: str
+) -> None:
+    assert client_for(keys.alice).request(method, path).status_code in (404, 405)

@@ -1,0 +1,114 @@
+"""LocalDeployManager: an AgentApp or a plain function served on loopback, then stopped."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.auth import FileKeyStore
+from agentscope_serverless.deployers import DeployManager, LocalDeployManager
+from agentscope_serverless.schemas.agent_schemas import AgentRequest, TextContent
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, issue_key, revoke_key, stream, user_message
+
+
+async def test_deploys_an_agent_app_and_stops_it(keys: Keys) -> None:
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    assert isinstance(manager, DeployManager)
+    assert not manager.is_running and manager.service_url is None
+    info = await manager.deploy(demo_app, settings=load_settings(), key_store=keys.store)
+    try:
+        assert manager.is_running
+        assert info["url"] == manager.service_url and info["deploy_id"] == manager.deploy_id
+        async with httpx.AsyncClient(base_url=info["url"], headers=bearer(keys.alice)) as client:
+            assert (await client.get("/health")).status_code == 200
+            body = {"input": [user_message("My name is Dana")], "stream": False}
+            reply = (await client.post("/process", json=body)).json()
+            assert reply["output"][0]["content"][0]["text"].startswith("Nice to meet you, Dana")
+    finally:
+        await manager.stop()
+    assert not manager.is_running and manager.service_url is None
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"{info['url']}/health")
+
+
+async def echo_events(request: AgentRequest) -> AsyncIterator[TextContent]:
+    for word in (request.input[-1].get_text_content() or "").split():
+        yield TextContent(text=word, delta=True)
+
+
+def test_deploys_a_plain_function_with_a_file_key_store(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    store = FileKeyStore(key_file)
+    key = issue_key(store, "erin")
+    settings = load_settings(auth_keys_backend="file", auth_keys_file=str(key_file))
+    started: list[dict[str, Any]] = []
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    info = manager.deploy_sync(
+        echo_events,
+        endpoint_path="/echo",
+        before_start=lambda app, **kw: started.append(kw),
+        settings=settings,
+        label="test",
+    )
+    try:
+        assert started == [{"label": "test"}]
+        with httpx.Client(base_url=info["url"], headers=bearer(key)) as client:
+            _, sse = stream(client, "/echo", json={"input": [user_message("one two three")]})
+            assert [e["text"] for e in sse.data] == ["one", "two", "three"]
+            revoke_key(store, key)
+            assert client.post("/echo", json={"input": [user_message("x")]}).status_code == 401
+    finally:
+        manager.stop_sync()
+
+
+@pytest.mark.parametrize(
+    ("response_type", "expected"),
+    [("json", lambda r: r.json() == ["a", "b"]), ("text", lambda r: r.text == "ab")],
+)
+def test_plain_function_response_types(keys: Keys, response_type: str, expected: Any) -> None:
+    def letters(body: dict[str, Any]) -> Iterator[str]:
+        assert body["user_id"] == "alice"
+        yield from "ab"
+
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    info = manager.deploy_sync(
+        letters,
+        request_model=None,
+        response_type=response_type,
+        settings=load_settings(),
+        key_store=keys.store,
+    )
+    try:
+        response = httpx.post(f"{info['url']}/process", json={}, headers=bearer(keys.alice))
+        assert expected(response)
+    finally:
+        manager.stop_sync()
+
+
+def test_an_agent_app_keeps_its_own_configuration() -> None:
+    with pytest.raises(TypeError, match="set them on the AgentApp"):
+        LocalDeployManager(port=0).deploy_sync(demo_app, endpoint_path="/other")
+
+
+def test_plain_function_sse_items_are_json(keys: Keys) -> None:
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    info = manager.deploy_sync(
+        lambda body: {"seen": body.session_id},
+        settings=load_settings(),
+        key_store=keys.store,
+    )
+    try:
+        with httpx.Client(base_url=info["url"], headers=bearer(keys.alice)) as client:
+            _, sse = stream(client, "/process", json={"input": [], "session_id": "s9"})
+        assert sse.data == [{"seen": "s9"}]
+        assert json.dumps(sse.data[0]) in sse.raw
+    finally:
+        manager.stop_sync()

@@ -1,0 +1,200 @@
+"""The one error mapping, over real HTTP: 422, 413, 404, 405, 500 and 503, with request ids."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.auth import FileKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.http.function_app import create_function_app
+from agentscope_serverless.settings import load_settings
+from tests.http.conftest import SECRET
+from tests.support.http import Keys, bearer, issue_key, running, user_message
+
+LIMIT = 4096
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "loc"),
+    [
+        ("POST", "/process", {"session_id": "s"}, ["body", "input"]),
+        (
+            "POST",
+            "/process",
+            {"input": [{"role": "robot", "content": "hi"}]},
+            ["body", "input", 0, "role"],
+        ),
+        ("POST", "/process", {"input": [user_message("hi")], "n": 9}, ["body", "n"]),
+        ("POST", "/sessions/s/messages", {"messages": []}, ["body", "messages"]),
+        ("POST", "/memory", {"messages": "hello"}, ["body", "messages"]),
+        ("POST", "/memory/search", {"query": ""}, ["body", "query"]),
+        ("POST", "/state/s", {"state": "not an object"}, ["body", "state"]),
+        ("POST", "/state/s", {"state": {}, "round_id": 0}, ["body", "round_id"]),
+        ("GET", "/sessions?limit=0", None, ["query", "limit"]),
+        ("GET", "/memory?page_size=5000", None, ["query", "page_size"]),
+        ("GET", "/sessions?cursor=%21%21", None, ["cursor"]),
+        ("POST", "/compatible-mode/v1/responses", {"model": "m"}, ["body", "input"]),
+    ],
+)
+def test_malformed_requests_get_422_naming_the_field(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    method: str,
+    path: str,
+    body: Any,
+    loc: list[Any],
+) -> None:
+    response = client_for(keys.alice).request(method, path, json=body)
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["code"] == "INVALID_INPUT"
+    assert loc in [field["loc"] for field in error["fields"]]
+    assert ".".join(str(p) for p in loc) in error["message"] or loc == ["cursor"]
+
+
+def test_invalid_json_gets_422(client_for: Callable[..., httpx.Client], keys: Keys) -> None:
+    response = client_for(keys.alice).post(
+        "/process", content=b'{"input": [', headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert error_of(response)["fields"][0]["loc"][0] == "body"
+
+
+def test_validation_errors_do_not_echo_the_input(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    response = client_for(keys.alice).post("/state/s", json={"state": SECRET})
+    assert response.status_code == 422
+    assert SECRET not in response.text
+
+
+@pytest.fixture(scope="module")
+def small_limit_url(keys: Keys) -> Iterator[str]:
+    settings = load_settings(max_request_bytes=LIMIT)
+    with running(create_app(settings=settings, agent_app=demo_app, key_store=keys.store)) as url:
+        yield url
+
+
+def oversized_body() -> bytes:
+    padding = "x" * (LIMIT + 100)
+    return f'{{"input": [{{"role": "user", "content": "{padding}"}}]}}'.encode()
+
+
+def test_a_body_over_the_limit_gets_413_from_its_content_length(
+    small_limit_url: str, keys: Keys
+) -> None:
+    with httpx.Client(base_url=small_limit_url, headers=bearer(keys.alice)) as client:
+        response = client.post(
+            "/process", content=oversized_body(), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 413
+    error = error_of(response)
+    assert error["code"] == "PAYLOAD_TOO_LARGE"
+    assert str(LIMIT) in error["message"]
+
+
+def test_a_streamed_body_over_the_limit_gets_413(small_limit_url: str, keys: Keys) -> None:
+    body = oversized_body()
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    with httpx.Client(base_url=small_limit_url, headers=bearer(keys.alice)) as client:
+        response = client.post(
+            "/process", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert error_of(response)["code"] == "PAYLOAD_TOO_LARGE"
+
+
+def test_a_body_under_the_limit_is_served(small_limit_url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=small_limit_url, headers=bearer(keys.alice)) as client:
+        response = client.post("/process", json={"input": [user_message("hi")], "stream": False})
+    assert response.status_code == 200
+
+
+def test_unknown_routes_and_missing_things_get_404(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    missing_route = client.get("/no/such/route")
+    assert missing_route.status_code == 404
+    assert error_of(missing_route)["code"] == "NOT_FOUND"
+    missing_session = client.get("/sessions/never-created")
+    assert missing_session.status_code == 404
+    assert error_of(missing_session)["code"] == "SESSION_NOT_FOUND"
+    assert client.get("/sessions/never-created/messages").status_code == 404
+    assert client.get("/state/never-saved").status_code == 404
+
+
+def test_a_wrong_method_gets_405(client_for: Callable[..., httpx.Client], keys: Keys) -> None:
+    response = client_for(keys.alice).get("/process")
+    assert response.status_code == 405
+    assert error_of(response)["code"] == "METHOD_NOT_ALLOWED"
+
+
+def test_an_unexpected_error_is_a_500_without_internals(keys: Keys) -> None:
+    def explode(body: Any) -> Any:
+        raise RuntimeError(f"database password is {SECRET}")
+
+    app = create_function_app(explode, settings=load_settings(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        response = client.post("/process", json={"anything": 1}, headers={"X-Request-Id": "req-42"})
+    assert response.status_code == 500
+    assert error_of(response) == {"code": "INTERNAL_ERROR", "message": "internal server error"}
+    assert SECRET not in response.text and "Traceback" not in response.text
+    assert response.headers["x-request-id"] == "req-42"
+
+
+def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    settings = load_settings(auth_keys_backend="file", auth_keys_file=str(key_file))
+    issue_key(FileKeyStore(key_file), "alice")
+    with running(create_app(["sessions"], settings=settings)) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        key_file.write_text("{ not json")
+        response = httpx.get(f"{url}/health")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "degraded",
+        "services": {"session_history": True, "auth_keys": False},
+    }
+
+
+def test_a_store_failure_is_a_503(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    settings = load_settings(auth_keys_backend="file", auth_keys_file=str(key_file))
+    key = issue_key(FileKeyStore(key_file), "alice")
+    with running(create_app(["sessions"], settings=settings)) as url:
+        key_file.write_text("{ not json")
+        response = httpx.get(f"{url}/sessions", headers=bearer(key))
+    assert response.status_code == 503
+    assert error_of(response)["code"] == "STORE_UNAVAILABLE"
+
+
+def test_request_ids_are_echoed_or_made(client_for: Callable[..., httpx.Client]) -> None:
+    client = client_for(None)
+    assert (
+        client.get("/health", headers={"X-Request-Id": "abc-123"}).headers["x-request-id"]
+        == "abc-123"
+    )
+    made = client.get("/health", headers={"X-Request-Id": "bad id\twith spaces"}).headers[
+        "x-request-id"
+    ]
+    assert made != "bad id\twith spaces" and len(made) == 32
+    assert client.get("/no/such/route").headers["x-request-id"]

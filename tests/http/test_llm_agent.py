@@ -1,0 +1,215 @@
+"""The LLM agent end to end: /process → agent → a scripted OpenAI-compatible server, all HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from agentscope_serverless.agents.llm import create_llm_app
+from agentscope_serverless.agents.tools import AgentTool
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running, stream, text_of, user_message
+
+API_KEY = "sk-test-0000"
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [choice]}
+
+
+def usage(prompt: int, completion: int) -> dict[str, Any]:
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return {"choices": [], "usage": {**counts, "total_tokens": prompt + completion}}
+
+
+TOOL_CALL = [
+    chunk({"role": "assistant", "content": None}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+    chunk(finish="tool_calls"),
+    usage(20, 5),
+]
+ANSWER = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"content": "It is sunny "}),
+    chunk({"content": "in Paris."}),
+    chunk(finish="stop"),
+    usage(30, 6),
+]
+FOLLOW_UP = [chunk({"content": "You asked about Paris."}), chunk(finish="stop")]
+
+
+class ScriptedLLM:
+    """An OpenAI-compatible chat API that streams scripted replies and records requests."""
+
+    def __init__(self, replies: list[list[dict[str, Any]]], status: int = 200) -> None:
+        self.replies = replies
+        self.requests: list[dict[str, Any]] = []
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self.complete)
+        self.status = status
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append(
+            {"authorization": request.headers.get("authorization"), "body": await request.json()}
+        )
+        if self.status != 200:
+            detail = {"error": {"message": "Incorrect API key provided: sk-te****", "code": "bad"}}
+            return JSONResponse(detail, status_code=self.status)
+        reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
+
+        async def lines() -> AsyncIterator[str]:
+            for item in reply:
+                yield f"data: {json.dumps(item)}\n\n"
+                await asyncio.sleep(0.001)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+@contextmanager
+def llm_agent_server(
+    keys: Keys, llm: ScriptedLLM, tool_calls: list[dict[str, Any]], **settings: Any
+) -> Iterator[str]:
+    async def get_weather(arguments: dict[str, Any]) -> str:
+        tool_calls.append(arguments)
+        return f"sunny, 24°C in {arguments['city']}"
+
+    tool = AgentTool(
+        name="get_weather",
+        description="The weather in a city.",
+        parameters=WEATHER_SCHEMA,
+        call=get_weather,
+    )
+    with running(llm.app) as llm_url:
+        agent_settings = load_settings(
+            llm_base_url=f"{llm_url}/v1", llm_api_key=API_KEY, llm_model="scripted", **settings
+        )
+        app = create_llm_app([tool], settings=agent_settings)
+        with running(
+            create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+        ) as url:
+            yield url
+
+
+def messages_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["object"] == "message" and e["status"] == "completed"]
+
+
+def test_streams_tokens_runs_one_tool_call_and_answers(keys: Keys) -> None:
+    llm = ScriptedLLM([TOOL_CALL, ANSWER, FOLLOW_UP])
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("Weather in Paris?")], "session_id": "weather"}
+        _, sse = stream(client, "/process", json=body)
+        events = sse.data
+        assert tool_calls == [{"city": "Paris"}]
+        call, output, answer = messages_of(events)
+        assert (call["type"], call["role"]) == ("function_call", "assistant")
+        assert call["content"][0]["data"] == {
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        assert (output["type"], output["role"]) == ("function_call_output", "tool")
+        assert output["content"][0]["data"] == {
+            "call_id": "call_1",
+            "output": "sunny, 24°C in Paris",
+        }
+        deltas = [e["text"] for e in events if e.get("delta") and e.get("msg_id") == answer["id"]]
+        assert deltas == ["It is sunny ", "in Paris."]
+        assert answer["content"][0]["text"] == "It is sunny in Paris."
+        final = events[-1]
+        assert final["status"] == "completed"
+        assert final["usage"] == {"prompt_tokens": 50, "completion_tokens": 11, "total_tokens": 61}
+
+        first, second = (r["body"] for r in llm.requests)
+        assert llm.requests[0]["authorization"] == f"Bearer {API_KEY}"
+        assert (first["model"], first["stream"]) == ("scripted", True)
+        assert first["tools"] == [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city.",
+                    "parameters": WEATHER_SCHEMA,
+                },
+            }
+        ]
+        assert [m["role"] for m in first["messages"]] == ["system", "user"]
+        assert second["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+        assert second["messages"][-1] == {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": "sunny, 24°C in Paris",
+        }
+
+        body = {"input": [user_message("What did I ask?")], "session_id": "weather"}
+        _, follow_up = stream(client, "/process", json=body)
+        assert text_of(follow_up.data) == "You asked about Paris."
+        history = llm.requests[2]["body"]["messages"]
+        assert [m["role"] for m in history] == [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+        ]
+        assert history[4]["content"] == "It is sunny in Paris."
+
+
+def test_a_model_that_keeps_calling_tools_is_stopped(keys: Keys) -> None:
+    llm = ScriptedLLM([TOOL_CALL])
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls, llm_max_iterations=2) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("loop")]})
+    assert sse.data[-1]["status"] == "failed"
+    assert sse.data[-1]["error"]["code"] == "AGENT_MAX_ITERATIONS"
+    assert len(llm.requests) == 2 and len(tool_calls) == 2
+
+
+def test_an_api_error_fails_the_run_without_leaking_the_reply(keys: Keys) -> None:
+    llm = ScriptedLLM([], status=401)
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+    assert sse.data[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API answered HTTP 401",
+    }
+    assert "sk-te" not in sse.raw

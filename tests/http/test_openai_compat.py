@@ -1,0 +1,200 @@
+"""The official openai SDK against /compatible-mode/v1, unchanged, over real HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.http.conftest import SECRET
+from tests.support.http import Keys, stream
+
+RESPONSES_ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+@pytest.fixture
+def sdk(demo_url: str, keys: Keys) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(
+        base_url=f"{demo_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    yield client
+    client.close()
+
+
+def collapse(types: list[str]) -> list[str]:
+    """Event types with runs of deltas folded into one."""
+    return [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
+
+
+def test_chat_completion_not_streamed(sdk: openai.OpenAI) -> None:
+    completion = sdk.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "My name is Alice"}]
+    )
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].message.content == (
+        "Nice to meet you, Alice! I will remember your name."
+    )
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_chat_completion_streamed(sdk: openai.OpenAI) -> None:
+    chunks = list(
+        sdk.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hello"}], stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.startswith("Hello! I am a demo agent")
+    assert sum(1 for c in chunks if c.choices[0].delta.content) > 3
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_responses_not_streamed(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model="demo", input="My name is Bob")
+    assert response.status == "completed"
+    assert response.output_text == "Nice to meet you, Bob! I will remember your name."
+    assert uuid.UUID(response.metadata["session_id"])
+
+
+def test_responses_streamed_in_the_reference_order(sdk: openai.OpenAI) -> None:
+    events = list(sdk.responses.create(model="demo", input="hello", stream=True))
+    assert collapse([e.type for e in events]) == RESPONSES_ORDER
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    completed = events[-1].response
+    assert completed.output_text == deltas
+    assert deltas.startswith("Hello! I am a demo agent")
+
+
+def test_responses_stream_has_event_and_data_lines(demo_url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=demo_url, timeout=10) as client:
+        response, sse = stream(
+            client,
+            "/compatible-mode/v1/responses",
+            json={"model": "demo", "input": "hello", "stream": True},
+            headers={"Authorization": f"Bearer {keys.alice}"},
+        )
+    assert response.status_code == 200
+    assert all(name == data["type"] for name, data in sse.events)
+    item = next(d for _, d in sse.events if d["type"] == "response.output_item.done")["item"]
+    assert (item["type"], item["role"], item["status"]) == ("message", "assistant", "completed")
+
+
+def test_session_header_continues_a_chat_without_duplicating_history(
+    sdk: openai.OpenAI, demo_url: str, keys: Keys
+) -> None:
+    session = f"sdk-{uuid.uuid4()}"
+    headers = {"X-Session-Id": session}
+    first = [{"role": "user", "content": "My name is Alice"}]
+    reply = sdk.chat.completions.create(model="demo", messages=first, extra_headers=headers)
+    second = [
+        *first,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    answer = sdk.chat.completions.create(model="demo", messages=second, extra_headers=headers)
+    assert answer.choices[0].message.content == "Your name is Alice."
+    with httpx.Client(base_url=demo_url, timeout=10) as client:
+        history = client.get(
+            f"/sessions/{session}/messages", headers={"Authorization": f"Bearer {keys.alice}"}
+        ).json()["items"]
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+
+
+def test_metadata_session_continues_a_responses_conversation(sdk: openai.OpenAI) -> None:
+    session = f"sdk-{uuid.uuid4()}"
+    sdk.responses.create(model="demo", input="My name is Carla", metadata={"session_id": session})
+    streamed = list(
+        sdk.responses.create(
+            model="demo", input="What's my name?", metadata={"session_id": session}, stream=True
+        )
+    )
+    assert streamed[-1].response.output_text == "Your name is Carla."
+    assert streamed[-1].response.metadata == {"session_id": session}
+
+
+def test_a_new_session_id_is_returned_in_a_header(sdk: openai.OpenAI) -> None:
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="demo", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert uuid.UUID(raw.headers["x-session-id"])
+
+
+def test_agent_failures_reach_the_sdk_as_errors(scenario_url: str, keys: Keys) -> None:
+    client = openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "fail"}])
+    assert SECRET not in str(failed.value.body)
+    with pytest.raises(openai.APIError, match="RuntimeError"):
+        list(
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "fail"}], stream=True
+            )
+        )
+    events = list(client.responses.create(model="m", input="fail", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "AGENT_UNKNOWN_ERROR"
+    client.close()
+
+
+def test_a_wrong_key_is_an_authentication_error(demo_url: str) -> None:
+    client = openai.OpenAI(
+        base_url=f"{demo_url}/compatible-mode/v1", api_key="ask_wrong", max_retries=0
+    )
+    with pytest.raises(openai.AuthenticationError):
+        client.responses.create(model="demo", input="hi")
+    client.close()
+
+
+def test_the_user_field_must_be_the_keys_user(sdk: openai.OpenAI) -> None:
+    ok = sdk.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "hi"}], user="alice"
+    )
+    assert ok.choices[0].message.content
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hi"}], user="bob"
+        )
+
+
+def test_ping_comments_are_ignored_by_the_sdk(scenario_url: str, keys: Keys) -> None:
+    client = openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "sleep 0.3"}], stream=True
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "echo: sleep 0.3"
+    client.close()
+
+
+def test_malformed_messages_are_rejected_naming_the_item(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    response = client.post(
+        "/compatible-mode/v1/chat/completions",
+        json={"model": "m", "messages": [{"content": "no role"}]},
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["fields"][0]["loc"] == ["messages", 0]

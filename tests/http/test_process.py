@@ -1,0 +1,254 @@
+"""CONTRACT §7 over real HTTP: the /process stream, non-streamed runs, sessions, failures."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import httpx
+
+from tests.http.conftest import SECRET
+from tests.support.http import Keys, stream, text_of, user_message
+
+RESPONSE_FIELDS = {
+    "sequence_number",
+    "object",
+    "status",
+    "error",
+    "id",
+    "created_at",
+    "completed_at",
+    "output",
+    "usage",
+    "session_id",
+}
+MESSAGE_FIELDS = {
+    "sequence_number",
+    "object",
+    "status",
+    "error",
+    "id",
+    "type",
+    "role",
+    "content",
+    "code",
+    "message",
+    "usage",
+    "metadata",
+}
+TEXT_FIELDS = {
+    "sequence_number",
+    "object",
+    "status",
+    "error",
+    "type",
+    "index",
+    "delta",
+    "msg_id",
+    "text",
+}
+
+
+def kinds(events: list[dict]) -> list[str]:
+    """Each event as ``object:status`` (``content:delta`` for deltas)."""
+    return [f"{e['object']}:{'delta' if e.get('delta') else e['status']}" for e in events]
+
+
+def test_stream_has_the_exact_event_order_and_fields(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    body = {"input": [user_message("My name is Alice")], "session_id": "order-1"}
+    response, sse = stream(client, "/process", json=body)
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-session-id"] == "order-1"
+    assert all(name is None for name, _ in sse.events), "no event: lines on /process"
+    events = sse.data
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    names = kinds(events)
+    deltas = names.count("content:delta")
+    assert deltas >= 2
+    assert names == [
+        "response:created",
+        "response:in_progress",
+        "message:in_progress",
+        *["content:delta"] * deltas,
+        "content:completed",
+        "message:completed",
+        "response:completed",
+    ]
+
+    created, in_progress, opened, *middle, done_part, done_message, done = events
+    for event in (created, in_progress, done):
+        assert set(event) == RESPONSE_FIELDS
+        assert event["id"] == created["id"] and event["id"].startswith("response_")
+        assert event["session_id"] == "order-1"
+        assert event["error"] is None
+    assert created["completed_at"] is None and created["output"] is None
+    assert set(opened) == MESSAGE_FIELDS
+    assert opened["role"] == "assistant" and opened["content"] is None
+    assert opened["type"] == "message"
+    for delta in middle:
+        assert set(delta) == TEXT_FIELDS
+        assert delta["msg_id"] == opened["id"]
+        assert (delta["type"], delta["index"], delta["status"]) == ("text", 0, "in_progress")
+    text = "".join(d["text"] for d in middle)
+    assert text == "Nice to meet you, Alice! I will remember your name."
+    assert set(done_part) == TEXT_FIELDS
+    assert (done_part["text"], done_part["delta"], done_part["msg_id"]) == (
+        text,
+        False,
+        opened["id"],
+    )
+    assert done_message["id"] == opened["id"]
+    assert [part["text"] for part in done_message["content"]] == [text]
+    assert done["completed_at"] >= done["created_at"]
+    assert [m["id"] for m in done["output"]] == [opened["id"]]
+    assert done["output"][0]["content"][0]["text"] == text
+
+
+def test_a_second_request_in_the_session_sees_the_first_turn(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    session = f"memory-{uuid.uuid4()}"
+    stream(
+        client,
+        "/process",
+        json={"input": [user_message("My name is Alice")], "session_id": session},
+    )
+    _, sse = stream(
+        client,
+        "/process",
+        json={"input": [user_message("What is my name?")], "session_id": session},
+    )
+    assert text_of(sse.data) == "Your name is Alice."
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    assert [(m["role"], m["content"][0]["text"]) for m in history] == [
+        ("user", "My name is Alice"),
+        ("assistant", "Nice to meet you, Alice! I will remember your name."),
+        ("user", "What is my name?"),
+        ("assistant", "Your name is Alice."),
+    ]
+
+
+def test_without_session_id_a_new_uuid_session_is_used_and_returned(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    response, sse = stream(client, "/process", json={"input": [user_message("hello")]})
+    session_id = sse.data[-1]["session_id"]
+    assert uuid.UUID(session_id)
+    assert response.headers["x-session-id"] == session_id
+    assert client.get(f"/sessions/{session_id}").json()["user_id"] == "alice"
+
+
+def test_stream_false_returns_the_final_agent_response(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    response = client.post(
+        "/process",
+        json={"input": [user_message("My name is Zoe")], "stream": False, "session_id": "json-1"},
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == RESPONSE_FIELDS
+    assert (body["object"], body["status"], body["session_id"]) == (
+        "response",
+        "completed",
+        "json-1",
+    )
+    assert (
+        body["output"][0]["content"][0]["text"]
+        == "Nice to meet you, Zoe! I will remember your name."
+    )
+
+
+def test_an_agent_that_raises_ends_with_a_failed_event_and_keeps_the_input(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    session = f"fail-{uuid.uuid4()}"
+    response, sse = stream(
+        client, "/process", json={"input": [user_message("fail")], "session_id": session}
+    )
+    assert response.status_code == 200
+    events = sse.data
+    assert kinds(events) == ["response:created", "response:in_progress", "response:failed"]
+    failed = events[-1]
+    assert failed["error"]["code"] == "AGENT_UNKNOWN_ERROR"
+    assert "RuntimeError" in failed["error"]["message"]
+    assert SECRET not in sse.raw
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    assert [(m["role"], m["content"][0]["text"]) for m in history] == [("user", "fail")]
+
+
+def test_a_failure_after_some_output_keeps_the_input_only(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    session = f"fail-late-{uuid.uuid4()}"
+    _, sse = stream(
+        client,
+        "/process",
+        json={"input": [user_message("fail after a word")], "session_id": session},
+    )
+    assert kinds(sse.data)[-2:] == ["content:delta", "response:failed"]
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    assert [m["role"] for m in history] == ["user"]
+
+
+def test_a_project_error_keeps_its_code_and_maps_to_its_status(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    _, sse = stream(client, "/process", json={"input": [user_message("store down")]})
+    assert sse.data[-1]["error"] == {
+        "code": "STORE_UNAVAILABLE",
+        "message": "redis is unavailable: connection refused",
+    }
+    response = client.post(
+        "/process", json={"input": [user_message("store down")], "stream": False}
+    )
+    assert response.status_code == 503
+    assert response.json()["status"] == "failed"
+
+
+def test_a_failed_non_streamed_run_is_a_500_without_internals(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    response = client.post("/process", json={"input": [user_message("fail")], "stream": False})
+    assert response.status_code == 500
+    body = response.json()
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "AGENT_UNKNOWN_ERROR"
+    assert SECRET not in response.text and "Traceback" not in response.text
+
+
+def test_keepalive_pings_while_the_agent_is_silent(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    with client.stream(
+        "POST", "/process", json={"input": [user_message("sleep 0.45")]}
+    ) as response:
+        lines = list(response.iter_lines())
+    first_delta = next(i for i, line in enumerate(lines) if '"delta":true' in line)
+    pings = [i for i, line in enumerate(lines) if line == ": ping"]
+    assert len(pings) >= 2
+    assert all(i < first_delta for i in pings)
+    assert all(lines[i + 1] == "" for i in pings), "a ping is a complete SSE comment"
+
+
+def test_no_ping_when_the_agent_answers_at_once(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    _, sse = stream(client, "/process", json={"input": [user_message("quick")]})
+    assert sse.comments == []
+    assert text_of(sse.data) == "echo: quick"

@@ -1,0 +1,130 @@
+"""The REST routes of the services (sessions, memory, state), OpenAPI docs, over real HTTP."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running, user_message
+
+
+@pytest.fixture
+def alice(client_for: Callable[..., httpx.Client], keys: Keys) -> httpx.Client:
+    """Alice's client, as a user with no data yet (a service key acting for a fresh user)."""
+    return client_for(keys.service, **{"X-User-Id": f"user-{uuid.uuid4().hex[:8]}"})
+
+
+def test_create_session_with_and_without_id(alice: httpx.Client) -> None:
+    given = alice.post("/sessions", json={"session_id": "  trip  "})
+    assert given.status_code == 201
+    assert given.json()["id"] == "trip"
+    generated = alice.post("/sessions", json={})
+    assert uuid.UUID(generated.json()["id"])
+    again = alice.post("/sessions", json={"session_id": "trip"})
+    assert again.json() == given.json()
+
+
+def test_sessions_are_listed_a_page_at_a_time(alice: httpx.Client) -> None:
+    for name in ("one", "two", "three"):
+        alice.post("/sessions", json={"session_id": name})
+    first = alice.get("/sessions", params={"limit": 2}).json()
+    assert [s["id"] for s in first["items"]] == ["one", "two"]
+    second = alice.get("/sessions", params={"limit": 2, "cursor": first["next_cursor"]}).json()
+    assert [s["id"] for s in second["items"]] == ["three"]
+    assert second["next_cursor"] is None
+
+
+def test_messages_are_appended_and_read_with_a_cursor(alice: httpx.Client) -> None:
+    appended = alice.post(
+        "/sessions/chat/messages",
+        json={"messages": [user_message(f"message {i}") for i in range(5)]},
+    )
+    assert appended.status_code == 201
+    assert [m["content"][0]["text"] for m in appended.json()["messages"]][-1] == "message 4"
+    texts: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = alice.get("/sessions/chat/messages", params=params).json()
+        texts += [m["content"][0]["text"] for m in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert texts == [f"message {i}" for i in range(5)]
+    session = alice.get("/sessions/chat").json()
+    assert len(session["messages"]) == 5
+
+
+def test_deleting_a_session_removes_it(alice: httpx.Client) -> None:
+    alice.post("/sessions", json={"session_id": "gone"})
+    assert alice.delete("/sessions/gone").status_code == 204
+    assert alice.get("/sessions/gone").status_code == 404
+    assert alice.delete("/sessions/gone").status_code == 204
+
+
+def test_memory_add_search_list_and_delete(alice: httpx.Client) -> None:
+    added = alice.post(
+        "/memory",
+        json={"messages": [user_message("I love green tea"), user_message("I live in Lyon")]},
+    )
+    assert added.status_code == 201 and added.json() == {"added": 2}
+    alice.post("/memory", json={"messages": [user_message("tea tea tea")], "session_id": "s2"})
+    hits = alice.post("/memory/search", json={"query": "tea"}).json()["items"]
+    assert [h["content"][0]["text"] for h in hits] == ["tea tea tea", "I love green tea"]
+    top = alice.post("/memory/search", json={"query": "tea", "top_k": 1}).json()["items"]
+    assert len(top) == 1
+    page = alice.get("/memory", params={"page_num": 2, "page_size": 2}).json()["items"]
+    assert [m["content"][0]["text"] for m in page] == ["tea tea tea"]
+    assert alice.delete("/memory/s2").status_code == 204
+    assert len(alice.get("/memory").json()["items"]) == 2
+    assert alice.delete("/memory").status_code == 204
+    assert alice.get("/memory").json()["items"] == []
+
+
+def test_state_save_export_rounds_and_delete(alice: httpx.Client) -> None:
+    first = alice.post("/state/game", json={"state": {"level": 1}})
+    assert first.status_code == 201 and first.json() == {"session_id": "game", "round_id": 1}
+    assert alice.post("/state/game", json={"state": {"level": 2}}).json()["round_id"] == 2
+    assert (
+        alice.post("/state/game", json={"state": {"level": 1.5}, "round_id": 1}).json()["round_id"]
+        == 1
+    )
+    latest = alice.get("/state/game").json()
+    assert latest == {"session_id": "game", "round_id": 2, "state": {"level": 2}}
+    assert alice.get("/state/game", params={"round_id": 1}).json()["state"] == {"level": 1.5}
+    assert alice.get("/state/game", params={"round_id": 7}).status_code == 404
+    assert alice.get("/state/game/rounds").json() == {"session_id": "game", "rounds": [1, 2]}
+    assert alice.delete("/state/game").status_code == 204
+    assert alice.get("/state/game").status_code == 404
+
+
+def test_openapi_docs_are_served(client_for: Callable[..., httpx.Client]) -> None:
+    client = client_for(None)
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in (
+        "/process",
+        "/compatible-mode/v1/chat/completions",
+        "/compatible-mode/v1/responses",
+        "/sessions",
+        "/sessions/{session_id}/messages",
+        "/memory/search",
+        "/state/{session_id}/rounds",
+        "/health",
+    ):
+        assert path in paths
+
+
+def test_one_router_per_application(keys: Keys) -> None:
+    app = create_app(["state"], settings=load_settings(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        assert client.post("/state/s", json={"state": {"a": 1}}).status_code == 201
+        assert client.get("/sessions").status_code == 404
+        assert client.post("/process", json={"input": [user_message("hi")]}).status_code == 404
+        assert client.get("/health").json()["services"] == {"state": True, "auth_keys": True}

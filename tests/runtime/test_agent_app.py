@@ -1,0 +1,142 @@
+"""AgentApp: decorators, in-process queries, services, hooks, and loading by import path."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.app import AgentApp, load_agent_app
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.http import create_app
+from agentscope_serverless.runner import Runner
+from agentscope_serverless.schemas.agent_schemas import AgentRequest, Message, TextContent
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, running
+
+
+def echo_app(**kwargs: Any) -> AgentApp:
+    app = AgentApp(app_name="echo", **kwargs)
+
+    @app.query(framework="text")
+    async def query(self: Runner, msgs: list[Message], **kw: Any) -> AsyncIterator[str]:
+        yield "echo: "
+        yield msgs[-1].get_text_content() or ""
+
+    return app
+
+
+async def test_query_in_process_with_text_dict_or_request() -> None:
+    async with echo_app() as app:
+        by_text = await app.query("hello", user_id="u1", session_id="s1")
+        by_dict = await app.query({"input": [{"role": "user", "content": "dict"}]}, user_id="u1")
+        by_request = await app.query(
+            AgentRequest(input=[Message(role="user", content="model")]), session_id="s1"
+        )
+        by_keyword = await app.query(request="keyword", user_id="u1", session_id="s1")
+    assert [
+        r.output[0].get_text_content()
+        for r in (by_text, by_dict, by_request, by_keyword)
+        if r.output
+    ] == [
+        "echo: hello",
+        "echo: dict",
+        "echo: model",
+        "echo: keyword",
+    ]
+    assert by_text.session_id == "s1"
+
+
+async def test_stream_query_in_process_starts_the_app_on_first_use() -> None:
+    app = echo_app()
+    try:
+        events = [e async for e in app.stream_query("streamed", user_id="u1")]
+    finally:
+        await app.stop()
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == ["echo: ", "streamed"]
+
+
+async def test_services_passed_in_are_used() -> None:
+    history = InMemorySessionHistoryService()
+    async with echo_app(session_history_service=history) as app:
+        await app.query("keep me", user_id="u1", session_id="kept")
+        session = await history.get_session("u1", "kept")
+    assert session is not None and len(session.messages) == 2
+
+
+async def test_init_and_shutdown_handlers_get_the_runner() -> None:
+    app = echo_app()
+    seen: list[str] = []
+
+    @app.init
+    async def start(self: Runner) -> None:
+        seen.append(f"init {type(self).__name__}")
+
+    @app.shutdown
+    def stop(self: Runner) -> None:
+        seen.append("shutdown")
+
+    async with app:
+        await app.query("hi")
+    assert seen == ["init Runner", "shutdown"]
+
+
+def test_only_known_frameworks_register() -> None:
+    app = AgentApp()
+    with pytest.raises(ValueError, match="text, agentscope"):
+        app.query(framework="autogen")
+    with pytest.raises(TypeError):
+        app.query("hello", framework="text")  # type: ignore[call-overload]
+
+
+async def test_an_app_without_a_handler_does_not_start() -> None:
+    with pytest.raises(ConfigurationError, match="query handler"):
+        await AgentApp().start()
+
+
+def test_bad_constructor_arguments() -> None:
+    with pytest.raises(ValueError, match="endpoint_path"):
+        AgentApp(endpoint_path="process")
+    with pytest.raises(TypeError, match="request_model"):
+        AgentApp(request_model=dict)  # type: ignore[arg-type]
+
+
+def test_load_agent_app_by_import_path() -> None:
+    assert load_agent_app("agentscope_serverless.agents.demo:app").app_name == "demo"
+    with pytest.raises(ConfigurationError, match="cannot import"):
+        load_agent_app("no_such_module_here:app")
+    with pytest.raises(ConfigurationError, match="not an AgentApp"):
+        load_agent_app("agentscope_serverless.agents.demo:demo_reply")
+
+
+class TaggedRequest(AgentRequest):
+    tag: str
+
+
+def test_over_http_hooks_run_and_the_endpoint_and_model_are_the_apps(keys: Keys) -> None:
+    hooks: list[str] = []
+    app = echo_app(
+        endpoint_path="/run",
+        request_model=TaggedRequest,
+        before_start=lambda web: hooks.append(f"before {web.title}"),
+        after_finish=lambda web: hooks.append("after"),
+    )
+    keys_header = {"Authorization": f"Bearer {keys.alice}"}
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        assert hooks == ["before AgentScope Serverless: echo"]
+        body = {"input": [{"role": "user", "content": "x"}], "stream": False}
+        missing_tag = httpx.post(f"{url}/run", json=body, headers=keys_header)
+        assert missing_tag.status_code == 422
+        assert missing_tag.json()["error"]["fields"][0]["loc"] == ["body", "tag"]
+        tagged = httpx.post(f"{url}/run", json={**body, "tag": "t"}, headers=keys_header)
+        assert tagged.json()["output"][0]["content"][0]["text"] == "echo: x"
+    assert hooks[-1] == "after"
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.make()

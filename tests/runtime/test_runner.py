@@ -1,0 +1,363 @@
+"""The Runner in process: handler shapes, the event sequence, history, memory and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    ServiceNotStartedError,
+    StoreUnavailableError,
+)
+from agentscope_serverless.runner import Runner
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    DataContent,
+    Event,
+    Message,
+    TextContent,
+)
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.agent_state import InMemoryStateService
+from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.services.memory import InMemoryMemoryService
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+
+
+def request(text: str, session_id: str = "s1", user_id: str = "u1") -> dict[str, Any]:
+    return {
+        "input": [{"role": "user", "content": text}],
+        "session_id": session_id,
+        "user_id": user_id,
+    }
+
+
+def services(memory: bool = True) -> ServiceManager:
+    manager = ServiceManager().register_service("session_history", InMemorySessionHistoryService())
+    if memory:
+        manager.register_service("memory", InMemoryMemoryService())
+    return manager.register_service("state", InMemoryStateService())
+
+
+async def run(handler: Callable[..., Any], text: str = "hi", **kwargs: Any) -> list[Event]:
+    manager = services()
+    async with manager, Runner(handler, services=manager, **kwargs) as runner:
+        return [e async for e in runner.stream_query(request(text))]
+
+
+def shape(events: list[Event]) -> list[str]:
+    return [f"{e.object}:{'delta' if getattr(e, 'delta', False) else e.status}" for e in events]
+
+
+def texts(response: Event) -> list[str | None]:
+    assert isinstance(response, AgentResponse)
+    return [m.get_text_content() for m in response.output or []]
+
+
+async def test_text_pieces_stream_as_one_assistant_message() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "Hello, "
+        yield "world"
+
+    events = await run(handler)
+    assert shape(events) == [
+        "response:created",
+        "response:in_progress",
+        "message:in_progress",
+        "content:delta",
+        "content:delta",
+        "content:completed",
+        "message:completed",
+        "response:completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(8))
+    assert texts(events[-1]) == ["Hello, world"]
+
+
+async def test_yielded_messages_are_separate_messages() -> None:
+    call = DataContent(data={"name": "lookup", "arguments": "{}"})
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield "Let me look. "
+        yield Message(type="function_call", role="assistant", content=[call])
+        yield Message(role="assistant", content="Found it.")
+
+    events = await run(handler)
+    done = events[-1]
+    assert isinstance(done, AgentResponse)
+    assert [m.type for m in done.output or []] == ["message", "function_call", "message"]
+    assert texts(done) == ["Let me look. ", None, "Found it."]
+    function_call = (done.output or [])[1]
+    assert function_call.content is not None and function_call.content[0].status == "completed"
+
+
+async def test_content_deltas_and_whole_parts() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield TextContent(text="a", delta=True)
+        yield TextContent(text="b", delta=True)
+        yield TextContent(text="whole part")
+        yield DataContent(data={"k": 1})
+
+    events = await run(handler)
+    done = events[-1]
+    assert isinstance(done, AgentResponse)
+    parts = (done.output or [])[0].content or []
+    assert [(p.type, getattr(p, "text", None)) for p in parts] == [
+        ("text", "ab"),
+        ("text", "whole part"),
+        ("data", None),
+    ]
+    assert all(p.status == "completed" and p.delta is False for p in parts)
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        ("plain text", ["plain text"]),
+        (Message(role="assistant", content="a message"), ["a message"]),
+        (None, []),
+    ],
+)
+async def test_a_coroutine_may_return_text_a_message_or_nothing(
+    result: Any, expected: list[str]
+) -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> Any:
+        return result
+
+    events = await run(handler)
+    assert events[-1].status == "completed"
+    assert texts(events[-1]) == expected
+
+
+async def test_a_plain_generator_works_too() -> None:
+    def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> Iterator[str]:
+        yield "sync "
+        yield "pieces"
+
+    assert texts((await run(handler))[-1]) == ["sync pieces"]
+
+
+class FakeMsg:
+    """Duck-typed AgentScope ``Msg``: an id, a role and (cumulative) text."""
+
+    def __init__(self, name: str, content: str, role: str, msg_id: str | None = None) -> None:
+        self.id = msg_id or f"{name}-{id(self)}"
+        self.name, self.content, self.role = name, content, role
+
+    def get_text_content(self) -> str:
+        return self.content
+
+
+@pytest.fixture
+def fake_agentscope(monkeypatch: pytest.MonkeyPatch) -> None:
+    package = types.ModuleType("agentscope")
+    message = types.ModuleType("agentscope.message")
+    message.Msg = FakeMsg  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agentscope", package)
+    monkeypatch.setitem(sys.modules, "agentscope.message", message)
+
+
+async def test_agentscope_pairs_stream_cumulative_text_as_suffixes(fake_agentscope: None) -> None:
+    received: list[Any] = []
+
+    async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> AsyncIterator[Any]:
+        received.extend(msgs)
+        yield FakeMsg("friday", "Hel", "assistant", "m1"), False
+        yield FakeMsg("friday", "Hello", "assistant", "m1"), False
+        yield FakeMsg("friday", "Hello there", "assistant", "m1"), True
+        yield FakeMsg("friday", "Second", "assistant", "m2"), True
+
+    events = await run(handler, "hi agentscope", framework="agentscope")
+    assert isinstance(received[0], FakeMsg)
+    assert (received[0].role, received[0].content) == ("user", "hi agentscope")
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == ["Hel", "lo", " there", "Second"]
+    assert texts(events[-1]) == ["Hello there", "Second"]
+    assert shape(events).count("message:completed") == 2
+
+
+async def test_agentscope_without_the_package_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "agentscope", None)
+
+    async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> str:
+        return ""
+
+    with pytest.raises(ConfigurationError, match="agentscope"):
+        await Runner(handler, framework="agentscope", services=services()).start()
+
+
+async def test_the_handler_gets_the_session_history_and_matching_memories() -> None:
+    seen: list[tuple[list[str | None], list[str | None]]] = []
+
+    async def handler(
+        self: Runner,
+        msgs: list[Message],
+        request: Any = None,
+        *,
+        session: Session,
+        memories: list[Message],
+        response: AgentResponse,
+        **kwargs: Any,
+    ) -> str:
+        history = [m.get_text_content() for m in session.messages if isinstance(m, Message)]
+        seen.append((history, [m.get_text_content() for m in memories]))
+        response.usage = {"total_tokens": 3}
+        return f"reply to {msgs[-1].get_text_content()}"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        await runner.query(request("I like green tea", session_id="a"))
+        done = await runner.query(request("which tea do I like", session_id="b"))
+    assert seen[0] == ([], [])
+    assert seen[1][0] == []
+    assert seen[1][1][0] == "I like green tea"
+    assert done.usage == {"total_tokens": 3}
+
+
+async def test_without_a_memory_service_memories_are_empty() -> None:
+    got: list[Any] = []
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        got.append(kwargs["memories"])
+        return "ok"
+
+    manager = services(memory=False)
+    async with manager, Runner(handler, services=manager) as runner:
+        await runner.query(request("tea"))
+        await runner.query(request("tea"))
+        assert runner.memory_service is None
+    assert got == [[], []]
+
+
+async def test_history_and_memory_get_the_input_and_the_reply() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return "noted"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        await runner.query(request("remember the kiwi"))
+        session = await runner.session_history_service.get_session("u1", "s1")
+        assert runner.memory_service is not None
+        memories = await runner.memory_service.list_memory("u1")
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == [
+        "remember the kiwi",
+        "noted",
+    ]
+    assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
+
+
+async def test_an_agent_exception_fails_the_run_and_keeps_the_input() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "half an answer"
+        raise ValueError("token sk-secret")
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query(request("go"))]
+        session = await runner.session_history_service.get_session("u1", "s1")
+    failed = events[-1]
+    assert isinstance(failed, AgentResponse) and failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.code == "AGENT_UNKNOWN_ERROR"
+    assert failed.error.message == "Unknown agent error: ValueError"
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["go"]
+
+
+async def test_a_project_error_keeps_its_code() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        raise StoreUnavailableError("dynamodb", "throttled")
+
+    events = await run(handler)
+    error = events[-1].error
+    assert error is not None
+    assert (error.code, error.message) == (
+        "STORE_UNAVAILABLE",
+        "dynamodb is unavailable: throttled",
+    )
+
+
+async def test_an_unsupported_value_fails_the_run() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield 42
+
+    error = (await run(handler))[-1].error
+    assert error is not None and error.code == "AGENT_ERROR"
+
+
+async def test_a_run_abandoned_midway_keeps_the_input() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "first"
+        await asyncio.sleep(10)
+        yield "never"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = runner.stream_query(request("abandon"))
+        async for event in events:
+            if isinstance(event, TextContent):
+                break
+        await events.aclose()
+        session = await runner.session_history_service.get_session("u1", "s1")
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["abandon"]
+
+
+async def test_a_session_id_and_user_default_sensibly() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return kwargs["session"].user_id
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        done = await runner.query({"input": [{"role": "user", "content": "hi"}]})
+        named = await runner.query({"input": [{"role": "user", "content": "hi"}]}, user_id="zed")
+    assert done.session_id and texts(done) == [done.session_id]
+    assert texts(named) == ["zed"]
+
+
+async def test_the_runner_must_be_started_and_requests_valid() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return "ok"
+
+    runner = Runner(handler, services=services())
+    with pytest.raises(ServiceNotStartedError):
+        await runner.query(request("hi"))
+    async with runner:
+        with pytest.raises(InvalidInputError) as bad:
+            await runner.query({"session_id": "s"})
+    assert bad.value.errors[0]["loc"] == ["input"]
+
+
+async def test_init_and_shutdown_handlers_run_and_owned_services_are_built() -> None:
+    calls: list[str] = []
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return "ok"
+
+    runner = Runner(
+        handler,
+        init_handler=lambda self: calls.append("init"),
+        shutdown_handler=lambda self: calls.append("shutdown"),
+    )
+    async with runner:
+        assert calls == ["init"]
+        assert runner.state_service is not None
+        assert (await runner.query(request("hi"))).status == "completed"
+    assert calls == ["init", "shutdown"]
+
+
+def test_bad_configurations_are_refused() -> None:
+    with pytest.raises(ValueError, match="framework"):
+        Runner(framework="langgraph")
+    with pytest.raises(ConfigurationError, match="session_history"):
+        Runner(services=ServiceManager())

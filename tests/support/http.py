@@ -1,0 +1,127 @@
+"""Helpers for tests that talk HTTP to a real server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agentscope_serverless.auth import InMemoryKeyStore, KeyStore
+from agentscope_serverless.deployers.local_deployer import ServerThread
+
+
+@contextmanager
+def running(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port; yield its base URL."""
+    server = ServerThread(app, host="127.0.0.1", port=0)
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+def issue_key(store: KeyStore, user_id: str | None = None) -> str:
+    """A fresh key in ``store``: a user key for ``user_id``, or a service key."""
+
+    async def create() -> str:
+        await store.start()
+        kind = "user" if user_id is not None else "service"
+        return (await store.create_key(kind=kind, user_id=user_id)).key  # type: ignore[arg-type]
+
+    return asyncio.run(create())
+
+
+def revoke_key(store: KeyStore, key: str) -> None:
+    """Revoke ``key`` (given in full) in ``store``."""
+    asyncio.run(store.revoke_key(key.split("_")[1]))
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Keys of two users, a service key and a revoked key, all in one store."""
+
+    store: InMemoryKeyStore
+    alice: str
+    bob: str
+    service: str
+    revoked: str
+
+    @classmethod
+    def make(cls) -> Keys:
+        store = InMemoryKeyStore()
+        revoked = issue_key(store, "carol")
+        revoke_key(store, revoked)
+        return cls(
+            store=store,
+            alice=issue_key(store, "alice"),
+            bob=issue_key(store, "bob"),
+            service=issue_key(store),
+            revoked=revoked,
+        )
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def user_message(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+@dataclass
+class SSE:
+    """A parsed SSE stream: its events (``event`` name or None, parsed ``data``) and comments."""
+
+    events: list[tuple[str | None, Any]]
+    comments: list[str]
+    raw: str = ""
+
+    @property
+    def data(self) -> list[Any]:
+        return [data for _, data in self.events]
+
+
+def parse_sse(lines: list[str]) -> SSE:
+    """Parse SSE lines strictly: every event is optional ``event:`` then ``data:``, then a blank."""
+    events: list[tuple[str | None, Any]] = []
+    comments: list[str] = []
+    name: str | None = None
+    data: str | None = None
+    for line in lines:
+        if line == "":
+            if data is not None:
+                events.append((name, data if data == "[DONE]" else json.loads(data)))
+            name, data = None, None
+        elif line.startswith(":"):
+            comments.append(line)
+        elif line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            assert data is None, "one data line per event"
+            data = line[len("data: ") :]
+        else:
+            raise AssertionError(f"unexpected SSE line {line!r}")
+    assert data is None, "the stream ended inside an event"
+    return SSE(events=events, comments=comments, raw="\n".join(lines))
+
+
+def stream(client: httpx.Client, path: str, **kwargs: Any) -> tuple[httpx.Response, SSE]:
+    """POST ``path`` and parse the whole SSE reply."""
+    with client.stream("POST", path, **kwargs) as response:
+        if response.status_code != 200:
+            response.read()
+            return response, SSE(events=[], comments=[])
+        return response, parse_sse(list(response.iter_lines()))
+
+
+def text_of(events: list[Any]) -> str:
+    """The text of the delta events of a /process stream."""
+    return "".join(
+        e["text"] for e in events if e.get("object") == "content" and e.get("delta") and e["text"]
+    )
