@@ -299,6 +299,8 @@ class _Turn:
 
     Pieces of text and content deltas go into the open assistant message (opened on the
     first piece); a whole :class:`Message` closes it and is emitted as a message of its own.
+    Streamed text is gathered in a list and joined into its content part when the part is
+    read (completed, or before any other change), so each piece costs one small event.
     """
 
     def __init__(self, response: AgentResponse) -> None:
@@ -308,6 +310,8 @@ class _Turn:
         self._open: Message | None = None
         self._open_key: object = None
         self._snapshot = ""
+        self._text_part: TextContent | None = None
+        self._text: list[str] = []
 
     def start(self) -> list[Event]:
         return [
@@ -332,18 +336,21 @@ class _Turn:
         if not text:
             return []
         message, events = self._ensure_open()
-        events.append(self._emit(message.add_delta_content(TextContent(text=text, delta=True))))
+        events.append(self._stream_text(message, text))
         return events
 
     def content(self, part: Content) -> list[Event]:
         message, events = self._ensure_open()
+        if isinstance(part, TextContent) and part.delta and part.index is None:
+            events.append(self._stream_text(message, part.text or ""))
+            return events
+        self._flush_text()
         if part.delta:
             events.append(self._emit(message.add_delta_content(part.model_copy())))
             return events
         events += self._complete_parts(message)
         if isinstance(part, TextContent):
-            piece = TextContent(text=part.text or "", delta=True)
-            events.append(self._emit(message.add_delta_content(piece)))
+            events.append(self._stream_text(message, part.text or ""))
             events += self._complete_parts(message)
         else:
             events.append(self._emit(message.add_content(part)))
@@ -385,9 +392,7 @@ class _Turn:
             events += self._complete_parts(message)
             piece = text
         if piece:
-            events.append(
-                self._emit(message.add_delta_content(TextContent(text=piece, delta=True)))
-            )
+            events.append(self._stream_text(message, piece))
         self._snapshot = text
         if last:
             events += self.close()
@@ -433,7 +438,43 @@ class _Turn:
         message = Message(role=Role.ASSISTANT)
         return message, self._open_message(message)
 
+    def _stream_text(self, message: Message, text: str) -> TextContent:
+        """The delta event of ``text``, whose piece joins the open text part of ``message``."""
+        part = self._text_part
+        if part is None:
+            if message.content is None:
+                message.content = []
+            last = message.content[-1] if message.content else None
+            if isinstance(last, TextContent) and last.status != RunStatus.Completed:
+                part, self._text = last, [last.text or ""]
+            else:
+                part = TextContent(
+                    text="",
+                    index=len(message.content),
+                    msg_id=message.id,
+                    status=RunStatus.InProgress,
+                )
+                message.content.append(part)
+                self._text = []
+            self._text_part = part
+        self._text.append(text)
+        delta = TextContent(
+            text=text,
+            delta=True,
+            index=part.index,
+            msg_id=message.id,
+            status=RunStatus.InProgress,
+        )
+        return self._emit(delta)
+
+    def _flush_text(self) -> None:
+        """Join the streamed pieces into their content part (before it is read or changed)."""
+        if self._text_part is not None:
+            self._text_part.text = "".join(self._text)
+            self._text_part, self._text = None, []
+
     def _complete_parts(self, message: Message) -> list[Event]:
+        self._flush_text()
         events: list[Event] = []
         for index, part in enumerate(message.content or []):
             if part.status != RunStatus.Completed:

@@ -1,13 +1,33 @@
-"""The SSE encoder and its keep-alive, in isolation."""
+"""The SSE encoder and the keep-alive streaming response, driven as an ASGI app."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from agentscope_serverless.http.sse import PING, encode, with_keepalive
+from agentscope_serverless.http.sse import PING, EventStreamResponse, encode
+
+
+async def serve(response: EventStreamResponse) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}}
+    await response(scope, receive, send)  # type: ignore[arg-type]
+    return sent
+
+
+def bodies(sent: list[dict[str, Any]]) -> list[bytes]:
+    return [m["body"] for m in sent if m["type"] == "http.response.body"]
 
 
 def test_encoding() -> None:
@@ -15,41 +35,38 @@ def test_encoding() -> None:
     assert encode("{}", event="response.created") == b"event: response.created\ndata: {}\n\n"
 
 
-async def test_pings_fill_silences_and_chunks_pass_through() -> None:
+async def test_pings_fill_silences_between_chunks() -> None:
     async def slow() -> AsyncIterator[bytes]:
         yield b"one"
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.35)
         yield b"two"
 
-    out = [chunk async for chunk in with_keepalive(slow(), 0.1)]
-    assert out[0] == b"one" and out[-1] == b"two"
-    assert out[1:-1] == [PING] * len(out[1:-1]) and len(out) >= 3
+    sent = await serve(EventStreamResponse(slow(), ping_interval=0.1))
+    start = sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    headers = dict(start["headers"])
+    assert headers[b"content-type"].startswith(b"text/event-stream")
+    assert headers[b"cache-control"] == b"no-cache"
+    out = bodies(sent)
+    assert out[0] == b"one" and out[-2:] == [b"two", b""]
+    assert out[1:-2] == [PING] * len(out[1:-2]) and len(out[1:-2]) >= 2
 
 
-async def test_a_failing_source_raises_after_its_chunks() -> None:
+async def test_no_ping_when_chunks_keep_coming_and_none_after_the_end() -> None:
+    async def quick() -> AsyncIterator[bytes]:
+        for _ in range(5):
+            yield b"x"
+            await asyncio.sleep(0.02)
+
+    sent = await serve(EventStreamResponse(quick(), ping_interval=0.1))
+    await asyncio.sleep(0.25)
+    assert bodies(sent) == [b"x"] * 5 + [b""]
+
+
+async def test_a_failing_source_raises_its_error() -> None:
     async def failing() -> AsyncIterator[bytes]:
         yield b"ok"
         raise ValueError("source failed")
 
-    got: list[bytes] = []
     with pytest.raises(ValueError, match="source failed"):
-        async for chunk in with_keepalive(failing(), 1.0):
-            got.append(chunk)
-    assert got == [b"ok"]
-
-
-async def test_closing_the_stream_cancels_the_source() -> None:
-    cancelled = asyncio.Event()
-
-    async def endless() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                yield b"x"
-                await asyncio.sleep(0.01)
-        finally:
-            cancelled.set()
-
-    stream = with_keepalive(endless(), 1.0)
-    assert await anext(stream) == b"x"
-    await stream.aclose()
-    await asyncio.wait_for(cancelled.wait(), 1.0)
+        await serve(EventStreamResponse(failing(), ping_interval=1.0))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, Request, Security
+from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agentscope_serverless.auth.keys import Principal
@@ -20,7 +20,7 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PermissionDeniedError,
 )
-from agentscope_serverless.http.context import get_context
+from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.services._validation import require_user_id
 
 USER_HEADER = "X-User-Id"
@@ -28,7 +28,11 @@ USER_HEADER = "X-User-Id"
 bearer_scheme = HTTPBearer(
     auto_error=False,
     scheme_name="APIKey",
-    description="An API key made with `agentscope-serverless keys create`: `ask_...`.",
+    description=(
+        "An API key (`ask_...`, made with `agentscope-serverless keys create`). A user key "
+        f"acts as its user; a service key acts for the user named by the `{USER_HEADER}` "
+        "header (or a `user_id` query parameter or body field)."
+    ),
 )
 
 
@@ -73,22 +77,17 @@ class Caller:
 async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
-    x_user_id: Annotated[
-        str | None,
-        Header(
-            alias=USER_HEADER,
-            description="With a service key: the user to act for. With a user key: optional, "
-            "must be the key's own user.",
-        ),
-    ] = None,
 ) -> Caller:
     """Authenticate the request's bearer key (401 when missing, malformed or unknown)."""
     if credentials is None:
         raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
-    principal = await get_context(request).key_store.authenticate(credentials.credentials)
+    context: AppContext = request.app.state.context
+    principal = await context.key_store.authenticate(credentials.credentials)
+    # Read directly rather than as declared parameters: this runs on every request.
     claims: list[tuple[str, str]] = []
-    if x_user_id is not None:
-        claims.append((f"{USER_HEADER} header", x_user_id))
+    header_user = request.headers.get(USER_HEADER)
+    if header_user is not None:
+        claims.append((f"{USER_HEADER} header", header_user))
     query_user = request.query_params.get("user_id")
     if query_user is not None:
         claims.append(("user_id query parameter", query_user))

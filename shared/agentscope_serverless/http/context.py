@@ -39,8 +39,11 @@ class AppContext:
         return self.runner
 
 
-def get_context(request: Request) -> AppContext:
-    """The :class:`AppContext` of the application serving ``request``."""
+async def get_context(request: Request) -> AppContext:
+    """The :class:`AppContext` of the application serving ``request``.
+
+    A coroutine, like every dependency here: FastAPI runs plain functions in a thread pool.
+    """
     context: AppContext = request.app.state.context
     return context
 

@@ -30,7 +30,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.app import call_hook, new_application
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.sse import encode, sse_response
+from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
@@ -85,7 +85,7 @@ def create_function_app(
             return JSONResponse(_jsonable(await _collect(result)))
         if response_type == "text":
             return StreamingResponse(_text(result), media_type="text/plain; charset=utf-8")
-        return sse_response(_sse(result), ping_interval=settings.sse_ping_interval_seconds)
+        return EventStreamResponse(_sse(result), ping_interval=settings.sse_ping_interval_seconds)
 
     app.add_api_route(endpoint_path, endpoint, methods=["POST"], response_model=None)
     return app

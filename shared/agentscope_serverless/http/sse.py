@@ -1,22 +1,24 @@
-"""The one Server-Sent Events encoder, with keep-alive comments.
+"""The one Server-Sent Events encoder, and the streaming response with keep-alive comments.
 
 >>> encode('{"a":1}')
 b'data: {"a":1}\\n\\n'
 >>> encode('{"a":1}', event="response.created")
 b'event: response.created\\ndata: {"a":1}\\n\\n'
 
-:func:`sse_response` streams encoded chunks and writes a ``: ping`` comment whenever the
-source has been silent for ``ping_interval`` seconds, so proxies and load balancers keep
-the connection open while an agent thinks.
+:class:`EventStreamResponse` streams encoded chunks and writes a ``: ping`` comment whenever
+nothing was sent for ``ping_interval`` seconds, so proxies and load balancers keep the
+connection open while an agent thinks. The chunks are produced in the request's own task;
+only the (mostly sleeping) pinger runs beside it, so a fast stream pays almost nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 
 from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -30,70 +32,45 @@ def encode(data: str, *, event: str | None = None) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
 
-class _End:
-    """Marks the end of the source in the queue."""
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response of ``chunks``, with a ping after each silence."""
 
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        ping_interval: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            chunks,
+            media_type=MEDIA_TYPE,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+        )
+        self.ping_interval = ping_interval
 
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    async def stream_response(self, send: Send) -> None:
+        last_sent = time.monotonic()
 
+        async def ping_when_silent() -> None:
+            while True:
+                await asyncio.sleep(max(0.0, last_sent + self.ping_interval - time.monotonic()))
+                if time.monotonic() - last_sent >= self.ping_interval:
+                    await send({"type": "http.response.body", "body": PING, "more_body": True})
 
-async def with_keepalive(
-    chunks: AsyncIterator[bytes], ping_interval: float
-) -> AsyncIterator[bytes]:
-    """``chunks``, with a :data:`PING` after every ``ping_interval`` seconds of silence.
-
-    The source runs in its own task, so waiting for it never cancels it; when the consumer
-    goes away (the client disconnected), the source is cancelled.
-    """
-    queue: asyncio.Queue[bytes | _End | _Failure] = asyncio.Queue(maxsize=64)
-
-    async def pump() -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        # Each send writes whole events, so a ping landing between two of them is harmless:
+        # no lock is needed between the pinger and this loop.
+        pinger = asyncio.create_task(ping_when_silent())
         try:
-            async for chunk in chunks:
-                await queue.put(chunk)
-        except Exception as exc:
-            await queue.put(_Failure(exc))
-        else:
-            await queue.put(_End())
-
-    task = asyncio.create_task(pump())
-    try:
-        while True:
-            if queue.empty():
-                try:
-                    async with asyncio.timeout(ping_interval):
-                        item = await queue.get()
-                except TimeoutError:
-                    yield PING
-                    continue
-            else:
-                item = queue.get_nowait()
-            if isinstance(item, _End):
-                return
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                last_sent = time.monotonic()
+        finally:
+            pinger.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def sse_response(
-    chunks: AsyncIterator[bytes],
-    *,
-    ping_interval: float,
-    headers: Mapping[str, str] | None = None,
-) -> StreamingResponse:
-    """A streaming ``text/event-stream`` response of ``chunks`` with keep-alive pings."""
-    return StreamingResponse(
-        with_keepalive(chunks, ping_interval),
-        media_type=MEDIA_TYPE,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
-    )
-
-
-__all__ = ["DONE", "MEDIA_TYPE", "PING", "encode", "sse_response", "with_keepalive"]
+__all__ = ["DONE", "MEDIA_TYPE", "PING", "EventStreamResponse", "encode"]

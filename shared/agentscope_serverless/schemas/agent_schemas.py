@@ -11,6 +11,7 @@ clients written for it keep working. Every event serialises with ``model_dump_js
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
@@ -126,6 +127,21 @@ class Error(BaseModel):
     message: str
 
 
+_SCALARS = (str, int, float, type(None))
+
+
+def _copy_data(value: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy of JSON-like data: scalars are shared, lists and dicts rebuilt, the rest
+    (nested models, anything unusual) copied by :func:`copy.deepcopy`."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, list):
+        return [_copy_data(item, memo) for item in value]
+    if isinstance(value, dict):
+        return {key: _copy_data(item, memo) for key, item in value.items()}
+    return copy.deepcopy(value, memo)
+
+
 class Event(BaseModel):
     """Base of everything that travels in a run's event stream."""
 
@@ -133,6 +149,26 @@ class Event(BaseModel):
     object: str
     status: str | None = None
     error: Error | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        """A deep copy like pydantic's, about twice as fast.
+
+        Every stored message is copied on its way in and out of the services, so this is on
+        the hot path. Events hold JSON-like data, which :func:`_copy_data` copies directly
+        instead of through the generic :func:`copy.deepcopy` machinery (the one difference:
+        a list or dict referenced twice inside an event is copied twice).
+        """
+        memo = {} if memo is None else memo
+        if getattr(self, "__pydantic_private__", None):
+            return super().__deepcopy__(memo)
+        cls = type(self)
+        copied = cls.__new__(cls)
+        memo[id(self)] = copied
+        object.__setattr__(copied, "__dict__", _copy_data(self.__dict__, memo))
+        object.__setattr__(copied, "__pydantic_extra__", _copy_data(self.__pydantic_extra__, memo))
+        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        object.__setattr__(copied, "__pydantic_private__", None)
+        return copied
 
     def created(self) -> Self:
         """Set the status to ``created``."""

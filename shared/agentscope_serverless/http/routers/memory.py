@@ -24,7 +24,7 @@ from agentscope_serverless.services.memory.base import MAX_PAGE_SIZE, MAX_TOP_K,
 router = APIRouter(prefix="/memory", tags=["memory"])
 
 
-def _memory(context: Annotated[AppContext, Depends(get_context)]) -> MemoryService:
+async def _memory(context: Annotated[AppContext, Depends(get_context)]) -> MemoryService:
     service: MemoryService = context.service("memory")
     return service
 

@@ -22,7 +22,7 @@ from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
-from agentscope_serverless.http.sse import encode, sse_response
+from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -102,7 +102,7 @@ def build_router(
                 headers=headers,
             )
         events = await _started(runner.stream_query(run))
-        return sse_response(
+        return EventStreamResponse(
             _encoded(events),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
@@ -159,7 +159,7 @@ def build_router(
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         events = await _started(runner.stream_query(run))
-        return sse_response(
+        return EventStreamResponse(
             compat.chat_completion_chunks(events, model=body.model, include_usage=include_usage),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
@@ -196,7 +196,7 @@ def build_router(
             payload = compat.responses_object(final, model=body.model, session_id=session_id)
             return JSONResponse(payload, headers=headers)
         events = await _started(runner.stream_query(run))
-        return sse_response(
+        return EventStreamResponse(
             compat.responses_events(events, model=body.model, session_id=session_id),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,

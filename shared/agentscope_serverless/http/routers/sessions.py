@@ -28,7 +28,7 @@ from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, S
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 
-def _history(context: Annotated[AppContext, Depends(get_context)]) -> SessionHistoryService:
+async def _history(context: Annotated[AppContext, Depends(get_context)]) -> SessionHistoryService:
     service: SessionHistoryService = context.service("session_history")
     return service
 

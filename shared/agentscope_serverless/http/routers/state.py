@@ -23,7 +23,7 @@ from agentscope_serverless.services.agent_state.base import StateService
 router = APIRouter(prefix="/state", tags=["state"])
 
 
-def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateService:
+async def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateService:
     service: StateService = context.service("state")
     return service
 
