@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,9 @@ from typer.testing import CliRunner
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.cli import app
 from agentscope_serverless.errors import AuthenticationError
+from tests.support.http import free_port, wait_until_healthy
 
 SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -61,15 +55,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, f"serve exited: {output.read_text()}"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the server did not come up"
-                time.sleep(0.05)
+        wait_until_healthy(url, process)
         banner = output.read_text().splitlines()
         key = next(line for line in banner if line.startswith("ask_"))
         yield Server(url=url, key=key, banner=banner, output=output)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +18,7 @@ from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest, Message, TextContent
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, running
+from tests.support.http import Keys, free_port, running, wait_until_healthy
 
 
 def echo_app(**kwargs: Any) -> AgentApp:
@@ -140,3 +143,21 @@ def test_over_http_hooks_run_and_the_endpoint_and_model_are_the_apps(keys: Keys)
 @pytest.fixture(scope="module")
 def keys() -> Keys:
     return Keys.make()
+
+
+def test_run_serves_the_app_until_it_is_stopped() -> None:
+    port = free_port()
+    code = f"from agentscope_serverless.agents.demo import app; app.run(port={port})"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "POWERTOOLS_LOG_LEVEL": "CRITICAL"},
+    )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        answer = httpx.post(f"http://127.0.0.1:{port}/process", json={"input": []})
+        assert answer.status_code == 401
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

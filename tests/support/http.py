@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +27,26 @@ def running(app: Any) -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for servers started as processes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """Poll ``url/health`` until it answers 200 (fails if the process exits first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, "the server process exited"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.05)
 
 
 def issue_key(store: KeyStore, user_id: str | None = None) -> str:

@@ -11,7 +11,6 @@ Every error body has the same shape::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -67,8 +66,9 @@ def status_of(exc: AgentScopeServerlessError) -> int:
     return 500
 
 
-@cache
 def _status_of_codes() -> dict[str, int]:
+    # Walked on each call (it is short and only failed runs need it), so error classes
+    # defined after the first call are found too.
     statuses: dict[str, int] = {}
     pending: list[type[AgentScopeServerlessError]] = [AgentScopeServerlessError]
     while pending:
