@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     sandbox_bearer_token: SecretStr | None = Field(
         None, description="Bearer token of the remote sandbox server."
     )
+    sandbox_timeout_seconds: float = Field(
+        90.0, gt=0, description="Time limit of one request to the sandbox server, in seconds."
+    )
 
 
 def load_settings(**overrides: object) -> Settings:
