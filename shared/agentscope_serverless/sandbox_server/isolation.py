@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,17 @@ class Toolchain:
                 "(the only system directory sandboxes see)"
             )
         return cls(bwrap=bwrap, prlimit=prlimit, python=python)
+
+
+def check_reachable(directory: Path, uid: int) -> None:
+    """Fail clearly when ``uid`` cannot walk down to ``directory`` (bwrap binds from there)."""
+    for ancestor in [*reversed(directory.resolve().parents), directory.resolve()]:
+        status = ancestor.stat()
+        if status.st_uid != uid and not status.st_mode & stat.S_IXOTH:
+            raise ConfigurationError(
+                f"sandboxes run as uid {uid} and cannot reach {directory}: {ancestor} is not "
+                f"searchable by others (chmod o+x {ancestor}, or choose another --root)"
+            )
 
 
 def write_identity_files(directory: Path) -> tuple[Path, Path]:
@@ -191,5 +203,6 @@ __all__ = [
     "Limits",
     "Toolchain",
     "bwrap_command",
+    "check_reachable",
     "write_identity_files",
 ]

@@ -42,6 +42,7 @@ from agentscope_serverless.sandbox_server.isolation import (
     Limits,
     Toolchain,
     bwrap_command,
+    check_reachable,
     write_identity_files,
 )
 from agentscope_serverless.sandbox_server.process import SandboxProcess
@@ -142,6 +143,7 @@ class SandboxManager:
         self._identity_files = write_identity_files(root / "etc")
         if os.geteuid() == 0:
             self._run_as = (SANDBOX_UID, SANDBOX_GID)
+            check_reachable(root / "sandboxes", SANDBOX_UID)
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def close(self) -> None:
