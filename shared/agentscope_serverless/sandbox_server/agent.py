@@ -18,6 +18,7 @@ import ast
 import io
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -29,8 +30,8 @@ WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
 
 
-class CellTimeoutError(Exception):
-    """Raised inside a Python cell when it runs past its time limit."""
+class CellLimitError(Exception):
+    """Raised inside a Python cell when it runs past its wall-clock or CPU time limit."""
 
 
 class ToolFailure(Exception):
@@ -118,8 +119,14 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     )
 
 
-def _on_alarm(signum: int, frame: object) -> None:
-    raise CellTimeoutError("the cell ran past its time limit and was interrupted")
+def _on_limit(signum: int, frame: object) -> None:
+    limit = "wall-clock" if signum == signal.SIGALRM else "CPU"
+    raise CellLimitError(f"the cell ran past its {limit} time limit")
+
+
+def _cpu_used() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class Agent:
@@ -127,6 +134,8 @@ class Agent:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.max_output = int(config["max_output"])
+        self.cpu_seconds = int(config["cpu_seconds"])
+        self.shell_prefix = [str(part) for part in config["shell_prefix"]]
         self.pid = os.getpid()
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.requests: BinaryIO = os.fdopen(os.dup(0), "rb")
@@ -140,7 +149,8 @@ class Agent:
         sys.stderr = _text_stream(2)
         # A write past the file-size limit fails with EFBIG instead of killing the process.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.signal(signal.SIGALRM, _on_limit)
+        signal.signal(signal.SIGXCPU, _on_limit)
         if WORKSPACE not in sys.path:
             sys.path.insert(0, WORKSPACE)
 
@@ -193,6 +203,12 @@ class Agent:
     def execute(self, code: str, timeout: float) -> bool:
         """Run a cell; print the value of a final expression. False when it raised."""
         os.chdir(WORKSPACE)
+        # Each cell gets the CPU budget anew; the hard limit caps the interpreter's lifetime.
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        soft = int(_cpu_used()) + self.cpu_seconds
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             tree = ast.parse(code, "<cell>", "exec")
@@ -208,11 +224,8 @@ class Agent:
                     self.namespace["_"] = value
                     print(repr(value))
             return True
-        except CellTimeoutError:
-            sys.stderr.write(
-                f"TimeoutError: the cell ran past its time limit of {timeout:g} s and was "
-                "interrupted; what it defined before that is kept\n"
-            )
+        except CellLimitError as exc:
+            sys.stderr.write(f"TimeoutError: {exc} and was interrupted; what it defined is kept\n")
             return False
         except SyntaxError as exc:
             sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
@@ -233,7 +246,7 @@ class Agent:
         capture = Capture(self.max_output)
         try:
             process = subprocess.Popen(  # noqa: S603 - the caller's command, in the sandbox
-                ["/bin/sh", "-c", command],
+                [*self.shell_prefix, "/bin/sh", "-c", command],
                 stdin=subprocess.DEVNULL,
                 stdout=capture.fds[0],
                 stderr=capture.fds[1],

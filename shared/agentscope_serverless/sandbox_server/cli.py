@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds)
     parser.add_argument("--memory-mb", type=int, default=defaults.memory_bytes // 1024**2)
     parser.add_argument("--file-size-mb", type=int, default=defaults.file_size_bytes // 1024**2)
+    parser.add_argument(
+        "--interpreter-cpu-seconds",
+        type=int,
+        default=defaults.interpreter_cpu_seconds,
+        help="CPU time a Python interpreter may use over its whole life",
+    )
     parser.add_argument("--max-processes", type=int, default=defaults.processes)
     parser.add_argument(
         "--call-timeout", type=float, default=defaults.call_timeout_seconds, help="seconds"
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             memory_bytes=args.memory_mb * 1024**2,
             file_size_bytes=args.file_size_mb * 1024**2,
             processes=args.max_processes,
+            interpreter_cpu_seconds=args.interpreter_cpu_seconds,
             call_timeout_seconds=args.call_timeout,
         )
     except (ConfigurationError, OSError) as exc:

@@ -51,18 +51,26 @@ class Limits:
     processes: int = 64
     open_files: int = 256
     call_timeout_seconds: float = 60.0
+    interpreter_cpu_seconds: int = 3600
 
     def prlimit_arguments(self) -> list[str]:
         """``prlimit`` options setting each limit (soft and hard alike, so none can be raised)."""
         pairs = (
-            ("cpu", self.cpu_seconds),
-            ("as", self.memory_bytes),
-            ("fsize", self.file_size_bytes),
-            ("nproc", self.processes),
-            ("nofile", self.open_files),
-            ("core", 0),
+            ("cpu", f"{self.cpu_seconds}:{self.cpu_seconds}"),
+            ("as", f"{self.memory_bytes}:{self.memory_bytes}"),
+            ("fsize", f"{self.file_size_bytes}:{self.file_size_bytes}"),
+            ("nproc", f"{self.processes}:{self.processes}"),
+            ("nofile", f"{self.open_files}:{self.open_files}"),
+            ("core", "0:0"),
         )
-        return [f"--{name}={value}:{value}" for name, value in pairs]
+        return [f"--{name}={value}" for name, value in pairs]
+
+    def interpreter_prlimit_arguments(self) -> list[str]:
+        """The same limits for the long-lived Python interpreter, except CPU time: it gets
+        ``cpu_seconds`` per call (renewed by the interpreter before each cell) up to
+        ``interpreter_cpu_seconds`` over its life."""
+        cpu = f"--cpu={self.cpu_seconds}:{max(self.cpu_seconds, self.interpreter_cpu_seconds)}"
+        return [cpu, *self.prlimit_arguments()[1:]]
 
 
 @dataclass(frozen=True)
@@ -185,11 +193,14 @@ def bwrap_command(
         "/proc",
         "--dev",
         "/dev",
+        # The root (with /etc) is a tmpfs bwrap built; nothing there may change afterwards.
+        "--remount-ro",
+        "/",
         "--chdir",
         WORKSPACE,
         "--",
         toolchain.prlimit,
-        *limits.prlimit_arguments(),
+        *limits.interpreter_prlimit_arguments(),
         "--",
         *program,
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -299,7 +300,15 @@ class SandboxManager:
 
     def _command(self, workspace: Path) -> list[str]:
         assert self._identity_files is not None, "start() the manager first"
-        config = f'{{"max_output": {self.config.max_output_bytes}}}'
+        limits = self.config.limits
+        config = json.dumps(
+            {
+                "max_output": self.config.max_output_bytes,
+                "cpu_seconds": limits.cpu_seconds,
+                # Shell commands are separate processes: they get every limit afresh.
+                "shell_prefix": [self._toolchain.prlimit, *limits.prlimit_arguments(), "--"],
+            }
+        )
         program = [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]
         return bwrap_command(
             self._toolchain, self.config.limits, workspace, self._identity_files, program
