@@ -122,7 +122,7 @@ async def test_idle_sandboxes_are_reaped_and_leave_the_session_mapping(scratch: 
         async with SandboxService(server.url, server.token) as service:
             [box] = await service.connect_async("idle-session")
             await box.run_ipython_cell_async("1")
-            client = service._client_or_fail()
+            client = service.client
             for _ in range(50):  # the reaper runs every 0.5 s here
                 if not await client.get_session_mapping("idle-session"):
                     break

@@ -17,8 +17,9 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.services.base import ServiceWithLifecycleManager
-from agentscope_serverless.services.sandbox import Sandbox, SandboxClient, SandboxService
+from agentscope_serverless.services.sandbox import Sandbox, SandboxService
 from agentscope_serverless.services.sandbox.tools import read_file, run_ipython_cell
+from agentscope_serverless.settings import load_settings
 from tests.sandbox.conftest import RunningServer
 
 
@@ -88,11 +89,9 @@ async def test_the_user_is_part_of_the_session_key(
     [bob] = await sandbox_service.connect_async(session_id, "bob")
     [anonymous] = await sandbox_service.connect_async(session_id)
     assert len({alice.sandbox_id, bob.sandbox_id, anonymous.sandbox_id}) == 3
-    client = SandboxClient(sandbox_service.base_url or "", None)
-    assert sandbox_service.base_url is not None
-    mapping = await sandbox_service._client_or_fail().get_session_mapping(f"{session_id}_alice")
-    assert mapping == [alice.sandbox_id]
-    await client.aclose()
+    mapping = sandbox_service.client.get_session_mapping
+    assert await mapping(f"{session_id}_alice") == [alice.sandbox_id]
+    assert await mapping(session_id) == [anonymous.sandbox_id]
 
 
 async def test_a_wrong_token_raises_an_authentication_error(
@@ -106,7 +105,7 @@ async def test_a_wrong_token_raises_an_authentication_error(
 
 
 async def test_an_unknown_sandbox_id_raises_not_found(sandbox_service: SandboxService) -> None:
-    box = Sandbox(sandbox_service._client_or_fail(), "sbx-does-not-exist", "base")
+    box = Sandbox(sandbox_service.client, "sbx-does-not-exist", "base")
     with pytest.raises(SandboxNotFoundError):
         await box.run_ipython_cell_async("1")
     with pytest.raises(SandboxNotFoundError):
@@ -152,8 +151,20 @@ async def test_stop_releases_only_the_sandboxes_this_service_created(
         await mine_service.stop()
 
         with pytest.raises(SandboxNotFoundError):
-            await other._client_or_fail().get_info(mine.sandbox_id)
+            await other.client.get_info(mine.sandbox_id)
         assert part(await theirs.run_ipython_cell_async("'alive'"), "stdout") == "'alive'\n"
+
+
+def test_the_service_can_be_configured_by_settings() -> None:
+    settings = load_settings(
+        sandbox_base_url="http://sandbox:8000",
+        sandbox_bearer_token="from-the-environment",
+        sandbox_timeout_seconds=12,
+    )
+    service = SandboxService.from_settings(settings)
+    assert service.base_url == "http://sandbox:8000"
+    assert "from-the-environment" not in repr(service)
+    assert SandboxService.from_settings(load_settings()).base_url is None
 
 
 async def test_health_pings_the_server(sandbox_server: RunningServer) -> None:
@@ -274,3 +285,15 @@ async def test_connect_returns_quickly(sandbox_service: SandboxService, session_
     started = time.perf_counter()
     await sandbox_service.connect_async(session_id)
     assert time.perf_counter() - started < 2.0
+
+
+async def test_release_stops_a_running_call_at_once(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    running = asyncio.create_task(box.run_ipython_cell_async("import time\ntime.sleep(30)"))
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    assert await sandbox_service.release_async(session_id) is True
+    assert time.perf_counter() - started < 1.5
+    assert (await running)["isError"] is True

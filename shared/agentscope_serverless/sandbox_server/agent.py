@@ -189,6 +189,8 @@ class Agent:
             return result(stderr=f"{tool}: {exc}\n", is_error=True)
         except OSError as exc:
             return result(stderr=f"{tool}: {exc.strerror or exc}\n", is_error=True)
+        except ValueError as exc:
+            return result(stderr=f"{tool}: {exc}\n", is_error=True)
 
     def run_cell(self, code: str, timeout: float) -> dict[str, Any]:
         capture = Capture(self.max_output)

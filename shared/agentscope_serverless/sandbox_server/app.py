@@ -31,6 +31,7 @@ from agentscope_serverless.sandbox_server.manager import SandboxManager
 logger = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health"})
+MAX_BODY_BYTES = 64 * 1024**2
 
 
 def _reply(data: Any) -> dict[str, Any]:
@@ -78,6 +79,11 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
                     status_code=401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+            return JSONResponse(
+                {"detail": f"request body larger than {MAX_BODY_BYTES} bytes"}, status_code=413
+            )
         return await call_next(request)
 
     @app.exception_handler(SandboxError)

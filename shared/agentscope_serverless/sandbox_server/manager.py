@@ -271,6 +271,7 @@ class SandboxManager:
             sandbox_id
             for sandbox_id, sandbox in self._sandboxes.items()
             if now - sandbox.last_used_at > self.config.idle_timeout_seconds
+            and not sandbox.process.calls_in_flight
         ]
         for sandbox_id in idle:
             logger.info("reaping idle sandbox %s", sandbox_id)

@@ -58,6 +58,7 @@ class SandboxProcess:
         self._lock = asyncio.Lock()
         self._next_id = 0
         self.restarts = 0
+        self.calls_in_flight = 0
 
     @property
     def running(self) -> bool:
@@ -74,37 +75,44 @@ class SandboxProcess:
         self, tool: str, arguments: dict[str, Any], *, time_limit: float
     ) -> CallToolResult:
         """Run ``tool`` in the sandbox; a call past ``time_limit`` seconds is stopped."""
-        async with self._lock:
-            process = await self._ensure_started()
-            assert process.stdin is not None and process.stdout is not None
-            self._next_id += 1
-            request = {"id": self._next_id, "tool": tool, "arguments": arguments}
-            request["timeout"] = time_limit
-            try:
-                process.stdin.write((json.dumps(request) + "\n").encode())
-                await process.stdin.drain()
-                line = await asyncio.wait_for(process.stdout.readline(), time_limit + GRACE_SECONDS)
-            except TimeoutError:
-                await self._kill()
-                return self._lost(f"the call ran past its time limit of {time_limit:g} s")
-            except (ConnectionError, ValueError):
-                line = b""
-            if not line:
-                returncode = await self._kill()
-                return self._lost(f"the sandbox process {_death_reason(returncode)}")
-            try:
-                reply = json.loads(line)
-                if reply.get("id") != self._next_id:
-                    raise ValueError("reply to another request")
-                return CallToolResult.model_validate(reply["result"])
-            except (ValueError, KeyError, TypeError, AttributeError):
-                await self._kill()
-                return self._lost("the sandbox process sent a malformed reply")
+        self.calls_in_flight += 1
+        try:
+            async with self._lock:
+                return await self._call(tool, arguments, time_limit)
+        finally:
+            self.calls_in_flight -= 1
+
+    async def _call(
+        self, tool: str, arguments: dict[str, Any], time_limit: float
+    ) -> CallToolResult:
+        process = await self._ensure_started()
+        assert process.stdin is not None and process.stdout is not None
+        self._next_id += 1
+        request = {"id": self._next_id, "tool": tool, "arguments": arguments, "timeout": time_limit}
+        try:
+            process.stdin.write((json.dumps(request) + "\n").encode())
+            await process.stdin.drain()
+            line = await asyncio.wait_for(process.stdout.readline(), time_limit + GRACE_SECONDS)
+        except TimeoutError:
+            await self._kill()
+            return self._lost(f"the call ran past its time limit of {time_limit:g} s")
+        except (ConnectionError, ValueError):
+            line = b""
+        if not line:
+            returncode = await self._kill()
+            return self._lost(f"the sandbox process {_death_reason(returncode)}")
+        try:
+            reply = json.loads(line)
+            if reply.get("id") != self._next_id:
+                raise ValueError("reply to another request")
+            return CallToolResult.model_validate(reply["result"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            await self._kill()
+            return self._lost("the sandbox process sent a malformed reply")
 
     async def stop(self) -> None:
-        """Kill the process and everything in its sandbox."""
-        async with self._lock:
-            await self._kill()
+        """Kill the process and everything in its sandbox, even in the middle of a call."""
+        await self._kill()
 
     def _lost(self, reason: str) -> CallToolResult:
         self.restarts += 1

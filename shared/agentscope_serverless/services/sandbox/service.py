@@ -180,7 +180,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         Types come from ``env_types`` (or its synonym ``sandbox_types``) plus those the
         ``tools`` need; with neither, one ``base`` sandbox.
         """
-        client = self._client_or_fail()
+        client = self.client
         key = self._key(session_id, user_id)
         wanted = _requested_types(env_types, sandbox_types, tools)
         existing: list[Sandbox] = []
@@ -211,14 +211,14 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         sandbox_types: Sequence[str] | None = None,
     ) -> list[Sandbox]:
         """:meth:`connect_async` for synchronous code (also inside a running event loop)."""
-        client = self._client_or_fail()
+        client = self.client
         return client.run_sync(
             self.connect_async(session_id, user_id, env_types, tools, sandbox_types)
         )
 
     async def release_async(self, session_id: str, user_id: str | None = None) -> bool:
         """Release every sandbox of ``(session_id, user_id)``; False when it had none."""
-        client = self._client_or_fail()
+        client = self.client
         released = False
         for sandbox_id in await client.get_session_mapping(self._key(session_id, user_id)):
             released = await client.release(sandbox_id) or released
@@ -227,10 +227,12 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
 
     def release(self, session_id: str, user_id: str | None = None) -> bool:
         """:meth:`release_async` for synchronous code (also inside a running event loop)."""
-        client = self._client_or_fail()
+        client = self.client
         return client.run_sync(self.release_async(session_id, user_id))
 
-    def _client_or_fail(self) -> SandboxClient:
+    @property
+    def client(self) -> SandboxClient:
+        """The protocol client of the started service (for operations beyond sessions)."""
         self._ensure_started()
         assert self._client is not None
         return self._client
