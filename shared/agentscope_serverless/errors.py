@@ -124,6 +124,12 @@ class StoreUnavailableError(AgentScopeServerlessError):
         self.store = store
 
 
+class PackagingError(AgentScopeServerlessError):
+    """A deployable could not be built (a failed install, a size above the platform's limit)."""
+
+    code = "PACKAGING_ERROR"
+
+
 class AgentError(AgentScopeServerlessError):
     """The agent failed while handling a request."""
 
@@ -178,6 +184,7 @@ __all__ = [
     "ConflictError",
     "InvalidInputError",
     "NotFoundError",
+    "PackagingError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "SandboxAuthenticationError",

@@ -1,0 +1,86 @@
+"""The backends every contract test runs against.
+
+Each service kind has a list of backend names; a backend joins the suite by adding its
+name to the list and defining a fixture ``<kind>_<backend>_factory`` that returns a
+callable building a fresh, **not started** service on a shared store (so a second object
+sees what the first stored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
+from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
+from agentscope_serverless.services.session_history import (
+    InMemorySessionHistoryService,
+    SessionHistoryService,
+)
+
+SESSION_HISTORY_BACKENDS = ["in_memory"]
+MEMORY_BACKENDS = ["in_memory"]
+STATE_BACKENDS = ["in_memory"]
+
+
+def _shared(instance: object) -> Callable[[], object]:
+    # In-memory data lives in the object, so "another object on the same store" is the same one.
+    return lambda: instance
+
+
+@pytest.fixture
+def session_history_in_memory_factory() -> Callable[[], SessionHistoryService]:
+    return _shared(InMemorySessionHistoryService())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def memory_in_memory_factory() -> Callable[[], MemoryService]:
+    return _shared(InMemoryMemoryService())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def state_in_memory_factory() -> Callable[[], StateService]:
+    return _shared(InMemoryStateService())  # type: ignore[return-value]
+
+
+@pytest.fixture(params=SESSION_HISTORY_BACKENDS)
+def session_history_factory(request: pytest.FixtureRequest) -> Callable[[], SessionHistoryService]:
+    factory: Callable[[], SessionHistoryService] = request.getfixturevalue(
+        f"session_history_{request.param}_factory"
+    )
+    return factory
+
+
+@pytest.fixture(params=MEMORY_BACKENDS)
+def memory_factory(request: pytest.FixtureRequest) -> Callable[[], MemoryService]:
+    factory: Callable[[], MemoryService] = request.getfixturevalue(
+        f"memory_{request.param}_factory"
+    )
+    return factory
+
+
+@pytest.fixture(params=STATE_BACKENDS)
+def state_factory(request: pytest.FixtureRequest) -> Callable[[], StateService]:
+    factory: Callable[[], StateService] = request.getfixturevalue(f"state_{request.param}_factory")
+    return factory
+
+
+@pytest.fixture
+async def history(
+    session_history_factory: Callable[[], SessionHistoryService],
+) -> AsyncIterator[SessionHistoryService]:
+    async with session_history_factory() as service:
+        yield service
+
+
+@pytest.fixture
+async def memory(memory_factory: Callable[[], MemoryService]) -> AsyncIterator[MemoryService]:
+    async with memory_factory() as service:
+        yield service
+
+
+@pytest.fixture
+async def state(state_factory: Callable[[], StateService]) -> AsyncIterator[StateService]:
+    async with state_factory() as service:
+        yield service

@@ -1,0 +1,318 @@
+"""CONTRACT §1 and §3: long-term memory, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedError
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.services.memory import MemoryService
+
+
+def msg(text: str, role: str = "user") -> Message:
+    return Message(role=role, content=[TextContent(text=text)])  # type: ignore[arg-type]
+
+
+def query(text: str) -> list[Message]:
+    return [msg(text)]
+
+
+def texts(messages: list[Message]) -> list[str | None]:
+    return [m.get_text_content() for m in messages]
+
+
+# --- add_memory -----------------------------------------------------------------------
+
+
+async def test_add_memory_accepts_messages_and_dicts(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("hello world")])
+    await memory.add_memory(user_id, {"role": "user", "content": [{"type": "text", "text": "bye"}]})
+    await memory.add_memory(user_id, msg("single message"))
+    listed = await memory.list_memory(user_id)
+    assert texts(listed) == ["hello world", "bye", "single message"]
+    assert all(isinstance(m, Message) for m in listed)
+
+
+async def test_add_memory_rejects_an_invalid_message_and_stores_nothing(
+    memory: MemoryService, user_id: str
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await memory.add_memory(user_id, [msg("fine"), {"role": "robot", "content": "x"}])
+    assert await memory.list_memory(user_id) == []
+
+
+async def test_add_memory_stores_a_copy(memory: MemoryService, user_id: str) -> None:
+    message = msg("original text")
+    await memory.add_memory(user_id, [message])
+    message.content = [TextContent(text="mutated")]
+    assert texts(await memory.list_memory(user_id)) == ["original text"]
+    assert texts(await memory.search_memory(user_id, query("original"))) == ["original text"]
+
+
+async def test_add_empty_list_is_a_no_op(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [])
+    assert await memory.list_memory(user_id) == []
+
+
+async def test_concurrent_adds_are_all_kept(memory: MemoryService, user_id: str) -> None:
+    await asyncio.gather(*(memory.add_memory(user_id, [msg(f"fact number{i}")]) for i in range(30)))
+    listed = await memory.list_memory(user_id, filters={"page_size": 100})
+    assert sorted(texts(listed), key=str) == sorted((f"fact number{i}" for i in range(30)), key=str)
+    hits = await memory.search_memory(user_id, query("fact"), filters={"top_k": 100})
+    assert len(hits) == 30
+
+
+# --- search_memory --------------------------------------------------------------------
+
+
+async def test_search_finds_by_keyword_case_insensitively(
+    memory: MemoryService, user_id: str
+) -> None:
+    await memory.add_memory(user_id, [msg("Hello World"), msg("something else")])
+    assert texts(await memory.search_memory(user_id, query("HELLO"))) == ["Hello World"]
+
+
+async def test_search_matches_tokens_not_substrings(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("I like Banana bread"), msg("a cat")])
+    assert texts(await memory.search_memory(user_id, query("a"))) == ["a cat"]
+    assert await memory.search_memory(user_id, query("ban")) == []
+
+
+async def test_search_ignores_punctuation(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("My name is Alice.")])
+    assert texts(await memory.search_memory(user_id, query("alice?"))) == ["My name is Alice."]
+
+
+async def test_search_ranks_by_relevance(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(
+        user_id,
+        [
+            msg("tea is a drink"),
+            msg("green tea and green leaves, green everywhere"),
+            msg("coffee is a drink too"),
+            msg("green tea"),
+        ],
+    )
+    hits = texts(await memory.search_memory(user_id, query("green tea")))
+    # both terms beat one term; a short document with both beats a long one with more noise
+    assert hits[:2] == ["green tea", "green tea and green leaves, green everywhere"]
+    assert hits[2] == "tea is a drink"
+    assert "coffee is a drink too" not in hits
+
+
+async def test_search_prefers_rare_terms(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(
+        user_id,
+        [msg("the weather today"), msg("the meeting today"), msg("the zebra"), msg("the end")],
+    )
+    hits = texts(await memory.search_memory(user_id, query("the zebra")))
+    assert hits[0] == "the zebra"
+
+
+async def test_search_breaks_ties_by_recency(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("lunch at noon", role="user")])
+    await memory.add_memory(user_id, [msg("lunch at noon", role="assistant")])
+    hits = await memory.search_memory(user_id, query("lunch"))
+    assert [m.role for m in hits] == ["assistant", "user"]
+
+
+async def test_search_uses_the_last_message_as_query(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("apples"), msg("pears")])
+    hits = await memory.search_memory(user_id, [msg("apples"), msg("pears")])
+    assert texts(hits) == ["pears"]
+
+
+async def test_search_accepts_dict_queries(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("hello world")])
+    hits = await memory.search_memory(
+        user_id, [{"role": "user", "content": [{"type": "text", "text": "world"}]}]
+    )
+    assert texts(hits) == ["hello world"]
+
+
+async def test_search_top_k_caps_the_results(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg(f"note {i} about rust") for i in range(8)])
+    hits = await memory.search_memory(user_id, query("rust"), filters={"top_k": 3})
+    assert len(hits) == 3
+    # equal relevance: most recent first
+    assert texts(hits) == ["note 7 about rust", "note 6 about rust", "note 5 about rust"]
+
+
+@pytest.mark.parametrize("top_k", [0, -1, "3", 2.5, True])
+async def test_search_rejects_a_bad_top_k(
+    memory: MemoryService, user_id: str, top_k: object
+) -> None:
+    await memory.add_memory(user_id, [msg("x")])
+    with pytest.raises(InvalidInputError):
+        await memory.search_memory(user_id, query("x"), filters={"top_k": top_k})
+
+
+async def test_search_of_unknown_user_is_empty(memory: MemoryService, user_id: str) -> None:
+    assert await memory.search_memory(user_id, query("hello")) == []
+
+
+@pytest.mark.parametrize("empty", ["", "   ", "?!.,"])
+async def test_search_with_an_empty_query_is_empty(
+    memory: MemoryService, user_id: str, empty: str
+) -> None:
+    await memory.add_memory(user_id, [msg("hello")])
+    assert await memory.search_memory(user_id, query(empty)) == []
+    assert await memory.search_memory(user_id, []) == []
+
+
+async def test_search_returns_copies(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("keep me")])
+    hits = await memory.search_memory(user_id, query("keep"))
+    hits[0].content = [TextContent(text="broken")]
+    assert texts(await memory.search_memory(user_id, query("keep"))) == ["keep me"]
+
+
+async def test_search_indexes_every_text_part(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(
+        user_id,
+        [Message(role="user", content=[TextContent(text="first part"), TextContent(text="zebra")])],
+    )
+    assert len(await memory.search_memory(user_id, query("zebra"))) == 1
+
+
+async def test_search_handles_unicode_words(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("Straße in München"), msg("我喜欢绿茶")])
+    assert texts(await memory.search_memory(user_id, query("münchen"))) == ["Straße in München"]
+    assert texts(await memory.search_memory(user_id, query("绿茶"))) == ["我喜欢绿茶"]
+
+
+async def test_memory_of_users_is_separate(memory: MemoryService, user_id: str) -> None:
+    a, a_b, star = user_id, f"{user_id}:b", "*"
+    await memory.add_memory(a_b, [msg("secret of a-b")])
+    await memory.add_memory(star, [msg(f"secret of star {user_id}")])
+    await memory.add_memory(a, [msg("note of a")])
+    assert texts(await memory.search_memory(a, query("secret"))) == []
+    assert texts(await memory.list_memory(a)) == ["note of a"]
+    star_hits = texts(await memory.search_memory(star, query("secret"), filters={"top_k": 1000}))
+    assert "secret of a-b" not in star_hits
+    await memory.delete_memory(a)
+    assert texts(await memory.list_memory(a_b)) == ["secret of a-b"]
+
+
+# --- list_memory ----------------------------------------------------------------------
+
+
+async def test_list_memory_pages_chronologically(memory: MemoryService, user_id: str) -> None:
+    for i in range(5):
+        await memory.add_memory(user_id, [msg(f"m{i}")], session_id=f"s{i % 2}")
+    page1 = await memory.list_memory(user_id, filters={"page_num": 1, "page_size": 2})
+    page2 = await memory.list_memory(user_id, filters={"page_num": 2, "page_size": 2})
+    page3 = await memory.list_memory(user_id, filters={"page_num": 3, "page_size": 2})
+    page4 = await memory.list_memory(user_id, filters={"page_num": 4, "page_size": 2})
+    assert [texts(p) for p in (page1, page2, page3, page4)] == [
+        ["m0", "m1"],
+        ["m2", "m3"],
+        ["m4"],
+        [],
+    ]
+
+
+async def test_list_memory_defaults_to_ten_per_page(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg(f"m{i}") for i in range(12)])
+    assert texts(await memory.list_memory(user_id)) == [f"m{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    "filters", [{"page_num": 0}, {"page_size": 0}, {"page_num": "1"}, {"page_size": 1001}, [1]]
+)
+async def test_list_memory_rejects_bad_pages(
+    memory: MemoryService, user_id: str, filters: object
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await memory.list_memory(user_id, filters=filters)  # type: ignore[arg-type]
+
+
+async def test_list_memory_of_unknown_user_is_empty(memory: MemoryService, user_id: str) -> None:
+    assert await memory.list_memory(user_id) == []
+
+
+# --- delete_memory --------------------------------------------------------------------
+
+
+async def test_delete_one_session_keeps_the_others(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("alpha fact")], session_id="s1")
+    await memory.add_memory(user_id, [msg("beta fact")], session_id="s2")
+    await memory.add_memory(user_id, [msg("gamma fact")])
+    await memory.delete_memory(user_id, "s1")
+    assert texts(await memory.list_memory(user_id)) == ["beta fact", "gamma fact"]
+    assert texts(await memory.search_memory(user_id, query("alpha"))) == []
+    assert set(texts(await memory.search_memory(user_id, query("fact")))) == {
+        "beta fact",
+        "gamma fact",
+    }
+
+
+async def test_default_session_is_deletable_by_name(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("no session given")])
+    await memory.add_memory(user_id, [msg("in s1")], session_id="s1")
+    await memory.delete_memory(user_id, "default")
+    assert texts(await memory.list_memory(user_id)) == ["in s1"]
+
+
+async def test_delete_all_of_a_user(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("alpha")], session_id="s1")
+    await memory.add_memory(user_id, [msg("beta")])
+    await memory.delete_memory(user_id)
+    assert await memory.list_memory(user_id) == []
+    assert await memory.search_memory(user_id, query("alpha beta")) == []
+
+
+async def test_memory_can_be_added_again_after_delete(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("old words")])
+    await memory.delete_memory(user_id)
+    await memory.add_memory(user_id, [msg("new words")])
+    assert texts(await memory.search_memory(user_id, query("words"))) == ["new words"]
+
+
+async def test_delete_missing_memory_is_not_an_error(memory: MemoryService, user_id: str) -> None:
+    await memory.delete_memory(user_id)
+    await memory.delete_memory(user_id, "missing-session")
+
+
+async def test_delete_with_a_blank_session_is_refused(memory: MemoryService, user_id: str) -> None:
+    await memory.add_memory(user_id, [msg("precious")])
+    with pytest.raises(InvalidInputError):
+        await memory.delete_memory(user_id, "   ")
+    assert texts(await memory.list_memory(user_id)) == ["precious"]
+
+
+# --- lifecycle ------------------------------------------------------------------------
+
+
+async def test_calls_before_start_raise_a_clear_runtime_error(
+    memory_factory: Callable[[], MemoryService], user_id: str
+) -> None:
+    service = memory_factory()
+    calls = [
+        service.add_memory(user_id, [msg("x")]),
+        service.search_memory(user_id, query("x")),
+        service.list_memory(user_id),
+        service.delete_memory(user_id),
+    ]
+    for call in calls:
+        with pytest.raises(ServiceNotStartedError, match="not started"):
+            await call
+
+
+async def test_health_follows_the_lifecycle(memory_factory: Callable[[], MemoryService]) -> None:
+    service = memory_factory()
+    async with service:
+        assert await service.health() is True
+    assert await service.health() is False
+
+
+async def test_memory_survives_a_new_service_object(
+    memory_factory: Callable[[], MemoryService], user_id: str
+) -> None:
+    async with memory_factory() as first:
+        await first.add_memory(user_id, [msg("durable fact")])
+    async with memory_factory() as second:
+        assert texts(await second.search_memory(user_id, query("durable"))) == ["durable fact"]

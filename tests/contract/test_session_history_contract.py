@@ -1,0 +1,525 @@
+"""CONTRACT §1 and §2: session history, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    ServiceNotStartedError,
+    SessionNotFoundError,
+)
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.session_history import SessionHistoryService
+
+
+def text_message(text: str, role: str = "user") -> Message:
+    return Message(role=role, content=[TextContent(text=text)])  # type: ignore[arg-type]
+
+
+def texts(session: Session | None) -> list[str | None]:
+    assert session is not None
+    return [m.get_text_content() for m in session.messages if isinstance(m, Message)]
+
+
+# --- create_session -------------------------------------------------------------------
+
+
+async def test_create_session_without_id_generates_a_uuid(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id)
+    assert uuid.UUID(session.id)
+    assert session.user_id == user_id
+    assert session.messages == []
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t\n"])
+async def test_create_session_with_blank_id_generates_a_uuid(
+    history: SessionHistoryService, user_id: str, blank: str
+) -> None:
+    session = await history.create_session(user_id, blank)
+    assert uuid.UUID(session.id)
+
+
+async def test_create_session_strips_the_id(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "  s1  ")
+    assert session.id == "s1"
+    assert await history.get_session(user_id, "s1") is not None
+
+
+async def test_create_session_is_idempotent_and_keeps_history(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("hello"))
+    again = await history.create_session(user_id, "s1")
+    assert again.id == "s1"
+    assert texts(again) == ["hello"]
+    assert texts(await history.get_session(user_id, "s1")) == ["hello"]
+
+
+async def test_two_sessions_without_id_are_distinct(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    first = await history.create_session(user_id)
+    second = await history.create_session(user_id)
+    assert first.id != second.id
+
+
+# --- get_session ----------------------------------------------------------------------
+
+
+async def test_get_missing_session_returns_none(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    assert await history.get_session(user_id, "nope") is None
+    # and asking did not create it
+    assert await history.list_sessions(user_id) == []
+
+
+async def test_get_session_with_blank_id_returns_none(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    assert await history.get_session(user_id, "  ") is None
+
+
+async def test_get_session_returns_full_history_in_order(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    for i in range(12):
+        await history.append_message(session, text_message(f"m{i}"))
+    assert texts(await history.get_session(user_id, "s1")) == [f"m{i}" for i in range(12)]
+
+
+async def test_get_session_strips_the_id(history: SessionHistoryService, user_id: str) -> None:
+    await history.create_session(user_id, "s1")
+    assert await history.get_session(user_id, " s1 ") is not None
+
+
+async def test_get_session_returns_a_copy(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("original"))
+    got = await history.get_session(user_id, "s1")
+    assert got is not None
+    message = got.messages[0]
+    assert isinstance(message, Message)
+    message.content = [TextContent(text="changed")]
+    got.messages.append(text_message("extra"))
+    assert texts(await history.get_session(user_id, "s1")) == ["original"]
+
+
+async def test_get_session_of_another_user_returns_none(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    assert await history.get_session(f"{user_id}-other", "s1") is None
+
+
+# --- delete_session -------------------------------------------------------------------
+
+
+async def test_delete_session_removes_it(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("hello"))
+    await history.delete_session(user_id, "s1")
+    assert await history.get_session(user_id, "s1") is None
+    assert await history.list_sessions(user_id) == []
+
+
+async def test_delete_missing_session_is_not_an_error(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.delete_session(user_id, "non_existent_id")
+    await history.delete_session(user_id, "   ")
+
+
+async def test_delete_only_touches_the_named_session(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "keep")
+    await history.create_session(user_id, "drop")
+    await history.delete_session(user_id, "drop")
+    assert [s.id for s in await history.list_sessions(user_id)] == ["keep"]
+
+
+async def test_deleted_session_can_be_created_again_empty(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("old"))
+    await history.delete_session(user_id, "s1")
+    again = await history.create_session(user_id, "s1")
+    assert again.messages == []
+
+
+async def test_delete_by_another_user_does_not_delete(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    await history.delete_session(f"{user_id}-other", "s1")
+    assert await history.get_session(user_id, "s1") is not None
+
+
+# --- list_sessions --------------------------------------------------------------------
+
+
+async def test_list_sessions_lists_the_users_sessions_without_messages(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    first = await history.create_session(user_id, "s1")
+    await history.append_message(first, text_message("hello"))
+    await history.create_session(user_id, "s2")
+    listed = await history.list_sessions(user_id)
+    assert [s.id for s in listed] == ["s1", "s2"]
+    assert all(s.messages == [] and s.user_id == user_id for s in listed)
+
+
+async def test_list_sessions_of_unknown_user_is_empty(history: SessionHistoryService) -> None:
+    assert await history.list_sessions(f"nobody-{uuid.uuid4().hex}") == []
+
+
+async def test_list_sessions_matches_the_user_exactly(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    a, a_b, star = user_id, f"{user_id}:b", "*"
+    await history.create_session(a, "of-a")
+    await history.create_session(a_b, "of-a-b")
+    await history.create_session(star, f"of-star-{user_id}")
+    assert [s.id for s in await history.list_sessions(a)] == ["of-a"]
+    assert [s.id for s in await history.list_sessions(a_b)] == ["of-a-b"]
+    star_ids = [s.id for s in await history.list_sessions(star)]
+    assert "of-a" not in star_ids and "of-a-b" not in star_ids
+    assert f"of-star-{user_id}" in star_ids
+    assert await history.get_session(a, "of-a-b") is None
+    assert await history.get_session(a, f"of-star-{user_id}") is None
+
+
+@pytest.mark.parametrize("tricky", ["a:*", "a]", "a?", "{a}", "a\\", "a b", "ü/ß", "a%2F"])
+async def test_ids_with_special_characters_stay_separate(
+    history: SessionHistoryService, user_id: str, tricky: str
+) -> None:
+    owner = f"{user_id}{tricky}"
+    session = await history.create_session(owner, f"s{tricky}")
+    await history.append_message(session, text_message("mine"))
+    assert texts(await history.get_session(owner, f"s{tricky}")) == ["mine"]
+    assert [s.id for s in await history.list_sessions(owner)] == [f"s{tricky}"]
+    assert await history.list_sessions(user_id) == []
+
+
+async def test_list_sessions_page_walks_every_session_once_in_order(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    created = [(await history.create_session(user_id, f"s{i}")).id for i in range(7)]
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        page = await history.list_sessions_page(user_id, limit=3, cursor=cursor)
+        pages += 1
+        assert len(page.items) <= 3
+        seen.extend(s.id for s in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == created
+    assert pages == 3
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1001, "10", 2.5])
+async def test_list_sessions_page_rejects_bad_limits(
+    history: SessionHistoryService, user_id: str, limit: object
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await history.list_sessions_page(user_id, limit=limit)  # type: ignore[arg-type]
+
+
+async def test_list_sessions_page_rejects_a_forged_cursor(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    with pytest.raises(InvalidInputError):
+        await history.list_sessions_page(user_id, cursor="not-a-cursor!")
+
+
+# --- append_message -------------------------------------------------------------------
+
+
+async def test_append_message_object(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("Hello, world!"))
+    assert len(session.messages) == 1
+    assert texts(await history.get_session(user_id, "s1")) == ["Hello, world!"]
+
+
+async def test_append_dict_stores_a_validated_message(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(
+        session, {"role": "user", "content": [{"type": "text", "text": "How are you?"}]}
+    )
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert isinstance(stored.messages[0], Message)
+    assert stored.messages[0].role == "user"
+    assert isinstance(session.messages[0], Message)
+
+
+async def test_append_mixed_list_keeps_order(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("Hello"))
+    await history.append_message(
+        session,
+        [
+            {"role": "user", "content": [{"type": "text", "text": "How are you?"}]},
+            text_message("I am fine, thank you.", role="assistant"),
+        ],
+    )
+    assert len(session.messages) == 3
+    assert texts(await history.get_session(user_id, "s1")) == [
+        "Hello",
+        "How are you?",
+        "I am fine, thank you.",
+    ]
+
+
+async def test_append_skips_none_items(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, [None, text_message("x"), None])  # type: ignore[list-item]
+    assert texts(await history.get_session(user_id, "s1")) == ["x"]
+
+
+async def test_append_invalid_dict_raises_and_stores_nothing(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    with pytest.raises(InvalidInputError) as raised:
+        await history.append_message(
+            session, [text_message("fine"), {"role": "robot", "content": "x"}]
+        )
+    assert "message[1]" in str(raised.value)
+    assert raised.value.errors[0]["loc"][:2] == ["message[1]", "role"]
+    assert texts(await history.get_session(user_id, "s1")) == []
+    assert session.messages == []
+
+
+async def test_append_rejects_a_non_message(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    with pytest.raises(InvalidInputError):
+        await history.append_message(session, 42)  # type: ignore[arg-type]
+
+
+async def test_append_stores_a_copy(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    message = text_message("original")
+    await history.append_message(session, message)
+    message.content = [TextContent(text="changed later")]
+    assert texts(await history.get_session(user_id, "s1")) == ["original"]
+
+
+async def test_append_to_a_missing_session_creates_it(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = Session(id="never-created", user_id=user_id)
+    await history.append_message(session, text_message("kept"))
+    assert texts(await history.get_session(user_id, "never-created")) == ["kept"]
+    assert [s.id for s in await history.list_sessions(user_id)] == ["never-created"]
+
+
+async def test_append_keeps_message_ids_and_roles(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    message = text_message("hi", role="assistant")
+    await history.append_message(session, message)
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert stored.messages[0].id == message.id  # type: ignore[union-attr]
+    assert stored.messages[0].role == "assistant"  # type: ignore[union-attr]
+
+
+async def test_fifty_concurrent_appends_all_land_in_one_order(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await asyncio.gather(
+        *(
+            history.append_message(Session(id="s1", user_id=user_id), text_message(f"m{i}"))
+            for i in range(50)
+        )
+    )
+    first = texts(await history.get_session(user_id, "s1"))
+    second = texts(await history.get_session(user_id, "s1"))
+    assert sorted(first, key=str) == sorted((f"m{i}" for i in range(50)), key=str)
+    assert first == second
+    paged: list[str | None] = []
+    cursor: str | None = None
+    while True:
+        page = await history.list_messages(user_id, session.id, limit=7, cursor=cursor)
+        paged.extend(m.get_text_content() for m in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert paged == first
+
+
+async def test_concurrent_batches_stay_contiguous(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    await asyncio.gather(
+        *(
+            history.append_message(
+                Session(id="s1", user_id=user_id),
+                [text_message(f"q{i}"), text_message(f"a{i}", role="assistant")],
+            )
+            for i in range(20)
+        )
+    )
+    stored = texts(await history.get_session(user_id, "s1"))
+    assert len(stored) == 40
+    for position in range(0, 40, 2):
+        question, answer = stored[position], stored[position + 1]
+        assert question is not None and answer is not None
+        assert question.startswith("q") and answer == "a" + question[1:]
+
+
+# --- list_messages (paginated read) ---------------------------------------------------
+
+
+async def test_list_messages_pages_through_the_history(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, [text_message(f"m{i}") for i in range(25)])
+    sizes: list[int] = []
+    seen: list[str | None] = []
+    cursor: str | None = None
+    while True:
+        page = await history.list_messages(user_id, "s1", limit=10, cursor=cursor)
+        sizes.append(len(page.items))
+        seen.extend(m.get_text_content() for m in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert sizes == [10, 10, 5]
+    assert seen == [f"m{i}" for i in range(25)]
+
+
+async def test_list_messages_of_an_empty_session_is_one_empty_page(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    page = await history.list_messages(user_id, "s1")
+    assert page.items == [] and page.next_cursor is None
+
+
+async def test_list_messages_of_a_missing_session_raises_not_found(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    with pytest.raises(SessionNotFoundError):
+        await history.list_messages(user_id, "missing")
+
+
+async def test_list_messages_of_another_users_session_raises_not_found(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("secret"))
+    with pytest.raises(SessionNotFoundError):
+        await history.list_messages(f"{user_id}:b", "s1")
+
+
+@pytest.mark.parametrize("limit", [0, -5, 1001, None])
+async def test_list_messages_rejects_bad_limits(
+    history: SessionHistoryService, user_id: str, limit: object
+) -> None:
+    await history.create_session(user_id, "s1")
+    with pytest.raises(InvalidInputError):
+        await history.list_messages(user_id, "s1", limit=limit)  # type: ignore[arg-type]
+
+
+async def test_list_messages_rejects_a_garbage_cursor(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.create_session(user_id, "s1")
+    with pytest.raises(InvalidInputError):
+        await history.list_messages(user_id, "s1", cursor="%%%")
+
+
+# --- ids, lifecycle -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_user", ["", "   ", None, 7])
+async def test_blank_or_non_string_user_id_is_rejected(
+    history: SessionHistoryService, bad_user: object
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await history.create_session(bad_user)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        await history.list_sessions(bad_user)  # type: ignore[arg-type]
+
+
+async def test_overlong_session_id_is_rejected(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await history.create_session(user_id, "x" * 513)
+
+
+async def test_calls_before_start_raise_a_clear_runtime_error(
+    session_history_factory: Callable[[], SessionHistoryService], user_id: str
+) -> None:
+    service = session_history_factory()
+    calls = [
+        service.create_session(user_id, "s1"),
+        service.get_session(user_id, "s1"),
+        service.delete_session(user_id, "s1"),
+        service.list_sessions(user_id),
+        service.append_message(Session(id="s1", user_id=user_id), text_message("x")),
+        service.list_messages(user_id, "s1"),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="not started") as raised:
+            await call
+        assert isinstance(raised.value, ServiceNotStartedError)
+
+
+async def test_calls_after_stop_raise_and_health_turns_false(
+    session_history_factory: Callable[[], SessionHistoryService], user_id: str
+) -> None:
+    service = session_history_factory()
+    await service.start()
+    assert await service.health() is True
+    await service.stop()
+    assert await service.health() is False
+    with pytest.raises(ServiceNotStartedError):
+        await service.get_session(user_id, "s1")
+
+
+async def test_async_with_starts_and_stops(
+    session_history_factory: Callable[[], SessionHistoryService], user_id: str
+) -> None:
+    service = session_history_factory()
+    async with service as started:
+        assert started is service
+        assert await service.health() is True
+        await service.create_session(user_id, "s1")
+    assert await service.health() is False
+
+
+async def test_data_survives_a_new_service_object_on_the_same_store(
+    session_history_factory: Callable[[], SessionHistoryService], user_id: str
+) -> None:
+    async with session_history_factory() as first:
+        session = await first.create_session(user_id, "s1")
+        await first.append_message(session, text_message("persisted"))
+    async with session_history_factory() as second:
+        assert texts(await second.get_session(user_id, "s1")) == ["persisted"]

@@ -1,0 +1,86 @@
+"""CONTRACT §1: backends chosen by configuration, validated at start-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.services.agent_state import InMemoryStateService
+from agentscope_serverless.services.factory import (
+    create_memory_service,
+    create_service_manager,
+    create_session_history_service,
+    create_state_service,
+)
+from agentscope_serverless.services.memory import InMemoryMemoryService
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+from agentscope_serverless.settings import load_settings
+
+
+def test_defaults_are_the_embedded_in_memory_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SESSION_HISTORY_BACKEND", "MEMORY_BACKEND", "STATE_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    settings = load_settings()
+    assert isinstance(create_session_history_service(settings), InMemorySessionHistoryService)
+    assert isinstance(create_memory_service(settings), InMemoryMemoryService)
+    assert isinstance(create_state_service(settings), InMemoryStateService)
+
+
+def test_backends_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "IN_MEMORY".lower())
+    monkeypatch.setenv("MAX_MESSAGES_PER_SESSION", "25")
+    settings = load_settings()
+    assert settings.session_history_backend == "in_memory"
+    assert settings.max_messages_per_session == 25
+
+
+def test_a_bad_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "postgres")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "SESSION_HISTORY_BACKEND" in str(raised.value)
+    assert "in_memory" in str(raised.value)
+
+
+def test_a_bad_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAX_MESSAGES_PER_SESSION", "many")
+    with pytest.raises(ConfigurationError, match="MAX_MESSAGES_PER_SESSION"):
+        load_settings()
+
+
+def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSION_TTL_SECONDS", "-5")
+    with pytest.raises(ConfigurationError, match="SESSION_TTL_SECONDS"):
+        load_settings()
+
+
+def test_configuration_errors_never_echo_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2-secret@cache:6379/0")
+    monkeypatch.setenv("REDIS_CLUSTER", "sometimes")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "REDIS_CLUSTER" in str(raised.value)
+    assert "hunter2" not in str(raised.value)
+    settings = load_settings(redis_cluster=False)
+    assert "hunter2" not in repr(settings)
+
+
+def test_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_BACKEND", "postgres")
+    assert load_settings(state_backend="in_memory").state_backend == "in_memory"
+
+
+def test_services_come_back_not_started() -> None:
+    service = create_session_history_service(load_settings())
+    assert service._started is False
+
+
+async def test_service_manager_holds_the_three_services() -> None:
+    manager = create_service_manager(load_settings())
+    assert manager.list_services() == ["session_history", "memory", "state"]
+    async with manager:
+        assert await manager.health_check() == {
+            "session_history": True,
+            "memory": True,
+            "state": True,
+        }
