@@ -247,7 +247,7 @@ class Agent:
     def run_shell(self, command: str, timeout: float) -> dict[str, Any]:
         capture = Capture(self.max_output)
         try:
-            process = subprocess.Popen(  # noqa: S603 - the caller's command, in the sandbox
+            process = subprocess.Popen(
                 [*self.shell_prefix, "/bin/sh", "-c", command],
                 stdin=subprocess.DEVNULL,
                 stdout=capture.fds[0],

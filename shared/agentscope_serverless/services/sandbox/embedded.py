@@ -65,7 +65,7 @@ class EmbeddedSandboxServer:
         directory.chmod(0o711)
         self._directory = directory
         with open(directory / "server.log", "wb") as log:
-            return subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+            return subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
