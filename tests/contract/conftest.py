@@ -12,16 +12,20 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
+from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
+from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
 )
+from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 
-SESSION_HISTORY_BACKENDS = ["in_memory"]
-MEMORY_BACKENDS = ["in_memory"]
-STATE_BACKENDS = ["in_memory"]
+SESSION_HISTORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
+MEMORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
+STATE_BACKENDS = ["in_memory", "redis", "redis_cluster"]
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -42,6 +46,42 @@ def memory_in_memory_factory() -> Callable[[], MemoryService]:
 @pytest.fixture
 def state_in_memory_factory() -> Callable[[], StateService]:
     return _shared(InMemoryStateService())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def session_history_redis_factory(redis_server: RedisServer) -> Callable[[], SessionHistoryService]:
+    return lambda: RedisSessionHistoryService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def session_history_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], SessionHistoryService]:
+    return lambda: RedisSessionHistoryService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def memory_redis_factory(redis_server: RedisServer) -> Callable[[], MemoryService]:
+    return lambda: RedisMemoryService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def memory_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], MemoryService]:
+    return lambda: RedisMemoryService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def state_redis_factory(redis_server: RedisServer) -> Callable[[], StateService]:
+    return lambda: RedisStateService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def state_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], StateService]:
+    return lambda: RedisStateService(redis_url=redis_cluster_server.url, cluster=True)
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)
