@@ -12,8 +12,14 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
+from agentscope_serverless.local_stack import (
+    LOCAL_AWS_CREDENTIALS,
+    DynamoDBServer,
+    RedisClusterServer,
+    RedisServer,
+)
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
+from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
 from agentscope_serverless.services.memory.redis import RedisMemoryService
@@ -21,11 +27,14 @@ from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
 )
+from agentscope_serverless.services.session_history.dynamodb import (
+    DynamoDBSessionHistoryService,
+)
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 
-SESSION_HISTORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
+SESSION_HISTORY_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 MEMORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
-STATE_BACKENDS = ["in_memory", "redis", "redis_cluster"]
+STATE_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -82,6 +91,28 @@ def state_redis_cluster_factory(
     redis_cluster_server: RedisClusterServer,
 ) -> Callable[[], StateService]:
     return lambda: RedisStateService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def session_history_dynamodb_factory(
+    dynamodb_server: DynamoDBServer,
+) -> Callable[[], SessionHistoryService]:
+    return lambda: DynamoDBSessionHistoryService(
+        dynamodb_server.sessions_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+
+
+@pytest.fixture
+def state_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], StateService]:
+    return lambda: DynamoDBStateService(
+        dynamodb_server.state_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)

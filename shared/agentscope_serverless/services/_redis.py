@@ -28,7 +28,6 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
-from agentscope_serverless.services._validation import require_positive_int
 from agentscope_serverless.services.base import StartedGuard
 
 RedisClient = Redis | RedisCluster
@@ -231,13 +230,6 @@ class RedisBackedService(StartedGuard):
         return self._started and await self._redis.ping()
 
 
-def optional_ttl(ttl_seconds: int | None) -> int:
-    """``ttl_seconds`` validated, as the scripts expect it: 0 means no expiry."""
-    if ttl_seconds is None:
-        return 0
-    return require_positive_int(ttl_seconds, field="ttl_seconds")
-
-
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_REDIS_URL",
@@ -247,7 +239,6 @@ __all__ = [
     "RedisClient",
     "RedisStore",
     "escape",
-    "optional_ttl",
     "text",
     "unescape",
     "user_key_prefix",

@@ -23,10 +23,10 @@ from agentscope_serverless.services._redis import (
     RedisClient,
     RedisStore,
     escape,
-    optional_ttl,
     text,
     user_key_prefix,
 )
+from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.agent_state.base import StateService
 
 # KEYS: rounds, states. ARGV[1]: ttl.
@@ -117,7 +117,7 @@ class RedisStateService(RedisBackedService, StateService):
             health_check_interval=health_check_interval,
             socket_keepalive=socket_keepalive,
         )
-        self._ttl = optional_ttl(ttl_seconds)
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
 
     async def _call(
         self, script: str, user_id: str, session_id: str, *args: Any, idempotent: bool

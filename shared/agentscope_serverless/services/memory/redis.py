@@ -36,9 +36,9 @@ from agentscope_serverless.services._redis import (
     RedisClient,
     RedisStore,
     escape,
-    optional_ttl,
     user_key_prefix,
 )
+from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
 
@@ -321,7 +321,7 @@ class RedisMemoryService(RedisBackedService, MemoryService):
             health_check_interval=health_check_interval,
             socket_keepalive=socket_keepalive,
         )
-        self._ttl = optional_ttl(ttl_seconds)
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
 
     def _keys(self, user_id: str) -> list[str]:
         base = user_key_prefix(self._redis.key_prefix, "memory", user_id)

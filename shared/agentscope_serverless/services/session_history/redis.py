@@ -30,14 +30,13 @@ from agentscope_serverless.services._redis import (
     RedisClient,
     RedisStore,
     escape,
-    optional_ttl,
     text,
     user_key_prefix,
 )
 from agentscope_serverless.services._validation import (
     cursor_position,
     encode_cursor,
-    require_positive_int,
+    optional_positive_int,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -180,11 +179,9 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             health_check_interval=health_check_interval,
             socket_keepalive=socket_keepalive,
         )
-        self._ttl = optional_ttl(ttl_seconds)
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
         self._max_messages = (
-            0
-            if max_messages_per_session is None
-            else require_positive_int(max_messages_per_session, field="max_messages_per_session")
+            optional_positive_int(max_messages_per_session, field="max_messages_per_session") or 0
         )
 
     def _user_keys(self, user_id: str) -> list[str]:
