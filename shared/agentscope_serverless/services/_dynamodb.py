@@ -156,7 +156,14 @@ def body_items(pk: str, sk: str, body: str, extra: Item) -> tuple[list[Item], It
     version = uuid.uuid4().hex[:12]
     head |= {"parts": n(len(chunks)), "version": s(version)}
     tails = [
-        {"pk": s(pk), "sk": s(f"{sk}#{version}#{i:05d}"), "part": n(i), "body": s(chunk), **extra}
+        {
+            "pk": s(pk),
+            "sk": s(f"{sk}#{version}#{i:05d}"),
+            "part": n(i),
+            "version": s(version),
+            "body": s(chunk),
+            **extra,
+        }
         for i, chunk in enumerate(chunks[1:], start=1)
     ]
     return tails, head
