@@ -226,19 +226,55 @@ local function threshold()
   return heap[1][1]
 end
 
-local function score(ids, lengths)
-  local scores = {}
-  for i = 1, #ids do scores[i] = 0.0 end
-  for _, t in ipairs(terms) do
-    local fields = {}
-    for i, id in ipairs(ids) do fields[i] = t.term .. '\\0' .. id end
-    local tfs = redis.call('HMGET', KEYS[5], unpack(fields))
-    for i = 1, #ids do
-      local tf = tonumber(tfs[i])
-      if tf then scores[i] = scores[i] + contribution(t.idf, tf, lengths[i]) end
+-- Scores memories first met in the postings of terms[index]. They contain no term whose
+-- postings were read to the end (those memories were all met already), so only the other
+-- terms are looked up, most promising first, dropping a memory as soon as it can no
+-- longer reach the top_k.
+local complete = {}
+local function score(index, ids, lengths, tfs)
+  local found, known, alive = {}, {}, {}
+  for i = 1, #ids do
+    found[i] = {[index] = tfs[i]}
+    known[i] = contribution(terms[index].idf, tfs[i], lengths[i])
+    alive[i] = i
+  end
+  local unknown, remaining = {}, 0
+  for _, j in ipairs(order) do
+    if j ~= index and not complete[j] then
+      unknown[#unknown + 1] = j
+      remaining = remaining + terms[j].bound
     end
   end
-  for i, id in ipairs(ids) do push({scores[i], tonumber(id)}) end
+  local theta = threshold()
+  for _, j in ipairs(unknown) do
+    if theta then
+      local kept = {}
+      for _, i in ipairs(alive) do
+        if known[i] + remaining + EPSILON >= theta then kept[#kept + 1] = i end
+      end
+      alive = kept
+    end
+    if #alive == 0 then return end
+    local fields = {}
+    for k, i in ipairs(alive) do fields[k] = terms[j].term .. '\\0' .. ids[i] end
+    local values = redis.call('HMGET', KEYS[5], unpack(fields))
+    for k, i in ipairs(alive) do
+      local tf = tonumber(values[k])
+      if tf then
+        found[i][j] = tf
+        known[i] = known[i] + contribution(terms[j].idf, tf, lengths[i])
+      end
+    end
+    remaining = remaining - terms[j].bound
+  end
+  for _, i in ipairs(alive) do
+    local total = 0.0
+    for j = 1, #terms do
+      local tf = found[i][j]
+      if tf then total = total + contribution(terms[j].idf, tf, lengths[i]) end
+    end
+    push({total, tonumber(ids[i])})
+  end
 end
 
 local seen = {}
@@ -246,10 +282,10 @@ for p, index in ipairs(order) do
   local t = terms[index]
   local theta = threshold()
   if theta and t.bound + rest[p] + EPSILON < theta then break end
-  local low, done = t.low, false
+  local low, done, cut = t.low, false, false
   while not done do
     local chunk = redis.call('ZRANGEBYLEX', KEYS[4], low, t.high, 'LIMIT', 0, CHUNK)
-    local ids, lengths = {}, {}
+    local ids, lengths, tfs = {}, {}, {}
     theta = threshold()
     for _, member in ipairs(chunk) do
       local tf, length, id = decode(member, #t.term)
@@ -258,20 +294,23 @@ for p, index in ipairs(order) do
         local bound = contribution(t.idf, tf, length)
         if tf > 1 then bound = math.max(bound, contribution(t.idf, tf - 1, tf - 1)) end
         if bound + rest[p] + EPSILON < theta then
-          done = true
+          cut = true
           break
         end
       end
       if not seen[id] then
         seen[id] = true
-        ids[#ids + 1] = id
-        lengths[#lengths + 1] = length
+        ids[#ids + 1], lengths[#lengths + 1], tfs[#tfs + 1] = id, length, tf
       end
     end
-    if #ids > 0 then score(ids, lengths) end
-    if #chunk < CHUNK then done = true end
-    if not done then low = '(' .. chunk[#chunk] end
+    if #ids > 0 then score(index, ids, lengths, tfs) end
+    if cut or #chunk < CHUNK then
+      done = true
+    else
+      low = '(' .. chunk[#chunk]
+    end
   end
+  complete[index] = not cut
 end
 
 table.sort(heap, function(a, b) return worse(b, a) end)
