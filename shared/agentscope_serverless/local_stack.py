@@ -98,13 +98,21 @@ def _stop_process(process: subprocess.Popen[bytes] | None) -> None:
 class RedisServer:
     """One ``redis-server`` process on a loopback port, without persistence.
 
+    ``tls=True`` serves TLS only, with a fresh self-signed certificate (``url`` is then a
+    ``rediss://`` URL that trusts it).
+
     >>> with RedisServer() as server:
     ...     server.url
     'redis://127.0.0.1:...'
     """
 
     def __init__(
-        self, port: int | None = None, *, password: str | None = None, cluster: bool = False
+        self,
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        cluster: bool = False,
+        tls: bool = False,
     ) -> None:
         self._binary = _binary("redis-server")
         self._cli = _binary("redis-cli")
@@ -112,12 +120,15 @@ class RedisServer:
         self.password = password
         self.cluster = cluster
         self._directory = tempfile.TemporaryDirectory(prefix=f"redis-{self.port}-")
+        self.certificate = Path(self._directory.name) / "redis.crt" if tls else None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://[:password@]127.0.0.1:<port>/0``."""
+        """``redis://[:password@]127.0.0.1:<port>/0``; with TLS ``rediss://`` and the CA."""
         auth = f":{self.password}@" if self.password else ""
+        if self.certificate is not None:
+            return f"rediss://{auth}{LOOPBACK}:{self.port}/0?ssl_ca_certs={self.certificate}"
         return f"redis://{auth}{LOOPBACK}:{self.port}/0"
 
     def start(self) -> Self:
@@ -139,6 +150,8 @@ class RedisServer:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.certificate is not None:
+            args += self._tls_arguments(self.certificate)
         if self.cluster:
             args += [
                 "--cluster-enabled",
@@ -156,6 +169,43 @@ class RedisServer:
         )
         return self
 
+    def _tls_arguments(self, certificate: Path) -> list[str]:
+        key = certificate.with_suffix(".key")
+        if not certificate.exists():
+            subprocess.run(  # noqa: S603 - fixed binary, our own arguments
+                [
+                    _binary("openssl"),
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    f"/CN={LOOPBACK}",
+                    "-addext",
+                    f"subjectAltName=IP:{LOOPBACK}",
+                    "-keyout",
+                    str(key),
+                    "-out",
+                    str(certificate),
+                ],
+                capture_output=True,
+                timeout=30,
+                check=True,
+            )
+        return [
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(certificate),
+            "--tls-key-file", str(key),
+            "--tls-ca-cert-file", str(certificate),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
+
     def stop(self) -> None:
         """Stop the server (its data is lost: it has no persistence)."""
         _stop_process(self._process)
@@ -169,6 +219,8 @@ class RedisServer:
     def cli(self, *command: str) -> str:
         """Run one command with ``redis-cli`` and return its output (stripped); '' on error."""
         args = [self._cli, "-h", LOOPBACK, "-p", str(self.port)]
+        if self.certificate is not None:
+            args += ["--tls", "--cacert", str(self.certificate)]
         if self.password:
             args += ["--no-auth-warning", "-a", self.password]
         try:

@@ -268,6 +268,19 @@ async def test_errors_never_carry_the_password(user_id: str) -> None:
             assert "s3cret" not in str(raised.value) and "s3cret" not in repr(raised.value)
 
 
+async def test_a_rediss_url_talks_tls(user_id: str) -> None:
+    with RedisServer(tls=True, password="tls-secret") as server:
+        assert server.url.startswith("rediss://")
+        async with RedisSessionHistoryService(server.url) as history:
+            assert await history.health() is True
+            session = await history.create_session(user_id, "s1")
+            await history.append_message(session, msg("over tls"))
+            assert len((await history.get_session(user_id, "s1")).messages) == 1  # type: ignore[union-attr]
+        plain = server.url.replace("rediss://", "redis://").partition("?")[0]
+        async with RedisSessionHistoryService(plain, socket_timeout=1.0) as history:
+            assert await history.health() is False
+
+
 async def test_a_password_given_apart_from_the_url_authenticates(user_id: str) -> None:
     with RedisServer(password="apart-secret") as server:
         url = server.url.replace(":apart-secret@", "")

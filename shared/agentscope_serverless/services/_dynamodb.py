@@ -29,10 +29,10 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from contextlib import AsyncExitStack, aclosing
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
@@ -48,6 +48,7 @@ else:
     DynamoDBClient = Any
 
 Item = dict[str, Any]
+T = TypeVar("T")
 
 # A body chunk, in bytes of UTF-8: an item (chunk plus keys and attributes) stays < 400 KB.
 BODY_CHUNK_BYTES = 350_000
@@ -196,6 +197,17 @@ async def iterate(items: Iterable[Item]) -> AsyncIterator[Item]:
     """``items`` as an async iterator (for :func:`assemble`)."""
     for item in items:
         yield item
+
+
+async def take(items: AsyncGenerator[T, None], count: int) -> list[T]:
+    """The first ``count`` items (fewer when there are fewer); reads no further."""
+    taken: list[T] = []
+    async with aclosing(items):
+        async for item in items:
+            taken.append(item)
+            if len(taken) == count:
+                break
+    return taken
 
 
 @lru_cache(maxsize=8)
@@ -445,4 +457,5 @@ __all__ = [
     "position_of",
     "s",
     "tail_keys",
+    "take",
 ]

@@ -26,6 +26,7 @@ pk                 sk                     attributes
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from agentscope_serverless.services._dynamodb import (
@@ -49,6 +50,7 @@ from agentscope_serverless.services._dynamodb import (
     position_of,
     s,
     tail_keys,
+    take,
 )
 from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.agent_state.base import StateService
@@ -196,12 +198,15 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             ExpressionAttributeValues={":pk": s(pk), ":low": s(head), ":high": s(f"{head}#~")},
             ConsistentRead=True,
         )
-        async for _, body in assemble(items, now()):
-            return body
-        return None
+        bodies = [body async for _, body in assemble(items, now())]
+        return bodies[0] if bodies else None
 
     async def _latest_body(self, pk: str, meta: Item) -> str | None:
-        # Newest first: a round's tails come before its head, which closes the round.
+        newest = await take(self._bodies_newest_first(pk, meta), 1)
+        return newest[0] if newest else None
+
+    async def _bodies_newest_first(self, pk: str, meta: Item) -> AsyncGenerator[str, None]:
+        # In reverse key order a round's tails come before its head, which closes the round.
         at = now()
         group: list[Item] = []
         async for item in self._store.query(
@@ -210,9 +215,8 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             group.append(item)
             if "part" not in item:
                 async for _, body in assemble(iterate(reversed(group)), at):
-                    return body
+                    yield body
                 group = []
-        return None
 
     # --- the service hooks --------------------------------------------------------------
 

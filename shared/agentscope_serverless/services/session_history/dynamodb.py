@@ -35,7 +35,7 @@ pk                         sk                  attributes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from agentscope_serverless.infra.dynamodb_tables import SESSIONS_BY_CREATION_INDEX
@@ -61,6 +61,7 @@ from agentscope_serverless.services._dynamodb import (
     position_key,
     position_of,
     s,
+    take,
 )
 from agentscope_serverless.services._validation import (
     cursor_position,
@@ -239,7 +240,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
 
     async def _messages(
         self, user_id: str, session_id: str, meta: Item, after: int, limit: int | None = None
-    ) -> AsyncIterator[tuple[int, Message]]:
+    ) -> AsyncGenerator[tuple[int, Message], None]:
         prefix = self._prefix(meta)
         first = max(after + 1, self._first_visible(meta))
         query: dict[str, Any] = {
@@ -329,8 +330,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     ) -> Page[Session]:
         after = min(cursor_position(cursor, "after"), _MAX_CURSOR)
         at = now()
-        rows: list[tuple[int, str]] = []
-        async for item in self._store.query(
+        items = self._store.query(
             IndexName=SESSIONS_BY_CREATION_INDEX,
             KeyConditionExpression="pk = :pk AND #o > :after",
             ExpressionAttributeNames=names("#o"),
@@ -340,11 +340,13 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             },
             ConsistentRead=True,
             Limit=limit + 1,
-        ):
-            if is_live(item, at):
-                rows.append((number(item, "creation_order"), item["session_id"]["S"]))
-                if len(rows) > limit:
-                    break
+        )
+        live = (
+            (number(item, "creation_order"), item["session_id"]["S"])
+            async for item in items
+            if is_live(item, at)
+        )
+        rows = await take(live, limit + 1)
         page = rows[:limit]
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
@@ -358,11 +360,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         meta = await self._read_meta(user_id, session_id)
         if meta is None:
             return None
-        rows: list[tuple[int, Message]] = []
-        async for row in self._messages(user_id, session_id, meta, after, limit=limit + 1):
-            rows.append(row)
-            if len(rows) > limit:
-                break
+        rows = await take(
+            self._messages(user_id, session_id, meta, after, limit=limit + 1), limit + 1
+        )
         page = rows[:limit]
         return Page[Message](
             items=[message for _, message in page],
