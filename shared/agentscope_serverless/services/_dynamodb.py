@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -67,6 +68,7 @@ NAMES = {
     "#g": "generation",
     "#m": "max_round",
     "#o": "creation_order",
+    "#p": "part",
     "#s": "stamped_until",
     "#pk": "pk",
 }
@@ -89,7 +91,7 @@ def id_hash(value: str) -> str:
     """The key form of an id: its SHA-256, in hex.
 
     >>> id_hash("u1")[:12]
-    '1c4ac7d3f0ff'
+    'bb82030dbc2b'
     """
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -376,7 +378,7 @@ class DynamoDBStore:
                 Key=key,
                 UpdateExpression=f"SET {name} = :value",
                 ConditionExpression=condition,
-                ExpressionAttributeNames=names(name, *(a for a in NAMES if a in condition)),
+                ExpressionAttributeNames=names(name, *re.findall(r"#\w+", condition)),
                 ExpressionAttributeValues={":value": n(value)},
             )
         except ConditionFailed:

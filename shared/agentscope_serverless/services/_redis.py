@@ -57,11 +57,6 @@ def escape(value: str) -> str:
     return quote(value, safe="", errors="surrogatepass")
 
 
-def unescape(segment: str) -> str:
-    """The id that :func:`escape` turned into ``segment``."""
-    return unquote(segment, errors="surrogatepass")
-
-
 def user_key_prefix(key_prefix: str, kind: str, user_id: str) -> str:
     """The start of every key of ``kind`` for ``user_id``, with the user's hash tag."""
     return f"{key_prefix}:{kind}:{{{escape(user_id)}}}"
@@ -117,7 +112,7 @@ class RedisStore:
             "socket_connect_timeout": socket_connect_timeout,
             "health_check_interval": health_check_interval,
             "socket_keepalive": socket_keepalive,
-            # No blind retries inside the client: `call` decides what may be replayed.
+            # No blind retries inside the client: `run` decides what may be replayed.
             "retry": Retry(NoBackoff(), 0),
         }
         if max_connections is not None:
@@ -240,6 +235,5 @@ __all__ = [
     "RedisStore",
     "escape",
     "text",
-    "unescape",
     "user_key_prefix",
 ]

@@ -267,8 +267,8 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             position_of(self._prefix(meta), item["sk"]["S"])
             async for item in self._store.query(
                 **self._range(pk, meta),
-                ProjectionExpression="sk, part, #e",
-                ExpressionAttributeNames=names("#e"),
+                ProjectionExpression="sk, #p, #e",
+                ExpressionAttributeNames=names("#p", "#e"),
             )
             if "part" not in item and is_live(item, at)
         ]

@@ -122,8 +122,8 @@ class RedisStateService(RedisBackedService, StateService):
     async def _call(
         self, script: str, user_id: str, session_id: str, *args: Any, idempotent: bool
     ) -> Any:
-        base = f"{user_key_prefix(self._redis.key_prefix, 'state', user_id)}:s:"
-        base += escape(session_id)
+        base = user_key_prefix(self._redis.key_prefix, "state", user_id)
+        base = f"{base}:s:{escape(session_id)}"
         return await self._redis.run(
             script, [f"{base}:rounds", f"{base}:states"], [self._ttl, *args], idempotent=idempotent
         )

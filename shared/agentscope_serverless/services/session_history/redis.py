@@ -189,10 +189,9 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         return [f"{base}:sessions", f"{base}:expiry", f"{base}:counter"]
 
     def _keys(self, user_id: str, session_id: str) -> list[str]:
-        index, expiry, counter = self._user_keys(user_id)
-        session = f"{user_key_prefix(self._redis.key_prefix, 'session', user_id)}:s:"
-        session += escape(session_id)
-        return [f"{session}:meta", f"{session}:messages", index, expiry, counter]
+        base = user_key_prefix(self._redis.key_prefix, "session", user_id)
+        session = f"{base}:s:{escape(session_id)}"
+        return [f"{session}:meta", f"{session}:messages", *self._user_keys(user_id)]
 
     async def _session_call(
         self, script: str, user_id: str, session_id: str, *extra: Any, idempotent: bool
