@@ -12,7 +12,8 @@ Run ``python -m agentscope_serverless.local_stack`` to start the stack and print
 environment variables that point the services at it (Ctrl-C stops it).
 
 This is a development tool: it needs the ``redis-server`` and ``redis-cli`` binaries
-(``apt-get install -y redis-server``) and moto's server (a dev dependency).
+(``apt-get install -y redis-server``), ``openssl`` for a TLS Redis, and moto's server (a
+dev dependency).
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ _CLUSTER_BUS_OFFSET = 10000
 _STARTUP_TIMEOUT = 30.0
 
 
-def _binary(name: str) -> str:
+def _binary(name: str, package: str = "redis-server") -> str:
     path = shutil.which(name)
     if path is None:
         raise ConfigurationError(
-            f"{name} is not installed; install it with `apt-get install -y redis-server` "
-            "(it provides redis-server and redis-cli), or run ./scripts/bootstrap"
+            f"{name} is not installed; install it with `apt-get install -y {package}` "
+            "(or run ./scripts/bootstrap)"
         )
     return path
 
@@ -174,7 +175,7 @@ class RedisServer:
         if not certificate.exists():
             subprocess.run(  # noqa: S603 - fixed binary, our own arguments
                 [
-                    _binary("openssl"),
+                    _binary("openssl", "openssl"),
                     "req",
                     "-x509",
                     "-newkey",
@@ -262,21 +263,14 @@ class RedisClusterServer:
         """Start the nodes, assign the slots and wait until the cluster state is ok."""
         for node in self.nodes:
             node.start()
-        addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
-        subprocess.run(  # noqa: S603 - fixed binary, our own arguments
-            [
-                _binary("redis-cli"),
-                "--cluster",
-                "create",
-                *addresses,
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            capture_output=True,
-            timeout=60,
-            check=True,
-        )
+        # Each node serves an equal share of the 16384 slots, then they meet.
+        share = 16384 // len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            last = 16383 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+            node.cli("CLUSTER", "ADDSLOTSRANGE", str(i * share), str(last))
+            node.cli("CLUSTER", "SET-CONFIG-EPOCH", str(i + 1))
+        for node in self.nodes[1:]:
+            self.nodes[0].cli("CLUSTER", "MEET", LOOPBACK, str(node.port))
         _wait_until(self._ready, "redis cluster")
         return self
 
