@@ -162,9 +162,7 @@ class RedisServer:
                 "--cluster-node-timeout",
                 "5000",
             ]
-        self._process = subprocess.Popen(  # noqa: S603 - fixed binary, our own arguments
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_until(
             lambda: self.cli("PING") == "PONG", f"redis-server on {self.port}", self._process
         )
@@ -173,7 +171,7 @@ class RedisServer:
     def _tls_arguments(self, certificate: Path) -> list[str]:
         key = certificate.with_suffix(".key")
         if not certificate.exists():
-            subprocess.run(  # noqa: S603 - fixed binary, our own arguments
+            subprocess.run(
                 [
                     _binary("openssl", "openssl"),
                     "req",
@@ -225,7 +223,7 @@ class RedisServer:
         if self.password:
             args += ["--no-auth-warning", "-a", self.password]
         try:
-            done = subprocess.run(  # noqa: S603 - fixed binary, our own arguments
+            done = subprocess.run(
                 [*args, *command], capture_output=True, text=True, timeout=10, check=False
             )
         except subprocess.TimeoutExpired:
@@ -322,7 +320,7 @@ class DynamoDBServer:
 
     def start(self, *, create_tables: bool = True) -> Self:
         """Start the server, wait until it answers, and create the tables."""
-        self._process = subprocess.Popen(  # noqa: S603 - our interpreter, our own arguments
+        self._process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
