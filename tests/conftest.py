@@ -1,15 +1,23 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite: unique user ids and the local stores.
+
+The stores are real servers on loopback ports, started once per test session by
+:mod:`agentscope_serverless.local_stack` (Redis needs ``redis-server``: without it the
+tests that use it fail with the command that installs it).
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
+from agentscope_serverless.local_stack import DynamoDBServer, RedisClusterServer, RedisServer
+
 # Servers run in threads of the test process and log a JSON line per request; keep them out
 # of the test output (set POWERTOOLS_LOG_LEVEL=INFO to see them). The logging itself is
-# tested on a server process of its own (tests/cli).
+# tested on a server process of its own (tests/cli). Set before the logger is first imported.
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "CRITICAL")
 
 
@@ -17,3 +25,24 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "CRITICAL")
 def user_id() -> str:
     """A user id no other test uses, so durable backends need no cleaning between tests."""
     return f"user-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A standalone Redis shared by the session's tests."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_server() -> Iterator[RedisClusterServer]:
+    """A three-node Redis Cluster shared by the session's tests."""
+    with RedisClusterServer() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def dynamodb_server() -> Iterator[DynamoDBServer]:
+    """moto's DynamoDB server with the project's tables, shared by the session's tests."""
+    with DynamoDBServer() as server:
+        yield server

@@ -3,6 +3,7 @@
 ::
 
     agentscope-serverless serve                      # every router; demo agent; in-memory stores
+    agentscope-serverless serve --stack              # ... on local Redis and DynamoDB (moto)
     agentscope-serverless invoke "My name is Alice" --session demo --key ask_...
     agentscope-serverless chat --key ask_...
     agentscope-serverless keys create --user alice   # prints the key once; stores its hash
@@ -17,8 +18,11 @@ Client commands read the server URL from ``AGENTSCOPE_URL`` and the key from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shlex
+import signal
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -87,12 +91,41 @@ def serve(
         str, typer.Option(help="The user of the development key (in-memory key store).")
     ] = "dev",
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    stack: Annotated[
+        bool,
+        typer.Option(
+            "--stack",
+            help="Run on the local emulation stack: Redis and moto's DynamoDB on loopback "
+            "(needs redis-server and the dev dependencies).",
+        ),
+    ] = False,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends).
 
     On the embedded defaults (in-memory stores and keys, the demo agent) a development key
     is created and printed; it lasts as long as the server.
     """
+    # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
+    # handler's instant exit) it unwinds this block, so the local stack is stopped too.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with contextlib.ExitStack() as resources:
+        if stack:
+            from agentscope_serverless.local_stack import LocalStack
+
+            try:
+                local = resources.enter_context(LocalStack())
+            except AgentScopeServerlessError as exc:
+                _fail(exc.message, code=2)
+            # Environment, not settings overrides: the AWS SDK reads its credentials there.
+            os.environ.update(local.environment())
+        _serve(host, port, agent, dev_user, log_level)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: str) -> None:
     import uvicorn
 
     from agentscope_serverless.auth import InMemoryKeyStore, create_key_store

@@ -124,10 +124,56 @@ class StoreUnavailableError(AgentScopeServerlessError):
         self.store = store
 
 
+class PackagingError(AgentScopeServerlessError):
+    """A deployable could not be built (a failed install, a size above the platform's limit)."""
+
+    code = "PACKAGING_ERROR"
+
+
 class AgentError(AgentScopeServerlessError):
     """The agent failed while handling a request."""
 
     code = "AGENT_ERROR"
+
+
+class SandboxError(AgentScopeServerlessError):
+    """A sandbox operation failed (base of every sandbox error).
+
+    Messages carry the operation and the server's explanation, never the bearer token.
+    """
+
+    code = "SANDBOX_ERROR"
+
+
+class SandboxUnavailableError(SandboxError):
+    """The sandbox server cannot be reached, timed out, or failed on its side (5xx)."""
+
+    code = "SANDBOX_UNAVAILABLE"
+
+
+class SandboxAuthenticationError(SandboxError):
+    """The sandbox server rejected the bearer token (401/403)."""
+
+    code = "SANDBOX_UNAUTHENTICATED"
+
+
+class SandboxNotFoundError(SandboxError, NotFoundError):
+    """No sandbox with that id (never created, released, or reaped when idle)."""
+
+    code = "SANDBOX_NOT_FOUND"
+
+
+class SandboxRequestError(SandboxError):
+    """The sandbox server refused the request: bad arguments, unknown tool or sandbox type,
+    or a path outside the sandbox's workspace."""
+
+    code = "SANDBOX_BAD_REQUEST"
+
+
+class SandboxCapacityError(SandboxError):
+    """The sandbox server runs as many sandboxes as it may; release some or retry later."""
+
+    code = "SANDBOX_CAPACITY"
 
 
 __all__ = [
@@ -138,8 +184,15 @@ __all__ = [
     "ConflictError",
     "InvalidInputError",
     "NotFoundError",
+    "PackagingError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "SandboxAuthenticationError",
+    "SandboxCapacityError",
+    "SandboxError",
+    "SandboxNotFoundError",
+    "SandboxRequestError",
+    "SandboxUnavailableError",
     "ServiceNotStartedError",
     "SessionNotFoundError",
     "StoreUnavailableError",

@@ -50,7 +50,18 @@ class Settings(BaseSettings):
         SecretStr("redis://127.0.0.1:6379/0"),
         description="Redis URL (redis:// or rediss:// for TLS; may carry credentials).",
     )
-    redis_cluster: bool = Field(False, description="Talk to Redis in cluster mode.")
+    redis_password: SecretStr | None = Field(
+        None, description="Redis password, when it is not in REDIS_URL."
+    )
+    redis_cluster: bool = Field(
+        False, description="Talk to Redis in cluster mode (managed Redis / Valkey serverless)."
+    )
+    redis_key_prefix: str = Field(
+        "agentscope",
+        pattern=r"^[^{}\s]+$",
+        max_length=64,
+        description="Prefix of every Redis key (no braces or spaces).",
+    )
     session_ttl_seconds: int | None = Field(
         None, ge=1, description="Sliding expiry of sessions in Redis/DynamoDB; unset: none."
     )
@@ -80,6 +91,9 @@ class Settings(BaseSettings):
     )
     sandbox_bearer_token: SecretStr | None = Field(
         None, description="Bearer token of the remote sandbox server."
+    )
+    sandbox_timeout_seconds: float = Field(
+        90.0, gt=0, description="Time limit of one request to the sandbox server, in seconds."
     )
 
     agent_app: str = Field(

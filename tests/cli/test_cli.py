@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.cli import app
 from agentscope_serverless.errors import AuthenticationError
-from tests.support.http import free_port, wait_until_healthy
+from tests.support.http import free_port, user_message, wait_until_healthy
 
 SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
 
@@ -194,3 +194,35 @@ def test_requests_are_logged_as_json_with_a_request_id_and_never_a_key(server: S
     secret = server.key.split("_", 2)[2]
     json_lines = [line for line in server.output.read_text().splitlines() if line.startswith("{")]
     assert all(secret not in line and "ask_wrong" not in line for line in json_lines)
+
+
+def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
+    port = free_port()
+    output = tmp_path / "output.txt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--stack", "--port", str(port), "--log-level", "warning"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, timeout=60)
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        banner = output.read_text()
+        assert "session history dynamodb, memory redis, state dynamodb" in banner
+        key = next(line for line in banner.splitlines() if line.startswith("ask_"))
+        headers = {"Authorization": f"Bearer {key}"}
+        for text in ("My name is Alice", "What is my name?"):
+            body = {"input": [user_message(text)], "session_id": "stack", "stream": False}
+            reply = httpx.post(f"{url}/process", json=body, headers=headers, timeout=30).json()
+        assert reply["output"][0]["content"][0]["text"] == "Your name is Alice."
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert len(children) >= 2, "redis-server and moto run as children of serve"
+    for child in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(child), 0)

@@ -12,16 +12,29 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from agentscope_serverless.local_stack import (
+    LOCAL_AWS_CREDENTIALS,
+    DynamoDBServer,
+    RedisClusterServer,
+    RedisServer,
+)
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
+from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
+from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
+from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
 )
+from agentscope_serverless.services.session_history.dynamodb import (
+    DynamoDBSessionHistoryService,
+)
+from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 
-SESSION_HISTORY_BACKENDS = ["in_memory"]
-MEMORY_BACKENDS = ["in_memory"]
-STATE_BACKENDS = ["in_memory"]
+SESSION_HISTORY_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
+MEMORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
+STATE_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -42,6 +55,64 @@ def memory_in_memory_factory() -> Callable[[], MemoryService]:
 @pytest.fixture
 def state_in_memory_factory() -> Callable[[], StateService]:
     return _shared(InMemoryStateService())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def session_history_redis_factory(redis_server: RedisServer) -> Callable[[], SessionHistoryService]:
+    return lambda: RedisSessionHistoryService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def session_history_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], SessionHistoryService]:
+    return lambda: RedisSessionHistoryService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def memory_redis_factory(redis_server: RedisServer) -> Callable[[], MemoryService]:
+    return lambda: RedisMemoryService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def memory_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], MemoryService]:
+    return lambda: RedisMemoryService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def state_redis_factory(redis_server: RedisServer) -> Callable[[], StateService]:
+    return lambda: RedisStateService(redis_url=redis_server.url)
+
+
+@pytest.fixture
+def state_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], StateService]:
+    return lambda: RedisStateService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def session_history_dynamodb_factory(
+    dynamodb_server: DynamoDBServer,
+) -> Callable[[], SessionHistoryService]:
+    return lambda: DynamoDBSessionHistoryService(
+        dynamodb_server.sessions_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+
+
+@pytest.fixture
+def state_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], StateService]:
+    return lambda: DynamoDBStateService(
+        dynamodb_server.state_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)

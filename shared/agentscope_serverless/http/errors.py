@@ -26,6 +26,8 @@ from agentscope_serverless.errors import (
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
+    SandboxCapacityError,
+    SandboxUnavailableError,
     ServiceNotStartedError,
     StoreUnavailableError,
 )
@@ -42,6 +44,8 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     PayloadTooLargeError: 413,
     StoreUnavailableError: 503,
     ServiceNotStartedError: 503,
+    SandboxUnavailableError: 503,
+    SandboxCapacityError: 503,
 }
 
 _CODE_OF_STATUS = {

@@ -113,6 +113,11 @@ def require_positive_int(value: Any, *, field: str, maximum: int | None = None) 
     return value
 
 
+def optional_positive_int(value: Any, *, field: str) -> int | None:
+    """None, or ``value`` as an int of at least 1 (optional limits such as a TTL)."""
+    return None if value is None else require_positive_int(value, field=field)
+
+
 def encode_cursor(payload: Mapping[str, Any]) -> str:
     """An opaque, URL-safe cursor carrying ``payload``."""
     raw = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
@@ -152,6 +157,7 @@ __all__ = [
     "encode_cursor",
     "json_copy",
     "new_or_clean_session_id",
+    "optional_positive_int",
     "require_positive_int",
     "require_user_id",
     "session_id_or_default",

@@ -34,22 +34,82 @@ def _no_arguments(path: str) -> Builder:
     return lambda settings: _import(path)()
 
 
+def _redis_options(settings: Settings) -> dict[str, Any]:
+    password = settings.redis_password
+    return {
+        "redis_url": settings.redis_url.get_secret_value(),
+        "password": password.get_secret_value() if password is not None else None,
+        "cluster": settings.redis_cluster,
+        "key_prefix": settings.redis_key_prefix,
+    }
+
+
+def _dynamodb_options(settings: Settings) -> dict[str, Any]:
+    return {"endpoint_url": settings.dynamodb_endpoint_url, "region_name": settings.aws_region}
+
+
+def _redis_session_history(settings: Settings) -> Any:
+    return _import(
+        "agentscope_serverless.services.session_history.redis:RedisSessionHistoryService"
+    )(
+        **_redis_options(settings),
+        ttl_seconds=settings.session_ttl_seconds,
+        max_messages_per_session=settings.max_messages_per_session,
+    )
+
+
+def _dynamodb_session_history(settings: Settings) -> Any:
+    return _import(
+        "agentscope_serverless.services.session_history.dynamodb:DynamoDBSessionHistoryService"
+    )(
+        settings.dynamodb_sessions_table,
+        **_dynamodb_options(settings),
+        ttl_seconds=settings.session_ttl_seconds,
+        max_messages_per_session=settings.max_messages_per_session,
+    )
+
+
+def _redis_memory(settings: Settings) -> Any:
+    return _import("agentscope_serverless.services.memory.redis:RedisMemoryService")(
+        **_redis_options(settings), ttl_seconds=settings.memory_ttl_seconds
+    )
+
+
+def _redis_state(settings: Settings) -> Any:
+    return _import("agentscope_serverless.services.agent_state.redis:RedisStateService")(
+        **_redis_options(settings), ttl_seconds=settings.state_ttl_seconds
+    )
+
+
+def _dynamodb_state(settings: Settings) -> Any:
+    return _import("agentscope_serverless.services.agent_state.dynamodb:DynamoDBStateService")(
+        settings.dynamodb_state_table,
+        **_dynamodb_options(settings),
+        ttl_seconds=settings.state_ttl_seconds,
+    )
+
+
 # kind -> backend -> builder. Backends are imported only when selected.
 _BUILDERS: dict[str, dict[str, Builder]] = {
     "session_history": {
         "in_memory": _no_arguments(
             "agentscope_serverless.services.session_history.in_memory:InMemorySessionHistoryService"
         ),
+        "redis": _redis_session_history,
+        "dynamodb": _dynamodb_session_history,
     },
     "memory": {
         "in_memory": _no_arguments(
             "agentscope_serverless.services.memory.in_memory:InMemoryMemoryService"
         ),
+        "redis": _redis_memory,
     },
     "state": {
         "in_memory": _no_arguments(
             "agentscope_serverless.services.agent_state.in_memory:InMemoryStateService"
         ),
+        "redis": _redis_state,
+        "dynamodb": _dynamodb_state,
     },
 }
 

@@ -19,6 +19,9 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 
+# Round ids are exact integers in every store (JSON numbers, Redis scores, DynamoDB).
+MAX_ROUND_ID = 2**53 - 1
+
 
 class StateService(StartedGuard, ServiceWithLifecycleManager):
     """Serialisable agent state by user, session and round.
@@ -62,7 +65,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         sid = session_id_or_default(session_id)
         if round_id is None:
             return await self._save_next(user_id, sid, stored)
-        round_id = require_positive_int(round_id, field="round_id")
+        round_id = require_positive_int(round_id, field="round_id", maximum=MAX_ROUND_ID)
         await self._save_round(user_id, sid, round_id, stored)
         return round_id
 
@@ -74,7 +77,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         sid = session_id_or_default(session_id)
         if round_id is not None:
-            round_id = require_positive_int(round_id, field="round_id")
+            round_id = require_positive_int(round_id, field="round_id", maximum=MAX_ROUND_ID)
         return await self._load(user_id, sid, round_id)
 
     async def list_rounds(self, user_id: str, session_id: str | None = None) -> list[int]:
@@ -114,4 +117,4 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         """Remove every round of the session."""
 
 
-__all__ = ["StateService"]
+__all__ = ["MAX_ROUND_ID", "StateService"]

@@ -1,0 +1,1 @@
+"""Infrastructure definitions shared by the local stack and the deployment templates."""

@@ -1,0 +1,327 @@
+"""AgentRun-style and ModelStudio-style archives of the project, built without Docker.
+
+Dependencies are installed for the platform's Linux target (``manylinux2014_x86_64``,
+CPython 3.12 by default) from the pinned runtime lock, whatever the build machine is.
+
+- **AgentRun**: one zip holding a flat site-packages (the package and every dependency, as
+  Lambda-style runtimes expect) and ``agentrun.json``: entry command, port, runtime and
+  resources.
+- **ModelStudio**: one zip holding ``deploy_starter/`` (``main.py`` and ``config.yml``), the
+  project's wheel and every dependency wheel under ``wheels/``, and ``requirements.txt``, so the
+  platform installs offline with the ``SETUP_CMD`` of ``config.yml``.
+
+A build fails with :class:`PackagingError` when the archive is above the platform's limit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentscope_serverless.errors import PackagingError
+
+AGENTRUN_MAX_ZIP_BYTES = 500 * 1024 * 1024
+MODELSTUDIO_MAX_ZIP_BYTES = 500 * 1024 * 1024
+DEFAULT_PYTHON = "3.12"
+DEFAULT_PLATFORM = "manylinux2014_x86_64"
+DEFAULT_AGENT = "agentscope_serverless.agents.demo:app"
+PACKAGE = "agentscope_serverless"
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ArchiveReport:
+    """What a build produced."""
+
+    path: Path
+    size_bytes: int
+    unpacked_bytes: int
+    files: int
+    limit_bytes: int
+
+    def describe(self) -> str:
+        """One line for humans: path, size and the share of the platform's limit."""
+        share = 100 * self.size_bytes / self.limit_bytes
+        return (
+            f"{self.path} {self.size_bytes / 1e6:.1f} MB zipped "
+            f"({self.unpacked_bytes / 1e6:.1f} MB unpacked, {self.files} files, "
+            f"{share:.0f}% of the {self.limit_bytes / 2**20:.0f} MiB limit)"
+        )
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def _run(command: list[str], what: str, cwd: Path | None = None) -> None:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise PackagingError(f"{what} failed:\n{tail}")
+
+
+def _tool(name: str) -> str:
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise PackagingError(f"`{name}` is needed to build archives: run ./scripts/bootstrap")
+    return found
+
+
+def _lock_file(project_root: Path) -> Path:
+    lock = project_root / "requirements" / "runtime.lock"
+    if not lock.is_file():
+        raise PackagingError(f"{lock} is missing: the archive installs the pinned runtime set")
+    return lock
+
+
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _copy_package(project_root: Path, target: Path) -> None:
+    source = project_root / "shared" / PACKAGE
+    shutil.copytree(source, target / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> ArchiveReport:
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    unpacked = 0
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+        for i, path in enumerate(files, 1):
+            zf.write(path, path.relative_to(root).as_posix())
+            unpacked += path.stat().st_size
+            if i % 500 == 0 or i == len(files):
+                progress(f"zipped {i}/{len(files)} files")
+    report = ArchiveReport(archive, archive.stat().st_size, unpacked, len(files), limit)
+    if report.size_bytes > limit:
+        archive.unlink()
+        raise PackagingError(
+            f"the archive is {report.size_bytes / 2**20:.1f} MiB, above the platform's "
+            f"{limit / 2**20:.0f} MiB limit; remove dependencies or raise the limit"
+        )
+    return report
+
+
+def _drop_bytecode(root: Path) -> None:
+    for cache in list(root.rglob("__pycache__")):
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def serve_command(agent: str, port: int) -> list[str]:
+    """The command that serves ``agent`` on ``port`` from an unpacked archive."""
+    return [
+        "python3",
+        "-m",
+        f"{PACKAGE}.cli",
+        "serve",
+        "--host",
+        "0.0.0.0",  # noqa: S104 - the platform routes to the container's port
+        "--port",
+        str(port),
+        "--agent",
+        agent,
+    ]
+
+
+def build_agentrun_archive(
+    project_root: Path,
+    out_dir: Path,
+    *,
+    name: str = "agentscope-serverless",
+    agent: str = DEFAULT_AGENT,
+    port: int = 8090,
+    python_version: str = DEFAULT_PYTHON,
+    platform: str = DEFAULT_PLATFORM,
+    environment: dict[str, str] | None = None,
+    max_zip_bytes: int = AGENTRUN_MAX_ZIP_BYTES,
+    progress: Progress = _quiet,
+) -> ArchiveReport:
+    """Build ``<out_dir>/<name>-agentrun.zip``: code, dependencies and ``agentrun.json``."""
+    lock = _lock_file(project_root)
+    staging = _fresh_dir(out_dir / f"{name}-agentrun")
+    progress(f"installing dependencies for {platform}, CPython {python_version}")
+    _run(
+        [
+            _tool("uv"),
+            "pip",
+            "install",
+            "--quiet",
+            "--target",
+            str(staging),
+            "--python-platform",
+            _uv_platform(platform),
+            "--python-version",
+            python_version,
+            "--only-binary",
+            ":all:",
+            "-r",
+            str(lock),
+        ],
+        "installing the dependencies",
+    )
+    progress("copying the package")
+    _copy_package(project_root, staging)
+    _drop_bytecode(staging)
+    manifest = {
+        "name": name,
+        "runtime": f"python{python_version}",
+        "entrypoint": {"command": serve_command(agent, port), "port": port},
+        "resources": {"cpu": 2, "memory": 2048},
+        "session_concurrency_limit": 200,
+        "session_idle_timeout_seconds": 3600,
+        "environment": dict(environment or {}),
+        "health_check": {"path": "/health", "port": port},
+    }
+    (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    progress("zipping")
+    return _zip_tree(staging, out_dir / f"{name}-agentrun.zip", max_zip_bytes, progress)
+
+
+def _uv_platform(platform: str) -> str:
+    # uv names platforms arch-first: manylinux2014_x86_64 -> x86_64-manylinux2014
+    tag, _, arch = platform.partition("_")
+    if arch:
+        return f"{arch}-{tag}"
+    return platform
+
+
+MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, run CMD from config.yml."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_config():
+    config = {}
+    for line in (HERE / "config.yml").read_text().splitlines():
+        if ":" in line and not line.lstrip().startswith("#"):
+            key, _, value = line.partition(":")
+            config[key.strip()] = value.strip().strip('"')
+    return config
+
+
+def load_env():
+    env_file = HERE / ".env"
+    if env_file.exists():
+        for line in env_file.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, _, value = line.partition("=")
+                os.environ.setdefault(key.strip(), value.strip())
+
+
+if __name__ == "__main__":
+    load_env()
+    config = read_config()
+    os.environ.setdefault("PORT", config.get("PORT", "8080"))
+    command = [part.replace("$PORT", os.environ["PORT"]) for part in shlex.split(config["CMD"])]
+    sys.exit(subprocess.call(command))
+'''
+
+
+def _config_yml(name: str, agent: str, port: int, requirements: str) -> str:
+    setup = f"pip install --no-index --find-links wheels -r {requirements}"
+    cmd = " ".join(serve_command(agent, port)).replace(str(port), "$PORT")
+    lines = {
+        "APP_NAME": name,
+        "HOST": "0.0.0.0",  # noqa: S104 - the platform routes to the container's port
+        "PORT": str(port),
+        "SETUP_CMD": setup,
+        "FC_RUN_CMD": "python3 deploy_starter/main.py",
+        "CMD": cmd,
+        "TELEMETRY_ENABLE": "false",
+    }
+    return "".join(f'{key}: "{value}"\n' for key, value in lines.items())
+
+
+def build_modelstudio_archive(
+    project_root: Path,
+    out_dir: Path,
+    *,
+    name: str = "agentscope-serverless",
+    agent: str = DEFAULT_AGENT,
+    port: int = 8080,
+    python_version: str = DEFAULT_PYTHON,
+    platform: str = DEFAULT_PLATFORM,
+    environment: dict[str, str] | None = None,
+    max_zip_bytes: int = MODELSTUDIO_MAX_ZIP_BYTES,
+    progress: Progress = _quiet,
+) -> ArchiveReport:
+    """Build ``<out_dir>/<name>-modelstudio.zip``: wheels, ``config.yml`` and a starter."""
+    lock = _lock_file(project_root)
+    staging = _fresh_dir(out_dir / f"{name}-modelstudio")
+    wheels = staging / "wheels"
+    progress("building the project wheel")
+    _run(
+        [_tool("uv"), "build", "--wheel", "--quiet", "--out-dir", str(wheels), str(project_root)],
+        "building the wheel",
+    )
+    progress(f"downloading dependency wheels for {platform}, CPython {python_version}")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            platform,
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "--dest",
+            str(wheels),
+            "-r",
+            str(lock),
+        ],
+        "downloading the dependency wheels",
+    )
+    project_wheel = next(wheels.glob(f"{PACKAGE}-*.whl"))
+    requirements = [*_pinned(lock), f"./wheels/{project_wheel.name}"]
+    (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    starter = staging / "deploy_starter"
+    starter.mkdir()
+    (starter / "main.py").write_text(MODELSTUDIO_MAIN)
+    (starter / "config.yml").write_text(_config_yml(name, agent, port, "requirements.txt"))
+    if environment:
+        (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in environment.items()))
+    progress("zipping")
+    return _zip_tree(staging, out_dir / f"{name}-modelstudio.zip", max_zip_bytes, progress)
+
+
+def _pinned(lock: Path) -> list[str]:
+    return [
+        line.split("#")[0].strip()
+        for line in lock.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+__all__ = [
+    "AGENTRUN_MAX_ZIP_BYTES",
+    "MODELSTUDIO_MAX_ZIP_BYTES",
+    "ArchiveReport",
+    "build_agentrun_archive",
+    "build_modelstudio_archive",
+    "serve_command",
+]

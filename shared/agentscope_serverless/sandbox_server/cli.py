@@ -1,0 +1,152 @@
+"""``agentscope-sandbox-server``: run the sandbox server.
+
+The bearer token comes from ``SANDBOX_SERVER_TOKEN`` or ``--token-file`` (never from the
+command line, where other users could read it). Without one the server refuses to start,
+unless ``--dev`` asks it to make a random token and print it::
+
+    SANDBOX_SERVER_TOKEN=$(openssl rand -hex 32) agentscope-sandbox-server --port 8000
+    agentscope-sandbox-server --dev --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.sandbox_server.app import create_app
+from agentscope_serverless.sandbox_server.isolation import Limits, Toolchain
+from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
+
+TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
+DEFAULT_ROOT = "/var/lib/agentscope-sandbox"
+MIN_TOKEN_LENGTH = 16
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = Limits()
+    parser = argparse.ArgumentParser(
+        prog="agentscope-sandbox-server",
+        description="Run sandboxes (Python, shell, files) behind AgentScope's sandbox protocol.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    parser.add_argument("--uds", help="listen on this Unix socket instead of TCP")
+    parser.add_argument(
+        "--root",
+        default=os.environ.get("SANDBOX_SERVER_ROOT", DEFAULT_ROOT),
+        help="directory holding the sandboxes' workspaces (env SANDBOX_SERVER_ROOT)",
+    )
+    parser.add_argument("--token-file", help=f"file holding the bearer token (else ${TOKEN_ENV})")
+    parser.add_argument(
+        "--dev", action="store_true", help="without a token, make a random one and print it"
+    )
+    parser.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds)
+    parser.add_argument("--memory-mb", type=int, default=defaults.memory_bytes // 1024**2)
+    parser.add_argument("--file-size-mb", type=int, default=defaults.file_size_bytes // 1024**2)
+    parser.add_argument(
+        "--interpreter-cpu-seconds",
+        type=int,
+        default=defaults.interpreter_cpu_seconds,
+        help="CPU time a Python interpreter may use over its whole life",
+    )
+    parser.add_argument("--max-processes", type=int, default=defaults.processes)
+    parser.add_argument(
+        "--call-timeout", type=float, default=defaults.call_timeout_seconds, help="seconds"
+    )
+    parser.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--max-sandboxes", type=int, default=64)
+    parser.add_argument("--max-output-bytes", type=int, default=1024**2)
+    parser.add_argument("--python", default="/usr/bin/python3", help="Python used in sandboxes")
+    parser.add_argument(
+        "--parent-pid", type=int, help="exit when this process is gone (embedded use)"
+    )
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        token = Path(args.token_file).read_text().strip()
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token and args.dev:
+        token = secrets.token_urlsafe(32)
+        print(f"sandbox server bearer token (dev mode): {token}", flush=True)
+    if not token:
+        raise ConfigurationError(
+            f"no bearer token: set {TOKEN_ENV} or --token-file (or pass --dev for a random one)"
+        )
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"the bearer token must have at least {MIN_TOKEN_LENGTH} characters"
+        )
+    return token
+
+
+async def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
+    # Nothing signals a parent's death to a process that is not its child: poll for it.
+    while os.getppid() == parent_pid:  # noqa: ASYNC110
+        await asyncio.sleep(1.0)
+    server.should_exit = True
+
+
+async def _serve(server: uvicorn.Server, parent_pid: int | None) -> None:
+    watcher = asyncio.create_task(_watch_parent(server, parent_pid)) if parent_pid else None
+    try:
+        await server.serve()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and serve until interrupted."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        token = _token(args)
+        toolchain = Toolchain.find(args.python)
+        limits = Limits(
+            cpu_seconds=args.cpu_seconds,
+            memory_bytes=args.memory_mb * 1024**2,
+            file_size_bytes=args.file_size_mb * 1024**2,
+            processes=args.max_processes,
+            interpreter_cpu_seconds=args.interpreter_cpu_seconds,
+            call_timeout_seconds=args.call_timeout,
+        )
+    except (ConfigurationError, OSError) as exc:
+        print(f"agentscope-sandbox-server: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    config = ServerConfig(
+        root=Path(args.root),
+        limits=limits,
+        idle_timeout_seconds=args.idle_timeout,
+        max_sandboxes=args.max_sandboxes,
+        max_output_bytes=args.max_output_bytes,
+    )
+    app = create_app(SandboxManager(config, toolchain), token)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            uds=args.uds,
+            log_level=args.log_level,
+            access_log=False,
+        )
+    )
+    asyncio.run(_serve(server, args.parent_pid))
+
+
+__all__ = ["main"]

@@ -1,0 +1,463 @@
+"""What both DynamoDB backends share: the client, the error policy, keys, TTL and large bodies.
+
+**Keys.** Ids go into keys as SHA-256 digests (:func:`id_hash`): fixed length (ids may be
+512 characters of any script, more than a key may hold), no separator can be forged, and
+the readable ids are kept as attributes.
+
+**Containers.** Both backends store a *container* (a session, a session's state): a meta
+item that says the container exists, with its ``generation`` (random, new each time the
+container is created) and its expiry, and *children* (messages, rounds) in one partition,
+with sort keys ``<letter>#<generation>#<position:020d>``. Deleting or re-creating a
+container makes its old children unreachable at once, whatever is left of them.
+
+**Bodies.** A child holds a JSON body. One larger than an item may hold (400 KB) is split
+into a head item and tail items (``<head sort key>#<version>#<part:05d>``); the tails are
+written first and the head last, so a reader never sees a partial body.
+
+**TTL.** With ``ttl_seconds``, the meta item's ``expires_at`` slides on every read and
+write; children get ``expires_at`` twice as far ahead, and are re-stamped (at most once
+per TTL period) when the meta's ``stamped_until`` falls behind, so they always outlive
+the meta. Expired items are filtered out on read (DynamoDB deletes them only eventually).
+
+**Errors.** Failures become :class:`StoreUnavailableError`; only idempotent requests are
+retried (reads, deletes, puts of a fixed key), never counter updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from contextlib import AsyncExitStack, aclosing
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE
+from agentscope_serverless.services.base import StartedGuard
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb import DynamoDBClient
+else:
+    DynamoDBClient = Any
+
+Item = dict[str, Any]
+T = TypeVar("T")
+
+# A body chunk, in bytes of UTF-8: an item (chunk plus keys and attributes) stays < 400 KB.
+BODY_CHUNK_BYTES = 350_000
+_BATCH_SIZE = 25
+_THROTTLING = {
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+}
+_TRANSIENT = _THROTTLING | {"InternalServerError", "ServiceUnavailable"}
+_RETRY_DELAYS = (0.05, 0.2)
+
+# Expression attribute names used by the backends (several are DynamoDB reserved words).
+NAMES = {
+    "#e": TTL_ATTRIBUTE,
+    "#g": "generation",
+    "#m": "max_round",
+    "#o": "creation_order",
+    "#p": "part",
+    "#s": "stamped_until",
+    "#pk": "pk",
+}
+
+
+# The condition of an item that has not expired (it may still exist in DynamoDB).
+LIVE = "(attribute_not_exists(#e) OR #e > :now)"
+
+
+def names(*aliases: str) -> dict[str, str]:
+    """``ExpressionAttributeNames`` for these aliases of :data:`NAMES`."""
+    return {alias: NAMES[alias] for alias in aliases}
+
+
+class ConditionFailed(Exception):
+    """A conditional write did not apply. Internal: caught inside the backends."""
+
+
+def id_hash(value: str) -> str:
+    """The key form of an id: its SHA-256, in hex.
+
+    >>> id_hash("u1")[:12]
+    'bb82030dbc2b'
+    """
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def now() -> int:
+    """The current time in epoch seconds, as DynamoDB's TTL counts it."""
+    return int(time.time())
+
+
+def s(value: str) -> dict[str, str]:
+    """A string attribute value."""
+    return {"S": value}
+
+
+def n(value: int) -> dict[str, str]:
+    """A number attribute value."""
+    return {"N": str(value)}
+
+
+def number(item: Item, name: str, default: int = 0) -> int:
+    """The number attribute ``name`` of ``item`` (``default`` when absent)."""
+    value = item.get(name)
+    return int(value["N"]) if value else default
+
+
+def is_live(item: Item, at: int) -> bool:
+    """False when the item has expired (DynamoDB may not have deleted it yet)."""
+    return number(item, TTL_ATTRIBUTE, at + 1) > at
+
+
+def new_generation() -> str:
+    """A fresh container generation."""
+    return uuid.uuid4().hex[:16]
+
+
+def position_key(prefix: str, position: int) -> str:
+    """The head sort key of the child at ``position``: ``<prefix><position:020d>``."""
+    return f"{prefix}{position:020d}"
+
+
+def position_of(prefix: str, sort_key: str) -> int:
+    """The position encoded in a head or tail sort key made by :func:`position_key`."""
+    return int(sort_key[len(prefix) :].partition("#")[0])
+
+
+def _split_utf8(body: str, limit: int) -> list[str]:
+    data = body.encode("utf-8", "surrogatepass")
+    chunks: list[str] = []
+    start = 0
+    while start < len(data) or not chunks:
+        end = min(start + limit, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # never cut a character
+            end -= 1
+        chunks.append(data[start:end].decode("utf-8", "surrogatepass"))
+        start = end
+    return chunks
+
+
+def body_items(pk: str, sk: str, body: str, extra: Item) -> tuple[list[Item], Item]:
+    """The tail items and the head item storing ``body`` at ``sk``, with ``extra`` attributes."""
+    chunks = _split_utf8(body, BODY_CHUNK_BYTES)
+    head: Item = {"pk": s(pk), "sk": s(sk), "body": s(chunks[0]), **extra}
+    if len(chunks) == 1:
+        return [], head
+    version = uuid.uuid4().hex[:12]
+    head |= {"parts": n(len(chunks)), "version": s(version)}
+    tails = [
+        {
+            "pk": s(pk),
+            "sk": s(f"{sk}#{version}#{i:05d}"),
+            "part": n(i),
+            "version": s(version),
+            "body": s(chunk),
+            **extra,
+        }
+        for i, chunk in enumerate(chunks[1:], start=1)
+    ]
+    return tails, head
+
+
+def tail_keys(head: Item) -> list[Item]:
+    """The keys of the tail items of a head item."""
+    pk, sk, version = head["pk"], head["sk"]["S"], head.get("version", {}).get("S")
+    return [
+        {"pk": pk, "sk": s(f"{sk}#{version}#{i:05d}")} for i in range(1, number(head, "parts", 1))
+    ]
+
+
+async def assemble(items: AsyncIterator[Item], at: int) -> AsyncIterator[tuple[Item, str]]:
+    """``(head, body)`` of every complete, live body in ``items`` (in ascending key order)."""
+    head: Item | None = None
+    parts: list[str] = []
+    async for item in items:
+        if "part" not in item:
+            if head is not None and len(parts) == number(head, "parts", 1) - 1:
+                yield head, head["body"]["S"] + "".join(parts)
+            head, parts = (item, []) if is_live(item, at) else (None, [])
+        elif head is not None and item.get("version") == head.get("version") and is_live(item, at):
+            parts.append(item["body"]["S"])
+    if head is not None and len(parts) == number(head, "parts", 1) - 1:
+        yield head, head["body"]["S"] + "".join(parts)
+
+
+async def iterate(items: Iterable[Item]) -> AsyncIterator[Item]:
+    """``items`` as an async iterator (for :func:`assemble`)."""
+    for item in items:
+        yield item
+
+
+async def take(items: AsyncGenerator[T, None], count: int) -> list[T]:
+    """The first ``count`` items (fewer when there are fewer); reads no further."""
+    taken: list[T] = []
+    async with aclosing(items):
+        async for item in items:
+            taken.append(item)
+            if len(taken) == count:
+                break
+    return taken
+
+
+@lru_cache(maxsize=8)
+def _session(
+    region_name: str | None,
+    aws_access_key_id: str | None,
+    aws_secret_access_key: str | None,
+    aws_session_token: str | None,
+) -> aioboto3.Session:
+    # Shared by the services of a process: a session loads the DynamoDB model once.
+    return aioboto3.Session(
+        region_name=region_name,
+        aws_access_key_id=aws_access_key_id,
+        aws_secret_access_key=aws_secret_access_key,
+        aws_session_token=aws_session_token,
+    )
+
+
+class DynamoDBStore:
+    """A DynamoDB client bound to one table, with the backends' error and retry policy.
+
+    With ``client`` given it is used as-is and never closed here; otherwise ``open()``
+    creates an aioboto3 client (credentials from the usual AWS chain unless given).
+
+    >>> store = DynamoDBStore(table_name="agentscope-sessions", region_name="eu-west-1")
+    """
+
+    def __init__(
+        self,
+        *,
+        table_name: str,
+        client: DynamoDBClient | None = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self.table_name = table_name
+        self._injected = client
+        self._client: DynamoDBClient | None = None
+        self._endpoint_url = endpoint_url
+        self._session = _session(
+            region_name, aws_access_key_id, aws_secret_access_key, aws_session_token
+        )
+        # No retries inside botocore: `run` decides what may be replayed.
+        self._config = AioConfig(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+        )
+        self._exit_stack: AsyncExitStack | None = None
+
+    async def open(self) -> None:
+        """Create the client (no request is made until the first call)."""
+        if self._injected is not None:
+            self._client = self._injected
+            return
+        self._exit_stack = AsyncExitStack()
+        self._client = await self._exit_stack.enter_async_context(
+            self._session.client("dynamodb", endpoint_url=self._endpoint_url, config=self._config)
+        )
+
+    async def close(self) -> None:
+        """Close the client if this store created it."""
+        self._client = None
+        exit_stack, self._exit_stack = self._exit_stack, None
+        if exit_stack is not None:
+            await exit_stack.aclose()
+
+    async def ping(self) -> bool:
+        """True when the table can be described (the endpoint answers, the table exists)."""
+        if self._client is None:
+            return False
+        try:
+            await self.run("describe_table", idempotent=False)
+        except StoreUnavailableError:
+            return False
+        return True
+
+    async def run(self, operation: str, *, idempotent: bool, **kwargs: Any) -> dict[str, Any]:
+        """Send ``operation`` (a client method name) on the table; return its response.
+
+        Failures become :class:`StoreUnavailableError`, a failed condition
+        :class:`ConditionFailed`. Throttled requests (never executed) are retried; other
+        transient failures only when ``idempotent``.
+        """
+        if self._client is None:
+            raise StoreUnavailableError("dynamodb", "the client is closed")
+        if operation != "batch_write_item":
+            kwargs["TableName"] = self.table_name
+        method = getattr(self._client, operation)
+        attempt = 0
+        while True:
+            try:
+                response: dict[str, Any] = await method(**kwargs)
+                return response
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                code = error.get("Code", "")
+                if code == "ConditionalCheckFailedException":
+                    raise ConditionFailed(code) from None
+                retry = code in (_TRANSIENT if idempotent else _THROTTLING)
+                failure = f"{code}: {error.get('Message', '')}"
+            except (TimeoutError, BotoCoreError, OSError) as exc:
+                retry = idempotent
+                failure = f"{type(exc).__name__}: {exc}"
+            if not retry or attempt == len(_RETRY_DELAYS):
+                raise StoreUnavailableError("dynamodb", failure) from None
+            await asyncio.sleep(_RETRY_DELAYS[attempt])
+            attempt += 1
+
+    async def query(self, **kwargs: Any) -> AsyncIterator[Item]:
+        """The items of a Query on the table, page after page."""
+        while True:
+            page = await self.run("query", idempotent=True, **kwargs)
+            for item in page.get("Items", []):
+                yield item
+            if not page.get("LastEvaluatedKey"):
+                return
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    async def put(self, items: list[Item]) -> None:
+        """Write ``items`` (full items with fixed keys, so safe to replay)."""
+        if len(items) == 1:
+            await self.run("put_item", idempotent=True, Item=items[0])
+        elif items:
+            await self._batch([{"PutRequest": {"Item": item}} for item in items])
+
+    async def delete(self, keys: list[Item]) -> None:
+        """Delete the items with these keys (missing ones are fine)."""
+        await self._batch([{"DeleteRequest": {"Key": key}} for key in keys])
+
+    async def read_container(self, key: Item, ttl: int | None) -> Item | None:
+        """The live meta item at ``key``; with a TTL, reading it also slides its expiry."""
+        at = now()
+        if ttl is None:
+            response = await self.run("get_item", idempotent=True, Key=key, ConsistentRead=True)
+            item: Item | None = response.get("Item")
+            return item if item is not None and is_live(item, at) else None
+        try:
+            response = await self.run(
+                "update_item",
+                idempotent=True,
+                Key=key,
+                UpdateExpression="SET #e = :expires",
+                ConditionExpression=f"attribute_exists(#pk) AND {LIVE}",
+                ExpressionAttributeNames=names("#e", "#pk"),
+                ExpressionAttributeValues={":expires": n(at + ttl), ":now": n(at)},
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            return None
+        meta: Item = response["Attributes"]
+        return meta
+
+    async def set_if(self, key: Item, name: str, value: int, condition: str) -> None:
+        """Set the number attribute ``name`` (an alias of :data:`NAMES`) where ``condition``
+        (which may use ``:value``) holds; nothing happens where it does not."""
+        try:
+            await self.run(
+                "update_item",
+                idempotent=True,
+                Key=key,
+                UpdateExpression=f"SET {name} = :value",
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names(name, *re.findall(r"#\w+", condition)),
+                ExpressionAttributeValues={":value": n(value)},
+            )
+        except ConditionFailed:
+            return
+
+    async def restamp_if_due(
+        self, meta_key: Item, meta: Item, children_pk: str, prefix: str, ttl: int | None
+    ) -> None:
+        """Push the children's expiry ahead of the meta item's, at most once per TTL."""
+        at = now()
+        if ttl is None or number(meta, "stamped_until") >= at + ttl:
+            return
+        target = at + 2 * ttl
+        async for item in self.query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+            ExpressionAttributeValues={":pk": s(children_pk), ":prefix": s(prefix)},
+            ProjectionExpression="pk, sk, #e",
+            ExpressionAttributeNames=names("#e"),
+            ConsistentRead=True,
+        ):
+            if number(item, TTL_ATTRIBUTE) < target:
+                key = {"pk": item["pk"], "sk": item["sk"]}
+                await self.set_if(key, "#e", target, "attribute_exists(#pk)")
+        await self.set_if(meta_key, "#s", target, "attribute_exists(#pk) AND #s < :value")
+
+    async def _batch(self, requests: list[Item]) -> None:
+        for start in range(0, len(requests), _BATCH_SIZE):
+            pending = requests[start : start + _BATCH_SIZE]
+            for delay in (*_RETRY_DELAYS, 0.5, 1.0, None):
+                result = await self.run(
+                    "batch_write_item", idempotent=True, RequestItems={self.table_name: pending}
+                )
+                pending = result.get("UnprocessedItems", {}).get(self.table_name, [])
+                if not pending:
+                    break
+                if delay is None:
+                    raise StoreUnavailableError("dynamodb", "writes stayed unprocessed")
+                await asyncio.sleep(delay)
+
+
+class DynamoDBBackedService(StartedGuard):
+    """The lifecycle of a service on a :class:`DynamoDBStore`: ``health`` describes the table."""
+
+    _store: DynamoDBStore
+
+    async def start(self) -> None:
+        await self._store.open()
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+        await self._store.close()
+
+    async def health(self) -> bool:
+        return self._started and await self._store.ping()
+
+
+__all__ = [
+    "BODY_CHUNK_BYTES",
+    "LIVE",
+    "NAMES",
+    "ConditionFailed",
+    "DynamoDBBackedService",
+    "DynamoDBClient",
+    "DynamoDBStore",
+    "Item",
+    "assemble",
+    "body_items",
+    "id_hash",
+    "is_live",
+    "iterate",
+    "n",
+    "names",
+    "new_generation",
+    "now",
+    "number",
+    "position_key",
+    "position_of",
+    "s",
+    "tail_keys",
+    "take",
+]

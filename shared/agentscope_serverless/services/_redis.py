@@ -1,0 +1,239 @@
+"""What every Redis backend shares: the client, key names, Lua scripts and the error policy.
+
+Key names put the escaped user id in a hash tag, so all of one user's keys live in one
+hash slot and every multi-key operation (a Lua script) works on Redis Cluster too::
+
+    <prefix>:<kind>:{<escaped user id>}:<rest>
+
+Ids are percent-encoded (:func:`escape`), so an id never contains ``:``, ``{``, ``}``,
+glob characters or whitespace: no id can reach another user's keys or break the hash tag.
+
+Writes are Lua scripts (atomic, one round trip). Only idempotent calls (reads, deletes) are
+retried after a connection failure; a write that may have been applied is never replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
+from agentscope_serverless.services.base import StartedGuard
+
+RedisClient = Redis | RedisCluster
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_KEY_PREFIX = "agentscope"
+# Positions sent to Redis stay exact in Lua's doubles and its number formatting.
+MAX_POSITION = 10**13
+
+_RETRY_DELAY = 0.05
+
+# Shared by every script: refresh the expiry of the given keys when a TTL is configured.
+LUA_TOUCH = """
+local function touch(ttl, keys)
+  if ttl > 0 then
+    for _, key in ipairs(keys) do redis.call('EXPIRE', key, ttl) end
+  end
+end
+"""
+
+
+def escape(value: str) -> str:
+    """``value`` as a key segment: percent-encoded, so it is injective and separator-free.
+
+    >>> escape("a:b{c}*")
+    'a%3Ab%7Bc%7D%2A'
+    """
+    return quote(value, safe="", errors="surrogatepass")
+
+
+def user_key_prefix(key_prefix: str, kind: str, user_id: str) -> str:
+    """The start of every key of ``kind`` for ``user_id``, with the user's hash tag."""
+    return f"{key_prefix}:{kind}:{{{escape(user_id)}}}"
+
+
+def text(value: Any) -> str:
+    """A reply as ``str``, whether the client decodes responses or not."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _validate_key_prefix(key_prefix: str) -> str:
+    if not key_prefix or any(c in key_prefix for c in "{}") or key_prefix != key_prefix.strip():
+        raise ConfigurationError(
+            "REDIS_KEY_PREFIX must be non-empty, without braces or surrounding spaces"
+        )
+    return key_prefix
+
+
+class RedisStore:
+    """A Redis (or Redis Cluster) connection with the error and retry policy of the backends.
+
+    With ``client`` given it is used as-is and never closed here; otherwise ``open()``
+    creates one from ``url`` (``redis://`` or ``rediss://`` for TLS; credentials in the URL
+    or as ``password``) and ``close()`` closes it.
+
+    >>> store = RedisStore(url="rediss://:secret@cache.example.com:6379/0", cluster=True)
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str = DEFAULT_REDIS_URL,
+        client: RedisClient | None = None,
+        password: str | None = None,
+        cluster: bool = False,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        socket_timeout: float | None = 5.0,
+        socket_connect_timeout: float | None = 5.0,
+        max_connections: int | None = None,
+        retry_on_timeout: bool = True,
+        health_check_interval: float = 30.0,
+        socket_keepalive: bool = True,
+    ) -> None:
+        self.key_prefix = _validate_key_prefix(key_prefix)
+        self._url = url
+        self._injected = client
+        self._client: RedisClient | None = None
+        self._password = password
+        self._cluster = cluster
+        self._retry_on_timeout = retry_on_timeout
+        self._options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+            "health_check_interval": health_check_interval,
+            "socket_keepalive": socket_keepalive,
+            # No blind retries inside the client: `run` decides what may be replayed.
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if max_connections is not None:
+            self._options["max_connections"] = max_connections
+        url_password = urlsplit(url).password
+        self._secrets = [s for s in (password, url_password and unquote(url_password)) if s]
+        self._scripts: dict[str, AsyncScript] = {}
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Create the client (no connection is made until the first command)."""
+        if self._injected is not None:
+            self._client = self._injected
+            return
+        options = dict(self._options)
+        if self._password is not None:
+            options["password"] = self._password
+        try:
+            if self._cluster:
+                self._client = RedisCluster.from_url(self._url, **options)
+            else:
+                self._client = Redis.from_url(self._url, **options)
+        except (ValueError, RedisError) as exc:
+            raise ConfigurationError(f"REDIS_URL is not valid: {self._redact(exc)}") from None
+
+    async def close(self) -> None:
+        """Close the client if this store created it."""
+        client, self._client = self._client, None
+        self._scripts.clear()
+        self._ready = False
+        if client is not None and client is not self._injected:
+            await client.aclose()
+
+    async def ping(self) -> bool:
+        """True when Redis answers PING."""
+        if self._client is None:
+            return False
+        try:
+            await self._connect()
+            return bool(await self._client.ping())
+        except (RedisError, RedisClusterException, OSError):
+            return False
+
+    async def run(
+        self, script: str, keys: Sequence[str], args: Sequence[Any], *, idempotent: bool
+    ) -> Any:
+        """Run a Lua ``script`` on ``keys`` (all in one hash slot) and return its reply.
+
+        Failures become :class:`StoreUnavailableError`. An ``idempotent`` script is tried
+        once more after a connection failure (or a timeout, with ``retry_on_timeout``).
+        """
+        may_retry = idempotent
+        while True:
+            try:
+                await self._connect()
+                return await self._script(script)(keys=list(keys), args=list(args))
+            except (RedisError, RedisClusterException, OSError) as exc:
+                if may_retry and self._retryable(exc):
+                    may_retry = False
+                    await asyncio.sleep(_RETRY_DELAY)
+                    continue
+                raise StoreUnavailableError("redis", self._redact(exc)) from None
+
+    async def _connect(self) -> None:
+        # A cluster client discovers the nodes before its first command; done once, under a
+        # lock, because concurrent first commands make redis-py discover them concurrently
+        # and close connections that are in use.
+        if self._ready or not isinstance(self._client, RedisCluster):
+            return
+        async with self._ready_lock:
+            if not self._ready:
+                await self._client.initialize()
+                self._ready = True
+
+    def _script(self, source: str) -> AsyncScript:
+        if self._client is None:
+            raise StoreUnavailableError("redis", "the client is closed")
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._client.register_script(source)
+        return script
+
+    def _retryable(self, exc: Exception) -> bool:
+        if isinstance(exc, RedisTimeoutError):
+            return self._retry_on_timeout
+        return isinstance(exc, RedisConnectionError | OSError)
+
+    def _redact(self, exc: BaseException) -> str:
+        message = f"{type(exc).__name__}: {exc}"
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
+
+
+class RedisBackedService(StartedGuard):
+    """The lifecycle of a service on a :class:`RedisStore`: ``start`` opens, ``health`` pings."""
+
+    _redis: RedisStore
+
+    async def start(self) -> None:
+        await self._redis.open()
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+        await self._redis.close()
+
+    async def health(self) -> bool:
+        return self._started and await self._redis.ping()
+
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "DEFAULT_REDIS_URL",
+    "LUA_TOUCH",
+    "MAX_POSITION",
+    "RedisBackedService",
+    "RedisClient",
+    "RedisStore",
+    "escape",
+    "text",
+    "user_key_prefix",
+]

@@ -1,0 +1,297 @@
+"""Agent state on DynamoDB: one partition per user and session, one item per round.
+
+Table (see :mod:`agentscope_serverless.infra.dynamodb_tables`), with ``U``/``S`` the
+SHA-256 of the user and session ids:
+
+=================  =====================  ==============================================
+pk                 sk                     attributes
+=================  =====================  ==============================================
+``STATE#U#S``      ``META``               ``user_id``, ``session_id``, ``max_round``,
+                                          ``generation``, ``expires_at``, ``stamped_until``
+``STATE#U#S``      ``R#<gen>#<round>``    one round: ``body`` (state JSON), ``expires_at``
+                                          (larger ones: head plus tail items)
+=================  =====================  ==============================================
+
+- **Save without a round**: one ``UpdateItem ADD max_round 1`` on the meta item allocates
+  the round atomically (concurrent saves get distinct rounds), then ``PutItem`` stores it.
+- **Save with a round**: the state overwrites that round; ``max_round`` is raised with a
+  conditional update when the round is higher, so the next allocated round follows it.
+- **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
+  order, stopping at the first complete round).
+- **Delete** removes the meta item (the state is gone at once), then the rounds.
+- **TTL** (``ttl_seconds``): a sliding expiry of the session's state, refreshed by every
+  read and write; see :mod:`agentscope_serverless.services._dynamodb`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from agentscope_serverless.services._dynamodb import (
+    LIVE,
+    ConditionFailed,
+    DynamoDBBackedService,
+    DynamoDBClient,
+    DynamoDBStore,
+    Item,
+    assemble,
+    body_items,
+    id_hash,
+    is_live,
+    iterate,
+    n,
+    names,
+    new_generation,
+    now,
+    number,
+    position_key,
+    position_of,
+    s,
+    tail_keys,
+    take,
+)
+from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services.agent_state.base import StateService
+
+
+class DynamoDBStateService(DynamoDBBackedService, StateService):
+    """Agent state on a DynamoDB table (the cloud default).
+
+    >>> state = DynamoDBStateService("agentscope-state", region_name="eu-west-1")
+
+    Takes the same connection arguments as
+    :class:`~agentscope_serverless.services.session_history.dynamodb.DynamoDBSessionHistoryService`.
+    """
+
+    def __init__(
+        self,
+        table_name: str = "agentscope-state",
+        *,
+        client: DynamoDBClient | None = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        ttl_seconds: int | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._store = DynamoDBStore(
+            table_name=table_name,
+            client=client,
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+
+    @staticmethod
+    def _pk(user_id: str, session_id: str) -> str:
+        return f"STATE#{id_hash(user_id)}#{id_hash(session_id)}"
+
+    @staticmethod
+    def _prefix(meta: Item) -> str:
+        return f"R#{meta['generation']['S']}#"
+
+    # --- the meta item ------------------------------------------------------------------
+
+    async def _live_meta(self, pk: str, *, allocate: bool) -> Item:
+        """The meta item, created (or replaced, when expired) if needed; with ``allocate``
+        its ``max_round`` is incremented."""
+        while True:
+            at = now()
+            sets = ["#g = if_not_exists(#g, :generation)"]
+            values = {":generation": s(new_generation()), ":now": n(at)}
+            aliases = ["#g", "#e"]
+            if self._ttl is not None:
+                sets += ["#e = :expires", "#s = if_not_exists(#s, :stamped)"]
+                values |= {":expires": n(at + self._ttl), ":stamped": n(at + 2 * self._ttl)}
+                aliases.append("#s")
+            update = "SET " + ", ".join(sets)
+            if allocate:
+                update += " ADD max_round :one"
+                values[":one"] = n(1)
+            try:
+                response = await self._store.run(
+                    "update_item",
+                    idempotent=not allocate,
+                    Key={"pk": s(pk), "sk": s("META")},
+                    UpdateExpression=update,
+                    ConditionExpression=LIVE,
+                    ExpressionAttributeNames=names(*aliases),
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                )
+            except ConditionFailed:
+                await self._replace_expired(pk, at)
+                continue
+            meta: Item = response["Attributes"]
+            await self._restamp_if_due(pk, meta)
+            return meta
+
+    async def _replace_expired(self, pk: str, at: int) -> None:
+        try:
+            await self._store.run(
+                "delete_item",
+                idempotent=True,
+                Key={"pk": s(pk), "sk": s("META")},
+                ConditionExpression="#e <= :now",
+                ExpressionAttributeNames=names("#e"),
+                ExpressionAttributeValues={":now": n(at)},
+            )
+        except ConditionFailed:
+            return
+
+    async def _read_meta(self, pk: str) -> Item | None:
+        """The live meta item; with a TTL, reading it also refreshes its expiry."""
+        meta = await self._store.read_container({"pk": s(pk), "sk": s("META")}, self._ttl)
+        if meta is not None:
+            await self._restamp_if_due(pk, meta)
+        return meta
+
+    async def _restamp_if_due(self, pk: str, meta: Item) -> None:
+        key = {"pk": s(pk), "sk": s("META")}
+        await self._store.restamp_if_due(key, meta, pk, self._prefix(meta), self._ttl)
+
+    # --- rounds -------------------------------------------------------------------------
+
+    async def _write_round(self, pk: str, meta: Item, round_id: int, state: dict[str, Any]) -> None:
+        extra: Item = {}
+        if self._ttl is not None:
+            extra["expires_at"] = n(now() + 2 * self._ttl)
+        tails, head = body_items(
+            pk, position_key(self._prefix(meta), round_id), json.dumps(state), extra
+        )
+        await self._store.put(tails)
+        response = await self._store.run(
+            "put_item", idempotent=True, Item=head, ReturnValues="ALL_OLD"
+        )
+        old = response.get("Attributes")
+        if old is not None and old.get("version") != head.get("version"):
+            stale = tail_keys(old)
+            if stale:
+                await self._store.delete(stale)
+
+    def _range(self, pk: str, meta: Item) -> dict[str, Any]:
+        prefix = self._prefix(meta)
+        return {
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :low AND :high",
+            "ExpressionAttributeValues": {
+                ":pk": s(pk),
+                ":low": s(prefix),
+                ":high": s(f"{prefix}~"),
+            },
+            "ConsistentRead": True,
+        }
+
+    async def _round_body(self, pk: str, meta: Item, round_id: int) -> str | None:
+        head = position_key(self._prefix(meta), round_id)
+        items = self._store.query(
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+            ExpressionAttributeValues={":pk": s(pk), ":low": s(head), ":high": s(f"{head}#~")},
+            ConsistentRead=True,
+        )
+        bodies = [body async for _, body in assemble(items, now())]
+        return bodies[0] if bodies else None
+
+    async def _latest_body(self, pk: str, meta: Item) -> str | None:
+        newest = await take(self._bodies_newest_first(pk, meta), 1)
+        return newest[0] if newest else None
+
+    async def _bodies_newest_first(self, pk: str, meta: Item) -> AsyncGenerator[str, None]:
+        # In reverse key order a round's tails come before its head, which closes the round.
+        at = now()
+        group: list[Item] = []
+        async for item in self._store.query(
+            **self._range(pk, meta), ScanIndexForward=False, Limit=8
+        ):
+            group.append(item)
+            if "part" not in item:
+                async for _, body in assemble(iterate(reversed(group)), at):
+                    yield body
+                group = []
+
+    # --- the service hooks --------------------------------------------------------------
+
+    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+        pk = self._pk(user_id, session_id)
+        meta = await self._live_meta(pk, allocate=True)
+        round_id = number(meta, "max_round")
+        await self._write_round(pk, meta, round_id, state)
+        return round_id
+
+    async def _save_round(
+        self, user_id: str, session_id: str, round_id: int, state: dict[str, Any]
+    ) -> None:
+        pk = self._pk(user_id, session_id)
+        meta = await self._live_meta(pk, allocate=False)
+        if number(meta, "max_round") < round_id:
+            await self._store.set_if(
+                {"pk": s(pk), "sk": s("META")},
+                "#m",
+                round_id,
+                "attribute_not_exists(#m) OR #m < :value",
+            )
+        await self._write_round(pk, meta, round_id, state)
+
+    async def _load(
+        self, user_id: str, session_id: str, round_id: int | None
+    ) -> dict[str, Any] | None:
+        pk = self._pk(user_id, session_id)
+        meta = await self._read_meta(pk)
+        if meta is None:
+            return None
+        if round_id is None:
+            body = await self._latest_body(pk, meta)
+        else:
+            body = await self._round_body(pk, meta, round_id)
+        if body is None:
+            return None
+        state: dict[str, Any] = json.loads(body)
+        return state
+
+    async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
+        pk = self._pk(user_id, session_id)
+        meta = await self._read_meta(pk)
+        if meta is None:
+            return []
+        at = now()
+        return [
+            position_of(self._prefix(meta), item["sk"]["S"])
+            async for item in self._store.query(
+                **self._range(pk, meta),
+                ProjectionExpression="sk, #p, #e",
+                ExpressionAttributeNames=names("#p", "#e"),
+            )
+            if "part" not in item and is_live(item, at)
+        ]
+
+    async def _delete(self, user_id: str, session_id: str) -> None:
+        pk = self._pk(user_id, session_id)
+        response = await self._store.run(
+            "delete_item",
+            idempotent=True,
+            Key={"pk": s(pk), "sk": s("META")},
+            ReturnValues="ALL_OLD",
+        )
+        old = response.get("Attributes")
+        if old is None:
+            return
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                **self._range(pk, old), ProjectionExpression="pk, sk"
+            )
+        ]
+        if keys:
+            await self._store.delete(keys)
+
+
+__all__ = ["DynamoDBStateService"]

@@ -1,0 +1,219 @@
+"""An async client of the sandbox manager protocol (AgentScope's, and our server's).
+
+Each operation is ``POST {base_url}/{operation}`` with JSON arguments and the bearer token;
+the ``data`` of the reply is returned, and a non-2xx reply raises a typed
+:class:`~agentscope_serverless.errors.SandboxError`. Every call has a timeout. A request
+that never reached the server (connection refused) is retried for every operation; other
+failures (timeouts, 502/503/504) are retried only for the idempotent operations, never for
+``create_from_pool`` or ``call_tool``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import httpx
+
+from agentscope_serverless.errors import SandboxError, SandboxUnavailableError
+from agentscope_serverless.sandbox_protocol import (
+    BASE,
+    CallToolRequest,
+    CallToolResult,
+    CreateFromPoolRequest,
+    IdentityRequest,
+    ListToolsRequest,
+    SessionMappingRequest,
+    error_for_status,
+)
+from agentscope_serverless.services.sandbox._sync import BackgroundLoop
+
+T = TypeVar("T")
+
+IDEMPOTENT_OPERATIONS = frozenset(
+    {"release", "get_info", "check_health", "list_tools", "get_session_mapping"}
+)
+RETRY_STATUSES = frozenset({502, 503, 504})
+DEFAULT_TIMEOUT_SECONDS = 90.0
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
+MAX_DETAIL_LENGTH = 1000
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:MAX_DETAIL_LENGTH] or response.reason_phrase
+    detail = body.get("detail") if isinstance(body, dict) else body
+    return str(detail)[:MAX_DETAIL_LENGTH]
+
+
+class SandboxClient:
+    """Talks to one sandbox server; async methods, plus :meth:`run_sync` for sync callers.
+
+    ``uds`` reaches the server on a Unix socket (the embedded server) instead of TCP.
+
+    >>> async def demo() -> None:
+    ...     client = SandboxClient("http://127.0.0.1:8000", "secret-token")
+    ...     sandbox_id = await client.create_from_pool("base", {"session_ctx_id": "s1"})
+    ...     result = await client.call_tool(sandbox_id, "run_ipython_cell", {"code": "1 + 1"})
+    ...     await client.aclose()
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        bearer_token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+        retries: int = 2,
+        retry_backoff: float = 0.2,
+        uds: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if bearer_token:
+            self._headers["Authorization"] = f"Bearer {bearer_token}"
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._retries = max(0, retries)
+        self._retry_backoff = retry_backoff
+        self._uds = uds
+        # An httpx client belongs to the event loop it was first used on: keep one per loop.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
+        self._background = BackgroundLoop("sandbox-client")
+
+    def __repr__(self) -> str:
+        return f"SandboxClient({self.base_url!r})"
+
+    def run_sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run one of this client's coroutines from synchronous code (inside a loop or not)."""
+        return self._background.run(coroutine)
+
+    async def aclose(self) -> None:
+        """Close the connections of every event loop this client was used on."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+        background = self._background.loop
+        leftover = self._clients.pop(background, None) if background is not None else None
+        closing = leftover.aclose() if leftover is not None else None
+        await asyncio.to_thread(self._background.close, closing)
+
+    async def health(self) -> bool:
+        """True when ``GET /health`` answers 2xx (it needs no token)."""
+        try:
+            response = await self._http().get(f"{self.base_url}/health")
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    async def create_from_pool(
+        self, sandbox_type: str = BASE, meta: dict[str, Any] | None = None
+    ) -> str:
+        """A new sandbox of ``sandbox_type``; returns its id."""
+        body = CreateFromPoolRequest(sandbox_type=sandbox_type, meta=meta)
+        data = await self._call("create_from_pool", body.model_dump())
+        if not isinstance(data, str) or not data:
+            raise SandboxUnavailableError(
+                f"create_from_pool: the server gave no {sandbox_type} sandbox"
+            )
+        return data
+
+    async def release(self, identity: str) -> bool:
+        """Release a sandbox; False when the server did not know it."""
+        return bool(await self._call("release", IdentityRequest(identity=identity).model_dump()))
+
+    async def get_info(self, identity: str) -> dict[str, Any]:
+        """What the server tells about a sandbox."""
+        data = await self._call("get_info", IdentityRequest(identity=identity).model_dump())
+        if not isinstance(data, dict):
+            raise SandboxError(f"get_info: malformed reply for sandbox {identity!r}")
+        return data
+
+    async def check_health(self, identity: str) -> bool:
+        """True when the sandbox is healthy."""
+        body = IdentityRequest(identity=identity).model_dump()
+        return bool(await self._call("check_health", body))
+
+    async def call_tool(
+        self, identity: str, tool_name: str, arguments: dict[str, Any] | None = None
+    ) -> CallToolResult:
+        """Run a tool in a sandbox; its result (a failed tool has ``isError`` set)."""
+        body = CallToolRequest(identity=identity, tool_name=tool_name, arguments=arguments or {})
+        data = await self._call("call_tool", body.model_dump())
+        try:
+            return CallToolResult.model_validate(data)
+        except ValueError:
+            raise SandboxError(f"call_tool: malformed result from {tool_name!r}") from None
+
+    async def list_tools(self, identity: str, tool_type: str | None = None) -> Any:
+        """The tools a sandbox offers (our server: a list of MCP tools)."""
+        body = ListToolsRequest(identity=identity, tool_type=tool_type).model_dump()
+        return await self._call("list_tools", body)
+
+    async def get_session_mapping(self, session_ctx_id: str) -> list[str]:
+        """The ids of the sandboxes created for ``session_ctx_id`` (``[]`` when none)."""
+        body = SessionMappingRequest(session_ctx_id=session_ctx_id).model_dump()
+        data = await self._call("get_session_mapping", body)
+        if data is None:
+            return []
+        if not isinstance(data, list):
+            raise SandboxError("get_session_mapping: malformed reply")
+        return [str(item) for item in data]
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            transport = httpx.AsyncHTTPTransport(uds=self._uds) if self._uds else None
+            client = httpx.AsyncClient(
+                headers=self._headers, timeout=self._timeout, transport=transport
+            )
+            self._clients[loop] = client
+        return client
+
+    async def _call(self, operation: str, arguments: dict[str, Any]) -> Any:
+        retry_any_failure = operation in IDEMPOTENT_OPERATIONS
+        url = f"{self.base_url}/{operation}"
+        attempt = 0
+        while True:
+            try:
+                response = await self._http().post(url, json=arguments)
+            except httpx.ConnectError:
+                failure = "cannot connect to the sandbox server"
+                retryable = True
+            except httpx.TimeoutException:
+                failure = "the sandbox server did not answer in time"
+                retryable = retry_any_failure
+            except httpx.TransportError as exc:
+                failure = f"the connection to the sandbox server failed ({type(exc).__name__})"
+                retryable = retry_any_failure
+            else:
+                if response.is_success:
+                    return self._data(operation, response)
+                failure = f"{response.status_code} {_detail(response)}"
+                retryable = retry_any_failure and response.status_code in RETRY_STATUSES
+                if not retryable or attempt >= self._retries:
+                    error_class = error_for_status(response.status_code)
+                    raise error_class(f"{operation} failed: {failure}")
+            if not retryable or attempt >= self._retries:
+                raise SandboxUnavailableError(f"{operation} failed: {failure}")
+            await asyncio.sleep(self._retry_backoff * 2**attempt)
+            attempt += 1
+
+    @staticmethod
+    def _data(operation: str, response: httpx.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            raise SandboxError(f"{operation}: the sandbox server replied with no JSON") from None
+        if not isinstance(body, dict) or "data" not in body:
+            raise SandboxError(f"{operation}: the sandbox server's reply has no 'data'")
+        return body["data"]
+
+
+__all__ = ["IDEMPOTENT_OPERATIONS", "SandboxClient"]

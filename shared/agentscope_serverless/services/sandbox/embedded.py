@@ -1,0 +1,127 @@
+"""The embedded local sandbox: our sandbox server as a child process on a private Unix socket.
+
+``SandboxService()`` without a base URL starts one, so local runs behave exactly like
+remote ones: the same program, protocol, isolation and client code, only without TCP. The
+server gets a fresh random token, listens on a socket in a private directory, and exits on
+its own if this process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from agentscope_serverless.errors import SandboxUnavailableError
+
+START_TIMEOUT_SECONDS = 30.0
+STOP_TIMEOUT_SECONDS = 10.0
+SERVER_MODULE = "agentscope_serverless.sandbox_server"
+
+
+class EmbeddedSandboxServer:
+    """Starts and stops a private sandbox server for this process.
+
+    >>> async def demo() -> None:
+    ...     server = EmbeddedSandboxServer()
+    ...     await server.start()
+    ...     print(server.socket_path)
+    ...     await server.stop()
+    """
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(32)
+        self._directory: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> str:
+        """The Unix socket the server listens on."""
+        if self._directory is None:
+            raise RuntimeError("the embedded sandbox server is not started")
+        return str(self._directory / "server.sock")
+
+    async def start(self) -> None:
+        """Start the server and wait until it answers ``/health``."""
+        self._process = await asyncio.to_thread(self._spawn)
+        try:
+            await self._wait_until_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        directory = Path(tempfile.mkdtemp(prefix="agentscope-sandbox-"))
+        # Sandbox processes run as an unprivileged uid that must reach their workspaces below.
+        directory.chmod(0o711)
+        self._directory = directory
+        with open(directory / "server.log", "wb") as log:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    SERVER_MODULE,
+                    "--uds",
+                    self.socket_path,
+                    "--root",
+                    str(directory / "root"),
+                    "--parent-pid",
+                    str(os.getpid()),
+                    "--log-level",
+                    "warning",
+                ],
+                env={**os.environ, "SANDBOX_SERVER_TOKEN": self.token},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+
+    async def stop(self) -> None:
+        """Stop the server (it releases its sandboxes) and delete its directory."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                await asyncio.to_thread(process.wait, STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    async def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
+        async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                assert self._process is not None
+                if self._process.poll() is not None:
+                    raise SandboxUnavailableError(
+                        f"the embedded sandbox server exited: {self._log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get("http://sandbox/health")).is_success:
+                        return
+                await asyncio.sleep(0.05)
+        raise SandboxUnavailableError("the embedded sandbox server did not start in time")
+
+    def _log_tail(self) -> str:
+        assert self._directory is not None
+        try:
+            text = (self._directory / "server.log").read_text(errors="replace")
+        except OSError:
+            return "no output"
+        return text.strip()[-2000:] or "no output"
+
+
+__all__ = ["EmbeddedSandboxServer"]

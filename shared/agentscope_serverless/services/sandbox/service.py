@@ -1,0 +1,250 @@
+"""``SandboxService``: connect sessions to sandboxes on a sandbox server, and release them.
+
+Sandboxes are keyed by ``(session_id, user_id)`` through the server's session mapping
+(``session_ctx_id`` is ``session_id``, or ``f"{session_id}_{user_id}"`` with a user, as in
+AgentScope), so a new process (a new Lambda instance) finds the same sandboxes again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
+from agentscope_serverless.sandbox_protocol import BASE
+from agentscope_serverless.services._validation import clean_session_id
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.sandbox.box import Sandbox
+from agentscope_serverless.services.sandbox.client import DEFAULT_TIMEOUT_SECONDS, SandboxClient
+from agentscope_serverless.services.sandbox.embedded import EmbeddedSandboxServer
+from agentscope_serverless.services.sandbox.tools import infer_sandbox_types
+from agentscope_serverless.settings import Settings, get_settings
+
+# AgentScope's sandbox types, longest first, to recognise a type in a server's image name.
+KNOWN_SANDBOX_TYPES = (
+    "filesystem",
+    "training",
+    "appworld",
+    "browser",
+    "mobile",
+    "agentbay",
+    "cloud",
+    "bfcl",
+    "base",
+    "gui",
+)
+
+
+def session_ctx_id(session_id: str, user_id: str | None = None) -> str:
+    """The key of a session's sandboxes in the server's session mapping.
+
+    >>> session_ctx_id("s1", "u1")
+    's1_u1'
+    """
+    return f"{session_id}_{user_id}" if user_id else session_id
+
+
+def sandbox_type_from_info(info: dict[str, Any]) -> str:
+    """A sandbox's type from ``get_info``: our server says it; AgentScope's names an image."""
+    declared = info.get("sandbox_type")
+    if isinstance(declared, str) and declared:
+        return declared
+    image = str(info.get("version") or info.get("container_name") or "").lower()
+    for sandbox_type in KNOWN_SANDBOX_TYPES:
+        if sandbox_type in image:
+            return sandbox_type
+    return BASE
+
+
+def _requested_types(
+    env_types: Sequence[str] | None,
+    sandbox_types: Sequence[str] | None,
+    tools: Iterable[Any] | None,
+) -> list[str]:
+    if (
+        env_types is not None
+        and sandbox_types is not None
+        and list(env_types) != list(sandbox_types)
+    ):
+        raise InvalidInputError(
+            "env_types and sandbox_types are synonyms; give one of them", field="sandbox_types"
+        )
+    types = list(env_types if env_types is not None else sandbox_types or [])
+    if tools is not None:
+        types += infer_sandbox_types(tools)
+    for sandbox_type in types:
+        if not isinstance(sandbox_type, str) or not sandbox_type.strip():
+            raise InvalidInputError("sandbox types must be non-blank strings", field="env_types")
+    unique = list(dict.fromkeys(t.strip() for t in types))
+    return unique or [BASE]
+
+
+class SandboxService(StartedGuard, ServiceWithLifecycleManager):
+    """Sandboxes for sessions, on a remote sandbox server or on an embedded local one.
+
+    With ``base_url`` (and the server's ``bearer_token``) sandboxes live on that server;
+    without it, :meth:`start` launches a private local server (bubblewrap needed).
+
+    >>> async def demo() -> None:
+    ...     async with SandboxService("http://sandbox-server:8000", "token") as service:
+    ...         [box] = await service.connect_async("session1", "user1", env_types=["base"])
+    ...         box.run_ipython_cell("x = 1")
+    ...         await service.release_async("session1", "user1")
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        bearer_token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.base_url = base_url
+        self._bearer_token = bearer_token
+        self._timeout = timeout
+        self._client: SandboxClient | None = None
+        self._embedded: EmbeddedSandboxServer | None = None
+        self._created: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> SandboxService:
+        """A service configured by ``SANDBOX_BASE_URL``, ``SANDBOX_BEARER_TOKEN`` and
+        ``SANDBOX_TIMEOUT_SECONDS``."""
+        settings = settings or get_settings()
+        token = settings.sandbox_bearer_token
+        return cls(
+            settings.sandbox_base_url,
+            token.get_secret_value() if token is not None else None,
+            timeout=settings.sandbox_timeout_seconds,
+        )
+
+    def __repr__(self) -> str:
+        where = self.base_url or "embedded"
+        return f"SandboxService({where!r})"
+
+    async def start(self) -> None:
+        """Prepare the client (and launch the embedded server when there is no base URL)."""
+        if self._started:
+            return
+        if self.base_url:
+            self._client = SandboxClient(self.base_url, self._bearer_token, timeout=self._timeout)
+        else:
+            embedded = EmbeddedSandboxServer()
+            await embedded.start()
+            self._embedded = embedded
+            self._client = SandboxClient(
+                "http://embedded-sandbox",
+                embedded.token,
+                timeout=self._timeout,
+                uds=embedded.socket_path,
+            )
+        self._created = set()
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        """Release the sandboxes this object created (never other clients' sandboxes)."""
+        if not self._started:
+            return
+        self._set_started(False)
+        client, self._client = self._client, None
+        assert client is not None
+        try:
+            for sandbox_id in sorted(self._created):
+                with contextlib.suppress(SandboxNotFoundError):
+                    await client.release(sandbox_id)
+            self._created.clear()
+        finally:
+            await client.aclose()
+            embedded, self._embedded = self._embedded, None
+            if embedded is not None:
+                await embedded.stop()
+
+    async def health(self) -> bool:
+        """True when the sandbox server answers ``GET /health``."""
+        if not self._started or self._client is None:
+            return False
+        return await self._client.health()
+
+    async def connect_async(
+        self,
+        session_id: str,
+        user_id: str | None = None,
+        env_types: Sequence[str] | None = None,
+        tools: Iterable[Any] | None = None,
+        sandbox_types: Sequence[str] | None = None,
+    ) -> list[Sandbox]:
+        """The session's sandboxes, one per requested type: reused when the server already
+        maps them to ``(session_id, user_id)``, created otherwise.
+
+        Types come from ``env_types`` (or its synonym ``sandbox_types``) plus those the
+        ``tools`` need; with neither, one ``base`` sandbox.
+        """
+        client = self.client
+        key = self._key(session_id, user_id)
+        wanted = _requested_types(env_types, sandbox_types, tools)
+        existing: list[Sandbox] = []
+        for sandbox_id in await client.get_session_mapping(key):
+            try:
+                info = await client.get_info(sandbox_id)
+            except SandboxNotFoundError:
+                continue
+            existing.append(Sandbox(client, sandbox_id, sandbox_type_from_info(info)))
+        boxes: list[Sandbox] = []
+        for sandbox_type in wanted:
+            box = next(
+                (b for b in existing if b.sandbox_type == sandbox_type and b not in boxes), None
+            )
+            if box is None:
+                sandbox_id = await client.create_from_pool(sandbox_type, {"session_ctx_id": key})
+                self._created.add(sandbox_id)
+                box = Sandbox(client, sandbox_id, sandbox_type)
+            boxes.append(box)
+        return boxes
+
+    def connect(
+        self,
+        session_id: str,
+        user_id: str | None = None,
+        env_types: Sequence[str] | None = None,
+        tools: Iterable[Any] | None = None,
+        sandbox_types: Sequence[str] | None = None,
+    ) -> list[Sandbox]:
+        """:meth:`connect_async` for synchronous code (also inside a running event loop)."""
+        client = self.client
+        return client.run_sync(
+            self.connect_async(session_id, user_id, env_types, tools, sandbox_types)
+        )
+
+    async def release_async(self, session_id: str, user_id: str | None = None) -> bool:
+        """Release every sandbox of ``(session_id, user_id)``; False when it had none."""
+        client = self.client
+        released = False
+        for sandbox_id in await client.get_session_mapping(self._key(session_id, user_id)):
+            released = await client.release(sandbox_id) or released
+            self._created.discard(sandbox_id)
+        return released
+
+    def release(self, session_id: str, user_id: str | None = None) -> bool:
+        """:meth:`release_async` for synchronous code (also inside a running event loop)."""
+        client = self.client
+        return client.run_sync(self.release_async(session_id, user_id))
+
+    @property
+    def client(self) -> SandboxClient:
+        """The protocol client of the started service (for operations beyond sessions)."""
+        self._ensure_started()
+        assert self._client is not None
+        return self._client
+
+    @staticmethod
+    def _key(session_id: str, user_id: str | None) -> str:
+        cleaned = clean_session_id(session_id)
+        if cleaned is None:
+            raise InvalidInputError("session_id must not be blank", field="session_id")
+        if user_id is not None and (not isinstance(user_id, str) or not user_id.strip()):
+            raise InvalidInputError("user_id must be a non-blank string", field="user_id")
+        return session_ctx_id(cleaned, user_id)
+
+
+__all__ = ["SandboxService", "sandbox_type_from_info", "session_ctx_id"]

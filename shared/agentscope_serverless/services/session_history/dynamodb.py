@@ -1,0 +1,383 @@
+"""Session history on DynamoDB: one item per message, sessions listed per user by Query.
+
+Table (see :mod:`agentscope_serverless.infra.dynamodb_tables`), with ``U``/``S`` the
+SHA-256 of the user and session ids:
+
+=========================  ==================  ===========================================
+pk                         sk                  attributes
+=========================  ==================  ===========================================
+``USER#U``                 ``COUNTER``         ``next_order``: creation counter of the user
+``USER#U``                 ``SESSION#S``       the session: ``user_id``, ``session_id``,
+                                               ``creation_order`` (sort key of the local
+                                               index ``by_creation``), ``next_seq``,
+                                               ``generation``, ``expires_at``,
+                                               ``stamped_until``
+``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
+                                               (larger ones: head plus tail items)
+=========================  ==================  ===========================================
+
+- **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
+  next_seq`` on the session item allocates contiguous sequence numbers atomically (so
+  concurrent appends never collide and keep one order), then one ``PutItem`` (or
+  ``BatchWriteItem``) writes the messages. Appending to a missing session creates it.
+- **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
+  sort-key order; pages use an opaque cursor holding only a sequence number.
+- **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
+  the cursor holds only a creation order, and every Query is bound to the caller's user.
+- **Create** is idempotent: a conditional ``PutItem`` (``attribute_not_exists``); a
+  concurrent creator's session wins and is returned.
+- **Delete** removes the session item (the session is gone at once), then its messages.
+- **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
+  and write; see :mod:`agentscope_serverless.services._dynamodb`.
+- ``max_messages_per_session`` keeps the newest N messages (older ones are hidden at once
+  and deleted by the next append).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from agentscope_serverless.infra.dynamodb_tables import SESSIONS_BY_CREATION_INDEX
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.pagination import Page
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._dynamodb import (
+    LIVE,
+    ConditionFailed,
+    DynamoDBBackedService,
+    DynamoDBClient,
+    DynamoDBStore,
+    Item,
+    assemble,
+    body_items,
+    id_hash,
+    is_live,
+    n,
+    names,
+    new_generation,
+    now,
+    number,
+    position_key,
+    position_of,
+    s,
+    take,
+)
+from agentscope_serverless.services._validation import (
+    cursor_position,
+    encode_cursor,
+    optional_positive_int,
+)
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+# Cursor positions stay within DynamoDB's 38-digit numbers.
+_MAX_CURSOR = 10**30
+
+
+class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService):
+    """Session history on a DynamoDB table (the cloud default).
+
+    >>> history = DynamoDBSessionHistoryService("agentscope-sessions", region_name="eu-west-1")
+    >>> local = DynamoDBSessionHistoryService(
+    ...     "agentscope-sessions", endpoint_url="http://127.0.0.1:5000", region_name="us-east-1"
+    ... )
+
+    ``client`` injects a ready aioboto3 DynamoDB client (used as-is, not closed by
+    ``stop()``); otherwise one is created from the usual AWS credential chain, or the
+    credentials given.
+    """
+
+    def __init__(
+        self,
+        table_name: str = "agentscope-sessions",
+        *,
+        client: DynamoDBClient | None = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        ttl_seconds: int | None = None,
+        max_messages_per_session: int | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._store = DynamoDBStore(
+            table_name=table_name,
+            client=client,
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._max_messages = optional_positive_int(
+            max_messages_per_session, field="max_messages_per_session"
+        )
+
+    # --- keys -------------------------------------------------------------------------
+
+    @staticmethod
+    def _session_key(user_id: str, session_id: str) -> Item:
+        return {"pk": s(f"USER#{id_hash(user_id)}"), "sk": s(f"SESSION#{id_hash(session_id)}")}
+
+    @staticmethod
+    def _messages_pk(user_id: str, session_id: str) -> str:
+        return f"SESSION#{id_hash(user_id)}#{id_hash(session_id)}"
+
+    @staticmethod
+    def _prefix(meta: Item) -> str:
+        return f"M#{meta['generation']['S']}#"
+
+    def _first_visible(self, meta: Item) -> int:
+        if self._max_messages is None:
+            return 1
+        return max(1, number(meta, "next_seq") - self._max_messages + 1)
+
+    # --- the session item ---------------------------------------------------------------
+
+    async def _read_meta(self, user_id: str, session_id: str) -> Item | None:
+        """The live session item; with a TTL, reading it also refreshes its expiry."""
+        meta = await self._store.read_container(self._session_key(user_id, session_id), self._ttl)
+        if meta is not None:
+            await self._restamp_if_due(user_id, session_id, meta)
+        return meta
+
+    async def _create_meta(self, user_id: str, session_id: str) -> tuple[Item, bool]:
+        """The session item, created if missing; True when this call created it."""
+        while True:
+            counter = await self._store.run(
+                "update_item",
+                idempotent=False,
+                Key={"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")},
+                UpdateExpression="ADD next_order :one",
+                ExpressionAttributeValues={":one": n(1)},
+                ReturnValues="UPDATED_NEW",
+            )
+            at = now()
+            meta: Item = {
+                **self._session_key(user_id, session_id),
+                "user_id": s(user_id),
+                "session_id": s(session_id),
+                "creation_order": counter["Attributes"]["next_order"],
+                "next_seq": n(0),
+                "generation": s(new_generation()),
+            }
+            if self._ttl is not None:
+                meta |= {"expires_at": n(at + self._ttl), "stamped_until": n(at + 2 * self._ttl)}
+            try:
+                await self._store.run(
+                    "put_item",
+                    idempotent=False,
+                    Item=meta,
+                    ConditionExpression="attribute_not_exists(#pk) OR #e <= :now",
+                    ExpressionAttributeNames=names("#pk", "#e"),
+                    ExpressionAttributeValues={":now": n(at)},
+                )
+                return meta, True
+            except ConditionFailed:
+                existing = await self._read_meta(user_id, session_id)
+                if existing is not None:
+                    return existing, False
+
+    async def _allocate(self, user_id: str, session_id: str, count: int) -> Item:
+        """Reserve ``count`` sequence numbers (the session item after the update)."""
+        while True:
+            at = now()
+            update, values = "ADD next_seq :count", {":count": n(count), ":now": n(at)}
+            if self._ttl is not None:
+                update += " SET #e = :expires"
+                values[":expires"] = n(at + self._ttl)
+            try:
+                response = await self._store.run(
+                    "update_item",
+                    idempotent=False,
+                    Key=self._session_key(user_id, session_id),
+                    UpdateExpression=update,
+                    ConditionExpression=f"attribute_exists(#pk) AND {LIVE}",
+                    ExpressionAttributeNames=names("#e", "#pk"),
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                )
+                meta: Item = response["Attributes"]
+                return meta
+            except ConditionFailed:
+                await self._create_meta(user_id, session_id)
+
+    async def _restamp_if_due(self, user_id: str, session_id: str, meta: Item) -> None:
+        await self._store.restamp_if_due(
+            self._session_key(user_id, session_id),
+            meta,
+            self._messages_pk(user_id, session_id),
+            self._prefix(meta),
+            self._ttl,
+        )
+
+    # --- messages -----------------------------------------------------------------------
+
+    def _message_items(
+        self, user_id: str, session_id: str, meta: Item, messages: list[Message]
+    ) -> tuple[list[Item], list[Item]]:
+        last = number(meta, "next_seq")
+        extra: Item = {}
+        if self._ttl is not None:
+            extra["expires_at"] = n(now() + 2 * self._ttl)
+        tails: list[Item] = []
+        heads: list[Item] = []
+        for seq, message in enumerate(messages, start=last - len(messages) + 1):
+            message_tails, head = body_items(
+                self._messages_pk(user_id, session_id),
+                position_key(self._prefix(meta), seq),
+                message.model_dump_json(),
+                extra,
+            )
+            tails += message_tails
+            heads.append(head)
+        return tails, heads
+
+    async def _messages(
+        self, user_id: str, session_id: str, meta: Item, after: int, limit: int | None = None
+    ) -> AsyncGenerator[tuple[int, Message], None]:
+        prefix = self._prefix(meta)
+        first = max(after + 1, self._first_visible(meta))
+        query: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :low AND :high",
+            "ExpressionAttributeValues": {
+                ":pk": s(self._messages_pk(user_id, session_id)),
+                ":low": s(position_key(prefix, first)),
+                ":high": s(f"{prefix}~"),
+            },
+            "ConsistentRead": True,
+        }
+        if limit is not None:
+            query["Limit"] = limit
+        async for head, body in assemble(self._store.query(**query), now()):
+            yield position_of(prefix, head["sk"]["S"]), Message.model_validate_json(body)
+
+    async def _trim(self, user_id: str, session_id: str, meta: Item) -> None:
+        first_visible = self._first_visible(meta)
+        if first_visible == 1:
+            return
+        prefix = self._prefix(meta)
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                ExpressionAttributeValues={
+                    ":pk": s(self._messages_pk(user_id, session_id)),
+                    ":low": s(prefix),
+                    ":high": s(position_key(prefix, first_visible - 1) + "#~"),
+                },
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        if keys:
+            await self._store.delete(keys)
+
+    # --- the service hooks --------------------------------------------------------------
+
+    async def _create_session(self, user_id: str, session_id: str) -> Session:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            meta, created = await self._create_meta(user_id, session_id)
+            if created:
+                return Session(id=session_id, user_id=user_id, messages=[])
+        return await self._session_with_messages(user_id, session_id, meta)
+
+    async def _get_session(self, user_id: str, session_id: str) -> Session | None:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return None
+        return await self._session_with_messages(user_id, session_id, meta)
+
+    async def _session_with_messages(self, user_id: str, session_id: str, meta: Item) -> Session:
+        messages: list[Message | dict[str, Any]] = [
+            message async for _, message in self._messages(user_id, session_id, meta, after=0)
+        ]
+        return Session(id=session_id, user_id=user_id, messages=messages)
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        response = await self._store.run(
+            "delete_item",
+            idempotent=True,
+            Key=self._session_key(user_id, session_id),
+            ReturnValues="ALL_OLD",
+        )
+        old = response.get("Attributes")
+        if old is None:
+            return
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={
+                    ":pk": s(self._messages_pk(user_id, session_id)),
+                    ":prefix": s(self._prefix(old)),
+                },
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        if keys:
+            await self._store.delete(keys)
+
+    async def _list_sessions_page(
+        self, user_id: str, limit: int, cursor: str | None
+    ) -> Page[Session]:
+        after = min(cursor_position(cursor, "after"), _MAX_CURSOR)
+        at = now()
+        items = self._store.query(
+            IndexName=SESSIONS_BY_CREATION_INDEX,
+            KeyConditionExpression="pk = :pk AND #o > :after",
+            ExpressionAttributeNames=names("#o"),
+            ExpressionAttributeValues={
+                ":pk": s(f"USER#{id_hash(user_id)}"),
+                ":after": n(after),
+            },
+            ConsistentRead=True,
+            Limit=limit + 1,
+        )
+        live = (
+            (number(item, "creation_order"), item["session_id"]["S"])
+            async for item in items
+            if is_live(item, at)
+        )
+        rows = await take(live, limit + 1)
+        page = rows[:limit]
+        return Page[Session](
+            items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
+            next_cursor=encode_cursor({"after": page[-1][0]}) if len(rows) > limit else None,
+        )
+
+    async def _list_messages(
+        self, user_id: str, session_id: str, limit: int, cursor: str | None
+    ) -> Page[Message] | None:
+        after = min(cursor_position(cursor, "after"), _MAX_CURSOR)
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return None
+        rows = await take(
+            self._messages(user_id, session_id, meta, after, limit=limit + 1), limit + 1
+        )
+        page = rows[:limit]
+        return Page[Message](
+            items=[message for _, message in page],
+            next_cursor=encode_cursor({"after": page[-1][0]}) if len(rows) > limit else None,
+        )
+
+    async def _append_messages(
+        self, user_id: str, session_id: str, messages: list[Message]
+    ) -> None:
+        meta = await self._allocate(user_id, session_id, len(messages))
+        tails, heads = self._message_items(user_id, session_id, meta, messages)
+        await self._store.put(tails)
+        await self._store.put(heads)
+        await self._trim(user_id, session_id, meta)
+        await self._restamp_if_due(user_id, session_id, meta)
+
+
+__all__ = ["DynamoDBSessionHistoryService"]

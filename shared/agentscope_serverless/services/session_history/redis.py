@@ -1,0 +1,266 @@
+"""Session history on Redis (standalone or Cluster), one Lua script per operation.
+
+Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
+
+    <prefix>:session:{U}:sessions        ZSET  session id -> creation order (the user's index)
+    <prefix>:session:{U}:counter         STRING creation counter
+    <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
+    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far)
+    <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
+
+Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``): O(1) per
+message and atomic, so concurrent appends all land in one order. Listing reads the
+user's index, never ``SCAN``. With ``ttl_seconds`` every read and write refreshes the
+session's and the index's expiry; index entries of expired sessions are dropped when the
+index is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.pagination import Page
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._redis import (
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_REDIS_URL,
+    MAX_POSITION,
+    RedisBackedService,
+    RedisClient,
+    RedisStore,
+    escape,
+    text,
+    user_key_prefix,
+)
+from agentscope_serverless.services._validation import (
+    cursor_position,
+    encode_cursor,
+    optional_positive_int,
+)
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+# KEYS: meta, messages, index, expiry, counter. ARGV: ttl, session id, ...
+_PRELUDE = """
+local ttl = tonumber(ARGV[1])
+local function ensure()
+  if redis.call('EXISTS', KEYS[1]) == 1 then return end
+  local order = redis.call('INCR', KEYS[5])
+  redis.call('HSET', KEYS[1], 'order', order, 'dropped', 0)
+  redis.call('ZADD', KEYS[3], order, ARGV[2])
+end
+local function touch()
+  if ttl > 0 then
+    local now = redis.call('TIME')
+    local expiry = now[1] * 1000 + math.floor(now[2] / 1000) + ttl * 1000
+    redis.call('ZADD', KEYS[4], string.format('%d', expiry), ARGV[2])
+    for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+  end
+end
+"""
+
+_CREATE = (
+    _PRELUDE
+    + """
+ensure()
+touch()
+return redis.call('LRANGE', KEYS[2], 0, -1)
+"""
+)
+
+_GET = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+touch()
+return redis.call('LRANGE', KEYS[2], 0, -1)
+"""
+)
+
+# ARGV[3]: absolute position of the first message wanted, ARGV[4]: how many.
+_PAGE = (
+    _PRELUDE
+    + """
+local dropped = redis.call('HGET', KEYS[1], 'dropped')
+if not dropped then return false end
+local start = math.max(tonumber(ARGV[3]) - tonumber(dropped), 0)
+local stop = start + tonumber(ARGV[4]) - 1
+local items = redis.call('LRANGE', KEYS[2], string.format('%d', start), string.format('%d', stop))
+touch()
+return {dropped, redis.call('LLEN', KEYS[2]), items}
+"""
+)
+
+# ARGV[3]: max messages (0: no limit), ARGV[4..]: message JSON.
+_APPEND = (
+    _PRELUDE
+    + """
+ensure()
+local length = 0
+for i = 4, #ARGV, 1000 do
+  length = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+local max = tonumber(ARGV[3])
+if max > 0 and length > max then
+  redis.call('LTRIM', KEYS[2], length - max, -1)
+  redis.call('HINCRBY', KEYS[1], 'dropped', length - max)
+end
+touch()
+return length
+"""
+)
+
+_DELETE = """
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+"""
+
+# KEYS: index, expiry, counter. ARGV: ttl, list after this order, how many.
+_LIST = """
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then
+  local now = redis.call('TIME')
+  local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now_ms))
+  for i = 1, #expired, 1000 do
+    local batch = {unpack(expired, i, math.min(i + 999, #expired))}
+    redis.call('ZREM', KEYS[1], unpack(batch))
+    redis.call('ZREM', KEYS[2], unpack(batch))
+  end
+  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+end
+return redis.call(
+  'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[3])
+"""
+
+
+class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
+    """Session history on Redis or Redis Cluster (managed Redis / Valkey).
+
+    >>> service = RedisSessionHistoryService(redis_url="redis://localhost:6379/0")
+    >>> tls = RedisSessionHistoryService(
+    ...     redis_url="rediss://:secret@my-cache.example.com:6379", cluster=True
+    ... )
+
+    ``redis_client`` injects a ready client (used as-is, not closed by ``stop()``).
+    ``ttl_seconds`` is a sliding expiry refreshed on every read and write (None: never
+    expires); ``max_messages_per_session`` keeps only the newest messages.
+    """
+
+    def __init__(
+        self,
+        redis_url: str = DEFAULT_REDIS_URL,
+        redis_client: RedisClient | None = None,
+        socket_timeout: float | None = 5.0,
+        socket_connect_timeout: float | None = 5.0,
+        max_connections: int | None = None,
+        retry_on_timeout: bool = True,
+        ttl_seconds: int | None = None,
+        max_messages_per_session: int | None = None,
+        health_check_interval: float = 30.0,
+        socket_keepalive: bool = True,
+        *,
+        password: str | None = None,
+        cluster: bool = False,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        self._redis = RedisStore(
+            url=redis_url,
+            client=redis_client,
+            password=password,
+            cluster=cluster,
+            key_prefix=key_prefix,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
+            retry_on_timeout=retry_on_timeout,
+            health_check_interval=health_check_interval,
+            socket_keepalive=socket_keepalive,
+        )
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
+        self._max_messages = (
+            optional_positive_int(max_messages_per_session, field="max_messages_per_session") or 0
+        )
+
+    def _user_keys(self, user_id: str) -> list[str]:
+        base = user_key_prefix(self._redis.key_prefix, "session", user_id)
+        return [f"{base}:sessions", f"{base}:expiry", f"{base}:counter"]
+
+    def _keys(self, user_id: str, session_id: str) -> list[str]:
+        base = user_key_prefix(self._redis.key_prefix, "session", user_id)
+        session = f"{base}:s:{escape(session_id)}"
+        return [f"{session}:meta", f"{session}:messages", *self._user_keys(user_id)]
+
+    async def _session_call(
+        self, script: str, user_id: str, session_id: str, *extra: Any, idempotent: bool
+    ) -> Any:
+        return await self._redis.run(
+            script,
+            self._keys(user_id, session_id),
+            [self._ttl, session_id, *extra],
+            idempotent=idempotent,
+        )
+
+    async def _create_session(self, user_id: str, session_id: str) -> Session:
+        raw = await self._session_call(_CREATE, user_id, session_id, idempotent=True)
+        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+
+    async def _get_session(self, user_id: str, session_id: str) -> Session | None:
+        raw = await self._session_call(_GET, user_id, session_id, idempotent=True)
+        if raw is None:
+            return None
+        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        await self._session_call(_DELETE, user_id, session_id, idempotent=True)
+
+    async def _list_sessions_page(
+        self, user_id: str, limit: int, cursor: str | None
+    ) -> Page[Session]:
+        after = cursor_position(cursor, "after")
+        raw = await self._redis.run(
+            _LIST, self._user_keys(user_id), [self._ttl, after, limit + 1], idempotent=True
+        )
+        rows = [(text(raw[i]), int(float(text(raw[i + 1])))) for i in range(0, len(raw), 2)]
+        page = rows[:limit]
+        return Page[Session](
+            items=[Session(id=sid, user_id=user_id, messages=[]) for sid, _ in page],
+            next_cursor=encode_cursor({"after": page[-1][1]}) if len(rows) > limit else None,
+        )
+
+    async def _list_messages(
+        self, user_id: str, session_id: str, limit: int, cursor: str | None
+    ) -> Page[Message] | None:
+        offset = min(cursor_position(cursor, "offset"), MAX_POSITION)
+        raw = await self._session_call(_PAGE, user_id, session_id, offset, limit, idempotent=True)
+        if raw is None:
+            return None
+        dropped, length = int(text(raw[0])), int(raw[1])
+        items = [Message.model_validate_json(item) for item in raw[2]]
+        start = max(offset, dropped)
+        end = start + len(items)
+        return Page[Message](
+            items=items,
+            next_cursor=encode_cursor({"offset": end}) if end < dropped + length else None,
+        )
+
+    async def _append_messages(
+        self, user_id: str, session_id: str, messages: list[Message]
+    ) -> None:
+        await self._session_call(
+            _APPEND,
+            user_id,
+            session_id,
+            self._max_messages,
+            *(m.model_dump_json() for m in messages),
+            idempotent=False,
+        )
+
+
+def _parse(raw: list[Any]) -> list[Message | dict[str, Any]]:
+    return [Message.model_validate_json(item) for item in raw]
+
+
+__all__ = ["RedisSessionHistoryService"]

@@ -1,0 +1,333 @@
+"""The DynamoDB backends against moto's server: large items, TTL, cost, cursors, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from types_aiobotocore_dynamodb import DynamoDBClient
+
+from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._dynamodb import id_hash, now
+from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
+from agentscope_serverless.services.session_history.dynamodb import (
+    DynamoDBSessionHistoryService,
+)
+
+# Multi-byte characters make sure bodies are split between characters, never inside one.
+ONE_MEGABYTE_TEXT = ("héllo wörld ✓ 𝄞 " * 60_000)[:1_000_000]
+
+
+def msg(text: str) -> Message:
+    return Message(role="user", content=[TextContent(text=text)])
+
+
+def texts(session: Session | None) -> list[str | None]:
+    assert session is not None
+    return [m.get_text_content() for m in session.messages if isinstance(m, Message)]
+
+
+def history_on(server: DynamoDBServer, **options: Any) -> DynamoDBSessionHistoryService:
+    return DynamoDBSessionHistoryService(
+        server.sessions_table,
+        endpoint_url=server.endpoint_url,
+        region_name=server.region,
+        **LOCAL_AWS_CREDENTIALS,
+        **options,
+    )
+
+
+def state_on(server: DynamoDBServer, **options: Any) -> DynamoDBStateService:
+    return DynamoDBStateService(
+        server.state_table,
+        endpoint_url=server.endpoint_url,
+        region_name=server.region,
+        **LOCAL_AWS_CREDENTIALS,
+        **options,
+    )
+
+
+def session_key(user_id: str, session_id: str) -> dict[str, Any]:
+    return {"pk": {"S": f"USER#{id_hash(user_id)}"}, "sk": {"S": f"SESSION#{id_hash(session_id)}"}}
+
+
+def messages_pk(user_id: str, session_id: str) -> str:
+    return f"SESSION#{id_hash(user_id)}#{id_hash(session_id)}"
+
+
+def state_pk(user_id: str, session_id: str) -> str:
+    return f"STATE#{id_hash(user_id)}#{id_hash(session_id)}"
+
+
+async def partition(client: DynamoDBClient, table: str, pk: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    paginator = client.get_paginator("query")
+    async for page in paginator.paginate(
+        TableName=table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": pk}},
+        ConsistentRead=True,
+    ):
+        items += page["Items"]
+    return items
+
+
+async def set_number(
+    client: DynamoDBClient, table: str, key: dict[str, Any], name: str, value: int
+) -> None:
+    await client.update_item(
+        TableName=table,
+        Key=key,
+        UpdateExpression="SET #a = :v",
+        ExpressionAttributeNames={"#a": name},
+        ExpressionAttributeValues={":v": {"N": str(value)}},
+    )
+
+
+# --- large items ----------------------------------------------------------------------
+
+
+async def test_a_one_megabyte_message_round_trips_unchanged(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    big = msg(ONE_MEGABYTE_TEXT)
+    async with history_on(dynamodb_server) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg("before"), big, msg("after")])
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None
+        assert stored.messages[1] == big
+        assert texts(stored) == ["before", ONE_MEGABYTE_TEXT, "after"]
+        page = await history.list_messages(user_id, "s1", limit=2)
+        assert page.items[1] == big
+    items = await partition(
+        dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
+    )
+    assert len(items) >= 5  # the big message takes several items, each under 400 KB
+    assert all(len(item["body"]["S"].encode()) < 400_000 for item in items)
+
+
+async def test_a_one_megabyte_state_round_trips_and_can_be_overwritten(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    big = {"text": ONE_MEGABYTE_TEXT, "numbers": list(range(1000)), "nested": {"ok": True}}
+    async with state_on(dynamodb_server) as state:
+        assert await state.save_state(user_id, big) == 1
+        assert await state.save_state(user_id, {"small": 1}) == 2
+        assert await state.export_state(user_id, round_id=1) == big
+        assert await state.export_state(user_id) == {"small": 1}
+
+        await state.save_state(user_id, {"replaced": True}, round_id=1)
+        assert await state.export_state(user_id, round_id=1) == {"replaced": True}
+        items = await partition(
+            dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "default")
+        )
+        assert len(items) == 3  # meta and two one-item rounds: the old parts are gone
+
+        await state.save_state(user_id, big, round_id=2)
+        assert await state.export_state(user_id) == big
+        assert await state.list_rounds(user_id) == [1, 2]
+
+
+# --- expiry ---------------------------------------------------------------------------
+
+
+async def test_expired_items_are_invisible_even_before_dynamodb_deletes_them(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    past = now() - 10
+    async with history_on(dynamodb_server) as history:
+        await history.append_message(Session(id="gone", user_id=user_id), msg("old"))
+        session = await history.create_session(user_id, "kept")
+        await history.append_message(session, [msg("visible"), msg("expired")])
+
+        await set_number(dynamodb_client, table, session_key(user_id, "gone"), "expires_at", past)
+        assert await history.get_session(user_id, "gone") is None
+        assert [s.id for s in await history.list_sessions(user_id)] == ["kept"]
+        assert (await history.create_session(user_id, "gone")).messages == []
+
+        messages = await partition(dynamodb_client, table, messages_pk(user_id, "kept"))
+        expired = {"pk": messages[1]["pk"], "sk": messages[1]["sk"]}
+        await set_number(dynamodb_client, table, expired, "expires_at", past)
+        assert texts(await history.get_session(user_id, "kept")) == ["visible"]
+
+    async with state_on(dynamodb_server) as state:
+        await state.save_state(user_id, {"v": 1})
+        await state.save_state(user_id, {"v": 2})
+        rounds = await partition(
+            dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "default")
+        )
+        meta, _, newest = ({"pk": item["pk"], "sk": item["sk"]} for item in rounds)
+        assert meta["sk"] == {"S": "META"}
+        await set_number(dynamodb_client, dynamodb_server.state_table, newest, "expires_at", past)
+        assert await state.export_state(user_id) == {"v": 1}
+        assert await state.list_rounds(user_id) == [1]
+
+        await set_number(dynamodb_client, dynamodb_server.state_table, meta, "expires_at", past)
+        assert await state.export_state(user_id) is None
+        assert await state.save_state(user_id, {"v": "fresh"}) == 1
+
+
+async def test_a_ttl_stamps_items_and_slides_on_every_read(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server, ttl_seconds=1000) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, msg("hello"))
+        start = now()
+        key = session_key(user_id, "s1")
+        meta = (await dynamodb_client.get_item(TableName=table, Key=key))["Item"]
+        assert start - 5 <= int(meta["expires_at"]["N"]) - 1000 <= start
+        (message,) = await partition(dynamodb_client, table, messages_pk(user_id, "s1"))
+        assert start - 5 <= int(message["expires_at"]["N"]) - 2000 <= start
+
+        await set_number(dynamodb_client, table, key, "expires_at", start + 10)
+        assert texts(await history.get_session(user_id, "s1")) == ["hello"]
+        meta = (await dynamodb_client.get_item(TableName=table, Key=key))["Item"]
+        assert int(meta["expires_at"]["N"]) >= start + 995
+
+
+async def test_items_are_restamped_before_they_could_outlive_their_session(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server, ttl_seconds=1000) as history:
+        await history.append_message(Session(id="s1", user_id=user_id), msg("hello"))
+        start = now()
+        key = session_key(user_id, "s1")
+        (message,) = await partition(dynamodb_client, table, messages_pk(user_id, "s1"))
+        message_key = {"pk": message["pk"], "sk": message["sk"]}
+        await set_number(dynamodb_client, table, key, "stamped_until", start + 100)
+        await set_number(dynamodb_client, table, message_key, "expires_at", start + 100)
+
+        assert texts(await history.get_session(user_id, "s1")) == ["hello"]
+        meta = (await dynamodb_client.get_item(TableName=table, Key=key))["Item"]
+        message = (await dynamodb_client.get_item(TableName=table, Key=message_key))["Item"]
+        assert int(meta["stamped_until"]["N"]) >= start + 1995
+        assert int(message["expires_at"]["N"]) >= start + 1995
+
+
+# --- cost -----------------------------------------------------------------------------
+
+
+async def test_appending_costs_the_same_requests_whatever_the_session_size(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    sent: list[str] = []
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        client.meta.events.register(
+            "before-send.dynamodb", lambda request, **_: sent.append(request.url) and None
+        )
+        async with DynamoDBSessionHistoryService(
+            dynamodb_server.sessions_table, client=client
+        ) as history:
+            small = await history.create_session(user_id, "small")
+            large = await history.create_session(user_id, "large")
+            await history.append_message(small, msg("one"))
+            await history.append_message(large, [msg(f"m{i}") for i in range(120)])
+            costs = []
+            for target in (small, large):
+                sent.clear()
+                await history.append_message(target, msg("next"))
+                costs.append(len(sent))
+            assert costs == [2, 2]  # allocate the sequence number, write the message
+            sent.clear()
+            stored = await history.get_session(user_id, "large")
+            assert len(stored.messages) == 121  # type: ignore[union-attr]
+            assert len(sent) == 2  # the session item, one page of messages
+        assert await client.describe_table(TableName=dynamodb_server.sessions_table)
+
+
+def aioboto3_session() -> Any:
+    import aioboto3
+
+    return aioboto3.Session(region_name="us-east-1", **LOCAL_AWS_CREDENTIALS)
+
+
+# --- cursors, limits, concurrency -----------------------------------------------------
+
+
+async def test_a_cursor_only_ever_reads_its_own_users_data(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    other = f"{user_id}-other"
+    async with history_on(dynamodb_server) as history:
+        for owner in (user_id, other):
+            for i in range(3):
+                session = await history.create_session(owner, f"{owner}-s{i}")
+                await history.append_message(session, [msg(f"{owner}-m{j}") for j in range(3)])
+        sessions_page = await history.list_sessions_page(user_id, limit=1)
+        messages_page = await history.list_messages(user_id, f"{user_id}-s0", limit=1)
+        assert sessions_page.next_cursor and messages_page.next_cursor
+
+        theirs = await history.list_sessions_page(other, cursor=sessions_page.next_cursor)
+        assert theirs.items and all(s.id.startswith(other) for s in theirs.items)
+        with pytest.raises(Exception, match="not found"):
+            await history.list_messages(other, f"{user_id}-s0", cursor=messages_page.next_cursor)
+
+
+async def test_max_messages_keeps_the_newest_and_deletes_the_rest(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with history_on(dynamodb_server, max_messages_per_session=3) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg(f"m{i}") for i in range(4)])
+        await history.append_message(session, msg("m4"))
+        assert texts(await history.get_session(user_id, "s1")) == ["m2", "m3", "m4"]
+        page = await history.list_messages(user_id, "s1", limit=2)
+        assert [m.get_text_content() for m in page.items] == ["m2", "m3"]
+    items = await partition(
+        dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
+    )
+    assert len(items) == 3
+
+
+async def test_concurrent_creates_of_one_session_agree(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as history:
+        created = await asyncio.gather(*(history.create_session(user_id, "s1") for _ in range(10)))
+        assert {s.id for s in created} == {"s1"}
+        assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+
+
+# --- connections ----------------------------------------------------------------------
+
+
+async def test_a_stopped_dynamodb_makes_calls_fail_and_a_restarted_one_works_again(
+    own_dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    options = {"connect_timeout": 1.0, "read_timeout": 2.0}
+    history, state = (
+        history_on(own_dynamodb_server, **options),
+        state_on(own_dynamodb_server, **options),
+    )
+    async with history, state:
+        assert await history.health() is True and await state.health() is True
+        own_dynamodb_server.stop()
+        assert await history.health() is False and await state.health() is False
+        calls = [
+            history.create_session(user_id, "s1"),
+            history.append_message(Session(id="s1", user_id=user_id), msg("x")),
+            history.list_sessions(user_id),
+            state.save_state(user_id, {"v": 1}),
+            state.export_state(user_id),
+        ]
+        for call in calls:
+            with pytest.raises(StoreUnavailableError) as raised:
+                await call
+            assert raised.value.store == "dynamodb"
+            assert "testing" not in str(raised.value)  # the (local) credentials
+
+        own_dynamodb_server.start()
+        assert await history.health() is True and await state.health() is True
+        await history.append_message(Session(id="s1", user_id=user_id), msg("back"))
+        assert texts(await history.get_session(user_id, "s1")) == ["back"]
+        assert await state.save_state(user_id, {"v": 1}) == 1

@@ -1,0 +1,289 @@
+"""The Redis backends against a real redis-server: key layout, TTL, failures, injection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._redis import escape, user_key_prefix
+from agentscope_serverless.services.agent_state.redis import RedisStateService
+from agentscope_serverless.services.memory.redis import RedisMemoryService
+from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
+
+
+def msg(text: str) -> Message:
+    return Message(role="user", content=[TextContent(text=text)])
+
+
+async def user_keys(client: Redis, kind: str, user_id: str) -> list[str]:
+    pattern = user_key_prefix("agentscope", kind, user_id).replace("{", "\\{").replace("}", "\\}")
+    return sorted([key async for key in client.scan_iter(match=f"{pattern}:*")])
+
+
+async def pttls(client: Redis, keys: list[str]) -> list[int]:
+    return [await client.pttl(key) for key in keys]
+
+
+# --- keys -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tricky", ["a:b", "{a}", "a}b{", "*", "a b", "ü%2F"])
+def test_escaped_ids_keep_separators_and_hash_tags_out(tricky: str) -> None:
+    escaped = escape(tricky)
+    assert not set(escaped) & set(":{}*?[] ")
+    prefix = user_key_prefix("agentscope", "session", tricky)
+    assert prefix == f"agentscope:session:{{{escaped}}}"
+    assert key_slot(f"{prefix}:x".encode()) == key_slot(escaped.encode())
+
+
+async def test_every_key_of_a_user_shares_one_hash_slot(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    owner = f"{user_id}{{x}}:y"
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=60) as history:
+        await history.append_message(Session(id="s{1}", user_id=owner), msg("hello"))
+    async with RedisMemoryService(redis_server.url) as memory:
+        await memory.add_memory(owner, [msg("fact")], session_id="s{1}")
+    async with RedisStateService(redis_server.url) as state:
+        await state.save_state(owner, {"v": 1}, session_id="s{1}")
+    keys = [
+        key
+        for kind in ("session", "memory", "state")
+        for key in await user_keys(redis_client, kind, owner)
+    ]
+    assert len(keys) >= 10
+    assert len({key_slot(key.encode()) for key in keys}) == 1
+
+
+# --- TTL ------------------------------------------------------------------------------
+
+
+async def test_without_ttl_nothing_expires(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        await history.append_message(Session(id="s1", user_id=user_id), msg("hello"))
+    async with RedisMemoryService(redis_server.url) as memory:
+        await memory.add_memory(user_id, [msg("a fact")])
+        await memory.search_memory(user_id, [msg("fact")])
+    async with RedisStateService(redis_server.url) as state:
+        await state.save_state(user_id, {"v": 1})
+    for kind in ("session", "memory", "state"):
+        keys = await user_keys(redis_client, kind, user_id)
+        assert keys
+        assert await pttls(redis_client, keys) == [-1] * len(keys)
+
+
+async def test_session_ttl_slides_on_reads_and_writes(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=100) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, msg("hello"))
+        keys = await user_keys(redis_client, "session", user_id)
+        assert len(keys) == 5  # index, expiry, counter, meta, messages
+        assert all(90_000 < ttl <= 100_000 for ttl in await pttls(redis_client, keys))
+
+        for key in keys:
+            await redis_client.pexpire(key, 5_000)
+        assert await history.get_session(user_id, "s1") is not None
+        assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+        for key in keys:
+            await redis_client.pexpire(key, 5_000)
+        await history.append_message(session, msg("again"))
+        assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+
+async def test_an_expired_session_is_gone_everywhere(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=1) as history:
+        await history.append_message(Session(id="old", user_id=user_id), msg("bye"))
+        await asyncio.sleep(1.2)
+        await history.create_session(user_id, "new")
+        assert await history.get_session(user_id, "old") is None
+        assert [s.id for s in await history.list_sessions(user_id)] == ["new"]
+        again = await history.create_session(user_id, "old")
+        assert again.messages == []
+
+
+async def test_memory_ttl_is_opt_in_and_slides(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisMemoryService(redis_server.url, ttl_seconds=100) as memory:
+        await memory.add_memory(user_id, [msg("green tea")])
+        keys = await user_keys(redis_client, "memory", user_id)
+        assert len(keys) == 7
+        for key in keys:
+            await redis_client.pexpire(key, 5_000)
+        assert len(await memory.search_memory(user_id, [msg("tea")])) == 1
+        assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+
+async def test_state_ttl_slides_on_reads(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisStateService(redis_server.url, ttl_seconds=100) as state:
+        await state.save_state(user_id, {"v": 1})
+        keys = await user_keys(redis_client, "state", user_id)
+        assert len(keys) == 2
+        for key in keys:
+            await redis_client.pexpire(key, 5_000)
+        assert await state.export_state(user_id) == {"v": 1}
+        assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+
+# --- limits and layout ----------------------------------------------------------------
+
+
+async def test_max_messages_keeps_the_newest_and_pages_stay_consistent(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url, max_messages_per_session=3) as history:
+        session = await history.create_session(user_id, "s1")
+        first_page = await history.list_messages(user_id, "s1", limit=2)
+        await history.append_message(session, [msg(f"m{i}") for i in range(5)])
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None
+        assert [m.get_text_content() for m in stored.messages] == ["m2", "m3", "m4"]  # type: ignore[union-attr]
+        page = await history.list_messages(user_id, "s1", limit=2)
+        assert [m.get_text_content() for m in page.items] == ["m2", "m3"]
+        assert page.next_cursor is not None
+        rest = await history.list_messages(user_id, "s1", limit=2, cursor=page.next_cursor)
+        assert [m.get_text_content() for m in rest.items] == ["m4"]
+        assert rest.next_cursor is None
+        assert first_page.items == []
+
+
+async def test_appending_is_one_push_not_a_rewrite(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg(f"m{i}") for i in range(3)])
+    base = user_key_prefix("agentscope", "session", user_id)
+    stored = await redis_client.lrange(f"{base}:s:s1:messages", 0, -1)
+    assert [Message.model_validate_json(m).get_text_content() for m in stored] == ["m0", "m1", "m2"]
+    assert await redis_client.zrange(f"{base}:sessions", 0, -1) == ["s1"]
+
+
+async def test_deleting_memory_updates_the_index_and_its_statistics(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    base = user_key_prefix("agentscope", "memory", user_id)
+    async with RedisMemoryService(redis_server.url) as memory:
+        await memory.add_memory(user_id, [msg("alpha beta"), msg("beta")], session_id="s1")
+        await memory.add_memory(user_id, [msg("gamma gamma delta")], session_id="s2")
+        assert await redis_client.hgetall(f"{base}:stats") == {
+            "seq": "3",
+            "docs": "3",
+            "length": "6",
+        }
+        await memory.delete_memory(user_id, "s1")
+        assert await redis_client.hmget(f"{base}:stats", "docs", "length") == ["1", "3"]
+        postings = await redis_client.zrange(f"{base}:postings", 0, -1)
+        assert sorted(p.split("\0")[0] for p in postings) == ["delta", "gamma"]
+        assert await redis_client.hlen(f"{base}:tf") == 2
+        await memory.delete_memory(user_id)
+    assert await user_keys(redis_client, "memory", user_id) == []
+
+
+# --- connections ----------------------------------------------------------------------
+
+
+async def test_an_injected_client_is_used_and_left_open(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    service = RedisSessionHistoryService(redis_client=client)
+    async with service:
+        await service.create_session(user_id, "s1")
+    assert await client.ping() is True
+    assert await client.exists(f"{user_key_prefix('agentscope', 'session', user_id)}:s:s1:meta")
+    await client.aclose()
+
+
+async def test_a_stopped_redis_makes_calls_fail_and_a_restarted_one_works_again(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    history = RedisSessionHistoryService(own_redis_server.url, socket_connect_timeout=1.0)
+    memory = RedisMemoryService(own_redis_server.url, socket_connect_timeout=1.0)
+    state = RedisStateService(own_redis_server.url, socket_connect_timeout=1.0)
+    async with history, memory, state:
+        await history.create_session(user_id, "s1")
+        own_redis_server.stop()
+        assert await history.health() is False
+        assert await memory.health() is False
+        assert await state.health() is False
+        calls = [
+            history.get_session(user_id, "s1"),
+            history.append_message(Session(id="s1", user_id=user_id), msg("x")),
+            history.list_sessions(user_id),
+            memory.add_memory(user_id, [msg("x")]),
+            memory.search_memory(user_id, [msg("x")]),
+            state.save_state(user_id, {"v": 1}),
+            state.export_state(user_id),
+        ]
+        for call in calls:
+            with pytest.raises(StoreUnavailableError) as raised:
+                await call
+            assert raised.value.store == "redis"
+
+        own_redis_server.start()
+        assert await history.health() is True
+        session = await history.create_session(user_id, "s2")
+        await history.append_message(session, msg("back"))
+        assert len((await history.get_session(user_id, "s2")).messages) == 1  # type: ignore[union-attr]
+        await memory.add_memory(user_id, [msg("back again")])
+        assert len(await memory.search_memory(user_id, [msg("again")])) == 1
+        assert await state.save_state(user_id, {"v": 2}) == 1
+
+
+async def test_errors_never_carry_the_password(user_id: str) -> None:
+    with RedisServer(password="s3cret-Pa55") as server:
+        wrong = server.url.replace("s3cret-Pa55", "wr0ng-Pa55")
+        for service in (
+            RedisSessionHistoryService(wrong),
+            RedisSessionHistoryService(server.url.replace(":s3cret-Pa55@", ""), password="x9-Pa55"),
+        ):
+            async with service:
+                assert await service.health() is False
+                with pytest.raises(StoreUnavailableError) as raised:
+                    await service.create_session(user_id, "s1")
+                assert "Pa55" not in str(raised.value)
+
+        async with RedisSessionHistoryService(server.url) as history:
+            await history.create_session(user_id, "s1")
+            server.stop()
+            with pytest.raises(StoreUnavailableError) as raised:
+                await history.get_session(user_id, "s1")
+            assert "s3cret" not in str(raised.value) and "s3cret" not in repr(raised.value)
+
+
+async def test_a_rediss_url_talks_tls(user_id: str) -> None:
+    with RedisServer(tls=True, password="tls-secret") as server:
+        assert server.url.startswith("rediss://")
+        async with RedisSessionHistoryService(server.url) as history:
+            assert await history.health() is True
+            session = await history.create_session(user_id, "s1")
+            await history.append_message(session, msg("over tls"))
+            assert len((await history.get_session(user_id, "s1")).messages) == 1  # type: ignore[union-attr]
+        plain = server.url.replace("rediss://", "redis://").partition("?")[0]
+        async with RedisSessionHistoryService(plain, socket_timeout=1.0) as history:
+            assert await history.health() is False
+
+
+async def test_a_password_given_apart_from_the_url_authenticates(user_id: str) -> None:
+    with RedisServer(password="apart-secret") as server:
+        url = server.url.replace(":apart-secret@", "")
+        async with RedisStateService(url, password="apart-secret") as state:
+            assert await state.health() is True
+            assert await state.save_state(user_id, {"v": 1}) == 1

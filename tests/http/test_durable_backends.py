@@ -1,0 +1,74 @@
+"""The HTTP API on the durable backends: history and state on DynamoDB, memory on Redis.
+
+The stores are the session's real servers (moto's DynamoDB server, redis-server) on loopback.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.settings import load_settings
+from tests.support.http import bearer, issue_key, running, stream, text_of, user_message
+
+
+@pytest.fixture(scope="module")
+def durable(
+    redis_server: RedisServer, dynamodb_server: DynamoDBServer
+) -> Iterator[tuple[str, str, str]]:
+    """A server on the durable backends, and the keys of two fresh users."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(
+            session_history_backend="dynamodb",
+            state_backend="dynamodb",
+            memory_backend="redis",
+            redis_url=redis_server.url,
+            dynamodb_endpoint_url=dynamodb_server.endpoint_url,
+            aws_region=dynamodb_server.region,
+        )
+        store = InMemoryKeyStore()
+        first = issue_key(store, f"user-{uuid.uuid4().hex[:8]}")
+        second = issue_key(store, f"user-{uuid.uuid4().hex[:8]}")
+        app = create_app(settings=settings, agent_app=demo_app, key_store=store)
+        with running(app) as url:
+            yield url, first, second
+
+
+def test_a_conversation_is_remembered_across_turns_and_sessions(
+    durable: tuple[str, str, str],
+) -> None:
+    url, key, _ = durable
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        assert client.get("/health").json()["status"] == "healthy"
+        told = {"input": [user_message("My name is Alice")], "session_id": "durable"}
+        stream(client, "/process", json=told)
+        asked = {"input": [user_message("What is my name?")], "session_id": "durable"}
+        _, sse = stream(client, "/process", json=asked)
+        assert text_of(sse.data) == "Your name is Alice."
+        elsewhere = {"input": [user_message("What is my name?")], "session_id": "other"}
+        _, recalled = stream(client, "/process", json=elsewhere)
+        assert "earlier conversation" in text_of(recalled.data)
+        history = client.get("/sessions/durable/messages", params={"limit": 3}).json()
+        assert len(history["items"]) == 3 and history["next_cursor"]
+        assert client.post("/state/durable", json={"state": {"turns": 2}}).json()["round_id"] == 1
+        assert client.get("/state/durable").json()["state"] == {"turns": 2}
+
+
+def test_users_stay_apart_on_the_durable_backends(durable: tuple[str, str, str]) -> None:
+    url, first, second = durable
+    with httpx.Client(base_url=url, timeout=30) as client:
+        body = {"input": [user_message("My name is Zed")], "session_id": "mine", "stream": False}
+        assert client.post("/process", json=body, headers=bearer(first)).status_code == 200
+        other = bearer(second)
+        assert client.get("/sessions/mine", headers=other).status_code == 404
+        hits = client.post("/memory/search", json={"query": "Zed"}, headers=other).json()
+        assert hits["items"] == []

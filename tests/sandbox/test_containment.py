@@ -1,0 +1,234 @@
+"""Each sandbox is confined: no network, only its own files, no root, bounded resources.
+
+Every test runs against a real sandbox on our server (bubblewrap + rlimits), with the
+tight limits of the test server: 4 s per call, 2 s of CPU per call, 512 MiB of address
+space, 8 MiB files and 32 processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agentscope_serverless.sandbox_protocol import CallToolResult
+from agentscope_serverless.services.sandbox import Sandbox, SandboxService
+from tests.sandbox.conftest import RunningServer
+
+
+def part(result: dict[str, Any], description: str) -> str:
+    return CallToolResult.model_validate(result).part(description) or ""
+
+
+async def box(service: SandboxService, session_id: str) -> Sandbox:
+    [sandbox] = await service.connect_async(session_id)
+    return sandbox
+
+
+async def assert_still_works(sandbox: Sandbox) -> None:
+    result = await sandbox.run_shell_command_async("echo ok")
+    assert part(result, "stdout") == "ok\n"
+
+
+async def test_a_sandbox_has_no_network(
+    sandbox_service: SandboxService, sandbox_server: RunningServer, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # The sandbox server listens on the host's loopback; from inside it is unreachable.
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {sandbox_server.port}), timeout=2)\n"
+        "    print('connected')\n"
+        "except OSError as exc:\n"
+        "    print('refused', type(exc).__name__)\n"
+    )
+    result = await sandbox.run_ipython_cell_async(code)
+    assert part(result, "stdout").startswith("refused")
+    interfaces = await sandbox.run_shell_command_async("tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert part(interfaces, "stdout").split() == ["lo"]
+
+
+async def test_a_sandbox_cannot_read_another_sandboxs_workspace(
+    sandbox_service: SandboxService, sandbox_server: RunningServer, session_id: str
+) -> None:
+    alice = await box(sandbox_service, f"{session_id}-alice")
+    mallory = await box(sandbox_service, f"{session_id}-mallory")
+    await alice.write_file_async("secret.txt", "alice's secret")
+    host_path = sandbox_server.root / "sandboxes" / alice.sandbox_id / "workspace" / "secret.txt"
+    assert host_path.read_text() == "alice's secret"
+
+    attempt = await mallory.run_shell_command_async(
+        f"cat {host_path}; cat /workspace/../{alice.sandbox_id}/workspace/secret.txt; "
+        "ls -a /workspace/.. /tmp"
+    )
+    assert "alice's secret" not in part(attempt, "stdout")
+    assert part(await mallory.list_directory_async("."), "stdout") == ""
+
+
+async def test_a_sandbox_sees_no_host_files_beyond_system_directories(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    result = await sandbox.run_shell_command_async(
+        "ls /root; ls /home; cat /etc/shadow; ls /work; ls /"
+    )
+    assert part(result, "stderr").count("No such file or directory") == 4
+    assert set(part(result, "stdout").split()) <= {
+        "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr",
+        "workspace",
+    }  # fmt: skip
+
+
+async def test_a_sandbox_cannot_write_outside_its_workspace(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    code = (
+        "results = []\n"
+        "for path in ['/usr/evil', '/etc/evil', '/evil', '/bin/evil', '/proc/evil']:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        results.append('wrote ' + path)\n"
+        "    except OSError as exc:\n"
+        "        results.append(type(exc).__name__)\n"
+        "open('/workspace/fine.txt', 'w').write('ok')\n"
+        "results\n"
+    )
+    result = await sandbox.run_ipython_cell_async(code)
+    assert "wrote" not in part(result, "stdout")
+    assert result["isError"] is False
+
+
+async def test_a_sandbox_runs_without_root_or_capabilities(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    result = await sandbox.run_shell_command_async("id -u; grep CapEff /proc/self/status")
+    uid, caps = part(result, "stdout").splitlines()
+    assert uid == "65534"
+    assert caps.split()[1] == "0000000000000000"
+
+
+async def test_a_symlink_cannot_lead_a_file_tool_out_of_the_workspace(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    await sandbox.run_shell_command_async("ln -s /etc/passwd link")
+    result = await sandbox.read_file_async("link")
+    assert result["isError"] is True
+    assert "outside the workspace" in part(result, "stderr")
+
+
+async def test_a_fork_bomb_is_stopped_by_the_process_limit_without_hurting_others(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    bombed = await box(sandbox_service, f"{session_id}-bomb")
+    bystander = await box(sandbox_service, f"{session_id}-bystander")
+    bomb = (
+        "import os, time\n"
+        "forked = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "        forked += 1\n"
+        "except OSError as exc:\n"
+        "    print('stopped after', forked, type(exc).__name__)\n"
+        "time.sleep(1.5)\n"
+    )
+    bombing = asyncio.create_task(bombed.run_ipython_cell_async(bomb))
+    await asyncio.sleep(0.7)  # the bomb now holds every process it may have
+    await assert_still_works(bystander)
+    words = part(await bombing, "stdout").split()
+    assert words[:2] == ["stopped", "after"]
+    assert int(words[2]) < 32
+    assert words[3] == "BlockingIOError"
+
+    shell_bomb = await bombed.run_shell_command_async("bomb() { bomb | bomb & }; bomb; sleep 1")
+    assert shell_bomb["content"]
+    # Nothing outlives a call: only the namespace's init and the interpreter remain.
+    processes = await bombed.run_shell_command_async("ls /proc | grep -c '^[0-9]'")
+    assert int(part(processes, "stdout")) <= 5
+    await assert_still_works(bombed)
+
+
+async def test_a_memory_hog_is_stopped_by_the_memory_limit(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    await sandbox.run_ipython_cell_async("kept = 'yes'")
+    hog = await sandbox.run_ipython_cell_async(
+        "hog = []\nwhile True:\n    hog.append(bytearray(10 * 1024**2))"
+    )
+    assert hog["isError"] is True
+    assert "MemoryError" in part(hog, "stderr")
+    after = await sandbox.run_ipython_cell_async("del hog\nkept")
+    assert part(after, "stdout") == "'yes'\n"
+    shell_hog = await sandbox.run_shell_command_async("python3 -c 'x = bytearray(2 * 1024**3)'")
+    assert "MemoryError" in part(shell_hog, "stderr")
+
+
+async def test_an_endless_python_loop_is_stopped_and_the_state_kept(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    looping = await box(sandbox_service, f"{session_id}-loop")
+    other = await box(sandbox_service, f"{session_id}-other")
+    await looping.run_ipython_cell_async("before = 1")
+    started = time.perf_counter()
+    loop_task = asyncio.create_task(looping.run_ipython_cell_async("while True:\n    pass"))
+    await asyncio.sleep(0.3)
+    quick_started = time.perf_counter()
+    await assert_still_works(other)
+    assert time.perf_counter() - quick_started < 1.5
+    result = await loop_task
+    assert time.perf_counter() - started < 4.5
+    assert "TimeoutError" in part(result, "stderr")
+    assert part(await looping.run_ipython_cell_async("before"), "stdout") == "1\n"
+
+
+async def test_a_sleeping_cell_is_stopped_by_the_wall_clock(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    started = time.perf_counter()
+    result = await sandbox.run_ipython_cell_async("import time\ntime.sleep(60)")
+    assert 3.5 < time.perf_counter() - started < 6
+    assert "wall-clock time limit" in part(result, "stderr")
+
+
+async def test_a_cell_stuck_in_native_code_is_killed_and_the_sandbox_recovers(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    started = time.perf_counter()
+    result = await sandbox.run_ipython_cell_async("sum(range(10**13))")
+    assert time.perf_counter() - started < 9
+    assert result["isError"] is True
+    assert "time limit" in part(result, "stderr")
+    assert part(await sandbox.run_ipython_cell_async("1 + 1"), "stdout") == "2\n"
+
+
+async def test_an_endless_shell_command_is_stopped_by_its_limits(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    busy, idle = await asyncio.gather(
+        sandbox.run_shell_command_async("python3 -c 'while True: pass'"),
+        (await box(sandbox_service, f"{session_id}-idle")).run_shell_command_async("sleep 60"),
+    )
+    assert part(busy, "returncode") == "137"  # killed by the CPU limit
+    assert part(idle, "returncode") == "-9"  # killed by the wall clock
+    assert "time limit" in part(idle, "stderr")
+
+
+async def test_the_file_size_limit_bounds_a_file(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    result = await sandbox.run_shell_command_async(
+        "head -c 20000000 /dev/zero > big; stat -c %s big"
+    )
+    assert part(result, "stdout") == f"{8 * 1024**2}\n"
+    assert "File size limit exceeded" in part(result, "stderr")

@@ -1,0 +1,161 @@
+"""The sandbox server as a program: start-up checks, the token, idle reaping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentscope_serverless.errors import SandboxNotFoundError
+from agentscope_serverless.services.sandbox import SandboxService
+from tests.sandbox.conftest import (
+    TOKEN,
+    free_port,
+    require_sandbox_tools,
+    start_server,
+    stop_server,
+)
+
+SERVER = [sys.executable, "-m", "agentscope_serverless.sandbox_server"]
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="sandbox-program-"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run_briefly(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=20)
+
+
+def test_the_server_refuses_to_start_without_a_token(scratch: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SANDBOX_SERVER_TOKEN"}
+    done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)
+    assert done.returncode == 2
+    assert "no bearer token" in done.stderr
+
+
+def test_the_server_refuses_a_short_token(scratch: Path) -> None:
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": "short"}
+    done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)
+    assert done.returncode == 2
+    assert "at least 16 characters" in done.stderr
+    assert "short" not in done.stderr.replace("at least", "")
+
+
+def test_dev_mode_makes_a_random_token_and_prints_it(scratch: Path) -> None:
+    require_sandbox_tools()
+    env = {k: v for k, v in os.environ.items() if k != "SANDBOX_SERVER_TOKEN"}
+    port = free_port()
+    process = subprocess.Popen(
+        [*SERVER, "--dev", "--port", str(port), "--root", str(scratch / "data")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        token = line.rsplit(" ", 1)[-1].strip()
+        assert line.startswith("sandbox server bearer token (dev mode):") and len(token) >= 32
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        body = {"session_ctx_id": "s"}
+        assert httpx.post(f"{url}/get_session_mapping", json=body).status_code == 401
+        authorized = {"Authorization": f"Bearer {token}"}
+        reply = httpx.post(f"{url}/get_session_mapping", json=body, headers=authorized)
+        assert reply.json() == {"data": []}
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_the_server_says_how_to_install_a_missing_bubblewrap(scratch: Path) -> None:
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN, "PATH": str(scratch)}
+    done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)
+    assert done.returncode == 2
+    assert "apt-get install -y bubblewrap" in done.stderr
+
+
+def test_only_the_protocol_operations_exist(scratch: Path) -> None:
+    server = start_server(scratch)
+    try:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        for path in ("/cleanup", "/create", "/list_session_keys", "/docs", "/openapi.json"):
+            assert httpx.post(f"{server.url}{path}", json={}, headers=headers).status_code in (
+                404,
+                405,
+            )
+        reply = httpx.post(
+            f"{server.url}/create_from_pool",
+            json={"sandbox_type": "base", "mount_dir": "/root"},
+            headers=headers,
+        )
+        assert reply.status_code == 422
+        assert isinstance(reply.json()["detail"], str)
+    finally:
+        stop_server(server)
+
+
+async def test_idle_sandboxes_are_reaped_and_leave_the_session_mapping(scratch: Path) -> None:
+    server = start_server(scratch, "--idle-timeout", "1")
+    try:
+        async with SandboxService(server.url, server.token) as service:
+            [box] = await service.connect_async("idle-session")
+            await box.run_ipython_cell_async("1")
+            client = service.client
+            for _ in range(50):  # the reaper runs every 0.5 s here
+                if not await client.get_session_mapping("idle-session"):
+                    break
+                await asyncio.sleep(0.2)
+            assert await client.get_session_mapping("idle-session") == []
+            with pytest.raises(SandboxNotFoundError):
+                await box.run_ipython_cell_async("1")
+            assert not (server.root / "sandboxes" / box.sandbox_id).exists()
+    finally:
+        stop_server(server)
+
+
+def test_a_root_the_sandbox_user_cannot_reach_stops_the_server(scratch: Path) -> None:
+    private = scratch / "private"
+    private.mkdir(mode=0o700)
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN}
+    done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(private / "data")], env)
+    assert done.returncode != 0
+    assert "is not searchable by others" in done.stderr
+
+
+async def test_without_a_base_url_the_service_runs_an_embedded_server() -> None:
+    service = SandboxService()
+    async with service:
+        assert await service.health() is True
+        [box] = await service.connect_async("local", "me")
+        await box.run_ipython_cell_async("answer = 42")
+        assert (await box.run_ipython_cell_async("answer"))["content"][0]["text"] == "42\n"
+        [again] = service.connect("local", "me")
+        assert again.sandbox_id == box.sandbox_id
+        embedded = service._embedded
+        assert embedded is not None
+        socket_path = embedded.socket_path
+        assert await asyncio.to_thread(os.path.exists, socket_path)
+    assert not await asyncio.to_thread(os.path.exists, os.path.dirname(socket_path))
+    assert await service.health() is False

@@ -1,0 +1,299 @@
+"""SandboxService against our sandbox server over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    SandboxAuthenticationError,
+    SandboxNotFoundError,
+    SandboxRequestError,
+    ServiceNotStartedError,
+)
+from agentscope_serverless.sandbox_protocol import CallToolResult
+from agentscope_serverless.services.base import ServiceWithLifecycleManager
+from agentscope_serverless.services.sandbox import Sandbox, SandboxService
+from agentscope_serverless.services.sandbox.tools import read_file, run_ipython_cell
+from agentscope_serverless.settings import load_settings
+from tests.sandbox.conftest import RunningServer
+
+
+def part(result: dict[str, Any], description: str) -> str | None:
+    return CallToolResult.model_validate(result).part(description)
+
+
+async def test_connect_runs_python_with_state_shell_and_files_then_release(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id, "u1")
+    assert box.sandbox_type == "base"
+
+    first = await box.run_ipython_cell_async("counter = 41\nprint('set')")
+    second = await box.run_ipython_cell_async("counter + 1")
+    assert first == {
+        "meta": None,
+        "content": [{"type": "text", "text": "set\n", "description": "stdout"}],
+        "structuredContent": None,
+        "isError": False,
+    }
+    assert part(second, "stdout") == "42\n"
+
+    shell = await box.run_shell_command_async("echo out; echo err >&2; exit 3")
+    assert part(shell, "stdout") == "out\n"
+    assert part(shell, "stderr") == "err\n"
+    assert part(shell, "returncode") == "3"
+    assert shell["isError"] is True
+
+    await box.write_file_async("notes/today.txt", "hello sandbox")
+    assert part(await box.read_file_async("notes/today.txt"), "stdout") == "hello sandbox"
+    assert part(await box.list_directory_async("notes"), "stdout") == "[FILE] today.txt\n"
+    cat = await box.run_shell_command_async("cat notes/today.txt")
+    assert part(cat, "stdout") == "hello sandbox"
+
+    assert await sandbox_service.release_async(session_id, "u1") is True
+    with pytest.raises(SandboxNotFoundError):
+        await box.run_ipython_cell_async("counter")
+
+
+async def test_a_python_exception_is_an_error_result_not_a_raise(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    result = await box.run_ipython_cell_async("1 / 0")
+    assert result["isError"] is True
+    assert "ZeroDivisionError" in (part(result, "stderr") or "")
+
+
+async def test_a_new_service_object_reaches_the_same_sandbox(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    async with SandboxService(sandbox_server.url, sandbox_server.token) as first:
+        [box] = await first.connect_async(session_id, "u1", env_types=["base"])
+        await box.run_ipython_cell_async("secret = 'kept'")
+        async with SandboxService(sandbox_server.url, sandbox_server.token) as second:
+            [again] = await second.connect_async(session_id, "u1", env_types=["base"])
+            assert again.sandbox_id == box.sandbox_id
+            assert part(await again.run_ipython_cell_async("secret"), "stdout") == "'kept'\n"
+        await first.release_async(session_id, "u1")
+
+
+async def test_the_user_is_part_of_the_session_key(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [alice] = await sandbox_service.connect_async(session_id, "alice")
+    [bob] = await sandbox_service.connect_async(session_id, "bob")
+    [anonymous] = await sandbox_service.connect_async(session_id)
+    assert len({alice.sandbox_id, bob.sandbox_id, anonymous.sandbox_id}) == 3
+    mapping = sandbox_service.client.get_session_mapping
+    assert await mapping(f"{session_id}_alice") == [alice.sandbox_id]
+    assert await mapping(session_id) == [anonymous.sandbox_id]
+
+
+async def test_a_wrong_token_raises_an_authentication_error(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    async with SandboxService(sandbox_server.url, "not-the-token") as service:
+        with pytest.raises(SandboxAuthenticationError) as caught:
+            await service.connect_async(session_id)
+    assert "not-the-token" not in str(caught.value)
+    assert "401" in str(caught.value)
+
+
+async def test_an_unknown_sandbox_id_raises_not_found(sandbox_service: SandboxService) -> None:
+    box = Sandbox(sandbox_service.client, "sbx-does-not-exist", "base")
+    with pytest.raises(SandboxNotFoundError):
+        await box.run_ipython_cell_async("1")
+    with pytest.raises(SandboxNotFoundError):
+        await box.get_info_async()
+
+
+async def test_sync_connect_works_inside_a_running_event_loop(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    asyncio.get_running_loop()  # this test body runs inside the loop, like a notebook cell
+    [box] = sandbox_service.connect(session_id, "u1")
+    box.run_ipython_cell("x = 2")
+    assert part(box.run_ipython_cell("x ** 10"), "stdout") == "1024\n"
+    assert part(box.run_shell_command("echo hi"), "stdout") == "hi\n"
+    [again] = sandbox_service.connect(session_id, "u1")
+    assert again.sandbox_id == box.sandbox_id
+    assert sandbox_service.release(session_id, "u1") is True
+
+
+def test_sync_api_works_without_an_event_loop(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    service = SandboxService(sandbox_server.url, sandbox_server.token)
+    asyncio.run(service.start())
+    try:
+        [box] = service.connect(session_id, sandbox_types=["base"])
+        assert part(box.run_ipython_cell("6 * 7"), "stdout") == "42\n"
+        assert service.release(session_id) is True
+    finally:
+        asyncio.run(service.stop())
+
+
+async def test_stop_releases_only_the_sandboxes_this_service_created(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    async with SandboxService(sandbox_server.url, sandbox_server.token) as other:
+        [theirs] = await other.connect_async(f"{session_id}-theirs")
+        mine_service = SandboxService(sandbox_server.url, sandbox_server.token)
+        await mine_service.start()
+        [mine] = await mine_service.connect_async(session_id)
+        [reused] = await mine_service.connect_async(f"{session_id}-theirs")
+        assert reused.sandbox_id == theirs.sandbox_id
+        await mine_service.stop()
+
+        with pytest.raises(SandboxNotFoundError):
+            await other.client.get_info(mine.sandbox_id)
+        assert part(await theirs.run_ipython_cell_async("'alive'"), "stdout") == "'alive'\n"
+
+
+def test_the_service_can_be_configured_by_settings() -> None:
+    settings = load_settings(
+        sandbox_base_url="http://sandbox:8000",
+        sandbox_bearer_token="from-the-environment",
+        sandbox_timeout_seconds=12,
+    )
+    service = SandboxService.from_settings(settings)
+    assert service.base_url == "http://sandbox:8000"
+    assert "from-the-environment" not in repr(service)
+    assert SandboxService.from_settings(load_settings()).base_url is None
+
+
+async def test_health_pings_the_server(sandbox_server: RunningServer) -> None:
+    service = SandboxService(sandbox_server.url, sandbox_server.token)
+    assert await service.health() is False  # not started
+    async with service:
+        assert await service.health() is True
+    async with SandboxService("http://127.0.0.1:9", "token") as unreachable:
+        assert await unreachable.health() is False
+
+
+async def test_using_the_service_before_start_raises_not_started() -> None:
+    service = SandboxService("http://127.0.0.1:9", "token")
+    assert isinstance(service, ServiceWithLifecycleManager)
+    with pytest.raises(ServiceNotStartedError):
+        service.connect("s1")
+    with pytest.raises(ServiceNotStartedError):
+        await service.release_async("s1")
+
+
+async def test_sandbox_types_are_inferred_from_tools(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [files] = await sandbox_service.connect_async(session_id, tools=[read_file])
+    assert files.sandbox_type == "filesystem"
+    await files.write_file_async("a.txt", "only files here")
+    assert part(await files.read_file_async("a.txt"), "stdout") == "only files here"
+    with pytest.raises(SandboxRequestError, match="no tool 'run_ipython_cell'"):
+        await files.run_ipython_cell_async("1")
+
+    boxes = await sandbox_service.connect_async(session_id, tools=[run_ipython_cell, read_file])
+    assert [b.sandbox_type for b in boxes] == ["base", "filesystem"]
+    assert boxes[1].sandbox_id == files.sandbox_id
+
+
+async def test_env_types_and_sandbox_types_are_synonyms(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [a] = await sandbox_service.connect_async(session_id, env_types=["filesystem"])
+    [b] = await sandbox_service.connect_async(session_id, sandbox_types=["filesystem"])
+    assert a.sandbox_id == b.sandbox_id
+    with pytest.raises(InvalidInputError):
+        await sandbox_service.connect_async(session_id, env_types=["base"], sandbox_types=["x"])
+
+
+async def test_an_unsupported_sandbox_type_is_a_request_error(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    with pytest.raises(SandboxRequestError, match="unsupported sandbox type 'browser'"):
+        await sandbox_service.connect_async(session_id, env_types=["browser"])
+
+
+async def test_release_without_sandboxes_returns_false(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    assert await sandbox_service.release_async(session_id, "nobody") is False
+
+
+async def test_a_blank_session_id_is_invalid(sandbox_service: SandboxService) -> None:
+    with pytest.raises(InvalidInputError):
+        await sandbox_service.connect_async("   ")
+
+
+async def test_a_crashed_interpreter_restarts_and_the_mapping_stays(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    await box.run_ipython_cell_async("before = 1")
+    await box.write_file_async("kept.txt", "still here")
+    crashed = await box.run_ipython_cell_async("import os\nos._exit(7)")
+    assert crashed["isError"] is True
+    assert "state" in (part(crashed, "stderr") or "")
+
+    after = await box.run_ipython_cell_async("'before' in globals()")
+    assert part(after, "stdout") == "False\n"
+    assert part(await box.read_file_async("kept.txt"), "stdout") == "still here"
+    [again] = await sandbox_service.connect_async(session_id)
+    assert again.sandbox_id == box.sandbox_id
+
+
+async def test_tools_report_bad_arguments_and_paths_as_request_errors(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    with pytest.raises(SandboxRequestError, match="leaves the workspace"):
+        await box.read_file_async("../secret")
+    with pytest.raises(SandboxRequestError, match="outside the workspace"):
+        await box.write_file_async("/etc/evil", "x")
+    with pytest.raises(SandboxRequestError, match="bad arguments"):
+        await box.call_tool_async("run_shell_command", {"cmd": "ls"})
+    absolute = await box.write_file_async("/workspace/ok.txt", "inside")
+    assert absolute["isError"] is False
+
+
+async def test_list_tools_describes_the_sandbox_tools(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    names = [tool["name"] for tool in await box.list_tools_async()]
+    assert names[:2] == ["run_ipython_cell", "run_shell_command"]
+    assert "read_file" in names
+    generic = await box.list_tools_async("generic")
+    assert [tool["name"] for tool in generic] == ["run_ipython_cell", "run_shell_command"]
+    assert generic[0]["inputSchema"]["required"] == ["code"]
+
+
+async def test_a_tool_definition_runs_on_the_connected_sandboxes(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    boxes = await sandbox_service.connect_async(session_id, env_types=["base"])
+    text = await run_ipython_cell.execute_async(boxes, '{"code": "print(3 * 14)"}')
+    assert text == "42\n"
+    failed = await run_ipython_cell.execute_async(boxes, {"code": "raise ValueError('no')"})
+    assert "[stderr]" in failed and "ValueError: no" in failed
+
+
+async def test_connect_returns_quickly(sandbox_service: SandboxService, session_id: str) -> None:
+    started = time.perf_counter()
+    await sandbox_service.connect_async(session_id)
+    assert time.perf_counter() - started < 2.0
+
+
+async def test_release_stops_a_running_call_at_once(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    running = asyncio.create_task(box.run_ipython_cell_async("import time\ntime.sleep(30)"))
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    assert await sandbox_service.release_async(session_id) is True
+    assert time.perf_counter() - started < 1.5
+    assert (await running)["isError"] is True
