@@ -22,7 +22,8 @@ from agentscope_serverless.errors import ConfigurationError
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
 StateBackend = Literal["in_memory", "redis", "dynamodb"]
-KeyStoreBackend = Literal["in_memory", "file"]
+KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
+AuthMode = Literal["keys", "iam"]
 
 
 class Settings(BaseSettings):
@@ -85,6 +86,16 @@ class Settings(BaseSettings):
         None, description="DynamoDB endpoint (for a local emulator); unset: AWS."
     )
     aws_region: str = Field("us-east-1", description="AWS region of the DynamoDB tables.")
+    secrets_arn: str | None = Field(
+        None,
+        description=(
+            "Secrets Manager secret (a JSON object) whose non-empty llm_api_key, "
+            "sandbox_bearer_token and redis_url fill those settings at the first request."
+        ),
+    )
+    secrets_endpoint_url: str | None = Field(
+        None, description="Secrets Manager endpoint (for a local emulator); unset: AWS."
+    )
 
     sandbox_base_url: str | None = Field(
         None, description="Remote sandbox server URL; unset: an embedded local sandbox."
@@ -104,8 +115,18 @@ class Settings(BaseSettings):
     agent_memory_top_k: int = Field(
         5, ge=1, le=1000, description="How many long-term memories a run hands to the agent."
     )
+    auth_mode: AuthMode = Field(
+        "keys",
+        description=(
+            "keys: callers send a bearer API key. iam: behind a Function URL with AWS_IAM auth,"
+            " the caller's IAM identity (from the request context) is the user."
+        ),
+    )
     auth_keys_backend: KeyStoreBackend = Field(
-        "in_memory", description="Where API keys (hashed) live: in_memory or file."
+        "in_memory", description="Where API keys (hashed) live: in_memory, file or dynamodb."
+    )
+    auth_keys_table: str = Field(
+        "agentscope-api-keys", min_length=3, description="DynamoDB table of the dynamodb key store."
     )
     auth_keys_file: Path = Field(
         Path("~/.agentscope-serverless/keys.json"),

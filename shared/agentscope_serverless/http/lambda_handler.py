@@ -1,0 +1,60 @@
+"""Lambda entry points: the shared application for some routers, behind Mangum (buffered).
+
+>>> handler = make_handler(["sessions"])   # in functions/sessions/app.py
+
+Importing this module and making a handler connects to nothing. The first invocation
+reads the secrets (``SECRETS_ARN``), builds the application, starts its services once and
+keeps them for the life of the execution environment, so later invocations reuse the
+connections (Mangum would otherwise start and stop them around every request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+def build_app(routers: Sequence[str]) -> FastAPI:
+    """The application for ``routers``, with the settings' secrets read from AWS."""
+    from agentscope_serverless.aws_secrets import resolve_secrets
+    from agentscope_serverless.http.app import create_app
+    from agentscope_serverless.settings import get_settings
+
+    return create_app(routers, settings=resolve_secrets(get_settings()))
+
+
+class _LazyApplication:
+    def __init__(self, routers: Sequence[str]) -> None:
+        self._routers = tuple(routers)
+        self._adapter: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+
+    def _start(self) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+        from mangum import Mangum
+
+        app = build_app(self._routers)
+        adapter = Mangum(app, lifespan="off")
+        lifespan = app.router.lifespan_context(app)
+        asyncio.get_event_loop().run_until_complete(lifespan.__aenter__())
+        self._lifespan = lifespan
+        self._adapter = adapter
+        return adapter
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        adapter = self._adapter or self._start()
+        return adapter(event, context)
+
+
+def make_handler(routers: Sequence[str]) -> LambdaHandler:
+    """A Lambda handler serving ``routers`` (plus ``/health``) for Function URL events."""
+    return _LazyApplication(routers)
+
+
+__all__ = ["build_app", "make_handler"]
