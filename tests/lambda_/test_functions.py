@@ -50,23 +50,25 @@ def test_every_function_answers_health(start_function: StartFunction, name: str)
     assert json.loads(body)["status"] == "healthy"
 
 
+PROTECTED_ROUTE = {
+    "ProcessFunction": ("POST", "/process"),
+    "ProcessStreamFunction": ("POST", "/process"),
+    "SessionsFunction": ("GET", "/sessions"),
+    "MemoryFunction": ("GET", "/memory"),
+    "StateFunction": ("GET", "/state/s1/rounds"),
+}
+
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_every_function_refuses_requests_without_a_key(
     start_function: StartFunction, name: str
 ) -> None:
-    path = {"ProcessFunction": "/process", "ProcessStreamFunction": "/process"}.get(
-        name, "/sessions"
-    )
-    if name == "MemoryFunction":
-        path = "/memory"
-    if name == "StateFunction":
-        path = "/state/s1/rounds"
-    method = "POST" if "Process" in name else "GET"
-    status, _, body, _ = start_function(name).request(
-        method, path, body={} if method == "POST" else None
-    )
+    method, path = PROTECTED_ROUTE[name]
+    body = {} if method == "POST" else None
+    status, headers, content, _ = start_function(name).request(method, path, body=body)
     assert status == 401
-    assert json.loads(body)["error"]["code"]
+    assert headers["www-authenticate"].startswith("Bearer")
+    assert json.loads(content)["error"]["code"]
 
 
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
