@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]
 
-from agentscope_serverless.packaging import sam  # noqa: E402
 from tests.support.lambda_runtime import function_url_event  # noqa: E402
+
+from agentscope_serverless.packaging import sam  # noqa: E402
 
 BUILD = ROOT / ".aws-sam" / "build"
 RUNS = 7
