@@ -46,6 +46,9 @@ def forward(client: httpx.Client, base_url: str, event: dict[str, Any]) -> httpx
     url = base_url + event.get("rawPath", "/") + (f"?{query}" if query else "")
     method = event["requestContext"]["http"]["method"]
     headers = {k: v for k, v in (event.get("headers") or {}).items() if k not in HOP_BY_HOP}
+    # Like the Web Adapter: the request context (with the IAM caller) travels in a header,
+    # replacing whatever a client may have sent under that name.
+    headers["x-amzn-request-context"] = json.dumps(event.get("requestContext") or {})
     request = client.build_request(method, url, headers=headers, content=content)
     return client.send(request, stream=True)
 
