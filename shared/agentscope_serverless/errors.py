@@ -130,6 +130,29 @@ class PackagingError(AgentScopeServerlessError):
     code = "PACKAGING_ERROR"
 
 
+class DeploymentError(AgentScopeServerlessError):
+    """A deployer could not deploy what it built (no cloud to reach, a failed rollout)."""
+
+    code = "DEPLOYMENT_ERROR"
+
+
+class UploadNotAvailableError(DeploymentError):
+    """Uploading to this platform is not available in this build; the archive is ready.
+
+    ``archive`` is the path of the built archive, to upload with the platform's own tools.
+    """
+
+    code = "UPLOAD_NOT_AVAILABLE"
+
+    def __init__(self, platform: str, archive: str) -> None:
+        super().__init__(
+            f"uploading to {platform} is not available in this build: the archive is at "
+            f"{archive}; upload it with {platform}'s console or CLI"
+        )
+        self.platform = platform
+        self.archive = archive
+
+
 class AgentError(AgentScopeServerlessError):
     """The agent failed while handling a request."""
 
@@ -182,6 +205,7 @@ __all__ = [
     "AuthenticationError",
     "ConfigurationError",
     "ConflictError",
+    "DeploymentError",
     "InvalidInputError",
     "NotFoundError",
     "PackagingError",
@@ -196,4 +220,5 @@ __all__ = [
     "ServiceNotStartedError",
     "SessionNotFoundError",
     "StoreUnavailableError",
+    "UploadNotAvailableError",
 ]
