@@ -381,3 +381,7 @@ def main() -> None:
 
 
 __all__ = ["app", "main"]
+
+
+if __name__ == "__main__":  # python -m agentscope_serverless.cli (the archives' entry command)
+    main()

@@ -110,8 +110,8 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
     if report.size_bytes > limit:
         archive.unlink()
         raise PackagingError(
-            f"the archive is {report.size_bytes / 2**20:.1f} MiB, above the platform's "
-            f"{limit / 2**20:.0f} MiB limit; remove dependencies or raise the limit"
+            f"the archive is {report.size_bytes} bytes, above the limit of {limit} bytes "
+            f"({limit / 2**20:.1f} MiB): remove dependencies or raise max_zip_bytes"
         )
     return report
 
