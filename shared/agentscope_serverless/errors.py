@@ -137,20 +137,17 @@ class DeploymentError(AgentScopeServerlessError):
 
 
 class UploadNotAvailableError(DeploymentError):
-    """Uploading to this platform is not available in this build; the archive is ready.
-
-    ``archive`` is the path of the built archive, to upload with the platform's own tools.
-    """
+    """Uploading to this platform is not available in this build (build with ``skip_upload``)."""
 
     code = "UPLOAD_NOT_AVAILABLE"
 
-    def __init__(self, platform: str, archive: str) -> None:
+    def __init__(self, platform: str) -> None:
         super().__init__(
-            f"uploading to {platform} is not available in this build: the archive is at "
-            f"{archive}; upload it with {platform}'s console or CLI"
+            f"uploading to {platform} is not available in this build, and Alibaba Cloud "
+            "credentials are set: build the archive only (skip_upload=True, --skip-upload) "
+            f"and upload it with {platform}'s console or CLI"
         )
         self.platform = platform
-        self.archive = archive
 
 
 class AgentError(AgentScopeServerlessError):

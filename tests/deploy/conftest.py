@@ -6,15 +6,25 @@ from __future__ import annotations
 import asyncio
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentscope_serverless.deployers import AgentRunDeployManager, ModelStudioDeployManager
+from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT
 
 HOST_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+OUTPUTS = {
+    "ProcessUrl": "https://p.lambda-url.us-east-1.on.aws/",
+    "SessionsUrl": "https://s.lambda-url.us-east-1.on.aws/",
+    "MemoryUrl": "https://m.lambda-url.us-east-1.on.aws/",
+    "StateUrl": "https://t.lambda-url.us-east-1.on.aws/",
+    "SandboxUrl": "https://x.lambda-url.us-east-1.on.aws/",
+    "ApiKeysTableName": "stack-ApiKeysTable-1",
+}
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +81,38 @@ def unpack(archive: str, tmp_path_factory: pytest.TempPathFactory, name: str) ->
     with zipfile.ZipFile(archive) as zf:
         zf.extractall(target)
     return target
+
+
+class FakeSam:
+    """Stands in for the SAM CLI steps, recording what the manager asked for."""
+
+    def __init__(self, build_dir: Path) -> None:
+        self.build_dir = build_dir
+        self.credentials = True
+        self.calls: list[tuple[str, Any]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(sam, "validate", lambda root: self.calls.append(("validate", root)))
+        monkeypatch.setattr(sam, "build", self.build)
+        monkeypatch.setattr(sam, "has_credentials", lambda: self.credentials)
+        monkeypatch.setattr(sam, "deploy", self.deploy)
+        monkeypatch.setattr(sam, "delete", self.delete)
+
+    def build(self, root: Path, *, build_dir: Path | None = None) -> Path:
+        self.calls.append(("build", build_dir))
+        return self.build_dir
+
+    def deploy(self, root: Path, stack: str, **options: Any) -> dict[str, str]:
+        self.calls.append(("deploy", (stack, options)))
+        return dict(OUTPUTS)
+
+    def delete(self, root: Path, stack: str, *, region: str | None = None) -> None:
+        self.calls.append(("delete", stack))
+
+
+@pytest.fixture
+def fake_sam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakeSam]:
+    """The SAM steps faked, with AWS credentials present: a deploy "succeeds" with OUTPUTS."""
+    fake = FakeSam(tmp_path)
+    fake.install(monkeypatch)
+    yield fake

@@ -4,7 +4,7 @@ Both build an archive of the project on this machine (no Docker). Uploading it n
 Alibaba Cloud platform, which this build cannot reach: without credentials the deployers
 return the archive's path and size; with credentials (``ALIBABA_CLOUD_ACCESS_KEY_ID`` and
 ``ALIBABA_CLOUD_ACCESS_KEY_SECRET``) they raise
-:class:`~agentscope_serverless.errors.UploadNotAvailableError` naming the archive, rather than
+:class:`~agentscope_serverless.errors.UploadNotAvailableError` before building, rather than
 pretend to deploy. ``skip_upload=True`` builds only, whatever the credentials.
 """
 
@@ -50,7 +50,9 @@ class ArchiveDeployManager(DeployManager):
     ) -> None:
         super().__init__()
         self.project_root = Path(project_root).resolve()
-        self.build_root = Path(build_root) if build_root is not None else self.project_root / "dist"
+        self.build_root = (
+            Path(build_root).resolve() if build_root is not None else self.project_root / "dist"
+        )
         self.python_version = python_version
         self.platform = platform
         self.report: ArchiveReport | None = None
@@ -72,11 +74,13 @@ class ArchiveDeployManager(DeployManager):
         ``size_bytes``, ``unpacked_bytes``, ``files``, ``limit_bytes`` and ``uploaded``
         (False). Raises :class:`~agentscope_serverless.errors.PackagingError` when the build
         fails or the archive is above the platform's limit, and
-        :class:`~agentscope_serverless.errors.UploadNotAvailableError` when credentials ask
-        for an upload.
+        :class:`~agentscope_serverless.errors.UploadNotAvailableError`, before building, when
+        credentials ask for an upload.
         """
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        if not skip_upload and has_alibaba_cloud_credentials():
+            raise UploadNotAvailableError(self.platform_name)
         report = await asyncio.to_thread(
             self._build,
             app,
@@ -87,8 +91,6 @@ class ArchiveDeployManager(DeployManager):
         )
         self.report = report
         self.deploy_id = str(uuid.uuid4())
-        if not skip_upload and has_alibaba_cloud_credentials():
-            raise UploadNotAvailableError(self.platform_name, str(report.path))
         return {
             "deploy_id": self.deploy_id,
             "url": None,
