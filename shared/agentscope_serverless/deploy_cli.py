@@ -11,8 +11,9 @@
 
 The scripts in ``deploy/`` run the same commands. The project root (where ``template.yaml``
 and ``requirements/`` are) is ``--project-root``, else ``AGENTSCOPE_PROJECT_ROOT``, else the
-working directory. Exit codes: 0 done, 1 failed, 3 built but not deployed (no credentials,
-or an upload this build cannot do).
+working directory. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
+stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
+is built; ``--skip-upload`` builds the archive).
 """
 
 from __future__ import annotations
