@@ -154,11 +154,3 @@ def start_function(
     yield start
     for function in running.values():
         function.stop()
-
-
-@pytest.fixture(scope="session")
-def sam_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``sam build`` of the template, once per test session."""
-    from agentscope_serverless.packaging import sam
-
-    return sam.build(ROOT, build_dir=tmp_path_factory.mktemp("sam") / "build")

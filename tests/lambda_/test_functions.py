@@ -11,6 +11,9 @@ import pytest
 
 from tests.lambda_.conftest import RunningFunction
 
+# The first test builds the stack with SAM (once per session).
+pytestmark = pytest.mark.timeout(300)
+
 FUNCTIONS = [
     "ProcessFunction",
     "ProcessStreamFunction",
