@@ -1,12 +1,15 @@
-"""Cold-start figures per Lambda function: handler import time and deployed size.
+"""Cold-start figures per Lambda function: handler import, first response, deployed size.
 
-Run after a SAM build (`.venv/bin/python deploy/sam.py build`), or let this script build:
+    .venv/bin/python bench/cold_start.py           # builds with SAM first if needed
 
-    .venv/bin/python bench/cold_start.py
+For every function of `template.yaml`, in a fresh interpreter with only the built layer and
+the function's code on the path (as in Lambda), it measures
 
-For every function of `template.yaml` it imports the handler module in a fresh interpreter
-(as Lambda's init phase does: the layer on the path, the function's code as the working
-directory), repeated to take the median, and measures the built function and the layer.
+- **import**: importing the handler module (Lambda's init phase);
+- **first response**: building the application and answering `GET /health`, which a
+  function does on its first invocation (stores are not contacted by `/health`'s build);
+
+as medians over several fresh interpreters, and the size of the built function and layer.
 """
 
 from __future__ import annotations
@@ -19,16 +22,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]
+
+from tests.support.lambda_runtime import function_url_event  # noqa: E402
+
+from agentscope_serverless.packaging import sam  # noqa: E402
+
 BUILD = ROOT / ".aws-sam" / "build"
 RUNS = 7
 PROCESS_IMPORT_BUDGET_S = 1.0
+HEALTH_EVENT = json.dumps(function_url_event("GET", "/health"))
 
-IMPORT_SNIPPET = """
-import importlib, sys, time
+PROBE = """
+import json, sys, time
 start = time.perf_counter()
-module = importlib.import_module(sys.argv[1])
-getattr(module, sys.argv[2])
-print(time.perf_counter() - start)
+module = __import__(sys.argv[1])
+imported = time.perf_counter()
+if sys.argv[2] == "factory":
+    from starlette.testclient import TestClient
+    with TestClient(module.create()) as client:
+        status = client.get("/health").status_code
+else:
+    status = module.handler(json.loads(sys.argv[3]), None)["statusCode"]
+done = time.perf_counter()
+print(json.dumps({"import": imported - start, "first": done - start, "status": status}))
 """
 
 
@@ -36,69 +53,73 @@ def size_of(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def import_seconds(function_dir: Path, layer_dir: Path, handler: str) -> float:
-    module, _, attribute = handler.rpartition(".")
-    env = {"PYTHONPATH": f"{function_dir}:{layer_dir / 'python'}", "PATH": "/usr/bin:/bin"}
+def probe(function_dir: Path, layer: Path, kind: str) -> dict[str, float]:
+    env = {
+        "PYTHONPATH": f"{function_dir}:{layer / 'python'}",
+        "PATH": "/usr/bin:/bin",
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+        "AUTH_KEYS_BACKEND": "in_memory",
+    }
     samples = []
     for _ in range(RUNS):
         result = subprocess.run(
-            [sys.executable, "-S", "-c", IMPORT_SNIPPET, module, attribute],
+            [sys.executable, "-S", "-c", PROBE, "app", kind, HEALTH_EVENT],
             cwd=function_dir,
             env=env,
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
-        samples.append(float(result.stdout.strip()))
-    return statistics.median(samples)
-
-
-def built_functions() -> dict[str, str]:
-    """Function logical id -> handler, for the functions that have a Python handler."""
-    template = json.loads(
-        subprocess.run(
-            [sys.executable, str(ROOT / "deploy" / "sam.py"), "functions"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    return {name: spec["handler"] for name, spec in template.items()}
+        if result.returncode != 0:
+            last = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"{function_dir.name} failed: {last[0]}")
+        sample = json.loads(result.stdout)
+        if sample["status"] != 200:
+            raise SystemExit(f"{function_dir.name}: /health answered {sample['status']}")
+        samples.append(sample)
+    return {
+        "import_s": statistics.median(s["import"] for s in samples),
+        "first_response_s": statistics.median(s["first"] for s in samples),
+    }
 
 
 def main() -> None:
-    if not BUILD.exists():
-        subprocess.run([sys.executable, str(ROOT / "deploy" / "sam.py"), "build"], check=True)
+    if not (BUILD / "SharedLayer").exists():
+        print("building with SAM...")
+        sam.build(ROOT)
     layer = BUILD / "SharedLayer"
     rows = []
-    for name, handler in sorted(built_functions().items()):
+    for name, spec in sorted(sam.list_functions(ROOT / "template.yaml").items()):
         function_dir = BUILD / name
-        if not function_dir.exists():
+        kind = "factory" if spec.handler == "run.sh" else "handler"
+        try:
+            figures = probe(function_dir, layer, kind)
+        except RuntimeError as failure:
+            print(failure)
             continue
-        entry = handler if handler.endswith(".handler") else "app.app"
-        seconds = import_seconds(function_dir, layer, entry)
         rows.append(
             {
                 "function": name,
-                "handler": entry,
-                "import_s_median": round(seconds, 4),
+                **{k: round(v, 4) for k, v in figures.items()},
                 "function_bytes": size_of(function_dir),
                 "layer_bytes": size_of(layer),
             }
         )
-    print(f"{'function':<24}{'import (median)':>18}{'function':>12}{'+ layer':>12}")
+    header = f"{'function':<24}{'import':>10}{'first response':>16}{'code':>10}{'code+layer':>12}"
+    print(header)
     for row in rows:
         print(
-            f"{row['function']:<24}{row['import_s_median'] * 1000:>15.0f} ms"
-            f"{row['function_bytes'] / 1024:>9.0f} KB"
+            f"{row['function']:<24}{row['import_s'] * 1000:>7.0f} ms"
+            f"{row['first_response_s'] * 1000:>13.0f} ms"
+            f"{row['function_bytes'] / 1024:>7.0f} KB"
             f"{(row['function_bytes'] + row['layer_bytes']) / 2**20:>9.1f} MB"
         )
     out = ROOT / "bench" / "results" / "cold_start.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"measured_at": time.time(), "rows": rows}, indent=2) + "\n")
-    process = [r for r in rows if r["function"].startswith("Process")]
-    if any(r["import_s_median"] > PROCESS_IMPORT_BUDGET_S for r in process):
-        print(f"the process function imports in more than {PROCESS_IMPORT_BUDGET_S} s")
+    for row in rows:
+        if row["function"].startswith("Process") and row["import_s"] > PROCESS_IMPORT_BUDGET_S:
+            print(f"{row['function']}: import above the {PROCESS_IMPORT_BUDGET_S:.0f} s budget")
     print(f"wrote {out.relative_to(ROOT)}")
 
 

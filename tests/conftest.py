@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: unique user ids, the local stores, a sandbox server.
+"""Fixtures shared by the whole suite: unique user ids, the local stores, a sandbox server,
+the SAM build.
 
 The stores are real servers on loopback ports, started once per test session by
 :mod:`agentscope_serverless.local_stack` (Redis needs ``redis-server``: without it the
@@ -13,11 +14,14 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agentscope_serverless.local_stack import DynamoDBServer, RedisClusterServer, RedisServer
 from tests.support.sandbox_server import LIMITS, RunningServer, start_server, stop_server
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Servers run in threads of the test process and log a JSON line per request; keep them out
 # of the test output (set POWERTOOLS_LOG_LEVEL=INFO to see them). The logging itself is
@@ -61,3 +65,34 @@ def sandbox_server() -> Iterator[RunningServer]:
     yield server
     stop_server(server)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave botocore's credential chain nothing to find: no AWS_* variables, no files, no IMDS."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture(scope="session")
+def sam_offline_deploy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What ``SAMDeployManager.deploy()`` reports without AWS credentials: it validated and
+    built the stack (``sam build``, no Docker) and deployed nothing. Runs once per session
+    (about a minute: the layer installs every pinned dependency)."""
+    from agentscope_serverless.deployers import SAMDeployManager
+
+    build_dir = tmp_path_factory.mktemp("sam") / "build"
+    manager = SAMDeployManager(PROJECT_ROOT, "agentscope-serverless-test", build_dir=build_dir)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        without_aws_credentials(monkeypatch)
+        return manager.deploy_sync()
+
+
+@pytest.fixture(scope="session")
+def sam_build_dir(sam_offline_deploy: dict[str, Any]) -> Path:
+    """The ``sam build`` output of template.yaml: ``<LogicalId>/`` per function (both process
+    variants), ``SharedLayer/python/`` and the built ``template.yaml``. Built once per session;
+    the first test to use it needs a time limit above a minute (``@pytest.mark.timeout``)."""
+    return Path(sam_offline_deploy["build_dir"])

@@ -9,6 +9,7 @@
     agentscope-serverless keys create --user alice   # prints the key once; stores its hash
     agentscope-serverless keys list
     agentscope-serverless keys revoke KEY_ID
+    agentscope-serverless deploy sam deploy --stack-name my-agent   # see deploy --help
 
 Client commands read the server URL from ``AGENTSCOPE_URL`` and the key from
 ``AGENTSCOPE_API_KEY`` when not given. ``keys`` commands manage the key file
@@ -35,6 +36,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentscope_serverless.deploy_cli import deploy_app
 from agentscope_serverless.errors import AgentScopeServerlessError
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ KEY_ENV = "AGENTSCOPE_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8090"
 
 app = typer.Typer(
-    help="AgentScope Serverless: serve agents as HTTP APIs, talk to them, manage API keys.",
+    help="AgentScope Serverless: serve agents as HTTP APIs, talk to them, manage API keys, deploy.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -56,6 +58,7 @@ keys_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(keys_app, name="keys")
+app.add_typer(deploy_app, name="deploy")
 
 console = Console(soft_wrap=True, highlight=False)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -406,3 +409,7 @@ def main() -> None:
 
 
 __all__ = ["app", "main"]
+
+
+if __name__ == "__main__":  # python -m agentscope_serverless.cli (the archives' entry command)
+    main()

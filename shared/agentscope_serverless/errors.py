@@ -130,6 +130,26 @@ class PackagingError(AgentScopeServerlessError):
     code = "PACKAGING_ERROR"
 
 
+class DeploymentError(AgentScopeServerlessError):
+    """A deployer could not deploy what it built (no cloud to reach, a failed rollout)."""
+
+    code = "DEPLOYMENT_ERROR"
+
+
+class UploadNotAvailableError(DeploymentError):
+    """Uploading to this platform is not available in this build (build with ``skip_upload``)."""
+
+    code = "UPLOAD_NOT_AVAILABLE"
+
+    def __init__(self, platform: str) -> None:
+        super().__init__(
+            f"uploading to {platform} is not available in this build, and Alibaba Cloud "
+            "credentials are set: build the archive only (skip_upload=True, --skip-upload) "
+            f"and upload it with {platform}'s console or CLI"
+        )
+        self.platform = platform
+
+
 class AgentError(AgentScopeServerlessError):
     """The agent failed while handling a request."""
 
@@ -182,6 +202,7 @@ __all__ = [
     "AuthenticationError",
     "ConfigurationError",
     "ConflictError",
+    "DeploymentError",
     "InvalidInputError",
     "NotFoundError",
     "PackagingError",
@@ -196,4 +217,5 @@ __all__ = [
     "ServiceNotStartedError",
     "SessionNotFoundError",
     "StoreUnavailableError",
+    "UploadNotAvailableError",
 ]

@@ -123,6 +123,7 @@ class LambdaRuntimeAPI:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._polls: set[asyncio.Task[Any]] = set()
 
     def _app(self) -> Starlette:
         return Starlette(
@@ -144,7 +145,13 @@ class LambdaRuntimeAPI:
 
     async def _next(self, request: Request) -> Response:
         assert self._queue is not None
-        request_id, payload, deadline = await self._queue.get()
+        task = asyncio.current_task()
+        assert task is not None
+        self._polls.add(task)
+        try:
+            request_id, payload, deadline = await self._queue.get()
+        finally:
+            self._polls.discard(task)
         return Response(
             payload,
             media_type="application/json",
@@ -212,7 +219,9 @@ class LambdaRuntimeAPI:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
+        if self._server is not None and self._loop is not None:
+            # Runtimes long-poll /next: end those requests instead of waiting for them.
+            self._loop.call_soon_threadsafe(lambda: [t.cancel() for t in list(self._polls)])
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)

@@ -24,7 +24,6 @@ import httpx
 
 HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 NEXT = "/2018-06-01/runtime/invocation/next"
-REQUEST_CONTEXT_HEADER = "x-amzn-request-context"
 
 
 def wait_until_ready(base_url: str, path: str, child: subprocess.Popen[bytes]) -> None:
@@ -46,13 +45,10 @@ def forward(client: httpx.Client, base_url: str, event: dict[str, Any]) -> httpx
     query = event.get("rawQueryString") or ""
     url = base_url + event.get("rawPath", "/") + (f"?{query}" if query else "")
     method = event["requestContext"]["http"]["method"]
-    headers = {
-        k: v
-        for k, v in (event.get("headers") or {}).items()
-        if k.lower() not in HOP_BY_HOP and k.lower() != REQUEST_CONTEXT_HEADER
-    }
-    # Like the adapter: the request context travels as JSON in a header a client cannot set.
-    headers[REQUEST_CONTEXT_HEADER] = json.dumps(event.get("requestContext") or {})
+    headers = {k: v for k, v in (event.get("headers") or {}).items() if k not in HOP_BY_HOP}
+    # Like the Web Adapter: the request context (with the IAM caller) travels in a header,
+    # replacing whatever a client may have sent under that name.
+    headers["x-amzn-request-context"] = json.dumps(event.get("requestContext") or {})
     request = client.build_request(method, url, headers=headers, content=content)
     return client.send(request, stream=True)
 

@@ -13,7 +13,7 @@ from agentscope_serverless.infra.dynamodb_tables import (
     sessions_table,
     state_table,
 )
-from agentscope_serverless.packaging.sam import _load_template
+from agentscope_serverless.packaging.sam import load_template
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
 SCHEMA_FIELDS = ("AttributeDefinitions", "KeySchema", "LocalSecondaryIndexes", "BillingMode")
@@ -34,7 +34,7 @@ def as_set(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_the_template_table_matches_its_definition(
     resource: str, definition: dict[str, Any], expires: bool
 ) -> None:
-    table = _load_template(TEMPLATE)["Resources"][resource]
+    table = load_template(TEMPLATE)["Resources"][resource]
     assert table["Type"] == "AWS::DynamoDB::Table"
     properties = table["Properties"]
     for field in SCHEMA_FIELDS:
@@ -47,8 +47,8 @@ def test_the_template_table_matches_its_definition(
 
 
 def test_every_function_may_read_the_key_table() -> None:
-    resources = _load_template(TEMPLATE)["Resources"]
+    resources = load_template(TEMPLATE)["Resources"]
     functions = {n: r for n, r in resources.items() if r["Type"] == "AWS::Serverless::Function"}
     for name, function in functions.items():
         policies = function["Properties"]["Policies"]
-        assert {"DynamoDBReadPolicy": {"TableName": "ApiKeysTable"}} in policies, name
+        assert {"DynamoDBReadPolicy": {"TableName": {"Ref": "ApiKeysTable"}}} in policies, name

@@ -1,10 +1,46 @@
 """Deployers: ``from agentscope_serverless.deployers import DeployManager, LocalDeployManager``.
 
-Importing this package imports uvicorn (for the local deployer); the HTTP application and
-the Lambda functions never import it.
+- :class:`LocalDeployManager` serves an agent on this machine (imports uvicorn).
+- :class:`SAMDeployManager` builds the SAM stack and deploys it with AWS credentials.
+- :class:`AgentRunDeployManager` and :class:`ModelStudioDeployManager` build the
+  platforms' archives.
+
+Each deployer is imported when first used, so importing this package is cheap; the HTTP
+application and the Lambda functions never import it.
 """
 
-from agentscope_serverless.deployers.base import DeployManager
-from agentscope_serverless.deployers.local_deployer import LocalDeployManager
+from __future__ import annotations
 
-__all__ = ["DeployManager", "LocalDeployManager"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from agentscope_serverless.deployers.base import DeployManager
+
+if TYPE_CHECKING:
+    from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
+    from agentscope_serverless.deployers.local_deployer import LocalDeployManager
+    from agentscope_serverless.deployers.modelstudio_deployer import ModelStudioDeployManager
+    from agentscope_serverless.deployers.sam_deployer import SAMDeployManager
+
+_MODULES = {
+    "AgentRunDeployManager": "agentrun_deployer",
+    "LocalDeployManager": "local_deployer",
+    "ModelStudioDeployManager": "modelstudio_deployer",
+    "SAMDeployManager": "sam_deployer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AgentRunDeployManager",
+    "DeployManager",
+    "LocalDeployManager",
+    "ModelStudioDeployManager",
+    "SAMDeployManager",
+]

@@ -21,8 +21,11 @@ class DeployManager(ABC):
         self._service_url: str | None = None
 
     @abstractmethod
-    async def deploy(self, *args: Any, **kwargs: Any) -> dict[str, str]:
-        """Deploy the service; return ``{"deploy_id": ..., "url": ...}``."""
+    async def deploy(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deploy the service; return at least ``{"deploy_id": ..., "url": ...}``.
+
+        ``url`` is None when the deployer built something without running it anywhere.
+        """
 
     @abstractmethod
     async def stop(self) -> None:

@@ -16,6 +16,8 @@ A build fails with :class:`PackagingError` when the archive is above the platfor
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -108,8 +110,8 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
     if report.size_bytes > limit:
         archive.unlink()
         raise PackagingError(
-            f"the archive is {report.size_bytes / 2**20:.1f} MiB, above the platform's "
-            f"{limit / 2**20:.0f} MiB limit; remove dependencies or raise the limit"
+            f"the archive is {report.size_bytes} bytes, above the limit of {limit} bytes "
+            f"({limit / 2**20:.1f} MiB): remove dependencies or raise max_zip_bytes"
         )
     return report
 
@@ -117,6 +119,20 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
 def _drop_bytecode(root: Path) -> None:
     for cache in list(root.rglob("__pycache__")):
         shutil.rmtree(cache, ignore_errors=True)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _checked_environment(environment: dict[str, str] | None) -> dict[str, str]:
+    """Variables the service starts with: names a shell accepts, one-line values."""
+    checked = dict(environment or {})
+    for key, value in checked.items():
+        if not _ENV_NAME.match(key):
+            raise PackagingError(f"{key!r} is not an environment variable name")
+        if "\n" in value or "\r" in value:
+            raise PackagingError(f"the value of {key} spans lines: give it on one line")
+    return checked
 
 
 def serve_command(agent: str, port: int) -> list[str]:
@@ -148,7 +164,13 @@ def build_agentrun_archive(
     max_zip_bytes: int = AGENTRUN_MAX_ZIP_BYTES,
     progress: Progress = _quiet,
 ) -> ArchiveReport:
-    """Build ``<out_dir>/<name>-agentrun.zip``: code, dependencies and ``agentrun.json``."""
+    """Build ``<out_dir>/<name>-agentrun.zip``: code, dependencies and ``agentrun.json``.
+
+    The manifest's ``entrypoint.command`` serves ``agent`` on ``port`` with the unpacked
+    archive as working directory; ``environment`` (for example ``AUTH_KEYS_BACKEND``) is
+    the service's environment. Raises :class:`PackagingError` above ``max_zip_bytes``.
+    """
+    env = _checked_environment(environment)
     lock = _lock_file(project_root)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
     progress(f"installing dependencies for {platform}, CPython {python_version}")
@@ -181,7 +203,7 @@ def build_agentrun_archive(
         "resources": {"cpu": 2, "memory": 2048},
         "session_concurrency_limit": 200,
         "session_idle_timeout_seconds": 3600,
-        "environment": dict(environment or {}),
+        "environment": env,
         "health_check": {"path": "/health", "port": port},
     }
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -197,11 +219,16 @@ def _uv_platform(platform: str) -> str:
     return platform
 
 
-MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, run CMD from config.yml."""
+MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
 
+config.yml holds one ``KEY: "value"`` per line, each value a JSON string. ``$PORT`` in CMD is
+the environment's PORT, else config.yml's; ``$HOST`` is config.yml's; a leading ``python3``
+is this interpreter, so the service runs where the SETUP_CMD installed it.
+"""
+
+import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -211,9 +238,9 @@ HERE = Path(__file__).resolve().parent
 def read_config():
     config = {}
     for line in (HERE / "config.yml").read_text().splitlines():
-        if ":" in line and not line.lstrip().startswith("#"):
-            key, _, value = line.partition(":")
-            config[key.strip()] = value.strip().strip('"')
+        key, separator, value = line.partition(": ")
+        if separator and not line.startswith("#"):
+            config[key.strip()] = json.loads(value)
     return config
 
 
@@ -221,33 +248,46 @@ def load_env():
     env_file = HERE / ".env"
     if env_file.exists():
         for line in env_file.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                key, _, value = line.partition("=")
+            key, separator, value = line.partition("=")
+            if separator and not line.lstrip().startswith("#"):
                 os.environ.setdefault(key.strip(), value.strip())
 
 
-if __name__ == "__main__":
+def main():
     load_env()
     config = read_config()
-    os.environ.setdefault("PORT", config.get("PORT", "8080"))
-    command = [part.replace("$PORT", os.environ["PORT"]) for part in shlex.split(config["CMD"])]
-    sys.exit(subprocess.call(command))
+    port = os.environ.setdefault("PORT", config["PORT"])
+    command = [
+        part.replace("$HOST", config["HOST"]).replace("$PORT", port)
+        for part in shlex.split(config["CMD"])
+    ]
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    os.chdir(HERE.parent)
+    # exec, not a child: the platform's signals reach the server itself.
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main()
 '''
 
 
 def _config_yml(name: str, agent: str, port: int, requirements: str) -> str:
-    setup = f"pip install --no-index --find-links wheels -r {requirements}"
-    cmd = " ".join(serve_command(agent, port)).replace(str(port), "$PORT")
-    lines = {
+    command = serve_command(agent, port)
+    command[command.index("--host") + 1] = "$HOST"
+    command[command.index("--port") + 1] = "$PORT"
+    values = {
         "APP_NAME": name,
         "HOST": "0.0.0.0",  # noqa: S104 - the platform routes to the container's port
         "PORT": str(port),
-        "SETUP_CMD": setup,
+        "SETUP_CMD": f"pip install --no-index --find-links wheels -r {requirements}",
         "FC_RUN_CMD": "python3 deploy_starter/main.py",
-        "CMD": cmd,
+        "CMD": shlex.join(command),
         "TELEMETRY_ENABLE": "false",
     }
-    return "".join(f'{key}: "{value}"\n' for key, value in lines.items())
+    # JSON strings are YAML strings too: any value survives quoting both ways.
+    return "".join(f"{key}: {json.dumps(value)}\n" for key, value in values.items())
 
 
 def build_modelstudio_archive(
@@ -263,7 +303,14 @@ def build_modelstudio_archive(
     max_zip_bytes: int = MODELSTUDIO_MAX_ZIP_BYTES,
     progress: Progress = _quiet,
 ) -> ArchiveReport:
-    """Build ``<out_dir>/<name>-modelstudio.zip``: wheels, ``config.yml`` and a starter."""
+    """Build ``<out_dir>/<name>-modelstudio.zip``: wheels, ``config.yml`` and a starter.
+
+    The platform runs ``SETUP_CMD`` (an offline ``pip install`` of the bundled wheels) in the
+    unpacked archive, then ``FC_RUN_CMD`` (``deploy_starter/main.py``), which loads
+    ``deploy_starter/.env`` (``environment``) and serves ``agent``. Raises
+    :class:`PackagingError` above ``max_zip_bytes``.
+    """
+    env = _checked_environment(environment)
     lock = _lock_file(project_root)
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     wheels = staging / "wheels"
@@ -303,8 +350,8 @@ def build_modelstudio_archive(
     starter.mkdir()
     (starter / "main.py").write_text(MODELSTUDIO_MAIN)
     (starter / "config.yml").write_text(_config_yml(name, agent, port, "requirements.txt"))
-    if environment:
-        (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in environment.items()))
+    if env:
+        (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     progress("zipping")
     return _zip_tree(staging, out_dir / f"{name}-modelstudio.zip", max_zip_bytes, progress)
 

@@ -1,4 +1,4 @@
-"""AWS SAM steps that need no cloud account: lint, validate and build, without Docker.
+"""AWS SAM steps: lint, validate and build without Docker or an AWS account; deploy with one.
 
 SAM CLI lives in its own virtualenv (``.venv-sam``, from ``requirements/sam.lock``) because its
 pins clash with the runtime's; ``./scripts/bootstrap`` creates it.
@@ -6,6 +6,10 @@ pins clash with the runtime's; ``./scripts/bootstrap`` creates it.
 >>> functions = list_functions(Path("template.yaml"))   # doctest: +SKIP
 >>> functions["SessionsFunction"].handler               # doctest: +SKIP
 'app.handler'
+
+``sam build`` builds every function of the template whatever its ``Condition`` (both the
+buffered and the streaming process function are in every build); CloudFormation picks one at
+deploy time from ``ProcessInvokeMode``.
 """
 
 from __future__ import annotations
@@ -21,51 +25,99 @@ from typing import Any
 from agentscope_serverless.errors import PackagingError
 
 PLACEHOLDER_REGION = "us-east-1"
+TEMPLATE = "template.yaml"
+DEFAULT_BUILD_DIR = Path(".aws-sam") / "build"
+
+# CloudFormation's short tags, read as the long form they stand for (``!Ref X`` is
+# ``{"Ref": "X"}``, ``!GetAtt A.B`` is ``{"Fn::GetAtt": ["A", "B"]}``, ``!Sub s`` is
+# ``{"Fn::Sub": "s"}``), so a loaded template means what CloudFormation reads.
+_UNPREFIXED_TAGS = {"Ref", "Condition"}
 
 
 @dataclass(frozen=True)
 class FunctionSpec:
-    """A function of the template: its logical id, code directory and handler."""
+    """A function of the template: its logical id, code directory, handler and runtime."""
 
     name: str
     code_uri: str
     handler: str
+    runtime: str | None
     condition: str | None
 
 
-def _load_template(template: Path) -> dict[str, Any]:
+def _intrinsic(tag: str, node: Any, loader: Any) -> dict[str, Any]:
+    import yaml
+
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+        if tag == "GetAtt":
+            value = str(value).split(".", 1)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)
+    return {tag if tag in _UNPREFIXED_TAGS else f"Fn::{tag}": value}
+
+
+def load_template(template: Path) -> dict[str, Any]:
+    """The template as CloudFormation reads it (short tags expanded to their long form).
+
+    >>> load_template(Path("template.yaml"))["Outputs"]["SessionsUrl"]["Value"]  # doctest: +SKIP
+    {'Fn::GetAtt': ['SessionsFunctionUrl', 'FunctionUrl']}
+    """
     import yaml
 
     class _Loader(yaml.SafeLoader):
-        """Reads CloudFormation's short tags (``!Ref``, ``!Sub``...) as plain values."""
+        """A safe loader that also knows CloudFormation's short tags."""
 
-    def _any_tag(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> Any:
-        if isinstance(node, yaml.ScalarNode):
-            return loader.construct_scalar(node)
-        if isinstance(node, yaml.SequenceNode):
-            return loader.construct_sequence(node, deep=True)
-        return loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-
-    _Loader.add_multi_constructor("!", _any_tag)
-    document = yaml.load(template.read_text(), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
-    if not isinstance(document, dict):
-        raise PackagingError(f"{template} is not a template")
+    _Loader.add_multi_constructor(
+        "!", lambda loader, suffix, node: _intrinsic(suffix, node, loader)
+    )
+    try:
+        document = yaml.load(template.read_text(), Loader=_Loader)  # noqa: S506 - safe subclass
+    except (OSError, yaml.YAMLError) as exc:
+        raise PackagingError(f"cannot read {template}: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
+        raise PackagingError(f"{template} is not a CloudFormation template (no Resources)")
     return document
 
 
 def list_functions(template: Path) -> dict[str, FunctionSpec]:
-    """Every ``AWS::Serverless::Function`` of the template."""
-    resources = _load_template(template).get("Resources", {})
-    return {
-        name: FunctionSpec(
+    """Every ``AWS::Serverless::Function`` of the template (``Globals`` applied)."""
+    document = load_template(template)
+    defaults = document.get("Globals", {}).get("Function", {})
+    functions = {}
+    for name, resource in document["Resources"].items():
+        if resource.get("Type") != "AWS::Serverless::Function":
+            continue
+        properties = {**defaults, **resource.get("Properties", {})}
+        if "CodeUri" not in properties or "Handler" not in properties:
+            raise PackagingError(f"{name} needs a CodeUri and a Handler (zip packages only)")
+        functions[name] = FunctionSpec(
             name=name,
-            code_uri=str(spec["Properties"]["CodeUri"]),
-            handler=str(spec["Properties"]["Handler"]),
-            condition=spec.get("Condition"),
+            code_uri=str(properties["CodeUri"]),
+            handler=str(properties["Handler"]),
+            runtime=properties.get("Runtime"),
+            condition=resource.get("Condition"),
         )
-        for name, spec in resources.items()
-        if spec.get("Type") == "AWS::Serverless::Function"
-    }
+    return functions
+
+
+def functions_json(template: Path) -> str:
+    """The template's functions as JSON: ``{name: {code_uri, handler, runtime, condition}}``."""
+    return json.dumps(
+        {
+            name: {
+                "code_uri": spec.code_uri,
+                "handler": spec.handler,
+                "runtime": spec.runtime,
+                "condition": spec.condition,
+            }
+            for name, spec in list_functions(template).items()
+        },
+        indent=2,
+    )
 
 
 def sam_executable(project_root: Path) -> str:
@@ -77,18 +129,35 @@ def sam_executable(project_root: Path) -> str:
     return found
 
 
-def _sam_env() -> dict[str, str]:
+def configured_region() -> str | None:
+    """The region the AWS SDK would use (environment, then the profile's config), or None."""
+    import botocore.session
+
+    region = botocore.session.get_session().get_config_variable("region")
+    return str(region) if region else None
+
+
+def has_credentials() -> bool:
+    """Whether botocore's credential chain finds credentials (env, files, SSO, roles...)."""
+    import botocore.session
+
+    return botocore.session.get_session().get_credentials() is not None
+
+
+def _sam_env(*, offline: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("AWS_DEFAULT_REGION", env.get("AWS_REGION", PLACEHOLDER_REGION))
     env["SAM_CLI_TELEMETRY"] = "0"
+    if offline and not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+        # Lint and build need some region; a placeholder must never steer a deploy.
+        env["AWS_DEFAULT_REGION"] = PLACEHOLDER_REGION
     return env
 
 
-def _run_sam(project_root: Path, *args: str) -> str:
+def _run_sam(project_root: Path, *args: str, offline: bool = True) -> str:
     result = subprocess.run(
         [sam_executable(project_root), *args],
         cwd=project_root,
-        env=_sam_env(),
+        env=_sam_env(offline=offline),
         capture_output=True,
         text=True,
         check=False,
@@ -102,32 +171,28 @@ def _run_sam(project_root: Path, *args: str) -> str:
 
 def validate(project_root: Path) -> str:
     """``sam validate --lint`` (cfn-lint rules included); offline, no credentials needed."""
-    return _run_sam(project_root, "validate", "--lint", "--template-file", "template.yaml")
+    return _run_sam(project_root, "validate", "--lint", "--template-file", TEMPLATE)
+
+
+def check_layer_requirements(project_root: Path) -> None:
+    """The layer installs ``shared/requirements.txt``: it must be the pinned runtime lock."""
+    lock = project_root / "requirements" / "runtime.lock"
+    layer = project_root / "shared" / "requirements.txt"
+    if not layer.is_file() or layer.read_text() != lock.read_text():
+        raise PackagingError(
+            f"{layer} differs from {lock}: run ./scripts/lock so the layer gets the pinned set"
+        )
 
 
 def build(project_root: Path, *, build_dir: Path | None = None) -> Path:
-    """``sam build`` with the local interpreter (no container); returns the build directory."""
-    target = build_dir or project_root / ".aws-sam" / "build"
-    _sync_layer_requirements(project_root)
-    _run_sam(
-        project_root,
-        "build",
-        "--template-file",
-        "template.yaml",
-        "--build-dir",
-        str(target),
-        "--parameter-overrides",
-        # Build both process variants: a condition would otherwise skip one of them.
-        "ProcessInvokeMode=RESPONSE_STREAM",
-    )
+    """``sam build`` with the local interpreter (no container); returns the build directory.
+
+    Every function and the shared layer are built, whatever the template's conditions.
+    """
+    check_layer_requirements(project_root)
+    target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
+    _run_sam(project_root, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
     return target
-
-
-def _sync_layer_requirements(project_root: Path) -> None:
-    lock = project_root / "requirements" / "runtime.lock"
-    layer = project_root / "shared" / "requirements.txt"
-    if not layer.exists() or layer.read_text() != lock.read_text():
-        layer.write_text(lock.read_text())
 
 
 def stack_outputs(stack_name: str, region: str | None = None) -> dict[str, str]:
@@ -139,41 +204,74 @@ def stack_outputs(stack_name: str, region: str | None = None) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
-def deploy(project_root: Path, stack_name: str, *, parameters: dict[str, str]) -> dict[str, str]:
-    """``sam deploy`` of the built stack, then its outputs (needs AWS credentials)."""
-    overrides = [f"{key}={value}" for key, value in parameters.items()]
+def deploy(
+    project_root: Path,
+    stack_name: str,
+    *,
+    parameters: dict[str, str] | None = None,
+    build_dir: Path | None = None,
+    region: str | None = None,
+) -> dict[str, str]:
+    """``sam deploy`` of a built stack, then its outputs (needs AWS credentials and a region).
+
+    ``build_dir`` is where :func:`build` wrote the stack (default ``.aws-sam/build``).
+    Parameters go on SAM's command line: keep secrets (``LlmApiKey``...) out of shared hosts.
+    """
+    region = region or configured_region()
+    if not region:
+        raise PackagingError("no AWS region: set AWS_REGION or a region in the AWS profile")
+    built = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve() / TEMPLATE
+    if not built.is_file():
+        raise PackagingError(f"{built} is missing: build the stack first")
     args = [
         "deploy",
+        "--template-file",
+        str(built),
         "--stack-name",
         stack_name,
+        "--region",
+        region,
         "--resolve-s3",
         "--capabilities",
         "CAPABILITY_IAM",
         "--no-confirm-changeset",
         "--no-fail-on-empty-changeset",
     ]
-    if overrides:
-        args += ["--parameter-overrides", *overrides]
-    _run_sam(project_root, *args)
-    return stack_outputs(stack_name, _sam_env()["AWS_DEFAULT_REGION"])
+    if parameters:
+        args += ["--parameter-overrides", *(f"{k}={v}" for k, v in parameters.items())]
+    _run_sam(project_root, *args, offline=False)
+    return stack_outputs(stack_name, region)
 
 
-def functions_json(template: Path) -> str:
-    """The template's functions as JSON: ``{name: {code_uri, handler, condition}}``."""
-    return json.dumps(
-        {
-            name: {"code_uri": f.code_uri, "handler": f.handler, "condition": f.condition}
-            for name, f in list_functions(template).items()
-        }
+def delete(project_root: Path, stack_name: str, *, region: str | None = None) -> None:
+    """``sam delete`` of the stack (its tables are retained: ``DeletionPolicy: Retain``)."""
+    region = region or configured_region()
+    if not region:
+        raise PackagingError("no AWS region: set AWS_REGION or a region in the AWS profile")
+    _run_sam(
+        project_root,
+        "delete",
+        "--stack-name",
+        stack_name,
+        "--region",
+        region,
+        "--no-prompts",
+        offline=False,
     )
 
 
 __all__ = [
+    "DEFAULT_BUILD_DIR",
     "FunctionSpec",
     "build",
+    "check_layer_requirements",
+    "configured_region",
+    "delete",
     "deploy",
     "functions_json",
+    "has_credentials",
     "list_functions",
+    "load_template",
     "sam_executable",
     "stack_outputs",
     "validate",

@@ -1,0 +1,261 @@
+"""``agentscope-serverless deploy ...``: the SAM stack and the AgentRun/ModelStudio archives.
+
+::
+
+    agentscope-serverless deploy sam validate          # sam validate --lint, offline
+    agentscope-serverless deploy sam build             # sam build, no Docker
+    agentscope-serverless deploy sam deploy --stack-name my-agent --param LlmModel=gpt-4o-mini
+    agentscope-serverless deploy sam functions         # the template's functions as JSON
+    agentscope-serverless deploy agentrun --agent mypkg.agent:app --out dist/
+    agentscope-serverless deploy modelstudio --agent mypkg.agent:app --out dist/
+
+The scripts in ``deploy/`` run the same commands. The project root (where ``template.yaml``
+and ``requirements/`` are) is ``--project-root``, else ``AGENTSCOPE_PROJECT_ROOT``, else the
+working directory. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
+stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
+is built; ``--skip-upload`` builds the archive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentscope_serverless.errors import AgentScopeServerlessError, UploadNotAvailableError
+from agentscope_serverless.packaging.archives import DEFAULT_AGENT, DEFAULT_PYTHON
+
+if TYPE_CHECKING:
+    from agentscope_serverless.deployers.archive import ArchiveDeployManager
+
+NOT_DEPLOYED = 3
+
+console = Console(soft_wrap=True, highlight=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False)
+
+deploy_app = typer.Typer(
+    help="Build and deploy: the SAM stack (AWS Lambda) or AgentRun/ModelStudio archives.",
+    no_args_is_help=True,
+)
+sam_app = typer.Typer(
+    help="The AWS SAM stack of template.yaml: validate, build and deploy it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+agentrun_app = typer.Typer(add_completion=False)
+modelstudio_app = typer.Typer(add_completion=False)
+deploy_app.add_typer(sam_app, name="sam")
+
+ProjectRootOption = Annotated[
+    Path,
+    typer.Option(
+        "--project-root",
+        envvar="AGENTSCOPE_PROJECT_ROOT",
+        help="The project (template.yaml, requirements/).",
+    ),
+]
+BuildDirOption = Annotated[
+    Path | None, typer.Option("--build-dir", help="Where sam build writes (.aws-sam/build).")
+]
+AgentOption = Annotated[
+    str, typer.Option("--agent", help="The AgentApp to serve, as module:attribute.")
+]
+OutOption = Annotated[Path, typer.Option("--out", help="Directory for the archive.")]
+PythonOption = Annotated[
+    str, typer.Option("--python-version", help="CPython version of the platform's runtime.")
+]
+NameOption = Annotated[str, typer.Option("--name", help="Name of the app and the archive.")]
+EnvOption = Annotated[
+    list[str] | None,
+    typer.Option("--env", help="KEY=VALUE in the service's environment (repeatable)."),
+]
+SkipUploadOption = Annotated[
+    bool, typer.Option("--skip-upload", help="Build only, even with Alibaba Cloud credentials.")
+]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    errors.print(f"[bold red]error:[/bold red] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    pairs = {}
+    for value in values or []:
+        key, separator, rest = value.partition("=")
+        if not separator or not key:
+            _fail(f"{option} takes KEY=VALUE, not {value!r}")
+        pairs[key] = rest
+    return pairs
+
+
+@contextmanager
+def _steps(first: str) -> Iterator[Callable[[str], None]]:
+    """A spinner with the current step; yields the function that moves to the next step."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(first)
+        shown = [first]
+
+        def step(line: str) -> None:
+            # "zipped 500/4215 files" updates the line; any other text is a new step.
+            if not line.startswith("zipped ") and shown[-1] != line:
+                console.print(f"[green]✓[/green] {shown[-1]}")
+                shown.append(line)
+            progress.update(task, description=line)
+
+        yield step
+        console.print(f"[green]✓[/green] {shown[-1]}")
+
+
+def _run(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message)
+
+
+@sam_app.command("validate")
+def sam_validate(project_root: ProjectRootOption = Path()) -> None:
+    """Lint and validate template.yaml (sam validate --lint); needs no AWS account."""
+    from agentscope_serverless.packaging import sam
+
+    with _steps("sam validate --lint"):
+        output = _run(lambda: sam.validate(project_root))
+    console.print(output, markup=False)
+
+
+@sam_app.command("build")
+def sam_build(project_root: ProjectRootOption = Path(), build_dir: BuildDirOption = None) -> None:
+    """Build every function and the shared layer with the local Python (no Docker)."""
+    from agentscope_serverless.packaging import sam
+
+    with _steps("sam build (every function and the shared layer)"):
+        built = _run(lambda: sam.build(project_root, build_dir=build_dir))
+    console.print(f"[bold green]Built[/bold green] {built}")
+
+
+@sam_app.command("deploy")
+def sam_deploy(
+    stack_name: Annotated[str, typer.Option("--stack-name", help="The CloudFormation stack.")],
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", help="A template parameter, KEY=VALUE (repeatable)."),
+    ] = None,
+    region: Annotated[
+        str | None, typer.Option("--region", help="AWS region (default: the SDK's).")
+    ] = None,
+    project_root: ProjectRootOption = Path(),
+    build_dir: BuildDirOption = None,
+) -> None:
+    """Validate, build and, with AWS credentials, deploy; print the Function URLs."""
+    from agentscope_serverless.deployers.sam_deployer import SAMDeployManager
+
+    parameters = _pairs(param, "--param")
+    with _steps("starting") as step:
+        manager = SAMDeployManager(
+            project_root,
+            stack_name,
+            parameters,
+            build_dir=build_dir,
+            region=region,
+            progress=step,
+        )
+        info = _run(lambda: asyncio.run(manager.deploy()))
+    if not info["deployed"]:
+        console.print(f"[bold green]Built[/bold green] {info['build_dir']}")
+        errors.print(f"[bold yellow]not deployed:[/bold yellow] {info['reason']}")
+        raise typer.Exit(NOT_DEPLOYED)
+    table = Table("output", "value", title=f"stack {stack_name}")
+    for name, value in info["outputs"].items():
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"[bold green]Deployed.[/bold green] Process URL: {info['url']}")
+
+
+@sam_app.command("functions")
+def sam_functions(project_root: ProjectRootOption = Path()) -> None:
+    """Print the template's functions as JSON (code directory, handler, runtime, condition)."""
+    from agentscope_serverless.packaging import sam
+
+    typer.echo(_run(lambda: sam.functions_json(project_root / "template.yaml")))
+
+
+def _build_archive(
+    manager: ArchiveDeployManager, agent: str, name: str, env: dict[str, str], skip_upload: bool
+) -> None:
+    with _steps(f"building the {manager.platform_name} archive") as step:
+        try:
+            info = asyncio.run(
+                manager.deploy(
+                    agent,
+                    environment=env,
+                    deploy_name=name,
+                    skip_upload=skip_upload,
+                    progress=step,
+                )
+            )
+        except UploadNotAvailableError as exc:
+            errors.print(f"[bold yellow]not uploaded:[/bold yellow] {exc.message}")
+            raise typer.Exit(NOT_DEPLOYED) from None
+        except AgentScopeServerlessError as exc:
+            _fail(exc.message)
+    assert manager.report is not None
+    console.print(f"[bold green]Built[/bold green] {manager.report.describe()}")
+    console.print(f"archive: {info['artifact_path']}", markup=False)
+    console.print(f"size: {info['size_bytes']} bytes", markup=False)
+
+
+@agentrun_app.command()
+def agentrun(
+    agent: AgentOption = DEFAULT_AGENT,
+    out: OutOption = Path("dist"),
+    python_version: PythonOption = DEFAULT_PYTHON,
+    name: NameOption = "agentscope-serverless",
+    env: EnvOption = None,
+    skip_upload: SkipUploadOption = False,
+    project_root: ProjectRootOption = Path(),
+) -> None:
+    """Build an AgentRun archive: flat site-packages and agentrun.json (entry command)."""
+    from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
+
+    manager = AgentRunDeployManager(out, project_root=project_root, python_version=python_version)
+    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload)
+
+
+@modelstudio_app.command()
+def modelstudio(
+    agent: AgentOption = DEFAULT_AGENT,
+    out: OutOption = Path("dist"),
+    python_version: PythonOption = DEFAULT_PYTHON,
+    name: NameOption = "agentscope-serverless",
+    env: EnvOption = None,
+    skip_upload: SkipUploadOption = False,
+    project_root: ProjectRootOption = Path(),
+) -> None:
+    """Build a ModelStudio archive: wheels, requirements.txt and deploy_starter/."""
+    from agentscope_serverless.deployers.modelstudio_deployer import ModelStudioDeployManager
+
+    manager = ModelStudioDeployManager(
+        out, project_root=project_root, python_version=python_version
+    )
+    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload)
+
+
+deploy_app.command("agentrun")(agentrun)
+deploy_app.command("modelstudio")(modelstudio)
+
+
+__all__ = ["agentrun_app", "deploy_app", "modelstudio_app", "sam_app"]

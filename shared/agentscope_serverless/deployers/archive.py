@@ -1,0 +1,139 @@
+"""``ArchiveDeployManager``: the shared part of the AgentRun and ModelStudio deployers.
+
+Both build an archive of the project on this machine (no Docker). Uploading it needs the
+Alibaba Cloud platform, which this build cannot reach: without credentials the deployers
+return the archive's path and size; with credentials (``ALIBABA_CLOUD_ACCESS_KEY_ID`` and
+``ALIBABA_CLOUD_ACCESS_KEY_SECRET``) they raise
+:class:`~agentscope_serverless.errors.UploadNotAvailableError` before building, rather than
+pretend to deploy. ``skip_upload=True`` builds only, whatever the credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any
+
+from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.errors import UploadNotAvailableError
+from agentscope_serverless.packaging.archives import (
+    DEFAULT_AGENT,
+    DEFAULT_PLATFORM,
+    DEFAULT_PYTHON,
+    ArchiveReport,
+    Progress,
+)
+
+CREDENTIAL_VARIABLES = ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET")
+
+
+def has_alibaba_cloud_credentials() -> bool:
+    """Whether both Alibaba Cloud access key variables are set."""
+    return all(os.environ.get(name) for name in CREDENTIAL_VARIABLES)
+
+
+class ArchiveDeployManager(DeployManager):
+    """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``)."""
+
+    platform_name: str
+
+    def __init__(
+        self,
+        build_root: str | Path | None = None,
+        *,
+        project_root: str | Path = ".",
+        python_version: str = DEFAULT_PYTHON,
+        platform: str = DEFAULT_PLATFORM,
+    ) -> None:
+        super().__init__()
+        self.project_root = Path(project_root).resolve()
+        self.build_root = (
+            Path(build_root).resolve() if build_root is not None else self.project_root / "dist"
+        )
+        self.python_version = python_version
+        self.platform = platform
+        self.report: ArchiveReport | None = None
+
+    async def deploy(
+        self,
+        app: str = DEFAULT_AGENT,
+        *,
+        environment: dict[str, str] | None = None,
+        deploy_name: str = "agentscope-serverless",
+        port: int | None = None,
+        skip_upload: bool = False,
+        progress: Progress | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Build the archive serving ``app`` (an import path ``module:attribute``).
+
+        Returns ``deploy_id``, ``url`` (None: nothing runs yet), ``artifact_path``,
+        ``size_bytes``, ``unpacked_bytes``, ``files``, ``limit_bytes`` and ``uploaded``
+        (False). Raises :class:`~agentscope_serverless.errors.PackagingError` when the build
+        fails or the archive is above the platform's limit, and
+        :class:`~agentscope_serverless.errors.UploadNotAvailableError`, before building, when
+        credentials ask for an upload.
+        """
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        if not skip_upload and has_alibaba_cloud_credentials():
+            raise UploadNotAvailableError(self.platform_name)
+        report = await asyncio.to_thread(
+            self._build,
+            app,
+            environment=environment,
+            name=deploy_name,
+            port=port,
+            progress=progress,
+        )
+        self.report = report
+        self.deploy_id = str(uuid.uuid4())
+        return {
+            "deploy_id": self.deploy_id,
+            "url": None,
+            "platform": self.platform_name,
+            "artifact_path": str(report.path),
+            "size_bytes": report.size_bytes,
+            "unpacked_bytes": report.unpacked_bytes,
+            "files": report.files,
+            "limit_bytes": report.limit_bytes,
+            "uploaded": False,
+        }
+
+    @abstractmethod
+    def _build(
+        self,
+        app: str,
+        *,
+        environment: dict[str, str] | None,
+        name: str,
+        port: int | None,
+        progress: Progress | None,
+    ) -> ArchiveReport:
+        """Build the platform's archive."""
+
+    def _options(
+        self, environment: dict[str, str] | None, name: str, progress: Progress | None
+    ) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "name": name,
+            "python_version": self.python_version,
+            "platform": self.platform,
+            "environment": environment,
+        }
+        if progress is not None:
+            options["progress"] = progress
+        return options
+
+    async def stop(self) -> None:
+        """Nothing runs locally: a no-op."""
+
+    @property
+    def is_running(self) -> bool:
+        return False
+
+
+__all__ = ["CREDENTIAL_VARIABLES", "ArchiveDeployManager", "has_alibaba_cloud_credentials"]

@@ -1,0 +1,125 @@
+"""``SAMDeployManager``: build the SAM stack and, with AWS credentials, deploy it.
+
+>>> manager = SAMDeployManager(project_root=".", stack_name="my-agent")
+>>> # info = await manager.deploy()
+>>> # info["url"]  -> the ProcessUrl output (None when nothing was deployed)
+
+Without credentials (botocore's credential chain finds none) the manager stops after
+``sam validate --lint`` and ``sam build`` and says so: ``deployed`` is False, ``url`` None,
+``build_dir`` the built stack and ``reason`` why nothing was deployed. That way the same call
+checks a stack offline (in CI) and deploys it on a machine with an AWS profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.packaging import sam
+from agentscope_serverless.packaging.archives import Progress
+
+URL_OUTPUTS = ("ProcessUrl", "SessionsUrl", "MemoryUrl", "StateUrl", "SandboxUrl")
+NO_CREDENTIALS = (
+    "no AWS credentials found (environment, shared files, SSO or roles): built only; "
+    "configure credentials (for example `aws configure`) to deploy"
+)
+
+
+class SAMDeployManager(DeployManager):
+    """Deploys ``template.yaml`` of ``project_root`` as the CloudFormation stack ``stack_name``.
+
+    ``parameters`` are the template's parameters (``{"FunctionUrlAuthType": "NONE", ...}``);
+    ``region`` defaults to the AWS SDK's (``AWS_REGION`` or the profile); ``progress`` is
+    called with a line for each step.
+    """
+
+    def __init__(
+        self,
+        project_root: str | Path = ".",
+        stack_name: str = "agentscope-serverless",
+        parameters: dict[str, str] | None = None,
+        *,
+        build_dir: str | Path | None = None,
+        region: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        super().__init__()
+        self.project_root = Path(project_root).resolve()
+        self.stack_name = stack_name
+        self.parameters = dict(parameters or {})
+        self.build_dir = Path(build_dir) if build_dir is not None else None
+        self.region = region
+        self.progress = progress or (lambda _line: None)
+        self.outputs: dict[str, str] = {}
+        self._deployed = False
+
+    async def deploy(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Validate, build and (with credentials) deploy; return where the stack is.
+
+        Returns ``deploy_id``, ``url`` (the ``ProcessUrl`` output, or None), ``urls`` (every
+        Function URL output by name), ``outputs``, ``deployed``, ``build_dir``, ``stack_name``
+        and, when nothing was deployed, ``reason``. Failures raise
+        :class:`~agentscope_serverless.errors.PackagingError`.
+        """
+        if args or kwargs:
+            raise TypeError("SAMDeployManager.deploy takes no arguments: configure the manager")
+        return await asyncio.to_thread(self.deploy_sync)
+
+    def deploy_sync(self) -> dict[str, Any]:
+        """The blocking twin of :meth:`deploy`."""
+        self.progress("validating template.yaml (sam validate --lint)")
+        sam.validate(self.project_root)
+        self.progress("building every function and the shared layer (sam build)")
+        built = sam.build(self.project_root, build_dir=self.build_dir)
+        info: dict[str, Any] = {
+            "deploy_id": None,
+            "url": None,
+            "urls": {},
+            "outputs": {},
+            "deployed": False,
+            "build_dir": str(built),
+            "stack_name": self.stack_name,
+        }
+        if not sam.has_credentials():
+            info["reason"] = NO_CREDENTIALS
+            return info
+        self.progress(f"deploying the stack {self.stack_name} (sam deploy)")
+        outputs = sam.deploy(
+            self.project_root,
+            self.stack_name,
+            parameters=self.parameters,
+            build_dir=built,
+            region=self.region,
+        )
+        self.outputs = outputs
+        self._deployed = True
+        self.deploy_id = f"{self.stack_name}-{uuid.uuid4().hex[:8]}"
+        self._service_url = outputs.get("ProcessUrl")
+        urls = {name: outputs[name] for name in URL_OUTPUTS if name in outputs}
+        info.update(
+            deploy_id=self.deploy_id,
+            url=self._service_url,
+            urls=urls,
+            outputs=outputs,
+            deployed=True,
+        )
+        return info
+
+    async def stop(self) -> None:
+        """Delete the stack this manager deployed (tables are retained); else nothing."""
+        if self._deployed:
+            await asyncio.to_thread(
+                sam.delete, self.project_root, self.stack_name, region=self.region
+            )
+        self._deployed = False
+        self._service_url = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._deployed
+
+
+__all__ = ["SAMDeployManager"]

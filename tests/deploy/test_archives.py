@@ -1,0 +1,206 @@
+"""The AgentRun and ModelStudio archives serve the agent from their contents alone.
+
+Each archive is unpacked into a clean directory and run with a fresh interpreter that has no
+site packages: AgentRun runs its manifest's entry command in the unpacked directory;
+ModelStudio installs its bundled wheels offline (``SETUP_CMD``) into a fresh virtualenv and
+starts ``deploy_starter/main.py``. Both read keys from the file key store their environment
+names, so neither prints nor needs a development key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.packaging import build_agentrun_archive
+from tests.conftest import PROJECT_ROOT
+from tests.deploy.conftest import HOST_PYTHON, unpack
+from tests.support.http import bearer, free_port, stream, text_of, user_message, wait_until_healthy
+
+
+@dataclass
+class RunningService:
+    url: str
+    key: str
+    output: Path
+
+
+def clean_environment(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment without anything that points Python at other packages."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV") and not k.startswith("AUTH_")
+    }
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def fresh_venv(path: Path, *, with_pip: bool) -> Path:
+    """A virtualenv of the host interpreter without site packages; returns its python."""
+    command = [sys.executable, "-m", "venv", str(path)]
+    subprocess.run(command if with_pip else [*command, "--without-pip"], check=True)
+    return path / "bin" / "python"
+
+
+def create_key(python: Path, cwd: Path, env: dict[str, str]) -> str:
+    """A user key made by the archive's own CLI in the key file its environment names."""
+    result = subprocess.run(
+        [str(python), "-m", "agentscope_serverless.cli", "keys", "create", "--user", "u1"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    return next(line for line in result.stdout.splitlines() if line.startswith("ask_"))
+
+
+def serve(command: list[str], cwd: Path, env: dict[str, str], key: str) -> Iterator[RunningService]:
+    output = cwd / "service-output.txt"
+    port = int(env["PORT"])
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=sink, stderr=sink)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, timeout=60)
+        yield RunningService(url=url, key=key, output=output)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def agentrun_service(
+    agentrun_deploy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningService]:
+    root = unpack(agentrun_deploy["artifact_path"], tmp_path_factory, "agentrun-unpacked")
+    python = fresh_venv(tmp_path_factory.mktemp("agentrun-venv") / "venv", with_pip=False)
+    manifest = json.loads((root / "agentrun.json").read_text())
+    port = free_port()
+    env = clean_environment({**manifest["environment"], "PORT": str(port)})
+    key = create_key(python, root, env)
+    entry = manifest["entrypoint"]
+    command = [part.replace(str(entry["port"]), str(port)) for part in entry["command"]]
+    assert command[0] == "python3"
+    yield from serve([str(python), *command[1:]], root, env, key)
+
+
+@pytest.fixture(scope="module")
+def modelstudio_service(
+    modelstudio_deploy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningService]:
+    root = unpack(modelstudio_deploy["artifact_path"], tmp_path_factory, "modelstudio-unpacked")
+    python = fresh_venv(tmp_path_factory.mktemp("modelstudio-venv") / "venv", with_pip=True)
+    config = read_config(root / "deploy_starter" / "config.yml")
+    setup = shlex.split(config["SETUP_CMD"])
+    assert setup[:2] == ["pip", "install"] and "--no-index" in setup
+    env = clean_environment({"PORT": str(free_port())})
+    installed = subprocess.run(
+        [str(python), "-m", *setup], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    dotenv = dict(
+        line.split("=", 1) for line in (root / "deploy_starter" / ".env").read_text().splitlines()
+    )
+    key = create_key(python, root, {**env, **dotenv})
+    yield from serve([str(python), "deploy_starter/main.py"], root, env, key)
+
+
+def read_config(path: Path) -> dict[str, str]:
+    """config.yml: one ``KEY: "value"`` per line (YAML and JSON agree on the values)."""
+    return {
+        key: json.loads(value)
+        for key, _, value in (line.partition(": ") for line in path.read_text().splitlines())
+    }
+
+
+def assert_answers_process(service: RunningService) -> None:
+    with httpx.Client(base_url=service.url, headers=bearer(service.key), timeout=30) as client:
+        body = {"input": [user_message("My name is Alice")], "session_id": "s1"}
+        response, sse = stream(client, "/process", json=body)
+    assert response.status_code == 200
+    events = sse.data
+    assert (events[0]["object"], events[0]["status"]) == ("response", "created")
+    assert (events[-1]["object"], events[-1]["status"]) == ("response", "completed")
+    assert events[-1]["session_id"] == "s1"
+    assert text_of(events).startswith("Nice to meet you, Alice")
+
+
+def assert_uses_the_key_file(service: RunningService) -> None:
+    output = service.output.read_text()
+    assert "development key" not in output and "ask_" not in output
+    assert "API keys:" in output
+    anonymous = httpx.post(f"{service.url}/process", json={"input": [user_message("hi")]})
+    assert anonymous.status_code == 401
+
+
+def test_agentrun_archive_serves_process_from_its_contents(
+    agentrun_service: RunningService,
+) -> None:
+    assert_answers_process(agentrun_service)
+
+
+def test_agentrun_archive_uses_the_key_file_of_its_manifest(
+    agentrun_service: RunningService,
+) -> None:
+    assert_uses_the_key_file(agentrun_service)
+
+
+def test_agentrun_manifest_names_the_entry_command_runtime_and_health_check(
+    agentrun_deploy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = unpack(agentrun_deploy["artifact_path"], tmp_path_factory, "agentrun-manifest")
+    manifest = json.loads((root / "agentrun.json").read_text())
+    assert manifest["entrypoint"]["command"][:3] == ["python3", "-m", "agentscope_serverless.cli"]
+    assert manifest["runtime"] == f"python{HOST_PYTHON}"
+    assert manifest["health_check"] == {"path": "/health", "port": manifest["entrypoint"]["port"]}
+    assert (root / "agentscope_serverless" / "__init__.py").is_file()
+    assert (root / "fastapi").is_dir() and (root / "uvicorn").is_dir()
+
+
+def test_modelstudio_archive_serves_process_after_its_offline_setup(
+    modelstudio_service: RunningService,
+) -> None:
+    assert_answers_process(modelstudio_service)
+
+
+def test_modelstudio_archive_uses_the_key_file_of_its_env(
+    modelstudio_service: RunningService,
+) -> None:
+    assert_uses_the_key_file(modelstudio_service)
+
+
+def test_modelstudio_config_has_agentscope_keys(
+    modelstudio_deploy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = unpack(modelstudio_deploy["artifact_path"], tmp_path_factory, "modelstudio-config")
+    config = read_config(root / "deploy_starter" / "config.yml")
+    assert {"APP_NAME", "HOST", "PORT", "SETUP_CMD", "FC_RUN_CMD", "CMD"} <= set(config)
+    assert config["FC_RUN_CMD"] == "python3 deploy_starter/main.py"
+    assert "--agent agentscope_serverless.agents.demo:app" in config["CMD"]
+    wheels = {path.name.split("-")[0] for path in (root / "wheels").glob("*.whl")}
+    assert {"agentscope_serverless", "fastapi", "uvicorn", "pydantic_core"} <= wheels
+
+
+def test_an_archive_above_the_limit_fails_naming_the_limit(tmp_path: Path) -> None:
+    with pytest.raises(PackagingError, match="limit of 1024 bytes"):
+        build_agentrun_archive(
+            PROJECT_ROOT, tmp_path, python_version=HOST_PYTHON, max_zip_bytes=1024
+        )
+    assert not (tmp_path / "agentscope-serverless-agentrun.zip").exists()
+
+
+def test_environment_names_must_be_variable_names(tmp_path: Path) -> None:
+    with pytest.raises(PackagingError, match="not an environment variable name"):
+        build_agentrun_archive(PROJECT_ROOT, tmp_path, environment={"BAD NAME": "x"})

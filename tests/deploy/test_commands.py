@@ -1,0 +1,92 @@
+"""The deploy commands: ``agentscope-serverless deploy ...`` and the scripts in ``deploy/``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentscope_serverless.cli import app
+from agentscope_serverless.packaging import sam
+from tests.conftest import PROJECT_ROOT
+from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
+
+runner = CliRunner()
+
+
+def run_script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = PROJECT_ROOT / "deploy" / f"{name}.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True
+    )
+
+
+def test_sam_script_prints_the_templates_functions_from_any_directory(tmp_path: Path) -> None:
+    result = run_script("sam", "functions", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(
+        sam.functions_json(PROJECT_ROOT / "template.yaml")
+    )
+
+
+def test_agentrun_script_builds_the_archive_and_prints_its_size(tmp_path: Path) -> None:
+    result = run_script(
+        "agentrun", "--python-version", HOST_PYTHON, "--out", "dist", "--skip-upload", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    archive = tmp_path / "dist" / "agentscope-serverless-agentrun.zip"
+    assert f"archive: {archive}" in result.stdout
+    assert f"size: {archive.stat().st_size} bytes" in result.stdout
+
+
+def test_deploy_sam_without_credentials_says_it_only_built(fake_sam: FakeSam) -> None:
+    fake_sam.credentials = False
+    result = runner.invoke(
+        app, ["deploy", "sam", "deploy", "--stack-name", "s", "--project-root", str(PROJECT_ROOT)]
+    )
+    assert result.exit_code == 3
+    assert "not deployed" in result.output and "no AWS credentials" in result.output
+    assert [call for call, _ in fake_sam.calls] == ["validate", "build"]
+
+
+def test_deploy_sam_prints_the_stack_outputs(fake_sam: FakeSam) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "deploy",
+            "sam",
+            "deploy",
+            "--stack-name",
+            "s",
+            "--param",
+            "LlmModel=m",
+            "--param",
+            "AgentApp=pkg.mod:app",
+            "--project-root",
+            str(PROJECT_ROOT),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert OUTPUTS["ProcessUrl"] in result.output and "ApiKeysTableName" in result.output
+    _, (_stack, options) = fake_sam.calls[-1]
+    assert options["parameters"] == {"LlmModel": "m", "AgentApp": "pkg.mod:app"}
+
+
+def test_parameters_must_be_key_value_pairs(fake_sam: FakeSam) -> None:
+    result = runner.invoke(app, ["deploy", "sam", "deploy", "--stack-name", "s", "--param", "x"])
+    assert result.exit_code == 1 and "KEY=VALUE" in result.output
+    assert fake_sam.calls == []
+
+
+def test_deploy_modelstudio_with_credentials_stops_before_building(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret")
+    result = runner.invoke(app, ["deploy", "modelstudio", "--out", str(tmp_path)])
+    assert result.exit_code == 3 and "not uploaded" in result.output
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,121 @@
+"""The deployers: SAM builds and deploys only with AWS credentials; the archive deployers
+build and report, and refuse to pretend to upload."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.deployers import (
+    AgentRunDeployManager,
+    DeployManager,
+    ModelStudioDeployManager,
+    SAMDeployManager,
+    sam_deployer,
+)
+from agentscope_serverless.errors import UploadNotAvailableError
+from agentscope_serverless.packaging import sam
+from tests.conftest import PROJECT_ROOT, without_aws_credentials
+from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
+
+
+@pytest.mark.timeout(300)
+def test_sam_without_credentials_builds_and_deploys_nothing(
+    sam_offline_deploy: dict[str, Any],
+) -> None:
+    info = sam_offline_deploy
+    assert info["deployed"] is False
+    assert info["url"] is None and info["urls"] == {} and info["deploy_id"] is None
+    assert "no AWS credentials" in info["reason"]
+    assert (Path(info["build_dir"]) / "template.yaml").is_file()
+
+
+def test_credentials_come_from_botocores_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_aws_credentials(monkeypatch)
+    assert not sam.has_credentials()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    assert sam.has_credentials()
+
+
+def test_sam_with_credentials_deploys_and_reports_the_function_urls(
+    fake_sam: FakeSam, tmp_path: Path
+) -> None:
+    assert sam_deployer.sam is sam
+    manager = SAMDeployManager(PROJECT_ROOT, "my-agent", {"LlmModel": "m"}, region="eu-west-1")
+    assert isinstance(manager, DeployManager) and not manager.is_running
+    info = asyncio.run(manager.deploy())
+    assert info["deployed"] is True and info["url"] == OUTPUTS["ProcessUrl"]
+    assert set(info["urls"]) == {"ProcessUrl", "SessionsUrl", "MemoryUrl", "StateUrl", "SandboxUrl"}
+    assert info["outputs"]["ApiKeysTableName"] == "stack-ApiKeysTable-1"
+    assert manager.is_running and manager.service_url == OUTPUTS["ProcessUrl"]
+    assert info["deploy_id"] == manager.deploy_id
+    assert [call for call, _ in fake_sam.calls] == ["validate", "build", "deploy"]
+    stack, options = fake_sam.calls[2][1]
+    assert stack == "my-agent"
+    assert options == {
+        "parameters": {"LlmModel": "m"},
+        "build_dir": tmp_path,
+        "region": "eu-west-1",
+    }
+
+
+def test_stopping_a_sam_deployment_deletes_its_stack(fake_sam: FakeSam) -> None:
+    manager = SAMDeployManager(PROJECT_ROOT, "my-agent")
+    asyncio.run(manager.deploy())
+    asyncio.run(manager.stop())
+    assert fake_sam.calls[-1] == ("delete", "my-agent")
+    assert not manager.is_running and manager.service_url is None
+
+
+def test_agentrun_deployer_returns_the_archive_without_credentials(
+    agentrun_deploy: dict[str, Any],
+) -> None:
+    assert_archive_info(agentrun_deploy, "AgentRun", "-agentrun.zip")
+
+
+def test_modelstudio_deployer_returns_the_archive_without_credentials(
+    modelstudio_deploy: dict[str, Any],
+) -> None:
+    assert_archive_info(modelstudio_deploy, "ModelStudio", "-modelstudio.zip")
+
+
+def assert_archive_info(info: dict[str, Any], platform: str, suffix: str) -> None:
+    archive = Path(info["artifact_path"])
+    assert archive.name.endswith(suffix) and archive.stat().st_size == info["size_bytes"]
+    assert info["platform"] == platform and info["uploaded"] is False and info["url"] is None
+    assert 0 < info["size_bytes"] < info["limit_bytes"]
+    assert info["unpacked_bytes"] > info["size_bytes"] and info["files"] > 0
+
+
+def test_with_credentials_the_archive_deployer_refuses_to_pretend_an_upload(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret")
+    manager = AgentRunDeployManager(tmp_path, project_root=PROJECT_ROOT, python_version=HOST_PYTHON)
+    with pytest.raises(UploadNotAvailableError, match=r"not available.*--skip-upload"):
+        asyncio.run(manager.deploy())
+    assert not list(tmp_path.iterdir())
+    assert not manager.is_running and manager.service_url is None
+
+
+def test_skip_upload_builds_only_even_with_credentials(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret")
+    manager = AgentRunDeployManager(tmp_path, project_root=PROJECT_ROOT, python_version=HOST_PYTHON)
+    info = asyncio.run(manager.deploy(skip_upload=True))
+    assert Path(info["artifact_path"]).is_file() and info["uploaded"] is False
+
+
+def test_archive_deployers_share_the_deploy_manager_interface() -> None:
+    for manager_class in (AgentRunDeployManager, ModelStudioDeployManager):
+        manager = manager_class("dist")
+        assert isinstance(manager, DeployManager)
+        assert not manager.is_running and manager.service_url is None
+        asyncio.run(manager.stop())

@@ -1,0 +1,110 @@
+"""template.yaml lints clean and builds offline (no Docker): every function and the layer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.packaging import sam
+from tests.conftest import PROJECT_ROOT
+
+TEMPLATE = PROJECT_ROOT / "template.yaml"
+FUNCTIONS = sam.list_functions(TEMPLATE)
+# The first test to touch the session's SAM build waits for it.
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_sam_validate_lint_passes() -> None:
+    assert "is a valid SAM Template" in sam.validate(PROJECT_ROOT)
+
+
+def test_cfn_lint_is_clean() -> None:
+    cfn_lint = Path(sys.executable).parent / "cfn-lint"
+    result = subprocess.run([str(cfn_lint), str(TEMPLATE)], capture_output=True, text=True)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_build_has_every_function_with_its_entry_point(sam_build_dir: Path) -> None:
+    assert set(FUNCTIONS) == {
+        "ProcessFunction",
+        "ProcessStreamFunction",
+        "SessionsFunction",
+        "MemoryFunction",
+        "StateFunction",
+        "SandboxFunction",
+    }
+    for name in FUNCTIONS:
+        assert (sam_build_dir / name / "app.py").is_file(), name
+
+
+def test_build_has_both_process_variants_whatever_their_conditions(sam_build_dir: Path) -> None:
+    conditions = {
+        FUNCTIONS[name].condition for name in ("ProcessFunction", "ProcessStreamFunction")
+    }
+    assert conditions == {"Buffered", "Streaming"}
+    built = sam.load_template(sam_build_dir / "template.yaml")["Resources"]
+    assert built["ProcessFunction"]["Properties"]["CodeUri"] == "ProcessFunction"
+    assert built["ProcessStreamFunction"]["Properties"]["CodeUri"] == "ProcessStreamFunction"
+
+
+def test_streaming_function_start_script_is_executable(sam_build_dir: Path) -> None:
+    run_sh = sam_build_dir / "ProcessStreamFunction" / "run.sh"
+    assert os.access(run_sh, os.X_OK)
+    assert FUNCTIONS["ProcessStreamFunction"].handler == "run.sh"
+
+
+def test_layer_holds_the_package_and_its_dependencies(sam_build_dir: Path) -> None:
+    layer = sam_build_dir / "SharedLayer" / "python"
+    assert (layer / "agentscope_serverless" / "__init__.py").is_file()
+    for dependency in ("fastapi", "mangum", "aioboto3", "redis", "pydantic_core"):
+        assert (layer / dependency).is_dir(), dependency
+
+
+def test_the_layer_installs_the_pinned_runtime_lock() -> None:
+    sam.check_layer_requirements(PROJECT_ROOT)
+
+
+def test_a_stale_layer_requirements_file_fails_the_build(tmp_path: Path) -> None:
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "requirements" / "runtime.lock").write_text("fastapi==1\n")
+    (tmp_path / "shared" / "requirements.txt").write_text("fastapi==0\n")
+    with pytest.raises(PackagingError, match=r"run \./scripts/lock"):
+        sam.build(tmp_path)
+
+
+def test_template_short_tags_load_as_their_long_form() -> None:
+    document = sam.load_template(TEMPLATE)
+    assert document["Outputs"]["SessionsUrl"]["Value"] == {
+        "Fn::GetAtt": ["SessionsFunctionUrl", "FunctionUrl"]
+    }
+    assert document["Conditions"]["Buffered"] == {"Fn::Not": [{"Condition": "Streaming"}]}
+    assert document["Resources"]["ProcessFunction"]["Properties"]["Policies"][0] == {
+        "DynamoDBCrudPolicy": {"TableName": {"Ref": "SessionsTable"}}
+    }
+
+
+def test_functions_json_lists_code_handler_runtime_and_condition() -> None:
+    functions: dict[str, Any] = json.loads(sam.functions_json(TEMPLATE))
+    assert functions["SessionsFunction"] == {
+        "code_uri": "functions/sessions/",
+        "handler": "app.handler",
+        "runtime": "python3.11",
+        "condition": None,
+    }
+    for spec in functions.values():
+        assert (PROJECT_ROOT / spec["code_uri"]).is_dir()
+
+
+def test_a_file_without_resources_is_not_a_template(tmp_path: Path) -> None:
+    path = tmp_path / "template.yaml"
+    path.write_text("Description: nothing\n")
+    with pytest.raises(PackagingError, match="no Resources"):
+        sam.list_functions(path)

@@ -1,0 +1,164 @@
+"""Run the functions the way Lambda does: built artifact, runtime interface client, Function URL
+events, on the shared stores (moto's DynamoDB and Redis on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.auth.file import FileKeyStore
+from agentscope_serverless.local_stack import DynamoDBServer, RedisServer
+from tests.support.http import free_port, issue_key
+from tests.support.lambda_runtime import Invocation, LambdaRuntimeAPI, function_url_event
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB_ADAPTER = ROOT / "tests" / "support" / "web_adapter.py"
+
+
+@dataclass
+class Artifact:
+    """A built function: its code directory and the layer directory on its path."""
+
+    code_dir: Path
+    layer_dir: Path
+
+
+@pytest.fixture(scope="session")
+def lambda_artifacts(sam_build_dir: Path) -> Callable[[str], Artifact]:
+    """The SAM-built function ``name`` (logical id), with the built shared layer."""
+
+    def artifact(name: str) -> Artifact:
+        return Artifact(sam_build_dir / name, sam_build_dir / "SharedLayer" / "python")
+
+    return artifact
+
+
+@pytest.fixture(scope="session")
+def function_environment(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server: RedisServer,
+    dynamodb_server: DynamoDBServer,
+) -> dict[str, str]:
+    """The settings every function gets: durable stores on loopback and a file of API keys."""
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
+    return {
+        "SESSION_HISTORY_BACKEND": "dynamodb",
+        "STATE_BACKEND": "dynamodb",
+        "MEMORY_BACKEND": "redis",
+        "REDIS_URL": redis_server.url,
+        "DYNAMODB_ENDPOINT_URL": dynamodb_server.endpoint_url,
+        "DYNAMODB_SESSIONS_TABLE": dynamodb_server.sessions_table,
+        "DYNAMODB_STATE_TABLE": dynamodb_server.state_table,
+        "AWS_REGION": dynamodb_server.region,
+        "AWS_DEFAULT_REGION": dynamodb_server.region,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(keys_file),
+        "SSE_PING_INTERVAL_SECONDS": "5",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+
+
+@pytest.fixture(scope="session")
+def api_key(function_environment: dict[str, str]) -> str:
+    return issue_key(FileKeyStore(Path(function_environment["AUTH_KEYS_FILE"])), "lambda-user")
+
+
+class RunningFunction:
+    """One function in its own processes, fed Function URL events through the Runtime API."""
+
+    def __init__(self, runtime: LambdaRuntimeAPI, processes: list[subprocess.Popen[bytes]]):
+        self.runtime = runtime
+        self.processes = processes
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        body: Any = None,
+        query: str = "",
+    ) -> tuple[int, dict[str, str], bytes, Invocation]:
+        headers = {"content-type": "application/json"}
+        if key is not None:
+            headers["authorization"] = f"Bearer {key}"
+        payload = None if body is None else json.dumps(body)
+        invocation = self.runtime.invoke(
+            function_url_event(method, path, headers=headers, body=payload, query=query)
+        )
+        status, response_headers, content = invocation.http_response()
+        return status, {k.lower(): v for k, v in response_headers.items()}, content, invocation
+
+    def stop(self) -> None:
+        # Lambda freezes and discards execution environments without notice: so do we.
+        for process in self.processes:
+            process.kill()
+            process.wait(10)
+        self.runtime.stop()
+
+
+def _environment(artifact: Artifact, runtime: LambdaRuntimeAPI, extra: dict[str, str]) -> dict:
+    bin_dir = str(Path(sys.executable).parent)
+    return {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "AWS_LAMBDA_RUNTIME_API": runtime.address,
+        "AWS_LAMBDA_FUNCTION_NAME": artifact.code_dir.name,
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1024",
+        "LAMBDA_TASK_ROOT": str(artifact.code_dir),
+        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="session")
+def start_function(
+    lambda_artifacts: Callable[[str], Artifact], function_environment: dict[str, str]
+) -> Iterator[Callable[[str], RunningFunction]]:
+    """Start a function by logical id; each is started once per session and shared."""
+    running: dict[str, RunningFunction] = {}
+
+    def start(name: str) -> RunningFunction:
+        if name in running:
+            return running[name]
+        artifact = lambda_artifacts(name)
+        runtime = LambdaRuntimeAPI().start()
+        env = _environment(artifact, runtime, function_environment)
+        if (artifact.code_dir / "run.sh").exists():
+            port = free_port()
+            env.update(
+                {
+                    "AWS_LWA_PORT": str(port),
+                    "PORT": str(port),
+                    "AWS_LWA_INVOKE_MODE": "response_stream",
+                    "AWS_LWA_READINESS_CHECK_PATH": "/health",
+                }
+            )
+            command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
+        else:
+            command = [sys.executable, "-m", "awslambdaric", "app.handler"]
+        process = subprocess.Popen(command, cwd=artifact.code_dir, env=env)
+        running[name] = RunningFunction(runtime, [process])
+        return running[name]
+
+    yield start
+    for function in running.values():
+        function.stop()
+
+
+@pytest.fixture(scope="session")
+def sam_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``sam build`` of the template, once per test session."""
+    from agentscope_serverless.packaging import sam
+
+    return sam.build(ROOT, build_dir=tmp_path_factory.mktemp("sam") / "build")

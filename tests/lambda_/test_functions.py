@@ -1,0 +1,155 @@
+"""The SAM-built functions under the real runtime interface client, fed Function URL events."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.lambda_.conftest import RunningFunction
+
+FUNCTIONS = [
+    "ProcessFunction",
+    "ProcessStreamFunction",
+    "SessionsFunction",
+    "MemoryFunction",
+    "StateFunction",
+]
+PROCESS_FUNCTIONS = ["ProcessFunction", "ProcessStreamFunction"]
+
+StartFunction = Callable[[str], RunningFunction]
+
+
+def sse_events(body: bytes) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[len("data: ") :])
+        for line in body.decode().splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+def run(function: RunningFunction, key: str, session_id: str, text: str) -> list[dict[str, Any]]:
+    status, headers, body, _ = function.request(
+        "POST",
+        "/process",
+        key=key,
+        body={"input": [{"role": "user", "content": text}], "session_id": session_id},
+    )
+    assert status == 200, body
+    assert headers["content-type"].startswith("text/event-stream")
+    return sse_events(body)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_function_answers_health(start_function: StartFunction, name: str) -> None:
+    status, _, body, _ = start_function(name).request("GET", "/health")
+    assert status == 200
+    assert json.loads(body)["status"] == "healthy"
+
+
+PROTECTED_ROUTE = {
+    "ProcessFunction": ("POST", "/process"),
+    "ProcessStreamFunction": ("POST", "/process"),
+    "SessionsFunction": ("GET", "/sessions"),
+    "MemoryFunction": ("GET", "/memory"),
+    "StateFunction": ("GET", "/state/s1/rounds"),
+}
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_function_refuses_requests_without_a_key(
+    start_function: StartFunction, name: str
+) -> None:
+    method, path = PROTECTED_ROUTE[name]
+    body = {} if method == "POST" else None
+    status, headers, content, _ = start_function(name).request(method, path, body=body)
+    assert status == 401
+    assert headers["www-authenticate"].startswith("Bearer")
+    assert json.loads(content)["error"]["code"]
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_process_streams_the_full_event_sequence(
+    start_function: StartFunction, api_key: str, name: str
+) -> None:
+    events = run(start_function(name), api_key, f"s-{uuid.uuid4().hex[:8]}", "My name is Ada")
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [(e["object"], e["status"]) for e in events]
+    assert kinds[:3] == [
+        ("response", "created"),
+        ("response", "in_progress"),
+        ("message", "in_progress"),
+    ]
+    deltas = [e for e in events if e["object"] == "content" and e["delta"]]
+    assert deltas and all(e["msg_id"] == events[2]["id"] for e in deltas)
+    assert kinds[-3:] == [
+        ("content", "completed"),
+        ("message", "completed"),
+        ("response", "completed"),
+    ]
+    final = events[-1]
+    assert final["output"][0]["content"][0]["text"] == "".join(e["text"] for e in deltas)
+
+
+def test_the_streaming_function_streams_and_the_buffered_one_buffers(
+    start_function: StartFunction, api_key: str
+) -> None:
+    body = {"input": [{"role": "user", "content": "hello"}], "session_id": "stream-check"}
+    *_, streamed = start_function("ProcessStreamFunction").request(
+        "POST", "/process", key=api_key, body=body
+    )
+    *_, buffered = start_function("ProcessFunction").request(
+        "POST", "/process", key=api_key, body=body
+    )
+    assert streamed.streamed and len(streamed.chunk_times) > 1
+    assert not buffered.streamed
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_second_turn_remembers_the_first(
+    start_function: StartFunction, api_key: str, name: str
+) -> None:
+    function = start_function(name)
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    run(function, api_key, session_id, "My name is Grace")
+    events = run(function, api_key, session_id, "What is my name?")
+    assert "Grace" in events[-1]["output"][0]["content"][0]["text"]
+
+
+def test_sessions_written_by_process_are_read_by_the_sessions_function(
+    start_function: StartFunction, api_key: str
+) -> None:
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    run(start_function("ProcessFunction"), api_key, session_id, "My name is Linus")
+    sessions = start_function("SessionsFunction")
+    status, _, body, _ = sessions.request("GET", f"/sessions/{session_id}/messages", key=api_key)
+    assert status == 200, body
+    messages = json.loads(body)["items"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[0]["content"][0]["text"] == "My name is Linus"
+    status, _, body, _ = sessions.request("GET", "/sessions", key=api_key)
+    assert session_id in [s["id"] for s in json.loads(body)["items"]]
+
+
+def test_state_and_memory_functions_share_the_stores(
+    start_function: StartFunction, api_key: str
+) -> None:
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    state = start_function("StateFunction")
+    status, _, body, _ = state.request(
+        "POST", f"/state/{session_id}", key=api_key, body={"state": {"step": 7}}
+    )
+    assert status in (200, 201), body
+    status, _, body, _ = state.request("GET", f"/state/{session_id}", key=api_key)
+    assert status == 200 and json.loads(body)["state"] == {"step": 7}
+
+    run(start_function("ProcessStreamFunction"), api_key, session_id, "I adore pistachio ice cream")
+    memory = start_function("MemoryFunction")
+    status, _, body, _ = memory.request(
+        "POST", "/memory/search", key=api_key, body={"query": "pistachio", "top_k": 3}
+    )
+    assert status == 200, body
+    assert "pistachio" in json.dumps(json.loads(body)).lower()
