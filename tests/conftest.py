@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: unique user ids, the local stores, the SAM build.
+"""Fixtures shared by the whole suite: unique user ids, the local stores, a sandbox server,
+the SAM build.
 
 The stores are real servers on loopback ports, started once per test session by
 :mod:`agentscope_serverless.local_stack` (Redis needs ``redis-server``: without it the
@@ -8,6 +9,8 @@ tests that use it fail with the command that installs it).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 
 from agentscope_serverless.local_stack import DynamoDBServer, RedisClusterServer, RedisServer
+from tests.support.sandbox_server import LIMITS, RunningServer, start_server, stop_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +54,17 @@ def dynamodb_server() -> Iterator[DynamoDBServer]:
     """moto's DynamoDB server with the project's tables, shared by the session's tests."""
     with DynamoDBServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Iterator[RunningServer]:
+    """One server for the whole session, with tight limits."""
+    # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
+    root = Path(tempfile.mkdtemp(prefix="sandbox-server-"))
+    server = start_server(root, *LIMITS)
+    yield server
+    stop_server(server)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:

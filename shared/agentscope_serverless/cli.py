@@ -13,7 +13,11 @@
 
 Client commands read the server URL from ``AGENTSCOPE_URL`` and the key from
 ``AGENTSCOPE_API_KEY`` when not given. ``keys`` commands manage the key file
-(``AUTH_KEYS_FILE``, or ``--file``); a server uses it with ``AUTH_KEYS_BACKEND=file``.
+(``AUTH_KEYS_FILE``, or ``--file``; a server uses it with ``AUTH_KEYS_BACKEND=file``), or a
+deployed stack's DynamoDB key table (``--table``, or ``AUTH_KEYS_BACKEND=dynamodb`` with
+``AUTH_KEYS_TABLE``; AWS credentials and region from the usual AWS settings)::
+
+    agentscope-serverless keys create --user alice --table <ApiKeysTableName output>
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from agentscope_serverless.errors import AgentScopeServerlessError
 if TYPE_CHECKING:
     import httpx
 
-    from agentscope_serverless.auth.file import FileKeyStore
+    from agentscope_serverless.auth.base import KeyStore
 
 URL_ENV = "AGENTSCOPE_URL"
 KEY_ENV = "AGENTSCOPE_API_KEY"
@@ -50,7 +54,7 @@ app = typer.Typer(
     add_completion=False,
 )
 keys_app = typer.Typer(
-    help="Manage API keys in the key file (only their hashes are stored).",
+    help="Manage API keys in the key file or a DynamoDB key table (only hashes are stored).",
     no_args_is_help=True,
 )
 app.add_typer(keys_app, name="keys")
@@ -71,6 +75,13 @@ UserOption = Annotated[
 ]
 FileOption = Annotated[
     Path | None, typer.Option("--file", help="The key file (default: AUTH_KEYS_FILE).")
+]
+TableOption = Annotated[
+    str | None,
+    typer.Option(
+        "--table",
+        help="A DynamoDB key table (default with AUTH_KEYS_BACKEND=dynamodb: AUTH_KEYS_TABLE).",
+    ),
 ]
 
 
@@ -291,16 +302,31 @@ def _error_message(response: httpx.Response) -> str:
         return f"HTTP {response.status_code}"
 
 
-def _key_store(file: Path | None) -> FileKeyStore:
+def _key_store(file: Path | None, table: str | None) -> tuple[KeyStore, str]:
+    """The key store the ``keys`` commands work on, and where it is (for messages).
+
+    ``--file`` or ``--table`` when given; otherwise the dynamodb store when
+    ``AUTH_KEYS_BACKEND=dynamodb``, else the key file (an in-memory store would be pointless).
+    """
+    from agentscope_serverless.auth.factory import create_key_store
     from agentscope_serverless.auth.file import FileKeyStore
     from agentscope_serverless.settings import load_settings
 
+    if file is not None and table is not None:
+        _fail("give --file or --table, not both", code=2)
     if file is not None:
-        return FileKeyStore(file)
+        chosen = FileKeyStore(file)
+        return chosen, str(chosen.path)
     try:
-        return FileKeyStore(load_settings().auth_keys_file)
+        settings = load_settings()
+        if table is not None:
+            settings = load_settings(auth_keys_backend="dynamodb", auth_keys_table=table)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
+    if settings.auth_keys_backend == "dynamodb":
+        return create_key_store(settings), f"the DynamoDB table {settings.auth_keys_table}"
+    default = FileKeyStore(settings.auth_keys_file)
+    return default, str(default.path)
 
 
 @keys_app.command("create")
@@ -312,13 +338,14 @@ def keys_create(
         bool, typer.Option("--service", help="A service key: acts for the user each request names.")
     ] = False,
     file: FileOption = None,
+    table: TableOption = None,
 ) -> None:
     """Create a key and print it (once: only its hash is stored)."""
     if service and user is not None:
         _fail("a service key acts for any user: leave out --user")
     if not service and user is None:
         _fail("say who the key is for: --user <user>, or --service")
-    store = _key_store(file)
+    store, where = _key_store(file, table)
 
     async def create() -> Any:
         async with store:
@@ -330,7 +357,7 @@ def keys_create(
         _fail(exc.message)
     record = issued.record
     who = f"user {record.user_id!r}" if record.user_id else "a service"
-    console.print(f"Created key [bold]{record.key_id}[/bold] for {who} in {store.path}:")
+    console.print(f"Created key [bold]{record.key_id}[/bold] for {who} in {where}:")
     console.print(issued.key, markup=False)
     console.print("[yellow]Keep it now: it is not shown again.[/yellow]")
 
@@ -339,9 +366,10 @@ def keys_create(
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key id (from `keys list`).")],
     file: FileOption = None,
+    table: TableOption = None,
 ) -> None:
-    """Revoke a key for good."""
-    store = _key_store(file)
+    """Revoke a key for good (a server caching keys sees it within AUTH_KEYS_CACHE_SECONDS)."""
+    store, _ = _key_store(file, table)
 
     async def revoke() -> Any:
         async with store:
@@ -355,9 +383,9 @@ def keys_revoke(
 
 
 @keys_app.command("list")
-def keys_list(file: FileOption = None) -> None:
+def keys_list(file: FileOption = None, table: TableOption = None) -> None:
     """List the keys (ids, kinds and users; never the keys themselves)."""
-    store = _key_store(file)
+    store, _ = _key_store(file, table)
 
     async def list_keys() -> Any:
         async with store:
@@ -367,12 +395,12 @@ def keys_list(file: FileOption = None) -> None:
         records = asyncio.run(list_keys())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
-    table = Table("key id", "kind", "user", "created", "status")
+    listing = Table("key id", "kind", "user", "created", "status")
     for record in records:
         created = datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
         status = "[red]revoked[/red]" if record.revoked else "[green]active[/green]"
-        table.add_row(record.key_id, record.kind, record.user_id or "-", created, status)
-    console.print(table)
+        listing.add_row(record.key_id, record.kind, record.user_id or "-", created, status)
+    console.print(listing)
 
 
 def main() -> None:

@@ -32,7 +32,11 @@ from types import TracebackType
 from typing import Any, Self
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE, table_definitions
+from agentscope_serverless.infra.dynamodb_tables import (
+    TTL_ATTRIBUTE,
+    table_definitions,
+    tables_with_ttl,
+)
 
 LOOPBACK = "127.0.0.1"
 # moto accepts any credentials; these never leave the machine.
@@ -306,10 +310,12 @@ class DynamoDBServer:
         *,
         sessions_table: str = "agentscope-sessions",
         state_table: str = "agentscope-state",
+        api_keys_table: str = "agentscope-api-keys",
     ) -> None:
         self.port = port or free_port()
         self.sessions_table = sessions_table
         self.state_table = state_table
+        self.api_keys_table = api_keys_table
         self.region = LOCAL_AWS_REGION
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -338,7 +344,7 @@ class DynamoDBServer:
             return False
 
     def create_tables(self) -> None:
-        """Create the session and state tables (with their TTL attribute)."""
+        """Create the session, state and API key tables (with their TTL attribute)."""
         # A development tool, so a plain synchronous client; the services use aioboto3.
         import botocore.session
 
@@ -350,10 +356,13 @@ class DynamoDBServer:
             aws_access_key_id=LOCAL_AWS_CREDENTIALS["aws_access_key_id"],
             aws_secret_access_key=LOCAL_AWS_CREDENTIALS["aws_secret_access_key"],
         )
-        for definition in table_definitions(self.sessions_table, self.state_table):
+        for definition in table_definitions(
+            self.sessions_table, self.state_table, self.api_keys_table
+        ):
             client.create_table(**definition)
+        for name in tables_with_ttl(self.sessions_table, self.state_table):
             client.update_time_to_live(
-                TableName=definition["TableName"],
+                TableName=name,
                 TimeToLiveSpecification={"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
             )
 
@@ -418,6 +427,7 @@ class LocalStack:
                     "DYNAMODB_ENDPOINT_URL": self.dynamodb.endpoint_url,
                     "DYNAMODB_SESSIONS_TABLE": self.dynamodb.sessions_table,
                     "DYNAMODB_STATE_TABLE": self.dynamodb.state_table,
+                    "AUTH_KEYS_TABLE": self.dynamodb.api_keys_table,
                     "AWS_REGION": self.dynamodb.region,
                     "AWS_DEFAULT_REGION": self.dynamodb.region,
                     "AWS_ACCESS_KEY_ID": LOCAL_AWS_CREDENTIALS["aws_access_key_id"],

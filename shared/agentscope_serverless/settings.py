@@ -128,6 +128,15 @@ class Settings(BaseSettings):
     auth_keys_table: str = Field(
         "agentscope-api-keys", min_length=3, description="DynamoDB table of the dynamodb key store."
     )
+    auth_keys_cache_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=300,
+        description=(
+            "How long a process keeps a key read from the dynamodb key store; a revoke made"
+            " elsewhere takes effect within this time. 0: no cache."
+        ),
+    )
     auth_keys_file: Path = Field(
         Path("~/.agentscope-serverless/keys.json"),
         description="The key file of the file key store (written with 0600 permissions).",

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import botocore.session
 import pytest
 
 from agentscope_serverless.auth import (
@@ -17,6 +21,7 @@ from agentscope_serverless.auth import (
     KeyStore,
     create_key_store,
 )
+from agentscope_serverless.auth.dynamodb import DynamoDBKeyStore
 from agentscope_serverless.auth.keys import parse_key
 from agentscope_serverless.errors import (
     AuthenticationError,
@@ -25,13 +30,40 @@ from agentscope_serverless.errors import (
     ServiceNotStartedError,
     StoreUnavailableError,
 )
+from agentscope_serverless.infra.dynamodb_tables import api_keys_table
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.settings import load_settings
 
 
-@pytest.fixture(params=["in_memory", "file"])
+def new_api_keys_table(server: DynamoDBServer) -> str:
+    """A fresh, empty API key table on the moto server; its name."""
+    name = f"api-keys-{uuid.uuid4().hex[:8]}"
+    client: Any = botocore.session.get_session().create_client(
+        "dynamodb", endpoint_url=server.endpoint_url, region_name=server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )  # fmt: skip
+    client.create_table(**api_keys_table(name))
+    return name
+
+
+def dynamodb_key_store(server: DynamoDBServer, table: str, **options: Any) -> DynamoDBKeyStore:
+    return DynamoDBKeyStore(
+        table,
+        endpoint_url=server.endpoint_url,
+        region_name=server.region,
+        **LOCAL_AWS_CREDENTIALS,
+        **options,
+    )
+
+
+@pytest.fixture(params=["in_memory", "file", "dynamodb"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], KeyStore]:
     if request.param == "file":
         return lambda: FileKeyStore(tmp_path / "keys" / "keys.json")
+    if request.param == "dynamodb":
+        server: DynamoDBServer = request.getfixturevalue("dynamodb_server")
+        table = new_api_keys_table(server)
+        return lambda: dynamodb_key_store(server, table)
     shared = InMemoryKeyStore()
     return lambda: shared
 
@@ -160,3 +192,63 @@ def test_the_factory_follows_the_settings(tmp_path: Path) -> None:
     )
     assert isinstance(file_store, FileKeyStore) and file_store.path == tmp_path / "k.json"
     assert isinstance(create_key_store(load_settings()), InMemoryKeyStore)
+    dynamodb_store = create_key_store(
+        load_settings(auth_keys_backend="dynamodb", auth_keys_table="team-keys")
+    )
+    assert isinstance(dynamodb_store, DynamoDBKeyStore)
+    assert (dynamodb_store.table_name, dynamodb_store.cache_seconds) == ("team-keys", 30.0)
+
+
+async def test_the_key_table_holds_hashes_only(dynamodb_server: DynamoDBServer) -> None:
+    table = new_api_keys_table(dynamodb_server)
+    async with dynamodb_key_store(dynamodb_server, table) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+    client: Any = botocore.session.get_session().create_client(
+        "dynamodb", endpoint_url=dynamodb_server.endpoint_url, region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )  # fmt: skip
+    [item] = client.scan(TableName=table)["Items"]
+    assert item["key_id"] == {"S": issued.record.key_id}
+    assert item["key_hash"] == {"S": issued.record.key_hash}
+    assert issued.key.split("_", 2)[2] not in json.dumps(item)
+
+
+async def test_a_revoke_made_elsewhere_takes_effect_within_the_cache_time(
+    dynamodb_server: DynamoDBServer,
+) -> None:
+    table = new_api_keys_table(dynamodb_server)
+    server = dynamodb_key_store(dynamodb_server, table, cache_seconds=0.5)
+    cli = dynamodb_key_store(dynamodb_server, table)
+    async with server, cli:
+        issued = await cli.create_key(kind="user", user_id="alice")
+        await server.authenticate(issued.key)
+        revoked_at = time.monotonic()
+        await cli.revoke_key(issued.record.key_id)
+        while True:
+            try:
+                await server.authenticate(issued.key)
+            except AuthenticationError:
+                break
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - revoked_at < 1.0
+
+
+async def test_a_revoke_through_the_same_store_takes_effect_at_once(
+    dynamodb_server: DynamoDBServer,
+) -> None:
+    table = new_api_keys_table(dynamodb_server)
+    async with dynamodb_key_store(dynamodb_server, table, cache_seconds=300) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+        await store.authenticate(issued.key)
+        await store.revoke_key(issued.record.key_id)
+        with pytest.raises(AuthenticationError):
+            await store.authenticate(issued.key)
+
+
+async def test_an_unreachable_key_table_is_a_store_failure(
+    dynamodb_server: DynamoDBServer,
+) -> None:
+    async with dynamodb_key_store(dynamodb_server, "no-such-table") as store:
+        assert not await store.health()
+        with pytest.raises(StoreUnavailableError):
+            await store.authenticate("ask_0123456789abcdef_" + "A" * 43)

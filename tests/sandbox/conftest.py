@@ -1,126 +1,32 @@
-"""A real sandbox server (our program, as a subprocess on a loopback port) for the tests."""
+"""Fixtures of the sandbox tests; the sandbox server itself is shared (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 from agentscope_serverless.services.sandbox import SandboxService
+from tests.support.sandbox_server import (
+    LIMITS,
+    TOKEN,
+    RunningServer,
+    free_port,
+    require_sandbox_tools,
+    start_server,
+    stop_server,
+)
 
-TOKEN = "test-token-" + "x" * 24
-# Tight limits keep the containment tests fast.
-LIMITS = [
-    "--call-timeout",
-    "4",
-    "--cpu-seconds",
-    "2",
-    "--interpreter-cpu-seconds",
-    "30",
-    "--memory-mb",
-    "512",
-    "--file-size-mb",
-    "8",
-    "--max-processes",
-    "32",
+__all__ = [
+    "LIMITS",
+    "TOKEN",
+    "RunningServer",
+    "free_port",
+    "require_sandbox_tools",
+    "start_server",
+    "stop_server",
 ]
-
-
-def require_sandbox_tools() -> None:
-    """Fail (never skip) when the host lacks what sandboxes need."""
-    if shutil.which("bwrap") is None:
-        pytest.fail(
-            "bwrap (bubblewrap) is missing: install it with `apt-get install -y bubblewrap` "
-            "or run ./scripts/bootstrap"
-        )
-    if shutil.which("prlimit") is None:
-        pytest.fail("prlimit is missing: install it with `apt-get install -y util-linux`")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class RunningServer:
-    url: str
-    token: str
-    root: Path
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def start_server(root: Path, *extra: str) -> RunningServer:
-    require_sandbox_tools()
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o711)
-    port = free_port()
-    log = root / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agentscope_serverless.sandbox_server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--root",
-                str(root / "data"),
-                *extra,
-            ],
-            env={**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN},
-            stdout=out,
-            stderr=out,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the sandbox server exited: {log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return RunningServer(url, TOKEN, root / "data", port, process, log)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    process.kill()
-    pytest.fail(f"the sandbox server did not start: {log.read_text()}")
-
-
-def stop_server(server: RunningServer) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(10)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
-
-
-@pytest.fixture(scope="session")
-def sandbox_server() -> Iterator[RunningServer]:
-    """One server for the whole session, with tight limits."""
-    # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
-    root = Path(tempfile.mkdtemp(prefix="sandbox-server-"))
-    server = start_server(root, *LIMITS)
-    yield server
-    stop_server(server)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

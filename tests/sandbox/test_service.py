@@ -18,6 +18,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.services.base import ServiceWithLifecycleManager
 from agentscope_serverless.services.sandbox import Sandbox, SandboxService
+from agentscope_serverless.services.sandbox.service import session_ctx_id
 from agentscope_serverless.services.sandbox.tools import read_file, run_ipython_cell
 from agentscope_serverless.settings import load_settings
 from tests.sandbox.conftest import RunningServer
@@ -297,3 +298,43 @@ async def test_release_stops_a_running_call_at_once(
     assert await sandbox_service.release_async(session_id) is True
     assert time.perf_counter() - started < 1.5
     assert (await running)["isError"] is True
+
+
+async def test_ids_with_underscores_never_share_a_session_key(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [first] = await sandbox_service.connect_async(f"{session_id}_b", "c")
+    [second] = await sandbox_service.connect_async(session_id, "b_c")
+    [third] = await sandbox_service.connect_async(f"{session_id}_b_c")
+    assert len({first.sandbox_id, second.sandbox_id, third.sandbox_id}) == 3
+    await first.run_ipython_cell_async("owner = 'first'")
+    result = await second.run_ipython_cell_async("print(globals().get('owner'))")
+    assert part(result, "stdout") == "None\n"
+    for session, user in (
+        (f"{session_id}_b", "c"),
+        (session_id, "b_c"),
+        (f"{session_id}_b_c", None),
+    ):
+        assert await sandbox_service.release_async(session, user) is True
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (("a_b", "c"), ("a", "b_c")),
+        (("a%5Fb", "c"), ("a_b", "c")),
+        (("a_b", None), ("a", "b")),
+        (("a%", "b"), ("a", "%b")),
+        (("x" * 600, "y" * 600), ("x" * 600 + "_" + "y" * 599, "y")),
+    ],
+)
+def test_session_keys_are_distinct_for_distinct_pairs(
+    first: tuple[str, str | None], second: tuple[str, str | None]
+) -> None:
+    assert session_ctx_id(*first) != session_ctx_id(*second)
+    assert len(session_ctx_id(*first)) <= 1024
+
+
+def test_plain_ids_keep_agentscopes_session_key() -> None:
+    assert session_ctx_id("s1", "u1") == "s1_u1"
+    assert session_ctx_id("s1") == "s1"

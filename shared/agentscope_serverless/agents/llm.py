@@ -9,7 +9,11 @@ model calls). The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/com
     app = create_llm_app(tools=[weather_tool])
 
 ``app`` below is the same without tools, configured from settings
-(``AGENT_APP=agentscope_serverless.agents.llm:app``).
+(``AGENT_APP=agentscope_serverless.agents.llm:app``); ``sandbox_app`` also offers the
+built-in sandbox tools (Python, shell, files) on the user's session sandbox, on the sandbox
+server of ``SANDBOX_BASE_URL`` (``AGENT_APP=agentscope_serverless.agents.llm:sandbox_app``)::
+
+    app = create_llm_app(tools=[weather_tool], sandbox_tools=True)
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from agentscope_serverless.agents.sandbox_tools import session_sandbox_tools
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import AgentError
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.sandbox_protocol import BASE
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     DataContent,
@@ -40,6 +46,8 @@ from agentscope_serverless.schemas.agent_schemas import (
     convert_to_openai_tool_call,
 )
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.sandbox.service import SandboxService
+from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefinition, as_tool
 from agentscope_serverless.settings import Settings, get_settings
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -96,20 +104,25 @@ class LLMAgent:
         *,
         memories: Sequence[Message] = (),
         usage: dict[str, int] | None = None,
+        tools: Sequence[AgentTool] = (),
     ) -> AsyncIterator[TextContent | Message]:
         """Answer the conversation ``messages``: text deltas, then tool calls and results.
 
         Yields :class:`TextContent` deltas as the model streams, and for each round of tool
         calls a ``function_call`` :class:`Message` and one ``function_call_output`` message
-        per call. Token counts reported by the API are added to ``usage``.
+        per call. Token counts reported by the API are added to ``usage``. ``tools`` are
+        offered for this run only, besides the agent's own.
         """
+        available = {**self.tools, **{tool.name: tool for tool in tools}}
+        if len(available) != len(self.tools) + len(tools):
+            raise ValueError("tool names must be unique")
         config = self._settings_config()
         chat = self._chat_messages(config, messages, memories)
-        tools = [tool.to_openai() for tool in self.tools.values()]
+        offered = [tool.to_openai() for tool in available.values()]
         for _ in range(config.max_iterations):
             text: list[str] = []
             calls: dict[int, dict[str, str]] = {}
-            async for chunk in self._complete(config, chat, tools, usage):
+            async for chunk in self._complete(config, chat, offered, usage):
                 choices = chunk.get("choices") or [{}]
                 delta = choices[0].get("delta") or {}
                 if delta.get("content"):
@@ -136,7 +149,7 @@ class LLMAgent:
                 }
             )
             for call in function_calls:
-                output = await self._call_tool(call)
+                output = await _call_tool(available, call)
                 result = FunctionCallOutput(call_id=call.call_id or "", output=output)
                 yield Message(
                     type=MessageType.FUNCTION_CALL_OUTPUT,
@@ -238,11 +251,12 @@ class LLMAgent:
                 f"cannot reach the chat API ({type(exc).__name__})", code="LLM_UNAVAILABLE"
             ) from None
 
-    async def _call_tool(self, call: FunctionCall) -> str:
-        tool = self.tools.get(call.name or "")
-        if tool is None:
-            return f"error: there is no tool named {call.name!r}"
-        return await tool.invoke(call.arguments)
+
+async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
+    tool = tools.get(call.name or "")
+    if tool is None:
+        return f"error: there is no tool named {call.name!r}"
+    return await tool.invoke(call.arguments)
 
 
 def _parse_chunk(data: str) -> dict[str, Any]:
@@ -270,13 +284,33 @@ def _merge_tool_call(calls: dict[int, dict[str, str]], delta: dict[str, Any]) ->
 
 
 def create_llm_app(
-    tools: Sequence[AgentTool] = (), *, settings: Settings | None = None
+    tools: Sequence[AgentTool] = (),
+    *,
+    sandbox_tools: bool | Sequence[ToolDefinition | str] = False,
+    sandbox_types: Sequence[str] = (BASE,),
+    sandbox_service: SandboxService | None = None,
+    settings: Settings | None = None,
 ) -> AgentApp:
-    """An :class:`AgentApp` serving an :class:`LLMAgent` with ``tools``."""
+    """An :class:`AgentApp` serving an :class:`LLMAgent` with ``tools``.
+
+    ``sandbox_tools`` adds sandbox tools (``True``: every built-in one; or a list of tools
+    or tool names) that run on the sandboxes of the request's user and session (see
+    :func:`~agentscope_serverless.agents.sandbox_tools.session_sandbox_tools`), on
+    ``sandbox_service`` or, when none is given, one built from settings with the other
+    services.
+    """
     agent = LLMAgent(tools=tools, settings=settings)
+    if sandbox_tools is True:
+        sandbox_definitions = list(BUILTIN_TOOLS)
+    elif sandbox_tools is False:
+        sandbox_definitions = []
+    else:
+        sandbox_definitions = [as_tool(tool) for tool in sandbox_tools]
     app = AgentApp(
         app_name="llm",
         app_description="An agent on an OpenAI-compatible chat API, with tools.",
+        sandbox_service=sandbox_service,
+        with_sandbox=bool(sandbox_definitions),
     )
 
     @app.shutdown
@@ -296,7 +330,20 @@ def create_llm_app(
     ) -> AsyncIterator[TextContent | Message]:
         history = [m for m in session.messages if isinstance(m, Message)]
         usage: dict[str, int] = {}
-        async for item in agent.run([*history, *msgs], memories=memories, usage=usage):
+        run_tools: list[AgentTool] = []
+        if sandbox_definitions:
+            service = self.services["sandbox"]
+            assert isinstance(service, SandboxService)
+            run_tools = session_sandbox_tools(
+                service,
+                session.id,
+                session.user_id,
+                sandbox_definitions,
+                sandbox_types=sandbox_types,
+            )
+        async for item in agent.run(
+            [*history, *msgs], memories=memories, usage=usage, tools=run_tools
+        ):
             yield item
         if usage:
             response.usage = usage
@@ -305,5 +352,6 @@ def create_llm_app(
 
 
 app = create_llm_app()
+sandbox_app = create_llm_app(sandbox_tools=True)
 
-__all__ = ["LLMAgent", "app", "create_llm_app"]
+__all__ = ["LLMAgent", "app", "create_llm_app", "sandbox_app"]

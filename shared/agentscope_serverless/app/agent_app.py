@@ -13,7 +13,10 @@ endpoints and the service routes), or, in a test or a notebook::
         ...
 
 Services passed to the constructor are used as they are; the others are built from
-settings by the factory (in-memory by default).
+settings by the factory (in-memory by default). A ``sandbox_service`` is registered as the
+``sandbox`` service, started and stopped with the others (handlers reach it as
+``self.services.get("sandbox")``); ``with_sandbox=True`` builds one from settings
+(``SANDBOX_BASE_URL``...) when none is given.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import asyncio
 import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
@@ -39,6 +42,9 @@ from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
+
+if TYPE_CHECKING:
+    from agentscope_serverless.services.sandbox.service import SandboxService
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
 Hook = Callable[..., Any]
@@ -65,6 +71,8 @@ class AgentApp:
         session_history_service: SessionHistoryService | None = None,
         memory_service: MemoryService | None = None,
         state_service: StateService | None = None,
+        sandbox_service: SandboxService | None = None,
+        with_sandbox: bool = False,
     ) -> None:
         if not endpoint_path.startswith("/"):
             raise ValueError(f"endpoint_path must start with '/', got {endpoint_path!r}")
@@ -77,12 +85,14 @@ class AgentApp:
         self.before_start = before_start
         self.after_finish = after_finish
         self.framework = "text"
+        self.with_sandbox = with_sandbox or sandbox_service is not None
         self._given_services: dict[str, Any] = {
             name: service
             for name, service in (
                 ("session_history", session_history_service),
                 ("memory", memory_service),
                 ("state", state_service),
+                ("sandbox", sandbox_service),
             )
             if service is not None
         }
@@ -164,6 +174,13 @@ class AgentApp:
         manager = ServiceManager()
         for name, build in builders.items():
             manager.register_service(name, self._given_services.get(name) or build(settings))
+        if self.with_sandbox:
+            sandbox = self._given_services.get("sandbox")
+            if sandbox is None:
+                from agentscope_serverless.services.sandbox.service import SandboxService
+
+                sandbox = SandboxService.from_settings(settings)
+            manager.register_service("sandbox", sandbox)
         return manager
 
     def create_runner(self, services: ServiceManager, *, memory_top_k: int = 5) -> Runner:

@@ -3,8 +3,9 @@
 >>> from agentscope_serverless.auth import InMemoryKeyStore
 >>> store = InMemoryKeyStore()
 
-Backends: :class:`InMemoryKeyStore` and :class:`FileKeyStore`; pick one from settings with
-:func:`create_key_store`.
+Backends: :class:`InMemoryKeyStore`, :class:`FileKeyStore` and
+:class:`~agentscope_serverless.auth.dynamodb.DynamoDBKeyStore` (not imported here: it needs
+aioboto3); pick one from settings with :func:`create_key_store`.
 """
 
 from agentscope_serverless.auth.base import KeyStore

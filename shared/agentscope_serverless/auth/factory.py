@@ -18,6 +18,16 @@ def create_key_store(settings: Settings | None = None) -> KeyStore:
     settings = settings or get_settings()
     if settings.auth_keys_backend == "file":
         return FileKeyStore(settings.auth_keys_file)
+    if settings.auth_keys_backend == "dynamodb":
+        # Imported only when selected: it is the one key store that needs aioboto3.
+        from agentscope_serverless.auth.dynamodb import DynamoDBKeyStore
+
+        return DynamoDBKeyStore(
+            settings.auth_keys_table,
+            endpoint_url=settings.dynamodb_endpoint_url,
+            region_name=settings.aws_region,
+            cache_seconds=settings.auth_keys_cache_seconds,
+        )
     return InMemoryKeyStore()
 
 

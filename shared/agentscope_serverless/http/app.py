@@ -4,7 +4,10 @@
 >>> app = create_app()                      # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
-``sessions``, ``memory``, ``state``; ``/health`` is always there. The process router serves
+``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
+there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
+sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
+server and needs bubblewrap, so it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -32,9 +35,14 @@ from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
-ROUTERS = ("process", "sessions", "memory", "state")
+ROUTERS = ("process", "sessions", "memory", "state", "sandbox")
 
-_SERVICE_OF_ROUTER = {"sessions": "session_history", "memory": "memory", "state": "state"}
+_SERVICE_OF_ROUTER = {
+    "sessions": "session_history",
+    "memory": "memory",
+    "state": "state",
+    "sandbox": "sandbox",
+}
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 
@@ -51,7 +59,7 @@ def create_app(
     ``key_store`` defaults to the one selected by settings (``AUTH_KEYS_BACKEND``).
     """
     settings = settings or get_settings()
-    names = _router_names(routers)
+    names = _router_names(routers, settings)
     if "process" in names and agent_app is None:
         agent_app = load_agent_app(settings.agent_app)
     runner = None
@@ -59,6 +67,8 @@ def create_app(
         services = agent_app.build_services(settings)
         if "process" in names:
             runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
+        if "sandbox" in names and not services.has_service("sandbox"):
+            services.register_service("sandbox", _build_service("sandbox", settings))
     else:
         services = _services_for(names, settings)
     context = AppContext(
@@ -80,7 +90,7 @@ def create_app(
     if agent_app is not None and "process" in names:
         process = importlib.import_module(f"{__package__}.routers.process")
         app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name in ("sessions", "memory", "state"):
+    for name in ("sessions", "memory", "state", "sandbox"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
     return app
@@ -105,9 +115,11 @@ def new_application(
     return app
 
 
-def _router_names(routers: Iterable[str] | None) -> tuple[str, ...]:
+def _router_names(routers: Iterable[str] | None, settings: Settings) -> tuple[str, ...]:
     if routers is None:
-        return ROUTERS
+        if settings.sandbox_base_url:
+            return ROUTERS
+        return tuple(name for name in ROUTERS if name != "sandbox")
     names = tuple(dict.fromkeys(routers))
     unknown = [n for n in names if n not in ROUTERS and n != "health"]
     if unknown:
@@ -117,23 +129,28 @@ def _router_names(routers: Iterable[str] | None) -> tuple[str, ...]:
     return names
 
 
-def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
-    from agentscope_serverless.services.factory import (
-        create_memory_service,
-        create_session_history_service,
-        create_state_service,
-    )
+def _build_service(name: str, settings: Settings) -> Any:
+    """The service ``name`` built from settings (not started)."""
+    if name == "sandbox":
+        from agentscope_serverless.services.sandbox.service import SandboxService
+
+        return SandboxService.from_settings(settings)
+    from agentscope_serverless.services import factory
 
     builders = {
-        "session_history": create_session_history_service,
-        "memory": create_memory_service,
-        "state": create_state_service,
+        "session_history": factory.create_session_history_service,
+        "memory": factory.create_memory_service,
+        "state": factory.create_state_service,
     }
+    return builders[name](settings)
+
+
+def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
     manager = ServiceManager()
     for name in names:
         service = _SERVICE_OF_ROUTER.get(name)
         if service is not None:
-            manager.register_service(service, builders[service](settings))
+            manager.register_service(service, _build_service(service, settings))
     return manager
 
 

@@ -1,15 +1,31 @@
 """Authentication and tenancy: who is calling, and which user they act as.
 
-Every route except ``/health`` needs ``Authorization: Bearer <key>``. A **user key** acts
-only as its own user: a request naming another user (the ``X-User-Id`` header, a
-``user_id`` query parameter or a ``user_id`` body field) gets 403. A **service key** acts
-for the user the request names (``X-User-Id`` or ``user_id``); naming none is a 422.
+``AUTH_MODE=keys`` (the default): every route except ``/health`` needs
+``Authorization: Bearer <key>``. A **user key** acts only as its own user: a request naming
+another user (the ``X-User-Id`` header, a ``user_id`` query parameter or a ``user_id`` body
+field) gets 403. A **service key** acts for the user the request names (``X-User-Id`` or
+``user_id``); naming none is a 422.
+
+``AUTH_MODE=iam``: the function sits behind a Lambda Function URL with ``AuthType: AWS_IAM``,
+so AWS has already checked the caller's SigV4 signature. The caller's IAM identity from the
+Function URL request context is the user, and it acts like a user key (naming another user
+gets 403). The identity is ``requestContext.authorizer.iam.userArn`` (for example
+``arn:aws:iam::123456789012:user/alice`` or
+``arn:aws:sts::123456789012:assumed-role/Role/session``), else ``callerId``, else ``userId``.
+The request context comes from the raw Lambda event that Mangum puts in the ASGI scope
+(``scope["aws.event"]``, the buffered functions) or, when there is none, from the
+``x-amzn-request-context`` header that the Lambda Web Adapter sets (the streaming function;
+the adapter replaces any such header a client sends). A request without an IAM identity is
+refused with 401. Only run iam mode behind an ``AWS_IAM`` Function URL: anywhere else the
+header could be forged. In keys mode neither the event nor the header is ever read.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,6 +40,10 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.services._validation import require_user_id
 
 USER_HEADER = "X-User-Id"
+REQUEST_CONTEXT_HEADER = b"x-amzn-request-context"
+IAM_KEY_ID = "iam"
+# The fields of the Function URL's IAM authorizer that name the caller, best first.
+IAM_IDENTITY_FIELDS = ("userArn", "callerId", "userId")
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
@@ -57,7 +77,7 @@ class Caller:
             for where, claimed in claims:
                 if claimed != own:
                     raise PermissionDeniedError(
-                        f"this key acts only as its own user, but the {where} names another user"
+                        f"this caller acts only as its own user, but the {where} names another user"
                     )
             return own
         if not claims:
@@ -74,15 +94,47 @@ class Caller:
         return require_user_id(named.pop())
 
 
+def _request_context(scope: Mapping[str, Any]) -> Any:
+    """The Function URL request context: from Mangum's event, else the Web Adapter's header."""
+    event = scope.get("aws.event")
+    if event is not None:
+        return event.get("requestContext") if isinstance(event, dict) else None
+    for name, value in scope.get("headers", ()):
+        if name == REQUEST_CONTEXT_HEADER:
+            try:
+                return json.loads(value)
+            except ValueError:
+                return None
+    return None
+
+
+def iam_user_id(scope: Mapping[str, Any]) -> str:
+    """The IAM identity of a request to an ``AWS_IAM`` Function URL (401 when there is none)."""
+    context = _request_context(scope)
+    authorizer = context.get("authorizer") if isinstance(context, dict) else None
+    iam = authorizer.get("iam") if isinstance(authorizer, dict) else None
+    if isinstance(iam, dict):
+        for field in IAM_IDENTITY_FIELDS:
+            identity = iam.get(field)
+            if isinstance(identity, str) and identity.strip():
+                return require_user_id(identity)
+    raise AuthenticationError(
+        "no IAM identity in the request: sign it with SigV4 for the AWS_IAM Function URL"
+    )
+
+
 async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Caller:
-    """Authenticate the request's bearer key (401 when missing, malformed or unknown)."""
-    if credentials is None:
-        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+    """Authenticate the request: its bearer key, or in iam mode its IAM identity (else 401)."""
     context: AppContext = request.app.state.context
-    principal = await context.key_store.authenticate(credentials.credentials)
+    if context.settings.auth_mode == "iam":
+        principal = Principal(key_id=IAM_KEY_ID, kind="user", user_id=iam_user_id(request.scope))
+    elif credentials is None:
+        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+    else:
+        principal = await context.key_store.authenticate(credentials.credentials)
     # Read directly rather than as declared parameters: this runs on every request.
     claims: list[tuple[str, str]] = []
     header_user = request.headers.get(USER_HEADER)
@@ -103,6 +155,8 @@ CurrentCaller = Annotated[Caller, Depends(get_caller)]
 CurrentUser = Annotated[str, Depends(current_user_id)]
 
 __all__ = [
+    "IAM_IDENTITY_FIELDS",
+    "REQUEST_CONTEXT_HEADER",
     "USER_HEADER",
     "Caller",
     "CurrentCaller",
@@ -110,4 +164,5 @@ __all__ = [
     "bearer_scheme",
     "current_user_id",
     "get_caller",
+    "iam_user_id",
 ]

@@ -27,6 +27,7 @@ from agentscope_serverless.errors import (
     PayloadTooLargeError,
     PermissionDeniedError,
     SandboxCapacityError,
+    SandboxRequestError,
     SandboxUnavailableError,
     ServiceNotStartedError,
     StoreUnavailableError,
@@ -46,6 +47,7 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     ServiceNotStartedError: 503,
     SandboxUnavailableError: 503,
     SandboxCapacityError: 503,
+    SandboxRequestError: 422,
 }
 
 _CODE_OF_STATUS = {

@@ -1,11 +1,12 @@
 """The DynamoDB tables, defined once for the local stack, the tests and the SAM template.
 
-Each definition is the keyword arguments of ``CreateTable``; every table also enables
-TTL on :data:`TTL_ATTRIBUTE`. ``infra/dynamodb-tables.json`` at the repository root is
-generated from here (``python -m agentscope_serverless.infra.dynamodb_tables``).
+Each definition is the keyword arguments of ``CreateTable``; the sessions and state tables
+also enable TTL on :data:`TTL_ATTRIBUTE` (:func:`tables_with_ttl`).
+``infra/dynamodb-tables.json`` at the repository root is generated from here
+(``python -m agentscope_serverless.infra.dynamodb_tables``).
 
 >>> [table["TableName"] for table in table_definitions()]
-['agentscope-sessions', 'agentscope-state']
+['agentscope-sessions', 'agentscope-state', 'agentscope-api-keys']
 
 Layout (the backends' module docstrings say how they use it):
 
@@ -15,6 +16,8 @@ Layout (the backends' module docstrings say how they use it):
   secondary index ``by_creation`` sorts a user's sessions by ``creation_order``.
 - **state**: ``pk``/``sk`` strings; one partition per user and session holding a meta item
   and one item (or a few, for large states) per round.
+- **api keys**: partition key ``key_id`` string, one item per API key holding its hash
+  (see :mod:`agentscope_serverless.auth.dynamodb`); no TTL (revoked keys stay listed).
 """
 
 from __future__ import annotations
@@ -71,17 +74,37 @@ def state_table(name: str = "agentscope-state") -> dict[str, Any]:
     }
 
 
+def api_keys_table(name: str = "agentscope-api-keys") -> dict[str, Any]:
+    """``CreateTable`` arguments of the API key table (the dynamodb key store)."""
+    return {
+        "TableName": name,
+        "AttributeDefinitions": [{"AttributeName": "key_id", "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": "key_id", "KeyType": "HASH"}],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+
+
 def table_definitions(
-    sessions: str = "agentscope-sessions", state: str = "agentscope-state"
+    sessions: str = "agentscope-sessions",
+    state: str = "agentscope-state",
+    api_keys: str = "agentscope-api-keys",
 ) -> list[dict[str, Any]]:
     """Every table the DynamoDB backends need, with the given names."""
-    return [sessions_table(sessions), state_table(state)]
+    return [sessions_table(sessions), state_table(state), api_keys_table(api_keys)]
+
+
+def tables_with_ttl(
+    sessions: str = "agentscope-sessions", state: str = "agentscope-state"
+) -> list[str]:
+    """The tables whose items expire by :data:`TTL_ATTRIBUTE` (API keys never expire)."""
+    return [sessions, state]
 
 
 def as_json() -> str:
     """The definitions (with their TTL attribute) as the JSON kept in ``infra/``."""
     document = {
         "ttl_attribute": TTL_ATTRIBUTE,
+        "ttl_tables": tables_with_ttl(),
         "tables": table_definitions(),
     }
     return json.dumps(document, indent=2) + "\n"
@@ -94,8 +117,10 @@ if __name__ == "__main__":
 __all__ = [
     "SESSIONS_BY_CREATION_INDEX",
     "TTL_ATTRIBUTE",
+    "api_keys_table",
     "as_json",
     "sessions_table",
     "state_table",
     "table_definitions",
+    "tables_with_ttl",
 ]

@@ -1,13 +1,14 @@
 """``SandboxService``: connect sessions to sandboxes on a sandbox server, and release them.
 
 Sandboxes are keyed by ``(session_id, user_id)`` through the server's session mapping
-(``session_ctx_id`` is ``session_id``, or ``f"{session_id}_{user_id}"`` with a user, as in
-AgentScope), so a new process (a new Lambda instance) finds the same sandboxes again.
+(:func:`session_ctx_id`), so a new process (a new Lambda instance) finds the same sandboxes
+again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -36,13 +37,32 @@ KNOWN_SANDBOX_TYPES = (
 )
 
 
+# Longest key sent to a server (its session mapping accepts up to 1100 characters).
+MAX_SESSION_CTX_ID_LENGTH = 1024
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("_", "%5F")
+
+
 def session_ctx_id(session_id: str, user_id: str | None = None) -> str:
     """The key of a session's sandboxes in the server's session mapping.
 
+    ``f"{session_id}_{user_id}"`` as in AgentScope, but with ``%`` and ``_`` escaped in
+    both ids, so two different pairs never share a key (unescaped, session ``a_b`` of user
+    ``c`` and session ``a`` of user ``b_c`` would). Ids without ``%`` or ``_`` keep
+    AgentScope's key. A key longer than the server accepts becomes ``%%`` and its SHA-256,
+    which no escaped key can be (an escaped key never holds ``%%``).
+
     >>> session_ctx_id("s1", "u1")
     's1_u1'
+    >>> session_ctx_id("a_b", "c"), session_ctx_id("a", "b_c")
+    ('a%5Fb_c', 'a_b%5Fc')
     """
-    return f"{session_id}_{user_id}" if user_id else session_id
+    key = _escape(session_id) if user_id is None else f"{_escape(session_id)}_{_escape(user_id)}"
+    if len(key) > MAX_SESSION_CTX_ID_LENGTH:
+        return "%%" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return key
 
 
 def sandbox_type_from_info(info: dict[str, Any]) -> str:
@@ -183,13 +203,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         client = self.client
         key = self._key(session_id, user_id)
         wanted = _requested_types(env_types, sandbox_types, tools)
-        existing: list[Sandbox] = []
-        for sandbox_id in await client.get_session_mapping(key):
-            try:
-                info = await client.get_info(sandbox_id)
-            except SandboxNotFoundError:
-                continue
-            existing.append(Sandbox(client, sandbox_id, sandbox_type_from_info(info)))
+        existing = await self.sandboxes_async(session_id, user_id)
         boxes: list[Sandbox] = []
         for sandbox_type in wanted:
             box = next(
@@ -200,6 +214,18 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
                 self._created.add(sandbox_id)
                 box = Sandbox(client, sandbox_id, sandbox_type)
             boxes.append(box)
+        return boxes
+
+    async def sandboxes_async(self, session_id: str, user_id: str | None = None) -> list[Sandbox]:
+        """The live sandboxes of ``(session_id, user_id)``, creating none (``[]`` when none)."""
+        client = self.client
+        boxes: list[Sandbox] = []
+        for sandbox_id in await client.get_session_mapping(self._key(session_id, user_id)):
+            try:
+                info = await client.get_info(sandbox_id)
+            except SandboxNotFoundError:
+                continue
+            boxes.append(Sandbox(client, sandbox_id, sandbox_type_from_info(info)))
         return boxes
 
     def connect(

@@ -1,0 +1,180 @@
+"""The sandbox access API over real HTTP, on our sandbox server (a real process, bubblewrap)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.http import create_app
+from agentscope_serverless.http.app import ROUTERS
+from agentscope_serverless.local_stack import free_port
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, issue_key, running
+from tests.support.sandbox_server import RunningServer
+
+
+@pytest.fixture(scope="module")
+def sandbox_api(sandbox_server: RunningServer, keys: Keys) -> Iterator[str]:
+    """The sandbox function's app, on the session's sandbox server."""
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url, sandbox_bearer_token=sandbox_server.token
+    )
+    with running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(sandbox_api: str) -> Iterator[Callable[[str], httpx.Client]]:
+    clients: list[httpx.Client] = []
+
+    def make(key: str) -> httpx.Client:
+        clients.append(httpx.Client(base_url=sandbox_api, headers=bearer(key), timeout=30))
+        return clients[-1]
+
+    yield make
+    for made in clients:
+        made.close()
+
+
+@pytest.fixture
+def session() -> str:
+    return f"s-{uuid.uuid4().hex[:10]}"
+
+
+def stdout(result: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in result["content"] if p.get("description") == "stdout")
+
+
+def run(client: httpx.Client, session: str, code: str) -> dict[str, Any]:
+    response = client.post(f"/sandboxes/{session}/tools/run_ipython_cell", json={"code": code})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_connect_run_python_twice_keeping_state_then_release(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    alice = client(keys.alice)
+    connected = alice.post(f"/sandboxes/{session}", json={"types": ["base"]})
+    assert connected.status_code == 200
+    [box] = connected.json()["sandboxes"]
+    assert box["sandbox_type"] == "base"
+    assert alice.post(f"/sandboxes/{session}").json()["sandboxes"] == [box]
+    assert alice.get(f"/sandboxes/{session}").json()["sandboxes"] == [box]
+
+    first = run(alice, session, "x = 6 * 7")
+    assert first["isError"] is False
+    assert stdout(run(alice, session, "print(x)")) == "42\n"
+
+    tools = alice.get(f"/sandboxes/{session}/tools").json()["sandboxes"]
+    assert tools[0]["sandbox_id"] == box["sandbox_id"]
+    assert "run_ipython_cell" in {tool["name"] for tool in tools[0]["tools"]}
+
+    shell = alice.post(f"/sandboxes/{session}/tools/run_shell_command", json={"command": "echo hi"})
+    assert stdout(shell.json()) == "hi\n"
+
+    assert alice.delete(f"/sandboxes/{session}").json() == {"session_id": session, "released": True}
+    assert alice.delete(f"/sandboxes/{session}").json()["released"] is False
+    after = alice.post(f"/sandboxes/{session}/tools/run_ipython_cell", json={"code": "x"})
+    assert after.status_code == 404
+
+
+def test_another_user_never_reaches_the_sandbox_of_a_session(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    alice, bob = client(keys.alice), client(keys.bob)
+    [alices] = alice.post(f"/sandboxes/{session}").json()["sandboxes"]
+    run(alice, session, "secret = 'alice only'")
+
+    assert bob.get(f"/sandboxes/{session}").json()["sandboxes"] == []
+    assert (
+        bob.post(f"/sandboxes/{session}/tools/run_ipython_cell", json={"code": "1"}).status_code
+        == 404
+    )
+    [bobs] = bob.post(f"/sandboxes/{session}").json()["sandboxes"]
+    assert bobs["sandbox_id"] != alices["sandbox_id"]
+    assert stdout(run(bob, session, "print(globals().get('secret'))")) == "None\n"
+    assert bob.delete(f"/sandboxes/{session}").json()["released"] is True
+    assert stdout(run(alice, session, "print(secret)")) == "alice only\n"
+
+    naming_bob = alice.get(f"/sandboxes/{session}", headers={"X-User-Id": "bob"})
+    assert naming_bob.status_code == 403
+    alice.delete(f"/sandboxes/{session}")
+
+
+def test_ids_with_underscores_reach_separate_sandboxes(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    # Joined with "_" unescaped, (session "<s>_b", user "c<u>") and (session "<s>", user
+    # "b_c<u>") would be one key.
+    suffix = uuid.uuid4().hex[:6]
+    first = client(issue_key(keys.store, f"c{suffix}"))
+    second = client(issue_key(keys.store, f"b_c{suffix}"))
+    [one] = first.post(f"/sandboxes/{session}_b").json()["sandboxes"]
+    [two] = second.post(f"/sandboxes/{session}").json()["sandboxes"]
+    assert one["sandbox_id"] != two["sandbox_id"]
+    run(first, f"{session}_b", "mine = 1")
+    assert stdout(run(second, session, "print('mine' in globals())")) == "False\n"
+    first.delete(f"/sandboxes/{session}_b")
+    second.delete(f"/sandboxes/{session}")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/tools/no_such_tool", {}, 422),
+        ("/tools/run_ipython_cell", {"code": 3}, 422),
+        ("/tools/run_ipython_cell?sandbox_type=browser", {"code": "1"}, 404),
+    ],
+)
+def test_bad_tool_calls_get_4xx(
+    client: Callable[[str], httpx.Client],
+    keys: Keys,
+    session: str,
+    path: str,
+    body: dict[str, Any],
+    status: int,
+) -> None:
+    alice = client(keys.alice)
+    alice.post(f"/sandboxes/{session}")
+    response = alice.post(f"/sandboxes/{session}{path}", json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()["error"]) >= {"code", "message"}
+    alice.delete(f"/sandboxes/{session}")
+
+
+def test_an_unknown_sandbox_type_gets_422(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    response = client(keys.alice).post(f"/sandboxes/{session}", json={"types": ["no-such"]})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "SANDBOX_BAD_REQUEST"
+
+
+def test_the_sandbox_routes_need_a_key(sandbox_api: str) -> None:
+    for method, path in (("POST", "/sandboxes/s"), ("GET", "/sandboxes/s/tools")):
+        assert httpx.request(method, f"{sandbox_api}{path}").status_code == 401
+
+
+def test_a_sandbox_server_that_is_down_gets_503(keys: Keys) -> None:
+    settings = load_settings(
+        sandbox_base_url=f"http://127.0.0.1:{free_port()}", sandbox_bearer_token="t" * 32
+    )
+    with running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url:
+        response = httpx.post(f"{url}/sandboxes/s", headers=bearer(keys.alice), timeout=30)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "SANDBOX_UNAVAILABLE"
+
+
+def test_every_router_includes_sandbox_only_with_a_sandbox_server() -> None:
+    assert "sandbox" in ROUTERS
+    without = create_app(settings=load_settings())
+    assert not any(p.startswith("/sandboxes") for p in without.openapi()["paths"])
+    configured = load_settings(sandbox_base_url="http://127.0.0.1:9", sandbox_bearer_token="t")
+    with_server = create_app(settings=configured)
+    assert "/sandboxes/{session_id}/tools/{tool_name}" in with_server.openapi()["paths"]
