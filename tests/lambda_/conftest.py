@@ -88,13 +88,14 @@ class RunningFunction:
         key: str | None = None,
         body: Any = None,
         query: str = "",
+        iam: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes, Invocation]:
         headers = {"content-type": "application/json"}
         if key is not None:
             headers["authorization"] = f"Bearer {key}"
         payload = None if body is None else json.dumps(body)
         invocation = self.runtime.invoke(
-            function_url_event(method, path, headers=headers, body=payload, query=query)
+            function_url_event(method, path, headers=headers, body=payload, query=query, iam=iam)
         )
         status, response_headers, content = invocation.http_response()
         return status, {k.lower(): v for k, v in response_headers.items()}, content, invocation
@@ -124,16 +125,18 @@ def _environment(artifact: Artifact, runtime: LambdaRuntimeAPI, extra: dict[str,
 @pytest.fixture(scope="session")
 def start_function(
     lambda_artifacts: Callable[[str], Artifact], function_environment: dict[str, str]
-) -> Iterator[Callable[[str], RunningFunction]]:
+) -> Iterator[Callable[..., RunningFunction]]:
     """Start a function by logical id; each is started once per session and shared."""
-    running: dict[str, RunningFunction] = {}
+    running: dict[tuple[str, tuple[tuple[str, str], ...]], RunningFunction] = {}
 
-    def start(name: str) -> RunningFunction:
-        if name in running:
-            return running[name]
+    def start(name: str, **settings: str) -> RunningFunction:
+        """``settings`` are extra environment variables, e.g. ``AUTH_MODE="iam"``."""
+        cache_key = (name, tuple(sorted(settings.items())))
+        if cache_key in running:
+            return running[cache_key]
         artifact = lambda_artifacts(name)
         runtime = LambdaRuntimeAPI().start()
-        env = _environment(artifact, runtime, function_environment)
+        env = _environment(artifact, runtime, {**function_environment, **settings})
         if (artifact.code_dir / "run.sh").exists():
             port = free_port()
             env.update(
@@ -148,8 +151,8 @@ def start_function(
         else:
             command = [sys.executable, "-m", "awslambdaric", "app.handler"]
         process = subprocess.Popen(command, cwd=artifact.code_dir, env=env)
-        running[name] = RunningFunction(runtime, [process])
-        return running[name]
+        running[cache_key] = RunningFunction(runtime, [process])
+        return running[cache_key]
 
     yield start
     for function in running.values():

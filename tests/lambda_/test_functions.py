@@ -23,7 +23,7 @@ FUNCTIONS = [
 ]
 PROCESS_FUNCTIONS = ["ProcessFunction", "ProcessStreamFunction"]
 
-StartFunction = Callable[[str], RunningFunction]
+StartFunction = Callable[..., RunningFunction]
 
 
 def sse_events(body: bytes) -> list[dict[str, Any]]:
@@ -156,3 +156,28 @@ def test_state_and_memory_functions_share_the_stores(
     )
     assert status == 200, body
     assert "pistachio" in json.dumps(json.loads(body)).lower()
+
+
+def iam_caller(name: str) -> dict[str, str]:
+    arn = f"arn:aws:iam::123456789012:user/{name}"
+    return {"accessKey": "AKIAEXAMPLE", "accountId": "123456789012", "userArn": arn}
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_with_iam_auth_the_callers_identity_is_the_user(
+    start_function: StartFunction, name: str
+) -> None:
+    process = start_function(name, AUTH_MODE="iam")
+    sessions = start_function("SessionsFunction", AUTH_MODE="iam")
+    session_id = f"iam-{uuid.uuid4().hex[:8]}"
+    alice, bob = iam_caller(f"alice-{session_id}"), iam_caller(f"bob-{session_id}")
+    request = {"input": [{"role": "user", "content": "hello"}], "session_id": session_id}
+    status, _, body, _ = process.request("POST", "/process", body=request, iam=alice)
+    assert status == 200 and sse_events(body)[-1]["status"] == "completed"
+
+    status, _, body, _ = sessions.request("GET", f"/sessions/{session_id}", iam=alice)
+    assert status == 200 and json.loads(body)["user_id"] == alice["userArn"]
+    status, _, _, _ = sessions.request("GET", f"/sessions/{session_id}", iam=bob)
+    assert status == 404
+    status, _, _, _ = sessions.request("GET", f"/sessions/{session_id}")
+    assert status == 401
