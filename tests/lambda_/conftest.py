@@ -3,8 +3,10 @@ events, on the shared stores (moto's DynamoDB and Redis on loopback)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -101,9 +103,11 @@ class RunningFunction:
         return status, {k.lower(): v for k, v in response_headers.items()}, content, invocation
 
     def stop(self) -> None:
-        # Lambda freezes and discards execution environments without notice: so do we.
+        # Lambda freezes and discards execution environments without notice: so do we,
+        # with every process of the environment (the adapter's web server too).
         for process in self.processes:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
         self.runtime.stop()
 
@@ -150,7 +154,7 @@ def start_function(
             command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
         else:
             command = [sys.executable, "-m", "awslambdaric", "app.handler"]
-        process = subprocess.Popen(command, cwd=artifact.code_dir, env=env)
+        process = subprocess.Popen(command, cwd=artifact.code_dir, env=env, start_new_session=True)
         running[cache_key] = RunningFunction(runtime, [process])
         return running[cache_key]
 

@@ -28,6 +28,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
+from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.base import StartedGuard
 
 RedisClient = Redis | RedisCluster
@@ -209,9 +210,43 @@ class RedisStore:
 
 
 class RedisBackedService(StartedGuard):
-    """The lifecycle of a service on a :class:`RedisStore`: ``start`` opens, ``health`` pings."""
+    """A service on a :class:`RedisStore`: AgentScope's constructor arguments, and the
+    lifecycle (``start`` opens, ``health`` pings).
 
-    _redis: RedisStore
+    ``redis_client`` injects a ready client (used as-is, not closed by ``stop()``);
+    ``ttl_seconds`` is a sliding expiry refreshed on every read and write (None: never).
+    """
+
+    def __init__(
+        self,
+        redis_url: str = DEFAULT_REDIS_URL,
+        redis_client: RedisClient | None = None,
+        socket_timeout: float | None = 5.0,
+        socket_connect_timeout: float | None = 5.0,
+        max_connections: int | None = None,
+        retry_on_timeout: bool = True,
+        ttl_seconds: int | None = None,
+        health_check_interval: float = 30.0,
+        socket_keepalive: bool = True,
+        *,
+        password: str | None = None,
+        cluster: bool = False,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        self._redis = RedisStore(
+            url=redis_url,
+            client=redis_client,
+            password=password,
+            cluster=cluster,
+            key_prefix=key_prefix,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
+            retry_on_timeout=retry_on_timeout,
+            health_check_interval=health_check_interval,
+            socket_keepalive=socket_keepalive,
+        )
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
 
     async def start(self) -> None:
         await self._redis.open()

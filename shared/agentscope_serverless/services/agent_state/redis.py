@@ -16,17 +16,12 @@ import json
 from typing import Any
 
 from agentscope_serverless.services._redis import (
-    DEFAULT_KEY_PREFIX,
-    DEFAULT_REDIS_URL,
     LUA_TOUCH,
     RedisBackedService,
-    RedisClient,
-    RedisStore,
     escape,
     text,
     user_key_prefix,
 )
-from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.agent_state.base import StateService
 
 # KEYS: rounds, states. ARGV[1]: ttl.
@@ -87,37 +82,6 @@ class RedisStateService(RedisBackedService, StateService):
     Takes the same connection arguments as
     :class:`~agentscope_serverless.services.session_history.redis.RedisSessionHistoryService`.
     """
-
-    def __init__(
-        self,
-        redis_url: str = DEFAULT_REDIS_URL,
-        redis_client: RedisClient | None = None,
-        socket_timeout: float | None = 5.0,
-        socket_connect_timeout: float | None = 5.0,
-        max_connections: int | None = None,
-        retry_on_timeout: bool = True,
-        ttl_seconds: int | None = None,
-        health_check_interval: float = 30.0,
-        socket_keepalive: bool = True,
-        *,
-        password: str | None = None,
-        cluster: bool = False,
-        key_prefix: str = DEFAULT_KEY_PREFIX,
-    ) -> None:
-        self._redis = RedisStore(
-            url=redis_url,
-            client=redis_client,
-            password=password,
-            cluster=cluster,
-            key_prefix=key_prefix,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-            retry_on_timeout=retry_on_timeout,
-            health_check_interval=health_check_interval,
-            socket_keepalive=socket_keepalive,
-        )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
 
     async def _call(
         self, script: str, user_id: str, session_id: str, *args: Any, idempotent: bool

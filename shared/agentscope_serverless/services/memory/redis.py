@@ -28,17 +28,12 @@ import json
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._redis import (
-    DEFAULT_KEY_PREFIX,
-    DEFAULT_REDIS_URL,
     LUA_TOUCH,
     MAX_POSITION,
     RedisBackedService,
-    RedisClient,
-    RedisStore,
     escape,
     user_key_prefix,
 )
-from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
 
@@ -330,37 +325,6 @@ class RedisMemoryService(RedisBackedService, MemoryService):
     :class:`~agentscope_serverless.services.session_history.redis.RedisSessionHistoryService`;
     ``ttl_seconds=None`` (the default) keeps memory forever.
     """
-
-    def __init__(
-        self,
-        redis_url: str = DEFAULT_REDIS_URL,
-        redis_client: RedisClient | None = None,
-        socket_timeout: float | None = 5.0,
-        socket_connect_timeout: float | None = 5.0,
-        max_connections: int | None = None,
-        retry_on_timeout: bool = True,
-        ttl_seconds: int | None = None,
-        health_check_interval: float = 30.0,
-        socket_keepalive: bool = True,
-        *,
-        password: str | None = None,
-        cluster: bool = False,
-        key_prefix: str = DEFAULT_KEY_PREFIX,
-    ) -> None:
-        self._redis = RedisStore(
-            url=redis_url,
-            client=redis_client,
-            password=password,
-            cluster=cluster,
-            key_prefix=key_prefix,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-            retry_on_timeout=retry_on_timeout,
-            health_check_interval=health_check_interval,
-            socket_keepalive=socket_keepalive,
-        )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
 
     def _keys(self, user_id: str) -> list[str]:
         base = user_key_prefix(self._redis.key_prefix, "memory", user_id)

@@ -28,7 +28,6 @@ from agentscope_serverless.services._redis import (
     MAX_POSITION,
     RedisBackedService,
     RedisClient,
-    RedisStore,
     escape,
     text,
     user_key_prefix,
@@ -166,20 +165,20 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         cluster: bool = False,
         key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
-        self._redis = RedisStore(
-            url=redis_url,
-            client=redis_client,
+        super().__init__(
+            redis_url,
+            redis_client,
+            socket_timeout,
+            socket_connect_timeout,
+            max_connections,
+            retry_on_timeout,
+            ttl_seconds,
+            health_check_interval,
+            socket_keepalive,
             password=password,
             cluster=cluster,
             key_prefix=key_prefix,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            max_connections=max_connections,
-            retry_on_timeout=retry_on_timeout,
-            health_check_interval=health_check_interval,
-            socket_keepalive=socket_keepalive,
         )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
         self._max_messages = (
             optional_positive_int(max_messages_per_session, field="max_messages_per_session") or 0
         )
