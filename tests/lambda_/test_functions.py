@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.lambda_.conftest import RunningFunction
+from tests.support.sandbox_server import RunningServer
 
 # The first test builds the stack with SAM (once per session).
 pytestmark = pytest.mark.timeout(300)
@@ -51,6 +52,31 @@ def test_every_function_answers_health(start_function: StartFunction, name: str)
     status, _, body, _ = start_function(name).request("GET", "/health")
     assert status == 200
     assert json.loads(body)["status"] == "healthy"
+
+
+def test_the_sandbox_function_serves_a_users_sandbox(
+    start_function: StartFunction, api_key: str, sandbox_server: RunningServer
+) -> None:
+    sandbox = start_function(
+        "SandboxFunction",
+        SANDBOX_BASE_URL=sandbox_server.url,
+        SANDBOX_BEARER_TOKEN=sandbox_server.token,
+    )
+    status, _, body, _ = sandbox.request("GET", "/health")
+    assert status == 200 and json.loads(body)["status"] == "healthy"
+    session_id = f"box-{uuid.uuid4().hex[:8]}"
+    status, _, body, _ = sandbox.request("POST", f"/sandboxes/{session_id}", key=api_key, body={})
+    assert status == 200, body
+    status, _, body, _ = sandbox.request(
+        "POST",
+        f"/sandboxes/{session_id}/tools/run_ipython_cell",
+        key=api_key,
+        body={"code": "print(6 * 7)"},
+    )
+    assert status == 200, body
+    assert "42" in json.dumps(json.loads(body)["content"])
+    status, _, body, _ = sandbox.request("DELETE", f"/sandboxes/{session_id}", key=api_key)
+    assert status == 200 and json.loads(body)["released"] is True
 
 
 PROTECTED_ROUTE = {
