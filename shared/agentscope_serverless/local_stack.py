@@ -297,6 +297,22 @@ class RedisClusterServer:
         self.close()
 
 
+# moto's own server handles requests on threads without per-item locking, so two concurrent
+# UpdateItem calls on one item can both read the old value: real DynamoDB serialises writes
+# to an item. One request at a time restores that guarantee for the emulator.
+_MOTO_SERVER = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
+)
+run_simple(
+    sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
+    threaded=False, request_handler=MotoRequestHandler,
+)
+"""
+
+
 class DynamoDBServer:
     """moto's DynamoDB server in a subprocess, with the project's tables.
 
@@ -327,7 +343,7 @@ class DynamoDBServer:
     def start(self, *, create_tables: bool = True) -> Self:
         """Start the server, wait until it answers, and create the tables."""
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.port)],
+            [sys.executable, "-c", _MOTO_SERVER, LOOPBACK, str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
