@@ -31,8 +31,7 @@ import importlib
 import inspect
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -58,6 +57,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import new_or_clean_session_id
 from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
@@ -72,7 +72,7 @@ _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
 
 
-class Runner:
+class Runner(ServiceLifecycleManagerMixin):
     """Runs requests through a query handler, with session history, memory and state.
 
     ``services`` is a :class:`ServiceManager` with a ``session_history`` service and
@@ -172,18 +172,6 @@ class Runner:
         finally:
             if self._owns_services and self._services is not None:
                 await self._services.__aexit__(None, None, None)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def query(
         self, request: AgentRequest | Mapping[str, Any], *, user_id: str | None = None

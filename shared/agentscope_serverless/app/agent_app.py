@@ -24,8 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
@@ -38,6 +37,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
@@ -50,7 +50,7 @@ HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
 Hook = Callable[..., Any]
 
 
-class AgentApp:
+class AgentApp(ServiceLifecycleManagerMixin):
     """An agent's handlers and services, and the ways to run them.
 
     ``before_start(app)`` and ``after_finish(app)`` (sync or async) run around the HTTP
@@ -208,18 +208,6 @@ class AgentApp:
                 await runner.stop()
             finally:
                 await services.__aexit__(None, None, None)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def run(self, host: str = "127.0.0.1", port: int = 8090) -> None:
         """Serve the app over HTTP with every router, until interrupted (Ctrl-C)."""
