@@ -27,6 +27,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
     Event,
+    Message,
     RunStatus,
 )
 from agentscope_serverless.services._validation import clean_session_id
@@ -38,6 +39,20 @@ Context = Annotated[AppContext, Depends(get_context)]
 SessionHeader = Annotated[
     str | None, Header(alias=SESSION_HEADER, description="The session to continue.")
 ]
+
+
+def _compatible_run(
+    messages: list[Message], session_id: str | None, user_id: str, **options: Any
+) -> tuple[AgentRequest, str]:
+    """The run of an OpenAI-compatible call, and its session (a new one when none is given).
+
+    With a given session, only the messages after the last assistant message are new input,
+    so clients that resend the whole conversation don't duplicate history.
+    """
+    given = clean_session_id(session_id)
+    session = given or str(uuid.uuid4())
+    turn = compat.new_turn(messages) if given else messages
+    return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
 
 
 def _session_headers(session_id: str) -> dict[str, str]:
@@ -135,14 +150,10 @@ def build_router(
         context: Context,
         x_session_id: SessionHeader = None,
     ) -> Response:
-        user_id = caller.user_id(body.user)
-        given = clean_session_id(compat.session_id_of(x_session_id, body.metadata))
-        messages = compat.chat_messages(body.messages)
-        session_id = given or str(uuid.uuid4())
-        run = AgentRequest(
-            input=compat.new_turn(messages) if given else messages,
-            session_id=session_id,
-            user_id=user_id,
+        run, session_id = _compatible_run(
+            compat.chat_messages(body.messages),
+            compat.session_id_of(x_session_id, body.metadata),
+            caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -172,16 +183,10 @@ def build_router(
         context: Context,
         x_session_id: SessionHeader = None,
     ) -> Response:
-        user_id = caller.user_id(body.user)
-        given = clean_session_id(
-            compat.session_id_of(x_session_id, body.metadata, body.conversation)
-        )
-        messages = compat.responses_input(body)
-        session_id = given or str(uuid.uuid4())
-        run = AgentRequest(
-            input=compat.new_turn(messages) if given else messages,
-            session_id=session_id,
-            user_id=user_id,
+        run, session_id = _compatible_run(
+            compat.responses_input(body),
+            compat.session_id_of(x_session_id, body.metadata, body.conversation),
+            caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
             top_p=body.top_p,
