@@ -167,6 +167,7 @@ def parse(text: str | None = None) -> Listing:
 # Out of our porting scope, with the reason (README, "Porting from AgentScope Runtime").
 OUT_OF_SCOPE_MODULES = {
     f"{ENGINE}.deployers.adapter.a2a": "A2A protocol adapter",
+    f"{ENGINE}.app.base_app": "Celery task queues",
 }
 OUT_OF_SCOPE_NAMES = {
     **dict.fromkeys(

@@ -32,7 +32,7 @@ def _signature(obj: Any) -> inspect.Signature:
 def test_the_listing_is_parsed_whole() -> None:
     assert len(LISTING.modules) == 37
     assert len(LISTING.entries) > 200
-    assert sum(len(e.methods) for e in LISTING.entries) > 150
+    assert sum(len(e.methods) for e in LISTING.entries) > 120
 
 
 @pytest.mark.parametrize("module", MODULES)

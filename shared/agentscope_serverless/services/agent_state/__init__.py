@@ -13,6 +13,7 @@ from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.agent_state.in_memory import InMemoryStateService
 
 _LAZY = {
+    "StateServiceFactory": "agentscope_serverless.services.agent_state.state_service_factory",
     "RedisStateService": "agentscope_serverless.services.agent_state.redis",
     "DynamoDBStateService": "agentscope_serverless.services.agent_state.dynamodb",
 }
@@ -24,4 +25,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DynamoDBStateService", "InMemoryStateService", "RedisStateService", "StateService"]
+__all__ = [
+    "DynamoDBStateService",
+    "InMemoryStateService",
+    "RedisStateService",
+    "StateService",
+    "StateServiceFactory",
+]

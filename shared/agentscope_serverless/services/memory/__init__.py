@@ -12,7 +12,10 @@ from typing import Any
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.in_memory import InMemoryMemoryService
 
-_LAZY = {"RedisMemoryService": "agentscope_serverless.services.memory.redis"}
+_LAZY = {
+    "MemoryServiceFactory": "agentscope_serverless.services.memory.memory_service_factory",
+    "RedisMemoryService": "agentscope_serverless.services.memory.redis",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +24,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["InMemoryMemoryService", "MemoryService", "RedisMemoryService"]
+__all__ = [
+    "InMemoryMemoryService",
+    "MemoryService",
+    "MemoryServiceFactory",
+    "RedisMemoryService",
+]

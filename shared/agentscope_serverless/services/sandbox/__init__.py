@@ -10,6 +10,7 @@ models), :mod:`.embedded` (the local server used without a base URL).
 
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.client import SandboxClient
+from agentscope_serverless.services.sandbox.sandbox_service_factory import SandboxServiceFactory
 from agentscope_serverless.services.sandbox.service import SandboxService
 from agentscope_serverless.services.sandbox.tools import (
     BUILTIN_TOOLS,
@@ -24,6 +25,7 @@ __all__ = [
     "Sandbox",
     "SandboxClient",
     "SandboxService",
+    "SandboxServiceFactory",
     "ToolDefinition",
     "infer_sandbox_types",
     "openai_tools",

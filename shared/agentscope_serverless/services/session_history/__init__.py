@@ -16,6 +16,9 @@ from agentscope_serverless.services.session_history.in_memory import (
 )
 
 _LAZY = {
+    "SessionHistoryServiceFactory": (
+        "agentscope_serverless.services.session_history.session_history_service_factory"
+    ),
     "RedisSessionHistoryService": "agentscope_serverless.services.session_history.redis",
     "DynamoDBSessionHistoryService": "agentscope_serverless.services.session_history.dynamodb",
 }
@@ -33,4 +36,5 @@ __all__ = [
     "RedisSessionHistoryService",
     "Session",
     "SessionHistoryService",
+    "SessionHistoryServiceFactory",
 ]
