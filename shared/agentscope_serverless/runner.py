@@ -30,7 +30,8 @@ import contextlib
 import importlib
 import inspect
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+import types
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -91,6 +92,7 @@ class Runner(ServiceLifecycleManagerMixin):
         shutdown_handler: LifecycleHandler | None = None,
         services: ServiceManager | None = None,
         memory_top_k: int = 5,
+        secrets: Iterable[str] = (),
     ) -> None:
         if framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
@@ -98,15 +100,35 @@ class Runner(ServiceLifecycleManagerMixin):
             services.get("session_history"), SessionHistoryService
         ):
             raise ConfigurationError("the runner needs a 'session_history' service")
-        self.query_handler = query_handler
+        # Handlers given as functions take the runner as first argument, like methods of a
+        # subclass; they are bound here so both are called the same way.
+        if query_handler is not None:
+            self.query_handler = types.MethodType(query_handler, self)  # type: ignore[method-assign]
+        if init_handler is not None:
+            self.init_handler = types.MethodType(init_handler, self)  # type: ignore[method-assign]
+        if shutdown_handler is not None:
+            self.shutdown_handler = types.MethodType(shutdown_handler, self)  # type: ignore[method-assign]
         self.framework_type = framework
-        self.init_handler = init_handler
-        self.shutdown_handler = shutdown_handler
         self.memory_top_k = memory_top_k
+        self.secrets = [secret for secret in secrets if secret]
         self._services = services
         self._owns_services = services is None
         self._agentscope_msg: Any = None
         self._started = False
+
+    async def query_handler(self, *args: Any, **kwargs: Any) -> Any:
+        """The agent: override it in a subclass, or pass a function to the constructor.
+
+        Called as ``query_handler(msgs, request=..., response=..., session=...,
+        memories=...)``; see the module's documentation for what it may produce.
+        """
+        raise ConfigurationError("no query handler: register one with @app.query(...)")
+
+    async def init_handler(self, *args: Any, **kwargs: Any) -> None:
+        """Runs at ``start()``, after the services started (override or pass one)."""
+
+    async def shutdown_handler(self, *args: Any, **kwargs: Any) -> None:
+        """Runs at ``stop()``, before the services stop (override or pass one)."""
 
     @property
     def services(self) -> ServiceManager:
@@ -117,21 +139,62 @@ class Runner(ServiceLifecycleManagerMixin):
 
     @property
     def session_history_service(self) -> SessionHistoryService:
-        """Where conversations are kept."""
+        """Where conversations are kept (assignable, e.g. in an init handler)."""
         service: SessionHistoryService = self.services["session_history"]  # type: ignore[assignment]
         return service
 
+    @session_history_service.setter
+    def session_history_service(self, service: SessionHistoryService) -> None:
+        self._assign("session_history", service)
+
     @property
     def memory_service(self) -> MemoryService | None:
-        """Long-term memory, when configured."""
+        """Long-term memory, when configured (assignable)."""
         service = self.services.get("memory")
         return service if isinstance(service, MemoryService) else None
 
+    @memory_service.setter
+    def memory_service(self, service: MemoryService | None) -> None:
+        self._assign("memory", service)
+
     @property
     def state_service(self) -> StateService | None:
-        """Agent state, when configured."""
+        """Agent state, when configured (assignable)."""
         service = self.services.get("state")
         return service if isinstance(service, StateService) else None
+
+    @state_service.setter
+    def state_service(self, service: StateService | None) -> None:
+        self._assign("state", service)
+
+    @property
+    def sandbox_service(self) -> Any:
+        """The sandbox service, when configured (assignable)."""
+        return self.services.get("sandbox")
+
+    @sandbox_service.setter
+    def sandbox_service(self, service: Any) -> None:
+        self._assign("sandbox", service)
+
+    def use_services(self, services: ServiceManager) -> None:
+        """Run on ``services`` (started and stopped by the caller) from the next ``start()``."""
+        if self._started:
+            raise ConfigurationError("the runner is running: stop it before changing services")
+        if not isinstance(services.get("session_history"), SessionHistoryService):
+            raise ConfigurationError("the runner needs a 'session_history' service")
+        self._services, self._owns_services = services, False
+
+    def _assign(self, name: str, service: Any) -> None:
+        """Use ``service`` as the ``name`` service from now on.
+
+        As in AgentScope Runtime, whoever assigns a service starts and stops it (typically
+        the init and shutdown handlers), so the runner's services no longer manage it.
+        """
+        if self._services is None:
+            from agentscope_serverless.services.factory import create_service_manager
+
+            self._services = create_service_manager()
+        self._services.assign(name, service)
 
     @property
     def is_started(self) -> bool:
@@ -142,7 +205,7 @@ class Runner(ServiceLifecycleManagerMixin):
         """Start owned services and run the init handler (a no-op when already started)."""
         if self._started:
             return
-        if self.query_handler is None:
+        if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
             raise ConfigurationError("no query handler: register one with @app.query(...)")
         if self.framework_type == "agentscope":
             self._agentscope_msg = _agentscope_msg_class()
@@ -153,8 +216,7 @@ class Runner(ServiceLifecycleManagerMixin):
         if self._owns_services:
             await self._services.__aenter__()
         try:
-            if self.init_handler is not None:
-                await _maybe_await(self.init_handler(self))
+            await _maybe_await(self.init_handler())
         except BaseException:
             if self._owns_services:
                 await self._services.__aexit__(None, None, None)
@@ -167,8 +229,7 @@ class Runner(ServiceLifecycleManagerMixin):
             return
         self._started = False
         try:
-            if self.shutdown_handler is not None:
-                await _maybe_await(self.shutdown_handler(self))
+            await _maybe_await(self.shutdown_handler())
         finally:
             if self._owns_services and self._services is not None:
                 await self._services.__aexit__(None, None, None)
@@ -216,7 +277,7 @@ class Runner(ServiceLifecycleManagerMixin):
         except Exception as exc:
             logger.exception("the agent failed", extra={"session_id": session.id})
             await self._record_quietly(session, request.input)
-            yield turn.fail(_error_of(exc))
+            yield turn.fail(self._error_of(exc))
             return
         except (asyncio.CancelledError, GeneratorExit):
             await asyncio.shield(self._record_quietly(session, request.input))
@@ -227,7 +288,7 @@ class Runner(ServiceLifecycleManagerMixin):
             )
         except Exception as exc:
             logger.exception("could not save the session history", extra={"session_id": session.id})
-            yield turn.fail(_error_of(exc))
+            yield turn.fail(self._error_of(exc))
             return
         await self._remember_quietly(session, [*request.input, *turn.outputs])
         yield turn.finish()
@@ -235,12 +296,11 @@ class Runner(ServiceLifecycleManagerMixin):
     async def _run_handler(
         self, turn: _Turn, request: AgentRequest, session: Session, memories: list[Message]
     ) -> AsyncGenerator[Event, None]:
-        assert self.query_handler is not None
         msgs: list[Any] = list(request.input)
         if self._agentscope_msg is not None:
             msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
         result = self.query_handler(
-            self, msgs, request=request, response=turn.response, session=session, memories=memories
+            msgs, request=request, response=turn.response, session=session, memories=memories
         )
         if inspect.isasyncgen(result):
             async with contextlib.aclosing(result) as items:
@@ -256,6 +316,14 @@ class Runner(ServiceLifecycleManagerMixin):
             value = await result if inspect.isawaitable(result) else result
             for event in turn.feed(value):
                 yield event
+
+    def _error_of(self, exc: BaseException) -> Error:
+        """The ``error`` of a failed event, with every configured secret scrubbed out."""
+        error = _error_of(exc)
+        message = error.message
+        for secret in self.secrets:
+            message = message.replace(secret, "***")
+        return Error(code=error.code, message=message)
 
     async def _recall(self, user_id: str, messages: list[Message]) -> list[Message]:
         memory = self.memory_service
@@ -407,7 +475,6 @@ class _Turn:
     def fail(self, error: Error) -> AgentResponse:
         response = self.response
         response.output = list(self.outputs) or None
-        response.completed_at = int(time.time())
         return self._emit(response.failed(error))
 
     def _emit(self, event: EventT) -> EventT:
@@ -488,7 +555,10 @@ def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
         return Error(code=exc.code, message=exc.message)
-    return Error(code=AGENT_UNKNOWN_ERROR, message=f"Unknown agent error: {type(exc).__name__}")
+    from agentscope_serverless.schemas.exception import UnknownAgentException
+
+    unknown = UnknownAgentException(exc if isinstance(exc, Exception) else None)
+    return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)
 
 
 async def _maybe_await(value: Any) -> Any:

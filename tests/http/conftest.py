@@ -64,8 +64,9 @@ def scenario_app() -> AgentApp:
 
 @pytest.fixture(scope="module")
 def scenario_url(keys: Keys) -> Iterator[str]:
-    """The scenario agent, with keep-alive pings every 0.1 s."""
-    settings = load_settings(sse_ping_interval_seconds=PING_INTERVAL)
+    """The scenario agent, with keep-alive pings every 0.1 s (its failures mention SECRET,
+    a secret of its settings)."""
+    settings = load_settings(sse_ping_interval_seconds=PING_INTERVAL, llm_api_key=SECRET)
     with running(
         create_app(settings=settings, agent_app=scenario_app(), key_store=keys.store)
     ) as url:

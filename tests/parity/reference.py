@@ -226,9 +226,7 @@ def incompatibilities(reference: list[Param], ours: inspect.Signature) -> list[s
     our_params = [p for p in ours.parameters.values() if p.name not in ("self", "cls")]
     by_name = {p.name: p for p in our_params}
     our_positional = [
-        p.name
-        for p in our_params
-        if p.kind in (Kind.POSITIONAL_ONLY, Kind.POSITIONAL_OR_KEYWORD)
+        p.name for p in our_params if p.kind in (Kind.POSITIONAL_ONLY, Kind.POSITIONAL_OR_KEYWORD)
     ]
     has_var_kw = any(p.kind is Kind.VAR_KEYWORD for p in our_params)
     has_var_pos = any(p.kind is Kind.VAR_POSITIONAL for p in our_params)
@@ -244,9 +242,13 @@ def incompatibilities(reference: list[Param], ours: inspect.Signature) -> list[s
                 problems.append(f"no **{param.name}")
             continue
         if param.kind in (Kind.POSITIONAL_ONLY, Kind.POSITIONAL_OR_KEYWORD):
-            at = our_positional[positional_index] if positional_index < len(our_positional) else None
+            at = (
+                our_positional[positional_index] if positional_index < len(our_positional) else None
+            )
             if at != param.name and not (at is None and has_var_pos and param.name in by_name):
-                problems.append(f"positional parameter {positional_index} is {at!r}, not {param.name!r}")
+                problems.append(
+                    f"positional parameter {positional_index} is {at!r}, not {param.name!r}"
+                )
             positional_index += 1
             continue
         if param.name not in by_name and not has_var_kw:

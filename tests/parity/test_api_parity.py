@@ -65,9 +65,9 @@ def test_every_reference_name_exists_with_a_compatible_signature(entry: Entry) -
             continue
         function = getattr(ours, method.name)
         if method.is_async:
-            assert inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(
-                function
-            ), f"{where} is not async"
+            assert inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function), (
+                f"{where} is not async"
+            )
         else:
             assert not inspect.iscoroutinefunction(function), f"{where} is async here"
         problems = incompatibilities(method.params, _signature(function))

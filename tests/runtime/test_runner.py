@@ -256,20 +256,21 @@ async def test_history_and_memory_get_the_input_and_the_reply() -> None:
     assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
 
 
-async def test_an_agent_exception_fails_the_run_and_keeps_the_input() -> None:
+async def test_an_agent_exception_fails_the_run_with_its_text_less_secrets() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
         yield "half an answer"
-        raise ValueError("token sk-secret")
+        raise ValueError("token sk-secret rejected")
 
     manager = services()
-    async with manager, Runner(handler, services=manager) as runner:
+    async with manager, Runner(handler, services=manager, secrets=["sk-secret"]) as runner:
         events = [e async for e in runner.stream_query(request("go"))]
         session = await runner.session_history_service.get_session("u1", "s1")
     failed = events[-1]
     assert isinstance(failed, AgentResponse) and failed.status == "failed"
     assert failed.error is not None
     assert failed.error.code == "AGENT_UNKNOWN_ERROR"
-    assert failed.error.message == "Unknown agent error: ValueError"
+    assert failed.error.message == "Unknown agent error: ValueError: token *** rejected"
+    assert failed.completed_at is None
     assert session is not None
     assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["go"]
 

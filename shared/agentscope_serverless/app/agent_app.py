@@ -25,6 +25,9 @@ import asyncio
 import importlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
@@ -47,6 +50,9 @@ if TYPE_CHECKING:
     from agentscope_serverless.services.sandbox.service import SandboxService
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+# Every framework name AgentScope Runtime knows: one of these registers a handler (and is
+# refused when it is not one of ours) rather than being run as a request's text.
+_FRAMEWORK_NAMES = (*FRAMEWORKS, "autogen", "langgraph", "agno", "ms_agent_framework")
 Hook = Callable[..., Any]
 
 
@@ -68,24 +74,49 @@ class AgentApp(ServiceLifecycleManagerMixin):
         before_start: Hook | None = None,
         after_finish: Hook | None = None,
         *,
+        response_type: str = "sse",
+        stream: bool = True,
+        runner: Runner | None = None,
         session_history_service: SessionHistoryService | None = None,
         memory_service: MemoryService | None = None,
         state_service: StateService | None = None,
         sandbox_service: SandboxService | None = None,
         with_sandbox: bool = False,
+        broker_url: str | None = None,
+        backend_url: str | None = None,
+        enable_embedded_worker: bool = False,
+        a2a_config: Any = None,
+        agui_config: Any = None,
+        **kwargs: Any,
     ) -> None:
         if not endpoint_path.startswith("/"):
             raise ValueError(f"endpoint_path must start with '/', got {endpoint_path!r}")
         if not (isinstance(request_model, type) and issubclass(request_model, AgentRequest)):
             raise TypeError("request_model must be AgentRequest or a subclass of it")
+        if response_type != "sse":
+            raise ValueError("response_type must be 'sse' (add \"stream\": false for JSON)")
+        if broker_url or backend_url or enable_embedded_worker:
+            raise ConfigurationError(
+                "Celery task queues (broker_url, backend_url, enable_embedded_worker) are not "
+                "supported: a function's work ends with its request"
+            )
+        if runner is not None and not isinstance(runner, Runner):
+            raise TypeError("runner must be a Runner (or a subclass of it)")
         self.app_name = app_name
         self.app_description = app_description
         self.endpoint_path = endpoint_path
         self.request_model = request_model
+        self.response_type = response_type
+        self.stream = stream
         self.before_start = before_start
         self.after_finish = after_finish
-        self.framework = "text"
+        self.a2a_config = a2a_config
+        self.agui_config = agui_config
+        self.fastapi_kwargs = kwargs
+        self.framework = runner.framework_type if runner is not None else "text"
         self.with_sandbox = with_sandbox or sandbox_service is not None
+        self.custom_endpoints: list[dict[str, Any]] = []
+        self._runner = runner
         self._given_services: dict[str, Any] = {
             name: service
             for name, service in (
@@ -102,6 +133,47 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self._local: tuple[ServiceManager, Runner] | None = None
         self._local_lock = asyncio.Lock()
 
+    @property
+    def runner(self) -> Runner | None:
+        """The runner given with ``runner=``, if any."""
+        return self._runner
+
+    def endpoint(
+        self, path: str, methods: list[str] | None = None
+    ) -> Callable[[HandlerT], HandlerT]:
+        """Serve the decorated function at ``path`` (``methods`` default: ``["POST"]``).
+
+        The handler is a FastAPI endpoint (its parameters are read from the request), sync
+        or async; a generator or async generator streams its items as SSE ``data:`` lines.
+        Custom routes need a key like every other route.
+
+        >>> app = AgentApp()
+        >>> @app.endpoint("/echo", methods=["POST"])
+        ... async def echo(body: dict) -> dict:
+        ...     return body
+        """
+        if not path.startswith("/"):
+            raise ValueError(f"path must start with '/', got {path!r}")
+
+        def register(func: HandlerT) -> HandlerT:
+            self.custom_endpoints.append(
+                {"path": path, "handler": func, "methods": list(methods or ["POST"])}
+            )
+            return func
+
+        return register
+
+    def get_fastapi_app(self, **kwargs: Any) -> Any:
+        """The web application serving this app (``create_app`` arguments in ``kwargs``)."""
+        from agentscope_serverless.http import create_app
+
+        return create_app(agent_app=self, **kwargs)
+
+    async def deploy(self, deployer: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deploy with ``deployer`` (a :class:`DeployManager`): ``deployer.deploy(app=self)``."""
+        result: dict[str, Any] = await deployer.deploy(app=self, **kwargs)
+        return result
+
     def init(self, func: HandlerT) -> HandlerT:
         """Register ``func(self)`` (``self`` is the Runner) to run when the app starts."""
         self._init_handler = func
@@ -113,12 +185,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return func
 
     @overload
-    def query(self, *, framework: str = "text") -> Callable[[HandlerT], HandlerT]: ...
+    def query(self, framework: str | None = "text") -> Callable[[HandlerT], HandlerT]: ...
 
     @overload
     def query(
         self,
-        request: AgentRequest | Mapping[str, Any] | str,
+        framework: AgentRequest | Mapping[str, Any] | str,
         *,
         user_id: str | None = None,
         session_id: str | None = None,
@@ -126,9 +198,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     def query(
         self,
-        request: AgentRequest | Mapping[str, Any] | str | None = None,
+        framework: AgentRequest | Mapping[str, Any] | str | None = None,
         *,
-        framework: str | None = None,
+        request: AgentRequest | Mapping[str, Any] | str | None = None,
         user_id: str | None = None,
         session_id: str | None = None,
     ) -> Callable[[HandlerT], HandlerT] | Coroutine[Any, Any, AgentResponse]:
@@ -136,12 +208,22 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
         ``@app.query(framework="text")`` (or ``"agentscope"``) decorates the handler;
         ``await app.query("hello", user_id=..., session_id=...)`` runs a request (text, a
-        dict or an :class:`AgentRequest`) and returns the final :class:`AgentResponse`.
+        dict or an :class:`AgentRequest`; ``request=`` also works) and returns the final
+        :class:`AgentResponse`. A lone framework name registers.
         """
         if request is None:
-            return self._register(framework or "text")
-        if framework is not None:
+            registering = framework is None or (
+                isinstance(framework, str)
+                and framework in _FRAMEWORK_NAMES
+                and user_id is None
+                and session_id is None
+            )
+            if registering:
+                return self._register(framework if isinstance(framework, str) else "text")
+            request = framework
+        elif framework is not None:
             raise TypeError("pass either framework= (to register) or a request (to run)")
+        assert request is not None
         return self._query(_to_request(request, user_id=user_id, session_id=session_id))
 
     async def stream_query(
@@ -183,8 +265,25 @@ class AgentApp(ServiceLifecycleManagerMixin):
             manager.register_service("sandbox", sandbox)
         return manager
 
-    def create_runner(self, services: ServiceManager, *, memory_top_k: int = 5) -> Runner:
-        """A runner of this app's handlers on ``services`` (started and stopped by the caller)."""
+    def create_runner(
+        self,
+        services: ServiceManager,
+        *,
+        memory_top_k: int = 5,
+        settings: Settings | None = None,
+    ) -> Runner:
+        """A runner of this app's handlers on ``services`` (started and stopped by the caller).
+
+        With ``settings``, their secret values are scrubbed from the error messages of
+        failed runs. With ``runner=`` given to the constructor, that runner is used.
+        """
+        secrets = secret_values(settings) if settings is not None else []
+        if self._runner is not None:
+            runner = self._runner
+            runner.secrets = secrets
+            runner.memory_top_k = memory_top_k
+            runner.use_services(services)
+            return runner
         return Runner(
             self._query_handler,
             framework=self.framework,
@@ -192,6 +291,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             shutdown_handler=self._shutdown_handler,
             services=services,
             memory_top_k=memory_top_k,
+            secrets=secrets,
         )
 
     async def start(self) -> None:
@@ -209,13 +309,16 @@ class AgentApp(ServiceLifecycleManagerMixin):
             finally:
                 await services.__aexit__(None, None, None)
 
-    def run(self, host: str = "127.0.0.1", port: int = 8090) -> None:
-        """Serve the app over HTTP with every router, until interrupted (Ctrl-C)."""
+    def run(
+        self, host: str = "127.0.0.1", port: int = 8090, web_ui: bool = False, **kwargs: Any
+    ) -> None:
+        """Serve the app over HTTP with every router, until interrupted (Ctrl-C).
+
+        ``kwargs`` go to ``uvicorn.run``; there is no separate web UI (``web_ui``).
+        """
         import uvicorn
 
-        from agentscope_serverless.http import create_app
-
-        uvicorn.run(create_app(agent_app=self), host=host, port=port)
+        uvicorn.run(self.get_fastapi_app(), host=host, port=port, **kwargs)
 
     def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
         if framework not in FRAMEWORKS:
@@ -261,6 +364,20 @@ def _to_request(
     if isinstance(request, AgentRequest):
         return request.model_copy(update=updates)
     return {**request, **updates}
+
+
+def secret_values(settings: Settings) -> list[str]:
+    """Every secret of ``settings`` (and the password inside a connection URL)."""
+    secrets: list[str] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            raw = value.get_secret_value()
+            secrets.append(raw)
+            password = urlsplit(raw).password if "://" in raw else None
+            if password:
+                secrets.append(password)
+    return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
 
 def load_agent_app(path: str) -> AgentApp:

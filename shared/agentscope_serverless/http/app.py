@@ -66,7 +66,9 @@ def create_app(
     if agent_app is not None:
         services = agent_app.build_services(settings)
         if "process" in names:
-            runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
+            runner = agent_app.create_runner(
+                services, memory_top_k=settings.agent_memory_top_k, settings=settings
+            )
         if "sandbox" in names and not services.has_service("sandbox"):
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:
@@ -93,6 +95,9 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+    if agent_app is not None and agent_app.custom_endpoints:
+        custom = importlib.import_module(f"{__package__}.custom_endpoints")
+        app.include_router(custom.build_router(agent_app.custom_endpoints))
     return app
 
 

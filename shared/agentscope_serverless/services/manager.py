@@ -48,6 +48,21 @@ class ServiceManager:
         self._services[name] = service
         return self
 
+    def assign(self, name: str, service: Service | None) -> Self:
+        """Use ``service`` as ``name`` from now on (None: remove it).
+
+        Unlike :meth:`register_service` it replaces what was there, and the manager does
+        not start or stop the assigned service: whoever assigns it does (AgentScope's
+        ``self.state_service = ...`` in an init handler).
+        """
+        if service is None:
+            self._services.pop(name, None)
+            return self
+        if not name or not isinstance(name, str):
+            raise ValueError("service name must be a non-empty string")
+        self._services[name] = service
+        return self
+
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
         try:
