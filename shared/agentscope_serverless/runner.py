@@ -422,7 +422,7 @@ class _Turn:
                 code=message.code,
                 message=message.message,
                 usage=message.usage,
-                metadata=message.metadata,
+                metadata=message.metadata if message.metadata is not None else {},
             )
         )
         for part in message.content or []:
@@ -439,7 +439,7 @@ class _Turn:
         if message is None or self._open_key != key:
             events += self.close()
             role = getattr(msg, "role", None)
-            message = Message(role=role if role in _ROLES else Role.ASSISTANT)
+            message = Message(role=role if role in _ROLES else Role.ASSISTANT, metadata={})
             events += self._open_message(message, key)
         text = _agentscope_text(msg)
         if text.startswith(self._snapshot):
@@ -490,7 +490,7 @@ class _Turn:
     def _ensure_open(self) -> tuple[Message, list[Event]]:
         if self._open is not None:
             return self._open, []
-        message = Message(role=Role.ASSISTANT)
+        message = Message(role=Role.ASSISTANT, metadata={})
         return message, self._open_message(message)
 
     def _stream_text(self, message: Message, text: str) -> TextContent:

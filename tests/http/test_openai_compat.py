@@ -151,7 +151,7 @@ def test_agent_failures_reach_the_sdk_as_errors(scenario_url: str, keys: Keys) -
         )
     events = list(client.responses.create(model="m", input="fail", stream=True))
     assert events[-1].type == "response.failed"
-    assert events[-1].response.error.code == "AGENT_UNKNOWN_ERROR"
+    assert events[-1].response.error.code == "server_error"
     client.close()
 
 

@@ -99,7 +99,7 @@ def test_stream_has_the_exact_event_order_and_fields(
     assert set(done_part) == TEXT_FIELDS
     assert (done_part["text"], done_part["delta"], done_part["msg_id"]) == (
         text,
-        False,
+        None,
         opened["id"],
     )
     assert done_message["id"] == opened["id"]

@@ -16,7 +16,7 @@ from pathlib import Path
 LISTING = Path(__file__).with_name("agentscope-runtime-1.0.5-api.md")
 ENGINE = "agentscope_runtime.engine"
 
-Kind = inspect._ParameterKind  # noqa: SLF001 - the enum of parameter kinds
+Kind = inspect._ParameterKind
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from tests.parity.reference import (
     OUT_OF_SCOPE_METHODS,
     OUT_OF_SCOPE_MODULES,
     Entry,
-    incompatibilities,
     in_scope,
+    incompatibilities,
     our_module,
     parse,
 )

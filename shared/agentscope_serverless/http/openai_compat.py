@@ -269,7 +269,9 @@ def responses_object(
         "status": status or response.status,
         "model": model,
         "output": output,
-        "error": response.error.model_dump() if response.error else None,
+        "error": (
+            {"code": "server_error", "message": response.error.message} if response.error else None
+        ),
         "incomplete_details": None,
         "instructions": None,
         "metadata": {"session_id": session_id},

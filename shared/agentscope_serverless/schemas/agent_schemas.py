@@ -424,7 +424,7 @@ class Message(Event):
         part = self.content[content_index]
         part.msg_id = self.id
         part.index = content_index
-        part.delta = False
+        part.delta = None
         part.status = RunStatus.Completed
         return part
 

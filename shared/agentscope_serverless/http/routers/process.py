@@ -195,9 +195,8 @@ def build_router(
         runner = context.require_runner()
         headers = _session_headers(session_id)
         if not body.stream:
+            # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
             final = await runner.query(run)
-            if final.status != RunStatus.Completed:
-                return _failure(final)
             payload = compat.responses_object(final, model=body.model, session_id=session_id)
             return JSONResponse(payload, headers=headers)
         events = await _started(runner.stream_query(run))
