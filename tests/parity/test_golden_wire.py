@@ -1,6 +1,6 @@
 """``/process`` and ``/compatible-mode/v1/responses`` answer event for event, field for field,
 like AgentScope Runtime 1.0.5 serving the same agent (transcripts in ``golden/``, captured
-from ``golden/peer_friday_app.py``); only ids and timestamps differ.
+from ``golden/peer_friday_app.py.txt``); only ids and timestamps differ.
 
 Where AgentScope's Responses API differs from OpenAI's (key order, id prefixes, the type of
 ``created_at``, a non-streamed body that is the last event instead of the Response), we
