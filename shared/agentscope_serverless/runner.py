@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.base import DeployManager
 from agentscope_serverless.errors import (
     AgentError,
     AgentScopeServerlessError,
@@ -53,8 +55,10 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     Role,
     RunStatus,
+    SequenceNumberGenerator,
     TextContent,
 )
+from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import new_or_clean_session_id
 from agentscope_serverless.services.agent_state.base import StateService
@@ -176,6 +180,37 @@ class Runner(ServiceLifecycleManagerMixin):
     def sandbox_service(self, service: Any) -> None:
         self._assign("sandbox", service)
 
+    async def deploy(
+        self,
+        deploy_manager: DeployManager | None = None,
+        endpoint_path: str = "/process",
+        stream: bool = True,
+        protocol_adapters: list[ProtocolAdapter] | None = None,
+        requirements: str | list[str] | None = None,
+        extra_packages: list[str] | None = None,
+        base_image: str = "python:3.9-slim",
+        environment: dict[str, str] | None = None,
+        runtime_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Deploy this runner in an AgentApp (default: :class:`LocalDeployManager`).
+
+        ``requirements``, ``extra_packages``, ``base_image`` and ``runtime_config`` are
+        AgentScope's image-building inputs, which these deployers do not take.
+        """
+        from agentscope_serverless.app.agent_app import AgentApp
+
+        if requirements or extra_packages or runtime_config:
+            raise TypeError("requirements, extra_packages and runtime_config are not supported")
+        if deploy_manager is None:
+            from agentscope_serverless.deployers.local_deployer import LocalDeployManager
+
+            deploy_manager = LocalDeployManager()
+        app = AgentApp(runner=self, endpoint_path=endpoint_path, stream=stream)
+        options = {"environment": environment} if environment else {}
+        result: dict[str, Any] = await deploy_manager.deploy(app=app, **options, **kwargs)
+        return result
+
     def use_services(self, services: ServiceManager) -> None:
         """Run on ``services`` (started and stopped by the caller) from the next ``start()``."""
         if self._started:
@@ -245,7 +280,11 @@ class Runner(ServiceLifecycleManagerMixin):
         return final
 
     async def stream_query(
-        self, request: AgentRequest | Mapping[str, Any], *, user_id: str | None = None
+        self,
+        request: AgentRequest | Mapping[str, Any],
+        *,
+        user_id: str | None = None,
+        **kwargs: Any,
     ) -> AsyncGenerator[Event, None]:
         """The events of one run, in the order of CONTRACT §7.
 
@@ -254,7 +293,8 @@ class Runner(ServiceLifecycleManagerMixin):
         ``request.user_id``, else the session id. Problems loading the session raise before
         the first event; an agent error ends the stream with a ``failed`` response event.
         Afterwards the input and the agent's messages are appended to the history (the input
-        alone when the agent failed) and, with a memory service, added to memory.
+        alone when the agent failed) and, with a memory service, added to memory. Other
+        ``kwargs`` are passed to the query handler.
         """
         if not self._started:
             raise ServiceNotStartedError(type(self).__name__)
@@ -268,7 +308,7 @@ class Runner(ServiceLifecycleManagerMixin):
             yield event
         try:
             async with contextlib.aclosing(
-                self._run_handler(turn, request, session, memories)
+                self._run_handler(turn, request, session, memories, kwargs)
             ) as events:
                 async for event in events:
                     yield event
@@ -294,13 +334,23 @@ class Runner(ServiceLifecycleManagerMixin):
         yield turn.finish()
 
     async def _run_handler(
-        self, turn: _Turn, request: AgentRequest, session: Session, memories: list[Message]
+        self,
+        turn: _Turn,
+        request: AgentRequest,
+        session: Session,
+        memories: list[Message],
+        extra: dict[str, Any],
     ) -> AsyncGenerator[Event, None]:
         msgs: list[Any] = list(request.input)
         if self._agentscope_msg is not None:
             msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
         result = self.query_handler(
-            msgs, request=request, response=turn.response, session=session, memories=memories
+            msgs,
+            request=request,
+            response=turn.response,
+            session=session,
+            memories=memories,
+            **extra,
         )
         if inspect.isasyncgen(result):
             async with contextlib.aclosing(result) as items:
@@ -555,8 +605,6 @@ def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
         return Error(code=exc.code, message=exc.message)
-    from agentscope_serverless.schemas.exception import UnknownAgentException
-
     unknown = UnknownAgentException(exc if isinstance(exc, Exception) else None)
     return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)
 
@@ -598,4 +646,34 @@ def _agentscope_text(msg: Any) -> str:
     return ""
 
 
-__all__ = ["AGENT_UNKNOWN_ERROR", "FRAMEWORKS", "Runner"]
+def __getattr__(name: str) -> Any:
+    # AgentScope's runner module re-exports these; they are imported on first use.
+    if name == "LocalDeployManager":
+        from agentscope_serverless.deployers.local_deployer import LocalDeployManager
+
+        return LocalDeployManager
+    if name in ("TraceType", "trace", "merge_agent_response", "get_agent_response_finish_reason"):
+        return getattr(importlib.import_module("agentscope_serverless.tracing"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AGENT_UNKNOWN_ERROR",
+    "FRAMEWORKS",
+    "AgentRequest",
+    "AgentResponse",
+    "AppBaseException",
+    "DeployManager",
+    "Error",
+    "Event",
+    "LocalDeployManager",  # noqa: F822 - imported on first use
+    "ProtocolAdapter",
+    "RunStatus",
+    "Runner",
+    "SequenceNumberGenerator",
+    "TraceType",  # noqa: F822 - imported on first use
+    "UnknownAgentException",
+    "get_agent_response_finish_reason",  # noqa: F822 - imported on first use
+    "merge_agent_response",  # noqa: F822 - imported on first use
+    "trace",  # noqa: F822 - imported on first use
+]

@@ -191,8 +191,22 @@ OUT_OF_SCOPE_NAMES = {
         ],
         "A2A and AG-UI protocol adapters",
     ),
+    **dict.fromkeys(
+        [
+            "ProcessManager",
+            "build_detached_app",
+            "get_bundle_entry_script",
+            "build_wheel",
+            "generate_wrapper_project",
+            "get_user_bundle_appdir",
+        ],
+        "AgentScope's detached-process and wheel-bundle internals (our archives: packaging)",
+    ),
 }
-OUT_OF_SCOPE_METHODS = {"task": "Celery task queues"}
+OUT_OF_SCOPE_METHODS = {
+    "task": "Celery task queues",
+    "create_detached_project": "AgentScope's detached-process projects",
+}
 # Names AgentScope's engine modules import from its sandbox package: they belong to
 # ``agentscope_serverless.sandbox`` (the sandbox half of the port), not to these modules.
 SANDBOX_PACKAGE = "agentscope_runtime.sandbox"
@@ -213,6 +227,12 @@ def our_module(reference_module: str) -> str:
     if reference_module.startswith("agentscope_runtime."):
         return "agentscope_serverless." + reference_module[len("agentscope_runtime.") :]
     raise ValueError(reference_module)
+
+
+# Parameters named differently for the same thing, in the same position: AgentScope 1.0.5's
+# ``SandboxService.connect(session_id, user_id, sandbox_types)`` and the seeds'
+# ``connect(session_id, user_id, env_types, tools)`` (we take both names).
+SAME_PARAMETER = {"sandbox_types": "env_types"}
 
 
 def incompatibilities(reference: list[Param], ours: inspect.Signature) -> list[str]:
@@ -245,7 +265,9 @@ def incompatibilities(reference: list[Param], ours: inspect.Signature) -> list[s
             at = (
                 our_positional[positional_index] if positional_index < len(our_positional) else None
             )
-            if at != param.name and not (at is None and has_var_pos and param.name in by_name):
+            if at not in (param.name, SAME_PARAMETER.get(param.name)) and not (
+                at is None and has_var_pos and param.name in by_name
+            ):
                 problems.append(
                     f"positional parameter {positional_index} is {at!r}, not {param.name!r}"
                 )

@@ -120,7 +120,7 @@ def test_add_delta_content_streams_and_accumulates_text() -> None:
     assert message.get_text_content() == "Hello"
     done = message.content_completed(0)
     assert isinstance(done, TextContent)
-    assert done.text == "Hello" and done.delta is False and done.status == "completed"
+    assert done.text == "Hello" and done.delta is None and done.status == "completed"
     assert message.content_completed(5) is None
 
 

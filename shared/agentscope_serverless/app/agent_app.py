@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
 from agentscope_serverless.schemas.agent_schemas import (
@@ -350,6 +351,19 @@ class AgentApp(ServiceLifecycleManagerMixin):
             return self._local[1]
 
 
+class FastAPIAppFactory:
+    """AgentScope's name for building the web application of an app."""
+
+    @staticmethod
+    def create_app(app: AgentApp | None = None, runner: Runner | None = None, **kwargs: Any) -> Any:
+        """The FastAPI application serving ``app`` (or ``runner``, wrapped in an AgentApp)."""
+        if app is None:
+            if runner is None:
+                raise TypeError("create_app() needs an app or a runner")
+            app = AgentApp(runner=runner)
+        return app.get_fastapi_app(**kwargs)
+
+
 def _to_request(
     request: AgentRequest | Mapping[str, Any] | str,
     *,
@@ -402,4 +416,22 @@ def load_agent_app(path: str) -> AgentApp:
     return found
 
 
-__all__ = ["AgentApp", "load_agent_app"]
+def __getattr__(name: str) -> Any:
+    # AgentScope's module re-exports these; the adapter is imported on first use.
+    if name == "ResponseAPIDefaultAdapter":
+        from agentscope_serverless.deployers.adapter.responses import ResponseAPIDefaultAdapter
+
+        return ResponseAPIDefaultAdapter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AgentApp",
+    "AgentRequest",
+    "DeployManager",
+    "DeploymentMode",
+    "FastAPIAppFactory",
+    "ResponseAPIDefaultAdapter",  # noqa: F822 - imported on first use
+    "Runner",
+    "load_agent_app",
+]

@@ -19,13 +19,17 @@ from agentscope_serverless.deployers.base import DeployManager
 if TYPE_CHECKING:
     from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
     from agentscope_serverless.deployers.local_deployer import LocalDeployManager
-    from agentscope_serverless.deployers.modelstudio_deployer import ModelStudioDeployManager
+    from agentscope_serverless.deployers.modelstudio_deployer import (
+        ModelStudioDeployManager,
+        ModelstudioDeployManager,
+    )
     from agentscope_serverless.deployers.sam_deployer import SAMDeployManager
 
 _MODULES = {
     "AgentRunDeployManager": "agentrun_deployer",
     "LocalDeployManager": "local_deployer",
     "ModelStudioDeployManager": "modelstudio_deployer",
+    "ModelstudioDeployManager": "modelstudio_deployer",
     "SAMDeployManager": "sam_deployer",
 }
 
@@ -42,5 +46,6 @@ __all__ = [
     "DeployManager",
     "LocalDeployManager",
     "ModelStudioDeployManager",
+    "ModelstudioDeployManager",
     "SAMDeployManager",
 ]

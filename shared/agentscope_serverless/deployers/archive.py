@@ -128,8 +128,9 @@ class ArchiveDeployManager(DeployManager):
             options["progress"] = progress
         return options
 
-    async def stop(self) -> None:
+    async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Nothing runs locally: a no-op."""
+        return {"success": True, "deploy_id": deploy_id or self.deploy_id}
 
     @property
     def is_running(self) -> bool:

@@ -2,21 +2,49 @@
 
 >>> class Printer(DeployManager):
 ...     async def deploy(self, *args, **kwargs): return {"deploy_id": "1", "url": "http://x"}
-...     async def stop(self): ...
+...     async def stop(self, deploy_id=None, **kwargs): ...
 ...     @property
 ...     def is_running(self): return False
 """
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
 
-class DeployManager(ABC):
-    """Deploys a service, then reports where it runs and stops it."""
+class DeploymentMode(enum.StrEnum):
+    """How a local deployment runs (AgentScope's names; we run in a daemon thread)."""
 
-    def __init__(self) -> None:
+    DAEMON_THREAD = "daemon_thread"
+    DETACHED_PROCESS = "detached_process"
+    STANDALONE = "standalone"
+
+
+@dataclass
+class Deployment:
+    """A record of one deployment."""
+
+    id: str
+    platform: str
+    url: str
+    agent_source: str
+    created_at: str
+    status: str = "running"
+    token: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class DeployManager(ABC):
+    """Deploys a service, then reports where it runs and stops it.
+
+    ``state_manager`` (AgentScope's record of past deployments) is kept as given.
+    """
+
+    def __init__(self, state_manager: Any = None) -> None:
+        self.state_manager = state_manager
         self.deploy_id: str | None = None
         self._service_url: str | None = None
 
@@ -28,8 +56,8 @@ class DeployManager(ABC):
         """
 
     @abstractmethod
-    async def stop(self) -> None:
-        """Stop the deployed service."""
+    async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> Any:
+        """Stop the deployed service (``deploy_id``: the one this manager deployed)."""
 
     @property
     @abstractmethod
@@ -42,4 +70,4 @@ class DeployManager(ABC):
         return self._service_url if self.is_running else None
 
 
-__all__ = ["DeployManager"]
+__all__ = ["DeployManager", "Deployment", "DeploymentMode"]

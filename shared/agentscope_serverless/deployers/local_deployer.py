@@ -11,6 +11,7 @@ while the caller's loop (or a synchronous caller) does other things.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -20,9 +21,11 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel
 
-from agentscope_serverless.app import AgentApp
+from agentscope_serverless.app.agent_app import AgentApp, FastAPIAppFactory
 from agentscope_serverless.auth.base import KeyStore
-from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.base import DeployManager, Deployment, DeploymentMode
+from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
 from agentscope_serverless.settings import Settings
 
@@ -71,7 +74,7 @@ class ServerThread:
         self.port = int(sockets[0].getsockname()[1])
         return self.url
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float | None = 30.0) -> None:
         """Stop serving (waits for in-flight requests and the application's shutdown)."""
         self._server.should_exit = True
         if self._thread is not None:
@@ -80,45 +83,79 @@ class ServerThread:
 
 
 class LocalDeployManager(DeployManager):
-    """Deploys an :class:`AgentApp` or a plain function on ``host:port`` (loopback).
+    """Deploys an :class:`AgentApp`, a :class:`Runner` or a plain function on ``host:port``.
 
-    An AgentApp gets every router (``/process``, the OpenAI-compatible endpoints, sessions,
-    memory, state, ``/health``), configured on the AgentApp itself; a plain function is
-    served at ``endpoint_path`` (see :mod:`agentscope_serverless.http.function_app`).
-    ``settings`` and ``key_store`` default to those from the environment.
+    An AgentApp (or a runner, wrapped in one) gets every router (``/process``, the
+    OpenAI-compatible endpoints, sessions, memory, state, ``/health``), configured on the
+    AgentApp itself; a plain function is served at ``endpoint_path`` (see
+    :mod:`agentscope_serverless.http.function_app`). ``settings`` and ``key_store`` default
+    to those from the environment. The server runs in a daemon thread (``mode``).
     """
 
-    def __init__(self, host: str = "localhost", port: int = 8090) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8090,
+        shutdown_timeout: int = 30,
+        startup_timeout: int = 30,
+        logger: logging.Logger | None = None,
+    ) -> None:
         super().__init__()
         self.host = host
         self.port = port
+        self.shutdown_timeout = shutdown_timeout
+        self.startup_timeout = startup_timeout
+        self.logger = logger
         self._server: ServerThread | None = None
+        self._is_running: bool | None = None
 
     async def deploy(
         self,
-        func: AgentApp | Callable[[Any], Any],
+        app: AgentApp | Callable[..., Any] | None = None,
+        runner: Runner | None = None,
         endpoint_path: str = "/process",
         request_model: type[BaseModel] | None = AgentRequest,
         response_type: str = "sse",
+        stream: bool = True,
         before_start: Callable[..., Any] | None = None,
         after_finish: Callable[..., Any] | None = None,
+        mode: DeploymentMode = DeploymentMode.DAEMON_THREAD,
+        custom_endpoints: list[dict[str, Any]] | None = None,
+        protocol_adapters: list[Any] | None = None,
+        broker_url: str | None = None,
+        backend_url: str | None = None,
+        enable_embedded_worker: bool = False,
+        project_dir: str | None = None,
+        entrypoint: str | None = None,
         *,
         settings: Settings | None = None,
         key_store: KeyStore | None = None,
         **kwargs: Any,
     ) -> dict[str, str]:
-        """Serve ``func`` in the background; return ``{"deploy_id", "url"}``.
+        """Serve ``app`` (or ``runner``) in the background; return ``{"deploy_id", "url"}``.
 
-        ``kwargs`` are passed to the ``before_start``/``after_finish`` callbacks.
+        For a plain function, ``kwargs`` are passed to the ``before_start``/``after_finish``
+        callbacks. Celery (``broker_url``...), other modes than a daemon thread and
+        ``project_dir``/``entrypoint`` are refused.
         """
         return await asyncio.to_thread(
             self.deploy_sync,
-            func,
+            app,
+            runner,
             endpoint_path,
             request_model,
             response_type,
+            stream,
             before_start,
             after_finish,
+            mode,
+            custom_endpoints,
+            protocol_adapters,
+            broker_url,
+            backend_url,
+            enable_embedded_worker,
+            project_dir,
+            entrypoint,
             settings=settings,
             key_store=key_store,
             **kwargs,
@@ -126,12 +163,22 @@ class LocalDeployManager(DeployManager):
 
     def deploy_sync(
         self,
-        func: AgentApp | Callable[[Any], Any],
+        app: AgentApp | Callable[..., Any] | None = None,
+        runner: Runner | None = None,
         endpoint_path: str = "/process",
         request_model: type[BaseModel] | None = AgentRequest,
         response_type: str = "sse",
+        stream: bool = True,
         before_start: Callable[..., Any] | None = None,
         after_finish: Callable[..., Any] | None = None,
+        mode: DeploymentMode = DeploymentMode.DAEMON_THREAD,
+        custom_endpoints: list[dict[str, Any]] | None = None,
+        protocol_adapters: list[Any] | None = None,
+        broker_url: str | None = None,
+        backend_url: str | None = None,
+        enable_embedded_worker: bool = False,
+        project_dir: str | None = None,
+        entrypoint: str | None = None,
         *,
         settings: Settings | None = None,
         key_store: KeyStore | None = None,
@@ -140,10 +187,21 @@ class LocalDeployManager(DeployManager):
         """The blocking twin of :meth:`deploy`."""
         if self.is_running:
             raise RuntimeError(f"already serving at {self.service_url}; stop() it first")
-        if isinstance(func, AgentApp):
+        if DeploymentMode(mode) is not DeploymentMode.DAEMON_THREAD:
+            raise ValueError("only DeploymentMode.DAEMON_THREAD is supported")
+        if broker_url or backend_url or enable_embedded_worker or project_dir or entrypoint:
+            raise TypeError(
+                "Celery workers and detached projects are not supported: deploy an AgentApp"
+            )
+        if app is None and runner is not None:
+            app = AgentApp(runner=runner, endpoint_path=endpoint_path)
+            endpoint_path = app.endpoint_path
+        if app is None:
+            raise TypeError("deploy() needs an app (an AgentApp or a function) or a runner")
+        if isinstance(app, AgentApp):
             customised = (
-                endpoint_path != "/process",
-                request_model is not AgentRequest,
+                endpoint_path != app.endpoint_path,
+                request_model not in (None, AgentRequest, app.request_model),
                 response_type != "sse",
                 before_start is not None,
                 after_finish is not None,
@@ -154,14 +212,18 @@ class LocalDeployManager(DeployManager):
                     "an AgentApp carries its own endpoint_path, request_model and hooks: "
                     "set them on the AgentApp"
                 )
+            for spec in custom_endpoints or []:
+                app.custom_endpoints.append(
+                    {"methods": ["POST"], **spec, "handler": spec.get("handler") or spec["func"]}
+                )
             from agentscope_serverless.http import create_app
 
-            app = create_app(settings=settings, agent_app=func, key_store=key_store)
+            web_app = create_app(settings=settings, agent_app=app, key_store=key_store)
         else:
             from agentscope_serverless.http.function_app import create_function_app
 
-            app = create_function_app(
-                func,
+            web_app = create_function_app(
+                app,
                 endpoint_path=endpoint_path,
                 request_model=request_model,
                 response_type=response_type,
@@ -171,27 +233,59 @@ class LocalDeployManager(DeployManager):
                 settings=settings,
                 key_store=key_store,
             )
-        server = ServerThread(app, host=self.host, port=self.port)
-        url = server.start()
+        server = ServerThread(web_app, host=self.host, port=self.port)
+        url = server.start(timeout=self.startup_timeout)
         self._server = server
+        self._is_running = None
         self.deploy_id = str(uuid.uuid4())
         self._service_url = url
         return {"deploy_id": self.deploy_id, "url": url}
 
-    async def stop(self) -> None:
+    async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Stop the server (a no-op when nothing runs)."""
         await asyncio.to_thread(self.stop_sync)
+        return {"success": True, "deploy_id": deploy_id or self.deploy_id}
 
     def stop_sync(self) -> None:
         """The blocking twin of :meth:`stop`."""
         server, self._server = self._server, None
         if server is not None:
-            server.stop()
+            server.stop(timeout=self.shutdown_timeout)
         self._service_url = None
+        self._is_running = None
 
     @property
     def is_running(self) -> bool:
+        """Whether the server is up (settable, as in AgentScope, to record a state)."""
+        if self._is_running is not None:
+            return self._is_running
         return self._server is not None and self._server.running
 
+    @is_running.setter
+    def is_running(self, value: bool) -> None:
+        self._is_running = bool(value)
 
-__all__ = ["LocalDeployManager", "ServerThread"]
+    def is_service_running(self) -> bool:
+        """Whether the server is up."""
+        return self.is_running
+
+    def get_deployment_info(self) -> dict[str, Any]:
+        """Where and whether the deployment runs."""
+        return {
+            "deploy_id": self.deploy_id,
+            "host": self.host,
+            "port": self.port,
+            "url": self.service_url,
+            "is_running": self.is_running,
+        }
+
+
+__all__ = [
+    "DeployManager",
+    "Deployment",
+    "DeploymentMode",
+    "FastAPIAppFactory",
+    "LocalDeployManager",
+    "ProtocolAdapter",
+    "ServerThread",
+]

@@ -11,7 +11,19 @@ Alibaba Cloud credentials, and
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.archive import ArchiveDeployManager
+from agentscope_serverless.deployers.base import DeployManager, Deployment
+from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.packaging.archives import (
     MODELSTUDIO_MAX_ZIP_BYTES,
     ArchiveReport,
@@ -47,4 +59,170 @@ class ModelStudioDeployManager(ArchiveDeployManager):
         )
 
 
-__all__ = ["ModelStudioDeployManager"]
+class OSSConfig(BaseModel):
+    """Alibaba Cloud OSS, where AgentScope uploads the archive (kept; upload is not built in)."""
+
+    region: str = "cn-hangzhou"
+    access_key_id: str | None = None
+    access_key_secret: str | None = None
+    bucket_prefix: str = "tmpbucket-agentscope-runtime"
+
+    @classmethod
+    def from_env(cls) -> OSSConfig:
+        """From ``OSS_REGION`` and ``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``."""
+        return cls(
+            region=os.environ.get("OSS_REGION", "cn-hangzhou"),
+            access_key_id=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID"),
+            access_key_secret=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET"),
+        )
+
+    def ensure_valid(self) -> None:
+        """Raise when the access key is incomplete."""
+        if not (self.access_key_id and self.access_key_secret):
+            raise ConfigurationError("OSSConfig needs access_key_id and access_key_secret")
+
+
+class ModelstudioConfig(BaseModel):
+    """The ModelStudio workspace AgentScope deploys to (kept; upload is not built in)."""
+
+    endpoint: str = "bailian.cn-beijing.aliyuncs.com"
+    workspace_id: str | None = None
+    access_key_id: str | None = None
+    access_key_secret: str | None = None
+    dashscope_api_key: str | None = None
+
+    @classmethod
+    def from_env(cls) -> ModelstudioConfig:
+        """From ``MODELSTUDIO_*``, ``ALIBABA_CLOUD_ACCESS_KEY_*`` and ``DASHSCOPE_API_KEY``."""
+        return cls(
+            endpoint=os.environ.get("MODELSTUDIO_ENDPOINT", "bailian.cn-beijing.aliyuncs.com"),
+            workspace_id=os.environ.get("MODELSTUDIO_WORKSPACE_ID"),
+            access_key_id=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID"),
+            access_key_secret=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET"),
+            dashscope_api_key=os.environ.get("DASHSCOPE_API_KEY"),
+        )
+
+    def ensure_valid(self) -> None:
+        """Raise when the workspace or the access key is missing."""
+        if not (self.workspace_id and self.access_key_id and self.access_key_secret):
+            raise ConfigurationError(
+                "ModelstudioConfig needs workspace_id, access_key_id and access_key_secret"
+            )
+
+
+def default_deploy_name() -> str:
+    """A deployment name from the time: ``deploy-<epoch seconds>``."""
+    return f"deploy-{int(time.time())}"
+
+
+def generate_build_directory(platform: str = "unknown", workspace: Path | None = None) -> Path:
+    """A new directory ``.agentscope_serverless_builds/<platform>-<ns>`` in ``workspace``."""
+    root = (workspace or Path.cwd()) / ".agentscope_serverless_builds"
+    path = root / f"{platform}-{time.time_ns()}"
+    path.mkdir(parents=True)
+    return path
+
+
+def import_path_of(app: Any) -> str:
+    """``module:attribute`` of an app object defined at a module's top level."""
+    if isinstance(app, str):
+        return app
+    for name, module in list(sys.modules.items()):
+        for attribute, value in list(vars(module).items()) if module else []:
+            if value is app and name != "__main__":
+                return f"{name}:{attribute}"
+    raise ConfigurationError(
+        "the app must be a top-level attribute of an importable module (or pass 'module:attr')"
+    )
+
+
+class ModelstudioDeployManager(ModelStudioDeployManager):
+    """AgentScope's ModelStudio deployer: builds the archive of ``project_dir`` serving ``app``.
+
+    >>> manager = ModelstudioDeployManager(build_root="dist")
+    >>> # info = await manager.deploy(app=app, project_dir=".", skip_upload=True)
+    """
+
+    def __init__(
+        self,
+        oss_config: OSSConfig | None = None,
+        modelstudio_config: ModelstudioConfig | None = None,
+        build_root: str | Path | None = None,
+        state_manager: Any = None,
+    ) -> None:
+        super().__init__(build_root)
+        self.state_manager = state_manager
+        self.oss_config = oss_config or OSSConfig.from_env()
+        self.modelstudio_config = modelstudio_config or ModelstudioConfig.from_env()
+
+    async def deploy(  # type: ignore[override]
+        self,
+        app: Any = None,
+        runner: Any = None,
+        endpoint_path: str = "/process",
+        protocol_adapters: list[ProtocolAdapter] | None = None,
+        requirements: str | list[str] | None = None,
+        extra_packages: list[str] | None = None,
+        environment: dict[str, str] | None = None,
+        project_dir: str | Path | None = None,
+        cmd: str | None = None,
+        deploy_name: str | None = None,
+        skip_upload: bool = False,
+        telemetry_enabled: bool = True,
+        external_whl_path: str | None = None,
+        agent_id: str | None = None,
+        agent_desc: str | None = None,
+        custom_endpoints: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Build the archive; the project's own requirements come from ``project_dir``.
+
+        ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path`` and
+        ``runner`` (AgentScope's image-building inputs) are refused: the archive serves an
+        AgentApp of the project with its pinned dependencies.
+        """
+        refused = {
+            "runner": runner,
+            "requirements": requirements,
+            "extra_packages": extra_packages,
+            "cmd": cmd,
+            "external_whl_path": external_whl_path,
+        }
+        given = [name for name, value in refused.items() if value]
+        if given:
+            raise TypeError(f"not supported here: {', '.join(given)}")
+        if project_dir is not None:
+            self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
+        return await super().deploy(
+            import_path_of(app) if app is not None else "agentscope_serverless.agents.demo:app",
+            environment=environment,
+            deploy_name=deploy_name or default_deploy_name(),
+            skip_upload=skip_upload,
+            **kwargs,
+        )
+
+    def get_status(self) -> str:
+        """``built`` once an archive was built, else ``not_deployed``."""
+        return "built" if self.report is not None else "not_deployed"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalDeployManager":
+        from agentscope_serverless.deployers.local_deployer import LocalDeployManager
+
+        return LocalDeployManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DeployManager",
+    "Deployment",
+    "LocalDeployManager",  # noqa: F822 - imported on first use (it imports uvicorn)
+    "ModelStudioDeployManager",
+    "ModelstudioConfig",
+    "ModelstudioDeployManager",
+    "OSSConfig",
+    "ProtocolAdapter",
+    "default_deploy_name",
+    "generate_build_directory",
+]

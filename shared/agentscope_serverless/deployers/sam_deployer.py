@@ -108,7 +108,7 @@ class SAMDeployManager(DeployManager):
         )
         return info
 
-    async def stop(self) -> None:
+    async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> None:
         """Delete the stack this manager deployed (tables are retained); else nothing."""
         if self._deployed:
             await asyncio.to_thread(

@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -80,6 +80,7 @@ class RunStatus:
 
 
 AgentRole = Literal["assistant", "system", "user", "tool"]
+EventT = TypeVar("EventT", bound="Event")
 
 
 class FunctionParameters(BaseModel):
@@ -117,7 +118,67 @@ class FunctionCallOutput(BaseModel):
     """The result of a function call."""
 
     call_id: str
+    name: str | None = None
     output: str
+
+
+class ToolCall(BaseModel):
+    """A tool call (``arguments`` is JSON text)."""
+
+    arguments: str
+    call_id: str
+    name: str
+
+
+class ToolCallOutput(BaseModel):
+    """The output of a tool call."""
+
+    call_id: str
+    output: str
+
+
+class McpCall(BaseModel):
+    """A call of a tool of an MCP server."""
+
+    call_id: str | None = None
+    arguments: str | None = None
+    name: str | None = None
+    server_label: str | None = None
+
+
+class McpCallOutput(BaseModel):
+    """The output of an MCP tool call."""
+
+    call_id: str
+    name: str | None = None
+    output: str
+
+
+class McpListToolsTool(BaseModel):
+    """One tool an MCP server offers."""
+
+    input_schema: object
+    name: str
+    annotations: object | None = None
+    description: str | None = None
+
+
+class McpListTools(BaseModel):
+    """The tools an MCP server offers (or the error listing them)."""
+
+    id: str
+    server_label: str
+    tools: list[McpListToolsTool]
+    error: str | None = None
+
+
+class McpApprovalRequest(BaseModel):
+    """A request for approval of an MCP tool call."""
+
+    id: str
+    arguments: str
+    name: str
+    server_label: str
 
 
 class Error(BaseModel):
@@ -479,6 +540,7 @@ class BaseRequest(BaseModel):
 
     input: list[Message]
     stream: bool = True
+    id: str | None = None
 
 
 class AgentRequest(BaseRequest):
@@ -489,7 +551,6 @@ class AgentRequest(BaseRequest):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str | None = None
     model: str | None = None
     top_p: float | None = None
     temperature: float | None = None
@@ -524,6 +585,19 @@ class BaseResponse(Event):
     output: list[Message] | None = None
     usage: dict[str, Any] | None = None
 
+    @field_validator("id", mode="before")
+    @classmethod
+    def validate_id(cls, v: Any) -> Any:
+        """A missing id becomes a new ``response_<uuid>``."""
+        return _new_response_id() if v is None else v
+
+    def completed(self) -> Self:
+        """Set the status to ``completed`` and ``completed_at`` to now (if not set)."""
+        self.status = RunStatus.Completed
+        if self.completed_at is None:
+            self.completed_at = _now()
+        return self
+
     def add_new_message(self, message: Message) -> None:
         """Add ``message`` to the output, replacing an earlier message with the same id."""
         if self.output is None:
@@ -539,6 +613,29 @@ class AgentResponse(BaseResponse):
     """The response of an agent to an :class:`AgentRequest`."""
 
     session_id: str | None = None
+
+
+class SequenceNumberGenerator:
+    """Numbers the events of a stream from ``start``.
+
+    >>> numbers = SequenceNumberGenerator()
+    >>> numbers.next(), numbers.next()
+    (0, 1)
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self.current = start
+
+    def next(self) -> int:
+        """The next number."""
+        number = self.current
+        self.current += 1
+        return number
+
+    def yield_with_sequence(self, event: EventT) -> EventT:
+        """``event`` with the next number as its ``sequence_number``."""
+        event.sequence_number = self.next()
+        return event
 
 
 def convert_to_openai_tool_call(function: FunctionCall) -> dict[str, Any]:
@@ -617,13 +714,21 @@ __all__ = [
     "FunctionParameters",
     "FunctionTool",
     "ImageContent",
+    "McpApprovalRequest",
+    "McpCall",
+    "McpCallOutput",
+    "McpListTools",
+    "McpListToolsTool",
     "Message",
     "MessageType",
     "RefusalContent",
     "Role",
     "RunStatus",
+    "SequenceNumberGenerator",
     "TextContent",
     "Tool",
+    "ToolCall",
+    "ToolCallOutput",
     "convert_to_openai_messages",
     "convert_to_openai_tool_call",
     "convert_to_openai_tools",

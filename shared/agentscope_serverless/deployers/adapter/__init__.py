@@ -1,0 +1,1 @@
+"""Protocol adapters: extra protocols an agent app may serve (AgentScope's names)."""
