@@ -123,8 +123,9 @@ class Runner(ServiceLifecycleManagerMixin):
     async def query_handler(self, *args: Any, **kwargs: Any) -> Any:
         """The agent: override it in a subclass, or pass a function to the constructor.
 
-        Called as ``query_handler(msgs, request=..., response=..., session=...,
-        memories=...)``; see the module's documentation for what it may produce.
+        Called with keywords, as AgentScope's: ``query_handler(msgs=..., request=...,
+        response=..., session=..., memories=...)``; see the module's documentation for what
+        it may produce.
         """
         raise ConfigurationError("no query handler: register one with @app.query(...)")
 
@@ -345,7 +346,7 @@ class Runner(ServiceLifecycleManagerMixin):
         if self._agentscope_msg is not None:
             msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
         result = self.query_handler(
-            msgs,
+            msgs=msgs,
             request=request,
             response=turn.response,
             session=session,

@@ -1,0 +1,1 @@
+"""Helpers: an HTTP client of an agent API, and runners for tests."""
