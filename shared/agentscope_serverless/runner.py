@@ -345,7 +345,7 @@ class Runner(ServiceLifecycleManagerMixin):
         msgs: list[Any] = list(request.input)
         if self._agentscope_msg is not None:
             msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
-        result = self.query_handler(
+        result: Any = self.query_handler(
             msgs=msgs,
             request=request,
             response=turn.response,

@@ -186,7 +186,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return func
 
     @overload
-    def query(self, framework: str | None = "text") -> Callable[[HandlerT], HandlerT]: ...
+    def query(  # type: ignore[overload-overlap]  # a framework name registers
+        self, framework: str | None = "text"
+    ) -> Callable[[HandlerT], HandlerT]: ...
 
     @overload
     def query(

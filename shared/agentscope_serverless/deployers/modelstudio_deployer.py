@@ -155,7 +155,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         self.oss_config = oss_config or OSSConfig.from_env()
         self.modelstudio_config = modelstudio_config or ModelstudioConfig.from_env()
 
-    async def deploy(  # type: ignore[override]
+    async def deploy(
         self,
         app: Any = None,
         runner: Any = None,

@@ -64,8 +64,10 @@ class AgentAPIClientBase(ABC):
     @abstractmethod
     async def astream(self, request: AgentRequest) -> AsyncIterator[Event]:
         """The events of ``request``, as they come (async)."""
+        nothing: tuple[Event, ...] = ()
+        for event in nothing:  # an async generator, like the implementations
+            yield event
         raise NotImplementedError
-        yield  # an async generator, like the implementations
 
 
 class HTTPAgentAPIClient(AgentAPIClientBase):

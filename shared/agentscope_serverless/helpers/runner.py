@@ -30,8 +30,10 @@ class ErrorRunner(Runner):
     async def query_handler(  # type: ignore[override]
         self, request: AgentRequest | None = None, **kwargs: Any
     ) -> AsyncIterator[str]:
+        nothing: tuple[str, ...] = ()
+        for piece in nothing:  # an async generator, like a streaming agent
+            yield piece
         raise RuntimeError("error runner")
-        yield ""  # an async generator, like a streaming agent
 
 
 __all__ = ["AgentRequest", "ErrorRunner", "Runner", "SimpleRunner"]

@@ -6,7 +6,6 @@ Events, one ``data: <JSON>`` line per item (text items are sent as JSON strings)
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable
@@ -30,7 +29,6 @@ def _encode(item: Any) -> str:
 def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     """``handler`` (a generator function) as an endpoint returning an SSE response."""
 
-    @functools.wraps(handler)
     async def endpoint(*args: Any, **kwargs: Any) -> StreamingResponse:
         items = handler(*args, **kwargs)
 
@@ -44,6 +42,14 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
+    # The handler's parameters (annotations resolved in its own module), so FastAPI reads
+    # the request the same way; the result is the SSE response.
+    signature = inspect.signature(handler, eval_str=True)
+    endpoint.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation=StreamingResponse
+    )
+    endpoint.__name__ = getattr(handler, "__name__", "stream")
+    endpoint.__doc__ = handler.__doc__
     return endpoint
 
 

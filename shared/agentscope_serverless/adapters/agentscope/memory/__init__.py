@@ -1,0 +1,83 @@
+"""An AgentScope memory kept in a session history service.
+
+>>> memory = AgentScopeSessionHistoryMemory(
+...     service=session_history_service, session_id="s1", user_id="alice"
+... )
+>>> agent = ReActAgent(..., memory=memory)
+
+What the agent adds is appended to the session (atomically, as any append); what it reads
+is the session's history, so a new process (a new Lambda instance) picks the conversation
+up where it was. ``state_dict()`` is empty: the state lives in the service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentscope.memory import MemoryBase  # type: ignore[import-not-found]
+
+from agentscope_serverless.adapters.agentscope.message import (
+    agentscope_msg_to_message,
+    message_to_agentscope_msg,
+)
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+
+class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
+    """The history of ``(user_id, session_id)`` in ``service``, as an AgentScope memory."""
+
+    def __init__(self, service: SessionHistoryService, session_id: str, user_id: str) -> None:
+        super().__init__()
+        self.service = service
+        self.session_id = session_id
+        self.user_id = user_id
+
+    async def _session(self) -> Session:
+        session = await self.service.get_session(self.user_id, self.session_id)
+        if session is None:
+            session = await self.service.create_session(self.user_id, self.session_id)
+        return session
+
+    async def add(self, memories: Any, allow_duplicates: bool = False) -> None:
+        """Append ``memories`` (a ``Msg`` or a list; None is ignored) to the session."""
+        if memories is None:
+            return
+        msgs = memories if isinstance(memories, list) else [memories]
+        msgs = [m for m in msgs if m is not None]
+        if not msgs:
+            return
+        session = Session(id=self.session_id, user_id=self.user_id)
+        await self.service.append_message(session, agentscope_msg_to_message(msgs))
+
+    async def get_memory(self) -> list[Any]:
+        """The session's history as ``Msg``\\ s, oldest first."""
+        session = await self._session()
+        return [message_to_agentscope_msg(m) for m in session.messages]
+
+    async def size(self) -> int:
+        """How many messages the session holds."""
+        return len((await self._session()).messages)
+
+    async def clear(self) -> None:
+        """Empty the session (its id stays)."""
+        await self.service.delete_session(self.user_id, self.session_id)
+        await self.service.create_session(self.user_id, self.session_id)
+
+    async def delete(self, index: Any) -> None:
+        """Not supported: a session's history is append-only."""
+        raise NotImplementedError("a session's history is append-only; clear() empties it")
+
+    async def retrieve(self, *args: Any, **kwargs: Any) -> None:
+        """Not supported: search long-term memory with a memory service instead."""
+        raise NotImplementedError("use a memory service's search_memory() to retrieve")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: the history lives in the service."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Nothing to load: the history lives in the service."""
+
+
+__all__ = ["AgentScopeSessionHistoryMemory"]

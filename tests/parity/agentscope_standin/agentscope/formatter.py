@@ -1,0 +1,5 @@
+"""A formatter that is never called (the scripted agent needs none)."""
+
+
+class DashScopeChatFormatter:
+    pass

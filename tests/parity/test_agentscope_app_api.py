@@ -1,0 +1,143 @@
+"""AgentApp and Runner as AgentScope's: ``runner=`` with a Runner subclass, services assigned
+in an init handler, custom endpoints behind auth, ``get_fastapi_app()``, ``deploy()``, and
+the agent API client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless import AgentApp, LocalDeployManager, Runner
+from agentscope_serverless.helpers.agent_api_client import (
+    AgentAPIError,
+    HTTPAgentAPIClient,
+    create_simple_text_request,
+    extract_text_from_event,
+)
+from agentscope_serverless.schemas.agent_schemas import AgentResponse
+from agentscope_serverless.services.agent_state import InMemoryStateService
+from agentscope_serverless.settings import load_settings
+from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
+
+
+class CountingRunner(Runner):
+    """A Runner subclass, as AgentScope users write them: handlers are methods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.framework_type = "text"
+        self.events: list[str] = []
+
+    async def init_handler(self, *args: Any, **kwargs: Any) -> None:
+        self.state_service = InMemoryStateService()
+        await self.state_service.start()
+        self.events.append("init")
+
+    async def shutdown_handler(self, *args: Any, **kwargs: Any) -> None:
+        assert self.state_service is not None
+        await self.state_service.stop()
+        self.events.append("shutdown")
+
+    async def query_handler(self, *args: Any, **kwargs: Any) -> AsyncIterator[str]:
+        request = kwargs["request"]
+        assert self.state_service is not None
+        state = await self.state_service.export_state(request.user_id, request.session_id)
+        count = (state or {}).get("count", 0) + 1
+        await self.state_service.save_state(request.user_id, {"count": count}, request.session_id)
+        yield f"turn {count}"
+
+
+def build_app(runner: Runner) -> AgentApp:
+    app = AgentApp(app_name="counter", runner=runner)
+
+    @app.endpoint("/sync", methods=["POST"])
+    def sync_handler(body: dict[str, Any]) -> dict[str, Any]:
+        return {"got": body}
+
+    @app.endpoint("/async", methods=["GET"])
+    async def async_handler(name: str = "x") -> dict[str, str]:
+        await asyncio.sleep(0)
+        return {"hello": name}
+
+    @app.endpoint("/stream", methods=["POST"])
+    async def stream_handler(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
+        for i in range(int(body["n"])):
+            yield {"i": i}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, str, CountingRunner]]:
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    runner = CountingRunner()
+    app = build_app(runner)
+    with running(app.get_fastapi_app(settings=load_settings(), key_store=store)) as url:
+        yield url, key, runner
+    assert runner.events == ["init", "shutdown"]
+
+
+def test_a_runner_subclass_keeps_state_assigned_in_its_init(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    url, key, runner = served
+    assert runner.events == ["init"]
+    client = HTTPAgentAPIClient(f"{url}/process", token=key)
+    texts = []
+    for _ in range(2):
+        events = list(client.stream(create_simple_text_request("hi", session_id="c1")))
+        assert isinstance(events[-1], AgentResponse) and events[-1].status == "completed"
+        texts.append("".join(extract_text_from_event(e) or "" for e in events))
+    assert texts == ["turn 1", "turn 2"]
+
+
+async def test_the_async_client_streams_and_raises_on_refusal(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    url, key, _ = served
+    client = HTTPAgentAPIClient(f"{url}/process", token=key)
+    events = [e async for e in client.astream(create_simple_text_request("hi", session_id="c2"))]
+    assert "".join(extract_text_from_event(e) or "" for e in events) == "turn 1"
+    bad = HTTPAgentAPIClient(f"{url}/process", token="ask_wrong")
+    with pytest.raises(AgentAPIError, match="401"):
+        [e async for e in bad.astream(create_simple_text_request("hi"))]
+    with pytest.raises(AgentAPIError, match="401"):
+        list(bad.stream(create_simple_text_request("hi")))
+
+
+def test_custom_endpoints_sync_async_and_streaming_behind_auth(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    url, key, _ = served
+    with httpx.Client(base_url=url, timeout=10) as anonymous:
+        assert anonymous.post("/sync", json={"a": 1}).status_code == 401
+        assert anonymous.get("/async").status_code == 401
+        assert anonymous.post("/stream", json={"n": 2}).status_code == 401
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:
+        assert client.post("/sync", json={"a": 1}).json() == {"got": {"a": 1}}
+        assert client.get("/async", params={"name": "ann"}).json() == {"hello": "ann"}
+        response = client.post("/stream", json={"n": 3})
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert parse_sse(response.text.splitlines()).data == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+async def test_deploy_serves_the_app_with_a_local_deployer() -> None:
+    store = InMemoryKeyStore()
+    key = await asyncio.to_thread(issue_key, store, "dev")
+    deployer = LocalDeployManager(host="127.0.0.1", port=0)
+    app = build_app(CountingRunner())
+    info = await app.deploy(deployer, settings=load_settings(), key_store=store)
+    try:
+        assert deployer.is_running and deployer.is_service_running()
+        async with httpx.AsyncClient(base_url=info["url"], headers=bearer(key)) as client:
+            assert (await client.get("/async")).json() == {"hello": "x"}
+    finally:
+        result = await deployer.stop(info["deploy_id"])
+    assert result["success"] and not deployer.is_running
+    deployer.is_running = True
+    assert deployer.is_running
