@@ -60,6 +60,8 @@ _THROTTLING = {
     "RequestLimitExceeded",
 }
 _TRANSIENT = _THROTTLING | {"InternalServerError", "ServiceUnavailable"}
+# The most items one TransactWriteItems request may hold.
+_TRANSACTION_ITEMS = 100
 _RETRY_DELAYS = (0.05, 0.2)
 
 # Expression attribute names used by the backends (several are DynamoDB reserved words).
@@ -70,6 +72,7 @@ NAMES = {
     "#o": "creation_order",
     "#p": "part",
     "#s": "stamped_until",
+    "#i": "indexed",
     "#pk": "pk",
 }
 
@@ -301,7 +304,7 @@ class DynamoDBStore:
         """
         if self._client is None:
             raise StoreUnavailableError("dynamodb", "the client is closed")
-        if operation != "batch_write_item":
+        if operation not in ("batch_write_item", "transact_write_items"):
             kwargs["TableName"] = self.table_name
         method = getattr(self._client, operation)
         attempt = 0
@@ -344,6 +347,19 @@ class DynamoDBStore:
     async def delete(self, keys: list[Item]) -> None:
         """Delete the items with these keys (missing ones are fine)."""
         await self._batch([{"DeleteRequest": {"Key": key}} for key in keys])
+
+    async def delete_together(self, keys: list[Item]) -> None:
+        """Delete the items with these keys in transactions of up to 100 items (one
+        transaction, all or nothing, when there are at most 100)."""
+        for start in range(0, len(keys), _TRANSACTION_ITEMS):
+            chunk = keys[start : start + _TRANSACTION_ITEMS]
+            await self.run(
+                "transact_write_items",
+                idempotent=True,
+                TransactItems=[
+                    {"Delete": {"TableName": self.table_name, "Key": key}} for key in chunk
+                ],
+            )
 
     async def read_container(self, key: Item, ttl: int | None) -> Item | None:
         """The live meta item at ``key``; with a TTL, reading it also slides its expiry."""

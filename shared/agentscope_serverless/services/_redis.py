@@ -63,6 +63,11 @@ def user_key_prefix(key_prefix: str, kind: str, user_id: str) -> str:
     return f"{key_prefix}:{kind}:{{{escape(user_id)}}}"
 
 
+def glob_escape(value: str) -> str:
+    """``value`` with the glob characters of ``SCAN MATCH`` escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
 def text(value: Any) -> str:
     """A reply as ``str``, whether the client decodes responses or not."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -178,6 +183,23 @@ class RedisStore:
                     continue
                 raise StoreUnavailableError("redis", self._redact(exc)) from None
 
+    async def unlink_matching(self, pattern: str) -> int:
+        """UNLINK every key matching the glob ``pattern`` (on every node of a cluster).
+
+        A scan, so not atomic and O(keyspace): for operators' actions only, never a
+        request's path. Returns how many keys were removed.
+        """
+        removed = 0
+        try:
+            await self._connect()
+            if self._client is None:
+                raise StoreUnavailableError("redis", "the client is closed")
+            async for key in self._client.scan_iter(match=pattern, count=1000):
+                removed += int(await self._client.unlink(key))
+        except (RedisError, RedisClusterException, OSError) as exc:
+            raise StoreUnavailableError("redis", self._redact(exc)) from None
+        return removed
+
     async def _connect(self) -> None:
         # A cluster client discovers the nodes before its first command; done once, under a
         # lock, because concurrent first commands make redis-py discover them concurrently
@@ -269,6 +291,7 @@ __all__ = [
     "RedisClient",
     "RedisStore",
     "escape",
+    "glob_escape",
     "text",
     "user_key_prefix",
 ]

@@ -92,6 +92,15 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         await self._delete(user_id, session_id_or_default(session_id))
 
+    async def delete_user_state(self, user_id: str) -> None:
+        """Delete the state of every session of ``user_id``, at once."""
+        self._ensure_started()
+        await self._delete_user_state(require_user_id(user_id))
+
+    @abstractmethod
+    async def _delete_user_state(self, user_id: str) -> None:
+        """Remove every round of every session of the user."""
+
     @abstractmethod
     async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
         """Atomically allocate the round after the highest one and store ``state`` there."""

@@ -10,6 +10,9 @@ pk                 sk                     attributes
                                           ``generation``, ``expires_at``, ``stamped_until``
 ``STATE#U#S``      ``R#<gen>#<round>``    one round: ``body`` (state JSON), ``expires_at``
                                           (larger ones: head plus tail items)
+``STATE_USER#U``   ``S#<S>``              ``state_pk``: the user's index of sessions with
+                                          state (written once per session, at its first
+                                          save; the meta item is then marked ``indexed``)
 =================  =====================  ==============================================
 
 - **Save without a round**: one ``UpdateItem ADD max_round 1`` on the meta item allocates
@@ -19,12 +22,15 @@ pk                 sk                     attributes
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
   order, stopping at the first complete round).
 - **Delete** removes the meta item (the state is gone at once), then the rounds.
+- **Delete a user's state**: the meta items of every indexed session in one transaction
+  (up to 100 items: the state is gone at once), then the rounds and the index.
 - **TTL** (``ttl_seconds``): a sliding expiry of the session's state, refreshed by every
   read and write; see :mod:`agentscope_serverless.services._dynamodb`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -220,9 +226,61 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
 
     # --- the service hooks --------------------------------------------------------------
 
+    async def _index(self, user_id: str, session_id: str, meta: Item) -> None:
+        """Record the session in the user's index, once (so the user's state can be found)."""
+        if "indexed" in meta:
+            return
+        pk = self._pk(user_id, session_id)
+        await self._store.put(
+            [
+                {
+                    "pk": s(f"STATE_USER#{id_hash(user_id)}"),
+                    "sk": s(f"S#{id_hash(session_id)}"),
+                    "state_pk": s(pk),
+                }
+            ]
+        )
+        with contextlib.suppress(ConditionFailed):  # deleted meanwhile: nothing to mark
+            await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key={"pk": s(pk), "sk": s("META")},
+                UpdateExpression="SET #i = :true",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames=names("#i"),
+                ExpressionAttributeValues={":true": {"BOOL": True}},
+            )
+
+    async def _delete_user_state(self, user_id: str) -> None:
+        index = [
+            item
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": s(f"STATE_USER#{id_hash(user_id)}")},
+                ConsistentRead=True,
+            )
+        ]
+        metas = [{"pk": item["state_pk"], "sk": s("META")} for item in index]
+        await self._store.delete_together(metas)
+        for item in index:
+            rounds = [
+                {"pk": found["pk"], "sk": found["sk"]}
+                async for found in self._store.query(
+                    KeyConditionExpression="pk = :pk",
+                    ExpressionAttributeValues={":pk": item["state_pk"]},
+                    ProjectionExpression="pk, sk",
+                    ConsistentRead=True,
+                )
+            ]
+            if rounds:
+                await self._store.delete(rounds)
+        if index:
+            await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
+
     async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
         pk = self._pk(user_id, session_id)
         meta = await self._live_meta(pk, allocate=True)
+        await self._index(user_id, session_id, meta)
         round_id = number(meta, "max_round")
         await self._write_round(pk, meta, round_id, state)
         return round_id
@@ -232,6 +290,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
     ) -> None:
         pk = self._pk(user_id, session_id)
         meta = await self._live_meta(pk, allocate=False)
+        await self._index(user_id, session_id, meta)
         if number(meta, "max_round") < round_id:
             await self._store.set_if(
                 {"pk": s(pk), "sk": s("META")},

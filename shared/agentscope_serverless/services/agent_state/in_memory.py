@@ -43,6 +43,9 @@ class InMemoryStateService(StateService):
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         return sorted(self._states.get(user_id, {}).get(session_id, {}))
 
+    async def _delete_user_state(self, user_id: str) -> None:
+        self._states.pop(user_id, None)
+
     async def _delete(self, user_id: str, session_id: str) -> None:
         sessions = self._states.get(user_id)
         if sessions is not None:

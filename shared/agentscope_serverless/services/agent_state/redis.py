@@ -4,6 +4,7 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
 
     <prefix>:state:{U}:s:S:rounds    ZSET  round id -> round id (ordered rounds)
     <prefix>:state:{U}:s:S:states    HASH  round id -> state JSON
+    <prefix>:state:{U}:sessions      SET   the user's session ids with state
 
 Allocating the next round (highest + 1) and storing the state happen in one script, so
 concurrent saves get distinct rounds. With ``ttl_seconds`` every read and write refreshes
@@ -24,7 +25,7 @@ from agentscope_serverless.services._redis import (
 )
 from agentscope_serverless.services.agent_state.base import StateService
 
-# KEYS: rounds, states. ARGV[1]: ttl.
+# KEYS: rounds, states, the user's index. ARGV[1]: ttl, ..., ARGV[#ARGV]: the session id.
 _SAVE_NEXT = (
     LUA_TOUCH
     + """
@@ -32,6 +33,7 @@ local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local round = string.format('%d', (tonumber(top[2]) or 0) + 1)
 redis.call('ZADD', KEYS[1], round, round)
 redis.call('HSET', KEYS[2], round, ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[#ARGV])
 touch(tonumber(ARGV[1]), KEYS)
 return round
 """
@@ -42,6 +44,7 @@ _SAVE_ROUND = (
     + """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[#ARGV])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
@@ -70,7 +73,26 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 )
 
 _DELETE = """
+redis.call('SREM', KEYS[3], ARGV[#ARGV])
 return redis.call('DEL', KEYS[1], KEYS[2])
+"""
+
+# KEYS: the user's index, then the rounds and states keys of the sessions the caller read
+# from it. ARGV: those session ids. Deletes only when the index still holds exactly them.
+_MEMBERS = """
+return redis.call('SMEMBERS', KEYS[1])
+"""
+
+_DELETE_USER = """
+local expected = {}
+for _, id in ipairs(ARGV) do expected[id] = true end
+local now = redis.call('SMEMBERS', KEYS[1])
+if #now ~= #ARGV then return 0 end
+for _, id in ipairs(now) do
+  if not expected[id] then return 0 end
+end
+redis.call('DEL', unpack(KEYS))
+return 1
 """
 
 
@@ -83,14 +105,32 @@ class RedisStateService(RedisBackedService, StateService):
     :class:`~agentscope_serverless.services.session_history.redis.RedisSessionHistoryService`.
     """
 
+    def _keys(self, user_id: str, session_id: str) -> list[str]:
+        user = user_key_prefix(self._redis.key_prefix, "state", user_id)
+        base = f"{user}:s:{escape(session_id)}"
+        return [f"{base}:rounds", f"{base}:states", f"{user}:sessions"]
+
     async def _call(
         self, script: str, user_id: str, session_id: str, *args: Any, idempotent: bool
     ) -> Any:
-        base = user_key_prefix(self._redis.key_prefix, "state", user_id)
-        base = f"{base}:s:{escape(session_id)}"
         return await self._redis.run(
-            script, [f"{base}:rounds", f"{base}:states"], [self._ttl, *args], idempotent=idempotent
+            script,
+            self._keys(user_id, session_id),
+            [self._ttl, *args, session_id],
+            idempotent=idempotent,
         )
+
+    async def _delete_user_state(self, user_id: str) -> None:
+        index = f"{user_key_prefix(self._redis.key_prefix, 'state', user_id)}:sessions"
+        while True:
+            session_ids = [
+                text(s) for s in await self._redis.run(_MEMBERS, [index], [], idempotent=True)
+            ]
+            keys = [index]
+            for session_id in session_ids:
+                keys += self._keys(user_id, session_id)[:2]
+            if int(await self._redis.run(_DELETE_USER, keys, session_ids, idempotent=True)):
+                return
 
     async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
         round_id = await self._call(

@@ -114,6 +114,25 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
             )
         await self._delete(user_id, sid)
 
+    async def delete_user_memory(self, user_id: str) -> None:
+        """Forget every memory of ``user_id``, at once (``delete_memory(user_id)``)."""
+        await self.delete_memory(user_id, None)
+
+    async def clear_all_memory(self) -> None:
+        """Forget every user's memories (an operator's action: it spans all users)."""
+        self._ensure_started()
+        await self._clear_all()
+
+    async def get_query_text(self, message: Message) -> str:
+        """The text a search uses from ``message``: its text content (``""`` if none)."""
+        if isinstance(message, Message) and message.type == "message":
+            return message.get_text_content() or ""
+        return ""
+
+    @abstractmethod
+    async def _clear_all(self) -> None:
+        """Remove every user's memories."""
+
     @abstractmethod
     async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
         """Store and index ``messages`` (validated copies) after the user's other memories."""

@@ -80,6 +80,9 @@ class InMemoryMemoryService(MemoryService):
         ordered = sorted(user.memories)[offset : offset + limit]
         return [user.memories[seq].message.model_copy(deep=True) for seq in ordered]
 
+    async def _clear_all(self) -> None:
+        self._users.clear()
+
     async def _delete(self, user_id: str, session_id: str | None) -> None:
         user = self._users.get(user_id)
         if user is None:

@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import json
 
+from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._redis import (
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_REDIS_URL,
     LUA_TOUCH,
     MAX_POSITION,
     RedisBackedService,
+    RedisClient,
     escape,
+    glob_escape,
     user_key_prefix,
 )
 from agentscope_serverless.services.memory.base import MemoryService
@@ -325,6 +330,46 @@ class RedisMemoryService(RedisBackedService, MemoryService):
     :class:`~agentscope_serverless.services.session_history.redis.RedisSessionHistoryService`;
     ``ttl_seconds=None`` (the default) keeps memory forever.
     """
+
+    def __init__(
+        self,
+        redis_url: str = DEFAULT_REDIS_URL,
+        redis_client: RedisClient | None = None,
+        socket_timeout: float | None = 5.0,
+        socket_connect_timeout: float | None = 5.0,
+        max_connections: int | None = None,
+        retry_on_timeout: bool = True,
+        ttl_seconds: int | None = None,
+        max_messages_per_session: int | None = None,
+        health_check_interval: float = 30.0,
+        socket_keepalive: bool = True,
+        *,
+        password: str | None = None,
+        cluster: bool = False,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        if max_messages_per_session is not None:
+            raise ConfigurationError(
+                "max_messages_per_session does not apply to long-term memory: "
+                "memories are kept until deleted (or MEMORY_TTL_SECONDS)"
+            )
+        super().__init__(
+            redis_url,
+            redis_client,
+            socket_timeout,
+            socket_connect_timeout,
+            max_connections,
+            retry_on_timeout,
+            ttl_seconds,
+            health_check_interval,
+            socket_keepalive,
+            password=password,
+            cluster=cluster,
+            key_prefix=key_prefix,
+        )
+
+    async def _clear_all(self) -> None:
+        await self._redis.unlink_matching(f"{glob_escape(self._redis.key_prefix)}:memory:*")
 
     def _keys(self, user_id: str) -> list[str]:
         base = user_key_prefix(self._redis.key_prefix, "memory", user_id)

@@ -77,6 +77,15 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         if sid is not None:
             await self._delete_session(user_id, sid)
 
+    async def delete_user_sessions(self, user_id: str) -> None:
+        """Delete every session of ``user_id`` with its history, at once.
+
+        Sessions created after the call started may survive; none of those before do, and
+        no other user's are touched.
+        """
+        self._ensure_started()
+        await self._delete_user_sessions(require_user_id(user_id))
+
     async def list_sessions(self, user_id: str) -> list[Session]:
         """Every session of ``user_id`` in creation order, with ``messages == []``."""
         sessions: list[Session] = []
@@ -169,6 +178,10 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> None:
         """Atomically append ``messages`` (already validated) in order, creating the session."""
+
+    @abstractmethod
+    async def _delete_user_sessions(self, user_id: str) -> None:
+        """Remove every session of the user and their messages."""
 
 
 __all__ = ["MAX_PAGE_SIZE", "SessionHistoryService"]

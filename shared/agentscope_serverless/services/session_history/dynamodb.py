@@ -325,6 +325,37 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         if keys:
             await self._store.delete(keys)
 
+    async def _delete_user_sessions(self, user_id: str) -> None:
+        # The user's session items (and creation counter) go first, together: up to 99
+        # sessions in one transaction, so they vanish at once; then their messages.
+        pk = s(f"USER#{id_hash(user_id)}")
+        items = [
+            item
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": pk},
+                ConsistentRead=True,
+            )
+        ]
+        sessions = [item for item in items if item["sk"]["S"].startswith("SESSION#")]
+        keys = [{"pk": item["pk"], "sk": item["sk"]} for item in sessions]
+        keys.append({"pk": pk, "sk": s("COUNTER")})
+        await self._store.delete_together(keys)
+        for item in sessions:
+            messages = [
+                {"pk": message["pk"], "sk": message["sk"]}
+                async for message in self._store.query(
+                    KeyConditionExpression="pk = :pk",
+                    ExpressionAttributeValues={
+                        ":pk": s(self._messages_pk(user_id, item["session_id"]["S"]))
+                    },
+                    ProjectionExpression="pk, sk",
+                    ConsistentRead=True,
+                )
+            ]
+            if messages:
+                await self._store.delete(messages)
+
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
     ) -> Page[Session]:

@@ -47,6 +47,9 @@ class InMemorySessionHistoryService(SessionHistoryService):
         if not user_sessions:
             self._sessions.pop(user_id, None)
 
+    async def _delete_user_sessions(self, user_id: str) -> None:
+        self._sessions.pop(user_id, None)
+
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
     ) -> Page[Session]:

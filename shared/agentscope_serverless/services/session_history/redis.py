@@ -116,6 +116,20 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
+# KEYS: index, expiry, counter, then the meta and messages keys of the sessions the caller
+# read from the index. ARGV: the counter value then. Deletes only when no session was
+# created since (else returns 0 and the caller reads the index again).
+_DELETE_USER = """
+if (redis.call('GET', KEYS[3]) or '') ~= ARGV[1] then return 0 end
+redis.call('DEL', unpack(KEYS))
+return 1
+"""
+
+# KEYS: index, expiry, counter. The counter and every session id of the index.
+_READ_INDEX = """
+return {redis.call('GET', KEYS[3]), redis.call('ZRANGE', KEYS[1], 0, -1)}
+"""
+
 # KEYS: index, expiry, counter. ARGV: ttl, list after this order, how many.
 _LIST = """
 local ttl = tonumber(ARGV[1])
@@ -201,6 +215,19 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             [self._ttl, session_id, *extra],
             idempotent=idempotent,
         )
+
+    async def _delete_user_sessions(self, user_id: str) -> None:
+        while True:
+            # Read the index, then delete it with every session's keys in one script that
+            # checks no session was created meanwhile: all of them go at once.
+            keys = self._user_keys(user_id)
+            before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
+            counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
+            for session_id in session_ids:
+                keys += self._keys(user_id, session_id)[:2]
+            done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
+            if int(done):
+                return
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
         raw = await self._session_call(_CREATE, user_id, session_id, idempotent=True)
