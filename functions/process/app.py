@@ -1,5 +1,6 @@
-"""The process function: /process and the OpenAI-compatible endpoints, answered in one piece."""
+"""The process function: /process, the OpenAI-compatible endpoints and the erase route
+(``DELETE /users/me/data``), answered in one piece."""
 
 from agentscope_serverless.http.lambda_handler import make_handler
 
-handler = make_handler(["process"])
+handler = make_handler(["process", "users"])

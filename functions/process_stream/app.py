@@ -13,4 +13,4 @@ from agentscope_serverless.http.lambda_handler import build_app
 
 def create() -> FastAPI:
     """The application with the process router, its secrets read."""
-    return build_app(["process"])
+    return build_app(["process", "users"])

@@ -72,3 +72,21 @@ def test_users_stay_apart_on_the_durable_backends(durable: tuple[str, str, str])
         assert client.get("/sessions/mine", headers=other).status_code == 404
         hits = client.post("/memory/search", json={"query": "Zed"}, headers=other).json()
         assert hits["items"] == []
+
+
+def test_erasing_a_users_data_on_the_durable_backends(durable: tuple[str, str, str]) -> None:
+    url, first, second = durable
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for key in (first, second):
+            body = {"input": [user_message("My name is Zed")], "session_id": "mine"}
+            client.post("/process", json={**body, "stream": False}, headers=bearer(key))
+            client.post("/state/mine", json={"state": {"a": 1}}, headers=bearer(key))
+        assert client.delete("/users/me/data", headers=bearer(first)).status_code == 204
+        mine = bearer(first)
+        assert client.get("/sessions", headers=mine).json()["items"] == []
+        assert client.get("/memory", headers=mine).json()["items"] == []
+        assert client.get("/state/mine", headers=mine).status_code == 404
+        theirs = bearer(second)
+        assert len(client.get("/sessions", headers=theirs).json()["items"]) == 1
+        assert client.get("/memory", headers=theirs).json()["items"] != []
+        assert client.get("/state/mine", headers=theirs).status_code == 200

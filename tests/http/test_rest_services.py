@@ -103,6 +103,29 @@ def test_state_save_export_rounds_and_delete(alice: httpx.Client) -> None:
     assert alice.get("/state/game").status_code == 404
 
 
+def test_one_call_erases_all_of_the_callers_data_and_nobody_elses(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    me, other = (
+        client_for(keys.service, **{"X-User-Id": f"user-{uuid.uuid4().hex[:8]}"}) for _ in "ab"
+    )
+    for client in (me, other):
+        client.post("/sessions/s1/messages", json={"messages": [user_message("hello")]})
+        client.post("/memory", json={"messages": [user_message("I love green tea")]})
+        client.post("/state/s1", json={"state": {"level": 3}})
+    assert client_for(None).delete("/users/me/data").status_code == 401
+    erased = me.delete("/users/me/data")
+    assert erased.status_code == 204, erased.text
+    assert me.get("/sessions").json()["items"] == []
+    assert me.get("/sessions/s1").status_code == 404
+    assert me.get("/memory").json()["items"] == []
+    assert me.get("/state/s1").status_code == 404
+    assert len(other.get("/sessions").json()["items"]) == 1
+    assert len(other.get("/memory").json()["items"]) == 1
+    assert other.get("/state/s1").json()["state"] == {"level": 3}
+    assert me.delete("/users/me/data").status_code == 204
+
+
 def test_openapi_docs_are_served(client_for: Callable[..., httpx.Client]) -> None:
     client = client_for(None)
     docs = client.get("/docs")

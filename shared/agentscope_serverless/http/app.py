@@ -4,7 +4,8 @@
 >>> app = create_app()                      # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
-``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
+``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``users``
+(``DELETE /users/me/data``); ``/health`` is always
 there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
 sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
 server and needs bubblewrap, so it is mounted only when named. The process router serves
@@ -35,7 +36,7 @@ from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
-ROUTERS = ("process", "sessions", "memory", "state", "sandbox")
+ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "users")
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",
@@ -92,7 +93,7 @@ def create_app(
     if agent_app is not None and "process" in names:
         process = importlib.import_module(f"{__package__}.routers.process")
         app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name in ("sessions", "memory", "state", "sandbox"):
+    for name in ("sessions", "memory", "state", "sandbox", "users"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
     if agent_app is not None and agent_app.custom_endpoints:
@@ -150,12 +151,17 @@ def _build_service(name: str, settings: Settings) -> Any:
     return builders[name](settings)
 
 
+# Routers that use several services (the erase route reaches every store of the user).
+_SERVICES_OF_ROUTER = {"users": ("session_history", "memory", "state")}
+
+
 def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
     manager = ServiceManager()
     for name in names:
-        service = _SERVICE_OF_ROUTER.get(name)
-        if service is not None:
-            manager.register_service(service, _build_service(service, settings))
+        single = _SERVICE_OF_ROUTER.get(name)
+        for service in _SERVICES_OF_ROUTER.get(name, (single,) if single else ()):
+            if not manager.has_service(service):
+                manager.register_service(service, _build_service(service, settings))
     return manager
 
 

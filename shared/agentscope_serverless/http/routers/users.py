@@ -1,0 +1,43 @@
+"""Erase all of the caller's data in one call.
+
+| Method and path | What |
+|---|---|
+| ``DELETE /users/me/data`` | delete the caller's sessions, long-term memory and state |
+
+Each service deletes the user's data at once (see ``delete_user_sessions``,
+``delete_user_memory``, ``delete_user_state``); memory and state go first, the session
+history last. Retrying after an error is safe. Sandboxes are released with
+``DELETE /sandboxes/{session_id}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService
+
+router = APIRouter(prefix="/users", tags=["users"])
+
+# The services of this router, in the order they are erased.
+SERVICES = ("memory", "state", "session_history")
+
+
+@router.delete("/me/data", status_code=204, summary="Erase all of the caller's data")
+async def erase_my_data(
+    user_id: CurrentUser, context: Annotated[AppContext, Depends(get_context)]
+) -> Response:
+    memory = context.services.get("memory")
+    if isinstance(memory, MemoryService):
+        await memory.delete_user_memory(user_id)
+    state = context.services.get("state")
+    if isinstance(state, StateService):
+        await state.delete_user_state(user_id)
+    history: SessionHistoryService = context.service("session_history")
+    await history.delete_user_sessions(user_id)
+    return Response(status_code=204)
