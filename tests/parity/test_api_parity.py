@@ -77,3 +77,19 @@ def test_every_reference_name_exists_with_a_compatible_signature(entry: Entry) -
 def test_out_of_scope_names_are_few_and_named() -> None:
     skipped = sorted({e.name for e in LISTING.entries if not in_scope(e)})
     assert len(skipped) < 40, skipped
+
+
+def test_the_package_and_the_adapters_import_lazily() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agentscope_serverless, agentscope_serverless.adapters.agentscope; "
+        "print(sorted(m for m in ('agentscope', 'agentscope_serverless.app', 'fastapi', "
+        "'agentscope_serverless.runner') if m in sys.modules)); "
+        "agentscope_serverless.AgentApp; "
+        "print('agentscope_serverless.app' in sys.modules, 'uvicorn' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[]", "True False"]

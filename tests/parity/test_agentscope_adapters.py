@@ -1,0 +1,67 @@
+"""The AgentScope adapters with an AgentScope-shaped package (``agentscope_standin/``): message
+conversion both ways, and a sandbox tool run as an AgentScope tool function on a real
+sandbox server. They run in a child process, so ``agentscope`` is never importable here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.sandbox_server import RunningServer
+
+STANDIN = Path(__file__).parent / "agentscope_standin"
+
+SCRIPT = """
+import asyncio, sys
+from agentscope.message import Msg
+from agentscope.tool import ToolResponse
+from agentscope_serverless.adapters.agentscope.message import (
+    agentscope_msg_to_message, message_to_agentscope_msg,
+)
+from agentscope_serverless.adapters.agentscope.tool import sandbox_tool_adapter
+from agentscope_serverless.services.sandbox import SandboxService
+
+msg = Msg("Friday", [{"type": "text", "text": "Hi "}, {"type": "tool_use", "id": "c1",
+          "name": "f", "input": {"x": 1}}, {"type": "text", "text": "there"}], "assistant")
+message = agentscope_msg_to_message(msg)
+texts = [getattr(part, "text", None) for part in message.content]
+assert message.role == "assistant" and texts == ["Hi ", None, "there"], message
+back = message_to_agentscope_msg(message)
+assert (back.id, back.name, back.role, back.content) == (msg.id, "Friday", "assistant",
+    msg.content), vars(back)
+plain = message_to_agentscope_msg({"role": "user", "content": "hello"})
+assert (plain.role, plain.content) == ("user", "hello")
+assert [m.role for m in agentscope_msg_to_message([msg, plain])] == ["assistant", "user"]
+
+async def main():
+    async with SandboxService(base_url=sys.argv[1], bearer_token=sys.argv[2]) as service:
+        [box] = await service.connect_async("adapter-test", user_id="u1")
+        tool = sandbox_tool_adapter(box, "run_ipython_cell")
+        assert tool.json_schema["function"]["name"] == "run_ipython_cell"
+        assert "code" in tool.json_schema["function"]["parameters"]["properties"]
+        response = await tool(code="print(6 * 7)")
+        assert isinstance(response, ToolResponse)
+        assert "42" in response.content[0]["text"] and not response.metadata["isError"]
+        await service.release_async("adapter-test", user_id="u1")
+    print("ok")
+
+asyncio.run(main())
+"""
+
+
+def test_message_conversion_and_the_sandbox_tool_adapter(sandbox_server: RunningServer) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, sandbox_server.url, sandbox_server.token],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
