@@ -143,6 +143,7 @@ def test_streams_tokens_runs_one_tool_call_and_answers(keys: Keys) -> None:
         assert (output["type"], output["role"]) == ("function_call_output", "tool")
         assert output["content"][0]["data"] == {
             "call_id": "call_1",
+            "name": "get_weather",
             "output": "sunny, 24°C in Paris",
         }
         deltas = [e["text"] for e in events if e.get("delta") and e.get("msg_id") == answer["id"]]

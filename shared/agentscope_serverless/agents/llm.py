@@ -150,7 +150,9 @@ class LLMAgent:
             )
             for call in function_calls:
                 output = await _call_tool(available, call)
-                result = FunctionCallOutput(call_id=call.call_id or "", output=output)
+                result = FunctionCallOutput(
+                    call_id=call.call_id or "", name=call.name, output=output
+                )
                 yield Message(
                     type=MessageType.FUNCTION_CALL_OUTPUT,
                     role=Role.TOOL,
