@@ -136,12 +136,16 @@ def serve(
             from agentscope_serverless.local_stack import LocalStack
 
             try:
-                local = resources.enter_context(LocalStack())
+                local = resources.enter_context(LocalStack(progress=_report_progress))
             except AgentScopeServerlessError as exc:
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
         _serve(listener, host, agent, dev_user, log_level, web=web)
+
+
+def _report_progress(message: str) -> None:
+    console.print(f"{message}...", markup=False, style="dim")
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
