@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import zlib
@@ -213,6 +214,11 @@ def tool_app() -> AgentApp:
 
     @app.query(framework="text")
     async def query(self: Any, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        if msgs[-1].get_text_content() == "take your time":
+            yield "Working on it"
+            await asyncio.sleep(120)
+            yield " and done."
+            return
         yield "Let me draw that. "
         call = FunctionCall(
             call_id="call_1", name="run_ipython_cell", arguments='{"code": "plot(sales)"}'
@@ -273,3 +279,30 @@ async def test_tool_calls_and_images_are_shown(tool_server: tuple[str, str]) -> 
         print(f"\nscreenshot of tool calls on the chat page: {path}")
         assert only_local(page.requests, url) == []
         assert not page.exceptions, page.exceptions
+
+
+async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("take your time")
+        await page.press(*ENTER)
+        await page.wait_for(
+            "document.querySelector('.message.assistant.streaming')"
+            " && document.querySelector('.message.assistant').textContent.includes('Working')"
+        )
+        assert await page.evaluate("document.activeElement.id") == "stop"
+        await page.press("Escape", "Escape", 27)
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        assert await page.evaluate("document.getElementById('stop').hidden")
+        assert await page.evaluate("document.activeElement.id") == "composer-input"
+        # The server is told too (a server without the runs routes answers 404: no error).
+        await page.wait_for(
+            "performance.getEntriesByType('resource')"
+            f".some((entry) => entry.name.startsWith('{url}/runs/'))"
+        )
+        cancel = [r for r in page.requests if r.startswith(f"{url}/runs/")]
+        assert len(cancel) == 1 and cancel[0].endswith("/cancel")
+        assert not page.exceptions, page.exceptions
+        reply = await page.evaluate("document.querySelector('.message.assistant').textContent")
+        assert "done" not in reply
