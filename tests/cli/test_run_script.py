@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -192,3 +193,20 @@ def test_printed_commands_run_when_pasted_from_the_repo_root(tmp_path: Path) -> 
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_busy_apt_is_waited_for_with_a_message(tmp_path: Path) -> None:
+    lock = tmp_path / "lock-frontend"
+    lock.touch()
+    with lock.open("r+") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # as dpkg holds it while it works
+        done = subprocess.run(
+            [str(PROJECT_ROOT / "scripts" / "bootstrap"), "debian", "a test", "no-such-command"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "APT_LOCK_FILES": str(lock), "APT_LOCK_WAIT_SECONDS": "2"},
+            timeout=60,
+        )
+    assert "installing the Debian packages no-such-command (a test)" in done.stdout
+    assert "another apt or dpkg process is running; waiting for it to finish" in done.stdout
+    assert done.returncode == 1 and "apt is still busy" in done.stderr
