@@ -118,6 +118,15 @@ def test_the_page_is_off_unless_enabled() -> None:
         assert httpx.get(f"{url}/web/app.js").status_code == 404
 
 
+def test_the_process_function_serves_the_page_when_enabled() -> None:
+    store = Keys.make().store
+    settings = load_settings(web_ui=True)
+    function = create_app(["process"], settings=settings, agent_app=demo_app, key_store=store)
+    with running(function) as url:
+        assert httpx.get(f"{url}/").headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert httpx.get(f"{url}/sessions").status_code == 404  # the page then chats only
+
+
 async def test_chat_stream_reload_and_reopen_a_session(demo_url: str, keys: Keys) -> None:
     async with chromium_page() as page:
         await page.send("Page.navigate", url=f"{demo_url}/")
