@@ -234,7 +234,7 @@ def _serve(
     if dev_key is None:
         console.print(
             f"API keys: {settings.auth_keys_file} (make one with: "
-            f"{command_path()} keys create --user <user>)",
+            f"{command_path()} keys create --user alice)",
             markup=False,
         )
     else:
