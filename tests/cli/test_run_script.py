@@ -210,3 +210,34 @@ def test_a_busy_apt_is_waited_for_with_a_message(tmp_path: Path) -> None:
     assert "installing the Debian packages no-such-command (a test)" in done.stdout
     assert "another apt or dpkg process is running; waiting for it to finish" in done.stdout
     assert done.returncode == 1 and "apt is still busy" in done.stderr
+
+
+def test_the_key_hint_of_a_key_file_server_runs_when_pasted(tmp_path: Path) -> None:
+    port = free_port()
+    output = tmp_path / "output.txt"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(tmp_path / "keys.json"),
+    }
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [str(RUN), "--port", str(port), "--log-level", "warning"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    banner = output.read_text()
+    assert "ask_" not in banner
+    hint = banner.split("make one with: ", 1)[1].split(")", 1)[0]
+    done = subprocess.run(
+        ["bash", "-c", hint], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ask_" in done.stdout
