@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -27,13 +28,17 @@ from agentscope_serverless.errors import (
     SandboxRequestError,
 )
 from agentscope_serverless.sandbox_protocol import (
+    ALLOWED_DIRECTORY,
     BASE,
     FILESYSTEM,
+    PATH_ARGUMENTS,
+    SANDBOX_TYPE_ALIASES,
     TOOL_SPECS,
     TOOLS_BY_NAME,
     CallToolResult,
     SandboxInfo,
     ToolSpec,
+    tools_by_type,
 )
 from agentscope_serverless.sandbox_server import agent
 from agentscope_serverless.sandbox_server.isolation import (
@@ -53,6 +58,13 @@ logger = logging.getLogger(__name__)
 VERSION = "agentscope-serverless-sandbox"
 SESSION_CTX_KEY = "session_ctx_id"
 MAX_META_KEYS = 32
+MAX_ENVIRONMENT_VARIABLES = 64
+MAX_ENVIRONMENT_BYTES = 64 * 1024
+ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Variables the jail sets itself; a sandbox's environment cannot change them.
+RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD"})
+RUNNING = "running"
+EXITED = "exited"
 
 # Which tools each sandbox type offers: a base sandbox runs code and handles files, a
 # filesystem sandbox only handles files.
@@ -82,17 +94,56 @@ class _Sandbox:
     process: SandboxProcess
     created_at: float = field(default_factory=time.time)
     last_used_at: float = field(default_factory=time.time)
+    stopped: bool = False
 
-    def info(self) -> SandboxInfo:
+    @property
+    def status(self) -> str:
+        """``running`` (its process runs, or starts on the next call) or ``exited``."""
+        return EXITED if self.stopped else RUNNING
+
+    def info(self, timeout: float) -> SandboxInfo:
         return SandboxInfo(
+            session_id=self.sandbox_id,
+            container_id=self.sandbox_id,
+            container_name=self.sandbox_id,
+            version=f"{VERSION}-{self.sandbox_type}",
+            meta=self.meta,
+            timeout=int(timeout),
             sandbox_id=self.sandbox_id,
             sandbox_type=self.sandbox_type,
-            status="running" if self.process.running else "idle",
+            status=self.status,
             created_at=self.created_at,
             last_used_at=self.last_used_at,
-            meta=self.meta,
-            version=f"{VERSION}-{self.sandbox_type}",
         )
+
+
+def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
+    """The variables a ``create`` call sets in its sandbox, checked.
+
+    >>> check_environment({"GREETING": "hi"})
+    {'GREETING': 'hi'}
+    >>> check_environment({"PATH": "/evil"})
+    Traceback (most recent call last):
+    ...
+    agentscope_serverless.errors.SandboxRequestError: environment variable PATH is reserved
+    """
+    environment = dict(environment or {})
+    if len(environment) > MAX_ENVIRONMENT_VARIABLES:
+        raise SandboxRequestError(
+            f"environment has more than {MAX_ENVIRONMENT_VARIABLES} variables"
+        )
+    size = 0
+    for name, value in environment.items():
+        if not ENVIRONMENT_NAME.fullmatch(name):
+            raise SandboxRequestError(f"environment variable name {name[:128]!r} is not valid")
+        if name in RESERVED_ENVIRONMENT:
+            raise SandboxRequestError(f"environment variable {name} is reserved")
+        if "\x00" in value:
+            raise SandboxRequestError(f"environment variable {name} contains a NUL character")
+        size += len(name) + len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ENVIRONMENT_BYTES:
+        raise SandboxRequestError(f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes")
+    return environment
 
 
 def check_workspace_path(path: str) -> None:
@@ -157,8 +208,38 @@ class SandboxManager:
         for sandbox_id in list(self._sandboxes):
             await self.release(sandbox_id)
 
-    async def create_from_pool(self, sandbox_type: str, meta: dict[str, Any] | None) -> str:
+    async def create(
+        self,
+        sandbox_type: str,
+        meta: dict[str, Any] | None,
+        *,
+        mount_dir: str | None = None,
+        storage_path: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> str:
+        """``create``: a new sandbox, with ``environment`` set for its code and commands.
+
+        A host ``mount_dir`` or a ``storage_path`` is refused: sandboxes see only their own
+        workspace.
+        """
+        if mount_dir or storage_path:
+            raise SandboxRequestError(
+                "mount_dir and storage_path are not accepted: a sandbox sees only its own "
+                f"workspace ({ALLOWED_DIRECTORY}); put files there with write_file"
+            )
+        return await self.create_from_pool(
+            sandbox_type, meta, environment=check_environment(environment)
+        )
+
+    async def create_from_pool(
+        self,
+        sandbox_type: str,
+        meta: dict[str, Any] | None,
+        *,
+        environment: dict[str, str] | None = None,
+    ) -> str:
         """A new sandbox of ``sandbox_type``; ``meta["session_ctx_id"]`` maps it to a session."""
+        sandbox_type = SANDBOX_TYPE_ALIASES.get(sandbox_type, sandbox_type)
         if sandbox_type not in TOOLS_OF_TYPE:
             raise SandboxRequestError(
                 f"unsupported sandbox type {sandbox_type!r}; "
@@ -184,7 +265,9 @@ class SandboxManager:
             meta=meta,
             directory=directory,
             process=SandboxProcess(
-                self._command(workspace), log_path=directory / "agent.log", run_as=self._run_as
+                self._command(workspace, environment or {}),
+                log_path=directory / "agent.log",
+                run_as=self._run_as,
             ),
         )
         self._sandboxes[sandbox_id] = sandbox
@@ -215,21 +298,64 @@ class SandboxManager:
 
     def get_info(self, identity: str) -> SandboxInfo:
         """What the server knows about a sandbox."""
-        return self._get(identity).info()
+        return self._get(identity).info(self.config.idle_timeout_seconds)
+
+    async def start_sandbox(self, identity: str) -> bool:
+        """``start``: a stopped sandbox runs again (its process starts now)."""
+        sandbox = self._get(identity)
+        sandbox.stopped = False
+        sandbox.last_used_at = time.time()
+        await sandbox.process.warm_up()
+        return True
+
+    async def stop_sandbox(self, identity: str) -> bool:
+        """``stop``: end the sandbox's processes (Python variables are lost; the workspace
+        and the sandbox stay). Its tools refuse calls until ``start``."""
+        sandbox = self._get(identity)
+        sandbox.stopped = True
+        await sandbox.process.stop()
+        return True
+
+    def get_status(self, identity: str) -> str:
+        """``get_status``: ``running`` or ``exited`` (after ``stop``)."""
+        return self._get(identity).status
+
+    def list_session_keys(self) -> list[str]:
+        """``list_session_keys``: every session context that has live sandboxes."""
+        return list(self._sessions)
+
+    def add_mcp_servers(
+        self, identity: str, server_configs: dict[str, Any], overwrite: bool = False
+    ) -> None:
+        """``add_mcp_servers``: refused with the reason and what each sandbox offers.
+
+        An MCP server config is a command to run (or a URL to reach); this server runs no
+        command outside a tool call and gives sandboxes no network, so it adds none.
+        """
+        sandbox = self._get(identity)
+        servers = server_configs.get("mcpServers")
+        if not isinstance(servers, dict) or not servers:
+            raise SandboxRequestError(
+                'server_configs must be {"mcpServers": {name: config}} with at least one server'
+            )
+        offered = ", ".join(spec.name for spec in TOOLS_OF_TYPE[sandbox.sandbox_type])
+        raise SandboxRequestError(
+            f"this sandbox server does not add MCP servers ({', '.join(map(str, servers))}): "
+            "they would run commands outside a tool call or reach the network, which "
+            f"sandboxes cannot; a {sandbox.sandbox_type} sandbox offers its built-in tools: "
+            f"{offered} (see list_tools)"
+        )
 
     def check_health(self, identity: str) -> bool:
         """True when the sandbox exists (its process starts again on demand)."""
         self._get(identity)
         return True
 
-    def list_tools(self, identity: str, tool_type: str | None) -> list[dict[str, Any]]:
-        """The sandbox's tools as MCP tools, all of them or those of ``tool_type``."""
+    def list_tools(self, identity: str, tool_type: str | None) -> dict[str, Any]:
+        """The sandbox's tools in AgentScope's shape, ``{tool_type: {name: {"name",
+        "json_schema"}}}``: all of them, or those of ``tool_type``."""
         sandbox = self._get(identity)
-        return [
-            spec.mcp_tool()
-            for spec in TOOLS_OF_TYPE[sandbox.sandbox_type]
-            if tool_type is None or spec.tool_type == tool_type
-        ]
+        return tools_by_type(TOOLS_OF_TYPE[sandbox.sandbox_type], tool_type)
 
     def get_session_mapping(self, session_ctx_id: str) -> list[str]:
         """The ids of the live sandboxes created for ``session_ctx_id``."""
@@ -240,6 +366,8 @@ class SandboxManager:
     ) -> CallToolResult:
         """Run one tool in the sandbox."""
         sandbox = self._get(identity)
+        if sandbox.stopped:
+            raise SandboxRequestError(f"sandbox {identity!r} is stopped: start it first")
         spec = TOOLS_BY_NAME.get(tool_name)
         if spec is None or spec not in TOOLS_OF_TYPE[sandbox.sandbox_type]:
             offered = ", ".join(s.name for s in TOOLS_OF_TYPE[sandbox.sandbox_type])
@@ -254,8 +382,11 @@ class SandboxManager:
                 for err in exc.errors()
             )
             raise SandboxRequestError(f"bad arguments for {tool_name}: {problems}") from None
-        if "path" in validated:
-            check_workspace_path(validated["path"])
+        for name in PATH_ARGUMENTS:
+            if name in validated:
+                check_workspace_path(validated[name])
+        for path in validated.get("paths", ()):
+            check_workspace_path(path)
         sandbox.last_used_at = time.time()
         try:
             return await sandbox.process.call(
@@ -299,7 +430,7 @@ class SandboxManager:
         if self._run_as is not None:
             os.chown(workspace, *self._run_as)
 
-    def _command(self, workspace: Path) -> list[str]:
+    def _command(self, workspace: Path, environment: dict[str, str]) -> list[str]:
         assert self._identity_files is not None, "start() the manager first"
         limits = self.config.limits
         config = json.dumps(
@@ -308,6 +439,7 @@ class SandboxManager:
                 "cpu_seconds": limits.cpu_seconds,
                 # Shell commands are separate processes: they get every limit afresh.
                 "shell_prefix": [self._toolchain.prlimit, *limits.prlimit_arguments(), "--"],
+                "environment": environment,
             }
         )
         program = [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]
@@ -316,4 +448,4 @@ class SandboxManager:
         )
 
 
-__all__ = ["SandboxManager", "ServerConfig", "check_workspace_path"]
+__all__ = ["SandboxManager", "ServerConfig", "check_environment", "check_workspace_path"]
