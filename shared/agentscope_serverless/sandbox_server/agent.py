@@ -80,10 +80,12 @@ def result(
 
 
 def text_result(text: str, is_error: bool = False) -> dict[str, Any]:
-    """A result with one text part, as an MCP server's tools return it."""
+    """A result with one text part, as an MCP server's tools return it (described as
+    ``stderr`` for an error, ``stdout`` otherwise, like the other tools' parts)."""
+    description = "stderr" if is_error else "stdout"
     return {
         "meta": None,
-        "content": [{"type": "text", "text": text}],
+        "content": [{"type": "text", "text": text, "description": description}],
         "structuredContent": None,
         "isError": is_error,
     }
@@ -109,7 +111,7 @@ def workspace_path(path: str, *, follow_last: bool = True) -> str:
     else:
         full = os.path.join(os.path.realpath(os.path.dirname(joined)), os.path.basename(joined))
     if not _inside(full):
-        raise ToolFailure(f"{path!r} is outside the allowed directory {WORKSPACE}")
+        raise ToolFailure(f"{path!r} is outside the workspace ({WORKSPACE}, the allowed directory)")
     return full
 
 
