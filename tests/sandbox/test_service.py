@@ -193,8 +193,10 @@ async def test_sandbox_types_are_inferred_from_tools(
     assert files.sandbox_type == "filesystem"
     await files.write_file_async("a.txt", "only files here")
     assert part(await files.read_file_async("a.txt"), "stdout") == "only files here"
-    with pytest.raises(SandboxRequestError, match="no tool 'run_ipython_cell'"):
-        await files.run_ipython_cell_async("1")
+    # As in AgentScope, a filesystem sandbox runs the generic tools too.
+    assert part(await files.run_ipython_cell_async("6 * 7"), "stdout") == "42\n"
+    with pytest.raises(SandboxRequestError, match="no tool 'browser_navigate'"):
+        await files.call_tool_async("browser_navigate", {"url": "https://example.com"})
 
     boxes = await sandbox_service.connect_async(session_id, tools=[run_ipython_cell, read_file])
     assert [b.sandbox_type for b in boxes] == ["base", "filesystem"]

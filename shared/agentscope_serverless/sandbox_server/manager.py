@@ -66,11 +66,11 @@ RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD
 RUNNING = "running"
 EXITED = "exited"
 
-# Which tools each sandbox type offers: a base sandbox runs code and handles files, a
-# filesystem sandbox only handles files.
+# Which tools each sandbox type offers. As in AgentScope, where every sandbox image serves
+# the generic tools, a filesystem sandbox runs code too; both types offer every tool.
 TOOLS_OF_TYPE: dict[str, tuple[ToolSpec, ...]] = {
     BASE: TOOL_SPECS,
-    FILESYSTEM: tuple(spec for spec in TOOL_SPECS if spec.sandbox_type == FILESYSTEM),
+    FILESYSTEM: TOOL_SPECS,
 }
 
 
