@@ -13,7 +13,7 @@ CallToolRequest(identity='sbx-1', tool_name='run_ipython_cell', arguments={'code
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -258,6 +258,10 @@ PATH_DESCRIPTION = (
     f"A path in the workspace: relative to it, or absolute under {ALLOWED_DIRECTORY}."
 )
 MAX_PATHS = 100
+MAX_PATH_LENGTH = 4096
+MAX_PATTERN_LENGTH = 1024
+WorkspacePath = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
+Pattern = Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_LENGTH)]
 MAX_EDITS = 100
 MAX_PATTERNS = 32
 
@@ -265,13 +269,13 @@ MAX_PATTERNS = 32
 class ReadFileArguments(_Request):
     """Arguments of ``read_file``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
 
 
 class ReadMultipleFilesArguments(_Request):
     """Arguments of ``read_multiple_files``."""
 
-    paths: list[str] = Field(
+    paths: list[WorkspacePath] = Field(
         min_length=1, max_length=MAX_PATHS, description="The files to read, each a path."
     )
 
@@ -279,7 +283,7 @@ class ReadMultipleFilesArguments(_Request):
 class WriteFileArguments(_Request):
     """Arguments of ``write_file``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
     content: str = Field(description="The whole new content of the file (UTF-8 text).")
 
 
@@ -293,7 +297,7 @@ class EditOperation(_Request):
 class EditFileArguments(_Request):
     """Arguments of ``edit_file``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
     edits: list[EditOperation] = Field(
         min_length=1, max_length=MAX_EDITS, description="The edits, applied in order."
     )
@@ -303,36 +307,34 @@ class EditFileArguments(_Request):
 class ListDirectoryArguments(_Request):
     """Arguments of ``list_directory``."""
 
-    path: str = Field(".", description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(".", description=PATH_DESCRIPTION)
 
 
 class CreateDirectoryArguments(_Request):
     """Arguments of ``create_directory``."""
 
-    path: str = Field(description=PATH_DESCRIPTION + " Parents are created too.")
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION + " Parents are created too.")
 
 
 class DirectoryTreeArguments(_Request):
     """Arguments of ``directory_tree``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
 
 
 class MoveFileArguments(_Request):
     """Arguments of ``move_file``."""
 
-    source: str = Field(description=PATH_DESCRIPTION)
-    destination: str = Field(description=PATH_DESCRIPTION + " It must not exist yet.")
+    source: WorkspacePath = Field(description=PATH_DESCRIPTION)
+    destination: WorkspacePath = Field(description=PATH_DESCRIPTION + " It must not exist yet.")
 
 
 class SearchFilesArguments(_Request):
     """Arguments of ``search_files``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
-    pattern: str = Field(
-        min_length=1, description="Text that matching names contain (case-insensitive)."
-    )
-    excludePatterns: list[str] = Field(
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
+    pattern: Pattern = Field(description="Text that matching names contain (case-insensitive).")
+    excludePatterns: list[Pattern] = Field(
         default_factory=list,
         max_length=MAX_PATTERNS,
         description="Glob patterns of paths (relative to path) to leave out.",
@@ -342,7 +344,7 @@ class SearchFilesArguments(_Request):
 class GetFileInfoArguments(_Request):
     """Arguments of ``get_file_info``."""
 
-    path: str = Field(description=PATH_DESCRIPTION)
+    path: WorkspacePath = Field(description=PATH_DESCRIPTION)
 
 
 class NoArguments(_Request):

@@ -53,6 +53,7 @@ def test_a_tool_converts_to_an_openai_tools_entry() -> None:
                         "type": "string",
                         "description": "A path in the workspace: relative to it, or absolute "
                         "under /workspace.",
+                        "maxLength": 4096,
                     },
                     "content": {
                         "type": "string",

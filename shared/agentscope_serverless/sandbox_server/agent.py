@@ -401,7 +401,11 @@ class Agent:
 
     def _read_text(self, path: str, limit: int | None = None) -> str:
         limit = self.max_output if limit is None else limit
-        with open(workspace_path(path), "rb") as file:
+        # Non-blocking, so a FIFO the sandbox made cannot hang the call; only files are read.
+        fd = os.open(workspace_path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolFailure(f"{path!r} is not a regular file")
             data = file.read(limit + 1)
         if len(data) > limit:
             raise ToolFailure(f"{path!r} is larger than {limit} bytes")
@@ -409,6 +413,17 @@ class Agent:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             raise ToolFailure(f"{path!r} is not UTF-8 text") from None
+
+    @staticmethod
+    def _write_text(full: str, path: str, content: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(full, flags, 0o644)
+        with open(fd, "w", encoding="utf-8") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolFailure(f"{path!r} is not a regular file")
+            os.set_blocking(fd, True)
+            file.truncate(0)
+            file.write(content)
 
     def read_file(self, path: str) -> str:
         return self._read_text(path)
@@ -432,8 +447,7 @@ class Agent:
     def write_file(self, path: str, content: str) -> str:
         full = workspace_path(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w", encoding="utf-8") as file:
-            file.write(content)
+        self._write_text(full, path, content)
         return f"Successfully wrote to {path}"
 
     def edit_file(self, path: str, edits: list[dict[str, str]], dryRun: bool = False) -> str:
@@ -447,8 +461,7 @@ class Agent:
                 raise ToolFailure(f"Could not find exact match for edit:\n{edit['oldText']}")
             modified = changed
         if not dryRun:
-            with open(full, "w", encoding="utf-8") as file:
-                file.write(modified)
+            self._write_text(full, path, modified)
         return unified_diff(original, modified, path)
 
     def create_directory(self, path: str) -> str:
