@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -41,6 +40,7 @@ from agentscope_serverless.sandbox_protocol import (
     tools_by_type,
 )
 from agentscope_serverless.sandbox_server import agent
+from agentscope_serverless.sandbox_server.environment import EXITED, RUNNING, check_environment
 from agentscope_serverless.sandbox_server.isolation import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -58,13 +58,6 @@ logger = logging.getLogger(__name__)
 VERSION = "agentscope-serverless-sandbox"
 SESSION_CTX_KEY = "session_ctx_id"
 MAX_META_KEYS = 32
-MAX_ENVIRONMENT_VARIABLES = 64
-MAX_ENVIRONMENT_BYTES = 64 * 1024
-ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-# Variables the jail sets itself; a sandbox's environment cannot change them.
-RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD"})
-RUNNING = "running"
-EXITED = "exited"
 
 # Which tools each sandbox type offers. As in AgentScope, where every sandbox image serves
 # the generic tools, a filesystem sandbox runs code too; both types offer every tool.
@@ -115,35 +108,6 @@ class _Sandbox:
             created_at=self.created_at,
             last_used_at=self.last_used_at,
         )
-
-
-def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
-    """The variables a ``create`` call sets in its sandbox, checked.
-
-    >>> check_environment({"GREETING": "hi"})
-    {'GREETING': 'hi'}
-    >>> check_environment({"PATH": "/evil"})
-    Traceback (most recent call last):
-    ...
-    agentscope_serverless.errors.SandboxRequestError: environment variable PATH is reserved
-    """
-    environment = dict(environment or {})
-    if len(environment) > MAX_ENVIRONMENT_VARIABLES:
-        raise SandboxRequestError(
-            f"environment has more than {MAX_ENVIRONMENT_VARIABLES} variables"
-        )
-    size = 0
-    for name, value in environment.items():
-        if not ENVIRONMENT_NAME.fullmatch(name):
-            raise SandboxRequestError(f"environment variable name {name[:128]!r} is not valid")
-        if name in RESERVED_ENVIRONMENT:
-            raise SandboxRequestError(f"environment variable {name} is reserved")
-        if "\x00" in value:
-            raise SandboxRequestError(f"environment variable {name} contains a NUL character")
-        size += len(name) + len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_ENVIRONMENT_BYTES:
-        raise SandboxRequestError(f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes")
-    return environment
 
 
 def check_workspace_path(path: str) -> None:
@@ -448,4 +412,4 @@ class SandboxManager:
         )
 
 
-__all__ = ["SandboxManager", "ServerConfig", "check_environment", "check_workspace_path"]
+__all__ = ["SandboxManager", "ServerConfig", "check_workspace_path"]
