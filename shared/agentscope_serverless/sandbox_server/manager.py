@@ -277,7 +277,7 @@ class SandboxManager:
         and the sandbox stay). Its tools refuse calls until ``start``."""
         sandbox = self._get(identity)
         sandbox.stopped = True
-        await sandbox.process.stop()
+        await sandbox.process.halt()
         return True
 
     def get_status(self, identity: str) -> str:
