@@ -142,6 +142,7 @@ def test_a_sandbox_lives_through_every_operation(protocol: ManagerProtocol) -> N
 
     assert protocol.post("stop", identity=sandbox_id) is True
     assert protocol.post("get_status", identity=sandbox_id) == "exited"
+    assert protocol.post("check_health", identity=sandbox_id) is False
     with pytest.raises(ProtocolError) as stopped:
         protocol.call_tool(sandbox_id, "run_ipython_cell", {"code": "x"})
     assert stopped.value.status == 400 and "start it first" in stopped.value.detail

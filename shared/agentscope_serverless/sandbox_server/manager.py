@@ -311,9 +311,9 @@ class SandboxManager:
         )
 
     def check_health(self, identity: str) -> bool:
-        """True when the sandbox exists (its process starts again on demand)."""
-        self._get(identity)
-        return True
+        """True when the sandbox can run tools: it exists (its process starts again on
+        demand) and is not stopped."""
+        return not self._get(identity).stopped
 
     def list_tools(self, identity: str, tool_type: str | None) -> dict[str, Any]:
         """The sandbox's tools in AgentScope's shape, ``{tool_type: {name: {"name",
