@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +236,20 @@ def test_names_and_signatures_follow_agentscope() -> None:
     ):
         assert callable(getattr(SandboxManager, operation))
         assert inspect.iscoroutinefunction(getattr(SandboxManager, f"{operation}_async"))
+
+
+def test_the_readme_example_runs_on_the_server(sandbox_server: RunningServer) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### AgentScope's sandbox protocol and client classes") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)
+    assert example is not None and "FilesystemSandbox" in example.group(1)
+    code = example.group(1).replace("http://sandbox-host:8000", sandbox_server.url)
+    namespace: dict[str, object] = {"token": sandbox_server.token}
+    exec(compile(code, "README.md", "exec"), namespace)
+    box = namespace["box"]
+    assert isinstance(box, FilesystemSandbox)
+    with (
+        SandboxManager(base_url=sandbox_server.url, bearer_token=sandbox_server.token) as manager,
+        pytest.raises(SandboxNotFoundError),
+    ):
+        manager.get_info(str(box.sandbox_id))
