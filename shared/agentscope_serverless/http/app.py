@@ -5,10 +5,11 @@
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``users``
-(``DELETE /users/me/data``); ``/health`` is always
-there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
-sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
-server and needs bubblewrap, so it is mounted only when named. The process router serves
+(``DELETE /users/me/data``); ``/health`` is always there, and the chat page at ``/`` when
+the ``WEB_UI`` setting is on. Without a ``routers`` argument every router is mounted,
+except ``sandbox`` when no sandbox server is configured (``SANDBOX_BASE_URL``): an embedded
+sandbox starts a local server and needs bubblewrap, so it is mounted only when named. The
+process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -99,6 +100,8 @@ def create_app(
     if agent_app is not None and agent_app.custom_endpoints:
         custom = importlib.import_module(f"{__package__}.custom_endpoints")
         app.include_router(custom.build_router(agent_app.custom_endpoints))
+    if settings.web_ui:
+        app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
 
 
