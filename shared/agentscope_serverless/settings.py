@@ -115,6 +115,15 @@ class Settings(BaseSettings):
     agent_memory_top_k: int = Field(
         5, ge=1, le=1000, description="How many long-term memories a run hands to the agent."
     )
+    agent_history_window: int = Field(
+        100,
+        ge=0,
+        le=1000,
+        description=(
+            "How many of the session's last messages a run hands to the agent (read with one"
+            " bounded query; older ones are paged through list_messages)."
+        ),
+    )
     auth_mode: AuthMode = Field(
         "keys",
         description=(

@@ -66,7 +66,11 @@ def create_app(
     if agent_app is not None:
         services = agent_app.build_services(settings)
         if "process" in names:
-            runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
+            runner = agent_app.create_runner(
+                services,
+                memory_top_k=settings.agent_memory_top_k,
+                history_window=settings.agent_history_window,
+            )
         if "sandbox" in names and not services.has_service("sandbox"):
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._stored import decode_messages, encode_message
 from agentscope_serverless.services._validation import cursor_position, encode_cursor
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -15,14 +16,16 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 @dataclass
 class _StoredSession:
     seq: int
-    messages: list[Message] = field(default_factory=list)
+    # Message JSON, as the other backends keep it: a string per message costs a fraction of
+    # a model's objects and is invisible to the garbage collector.
+    messages: list[str] = field(default_factory=list)
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
     """Sessions kept in a dict: ``{user_id: {session_id: messages}}``.
 
     Data lives as long as the object; ``stop()`` keeps it, so a restarted service sees it.
-    Stored messages are private copies: changing a returned session changes nothing stored.
+    Messages are stored as JSON, so changing a returned session changes nothing stored.
 
     >>> service = InMemorySessionHistoryService()
     """
@@ -36,6 +39,13 @@ class InMemorySessionHistoryService(SessionHistoryService):
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
         return self._to_session(user_id, session_id, stored)
+
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        stored = self._sessions.setdefault(user_id, {}).get(session_id)
+        if stored is None:
+            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        window = stored.messages[len(stored.messages) - recent :] if recent else []
+        return Session(id=session_id, user_id=user_id, messages=decode_messages(window))
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
         stored = self._sessions.get(user_id, {}).get(session_id)
@@ -72,7 +82,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         items = stored.messages[offset : offset + limit]
         end = offset + len(items)
         return Page[Message](
-            items=[m.model_copy(deep=True) for m in items],
+            items=decode_messages(items),
             next_cursor=encode_cursor({"offset": end}) if end < len(stored.messages) else None,
         )
 
@@ -82,14 +92,14 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
-        stored.messages.extend(m.model_copy(deep=True) for m in messages)
+        stored.messages.extend(encode_message(m) for m in messages)
 
     @staticmethod
     def _to_session(user_id: str, session_id: str, stored: _StoredSession) -> Session:
         return Session(
             id=session_id,
             user_id=user_id,
-            messages=[m.model_copy(deep=True) for m in stored.messages],
+            messages=decode_messages(stored.messages),
         )
 
 
