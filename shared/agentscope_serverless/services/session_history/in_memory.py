@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._stored import decode_messages, encode_message
 from agentscope_serverless.services._validation import cursor_position, encode_cursor
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -16,16 +15,14 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 @dataclass
 class _StoredSession:
     seq: int
-    # Message JSON, as the other backends keep it: a string per message costs a fraction of
-    # a model's objects and is invisible to the garbage collector.
-    messages: list[str] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
     """Sessions kept in a dict: ``{user_id: {session_id: messages}}``.
 
     Data lives as long as the object; ``stop()`` keeps it, so a restarted service sees it.
-    Messages are stored as JSON, so changing a returned session changes nothing stored.
+    Stored messages are private copies: changing a returned session changes nothing stored.
 
     >>> service = InMemorySessionHistoryService()
     """
@@ -44,8 +41,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
-        window = stored.messages[len(stored.messages) - recent :] if recent else []
-        return Session(id=session_id, user_id=user_id, messages=decode_messages(window))
+        return self._to_session(user_id, session_id, stored, recent)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
         stored = self._sessions.get(user_id, {}).get(session_id)
@@ -82,7 +78,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         items = stored.messages[offset : offset + limit]
         end = offset + len(items)
         return Page[Message](
-            items=decode_messages(items),
+            items=[m.model_copy(deep=True) for m in items],
             next_cursor=encode_cursor({"offset": end}) if end < len(stored.messages) else None,
         )
 
@@ -92,14 +88,17 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
-        stored.messages.extend(encode_message(m) for m in messages)
+        stored.messages.extend(m.model_copy(deep=True) for m in messages)
 
     @staticmethod
-    def _to_session(user_id: str, session_id: str, stored: _StoredSession) -> Session:
+    def _to_session(
+        user_id: str, session_id: str, stored: _StoredSession, recent: int | None = None
+    ) -> Session:
+        messages = stored.messages
+        if recent is not None:
+            messages = messages[len(messages) - recent :] if recent else []
         return Session(
-            id=session_id,
-            user_id=user_id,
-            messages=decode_messages(stored.messages),
+            id=session_id, user_id=user_id, messages=[m.model_copy(deep=True) for m in messages]
         )
 
 
