@@ -59,7 +59,7 @@ class EventStreamResponse(StreamingResponse):
         async def produce() -> None:
             try:
                 async for chunk in self.body_iterator:
-                    produced.append(chunk)
+                    produced.append(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
                     ready.set()
             finally:
                 ready.set()
