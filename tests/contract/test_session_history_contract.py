@@ -150,6 +150,7 @@ async def test_open_session_returns_only_the_last_messages_in_order(
         f"m{i}" for i in range(7, 12)
     ]
     assert len(texts(await history.open_session(user_id, "s1", recent=50))) == 12
+    assert len(texts(await history.open_session(user_id, "s1", recent=13))) == 12
     assert texts(await history.open_session(user_id, "s1", recent=0)) == []
     assert len(texts(await history.get_session(user_id, "s1"))) == 12
 

@@ -149,3 +149,45 @@ async def test_a_turn_on_a_new_session_reads_no_message(
         )
     assert response.error is None
     assert counter.items <= 5
+
+
+async def test_the_app_window_wins_over_the_setting(user_id: str) -> None:
+    from agentscope_serverless.app import AgentApp
+
+    seen: list[int] = []
+    app = AgentApp(app_name="windowed", history_window=3)
+
+    @app.query(framework="text")
+    async def query(self: Runner, msgs: Any, session: Session, **kwargs: Any) -> str:
+        seen.append(len(session.messages))
+        return "ok"
+
+    async with InMemorySessionHistoryService() as history:
+        services = ServiceManager().register_service("session_history", history)
+        async with app.create_runner(services, history_window=50) as runner:
+            for _ in range(4):
+                await runner.query({"input": [{"role": "user", "content": "hi"}]}, user_id=user_id)
+                await runner.query(
+                    {"input": [{"role": "user", "content": "hi"}], "session_id": "s"},
+                    user_id=user_id,
+                )
+    assert seen == [0, 0, 0, 2, 0, 3, 0, 3]
+
+
+def test_the_setting_reaches_the_runner_of_the_http_app() -> None:
+    from agentscope_serverless.app import AgentApp
+    from agentscope_serverless.http import create_app
+    from agentscope_serverless.settings import load_settings
+
+    app = AgentApp(app_name="plain")
+    app.query(framework="text")(lambda self, msgs, **kwargs: "ok")
+    web = create_app(["process"], settings=load_settings(agent_history_window=7), agent_app=app)
+    assert web.state.context.runner.history_window == 7
+
+
+@pytest.mark.parametrize("window", [-1, 1001, 2.5, True])
+def test_a_bad_app_window_is_refused(window: object) -> None:
+    from agentscope_serverless.app import AgentApp
+
+    with pytest.raises(ValueError, match="history_window"):
+        AgentApp(history_window=window)  # type: ignore[arg-type]

@@ -96,7 +96,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
     ) -> Session:
         messages = stored.messages
         if recent is not None:
-            messages = messages[len(messages) - recent :] if recent else []
+            messages = messages[max(len(messages) - recent, 0) :] if recent else []
         return Session(
             id=session_id, user_id=user_id, messages=[m.model_copy(deep=True) for m in messages]
         )
