@@ -1,6 +1,6 @@
 """A turn reads a bounded window of the session, whatever its length, on every backend.
 
-The items read are counted at the store's edge: the messages the in-memory backend decodes,
+The items read are counted at the store's edge: the messages the in-memory backend copies,
 the strings in Redis' replies (a client that counts what it parses), the items in DynamoDB's
 Query replies (a botocore event hook on the client).
 """
@@ -23,7 +23,6 @@ from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
 )
-from agentscope_serverless.services.session_history import in_memory as in_memory_history
 from agentscope_serverless.services.session_history.dynamodb import (
     DynamoDBSessionHistoryService,
 )
@@ -66,13 +65,13 @@ async def counted_history(
 ) -> AsyncIterator[tuple[SessionHistoryService, ItemCounter]]:
     counter = ItemCounter()
     if request.param == "in_memory":
-        decode = in_memory_history.decode_messages
+        copy = Message.__deepcopy__
 
-        def counting_decode(raws: Any) -> list[Message]:
-            counter.items += len(raws)
-            return decode(raws)
+        def counting_copy(message: Message, memo: Any = None) -> Message:
+            counter.items += 1
+            return copy(message, memo)
 
-        monkeypatch.setattr(in_memory_history, "decode_messages", counting_decode)
+        monkeypatch.setattr(Message, "__deepcopy__", counting_copy)
         async with InMemorySessionHistoryService() as service:
             yield service, counter
     elif request.param == "redis":
@@ -130,7 +129,8 @@ async def test_a_turn_on_a_long_session_reads_at_most_the_window(
         )
     assert response.error is None
     assert seen == [f"m{i}" for i in range(HISTORY - WINDOW, HISTORY)]
-    assert counter.items <= WINDOW + 5  # the window, and a few counters or ids at most
+    # The window, and a few counters, ids or copies of the turn's own two messages at most.
+    assert counter.items <= WINDOW + 5
     page = await history.list_messages(user_id, "long", limit=3)
     assert [m.get_text_content() for m in page.items] == ["m0", "m1", "m2"]
 
