@@ -6,7 +6,8 @@ key file) and a bare FastAPI app whose ``POST /process`` answers with the very b
 runtime produced for the same request (recorded first), streamed as SSE or as one JSON body.
 The difference between the two is what the runtime costs per request.
 
-The load comes from ``wrk`` (Debian package ``wrk``), a separate process, so the driver does
+The load comes from ``wrk`` (Debian package ``wrk``: ``./scripts/bootstrap debian
+'the request benchmark' wrk`` installs it), a separate process, so the driver does
 not share the server's interpreter. Each scenario is one function returning a row per
 server; a Lua ``request()`` function makes each request's user and session ids:
 
@@ -353,7 +354,9 @@ def main() -> None:
         serve(args.serve, args.port, args.recording)
         return
     if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not installed: apt-get install wrk (or ./scripts/bootstrap)")
+        raise SystemExit(
+            "wrk is not installed: ./scripts/bootstrap debian 'the request benchmark' wrk"
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
