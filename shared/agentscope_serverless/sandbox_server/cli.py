@@ -24,6 +24,7 @@ import uvicorn
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.sandbox_server.app import create_app
 from agentscope_serverless.sandbox_server.isolation import Limits, Toolchain
+from agentscope_serverless.sandbox_server.jail import HostIsolation
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -50,7 +51,33 @@ def _parser() -> argparse.ArgumentParser:
         "--dev", action="store_true", help="without a token, make a random one and print it"
     )
     parser.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds)
-    parser.add_argument("--memory-mb", type=int, default=defaults.memory_bytes // 1024**2)
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=defaults.total_memory_bytes // 1024**2,
+        help="memory of a sandbox: of each process, and of all of them with their tmpfs "
+        "together (0: no total)",
+    )
+    parser.add_argument(
+        "--workspace-mb",
+        type=int,
+        default=defaults.workspace_bytes // 1024**2,
+        help="disk of a sandbox's workspace (0: no cap)",
+    )
+    parser.add_argument(
+        "--cpus", type=float, default=defaults.cpus, help="CPUs a sandbox may use (0: no cap)"
+    )
+    parser.add_argument(
+        "--max-tasks",
+        type=int,
+        default=defaults.total_processes,
+        help="processes and threads of a sandbox together (0: no cap)",
+    )
+    parser.add_argument(
+        "--weaker-isolation",
+        action="store_true",
+        help="run even when this host cannot enforce the totals above",
+    )
     parser.add_argument("--file-size-mb", type=int, default=defaults.file_size_bytes // 1024**2)
     parser.add_argument(
         "--interpreter-cpu-seconds",
@@ -64,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
     parser.add_argument("--max-sandboxes", type=int, default=64)
+    parser.add_argument(
+        "--max-sandboxes-per-owner",
+        type=int,
+        help="sandboxes one owner (meta.owner_id, e.g. a user) may hold (default: all)",
+    )
     parser.add_argument("--max-output-bytes", type=int, default=1024**2)
     parser.add_argument("--python", default="/usr/bin/python3", help="Python used in sandboxes")
     parser.add_argument(
@@ -74,10 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token_file:
-        token = Path(args.token_file).read_text().strip()
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
+    # Read once, then gone from the environment (nothing started later inherits it).
+    from_environment = os.environ.pop(TOKEN_ENV, "").strip()
+    token = Path(args.token_file).read_text().strip() if args.token_file else from_environment
     if not token and args.dev:
         token = secrets.token_urlsafe(32)
         print(f"sandbox server bearer token (dev mode): {token}", flush=True)
@@ -110,6 +141,32 @@ async def _serve(server: uvicorn.Server, parent_pid: int | None) -> None:
                 await watcher
 
 
+def _host_isolation(config: ServerConfig) -> HostIsolation:
+    """What this host enforces; exit when a configured total cannot be (unless weaker)."""
+    config.root.mkdir(parents=True, exist_ok=True)
+    host = HostIsolation.probe(config.root)
+    configured = config.configured_bounds()
+    missing = host.missing(configured)
+    enforced = [bound for bound in configured if bound not in missing]
+    print(
+        "agentscope-sandbox-server: enforcing sandbox totals: "
+        f"{', '.join(enforced) or 'none'}"
+        + (f"; NOT enforced: {', '.join(missing)}" if missing else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if missing and not config.weaker_isolation:
+        host.close()
+        print(
+            f"agentscope-sandbox-server: this host cannot enforce {', '.join(missing)} "
+            "(run as root with cgroups and loop devices, turn those bounds off, or pass "
+            "--weaker-isolation)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return host
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
     args = _parser().parse_args(argv)
@@ -119,7 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         toolchain = Toolchain.find(args.python)
         limits = Limits(
             cpu_seconds=args.cpu_seconds,
-            memory_bytes=args.memory_mb * 1024**2,
+            memory_bytes=(args.memory_mb or 1024) * 1024**2,
+            total_memory_bytes=args.memory_mb * 1024**2,
+            workspace_bytes=args.workspace_mb * 1024**2,
+            total_processes=args.max_tasks,
+            cpus=args.cpus,
             file_size_bytes=args.file_size_mb * 1024**2,
             processes=args.max_processes,
             interpreter_cpu_seconds=args.interpreter_cpu_seconds,
@@ -133,9 +194,12 @@ def main(argv: list[str] | None = None) -> None:
         limits=limits,
         idle_timeout_seconds=args.idle_timeout,
         max_sandboxes=args.max_sandboxes,
+        max_sandboxes_per_owner=args.max_sandboxes_per_owner or args.max_sandboxes,
         max_output_bytes=args.max_output_bytes,
+        weaker_isolation=args.weaker_isolation,
     )
-    app = create_app(SandboxManager(config, toolchain), token)
+    manager = SandboxManager(config, toolchain, _host_isolation(config))
+    app = create_app(manager, token)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -144,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             uds=args.uds,
             log_level=args.log_level,
             access_log=False,
+            # Release is bounded: shutdown does not wait long for calls in flight.
+            timeout_graceful_shutdown=5,
         )
     )
     asyncio.run(_serve(server, args.parent_pid))

@@ -26,6 +26,9 @@ from agentscope_serverless.errors import SandboxUnavailableError
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 10.0
 SERVER_MODULE = "agentscope_serverless.sandbox_server"
+# All of this process's environment the server gets: never its secrets (API keys, AWS
+# credentials, database URLs); only where to find programs and the package.
+PASSED_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ")
 
 
 class EmbeddedSandboxServer:
@@ -38,8 +41,9 @@ class EmbeddedSandboxServer:
     ...     await server.stop()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, weaker_isolation: bool = False) -> None:
         self.token = secrets.token_urlsafe(32)
+        self._weaker_isolation = weaker_isolation
         self._directory: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -78,12 +82,18 @@ class EmbeddedSandboxServer:
                     str(os.getpid()),
                     "--log-level",
                     "warning",
+                    *(["--weaker-isolation"] if self._weaker_isolation else []),
                 ],
-                env={**os.environ, "SANDBOX_SERVER_TOKEN": self.token},
+                env=self.environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
             )
+
+    def environment(self) -> dict[str, str]:
+        """The server's whole environment: a few harmless variables and its own token."""
+        passed = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
+        return {**passed, "SANDBOX_SERVER_TOKEN": self.token}
 
     async def stop(self) -> None:
         """Stop the server (it releases its sandboxes) and delete its directory."""
