@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         help="directory holding the sandboxes' workspaces (env SANDBOX_SERVER_ROOT)",
     )
     parser.add_argument("--token-file", help=f"file holding the bearer token (else ${TOKEN_ENV})")
+    parser.add_argument("--token-fd", type=int, help="read the bearer token from this descriptor")
     parser.add_argument(
         "--dev", action="store_true", help="without a token, make a random one and print it"
     )
@@ -106,9 +107,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _token(args: argparse.Namespace) -> str:
-    # Read once, then gone from the environment (nothing started later inherits it).
-    from_environment = os.environ.pop(TOKEN_ENV, "").strip()
-    token = Path(args.token_file).read_text().strip() if args.token_file else from_environment
+    if args.token_fd is not None:
+        with os.fdopen(args.token_fd, "rb") as source:
+            token = source.read(4096).decode().strip()
+    elif args.token_file:
+        token = Path(args.token_file).read_text().strip()
+    else:
+        token = os.environ.pop(TOKEN_ENV, "").strip()
     if not token and args.dev:
         token = secrets.token_urlsafe(32)
         print(f"sandbox server bearer token (dev mode): {token}", flush=True)
@@ -167,9 +172,24 @@ def _host_isolation(config: ServerConfig) -> HostIsolation:
     return host
 
 
+def _without_token_in_environment(argv: list[str]) -> None:
+    """Start again with the token on a pipe and gone from the environment: the kernel keeps
+    a process's initial environment readable in ``/proc/<pid>/environ`` for its whole life."""
+    token = os.environ.pop(TOKEN_ENV).encode()
+    reader, writer = os.pipe()
+    os.write(writer, token)  # far less than a pipe's buffer
+    os.close(writer)
+    os.set_inheritable(reader, True)
+    command = [sys.executable, "-m", "agentscope_serverless.sandbox_server"]
+    os.execve(sys.executable, [*command, *argv, "--token-fd", str(reader)], dict(os.environ))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    if TOKEN_ENV in os.environ and args.token_fd is None and not args.token_file:
+        _without_token_in_environment(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         token = _token(args)

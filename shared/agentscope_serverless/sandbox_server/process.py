@@ -242,6 +242,7 @@ class SandboxProcess:
                 limit=REPLY_LIMIT_BYTES,
                 pass_fds=readers,
                 env=dict(BWRAP_ENVIRONMENT),  # never the server's own environment
+                cwd="/",
             )
         finally:
             os.close(log)

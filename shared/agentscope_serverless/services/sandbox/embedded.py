@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -68,32 +69,45 @@ class EmbeddedSandboxServer:
         # Sandbox processes run as an unprivileged uid that must reach their workspaces below.
         directory.chmod(0o711)
         self._directory = directory
+        reader, writer = os.pipe()
+        os.write(writer, self.token.encode())  # far less than a pipe's buffer
+        os.close(writer)
         with open(directory / "server.log", "wb") as log:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    SERVER_MODULE,
-                    "--uds",
-                    self.socket_path,
-                    "--root",
-                    str(directory / "root"),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    "--log-level",
-                    "warning",
-                    *(["--weaker-isolation"] if self._weaker_isolation else []),
-                ],
-                env=self.environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
+            try:
+                return self._popen(directory, reader, log)
+            finally:
+                os.close(reader)
 
-    def environment(self) -> dict[str, str]:
-        """The server's whole environment: a few harmless variables and its own token."""
-        passed = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
-        return {**passed, "SANDBOX_SERVER_TOKEN": self.token}
+    def _popen(self, directory: Path, token_fd: int, log: Any) -> subprocess.Popen[bytes]:
+        # The token travels on a pipe: an environment stays readable in /proc/<pid>/environ.
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                SERVER_MODULE,
+                "--uds",
+                self.socket_path,
+                "--root",
+                str(directory / "root"),
+                "--parent-pid",
+                str(os.getpid()),
+                "--token-fd",
+                str(token_fd),
+                "--log-level",
+                "warning",
+                *(["--weaker-isolation"] if self._weaker_isolation else []),
+            ],
+            env=self.environment(),
+            pass_fds=(token_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+
+    @staticmethod
+    def environment() -> dict[str, str]:
+        """The server's whole environment: a few harmless variables (its token is piped)."""
+        return {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
 
     async def stop(self) -> None:
         """Stop the server (it releases its sandboxes) and delete its directory."""

@@ -1,0 +1,366 @@
+"""Hostile code against real sandboxes: secrets, totals, freezing, release races, shares.
+
+These need what the server needs to enforce totals (root, cgroups, loop devices); on a host
+without them the server refuses to start and the fixture fails saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.errors import SandboxCapacityError, SandboxQuotaError
+from agentscope_serverless.services.sandbox import SandboxService
+from agentscope_serverless.services.sandbox.client import SandboxClient
+from tests.support.sandbox_server import RunningServer, start_server, stop_server
+
+CANARY = "canary-" + "c4n4ry" * 4
+MiB = 1024**2
+
+
+def stdout(result: Any) -> str:
+    if not isinstance(result, dict):
+        result = result.model_dump()
+    return "".join(p["text"] for p in result["content"] if p.get("description") == "stdout")
+
+
+@pytest.fixture(scope="module")
+def hardened() -> Iterator[RunningServer]:
+    """A server with the default 1 GiB memory total, a 128 MiB workspace, a canary in its
+    environment, and small shares (3 sandboxes, 2 per owner)."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-isolation-"))
+    os.environ["SANDBOX_TEST_CANARY"] = CANARY
+    try:
+        server = start_server(
+            root,
+            "--workspace-mb",
+            "128",
+            "--call-timeout",
+            "30",
+            "--max-sandboxes",
+            "3",
+            "--max-sandboxes-per-owner",
+            "2",
+        )
+    finally:
+        del os.environ["SANDBOX_TEST_CANARY"]
+    yield server
+    stop_server(server)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def client(hardened: RunningServer) -> AsyncIterator[SandboxClient]:
+    client = SandboxClient(hardened.url, hardened.token, timeout=60)
+    yield client
+    await client.aclose()
+
+
+async def _cell(client: SandboxClient, sandbox_id: str, code: str) -> Any:
+    return await client.call_tool(sandbox_id, "run_ipython_cell", {"code": code})
+
+
+# Walks every readable file under /proc (environ and cmdline of every pid, mountinfo...),
+# the environment and /dev, and prints which of the words appear where.
+SCAN = r"""
+import json, os
+words = WORDS
+hits = []
+skip = {"kcore", "kmsg", "pagemap", "mem", "clear_refs", "kpagecount", "kpageflags",
+        "kpagecgroup", "oom_score_adj", "attr", "map_files"}
+def scan(path, data):
+    for word in words:
+        if word.encode() in data:
+            hits.append([path, word])
+for top, dirs, files in os.walk("/proc", followlinks=False):
+    dirs[:] = [d for d in dirs if d not in skip and not (top == "/proc" and d in ("sys", "self", "thread-self"))]
+    if top.count("/") > 4:
+        dirs[:] = []
+    for name in files:
+        if name in skip:
+            continue
+        path = os.path.join(top, name)
+        try:
+            with open(path, "rb") as handle:
+                scan(path, handle.read(1 << 20))
+        except OSError:
+            pass
+scan("environ", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode())
+for top, dirs, files in os.walk("/dev"):
+    scan(top, " ".join(dirs + files).encode())
+print(json.dumps({"hits": hits, "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}))
+"""
+
+
+def _scan(words: list[str]) -> str:
+    return SCAN.replace("WORDS", json.dumps(words))
+
+
+async def test_no_token_canary_or_host_path_readable_anywhere_in_the_sandbox(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        words = [hardened.token, CANARY, str(hardened.root)]
+        report = json.loads(stdout(await _cell(client, sandbox_id, _scan(words))))
+        assert report["hits"] == []
+        assert 1 in report["pids"]  # bwrap itself, whose environ used to be the server's
+    finally:
+        await client.release(sandbox_id)
+    # The server removed its token from its own environment after reading it.
+    environ = Path(f"/proc/{hardened.process.pid}/environ").read_bytes()
+    assert hardened.token.encode() not in environ
+
+
+async def test_embedded_server_gets_none_of_the_apps_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLM_API_KEY", CANARY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY + "-aws")
+    async with SandboxService() as service:
+        embedded = service._embedded
+        assert embedded is not None and embedded._process is not None
+        server_environ = Path(f"/proc/{embedded._process.pid}/environ").read_bytes()
+        assert CANARY.encode() not in server_environ
+        assert embedded.token.encode() not in server_environ
+        [box] = await service.connect_async("canary-session", "u1")
+        report = json.loads(
+            stdout(await box.run_ipython_cell_async(_scan([CANARY, embedded.token])))
+        )
+        assert report["hits"] == []
+
+
+async def test_processes_together_stay_within_the_memory_total(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        code = r"""
+import subprocess
+child = (
+    "import time\n"
+    "b = bytearray(500 * 1024 * 1024)\n"
+    "for i in range(0, len(b), 4096): b[i] = 1\n"
+    "print('granted', flush=True)\n"
+    "time.sleep(3)\n"
+)
+procs = [subprocess.Popen(["python3", "-c", child], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _ in range(6)]
+granted = sum(p.communicate()[0].count(b"granted") for p in procs)
+print(granted)
+"""
+        granted = int(stdout(await _cell(client, sandbox_id, code)).strip() or 0)
+        assert granted < 6
+        assert httpx.get(f"{hardened.url}/health").json()["status"] in ("ok", "full")
+    finally:
+        await client.release(sandbox_id)
+
+
+@pytest.mark.parametrize("directory", ["/tmp", "/workspace"])
+async def test_writing_4_gib_stops_at_the_cap_with_an_error(
+    client: SandboxClient, hardened: RunningServer, directory: str
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        # 4 GiB in 64 files of 64 MiB (the file size limit): the first failure ends it.
+        code = f"""
+import os
+written, error = 0, None
+chunk = b"x" * (1024 * 1024)
+try:
+    for n in range(64):
+        with open("{directory}/fill-%d" % n, "wb") as handle:
+            for _ in range(64):
+                handle.write(chunk)
+                written += len(chunk)
+except OSError as exc:
+    error = exc.strerror
+print(written // (1024 * 1024), error)
+"""
+        written_mib, error = stdout(await _cell(client, sandbox_id, code)).split(maxsplit=1)
+        assert "No space left on device" in error
+        assert int(written_mib) <= 512  # the workspace cap (128) or /tmp (half of 1 GiB)
+        follow = await _cell(client, sandbox_id, "print('still here')")
+        assert stdout(follow) == "still here\n"
+        assert httpx.get(f"{hardened.url}/health").status_code == 200
+    finally:
+        await client.release(sandbox_id)
+
+
+async def test_nothing_runs_between_calls(client: SandboxClient, hardened: RunningServer) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    tick = hardened.root / "sandboxes" / sandbox_id / "workspace" / "tick"
+    try:
+        started = """
+import threading, time, subprocess
+def loop():
+    n = 0
+    while True:
+        n += 1
+        with open("/workspace/tick", "w") as handle:
+            handle.write(str(n))
+        time.sleep(0.01)
+threading.Thread(target=loop, daemon=True).start()
+subprocess.Popen(["sh", "-c", "while true; do date +%s%N >> /workspace/shell-tick; sleep 0.01; done"])
+time.sleep(0.5)
+"""
+        await _cell(client, sandbox_id, started)
+        before = (tick.read_text(), tick.with_name("shell-tick").read_text())
+        await asyncio.sleep(1.5)
+        after = (tick.read_text(), tick.with_name("shell-tick").read_text())
+        assert before == after
+        # The next call resumes them.
+        await _cell(client, sandbox_id, "import time; time.sleep(0.5)")
+        assert tick.read_text() != after[0]
+    finally:
+        await client.release(sandbox_id)
+
+
+def _jail_pids(server_pid: int) -> list[int]:
+    """Processes in the server's sandbox cgroups, or bwrap children of the server."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        parent = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), ""
+        )
+        if f"agentscope-sandbox-{server_pid}/" in cgroups or parent == str(server_pid):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def cpu_burners() -> Iterator[None]:
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
+    ]
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+async def test_200_create_release_pairs_in_random_order_under_load_leave_nothing(
+    tmp_path: Path, cpu_burners: None
+) -> None:
+    root = Path(tempfile.mkdtemp(prefix="sandbox-races-"))
+    server = start_server(root, "--workspace-mb", "16", "--max-sandboxes", "64")
+    durations: list[float] = []
+    rng = random.Random(10)
+    client = SandboxClient(server.url, server.token, timeout=60)
+
+    async def pair(number: int) -> None:
+        sandbox_id = await client.create_from_pool("base", {"session_ctx_id": f"s{number}"})
+        mode = rng.choice(["now", "starting", "calling", "twice", "after-call"])
+        call = None
+        if mode == "starting":
+            await asyncio.sleep(rng.uniform(0, 0.2))
+        elif mode in ("calling", "after-call"):
+            call = asyncio.create_task(
+                client.call_tool(sandbox_id, "run_shell_command", {"command": "sleep 20 & sleep 5"})
+            )
+            if mode == "after-call":
+                await call
+                call = None
+            else:
+                await asyncio.sleep(rng.uniform(0, 0.5))
+        started = time.monotonic()
+        if mode == "twice":
+            await asyncio.gather(client.release(sandbox_id), client.release(sandbox_id))
+        else:
+            await client.release(sandbox_id)
+        durations.append(time.monotonic() - started)
+        if call is not None:
+            await asyncio.gather(call, return_exceptions=True)
+
+    try:
+        pending = list(range(200))
+        while pending:
+            batch, pending = pending[:12], pending[12:]
+            await asyncio.gather(*(pair(n) for n in batch))
+        assert len(durations) == 200
+        assert max(durations) < 5.0
+        assert list((server.root / "sandboxes").iterdir()) == []
+        assert _jail_pids(server.process.pid) == []
+        assert httpx.get(f"{server.url}/health").json()["sandboxes"] == 0
+        # Shutdown with sandboxes running mid-call: SIGTERM stops them all and exits.
+        ids = [await client.create_from_pool("base", {}) for _ in range(3)]
+        calls = [
+            asyncio.create_task(client.call_tool(i, "run_shell_command", {"command": "sleep 30"}))
+            for i in ids
+        ]
+        await asyncio.sleep(1.0)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(server.process.wait, 15)
+        await asyncio.gather(*calls, return_exceptions=True)
+        assert _jail_pids(server.process.pid) == []
+        assert list((server.root / "sandboxes").iterdir()) == []
+    finally:
+        await client.aclose()
+        stop_server(server)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_one_user_fills_their_share_and_the_next_user_still_gets_a_sandbox(
+    hardened: RunningServer,
+) -> None:
+    async with SandboxService(hardened.url, hardened.token) as service:
+        await service.connect_async("a1", "alice")
+        await service.connect_async("a2", "alice")
+        with pytest.raises(SandboxQuotaError) as refused:
+            await service.connect_async("a3", "alice")
+        assert refused.value.code == "SANDBOX_QUOTA"
+        await service.connect_async("b1", "bob")  # the third, last sandbox of the server
+        health = httpx.get(f"{hardened.url}/health").json()
+        assert (health["status"], health["sandboxes"], health["available"]) == ("full", 3, 0)
+        with pytest.raises(SandboxCapacityError) as full:
+            await service.connect_async("c1", "carol")
+        assert full.value.code == "SANDBOX_CAPACITY"
+        response = httpx.post(
+            f"{hardened.url}/create_from_pool",
+            json={"sandbox_type": "base", "meta": {}},
+            headers={"Authorization": f"Bearer {hardened.token}"},
+        )
+        assert response.status_code == 429
+        assert int(response.headers["retry-after"]) > 0
+        assert response.json()["code"] == "SANDBOX_CAPACITY"
+        for session, user in (("a1", "alice"), ("a2", "alice"), ("b1", "bob")):
+            await service.release_async(session, user)
+
+
+def test_a_chunked_body_past_the_cap_is_refused(hardened: RunningServer) -> None:
+    head = (
+        f"POST /call_tool HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {hardened.token}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    chunk = b"%x\r\n%s\r\n" % (MiB, b" " * MiB)
+    with socket.create_connection(("127.0.0.1", hardened.port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(100):
+                sock.sendall(chunk)
+        except OSError:
+            pass  # the server answered and closed before the 100 MiB were sent
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert httpx.get(f"{hardened.url}/health").status_code == 200
