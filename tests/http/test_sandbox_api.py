@@ -178,3 +178,30 @@ def test_every_router_includes_sandbox_only_with_a_sandbox_server() -> None:
     configured = load_settings(sandbox_base_url="http://127.0.0.1:9", sandbox_bearer_token="t")
     with_server = create_app(settings=configured)
     assert "/sandboxes/{session_id}/tools/{tool_name}" in with_server.openapi()["paths"]
+
+
+def test_a_user_past_their_share_gets_429_and_the_next_user_still_gets_a_sandbox(
+    sandbox_server: RunningServer, keys: Keys
+) -> None:
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url,
+        sandbox_bearer_token=sandbox_server.token,
+        sandbox_max_per_user=2,
+    )
+    app = create_app(["sandbox"], settings=settings, key_store=keys.store)
+    sessions = [f"share-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    with running(app) as url:
+        alice = httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30)
+        bob = httpx.Client(base_url=url, headers=bearer(keys.bob), timeout=30)
+        with alice, bob:
+            assert alice.post(f"/sandboxes/{sessions[0]}").status_code == 200
+            assert alice.post(f"/sandboxes/{sessions[1]}").status_code == 200
+            refused = alice.post(f"/sandboxes/{sessions[2]}")
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) > 0
+            assert refused.json()["error"]["code"] == "SANDBOX_QUOTA"
+            assert bob.post(f"/sandboxes/{sessions[2]}").status_code == 200
+            assert alice.delete(f"/sandboxes/{sessions[0]}").json()["released"] is True
+            assert alice.post(f"/sandboxes/{sessions[2]}").status_code == 200
+            for user, session in ((alice, sessions[1]), (alice, sessions[2]), (bob, sessions[2])):
+                assert user.delete(f"/sandboxes/{session}").json()["released"] is True

@@ -181,7 +181,9 @@ def _without_token_in_environment(argv: list[str]) -> None:
     os.close(writer)
     os.set_inheritable(reader, True)
     command = [sys.executable, "-m", "agentscope_serverless.sandbox_server"]
-    os.execve(sys.executable, [*command, *argv, "--token-fd", str(reader)], dict(os.environ))
+    os.execve(  # noqa: S606 - this same program, started again
+        sys.executable, [*command, *argv, "--token-fd", str(reader)], dict(os.environ)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

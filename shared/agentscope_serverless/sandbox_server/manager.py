@@ -167,6 +167,7 @@ class SandboxManager:
         self._sandboxes: dict[str, _Sandbox] = {}
         self._sessions: dict[str, list[str]] = {}
         self._creating: dict[str | None, int] = {}
+        self._releasing = 0
         self._reaper: asyncio.Task[None] | None = None
         self._warming: set[asyncio.Task[None]] = set()
         self._run_as: tuple[int, int] | None = None
@@ -224,7 +225,7 @@ class SandboxManager:
 
     def health(self) -> dict[str, Any]:
         """Capacity in use and the bounds enforced (what ``GET /health`` says)."""
-        in_use = len(self._sandboxes) + sum(self._creating.values())
+        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
         full = in_use >= self.config.max_sandboxes
         host = self._host
         enforced = host.enforced if host is not None else []
@@ -299,7 +300,7 @@ class SandboxManager:
         return sandbox_id
 
     def _check_capacity(self, owner: str | None, owner_cap: int) -> None:
-        in_use = len(self._sandboxes) + sum(self._creating.values())
+        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
         if in_use >= self.config.max_sandboxes:
             raise SandboxCapacityError(
                 f"this server already runs {self.config.max_sandboxes} sandboxes; "
@@ -329,8 +330,13 @@ class SandboxManager:
             ids.remove(identity)
             if not ids:
                 del self._sessions[session_ctx_id]
-        await sandbox.process.stop()
-        await asyncio.to_thread(self._remove_jail, sandbox.directory, sandbox.cgroup)
+        # Still counted against the capacity until its processes and files are gone.
+        self._releasing += 1
+        try:
+            await sandbox.process.stop()
+            await asyncio.to_thread(self._remove_jail, sandbox.directory, sandbox.cgroup)
+        finally:
+            self._releasing -= 1
         logger.info("released sandbox %s", identity)
         return True
 
