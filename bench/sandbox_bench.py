@@ -6,7 +6,9 @@ with the real client over HTTP:
 - ``connect``: ``SandboxService.connect_async`` for a new session (mapping lookup + create),
 - ``first cell``: the first ``run_ipython_cell`` of that sandbox (interpreter start-up),
 - ``cell``: a small ``run_ipython_cell`` on a warm sandbox,
-- ``shell``: a small ``run_shell_command`` on a warm sandbox.
+- ``shell``: a small ``run_shell_command`` on a warm sandbox,
+- ``cell, no freeze``: the warm cell on a second server started with ``--no-freeze``; its
+  difference from ``cell`` is the freeze/resume overhead of a call (local server only).
 
 Prints a table (median and p95 in milliseconds) and writes JSON to ``bench/results/``::
 
@@ -63,7 +65,7 @@ async def timed(call: Awaitable[Any]) -> float:
     return time.perf_counter() - started
 
 
-def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_local_server(root: Path, token: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -78,6 +80,7 @@ def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes],
             str(root),
             "--log-level",
             "warning",
+            *extra,
         ],
         env={**os.environ, "SANDBOX_SERVER_TOKEN": token},
     )
@@ -95,6 +98,18 @@ def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes],
 
 async def connect(service: SandboxService, session: str, into: list[Sandbox]) -> None:
     into.extend(await service.connect_async(session))
+
+
+async def warm_cells(url: str, token: str, runs: int) -> list[float]:
+    samples = []
+    async with SandboxService(url, token) as service:
+        session = f"bench-warm-{secrets.token_hex(4)}"
+        [warm] = await service.connect_async(session)
+        await warm.run_ipython_cell_async("total = 0")
+        for _ in range(runs):
+            samples.append(await timed(warm.run_ipython_cell_async("total += 1\ntotal")))
+        await service.release_async(session)
+    return samples
 
 
 async def measure(url: str, token: str, runs: int) -> dict[str, dict[str, float]]:
@@ -134,19 +149,28 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="sandbox-bench-"))
         root.chmod(0o711)
         process, url = start_local_server(root / "data", token)
+    unfrozen = None
     try:
         figures = asyncio.run(measure(url, token, args.runs))
+        if root is not None:
+            unfrozen, unfrozen_url = start_local_server(root / "nofreeze", token, "--no-freeze")
+            figures["cell, no freeze"] = summary(
+                asyncio.run(warm_cells(unfrozen_url, token, args.runs))
+            )
+            overhead = figures["cell"]["median_ms"] - figures["cell, no freeze"]["median_ms"]
+            print(f"freeze/resume overhead per call (median difference): {overhead:.2f} ms")
     finally:
-        if process is not None:
-            process.terminate()
-            process.wait(10)
+        for started in (process, unfrozen):
+            if started is not None:
+                started.terminate()
+                started.wait(10)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
 
-    print(f"{'operation':<12} {'runs':>5} {'median ms':>10} {'p95 ms':>10} {'max ms':>10}")
+    print(f"{'operation':<16} {'runs':>5} {'median ms':>10} {'p95 ms':>10} {'max ms':>10}")
     for name, figure in figures.items():
         print(
-            f"{name:<12} {figure['runs']:>5} {figure['median_ms']:>10.1f} "
+            f"{name:<16} {figure['runs']:>5} {figure['median_ms']:>10.1f} "
             f"{figure['p95_ms']:>10.1f} {figure['max_ms']:>10.1f}"
         )
     RESULTS.mkdir(exist_ok=True)

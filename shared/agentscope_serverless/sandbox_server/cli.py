@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         help="processes and threads of a sandbox together (0: no cap)",
     )
     parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="let a sandbox's processes run between calls (they are frozen by default)",
+    )
+    parser.add_argument(
         "--weaker-isolation",
         action="store_true",
         help="run even when this host cannot enforce the totals above",
@@ -219,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         max_sandboxes_per_owner=args.max_sandboxes_per_owner or args.max_sandboxes,
         max_output_bytes=args.max_output_bytes,
         weaker_isolation=args.weaker_isolation,
+        freeze_between_calls=not args.no_freeze,
     )
     manager = SandboxManager(config, toolchain, _host_isolation(config))
     app = create_app(manager, token)

@@ -93,6 +93,8 @@ class ServerConfig:
     max_output_bytes: int = 1024**2
     # Run even when a configured total cannot be enforced by the kernel here.
     weaker_isolation: bool = False
+    # Freeze a sandbox's processes between calls.
+    freeze_between_calls: bool = True
 
     def configured_bounds(self) -> list[str]:
         """The totals this configuration asks for (a zero size turns one off)."""
@@ -101,7 +103,7 @@ class ServerConfig:
             MEMORY: limits.total_memory_bytes > 0,
             PROCESSES: limits.total_processes > 0,
             CPU: limits.cpus > 0,
-            FREEZE: True,
+            FREEZE: self.freeze_between_calls,
             DISK: limits.workspace_bytes > 0,
         }
         return [bound for bound, on in wanted.items() if on]
@@ -286,6 +288,7 @@ class SandboxManager:
                 run_as=self._run_as,
                 cgroup=cgroup,
                 setpriv=self.host.setpriv,
+                freeze=self.config.freeze_between_calls,
             ),
             cgroup=cgroup,
         )

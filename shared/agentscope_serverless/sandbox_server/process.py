@@ -70,12 +70,14 @@ class SandboxProcess:
         run_as: tuple[int, int] | None = None,
         cgroup: SandboxCgroup | None = None,
         setpriv: str | None = None,
+        freeze: bool = True,
     ) -> None:
         self._command = command
         self._log_path = log_path
         self._run_as = run_as
         self._cgroup = cgroup
         self._setpriv = setpriv
+        self._freezes = freeze
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
@@ -131,7 +133,7 @@ class SandboxProcess:
 
     def _freeze(self) -> None:
         # Nothing of the sandbox runs between calls: threads, background processes, timers.
-        if self._cgroup is not None and not self._closed:
+        if self._cgroup is not None and self._freezes and not self._closed:
             try:
                 self._cgroup.freeze()
             except OSError:
