@@ -7,8 +7,9 @@ with the real client over HTTP:
 - ``first cell``: the first ``run_ipython_cell`` of that sandbox (interpreter start-up),
 - ``cell``: a small ``run_ipython_cell`` on a warm sandbox,
 - ``shell``: a small ``run_shell_command`` on a warm sandbox,
-- ``cell, no freeze``: the warm cell on a second server started with ``--no-freeze``; its
-  difference from ``cell`` is the freeze/resume overhead of a call (local server only).
+- ``cell, frozen`` and ``cell, no freeze``: warm cells alternating between this server and a
+  second one started with ``--no-freeze``; the median of their differences is the
+  freeze/resume overhead of a call (local server only).
 
 Prints a table (median and p95 in milliseconds) and writes JSON to ``bench/results/``::
 
@@ -100,15 +101,23 @@ async def connect(service: SandboxService, session: str, into: list[Sandbox]) ->
     into.extend(await service.connect_async(session))
 
 
-async def warm_cells(url: str, token: str, runs: int) -> list[float]:
-    samples = []
-    async with SandboxService(url, token) as service:
-        session = f"bench-warm-{secrets.token_hex(4)}"
-        [warm] = await service.connect_async(session)
-        await warm.run_ipython_cell_async("total = 0")
+async def freeze_overhead(
+    url: str, unfrozen_url: str, token: str, runs: int
+) -> dict[str, list[float]]:
+    """Warm cells alternating between a freezing server and a ``--no-freeze`` one, so both
+    see the same load; the median difference is the freeze/resume overhead of a call."""
+    samples: dict[str, list[float]] = {"cell, frozen": [], "cell, no freeze": []}
+    async with SandboxService(url, token) as frozen, SandboxService(unfrozen_url, token) as plain:
+        session = f"bench-freeze-{secrets.token_hex(4)}"
+        [one] = await frozen.connect_async(session)
+        [other] = await plain.connect_async(session)
+        for box in (one, other):
+            await box.run_ipython_cell_async("total = 0")
         for _ in range(runs):
-            samples.append(await timed(warm.run_ipython_cell_async("total += 1\ntotal")))
-        await service.release_async(session)
+            for name, box in (("cell, frozen", one), ("cell, no freeze", other)):
+                samples[name].append(await timed(box.run_ipython_cell_async("total += 1\ntotal")))
+        await frozen.release_async(session)
+        await plain.release_async(session)
     return samples
 
 
@@ -154,11 +163,13 @@ def main() -> None:
         figures = asyncio.run(measure(url, token, args.runs))
         if root is not None:
             unfrozen, unfrozen_url = start_local_server(root / "nofreeze", token, "--no-freeze")
-            figures["cell, no freeze"] = summary(
-                asyncio.run(warm_cells(unfrozen_url, token, args.runs))
+            pairs = asyncio.run(freeze_overhead(url, unfrozen_url, token, args.runs))
+            figures.update({name: summary(values) for name, values in pairs.items()})
+            overhead = statistics.median(
+                a - b for a, b in zip(pairs["cell, frozen"], pairs["cell, no freeze"], strict=True)
             )
-            overhead = figures["cell"]["median_ms"] - figures["cell, no freeze"]["median_ms"]
-            print(f"freeze/resume overhead per call (median difference): {overhead:.2f} ms")
+            figures["freeze overhead"] = {"runs": args.runs, "median_ms": overhead * 1000}
+            print(f"freeze/resume overhead per call (median of pairs): {overhead * 1000:.2f} ms")
     finally:
         for started in (process, unfrozen):
             if started is not None:
@@ -169,6 +180,8 @@ def main() -> None:
 
     print(f"{'operation':<16} {'runs':>5} {'median ms':>10} {'p95 ms':>10} {'max ms':>10}")
     for name, figure in figures.items():
+        if "p95_ms" not in figure:
+            continue
         print(
             f"{name:<16} {figure['runs']:>5} {figure['median_ms']:>10.1f} "
             f"{figure['p95_ms']:>10.1f} {figure['max_ms']:>10.1f}"

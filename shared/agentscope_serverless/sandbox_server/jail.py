@@ -40,6 +40,7 @@ V1_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu", FREEZE: "free
 V2_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
 CPU_PERIOD_US = 100_000
 KILL_TIMEOUT_SECONDS = 2.0
+MiB = 1024**2
 
 
 def _write(path: Path, value: str) -> None:
@@ -301,25 +302,23 @@ class DiskTools:
     mkfs: str
     mount: str
     umount: str
+    cp: str
 
     @classmethod
     def find(cls) -> DiskTools | None:
         """The tools, when this process may loop-mount file systems (root, loop devices)."""
-        mkfs, mount, umount = (shutil.which(n) for n in ("mkfs.ext4", "mount", "umount"))
+        mkfs, mount, umount, cp = (shutil.which(n) for n in ("mkfs.ext4", "mount", "umount", "cp"))
         if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
             return None
-        if mkfs is None or mount is None or umount is None:
+        if mkfs is None or mount is None or umount is None or cp is None:
             return None
-        return cls(mkfs, mount, umount)
+        return cls(mkfs, mount, umount, cp)
 
 
-def make_workspace(
-    tools: DiskTools, directory: Path, size: int, owner: tuple[int, int] | None
-) -> Path:
-    """A workspace at ``directory/workspace``: a fresh ext4 file system of ``size`` bytes."""
-    image = directory / "workspace.img"
-    workspace = directory / "workspace"
-    workspace.mkdir(mode=0o700)
+def make_template(tools: DiskTools, image: Path, size: int, owner: tuple[int, int] | None) -> Path:
+    """An empty ext4 file system image of ``size`` bytes whose root ``owner`` owns (mode 700),
+    which :func:`make_workspace` copies for each sandbox."""
+    image.parent.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as handle:
         handle.truncate(size)  # sparse: host disk is used only as the sandbox writes
     uid, gid = owner or (os.geteuid(), os.getegid())
@@ -335,10 +334,26 @@ def make_workspace(
         f"root_owner={uid}:{gid},lazy_itable_init=1,nodiscard",
         str(image),
     )
+    mounted = image.with_suffix(".mnt")
+    mounted.mkdir(exist_ok=True)
+    _run(tools.mount, "-o", "loop,nosuid,nodev", str(image), str(mounted))
+    try:
+        with contextlib.suppress(OSError):
+            (mounted / "lost+found").rmdir()
+        mounted.chmod(0o700)
+    finally:
+        _run(tools.umount, str(mounted))
+        mounted.rmdir()
+    return image
+
+
+def make_workspace(tools: DiskTools, directory: Path, template: Path) -> Path:
+    """A workspace at ``directory/workspace``: a fresh copy of the ``template`` file system."""
+    image = directory / "workspace.img"
+    workspace = directory / "workspace"
+    workspace.mkdir(mode=0o700)
+    _run(tools.cp, "--sparse=always", str(template), str(image))
     _run(tools.mount, "-o", "loop,nosuid,nodev", str(image), str(workspace))
-    with contextlib.suppress(OSError):
-        (workspace / "lost+found").rmdir()
-    workspace.chmod(0o700)
     return workspace
 
 
@@ -371,7 +386,7 @@ def probe_disk(tools: DiskTools | None, scratch: Path) -> bool:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     try:
-        make_workspace(tools, directory, 8 * 1024**2, None)
+        make_workspace(tools, directory, make_template(tools, directory / "t.img", 8 * MiB, None))
     except OSError as exc:
         logger.info("no size-capped workspaces: %s", exc)
         return False
@@ -391,6 +406,7 @@ __all__ = [
     "Cgroups",
     "DiskTools",
     "SandboxCgroup",
+    "make_template",
     "make_workspace",
     "probe_disk",
     "remove_workspace",

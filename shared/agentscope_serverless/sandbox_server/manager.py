@@ -56,6 +56,7 @@ from agentscope_serverless.sandbox_server.jail import (
     PROCESSES,
     HostIsolation,
     SandboxCgroup,
+    make_template,
     make_workspace,
     remove_workspace,
 )
@@ -174,6 +175,7 @@ class SandboxManager:
         self._warming: set[asyncio.Task[None]] = set()
         self._run_as: tuple[int, int] | None = None
         self._closing = False
+        self._template: Path | None = None
         self._agent_source = Path(agent.__file__).read_text()
 
     @property
@@ -208,6 +210,15 @@ class SandboxManager:
         if os.geteuid() == 0:
             self._run_as = (SANDBOX_UID, SANDBOX_GID)
             check_reachable(root / "sandboxes", SANDBOX_UID)
+        if self._host.disk is not None and self.config.limits.workspace_bytes > 0:
+            # Made once; each sandbox's workspace is a (sparse) copy of it.
+            self._template = await asyncio.to_thread(
+                make_template,
+                self._host.disk,
+                root / "template" / "workspace.img",
+                self.config.limits.workspace_bytes,
+                self._run_as,
+            )
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def close(self) -> None:
@@ -437,10 +448,8 @@ class SandboxManager:
                     processes=limits.total_processes,
                     cpus=limits.cpus,
                 )
-            if host.disk is not None and limits.workspace_bytes > 0:
-                workspace = make_workspace(
-                    host.disk, directory, limits.workspace_bytes, self._run_as
-                )
+            if host.disk is not None and self._template is not None:
+                workspace = make_workspace(host.disk, directory, self._template)
             else:
                 workspace = directory / "workspace"
                 workspace.mkdir(mode=0o700)

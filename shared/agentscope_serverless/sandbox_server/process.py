@@ -117,7 +117,8 @@ class SandboxProcess:
         self.calls_in_flight += 1
         try:
             async with self._lock:
-                self._thaw()
+                if self._closed:
+                    raise SandboxNotFoundError("the sandbox was released")
                 try:
                     return await self._call(tool, arguments, time_limit)
                 finally:
@@ -142,12 +143,16 @@ class SandboxProcess:
     async def _call(
         self, tool: str, arguments: dict[str, Any], time_limit: float
     ) -> CallToolResult:
+        if not self.running:
+            self._thaw()  # a new process must not join a frozen cgroup
         process = await self._ensure_started()
         assert process.stdin is not None and process.stdout is not None
         self._next_id += 1
         request = {"id": self._next_id, "tool": tool, "arguments": arguments, "timeout": time_limit}
         try:
             process.stdin.write((json.dumps(request) + "\n").encode())
+            # Thawed once the request waits in the pipe: the agent wakes once, to read it.
+            self._thaw()
             await process.stdin.drain()
             line = await asyncio.wait_for(process.stdout.readline(), time_limit + GRACE_SECONDS)
         except TimeoutError:
