@@ -24,7 +24,22 @@ from typing import Any
 import httpx
 import pytest
 
-from agentscope_serverless.errors import SandboxCapacityError, SandboxQuotaError
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    SandboxCapacityError,
+    SandboxQuotaError,
+)
+from agentscope_serverless.sandbox_server.isolation import Toolchain
+from agentscope_serverless.sandbox_server.jail import (
+    CPU,
+    DISK,
+    FREEZE,
+    MEMORY,
+    PROCESSES,
+    Cgroups,
+    HostIsolation,
+)
+from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 from agentscope_serverless.services.sandbox import SandboxService
 from agentscope_serverless.services.sandbox.client import SandboxClient
 from tests.support.sandbox_server import RunningServer, start_server, stop_server
@@ -261,6 +276,22 @@ def _jail_pids(server_pid: int) -> list[int]:
     return found
 
 
+def _leftovers(server_pid: int, sandbox_id: str) -> list[str]:
+    """Mounts, processes and cgroups left by a server (its cgroups sit below this test's)."""
+    found = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    found = [line for line in found if sandbox_id in line]
+    found += [f"pid {pid}" for pid in _jail_pids(server_pid)]
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        hierarchy = Path("/sys/fs/cgroup")
+        if controllers:
+            hierarchy /= controllers.split(",")[0]
+        parent = hierarchy / path.lstrip("/") / f"agentscope-sandbox-{server_pid}"
+        if parent.exists():
+            found.append(str(parent))
+    return found
+
+
 @pytest.fixture
 def cpu_burners() -> Iterator[None]:
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
@@ -375,3 +406,51 @@ def test_a_chunked_body_past_the_cap_is_refused(hardened: RunningServer) -> None
         reply = sock.recv(65536)
     assert reply.startswith(b"HTTP/1.1 413")
     assert httpx.get(f"{hardened.url}/health").status_code == 200
+
+
+async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
+    # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
+    tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-weaker-"))
+    tmp_path.chmod(0o711)
+    toolchain = Toolchain.find("/usr/bin/python3")
+    nothing = HostIsolation(Cgroups(), None, None)  # a host without cgroups or loop devices
+    strict = SandboxManager(ServerConfig(tmp_path / "strict"), toolchain, nothing)
+    with pytest.raises(ConfigurationError, match="memory, processes, cpu, freeze, workspace"):
+        await strict.start()
+    weaker = SandboxManager(
+        ServerConfig(tmp_path / "weaker", weaker_isolation=True), toolchain, nothing
+    )
+    await weaker.start()
+    try:
+        health = weaker.health()
+        assert health["enforced"] == []
+        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK]
+    finally:
+        await weaker.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_root() -> None:
+    root = Path(tempfile.mkdtemp(prefix="sandbox-crash-"))
+    first = start_server(root, "--workspace-mb", "16")
+    try:
+        client = SandboxClient(first.url, first.token, timeout=30)
+        sandbox_id = await client.create_from_pool("base", {})
+        call = asyncio.create_task(
+            client.call_tool(sandbox_id, "run_shell_command", {"command": "sleep 30"})
+        )
+        await asyncio.sleep(1.0)
+        first.process.kill()
+        await asyncio.to_thread(first.process.wait)
+        await asyncio.gather(call, return_exceptions=True)
+        await client.aclose()
+        assert (first.root / "sandboxes" / sandbox_id).exists()
+        second = start_server(root, "--workspace-mb", "16")
+        try:
+            assert list((second.root / "sandboxes").iterdir()) == []
+            assert await asyncio.to_thread(_leftovers, first.process.pid, sandbox_id) == []
+        finally:
+            stop_server(second)
+    finally:
+        stop_server(first)
+        shutil.rmtree(root, ignore_errors=True)

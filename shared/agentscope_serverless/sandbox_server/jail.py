@@ -63,6 +63,23 @@ def _own_cgroup(version: int, controller: str = "") -> str | None:
     return None
 
 
+def remove_stale_groups(directory: Path) -> None:
+    """Remove the groups left under ``directory`` by servers that died (killed, crashed):
+    whatever still runs in them is killed first."""
+    for parent in directory.glob("agentscope-sandbox-*"):
+        pid = parent.name.removeprefix("agentscope-sandbox-").removesuffix("-server")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists() or not parent.is_dir():
+            continue
+        children = [child for child in parent.iterdir() if child.is_dir()]
+        for child in children:
+            version = 2 if (child / "cgroup.controllers").exists() else 1
+            freezer = child if (child / "freezer.state").exists() or version == 2 else None
+            SandboxCgroup(version, {"group": child}, freezer).remove()
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+        logger.info("removed the cgroups of a server that is gone (%s)", parent.name)
+
+
 class Cgroups:
     """The control groups of this server: one parent, one child per sandbox."""
 
@@ -182,6 +199,8 @@ class CgroupsV1(Cgroups):
             if own is None or not (hierarchy / "cgroup.procs").exists():
                 continue
             parent = hierarchy / own.lstrip("/") / name
+            with contextlib.suppress(OSError):
+                remove_stale_groups(parent.parent)
             try:
                 parent.mkdir(exist_ok=True)
                 if controller == "memory":
@@ -238,6 +257,8 @@ class CgroupsV2(Cgroups):
         if own is None:
             return cls(None, frozenset())
         base = CGROUP_ROOT / own.lstrip("/")
+        with contextlib.suppress(OSError):
+            remove_stale_groups(base)
         try:
             available = set((base / "cgroup.controllers").read_text().split())
             parent = base / name

@@ -199,6 +199,7 @@ class SandboxManager:
         (root / "sandboxes").chmod(0o711)
         if self._host is None:
             self._host = await asyncio.to_thread(HostIsolation.probe, root)
+        await asyncio.to_thread(self._remove_leftovers)
         missing = self._host.missing(self.config.configured_bounds())
         if missing and not self.config.weaker_isolation:
             self._host.close()
@@ -459,6 +460,15 @@ class SandboxManager:
             self._remove_jail(directory, cgroup)
             raise
         return workspace, cgroup
+
+    def _remove_leftovers(self) -> None:
+        # Sandboxes of an earlier server on this root that did not shut down cleanly.
+        for directory in (self.config.root / "sandboxes").iterdir():
+            logger.info("removing sandbox %s left by an earlier server", directory.name)
+            if self.host.disk is not None:
+                with contextlib.suppress(OSError):
+                    remove_workspace(self.host.disk, directory)
+            shutil.rmtree(directory, ignore_errors=True)
 
     def _remove_jail(self, directory: Path, cgroup: SandboxCgroup | None) -> None:
         if cgroup is not None:
