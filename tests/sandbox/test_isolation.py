@@ -411,7 +411,7 @@ def test_a_chunked_body_past_the_cap_is_refused(hardened: RunningServer) -> None
 async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
     # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
     tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-weaker-"))
-    tmp_path.chmod(0o711)
+    os.chmod(tmp_path, 0o711)
     toolchain = Toolchain.find("/usr/bin/python3")
     nothing = HostIsolation(Cgroups(), None, None)  # a host without cgroups or loop devices
     strict = SandboxManager(ServerConfig(tmp_path / "strict"), toolchain, nothing)
