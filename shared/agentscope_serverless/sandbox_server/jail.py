@@ -41,6 +41,7 @@ V2_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
 CPU_PERIOD_US = 100_000
 KILL_TIMEOUT_SECONDS = 2.0
 MiB = 1024**2
+HOST_CPUS = os.cpu_count() or 1
 
 
 def _write(path: Path, value: str) -> None:
@@ -206,6 +207,10 @@ class CgroupsV1(Cgroups):
                 if controller == "memory":
                     with contextlib.suppress(OSError):
                         _write(parent / "memory.use_hierarchy", "1")
+                if controller == "cpu":
+                    # All sandboxes together weigh as much as a busy task per host CPU.
+                    with contextlib.suppress(OSError):
+                        _write(parent / "cpu.shares", str(1024 * HOST_CPUS))
             except OSError as exc:
                 logger.info("no %s cgroup: %s", controller, exc)
                 continue
@@ -272,6 +277,9 @@ class CgroupsV2(Cgroups):
             if enable:
                 _write(base / "cgroup.subtree_control", enable)
                 _write(parent / "cgroup.subtree_control", enable)
+            if "cpu" in available:
+                with contextlib.suppress(OSError):
+                    _write(parent / "cpu.weight", str(min(10000, 100 * HOST_CPUS)))
         except OSError as exc:
             logger.info("no delegated cgroup v2 hierarchy: %s", exc)
             return cls(None, frozenset())
