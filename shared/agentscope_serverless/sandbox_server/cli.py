@@ -177,26 +177,28 @@ def _host_isolation(config: ServerConfig) -> HostIsolation:
     return host
 
 
-def _without_token_in_environment(argv: list[str]) -> None:
-    """Start again with the token on a pipe and gone from the environment: the kernel keeps
-    a process's initial environment readable in ``/proc/<pid>/environ`` for its whole life."""
+def _without_token_in_environment(argv: list[str], *, pass_token: bool) -> None:
+    """Start again with the token gone from the environment (on a pipe when ``pass_token``):
+    the kernel keeps a process's initial environment readable in ``/proc/<pid>/environ``."""
     token = os.environ.pop(TOKEN_ENV).encode()
-    reader, writer = os.pipe()
-    os.write(writer, token)  # far less than a pipe's buffer
-    os.close(writer)
-    os.set_inheritable(reader, True)
-    command = [sys.executable, "-m", "agentscope_serverless.sandbox_server"]
-    os.execve(  # noqa: S606 - this same program, started again
-        sys.executable, [*command, *argv, "--token-fd", str(reader)], dict(os.environ)
-    )
+    command = [sys.executable, "-m", "agentscope_serverless.sandbox_server", *argv]
+    if pass_token:
+        reader, writer = os.pipe()
+        os.write(writer, token)  # far less than a pipe's buffer
+        os.close(writer)
+        os.set_inheritable(reader, True)
+        command += ["--token-fd", str(reader)]
+    os.execve(sys.executable, command, dict(os.environ))  # noqa: S606 - this same program
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
-    if TOKEN_ENV in os.environ and args.token_fd is None and not args.token_file:
-        _without_token_in_environment(argv)
+    if TOKEN_ENV in os.environ:
+        _without_token_in_environment(
+            argv, pass_token=args.token_fd is None and not args.token_file
+        )
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         token = _token(args)
