@@ -276,6 +276,20 @@ def _jail_pids(server_pid: int) -> list[int]:
     return found
 
 
+def _bwrap_uids_of_children(parent: int) -> set[int]:
+    uids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if command.startswith(b"/usr/bin/bwrap\0") and fields["PPid"].strip() == str(parent):
+            uids.add(int(fields["Uid"].split()[0]))
+    return uids
+
+
 def _leftovers(server_pid: int, sandbox_id: str) -> list[str]:
     """Mounts, processes and cgroups left by a server (its cgroups sit below this test's)."""
     found = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -425,6 +439,14 @@ async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unles
         health = weaker.health()
         assert health["enforced"] == []
         assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK]
+        # Still jailed, as the unprivileged uid, only without the kernel-enforced totals.
+        sandbox_id = await weaker.create_from_pool("base", {})
+        command = {"command": "sleep 1"}
+        call = asyncio.create_task(weaker.call_tool(sandbox_id, "run_shell_command", command))
+        await asyncio.sleep(0.5)
+        owners = await asyncio.to_thread(_bwrap_uids_of_children, os.getpid())
+        await call
+        assert owners == {65534 if os.geteuid() == 0 else os.geteuid()}
     finally:
         await weaker.close()
         shutil.rmtree(tmp_path, ignore_errors=True)

@@ -234,7 +234,10 @@ class SandboxProcess:
                 with os.fdopen(writer, "wb") as stream:
                     stream.write(data)  # a few KiB: fits the pipe buffer
             argv = list(jail.argv)
-            if self._run_as is not None and self._setpriv is not None:
+            drop: dict[str, Any] = {}
+            if self._run_as is not None and self._setpriv is None:
+                drop = {"user": self._run_as[0], "group": self._run_as[1], "extra_groups": []}
+            elif self._run_as is not None and self._setpriv is not None:
                 uid, gid = self._run_as
                 argv = [
                     self._setpriv,
@@ -256,6 +259,7 @@ class SandboxProcess:
                 pass_fds=readers,
                 env=dict(BWRAP_ENVIRONMENT),  # never the server's own environment
                 cwd="/",
+                **drop,
             )
         finally:
             os.close(log)
