@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +17,7 @@ from agentscope_serverless.http.app import ROUTERS
 from agentscope_serverless.local_stack import free_port
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, issue_key, running
-from tests.support.sandbox_server import RunningServer
+from tests.support.sandbox_server import RunningServer, proc_scan_code
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +208,44 @@ def test_a_user_past_their_share_gets_429_and_the_next_user_still_gets_a_sandbox
             assert alice.post(f"/sandboxes/{sessions[2]}").status_code == 200
             for user, session in ((alice, sessions[1]), (alice, sessions[2]), (bob, sessions[2])):
                 assert user.delete(f"/sandboxes/{session}").json()["released"] is True
+
+
+def embedded_servers_of(parent: int) -> list[bytes]:
+    """The environments of the embedded sandbox servers ``parent`` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if b"agentscope_serverless.sandbox_server\0--uds" in command and (
+            f"PPid:\t{parent}\n" in status
+        ):
+            found.append((entry / "environ").read_bytes())
+    return found
+
+
+def test_the_apps_embedded_sandbox_server_sees_none_of_the_apps_secrets(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary = "canary-" + uuid.uuid4().hex
+    monkeypatch.setenv("LLM_API_KEY", canary)
+    monkeypatch.setenv("REDIS_URL", f"redis://:{canary}@127.0.0.1:1/0")
+    monkeypatch.delenv("SANDBOX_BASE_URL", raising=False)
+    app = create_app(["sandbox"], settings=load_settings(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as alice:
+        session = f"s-{uuid.uuid4().hex[:10]}"
+        assert alice.post(f"/sandboxes/{session}", timeout=60).status_code == 200
+        scan = alice.post(
+            f"/sandboxes/{session}/tools/run_ipython_cell",
+            json={"code": proc_scan_code([canary])},
+            timeout=60,
+        )
+        assert scan.status_code == 200, scan.text
+        assert json.loads(stdout(scan.json()))["hits"] == []
+        servers = embedded_servers_of(os.getpid())
+        assert servers
+        for environ in servers:
+            assert canary.encode() not in environ
+        assert alice.delete(f"/sandboxes/{session}").json()["released"] is True

@@ -42,7 +42,12 @@ from agentscope_serverless.sandbox_server.jail import (
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 from agentscope_serverless.services.sandbox import SandboxService
 from agentscope_serverless.services.sandbox.client import SandboxClient
-from tests.support.sandbox_server import RunningServer, start_server, stop_server
+from tests.support.sandbox_server import (
+    RunningServer,
+    proc_scan_code,
+    start_server,
+    stop_server,
+)
 
 CANARY = "canary-" + "c4n4ry" * 4
 MiB = 1024**2
@@ -90,47 +95,9 @@ async def _cell(client: SandboxClient, sandbox_id: str, code: str) -> Any:
     return await client.call_tool(sandbox_id, "run_ipython_cell", {"code": code})
 
 
-# Walks every readable file under /proc (environ and cmdline of every pid, mountinfo...),
-# the environment and /dev, and prints which of the words appear where.
-SCAN = r"""
-import json, os
-words = WORDS
-hits = []
-skip = {"kcore", "kmsg", "pagemap", "mem", "clear_refs", "kpagecount", "kpageflags",
-        "kpagecgroup", "oom_score_adj", "attr", "map_files"}
-def scan(path, data):
-    for word in words:
-        if word.encode() in data:
-            hits.append([path, word])
-for top, dirs, files in os.walk("/proc", followlinks=False):
-    top_level = ("sys", "self", "thread-self") if top == "/proc" else ()
-    dirs[:] = [d for d in dirs if d not in skip and d not in top_level]
-    if top.count("/") > 4:
-        dirs[:] = []
-    for name in files:
-        if name in skip:
-            continue
-        path = os.path.join(top, name)
-        try:
-            with open(path, "rb") as handle:
-                scan(path, handle.read(1 << 20))
-        except OSError:
-            pass
-scan("environ", "\0".join(f"{k}={v}" for k, v in os.environ.items()).encode())
-for top, dirs, files in os.walk("/dev"):
-    scan(top, " ".join(dirs + files).encode())
-pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-print(json.dumps({"hits": hits, "pids": pids}))
-"""
-
-
 async def _health(url: str) -> httpx.Response:
     async with httpx.AsyncClient() as http:
         return await http.get(f"{url}/health")
-
-
-def _scan(words: list[str]) -> str:
-    return SCAN.replace("WORDS", json.dumps(words))
 
 
 async def test_no_token_canary_or_host_path_readable_anywhere_in_the_sandbox(
@@ -139,7 +106,7 @@ async def test_no_token_canary_or_host_path_readable_anywhere_in_the_sandbox(
     sandbox_id = await client.create_from_pool("base", {})
     try:
         words = [hardened.token, CANARY, str(hardened.root)]
-        report = json.loads(stdout(await _cell(client, sandbox_id, _scan(words))))
+        report = json.loads(stdout(await _cell(client, sandbox_id, proc_scan_code(words))))
         assert report["hits"] == []
         assert 1 in report["pids"]  # bwrap itself, whose environ used to be the server's
     finally:
@@ -164,7 +131,7 @@ async def test_embedded_server_gets_none_of_the_apps_environment(
         assert embedded.token.encode() not in server_environ
         [box] = await service.connect_async("canary-session", "u1")
         report = json.loads(
-            stdout(await box.run_ipython_cell_async(_scan([CANARY, embedded.token])))
+            stdout(await box.run_ipython_cell_async(proc_scan_code([CANARY, embedded.token])))
         )
         assert report["hits"] == []
 
