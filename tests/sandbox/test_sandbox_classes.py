@@ -238,7 +238,11 @@ def test_names_and_signatures_follow_agentscope() -> None:
         assert inspect.iscoroutinefunction(getattr(SandboxManager, f"{operation}_async"))
 
 
-def test_the_readme_example_runs_on_the_server(sandbox_server: RunningServer) -> None:
+def test_the_readme_example_runs_on_the_server(
+    sandbox_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOX_SERVER_TOKEN", sandbox_server.token)
+    monkeypatch.delenv("SANDBOX_BASE_URL", raising=False)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("### AgentScope's sandbox protocol and client classes") :]
     example = re.search(r"```python\n(.*?)```", section, re.S)
