@@ -130,9 +130,13 @@ class EmbeddedSandboxServer:
             while time.monotonic() < deadline:
                 assert self._process is not None
                 if self._process.poll() is not None:
-                    raise SandboxUnavailableError(
-                        f"the embedded sandbox server exited: {self._log_tail()}"
-                    )
+                    tail = self._log_tail()
+                    if "--weaker-isolation" in tail:
+                        tail += (
+                            " (for the embedded server: set SANDBOX_WEAKER_ISOLATION=true to "
+                            "run it without those totals)"
+                        )
+                    raise SandboxUnavailableError(f"the embedded sandbox server exited: {tail}")
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get("http://sandbox/health")).is_success:
                         return
