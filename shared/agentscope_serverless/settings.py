@@ -106,6 +106,14 @@ class Settings(BaseSettings):
     sandbox_timeout_seconds: float = Field(
         90.0, gt=0, description="Time limit of one request to the sandbox server, in seconds."
     )
+    sandbox_max_per_user: int = Field(
+        4, ge=1, le=1024, description="Sandboxes one user may hold at once (their share)."
+    )
+    sandbox_weaker_isolation: bool = Field(
+        False,
+        description="Let the embedded sandbox server run where the kernel cannot enforce "
+        "its totals (no root, no cgroups or loop devices).",
+    )
 
     agent_app: str = Field(
         "agentscope_serverless.agents.demo:app",
