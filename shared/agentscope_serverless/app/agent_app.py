@@ -31,7 +31,13 @@ from pydantic import SecretStr
 
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
+from agentscope_serverless.runner import (
+    DEFAULT_HISTORY_WINDOW,
+    FRAMEWORKS,
+    LifecycleHandler,
+    QueryHandler,
+    Runner,
+)
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -44,7 +50,10 @@ from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
-from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.services.session_history.base import (
+    MAX_PAGE_SIZE,
+    SessionHistoryService,
+)
 from agentscope_serverless.settings import Settings
 
 if TYPE_CHECKING:
@@ -63,7 +72,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ``before_start(app)`` and ``after_finish(app)`` (sync or async) run around the HTTP
     server's lifetime, with the web application as argument. ``endpoint_path`` is where the
     process endpoint is served, and ``request_model`` (an :class:`AgentRequest` subclass)
-    validates its body.
+    validates its body. ``history_window`` is how many of the session's last messages a run
+    hands to the handler (default: the ``AGENT_HISTORY_WINDOW`` setting, 100).
     """
 
     def __init__(
@@ -83,6 +93,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         state_service: StateService | None = None,
         sandbox_service: SandboxService | None = None,
         with_sandbox: bool = False,
+        history_window: int | None = None,
         broker_url: str | None = None,
         backend_url: str | None = None,
         enable_embedded_worker: bool = False,
@@ -118,6 +129,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self.with_sandbox = with_sandbox or sandbox_service is not None
         self.custom_endpoints: list[dict[str, Any]] = []
         self._runner = runner
+        if history_window is not None and (
+            isinstance(history_window, bool)
+            or not isinstance(history_window, int)
+            or not 0 <= history_window <= MAX_PAGE_SIZE
+        ):
+            raise ValueError(f"history_window must be an integer from 0 to {MAX_PAGE_SIZE}")
+        self.history_window = history_window
         self._given_services: dict[str, Any] = {
             name: service
             for name, service in (
@@ -274,17 +292,21 @@ class AgentApp(ServiceLifecycleManagerMixin):
         *,
         memory_top_k: int = 5,
         settings: Settings | None = None,
+        history_window: int = DEFAULT_HISTORY_WINDOW,
     ) -> Runner:
         """A runner of this app's handlers on ``services`` (started and stopped by the caller).
 
-        With ``settings``, their secret values are scrubbed from the error messages of
-        failed runs. With ``runner=`` given to the constructor, that runner is used.
+        The app's own ``history_window``, when set, wins over the one passed here. With
+        ``settings``, their secret values are scrubbed from the error messages of failed
+        runs. With ``runner=`` given to the constructor, that runner is used.
         """
+        window = self.history_window if self.history_window is not None else history_window
         secrets = secret_values(settings) if settings is not None else []
         if self._runner is not None:
             runner = self._runner
             runner.secrets = secrets
             runner.memory_top_k = memory_top_k
+            runner.history_window = window
             runner.use_services(services)
             return runner
         return Runner(
@@ -295,6 +317,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             services=services,
             memory_top_k=memory_top_k,
             secrets=secrets,
+            history_window=window,
         )
 
     async def start(self) -> None:
