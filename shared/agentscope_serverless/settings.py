@@ -22,6 +22,7 @@ from agentscope_serverless.errors import ConfigurationError
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
 StateBackend = Literal["in_memory", "redis", "dynamodb"]
+RunsBackend = Literal["in_memory", "redis", "dynamodb"]
 KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
 AuthMode = Literal["keys", "iam"]
 
@@ -45,6 +46,22 @@ class Settings(BaseSettings):
     )
     state_backend: StateBackend = Field(
         "in_memory", description="Where agent state lives: in_memory, redis or dynamodb."
+    )
+    runs_backend: RunsBackend | None = Field(
+        None,
+        description=(
+            "Where runs (status and events, for resume and cancel) live: in_memory, redis or"
+            " dynamodb; unset: the session history backend."
+        ),
+    )
+    runs_ttl_seconds: int = Field(
+        86400, ge=1, description="How long a run and its events are kept after its last write."
+    )
+    runs_cancel_poll_seconds: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="How often a running run checks the store for a cancellation request.",
     )
 
     redis_url: SecretStr = Field(
@@ -81,6 +98,9 @@ class Settings(BaseSettings):
     )
     dynamodb_state_table: str = Field(
         "agentscope-state", min_length=3, description="DynamoDB table for agent state."
+    )
+    dynamodb_runs_table: str = Field(
+        "agentscope-runs", min_length=3, description="DynamoDB table for runs and their events."
     )
     dynamodb_endpoint_url: str | None = Field(
         None, description="DynamoDB endpoint (for a local emulator); unset: AWS."

@@ -162,6 +162,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """The services a runner of this app uses: those passed in, the rest from settings."""
         from agentscope_serverless.services.factory import (
             create_memory_service,
+            create_runs_service,
             create_session_history_service,
             create_state_service,
         )
@@ -170,6 +171,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             "session_history": create_session_history_service,
             "memory": create_memory_service,
             "state": create_state_service,
+            "runs": create_runs_service,
         }
         manager = ServiceManager()
         for name, build in builders.items():

@@ -4,8 +4,8 @@
 >>> app = create_app()                      # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
-``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
-there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
+``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
+runs: mounted with ``process`` too); ``/health`` is always there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
 sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
 server and needs bubblewrap, so it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
@@ -35,13 +35,14 @@ from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
-ROUTERS = ("process", "sessions", "memory", "state", "sandbox")
+ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs")
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",
     "memory": "memory",
     "state": "state",
     "sandbox": "sandbox",
+    "runs": "runs",
 }
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
@@ -71,12 +72,23 @@ def create_app(
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:
         services = _services_for(names, settings)
+    # The process router records its runs, so it serves the runs routes too.
+    if "process" in names and "runs" not in names:
+        names = (*names, "runs")
+    if "runs" in names and not services.has_service("runs"):
+        services.register_service("runs", _build_service("runs", settings))
+    recorder = None
+    if "runs" in names:
+        from agentscope_serverless.recorder import RunRecorder
+
+        recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=services,
         agent_app=agent_app,
         runner=runner,
+        recorder=recorder,
     )
     title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
     app = new_application(
@@ -90,7 +102,7 @@ def create_app(
     if agent_app is not None and "process" in names:
         process = importlib.import_module(f"{__package__}.routers.process")
         app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name in ("sessions", "memory", "state", "sandbox"):
+    for name in ("sessions", "memory", "state", "sandbox", "runs"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
     return app
@@ -141,6 +153,7 @@ def _build_service(name: str, settings: Settings) -> Any:
         "session_history": factory.create_session_history_service,
         "memory": factory.create_memory_service,
         "state": factory.create_state_service,
+        "runs": factory.create_runs_service,
     }
     return builders[name](settings)
 
@@ -172,6 +185,8 @@ def _lifespan(context: AppContext) -> Lifespan:
                 await call_hook(context.agent_app.before_start, app)
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
                 await stack.enter_async_context(context.runner)
+            if context.recorder is not None:
+                stack.push_async_callback(context.recorder.aclose)
             yield
 
     return lifespan
