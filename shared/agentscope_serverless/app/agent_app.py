@@ -42,6 +42,7 @@ from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
+from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
     from agentscope_serverless.services.sandbox.service import SandboxService
@@ -96,6 +97,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             )
             if service is not None
         }
+        self.tasks: list[TaskDefinition] = []
         self._query_handler: QueryHandler | None = None
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
@@ -111,6 +113,23 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """Register ``func(self)`` to run when the app stops."""
         self._shutdown_handler = func
         return func
+
+    def task(self, path: str, queue: str = "default") -> Callable[[HandlerT], HandlerT]:
+        """Register ``func(payload)`` (sync or async) as a background task served at ``path``.
+
+        ``POST path`` with a JSON body submits it and answers at once with a ``task_id``;
+        ``GET /tasks/{task_id}`` gives its status and result. ``queue`` is kept for
+        compatibility (there is no broker: tasks run in the server, or as asynchronous
+        invocations of the function on Lambda).
+        """
+        if not path.startswith("/"):
+            raise ValueError(f"a task path must start with '/', got {path!r}")
+
+        def register(func: HandlerT) -> HandlerT:
+            self.tasks.append(TaskDefinition(path=path, function=func, queue=queue))
+            return func
+
+        return register
 
     @overload
     def query(self, *, framework: str = "text") -> Callable[[HandlerT], HandlerT]: ...

@@ -77,11 +77,14 @@ def create_app(
         names = (*names, "runs")
     if "runs" in names and not services.has_service("runs"):
         services.register_service("runs", _build_service("runs", settings))
-    recorder = None
+    recorder = task_executor = None
     if "runs" in names:
         from agentscope_serverless.recorder import RunRecorder
+        from agentscope_serverless.tasks import LocalTaskExecutor
 
         recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
+        if agent_app is not None and "process" in names:
+            task_executor = LocalTaskExecutor(services["runs"])  # type: ignore[arg-type]
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
@@ -89,6 +92,7 @@ def create_app(
         agent_app=agent_app,
         runner=runner,
         recorder=recorder,
+        task_executor=task_executor,
     )
     title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
     app = new_application(
@@ -105,6 +109,9 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox", "runs"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+    if context.task_executor is not None and agent_app is not None:
+        tasks = importlib.import_module(f"{__package__}.routers.tasks")
+        app.include_router(tasks.build_router(agent_app.tasks, context.task_executor))
     return app
 
 
@@ -187,6 +194,8 @@ def _lifespan(context: AppContext) -> Lifespan:
                 await stack.enter_async_context(context.runner)
             if context.recorder is not None:
                 stack.push_async_callback(context.recorder.aclose)
+            if context.task_executor is not None:
+                stack.push_async_callback(context.task_executor.aclose)
             yield
 
     return lifespan
