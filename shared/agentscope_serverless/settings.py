@@ -64,6 +64,14 @@ class Settings(BaseSettings):
         description="How often a running run checks the store for a cancellation request.",
     )
 
+    a2a_base_url: str | None = Field(
+        None,
+        description=(
+            "The base URL in the A2A agent card (the Function URL on AWS); unset: the URL the"
+            " card was requested at."
+        ),
+    )
+
     redis_url: SecretStr = Field(
         SecretStr("redis://127.0.0.1:6379/0"),
         description="Redis URL (redis:// or rediss:// for TLS; may carry credentials).",

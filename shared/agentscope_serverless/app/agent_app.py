@@ -98,6 +98,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
             if service is not None
         }
         self.tasks: list[TaskDefinition] = []
+        # The skills of the A2A agent card: dicts with name, description, tags, examples.
+        self.a2a_skills: list[dict[str, Any]] = []
         self._query_handler: QueryHandler | None = None
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None

@@ -109,6 +109,9 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox", "runs"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+    if agent_app is not None and "process" in names:
+        a2a = importlib.import_module(f"{__package__}.routers.a2a")
+        app.state.a2a_handler = a2a.mount(app, context)
     if context.task_executor is not None and agent_app is not None:
         tasks = importlib.import_module(f"{__package__}.routers.tasks")
         app.include_router(tasks.build_router(agent_app.tasks, context.task_executor))
@@ -196,6 +199,9 @@ def _lifespan(context: AppContext) -> Lifespan:
                 stack.push_async_callback(context.recorder.aclose)
             if context.task_executor is not None:
                 stack.push_async_callback(context.task_executor.aclose)
+            a2a_handler = getattr(app.state, "a2a_handler", None)
+            if a2a_handler is not None:
+                stack.push_async_callback(a2a_handler.aclose)
             yield
 
     return lifespan

@@ -32,7 +32,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.services._validation import require_user_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 
-RunKind = Literal["process", "openai", "a2a", "task"]
+RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
 # A run is in progress until it ends with one of these.
 FINISHED = frozenset({"completed", "failed", "canceled"})
 MAX_RUN_ID_LENGTH = 256
@@ -119,6 +119,13 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             update={"status": status, "result": result, "error": error, "updated_at": time.time()}
         )
         await self._save(record)
+
+    async def save_run(self, record: RunRecord) -> None:
+        """Replace the record of an existing run (its cancellation mark is kept)."""
+        self._ensure_started()
+        require_user_id(record.user_id)
+        require_run_id(record.id)
+        await self._save(record.model_copy(update={"updated_at": time.time()}))
 
     async def request_cancel(self, user_id: str, run_id: str) -> RunRecord | None:
         """Mark the run for cancellation; the run as it is now, or None when not found."""
