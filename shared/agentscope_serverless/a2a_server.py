@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from a2a.helpers.proto_helpers import new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
@@ -37,7 +38,6 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
-from a2a.helpers.proto_helpers import new_text_message
 from a2a.types import Role as A2ARole
 from google.protobuf.json_format import MessageToDict, ParseDict
 
@@ -134,8 +134,12 @@ class RunsAgentExecutor(AgentExecutor):
         elif final.status == RunStatus.Failed:
             message = final.error.message if final.error else "the agent failed"
             await updater.failed(
-                new_text_message(message, context_id=updater.context_id, task_id=updater.task_id,
-                                 role=A2ARole.ROLE_AGENT)
+                new_text_message(
+                    message,
+                    context_id=updater.context_id,
+                    task_id=updater.task_id,
+                    role=A2ARole.ROLE_AGENT,
+                )
             )
         else:
             await updater.complete()
@@ -178,7 +182,8 @@ class RunsTaskStore(TaskStore):
         record = await self.runs.get_run(owner_of(context), task_id)
         if record is None or record.kind != "a2a_task":
             return None
-        return ParseDict(record.result, Task(), ignore_unknown_fields=True)
+        task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
+        return task
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """The tasks of a context (``context_id``); without one, none are listed."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from agentscope_serverless.log import logger
@@ -183,7 +183,7 @@ class RecordedRun:
         assert self._queue is not None
         return await self._queue.get()
 
-    async def items(self) -> AsyncIterator[tuple[Event, str]]:
+    async def items(self) -> AsyncGenerator[tuple[Event, str], None]:
         """``(event, its JSON)`` as produced; leaving early detaches (or cancels) the run."""
         try:
             item = self._head
@@ -197,7 +197,7 @@ class RecordedRun:
             if self.cancel_on_disconnect and not self._produced:
                 self.cancel()
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         """The run's events as produced."""
         async with contextlib.aclosing(self.items()) as items:
             async for event, _ in items:

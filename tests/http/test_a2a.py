@@ -106,7 +106,7 @@ async def test_the_sdk_client_sends_and_streams_a_message_and_reads_the_task(
         assert states[-1] == TaskState.TASK_STATE_COMPLETED
     # Another user cannot read the task.
     async with _client(url, keys.bob, streaming=False) as other:
-        with pytest.raises(Exception, match="(?i)not found"):
+        with pytest.raises(Exception, match=r"(?i)not found"):
             await other.get_task(GetTaskRequest(id=task.id))
 
 
@@ -135,9 +135,9 @@ async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -
 
 async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, Keys]) -> None:
     url, keys = served
-    card_json = httpx.get(f"{url}/.well-known/agent-card.json", headers=bearer(keys.alice)).json()
-    card = ParseDict(card_json, AgentCard(), ignore_unknown_fields=True)
     async with httpx.AsyncClient(headers=bearer(keys.alice), timeout=30) as http:
+        card_json = (await http.get(f"{url}/.well-known/agent-card.json")).json()
+        card = ParseDict(card_json, AgentCard(), ignore_unknown_fields=True)
         transport = CompatJsonRpcTransport(http, card, f"{url}/a2a")
         sent = await transport.send_message(_message("legacy hello"))
         assert sent.task.status.state == TaskState.TASK_STATE_COMPLETED
@@ -145,7 +145,6 @@ async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, 
         events = [e async for e in transport.send_message_streaming(_message("legacy stream"))]
         chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
         assert "".join(get_artifact_text(a, delimiter="") for a in chunks) == "legacy stream "
-        unauthenticated = httpx.post(
-            f"{url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}
-        )
-        assert unauthenticated.status_code == 401
+        legacy_call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}
+        async with httpx.AsyncClient() as anonymous:
+            assert (await anonymous.post(f"{url}/a2a", json=legacy_call)).status_code == 401

@@ -142,12 +142,14 @@ def _slow_run(session_id: str) -> dict[str, Any]:
 
 def test_a_dropped_stream_resumes_on_another_server_from_its_last_event(cluster: Cluster) -> None:
     session_id = f"resume-{uuid.uuid4().hex[:8]}"
-    with cluster.client(0) as first:
-        with first.stream("POST", "/process", json=_slow_run(session_id)) as response:
-            assert response.status_code == 200
-            run_id = response.headers["X-Run-Id"]
-            head = _read_events(response.iter_lines(), 3)
-        # The connection is closed here, after the third event.
+    with (
+        cluster.client(0) as first,
+        first.stream("POST", "/process", json=_slow_run(session_id)) as response,
+    ):
+        assert response.status_code == 200
+        run_id = response.headers["X-Run-Id"]
+        head = _read_events(response.iter_lines(), 3)
+    # The connection is closed here, after the third event.
     assert [event_id for event_id, _ in head] == ["0", "1", "2"]
     assert head[0][1]["id"] == run_id
     with cluster.client(1) as second:
@@ -214,13 +216,16 @@ def test_a_run_cancelled_from_another_server_stops_and_keeps_its_partial_reply(
 
 def test_runs_belong_to_their_user(cluster: Cluster) -> None:
     session_id = f"mine-{uuid.uuid4().hex[:8]}"
-    with cluster.client(0) as alice, cluster.client(1, cluster.bob) as bob:
-        with alice.stream("POST", "/process", json=_slow_run(session_id)) as response:
-            run_id = response.headers["X-Run-Id"]
-            _read_events(response.iter_lines(), 3)
-            assert bob.get(f"/runs/{run_id}").status_code == 404
-            assert bob.get(f"/runs/{run_id}/events").status_code == 404
-            assert bob.post(f"/runs/{run_id}/cancel").status_code == 404
-            assert bob.get("/runs", params={"session_id": session_id}).json()["items"] == []
-            assert httpx.get(f"{cluster.urls[1]}/runs/{run_id}").status_code == 401
-            assert alice.post(f"/runs/{run_id}/cancel").status_code == 202
+    with (
+        cluster.client(0) as alice,
+        cluster.client(1, cluster.bob) as bob,
+        alice.stream("POST", "/process", json=_slow_run(session_id)) as response,
+    ):
+        run_id = response.headers["X-Run-Id"]
+        _read_events(response.iter_lines(), 3)
+        assert bob.get(f"/runs/{run_id}").status_code == 404
+        assert bob.get(f"/runs/{run_id}/events").status_code == 404
+        assert bob.post(f"/runs/{run_id}/cancel").status_code == 404
+        assert bob.get("/runs", params={"session_id": session_id}).json()["items"] == []
+        assert httpx.get(f"{cluster.urls[1]}/runs/{run_id}").status_code == 401
+        assert alice.post(f"/runs/{run_id}/cancel").status_code == 202

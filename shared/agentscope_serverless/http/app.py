@@ -5,7 +5,8 @@
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
-runs: mounted with ``process`` too); ``/health`` is always there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
+runs: mounted with ``process`` too, as are A2A and the app's background tasks); ``/health`` is
+always there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
 sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
 server and needs bubblewrap, so it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,

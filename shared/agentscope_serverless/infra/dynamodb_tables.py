@@ -98,7 +98,12 @@ def table_definitions(
     runs: str = "agentscope-runs",
 ) -> list[dict[str, Any]]:
     """Every table the DynamoDB backends need, with the given names."""
-    return [sessions_table(sessions), state_table(state), api_keys_table(api_keys), runs_table(runs)]
+    return [
+        sessions_table(sessions),
+        state_table(state),
+        api_keys_table(api_keys),
+        runs_table(runs),
+    ]
 
 
 def tables_with_ttl(

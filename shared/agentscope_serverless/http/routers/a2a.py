@@ -3,8 +3,8 @@
 | Method and path | What |
 |---|---|
 | ``GET /.well-known/agent-card.json`` | the agent card (its URLs: this server's base URL) |
-| ``POST /a2a`` | JSON-RPC: ``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``... |
-|  | (and A2A 0.3's ``message/send``, ``message/stream``, ``tasks/get``, ``tasks/cancel``) |
+| ``POST /a2a`` | JSON-RPC: ``SendMessage``, ``SendStreamingMessage``, ``GetTask``, |
+|  | ``CancelTask``... (and A2A 0.3's ``message/send``, ``message/stream``, ``tasks/get``...) |
 | ``/a2a/message:send``, ``/a2a/tasks/{id}``... | the HTTP+JSON binding |
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is

@@ -26,7 +26,6 @@ from agentscope_serverless.recorder import RecordedRun
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
-    Event,
     Message,
     RunStatus,
 )

@@ -128,9 +128,7 @@ async def run_events(
         async for sequence, data in runs.follow(user_id, run_id, position):
             yield encode(data, id=sequence)
 
-    return EventStreamResponse(
-        chunks(), ping_interval=context.settings.sse_ping_interval_seconds
-    )
+    return EventStreamResponse(chunks(), ping_interval=context.settings.sse_ping_interval_seconds)
 
 
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")

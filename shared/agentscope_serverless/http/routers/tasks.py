@@ -82,9 +82,7 @@ def build_router(tasks: list[TaskDefinition], executor: LocalTaskExecutor) -> AP
 
 
 def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: LocalTaskExecutor) -> None:
-    async def submit(
-        user_id: CurrentUser, payload: Annotated[Any, Body()] = None
-    ) -> JSONResponse:
+    async def submit(user_id: CurrentUser, payload: Annotated[Any, Body()] = None) -> JSONResponse:
         record = await executor.submit(task, user_id, payload)
         body = {"task_id": record.id, "status": "submitted", "queue": task.queue}
         return JSONResponse(body, status_code=202)

@@ -163,7 +163,9 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
         return await self._read(user_id, run_id, after, limit)
 
-    async def follow(self, user_id: str, run_id: str, after: int = -1) -> AsyncIterator[StoredEvent]:
+    async def follow(
+        self, user_id: str, run_id: str, after: int = -1
+    ) -> AsyncIterator[StoredEvent]:
         """The events after ``after``, then the new ones as they are stored, until the run ends.
 
         Stops at once when the run does not exist.

@@ -19,8 +19,6 @@ on. Every item expires ``ttl_seconds`` after its last write (DynamoDB's TTL on
 
 from __future__ import annotations
 
-
-
 from agentscope_serverless.services._dynamodb import (
     ConditionFailed,
     DynamoDBBackedService,
@@ -194,8 +192,6 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             if limit is not None and len(events) == limit:
                 break
         return events
-
-
 
 
 __all__ = ["DynamoDBRunsService"]
