@@ -26,6 +26,7 @@ from a2a.types import (
 )
 from google.protobuf.json_format import ParseDict
 
+from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
@@ -148,3 +149,13 @@ async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, 
         legacy_call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}
         async with httpx.AsyncClient() as anonymous:
             assert (await anonymous.post(f"{url}/a2a", json=legacy_call)).status_code == 401
+
+
+async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    tool = await a2a_agent_tool(url, api_key=keys.alice)
+    assert tool.name == "echo-a2a"
+    assert tool.description == "Echoes what it is told, a word at a time."
+    assert await tool.invoke('{"message": "ask the other agent"}') == "ask the other agent "
+    with pytest.raises(Exception, match="401"):
+        await a2a_agent_tool(url, api_key="ask_wrong_key")
