@@ -36,9 +36,11 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def fetch_card(url: str, *, api_key: str | None = None, timeout: float = 30) -> AgentCard:
+async def fetch_card(
+    url: str, *, api_key: str | None = None, timeout_seconds: float = 30
+) -> AgentCard:
     """The agent card of the A2A agent at ``url``."""
-    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout) as http:
+    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
         return await A2ACardResolver(http, url).get_agent_card()
 
 
@@ -48,10 +50,10 @@ async def ask_a2a_agent(
     *,
     api_key: str | None = None,
     context_id: str | None = None,
-    timeout: float = 120,
+    timeout_seconds: float = 120,
 ) -> str:
     """Send ``message`` to the agent of ``card`` and return its reply text."""
-    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout) as http:
+    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
         request = SendMessageRequest(
             message=new_text_message(message, context_id=context_id, role=Role.ROLE_USER)
@@ -67,7 +69,7 @@ async def ask_a2a_agent(
 
 
 async def a2a_agent_tool(
-    url: str, *, api_key: str | None = None, name: str | None = None, timeout: float = 120
+    url: str, *, api_key: str | None = None, name: str | None = None, timeout_seconds: float = 120
 ) -> AgentTool:
     """The A2A agent at ``url`` as a tool taking one argument, ``message``."""
     card = await fetch_card(url, api_key=api_key)
@@ -75,7 +77,10 @@ async def a2a_agent_tool(
 
     async def call(arguments: dict[str, Any]) -> str:
         return await ask_a2a_agent(
-            card, str(arguments.get("message", "")), api_key=api_key, timeout=timeout
+            card,
+            str(arguments.get("message", "")),
+            api_key=api_key,
+            timeout_seconds=timeout_seconds,
         )
 
     return AgentTool(
