@@ -64,6 +64,16 @@ class Settings(BaseSettings):
         description="How often a running run checks the store for a cancellation request.",
     )
 
+    tasks_function_name: str | None = Field(
+        None,
+        description=(
+            "The Lambda function that runs background tasks (asynchronous invocations);"
+            " unset: tasks run in the server that accepted them."
+        ),
+    )
+    lambda_endpoint_url: str | None = Field(
+        None, description="Lambda API endpoint (for a local emulator); unset: AWS."
+    )
     a2a_base_url: str | None = Field(
         None,
         description=(

@@ -16,7 +16,7 @@ import inspect
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import TypeAdapter
 
@@ -24,6 +24,8 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 
 TASK_FAILED = "TASK_FAILED"
+# The key of the event of an asynchronous Lambda invocation that runs a task.
+TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
 _JSON = TypeAdapter(Any)
 
@@ -63,6 +65,29 @@ async def run_task(
     await runs.finish_run(user_id, task_id, "completed", result=stored)
 
 
+class TaskExecutor(Protocol):
+    """Where submitted tasks run: in this process, or in Lambda invocations."""
+
+    async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
+        """Store the task as submitted, start it, and return its record."""
+        ...
+
+    async def aclose(self) -> None:
+        """Called when the server stops."""
+        ...
+
+
+async def run_task_event(runs: RunsService, tasks: list[TaskDefinition], event: Any) -> None:
+    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``)."""
+    spec = event[TASK_EVENT_KEY]
+    task = next((t for t in tasks if t.path == spec["path"]), None)
+    if task is None:
+        error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
+        await runs.finish_run(spec["user_id"], spec["task_id"], "failed", error=error)
+        return
+    await run_task(runs, task, spec["user_id"], spec["task_id"], spec.get("payload"))
+
+
 class LocalTaskExecutor:
     """Runs submitted tasks in this process's event loop, each in a task of its own."""
 
@@ -85,4 +110,13 @@ class LocalTaskExecutor:
             await asyncio.wait(self._running, timeout=5)
 
 
-__all__ = ["TASK_FAILED", "LocalTaskExecutor", "TaskDefinition", "new_task_id", "run_task"]
+__all__ = [
+    "TASK_EVENT_KEY",
+    "TASK_FAILED",
+    "LocalTaskExecutor",
+    "TaskDefinition",
+    "TaskExecutor",
+    "new_task_id",
+    "run_task",
+    "run_task_event",
+]

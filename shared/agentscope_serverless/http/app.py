@@ -81,11 +81,10 @@ def create_app(
     recorder = task_executor = None
     if "runs" in names:
         from agentscope_serverless.recorder import RunRecorder
-        from agentscope_serverless.tasks import LocalTaskExecutor
 
         recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
         if agent_app is not None and "process" in names:
-            task_executor = LocalTaskExecutor(services["runs"])  # type: ignore[arg-type]
+            task_executor = _task_executor(services["runs"], settings)
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
@@ -167,6 +166,22 @@ def _build_service(name: str, settings: Settings) -> Any:
         "runs": factory.create_runs_service,
     }
     return builders[name](settings)
+
+
+def _task_executor(runs: Any, settings: Settings) -> Any:
+    """Where background tasks run: Lambda invocations when ``TASKS_FUNCTION_NAME`` is set."""
+    if settings.tasks_function_name:
+        from agentscope_serverless.tasks_lambda import LambdaTaskExecutor
+
+        return LambdaTaskExecutor(
+            runs,
+            settings.tasks_function_name,
+            region_name=settings.aws_region,
+            endpoint_url=settings.lambda_endpoint_url,
+        )
+    from agentscope_serverless.tasks import LocalTaskExecutor
+
+    return LocalTaskExecutor(runs)
 
 
 def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:

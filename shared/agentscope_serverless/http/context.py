@@ -14,7 +14,7 @@ from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings
-from agentscope_serverless.tasks import LocalTaskExecutor
+from agentscope_serverless.tasks import TaskExecutor
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class AppContext:
     agent_app: AgentApp | None = None
     runner: Runner | None = None
     recorder: RunRecorder | None = None
-    task_executor: LocalTaskExecutor | None = None
+    task_executor: TaskExecutor | None = None
 
     def service(self, name: str) -> Any:
         """The service registered as ``name``."""

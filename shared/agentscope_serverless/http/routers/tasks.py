@@ -20,7 +20,7 @@ from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
-from agentscope_serverless.tasks import LocalTaskExecutor, TaskDefinition
+from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
 
 Context = Annotated[AppContext, Depends(get_context)]
 
@@ -68,7 +68,7 @@ async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus
     return TaskStatus.of(record)
 
 
-def build_router(tasks: list[TaskDefinition], executor: LocalTaskExecutor) -> APIRouter:
+def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRouter:
     """Routes submitting each of ``tasks`` and reading any task's status."""
     router = APIRouter(tags=["tasks"])
 
@@ -81,7 +81,7 @@ def build_router(tasks: list[TaskDefinition], executor: LocalTaskExecutor) -> AP
     return router
 
 
-def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: LocalTaskExecutor) -> None:
+def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
     async def submit(user_id: CurrentUser, payload: Annotated[Any, Body()] = None) -> JSONResponse:
         record = await executor.submit(task, user_id, payload)
         body = {"task_id": record.id, "status": "submitted", "queue": task.queue}
