@@ -106,8 +106,8 @@ async def get_run(run_id: str, user_id: CurrentUser, context: Context) -> RunVie
 @router.get(
     "/{run_id}/events",
     summary="Replay and follow a run's events",
-    response_class=EventStreamResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    response_model=None,
+    responses={200: {"description": "The run's events.", "content": {"text/event-stream": {}}}},
 )
 async def run_events(
     run_id: str,
