@@ -22,7 +22,7 @@ from agentscope_serverless.errors import ConfigurationError
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
 StateBackend = Literal["in_memory", "redis", "dynamodb"]
-RunsBackend = Literal["in_memory", "redis", "dynamodb"]
+RunsBackend = Literal["in_memory", "redis", "dynamodb", "none"]
 KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
 AuthMode = Literal["keys", "iam"]
 
@@ -51,7 +51,8 @@ class Settings(BaseSettings):
         None,
         description=(
             "Where runs (status and events, for resume and cancel) live: in_memory, redis or"
-            " dynamodb; unset: the session history backend."
+            " dynamodb; unset: the session history backend. none: runs are not stored (no"
+            " /runs routes, background tasks or A2A)."
         ),
     )
     runs_ttl_seconds: int = Field(

@@ -196,6 +196,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         }
         manager = ServiceManager()
         for name, build in builders.items():
+            if name == "runs" and settings is not None and settings.runs_backend == "none":
+                continue
             manager.register_service(name, self._given_services.get(name) or build(settings))
         if self.with_sandbox:
             sandbox = self._given_services.get("sandbox")

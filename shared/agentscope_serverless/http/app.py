@@ -74,7 +74,9 @@ def create_app(
     else:
         services = _services_for(names, settings)
     # The process router records its runs, so it serves the runs routes too.
-    if "process" in names and "runs" not in names:
+    if settings.runs_backend == "none":
+        names = tuple(name for name in names if name != "runs")
+    elif "process" in names and "runs" not in names:
         names = (*names, "runs")
     if "runs" in names and not services.has_service("runs"):
         services.register_service("runs", _build_service("runs", settings))
@@ -109,7 +111,7 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox", "runs"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
-    if agent_app is not None and "process" in names:
+    if agent_app is not None and "process" in names and recorder is not None:
         a2a = importlib.import_module(f"{__package__}.routers.a2a")
         app.state.a2a_handler = a2a.mount(app, context)
     if context.task_executor is not None and agent_app is not None:
