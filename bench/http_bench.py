@@ -14,6 +14,12 @@ service key with ``X-User-Id``), as requests from many users would.
 
 Prints a table and writes the figures as JSON to ``bench/results/``. Exits with status 1 when
 the runtime takes more than twice the bare endpoint's time per request.
+
+``--storage-cost`` measures instead what storing each run's events costs ``/process``
+(:func:`storage_cost`): the same runtime with ``RUNS_BACKEND=none`` and with the runs stored,
+in memory and on Redis (a redis-server started for the run, session history on it too).
+It exits with status 1 when storing on Redis is more than 15% slower (median latency or
+throughput).
 """
 
 from __future__ import annotations
@@ -160,6 +166,94 @@ def record_reply(url: str, key: str) -> bytes:
         return reply.read()
 
 
+# --- the cost of storing runs ------------------------------------------------------------
+
+MAX_STORAGE_COST = 1.15
+
+
+def storage_cost(args: argparse.Namespace, key_file: Path, key: str) -> dict[str, Any]:
+    """p50 and req/s of ``/process`` without and with stored runs, in memory and on Redis.
+
+    The four servers take turns in rounds, as in the main benchmark.
+    """
+    from agentscope_serverless.local_stack import RedisServer
+
+    base = {
+        **os.environ,
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(key_file),
+        "AGENT_APP": "agentscope_serverless.agents.demo:app",
+    }
+    with RedisServer() as redis:
+        on_redis = {"SESSION_HISTORY_BACKEND": "redis", "REDIS_URL": redis.url}
+        configurations = {
+            "memory/none": {"RUNS_BACKEND": "none"},
+            "memory/stored": {"RUNS_BACKEND": "in_memory"},
+            "redis/none": {**on_redis, "RUNS_BACKEND": "none"},
+            "redis/stored": {**on_redis, "RUNS_BACKEND": "redis"},
+        }
+        servers: dict[str, tuple[Any, str]] = {}
+        try:
+            for name, env in configurations.items():
+                servers[name] = start("runtime", {**base, **env})
+            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in servers}
+            for _, url in servers.values():
+                asyncio.run(drive(url, key, args.warmup, args.concurrency))
+            for _ in range(args.rounds):
+                for name, (_, url) in servers.items():
+                    batch = args.requests // args.rounds
+                    runs[name].append(asyncio.run(drive(url, key, batch, args.concurrency)))
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(timeout=30)
+    results = {name: summarise(rows, args.concurrency, 0) for name, rows in runs.items()}
+    costs = {}
+    for store in ("memory", "redis"):
+        without, stored = results[f"{store}/none"], results[f"{store}/stored"]
+        costs[store] = {
+            "median_latency_ratio": round(stored["median_ms"] / without["median_ms"], 3),
+            "throughput_ratio": round(
+                without["requests_per_second"] / stored["requests_per_second"], 3
+            ),
+        }
+    return {"results": results, "storage_cost": costs}
+
+
+def report_storage_cost(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as workdir:
+        key_file = Path(workdir) / "keys.json"
+        measured = storage_cost(args, key_file, service_key(key_file))
+    passed = max(measured["storage_cost"]["redis"].values()) <= MAX_STORAGE_COST
+    print(f"{'runtime':<15}{'requests':>10}{'req/s':>10}{'median ms':>11}{'p90 ms':>9}")
+    for name, row in measured["results"].items():
+        print(
+            f"{name:<15}{row['requests']:>10}{row['requests_per_second']:>10.1f}"
+            f"{row['median_ms']:>11.2f}{row['p90_ms']:>9.2f}"
+        )
+    for store, cost in measured["storage_cost"].items():
+        print(
+            f"storing runs ({store}): median latency x{cost['median_latency_ratio']}, "
+            f"throughput x{cost['throughput_ratio']}"
+        )
+    print(f"limit on Redis x{MAX_STORAGE_COST}: {'PASS' if passed else 'FAIL'}")
+    report = {
+        "benchmark": "http_bench_storage_cost",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        **measured,
+        "max_storage_cost": MAX_STORAGE_COST,
+        "passed": passed,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS / f"http_bench_storage_cost-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {path}")
+    if not passed:
+        raise SystemExit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -169,9 +263,15 @@ def main() -> None:
     parser.add_argument("--serve", choices=["runtime", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recording", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--storage-cost", action="store_true", help="Measure the cost of storing runs instead."
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.recording)
+        return
+    if args.storage_cost:
+        report_storage_cost(args)
         return
 
     with tempfile.TemporaryDirectory() as workdir:
