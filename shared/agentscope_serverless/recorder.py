@@ -192,6 +192,9 @@ class RecordedRun:
                     raise item
                 yield item
                 item = await self._next()
+            # The stream ends once the run is stored: a reader who saw the last event finds
+            # the run finished, and on Lambda nothing is left to do when the response ends.
+            await self.wait_stored()
         finally:
             self._queue = None
             if self.cancel_on_disconnect and not self._produced:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.lambda_.conftest import Artifact, RunningFunction
-from tests.support.http import parse_sse
+from tests.support.http import parse_sse, running
+from tests.support.lambda_invoke import LambdaInvokeAPI
 from tests.support.slow_agent import PIECES
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,3 +127,50 @@ def test_a_cancel_reaches_the_run_another_instance_executes(
     # The runs routes are served by the sessions function too.
     status, _, body, _ = sessions.request("GET", f"/runs/{run_id}/events", key=api_key)
     assert _events(body) == events
+
+
+def _task_when_done(process: RunningFunction, key: str, task_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        status, _, body, _ = process.request("GET", f"/tasks/{task_id}", key=key)
+        assert status == 200, body
+        task: dict[str, Any] = json.loads(body)
+        if task["status"] != "in_progress":
+            return task
+        assert time.monotonic() < deadline, "the task did not finish"
+        time.sleep(0.2)
+
+
+def test_a_background_task_runs_as_an_asynchronous_invocation_of_the_tasks_function(
+    start_function: StartFunction, lambda_artifacts: Callable[[str], Artifact], api_key: str
+) -> None:
+    process_code = lambda_artifacts("ProcessStreamFunction")
+    tasks_code = lambda_artifacts("TasksFunction")
+    agent = "tests.support.slow_agent:app"
+    tasks = start_function(
+        "TasksFunction",
+        AGENT_APP=agent,
+        PYTHONPATH=f"{tasks_code.code_dir}:{tasks_code.layer_dir}:{ROOT}",
+    )
+    invoke_api = LambdaInvokeAPI({"TasksFunction": tasks.runtime})
+    with running(invoke_api.app()) as lambda_url:
+        process = start_function(
+            "ProcessStreamFunction",
+            AGENT_APP=agent,
+            PYTHONPATH=f"{process_code.code_dir}:{process_code.layer_dir}:{ROOT}",
+            TASKS_FUNCTION_NAME="TasksFunction",
+            LAMBDA_ENDPOINT_URL=lambda_url,
+        )
+        status, _, body, _ = process.request("POST", "/jobs/double", key=api_key, body={"n": 21})
+        assert status == 202, body
+        task_id = json.loads(body)["task_id"]
+        status, _, body, _ = process.request("POST", "/jobs/double", key=api_key, body={})
+        failing_id = json.loads(body)["task_id"]
+        done = _task_when_done(process, api_key, task_id)
+        failed = _task_when_done(process, api_key, failing_id)
+    assert done["status"] == "completed" and done["result"] == {"doubled": 42}
+    assert failed["status"] == "failed"
+    assert failed["error"] == {"code": "TASK_FAILED", "message": "KeyError: 'n'"}
+    paths = [event["agentscope_task"]["path"] for event in invoke_api.events]
+    assert paths == ["/jobs/double", "/jobs/double"]
+    assert all(result.kind == "response" for result in invoke_api.results)

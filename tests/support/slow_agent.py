@@ -28,3 +28,10 @@ async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> Asy
         await self.state_service.save_state(
             session.user_id, {"cleanup": True}, session_id=session.id
         )
+
+
+@app.task("/jobs/double", queue="numbers")
+async def double(payload: dict[str, Any]) -> dict[str, int]:
+    """A background task: twice ``payload["n"]`` (a missing ``n`` fails the task)."""
+    await asyncio.sleep(0.2)
+    return {"doubled": 2 * payload["n"]}
