@@ -6,9 +6,10 @@
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
 runs: mounted with ``process`` too, as are A2A and the app's background tasks); ``/health`` is
-always there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
-sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
-server and needs bubblewrap, so it is mounted only when named. The process router serves
+always there, and the chat page at ``/`` when the ``WEB_UI`` setting is on. Without a
+``routers`` argument every router is mounted, except ``sandbox`` when no sandbox server is
+configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local server and needs
+bubblewrap, so it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -117,6 +118,8 @@ def create_app(
     if context.task_executor is not None and agent_app is not None:
         tasks = importlib.import_module(f"{__package__}.routers.tasks")
         app.include_router(tasks.build_router(agent_app.tasks, context.task_executor))
+    if settings.web_ui:
+        app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
 
 
