@@ -24,6 +24,12 @@ Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p9
 Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
 when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
 the reused session within 1.2x of the new-user CPU; p99 at most 4x p50.
+
+``--storage-cost`` measures instead what storing each run's events costs ``/process``
+(:func:`storage_cost`): the same runtime with ``RUNS_BACKEND=none`` and with the runs stored,
+in memory and on Redis (a redis-server started for the run, session history on it too).
+It exits with status 1 when storing on Redis is more than 15% slower (median latency or
+throughput).
 """
 
 from __future__ import annotations
@@ -341,6 +347,80 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return results
 
 
+# --- the cost of storing runs ------------------------------------------------------------
+
+MAX_STORAGE_COST = 1.15
+
+
+def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
+    """p50, req/s and CPU of ``/process`` without and with stored runs, in memory and on Redis.
+
+    The four servers take turns under the same wrk load (a new user per request, streamed).
+    """
+    from agentscope_serverless.local_stack import RedisServer
+
+    base = {
+        **os.environ,
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(workdir / "keys.json"),
+        "AGENT_APP": "agentscope_serverless.agents.demo:app",
+        "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
+    }
+    with RedisServer() as redis:
+        on_redis = {"SESSION_HISTORY_BACKEND": "redis", "REDIS_URL": redis.url}
+        configurations = {
+            "memory/none": {"RUNS_BACKEND": "none"},
+            "memory/stored": {"RUNS_BACKEND": "in_memory"},
+            "redis/none": {**on_redis, "RUNS_BACKEND": "none"},
+            "redis/stored": {**on_redis, "RUNS_BACKEND": "redis"},
+        }
+        servers: dict[str, Server] = {}
+        try:
+            for name, env in configurations.items():
+                servers[name] = start("runtime", {**base, **env})
+                servers[name].name = name
+            bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
+            ids = "function ids(n) return prefix .. '-' .. n, nil end"
+            results = {
+                name: bench.load(server, "new user", True, ids) for name, server in servers.items()
+            }
+        finally:
+            for server in servers.values():
+                server.process.terminate()
+                server.process.wait(timeout=30)
+    costs = {}
+    for store in ("memory", "redis"):
+        without, stored = results[f"{store}/none"], results[f"{store}/stored"]
+        costs[store] = {
+            "p50_ratio": round(stored["p50_ms"] / max(without["p50_ms"], 0.001), 3),
+            "throughput_ratio": round(
+                without["requests_per_second"] / stored["requests_per_second"], 3
+            ),
+        }
+    return {"results": results, "storage_cost": costs}
+
+
+def report_storage_cost(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        measured = storage_cost(args, workdir, service_key(workdir / "keys.json"))
+    passed = max(measured["storage_cost"]["redis"].values()) <= MAX_STORAGE_COST
+    print(f"{'runtime':<15}{'requests':>10}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms':>9}")
+    for name, row in measured["results"].items():
+        print(
+            f"{name:<15}{row['requests']:>10}{row['requests_per_second']:>10.1f}"
+            f"{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['cpu_ms_per_request']:>9.3f}"
+        )
+    for store, cost in measured["storage_cost"].items():
+        print(
+            f"storing runs ({store}): p50 x{cost['p50_ratio']}, "
+            f"throughput x{cost['throughput_ratio']}"
+        )
+    print(f"limit on Redis x{MAX_STORAGE_COST}: {'PASS' if passed else 'FAIL'}")
+    if not passed:
+        raise SystemExit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
@@ -349,6 +429,9 @@ def main() -> None:
     parser.add_argument("--serve", choices=["runtime", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recording", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--storage-cost", action="store_true", help="Measure the cost of storing runs instead."
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.recording)
@@ -357,6 +440,9 @@ def main() -> None:
         raise SystemExit(
             "wrk is not installed: ./scripts/bootstrap debian 'the request benchmark' wrk"
         )
+    if args.storage_cost:
+        report_storage_cost(args)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

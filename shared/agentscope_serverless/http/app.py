@@ -4,11 +4,12 @@
 >>> app = create_app()                      # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
-``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
-there, and the chat page at ``/`` when the ``WEB_UI`` setting is on. Without a ``routers``
-argument every router is mounted, except ``sandbox`` when no sandbox server is configured
-(``SANDBOX_BASE_URL``): an embedded sandbox starts a local server and needs bubblewrap, so
-it is mounted only when named. The process router serves
+``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
+runs: mounted with ``process`` too, as are A2A and the app's background tasks); ``/health`` is
+always there, and the chat page at ``/`` when the ``WEB_UI`` setting is on. Without a
+``routers`` argument every router is mounted, except ``sandbox`` when no sandbox server is
+configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local server and needs
+bubblewrap, so it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -37,13 +38,14 @@ from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
-ROUTERS = ("process", "sessions", "memory", "state", "sandbox")
+ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs")
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",
     "memory": "memory",
     "state": "state",
     "sandbox": "sandbox",
+    "runs": "runs",
 }
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
@@ -77,12 +79,28 @@ def create_app(
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:
         services = _services_for(names, settings)
+    # The process router records its runs, so it serves the runs routes too.
+    if settings.runs_backend == "none":
+        names = tuple(name for name in names if name != "runs")
+    elif "process" in names and "runs" not in names:
+        names = (*names, "runs")
+    if "runs" in names and not services.has_service("runs"):
+        services.register_service("runs", _build_service("runs", settings))
+    recorder = task_executor = None
+    if "runs" in names:
+        from agentscope_serverless.recorder import RunRecorder
+
+        recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
+        if agent_app is not None and "process" in names:
+            task_executor = _task_executor(services["runs"], settings)
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=services,
         agent_app=agent_app,
         runner=runner,
+        recorder=recorder,
+        task_executor=task_executor,
     )
     title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
     app = new_application(
@@ -96,9 +114,15 @@ def create_app(
     if agent_app is not None and "process" in names:
         process = importlib.import_module(f"{__package__}.routers.process")
         app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name in ("sessions", "memory", "state", "sandbox"):
+    for name in ("sessions", "memory", "state", "sandbox", "runs"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+    if agent_app is not None and "process" in names and recorder is not None:
+        a2a = importlib.import_module(f"{__package__}.routers.a2a")
+        app.state.a2a_handler = a2a.mount(app, context)
+    if context.task_executor is not None and agent_app is not None:
+        tasks = importlib.import_module(f"{__package__}.routers.tasks")
+        app.include_router(tasks.build_router(agent_app.tasks, context.task_executor))
     if settings.web_ui:
         app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
@@ -149,8 +173,25 @@ def _build_service(name: str, settings: Settings) -> Any:
         "session_history": factory.create_session_history_service,
         "memory": factory.create_memory_service,
         "state": factory.create_state_service,
+        "runs": factory.create_runs_service,
     }
     return builders[name](settings)
+
+
+def _task_executor(runs: Any, settings: Settings) -> Any:
+    """Where background tasks run: Lambda invocations when ``TASKS_FUNCTION_NAME`` is set."""
+    if settings.tasks_function_name:
+        from agentscope_serverless.tasks_lambda import LambdaTaskExecutor
+
+        return LambdaTaskExecutor(
+            runs,
+            settings.tasks_function_name,
+            region_name=settings.aws_region,
+            endpoint_url=settings.lambda_endpoint_url,
+        )
+    from agentscope_serverless.tasks import LocalTaskExecutor
+
+    return LocalTaskExecutor(runs)
 
 
 def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
@@ -180,6 +221,13 @@ def _lifespan(context: AppContext) -> Lifespan:
                 await call_hook(context.agent_app.before_start, app)
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
                 await stack.enter_async_context(context.runner)
+            if context.recorder is not None:
+                stack.push_async_callback(context.recorder.aclose)
+            if context.task_executor is not None:
+                stack.push_async_callback(context.task_executor.aclose)
+            a2a_handler = getattr(app.state, "a2a_handler", None)
+            if a2a_handler is not None:
+                stack.push_async_callback(a2a_handler.aclose)
             # What start-up built lives as long as the process: keep it out of every later
             # garbage collection, whose pauses would otherwise grow with it.
             gc.collect()
