@@ -378,7 +378,7 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
         try:
             for name, env in configurations.items():
                 servers[name] = start("runtime", {**base, **env})
-                servers[name].name = name
+                servers[name].name = name.replace("/", "-")
             bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
             ids = "function ids(n) return prefix .. '-' .. n, nil end"
             results = {
