@@ -11,6 +11,7 @@ from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings
 
@@ -24,6 +25,7 @@ class AppContext:
     services: ServiceManager
     agent_app: AgentApp | None = None
     runner: Runner | None = None
+    idempotency: IdempotencyStore | None = None
 
     def service(self, name: str) -> Any:
         """The service registered as ``name``."""
