@@ -18,9 +18,10 @@ from agentscope_serverless.schemas.agent_schemas import Message
 
 MAX_ID_LENGTH = 512
 DEFAULT_SESSION_ID = "default"
-# Ids may hold any printable text, but no control characters (C0, DEL, C1): they are
-# invisible, some count as whitespace, and header values cannot carry them.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Ids may hold any text but control characters (C0 except tab and line breaks, DEL, C1):
+# they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
+# and header values cannot carry them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def unencodable_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
