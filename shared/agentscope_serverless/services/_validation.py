@@ -38,7 +38,8 @@ def unencodable_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str 
     if isinstance(value, dict):
         for key, item in value.items():
             if isinstance(key, str) and not _encodes(key):
-                return (*path, key)
+                # Escaped, so that the error naming the key can itself be sent as UTF-8.
+                return (*path, key.encode("utf-8", "backslashreplace").decode())
             found = unencodable_path(item, (*path, str(key)))
             if found is not None:
                 return found
