@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -171,6 +172,16 @@ class RedisServer:
             lambda: self.cli("PING") == "PONG", f"redis-server on {self.port}", self._process
         )
         return self
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
 
     def _tls_arguments(self, certificate: Path) -> list[str]:
         key = certificate.with_suffix(".key")
@@ -351,6 +362,16 @@ class DynamoDBServer:
         if create_tables:
             self.create_tables()
         return self
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
 
     def _answers(self) -> bool:
         try:

@@ -19,37 +19,15 @@ import pytest
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
-from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.settings import load_settings
+from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import bearer, issue_key, running
 
 LONE = "\ud800"
 
 
-def backend_settings(name: str, request: pytest.FixtureRequest) -> dict[str, Any]:
-    if name == "in_memory":
-        return {}
-    if name == "redis":
-        redis: RedisServer = request.getfixturevalue("redis_server")
-        return {
-            "session_history_backend": "redis",
-            "memory_backend": "redis",
-            "state_backend": "redis",
-            "redis_url": redis.url,
-        }
-    dynamodb: DynamoDBServer = request.getfixturevalue("dynamodb_server")
-    redis = request.getfixturevalue("redis_server")
-    return {
-        "session_history_backend": "dynamodb",
-        "state_backend": "dynamodb",
-        "memory_backend": "redis",
-        "redis_url": redis.url,
-        "dynamodb_endpoint_url": dynamodb.endpoint_url,
-        "aws_region": dynamodb.region,
-    }
-
-
-@pytest.fixture(scope="module", params=["in_memory", "redis", "dynamodb"])
+@pytest.fixture(scope="module", params=BACKENDS)
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
     """A server on one backend, with its key store."""
     with pytest.MonkeyPatch.context() as env:

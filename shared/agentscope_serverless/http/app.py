@@ -125,6 +125,8 @@ def new_application(
         version=__version__,
         lifespan=lifespan,
         redoc_url=None,
+        # "/sessions/" is no session id: 404, not a redirect to the listing.
+        redirect_slashes=False,
         docs_url="/docs" if open_docs else None,
         openapi_url="/openapi.json" if open_docs else None,
     )

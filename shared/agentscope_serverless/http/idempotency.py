@@ -19,6 +19,7 @@ A streamed answer (``/process`` with ``stream: true``) is kept whole and replaye
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 from fastapi import FastAPI, Request
@@ -46,6 +47,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
 _KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
 _STATE = "idempotency_claim"
+_SETTLE_SECONDS = 3.0
 
 
 class Replay(Exception):
@@ -113,36 +115,42 @@ class IdempotencyMiddleware:
                     lowered = bytes(name).decode("latin-1").lower()
                     if lowered in _KEPT_HEADERS:
                         headers[lowered] = bytes(value).decode("latin-1")
-            elif message["type"] == "http.response.body" and size <= MAX_STORED_RESPONSE_BYTES:
+            elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
+                if size <= MAX_STORED_RESPONSE_BYTES:
+                    chunks.append(body)
                 size += len(body)
-                chunks.append(body)
+                if not message.get("more_body", False):
+                    # Settled before the client sees the end: its next request finds the
+                    # answer kept (or the key free), never this request still running.
+                    answer = StoredResponse(status, headers, b"".join(chunks))
+                    await _finish(scope, answer if 200 <= status < 300 else None, size)
             await send(message)
 
         try:
             await self.app(scope, receive, keep)
-        except BaseException:
-            await _finish(scope, None)
-            raise
-        answer = StoredResponse(status, headers, b"".join(chunks))
-        await _finish(scope, answer if 200 <= status < 300 else None)
+        finally:
+            await _finish(scope, None, size)
 
 
-async def _finish(scope: Scope, answer: StoredResponse | None) -> None:
+async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> None:
+    """Keep ``answer`` for the request's key, or free the key (once per request)."""
     claimed = scope.get("state", {}).pop(_STATE, None)
     if claimed is None:
         return
     store, claim = claimed
     try:
-        if answer is None:
-            await store.abandon(claim)
-        elif len(answer.body) > MAX_STORED_RESPONSE_BYTES:
-            await store.complete(claim, _too_large(answer.status))
-        else:
-            await store.complete(claim, answer)
-    except AgentScopeServerlessError as exc:
+        # Bounded: a store that stopped answering must not hold the answer back for long.
+        async with asyncio.timeout(_SETTLE_SECONDS):
+            if answer is None:
+                await store.abandon(claim)
+            elif size > MAX_STORED_RESPONSE_BYTES:
+                await store.complete(claim, _too_large(answer.status))
+            else:
+                await store.complete(claim, answer)
+    except (AgentScopeServerlessError, TimeoutError) as exc:
         # The key stays claimed until its lease ends; a retry then runs the request.
-        logger.warning("idempotency record not updated", extra={"code": exc.code})
+        logger.warning("idempotency record not updated", extra={"error": type(exc).__name__})
 
 
 def _too_large(status: int) -> StoredResponse:
