@@ -113,6 +113,21 @@ def test_keys_expire(client: httpx.Client) -> None:
     assert later.status_code == 201 and later.json()["round_id"] == 2
 
 
+def test_a_request_run_again_after_its_key_expired_appends_nothing_twice(
+    client: httpx.Client,
+) -> None:
+    append = {"messages": [text_message("once")]}
+    run = {"input": [text_message("hi")], "session_id": "s2", "stream": False}
+    assert client.post("/sessions/s1/messages", json=append, headers=keyed("a")).is_success
+    assert client.post("/process", json=run, headers=keyed("r")).is_success
+    time.sleep(EXPIRY_SECONDS + 1.5)  # as if the first answers were lost and the keys freed
+    again = client.post("/sessions/s1/messages", json=append, headers=keyed("a"))
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again.headers
+    assert client.post("/process", json=run, headers=keyed("r")).is_success
+    assert message_texts(client, "s1") == ["once"]
+    assert len(message_texts(client, "s2")) == 2
+
+
 def test_a_failed_request_frees_its_key(client: httpx.Client) -> None:
     refused = client.post("/state/s1", json={"state": "not a dict"}, headers=keyed("k"))
     assert refused.status_code == 422

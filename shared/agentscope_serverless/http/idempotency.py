@@ -9,6 +9,8 @@ see :mod:`agentscope_serverless.services.idempotency`):
 - a request repeating the key, method, path, query and body gets that answer again,
   with ``Idempotent-Replayed: true``, and writes nothing;
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
+- message ids the request makes derive from the key, so a run of the same request after
+  one whose answer was lost (its store froze mid-write) appends nothing twice;
 - while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
   ``Retry-After``; a request that failed (any answer other than 2xx) frees the key, and a
   request whose process died or whose store call hung frees it after
@@ -34,6 +36,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.log import logger
+from agentscope_serverless.schemas.agent_schemas import seed_message_ids
 from agentscope_serverless.services.idempotency import (
     ClaimOutcome,
     IdempotencyStore,
@@ -79,6 +82,9 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
     claim = await store.begin(user_id, key, fingerprint(request, await request.body()))
     if claim.outcome is ClaimOutcome.CLAIMED:
         request.scope.setdefault("state", {})[_STATE] = (store, claim)
+        # A run of this request after an earlier one that wrote but never answered (its
+        # store froze) makes the same message ids, so its appends store nothing twice.
+        seed_message_ids(f"{user_id}\0{key}")
     elif claim.outcome is ClaimOutcome.REPLAY:
         assert claim.response is not None
         raise Replay(claim.response)
