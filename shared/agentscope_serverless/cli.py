@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -113,33 +117,92 @@ def serve(
             "(needs redis-server and the dev dependencies).",
         ),
     ] = False,
+    web: Annotated[
+        bool, typer.Option("--web/--no-web", help="Serve the chat page at / (WEB_UI).")
+    ] = True,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends).
 
     On the embedded defaults (in-memory stores and keys, the demo agent) a development key
-    is created and printed; it lasts as long as the server.
+    is created and printed; it lasts as long as the server. The port is taken first, so a
+    port in use fails before any key or command is printed.
     """
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     with contextlib.ExitStack() as resources:
+        listener = resources.enter_context(_listen(host, port))
         if stack:
             from agentscope_serverless.local_stack import LocalStack
 
             try:
-                local = resources.enter_context(LocalStack())
+                local = resources.enter_context(LocalStack(progress=_report_progress))
             except AgentScopeServerlessError as exc:
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
-        _serve(host, port, agent, dev_user, log_level)
+        _serve(listener, host, agent, dev_user, log_level, web=web)
+
+
+def _report_progress(message: str) -> None:
+    console.print(f"{message}...", markup=False, style="dim")
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: str) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or a one-line error when the port is taken."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=2)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            _fail(
+                f"port {port} on {host} is already in use (another server?); "
+                f"pick another with --port, e.g. --port {port + 1}",
+                code=2,
+            )
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=2)
+    return listener
+
+
+def command_path() -> str:
+    """How to run this console script from the current directory, ready to paste.
+
+    The bare name when the shell finds this very script on ``PATH``; otherwise its path
+    (relative when it is below the current directory, like ``.venv/bin/agentscope-serverless``).
+    """
+    script = Path(sys.executable).parent / "agentscope-serverless"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m agentscope_serverless.cli"
+    found = shutil.which("agentscope-serverless")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "agentscope-serverless"
+    with contextlib.suppress(ValueError):
+        return shlex.quote(str(script.relative_to(Path.cwd())))
+    return shlex.quote(str(script))
+
+
+def _serve(
+    listener: socket.socket,
+    host: str,
+    agent: str | None,
+    dev_user: str,
+    log_level: str,
+    *,
+    web: bool,
+) -> None:
     import uvicorn
 
     from agentscope_serverless.auth import InMemoryKeyStore, create_key_store
@@ -147,7 +210,7 @@ def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: st
     from agentscope_serverless.settings import load_settings
 
     try:
-        settings = load_settings(**({"agent_app": agent} if agent else {}))
+        settings = load_settings(web_ui=web, **({"agent_app": agent} if agent else {}))
         key_store = create_key_store(settings)
         dev_key = None
         if isinstance(key_store, InMemoryKeyStore):
@@ -155,8 +218,12 @@ def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: st
         web_app = create_app(settings=settings, key_store=key_store)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+    port = listener.getsockname()[1]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
+    base = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
     console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
+    if settings.web_ui:
+        console.print(f"chat page: {base}/", markup=False)
     console.print(f"agent: {settings.agent_app}", markup=False)
     console.print(
         f"stores: session history {settings.session_history_backend}, memory "
@@ -167,7 +234,7 @@ def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: st
     if dev_key is None:
         console.print(
             f"API keys: {settings.auth_keys_file} (make one with: "
-            "agentscope-serverless keys create --user <user>)",
+            f"{command_path()} keys create --user alice)",
             markup=False,
         )
     else:
@@ -176,7 +243,8 @@ def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: st
         console.print("\n[bold]Try it:[/bold]")
         for line in _curl_examples(base, dev_key):
             console.print(line, markup=False)
-    uvicorn.run(web_app, host=host, port=port, log_level=log_level, access_log=False)
+    config = uvicorn.Config(web_app, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[listener])
 
 
 async def _create_dev_key(key_store: Any, user: str) -> str:
@@ -194,7 +262,7 @@ def _curl_examples(base: str, key: str) -> list[str]:
             f"curl -N {base}/process -H 'Authorization: Bearer {key}' "
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
         )
-    lines.append(f"agentscope-serverless chat --url {base} --key {key}")
+    lines.append(f"{command_path()} chat --url {base} --key {key}")
     return lines
 
 

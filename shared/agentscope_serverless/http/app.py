@@ -5,9 +5,10 @@
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
-there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
-sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
-server and needs bubblewrap, so it is mounted only when named. The process router serves
+there, and the chat page at ``/`` when the ``WEB_UI`` setting is on. Without a ``routers``
+argument every router is mounted, except ``sandbox`` when no sandbox server is configured
+(``SANDBOX_BASE_URL``): an embedded sandbox starts a local server and needs bubblewrap, so
+it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -16,6 +17,7 @@ started in the application's lifespan, which Mangum also runs in Lambda.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -72,7 +74,11 @@ def create_app(
     if agent_app is not None:
         services = agent_app.build_services(settings)
         if "process" in names:
-            runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
+            runner = agent_app.create_runner(
+                services,
+                memory_top_k=settings.agent_memory_top_k,
+                history_window=settings.agent_history_window,
+            )
         if "sandbox" in names and not services.has_service("sandbox"):
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:
@@ -104,6 +110,8 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox"):
         if name in names:
             include_api_router(app, importlib.import_module(f"{__package__}.routers.{name}").router)
+    if settings.web_ui:
+        app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
 
 
@@ -217,6 +225,10 @@ def _lifespan(context: AppContext) -> Lifespan:
                 await call_hook(context.agent_app.before_start, app)
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
                 await stack.enter_async_context(context.runner)
+            # What start-up built lives as long as the process: keep it out of every later
+            # garbage collection, whose pauses would otherwise grow with it.
+            gc.collect()
+            gc.freeze()
             yield
 
     return lifespan

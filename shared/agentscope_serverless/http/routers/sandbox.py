@@ -68,7 +68,7 @@ class SessionSandboxes(BaseModel):
 
 
 class SandboxTools(SandboxOut):
-    """One sandbox and the tools it offers (MCP tools on our server)."""
+    """One sandbox and the tools it offers: ``{tool_type: {name: {"name", "json_schema"}}}``."""
 
     tools: Any
 

@@ -61,6 +61,25 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         return await self._create_session(user_id, new_or_clean_session_id(session_id))
 
+    async def open_session(
+        self, user_id: str, session_id: str | None = None, *, recent: int
+    ) -> Session:
+        """The session, created if missing, holding only its last ``recent`` messages.
+
+        What a turn needs, read with one bounded query whatever the session's length
+        (``recent=0`` reads no message at all). Older messages are paged through with
+        :meth:`list_messages`.
+
+        >>> async def turn(service: SessionHistoryService) -> None:
+        ...     session = await service.open_session("u1", "s1", recent=100)
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+            raise InvalidInputError("recent must be an integer of at least 0", field="recent")
+        recent = min(recent, MAX_PAGE_SIZE)
+        return await self._open_session(user_id, new_or_clean_session_id(session_id), recent)
+
     async def get_session(self, user_id: str, session_id: str) -> Session | None:
         """The session with its full history, or None when it does not exist."""
         self._ensure_started()
@@ -139,11 +158,19 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         if not messages:
             return
         stored = await self._append_messages(user_id, sid, messages)
+        # The validated copies are this call's own: the stores keep JSON, not these objects.
         session.messages.extend(stored)
 
     @abstractmethod
     async def _create_session(self, user_id: str, session_id: str) -> Session:
         """Create the session if missing; return it as stored (with its history)."""
+
+    @abstractmethod
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        """Create the session if missing; return it with its last ``recent`` messages only.
+
+        Reads at most ``recent`` messages from the store.
+        """
 
     @abstractmethod
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
@@ -176,7 +203,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """Append ``messages`` (already validated) in order, creating the session.
 
         A message whose id is already in the session (or earlier in ``messages``) is skipped.
-        Returns, for each message given, the message as stored (a copy).
+        Returns, for each message given, that message, or the stored one with its id.
         """
 
 
