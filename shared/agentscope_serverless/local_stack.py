@@ -176,6 +176,16 @@ class RedisServer:
         )
         return self
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
+
     def _tls_arguments(self, certificate: Path) -> list[str]:
         key = certificate.with_suffix(".key")
         if not certificate.exists():
@@ -357,6 +367,16 @@ class DynamoDBServer:
         if create_tables:
             self.create_tables()
         return self
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
 
     def _answers(self) -> bool:
         try:

@@ -200,6 +200,27 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         1_048_576, ge=1, description="Largest accepted request body in bytes (413 above)."
     )
+    request_body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for the next part of a request body (408 when it stalls).",
+    )
+    idempotency_expiry_seconds: int = Field(
+        86_400,
+        ge=1,
+        description="How long an Idempotency-Key is remembered after its first use.",
+    )
+    idempotency_lease_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "How long a request in progress holds its Idempotency-Key; a retry after that"
+            " takes the key over (a request whose store call timed out never finishes)."
+        ),
+    )
+    docs_require_key: bool = Field(
+        False, description="Whether /docs and /openapi.json need an API key like other routes."
+    )
     sse_ping_interval_seconds: float = Field(
         15.0, gt=0, description="Send a `: ping` comment when a stream is silent this long."
     )

@@ -12,6 +12,7 @@ from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings
 from agentscope_serverless.tasks import TaskExecutor
@@ -28,6 +29,7 @@ class AppContext:
     runner: Runner | None = None
     recorder: RunRecorder | None = None
     task_executor: TaskExecutor | None = None
+    idempotency: IdempotencyStore | None = None
 
     def service(self, name: str) -> Any:
         """The service registered as ``name``."""

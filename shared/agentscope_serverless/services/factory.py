@@ -17,6 +17,7 @@ from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.idempotency import IdempotencyStore, InMemoryIdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.runs.base import RunsService
@@ -183,6 +184,27 @@ def create_runs_service(settings: Settings | None = None) -> RunsService:
     return service
 
 
+def create_idempotency_store(settings: Settings) -> IdempotencyStore:
+    """Idempotency records in the store of the session history (``SESSION_HISTORY_BACKEND``)."""
+    timing: dict[str, Any] = {
+        "expiry_seconds": settings.idempotency_expiry_seconds,
+        "lease_seconds": settings.idempotency_lease_seconds,
+    }
+    backend = settings.session_history_backend
+    store: IdempotencyStore
+    if backend == "redis":
+        store = _import("agentscope_serverless.services.idempotency.redis:RedisIdempotencyStore")(
+            **_redis_options(settings), **timing
+        )
+    elif backend == "dynamodb":
+        store = _import(
+            "agentscope_serverless.services.idempotency.dynamodb:DynamoDBIdempotencyStore"
+        )(settings.dynamodb_sessions_table, **_dynamodb_options(settings), **timing)
+    else:
+        store = InMemoryIdempotencyStore(**timing)
+    return store
+
+
 def create_service_manager(settings: Settings | None = None) -> ServiceManager:
     """A manager holding ``session_history``, ``memory`` and ``state`` built from settings."""
     settings = settings or get_settings()
@@ -195,6 +217,7 @@ def create_service_manager(settings: Settings | None = None) -> ServiceManager:
 
 
 __all__ = [
+    "create_idempotency_store",
     "create_memory_service",
     "create_runs_service",
     "create_service_manager",

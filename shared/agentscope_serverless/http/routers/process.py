@@ -44,6 +44,14 @@ SessionHeader = Annotated[
 ]
 
 
+_STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events (`stream: true`) or the JSON object.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
+
+
 def _compatible_run(
     messages: list[Message], session_id: str | None, user_id: str, **options: Any
 ) -> tuple[AgentRequest, str]:
@@ -189,7 +197,11 @@ def build_router(
         },
     )
 
-    @router.post(f"{COMPATIBLE_PREFIX}/chat/completions", summary="OpenAI chat completions")
+    @router.post(
+        f"{COMPATIBLE_PREFIX}/chat/completions",
+        summary="OpenAI chat completions",
+        responses=_STREAM_OR_JSON,
+    )
     async def chat_completions(
         body: compat.ChatCompletionRequest,
         caller: CurrentCaller,
@@ -222,7 +234,9 @@ def build_router(
             headers=headers,
         )
 
-    @router.post(f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses")
+    @router.post(
+        f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses", responses=_STREAM_OR_JSON
+    )
     async def responses(
         body: compat.ResponsesRequest,
         caller: CurrentCaller,
