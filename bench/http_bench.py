@@ -20,10 +20,17 @@ Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p9
 (``/proc/<pid>/stat``) over the run, divided by the requests wrk completed.
 
     .venv/bin/python bench/http_bench.py [--duration 5] [--connections 8] [--history 1000]
+    .venv/bin/python bench/http_bench.py --guard-cost [--guard-requests 300]
 
 Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
 when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
 the reused session within 1.2x of the new-user CPU; p99 at most 4x p50.
+
+``--storage-cost`` measures instead what storing each run's events costs ``/process``
+(:func:`storage_cost`): the same runtime with ``RUNS_BACKEND=none`` and with the runs stored,
+in memory and on Redis (a redis-server started for the run, session history on it too).
+It exits with status 1 when storing on Redis is more than 15% slower (median latency or
+throughput).
 """
 
 from __future__ import annotations
@@ -341,6 +348,175 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return results
 
 
+# --- the cost of storing runs ------------------------------------------------------------
+
+MAX_STORAGE_COST = 1.15
+
+
+def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
+    """p50, req/s and CPU of ``/process`` without and with stored runs, in memory and on Redis.
+
+    The four servers take turns under the same wrk load (a new user per request, streamed).
+    """
+    from agentscope_serverless.local_stack import RedisServer
+
+    base = {
+        **os.environ,
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(workdir / "keys.json"),
+        "AGENT_APP": "agentscope_serverless.agents.demo:app",
+        "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
+    }
+    with RedisServer() as redis:
+        on_redis = {"SESSION_HISTORY_BACKEND": "redis", "REDIS_URL": redis.url}
+        configurations = {
+            "memory/none": {"RUNS_BACKEND": "none"},
+            "memory/stored": {"RUNS_BACKEND": "in_memory"},
+            "redis/none": {**on_redis, "RUNS_BACKEND": "none"},
+            "redis/stored": {**on_redis, "RUNS_BACKEND": "redis"},
+        }
+        servers: dict[str, Server] = {}
+        try:
+            for name, env in configurations.items():
+                servers[name] = start("runtime", {**base, **env})
+                servers[name].name = name.replace("/", "-")
+            bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
+            ids = "function ids(n) return prefix .. '-' .. n, nil end"
+            results = {
+                name: bench.load(server, "new user", True, ids) for name, server in servers.items()
+            }
+        finally:
+            for server in servers.values():
+                server.process.terminate()
+                server.process.wait(timeout=30)
+    costs = {}
+    for store in ("memory", "redis"):
+        without, stored = results[f"{store}/none"], results[f"{store}/stored"]
+        costs[store] = {
+            "p50_ratio": round(stored["p50_ms"] / max(without["p50_ms"], 0.001), 3),
+            "throughput_ratio": round(
+                without["requests_per_second"] / stored["requests_per_second"], 3
+            ),
+        }
+    return {"results": results, "storage_cost": costs}
+
+
+def report_storage_cost(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        measured = storage_cost(args, workdir, service_key(workdir / "keys.json"))
+    passed = max(measured["storage_cost"]["redis"].values()) <= MAX_STORAGE_COST
+    print(f"{'runtime':<15}{'requests':>10}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms':>9}")
+    for name, row in measured["results"].items():
+        print(
+            f"{name:<15}{row['requests']:>10}{row['requests_per_second']:>10.1f}"
+            f"{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['cpu_ms_per_request']:>9.3f}"
+        )
+    for store, cost in measured["storage_cost"].items():
+        print(
+            f"storing runs ({store}): p50 x{cost['p50_ratio']}, "
+            f"throughput x{cost['throughput_ratio']}"
+        )
+    print(f"limit on Redis x{MAX_STORAGE_COST}: {'PASS' if passed else 'FAIL'}")
+    if not passed:
+        raise SystemExit(1)
+
+
+# --- what the request guards and Idempotency-Key cost ---------------------------------
+#
+# p50 latency of ``/process`` (streamed, read to the end) and of a message append
+# (``POST /sessions/{id}/messages``), one request at a time, without and with an
+# ``Idempotency-Key`` (a new key each request, so every request claims and completes a
+# record). Run it on the code before a change with ``PYTHONPATH=<old checkout>/shared`` to
+# get the "before" figures (an older server ignores the header).
+
+GUARD_CASES = ("process", "process+key", "append", "append+key")
+GUARD_BODY = {"input": [{"role": "user", "content": "hello"}], "stream": True}
+
+
+async def guard_latencies(url: str, key: str, case: str, requests: int) -> list[float]:
+    """Latencies (ms) of ``requests`` sequential requests of ``case`` for one user."""
+    user = f"bench-guard-{os.getpid()}-{case}"
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for i in range(requests):
+            headers = {"Authorization": f"Bearer {key}", "X-User-Id": user}
+            if case.endswith("+key"):
+                headers["Idempotency-Key"] = f"{case}-{i}-{time.time_ns()}"
+            started = time.perf_counter()
+            if case.startswith("process"):
+                body = {**GUARD_BODY, "session_id": f"guard-{i % 50}"}
+                async with client.stream("POST", "/process", json=body, headers=headers) as reply:
+                    async for _ in reply.aiter_raw():
+                        pass
+            else:
+                message = {"role": "user", "content": [{"type": "text", "text": f"note {i}"}]}
+                reply = await client.post(
+                    f"/sessions/guard-{i % 50}/messages",
+                    json={"messages": [message]},
+                    headers=headers,
+                )
+            if reply.status_code not in (200, 201):
+                raise SystemExit(f"{case} answered HTTP {reply.status_code}")
+            latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def measure_guard_cost(env: dict[str, str], key: str, requests: int) -> dict[str, Any]:
+    """p50/p90 per case in :data:`GUARD_CASES`, on the backends ``env`` selects."""
+    server = start("runtime", env)
+    url = server.url
+    try:
+        for case in GUARD_CASES:  # warm-up
+            asyncio.run(guard_latencies(url, key, case, 50))
+        figures: dict[str, Any] = {}
+        for case in GUARD_CASES:
+            ordered = sorted(asyncio.run(guard_latencies(url, key, case, requests)))
+            figures[case] = {
+                "requests": len(ordered),
+                "p50_ms": round(ordered[len(ordered) // 2], 3),
+                "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1], 3),
+            }
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=30)
+    return figures
+
+
+def guard_cost_report(args: argparse.Namespace) -> None:
+    """Print and write the guard cost figures (``--guard-cost``)."""
+    from agentscope_serverless.local_stack import RedisServer
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as workdir, RedisServer() as redis:
+        key_file = Path(workdir) / "keys.json"
+        key = service_key(key_file)
+        base = {
+            **os.environ,
+            "AUTH_KEYS_BACKEND": "file",
+            "AUTH_KEYS_FILE": str(key_file),
+            "AGENT_APP": "agentscope_serverless.agents.demo:app",
+        }
+        on_redis = {
+            "SESSION_HISTORY_BACKEND": "redis",
+            "MEMORY_BACKEND": "redis",
+            "STATE_BACKEND": "redis",
+            "REDIS_URL": redis.url,
+        }
+        for backend, extra in (("in_memory", {}), ("redis", on_redis)):
+            results[backend] = measure_guard_cost({**base, **extra}, key, args.guard_requests)
+    print(f"{'backend':<11}{'case':<13}{'p50 ms':>9}{'p90 ms':>9}")
+    for backend, figures in results.items():
+        for case, row in figures.items():
+            print(f"{backend:<11}{case:<13}{row['p50_ms']:>9.2f}{row['p90_ms']:>9.2f}")
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS / f"http_bench-guards-{stamp}.json"
+    report = {"benchmark": "http_bench guard cost", "when": stamp, "results": results}
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
@@ -349,14 +525,29 @@ def main() -> None:
     parser.add_argument("--serve", choices=["runtime", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recording", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--storage-cost", action="store_true", help="Measure the cost of storing runs instead."
+    )
+    parser.add_argument(
+        "--guard-cost",
+        action="store_true",
+        help="measure only what the request guards and Idempotency-Key cost",
+    )
+    parser.add_argument("--guard-requests", type=int, default=300)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.recording)
+        return
+    if args.guard_cost:
+        guard_cost_report(args)
         return
     if shutil.which("wrk") is None:
         raise SystemExit(
             "wrk is not installed: ./scripts/bootstrap debian 'the request benchmark' wrk"
         )
+    if args.storage_cost:
+        report_storage_cost(args)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

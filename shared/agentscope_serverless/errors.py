@@ -92,6 +92,24 @@ class ConflictError(AgentScopeServerlessError):
     code = "CONFLICT"
 
 
+class IdempotencyKeyReusedError(ConflictError):
+    """An ``Idempotency-Key`` already used for a different request (another body or route)."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+
+
+class RequestInProgressError(ConflictError):
+    """A request with the same ``Idempotency-Key`` is still running: retry a little later."""
+
+    code = "REQUEST_IN_PROGRESS"
+
+
+class RequestTimeoutError(AgentScopeServerlessError):
+    """The request body did not arrive in time."""
+
+    code = "REQUEST_TIMEOUT"
+
+
 class PayloadTooLargeError(AgentScopeServerlessError):
     """A request body or stored item is larger than the configured limit."""
 
@@ -215,11 +233,14 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "DeploymentError",
+    "IdempotencyKeyReusedError",
     "InvalidInputError",
     "NotFoundError",
     "PackagingError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "RequestInProgressError",
+    "RequestTimeoutError",
     "SandboxAuthenticationError",
     "SandboxCapacityError",
     "SandboxError",

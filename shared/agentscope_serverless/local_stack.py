@@ -176,6 +176,16 @@ class RedisServer:
         )
         return self
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
+
     def _tls_arguments(self, certificate: Path) -> list[str]:
         key = certificate.with_suffix(".key")
         if not certificate.exists():
@@ -331,8 +341,10 @@ class DynamoDBServer:
         sessions_table: str = "agentscope-sessions",
         state_table: str = "agentscope-state",
         api_keys_table: str = "agentscope-api-keys",
+        runs_table: str = "agentscope-runs",
     ) -> None:
         self.port = port or free_port()
+        self.runs_table = runs_table
         self.sessions_table = sessions_table
         self.state_table = state_table
         self.api_keys_table = api_keys_table
@@ -356,6 +368,16 @@ class DynamoDBServer:
             self.create_tables()
         return self
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are accepted but nothing is answered."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT): it then serves what was sent meanwhile."""
+        assert self._process is not None, "the server is not running"
+        self._process.send_signal(signal.SIGCONT)
+
     def _answers(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1):  # noqa: S310
@@ -364,7 +386,7 @@ class DynamoDBServer:
             return False
 
     def create_tables(self) -> None:
-        """Create the session, state and API key tables (with their TTL attribute)."""
+        """Create the session, state, API key and runs tables (with their TTL attribute)."""
         # A development tool, so a plain synchronous client; the services use aioboto3.
         import botocore.session
 
@@ -377,10 +399,10 @@ class DynamoDBServer:
             aws_secret_access_key=LOCAL_AWS_CREDENTIALS["aws_secret_access_key"],
         )
         for definition in table_definitions(
-            self.sessions_table, self.state_table, self.api_keys_table
+            self.sessions_table, self.state_table, self.api_keys_table, self.runs_table
         ):
             client.create_table(**definition)
-        for name in tables_with_ttl(self.sessions_table, self.state_table):
+        for name in tables_with_ttl(self.sessions_table, self.state_table, self.runs_table):
             client.update_time_to_live(
                 TableName=name,
                 TimeToLiveSpecification={"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
@@ -476,6 +498,7 @@ class LocalStack:
                     "DYNAMODB_ENDPOINT_URL": self.dynamodb.endpoint_url,
                     "DYNAMODB_SESSIONS_TABLE": self.dynamodb.sessions_table,
                     "DYNAMODB_STATE_TABLE": self.dynamodb.state_table,
+                    "DYNAMODB_RUNS_TABLE": self.dynamodb.runs_table,
                     "AUTH_KEYS_TABLE": self.dynamodb.api_keys_table,
                     "AWS_REGION": self.dynamodb.region,
                     "AWS_DEFAULT_REGION": self.dynamodb.region,

@@ -72,6 +72,9 @@ FRAMEWORKS = ("text", "agentscope")
 # How many of a session's last messages a run hands to the agent, unless told otherwise.
 DEFAULT_HISTORY_WINDOW = 100
 AGENT_UNKNOWN_ERROR = "AGENT_UNKNOWN_ERROR"
+# The message of the CancelledError that cancels a run (``task.cancel(RUN_CANCELED)``): the
+# stream then ends with a ``canceled`` response instead of propagating the cancellation.
+RUN_CANCELED = "run canceled"
 
 QueryHandler = Callable[..., Any]
 LifecycleHandler = Callable[..., Any]
@@ -327,8 +330,13 @@ class Runner(ServiceLifecycleManagerMixin):
             await self._record_quietly(session, request.input)
             yield turn.fail(self._error_of(exc))
             return
-        except (asyncio.CancelledError, GeneratorExit):
-            await asyncio.shield(self._record_quietly(session, request.input))
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            # What was produced so far is kept, the open message as it is.
+            partial = [*request.input, *turn.interrupt()]
+            await asyncio.shield(self._record_quietly(session, partial))
+            if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
+                yield turn.cancel()
+                return
             raise
         try:
             await self.session_history_service.append_message(
@@ -530,6 +538,20 @@ class _Turn:
         response.completed_at = int(time.time())
         return self._emit(response.completed())
 
+    def interrupt(self) -> list[Message]:
+        """The messages so far, the open one included as it is (no events are emitted)."""
+        if self._open is not None:
+            self._flush_text()
+            self.outputs.append(self._open)
+            self._open, self._open_key, self._snapshot = None, None, ""
+        return self.outputs
+
+    def cancel(self) -> AgentResponse:
+        response = self.response
+        response.output = list(self.outputs) or None
+        response.completed_at = int(time.time())
+        return self._emit(response.canceled())
+
     def fail(self, error: Error) -> AgentResponse:
         response = self.response
         response.output = list(self.outputs) or None
@@ -669,6 +691,7 @@ __all__ = [
     "AGENT_UNKNOWN_ERROR",
     "DEFAULT_HISTORY_WINDOW",
     "FRAMEWORKS",
+    "RUN_CANCELED",
     "AgentRequest",
     "AgentResponse",
     "AppBaseException",

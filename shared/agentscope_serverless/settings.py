@@ -22,6 +22,7 @@ from agentscope_serverless.errors import ConfigurationError
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
 StateBackend = Literal["in_memory", "redis", "dynamodb"]
+RunsBackend = Literal["in_memory", "redis", "dynamodb", "none"]
 KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
 AuthMode = Literal["keys", "iam"]
 
@@ -45,6 +46,41 @@ class Settings(BaseSettings):
     )
     state_backend: StateBackend = Field(
         "in_memory", description="Where agent state lives: in_memory, redis or dynamodb."
+    )
+    runs_backend: RunsBackend | None = Field(
+        None,
+        description=(
+            "Where runs (status and events, for resume and cancel) live: in_memory, redis or"
+            " dynamodb; unset: the session history backend. none: runs are not stored (no"
+            " /runs routes, background tasks or A2A)."
+        ),
+    )
+    runs_ttl_seconds: int = Field(
+        86400, ge=1, description="How long a run and its events are kept after its last write."
+    )
+    runs_cancel_poll_seconds: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="How often a running run checks the store for a cancellation request.",
+    )
+
+    tasks_function_name: str | None = Field(
+        None,
+        description=(
+            "The Lambda function that runs background tasks (asynchronous invocations);"
+            " unset: tasks run in the server that accepted them."
+        ),
+    )
+    lambda_endpoint_url: str | None = Field(
+        None, description="Lambda API endpoint (for a local emulator); unset: AWS."
+    )
+    a2a_base_url: str | None = Field(
+        None,
+        description=(
+            "The base URL in the A2A agent card (the Function URL on AWS); unset: the URL the"
+            " card was requested at."
+        ),
     )
 
     redis_url: SecretStr = Field(
@@ -81,6 +117,9 @@ class Settings(BaseSettings):
     )
     dynamodb_state_table: str = Field(
         "agentscope-state", min_length=3, description="DynamoDB table for agent state."
+    )
+    dynamodb_runs_table: str = Field(
+        "agentscope-runs", min_length=3, description="DynamoDB table for runs and their events."
     )
     dynamodb_endpoint_url: str | None = Field(
         None, description="DynamoDB endpoint (for a local emulator); unset: AWS."
@@ -160,6 +199,27 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(
         1_048_576, ge=1, description="Largest accepted request body in bytes (413 above)."
+    )
+    request_body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for the next part of a request body (408 when it stalls).",
+    )
+    idempotency_expiry_seconds: int = Field(
+        86_400,
+        ge=1,
+        description="How long an Idempotency-Key is remembered after its first use.",
+    )
+    idempotency_lease_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "How long a request in progress holds its Idempotency-Key; a retry after that"
+            " takes the key over (a request whose store call timed out never finishes)."
+        ),
+    )
+    docs_require_key: bool = Field(
+        False, description="Whether /docs and /openapi.json need an API key like other routes."
     )
     sse_ping_interval_seconds: float = Field(
         15.0, gt=0, description="Send a `: ping` comment when a stream is silent this long."

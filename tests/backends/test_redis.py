@@ -88,7 +88,7 @@ async def test_session_ttl_slides_on_reads_and_writes(
         session = await history.create_session(user_id, "s1")
         await history.append_message(session, msg("hello"))
         keys = await user_keys(redis_client, "session", user_id)
-        assert len(keys) == 5  # index, expiry, counter, meta, messages
+        assert len(keys) == 6  # index, expiry, counter, meta, messages, message ids
         assert all(90_000 < ttl <= 100_000 for ttl in await pttls(redis_client, keys))
 
         for key in keys:

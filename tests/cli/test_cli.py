@@ -69,7 +69,7 @@ def test_serve_prints_a_dev_key_and_working_curl_examples(server: Server) -> Non
     curls = [line for line in server.banner if line.startswith("curl ")]
     assert len(curls) == 2 and all(server.key in line for line in curls)
     first, second = (as_request(line) for line in curls)
-    assert first.startswith("data: ")
+    assert first.startswith("id: 0\ndata: ")
     assert "Your name is Alice." in second
 
 

@@ -23,6 +23,9 @@ from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateSer
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
 from agentscope_serverless.services.memory.redis import RedisMemoryService
+from agentscope_serverless.services.runs import InMemoryRunsService, RunsService
+from agentscope_serverless.services.runs.dynamodb import DynamoDBRunsService
+from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
@@ -35,6 +38,7 @@ from agentscope_serverless.services.session_history.redis import RedisSessionHis
 SESSION_HISTORY_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 MEMORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
 STATE_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
+RUNS_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -113,6 +117,40 @@ def state_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], Stat
         region_name=dynamodb_server.region,
         **LOCAL_AWS_CREDENTIALS,
     )
+
+
+@pytest.fixture
+def runs_in_memory_factory() -> Callable[[], RunsService]:
+    return _shared(InMemoryRunsService())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def runs_redis_factory(redis_server: RedisServer) -> Callable[[], RunsService]:
+    return lambda: RedisRunsService(redis_url=redis_server.url, ttl_seconds=3600)
+
+
+@pytest.fixture
+def runs_redis_cluster_factory(
+    redis_cluster_server: RedisClusterServer,
+) -> Callable[[], RunsService]:
+    return lambda: RedisRunsService(redis_url=redis_cluster_server.url, cluster=True)
+
+
+@pytest.fixture
+def runs_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], RunsService]:
+    return lambda: DynamoDBRunsService(
+        dynamodb_server.runs_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        ttl_seconds=3600,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+
+
+@pytest.fixture(params=RUNS_BACKENDS)
+def runs_factory(request: pytest.FixtureRequest) -> Callable[[], RunsService]:
+    factory: Callable[[], RunsService] = request.getfixturevalue(f"runs_{request.param}_factory")
+    return factory
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)

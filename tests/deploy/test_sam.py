@@ -39,6 +39,7 @@ def test_build_has_every_function_with_its_entry_point(sam_build_dir: Path) -> N
         "MemoryFunction",
         "StateFunction",
         "SandboxFunction",
+        "TasksFunction",
     }
     for name in FUNCTIONS:
         assert (sam_build_dir / name / "app.py").is_file(), name

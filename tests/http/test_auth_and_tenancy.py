@@ -212,7 +212,13 @@ def test_health_needs_no_key(client_for: Callable[..., httpx.Client]) -> None:
     assert response.status_code == 200
     assert response.json() == {
         "status": "healthy",
-        "services": {"session_history": True, "memory": True, "state": True, "auth_keys": True},
+        "services": {
+            "session_history": True,
+            "memory": True,
+            "state": True,
+            "runs": True,
+            "auth_keys": True,
+        },
     }
 
 

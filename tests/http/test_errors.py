@@ -45,7 +45,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
         ("POST", "/state/s", {"state": {}, "round_id": 0}, ["body", "round_id"]),
         ("GET", "/sessions?limit=0", None, ["query", "limit"]),
         ("GET", "/memory?page_size=5000", None, ["query", "page_size"]),
-        ("GET", "/sessions?cursor=%21%21", None, ["cursor"]),
+        ("GET", "/sessions?cursor=%21%21", None, ["query", "cursor"]),
         ("POST", "/compatible-mode/v1/responses", {"model": "m"}, ["body", "input"]),
     ],
 )

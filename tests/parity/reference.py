@@ -204,7 +204,6 @@ OUT_OF_SCOPE_NAMES = {
     ),
 }
 OUT_OF_SCOPE_METHODS = {
-    "task": "Celery task queues",
     "create_detached_project": "AgentScope's detached-process projects",
 }
 # Names AgentScope's engine modules import from its sandbox package: they belong to

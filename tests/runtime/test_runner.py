@@ -296,7 +296,7 @@ async def test_an_unsupported_value_fails_the_run() -> None:
     assert error is not None and error.code == "AGENT_ERROR"
 
 
-async def test_a_run_abandoned_midway_keeps_the_input() -> None:
+async def test_a_run_abandoned_midway_keeps_the_input_and_the_partial_reply() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
         yield "first"
         await asyncio.sleep(10)
@@ -311,7 +311,8 @@ async def test_a_run_abandoned_midway_keeps_the_input() -> None:
         await events.aclose()
         session = await runner.session_history_service.get_session("u1", "s1")
     assert session is not None
-    assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["abandon"]
+    kept = [m.get_text_content() for m in session.messages if isinstance(m, Message)]
+    assert kept == ["abandon", "first"]
 
 
 async def test_a_session_id_and_user_default_sensibly() -> None:

@@ -9,7 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -104,6 +104,7 @@ class SSE:
     events: list[tuple[str | None, Any]]
     comments: list[str]
     raw: str = ""
+    ids: list[str | None] = field(default_factory=list)
 
     @property
     def data(self) -> list[Any]:
@@ -111,16 +112,22 @@ class SSE:
 
 
 def parse_sse(lines: list[str]) -> SSE:
-    """Parse SSE lines strictly: every event is optional ``event:`` then ``data:``, then a blank."""
+    """Parse SSE lines strictly: every event is optional ``id:`` and ``event:`` then ``data:``,
+    then a blank. The ids are kept in :attr:`SSE.ids`."""
     events: list[tuple[str | None, Any]] = []
+    ids: list[str | None] = []
     comments: list[str] = []
     name: str | None = None
     data: str | None = None
+    event_id: str | None = None
     for line in lines:
         if line == "":
             if data is not None:
                 events.append((name, data if data == "[DONE]" else json.loads(data)))
-            name, data = None, None
+                ids.append(event_id)
+            name, data, event_id = None, None, None
+        elif line.startswith("id: "):
+            event_id = line[len("id: ") :]
         elif line.startswith(":"):
             comments.append(line)
         elif line.startswith("event: "):
@@ -131,7 +138,7 @@ def parse_sse(lines: list[str]) -> SSE:
         else:
             raise AssertionError(f"unexpected SSE line {line!r}")
     assert data is None, "the stream ended inside an event"
-    return SSE(events=events, comments=comments, raw="\n".join(lines))
+    return SSE(events=events, comments=comments, raw="\n".join(lines), ids=ids)
 
 
 def stream(client: httpx.Client, path: str, **kwargs: Any) -> tuple[httpx.Response, SSE]:

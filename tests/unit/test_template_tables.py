@@ -10,6 +10,7 @@ import pytest
 from agentscope_serverless.infra.dynamodb_tables import (
     TTL_ATTRIBUTE,
     api_keys_table,
+    runs_table,
     sessions_table,
     state_table,
 )
@@ -29,6 +30,7 @@ def as_set(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ("SessionsTable", sessions_table(), True),
         ("StateTable", state_table(), True),
         ("ApiKeysTable", api_keys_table(), False),
+        ("RunsTable", runs_table(), True),
     ],
 )
 def test_the_template_table_matches_its_definition(

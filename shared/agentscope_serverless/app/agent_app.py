@@ -55,6 +55,7 @@ from agentscope_serverless.services.session_history.base import (
     SessionHistoryService,
 )
 from agentscope_serverless.settings import Settings
+from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
     from agentscope_serverless.services.sandbox.service import SandboxService
@@ -146,6 +147,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
             )
             if service is not None
         }
+        self.tasks: list[TaskDefinition] = []
+        # The skills of the A2A agent card: dicts with name, description, tags, examples.
+        self.a2a_skills: list[dict[str, Any]] = []
         self._query_handler: QueryHandler | None = None
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
@@ -202,6 +206,23 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """Register ``func(self)`` to run when the app stops."""
         self._shutdown_handler = func
         return func
+
+    def task(self, path: str, queue: str = "default") -> Callable[[HandlerT], HandlerT]:
+        """Register ``func(payload)`` (sync or async) as a background task served at ``path``.
+
+        ``POST path`` with a JSON body submits it and answers at once with a ``task_id``;
+        ``GET /tasks/{task_id}`` gives its status and result. ``queue`` is kept for
+        compatibility (there is no broker: tasks run in the server, or as asynchronous
+        invocations of the function on Lambda).
+        """
+        if not path.startswith("/"):
+            raise ValueError(f"a task path must start with '/', got {path!r}")
+
+        def register(func: HandlerT) -> HandlerT:
+            self.tasks.append(TaskDefinition(path=path, function=func, queue=queue))
+            return func
+
+        return register
 
     @overload
     def query(  # type: ignore[overload-overlap]  # a framework name registers
@@ -265,6 +286,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """The services a runner of this app uses: those passed in, the rest from settings."""
         from agentscope_serverless.services.factory import (
             create_memory_service,
+            create_runs_service,
             create_session_history_service,
             create_state_service,
         )
@@ -273,9 +295,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
             "session_history": create_session_history_service,
             "memory": create_memory_service,
             "state": create_state_service,
+            "runs": create_runs_service,
         }
         manager = ServiceManager()
         for name, build in builders.items():
+            if name == "runs" and settings is not None and settings.runs_backend == "none":
+                continue
             manager.register_service(name, self._given_services.get(name) or build(settings))
         if self.with_sandbox:
             sandbox = self._given_services.get("sandbox")

@@ -4,7 +4,8 @@
 >>> app = create_app()                      # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
-``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``users``
+``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
+runs: mounted with ``process`` too, as are A2A and the app's background tasks), ``users``
 (``DELETE /users/me/data``); ``/health`` is always there, and the chat page at ``/`` when
 the ``WEB_UI`` setting is on. Without a ``routers`` argument every router is mounted,
 except ``sandbox`` when no sandbox server is configured (``SANDBOX_BASE_URL``): an embedded
@@ -24,27 +25,34 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from agentscope_serverless import __version__
 from agentscope_serverless.app import AgentApp, load_agent_app
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
+from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
-ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "users")
+ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",
     "memory": "memory",
     "state": "state",
     "sandbox": "sandbox",
+    "runs": "runs",
 }
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
@@ -79,12 +87,32 @@ def create_app(
             services.register_service("sandbox", _build_service("sandbox", settings))
     else:
         services = _services_for(names, settings)
+    # The process router records its runs, so it serves the runs routes too.
+    if settings.runs_backend == "none":
+        names = tuple(name for name in names if name != "runs")
+    elif "process" in names and "runs" not in names:
+        names = (*names, "runs")
+    if "runs" in names and not services.has_service("runs"):
+        services.register_service("runs", _build_service("runs", settings))
+    recorder = task_executor = None
+    if "runs" in names:
+        from agentscope_serverless.recorder import RunRecorder
+
+        recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
+        if agent_app is not None and "process" in names:
+            task_executor = _task_executor(services["runs"], settings)
+
+    from agentscope_serverless.services.factory import create_idempotency_store
+
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=services,
         agent_app=agent_app,
         runner=runner,
+        recorder=recorder,
+        task_executor=task_executor,
+        idempotency=create_idempotency_store(settings),
     )
     title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
     app = new_application(
@@ -97,35 +125,75 @@ def create_app(
     # not pay for defining the others at cold start.
     if agent_app is not None and "process" in names:
         process = importlib.import_module(f"{__package__}.routers.process")
-        app.include_router(process.build_router(agent_app.endpoint_path, agent_app.request_model))
-    for name in ("sessions", "memory", "state", "sandbox", "users"):
+        include_api_router(
+            app, process.build_router(agent_app.endpoint_path, agent_app.request_model)
+        )
+    for name in ("sessions", "memory", "state", "sandbox", "runs", "users"):
         if name in names:
-            app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+            include_api_router(app, importlib.import_module(f"{__package__}.routers.{name}").router)
+    if agent_app is not None and "process" in names and recorder is not None:
+        a2a = importlib.import_module(f"{__package__}.routers.a2a")
+        app.state.a2a_handler = a2a.mount(app, context)
+    if context.task_executor is not None and agent_app is not None:
+        tasks = importlib.import_module(f"{__package__}.routers.tasks")
+        include_api_router(app, tasks.build_router(agent_app.tasks, context.task_executor))
     if agent_app is not None and agent_app.custom_endpoints:
         custom = importlib.import_module(f"{__package__}.custom_endpoints")
-        app.include_router(custom.build_router(agent_app.custom_endpoints))
+        include_api_router(app, custom.build_router(agent_app.custom_endpoints))
     if settings.web_ui:
         app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
+
+
+def include_api_router(app: FastAPI, router: APIRouter) -> None:
+    """Mount an API router with what every route shares: the request guards (Unicode,
+    users, ``Idempotency-Key``) and the documented error answers."""
+    app.include_router(router, dependencies=[Depends(guard_request)], responses=ERROR_RESPONSES)
 
 
 def new_application(
     context: AppContext, *, title: str, description: str, lifespan: Lifespan
 ) -> FastAPI:
     """An application with the shared plumbing: errors, request ids, body limit, ``/health``."""
+    settings = context.settings
+    open_docs = not settings.docs_require_key
     app = FastAPI(
         title=title,
         description=description,
         version=__version__,
         lifespan=lifespan,
         redoc_url=None,
+        # "/sessions/" is no session id: 404, not a redirect to the listing.
+        redirect_slashes=False,
+        docs_url="/docs" if open_docs else None,
+        openapi_url="/openapi.json" if open_docs else None,
     )
     app.state.context = context
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=context.settings.max_request_bytes)
+    install_idempotency(app)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_request_bytes,
+        timeout=settings.request_body_timeout_seconds,
+    )
     app.add_middleware(RequestContextMiddleware)
     app.include_router(health.router)
+    if not open_docs:
+        _add_keyed_docs(app)
     return app
+
+
+def _add_keyed_docs(app: FastAPI) -> None:
+    """``/openapi.json`` and ``/docs`` behind the API key, like every other route."""
+
+    async def openapi(caller: CurrentCaller) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    async def docs(caller: CurrentCaller) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    app.add_api_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
 
 
 def _router_names(routers: Iterable[str] | None, settings: Settings) -> tuple[str, ...]:
@@ -154,12 +222,29 @@ def _build_service(name: str, settings: Settings) -> Any:
         "session_history": factory.create_session_history_service,
         "memory": factory.create_memory_service,
         "state": factory.create_state_service,
+        "runs": factory.create_runs_service,
     }
     return builders[name](settings)
 
 
 # Routers that use several services (the erase route reaches every store of the user).
 _SERVICES_OF_ROUTER = {"users": ("session_history", "memory", "state")}
+
+
+def _task_executor(runs: Any, settings: Settings) -> Any:
+    """Where background tasks run: Lambda invocations when ``TASKS_FUNCTION_NAME`` is set."""
+    if settings.tasks_function_name:
+        from agentscope_serverless.tasks_lambda import LambdaTaskExecutor
+
+        return LambdaTaskExecutor(
+            runs,
+            settings.tasks_function_name,
+            region_name=settings.aws_region,
+            endpoint_url=settings.lambda_endpoint_url,
+        )
+    from agentscope_serverless.tasks import LocalTaskExecutor
+
+    return LocalTaskExecutor(runs)
 
 
 def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
@@ -186,10 +271,19 @@ def _lifespan(context: AppContext) -> Lifespan:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(context.services)
             await stack.enter_async_context(context.key_store)
+            if context.idempotency is not None:
+                await stack.enter_async_context(context.idempotency)
             if context.runner is not None and context.agent_app is not None:
                 await call_hook(context.agent_app.before_start, app)
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
                 await stack.enter_async_context(context.runner)
+            if context.recorder is not None:
+                stack.push_async_callback(context.recorder.aclose)
+            if context.task_executor is not None:
+                stack.push_async_callback(context.task_executor.aclose)
+            a2a_handler = getattr(app.state, "a2a_handler", None)
+            if a2a_handler is not None:
+                stack.push_async_callback(a2a_handler.aclose)
             # What start-up built lives as long as the process: keep it out of every later
             # garbage collection, whose pauses would otherwise grow with it.
             gc.collect()
@@ -199,4 +293,4 @@ def _lifespan(context: AppContext) -> Lifespan:
     return lifespan
 
 
-__all__ = ["ROUTERS", "call_hook", "create_app", "new_application"]
+__all__ = ["ROUTERS", "call_hook", "create_app", "include_api_router", "new_application"]

@@ -51,7 +51,7 @@ bearer_scheme = HTTPBearer(
     description=(
         "An API key (`ask_...`, made with `agentscope-serverless keys create`). A user key "
         f"acts as its user; a service key acts for the user named by the `{USER_HEADER}` "
-        "header (or a `user_id` query parameter or body field)."
+        "header (or a `user_id` query parameter or body field); naming a user twice is a 422."
     ),
 )
 
@@ -137,12 +137,14 @@ async def get_caller(
         principal = await context.key_store.authenticate(credentials.credentials)
     # Read directly rather than as declared parameters: this runs on every request.
     claims: list[tuple[str, str]] = []
-    header_user = request.headers.get(USER_HEADER)
-    if header_user is not None:
-        claims.append((f"{USER_HEADER} header", header_user))
-    query_user = request.query_params.get("user_id")
-    if query_user is not None:
-        claims.append(("user_id query parameter", query_user))
+    for where, values in (
+        (f"{USER_HEADER} header", request.headers.getlist(USER_HEADER)),
+        ("user_id query parameter", request.query_params.getlist("user_id")),
+    ):
+        if len(values) > 1:
+            # Proxies and frameworks disagree on which of several values wins: refuse.
+            raise InvalidInputError(f"the {where} is given more than once", field=where)
+        claims.extend((where, value) for value in values)
     return Caller(principal=principal, claims=tuple(claims))
 
 

@@ -10,9 +10,12 @@ from fastapi import Request
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings
+from agentscope_serverless.tasks import TaskExecutor
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class AppContext:
     services: ServiceManager
     agent_app: AgentApp | None = None
     runner: Runner | None = None
+    recorder: RunRecorder | None = None
+    task_executor: TaskExecutor | None = None
+    idempotency: IdempotencyStore | None = None
 
     def service(self, name: str) -> Any:
         """The service registered as ``name``."""
@@ -31,6 +37,12 @@ class AppContext:
         if service is None:
             raise ConfigurationError(f"this application has no {name!r} service")
         return service
+
+    def require_recorder(self) -> RunRecorder:
+        """The recorder of this application's runs."""
+        if self.recorder is None:
+            raise ConfigurationError("this application stores no runs")
+        return self.recorder
 
     def require_runner(self) -> Runner:
         """The runner of the served agent."""

@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
@@ -30,7 +30,10 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.app import call_hook, new_application
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.services.factory import create_idempotency_store
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.settings import Settings, get_settings
 
@@ -58,16 +61,18 @@ def create_function_app(
     if response_type not in RESPONSE_TYPES:
         raise ValueError(f"response_type must be one of {', '.join(RESPONSE_TYPES)}")
     settings = settings or get_settings()
+    idempotency = create_idempotency_store(settings)
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=ServiceManager(),
+        idempotency=idempotency,
     )
     extra = dict(hook_kwargs or {})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with context.key_store:
+        async with context.key_store, idempotency:
             await call_hook(before_start, app, **extra)
             try:
                 yield
@@ -87,7 +92,14 @@ def create_function_app(
             return StreamingResponse(_text(result), media_type="text/plain; charset=utf-8")
         return EventStreamResponse(_sse(result), ping_interval=settings.sse_ping_interval_seconds)
 
-    app.add_api_route(endpoint_path, endpoint, methods=["POST"], response_model=None)
+    app.add_api_route(
+        endpoint_path,
+        endpoint,
+        methods=["POST"],
+        response_model=None,
+        dependencies=[Depends(guard_request)],
+        responses=ERROR_RESPONSES,
+    )
     return app
 
 

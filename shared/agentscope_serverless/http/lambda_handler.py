@@ -35,11 +35,13 @@ class _LazyApplication:
         self._routers = tuple(routers)
         self._adapter: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._app: FastAPI | None = None
 
     def _start(self) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
         from mangum import Mangum
 
         app = build_app(self._routers)
+        self._app = app
         adapter = Mangum(app, lifespan="off")
         lifespan = app.router.lifespan_context(app)
         asyncio.get_event_loop().run_until_complete(lifespan.__aenter__())
@@ -48,8 +50,24 @@ class _LazyApplication:
         return adapter
 
     def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        from agentscope_serverless.tasks import TASK_EVENT_KEY
+
         adapter = self._adapter or self._start()
+        if TASK_EVENT_KEY in event:
+            return self._run_task(event)
         return adapter(event, context)
+
+    def _run_task(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Run a background task sent by an asynchronous invocation (not a Function URL)."""
+        from agentscope_serverless.tasks import run_task_event
+
+        assert self._app is not None
+        app_context = self._app.state.context
+        agent_app = app_context.agent_app
+        tasks = agent_app.tasks if agent_app is not None else []
+        work = run_task_event(app_context.service("runs"), tasks, event)
+        asyncio.get_event_loop().run_until_complete(work)
+        return {"status": "done"}
 
 
 def make_handler(routers: Sequence[str]) -> LambdaHandler:

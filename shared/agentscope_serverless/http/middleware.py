@@ -9,12 +9,14 @@ path (never the query string or headers), the status and the duration.
 
 **Body limit.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: at once when
 ``Content-Length`` says so, otherwise as soon as the bytes read exceed it (chunked uploads).
+A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408.
 
 Both are pure ASGI (no per-request task), so streaming responses pass through untouched.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -84,12 +86,29 @@ class BodyTooLarge(HTTPException):
         super().__init__(status_code=413, detail=f"the request body is larger than {limit} bytes")
 
 
-class BodySizeLimitMiddleware:
-    """Rejects request bodies larger than ``max_bytes`` with 413."""
+class BodyTimedOut(HTTPException):
+    """Raised when the next part of a body does not arrive in time."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            status_code=408,
+            detail=f"the request body did not arrive within {seconds:g} seconds",
+            headers={"Connection": "close"},
+        )
+
+
+class BodySizeLimitMiddleware:
+    """Rejects request bodies larger than ``max_bytes`` with 413, and stalled ones with 408.
+
+    ``timeout`` bounds the wait for each part of the body (None: no limit); once the body
+    is complete, later reads (a streaming response listening for the client leaving) wait
+    as long as they need.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,14 +122,22 @@ class BodySizeLimitMiddleware:
             await response(scope, receive, send)
             return
         received = 0
+        complete = False
 
         async def receive_limited() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete or self.timeout is None:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.timeout)
+                except TimeoutError:
+                    raise BodyTimedOut(self.timeout) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+                complete = not message.get("more_body", False)
             return message
 
         await self.app(scope, receive_limited, send)
@@ -129,6 +156,7 @@ def _content_length(scope: Scope) -> int | None:
 __all__ = [
     "REQUEST_ID_HEADER",
     "BodySizeLimitMiddleware",
+    "BodyTimedOut",
     "BodyTooLarge",
     "RequestContextMiddleware",
     "request_id_of",

@@ -2,6 +2,8 @@
 
 >>> encode('{"a":1}')
 b'data: {"a":1}\\n\\n'
+>>> encode('{"a":1}', id=3)
+b'id: 3\\ndata: {"a":1}\\n\\n'
 >>> encode('{"a":1}', event="response.created")
 b'event: response.created\\ndata: {"a":1}\\n\\n'
 
@@ -25,8 +27,11 @@ DONE = b"data: [DONE]\n\n"
 MEDIA_TYPE = "text/event-stream"
 
 
-def encode(data: str, *, event: str | None = None) -> bytes:
-    """One SSE event: an optional ``event:`` line and one ``data:`` line (``data`` is one line)."""
+def encode(data: str, *, event: str | None = None, id: int | None = None) -> bytes:
+    """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line (``data`` is
+    one line)."""
+    if id is not None:
+        return b"id: " + str(id).encode() + b"\n" + encode(data, event=event)
     if event is None:
         return b"data: " + data.encode() + b"\n\n"
     return b"event: " + event.encode() + b"\ndata: " + data.encode() + b"\n\n"

@@ -6,7 +6,7 @@ also enable TTL on :data:`TTL_ATTRIBUTE` (:func:`tables_with_ttl`).
 (``python -m agentscope_serverless.infra.dynamodb_tables``).
 
 >>> [table["TableName"] for table in table_definitions()]
-['agentscope-sessions', 'agentscope-state', 'agentscope-api-keys']
+['agentscope-sessions', 'agentscope-state', 'agentscope-api-keys', 'agentscope-runs']
 
 Layout (the backends' module docstrings say how they use it):
 
@@ -16,6 +16,8 @@ Layout (the backends' module docstrings say how they use it):
   secondary index ``by_creation`` sorts a user's sessions by ``creation_order``.
 - **state**: ``pk``/``sk`` strings; one partition per user and session holding a meta item
   and one item (or a few, for large states) per round.
+- **runs**: ``pk``/``sk`` strings; one partition per run holding its record and its events,
+  and one per session listing its runs (see :mod:`agentscope_serverless.services.runs.dynamodb`).
 - **api keys**: partition key ``key_id`` string, one item per API key holding its hash
   (see :mod:`agentscope_serverless.auth.dynamodb`); no TTL (revoked keys stay listed).
 """
@@ -84,20 +86,33 @@ def api_keys_table(name: str = "agentscope-api-keys") -> dict[str, Any]:
     }
 
 
+def runs_table(name: str = "agentscope-runs") -> dict[str, Any]:
+    """``CreateTable`` arguments of the runs table (stored runs and their events)."""
+    return state_table(name)
+
+
 def table_definitions(
     sessions: str = "agentscope-sessions",
     state: str = "agentscope-state",
     api_keys: str = "agentscope-api-keys",
+    runs: str = "agentscope-runs",
 ) -> list[dict[str, Any]]:
     """Every table the DynamoDB backends need, with the given names."""
-    return [sessions_table(sessions), state_table(state), api_keys_table(api_keys)]
+    return [
+        sessions_table(sessions),
+        state_table(state),
+        api_keys_table(api_keys),
+        runs_table(runs),
+    ]
 
 
 def tables_with_ttl(
-    sessions: str = "agentscope-sessions", state: str = "agentscope-state"
+    sessions: str = "agentscope-sessions",
+    state: str = "agentscope-state",
+    runs: str = "agentscope-runs",
 ) -> list[str]:
     """The tables whose items expire by :data:`TTL_ATTRIBUTE` (API keys never expire)."""
-    return [sessions, state]
+    return [sessions, state, runs]
 
 
 def as_json() -> str:
@@ -119,6 +134,7 @@ __all__ = [
     "TTL_ATTRIBUTE",
     "api_keys_table",
     "as_json",
+    "runs_table",
     "sessions_table",
     "state_table",
     "table_definitions",

@@ -11,7 +11,9 @@ clients written for it keep working. Every event serialises with ``model_dump_js
 
 from __future__ import annotations
 
+import contextvars
 import copy
+import itertools
 import json
 import time
 import types
@@ -392,8 +394,29 @@ AgentContent = Annotated[
 ]
 
 
+# While a request with an Idempotency-Key is served, new message ids derive from the key,
+# so a retry that runs again makes the same ids, and appends skip the messages already there.
+_MESSAGE_ID_SEED: contextvars.ContextVar[tuple[uuid.UUID, itertools.count[int]] | None] = (
+    contextvars.ContextVar("message_id_seed", default=None)
+)
+
+
+def seed_message_ids(seed: str) -> None:
+    """Derive the message ids made from now on in this context from ``seed``, in order.
+
+    >>> seed_message_ids("user\0key"); first = Message(role="user").id
+    >>> seed_message_ids("user\0key"); Message(role="user").id == first
+    True
+    """
+    _MESSAGE_ID_SEED.set((uuid.uuid5(uuid.NAMESPACE_URL, seed), itertools.count()))
+
+
 def _new_message_id() -> str:
-    return f"msg_{uuid.uuid4()}"
+    seeded = _MESSAGE_ID_SEED.get()
+    if seeded is None:
+        return f"msg_{uuid.uuid4()}"
+    namespace, counter = seeded
+    return f"msg_{uuid.uuid5(namespace, str(next(counter)))}"
 
 
 def _merge_delta(target: Content, piece: Content) -> None:

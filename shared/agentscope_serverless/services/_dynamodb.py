@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE
+from agentscope_serverless.log import logger
 from agentscope_serverless.services.base import StartedGuard
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ _TRANSIENT = _THROTTLING | {"InternalServerError", "ServiceUnavailable"}
 # The most items one TransactWriteItems request may hold.
 _TRANSACTION_ITEMS = 100
 _RETRY_DELAYS = (0.05, 0.2)
+_CODE = re.compile(r"[^A-Za-z0-9.]")
 
 # Expression attribute names used by the backends (several are DynamoDB reserved words).
 NAMES = {
@@ -318,11 +320,16 @@ class DynamoDBStore:
                 if code == "ConditionalCheckFailedException":
                     raise ConditionFailed(code) from None
                 retry = code in (_TRANSIENT if idempotent else _THROTTLING)
-                failure = f"{code}: {error.get('Message', '')}"
+                # The code only: a message may carry the endpoint or an emulator's HTML page.
+                failure = _CODE.sub("", str(code))[:64] or "the request failed"
+                detail = f"{code}: {error.get('Message', '')}"
             except (TimeoutError, BotoCoreError, OSError) as exc:
                 retry = idempotent
-                failure = f"{type(exc).__name__}: {exc}"
+                timed_out = isinstance(exc, TimeoutError | ReadTimeoutError)
+                failure = "the request timed out" if timed_out else "the connection failed"
+                detail = f"{type(exc).__name__}: {exc}"
             if not retry or attempt == len(_RETRY_DELAYS):
+                logger.warning("dynamodb request failed", extra={"error": detail[:500]})
                 raise StoreUnavailableError("dynamodb", failure) from None
             await asyncio.sleep(_RETRY_DELAYS[attempt])
             attempt += 1

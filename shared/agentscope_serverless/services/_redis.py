@@ -24,10 +24,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
+from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.base import StartedGuard
 
@@ -79,6 +80,17 @@ def _validate_key_prefix(key_prefix: str) -> str:
             "REDIS_KEY_PREFIX must be non-empty, without braces or surrounding spaces"
         )
     return key_prefix
+
+
+def _failure(exc: BaseException) -> str:
+    """What went wrong, for the client: never the host, port, script hash or reply text."""
+    if isinstance(exc, RedisTimeoutError | TimeoutError):
+        return "the request timed out"
+    if isinstance(exc, RedisConnectionError | OSError):
+        return "the connection failed"
+    if isinstance(exc, ResponseError):
+        return "the command failed"
+    return "the request failed"
 
 
 class RedisStore:
@@ -181,7 +193,8 @@ class RedisStore:
                     may_retry = False
                     await asyncio.sleep(_RETRY_DELAY)
                     continue
-                raise StoreUnavailableError("redis", self._redact(exc)) from None
+                logger.warning("redis command failed", extra={"error": self._redact(exc)})
+                raise StoreUnavailableError("redis", _failure(exc)) from None
 
     async def unlink_matching(self, pattern: str) -> int:
         """UNLINK every key matching the glob ``pattern`` (on every node of a cluster).

@@ -5,17 +5,76 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
 
 MAX_ID_LENGTH = 512
 DEFAULT_SESSION_ID = "default"
+# Ids may hold any text but control characters (C0 except tab and line breaks, DEL, C1):
+# they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
+# and header values cannot carry them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def unencodable_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where in ``value`` (nested dicts, lists and strings) text cannot be encoded as UTF-8.
+
+    None when every string (keys included) is valid Unicode: a lone UTF-16 surrogate such
+    as ``"\\ud800"`` (which JSON's ``\\u`` escapes can carry) is not.
+
+    >>> unencodable_path({"a": ["ok", "\\ud800"]})
+    ('a', 1)
+    """
+    if isinstance(value, str):
+        return None if _encodes(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and not _encodes(key):
+                # Escaped, so that the error naming the key can itself be sent as UTF-8.
+                return (*path, key.encode("utf-8", "backslashreplace").decode())
+            found = unencodable_path(item, (*path, str(key)))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = unencodable_path(item, (*path, index))
+            if found is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def require_utf8(value: Any, *, field: str) -> None:
+    """Refuse ``value`` when any text in it cannot be encoded as UTF-8 (422 naming where)."""
+    where = unencodable_path(value)
+    if where is not None:
+        loc = [field, *where]
+        raise InvalidInputError(
+            f"{'.'.join(str(p) for p in loc)} is not valid Unicode text (it cannot be "
+            "encoded as UTF-8)",
+            errors=[{"loc": loc, "msg": "not valid Unicode text"}],
+        )
+
+
+def _require_id_text(value: str, field: str) -> None:
+    require_utf8(value, field=field)
+    if _CONTROL.search(value):
+        raise InvalidInputError(f"{field} must not contain control characters", field=field)
 
 
 def require_user_id(user_id: Any) -> str:
@@ -30,6 +89,7 @@ def require_user_id(user_id: Any) -> str:
         raise InvalidInputError(
             f"user_id is longer than {MAX_ID_LENGTH} characters", field="user_id"
         )
+    _require_id_text(user_id, "user_id")
     return user_id
 
 
@@ -41,6 +101,7 @@ def clean_session_id(session_id: Any) -> str | None:
         raise InvalidInputError(
             f"session_id must be a string, got {type(session_id).__name__}", field="session_id"
         )
+    _require_id_text(session_id, "session_id")
     session_id = session_id.strip()
     if len(session_id) > MAX_ID_LENGTH:
         raise InvalidInputError(
@@ -63,18 +124,26 @@ def to_message(item: Any, *, position: int | None = None) -> Message:
     """A validated, private copy of a :class:`Message` given as a model or a dict."""
     where = "message" if position is None else f"message[{position}]"
     if isinstance(item, Message):
-        return item.model_copy(deep=True)
-    if isinstance(item, Mapping):
+        message = item.model_copy(deep=True)
+    elif isinstance(item, Mapping):
         try:
-            return Message.model_validate(dict(item))
+            message = Message.model_validate(dict(item))
         except ValidationError as exc:
             raise InvalidInputError(
                 f"{where} is not a valid message: {exc.errors()[0]['msg']}",
                 errors=[{"loc": [where, *err["loc"]], "msg": err["msg"]} for err in exc.errors()],
             ) from None
-    raise InvalidInputError(
-        f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
-    )
+    else:
+        raise InvalidInputError(
+            f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
+        )
+    try:
+        message.model_dump_json()
+    except PydanticSerializationError:
+        # Only text that is not valid Unicode makes a validated message unserialisable.
+        require_utf8(message.model_dump(), field=where)
+        raise
+    return message
 
 
 def to_messages(message: Any) -> list[Message]:
@@ -97,9 +166,12 @@ def json_copy(value: Any, *, field: str) -> Any:
     backend accepts and returns exactly the same data.
     """
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
+    if not _encodes(text):
+        require_utf8(value, field=field)
+    return json.loads(text)
 
 
 def require_positive_int(value: Any, *, field: str, maximum: int | None = None) -> int:
@@ -160,7 +232,9 @@ __all__ = [
     "optional_positive_int",
     "require_positive_int",
     "require_user_id",
+    "require_utf8",
     "session_id_or_default",
     "to_message",
     "to_messages",
+    "unencodable_path",
 ]

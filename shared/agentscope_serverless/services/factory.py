@@ -17,8 +17,10 @@ from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.idempotency import IdempotencyStore, InMemoryIdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.runs.base import RunsService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings, get_settings
 
@@ -89,6 +91,32 @@ def _dynamodb_state(settings: Settings) -> Any:
     )
 
 
+def _redis_runs(settings: Settings) -> Any:
+    runs = _import("agentscope_serverless.services.runs.redis:RedisRunsService")(
+        **_redis_options(settings), ttl_seconds=settings.runs_ttl_seconds
+    )
+    runs.poll_seconds = settings.runs_cancel_poll_seconds
+    return runs
+
+
+def _dynamodb_runs(settings: Settings) -> Any:
+    runs = _import("agentscope_serverless.services.runs.dynamodb:DynamoDBRunsService")(
+        settings.dynamodb_runs_table,
+        **_dynamodb_options(settings),
+        ttl_seconds=settings.runs_ttl_seconds,
+    )
+    runs.poll_seconds = settings.runs_cancel_poll_seconds
+    return runs
+
+
+def _in_memory_runs(settings: Settings) -> Any:
+    runs = _import("agentscope_serverless.services.runs.in_memory:InMemoryRunsService")(
+        ttl_seconds=settings.runs_ttl_seconds
+    )
+    runs.poll_seconds = settings.runs_cancel_poll_seconds
+    return runs
+
+
 # kind -> backend -> builder. Backends are imported only when selected.
 _BUILDERS: dict[str, dict[str, Builder]] = {
     "session_history": {
@@ -111,6 +139,7 @@ _BUILDERS: dict[str, dict[str, Builder]] = {
         "redis": _redis_state,
         "dynamodb": _dynamodb_state,
     },
+    "runs": {"in_memory": _in_memory_runs, "redis": _redis_runs, "dynamodb": _dynamodb_runs},
 }
 
 
@@ -147,6 +176,35 @@ def create_state_service(settings: Settings | None = None) -> StateService:
     return service
 
 
+def create_runs_service(settings: Settings | None = None) -> RunsService:
+    """The runs service selected by ``RUNS_BACKEND`` (by default, the session history's)."""
+    settings = settings or get_settings()
+    backend = settings.runs_backend or settings.session_history_backend
+    service: RunsService = _build("runs", backend, settings)
+    return service
+
+
+def create_idempotency_store(settings: Settings) -> IdempotencyStore:
+    """Idempotency records in the store of the session history (``SESSION_HISTORY_BACKEND``)."""
+    timing: dict[str, Any] = {
+        "expiry_seconds": settings.idempotency_expiry_seconds,
+        "lease_seconds": settings.idempotency_lease_seconds,
+    }
+    backend = settings.session_history_backend
+    store: IdempotencyStore
+    if backend == "redis":
+        store = _import("agentscope_serverless.services.idempotency.redis:RedisIdempotencyStore")(
+            **_redis_options(settings), **timing
+        )
+    elif backend == "dynamodb":
+        store = _import(
+            "agentscope_serverless.services.idempotency.dynamodb:DynamoDBIdempotencyStore"
+        )(settings.dynamodb_sessions_table, **_dynamodb_options(settings), **timing)
+    else:
+        store = InMemoryIdempotencyStore(**timing)
+    return store
+
+
 def create_service_manager(settings: Settings | None = None) -> ServiceManager:
     """A manager holding ``session_history``, ``memory`` and ``state`` built from settings."""
     settings = settings or get_settings()
@@ -159,7 +217,9 @@ def create_service_manager(settings: Settings | None = None) -> ServiceManager:
 
 
 __all__ = [
+    "create_idempotency_store",
     "create_memory_service",
+    "create_runs_service",
     "create_service_manager",
     "create_session_history_service",
     "create_state_service",

@@ -18,7 +18,9 @@ from pydantic import BaseModel, Field
 
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
+from agentscope_serverless.services._validation import MAX_ID_LENGTH
 from agentscope_serverless.services.memory.base import MAX_PAGE_SIZE, MAX_TOP_K, MemoryService
 
 router = APIRouter(prefix="/memory", tags=["memory"])
@@ -36,7 +38,7 @@ class MemoryAdd(BaseModel):
     """Messages to remember, optionally grouped under a session."""
 
     messages: list[Message] = Field(min_length=1)
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=MAX_ID_LENGTH, pattern=OPTIONAL_ID_PATTERN)
 
 
 class MemoryAdded(BaseModel):
@@ -83,7 +85,9 @@ async def list_memory(
 
 
 @router.delete("/{session_id}", status_code=204, summary="Forget one session's memories")
-async def delete_session_memory(session_id: str, user_id: CurrentUser, memory: Memory) -> Response:
+async def delete_session_memory(
+    session_id: SessionIdPath, user_id: CurrentUser, memory: Memory
+) -> Response:
     await memory.delete_memory(user_id, session_id)
     return Response(status_code=204)
 

@@ -23,6 +23,7 @@ from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
 from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.recorder import RecordedRun
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -31,14 +32,24 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
 )
 from agentscope_serverless.services._validation import clean_session_id
+from agentscope_serverless.services.runs.base import RunKind
 
 SESSION_HEADER = "X-Session-Id"
+RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
 Context = Annotated[AppContext, Depends(get_context)]
 SessionHeader = Annotated[
     str | None, Header(alias=SESSION_HEADER, description="The session to continue.")
 ]
+
+
+_STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events (`stream: true`) or the JSON object.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 
 def _compatible_run(
@@ -55,28 +66,69 @@ def _compatible_run(
     return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
 
 
-def _session_headers(session_id: str) -> dict[str, str]:
+def _session_headers(session_id: str, run_id: str | None = None) -> dict[str, str]:
     # Header values must be printable ASCII; other ids are still in the body.
     safe = session_id.isascii() and session_id.isprintable()
-    return {SESSION_HEADER: session_id} if safe else {}
+    headers = {SESSION_HEADER: session_id} if safe else {}
+    if run_id:
+        headers[RUN_HEADER] = run_id
+    return headers
 
 
-async def _started(events: AsyncGenerator[Event, None]) -> AsyncIterator[Event]:
-    """``events`` with the first one already taken, so setup errors surface as HTTP errors."""
-    first = await anext(events)
+async def _recorded(
+    context: AppContext,
+    run: AgentRequest,
+    *,
+    kind: RunKind,
+    cancel_on_disconnect: bool = False,
+) -> RecordedRun | _UnrecordedRun:
+    """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
+    streamed directly when runs are not stored (``RUNS_BACKEND=none``)."""
+    assert run.user_id is not None
+    events = context.require_runner().stream_query(run)
+    if context.recorder is None:
+        return await _UnrecordedRun.start(events)
+    return await context.recorder.start(
+        events, user_id=run.user_id, kind=kind, cancel_on_disconnect=cancel_on_disconnect
+    )
 
-    async def chained() -> AsyncIterator[Event]:
-        async with contextlib.aclosing(events):
-            yield first
+
+class _UnrecordedRun:
+    """A run streamed by the request itself: it ends when its client leaves."""
+
+    def __init__(self, first: Event, events: AsyncGenerator[Event, None]) -> None:
+        self.run_id = getattr(first, "id", None) or ""
+        self._first = first
+        self._events = events
+
+    @classmethod
+    async def start(cls, events: AsyncGenerator[Event, None]) -> _UnrecordedRun:
+        # The first event is taken here, so setup errors surface as HTTP errors.
+        return cls(await anext(events), events)
+
+    async def items(self) -> AsyncGenerator[tuple[Event, str], None]:
+        async with contextlib.aclosing(self._events) as events:
+            yield self._first, self._first.model_dump_json()
+            async for event in events:
+                yield event, event.model_dump_json()
+
+    async def events(self) -> AsyncGenerator[Event, None]:
+        async with contextlib.aclosing(self._events) as events:
+            yield self._first
             async for event in events:
                 yield event
 
-    return chained()
+    async def final(self) -> AgentResponse:
+        last = self._first
+        async for event in self.events():
+            last = event
+        assert isinstance(last, AgentResponse)
+        return last
 
 
-async def _encoded(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield encode(event.model_dump_json())
+async def _encoded_with_ids(run: RecordedRun | _UnrecordedRun) -> AsyncIterator[bytes]:
+    async for event, data in run.items():
+        yield encode(data, id=event.sequence_number)
 
 
 def _failure(response: AgentResponse) -> JSONResponse:
@@ -105,10 +157,13 @@ def build_router(
         user_id = caller.user_id(body.user_id)
         session_id = clean_session_id(body.session_id) or str(uuid.uuid4())
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
-        runner = context.require_runner()
-        headers = _session_headers(session_id)
+        cancel_on_disconnect = bool((body.model_extra or {}).get("cancel_on_disconnect"))
+        recorded = await _recorded(
+            context, run, kind="process", cancel_on_disconnect=cancel_on_disconnect
+        )
+        headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
-            final = await runner.query(run)
+            final = await recorded.final()
             status = 200 if final.error is None else status_of_code(final.error.code)
             return Response(
                 final.model_dump_json(),
@@ -116,9 +171,8 @@ def build_router(
                 media_type="application/json",
                 headers=headers,
             )
-        events = await _started(runner.stream_query(run))
         return EventStreamResponse(
-            _encoded(events),
+            _encoded_with_ids(recorded),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
@@ -143,7 +197,11 @@ def build_router(
         },
     )
 
-    @router.post(f"{COMPATIBLE_PREFIX}/chat/completions", summary="OpenAI chat completions")
+    @router.post(
+        f"{COMPATIBLE_PREFIX}/chat/completions",
+        summary="OpenAI chat completions",
+        responses=_STREAM_OR_JSON,
+    )
     async def chat_completions(
         body: compat.ChatCompletionRequest,
         caller: CurrentCaller,
@@ -161,22 +219,24 @@ def build_router(
             seed=body.seed,
             stop=body.stop,
         )
-        runner = context.require_runner()
-        headers = _session_headers(session_id)
+        recorded = await _recorded(context, run, kind="openai")
+        headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
-            final = await runner.query(run)
+            final = await recorded.final()
             if final.status != RunStatus.Completed:
                 return _failure(final)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        events = await _started(runner.stream_query(run))
+        events = recorded.events()
         return EventStreamResponse(
             compat.chat_completion_chunks(events, model=body.model, include_usage=include_usage),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
 
-    @router.post(f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses")
+    @router.post(
+        f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses", responses=_STREAM_OR_JSON
+    )
     async def responses(
         body: compat.ResponsesRequest,
         caller: CurrentCaller,
@@ -192,14 +252,14 @@ def build_router(
             top_p=body.top_p,
             max_tokens=body.max_output_tokens,
         )
-        runner = context.require_runner()
-        headers = _session_headers(session_id)
+        recorded = await _recorded(context, run, kind="openai")
+        headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
             # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
-            final = await runner.query(run)
+            final = await recorded.final()
             payload = compat.responses_object(final, model=body.model, session_id=session_id)
             return JSONResponse(payload, headers=headers)
-        events = await _started(runner.stream_query(run))
+        events = recorded.events()
         return EventStreamResponse(
             compat.responses_events(events, model=body.model, session_id=session_id),
             ping_interval=context.settings.sse_ping_interval_seconds,
@@ -209,4 +269,4 @@ def build_router(
     return router
 
 
-__all__ = ["COMPATIBLE_PREFIX", "SESSION_HEADER", "build_router"]
+__all__ = ["COMPATIBLE_PREFIX", "RUN_HEADER", "SESSION_HEADER", "build_router"]

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.params import SessionIdPath
 from agentscope_serverless.sandbox_protocol import BASE, CallToolResult
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.service import SandboxService
@@ -86,14 +87,16 @@ class Released(BaseModel):
     released: bool
 
 
-def _listing(session_id: str, boxes: list[Sandbox]) -> SessionSandboxes:
+def _listing(session_id: SessionIdPath, boxes: list[Sandbox]) -> SessionSandboxes:
     return SessionSandboxes(
         session_id=session_id,
         sandboxes=[SandboxOut(sandbox_id=b.sandbox_id, sandbox_type=b.sandbox_type) for b in boxes],
     )
 
 
-async def _existing(service: SandboxService, session_id: str, user_id: str) -> list[Sandbox]:
+async def _existing(
+    service: SandboxService, session_id: SessionIdPath, user_id: str
+) -> list[Sandbox]:
     boxes = await service.sandboxes_async(session_id, user_id)
     if not boxes:
         raise SandboxNotFoundError(
@@ -121,7 +124,7 @@ def _sandbox_for(tool_name: str, boxes: list[Sandbox], sandbox_type: str | None)
 
 @router.post("/{session_id}", response_model=SessionSandboxes, summary="Connect sandboxes")
 async def connect(
-    session_id: str,
+    session_id: SessionIdPath,
     user_id: CurrentUser,
     service: Sandboxes,
     body: ConnectRequest | None = None,
@@ -133,13 +136,15 @@ async def connect(
 
 @router.get("/{session_id}", response_model=SessionSandboxes, summary="List sandboxes")
 async def list_sandboxes(
-    session_id: str, user_id: CurrentUser, service: Sandboxes
+    session_id: SessionIdPath, user_id: CurrentUser, service: Sandboxes
 ) -> SessionSandboxes:
     return _listing(session_id, await service.sandboxes_async(session_id, user_id))
 
 
 @router.get("/{session_id}/tools", response_model=SessionTools, summary="List tools")
-async def list_tools(session_id: str, user_id: CurrentUser, service: Sandboxes) -> SessionTools:
+async def list_tools(
+    session_id: SessionIdPath, user_id: CurrentUser, service: Sandboxes
+) -> SessionTools:
     boxes = await _existing(service, session_id, user_id)
     return SessionTools(
         session_id=session_id,
@@ -158,7 +163,7 @@ async def list_tools(session_id: str, user_id: CurrentUser, service: Sandboxes) 
     "/{session_id}/tools/{tool_name}", response_model=CallToolResult, summary="Call a tool"
 )
 async def call_tool(
-    session_id: str,
+    session_id: SessionIdPath,
     tool_name: str,
     user_id: CurrentUser,
     service: Sandboxes,
@@ -173,7 +178,7 @@ async def call_tool(
 
 
 @router.delete("/{session_id}", response_model=Released, summary="Release sandboxes")
-async def release(session_id: str, user_id: CurrentUser, service: Sandboxes) -> Released:
+async def release(session_id: SessionIdPath, user_id: CurrentUser, service: Sandboxes) -> Released:
     return Released(
         session_id=session_id, released=await service.release_async(session_id, user_id)
     )

@@ -20,9 +20,11 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import SessionNotFoundError
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, Cursor, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import MAX_ID_LENGTH
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -35,13 +37,12 @@ async def _history(context: Annotated[AppContext, Depends(get_context)]) -> Sess
 
 History = Annotated[SessionHistoryService, Depends(_history)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Items per page.")]
-Cursor = Annotated[str | None, Query(description="`next_cursor` of the previous page.")]
 
 
 class SessionCreate(BaseModel):
     """A session to create; without ``session_id`` the server picks a uuid."""
 
-    session_id: str | None = None
+    session_id: str | None = Field(None, max_length=MAX_ID_LENGTH, pattern=OPTIONAL_ID_PATTERN)
 
 
 class SessionSummary(BaseModel):
@@ -82,7 +83,7 @@ async def create_session(
 async def list_sessions(
     user_id: CurrentUser, history: History, limit: Limit = 50, cursor: Cursor = None
 ) -> SessionPage:
-    page = await history.list_sessions_page(user_id, limit=limit, cursor=cursor)
+    page = await history.list_sessions_page(user_id, limit=limit, cursor=cursor or None)
     return SessionPage(
         items=[SessionSummary(id=s.id, user_id=s.user_id) for s in page.items],
         next_cursor=page.next_cursor,
@@ -90,7 +91,7 @@ async def list_sessions(
 
 
 @router.get("/{session_id}", response_model=Session, summary="Get a session with its messages")
-async def get_session(session_id: str, user_id: CurrentUser, history: History) -> Session:
+async def get_session(session_id: SessionIdPath, user_id: CurrentUser, history: History) -> Session:
     session = await history.get_session(user_id, session_id)
     if session is None:
         raise SessionNotFoundError(user_id, session_id)
@@ -98,7 +99,9 @@ async def get_session(session_id: str, user_id: CurrentUser, history: History) -
 
 
 @router.delete("/{session_id}", status_code=204, summary="Delete a session")
-async def delete_session(session_id: str, user_id: CurrentUser, history: History) -> Response:
+async def delete_session(
+    session_id: SessionIdPath, user_id: CurrentUser, history: History
+) -> Response:
     await history.delete_session(user_id, session_id)
     return Response(status_code=204)
 
@@ -107,13 +110,13 @@ async def delete_session(session_id: str, user_id: CurrentUser, history: History
     "/{session_id}/messages", response_model=Page[Message], summary="Read a session's messages"
 )
 async def list_messages(
-    session_id: str,
+    session_id: SessionIdPath,
     user_id: CurrentUser,
     history: History,
     limit: Limit = 100,
     cursor: Cursor = None,
 ) -> Page[Message]:
-    return await history.list_messages(user_id, session_id, limit=limit, cursor=cursor)
+    return await history.list_messages(user_id, session_id, limit=limit, cursor=cursor or None)
 
 
 @router.post(
@@ -123,7 +126,7 @@ async def list_messages(
     summary="Append messages to a session",
 )
 async def append_messages(
-    session_id: str, body: MessagesIn, user_id: CurrentUser, history: History
+    session_id: SessionIdPath, body: MessagesIn, user_id: CurrentUser, history: History
 ) -> MessagesOut:
     session = Session(id=session_id, user_id=user_id)
     await history.append_message(session, body.messages)

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.http.params import SessionIdPath
+from agentscope_serverless.services.agent_state.base import MAX_ROUND_ID, StateService
 
 router = APIRouter(prefix="/state", tags=["state"])
 
@@ -35,7 +36,7 @@ class StateSave(BaseModel):
     """A state to save; with ``round_id`` that round is overwritten."""
 
     state: dict[str, Any]
-    round_id: int | None = Field(None, ge=1)
+    round_id: int | None = Field(None, ge=1, le=MAX_ROUND_ID)
 
 
 class StateSaved(BaseModel):
@@ -62,7 +63,7 @@ class Rounds(BaseModel):
 
 @router.post("/{session_id}", status_code=201, response_model=StateSaved, summary="Save state")
 async def save_state(
-    session_id: str, body: StateSave, user_id: CurrentUser, state: State
+    session_id: SessionIdPath, body: StateSave, user_id: CurrentUser, state: State
 ) -> StateSaved:
     round_id = await state.save_state(
         user_id, body.state, session_id=session_id, round_id=body.round_id
@@ -72,10 +73,12 @@ async def save_state(
 
 @router.get("/{session_id}", response_model=StateOut, summary="Export state")
 async def export_state(
-    session_id: str,
+    session_id: SessionIdPath,
     user_id: CurrentUser,
     state: State,
-    round_id: Annotated[int | None, Query(ge=1, description="Default: the latest.")] = None,
+    round_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ROUND_ID, description="Default: the latest.")
+    ] = None,
 ) -> StateOut:
     missing = NotFoundError(f"no saved state for session {session_id!r}")
     if round_id is None:
@@ -90,12 +93,12 @@ async def export_state(
 
 
 @router.get("/{session_id}/rounds", response_model=Rounds, summary="List saved rounds")
-async def list_rounds(session_id: str, user_id: CurrentUser, state: State) -> Rounds:
+async def list_rounds(session_id: SessionIdPath, user_id: CurrentUser, state: State) -> Rounds:
     return Rounds(session_id=session_id, rounds=await state.list_rounds(user_id, session_id))
 
 
 @router.delete("/{session_id}", status_code=204, summary="Delete state")
-async def delete_state(session_id: str, user_id: CurrentUser, state: State) -> Response:
+async def delete_state(session_id: SessionIdPath, user_id: CurrentUser, state: State) -> Response:
     await state.delete_state(user_id, session_id)
     return Response(status_code=204)
 

@@ -147,8 +147,9 @@ for _, member in ipairs(members) do
   redis.call('ZREM', KEYS[7], member)
 end
 if removed > 0 then
-  redis.call('HINCRBY', KEYS[1], 'docs', -removed)
-  redis.call('HINCRBY', KEYS[1], 'length', -removed_length)
+  -- As integers: a length of 0 read back from JSON is a float, and -0 is no integer to Redis.
+  redis.call('HINCRBY', KEYS[1], 'docs', string.format('%d', -removed))
+  redis.call('HINCRBY', KEYS[1], 'length', string.format('%d', -removed_length))
 end
 touch(ttl, KEYS)
 return #members

@@ -39,7 +39,8 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     - ``get_session`` returns None for a missing session.
     - ``list_sessions`` lists exactly that user's sessions, without their messages.
     - ``append_message`` is atomic: concurrent appends all land, in one total order; a
-      session that does not exist yet is created.
+      session that does not exist yet is created; a message whose id is already in the
+      session is not appended again.
     """
 
     async def start(self) -> None:
@@ -152,6 +153,10 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
 
         The stored messages are validated copies, and ``session.messages`` of the object
         passed in is extended with them. A session that does not exist yet is created.
+
+        Appending is idempotent by message id: a message whose ``id`` is already in the
+        session is not stored again, and ``session.messages`` gets the stored one, so a
+        retried append cannot duplicate history.
         """
         self._ensure_started()
         user_id = require_user_id(session.user_id)
@@ -161,9 +166,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         messages = to_messages(message)
         if not messages:
             return
-        await self._append_messages(user_id, sid, messages)
+        stored = await self._append_messages(user_id, sid, messages)
         # The validated copies are this call's own: the stores keep JSON, not these objects.
-        session.messages.extend(messages)
+        session.messages.extend(stored)
 
     @abstractmethod
     async def _create_session(self, user_id: str, session_id: str) -> Session:
@@ -203,8 +208,12 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
-    ) -> None:
-        """Atomically append ``messages`` (already validated) in order, creating the session."""
+    ) -> list[Message]:
+        """Append ``messages`` (already validated) in order, creating the session.
+
+        A message whose id is already in the session (or earlier in ``messages``) is skipped.
+        Returns, for each message given, that message, or the stored one with its id.
+        """
 
     @abstractmethod
     async def _delete_user_sessions(self, user_id: str) -> None:

@@ -14,12 +14,15 @@ pk                         sk                  attributes
                                                ``stamped_until``
 ``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
                                                (larger ones: head plus tail items)
+``SESSION#U#S``            ``M#<gen>#~I#<I>``  ``seq`` of the message whose id hashes to I
 =========================  ==================  ===========================================
 
 - **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
   next_seq`` on the session item allocates contiguous sequence numbers atomically (so
   concurrent appends never collide and keep one order), then one ``PutItem`` (or
   ``BatchWriteItem``) writes the messages. Appending to a missing session creates it.
+  Each message id is first claimed by a conditional ``PutItem``: an id already in the
+  session is not written again (its new sequence number stays a gap).
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
   sort-key order; pages use an opaque cursor holding only a sequence number.
 - **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
@@ -35,6 +38,7 @@ pk                         sk                  attributes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -220,15 +224,14 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     # --- messages -----------------------------------------------------------------------
 
     def _message_items(
-        self, user_id: str, session_id: str, meta: Item, messages: list[Message]
+        self, user_id: str, session_id: str, meta: Item, messages: list[tuple[int, Message]]
     ) -> tuple[list[Item], list[Item]]:
-        last = number(meta, "next_seq")
         extra: Item = {}
         if self._ttl is not None:
             extra["expires_at"] = n(now() + 2 * self._ttl)
         tails: list[Item] = []
         heads: list[Item] = []
-        for seq, message in enumerate(messages, start=last - len(messages) + 1):
+        for seq, message in messages:
             message_tails, head = body_items(
                 self._messages_pk(user_id, session_id),
                 position_key(self._prefix(meta), seq),
@@ -418,13 +421,72 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
 
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
-    ) -> None:
+    ) -> list[Message]:
         meta = await self._allocate(user_id, session_id, len(messages))
-        tails, heads = self._message_items(user_id, session_id, meta, messages)
+        first = number(meta, "next_seq") - len(messages) + 1
+        fresh: list[tuple[int, Message]] = []
+        result: list[Message] = []
+        claims = await asyncio.gather(
+            *(
+                self._claim_id(user_id, session_id, meta, message.id, seq)
+                for seq, message in enumerate(messages, start=first)
+            )
+        )
+        for seq, message, claimed in zip(
+            range(first, first + len(messages)), messages, claims, strict=True
+        ):
+            if claimed == seq:
+                fresh.append((seq, message))
+                result.append(message)
+                continue
+            # The id is in the session already (its sequence number stays unused).
+            stored = await self._message_at(user_id, session_id, meta, claimed)
+            if stored is None:
+                # An earlier append claimed the id but failed before writing the message.
+                fresh.append((claimed, message))
+                stored = message
+            result.append(stored)
+        tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
         await self._store.put(heads)
         await self._trim(user_id, session_id, meta)
         await self._restamp_if_due(user_id, session_id, meta)
+        return result
+
+    async def _claim_id(
+        self, user_id: str, session_id: str, meta: Item, message_id: str, seq: int
+    ) -> int:
+        """Record that ``message_id`` is at ``seq``; the sequence number it already had if any."""
+        key = {
+            "pk": s(self._messages_pk(user_id, session_id)),
+            "sk": s(f"{self._prefix(meta)}~I#{id_hash(message_id)}"),
+        }
+        item: Item = {**key, "seq": n(seq)}
+        if self._ttl is not None:
+            item["expires_at"] = n(now() + 2 * self._ttl)
+        while True:
+            try:
+                await self._store.run(
+                    "put_item",
+                    idempotent=False,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(#pk)",
+                    ExpressionAttributeNames=names("#pk"),
+                )
+                return seq
+            except ConditionFailed:
+                response = await self._store.run(
+                    "get_item", idempotent=True, Key=key, ConsistentRead=True
+                )
+                existing = response.get("Item")
+                if existing is not None:
+                    return number(existing, "seq")
+
+    async def _message_at(
+        self, user_id: str, session_id: str, meta: Item, seq: int
+    ) -> Message | None:
+        rows = await take(self._messages(user_id, session_id, meta, seq - 1, limit=4), 1)
+        return rows[0][1] if rows and rows[0][0] == seq else None
 
 
 __all__ = ["DynamoDBSessionHistoryService"]

@@ -16,6 +16,7 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 class _StoredSession:
     seq: int
     messages: list[Message] = field(default_factory=list)
+    by_id: dict[str, Message] = field(default_factory=dict)
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
@@ -87,11 +88,20 @@ class InMemorySessionHistoryService(SessionHistoryService):
 
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
-    ) -> None:
+    ) -> list[Message]:
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
-        stored.messages.extend(m.model_copy(deep=True) for m in messages)
+        result: list[Message] = []
+        for message in messages:
+            existing = stored.by_id.get(message.id)
+            if existing is None:
+                stored.by_id[message.id] = kept = message.model_copy(deep=True)
+                stored.messages.append(kept)
+                result.append(message)
+            else:
+                result.append(existing.model_copy(deep=True))
+        return result
 
     @staticmethod
     def _to_session(

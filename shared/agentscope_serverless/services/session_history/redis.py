@@ -7,6 +7,7 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
     <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far)
     <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
+    <prefix>:session:{U}:s:S:ids         HASH  message id -> its position (appends skip known ids)
 
 Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``): O(1) per
 message and atomic, so concurrent appends all land in one order. Listing reads the
@@ -40,7 +41,7 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
-# KEYS: meta, messages, index, expiry, counter. ARGV: ttl, session id, ...
+# KEYS: meta, messages, index, expiry, counter, ids. ARGV: ttl, session id, ...
 _PRELUDE = """
 local ttl = tonumber(ARGV[1])
 local function ensure()
@@ -54,7 +55,7 @@ local function touch()
     local now = redis.call('TIME')
     local expiry = now[1] * 1000 + math.floor(now[2] / 1000) + ttl * 1000
     redis.call('ZADD', KEYS[4], string.format('%d', expiry), ARGV[2])
-    for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
+    for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
   end
 end
 """
@@ -103,14 +104,27 @@ return {dropped, redis.call('LLEN', KEYS[2]), items}
 """
 )
 
-# ARGV[3]: max messages (0: no limit), ARGV[4..]: message JSON.
+# ARGV[3]: max messages (0: no limit), ARGV[4..]: message id, message JSON, ...
+# Returns, per message, 0 when it was appended, else the stored message with that id.
 _APPEND = (
     _PRELUDE
     + """
 ensure()
-local length = 0
-for i = 4, #ARGV, 1000 do
-  length = redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+local dropped = tonumber(redis.call('HGET', KEYS[1], 'dropped'))
+local length = redis.call('LLEN', KEYS[2])
+local out = {}
+for i = 4, #ARGV, 2 do
+  local position = redis.call('HGET', KEYS[6], ARGV[i])
+  if position then
+    local index = tonumber(position) - dropped
+    local stored = false
+    if index >= 0 then stored = redis.call('LINDEX', KEYS[2], string.format('%d', index)) end
+    out[#out + 1] = stored or ARGV[i + 1]
+  else
+    length = redis.call('RPUSH', KEYS[2], ARGV[i + 1])
+    redis.call('HSET', KEYS[6], ARGV[i], string.format('%d', dropped + length - 1))
+    out[#out + 1] = 0
+  end
 end
 local max = tonumber(ARGV[3])
 if max > 0 and length > max then
@@ -118,12 +132,12 @@ if max > 0 and length > max then
   redis.call('HINCRBY', KEYS[1], 'dropped', length - max)
 end
 touch()
-return length
+return out
 """
 )
 
 _DELETE = """
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[6])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
@@ -217,7 +231,12 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     def _keys(self, user_id: str, session_id: str) -> list[str]:
         base = user_key_prefix(self._redis.key_prefix, "session", user_id)
         session = f"{base}:s:{escape(session_id)}"
-        return [f"{session}:meta", f"{session}:messages", *self._user_keys(user_id)]
+        return [
+            f"{session}:meta",
+            f"{session}:messages",
+            *self._user_keys(user_id),
+            f"{session}:ids",
+        ]
 
     async def _session_call(
         self, script: str, user_id: str, session_id: str, *extra: Any, idempotent: bool
@@ -291,15 +310,17 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
 
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
-    ) -> None:
-        await self._session_call(
-            _APPEND,
-            user_id,
-            session_id,
-            self._max_messages,
-            *(encode_message(m) for m in messages),
-            idempotent=False,
+    ) -> list[Message]:
+        arguments: list[str] = []
+        for message in messages:
+            arguments += [message.id, encode_message(message)]
+        raw = await self._session_call(
+            _APPEND, user_id, session_id, self._max_messages, *arguments, idempotent=False
         )
+        return [
+            message if reply == 0 else Message.model_validate_json(reply)
+            for message, reply in zip(messages, raw, strict=True)
+        ]
 
 
 def _parse(raw: list[Any]) -> list[Message | dict[str, Any]]:

@@ -1,0 +1,257 @@
+"""The agent as an A2A agent, with the official ``a2a-sdk``: its executor runs our runs and
+its task store is our runs store.
+
+- :class:`RunsAgentExecutor` turns an A2A message into a recorded run of the agent (kind
+  ``a2a``; the session is the A2A ``context_id``) and its events into A2A task events: the
+  reply's text pieces as chunks of one artifact, then the final status (completed, failed
+  or canceled). Cancelling the A2A task cancels the run.
+- :class:`RunsTaskStore` keeps A2A tasks in the runs store (kind ``a2a_task``), per user
+  (the owner is the authenticated user), so any process can answer ``GetTask``.
+- :func:`agent_card` describes the app (name, description, skills) with its interfaces
+  (JSON-RPC and HTTP+JSON at ``<base URL>/a2a``) and a bearer security scheme.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from a2a.helpers.proto_helpers import new_text_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    ListTasksRequest,
+    ListTasksResponse,
+    Part,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from a2a.types import Role as A2ARole
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from agentscope_serverless.recorder import RecordedRun, RunRecorder
+from agentscope_serverless.runner import Runner
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
+    AgentResponse,
+    Message,
+    Role,
+    RunStatus,
+    TextContent,
+)
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+
+A2A_PATH = "/a2a"
+SECURITY_SCHEME = "bearer"
+TERMINAL = {
+    TaskState.TASK_STATE_COMPLETED: "completed",
+    TaskState.TASK_STATE_FAILED: "failed",
+    TaskState.TASK_STATE_CANCELED: "canceled",
+    TaskState.TASK_STATE_REJECTED: "failed",
+}
+
+
+def owner_of(context: ServerCallContext) -> str:
+    """The user an A2A call acts as (set by the HTTP layer after authentication)."""
+    return context.user.user_name
+
+
+class RunsAgentExecutor(AgentExecutor):
+    """Runs A2A messages through the agent's runner, as recorded runs."""
+
+    def __init__(self, runner: Runner, recorder: RunRecorder) -> None:
+        self.runner = runner
+        self.recorder = recorder
+        self._runs: dict[str, RecordedRun] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id, context.context_id
+        assert task_id is not None and context_id is not None
+        user_id = owner_of(context.call_context)
+        if context.current_task is None and context.message is not None:
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[context.message],
+                )
+            )
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        request = AgentRequest(
+            input=[Message(role=Role.USER, content=[TextContent(text=context.get_user_input())])],
+            session_id=context_id,
+            user_id=user_id,
+        )
+        run = await self.recorder.start(
+            self.runner.stream_query(request), user_id=user_id, kind="a2a"
+        )
+        self._runs[task_id] = run
+        try:
+            await updater.start_work()
+            await self._relay(run, updater)
+        except asyncio.CancelledError:
+            run.cancel()
+            raise
+        finally:
+            self._runs.pop(task_id, None)
+
+    async def _relay(self, run: RecordedRun, updater: TaskUpdater) -> None:
+        artifact_id = run.run_id
+        first = True
+        final: AgentResponse | None = None
+        async for event in run.events():
+            if isinstance(event, TextContent) and event.delta and event.text:
+                await updater.add_artifact(
+                    [Part(text=event.text)],
+                    artifact_id=artifact_id,
+                    name="reply",
+                    metadata={"run_id": run.run_id},
+                    append=not first,
+                    last_chunk=False,
+                )
+                first = False
+            elif isinstance(event, AgentResponse) and event.status in (
+                RunStatus.Completed,
+                RunStatus.Failed,
+                RunStatus.Canceled,
+            ):
+                final = event
+        if final is None or final.status == RunStatus.Canceled:
+            await updater.cancel()
+        elif final.status == RunStatus.Failed:
+            message = final.error.message if final.error else "the agent failed"
+            await updater.failed(
+                new_text_message(
+                    message,
+                    context_id=updater.context_id,
+                    task_id=updater.task_id,
+                    role=A2ARole.ROLE_AGENT,
+                )
+            )
+        else:
+            await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = context.task_id
+        run = self._runs.get(task_id or "")
+        if run is not None:
+            run.cancel()
+        if task_id and context.context_id:
+            await TaskUpdater(event_queue, task_id, context.context_id).cancel()
+
+
+class RunsTaskStore(TaskStore):
+    """A2A tasks in the runs store, one record per task, scoped to the calling user."""
+
+    def __init__(self, runs: RunsService) -> None:
+        self.runs = runs
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        user_id = owner_of(context)
+        stored = MessageToDict(task)
+        status = TERMINAL.get(task.status.state, "in_progress")
+        record = await self.runs.get_run(user_id, task.id)
+        if record is None:
+            await self.runs.create_run(
+                RunRecord(
+                    id=task.id,
+                    user_id=user_id,
+                    session_id=task.context_id or None,
+                    kind="a2a_task",
+                    status=status,
+                    result=stored,
+                )
+            )
+        else:
+            await self.runs.save_run(record.model_copy(update={"status": status, "result": stored}))
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        record = await self.runs.get_run(owner_of(context), task_id)
+        if record is None or record.kind != "a2a_task":
+            return None
+        task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
+        return task
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        """The tasks of a context (``context_id``); without one, none are listed."""
+        if not params.context_id:
+            return ListTasksResponse()
+        records = await self.runs.list_runs(owner_of(context), params.context_id)
+        tasks = [
+            ParseDict(record.result, Task(), ignore_unknown_fields=True)
+            for record in records
+            if record.kind == "a2a_task"
+        ]
+        return ListTasksResponse(tasks=tasks, total_size=len(tasks), page_size=len(tasks))
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        """Tasks are not deleted one by one: they expire with the runs (``RUNS_TTL_SECONDS``)."""
+
+
+def agent_card(
+    name: str,
+    description: str,
+    base_url: str,
+    *,
+    skills: Sequence[dict[str, Any]] = (),
+    version: str = "1.0.0",
+) -> AgentCard:
+    """The agent card of an app served at ``base_url``."""
+    url = base_url.rstrip("/") + A2A_PATH
+    cards_skills = [
+        AgentSkill(
+            id=skill.get("id", skill["name"]),
+            name=skill["name"],
+            description=skill.get("description", ""),
+            tags=list(skill.get("tags", [])),
+            examples=list(skill.get("examples", [])),
+        )
+        for skill in skills
+    ] or [
+        AgentSkill(
+            id="chat",
+            name=name or "chat",
+            description=description or "Answers messages.",
+            tags=["chat"],
+        )
+    ]
+    return AgentCard(
+        name=name or "agent",
+        description=description or "An agent served by AgentScope Serverless.",
+        version=version,
+        supported_interfaces=[
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0"),
+            AgentInterface(url=url, protocol_binding="HTTP+JSON", protocol_version="1.0"),
+            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="0.3"),
+        ],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=cards_skills,
+        security_schemes={
+            SECURITY_SCHEME: SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="bearer",
+                    bearer_format="API key",
+                    description="An API key: Authorization: Bearer <key>.",
+                )
+            )
+        },
+        security_requirements=[SecurityRequirement(schemes={SECURITY_SCHEME: StringList()})],
+    )
+
+
+__all__ = ["A2A_PATH", "RunsAgentExecutor", "RunsTaskStore", "agent_card", "owner_of"]

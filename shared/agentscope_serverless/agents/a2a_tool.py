@@ -1,0 +1,94 @@
+"""Another A2A agent as a tool: ``a2a_agent_tool(url, api_key=...)`` gives an
+:class:`~agentscope_serverless.agents.tools.AgentTool` that sends the model's ``message`` to
+that agent with the ``a2a-sdk`` client and returns the agent's reply text::
+
+    from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
+    from agentscope_serverless.agents.llm import create_llm_app
+
+    helper = await a2a_agent_tool("https://helper.example.com", api_key=KEY)
+    app = create_llm_app(tools=[helper])
+
+The tool's name and description come from the remote agent's card (fetched once, with the
+key as a bearer token); :func:`ask_a2a_agent` is the same call without the tool wrapper.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
+from a2a.types import AgentCard, Role, SendMessageRequest, TaskState
+
+from agentscope_serverless.agents.tools import AgentTool
+from agentscope_serverless.errors import AgentError
+
+_PARAMETERS = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "What to ask the agent."}},
+    "required": ["message"],
+}
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def fetch_card(
+    url: str, *, api_key: str | None = None, timeout_seconds: float = 30
+) -> AgentCard:
+    """The agent card of the A2A agent at ``url``."""
+    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
+        return await A2ACardResolver(http, url).get_agent_card()
+
+
+async def ask_a2a_agent(
+    card: AgentCard,
+    message: str,
+    *,
+    api_key: str | None = None,
+    context_id: str | None = None,
+    timeout_seconds: float = 120,
+) -> str:
+    """Send ``message`` to the agent of ``card`` and return its reply text."""
+    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
+        request = SendMessageRequest(
+            message=new_text_message(message, context_id=context_id, role=Role.ROLE_USER)
+        )
+        async for response in client.send_message(request):
+            if response.HasField("message"):
+                return str(get_message_text(response.message, delimiter=""))
+            task = response.task
+            if task.status.state != TaskState.TASK_STATE_COMPLETED:
+                raise AgentError(f"the agent {card.name!r} did not complete the task")
+            return "".join(str(get_artifact_text(a, delimiter="")) for a in task.artifacts)
+    raise AgentError(f"the agent {card.name!r} sent no reply")
+
+
+async def a2a_agent_tool(
+    url: str, *, api_key: str | None = None, name: str | None = None, timeout_seconds: float = 120
+) -> AgentTool:
+    """The A2A agent at ``url`` as a tool taking one argument, ``message``."""
+    card = await fetch_card(url, api_key=api_key)
+    tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", card.name)[:64] or "a2a_agent"
+
+    async def call(arguments: dict[str, Any]) -> str:
+        return await ask_a2a_agent(
+            card,
+            str(arguments.get("message", "")),
+            api_key=api_key,
+            timeout_seconds=timeout_seconds,
+        )
+
+    return AgentTool(
+        name=tool_name,
+        description=card.description or f"Ask the agent {card.name}.",
+        parameters=_PARAMETERS,
+        call=call,
+    )
+
+
+__all__ = ["a2a_agent_tool", "ask_a2a_agent", "fetch_card"]

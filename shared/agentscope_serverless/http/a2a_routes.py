@@ -1,0 +1,99 @@
+"""The ``a2a-sdk``'s routes for our agent, each authenticated like every other route.
+
+The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
+authenticated first (401 without a key) and the A2A call context carries the user it acts
+as, which scopes the tasks. Imported on the first A2A request (see
+:mod:`agentscope_serverless.http.routers.a2a`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from a2a.auth.user import User
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import (
+    DefaultServerCallContextBuilder,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, Router
+
+from agentscope_serverless.a2a_server import A2A_PATH, RunsAgentExecutor, RunsTaskStore, agent_card
+from agentscope_serverless.errors import AgentScopeServerlessError
+from agentscope_serverless.http.auth import bearer_scheme, get_caller
+from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.errors import error_response, status_of
+
+_USER_SCOPE_KEY = "agentscope.user_id"
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class _AuthenticatedUser(User):
+    def __init__(self, user_id: str) -> None:
+        self._user_id = user_id
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._user_id
+
+
+class _ContextBuilder(DefaultServerCallContextBuilder):
+    """The A2A call context of an authenticated request: its user is the caller's user."""
+
+    def build_user(self, request: Request) -> User:
+        return _AuthenticatedUser(request.scope[_USER_SCOPE_KEY])
+
+
+def _authenticated(endpoint: Endpoint) -> Endpoint:
+    async def guarded(request: Request) -> Response:
+        try:
+            caller = await get_caller(request, await bearer_scheme(request))
+            request.scope[_USER_SCOPE_KEY] = caller.user_id()
+        except AgentScopeServerlessError as exc:
+            return error_response(status_of(exc), exc.code, exc.message)
+        return await endpoint(request)
+
+    return guarded
+
+
+def _guarded(routes: list[Any]) -> list[Route]:
+    # The SDK also mounts the HTTP+JSON routes under /{tenant}: that catch-all would shadow
+    # other routes' 404/405 answers, so only the plain routes are kept.
+    return [
+        Route(route.path, _authenticated(route.endpoint), methods=list(route.methods or ()))
+        for route in routes
+        if isinstance(route, Route)
+    ]
+
+
+def build(context: AppContext) -> tuple[DefaultRequestHandler, Router]:
+    """The SDK's request handler over our runs, and its routes (JSON-RPC with 0.3 compatibility,
+    HTTP+JSON) at ``/a2a``."""
+    agent_app = context.agent_app
+    assert agent_app is not None
+    recorder = context.require_recorder()
+    base_card = agent_card(agent_app.app_name, agent_app.app_description, "http://localhost")
+    handler = DefaultRequestHandler(
+        agent_executor=RunsAgentExecutor(context.require_runner(), recorder),
+        task_store=RunsTaskStore(recorder.runs),
+        agent_card=base_card,
+    )
+    builder = _ContextBuilder()
+    routes: list[Any] = [
+        *create_jsonrpc_routes(handler, A2A_PATH, context_builder=builder, enable_v0_3_compat=True),
+        *create_rest_routes(
+            handler, context_builder=builder, enable_v0_3_compat=True, path_prefix=A2A_PATH
+        ),
+    ]
+    return handler, Router(routes=_guarded(routes))
+
+
+__all__ = ["build"]

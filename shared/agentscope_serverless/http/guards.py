@@ -1,0 +1,69 @@
+"""Checks every route of the API runs before its own code (``create_app`` adds them).
+
+- **Text is valid Unicode.** A JSON body holding text that cannot be encoded as UTF-8 (a
+  lone surrogate such as ``"\\ud800"``) is refused with 422 naming the field, before any
+  route stores it.
+- **One user per request.** A body ``user_id`` or OpenAI ``user`` field naming another
+  user than the key acts for is 403 on every route, whether or not the route's body
+  defines that field (a duplicated ``X-User-Id`` header or ``user_id`` parameter is 422,
+  see :mod:`agentscope_serverless.http.auth`).
+- **Retried writes run once**: ``Idempotency-Key``, see
+  :mod:`agentscope_serverless.http.idempotency`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Header, Request
+
+from agentscope_serverless.http.auth import CurrentCaller
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
+from agentscope_serverless.services._validation import require_utf8
+
+# Body fields that name the user a request acts as (ours, and OpenAI's ``user``).
+USER_FIELDS = ("user_id", "user")
+
+
+async def request_body(request: Request) -> Any:
+    """The request's JSON body (parsed once, shared with the route), or None."""
+    body = await request.body()
+    if not body:
+        return None
+    try:
+        return await request.json()
+    except ValueError:
+        return None  # not JSON: the route refuses it if it wants JSON
+
+
+async def guard_request(
+    request: Request,
+    caller: CurrentCaller,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            pattern=IDEMPOTENCY_KEY_PATTERN,
+            description=(
+                "Makes a write safe to retry: a request repeating the key and body gets the "
+                "first answer without writing again; the key with another body is a 409."
+            ),
+        ),
+    ] = None,
+) -> None:
+    """The checks above, in order: Unicode, users, then the idempotency claim."""
+    body = await request_body(request)
+    require_utf8(body, field="body")
+    user_id: str | None = None
+    if isinstance(body, dict):
+        for name in USER_FIELDS:
+            claimed = body.get(name)
+            if isinstance(claimed, str):
+                user_id = caller.user_id(claimed)
+    if idempotency_key is not None and request.method in {"POST", "PUT", "PATCH", "DELETE"}:
+        await claim_key(request, user_id or caller.user_id(), idempotency_key)
+
+
+__all__ = ["USER_FIELDS", "guard_request", "request_body"]

@@ -1,0 +1,208 @@
+"""``Idempotency-Key``: a retried write is answered once, and written once.
+
+A write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) sent with an ``Idempotency-Key`` header
+claims that key for the caller's user (records live in the store of the session history,
+see :mod:`agentscope_serverless.services.idempotency`):
+
+- the first request with the key runs; a 2xx answer is kept (status, body and the
+  ``Content-Type``/``X-Session-Id`` headers) for ``IDEMPOTENCY_EXPIRY_SECONDS``;
+- a request repeating the key, method, path, query and body gets that answer again,
+  with ``Idempotent-Replayed: true``, and writes nothing;
+- the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
+- message ids the request makes derive from the key, so a run of the same request after
+  one whose answer was lost (its store froze mid-write) appends nothing twice;
+- while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
+  ``Retry-After``; a request that failed (any answer other than 2xx) frees the key, and a
+  request whose process died or whose store call hung frees it after
+  ``IDEMPOTENCY_LEASE_SECONDS``.
+
+A streamed answer (``/process`` with ``stream: true``) is kept whole and replayed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentscope_serverless.errors import (
+    AgentScopeServerlessError,
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    RequestInProgressError,
+)
+from agentscope_serverless.http.errors import response_for
+from agentscope_serverless.log import logger
+from agentscope_serverless.schemas.agent_schemas import seed_message_ids
+from agentscope_serverless.services.idempotency import (
+    ClaimOutcome,
+    IdempotencyStore,
+    StoredResponse,
+)
+from agentscope_serverless.services.idempotency.base import MAX_STORED_RESPONSE_BYTES
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+# Visible ASCII: a key is an opaque token (a uuid, say) the client makes.
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
+_KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
+_STATE = "idempotency_claim"
+_SETTLE_SECONDS = 3.0
+
+
+class Replay(Exception):
+    """The request's key was answered before: send the stored answer."""
+
+    def __init__(self, response: StoredResponse) -> None:
+        super().__init__("replay")
+        self.response = response
+
+
+def fingerprint(request: Request, body: bytes) -> str:
+    """What makes two requests "the same": method, path, query and body."""
+    digest = hashlib.sha256()
+    for part in (request.method, request.url.path, request.url.query):
+        digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+async def claim_key(request: Request, user_id: str, key: str) -> None:
+    """Claim ``key`` for this request, or answer it (replay, 409) without running it."""
+    if request.headers.getlist(IDEMPOTENCY_HEADER)[1:]:
+        raise InvalidInputError(
+            f"the {IDEMPOTENCY_HEADER} header is given more than once", field=IDEMPOTENCY_HEADER
+        )
+    store: IdempotencyStore | None = request.app.state.context.idempotency
+    if store is None:
+        return
+    claim = await store.begin(user_id, key, fingerprint(request, await request.body()))
+    if claim.outcome is ClaimOutcome.CLAIMED:
+        request.scope.setdefault("state", {})[_STATE] = (store, claim)
+        # A run of this request after an earlier one that wrote but never answered (its
+        # store froze) makes the same message ids, so its appends store nothing twice.
+        seed_message_ids(f"{user_id}\0{key}")
+    elif claim.outcome is ClaimOutcome.REPLAY:
+        assert claim.response is not None
+        raise Replay(claim.response)
+    elif claim.outcome is ClaimOutcome.MISMATCH:
+        raise IdempotencyKeyReusedError(
+            f"this {IDEMPOTENCY_HEADER} was used for another request: use a new key"
+        )
+    else:
+        raise RequestInProgressError(
+            f"a request with this {IDEMPOTENCY_HEADER} is still running: retry later"
+        )
+
+
+class IdempotencyMiddleware:
+    """Keeps the answer of a request that claimed its key, or frees the key when it failed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in {"POST", "PUT", "PATCH", "DELETE"}:
+            await self.app(scope, receive, send)
+            return
+        status = 0
+        headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+        size = 0
+
+        async def keep(message: Message) -> None:
+            nonlocal status, size
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for name, value in message.get("headers", ()):
+                    lowered = bytes(name).decode("latin-1").lower()
+                    if lowered in _KEPT_HEADERS:
+                        headers[lowered] = bytes(value).decode("latin-1")
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if size <= MAX_STORED_RESPONSE_BYTES:
+                    chunks.append(body)
+                size += len(body)
+                if not message.get("more_body", False):
+                    # Settled before the client sees the end: its next request finds the
+                    # answer kept (or the key free), never this request still running.
+                    answer = StoredResponse(status, headers, b"".join(chunks))
+                    await _finish(scope, answer if 200 <= status < 300 else None, size)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, keep)
+        finally:
+            await _finish(scope, None, size)
+
+
+async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> None:
+    """Keep ``answer`` for the request's key, or free the key (once per request)."""
+    claimed = scope.get("state", {}).pop(_STATE, None)
+    if claimed is None:
+        return
+    store, claim = claimed
+    try:
+        # Bounded: a store that stopped answering must not hold the answer back for long.
+        async with asyncio.timeout(_SETTLE_SECONDS):
+            if answer is None:
+                await store.abandon(claim)
+            elif size > MAX_STORED_RESPONSE_BYTES:
+                await store.complete(claim, _too_large(answer.status))
+            else:
+                await store.complete(claim, answer)
+    except (AgentScopeServerlessError, TimeoutError) as exc:
+        # The key stays claimed until its lease ends; a retry then runs the request.
+        logger.warning("idempotency record not updated", extra={"error": type(exc).__name__})
+
+
+def _too_large(status: int) -> StoredResponse:
+    error = IdempotencyKeyReusedError(
+        f"this {IDEMPOTENCY_HEADER} was answered with {status}, but the answer was too large "
+        "to keep: it is not repeated"
+    )
+    response = response_for(error)
+    return StoredResponse(409, {"content-type": "application/json"}, bytes(response.body))
+
+
+async def _replay(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Replay)
+    stored = exc.response
+    headers = {name: value for name, value in stored.headers.items() if name != "content-type"}
+    headers[REPLAYED_HEADER] = "true"
+    return Response(
+        stored.body,
+        status_code=stored.status,
+        headers=headers,
+        media_type=stored.headers.get("content-type"),
+    )
+
+
+async def _in_progress(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestInProgressError)
+    response = response_for(exc)
+    store: IdempotencyStore | None = request.app.state.context.idempotency
+    lease = store.lease_seconds if store is not None else 1
+    response.headers["Retry-After"] = str(max(1, min(int(lease), 60)))
+    return response
+
+
+def install_idempotency(app: FastAPI) -> None:
+    """Keep answers of claimed keys, and answer replays and in-progress keys."""
+    app.add_middleware(IdempotencyMiddleware)
+    app.add_exception_handler(Replay, _replay)
+    app.add_exception_handler(RequestInProgressError, _in_progress)
+
+
+__all__ = [
+    "IDEMPOTENCY_HEADER",
+    "IDEMPOTENCY_KEY_PATTERN",
+    "REPLAYED_HEADER",
+    "IdempotencyMiddleware",
+    "claim_key",
+    "fingerprint",
+    "install_idempotency",
+]

@@ -1,0 +1,43 @@
+"""Request parameters shared by the routers, with the limits the services enforce.
+
+What the schema allows, the routes accept: an id is 1 to 512 characters without control
+characters and not only whitespace (the services strip surrounding whitespace).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Path, Query
+
+from agentscope_serverless.services._validation import MAX_ID_LENGTH
+
+# No control characters but tab and line breaks (as the services), and at least one
+# character Python's str.strip() keeps (the whitespace it strips, written out: JSON
+# Schema's \s differs from Python's).
+_TEXT = r"[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+_NOT_BLANK = r"[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+ID_PATTERN = rf"^{_TEXT}*{_NOT_BLANK}{_TEXT}*$"
+# An optional id in a body: blank means "make one", control characters are refused.
+OPTIONAL_ID_PATTERN = rf"^{_TEXT}*$"
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
+
+SessionIdPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        pattern=ID_PATTERN,
+        description="The session's id (surrounding whitespace is ignored).",
+    ),
+]
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=1024,
+        pattern=CURSOR_PATTERN,
+        description="`next_cursor` of the previous page (empty or absent: the first page).",
+    ),
+]
+
+__all__ = ["CURSOR_PATTERN", "ID_PATTERN", "OPTIONAL_ID_PATTERN", "Cursor", "SessionIdPath"]

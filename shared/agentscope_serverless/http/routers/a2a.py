@@ -1,0 +1,74 @@
+"""A2A over HTTP (the ``a2a-sdk``'s routes), authenticated like every other route.
+
+| Method and path | What |
+|---|---|
+| ``GET /.well-known/agent-card.json`` | the agent card (its URLs: ``A2A_BASE_URL``, else the |
+|  | URL it was requested at, the Function URL on AWS) |
+| ``POST /a2a`` | JSON-RPC: ``SendMessage``, ``SendStreamingMessage``, ``GetTask``, |
+|  | ``CancelTask``... (and A2A 0.3's ``message/send``, ``message/stream``, ``tasks/get``...) |
+| ``/a2a/message:send``, ``/a2a/tasks/{id}``... | the HTTP+JSON binding |
+
+The SDK is imported on the first A2A request, so a cold start that serves none does not pay
+for it (see :mod:`agentscope_serverless.http.a2a_routes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext
+
+A2A_PATH = "/a2a"
+
+
+class A2AApplication:
+    """The SDK's A2A routes as one ASGI application, built on the first request."""
+
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
+        self._handler: Any = None
+        self._router: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._router is None:
+            from agentscope_serverless.http.a2a_routes import build
+
+            self._handler, self._router = build(self.context)
+        await self._router(scope, receive, send)
+
+    async def aclose(self) -> None:
+        """Drain the A2A tasks still running (at shutdown)."""
+        if self._handler is not None:
+            await self._handler.aclose()
+
+
+def mount(app: FastAPI, context: AppContext) -> A2AApplication:
+    """Add the A2A routes of the context's agent; returns what to close at shutdown."""
+    agent_app = context.agent_app
+    assert agent_app is not None
+    a2a = A2AApplication(context)
+    app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
+    app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
+
+    @app.get("/.well-known/agent-card.json", tags=["a2a"], summary="The A2A agent card")
+    async def card(request: Request, user_id: CurrentUser) -> JSONResponse:
+        from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+
+        from agentscope_serverless.a2a_server import agent_card
+
+        base_url = context.settings.a2a_base_url or str(request.base_url)
+        served = agent_card(
+            agent_app.app_name, agent_app.app_description, base_url, skills=agent_app.a2a_skills
+        )
+        return JSONResponse(agent_card_to_dict(served))
+
+    return a2a
+
+
+__all__ = ["A2AApplication", "mount"]

@@ -1,0 +1,146 @@
+"""Stored runs over HTTP, scoped to the caller's user: status, resume, cancel.
+
+| Method and path | What |
+|---|---|
+| ``GET /runs?session_id=`` | the runs of a session, oldest first |
+| ``GET /runs/{run_id}`` | a run's status (404 when missing or another user's) |
+| ``GET /runs/{run_id}/events`` | the run's events as SSE: those stored after ``Last-Event-ID`` |
+|  | (or ``?after=``), then the new ones live, until the run ends |
+| ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended) |
+
+Each event is sent as ``id: <sequence_number>`` and ``data: <event JSON>``, so a client that
+loses the stream resumes with ``Last-Event-ID`` set to the last id it received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+Context = Annotated[AppContext, Depends(get_context)]
+
+
+class RunNotFoundError(NotFoundError):
+    """No such run for this user."""
+
+    code = "RUN_NOT_FOUND"
+
+    def __init__(self) -> None:
+        super().__init__("run not found")
+
+
+class RunView(BaseModel):
+    """A run's status (a background task's result or error too)."""
+
+    id: str
+    session_id: str | None
+    kind: str
+    status: str
+    cancel_requested: bool
+    created_at: float
+    updated_at: float
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, record: RunRecord) -> RunView:
+        return cls.model_validate(record.model_dump(exclude={"user_id", "name"}))
+
+
+class RunList(BaseModel):
+    """The runs of a session."""
+
+    items: list[RunView]
+
+
+def _runs(context: AppContext) -> RunsService:
+    service: RunsService = context.service("runs")
+    return service
+
+
+async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
+    record = await _runs(context).get_run(user_id, run_id)
+    if record is None:
+        raise RunNotFoundError()
+    return record
+
+
+def _position(last_event_id: str | None, after: int | None) -> int:
+    if after is not None:
+        return after
+    if last_event_id is None or not last_event_id.strip():
+        return -1
+    try:
+        return int(last_event_id)
+    except ValueError:
+        raise InvalidInputError("Last-Event-ID must be an event's sequence number") from None
+
+
+@router.get("", summary="List a session's runs")
+async def list_runs(
+    user_id: CurrentUser,
+    context: Context,
+    session_id: Annotated[str, Query(min_length=1, max_length=512)],
+) -> RunList:
+    records = await _runs(context).list_runs(user_id, session_id)
+    return RunList(items=[RunView.of(record) for record in records])
+
+
+@router.get("/{run_id}", summary="A run's status")
+async def get_run(run_id: str, user_id: CurrentUser, context: Context) -> RunView:
+    return RunView.of(await _record(context, user_id, run_id))
+
+
+@router.get(
+    "/{run_id}/events",
+    summary="Replay and follow a run's events",
+    response_model=None,
+    responses={200: {"description": "The run's events.", "content": {"text/event-stream": {}}}},
+)
+async def run_events(
+    run_id: str,
+    user_id: CurrentUser,
+    context: Context,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="The last event id received.")
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=-1, description="Send the events after this sequence number.")
+    ] = None,
+) -> EventStreamResponse:
+    position = _position(last_event_id, after)
+    await _record(context, user_id, run_id)
+    runs = _runs(context)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        async for sequence, data in runs.follow(user_id, run_id, position):
+            yield encode(data, id=sequence)
+
+    return EventStreamResponse(chunks(), ping_interval=context.settings.sse_ping_interval_seconds)
+
+
+@router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
+async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSONResponse:
+    record = await _runs(context).request_cancel(user_id, run_id)
+    if record is None:
+        raise RunNotFoundError()
+    if record.finished:
+        raise ConflictError(f"the run has already ended ({record.status})")
+    if context.recorder is not None:
+        context.recorder.cancel_local(user_id, run_id)
+    return JSONResponse(RunView.of(record).model_dump(mode="json"), status_code=202)
+
+
+__all__ = ["RunNotFoundError", "router"]

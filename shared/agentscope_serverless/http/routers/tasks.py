@@ -1,0 +1,108 @@
+"""Background tasks over HTTP: submit to a task's path, read its status by id.
+
+| Method and path | What |
+|---|---|
+| ``POST <task path>`` | submit the task with the JSON body as its argument: 202 with its id |
+| ``GET /tasks/{task_id}`` (or ``GET <task path>/{task_id}``) | status, result or error |
+
+A task belongs to the user who submitted it: another user gets 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from agentscope_serverless.errors import NotFoundError
+from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
+
+Context = Annotated[AppContext, Depends(get_context)]
+
+
+class TaskNotFoundError(NotFoundError):
+    """No such task for this user."""
+
+    code = "TASK_NOT_FOUND"
+
+
+class TaskStatus(BaseModel):
+    """A background task: ``in_progress``, then ``completed`` (with ``result``) or ``failed``
+    (with ``error``)."""
+
+    task_id: str
+    path: str | None
+    status: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, record: RunRecord) -> TaskStatus:
+        return cls(
+            task_id=record.id,
+            path=record.name,
+            status=record.status,
+            result=record.result,
+            error=record.error,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+def _runs(context: AppContext) -> RunsService:
+    service: RunsService = context.service("runs")
+    return service
+
+
+async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus:
+    record = await _runs(context).get_run(user_id, task_id)
+    if record is None or record.kind != "task":
+        raise TaskNotFoundError("task not found")
+    return TaskStatus.of(record)
+
+
+def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRouter:
+    """Routes submitting each of ``tasks`` and reading any task's status."""
+    router = APIRouter(tags=["tasks"])
+
+    @router.get("/tasks/{task_id}", summary="A background task's status and result")
+    async def get_task(task_id: str, user_id: CurrentUser, context: Context) -> TaskStatus:
+        return await _status(context, user_id, task_id)
+
+    for task in tasks:
+        _add_task_routes(router, task, executor)
+    return router
+
+
+def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
+    async def submit(user_id: CurrentUser, payload: Annotated[Any, Body()] = None) -> JSONResponse:
+        record = await executor.submit(task, user_id, payload)
+        body = {"task_id": record.id, "status": "submitted", "queue": task.queue}
+        return JSONResponse(body, status_code=202)
+
+    async def status(task_id: str, user_id: CurrentUser, context: Context) -> TaskStatus:
+        return await _status(context, user_id, task_id)
+
+    router.add_api_route(
+        task.path,
+        submit,
+        methods=["POST"],
+        status_code=202,
+        summary=f"Submit the background task {task.function.__name__}",
+    )
+    router.add_api_route(
+        f"{task.path.rstrip('/')}/{{task_id}}",
+        status,
+        methods=["GET"],
+        summary=f"The status of a {task.function.__name__} task",
+    )
+
+
+__all__ = ["TaskNotFoundError", "TaskStatus", "build_router"]

@@ -1,0 +1,183 @@
+"""Idempotency records: the interface, and the logic every backend shares.
+
+A write sent with an ``Idempotency-Key`` first *claims* the key with a record holding the
+request's fingerprint and an in-progress lease. The record then either *completes* (it
+keeps the response, which later requests with the same key and fingerprint get back
+without writing again) or is *abandoned* (deleted, so a retry runs the write again).
+
+The record model follows Powertools' idempotency utility (``INPROGRESS``/``COMPLETED``,
+an expiry, an in-progress expiry, a payload hash), on our async stores: a request that
+finds an in-progress record whose lease ran out (its process died, or its store call
+timed out) takes the key over; one that finds another fingerprint is refused.
+
+>>> async def demo(records: IdempotencyStore) -> None:
+...     claim = await records.begin("u1", "key-1", "sha256-of-request")
+...     assert claim.outcome is ClaimOutcome.CLAIMED
+...     answer = StoredResponse(201, {"content-type": "application/json"}, b"{}")
+...     await records.complete(claim, answer)
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import secrets
+import time
+from abc import abstractmethod
+from dataclasses import dataclass, field
+
+from agentscope_serverless.services._validation import require_user_id
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+DEFAULT_EXPIRY_SECONDS = 24 * 3600
+DEFAULT_LEASE_SECONDS = 60.0
+# Responses larger than this are not kept (a DynamoDB item holds 400 KB): a replay of
+# such a request is refused instead of running it again.
+MAX_STORED_RESPONSE_BYTES = 256_000
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as kept for replay: status, the headers worth replaying, the body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "status": self.status,
+                "headers": self.headers,
+                "body": base64.b64encode(self.body).decode(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> StoredResponse:
+        data = json.loads(text)
+        return cls(int(data["status"]), dict(data["headers"]), base64.b64decode(data["body"]))
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """A stored record (``response`` is the JSON of a :class:`StoredResponse` once completed)."""
+
+    fingerprint: str
+    state: str
+    lease_until_ms: int
+    token: str
+    response: str | None = None
+
+
+class ClaimOutcome(enum.Enum):
+    CLAIMED = "claimed"  # this request runs the write
+    REPLAY = "replay"  # completed before: answer with the stored response
+    IN_PROGRESS = "in_progress"  # another request with this key is running
+    MISMATCH = "mismatch"  # the key was used for another request
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of :meth:`IdempotencyStore.begin`, and what the request needs to finish."""
+
+    outcome: ClaimOutcome
+    user_id: str
+    key: str
+    fingerprint: str
+    token: str = ""
+    response: StoredResponse | None = field(default=None)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
+    """Idempotency records per user and key, in the same store as the user's data.
+
+    ``expiry_seconds``: how long a key is remembered after its first use;
+    ``lease_seconds``: how long an in-progress record holds the key before a retry may
+    take it over.
+    """
+
+    def __init__(
+        self,
+        expiry_seconds: int = DEFAULT_EXPIRY_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        self.expiry_seconds = expiry_seconds
+        self.lease_seconds = lease_seconds
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def begin(self, user_id: str, key: str, fingerprint: str) -> Claim:
+        """Claim ``key`` for a request with ``fingerprint``, or say why it cannot run."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        token = secrets.token_hex(8)
+        lease_until = now_ms() + int(self.lease_seconds * 1000)
+        record = IdempotencyRecord(fingerprint, IN_PROGRESS, lease_until, token)
+        existing = await self._claim(user_id, key, record)
+        claim = Claim(ClaimOutcome.CLAIMED, user_id, key, fingerprint, token)
+        if existing is None:
+            return claim
+        if existing.fingerprint != fingerprint:
+            return Claim(ClaimOutcome.MISMATCH, user_id, key, fingerprint)
+        if existing.state == COMPLETED and existing.response is not None:
+            response = StoredResponse.from_json(existing.response)
+            return Claim(ClaimOutcome.REPLAY, user_id, key, fingerprint, response=response)
+        return Claim(ClaimOutcome.IN_PROGRESS, user_id, key, fingerprint)
+
+    async def complete(self, claim: Claim, response: StoredResponse) -> None:
+        """Keep ``response`` as the answer to every later request with the claim's key."""
+        self._ensure_started()
+        await self._complete(claim.user_id, claim.key, claim.token, response.to_json())
+
+    async def abandon(self, claim: Claim) -> None:
+        """Forget the claim (the request failed), so a retry runs the write again."""
+        self._ensure_started()
+        await self._abandon(claim.user_id, claim.key, claim.token)
+
+    @abstractmethod
+    async def _claim(
+        self, user_id: str, key: str, record: IdempotencyRecord
+    ) -> IdempotencyRecord | None:
+        """Atomically store ``record`` unless a live record holds the key; return that one.
+
+        The key is free when there is no record, it has expired, or it is in progress with
+        a lease that ran out and the same fingerprint.
+        """
+
+    @abstractmethod
+    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+        """Mark the record completed with ``response``, if it still holds ``token``."""
+
+    @abstractmethod
+    async def _abandon(self, user_id: str, key: str, token: str) -> None:
+        """Delete the record, if it still holds ``token``."""
+
+
+__all__ = [
+    "COMPLETED",
+    "DEFAULT_EXPIRY_SECONDS",
+    "DEFAULT_LEASE_SECONDS",
+    "IN_PROGRESS",
+    "MAX_STORED_RESPONSE_BYTES",
+    "Claim",
+    "ClaimOutcome",
+    "IdempotencyRecord",
+    "IdempotencyStore",
+    "StoredResponse",
+    "now_ms",
+]

@@ -1,0 +1,144 @@
+"""Idempotency records on DynamoDB, in the session table, claimed by a conditional put.
+
+Item: pk ``IDEMPOTENCY#<sha256 of the user id>``, sk ``KEY#<sha256 of the key>``, with
+``fingerprint``, ``state``, ``lease_until``, ``token``, ``response`` and ``expires_at``
+(the table's TTL attribute; expired records are ignored before DynamoDB deletes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from agentscope_serverless.services._dynamodb import (
+    ConditionFailed,
+    DynamoDBBackedService,
+    DynamoDBStore,
+    Item,
+    id_hash,
+    is_live,
+    n,
+    names,
+    now,
+    number,
+    s,
+)
+from agentscope_serverless.services.idempotency.base import (
+    IN_PROGRESS,
+    IdempotencyRecord,
+    IdempotencyStore,
+    now_ms,
+)
+
+# The key is free: no record, an expired one, or a lapsed lease of the same request.
+_FREE = (
+    "attribute_not_exists(#pk) OR #e <= :now "
+    "OR (#st = :progress AND lease_until < :now_ms AND fingerprint = :fp)"
+)
+
+
+class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
+    """Idempotency records in a DynamoDB table (the session table in the cloud).
+
+    >>> records = DynamoDBIdempotencyStore("agentscope-sessions", region_name="eu-west-1")
+    """
+
+    def __init__(
+        self,
+        table_name: str = "agentscope-sessions",
+        *,
+        expiry_seconds: int = 24 * 3600,
+        lease_seconds: float = 60.0,
+        **store_options: Any,
+    ) -> None:
+        IdempotencyStore.__init__(self, expiry_seconds, lease_seconds)
+        self._store = DynamoDBStore(table_name=table_name, **store_options)
+
+    @staticmethod
+    def _item_key(user_id: str, key: str) -> Item:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return {"pk": s(f"IDEMPOTENCY#{id_hash(user_id)}"), "sk": s(f"KEY#{digest}")}
+
+    async def _claim(
+        self, user_id: str, key: str, record: IdempotencyRecord
+    ) -> IdempotencyRecord | None:
+        item_key = self._item_key(user_id, key)
+        while True:
+            at = now()
+            item: Item = {
+                **item_key,
+                "fingerprint": s(record.fingerprint),
+                "state": s(IN_PROGRESS),
+                "lease_until": n(record.lease_until_ms),
+                "token": s(record.token),
+                "expires_at": n(at + self.expiry_seconds),
+            }
+            try:
+                await self._store.run(
+                    "put_item",
+                    idempotent=False,
+                    Item=item,
+                    ConditionExpression=_FREE,
+                    ExpressionAttributeNames={**names("#pk", "#e"), "#st": "state"},
+                    ExpressionAttributeValues={
+                        ":now": n(at),
+                        ":now_ms": n(now_ms()),
+                        ":progress": s(IN_PROGRESS),
+                        ":fp": s(record.fingerprint),
+                    },
+                )
+                return None
+            except ConditionFailed:
+                response = await self._store.run(
+                    "get_item", idempotent=True, Key=item_key, ConsistentRead=True
+                )
+                existing: Item | None = response.get("Item")
+                if existing is not None and is_live(existing, now()):
+                    return IdempotencyRecord(
+                        existing["fingerprint"]["S"],
+                        existing["state"]["S"],
+                        number(existing, "lease_until"),
+                        existing["token"]["S"],
+                        existing.get("response", {}).get("S"),
+                    )
+
+    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+        try:
+            await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key=self._item_key(user_id, key),
+                UpdateExpression="SET #st = :done, #r = :response, lease_until = :zero, #e = :e",
+                ConditionExpression="#t = :token",
+                ExpressionAttributeNames={
+                    **names("#e"),
+                    "#st": "state",
+                    "#r": "response",
+                    "#t": "token",
+                },
+                ExpressionAttributeValues={
+                    ":done": s("completed"),
+                    ":response": s(response),
+                    ":zero": n(0),
+                    ":e": n(now() + self.expiry_seconds),
+                    ":token": s(token),
+                },
+            )
+        except ConditionFailed:
+            return
+
+    async def _abandon(self, user_id: str, key: str, token: str) -> None:
+        try:
+            await self._store.run(
+                "delete_item",
+                idempotent=True,
+                Key=self._item_key(user_id, key),
+                ConditionExpression="#t = :token",
+                ExpressionAttributeNames={"#t": "token"},
+                ExpressionAttributeValues={":token": s(token)},
+            )
+        except ConditionFailed:
+            return
+
+
+__all__ = ["DynamoDBIdempotencyStore"]

@@ -1,0 +1,58 @@
+"""Idempotency records in the process's memory (with the in-memory services)."""
+
+from __future__ import annotations
+
+import time
+
+from agentscope_serverless.services.idempotency.base import (
+    COMPLETED,
+    IN_PROGRESS,
+    IdempotencyRecord,
+    IdempotencyStore,
+    now_ms,
+)
+
+
+class InMemoryIdempotencyStore(IdempotencyStore):
+    """Records in a dict; every operation runs without awaiting, so it is atomic.
+
+    >>> records = InMemoryIdempotencyStore(expiry_seconds=3600)
+    """
+
+    def __init__(self, expiry_seconds: int = 24 * 3600, lease_seconds: float = 60.0) -> None:
+        super().__init__(expiry_seconds, lease_seconds)
+        self._records: dict[tuple[str, str], tuple[float, IdempotencyRecord]] = {}
+
+    def _live(self, user_id: str, key: str) -> IdempotencyRecord | None:
+        entry = self._records.get((user_id, key))
+        if entry is None or entry[0] <= time.monotonic():
+            self._records.pop((user_id, key), None)
+            return None
+        return entry[1]
+
+    async def _claim(
+        self, user_id: str, key: str, record: IdempotencyRecord
+    ) -> IdempotencyRecord | None:
+        existing = self._live(user_id, key)
+        if existing is not None and not (
+            existing.state == IN_PROGRESS
+            and existing.lease_until_ms < now_ms()
+            and existing.fingerprint == record.fingerprint
+        ):
+            return existing
+        self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, record)
+        return None
+
+    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+        existing = self._live(user_id, key)
+        if existing is not None and existing.token == token:
+            done = IdempotencyRecord(existing.fingerprint, COMPLETED, 0, token, response)
+            self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, done)
+
+    async def _abandon(self, user_id: str, key: str, token: str) -> None:
+        existing = self._live(user_id, key)
+        if existing is not None and existing.token == token:
+            del self._records[(user_id, key)]
+
+
+__all__ = ["InMemoryIdempotencyStore"]

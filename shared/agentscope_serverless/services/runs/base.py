@@ -1,0 +1,230 @@
+"""The runs store: each run's status and its events, so a run outlives its connection.
+
+A *run* is one call of the agent (``/process``, the OpenAI-compatible endpoints, A2A) or a
+background task. Its record (:class:`RunRecord`) says whose it is, its session, its status
+and, for a task, its result or error; its events are the JSON of the run's events in
+order, numbered by their ``sequence_number``. Everything is kept per user: a run id of
+another user is simply not found.
+
+Only the process running a run writes its record and events; anyone of the same user may
+*request* its cancellation (:meth:`RunsService.request_cancel`), a mark the running
+process polls. Readers follow a run with :meth:`RunsService.follow`: the stored events
+after a position, then the new ones as they are stored, until the run has finished.
+
+>>> async def demo(runs: RunsService) -> None:
+...     await runs.create_run(RunRecord(id="r1", user_id="u1", session_id="s1"))
+...     await runs.append_events("u1", "r1", [(0, '{"sequence_number":0}')])
+...     await runs.finish_run("u1", "r1", "completed")
+...     assert [seq async for seq, _ in runs.follow("u1", "r1")] == [0]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.services._validation import require_user_id
+from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+
+RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
+# A run is in progress until it ends with one of these.
+FINISHED = frozenset({"completed", "failed", "canceled"})
+MAX_RUN_ID_LENGTH = 256
+DEFAULT_POLL_SECONDS = 0.25
+
+StoredEvent = tuple[int, str]
+
+
+class RunRecord(BaseModel):
+    """What is known of a run besides its events."""
+
+    id: str
+    user_id: str
+    session_id: str | None = None
+    kind: RunKind = "process"
+    name: str | None = Field(None, description="The task's path, for a background task.")
+    status: str = "in_progress"
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time)
+    cancel_requested: bool = False
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (completed, failed or canceled)."""
+        return self.status in FINISHED
+
+
+def require_run_id(run_id: Any) -> str:
+    """``run_id`` if it is a usable id (a non-empty string of at most 256 characters)."""
+    if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID_LENGTH:
+        raise InvalidInputError(
+            f"run_id must be a non-empty string of at most {MAX_RUN_ID_LENGTH} characters",
+            field="run_id",
+        )
+    return run_id
+
+
+class RunsService(StartedGuard, ServiceWithLifecycleManager):
+    """Runs and their events, per user. Backends implement the ``_`` hooks."""
+
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        self._set_started(False)
+
+    async def health(self) -> bool:
+        return self._started
+
+    async def create_run(self, record: RunRecord) -> None:
+        """Store a new run (its record; events come with :meth:`append_events`)."""
+        self._ensure_started()
+        require_user_id(record.user_id)
+        require_run_id(record.id)
+        await self._create(record)
+
+    async def append_events(self, user_id: str, run_id: str, events: Sequence[StoredEvent]) -> None:
+        """Append ``(sequence_number, event JSON)`` pairs, in order, to the run's events."""
+        self._ensure_started()
+        if events:
+            await self._append(require_user_id(user_id), require_run_id(run_id), list(events))
+
+    async def finish_run(
+        self,
+        user_id: str,
+        run_id: str,
+        status: str,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Record the end of the run: its final ``status`` (and a task's result or error)."""
+        self._ensure_started()
+        if status not in FINISHED:
+            raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
+        record = await self.get_run(user_id, run_id)
+        if record is None:
+            return
+        record = record.model_copy(
+            update={"status": status, "result": result, "error": error, "updated_at": time.time()}
+        )
+        await self._save(record)
+
+    async def save_run(self, record: RunRecord) -> None:
+        """Replace the record of an existing run (its cancellation mark is kept)."""
+        self._ensure_started()
+        require_user_id(record.user_id)
+        require_run_id(record.id)
+        await self._save(record.model_copy(update={"updated_at": time.time()}))
+
+    async def request_cancel(self, user_id: str, run_id: str) -> RunRecord | None:
+        """Mark the run for cancellation; the run as it is now, or None when not found."""
+        self._ensure_started()
+        user_id, run_id = require_user_id(user_id), require_run_id(run_id)
+        record = await self._load(user_id, run_id)
+        if record is None:
+            return None
+        if not record.finished:
+            await self._mark_cancel(user_id, run_id)
+            record.cancel_requested = True
+        return record
+
+    async def cancel_requested(self, user_id: str, run_id: str) -> bool:
+        """Whether cancellation of the run was requested."""
+        record = await self.get_run(user_id, run_id)
+        return record is not None and record.cancel_requested
+
+    async def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
+        """The run's record, or None (also for another user's run)."""
+        self._ensure_started()
+        return await self._load(require_user_id(user_id), require_run_id(run_id))
+
+    async def list_runs(self, user_id: str, session_id: str) -> list[RunRecord]:
+        """The runs of a session, oldest first."""
+        self._ensure_started()
+        runs = await self._list(require_user_id(user_id), session_id)
+        return sorted(runs, key=lambda record: record.created_at)
+
+    async def read_events(
+        self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
+    ) -> list[StoredEvent]:
+        """The stored events with a sequence number above ``after``, in order."""
+        self._ensure_started()
+        user_id, run_id = require_user_id(user_id), require_run_id(run_id)
+        return await self._read(user_id, run_id, after, limit)
+
+    async def follow(
+        self, user_id: str, run_id: str, after: int = -1
+    ) -> AsyncIterator[StoredEvent]:
+        """The events after ``after``, then the new ones as they are stored, until the run ends.
+
+        Stops at once when the run does not exist.
+        """
+        while True:
+            record = await self.get_run(user_id, run_id)
+            if record is None:
+                return
+            # The status is read before the events: a finished run has stored all of them.
+            events = await self.read_events(user_id, run_id, after)
+            for sequence, data in events:
+                yield sequence, data
+                after = sequence
+            if record.finished:
+                return
+            if not events:
+                await self._wait(user_id, run_id, after)
+
+    async def _wait(self, user_id: str, run_id: str, after: int) -> None:
+        """Wait (at most about ``poll_seconds``) for events after ``after``."""
+        await asyncio.sleep(self.poll_seconds)
+
+    @abstractmethod
+    async def _create(self, record: RunRecord) -> None:
+        """Store a new run record and index it under its session."""
+
+    @abstractmethod
+    async def _save(self, record: RunRecord) -> None:
+        """Replace the run's record (keeping a cancellation mark)."""
+
+    @abstractmethod
+    async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
+        """Append events; one already stored (same sequence number) is skipped."""
+
+    @abstractmethod
+    async def _mark_cancel(self, user_id: str, run_id: str) -> None:
+        """Set the run's cancellation mark."""
+
+    @abstractmethod
+    async def _load(self, user_id: str, run_id: str) -> RunRecord | None:
+        """The record, with ``cancel_requested`` from the mark, or None."""
+
+    @abstractmethod
+    async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
+        """The records of the session's runs, in any order."""
+
+    @abstractmethod
+    async def _read(
+        self, user_id: str, run_id: str, after: int, limit: int | None
+    ) -> list[StoredEvent]:
+        """Stored events above ``after``, ascending, at most ``limit``."""
+
+
+__all__ = [
+    "DEFAULT_POLL_SECONDS",
+    "FINISHED",
+    "RunKind",
+    "RunRecord",
+    "RunsService",
+    "StoredEvent",
+    "require_run_id",
+]

@@ -1,0 +1,197 @@
+"""Runs on DynamoDB: one partition per run, holding its record and its events.
+
+Table (see :mod:`agentscope_serverless.infra.dynamodb_tables`), with ``U``/``R``/``S`` the
+SHA-256 of the user, run and session ids:
+
+=================  ==========================  ===========================================
+pk                 sk                          attributes
+=================  ==========================  ===========================================
+``RUN#U#R``        ``META``                    ``record`` (JSON), ``cancel``, ``expires_at``
+``RUN#U#R``        ``E#<sequence:012d>``       ``body`` (event JSON; large ones: head plus
+                                               tail items), ``expires_at``
+``RUNS#U#S``       ``<created ms:015d>#R``     ``run_id``, ``expires_at``
+=================  ==========================  ===========================================
+
+The events of a run are read with one consistent ``Query`` of its partition from a sort key
+on. Every item expires ``ttl_seconds`` after its last write (DynamoDB's TTL on
+``expires_at``; expired items are also filtered out on read).
+"""
+
+from __future__ import annotations
+
+from agentscope_serverless.services._dynamodb import (
+    ConditionFailed,
+    DynamoDBBackedService,
+    DynamoDBClient,
+    DynamoDBStore,
+    Item,
+    assemble,
+    id_hash,
+    is_live,
+    n,
+    now,
+    s,
+)
+from agentscope_serverless.services._dynamodb import (
+    body_items as _body_items,
+)
+from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
+
+_EVENT_PREFIX = "E#"
+
+
+def _event_key(sequence: int) -> str:
+    return f"{_EVENT_PREFIX}{sequence:012d}"
+
+
+class DynamoDBRunsService(DynamoDBBackedService, RunsService):
+    """Runs on a DynamoDB table.
+
+    >>> runs = DynamoDBRunsService("agentscope-runs", region_name="eu-west-1", ttl_seconds=86400)
+    """
+
+    def __init__(
+        self,
+        table_name: str = "agentscope-runs",
+        *,
+        client: DynamoDBClient | None = None,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        ttl_seconds: int | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self._store = DynamoDBStore(
+            table_name=table_name,
+            client=client,
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+
+    @staticmethod
+    def _pk(user_id: str, run_id: str) -> str:
+        return f"RUN#{id_hash(user_id)}#{id_hash(run_id)}"
+
+    def _expiry(self) -> Item:
+        return {"expires_at": n(now() + self._ttl)} if self._ttl else {}
+
+    def _meta_key(self, user_id: str, run_id: str) -> Item:
+        return {"pk": s(self._pk(user_id, run_id)), "sk": s("META")}
+
+    async def _create(self, record: RunRecord) -> None:
+        stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
+        meta = {**self._meta_key(record.user_id, record.id), "record": s(stored), **self._expiry()}
+        items = [meta]
+        if record.session_id is not None:
+            created = int(record.created_at * 1000)
+            index = {
+                "pk": s(f"RUNS#{id_hash(record.user_id)}#{id_hash(record.session_id)}"),
+                "sk": s(f"{created:015d}#{id_hash(record.id)}"),
+                "run_id": s(record.id),
+                **self._expiry(),
+            }
+            items.append(index)
+        await self._store.put(items)
+
+    async def _save(self, record: RunRecord) -> None:
+        stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
+        values: Item = {":record": s(stored)}
+        update = "SET #r = :record"
+        names = {"#r": "record", "#pk": "pk"}
+        if self._ttl:
+            update += ", #e = :expires"
+            values[":expires"] = n(now() + self._ttl)
+            names["#e"] = "expires_at"
+        try:
+            await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key=self._meta_key(record.user_id, record.id),
+                UpdateExpression=update,
+                ConditionExpression="attribute_exists(#pk)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ConditionFailed:
+            return
+
+    async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
+        pk = self._pk(user_id, run_id)
+        items: list[Item] = []
+        for sequence, data in events:
+            tails, head = _body_items(pk, _event_key(sequence), data, self._expiry())
+            items += [*tails, head]
+        await self._store.put(items)
+
+    async def _mark_cancel(self, user_id: str, run_id: str) -> None:
+        try:
+            await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key=self._meta_key(user_id, run_id),
+                UpdateExpression="SET #c = :yes",
+                ConditionExpression="attribute_exists(#pk)",
+                ExpressionAttributeNames={"#c": "cancel", "#pk": "pk"},
+                ExpressionAttributeValues={":yes": {"BOOL": True}},
+            )
+        except ConditionFailed:
+            return
+
+    async def _load(self, user_id: str, run_id: str) -> RunRecord | None:
+        response = await self._store.run(
+            "get_item", idempotent=True, Key=self._meta_key(user_id, run_id), ConsistentRead=True
+        )
+        item = response.get("Item")
+        if item is None or not is_live(item, now()):
+            return None
+        record = RunRecord.model_validate_json(item["record"]["S"])
+        record.cancel_requested = bool(item.get("cancel", {}).get("BOOL"))
+        return record
+
+    async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
+        at = now()
+        run_ids = [
+            item["run_id"]["S"]
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={
+                    ":pk": s(f"RUNS#{id_hash(user_id)}#{id_hash(session_id)}")
+                },
+                ConsistentRead=True,
+            )
+            if is_live(item, at)
+        ]
+        records = [await self._load(user_id, run_id) for run_id in run_ids]
+        return [record for record in records if record is not None]
+
+    async def _read(
+        self, user_id: str, run_id: str, after: int, limit: int | None
+    ) -> list[StoredEvent]:
+        items = self._store.query(
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+            ExpressionAttributeValues={
+                ":pk": s(self._pk(user_id, run_id)),
+                ":low": s(_event_key(after + 1)),
+                ":high": s(f"{_EVENT_PREFIX}~"),
+            },
+            ConsistentRead=True,
+        )
+        events: list[StoredEvent] = []
+        async for head, body in assemble(items, now()):
+            events.append((int(head["sk"]["S"][len(_EVENT_PREFIX) :]), body))
+            if limit is not None and len(events) == limit:
+                break
+        return events
+
+
+__all__ = ["DynamoDBRunsService"]

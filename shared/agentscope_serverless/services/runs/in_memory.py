@@ -1,0 +1,99 @@
+"""Runs in the process's memory: the embedded default for local runs and tests.
+
+Followers in the same process are woken as soon as events are appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
+
+
+@dataclass
+class _Run:
+    record: RunRecord
+    events: list[StoredEvent] = field(default_factory=list)
+    cancel: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class InMemoryRunsService(RunsService):
+    """Runs kept in a dict by user and run id; ``ttl_seconds`` drops runs idle that long."""
+
+    def __init__(self, ttl_seconds: int | None = None) -> None:
+        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._runs: dict[tuple[str, str], _Run] = {}
+
+    def _get(self, user_id: str, run_id: str) -> _Run | None:
+        run = self._runs.get((user_id, run_id))
+        if run is not None and self._ttl and run.record.updated_at + self._ttl < time.time():
+            del self._runs[(user_id, run_id)]
+            return None
+        return run
+
+    async def _create(self, record: RunRecord) -> None:
+        self._runs[(record.user_id, record.id)] = _Run(record.model_copy())
+
+    async def _save(self, record: RunRecord) -> None:
+        run = self._get(record.user_id, record.id)
+        if run is not None:
+            run.record = record.model_copy(update={"cancel_requested": False})
+            self._wake(run)
+
+    async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
+        run = self._get(user_id, run_id)
+        if run is None:
+            return
+        last = run.events[-1][0] if run.events else -1
+        run.events.extend(event for event in events if event[0] > last)
+        run.record.updated_at = time.time()
+        self._wake(run)
+
+    async def _mark_cancel(self, user_id: str, run_id: str) -> None:
+        run = self._get(user_id, run_id)
+        if run is not None:
+            run.cancel = True
+
+    async def _load(self, user_id: str, run_id: str) -> RunRecord | None:
+        run = self._get(user_id, run_id)
+        if run is None:
+            return None
+        return run.record.model_copy(update={"cancel_requested": run.cancel})
+
+    async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
+        return [
+            record
+            for (user, run_id) in list(self._runs)
+            if user == user_id
+            and (record := await self._load(user_id, run_id)) is not None
+            and record.session_id == session_id
+        ]
+
+    async def _read(
+        self, user_id: str, run_id: str, after: int, limit: int | None
+    ) -> list[StoredEvent]:
+        run = self._get(user_id, run_id)
+        if run is None:
+            return []
+        events = [event for event in run.events if event[0] > after]
+        return events[:limit] if limit is not None else events
+
+    async def _wait(self, user_id: str, run_id: str, after: int) -> None:
+        run = self._get(user_id, run_id)
+        if run is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.changed.wait(), self.poll_seconds)
+
+    @staticmethod
+    def _wake(run: _Run) -> None:
+        run.changed.set()
+        run.changed = asyncio.Event()
+
+
+__all__ = ["InMemoryRunsService"]

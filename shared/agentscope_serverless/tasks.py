@@ -1,0 +1,122 @@
+"""Background tasks: ``@app.task(path, queue)`` functions run apart from the request.
+
+Submitting a task stores it as a run of kind ``task`` (status ``in_progress``) and returns
+its id at once; an executor runs the function to completion and stores its result, or its
+error (status ``failed``). Its status is read back from the runs store, so any process (or
+Lambda instance) can answer ``GET /tasks/{task_id}``, and only for the user who submitted it.
+
+The :class:`LocalTaskExecutor` runs tasks in the server's own event loop (a plain function
+in a worker thread). No broker is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import TypeAdapter
+
+from agentscope_serverless.log import logger
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+
+TASK_FAILED = "TASK_FAILED"
+# The key of the event of an asynchronous Lambda invocation that runs a task.
+TASK_EVENT_KEY = "agentscope_task"
+_MAX_ERROR_CHARS = 1000
+_JSON = TypeAdapter(Any)
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    """A function registered with ``@app.task(path, queue=...)``."""
+
+    path: str
+    function: Callable[..., Any]
+    queue: str = "default"
+
+
+def new_task_id() -> str:
+    """A fresh task id."""
+    return f"task_{uuid.uuid4()}"
+
+
+async def run_task(
+    runs: RunsService, task: TaskDefinition, user_id: str, task_id: str, payload: Any
+) -> None:
+    """Run ``task`` with ``payload`` and store its result or its error."""
+    try:
+        if inspect.iscoroutinefunction(task.function):
+            result = await task.function(payload)
+        else:
+            result = await asyncio.to_thread(task.function, payload)
+            if inspect.isawaitable(result):
+                result = await result
+        stored = _JSON.dump_python(result, mode="json")
+    except Exception as exc:
+        logger.info("a background task failed", extra={"task_id": task_id})
+        message = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        error = {"code": TASK_FAILED, "message": message}
+        await runs.finish_run(user_id, task_id, "failed", error=error)
+        return
+    await runs.finish_run(user_id, task_id, "completed", result=stored)
+
+
+class TaskExecutor(Protocol):
+    """Where submitted tasks run: in this process, or in Lambda invocations."""
+
+    async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
+        """Store the task as submitted, start it, and return its record."""
+        ...
+
+    async def aclose(self) -> None:
+        """Called when the server stops."""
+        ...
+
+
+async def run_task_event(runs: RunsService, tasks: list[TaskDefinition], event: Any) -> None:
+    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``)."""
+    spec = event[TASK_EVENT_KEY]
+    task = next((t for t in tasks if t.path == spec["path"]), None)
+    if task is None:
+        error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
+        await runs.finish_run(spec["user_id"], spec["task_id"], "failed", error=error)
+        return
+    await run_task(runs, task, spec["user_id"], spec["task_id"], spec.get("payload"))
+
+
+class LocalTaskExecutor:
+    """Runs submitted tasks in this process's event loop, each in a task of its own."""
+
+    def __init__(self, runs: RunsService) -> None:
+        self.runs = runs
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
+        """Store the task as submitted, start it, and return its record."""
+        record = RunRecord(id=new_task_id(), user_id=user_id, kind="task", name=task.path)
+        await self.runs.create_run(record)
+        running = asyncio.create_task(run_task(self.runs, task, user_id, record.id, payload))
+        self._running.add(running)
+        running.add_done_callback(self._running.discard)
+        return record
+
+    async def aclose(self) -> None:
+        """Wait (a little) for the tasks still running."""
+        if self._running:
+            await asyncio.wait(self._running, timeout=5)
+
+
+__all__ = [
+    "TASK_EVENT_KEY",
+    "TASK_FAILED",
+    "LocalTaskExecutor",
+    "TaskDefinition",
+    "TaskExecutor",
+    "new_task_id",
+    "run_task",
+    "run_task_event",
+]

@@ -1,0 +1,144 @@
+"""The runs store's contract, on every backend: records, events in order, cancel marks, users."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.services.runs import RunRecord, RunsService
+
+
+def _event(sequence: int, text: str = "") -> tuple[int, str]:
+    return sequence, json.dumps({"sequence_number": sequence, "text": text})
+
+
+async def test_events_are_read_back_in_order_after_a_position(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="r1", user_id=user_id, session_id="s1"))
+        await runs.append_events(user_id, "r1", [_event(0), _event(1, "é🙂"), _event(2)])
+        await runs.append_events(user_id, "r1", [_event(3)])
+        assert [s for s, _ in await runs.read_events(user_id, "r1")] == [0, 1, 2, 3]
+        after = await runs.read_events(user_id, "r1", after=1)
+        assert [s for s, _ in after] == [2, 3]
+        assert json.loads((await runs.read_events(user_id, "r1", after=0, limit=1))[0][1]) == {
+            "sequence_number": 1,
+            "text": "é🙂",
+        }
+
+
+async def test_an_event_appended_twice_is_stored_once(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="r1", user_id=user_id))
+        await runs.append_events(user_id, "r1", [_event(0), _event(1)])
+        await runs.append_events(user_id, "r1", [_event(1), _event(2)])
+        assert [s for s, _ in await runs.read_events(user_id, "r1")] == [0, 1, 2]
+
+
+async def test_a_large_event_is_stored_whole(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    big = "x" * 600_000
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="big", user_id=user_id))
+        await runs.append_events(user_id, "big", [_event(0, big), _event(1)])
+        events = await runs.read_events(user_id, "big")
+        assert [s for s, _ in events] == [0, 1] and json.loads(events[0][1])["text"] == big
+
+
+async def test_a_run_finishes_with_its_status_and_a_tasks_result_or_error(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="t1", user_id=user_id, kind="task", name="/jobs"))
+        record = await runs.get_run(user_id, "t1")
+        assert record is not None and record.status == "in_progress" and not record.finished
+        await runs.finish_run(user_id, "t1", "completed", result={"n": [1, 2]})
+        done = await runs.get_run(user_id, "t1")
+        assert done is not None and done.finished
+        assert (done.status, done.result, done.kind, done.name) == (
+            "completed",
+            {"n": [1, 2]},
+            "task",
+            "/jobs",
+        )
+        with pytest.raises(InvalidInputError):
+            await runs.finish_run(user_id, "t1", "in_progress")
+
+
+async def test_cancel_marks_a_running_run_and_another_object_sees_it(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as running, runs_factory() as elsewhere:
+        await running.create_run(RunRecord(id="r1", user_id=user_id))
+        assert not await running.cancel_requested(user_id, "r1")
+        marked = await elsewhere.request_cancel(user_id, "r1")
+        assert marked is not None and marked.cancel_requested
+        assert await running.cancel_requested(user_id, "r1")
+        await running.finish_run(user_id, "r1", "canceled")
+        ended = await elsewhere.request_cancel(user_id, "r1")
+        assert ended is not None and ended.status == "canceled"
+        assert await elsewhere.request_cancel(user_id, "missing") is None
+
+
+async def test_runs_are_listed_per_session_oldest_first(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        for index, session in enumerate(["a", "b", "a"]):
+            record = RunRecord(id=f"r{index}", user_id=user_id, session_id=session)
+            await runs.create_run(record.model_copy(update={"created_at": 1000.0 + index}))
+        assert [r.id for r in await runs.list_runs(user_id, "a")] == ["r0", "r2"]
+        assert await runs.list_runs(user_id, "nobody") == []
+
+
+async def test_a_user_never_reaches_another_users_run(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}-other"
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="r1", user_id=user_id, session_id="s"))
+        await runs.append_events(user_id, "r1", [_event(0)])
+        assert await runs.get_run(other, "r1") is None
+        assert await runs.read_events(other, "r1") == []
+        assert await runs.request_cancel(other, "r1") is None
+        assert await runs.list_runs(other, "s") == []
+        await runs.append_events(other, "r1", [_event(1)])
+        assert [s for s, _ in await runs.read_events(user_id, "r1")] == [0]
+
+
+async def test_follow_replays_then_streams_until_the_run_ends(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as writer, runs_factory() as reader:
+        reader.poll_seconds = 0.05
+        await writer.create_run(RunRecord(id="r1", user_id=user_id))
+        await writer.append_events(user_id, "r1", [_event(0), _event(1)])
+
+        async def finish_later() -> None:
+            await asyncio.sleep(0.2)
+            await writer.append_events(user_id, "r1", [_event(2)])
+            await writer.finish_run(user_id, "r1", "completed")
+
+        finishing = asyncio.create_task(finish_later())
+        followed = [s async for s, _ in reader.follow(user_id, "r1", after=0)]
+        await finishing
+        assert followed == [1, 2]
+        assert [s async for s, _ in reader.follow(user_id, "missing")] == []
+
+
+async def test_ids_are_checked(runs_factory: Callable[[], RunsService], user_id: str) -> None:
+    async with runs_factory() as runs:
+        with pytest.raises(InvalidInputError):
+            await runs.get_run(user_id, "")
+        with pytest.raises(InvalidInputError):
+            await runs.get_run(user_id, "r" * 257)
+        with pytest.raises(InvalidInputError):
+            await runs.create_run(RunRecord(id="r1", user_id=""))

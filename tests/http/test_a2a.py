@@ -1,0 +1,161 @@
+"""A2A with the real ``a2a-sdk`` client: card discovery, send, stream, get and cancel a task,
+over HTTP with a bearer key; and a client of A2A 0.3 through the SDK's compatibility transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.client import Client
+from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
+from a2a.helpers.proto_helpers import get_artifact_text, new_text_message
+from a2a.types import (
+    AgentCard,
+    CancelTaskRequest,
+    GetTaskRequest,
+    Role,
+    SendMessageRequest,
+    TaskState,
+)
+from google.protobuf.json_format import ParseDict
+
+from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running
+
+app = AgentApp(app_name="echo-a2a", app_description="Echoes what it is told, a word at a time.")
+app.a2a_skills = [{"name": "echo", "description": "Repeats the message.", "tags": ["echo"]}]
+cleanups: list[str] = []
+
+
+@app.query(framework="text")
+async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> AsyncIterator[str]:
+    text = msgs[-1].get_text_content() or ""
+    delay = 0.5 if text.startswith("slowly") else 0
+    try:
+        for word in text.split():
+            yield word + " "
+            await asyncio.sleep(delay)
+    finally:
+        cleanups.append(session.id)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, Keys]]:
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+    with running(web) as url:
+        yield url, keys
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str, key: str, *, streaming: bool) -> AsyncIterator[Client]:
+    """The SDK's client for the agent at ``url``, discovered from its card."""
+    async with httpx.AsyncClient(headers=bearer(key), timeout=30) as http:
+        config = ClientConfig(httpx_client=http, streaming=streaming)
+        yield await ClientFactory(config).create_from_url(url)
+
+
+def _message(text: str, context_id: str | None = None) -> SendMessageRequest:
+    message = new_text_message(text, context_id=context_id, role=Role.ROLE_USER)
+    return SendMessageRequest(message=message)
+
+
+def test_the_card_describes_the_agent_and_needs_a_key(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    assert httpx.get(f"{url}/.well-known/agent-card.json").status_code == 401
+    card = httpx.get(f"{url}/.well-known/agent-card.json", headers=bearer(keys.alice)).json()
+    assert card["name"] == "echo-a2a"
+    assert card["description"] == "Echoes what it is told, a word at a time."
+    assert [skill["name"] for skill in card["skills"]] == ["echo"]
+    assert card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"] == "bearer"
+    interfaces = {(i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]}
+    assert ("JSONRPC", "1.0") in interfaces and ("HTTP+JSON", "1.0") in interfaces
+    assert all(i["url"] == f"{url}/a2a" for i in card["supportedInterfaces"])
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
+    assert httpx.post(f"{url}/a2a", json=rpc).status_code == 401
+    assert httpx.post(f"{url}/a2a/message:send", json={}).status_code == 401
+
+
+async def test_the_sdk_client_sends_and_streams_a_message_and_reads_the_task(
+    served: tuple[str, Keys],
+) -> None:
+    url, keys = served
+    async with _client(url, keys.alice, streaming=False) as client:
+        [response] = [r async for r in client.send_message(_message("hello there agent"))]
+        task = response.task
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert get_artifact_text(task.artifacts[0], delimiter="") == "hello there agent "
+        stored = await client.get_task(GetTaskRequest(id=task.id))
+        assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+        assert stored.context_id == task.context_id
+    async with _client(url, keys.alice, streaming=True) as streaming:
+        events = [r async for r in streaming.send_message(_message("one two three"))]
+        chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+        assert "".join(get_artifact_text(a, delimiter="") for a in chunks) == "one two three "
+        assert len(chunks) == 3
+        states = [e.status_update.status.state for e in events if e.HasField("status_update")]
+        assert states[-1] == TaskState.TASK_STATE_COMPLETED
+    # Another user cannot read the task.
+    async with _client(url, keys.bob, streaming=False) as other:
+        with pytest.raises(Exception, match=r"(?i)not found"):
+            await other.get_task(GetTaskRequest(id=task.id))
+
+
+async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with _client(url, keys.alice, streaming=True) as client:
+        stream = client.send_message(_message("slowly " + "word " * 20, context_id=context_id))
+        task_id = None
+        async for event in stream:
+            if event.HasField("artifact_update"):
+                task_id = event.artifact_update.task_id
+                break
+        assert task_id is not None
+        await stream.aclose()
+        canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
+        assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+        for _ in range(100):
+            if context_id in cleanups:
+                break
+            await asyncio.sleep(0.05)
+        assert context_id in cleanups, "the handler's cleanup ran"
+        stored = await client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == TaskState.TASK_STATE_CANCELED
+
+
+async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    async with httpx.AsyncClient(headers=bearer(keys.alice), timeout=30) as http:
+        card_json = (await http.get(f"{url}/.well-known/agent-card.json")).json()
+        card = ParseDict(card_json, AgentCard(), ignore_unknown_fields=True)
+        transport = CompatJsonRpcTransport(http, card, f"{url}/a2a")
+        sent = await transport.send_message(_message("legacy hello"))
+        assert sent.task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert get_artifact_text(sent.task.artifacts[0], delimiter="") == "legacy hello "
+        events = [e async for e in transport.send_message_streaming(_message("legacy stream"))]
+        chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+        assert "".join(get_artifact_text(a, delimiter="") for a in chunks) == "legacy stream "
+        legacy_call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}
+        async with httpx.AsyncClient() as anonymous:
+            assert (await anonymous.post(f"{url}/a2a", json=legacy_call)).status_code == 401
+
+
+async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    tool = await a2a_agent_tool(url, api_key=keys.alice)
+    assert tool.name == "echo-a2a"
+    assert tool.description == "Echoes what it is told, a word at a time."
+    assert await tool.invoke('{"message": "ask the other agent"}') == "ask the other agent "
+    with pytest.raises(Exception, match="401"):
+        await a2a_agent_tool(url, api_key="ask_wrong_key")

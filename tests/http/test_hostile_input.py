@@ -1,0 +1,248 @@
+"""Hostile input on every backend: text that is not valid Unicode, other users, duplicated
+identities, stalled bodies, empty deletes.
+
+Each test runs against a server on the in-memory stores, on Redis, and on DynamoDB (moto's
+server), with idempotency records in the same store as the history.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
+from agentscope_serverless.settings import load_settings
+from tests.support.backends import BACKENDS, backend_settings
+from tests.support.http import bearer, issue_key, running
+
+LONE = "\ud800"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
+    """A server on one backend, with its key store."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(
+            **backend_settings(request.param, request), request_body_timeout_seconds=1.0
+        )
+        store = InMemoryKeyStore()
+        with running(create_app(settings=settings, agent_app=demo_app, key_store=store)) as url:
+            yield url, store
+
+
+@pytest.fixture
+def client(server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+    """A client acting as a fresh user."""
+    url, store = server
+    key = issue_key(store, f"user-{uuid.uuid4().hex[:10]}")
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as http:
+        yield http
+
+
+def raw_json(value: Any) -> dict[str, Any]:
+    """A request body with lone surrogates as JSON escapes (httpx refuses to encode them)."""
+    return {
+        "content": json.dumps(value),
+        "headers": {"Content-Type": "application/json"},
+    }
+
+
+def text_message(text: str, **fields: Any) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}], **fields}
+
+
+# (method, path, body, where the bad text is): every field of every write route.
+POISONED: list[tuple[str, str, Any, list[Any]]] = [
+    ("POST", "/sessions", {"session_id": f"s{LONE}"}, ["body", "session_id"]),
+    (
+        "POST",
+        "/sessions/s1/messages",
+        {"messages": [text_message(f"hi {LONE}")]},
+        ["body", "messages", 0, "content", 0, "text"],
+    ),
+    (
+        "POST",
+        "/sessions/s1/messages",
+        {"messages": [text_message("hi", id=f"m{LONE}")]},
+        ["body", "messages", 0, "id"],
+    ),
+    (
+        "POST",
+        "/sessions/s1/messages",
+        {"messages": [text_message("hi", metadata={LONE: 1})]},
+        ["body", "messages", 0, "metadata", "\\ud800"],
+    ),
+    ("POST", "/memory", {"messages": [text_message(LONE)]}, ["body", "messages", 0]),
+    (
+        "POST",
+        "/memory",
+        {"messages": [text_message("tea")], "session_id": LONE},
+        ["body", "session_id"],
+    ),
+    ("POST", "/memory/search", {"query": f"tea {LONE}"}, ["body", "query"]),
+    ("POST", "/state/s1", {"state": {"k": LONE}}, ["body", "state", "k"]),
+    ("POST", "/state/s1", {"state": {"nested": [{LONE: 1}]}}, ["body", "state", "nested", 0]),
+    (
+        "POST",
+        "/process",
+        {"input": [text_message(LONE)], "stream": False},
+        ["body", "input", 0],
+    ),
+    (
+        "POST",
+        "/process",
+        {"input": [text_message("hi")], "session_id": LONE, "stream": False},
+        ["body", "session_id"],
+    ),
+    (
+        "POST",
+        "/compatible-mode/v1/chat/completions",
+        {"model": "agent", "messages": [{"role": "user", "content": LONE}]},
+        ["body", "messages", 0, "content"],
+    ),
+    (
+        "POST",
+        "/compatible-mode/v1/responses",
+        {"model": "agent", "input": f"hi {LONE}"},
+        ["body", "input"],
+    ),
+]
+
+
+def assert_nothing_stored(client: httpx.Client) -> None:
+    sessions = client.get("/sessions")
+    assert sessions.status_code == 200 and sessions.json()["items"] == []
+    memory = client.get("/memory")
+    assert memory.status_code == 200 and memory.json()["items"] == []
+    search = client.post("/memory/search", json={"query": "tea hi"})
+    assert search.status_code == 200 and search.json()["items"] == []
+    rounds = client.get("/state/s1/rounds")
+    assert rounds.status_code == 200 and rounds.json()["rounds"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "where"),
+    POISONED,
+    ids=[f"{m} {p} {w[1:]}" for m, p, _, w in POISONED],
+)
+def test_text_that_is_not_unicode_is_refused_naming_the_field_and_nothing_is_stored(
+    client: httpx.Client, method: str, path: str, body: Any, where: list[Any]
+) -> None:
+    response = client.request(method, path, **raw_json(body))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_INPUT"
+    assert error["fields"][0]["loc"][: len(where)] == where
+    assert "Unicode" in error["message"]
+    assert_nothing_stored(client)
+
+
+def test_a_body_that_is_not_utf8_is_a_bad_request(client: httpx.Client) -> None:
+    response = client.post(
+        "/sessions",
+        content=b'{"session_id": "s\xff"}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "BAD_REQUEST"
+    assert_nothing_stored(client)
+
+
+def test_a_session_id_of_a_control_character_is_refused_not_replaced(
+    client: httpx.Client,
+) -> None:
+    for path, body in (
+        ("/sessions", {"session_id": "\x1c"}),
+        ("/process", {"input": [text_message("hi")], "session_id": "\x1c", "stream": False}),
+    ):
+        response = client.post(path, json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["fields"][0]["loc"][-1] == "session_id"
+    assert client.delete("/memory/%1C").status_code == 422
+    assert_nothing_stored(client)
+
+
+def test_a_body_naming_another_user_is_refused_on_every_route(client: httpx.Client) -> None:
+    other = {"user_id": "someone-else"}
+    openai_user = {"user": "someone-else"}
+    for method, path, body in (
+        ("POST", "/sessions", {"session_id": "s1", **other}),
+        ("POST", "/sessions/s1/messages", {"messages": [text_message("hi")], **other}),
+        ("POST", "/memory", {"messages": [text_message("tea")], **openai_user}),
+        ("POST", "/memory/search", {"query": "tea", **other}),
+        ("POST", "/state/s1", {"state": {}, **openai_user}),
+        ("DELETE", "/sessions/s1", other),
+        ("GET", "/sessions", other),
+        ("POST", "/process", {"input": [text_message("hi")], **openai_user}),
+    ):
+        response = client.request(method, path, json=body)
+        assert response.status_code == 403, (method, path, response.text)
+        assert response.json()["error"]["code"] == "PERMISSION_DENIED"
+    assert_nothing_stored(client)
+
+
+def test_a_user_named_twice_is_refused(server: tuple[str, InMemoryKeyStore]) -> None:
+    url, store = server
+    service = issue_key(store)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        twice = http.get(
+            "/sessions", headers=[*bearer(service).items(), ("X-User-Id", "a"), ("X-User-Id", "a")]
+        )
+        assert twice.status_code == 422
+        assert "more than once" in twice.json()["error"]["message"]
+        query = http.get(
+            "/sessions", params=[("user_id", "a"), ("user_id", "b")], headers=bearer(service)
+        )
+        assert query.status_code == 422
+        once = http.get("/sessions", headers={**bearer(service), "X-User-Id": "a"})
+        assert once.status_code == 200
+
+
+def test_a_stalled_body_times_out(server: tuple[str, InMemoryKeyStore]) -> None:
+    url, store = server
+    key = issue_key(store, "stalled")
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as connection:
+        connection.sendall(
+            b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {key}\r\n".encode()
+            + b'Content-Length: 100\r\n\r\n{"session_id"'
+        )
+        reply = b""
+        while chunk := connection.recv(65536):  # the server closes the connection
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert b'"REQUEST_TIMEOUT"' in reply
+
+
+def test_deleting_memories_without_words_succeeds(client: httpx.Client) -> None:
+    added = client.post("/memory", json={"messages": [text_message("!!! ???")], "session_id": "s"})
+    assert added.status_code == 201
+    assert client.post("/memory/search", json={"query": "nothing"}).json()["items"] == []
+    assert client.delete("/memory/s").status_code == 204
+    assert client.get("/memory").json()["items"] == []
+
+
+def test_appending_a_message_id_twice_keeps_one_copy(client: httpx.Client) -> None:
+    first = text_message("once", id="msg-fixed")
+    stored = client.post("/sessions/s1/messages", json={"messages": [first]})
+    assert stored.status_code == 201
+    again = client.post(
+        "/sessions/s1/messages",
+        json={"messages": [text_message("changed", id="msg-fixed"), text_message("new")]},
+    )
+    assert again.status_code == 201
+    assert [m["content"][0]["text"] for m in again.json()["messages"]] == ["once", "new"]
+    items = client.get("/sessions/s1/messages").json()["items"]
+    assert [m["content"][0]["text"] for m in items] == ["once", "new"]

@@ -1,0 +1,268 @@
+"""``Idempotency-Key``: a retried write is answered once and stored once, on every backend,
+including when the store froze in the middle (SIGSTOP on the server the test started)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.settings import load_settings
+from tests.support.backends import BACKENDS, backend_settings
+from tests.support.http import bearer, issue_key, running
+
+EXPIRY_SECONDS = 2
+
+
+def text_message(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(
+            **backend_settings(request.param, request),
+            idempotency_expiry_seconds=EXPIRY_SECONDS,
+        )
+        store = InMemoryKeyStore()
+        with running(create_app(settings=settings, agent_app=demo_app, key_store=store)) as url:
+            yield url, store
+
+
+@pytest.fixture
+def client(server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+    url, store = server
+    key = issue_key(store, f"user-{uuid.uuid4().hex[:10]}")
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=60) as http:
+        yield http
+
+
+def keyed(key: str) -> dict[str, str]:
+    return {"Idempotency-Key": key}
+
+
+def message_texts(client: httpx.Client, session_id: str) -> list[str]:
+    items = client.get(f"/sessions/{session_id}/messages").json()["items"]
+    return [m["content"][0]["text"] for m in items]
+
+
+def test_a_retry_gets_the_first_answer_and_writes_nothing(client: httpx.Client) -> None:
+    body = {"messages": [text_message("hello")]}
+    first = client.post("/sessions/s1/messages", json=body, headers=keyed("k-append"))
+    again = client.post("/sessions/s1/messages", json=body, headers=keyed("k-append"))
+    assert first.status_code == again.status_code == 201
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    assert message_texts(client, "s1") == ["hello"]
+
+    saved = client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k-state"))
+    resaved = client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k-state"))
+    assert saved.json() == resaved.json() == {"session_id": "s1", "round_id": 1}
+    assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+
+    run = {"input": [text_message("hi")], "session_id": "s2", "stream": False}
+    ran = client.post("/process", json=run, headers=keyed("k-run"))
+    rerun = client.post("/process", json=run, headers=keyed("k-run"))
+    assert ran.status_code == 200 and rerun.content == ran.content
+    assert len(message_texts(client, "s2")) == 2  # the question and the one answer
+
+
+def test_the_same_key_with_another_request_is_a_conflict(client: httpx.Client) -> None:
+    assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k")).is_success
+    other = client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k"))
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    elsewhere = client.post("/state/s2", json={"state": {"v": 1}}, headers=keyed("k"))
+    assert elsewhere.status_code == 409
+    assert client.get("/state/s1").json()["state"] == {"v": 1}
+
+
+def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None:
+    url, store = server
+    for name in ("first", "second"):
+        key = issue_key(store, f"{name}-{uuid.uuid4().hex[:8]}")
+        with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as http:
+            saved = http.post("/state/s", json={"state": {"who": name}}, headers=keyed("shared"))
+            assert saved.status_code == 201 and "Idempotent-Replayed" not in saved.headers
+
+
+def test_keys_expire(client: httpx.Client) -> None:
+    assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k")).is_success
+    time.sleep(EXPIRY_SECONDS + 1.5)
+    later = client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k"))
+    assert later.status_code == 201 and later.json()["round_id"] == 2
+
+
+def test_a_request_run_again_after_its_key_expired_appends_nothing_twice(
+    client: httpx.Client,
+) -> None:
+    append = {"messages": [text_message("once")]}
+    run = {"input": [text_message("hi")], "session_id": "s2", "stream": False}
+    assert client.post("/sessions/s1/messages", json=append, headers=keyed("a")).is_success
+    assert client.post("/process", json=run, headers=keyed("r")).is_success
+    time.sleep(EXPIRY_SECONDS + 1.5)  # as if the first answers were lost and the keys freed
+    again = client.post("/sessions/s1/messages", json=append, headers=keyed("a"))
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again.headers
+    assert client.post("/process", json=run, headers=keyed("r")).is_success
+    assert message_texts(client, "s1") == ["once"]
+    assert len(message_texts(client, "s2")) == 2
+
+
+def test_a_failed_request_frees_its_key(client: httpx.Client) -> None:
+    refused = client.post("/state/s1", json={"state": "not a dict"}, headers=keyed("k"))
+    assert refused.status_code == 422
+    assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k")).is_success
+
+
+def test_a_bad_key_is_refused(client: httpx.Client) -> None:
+    for key in ("", "has space", "x" * 256):
+        response = client.post("/state/s1", json={"state": {}}, headers=keyed(key))
+        assert response.status_code == 422, key
+    assert client.get("/state/s1/rounds").json()["rounds"] == []
+
+
+def test_concurrent_retries_with_one_key_write_once(client: httpx.Client) -> None:
+    start = threading.Barrier(8)
+
+    def save(_: int) -> httpx.Response:
+        start.wait()
+        return client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("burst"))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(save, range(8)))
+    assert {a.status_code for a in answers} <= {201, 409}
+    assert any(a.status_code == 201 for a in answers)
+    for answer in answers:
+        if answer.status_code == 409:
+            assert answer.json()["error"]["code"] == "REQUEST_IN_PROGRESS"
+            assert int(answer.headers["Retry-After"]) >= 1
+    assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+
+
+# --- a store that freezes ---------------------------------------------------------------
+
+WRITES: list[tuple[str, str, dict[str, Any]]] = [
+    ("append", "/sessions/s1/messages", {"messages": [text_message("once")]}),
+    ("state", "/state/s1", {"state": {"v": 1}}),
+    ("memory", "/memory", {"messages": [text_message("green tea")], "session_id": "s1"}),
+    ("session", "/sessions", {}),
+    ("run", "/process", {"input": [text_message("hi")], "session_id": "s2", "stream": False}),
+]
+
+
+def retry_until_answered(client: httpx.Client, path: str, body: Any, key: str) -> httpx.Response:
+    """What a client does after a 503: retry with the same key (409 means "still running")."""
+    for _ in range(120):
+        response = client.post(path, json=body, headers=keyed(key))
+        if response.status_code not in (409, 503):
+            return response
+        time.sleep(0.5)
+    raise AssertionError(f"{path} was never answered: {response.status_code} {response.text}")
+
+
+def frozen_then_retried(
+    url: str,
+    store: InMemoryKeyStore,
+    pause: Callable[[], None],
+    resume: Callable[[], None],
+    secrets: list[str],
+) -> httpx.Client:
+    key = issue_key(store, f"user-{uuid.uuid4().hex[:10]}")
+    client = httpx.Client(base_url=url, headers=bearer(key), timeout=120)
+    pause()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(WRITES)) as pool:
+            answers = list(
+                pool.map(lambda w: client.post(w[1], json=w[2], headers=keyed(w[0])), WRITES)
+            )
+    finally:
+        resume()
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "STORE_UNAVAILABLE"
+        assert not any(secret in answer.text for secret in secrets), answer.text
+        assert "<" not in answer.text  # no HTML page
+    for name, path, body in WRITES:
+        retried = retry_until_answered(client, path, body, name)
+        assert retried.is_success, retried.text
+        again = client.post(path, json=body, headers=keyed(name))
+        assert again.headers.get("Idempotent-Replayed") == "true"
+        assert again.content == retried.content
+    return client
+
+
+def assert_stored_once(client: httpx.Client) -> None:
+    assert message_texts(client, "s1") == ["once"]
+    assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+    remembered = [m["content"][0]["text"] for m in client.get("/memory").json()["items"]]
+    # The run remembers its turn too: each once.
+    assert remembered.count("green tea") == 1 and remembered.count("hi") == 1
+    sessions = {s["id"] for s in client.get("/sessions").json()["items"]}
+    assert len(sessions) == 3 and {"s1", "s2"} <= sessions  # and the one made by POST /sessions
+    assert len(message_texts(client, "s2")) == 2
+
+
+@pytest.mark.timeout(300)
+def test_writes_that_timed_out_on_a_frozen_redis_are_stored_once_when_retried() -> None:
+    with RedisServer() as redis:
+        settings = load_settings(
+            session_history_backend="redis",
+            memory_backend="redis",
+            state_backend="redis",
+            redis_url=redis.url,
+            idempotency_lease_seconds=1.0,
+        )
+        store = InMemoryKeyStore()
+        app = create_app(settings=settings, agent_app=demo_app, key_store=store)
+        with running(app) as url:
+            secrets = ["127.0.0.1", str(redis.port), "script"]
+            client = frozen_then_retried(url, store, redis.pause, redis.resume, secrets)
+            try:
+                assert_stored_once(client)
+            finally:
+                client.close()
+
+
+@pytest.mark.timeout(300)
+def test_writes_that_timed_out_on_a_stopped_dynamodb_are_stored_once_when_retried(
+    aws_env: None, redis_server: RedisServer
+) -> None:
+    with DynamoDBServer() as dynamodb:
+        settings = load_settings(
+            session_history_backend="dynamodb",
+            state_backend="dynamodb",
+            memory_backend="redis",
+            redis_url=redis_server.url,
+            dynamodb_endpoint_url=dynamodb.endpoint_url,
+            aws_region=dynamodb.region,
+            idempotency_lease_seconds=1.0,
+        )
+        store = InMemoryKeyStore()
+        app = create_app(settings=settings, agent_app=demo_app, key_store=store)
+        with running(app) as url:
+            secrets = ["127.0.0.1", str(dynamodb.port), "html"]
+            client = frozen_then_retried(url, store, dynamodb.pause, dynamodb.resume, secrets)
+            try:
+                assert_stored_once(client)
+            finally:
+                client.close()

@@ -1,0 +1,94 @@
+"""Runs on the embedded (in-memory) runs store: ids on the wire, disconnects, and no storage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, parse_sse, running, stream, user_message
+from tests.support.slow_agent import app as slow_app
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.make()
+
+
+@pytest.fixture(scope="module")
+def url(keys: Keys) -> Iterator[str]:
+    web = create_app(settings=load_settings(), agent_app=slow_app, key_store=keys.store)
+    with running(web) as served:
+        yield served
+
+
+def _status_when_finished(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        run = client.get(f"/runs/{run_id}").json()
+        if run["status"] != "in_progress":
+            return run
+        assert time.monotonic() < deadline, "the run did not end"
+        time.sleep(0.1)
+
+
+def _leave_after_three_events(client: httpx.Client, body: dict[str, Any]) -> str:
+    with client.stream("POST", "/process", json=body) as response:
+        run_id = response.headers["X-Run-Id"]
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
+    return run_id
+
+
+def test_a_client_leaving_does_not_cancel_the_run(url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        body = {"input": [user_message("go")], "session_id": f"s-{uuid.uuid4().hex[:8]}"}
+        run_id = _leave_after_three_events(client, body)
+        assert _status_when_finished(client, run_id)["status"] == "completed"
+
+
+def test_cancel_on_disconnect_cancels_the_run_when_the_client_leaves(url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        body = {
+            "input": [user_message("go")],
+            "session_id": session_id,
+            "cancel_on_disconnect": True,
+        }
+        run_id = _leave_after_three_events(client, body)
+        assert _status_when_finished(client, run_id)["status"] == "canceled"
+        assert client.get(f"/state/{session_id}").json()["state"] == {"cleanup": True}
+
+
+def test_every_streamed_event_carries_its_sequence_number_as_its_id(url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        body = {"input": [user_message("go")], "session_id": f"s-{uuid.uuid4().hex[:8]}"}
+        response, sse = stream(client, "/process", json=body)
+        assert sse.ids == [str(event["sequence_number"]) for event in sse.data]
+        assert response.headers["X-Run-Id"] == sse.data[0]["id"]
+        replay = client.get(
+            f"/runs/{sse.data[0]['id']}/events", headers={"Last-Event-ID": sse.ids[-2] or ""}
+        )
+        assert parse_sse(replay.text.split("\n")[:-1]).data == sse.data[-1:]
+        bad = client.get(f"/runs/{sse.data[0]['id']}/events", headers={"Last-Event-ID": "x"})
+        assert bad.status_code == 422
+
+
+def test_without_a_runs_store_runs_stream_directly(keys: Keys) -> None:
+    settings = load_settings(runs_backend="none")
+    web = create_app(settings=settings, agent_app=slow_app, key_store=keys.store)
+    with running(web) as served, httpx.Client(base_url=served, headers=bearer(keys.alice)) as c:
+        body = {"input": [user_message("go")], "stream": False}
+        answer = c.post("/process", json=body, timeout=30)
+        assert answer.status_code == 200 and answer.json()["status"] == "completed"
+        assert answer.headers["X-Run-Id"] == answer.json()["id"]
+        assert c.get(f"/runs/{answer.json()['id']}").status_code == 404

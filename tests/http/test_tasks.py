@@ -1,0 +1,103 @@
+"""Background tasks: submit, poll to completion, read the result; failures keep their error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running
+
+app = AgentApp(app_name="worker")
+
+
+@app.query(framework="text")
+async def query(self: Any, msgs: Any, **kwargs: Any) -> str:
+    return "ok"
+
+
+@app.task("/jobs/sum", queue="numbers")
+async def add_up(payload: dict[str, Any]) -> dict[str, int]:
+    await asyncio.sleep(0.3)
+    return {"sum": sum(payload["numbers"])}
+
+
+@app.task("/jobs/count")
+def count_words(payload: dict[str, Any]) -> int:
+    time.sleep(0.1)
+    return len(payload["text"].split())
+
+
+@app.task("/jobs/fail")
+async def fail(payload: Any) -> None:
+    raise ValueError("the numbers do not add up")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, Keys]]:
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+    with running(web) as url:
+        yield url, keys
+
+
+def _wait_for(client: httpx.Client, task_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        status = client.get(f"/tasks/{task_id}").json()
+        if status["status"] != "in_progress":
+            return status
+        assert time.monotonic() < deadline, "the task did not finish"
+        time.sleep(0.05)
+
+
+def test_a_task_is_submitted_at_once_and_its_result_read_when_done(
+    server: tuple[str, Keys],
+) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        submitted = client.post("/jobs/sum", json={"numbers": [1, 2, 3]})
+        assert submitted.status_code == 202
+        body = submitted.json()
+        assert body["status"] == "submitted" and body["queue"] == "numbers"
+        task_id = body["task_id"]
+        assert client.get(f"/tasks/{task_id}").json()["status"] == "in_progress"
+        done = _wait_for(client, task_id)
+        assert done["status"] == "completed" and done["result"] == {"sum": 6}
+        assert done["error"] is None and done["path"] == "/jobs/sum"
+        assert client.get(f"/jobs/sum/{task_id}").json() == done
+        counted = client.post("/jobs/count", json={"text": "three little words"}).json()
+        assert _wait_for(client, counted["task_id"])["result"] == 3
+
+
+def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/fail", json={}).json()["task_id"]
+        failed = _wait_for(client, task_id)
+        assert failed["status"] == "failed" and failed["result"] is None
+        assert failed["error"] == {
+            "code": "TASK_FAILED",
+            "message": "ValueError: the numbers do not add up",
+        }
+
+
+def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, timeout=30) as client:
+        done = client.post("/jobs/sum", json={"numbers": [4]}, headers=bearer(keys.alice))
+        failed = client.post("/jobs/fail", json={}, headers=bearer(keys.alice))
+        for task_id in (done.json()["task_id"], failed.json()["task_id"]):
+            _wait_for(httpx.Client(base_url=url, headers=bearer(keys.alice)), task_id)
+            assert client.get(f"/tasks/{task_id}", headers=bearer(keys.bob)).status_code == 404
+            assert client.get(f"/jobs/sum/{task_id}", headers=bearer(keys.bob)).status_code == 404
+            assert client.get(f"/tasks/{task_id}").status_code == 401
+        assert client.post("/jobs/sum", json={"numbers": [1]}).status_code == 401
+        assert client.get("/tasks/nope", headers=bearer(keys.alice)).status_code == 404
