@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.openapi import ERROR_RESPONSES
 
 A2A_PATH = "/a2a"
 
@@ -56,7 +58,13 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
     app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
 
-    @app.get("/.well-known/agent-card.json", tags=["a2a"], summary="The A2A agent card")
+    @app.get(
+        "/.well-known/agent-card.json",
+        tags=["a2a"],
+        summary="The A2A agent card",
+        dependencies=[Depends(guard_request)],
+        responses=ERROR_RESPONSES,
+    )
     async def card(request: Request, user_id: CurrentUser) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 
