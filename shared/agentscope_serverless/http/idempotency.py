@@ -9,8 +9,11 @@ see :mod:`agentscope_serverless.services.idempotency`):
 - a request repeating the key, method, path, query and body gets that answer again,
   with ``Idempotent-Replayed: true``, and writes nothing;
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
-- message ids the request makes derive from the key, so a run of the same request after
-  one whose answer was lost (its store froze mid-write) appends nothing twice;
+- message ids, new session ids and the ids of its other writes (a state save without a
+  round, a memory add) derive from the key, and stores keep the write ids they applied
+  with the data, so a run of the same request after one whose answer was lost (its store
+  froze or failed mid-write, and the write landed later) stores nothing twice
+  (:mod:`agentscope_serverless.services._once`);
 - while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
   ``Retry-After``; a request that failed (any answer other than 2xx) frees the key, and a
   request whose process died or whose store call hung frees it after
@@ -37,6 +40,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import seed_message_ids
+from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.idempotency import (
     ClaimOutcome,
     IdempotencyStore,
@@ -85,6 +89,8 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
         # A run of this request after an earlier one that wrote but never answered (its
         # store froze) makes the same message ids, so its appends store nothing twice.
         seed_message_ids(f"{user_id}\0{key}")
+        # Its other writes (state rounds, memories, new session ids) are keyed the same way.
+        seed_writes(f"{user_id}\0{key}")
     elif claim.outcome is ClaimOutcome.REPLAY:
         assert claim.response is not None
         raise Replay(claim.response)

@@ -6,7 +6,6 @@ import base64
 import binascii
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services._once import new_uuid
 
 MAX_ID_LENGTH = 512
 DEFAULT_SESSION_ID = "default"
@@ -112,7 +112,7 @@ def clean_session_id(session_id: Any) -> str | None:
 
 def new_or_clean_session_id(session_id: Any) -> str:
     """The cleaned session id, or a fresh uuid when it is missing or blank."""
-    return clean_session_id(session_id) or str(uuid.uuid4())
+    return clean_session_id(session_id) or new_uuid()
 
 
 def session_id_or_default(session_id: Any) -> str:

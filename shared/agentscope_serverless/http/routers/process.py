@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -31,7 +30,8 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     RunStatus,
 )
-from agentscope_serverless.services._validation import clean_session_id
+from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
 from agentscope_serverless.services.runs.base import RunKind
 
 SESSION_HEADER = "X-Session-Id"
@@ -61,7 +61,7 @@ def _compatible_run(
     so clients that resend the whole conversation don't duplicate history.
     """
     given = clean_session_id(session_id)
-    session = given or str(uuid.uuid4())
+    session = given or new_uuid()
     turn = compat.new_turn(messages) if given else messages
     return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
 
@@ -155,7 +155,7 @@ def build_router(
 
     async def process(body: AgentRequest, caller: CurrentCaller, context: Context) -> Response:
         user_id = caller.user_id(body.user_id)
-        session_id = clean_session_id(body.session_id) or str(uuid.uuid4())
+        session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
         cancel_on_disconnect = bool((body.model_extra or {}).get("cancel_on_disconnect"))
         recorded = await _recorded(

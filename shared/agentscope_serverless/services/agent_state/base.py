@@ -11,6 +11,7 @@ from abc import abstractmethod
 from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.services._once import next_write_id
 from agentscope_serverless.services._validation import (
     json_copy,
     require_positive_int,
@@ -64,7 +65,9 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         stored = json_copy(state, field="state")
         sid = session_id_or_default(session_id)
         if round_id is None:
-            return await self._save_next(user_id, sid, stored)
+            # Under an Idempotency-Key the save is keyed: its run again (after a store
+            # froze mid-write) gets the round of the first, and stores no second round.
+            return await self._save_next(user_id, sid, stored, next_write_id())
         round_id = require_positive_int(round_id, field="round_id", maximum=MAX_ROUND_ID)
         await self._save_round(user_id, sid, round_id, stored)
         return round_id
@@ -102,8 +105,16 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         """Remove every round of every session of the user."""
 
     @abstractmethod
-    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
-        """Atomically allocate the round after the highest one and store ``state`` there."""
+    async def _save_next(
+        self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
+    ) -> int:
+        """Atomically allocate the round after the highest one and store ``state`` there.
+
+        With a ``write_id`` already applied to the session (and remembered for
+        :data:`~agentscope_serverless.services._once.WRITE_ID_SECONDS`), store ``state``
+        in that write's round instead and return it; the id is recorded atomically with
+        the round it names.
+        """
 
     @abstractmethod
     async def _save_round(

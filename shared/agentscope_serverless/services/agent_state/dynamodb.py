@@ -10,6 +10,8 @@ pk                 sk                     attributes
                                           ``generation``, ``expires_at``, ``stamped_until``
 ``STATE#U#S``      ``R#<gen>#<round>``    one round: ``body`` (state JSON), ``expires_at``
                                           (larger ones: head plus tail items)
+``STATE#U#S``      ``APPLIED#<write id>``  ``round``, ``expires_at``: a save made under an
+                                          Idempotency-Key, and the round it got
 ``STATE_USER#U``   ``S#<S>``              ``state_pk``: the user's index of sessions with
                                           state (written once per session, at its first
                                           save; the meta item is then marked ``indexed``)
@@ -17,6 +19,11 @@ pk                 sk                     attributes
 
 - **Save without a round**: one ``UpdateItem ADD max_round 1`` on the meta item allocates
   the round atomically (concurrent saves get distinct rounds), then ``PutItem`` stores it.
+- **Keyed save without a round** (under an ``Idempotency-Key``): a consistent read of its
+  ``APPLIED#`` item gives the round of an earlier run; otherwise a round is allocated and
+  the item is put only if absent (a run that lost that race takes the winner's round,
+  leaving a gap), *before* the state is written. Whatever step a store failure cut, a run
+  again stores the state in one round.
 - **Save with a round**: the state overwrites that round; ``max_round`` is raised with a
   conditional update when the round is higher, so the next allocated round follows it.
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
@@ -58,6 +65,7 @@ from agentscope_serverless.services._dynamodb import (
     tail_keys,
     take,
 )
+from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.agent_state.base import StateService
 
@@ -277,12 +285,47 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         if index:
             await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
 
-    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+    async def _save_next(
+        self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
+    ) -> int:
         pk = self._pk(user_id, session_id)
-        meta = await self._live_meta(pk, allocate=True)
+        mark = {"pk": s(pk), "sk": s(f"APPLIED#{write_id}")}
+        round_id = None if write_id is None else await self._applied_round(mark)
+        meta = await self._live_meta(pk, allocate=round_id is None)
         await self._index(user_id, session_id, meta)
-        round_id = number(meta, "max_round")
+        if round_id is None:
+            round_id = number(meta, "max_round")
+            if write_id is not None:
+                round_id = await self._apply(mark, round_id)
         await self._write_round(pk, meta, round_id, state)
+        return round_id
+
+    async def _applied_round(self, mark: Item) -> int | None:
+        """The round of an earlier run of a keyed save, or None."""
+        response = await self._store.run("get_item", idempotent=True, Key=mark, ConsistentRead=True)
+        item = response.get("Item")
+        if item is None or not is_live(item, now()):
+            return None
+        return number(item, "round")
+
+    async def _apply(self, mark: Item, round_id: int) -> int:
+        """Record ``round_id`` as the keyed save's round, unless a run of it did first."""
+        at = now()
+        try:
+            await self._store.run(
+                "put_item",
+                idempotent=True,
+                Item={**mark, "round": n(round_id), "expires_at": n(at + WRITE_ID_SECONDS)},
+                ConditionExpression="attribute_not_exists(pk) OR #e <= :now",
+                ExpressionAttributeNames=names("#e"),
+                ExpressionAttributeValues={":now": n(at)},
+            )
+        except ConditionFailed:
+            earlier = await self._applied_round(mark)
+            if earlier is not None:
+                return earlier
+            # Expired between the two reads: this run's round is as good.
+            return await self._apply(mark, round_id)
         return round_id
 
     async def _save_round(

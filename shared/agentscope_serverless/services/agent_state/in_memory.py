@@ -16,14 +16,24 @@ class InMemoryStateService(StateService):
 
     def __init__(self) -> None:
         self._states: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+        # user -> (session, write id) -> round (the saves made under an Idempotency-Key)
+        self._applied: dict[str, dict[tuple[str, str], int]] = {}
 
     def _rounds(self, user_id: str, session_id: str) -> dict[int, dict[str, Any]]:
         return self._states.setdefault(user_id, {}).setdefault(session_id, {})
 
-    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+    async def _save_next(
+        self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
+    ) -> int:
         rounds = self._rounds(user_id, session_id)
-        round_id = max(rounds, default=0) + 1
+        applied = self._applied.setdefault(user_id, {})
+        if write_id is not None and (session_id, write_id) in applied:
+            round_id = applied[session_id, write_id]
+        else:
+            round_id = max(rounds, default=0) + 1
         rounds[round_id] = state
+        if write_id is not None:
+            applied[session_id, write_id] = round_id
         return round_id
 
     async def _save_round(
@@ -45,11 +55,15 @@ class InMemoryStateService(StateService):
 
     async def _delete_user_state(self, user_id: str) -> None:
         self._states.pop(user_id, None)
+        self._applied.pop(user_id, None)
 
     async def _delete(self, user_id: str, session_id: str) -> None:
         sessions = self._states.get(user_id)
         if sessions is not None:
             sessions.pop(session_id, None)
+            applied = self._applied.get(user_id, {})
+            for mark in [mark for mark in applied if mark[0] == session_id]:
+                del applied[mark]
             if not sessions:
                 del self._states[user_id]
 

@@ -5,10 +5,13 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:state:{U}:s:S:rounds    ZSET  round id -> round id (ordered rounds)
     <prefix>:state:{U}:s:S:states    HASH  round id -> state JSON
     <prefix>:state:{U}:sessions      SET   the user's session ids with state
+    <prefix>:state:{U}:s:S:applied   HASH  write id -> "<round> <until (ms)>" (the saves
+                                           made under an Idempotency-Key)
 
 Allocating the next round (highest + 1) and storing the state happen in one script, so
-concurrent saves get distinct rounds. With ``ttl_seconds`` every read and write refreshes
-the session's expiry.
+concurrent saves get distinct rounds; a keyed save records its write id in the same
+script, and a run of it again gets that round back (storing its state there). With
+``ttl_seconds`` every read and write refreshes the session's expiry.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._redis import (
     LUA_TOUCH,
     RedisBackedService,
@@ -24,13 +28,27 @@ from agentscope_serverless.services._redis import (
     user_key_prefix,
 )
 from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.idempotency.base import now_ms
 
-# KEYS: rounds, states, the user's index. ARGV[1]: ttl, ..., ARGV[#ARGV]: the session id.
+# KEYS: rounds, states, the user's index, applied write ids. ARGV[1]: ttl, ...,
+# ARGV[#ARGV]: the session id.
+# ARGV[2]: the state, [3]: the write id ('' for none), [4]: now (ms), [5]: remembered until.
 _SAVE_NEXT = (
     LUA_TOUCH
     + """
-local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local round = string.format('%d', (tonumber(top[2]) or 0) + 1)
+local round
+if ARGV[3] ~= '' then
+  local seen = redis.call('HGET', KEYS[4], ARGV[3])
+  if seen then
+    local applied, remembered = string.match(seen, '^(%d+) (%d+)$')
+    if tonumber(remembered) > tonumber(ARGV[4]) then round = applied end
+  end
+end
+if not round then
+  local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  round = string.format('%d', (tonumber(top[2]) or 0) + 1)
+  if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], ARGV[3], round .. ' ' .. ARGV[5]) end
+end
 redis.call('ZADD', KEYS[1], round, round)
 redis.call('HSET', KEYS[2], round, ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[#ARGV])
@@ -74,7 +92,7 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
 
 _DELETE = """
 redis.call('SREM', KEYS[3], ARGV[#ARGV])
-return redis.call('DEL', KEYS[1], KEYS[2])
+return redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
 """
 
 # KEYS: the user's index, then the rounds and states keys of the sessions the caller read
@@ -108,7 +126,7 @@ class RedisStateService(RedisBackedService, StateService):
     def _keys(self, user_id: str, session_id: str) -> list[str]:
         user = user_key_prefix(self._redis.key_prefix, "state", user_id)
         base = f"{user}:s:{escape(session_id)}"
-        return [f"{base}:rounds", f"{base}:states", f"{user}:sessions"]
+        return [f"{base}:rounds", f"{base}:states", f"{user}:sessions", f"{base}:applied"]
 
     async def _call(
         self, script: str, user_id: str, session_id: str, *args: Any, idempotent: bool
@@ -128,13 +146,25 @@ class RedisStateService(RedisBackedService, StateService):
             ]
             keys = [index]
             for session_id in session_ids:
-                keys += self._keys(user_id, session_id)[:2]
+                rounds, states, _, applied = self._keys(user_id, session_id)
+                keys += [rounds, states, applied]
             if int(await self._redis.run(_DELETE_USER, keys, session_ids, idempotent=True)):
                 return
 
-    async def _save_next(self, user_id: str, session_id: str, state: dict[str, Any]) -> int:
+    async def _save_next(
+        self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
+    ) -> int:
+        at = now_ms()
         round_id = await self._call(
-            _SAVE_NEXT, user_id, session_id, json.dumps(state), idempotent=False
+            _SAVE_NEXT,
+            user_id,
+            session_id,
+            json.dumps(state),
+            write_id or "",
+            at,
+            at + WRITE_ID_SECONDS * 1000,
+            # A keyed save run twice stores one round: the client may send it again.
+            idempotent=write_id is not None,
         )
         return int(text(round_id))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services._once import next_write_id
 from agentscope_serverless.services._validation import (
     clean_session_id,
     require_positive_int,
@@ -58,7 +59,10 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         validated = to_messages(messages)
         if validated:
-            await self._add(user_id, session_id_or_default(session_id), validated)
+            # Under an Idempotency-Key the add is keyed: its run again (after a store
+            # froze mid-write) stores nothing twice.
+            write_id = next_write_id()
+            await self._add(user_id, session_id_or_default(session_id), validated, write_id)
 
     async def search_memory(
         self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
@@ -134,8 +138,16 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         """Remove every user's memories."""
 
     @abstractmethod
-    async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
-        """Store and index ``messages`` (validated copies) after the user's other memories."""
+    async def _add(
+        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+    ) -> None:
+        """Store and index ``messages`` (validated copies) after the user's other memories.
+
+        A ``write_id`` the user's memory applied (within
+        :data:`~agentscope_serverless.services._once.WRITE_ID_SECONDS`) stores nothing; a
+        new one is recorded atomically with what it stores (a backend writing in batches
+        keys each batch, ``f"{write_id}:{batch}"``).
+        """
 
     @abstractmethod
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:

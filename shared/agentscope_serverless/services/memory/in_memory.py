@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._stored import decode_messages, encode_message
@@ -41,6 +41,8 @@ class _UserMemory:
     memories: dict[int, _Memory]
     postings: dict[str, list[Posting]]
     total_length: int = 0
+    # The write ids of the adds made under an Idempotency-Key.
+    applied: set[str] = field(default_factory=set)
 
 
 class InMemoryMemoryService(MemoryService):
@@ -57,8 +59,14 @@ class InMemoryMemoryService(MemoryService):
         self._users: dict[str, _UserMemory] = {}
         self._seq = itertools.count(1)
 
-    async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
+    async def _add(
+        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+    ) -> None:
         user = self._users.setdefault(user_id, _UserMemory(memories={}, postings={}))
+        if write_id is not None:
+            if write_id in user.applied:
+                return
+            user.applied.add(write_id)
         for message in messages:
             counts, length = term_frequencies(message)
             seq = next(self._seq)

@@ -1,7 +1,7 @@
 """Long-term memory on Redis (standalone or Cluster) with an inverted index for search.
 
 Every key of user ``U`` (escaped) shares the hash tag ``{U}``; there is a fixed set of
-them, so deleting or expiring a user's memory touches seven keys, whatever its size::
+them, so deleting or expiring a user's memory touches eight keys, whatever its size::
 
     <prefix>:memory:{U}:stats     HASH  seq (last memory id), docs (count), length (tokens)
     <prefix>:memory:{U}:docs      HASH  memory id -> message JSON
@@ -10,6 +10,9 @@ them, so deleting or expiring a user's memory touches seven keys, whatever its s
     <prefix>:memory:{U}:tf        HASH  "<term>\\0<id>" -> term frequency
     <prefix>:memory:{U}:info      HASH  memory id -> [length, {term: tf}] (for deletion)
     <prefix>:memory:{U}:sessions  ZSET  all scores 0, members "<escaped session>\\0<id>"
+    <prefix>:memory:{U}:applied   ZSET  write id -> until (ms): the adds made under an
+                                        Idempotency-Key, recorded by the script that
+                                        stores them (a run of one again stores nothing)
 
 A term's postings are one lexicographic range of ``postings``, ordered by term frequency
 (descending) then memory length (ascending): the order in which a memory's BM25
@@ -30,6 +33,7 @@ from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._redis import (
     DEFAULT_KEY_PREFIX,
     DEFAULT_REDIS_URL,
@@ -42,10 +46,11 @@ from agentscope_serverless.services._redis import (
     user_key_prefix,
 )
 from agentscope_serverless.services._stored import decode_messages, encode_message
+from agentscope_serverless.services.idempotency.base import now_ms
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
 
-_KEY_NAMES = ("stats", "docs", "order", "postings", "tf", "info", "sessions")
+_KEY_NAMES = ("stats", "docs", "order", "postings", "tf", "info", "sessions", "applied")
 # Messages stored per script call: bounds how long one call holds Redis.
 _ADD_BATCH = 1000
 _DELETE_BATCH = 500
@@ -62,12 +67,22 @@ end
 )
 
 # ARGV: ttl, escaped session, count, then per memory: JSON, info JSON, length, number of
-# terms, and (term, tf) pairs. Each key is written with a few variadic commands per batch,
-# not one command per memory and term.
+# terms, and (term, tf) pairs; last: the write id ('' for none), now (ms), remembered
+# until (ms). Each key is written with a few variadic commands per batch, not one command
+# per memory and term.
 _ADD = (
     _PRELUDE
     + """
 local session, count = ARGV[2], tonumber(ARGV[3])
+local write_id = ARGV[#ARGV - 2]
+if write_id ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[#ARGV - 1])
+  if redis.call('ZSCORE', KEYS[8], write_id) then
+    touch(ttl, KEYS)
+    return 0
+  end
+  redis.call('ZADD', KEYS[8], ARGV[#ARGV], write_id)
+end
 local first = redis.call('HINCRBY', KEYS[1], 'seq', count) - count
 local docs, infos, order, sessions, postings, tfs = {}, {}, {}, {}, {}, {}
 local function add(list, a, b)
@@ -407,7 +422,9 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         base = user_key_prefix(self._redis.key_prefix, "memory", user_id)
         return [f"{base}:{name}" for name in _KEY_NAMES]
 
-    async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
+    async def _add(
+        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+    ) -> None:
         # Batches go one after the other (memory ids follow the messages' order), but the
         # next batch is prepared while Redis indexes the previous one.
         keys, session = self._keys(user_id), escape(session_id)
@@ -415,9 +432,15 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         try:
             for start in range(0, len(messages), _ADD_BATCH):
                 args = _add_arguments(self._ttl, session, messages[start : start + _ADD_BATCH])
+                at = now_ms()
+                batch_id = "" if write_id is None else f"{write_id}:{start // _ADD_BATCH}"
+                args += [batch_id, at, at + WRITE_ID_SECONDS * 1000]
                 if pending is not None:
                     await pending
-                pending = asyncio.ensure_future(self._redis.run(_ADD, keys, args, idempotent=False))
+                pending = asyncio.ensure_future(
+                    # A keyed batch sent twice stores once: the client may send it again.
+                    self._redis.run(_ADD, keys, args, idempotent=write_id is not None)
+                )
                 await asyncio.sleep(0)  # let it send the batch before preparing the next
             if pending is not None:
                 await pending
