@@ -9,6 +9,7 @@ import pytest
 
 from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedError
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.memory import MemoryService
 
 
@@ -316,3 +317,30 @@ async def test_memory_survives_a_new_service_object(
         await first.add_memory(user_id, [msg("durable fact")])
     async with memory_factory() as second:
         assert texts(await second.search_memory(user_id, query("durable"))) == ["durable fact"]
+
+
+# --- adds retried under an Idempotency-Key -------------------------------------------------
+
+
+async def keyed_add(memory: MemoryService, seed: str, user_id: str, text: str) -> None:
+    """An add made as a request with an Idempotency-Key makes it (in its own context)."""
+
+    async def run() -> None:
+        seed_writes(seed)
+        await memory.add_memory(user_id, [msg(text)], session_id="s1")
+
+    await asyncio.create_task(run())
+
+
+async def test_a_keyed_add_run_again_stores_nothing_twice(
+    memory: MemoryService, user_id: str
+) -> None:
+    await keyed_add(memory, f"{user_id}\0key-1", user_id, "green tea")
+    # The same request again (its first answer was lost): nothing more is remembered.
+    await keyed_add(memory, f"{user_id}\0key-1", user_id, "green tea")
+    assert texts(await memory.list_memory(user_id)) == ["green tea"]
+    await keyed_add(memory, f"{user_id}\0key-2", user_id, "green tea")
+    await memory.add_memory(user_id, [msg("green tea")])  # without a key
+    assert texts(await memory.list_memory(user_id)) == ["green tea"] * 3
+    hits = await memory.search_memory(user_id, query("tea"))
+    assert len(hits) == 3

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedError
+from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.agent_state import StateService
 
 
@@ -188,3 +189,33 @@ async def test_state_survives_a_new_service_object(
         await first.save_state(user_id, {"kept": True}, session_id="s1")
     async with state_factory() as second:
         assert await second.export_state(user_id, session_id="s1") == {"kept": True}
+
+
+# --- saves retried under an Idempotency-Key ------------------------------------------------
+
+
+async def keyed_save(state: StateService, seed: str, user_id: str, value: int) -> int:
+    """A save made as a request with an Idempotency-Key makes it (in its own context)."""
+
+    async def run() -> int:
+        seed_writes(seed)
+        return await state.save_state(user_id, {"v": value}, session_id="s1")
+
+    return await asyncio.create_task(run())
+
+
+async def test_a_keyed_save_run_again_stores_one_round(state: StateService, user_id: str) -> None:
+    assert await keyed_save(state, f"{user_id}\0key-1", user_id, 1) == 1
+    # The same request again (its first answer was lost): the same round, stored once.
+    assert await keyed_save(state, f"{user_id}\0key-1", user_id, 1) == 1
+    assert await state.list_rounds(user_id, session_id="s1") == [1]
+    assert await keyed_save(state, f"{user_id}\0key-2", user_id, 2) == 2
+    assert await state.save_state(user_id, {"v": 3}, session_id="s1") == 3  # without a key
+    assert await state.list_rounds(user_id, session_id="s1") == [1, 2, 3]
+    # Another user's same key is another write.
+    other = f"{user_id}-other"
+    assert await keyed_save(state, f"{other}\0key-1", other, 1) == 1
+    # A deleted session forgets its keyed saves with its rounds.
+    await state.delete_state(user_id, session_id="s1")
+    assert await keyed_save(state, f"{user_id}\0key-1", user_id, 4) == 1
+    assert await state.export_state(user_id, session_id="s1") == {"v": 4}
