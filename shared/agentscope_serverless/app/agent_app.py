@@ -38,6 +38,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
@@ -100,6 +101,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
         self._local: tuple[ServiceManager, Runner] | None = None
+        #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
+        self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
 
     def init(self, func: HandlerT) -> HandlerT:
@@ -158,33 +161,37 @@ class AgentApp(ServiceLifecycleManagerMixin):
         ):
             yield event
 
-    def build_services(self, settings: Settings | None = None) -> ServiceManager:
-        """The services a runner of this app uses: those passed in, the rest from settings."""
+    def build_services(self, settings: Settings) -> Services:
+        """The services a runner of this app uses: those passed in, the rest from ``settings``."""
         from agentscope_serverless.services.factory import (
             create_memory_service,
             create_session_history_service,
             create_state_service,
         )
 
-        builders = {
-            "session_history": create_session_history_service,
-            "memory": create_memory_service,
-            "state": create_state_service,
-        }
-        manager = ServiceManager()
-        for name, build in builders.items():
-            manager.register_service(name, self._given_services.get(name) or build(settings))
-        if self.with_sandbox:
-            sandbox = self._given_services.get("sandbox")
-            if sandbox is None:
-                from agentscope_serverless.services.sandbox.service import SandboxService
+        given = self._given_services
+        sandbox = given.get("sandbox")
+        if self.with_sandbox and sandbox is None:
+            from agentscope_serverless.services.sandbox.service import SandboxService
 
-                sandbox = SandboxService.from_settings(settings)
-            manager.register_service("sandbox", sandbox)
-        return manager
+            sandbox = SandboxService.from_settings(settings)
+        return Services(
+            session_history=given.get("session_history")
+            or create_session_history_service(settings),
+            memory=given.get("memory") or create_memory_service(settings),
+            state=given.get("state") or create_state_service(settings),
+            sandbox=sandbox if self.with_sandbox else None,
+        )
 
-    def create_runner(self, services: ServiceManager, *, memory_top_k: int = 5) -> Runner:
-        """A runner of this app's handlers on ``services`` (started and stopped by the caller)."""
+    def create_runner(
+        self,
+        services: Services | ServiceManager,
+        *,
+        settings: Settings,
+        memory_top_k: int | None = None,
+    ) -> Runner:
+        """A runner of this app's handlers on ``services`` (started and stopped by the caller),
+        with the ``settings`` its handlers read (``self.settings`` in a handler)."""
         return Runner(
             self._query_handler,
             framework=self.framework,
@@ -192,6 +199,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             shutdown_handler=self._shutdown_handler,
             services=services,
             memory_top_k=memory_top_k,
+            settings=settings,
         )
 
     async def start(self) -> None:
@@ -209,13 +217,21 @@ class AgentApp(ServiceLifecycleManagerMixin):
             finally:
                 await services.__aexit__(None, None, None)
 
-    def run(self, host: str = "127.0.0.1", port: int = 8090) -> None:
-        """Serve the app over HTTP with every router, until interrupted (Ctrl-C)."""
+    def run(
+        self, host: str = "127.0.0.1", port: int = 8090, *, settings: Settings | None = None
+    ) -> None:
+        """Serve the app over HTTP with every router, until interrupted (Ctrl-C).
+
+        The composition root of a script: ``settings`` default to the environment's.
+        """
         import uvicorn
 
-        from agentscope_serverless.http import create_app
+        # The HTTP layer builds on this one: imported when serving, never at module import.
+        from agentscope_serverless.http.app import create_app
 
-        uvicorn.run(create_app(agent_app=self), host=host, port=port)
+        uvicorn.run(
+            create_app(settings=settings or _root_settings(), agent_app=self), host=host, port=port
+        )
 
     def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
         if framework not in FRAMEWORKS:
@@ -235,9 +251,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
     async def _local_runner(self) -> Runner:
         async with self._local_lock:
             if self._local is None:
-                services = self.build_services()
+                # In process (a test, a notebook) this app is the composition root.
+                settings = self.settings or _root_settings()
+                services = self.build_services(settings).manager()
                 await services.__aenter__()
-                runner = self.create_runner(services)
+                runner = self.create_runner(services, settings=settings)
                 try:
                     await runner.start()
                 except BaseException:
@@ -245,6 +263,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
                     raise
                 self._local = (services, runner)
             return self._local[1]
+
+
+def _root_settings() -> Settings:
+    from agentscope_serverless.settings import get_settings
+
+    return get_settings()
 
 
 def _to_request(

@@ -140,6 +140,11 @@ class LocalDeployManager(DeployManager):
         """The blocking twin of :meth:`deploy`."""
         if self.is_running:
             raise RuntimeError(f"already serving at {self.service_url}; stop() it first")
+        if settings is None:
+            # A local deployment is its process's composition root.
+            from agentscope_serverless.settings import get_settings
+
+            settings = get_settings()
         if isinstance(func, AgentApp):
             customised = (
                 endpoint_path != "/process",

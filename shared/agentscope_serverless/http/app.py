@@ -1,7 +1,8 @@
 """``create_app``: the one factory of the web application, for any subset of routers.
 
->>> app = create_app(["sessions"])          # one Lambda function per router...
->>> app = create_app()                      # ...or every router in one server
+>>> settings = load_settings()              # once, where the process starts
+>>> app = create_app(["sessions"], settings=settings)   # one Lambda function per router...
+>>> app = create_app(settings=settings)                 # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
@@ -16,6 +17,7 @@ started in the application's lifespan, which Mangum also runs in Lambda.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -32,8 +34,8 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
 from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
 from agentscope_serverless.http.routers import health
-from agentscope_serverless.services.manager import ServiceManager
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.services.container import Services
+from agentscope_serverless.settings import Settings
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox")
 
@@ -50,31 +52,33 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 def create_app(
     routers: Iterable[str] | None = None,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     agent_app: AgentApp | None = None,
     key_store: KeyStore | None = None,
 ) -> FastAPI:
     """A FastAPI application with ``routers`` (all of them by default) and ``/health``.
 
+    ``settings`` come from the process's composition root (the CLI, a Lambda entry point, an
+    archive's entry command), secrets included; everything below reads them from here.
     ``key_store`` defaults to the one selected by settings (``AUTH_KEYS_BACKEND``).
     """
-    settings = settings or get_settings()
     names = _router_names(routers, settings)
     if "process" in names and agent_app is None:
         agent_app = load_agent_app(settings.agent_app)
     runner = None
     if agent_app is not None:
         services = agent_app.build_services(settings)
+        if "sandbox" in names and services.sandbox is None:
+            services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
         if "process" in names:
-            runner = agent_app.create_runner(services, memory_top_k=settings.agent_memory_top_k)
-        if "sandbox" in names and not services.has_service("sandbox"):
-            services.register_service("sandbox", _build_service("sandbox", settings))
+            runner = agent_app.create_runner(services, settings=settings)
     else:
         services = _services_for(names, settings)
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=services,
+        lifecycle=services.manager(),
         agent_app=agent_app,
         runner=runner,
     )
@@ -145,13 +149,13 @@ def _build_service(name: str, settings: Settings) -> Any:
     return builders[name](settings)
 
 
-def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
-    manager = ServiceManager()
-    for name in names:
-        service = _SERVICE_OF_ROUTER.get(name)
-        if service is not None:
-            manager.register_service(service, _build_service(service, settings))
-    return manager
+def _services_for(names: tuple[str, ...], settings: Settings) -> Services:
+    built = {
+        _SERVICE_OF_ROUTER[name]: _build_service(_SERVICE_OF_ROUTER[name], settings)
+        for name in names
+        if name in _SERVICE_OF_ROUTER
+    }
+    return Services(**built)
 
 
 async def call_hook(hook: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> None:
@@ -166,7 +170,7 @@ def _lifespan(context: AppContext) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(context.services)
+            await stack.enter_async_context(context.lifecycle)
             await stack.enter_async_context(context.key_store)
             if context.runner is not None and context.agent_app is not None:
                 await call_hook(context.agent_app.before_start, app)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 
@@ -11,8 +11,15 @@ from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
+
+if TYPE_CHECKING:
+    from agentscope_serverless.services.sandbox.service import SandboxService
 
 
 @dataclass(frozen=True)
@@ -21,22 +28,45 @@ class AppContext:
 
     settings: Settings
     key_store: KeyStore
-    services: ServiceManager
+    services: Services
+    lifecycle: ServiceManager
     agent_app: AgentApp | None = None
     runner: Runner | None = None
 
-    def service(self, name: str) -> Any:
-        """The service registered as ``name``."""
-        service = self.services.get(name)
-        if service is None:
-            raise ConfigurationError(f"this application has no {name!r} service")
-        return service
+    @property
+    def session_history(self) -> SessionHistoryService:
+        """The session history service (the routes that need it are mounted with it)."""
+        return _present(self.services.session_history, "session_history")
+
+    @property
+    def memory(self) -> MemoryService:
+        """The long-term memory service."""
+        return _present(self.services.memory, "memory")
+
+    @property
+    def state(self) -> StateService:
+        """The agent state service."""
+        return _present(self.services.state, "state")
+
+    @property
+    def sandbox(self) -> SandboxService:
+        """The sandbox service."""
+        return _present(self.services.sandbox, "sandbox")
 
     def require_runner(self) -> Runner:
         """The runner of the served agent."""
         if self.runner is None:
             raise ConfigurationError("this application serves no agent")
         return self.runner
+
+
+ServiceT = TypeVar("ServiceT")
+
+
+def _present(service: ServiceT | None, name: str) -> ServiceT:
+    if service is None:
+        raise ConfigurationError(f"this application has no {name!r} service")
+    return service
 
 
 async def get_context(request: Request) -> AppContext:

@@ -31,8 +31,9 @@ from agentscope_serverless.http.app import call_hook, new_application
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 ResponseType = Literal["sse", "json", "text"]
 RESPONSE_TYPES = ("sse", "json", "text")
@@ -47,7 +48,7 @@ def create_function_app(
     before_start: Callable[..., Any] | None = None,
     after_finish: Callable[..., Any] | None = None,
     hook_kwargs: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     key_store: KeyStore | None = None,
 ) -> FastAPI:
     """An application serving ``func`` at ``POST endpoint_path``, plus ``/health``.
@@ -57,11 +58,11 @@ def create_function_app(
     """
     if response_type not in RESPONSE_TYPES:
         raise ValueError(f"response_type must be one of {', '.join(RESPONSE_TYPES)}")
-    settings = settings or get_settings()
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
-        services=ServiceManager(),
+        services=Services(),
+        lifecycle=ServiceManager(),
     )
     extra = dict(hook_kwargs or {})
 
