@@ -2,7 +2,9 @@
 
 ::
 
+    agentscope-serverless init my-agent              # a project folder: agent, test, README
     agentscope-serverless serve                      # every router; demo agent; in-memory stores
+    agentscope-serverless serve --agent my_agent.agent:app --reload   # from the project folder
     agentscope-serverless serve --stack              # ... on local Redis and DynamoDB (moto)
     agentscope-serverless invoke "My name is Alice" --session demo --key ask_...
     agentscope-serverless chat --key ask_...
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     import httpx
 
     from agentscope_serverless.auth.base import KeyStore
+    from agentscope_serverless.settings import Settings
 
 URL_ENV = "AGENTSCOPE_URL"
 KEY_ENV = "AGENTSCOPE_API_KEY"
@@ -113,11 +116,19 @@ def serve(
             "(needs redis-server and the dev dependencies).",
         ),
     ] = False,
+    app_dir: Annotated[
+        Path,
+        typer.Option("--app-dir", help="Import the agent's modules from here (as uvicorn does)."),
+    ] = Path(),
+    reload: Annotated[
+        bool, typer.Option("--reload", help="Restart when a file of --app-dir changes.")
+    ] = False,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends).
 
-    On the embedded defaults (in-memory stores and keys, the demo agent) a development key
-    is created and printed; it lasts as long as the server.
+    ``--agent`` is imported from the working directory (or ``--app-dir``). On the embedded
+    defaults (in-memory stores and keys, the demo agent) a development key is created and
+    printed; it lasts as long as the server.
     """
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
@@ -132,29 +143,102 @@ def serve(
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
-        _serve(host, port, agent, dev_user, log_level)
+        if reload:
+            _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources)
+        else:
+            _serve(host, port, agent, dev_user, log_level, app_dir)
+
+
+@app.command()
+def init(
+    name: Annotated[str, typer.Argument(help="The project's folder (and package) name.")],
+) -> None:
+    """Create a project: an agent module, requirements.txt, a test and a README."""
+    from agentscope_serverless.project.scaffold import write_project
+
+    target = Path(name)
+    try:
+        agent = write_project(target)
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+    console.print(f"[bold green]Created[/bold green] {target}/ with the agent {agent}")
+    console.print(f"cd {target} && agentscope-serverless serve --agent {agent}", markup=False)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: str) -> None:
+def _serve(
+    host: str, port: int, agent: str | None, dev_user: str, log_level: str, app_dir: Path
+) -> None:
     import uvicorn
 
-    from agentscope_serverless.auth import InMemoryKeyStore, create_key_store
-    from agentscope_serverless.http import create_app
-    from agentscope_serverless.settings import load_settings
+    from agentscope_serverless.auth import InMemoryKeyStore
+    from agentscope_serverless.serve import build, root_settings, use_app_dir
 
+    use_app_dir(app_dir)
     try:
-        settings = load_settings(**({"agent_app": agent} if agent else {}))
-        key_store = create_key_store(settings)
+        served = build(root_settings(agent))
         dev_key = None
-        if isinstance(key_store, InMemoryKeyStore):
-            dev_key = asyncio.run(_create_dev_key(key_store, dev_user))
-        web_app = create_app(settings=settings, key_store=key_store)
+        if isinstance(served.key_store, InMemoryKeyStore):
+            dev_key = asyncio.run(_create_dev_key(served.key_store, dev_user))
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
+    _announce(host, port, served.settings, dev_key, dev_user)
+    uvicorn.run(served.app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def _serve_reloading(
+    host: str,
+    port: int,
+    agent: str | None,
+    dev_user: str,
+    log_level: str,
+    app_dir: Path,
+    resources: contextlib.ExitStack,
+) -> None:
+    """uvicorn's reloader: a worker process builds the app (``serve.create``) at each change.
+
+    Keys must outlive the workers: an in-memory key store becomes a key file in a temporary
+    directory, which holds the development key.
+    """
+    import tempfile
+
+    import uvicorn
+
+    from agentscope_serverless.auth import FileKeyStore
+    from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
+
+    directory = use_app_dir(app_dir)
+    os.environ[APP_DIR_ENV] = str(directory)
+    if agent:
+        os.environ["AGENT_APP"] = agent
+    try:
+        settings = root_settings(agent)
+        dev_key = None
+        if settings.auth_keys_backend == "in_memory":
+            keys_dir = Path(resources.enter_context(tempfile.TemporaryDirectory()))
+            os.environ.update(
+                {"AUTH_KEYS_BACKEND": "file", "AUTH_KEYS_FILE": str(keys_dir / "keys.json")}
+            )
+            dev_key = asyncio.run(_create_dev_key(FileKeyStore(keys_dir / "keys.json"), dev_user))
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+    _announce(host, port, settings, dev_key, dev_user)
+    uvicorn.run(
+        "agentscope_serverless.serve:create",
+        factory=True,
+        reload=True,
+        reload_dirs=[str(directory)],
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+    )
+
+
+def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev_user: str) -> None:
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
     console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
     console.print(f"agent: {settings.agent_app}", markup=False)
@@ -176,7 +260,6 @@ def _serve(host: str, port: int, agent: str | None, dev_user: str, log_level: st
         console.print("\n[bold]Try it:[/bold]")
         for line in _curl_examples(base, dev_key):
             console.print(line, markup=False)
-    uvicorn.run(web_app, host=host, port=port, log_level=log_level, access_log=False)
 
 
 async def _create_dev_key(key_store: Any, user: str) -> str:
