@@ -154,7 +154,7 @@ def init(
     name: Annotated[str, typer.Argument(help="The project's folder (and package) name.")],
 ) -> None:
     """Create a project: an agent module, requirements.txt, a test and a README."""
-    from agentscope_serverless.project.scaffold import write_project
+    from agentscope_serverless.packaging.scaffold import write_project
 
     target = Path(name)
     try:

@@ -92,7 +92,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except AgentScopeServerlessError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"serving {served.settings.agent_app} on {options.host}:{options.port}", flush=True)
+    settings = served.settings
+    print(f"serving {settings.agent_app} on {options.host}:{options.port}", flush=True)
+    keys = settings.auth_keys_backend
+    where = {"file": f" {settings.auth_keys_file}", "dynamodb": f" {settings.auth_keys_table}"}
+    print(f"API keys: {keys}{where.get(keys, ' (empty: no caller is accepted)')}", flush=True)
     uvicorn.run(
         served.app,
         host=options.host,
