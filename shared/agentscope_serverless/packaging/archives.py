@@ -328,10 +328,11 @@ def build_modelstudio_archive(
             ],
             "downloading the dependency wheels",
         )
-        (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         project.copy_project(project_root, staging)
+        # The platform's SETUP_CMD installs this: every pin, the project's included.
+        (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         _check_modelstudio_import(staging, agent, python_version)
