@@ -58,7 +58,7 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["exception"] = self.formatException(record.exc_info)
             line["exception_name"] = record.exc_info[0].__name__
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 def _level() -> int:

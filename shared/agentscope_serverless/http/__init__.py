@@ -7,6 +7,10 @@ See :func:`create_app` for the routers, :mod:`.auth` for authentication, :mod:`.
 the error format and :mod:`.openai_compat` for the OpenAI-compatible endpoints.
 """
 
-from agentscope_serverless.http.app import ROUTERS, create_app
+from agentscope_serverless.http._fastapi import skip_pydantic_v1_probe
+
+skip_pydantic_v1_probe()  # before any route is defined
+
+from agentscope_serverless.http.app import ROUTERS, create_app  # noqa: E402
 
 __all__ = ["ROUTERS", "create_app"]
