@@ -61,6 +61,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
+class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stdout`` of the moment (a test or a server may replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stdout
+        super().emit(record)
+
+
 def _level() -> int:
     name = (os.environ.get("POWERTOOLS_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or "INFO").upper()
     level = logging.getLevelName(name)
@@ -71,7 +79,7 @@ def _make_logger() -> logging.Logger:
     log = logging.getLogger("agentscope_serverless")
     log.setLevel(_level())
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _StdoutHandler(sys.stdout)
         service = os.environ.get("POWERTOOLS_SERVICE_NAME") or "agentscope-serverless"
         handler.setFormatter(JsonFormatter(service))
         log.addHandler(handler)
