@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +317,25 @@ def test_a_requirement_missing_from_requirements_txt_is_named(
     with pytest.raises(PackagingError, match=r"'shouter\.agent'.*No module named 'humanize'"):
         build_agentrun_archive(source, out, agent=AGENT, python_version=HOST_PYTHON)
     assert not list(out.glob("*.zip"))
+
+
+def test_serve_reload_answers_with_the_edited_agent(
+    key_file: Path, key: str, tmp_path: Path
+) -> None:
+    cli("init", "echoer", cwd=tmp_path)
+    folder = tmp_path / "echoer"
+    port = str(free_port())
+    command = [*CLI, "serve", "--agent", "echoer.agent:app", "--port", "$PORT", "--reload"]
+    for url in serving(command, folder, user_env(key_file, PORT=port)):
+        assert ask(url, key) == "You said: hello there"
+        agent = folder / "echoer" / "agent.py"
+        agent.write_text(agent.read_text().replace('yield "You said: "', 'yield "Heard: "'))
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if ask(url, key) == "Heard: hello there":
+                    break
+            except (httpx.HTTPError, AssertionError):
+                pass  # restarting
+            assert time.monotonic() < deadline, "the server did not reload the agent"
+            time.sleep(0.5)
