@@ -213,11 +213,12 @@ def stage_project(source: Path, stage: Path, *, agent: str | None = None) -> Pat
     )
     layer = stage / "shared"
     layer.mkdir()
+    project.copy_runtime(layer, excluded=project.LAMBDA_EXCLUDED)
+    project.copy_project(source, layer)
+    # After the project's files: SAM installs this one, the runtime's pins and the project's.
     project.resolve_requirements(
         source, layer / "requirements.txt", python_version="3.11", platform="manylinux2014_x86_64"
     )
-    project.copy_runtime(layer, excluded=project.LAMBDA_EXCLUDED)
-    project.copy_project(source, layer)
     return stage
 
 
