@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shlex
+import shutil
 import signal
+import socket
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -116,6 +120,9 @@ def serve(
             "(needs redis-server and the dev dependencies).",
         ),
     ] = False,
+    web: Annotated[
+        bool, typer.Option("--web/--no-web", help="Serve the chat page at / (WEB_UI).")
+    ] = True,
     app_dir: Annotated[
         Path,
         typer.Option("--app-dir", help="Import the agent's modules from here (as uvicorn does)."),
@@ -128,25 +135,32 @@ def serve(
 
     ``--agent`` is imported from the working directory (or ``--app-dir``). On the embedded
     defaults (in-memory stores and keys, the demo agent) a development key is created and
-    printed; it lasts as long as the server.
+    printed; it lasts as long as the server. The port is taken first, so a port in use fails
+    before any key or command is printed.
     """
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     with contextlib.ExitStack() as resources:
+        listener = resources.enter_context(_listen(host, port))
         if stack:
             from agentscope_serverless.local_stack import LocalStack
 
             try:
-                local = resources.enter_context(LocalStack())
+                local = resources.enter_context(LocalStack(progress=_report_progress))
             except AgentScopeServerlessError as exc:
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
         if reload:
-            _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources)
+            listener.close()  # the port is free: uvicorn's reloader binds it again
+            _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources, web=web)
         else:
-            _serve(host, port, agent, dev_user, log_level, app_dir)
+            _serve(listener, host, agent, dev_user, log_level, app_dir, web=web)
+
+
+def _report_progress(message: str) -> None:
+    console.print(f"{message}...", markup=False, style="dim")
 
 
 @app.command()
@@ -169,8 +183,57 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or a one-line error when the port is taken."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=2)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            _fail(
+                f"port {port} on {host} is already in use (another server?); "
+                f"pick another with --port, e.g. --port {port + 1}",
+                code=2,
+            )
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=2)
+    return listener
+
+
+def command_path() -> str:
+    """How to run this console script from the current directory, ready to paste.
+
+    The bare name when the shell finds this very script on ``PATH``; otherwise its path
+    (relative when it is below the current directory, like ``.venv/bin/agentscope-serverless``).
+    """
+    script = Path(sys.executable).parent / "agentscope-serverless"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m agentscope_serverless.cli"
+    found = shutil.which("agentscope-serverless")
+    if found is not None and Path(found).resolve() == script.resolve():
+        return "agentscope-serverless"
+    with contextlib.suppress(ValueError):
+        return shlex.quote(str(script.relative_to(Path.cwd())))
+    return shlex.quote(str(script))
+
+
 def _serve(
-    host: str, port: int, agent: str | None, dev_user: str, log_level: str, app_dir: Path
+    listener: socket.socket,
+    host: str,
+    agent: str | None,
+    dev_user: str,
+    log_level: str,
+    app_dir: Path,
+    *,
+    web: bool,
 ) -> None:
     import uvicorn
 
@@ -179,14 +242,16 @@ def _serve(
 
     use_app_dir(app_dir)
     try:
-        served = build(root_settings(agent))
+        served = build(root_settings(agent, web_ui=web))
         dev_key = None
         if isinstance(served.key_store, InMemoryKeyStore):
             dev_key = asyncio.run(_create_dev_key(served.key_store, dev_user))
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
+    port = listener.getsockname()[1]
     _announce(host, port, served.settings, dev_key, dev_user)
-    uvicorn.run(served.app, host=host, port=port, log_level=log_level, access_log=False)
+    config = uvicorn.Config(served.app, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[listener])
 
 
 def _serve_reloading(
@@ -197,6 +262,8 @@ def _serve_reloading(
     log_level: str,
     app_dir: Path,
     resources: contextlib.ExitStack,
+    *,
+    web: bool,
 ) -> None:
     """uvicorn's reloader: a worker process builds the app (``serve.create``) at each change.
 
@@ -212,6 +279,7 @@ def _serve_reloading(
 
     directory = use_app_dir(app_dir)
     os.environ[APP_DIR_ENV] = str(directory)
+    os.environ["WEB_UI"] = "true" if web else "false"
     if agent:
         os.environ["AGENT_APP"] = agent
     try:
@@ -239,8 +307,11 @@ def _serve_reloading(
 
 
 def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev_user: str) -> None:
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
+    base = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
     console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
+    if settings.web_ui:
+        console.print(f"chat page: {base}/", markup=False)
     console.print(f"agent: {settings.agent_app}", markup=False)
     console.print(
         f"stores: session history {settings.session_history_backend}, memory "
@@ -251,7 +322,7 @@ def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev
     if dev_key is None:
         console.print(
             f"API keys: {settings.auth_keys_file} (make one with: "
-            "agentscope-serverless keys create --user <user>)",
+            f"{command_path()} keys create --user alice)",
             markup=False,
         )
     else:
@@ -277,7 +348,7 @@ def _curl_examples(base: str, key: str) -> list[str]:
             f"curl -N {base}/process -H 'Authorization: Bearer {key}' "
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
         )
-    lines.append(f"agentscope-serverless chat --url {base} --key {key}")
+    lines.append(f"{command_path()} chat --url {base} --key {key}")
     return lines
 
 

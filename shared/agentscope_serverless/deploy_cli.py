@@ -20,6 +20,8 @@ is built; ``--skip-upload`` builds the archive).
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,9 +108,20 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return pairs
 
 
+HEARTBEAT_SECONDS = 10.0
+
+
 @contextmanager
 def _steps(first: str) -> Iterator[Callable[[str], None]]:
-    """A spinner with the current step; yields the function that moves to the next step."""
+    """A spinner with the current step; yields the function that moves to the next step.
+
+    When the output is not a terminal (CI, a pipe, a log file) a spinner shows nothing, so
+    each step is printed as it begins, with a line every ``HEARTBEAT_SECONDS`` while it lasts.
+    """
+    if not console.is_terminal:
+        with _plain_steps(first) as step:
+            yield step
+        return
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -128,6 +141,43 @@ def _steps(first: str) -> Iterator[Callable[[str], None]]:
 
         yield step
         console.print(f"[green]✓[/green] {shown[-1]}")
+
+
+@contextmanager
+def _plain_steps(first: str) -> Iterator[Callable[[str], None]]:
+    current: dict[str, Any] = {"step": first, "since": time.monotonic(), "detail": ""}
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def say(text: str) -> None:
+        console.print(text, markup=False)
+        console.file.flush()
+
+    def step(line: str) -> None:
+        with lock:
+            if line.startswith("zipped "):
+                current["detail"] = line
+                return
+            if line != current["step"]:
+                current.update(step=line, since=time.monotonic(), detail="")
+                say(f"{line}...")
+
+    def heartbeat() -> None:
+        while not finished.wait(HEARTBEAT_SECONDS):
+            with lock:
+                elapsed = time.monotonic() - current["since"]
+                detail = f", {current['detail']}" if current["detail"] else ""
+                say(f"  still {current['step']} ({elapsed:.0f} s{detail})")
+
+    say(f"{first}...")
+    beating = threading.Thread(target=heartbeat, daemon=True)
+    beating.start()
+    try:
+        yield step
+    finally:
+        finished.set()
+        beating.join()
+    say("done")
 
 
 def _run(action: Callable[[], Any]) -> Any:

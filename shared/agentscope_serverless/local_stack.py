@@ -9,7 +9,8 @@ afterwards. The tests, the benchmark and a local server use it::
         ...
 
 Run ``python -m agentscope_serverless.local_stack`` to start the stack and print the
-environment variables that point the services at it (Ctrl-C stops it).
+environment variables that point the services at it (Ctrl-C or SIGTERM stops it and its
+servers).
 
 This is a development tool: it needs the ``redis-server`` and ``redis-cli`` binaries
 (``apt-get install -y redis-server``), ``openssl`` for a TLS Redis, and moto's server (a
@@ -18,8 +19,10 @@ dev dependency).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +30,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.infra.dynamodb_tables import (
@@ -406,22 +410,51 @@ class LocalStack:
     and DynamoDB backends and point them at this stack.
     """
 
-    def __init__(self, *, redis_cluster: bool = False, dynamodb: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        redis_cluster: bool = False,
+        dynamodb: bool = True,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.redis = RedisServer()
         self.redis_cluster = RedisClusterServer() if redis_cluster else None
         self.dynamodb = DynamoDBServer() if dynamodb else None
         self._stack = contextlib.ExitStack()
+        self._progress = progress or (lambda message: None)
 
     def start(self) -> Self:
-        """Start every server; on failure, stop the ones already started."""
+        """Start every server; on failure, stop the ones already started.
+
+        Each step is reported to ``progress`` as it begins (start-up takes seconds).
+        """
         with contextlib.ExitStack() as starting:
+            self._progress(f"starting redis-server on {LOOPBACK}:{self.redis.port}")
             starting.enter_context(self.redis)
             if self.redis_cluster is not None:
+                ports = ", ".join(str(node.port) for node in self.redis_cluster.nodes)
+                self._progress(f"starting a Redis Cluster on {LOOPBACK} ports {ports}")
                 starting.enter_context(self.redis_cluster)
             if self.dynamodb is not None:
-                starting.enter_context(self.dynamodb)
+                self._progress(
+                    f"starting moto's DynamoDB server on {LOOPBACK}:{self.dynamodb.port}"
+                )
+                starting.callback(self.dynamodb.stop)
+                self.dynamodb.start(create_tables=False)
+                self._progress("creating the DynamoDB tables")
+                self.dynamodb.create_tables()
             self._stack = starting.pop_all()
         return self
+
+    def ports(self) -> str:
+        """Which server listens where, in words: ``Redis on 127.0.0.1:6380, ...``."""
+        described = [f"Redis on {LOOPBACK}:{self.redis.port}"]
+        if self.redis_cluster is not None:
+            ports = ",".join(str(node.port) for node in self.redis_cluster.nodes)
+            described.append(f"Redis Cluster on {LOOPBACK}:{ports}")
+        if self.dynamodb is not None:
+            described.append(f"DynamoDB on {LOOPBACK}:{self.dynamodb.port}")
+        return ", ".join(described)
 
     def stop(self) -> None:
         """Stop every server."""
@@ -464,13 +497,47 @@ class LocalStack:
         self.stop()
 
 
-def main() -> None:
+class Stopped(Exception):
+    """A stop signal (SIGTERM) received: unwind, stopping every server."""
+
+
+def _stop_on_signal(signum: int, frame: object) -> NoReturn:
+    raise Stopped(signum)
+
+
+def _report(message: str) -> None:
+    print(f"local stack: {message}...", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
     """Start the stack, print its environment, and run until interrupted."""
-    with LocalStack() as stack:
-        for name, value in stack.environment().items():
-            print(f"export {name}={value}")
-        print("# local stack running; Ctrl-C stops it", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
+    parser = argparse.ArgumentParser(
+        prog="python -m agentscope_serverless.local_stack",
+        description="Start Redis and moto's DynamoDB server on free loopback ports, create "
+        "the tables, and print the environment variables that point the services at them. "
+        "Ctrl-C or SIGTERM stops them.",
+    )
+    parser.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="also start a three-node Redis Cluster (like ElastiCache Serverless)",
+    )
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C does, so the servers are stopped on the way out.
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    with contextlib.suppress(KeyboardInterrupt, Stopped):
+        try:
+            stack = LocalStack(redis_cluster=args.redis_cluster, progress=_report)
+        except ConfigurationError as exc:
+            print(f"local stack: {exc.message}", file=sys.stderr)
+            raise SystemExit(2) from None
+        with stack:
+            for name, value in stack.environment().items():
+                print(f"export {name}={value}")
+            print(
+                f"# local stack running: {stack.ports()}; Ctrl-C or SIGTERM stops it",
+                flush=True,
+            )
             while True:
                 time.sleep(3600)
 

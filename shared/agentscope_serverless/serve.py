@@ -37,12 +37,13 @@ def use_app_dir(app_dir: str | Path | None) -> Path:
     return path
 
 
-def root_settings(agent: str | None = None) -> Settings:
-    """The process's settings: the environment, ``agent`` if given, then the secret's fields."""
+def root_settings(agent: str | None = None, **overrides: object) -> Settings:
+    """The process's settings: the environment, ``agent`` and ``overrides`` if given, then the
+    secret's fields."""
     from agentscope_serverless.aws_secrets import resolve_secrets
     from agentscope_serverless.settings import load_settings
 
-    return resolve_secrets(load_settings(**({"agent_app": agent} if agent else {})))
+    return resolve_secrets(load_settings(**({"agent_app": agent} if agent else {}), **overrides))
 
 
 @dataclass

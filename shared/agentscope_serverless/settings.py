@@ -147,6 +147,10 @@ class Settings(BaseSettings):
     sse_ping_interval_seconds: float = Field(
         15.0, gt=0, description="Send a `: ping` comment when a stream is silent this long."
     )
+    web_ui: bool = Field(
+        False,
+        description="Serve the chat page at `/` (the local server turns it on; off in the cloud).",
+    )
 
     llm_base_url: str = Field(
         "https://api.openai.com/v1", description="Base URL of an OpenAI-compatible chat API."

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -90,3 +92,33 @@ def test_deploy_modelstudio_with_credentials_stops_before_building(
     result = runner.invoke(app, ["deploy", "modelstudio", "--out", str(tmp_path)])
     assert result.exit_code == 3 and "not uploaded" in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_long_steps_report_progress_when_the_output_is_not_a_terminal(
+    fake_sam: FakeSam, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope_serverless import deploy_cli
+
+    beat = threading.Event()
+    printed = deploy_cli.console.print
+
+    def print_and_notice(*args: Any, **kwargs: Any) -> None:
+        if any("still building" in str(arg) for arg in args):
+            beat.set()
+        printed(*args, **kwargs)
+
+    def slow_build(root: Path, *, build_dir: Path | None = None) -> Path:
+        assert beat.wait(30), "no progress line while the build ran"
+        return fake_sam.build_dir
+
+    monkeypatch.setattr(deploy_cli, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(deploy_cli.console, "print", print_and_notice)
+    monkeypatch.setattr(sam, "build", slow_build)
+    fake_sam.credentials = False
+    result = runner.invoke(
+        app, ["deploy", "sam", "deploy", "--stack-name", "s", "--project-root", str(PROJECT_ROOT)]
+    )
+    assert result.exit_code == 3, result.output
+    lines = result.output.splitlines()
+    started = lines.index("building every function and the shared layer (sam build)...")
+    assert lines[started + 1].startswith("  still building every function")

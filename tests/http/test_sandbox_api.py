@@ -73,7 +73,7 @@ def test_connect_run_python_twice_keeping_state_then_release(
 
     tools = alice.get(f"/sandboxes/{session}/tools").json()["sandboxes"]
     assert tools[0]["sandbox_id"] == box["sandbox_id"]
-    assert "run_ipython_cell" in {tool["name"] for tool in tools[0]["tools"]}
+    assert "run_ipython_cell" in tools[0]["tools"]["generic"]
 
     shell = alice.post(f"/sandboxes/{session}/tools/run_shell_command", json={"command": "echo hi"})
     assert stdout(shell.json()) == "hi\n"

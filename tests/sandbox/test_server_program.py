@@ -100,11 +100,15 @@ def test_only_the_protocol_operations_exist(scratch: Path) -> None:
     server = start_server(scratch)
     try:
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        for path in ("/cleanup", "/create", "/list_session_keys", "/docs", "/openapi.json"):
+        for path in ("/docs", "/openapi.json", "/run_command", "/desktop/x"):
             assert httpx.post(f"{server.url}{path}", json={}, headers=headers).status_code in (
                 404,
                 405,
             )
+        for path in ("/cleanup", "/cleanup_async"):
+            refused = httpx.post(f"{server.url}{path}", json={}, headers=headers)
+            assert refused.status_code == 403
+            assert "release your own" in refused.json()["detail"]
         reply = httpx.post(
             f"{server.url}/create_from_pool",
             json={"sandbox_type": "base", "mount_dir": "/root"},

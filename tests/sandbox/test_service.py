@@ -52,7 +52,7 @@ async def test_connect_runs_python_with_state_shell_and_files_then_release(
 
     await box.write_file_async("notes/today.txt", "hello sandbox")
     assert part(await box.read_file_async("notes/today.txt"), "stdout") == "hello sandbox"
-    assert part(await box.list_directory_async("notes"), "stdout") == "[FILE] today.txt\n"
+    assert part(await box.list_directory_async("notes"), "stdout") == "[FILE] today.txt"
     cat = await box.run_shell_command_async("cat notes/today.txt")
     assert part(cat, "stdout") == "hello sandbox"
 
@@ -193,8 +193,10 @@ async def test_sandbox_types_are_inferred_from_tools(
     assert files.sandbox_type == "filesystem"
     await files.write_file_async("a.txt", "only files here")
     assert part(await files.read_file_async("a.txt"), "stdout") == "only files here"
-    with pytest.raises(SandboxRequestError, match="no tool 'run_ipython_cell'"):
-        await files.run_ipython_cell_async("1")
+    # As in AgentScope, a filesystem sandbox runs the generic tools too.
+    assert part(await files.run_ipython_cell_async("6 * 7"), "stdout") == "42\n"
+    with pytest.raises(SandboxRequestError, match="no tool 'browser_navigate'"):
+        await files.call_tool_async("browser_navigate", {"url": "https://example.com"})
 
     boxes = await sandbox_service.connect_async(session_id, tools=[run_ipython_cell, read_file])
     assert [b.sandbox_type for b in boxes] == ["base", "filesystem"]
@@ -264,12 +266,17 @@ async def test_list_tools_describes_the_sandbox_tools(
     sandbox_service: SandboxService, session_id: str
 ) -> None:
     [box] = await sandbox_service.connect_async(session_id)
-    names = [tool["name"] for tool in await box.list_tools_async()]
-    assert names[:2] == ["run_ipython_cell", "run_shell_command"]
-    assert "read_file" in names
+    tools = await box.list_tools_async()
+    assert list(tools) == ["generic", "filesystem"]
+    assert list(tools["generic"]) == ["run_ipython_cell", "run_shell_command"]
+    assert "edit_file" in tools["filesystem"]
     generic = await box.list_tools_async("generic")
-    assert [tool["name"] for tool in generic] == ["run_ipython_cell", "run_shell_command"]
-    assert generic[0]["inputSchema"]["required"] == ["code"]
+    assert list(generic) == ["generic"]
+    cell = generic["generic"]["run_ipython_cell"]
+    assert cell["name"] == "run_ipython_cell"
+    assert cell["json_schema"]["type"] == "function"
+    assert cell["json_schema"]["function"]["parameters"]["required"] == ["code"]
+    assert await box.list_tools_async("browser") == {"browser": {}}
 
 
 async def test_a_tool_definition_runs_on_the_connected_sandboxes(

@@ -27,9 +27,16 @@ def test_builtin_tools_name_the_sandbox_operations_and_their_types() -> None:
         "run_ipython_cell": "base",
         "run_shell_command": "base",
         "read_file": "filesystem",
+        "read_multiple_files": "filesystem",
         "write_file": "filesystem",
-        "list_directory": "filesystem",
+        "edit_file": "filesystem",
         "create_directory": "filesystem",
+        "list_directory": "filesystem",
+        "directory_tree": "filesystem",
+        "move_file": "filesystem",
+        "search_files": "filesystem",
+        "get_file_info": "filesystem",
+        "list_allowed_directories": "filesystem",
     }
 
 
@@ -44,7 +51,9 @@ def test_a_tool_converts_to_an_openai_tools_entry() -> None:
                 "properties": {
                     "path": {
                         "type": "string",
-                        "description": "File path relative to the workspace.",
+                        "description": "A path in the workspace: relative to it, or absolute "
+                        "under /workspace.",
+                        "maxLength": 4096,
                     },
                     "content": {
                         "type": "string",

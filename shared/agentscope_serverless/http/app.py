@@ -6,9 +6,10 @@
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``); ``/health`` is always
-there. Without a ``routers`` argument every router is mounted, except ``sandbox`` when no
-sandbox server is configured (``SANDBOX_BASE_URL``): an embedded sandbox starts a local
-server and needs bubblewrap, so it is mounted only when named. The process router serves
+there, and the chat page at ``/`` when the ``WEB_UI`` setting is on. Without a ``routers``
+argument every router is mounted, except ``sandbox`` when no sandbox server is configured
+(``SANDBOX_BASE_URL``): an embedded sandbox starts a local server and needs bubblewrap, so
+it is mounted only when named. The process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
 started in the application's lifespan, which Mangum also runs in Lambda.
@@ -97,6 +98,8 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox"):
         if name in names:
             app.include_router(importlib.import_module(f"{__package__}.routers.{name}").router)
+    if settings.web_ui:
+        app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app
 
 

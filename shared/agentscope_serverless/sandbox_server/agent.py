@@ -10,24 +10,49 @@ request per line from stdin and writes one JSON reply per line to stdout::
 Python cells run in one namespace kept between requests, so state persists. Output of a
 call (Python's and its child processes') is captured in memory files. After every call,
 every other process of the sandbox is killed: nothing keeps running between calls.
+
+The filesystem tools behave like the MCP filesystem server AgentScope's ``filesystem``
+sandbox runs (same names, arguments and result texts), with ``/workspace`` as the one allowed
+directory: every path is resolved (symbolic links too) and refused if it leaves it.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import fnmatch
 import io
 import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, BinaryIO
 
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
+MAX_TREE_ENTRIES = 10_000
+MAX_TREE_DEPTH = 64
+MAX_SEARCH_ENTRIES = 100_000
+FILE_TOOLS = (
+    "read_file",
+    "read_multiple_files",
+    "write_file",
+    "edit_file",
+    "create_directory",
+    "list_directory",
+    "directory_tree",
+    "move_file",
+    "search_files",
+    "get_file_info",
+    "list_allowed_directories",
+)
 
 
 class CellLimitError(Exception):
@@ -54,16 +79,115 @@ def result(
     }
 
 
-def workspace_path(path: str) -> str:
-    """The absolute path of ``path`` (relative to the workspace), which must stay inside it."""
+def text_result(text: str, is_error: bool = False) -> dict[str, Any]:
+    """A result with one text part, as an MCP server's tools return it (described as
+    ``stderr`` for an error, ``stdout`` otherwise, like the other tools' parts)."""
+    description = "stderr" if is_error else "stdout"
+    return {
+        "meta": None,
+        "content": [{"type": "text", "text": text, "description": description}],
+        "structuredContent": None,
+        "isError": is_error,
+    }
+
+
+def _inside(full: str) -> bool:
+    return full == WORKSPACE or full.startswith(WORKSPACE + "/")
+
+
+def workspace_path(path: str, *, follow_last: bool = True) -> str:
+    """The absolute path of ``path`` (relative to the workspace, or absolute under it),
+    resolved, which must stay inside the workspace.
+
+    With ``follow_last`` false a final symbolic link is the link itself (to move it).
+    """
     if path == WORKSPACE or path.startswith(WORKSPACE + "/"):
         path = path[len(WORKSPACE) :].lstrip("/")
     if os.path.isabs(path):
         raise ToolFailure(f"{path!r} is not a path relative to the workspace")
-    full = os.path.realpath(os.path.join(WORKSPACE, path or "."))
-    if full != WORKSPACE and not full.startswith(WORKSPACE + "/"):
-        raise ToolFailure(f"{path!r} is outside the workspace")
+    joined = os.path.normpath(os.path.join(WORKSPACE, path or "."))
+    if follow_last or joined == WORKSPACE:
+        full = os.path.realpath(joined)
+    else:
+        full = os.path.join(os.path.realpath(os.path.dirname(joined)), os.path.basename(joined))
+    if not _inside(full):
+        raise ToolFailure(f"{path!r} is outside the workspace ({WORKSPACE}, the allowed directory)")
     return full
+
+
+stat_is_dir = stat.S_ISDIR
+stat_is_file = stat.S_ISREG
+
+
+def _os_error(exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {exc.filename}" if exc.filename else reason
+
+
+def _iso(timestamp: float) -> str:
+    # The system Python in the sandbox may predate datetime.UTC.
+    moment = datetime.fromtimestamp(timestamp, timezone.utc)  # noqa: UP017
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def apply_edit(content: str, old: str, new: str) -> str | None:
+    """``content`` with ``old`` replaced by ``new``: the first exact occurrence, else the
+    first run of lines equal to ``old``'s but for indentation (the new lines then take the
+    indentation of the lines they replace). None when ``old`` is not there."""
+    if old in content:
+        return content.replace(old, new, 1)
+    old_lines = old.split("\n")
+    lines = content.split("\n")
+    for start in range(len(lines) - len(old_lines) + 1):
+        window = lines[start : start + len(old_lines)]
+        if all(a.strip() == b.strip() for a, b in zip(old_lines, window, strict=True)):
+            base = _indent(window[0])
+            replaced = []
+            for index, line in enumerate(new.split("\n")):
+                if index == 0:
+                    replaced.append(base + line.lstrip())
+                    continue
+                old_indent = _indent(old_lines[min(index, len(old_lines) - 1)])
+                extra = max(0, len(_indent(line)) - len(old_indent))
+                replaced.append(base + " " * extra + line.lstrip())
+            lines[start : start + len(old_lines)] = replaced
+            return "\n".join(lines)
+    return None
+
+
+def unified_diff(before: str, after: str, path: str) -> str:
+    """A git-style diff of two texts of ``path``, fenced as a Markdown ``diff`` block."""
+    lines = difflib.unified_diff(
+        before.splitlines(),
+        after.splitlines(),
+        fromfile=path,
+        tofile=path,
+        fromfiledate="original",
+        tofiledate="modified",
+        lineterm="",
+    )
+    diff = "\n".join(lines) + "\n"
+    fence = "```"
+    while fence in diff:
+        fence += "`"
+    return f"{fence}diff\n{diff}{fence}\n\n"
+
+
+def excluded(relative: str, patterns: list[str]) -> bool:
+    """True when ``relative`` (a path under the searched directory) matches a pattern: a
+    glob, or a plain name that is one of the path's components."""
+    parts = relative.split("/")
+    for pattern in patterns:
+        if any(char in pattern for char in "*?["):
+            if fnmatch.fnmatchcase(relative, pattern) or fnmatch.fnmatchcase(parts[-1], pattern):
+                return True
+        elif pattern.strip("/") in parts:
+            return True
+    return False
 
 
 class Capture:
@@ -137,6 +261,8 @@ class Agent:
         self.cpu_seconds = int(config["cpu_seconds"])
         self.shell_prefix = [str(part) for part in config["shell_prefix"]]
         self.pid = os.getpid()
+        # The variables the sandbox was created with (checked by the server).
+        os.environ.update({str(k): str(v) for k, v in (config.get("environment") or {}).items()})
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.requests: BinaryIO = os.fdopen(os.dup(0), "rb")
         self.replies = os.dup(1)
@@ -171,19 +297,13 @@ class Agent:
 
     def handle(self, tool: str, arguments: dict[str, Any], request: dict[str, Any]) -> Any:
         timeout = float(request.get("timeout") or 60)
+        if tool in FILE_TOOLS:
+            return self.file_tool(tool, arguments)
         try:
             if tool == "run_ipython_cell":
                 return self.run_cell(str(arguments["code"]), timeout)
             if tool == "run_shell_command":
                 return self.run_shell(str(arguments["command"]), timeout)
-            if tool == "read_file":
-                return self.read_file(str(arguments["path"]))
-            if tool == "write_file":
-                return self.write_file(str(arguments["path"]), str(arguments["content"]))
-            if tool == "list_directory":
-                return self.list_directory(str(arguments.get("path", ".")))
-            if tool == "create_directory":
-                return self.create_directory(str(arguments["path"]))
             return result(stderr=f"unknown tool {tool!r}\n", is_error=True)
         except ToolFailure as exc:
             return result(stderr=f"{tool}: {exc}\n", is_error=True)
@@ -267,36 +387,169 @@ class Agent:
         finally:
             capture.close()
 
-    def read_file(self, path: str) -> dict[str, Any]:
-        full = workspace_path(path)
-        with open(full, "rb") as file:
-            data = file.read(self.max_output + 1)
-        if len(data) > self.max_output:
-            raise ToolFailure(f"{path!r} is larger than {self.max_output} bytes")
+    def file_tool(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Run a filesystem tool: its text, or ``Error: ...`` with ``isError`` set."""
+        method: Callable[..., str] = getattr(self, tool)
         try:
-            return result(data.decode("utf-8"))
+            return text_result(method(**arguments))
+        except ToolFailure as exc:
+            return text_result(f"Error: {exc}", is_error=True)
+        except OSError as exc:
+            return text_result(f"Error: {_os_error(exc)}", is_error=True)
+        except (ValueError, TypeError, RecursionError) as exc:
+            return text_result(f"Error: {exc}", is_error=True)
+
+    def _read_text(self, path: str, limit: int | None = None) -> str:
+        limit = self.max_output if limit is None else limit
+        # Non-blocking, so a FIFO the sandbox made cannot hang the call; only files are read.
+        fd = os.open(workspace_path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolFailure(f"{path!r} is not a regular file")
+            data = file.read(limit + 1)
+        if len(data) > limit:
+            raise ToolFailure(f"{path!r} is larger than {limit} bytes")
+        try:
+            return data.decode("utf-8")
         except UnicodeDecodeError:
             raise ToolFailure(f"{path!r} is not UTF-8 text") from None
 
-    def write_file(self, path: str, content: str) -> dict[str, Any]:
+    @staticmethod
+    def _write_text(full: str, path: str, content: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(full, flags, 0o644)
+        with open(fd, "w", encoding="utf-8") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolFailure(f"{path!r} is not a regular file")
+            os.set_blocking(fd, True)
+            file.truncate(0)
+            file.write(content)
+
+    def read_file(self, path: str) -> str:
+        return self._read_text(path)
+
+    def read_multiple_files(self, paths: list[str]) -> str:
+        pieces = []
+        budget = self.max_output
+        for path in paths:
+            try:
+                if budget <= 0:
+                    raise ToolFailure("not read: the output limit is reached")
+                content = self._read_text(path, budget)
+                budget -= len(content.encode())
+                pieces.append(f"{path}:\n{content}\n")
+            except ToolFailure as exc:
+                pieces.append(f"{path}: Error - {exc}")
+            except OSError as exc:
+                pieces.append(f"{path}: Error - {_os_error(exc)}")
+        return "\n---\n".join(pieces)
+
+    def write_file(self, path: str, content: str) -> str:
         full = workspace_path(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w", encoding="utf-8") as file:
-            file.write(content)
-        return result(f"Wrote {len(content)} characters to {path}")
+        self._write_text(full, path, content)
+        return f"Successfully wrote to {path}"
 
-    def list_directory(self, path: str) -> dict[str, Any]:
+    def edit_file(self, path: str, edits: list[dict[str, str]], dryRun: bool = False) -> str:
         full = workspace_path(path)
-        lines = []
-        with os.scandir(full) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                kind = "[DIR]" if entry.is_dir(follow_symlinks=False) else "[FILE]"
-                lines.append(f"{kind} {entry.name}")
-        return result("".join(line + "\n" for line in lines))
+        original = self._read_text(path).replace("\r\n", "\n")
+        modified = original
+        for edit in edits:
+            old = edit["oldText"].replace("\r\n", "\n")
+            changed = apply_edit(modified, old, edit["newText"].replace("\r\n", "\n"))
+            if changed is None:
+                raise ToolFailure(f"Could not find exact match for edit:\n{edit['oldText']}")
+            modified = changed
+        if not dryRun:
+            self._write_text(full, path, modified)
+        return unified_diff(original, modified, path)
 
-    def create_directory(self, path: str) -> dict[str, Any]:
+    def create_directory(self, path: str) -> str:
         os.makedirs(workspace_path(path), exist_ok=True)
-        return result(f"Created directory {path}")
+        return f"Successfully created directory {path}"
+
+    def list_directory(self, path: str = ".") -> str:
+        with os.scandir(workspace_path(path)) as entries:
+            return "\n".join(
+                f"{'[DIR]' if entry.is_dir(follow_symlinks=False) else '[FILE]'} {entry.name}"
+                for entry in sorted(entries, key=lambda e: e.name)
+            )
+
+    def directory_tree(self, path: str) -> str:
+        counted = [0]
+
+        def walk(directory: str, depth: int) -> list[dict[str, Any]]:
+            if depth > MAX_TREE_DEPTH:
+                raise ToolFailure(f"the tree is deeper than {MAX_TREE_DEPTH} levels")
+            tree = []
+            with os.scandir(directory) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    counted[0] += 1
+                    if counted[0] > MAX_TREE_ENTRIES:
+                        raise ToolFailure(f"the tree has more than {MAX_TREE_ENTRIES} entries")
+                    if entry.is_dir(follow_symlinks=False):
+                        children = walk(entry.path, depth + 1)
+                        tree.append({"name": entry.name, "type": "directory", "children": children})
+                    else:
+                        tree.append({"name": entry.name, "type": "file"})
+            return tree
+
+        text = json.dumps(walk(workspace_path(path), 0), indent=2)
+        if len(text) > self.max_output:
+            raise ToolFailure(f"the tree is larger than {self.max_output} bytes")
+        return text
+
+    def move_file(self, source: str, destination: str) -> str:
+        origin = workspace_path(source, follow_last=False)
+        target = workspace_path(destination, follow_last=False)
+        if WORKSPACE in (origin, target):
+            raise ToolFailure(f"{WORKSPACE} itself cannot be moved or replaced")
+        if os.path.lexists(target):
+            raise ToolFailure(f"destination {destination!r} already exists")
+        os.rename(origin, target)
+        return f"Successfully moved {source} to {destination}"
+
+    def search_files(self, path: str, pattern: str, excludePatterns: list[str]) -> str:
+        root = workspace_path(path)
+        needle = pattern.lower()
+        found: list[str] = []
+        seen = 0
+        size = 0
+        for directory, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            relative_dir = os.path.relpath(directory, root)
+            for name in sorted(dirnames + filenames):
+                seen += 1
+                if seen > MAX_SEARCH_ENTRIES:
+                    raise ToolFailure(f"searched more than {MAX_SEARCH_ENTRIES} entries")
+                relative = os.path.normpath(os.path.join(relative_dir, name))
+                if excluded(relative, excludePatterns):
+                    if name in dirnames:
+                        dirnames.remove(name)
+                    continue
+                if needle in name.lower():
+                    match = os.path.join(directory, name)
+                    size += len(match) + 1
+                    if size > self.max_output:
+                        raise ToolFailure(f"the matches are longer than {self.max_output} bytes")
+                    found.append(match)
+        return "\n".join(found) if found else "No matches found"
+
+    def get_file_info(self, path: str) -> str:
+        info = os.stat(workspace_path(path))
+        facts = {
+            "size": info.st_size,
+            "created": _iso(info.st_ctime),
+            "modified": _iso(info.st_mtime),
+            "accessed": _iso(info.st_atime),
+            "isDirectory": str(stat_is_dir(info.st_mode)).lower(),
+            "isFile": str(stat_is_file(info.st_mode)).lower(),
+            "permissions": format(info.st_mode & 0o777, "o"),
+        }
+        return "\n".join(f"{key}: {value}" for key, value in facts.items())
+
+    def list_allowed_directories(self) -> str:
+        return f"Allowed directories:\n{WORKSPACE}"
 
     def stop_strays(self) -> None:
         """Kill every process of the sandbox but this one (and the namespace's init)."""

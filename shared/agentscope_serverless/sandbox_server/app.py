@@ -1,8 +1,10 @@
 """The HTTP face of the sandbox server: AgentScope's sandbox manager protocol.
 
 Every route but ``GET /health`` requires ``Authorization: Bearer <token>`` (compared in
-constant time). Only the protocol's operations exist: there is no ``/cleanup``, no
-``/create`` with a host ``mount_dir``, and ``get_info`` carries no tokens or host paths.
+constant time). Every operation of :data:`~agentscope_serverless.sandbox_protocol.OPERATIONS`
+is ``POST /{operation}`` and ``POST /{operation}_async`` (the route AgentScope's async client
+calls; same body, and its ``args``/``kwargs`` form). ``/cleanup`` is refused (403), ``/create``
+takes no host ``mount_dir``, and ``get_info`` carries no tokens or host paths.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
 from agentscope_serverless.errors import SandboxError
 from agentscope_serverless.sandbox_protocol import (
+    AddMcpServersRequest,
     CallToolRequest,
     CreateFromPoolRequest,
+    CreateRequest,
+    EmptyRequest,
     IdentityRequest,
     ListToolsRequest,
     SessionMappingRequest,
+    async_body,
     status_for_error,
 )
 from agentscope_serverless.sandbox_server.manager import SandboxManager
@@ -136,7 +143,136 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
     async def get_session_mapping(body: SessionMappingRequest) -> dict[str, Any]:
         return _reply(manager.get_session_mapping(body.session_ctx_id))
 
+    _add_protocol_routes(app, manager)
     return app
+
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+def _protocol_handlers(manager: SandboxManager) -> dict[str, tuple[type[BaseModel], Handler]]:
+    """Every operation: the model of its body and what it replies (the reply's ``data``)."""
+
+    async def create_from_pool(body: CreateFromPoolRequest) -> str:
+        return await manager.create_from_pool(body.sandbox_type, body.meta)
+
+    async def create(body: CreateRequest) -> str:
+        return await manager.create(
+            body.sandbox_type,
+            body.meta,
+            mount_dir=body.mount_dir,
+            storage_path=body.storage_path,
+            environment=body.environment,
+        )
+
+    async def release(body: IdentityRequest) -> bool:
+        return await manager.release(body.identity)
+
+    async def start(body: IdentityRequest) -> bool:
+        return await manager.start_sandbox(body.identity)
+
+    async def stop(body: IdentityRequest) -> bool:
+        return await manager.stop_sandbox(body.identity)
+
+    async def get_status(body: IdentityRequest) -> str:
+        return manager.get_status(body.identity)
+
+    async def get_info(body: IdentityRequest) -> dict[str, Any]:
+        return manager.get_info(body.identity).model_dump()
+
+    async def check_health(body: IdentityRequest) -> bool:
+        return manager.check_health(body.identity)
+
+    async def call_tool(body: CallToolRequest) -> dict[str, Any]:
+        result = await manager.call_tool(body.identity, body.tool_name, body.arguments)
+        return result.model_dump()
+
+    async def list_tools(body: ListToolsRequest) -> dict[str, Any]:
+        return manager.list_tools(body.identity, body.tool_type)
+
+    async def add_mcp_servers(body: AddMcpServersRequest) -> None:
+        manager.add_mcp_servers(body.identity, body.server_configs, body.overwrite)
+
+    async def get_session_mapping(body: SessionMappingRequest) -> list[str]:
+        return manager.get_session_mapping(body.session_ctx_id)
+
+    async def list_session_keys(body: EmptyRequest) -> list[str]:
+        return manager.list_session_keys()
+
+    return {
+        "create_from_pool": (CreateFromPoolRequest, create_from_pool),
+        "create": (CreateRequest, create),
+        "release": (IdentityRequest, release),
+        "start": (IdentityRequest, start),
+        "stop": (IdentityRequest, stop),
+        "get_status": (IdentityRequest, get_status),
+        "get_info": (IdentityRequest, get_info),
+        "check_health": (IdentityRequest, check_health),
+        "call_tool": (CallToolRequest, call_tool),
+        "list_tools": (ListToolsRequest, list_tools),
+        "add_mcp_servers": (AddMcpServersRequest, add_mcp_servers),
+        "get_session_mapping": (SessionMappingRequest, get_session_mapping),
+        "list_session_keys": (EmptyRequest, list_session_keys),
+    }
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise RequestValidationError(
+            [{"loc": ("body",), "msg": "the body is not valid JSON", "type": "json_invalid"}]
+        ) from None
+    if not isinstance(body, dict):
+        raise RequestValidationError(
+            [{"loc": ("body",), "msg": "the body must be a JSON object", "type": "dict_type"}]
+        )
+    return body
+
+
+def _route(name: str, model: type[BaseModel], handler: Handler, *, twin: bool) -> Any:
+    async def endpoint(request: Request) -> dict[str, Any]:
+        body = await _json_object(request)
+        try:
+            if twin:
+                body = async_body(name, body)
+            arguments = model.model_validate(body)
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+            ) from None
+        except ValueError as exc:
+            raise RequestValidationError(
+                [{"loc": ("body",), "msg": str(exc), "type": "value_error"}]
+            ) from None
+        return _reply(await handler(arguments))
+
+    endpoint.__name__ = f"{name}_async" if twin else name
+    return endpoint
+
+
+def _add_protocol_routes(app: FastAPI, manager: SandboxManager) -> None:
+    """The operations not routed above, and the ``_async`` twin of every operation."""
+    existing = {getattr(route, "path", None) for route in app.routes}
+    for name, (model, handler) in _protocol_handlers(manager).items():
+        if f"/{name}" not in existing:
+            app.post(f"/{name}")(_route(name, model, handler, twin=False))
+        app.post(f"/{name}_async")(_route(name, model, handler, twin=True))
+
+    async def cleanup() -> JSONResponse:
+        return JSONResponse(
+            {
+                "detail": "cleanup is not offered: it would destroy every client's sandboxes; "
+                "release your own with /release"
+            },
+            status_code=403,
+        )
+
+    app.post("/cleanup")(cleanup)
+    app.post("/cleanup_async")(cleanup)
 
 
 __all__ = ["create_app"]

@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> None:
             access_log=False,
         )
     )
-    asyncio.run(_serve(server, args.parent_pid))
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM, then re-raises the signal: an
+    # interrupt is the expected way out, not an error to print a traceback for.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(server, args.parent_pid))
 
 
 __all__ = ["main"]

@@ -27,15 +27,20 @@ from agentscope_serverless.errors import (
     SandboxRequestError,
 )
 from agentscope_serverless.sandbox_protocol import (
+    ALLOWED_DIRECTORY,
     BASE,
     FILESYSTEM,
+    PATH_ARGUMENTS,
+    SANDBOX_TYPE_ALIASES,
     TOOL_SPECS,
     TOOLS_BY_NAME,
     CallToolResult,
     SandboxInfo,
     ToolSpec,
+    tools_by_type,
 )
 from agentscope_serverless.sandbox_server import agent
+from agentscope_serverless.sandbox_server.environment import EXITED, RUNNING, check_environment
 from agentscope_serverless.sandbox_server.isolation import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -54,11 +59,11 @@ VERSION = "agentscope-serverless-sandbox"
 SESSION_CTX_KEY = "session_ctx_id"
 MAX_META_KEYS = 32
 
-# Which tools each sandbox type offers: a base sandbox runs code and handles files, a
-# filesystem sandbox only handles files.
+# Which tools each sandbox type offers. As in AgentScope, where every sandbox image serves
+# the generic tools, a filesystem sandbox runs code too; both types offer every tool.
 TOOLS_OF_TYPE: dict[str, tuple[ToolSpec, ...]] = {
     BASE: TOOL_SPECS,
-    FILESYSTEM: tuple(spec for spec in TOOL_SPECS if spec.sandbox_type == FILESYSTEM),
+    FILESYSTEM: TOOL_SPECS,
 }
 
 
@@ -82,16 +87,26 @@ class _Sandbox:
     process: SandboxProcess
     created_at: float = field(default_factory=time.time)
     last_used_at: float = field(default_factory=time.time)
+    stopped: bool = False
 
-    def info(self) -> SandboxInfo:
+    @property
+    def status(self) -> str:
+        """``running`` (its process runs, or starts on the next call) or ``exited``."""
+        return EXITED if self.stopped else RUNNING
+
+    def info(self, timeout: float) -> SandboxInfo:
         return SandboxInfo(
+            session_id=self.sandbox_id,
+            container_id=self.sandbox_id,
+            container_name=self.sandbox_id,
+            version=f"{VERSION}-{self.sandbox_type}",
+            meta=self.meta,
+            timeout=int(timeout),
             sandbox_id=self.sandbox_id,
             sandbox_type=self.sandbox_type,
-            status="running" if self.process.running else "idle",
+            status=self.status,
             created_at=self.created_at,
             last_used_at=self.last_used_at,
-            meta=self.meta,
-            version=f"{VERSION}-{self.sandbox_type}",
         )
 
 
@@ -157,8 +172,38 @@ class SandboxManager:
         for sandbox_id in list(self._sandboxes):
             await self.release(sandbox_id)
 
-    async def create_from_pool(self, sandbox_type: str, meta: dict[str, Any] | None) -> str:
+    async def create(
+        self,
+        sandbox_type: str,
+        meta: dict[str, Any] | None,
+        *,
+        mount_dir: str | None = None,
+        storage_path: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> str:
+        """``create``: a new sandbox, with ``environment`` set for its code and commands.
+
+        A host ``mount_dir`` or a ``storage_path`` is refused: sandboxes see only their own
+        workspace.
+        """
+        if mount_dir or storage_path:
+            raise SandboxRequestError(
+                "mount_dir and storage_path are not accepted: a sandbox sees only its own "
+                f"workspace ({ALLOWED_DIRECTORY}); put files there with write_file"
+            )
+        return await self.create_from_pool(
+            sandbox_type, meta, environment=check_environment(environment)
+        )
+
+    async def create_from_pool(
+        self,
+        sandbox_type: str,
+        meta: dict[str, Any] | None,
+        *,
+        environment: dict[str, str] | None = None,
+    ) -> str:
         """A new sandbox of ``sandbox_type``; ``meta["session_ctx_id"]`` maps it to a session."""
+        sandbox_type = SANDBOX_TYPE_ALIASES.get(sandbox_type, sandbox_type)
         if sandbox_type not in TOOLS_OF_TYPE:
             raise SandboxRequestError(
                 f"unsupported sandbox type {sandbox_type!r}; "
@@ -184,7 +229,9 @@ class SandboxManager:
             meta=meta,
             directory=directory,
             process=SandboxProcess(
-                self._command(workspace), log_path=directory / "agent.log", run_as=self._run_as
+                self._command(workspace, environment or {}),
+                log_path=directory / "agent.log",
+                run_as=self._run_as,
             ),
         )
         self._sandboxes[sandbox_id] = sandbox
@@ -215,21 +262,64 @@ class SandboxManager:
 
     def get_info(self, identity: str) -> SandboxInfo:
         """What the server knows about a sandbox."""
-        return self._get(identity).info()
+        return self._get(identity).info(self.config.idle_timeout_seconds)
 
-    def check_health(self, identity: str) -> bool:
-        """True when the sandbox exists (its process starts again on demand)."""
-        self._get(identity)
+    async def start_sandbox(self, identity: str) -> bool:
+        """``start``: a stopped sandbox runs again (its process starts now)."""
+        sandbox = self._get(identity)
+        sandbox.stopped = False
+        sandbox.last_used_at = time.time()
+        await sandbox.process.warm_up()
         return True
 
-    def list_tools(self, identity: str, tool_type: str | None) -> list[dict[str, Any]]:
-        """The sandbox's tools as MCP tools, all of them or those of ``tool_type``."""
+    async def stop_sandbox(self, identity: str) -> bool:
+        """``stop``: end the sandbox's processes (Python variables are lost; the workspace
+        and the sandbox stay). Its tools refuse calls until ``start``."""
         sandbox = self._get(identity)
-        return [
-            spec.mcp_tool()
-            for spec in TOOLS_OF_TYPE[sandbox.sandbox_type]
-            if tool_type is None or spec.tool_type == tool_type
-        ]
+        sandbox.stopped = True
+        await sandbox.process.halt()
+        return True
+
+    def get_status(self, identity: str) -> str:
+        """``get_status``: ``running`` or ``exited`` (after ``stop``)."""
+        return self._get(identity).status
+
+    def list_session_keys(self) -> list[str]:
+        """``list_session_keys``: every session context that has live sandboxes."""
+        return list(self._sessions)
+
+    def add_mcp_servers(
+        self, identity: str, server_configs: dict[str, Any], overwrite: bool = False
+    ) -> None:
+        """``add_mcp_servers``: refused with the reason and what each sandbox offers.
+
+        An MCP server config is a command to run (or a URL to reach); this server runs no
+        command outside a tool call and gives sandboxes no network, so it adds none.
+        """
+        sandbox = self._get(identity)
+        servers = server_configs.get("mcpServers")
+        if not isinstance(servers, dict) or not servers:
+            raise SandboxRequestError(
+                'server_configs must be {"mcpServers": {name: config}} with at least one server'
+            )
+        offered = ", ".join(spec.name for spec in TOOLS_OF_TYPE[sandbox.sandbox_type])
+        raise SandboxRequestError(
+            f"this sandbox server does not add MCP servers ({', '.join(map(str, servers))}): "
+            "they would run commands outside a tool call or reach the network, which "
+            f"sandboxes cannot; a {sandbox.sandbox_type} sandbox offers its built-in tools: "
+            f"{offered} (see list_tools)"
+        )
+
+    def check_health(self, identity: str) -> bool:
+        """True when the sandbox can run tools: it exists (its process starts again on
+        demand) and is not stopped."""
+        return not self._get(identity).stopped
+
+    def list_tools(self, identity: str, tool_type: str | None) -> dict[str, Any]:
+        """The sandbox's tools in AgentScope's shape, ``{tool_type: {name: {"name",
+        "json_schema"}}}``: all of them, or those of ``tool_type``."""
+        sandbox = self._get(identity)
+        return tools_by_type(TOOLS_OF_TYPE[sandbox.sandbox_type], tool_type)
 
     def get_session_mapping(self, session_ctx_id: str) -> list[str]:
         """The ids of the live sandboxes created for ``session_ctx_id``."""
@@ -240,6 +330,8 @@ class SandboxManager:
     ) -> CallToolResult:
         """Run one tool in the sandbox."""
         sandbox = self._get(identity)
+        if sandbox.stopped:
+            raise SandboxRequestError(f"sandbox {identity!r} is stopped: start it first")
         spec = TOOLS_BY_NAME.get(tool_name)
         if spec is None or spec not in TOOLS_OF_TYPE[sandbox.sandbox_type]:
             offered = ", ".join(s.name for s in TOOLS_OF_TYPE[sandbox.sandbox_type])
@@ -254,8 +346,11 @@ class SandboxManager:
                 for err in exc.errors()
             )
             raise SandboxRequestError(f"bad arguments for {tool_name}: {problems}") from None
-        if "path" in validated:
-            check_workspace_path(validated["path"])
+        for name in PATH_ARGUMENTS:
+            if name in validated:
+                check_workspace_path(validated[name])
+        for path in validated.get("paths", ()):
+            check_workspace_path(path)
         sandbox.last_used_at = time.time()
         try:
             return await sandbox.process.call(
@@ -299,7 +394,7 @@ class SandboxManager:
         if self._run_as is not None:
             os.chown(workspace, *self._run_as)
 
-    def _command(self, workspace: Path) -> list[str]:
+    def _command(self, workspace: Path, environment: dict[str, str]) -> list[str]:
         assert self._identity_files is not None, "start() the manager first"
         limits = self.config.limits
         config = json.dumps(
@@ -308,6 +403,7 @@ class SandboxManager:
                 "cpu_seconds": limits.cpu_seconds,
                 # Shell commands are separate processes: they get every limit afresh.
                 "shell_prefix": [self._toolchain.prlimit, *limits.prlimit_arguments(), "--"],
+                "environment": environment,
             }
         )
         program = [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]

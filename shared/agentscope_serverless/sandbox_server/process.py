@@ -125,6 +125,12 @@ class SandboxProcess:
             is_error=True,
         )
 
+    async def halt(self) -> None:
+        """Kill the process and everything in its sandbox (the protocol's ``stop``); unlike
+        :meth:`stop`, the next call starts a fresh process."""
+        async with self._lock:
+            await self._kill()
+
     async def _ensure_started(self) -> asyncio.subprocess.Process:
         if self._process is not None and self._process.returncode is None:
             return self._process

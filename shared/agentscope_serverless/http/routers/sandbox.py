@@ -67,7 +67,7 @@ class SessionSandboxes(BaseModel):
 
 
 class SandboxTools(SandboxOut):
-    """One sandbox and the tools it offers (MCP tools on our server)."""
+    """One sandbox and the tools it offers: ``{tool_type: {name: {"name", "json_schema"}}}``."""
 
     tools: Any
 

@@ -5,7 +5,7 @@ the ``data`` of the reply is returned, and a non-2xx reply raises a typed
 :class:`~agentscope_serverless.errors.SandboxError`. Every call has a timeout. A request
 that never reached the server (connection refused) is retried for every operation; other
 failures (timeouts, 502/503/504) are retried only for the idempotent operations, never for
-``create_from_pool`` or ``call_tool``.
+``create_from_pool``, ``create``, ``call_tool`` or ``add_mcp_servers``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import httpx
 from agentscope_serverless.errors import SandboxError, SandboxUnavailableError
 from agentscope_serverless.sandbox_protocol import (
     BASE,
+    AddMcpServersRequest,
     CallToolRequest,
     CallToolResult,
     CreateFromPoolRequest,
+    CreateRequest,
     IdentityRequest,
     ListToolsRequest,
     SessionMappingRequest,
@@ -33,7 +35,17 @@ from agentscope_serverless.services.sandbox._sync import BackgroundLoop
 T = TypeVar("T")
 
 IDEMPOTENT_OPERATIONS = frozenset(
-    {"release", "get_info", "check_health", "list_tools", "get_session_mapping"}
+    {
+        "release",
+        "start",
+        "stop",
+        "get_status",
+        "get_info",
+        "check_health",
+        "list_tools",
+        "get_session_mapping",
+        "list_session_keys",
+    }
 )
 RETRY_STATUSES = frozenset({502, 503, 504})
 DEFAULT_TIMEOUT_SECONDS = 90.0
@@ -123,6 +135,57 @@ class SandboxClient:
             )
         return data
 
+    async def create(
+        self,
+        sandbox_type: str = BASE,
+        mount_dir: str | None = None,
+        storage_path: str | None = None,
+        environment: dict[str, str] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> str:
+        """A new sandbox with ``environment`` variables; returns its id (our server refuses
+        ``mount_dir`` and ``storage_path``)."""
+        body = CreateRequest(
+            sandbox_type=sandbox_type,
+            mount_dir=mount_dir,
+            storage_path=storage_path,
+            environment=environment,
+            meta=meta,
+        )
+        data = await self._call("create", body.model_dump())
+        if not isinstance(data, str) or not data:
+            raise SandboxUnavailableError(f"create: the server gave no {sandbox_type} sandbox")
+        return data
+
+    async def start(self, identity: str) -> bool:
+        """Start a stopped sandbox; True when it runs."""
+        return bool(await self._call("start", IdentityRequest(identity=identity).model_dump()))
+
+    async def stop(self, identity: str) -> bool:
+        """Stop a sandbox's processes (it stays, with its workspace, until released)."""
+        return bool(await self._call("stop", IdentityRequest(identity=identity).model_dump()))
+
+    async def get_status(self, identity: str) -> str:
+        """The sandbox's status (our server: ``running`` or ``exited``)."""
+        body = IdentityRequest(identity=identity).model_dump()
+        return str(await self._call("get_status", body))
+
+    async def list_session_keys(self) -> list[str]:
+        """Every session context with live sandboxes on the server."""
+        data = await self._call("list_session_keys", {})
+        if not isinstance(data, list):
+            raise SandboxError("list_session_keys: malformed reply")
+        return [str(item) for item in data]
+
+    async def add_mcp_servers(
+        self, identity: str, server_configs: dict[str, Any], overwrite: bool = False
+    ) -> Any:
+        """Ask the server to add MCP servers to a sandbox (our server refuses, saying why)."""
+        body = AddMcpServersRequest(
+            identity=identity, server_configs=server_configs, overwrite=overwrite
+        )
+        return await self._call("add_mcp_servers", body.model_dump())
+
     async def release(self, identity: str) -> bool:
         """Release a sandbox; False when the server did not know it."""
         return bool(await self._call("release", IdentityRequest(identity=identity).model_dump()))
@@ -150,10 +213,13 @@ class SandboxClient:
         except ValueError:
             raise SandboxError(f"call_tool: malformed result from {tool_name!r}") from None
 
-    async def list_tools(self, identity: str, tool_type: str | None = None) -> Any:
-        """The tools a sandbox offers (our server: a list of MCP tools)."""
+    async def list_tools(self, identity: str, tool_type: str | None = None) -> dict[str, Any]:
+        """The tools a sandbox offers: ``{tool_type: {name: {"name", "json_schema"}}}``."""
         body = ListToolsRequest(identity=identity, tool_type=tool_type).model_dump()
-        return await self._call("list_tools", body)
+        data = await self._call("list_tools", body)
+        if not isinstance(data, dict):
+            raise SandboxError("list_tools: malformed reply")
+        return data
 
     async def get_session_mapping(self, session_ctx_id: str) -> list[str]:
         """The ids of the sandboxes created for ``session_ctx_id`` (``[]`` when none)."""

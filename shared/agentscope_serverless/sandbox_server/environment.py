@@ -1,0 +1,48 @@
+"""What a sandbox is created with beyond its type: ``create``'s environment variables, and
+the statuses ``get_status`` reports."""
+
+from __future__ import annotations
+
+import re
+
+from agentscope_serverless.errors import SandboxRequestError
+
+MAX_ENVIRONMENT_VARIABLES = 64
+MAX_ENVIRONMENT_BYTES = 64 * 1024
+ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Variables the jail sets itself; a sandbox's environment cannot change them.
+RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD"})
+RUNNING = "running"
+EXITED = "exited"
+
+
+def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
+    """The variables a ``create`` call sets in its sandbox, checked.
+
+    >>> check_environment({"GREETING": "hi"})
+    {'GREETING': 'hi'}
+    >>> check_environment({"PATH": "/evil"})
+    Traceback (most recent call last):
+    ...
+    agentscope_serverless.errors.SandboxRequestError: environment variable PATH is reserved
+    """
+    environment = dict(environment or {})
+    if len(environment) > MAX_ENVIRONMENT_VARIABLES:
+        raise SandboxRequestError(
+            f"environment has more than {MAX_ENVIRONMENT_VARIABLES} variables"
+        )
+    size = 0
+    for name, value in environment.items():
+        if not ENVIRONMENT_NAME.fullmatch(name):
+            raise SandboxRequestError(f"environment variable name {name[:128]!r} is not valid")
+        if name in RESERVED_ENVIRONMENT:
+            raise SandboxRequestError(f"environment variable {name} is reserved")
+        if "\x00" in value:
+            raise SandboxRequestError(f"environment variable {name} contains a NUL character")
+        size += len(name) + len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ENVIRONMENT_BYTES:
+        raise SandboxRequestError(f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes")
+    return environment
+
+
+__all__ = ["EXITED", "RUNNING", "check_environment"]

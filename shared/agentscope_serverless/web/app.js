@@ -1,0 +1,534 @@
+// The chat page: sign in with an API key, list and open sessions, stream replies from
+// /process (Server-Sent Events over fetch), stop a run, show tool calls and memories used.
+// Everything it fetches is on its own server; untrusted text is only ever set as textContent.
+
+const KEY_STORAGE = "agentscope-serverless.api-key";
+const MEMORY_TOP_K = 5;
+const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  key: sessionStorage.getItem(KEY_STORAGE),
+  session: null,
+  run: null, // {controller, id, stopped}
+  toolNames: new Map(), // call_id -> tool name, to title results
+};
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// --- HTTP -----------------------------------------------------------------------------
+
+async function api(path, { method = "GET", json, signal, accept } = {}) {
+  const headers = { Authorization: `Bearer ${state.key}` };
+  if (json !== undefined) headers["Content-Type"] = "application/json";
+  if (accept) headers.Accept = accept;
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: json === undefined ? undefined : JSON.stringify(json),
+    signal,
+    cache: "no-store",
+    credentials: "omit",
+  });
+  if (response.status === 401) {
+    signOut("Your key was not accepted. Sign in again.");
+    throw new ApiError(401, "not signed in");
+  }
+  if (!response.ok) throw new ApiError(response.status, await errorText(response));
+  return response;
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    if (body && body.error) return `${body.error.message} (${body.error.code})`;
+  } catch (_) {
+    // not JSON: the status says enough
+  }
+  return `HTTP ${response.status}`;
+}
+
+async function* pages(path, limit) {
+  let cursor = null;
+  for (let page = 0; page < 20; page += 1) {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (cursor) query.set("cursor", cursor);
+    const body = await (await api(`${path}?${query}`)).json();
+    yield* body.items || [];
+    cursor = body.next_cursor;
+    if (!cursor) return;
+  }
+}
+
+// Server-Sent Events from a fetch body: yields each event's parsed `data` JSON.
+async function* serverSentEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    let end;
+    while ((end = buffer.search(/\r?\n\r?\n/)) !== -1) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, "");
+      const data = block
+        .split(/\r?\n/)
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (data) yield JSON.parse(data);
+    }
+  }
+}
+
+// --- Sign in and out ------------------------------------------------------------------
+
+function showChat() {
+  $("sign-in").hidden = true;
+  $("chat").hidden = false;
+  const keyId = (state.key.split("_")[1] || "").slice(0, 12);
+  $("whoami").textContent = keyId ? `Signed in with key ${keyId}` : "Signed in";
+  newChat();
+  loadSessions();
+}
+
+function signOut(message = "") {
+  stopRun();
+  sessionStorage.removeItem(KEY_STORAGE);
+  state.key = null;
+  state.session = null;
+  $("chat").hidden = true;
+  $("sign-in").hidden = false;
+  $("api-key").value = "";
+  $("sign-in-error").textContent = message;
+  $("api-key").focus();
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const key = $("api-key").value.trim();
+  const error = $("sign-in-error");
+  if (!key) {
+    error.textContent = "Enter your API key.";
+    return;
+  }
+  error.textContent = "";
+  try {
+    const response = await fetch("sessions?limit=1", {
+      headers: { Authorization: `Bearer ${key}` },
+      cache: "no-store",
+      credentials: "omit",
+    });
+    // 404: a server without the sessions routes (the process function alone) still chats.
+    if (response.status === 401 || response.status === 403) {
+      error.textContent = "That key was not accepted.";
+      return;
+    }
+    if (!response.ok && response.status !== 404) {
+      error.textContent = `The server answered ${await errorText(response)}.`;
+      return;
+    }
+  } catch (_) {
+    error.textContent = "Cannot reach the server.";
+    return;
+  }
+  state.key = key;
+  sessionStorage.setItem(KEY_STORAGE, key);
+  showChat();
+  $("composer-input").focus();
+}
+
+// --- Sessions -------------------------------------------------------------------------
+
+async function loadSessions() {
+  const list = $("sessions");
+  const status = $("sessions-status");
+  status.textContent = "Loading…";
+  const ids = [];
+  try {
+    for await (const session of pages("sessions", 100)) ids.push(session.id);
+  } catch (error) {
+    status.textContent = error.status === 404 ? "Not available on this server." : "";
+    if (error.status !== 404 && error.status !== 401) status.textContent = error.message;
+    return;
+  }
+  list.replaceChildren(
+    ...ids.reverse().map((id) => {
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = id;
+      button.title = id;
+      button.dataset.session = id;
+      button.setAttribute("aria-label", `Open session ${id}`);
+      if (id === state.session) button.setAttribute("aria-current", "true");
+      button.addEventListener("click", () => openSession(id));
+      item.append(button);
+      return item;
+    }),
+  );
+  status.textContent = ids.length ? "" : "No sessions yet.";
+}
+
+function markCurrentSession() {
+  for (const button of $("sessions").querySelectorAll("button")) {
+    if (button.dataset.session === state.session) button.setAttribute("aria-current", "true");
+    else button.removeAttribute("aria-current");
+  }
+  $("session-label").textContent = state.session ? `Session ${state.session}` : "New session";
+}
+
+function newChat() {
+  stopRun();
+  state.session = null;
+  state.toolNames.clear();
+  $("messages").replaceChildren(emptyState());
+  $("run-status").textContent = "";
+  markCurrentSession();
+}
+
+function emptyState() {
+  const item = document.createElement("li");
+  item.className = "empty";
+  const title = document.createElement("strong");
+  title.textContent = "Start a conversation";
+  item.append(title, "Your messages and the agent's replies are kept in a session you can reopen later.");
+  return item;
+}
+
+async function openSession(id) {
+  stopRun();
+  state.session = id;
+  state.toolNames.clear();
+  markCurrentSession();
+  const log = $("messages");
+  log.replaceChildren();
+  $("run-status").textContent = "Loading the session…";
+  try {
+    for await (const message of pages(`sessions/${encodeURIComponent(id)}/messages`, 100)) {
+      const view = messageView(message);
+      renderParts(view, message.content || []);
+      log.append(view.item);
+    }
+    $("run-status").textContent = "";
+  } catch (error) {
+    $("run-status").textContent = `Could not load the session: ${error.message}`;
+  }
+  if (!log.children.length) log.append(emptyState());
+  scrollToEnd();
+  $("composer-input").focus();
+}
+
+// --- Rendering --------------------------------------------------------------------------
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function kindOf(message) {
+  if (message.type === "function_call" || message.type === "function_call_output") return "tool";
+  return message.role === "user" ? "user" : "assistant";
+}
+
+function whoLabel(message) {
+  if (message.type === "function_call") return "Tool call";
+  if (message.type === "function_call_output") return "Tool result";
+  if (message.type === "reasoning") return "Reasoning";
+  return { user: "You", system: "System", tool: "Tool" }[message.role] || "Agent";
+}
+
+// A message's list item: {item, body, parts: [node per content index], message}.
+function messageView(message) {
+  const item = element("li", `message ${kindOf(message)}`);
+  item.dataset.id = message.id || "";
+  const who = element("span", "who", whoLabel(message));
+  const body = element("div", "body");
+  item.append(who, body);
+  return { item, body, parts: [], message };
+}
+
+function renderParts(view, contents) {
+  view.body.replaceChildren();
+  view.parts = [];
+  contents.forEach((content, index) => setPart(view, index, content));
+}
+
+function setPart(view, index, content) {
+  const node = partNode(view.message, content);
+  const old = view.parts[index];
+  if (old) old.replaceWith(node);
+  else view.body.append(node);
+  view.parts[index] = node;
+}
+
+function partNode(message, content) {
+  if (content.type === "text") return element("span", "text", content.text || "");
+  if (content.type === "refusal") return element("span", "text", content.refusal || "");
+  if (content.type === "image") return imageNode(content.image_url);
+  if (content.type === "data" && message.type === "function_call") return callNode(content.data || {});
+  if (content.type === "data" && message.type === "function_call_output") return resultNode(content.data || {});
+  if (content.type === "data") return element("pre", "", pretty(content.data));
+  if (content.type === "file") return element("span", "text", `[file ${content.filename || content.file_id || ""}]`);
+  return element("span", "text", `[${content.type} content]`);
+}
+
+function imageNode(url, alt = "Image from the agent") {
+  // The page's Content-Security-Policy allows images from this server and data: URIs only.
+  if (typeof url === "string" && (url.startsWith("data:image/") || url.startsWith("/"))) {
+    const image = element("img");
+    image.src = url;
+    image.alt = alt;
+    return image;
+  }
+  return element("span", "text", `[image: ${url || "no URL"}]`);
+}
+
+function pretty(value) {
+  if (typeof value === "string") {
+    try {
+      return JSON.stringify(JSON.parse(value), null, 2);
+    } catch (_) {
+      return value;
+    }
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+function callNode(call) {
+  if (call.call_id && call.name) state.toolNames.set(call.call_id, call.name);
+  const details = element("details");
+  const summary = element("summary");
+  summary.append("Calls ", element("code", "", call.name || "a tool"));
+  details.append(summary, element("pre", "", pretty(call.arguments || "")));
+  return details;
+}
+
+function resultNode(result) {
+  const details = element("details");
+  details.open = true;
+  const name = state.toolNames.get(result.call_id);
+  const summary = element("summary");
+  let output = result.output;
+  let parsed = null;
+  try {
+    parsed = JSON.parse(output);
+  } catch (_) {
+    parsed = null;
+  }
+  const failed = parsed && parsed.isError === true;
+  summary.append(failed ? "Error from " : "Result of ", element("code", "", name || "the tool"));
+  details.append(summary);
+  // MCP CallToolResult: {"content": [{"type": "text", "text"}, {"type": "image", "data", "mimeType"}]}
+  if (parsed && Array.isArray(parsed.content)) {
+    for (const part of parsed.content) {
+      if (part.type === "text") details.append(element("pre", "", part.text || ""));
+      else if (part.type === "image" && typeof part.data === "string") {
+        const mime = /^image\/[a-z0-9.+-]+$/i.test(part.mimeType || "") ? part.mimeType : "image/png";
+        details.append(imageNode(`data:${mime};base64,${part.data}`, `Image from ${name || "the tool"}`));
+      } else details.append(element("pre", "", pretty(part)));
+    }
+  } else {
+    details.append(element("pre", "", pretty(output ?? "")));
+  }
+  return details;
+}
+
+function memoriesNode(memories) {
+  const details = element("details", "memories");
+  const summary = element("summary", "", memories.length === 1 ? "1 memory used" : `${memories.length} memories used`);
+  const list = element("ul");
+  for (const memory of memories) {
+    const text = (memory.content || [])
+      .filter((part) => part.type === "text")
+      .map((part) => part.text)
+      .join(" ");
+    list.append(element("li", "", text || "(no text)"));
+  }
+  details.append(summary, list);
+  return details;
+}
+
+function scrollToEnd() {
+  const log = $("messages");
+  log.scrollTop = log.scrollHeight;
+}
+
+// --- Running the agent ----------------------------------------------------------------
+
+async function searchMemories(text) {
+  try {
+    const response = await api("memory/search", { method: "POST", json: { query: text, top_k: MEMORY_TOP_K } });
+    return (await response.json()).items || [];
+  } catch (_) {
+    return []; // no memory routes on this server, or nothing to search with: show none
+  }
+}
+
+async function send(event) {
+  event.preventDefault();
+  const input = $("composer-input");
+  const text = input.value.trim();
+  if (!text || state.run) return;
+  input.value = "";
+  const log = $("messages");
+  log.querySelector(".empty")?.remove();
+  const user = messageView({ role: "user", type: "message" });
+  renderParts(user, [{ type: "text", text }]);
+  log.append(user.item);
+  scrollToEnd();
+
+  const run = { controller: new AbortController(), id: null, stopped: false };
+  state.run = run;
+  setRunning(true, "Thinking…");
+  const memories = await searchMemories(text);
+  if (memories.length) user.item.append(memoriesNode(memories));
+
+  const views = new Map();
+  let outcome = "";
+  try {
+    const response = await api("process", {
+      method: "POST",
+      json: {
+        input: [{ role: "user", content: [{ type: "text", text }] }],
+        session_id: state.session || undefined,
+        stream: true,
+      },
+      signal: run.controller.signal,
+      accept: "text/event-stream",
+    });
+    run.id = response.headers.get("X-Run-Id");
+    adoptSession(response.headers.get("X-Session-Id"));
+    for await (const data of serverSentEvents(response)) {
+      outcome = handleEvent(data, run, views) || outcome;
+    }
+  } catch (error) {
+    if (run.stopped || error.name === "AbortError") outcome = "Stopped.";
+    else if (error.status !== 401) outcome = `Error: ${error.message}`;
+  } finally {
+    for (const view of views.values()) view.item.classList.remove("streaming");
+    if (state.run === run) {
+      state.run = null;
+      setRunning(false, outcome);
+    }
+  }
+  loadSessions();
+}
+
+function adoptSession(id) {
+  if (id && id !== state.session) {
+    state.session = id;
+    markCurrentSession();
+  }
+}
+
+function handleEvent(data, run, views) {
+  const log = $("messages");
+  if (data.object === "response") {
+    if (data.id && !run.id) run.id = data.id;
+    adoptSession(data.session_id);
+    if (data.status === "failed") {
+      const failure = messageView({ role: "assistant", type: "message" });
+      failure.item.classList.add("failed");
+      const error = data.error || {};
+      renderParts(failure, [{ type: "text", text: `The agent failed: ${error.message || "unknown error"}` }]);
+      log.append(failure.item);
+      scrollToEnd();
+      return "The run failed.";
+    }
+    if (data.status === "canceled") return "Stopped.";
+    if (data.status === "completed") return usageText(data.usage);
+    return "";
+  }
+  if (data.object === "message") {
+    let view = views.get(data.id);
+    if (!view) {
+      view = messageView(data);
+      view.item.classList.add("streaming");
+      views.set(data.id, view);
+      log.append(view.item);
+    }
+    if (TERMINAL.has(data.status)) {
+      view.item.classList.remove("streaming");
+      if (Array.isArray(data.content) && data.content.length) renderParts(view, data.content);
+    }
+    scrollToEnd();
+    return "";
+  }
+  if (data.object === "content") {
+    const view = views.get(data.msg_id);
+    if (!view) return "";
+    const index = Number.isInteger(data.index) ? data.index : view.parts.length;
+    const node = view.parts[index];
+    if (data.delta && data.type === "text" && node && node.classList.contains("text")) {
+      node.textContent += data.text || "";
+    } else {
+      setPart(view, index, data);
+    }
+    scrollToEnd();
+  }
+  return "";
+}
+
+function usageText(usage) {
+  if (!usage || typeof usage.total_tokens !== "number") return "Done.";
+  return `Done · ${usage.prompt_tokens ?? "?"} prompt + ${usage.completion_tokens ?? "?"} completion = ${usage.total_tokens} tokens`;
+}
+
+function setRunning(running, status) {
+  $("send").hidden = running;
+  $("stop").hidden = !running;
+  $("run-status").textContent = status;
+  if (running) $("stop").focus();
+  else $("composer-input").focus();
+}
+
+function stopRun() {
+  const run = state.run;
+  if (!run) return;
+  run.stopped = true;
+  run.controller.abort();
+  if (run.id) {
+    // Tell the server too; a server without the runs routes answers 404, which is fine.
+    fetch(`runs/${encodeURIComponent(run.id)}/cancel`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${state.key}` },
+      credentials: "omit",
+    }).catch(() => {});
+  }
+}
+
+// --- Wiring ---------------------------------------------------------------------------
+
+function start() {
+  $("sign-in-form").addEventListener("submit", signIn);
+  $("sign-out").addEventListener("click", () => signOut());
+  $("new-chat").addEventListener("click", () => {
+    newChat();
+    $("composer-input").focus();
+  });
+  $("composer").addEventListener("submit", send);
+  $("stop").addEventListener("click", stopRun);
+  $("composer-input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && state.run) stopRun();
+  });
+  if (state.key) showChat();
+  else $("api-key").focus();
+}
+
+start();

@@ -1,0 +1,187 @@
+"""Clean shutdowns: SIGTERM or SIGINT stops each server program with no traceback and no
+process of its own left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentscope_serverless.services.sandbox import SandboxService
+from tests.support.http import free_port, wait_until_healthy
+from tests.support.sandbox_server import TOKEN, require_sandbox_tools
+
+SIGNALS = [signal.SIGTERM, signal.SIGINT]
+SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces: split after its closing parenthesis.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process below ``pid``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def in_session(session: int) -> set[int]:
+    """Living processes of the session ``session`` (a program started in its own session)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[0] != "Z" and int(fields[3]) == session:
+            found.add(int(entry.name))
+    return found
+
+
+def stop_and_check(
+    process: subprocess.Popen[str], signum: int, minimum_children: int
+) -> tuple[str, str]:
+    """Send ``signum``; assert a clean exit with every child gone; return stdout, stderr."""
+    children = descendants(process.pid)
+    assert len(children) >= minimum_children, f"expected child processes, found {children}"
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr
+    assert process.returncode in (0, 128 + signum, -signum), (process.returncode, stderr)
+    deadline = time.monotonic() + 10
+    while any(alive(child) for child in children) or in_session(process.pid):
+        assert time.monotonic() < deadline, (
+            f"left behind: {[c for c in children if alive(c)]} {in_session(process.pid)}"
+        )
+        time.sleep(0.1)
+    return stdout, stderr
+
+
+def start(command: list[str], **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        start_new_session=True,
+    )
+
+
+def read_until(process: subprocess.Popen[str], done: Callable[[str], bool]) -> list[str]:
+    """Lines of stdout until one satisfies ``done``."""
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if done(line):
+            return lines
+    pytest.fail(f"the program ended first: {''.join(lines)}")
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_the_local_stack_stops_its_servers(signum: int) -> None:
+    process = start([sys.executable, "-m", "agentscope_serverless.local_stack"])
+    try:
+        lines = read_until(process, lambda line: line.startswith("# local stack running"))
+    except BaseException:
+        process.kill()
+        raise
+    banner = lines[-1]
+    env = dict(line.removeprefix("export ").strip().split("=", 1) for line in lines[:-1])
+    redis_port = env["REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    dynamodb_port = env["DYNAMODB_ENDPOINT_URL"].rsplit(":", 1)[1]
+    assert f"Redis on 127.0.0.1:{redis_port}" in banner
+    assert f"DynamoDB on 127.0.0.1:{dynamodb_port}" in banner
+    assert httpx.get(env["DYNAMODB_ENDPOINT_URL"] + "/moto-api/").status_code == 200
+    _, stderr = stop_and_check(process, signum, minimum_children=2)
+    assert "starting redis-server" in stderr and "creating the DynamoDB tables" in stderr
+
+
+def test_the_local_stack_help_starts_nothing() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agentscope_serverless.local_stack", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert "usage:" in done.stdout and "export" not in done.stdout
+    assert "starting" not in done.stderr
+
+
+async def _use_a_sandbox(url: str) -> None:
+    async with SandboxService(url, TOKEN) as sandboxes:
+        [box] = await sandboxes.connect_async("signals", "user")
+        result = await box.run_ipython_cell_async("print(6 * 7)")
+        assert "42" in result["content"][0]["text"]
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_the_sandbox_server_stops_its_sandboxes(signum: int) -> None:
+    require_sandbox_tools()
+    # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
+    root = Path(tempfile.mkdtemp(prefix="sandbox-signals-"))
+    root.chmod(0o711)
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "agentscope_serverless.sandbox_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--root",
+        str(root / "data"),
+    ]
+    process = start(command, SANDBOX_SERVER_TOKEN=TOKEN)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        asyncio.run(_use_a_sandbox(url))
+    except BaseException:
+        process.kill()
+        raise
+    try:
+        stop_and_check(process, signum, minimum_children=0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_the_local_server_on_the_stack_stops_cleanly(signum: int) -> None:
+    port = free_port()
+    process = start([SCRIPT, "serve", "--stack", "--port", str(port), "--log-level", "warning"])
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
+    except BaseException:
+        process.kill()
+        raise
+    stdout, stderr = stop_and_check(process, signum, minimum_children=2)
+    assert "starting redis-server" in stdout + stderr

@@ -1,0 +1,317 @@
+"""The chat page in headless Chromium: sign in, chat, stream, reload, tools, no outside request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import create_app
+from agentscope_serverless.http.routers.web import CONTENT_SECURITY_POLICY
+from agentscope_serverless.schemas.agent_schemas import (
+    DataContent,
+    FunctionCall,
+    FunctionCallOutput,
+    Message,
+    MessageType,
+    Role,
+)
+from agentscope_serverless.settings import load_settings
+from tests.support.browser import Page, chromium_page
+from tests.support.http import Keys, running
+
+pytestmark = pytest.mark.timeout(180)
+
+ENTER = ("Enter", "Enter", 13)
+
+# Counts the DOM updates of assistant replies while they stream (before they complete).
+WATCH_STREAMING = """
+window.streamedUpdates = 0;
+new MutationObserver((records) => {
+  for (const record of records) {
+    const node = record.target.nodeType === 3 ? record.target.parentElement : record.target;
+    if (node && node.closest(".message.assistant.streaming")) window.streamedUpdates += 1;
+  }
+}).observe(
+  document.getElementById("messages"), {subtree: true, childList: true, characterData: true}
+);
+true
+"""
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.make()
+
+
+@pytest.fixture(scope="module")
+def demo_url(keys: Keys) -> Iterator[str]:
+    settings = load_settings(web_ui=True)
+    with running(create_app(settings=settings, agent_app=demo_app, key_store=keys.store)) as url:
+        yield url
+
+
+async def visible(page: Page, element_id: str) -> Any:
+    return await page.wait_for(
+        f"document.readyState === 'complete' && document.getElementById({element_id!r})"
+        f" && !document.getElementById({element_id!r}).hidden"
+    )
+
+
+async def sign_in(page: Page, url: str, key: str) -> None:
+    """Open the page and sign in with the keyboard only (the key field has the focus)."""
+    await page.send("Page.navigate", url=f"{url}/")
+    await page.wait_for("document.activeElement && document.activeElement.id === 'api-key'")
+    await page.type_text(key)
+    await page.press(*ENTER)
+    await visible(page, "chat")
+    await page.wait_for("document.activeElement.id === 'composer-input'")
+
+
+async def say(page: Page, text: str) -> str:
+    """Type a message, send it with Enter, wait for the run to end; the last reply's text."""
+    replies = await page.evaluate("document.querySelectorAll('.message.assistant').length")
+    await page.evaluate("document.getElementById('composer-input').focus()")
+    await page.type_text(text)
+    await page.press(*ENTER)
+    await page.wait_for(
+        f"document.querySelectorAll('.message.assistant').length > {replies}"
+        " && !document.getElementById('send').hidden"
+    )
+    reply: str = await page.evaluate(
+        "[...document.querySelectorAll('.message.assistant .body')].at(-1).textContent"
+    )
+    return reply
+
+
+def only_local(requests: list[str], url: str) -> list[str]:
+    """The requests that left the server (data: URIs stay in the page)."""
+    return [r for r in requests if not (r.startswith(f"{url}/") or r.startswith("data:"))]
+
+
+def test_the_page_needs_no_key_and_is_locked_down(demo_url: str) -> None:
+    page = httpx.get(f"{demo_url}/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "script-src 'self'" in CONTENT_SECURITY_POLICY
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in page.text and "style=" not in page.text and "http" not in page.text
+    for asset in ("web/app.js", "web/app.css"):
+        assert httpx.get(f"{demo_url}/{asset}").status_code == 200
+    assert httpx.get(f"{demo_url}/web/../settings.py").status_code == 404
+    assert httpx.get(f"{demo_url}/sessions").status_code == 401
+
+
+def test_the_page_is_off_unless_enabled() -> None:
+    store = Keys.make().store  # a server stops its key store when it stops
+    with running(create_app(settings=load_settings(), agent_app=demo_app, key_store=store)) as url:
+        assert httpx.get(f"{url}/").status_code == 404
+        assert httpx.get(f"{url}/web/app.js").status_code == 404
+
+
+def test_the_process_function_serves_the_page_when_enabled() -> None:
+    store = Keys.make().store
+    settings = load_settings(web_ui=True)
+    function = create_app(["process"], settings=settings, agent_app=demo_app, key_store=store)
+    with running(function) as url:
+        assert httpx.get(f"{url}/").headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert httpx.get(f"{url}/sessions").status_code == 404  # the page then chats only
+
+
+async def test_chat_stream_reload_and_reopen_a_session(demo_url: str, keys: Keys) -> None:
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.activeElement && document.activeElement.id === 'api-key'")
+        await page.type_text("ask_wrong_key")
+        sign_in_shot = await page.screenshot("chat-sign-in.png")
+        print(f"\nscreenshot of the sign-in form: {sign_in_shot}")
+        await page.press(*ENTER)
+        await page.wait_for(
+            "document.getElementById('sign-in-error').textContent.includes('not accepted')"
+        )
+        await page.evaluate("document.getElementById('api-key').value = ''")
+
+        await sign_in(page, demo_url, keys.alice)
+        assert await page.evaluate("sessionStorage.length") == 1
+        assert await page.evaluate("localStorage.length") == 0
+        await page.evaluate(WATCH_STREAMING)
+
+        first = await say(page, "My name is Alice")
+        assert "Alice" in first
+        assert await page.evaluate("window.streamedUpdates") > 1, "the reply arrived in one piece"
+        session = await page.evaluate("document.getElementById('session-label').textContent")
+        assert session.startswith("Session ")
+        session_id = session.removeprefix("Session ")
+
+        second = await say(page, "What is my name?")
+        assert "Alice" in second
+        memories = await page.evaluate(
+            "[...document.querySelectorAll('.memories li')].map((li) => li.textContent)"
+        )
+        assert "My name is Alice" in memories
+        await page.evaluate("document.querySelector('.memories').open = true")
+        path = await page.screenshot("chat-page.png")
+        print(f"\nscreenshot of the chat page: {path}")
+        assert path.stat().st_size > 10_000
+
+        await page.evaluate("window.beforeReload = true")
+        await page.send("Page.reload")
+        await page.wait_for("!window.beforeReload && document.readyState === 'complete'")
+        await visible(page, "chat")
+        listed = await page.wait_for(
+            f"document.querySelector('#sessions button[data-session=\"{session_id}\"]')"
+            " !== null && [...document.querySelectorAll('#sessions button')]"
+            ".map((b) => b.dataset.session)"
+        )
+        assert session_id in listed
+        # Open it with the keyboard: Tab from "New chat" reaches the first session.
+        await page.evaluate("document.getElementById('new-chat').focus()")
+        await page.press("Tab", "Tab", 9)
+        assert await page.evaluate("document.activeElement.dataset.session") == listed[0]
+        await page.press(*ENTER)
+        await page.wait_for("document.querySelectorAll('#messages .message').length === 4")
+        texts = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert texts[0] == "My name is Alice" and texts[2] == "What is my name?"
+        assert "Alice" in texts[3]
+        reopened = await page.screenshot("chat-page-reopened.png")
+        print(f"\nscreenshot of the reopened session: {reopened}")
+
+        assert only_local(page.requests, demo_url) == []
+        assert not page.exceptions, page.exceptions
+        refused = [m for m in page.messages if "Content Security Policy" in m or "Refused" in m]
+        assert refused == []
+        assert not any(keys.alice in r for r in page.requests), "the key leaked into a URL"
+
+
+def png(width: int, height: int) -> bytes:
+    """A small PNG of vertical bars (a stand-in for a chart a sandbox would draw)."""
+    colours = [(11, 92, 173), (245, 158, 11), (46, 160, 67), (180, 35, 24)]
+    rows = b""
+    for _ in range(height):
+        row = b"\x00"
+        for x in range(width):
+            row += bytes(colours[(x * len(colours)) // width])
+        rows += row
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def tool_app() -> AgentApp:
+    """An agent that calls a sandbox-like tool whose result holds text and an image."""
+    app = AgentApp(app_name="tools")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        if msgs[-1].get_text_content() == "take your time":
+            yield "Working on it"
+            await asyncio.sleep(120)
+            yield " and done."
+            return
+        yield "Let me draw that. "
+        call = FunctionCall(
+            call_id="call_1", name="run_ipython_cell", arguments='{"code": "plot(sales)"}'
+        )
+        yield Message(
+            type=MessageType.FUNCTION_CALL,
+            role=Role.ASSISTANT,
+            content=[DataContent(data=call.model_dump())],
+        )
+        image = {"type": "image", "data": __import__("base64").b64encode(png(240, 90)).decode()}
+        output = {
+            "content": [
+                {"type": "text", "text": "<Figure size 240x90>"},
+                {**image, "mimeType": "image/png"},
+            ],
+            "isError": False,
+        }
+        result = FunctionCallOutput(call_id="call_1", output=json.dumps(output))
+        yield Message(
+            type=MessageType.FUNCTION_CALL_OUTPUT,
+            role=Role.TOOL,
+            content=[DataContent(data=result.model_dump())],
+        )
+        yield Message(role=Role.ASSISTANT, content="Here is the chart of sales by quarter.")
+
+    return app
+
+
+@pytest.fixture
+def tool_server() -> Iterator[tuple[str, str]]:
+    """The tool agent's server and a key for it."""
+    keys = Keys.make()  # a server stops its key store when it stops
+    settings = load_settings(web_ui=True)
+    with running(create_app(settings=settings, agent_app=tool_app(), key_store=keys.store)) as url:
+        yield url, keys.bob
+
+
+async def test_tool_calls_and_images_are_shown(tool_server: tuple[str, str]) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "<img src=x onerror=alert(1)> plot the sales")
+        await page.wait_for("document.querySelectorAll('.message.tool').length === 2")
+        call = await page.evaluate("document.querySelector('.message.tool summary').textContent")
+        assert call == "Calls run_ipython_cell"
+        result = await page.evaluate(
+            "document.querySelectorAll('.message.tool summary')[1].textContent"
+        )
+        assert result == "Result of run_ipython_cell"
+        image = await page.wait_for(
+            "(() => { const i = document.querySelector('.message.tool img');"
+            " return i && i.complete && i.naturalWidth; })()"
+        )
+        assert image == 240
+        # The user's text is text, never markup.
+        assert await page.evaluate("document.querySelectorAll('.message.user img').length") == 0
+        path = await page.screenshot("chat-page-tools.png")
+        print(f"\nscreenshot of tool calls on the chat page: {path}")
+        assert only_local(page.requests, url) == []
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("take your time")
+        await page.press(*ENTER)
+        await page.wait_for(
+            "document.querySelector('.message.assistant.streaming')"
+            " && document.querySelector('.message.assistant').textContent.includes('Working')"
+        )
+        assert await page.evaluate("document.activeElement.id") == "stop"
+        await page.press("Escape", "Escape", 27)
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        assert await page.evaluate("document.getElementById('stop').hidden")
+        assert await page.evaluate("document.activeElement.id") == "composer-input"
+        # The server is told too (a server without the runs routes answers 404: no error).
+        await page.wait_for(
+            "performance.getEntriesByType('resource')"
+            f".some((entry) => entry.name.startsWith('{url}/runs/'))"
+        )
+        cancel = [r for r in page.requests if r.startswith(f"{url}/runs/")]
+        assert len(cancel) == 1 and cancel[0].endswith("/cancel")
+        assert not page.exceptions, page.exceptions
+        reply = await page.evaluate("document.querySelector('.message.assistant').textContent")
+        assert "done" not in reply
