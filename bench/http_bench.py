@@ -1,19 +1,29 @@
-"""Request benchmark: ``/process`` with the demo agent, next to a bare FastAPI endpoint.
+"""Request benchmark: ``/process`` with the demo agent, next to a bare endpoint, under ``wrk``.
 
-The bare endpoint answers with the very SSE bytes ``/process`` produced for the same request
-(recorded first), so the difference between the two is what the runtime costs per request:
-authentication, the session history and memory reads and writes, running the agent, building
-and serialising the events, logging. Both servers run the same way: uvicorn in a subprocess
-on loopback (one worker), started by this script. The driver is an ``httpx.AsyncClient``
-with bounded concurrency (4 by default: the client shares the machine with the server) that
-reads every streamed reply to its end; the two servers take turns in rounds, so a change in
-the machine's load affects both alike. Each request to ``/process`` acts for a new user (a
-service key with ``X-User-Id``), as requests from many users would.
+Two servers run the same way (uvicorn in a subprocess on loopback, one worker, started by
+this script): the runtime (``create_app()`` with the demo agent, in-memory services and a
+key file) and a bare FastAPI app whose ``POST /process`` answers with the very bytes the
+runtime produced for the same request (recorded first), streamed as SSE or as one JSON body.
+The difference between the two is what the runtime costs per request.
 
-    .venv/bin/python bench/http_bench.py [--requests 2000] [--concurrency 4] [--rounds 4]
+The load comes from ``wrk`` (Debian package ``wrk``: ``./scripts/bootstrap debian
+'the request benchmark' wrk`` installs it), a separate process, so the driver does
+not share the server's interpreter. Each scenario is one function returning a row per
+server; a Lua ``request()`` function makes each request's user and session ids:
 
-Prints a table and writes the figures as JSON to ``bench/results/``. Exits with status 1 when
-the runtime takes more than twice the bare endpoint's time per request.
+- ``new user``: a new user per request (service key with ``X-User-Id``);
+- ``reused session``: one session, grown to ``--history`` messages before the run;
+- ``new session``: the same user, a new session each time (that user's memory grows).
+
+Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p99 latency
+(from wrk) and the server's CPU per request: the user+system time of its process
+(``/proc/<pid>/stat``) over the run, divided by the requests wrk completed.
+
+    .venv/bin/python bench/http_bench.py [--duration 5] [--connections 8] [--history 1000]
+
+Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
+when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
+the reused session within 1.2x of the new-user CPU; p99 at most 4x p50.
 """
 
 from __future__ import annotations
@@ -23,27 +33,34 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MAX_OVERHEAD = 2.0
-BODY = {"input": [{"role": "user", "content": "hello"}], "stream": True}
+MAX_CPU_OVER_BARE = 2.0
+MAX_REUSED_OVER_NEW = 1.2
+MAX_P99_OVER_P50 = 4.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- the servers ------------------------------------------------------------------------
 
 
 def serve(kind: str, port: int, recording: str | None) -> None:
-    """Run one of the two servers in this process (the benchmark starts it as a subprocess)."""
+    """Run one of the servers in this process (the benchmark starts it as a subprocess)."""
     import uvicorn
 
     if kind == "runtime":
@@ -52,26 +69,42 @@ def serve(kind: str, port: int, recording: str | None) -> None:
 
         app = create_app(settings=load_settings())  # this server process is the root
     else:
-        app = bare_app(Path(recording or "").read_bytes())
+        app = bare_app(json.loads(Path(recording or "").read_text()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def bare_app(recorded: bytes) -> FastAPI:
-    """A FastAPI app whose ``POST /process`` streams ``recorded``, one SSE event per chunk."""
-    chunks = [part + b"\n\n" for part in recorded.split(b"\n\n") if part]
+def bare_app(recorded: dict[str, str]) -> FastAPI:
+    """A FastAPI app whose ``POST /process`` answers with a recorded reply of the runtime."""
+    streamed = recorded["stream"].encode()
+    chunks = [part + b"\n\n" for part in streamed.split(b"\n\n") if part]
+    final = recorded["json"].encode()
     app = FastAPI()
 
     @app.post("/process")
-    async def process(request: Request) -> StreamingResponse:
-        await request.body()
+    async def process(request: Request) -> Response:
+        body = await request.json()
+        if body.get("stream", True) is False:
+            return Response(final, media_type="application/json")
 
-        async def body() -> Any:
+        async def events() -> Any:
             for chunk in chunks:
                 yield chunk
 
-        return StreamingResponse(body(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     return app
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU time the server process has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def free_port() -> int:
@@ -80,7 +113,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start(kind: str, env: dict[str, str], recording: Path | None = None) -> tuple[Any, str]:
+def start(kind: str, env: dict[str, str], recording: Path | None = None) -> Server:
     port = free_port()
     command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
     if recording is not None:
@@ -90,59 +123,169 @@ def start(kind: str, env: dict[str, str], recording: Path | None = None) -> tupl
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:
+            assert process.stderr is not None
             raise SystemExit(f"the {kind} server exited: {process.stderr.read().decode()}")
         try:
-            if httpx.post(f"{url}/process", json=BODY).status_code in (200, 401, 422):
-                return process, url
+            httpx.get(f"{url}/health")
+            return Server(kind, process, url)
         except httpx.TransportError:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the {kind} server did not start") from None
             time.sleep(0.1)
 
 
-async def drive(url: str, key: str, requests: int, concurrency: int) -> tuple[float, list[float]]:
-    """Send ``requests`` requests, ``concurrency`` at a time; (seconds, latencies in ms)."""
-    counter = iter(range(10**9))
-    latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+# --- the load generator -----------------------------------------------------------------
 
-        async def one() -> None:
-            headers = {"Authorization": f"Bearer {key}", "X-User-Id": f"bench-{next(counter)}"}
-            started = time.perf_counter()
-            async with client.stream("POST", "/process", json=BODY, headers=headers) as reply:
-                if reply.status_code != 200:
-                    await reply.aread()
-                    raise SystemExit(f"{url} answered HTTP {reply.status_code}: {reply.text}")
-                async for _ in reply.aiter_raw():
-                    pass
-            latencies.append((time.perf_counter() - started) * 1000)
+# wrk calls request() for every request; ids() gives the user and session of request n.
+WRK_SCRIPT = """
+local counter = 0
+local key = "%(key)s"
+local stream = "%(stream)s"
+local prefix = "%(prefix)s"
+%(ids)s
+request = function()
+  counter = counter + 1
+  local user, session = ids(counter)
+  local body = '{"input":[{"role":"user","content":"hello"}],"stream":' .. stream
+  if session then body = body .. ',"session_id":"' .. session .. '"' end
+  body = body .. '}'
+  return wrk.format("POST", "/process", {
+    ["Authorization"] = "Bearer " .. key,
+    ["X-User-Id"] = user,
+    ["Content-Type"] = "application/json",
+  }, body)
+end
+done = function(summary, latency, requests)
+  local bad = summary.errors.status + summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout
+  io.write(string.format(
+    'RESULT {"requests":%%d,"seconds":%%.6f,"errors":%%d,"p50_us":%%d,"p99_us":%%d,"bytes":%%d}\\n',
+    summary.requests, summary.duration / 1e6, bad,
+    latency:percentile(50), latency:percentile(99), summary.bytes))
+end
+"""
 
-        async def worker(count: int) -> None:
-            for _ in range(count):
-                await one()
 
-        share, extra = divmod(requests, concurrency)
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
-        return time.perf_counter() - started, latencies
+@dataclass
+class Bench:
+    """What every scenario needs: the servers, the key, the load options."""
+
+    key: str
+    servers: dict[str, Server]
+    workdir: Path
+    duration: int
+    connections: int
+    history: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def load(self, server: Server, scenario: str, stream: bool, ids: str) -> dict[str, Any]:
+        """Run wrk against ``server`` with the Lua ``ids(n)`` function; one result row."""
+        script = self.workdir / f"{server.name}-{len(self.rows)}.lua"
+        script.write_text(
+            WRK_SCRIPT
+            % {
+                "key": self.key,
+                "stream": "true" if stream else "false",
+                "prefix": f"{scenario.replace(' ', '-')}-{time.time_ns()}",
+                "ids": ids,
+            }
+        )
+        before = server.cpu_seconds()
+        output = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{self.connections}",
+                f"-d{self.duration}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(script),
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if output.returncode != 0:
+            raise SystemExit(f"wrk failed: {output.stdout}{output.stderr}")
+        cpu = server.cpu_seconds() - before
+        line = next(x for x in output.stdout.splitlines() if x.startswith("RESULT "))
+        result = json.loads(line.removeprefix("RESULT "))
+        if result["errors"]:
+            raise SystemExit(f"{server.name} {scenario}: {result['errors']} failed requests")
+        requests = result["requests"]
+        row = {
+            "scenario": scenario,
+            "stream": stream,
+            "server": server.name,
+            "requests": requests,
+            "requests_per_second": round(requests / result["seconds"], 1),
+            "p50_ms": result["p50_us"] / 1000,
+            "p99_ms": result["p99_us"] / 1000,
+            "cpu_ms_per_request": round(cpu * 1000 / requests, 3),
+            "bytes_per_request": result["bytes"] // requests,
+        }
+        self.rows.append(row)
+        return row
+
+    def both(self, scenario: str, stream: bool, ids: str) -> None:
+        """The scenario on the bare endpoint, then on the runtime."""
+        for name in ("bare", "runtime"):
+            self.load(self.servers[name], scenario, stream, ids)
 
 
-def summarise(
-    runs: list[tuple[float, list[float]]], concurrency: int, reply_bytes: int
-) -> dict[str, Any]:
-    seconds = sum(elapsed for elapsed, _ in runs)
-    ordered = sorted(ms for _, latencies in runs for ms in latencies)
-    return {
-        "requests": len(ordered),
-        "concurrency": concurrency,
-        "seconds": round(seconds, 3),
-        "requests_per_second": round(len(ordered) / seconds, 1),
-        "median_ms": round(statistics.median(ordered), 3),
-        "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1], 3),
-        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1], 3),
-        "reply_bytes": reply_bytes,
-    }
+# --- the scenarios ----------------------------------------------------------------------
+
+
+def new_user(bench: Bench, stream: bool) -> None:
+    """A new user per request: nothing to read but the key."""
+    bench.both("new user", stream, "function ids(n) return prefix .. '-' .. n, nil end")
+
+
+def reused_session(bench: Bench, stream: bool) -> None:
+    """One user's one session, holding ``bench.history`` messages before the run starts."""
+    user, session = f"reused-{time.time_ns()}", "the-session"
+    grow(bench.servers["runtime"].url, bench.key, user, session, bench.history)
+    bench.both("reused session", stream, f"function ids(n) return '{user}', '{session}' end")
+
+
+def new_session(bench: Bench, stream: bool) -> None:
+    """The same user with a new session per request: the user's memory grows."""
+    bench.both(
+        "new session",
+        stream,
+        "function ids(n) return prefix .. '-user', 'session-' .. n end",
+    )
+
+
+# Scenarios run in this order, each streamed and not.
+SCENARIOS: dict[str, Callable[[Bench, bool], None]] = {
+    "new user": new_user,
+    "reused session": reused_session,
+    "new session": new_session,
+}
+
+
+def grow(url: str, key: str, user: str, session: str, messages: int) -> None:
+    """Fill ``session`` with ``messages`` messages (two per turn) through ``/process``."""
+
+    async def fill() -> None:
+        headers = {"Authorization": f"Bearer {key}", "X-User-Id": user}
+        body = {"input": [{"role": "user", "content": "hello"}], "session_id": session}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+            turns = iter(range(messages // 2))
+
+            async def worker() -> None:
+                for _ in turns:
+                    reply = await client.post("/process", json={**body, "stream": False})
+                    reply.raise_for_status()
+
+            await asyncio.gather(*(worker() for _ in range(4)))
+
+    asyncio.run(fill())
+
+
+# --- the run ----------------------------------------------------------------------------
 
 
 def service_key(key_file: Path) -> str:
@@ -155,18 +298,55 @@ def service_key(key_file: Path) -> str:
     return asyncio.run(create())
 
 
-def record_reply(url: str, key: str) -> bytes:
+def record_replies(url: str, key: str) -> dict[str, str]:
     headers = {"Authorization": f"Bearer {key}", "X-User-Id": "bench-recording"}
-    with httpx.stream("POST", f"{url}/process", json=BODY, headers=headers) as reply:
-        return reply.read()
+    body = {"input": [{"role": "user", "content": "hello"}]}
+    streamed = httpx.post(f"{url}/process", json=body, headers=headers, timeout=30)
+    final = httpx.post(
+        f"{url}/process", json={**body, "stream": False}, headers=headers, timeout=30
+    )
+    return {"stream": streamed.text, "json": final.text}
+
+
+def checks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def row(scenario: str, stream: bool, server: str) -> dict[str, Any]:
+        return next(
+            r
+            for r in rows
+            if (r["scenario"], r["stream"], r["server"]) == (scenario, stream, server)
+        )
+
+    results: dict[str, dict[str, Any]] = {}
+    for stream in (True, False):
+        mode = "streamed" if stream else "not streamed"
+        new = row("new user", stream, "runtime")["cpu_ms_per_request"]
+        bare = row("new user", stream, "bare")["cpu_ms_per_request"]
+        reused = row("reused session", stream, "runtime")["cpu_ms_per_request"]
+        results[f"{mode}: new-user CPU/request <= {MAX_CPU_OVER_BARE}x bare"] = {
+            "ratio": round(new / bare, 2),
+            "ok": new <= MAX_CPU_OVER_BARE * bare,
+        }
+        results[f"{mode}: reused-session CPU/request <= {MAX_REUSED_OVER_NEW}x new-user"] = {
+            "ratio": round(reused / new, 2),
+            "ok": reused <= MAX_REUSED_OVER_NEW * new,
+        }
+        for scenario in SCENARIOS:
+            if not any(r["scenario"] == scenario for r in rows):
+                continue
+            runtime = row(scenario, stream, "runtime")
+            ratio = runtime["p99_ms"] / max(runtime["p50_ms"], 0.001)
+            results[f"{mode}: {scenario} p99 <= {MAX_P99_OVER_P50}x p50"] = {
+                "ratio": round(ratio, 2),
+                "ok": ratio <= MAX_P99_OVER_P50,
+            }
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--history", type=int, default=1000, help="messages, reused session")
     parser.add_argument("--serve", choices=["runtime", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recording", help=argparse.SUPPRESS)
@@ -174,48 +354,38 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port, args.recording)
         return
+    if shutil.which("wrk") is None:
+        raise SystemExit(
+            "wrk is not installed: ./scripts/bootstrap debian 'the request benchmark' wrk"
+        )
 
-    with tempfile.TemporaryDirectory() as workdir:
-        key_file = Path(workdir) / "keys.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        key_file = workdir / "keys.json"
         key = service_key(key_file)
         env = {
             **os.environ,
             "AUTH_KEYS_BACKEND": "file",
             "AUTH_KEYS_FILE": str(key_file),
             "AGENT_APP": "agentscope_serverless.agents.demo:app",
+            "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
-        runtime, runtime_url = start("runtime", env)
-        bare = None
+        servers: dict[str, Server] = {}
         try:
-            recording = Path(workdir) / "reply.sse"
-            recording.write_bytes(record_reply(runtime_url, key))
-            bare, bare_url = start("bare", env, recording)
-            urls = {"runtime": runtime_url, "bare": bare_url}
-            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in urls}
-            # Alternate the two servers in rounds, so a change in the machine's load (other
-            # processes) affects both alike.
-            for url in urls.values():
-                asyncio.run(drive(url, key, args.warmup, args.concurrency))
-            for _ in range(args.rounds):
-                for name, url in urls.items():
-                    batch = args.requests // args.rounds
-                    runs[name].append(asyncio.run(drive(url, key, batch, args.concurrency)))
+            servers["runtime"] = start("runtime", env)
+            recording = workdir / "replies.json"
+            recording.write_text(json.dumps(record_replies(servers["runtime"].url, key)))
+            servers["bare"] = start("bare", env, recording)
+            bench = Bench(key, servers, workdir, args.duration, args.connections, args.history)
+            for stream in (True, False):
+                for scenario in SCENARIOS.values():
+                    scenario(bench, stream)
         finally:
-            for process in (runtime, bare):
-                if process is not None:
-                    process.terminate()
-                    process.wait(timeout=30)
-        size = len(recording.read_bytes())
-        results = {name: summarise(rows, args.concurrency, size) for name, rows in runs.items()}
+            for server in servers.values():
+                server.process.terminate()
+                server.process.wait(timeout=30)
 
-    runtime_ms, bare_ms = results["runtime"]["median_ms"], results["bare"]["median_ms"]
-    overhead = {
-        "median_latency_ratio": round(runtime_ms / bare_ms, 3),
-        "throughput_ratio": round(
-            results["bare"]["requests_per_second"] / results["runtime"]["requests_per_second"], 3
-        ),
-    }
-    passed = max(overhead.values()) <= MAX_OVERHEAD
+    verdicts = checks(bench.rows)
     report = {
         "benchmark": "http_bench",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -223,33 +393,34 @@ def main() -> None:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "load_average": os.getloadavg(),
         },
-        "results": results,
-        "overhead": overhead,
-        "max_overhead": MAX_OVERHEAD,
-        "passed": passed,
+        "options": {
+            "duration": args.duration,
+            "connections": args.connections,
+            "history": args.history,
+        },
+        "rows": bench.rows,
+        "checks": verdicts,
     }
     print(
-        f"{'server':<10}{'requests':>10}{'conc.':>7}{'req/s':>10}{'median ms':>11}"
-        f"{'p90 ms':>9}{'p99 ms':>9}{'bytes':>8}"
+        f"{'scenario':<16}{'stream':>7}{'server':>9}{'requests':>10}{'req/s':>9}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/req':>12}"
     )
-    for name, row in results.items():
+    for r in bench.rows:
         print(
-            f"{name:<10}{row['requests']:>10}{row['concurrency']:>7}"
-            f"{row['requests_per_second']:>10.1f}{row['median_ms']:>11.2f}"
-            f"{row['p90_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['reply_bytes']:>8}"
+            f"{r['scenario']:<16}{'yes' if r['stream'] else 'no':>7}{r['server']:>9}"
+            f"{r['requests']:>10}{r['requests_per_second']:>9.1f}{r['p50_ms']:>9.2f}"
+            f"{r['p99_ms']:>9.2f}{r['cpu_ms_per_request']:>12.3f}"
         )
-    print(
-        f"runtime / bare: median latency x{overhead['median_latency_ratio']}, "
-        f"throughput x{overhead['throughput_ratio']} (limit x{MAX_OVERHEAD}): "
-        f"{'PASS' if passed else 'FAIL'}"
-    )
+    print()
+    for name, verdict in verdicts.items():
+        print(f"{'PASS' if verdict['ok'] else 'FAIL'}  {name}: x{verdict['ratio']}")
     RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS / f"http_bench-{stamp}.json"
+    path = RESULTS / f"http_bench-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written to {path}")
-    if not passed:
+    if not all(v["ok"] for v in verdicts.values()):
         raise SystemExit(1)
 
 

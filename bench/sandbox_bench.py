@@ -6,7 +6,10 @@ with the real client over HTTP:
 - ``connect``: ``SandboxService.connect_async`` for a new session (mapping lookup + create),
 - ``first cell``: the first ``run_ipython_cell`` of that sandbox (interpreter start-up),
 - ``cell``: a small ``run_ipython_cell`` on a warm sandbox,
-- ``shell``: a small ``run_shell_command`` on a warm sandbox.
+- ``shell``: a small ``run_shell_command`` on a warm sandbox,
+- ``cell, frozen`` and ``cell, no freeze``: warm cells alternating between this server and a
+  second one started with ``--no-freeze``; the median of their differences is the
+  freeze/resume overhead of a call (local server only).
 
 Prints a table (median and p95 in milliseconds) and writes JSON to ``bench/results/``::
 
@@ -63,7 +66,7 @@ async def timed(call: Awaitable[Any]) -> float:
     return time.perf_counter() - started
 
 
-def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_local_server(root: Path, token: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -78,6 +81,7 @@ def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes],
             str(root),
             "--log-level",
             "warning",
+            *extra,
         ],
         env={**os.environ, "SANDBOX_SERVER_TOKEN": token},
     )
@@ -95,6 +99,26 @@ def start_local_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes],
 
 async def connect(service: SandboxService, session: str, into: list[Sandbox]) -> None:
     into.extend(await service.connect_async(session))
+
+
+async def freeze_overhead(
+    url: str, unfrozen_url: str, token: str, runs: int
+) -> dict[str, list[float]]:
+    """Warm cells alternating between a freezing server and a ``--no-freeze`` one, so both
+    see the same load; the median difference is the freeze/resume overhead of a call."""
+    samples: dict[str, list[float]] = {"cell, frozen": [], "cell, no freeze": []}
+    async with SandboxService(url, token) as frozen, SandboxService(unfrozen_url, token) as plain:
+        session = f"bench-freeze-{secrets.token_hex(4)}"
+        [one] = await frozen.connect_async(session)
+        [other] = await plain.connect_async(session)
+        for box in (one, other):
+            await box.run_ipython_cell_async("total = 0")
+        for _ in range(runs):
+            for name, box in (("cell, frozen", one), ("cell, no freeze", other)):
+                samples[name].append(await timed(box.run_ipython_cell_async("total += 1\ntotal")))
+        await frozen.release_async(session)
+        await plain.release_async(session)
+    return samples
 
 
 async def measure(url: str, token: str, runs: int) -> dict[str, dict[str, float]]:
@@ -134,19 +158,32 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="sandbox-bench-"))
         root.chmod(0o711)
         process, url = start_local_server(root / "data", token)
+    unfrozen = None
     try:
         figures = asyncio.run(measure(url, token, args.runs))
+        if root is not None:
+            unfrozen, unfrozen_url = start_local_server(root / "nofreeze", token, "--no-freeze")
+            pairs = asyncio.run(freeze_overhead(url, unfrozen_url, token, args.runs))
+            figures.update({name: summary(values) for name, values in pairs.items()})
+            overhead = statistics.median(
+                a - b for a, b in zip(pairs["cell, frozen"], pairs["cell, no freeze"], strict=True)
+            )
+            figures["freeze overhead"] = {"runs": args.runs, "median_ms": overhead * 1000}
+            print(f"freeze/resume overhead per call (median of pairs): {overhead * 1000:.2f} ms")
     finally:
-        if process is not None:
-            process.terminate()
-            process.wait(10)
+        for started in (process, unfrozen):
+            if started is not None:
+                started.terminate()
+                started.wait(10)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
 
-    print(f"{'operation':<12} {'runs':>5} {'median ms':>10} {'p95 ms':>10} {'max ms':>10}")
+    print(f"{'operation':<16} {'runs':>5} {'median ms':>10} {'p95 ms':>10} {'max ms':>10}")
     for name, figure in figures.items():
+        if "p95_ms" not in figure:
+            continue
         print(
-            f"{name:<12} {figure['runs']:>5} {figure['median_ms']:>10.1f} "
+            f"{name:<16} {figure['runs']:>5} {figure['median_ms']:>10.1f} "
             f"{figure['p95_ms']:>10.1f} {figure['max_ms']:>10.1f}"
         )
     RESULTS.mkdir(exist_ok=True)

@@ -8,7 +8,13 @@ its own Redis and moto (DynamoDB) servers, then measures, per backend:
 - memory search (top 10) over 1,000, 10,000 and 100,000 memories of one user,
 - for DynamoDB, the requests each operation sends (counted with botocore's
   ``before-send`` events): moto is far slower than DynamoDB, so requests are what
-  carries over to AWS, not its wall time.
+  carries over to AWS, not its wall time;
+- next to the plain Redis commands doing the same reads and writes through the same
+  client: ``get_session`` of 2,000 messages against one ``LRANGE`` of that list, and
+  adding 100,000 memories (search index included) against pipelined ``HSET``s of the same
+  message documents.
+
+``--targets`` runs only the last two comparisons.
 
 It prints a table and writes the numbers to ``bench/results/storage-<time>.json``.
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import aioboto3
+from redis.asyncio import Redis
 
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, LocalStack
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -177,6 +184,81 @@ async def bench_memory(memory: MemoryService, sizes: list[int], queries: int) ->
     return results
 
 
+async def bench_redis_read_against_lrange(url: str, size: int, runs: int) -> dict[str, Any]:
+    """``get_session`` of ``size`` messages, and a plain ``LRANGE`` of its list."""
+    client = Redis.from_url(url)
+    try:
+        async with RedisSessionHistoryService(redis_client=client) as history:
+            user = f"bench-{time.time_ns()}"
+            session = await history.create_session(user, "read")
+            await fill_session(history, session, size)
+            key = f"agentscope:session:{{{user}}}:s:read:messages"
+            assert await client.llen(key) == size
+            # Alternate the two, so a change in the machine's load affects both alike.
+            plain: list[float] = []
+            ours: list[float] = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                await client.lrange(key, 0, -1)
+                plain.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await history.get_session(user, "read")
+                ours.append(time.perf_counter() - start)
+    finally:
+        await client.aclose()
+    return {f"get_session_{size}": summary(ours), f"plain_lrange_{size}": summary(plain)}
+
+
+async def bench_redis_bulk_add_against_hset(url: str, size: int) -> dict[str, Any]:
+    """Adding ``size`` memories, and pipelined ``HSET``s of the same message documents."""
+    rng = random.Random(11)
+    messages = [message(sentence(rng)) for _ in range(size)]
+    client = Redis.from_url(url)
+    try:
+        start = time.perf_counter()
+        for first in range(0, size, 1000):
+            pipeline = client.pipeline(transaction=False)
+            for seq, item in enumerate(messages[first : first + 1000], start=first):
+                pipeline.hset("plain:{bench}:docs", str(seq), item.model_dump_json())
+            await pipeline.execute()
+        plain = time.perf_counter() - start
+        async with RedisMemoryService(redis_client=client) as memory:
+            start = time.perf_counter()
+            await memory.add_memory(f"bench-{time.time_ns()}", messages)
+            ours = time.perf_counter() - start
+    finally:
+        await client.aclose()
+    return {
+        f"add_memory_{size}": {"median_ms": round(ours * 1000, 1), "p95_ms": 0, "runs": 1},
+        f"plain_hset_{size}": {"median_ms": round(plain * 1000, 1), "p95_ms": 0, "runs": 1},
+    }
+
+
+async def run_targets(stack: LocalStack, quick: bool) -> dict[str, Any]:
+    url = stack.redis.url
+    reads = await bench_redis_read_against_lrange(url, 2000, 10 if quick else 40)
+    adds = await bench_redis_bulk_add_against_hset(url, 10_000 if quick else 100_000)
+    return {"redis get_session vs LRANGE": reads, "redis add_memory vs HSET": adds}
+
+
+def target_checks(targets: dict[str, Any]) -> dict[str, Any]:
+    reads = targets["redis get_session vs LRANGE"]
+    read_ratio = reads["get_session_2000"]["median_ms"] / reads["plain_lrange_2000"]["median_ms"]
+    adds = targets["redis add_memory vs HSET"]
+    ours = next(v for k, v in adds.items() if k.startswith("add_memory"))["median_ms"]
+    plain = next(v for k, v in adds.items() if k.startswith("plain_hset"))["median_ms"]
+    return {
+        "redis get_session of 2,000 messages <= 2x plain LRANGE": {
+            "ok": read_ratio <= 2,
+            "detail": f"{read_ratio:.2f}x",
+        },
+        "redis add_memory in bulk <= 2x plain pipelined HSETs": {
+            "ok": ours / plain <= 2,
+            "detail": f"{ours / plain:.2f}x",
+        },
+    }
+
+
 def print_table(results: dict[str, Any]) -> None:
     rows: list[tuple[str, str, str, str, str]] = []
     for backend, operations in results["backends"].items():
@@ -224,7 +306,16 @@ def checks(backends: dict[str, Any], largest: int) -> dict[str, Any]:
     }
 
 
-async def run(stack: LocalStack, quick: bool) -> dict[str, Any]:
+async def run(stack: LocalStack, quick: bool, targets_only: bool) -> dict[str, Any]:
+    targets = await run_targets(stack, quick)
+    if targets_only:
+        return {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {"python": platform.python_version(), "platform": platform.platform()},
+            "quick": quick,
+            "backends": targets,
+            "checks": target_checks(targets),
+        }
     assert stack.dynamodb is not None
     appends, reads, queries = (50, 10, 50) if quick else (200, 30, 200)
     sizes = [1000, 10_000] if quick else [1000, 10_000, 100_000]
@@ -256,17 +347,18 @@ async def run(stack: LocalStack, quick: bool) -> dict[str, Any]:
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "quick": quick,
-        "backends": backends,
-        "checks": checks(backends, sizes[-1]),
+        "backends": backends | targets,
+        "checks": checks(backends, sizes[-1]) | target_checks(targets),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs, up to 10,000 memories")
+    parser.add_argument("--targets", action="store_true", help="only the comparisons with Redis")
     arguments = parser.parse_args()
-    with LocalStack() as stack:
-        results = asyncio.run(run(stack, arguments.quick))
+    with LocalStack(dynamodb=not arguments.targets) as stack:
+        results = asyncio.run(run(stack, arguments.quick, arguments.targets))
     print_table(results)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"storage-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"

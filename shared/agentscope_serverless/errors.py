@@ -191,9 +191,21 @@ class SandboxRequestError(SandboxError):
 
 
 class SandboxCapacityError(SandboxError):
-    """The sandbox server runs as many sandboxes as it may; release some or retry later."""
+    """The sandbox server runs as many sandboxes as it may; release some or retry later
+    (``retry_after`` seconds, sent as ``Retry-After`` with the 429)."""
 
     code = "SANDBOX_CAPACITY"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int = 10) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class SandboxQuotaError(SandboxCapacityError):
+    """The caller (a user, or the owner named at creation) holds as many sandboxes as its
+    share allows; release one or retry later."""
+
+    code = "SANDBOX_QUOTA"
 
 
 __all__ = [
@@ -212,6 +224,7 @@ __all__ = [
     "SandboxCapacityError",
     "SandboxError",
     "SandboxNotFoundError",
+    "SandboxQuotaError",
     "SandboxRequestError",
     "SandboxUnavailableError",
     "ServiceNotStartedError",

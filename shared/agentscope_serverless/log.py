@@ -75,13 +75,15 @@ def _level() -> int:
     return level if isinstance(level, int) else logging.INFO
 
 
+SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "agentscope-serverless"
+
+
 def _make_logger() -> logging.Logger:
     log = logging.getLogger("agentscope_serverless")
     log.setLevel(_level())
     if not log.handlers:
         handler = _StdoutHandler(sys.stdout)
-        service = os.environ.get("POWERTOOLS_SERVICE_NAME") or "agentscope-serverless"
-        handler.setFormatter(JsonFormatter(service))
+        handler.setFormatter(JsonFormatter(SERVICE))
         log.addHandler(handler)
     log.propagate = False
     return log
@@ -95,4 +97,33 @@ def bind_request_id(request_id: str) -> None:
     _request_id.set(request_id)
 
 
-__all__ = ["JsonFormatter", "bind_request_id", "logger"]
+def log_request(
+    request_id: str, method: str | None, path: str | None, status: int, duration_ms: float
+) -> None:
+    """The one line logged per request, with the keys of the logger's lines.
+
+    It is on every request, so it is built only when INFO is enabled and written as one
+    ``json.dumps`` to stdout, without the logging machinery (which costs ten times more).
+    Never pass it anything from the request but these fields.
+    """
+    if logger.getEffectiveLevel() > logging.INFO:
+        return
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now))
+    line = {
+        "level": "INFO",
+        "location": "request",
+        "message": "request",
+        "timestamp": f"{stamp},{int(now * 1000) % 1000:03d}+0000",
+        "service": SERVICE,
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": duration_ms,
+    }
+    sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+__all__ = ["SERVICE", "JsonFormatter", "bind_request_id", "log_request", "logger"]

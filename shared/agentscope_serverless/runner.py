@@ -6,7 +6,8 @@ The handler is called like AgentScope Runtime's query handlers::
 
 where ``self`` is the Runner, ``msgs`` the request's input messages, and ``kwargs`` carry
 ``request``, ``response`` (the :class:`AgentResponse` being built; a handler may set its
-``usage``), ``session`` (the :class:`Session` with its history, loaded before the call) and
+``usage``), ``session`` (the :class:`Session` with the last ``history_window`` messages of its
+history, loaded before the call: page through older ones with ``list_messages``) and
 ``memories`` (long-term memories matching the input; ``[]`` without a memory service).
 
 A handler may be an async (or plain) generator yielding text pieces, :class:`Message`\\ s or
@@ -65,6 +66,8 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 from agentscope_serverless.settings import Settings
 
 FRAMEWORKS = ("text", "agentscope")
+# How many of a session's last messages a run hands to the agent, unless told otherwise.
+DEFAULT_HISTORY_WINDOW = 100
 AGENT_UNKNOWN_ERROR = "AGENT_UNKNOWN_ERROR"
 
 QueryHandler = Callable[..., Any]
@@ -94,6 +97,7 @@ class Runner(ServiceLifecycleManagerMixin):
         shutdown_handler: LifecycleHandler | None = None,
         services: ServiceManager | Services | None = None,
         memory_top_k: int | None = None,
+        history_window: int = DEFAULT_HISTORY_WINDOW,
         settings: Settings | None = None,
     ) -> None:
         if framework not in FRAMEWORKS:
@@ -107,6 +111,7 @@ class Runner(ServiceLifecycleManagerMixin):
         self.shutdown_handler = shutdown_handler
         self._settings = settings
         self._memory_top_k = memory_top_k
+        self.history_window = history_window
         self._services = services.manager() if isinstance(services, Services) else services
         self._typed = typed
         self._owns_services = services is None
@@ -224,8 +229,8 @@ class Runner(ServiceLifecycleManagerMixin):
     ) -> AsyncGenerator[Event, None]:
         """The events of one run, in the order of CONTRACT §7.
 
-        The session (``request.session_id``, or a new uuid) is created if new and its
-        history loaded before the agent is called; the user is ``user_id``, else
+        The session (``request.session_id``, or a new uuid) is created if new and its last
+        ``history_window`` messages loaded before the agent is called; the user is ``user_id``, else
         ``request.user_id``, else the session id. Problems loading the session raise before
         the first event; an agent error ends the stream with a ``failed`` response event.
         Afterwards the input and the agent's messages are appended to the history (the input
@@ -236,7 +241,9 @@ class Runner(ServiceLifecycleManagerMixin):
         request = _as_request(request)
         session_id = new_or_clean_session_id(request.session_id)
         user = user_id or request.user_id or session_id
-        session = await self.session_history_service.create_session(user, session_id)
+        session = await self.session_history_service.open_session(
+            user, session_id, recent=self.history_window
+        )
         memories = await self._recall(user, request.input)
         turn = _Turn(AgentResponse(session_id=session.id))
         for event in turn.start():
@@ -573,4 +580,4 @@ def _agentscope_text(msg: Any) -> str:
     return ""
 
 
-__all__ = ["AGENT_UNKNOWN_ERROR", "FRAMEWORKS", "Runner"]
+__all__ = ["AGENT_UNKNOWN_ERROR", "DEFAULT_HISTORY_WINDOW", "FRAMEWORKS", "Runner"]

@@ -106,6 +106,14 @@ class Settings(BaseSettings):
     sandbox_timeout_seconds: float = Field(
         90.0, gt=0, description="Time limit of one request to the sandbox server, in seconds."
     )
+    sandbox_max_per_user: int = Field(
+        4, ge=1, le=1024, description="Sandboxes one user may hold at once (their share)."
+    )
+    sandbox_weaker_isolation: bool = Field(
+        False,
+        description="Let the embedded sandbox server run where the kernel cannot enforce "
+        "its totals (no root, no cgroups or loop devices).",
+    )
 
     agent_app: str = Field(
         "agentscope_serverless.agents.demo:app",
@@ -114,6 +122,15 @@ class Settings(BaseSettings):
     )
     agent_memory_top_k: int = Field(
         5, ge=1, le=1000, description="How many long-term memories a run hands to the agent."
+    )
+    agent_history_window: int = Field(
+        100,
+        ge=0,
+        le=1000,
+        description=(
+            "How many of the session's last messages a run hands to the agent (read with one"
+            " bounded query; older ones are paged through list_messages)."
+        ),
     )
     auth_mode: AuthMode = Field(
         "keys",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
 import time
 import uuid
@@ -158,12 +159,39 @@ def test_the_key_file_holds_hashes_only_with_private_permissions(tmp_path: Path)
 
 async def test_a_running_file_store_sees_changes_made_by_another(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
-    async with FileKeyStore(path) as server, FileKeyStore(path) as cli:
+    async with FileKeyStore(path, check_seconds=0.2) as server, FileKeyStore(path) as cli:
         issued = await cli.create_key(kind="user", user_id="alice")
+        await asyncio.sleep(0.25)
         assert (await server.authenticate(issued.key)).user_id == "alice"
+        revoked_at = time.monotonic()
         await cli.revoke_key(issued.record.key_id)
-        with pytest.raises(AuthenticationError):
-            await server.authenticate(issued.key)
+        while True:
+            try:
+                await server.authenticate(issued.key)
+            except AuthenticationError:
+                break
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - revoked_at < 1.0
+
+
+async def test_authenticating_makes_no_filesystem_call_per_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path, check_seconds=60) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+        await store.authenticate(issued.key)
+        calls: list[object] = []
+        real_stat = os.stat
+
+        def counting_stat(*args: Any, **kwargs: Any) -> os.stat_result:
+            calls.append(args)
+            return real_stat(*args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", counting_stat)
+        for _ in range(200):
+            assert (await store.authenticate(issued.key)).user_id == "alice"
+    assert calls == []
 
 
 async def test_concurrent_creations_are_all_kept(tmp_path: Path) -> None:

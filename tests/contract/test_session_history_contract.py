@@ -122,6 +122,66 @@ async def test_get_session_of_another_user_returns_none(
     assert await history.get_session(f"{user_id}-other", "s1") is None
 
 
+# --- open_session ---------------------------------------------------------------------
+
+
+async def test_open_session_creates_a_missing_session_empty(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.open_session(user_id, " s1 ", recent=10)
+    assert (session.id, session.user_id, session.messages) == ("s1", user_id, [])
+    assert texts(await history.get_session(user_id, "s1")) == []
+
+
+async def test_open_session_without_id_creates_a_new_one(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.open_session(user_id, None, recent=10)
+    assert uuid.UUID(session.id)
+    assert await history.get_session(user_id, session.id) is not None
+
+
+async def test_open_session_returns_only_the_last_messages_in_order(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, [text_message(f"m{i}") for i in range(12)])
+    assert texts(await history.open_session(user_id, "s1", recent=5)) == [
+        f"m{i}" for i in range(7, 12)
+    ]
+    assert len(texts(await history.open_session(user_id, "s1", recent=50))) == 12
+    assert len(texts(await history.open_session(user_id, "s1", recent=13))) == 12
+    assert texts(await history.open_session(user_id, "s1", recent=0)) == []
+    assert len(texts(await history.get_session(user_id, "s1"))) == 12
+
+
+async def test_open_session_returns_a_copy(history: SessionHistoryService, user_id: str) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("original"))
+    opened = await history.open_session(user_id, "s1", recent=1)
+    message = opened.messages[0]
+    assert isinstance(message, Message)
+    message.content = [TextContent(text="changed")]
+    await history.append_message(opened, text_message("next"))
+    assert texts(await history.get_session(user_id, "s1")) == ["original", "next"]
+
+
+async def test_open_session_of_another_user_does_not_see_the_history(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("private"))
+    assert texts(await history.open_session(f"{user_id}-other", "s1", recent=10)) == []
+
+
+@pytest.mark.parametrize("recent", [-1, 1.5, "3", True, None])
+async def test_open_session_rejects_a_bad_window(
+    history: SessionHistoryService, user_id: str, recent: object
+) -> None:
+    with pytest.raises(InvalidInputError):
+        await history.open_session(user_id, "s1", recent=recent)  # type: ignore[arg-type]
+
+
 # --- delete_session -------------------------------------------------------------------
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +17,7 @@ from agentscope_serverless.http.app import ROUTERS
 from agentscope_serverless.local_stack import free_port
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, issue_key, running
-from tests.support.sandbox_server import RunningServer
+from tests.support.sandbox_server import RunningServer, proc_scan_code
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +181,71 @@ def test_every_router_includes_sandbox_only_with_a_sandbox_server() -> None:
     configured = load_settings(sandbox_base_url="http://127.0.0.1:9", sandbox_bearer_token="t")
     with_server = create_app(settings=configured)
     assert "/sandboxes/{session_id}/tools/{tool_name}" in with_server.openapi()["paths"]
+
+
+def test_a_user_past_their_share_gets_429_and_the_next_user_still_gets_a_sandbox(
+    sandbox_server: RunningServer, keys: Keys
+) -> None:
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url,
+        sandbox_bearer_token=sandbox_server.token,
+        sandbox_max_per_user=2,
+    )
+    app = create_app(["sandbox"], settings=settings, key_store=keys.store)
+    sessions = [f"share-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    with running(app) as url:
+        alice = httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30)
+        bob = httpx.Client(base_url=url, headers=bearer(keys.bob), timeout=30)
+        with alice, bob:
+            assert alice.post(f"/sandboxes/{sessions[0]}").status_code == 200
+            assert alice.post(f"/sandboxes/{sessions[1]}").status_code == 200
+            refused = alice.post(f"/sandboxes/{sessions[2]}")
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) > 0
+            assert refused.json()["error"]["code"] == "SANDBOX_QUOTA"
+            assert bob.post(f"/sandboxes/{sessions[2]}").status_code == 200
+            assert alice.delete(f"/sandboxes/{sessions[0]}").json()["released"] is True
+            assert alice.post(f"/sandboxes/{sessions[2]}").status_code == 200
+            for user, session in ((alice, sessions[1]), (alice, sessions[2]), (bob, sessions[2])):
+                assert user.delete(f"/sandboxes/{session}").json()["released"] is True
+
+
+def embedded_servers_of(parent: int) -> list[bytes]:
+    """The environments of the embedded sandbox servers ``parent`` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if b"agentscope_serverless.sandbox_server\0--uds" in command and (
+            f"PPid:\t{parent}\n" in status
+        ):
+            found.append((entry / "environ").read_bytes())
+    return found
+
+
+def test_the_apps_embedded_sandbox_server_sees_none_of_the_apps_secrets(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary = "canary-" + uuid.uuid4().hex
+    monkeypatch.setenv("LLM_API_KEY", canary)
+    monkeypatch.setenv("REDIS_URL", f"redis://:{canary}@127.0.0.1:1/0")
+    monkeypatch.delenv("SANDBOX_BASE_URL", raising=False)
+    app = create_app(["sandbox"], settings=load_settings(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as alice:
+        session = f"s-{uuid.uuid4().hex[:10]}"
+        assert alice.post(f"/sandboxes/{session}", timeout=60).status_code == 200
+        scan = alice.post(
+            f"/sandboxes/{session}/tools/run_ipython_cell",
+            json={"code": proc_scan_code([canary])},
+            timeout=60,
+        )
+        assert scan.status_code == 200, scan.text
+        assert json.loads(stdout(scan.json()))["hits"] == []
+        servers = embedded_servers_of(os.getpid())
+        assert servers
+        for environ in servers:
+            assert canary.encode() not in environ
+        assert alice.delete(f"/sandboxes/{session}").json()["released"] is True

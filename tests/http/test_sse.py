@@ -70,3 +70,42 @@ async def test_a_failing_source_raises_its_error() -> None:
 
     with pytest.raises(ValueError, match="source failed"):
         await serve(EventStreamResponse(failing(), ping_interval=1.0))
+
+
+async def test_chunks_ready_together_go_out_in_one_write() -> None:
+    async def burst() -> AsyncIterator[bytes]:
+        for piece in (b"a", b"b", b"c"):
+            yield piece
+        await asyncio.sleep(0.05)
+        yield b"d"
+
+    out = bodies(await serve(EventStreamResponse(burst(), ping_interval=10)))
+    assert out == [b"abc", b"d", b""]
+
+
+async def test_an_error_while_producing_ends_the_response_with_it() -> None:
+    async def failing() -> AsyncIterator[bytes]:
+        yield b"a"
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await serve(EventStreamResponse(failing(), ping_interval=10))
+
+
+async def test_a_cancelled_response_closes_the_chunks() -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"x"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    task = asyncio.create_task(serve(EventStreamResponse(endless(), ping_interval=10)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(closed.wait(), 2)

@@ -261,8 +261,9 @@ async def test_the_service_maps_sessions_like_agentscope(fake: tuple[FakeManager
 
     creates = [body for path, body in posts(manager) if path == "/create_from_pool"]
     assert creates == [
-        {"sandbox_type": "base", "meta": {"session_ctx_id": "s1_u1"}},
-        {"sandbox_type": "filesystem", "meta": {"session_ctx_id": "s1_u1"}},
+        # AgentScope's session key, plus the owner our server counts shares by.
+        {"sandbox_type": "base", "meta": {"session_ctx_id": "s1_u1", "owner_id": "u1"}},
+        {"sandbox_type": "filesystem", "meta": {"session_ctx_id": "s1_u1", "owner_id": "u1"}},
     ]
     assert manager.boxes == {}
 

@@ -27,7 +27,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.runner import FRAMEWORKS, LifecycleHandler, QueryHandler, Runner
+from agentscope_serverless.runner import (
+    FRAMEWORKS,
+    LifecycleHandler,
+    QueryHandler,
+    Runner,
+)
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -41,7 +46,10 @@ from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
-from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.services.session_history.base import (
+    MAX_PAGE_SIZE,
+    SessionHistoryService,
+)
 from agentscope_serverless.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,7 +65,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ``before_start(app)`` and ``after_finish(app)`` (sync or async) run around the HTTP
     server's lifetime, with the web application as argument. ``endpoint_path`` is where the
     process endpoint is served, and ``request_model`` (an :class:`AgentRequest` subclass)
-    validates its body.
+    validates its body. ``history_window`` is how many of the session's last messages a run
+    hands to the handler (default: the ``AGENT_HISTORY_WINDOW`` setting, 100).
     """
 
     def __init__(
@@ -74,6 +83,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         state_service: StateService | None = None,
         sandbox_service: SandboxService | None = None,
         with_sandbox: bool = False,
+        history_window: int | None = None,
     ) -> None:
         if not endpoint_path.startswith("/"):
             raise ValueError(f"endpoint_path must start with '/', got {endpoint_path!r}")
@@ -87,6 +97,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self.after_finish = after_finish
         self.framework = "text"
         self.with_sandbox = with_sandbox or sandbox_service is not None
+        if history_window is not None and (
+            isinstance(history_window, bool)
+            or not isinstance(history_window, int)
+            or not 0 <= history_window <= MAX_PAGE_SIZE
+        ):
+            raise ValueError(f"history_window must be an integer from 0 to {MAX_PAGE_SIZE}")
+        self.history_window = history_window
         self._given_services: dict[str, Any] = {
             name: service
             for name, service in (
@@ -189,9 +206,14 @@ class AgentApp(ServiceLifecycleManagerMixin):
         *,
         settings: Settings,
         memory_top_k: int | None = None,
+        history_window: int | None = None,
     ) -> Runner:
         """A runner of this app's handlers on ``services`` (started and stopped by the caller),
-        with the ``settings`` its handlers read (``self.settings`` in a handler)."""
+        with the ``settings`` its handlers read (``self.settings`` in a handler).
+
+        The app's own ``history_window``, when set, wins over the one passed here, which wins
+        over the settings' ``AGENT_HISTORY_WINDOW``.
+        """
         return Runner(
             self._query_handler,
             framework=self.framework,
@@ -200,6 +222,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
             services=services,
             memory_top_k=memory_top_k,
             settings=settings,
+            history_window=(
+                self.history_window
+                if self.history_window is not None
+                else history_window
+                if history_window is not None
+                else settings.agent_history_window
+            ),
         )
 
     async def start(self) -> None:

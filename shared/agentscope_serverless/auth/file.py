@@ -3,7 +3,9 @@
 The file holds only hashes. It is replaced atomically (write to a temporary file, fsync,
 rename) with 0600 permissions, and changes are serialised across processes with an
 advisory lock, so the CLI can create or revoke keys while a server is running: the server
-sees the change on the next request (it re-reads the file when it changes on disk).
+sees the change within ``check_seconds`` (one second by default). A request makes no
+filesystem call: the file's identity is checked at most once per ``check_seconds``, and it
+is re-read only when it changed on disk.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,10 +35,12 @@ class FileKeyStore(KeyStore):
     >>> store = FileKeyStore("/tmp/example-keys.json")
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, check_seconds: float = 1.0) -> None:
         self.path = Path(path).expanduser()
+        self.check_seconds = check_seconds
         self._records: dict[str, KeyRecord] = {}
         self._stamp: tuple[int, int, int] | None = None
+        self._checked_at: float | None = None
 
     async def health(self) -> bool:
         if not self._started:
@@ -47,7 +52,11 @@ class FileKeyStore(KeyStore):
         return True
 
     async def _get(self, key_id: str) -> KeyRecord | None:
-        return self._load().get(key_id)
+        now = time.monotonic()
+        if self._checked_at is None or now - self._checked_at >= self.check_seconds:
+            self._load()
+            self._checked_at = now
+        return self._records.get(key_id)
 
     async def _put(self, record: KeyRecord) -> None:
         def add(records: dict[str, KeyRecord]) -> KeyRecord:
@@ -101,7 +110,7 @@ class FileKeyStore(KeyStore):
         lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            self._stamp = None
+            self._stamp = self._checked_at = None
             records = dict(self._load())
             result = change(records)
             self._write(records)

@@ -46,7 +46,7 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     StoreUnavailableError: 503,
     ServiceNotStartedError: 503,
     SandboxUnavailableError: 503,
-    SandboxCapacityError: 503,
+    SandboxCapacityError: 429,
     SandboxRequestError: 422,
 }
 
@@ -119,7 +119,10 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     status = status_of(exc)
     if status == 500:
         logger.error("request failed", extra={"code": exc.code, "error": type(exc).__name__})
-    return error_response(status, exc.code, exc.message, fields)
+    response = error_response(status, exc.code, exc.message, fields)
+    if isinstance(exc, SandboxCapacityError):
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 def _validation_fields(errors: Sequence[Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless.errors import PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response
-from agentscope_serverless.log import bind_request_id, logger
+from agentscope_serverless.log import bind_request_id, log_request
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -68,14 +68,12 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            logger.info(
-                "request",
-                extra={
-                    "method": scope.get("method"),
-                    "path": scope.get("path"),
-                    "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-                },
+            log_request(
+                request_id,
+                scope.get("method"),
+                scope.get("path"),
+                status,
+                round((time.perf_counter() - started) * 1000, 2),
             )
 
 

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from agentscope_serverless.errors import SandboxError
+from agentscope_serverless.errors import SandboxCapacityError, SandboxError
 from agentscope_serverless.sandbox_protocol import (
     AddMcpServersRequest,
     CallToolRequest,
@@ -33,6 +33,7 @@ from agentscope_serverless.sandbox_protocol import (
     async_body,
     status_for_error,
 )
+from agentscope_serverless.sandbox_server.bodylimit import BodyLimit
 from agentscope_serverless.sandbox_server.manager import SandboxManager
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    # Inside the authentication below: an unauthenticated body is never read.
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.middleware("http")
     async def authenticate(
@@ -95,7 +98,14 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=status_for_error(exc))
+        headers = None
+        if isinstance(exc, SandboxCapacityError):
+            headers = {"Retry-After": str(exc.retry_after)}
+        return JSONResponse(
+            {"detail": exc.message, "code": exc.code},
+            status_code=status_for_error(exc),
+            headers=headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -111,8 +121,8 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
         return JSONResponse({"detail": f"internal error in {request.url.path}"}, status_code=500)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        return manager.health()
 
     @app.post("/create_from_pool")
     async def create_from_pool(body: CreateFromPoolRequest) -> dict[str, Any]:

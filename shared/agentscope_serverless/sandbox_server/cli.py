@@ -24,6 +24,7 @@ import uvicorn
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.sandbox_server.app import create_app
 from agentscope_serverless.sandbox_server.isolation import Limits, Toolchain
+from agentscope_serverless.sandbox_server.jail import HostIsolation
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -46,11 +47,43 @@ def _parser() -> argparse.ArgumentParser:
         help="directory holding the sandboxes' workspaces (env SANDBOX_SERVER_ROOT)",
     )
     parser.add_argument("--token-file", help=f"file holding the bearer token (else ${TOKEN_ENV})")
+    parser.add_argument("--token-fd", type=int, help="read the bearer token from this descriptor")
     parser.add_argument(
         "--dev", action="store_true", help="without a token, make a random one and print it"
     )
     parser.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds)
-    parser.add_argument("--memory-mb", type=int, default=defaults.memory_bytes // 1024**2)
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=defaults.total_memory_bytes // 1024**2,
+        help="memory of a sandbox: of each process, and of all of them with their tmpfs "
+        "together (0: no total)",
+    )
+    parser.add_argument(
+        "--workspace-mb",
+        type=int,
+        default=defaults.workspace_bytes // 1024**2,
+        help="disk of a sandbox's workspace (0: no cap)",
+    )
+    parser.add_argument(
+        "--cpus", type=float, default=defaults.cpus, help="CPUs a sandbox may use (0: no cap)"
+    )
+    parser.add_argument(
+        "--max-tasks",
+        type=int,
+        default=defaults.total_processes,
+        help="processes and threads of a sandbox together (0: no cap)",
+    )
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="let a sandbox's processes run between calls (they are frozen by default)",
+    )
+    parser.add_argument(
+        "--weaker-isolation",
+        action="store_true",
+        help="run even when this host cannot enforce the totals above",
+    )
     parser.add_argument("--file-size-mb", type=int, default=defaults.file_size_bytes // 1024**2)
     parser.add_argument(
         "--interpreter-cpu-seconds",
@@ -64,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
     parser.add_argument("--max-sandboxes", type=int, default=64)
+    parser.add_argument(
+        "--max-sandboxes-per-owner",
+        type=int,
+        help="sandboxes one owner (meta.owner_id, e.g. a user) may hold (default: all)",
+    )
     parser.add_argument("--max-output-bytes", type=int, default=1024**2)
     parser.add_argument("--python", default="/usr/bin/python3", help="Python used in sandboxes")
     parser.add_argument(
@@ -74,10 +112,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token_file:
+    if args.token_fd is not None:
+        with os.fdopen(args.token_fd, "rb") as source:
+            token = source.read(4096).decode().strip()
+    elif args.token_file:
         token = Path(args.token_file).read_text().strip()
     else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
+        token = os.environ.pop(TOKEN_ENV, "").strip()
     if not token and args.dev:
         token = secrets.token_urlsafe(32)
         print(f"sandbox server bearer token (dev mode): {token}", flush=True)
@@ -110,16 +151,65 @@ async def _serve(server: uvicorn.Server, parent_pid: int | None) -> None:
                 await watcher
 
 
+def _host_isolation(config: ServerConfig) -> HostIsolation:
+    """What this host enforces; exit when a configured total cannot be (unless weaker)."""
+    config.root.mkdir(parents=True, exist_ok=True)
+    host = HostIsolation.probe(config.root)
+    configured = config.configured_bounds()
+    missing = host.missing(configured)
+    enforced = [bound for bound in configured if bound not in missing]
+    print(
+        "agentscope-sandbox-server: enforcing sandbox totals: "
+        f"{', '.join(enforced) or 'none'}"
+        + (f"; NOT enforced: {', '.join(missing)}" if missing else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if missing and not config.weaker_isolation:
+        host.close()
+        print(
+            f"agentscope-sandbox-server: this host cannot enforce {', '.join(missing)} "
+            "(run as root with cgroups and loop devices, turn those bounds off, or pass "
+            "--weaker-isolation)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return host
+
+
+def _without_token_in_environment(argv: list[str], *, pass_token: bool) -> None:
+    """Start again with the token gone from the environment (on a pipe when ``pass_token``):
+    the kernel keeps a process's initial environment readable in ``/proc/<pid>/environ``."""
+    token = os.environ.pop(TOKEN_ENV).encode()
+    command = [sys.executable, "-m", "agentscope_serverless.sandbox_server", *argv]
+    if pass_token:
+        reader, writer = os.pipe()
+        os.write(writer, token)  # far less than a pipe's buffer
+        os.close(writer)
+        os.set_inheritable(reader, True)
+        command += ["--token-fd", str(reader)]
+    os.execve(sys.executable, command, dict(os.environ))  # noqa: S606 - this same program
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    if TOKEN_ENV in os.environ:
+        _without_token_in_environment(
+            argv, pass_token=args.token_fd is None and not args.token_file
+        )
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         token = _token(args)
         toolchain = Toolchain.find(args.python)
         limits = Limits(
             cpu_seconds=args.cpu_seconds,
-            memory_bytes=args.memory_mb * 1024**2,
+            memory_bytes=(args.memory_mb or 1024) * 1024**2,
+            total_memory_bytes=args.memory_mb * 1024**2,
+            workspace_bytes=args.workspace_mb * 1024**2,
+            total_processes=args.max_tasks,
+            cpus=args.cpus,
             file_size_bytes=args.file_size_mb * 1024**2,
             processes=args.max_processes,
             interpreter_cpu_seconds=args.interpreter_cpu_seconds,
@@ -133,9 +223,13 @@ def main(argv: list[str] | None = None) -> None:
         limits=limits,
         idle_timeout_seconds=args.idle_timeout,
         max_sandboxes=args.max_sandboxes,
+        max_sandboxes_per_owner=args.max_sandboxes_per_owner or args.max_sandboxes,
         max_output_bytes=args.max_output_bytes,
+        weaker_isolation=args.weaker_isolation,
+        freeze_between_calls=not args.no_freeze,
     )
-    app = create_app(SandboxManager(config, toolchain), token)
+    manager = SandboxManager(config, toolchain, _host_isolation(config))
+    app = create_app(manager, token)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -144,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
             uds=args.uds,
             log_level=args.log_level,
             access_log=False,
+            # Release is bounded: shutdown does not wait long for calls in flight.
+            timeout_graceful_shutdown=5,
         )
     )
     # uvicorn shuts down gracefully on SIGINT and SIGTERM, then re-raises the signal: an

@@ -52,6 +52,21 @@ class Limits:
     open_files: int = 256
     call_timeout_seconds: float = 60.0
     interpreter_cpu_seconds: int = 3600
+    # Totals of the whole sandbox (kernel-enforced where the host allows, see ``jail``).
+    total_memory_bytes: int = 1024**3
+    workspace_bytes: int = 1024**3
+    total_processes: int = 128
+    cpus: float = 1.0
+
+    @property
+    def tmp_bytes(self) -> int:
+        """Size of the sandbox's ``/tmp`` tmpfs (its pages count against the memory total)."""
+        return max(1024**2, self.total_memory_bytes // 2)
+
+    @property
+    def shm_bytes(self) -> int:
+        """Size of the sandbox's ``/dev/shm`` tmpfs."""
+        return max(1024**2, self.total_memory_bytes // 4)
 
     def prlimit_arguments(self) -> list[str]:
         """``prlimit`` options setting each limit (soft and hard alike, so none can be raised)."""
@@ -114,32 +129,39 @@ def check_reachable(directory: Path, uid: int) -> None:
             )
 
 
-def write_identity_files(directory: Path) -> tuple[Path, Path]:
-    """Minimal ``passwd`` and ``group`` files naming only root and the sandbox user."""
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o755)
-    passwd = directory / "passwd"
-    group = directory / "group"
-    passwd.write_text(
-        "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
-        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{WORKSPACE}:/bin/sh\n"
-    )
-    group.write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\n")
-    for path in (passwd, group):
-        path.chmod(0o644)
-    return passwd, group
+PASSWD = (
+    "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{WORKSPACE}:/bin/sh\n"
+)
+GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\n"
+# The only environment of bwrap itself (PID 1 of the sandbox, whose environ is readable there).
+BWRAP_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclass(frozen=True)
+class JailCommand:
+    """How to start a confined program: ``argv``, plus the files bwrap reads from inherited
+    descriptors (its options and the small files it writes inside), so that no host path
+    appears in the command line the sandbox can read in ``/proc/1/cmdline``."""
+
+    argv: list[str]
+    options: bytes
+    files: tuple[bytes, ...]
 
 
 def bwrap_command(
     toolchain: Toolchain,
     limits: Limits,
     workspace: Path,
-    identity_files: tuple[Path, Path],
     program: list[str],
-) -> list[str]:
-    """The full command line running ``program`` confined, with ``workspace`` as its files."""
-    command = [
-        toolchain.bwrap,
+    fds: tuple[int, int, int] = (3, 4, 5),
+) -> JailCommand:
+    """The command running ``program`` confined, with ``workspace`` as its files.
+
+    bwrap reads its options, ``/etc/passwd`` and ``/etc/group`` from the descriptors ``fds``.
+    """
+    options_fd, passwd_fd, group_fd = fds
+    options = [
         "--unshare-all",
         "--unshare-user",
         "--cap-drop",
@@ -171,49 +193,67 @@ def bwrap_command(
     ]
     for directory in SYSTEM_DIRS:
         if os.path.islink(directory):
-            command += ["--symlink", os.readlink(directory), directory]
+            options += ["--symlink", os.readlink(directory), directory]
         elif os.path.isdir(directory):
-            command += ["--ro-bind", directory, directory]
+            options += ["--ro-bind", directory, directory]
     for entry in ETC_ENTRIES:
-        command += ["--ro-bind-try", entry, entry]
-    passwd, group = identity_files
-    command += [
-        "--ro-bind",
-        str(passwd),
+        options += ["--ro-bind-try", entry, entry]
+    options += [
+        "--perms",
+        "0644",
+        "--file",
+        str(passwd_fd),
         "/etc/passwd",
-        "--ro-bind",
-        str(group),
+        "--perms",
+        "0644",
+        "--file",
+        str(group_fd),
         "/etc/group",
         "--bind",
         str(workspace),
         WORKSPACE,
+        "--size",
+        str(limits.tmp_bytes),
         "--tmpfs",
         "/tmp",  # noqa: S108 - a fresh tmpfs inside the sandbox
         "--proc",
         "/proc",
         "--dev",
         "/dev",
+        "--size",
+        str(limits.shm_bytes),
+        "--tmpfs",
+        "/dev/shm",  # noqa: S108 - a fresh tmpfs inside the sandbox
+        "--remount-ro",
+        "/dev",
         # The root (with /etc) is a tmpfs bwrap built; nothing there may change afterwards.
         "--remount-ro",
         "/",
         "--chdir",
         WORKSPACE,
+    ]
+    argv = [
+        toolchain.bwrap,
+        "--args",
+        str(options_fd),
         "--",
         toolchain.prlimit,
         *limits.interpreter_prlimit_arguments(),
         "--",
         *program,
     ]
-    return command
+    encoded = b"".join(option.encode() + b"\0" for option in options)
+    return JailCommand(argv, encoded, (PASSWD.encode(), GROUP.encode()))
 
 
 __all__ = [
+    "BWRAP_ENVIRONMENT",
     "SANDBOX_GID",
     "SANDBOX_UID",
     "WORKSPACE",
+    "JailCommand",
     "Limits",
     "Toolchain",
     "bwrap_command",
     "check_reachable",
-    "write_identity_files",
 ]

@@ -22,9 +22,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentscope_serverless.errors import (
+    ConfigurationError,
     SandboxCapacityError,
     SandboxNotFoundError,
+    SandboxQuotaError,
     SandboxRequestError,
+    SandboxUnavailableError,
 )
 from agentscope_serverless.sandbox_protocol import (
     ALLOWED_DIRECTORY,
@@ -49,7 +52,18 @@ from agentscope_serverless.sandbox_server.isolation import (
     Toolchain,
     bwrap_command,
     check_reachable,
-    write_identity_files,
+)
+from agentscope_serverless.sandbox_server.jail import (
+    CPU,
+    DISK,
+    FREEZE,
+    MEMORY,
+    PROCESSES,
+    HostIsolation,
+    SandboxCgroup,
+    make_template,
+    make_workspace,
+    remove_workspace,
 )
 from agentscope_serverless.sandbox_server.process import SandboxProcess
 
@@ -57,7 +71,13 @@ logger = logging.getLogger(__name__)
 
 VERSION = "agentscope-serverless-sandbox"
 SESSION_CTX_KEY = "session_ctx_id"
+# Who a sandbox is for, and how many sandboxes that owner may hold at once (set by the
+# client, e.g. the sandbox access API for each user; the server's own cap applies too).
+OWNER_KEY = "owner_id"
+OWNER_CAP_KEY = "owner_max_sandboxes"
 MAX_META_KEYS = 32
+# What a refused create tells the client to wait before trying again, in seconds.
+RETRY_AFTER_SECONDS = 10
 
 # Which tools each sandbox type offers. As in AgentScope, where every sandbox image serves
 # the generic tools, a filesystem sandbox runs code too; both types offer every tool.
@@ -75,7 +95,24 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     idle_timeout_seconds: float = 1800.0
     max_sandboxes: int = 64
+    max_sandboxes_per_owner: int = 64
     max_output_bytes: int = 1024**2
+    # Run even when a configured total cannot be enforced by the kernel here.
+    weaker_isolation: bool = False
+    # Freeze a sandbox's processes between calls.
+    freeze_between_calls: bool = True
+
+    def configured_bounds(self) -> list[str]:
+        """The totals this configuration asks for (a zero size turns one off)."""
+        limits = self.limits
+        wanted = {
+            MEMORY: limits.total_memory_bytes > 0,
+            PROCESSES: limits.total_processes > 0,
+            CPU: limits.cpus > 0,
+            FREEZE: self.freeze_between_calls,
+            DISK: limits.workspace_bytes > 0,
+        }
+        return [bound for bound, on in wanted.items() if on]
 
 
 @dataclass
@@ -85,6 +122,7 @@ class _Sandbox:
     meta: dict[str, Any]
     directory: Path
     process: SandboxProcess
+    cgroup: SandboxCgroup | None = None
     created_at: float = field(default_factory=time.time)
     last_used_at: float = field(default_factory=time.time)
     stopped: bool = False
@@ -138,39 +176,98 @@ class SandboxManager:
     ...     await manager.release(sandbox_id)
     """
 
-    def __init__(self, config: ServerConfig, toolchain: Toolchain) -> None:
+    def __init__(
+        self, config: ServerConfig, toolchain: Toolchain, host: HostIsolation | None = None
+    ) -> None:
         self.config = config
         self._toolchain = toolchain
+        self._host = host
         self._sandboxes: dict[str, _Sandbox] = {}
         self._sessions: dict[str, list[str]] = {}
+        self._creating: dict[str | None, int] = {}
+        self._releasing = 0
         self._reaper: asyncio.Task[None] | None = None
         self._warming: set[asyncio.Task[None]] = set()
         self._run_as: tuple[int, int] | None = None
-        self._identity_files: tuple[Path, Path] | None = None
+        self._closing = False
+        self._template: Path | None = None
         self._agent_source = Path(agent.__file__).read_text()
 
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` began: no sandbox is created any more."""
+        return self._closing
+
+    @property
+    def host(self) -> HostIsolation:
+        """What the kernel enforces for this server's sandboxes."""
+        assert self._host is not None, "start() the manager first"
+        return self._host
+
     async def start(self) -> None:
-        """Prepare the root directory and start reaping idle sandboxes."""
+        """Prepare the root directory, find what the host enforces (refusing to run with a
+        configured bound it cannot enforce, unless told to run weaker) and start reaping."""
         root = self.config.root
         (root / "sandboxes").mkdir(parents=True, exist_ok=True)
         # Sandbox processes run as an unprivileged uid that must reach (not list) their dirs.
         root.chmod(0o711)
         (root / "sandboxes").chmod(0o711)
-        self._identity_files = write_identity_files(root / "etc")
+        if self._host is None:
+            self._host = await asyncio.to_thread(HostIsolation.probe, root)
+        await asyncio.to_thread(self._remove_leftovers)
+        missing = self._host.missing(self.config.configured_bounds())
+        if missing and not self.config.weaker_isolation:
+            self._host.close()
+            raise ConfigurationError(
+                f"this host cannot enforce the sandbox totals: {', '.join(missing)} (run as "
+                "root with cgroups and loop devices, turn those bounds off, or pass "
+                "--weaker-isolation to run without them)"
+            )
         if os.geteuid() == 0:
             self._run_as = (SANDBOX_UID, SANDBOX_GID)
             check_reachable(root / "sandboxes", SANDBOX_UID)
+        if self._host.disk is not None and self.config.limits.workspace_bytes > 0:
+            # Made once; each sandbox's workspace is a (sparse) copy of it.
+            self._template = await asyncio.to_thread(
+                make_template,
+                self._host.disk,
+                root / "template" / "workspace.img",
+                self.config.limits.workspace_bytes,
+                self._run_as,
+            )
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def close(self) -> None:
-        """Stop reaping and release every sandbox."""
+        """Stop reaping and creating, and release every sandbox."""
+        self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        for sandbox_id in list(self._sandboxes):
-            await self.release(sandbox_id)
+        await asyncio.gather(*(self.release(sandbox_id) for sandbox_id in list(self._sandboxes)))
+        for task in list(self._warming):
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
+        if self._host is not None:
+            await asyncio.to_thread(self._host.close)
+
+    def health(self) -> dict[str, Any]:
+        """Capacity in use and the bounds enforced (what ``GET /health`` says)."""
+        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
+        full = in_use >= self.config.max_sandboxes
+        host = self._host
+        enforced = host.enforced if host is not None else []
+        configured = self.config.configured_bounds()
+        return {
+            "status": "full" if full else "ok",
+            "sandboxes": in_use,
+            "max_sandboxes": self.config.max_sandboxes,
+            "available": max(0, self.config.max_sandboxes - in_use),
+            "max_sandboxes_per_owner": self.config.max_sandboxes_per_owner,
+            "enforced": [bound for bound in configured if bound in enforced],
+            "not_enforced": [bound for bound in configured if bound not in enforced],
+        }
 
     async def create(
         self,
@@ -215,24 +312,45 @@ class SandboxManager:
         session_ctx_id = meta.get(SESSION_CTX_KEY)
         if session_ctx_id is not None and not isinstance(session_ctx_id, str):
             raise SandboxRequestError("meta.session_ctx_id must be a string")
-        if len(self._sandboxes) >= self.config.max_sandboxes:
-            raise SandboxCapacityError(
-                f"this server already runs {self.config.max_sandboxes} sandboxes"
-            )
+        owner = meta.get(OWNER_KEY)
+        if owner is not None and not isinstance(owner, str):
+            raise SandboxRequestError(f"meta.{OWNER_KEY} must be a string")
+        owner_cap = meta.get(OWNER_CAP_KEY, self.config.max_sandboxes_per_owner)
+        if not isinstance(owner_cap, int) or isinstance(owner_cap, bool) or owner_cap < 1:
+            raise SandboxRequestError(f"meta.{OWNER_CAP_KEY} must be a positive integer")
+        self._check_capacity(owner, min(owner_cap, self.config.max_sandboxes_per_owner))
+        if self._closing:
+            raise SandboxUnavailableError("the sandbox server is shutting down")
         sandbox_id = f"sbx-{uuid.uuid4().hex}"
         directory = self.config.root / "sandboxes" / sandbox_id
-        workspace = directory / "workspace"
-        await asyncio.to_thread(self._make_directories, directory, workspace)
+        self._creating[owner] = self._creating.get(owner, 0) + 1
+        try:
+            workspace, cgroup = await asyncio.to_thread(self._make_jail, sandbox_id, directory)
+        finally:
+            self._creating[owner] -= 1
+            if not self._creating[owner]:
+                del self._creating[owner]
+        if self.closing:  # shut down while this sandbox was being made
+            await asyncio.to_thread(self._remove_jail, directory, cgroup)
+            raise SandboxUnavailableError("the sandbox server is shutting down")
+        limits = self.config.limits
+        program_environment = environment or {}
         sandbox = _Sandbox(
             sandbox_id=sandbox_id,
             sandbox_type=sandbox_type,
             meta=meta,
             directory=directory,
             process=SandboxProcess(
-                self._command(workspace, environment or {}),
+                lambda fds: bwrap_command(
+                    self._toolchain, limits, workspace, self._program(program_environment), fds
+                ),
                 log_path=directory / "agent.log",
                 run_as=self._run_as,
+                cgroup=cgroup,
+                setpriv=self.host.setpriv,
+                freeze=self.config.freeze_between_calls,
             ),
+            cgroup=cgroup,
         )
         self._sandboxes[sandbox_id] = sandbox
         if session_ctx_id:
@@ -243,6 +361,26 @@ class SandboxManager:
             task.add_done_callback(self._warming.discard)
         logger.info("created sandbox %s (%s)", sandbox_id, sandbox_type)
         return sandbox_id
+
+    def _check_capacity(self, owner: str | None, owner_cap: int) -> None:
+        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
+        if in_use >= self.config.max_sandboxes:
+            raise SandboxCapacityError(
+                f"this server already runs {self.config.max_sandboxes} sandboxes; "
+                f"retry in {RETRY_AFTER_SECONDS} s",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        if owner is None:
+            return
+        held = self._creating.get(owner, 0) + sum(
+            1 for sandbox in self._sandboxes.values() if sandbox.meta.get(OWNER_KEY) == owner
+        )
+        if held >= owner_cap:
+            raise SandboxQuotaError(
+                f"this owner already holds {owner_cap} sandboxes (its share); release one "
+                f"or retry in {RETRY_AFTER_SECONDS} s",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
 
     async def release(self, identity: str) -> bool:
         """Stop a sandbox and delete its workspace; False when there is no such sandbox."""
@@ -255,8 +393,13 @@ class SandboxManager:
             ids.remove(identity)
             if not ids:
                 del self._sessions[session_ctx_id]
-        await sandbox.process.stop()
-        await asyncio.to_thread(shutil.rmtree, sandbox.directory, True)
+        # Still counted against the capacity until its processes and files are gone.
+        self._releasing += 1
+        try:
+            await sandbox.process.stop()
+            await asyncio.to_thread(self._remove_jail, sandbox.directory, sandbox.cgroup)
+        finally:
+            self._releasing -= 1
         logger.info("released sandbox %s", identity)
         return True
 
@@ -388,14 +531,50 @@ class SandboxManager:
             raise SandboxNotFoundError(f"no sandbox {identity!r} (released, reaped or unknown)")
         return sandbox
 
-    def _make_directories(self, directory: Path, workspace: Path) -> None:
+    def _make_jail(self, name: str, directory: Path) -> tuple[Path, SandboxCgroup | None]:
+        """The sandbox's directory, capped workspace and cgroup (all or nothing)."""
+        limits = self.config.limits
+        host = self.host
         directory.mkdir(mode=0o711)
-        workspace.mkdir(mode=0o700)
-        if self._run_as is not None:
-            os.chown(workspace, *self._run_as)
+        cgroup = None
+        try:
+            if host.cgroups.bounds:
+                cgroup = host.cgroups.create(
+                    name,
+                    memory=limits.total_memory_bytes,
+                    processes=limits.total_processes,
+                    cpus=limits.cpus,
+                )
+            if host.disk is not None and self._template is not None:
+                workspace = make_workspace(host.disk, directory, self._template)
+            else:
+                workspace = directory / "workspace"
+                workspace.mkdir(mode=0o700)
+                if self._run_as is not None:
+                    os.chown(workspace, *self._run_as)
+        except BaseException:
+            self._remove_jail(directory, cgroup)
+            raise
+        return workspace, cgroup
 
-    def _command(self, workspace: Path, environment: dict[str, str]) -> list[str]:
-        assert self._identity_files is not None, "start() the manager first"
+    def _remove_leftovers(self) -> None:
+        # Sandboxes of an earlier server on this root that did not shut down cleanly.
+        for directory in (self.config.root / "sandboxes").iterdir():
+            logger.info("removing sandbox %s left by an earlier server", directory.name)
+            if self.host.disk is not None:
+                with contextlib.suppress(OSError):
+                    remove_workspace(self.host.disk, directory)
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _remove_jail(self, directory: Path, cgroup: SandboxCgroup | None) -> None:
+        if cgroup is not None:
+            cgroup.remove()
+        host = self.host
+        if host.disk is not None:
+            remove_workspace(host.disk, directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def _program(self, environment: dict[str, str]) -> list[str]:
         limits = self.config.limits
         config = json.dumps(
             {
@@ -406,10 +585,14 @@ class SandboxManager:
                 "environment": environment,
             }
         )
-        program = [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]
-        return bwrap_command(
-            self._toolchain, self.config.limits, workspace, self._identity_files, program
-        )
+        return [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]
 
 
-__all__ = ["SandboxManager", "ServerConfig", "check_workspace_path"]
+__all__ = [
+    "OWNER_CAP_KEY",
+    "OWNER_KEY",
+    "RETRY_AFTER_SECONDS",
+    "SandboxManager",
+    "ServerConfig",
+    "check_workspace_path",
+]

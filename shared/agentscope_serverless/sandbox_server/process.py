@@ -13,11 +13,14 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentscope_serverless.errors import SandboxUnavailableError
+from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
 from agentscope_serverless.sandbox_protocol import CallToolResult
+from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JailCommand
+from agentscope_serverless.sandbox_server.jail import SandboxCgroup
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +28,14 @@ READY_TIMEOUT_SECONDS = 15.0
 # Time the agent gets past a call's own limit to report it, before the process is killed.
 GRACE_SECONDS = 3.0
 REPLY_LIMIT_BYTES = 64 * 1024**2
+# How long a stop waits for the killed bwrap to be reaped (it dies with its PID namespace).
+STOP_WAIT_SECONDS = 2.0
+# Joins the cgroups named before ``--`` (as root, before anything runs), then runs the rest.
+JOIN_CGROUPS = (
+    'for f; do shift; [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; done; exec "$@"'
+)
+
+CommandFactory = Callable[[tuple[int, int, int]], JailCommand]
 SIGNAL_NAMES = {
     signal.SIGXCPU: "its CPU time limit",
     signal.SIGKILL: "a kill signal (a time or memory limit)",
@@ -45,18 +56,32 @@ def _death_reason(returncode: int) -> str:
 class SandboxProcess:
     """The agent process of one sandbox; :meth:`call` runs one tool request in it.
 
-    >>> process = SandboxProcess(["python3", "-c", "..."], log_path=Path("/tmp/x.log"))
+    ``command`` makes the bwrap command for the descriptors its options and files are read
+    from. With a ``cgroup``, every process of the sandbox starts inside it, is frozen
+    between calls and killed with it; ``setpriv`` (as root) drops to ``run_as`` after
+    joining the cgroup.
     """
 
     def __init__(
-        self, command: list[str], *, log_path: Path, run_as: tuple[int, int] | None = None
+        self,
+        command: CommandFactory,
+        *,
+        log_path: Path,
+        run_as: tuple[int, int] | None = None,
+        cgroup: SandboxCgroup | None = None,
+        setpriv: str | None = None,
+        freeze: bool = True,
     ) -> None:
         self._command = command
         self._log_path = log_path
         self._run_as = run_as
+        self._cgroup = cgroup
+        self._setpriv = setpriv
+        self._freezes = freeze
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
+        self._closed = False
         self.restarts = 0
         self.calls_in_flight = 0
 
@@ -65,11 +90,25 @@ class SandboxProcess:
         """True while the agent process is alive."""
         return self._process is not None and self._process.returncode is None
 
+    @property
+    def released(self) -> bool:
+        """True once :meth:`stop` was called: no process starts for this sandbox again."""
+        return self._closed
+
+    @property
+    def frozen(self) -> bool:
+        """True while the sandbox's processes are frozen (between calls)."""
+        return self._cgroup is not None and self._cgroup.frozen
+
     async def warm_up(self) -> None:
         """Start the process now rather than on the first call (errors show on that call)."""
         async with self._lock:
-            with contextlib.suppress(SandboxUnavailableError):
-                await self._ensure_started()
+            with contextlib.suppress(SandboxUnavailableError, SandboxNotFoundError):
+                self._thaw()
+                try:
+                    await self._ensure_started()
+                finally:
+                    self._freeze()
 
     async def call(
         self, tool: str, arguments: dict[str, Any], *, time_limit: float
@@ -78,19 +117,42 @@ class SandboxProcess:
         self.calls_in_flight += 1
         try:
             async with self._lock:
-                return await self._call(tool, arguments, time_limit)
+                if self._closed:
+                    raise SandboxNotFoundError("the sandbox was released")
+                try:
+                    return await self._call(tool, arguments, time_limit)
+                finally:
+                    self._freeze()
         finally:
             self.calls_in_flight -= 1
+
+    def _thaw(self) -> None:
+        if self._closed:
+            raise SandboxNotFoundError("the sandbox was released")
+        if self._cgroup is not None:
+            self._cgroup.thaw()
+
+    def _freeze(self) -> None:
+        # Nothing of the sandbox runs between calls: threads, background processes, timers.
+        if self._cgroup is not None and self._freezes and not self._closed:
+            try:
+                self._cgroup.freeze()
+            except OSError:
+                logger.exception("cannot freeze a sandbox between calls")
 
     async def _call(
         self, tool: str, arguments: dict[str, Any], time_limit: float
     ) -> CallToolResult:
+        if not self.running:
+            self._thaw()  # a new process must not join a frozen cgroup
         process = await self._ensure_started()
         assert process.stdin is not None and process.stdout is not None
         self._next_id += 1
         request = {"id": self._next_id, "tool": tool, "arguments": arguments, "timeout": time_limit}
         try:
             process.stdin.write((json.dumps(request) + "\n").encode())
+            # Thawed once the request waits in the pipe: the agent wakes once, to read it.
+            self._thaw()
             await process.stdin.drain()
             line = await asyncio.wait_for(process.stdout.readline(), time_limit + GRACE_SECONDS)
         except TimeoutError:
@@ -111,7 +173,9 @@ class SandboxProcess:
             return self._lost("the sandbox process sent a malformed reply")
 
     async def stop(self) -> None:
-        """Kill the process and everything in its sandbox, even in the middle of a call."""
+        """Kill the process and everything in its sandbox, even in the middle of a call or
+        of its start; no process starts for this sandbox afterwards."""
+        self._closed = True
         await self._kill()
 
     def _lost(self, reason: str) -> CallToolResult:
@@ -134,23 +198,16 @@ class SandboxProcess:
     async def _ensure_started(self) -> asyncio.subprocess.Process:
         if self._process is not None and self._process.returncode is None:
             return self._process
-        extra: dict[str, Any] = {}
-        if self._run_as is not None:
-            extra = {"user": self._run_as[0], "group": self._run_as[1], "extra_groups": []}
-        log = os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self._command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                limit=REPLY_LIMIT_BYTES,
-                **extra,
-            )
-        finally:
-            os.close(log)
+        if self._cgroup is not None:
+            # Whatever a dead interpreter left behind goes before a new one starts.
+            await asyncio.to_thread(self._cgroup.kill_all)
+        if self._closed:
+            raise SandboxNotFoundError("the sandbox was released")
+        process = await self._spawn()
         self._process = process
+        if self.released:  # released while starting
+            await self._kill()
+            raise SandboxNotFoundError("the sandbox was released")
         assert process.stdout is not None
         try:
             line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
@@ -159,20 +216,72 @@ class SandboxProcess:
             ready = False
         if not ready:
             await self._kill()
+            if self._closed:
+                raise SandboxNotFoundError("the sandbox was released")
             raise SandboxUnavailableError(
                 f"the sandbox process did not start: {self._log_tail() or 'no output'}"
             )
         return process
 
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        # bwrap reads its options and small files from pipes: no host path in its cmdline.
+        pipes = [os.pipe() for _ in range(3)]
+        readers = [reader for reader, _ in pipes]
+        log = os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            jail = self._command((readers[0], readers[1], readers[2]))
+            for (_, writer), data in zip(pipes, (jail.options, *jail.files), strict=True):
+                with os.fdopen(writer, "wb") as stream:
+                    stream.write(data)  # a few KiB: fits the pipe buffer
+            argv = list(jail.argv)
+            drop: dict[str, Any] = {}
+            if self._run_as is not None and self._setpriv is None:
+                drop = {"user": self._run_as[0], "group": self._run_as[1], "extra_groups": []}
+            elif self._run_as is not None and self._setpriv is not None:
+                uid, gid = self._run_as
+                argv = [
+                    self._setpriv,
+                    f"--reuid={uid}",
+                    f"--regid={gid}",
+                    "--clear-groups",
+                    "--",
+                    *argv,
+                ]
+            if self._cgroup is not None:
+                argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self._cgroup.procs_files, "--", *argv]
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                limit=REPLY_LIMIT_BYTES,
+                pass_fds=readers,
+                env=dict(BWRAP_ENVIRONMENT),  # never the server's own environment
+                cwd="/",
+                **drop,
+            )
+        finally:
+            os.close(log)
+            for reader in readers:
+                os.close(reader)
+
     async def _kill(self) -> int:
         process, self._process = self._process, None
-        if process is None:
-            return 0
-        if process.returncode is None:
+        if process is not None and process.returncode is None:
             # bwrap leads its own session; killing the group ends the sandbox's PID namespace.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-        returncode = await process.wait()
+        if self._cgroup is not None:
+            # Exact: every process of the cgroup, whichever session or parent it has now.
+            await asyncio.to_thread(self._cgroup.kill_all)
+        if process is None:
+            return 0
+        try:
+            returncode = await asyncio.wait_for(process.wait(), STOP_WAIT_SECONDS)
+        except TimeoutError:
+            logger.error("a sandbox process did not exit after SIGKILL")
+            returncode = -signal.SIGKILL
         if process.stdin is not None:
             process.stdin.close()
         return returncode

@@ -14,9 +14,11 @@ from __future__ import annotations
 import copy
 import json
 import time
+import types
+import typing
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -128,13 +130,41 @@ class Error(BaseModel):
 
 
 _SCALARS = (str, int, float, type(None))
+_SCALAR_ANNOTATIONS = frozenset({str, int, float, bool, type(None)})
+# Per event class: how many fields it has, and those whose annotation allows something
+# other than a scalar (read on every copy; pydantic's ``model_fields`` is slow to reach).
+_CONTAINER_FIELDS: dict[type[BaseModel], tuple[int, tuple[str, ...]]] = {}
+
+
+def _is_scalar_annotation(annotation: Any) -> bool:
+    if annotation in _SCALAR_ANNOTATIONS:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(arg, _SCALARS) for arg in typing.get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return all(_is_scalar_annotation(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def _container_fields(cls: type[BaseModel]) -> tuple[int, tuple[str, ...]]:
+    known = _CONTAINER_FIELDS.get(cls)
+    if known is None:
+        fields = cls.model_fields
+        known = _CONTAINER_FIELDS[cls] = (
+            len(fields),
+            tuple(n for n, f in fields.items() if not _is_scalar_annotation(f.annotation)),
+        )
+    return known
 
 
 def _copy_data(value: Any, memo: dict[int, Any]) -> Any:
-    """A deep copy of JSON-like data: scalars are shared, lists and dicts rebuilt, the rest
-    (nested models, anything unusual) copied by :func:`copy.deepcopy`."""
+    """A deep copy of JSON-like data: scalars are shared, lists and dicts rebuilt, events
+    copied by their own ``__deepcopy__``, anything else by :func:`copy.deepcopy`."""
     if isinstance(value, _SCALARS):
         return value
+    if isinstance(value, Event):
+        return value.__deepcopy__(memo)
     if isinstance(value, list):
         return [_copy_data(item, memo) for item in value]
     if isinstance(value, dict):
@@ -163,11 +193,20 @@ class Event(BaseModel):
             return super().__deepcopy__(memo)
         cls = type(self)
         copied = cls.__new__(cls)
-        memo[id(self)] = copied
-        object.__setattr__(copied, "__dict__", _copy_data(self.__dict__, memo))
-        object.__setattr__(copied, "__pydantic_extra__", _copy_data(self.__pydantic_extra__, memo))
-        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
-        object.__setattr__(copied, "__pydantic_private__", None)
+        fields = self.__dict__.copy()
+        # Only the fields whose annotation allows lists, dicts or models need copying:
+        # the others hold strings, numbers or None.
+        count, containers = _container_fields(cls)
+        for name in containers if len(fields) == count else list(fields):
+            value = fields[name]
+            if value is not None:
+                fields[name] = _copy_data(value, memo)
+        extra = self.__pydantic_extra__
+        set_slot = object.__setattr__
+        set_slot(copied, "__dict__", fields)
+        set_slot(copied, "__pydantic_extra__", None if extra is None else _copy_data(extra, memo))
+        set_slot(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        set_slot(copied, "__pydantic_private__", None)
         return copied
 
     def created(self) -> Self:

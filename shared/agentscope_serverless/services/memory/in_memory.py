@@ -2,41 +2,53 @@
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
-from collections import Counter
 from dataclasses import dataclass
 
 from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services._stored import decode_messages, encode_message
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.text import (
+    BM25_B,
+    BM25_K1,
     CorpusStats,
     bm25_score,
     idf,
     term_frequencies,
 )
 
+# Scores closer than this count as equal when deciding to stop reading (float rounding).
+_EPSILON = 1e-9
+
+# A posting: (-term frequency, length, -memory seq), so a term's postings sort in the order
+# in which a memory's BM25 contribution for that term decreases, newest first among equals.
+Posting = tuple[int, int, int]
+
 
 @dataclass
 class _Memory:
-    seq: int
     session_id: str
-    message: Message
-    terms: Counter[str]
+    # The message's JSON: what search returns, without a second copy of the model.
+    raw: str
+    terms: dict[str, int]
     length: int
 
 
 @dataclass
 class _UserMemory:
     memories: dict[int, _Memory]
-    postings: dict[str, set[int]]
+    postings: dict[str, list[Posting]]
     total_length: int = 0
 
 
 class InMemoryMemoryService(MemoryService):
     """Memories kept in a dict per user, indexed by token for search.
 
-    A search reads only the memories that contain a query token. Stored messages are
-    private copies; ``stop()`` keeps the data.
+    A search reads only the memories that contain a query token, best first, and stops as
+    soon as no unread one can enter the top ``k``. Memories are kept as JSON (changing a
+    returned message changes nothing stored); ``stop()`` keeps the data.
 
     >>> memory = InMemoryMemoryService()
     """
@@ -48,37 +60,78 @@ class InMemoryMemoryService(MemoryService):
     async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
         user = self._users.setdefault(user_id, _UserMemory(memories={}, postings={}))
         for message in messages:
-            terms, length = term_frequencies(message)
-            memory = _Memory(
-                next(self._seq), session_id, message.model_copy(deep=True), terms, length
-            )
-            user.memories[memory.seq] = memory
+            counts, length = term_frequencies(message)
+            seq = next(self._seq)
+            terms = dict(counts)
+            user.memories[seq] = _Memory(session_id, encode_message(message), terms, length)
             user.total_length += length
-            for term in terms:
-                user.postings.setdefault(term, set()).add(memory.seq)
+            for term, tf in terms.items():
+                bisect.insort(user.postings.setdefault(term, []), (-tf, length, -seq))
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         user = self._users.get(user_id)
         if user is None:
             return []
         stats = CorpusStats(len(user.memories), user.total_length)
+        avg = stats.average_length or 1.0
+
+        def contribution(term_idf: float, tf: int, length: int) -> float:
+            return (
+                term_idf
+                * tf
+                * (BM25_K1 + 1)
+                / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg))
+            )
+
         idfs = {t: idf(stats.documents, len(user.postings[t])) for t in terms if t in user.postings}
-        candidates = set().union(*(user.postings[t] for t in idfs)) if idfs else set()
-        ranked = sorted(
-            (
-                (bm25_score(m.terms, m.length, idfs, stats), m.seq)
-                for m in (user.memories[seq] for seq in candidates)
-            ),
-            reverse=True,
-        )
-        return [user.memories[seq].message.model_copy(deep=True) for _, seq in ranked[:top_k]]
+        # The largest contribution of each term (tf <= length; it grows with tf and shrinks
+        # with length), read largest first; rest[p] bounds what later terms can still add.
+        bounds = {
+            t: contribution(i, -user.postings[t][0][0], -user.postings[t][0][0])
+            for t, i in idfs.items()
+        }
+        order = sorted(idfs, key=bounds.__getitem__, reverse=True)
+        rest = [sum(bounds[t] for t in order[p + 1 :]) for p in range(len(order))]
+        best: list[tuple[float, int]] = []  # min-heap of (score, seq): best[0] is to beat
+        seen: set[int] = set()
+        for p, term in enumerate(order):
+            if len(best) == top_k and bounds[term] + rest[p] + _EPSILON < best[0][0]:
+                break
+            term_idf = idfs[term]
+            for negative_tf, length, negative_seq in user.postings[term]:
+                seq = -negative_seq
+                if len(best) == top_k:
+                    tf = -negative_tf
+                    # Every later posting has a lower tf, or the same tf and a longer text,
+                    # or the same tf and length and an older memory.
+                    bound = contribution(term_idf, tf, length)
+                    if tf > 1:
+                        bound = max(bound, contribution(term_idf, tf - 1, tf - 1))
+                    theta, oldest = best[0]
+                    if bound + rest[p] + _EPSILON < theta:
+                        break
+                    # With no term left after this one, a memory first met here scores its
+                    # contribution for this term exactly: ties go to the newest.
+                    if rest[p] == 0 and (bound < theta or (bound == theta and seq < oldest)):
+                        break
+                if seq in seen:
+                    continue
+                seen.add(seq)
+                memory = user.memories[seq]
+                entry = (bm25_score(memory.terms, memory.length, idfs, stats), seq)
+                if len(best) < top_k:
+                    heapq.heappush(best, entry)
+                elif entry > best[0]:
+                    heapq.heapreplace(best, entry)
+        ranked = sorted(best, reverse=True)
+        return decode_messages([user.memories[seq].raw for _, seq in ranked])
 
     async def _list(self, user_id: str, offset: int, limit: int) -> list[Message]:
         user = self._users.get(user_id)
         if user is None:
             return []
         ordered = sorted(user.memories)[offset : offset + limit]
-        return [user.memories[seq].message.model_copy(deep=True) for seq in ordered]
+        return decode_messages([user.memories[seq].raw for seq in ordered])
 
     async def _delete(self, user_id: str, session_id: str | None) -> None:
         user = self._users.get(user_id)
@@ -90,9 +143,9 @@ class InMemoryMemoryService(MemoryService):
         for seq in [s for s, m in user.memories.items() if m.session_id == session_id]:
             memory = user.memories.pop(seq)
             user.total_length -= memory.length
-            for term in memory.terms:
+            for term, tf in memory.terms.items():
                 postings = user.postings[term]
-                postings.discard(seq)
+                del postings[bisect.bisect_left(postings, (-tf, memory.length, -seq))]
                 if not postings:
                     del user.postings[term]
         if not user.memories:

@@ -24,7 +24,9 @@ expires ``ttl_seconds`` after its last use (read or write).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._redis import (
@@ -34,6 +36,7 @@ from agentscope_serverless.services._redis import (
     escape,
     user_key_prefix,
 )
+from agentscope_serverless.services._stored import decode_messages, encode_message
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
 
@@ -54,29 +57,46 @@ end
 )
 
 # ARGV: ttl, escaped session, count, then per memory: JSON, info JSON, length, number of
-# terms, and (term, tf) pairs.
+# terms, and (term, tf) pairs. Each key is written with a few variadic commands per batch,
+# not one command per memory and term.
 _ADD = (
     _PRELUDE
     + """
 local session, count = ARGV[2], tonumber(ARGV[3])
 local first = redis.call('HINCRBY', KEYS[1], 'seq', count) - count
+local docs, infos, order, sessions, postings, tfs = {}, {}, {}, {}, {}, {}
+local function add(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
 local at, total = 4, 0
 for i = 1, count do
   local id = string.format('%d', first + i)
   local length, terms = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  redis.call('HSET', KEYS[2], id, ARGV[at])
-  redis.call('HSET', KEYS[6], id, ARGV[at + 1])
-  redis.call('ZADD', KEYS[3], id, id)
-  redis.call('ZADD', KEYS[7], 0, session .. '\\0' .. id)
+  add(docs, id, ARGV[at])
+  add(infos, id, ARGV[at + 1])
+  add(order, id, id)
+  add(sessions, 0, session .. '\\0' .. id)
   at = at + 4
   for _ = 1, terms do
-    local term, tf = ARGV[at], tonumber(ARGV[at + 1])
-    redis.call('ZADD', KEYS[4], 0, posting(term, tf, length, id))
-    redis.call('HSET', KEYS[5], term .. '\\0' .. id, tf)
+    local term, tf = ARGV[at], ARGV[at + 1]
+    add(postings, 0, posting(term, tonumber(tf), length, id))
+    add(tfs, term .. '\\0' .. id, tf)
     at = at + 2
   end
   total = total + length
 end
+local function bulk(command, key, items)
+  for i = 1, #items, 4000 do
+    redis.call(command, key, unpack(items, i, math.min(i + 3999, #items)))
+  end
+end
+bulk('HSET', KEYS[2], docs)
+bulk('HSET', KEYS[6], infos)
+bulk('ZADD', KEYS[3], order)
+bulk('ZADD', KEYS[7], sessions)
+bulk('ZADD', KEYS[4], postings)
+bulk('HSET', KEYS[5], tfs)
 redis.call('HINCRBY', KEYS[1], 'docs', count)
 redis.call('HINCRBY', KEYS[1], 'length', total)
 touch(ttl, KEYS)
@@ -316,6 +336,17 @@ return redis.call('HMGET', KEYS[2], unpack(ids))
 )
 
 
+def _add_arguments(ttl: int, session: str, messages: list[Message]) -> list[str | int]:
+    args: list[str | int] = [ttl, session, len(messages)]
+    for message in messages:
+        terms, length = term_frequencies(message)
+        info = json.dumps([length, terms], ensure_ascii=False, separators=(",", ":"))
+        args += [encode_message(message), info, length, len(terms)]
+        for term, tf in terms.items():
+            args += [term, tf]
+    return args
+
+
 class RedisMemoryService(RedisBackedService, MemoryService):
     """Long-term memory on Redis or Redis Cluster (managed Redis / Valkey), indexed for search.
 
@@ -331,22 +362,28 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         return [f"{base}:{name}" for name in _KEY_NAMES]
 
     async def _add(self, user_id: str, session_id: str, messages: list[Message]) -> None:
-        for start in range(0, len(messages), _ADD_BATCH):
-            batch = messages[start : start + _ADD_BATCH]
-            args: list[str | int] = [self._ttl, escape(session_id), len(batch)]
-            for message in batch:
-                terms, length = term_frequencies(message)
-                info = json.dumps([length, terms], ensure_ascii=False, separators=(",", ":"))
-                args += [message.model_dump_json(), info, length, len(terms)]
-                for term, tf in terms.items():
-                    args += [term, tf]
-            await self._redis.run(_ADD, self._keys(user_id), args, idempotent=False)
+        # Batches go one after the other (memory ids follow the messages' order), but the
+        # next batch is prepared while Redis indexes the previous one.
+        keys, session = self._keys(user_id), escape(session_id)
+        pending: asyncio.Future[Any] | None = None
+        try:
+            for start in range(0, len(messages), _ADD_BATCH):
+                args = _add_arguments(self._ttl, session, messages[start : start + _ADD_BATCH])
+                if pending is not None:
+                    await pending
+                pending = asyncio.ensure_future(self._redis.run(_ADD, keys, args, idempotent=False))
+                await asyncio.sleep(0)  # let it send the batch before preparing the next
+            if pending is not None:
+                await pending
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         raw = await self._redis.run(
             _SEARCH, self._keys(user_id), [self._ttl, top_k, *terms], idempotent=True
         )
-        return [Message.model_validate_json(item) for item in raw]
+        return decode_messages(raw)
 
     async def _list(self, user_id: str, offset: int, limit: int) -> list[Message]:
         if offset > MAX_POSITION:
@@ -354,7 +391,7 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         raw = await self._redis.run(
             _LIST, self._keys(user_id), [self._ttl, offset, offset + limit - 1], idempotent=True
         )
-        return [Message.model_validate_json(item) for item in raw]
+        return decode_messages(raw)
 
     async def _delete(self, user_id: str, session_id: str | None) -> None:
         keys = self._keys(user_id)

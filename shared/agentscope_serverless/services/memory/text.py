@@ -27,8 +27,11 @@ _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\u
 
 def tokenize(text: str) -> list[str]:
     """Case-folded word tokens of ``text``, in order (CJK characters one by one)."""
+    words = _WORD.findall(text.casefold())
+    if not _UNSPACED.search(text):
+        return words
     tokens: list[str] = []
-    for word in _WORD.findall(text.casefold()):
+    for word in words:
         if _UNSPACED.search(word):
             tokens.extend(_split_unspaced(word))
         else:

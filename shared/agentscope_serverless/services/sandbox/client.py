@@ -17,7 +17,12 @@ from typing import Any, TypeVar
 
 import httpx
 
-from agentscope_serverless.errors import SandboxError, SandboxUnavailableError
+from agentscope_serverless.errors import (
+    SandboxCapacityError,
+    SandboxError,
+    SandboxQuotaError,
+    SandboxUnavailableError,
+)
 from agentscope_serverless.sandbox_protocol import (
     BASE,
     AddMcpServersRequest,
@@ -60,6 +65,19 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:MAX_DETAIL_LENGTH] or response.reason_phrase
     detail = body.get("detail") if isinstance(body, dict) else body
     return str(detail)[:MAX_DETAIL_LENGTH]
+
+
+def _error(operation: str, failure: str, response: httpx.Response) -> SandboxError:
+    error_class = error_for_status(response.status_code)
+    if issubclass(error_class, SandboxCapacityError):
+        # The server's share (per owner) or its total: same status, a code says which.
+        quota = response.text.find(f'"{SandboxQuotaError.code}"') >= 0
+        retry_after = response.headers.get("retry-after", "")
+        return (SandboxQuotaError if quota else SandboxCapacityError)(
+            f"{operation} failed: {failure}",
+            retry_after=int(retry_after) if retry_after.isdigit() else 10,
+        )
+    return error_class(f"{operation} failed: {failure}")
 
 
 class SandboxClient:
@@ -264,8 +282,7 @@ class SandboxClient:
                 failure = f"{response.status_code} {_detail(response)}"
                 retryable = retry_any_failure and response.status_code in RETRY_STATUSES
                 if not retryable or attempt >= self._retries:
-                    error_class = error_for_status(response.status_code)
-                    raise error_class(f"{operation} failed: {failure}")
+                    raise _error(operation, failure, response)
             if not retryable or attempt >= self._retries:
                 raise SandboxUnavailableError(f"{operation} failed: {failure}")
             await asyncio.sleep(self._retry_backoff * 2**attempt)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,6 +27,9 @@ from agentscope_serverless.errors import SandboxUnavailableError
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 10.0
 SERVER_MODULE = "agentscope_serverless.sandbox_server"
+# All of this process's environment the server gets: never its secrets (API keys, AWS
+# credentials, database URLs); only where to find programs and the package.
+PASSED_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ")
 
 
 class EmbeddedSandboxServer:
@@ -38,8 +42,9 @@ class EmbeddedSandboxServer:
     ...     await server.stop()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, weaker_isolation: bool = False) -> None:
         self.token = secrets.token_urlsafe(32)
+        self._weaker_isolation = weaker_isolation
         self._directory: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -64,26 +69,45 @@ class EmbeddedSandboxServer:
         # Sandbox processes run as an unprivileged uid that must reach their workspaces below.
         directory.chmod(0o711)
         self._directory = directory
+        reader, writer = os.pipe()
+        os.write(writer, self.token.encode())  # far less than a pipe's buffer
+        os.close(writer)
         with open(directory / "server.log", "wb") as log:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    SERVER_MODULE,
-                    "--uds",
-                    self.socket_path,
-                    "--root",
-                    str(directory / "root"),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    "--log-level",
-                    "warning",
-                ],
-                env={**os.environ, "SANDBOX_SERVER_TOKEN": self.token},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
+            try:
+                return self._popen(directory, reader, log)
+            finally:
+                os.close(reader)
+
+    def _popen(self, directory: Path, token_fd: int, log: Any) -> subprocess.Popen[bytes]:
+        # The token travels on a pipe: an environment stays readable in /proc/<pid>/environ.
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                SERVER_MODULE,
+                "--uds",
+                self.socket_path,
+                "--root",
+                str(directory / "root"),
+                "--parent-pid",
+                str(os.getpid()),
+                "--token-fd",
+                str(token_fd),
+                "--log-level",
+                "warning",
+                *(["--weaker-isolation"] if self._weaker_isolation else []),
+            ],
+            env=self.environment(),
+            pass_fds=(token_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+
+    @staticmethod
+    def environment() -> dict[str, str]:
+        """The server's whole environment: a few harmless variables (its token is piped)."""
+        return {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
 
     async def stop(self) -> None:
         """Stop the server (it releases its sandboxes) and delete its directory."""
@@ -106,9 +130,13 @@ class EmbeddedSandboxServer:
             while time.monotonic() < deadline:
                 assert self._process is not None
                 if self._process.poll() is not None:
-                    raise SandboxUnavailableError(
-                        f"the embedded sandbox server exited: {self._log_tail()}"
-                    )
+                    tail = self._log_tail()
+                    if "--weaker-isolation" in tail:
+                        tail += (
+                            " (for the embedded server: set SANDBOX_WEAKER_ISOLATION=true to "
+                            "run it without those totals)"
+                        )
+                    raise SandboxUnavailableError(f"the embedded sandbox server exited: {tail}")
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get("http://sandbox/health")).is_success:
                         return

@@ -119,23 +119,31 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         bearer_token: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_sandboxes_per_user: int | None = None,
+        weaker_isolation: bool = False,
     ) -> None:
         self.base_url = base_url
         self._bearer_token = bearer_token
         self._timeout = timeout
+        # Each user's share of the server: past it, connecting raises SandboxQuotaError (429).
+        self.max_sandboxes_per_user = max_sandboxes_per_user
+        self._weaker_isolation = weaker_isolation
         self._client: SandboxClient | None = None
         self._embedded: EmbeddedSandboxServer | None = None
         self._created: set[str] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SandboxService:
-        """A service configured by ``SANDBOX_BASE_URL``, ``SANDBOX_BEARER_TOKEN`` and
-        ``SANDBOX_TIMEOUT_SECONDS``."""
+        """A service configured by ``SANDBOX_BASE_URL``, ``SANDBOX_BEARER_TOKEN``,
+        ``SANDBOX_TIMEOUT_SECONDS``, ``SANDBOX_MAX_PER_USER`` and
+        ``SANDBOX_WEAKER_ISOLATION``."""
         token = settings.sandbox_bearer_token
         return cls(
             settings.sandbox_base_url,
             token.get_secret_value() if token is not None else None,
             timeout=settings.sandbox_timeout_seconds,
+            max_sandboxes_per_user=settings.sandbox_max_per_user,
+            weaker_isolation=settings.sandbox_weaker_isolation,
         )
 
     def __repr__(self) -> str:
@@ -149,7 +157,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         if self.base_url:
             self._client = SandboxClient(self.base_url, self._bearer_token, timeout=self._timeout)
         else:
-            embedded = EmbeddedSandboxServer()
+            embedded = EmbeddedSandboxServer(weaker_isolation=self._weaker_isolation)
             await embedded.start()
             self._embedded = embedded
             self._client = SandboxClient(
@@ -209,7 +217,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
                 (b for b in existing if b.sandbox_type == sandbox_type and b not in boxes), None
             )
             if box is None:
-                sandbox_id = await client.create_from_pool(sandbox_type, {"session_ctx_id": key})
+                sandbox_id = await client.create_from_pool(sandbox_type, self._meta(key, user_id))
                 self._created.add(sandbox_id)
                 box = Sandbox(client, sandbox_id, sandbox_type)
             boxes.append(box)
@@ -261,6 +269,15 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         assert self._client is not None
         return self._client
+
+    def _meta(self, key: str, user_id: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"session_ctx_id": key}
+        if user_id is not None:
+            # The server counts a user's sandboxes across sessions and holds them to a share.
+            meta["owner_id"] = user_id
+            if self.max_sandboxes_per_user is not None:
+                meta["owner_max_sandboxes"] = self.max_sandboxes_per_user
+        return meta
 
     @staticmethod
     def _key(session_id: str, user_id: str | None) -> str:

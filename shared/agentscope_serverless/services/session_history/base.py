@@ -60,6 +60,25 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         return await self._create_session(user_id, new_or_clean_session_id(session_id))
 
+    async def open_session(
+        self, user_id: str, session_id: str | None = None, *, recent: int
+    ) -> Session:
+        """The session, created if missing, holding only its last ``recent`` messages.
+
+        What a turn needs, read with one bounded query whatever the session's length
+        (``recent=0`` reads no message at all). Older messages are paged through with
+        :meth:`list_messages`.
+
+        >>> async def turn(service: SessionHistoryService) -> None:
+        ...     session = await service.open_session("u1", "s1", recent=100)
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+            raise InvalidInputError("recent must be an integer of at least 0", field="recent")
+        recent = min(recent, MAX_PAGE_SIZE)
+        return await self._open_session(user_id, new_or_clean_session_id(session_id), recent)
+
     async def get_session(self, user_id: str, session_id: str) -> Session | None:
         """The session with its full history, or None when it does not exist."""
         self._ensure_started()
@@ -134,11 +153,19 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         if not messages:
             return
         await self._append_messages(user_id, sid, messages)
-        session.messages.extend(m.model_copy(deep=True) for m in messages)
+        # The validated copies are this call's own: the stores keep JSON, not these objects.
+        session.messages.extend(messages)
 
     @abstractmethod
     async def _create_session(self, user_id: str, session_id: str) -> Session:
         """Create the session if missing; return it as stored (with its history)."""
+
+    @abstractmethod
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        """Create the session if missing; return it with its last ``recent`` messages only.
+
+        Reads at most ``recent`` messages from the store.
+        """
 
     @abstractmethod
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:

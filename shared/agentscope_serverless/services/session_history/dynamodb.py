@@ -63,6 +63,7 @@ from agentscope_serverless.services._dynamodb import (
     s,
     take,
 )
+from agentscope_serverless.services._stored import decode_message, encode_message
 from agentscope_serverless.services._validation import (
     cursor_position,
     encode_cursor,
@@ -231,7 +232,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             message_tails, head = body_items(
                 self._messages_pk(user_id, session_id),
                 position_key(self._prefix(meta), seq),
-                message.model_dump_json(),
+                encode_message(message),
                 extra,
             )
             tails += message_tails
@@ -255,7 +256,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         if limit is not None:
             query["Limit"] = limit
         async for head, body in assemble(self._store.query(**query), now()):
-            yield position_of(prefix, head["sk"]["S"]), Message.model_validate_json(body)
+            yield position_of(prefix, head["sk"]["S"]), decode_message(body)
 
     async def _trim(self, user_id: str, session_id: str, meta: Item) -> None:
         first_visible = self._first_visible(meta)
@@ -287,6 +288,21 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             if created:
                 return Session(id=session_id, user_id=user_id, messages=[])
         return await self._session_with_messages(user_id, session_id, meta)
+
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            meta, created = await self._create_meta(user_id, session_id)
+            if created:
+                return Session(id=session_id, user_id=user_id, messages=[])
+        if recent == 0:
+            return Session(id=session_id, user_id=user_id, messages=[])
+        # The last `recent` sequence numbers: one Query bounded by its key range.
+        after = max(number(meta, "next_seq") - recent, 0)
+        messages: list[Message | dict[str, Any]] = [
+            message async for _, message in self._messages(user_id, session_id, meta, after)
+        ]
+        return Session(id=session_id, user_id=user_id, messages=messages)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
         meta = await self._read_meta(user_id, session_id)

@@ -37,6 +37,12 @@ class InMemorySessionHistoryService(SessionHistoryService):
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
         return self._to_session(user_id, session_id, stored)
 
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        stored = self._sessions.setdefault(user_id, {}).get(session_id)
+        if stored is None:
+            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        return self._to_session(user_id, session_id, stored, recent)
+
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
         stored = self._sessions.get(user_id, {}).get(session_id)
         return None if stored is None else self._to_session(user_id, session_id, stored)
@@ -85,11 +91,14 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored.messages.extend(m.model_copy(deep=True) for m in messages)
 
     @staticmethod
-    def _to_session(user_id: str, session_id: str, stored: _StoredSession) -> Session:
+    def _to_session(
+        user_id: str, session_id: str, stored: _StoredSession, recent: int | None = None
+    ) -> Session:
+        messages = stored.messages
+        if recent is not None:
+            messages = messages[max(len(messages) - recent, 0) :] if recent else []
         return Session(
-            id=session_id,
-            user_id=user_id,
-            messages=[m.model_copy(deep=True) for m in stored.messages],
+            id=session_id, user_id=user_id, messages=[m.model_copy(deep=True) for m in messages]
         )
 
 

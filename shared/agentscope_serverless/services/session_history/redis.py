@@ -32,6 +32,7 @@ from agentscope_serverless.services._redis import (
     text,
     user_key_prefix,
 )
+from agentscope_serverless.services._stored import decode_messages, encode_message
 from agentscope_serverless.services._validation import (
     cursor_position,
     encode_cursor,
@@ -64,6 +65,18 @@ _CREATE = (
 ensure()
 touch()
 return redis.call('LRANGE', KEYS[2], 0, -1)
+"""
+)
+
+# ARGV[3]: how many of the last messages to return (0: none).
+_OPEN = (
+    _PRELUDE
+    + """
+ensure()
+touch()
+local recent = tonumber(ARGV[3])
+if recent == 0 then return {} end
+return redis.call('LRANGE', KEYS[2], string.format('%d', -recent), -1)
 """
 )
 
@@ -206,6 +219,10 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         raw = await self._session_call(_CREATE, user_id, session_id, idempotent=True)
         return Session(id=session_id, user_id=user_id, messages=_parse(raw))
 
+    async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
+        raw = await self._session_call(_OPEN, user_id, session_id, recent, idempotent=True)
+        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
         raw = await self._session_call(_GET, user_id, session_id, idempotent=True)
         if raw is None:
@@ -237,7 +254,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         if raw is None:
             return None
         dropped, length = int(text(raw[0])), int(raw[1])
-        items = [Message.model_validate_json(item) for item in raw[2]]
+        items = decode_messages(raw[2])
         start = max(offset, dropped)
         end = start + len(items)
         return Page[Message](
@@ -253,13 +270,13 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             user_id,
             session_id,
             self._max_messages,
-            *(m.model_dump_json() for m in messages),
+            *(encode_message(m) for m in messages),
             idempotent=False,
         )
 
 
 def _parse(raw: list[Any]) -> list[Message | dict[str, Any]]:
-    return [Message.model_validate_json(item) for item in raw]
+    return list(decode_messages(raw))
 
 
 __all__ = ["RedisSessionHistoryService"]

@@ -1,0 +1,482 @@
+"""Kernel-enforced totals of a sandbox: a control group for its processes, a capped workspace.
+
+Per-process limits (``prlimit``) bound one process; these bound the sandbox as a whole:
+
+- ``memory``: one memory cgroup holds every process of the sandbox and the pages of its
+  tmpfs mounts (``/tmp``, ``/dev/shm``), so N processes x M bytes cannot add up past the total;
+- ``processes``: a pids cgroup caps the number of tasks (threads included) together;
+- ``cpu``: a CPU quota (in CPUs) for the sandbox together;
+- ``freeze``: between calls the freezer cgroup stops every process of the sandbox;
+- ``workspace disk``: the workspace is its own ext4 file system in a sparse image file of
+  the configured size, loop-mounted, so writes stop with ``ENOSPC`` at the cap.
+
+Control groups v2 (a unified hierarchy at ``/sys/fs/cgroup``) and v1 (one hierarchy per
+controller) are both supported; :func:`probe` finds out what this host lets the server do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+MEMORY = "memory"
+PROCESSES = "processes"
+CPU = "cpu"
+FREEZE = "freeze"
+DISK = "workspace disk"
+BOUNDS = (MEMORY, PROCESSES, CPU, FREEZE, DISK)
+V1_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu", FREEZE: "freezer"}
+V2_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
+CPU_PERIOD_US = 100_000
+KILL_TIMEOUT_SECONDS = 2.0
+MiB = 1024**2
+HOST_CPUS = os.cpu_count() or 1
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def _own_cgroup(version: int, controller: str = "") -> str | None:
+    """This process's cgroup path in the v2 hierarchy or the v1 ``controller`` hierarchy."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        if version == 2 and number == "0" and controllers == "":
+            return path
+        if version == 1 and controller in controllers.split(","):
+            return path
+    return None
+
+
+def remove_stale_groups(directory: Path) -> None:
+    """Remove the groups left under ``directory`` by servers that died (killed, crashed):
+    whatever still runs in them is killed first."""
+    for parent in directory.glob("agentscope-sandbox-*"):
+        pid = parent.name.removeprefix("agentscope-sandbox-").removesuffix("-server")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists() or not parent.is_dir():
+            continue
+        children = [child for child in parent.iterdir() if child.is_dir()]
+        for child in children:
+            version = 2 if (child / "cgroup.controllers").exists() else 1
+            freezer = child if (child / "freezer.state").exists() or version == 2 else None
+            SandboxCgroup(version, {"group": child}, freezer).remove()
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+        logger.info("removed the cgroups of a server that is gone (%s)", parent.name)
+
+
+class Cgroups:
+    """The control groups of this server: one parent, one child per sandbox."""
+
+    version: int = 0
+    bounds: frozenset[str] = frozenset()
+
+    def create(self, name: str, *, memory: int, processes: int, cpus: float) -> SandboxCgroup:
+        raise NotImplementedError
+
+    def remove_parent(self) -> None:
+        """Remove the server's parent groups (once every sandbox is gone)."""
+
+
+@dataclass
+class SandboxCgroup:
+    """The cgroup directories of one sandbox (one per v1 hierarchy, or the single v2 one)."""
+
+    version: int
+    directories: dict[str, Path]
+    freezer: Path | None
+    frozen: bool = field(default=False)
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a new process writes its pid to, to join the sandbox."""
+        return [str(d / "cgroup.procs") for d in dict.fromkeys(self.directories.values())]
+
+    def pids(self) -> set[int]:
+        """Every process of the sandbox."""
+        found: set[int] = set()
+        for directory in set(self.directories.values()):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+        return found
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox (they use no CPU until :meth:`thaw`)."""
+        if self.freezer is None or self.frozen:
+            return
+        if self.version == 2:
+            _write(self.freezer / "cgroup.freeze", "1")
+        else:
+            _write(self.freezer / "freezer.state", "FROZEN")
+        self.frozen = True
+
+    def thaw(self) -> None:
+        """Let the sandbox's processes run again."""
+        if self.freezer is None or not self.frozen:
+            return
+        if self.version == 2:
+            _write(self.freezer / "cgroup.freeze", "0")
+        else:
+            _write(self.freezer / "freezer.state", "THAWED")
+        self.frozen = False
+
+    def kill_all(self) -> bool:
+        """SIGKILL every process of the sandbox, including ones that left its process group
+        or were re-parented; True once none is left (waits up to a few seconds)."""
+        deadline = time.monotonic() + KILL_TIMEOUT_SECONDS
+        killer = None if self.freezer is None else self.freezer / "cgroup.kill"
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            if killer is not None and self.version == 2 and killer.exists():
+                with contextlib.suppress(OSError):
+                    _write(killer, "1")
+            else:
+                # Frozen first so nothing forks between the listing and the kill.
+                with contextlib.suppress(OSError):
+                    self.frozen = False
+                    self.freeze()
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            # A frozen task dies only once thawed.
+            with contextlib.suppress(OSError):
+                self.frozen = True
+                self.thaw()
+            if time.monotonic() > deadline:
+                logger.error("processes %s of a sandbox survived SIGKILL", sorted(pids))
+                return False
+            time.sleep(0.005)
+
+    def remove(self) -> None:
+        """Kill what is left and remove the directories."""
+        self.kill_all()
+        for directory in dict.fromkeys(self.directories.values()):
+            for _ in range(200):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        logger.error("cannot remove cgroup %s: %s", directory.name, exc)
+                        break
+                    time.sleep(0.01)
+
+
+class CgroupsV1(Cgroups):
+    """One hierarchy per controller (``/sys/fs/cgroup/memory``, ``pids``, ``cpu``, ``freezer``)."""
+
+    version = 1
+
+    def __init__(self, parents: dict[str, Path]) -> None:
+        self.parents = parents
+        self.bounds = frozenset(parents)
+
+    @classmethod
+    def setup(cls, name: str) -> CgroupsV1:
+        parents: dict[str, Path] = {}
+        for bound, controller in V1_CONTROLLERS.items():
+            hierarchy = CGROUP_ROOT / controller
+            own = _own_cgroup(1, controller)
+            if own is None or not (hierarchy / "cgroup.procs").exists():
+                continue
+            parent = hierarchy / own.lstrip("/") / name
+            with contextlib.suppress(OSError):
+                remove_stale_groups(parent.parent)
+            try:
+                parent.mkdir(exist_ok=True)
+                if controller == "memory":
+                    with contextlib.suppress(OSError):
+                        _write(parent / "memory.use_hierarchy", "1")
+                if controller == "cpu":
+                    # All sandboxes together weigh as much as a busy task per host CPU.
+                    with contextlib.suppress(OSError):
+                        _write(parent / "cpu.shares", str(1024 * HOST_CPUS))
+            except OSError as exc:
+                logger.info("no %s cgroup: %s", controller, exc)
+                continue
+            parents[bound] = parent
+        return cls(parents)
+
+    def create(self, name: str, *, memory: int, processes: int, cpus: float) -> SandboxCgroup:
+        directories: dict[str, Path] = {}
+        try:
+            for bound, parent in self.parents.items():
+                directory = parent / name
+                directory.mkdir()
+                directories[bound] = directory
+                if bound == MEMORY:
+                    _write(directory / "memory.limit_in_bytes", str(memory))
+                    swap = directory / "memory.memsw.limit_in_bytes"
+                    if swap.exists():
+                        with contextlib.suppress(OSError):
+                            _write(swap, str(memory))
+                elif bound == PROCESSES:
+                    _write(directory / "pids.max", str(processes))
+                elif bound == CPU:
+                    _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                    _write(directory / "cpu.cfs_quota_us", str(round(cpus * CPU_PERIOD_US)))
+        except OSError:
+            SandboxCgroup(1, directories, None).remove()
+            raise
+        return SandboxCgroup(1, directories, directories.get(FREEZE))
+
+    def remove_parent(self) -> None:
+        for parent in self.parents.values():
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+class CgroupsV2(Cgroups):
+    """The unified hierarchy: the server moves itself into a leaf so that its own group may
+    hand the memory, pids and cpu controllers down to one child group per sandbox."""
+
+    version = 2
+
+    def __init__(self, parent: Path | None, bounds: frozenset[str]) -> None:
+        self.parent = parent
+        self.bounds = bounds
+
+    @classmethod
+    def setup(cls, name: str) -> CgroupsV2:
+        own = _own_cgroup(2)
+        if own is None:
+            return cls(None, frozenset())
+        base = CGROUP_ROOT / own.lstrip("/")
+        with contextlib.suppress(OSError):
+            remove_stale_groups(base)
+        try:
+            available = set((base / "cgroup.controllers").read_text().split())
+            parent = base / name
+            parent.mkdir(exist_ok=True)
+            if base != CGROUP_ROOT:
+                # No process may stay in a group that hands controllers down: move the server.
+                leaf = base / f"{name}-server"
+                leaf.mkdir(exist_ok=True)
+                _write(leaf / "cgroup.procs", str(os.getpid()))
+            enable = " ".join(f"+{c}" for c in V2_CONTROLLERS.values() if c in available)
+            if enable:
+                _write(base / "cgroup.subtree_control", enable)
+                _write(parent / "cgroup.subtree_control", enable)
+            if "cpu" in available:
+                with contextlib.suppress(OSError):
+                    _write(parent / "cpu.weight", str(min(10000, 100 * HOST_CPUS)))
+        except OSError as exc:
+            logger.info("no delegated cgroup v2 hierarchy: %s", exc)
+            return cls(None, frozenset())
+        enabled = set((parent / "cgroup.subtree_control").read_text().split())
+        bounds = {bound for bound, c in V2_CONTROLLERS.items() if c in enabled}
+        bounds.add(FREEZE)  # cgroup.freeze is part of every v2 group
+        return cls(parent, frozenset(bounds))
+
+    def create(self, name: str, *, memory: int, processes: int, cpus: float) -> SandboxCgroup:
+        assert self.parent is not None
+        directory = self.parent / name
+        directory.mkdir()
+        group = SandboxCgroup(2, dict.fromkeys(self.bounds, directory), directory)
+        try:
+            if MEMORY in self.bounds:
+                _write(directory / "memory.max", str(memory))
+                with contextlib.suppress(OSError):
+                    _write(directory / "memory.swap.max", "0")
+            if PROCESSES in self.bounds:
+                _write(directory / "pids.max", str(processes))
+            if CPU in self.bounds:
+                _write(directory / "cpu.max", f"{round(cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def remove_parent(self) -> None:
+        if self.parent is not None:
+            with contextlib.suppress(OSError):
+                self.parent.rmdir()
+
+
+def setup_cgroups(name: str) -> Cgroups:
+    """This host's cgroups for the server (empty when it may not manage any)."""
+    if os.geteuid() != 0:
+        return Cgroups()
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return CgroupsV2.setup(name)
+    if (CGROUP_ROOT / "memory").is_dir():
+        return CgroupsV1.setup(name)
+    return Cgroups()
+
+
+@dataclass(frozen=True)
+class DiskTools:
+    """The host programs that make a size-capped workspace file system."""
+
+    mkfs: str
+    mount: str
+    umount: str
+    cp: str
+
+    @classmethod
+    def find(cls) -> DiskTools | None:
+        """The tools, when this process may loop-mount file systems (root, loop devices)."""
+        mkfs, mount, umount, cp = (shutil.which(n) for n in ("mkfs.ext4", "mount", "umount", "cp"))
+        if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
+            return None
+        if mkfs is None or mount is None or umount is None or cp is None:
+            return None
+        return cls(mkfs, mount, umount, cp)
+
+
+def make_template(tools: DiskTools, image: Path, size: int, owner: tuple[int, int] | None) -> Path:
+    """An empty ext4 file system image of ``size`` bytes whose root ``owner`` owns (mode 700),
+    which :func:`make_workspace` copies for each sandbox."""
+    image.parent.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as handle:
+        handle.truncate(size)  # sparse: host disk is used only as the sandbox writes
+    uid, gid = owner or (os.geteuid(), os.getegid())
+    _run(
+        tools.mkfs,
+        "-q",
+        "-F",
+        "-m",
+        "0",
+        "-O",
+        "^has_journal",
+        "-E",
+        f"root_owner={uid}:{gid},lazy_itable_init=1,nodiscard",
+        str(image),
+    )
+    mounted = image.with_suffix(".mnt")
+    mounted.mkdir(exist_ok=True)
+    _run(tools.mount, "-o", "loop,nosuid,nodev", str(image), str(mounted))
+    try:
+        with contextlib.suppress(OSError):
+            (mounted / "lost+found").rmdir()
+        mounted.chmod(0o700)
+    finally:
+        _run(tools.umount, str(mounted))
+        mounted.rmdir()
+    return image
+
+
+def make_workspace(tools: DiskTools, directory: Path, template: Path) -> Path:
+    """A workspace at ``directory/workspace``: a fresh copy of the ``template`` file system."""
+    image = directory / "workspace.img"
+    workspace = directory / "workspace"
+    workspace.mkdir(mode=0o700)
+    _run(tools.cp, "--sparse=always", str(template), str(image))
+    _run(tools.mount, "-o", "loop,nosuid,nodev", str(image), str(workspace))
+    return workspace
+
+
+def remove_workspace(tools: DiskTools, directory: Path) -> None:
+    """Unmount the workspace file system (its loop device goes with it) and delete it all."""
+    workspace = directory / "workspace"
+    if os.path.ismount(workspace):
+        try:
+            _run(tools.umount, str(workspace))
+        except OSError:
+            # Busy (a process of the sandbox still exiting): detach now, freed when unused.
+            _run(tools.umount, "-l", str(workspace))
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _run(*command: str) -> None:
+    result = subprocess.run(
+        command, capture_output=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, check=False
+    )
+    if result.returncode != 0:
+        message = result.stderr.decode(errors="replace").strip()
+        raise OSError(f"{Path(command[0]).name} failed: {message}")
+
+
+def probe_disk(tools: DiskTools | None, scratch: Path) -> bool:
+    """True when a capped workspace can actually be made here (tried once at start)."""
+    if tools is None:
+        return False
+    directory = scratch / "probe-disk"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    try:
+        make_workspace(tools, directory, make_template(tools, directory / "t.img", 8 * MiB, None))
+    except OSError as exc:
+        logger.info("no size-capped workspaces: %s", exc)
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            remove_workspace(tools, directory)
+    return True
+
+
+__all__ = [
+    "BOUNDS",
+    "CPU",
+    "DISK",
+    "FREEZE",
+    "MEMORY",
+    "PROCESSES",
+    "Cgroups",
+    "DiskTools",
+    "SandboxCgroup",
+    "make_template",
+    "make_workspace",
+    "probe_disk",
+    "remove_workspace",
+    "setup_cgroups",
+]
+
+
+@dataclass
+class HostIsolation:
+    """What this host lets the server enforce, found once at start (:meth:`probe`)."""
+
+    cgroups: Cgroups
+    disk: DiskTools | None
+    setpriv: str | None
+
+    @classmethod
+    def probe(cls, scratch: Path) -> HostIsolation:
+        """Set up this server's cgroups and try a capped workspace under ``scratch``."""
+        cgroups = setup_cgroups(f"agentscope-sandbox-{os.getpid()}")
+        disk = DiskTools.find()
+        if not probe_disk(disk, scratch):
+            disk = None
+        setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+        if setpriv is None and cgroups.bounds:
+            # Joining a cgroup happens as root before dropping to the sandbox uid.
+            cgroups = Cgroups()
+        return cls(cgroups, disk, setpriv)
+
+    @property
+    def enforced(self) -> list[str]:
+        """The bounds on totals this server enforces, in :data:`BOUNDS` order."""
+        have = set(self.cgroups.bounds) | ({DISK} if self.disk is not None else set())
+        return [bound for bound in BOUNDS if bound in have]
+
+    def missing(self, configured: list[str]) -> list[str]:
+        """The ``configured`` bounds this server cannot enforce."""
+        return [bound for bound in configured if bound not in self.enforced]
+
+    def close(self) -> None:
+        """Remove the server's parent cgroups."""
+        self.cgroups.remove_parent()
+
+
+__all__ += ["HostIsolation"]

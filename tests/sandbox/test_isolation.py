@@ -1,0 +1,445 @@
+"""Hostile code against real sandboxes: secrets, totals, freezing, release races, shares.
+
+These need what the server needs to enforce totals (root, cgroups, loop devices); on a host
+without them the server refuses to start and the fixture fails saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    SandboxCapacityError,
+    SandboxQuotaError,
+)
+from agentscope_serverless.sandbox_server.isolation import Toolchain
+from agentscope_serverless.sandbox_server.jail import (
+    CPU,
+    DISK,
+    FREEZE,
+    MEMORY,
+    PROCESSES,
+    Cgroups,
+    HostIsolation,
+)
+from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
+from agentscope_serverless.services.sandbox import SandboxService
+from agentscope_serverless.services.sandbox.client import SandboxClient
+from tests.support.sandbox_server import (
+    RunningServer,
+    proc_scan_code,
+    start_server,
+    stop_server,
+)
+
+CANARY = "canary-" + "c4n4ry" * 4
+MiB = 1024**2
+
+
+def stdout(result: Any) -> str:
+    if not isinstance(result, dict):
+        result = result.model_dump()
+    return "".join(p["text"] for p in result["content"] if p.get("description") == "stdout")
+
+
+@pytest.fixture(scope="module")
+def hardened() -> Iterator[RunningServer]:
+    """A server with the default 1 GiB memory total, a 128 MiB workspace, a canary in its
+    environment, and small shares (3 sandboxes, 2 per owner)."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-isolation-"))
+    os.environ["SANDBOX_TEST_CANARY"] = CANARY
+    try:
+        server = start_server(
+            root,
+            "--workspace-mb",
+            "128",
+            "--call-timeout",
+            "30",
+            "--max-sandboxes",
+            "3",
+            "--max-sandboxes-per-owner",
+            "2",
+        )
+    finally:
+        del os.environ["SANDBOX_TEST_CANARY"]
+    yield server
+    stop_server(server)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def client(hardened: RunningServer) -> AsyncIterator[SandboxClient]:
+    client = SandboxClient(hardened.url, hardened.token, timeout=60)
+    yield client
+    await client.aclose()
+
+
+async def _cell(client: SandboxClient, sandbox_id: str, code: str) -> Any:
+    return await client.call_tool(sandbox_id, "run_ipython_cell", {"code": code})
+
+
+async def _health(url: str) -> httpx.Response:
+    async with httpx.AsyncClient() as http:
+        return await http.get(f"{url}/health")
+
+
+async def test_no_token_canary_or_host_path_readable_anywhere_in_the_sandbox(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        words = [hardened.token, CANARY, str(hardened.root)]
+        report = json.loads(stdout(await _cell(client, sandbox_id, proc_scan_code(words))))
+        assert report["hits"] == []
+        assert 1 in report["pids"]  # bwrap itself, whose environ used to be the server's
+    finally:
+        await client.release(sandbox_id)
+    # The server removed its token from its own environment after reading it.
+    environ = await asyncio.to_thread(Path(f"/proc/{hardened.process.pid}/environ").read_bytes)
+    assert hardened.token.encode() not in environ
+
+
+async def test_embedded_server_gets_none_of_the_apps_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLM_API_KEY", CANARY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY + "-aws")
+    async with SandboxService() as service:
+        embedded = service._embedded
+        assert embedded is not None and embedded._process is not None
+        server_environ = await asyncio.to_thread(
+            Path(f"/proc/{embedded._process.pid}/environ").read_bytes
+        )
+        assert CANARY.encode() not in server_environ
+        assert embedded.token.encode() not in server_environ
+        [box] = await service.connect_async("canary-session", "u1")
+        report = json.loads(
+            stdout(await box.run_ipython_cell_async(proc_scan_code([CANARY, embedded.token])))
+        )
+        assert report["hits"] == []
+
+
+async def test_processes_together_stay_within_the_memory_total(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        code = r"""
+import subprocess
+child = (
+    "import time\n"
+    "b = bytearray(500 * 1024 * 1024)\n"
+    "for i in range(0, len(b), 4096): b[i] = 1\n"
+    "print('granted', flush=True)\n"
+    "time.sleep(3)\n"
+)
+run = ["python3", "-c", child]
+out, err = subprocess.PIPE, subprocess.DEVNULL
+procs = [subprocess.Popen(run, stdout=out, stderr=err) for _ in range(6)]
+granted = sum(p.communicate()[0].count(b"granted") for p in procs)
+print(granted)
+"""
+        granted = int(stdout(await _cell(client, sandbox_id, code)).strip() or 0)
+        assert granted < 6
+        assert (await _health(hardened.url)).json()["status"] in ("ok", "full")
+    finally:
+        await client.release(sandbox_id)
+
+
+@pytest.mark.parametrize("directory", ["/tmp", "/workspace"])
+async def test_writing_4_gib_stops_at_the_cap_with_an_error(
+    client: SandboxClient, hardened: RunningServer, directory: str
+) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        # 4 GiB in 64 files of 64 MiB (the file size limit): the first failure ends it.
+        code = f"""
+import os
+written, error = 0, None
+chunk = b"x" * (1024 * 1024)
+try:
+    for n in range(64):
+        with open("{directory}/fill-%d" % n, "wb") as handle:
+            for _ in range(64):
+                handle.write(chunk)
+                written += len(chunk)
+except OSError as exc:
+    error = exc.strerror
+print(written // (1024 * 1024), error)
+"""
+        written_mib, error = stdout(await _cell(client, sandbox_id, code)).split(maxsplit=1)
+        assert "No space left on device" in error
+        assert int(written_mib) <= 512  # the workspace cap (128) or /tmp (half of 1 GiB)
+        follow = await _cell(client, sandbox_id, "print('still here')")
+        assert stdout(follow) == "still here\n"
+        assert (await _health(hardened.url)).status_code == 200
+    finally:
+        await client.release(sandbox_id)
+
+
+async def test_nothing_runs_between_calls(client: SandboxClient, hardened: RunningServer) -> None:
+    sandbox_id = await client.create_from_pool("base", {})
+    tick = hardened.root / "sandboxes" / sandbox_id / "workspace" / "tick"
+    try:
+        started = """
+import threading, time, subprocess
+def loop():
+    n = 0
+    while True:
+        n += 1
+        with open("/workspace/tick", "w") as handle:
+            handle.write(str(n))
+        time.sleep(0.01)
+threading.Thread(target=loop, daemon=True).start()
+shell = "while true; do date +%s%N >> /workspace/shell-tick; sleep 0.01; done"
+subprocess.Popen(["sh", "-c", shell])
+time.sleep(0.5)
+"""
+        await _cell(client, sandbox_id, started)
+        before = (tick.read_text(), tick.with_name("shell-tick").read_text())
+        await asyncio.sleep(1.5)
+        after = (tick.read_text(), tick.with_name("shell-tick").read_text())
+        assert before == after
+        # The next call resumes them.
+        await _cell(client, sandbox_id, "import time; time.sleep(0.5)")
+        assert tick.read_text() != after[0]
+    finally:
+        await client.release(sandbox_id)
+
+
+def _jail_pids(server_pid: int) -> list[int]:
+    """Processes in the server's sandbox cgroups, or bwrap children of the server."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        parent = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), ""
+        )
+        if f"agentscope-sandbox-{server_pid}/" in cgroups or parent == str(server_pid):
+            found.append(int(entry.name))
+    return found
+
+
+def _bwrap_uids_of_children(parent: int) -> set[int]:
+    uids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if command.startswith(b"/usr/bin/bwrap\0") and fields["PPid"].strip() == str(parent):
+            uids.add(int(fields["Uid"].split()[0]))
+    return uids
+
+
+def _leftovers(server_pid: int, sandbox_id: str) -> list[str]:
+    """Mounts, processes and cgroups left by a server (its cgroups sit below this test's)."""
+    found = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    found = [line for line in found if sandbox_id in line]
+    found += [f"pid {pid}" for pid in _jail_pids(server_pid)]
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        hierarchy = Path("/sys/fs/cgroup")
+        if controllers:
+            hierarchy /= controllers.split(",")[0]
+        parent = hierarchy / path.lstrip("/") / f"agentscope-sandbox-{server_pid}"
+        if parent.exists():
+            found.append(str(parent))
+    return found
+
+
+@pytest.fixture
+def cpu_burners() -> Iterator[None]:
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+async def test_200_create_release_pairs_in_random_order_under_load_leave_nothing(
+    tmp_path: Path, cpu_burners: None
+) -> None:
+    root = Path(tempfile.mkdtemp(prefix="sandbox-races-"))
+    server = start_server(root, "--workspace-mb", "16", "--max-sandboxes", "64")
+    durations: list[float] = []
+    rng = random.Random(10)
+    client = SandboxClient(server.url, server.token, timeout=60)
+
+    async def pair(number: int) -> None:
+        sandbox_id = await client.create_from_pool("base", {"session_ctx_id": f"s{number}"})
+        mode = rng.choice(["now", "starting", "calling", "twice", "after-call"])
+        call = None
+        if mode == "starting":
+            await asyncio.sleep(rng.uniform(0, 0.2))
+        elif mode in ("calling", "after-call"):
+            call = asyncio.create_task(
+                client.call_tool(sandbox_id, "run_shell_command", {"command": "sleep 20 & sleep 1"})
+            )
+            if mode == "after-call":
+                await call
+                call = None
+            else:
+                await asyncio.sleep(rng.uniform(0, 0.5))
+        started = time.monotonic()
+        if mode == "twice":
+            await asyncio.gather(client.release(sandbox_id), client.release(sandbox_id))
+        else:
+            await client.release(sandbox_id)
+        durations.append(time.monotonic() - started)
+        if call is not None:
+            await asyncio.gather(call, return_exceptions=True)
+
+    try:
+        pending = list(range(200))
+        while pending:
+            batch, pending = pending[:25], pending[25:]
+            await asyncio.gather(*(pair(n) for n in batch))
+        assert len(durations) == 200
+        assert max(durations) < 5.0
+        assert list((server.root / "sandboxes").iterdir()) == []
+        assert _jail_pids(server.process.pid) == []
+        assert (await _health(server.url)).json()["sandboxes"] == 0
+        # Shutdown with sandboxes running mid-call: SIGTERM stops them all and exits.
+        ids = [await client.create_from_pool("base", {}) for _ in range(3)]
+        calls = [
+            asyncio.create_task(client.call_tool(i, "run_shell_command", {"command": "sleep 30"}))
+            for i in ids
+        ]
+        await asyncio.sleep(1.0)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(server.process.wait, 15)
+        await asyncio.gather(*calls, return_exceptions=True)
+        assert _jail_pids(server.process.pid) == []
+        assert list((server.root / "sandboxes").iterdir()) == []
+    finally:
+        await client.aclose()
+        stop_server(server)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_one_user_fills_their_share_and_the_next_user_still_gets_a_sandbox(
+    hardened: RunningServer,
+) -> None:
+    async with SandboxService(hardened.url, hardened.token) as service:
+        await service.connect_async("a1", "alice")
+        await service.connect_async("a2", "alice")
+        with pytest.raises(SandboxQuotaError) as refused:
+            await service.connect_async("a3", "alice")
+        assert refused.value.code == "SANDBOX_QUOTA"
+        await service.connect_async("b1", "bob")  # the third, last sandbox of the server
+        health = (await _health(hardened.url)).json()
+        assert (health["status"], health["sandboxes"], health["available"]) == ("full", 3, 0)
+        with pytest.raises(SandboxCapacityError) as full:
+            await service.connect_async("c1", "carol")
+        assert full.value.code == "SANDBOX_CAPACITY"
+        response = await asyncio.to_thread(
+            httpx.post,
+            f"{hardened.url}/create_from_pool",
+            json={"sandbox_type": "base", "meta": {}},
+            headers={"Authorization": f"Bearer {hardened.token}"},
+        )
+        assert response.status_code == 429
+        assert int(response.headers["retry-after"]) > 0
+        assert response.json()["code"] == "SANDBOX_CAPACITY"
+        for session, user in (("a1", "alice"), ("a2", "alice"), ("b1", "bob")):
+            await service.release_async(session, user)
+
+
+def test_a_chunked_body_past_the_cap_is_refused(hardened: RunningServer) -> None:
+    head = (
+        f"POST /call_tool HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {hardened.token}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    chunk = b"%x\r\n%s\r\n" % (MiB, b" " * MiB)
+    with socket.create_connection(("127.0.0.1", hardened.port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(100):
+                sock.sendall(chunk)
+        except OSError:
+            pass  # the server answered and closed before the 100 MiB were sent
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert httpx.get(f"{hardened.url}/health").status_code == 200
+
+
+async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
+    # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
+    tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-weaker-"))
+    os.chmod(tmp_path, 0o711)
+    toolchain = Toolchain.find("/usr/bin/python3")
+    nothing = HostIsolation(Cgroups(), None, None)  # a host without cgroups or loop devices
+    strict = SandboxManager(ServerConfig(tmp_path / "strict"), toolchain, nothing)
+    with pytest.raises(ConfigurationError, match="memory, processes, cpu, freeze, workspace"):
+        await strict.start()
+    weaker = SandboxManager(
+        ServerConfig(tmp_path / "weaker", weaker_isolation=True), toolchain, nothing
+    )
+    await weaker.start()
+    try:
+        health = weaker.health()
+        assert health["enforced"] == []
+        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK]
+        # Still jailed, as the unprivileged uid, only without the kernel-enforced totals.
+        sandbox_id = await weaker.create_from_pool("base", {})
+        command = {"command": "sleep 1"}
+        call = asyncio.create_task(weaker.call_tool(sandbox_id, "run_shell_command", command))
+        await asyncio.sleep(0.5)
+        owners = await asyncio.to_thread(_bwrap_uids_of_children, os.getpid())
+        await call
+        assert owners == {65534 if os.geteuid() == 0 else os.geteuid()}
+    finally:
+        await weaker.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_root() -> None:
+    root = Path(tempfile.mkdtemp(prefix="sandbox-crash-"))
+    first = start_server(root, "--workspace-mb", "16")
+    try:
+        client = SandboxClient(first.url, first.token, timeout=30)
+        sandbox_id = await client.create_from_pool("base", {})
+        call = asyncio.create_task(
+            client.call_tool(sandbox_id, "run_shell_command", {"command": "sleep 30"})
+        )
+        await asyncio.sleep(1.0)
+        first.process.kill()
+        await asyncio.to_thread(first.process.wait)
+        await asyncio.gather(call, return_exceptions=True)
+        await client.aclose()
+        assert (first.root / "sandboxes" / sandbox_id).exists()
+        second = start_server(root, "--workspace-mb", "16")
+        try:
+            assert list((second.root / "sandboxes").iterdir()) == []
+            assert await asyncio.to_thread(_leftovers, first.process.pid, sandbox_id) == []
+        finally:
+            stop_server(second)
+    finally:
+        stop_server(first)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,76 @@
+"""In-memory memory search stops reading early, yet ranks exactly like scoring every match."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.services.memory import InMemoryMemoryService, in_memory
+from agentscope_serverless.services.memory.text import (
+    CorpusStats,
+    bm25_score,
+    idf,
+    query_terms,
+    term_frequencies,
+)
+
+WORDS = [f"w{i}" for i in range(30)]
+WEIGHTS = [1 / (rank + 1) for rank in range(len(WORDS))]
+
+
+def msg(text: str) -> Message:
+    return Message(role="user", content=[TextContent(text=text)])
+
+
+def exhaustive(memories: list[Message], query: Message, top_k: int) -> list[str]:
+    """The top ``top_k`` ids by BM25 over every memory (ties: the most recent)."""
+    counted = [term_frequencies(m) for m in memories]
+    stats = CorpusStats(len(memories), sum(length for _, length in counted))
+    terms = query_terms(query)
+    frequencies = {t: sum(1 for counts, _ in counted if t in counts) for t in terms}
+    idfs = {t: idf(stats.documents, df) for t, df in frequencies.items() if df}
+    scored = [
+        (bm25_score(counts, length, idfs, stats), position)
+        for position, (counts, length) in enumerate(counted)
+        if any(t in counts for t in idfs)
+    ]
+    return [memories[position].id for _, position in sorted(scored, reverse=True)[:top_k]]
+
+
+async def test_search_ranks_like_scoring_every_matching_memory(user_id: str) -> None:
+    rng = random.Random("in-memory-cutoff")
+    memories: list[Message] = []
+    for _ in range(800):
+        if memories and rng.random() < 0.2:  # exact duplicates: ties to break by recency
+            memories.append(msg(memories[rng.randrange(len(memories))].get_text_content() or ""))
+        else:
+            memories.append(msg(" ".join(rng.choices(WORDS, WEIGHTS, k=rng.randint(1, 10)))))
+    async with InMemoryMemoryService() as service:
+        for start in range(0, len(memories), 100):
+            await service.add_memory(user_id, memories[start : start + 100])
+        for _ in range(200):
+            query = msg(" ".join(rng.choices(WORDS, WEIGHTS, k=rng.randint(1, 4))))
+            top_k = rng.choice([1, 2, 3, 5, 10, 50])
+            got = [m.id for m in await service.search_memory(user_id, [query], {"top_k": top_k})]
+            assert got == exhaustive(memories, query, top_k), (query.get_text_content(), top_k)
+
+
+async def test_a_search_among_identical_memories_scores_only_the_newest(
+    user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scored: list[int] = []
+
+    def counting_score(*args: Any) -> float:
+        scored.append(1)
+        return bm25_score(*args)
+
+    monkeypatch.setattr(in_memory, "bm25_score", counting_score)
+    memories = [msg("hello") for _ in range(300)]
+    async with InMemoryMemoryService() as service:
+        await service.add_memory(user_id, memories)
+        found = await service.search_memory(user_id, [msg("hello")], {"top_k": 3})
+    assert [m.id for m in found] == [m.id for m in memories[-1:-4:-1]]
+    assert len(scored) == 3
