@@ -5,11 +5,13 @@
 For every function of `template.yaml`, in a fresh interpreter with only the built layer and
 the function's code on the path (as in Lambda), it measures
 
-- **import**: importing the handler module (Lambda's init phase);
+- **import**: importing the handler module (Lambda's init phase), wall clock and CPU time
+  (CPU time is the steadier figure on a loaded machine);
 - **first response**: building the application and answering `GET /health`, which a
   function does on its first invocation (stores are not contacted by `/health`'s build);
 
-as medians over several fresh interpreters, and the size of the built function and layer.
+as medians over several fresh interpreters, and the size of the built function and layer as
+deployed (bytecode caches the probes write are not counted).
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from agentscope_serverless.packaging import sam  # noqa: E402
 
 BUILD = ROOT / ".aws-sam" / "build"
 RUNS = 7
-PROCESS_IMPORT_BUDGET_S = 1.0
+IMPORT_TARGET_S = 0.3
 HEALTH_EVENT = json.dumps(function_url_event("GET", "/health"))
 
 PROBE = """
 import json, sys, time
 start = time.perf_counter()
+cpu_start = time.process_time()
 module = __import__(sys.argv[1])
 imported = time.perf_counter()
+import_cpu = time.process_time() - cpu_start
 if sys.argv[2] == "factory":
     from starlette.testclient import TestClient
     with TestClient(module.create()) as client:
@@ -45,12 +49,16 @@ if sys.argv[2] == "factory":
 else:
     status = module.handler(json.loads(sys.argv[3]), None)["statusCode"]
 done = time.perf_counter()
-print(json.dumps({"import": imported - start, "first": done - start, "status": status}))
+print(json.dumps({"import": imported - start, "import_cpu": import_cpu, "first": done - start,
+                  "status": status}))
 """
 
 
 def size_of(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes as deployed: bytecode caches written by the probes are not counted."""
+    return sum(
+        p.stat().st_size for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
 
 
 def probe(function_dir: Path, layer: Path, kind: str) -> dict[str, float]:
@@ -59,6 +67,9 @@ def probe(function_dir: Path, layer: Path, kind: str) -> dict[str, float]:
         "PATH": "/usr/bin:/bin",
         "POWERTOOLS_LOG_LEVEL": "ERROR",
         "AUTH_KEYS_BACKEND": "in_memory",
+        # The sandbox function exists only with a sandbox server (it cannot host sandboxes);
+        # /health is answered without one being reachable.
+        "SANDBOX_BASE_URL": "http://127.0.0.1:9",
     }
     samples = []
     for _ in range(RUNS):
@@ -74,11 +85,14 @@ def probe(function_dir: Path, layer: Path, kind: str) -> dict[str, float]:
             last = result.stderr.strip().splitlines()[-1:] or ["no output"]
             raise RuntimeError(f"{function_dir.name} failed: {last[0]}")
         sample = json.loads(result.stdout)
-        if sample["status"] != 200:
+        # No sandbox server listens here: the sandbox function reports itself degraded (503).
+        expected = 503 if function_dir.name == "SandboxFunction" else 200
+        if sample["status"] != expected:
             raise SystemExit(f"{function_dir.name}: /health answered {sample['status']}")
         samples.append(sample)
     return {
         "import_s": statistics.median(s["import"] for s in samples),
+        "import_cpu_s": statistics.median(s["import_cpu"] for s in samples),
         "first_response_s": statistics.median(s["first"] for s in samples),
     }
 
@@ -105,11 +119,15 @@ def main() -> None:
                 "layer_bytes": size_of(layer),
             }
         )
-    header = f"{'function':<24}{'import':>10}{'first response':>16}{'code':>10}{'code+layer':>12}"
+    header = (
+        f"{'function':<24}{'import':>10}{'import CPU':>12}{'first response':>16}"
+        f"{'code':>10}{'code+layer':>12}"
+    )
     print(header)
     for row in rows:
         print(
             f"{row['function']:<24}{row['import_s'] * 1000:>7.0f} ms"
+            f"{row['import_cpu_s'] * 1000:>9.0f} ms"
             f"{row['first_response_s'] * 1000:>13.0f} ms"
             f"{row['function_bytes'] / 1024:>7.0f} KB"
             f"{(row['function_bytes'] + row['layer_bytes']) / 2**20:>9.1f} MB"
@@ -118,8 +136,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"measured_at": time.time(), "rows": rows}, indent=2) + "\n")
     for row in rows:
-        if row["function"].startswith("Process") and row["import_s"] > PROCESS_IMPORT_BUDGET_S:
-            print(f"{row['function']}: import above the {PROCESS_IMPORT_BUDGET_S:.0f} s budget")
+        if row["import_s"] > IMPORT_TARGET_S:
+            print(
+                f"{row['function']}: import above the {IMPORT_TARGET_S} s target (loaded machine?)"
+            )
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -72,8 +72,9 @@ def serve(kind: str, port: int, recording: str | None) -> None:
 
     if kind == "runtime":
         from agentscope_serverless.http import create_app
+        from agentscope_serverless.settings import load_settings
 
-        app = create_app()
+        app = create_app(settings=load_settings())  # this server process is the root
     else:
         app = bare_app(json.loads(Path(recording or "").read_text()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)

@@ -2,7 +2,9 @@
 
 ::
 
+    agentscope-serverless init my-agent              # a project folder: agent, test, README
     agentscope-serverless serve                      # every router; demo agent; in-memory stores
+    agentscope-serverless serve --agent my_agent.agent:app --reload   # from the project folder
     agentscope-serverless serve --stack              # ... on local Redis and DynamoDB (moto)
     agentscope-serverless invoke "My name is Alice" --session demo --key ask_...
     agentscope-serverless chat --key ask_...
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     import httpx
 
     from agentscope_serverless.auth.base import KeyStore
+    from agentscope_serverless.settings import Settings
 
 URL_ENV = "AGENTSCOPE_URL"
 KEY_ENV = "AGENTSCOPE_API_KEY"
@@ -120,12 +123,20 @@ def serve(
     web: Annotated[
         bool, typer.Option("--web/--no-web", help="Serve the chat page at / (WEB_UI).")
     ] = True,
+    app_dir: Annotated[
+        Path,
+        typer.Option("--app-dir", help="Import the agent's modules from here (as uvicorn does)."),
+    ] = Path(),
+    reload: Annotated[
+        bool, typer.Option("--reload", help="Restart when a file of --app-dir changes.")
+    ] = False,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends).
 
-    On the embedded defaults (in-memory stores and keys, the demo agent) a development key
-    is created and printed; it lasts as long as the server. The port is taken first, so a
-    port in use fails before any key or command is printed.
+    ``--agent`` is imported from the working directory (or ``--app-dir``). On the embedded
+    defaults (in-memory stores and keys, the demo agent) a development key is created and
+    printed; it lasts as long as the server. The port is taken first, so a port in use fails
+    before any key or command is printed.
     """
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
@@ -141,11 +152,31 @@ def serve(
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
-        _serve(listener, host, agent, dev_user, log_level, web=web)
+        if reload:
+            listener.close()  # the port is free: uvicorn's reloader binds it again
+            _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources, web=web)
+        else:
+            _serve(listener, host, agent, dev_user, log_level, app_dir, web=web)
 
 
 def _report_progress(message: str) -> None:
     console.print(f"{message}...", markup=False, style="dim")
+
+
+@app.command()
+def init(
+    name: Annotated[str, typer.Argument(help="The project's folder (and package) name.")],
+) -> None:
+    """Create a project: an agent module, requirements.txt, a test and a README."""
+    from agentscope_serverless.packaging.scaffold import write_project
+
+    target = Path(name)
+    try:
+        agent = write_project(target)
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+    console.print(f"[bold green]Created[/bold green] {target}/ with the agent {agent}")
+    console.print(f"cd {target} && agentscope-serverless serve --agent {agent}", markup=False)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -200,25 +231,82 @@ def _serve(
     agent: str | None,
     dev_user: str,
     log_level: str,
+    app_dir: Path,
     *,
     web: bool,
 ) -> None:
     import uvicorn
 
-    from agentscope_serverless.auth import InMemoryKeyStore, create_key_store
-    from agentscope_serverless.http import create_app
-    from agentscope_serverless.settings import load_settings
+    from agentscope_serverless.auth import InMemoryKeyStore
+    from agentscope_serverless.serve import build, root_settings, use_app_dir
 
+    use_app_dir(app_dir)
     try:
-        settings = load_settings(web_ui=web, **({"agent_app": agent} if agent else {}))
-        key_store = create_key_store(settings)
+        served = build(root_settings(agent, web_ui=web))
         dev_key = None
-        if isinstance(key_store, InMemoryKeyStore):
-            dev_key = asyncio.run(_create_dev_key(key_store, dev_user))
-        web_app = create_app(settings=settings, key_store=key_store)
+        if isinstance(served.key_store, InMemoryKeyStore):
+            dev_key = asyncio.run(_create_dev_key(served.key_store, dev_user))
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]
+    _announce(host, port, served.settings, dev_key, dev_user)
+    config = uvicorn.Config(served.app, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _serve_reloading(
+    host: str,
+    port: int,
+    agent: str | None,
+    dev_user: str,
+    log_level: str,
+    app_dir: Path,
+    resources: contextlib.ExitStack,
+    *,
+    web: bool,
+) -> None:
+    """uvicorn's reloader: a worker process builds the app (``serve.create``) at each change.
+
+    Keys must outlive the workers: an in-memory key store becomes a key file in a temporary
+    directory, which holds the development key.
+    """
+    import tempfile
+
+    import uvicorn
+
+    from agentscope_serverless.auth import FileKeyStore
+    from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
+
+    directory = use_app_dir(app_dir)
+    os.environ[APP_DIR_ENV] = str(directory)
+    os.environ["WEB_UI"] = "true" if web else "false"
+    if agent:
+        os.environ["AGENT_APP"] = agent
+    try:
+        settings = root_settings(agent)
+        dev_key = None
+        if settings.auth_keys_backend == "in_memory":
+            keys_dir = Path(resources.enter_context(tempfile.TemporaryDirectory()))
+            os.environ.update(
+                {"AUTH_KEYS_BACKEND": "file", "AUTH_KEYS_FILE": str(keys_dir / "keys.json")}
+            )
+            dev_key = asyncio.run(_create_dev_key(FileKeyStore(keys_dir / "keys.json"), dev_user))
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+    _announce(host, port, settings, dev_key, dev_user)
+    uvicorn.run(
+        "agentscope_serverless.serve:create",
+        factory=True,
+        reload=True,
+        reload_dirs=[str(directory)],
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+    )
+
+
+def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev_user: str) -> None:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
     base = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
     console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
@@ -243,8 +331,6 @@ def _serve(
         console.print("\n[bold]Try it:[/bold]")
         for line in _curl_examples(base, dev_key):
             console.print(line, markup=False)
-    config = uvicorn.Config(web_app, log_level=log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[listener])
 
 
 async def _create_dev_key(key_store: Any, user: str) -> str:

@@ -3,15 +3,16 @@
 ::
 
     agentscope-serverless deploy sam validate          # sam validate --lint, offline
-    agentscope-serverless deploy sam build             # sam build, no Docker
+    agentscope-serverless deploy sam build --agent mypkg.agent:app   # sam build, no Docker
     agentscope-serverless deploy sam deploy --stack-name my-agent --param LlmModel=gpt-4o-mini
     agentscope-serverless deploy sam functions         # the template's functions as JSON
     agentscope-serverless deploy agentrun --agent mypkg.agent:app --out dist/
     agentscope-serverless deploy modelstudio --agent mypkg.agent:app --out dist/
 
-The scripts in ``deploy/`` run the same commands. The project root (where ``template.yaml``
-and ``requirements/`` are) is ``--project-root``, else ``AGENTSCOPE_PROJECT_ROOT``, else the
-working directory. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
+The scripts in ``deploy/`` run the same commands. The project packaged (the agent's code and
+its ``requirements.txt``) is ``--source``, else ``AGENTSCOPE_PROJECT_ROOT``, else the working
+directory; the runtime comes from this package, pinned by its ``runtime.lock``. Exit codes:
+0 done, 1 failed, 3 not deployed: no AWS credentials (the
 stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
 is built; ``--skip-upload`` builds the archive).
 """
@@ -58,9 +59,18 @@ deploy_app.add_typer(sam_app, name="sam")
 ProjectRootOption = Annotated[
     Path,
     typer.Option(
+        "--source",
         "--project-root",
         envvar="AGENTSCOPE_PROJECT_ROOT",
-        help="The project (template.yaml, requirements/).",
+        help="The project folder: the agent's code and its requirements.txt "
+        "(.git, virtualenvs, caches and dist/ are left out).",
+    ),
+]
+SamAgentOption = Annotated[
+    str | None,
+    typer.Option(
+        "--agent",
+        help="The AgentApp to serve, as module:attribute (the default of the AgentApp parameter).",
     ),
 ]
 BuildDirOption = Annotated[
@@ -188,12 +198,17 @@ def sam_validate(project_root: ProjectRootOption = Path()) -> None:
 
 
 @sam_app.command("build")
-def sam_build(project_root: ProjectRootOption = Path(), build_dir: BuildDirOption = None) -> None:
-    """Build every function and the shared layer with the local Python (no Docker)."""
+def sam_build(
+    project_root: ProjectRootOption = Path(),
+    build_dir: BuildDirOption = None,
+    agent: SamAgentOption = None,
+) -> None:
+    """Build every function and the shared layer (runtime, the project's code and
+    requirements) with the local Python (no Docker)."""
     from agentscope_serverless.packaging import sam
 
     with _steps("sam build (every function and the shared layer)"):
-        built = _run(lambda: sam.build(project_root, build_dir=build_dir))
+        built = _run(lambda: sam.build(project_root, build_dir=build_dir, agent=agent))
     console.print(f"[bold green]Built[/bold green] {built}")
 
 
@@ -209,6 +224,7 @@ def sam_deploy(
     ] = None,
     project_root: ProjectRootOption = Path(),
     build_dir: BuildDirOption = None,
+    agent: SamAgentOption = None,
 ) -> None:
     """Validate, build and, with AWS credentials, deploy; print the Function URLs."""
     from agentscope_serverless.deployers.sam_deployer import SAMDeployManager
@@ -222,6 +238,7 @@ def sam_deploy(
             build_dir=build_dir,
             region=region,
             progress=step,
+            agent=agent,
         )
         info = _run(lambda: asyncio.run(manager.deploy()))
     if not info["deployed"]:
@@ -236,11 +253,11 @@ def sam_deploy(
 
 
 @sam_app.command("functions")
-def sam_functions(project_root: ProjectRootOption = Path()) -> None:
+def sam_functions() -> None:
     """Print the template's functions as JSON (code directory, handler, runtime, condition)."""
     from agentscope_serverless.packaging import sam
 
-    typer.echo(_run(lambda: sam.functions_json(project_root / "template.yaml")))
+    typer.echo(_run(lambda: sam.functions_json(sam.assets() / "template.yaml")))
 
 
 def _build_archive(

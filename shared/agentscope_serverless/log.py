@@ -1,4 +1,4 @@
-"""The project's structured logger: JSON lines on stdout, via aws-lambda-powertools.
+"""The project's structured logger: JSON lines on stdout (the standard library only).
 
 Every line carries the request id of the request being served (set once per request by
 the HTTP layer), so one request's lines can be found together::
@@ -6,27 +6,95 @@ the HTTP layer), so one request's lines can be found together::
     from agentscope_serverless.log import logger
     logger.info("session created", extra={"session_id": "s1"})
 
-The level comes from ``POWERTOOLS_LOG_LEVEL`` (or ``LOG_LEVEL``), the service name from
-``POWERTOOLS_SERVICE_NAME``. Never pass keys, tokens or request bodies to the logger.
+A line is ``{"level", "location", "message", "timestamp", "service", "request_id", ...extra}``
+(with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
+Powertools writes, so log queries keep working. The level comes from ``POWERTOOLS_LOG_LEVEL``
+(or ``LOG_LEVEL``), the service name from ``POWERTOOLS_SERVICE_NAME``. Never pass keys,
+tokens or request bodies to the logger.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
 import sys
 import time
 
-from aws_lambda_powertools import Logger
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "agentscope_request_id", default=None
+)
+_STANDARD_FIELDS = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, with the request id and the record's ``extra`` fields."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created))
+        return f"{moment},{int(record.msecs):03d}+0000"
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "level": record.levelname,
+            "location": f"{record.funcName}:{record.lineno}",
+            "message": record.getMessage(),
+            "timestamp": self.formatTime(record),
+            "service": self.service,
+        }
+        request_id = _request_id.get()
+        if request_id is not None:
+            line["request_id"] = request_id
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_FIELDS and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info and record.exc_info[0] is not None:
+            line["exception"] = self.formatException(record.exc_info)
+            line["exception_name"] = record.exc_info[0].__name__
+        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stdout`` of the moment (a test or a server may replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stdout
+        super().emit(record)
+
+
+def _level() -> int:
+    name = (os.environ.get("POWERTOOLS_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or "INFO").upper()
+    level = logging.getLevelName(name)
+    return level if isinstance(level, int) else logging.INFO
+
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "agentscope-serverless"
-logger = Logger(service=SERVICE)
+
+
+def _make_logger() -> logging.Logger:
+    log = logging.getLogger("agentscope_serverless")
+    log.setLevel(_level())
+    if not log.handlers:
+        handler = _StdoutHandler(sys.stdout)
+        handler.setFormatter(JsonFormatter(SERVICE))
+        log.addHandler(handler)
+    log.propagate = False
+    return log
+
+
+logger = _make_logger()
 
 
 def bind_request_id(request_id: str) -> None:
     """Tag every line logged by the current task (and tasks it starts) with ``request_id``."""
-    logger.thread_safe_append_keys(request_id=request_id)
+    _request_id.set(request_id)
 
 
 def log_request(
@@ -38,7 +106,7 @@ def log_request(
     ``json.dumps`` to stdout, without the logging machinery (which costs ten times more).
     Never pass it anything from the request but these fields.
     """
-    if logger.log_level > logging.INFO:
+    if logger.getEffectiveLevel() > logging.INFO:
         return
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now))
@@ -58,4 +126,4 @@ def log_request(
     sys.stdout.flush()
 
 
-__all__ = ["SERVICE", "bind_request_id", "log_request", "logger"]
+__all__ = ["SERVICE", "JsonFormatter", "bind_request_id", "log_request", "logger"]

@@ -64,9 +64,11 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import new_or_clean_session_id
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.settings import Settings
 
 FRAMEWORKS = ("text", "agentscope")
 # How many of a session's last messages a run hands to the agent, unless told otherwise.
@@ -86,9 +88,10 @@ EventT = TypeVar("EventT", bound=Event)
 class Runner(ServiceLifecycleManagerMixin):
     """Runs requests through a query handler, with session history, memory and state.
 
-    ``services`` is a :class:`ServiceManager` with a ``session_history`` service and
-    optionally ``memory`` and ``state``; whoever passes it starts and stops it. Without it,
-    the runner builds the services from settings and manages them itself.
+    ``services`` (:class:`Services`, or AgentScope's :class:`ServiceManager`) has a
+    ``session_history`` service and optionally ``memory`` and ``state``; whoever passes it
+    starts and stops it. Without it, the runner builds the services from ``settings`` (read
+    from the environment at start when none are given) and manages them itself.
     ``async with runner:`` (or ``start()``/``stop()``) also runs the init and shutdown
     handlers.
     """
@@ -100,16 +103,16 @@ class Runner(ServiceLifecycleManagerMixin):
         framework: str = "text",
         init_handler: LifecycleHandler | None = None,
         shutdown_handler: LifecycleHandler | None = None,
-        services: ServiceManager | None = None,
-        memory_top_k: int = 5,
+        services: ServiceManager | Services | None = None,
+        memory_top_k: int | None = None,
         secrets: Iterable[str] = (),
         history_window: int = DEFAULT_HISTORY_WINDOW,
+        settings: Settings | None = None,
     ) -> None:
         if framework not in FRAMEWORKS:
             raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
-        if services is not None and not isinstance(
-            services.get("session_history"), SessionHistoryService
-        ):
+        typed = _typed(services)
+        if services is not None and typed is not None and typed.session_history is None:
             raise ConfigurationError("the runner needs a 'session_history' service")
         # Handlers given as functions take the runner as first argument, like methods of a
         # subclass; they are bound here so both are called the same way.
@@ -120,10 +123,12 @@ class Runner(ServiceLifecycleManagerMixin):
         if shutdown_handler is not None:
             self.shutdown_handler = types.MethodType(shutdown_handler, self)  # type: ignore[method-assign]
         self.framework_type = framework
-        self.memory_top_k = memory_top_k
         self.secrets = [secret for secret in secrets if secret]
+        self._settings = settings
+        self._memory_top_k = memory_top_k
         self.history_window = history_window
-        self._services = services
+        self._services = services.manager() if isinstance(services, Services) else services
+        self._typed = typed
         self._owns_services = services is None
         self._agentscope_msg: Any = None
         self._started = False
@@ -144,16 +149,43 @@ class Runner(ServiceLifecycleManagerMixin):
         """Runs at ``stop()``, before the services stop (override or pass one)."""
 
     @property
+    def settings(self) -> Settings:
+        """The settings this runner was given by the process's composition root.
+
+        A runner made without settings (in a notebook or a test) reads them from the
+        environment when it starts; handlers read them here (the LLM agent's API key...).
+        """
+        if self._settings is None:
+            raise ServiceNotStartedError(type(self).__name__)
+        return self._settings
+
+    @property
+    def memory_top_k(self) -> int:
+        """How many long-term memories a run hands to the handler."""
+        if self._memory_top_k is not None:
+            return self._memory_top_k
+        return self._settings.agent_memory_top_k if self._settings is not None else 5
+
+    @property
     def services(self) -> ServiceManager:
-        """The services the runner uses (built at ``start()`` when none were passed)."""
+        """The services the runner uses, as AgentScope's :class:`ServiceManager` facade
+        (built at ``start()`` when none were passed)."""
         if self._services is None:
             raise ServiceNotStartedError(type(self).__name__)
         return self._services
 
     @property
+    def typed_services(self) -> Services:
+        """The same services, typed."""
+        if self._typed is None:
+            raise ServiceNotStartedError(type(self).__name__)
+        return self._typed
+
+    @property
     def session_history_service(self) -> SessionHistoryService:
         """Where conversations are kept (assignable, e.g. in an init handler)."""
-        service: SessionHistoryService = self.services["session_history"]  # type: ignore[assignment]
+        service = self.typed_services.session_history
+        assert service is not None  # checked when the services were given or built
         return service
 
     @session_history_service.setter
@@ -163,8 +195,7 @@ class Runner(ServiceLifecycleManagerMixin):
     @property
     def memory_service(self) -> MemoryService | None:
         """Long-term memory, when configured (assignable)."""
-        service = self.services.get("memory")
-        return service if isinstance(service, MemoryService) else None
+        return self.typed_services.memory
 
     @memory_service.setter
     def memory_service(self, service: MemoryService | None) -> None:
@@ -173,8 +204,7 @@ class Runner(ServiceLifecycleManagerMixin):
     @property
     def state_service(self) -> StateService | None:
         """Agent state, when configured (assignable)."""
-        service = self.services.get("state")
-        return service if isinstance(service, StateService) else None
+        return self.typed_services.state
 
     @state_service.setter
     def state_service(self, service: StateService | None) -> None:
@@ -220,13 +250,30 @@ class Runner(ServiceLifecycleManagerMixin):
         result: dict[str, Any] = await deploy_manager.deploy(app=app, **options, **kwargs)
         return result
 
-    def use_services(self, services: ServiceManager) -> None:
+    def use_services(self, services: ServiceManager | Services) -> None:
         """Run on ``services`` (started and stopped by the caller) from the next ``start()``."""
         if self._started:
             raise ConfigurationError("the runner is running: stop it before changing services")
-        if not isinstance(services.get("session_history"), SessionHistoryService):
+        typed = _typed(services)
+        if typed is None or typed.session_history is None:
             raise ConfigurationError("the runner needs a 'session_history' service")
-        self._services, self._owns_services = services, False
+        self._services = services.manager() if isinstance(services, Services) else services
+        self._typed, self._owns_services = typed, False
+
+    def use_settings(
+        self,
+        settings: Settings,
+        *,
+        memory_top_k: int | None = None,
+        history_window: int = DEFAULT_HISTORY_WINDOW,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        """Run with ``settings`` from the composition root (what ``AgentApp`` does for a
+        runner given to it)."""
+        self._settings = settings
+        self._memory_top_k = memory_top_k
+        self.history_window = history_window
+        self.secrets = [secret for secret in secrets if secret]
 
     def _assign(self, name: str, service: Any) -> None:
         """Use ``service`` as the ``name`` service from now on.
@@ -237,8 +284,18 @@ class Runner(ServiceLifecycleManagerMixin):
         if self._services is None:
             from agentscope_serverless.services.factory import create_service_manager
 
-            self._services = create_service_manager()
+            self._services = create_service_manager(self._root_settings())
         self._services.assign(name, service)
+        self._typed = Services.of(self._services)
+
+    def _root_settings(self) -> Settings:
+        """The runner's settings; a runner made without them (used on its own, in a notebook
+        or a test) is its process's composition root and reads them from the environment."""
+        if self._settings is None:
+            from agentscope_serverless.settings import get_settings
+
+            self._settings = get_settings()
+        return self._settings
 
     @property
     def is_started(self) -> bool:
@@ -256,7 +313,9 @@ class Runner(ServiceLifecycleManagerMixin):
         if self._services is None:
             from agentscope_serverless.services.factory import create_service_manager
 
-            self._services = create_service_manager()
+            self._services = create_service_manager(self._root_settings())
+            self._typed = Services.of(self._services)
+        self._root_settings()
         if self._owns_services:
             await self._services.__aenter__()
         try:
@@ -629,6 +688,15 @@ def _as_request(request: AgentRequest | Mapping[str, Any]) -> AgentRequest:
             f"not a valid request: {exc.errors()[0]['msg']}",
             errors=[{"loc": list(err["loc"]), "msg": err["msg"]} for err in exc.errors()],
         ) from None
+
+
+def _typed(services: ServiceManager | Services | None) -> Services | None:
+    if services is None or isinstance(services, Services):
+        return services
+    try:
+        return Services.of(services)
+    except ConfigurationError:
+        raise ConfigurationError("the runner needs a 'session_history' service") from None
 
 
 def _error_of(exc: BaseException) -> Error:

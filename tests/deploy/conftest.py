@@ -98,8 +98,9 @@ class FakeSam:
         monkeypatch.setattr(sam, "deploy", self.deploy)
         monkeypatch.setattr(sam, "delete", self.delete)
 
-    def build(self, root: Path, *, build_dir: Path | None = None) -> Path:
+    def build(self, root: Path, *, build_dir: Path | None = None, agent: str | None = None) -> Path:
         self.calls.append(("build", build_dir))
+        self.agent = agent
         return self.build_dir
 
     def deploy(self, root: Path, stack: str, **options: Any) -> dict[str, str]:

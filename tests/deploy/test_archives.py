@@ -53,11 +53,13 @@ def fresh_venv(path: Path, *, with_pip: bool) -> Path:
     return path / "bin" / "python"
 
 
-def create_key(python: Path, cwd: Path, env: dict[str, str]) -> str:
-    """A user key made by the archive's own CLI in the key file its environment names."""
+def create_key(env: dict[str, str]) -> str:
+    """A user key made by the developer's CLI (archives hold the runtime, not the tools) in
+    the key file the archive's environment names."""
+    key_file = Path(env["AUTH_KEYS_FILE"])
     result = subprocess.run(
-        [str(python), "-m", "agentscope_serverless.cli", "keys", "create", "--user", "u1"],
-        cwd=cwd,
+        [sys.executable, "-m", "agentscope_serverless.cli", "keys", "create", "--user", "u1"],
+        cwd=key_file.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -89,7 +91,7 @@ def agentrun_service(
     manifest = json.loads((root / "agentrun.json").read_text())
     port = free_port()
     env = clean_environment({**manifest["environment"], "PORT": str(port)})
-    key = create_key(python, root, env)
+    key = create_key(env)
     entry = manifest["entrypoint"]
     command = [part.replace(str(entry["port"]), str(port)) for part in entry["command"]]
     assert command[0] == "python3"
@@ -113,7 +115,7 @@ def modelstudio_service(
     dotenv = dict(
         line.split("=", 1) for line in (root / "deploy_starter" / ".env").read_text().splitlines()
     )
-    key = create_key(python, root, {**env, **dotenv})
+    key = create_key({**env, **dotenv})
     yield from serve([str(python), "deploy_starter/main.py"], root, env, key)
 
 
@@ -162,11 +164,19 @@ def test_agentrun_manifest_names_the_entry_command_runtime_and_health_check(
 ) -> None:
     root = unpack(agentrun_deploy["artifact_path"], tmp_path_factory, "agentrun-manifest")
     manifest = json.loads((root / "agentrun.json").read_text())
-    assert manifest["entrypoint"]["command"][:3] == ["python3", "-m", "agentscope_serverless.cli"]
+    assert manifest["entrypoint"]["command"][:3] == [
+        "python3",
+        "-m",
+        "agentscope_serverless.serve",
+    ]
     assert manifest["runtime"] == f"python{HOST_PYTHON}"
     assert manifest["health_check"] == {"path": "/health", "port": manifest["entrypoint"]["port"]}
     assert (root / "agentscope_serverless" / "__init__.py").is_file()
     assert (root / "fastapi").is_dir() and (root / "uvicorn").is_dir()
+    # The runtime only: no CLI, deploy or packaging code, and none of their dependencies.
+    assert not (root / "agentscope_serverless" / "cli.py").exists()
+    assert not (root / "agentscope_serverless" / "packaging").exists()
+    assert not (root / "typer").exists() and not (root / "yaml").exists()
 
 
 def test_modelstudio_archive_serves_process_after_its_offline_setup(
@@ -190,7 +200,10 @@ def test_modelstudio_config_has_agentscope_keys(
     assert config["FC_RUN_CMD"] == "python3 deploy_starter/main.py"
     assert "--agent agentscope_serverless.agents.demo:app" in config["CMD"]
     wheels = {path.name.split("-")[0] for path in (root / "wheels").glob("*.whl")}
-    assert {"agentscope_serverless", "fastapi", "uvicorn", "pydantic_core"} <= wheels
+    assert {"fastapi", "uvicorn", "pydantic_core"} <= wheels
+    assert "typer" not in wheels
+    assert (root / "agentscope_serverless" / "serve.py").is_file()
+    assert not (root / "agentscope_serverless" / "deploy_cli.py").exists()
 
 
 def test_an_archive_above_the_limit_fails_naming_the_limit(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_long_steps_report_progress_when_the_output_is_not_a_terminal(
             beat.set()
         printed(*args, **kwargs)
 
-    def slow_build(root: Path, *, build_dir: Path | None = None) -> Path:
+    def slow_build(root: Path, *, build_dir: Path | None = None, agent: str | None = None) -> Path:
         assert beat.wait(30), "no progress line while the build ran"
         return fake_sam.build_dir
 

@@ -72,13 +72,24 @@ def test_the_layer_installs_the_pinned_runtime_lock() -> None:
     sam.check_layer_requirements(PROJECT_ROOT)
 
 
-def test_a_stale_layer_requirements_file_fails_the_build(tmp_path: Path) -> None:
+def test_a_stale_layer_requirements_file_is_reported(tmp_path: Path) -> None:
     (tmp_path / "requirements").mkdir()
     (tmp_path / "shared").mkdir()
     (tmp_path / "requirements" / "runtime.lock").write_text("fastapi==1\n")
     (tmp_path / "shared" / "requirements.txt").write_text("fastapi==0\n")
     with pytest.raises(PackagingError, match=r"run \./scripts/lock"):
-        sam.build(tmp_path)
+        sam.check_layer_requirements(tmp_path)
+
+
+def test_the_layer_holds_the_runtime_without_the_tools(sam_build_dir: Path) -> None:
+    layer = sam_build_dir / "SharedLayer" / "python"
+    for tool in ("cli.py", "deploy_cli.py", "local_stack.py", "packaging", "sandbox_server"):
+        assert not (layer / "agentscope_serverless" / tool).exists(), tool
+    for dependency in ("typer", "rich", "pygments", "yaml"):
+        assert not (layer / dependency).exists(), dependency
+    assert (layer / "botocore" / "data" / "dynamodb").is_dir()
+    size = sum(p.stat().st_size for p in layer.rglob("*") if p.is_file())
+    assert size <= 35 * 2**20, f"the layer is {size / 2**20:.1f} MiB unpacked"
 
 
 def test_template_short_tags_load_as_their_long_form() -> None:

@@ -198,7 +198,10 @@ def test_a_broken_snippet_fails(target: Target, tmp_path: Path) -> None:
     key_line = 'KEY = os.environ["AGENTSCOPE_API_KEY"]  # the key printed by ./scripts/run\n'
     assert key_line in markdown
     broken = markdown.replace(key_line, "")  # the OpenAI example as it once was
-    broken = broken.replace(".venv-sam/bin/sam build &&", ".venv-sam/bin/sam build && &&")
+    broken = broken.replace(
+        "deploy sam build --agent shouter.agent:app\n",
+        "deploy sam build --agent shouter.agent:app && &&\n",
+    )
     broken = broken.replace(
         "<!-- runnable -->\n```python\nimport asyncio", "```python\nimport asyncio", 1
     )

@@ -27,6 +27,7 @@ from agentscope_serverless.services.session_history.dynamodb import (
     DynamoDBSessionHistoryService,
 )
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
+from agentscope_serverless.settings import load_settings
 
 HISTORY = 5000
 WINDOW = 40
@@ -164,7 +165,8 @@ async def test_the_app_window_wins_over_the_setting(user_id: str) -> None:
 
     async with InMemorySessionHistoryService() as history:
         services = ServiceManager().register_service("session_history", history)
-        async with app.create_runner(services, history_window=50) as runner:
+        settings = load_settings(agent_history_window=50)
+        async with app.create_runner(services, settings=settings) as runner:
             for _ in range(4):
                 await runner.query({"input": [{"role": "user", "content": "hi"}]}, user_id=user_id)
                 await runner.query(

@@ -31,6 +31,7 @@ from agentscope_serverless.agents.sandbox_tools import session_sandbox_tools
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import AgentError
+from agentscope_serverless.log import logger
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.sandbox_protocol import BASE
 from agentscope_serverless.schemas.agent_schemas import (
@@ -48,7 +49,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.sandbox.service import SandboxService
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefinition, as_tool
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -66,7 +67,8 @@ class _Config:
 class LLMAgent:
     """Chat with a model over an OpenAI-compatible API, calling ``tools`` as it asks.
 
-    Every argument left out comes from settings (``LLM_*``) when the agent first runs.
+    Every argument left out comes from ``settings``, else from the settings each run is given
+    (the runner's, resolved by the process's composition root, secrets included).
 
     >>> agent = LLMAgent(base_url="http://127.0.0.1:9000/v1", model="local-model")
     """
@@ -96,6 +98,7 @@ class LLMAgent:
         }
         self._settings = settings
         self._config: _Config | None = None
+        self._config_source: Settings | None = None
         self._http: httpx.AsyncClient | None = None
 
     async def run(
@@ -105,18 +108,20 @@ class LLMAgent:
         memories: Sequence[Message] = (),
         usage: dict[str, int] | None = None,
         tools: Sequence[AgentTool] = (),
+        settings: Settings | None = None,
     ) -> AsyncIterator[TextContent | Message]:
         """Answer the conversation ``messages``: text deltas, then tool calls and results.
 
         Yields :class:`TextContent` deltas as the model streams, and for each round of tool
         calls a ``function_call`` :class:`Message` and one ``function_call_output`` message
         per call. Token counts reported by the API are added to ``usage``. ``tools`` are
-        offered for this run only, besides the agent's own.
+        offered for this run only, besides the agent's own. ``settings`` (the runner's, in an
+        app) fill what the constructor left out, unless it was given settings of its own.
         """
         available = {**self.tools, **{tool.name: tool for tool in tools}}
         if len(available) != len(self.tools) + len(tools):
             raise ValueError("tool names must be unique")
-        config = self._settings_config()
+        config = self._settings_config(settings)
         chat = self._chat_messages(config, messages, memories)
         offered = [tool.to_openai() for tool in available.values()]
         for _ in range(config.max_iterations):
@@ -170,9 +175,18 @@ class LLMAgent:
         if http is not None:
             await http.aclose()
 
-    def _settings_config(self) -> _Config:
-        if self._config is None:
-            settings = self._settings or get_settings()
+    def missing_api_key(self, settings: Settings) -> bool:
+        """Whether runs with ``settings`` would call the chat API without a key."""
+        chosen = self._settings or settings
+        return self._overrides["api_key"] is None and chosen.llm_api_key is None
+
+    def _settings_config(self, settings: Settings | None) -> _Config:
+        chosen = self._settings or settings
+        if self._config is None or self._config_source is not chosen:
+            # Settings never come from the environment here: the composition root gives
+            # them; without any, the settings' defaults (no API key) are the base.
+            self._config_source = chosen
+            settings = chosen if chosen is not None else Settings.model_construct()
             defaults = _Config(
                 base_url=settings.llm_base_url,
                 api_key=settings.llm_api_key,
@@ -185,15 +199,18 @@ class LLMAgent:
             self._config = dataclasses.replace(defaults, **given)
         return self._config
 
-    def _client(self, config: _Config) -> httpx.AsyncClient:
+    def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            headers = {"Accept": "text/event-stream"}
-            if config.api_key is not None:
-                headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
-            self._http = httpx.AsyncClient(
-                base_url=config.base_url, headers=headers, timeout=config.timeout
-            )
+            self._http = httpx.AsyncClient()
         return self._http
+
+    @staticmethod
+    def _headers(config: _Config) -> dict[str, str]:
+        # Per request, not per client: one agent may serve apps with different settings.
+        headers = {"Accept": "text/event-stream"}
+        if config.api_key is not None:
+            headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        return headers
 
     def _chat_messages(
         self, config: _Config, messages: Sequence[Message], memories: Sequence[Message]
@@ -230,8 +247,12 @@ class LLMAgent:
         if tools:
             payload["tools"] = tools
         try:
-            async with self._client(config).stream(
-                "POST", "chat/completions", json=payload
+            async with self._client().stream(
+                "POST",
+                f"{config.base_url.rstrip('/')}/chat/completions",
+                json=payload,
+                headers=self._headers(config),
+                timeout=config.timeout,
             ) as response:
                 if response.status_code >= 400:
                     raise AgentError(
@@ -315,6 +336,14 @@ def create_llm_app(
         with_sandbox=bool(sandbox_definitions),
     )
 
+    @app.init
+    async def check(self: Runner) -> None:
+        if agent.missing_api_key(self.settings):
+            logger.warning(
+                "the LLM agent has no API key: set LLM_API_KEY, or the field llm_api_key of "
+                "the SECRETS_ARN secret; the chat API is called without one"
+            )
+
     @app.shutdown
     async def close(self: Runner) -> None:
         await agent.aclose()
@@ -344,7 +373,11 @@ def create_llm_app(
                 sandbox_types=sandbox_types,
             )
         async for item in agent.run(
-            [*history, *msgs], memories=memories, usage=usage, tools=run_tools
+            [*history, *msgs],
+            memories=memories,
+            usage=usage,
+            tools=run_tools,
+            settings=self.settings,
         ):
             yield item
         if usage:

@@ -32,7 +32,6 @@ from pydantic import SecretStr
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import (
-    DEFAULT_HISTORY_WINDOW,
     FRAMEWORKS,
     LifecycleHandler,
     QueryHandler,
@@ -48,6 +47,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import (
@@ -154,6 +154,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
         self._local: tuple[ServiceManager, Runner] | None = None
+        #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
+        self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
 
     @property
@@ -187,9 +189,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return register
 
     def get_fastapi_app(self, **kwargs: Any) -> Any:
-        """The web application serving this app (``create_app`` arguments in ``kwargs``)."""
+        """The web application serving this app (``create_app`` arguments in ``kwargs``; the
+        settings default to the app's, else the environment's)."""
+        # The HTTP layer builds on this one: imported when serving, never at module import.
         from agentscope_serverless.http import create_app
 
+        kwargs.setdefault("settings", self.settings or _root_settings())
         return create_app(agent_app=self, **kwargs)
 
     async def deploy(self, deployer: Any, **kwargs: Any) -> dict[str, Any]:
@@ -282,8 +287,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         ):
             yield event
 
-    def build_services(self, settings: Settings | None = None) -> ServiceManager:
-        """The services a runner of this app uses: those passed in, the rest from settings."""
+    def build_services(self, settings: Settings) -> Services:
+        """The services a runner of this app uses: those passed in, the rest from ``settings``."""
         from agentscope_serverless.services.factory import (
             create_memory_service,
             create_runs_service,
@@ -291,47 +296,51 @@ class AgentApp(ServiceLifecycleManagerMixin):
             create_state_service,
         )
 
-        builders = {
-            "session_history": create_session_history_service,
-            "memory": create_memory_service,
-            "state": create_state_service,
-            "runs": create_runs_service,
-        }
-        manager = ServiceManager()
-        for name, build in builders.items():
-            if name == "runs" and settings is not None and settings.runs_backend == "none":
-                continue
-            manager.register_service(name, self._given_services.get(name) or build(settings))
-        if self.with_sandbox:
-            sandbox = self._given_services.get("sandbox")
-            if sandbox is None:
-                from agentscope_serverless.services.sandbox.service import SandboxService
+        given = self._given_services
+        sandbox = given.get("sandbox")
+        if self.with_sandbox and sandbox is None:
+            from agentscope_serverless.services.sandbox.service import SandboxService
 
-                sandbox = SandboxService.from_settings(settings)
-            manager.register_service("sandbox", sandbox)
-        return manager
+            sandbox = SandboxService.from_settings(settings)
+        return Services(
+            session_history=given.get("session_history")
+            or create_session_history_service(settings),
+            memory=given.get("memory") or create_memory_service(settings),
+            state=given.get("state") or create_state_service(settings),
+            runs=given.get("runs")
+            or (create_runs_service(settings) if settings.runs_backend != "none" else None),
+            sandbox=sandbox if self.with_sandbox else None,
+        )
 
     def create_runner(
         self,
-        services: ServiceManager,
+        services: Services | ServiceManager,
         *,
-        memory_top_k: int = 5,
-        settings: Settings | None = None,
-        history_window: int = DEFAULT_HISTORY_WINDOW,
+        settings: Settings,
+        memory_top_k: int | None = None,
+        history_window: int | None = None,
     ) -> Runner:
-        """A runner of this app's handlers on ``services`` (started and stopped by the caller).
+        """A runner of this app's handlers on ``services`` (started and stopped by the caller),
+        with the ``settings`` its handlers read (``self.settings`` in a handler).
 
-        The app's own ``history_window``, when set, wins over the one passed here. With
-        ``settings``, their secret values are scrubbed from the error messages of failed
-        runs. With ``runner=`` given to the constructor, that runner is used.
+        The app's own ``history_window``, when set, wins over the one passed here, which wins
+        over the settings' ``AGENT_HISTORY_WINDOW``. The settings' secret values are scrubbed
+        from the error messages of failed runs. With ``runner=`` given to the constructor,
+        that runner is used.
         """
-        window = self.history_window if self.history_window is not None else history_window
-        secrets = secret_values(settings) if settings is not None else []
+        window = (
+            self.history_window
+            if self.history_window is not None
+            else history_window
+            if history_window is not None
+            else settings.agent_history_window
+        )
+        secrets = secret_values(settings)
         if self._runner is not None:
             runner = self._runner
-            runner.secrets = secrets
-            runner.memory_top_k = memory_top_k
-            runner.history_window = window
+            runner.use_settings(
+                settings, memory_top_k=memory_top_k, history_window=window, secrets=secrets
+            )
             runner.use_services(services)
             return runner
         return Runner(
@@ -341,6 +350,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
             shutdown_handler=self._shutdown_handler,
             services=services,
             memory_top_k=memory_top_k,
+            settings=settings,
             secrets=secrets,
             history_window=window,
         )
@@ -361,15 +371,25 @@ class AgentApp(ServiceLifecycleManagerMixin):
                 await services.__aexit__(None, None, None)
 
     def run(
-        self, host: str = "127.0.0.1", port: int = 8090, web_ui: bool = False, **kwargs: Any
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8090,
+        web_ui: bool = False,
+        *,
+        settings: Settings | None = None,
+        **kwargs: Any,
     ) -> None:
         """Serve the app over HTTP with every router, until interrupted (Ctrl-C).
 
-        ``kwargs`` go to ``uvicorn.run``; there is no separate web UI (``web_ui``).
+        The composition root of a script: ``settings`` default to the environment's.
+        ``kwargs`` go to ``uvicorn.run``; the chat page is served when ``web_ui`` is true.
         """
         import uvicorn
 
-        uvicorn.run(self.get_fastapi_app(), host=host, port=port, **kwargs)
+        root = settings or _root_settings()
+        if web_ui:
+            root = root.model_copy(update={"web_ui": True})
+        uvicorn.run(self.get_fastapi_app(settings=root), host=host, port=port, **kwargs)
 
     def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
         if framework not in FRAMEWORKS:
@@ -389,9 +409,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
     async def _local_runner(self) -> Runner:
         async with self._local_lock:
             if self._local is None:
-                services = self.build_services()
+                # In process (a test, a notebook) this app is the composition root.
+                settings = self.settings or _root_settings()
+                services = self.build_services(settings).manager()
                 await services.__aenter__()
-                runner = self.create_runner(services)
+                runner = self.create_runner(services, settings=settings)
                 try:
                     await runner.start()
                 except BaseException:
@@ -412,6 +434,12 @@ class FastAPIAppFactory:
                 raise TypeError("create_app() needs an app or a runner")
             app = AgentApp(runner=runner)
         return app.get_fastapi_app(**kwargs)
+
+
+def _root_settings() -> Settings:
+    from agentscope_serverless.settings import get_settings
+
+    return get_settings()
 
 
 def _to_request(

@@ -10,12 +10,11 @@ from __future__ import annotations
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.auth.in_memory import InMemoryKeyStore
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 
-def create_key_store(settings: Settings | None = None) -> KeyStore:
+def create_key_store(settings: Settings) -> KeyStore:
     """The key store of ``AUTH_KEYS_BACKEND`` (not started)."""
-    settings = settings or get_settings()
     if settings.auth_keys_backend == "file":
         return FileKeyStore(settings.auth_keys_file)
     if settings.auth_keys_backend == "dynamodb":

@@ -198,6 +198,11 @@ class LocalDeployManager(DeployManager):
             endpoint_path = app.endpoint_path
         if app is None:
             raise TypeError("deploy() needs an app (an AgentApp or a function) or a runner")
+        if settings is None:
+            # A local deployment is its process's composition root.
+            from agentscope_serverless.settings import get_settings
+
+            settings = get_settings()
         if isinstance(app, AgentApp):
             customised = (
                 endpoint_path != app.endpoint_path,

@@ -29,7 +29,8 @@ NO_CREDENTIALS = (
 
 
 class SAMDeployManager(DeployManager):
-    """Deploys ``template.yaml`` of ``project_root`` as the CloudFormation stack ``stack_name``.
+    """Deploys the project in ``project_root`` (its code and ``requirements.txt``, serving
+    ``agent``) with this package's ``template.yaml`` as the CloudFormation stack ``stack_name``.
 
     ``parameters`` are the template's parameters (``{"FunctionUrlAuthType": "NONE", ...}``);
     ``region`` defaults to the AWS SDK's (``AWS_REGION`` or the profile); ``progress`` is
@@ -45,9 +46,11 @@ class SAMDeployManager(DeployManager):
         build_dir: str | Path | None = None,
         region: str | None = None,
         progress: Progress | None = None,
+        agent: str | None = None,
     ) -> None:
         super().__init__()
         self.project_root = Path(project_root).resolve()
+        self.agent = agent
         self.stack_name = stack_name
         self.parameters = dict(parameters or {})
         self.build_dir = Path(build_dir) if build_dir is not None else None
@@ -73,7 +76,7 @@ class SAMDeployManager(DeployManager):
         self.progress("validating template.yaml (sam validate --lint)")
         sam.validate(self.project_root)
         self.progress("building every function and the shared layer (sam build)")
-        built = sam.build(self.project_root, build_dir=self.build_dir)
+        built = sam.build(self.project_root, build_dir=self.build_dir, agent=self.agent)
         info: dict[str, Any] = {
             "deploy_id": None,
             "url": None,

@@ -1,12 +1,16 @@
 """The HTTP API: one application factory over the runtime.
 
 >>> from agentscope_serverless.http import create_app
->>> app = create_app(["process"])
+>>> app = create_app(["process"], settings=settings)   # settings from the process's root
 
 See :func:`create_app` for the routers, :mod:`.auth` for authentication, :mod:`.errors` for
 the error format and :mod:`.openai_compat` for the OpenAI-compatible endpoints.
 """
 
-from agentscope_serverless.http.app import ROUTERS, create_app
+from agentscope_serverless.http._fastapi import skip_pydantic_v1_probe
+
+skip_pydantic_v1_probe()  # before any route is defined
+
+from agentscope_serverless.http.app import ROUTERS, create_app  # noqa: E402
 
 __all__ = ["ROUTERS", "create_app"]

@@ -1,7 +1,8 @@
 """``create_app``: the one factory of the web application, for any subset of routers.
 
->>> app = create_app(["sessions"])          # one Lambda function per router...
->>> app = create_app()                      # ...or every router in one server
+>>> settings = load_settings(agent_app="mypkg.agent:app")  # once, where the process starts
+>>> app = create_app(["sessions"], settings=settings)   # one Lambda function per router...
+>>> app = create_app(settings=settings)                 # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored
@@ -19,8 +20,10 @@ started in the application's lifespan, which Mangum also runs in Lambda.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
+import importlib.util
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -42,8 +45,8 @@ from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
-from agentscope_serverless.services.manager import ServiceManager
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.services.container import Services
+from agentscope_serverless.settings import Settings
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
 
@@ -61,30 +64,26 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 def create_app(
     routers: Iterable[str] | None = None,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     agent_app: AgentApp | None = None,
     key_store: KeyStore | None = None,
 ) -> FastAPI:
     """A FastAPI application with ``routers`` (all of them by default) and ``/health``.
 
+    ``settings`` come from the process's composition root (the CLI, a Lambda entry point, an
+    archive's entry command), secrets included; everything below reads them from here.
     ``key_store`` defaults to the one selected by settings (``AUTH_KEYS_BACKEND``).
     """
-    settings = settings or get_settings()
     names = _router_names(routers, settings)
     if "process" in names and agent_app is None:
         agent_app = load_agent_app(settings.agent_app)
     runner = None
     if agent_app is not None:
         services = agent_app.build_services(settings)
+        if "sandbox" in names and services.sandbox is None:
+            services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
         if "process" in names:
-            runner = agent_app.create_runner(
-                services,
-                memory_top_k=settings.agent_memory_top_k,
-                history_window=settings.agent_history_window,
-                settings=settings,
-            )
-        if "sandbox" in names and not services.has_service("sandbox"):
-            services.register_service("sandbox", _build_service("sandbox", settings))
+            runner = agent_app.create_runner(services, settings=settings)
     else:
         services = _services_for(names, settings)
     # The process router records its runs, so it serves the runs routes too.
@@ -92,15 +91,15 @@ def create_app(
         names = tuple(name for name in names if name != "runs")
     elif "process" in names and "runs" not in names:
         names = (*names, "runs")
-    if "runs" in names and not services.has_service("runs"):
-        services.register_service("runs", _build_service("runs", settings))
+    if "runs" in names and services.runs is None:
+        services = dataclasses.replace(services, runs=_build_service("runs", settings))
     recorder = task_executor = None
-    if "runs" in names:
+    if services.runs is not None and "runs" in names:
         from agentscope_serverless.recorder import RunRecorder
 
-        recorder = RunRecorder(services["runs"])  # type: ignore[arg-type]
+        recorder = RunRecorder(services.runs)
         if agent_app is not None and "process" in names:
-            task_executor = _task_executor(services["runs"], settings)
+            task_executor = _task_executor(services.runs, settings)
 
     from agentscope_serverless.services.factory import create_idempotency_store
 
@@ -108,6 +107,7 @@ def create_app(
         settings=settings,
         key_store=key_store or create_key_store(settings),
         services=services,
+        lifecycle=services.manager(),
         agent_app=agent_app,
         runner=runner,
         recorder=recorder,
@@ -131,7 +131,7 @@ def create_app(
     for name in ("sessions", "memory", "state", "sandbox", "runs", "users"):
         if name in names:
             include_api_router(app, importlib.import_module(f"{__package__}.routers.{name}").router)
-    if agent_app is not None and "process" in names and recorder is not None:
+    if agent_app is not None and "process" in names and recorder is not None and _a2a_installed():
         a2a = importlib.import_module(f"{__package__}.routers.a2a")
         app.state.a2a_handler = a2a.mount(app, context)
     if context.task_executor is not None and agent_app is not None:
@@ -231,6 +231,11 @@ def _build_service(name: str, settings: Settings) -> Any:
 _SERVICES_OF_ROUTER = {"users": ("session_history", "memory", "state")}
 
 
+def _a2a_installed() -> bool:
+    """Whether the ``a2a`` extra (the A2A SDK) is installed: A2A is served only then."""
+    return importlib.util.find_spec("a2a") is not None
+
+
 def _task_executor(runs: Any, settings: Settings) -> Any:
     """Where background tasks run: Lambda invocations when ``TASKS_FUNCTION_NAME`` is set."""
     if settings.tasks_function_name:
@@ -247,14 +252,14 @@ def _task_executor(runs: Any, settings: Settings) -> Any:
     return LocalTaskExecutor(runs)
 
 
-def _services_for(names: tuple[str, ...], settings: Settings) -> ServiceManager:
-    manager = ServiceManager()
+def _services_for(names: tuple[str, ...], settings: Settings) -> Services:
+    built: dict[str, Any] = {}
     for name in names:
         single = _SERVICE_OF_ROUTER.get(name)
         for service in _SERVICES_OF_ROUTER.get(name, (single,) if single else ()):
-            if not manager.has_service(service):
-                manager.register_service(service, _build_service(service, settings))
-    return manager
+            if service not in built:
+                built[service] = _build_service(service, settings)
+    return Services(**built)
 
 
 async def call_hook(hook: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> None:
@@ -269,7 +274,7 @@ def _lifespan(context: AppContext) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(context.services)
+            await stack.enter_async_context(context.lifecycle)
             await stack.enter_async_context(context.key_store)
             if context.idempotency is not None:
                 await stack.enter_async_context(context.idempotency)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 
@@ -12,10 +12,18 @@ from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
+from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.runs.base import RunsService
+from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
 from agentscope_serverless.tasks import TaskExecutor
+
+if TYPE_CHECKING:
+    from agentscope_serverless.services.sandbox.service import SandboxService
 
 
 @dataclass(frozen=True)
@@ -24,19 +32,44 @@ class AppContext:
 
     settings: Settings
     key_store: KeyStore
-    services: ServiceManager
+    services: Services
+    lifecycle: ServiceManager
     agent_app: AgentApp | None = None
     runner: Runner | None = None
     recorder: RunRecorder | None = None
     task_executor: TaskExecutor | None = None
     idempotency: IdempotencyStore | None = None
 
-    def service(self, name: str) -> Any:
-        """The service registered as ``name``."""
-        service = self.services.get(name)
-        if service is None:
-            raise ConfigurationError(f"this application has no {name!r} service")
-        return service
+    @property
+    def current(self) -> Services:
+        """The services the routes use now: the runner's when the app serves an agent (its
+        init handler may have assigned one, as in AgentScope), else the application's."""
+        return self.runner.typed_services if self.runner is not None else self.services
+
+    @property
+    def session_history(self) -> SessionHistoryService:
+        """The session history service (the routes that need it are mounted with it)."""
+        return _present(self.current.session_history, "session_history")
+
+    @property
+    def memory(self) -> MemoryService:
+        """The long-term memory service."""
+        return _present(self.current.memory, "memory")
+
+    @property
+    def state(self) -> StateService:
+        """The agent state service."""
+        return _present(self.current.state, "state")
+
+    @property
+    def runs(self) -> RunsService:
+        """The stored runs."""
+        return _present(self.current.runs, "runs")
+
+    @property
+    def sandbox(self) -> SandboxService:
+        """The sandbox service."""
+        return _present(self.current.sandbox, "sandbox")
 
     def require_recorder(self) -> RunRecorder:
         """The recorder of this application's runs."""
@@ -49,6 +82,15 @@ class AppContext:
         if self.runner is None:
             raise ConfigurationError("this application serves no agent")
         return self.runner
+
+
+ServiceT = TypeVar("ServiceT")
+
+
+def _present(service: ServiceT | None, name: str) -> ServiceT:
+    if service is None:
+        raise ConfigurationError(f"this application has no {name!r} service")
+    return service
 
 
 async def get_context(request: Request) -> AppContext:

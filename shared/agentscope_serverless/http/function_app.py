@@ -33,9 +33,10 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.factory import create_idempotency_store
 from agentscope_serverless.services.manager import ServiceManager
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 ResponseType = Literal["sse", "json", "text"]
 RESPONSE_TYPES = ("sse", "json", "text")
@@ -50,7 +51,7 @@ def create_function_app(
     before_start: Callable[..., Any] | None = None,
     after_finish: Callable[..., Any] | None = None,
     hook_kwargs: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     key_store: KeyStore | None = None,
 ) -> FastAPI:
     """An application serving ``func`` at ``POST endpoint_path``, plus ``/health``.
@@ -60,12 +61,12 @@ def create_function_app(
     """
     if response_type not in RESPONSE_TYPES:
         raise ValueError(f"response_type must be one of {', '.join(RESPONSE_TYPES)}")
-    settings = settings or get_settings()
     idempotency = create_idempotency_store(settings)
     context = AppContext(
         settings=settings,
         key_store=key_store or create_key_store(settings),
-        services=ServiceManager(),
+        services=Services(),
+        lifecycle=ServiceManager(),
         idempotency=idempotency,
     )
     extra = dict(hook_kwargs or {})

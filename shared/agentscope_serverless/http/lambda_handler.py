@@ -22,12 +22,16 @@ LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 
 def build_app(routers: Sequence[str]) -> FastAPI:
-    """The application for ``routers``, with the settings' secrets read from AWS."""
+    """The application for ``routers``, with the settings' secrets read from AWS.
+
+    The composition root of every function: the settings (the environment, then the
+    ``SECRETS_ARN`` secret) are read here, once, and handed down to everything else.
+    """
     from agentscope_serverless.aws_secrets import resolve_secrets
     from agentscope_serverless.http.app import create_app
-    from agentscope_serverless.settings import get_settings
+    from agentscope_serverless.settings import load_settings
 
-    return create_app(routers, settings=resolve_secrets(get_settings()))
+    return create_app(routers, settings=resolve_secrets(load_settings()))
 
 
 class _LazyApplication:

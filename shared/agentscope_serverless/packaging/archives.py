@@ -1,14 +1,18 @@
-"""AgentRun-style and ModelStudio-style archives of the project, built without Docker.
+"""AgentRun-style and ModelStudio-style archives of a user's project, built without Docker.
 
-Dependencies are installed for the platform's Linux target (``manylinux2014_x86_64``,
-CPython 3.12 by default) from the pinned runtime lock, whatever the build machine is.
+The archive holds the project's code (``project_root``: the folder with the agent's modules
+and its ``requirements.txt``), the runtime, and every dependency installed for the
+platform's Linux target (``manylinux2014_x86_64``, CPython 3.12 by default) from the
+runtime's pinned set and the project's requirements (see :mod:`.project`), whatever the
+build machine is. Before writing it, the agent is imported from its contents alone.
 
 - **AgentRun**: one zip holding a flat site-packages (the package and every dependency, as
   Lambda-style runtimes expect) and ``agentrun.json``: entry command, port, runtime and
   resources.
 - **ModelStudio**: one zip holding ``deploy_starter/`` (``main.py`` and ``config.yml``), the
-  project's wheel and every dependency wheel under ``wheels/``, and ``requirements.txt``, so the
-  platform installs offline with the ``SETUP_CMD`` of ``config.yml``.
+  project's code and the runtime at its root, every dependency wheel under ``wheels/``, and
+  ``requirements.txt``, so the platform installs offline with the ``SETUP_CMD`` of
+  ``config.yml``.
 
 A build fails with :class:`PackagingError` when the archive is above the platform's limit.
 """
@@ -19,14 +23,15 @@ import json
 import re
 import shlex
 import shutil
-import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.packaging import project
 
 AGENTRUN_MAX_ZIP_BYTES = 500 * 1024 * 1024
 MODELSTUDIO_MAX_ZIP_BYTES = 500 * 1024 * 1024
@@ -62,38 +67,11 @@ def _quiet(_: str) -> None:
     return None
 
 
-def _run(command: list[str], what: str, cwd: Path | None = None) -> None:
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise PackagingError(f"{what} failed:\n{tail}")
-
-
-def _tool(name: str) -> str:
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise PackagingError(f"`{name}` is needed to build archives: run ./scripts/bootstrap")
-    return found
-
-
-def _lock_file(project_root: Path) -> Path:
-    lock = project_root / "requirements" / "runtime.lock"
-    if not lock.is_file():
-        raise PackagingError(f"{lock} is missing: the archive installs the pinned runtime set")
-    return lock
-
-
 def _fresh_dir(path: Path) -> Path:
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
-
-
-def _copy_package(project_root: Path, target: Path) -> None:
-    source = project_root / "shared" / PACKAGE
-    shutil.copytree(source, target / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> ArchiveReport:
@@ -140,8 +118,7 @@ def serve_command(agent: str, port: int) -> list[str]:
     return [
         "python3",
         "-m",
-        f"{PACKAGE}.cli",
-        "serve",
+        f"{PACKAGE}.serve",
         "--host",
         "0.0.0.0",  # noqa: S104 - the platform routes to the container's port
         "--port",
@@ -171,31 +148,45 @@ def build_agentrun_archive(
     the service's environment. Raises :class:`PackagingError` above ``max_zip_bytes``.
     """
     env = _checked_environment(environment)
-    lock = _lock_file(project_root)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
-    progress(f"installing dependencies for {platform}, CPython {python_version}")
-    _run(
-        [
-            _tool("uv"),
-            "pip",
-            "install",
-            "--quiet",
-            "--target",
-            str(staging),
-            "--python-platform",
-            _uv_platform(platform),
-            "--python-version",
-            python_version,
-            "--only-binary",
-            ":all:",
-            "-r",
-            str(lock),
-        ],
-        "installing the dependencies",
-    )
-    progress("copying the package")
-    _copy_package(project_root, staging)
-    _drop_bytecode(staging)
+    try:
+        progress(f"resolving the requirements for {platform}, CPython {python_version}")
+        requirements = project.resolve_requirements(
+            project_root,
+            out_dir / f"{name}-agentrun-requirements.txt",
+            python_version=python_version,
+            platform=platform,
+        )
+        progress(f"installing dependencies for {platform}, CPython {python_version}")
+        project.run(
+            [
+                project.tool("uv"),
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(staging),
+                "--python-platform",
+                project.uv_platform(platform),
+                "--python-version",
+                python_version,
+                "--only-binary",
+                ":all:",
+                "-r",
+                str(requirements),
+            ],
+            "installing the dependencies",
+        )
+        progress("copying the runtime and the project")
+        project.copy_runtime(staging)
+        project.copy_project(project_root, staging)
+        _drop_bytecode(staging)
+        progress(f"checking that {agent} imports from the archive")
+        project.check_agent_import(agent, [staging], python_version=python_version)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     manifest = {
         "name": name,
         "runtime": f"python{python_version}",
@@ -209,14 +200,6 @@ def build_agentrun_archive(
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
     progress("zipping")
     return _zip_tree(staging, out_dir / f"{name}-agentrun.zip", max_zip_bytes, progress)
-
-
-def _uv_platform(platform: str) -> str:
-    # uv names platforms arch-first: manylinux2014_x86_64 -> x86_64-manylinux2014
-    tag, _, arch = platform.partition("_")
-    if arch:
-        return f"{arch}-{tag}"
-    return platform
 
 
 MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
@@ -311,41 +294,51 @@ def build_modelstudio_archive(
     :class:`PackagingError` above ``max_zip_bytes``.
     """
     env = _checked_environment(environment)
-    lock = _lock_file(project_root)
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     wheels = staging / "wheels"
-    progress("building the project wheel")
-    _run(
-        [_tool("uv"), "build", "--wheel", "--quiet", "--out-dir", str(wheels), str(project_root)],
-        "building the wheel",
-    )
-    progress(f"downloading dependency wheels for {platform}, CPython {python_version}")
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            platform,
-            "--python-version",
-            python_version,
-            "--implementation",
-            "cp",
-            "--dest",
-            str(wheels),
-            "-r",
-            str(lock),
-        ],
-        "downloading the dependency wheels",
-    )
-    project_wheel = next(wheels.glob(f"{PACKAGE}-*.whl"))
-    requirements = [*_pinned(lock), f"./wheels/{project_wheel.name}"]
-    (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    try:
+        progress(f"resolving the requirements for {platform}, CPython {python_version}")
+        resolved = project.resolve_requirements(
+            project_root,
+            out_dir / f"{name}-modelstudio-requirements.txt",
+            python_version=python_version,
+            platform=platform,
+        )
+        progress(f"downloading dependency wheels for {platform}, CPython {python_version}")
+        project.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                platform,
+                "--python-version",
+                python_version,
+                "--implementation",
+                "cp",
+                "--dest",
+                str(wheels),
+                "-r",
+                str(resolved),
+            ],
+            "downloading the dependency wheels",
+        )
+        progress("copying the runtime and the project")
+        project.copy_runtime(staging)
+        project.copy_project(project_root, staging)
+        # The platform's SETUP_CMD installs this: every pin, the project's included.
+        (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
+        _drop_bytecode(staging)
+        progress(f"checking that {agent} imports from the archive")
+        _check_modelstudio_import(staging, agent, python_version)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     starter = staging / "deploy_starter"
     starter.mkdir()
     (starter / "main.py").write_text(MODELSTUDIO_MAIN)
@@ -356,12 +349,30 @@ def build_modelstudio_archive(
     return _zip_tree(staging, out_dir / f"{name}-modelstudio.zip", max_zip_bytes, progress)
 
 
-def _pinned(lock: Path) -> list[str]:
-    return [
-        line.split("#")[0].strip()
-        for line in lock.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+def _check_modelstudio_import(staging: Path, agent: str, python_version: str) -> None:
+    """Install the bundled wheels offline, as ``SETUP_CMD`` does, then import the agent."""
+    with tempfile.TemporaryDirectory() as installed:
+        project.run(
+            [
+                project.tool("uv"),
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--offline",
+                "--no-index",
+                "--find-links",
+                str(staging / "wheels"),
+                "--target",
+                installed,
+                "--python-version",
+                python_version,
+                "-r",
+                str(staging / "requirements.txt"),
+            ],
+            "installing the bundled wheels",
+        )
+        project.check_agent_import(agent, [staging, Path(installed)], python_version=python_version)
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.packaging import project
 
 PLACEHOLDER_REGION = "us-east-1"
 TEMPLATE = "template.yaml"
@@ -121,9 +122,10 @@ def functions_json(template: Path) -> str:
 
 
 def sam_executable(project_root: Path) -> str:
-    """The ``sam`` command: the project's ``.venv-sam`` first, then the PATH."""
-    local = project_root / ".venv-sam" / "bin" / "sam"
-    found = str(local) if local.exists() else shutil.which("sam")
+    """The ``sam`` command: the project's ``.venv-sam`` (or this checkout's), then the PATH."""
+    candidates = [project_root / ".venv-sam" / "bin" / "sam", _checkout() / ".venv-sam/bin/sam"]
+    local = next((c for c in candidates if c.exists()), None)
+    found = str(local) if local is not None else shutil.which("sam")
     if not found:
         raise PackagingError("SAM CLI is not installed: run ./scripts/bootstrap (.venv-sam)")
     return found
@@ -169,29 +171,112 @@ def _run_sam(project_root: Path, *args: str, offline: bool = True) -> str:
     return output
 
 
+def _checkout() -> Path:
+    return project.PACKAGE_DIR.parents[1]
+
+
+def assets() -> Path:
+    """Where ``template.yaml`` and ``functions/`` are: inside the installed package, else
+    this source checkout."""
+    packaged = project.PACKAGE_DIR / "sam_project"
+    root = packaged if (packaged / TEMPLATE).is_file() else _checkout()
+    if not (root / TEMPLATE).is_file() or not (root / "functions").is_dir():
+        raise PackagingError(f"the SAM template is missing from {project.PACKAGE_DIR}")
+    return root
+
+
 def validate(project_root: Path) -> str:
     """``sam validate --lint`` (cfn-lint rules included); offline, no credentials needed."""
-    return _run_sam(project_root, "validate", "--lint", "--template-file", TEMPLATE)
+    return _run_sam(assets(), "validate", "--lint", "--template-file", TEMPLATE)
+
+
+def stage_project(source: Path, stage: Path, *, agent: str | None = None) -> Path:
+    """A SAM project for ``source`` in ``stage``: the template and the functions, and a layer
+    folder with the runtime, the project's code and their requirements (Python 3.11, x86_64).
+
+    The layer is on every function's import path (``/opt/python``), so the process functions
+    import the project's agent from there. ``agent`` becomes the ``AgentApp`` default.
+    """
+    root = assets()
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    template = (root / TEMPLATE).read_text()
+    if agent is not None:
+        default = "Default: agentscope_serverless.agents.demo:app"
+        if default not in template:
+            raise PackagingError("the template's AgentApp parameter has no default to replace")
+        template = template.replace(default, f"Default: {agent}", 1)
+    (stage / TEMPLATE).write_text(template)
+    shutil.copytree(
+        root / "functions", stage / "functions", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    layer = stage / "shared"
+    layer.mkdir()
+    project.copy_runtime(layer, excluded=project.LAMBDA_EXCLUDED)
+    project.copy_project(source, layer)
+    # After the project's files: SAM installs this one, the runtime's pins and the project's.
+    project.resolve_requirements(
+        source, layer / "requirements.txt", python_version="3.11", platform="manylinux2014_x86_64"
+    )
+    return stage
+
+
+# The AWS SDK's service models the runtime uses; the others (most of botocore) are dropped
+# from the built layer.
+BOTOCORE_SERVICES = ("dynamodb", "secretsmanager", "sts")
+
+
+def slim_layer(layer: Path) -> None:
+    """Drop what a function does without from the built layer: bytecode caches, uvloop,
+    httptools and the unused service models of botocore."""
+    for cache in list(layer.rglob("__pycache__")):
+        shutil.rmtree(cache, ignore_errors=True)
+    # uvloop (14 MB, 40% of the layer) and httptools speed up a server with many connections
+    # at once; an execution environment serves one request at a time, and uvicorn runs on
+    # asyncio's loop and h11 without them.
+    for name in ("uvloop", "httptools"):
+        for path in [layer / name, *layer.glob(f"{name}-*.dist-info")]:
+            shutil.rmtree(path, ignore_errors=True)
+    data = layer / "botocore" / "data"
+    if data.is_dir():
+        for service in data.iterdir():
+            if service.is_dir() and service.name not in BOTOCORE_SERVICES:
+                shutil.rmtree(service)
 
 
 def check_layer_requirements(project_root: Path) -> None:
-    """The layer installs ``shared/requirements.txt``: it must be the pinned runtime lock."""
+    """A plain ``sam build`` of the checkout installs ``shared/requirements.txt``, and
+    packaging the package's ``runtime.lock``: both must be the pinned runtime lock."""
     lock = project_root / "requirements" / "runtime.lock"
-    layer = project_root / "shared" / "requirements.txt"
-    if not layer.is_file() or layer.read_text() != lock.read_text():
-        raise PackagingError(
-            f"{layer} differs from {lock}: run ./scripts/lock so the layer gets the pinned set"
-        )
+    for copy in (project_root / "shared" / "requirements.txt", project.RUNTIME_LOCK):
+        if not copy.is_file() or copy.read_text() != lock.read_text():
+            raise PackagingError(
+                f"{copy} differs from {lock}: run ./scripts/lock so the layer gets the pinned set"
+            )
 
 
-def build(project_root: Path, *, build_dir: Path | None = None) -> Path:
-    """``sam build`` with the local interpreter (no container); returns the build directory.
+def build(project_root: Path, *, build_dir: Path | None = None, agent: str | None = None) -> Path:
+    """``sam build`` of the project in ``project_root`` with the local interpreter (no
+    container); returns the build directory.
 
-    Every function and the shared layer are built, whatever the template's conditions.
+    Every function and the shared layer are built, whatever the template's conditions; the
+    layer holds the runtime, the project's code and requirements. ``agent`` (default: the
+    template's) must import from the built layer alone, else nothing is left built.
     """
-    check_layer_requirements(project_root)
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
-    _run_sam(project_root, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
+    stage = stage_project(project_root, target.parent / "sam-project", agent=agent)
+    _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
+    try:
+        slim_layer(target / "SharedLayer" / "python")
+        project.check_agent_import(
+            agent or "agentscope_serverless.agents.demo:app",
+            [target / "ProcessFunction", target / "SharedLayer" / "python"],
+            python_version="3.11",
+        )
+    except PackagingError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     return target
 
 
@@ -263,6 +348,7 @@ def delete(project_root: Path, stack_name: str, *, region: str | None = None) ->
 __all__ = [
     "DEFAULT_BUILD_DIR",
     "FunctionSpec",
+    "assets",
     "build",
     "check_layer_requirements",
     "configured_region",
@@ -273,6 +359,8 @@ __all__ = [
     "list_functions",
     "load_template",
     "sam_executable",
+    "slim_layer",
     "stack_outputs",
+    "stage_project",
     "validate",
 ]

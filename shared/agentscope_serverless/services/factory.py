@@ -22,7 +22,7 @@ from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.runs.base import RunsService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 Builder = Callable[[Settings], Any]
 
@@ -153,32 +153,28 @@ def _build(kind: str, backend: str, settings: Settings) -> Any:
     return builders[backend](settings)
 
 
-def create_session_history_service(settings: Settings | None = None) -> SessionHistoryService:
+def create_session_history_service(settings: Settings) -> SessionHistoryService:
     """The session history service selected by ``SESSION_HISTORY_BACKEND``."""
-    settings = settings or get_settings()
     service: SessionHistoryService = _build(
         "session_history", settings.session_history_backend, settings
     )
     return service
 
 
-def create_memory_service(settings: Settings | None = None) -> MemoryService:
+def create_memory_service(settings: Settings) -> MemoryService:
     """The memory service selected by ``MEMORY_BACKEND``."""
-    settings = settings or get_settings()
     service: MemoryService = _build("memory", settings.memory_backend, settings)
     return service
 
 
-def create_state_service(settings: Settings | None = None) -> StateService:
+def create_state_service(settings: Settings) -> StateService:
     """The state service selected by ``STATE_BACKEND``."""
-    settings = settings or get_settings()
     service: StateService = _build("state", settings.state_backend, settings)
     return service
 
 
-def create_runs_service(settings: Settings | None = None) -> RunsService:
+def create_runs_service(settings: Settings) -> RunsService:
     """The runs service selected by ``RUNS_BACKEND`` (by default, the session history's)."""
-    settings = settings or get_settings()
     backend = settings.runs_backend or settings.session_history_backend
     service: RunsService = _build("runs", backend, settings)
     return service
@@ -205,9 +201,8 @@ def create_idempotency_store(settings: Settings) -> IdempotencyStore:
     return store
 
 
-def create_service_manager(settings: Settings | None = None) -> ServiceManager:
+def create_service_manager(settings: Settings) -> ServiceManager:
     """A manager holding ``session_history``, ``memory`` and ``state`` built from settings."""
-    settings = settings or get_settings()
     return (
         ServiceManager()
         .register_service("session_history", create_session_history_service(settings))

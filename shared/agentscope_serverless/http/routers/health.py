@@ -27,7 +27,7 @@ class Health(BaseModel):
     responses={503: {"model": Health, "description": "A service is unhealthy."}},
 )
 async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONResponse:
-    services = await context.services.health_check()
+    services = await context.lifecycle.health_check()
     try:
         services["auth_keys"] = bool(await context.key_store.health())
     except Exception:

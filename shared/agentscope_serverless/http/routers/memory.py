@@ -27,7 +27,7 @@ router = APIRouter(prefix="/memory", tags=["memory"])
 
 
 async def _memory(context: Annotated[AppContext, Depends(get_context)]) -> MemoryService:
-    service: MemoryService = context.service("memory")
+    service = context.memory
     return service
 
 

@@ -66,8 +66,7 @@ class RunList(BaseModel):
 
 
 def _runs(context: AppContext) -> RunsService:
-    service: RunsService = context.service("runs")
-    return service
+    return context.runs
 
 
 async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:

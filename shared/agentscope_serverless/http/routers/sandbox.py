@@ -38,7 +38,7 @@ _BUILTIN = {tool.name: tool for tool in BUILTIN_TOOLS}
 
 
 async def _sandbox_service(context: Annotated[AppContext, Depends(get_context)]) -> SandboxService:
-    service: SandboxService = context.service("sandbox")
+    service = context.sandbox
     return service
 
 

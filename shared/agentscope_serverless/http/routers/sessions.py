@@ -31,7 +31,7 @@ router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 
 async def _history(context: Annotated[AppContext, Depends(get_context)]) -> SessionHistoryService:
-    service: SessionHistoryService = context.service("session_history")
+    service = context.session_history
     return service
 
 

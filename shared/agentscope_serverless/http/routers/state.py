@@ -25,7 +25,7 @@ router = APIRouter(prefix="/state", tags=["state"])
 
 
 async def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateService:
-    service: StateService = context.service("state")
+    service = context.state
     return service
 
 

@@ -57,8 +57,7 @@ class TaskStatus(BaseModel):
 
 
 def _runs(context: AppContext) -> RunsService:
-    service: RunsService = context.service("runs")
-    return service
+    return context.runs
 
 
 async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus:

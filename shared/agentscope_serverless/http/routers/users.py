@@ -18,9 +18,6 @@ from fastapi import APIRouter, Depends, Response
 
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.services.agent_state.base import StateService
-from agentscope_serverless.services.memory.base import MemoryService
-from agentscope_serverless.services.session_history.base import SessionHistoryService
 
 router = APIRouter(prefix="/users", tags=["users"])
 
@@ -32,12 +29,10 @@ SERVICES = ("memory", "state", "session_history")
 async def erase_my_data(
     user_id: CurrentUser, context: Annotated[AppContext, Depends(get_context)]
 ) -> Response:
-    memory = context.services.get("memory")
-    if isinstance(memory, MemoryService):
-        await memory.delete_user_memory(user_id)
-    state = context.services.get("state")
-    if isinstance(state, StateService):
-        await state.delete_user_state(user_id)
-    history: SessionHistoryService = context.service("session_history")
-    await history.delete_user_sessions(user_id)
+    services = context.current
+    if services.memory is not None:
+        await services.memory.delete_user_memory(user_id)
+    if services.state is not None:
+        await services.state.delete_user_state(user_id)
+    await context.session_history.delete_user_sessions(user_id)
     return Response(status_code=204)

@@ -20,7 +20,7 @@ from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.client import DEFAULT_TIMEOUT_SECONDS, SandboxClient
 from agentscope_serverless.services.sandbox.embedded import EmbeddedSandboxServer
 from agentscope_serverless.services.sandbox.tools import infer_sandbox_types
-from agentscope_serverless.settings import Settings, get_settings
+from agentscope_serverless.settings import Settings
 
 # AgentScope's sandbox types, longest first, to recognise a type in a server's image name.
 KNOWN_SANDBOX_TYPES = (
@@ -133,11 +133,10 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         self._created: set[str] = set()
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> SandboxService:
+    def from_settings(cls, settings: Settings) -> SandboxService:
         """A service configured by ``SANDBOX_BASE_URL``, ``SANDBOX_BEARER_TOKEN``,
         ``SANDBOX_TIMEOUT_SECONDS``, ``SANDBOX_MAX_PER_USER`` and
         ``SANDBOX_WEAKER_ISOLATION``."""
-        settings = settings or get_settings()
         token = settings.sandbox_bearer_token
         return cls(
             settings.sandbox_base_url,

@@ -1,0 +1,279 @@
+"""What every package of a user's project holds, whatever the target (SAM, AgentRun, ModelStudio).
+
+- the **project's code**: the source folder (the working directory, or ``--source``) without
+  ``.git``, virtualenvs, caches and build outputs;
+- the **runtime**: this package without its tools (CLI, deploy, packaging, local stack),
+  and its dependencies pinned by ``runtime.lock``, shipped inside the package;
+- the project's ``requirements.txt``, resolved for the target platform and Python together
+  with the runtime's pins (``runtime.lock`` as constraints).
+
+Before an archive is written, :func:`check_agent_import` imports ``--agent`` from the
+archive's contents alone with the target's Python, and refuses when it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentscope_serverless.errors import PackagingError
+
+PACKAGE = "agentscope_serverless"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+RUNTIME_LOCK = PACKAGE_DIR / "runtime.lock"
+
+# Tools, never needed by a served agent: left out of every package.
+TOOL_MODULES = (
+    "cli.py",
+    "deploy_cli.py",
+    "local_stack.py",
+    "packaging",
+    "sam_project",
+)
+# Lambda cannot host sandboxes (the sandbox function talks to a remote server).
+LAMBDA_EXCLUDED = (*TOOL_MODULES, "sandbox_server")
+
+PROJECT_EXCLUDES = (
+    ".git",
+    ".hg",
+    ".venv",
+    "venv",
+    ".venv-*",
+    "__pycache__",
+    "*.pyc",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".aws-sam",
+    "dist",
+    "build",
+    "*.egg-info",
+    ".DS_Store",
+    ".env",
+)
+
+
+def runtime_lock() -> Path:
+    """The runtime's pinned requirements, shipped inside the package."""
+    if not RUNTIME_LOCK.is_file():
+        raise PackagingError(
+            f"{RUNTIME_LOCK} is missing: this installation of {PACKAGE} cannot package projects"
+        )
+    return RUNTIME_LOCK
+
+
+def copy_runtime(target: Path, *, excluded: Sequence[str] = TOOL_MODULES) -> None:
+    """Copy this package's runtime (not its tools) to ``target/agentscope_serverless``."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    destination = target / PACKAGE
+    destination.mkdir(parents=True, exist_ok=True)
+    for entry in PACKAGE_DIR.iterdir():
+        if entry.name in excluded or entry.name == "__pycache__":
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, destination / entry.name, ignore=ignore)
+        elif entry.suffix in (".py", ".lock", ".typed"):
+            shutil.copy2(entry, destination / entry.name)
+
+
+def is_this_repository(source: Path) -> bool:
+    """Whether ``source`` is this project's own checkout (it has no user code to package)."""
+    return (source / "shared" / PACKAGE / "__init__.py").is_file()
+
+
+def copy_project(source: Path, target: Path) -> list[str]:
+    """Copy the project's code to ``target``; returns the top-level names copied."""
+    if not source.is_dir():
+        raise PackagingError(f"the project folder {source} does not exist")
+    if is_this_repository(source):
+        return []
+    ignore = shutil.ignore_patterns(*PROJECT_EXCLUDES)
+    copied = []
+    skip = set(ignore(str(source), [p.name for p in source.iterdir()]))
+    for entry in sorted(source.iterdir()):
+        if entry.name in skip or entry.name == PACKAGE:
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, target / entry.name, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(entry, target / entry.name)
+        copied.append(entry.name)
+    return copied
+
+
+def project_requirements(source: Path | None) -> Path | None:
+    """The project's ``requirements.txt``, if it has one with any requirement in it."""
+    if source is None or is_this_repository(source):
+        return None
+    path = source / "requirements.txt"
+    if not path.is_file():
+        return None
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    return path if any(lines) else None
+
+
+def tool(name: str) -> str:
+    """An executable installed beside this interpreter, else on the PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise PackagingError(f"`{name}` is needed to package a project: pip install uv")
+    return found
+
+
+def run(command: list[str], what: str, cwd: Path | None = None) -> str:
+    """Run ``command``; a failure raises :class:`PackagingError` with the output's tail."""
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise PackagingError(f"{what} failed:\n{tail}")
+    return result.stdout
+
+
+def uv_platform(platform: str) -> str:
+    """uv names platforms arch-first: ``manylinux2014_x86_64`` -> ``x86_64-manylinux2014``."""
+    tag, _, arch = platform.partition("_")
+    return f"{arch}-{tag}" if arch else platform
+
+
+def resolve_requirements(
+    source: Path | None, out: Path, *, python_version: str, platform: str
+) -> Path:
+    """The runtime's pins plus the project's requirements, resolved for the target, in ``out``.
+
+    The runtime lock constrains the resolution: a project requirement that needs another
+    version of a runtime dependency fails here, naming the conflict.
+    """
+    lock = runtime_lock()
+    user = project_requirements(source)
+    if user is None:
+        shutil.copy(lock, out)
+        return out
+    run(
+        [
+            tool("uv"),
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-header",
+            "--python-version",
+            python_version,
+            "--python-platform",
+            uv_platform(platform),
+            "--only-binary",
+            ":all:",
+            "-c",
+            str(lock),
+            str(lock),
+            str(user),
+            "-o",
+            str(out),
+        ],
+        f"resolving {user} with the runtime for CPython {python_version} ({platform})",
+    )
+    return out
+
+
+def pinned(requirements: Path) -> list[str]:
+    """The ``name==version`` lines of a resolved requirements file."""
+    return [
+        line.split("#")[0].strip()
+        for line in requirements.read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
+
+
+def interpreter(python_version: str) -> str:
+    """A CPython of ``python_version`` on this machine (this one, or one uv finds)."""
+    if python_version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        return sys.executable
+    result = subprocess.run(
+        [tool("uv"), "python", "find", python_version],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = result.stdout.strip()
+    if result.returncode != 0 or not found:
+        raise PackagingError(
+            f"CPython {python_version} is needed to check the package: install it "
+            f"(uv python install {python_version}) or choose another --python-version"
+        )
+    return found
+
+
+_IMPORT_PROBE = """
+import importlib, json, sys
+sys.path[:0] = json.loads(sys.argv[2])
+module_name, _, attribute = sys.argv[1].partition(":")
+try:
+    found = importlib.import_module(module_name)
+except BaseException as exc:
+    print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}")
+    raise SystemExit(1)
+for name in attribute.split("."):
+    found = getattr(found, name, None)
+from agentscope_serverless.app import AgentApp
+if not isinstance(found, AgentApp):
+    print(f"{module_name!r} has no AgentApp named {attribute!r}")
+    raise SystemExit(1)
+"""
+
+
+def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str) -> None:
+    """Import ``agent`` (``module:attribute``) from ``paths`` alone, with the target's Python.
+
+    No site-packages, no ``PYTHONPATH``, no working directory: only what the package holds.
+    """
+    module_name, _, attribute = agent.partition(":")
+    if not module_name or not attribute:
+        raise PackagingError(f"--agent {agent!r} must look like 'module:attribute'")
+    with tempfile.TemporaryDirectory() as empty:
+        result = subprocess.run(
+            [
+                interpreter(python_version),
+                "-I",
+                "-S",
+                "-c",
+                _IMPORT_PROBE,
+                agent,
+                json.dumps([str(p) for p in paths]),
+            ],
+            cwd=empty,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+    if result.returncode != 0:
+        reason = (result.stdout.strip() or result.stderr.strip()).splitlines()[-1:] or ["failed"]
+        raise PackagingError(
+            f"the agent {agent!r} cannot be imported from the package's contents "
+            f"(module {module_name!r}): {reason[0]}; run from the project folder or give "
+            "--source, and list its third-party packages in requirements.txt"
+        )
+
+
+__all__ = [
+    "LAMBDA_EXCLUDED",
+    "PACKAGE",
+    "PACKAGE_DIR",
+    "TOOL_MODULES",
+    "check_agent_import",
+    "copy_project",
+    "copy_runtime",
+    "interpreter",
+    "is_this_repository",
+    "pinned",
+    "project_requirements",
+    "resolve_requirements",
+    "run",
+    "runtime_lock",
+    "tool",
+    "uv_platform",
+]

@@ -1,0 +1,94 @@
+"""``agentscope-serverless init NAME``: a small project that serves, tests and packages as is.
+
+>>> write_project(Path("/tmp/echo-bot"))   # doctest: +SKIP
+'echo_bot.agent:app'
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+
+from agentscope_serverless.errors import ConfigurationError
+
+AGENT = '''"""The {name} agent: an AgentApp whose query handler answers each message."""
+
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="{name}", app_description="Answers what you say.")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, session=None, memories=None, **kwargs):
+    """Yield the reply in pieces; ``session.messages`` is the conversation so far."""
+    text = msgs[-1].get_text_content() or ""
+    yield "You said: "
+    yield text
+'''
+
+TEST = '''"""The agent answers in process, without a server."""
+
+import asyncio
+
+from {package}.agent import app
+
+
+def test_the_agent_answers() -> None:
+    async def ask() -> str:
+        response = await app.query("hello", user_id="u1", session_id="s1")
+        await app.stop()
+        return response.output[-1].get_text_content() or ""
+
+    assert asyncio.run(ask()) == "You said: hello"
+'''
+
+README = """# {name}
+
+An agent served as an HTTPS API by AgentScope Serverless. In this folder:
+
+```bash
+agentscope-serverless serve --agent {agent} --reload      # http://127.0.0.1:8090
+python -m pytest                                               # the agent's test
+agentscope-serverless deploy agentrun --agent {agent} --out dist/
+agentscope-serverless deploy sam build --agent {agent}
+```
+
+Add the packages the agent needs to `requirements.txt`; packaging installs them with the
+runtime for the target platform.
+"""
+
+REQUIREMENTS = "# The packages your agent imports, one per line (the runtime is already there).\n"
+
+
+def package_name(name: str) -> str:
+    """The Python package of project ``name``: ``my-bot`` -> ``my_bot``."""
+    package = re.sub(r"\W", "_", name.strip().lower().replace("-", "_"))
+    if not package or not package.isidentifier() or keyword.iskeyword(package):
+        raise ConfigurationError(f"{name!r} cannot name a Python package")
+    return package
+
+
+def write_project(target: Path) -> str:
+    """Write the project into the new folder ``target``; returns its agent's import path."""
+    name = target.name
+    package = package_name(name)
+    if target.exists() and any(target.iterdir()):
+        raise ConfigurationError(f"{target} exists and is not empty")
+    agent = f"{package}.agent:app"
+    files = {
+        f"{package}/__init__.py": f'"""The {name} agent."""\n',
+        f"{package}/agent.py": AGENT.format(name=name),
+        "tests/test_agent.py": TEST.format(package=package),
+        "requirements.txt": REQUIREMENTS,
+        "README.md": README.format(name=name, agent=agent),
+        ".gitignore": ".venv/\n__pycache__/\ndist/\n.aws-sam/\n",
+    }
+    for relative, text in files.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return agent
+
+
+__all__ = ["package_name", "write_project"]

@@ -1,0 +1,114 @@
+"""Serve an agent over HTTP: the composition root of a server process, without the CLI.
+
+::
+
+    python -m agentscope_serverless.serve --agent mypkg.agent:app --port 8080
+
+An archive's entry command (AgentRun, ModelStudio) runs this, and ``agentscope-serverless
+serve`` builds on it. Settings are read here, once (environment, then the ``SECRETS_ARN``
+secret), and handed to the application. The agent's module is imported from ``--app-dir``
+(default: the working directory), as uvicorn does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from agentscope_serverless.auth.base import KeyStore
+    from agentscope_serverless.settings import Settings
+
+APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
+
+
+def use_app_dir(app_dir: str | Path | None) -> Path:
+    """Put ``app_dir`` (default: the working directory) first on the import path."""
+    path = Path(app_dir or ".").resolve()
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    return path
+
+
+def root_settings(agent: str | None = None, **overrides: object) -> Settings:
+    """The process's settings: the environment, ``agent`` and ``overrides`` if given, then the
+    secret's fields."""
+    from agentscope_serverless.aws_secrets import resolve_secrets
+    from agentscope_serverless.settings import load_settings
+
+    return resolve_secrets(load_settings(**({"agent_app": agent} if agent else {}), **overrides))
+
+
+@dataclass
+class Served:
+    """An application ready to serve, with what the root built for it."""
+
+    app: FastAPI
+    settings: Settings
+    key_store: KeyStore
+
+
+def build(settings: Settings) -> Served:
+    """The application of every router for ``settings`` (its key store included)."""
+    from agentscope_serverless.auth.factory import create_key_store
+    from agentscope_serverless.http.app import create_app
+
+    key_store = create_key_store(settings)
+    return Served(create_app(settings=settings, key_store=key_store), settings, key_store)
+
+
+def create() -> FastAPI:
+    """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
+
+    The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``.
+    """
+    use_app_dir(os.environ.get(APP_DIR_ENV))
+    return build(root_settings()).app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agentscope_serverless.serve``: parse the options and serve until stopped."""
+    parser = argparse.ArgumentParser(prog="python -m agentscope_serverless.serve")
+    parser.add_argument("--agent", help="The AgentApp to serve, as module:attribute.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--app-dir", default=".", help="Where the agent's modules are.")
+    parser.add_argument("--log-level", default="info")
+    options = parser.parse_args(argv)
+
+    import uvicorn
+
+    from agentscope_serverless.errors import AgentScopeServerlessError
+
+    use_app_dir(options.app_dir)
+    try:
+        served = build(root_settings(options.agent))
+    except AgentScopeServerlessError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    settings = served.settings
+    print(f"serving {settings.agent_app} on {options.host}:{options.port}", flush=True)
+    keys = settings.auth_keys_backend
+    where = {"file": f" {settings.auth_keys_file}", "dynamodb": f" {settings.auth_keys_table}"}
+    print(f"API keys: {keys}{where.get(keys, ' (empty: no caller is accepted)')}", flush=True)
+    uvicorn.run(
+        served.app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["APP_DIR_ENV", "Served", "build", "create", "main", "root_settings", "use_app_dir"]
