@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 from pydantic import TypeAdapter
 
 from agentscope_serverless.log import logger
+from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 
 TASK_FAILED = "TASK_FAILED"
@@ -40,8 +40,8 @@ class TaskDefinition:
 
 
 def new_task_id() -> str:
-    """A fresh task id."""
-    return f"task_{uuid.uuid4()}"
+    """A fresh task id (derived from the request's Idempotency-Key when it has one)."""
+    return f"task_{new_uuid()}"
 
 
 async def run_task(

@@ -629,7 +629,12 @@ class AgentRequest(BaseRequest):
 
 
 def _new_response_id() -> str:
-    return f"response_{uuid.uuid4()}"
+    # Under an Idempotency-Key, like message ids: a run of the request again is the same run.
+    seeded = _MESSAGE_ID_SEED.get()
+    if seeded is None:
+        return f"response_{uuid.uuid4()}"
+    namespace, counter = seeded
+    return f"response_{uuid.uuid5(namespace, f'response:{next(counter)}')}"
 
 
 def _now() -> int:
