@@ -219,3 +219,5 @@ async def test_a_keyed_save_run_again_stores_one_round(state: StateService, user
     await state.delete_state(user_id, session_id="s1")
     assert await keyed_save(state, f"{user_id}\0key-1", user_id, 4) == 1
     assert await state.export_state(user_id, session_id="s1") == {"v": 4}
+    assert await state.save_state(user_id, {"v": 5}, session_id="s1") == 2
+    assert await state.export_state(user_id, session_id="s1", round_id=1) == {"v": 4}

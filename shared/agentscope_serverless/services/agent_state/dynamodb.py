@@ -297,8 +297,19 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             round_id = number(meta, "max_round")
             if write_id is not None:
                 round_id = await self._apply(mark, round_id)
+        await self._raise_max_round(pk, meta, round_id)
         await self._write_round(pk, meta, round_id, state)
         return round_id
+
+    async def _raise_max_round(self, pk: str, meta: Item, round_id: int) -> None:
+        """Make the next allocated round follow ``round_id``."""
+        if number(meta, "max_round") < round_id:
+            await self._store.set_if(
+                {"pk": s(pk), "sk": s("META")},
+                "#m",
+                round_id,
+                "attribute_not_exists(#m) OR #m < :value",
+            )
 
     async def _applied_round(self, mark: Item) -> int | None:
         """The round of an earlier run of a keyed save, or None."""
@@ -334,13 +345,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         pk = self._pk(user_id, session_id)
         meta = await self._live_meta(pk, allocate=False)
         await self._index(user_id, session_id, meta)
-        if number(meta, "max_round") < round_id:
-            await self._store.set_if(
-                {"pk": s(pk), "sk": s("META")},
-                "#m",
-                round_id,
-                "attribute_not_exists(#m) OR #m < :value",
-            )
+        await self._raise_max_round(pk, meta, round_id)
         await self._write_round(pk, meta, round_id, state)
 
     async def _load(
