@@ -89,8 +89,9 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
         # A run of this request after an earlier one that wrote but never answered (its
         # store froze) makes the same message ids, so its appends store nothing twice.
         seed_message_ids(f"{user_id}\0{key}")
-        # Its other writes (state rounds, memories, new session ids) are keyed the same way.
-        seed_writes(f"{user_id}\0{key}")
+        # Its other writes (state rounds, memories, new session ids) are keyed the same way,
+        # and by the request: the key reused for another one once expired is a new write.
+        seed_writes(f"{user_id}\0{key}\0{claim.fingerprint}")
     elif claim.outcome is ClaimOutcome.REPLAY:
         assert claim.response is not None
         raise Replay(claim.response)

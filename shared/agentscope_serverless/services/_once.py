@@ -2,7 +2,9 @@
 
 While a request with an ``Idempotency-Key`` is served, each write that is not idempotent
 by itself (a state save that allocates the next round, a memory add) takes the next *write
-id*, derived from the user, the key and the write's order in the request. A store keeps
+id*, derived from the user, the key, the request (its fingerprint: the key reused for
+another request after it expired is another write) and the write's order in the request.
+A store keeps
 the ids it applied, in the same atomic step as the data, so a run of the request after
 one whose store froze or failed mid-write (the write landed later, or its answer was lost)
 stores nothing twice. Ids made for new sessions derive from the key the same way.
