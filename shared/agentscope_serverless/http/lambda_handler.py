@@ -69,7 +69,7 @@ class _LazyApplication:
         app_context = self._app.state.context
         agent_app = app_context.agent_app
         tasks = agent_app.tasks if agent_app is not None else []
-        work = run_task_event(app_context.service("runs"), tasks, event)
+        work = run_task_event(app_context.runs, tasks, event)
         asyncio.get_event_loop().run_until_complete(work)
         return {"status": "done"}
 

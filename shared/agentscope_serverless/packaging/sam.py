@@ -222,9 +222,9 @@ def stage_project(source: Path, stage: Path, *, agent: str | None = None) -> Pat
     return stage
 
 
-# The AWS SDK's service models the runtime uses; the others (most of botocore) are dropped
-# from the built layer.
-BOTOCORE_SERVICES = ("dynamodb", "secretsmanager", "sts")
+# The AWS SDK's service models the runtime uses (the stores, the stack's secret, background
+# tasks invoking the tasks function); the others (most of botocore) are dropped from the layer.
+BOTOCORE_SERVICES = ("dynamodb", "lambda", "secretsmanager", "sts")
 
 
 def slim_layer(layer: Path) -> None:
