@@ -120,7 +120,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start(kind: str, env: dict[str, str], recording: Path | None = None) -> Server:
+def start(
+    kind: str, env: dict[str, str], recording: Path | None = None, name: str | None = None
+) -> Server:
     port = free_port()
     command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
     if recording is not None:
@@ -134,7 +136,7 @@ def start(kind: str, env: dict[str, str], recording: Path | None = None) -> Serv
             raise SystemExit(f"the {kind} server exited: {process.stderr.read().decode()}")
         try:
             httpx.get(f"{url}/health")
-            return Server(kind, process, url)
+            return Server(name or kind, process, url)
         except httpx.TransportError:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the {kind} server did not start") from None
@@ -379,8 +381,7 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
         servers: dict[str, Server] = {}
         try:
             for name, env in configurations.items():
-                servers[name] = start("runtime", {**base, **env})
-                servers[name].name = name.replace("/", "-")
+                servers[name] = start("runtime", {**base, **env}, name=name.replace("/", "-"))
             bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
             ids = "function ids(n) return prefix .. '-' .. n, nil end"
             results = {

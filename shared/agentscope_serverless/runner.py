@@ -310,12 +310,13 @@ class Runner(ServiceLifecycleManagerMixin):
             raise ConfigurationError("no query handler: register one with @app.query(...)")
         if self.framework_type == "agentscope":
             self._agentscope_msg = _agentscope_msg_class()
+        # Handlers read ``self.settings`` whether or not the services were given.
+        settings = self._root_settings()
         if self._services is None:
             from agentscope_serverless.services.factory import create_service_manager
 
-            self._services = create_service_manager(self._root_settings())
+            self._services = create_service_manager(settings)
             self._typed = Services.of(self._services)
-        self._root_settings()
         if self._owns_services:
             await self._services.__aenter__()
         try:
