@@ -1,19 +1,27 @@
-"""Recording runs: a run's events go to the runs store as they are produced, and the run
-goes on when its client leaves.
+"""Executing runs: a run's events go to its listener and to the runs store as they are
+produced, and the run goes on when its client leaves.
 
 :meth:`RunRecorder.start` takes the event stream of a run (``Runner.stream_query``) and
 drives it in a task of its own, so the run is independent of the request that started it:
 
-- every event is handed to the live listener (the HTTP response) and written to the runs
-  store behind it, in batches, by a writer task (one write in flight at a time, so the
-  stream never waits for the store);
-- a watcher polls the store's cancellation mark (every ``poll_seconds``) and cancels the
-  run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's task
-  is cancelled (its ``finally`` blocks run), the runner keeps the partial reply in the
-  session history and ends the stream with a ``canceled`` response; nothing is stored
-  after it;
+- every event is kept in the run's log, which the listener (the HTTP response) takes from
+  in batches (:meth:`RecordedRun.take`, woken by :meth:`RecordedRun.changed`);
+- a writer task stores the events not yet written, one write in flight at a time, so the
+  stream never waits for the store. Each write is one call of
+  :meth:`~agentscope_serverless.services.runs.base.RunsService.record`: the first also
+  creates the run and the last also saves its final status. The first write waits until
+  the run ends or ``first_write_delay`` seconds have passed, so a run of a fast agent
+  costs one write (one Redis round trip), and any run is in the store that soon;
+- the store's answer says whether the run's cancellation was requested; a run still going
+  after ``poll_seconds`` also polls for it. Cancelling cancels the run's task with
+  :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's task is cancelled (its
+  ``finally`` blocks run), the runner keeps the partial reply in the session history and
+  ends the stream with a ``canceled`` response; nothing is stored after it;
 - when the listener goes away (the client disconnected) the run goes on, stored and
   resumable, unless it was started with ``cancel_on_disconnect``.
+
+Without a runs store (``RUNS_BACKEND=none``) the same machinery streams without storing,
+and a run whose client leaves is cancelled (nobody could resume it).
 
 The run's id is the ``id`` of its first event (the ``response`` event).
 """
@@ -22,19 +30,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from agentscope_serverless.log import logger
 from agentscope_serverless.runner import RUN_CANCELED
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, RunStatus
 from agentscope_serverless.services.runs.base import FINISHED, RunKind, RunRecord, RunsService
 
-_END = object()
+EventItem = tuple[Event, str]
+"""An event and its JSON, as sent and stored."""
+# How long a run's first write waits for more of the run (seconds).
+FIRST_WRITE_DELAY = 0.05
 
 
 class RecordedRun:
-    """One run executing in this process, recorded in the runs store."""
+    """One run executing in this process, recorded in the runs store (when there is one)."""
 
     def __init__(
         self,
@@ -50,18 +61,25 @@ class RecordedRun:
         self._source = events
         self.user_id = user_id
         self.kind: RunKind = kind
-        self.cancel_on_disconnect = cancel_on_disconnect
+        # Nobody can resume a run that is not stored: it ends with its listener.
+        self.cancel_on_disconnect = cancel_on_disconnect or self._runs is None
         self.run_id = ""
         self.session_id: str | None = None
         self.status: str = RunStatus.InProgress
-        self._queue: asyncio.Queue[Any] | None = asyncio.Queue()
-        self._pending: list[tuple[int, str]] = []
-        self._wrote = asyncio.Event()
+        self._log: list[EventItem] = []
+        self._taken = 0
+        self._written = 0
+        self._changed: asyncio.Future[None] | None = None
+        self._to_write = asyncio.Event()
+        self._created = False
         self._produced = False
+        self._failure: BaseException | None = None
         self._first: AgentResponse | None = None
-        self._last_sequence = -1
+        self._record: RunRecord | None = None
         self._producer: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._watch_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     # --- the run's task -----------------------------------------------------------------
@@ -80,125 +98,191 @@ class RecordedRun:
             # Cancelled outside the agent (while loading or saving the session): end the
             # stream here. Any other cancellation (the server stopping) also ends it.
             if self._first is not None and not self._ended():
-                ending = {"output": None, "sequence_number": self._last_sequence + 1}
+                ending = {"output": None, "sequence_number": self._last_sequence() + 1}
                 self._emit(self._first.model_copy(update=ending).canceled())
             elif self._first is None:
-                self._put(exc)
+                self._failure = exc
             if exc.args != (RUN_CANCELED,):
                 raise
         except Exception as exc:
             if self._first is None:
-                self._put(exc)
+                self._failure = exc
             else:
                 logger.exception("the run failed", extra={"run_id": self.run_id})
                 self.status = RunStatus.Failed
         finally:
             self._produced = True
-            self._wrote.set()
-            self._put(_END)
+            self._notify()
+            if self._record is not None:
+                await self._store_end()
 
     def _ended(self) -> bool:
         return self.status in FINISHED
+
+    def _last_sequence(self) -> int:
+        if not self._log:
+            return -1
+        return self._log[-1][0].sequence_number or 0
 
     def _emit(self, event: Event) -> None:
         if self._first is None and isinstance(event, AgentResponse):
             self._first = event.model_copy()
             self.run_id = event.id or ""
             self.session_id = event.session_id
-            self._writer = asyncio.create_task(self._write())
+            if self._runs is not None:
+                self._record = RunRecord(
+                    id=self.run_id, user_id=self.user_id, session_id=self.session_id, kind=self.kind
+                )
+                loop = asyncio.get_running_loop()
+                delay = self._recorder.first_write_delay
+                self._write_timer = loop.call_later(delay, self._start_writer)
+                self._watch_timer = loop.call_later(self._runs.poll_seconds, self._start_watching)
         if event.sequence_number is None:
-            event.sequence_number = self._last_sequence + 1
-        self._last_sequence = event.sequence_number
+            event.sequence_number = self._last_sequence() + 1
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             self.status = event.status
-        data = event.model_dump_json()
-        self._pending.append((event.sequence_number, data))
-        self._wrote.set()
-        self._put((event, data))
+        self._log.append((event, event.model_dump_json()))
+        self._to_write.set()
+        self._notify()
 
-    def _put(self, item: Any) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(item)
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
 
-    async def _write(self) -> None:
-        """Write the pending events in batches, then the run's final status."""
-        created = False
+    async def _store_end(self) -> None:
+        """The run has ended: store the rest of it (all of it, when it ended within its first
+        write delay), or hand the rest to the writer already storing it."""
+        if self._writer is not None:
+            self._to_write.set()
+            return
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         try:
-            while True:
-                await self._wrote.wait()
-                self._wrote.clear()
-                batch, self._pending = self._pending, []
-                if not created:
-                    await self._runs.create_run(
-                        RunRecord(
-                            id=self.run_id,
-                            user_id=self.user_id,
-                            session_id=self.session_id,
-                            kind=self.kind,
-                        )
-                    )
-                    created = True
-                    self._watcher = asyncio.create_task(self._watch())
-                await self._runs.append_events(self.user_id, self.run_id, batch)
-                if self._produced and not self._pending:
-                    break
-            status = self.status if self._ended() else RunStatus.Failed
-            await self._runs.finish_run(self.user_id, self.run_id, status)
+            await self._write_burst(finish=True)
         except Exception:
             logger.exception("could not store the run", extra={"run_id": self.run_id})
         finally:
-            if self._watcher is not None:
-                self._watcher.cancel()
-            self._recorder._forget(self)
+            self._stored()
+
+    def _start_writer(self) -> None:
+        """The run goes on past its first write delay: store it as it is produced."""
+        self._write_timer = None
+        if self._writer is None and not self._produced:
+            self._writer = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        """Store the events not yet written, in bursts; the last burst saves the status."""
+        try:
+            while True:
+                self._to_write.clear()
+                finished = self._produced
+                await self._write_burst(finish=finished)
+                if finished:
+                    break
+                await self._to_write.wait()
+        except Exception:
+            logger.exception("could not store the run", extra={"run_id": self.run_id})
+        finally:
+            self._stored()
+
+    async def _write_burst(self, *, finish: bool) -> None:
+        """One write: the events not written yet (and, the first time, the run's creation;
+        with ``finish``, its final status)."""
+        assert self._runs is not None and self._record is not None
+        end = len(self._log)
+        burst = [(e.sequence_number or 0, data) for e, data in self._log[self._written : end]]
+        self._written = end
+        record = self._record
+        if finish:
+            status = self.status if self._ended() else RunStatus.Failed
+            record = record.model_copy(update={"status": status, "updated_at": time.time()})
+        create, self._created = not self._created, True
+        if await self._runs.record(record, burst, create=create, finish=finish):
+            self.cancel()
+
+    def _stored(self) -> None:
+        self._stop_watching()
+        self._recorder._forget(self)
+
+    def _start_watching(self) -> None:
+        self._watch_timer = None
+        if not self._produced:
+            self._watcher = asyncio.create_task(self._watch())
+
+    def _stop_watching(self) -> None:
+        if self._watch_timer is not None:
+            self._watch_timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     async def _watch(self) -> None:
         """Cancel the run when its cancellation is requested in the store."""
+        assert self._runs is not None
         while not self._produced:
-            await asyncio.sleep(self._runs.poll_seconds)
             try:
                 requested = await self._runs.cancel_requested(self.user_id, self.run_id)
             except Exception:
                 logger.exception("could not read the run's cancellation mark")
-                continue
+                requested = False
             if requested:
                 self.cancel()
                 return
+            await asyncio.sleep(self._runs.poll_seconds)
 
     # --- for the request ----------------------------------------------------------------
 
     def cancel(self) -> None:
         """Cancel the run (a no-op once it has ended)."""
-        if self._producer is not None and not self._producer.done():
+        if self._producer is not None and not self._produced:
             self._producer.cancel(RUN_CANCELED)
 
     async def _begin(self) -> None:
         self._producer = asyncio.create_task(self._produce())
-        first = await self._next()
-        if isinstance(first, BaseException):
-            raise first
-        assert first is not _END, "the run ended before its first event"
-        self._head = first
+        while not self._log and not self._produced:
+            await self.changed()
+        if self._failure is not None:
+            raise self._failure
+        assert self._log, "the run ended before its first event"
 
-    async def _next(self) -> Any:
-        assert self._queue is not None
-        return await self._queue.get()
+    def take(self) -> list[EventItem]:
+        """The events produced since the last call (none when nothing new came)."""
+        items = self._log[self._taken :]
+        self._taken = len(self._log)
+        return items
 
-    async def items(self) -> AsyncGenerator[tuple[Event, str], None]:
+    @property
+    def done(self) -> bool:
+        """Whether the run has produced its last event and all were taken."""
+        return self._produced and self._taken == len(self._log)
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future resolved when the run produces an event or ends (at once when there
+        are events not taken yet, or the run has ended)."""
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        changed = self._changed
+        if self._produced or self._taken < len(self._log):
+            self._notify()
+        return changed
+
+    def detach(self) -> None:
+        """The listener has gone: the run goes on, unless it cancels on disconnect."""
+        if self.cancel_on_disconnect and not self._produced:
+            self.cancel()
+
+    async def items(self) -> AsyncGenerator[EventItem, None]:
         """``(event, its JSON)`` as produced; leaving early detaches (or cancels) the run."""
         try:
-            item = self._head
-            while item is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                item = await self._next()
-            # The stream ends once the run is stored: a reader who saw the last event finds
-            # the run finished, and on Lambda nothing is left to do when the response ends.
+            while True:
+                for item in self.take():
+                    yield item
+                if self._produced:
+                    break
+                await self.changed()
             await self.wait_stored()
         finally:
-            self._queue = None
-            if self.cancel_on_disconnect and not self._produced:
-                self.cancel()
+            self.detach()
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """The run's events as produced."""
@@ -208,24 +292,38 @@ class RecordedRun:
 
     async def final(self) -> AgentResponse:
         """Wait for the end of the run and return its last response event."""
-        last: Event | None = None
-        async with contextlib.aclosing(self.items()) as items:
-            async for event, _ in items:
-                last = event
+        try:
+            while not self._produced:
+                self._taken = len(self._log)
+                await self.changed()
+            self._taken = len(self._log)
+            await self.wait_stored()
+        finally:
+            self.detach()
+        last = self._log[-1][0]
         assert isinstance(last, AgentResponse)
         return last
 
     async def wait_stored(self) -> None:
-        """Wait until the run's events and status are stored."""
-        if self._writer is not None:
-            await asyncio.shield(self._writer)
+        """Wait until the run's events and status are stored (or the run has ended, when
+        it is not stored)."""
+        pending = [t for t in (self._producer, self._writer) if t is not None and not t.done()]
+        if pending:
+            await asyncio.wait(pending)
 
 
 class RunRecorder:
-    """Starts recorded runs and keeps track of those executing in this process."""
+    """Starts runs, recorded in ``runs`` (None: streamed without storing), and keeps track
+    of those executing in this process.
 
-    def __init__(self, runs: RunsService) -> None:
+    A run is in the store at most ``first_write_delay`` seconds after its first event.
+    """
+
+    def __init__(
+        self, runs: RunsService | None, *, first_write_delay: float = FIRST_WRITE_DELAY
+    ) -> None:
         self.runs = runs
+        self.first_write_delay = first_write_delay
         self._live: dict[tuple[str, str], RecordedRun] = {}
         self._runs: set[RecordedRun] = set()
 
@@ -250,7 +348,10 @@ class RunRecorder:
         except BaseException:
             self._runs.discard(run)
             raise
-        self._live[(user_id, run.run_id)] = run
+        if self.runs is None:
+            self._runs.discard(run)
+        else:
+            self._live[(user_id, run.run_id)] = run
         return run
 
     def cancel_local(self, user_id: str, run_id: str) -> bool:
@@ -275,4 +376,4 @@ class RunRecorder:
         self._live.pop((run.user_id, run.run_id), None)
 
 
-__all__ = ["RecordedRun", "RunRecorder"]
+__all__ = ["FIRST_WRITE_DELAY", "EventItem", "RecordedRun", "RunRecorder"]

@@ -12,15 +12,20 @@ nothing was sent for ``ping_interval`` seconds, so proxies and load balancers ke
 connection open while an agent thinks. The chunks are produced in a task of their own, and
 everything produced while the previous write was under way goes out in one write: an agent
 streaming as fast as it can costs a few writes per run, not one per event.
+
+:class:`RunEventStream` streams the events of a run executing in this process (a
+:class:`~agentscope_serverless.recorder.RecordedRun`) the same way, taking them straight from
+the run's log: no task of its own unless it has to wait for the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 from fastapi.responses import StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -89,4 +94,83 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-__all__ = ["DONE", "MEDIA_TYPE", "PING", "EventStreamResponse", "encode"]
+class LiveRun(Protocol):
+    """What :class:`RunEventStream` needs of a run (a ``RecordedRun``)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def take(self) -> list[tuple[Any, str]]: ...
+
+    def changed(self) -> asyncio.Future[None]: ...
+
+    def detach(self) -> None: ...
+
+    async def wait_stored(self) -> None: ...
+
+
+class RunEventStream(StreamingResponse):
+    """The events of an executing ``run`` as SSE, each with its sequence number as ``id:``,
+    with a ping after each silence of ``ping_interval`` seconds.
+
+    Whatever the run produced since the last write goes out in one write. The response ends
+    once the run is stored; a client leaving detaches it (see ``RecordedRun.detach``).
+    """
+
+    def __init__(
+        self, run: LiveRun, *, ping_interval: float, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.run = run
+        self.ping_interval = ping_interval
+        self.status_code = 200
+        self.media_type = MEDIA_TYPE
+        self.background = None
+        self.init_headers(
+            {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        run = self.run
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        # Listens for the client leaving, started only when the run makes us wait.
+        disconnected: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                items = run.take()
+                if items:
+                    body = b"".join(encode(data, id=event.sequence_number) for event, data in items)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    continue
+                if run.done:
+                    break
+                if disconnected is None:
+                    disconnected = asyncio.ensure_future(receive())
+                changed = run.changed()
+                ready, _ = await asyncio.wait(
+                    (changed, disconnected),
+                    timeout=self.ping_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if disconnected in ready:
+                    if disconnected.result().get("type") == "http.disconnect":
+                        return
+                    disconnected = None
+                elif not ready:
+                    await send({"type": "http.response.body", "body": PING, "more_body": True})
+            await run.wait_stored()
+        finally:
+            if disconnected is not None:
+                disconnected.cancel()
+            run.detach()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+__all__ = [
+    "DONE",
+    "MEDIA_TYPE",
+    "PING",
+    "EventStreamResponse",
+    "LiveRun",
+    "RunEventStream",
+    "encode",
+]

@@ -9,9 +9,8 @@ Server-Sent Events (one ``data: <event JSON>`` per event of the run, CONTRACT §
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
@@ -21,12 +20,11 @@ from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
-from agentscope_serverless.http.sse import EventStreamResponse, encode
-from agentscope_serverless.recorder import RecordedRun
+from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
+from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
-    Event,
     Message,
     RunStatus,
 )
@@ -81,54 +79,15 @@ async def _recorded(
     *,
     kind: RunKind,
     cancel_on_disconnect: bool = False,
-) -> RecordedRun | _UnrecordedRun:
+) -> RecordedRun:
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
-    streamed directly when runs are not stored (``RUNS_BACKEND=none``)."""
+    streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
     assert run.user_id is not None
     events = context.require_runner().stream_query(run)
-    if context.recorder is None:
-        return await _UnrecordedRun.start(events)
-    return await context.recorder.start(
+    recorder = context.recorder or RunRecorder(None)
+    return await recorder.start(
         events, user_id=run.user_id, kind=kind, cancel_on_disconnect=cancel_on_disconnect
     )
-
-
-class _UnrecordedRun:
-    """A run streamed by the request itself: it ends when its client leaves."""
-
-    def __init__(self, first: Event, events: AsyncGenerator[Event, None]) -> None:
-        self.run_id = getattr(first, "id", None) or ""
-        self._first = first
-        self._events = events
-
-    @classmethod
-    async def start(cls, events: AsyncGenerator[Event, None]) -> _UnrecordedRun:
-        # The first event is taken here, so setup errors surface as HTTP errors.
-        return cls(await anext(events), events)
-
-    async def items(self) -> AsyncGenerator[tuple[Event, str], None]:
-        async with contextlib.aclosing(self._events) as events:
-            yield self._first, self._first.model_dump_json()
-            async for event in events:
-                yield event, event.model_dump_json()
-
-    async def events(self) -> AsyncGenerator[Event, None]:
-        async with contextlib.aclosing(self._events) as events:
-            yield self._first
-            async for event in events:
-                yield event
-
-    async def final(self) -> AgentResponse:
-        last = self._first
-        async for event in self.events():
-            last = event
-        assert isinstance(last, AgentResponse)
-        return last
-
-
-async def _encoded_with_ids(run: RecordedRun | _UnrecordedRun) -> AsyncIterator[bytes]:
-    async for event, data in run.items():
-        yield encode(data, id=event.sequence_number)
 
 
 def _failure(response: AgentResponse) -> JSONResponse:
@@ -171,10 +130,8 @@ def build_router(
                 media_type="application/json",
                 headers=headers,
             )
-        return EventStreamResponse(
-            _encoded_with_ids(recorded),
-            ping_interval=context.settings.sse_ping_interval_seconds,
-            headers=headers,
+        return RunEventStream(
+            recorded, ping_interval=context.settings.sse_ping_interval_seconds, headers=headers
         )
 
     _with_body_model(process, request_model)

@@ -14,6 +14,7 @@ loses the stream resumes with ``Last-Event-ID`` set to the last id it received.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -71,6 +72,10 @@ def _runs(context: AppContext) -> RunsService:
 
 async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
     record = await _runs(context).get_run(user_id, run_id)
+    if record is None and context.recorder is not None:
+        # A run just started (by another process) is stored within its first write delay.
+        await asyncio.sleep(context.recorder.first_write_delay)
+        record = await _runs(context).get_run(user_id, run_id)
     if record is None:
         raise RunNotFoundError()
     return record

@@ -99,6 +99,41 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         if events:
             await self._append(require_user_id(user_id), require_run_id(run_id), list(events))
 
+    async def record(
+        self,
+        record: RunRecord,
+        events: Sequence[StoredEvent],
+        *,
+        create: bool = False,
+        finish: bool = False,
+    ) -> bool | None:
+        """Store a burst of a run executing in this process, in as few writes as the store
+        allows: the run is created first (``create``), ``events`` are appended, and with
+        ``finish`` its record is saved as given (its final status; a cancellation mark is
+        kept).
+
+        Returns whether the run's cancellation was requested, or None when the store cannot
+        tell without another read (the caller polls :meth:`cancel_requested` then).
+        """
+        self._ensure_started()
+        require_user_id(record.user_id)
+        require_run_id(record.id)
+        if finish and record.status not in FINISHED:
+            raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
+        return await self._record(record, list(events), create, finish)
+
+    async def _record(
+        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
+    ) -> bool | None:
+        """Create, append and finish with the other hooks; backends may do it in one write."""
+        if create:
+            await self._create(record)
+        if events:
+            await self._append(record.user_id, record.id, events)
+        if finish:
+            await self._save(record)
+        return None
+
     async def finish_run(
         self,
         user_id: str,

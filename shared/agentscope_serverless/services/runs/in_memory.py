@@ -1,6 +1,7 @@
 """Runs in the process's memory: the embedded default for local runs and tests.
 
-Followers in the same process are woken as soon as events are appended.
+Followers in the same process are woken as soon as events are appended. The store keeps the
+``max_runs`` most recent runs (a long-lived local server does not grow without bound).
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ class _Run:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class InMemoryRunsService(RunsService):
-    """Runs kept in a dict by user and run id; ``ttl_seconds`` drops runs idle that long."""
+# Runs an in-memory store keeps by default: the oldest go first.
+DEFAULT_MAX_RUNS = 1000
 
-    def __init__(self, ttl_seconds: int | None = None) -> None:
+
+class InMemoryRunsService(RunsService):
+    """Runs kept in a dict by user and run id; ``ttl_seconds`` drops runs idle that long,
+    and beyond ``max_runs`` runs the oldest are dropped."""
+
+    def __init__(self, ttl_seconds: int | None = None, max_runs: int = DEFAULT_MAX_RUNS) -> None:
         self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._max_runs = optional_positive_int(max_runs, field="max_runs") or DEFAULT_MAX_RUNS
         self._runs: dict[tuple[str, str], _Run] = {}
 
     def _get(self, user_id: str, run_id: str) -> _Run | None:
@@ -38,6 +45,8 @@ class InMemoryRunsService(RunsService):
 
     async def _create(self, record: RunRecord) -> None:
         self._runs[(record.user_id, record.id)] = _Run(record.model_copy())
+        while len(self._runs) > self._max_runs:
+            del self._runs[next(iter(self._runs))]
 
     async def _save(self, record: RunRecord) -> None:
         run = self._get(record.user_id, record.id)
@@ -53,6 +62,13 @@ class InMemoryRunsService(RunsService):
         run.events.extend(event for event in events if event[0] > last)
         run.record.updated_at = time.time()
         self._wake(run)
+
+    async def _record(
+        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
+    ) -> bool | None:
+        await super()._record(record, events, create, finish)
+        run = self._get(record.user_id, record.id)
+        return run is not None and run.cancel
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         run = self._get(user_id, run_id)
@@ -96,4 +112,4 @@ class InMemoryRunsService(RunsService):
         run.changed = asyncio.Event()
 
 
-__all__ = ["InMemoryRunsService"]
+__all__ = ["DEFAULT_MAX_RUNS", "InMemoryRunsService"]

@@ -58,6 +58,32 @@ return 1
 """
 )
 
+# One burst of a run executing here. KEYS: run, events, session index. ARGV: ttl, create
+# ("1"/"0"), record (written when creating or finishing), run id, created at, finish
+# ("1"/"0"), the events' entry ids joined by ",", their JSON joined by newlines (JSON text
+# holds no raw newline). Returns -1 when the run is not found, else 1 when its cancellation
+# was requested, 0 otherwise.
+_RECORD = (
+    LUA_TOUCH
+    + """
+if ARGV[2] == '1' then
+  redis.call('HSET', KEYS[1], 'record', ARGV[3])
+  if KEYS[3] ~= KEYS[1] then redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4]) end
+elseif redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+local data, at = ARGV[8], 1
+for id in string.gmatch(ARGV[7], '[^,]+') do
+  local stop = string.find(data, '\\n', at, true) or (#data + 1)
+  redis.pcall('XADD', KEYS[2], id, 'd', string.sub(data, at, stop - 1))
+  at = stop + 1
+end
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'record', ARGV[3]) end
+touch(tonumber(ARGV[1]), KEYS)
+return redis.call('HEXISTS', KEYS[1], 'cancel')
+"""
+)
+
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'cancel', '1')
@@ -119,6 +145,29 @@ class RedisRunsService(RedisBackedService, RunsService):
         for sequence, data in events:
             args += [f"0-{sequence + 1}", data]
         await self._redis.run(_APPEND, [run, f"{run}:events"], args, idempotent=True)
+
+    async def _record(
+        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
+    ) -> bool | None:
+        run = self._run_key(record.user_id, record.id)
+        index = self._session_key(record.user_id, record.session_id) if record.session_id else run
+        stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
+        args = [
+            self._ttl,
+            "1" if create else "0",
+            stored,
+            record.id,
+            repr(record.created_at),
+            "1" if finish else "0",
+            ",".join(f"0-{sequence + 1}" for sequence, _ in events),
+            "\n".join(data for _, data in events),
+        ]
+        # A burst applied twice stores the same: events keep their entry ids, the record
+        # written is the burst's own.
+        answer = await self._redis.run(
+            _RECORD, [run, f"{run}:events", index], args, idempotent=True
+        )
+        return int(answer) == 1
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         await self._redis.run(_CANCEL, [self._run_key(user_id, run_id)], [], idempotent=True)
