@@ -142,3 +142,43 @@ async def test_ids_are_checked(runs_factory: Callable[[], RunsService], user_id:
             await runs.get_run(user_id, "r" * 257)
         with pytest.raises(InvalidInputError):
             await runs.create_run(RunRecord(id="r1", user_id=""))
+
+
+async def test_a_burst_creates_appends_and_finishes_in_one_call(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        record = RunRecord(id="b1", user_id=user_id, session_id="s1")
+        assert not await runs.record(record, [_event(0), _event(1, "a\nb")], create=True)
+        assert [r.id for r in await runs.list_runs(user_id, "s1")] == ["b1"]
+        await runs.request_cancel(user_id, "b1")
+        done = record.model_copy(update={"status": "completed"})
+        requested = await runs.record(done, [_event(2)], finish=True)
+        assert requested in (True, None)  # None: the store cannot tell without a read
+        stored = await runs.get_run(user_id, "b1")
+        assert stored is not None and stored.status == "completed" and stored.cancel_requested
+        events = await runs.read_events(user_id, "b1")
+        assert [s for s, _ in events] == [0, 1, 2]
+        assert json.loads(events[1][1])["text"] == "a\nb"
+
+
+async def test_a_whole_run_in_one_burst_is_stored_finished(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        record = RunRecord(id="w1", user_id=user_id, status="failed")
+        await runs.record(record, [_event(0), _event(1)], create=True, finish=True)
+        stored = await runs.get_run(user_id, "w1")
+        assert stored is not None and stored.status == "failed"
+        assert [s for s, _ in await runs.read_events(user_id, "w1")] == [0, 1]
+        with pytest.raises(InvalidInputError):
+            await runs.record(record.model_copy(update={"status": "busy"}), [], finish=True)
+
+
+async def test_a_burst_of_an_unknown_run_does_not_create_it(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        ghost = RunRecord(id="ghost", user_id=user_id, status="completed")
+        await runs.record(ghost, [_event(0)], finish=True)
+        assert await runs.get_run(user_id, "ghost") is None

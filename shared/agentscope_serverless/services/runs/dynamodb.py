@@ -88,7 +88,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     def _meta_key(self, user_id: str, run_id: str) -> Item:
         return {"pk": s(self._pk(user_id, run_id)), "sk": s("META")}
 
-    async def _create(self, record: RunRecord) -> None:
+    def _record_items(self, record: RunRecord) -> list[Item]:
+        """The run's META item and, with a session, its entry in the session's index."""
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
         meta = {**self._meta_key(record.user_id, record.id), "record": s(stored), **self._expiry()}
         items = [meta]
@@ -101,7 +102,33 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 **self._expiry(),
             }
             items.append(index)
-        await self._store.put(items)
+        return items
+
+    def _event_items(self, user_id: str, run_id: str, events: list[StoredEvent]) -> list[Item]:
+        pk = self._pk(user_id, run_id)
+        items: list[Item] = []
+        for sequence, data in events:
+            tails, head = _body_items(pk, _event_key(sequence), data, self._expiry())
+            items += [*tails, head]
+        return items
+
+    async def _create(self, record: RunRecord) -> None:
+        await self._store.put(self._record_items(record))
+
+    async def _record(
+        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
+    ) -> bool | None:
+        if not create:
+            return await super()._record(record, events, create, finish)
+        items = self._event_items(record.user_id, record.id, events)
+        if finish:
+            # The events land before the finished record: a reader who sees the run
+            # finished finds all of its events.
+            await self._store.put(items)
+            await self._store.put(self._record_items(record))
+        else:
+            await self._store.put([*self._record_items(record), *items])
+        return None
 
     async def _save(self, record: RunRecord) -> None:
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
@@ -126,12 +153,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             return
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
-        pk = self._pk(user_id, run_id)
-        items: list[Item] = []
-        for sequence, data in events:
-            tails, head = _body_items(pk, _event_key(sequence), data, self._expiry())
-            items += [*tails, head]
-        await self._store.put(items)
+        await self._store.put(self._event_items(user_id, run_id, events))
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         try:

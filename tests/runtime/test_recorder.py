@@ -1,0 +1,89 @@
+"""The run recorder's writes: one per run of a fast agent, a long run in the store early."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentscope_serverless.recorder import RunRecorder
+from agentscope_serverless.runner import Runner
+from agentscope_serverless.services.container import Services
+from agentscope_serverless.services.runs.base import RunRecord, StoredEvent
+from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+from agentscope_serverless.settings import load_settings
+
+
+class CountingRunsService(InMemoryRunsService):
+    """The in-memory runs store, counting its writes."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.writes: list[tuple[bool, int, bool]] = []
+
+    async def _record(
+        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
+    ) -> bool | None:
+        self.writes.append((create, len(events), finish))
+        return await super()._record(record, events, create, finish)
+
+
+async def _fast(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+    for word in ("one ", "two ", "three"):
+        yield word
+
+
+async def _slow(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+    for word in ("one ", "two ", "three"):
+        yield word
+        await asyncio.sleep(0.1)
+
+
+def _runner(handler: Any) -> Runner:
+    services = Services(session_history=InMemorySessionHistoryService())
+    return Runner(handler, services=services, settings=load_settings())
+
+
+def _request() -> dict[str, Any]:
+    return {"input": [{"role": "user", "content": "go"}]}
+
+
+async def test_a_fast_run_is_stored_in_one_write() -> None:
+    runs = CountingRunsService()
+    runner = _runner(_fast)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs)
+        run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+        final = await run.final()
+        assert final.status == "completed"
+        (write,) = runs.writes
+        assert write == (True, final.sequence_number + 1, True)
+        stored = await runs.get_run("alice", run.run_id)
+        assert stored is not None and stored.status == "completed"
+
+
+async def test_a_long_run_is_in_the_store_before_it_ends() -> None:
+    runs = CountingRunsService()
+    runner = _runner(_slow)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs, first_write_delay=0.05)
+        run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+        await asyncio.sleep(0.15)
+        early = await runs.get_run("alice", run.run_id)
+        assert early is not None and early.status == "in_progress"
+        assert await runs.read_events("alice", run.run_id)
+        final = await run.final()
+        assert final.status == "completed"
+        assert runs.writes[0][0] and not any(create for create, _, _ in runs.writes[1:])
+        assert runs.writes[-1][2] and len(runs.writes) >= 2
+        stored = await runs.read_events("alice", run.run_id)
+        assert [sequence for sequence, _ in stored] == list(range(final.sequence_number + 1))
+
+
+async def test_the_in_memory_store_keeps_the_newest_runs() -> None:
+    async with InMemoryRunsService(max_runs=3) as runs:
+        for index in range(5):
+            await runs.create_run(RunRecord(id=f"r{index}", user_id="alice"))
+        kept = [index for index in range(5) if await runs.get_run("alice", f"r{index}")]
+        assert kept == [2, 3, 4]
