@@ -137,6 +137,7 @@ class RecordedRun:
                 delay = self._recorder.first_write_delay
                 self._write_timer = loop.call_later(delay, self._start_writer)
                 self._watch_timer = loop.call_later(self._runs.poll_seconds, self._start_watching)
+                self._recorder._live[(self.user_id, self.run_id)] = self
         if event.sequence_number is None:
             event.sequence_number = self._last_sequence() + 1
         if isinstance(event, AgentResponse) and event.status in FINISHED:
@@ -350,8 +351,6 @@ class RunRecorder:
             raise
         if self.runs is None:
             self._runs.discard(run)
-        else:
-            self._live[(user_id, run.run_id)] = run
         return run
 
     def cancel_local(self, user_id: str, run_id: str) -> bool:

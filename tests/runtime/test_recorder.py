@@ -63,6 +63,21 @@ async def test_a_fast_run_is_stored_in_one_write() -> None:
         assert stored is not None and stored.status == "completed"
 
 
+async def test_a_stored_run_is_forgotten_once_it_ends() -> None:
+    runs = CountingRunsService()
+    runner = _runner(_fast)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs)
+        finished = []
+        for _ in range(3):
+            run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+            finished.append(await run.final())
+        assert all(final.status == "completed" for final in finished)
+        # Nothing keeps a finished run (its events) alive in the process.
+        assert not recorder._live and not recorder._runs
+        assert not recorder.cancel_local("alice", finished[0].id or "")
+
+
 async def test_a_long_run_is_in_the_store_before_it_ends() -> None:
     runs = CountingRunsService()
     runner = _runner(_slow)
