@@ -1,6 +1,6 @@
 """A turn reads a bounded window of the session, whatever its length, on every backend.
 
-The items read are counted at the store's edge: the messages the in-memory backend copies,
+The items read are counted at the store's edge: the messages the in-memory backend decodes,
 the strings in Redis' replies (a client that counts what it parses), the items in DynamoDB's
 Query replies (a botocore event hook on the client).
 """
@@ -18,6 +18,7 @@ from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBSer
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services import _stored as stored_messages
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
@@ -66,13 +67,13 @@ async def counted_history(
 ) -> AsyncIterator[tuple[SessionHistoryService, ItemCounter]]:
     counter = ItemCounter()
     if request.param == "in_memory":
-        copy = Message.__deepcopy__
+        decode = stored_messages._message
 
-        def counting_copy(message: Message, memo: Any = None) -> Message:
+        def counting_decode(data: Any) -> Message:
             counter.items += 1
-            return copy(message, memo)
+            return decode(data)
 
-        monkeypatch.setattr(Message, "__deepcopy__", counting_copy)
+        monkeypatch.setattr(stored_messages, "_message", counting_decode)
         async with InMemorySessionHistoryService() as service:
             yield service, counter
     elif request.param == "redis":

@@ -1,4 +1,9 @@
-"""Session history in the process's memory: the embedded default for local runs and tests."""
+"""Session history in the process's memory: the embedded default for local runs and tests.
+
+Messages are kept as the JSON every store keeps (:mod:`.._stored`): strings, which the
+garbage collector never has to walk, so a long-lived local server's collections stay short
+however much history it holds.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,24 @@ from dataclasses import dataclass, field
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._stored import decode_message, decode_messages, encode_message
 from agentscope_serverless.services._validation import cursor_position, encode_cursor
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
 
-@dataclass
+@dataclass(slots=True)
 class _StoredSession:
     seq: int
-    messages: list[Message] = field(default_factory=list)
-    by_id: dict[str, Message] = field(default_factory=dict)
+    # Message JSON in order, and each message id's position.
+    messages: list[str] = field(default_factory=list)
+    by_id: dict[str, int] = field(default_factory=dict)
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
     """Sessions kept in a dict: ``{user_id: {session_id: messages}}``.
 
     Data lives as long as the object; ``stop()`` keeps it, so a restarted service sees it.
-    Stored messages are private copies: changing a returned session changes nothing stored.
+    Stored messages are JSON: changing a returned session changes nothing stored.
 
     >>> service = InMemorySessionHistoryService()
     """
@@ -82,7 +89,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         items = stored.messages[offset : offset + limit]
         end = offset + len(items)
         return Page[Message](
-            items=[m.model_copy(deep=True) for m in items],
+            items=decode_messages(items),
             next_cursor=encode_cursor({"offset": end}) if end < len(stored.messages) else None,
         )
 
@@ -94,13 +101,13 @@ class InMemorySessionHistoryService(SessionHistoryService):
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
         result: list[Message] = []
         for message in messages:
-            existing = stored.by_id.get(message.id)
-            if existing is None:
-                stored.by_id[message.id] = kept = message.model_copy(deep=True)
-                stored.messages.append(kept)
+            position = stored.by_id.get(message.id)
+            if position is None:
+                stored.by_id[message.id] = len(stored.messages)
+                stored.messages.append(encode_message(message))
                 result.append(message)
             else:
-                result.append(existing.model_copy(deep=True))
+                result.append(decode_message(stored.messages[position]))
         return result
 
     @staticmethod
@@ -110,9 +117,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         messages = stored.messages
         if recent is not None:
             messages = messages[max(len(messages) - recent, 0) :] if recent else []
-        return Session(
-            id=session_id, user_id=user_id, messages=[m.model_copy(deep=True) for m in messages]
-        )
+        return Session(id=session_id, user_id=user_id, messages=decode_messages(messages))
 
 
 __all__ = ["InMemorySessionHistoryService"]
