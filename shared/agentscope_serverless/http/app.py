@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import importlib
 import importlib.util
 import inspect
@@ -36,6 +35,7 @@ from agentscope_serverless import __version__
 from agentscope_serverless.app import AgentApp, load_agent_app
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
+from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.context import AppContext
@@ -289,10 +289,10 @@ def _lifespan(context: AppContext) -> Lifespan:
             a2a_handler = getattr(app.state, "a2a_handler", None)
             if a2a_handler is not None:
                 stack.push_async_callback(a2a_handler.aclose)
-            # What start-up built lives as long as the process: keep it out of every later
-            # garbage collection, whose pauses would otherwise grow with it.
-            gc.collect()
-            gc.freeze()
+            # What start-up built lives as long as the process, and what survives a full
+            # collection lives long too: later full collections walk only newer objects.
+            keep_pauses_short()
+            stack.callback(stop_keeping_pauses_short)
             yield
 
     return lifespan

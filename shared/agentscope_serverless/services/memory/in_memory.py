@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._stored import decode_messages, encode_message
@@ -25,24 +25,29 @@ _EPSILON = 1e-9
 # A posting: (-term frequency, length, -memory seq), so a term's postings sort in the order
 # in which a memory's BM25 contribution for that term decreases, newest first among equals.
 Posting = tuple[int, int, int]
+# A term's postings, sorted: a tuple while there is one (tuples of numbers are never walked by
+# the garbage collector, and most terms of most users have a single memory), then a list.
+Postings = tuple[Posting] | list[Posting]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Memory:
     session_id: str
     # The message's JSON: what search returns, without a second copy of the model.
     raw: str
-    terms: dict[str, int]
+    # (term, frequency) pairs: a tuple of strings and numbers, like ``raw`` left alone by
+    # the garbage collector.
+    terms: tuple[tuple[str, int], ...]
     length: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _UserMemory:
     memories: dict[int, _Memory]
-    postings: dict[str, list[Posting]]
+    postings: dict[str, Postings]
     total_length: int = 0
     # The write ids of the adds made under an Idempotency-Key.
-    applied: set[str] = field(default_factory=set)
+    applied: set[str] | None = None
 
 
 class InMemoryMemoryService(MemoryService):
@@ -64,17 +69,26 @@ class InMemoryMemoryService(MemoryService):
     ) -> None:
         user = self._users.setdefault(user_id, _UserMemory(memories={}, postings={}))
         if write_id is not None:
-            if write_id in user.applied:
+            if user.applied is None:
+                user.applied = set()
+            elif write_id in user.applied:
                 return
             user.applied.add(write_id)
         for message in messages:
             counts, length = term_frequencies(message)
             seq = next(self._seq)
-            terms = dict(counts)
+            terms = tuple(counts.items())
             user.memories[seq] = _Memory(session_id, encode_message(message), terms, length)
             user.total_length += length
-            for term, tf in terms.items():
-                bisect.insort(user.postings.setdefault(term, []), (-tf, length, -seq))
+            for term, tf in terms:
+                posting = (-tf, length, -seq)
+                postings = user.postings.get(term)
+                if postings is None:
+                    user.postings[term] = (posting,)
+                    continue
+                if isinstance(postings, tuple):
+                    postings = user.postings[term] = list(postings)
+                bisect.insort(postings, posting)
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         user = self._users.get(user_id)
@@ -126,7 +140,7 @@ class InMemoryMemoryService(MemoryService):
                     continue
                 seen.add(seq)
                 memory = user.memories[seq]
-                entry = (bm25_score(memory.terms, memory.length, idfs, stats), seq)
+                entry = (bm25_score(dict(memory.terms), memory.length, idfs, stats), seq)
                 if len(best) < top_k:
                     heapq.heappush(best, entry)
                 elif entry > best[0]:
@@ -154,8 +168,11 @@ class InMemoryMemoryService(MemoryService):
         for seq in [s for s, m in user.memories.items() if m.session_id == session_id]:
             memory = user.memories.pop(seq)
             user.total_length -= memory.length
-            for term, tf in memory.terms.items():
+            for term, tf in memory.terms:
                 postings = user.postings[term]
+                if isinstance(postings, tuple):
+                    del user.postings[term]
+                    continue
                 del postings[bisect.bisect_left(postings, (-tf, memory.length, -seq))]
                 if not postings:
                     del user.postings[term]

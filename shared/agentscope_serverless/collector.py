@@ -1,0 +1,59 @@
+"""Short garbage-collection pauses for a long-lived server.
+
+CPython's full collection walks every tracked object the process holds, so its pause grows
+with the heap (a local server's in-memory stores, the agent's caches) and lands on whatever
+requests are in flight. :func:`keep_pauses_short` makes a full collection walk only what was
+allocated since the previous one: the objects that survive it are moved out of the
+collector's reach (``gc.freeze``), so the next full collection sees only newer objects.
+
+Frozen objects are still freed by reference counting; only garbage *cycles* among them
+wait. To bound that wait, everything is unfrozen whenever the frozen set has doubled since
+the last time, and the next full collection walks the whole heap once: that pause comes at
+doublings of the heap, so its cost per object allocated stays constant.
+
+>>> keep_pauses_short()  # once, after start-up (the application's lifespan does it)
+>>> stop_keeping_pauses_short()
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+
+class _FreezeAfterFullCollections:
+    def __init__(self) -> None:
+        self.unfrozen_at = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase != "stop" or info.get("generation") != 2:
+            return
+        if gc.get_freeze_count() > 2 * max(self.unfrozen_at, 1):
+            # The whole heap is walked by the next full collection, cycles included.
+            self.unfrozen_at = gc.get_freeze_count()
+            gc.unfreeze()
+            return
+        gc.freeze()
+
+
+_policy = _FreezeAfterFullCollections()
+
+
+def keep_pauses_short() -> None:
+    """Collect now, freeze what start-up built, and freeze the survivors of every later full
+    collection (see the module's documentation). Calling it again is harmless."""
+    gc.collect()
+    gc.freeze()
+    _policy.unfrozen_at = gc.get_freeze_count()
+    if _policy not in gc.callbacks:
+        gc.callbacks.append(_policy)
+
+
+def stop_keeping_pauses_short() -> None:
+    """Undo :func:`keep_pauses_short`: the collector walks every object again."""
+    if _policy in gc.callbacks:
+        gc.callbacks.remove(_policy)
+    gc.unfreeze()
+
+
+__all__ = ["keep_pauses_short", "stop_keeping_pauses_short"]

@@ -1,0 +1,60 @@
+"""Full collections walk only what is new, and garbage cycles are still collected."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
+
+
+class Node:
+    """A container that can be part of a cycle and be watched with a weak reference."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+@pytest.fixture
+def policy() -> Iterator[None]:
+    keep_pauses_short()
+    try:
+        yield
+    finally:
+        stop_keeping_pauses_short()
+
+
+def test_the_survivors_of_a_full_collection_are_left_out_of_the_next(policy: None) -> None:
+    frozen = gc.get_freeze_count()
+    kept = [[index] for index in range(10_000)]
+    gc.collect()
+    assert gc.get_freeze_count() >= frozen + len(kept)
+    assert not any(item is kept for item in gc.get_objects())  # out of the collector's reach
+
+
+def test_a_cycle_that_dies_frozen_is_collected_once_the_heap_has_doubled(policy: None) -> None:
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    watch = weakref.ref(first)
+    gc.collect()  # the cycle is alive: it survives and is frozen
+    del first, second
+    gc.collect()
+    assert watch() is not None  # frozen garbage waits...
+    kept = [[index] for index in range(2 * gc.get_freeze_count() + 1)]
+    for _ in range(3):
+        gc.collect()
+    assert watch() is None  # ...until the frozen set doubles and everything is walked again
+    assert kept
+
+
+def test_stopping_gives_the_collector_every_object_back() -> None:
+    keep_pauses_short()
+    gc.collect()
+    assert gc.get_freeze_count() > 0
+    stop_keeping_pauses_short()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gc.get_freeze_count() == 0
