@@ -10,16 +10,19 @@ Server-Sent Events (one ``data: <event JSON>`` per event of the run, CONTRACT §
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 
 from agentscope_serverless.http import openai_compat as compat
-from agentscope_serverless.http.auth import CurrentCaller
+from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_caller
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
+from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
@@ -37,6 +40,10 @@ RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
 Context = Annotated[AppContext, Depends(get_context)]
+# The request guards, declared on the route itself too so that its direct path (see
+# ``_AgentRoute``) runs exactly what FastAPI would (FastAPI solves a dependency once).
+Guarded = Annotated[None, Depends(guard_request)]
+IDEMPOTENCY_HEADER = "idempotency-key"
 SessionHeader = Annotated[
     str | None, Header(alias=SESSION_HEADER, description="The session to continue.")
 ]
@@ -106,13 +113,54 @@ def _with_body_model(endpoint: Callable[..., Any], model: type[AgentRequest]) ->
     endpoint.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
 
 
+class _AgentRoute(APIRoute):
+    """The agent's route, whose common case skips FastAPI's per-request dependency solving.
+
+    A request without ``Idempotency-Key`` (whose claim must come before the body's message
+    ids are made) and whose JSON body is a valid request is authenticated, guarded and run
+    by direct calls of the very dependencies the route declares; anything else is handled
+    by FastAPI as declared, so every error answer is FastAPI's own.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        declared = super().get_route_handler()
+        endpoint = self.endpoint
+        model = inspect.signature(endpoint).parameters["body"].annotation
+
+        async def handle(request: Request) -> Response:
+            if IDEMPOTENCY_HEADER in request.headers:
+                return await declared(request)
+            body = await _valid_body(request, model)
+            if body is None:
+                return await declared(request)
+            caller = await get_caller(request, await bearer_scheme(request))
+            await guard_request(request, caller, None)
+            response: Response = await endpoint(body, caller, request.app.state.context)
+            return response
+
+        return handle
+
+
+async def _valid_body(request: Request, model: type[AgentRequest]) -> AgentRequest | None:
+    """The request's body as ``model`` when it is JSON that validates, else None."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.partition(";")[0].strip().lower() != "application/json":
+        return None
+    try:
+        return model.model_validate(await request.json())
+    except (ValueError, ValidationError):
+        return None
+
+
 def build_router(
     endpoint_path: str = "/process", request_model: type[AgentRequest] = AgentRequest
 ) -> APIRouter:
     """The process router: ``endpoint_path`` and the two OpenAI-compatible endpoints."""
     router = APIRouter(tags=["agent"])
 
-    async def process(body: AgentRequest, caller: CurrentCaller, context: Context) -> Response:
+    async def process(
+        body: AgentRequest, caller: CurrentCaller, context: Context, _: Guarded = None
+    ) -> Response:
         user_id = caller.user_id(body.user_id)
         session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
@@ -138,6 +186,7 @@ def build_router(
     router.add_api_route(
         endpoint_path,
         process,
+        route_class_override=_AgentRoute,
         methods=["POST"],
         response_model=None,
         summary="Run the agent",
