@@ -121,10 +121,14 @@ def session_id_or_default(session_id: Any) -> str:
 
 
 def to_message(item: Any, *, position: int | None = None) -> Message:
-    """A validated, private copy of a :class:`Message` given as a model or a dict."""
+    """A validated :class:`Message` given as a model or a dict.
+
+    A model is returned as it is, once checked to serialise: every store keeps the JSON, so
+    changing the model later changes nothing stored, and copying it here would only cost.
+    """
     where = "message" if position is None else f"message[{position}]"
     if isinstance(item, Message):
-        message = item.model_copy(deep=True)
+        message = item
     elif isinstance(item, Mapping):
         try:
             message = Message.model_validate(dict(item))
@@ -147,7 +151,7 @@ def to_message(item: Any, *, position: int | None = None) -> Message:
 
 
 def to_messages(message: Any) -> list[Message]:
-    """One message or a list of them as validated copies; ``None`` items are skipped.
+    """One message or a list of them, validated; ``None`` items are skipped.
 
     Everything is validated before anything is returned, so a bad item in a list stores
     nothing.

@@ -151,8 +151,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     ) -> None:
         """Append one message or a list of them (models or dicts) to ``session``.
 
-        The stored messages are validated copies, and ``session.messages`` of the object
-        passed in is extended with them. A session that does not exist yet is created.
+        The messages are validated and stored as JSON (changing them afterwards changes
+        nothing stored), and ``session.messages`` of the object passed in is extended with
+        them. A session that does not exist yet is created.
 
         Appending is idempotent by message id: a message whose ``id`` is already in the
         session is not stored again, and ``session.messages`` gets the stored one, so a
@@ -166,9 +167,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         messages = to_messages(message)
         if not messages:
             return
-        stored = await self._append_messages(user_id, sid, messages)
-        # The validated copies are this call's own: the stores keep JSON, not these objects.
-        session.messages.extend(stored)
+        session.messages.extend(await self._append_messages(user_id, sid, messages))
 
     @abstractmethod
     async def _create_session(self, user_id: str, session_id: str) -> Session:
