@@ -10,6 +10,7 @@ import pytest
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.services.runs import RunRecord, RunsService
+from agentscope_serverless.services.runs.base import RunBurst
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -182,3 +183,26 @@ async def test_a_burst_of_an_unknown_run_does_not_create_it(
         ghost = RunRecord(id="ghost", user_id=user_id, status="completed")
         await runs.record(ghost, [_event(0)], finish=True)
         assert await runs.get_run(user_id, "ghost") is None
+
+
+async def test_bursts_of_several_runs_are_stored_together(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        first = RunRecord(id="m1", user_id=user_id, session_id="s")
+        second = RunRecord(id="m2", user_id=user_id, session_id="s", status="completed")
+        answers = await runs.record_many(
+            [
+                RunBurst(first, [_event(0), _event(1)], create=True),
+                RunBurst(second, [_event(0)], create=True, finish=True),
+            ]
+        )
+        assert answers in ([False, False], [None, None])
+        await runs.request_cancel(user_id, "m1")
+        done = first.model_copy(update={"status": "canceled"})
+        (answer,) = await runs.record_many([RunBurst(done, [_event(2)], finish=True)])
+        assert answer in (True, None)
+        stored = {r.id: r.status for r in await runs.list_runs(user_id, "s")}
+        assert stored == {"m1": "canceled", "m2": "completed"}
+        assert [s for s, _ in await runs.read_events(user_id, "m1")] == [0, 1, 2]
+        assert [s for s, _ in await runs.read_events(user_id, "m2")] == [0]

@@ -9,7 +9,7 @@ from typing import Any
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.services.container import Services
-from agentscope_serverless.services.runs.base import RunRecord, StoredEvent
+from agentscope_serverless.services.runs.base import RunBurst, RunRecord, StoredEvent
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.settings import load_settings
@@ -27,6 +27,19 @@ class CountingRunsService(InMemoryRunsService):
     ) -> bool | None:
         self.writes.append((create, len(events), finish))
         return await super()._record(record, events, create, finish)
+
+
+class SlowWritingRunsService(InMemoryRunsService):
+    """The in-memory runs store with writes that take a while, counting them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        self.writes.append(len(bursts))
+        await asyncio.sleep(0.02)
+        return await super()._record_many(bursts)
 
 
 async def _fast(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
@@ -102,3 +115,24 @@ async def test_the_in_memory_store_keeps_the_newest_runs() -> None:
             await runs.create_run(RunRecord(id=f"r{index}", user_id="alice"))
         kept = [index for index in range(5) if await runs.get_run("alice", f"r{index}")]
         assert kept == [2, 3, 4]
+
+
+async def test_the_writes_of_concurrent_runs_are_committed_together() -> None:
+    runs = SlowWritingRunsService()
+    runner = _runner(_fast)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs)
+
+        async def one(user: str) -> str:
+            run = await recorder.start(runner.stream_query(_request()), user_id=user)
+            final = await run.final()
+            assert final.status == "completed"
+            return run.run_id
+
+        users = [f"user-{index}" for index in range(8)]
+        run_ids = await asyncio.gather(*(one(user) for user in users))
+        assert sum(runs.writes) == 8 and len(runs.writes) < 8
+        for user, run_id in zip(users, run_ids, strict=True):
+            stored = await runs.get_run(user, run_id)
+            assert stored is not None and stored.status == "completed"
+        assert not recorder._queued and not recorder._writing

@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
@@ -138,6 +138,7 @@ class RedisStore:
         url_password = urlsplit(url).password
         self._secrets = [s for s in (password, url_password and unquote(url_password)) if s]
         self._scripts: dict[str, AsyncScript] = {}
+        self._loaded: set[str] = set()
         self._ready = False
         self._ready_lock = asyncio.Lock()
 
@@ -161,6 +162,7 @@ class RedisStore:
         """Close the client if this store created it."""
         client, self._client = self._client, None
         self._scripts.clear()
+        self._loaded.clear()
         self._ready = False
         if client is not None and client is not self._injected:
             await client.aclose()
@@ -195,6 +197,55 @@ class RedisStore:
                     continue
                 logger.warning("redis command failed", extra={"error": self._redact(exc)})
                 raise StoreUnavailableError("redis", _failure(exc)) from None
+
+    async def run_many(
+        self, script: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` of ``calls``, in one round trip (a
+        pipeline; on a cluster, the calls go concurrently), and return the replies in order.
+
+        For idempotent scripts only: a batch is tried once more after a connection failure.
+        A call that fails makes the whole batch fail with :class:`StoreUnavailableError`.
+        """
+        if isinstance(self._client, RedisCluster):
+            return list(
+                await asyncio.gather(
+                    *(self.run(script, keys, args, idempotent=True) for keys, args in calls)
+                )
+            )
+        retried = False
+        while True:
+            try:
+                replies = await self._pipelined(self._script(script), calls)
+                missing = [r for r in replies if isinstance(r, NoScriptError)]
+                if missing and not retried:
+                    # Redis restarted or its scripts were flushed: load it and go again.
+                    retried = True
+                    self._loaded.clear()
+                    continue
+                failed = next((r for r in replies if isinstance(r, Exception)), None)
+                if failed is not None:
+                    raise failed
+                return replies
+            except (RedisError, RedisClusterException, OSError) as exc:
+                if not retried and self._retryable(exc):
+                    retried = True
+                    await asyncio.sleep(_RETRY_DELAY)
+                    continue
+                logger.warning("redis command failed", extra={"error": self._redact(exc)})
+                raise StoreUnavailableError("redis", _failure(exc)) from None
+
+    async def _pipelined(
+        self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        assert self._client is not None
+        if script.sha not in self._loaded:
+            script.sha = await self._client.script_load(script.script)
+            self._loaded.add(script.sha)
+        pipeline = self._client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipeline.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return list(await pipeline.execute(raise_on_error=False))
 
     async def unlink_matching(self, pattern: str) -> int:
         """UNLINK every key matching the glob ``pattern`` (on every node of a cluster).

@@ -21,7 +21,10 @@ from agentscope_serverless.services._redis import (
     text,
     user_key_prefix,
 )
-from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
+from agentscope_serverless.services.runs.base import RunBurst, RunRecord, RunsService, StoredEvent
+
+# The cancellation mark is kept apart from the record (its own hash field).
+_NOT_STORED = {"cancel_requested"}
 
 # KEYS: run, session index. ARGV: ttl, record, run id, created at.
 _CREATE = (
@@ -149,25 +152,30 @@ class RedisRunsService(RedisBackedService, RunsService):
     async def _record(
         self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
     ) -> bool | None:
-        run = self._run_key(record.user_id, record.id)
-        index = self._session_key(record.user_id, record.session_id) if record.session_id else run
-        stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
-        args = [
-            self._ttl,
-            "1" if create else "0",
-            stored,
-            record.id,
-            repr(record.created_at),
-            "1" if finish else "0",
-            ",".join(f"0-{sequence + 1}" for sequence, _ in events),
-            "\n".join(data for _, data in events),
-        ]
+        keys, args = self._burst_call(RunBurst(record, events, create, finish))
         # A burst applied twice stores the same: events keep their entry ids, the record
         # written is the burst's own.
-        answer = await self._redis.run(
-            _RECORD, [run, f"{run}:events", index], args, idempotent=True
-        )
-        return int(answer) == 1
+        return int(await self._redis.run(_RECORD, keys, args, idempotent=True)) == 1
+
+    async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        replies = await self._redis.run_many(_RECORD, [self._burst_call(b) for b in bursts])
+        return [int(reply) == 1 for reply in replies]
+
+    def _burst_call(self, burst: RunBurst) -> tuple[list[str], list[Any]]:
+        record = burst.record
+        run = self._run_key(record.user_id, record.id)
+        index = self._session_key(record.user_id, record.session_id) if record.session_id else run
+        args = [
+            self._ttl,
+            "1" if burst.create else "0",
+            record.model_dump_json(exclude=_NOT_STORED),
+            record.id,
+            repr(record.created_at),
+            "1" if burst.finish else "0",
+            ",".join(f"0-{sequence + 1}" for sequence, _ in burst.events),
+            "\n".join(data for _, data in burst.events),
+        ]
+        return [run, f"{run}:events", index], args
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         await self._redis.run(_CANCEL, [self._run_key(user_id, run_id)], [], idempotent=True)
