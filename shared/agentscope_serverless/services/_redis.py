@@ -125,8 +125,11 @@ class RedisStore:
         self._password = password
         self._cluster = cluster
         self._retry_on_timeout = retry_on_timeout
+        # Each call is bounded here (``asyncio.timeout``): given to the client, the timeout
+        # would make every command's write a task of its own (``asyncio.wait_for``).
+        self._timeout = socket_timeout
         self._options: dict[str, Any] = {
-            "socket_timeout": socket_timeout,
+            "socket_timeout": None,
             "socket_connect_timeout": socket_connect_timeout,
             "health_check_interval": health_check_interval,
             "socket_keepalive": socket_keepalive,
@@ -172,8 +175,9 @@ class RedisStore:
         if self._client is None:
             return False
         try:
-            await self._connect()
-            return bool(await self._client.ping())
+            async with asyncio.timeout(self._timeout):
+                await self._connect()
+                return bool(await self._client.ping())
         except (RedisError, RedisClusterException, OSError):
             return False
 
@@ -188,8 +192,9 @@ class RedisStore:
         may_retry = idempotent
         while True:
             try:
-                await self._connect()
-                return await self._script(script)(keys=list(keys), args=list(args))
+                async with asyncio.timeout(self._timeout):
+                    await self._connect()
+                    return await self._script(script)(keys=list(keys), args=list(args))
             except (RedisError, RedisClusterException, OSError) as exc:
                 if may_retry and self._retryable(exc):
                     may_retry = False
@@ -216,7 +221,8 @@ class RedisStore:
         retried = False
         while True:
             try:
-                replies = await self._pipelined(self._script(script), calls)
+                async with asyncio.timeout(self._timeout):
+                    replies = await self._pipelined(self._script(script), calls)
                 missing = [r for r in replies if isinstance(r, NoScriptError)]
                 if missing and not retried:
                     # Redis restarted or its scripts were flushed: load it and go again.
@@ -284,7 +290,7 @@ class RedisStore:
         return script
 
     def _retryable(self, exc: Exception) -> bool:
-        if isinstance(exc, RedisTimeoutError):
+        if isinstance(exc, RedisTimeoutError | TimeoutError):
             return self._retry_on_timeout
         return isinstance(exc, RedisConnectionError | OSError)
 
