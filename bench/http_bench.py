@@ -21,6 +21,7 @@ Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p9
 
     .venv/bin/python bench/http_bench.py [--duration 5] [--connections 8] [--history 1000]
     .venv/bin/python bench/http_bench.py --guard-cost [--guard-requests 300]
+    .venv/bin/python bench/http_bench.py --storage-cost [--rounds 3]
 
 Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
 when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
@@ -42,6 +43,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -359,7 +361,8 @@ MAX_STORAGE_COST = 1.15
 def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
     """p50, req/s and CPU of ``/process`` without and with stored runs, in memory and on Redis.
 
-    The four servers take turns under the same wrk load (a new user per request, streamed).
+    The four servers take turns under the same wrk load (a new user per request, streamed),
+    ``--rounds`` times; each figure is the median of its rounds.
     """
     from agentscope_serverless.local_stack import RedisServer
 
@@ -384,9 +387,13 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
                 servers[name] = start("runtime", {**base, **env}, name=name.replace("/", "-"))
             bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
             ids = "function ids(n) return prefix .. '-' .. n, nil end"
-            results = {
-                name: bench.load(server, "new user", True, ids) for name, server in servers.items()
-            }
+            # The servers take turns, round after round: a change in the machine's load
+            # then affects each of them alike, and each row is the median of its rounds.
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+            for _ in range(args.rounds):
+                for name, server in servers.items():
+                    rounds[name].append(bench.load(server, "new user", True, ids))
+            results = {name: median_row(rows) for name, rows in rounds.items()}
         finally:
             for server in servers.values():
                 server.process.terminate()
@@ -401,6 +408,15 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
             ),
         }
     return {"results": results, "storage_cost": costs}
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of figures: the median of each across ``rows`` (requests: their total)."""
+    merged = dict(rows[0])
+    for name in ("requests_per_second", "p50_ms", "p99_ms", "cpu_ms_per_request"):
+        merged[name] = statistics.median(row[name] for row in rows)
+    merged["requests"] = sum(row["requests"] for row in rows)
+    return merged
 
 
 def report_storage_cost(args: argparse.Namespace) -> None:
@@ -536,6 +552,9 @@ def main() -> None:
         help="measure only what the request guards and Idempotency-Key cost",
     )
     parser.add_argument("--guard-requests", type=int, default=300)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="turns of each server (--storage-cost)"
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.recording)

@@ -158,6 +158,11 @@ class RedisRunsService(RedisBackedService, RunsService):
         return int(await self._redis.run(_RECORD, keys, args, idempotent=True)) == 1
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        if len(bursts) == 1:  # a pipeline of one costs more than the call alone
+            burst = bursts[0]
+            return [
+                await self._record(burst.record, list(burst.events), burst.create, burst.finish)
+            ]
         replies = await self._redis.run_many(_RECORD, [self._burst_call(b) for b in bursts])
         return [int(reply) == 1 for reply in replies]
 
