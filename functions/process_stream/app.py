@@ -6,11 +6,20 @@ they are produced. uvicorn calls :func:`create` at start-up (``--factory``), so 
 this module connects to nothing.
 """
 
-from fastapi import FastAPI
+from __future__ import annotations
 
-from agentscope_serverless.http.lambda_handler import build_app
+from typing import TYPE_CHECKING
+
+# The HTTP package imports FastAPI itself, as a cold start wants it (see http/_fastapi.py).
+from agentscope_serverless.http.lambda_handler import build_app, import_runtime
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+ROUTERS = ("process", "users")
+import_runtime(ROUTERS)
 
 
 def create() -> FastAPI:
     """The application with the process router, its secrets read."""
-    return build_app(["process", "users"])
+    return build_app(ROUTERS)

@@ -1,8 +1,9 @@
 """One settings object, read from environment variables and validated once at start-up.
 
 Every setting is an environment variable of the same name in upper case, for example
-``SESSION_HISTORY_BACKEND=redis``. A bad value fails at start-up with the variable's name
-and what is wrong with it (never its value, which may be a secret).
+``SESSION_HISTORY_BACKEND=redis`` (any case is read; an empty variable counts as unset). A bad
+value fails at start-up with the variable's name and what is wrong with it (never its value,
+which may be a secret).
 
 >>> Settings(session_history_backend="in_memory").memory_backend
 'in_memory'
@@ -10,12 +11,13 @@ and what is wrong with it (never its value, which may be a secret).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from agentscope_serverless.errors import ConfigurationError
 
@@ -27,16 +29,28 @@ KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
 AuthMode = Literal["keys", "iam"]
 
 
-class Settings(BaseSettings):
-    """Every setting of the project, with its environment variable and default."""
+def _environment_values(names: Iterable[str]) -> dict[str, str]:
+    """The non-empty environment variables named like one of ``names`` in any case, by name."""
+    wanted = {name.lower(): name for name in names}
+    return {
+        wanted[variable.lower()]: value
+        for variable, value in os.environ.items()
+        if variable.lower() in wanted and value
+    }
 
-    model_config = SettingsConfigDict(
-        env_prefix="",
-        case_sensitive=False,
-        extra="ignore",
-        env_ignore_empty=True,
-        frozen=True,
-    )
+
+class Settings(BaseModel):
+    """Every setting of the project, with its environment variable and default.
+
+    Built with keyword arguments, those win over the environment; built from a mapping
+    (``Settings.model_validate``), the environment is not read.
+    """
+
+    # Defaults are validated like the environment's values (``~`` of AUTH_KEYS_FILE expands).
+    model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**{**_environment_values(type(self).model_fields), **values})
 
     session_history_backend: SessionHistoryBackend = Field(
         "in_memory", description="Where session history lives: in_memory, redis or dynamodb."
@@ -256,7 +270,7 @@ def load_settings(**overrides: object) -> Settings:
     ``overrides`` take precedence over the environment.
     """
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']).upper() or 'SETTINGS'}: {err['msg']}"

@@ -92,6 +92,79 @@ def test_the_layer_holds_the_runtime_without_the_tools(sam_build_dir: Path) -> N
     assert size <= 35 * 2**20, f"the layer is {size / 2**20:.1f} MiB unpacked"
 
 
+def _pyc_flags(pyc: Path) -> int:
+    return int.from_bytes(pyc.read_bytes()[4:8], "little")
+
+
+def test_the_layer_ships_its_modules_compiled(sam_build_dir: Path) -> None:
+    layer = sam_build_dir / "SharedLayer" / "python"
+    # The runtime's dependencies as bytecode alone, named by where Lambda mounts the layer.
+    assert not (layer / "fastapi" / "__init__.py").exists()
+    assert _pyc_flags(layer / "fastapi" / "__init__.pyc") == 1  # hash-based, unchecked
+    # This package keeps its sources beside its bytecode.
+    package = layer / "agentscope_serverless"
+    for source in package.rglob("*.py"):
+        cached = source.parent / "__pycache__" / f"{source.stem}.cpython-311.pyc"
+        assert _pyc_flags(cached) == 1, source
+    probe = (
+        "import fastapi, agentscope_serverless.settings as settings;"
+        "print(fastapi.__spec__.loader.get_code('fastapi').co_filename, settings.__cached__)"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            f"import sys; sys.path[:0] = [{str(layer)!r}]; {probe}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    fastapi_file, cached = result.stdout.split()
+    assert fastapi_file == "/opt/python/fastapi/__init__.py"
+    assert Path(cached).is_file()
+
+
+def test_compile_layer_leaves_pinned_dependencies_as_bytecode_and_keeps_other_sources(
+    tmp_path: Path,
+) -> None:
+    layer = tmp_path / "python"
+    (layer / "pinned").mkdir(parents=True)
+    (layer / "pinned" / "__init__.py").write_text("VALUE = 'pinned'\n")
+    (layer / "pinned-1.0.dist-info").mkdir()
+    (layer / "pinned-1.0.dist-info" / "RECORD").write_text(
+        "pinned/__init__.py,sha256=x,17\npinned-1.0.dist-info/RECORD,,\n"
+    )
+    (layer / "project.py").write_text("VALUE = 'project'\n")
+    requirements = tmp_path / "runtime.lock"
+    requirements.write_text("pinned==1.0\n    # via something\n")
+
+    sam.compile_layer(layer, runtime_requirements=requirements, python=sys.executable)
+
+    assert sorted(p.relative_to(layer).as_posix() for p in layer.rglob("*.py*")) == [
+        f"__pycache__/project.{sys.implementation.cache_tag}.pyc",
+        "pinned/__init__.pyc",
+        "project.py",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-B",
+            "-c",
+            "import pinned, project; print(pinned.VALUE, project.VALUE)",
+        ],
+        cwd=layer,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.split() == ["pinned", "project"]
+
+
 def test_template_short_tags_load_as_their_long_form() -> None:
     document = sam.load_template(TEMPLATE)
     assert document["Outputs"]["SessionsUrl"]["Value"] == {

@@ -58,6 +58,35 @@ def test_the_app_layer_is_defined_without_the_http_layer() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def _run(code: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_fastapi_openapi_models_are_built_when_first_used() -> None:
+    code = (
+        "import agentscope_serverless.http as http, fastapi.openapi.models as models; "
+        "from fastapi.testclient import TestClient; "
+        "from agentscope_serverless.settings import Settings, load_settings; "
+        "print(models.OpenAPI.__pydantic_complete__, Settings.__pydantic_complete__); "
+        "client = TestClient(http.create_app(['state'], settings=load_settings())); "
+        "print(client.get('/openapi.json').json()['openapi'][:2], "
+        "models.OpenAPI.__pydantic_complete__)"
+    )
+    assert _run(code) == ["False True", "3. True"]
+
+
+def test_only_an_agent_function_imports_the_runtime_at_init() -> None:
+    code = (
+        "import sys; from agentscope_serverless.http.lambda_handler import make_handler; "
+        "runtime = ('agentscope_serverless.app', 'agentscope_serverless.runner'); "
+        "make_handler(['sessions', 'runs']); print([m in sys.modules for m in runtime]); "
+        "make_handler(['process', 'users']); print([m in sys.modules for m in runtime])"
+    )
+    assert _run(code) == ["[False, False]", "[True, True]"]
+
+
 def _top_level_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     found: set[str] = set()

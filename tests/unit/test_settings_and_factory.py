@@ -84,3 +84,18 @@ async def test_service_manager_holds_the_three_services() -> None:
             "memory": True,
             "state": True,
         }
+
+
+def test_the_environment_is_read_in_any_case_and_empty_variables_are_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("llm_model", "small-model")
+    monkeypatch.setenv("MAX_MESSAGES_PER_SESSION", "")
+    settings = load_settings()
+    assert settings.llm_model == "small-model"
+    assert settings.max_messages_per_session is None
+
+
+def test_defaults_are_validated_like_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AUTH_KEYS_FILE", raising=False)
+    assert "~" not in str(load_settings().auth_keys_file)

@@ -7,9 +7,9 @@ See :func:`create_app` for the routers, :mod:`.auth` for authentication, :mod:`.
 the error format and :mod:`.openai_compat` for the OpenAI-compatible endpoints.
 """
 
-from agentscope_serverless.http._fastapi import skip_pydantic_v1_probe
+from agentscope_serverless.http._fastapi import import_fastapi
 
-skip_pydantic_v1_probe()  # before any route is defined
+import_fastapi()  # before any route is defined
 
 from agentscope_serverless.http.app import ROUTERS, create_app  # noqa: E402
 

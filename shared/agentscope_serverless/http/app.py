@@ -25,14 +25,13 @@ import importlib
 import importlib.util
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from agentscope_serverless import __version__
-from agentscope_serverless.app import AgentApp, load_agent_app
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
@@ -47,6 +46,9 @@ from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.settings import Settings
+
+if TYPE_CHECKING:
+    from agentscope_serverless.app import AgentApp
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
 
@@ -76,6 +78,9 @@ def create_app(
     """
     names = _router_names(routers, settings)
     if "process" in names and agent_app is None:
+        # The runtime is imported only by an application serving an agent.
+        from agentscope_serverless.app import load_agent_app
+
         agent_app = load_agent_app(settings.agent_app)
     runner = None
     if agent_app is not None:

@@ -7,11 +7,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import Request
 
-from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.recorder import RunRecorder
-from agentscope_serverless.runner import Runner
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency import IdempotencyStore
@@ -20,10 +17,14 @@ from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.runs.base import RunsService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
-from agentscope_serverless.tasks import TaskExecutor
 
 if TYPE_CHECKING:
+    # The runtime of an agent: a function serving none (sessions, memory...) never imports it.
+    from agentscope_serverless.app import AgentApp
+    from agentscope_serverless.recorder import RunRecorder
+    from agentscope_serverless.runner import Runner
     from agentscope_serverless.services.sandbox.service import SandboxService
+    from agentscope_serverless.tasks import TaskExecutor
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,18 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+# What a router needs beyond the HTTP application: the runtime of an agent (AgentApp, Runner)
+# for the process router. The other functions never import it.
+_RUNTIME_OF_ROUTER = {"process": "agentscope_serverless.app"}
+
+
+def import_runtime(routers: Sequence[str]) -> None:
+    """Import what serving ``routers`` needs beyond the HTTP application now, in Lambda's
+    init phase, rather than in the first invocation (which builds the application)."""
+    for name in routers:
+        if name in _RUNTIME_OF_ROUTER:
+            importlib.import_module(_RUNTIME_OF_ROUTER[name])
 
 
 def build_app(routers: Sequence[str]) -> FastAPI:
@@ -76,7 +89,8 @@ class _LazyApplication:
 
 def make_handler(routers: Sequence[str]) -> LambdaHandler:
     """A Lambda handler serving ``routers`` (plus ``/health``) for Function URL events."""
+    import_runtime(routers)
     return _LazyApplication(routers)
 
 
-__all__ = ["build_app", "make_handler"]
+__all__ = ["build_app", "import_runtime", "make_handler"]

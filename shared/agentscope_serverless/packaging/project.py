@@ -239,6 +239,8 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
                 interpreter(python_version),
                 "-I",
                 "-S",
+                # Leave the package as it ships: no bytecode caches written into it.
+                "-B",
                 "-c",
                 _IMPORT_PROBE,
                 agent,
