@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
@@ -107,12 +108,16 @@ class InMemorySessionHistoryService(SessionHistoryService):
     def _to_session(
         user_id: str, session_id: str, stored: _StoredSession, recent: int | None = None
     ) -> Session:
-        messages = stored.messages
+        # A snapshot now (later appends are not part of this read); the copies the caller
+        # may change are made on first use. Stored messages are never changed in place.
+        snapshot = stored.messages[:]
         if recent is not None:
-            messages = messages[max(len(messages) - recent, 0) :] if recent else []
-        return Session(
-            id=session_id, user_id=user_id, messages=[m.model_copy(deep=True) for m in messages]
-        )
+            snapshot = snapshot[max(len(snapshot) - recent, 0) :] if recent else []
+
+        def copies() -> list[Message | dict[str, Any]]:
+            return [m.model_copy(deep=True) for m in snapshot]
+
+        return Session.with_deferred_messages(session_id, user_id, copies)
 
 
 __all__ = ["InMemorySessionHistoryService"]
