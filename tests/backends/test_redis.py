@@ -219,9 +219,10 @@ async def test_deleting_memory_updates_the_index_and_its_statistics(
         }
         await memory.delete_memory(user_id, "s1")
         assert await redis_client.hmget(f"{base}:stats", "docs", "length") == ["1", "3"]
-        postings = await redis_client.zrange(f"{base}:postings", 0, -1)
-        assert sorted(p.split("\0")[0] for p in postings) == ["delta", "gamma"]
-        assert await redis_client.hlen(f"{base}:tf") == 2
+        buckets = await redis_client.zrange(f"{base}:buckets", 0, -1)
+        assert sorted(b.split("\0")[0] for b in buckets) == ["delta", "gamma"]
+        assert await redis_client.hlen(f"{base}:bucket_ids") == 2
+        assert await redis_client.hlen(f"{base}:entries") == 1
         await memory.delete_memory(user_id)
     assert await user_keys(redis_client, "memory", user_id) == []
 
