@@ -12,6 +12,7 @@ from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services import _stored
 from agentscope_serverless.services._redis import escape, user_key_prefix
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory.redis import RedisMemoryService
@@ -175,6 +176,35 @@ async def test_appending_is_one_push_not_a_rewrite(
     assert await redis_client.zrange(f"{base}:sessions", 0, -1) == ["s1"]
 
 
+@pytest.mark.parametrize("ttl_seconds", [None, 60])
+async def test_reading_a_session_decodes_its_messages_only_when_they_are_used(
+    redis_server: RedisServer,
+    user_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ttl_seconds: int | None,
+) -> None:
+    decoded: list[int] = []
+    decode = _stored.decode_messages
+
+    def counting(raws: list[bytes]) -> list[Message]:
+        decoded.append(len(raws))
+        return decode(raws)
+
+    monkeypatch.setattr(_stored, "decode_messages", counting)
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=ttl_seconds) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg(f"m{i}") for i in range(3)])
+        decoded.clear()
+        read = await history.get_session(user_id, "s1")
+        opened = await history.open_session(user_id, "s1", recent=2)
+        assert read is not None
+        assert decoded == []
+        assert [m.get_text_content() for m in read.messages] == ["m0", "m1", "m2"]  # type: ignore[union-attr]
+        assert [m.get_text_content() for m in opened.messages] == ["m1", "m2"]  # type: ignore[union-attr]
+        assert decoded == [3, 2]
+        assert await history.get_session(user_id, "missing") is None
+
+
 async def test_deleting_memory_updates_the_index_and_its_statistics(
     redis_server: RedisServer, redis_client: Redis, user_id: str
 ) -> None:
@@ -189,9 +219,10 @@ async def test_deleting_memory_updates_the_index_and_its_statistics(
         }
         await memory.delete_memory(user_id, "s1")
         assert await redis_client.hmget(f"{base}:stats", "docs", "length") == ["1", "3"]
-        postings = await redis_client.zrange(f"{base}:postings", 0, -1)
-        assert sorted(p.split("\0")[0] for p in postings) == ["delta", "gamma"]
-        assert await redis_client.hlen(f"{base}:tf") == 2
+        buckets = await redis_client.zrange(f"{base}:buckets", 0, -1)
+        assert sorted(b.split("\0")[0] for b in buckets) == ["delta", "gamma"]
+        assert await redis_client.hlen(f"{base}:bucket_ids") == 2
+        assert await redis_client.hlen(f"{base}:entries") == 1
         await memory.delete_memory(user_id)
     assert await user_keys(redis_client, "memory", user_id) == []
 

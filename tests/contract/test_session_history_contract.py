@@ -115,6 +115,53 @@ async def test_get_session_returns_a_copy(history: SessionHistoryService, user_i
     assert texts(await history.get_session(user_id, "s1")) == ["original"]
 
 
+async def test_changing_a_read_message_in_place_does_not_reach_the_store(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("original"))
+    got = await history.get_session(user_id, "s1")
+    assert got is not None
+    message = got.messages[0]
+    assert isinstance(message, Message) and isinstance(message.content, list)
+    part = message.content[0]
+    assert isinstance(part, TextContent)
+    part.text = "changed"
+    del got.messages[:]
+    assert texts(await history.get_session(user_id, "s1")) == ["original"]
+
+
+async def test_a_read_session_is_the_history_at_the_time_of_the_read(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, text_message("before"))
+    got = await history.get_session(user_id, "s1")
+    opened = await history.open_session(user_id, "s1", recent=5)
+    await history.append_message(session, text_message("after"))
+    assert texts(got) == ["before"]
+    assert texts(opened) == ["before"]
+
+
+async def test_a_read_session_serializes_and_compares_like_one_built_by_hand(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    sent = [text_message("one"), text_message("two", role="assistant")]
+    await history.append_message(session, sent)
+    built = Session(id="s1", user_id=user_id, messages=list(sent))
+    for read in (
+        lambda: history.get_session(user_id, "s1"),
+        lambda: history.open_session(user_id, "s1", recent=2),
+    ):
+        got = await read()
+        assert got is not None
+        assert got.model_dump() == built.model_dump()
+        assert (await read()) == built
+        assert Session.model_validate_json((await read()).model_dump_json()) == built  # type: ignore[union-attr]
+        assert dict(await read())["messages"] == sent  # type: ignore[arg-type]
+
+
 async def test_get_session_of_another_user_returns_none(
     history: SessionHistoryService, user_id: str
 ) -> None:

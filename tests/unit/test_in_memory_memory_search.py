@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ from agentscope_serverless.services.memory.text import (
     CorpusStats,
     bm25_score,
     idf,
+    message_text,
     query_terms,
     term_frequencies,
+    tokenize,
 )
 
 WORDS = [f"w{i}" for i in range(30)]
@@ -27,7 +30,7 @@ def msg(text: str) -> Message:
 
 def exhaustive(memories: list[Message], query: Message, top_k: int) -> list[str]:
     """The top ``top_k`` ids by BM25 over every memory (ties: the most recent)."""
-    counted = [term_frequencies(m) for m in memories]
+    counted = [term_frequencies(message_text(m)) for m in memories]
     stats = CorpusStats(len(memories), sum(length for _, length in counted))
     terms = query_terms(query)
     frequencies = {t: sum(1 for counts, _ in counted if t in counts) for t in terms}
@@ -74,3 +77,14 @@ async def test_a_search_among_identical_memories_scores_only_the_newest(
         found = await service.search_memory(user_id, [msg("hello")], {"top_k": 3})
     assert [m.id for m in found] == [m.id for m in memories[-1:-4:-1]]
     assert len(scored) == 3
+
+
+def test_ascii_text_is_tokenized_like_any_other_text() -> None:
+    # ASCII text takes a faster path than the word pattern; it must give the same tokens.
+    word = re.compile(r"\w+", re.UNICODE)
+    rng = random.Random("ascii")
+    alphabet = [chr(c) for c in range(128)]
+    for _ in range(20000):
+        text = "".join(rng.choices(alphabet, k=rng.randint(0, 24)))
+        assert tokenize(text) == word.findall(text.casefold()), repr(text)
+    assert tokenize("Don't STOP_me-now, 42x!") == ["don", "t", "stop_me", "now", "42x"]

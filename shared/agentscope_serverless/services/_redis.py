@@ -15,8 +15,8 @@ retried after a connection failure; a write that may have been applied is never 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
 from redis.asyncio import Redis, RedisCluster
@@ -32,6 +32,7 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.base import StartedGuard
 
+ResultT = TypeVar("ResultT")
 RedisClient = Redis | RedisCluster
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_KEY_PREFIX = "agentscope"
@@ -189,12 +190,41 @@ class RedisStore:
         Failures become :class:`StoreUnavailableError`. An ``idempotent`` script is tried
         once more after a connection failure (or a timeout, with ``retry_on_timeout``).
         """
+        return await self._call(
+            lambda: self._script(script)(keys=list(keys), args=list(args)), idempotent=idempotent
+        )
+
+    async def transaction(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send read-only ``commands`` (name and arguments, keys of one hash slot) in one
+        MULTI/EXEC and return their replies; tried once more after a connection failure.
+
+        What a script would do, without copying every reply through Lua: Redis sends a long
+        list as it is.
+
+        >>> async def read(store: RedisStore) -> None:
+        ...     exists, items = await store.transaction([("EXISTS", "k"), ("LRANGE", "l", 0, -1)])
+        """
+
+        async def execute() -> list[Any]:
+            if self._client is None:
+                raise StoreUnavailableError("redis", "the client is closed")
+            pipeline = self._client.pipeline(transaction=True)
+            for command in commands:
+                pipeline.execute_command(*command)
+            replies: list[Any] = await pipeline.execute()
+            return replies
+
+        return await self._call(execute, idempotent=True)
+
+    async def _call(
+        self, operation: Callable[[], Awaitable[ResultT]], *, idempotent: bool
+    ) -> ResultT:
         may_retry = idempotent
         while True:
             try:
                 async with asyncio.timeout(self._timeout):
                     await self._connect()
-                    return await self._script(script)(keys=list(keys), args=list(args))
+                    return await operation()
             except (RedisError, RedisClusterException, OSError) as exc:
                 if may_retry and self._retryable(exc):
                     may_retry = False

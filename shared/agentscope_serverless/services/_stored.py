@@ -29,6 +29,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RefusalContent,
     TextContent,
 )
+from agentscope_serverless.schemas.session import Session
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -62,6 +63,16 @@ def decode_messages(raws: Sequence[str | bytes]) -> list[Message]:
     return [_message(data) for data in json.loads(batch)]
 
 
+def stored_session(user_id: str, session_id: str, raws: Sequence[str | bytes]) -> Session:
+    """A session of messages written by :func:`encode_message`, decoded on their first use.
+
+    >>> session = stored_session("u1", "s1", [encode_message(Message(role="user"))])
+    >>> session.messages[0].role
+    'user'
+    """
+    return Session.with_deferred_messages(session_id, user_id, lambda: list(decode_messages(raws)))
+
+
 def decode_message(raw: str | bytes) -> Message:
     """One message of JSON written by :func:`encode_message`."""
     return _message(json.loads(raw))
@@ -92,4 +103,4 @@ def _built(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
     return model
 
 
-__all__ = ["decode_message", "decode_messages", "encode_message"]
+__all__ = ["decode_message", "decode_messages", "encode_message", "stored_session"]

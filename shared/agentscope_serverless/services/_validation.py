@@ -126,6 +126,35 @@ def to_message(item: Any, *, position: int | None = None) -> Message:
     A model is returned as it is, once checked to serialise: every store keeps the JSON, so
     changing the model later changes nothing stored, and copying it here would only cost.
     """
+    message, _ = _encoded(item, position)
+    return message
+
+
+def to_messages(message: Any) -> list[Message]:
+    """One message or a list of them, validated; ``None`` items are skipped.
+
+    Everything is validated before anything is returned, so a bad item in a list stores
+    nothing.
+    """
+    return [to_message(item, position=i) for i, item in _items(message)]
+
+
+def to_encoded_messages(message: Any) -> list[tuple[Message, str]]:
+    """What :func:`to_messages` validates, each message with its JSON (what stores keep).
+
+    >>> [(m.role, raw[:14]) for m, raw in to_encoded_messages({"role": "user"})]
+    [('user', '{"sequence_num')]
+    """
+    return [_encoded(item, i) for i, item in _items(message)]
+
+
+def _items(message: Any) -> list[tuple[int | None, Any]]:
+    if isinstance(message, list | tuple):
+        return [(i, item) for i, item in enumerate(message) if item is not None]
+    return [] if message is None else [(None, message)]
+
+
+def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
     where = "message" if position is None else f"message[{position}]"
     if isinstance(item, Message):
         message = item
@@ -142,25 +171,11 @@ def to_message(item: Any, *, position: int | None = None) -> Message:
             f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
         )
     try:
-        message.model_dump_json()
+        return message, message.model_dump_json()
     except PydanticSerializationError:
         # Only text that is not valid Unicode makes a validated message unserialisable.
         require_utf8(message.model_dump(), field=where)
         raise
-    return message
-
-
-def to_messages(message: Any) -> list[Message]:
-    """One message or a list of them, validated; ``None`` items are skipped.
-
-    Everything is validated before anything is returned, so a bad item in a list stores
-    nothing.
-    """
-    if isinstance(message, list | tuple):
-        return [to_message(item, position=i) for i, item in enumerate(message) if item is not None]
-    if message is None:
-        return []
-    return [to_message(message)]
 
 
 def json_copy(value: Any, *, field: str) -> Any:
@@ -238,6 +253,7 @@ __all__ = [
     "require_user_id",
     "require_utf8",
     "session_id_or_default",
+    "to_encoded_messages",
     "to_message",
     "to_messages",
     "unencodable_path",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError
@@ -18,14 +19,24 @@ from agentscope_serverless.services._validation import (
     require_positive_int,
     require_user_id,
     session_id_or_default,
+    to_encoded_messages,
     to_messages,
 )
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
-from agentscope_serverless.services.memory.text import query_terms
+from agentscope_serverless.services.memory.text import message_text, query_terms
 
 DEFAULT_PAGE_SIZE = 10
 MAX_PAGE_SIZE = 1000
 MAX_TOP_K = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class NewMemory:
+    """A validated message to remember: its JSON (stored, and returned by search and
+    listing) and its text (what search indexes)."""
+
+    raw: str
+    text: str
 
 
 def _filters(filters: Any) -> Mapping[str, Any]:
@@ -57,12 +68,15 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         """Remember ``messages`` (a message or a list; models or dicts) for the user."""
         self._ensure_started()
         user_id = require_user_id(user_id)
-        validated = to_messages(messages)
-        if validated:
+        # What is stored and indexed is read from the messages now, before any await.
+        memories = [
+            NewMemory(raw, message_text(message)) for message, raw in to_encoded_messages(messages)
+        ]
+        if memories:
             # Under an Idempotency-Key the add is keyed: its run again (after a store
             # froze mid-write) stores nothing twice.
             write_id = next_write_id()
-            await self._add(user_id, session_id_or_default(session_id), validated, write_id)
+            await self._add(user_id, session_id_or_default(session_id), memories, write_id)
 
     async def search_memory(
         self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
@@ -139,9 +153,9 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
 
     @abstractmethod
     async def _add(
-        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+        self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
-        """Store and index ``messages`` (validated copies) after the user's other memories.
+        """Store and index ``memories`` after the user's other memories.
 
         A ``write_id`` the user's memory applied (within
         :data:`~agentscope_serverless.services._once.WRITE_ID_SECONDS`) stores nothing; a
@@ -165,4 +179,4 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         """Remove one session's memories (or all the user's) from storage and index."""
 
 
-__all__ = ["MemoryService"]
+__all__ = ["MemoryService", "NewMemory"]

@@ -8,8 +8,8 @@ import itertools
 from dataclasses import dataclass
 
 from agentscope_serverless.schemas.agent_schemas import Message
-from agentscope_serverless.services._stored import decode_messages, encode_message
-from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services._stored import decode_messages
+from agentscope_serverless.services.memory.base import MemoryService, NewMemory
 from agentscope_serverless.services.memory.text import (
     BM25_B,
     BM25_K1,
@@ -65,7 +65,7 @@ class InMemoryMemoryService(MemoryService):
         self._seq = itertools.count(1)
 
     async def _add(
-        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+        self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
         user = self._users.setdefault(user_id, _UserMemory(memories={}, postings={}))
         if write_id is not None:
@@ -74,11 +74,11 @@ class InMemoryMemoryService(MemoryService):
             elif write_id in user.applied:
                 return
             user.applied.add(write_id)
-        for message in messages:
-            counts, length = term_frequencies(message)
+        for memory in memories:
+            counts, length = term_frequencies(memory.text)
             seq = next(self._seq)
             terms = tuple(counts.items())
-            user.memories[seq] = _Memory(session_id, encode_message(message), terms, length)
+            user.memories[seq] = _Memory(session_id, memory.raw, terms, length)
             user.total_length += length
             for term, tf in terms:
                 posting = (-tf, length, -seq)

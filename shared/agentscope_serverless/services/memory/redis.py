@@ -1,25 +1,47 @@
 """Long-term memory on Redis (standalone or Cluster) with an inverted index for search.
 
 Every key of user ``U`` (escaped) shares the hash tag ``{U}``; there is a fixed set of
-them, so deleting or expiring a user's memory touches eight keys, whatever its size::
+them, so deleting or expiring a user's memory touches the same keys, whatever its size::
 
-    <prefix>:memory:{U}:stats     HASH  seq (last memory id), docs (count), length (tokens)
-    <prefix>:memory:{U}:docs      HASH  memory id -> message JSON
-    <prefix>:memory:{U}:order     ZSET  memory id -> memory id (chronological pages)
-    <prefix>:memory:{U}:postings  ZSET  all scores 0, members "<term>\\0<~tf><length><id>"
-    <prefix>:memory:{U}:tf        HASH  "<term>\\0<id>" -> term frequency
-    <prefix>:memory:{U}:info      HASH  memory id -> [length, {term: tf}] (for deletion)
-    <prefix>:memory:{U}:sessions  ZSET  all scores 0, members "<escaped session>\\0<id>"
-    <prefix>:memory:{U}:applied   ZSET  write id -> until (ms): the adds made under an
-                                        Idempotency-Key, recorded by the script that
-                                        stores them (a run of one again stores nothing)
+    <prefix>:memory:{U}:stats       HASH  seq (last memory id), docs (count), length (tokens)
+    <prefix>:memory:{U}:docs        HASH  memory id -> message JSON
+    <prefix>:memory:{U}:order       ZSET  memory id -> memory id (chronological pages)
+    <prefix>:memory:{U}:sessions    ZSET  all scores 0, members "<escaped session>\\0<id>"
+    <prefix>:memory:{U}:applied     ZSET  write id -> until (ms): the adds made under an
+                                          Idempotency-Key, recorded by the script that
+                                          stores them (a run of one again stores nothing)
+    <prefix>:memory:{U}:entries     HASH  hex id -> "<length> <term>:<tf> <term>:<tf> ..."
+    <prefix>:memory:{U}:buckets     ZSET  all scores 0, members "<term>\\0<~tf><length class>"
+                                          and "<bucket>\\0<hex id>" (its pages)
+    <prefix>:memory:{U}:bucket_ids  HASH  bucket or page -> hex ids of its memories
 
-A term's postings are one lexicographic range of ``postings``, ordered by term frequency
-(descending) then memory length (ascending): the order in which a memory's BM25
-contribution for that term decreases. Search is one Lua script that ranks exactly like
-:func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first) and
-stops reading a term's postings as soon as no unread memory can still enter the top
+The postings of a term are grouped in buckets, one per term frequency and length class
+(a memory's length in tokens: each length up to 7, then four classes per doubling: 8-9,
+10-11, 12-13, 14-15, 16-19, ...), so the BM25 contribution of the term to any memory of a
+bucket is at most the one it gives the bucket's shortest possible memory. A term's
+buckets are one lexicographic range of ``buckets``, ordered by term frequency
+(descending) then length class (ascending): the order in which that bound decreases.
+
+Adding a batch of memories appends their ids to the buckets they fall in: each bucket
+touched is read and written once, with a few variadic commands for the whole batch (a new
+bucket, rare once a user has some memory, is one sorted-set insert), instead of a
+sorted-set insert per memory and term. A bucket's newest ids are in its tail, the field
+named after it; a tail reaching 2 KiB becomes a page of its own, so adding to a bucket
+copies at most that much, whatever the bucket's size. Ids are stored as 8 hexadecimal
+digits ("hex ids"): of fixed width, they need no separator, a bucket holds ``HSTRLEN / 8``
+memories, and a term's document frequency is the sum over its buckets, with no counter to
+update per term and batch (a user can be given 4,294,967,295 memories: ids are not reused).
+
+Search is one Lua script that ranks exactly like
+:func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
+reads each query term's buckets best first, scores the memories it meets from their
+``entries``, and stops reading a term as soon as no unread memory can still enter the top
 ``k`` (a threshold algorithm), so a search reads what can match, never the whole memory.
+
+Memory indexed by the layout before this one (an ``info`` hash, a ``postings`` sorted set
+of one member per memory and term, and a ``tf`` hash; no release wrote it) is refused by
+search, add and session deletion with an error saying so; deleting the user's memory
+removes it.
 
 Memory never expires unless ``ttl_seconds`` is set; then the whole of a user's memory
 expires ``ttl_seconds`` after its last use (read or write).
@@ -28,7 +50,7 @@ expires ``ttl_seconds`` after its last use (read or write).
 from __future__ import annotations
 
 import asyncio
-import json
+from collections import defaultdict
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
@@ -45,80 +67,155 @@ from agentscope_serverless.services._redis import (
     glob_escape,
     user_key_prefix,
 )
-from agentscope_serverless.services._stored import decode_messages, encode_message
+from agentscope_serverless.services._stored import decode_messages
 from agentscope_serverless.services.idempotency.base import now_ms
-from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.memory.base import MemoryService, NewMemory
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
 
-_KEY_NAMES = ("stats", "docs", "order", "postings", "tf", "info", "sessions", "applied")
+_KEY_NAMES = (
+    "stats",
+    "docs",
+    "order",
+    "sessions",
+    "applied",
+    "entries",
+    "buckets",
+    "bucket_ids",
+    # The earlier layout's index, refused when present and removed with the user.
+    "info",
+    "postings",
+    "tf",
+)
 # Messages stored per script call: bounds how long one call holds Redis.
 _ADD_BATCH = 1000
 _DELETE_BATCH = 500
 
-# KEYS: stats, docs, order, postings, tf, info, sessions. ARGV[1]: ttl.
 _PRELUDE = (
     LUA_TOUCH
     + """
+local STATS, DOCS, ORDER, SESSIONS, APPLIED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ENTRIES, BUCKETS, BUCKET_IDS, EARLIER_LAYOUT = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local ttl = tonumber(ARGV[1])
-local function posting(term, tf, length, id)
-  return term .. '\\0' .. string.format('%08x%08x', 4294967295 - tf, length) .. id
-end
-"""
-)
 
-# ARGV: ttl, escaped session, count, then per memory: JSON, info JSON, length, number of
-# terms, and (term, tf) pairs; last: the write id ('' for none), now (ms), remembered
-# until (ms). Each key is written with a few variadic commands per batch, not one command
-# per memory and term.
-_ADD = (
-    _PRELUDE
-    + """
-local session, count = ARGV[2], tonumber(ARGV[3])
-local write_id = ARGV[#ARGV - 2]
-if write_id ~= '' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', ARGV[#ARGV - 1])
-  if redis.call('ZSCORE', KEYS[8], write_id) then
-    touch(ttl, KEYS)
-    return 0
+local function earlier_layout()
+  if redis.call('EXISTS', EARLIER_LAYOUT) == 1 then
+    return redis.error_reply(
+      'this memory was indexed by an earlier development layout: delete the memory of the '
+      .. 'user and add it again')
   end
-  redis.call('ZADD', KEYS[8], ARGV[#ARGV], write_id)
 end
-local first = redis.call('HINCRBY', KEYS[1], 'seq', count) - count
-local docs, infos, order, sessions, postings, tfs = {}, {}, {}, {}, {}, {}
+
+-- A bucket's tail of PAGE bytes or more becomes a page, "<bucket>\\0<its first hex id>".
+local PAGE = 2048
+
+local function hex(id)
+  return string.format('%08x', id)
+end
+
+-- As _bucket_suffix(tf, _length_class(length)) in Python.
+local function bucket(term, tf, length)
+  local class = length
+  if length >= 4 then
+    local bits, top = 3, length
+    while top >= 8 do
+      bits = bits + 1
+      top = math.floor(top / 2)
+    end
+    class = bits * 4 + top - 4
+  end
+  return term .. '\\0' .. string.format('%08x%02x', 4294967295 - tf, class)
+end
+
+-- An entry: '<length> <term>:<tf> <term>:<tf> ...' (terms hold neither ' ' nor ':').
+local function entry_length(entry)
+  return tonumber(string.match(entry, '^%d+'))
+end
+local function entry_tf(entry, term)
+  local at = string.find(entry, ' ' .. term .. ':', 1, true)
+  if not at then return nil end
+  return tonumber(string.match(entry, '^%d+', at + #term + 2))
+end
+
 local function add(list, a, b)
   list[#list + 1] = a
   list[#list + 1] = b
-end
-local at, total = 4, 0
-for i = 1, count do
-  local id = string.format('%d', first + i)
-  local length, terms = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  add(docs, id, ARGV[at])
-  add(infos, id, ARGV[at + 1])
-  add(order, id, id)
-  add(sessions, 0, session .. '\\0' .. id)
-  at = at + 4
-  for _ = 1, terms do
-    local term, tf = ARGV[at], ARGV[at + 1]
-    add(postings, 0, posting(term, tonumber(tf), length, id))
-    add(tfs, term .. '\\0' .. id, tf)
-    at = at + 2
-  end
-  total = total + length
 end
 local function bulk(command, key, items)
   for i = 1, #items, 4000 do
     redis.call(command, key, unpack(items, i, math.min(i + 3999, #items)))
   end
 end
-bulk('HSET', KEYS[2], docs)
-bulk('HSET', KEYS[6], infos)
-bulk('ZADD', KEYS[3], order)
-bulk('ZADD', KEYS[7], sessions)
-bulk('ZADD', KEYS[4], postings)
-bulk('HSET', KEYS[5], tfs)
-redis.call('HINCRBY', KEYS[1], 'docs', count)
-redis.call('HINCRBY', KEYS[1], 'length', total)
+"""
+)
+
+# ARGV: ttl, escaped session, count, then per memory its JSON, then per memory its entry,
+# then the buckets ("<bucket>\t<positions in the batch, 0-based, space-separated>\n" each);
+# last: the write id ('' for none), now (ms), remembered until (ms).
+_ADD = (
+    _PRELUDE
+    + """
+local refused = earlier_layout()
+if refused then return refused end
+local session, count = ARGV[2], tonumber(ARGV[3])
+local write_id = ARGV[#ARGV - 2]
+if write_id ~= '' then
+  redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', ARGV[#ARGV - 1])
+  if redis.call('ZSCORE', APPLIED, write_id) then
+    touch(ttl, KEYS)
+    return 0
+  end
+  redis.call('ZADD', APPLIED, ARGV[#ARGV], write_id)
+end
+local first = redis.call('HINCRBY', STATS, 'seq', count) - count
+if first + count > 4294967295 then return redis.error_reply('memory ids exhausted') end
+local hex_ids, docs, entries, order, sessions = {}, {}, {}, {}, {}
+local total = 0
+for i = 1, count do
+  local id = string.format('%d', first + i)
+  hex_ids[string.format('%d', i - 1)] = hex(first + i)
+  add(docs, id, ARGV[3 + i])
+  local entry = ARGV[3 + count + i]
+  add(entries, hex(first + i), entry)
+  add(order, id, id)
+  add(sessions, 0, session .. '\\0' .. id)
+  total = total + entry_length(entry)
+end
+bulk('HSET', DOCS, docs)
+bulk('HSET', ENTRIES, entries)
+bulk('ZADD', ORDER, order)
+bulk('ZADD', SESSIONS, sessions)
+
+-- Each bucket touched: its tail read and written once, a thousand buckets at a time.
+local names, positions = {}, {}
+for name, at in string.gmatch(ARGV[4 + 2 * count], '([^\\t]+)\\t([^\\n]+)\\n') do
+  names[#names + 1] = name
+  positions[#positions + 1] = at
+end
+local created = {}
+for i = 1, #names, 1000 do
+  local last = math.min(i + 999, #names)
+  local tails = redis.call('HMGET', BUCKET_IDS, unpack(names, i, last))
+  local fields = {}
+  for k = i, last do
+    local name, tail = names[k], tails[k - i + 1]
+    if not tail then
+      add(created, 0, name)
+      tail = ''
+    end
+    tail = tail .. string.gsub(positions[k], '(%d+) ?', hex_ids)
+    if #tail >= PAGE then
+      local page = name .. '\\0' .. string.sub(tail, 1, 8)
+      add(created, 0, page)
+      add(fields, page, tail)
+      tail = ''
+    end
+    add(fields, name, tail)
+  end
+  redis.call('HSET', BUCKET_IDS, unpack(fields))
+end
+bulk('ZADD', BUCKETS, created)
+redis.call('HINCRBY', STATS, 'docs', count)
+redis.call('HINCRBY', STATS, 'length', total)
 touch(ttl, KEYS)
 return count
 """
@@ -129,9 +226,9 @@ _LIST = (
     _PRELUDE
     + """
 touch(ttl, KEYS)
-local ids = redis.call('ZRANGE', KEYS[3], ARGV[2], ARGV[3])
+local ids = redis.call('ZRANGE', ORDER, ARGV[2], ARGV[3])
 if #ids == 0 then return {} end
-return redis.call('HMGET', KEYS[2], unpack(ids))
+return redis.call('HMGET', DOCS, unpack(ids))
 """
 )
 
@@ -139,33 +236,78 @@ return redis.call('HMGET', KEYS[2], unpack(ids))
 _DELETE_SESSION = (
     _PRELUDE
     + """
+local refused = earlier_layout()
+if refused then return refused end
 local prefix = ARGV[2] .. '\\0'
 local members = redis.call(
-  'ZRANGEBYLEX', KEYS[7], '[' .. prefix, '(' .. ARGV[2] .. '\\1', 'LIMIT', 0, tonumber(ARGV[3]))
-local removed, removed_length = 0, 0
-for _, member in ipairs(members) do
-  local id = string.sub(member, #prefix + 1)
-  local info = redis.call('HGET', KEYS[6], id)
-  if info then
-    local decoded = cjson.decode(info)
-    local length = decoded[1]
-    for term, tf in pairs(decoded[2]) do
-      redis.call('ZREM', KEYS[4], posting(term, tf, length, id))
-      redis.call('HDEL', KEYS[5], term .. '\\0' .. id)
+  'ZRANGEBYLEX', SESSIONS, '[' .. prefix, '(' .. ARGV[2] .. '\\1', 'LIMIT', 0, tonumber(ARGV[3]))
+if #members == 0 then
+  touch(ttl, KEYS)
+  return 0
+end
+local ids, hex_ids = {}, {}
+for k, member in ipairs(members) do
+  ids[k] = string.sub(member, #prefix + 1)
+  hex_ids[k] = hex(tonumber(ids[k]))
+end
+local stored = redis.call('HMGET', ENTRIES, unpack(hex_ids))
+local removed, removed_hex, removed_length = {}, {}, 0
+local bucket_names, dropped = {}, {}
+for k, id in ipairs(hex_ids) do
+  local entry = stored[k]
+  if entry then
+    local length = entry_length(entry)
+    for term, tf in string.gmatch(entry, ' ([^ :]+):(%d+)') do
+      local name = bucket(term, tonumber(tf), length)
+      if not dropped[name] then
+        dropped[name] = {}
+        bucket_names[#bucket_names + 1] = name
+      end
+      dropped[name][id] = true
     end
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('HDEL', KEYS[6], id)
-    redis.call('ZREM', KEYS[3], id)
-    removed = removed + 1
+    removed[#removed + 1] = ids[k]
+    removed_hex[#removed_hex + 1] = id
     removed_length = removed_length + length
   end
-  redis.call('ZREM', KEYS[7], member)
 end
-if removed > 0 then
-  -- As integers: a length of 0 read back from JSON is a float, and -0 is no integer to Redis.
-  redis.call('HINCRBY', KEYS[1], 'docs', string.format('%d', -removed))
-  redis.call('HINCRBY', KEYS[1], 'length', string.format('%d', -removed_length))
+if #removed > 0 then
+  redis.call('HDEL', DOCS, unpack(removed))
+  redis.call('HDEL', ENTRIES, unpack(removed_hex))
+  redis.call('ZREM', ORDER, unpack(removed))
+  -- Each page of each bucket touched is rewritten once, without the removed memories; a
+  -- bucket left empty goes.
+  for _, name in ipairs(bucket_names) do
+    local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. name, '(' .. name .. '\\1')
+    local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
+    local fields, emptied, left = {}, {}, 0
+    for k, member in ipairs(members) do
+      local page, kept, changed = pages[k] or '', {}, false
+      for at = 1, #page, 8 do
+        local id = string.sub(page, at, at + 7)
+        if dropped[name][id] then changed = true else kept[#kept + 1] = id end
+      end
+      left = left + #kept
+      if member ~= name and #kept == 0 then
+        emptied[#emptied + 1] = member
+      elseif changed then
+        add(fields, member, table.concat(kept))
+      end
+    end
+    if left == 0 then
+      redis.call('HDEL', BUCKET_IDS, unpack(members))
+      redis.call('ZREM', BUCKETS, unpack(members))
+    else
+      if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
+      if #emptied > 0 then
+        redis.call('HDEL', BUCKET_IDS, unpack(emptied))
+        redis.call('ZREM', BUCKETS, unpack(emptied))
+      end
+    end
+  end
+  redis.call('HINCRBY', STATS, 'docs', string.format('%d', -#removed))
+  redis.call('HINCRBY', STATS, 'length', string.format('%d', -removed_length))
 end
+redis.call('ZREM', SESSIONS, unpack(members))
 touch(ttl, KEYS)
 return #members
 """
@@ -182,10 +324,12 @@ _SEARCH = (
 local K1, B = {BM25_K1!r}, {BM25_B!r}
 """
     + """
+local refused = earlier_layout()
+if refused then return refused end
 local EPSILON, CHUNK = 1e-9, 256
 local top_k = tonumber(ARGV[2])
 touch(ttl, KEYS)
-local stats = redis.call('HMGET', KEYS[1], 'docs', 'length')
+local stats = redis.call('HMGET', STATS, 'docs', 'length')
 local documents = tonumber(stats[1]) or 0
 if documents == 0 then return {} end
 local avg = (tonumber(stats[2]) or 0) / documents
@@ -196,25 +340,30 @@ local function contribution(idf, tf, length)
   return idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg))
 end
 
-local function decode(member, term_length)
+-- The term frequency of a bucket of a term of term_length bytes, and the shortest length
+-- a memory of the bucket can have (it holds tf tokens, and its length class starts there).
+local function decode(name, term_length)
   local at = term_length + 2
-  local tf = 4294967295 - tonumber(string.sub(member, at, at + 7), 16)
-  return tf, tonumber(string.sub(member, at + 8, at + 15), 16), string.sub(member, at + 16)
+  local tf = 4294967295 - tonumber(string.sub(name, at, at + 7), 16)
+  local class = tonumber(string.sub(name, at + 8, at + 9), 16)
+  if class < 4 then return tf, math.max(tf, class) end
+  return tf, math.max(tf, (class % 4 + 4) * 2 ^ (math.floor(class / 4) - 3))
 end
 
--- Query terms that occur, with their idf and the largest contribution any memory can get
--- (tf <= length, and the contribution grows with tf and shrinks with length).
+-- Query terms that occur: their buckets and pages, best first, their idf (df: 8 bytes
+-- per memory in them) and the largest contribution any memory can get (tf <= length, and
+-- the contribution grows with tf and shrinks with length).
 local terms = {}
 for i = 3, #ARGV do
   local term = ARGV[i]
-  local low, high = '[' .. term .. '\\0', '(' .. term .. '\\1'
-  local df = redis.call('ZLEXCOUNT', KEYS[4], low, high)
+  local buckets = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. term .. '\\0', '(' .. term .. '\\1')
+  local df = 0
+  for _, name in ipairs(buckets) do df = df + redis.call('HSTRLEN', BUCKET_IDS, name) / 8 end
   if df > 0 then
     local idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
-    local tf_max = decode(redis.call('ZRANGEBYLEX', KEYS[4], low, high, 'LIMIT', 0, 1)[1], #term)
+    local tf_max = decode(buckets[1], #term)
     terms[#terms + 1] = {
-      term = term, idf = idf, low = low, high = high,
-      bound = contribution(idf, tf_max, tf_max),
+      term = term, idf = idf, buckets = buckets, bound = contribution(idf, tf_max, tf_max),
     }
   end
 end
@@ -262,110 +411,100 @@ local function threshold()
   return heap[1][1]
 end
 
--- Scores memories first met in the postings of terms[index]. They contain no term whose
--- postings were read to the end (those memories were all met already), so only the other
--- terms are looked up, most promising first, dropping a memory as soon as it can no
--- longer reach the top_k.
-local complete = {}
-local function score(index, ids, lengths, tfs)
-  local found, known, alive = {}, {}, {}
-  for i = 1, #ids do
-    found[i] = {[index] = tfs[i]}
-    known[i] = contribution(terms[index].idf, tfs[i], lengths[i])
-    alive[i] = i
-  end
-  local unknown, remaining = {}, 0
-  for _, j in ipairs(order) do
-    if j ~= index and not complete[j] then
-      unknown[#unknown + 1] = j
-      remaining = remaining + terms[j].bound
-    end
-  end
-  local theta = threshold()
-  for _, j in ipairs(unknown) do
-    if theta then
-      local kept = {}
-      for _, i in ipairs(alive) do
-        if known[i] + remaining + EPSILON >= theta then kept[#kept + 1] = i end
+-- Scores memories from their entries: every query term they contain, in query order.
+local function score(ids)
+  local entries = redis.call('HMGET', ENTRIES, unpack(ids))
+  for k, id in ipairs(ids) do
+    local entry = entries[k]
+    if entry then
+      local length = entry_length(entry)
+      local total = 0.0
+      for j = 1, #terms do
+        local tf = entry_tf(entry, terms[j].term)
+        if tf then total = total + contribution(terms[j].idf, tf, length) end
       end
-      alive = kept
+      push({total, tonumber(id, 16)})
     end
-    if #alive == 0 then return end
-    local fields = {}
-    for k, i in ipairs(alive) do fields[k] = terms[j].term .. '\\0' .. ids[i] end
-    local values = redis.call('HMGET', KEYS[5], unpack(fields))
-    for k, i in ipairs(alive) do
-      local tf = tonumber(values[k])
-      if tf then
-        found[i][j] = tf
-        known[i] = known[i] + contribution(terms[j].idf, tf, lengths[i])
-      end
-    end
-    remaining = remaining - terms[j].bound
-  end
-  for _, i in ipairs(alive) do
-    local total = 0.0
-    for j = 1, #terms do
-      local tf = found[i][j]
-      if tf then total = total + contribution(terms[j].idf, tf, lengths[i]) end
-    end
-    push({total, tonumber(ids[i])})
   end
 end
 
+-- A memory met again in a later term's buckets was scored in full already. One met but
+-- left unscored because of a cut cannot enter the top k: its score is below the bound
+-- that made the cut, and the threshold only rises.
 local seen = {}
 for p, index in ipairs(order) do
   local t = terms[index]
   local theta = threshold()
   if theta and t.bound + rest[p] + EPSILON < theta then break end
-  local low, done, cut = t.low, false, false
-  while not done do
-    local chunk = redis.call('ZRANGEBYLEX', KEYS[4], low, t.high, 'LIMIT', 0, CHUNK)
-    local ids, lengths, tfs = {}, {}, {}
-    theta = threshold()
-    for _, member in ipairs(chunk) do
-      local tf, length, id = decode(member, #t.term)
-      if theta then
-        -- Everything after this member has a lower tf, or the same tf and a longer text.
-        local bound = contribution(t.idf, tf, length)
-        if tf > 1 then bound = math.max(bound, contribution(t.idf, tf - 1, tf - 1)) end
-        if bound + rest[p] + EPSILON < theta then
-          cut = true
-          break
-        end
-      end
+  local cut = false
+  for _, name in ipairs(t.buckets) do
+    local tf, shortest = decode(name, #t.term)
+    -- Every memory of this bucket and the later ones has a lower tf, or the same tf and a
+    -- text at least this long.
+    local bound = contribution(t.idf, tf, shortest)
+    if tf > 1 then bound = math.max(bound, contribution(t.idf, tf - 1, tf - 1)) end
+    local ids, fresh = redis.call('HGET', BUCKET_IDS, name) or '', {}
+    for at = 1, #ids, 8 do
+      local id = string.sub(ids, at, at + 7)
       if not seen[id] then
         seen[id] = true
-        ids[#ids + 1], lengths[#lengths + 1], tfs[#tfs + 1] = id, length, tf
+        fresh[#fresh + 1] = id
       end
     end
-    if #ids > 0 then score(index, ids, lengths, tfs) end
-    if cut or #chunk < CHUNK then
-      done = true
-    else
-      low = '(' .. chunk[#chunk]
+    for i = 1, #fresh, CHUNK do
+      theta = threshold()
+      if theta and bound + rest[p] + EPSILON < theta then
+        cut = true
+        break
+      end
+      score({unpack(fresh, i, math.min(i + CHUNK - 1, #fresh))})
     end
+    if cut then break end
   end
-  complete[index] = not cut
 end
 
 table.sort(heap, function(a, b) return worse(b, a) end)
 local ids = {}
 for i, entry in ipairs(heap) do ids[i] = string.format('%d', entry[2]) end
-return redis.call('HMGET', KEYS[2], unpack(ids))
+return redis.call('HMGET', DOCS, unpack(ids))
 """
 )
 
 
-def _add_arguments(ttl: int, session: str, messages: list[Message]) -> list[str | int]:
-    args: list[str | int] = [ttl, session, len(messages)]
-    for message in messages:
-        terms, length = term_frequencies(message)
-        info = json.dumps([length, terms], ensure_ascii=False, separators=(",", ":"))
-        args += [encode_message(message), info, length, len(terms)]
-        for term, tf in terms.items():
-            args += [term, tf]
-    return args
+def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[str | int]:
+    raws: list[str] = []
+    entries: list[str] = []
+    buckets: defaultdict[tuple[str, int, int], list[str]] = defaultdict(list)
+    for position, memory in enumerate(memories):
+        counts, length = term_frequencies(memory.text)
+        length_class, at = _length_class(length), str(position)
+        for term, tf in counts.items():
+            buckets[term, tf, length_class].append(at)
+        raws.append(memory.raw)
+        # Tokens hold neither spaces, colons, tabs nor line breaks: they separate here.
+        entries.append(f"{length} " + " ".join(map("%s:%d".__mod__, counts.items())))
+    lines = [
+        f"{term}\0{_bucket_suffix(tf, length_class)}\t{' '.join(positions)}\n"
+        for (term, tf, length_class), positions in buckets.items()
+    ]
+    return [ttl, session, len(memories), *raws, *entries, "".join(lines)]
+
+
+def _length_class(length: int) -> int:
+    """Each length up to 7, then four classes per doubling (8-9, 10-11, ..., 16-19, ...).
+
+    >>> [_length_class(n) for n in (3, 7, 8, 9, 10, 16, 19, 20)]
+    [3, 15, 16, 16, 17, 20, 20, 21]
+    """
+    if length < 4:
+        return length
+    bits = length.bit_length()
+    return bits * 4 + (length >> (bits - 3)) - 4
+
+
+def _bucket_suffix(tf: int, length_class: int) -> str:
+    """What follows ``<term>\\0`` in a bucket's name (``bucket`` in the scripts)."""
+    return f"{0xFFFFFFFF - tf:08x}{length_class:02x}"
 
 
 class RedisMemoryService(RedisBackedService, MemoryService):
@@ -423,15 +562,15 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         return [f"{base}:{name}" for name in _KEY_NAMES]
 
     async def _add(
-        self, user_id: str, session_id: str, messages: list[Message], write_id: str | None
+        self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
         # Batches go one after the other (memory ids follow the messages' order), but the
         # next batch is prepared while Redis indexes the previous one.
         keys, session = self._keys(user_id), escape(session_id)
         pending: asyncio.Future[Any] | None = None
         try:
-            for start in range(0, len(messages), _ADD_BATCH):
-                args = _add_arguments(self._ttl, session, messages[start : start + _ADD_BATCH])
+            for start in range(0, len(memories), _ADD_BATCH):
+                args = _add_arguments(self._ttl, session, memories[start : start + _ADD_BATCH])
                 at = now_ms()
                 batch_id = "" if write_id is None else f"{write_id}:{start // _ADD_BATCH}"
                 args += [batch_id, at, at + WRITE_ID_SECONDS * 1000]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
@@ -114,10 +115,14 @@ class InMemorySessionHistoryService(SessionHistoryService):
     def _to_session(
         user_id: str, session_id: str, stored: _StoredSession, recent: int | None = None
     ) -> Session:
-        messages = stored.messages
-        if recent is not None:
-            messages = messages[max(len(messages) - recent, 0) :] if recent else []
-        return Session(id=session_id, user_id=user_id, messages=decode_messages(messages))
+        # A snapshot now (later appends are not part of this read), decoded on first use.
+        first = 0 if recent is None else max(len(stored.messages) - recent, 0)
+        snapshot = stored.messages[first:] if recent != 0 else []
+
+        def decoded() -> list[Message | dict[str, Any]]:
+            return list(decode_messages(snapshot))
+
+        return Session.with_deferred_messages(session_id, user_id, decoded)
 
 
 __all__ = ["InMemorySessionHistoryService"]

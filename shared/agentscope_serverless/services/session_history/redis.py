@@ -1,4 +1,4 @@
-"""Session history on Redis (standalone or Cluster), one Lua script per operation.
+"""Session history on Redis (standalone or Cluster), one round trip per operation.
 
 Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
 
@@ -10,10 +10,11 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:s:S:ids         HASH  message id -> its position (appends skip known ids)
 
 Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``): O(1) per
-message and atomic, so concurrent appends all land in one order. Listing reads the
-user's index, never ``SCAN``. With ``ttl_seconds`` every read and write refreshes the
-session's and the index's expiry; index entries of expired sessions are dropped when the
-index is read.
+message and atomic, so concurrent appends all land in one order. A session read returns
+its messages as stored and decodes them on first use; without a TTL, reading a whole
+session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
+``SCAN``. With ``ttl_seconds`` every read and write refreshes the session's and the index's
+expiry; index entries of expired sessions are dropped when the index is read.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from agentscope_serverless.services._redis import (
     text,
     user_key_prefix,
 )
-from agentscope_serverless.services._stored import decode_messages, encode_message
+from agentscope_serverless.services._stored import (
+    decode_messages,
+    encode_message,
+    stored_session,
+)
 from agentscope_serverless.services._validation import (
     cursor_position,
     encode_cursor,
@@ -263,17 +268,27 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
         raw = await self._session_call(_CREATE, user_id, session_id, idempotent=True)
-        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+        return stored_session(user_id, session_id, raw)
 
     async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
         raw = await self._session_call(_OPEN, user_id, session_id, recent, idempotent=True)
-        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+        return stored_session(user_id, session_id, raw)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
-        raw = await self._session_call(_GET, user_id, session_id, idempotent=True)
-        if raw is None:
-            return None
-        return Session(id=session_id, user_id=user_id, messages=_parse(raw))
+        if self._ttl:
+            raw = await self._session_call(_GET, user_id, session_id, idempotent=True)
+            if raw is None:
+                return None
+        else:
+            # No expiry to refresh, so no script: a script would copy every message through
+            # Lua, which takes about as long again as Redis sending them.
+            meta, messages = self._keys(user_id, session_id)[:2]
+            exists, raw = await self._redis.transaction(
+                [("EXISTS", meta), ("LRANGE", messages, 0, -1)]
+            )
+            if not exists:
+                return None
+        return stored_session(user_id, session_id, raw)
 
     async def _delete_session(self, user_id: str, session_id: str) -> None:
         await self._session_call(_DELETE, user_id, session_id, idempotent=True)
@@ -321,10 +336,6 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             message if reply == 0 else Message.model_validate_json(reply)
             for message, reply in zip(messages, raw, strict=True)
         ]
-
-
-def _parse(raw: list[Any]) -> list[Message | dict[str, Any]]:
-    return list(decode_messages(raw))
 
 
 __all__ = ["RedisSessionHistoryService"]
