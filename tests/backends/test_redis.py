@@ -16,6 +16,8 @@ from agentscope_serverless.services import _stored
 from agentscope_serverless.services._redis import escape, user_key_prefix
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.memory.redis import RedisMemoryService
+from agentscope_serverless.services.runs.base import RunBurst, RunRecord
+from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 
 
@@ -318,3 +320,24 @@ async def test_a_password_given_apart_from_the_url_authenticates(user_id: str) -
         async with RedisStateService(url, password="apart-secret") as state:
             assert await state.health() is True
             assert await state.save_state(user_id, {"v": 1}) == 1
+
+
+async def test_bursts_of_several_runs_are_written_after_redis_lost_its_scripts(
+    redis_server: RedisServer,
+) -> None:
+    def burst(run_id: str) -> RunBurst:
+        record = RunRecord(id=run_id, user_id="alice", status="completed")
+        return RunBurst(record, [(0, '{"sequence_number":0}')], create=True, finish=True)
+
+    async with RedisRunsService(redis_url=redis_server.url) as runs:
+        assert await runs.record_many([burst("r1"), burst("r2")]) == [False, False]
+        client = Redis.from_url(redis_server.url)
+        try:
+            await client.script_flush()  # as after a restart: the loaded script is gone
+        finally:
+            await client.aclose()
+        assert await runs.record_many([burst("r3"), burst("r4")]) == [False, False]
+        for run_id in ("r1", "r2", "r3", "r4"):
+            stored = await runs.get_run("alice", run_id)
+            assert stored is not None and stored.status == "completed"
+            assert await runs.read_events("alice", run_id) == [(0, '{"sequence_number":0}')]

@@ -248,28 +248,19 @@ class RedisStore:
                     *(self.run(script, keys, args, idempotent=True) for keys, args in calls)
                 )
             )
-        retried = False
-        while True:
-            try:
-                async with asyncio.timeout(self._timeout):
-                    replies = await self._pipelined(self._script(script), calls)
-                missing = [r for r in replies if isinstance(r, NoScriptError)]
-                if missing and not retried:
-                    # Redis restarted or its scripts were flushed: load it and go again.
-                    retried = True
-                    self._loaded.clear()
-                    continue
-                failed = next((r for r in replies if isinstance(r, Exception)), None)
-                if failed is not None:
-                    raise failed
-                return replies
-            except (RedisError, RedisClusterException, OSError) as exc:
-                if not retried and self._retryable(exc):
-                    retried = True
-                    await asyncio.sleep(_RETRY_DELAY)
-                    continue
-                logger.warning("redis command failed", extra={"error": self._redact(exc)})
-                raise StoreUnavailableError("redis", _failure(exc)) from None
+
+        async def execute() -> list[Any]:
+            replies = await self._pipelined(self._script(script), calls)
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                # Redis restarted or its scripts were flushed: load it and go again.
+                self._loaded.clear()
+                replies = await self._pipelined(self._script(script), calls)
+            failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+            if failed is not None:
+                raise failed
+            return replies
+
+        return await self._call(execute, idempotent=True)
 
     async def _pipelined(
         self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
