@@ -13,10 +13,11 @@ drives it in a task of its own, so the run is independent of the request that st
   the run ends or ``first_write_delay`` seconds have passed, so a run of a fast agent
   costs one write (one Redis round trip), and any run is in the store that soon;
 - the store's answer says whether the run's cancellation was requested; a run still going
-  after ``poll_seconds`` also polls for it. Cancelling cancels the run's task with
-  :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's task is cancelled (its
-  ``finally`` blocks run), the runner keeps the partial reply in the session history and
-  ends the stream with a ``canceled`` response; nothing is stored after it;
+  after its first write delay also polls for it, every ``poll_seconds``. Cancelling cancels
+  the run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's
+  task is cancelled (its ``finally`` blocks run), the runner keeps the partial reply in the
+  session history and ends the stream with a ``canceled`` response; nothing is stored
+  after it;
 - when the listener goes away (the client disconnected) the run goes on, stored and
   resumable, unless it was started with ``cancel_on_disconnect``.
 
@@ -88,7 +89,6 @@ class RecordedRun:
         self._producer: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self._watch_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     # --- the run's task -----------------------------------------------------------------
@@ -145,7 +145,6 @@ class RecordedRun:
                 loop = asyncio.get_running_loop()
                 delay = self._recorder.first_write_delay
                 self._write_timer = loop.call_later(delay, self._start_writer)
-                self._watch_timer = loop.call_later(self._runs.poll_seconds, self._start_watching)
                 self._recorder._live[(self.user_id, self.run_id)] = self
         if event.sequence_number is None:
             event.sequence_number = self._last_sequence() + 1
@@ -176,10 +175,12 @@ class RecordedRun:
             self._stored()
 
     def _start_writer(self) -> None:
-        """The run goes on past its first write delay: store it as it is produced."""
+        """The run goes on past its first write delay: store it as it is produced, and
+        watch for its cancellation."""
         self._write_timer = None
         if self._writer is None and not self._produced:
             self._writer = asyncio.create_task(self._write())
+            self._watcher = asyncio.create_task(self._watch())
 
     async def _write(self) -> None:
         """Store the events not yet written, in bursts; the last burst saves the status."""
@@ -212,19 +213,9 @@ class RecordedRun:
             self.cancel()
 
     def _stored(self) -> None:
-        self._stop_watching()
-        self._recorder._forget(self)
-
-    def _start_watching(self) -> None:
-        self._watch_timer = None
-        if not self._produced:
-            self._watcher = asyncio.create_task(self._watch())
-
-    def _stop_watching(self) -> None:
-        if self._watch_timer is not None:
-            self._watch_timer.cancel()
         if self._watcher is not None:
             self._watcher.cancel()
+        self._recorder._forget(self)
 
     async def _watch(self) -> None:
         """Cancel the run when its cancellation is requested in the store."""

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 PING = b": ping\n\n"
@@ -109,7 +109,7 @@ class LiveRun(Protocol):
     async def wait_stored(self) -> None: ...
 
 
-class RunEventStream(StreamingResponse):
+class RunEventStream(Response):
     """The events of an executing ``run`` as SSE, each with its sequence number as ``id:``,
     with a ping after each silence of ``ping_interval`` seconds.
 

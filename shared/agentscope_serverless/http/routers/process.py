@@ -23,6 +23,7 @@ from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_ca
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
@@ -43,7 +44,6 @@ Context = Annotated[AppContext, Depends(get_context)]
 # The request guards, declared on the route itself too so that its direct path (see
 # ``_AgentRoute``) runs exactly what FastAPI would (FastAPI solves a dependency once).
 Guarded = Annotated[None, Depends(guard_request)]
-IDEMPOTENCY_HEADER = "idempotency-key"
 SessionHeader = Annotated[
     str | None, Header(alias=SESSION_HEADER, description="The session to continue.")
 ]

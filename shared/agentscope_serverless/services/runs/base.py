@@ -127,12 +127,8 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         Returns whether the run's cancellation was requested, or None when the store cannot
         tell without another read (the caller polls :meth:`cancel_requested` then).
         """
-        self._ensure_started()
-        require_user_id(record.user_id)
-        require_run_id(record.id)
-        if finish and record.status not in FINISHED:
-            raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
-        return await self._record(record, list(events), create, finish)
+        (requested,) = await self.record_many([RunBurst(record, events, create, finish)])
+        return requested
 
     async def record_many(self, bursts: Sequence[RunBurst]) -> list[bool | None]:
         """:meth:`record` for several bursts (of different runs), in as few round trips as

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._stored import decode_message, decode_messages, encode_message
+from agentscope_serverless.services._stored import (
+    decode_message,
+    decode_messages,
+    encode_message,
+    stored_session,
+)
 from agentscope_serverless.services._validation import cursor_position, encode_cursor
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -117,12 +121,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
     ) -> Session:
         # A snapshot now (later appends are not part of this read), decoded on first use.
         first = 0 if recent is None else max(len(stored.messages) - recent, 0)
-        snapshot = stored.messages[first:] if recent != 0 else []
-
-        def decoded() -> list[Message | dict[str, Any]]:
-            return list(decode_messages(snapshot))
-
-        return Session.with_deferred_messages(session_id, user_id, decoded)
+        return stored_session(user_id, session_id, stored.messages[first:] if recent != 0 else [])
 
 
 __all__ = ["InMemorySessionHistoryService"]
