@@ -341,3 +341,22 @@ async def test_bursts_of_several_runs_are_written_after_redis_lost_its_scripts(
             stored = await runs.get_run("alice", run_id)
             assert stored is not None and stored.status == "completed"
             assert await runs.read_events("alice", run_id) == [(0, '{"sequence_number":0}')]
+
+
+async def test_run_events_written_one_entry_each_by_an_earlier_release_are_read(
+    redis_server: RedisServer, redis_client: Redis
+) -> None:
+    async with RedisRunsService(redis_url=redis_server.url) as runs:
+        await runs.create_run(RunRecord(id="old", user_id="alice"))
+        events_key = f"{user_key_prefix('agentscope', 'run', 'alice')}:r:old:events"
+        for sequence in range(3):  # the earlier layout: entry 0-<seq + 1>, field d
+            await redis_client.xadd(
+                events_key, {"d": f'{{"n":{sequence}}}'}, id=f"0-{sequence + 1}"
+            )
+        await runs.append_events("alice", "old", [(2, '{"n":2}'), (3, '{"n":3}')])
+        assert await runs.read_events("alice", "old", after=0) == [
+            (1, '{"n":1}'),
+            (2, '{"n":2}'),
+            (3, '{"n":3}'),
+        ]
+        assert await redis_client.xlen(events_key) == 4  # the new write is one entry

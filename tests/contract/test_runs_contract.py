@@ -206,3 +206,45 @@ async def test_bursts_of_several_runs_are_stored_together(
         assert stored == {"m1": "canceled", "m2": "completed"}
         assert [s for s, _ in await runs.read_events(user_id, "m1")] == [0, 1, 2]
         assert [s for s, _ in await runs.read_events(user_id, "m2")] == [0]
+
+
+async def test_a_long_burst_and_overlapping_appends_read_back_once_each(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        record = RunRecord(id="long", user_id=user_id)
+        await runs.record(record, [_event(s, f"e{s}") for s in range(1_234)], create=True)
+        await runs.append_events(user_id, "long", [_event(s, "again") for s in range(1_230, 1_240)])
+        await runs.append_events(user_id, "long", [_event(5, "again")])
+        events = await runs.read_events(user_id, "long")
+        assert [s for s, _ in events] == list(range(1_240))
+        texts = [json.loads(data)["text"] for _, data in events]
+        assert texts[6:1_230] == [f"e{s}" for s in range(6, 1_230)]
+        assert texts[1_234:] == ["again"] * 6
+        # Positions inside a write: what follows them, and no more than asked.
+        after = await runs.read_events(user_id, "long", after=1_231, limit=3)
+        assert [s for s, _ in after] == [1_232, 1_233, 1_234]
+        assert [s for s, _ in await runs.read_events(user_id, "long", after=498)][:2] == [499, 500]
+
+
+async def test_bursts_of_several_users_are_stored_together_each_for_its_user(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}-other"
+    async with runs_factory() as runs:
+        mine = RunRecord(id="same", user_id=user_id, status="completed")
+        theirs = RunRecord(id="same", user_id=other, status="failed")
+        await runs.record_many(
+            [
+                RunBurst(mine, [_event(0, "mine")], create=True, finish=True),
+                RunBurst(theirs, [_event(0, "theirs"), _event(1)], create=True, finish=True),
+            ]
+        )
+        for user, status, texts in (
+            (user_id, "completed", ["mine"]),
+            (other, "failed", ["theirs", ""]),
+        ):
+            stored = await runs.get_run(user, "same")
+            assert stored is not None and stored.status == status
+            events = await runs.read_events(user, "same")
+            assert [json.loads(data)["text"] for _, data in events] == texts

@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
@@ -182,6 +182,11 @@ class RedisStore:
         except (RedisError, RedisClusterException, OSError):
             return False
 
+    @property
+    def cluster(self) -> bool:
+        """Whether the client is a Redis Cluster client (once open)."""
+        return isinstance(self._client, RedisCluster)
+
     async def run(
         self, script: str, keys: Sequence[str], args: Sequence[Any], *, idempotent: bool
     ) -> Any:
@@ -232,47 +237,6 @@ class RedisStore:
                     continue
                 logger.warning("redis command failed", extra={"error": self._redact(exc)})
                 raise StoreUnavailableError("redis", _failure(exc)) from None
-
-    async def run_many(
-        self, script: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        """Run ``script`` once per ``(keys, args)`` of ``calls``, in one round trip (a
-        pipeline; on a cluster, the calls go concurrently), and return the replies in order.
-
-        For idempotent scripts only: a batch is tried once more after a connection failure.
-        A call that fails makes the whole batch fail with :class:`StoreUnavailableError`.
-        """
-        if isinstance(self._client, RedisCluster):
-            return list(
-                await asyncio.gather(
-                    *(self.run(script, keys, args, idempotent=True) for keys, args in calls)
-                )
-            )
-
-        async def execute() -> list[Any]:
-            replies = await self._pipelined(self._script(script), calls)
-            if any(isinstance(reply, NoScriptError) for reply in replies):
-                # Redis restarted or its scripts were flushed: load it and go again.
-                self._loaded.clear()
-                replies = await self._pipelined(self._script(script), calls)
-            failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
-            if failed is not None:
-                raise failed
-            return replies
-
-        return await self._call(execute, idempotent=True)
-
-    async def _pipelined(
-        self, script: AsyncScript, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        assert self._client is not None
-        if script.sha not in self._loaded:
-            script.sha = await self._client.script_load(script.script)
-            self._loaded.add(script.sha)
-        pipeline = self._client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipeline.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        return list(await pipeline.execute(raise_on_error=False))
 
     async def unlink_matching(self, pattern: str) -> int:
         """UNLINK every key matching the glob ``pattern`` (on every node of a cluster).

@@ -3,15 +3,22 @@
 Keys of user ``U``, run ``R`` and session ``S`` (escaped, the user in the hash tag)::
 
     <prefix>:run:{U}:r:R          HASH    record (JSON), cancel ("1" once requested)
-    <prefix>:run:{U}:r:R:events   STREAM  entry id 0-<sequence + 1>, field d: event JSON
+    <prefix>:run:{U}:r:R:events   STREAM  one entry per write of events
     <prefix>:run:{U}:s:S          ZSET    run id -> creation time
 
-Every write refreshes the expiry (``ttl_seconds``) of the keys it touches. Appending uses
-the sequence number as the entry id, so an event is never stored twice.
+A write of events is one stream entry: its id is ``0-<last sequence number + 1>`` and its
+fields are the events' sequence numbers, each with the event's JSON as value. An entry id
+is never reused, so a write applied twice stores its events once; a write overlapping what
+is stored adds entries that readers skip (they keep the first of each sequence number).
+Entries of one event with the field ``d`` (an earlier layout) are read too.
+
+Every write refreshes the expiry (``ttl_seconds``) of the keys it touches.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from agentscope_serverless.services._redis import (
@@ -48,42 +55,63 @@ return 1
 """
 )
 
-# KEYS: run, events. ARGV: ttl, then id, data pairs.
+# Appends events to the stream KEYS[2] from the sequence numbers in ``seqs`` (joined by
+# ",") and their JSON in ``data`` (joined by newlines: JSON text holds no raw newline): an
+# entry per 500 events (a Lua stack holds a few thousand values), its id after the last.
+_LUA_ADD_EVENTS = """
+local function add_events(key, seqs, data)
+  local fields, n, at, last = {}, 0, 1, nil
+  for seq in string.gmatch(seqs, '[^,]+') do
+    local stop = string.find(data, '\\n', at, true) or (#data + 1)
+    fields[n + 1] = seq
+    fields[n + 2] = string.sub(data, at, stop - 1)
+    n, at, last = n + 2, stop + 1, seq
+    if n >= 1000 then
+      redis.pcall('XADD', key, '0-' .. (tonumber(last) + 1), unpack(fields, 1, n))
+      n = 0
+    end
+  end
+  if n > 0 then redis.pcall('XADD', key, '0-' .. (tonumber(last) + 1), unpack(fields, 1, n)) end
+end
+"""
+
+# KEYS: run, events. ARGV: ttl, sequence numbers, events' JSON (as for add_events).
 _APPEND = (
     LUA_TOUCH
+    + _LUA_ADD_EVENTS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-for i = 2, #ARGV, 2 do
-  redis.pcall('XADD', KEYS[2], ARGV[i], 'd', ARGV[i + 1])
-end
+add_events(KEYS[2], ARGV[2], ARGV[3])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
 )
 
-# One burst of a run executing here. KEYS: run, events, session index. ARGV: ttl, create
-# ("1"/"0"), record (written when creating or finishing), run id, created at, finish
-# ("1"/"0"), the events' entry ids joined by ",", their JSON joined by newlines (JSON text
-# holds no raw newline). Returns -1 when the run is not found, else 1 when its cancellation
-# was requested, 0 otherwise.
+# Bursts of runs executing here, each with 3 KEYS (run, events, session index) and 7 ARGV
+# after ARGV[1], the ttl: create ("1"/"0"), record (written when creating or finishing),
+# run id, created at, finish ("1"/"0"), then the events as for add_events. Returns, per
+# burst, -1 when the run is not found, else 1 when its cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
+    + _LUA_ADD_EVENTS
     + """
-if ARGV[2] == '1' then
-  redis.call('HSET', KEYS[1], 'record', ARGV[3])
-  if KEYS[3] ~= KEYS[1] then redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4]) end
-elseif redis.call('EXISTS', KEYS[1]) == 0 then
-  return -1
+local function record(run, events, index, a)
+  local create, finish = ARGV[a] == '1', ARGV[a + 4] == '1'
+  if create then
+    if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
+  elseif redis.call('EXISTS', run) == 0 then
+    return -1
+  end
+  if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
+  if ARGV[a + 5] ~= '' then add_events(events, ARGV[a + 5], ARGV[a + 6]) end
+  touch(tonumber(ARGV[1]), {run, events, index})
+  return redis.call('HEXISTS', run, 'cancel')
 end
-local data, at = ARGV[8], 1
-for id in string.gmatch(ARGV[7], '[^,]+') do
-  local stop = string.find(data, '\\n', at, true) or (#data + 1)
-  redis.pcall('XADD', KEYS[2], id, 'd', string.sub(data, at, stop - 1))
-  at = stop + 1
+local answers = {}
+for i = 1, #KEYS / 3 do
+  answers[i] = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], 7 * i - 5)
 end
-if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'record', ARGV[3]) end
-touch(tonumber(ARGV[1]), KEYS)
-return redis.call('HEXISTS', KEYS[1], 'cancel')
+return answers
 """
 )
 
@@ -144,43 +172,49 @@ class RedisRunsService(RedisBackedService, RunsService):
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
         run = self._run_key(user_id, run_id)
-        args: list[Any] = [self._ttl]
-        for sequence, data in events:
-            args += [f"0-{sequence + 1}", data]
-        await self._redis.run(_APPEND, [run, f"{run}:events"], args, idempotent=True)
-
-    async def _record(
-        self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
-    ) -> bool | None:
-        keys, args = self._burst_call(RunBurst(record, events, create, finish))
-        # A burst applied twice stores the same: events keep their entry ids, the record
-        # written is the burst's own.
-        return int(await self._redis.run(_RECORD, keys, args, idempotent=True)) == 1
+        await self._redis.run(
+            _APPEND, [run, f"{run}:events"], [self._ttl, *_joined(events)], idempotent=True
+        )
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
-        if len(bursts) == 1:  # a pipeline of one costs more than the call alone
-            burst = bursts[0]
-            return [
-                await self._record(burst.record, list(burst.events), burst.create, burst.finish)
-            ]
-        replies = await self._redis.run_many(_RECORD, [self._burst_call(b) for b in bursts])
-        return [int(reply) == 1 for reply in replies]
+        # One call (on a cluster, one per user: the keys of a call must share a hash slot).
+        # A burst applied twice stores the same: events keep their entry ids, the record
+        # written is the burst's own.
+        by_user: dict[str, list[int]] = {}
+        for position, burst in enumerate(bursts):
+            user = burst.record.user_id if self._redis.cluster else ""
+            by_user.setdefault(user, []).append(position)
+        answers: list[bool | None] = [None] * len(bursts)
 
-    def _burst_call(self, burst: RunBurst) -> tuple[list[str], list[Any]]:
+        async def record(positions: list[int]) -> None:
+            keys: list[str] = []
+            args: list[Any] = [self._ttl]
+            for position in positions:
+                self._add_burst(bursts[position], keys, args)
+            replies = await self._redis.run(_RECORD, keys, args, idempotent=True)
+            for position, reply in zip(positions, replies, strict=True):
+                answers[position] = int(reply) == 1
+
+        groups = list(by_user.values())
+        if len(groups) == 1:
+            await record(groups[0])
+        else:
+            await asyncio.gather(*(record(positions) for positions in groups))
+        return answers
+
+    def _add_burst(self, burst: RunBurst, keys: list[str], args: list[Any]) -> None:
         record = burst.record
         run = self._run_key(record.user_id, record.id)
         index = self._session_key(record.user_id, record.session_id) if record.session_id else run
-        args = [
-            self._ttl,
+        keys += (run, f"{run}:events", index)
+        args += (
             "1" if burst.create else "0",
             record.model_dump_json(exclude=_NOT_STORED),
             record.id,
             repr(record.created_at),
             "1" if burst.finish else "0",
-            ",".join(f"0-{sequence + 1}" for sequence, _ in burst.events),
-            "\n".join(data for _, data in burst.events),
-        ]
-        return [run, f"{run}:events", index], args
+            *_joined(burst.events),
+        )
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         await self._redis.run(_CANCEL, [self._run_key(user_id, run_id)], [], idempotent=True)
@@ -211,9 +245,20 @@ class RedisRunsService(RedisBackedService, RunsService):
         )
         events: list[StoredEvent] = []
         for entry_id, fields in entries:
-            sequence = int(text(entry_id).partition("-")[2]) - 1
-            events.append((sequence, text(fields[1])))
-        return events
+            if len(fields) == 2 and text(fields[0]) == "d":  # one event (earlier layout)
+                pairs = [(int(text(entry_id).partition("-")[2]) - 1, fields[1])]
+            else:
+                pairs = [(int(fields[i]), fields[i + 1]) for i in range(0, len(fields), 2)]
+            for sequence, data in pairs:
+                if sequence > after:  # an entry may start with events already read
+                    events.append((sequence, text(data)))
+                    after = sequence
+        return events[:limit] if limit else events
+
+
+def _joined(events: Sequence[StoredEvent]) -> tuple[str, str]:
+    """The sequence numbers and the JSON of ``events``, as the scripts take them."""
+    return ",".join(str(sequence) for sequence, _ in events), "\n".join(d for _, d in events)
 
 
 __all__ = ["RedisRunsService"]
