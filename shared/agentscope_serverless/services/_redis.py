@@ -15,6 +15,7 @@ retried after a connection failure; a write that may have been applied is never 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
@@ -24,11 +25,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.log import logger
+from agentscope_serverless.services._redis_shared import SharedConnection
 from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.base import StartedGuard
 
@@ -145,6 +147,9 @@ class RedisStore:
         self._loaded: set[str] = set()
         self._ready = False
         self._ready_lock = asyncio.Lock()
+        self._idle_limit = health_check_interval
+        self._shared: SharedConnection | None = None
+        self._opening: asyncio.Task[SharedConnection] | None = None
 
     async def open(self) -> None:
         """Create the client (no connection is made until the first command)."""
@@ -168,6 +173,7 @@ class RedisStore:
         self._scripts.clear()
         self._loaded.clear()
         self._ready = False
+        await self._drop_shared()
         if client is not None and client is not self._injected:
             await client.aclose()
 
@@ -195,9 +201,20 @@ class RedisStore:
         Failures become :class:`StoreUnavailableError`. An ``idempotent`` script is tried
         once more after a connection failure (or a timeout, with ``retry_on_timeout``).
         """
-        return await self._call(
-            lambda: self._script(script)(keys=list(keys), args=list(args)), idempotent=idempotent
-        )
+        return await self._call(lambda: self._evalsha(script, keys, args), idempotent=idempotent)
+
+    async def _evalsha(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = self._script(source)
+        shared = await self._shared_connection()
+        if shared is None:
+            return await script(keys=list(keys), args=list(args))
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        try:
+            (reply,) = await shared.execute([command])
+        except NoScriptError:
+            # Redis restarted or its scripts were flushed: load it and go again.
+            (_, reply) = await shared.execute([("SCRIPT", "LOAD", script.script), command])
+        return reply
 
     async def transaction(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Send read-only ``commands`` (name and arguments, keys of one hash slot) in one
@@ -211,6 +228,14 @@ class RedisStore:
         """
 
         async def execute() -> list[Any]:
+            shared = await self._shared_connection()
+            if shared is not None:
+                queued = await shared.execute([("MULTI",), *commands, ("EXEC",)])
+                executed: list[Any] = queued[-1]
+                failed = next((r for r in executed if isinstance(r, Exception)), None)
+                if failed is not None:
+                    raise failed
+                return executed
             if self._client is None:
                 raise StoreUnavailableError("redis", "the client is closed")
             pipeline = self._client.pipeline(transaction=True)
@@ -231,6 +256,8 @@ class RedisStore:
                     await self._connect()
                     return await operation()
             except (RedisError, RedisClusterException, OSError) as exc:
+                if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
+                    await self._drop_shared()  # no answer in time: start afresh
                 if may_retry and self._retryable(exc):
                     may_retry = False
                     await asyncio.sleep(_RETRY_DELAY)
@@ -265,6 +292,40 @@ class RedisStore:
             if not self._ready:
                 await self._client.initialize()
                 self._ready = True
+
+    async def _shared_connection(self) -> SharedConnection | None:
+        """The connection calls share (see :mod:`._redis_shared`), opened on first use and
+        again after it was lost, was idle longer than the health-check interval, or belongs
+        to another event loop; None when calls go through redis-py's own path."""
+        if self._client is None:
+            raise StoreUnavailableError("redis", "the client is closed")
+        shared = self._shared
+        if shared is not None:
+            if shared.usable and time.monotonic() - shared.last_used < self._idle_limit:
+                return shared
+            await self._drop_shared()
+        client = self._client
+        if not isinstance(client, Redis) or client.connection_pool.connection_kwargs.get(
+            "protocol"
+        ) not in (None, 2, "2"):
+            return None
+        opening = self._opening
+        if opening is None or opening.get_loop() is not asyncio.get_running_loop():
+            pool = client.connection_pool
+            opening = self._opening = asyncio.ensure_future(SharedConnection.open(pool))
+        try:
+            shared = await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None
+        if self._shared is None:
+            self._shared = shared
+        return self._shared
+
+    async def _drop_shared(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await shared.close()
 
     def _script(self, source: str) -> AsyncScript:
         if self._client is None:

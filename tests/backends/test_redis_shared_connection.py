@@ -1,0 +1,169 @@
+"""The connection a Redis store's calls share: replies reach their own caller, in any
+interleaving, through cancellations, a lost connection and a restarted server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, ResponseError
+
+from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.services._redis import RedisStore
+from agentscope_serverless.services._redis_shared import SharedConnection, pack
+
+ECHO = "return ARGV[1]"
+SLOW_ECHO = """
+local now = redis.call('TIME')
+while tonumber(now[1]) * 1000000 + tonumber(now[2]) < tonumber(ARGV[2]) do
+  now = redis.call('TIME')
+end
+return ARGV[1]
+"""
+
+
+async def _now_us(client: Redis) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def test_commands_are_packed_as_resp_and_odd_arguments_refused() -> None:
+    assert pack(("SET", "k", b"\x00\xff", 3, 1.5)) == (
+        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00\xff\r\n$1\r\n3\r\n$3\r\n1.5\r\n"
+    )
+    assert pack(("ECHO", "é")) == b"*2\r\n$4\r\nECHO\r\n$2\r\n\xc3\xa9\r\n"
+    for odd in (None, True, ["x"]):
+        with pytest.raises(DataError):
+            pack(("ECHO", odd))
+
+
+async def test_concurrent_calls_each_get_their_own_reply_over_one_connection(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(url=redis_server.url)
+    await store.open()
+    client = Redis.from_url(redis_server.url)
+    try:
+        before = len(await client.client_list())
+        values = [f"v{i}-" + "x" * (i * 37 % 5000) for i in range(500)]
+        replies = await asyncio.gather(
+            *(store.run(ECHO, [], [value], idempotent=True) for value in values)
+        )
+        assert [reply.decode() for reply in replies] == values
+        # One connection more than before: the calls shared it.
+        assert len(await client.client_list()) == before + 1
+        exists, items = await store.transaction(
+            [("EXISTS", "nothing"), ("LRANGE", "nothing", 0, -1)]
+        )
+        assert (exists, items) == (0, [])
+    finally:
+        await client.aclose()
+        await store.close()
+
+
+async def test_a_caller_giving_up_does_not_shift_the_replies_of_the_others(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    connection = await SharedConnection.open(client.connection_pool)
+    try:
+        until = await _now_us(client) + 200_000
+        slow = asyncio.ensure_future(connection.execute([("EVAL", SLOW_ECHO, 0, "slow", until)]))
+        behind = asyncio.ensure_future(connection.execute([("ECHO", "behind")]))
+        await asyncio.sleep(0.05)
+        slow.cancel()  # its reply still comes, first, and must be dropped
+        assert await behind == [b"behind"]
+        assert await connection.execute([("ECHO", "after")]) == [b"after"]
+        with pytest.raises(ResponseError):
+            await connection.execute([("ECHO", "ok"), ("NOSUCHCOMMAND",)])
+        assert await connection.execute([("ECHO", "still")]) == [b"still"]
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+async def test_a_lost_connection_fails_the_calls_waiting_on_it(redis_server: RedisServer) -> None:
+    client = Redis.from_url(redis_server.url)
+    connection = await SharedConnection.open(client.connection_pool)
+    try:
+        (connection_id,) = await connection.execute([("CLIENT", "ID")])
+        # WAIT blocks this connection only (there is no replica): the call stays in flight.
+        waiting = asyncio.ensure_future(connection.execute([("WAIT", 1, 5000)]))
+        behind = asyncio.ensure_future(connection.execute([("ECHO", "behind")]))
+        await asyncio.sleep(0.05)
+        await client.client_kill_filter(_id=connection_id)
+        for call in (waiting, behind):
+            with pytest.raises(RedisConnectionError):
+                await call
+        assert not connection.usable
+        with pytest.raises(RedisConnectionError):
+            await connection.execute([("PING",)])
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+async def test_a_store_whose_connection_was_killed_connects_again(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(url=redis_server.url)
+    await store.open()
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        assert await store.run(ECHO, [], ["first"], idempotent=False) == b"first"
+        shared = [c for c in await client.client_list() if c["cmd"] == "evalsha"]
+        assert len(shared) == 1
+        await client.client_kill_filter(_id=shared[0]["id"])
+        await asyncio.sleep(0.1)  # the connection's reader sees it closed
+        assert await store.run(ECHO, [], ["again"], idempotent=False) == b"again"
+    finally:
+        await client.aclose()
+        await store.close()
+
+
+async def test_a_restarted_server_is_reached_again_and_its_scripts_reloaded(
+    own_redis_server: RedisServer,
+) -> None:
+    store = RedisStore(url=own_redis_server.url, socket_connect_timeout=1.0)
+    await store.open()
+    try:
+        assert await store.run(ECHO, [], ["before"], idempotent=True) == b"before"
+        own_redis_server.stop()
+        with pytest.raises(StoreUnavailableError):
+            await store.run(ECHO, [], ["down"], idempotent=True)
+        own_redis_server.start()  # a new server: the script is not loaded there
+        assert await store.run(ECHO, [], ["after"], idempotent=False) == b"after"
+    finally:
+        await store.close()
+
+
+async def test_a_connection_is_not_used_from_another_event_loop(redis_server: RedisServer) -> None:
+    store = RedisStore(url=redis_server.url)
+    await store.open()
+    try:
+        assert await store.run(ECHO, [], ["here"], idempotent=True) == b"here"
+
+        def elsewhere() -> bytes:
+            async def call() -> bytes:
+                reply: bytes = await store.run(ECHO, [], ["there"], idempotent=True)
+                return reply
+
+            return asyncio.run(call())
+
+        assert await asyncio.to_thread(elsewhere) == b"there"
+        assert await store.run(ECHO, [], ["back"], idempotent=True) == b"back"
+    finally:
+        await store.close()
+
+
+async def test_calls_after_close_fail_cleanly(redis_server: RedisServer) -> None:
+    client = Redis.from_url(redis_server.url)
+    connection = await SharedConnection.open(client.connection_pool)
+    await connection.close()
+    assert not connection.usable
+    with pytest.raises(RedisConnectionError):
+        await connection.execute([("PING",)])
+    await client.aclose()
