@@ -167,3 +167,28 @@ async def test_calls_after_close_fail_cleanly(redis_server: RedisServer) -> None
     with pytest.raises(RedisConnectionError):
         await connection.execute([("PING",)])
     await client.aclose()
+
+
+async def test_large_and_small_commands_of_one_turn_keep_their_order(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    connection = await SharedConnection.open(client.connection_pool)
+    try:
+        big = "b" * 200_000  # written at once, behind the small ones already waiting
+        calls = [
+            asyncio.ensure_future(connection.execute([("ECHO", value)]))
+            for value in ("s1", "s2", big, "s3")
+        ]
+        assert [reply for (reply,) in await asyncio.gather(*calls)] == [
+            b"s1",
+            b"s2",
+            big.encode(),
+            b"s3",
+        ]
+        await connection.execute([("RPUSH", "order:check", "a"), ("RPUSH", "order:check", big)])
+        assert await client.lrange("order:check", 0, -1) == [b"a", big.encode()]
+    finally:
+        await client.delete("order:check")
+        await connection.close()
+        await client.aclose()

@@ -28,6 +28,8 @@ from redis.exceptions import DataError, NoScriptError, ResponseError
 
 # Writes buffered beyond this wait for the socket to drain.
 _HIGH_WATER = 1 << 20
+# Commands this large are written at once rather than with the others of the loop's turn.
+_WRITE_AT_ONCE = 1 << 16
 _READ_SIZE = 1 << 16
 
 
@@ -100,9 +102,15 @@ class SharedConnection:
             raise RedisConnectionError("the connection was lost")
         replies = [self.loop.create_future() for _ in commands]
         self._waiting.extend(replies)
-        if not self._unsent:
-            self.loop.call_soon(self._flush)
-        self._unsent += map(pack, commands)
+        packed = b"".join(map(pack, commands))
+        if len(packed) >= _WRITE_AT_ONCE:
+            # Nothing to gain from waiting for others: out now, behind what is waiting.
+            self._unsent.append(packed)
+            self._flush()
+        else:
+            if not self._unsent:
+                self.loop.call_soon(self._flush)
+            self._unsent.append(packed)
         self.last_used = time.monotonic()
         if self._writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await self._writer.drain()
@@ -117,7 +125,7 @@ class SharedConnection:
     def _flush(self) -> None:
         """Write what the calls of this turn of the event loop sent, in one write."""
         unsent, self._unsent = self._unsent, []
-        if not self._lost:
+        if unsent and not self._lost:
             self._writer.write(b"".join(unsent))
 
     async def close(self) -> None:
