@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from agentscope_serverless.log import logger
 from agentscope_serverless.runner import RUN_CANCELED
@@ -50,8 +49,6 @@ EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
 # How long a run's first write waits for more of the run (seconds).
 FIRST_WRITE_DELAY = 0.05
-# What a run waiting to be written is told when the write is its to make.
-_YOUR_TURN = object()
 
 
 class RecordedRun:
@@ -318,9 +315,8 @@ class RunRecorder:
     of those executing in this process.
 
     A run is in the store at most ``first_write_delay`` seconds after its first event. The
-    runs' writes are committed in groups: while one write is in flight, the bursts of other
-    runs queue, and the next write stores all of them (one Redis round trip), made by the
-    first of those runs.
+    writes of concurrent runs do not wait for each other (on Redis, the store's shared
+    connection pipelines them).
     """
 
     def __init__(
@@ -330,8 +326,6 @@ class RunRecorder:
         self.first_write_delay = first_write_delay
         self._live: dict[tuple[str, str], RecordedRun] = {}
         self._runs: set[RecordedRun] = set()
-        self._queued: list[tuple[RunBurst, asyncio.Future[Any]]] = []
-        self._writing = False
 
     async def start(
         self,
@@ -376,50 +370,10 @@ class RunRecorder:
                 await asyncio.wait_for(run.wait_stored(), 5)
 
     async def _store(self, burst: RunBurst) -> bool | None:
-        """Store ``burst`` with the others queued meanwhile; whether its run's cancellation
-        was requested."""
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queued.append((burst, waiter))
-        if self._writing:
-            # Another run is writing: it hands over when done, to this run or the first
-            # queued before it, whose write stores this burst too.
-            try:
-                outcome = await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._hand_over()  # the turn was this run's: pass it on
-                raise
-            if outcome is not _YOUR_TURN:
-                return outcome  # type: ignore[no-any-return]
-        self._writing = True
-        queued, self._queued = self._queued, []
-        try:
-            assert self.runs is not None
-            answers = await self.runs.record_many([burst for burst, _ in queued])
-        except BaseException as exc:
-            for _, other in queued:
-                if other is not waiter and not other.done():
-                    other.set_exception(exc if isinstance(exc, Exception) else RuntimeError())
-            raise
-        finally:
-            self._hand_over()
-        mine: bool | None = None
-        for (_, other), answer in zip(queued, answers, strict=True):
-            if other is waiter:
-                mine = answer
-            elif not other.done():
-                other.set_result(answer)
-        return mine
-
-    def _hand_over(self) -> None:
-        """The next queued run writes, or nobody is writing any more."""
-        while self._queued:
-            _, waiter = self._queued[0]
-            if not waiter.done():
-                waiter.set_result(_YOUR_TURN)
-                return
-            self._queued.pop(0)  # its run is gone (cancelled while waiting)
-        self._writing = False
+        """Store ``burst``; whether its run's cancellation was requested."""
+        assert self.runs is not None
+        (requested,) = await self.runs.record_many([burst])
+        return requested
 
     def _forget(self, run: RecordedRun) -> None:
         self._runs.discard(run)
