@@ -192,3 +192,22 @@ async def test_large_and_small_commands_of_one_turn_keep_their_order(
         await client.delete("order:check")
         await connection.close()
         await client.aclose()
+
+
+def test_a_store_outlives_an_event_loop_closed_under_its_connection(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(url=redis_server.url)
+    first = asyncio.new_event_loop()
+    first.run_until_complete(store.open())
+    assert first.run_until_complete(store.run(ECHO, [], ["one"], idempotent=True)) == b"one"
+    first.close()  # without cancelling the connection's reader: its loop is just gone
+
+    async def later() -> bytes:
+        try:
+            reply: bytes = await store.run(ECHO, [], ["two"], idempotent=False)
+            return reply
+        finally:
+            await store.close()
+
+    assert asyncio.run(later()) == b"two"

@@ -129,14 +129,16 @@ class SharedConnection:
             self._writer.write(b"".join(unsent))
 
     async def close(self) -> None:
-        """Close the connection; calls still waiting fail."""
-        if not self._lost:
-            self._lose(RedisConnectionError("the connection was closed"))
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
-        with contextlib.suppress(Exception):
-            await self._connection.disconnect()
+        """Close the connection; calls still waiting fail. From another event loop (the
+        connection's own may be closed by now), only what needs no waiting is done."""
+        with contextlib.suppress(Exception):  # RuntimeError: its loop is closed
+            if not self._lost:
+                self._lose(RedisConnectionError("the connection was closed"))
+            self._task.cancel()
+        if self.loop is asyncio.get_running_loop():
+            await asyncio.wait([self._task])
+            with contextlib.suppress(Exception):
+                await self._connection.disconnect()
 
     async def _read(self) -> None:
         try:
