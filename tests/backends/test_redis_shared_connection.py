@@ -9,6 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
@@ -211,3 +212,40 @@ def test_a_store_outlives_an_event_loop_closed_under_its_connection(
             await store.close()
 
     assert asyncio.run(later()) == b"two"
+
+
+async def test_a_reply_late_past_the_timeout_fails_the_calls_and_closes_the_connection(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    connection = await SharedConnection.open(client.connection_pool, reply_timeout=0.2)
+    try:
+        assert await connection.execute([("ECHO", "quick")]) == [b"quick"]
+        # WAIT holds this connection's replies for a second (there is no replica).
+        stuck = asyncio.ensure_future(connection.execute([("WAIT", 1, 1000)]))
+        behind = asyncio.ensure_future(connection.execute([("ECHO", "behind")]))
+        for call in (stuck, behind):
+            with pytest.raises(RedisTimeoutError):
+                await call
+        assert not connection.usable
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+async def test_a_store_call_without_an_answer_in_time_is_an_unavailable_store(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(url=redis_server.url, socket_timeout=0.2)
+    await store.open()
+    client = Redis.from_url(redis_server.url)
+    try:
+        until = await _now_us(client) + 600_000
+        with pytest.raises(StoreUnavailableError) as raised:
+            await store.run(SLOW_ECHO, [], ["late", until], idempotent=False)
+        assert "timed out" in str(raised.value)
+        assert await client.ping()  # answered once the script has run to its end
+        assert await store.run(ECHO, [], ["fresh"], idempotent=False) == b"fresh"
+    finally:
+        await client.aclose()
+        await store.close()

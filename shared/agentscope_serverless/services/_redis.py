@@ -128,8 +128,8 @@ class RedisStore:
         self._password = password
         self._cluster = cluster
         self._retry_on_timeout = retry_on_timeout
-        # Each call is bounded here (``asyncio.timeout``): given to the client, the timeout
-        # would make every command's write a task of its own (``asyncio.wait_for``).
+        # Each call is bounded here (see ``_call``): given to the client, the timeout would
+        # make every command's write a task of its own (``asyncio.wait_for``).
         self._timeout = socket_timeout
         self._options: dict[str, Any] = {
             "socket_timeout": None,
@@ -207,7 +207,9 @@ class RedisStore:
         script = self._script(source)
         shared = await self._shared_connection()
         if shared is None:
-            return await script(keys=list(keys), args=list(args))
+            async with asyncio.timeout(self._timeout):
+                await self._connect()
+                return await script(keys=list(keys), args=list(args))
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             (reply,) = await shared.execute([command])
@@ -236,12 +238,14 @@ class RedisStore:
                 if failed is not None:
                     raise failed
                 return executed
-            if self._client is None:
-                raise StoreUnavailableError("redis", "the client is closed")
-            pipeline = self._client.pipeline(transaction=True)
-            for command in commands:
-                pipeline.execute_command(*command)
-            replies: list[Any] = await pipeline.execute()
+            async with asyncio.timeout(self._timeout):
+                await self._connect()
+                if self._client is None:
+                    raise StoreUnavailableError("redis", "the client is closed")
+                pipeline = self._client.pipeline(transaction=True)
+                for command in commands:
+                    pipeline.execute_command(*command)
+                replies: list[Any] = await pipeline.execute()
             return replies
 
         return await self._call(execute, idempotent=True)
@@ -249,12 +253,12 @@ class RedisStore:
     async def _call(
         self, operation: Callable[[], Awaitable[ResultT]], *, idempotent: bool
     ) -> ResultT:
+        # Each path bounds its calls: the shared connection by its watchdog, redis-py's
+        # own path by ``asyncio.timeout``.
         may_retry = idempotent
         while True:
             try:
-                async with asyncio.timeout(self._timeout):
-                    await self._connect()
-                    return await operation()
+                return await operation()
             except (RedisError, RedisClusterException, OSError) as exc:
                 if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
                     await self._drop_shared()  # no answer in time: start afresh
@@ -312,7 +316,9 @@ class RedisStore:
         opening = self._opening
         if opening is None or opening.get_loop() is not asyncio.get_running_loop():
             pool = client.connection_pool
-            opening = self._opening = asyncio.ensure_future(SharedConnection.open(pool))
+            opening = self._opening = asyncio.ensure_future(
+                SharedConnection.open(pool, reply_timeout=self._timeout)
+            )
         try:
             shared = await asyncio.shield(opening)
         finally:

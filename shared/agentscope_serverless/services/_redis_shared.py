@@ -25,6 +25,7 @@ import hiredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Writes buffered beyond this wait for the socket to drain.
 _HIGH_WATER = 1 << 20
@@ -66,7 +67,9 @@ class SharedConnection:
     ...     await connection.close()
     """
 
-    def __init__(self, connection: AbstractConnection) -> None:
+    def __init__(
+        self, connection: AbstractConnection, *, reply_timeout: float | None = None
+    ) -> None:
         reader, writer = connection._reader, connection._writer  # set by connect()
         if reader is None or writer is None:
             raise RedisConnectionError("the connection is not open")
@@ -74,7 +77,10 @@ class SharedConnection:
         self._reader = reader
         self._writer = writer
         self.loop = asyncio.get_running_loop()
-        self._waiting: deque[asyncio.Future[Any]] = deque()
+        # Each call's reply future, with the loop time by which it must come.
+        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._timeout = reply_timeout
+        self._watchdog: asyncio.TimerHandle | None = None
         self._parser = hiredis.Reader(replyError=ResponseError)
         self._lost = False
         self._unsent: list[bytes] = []
@@ -82,11 +88,14 @@ class SharedConnection:
         self._task = self.loop.create_task(self._read())
 
     @classmethod
-    async def open(cls, pool: ConnectionPool) -> SharedConnection:
-        """A new connection made with the pool's settings (not taken from the pool)."""
+    async def open(
+        cls, pool: ConnectionPool, *, reply_timeout: float | None = None
+    ) -> SharedConnection:
+        """A new connection made with the pool's settings (not taken from the pool). When a
+        reply takes more than ``reply_timeout`` seconds, its calls fail and it closes."""
         connection: AbstractConnection = pool.make_connection()  # type: ignore[no-untyped-call]
         await connection.connect()  # type: ignore[no-untyped-call]
-        return cls(connection)
+        return cls(connection, reply_timeout=reply_timeout)
 
     @property
     def usable(self) -> bool:
@@ -101,7 +110,10 @@ class SharedConnection:
         if self._lost:
             raise RedisConnectionError("the connection was lost")
         replies = [self.loop.create_future() for _ in commands]
-        self._waiting.extend(replies)
+        deadline = self.loop.time() + (self._timeout or 0)
+        self._waiting.extend((reply, deadline) for reply in replies)
+        if self._watchdog is None and self._timeout:
+            self._watchdog = self.loop.call_at(deadline, self._watch)
         packed = b"".join(map(pack, commands))
         if len(packed) >= _WRITE_AT_ONCE:
             # Nothing to gain from waiting for others: out now, behind what is waiting.
@@ -121,6 +133,17 @@ class SharedConnection:
         if failed:
             raise failed[0]
         return [reply.result() for reply in replies]
+
+    def _watch(self) -> None:
+        """Replies come in order: when the oldest is late, the connection is stuck."""
+        self._watchdog = None
+        if self._lost or not self._waiting:
+            return
+        _, deadline = self._waiting[0]
+        if self.loop.time() >= deadline:
+            self._lose(RedisTimeoutError("no reply in time"))
+        else:
+            self._watchdog = self.loop.call_at(deadline, self._watch)
 
     def _flush(self) -> None:
         """Write what the calls of this turn of the event loop sent, in one write."""
@@ -148,7 +171,7 @@ class SharedConnection:
                     raise RedisConnectionError("the server closed the connection")
                 self._parser.feed(data)
                 while (reply := self._parser.gets()) is not False:
-                    waiter = self._waiting.popleft()
+                    waiter, _ = self._waiting.popleft()
                     if waiter.done():  # its caller gave up (cancelled or timed out)
                         continue
                     if isinstance(reply, ResponseError):
@@ -160,13 +183,15 @@ class SharedConnection:
 
     def _lose(self, exc: BaseException) -> None:
         self._lost = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         failure = (
             exc
-            if isinstance(exc, RedisConnectionError)
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError)
             else RedisConnectionError(f"the connection was lost ({type(exc).__name__})")
         )
         while self._waiting:
-            waiter = self._waiting.popleft()
+            waiter, _ = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_exception(failure)
         self._writer.transport.abort()
