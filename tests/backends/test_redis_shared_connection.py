@@ -249,3 +249,26 @@ async def test_a_store_call_without_an_answer_in_time_is_an_unavailable_store(
     finally:
         await client.aclose()
         await store.close()
+
+
+async def test_a_frozen_server_makes_calls_fail_in_time_and_a_thawed_one_answers(
+    own_redis_server: RedisServer,
+) -> None:
+    # A stopped process still accepts connections (the kernel does): the handshake of a new
+    # connection and the replies on an open one must both be bounded.
+    for warm in (False, True):
+        store = RedisStore(url=own_redis_server.url, socket_timeout=0.3)
+        await store.open()
+        try:
+            if warm:
+                assert await store.run(ECHO, [], ["warm"], idempotent=True) == b"warm"
+            own_redis_server.pause()
+            try:
+                with pytest.raises(StoreUnavailableError) as raised:
+                    await store.run(ECHO, [], ["frozen"], idempotent=True)
+                assert "timed out" in str(raised.value)
+            finally:
+                own_redis_server.resume()
+            assert await store.run(ECHO, [], ["thawed"], idempotent=False) == b"thawed"
+        finally:
+            await store.close()

@@ -94,7 +94,15 @@ class SharedConnection:
         """A new connection made with the pool's settings (not taken from the pool). When a
         reply takes more than ``reply_timeout`` seconds, its calls fail and it closes."""
         connection: AbstractConnection = pool.make_connection()  # type: ignore[no-untyped-call]
-        await connection.connect()  # type: ignore[no-untyped-call]
+        try:
+            # The handshake's replies are bounded too: a server that accepts connections
+            # but does not answer (stopped, or frozen) must not hold the caller forever.
+            async with asyncio.timeout(reply_timeout):
+                await connection.connect()  # type: ignore[no-untyped-call]
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+            raise
         return cls(connection, reply_timeout=reply_timeout)
 
     @property
