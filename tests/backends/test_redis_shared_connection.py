@@ -272,3 +272,27 @@ async def test_a_frozen_server_makes_calls_fail_in_time_and_a_thawed_one_answers
             assert await store.run(ECHO, [], ["thawed"], idempotent=False) == b"thawed"
         finally:
             await store.close()
+
+
+async def test_the_connection_is_made_again_after_an_idle_health_check_interval(
+    own_redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(own_redis_server.url, decode_responses=True)
+
+    async def shared_connection_id() -> str:
+        (shared,) = [c for c in await client.client_list() if c["cmd"] == "evalsha"]
+        return str(shared["id"])
+
+    for interval, expected in ((0.05, 2), (0.0, 1)):  # 0: no health checks, no reconnects
+        store = RedisStore(url=own_redis_server.url, health_check_interval=interval)
+        await store.open()
+        try:
+            ids = set()
+            for _ in range(2):
+                await store.run(ECHO, [], ["x"], idempotent=True)
+                ids.add(await shared_connection_id())
+                await asyncio.sleep(0.1)
+            assert len(ids) == expected
+        finally:
+            await store.close()
+    await client.aclose()

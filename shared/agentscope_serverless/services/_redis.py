@@ -299,13 +299,15 @@ class RedisStore:
 
     async def _shared_connection(self) -> SharedConnection | None:
         """The connection calls share (see :mod:`._redis_shared`), opened on first use and
-        again after it was lost, was idle longer than the health-check interval, or belongs
-        to another event loop; None when calls go through redis-py's own path."""
+        again after it was lost, was idle longer than the health-check interval (when there
+        is one), or belongs to another event loop; None when calls go through redis-py's
+        own path."""
         if self._client is None:
             raise StoreUnavailableError("redis", "the client is closed")
         shared = self._shared
         if shared is not None:
-            if shared.usable and time.monotonic() - shared.last_used < self._idle_limit:
+            idle = time.monotonic() - shared.last_used
+            if shared.usable and (not self._idle_limit or idle < self._idle_limit):
                 return shared
             await self._drop_shared()
         client = self._client
