@@ -248,3 +248,16 @@ async def test_bursts_of_several_users_are_stored_together_each_for_its_user(
             assert stored is not None and stored.status == status
             events = await runs.read_events(user, "same")
             assert [json.loads(data)["text"] for _, data in events] == texts
+
+
+async def test_event_text_is_stored_as_given_whatever_characters_it_holds(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Pretty-printed JSON (raw line breaks), commas, tabs, NUL and non-ASCII text: stored and
+    # read back byte for byte, by a burst and by an append alike.
+    odd = ['{\n  "a": 1\n}', "x,y\n\n,z", "\t\r\n\x00", "é🙂\n" * 100, ""]
+    async with runs_factory() as runs:
+        record = RunRecord(id="odd", user_id=user_id)
+        await runs.record(record, list(enumerate(odd)), create=True)
+        await runs.append_events(user_id, "odd", [(len(odd) + i, t) for i, t in enumerate(odd)])
+        assert [data for _, data in await runs.read_events(user_id, "odd")] == odd + odd

@@ -55,61 +55,56 @@ return 1
 """
 )
 
-# Appends events to the stream KEYS[2] from the sequence numbers in ``seqs`` (joined by
-# ",") and their JSON in ``data`` (joined by newlines: JSON text holds no raw newline): an
-# entry per 500 events (a Lua stack holds a few thousand values), its id after the last.
+# Appends ``count`` events to the stream ``key`` from ARGV[at...]: pairs of a sequence number
+# and the event's JSON, which are an entry's fields as they stand. An entry per 500 events
+# (a Lua stack holds a few thousand values), its id after the last of them.
 _LUA_ADD_EVENTS = """
-local function add_events(key, seqs, data)
-  local fields, n, at, last = {}, 0, 1, nil
-  for seq in string.gmatch(seqs, '[^,]+') do
-    local stop = string.find(data, '\\n', at, true) or (#data + 1)
-    fields[n + 1] = seq
-    fields[n + 2] = string.sub(data, at, stop - 1)
-    n, at, last = n + 2, stop + 1, seq
-    if n >= 1000 then
-      redis.pcall('XADD', key, '0-' .. (tonumber(last) + 1), unpack(fields, 1, n))
-      n = 0
-    end
+local function add_events(key, at, count)
+  for first = 0, count - 1, 500 do
+    local from, to = at + 2 * first, at + 2 * math.min(first + 499, count - 1) + 1
+    redis.pcall('XADD', key, '0-' .. (tonumber(ARGV[to - 1]) + 1), unpack(ARGV, from, to))
   end
-  if n > 0 then redis.pcall('XADD', key, '0-' .. (tonumber(last) + 1), unpack(fields, 1, n)) end
 end
 """
 
-# KEYS: run, events. ARGV: ttl, sequence numbers, events' JSON (as for add_events).
+# KEYS: run, events. ARGV: ttl, then the events (as for add_events).
 _APPEND = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-add_events(KEYS[2], ARGV[2], ARGV[3])
+add_events(KEYS[2], 2, (#ARGV - 1) / 2)
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
 )
 
-# Bursts of runs executing here, each with 3 KEYS (run, events, session index) and 7 ARGV
-# after ARGV[1], the ttl: create ("1"/"0"), record (written when creating or finishing),
-# run id, created at, finish ("1"/"0"), then the events as for add_events. Returns, per
-# burst, -1 when the run is not found, else 1 when its cancellation was requested, else 0.
+# Bursts of runs executing here, each with 3 KEYS (run, events, session index) and, after
+# ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record (written when creating or
+# finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
+# (as for add_events). Returns, per burst, -1 when the run is not found, else 1 when its
+# cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
     + """
 local function record(run, events, index, a)
-  local create, finish = ARGV[a] == '1', ARGV[a + 4] == '1'
+  local create, finish, count = ARGV[a] == '1', ARGV[a + 4] == '1', tonumber(ARGV[a + 5])
   if create then
     if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
   elseif redis.call('EXISTS', run) == 0 then
-    return -1
+    return -1, count
   end
   if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
-  if ARGV[a + 5] ~= '' then add_events(events, ARGV[a + 5], ARGV[a + 6]) end
+  add_events(events, a + 6, count)
   touch(tonumber(ARGV[1]), {run, events, index})
-  return redis.call('HEXISTS', run, 'cancel')
+  return redis.call('HEXISTS', run, 'cancel'), count
 end
-local answers = {}
+local answers, a = {}, 2
 for i = 1, #KEYS / 3 do
-  answers[i] = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], 7 * i - 5)
+  local answer, count = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
+  answers[i] = answer
+  a = a + 6 + 2 * count
 end
 return answers
 """
@@ -173,7 +168,7 @@ class RedisRunsService(RedisBackedService, RunsService):
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
         run = self._run_key(user_id, run_id)
         await self._redis.run(
-            _APPEND, [run, f"{run}:events"], [self._ttl, *_joined(events)], idempotent=True
+            _APPEND, [run, f"{run}:events"], [self._ttl, *_pairs(events)], idempotent=True
         )
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
@@ -213,7 +208,8 @@ class RedisRunsService(RedisBackedService, RunsService):
             record.id,
             repr(record.created_at),
             "1" if burst.finish else "0",
-            *_joined(burst.events),
+            len(burst.events),
+            *_pairs(burst.events),
         )
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
@@ -256,9 +252,9 @@ class RedisRunsService(RedisBackedService, RunsService):
         return events[:limit] if limit else events
 
 
-def _joined(events: Sequence[StoredEvent]) -> tuple[str, str]:
-    """The sequence numbers and the JSON of ``events``, as the scripts take them."""
-    return ",".join(str(sequence) for sequence, _ in events), "\n".join(d for _, d in events)
+def _pairs(events: Sequence[StoredEvent]) -> list[int | str]:
+    """``events`` as the scripts take them: sequence number, JSON, sequence number, ..."""
+    return [item for event in events for item in event]
 
 
 __all__ = ["RedisRunsService"]
