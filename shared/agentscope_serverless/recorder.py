@@ -39,7 +39,6 @@ from agentscope_serverless.runner import RUN_CANCELED
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, RunStatus
 from agentscope_serverless.services.runs.base import (
     FINISHED,
-    RunBurst,
     RunKind,
     RunRecord,
     RunsService,
@@ -206,7 +205,7 @@ class RecordedRun:
             status = self.status if self._ended() else RunStatus.Failed
             record = record.model_copy(update={"status": status, "updated_at": time.time()})
         create, self._created = not self._created, True
-        if await self._recorder._store(RunBurst(record, burst, create, finish)):
+        if await self._runs.record(record, burst, create=create, finish=finish):
             self.cancel()
 
     def _stored(self) -> None:
@@ -368,12 +367,6 @@ class RunRecorder:
         for run in runs:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(run.wait_stored(), 5)
-
-    async def _store(self, burst: RunBurst) -> bool | None:
-        """Store ``burst``; whether its run's cancellation was requested."""
-        assert self.runs is not None
-        (requested,) = await self.runs.record_many([burst])
-        return requested
 
     def _forget(self, run: RecordedRun) -> None:
         self._runs.discard(run)

@@ -4,6 +4,9 @@ interleaving, through cancellations, a lost connection and a restarted server.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +29,32 @@ return ARGV[1]
 """
 
 
+@contextlib.asynccontextmanager
+async def opened(url: str, **options: Any) -> AsyncIterator[RedisStore]:
+    """A store on ``url``, open for the block."""
+    store = RedisStore(url=url, **options)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    url: str, reply_timeout: float | None = None
+) -> AsyncIterator[tuple[Redis, SharedConnection]]:
+    """A plain client on ``url`` (to act from outside) and a shared connection of its pool."""
+    async with Redis.from_url(url) as client:
+        connection = await SharedConnection.open(
+            client.connection_pool, reply_timeout=reply_timeout
+        )
+        try:
+            yield client, connection
+        finally:
+            await connection.close()
+
+
 async def _now_us(client: Redis) -> int:
     seconds, micros = await client.time()
     return int(seconds) * 1_000_000 + int(micros)
@@ -44,10 +73,7 @@ def test_commands_are_packed_as_resp_and_odd_arguments_refused() -> None:
 async def test_concurrent_calls_each_get_their_own_reply_over_one_connection(
     redis_server: RedisServer,
 ) -> None:
-    store = RedisStore(url=redis_server.url)
-    await store.open()
-    client = Redis.from_url(redis_server.url)
-    try:
+    async with opened(redis_server.url) as store, Redis.from_url(redis_server.url) as client:
         before = len(await client.client_list())
         values = [f"v{i}-" + "x" * (i * 37 % 5000) for i in range(500)]
         replies = await asyncio.gather(
@@ -60,17 +86,12 @@ async def test_concurrent_calls_each_get_their_own_reply_over_one_connection(
             [("EXISTS", "nothing"), ("LRANGE", "nothing", 0, -1)]
         )
         assert (exists, items) == (0, [])
-    finally:
-        await client.aclose()
-        await store.close()
 
 
 async def test_a_caller_giving_up_does_not_shift_the_replies_of_the_others(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url)
-    connection = await SharedConnection.open(client.connection_pool)
-    try:
+    async with connected(redis_server.url) as (client, connection):
         until = await _now_us(client) + 200_000
         slow = asyncio.ensure_future(connection.execute([("EVAL", SLOW_ECHO, 0, "slow", until)]))
         behind = asyncio.ensure_future(connection.execute([("ECHO", "behind")]))
@@ -81,15 +102,10 @@ async def test_a_caller_giving_up_does_not_shift_the_replies_of_the_others(
         with pytest.raises(ResponseError):
             await connection.execute([("ECHO", "ok"), ("NOSUCHCOMMAND",)])
         assert await connection.execute([("ECHO", "still")]) == [b"still"]
-    finally:
-        await connection.close()
-        await client.aclose()
 
 
 async def test_a_lost_connection_fails_the_calls_waiting_on_it(redis_server: RedisServer) -> None:
-    client = Redis.from_url(redis_server.url)
-    connection = await SharedConnection.open(client.connection_pool)
-    try:
+    async with connected(redis_server.url) as (client, connection):
         (connection_id,) = await connection.execute([("CLIENT", "ID")])
         # WAIT blocks this connection only (there is no replica): the call stays in flight.
         waiting = asyncio.ensure_future(connection.execute([("WAIT", 1, 5000)]))
@@ -102,49 +118,37 @@ async def test_a_lost_connection_fails_the_calls_waiting_on_it(redis_server: Red
         assert not connection.usable
         with pytest.raises(RedisConnectionError):
             await connection.execute([("PING",)])
-    finally:
-        await connection.close()
-        await client.aclose()
 
 
 async def test_a_store_whose_connection_was_killed_connects_again(
     redis_server: RedisServer,
 ) -> None:
-    store = RedisStore(url=redis_server.url)
-    await store.open()
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    try:
+    async with (
+        opened(redis_server.url) as store,
+        Redis.from_url(redis_server.url, decode_responses=True) as client,
+    ):
         assert await store.run(ECHO, [], ["first"], idempotent=False) == b"first"
         shared = [c for c in await client.client_list() if c["cmd"] == "evalsha"]
         assert len(shared) == 1
         await client.client_kill_filter(_id=shared[0]["id"])
         await asyncio.sleep(0.1)  # the connection's reader sees it closed
         assert await store.run(ECHO, [], ["again"], idempotent=False) == b"again"
-    finally:
-        await client.aclose()
-        await store.close()
 
 
 async def test_a_restarted_server_is_reached_again_and_its_scripts_reloaded(
     own_redis_server: RedisServer,
 ) -> None:
-    store = RedisStore(url=own_redis_server.url, socket_connect_timeout=1.0)
-    await store.open()
-    try:
+    async with opened(own_redis_server.url, socket_connect_timeout=1.0) as store:
         assert await store.run(ECHO, [], ["before"], idempotent=True) == b"before"
         own_redis_server.stop()
         with pytest.raises(StoreUnavailableError):
             await store.run(ECHO, [], ["down"], idempotent=True)
         own_redis_server.start()  # a new server: the script is not loaded there
         assert await store.run(ECHO, [], ["after"], idempotent=False) == b"after"
-    finally:
-        await store.close()
 
 
 async def test_a_connection_is_not_used_from_another_event_loop(redis_server: RedisServer) -> None:
-    store = RedisStore(url=redis_server.url)
-    await store.open()
-    try:
+    async with opened(redis_server.url) as store:
         assert await store.run(ECHO, [], ["here"], idempotent=True) == b"here"
 
         def elsewhere() -> bytes:
@@ -156,43 +160,36 @@ async def test_a_connection_is_not_used_from_another_event_loop(redis_server: Re
 
         assert await asyncio.to_thread(elsewhere) == b"there"
         assert await store.run(ECHO, [], ["back"], idempotent=True) == b"back"
-    finally:
-        await store.close()
 
 
 async def test_calls_after_close_fail_cleanly(redis_server: RedisServer) -> None:
-    client = Redis.from_url(redis_server.url)
-    connection = await SharedConnection.open(client.connection_pool)
-    await connection.close()
-    assert not connection.usable
-    with pytest.raises(RedisConnectionError):
-        await connection.execute([("PING",)])
-    await client.aclose()
+    async with connected(redis_server.url) as (_, connection):
+        await connection.close()
+        assert not connection.usable
+        with pytest.raises(RedisConnectionError):
+            await connection.execute([("PING",)])
 
 
 async def test_large_and_small_commands_of_one_turn_keep_their_order(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url)
-    connection = await SharedConnection.open(client.connection_pool)
-    try:
-        big = "b" * 200_000  # written at once, behind the small ones already waiting
-        calls = [
-            asyncio.ensure_future(connection.execute([("ECHO", value)]))
-            for value in ("s1", "s2", big, "s3")
-        ]
-        assert [reply for (reply,) in await asyncio.gather(*calls)] == [
-            b"s1",
-            b"s2",
-            big.encode(),
-            b"s3",
-        ]
-        await connection.execute([("RPUSH", "order:check", "a"), ("RPUSH", "order:check", big)])
-        assert await client.lrange("order:check", 0, -1) == [b"a", big.encode()]
-    finally:
-        await client.delete("order:check")
-        await connection.close()
-        await client.aclose()
+    async with connected(redis_server.url) as (client, connection):
+        try:
+            big = "b" * 200_000  # written at once, behind the small ones already waiting
+            calls = [
+                asyncio.ensure_future(connection.execute([("ECHO", value)]))
+                for value in ("s1", "s2", big, "s3")
+            ]
+            assert [reply for (reply,) in await asyncio.gather(*calls)] == [
+                b"s1",
+                b"s2",
+                big.encode(),
+                b"s3",
+            ]
+            await connection.execute([("RPUSH", "order:check", "a"), ("RPUSH", "order:check", big)])
+            assert await client.lrange("order:check", 0, -1) == [b"a", big.encode()]
+        finally:
+            await client.delete("order:check")
 
 
 def test_a_store_outlives_an_event_loop_closed_under_its_connection(
@@ -217,9 +214,7 @@ def test_a_store_outlives_an_event_loop_closed_under_its_connection(
 async def test_a_reply_late_past_the_timeout_fails_the_calls_and_closes_the_connection(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url)
-    connection = await SharedConnection.open(client.connection_pool, reply_timeout=0.2)
-    try:
+    async with connected(redis_server.url, reply_timeout=0.2) as (_, connection):
         assert await connection.execute([("ECHO", "quick")]) == [b"quick"]
         # WAIT holds this connection's replies for a second (there is no replica).
         stuck = asyncio.ensure_future(connection.execute([("WAIT", 1, 1000)]))
@@ -228,27 +223,21 @@ async def test_a_reply_late_past_the_timeout_fails_the_calls_and_closes_the_conn
             with pytest.raises(RedisTimeoutError):
                 await call
         assert not connection.usable
-    finally:
-        await connection.close()
-        await client.aclose()
 
 
 async def test_a_store_call_without_an_answer_in_time_is_an_unavailable_store(
     redis_server: RedisServer,
 ) -> None:
-    store = RedisStore(url=redis_server.url, socket_timeout=0.2)
-    await store.open()
-    client = Redis.from_url(redis_server.url)
-    try:
+    async with (
+        opened(redis_server.url, socket_timeout=0.2) as store,
+        Redis.from_url(redis_server.url) as client,
+    ):
         until = await _now_us(client) + 600_000
         with pytest.raises(StoreUnavailableError) as raised:
             await store.run(SLOW_ECHO, [], ["late", until], idempotent=False)
         assert "timed out" in str(raised.value)
         assert await client.ping()  # answered once the script has run to its end
         assert await store.run(ECHO, [], ["fresh"], idempotent=False) == b"fresh"
-    finally:
-        await client.aclose()
-        await store.close()
 
 
 async def test_a_frozen_server_makes_calls_fail_in_time_and_a_thawed_one_answers(
@@ -257,9 +246,7 @@ async def test_a_frozen_server_makes_calls_fail_in_time_and_a_thawed_one_answers
     # A stopped process still accepts connections (the kernel does): the handshake of a new
     # connection and the replies on an open one must both be bounded.
     for warm in (False, True):
-        store = RedisStore(url=own_redis_server.url, socket_timeout=0.3)
-        await store.open()
-        try:
+        async with opened(own_redis_server.url, socket_timeout=0.3) as store:
             if warm:
                 assert await store.run(ECHO, [], ["warm"], idempotent=True) == b"warm"
             own_redis_server.pause()
@@ -270,8 +257,6 @@ async def test_a_frozen_server_makes_calls_fail_in_time_and_a_thawed_one_answers
             finally:
                 own_redis_server.resume()
             assert await store.run(ECHO, [], ["thawed"], idempotent=False) == b"thawed"
-        finally:
-            await store.close()
 
 
 async def test_the_connection_is_made_again_after_an_idle_health_check_interval(
@@ -283,16 +268,12 @@ async def test_the_connection_is_made_again_after_an_idle_health_check_interval(
         (shared,) = [c for c in await client.client_list() if c["cmd"] == "evalsha"]
         return str(shared["id"])
 
-    for interval, expected in ((0.05, 2), (0.0, 1)):  # 0: no health checks, no reconnects
-        store = RedisStore(url=own_redis_server.url, health_check_interval=interval)
-        await store.open()
-        try:
-            ids = set()
-            for _ in range(2):
-                await store.run(ECHO, [], ["x"], idempotent=True)
-                ids.add(await shared_connection_id())
-                await asyncio.sleep(0.1)
-            assert len(ids) == expected
-        finally:
-            await store.close()
-    await client.aclose()
+    async with client:
+        for interval, expected in ((0.05, 2), (0.0, 1)):  # 0: no health checks, no reconnects
+            async with opened(own_redis_server.url, health_check_interval=interval) as store:
+                ids = set()
+                for _ in range(2):
+                    await store.run(ECHO, [], ["x"], idempotent=True)
+                    ids.add(await shared_connection_id())
+                    await asyncio.sleep(0.1)
+                assert len(ids) == expected

@@ -103,11 +103,17 @@ async def test_get_session_strips_the_id(history: SessionHistoryService, user_id
     assert await history.get_session(user_id, " s1 ") is not None
 
 
-async def test_get_session_returns_a_copy(history: SessionHistoryService, user_id: str) -> None:
+async def _read_back_original(history: SessionHistoryService, user_id: str) -> Session:
+    """Session ``s1`` read back after "original" was appended to it."""
     session = await history.create_session(user_id, "s1")
     await history.append_message(session, text_message("original"))
     got = await history.get_session(user_id, "s1")
-    assert got is not None
+    assert got is not None and isinstance(got.messages[0], Message)
+    return got
+
+
+async def test_get_session_returns_a_copy(history: SessionHistoryService, user_id: str) -> None:
+    got = await _read_back_original(history, user_id)
     message = got.messages[0]
     assert isinstance(message, Message)
     message.content = [TextContent(text="changed")]
@@ -118,10 +124,7 @@ async def test_get_session_returns_a_copy(history: SessionHistoryService, user_i
 async def test_changing_a_read_message_in_place_does_not_reach_the_store(
     history: SessionHistoryService, user_id: str
 ) -> None:
-    session = await history.create_session(user_id, "s1")
-    await history.append_message(session, text_message("original"))
-    got = await history.get_session(user_id, "s1")
-    assert got is not None
+    got = await _read_back_original(history, user_id)
     message = got.messages[0]
     assert isinstance(message, Message) and isinstance(message.content, list)
     part = message.content[0]

@@ -128,8 +128,8 @@ class RedisStore:
         self._password = password
         self._cluster = cluster
         self._retry_on_timeout = retry_on_timeout
-        # Each call is bounded here (see ``_call``): given to the client, the timeout would
-        # make every command's write a task of its own (``asyncio.wait_for``).
+        # Calls are bounded here, not by the client (see ``_call``): given to the client, the
+        # timeout would make every command's write a task of its own (``asyncio.wait_for``).
         self._timeout = socket_timeout
         self._options: dict[str, Any] = {
             "socket_timeout": None,
@@ -144,7 +144,6 @@ class RedisStore:
         url_password = urlsplit(url).password
         self._secrets = [s for s in (password, url_password and unquote(url_password)) if s]
         self._scripts: dict[str, AsyncScript] = {}
-        self._loaded: set[str] = set()
         self._ready = False
         self._ready_lock = asyncio.Lock()
         self._idle_limit = health_check_interval
@@ -171,7 +170,6 @@ class RedisStore:
         """Close the client if this store created it."""
         client, self._client = self._client, None
         self._scripts.clear()
-        self._loaded.clear()
         self._ready = False
         await self._drop_shared()
         if client is not None and client is not self._injected:
