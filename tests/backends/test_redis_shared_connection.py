@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -68,6 +69,22 @@ def test_commands_are_packed_as_resp_and_odd_arguments_refused() -> None:
     for odd in (None, True, ["x"]):
         with pytest.raises(DataError):
             pack(("ECHO", odd))
+    with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no UTF-8
+        pack(("ECHO", "\udc80"))
+
+
+def test_every_argument_kind_packs_alike_in_c_and_in_python() -> None:
+    class Name(str):
+        pass
+
+    class Level(enum.IntEnum):
+        HIGH = 7
+
+    command = ["EVAL", Name("script"), Level.HIGH, 2**70, -1, 0.1, 1e20, "", b"", "\u2028\x00"]
+    parts = [b"EVAL", b"script", b"7", b"1180591620717411303424", b"-1", b"0.1", b"1e+20"]
+    parts += [b"", b"", "\u2028\x00".encode()]
+    expected = b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
+    assert pack(command) == pack(tuple(command)) == b"*10\r\n" + expected
 
 
 async def test_concurrent_calls_each_get_their_own_reply_over_one_connection(
