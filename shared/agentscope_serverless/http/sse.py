@@ -113,8 +113,10 @@ class RunEventStream(Response):
     """The events of an executing ``run`` as SSE, each with its sequence number as ``id:``,
     with a ping after each silence of ``ping_interval`` seconds.
 
-    Whatever the run produced since the last write goes out in one write. The response ends
-    once the run is stored; a client leaving detaches it (see ``RecordedRun.detach``).
+    Whatever the run produced since the last write goes out in one write. The run's last
+    events go out once the run is stored, in the write that ends the response: a client that
+    has its final event can resume or read the run anywhere. A client leaving detaches the
+    run (see ``RecordedRun.detach``).
     """
 
     def __init__(
@@ -137,12 +139,14 @@ class RunEventStream(Response):
         try:
             while True:
                 items = run.take()
-                if items:
-                    body = b"".join(encode(data, id=event.sequence_number) for event, data in items)
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                    continue
                 if run.done:
+                    await run.wait_stored()
                     break
+                if items:
+                    await send(
+                        {"type": "http.response.body", "body": _body(items), "more_body": True}
+                    )
+                    continue
                 if disconnected is None:
                     disconnected = asyncio.ensure_future(receive())
                 changed = run.changed()
@@ -157,12 +161,16 @@ class RunEventStream(Response):
                     disconnected = None
                 elif not ready:
                     await send({"type": "http.response.body", "body": PING, "more_body": True})
-            await run.wait_stored()
         finally:
             if disconnected is not None:
                 disconnected.cancel()
             run.detach()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": _body(items), "more_body": False})
+
+
+def _body(items: list[tuple[Any, str]]) -> bytes:
+    """Events and their JSON, as SSE with their sequence numbers as ids."""
+    return b"".join(encode(data, id=event.sequence_number) for event, data in items)
 
 
 __all__ = [
