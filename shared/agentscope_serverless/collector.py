@@ -22,17 +22,24 @@ from typing import Any
 
 
 class _FreezeAfterFullCollections:
+    """Counts what it freezes itself: ``gc.get_freeze_count()`` walks every frozen object,
+    which on each full collection cost as much as the walk the freezing saves."""
+
     def __init__(self) -> None:
+        self.frozen = 0  # objects frozen since the last unfreeze (some may be freed by now)
         self.unfrozen_at = 0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase != "stop" or info.get("generation") != 2:
             return
-        if gc.get_freeze_count() > 2 * max(self.unfrozen_at, 1):
+        if self.frozen > 2 * max(self.unfrozen_at, 1):
             # The whole heap is walked by the next full collection, cycles included.
-            self.unfrozen_at = gc.get_freeze_count()
+            self.unfrozen_at, self.frozen = self.frozen, 0
             gc.unfreeze()
             return
+        # After a full collection every survivor is in the oldest generation, and only
+        # what is not frozen yet is there: counting it walks what the collection walked.
+        self.frozen += len(gc.get_objects(generation=2))
         gc.freeze()
 
 
@@ -44,7 +51,7 @@ def keep_pauses_short() -> None:
     collection (see the module's documentation). Calling it again is harmless."""
     gc.collect()
     gc.freeze()
-    _policy.unfrozen_at = gc.get_freeze_count()
+    _policy.frozen = _policy.unfrozen_at = gc.get_freeze_count()
     if _policy not in gc.callbacks:
         gc.callbacks.append(_policy)
 
