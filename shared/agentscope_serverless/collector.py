@@ -22,21 +22,32 @@ from typing import Any
 
 
 class _FreezeAfterFullCollections:
-    """Counts what it freezes itself: ``gc.get_freeze_count()`` walks every frozen object,
-    which on each full collection cost as much as the walk the freezing saves."""
+    """Keeps an estimate of what is frozen: ``gc.get_freeze_count()`` walks every frozen
+    object, as costly as the walk that freezing saves, so it is called only when the
+    estimate has grown by half the last exact count (the estimate still holds frozen
+    objects freed since, so it may only run ahead of the count)."""
 
     def __init__(self) -> None:
-        self.frozen = 0  # objects frozen since the last unfreeze (some may be freed by now)
-        self.unfrozen_at = 0
+        self.frozen = 0  # at least the objects frozen now
+        self.unfrozen_at = 0  # the exact count when everything was last unfrozen
+        self.count_at = 0  # the estimate at which to count exactly
+
+    def start(self) -> None:
+        self.frozen = self.unfrozen_at = gc.get_freeze_count()
+        self.count_at = 2 * self.frozen
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase != "stop" or info.get("generation") != 2:
             return
-        if self.frozen > 2 * max(self.unfrozen_at, 1):
-            # The whole heap is walked by the next full collection, cycles included.
-            self.unfrozen_at, self.frozen = self.frozen, 0
-            gc.unfreeze()
-            return
+        if self.frozen > self.count_at:
+            self.frozen = gc.get_freeze_count()
+            if self.frozen > 2 * max(self.unfrozen_at, 1):
+                # The whole heap is walked by the next full collection, cycles included.
+                self.unfrozen_at, self.frozen = self.frozen, 0
+                self.count_at = 2 * self.unfrozen_at
+                gc.unfreeze()
+                return
+            self.count_at = max(2 * self.unfrozen_at, self.frozen + self.frozen // 2)
         # After a full collection every survivor is in the oldest generation, and only
         # what is not frozen yet is there: counting it walks what the collection walked.
         self.frozen += len(gc.get_objects(generation=2))
@@ -51,7 +62,7 @@ def keep_pauses_short() -> None:
     collection (see the module's documentation). Calling it again is harmless."""
     gc.collect()
     gc.freeze()
-    _policy.frozen = _policy.unfrozen_at = gc.get_freeze_count()
+    _policy.start()
     if _policy not in gc.callbacks:
         gc.callbacks.append(_policy)
 

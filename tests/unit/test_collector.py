@@ -50,6 +50,22 @@ def test_a_cycle_that_dies_frozen_is_collected_once_the_heap_has_doubled(policy:
     assert kept
 
 
+def test_frozen_objects_freed_since_do_not_count_toward_the_doubling(policy: None) -> None:
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    watch = weakref.ref(first)
+    gc.collect()
+    del first, second
+    for _ in range(4):
+        # As many objects as are frozen, alive through a full collection (so frozen), then
+        # freed: the frozen set is back where it was each time, never doubled.
+        transient = [[index] for index in range(gc.get_freeze_count())]
+        gc.collect()
+        del transient
+    gc.collect()
+    assert watch() is not None  # no walk of the whole heap was due
+
+
 def test_stopping_gives_the_collector_every_object_back() -> None:
     keep_pauses_short()
     gc.collect()
