@@ -40,7 +40,8 @@ def pack(command: Sequence[Any]) -> bytes:
         # hiredis packs in C: a burst of a run's events (dozens of arguments) in a third of
         # the time. It takes exact types only (no str subclass, no bool) and no lone
         # surrogates: those take the way below, which raises for what Redis cannot take.
-        return hiredis.pack_command(command if type(command) is tuple else tuple(command))
+        packed: bytes = hiredis.pack_command(command if type(command) is tuple else tuple(command))
+        return packed
     except TypeError:
         return _pack(command)
 
