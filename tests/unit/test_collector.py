@@ -8,7 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
+from agentscope_serverless.collector import (
+    YOUNG_THRESHOLD,
+    keep_pauses_short,
+    stop_keeping_pauses_short,
+)
 
 
 class Node:
@@ -66,11 +70,24 @@ def test_frozen_objects_freed_since_do_not_count_toward_the_doubling(policy: Non
     assert watch() is not None  # no walk of the whole heap was due
 
 
+def test_young_objects_are_collected_in_larger_batches(policy: None) -> None:
+    young: list[int] = []
+    gc.callbacks.append(lambda phase, info: phase == "start" and young.append(info["generation"]))
+    try:
+        kept = [[index] for index in range(YOUNG_THRESHOLD // 2)]  # 700 at CPython's default
+        assert not young
+    finally:
+        gc.callbacks.pop()
+    assert kept
+
+
 def test_stopping_gives_the_collector_every_object_back() -> None:
+    before = gc.get_threshold()
     keep_pauses_short()
     gc.collect()
     assert gc.get_freeze_count() > 0
     stop_keeping_pauses_short()
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
     gc.collect()
     assert gc.get_freeze_count() == 0
