@@ -2,9 +2,12 @@
 
 CPython's full collection walks every tracked object the process holds, so its pause grows
 with the heap (a local server's in-memory stores, the agent's caches) and lands on whatever
-requests are in flight. :func:`keep_pauses_short` makes a full collection walk only what was
-allocated since the previous one: the objects that survive it are moved out of the
-collector's reach (``gc.freeze``), so the next full collection sees only newer objects.
+requests are in flight. :func:`keep_pauses_short` makes a collection of the older
+generations walk only what was allocated since the previous one: the objects that survive
+it are moved out of the collector's reach (``gc.freeze``), so the next one sees only newer
+objects. That is done after collections of the middle generation too, not only full ones:
+else a full collection walked every survivor since the last (137 ms for the 180k objects
+that 16,000 new users leave in the in-memory stores).
 
 Frozen objects are still freed by reference counting; only garbage *cycles* among them
 wait. To bound that wait, everything is unfrozen whenever the frozen set has doubled since
@@ -26,7 +29,7 @@ import gc
 from typing import Any
 
 
-class _FreezeAfterFullCollections:
+class _FreezeSurvivors:
     """Keeps an estimate of what is frozen: ``gc.get_freeze_count()`` walks every frozen
     object, as costly as the walk that freezing saves, so it is called only when the
     estimate has grown by half the last exact count (the estimate still holds frozen
@@ -36,30 +39,40 @@ class _FreezeAfterFullCollections:
         self.frozen = 0  # at least the objects frozen now
         self.unfrozen_at = 0  # the exact count when everything was last unfrozen
         self.count_at = 0  # the estimate at which to count exactly
+        self.walk_due = False  # unfrozen: the next full collection walks everything
 
     def start(self) -> None:
         self.frozen = self.unfrozen_at = gc.get_freeze_count()
         self.count_at = 2 * self.frozen
+        self.walk_due = False
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase != "stop" or info.get("generation") != 2:
+        generation = info.get("generation")
+        if phase != "stop" or generation == 0:
             return
-        if self.frozen > self.count_at:
-            self.frozen = gc.get_freeze_count()
-            if self.frozen > 2 * max(self.unfrozen_at, 1):
-                # The whole heap is walked by the next full collection, cycles included.
-                self.unfrozen_at, self.frozen = self.frozen, 0
-                self.count_at = 2 * self.unfrozen_at
-                gc.unfreeze()
-                return
-            self.count_at = max(2 * self.unfrozen_at, self.frozen + self.frozen // 2)
-        # After a full collection every survivor is in the oldest generation, and only
-        # what is not frozen yet is there: counting it walks what the collection walked.
+        if generation == 2:
+            self.walk_due = False
+            if self.frozen > self.count_at:
+                self.frozen = gc.get_freeze_count()
+                if self.frozen > 2 * max(self.unfrozen_at, 1):
+                    # The whole heap is walked by the next full collection, cycles included.
+                    self.unfrozen_at, self.frozen = self.frozen, 0
+                    self.count_at = 2 * self.unfrozen_at
+                    self.walk_due = True
+                    gc.unfreeze()
+                    return
+                self.count_at = max(2 * self.unfrozen_at, self.frozen + self.frozen // 2)
+        elif self.walk_due:
+            return
+        # After a collection of the two older generations, their survivors are in the oldest
+        # and only what is not frozen yet is there: counting it walks what the collection
+        # walked. Freezing them after the middle generation's collections too leaves a full
+        # collection little to walk (else it walked every survivor since the last one).
         self.frozen += len(gc.get_objects(generation=2))
         gc.freeze()
 
 
-_policy = _FreezeAfterFullCollections()
+_policy = _FreezeSurvivors()
 YOUNG_THRESHOLD = 10_000
 # CPython's threshold for the youngest generation, while it is raised.
 _young_default: list[int] = []

@@ -54,6 +54,33 @@ def test_a_cycle_that_dies_frozen_is_collected_once_the_heap_has_doubled(policy:
     assert kept
 
 
+def test_the_survivors_of_a_middle_collection_are_frozen_too(policy: None) -> None:
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    kept = [[index] for index in range(1_000)]
+    gc.collect(1)
+    assert gc.get_freeze_count() >= frozen + len(kept)
+
+
+def test_once_unfrozen_everything_waits_for_the_next_full_collection(policy: None) -> None:
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    watch = weakref.ref(first)
+    gc.collect()
+    del first, second
+    kept = [[index] for index in range(2 * gc.get_freeze_count() + 1)]
+    for _ in range(3):  # frozen: the frozen set has doubled, so a full collection unfreezes
+        gc.collect()
+        if gc.get_freeze_count() == 0:
+            break
+    assert gc.get_freeze_count() == 0
+    gc.collect(1)  # a middle collection does not freeze it all again
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert watch() is None
+    assert kept
+
+
 def test_frozen_objects_freed_since_do_not_count_toward_the_doubling(policy: None) -> None:
     first, second = Node(), Node()
     first.other, second.other = second, first
