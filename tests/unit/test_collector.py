@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentscope_serverless.collector import (
-    YOUNG_THRESHOLD,
+    THRESHOLDS,
     keep_pauses_short,
     stop_keeping_pauses_short,
 )
@@ -101,7 +101,7 @@ def test_young_objects_are_collected_in_larger_batches(policy: None) -> None:
     young: list[int] = []
     gc.callbacks.append(lambda phase, info: phase == "start" and young.append(info["generation"]))
     try:
-        kept = [[index] for index in range(YOUNG_THRESHOLD // 2)]  # 700 at CPython's default
+        kept = [[index] for index in range(THRESHOLDS[0] // 2)]  # 700 at CPython's default
         assert not young
     finally:
         gc.callbacks.pop()
