@@ -1,4 +1,5 @@
-"""The run recorder's writes: one per run of a fast agent, a long run in the store early."""
+"""The run recorder's writes: one per run of a fast agent, a long run in the store early, and
+the final event streamed once the run is stored."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from agentscope_serverless.http.sse import RunEventStream
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.services.container import Services
@@ -140,3 +142,44 @@ async def test_the_writes_of_concurrent_runs_do_not_wait_for_each_other() -> Non
             stored = await runs.get_run(user, run_id)
             assert stored is not None and stored.status == "completed"
         assert not recorder._live and not recorder._runs
+
+
+class GatedRunsService(InMemoryRunsService):
+    """The in-memory runs store, whose writes wait for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.stored = False
+
+    async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        await self.gate.wait()
+        answers = await super()._record_many(bursts)
+        self.stored = True
+        return answers
+
+
+async def test_a_streamed_run_sends_its_final_event_once_the_run_is_stored() -> None:
+    runs = GatedRunsService()
+    runner = _runner(_fast)
+    async with runs, runner.services.get("session_history"), runner:
+        run = await RunRecorder(runs).start(runner.stream_query(_request()), user_id="alice")
+        sent: list[tuple[dict[str, Any], bool]] = []
+
+        async def send(message: Any) -> None:
+            sent.append((message, runs.stored))
+
+        async def receive() -> Any:
+            await asyncio.Event().wait()
+
+        streaming = asyncio.create_task(RunEventStream(run, ping_interval=15)({}, receive, send))
+        await asyncio.sleep(0.2)  # the run has ended; its write waits
+        assert not streaming.done()
+        runs.gate.set()
+        await streaming
+        final = await run.final()
+        assert final.status == "completed"
+        final_id = f"id: {final.sequence_number}\n".encode()
+        *earlier, (last, stored) = sent
+        assert all(final_id not in message.get("body", b"") for message, _ in earlier)
+        assert stored and last["more_body"] is False and final_id in last["body"]
