@@ -41,6 +41,8 @@ class _FreezeSurvivors:
         self.unfrozen_at = 0  # the exact count when everything was last unfrozen
         self.count_at = 0  # the estimate at which to count exactly
         self.walk_due = False  # unfrozen: the next full collection walks everything
+        # The collector's thresholds before keep_pauses_short set THRESHOLDS.
+        self.thresholds: tuple[int, int, int] | None = None
 
     def start(self) -> None:
         self.frozen = self.unfrozen_at = gc.get_freeze_count()
@@ -75,8 +77,6 @@ class _FreezeSurvivors:
 
 _policy = _FreezeSurvivors()
 THRESHOLDS = (10_000, 3)  # the young and middle generations' (CPython: 700, 10)
-# The thresholds in force before keep_pauses_short, while it is in effect.
-_defaults: list[tuple[int, int, int]] = []
 
 
 def keep_pauses_short() -> None:
@@ -87,8 +87,8 @@ def keep_pauses_short() -> None:
     _policy.start()
     if _policy not in gc.callbacks:
         gc.callbacks.append(_policy)
-    if not _defaults:
-        _defaults.append(gc.get_threshold())
+    if _policy.thresholds is None:
+        _policy.thresholds = gc.get_threshold()
     gc.set_threshold(*THRESHOLDS, gc.get_threshold()[2])
 
 
@@ -97,8 +97,9 @@ def stop_keeping_pauses_short() -> None:
     if _policy in gc.callbacks:
         gc.callbacks.remove(_policy)
     gc.unfreeze()
-    if _defaults:
-        gc.set_threshold(*_defaults.pop())
+    if _policy.thresholds is not None:
+        gc.set_threshold(*_policy.thresholds)
+        _policy.thresholds = None
 
 
 __all__ = ["THRESHOLDS", "keep_pauses_short", "stop_keeping_pauses_short"]
