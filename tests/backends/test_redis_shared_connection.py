@@ -56,6 +56,13 @@ async def connected(
             await connection.close()
 
 
+async def refuses_calls(connection: SharedConnection) -> None:
+    """``connection`` is gone: it says so, and a call through it fails at once."""
+    assert not connection.usable
+    with pytest.raises(RedisConnectionError):
+        await connection.execute([("PING",)])
+
+
 async def _now_us(client: Redis) -> int:
     seconds, micros = await client.time()
     return int(seconds) * 1_000_000 + int(micros)
@@ -132,9 +139,7 @@ async def test_a_lost_connection_fails_the_calls_waiting_on_it(redis_server: Red
         for call in (waiting, behind):
             with pytest.raises(RedisConnectionError):
                 await call
-        assert not connection.usable
-        with pytest.raises(RedisConnectionError):
-            await connection.execute([("PING",)])
+        await refuses_calls(connection)
 
 
 async def test_a_store_whose_connection_was_killed_connects_again(
@@ -182,9 +187,7 @@ async def test_a_connection_is_not_used_from_another_event_loop(redis_server: Re
 async def test_calls_after_close_fail_cleanly(redis_server: RedisServer) -> None:
     async with connected(redis_server.url) as (_, connection):
         await connection.close()
-        assert not connection.usable
-        with pytest.raises(RedisConnectionError):
-            await connection.execute([("PING",)])
+        await refuses_calls(connection)
 
 
 async def test_large_and_small_commands_of_one_turn_keep_their_order(

@@ -22,6 +22,16 @@ class Node:
         self.other: Node | None = None
 
 
+def dead_frozen_cycle() -> weakref.ref[Node]:
+    """A cycle frozen while alive (it survived a full collection), now garbage; a weak
+    reference to one of its nodes tells when it is collected."""
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    watch = weakref.ref(first)
+    gc.collect()
+    return watch
+
+
 @pytest.fixture
 def policy() -> Iterator[None]:
     keep_pauses_short()
@@ -40,11 +50,7 @@ def test_the_survivors_of_a_full_collection_are_left_out_of_the_next(policy: Non
 
 
 def test_a_cycle_that_dies_frozen_is_collected_once_the_heap_has_doubled(policy: None) -> None:
-    first, second = Node(), Node()
-    first.other, second.other = second, first
-    watch = weakref.ref(first)
-    gc.collect()  # the cycle is alive: it survives and is frozen
-    del first, second
+    watch = dead_frozen_cycle()
     gc.collect()
     assert watch() is not None  # frozen garbage waits...
     kept = [[index] for index in range(2 * gc.get_freeze_count() + 1)]
@@ -63,11 +69,7 @@ def test_the_survivors_of_a_middle_collection_are_frozen_too(policy: None) -> No
 
 
 def test_once_unfrozen_everything_waits_for_the_next_full_collection(policy: None) -> None:
-    first, second = Node(), Node()
-    first.other, second.other = second, first
-    watch = weakref.ref(first)
-    gc.collect()
-    del first, second
+    watch = dead_frozen_cycle()
     kept = [[index] for index in range(2 * gc.get_freeze_count() + 1)]
     for _ in range(3):  # frozen: the frozen set has doubled, so a full collection unfreezes
         gc.collect()
@@ -82,11 +84,7 @@ def test_once_unfrozen_everything_waits_for_the_next_full_collection(policy: Non
 
 
 def test_frozen_objects_freed_since_do_not_count_toward_the_doubling(policy: None) -> None:
-    first, second = Node(), Node()
-    first.other, second.other = second, first
-    watch = weakref.ref(first)
-    gc.collect()
-    del first, second
+    watch = dead_frozen_cycle()
     for _ in range(4):
         # As many objects as are frozen, alive through a full collection (so frozen), then
         # freed: the frozen set is back where it was each time, never doubled.
