@@ -67,13 +67,10 @@ async def counted_history(
 ) -> AsyncIterator[tuple[SessionHistoryService, ItemCounter]]:
     counter = ItemCounter()
     if request.param == "in_memory":
-        decode = stored_messages._message
-
-        def counting_decode(data: Any) -> Message:
-            counter.items += 1
-            return decode(data)
-
-        monkeypatch.setattr(stored_messages, "_message", counting_decode)
+        # Every decoded message is built by one of these: from its parsed JSON, or from
+        # the fields kept of a message read before.
+        for builder in ("_message", "_from_known"):
+            monkeypatch.setattr(stored_messages, builder, counting(counter, builder))
         async with InMemorySessionHistoryService() as service:
             yield service, counter
     elif request.param == "redis":
@@ -96,6 +93,17 @@ async def counted_history(
                 dynamodb_server.sessions_table, client=client
             ) as service:
                 yield service, counter
+
+
+def counting(counter: ItemCounter, builder: str) -> Callable[[Any], Message]:
+    build = getattr(stored_messages, builder)
+
+    def counted(data: Any) -> Message:
+        counter.items += 1
+        message: Message = build(data)
+        return message
+
+    return counted
 
 
 def text_message(text: str) -> Message:

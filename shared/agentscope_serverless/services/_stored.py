@@ -6,6 +6,13 @@ whole batch, and models built from the parsed fields. Anything that does not hav
 the fields of today's models (data written by another version, or by hand) goes through
 full validation instead.
 
+A turn reads the same window of its session's history again and again (all but the last
+turn's messages), so the parsed fields of the most recently decoded messages are kept,
+keyed by their JSON: a message read again is built from them without parsing or checking
+it again. Only messages whose fields are all immutable (strings, numbers, None: what a
+conversation's text messages hold) are kept, so every read still gets models of its own,
+sharing nothing another read could change.
+
 >>> raw = encode_message(Message(role="user", content="hi"))
 >>> decode_messages([raw])[0].get_text_content()
 'hi'
@@ -54,13 +61,32 @@ def encode_message(message: Message) -> str:
 
 def decode_messages(raws: Sequence[str | bytes]) -> list[Message]:
     """The messages of JSON written by :func:`encode_message`, in order."""
-    if not raws:
-        return []
+    known = [_KNOWN.get(raw) for raw in raws]
+    unknown = [raw for raw, fields in zip(raws, known, strict=True) if fields is None]
+    if not unknown:
+        return [_from_known(fields) for fields in known]  # type: ignore[arg-type]
+    parsed = iter(_parse(unknown))
+    messages: list[Message] = []
+    for raw, fields in zip(raws, known, strict=True):
+        if fields is None:
+            data = next(parsed)
+            fields = _knowable(data)
+            if fields is None:
+                messages.append(_message(data))
+                continue
+            _remember(raw, fields)
+        messages.append(_from_known(fields))
+    return messages
+
+
+def _parse(raws: Sequence[str | bytes]) -> list[Any]:
+    """The JSON values of ``raws``, parsed as one array."""
     if isinstance(raws[0], bytes):
         batch: str | bytes = b"[" + b",".join(raws) + b"]"  # type: ignore[arg-type]
     else:
         batch = "[" + ",".join(raws) + "]"  # type: ignore[arg-type]
-    return [_message(data) for data in json.loads(batch)]
+    parsed: list[Any] = json.loads(batch)
+    return parsed
 
 
 def stored_session(user_id: str, session_id: str, raws: Sequence[str | bytes]) -> Session:
@@ -93,13 +119,96 @@ def _message(data: Any) -> Message:
     return _built(Message, data)
 
 
+# What one model is built from again: its class, its fields, and the names of those that
+# held an empty dict or list (each build gets new ones); every other value is immutable.
+_Kept = tuple[type[BaseModel], dict[str, Any], tuple[tuple[str, type], ...]]
+# A message's kept fields (its content None) and its content's, when it has content.
+_Known = tuple[_Kept, tuple[_Kept, ...] | None]
+# How many messages' fields are kept (the windows of a few dozen sessions); the oldest go
+# first.
+KNOWN_MESSAGES = 2048
+_KNOWN: dict[str | bytes, _Known] = {}
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+_EMPTY_CONTAINERS = frozenset({dict, list})
+
+
+def _knowable(data: Any) -> _Known | None:
+    """What to keep of a parsed message, when it has exactly today's fields and every value
+    is immutable or an empty dict or list; otherwise None (decoded anew each time)."""
+    if not isinstance(data, dict) or data.keys() != _FIELDS[Message] or data["error"] is not None:
+        return None
+    content = data["content"]
+    parts: list[_Kept] | None = None
+    if content is not None:
+        if not isinstance(content, list):
+            return None
+        parts = []
+        for part in content:
+            cls = _CONTENT_CLASSES.get(str(part.get("type"))) if isinstance(part, dict) else None
+            if cls is None or part.keys() != _FIELDS[cls] or part["error"] is not None:
+                return None
+            kept = _kept(cls, part)
+            if kept is None:
+                return None
+            parts.append(kept)
+    fields = dict(data)
+    fields["content"] = None  # its place kept: built models list their fields in order
+    message = _kept(Message, fields)
+    if message is None:
+        return None
+    return message, None if parts is None else tuple(parts)
+
+
+def _kept(cls: type[BaseModel], fields: dict[str, Any]) -> _Kept | None:
+    fresh: list[tuple[str, type]] = []
+    for name, value in fields.items():
+        kind = type(value)
+        if kind in _IMMUTABLE:
+            continue
+        if kind in _EMPTY_CONTAINERS and not value:
+            fresh.append((name, kind))
+            continue
+        return None
+    return cls, fields, tuple(fresh)
+
+
+def _remember(raw: str | bytes, known: _Known) -> None:
+    if len(_KNOWN) >= KNOWN_MESSAGES:
+        del _KNOWN[next(iter(_KNOWN))]
+    _KNOWN[raw] = known
+
+
+def _from_known(known: _Known) -> Message:
+    """A message of its own, built from kept fields: its content list, its models and their
+    empty dicts and lists are new; the other values they hold are immutable."""
+    message, parts = known
+    built: Message = _build(message)
+    if parts is not None:
+        built.__dict__["content"] = [_build(part) for part in parts]
+    return built
+
+
+def _build(kept: _Kept) -> Any:
+    cls, fields, fresh = kept
+    fields = dict(fields)
+    for name, kind in fresh:
+        fields[name] = kind()
+    return _built(cls, fields)
+
+
+# BaseModel's slots, set past its __setattr__ (as pydantic-core does).
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
 def _built(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
     """An instance of ``cls`` holding ``fields`` as they are (all of its fields, checked)."""
     model = cls.__new__(cls)
     object.__setattr__(model, "__dict__", fields)
-    object.__setattr__(model, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(model, "__pydantic_extra__", None)
-    object.__setattr__(model, "__pydantic_private__", None)
+    _set_fields_set(model, set(fields))
+    _set_extra(model, None)
+    _set_private(model, None)
     return model
 
 

@@ -1,0 +1,140 @@
+"""Messages read again are built from what was kept of them, and still belong to each read."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.schemas.agent_schemas import (
+    DataContent,
+    ImageContent,
+    Message,
+    TextContent,
+)
+from agentscope_serverless.services import _stored
+from agentscope_serverless.services._stored import decode_messages, encode_message
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept() -> None:
+    _stored._KNOWN.clear()
+
+
+def text_message(text: str, **fields: Any) -> Message:
+    return Message(role="user", content=[TextContent(text=text)], **fields)
+
+
+def no_parsing(raws: Any) -> list[Any]:
+    raise AssertionError("a message read again was parsed again")
+
+
+def test_a_message_read_again_is_built_without_parsing_and_equals_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    messages = [text_message("hi"), Message(role="assistant", content=None)]
+    raws = [encode_message(m) for m in messages]
+    first = decode_messages(raws)
+    monkeypatch.setattr(_stored, "_parse", no_parsing)
+    again = decode_messages(raws)
+    assert again == first == messages
+    # The same fields, in the same order, as a model made the usual way.
+    assert [list(dict(m)) for m in again] == [list(dict(m)) for m in messages]
+    assert again[0].model_fields_set == first[0].model_fields_set
+
+
+def test_changing_a_message_read_changes_no_later_read() -> None:
+    raw = encode_message(text_message("hi"))
+    first = decode_messages([raw])[0]
+    assert first.content is not None
+    first.content[0].text = "changed"  # type: ignore[union-attr]
+    first.content.append(TextContent(text="more"))
+    first.role = "assistant"
+    again = decode_messages([raw])[0]
+    assert again.get_text_content() == "hi"
+    assert again.role == "user"
+    assert again.content is not None and len(again.content) == 1
+    assert again.content[0] is not first.content[0]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        text_message("hi", metadata={"tags": ["a"]}),
+        Message(role="assistant", content=[DataContent(data={"call": {"args": [1]}})]),
+        Message(role="assistant", usage={"input_tokens": 3}),
+    ],
+    ids=["metadata", "data part", "usage"],
+)
+def test_a_message_holding_mutable_values_is_decoded_anew_each_time(message: Message) -> None:
+    raw = encode_message(message)
+    first = decode_messages([raw])[0]
+    assert raw not in _stored._KNOWN
+    before = first.model_dump()
+
+    def mutate(model: Any) -> None:
+        """Change every dict and list ``model`` holds, and those inside them."""
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, dict):
+                value["injected"] = True
+                for inner in value.values():
+                    if isinstance(inner, list):
+                        inner.append("injected")
+                    elif isinstance(inner, dict):
+                        inner.clear()
+            elif isinstance(value, list):
+                for item in value:
+                    mutate(item)
+
+    mutate(first)
+    again = decode_messages([raw])[0]
+    assert again == message
+    assert again.model_dump() == before
+
+
+def test_what_is_kept_is_bounded_and_the_oldest_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_stored, "KNOWN_MESSAGES", 10)
+    raws = [encode_message(text_message(f"m{i}")) for i in range(25)]
+    for raw in raws:
+        decode_messages([raw])
+    assert len(_stored._KNOWN) == 10
+    assert list(_stored._KNOWN) == raws[-10:]
+    assert [m.get_text_content() for m in decode_messages(raws)] == [f"m{i}" for i in range(25)]
+
+
+def test_a_batch_mixing_kept_new_and_foreign_messages_keeps_its_order() -> None:
+    kept = encode_message(text_message("kept"))
+    decode_messages([kept])
+    foreign = json.dumps({"role": "user", "content": [{"type": "text", "text": "by hand"}]})
+    image = encode_message(Message(role="user", content=[ImageContent(image_url="https://x/y")]))
+    new = encode_message(text_message("new"))
+    got = decode_messages([new, kept, foreign, image, kept])
+    assert [m.get_text_content() for m in got] == ["new", "kept", "by hand", None, "kept"]
+    assert isinstance(got[3].content[0], ImageContent)  # type: ignore[index]
+    assert got[1] is not got[4]
+    assert foreign not in _stored._KNOWN  # not written by a store: validated each time
+
+
+def test_bytes_and_text_of_the_same_message_both_decode() -> None:
+    message = text_message("hi")
+    raw = encode_message(message)
+    assert decode_messages([raw, raw]) == [message, message]
+    assert decode_messages([raw.encode(), raw.encode()]) == [message, message]
+
+
+def test_empty_dicts_and_lists_are_kept_and_each_read_gets_new_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What the runner stores for every reply: metadata={}.
+    message = Message(role="assistant", content=[TextContent(text="hi")], metadata={})
+    raw = encode_message(message)
+    first = decode_messages([raw])[0]
+    monkeypatch.setattr(_stored, "_parse", no_parsing)
+    second = decode_messages([raw])[0]
+    assert first.metadata is not None and first.metadata is not second.metadata
+    first.metadata["injected"] = True
+    assert decode_messages([raw]) == [message]
