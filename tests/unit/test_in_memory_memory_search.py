@@ -61,6 +61,31 @@ async def test_search_ranks_like_scoring_every_matching_memory(user_id: str) -> 
             assert got == exhaustive(memories, query, top_k), (query.get_text_content(), top_k)
 
 
+async def test_search_ranks_like_scoring_every_matching_memory_after_deletions(
+    user_id: str,
+) -> None:
+    # Sessions deleted from the middle empty some groups of postings and thin others.
+    rng = random.Random("in-memory-deletions")
+    added: list[tuple[str, Message]] = []
+    async with InMemoryMemoryService() as service:
+        for _ in range(600):
+            session = f"s{rng.randrange(6)}"
+            text = " ".join(rng.choices(WORDS[:8], WEIGHTS[:8], k=rng.randint(1, 4)))
+            memory = msg(text if rng.random() > 0.3 else "w0")  # many exact ties
+            added.append((session, memory))
+            await service.add_memory(user_id, [memory], session_id=session)
+        for session in ("s1", "s4", "s5"):
+            await service.delete_memory(user_id, session)
+        remaining = [m for session, m in added if session not in ("s1", "s4", "s5")]
+        stored = await service.list_memory(user_id, {"page_size": 1000})
+        assert [m.id for m in stored] == [m.id for m in remaining]
+        for _ in range(150):
+            query = msg(" ".join(rng.choices(WORDS[:8], WEIGHTS[:8], k=rng.randint(1, 3))))
+            top_k = rng.choice([1, 3, 10, 50])
+            got = [m.id for m in await service.search_memory(user_id, [query], {"top_k": top_k})]
+            assert got == exhaustive(remaining, query, top_k), (query.get_text_content(), top_k)
+
+
 async def test_a_search_among_identical_memories_scores_only_the_newest(
     user_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

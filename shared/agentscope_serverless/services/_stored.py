@@ -9,9 +9,9 @@ full validation instead.
 A turn reads the same window of its session's history again and again (all but the last
 turn's messages), so the parsed fields of the most recently decoded messages are kept,
 keyed by their JSON: a message read again is built from them without parsing or checking
-it again. Only messages whose fields are all immutable (strings, numbers, None: what a
-conversation's text messages hold) are kept, so every read still gets models of its own,
-sharing nothing another read could change.
+it again. Only messages whose values are immutable (strings, numbers, None) or empty dicts
+and lists (new ones for each read) are kept: what a conversation's text messages hold. So
+every read still gets models of its own, sharing nothing another read could change.
 
 >>> raw = encode_message(Message(role="user", content="hi"))
 >>> decode_messages([raw])[0].get_text_content()
@@ -174,7 +174,7 @@ def _kept(cls: type[BaseModel], fields: dict[str, Any]) -> _Kept | None:
 
 def _remember(raw: str | bytes, known: _Known) -> None:
     if len(_KNOWN) >= KNOWN_MESSAGES:
-        del _KNOWN[next(iter(_KNOWN))]
+        _KNOWN.pop(next(iter(_KNOWN)), None)  # None: another thread took it first
     _KNOWN[raw] = known
 
 

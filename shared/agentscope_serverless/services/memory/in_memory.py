@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -22,12 +23,69 @@ from agentscope_serverless.services.memory.text import (
 # Scores closer than this count as equal when deciding to stop reading (float rounding).
 _EPSILON = 1e-9
 
-# A posting: (-term frequency, length, -memory seq), so a term's postings sort in the order
-# in which a memory's BM25 contribution for that term decreases, newest first among equals.
+# A group of postings: (-term frequency, length). Groups sort in the order in which a
+# memory's BM25 contribution for the term decreases.
+Group = tuple[int, int]
+# A term's only posting, (-term frequency, length, memory seq): most terms of most users
+# have a single memory, and tuples of numbers are never walked by the garbage collector.
 Posting = tuple[int, int, int]
-# A term's postings, sorted: a tuple while there is one (tuples of numbers are never walked by
-# the garbage collector, and most terms of most users have a single memory), then a list.
-Postings = tuple[Posting] | list[Posting]
+
+
+@dataclass(slots=True)
+class _Postings:
+    """A term's postings, once it has more than one: the memory seqs of each group, in the
+    order they were added (a new memory is appended to its group, whatever the term's size).
+    Read best group first, newest first within a group."""
+
+    groups: dict[Group, list[int]]
+    order: list[Group]  # the groups, sorted
+    count: int
+
+    @classmethod
+    def of(cls, posting: Posting) -> _Postings:
+        negative_tf, length, seq = posting
+        return cls({(negative_tf, length): [seq]}, [(negative_tf, length)], 1)
+
+    def add(self, group: Group, seq: int) -> None:
+        seqs = self.groups.get(group)
+        if seqs is None:
+            self.groups[group] = [seq]
+            bisect.insort(self.order, group)
+        else:
+            seqs.append(seq)
+        self.count += 1
+
+    def remove(self, group: Group, seq: int) -> None:
+        seqs = self.groups[group]
+        del seqs[bisect.bisect_left(seqs, seq)]
+        if not seqs:
+            del self.groups[group]
+            del self.order[bisect.bisect_left(self.order, group)]
+        self.count -= 1
+
+
+Postings = Posting | _Postings
+
+
+def _document_frequency(postings: Postings) -> int:
+    return postings.count if isinstance(postings, _Postings) else 1
+
+
+def _best_tf(postings: Postings) -> int:
+    group = postings.order[0] if isinstance(postings, _Postings) else postings
+    return -group[0]
+
+
+def _best_first(postings: Postings) -> Iterator[tuple[int, int, int]]:
+    """(tf, length, seq) of each posting, in the order the contribution decreases, newest
+    first among equals."""
+    if not isinstance(postings, _Postings):
+        yield -postings[0], postings[1], postings[2]
+        return
+    for group in postings.order:
+        tf, length = -group[0], group[1]
+        for seq in reversed(postings.groups[group]):
+            yield tf, length, seq
 
 
 @dataclass(slots=True)
@@ -81,14 +139,13 @@ class InMemoryMemoryService(MemoryService):
             user.memories[seq] = _Memory(session_id, memory.raw, terms, length)
             user.total_length += length
             for term, tf in terms:
-                posting = (-tf, length, -seq)
                 postings = user.postings.get(term)
                 if postings is None:
-                    user.postings[term] = (posting,)
+                    user.postings[term] = (-tf, length, seq)
                     continue
-                if isinstance(postings, tuple):
-                    postings = user.postings[term] = list(postings)
-                bisect.insort(postings, posting)
+                if not isinstance(postings, _Postings):
+                    postings = user.postings[term] = _Postings.of(postings)
+                postings.add((-tf, length), seq)
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         user = self._users.get(user_id)
@@ -105,13 +162,15 @@ class InMemoryMemoryService(MemoryService):
                 / (tf + BM25_K1 * (1 - BM25_B + BM25_B * length / avg))
             )
 
-        idfs = {t: idf(stats.documents, len(user.postings[t])) for t in terms if t in user.postings}
+        idfs = {
+            t: idf(stats.documents, _document_frequency(user.postings[t]))
+            for t in terms
+            if t in user.postings
+        }
         # The largest contribution of each term (tf <= length; it grows with tf and shrinks
         # with length), read largest first; rest[p] bounds what later terms can still add.
-        bounds = {
-            t: contribution(i, -user.postings[t][0][0], -user.postings[t][0][0])
-            for t, i in idfs.items()
-        }
+        best_tfs = {t: _best_tf(user.postings[t]) for t in idfs}
+        bounds = {t: contribution(i, best_tfs[t], best_tfs[t]) for t, i in idfs.items()}
         order = sorted(idfs, key=bounds.__getitem__, reverse=True)
         rest = [sum(bounds[t] for t in order[p + 1 :]) for p in range(len(order))]
         best: list[tuple[float, int]] = []  # min-heap of (score, seq): best[0] is to beat
@@ -120,10 +179,8 @@ class InMemoryMemoryService(MemoryService):
             if len(best) == top_k and bounds[term] + rest[p] + _EPSILON < best[0][0]:
                 break
             term_idf = idfs[term]
-            for negative_tf, length, negative_seq in user.postings[term]:
-                seq = -negative_seq
+            for tf, length, seq in _best_first(user.postings[term]):
                 if len(best) == top_k:
-                    tf = -negative_tf
                     # Every later posting has a lower tf, or the same tf and a longer text,
                     # or the same tf and length and an older memory.
                     bound = contribution(term_idf, tf, length)
@@ -170,11 +227,11 @@ class InMemoryMemoryService(MemoryService):
             user.total_length -= memory.length
             for term, tf in memory.terms:
                 postings = user.postings[term]
-                if isinstance(postings, tuple):
+                if not isinstance(postings, _Postings):
                     del user.postings[term]
                     continue
-                del postings[bisect.bisect_left(postings, (-tf, memory.length, -seq))]
-                if not postings:
+                postings.remove((-tf, memory.length), seq)
+                if not postings.count:
                     del user.postings[term]
         if not user.memories:
             del self._users[user_id]
