@@ -23,69 +23,80 @@ from agentscope_serverless.services.memory.text import (
 # Scores closer than this count as equal when deciding to stop reading (float rounding).
 _EPSILON = 1e-9
 
-# A group of postings: (-term frequency, length). Groups sort in the order in which a
-# memory's BM25 contribution for the term decreases.
-Group = tuple[int, int]
 # A term's only posting, (-term frequency, length, memory seq): most terms of most users
 # have a single memory, and tuples of numbers are never walked by the garbage collector.
 Posting = tuple[int, int, int]
+# A term's postings once it has more than one, by group: the memories of equal term
+# frequency and length, as their seqs in the order added (8 bytes each), so a new memory is
+# appended to its group whatever the term's size. A group's key packs (-tf, length) into an
+# int that sorts like the pair: the order in which the BM25 contribution decreases. Neither
+# the bytearrays nor (then) the dict holding them are walked by the garbage collector.
+Groups = dict[int, bytearray]
+Postings = Posting | Groups
+
+_SEQ_BYTES = 8
+_MAX_TF = 1 << 31
+_LENGTHS = 1 << 32  # more tokens than any message a request can carry
 
 
-@dataclass(slots=True)
-class _Postings:
-    """A term's postings, once it has more than one: the memory seqs of each group, in the
-    order they were added (a new memory is appended to its group, whatever the term's size).
-    Read best group first, newest first within a group."""
-
-    groups: dict[Group, list[int]]
-    order: list[Group]  # the groups, sorted
-    count: int
-
-    @classmethod
-    def of(cls, posting: Posting) -> _Postings:
-        negative_tf, length, seq = posting
-        return cls({(negative_tf, length): [seq]}, [(negative_tf, length)], 1)
-
-    def add(self, group: Group, seq: int) -> None:
-        seqs = self.groups.get(group)
-        if seqs is None:
-            self.groups[group] = [seq]
-            bisect.insort(self.order, group)
-        else:
-            seqs.append(seq)
-        self.count += 1
-
-    def remove(self, group: Group, seq: int) -> None:
-        seqs = self.groups[group]
-        del seqs[bisect.bisect_left(seqs, seq)]
-        if not seqs:
-            del self.groups[group]
-            del self.order[bisect.bisect_left(self.order, group)]
-        self.count -= 1
+def _group(tf: int, length: int) -> int:
+    return (_MAX_TF - tf) * _LENGTHS + length
 
 
-Postings = Posting | _Postings
+def _seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(_SEQ_BYTES, "little")
 
 
 def _document_frequency(postings: Postings) -> int:
-    return postings.count if isinstance(postings, _Postings) else 1
+    if isinstance(postings, tuple):
+        return 1
+    return sum(map(len, postings.values())) // _SEQ_BYTES
 
 
 def _best_tf(postings: Postings) -> int:
-    group = postings.order[0] if isinstance(postings, _Postings) else postings
-    return -group[0]
+    if isinstance(postings, tuple):
+        return -postings[0]
+    return _MAX_TF - min(postings) // _LENGTHS
 
 
 def _best_first(postings: Postings) -> Iterator[tuple[int, int, int]]:
     """(tf, length, seq) of each posting, in the order the contribution decreases, newest
     first among equals."""
-    if not isinstance(postings, _Postings):
+    if isinstance(postings, tuple):
         yield -postings[0], postings[1], postings[2]
         return
-    for group in postings.order:
-        tf, length = -group[0], group[1]
-        for seq in reversed(postings.groups[group]):
-            yield tf, length, seq
+    for group in sorted(postings):
+        negative_tf, length = divmod(group, _LENGTHS)
+        tf, seqs = _MAX_TF - negative_tf, postings[group]
+        for end in range(len(seqs), 0, -_SEQ_BYTES):
+            yield tf, length, int.from_bytes(seqs[end - _SEQ_BYTES : end], "little")
+
+
+def _add_posting(postings: Postings, tf: int, length: int, seq: int) -> Groups:
+    if isinstance(postings, tuple):
+        negative_tf, first_length, first_seq = postings
+        postings = {_group(-negative_tf, first_length): bytearray(_seq_bytes(first_seq))}
+    group = _group(tf, length)
+    seqs = postings.get(group)
+    if seqs is None:
+        postings[group] = bytearray(_seq_bytes(seq))
+    else:
+        seqs += _seq_bytes(seq)
+    return postings
+
+
+def _remove_posting(postings: Groups, tf: int, length: int, seq: int) -> None:
+    group = _group(tf, length)
+    seqs = postings[group]
+    # Seqs grow as memories are added: each group is sorted.
+    at = bisect.bisect_left(
+        range(len(seqs) // _SEQ_BYTES),
+        seq,
+        key=lambda i: int.from_bytes(seqs[i * _SEQ_BYTES : (i + 1) * _SEQ_BYTES], "little"),
+    )
+    del seqs[at * _SEQ_BYTES : (at + 1) * _SEQ_BYTES]
+    if not seqs:
+        del postings[group]
 
 
 @dataclass(slots=True)
@@ -142,10 +153,8 @@ class InMemoryMemoryService(MemoryService):
                 postings = user.postings.get(term)
                 if postings is None:
                     user.postings[term] = (-tf, length, seq)
-                    continue
-                if not isinstance(postings, _Postings):
-                    postings = user.postings[term] = _Postings.of(postings)
-                postings.add((-tf, length), seq)
+                else:
+                    user.postings[term] = _add_posting(postings, tf, length, seq)
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         user = self._users.get(user_id)
@@ -227,11 +236,9 @@ class InMemoryMemoryService(MemoryService):
             user.total_length -= memory.length
             for term, tf in memory.terms:
                 postings = user.postings[term]
-                if not isinstance(postings, _Postings):
-                    del user.postings[term]
-                    continue
-                postings.remove((-tf, memory.length), seq)
-                if not postings.count:
+                if not isinstance(postings, tuple):
+                    _remove_posting(postings, tf, memory.length, seq)
+                if isinstance(postings, tuple) or not postings:
                     del user.postings[term]
         if not user.memories:
             del self._users[user_id]
