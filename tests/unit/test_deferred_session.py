@@ -27,9 +27,9 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
     decode = _stored.decode_messages
 
-    def counting(raws: Any) -> list[Message]:
+    def counting(raws: Any, **options: Any) -> list[Message]:
         counts.append(len(raws))
-        return decode(raws)
+        return decode(raws, **options)
 
     monkeypatch.setattr(_stored, "decode_messages", counting)
     return counts

@@ -14,7 +14,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services import _stored
-from agentscope_serverless.services._stored import decode_messages, encode_message
+from agentscope_serverless.services._stored import decode_messages, encode_message, stored_session
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +35,9 @@ def test_a_message_read_again_is_built_without_parsing_and_equals_the_first(
 ) -> None:
     messages = [text_message("hi"), Message(role="assistant", content=None)]
     raws = [encode_message(m) for m in messages]
-    first = decode_messages(raws)
+    first = decode_messages(raws, keep=True)
     monkeypatch.setattr(_stored, "_parse", no_parsing)
-    again = decode_messages(raws)
+    again = decode_messages(raws, keep=True)
     assert again == first == messages
     # The same fields, in the same order, as a model made the usual way.
     assert [list(dict(m)) for m in again] == [list(dict(m)) for m in messages]
@@ -46,12 +46,12 @@ def test_a_message_read_again_is_built_without_parsing_and_equals_the_first(
 
 def test_changing_a_message_read_changes_no_later_read() -> None:
     raw = encode_message(text_message("hi"))
-    first = decode_messages([raw])[0]
+    first = decode_messages([raw], keep=True)[0]
     assert first.content is not None
     first.content[0].text = "changed"  # type: ignore[union-attr]
     first.content.append(TextContent(text="more"))
     first.role = "assistant"
-    again = decode_messages([raw])[0]
+    again = decode_messages([raw], keep=True)[0]
     assert again.get_text_content() == "hi"
     assert again.role == "user"
     assert again.content is not None and len(again.content) == 1
@@ -69,7 +69,7 @@ def test_changing_a_message_read_changes_no_later_read() -> None:
 )
 def test_a_message_holding_mutable_values_is_decoded_anew_each_time(message: Message) -> None:
     raw = encode_message(message)
-    first = decode_messages([raw])[0]
+    first = decode_messages([raw], keep=True)[0]
     assert raw not in _stored._KNOWN
     before = first.model_dump()
 
@@ -89,7 +89,7 @@ def test_a_message_holding_mutable_values_is_decoded_anew_each_time(message: Mes
                     mutate(item)
 
     mutate(first)
-    again = decode_messages([raw])[0]
+    again = decode_messages([raw], keep=True)[0]
     assert again == message
     assert again.model_dump() == before
 
@@ -100,19 +100,21 @@ def test_what_is_kept_is_bounded_and_the_oldest_goes_first(
     monkeypatch.setattr(_stored, "KNOWN_MESSAGES", 10)
     raws = [encode_message(text_message(f"m{i}")) for i in range(25)]
     for raw in raws:
-        decode_messages([raw])
+        decode_messages([raw], keep=True)
     assert len(_stored._KNOWN) == 10
     assert list(_stored._KNOWN) == raws[-10:]
-    assert [m.get_text_content() for m in decode_messages(raws)] == [f"m{i}" for i in range(25)]
+    assert [m.get_text_content() for m in decode_messages(raws, keep=True)] == [
+        f"m{i}" for i in range(25)
+    ]
 
 
 def test_a_batch_mixing_kept_new_and_foreign_messages_keeps_its_order() -> None:
     kept = encode_message(text_message("kept"))
-    decode_messages([kept])
+    decode_messages([kept], keep=True)
     foreign = json.dumps({"role": "user", "content": [{"type": "text", "text": "by hand"}]})
     image = encode_message(Message(role="user", content=[ImageContent(image_url="https://x/y")]))
     new = encode_message(text_message("new"))
-    got = decode_messages([new, kept, foreign, image, kept])
+    got = decode_messages([new, kept, foreign, image, kept], keep=True)
     assert [m.get_text_content() for m in got] == ["new", "kept", "by hand", None, "kept"]
     assert isinstance(got[3].content[0], ImageContent)  # type: ignore[index]
     assert got[1] is not got[4]
@@ -122,8 +124,8 @@ def test_a_batch_mixing_kept_new_and_foreign_messages_keeps_its_order() -> None:
 def test_bytes_and_text_of_the_same_message_both_decode() -> None:
     message = text_message("hi")
     raw = encode_message(message)
-    assert decode_messages([raw, raw]) == [message, message]
-    assert decode_messages([raw.encode(), raw.encode()]) == [message, message]
+    assert decode_messages([raw, raw], keep=True) == [message, message]
+    assert decode_messages([raw.encode(), raw.encode()], keep=True) == [message, message]
 
 
 def test_empty_dicts_and_lists_are_kept_and_each_read_gets_new_ones(
@@ -132,9 +134,22 @@ def test_empty_dicts_and_lists_are_kept_and_each_read_gets_new_ones(
     # What the runner stores for every reply: metadata={}.
     message = Message(role="assistant", content=[TextContent(text="hi")], metadata={})
     raw = encode_message(message)
-    first = decode_messages([raw])[0]
+    first = decode_messages([raw], keep=True)[0]
     monkeypatch.setattr(_stored, "_parse", no_parsing)
-    second = decode_messages([raw])[0]
+    second = decode_messages([raw], keep=True)[0]
     assert first.metadata is not None and first.metadata is not second.metadata
     first.metadata["injected"] = True
-    assert decode_messages([raw]) == [message]
+    assert decode_messages([raw], keep=True) == [message]
+
+
+def test_only_reads_that_come_again_keep_what_they_decode() -> None:
+    raws = [encode_message(text_message(f"m{i}")) for i in range(3)]
+    # Search results and pages are read once: nothing of them is kept.
+    assert [m.get_text_content() for m in decode_messages(raws)] == ["m0", "m1", "m2"]
+    assert not _stored._KNOWN
+    # A session's window is read again at the next turn.
+    window = stored_session("u1", "s1", raws)
+    assert [m.get_text_content() for m in window.messages] == ["m0", "m1", "m2"]  # type: ignore[union-attr]
+    assert list(_stored._KNOWN) == raws
+    # What a window kept serves any later read.
+    assert decode_messages(raws[:1]) == window.messages[:1]

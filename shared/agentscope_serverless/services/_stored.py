@@ -7,9 +7,9 @@ the fields of today's models (data written by another version, or by hand) goes 
 full validation instead.
 
 A turn reads the same window of its session's history again and again (all but the last
-turn's messages), so the parsed fields of the most recently decoded messages are kept,
-keyed by their JSON: a message read again is built from them without parsing or checking
-it again. Only messages whose values are immutable (strings, numbers, None) or empty dicts
+turn's messages), so the parsed fields of the most recently read windows' messages are
+kept, keyed by their JSON: a message read again is built from them without parsing or
+checking it again. Only messages whose values are immutable (strings, numbers, None) or empty dicts
 and lists (new ones for each read) are kept: what a conversation's text messages hold. So
 every read still gets models of its own, sharing nothing another read could change.
 
@@ -59,8 +59,13 @@ def encode_message(message: Message) -> str:
     return message.model_dump_json()
 
 
-def decode_messages(raws: Sequence[str | bytes]) -> list[Message]:
-    """The messages of JSON written by :func:`encode_message`, in order."""
+def decode_messages(raws: Sequence[str | bytes], *, keep: bool = False) -> list[Message]:
+    """The messages of JSON written by :func:`encode_message`, in order.
+
+    Messages kept from an earlier read are built from what was kept; with ``keep``, the
+    others are kept too (for reads that come again: a session's window). Keeping what is
+    read once (search results, pages) would only give the collector more to walk.
+    """
     known = [_KNOWN.get(raw) for raw in raws]
     unknown = [raw for raw, fields in zip(raws, known, strict=True) if fields is None]
     if not unknown:
@@ -70,7 +75,7 @@ def decode_messages(raws: Sequence[str | bytes]) -> list[Message]:
     for raw, fields in zip(raws, known, strict=True):
         if fields is None:
             data = next(parsed)
-            fields = _knowable(data)
+            fields = _knowable(data) if keep else None
             if fields is None:
                 messages.append(_message(data))
                 continue
@@ -96,7 +101,9 @@ def stored_session(user_id: str, session_id: str, raws: Sequence[str | bytes]) -
     >>> session.messages[0].role
     'user'
     """
-    return Session.with_deferred_messages(session_id, user_id, lambda: list(decode_messages(raws)))
+    return Session.with_deferred_messages(
+        session_id, user_id, lambda: list(decode_messages(raws, keep=True))
+    )
 
 
 def decode_message(raw: str | bytes) -> Message:
