@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -188,9 +189,9 @@ async def test_reading_a_session_decodes_its_messages_only_when_they_are_used(
     decoded: list[int] = []
     decode = _stored.decode_messages
 
-    def counting(raws: list[bytes]) -> list[Message]:
+    def counting(raws: list[bytes], **options: Any) -> list[Message]:
         decoded.append(len(raws))
-        return decode(raws)
+        return decode(raws, **options)
 
     monkeypatch.setattr(_stored, "decode_messages", counting)
     async with RedisSessionHistoryService(redis_server.url, ttl_seconds=ttl_seconds) as history:
