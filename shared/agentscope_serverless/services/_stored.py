@@ -112,18 +112,36 @@ def decode_message(raw: str | bytes) -> Message:
 
 
 def _message(data: Any) -> Message:
-    if not isinstance(data, dict) or data.keys() != _FIELDS[Message] or data["error"] is not None:
+    current = _current(data)
+    if current is None:
         return Message.model_validate(data)
+    fields, parts = current
+    if parts is not None:
+        fields["content"] = [_built(cls, part) for cls, part in parts]
+    return _built(Message, fields)
+
+
+_Parts = list[tuple[type[Content], dict[str, Any]]]
+
+
+def _current(data: Any) -> tuple[dict[str, Any], _Parts | None] | None:
+    """A parsed message and its content parts with their classes (None without content),
+    when each has exactly the fields of today's models and no error; otherwise None (it is
+    validated in full)."""
+    if not isinstance(data, dict) or data.keys() != _FIELDS[Message] or data["error"] is not None:
+        return None
     content = data["content"]
-    if content is not None:
-        parts: list[Content] = []
-        for part in content:
-            cls = _CONTENT_CLASSES.get(str(part.get("type"))) if isinstance(part, dict) else None
-            if cls is None or part.keys() != _FIELDS[cls] or part["error"] is not None:
-                return Message.model_validate(data)
-            parts.append(_built(cls, part))
-        data["content"] = parts
-    return _built(Message, data)
+    if content is None:
+        return data, None
+    if not isinstance(content, list):
+        return None
+    parts: _Parts = []
+    for part in content:
+        cls = _CONTENT_CLASSES.get(str(part.get("type"))) if isinstance(part, dict) else None
+        if cls is None or part.keys() != _FIELDS[cls] or part["error"] is not None:
+            return None
+        parts.append((cls, part))
+    return data, parts
 
 
 # What one model is built from again: its class, its fields, and the names of those that
@@ -142,28 +160,22 @@ _EMPTY_CONTAINERS = frozenset({dict, list})
 def _knowable(data: Any) -> _Known | None:
     """What to keep of a parsed message, when it has exactly today's fields and every value
     is immutable or an empty dict or list; otherwise None (decoded anew each time)."""
-    if not isinstance(data, dict) or data.keys() != _FIELDS[Message] or data["error"] is not None:
+    current = _current(data)
+    if current is None:
         return None
-    content = data["content"]
-    parts: list[_Kept] | None = None
-    if content is not None:
-        if not isinstance(content, list):
+    data, parts = current
+    kept_parts: list[_Kept] = []
+    for cls, part in parts or ():
+        kept = _kept(cls, part)
+        if kept is None:
             return None
-        parts = []
-        for part in content:
-            cls = _CONTENT_CLASSES.get(str(part.get("type"))) if isinstance(part, dict) else None
-            if cls is None or part.keys() != _FIELDS[cls] or part["error"] is not None:
-                return None
-            kept = _kept(cls, part)
-            if kept is None:
-                return None
-            parts.append(kept)
+        kept_parts.append(kept)
     fields = dict(data)
     fields["content"] = None  # its place kept: built models list their fields in order
     message = _kept(Message, fields)
     if message is None:
         return None
-    return message, None if parts is None else tuple(parts)
+    return message, None if parts is None else tuple(kept_parts)
 
 
 def _kept(cls: type[BaseModel], fields: dict[str, Any]) -> _Kept | None:

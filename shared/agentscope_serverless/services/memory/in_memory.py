@@ -236,9 +236,11 @@ class InMemoryMemoryService(MemoryService):
             user.total_length -= memory.length
             for term, tf in memory.terms:
                 postings = user.postings[term]
-                if not isinstance(postings, tuple):
-                    _remove_posting(postings, tf, memory.length, seq)
-                if isinstance(postings, tuple) or not postings:
+                if isinstance(postings, tuple):
+                    del user.postings[term]
+                    continue
+                _remove_posting(postings, tf, memory.length, seq)
+                if not postings:
                     del user.postings[term]
         if not user.memories:
             del self._users[user_id]
