@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import random
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -10,9 +14,12 @@ from redis.asyncio import Redis
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.services._once import WRITE_ID_SECONDS, seed_writes
 from agentscope_serverless.services._redis import user_key_prefix
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
+from agentscope_serverless.services.memory import redis as redis_memory
 from agentscope_serverless.services.memory.redis import RedisMemoryService
+from agentscope_serverless.services.memory.text import tokenize
 
 WORDS = [f"w{i}" for i in range(40)]
 WEIGHTS = [1 / (rank + 1) for rank in range(len(WORDS))]  # Zipf-like: a few very common words
@@ -132,3 +139,96 @@ async def test_memory_indexed_by_the_earlier_layout_is_refused_until_deleted(
         assert [m.get_text_content() for m in await redis.search_memory(user_id, [msg("new")])] == [
             "new"
         ]
+
+
+async def test_a_bulk_add_split_into_many_small_steps_ranks_like_the_reference(
+    redis_server: RedisServer, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Index steps of at most 7 buckets and 100 ids: a bucket's ids span several steps.
+    monkeypatch.setattr(redis_memory, "_INDEX_BUCKETS", 7)
+    monkeypatch.setattr(redis_memory, "_INDEX_IDS", 100)
+    rng = random.Random("small steps")
+    memories = [message for _, message in corpus(rng, 2300)]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(redis_server.url) as redis:
+        for service in (reference, redis):
+            await service.add_memory(user_id, memories, session_id="bulk")
+            await service.add_memory(user_id, memories[:3], session_id="after")
+        await assert_same_rankings(reference, redis, user_id, rng)
+        assert await listed(redis, user_id) == await listed(reference, user_id)
+
+
+async def test_a_keyed_bulk_add_cut_off_midway_and_run_again_stores_and_indexes_once(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    rng = random.Random("cut off")
+    memories = [message for _, message in corpus(rng, 2500)]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(redis_server.url) as redis:
+        await reference.add_memory(user_id, memories, session_id="bulk")
+        run = redis._redis.run
+        for steps_before_the_cut in (1, 3, 4):  # its ids; its batches; its index steps
+            calls = 0
+
+            async def cut_off(*args: Any, steps: int = steps_before_the_cut, **kwargs: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                if calls > steps:
+                    raise StoreUnavailableError("redis", "cut off")
+                return await run(*args, **kwargs)
+
+            redis._redis.run = cut_off  # type: ignore[method-assign]
+            with pytest.raises(StoreUnavailableError):
+                await keyed(redis.add_memory(user_id, memories, session_id="bulk"))
+        redis._redis.run = run  # type: ignore[method-assign]
+        await keyed(redis.add_memory(user_id, memories, session_id="bulk"))
+        await keyed(redis.add_memory(user_id, memories, session_id="bulk"))  # all applied
+
+        assert await listed(redis, user_id) == [m.id for m in memories]
+        await assert_same_rankings(reference, redis, user_id, rng)
+        base = user_key_prefix("agentscope", "memory", user_id)
+        # Each memory once in the bucket of each of its terms: none missing, none twice.
+        postings = [
+            (field.split("\0")[:2], ids[at : at + 8])  # a page's field: "<bucket>\0<id>"
+            for field, ids in (await redis_client.hgetall(f"{base}:bucket_ids")).items()
+            for at in range(0, len(ids), 8)
+        ]
+        terms = [len(set(tokenize(m.get_text_content() or ""))) for m in memories]
+        assert len(postings) == len({(*bucket, id_) for bucket, id_ in postings}) == sum(terms)
+
+
+async def test_the_ids_a_bulk_add_reserved_are_forgotten_with_its_write_id(
+    redis_server: RedisServer, redis_client: Redis, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memories = [msg(f"note {n}") for n in range(1500)]
+    base = user_key_prefix("agentscope", "memory", user_id)
+    async with RedisMemoryService(redis_server.url) as redis:
+        await keyed(redis.add_memory(user_id, memories))
+        assert await redis_client.hlen(f"{base}:reserved") == 1
+        later = redis_memory.now_ms() + (WRITE_ID_SECONDS + 1) * 1000
+        monkeypatch.setattr(redis_memory, "now_ms", lambda: later)
+        await keyed(redis.add_memory(user_id, [msg("one more")]), key="key-2")
+        assert await redis_client.hlen(f"{base}:reserved") == 0
+        assert await redis_client.zcard(f"{base}:applied") == 1  # the last add's
+        assert len(await listed(redis, user_id)) == 1501
+
+
+async def listed(service: MemoryService, user_id: str) -> list[str]:
+    """The ids of all the user's memories, oldest first."""
+    ids: list[str] = []
+    for page in itertools.count(1):
+        batch = await service.list_memory(user_id, {"page_num": page, "page_size": 1000})
+        ids += [m.id for m in batch]
+        if len(batch) < 1000:
+            return ids
+    raise AssertionError("unreachable")
+
+
+async def keyed(add: Coroutine[Any, Any, None], key: str = "key-1") -> None:
+    """Runs ``add`` as a request with an Idempotency-Key would (in its own context)."""
+
+    async def run() -> None:
+        seed_writes(f"user\0{key}")
+        await add
+
+    await asyncio.create_task(run())

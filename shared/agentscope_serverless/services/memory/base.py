@@ -159,8 +159,8 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
 
         A ``write_id`` the user's memory applied (within
         :data:`~agentscope_serverless.services._once.WRITE_ID_SECONDS`) stores nothing; a
-        new one is recorded atomically with what it stores (a backend writing in batches
-        keys each batch, ``f"{write_id}:{batch}"``).
+        new one is recorded atomically with what it stores (a backend writing in steps
+        keys each step, ``f"{write_id}:{step}"``, so a run again does only the steps left).
         """
 
     @abstractmethod

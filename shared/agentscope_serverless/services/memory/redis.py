@@ -14,6 +14,8 @@ them, so deleting or expiring a user's memory touches the same keys, whatever it
     <prefix>:memory:{U}:buckets     ZSET  all scores 0, members "<term>\\0<~tf><length class>"
                                           and "<bucket>\\0<hex id>" (its pages)
     <prefix>:memory:{U}:bucket_ids  HASH  bucket or page -> hex ids of its memories
+    <prefix>:memory:{U}:reserved    HASH  write id -> the id before those a bulk add
+                                          reserved under it (forgotten with the write id)
 
 The postings of a term are grouped in buckets, one per term frequency and length class
 (a memory's length in tokens: each length up to 7, then four classes per doubling: 8-9,
@@ -22,15 +24,23 @@ bucket is at most the one it gives the bucket's shortest possible memory. A term
 buckets are one lexicographic range of ``buckets``, ordered by term frequency
 (descending) then length class (ascending): the order in which that bound decreases.
 
-Adding a batch of memories appends their ids to the buckets they fall in: each bucket
-touched is read and written once, with a few variadic commands for the whole batch (a new
-bucket, rare once a user has some memory, is one sorted-set insert), instead of a
-sorted-set insert per memory and term. A bucket's newest ids are in its tail, the field
-named after it; a tail reaching 2 KiB becomes a page of its own, so adding to a bucket
-copies at most that much, whatever the bucket's size. Ids are stored as 8 hexadecimal
+Adding memories appends their ids to the buckets they fall in: each bucket touched is
+read and written once, with a few variadic commands for the whole add (a new bucket, rare
+once a user has some memory, is one sorted-set insert), instead of a sorted-set insert per
+memory and term. A bucket's newest ids are in its tail, the field named after it; each
+full 2 KiB of a tail becomes a page of its own, so adding to a bucket copies at most that
+much, whatever the bucket's size. Ids are stored as 8 hexadecimal
 digits ("hex ids"): of fixed width, they need no separator, a bucket holds ``HSTRLEN / 8``
 memories, and a term's document frequency is the sum over its buckets, with no counter to
 update per term and batch (a user can be given 4,294,967,295 memories: ids are not reused).
+
+An add of up to 1,000 memories is one script. A larger one is stored 1,000 at a time,
+then indexed with its postings grouped by bucket over the whole add, so a bucket is
+written once per add rather than once per thousand memories (100,000 memories of everyday
+words fall in about 49,000 buckets: 1,000 memories touch 5,000). Its ids are reserved
+first, and every step is keyed by the add's write id: an add run again under its
+Idempotency-Key gets the same ids and does only the steps left. Until its last step,
+memories already stored are listed but not yet found by search.
 
 Search is one Lua script that ranks exactly like
 :func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
@@ -50,7 +60,8 @@ expires ``ttl_seconds`` after its last use (read or write).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
@@ -81,6 +92,7 @@ _KEY_NAMES = (
     "entries",
     "buckets",
     "bucket_ids",
+    "reserved",
     # The earlier layout's index, refused when present and removed with the user.
     "info",
     "postings",
@@ -88,13 +100,17 @@ _KEY_NAMES = (
 )
 # Messages stored per script call: bounds how long one call holds Redis.
 _ADD_BATCH = 1000
+# A bulk add's postings per index step: bounds how long one step holds Redis too.
+_INDEX_BUCKETS = 4000
+_INDEX_IDS = 65536
 _DELETE_BATCH = 500
 
 _PRELUDE = (
     LUA_TOUCH
     + """
 local STATS, DOCS, ORDER, SESSIONS, APPLIED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local ENTRIES, BUCKETS, BUCKET_IDS, EARLIER_LAYOUT = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local ENTRIES, BUCKETS, BUCKET_IDS, RESERVED = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local EARLIER_LAYOUT = KEYS[10]
 local ttl = tonumber(ARGV[1])
 
 local function earlier_layout()
@@ -105,7 +121,7 @@ local function earlier_layout()
   end
 end
 
--- A bucket's tail of PAGE bytes or more becomes a page, "<bucket>\\0<its first hex id>".
+-- Full pages of PAGE bytes leave a bucket's tail, each named "<bucket>\\0<its first hex id>".
 local PAGE = 2048
 
 local function hex(id)
@@ -148,76 +164,164 @@ end
 """
 )
 
-# ARGV: ttl, escaped session, count, then per memory its JSON, then per memory its entry,
-# then the buckets ("<bucket>\t<positions in the batch, 0-based, space-separated>\n" each);
-# last: the write id ('' for none), now (ms), remembered until (ms).
-_ADD = (
+# What every add does. The last three ARGV of an add are its write id ('' for none), now
+# (ms) and until when it is remembered (ms).
+_ADDING = (
     _PRELUDE
     + """
 local refused = earlier_layout()
 if refused then return refused end
-local session, count = ARGV[2], tonumber(ARGV[3])
 local write_id = ARGV[#ARGV - 2]
-if write_id ~= '' then
-  redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', ARGV[#ARGV - 1])
-  if redis.call('ZSCORE', APPLIED, write_id) then
-    touch(ttl, KEYS)
-    return 0
-  end
-  redis.call('ZADD', APPLIED, ARGV[#ARGV], write_id)
-end
-local first = redis.call('HINCRBY', STATS, 'seq', count) - count
-if first + count > 4294967295 then return redis.error_reply('memory ids exhausted') end
-local hex_ids, docs, entries, order, sessions = {}, {}, {}, {}, {}
-local total = 0
-for i = 1, count do
-  local id = string.format('%d', first + i)
-  hex_ids[string.format('%d', i - 1)] = hex(first + i)
-  add(docs, id, ARGV[3 + i])
-  local entry = ARGV[3 + count + i]
-  add(entries, hex(first + i), entry)
-  add(order, id, id)
-  add(sessions, 0, session .. '\\0' .. id)
-  total = total + entry_length(entry)
-end
-bulk('HSET', DOCS, docs)
-bulk('HSET', ENTRIES, entries)
-bulk('ZADD', ORDER, order)
-bulk('ZADD', SESSIONS, sessions)
 
--- Each bucket touched: its tail read and written once, a thousand buckets at a time.
-local names, positions = {}, {}
+-- False when the write id was applied already; forgets the expired ones (with the ids
+-- they reserved).
+local function first_time()
+  if write_id == '' then return true end
+  local now = ARGV[#ARGV - 1]
+  local expired = redis.call('ZRANGEBYSCORE', APPLIED, '-inf', now)
+  if #expired > 0 then
+    bulk('HDEL', RESERVED, expired)
+    redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', now)
+  end
+  if redis.call('ZSCORE', APPLIED, write_id) then return false end
+  redis.call('ZADD', APPLIED, ARGV[#ARGV], write_id)
+  return true
+end
+
+-- The last memory id given; an add that would give ids past 4,294,967,295 is refused
+-- before it writes anything.
+local function last_id(count)
+  local last = tonumber(redis.call('HGET', STATS, 'seq')) or 0
+  if last + count > 4294967295 then error({err = 'memory ids exhausted'}) end
+  return last
+end
+
+-- Stores count memories under the ids after the id given: their JSON in ARGV[at + 1 ..],
+-- then their entries.
+local function store(after, count, session, at)
+  local docs, entries, order, sessions = {}, {}, {}, {}
+  local total = 0
+  for i = 1, count do
+    local id = string.format('%d', after + i)
+    add(docs, id, ARGV[at + i])
+    local entry = ARGV[at + count + i]
+    add(entries, hex(after + i), entry)
+    add(order, id, id)
+    add(sessions, 0, session .. '\\0' .. id)
+    total = total + entry_length(entry)
+  end
+  bulk('HSET', DOCS, docs)
+  bulk('HSET', ENTRIES, entries)
+  bulk('ZADD', ORDER, order)
+  bulk('ZADD', SESSIONS, sessions)
+  redis.call('HINCRBY', STATS, 'docs', count)
+  redis.call('HINCRBY', STATS, 'length', total)
+end
+
+-- Appends hex ids to buckets: each bucket's tail is read and written once, a thousand
+-- buckets at a time (a new bucket is one sorted-set insert), and its full pages leave it.
+local function index(names, ids)
+  local created = {}
+  for i = 1, #names, 1000 do
+    local last = math.min(i + 999, #names)
+    local tails = redis.call('HMGET', BUCKET_IDS, unpack(names, i, last))
+    local fields = {}
+    for k = i, last do
+      local name, tail = names[k], tails[k - i + 1]
+      if not tail then
+        add(created, 0, name)
+        tail = ''
+      end
+      tail = tail .. ids[k]
+      local at = 1
+      while #tail - at >= PAGE - 1 do
+        local page = name .. '\\0' .. string.sub(tail, at, at + 7)
+        add(created, 0, page)
+        add(fields, page, string.sub(tail, at, at + PAGE - 1))
+        at = at + PAGE
+      end
+      add(fields, name, string.sub(tail, at))
+    end
+    bulk('HSET', BUCKET_IDS, fields)
+  end
+  bulk('ZADD', BUCKETS, created)
+end
+"""
+)
+
+# One batch, stored and indexed in one step. ARGV: ttl, escaped session, count, then per
+# memory its JSON, then per memory its entry, then the buckets ("<bucket>\t<positions in
+# the batch, 0-based, space-separated>\n" each), then the write id, now and until.
+_ADD = (
+    _ADDING
+    + """
+local count = tonumber(ARGV[3])
+local after = last_id(count)
+if not first_time() then
+  touch(ttl, KEYS)
+  return 0
+end
+redis.call('HINCRBY', STATS, 'seq', count)
+store(after, count, ARGV[2], 3)
+local hex_ids, names, ids = {}, {}, {}
+for i = 1, count do hex_ids[string.format('%d', i - 1)] = hex(after + i) end
 for name, at in string.gmatch(ARGV[4 + 2 * count], '([^\\t]+)\\t([^\\n]+)\\n') do
   names[#names + 1] = name
-  positions[#positions + 1] = at
+  ids[#ids + 1] = string.gsub(at, '(%d+) ?', hex_ids)
 end
-local created = {}
-for i = 1, #names, 1000 do
-  local last = math.min(i + 999, #names)
-  local tails = redis.call('HMGET', BUCKET_IDS, unpack(names, i, last))
-  local fields = {}
-  for k = i, last do
-    local name, tail = names[k], tails[k - i + 1]
-    if not tail then
-      add(created, 0, name)
-      tail = ''
-    end
-    tail = tail .. string.gsub(positions[k], '(%d+) ?', hex_ids)
-    if #tail >= PAGE then
-      local page = name .. '\\0' .. string.sub(tail, 1, 8)
-      add(created, 0, page)
-      add(fields, page, tail)
-      tail = ''
-    end
-    add(fields, name, tail)
-  end
-  redis.call('HSET', BUCKET_IDS, unpack(fields))
-end
-bulk('ZADD', BUCKETS, created)
-redis.call('HINCRBY', STATS, 'docs', count)
-redis.call('HINCRBY', STATS, 'length', total)
+index(names, ids)
 touch(ttl, KEYS)
 return count
+"""
+)
+
+# A bulk add takes three kinds of steps: its ids reserved (the id before them is returned,
+# the same when the write id was applied already), its memories stored a batch at a time,
+# then their ids added to the buckets, grouped over the whole add. Each step has its own
+# write id.
+
+# ARGV: ttl, count, write id, now, until.
+_RESERVE = (
+    _ADDING
+    + """
+local count = tonumber(ARGV[2])
+local after = last_id(count)
+if first_time() then
+  redis.call('HINCRBY', STATS, 'seq', count)
+  if write_id ~= '' then redis.call('HSET', RESERVED, write_id, after) end
+else
+  after = tonumber(redis.call('HGET', RESERVED, write_id))
+end
+touch(ttl, KEYS)
+return after
+"""
+)
+
+# ARGV: ttl, escaped session, the id before the batch's, count, then per memory its JSON, then per
+# memory its entry, then the write id, now and until.
+_STORE = (
+    _ADDING
+    + """
+if first_time() then store(tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[2], 4) end
+touch(ttl, KEYS)
+return 0
+"""
+)
+
+# ARGV: ttl, the buckets ("<bucket>\t<hex ids>\n" each), then the write id, now and until.
+_INDEX = (
+    _ADDING
+    + """
+if first_time() then
+  local names, ids = {}, {}
+  for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
+    names[#names + 1] = name
+    ids[#ids + 1] = at
+  end
+  index(names, ids)
+end
+touch(ttl, KEYS)
+return 0
 """
 )
 
@@ -471,23 +575,67 @@ return redis.call('HMGET', DOCS, unpack(ids))
 )
 
 
+def _analysed(memories: list[NewMemory]) -> Iterator[tuple[Counter[str], int, str]]:
+    """Each memory's term counts, its length class and its entry."""
+    for memory in memories:
+        counts, length = term_frequencies(memory.text)
+        # Tokens hold neither spaces, colons, tabs nor line breaks: they separate here.
+        entry = f"{length} " + " ".join([f"{term}:{tf}" for term, tf in counts.items()])
+        yield counts, _length_class(length), entry
+
+
 def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[str | int]:
-    raws: list[str] = []
+    """The arguments of ``_ADD`` but its write id: postings as positions in the batch."""
     entries: list[str] = []
     buckets: defaultdict[tuple[str, int, int], list[str]] = defaultdict(list)
-    for position, memory in enumerate(memories):
-        counts, length = term_frequencies(memory.text)
-        length_class, at = _length_class(length), str(position)
+    for position, (counts, length_class, entry) in enumerate(_analysed(memories)):
+        at = str(position)
         for term, tf in counts.items():
             buckets[term, tf, length_class].append(at)
-        raws.append(memory.raw)
-        # Tokens hold neither spaces, colons, tabs nor line breaks: they separate here.
-        entries.append(f"{length} " + " ".join(map("%s:%d".__mod__, counts.items())))
-    lines = [
-        f"{term}\0{_bucket_suffix(tf, length_class)}\t{' '.join(positions)}\n"
-        for (term, tf, length_class), positions in buckets.items()
-    ]
-    return [ttl, session, len(memories), *raws, *entries, "".join(lines)]
+        entries.append(entry)
+    lines = "".join(
+        f"{term}\0{_bucket_suffix(tf, length_class)}\t{' '.join(at)}\n"
+        for (term, tf, length_class), at in buckets.items()
+    )
+    return [ttl, session, len(memories), *(m.raw for m in memories), *entries, lines]
+
+
+def _bulk_steps(
+    ttl: int, session: str, memories: list[NewMemory], after: int
+) -> Iterator[tuple[str, list[str | int]]]:
+    """The scripts and arguments (but write ids) storing ``memories`` under the ids after
+    ``after``, then indexing them: postings grouped by bucket over the whole add, so each
+    bucket is written once (or once per step it spans), not once per batch."""
+    # (tf, length class) packed -> term -> hex ids: no tuple made per posting.
+    postings: dict[int, defaultdict[str, list[str]]] = {}
+    for start in range(0, len(memories), _ADD_BATCH):
+        batch = memories[start : start + _ADD_BATCH]
+        entries: list[str] = []
+        for id_, (counts, length_class, entry) in enumerate(_analysed(batch), after + start + 1):
+            hex_id = f"{id_:08x}"
+            for term, tf in counts.items():
+                group = postings.get(tf << 8 | length_class)
+                if group is None:
+                    group = postings[tf << 8 | length_class] = defaultdict(list)
+                group[term].append(hex_id)
+            entries.append(entry)
+        yield _STORE, [ttl, session, after + start, len(batch), *(m.raw for m in batch), *entries]
+    lines: list[str] = []
+    room = _INDEX_IDS
+    for packed, group in postings.items():
+        suffix = _bucket_suffix(packed >> 8, packed & 0xFF)
+        for term, ids in group.items():
+            at = 0
+            while at < len(ids):
+                taken = ids[at : at + room]
+                lines.append(f"{term}\0{suffix}\t{''.join(taken)}\n")
+                at += len(taken)
+                room -= len(taken)
+                if room == 0 or len(lines) == _INDEX_BUCKETS:
+                    yield _INDEX, [ttl, "".join(lines)]
+                    lines, room = [], _INDEX_IDS
+    if lines:
+        yield _INDEX, [ttl, "".join(lines)]
 
 
 def _length_class(length: int) -> int:
@@ -564,28 +712,40 @@ class RedisMemoryService(RedisBackedService, MemoryService):
     async def _add(
         self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
-        # Batches go one after the other (memory ids follow the messages' order), but the
-        # next batch is prepared while Redis indexes the previous one.
         keys, session = self._keys(user_id), escape(session_id)
+        if len(memories) <= _ADD_BATCH:
+            # Stored and indexed in one step.
+            args = _add_arguments(self._ttl, session, memories)
+            await self._keyed(_ADD, keys, args, write_id, "0")
+            return
+        after = await self._keyed(_RESERVE, keys, [self._ttl, len(memories)], write_id, "ids")
+        # One step after the other, but each is prepared while Redis runs the previous one.
         pending: asyncio.Future[Any] | None = None
         try:
-            for start in range(0, len(memories), _ADD_BATCH):
-                args = _add_arguments(self._ttl, session, memories[start : start + _ADD_BATCH])
-                at = now_ms()
-                batch_id = "" if write_id is None else f"{write_id}:{start // _ADD_BATCH}"
-                args += [batch_id, at, at + WRITE_ID_SECONDS * 1000]
+            for number, (script, args) in enumerate(
+                _bulk_steps(self._ttl, session, memories, int(after))
+            ):
                 if pending is not None:
                     await pending
                 pending = asyncio.ensure_future(
-                    # A keyed batch sent twice stores once: the client may send it again.
-                    self._redis.run(_ADD, keys, args, idempotent=write_id is not None)
+                    self._keyed(script, keys, args, write_id, str(number))
                 )
-                await asyncio.sleep(0)  # let it send the batch before preparing the next
+                await asyncio.sleep(0)  # let it send the step before preparing the next
             if pending is not None:
                 await pending
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+
+    async def _keyed(
+        self, script: str, keys: list[str], args: list[str | int], write_id: str | None, step: str
+    ) -> Any:
+        """Runs an add's ``script``: a step with a write id is applied once, so it may be
+        sent again."""
+        at = now_ms()
+        step_id = "" if write_id is None else f"{write_id}:{step}"
+        args = [*args, step_id, at, at + WRITE_ID_SECONDS * 1000]
+        return await self._redis.run(script, keys, args, idempotent=write_id is not None)
 
     async def _search(self, user_id: str, terms: list[str], top_k: int) -> list[Message]:
         raw = await self._redis.run(
