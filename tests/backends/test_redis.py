@@ -361,3 +361,24 @@ async def test_run_events_written_one_entry_each_by_an_earlier_release_are_read(
             (3, '{"n":3}'),
         ]
         assert await redis_client.xlen(events_key) == 4  # the new write is one entry
+
+
+async def test_a_run_stored_in_one_write_keeps_its_events_in_its_hash(
+    redis_server: RedisServer, redis_client: Redis
+) -> None:
+    # Our JSON never holds "\n", but may hold other line breaks as they are.
+    events = [(0, '{"n":0}'), (1, '{"text":"a\u2028b\x85c\x1cd\rr"}'), (2, '{"n":2}')]
+    foreign = [(0, '{\n"n": 0\n}'), (1, '{"n":1}')]  # JSON with line breaks, from elsewhere
+    base = user_key_prefix("agentscope", "run", "alice")
+    async with RedisRunsService(redis_url=redis_server.url) as runs:
+        whole = RunRecord(id="whole", user_id="alice", session_id="s", status="completed")
+        other = RunRecord(id="other", user_id="alice", session_id="s", status="completed")
+        bursts = [RunBurst(whole, events, True, True), RunBurst(other, foreign, True, True)]
+        assert await runs.record_many(bursts) == [False, False]
+        assert await redis_client.exists(f"{base}:r:whole:events") == 0
+        assert await runs.read_events("alice", "whole") == events
+        assert await runs.read_events("alice", "whole", after=0, limit=1) == events[1:2]
+        assert [event async for event in runs.follow("alice", "whole", after=1)] == events[2:]
+        assert await redis_client.exists(f"{base}:r:other:events") == 1
+        assert await runs.read_events("alice", "other") == foreign
+        assert [run.id for run in await runs.list_runs("alice", "s")] == ["whole", "other"]

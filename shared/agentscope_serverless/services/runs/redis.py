@@ -2,15 +2,19 @@
 
 Keys of user ``U``, run ``R`` and session ``S`` (escaped, the user in the hash tag)::
 
-    <prefix>:run:{U}:r:R          HASH    record (JSON), cancel ("1" once requested)
+    <prefix>:run:{U}:r:R          HASH    record (JSON), cancel ("1" once requested),
+                                          events (a run stored in one write)
     <prefix>:run:{U}:r:R:events   STREAM  one entry per write of events
     <prefix>:run:{U}:s:S          ZSET    run id -> creation time
 
-A write of events is one stream entry: its id is ``0-<last sequence number + 1>`` and its
-fields are the events' sequence numbers, each with the event's JSON as value. An entry id
-is never reused, so a write applied twice stores its events once; a write overlapping what
-is stored adds entries that readers skip (they keep the first of each sequence number).
-Entries of one event with the field ``d`` (an earlier layout) are read too.
+A run stored whole in one write (it ended before its first write, as most runs do) keeps
+its events in its hash, one per line: ``<sequence number> <JSON>\n``, with no stream.
+Otherwise a write of events is one stream entry: its id is ``0-<last sequence number + 1>``
+and its fields are the events' sequence numbers, each with the event's JSON as value. An
+entry id is never reused, so a write applied twice stores its events once; a write
+overlapping what is stored adds entries that readers skip (they keep the first of each
+sequence number). Entries of one event with the field ``d`` (an earlier layout) are read
+too.
 
 Every write refreshes the expiry (``ttl_seconds``) of the keys it touches.
 """
@@ -82,8 +86,9 @@ return 1
 # Bursts of runs executing here, each with 3 KEYS (run, events, session index) and, after
 # ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record (written when creating or
 # finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
-# (as for add_events). Returns, per burst, -1 when the run is not found, else 1 when its
-# cancellation was requested, else 0.
+# (as for add_events), or, for a run stored whole (created and finished), -1 and its
+# events' lines. Returns, per burst, -1 when the run is not found, else 1 when its cancellation
+# was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
@@ -93,18 +98,23 @@ local function record(run, events, index, a)
   if create then
     if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
   elseif redis.call('EXISTS', run) == 0 then
-    return -1, count
+    return -1
   end
-  if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
-  add_events(events, a + 6, count)
-  touch(tonumber(ARGV[1]), {run, events, index})
-  return redis.call('HEXISTS', run, 'cancel'), count
+  if count < 0 then
+    redis.call('HSET', run, 'record', ARGV[a + 1], 'events', ARGV[a + 6])
+    touch(tonumber(ARGV[1]), {run, index})
+  else
+    if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
+    add_events(events, a + 6, count)
+    touch(tonumber(ARGV[1]), {run, events, index})
+  end
+  return redis.call('HEXISTS', run, 'cancel')
 end
 local answers, a = {}, 2
 for i = 1, #KEYS / 3 do
-  local answer, count = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
-  answers[i] = answer
-  a = a + 6 + 2 * count
+  answers[i] = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
+  local count = tonumber(ARGV[a + 5])
+  if count < 0 then a = a + 7 else a = a + 6 + 2 * count end
 end
 return answers
 """
@@ -124,12 +134,14 @@ _SESSION_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
-# KEYS: events. ARGV: first entry id, count (0: all).
+# KEYS: run, events. ARGV: first entry id, count (0: all). Returns the lines of a run
+# stored whole (or nil) and the stream's entries.
 _READ = """
+local whole = redis.call('HGET', KEYS[1], 'events')
 if tonumber(ARGV[2]) > 0 then
-  return redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+  return {whole, redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])}
 end
-return redis.call('XRANGE', KEYS[1], ARGV[1], '+')
+return {whole, redis.call('XRANGE', KEYS[2], ARGV[1], '+')}
 """
 
 
@@ -208,9 +220,12 @@ class RedisRunsService(RedisBackedService, RunsService):
             record.id,
             repr(record.created_at),
             "1" if burst.finish else "0",
-            len(burst.events),
-            *_pairs(burst.events),
         )
+        lines = _lines(burst.events) if burst.create and burst.finish else None
+        if lines is None:
+            args += (len(burst.events), *_pairs(burst.events))
+        else:
+            args += (-1, lines)
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         await self._redis.run(_CANCEL, [self._run_key(user_id, run_id)], [], idempotent=True)
@@ -235,21 +250,34 @@ class RedisRunsService(RedisBackedService, RunsService):
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None
     ) -> list[StoredEvent]:
-        key = f"{self._run_key(user_id, run_id)}:events"
-        entries = await self._redis.run(
-            _READ, [key], [f"0-{after + 2}", limit or 0], idempotent=True
+        run = self._run_key(user_id, run_id)
+        whole, entries = await self._redis.run(
+            _READ, [run, f"{run}:events"], [f"0-{after + 2}", limit or 0], idempotent=True
         )
         events: list[StoredEvent] = []
+        batches: list[list[tuple[Any, Any]]] = []
+        if whole:
+            # Split on "\n" alone: JSON may hold other line separators (U+2028...) as is.
+            lines = (line.partition(" ") for line in text(whole).split("\n")[:-1])
+            batches.append([(sequence, data) for sequence, _, data in lines])
         for entry_id, fields in entries:
             if len(fields) == 2 and text(fields[0]) == "d":  # one event (earlier layout)
-                pairs = [(int(text(entry_id).partition("-")[2]) - 1, fields[1])]
+                batches.append([(int(text(entry_id).partition("-")[2]) - 1, fields[1])])
             else:
-                pairs = [(int(fields[i]), fields[i + 1]) for i in range(0, len(fields), 2)]
-            for sequence, data in pairs:
-                if sequence > after:  # an entry may start with events already read
-                    events.append((sequence, text(data)))
-                    after = sequence
+                batches.append([(fields[i], fields[i + 1]) for i in range(0, len(fields), 2)])
+        for batch in batches:
+            for sequence, data in batch:
+                if int(sequence) > after:  # an entry may start with events already read
+                    after = int(sequence)
+                    events.append((after, text(data)))
         return events[:limit] if limit else events
+
+
+def _lines(events: Sequence[StoredEvent]) -> str | None:
+    """``events`` as a whole run's lines (``<sequence number> <JSON>\\n`` each), or None
+    when a JSON holds a line break (never one of ours: JSON escapes them)."""
+    lines = "".join([f"{sequence} {data}\n" for sequence, data in events])
+    return lines if lines.count("\n") == len(events) else None
 
 
 def _pairs(events: Sequence[StoredEvent]) -> list[int | str]:
