@@ -15,12 +15,13 @@ from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     record: RunRecord
     events: list[StoredEvent] = field(default_factory=list)
     cancel: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the run changes, made by the first follower waiting for that.
+    changed: asyncio.Event | None = None
 
 
 # Runs an in-memory store keeps by default: the oldest go first.
@@ -45,6 +46,9 @@ class InMemoryRunsService(RunsService):
 
     async def _create(self, record: RunRecord) -> None:
         self._runs[(record.user_id, record.id)] = _Run(record.model_copy())
+        self._evict()
+
+    def _evict(self) -> None:
         while len(self._runs) > self._max_runs:
             del self._runs[next(iter(self._runs))]
 
@@ -66,9 +70,16 @@ class InMemoryRunsService(RunsService):
     async def _record(
         self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
     ) -> bool | None:
-        await super()._record(record, events, create, finish)
-        run = self._get(record.user_id, record.id)
-        return run is not None and run.cancel
+        if not (create and finish):
+            await super()._record(record, events, create, finish)
+            run = self._get(record.user_id, record.id)
+            return run is not None and run.cancel
+        # A run stored whole: its record copied once, its events as they are.
+        self._runs[(record.user_id, record.id)] = _Run(
+            record.model_copy(update={"cancel_requested": False}), list(events)
+        )
+        self._evict()
+        return False
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         run = self._get(user_id, run_id)
@@ -103,13 +114,16 @@ class InMemoryRunsService(RunsService):
         run = self._get(user_id, run_id)
         if run is None:
             return
+        if run.changed is None:
+            run.changed = asyncio.Event()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.changed.wait(), self.poll_seconds)
 
     @staticmethod
     def _wake(run: _Run) -> None:
-        run.changed.set()
-        run.changed = asyncio.Event()
+        if run.changed is not None:
+            run.changed.set()
+            run.changed = None
 
 
 __all__ = ["DEFAULT_MAX_RUNS", "InMemoryRunsService"]
