@@ -41,8 +41,9 @@ words fall in about 49,000 buckets: 1,000 memories touch 5,000). Its ids are res
 first, and every step is keyed by the add's write id: an add run again under its
 Idempotency-Key gets the same ids and does only the steps left. Until its last step,
 memories already stored are listed but not yet found by search; a session deleted before
-then may leave ids of its memories in buckets, which search skips (it scores a memory
-from its entry, gone with it).
+then may leave ids of its memories in buckets: search skips them (it scores a memory from
+its entry, gone with it), but they count in their terms' document frequencies until the
+user's memory is deleted.
 
 Search is one Lua script that ranks exactly like
 :func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
