@@ -9,9 +9,10 @@ full validation instead.
 A turn reads the same window of its session's history again and again (all but the last
 turn's messages), so the parsed fields of the most recently read windows' messages are
 kept, keyed by their JSON: a message read again is built from them without parsing or
-checking it again. Only messages whose values are immutable (strings, numbers, None) or empty dicts
-and lists (new ones for each read) are kept: what a conversation's text messages hold. So
-every read still gets models of its own, sharing nothing another read could change.
+checking it again. Only messages whose values are immutable (strings, numbers, None) or
+empty dicts and lists (new ones for each read) are kept: what a conversation's text
+messages hold. So every read still gets models of its own, sharing nothing another read
+could change.
 
 >>> raw = encode_message(Message(role="user", content="hi"))
 >>> decode_messages([raw])[0].get_text_content()

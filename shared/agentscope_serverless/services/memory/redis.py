@@ -29,10 +29,10 @@ read and written once, with a few variadic commands for the whole add (a new buc
 once a user has some memory, is one sorted-set insert), instead of a sorted-set insert per
 memory and term. A bucket's newest ids are in its tail, the field named after it; each
 full 2 KiB of a tail becomes a page of its own, so adding to a bucket copies at most that
-much, whatever the bucket's size. Ids are stored as 8 hexadecimal
-digits ("hex ids"): of fixed width, they need no separator, a bucket holds ``HSTRLEN / 8``
-memories, and a term's document frequency is the sum over its buckets, with no counter to
-update per term and batch (a user can be given 4,294,967,295 memories: ids are not reused).
+much, whatever the bucket's size. Ids are stored as 8 hexadecimal digits ("hex ids"): of
+fixed width, they need no separator, a bucket holds ``HSTRLEN / 8`` memories, and a term's
+document frequency is the sum over its buckets, with no counter to update per term and
+batch (a user can be given 4,294,967,295 memories: ids are not reused).
 
 An add of up to 1,000 memories is one script. A larger one is stored 1,000 at a time,
 then indexed with its postings grouped by bucket over the whole add, so a bucket is
@@ -237,7 +237,7 @@ local function index(names, ids)
       end
       tail = tail .. ids[k]
       local at = 1
-      while #tail - at >= PAGE - 1 do
+      while #tail - at + 1 >= PAGE do
         local page = name .. '\\0' .. string.sub(tail, at, at + 7)
         add(created, 0, page)
         add(fields, page, string.sub(tail, at, at + PAGE - 1))
@@ -300,8 +300,8 @@ return after
 """
 )
 
-# ARGV: ttl, escaped session, the id before the batch's, count, then per memory its JSON, then per
-# memory its entry, then the write id, now and until.
+# ARGV: ttl, escaped session, the id before the batch's, count, then per memory its JSON,
+# then per memory its entry, then the write id, now and until.
 _STORE = (
     _ADDING
     + """
@@ -617,9 +617,10 @@ def _bulk_steps(
         for id_, (counts, length_class, entry) in enumerate(_analysed(batch), after + start + 1):
             hex_id = f"{id_:08x}"
             for term, tf in counts.items():
-                group = postings.get(tf << 8 | length_class)
+                key = tf << 8 | length_class
+                group = postings.get(key)
                 if group is None:
-                    group = postings[tf << 8 | length_class] = defaultdict(list)
+                    group = postings[key] = defaultdict(list)
                 group[term].append(hex_id)
             entries.append(entry)
         yield _STORE, [ttl, session, after + start, len(batch), *(m.raw for m in batch), *entries]

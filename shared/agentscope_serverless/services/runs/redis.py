@@ -87,18 +87,20 @@ return 1
 # ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record (written when creating or
 # finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
 # (as for add_events), or, for a run stored whole (created and finished), -1 and its
-# events' lines. Returns, per burst, -1 when the run is not found, else 1 when its cancellation
-# was requested, else 0.
+# events' lines. Returns, per burst, -1 when the run is not found, else 1 when its
+# cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
     + """
+-- Returns the burst's answer and where the next burst's ARGV start.
 local function record(run, events, index, a)
   local create, finish, count = ARGV[a] == '1', ARGV[a + 4] == '1', tonumber(ARGV[a + 5])
+  local next_at = a + 6 + (count < 0 and 1 or 2 * count)
   if create then
     if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
   elseif redis.call('EXISTS', run) == 0 then
-    return -1
+    return -1, next_at
   end
   if count < 0 then
     redis.call('HSET', run, 'record', ARGV[a + 1], 'events', ARGV[a + 6])
@@ -108,13 +110,11 @@ local function record(run, events, index, a)
     add_events(events, a + 6, count)
     touch(tonumber(ARGV[1]), {run, events, index})
   end
-  return redis.call('HEXISTS', run, 'cancel')
+  return redis.call('HEXISTS', run, 'cancel'), next_at
 end
 local answers, a = {}, 2
 for i = 1, #KEYS / 3 do
-  answers[i] = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
-  local count = tonumber(ARGV[a + 5])
-  if count < 0 then a = a + 7 else a = a + 6 + 2 * count end
+  answers[i], a = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
 end
 return answers
 """
