@@ -12,6 +12,11 @@ drives it in a task of its own, so the run is independent of the request that st
   creates the run and the last also saves its final status. The first write waits until
   the run ends or ``first_write_delay`` seconds have passed, so a run of a fast agent
   costs one write (one Redis round trip), and any run is in the store that soon;
+- a run that completes within its first write delay is stored with its turn's history: the
+  runner hands its turn's end to the recorder (:func:`~agentscope_serverless.runner.
+  end_turns_with`), which appends the messages to the session and stores the whole run,
+  its final event included, in one request when both stores allow it (the same Redis: one
+  script), and otherwise appends them as the runner would;
 - the store's answer says whether the run's cancellation was requested; a run still going
   after its first write delay also polls for it, every ``poll_seconds``. Cancelling cancels
   the run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's
@@ -35,14 +40,17 @@ import time
 from collections.abc import AsyncGenerator
 
 from agentscope_serverless.log import logger
-from agentscope_serverless.runner import RUN_CANCELED
-from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, RunStatus
+from agentscope_serverless.runner import RUN_CANCELED, end_turns_with
+from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, RunStatus
+from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
     FINISHED,
+    RunBurst,
     RunKind,
     RunRecord,
     RunsService,
 )
+from agentscope_serverless.services.session_history.base import SessionHistoryService
 
 EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
@@ -86,10 +94,14 @@ class RecordedRun:
         self._writer: asyncio.Task[None] | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # The final event, with its JSON, once stored with the turn's history.
+        self._ending: EventItem | None = None
 
     # --- the run's task -----------------------------------------------------------------
 
     async def _produce(self) -> None:
+        if self._runs is not None:
+            end_turns_with(self._end_turn)
         try:
             async with contextlib.aclosing(self._source) as events:
                 async for event in events:
@@ -102,7 +114,9 @@ class RecordedRun:
         except asyncio.CancelledError as exc:
             # Cancelled outside the agent (while loading or saving the session): end the
             # stream here. Any other cancellation (the server stopping) also ends it.
-            if self._first is not None and not self._ended():
+            if self._ending is not None and not self._ended():
+                self._emit(self._ending[0])  # stored already: the run completed
+            elif self._first is not None and not self._ended():
                 ending = {"output": None, "sequence_number": self._last_sequence() + 1}
                 self._emit(self._first.model_copy(update=ending).canceled())
             elif self._first is None:
@@ -146,9 +160,43 @@ class RecordedRun:
             event.sequence_number = self._last_sequence() + 1
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             self.status = event.status
-        self._log.append((event, event.model_dump_json()))
-        self._to_write.set()
+        if self._ending is not None and event is self._ending[0]:
+            self._log.append(self._ending)
+            self._written = len(self._log)
+        else:
+            self._log.append((event, event.model_dump_json()))
+            self._to_write.set()
         self._notify()
+
+    async def _end_turn(
+        self,
+        history: SessionHistoryService,
+        session: Session,
+        messages: list[Message],
+        final: AgentResponse,
+    ) -> None:
+        """The runner's turn end (see :data:`~agentscope_serverless.runner.TurnEnd`): a run
+        not written yet is stored whole, ``final`` included, with the turn's messages."""
+        unwritten = self._runs is not None and self._record is not None and self._writer is None
+        appending = history.prepare_append(session, messages) if unwritten else None
+        if appending is None:
+            await history.append_message(session, messages)
+            return
+        assert self._runs is not None and self._record is not None
+        ending = (final, final.model_dump_json())
+        events = [(e.sequence_number or 0, data) for e, data in (*self._log, ending)]
+        record = self._record.model_copy(update={"status": final.status, "updated_at": time.time()})
+        recording = self._runs.prepare_record(RunBurst(record, events, create=True, finish=True))
+        if recording is None or not appending.joins(recording):
+            await appending.apply()
+            return
+        # From here the run is stored by this write or, when it fails, as it ends.
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        await appending.apply(recording)  # a cancellation asked for now comes too late
+        self._ending = ending
+        self._created = True
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, None
@@ -160,6 +208,9 @@ class RecordedRun:
         write delay), or hand the rest to the writer already storing it."""
         if self._writer is not None:
             self._to_write.set()
+            return
+        if self._ending is not None and self._written == len(self._log):
+            self._stored()  # stored with the turn's history
             return
         if self._write_timer is not None:
             self._write_timer.cancel()
@@ -230,8 +281,8 @@ class RecordedRun:
     # --- for the request ----------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Cancel the run (a no-op once it has ended)."""
-        if self._producer is not None and not self._produced:
+        """Cancel the run (a no-op once it has ended, or its end is stored)."""
+        if self._producer is not None and not self._produced and self._ending is None:
             self._producer.cancel(RUN_CANCELED)
 
     async def _begin(self) -> None:

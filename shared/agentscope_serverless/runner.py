@@ -32,7 +32,8 @@ import importlib
 import inspect
 import time
 import types
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -80,6 +81,13 @@ RUN_CANCELED = "run canceled"
 
 QueryHandler = Callable[..., Any]
 LifecycleHandler = Callable[..., Any]
+TurnEnd = Callable[[SessionHistoryService, Session, list[Message], AgentResponse], Awaitable[None]]
+"""Saves a turn that completed: appends its messages to the session (raising when they
+could not be), and may store the run's final event (the last argument, not sent yet) in
+the same write."""
+
+# The turn end the next run started in this context saves its turn with (taken once).
+_turn_end: ContextVar[list[TurnEnd] | None] = ContextVar("turn_end", default=None)
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
@@ -365,6 +373,7 @@ class Runner(ServiceLifecycleManagerMixin):
         alone when the agent failed) and, with a memory service, added to memory. Other
         ``kwargs`` are passed to the query handler.
         """
+        end_turn = _take_turn_end()
         if not self._started:
             raise ServiceNotStartedError(type(self).__name__)
         request = _as_request(request)
@@ -398,16 +407,20 @@ class Runner(ServiceLifecycleManagerMixin):
                 yield turn.cancel()
                 return
             raise
+        messages = [*request.input, *turn.outputs]
+        final = turn.finish()
         try:
-            await self.session_history_service.append_message(
-                session, [*request.input, *turn.outputs]
-            )
+            if end_turn is None:
+                await self.session_history_service.append_message(session, messages)
+            else:
+                await end_turn(self.session_history_service, session, messages, final)
         except Exception as exc:
             logger.exception("could not save the session history", extra={"session_id": session.id})
+            turn.retract(final)
             yield turn.fail(self._error_of(exc))
             return
-        await self._remember_quietly(session, [*request.input, *turn.outputs])
-        yield turn.finish()
+        await self._remember_quietly(session, messages)
+        yield final
 
     async def _run_handler(
         self,
@@ -598,6 +611,12 @@ class _Turn:
         response.completed_at = int(time.time())
         return self._emit(response.completed())
 
+    def retract(self, final: AgentResponse) -> None:
+        """``final`` (from :meth:`finish`) was not sent: the next event takes its place."""
+        assert final.sequence_number is not None
+        self._sequence = final.sequence_number
+        final.completed_at = None
+
     def interrupt(self) -> list[Message]:
         """The messages so far, the open one included as it is (no events are emitted)."""
         if self._open is not None:
@@ -677,6 +696,19 @@ class _Turn:
                 if completed is not None:
                     events.append(self._emit(completed))
         return events
+
+
+def end_turns_with(end: TurnEnd) -> None:
+    """Have the next run started in the current context save its turn with ``end`` instead
+    of appending to the session history itself (for the recorder storing that run, which
+    may then store the run's end in the same write). Runs started after it, inside it or
+    in the same context, save their own."""
+    _turn_end.set([end])
+
+
+def _take_turn_end() -> TurnEnd | None:
+    ends = _turn_end.get()
+    return ends.pop() if ends else None
 
 
 def _as_request(request: AgentRequest | Mapping[str, Any]) -> AgentRequest:

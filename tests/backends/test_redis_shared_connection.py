@@ -128,6 +128,19 @@ async def test_a_caller_giving_up_does_not_shift_the_replies_of_the_others(
         assert await connection.execute([("ECHO", "still")]) == [b"still"]
 
 
+async def test_a_call_that_cannot_be_packed_fails_alone_and_takes_no_reply(
+    redis_server: RedisServer,
+) -> None:
+    async with connected(redis_server.url) as (_, connection):
+        waiting = asyncio.ensure_future(connection.execute([("ECHO", "first")]))
+        with pytest.raises(UnicodeEncodeError):
+            await connection.execute([("ECHO", "fine"), ("ECHO", "\udc80")])
+        # Had the refused call waited for replies, it would take the next call's.
+        assert await waiting == [b"first"]
+        assert await connection.execute([("ECHO", "next")]) == [b"next"]
+        assert await connection.execute([("ECHO", "a"), ("ECHO", "b")]) == [b"a", b"b"]
+
+
 async def test_a_lost_connection_fails_the_calls_waiting_on_it(redis_server: RedisServer) -> None:
     async with connected(redis_server.url) as (client, connection):
         (connection_id,) = await connection.execute([("CLIENT", "ID")])

@@ -18,6 +18,7 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
@@ -25,6 +26,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -33,7 +35,7 @@ from agentscope_serverless.errors import ConfigurationError, StoreUnavailableErr
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis_shared import SharedConnection
 from agentscope_serverless.services._validation import optional_positive_int
-from agentscope_serverless.services.base import StartedGuard
+from agentscope_serverless.services.base import PreparedWrite, StartedGuard
 
 ResultT = TypeVar("ResultT")
 RedisClient = Redis | RedisCluster
@@ -82,6 +84,72 @@ def glob_escape(value: str) -> str:
 def text(value: Any) -> str:
     """A reply as ``str``, whether the client decodes responses or not."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """A Lua script to run on ``keys`` with ``args``, as one command of a transaction."""
+
+    source: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+# A command of a transaction: its name and arguments, or a script call.
+Command = Sequence[Any] | ScriptCall
+
+
+@dataclass(frozen=True, slots=True)
+class RedisWrite(PreparedWrite):
+    """A service's write as Redis commands, prepared: applied alone or with the writes of
+    other services on the same Redis server in one MULTI/EXEC (their keys in one hash slot
+    on a cluster). ``done`` turns the replies of ``commands`` into the write's result.
+
+    In a transaction nothing else runs between the commands; a failing command neither
+    stops nor undoes the others (its error is raised once they ran).
+    """
+
+    store: RedisStore
+    commands: list[Command]
+    done: Callable[[list[Any]], Any]
+    # Whether applying it twice stores the same (then tried again after a lost connection).
+    idempotent: bool = False
+
+    def joins(self, other: PreparedWrite) -> bool:
+        if not isinstance(other, RedisWrite) or not self.store.same_server(other.store):
+            return False
+        # Each write's keys share a slot (a script's must): both must share the same one.
+        return not self.store.cluster or _slot(self.commands) == _slot(other.commands)
+
+    async def apply(self, *others: PreparedWrite) -> list[Any]:
+        writes = [self]
+        for other in others:
+            if not isinstance(other, RedisWrite) or not self.joins(other):
+                raise TypeError("writes applied together must be on the same Redis server")
+            writes.append(other)
+        commands = [command for write in writes for command in write.commands]
+        idempotent = all(write.idempotent for write in writes)
+        replies = await self.store.transaction(commands, idempotent=idempotent)
+        results, at = [], 0
+        for write in writes:
+            results.append(write.done(replies[at : at + len(write.commands)]))
+            at += len(write.commands)
+        return results
+
+
+def _slot(commands: Sequence[Command]) -> int | None:
+    """The hash slot of the first key of ``commands``."""
+    for command in commands:
+        keys = command.keys if isinstance(command, ScriptCall) else command[1:2]
+        if keys:
+            key = keys[0]
+            return key_slot(key if isinstance(key, bytes) else str(key).encode())
+    return None
+
+
+def _no_script(reply: Exception) -> bool:
+    """Whether ``reply`` says Redis does not have the script (it restarted)."""
+    return isinstance(reply, NoScriptError) or str(reply).startswith("NOSCRIPT")
 
 
 def _validate_key_prefix(key_prefix: str) -> str:
@@ -199,6 +267,16 @@ class RedisStore:
         except (RedisError, RedisClusterException, OSError):
             return False
 
+    def same_server(self, other: RedisStore) -> bool:
+        """Whether ``other`` talks to the same server (or cluster) with the same client
+        settings, so a script may run on either."""
+        return self is other or (
+            self._injected is other._injected
+            and self._url == other._url
+            and self._password == other._password
+            and self._cluster == other._cluster
+        )
+
     async def run(
         self, script: str, keys: Sequence[str], args: Sequence[Any], *, idempotent: bool
     ) -> Any:
@@ -224,37 +302,77 @@ class RedisStore:
             (_, reply) = await shared.execute([("SCRIPT", "LOAD", script.script), command])
         return reply
 
-    async def transaction(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
-        """Send read-only ``commands`` (name and arguments, keys of one hash slot) in one
-        MULTI/EXEC and return their replies; tried once more after a connection failure.
+    async def transaction(
+        self, commands: Sequence[Command], *, idempotent: bool = True
+    ) -> list[Any]:
+        """Send ``commands`` (name and arguments, or :class:`ScriptCall`; keys of one hash
+        slot) in one MULTI/EXEC (a script alone: as is) and return their replies. An error
+        reply is raised (the first) once every command ran. An ``idempotent`` transaction
+        is tried once more after a connection failure.
 
-        What a script would do, without copying every reply through Lua: Redis sends a long
-        list as it is.
+        A transaction of reads is what a script would do, without copying every reply
+        through Lua: Redis sends a long list as it is. A script that Redis no longer has
+        (it restarted) is loaded and run after the others.
 
         >>> async def read(store: RedisStore) -> None:
         ...     exists, items = await store.transaction([("EXISTS", "k"), ("LRANGE", "l", 0, -1)])
         """
 
         async def execute() -> list[Any]:
-            shared = await self._shared_connection()
-            if shared is not None:
-                queued = await shared.execute([("MULTI",), *commands, ("EXEC",)])
-                executed: list[Any] = queued[-1]
-                failed = next((r for r in executed if isinstance(r, Exception)), None)
-                if failed is not None:
-                    raise failed
-                return executed
-            async with asyncio.timeout(self._timeout):
-                await self._connect()
-                if self._client is None:
-                    raise StoreUnavailableError("redis", "the client is closed")
-                pipeline = self._client.pipeline(transaction=True)
-                for command in commands:
-                    pipeline.execute_command(*command)
-                replies: list[Any] = await pipeline.execute()
+            if not commands:
+                return []
+            first = commands[0]
+            if len(commands) == 1 and isinstance(first, ScriptCall):
+                return [await self._evalsha(first.source, first.keys, first.args)]
+            replies = await self._exec(commands)
+            failed = [i for i, reply in enumerate(replies) if isinstance(reply, Exception)]
+            lost = [i for i in failed if _no_script(replies[i])]
+            if lost:
+                for i in lost:
+                    script = commands[i]
+                    assert isinstance(script, ScriptCall)
+                    await self._load(script.source)
+                again = await self._exec([commands[i] for i in lost])
+                for i, reply in zip(lost, again, strict=True):
+                    replies[i] = reply
+            for i in failed:
+                if isinstance(replies[i], Exception):
+                    raise replies[i]
             return replies
 
-        return await self._call(execute, idempotent=True)
+        return await self._call(execute, idempotent=idempotent)
+
+    async def _exec(self, commands: Sequence[Command]) -> list[Any]:
+        """The replies of ``commands`` in one MULTI/EXEC, errors in place."""
+        wire = [self._command(command) for command in commands]
+        shared = await self._shared_connection()
+        if shared is not None:
+            replies: list[Any] = (await shared.execute([("MULTI",), *wire, ("EXEC",)]))[-1]
+            return replies
+        async with asyncio.timeout(self._timeout):
+            await self._connect()
+            if self._client is None:
+                raise StoreUnavailableError("redis", "the client is closed")
+            pipeline = self._client.pipeline(transaction=True)
+            for command in wire:
+                pipeline.execute_command(*command)
+            executed: list[Any] = await pipeline.execute(raise_on_error=False)
+        return executed
+
+    async def _load(self, source: str) -> None:
+        """Load a script Redis lost (on every primary of a cluster)."""
+        shared = await self._shared_connection()
+        if shared is not None:
+            await shared.execute([("SCRIPT", "LOAD", source)])
+        elif self._client is not None:
+            async with asyncio.timeout(self._timeout):
+                await self._client.script_load(source)
+
+    def _command(self, command: Command) -> Sequence[Any]:
+        if isinstance(command, ScriptCall):
+            sha = self._script(command.source).sha
+            return ("EVALSHA", sha, len(command.keys), *command.keys, *command.args)
+        return command
 
     async def _call(
         self, operation: Callable[[], Awaitable[ResultT]], *, idempotent: bool
@@ -417,9 +535,12 @@ __all__ = [
     "DEFAULT_REDIS_URL",
     "LUA_TOUCH",
     "MAX_POSITION",
+    "Command",
     "RedisBackedService",
     "RedisClient",
     "RedisStore",
+    "RedisWrite",
+    "ScriptCall",
     "escape",
     "glob_escape",
     "text",

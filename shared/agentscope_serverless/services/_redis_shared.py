@@ -71,6 +71,20 @@ def _error(reply: ResponseError) -> ResponseError:
     return reply
 
 
+class _Call:
+    """A call waiting for the replies of its commands, due by ``deadline`` (loop time)."""
+
+    __slots__ = ("deadline", "expected", "received", "replies")
+
+    def __init__(
+        self, replies: asyncio.Future[list[Any]], deadline: float, commands: Sequence[Any]
+    ) -> None:
+        self.replies = replies
+        self.deadline = deadline
+        self.expected = len(commands)
+        self.received: list[Any] = []
+
+
 class SharedConnection:
     """A connected redis-py connection whose replies are read here, in order.
 
@@ -90,8 +104,8 @@ class SharedConnection:
         self._reader = reader
         self._writer = writer
         self.loop = asyncio.get_running_loop()
-        # Each call's reply future, with the loop time by which it must come.
-        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        # The calls waiting for their replies, in the order they were sent.
+        self._waiting: deque[_Call] = deque()
         self._timeout = reply_timeout
         self._watchdog: asyncio.TimerHandle | None = None
         self._parser = hiredis.Reader(replyError=ResponseError)
@@ -130,12 +144,15 @@ class SharedConnection:
         """
         if self._lost:
             raise RedisConnectionError("the connection was lost")
-        replies = [self.loop.create_future() for _ in commands]
-        deadline = self.loop.time() + (self._timeout or 0)
-        self._waiting.extend((reply, deadline) for reply in replies)
-        if self._watchdog is None and self._timeout:
-            self._watchdog = self.loop.call_at(deadline, self._watch)
+        if not commands:
+            return []
+        # Packed first: a command that cannot be packed fails before its call waits for a
+        # reply (a call waiting for one that never comes would take the next call's).
         packed = b"".join(map(pack, commands))
+        call = _Call(self.loop.create_future(), self.loop.time() + (self._timeout or 0), commands)
+        self._waiting.append(call)
+        if self._watchdog is None and self._timeout:
+            self._watchdog = self.loop.call_at(call.deadline, self._watch)
         if len(packed) >= _WRITE_AT_ONCE:
             # Nothing to gain from waiting for others: out now, behind what is waiting.
             self._unsent.append(packed)
@@ -147,20 +164,18 @@ class SharedConnection:
         self.last_used = time.monotonic()
         if self._writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await self._writer.drain()
-        if len(replies) == 1:
-            return [await replies[0]]
-        await asyncio.wait(replies)
-        failed = [error for error in (reply.exception() for reply in replies) if error is not None]
-        if failed:
-            raise failed[0]
-        return [reply.result() for reply in replies]
+        replies = await call.replies
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
+        return replies
 
     def _watch(self) -> None:
         """Replies come in order: when the oldest is late, the connection is stuck."""
         self._watchdog = None
         if self._lost or not self._waiting:
             return
-        _, deadline = self._waiting[0]
+        deadline = self._waiting[0].deadline
         if self.loop.time() >= deadline:
             self._lose(RedisTimeoutError("no reply in time"))
         else:
@@ -192,13 +207,14 @@ class SharedConnection:
                     raise RedisConnectionError("the server closed the connection")
                 self._parser.feed(data)
                 while (reply := self._parser.gets()) is not False:
-                    waiter, _ = self._waiting.popleft()
-                    if waiter.done():  # its caller gave up (cancelled or timed out)
-                        continue
+                    call = self._waiting[0]
                     if isinstance(reply, ResponseError):
-                        waiter.set_exception(_error(reply))
-                    else:
-                        waiter.set_result(reply)
+                        reply = _error(reply)
+                    call.received.append(reply)
+                    if len(call.received) == call.expected:
+                        self._waiting.popleft()
+                        if not call.replies.done():  # else its caller gave up
+                            call.replies.set_result(call.received)
         except (Exception, asyncio.CancelledError) as exc:
             self._lose(exc)
 
@@ -212,9 +228,9 @@ class SharedConnection:
             else RedisConnectionError(f"the connection was lost ({type(exc).__name__})")
         )
         while self._waiting:
-            waiter, _ = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_exception(failure)
+            replies = self._waiting.popleft().replies
+            if not replies.done():
+                replies.set_exception(failure)
         self._writer.transport.abort()
 
 

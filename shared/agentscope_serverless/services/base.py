@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from agentscope_serverless.errors import ServiceNotStartedError
 
@@ -65,7 +65,28 @@ class StartedGuard:
             raise ServiceNotStartedError(type(self).__name__)
 
 
+class PreparedWrite(ABC):
+    """A write of a service, prepared but not sent, so that writes of several services on
+    one store can go in one atomic request (on Redis, one script).
+
+    >>> async def both(first: PreparedWrite, second: PreparedWrite) -> None:
+    ...     if first.joins(second):
+    ...         history_result, run_result = await first.apply(second)
+    """
+
+    @abstractmethod
+    def joins(self, other: PreparedWrite) -> bool:
+        """Whether ``other`` can be applied with this write, in one request."""
+
+    @abstractmethod
+    async def apply(self, *others: PreparedWrite) -> list[Any]:
+        """Apply this write and ``others`` (each joining this one) in one request, in that
+        order, and return their results. When one fails, those after it are not applied,
+        and its error is raised."""
+
+
 __all__ = [
+    "PreparedWrite",
     "Service",
     "ServiceLifecycleManagerMixin",
     "ServiceWithLifecycleManager",

@@ -25,13 +25,17 @@ import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.services._validation import require_user_id
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    PreparedWrite,
+    ServiceWithLifecycleManager,
+    StartedGuard,
+)
 
 RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
 # A run is in progress until it ends with one of these.
@@ -74,6 +78,14 @@ class RunBurst:
     finish: bool = False
 
 
+def _check(burst: RunBurst) -> RunBurst:
+    require_user_id(burst.record.user_id)
+    require_run_id(burst.record.id)
+    if burst.finish and burst.record.status not in FINISHED:
+        raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
+    return burst
+
+
 def require_run_id(run_id: Any) -> str:
     """``run_id`` if it is a usable id (a non-empty string of at most 256 characters)."""
     if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID_LENGTH:
@@ -88,6 +100,8 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     """Runs and their events, per user. Backends implement the ``_`` hooks."""
 
     poll_seconds: float = DEFAULT_POLL_SECONDS
+    # Whether the backend prepares writes (see :meth:`prepare_record`).
+    _prepares_writes: ClassVar[bool] = False
 
     async def start(self) -> None:
         self._set_started(True)
@@ -135,13 +149,22 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         the store allows; the answers in order. Fails as a whole when one fails."""
         self._ensure_started()
         for burst in bursts:
-            require_user_id(burst.record.user_id)
-            require_run_id(burst.record.id)
-            if burst.finish and burst.record.status not in FINISHED:
-                raise InvalidInputError(
-                    f"a run finishes as one of {sorted(FINISHED)}", field="status"
-                )
+            _check(burst)
         return await self._record_many(list(bursts))
+
+    def prepare_record(self, burst: RunBurst) -> PreparedWrite | None:
+        """:meth:`record` of ``burst``, prepared to be applied with a write of another
+        service in one request (see :class:`PreparedWrite`), with the same result. None
+        when the backend cannot (then call :meth:`record`)."""
+        self._ensure_started()
+        if not self._prepares_writes:
+            return None
+        return self._prepare_record(_check(burst))
+
+    def _prepare_record(self, burst: RunBurst) -> PreparedWrite | None:
+        """``_record_many`` of one burst as a prepared write (backends that set
+        ``_prepares_writes``)."""
+        return None
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
         return [await self._record(b.record, list(b.events), b.create, b.finish) for b in bursts]

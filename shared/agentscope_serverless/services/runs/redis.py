@@ -22,12 +22,15 @@ Every write refreshes the expiry (``ttl_seconds``) of the keys it touches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentscope_serverless.services._redis import (
     LUA_TOUCH,
+    Command,
     RedisBackedService,
+    RedisWrite,
+    ScriptCall,
     escape,
     text,
     user_key_prefix,
@@ -83,38 +86,34 @@ return 1
 """
 )
 
-# Bursts of runs executing here, each with 3 KEYS (run, events, session index) and, after
-# ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record (written when creating or
-# finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
-# (as for add_events), or, for a run stored whole (created and finished), -1 and its
-# events' lines. Returns, per burst, -1 when the run is not found, else 1 when its
-# cancellation was requested, else 0.
+# Bursts of runs executing here (not stored whole: see ``_whole``), each with 3 KEYS (run,
+# events, session index) and, after ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record
+# (written when creating or finishing), run id, created at, finish ("1"/"0"), the number
+# of events, then the events (as for add_events). Returns, per burst, -1 when the run is
+# not found, else 1 when its cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
     + """
--- Returns the burst's answer and where the next burst's ARGV start.
-local function record(run, events, index, a)
+local answers, a = {}, 2
+for i = 1, #KEYS / 3 do
+  local run, events, index = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local create, finish, count = ARGV[a] == '1', ARGV[a + 4] == '1', tonumber(ARGV[a + 5])
-  local next_at = a + 6 + (count < 0 and 1 or 2 * count)
+  local found = true
   if create then
     if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
   elseif redis.call('EXISTS', run) == 0 then
-    return -1, next_at
+    found = false
   end
-  if count < 0 then
-    redis.call('HSET', run, 'record', ARGV[a + 1], 'events', ARGV[a + 6])
-    touch(tonumber(ARGV[1]), {run, index})
-  else
+  if found then
     if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
     add_events(events, a + 6, count)
     touch(tonumber(ARGV[1]), {run, events, index})
+    answers[i] = redis.call('HEXISTS', run, 'cancel')
+  else
+    answers[i] = -1
   end
-  return redis.call('HEXISTS', run, 'cancel'), next_at
-end
-local answers, a = {}, 2
-for i = 1, #KEYS / 3 do
-  answers[i], a = record(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], a)
+  a = a + 6 + 2 * count
 end
 return answers
 """
@@ -153,6 +152,8 @@ class RedisRunsService(RedisBackedService, RunsService):
     Takes the same connection arguments as the other Redis services.
     """
 
+    _prepares_writes = True
+
     def _run_key(self, user_id: str, run_id: str) -> str:
         base = user_key_prefix(self._redis.key_prefix, "run", user_id)
         return f"{base}:r:{escape(run_id)}"
@@ -184,9 +185,7 @@ class RedisRunsService(RedisBackedService, RunsService):
         )
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
-        # One call (on a cluster, one per user: the keys of a call must share a hash slot).
-        # A burst applied twice stores the same: events keep their entry ids, the record
-        # written is the burst's own.
+        # One request (on a cluster, one per user: the keys of a request share a hash slot).
         by_user: dict[str, list[int]] = {}
         for position, burst in enumerate(bursts):
             user = burst.record.user_id if self._redis.cluster else ""
@@ -194,13 +193,9 @@ class RedisRunsService(RedisBackedService, RunsService):
         answers: list[bool | None] = [None] * len(bursts)
 
         async def record(positions: list[int]) -> None:
-            keys: list[str] = []
-            args: list[Any] = [self._ttl]
-            for position in positions:
-                self._add_burst(bursts[position], keys, args)
-            replies = await self._redis.run(_RECORD, keys, args, idempotent=True)
+            (replies,) = await self._write([bursts[p] for p in positions]).apply()
             for position, reply in zip(positions, replies, strict=True):
-                answers[position] = int(reply) == 1
+                answers[position] = reply
 
         groups = list(by_user.values())
         if len(groups) == 1:
@@ -208,6 +203,63 @@ class RedisRunsService(RedisBackedService, RunsService):
         else:
             await asyncio.gather(*(record(positions) for positions in groups))
         return answers
+
+    def _prepare_record(self, burst: RunBurst) -> RedisWrite:
+        return self._write([burst], answer=lambda answers: answers[0])
+
+    def _write(
+        self, bursts: list[RunBurst], answer: Callable[[list[bool]], Any] = list
+    ) -> RedisWrite:
+        """The write storing ``bursts``: plain commands for each run stored whole, one
+        ``_RECORD`` call for the others. A burst applied twice stores the same: events
+        keep their entry ids, the record written is the burst's own."""
+        commands: list[Command] = []
+        keys: list[str] = []
+        args: list[Any] = [self._ttl]
+        # Per burst: its answer's position in the script's reply; None when stored whole.
+        scripted: list[int | None] = []
+        for burst in bursts:
+            whole = self._whole(burst)
+            if whole is None:
+                scripted.append(len(keys) // 3)
+                self._add_burst(burst, keys, args)
+            else:
+                commands += whole
+                scripted.append(None)
+        if keys:
+            commands.append(ScriptCall(_RECORD, keys, args))
+
+        def done(replies: list[Any]) -> Any:
+            return answer([at is not None and _requested(replies[-1][at]) for at in scripted])
+
+        return RedisWrite(self._redis, commands, done, idempotent=True)
+
+    def _whole(self, burst: RunBurst) -> list[Command] | None:
+        """The commands storing a run whole (created and finished in one write), its
+        events as lines in its hash, or None for another burst (or when an event's JSON
+        holds a line break). A run stored whole was never stored before: nobody can have
+        requested its cancellation.
+
+        Plain commands: an event's JSON crossing into Lua and out again costs Redis more
+        than the rest of the write (about 8 us per 6 KiB each way, measured here)."""
+        if not (burst.create and burst.finish):
+            return None
+        lines = _lines(burst.events)
+        if lines is None:
+            return None
+        record = burst.record
+        run = self._run_key(record.user_id, record.id)
+        commands: list[Command] = [
+            ("HSET", run, "record", record.model_dump_json(exclude=_NOT_STORED), "events", lines)
+        ]
+        if record.session_id:
+            index = self._session_key(record.user_id, record.session_id)
+            commands.append(("ZADD", index, repr(record.created_at), record.id))
+            if self._ttl:
+                commands.append(("EXPIRE", index, self._ttl))
+        if self._ttl:
+            commands.append(("EXPIRE", run, self._ttl))
+        return commands
 
     def _add_burst(self, burst: RunBurst, keys: list[str], args: list[Any]) -> None:
         record = burst.record
@@ -220,12 +272,9 @@ class RedisRunsService(RedisBackedService, RunsService):
             record.id,
             repr(record.created_at),
             "1" if burst.finish else "0",
+            len(burst.events),
+            *_pairs(burst.events),
         )
-        lines = _lines(burst.events) if burst.create and burst.finish else None
-        if lines is None:
-            args += (len(burst.events), *_pairs(burst.events))
-        else:
-            args += (-1, lines)
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         await self._redis.run(_CANCEL, [self._run_key(user_id, run_id)], [], idempotent=True)
@@ -271,6 +320,11 @@ class RedisRunsService(RedisBackedService, RunsService):
                     after = int(sequence)
                     events.append((after, text(data)))
         return events[:limit] if limit else events
+
+
+def _requested(reply: Any) -> bool:
+    """A burst's answer: whether the run's cancellation was requested."""
+    return int(reply) == 1
 
 
 def _lines(events: Sequence[StoredEvent]) -> str | None:

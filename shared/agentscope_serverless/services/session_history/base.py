@@ -7,7 +7,8 @@ their arguments first, so every backend treats ids, messages and limits the same
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -20,7 +21,11 @@ from agentscope_serverless.services._validation import (
     require_user_id,
     to_messages,
 )
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    PreparedWrite,
+    ServiceWithLifecycleManager,
+    StartedGuard,
+)
 
 MAX_PAGE_SIZE = 1000
 
@@ -42,6 +47,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
       session that does not exist yet is created; a message whose id is already in the
       session is not appended again.
     """
+
+    # Whether the backend prepares writes (see :meth:`prepare_append`).
+    _prepares_writes: ClassVar[bool] = False
 
     async def start(self) -> None:
         self._set_started(True)
@@ -159,15 +167,39 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         session is not stored again, and ``session.messages`` gets the stored one, so a
         retried append cannot duplicate history.
         """
+        user_id, sid, messages = self._appending(session, message)
+        if messages:
+            session.messages.extend(await self._append_messages(user_id, sid, messages))
+
+    def prepare_append(self, session: Session, messages: list[Message]) -> PreparedWrite | None:
+        """:meth:`append_message` of ``messages``, prepared to be applied with a write of
+        another service in one request (see :class:`PreparedWrite`); its result is None.
+        None when the backend cannot (then call :meth:`append_message`)."""
+        if not self._prepares_writes:
+            return None
+        user_id, sid, checked = self._appending(session, messages)
+        if not checked:
+            return None
+        return self._prepare_append(user_id, sid, checked, session.messages.extend)
+
+    def _appending(self, session: Session, message: Any) -> tuple[str, str, list[Message]]:
         self._ensure_started()
         user_id = require_user_id(session.user_id)
         sid = clean_session_id(session.id)
         if sid is None:
             raise InvalidInputError("session.id must not be blank", field="session.id")
-        messages = to_messages(message)
-        if not messages:
-            return
-        session.messages.extend(await self._append_messages(user_id, sid, messages))
+        return user_id, sid, to_messages(message)
+
+    def _prepare_append(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        stored: Callable[[list[Message]], None],
+    ) -> PreparedWrite | None:
+        """``_append_messages`` as a prepared write calling ``stored`` with its result
+        (backends that set ``_prepares_writes``)."""
+        return None
 
     @abstractmethod
     async def _create_session(self, user_id: str, session_id: str) -> Session:

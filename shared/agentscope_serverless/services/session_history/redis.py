@@ -19,6 +19,7 @@ expiry; index entries of expired sessions are dropped when the index is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -30,6 +31,8 @@ from agentscope_serverless.services._redis import (
     MAX_POSITION,
     RedisBackedService,
     RedisClient,
+    RedisWrite,
+    ScriptCall,
     escape,
     text,
     user_key_prefix,
@@ -194,6 +197,8 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     expires); ``max_messages_per_session`` keeps only the newest messages.
     """
 
+    _prepares_writes = True
+
     def __init__(
         self,
         redis_url: str = DEFAULT_REDIS_URL,
@@ -326,16 +331,44 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> list[Message]:
-        arguments: list[str] = []
+        (appended,) = await self._append_write(user_id, session_id, messages, _same).apply()
+        return appended  # type: ignore[no-any-return]
+
+    def _prepare_append(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        stored: Callable[[list[Message]], None],
+    ) -> RedisWrite:
+        return self._append_write(user_id, session_id, messages, stored)
+
+    def _append_write(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        stored: Callable[[list[Message]], Any],
+    ) -> RedisWrite:
+        arguments: list[Any] = [self._ttl, session_id, self._max_messages]
         for message in messages:
             arguments += [message.id, encode_message(message)]
-        raw = await self._session_call(
-            _APPEND, user_id, session_id, self._max_messages, *arguments, idempotent=False
-        )
-        return [
-            message if reply == 0 else Message.model_validate_json(reply)
-            for message, reply in zip(messages, raw, strict=True)
-        ]
+
+        def done(replies: list[Any]) -> Any:
+            (raw,) = replies
+            return stored(
+                [
+                    message if reply == 0 else Message.model_validate_json(reply)
+                    for message, reply in zip(messages, raw, strict=True)
+                ]
+            )
+
+        call = ScriptCall(_APPEND, self._keys(user_id, session_id), arguments)
+        return RedisWrite(self._redis, [call], done)
+
+
+def _same(messages: list[Message]) -> list[Message]:
+    return messages
 
 
 __all__ = ["RedisSessionHistoryService"]
