@@ -20,7 +20,6 @@ from agentscope_serverless.services._redis import RedisStore, ScriptCall
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.memory.in_memory import InMemoryMemoryService
 from agentscope_serverless.services.runs.redis import RedisRunsService
-from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 from agentscope_serverless.settings import load_settings
@@ -228,7 +227,10 @@ async def test_runs_on_another_redis_are_stored_apart_from_the_history(
 async def test_an_agent_running_another_runner_keeps_its_own_turn_end(
     redis_server: RedisServer, user_id: str
 ) -> None:
-    inner_history = InMemorySessionHistoryService()
+    url = redis_server.url
+    # The inner runner's history is on the same Redis: had it taken the outer run's turn
+    # end, its own turn would be stored as the outer run's end.
+    inner_history = RedisSessionHistoryService(url)
     inner = Runner(_words, services=Services(session_history=inner_history))
 
     async def outer(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
@@ -238,11 +240,13 @@ async def test_an_agent_running_another_runner_keeps_its_own_turn_end(
         )
         yield f"inner said {reply.output[-1].get_text_content()}"  # type: ignore[index]
 
-    url = redis_server.url
     stack = _Stack(RedisSessionHistoryService(url), RedisRunsService(url), handler=outer)
-    async with stack, inner_history, inner:
+    async with stack, inner_history, inner, Redis.from_url(url) as client:
+        await client.config_resetstat()
         run = await stack.start(user_id, "outer")
         streamed = await _streamed(run)
+        # One transaction: the outer turn's. The inner turn's messages went on their own.
+        assert (await client.info("commandstats"))["cmdstat_exec"]["calls"] == 1
         final = json.loads(streamed[-1])
         assert final["status"] == "completed" and final["id"] == run.run_id
         assert await _stored(stack.runs, user_id, run.run_id) == streamed
