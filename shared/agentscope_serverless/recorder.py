@@ -177,16 +177,18 @@ class RecordedRun:
     ) -> None:
         """The runner's turn end (see :data:`~agentscope_serverless.runner.TurnEnd`): a run
         not written yet is stored whole, ``final`` included, with the turn's messages."""
-        unwritten = self._runs is not None and self._record is not None and self._writer is None
-        appending = history.prepare_append(session, messages) if unwritten else None
+        runs, record = self._runs, self._record
+        unwritten = runs is not None and record is not None and self._writer is None
+        together = unwritten and runs is not None and runs.prepares_writes
+        appending = history.prepare_append(session, messages) if together else None
         if appending is None:
             await history.append_message(session, messages)
             return
-        assert self._runs is not None and self._record is not None
+        assert runs is not None and record is not None
         ending = (final, final.model_dump_json())
         events = [(e.sequence_number or 0, data) for e, data in (*self._log, ending)]
-        record = self._record.model_copy(update={"status": final.status, "updated_at": time.time()})
-        recording = self._runs.prepare_record(RunBurst(record, events, create=True, finish=True))
+        ended = record.model_copy(update={"status": final.status, "updated_at": time.time()})
+        recording = runs.prepare_record(RunBurst(ended, events, create=True, finish=True))
         if recording is None or not appending.joins(recording):
             await appending.apply()
             return
@@ -252,9 +254,9 @@ class RecordedRun:
         burst = [(e.sequence_number or 0, data) for e, data in self._log[self._written : end]]
         self._written = end
         record = self._record
-        if finish:
-            status = self.status if self._ended() else RunStatus.Failed
-            record = record.model_copy(update={"status": status, "updated_at": time.time()})
+        if finish:  # the last write: the record is saved as final
+            record.status = self.status if self._ended() else RunStatus.Failed
+            record.updated_at = time.time()
         create, self._created = not self._created, True
         if await self._runs.record(record, burst, create=create, finish=finish):
             self.cancel()

@@ -101,7 +101,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
 
     poll_seconds: float = DEFAULT_POLL_SECONDS
     # Whether the backend prepares writes (see :meth:`prepare_record`).
-    _prepares_writes: ClassVar[bool] = False
+    prepares_writes: ClassVar[bool] = False
 
     async def start(self) -> None:
         self._set_started(True)
@@ -157,13 +157,13 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         service in one request (see :class:`PreparedWrite`), with the same result. None
         when the backend cannot (then call :meth:`record`)."""
         self._ensure_started()
-        if not self._prepares_writes:
+        if not self.prepares_writes:
             return None
         return self._prepare_record(_check(burst))
 
     def _prepare_record(self, burst: RunBurst) -> PreparedWrite | None:
         """``_record_many`` of one burst as a prepared write (backends that set
-        ``_prepares_writes``)."""
+        ``prepares_writes``)."""
         return None
 
     async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:

@@ -49,7 +49,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     """
 
     # Whether the backend prepares writes (see :meth:`prepare_append`).
-    _prepares_writes: ClassVar[bool] = False
+    prepares_writes: ClassVar[bool] = False
 
     async def start(self) -> None:
         self._set_started(True)
@@ -175,7 +175,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """:meth:`append_message` of ``messages``, prepared to be applied with a write of
         another service in one request (see :class:`PreparedWrite`); its result is None.
         None when the backend cannot (then call :meth:`append_message`)."""
-        if not self._prepares_writes:
+        if not self.prepares_writes:
             return None
         user_id, sid, checked = self._appending(session, messages)
         if not checked:
@@ -198,7 +198,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         stored: Callable[[list[Message]], None],
     ) -> PreparedWrite | None:
         """``_append_messages`` as a prepared write calling ``stored`` with its result
-        (backends that set ``_prepares_writes``)."""
+        (backends that set ``prepares_writes``)."""
         return None
 
     @abstractmethod

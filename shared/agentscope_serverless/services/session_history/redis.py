@@ -197,7 +197,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     expires); ``max_messages_per_session`` keeps only the newest messages.
     """
 
-    _prepares_writes = True
+    prepares_writes = True
 
     def __init__(
         self,
