@@ -16,7 +16,7 @@ drives it in a task of its own, so the run is independent of the request that st
   runner hands its turn's end to the recorder (:func:`~agentscope_serverless.runner.
   end_turns_with`), which appends the messages to the session and stores the whole run,
   its final event included, in one request when both stores allow it (the same Redis: one
-  script), and otherwise appends them as the runner would;
+  ``MULTI``/``EXEC``), and otherwise appends them as the runner would;
 - the store's answer says whether the run's cancellation was requested; a run still going
   after its first write delay also polls for it, every ``poll_seconds``. Cancelling cancels
   the run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's
