@@ -195,10 +195,10 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         user_id: str,
         session_id: str,
         messages: list[Message],
-        stored: Callable[[list[Message]], None],
+        stored: Callable[[list[Message]], Any],
     ) -> PreparedWrite | None:
-        """``_append_messages`` as a prepared write calling ``stored`` with its result
-        (backends that set ``prepares_writes``)."""
+        """``_append_messages`` as a prepared write whose result is ``stored`` of its
+        result (backends that set ``prepares_writes``)."""
         return None
 
     @abstractmethod

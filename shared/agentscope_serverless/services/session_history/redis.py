@@ -331,19 +331,10 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> list[Message]:
-        (appended,) = await self._append_write(user_id, session_id, messages, _same).apply()
+        (appended,) = await self._prepare_append(user_id, session_id, messages, _same).apply()
         return appended  # type: ignore[no-any-return]
 
     def _prepare_append(
-        self,
-        user_id: str,
-        session_id: str,
-        messages: list[Message],
-        stored: Callable[[list[Message]], None],
-    ) -> RedisWrite:
-        return self._append_write(user_id, session_id, messages, stored)
-
-    def _append_write(
         self,
         user_id: str,
         session_id: str,
