@@ -21,7 +21,7 @@ Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p9
 
     .venv/bin/python bench/http_bench.py [--duration 5] [--connections 8] [--history 1000]
     .venv/bin/python bench/http_bench.py --guard-cost [--guard-requests 300]
-    .venv/bin/python bench/http_bench.py --storage-cost [--rounds 5]
+    .venv/bin/python bench/http_bench.py --storage-cost [--rounds 8]
 
 Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
 when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
@@ -29,9 +29,9 @@ the reused session within 1.2x of the new-user CPU; p99 at most 4x p50.
 
 ``--storage-cost`` measures instead what storing each run's events costs ``/process``
 (:func:`storage_cost`): the same runtime with ``RUNS_BACKEND=none`` and with the runs stored,
-in memory and on Redis (a redis-server started for the run, session history on it too).
-It exits with status 1 when storing on Redis is more than 15% slower (median latency or
-throughput).
+in memory and on Redis (a redis-server started for the run, session history on it too), the
+two servers of each comparison side by side on one CPU. It exits with status 1 when storing
+on Redis is more than 15% slower (median latency or throughput).
 """
 
 from __future__ import annotations
@@ -123,13 +123,24 @@ def free_port() -> int:
 
 
 def start(
-    kind: str, env: dict[str, str], recording: Path | None = None, name: str | None = None
+    kind: str,
+    env: dict[str, str],
+    recording: Path | None = None,
+    name: str | None = None,
+    cpu: int | None = None,
 ) -> Server:
+    """Start a server; with ``cpu``, it runs on that CPU only."""
     port = free_port()
     command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
     if recording is not None:
         command += ["--recording", str(recording)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -191,36 +202,57 @@ class Bench:
 
     def load(self, server: Server, scenario: str, stream: bool, ids: str) -> dict[str, Any]:
         """Run wrk against ``server`` with the Lua ``ids(n)`` function; one result row."""
-        script = self.workdir / f"{server.name}-{len(self.rows)}.lua"
-        script.write_text(
-            WRK_SCRIPT
-            % {
-                "key": self.key,
-                "stream": "true" if stream else "false",
-                "prefix": f"{scenario.replace(' ', '-')}-{time.time_ns()}",
-                "ids": ids,
-            }
-        )
-        before = server.cpu_seconds()
-        output = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                f"-c{self.connections}",
-                f"-d{self.duration}s",
-                "--timeout",
-                "30s",
-                "-s",
-                str(script),
-                server.url,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if output.returncode != 0:
-            raise SystemExit(f"wrk failed: {output.stdout}{output.stderr}")
-        cpu = server.cpu_seconds() - before
-        line = next(x for x in output.stdout.splitlines() if x.startswith("RESULT "))
+        (row,) = self.load_together([server], scenario, stream, ids)
+        return row
+
+    def load_together(
+        self, servers: list[Server], scenario: str, stream: bool, ids: str
+    ) -> list[dict[str, Any]]:
+        """Run one wrk per server, all at the same time; their rows, in order."""
+        started: list[tuple[Server, subprocess.Popen[str], float]] = []
+        for server in servers:
+            script = self.workdir / f"{server.name}-{len(self.rows)}-{len(started)}.lua"
+            script.write_text(
+                WRK_SCRIPT
+                % {
+                    "key": self.key,
+                    "stream": "true" if stream else "false",
+                    "prefix": f"{scenario.replace(' ', '-')}-{server.name}-{time.time_ns()}",
+                    "ids": ids,
+                }
+            )
+            wrk = subprocess.Popen(
+                [
+                    "wrk",
+                    "-t1",
+                    f"-c{self.connections}",
+                    f"-d{self.duration}s",
+                    "--timeout",
+                    "30s",
+                    "-s",
+                    str(script),
+                    server.url,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            started.append((server, wrk, server.cpu_seconds()))
+        return [self._row(scenario, stream, *run) for run in started]
+
+    def _row(
+        self,
+        scenario: str,
+        stream: bool,
+        server: Server,
+        wrk: subprocess.Popen[str],
+        cpu_before: float,
+    ) -> dict[str, Any]:
+        stdout, stderr = wrk.communicate()
+        if wrk.returncode != 0:
+            raise SystemExit(f"wrk failed: {stdout}{stderr}")
+        cpu = server.cpu_seconds() - cpu_before
+        line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
         result = json.loads(line.removeprefix("RESULT "))
         if result["errors"]:
             raise SystemExit(f"{server.name} {scenario}: {result['errors']} failed requests")
@@ -361,9 +393,17 @@ MAX_STORAGE_COST = 1.15
 def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
     """p50, req/s and CPU of ``/process`` without and with stored runs, in memory and on Redis.
 
-    The four servers take turns under the same wrk load (a new user per request, streamed),
-    ``--rounds`` times; each figure is the median of its rounds, and each cost the median of
-    its rounds' ratios.
+    The two servers of a comparison (runs not stored, runs stored) run side by side on one
+    CPU, each under its own wrk load at the same time (a new user per request, streamed),
+    ``--rounds`` times. Each cost is the median of its rounds' ratios.
+
+    Why side by side: this machine's speed drifts by tens of percent within seconds, so two
+    servers measured one after the other differ by chance as much as the cost measured. Two
+    identical servers (both without stored runs) gave p50 ratios from 0.66 to 1.54 over the
+    rounds when measured one after the other, and from 0.91 to 1.04 side by side on one
+    CPU. Sharing a CPU, each server gets half of it, so a server that needs more CPU per
+    request serves fewer requests and waits longer: the ratios are those of running each
+    alone.
     """
     from agentscope_serverless.local_stack import RedisServer
 
@@ -374,6 +414,7 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
         "AGENT_APP": "agentscope_serverless.agents.demo:app",
         "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
     }
+    cpu = max(os.sched_getaffinity(0))  # the servers' CPU; wrk and Redis go where they may
     with RedisServer() as redis:
         on_redis = {"SESSION_HISTORY_BACKEND": "redis", "REDIS_URL": redis.url}
         configurations = {
@@ -385,22 +426,23 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
         servers: dict[str, Server] = {}
         try:
             for name, env in configurations.items():
-                servers[name] = start("runtime", {**base, **env}, name=name.replace("/", "-"))
+                servers[name] = start(
+                    "runtime", {**base, **env}, name=name.replace("/", "-"), cpu=cpu
+                )
             bench = Bench(key, servers, workdir, args.duration, args.connections, 0)
             ids = "function ids(n) return prefix .. '-' .. n, nil end"
-            # The servers take turns, round after round: a change in the machine's load
-            # then affects each of them alike, and each row is the median of its rounds.
             rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
             for _ in range(args.rounds):
-                for name, server in servers.items():
-                    rounds[name].append(bench.load(server, "new user", True, ids))
+                for store in ("memory", "redis"):
+                    pair = [f"{store}/none", f"{store}/stored"]
+                    rows = bench.load_together([servers[n] for n in pair], "new user", True, ids)
+                    for name, row in zip(pair, rows, strict=True):
+                        rounds[name].append(row)
             results = {name: median_row(rows) for name, rows in rounds.items()}
         finally:
             for server in servers.values():
                 server.process.terminate()
                 server.process.wait(timeout=30)
-    # Each cost is the median of its rounds' ratios: a round's two servers ran one right
-    # after the other, so a slower spell of the machine weighs on both of a ratio's terms.
     costs = {}
     for store in ("memory", "redis"):
         pairs = list(zip(rounds[f"{store}/none"], rounds[f"{store}/stored"], strict=True))
@@ -563,7 +605,7 @@ def main() -> None:
     )
     parser.add_argument("--guard-requests", type=int, default=300)
     parser.add_argument(
-        "--rounds", type=int, default=5, help="turns of each server (--storage-cost)"
+        "--rounds", type=int, default=8, help="turns of each pair of servers (--storage-cost)"
     )
     args = parser.parse_args()
     if args.serve:
