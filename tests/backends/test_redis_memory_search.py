@@ -213,6 +213,39 @@ async def test_the_ids_a_bulk_add_reserved_are_forgotten_with_its_write_id(
         assert len(await listed(redis, user_id)) == 1501
 
 
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+async def test_concurrent_bulk_adds_of_one_user_rank_like_the_same_adds_in_turn(
+    redis_server: RedisServer,
+    redis_cluster_server: RedisClusterServer,
+    user_id: str,
+    topology: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Small index steps, so the two adds' steps interleave on shared buckets; a single
+    # add (one script) lands between them.
+    monkeypatch.setattr(redis_memory, "_INDEX_BUCKETS", 5)
+    monkeypatch.setattr(redis_memory, "_INDEX_IDS", 200)
+    rng = random.Random(f"concurrent-{topology}")
+    first, second = ([m for _, m in corpus(rng, 1100)] for _ in range(2))
+    single = [m for _, m in corpus(rng, 40)]
+    cluster = topology == "cluster"
+    url = redis_cluster_server.url if cluster else redis_server.url
+    reference = InMemoryMemoryService()
+    adds = [(first, "a"), (second, "b"), (single, "c")]
+    async with reference, RedisMemoryService(url, cluster=cluster) as redis:
+        await asyncio.gather(*(redis.add_memory(user_id, m, session_id=s) for m, s in adds))
+        # The reference makes the same adds one after the other, in the order Redis took
+        # them; each add's memories are one block, in its order (its ids reserved at once).
+        stored = await listed(redis, user_id)
+        for memories, session in sorted(adds, key=lambda add: stored.index(add[0][0].id)):
+            await reference.add_memory(user_id, memories, session_id=session)
+        assert stored == await listed(reference, user_id)
+        await assert_same_rankings(reference, redis, user_id, rng)
+        for service in (reference, redis):
+            await service.delete_memory(user_id, "a")
+        await assert_same_rankings(reference, redis, user_id, rng)
+
+
 async def listed(service: MemoryService, user_id: str) -> list[str]:
     """The ids of all the user's memories, oldest first."""
     ids: list[str] = []
