@@ -400,7 +400,7 @@ def storage_cost(args: argparse.Namespace, workdir: Path, key: str) -> dict[str,
     Why side by side: this machine's speed drifts by tens of percent within seconds, so two
     servers measured one after the other differ by chance as much as the cost measured. Two
     identical servers (both without stored runs) gave p50 ratios from 0.66 to 1.54 over the
-    rounds when measured one after the other, and from 0.91 to 1.04 side by side on one
+    rounds when measured one after the other, and from 0.91 to 1.01 side by side on one
     CPU. Sharing a CPU, each server gets half of it, so a server that needs more CPU per
     request serves fewer requests and waits longer: the ratios are those of running each
     alone.
