@@ -43,9 +43,8 @@ class ServiceLifecycleManagerMixin:
         exc_type: type[BaseException] | None,
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         await self.stop()  # type: ignore[attr-defined]
-        return False
 
 
 class ServiceWithLifecycleManager(Service, ServiceLifecycleManagerMixin):

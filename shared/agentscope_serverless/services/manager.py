@@ -80,11 +80,10 @@ class ServiceManager:
         exc_type: type[BaseException] | None,
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         stack, self._exit_stack = self._exit_stack, None
         if stack is not None:
             await stack.aclose()
-        return False
 
     def __getattr__(self, name: str) -> Service:
         services = self.__dict__.get("_services", {})
