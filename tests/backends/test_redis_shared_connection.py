@@ -225,6 +225,34 @@ async def test_large_and_small_commands_of_one_turn_keep_their_order(
             await client.delete("order:check")
 
 
+async def test_the_calls_of_one_turn_of_the_loop_and_the_next_go_out_in_one_write(
+    redis_server: RedisServer,
+) -> None:
+    async with connected(redis_server.url) as (_, connection):
+        writes: list[bytes] = []
+        write = connection._writer.write
+
+        def counted(data: bytes) -> None:
+            writes.append(data)
+            write(data)
+
+        connection._writer.write = counted  # type: ignore[method-assign]
+
+        async def turns_later(turns: int, value: str) -> list[Any]:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await connection.execute([("ECHO", value)])
+
+        replies = await asyncio.gather(
+            connection.execute([("ECHO", "now")]), turns_later(1, "next")
+        )
+        assert replies == [[b"now"], [b"next"]]
+        assert len(writes) == 1
+        # Two turns later is too late: a write of its own.
+        await asyncio.gather(connection.execute([("PING",)]), turns_later(2, "later"))
+        assert len(writes) == 3
+
+
 def test_a_store_outlives_an_event_loop_closed_under_its_connection(
     redis_server: RedisServer,
 ) -> None:

@@ -159,7 +159,7 @@ class SharedConnection:
             self._flush()
         else:
             if not self._unsent:
-                self.loop.call_soon(self._flush)
+                self.loop.call_soon(self.loop.call_soon, self._flush)
             self._unsent.append(packed)
         self.last_used = time.monotonic()
         if self._writer.transport.get_write_buffer_size() > _HIGH_WATER:
@@ -182,7 +182,14 @@ class SharedConnection:
             self._watchdog = self.loop.call_at(deadline, self._watch)
 
     def _flush(self) -> None:
-        """Write what the calls of this turn of the event loop sent, in one write."""
+        """Write what the calls of this turn of the event loop and the next sent, in one
+        write.
+
+        The next turn too: a task woken by a reply often calls again only a turn later
+        (woken by another task it waits for). Eight ``/process`` requests at a time on Redis
+        made 0.54 writes each with one turn, 0.33 with two (0.62 and 0.42 with their runs
+        stored), for 7 to 9% less CPU per request; a third turn gained nothing.
+        """
         unsent, self._unsent = self._unsent, []
         if unsent and not self._lost:
             self._writer.write(b"".join(unsent))
