@@ -51,9 +51,13 @@ def test_changing_a_message_read_changes_no_later_read() -> None:
     first.content[0].text = "changed"  # type: ignore[union-attr]
     first.content.append(TextContent(text="more"))
     first.role = "assistant"
+    first.model_fields_set.clear()
+    first.content[0].model_fields_set.clear()
     again = decode_messages([raw], keep=True)[0]
     assert again.get_text_content() == "hi"
     assert again.role == "user"
+    assert again.model_fields_set == set(Message.model_fields)
+    assert again.content[0].model_fields_set == set(TextContent.model_fields)  # type: ignore[index]
     assert again.content is not None and len(again.content) == 1
     assert again.content[0] is not first.content[0]
 

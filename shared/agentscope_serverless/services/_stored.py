@@ -145,9 +145,10 @@ def _current(data: Any) -> tuple[dict[str, Any], _Parts | None] | None:
     return data, parts
 
 
-# What one model is built from again: its class, its fields, and the names of those that
-# held an empty dict or list (each build gets new ones); every other value is immutable.
-_Kept = tuple[type[BaseModel], dict[str, Any], tuple[tuple[str, type], ...]]
+# What one model is built from again: its class, its fields, their names, and the names of
+# those that held an empty dict or list (each build gets new ones); every other value is
+# immutable.
+_Kept = tuple[type[BaseModel], dict[str, Any], frozenset[str], tuple[tuple[str, type], ...]]
 # A message's kept fields (its content None) and its content's, when it has content.
 _Known = tuple[_Kept, tuple[_Kept, ...] | None]
 # How many messages' fields are kept (the windows of a few dozen sessions); the oldest go
@@ -189,7 +190,7 @@ def _kept(cls: type[BaseModel], fields: dict[str, Any]) -> _Kept | None:
             fresh.append((name, kind))
             continue
         return None
-    return cls, fields, tuple(fresh)
+    return cls, fields, frozenset(fields), tuple(fresh)
 
 
 def _remember(raw: str | bytes, known: _Known) -> None:
@@ -209,24 +210,29 @@ def _from_known(known: _Known) -> Message:
 
 
 def _build(kept: _Kept) -> Any:
-    cls, fields, fresh = kept
-    fields = dict(fields)
+    cls, fields, names, fresh = kept
+    fields = fields.copy()
     for name, kind in fresh:
         fields[name] = kind()
-    return _built(cls, fields)
+    return _built(cls, fields, names)
 
 
 # BaseModel's slots, set past its __setattr__ (as pydantic-core does).
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+_new = object.__new__  # BaseModel has no __new__ of its own
+_set_dict = object.__setattr__
 
 
-def _built(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
-    """An instance of ``cls`` holding ``fields`` as they are (all of its fields, checked)."""
-    model = cls.__new__(cls)
-    object.__setattr__(model, "__dict__", fields)
-    _set_fields_set(model, set(fields))
+def _built(
+    cls: type[ModelT], fields: dict[str, Any], names: frozenset[str] | None = None
+) -> ModelT:
+    """An instance of ``cls`` holding ``fields`` as they are (all of its fields, checked;
+    ``names``: their names, when known)."""
+    model = _new(cls)
+    _set_dict(model, "__dict__", fields)
+    _set_fields_set(model, set(fields if names is None else names))
     _set_extra(model, None)
     _set_private(model, None)
     return model
