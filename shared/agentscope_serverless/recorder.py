@@ -41,6 +41,7 @@ from collections.abc import AsyncGenerator
 
 from agentscope_serverless.log import logger
 from agentscope_serverless.runner import RUN_CANCELED, end_turns_with
+from agentscope_serverless.schemas._build import json_of, set_field
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, RunStatus
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
@@ -157,15 +158,16 @@ class RecordedRun:
                 self._write_timer = loop.call_later(delay, self._start_writer)
                 self._recorder._live[(self.user_id, self.run_id)] = self
         if event.sequence_number is None:
-            event.sequence_number = self._last_sequence() + 1
+            set_field(event, "sequence_number", self._last_sequence() + 1)
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             self.status = event.status
         if self._ending is not None and event is self._ending[0]:
             self._log.append(self._ending)
             self._written = len(self._log)
         else:
-            self._log.append((event, event.model_dump_json()))
-            self._to_write.set()
+            self._log.append((event, json_of(event)))
+            if self._writer is not None:  # else the writer, once started, writes it
+                self._to_write.set()
         self._notify()
 
     async def _end_turn(
@@ -185,7 +187,7 @@ class RecordedRun:
             await history.append_message(session, messages)
             return
         assert runs is not None and record is not None
-        ending = (final, final.model_dump_json())
+        ending = (final, json_of(final))
         events = [(e.sequence_number or 0, data) for e, data in (*self._log, ending)]
         ended = record.model_copy(update={"status": final.status, "updated_at": time.time()})
         recording = runs.prepare_record(RunBurst(ended, events, create=True, finish=True))

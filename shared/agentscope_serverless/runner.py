@@ -34,7 +34,7 @@ import time
 import types
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -48,6 +48,7 @@ from agentscope_serverless.errors import (
     ServiceNotStartedError,
 )
 from agentscope_serverless.log import logger
+from agentscope_serverless.schemas._build import built, set_field
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -91,6 +92,12 @@ _turn_end: ContextVar[list[TurnEnd] | None] = ContextVar("turn_end", default=Non
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
+# A text delta's fields (each delta sets its index, msg_id and text) and the names of those
+# given: each delta is built from them, twice as fast as validating its values again.
+_delta = TextContent(text="", delta=True, index=0, msg_id="", status=RunStatus.InProgress)
+_TEXT_DELTA: dict[str, Any] = dict(_delta.__dict__)
+_TEXT_DELTA_SET = frozenset(_delta.model_fields_set)
+del _delta
 
 
 class Runner(ServiceLifecycleManagerMixin):
@@ -388,10 +395,11 @@ class Runner(ServiceLifecycleManagerMixin):
             yield event
         try:
             async with contextlib.aclosing(
-                self._run_handler(turn, request, session, memories, kwargs)
-            ) as events:
-                async for event in events:
-                    yield event
+                self._handler_items(turn, request, session, memories, kwargs)
+            ) as items:
+                async for item in items:
+                    for event in turn.feed(item):
+                        yield event
             for event in turn.close():
                 yield event
         except Exception as exc:
@@ -422,14 +430,16 @@ class Runner(ServiceLifecycleManagerMixin):
         await self._remember_quietly(session, messages)
         yield final
 
-    async def _run_handler(
+    def _handler_items(
         self,
         turn: _Turn,
         request: AgentRequest,
         session: Session,
         memories: list[Message],
         extra: dict[str, Any],
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[Any, None]:
+        """What the query handler produces, as an async generator: the handler's own when
+        it is one (each piece then passes through one generator less)."""
         msgs: list[Any] = list(request.input)
         if self._agentscope_msg is not None:
             msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
@@ -441,20 +451,7 @@ class Runner(ServiceLifecycleManagerMixin):
             memories=memories,
             **extra,
         )
-        if inspect.isasyncgen(result):
-            async with contextlib.aclosing(result) as items:
-                async for item in items:
-                    for event in turn.feed(item):
-                        yield event
-        elif inspect.isgenerator(result):
-            with contextlib.closing(result) as sync_items:
-                for item in sync_items:
-                    for event in turn.feed(item):
-                        yield event
-        else:
-            value = await result if inspect.isawaitable(result) else result
-            for event in turn.feed(value):
-                yield event
+        return items_of(result)
 
     def _error_of(self, exc: BaseException) -> Error:
         """The ``error`` of a failed event, with every configured secret scrubbed out."""
@@ -487,6 +484,24 @@ class Runner(ServiceLifecycleManagerMixin):
             await memory.add_memory(session.user_id, list(messages), session_id=session.id)
         except Exception:
             logger.exception("could not add the run to memory", extra={"session_id": session.id})
+
+
+def items_of(result: Any) -> AsyncGenerator[Any, None]:
+    """The items of a handler's result as an async generator: the result itself when it
+    is one (each item then passes through no generator of ours), else those of a generator,
+    or the value (awaited first when awaitable)."""
+    if inspect.isasyncgen(result):
+        return cast(AsyncGenerator[Any, None], result)
+    return _other_items(result)
+
+
+async def _other_items(result: Any) -> AsyncGenerator[Any, None]:
+    if inspect.isgenerator(result):
+        with contextlib.closing(result) as items:
+            for item in items:
+                yield item
+    else:
+        yield await result if inspect.isawaitable(result) else result
 
 
 class _Turn:
@@ -637,7 +652,7 @@ class _Turn:
         return self._emit(response.failed(error))
 
     def _emit(self, event: EventT) -> EventT:
-        event.sequence_number = self._sequence
+        set_field(event, "sequence_number", self._sequence)
         self._sequence += 1
         return event
 
@@ -671,15 +686,12 @@ class _Turn:
                 message.content.append(part)
                 self._text = []
             self._text_part = part
+        if type(text) is not str:
+            text = str.__str__(text)  # a str subclass's value, as validation gives it
         self._text.append(text)
-        delta = TextContent(
-            text=text,
-            delta=True,
-            index=part.index,
-            msg_id=message.id,
-            status=RunStatus.InProgress,
-        )
-        return self._emit(delta)
+        fields = _TEXT_DELTA.copy()
+        fields["index"], fields["msg_id"], fields["text"] = part.index, message.id, text
+        return self._emit(built(TextContent, fields, _TEXT_DELTA_SET))
 
     def _flush_text(self) -> None:
         """Join the streamed pieces into their content part (before it is read or changed)."""

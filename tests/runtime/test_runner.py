@@ -81,6 +81,34 @@ async def test_text_pieces_stream_as_one_assistant_message() -> None:
     assert texts(events[-1]) == ["Hello, world"]
 
 
+async def test_each_text_delta_is_the_model_validation_would_give_and_its_own() -> None:
+    class Piece(str):
+        pass
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "plain "
+        yield Piece("a str subclass ")
+        yield "\u00e9\U0001f642\x00\n\u2028"
+
+    events = await run(handler)
+    deltas = [e for e in events if isinstance(e, TextContent) and e.delta]
+    assert [d.text for d in deltas] == ["plain ", "a str subclass ", "\u00e9\U0001f642\x00\n\u2028"]
+    for delta in deltas:
+        validated = TextContent.model_validate(
+            {name: getattr(delta, name) for name in delta.model_fields_set}
+        )
+        assert delta == validated
+        assert delta.model_fields_set == validated.model_fields_set
+        assert delta.model_dump_json() == validated.model_dump_json()
+        assert type(delta.text) is str  # as validation gives it: not the subclass
+    # Each delta holds fields of its own: changing one changes no other, nor the next run's.
+    deltas[0].text, deltas[0].index = "changed", 7
+    assert (deltas[1].text, deltas[1].index) == ("a str subclass ", 0)
+    again = [e for e in await run(handler) if isinstance(e, TextContent) and e.delta]
+    assert [(d.text, d.index) for d in again] == [(d.text, 0) for d in again]
+    assert again[0].text == "plain "
+
+
 async def test_yielded_messages_are_separate_messages() -> None:
     call = DataContent(data={"name": "lookup", "arguments": "{}"})
 

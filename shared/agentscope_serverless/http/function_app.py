@@ -33,6 +33,7 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.sse import EventStreamResponse, encode
+from agentscope_serverless.runner import items_of
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.factory import create_idempotency_store
 from agentscope_serverless.services.manager import ServiceManager
@@ -132,16 +133,9 @@ def _validated(payload: Any, model: type[BaseModel] | None, caller: Caller) -> A
 
 
 async def _items(result: Any) -> AsyncIterator[Any]:
-    if inspect.isasyncgen(result):
-        async with contextlib.aclosing(result) as items:
-            async for item in items:
-                yield item
-    elif inspect.isgenerator(result):
-        with contextlib.closing(result) as sync_items:
-            for item in sync_items:
-                yield item
-    else:
-        yield await result if inspect.isawaitable(result) else result
+    async with contextlib.aclosing(items_of(result)) as items:
+        async for item in items:
+            yield item
 
 
 async def _collect(result: Any) -> Any:

@@ -35,10 +35,12 @@ MEDIA_TYPE = "text/event-stream"
 def encode(data: str, *, event: str | None = None, id: int | None = None) -> bytes:
     """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line (``data`` is
     one line)."""
-    if id is not None:
-        return b"id: " + str(id).encode() + b"\n" + encode(data, event=event)
     if event is None:
+        if id is not None:
+            return b"id: %d\ndata: %b\n\n" % (id, data.encode())
         return b"data: " + data.encode() + b"\n\n"
+    if id is not None:
+        return b"id: %d\n" % id + encode(data, event=event)
     return b"event: " + event.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
 
@@ -170,7 +172,7 @@ class RunEventStream(Response):
 
 def _body(items: list[tuple[Any, str]]) -> bytes:
     """Events and their JSON, as SSE with their sequence numbers as ids."""
-    return b"".join(encode(data, id=event.sequence_number) for event, data in items)
+    return b"".join([encode(data, id=event.sequence_number) for event, data in items])
 
 
 __all__ = [

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
+from agentscope_serverless.schemas._build import built
 from agentscope_serverless.schemas.agent_schemas import (
     AudioContent,
     Content,
@@ -38,8 +39,6 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.schemas.session import Session
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _CONTENT_CLASSES: dict[str, type[Content]] = {
     "text": TextContent,
@@ -118,8 +117,8 @@ def _message(data: Any) -> Message:
         return Message.model_validate(data)
     fields, parts = current
     if parts is not None:
-        fields["content"] = [_built(cls, part) for cls, part in parts]
-    return _built(Message, fields)
+        fields["content"] = [built(cls, part) for cls, part in parts]
+    return built(Message, fields)
 
 
 _Parts = list[tuple[type[Content], dict[str, Any]]]
@@ -214,28 +213,7 @@ def _build(kept: _Kept) -> Any:
     fields = fields.copy()
     for name, kind in fresh:
         fields[name] = kind()
-    return _built(cls, fields, names)
-
-
-# BaseModel's slots, set past its __setattr__ (as pydantic-core does).
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-_new = object.__new__  # BaseModel has no __new__ of its own
-_set_dict = object.__setattr__
-
-
-def _built(
-    cls: type[ModelT], fields: dict[str, Any], names: frozenset[str] | None = None
-) -> ModelT:
-    """An instance of ``cls`` holding ``fields`` as they are (all of its fields, checked;
-    ``names``: their names, when known)."""
-    model = _new(cls)
-    _set_dict(model, "__dict__", fields)
-    _set_fields_set(model, set(fields if names is None else names))
-    _set_extra(model, None)
-    _set_private(model, None)
-    return model
+    return built(cls, fields, names)
 
 
 __all__ = ["decode_message", "decode_messages", "encode_message", "stored_session"]
