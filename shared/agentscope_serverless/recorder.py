@@ -39,10 +39,19 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from pydantic_core import PydanticSerializationError
+
+from agentscope_serverless.errors import AgentError
 from agentscope_serverless.log import logger
-from agentscope_serverless.runner import RUN_CANCELED, end_turns_with
+from agentscope_serverless.runner import AGENT_UNKNOWN_ERROR, RUN_CANCELED, end_turns_with
 from agentscope_serverless.schemas._build import json_of, set_field
-from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, RunStatus
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    Error,
+    Event,
+    Message,
+    RunStatus,
+)
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
     FINISHED,
@@ -129,12 +138,23 @@ class RecordedRun:
                 self._failure = exc
             else:
                 logger.exception("the run failed", extra={"run_id": self.run_id})
-                self.status = RunStatus.Failed
+                self._end_failed(exc)
         finally:
             self._produced = True
             self._notify()
             if self._record is not None:
                 await self._store_end()
+
+    def _end_failed(self, exc: Exception) -> None:
+        """End the stream of a run that failed past its first event outside the agent (an
+        event that cannot be encoded...) with a ``failed`` response, as an agent's error
+        would; the runner then keeps the input in the session."""
+        assert self._first is not None
+        if not self._ended():
+            ending = {"output": None, "sequence_number": self._last_sequence() + 1}
+            with contextlib.suppress(Exception):
+                self._emit(self._first.model_copy(update=ending).failed(_failure_of(exc)))
+        self.status = RunStatus.Failed
 
     def _ended(self) -> bool:
         return self.status in FINISHED
@@ -362,6 +382,15 @@ class RecordedRun:
         pending = [t for t in (self._producer, self._writer) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
+
+
+def _failure_of(exc: Exception) -> Error:
+    """The error of a run that failed outside its agent: nothing of the exception's text,
+    which the runner has not cleaned of secrets."""
+    if isinstance(exc, PydanticSerializationError):
+        message = "the agent produced output that cannot be encoded as JSON, such as text "
+        return Error(code=AgentError.code, message=message + "that is not valid Unicode")
+    return Error(code=AGENT_UNKNOWN_ERROR, message="the run failed unexpectedly")
 
 
 class RunRecorder:

@@ -63,7 +63,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._validation import new_or_clean_session_id
+from agentscope_serverless.services._validation import new_or_clean_session_id, valid_text
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.container import Services
@@ -410,7 +410,7 @@ class Runner(ServiceLifecycleManagerMixin):
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # What was produced so far is kept, the open message as it is.
             partial = [*request.input, *turn.interrupt()]
-            await asyncio.shield(self._record_quietly(session, partial))
+            await asyncio.shield(self._record_quietly(session, partial, request.input))
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
                 yield turn.cancel()
                 return
@@ -467,10 +467,24 @@ class Runner(ServiceLifecycleManagerMixin):
             return []
         return await memory.search_memory(user_id, messages, filters={"top_k": self.memory_top_k})
 
-    async def _record_quietly(self, session: Session, messages: list[Message]) -> None:
-        """Keep the input of a run that did not finish; errors here are only logged."""
+    async def _record_quietly(
+        self, session: Session, messages: list[Message], input: list[Message] | None = None
+    ) -> None:
+        """Keep the input of a run that did not finish, with what the agent produced so far
+        when ``input`` is given (``messages`` then starts with it); when the agent's part
+        cannot be stored (it is not valid), the input alone. Errors here are only logged."""
         try:
             await self.session_history_service.append_message(session, list(messages))
+        except InvalidInputError:
+            if input is None or len(input) == len(messages):
+                logger.exception("could not save the input of a failed run")
+                return
+            logger.warning(
+                "the agent's partial reply could not be saved: keeping the input alone",
+                extra={"session_id": session.id},
+            )
+            await self._record_quietly(session, input)
+            return
         except Exception:
             logger.exception("could not save the input of a failed run")
         await self._remember_quietly(session, messages)
@@ -688,6 +702,7 @@ class _Turn:
             self._text_part = part
         if type(text) is not str:
             text = str.__str__(text)  # a str subclass's value, as validation gives it
+        text = valid_text(text)  # a model's cut emoji must not end the run
         self._text.append(text)
         fields = _TEXT_DELTA.copy()
         fields["index"], fields["msg_id"], fields["text"] = part.index, message.id, text

@@ -10,6 +10,7 @@ from typing import Any
 from agentscope_serverless.http.sse import RunEventStream
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
+from agentscope_serverless.schemas.agent_schemas import AgentResponse, DataContent, TextContent
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord, StoredEvent
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
@@ -183,3 +184,37 @@ async def test_a_streamed_run_sends_its_final_event_once_the_run_is_stored() -> 
         *earlier, (last, stored) = sent
         assert all(final_id not in message.get("body", b"") for message, _ in earlier)
         assert stored and last["more_body"] is False and final_id in last["body"]
+
+
+async def _unencodable(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    yield "half "
+    yield DataContent(data={"arguments": "a lone surrogate: \udc00"})
+    yield "never sent"
+
+
+async def test_an_event_that_cannot_be_encoded_fails_the_run_with_a_final_event() -> None:
+    # Before: the stream stopped after "half " with no final event, and even the input was
+    # lost (the partial reply could not be stored, and it was stored with the input).
+    runs = InMemoryRunsService()
+    runner = _runner(_unencodable)
+    history = runner.services.get("session_history")
+    async with runs, history, runner:
+        run = await RunRecorder(runs).start(
+            runner.stream_query({**_request(), "session_id": "s1", "user_id": "alice"}),
+            user_id="alice",
+        )
+        events = [event async for event in run.events()]
+        final = events[-1]
+        assert isinstance(final, AgentResponse) and final.status == "failed"
+        assert final.error is not None and final.error.code == "AGENT_ERROR"
+        assert "not valid Unicode" in final.error.message
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert [e.text for e in events if isinstance(e, TextContent) and e.delta] == ["half "]
+        stored = await runs.get_run("alice", run.run_id)
+        assert stored is not None and stored.status == "failed"
+        assert [s for s, _ in await runs.read_events("alice", run.run_id)] == list(
+            range(len(events))
+        )
+        session = await history.get_session("alice", "s1")
+        assert session is not None
+        assert [m.get_text_content() for m in session.messages] == ["go"]

@@ -109,6 +109,32 @@ async def test_each_text_delta_is_the_model_validation_would_give_and_its_own() 
     assert again[0].text == "plain "
 
 
+async def test_text_that_is_not_valid_unicode_is_streamed_and_kept_with_replacements() -> None:
+    # What JSON's \\u escapes give for a model's emoji cut in two: lone surrogates, which
+    # UTF-8 cannot carry. Each becomes U+FFFD; a pair sent in one piece joins.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield "cut \ud83d"
+        yield "\ude42 whole \ud83d\ude42"
+        yield TextContent(text=" part \udfff", delta=True)
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query(request("go"))]
+        session = await runner.session_history_service.get_session("u1", "s1")
+        assert runner.memory_service is not None
+        memories = await runner.memory_service.search_memory(
+            "u1", [Message(role="user", content="whole")]
+        )
+    assert events[-1].status == "completed"
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == ["cut \ufffd", "\ufffd whole \U0001f642", " part \ufffd"]
+    reply = "cut \ufffd\ufffd whole \U0001f642 part \ufffd"
+    assert texts(events[-1]) == [reply]
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages] == ["go", reply]
+    assert reply in [m.get_text_content() for m in memories]
+
+
 async def test_yielded_messages_are_separate_messages() -> None:
     call = DataContent(data={"name": "lookup", "arguments": "{}"})
 

@@ -59,6 +59,19 @@ def _encodes(text: str) -> bool:
     return True
 
 
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone UTF-16 surrogate (which JSON's ``\\u`` escapes can
+    carry, say from a model that cut an emoji in two) becomes U+FFFD, as a UTF-8 decoder
+    does with bytes it cannot read; a surrogate pair becomes the character it encodes.
+
+    >>> valid_text("ok \\ud83d\\ude42 \\ud800!")
+    'ok \U0001f642 \ufffd!'
+    """
+    if text.isascii() or _encodes(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def require_utf8(value: Any, *, field: str) -> None:
     """Refuse ``value`` when any text in it cannot be encoded as UTF-8 (422 naming where)."""
     where = unencodable_path(value)
