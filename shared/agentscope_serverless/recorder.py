@@ -209,8 +209,11 @@ class RecordedRun:
         assert runs is not None and record is not None
         ending = (final, json_of(final))
         events = [(e.sequence_number or 0, data) for e, data in (*self._log, ending)]
-        ended = record.model_copy(update={"status": final.status, "updated_at": time.time()})
-        recording = runs.prepare_record(RunBurst(ended, events, create=True, finish=True))
+        # Saved as final by this write; when it is not made, the run's last write saves
+        # the record again, with the status it has then.
+        set_field(record, "status", final.status)
+        set_field(record, "updated_at", time.time())
+        recording = runs.prepare_record(RunBurst(record, events, create=True, finish=True))
         if recording is None or not appending.joins(recording):
             await appending.apply()
             return

@@ -85,6 +85,8 @@ def require_utf8(value: Any, *, field: str) -> None:
 
 
 def _require_id_text(value: str, field: str) -> None:
+    if value.isascii() and value.isprintable():
+        return  # most ids, checked in one step: each request checks a dozen of them
     require_utf8(value, field=field)
     if _CONTROL.search(value):
         raise InvalidInputError(f"{field} must not contain control characters", field=field)
