@@ -97,7 +97,11 @@ async def test_runs_are_listed_per_session_oldest_first(
             record = RunRecord(id=f"r{index}", user_id=user_id, session_id=session)
             await runs.create_run(record.model_copy(update={"created_at": 1000.0 + index}))
         assert [r.id for r in await runs.list_runs(user_id, "a")] == ["r0", "r2"]
+        assert [r.id for r in await runs.list_runs(user_id, " a\t")] == ["r0", "r2"]
         assert await runs.list_runs(user_id, "nobody") == []
+        for bad in ("", "  ", "\x00", "a\x1cb", "\ud800"):
+            with pytest.raises(InvalidInputError):
+                await runs.list_runs(user_id, bad)
 
 
 async def test_a_user_never_reaches_another_users_run(

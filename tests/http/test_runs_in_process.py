@@ -83,6 +83,22 @@ def test_every_streamed_event_carries_its_sequence_number_as_its_id(url: str, ke
         assert bad.status_code == 422
 
 
+def test_a_sessions_runs_are_listed_by_its_id_as_sessions_take_it(url: str, keys: Keys) -> None:
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        body = {"input": [user_message("go")], "session_id": f" {session_id} ", "stream": False}
+        response = client.post("/process", json=body)
+        assert response.status_code == 200, response.text
+        run_id = response.headers["X-Run-Id"]
+        for given in (session_id, f" {session_id}\t"):
+            listed = client.get("/runs", params={"session_id": given})
+            assert [run["id"] for run in listed.json()["items"]] == [run_id]
+        for bad in ("\x00", f"{session_id}\x1c", " "):
+            refused = client.get("/runs", params={"session_id": bad})
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["error"]["code"] == "INVALID_INPUT"
+
+
 def test_without_a_runs_store_runs_stream_directly(keys: Keys) -> None:
     settings = load_settings(runs_backend="none")
     web = create_app(settings=settings, agent_app=slow_app, key_store=keys.store)
