@@ -101,3 +101,6 @@ def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:
             assert client.get(f"/tasks/{task_id}").status_code == 401
         assert client.post("/jobs/sum", json={"numbers": [1]}).status_code == 401
         assert client.get("/tasks/nope", headers=bearer(keys.alice)).status_code == 404
+        too_long = client.get(f"/tasks/{'t' * 257}", headers=bearer(keys.alice))
+        assert too_long.status_code == 422
+        assert too_long.json()["error"]["fields"][0]["loc"] == ["path", "task_id"]

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Path
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.services.runs.base import MAX_RUN_ID_LENGTH, RunRecord, RunsService
 from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
 
 Context = Annotated[AppContext, Depends(get_context)]
+TaskId = Annotated[str, Path(min_length=1, max_length=MAX_RUN_ID_LENGTH)]
 
 
 class TaskNotFoundError(NotFoundError):
@@ -72,7 +73,7 @@ def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRout
     router = APIRouter(tags=["tasks"])
 
     @router.get("/tasks/{task_id}", summary="A background task's status and result")
-    async def get_task(task_id: str, user_id: CurrentUser, context: Context) -> TaskStatus:
+    async def get_task(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:
         return await _status(context, user_id, task_id)
 
     for task in tasks:
@@ -86,7 +87,7 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
         body = {"task_id": record.id, "status": "submitted", "queue": task.queue}
         return JSONResponse(body, status_code=202)
 
-    async def status(task_id: str, user_id: CurrentUser, context: Context) -> TaskStatus:
+    async def status(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:
         return await _status(context, user_id, task_id)
 
     router.add_api_route(
