@@ -133,6 +133,17 @@ def test_add_delta_content_starts_a_new_part_after_a_completed_one() -> None:
     assert message.content is not None and len(message.content) == 2
 
 
+def test_a_delta_whose_index_is_not_a_position_starts_a_new_part() -> None:
+    # Before: -1 on an empty message raised IndexError (the run failed as an unknown error),
+    # and on a message with parts it was folded into the last one.
+    message = Message(role=Role.ASSISTANT)
+    first = message.add_delta_content(TextContent(text="a", index=-1))
+    second = message.add_delta_content(TextContent(text="b", index=-1))
+    assert (first.index, second.index) == (0, 1)
+    assert message.content is not None
+    assert [part.text for part in message.content if isinstance(part, TextContent)] == ["a", "b"]
+
+
 def test_add_delta_content_joins_function_call_arguments() -> None:
     message = Message(type=MessageType.FUNCTION_CALL, role=Role.ASSISTANT)
     message.add_delta_content(DataContent(data={"call_id": "c1", "name": "f", "arguments": '{"a'}))

@@ -520,7 +520,8 @@ class Message(Event):
     def add_delta_content(self, new_content: Content) -> Content:
         """Fold a streamed piece into this message and return the delta event to emit.
 
-        A piece without ``index`` (or with a new one) starts a new content part.
+        A piece without ``index`` (or with a new one, or one that is not a position: a
+        negative index) starts a new content part.
         """
         self.status = RunStatus.InProgress
         if self.content is None:
@@ -532,7 +533,7 @@ class Message(Event):
         delta = new_content.model_copy(
             update={"msg_id": self.id, "delta": True, "status": RunStatus.InProgress}
         )
-        if delta.index is not None and delta.index < len(self.content):
+        if delta.index is not None and 0 <= delta.index < len(self.content):
             _merge_delta(self.content[delta.index], delta)
         else:
             delta.index = len(self.content)
