@@ -468,22 +468,23 @@ class Runner(ServiceLifecycleManagerMixin):
         return await memory.search_memory(user_id, messages, filters={"top_k": self.memory_top_k})
 
     async def _record_quietly(
-        self, session: Session, messages: list[Message], input: list[Message] | None = None
+        self, session: Session, messages: list[Message], turn_input: list[Message] | None = None
     ) -> None:
         """Keep the input of a run that did not finish, with what the agent produced so far
-        when ``input`` is given (``messages`` then starts with it); when the agent's part
-        cannot be stored (it is not valid), the input alone. Errors here are only logged."""
+        when ``turn_input`` is given (``messages`` then starts with it); when the agent's
+        part cannot be stored (it is not valid), the input alone. Errors here are only
+        logged."""
         try:
             await self.session_history_service.append_message(session, list(messages))
         except InvalidInputError:
-            if input is None or len(input) == len(messages):
+            if turn_input is None or len(turn_input) == len(messages):
                 logger.exception("could not save the input of a failed run")
                 return
             logger.warning(
                 "the agent's partial reply could not be saved: keeping the input alone",
                 extra={"session_id": session.id},
             )
-            await self._record_quietly(session, input)
+            await self._record_quietly(session, turn_input)
             return
         except Exception:
             logger.exception("could not save the input of a failed run")

@@ -125,6 +125,14 @@ def clean_session_id(session_id: Any) -> str | None:
     return session_id or None
 
 
+def require_session_id(session_id: Any) -> str:
+    """A session id as :func:`clean_session_id` gives it, refused when blank."""
+    cleaned = clean_session_id(session_id)
+    if cleaned is None:
+        raise InvalidInputError("session_id must not be blank", field="session_id")
+    return cleaned
+
+
 def new_or_clean_session_id(session_id: Any) -> str:
     """The cleaned session id, or a fresh uuid when it is missing or blank."""
     return clean_session_id(session_id) or new_uuid()

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError
-from agentscope_serverless.services._validation import clean_session_id, require_user_id
+from agentscope_serverless.services._validation import require_session_id, require_user_id
 from agentscope_serverless.services.base import (
     PreparedWrite,
     ServiceWithLifecycleManager,
@@ -235,11 +235,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         """The runs of a session, oldest first. ``session_id`` is taken as sessions take it
         (stripped; refused when blank or holding control characters)."""
         self._ensure_started()
-        user_id = require_user_id(user_id)
-        cleaned = clean_session_id(session_id)
-        if cleaned is None:
-            raise InvalidInputError("session_id must not be blank", field="session_id")
-        runs = await self._list(user_id, cleaned)
+        runs = await self._list(require_user_id(user_id), require_session_id(session_id))
         return sorted(runs, key=lambda record: record.created_at)
 
     async def read_events(

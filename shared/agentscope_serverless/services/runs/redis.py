@@ -155,13 +155,12 @@ class RedisRunsService(RedisBackedService, RunsService):
     prepares_writes = True
 
     def _run_key(self, user_id: str, run_id: str) -> str:
-        return f"{self._user_keys(user_id)}:r:{escape(run_id)}"
+        base = user_key_prefix(self._redis.key_prefix, "run", user_id)
+        return f"{base}:r:{escape(run_id)}"
 
     def _session_key(self, user_id: str, session_id: str) -> str:
-        return f"{self._user_keys(user_id)}:s:{escape(session_id)}"
-
-    def _user_keys(self, user_id: str) -> str:
-        return user_key_prefix(self._redis.key_prefix, "run", user_id)
+        base = user_key_prefix(self._redis.key_prefix, "run", user_id)
+        return f"{base}:s:{escape(session_id)}"
 
     async def _create(self, record: RunRecord) -> None:
         run = self._run_key(record.user_id, record.id)
@@ -249,13 +248,12 @@ class RedisRunsService(RedisBackedService, RunsService):
         if lines is None:
             return None
         record = burst.record
-        base = self._user_keys(record.user_id)
-        run = f"{base}:r:{escape(record.id)}"
+        run = self._run_key(record.user_id, record.id)
         commands: list[Command] = [
             ("HSET", run, "record", record.model_dump_json(exclude=_NOT_STORED), "events", lines)
         ]
         if record.session_id:
-            index = f"{base}:s:{escape(record.session_id)}"
+            index = self._session_key(record.user_id, record.session_id)
             commands.append(("ZADD", index, repr(record.created_at), record.id))
             if self._ttl:
                 commands.append(("EXPIRE", index, self._ttl))

@@ -14,7 +14,7 @@ from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
 from agentscope_serverless.sandbox_protocol import BASE
-from agentscope_serverless.services._validation import clean_session_id
+from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.client import DEFAULT_TIMEOUT_SECONDS, SandboxClient
@@ -281,9 +281,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
 
     @staticmethod
     def _key(session_id: str, user_id: str | None) -> str:
-        cleaned = clean_session_id(session_id)
-        if cleaned is None:
-            raise InvalidInputError("session_id must not be blank", field="session_id")
+        cleaned = require_session_id(session_id)
         if user_id is not None and (not isinstance(user_id, str) or not user_id.strip()):
             raise InvalidInputError("user_id must be a non-blank string", field="user_id")
         return session_ctx_id(cleaned, user_id)
