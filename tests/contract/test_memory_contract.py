@@ -45,6 +45,18 @@ async def test_add_memory_rejects_an_invalid_message_and_stores_nothing(
     assert await memory.list_memory(user_id) == []
 
 
+async def test_add_memory_refuses_a_message_nesting_too_deeply_and_stores_nothing(
+    memory: MemoryService, user_id: str
+) -> None:
+    value: object = 1
+    for _ in range(200):
+        value = [value]
+    deep = {"role": "user", "content": [{"type": "data", "data": {"v": value}}]}
+    with pytest.raises(InvalidInputError, match=r"message\[1\] nests deeper than 100 levels"):
+        await memory.add_memory(user_id, [msg("fine"), deep])
+    assert await memory.list_memory(user_id) == []
+
+
 async def test_add_memory_stores_a_copy(memory: MemoryService, user_id: str) -> None:
     message = msg("original text")
     await memory.add_memory(user_id, [message])

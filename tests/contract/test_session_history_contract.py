@@ -420,6 +420,28 @@ async def test_append_invalid_dict_raises_and_stores_nothing(
     assert session.messages == []
 
 
+def data_message(levels: int) -> dict[str, object]:
+    """A message whose JSON nests ``levels`` deep (4 of them its own, then arrays)."""
+    value: object = 1
+    for _ in range(levels - 4):
+        value = [value]
+    return {"role": "user", "content": [{"type": "data", "data": {"v": value}}]}
+
+
+async def test_a_message_nesting_deeper_than_a_hundred_levels_is_refused_and_nothing_stored(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, data_message(100))
+    for levels in (101, 300, 5_000):  # 300: past pydantic's encoder; 5,000: its validator
+        with pytest.raises(InvalidInputError, match=r"message\[1\] nests deeper than 100"):
+            await history.append_message(session, [text_message("fine"), data_message(levels)])
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None and len(stored.messages) == 1
+    (part,) = stored.messages[0].content or []
+    assert part.model_dump()["data"] == data_message(100)["content"][0]["data"]  # type: ignore[index]
+
+
 async def test_append_rejects_a_non_message(history: SessionHistoryService, user_id: str) -> None:
     session = await history.create_session(user_id, "s1")
     with pytest.raises(InvalidInputError):

@@ -145,6 +145,25 @@ async def test_state_must_be_json_serialisable(
     assert await state.export_state(user_id) is None
 
 
+def nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+async def test_state_of_a_hundred_levels_round_trips_and_deeper_is_refused(
+    state: StateService, user_id: str
+) -> None:
+    deepest = {"v": nested(99)}  # 100 levels: the most JSON kept by a store may nest
+    await state.save_state(user_id, deepest)
+    assert await state.export_state(user_id) == deepest
+    for levels in (100, 5_000):  # 5,000: past what json.dumps follows
+        with pytest.raises(InvalidInputError, match="state nests deeper than 100 levels"):
+            await state.save_state(user_id, {"v": nested(levels)})
+    assert await state.list_rounds(user_id) == [1]
+
+
 @pytest.mark.parametrize("bad_round", [0, -1, "1", 1.5, True])
 async def test_round_id_must_be_a_positive_int(
     state: StateService, user_id: str, bad_round: object

@@ -246,3 +246,72 @@ def test_appending_a_message_id_twice_keeps_one_copy(client: httpx.Client) -> No
     assert [m["content"][0]["text"] for m in again.json()["messages"]] == ["once", "new"]
     items = client.get("/sessions/s1/messages").json()["items"]
     assert [m["content"][0]["text"] for m in items] == ["once", "new"]
+
+
+def nested(levels: int, leaf: str = "1") -> str:
+    """JSON text of ``levels`` arrays within each other around ``leaf``."""
+    return "[" * levels + leaf + "]" * levels
+
+
+HOLE = "<value>"
+DATA_MESSAGE = f'{{"role": "user", "content": [{{"type": "data", "data": {{"v": {HOLE}}}}}]}}'
+
+# Every route with a JSON body, with a HOLE for a deeply nested value where a client puts
+# data of its own.
+NESTED_BODIES: list[tuple[str, str]] = [
+    ("/process", f'{{"input": [{DATA_MESSAGE}], "stream": false}}'),
+    ("/process", HOLE),
+    ("/compatible-mode/v1/chat/completions", f'{{"model": "m", "messages": {HOLE}}}'),
+    ("/compatible-mode/v1/responses", f'{{"model": "m", "input": {HOLE}}}'),
+    ("/sessions", f'{{"session_id": {HOLE}}}'),
+    ("/sessions/s1/messages", f'{{"messages": [{DATA_MESSAGE}]}}'),
+    ("/memory", f'{{"messages": [{DATA_MESSAGE}], "session_id": "s1"}}'),
+    ("/memory/search", f'{{"query": {HOLE}}}'),
+    ("/state/s1", f'{{"state": {{"v": {HOLE}}}}}'),
+    ("/a2a", f'{{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {HOLE}}}'),
+]
+
+
+@pytest.mark.parametrize("levels", [101, 5_000, 300_000])
+@pytest.mark.parametrize(("path", "body"), NESTED_BODIES, ids=[p for p, _ in NESTED_BODIES])
+def test_a_body_nesting_too_deeply_is_refused_before_it_is_parsed(
+    client: httpx.Client, path: str, body: str, levels: int
+) -> None:
+    content = body.replace(HOLE, nested(levels)).encode()
+    response = client.post(path, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error == {
+        "code": "INVALID_INPUT",
+        "message": "the request body nests deeper than 100 levels of arrays and objects",
+    }
+    assert_nothing_stored(client)
+
+
+def test_a_body_of_one_hundred_levels_is_stored_and_read_back(client: httpx.Client) -> None:
+    # {"state": {"v": <98 arrays>}}: 100 levels, the most a body may nest.
+    deepest = json.loads(nested(98))
+    saved = client.post("/state/s1", json={"state": {"v": deepest}})
+    assert saved.status_code == 201, saved.text
+    assert client.get("/state/s1").json()["state"] == {"v": deepest}
+    refused = client.post("/state/s1", json={"state": {"v": [deepest]}})
+    assert refused.status_code == 422
+    assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+
+
+def test_brackets_inside_strings_do_not_count_and_chunks_are_read_as_one_body(
+    client: httpx.Client,
+) -> None:
+    def chunked(value: str) -> Iterator[bytes]:  # sent chunked, 7 bytes at a time
+        body = ('{"state": {"s": ' + value + "}}").encode()
+        for start in range(0, len(body), 7):
+            yield body[start : start + 7]
+
+    headers = {"Content-Type": "application/json"}
+    text = '"[{' + "[" * 500 + '\\"' + "{" * 500 + '"'
+    stored = client.post("/state/s1", content=chunked(text), headers=headers)
+    assert stored.status_code == 201, stored.text
+    assert client.get("/state/s1").json()["state"]["s"].startswith("[{[[")
+    deep = client.post("/state/s2", content=chunked(nested(200)), headers=headers)
+    assert deep.status_code == 422
+    assert client.get("/state/s2/rounds").json()["rounds"] == []

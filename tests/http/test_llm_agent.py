@@ -118,6 +118,20 @@ def llm_agent_server(
             yield url
 
 
+async def test_a_tool_answers_arguments_nesting_too_deeply_with_an_error_text() -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def record(arguments: dict[str, Any]) -> str:
+        calls.append(arguments)
+        return "done"
+
+    tool = AgentTool(name="t", description="d", parameters={"type": "object"}, call=record)
+    deep = '{"v": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    assert await tool.invoke(deep) == "error: the arguments nest deeper than 100 levels"
+    assert await tool.invoke('{"v": [[1]]}') == "done"
+    assert calls == [{"v": [[1]]}]
+
+
 def messages_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["object"] == "message" and e["status"] == "completed"]
 

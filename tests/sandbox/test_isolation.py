@@ -389,6 +389,21 @@ def test_a_chunked_body_past_the_cap_is_refused(hardened: RunningServer) -> None
     assert httpx.get(f"{hardened.url}/health").status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/call_tool", "/call_tool_async"])
+def test_a_body_nesting_past_what_a_parser_follows_is_refused(
+    hardened: RunningServer, path: str
+) -> None:
+    body = '{"sandbox_id": "x", "tool_name": "run_shell_command", "arguments": '
+    body += "[" * 200_000 + "]" * 200_000 + "}"
+    response = httpx.post(
+        f"{hardened.url}{path}",
+        content=body,
+        headers={"Authorization": f"Bearer {hardened.token}", "Content-Type": "application/json"},
+    )
+    assert response.status_code in (400, 422), response.text
+    assert "pars" in response.json()["detail"] or "not valid JSON" in response.json()["detail"]
+
+
 async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
     # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
     tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-weaker-"))

@@ -94,6 +94,14 @@ def test_arguments_come_as_a_json_object_or_a_mapping() -> None:
         parse_arguments("[1]")
 
 
+def test_arguments_nesting_deeper_than_a_parser_follows_are_refused() -> None:
+    # What a model could be talked into sending: json.loads would overflow the stack.
+    deep = '{"code": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    with pytest.raises(InvalidInputError, match="arguments nests deeper than 100 levels"):
+        parse_arguments(deep)
+    assert parse_arguments('{"code": ' + "[" * 99 + "]" * 99 + "}")["code"] is not None
+
+
 def test_result_text_labels_stderr_and_a_failing_exit_status() -> None:
     result = {
         "content": [

@@ -285,7 +285,7 @@ async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
 def _parse_chunk(data: str) -> dict[str, Any]:
     try:
         chunk = json.loads(data)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise AgentError("the chat API sent a chunk that is not JSON", code="LLM_ERROR") from None
     if not isinstance(chunk, dict):
         raise AgentError("the chat API sent a chunk that is not an object", code="LLM_ERROR")

@@ -30,6 +30,7 @@ from typing import Any
 
 from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.log import logger
+from agentscope_serverless.services._validation import MAX_JSON_DEPTH, nests_deeper_than
 
 ToolCallable = Callable[[dict[str, Any]], Awaitable[str]]
 
@@ -73,6 +74,8 @@ class AgentTool:
         exception; an unexpected exception is reported by type only (its message could
         carry secrets).
         """
+        if nests_deeper_than(arguments or ""):
+            return f"error: the arguments nest deeper than {MAX_JSON_DEPTH} levels"
         try:
             parsed = json.loads(arguments or "{}")
         except json.JSONDecodeError:

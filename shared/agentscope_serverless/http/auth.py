@@ -103,7 +103,7 @@ def _request_context(scope: Mapping[str, Any]) -> Any:
         if name == REQUEST_CONTEXT_HEADER:
             try:
                 return json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
     return None
 

@@ -7,9 +7,12 @@ letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echo
 response's ``X-Request-Id`` header. One JSON log line per request records the method, the
 path (never the query string or headers), the status and the duration.
 
-**Body limit.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: at once when
+**Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: at once when
 ``Content-Length`` says so, otherwise as soon as the bytes read exceed it (chunked uploads).
-A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408.
+A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408. A
+JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels gets 422
+before anything parses it: a parser recursing that far would run out of stack, and the
+stores keep only what can be read back.
 
 Both are pure ASGI (no per-request task), so streaming responses pass through untouched.
 """
@@ -27,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentscope_serverless.errors import PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response
 from agentscope_serverless.log import bind_request_id, log_request
+from agentscope_serverless.services._validation import MAX_JSON_DEPTH, nests_deeper_than
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -97,8 +101,21 @@ class BodyTimedOut(HTTPException):
         )
 
 
+class BodyTooDeep(HTTPException):
+    """Raised when a JSON body is complete and nests too deeply (before the app parses it)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            status_code=422,
+            detail=(
+                f"the request body nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
+            ),
+        )
+
+
 class BodySizeLimitMiddleware:
-    """Rejects request bodies larger than ``max_bytes`` with 413, and stalled ones with 408.
+    """Rejects request bodies larger than ``max_bytes`` with 413, stalled ones with 408 and
+    JSON ones nesting deeper than ``MAX_JSON_DEPTH`` with 422.
 
     ``timeout`` bounds the wait for each part of the body (None: no limit); once the body
     is complete, later reads (a streaming response listening for the client leaving) wait
@@ -123,9 +140,12 @@ class BodySizeLimitMiddleware:
             return
         received = 0
         complete = False
+        json_body = _is_json(scope)
+        parts: list[bytes] = []
+        opening = 0  # the opening brackets read: a bound of the body's depth
 
         async def receive_limited() -> Message:
-            nonlocal received, complete
+            nonlocal received, complete, opening
             if complete or self.timeout is None:
                 message = await receive()
             else:
@@ -134,13 +154,31 @@ class BodySizeLimitMiddleware:
                 except TimeoutError:
                     raise BodyTimedOut(self.timeout) from None
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                body = message.get("body", b"")
+                received += len(body)
                 if received > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
                 complete = not message.get("more_body", False)
+                if json_body:
+                    parts.append(body)
+                    opening += body.count(b"[") + body.count(b"{")
+                    if complete and opening > MAX_JSON_DEPTH and nests_deeper_than(b"".join(parts)):
+                        raise BodyTooDeep()
             return message
 
         await self.app(scope, receive_limited, send)
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the app would parse the body as JSON: no content type, ``application/json``
+    or ``application/<type>+json`` (as FastAPI decides)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            kind = bytes(value).partition(b";")[0].strip().lower()
+            return kind == b"application/json" or (
+                kind.startswith(b"application/") and kind.endswith(b"+json")
+            )
+    return True
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -157,6 +195,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "BodySizeLimitMiddleware",
     "BodyTimedOut",
+    "BodyTooDeep",
     "BodyTooLarge",
     "RequestContextMiddleware",
     "request_id_of",

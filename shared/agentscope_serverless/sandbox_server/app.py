@@ -232,7 +232,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RequestValidationError(
             [{"loc": ("body",), "msg": "the body is not valid JSON", "type": "json_invalid"}]
         ) from None

@@ -168,7 +168,7 @@ class SandboxProcess:
             if reply.get("id") != self._next_id:
                 raise ValueError("reply to another request")
             return CallToolResult.model_validate(reply["result"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             await self._kill()
             return self._lost("the sandbox process sent a malformed reply")
 

@@ -22,6 +22,15 @@ DEFAULT_SESSION_ID = "default"
 # they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
 # and header values cannot carry them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# How deeply JSON values may nest (arrays and objects within each other), in a request body
+# and in what a store keeps. Parsers give up far deeper (pydantic's at about 250 levels,
+# Python's ``json`` near its recursion limit, earlier in a deeper stack), so whatever is
+# accepted can always be read back; no real document comes near.
+MAX_JSON_DEPTH = 100
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENING = frozenset(b"[{")
 
 
 def unencodable_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
@@ -49,6 +58,44 @@ def unencodable_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str 
             if found is not None:
                 return found
     return None
+
+
+def nests_deeper_than(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects more than ``limit`` levels deep.
+
+    Unbalanced brackets (text that is not JSON) count as deep only where more than
+    ``limit`` of them are open at once: what would make a parser recurse that far.
+
+    >>> nests_deeper_than('{"a": [[1], "]]]"]}', 2), nests_deeper_than("[[[]]]", 3)
+    (True, False)
+    """
+    array, obj = ("[", "{") if isinstance(text, str) else (b"[", b"{")
+    if text.count(array) + text.count(obj) <= limit:  # type: ignore[arg-type]
+        return False  # the opening brackets bound the depth: most texts stop here
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    # Each pass takes away the innermost arrays and objects: one level.
+    for _ in range(limit):
+        peeled = _INNERMOST.sub(b"", brackets)
+        if not peeled or peeled == brackets:
+            brackets = peeled
+            break
+        brackets = peeled
+    else:
+        return bool(brackets)
+    depth = 0
+    for bracket in brackets:  # what is left does not balance: count what stays open
+        depth = depth + 1 if bracket in _OPENING else max(depth - 1, 0)
+        if depth > limit:
+            return True
+    return False
+
+
+def require_shallow_json(text: str | bytes, *, field: str) -> None:
+    """Refuse JSON ``text`` nesting deeper than :data:`MAX_JSON_DEPTH` (422 naming ``field``)."""
+    if nests_deeper_than(text):
+        raise _too_deep(field)
 
 
 def _encodes(text: str) -> bool:
@@ -194,11 +241,46 @@ def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
             f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
         )
     try:
-        return message, message.model_dump_json()
+        raw = message.model_dump_json()
     except PydanticSerializationError:
-        # Only text that is not valid Unicode makes a validated message unserialisable.
-        require_utf8(message.model_dump(), field=where)
-        raise
+        raise _unencodable(message, where) from None
+    require_shallow_json(raw, field=where)
+    return message, raw
+
+
+def _unencodable(message: Message, where: str) -> InvalidInputError:
+    """Why a validated message has no JSON: text that is not valid Unicode, values nested
+    past what an encoder follows, or (given from Python) a value JSON has no form for."""
+    plain = message.model_dump()
+    if _value_nests_deeper_than(plain, MAX_JSON_DEPTH):
+        return _too_deep(where)
+    try:
+        require_utf8(plain, field=where)
+    except InvalidInputError as exc:
+        return exc
+    return InvalidInputError(f"{where} holds a value that cannot be encoded as JSON", field=where)
+
+
+def _value_nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether dicts and lists in ``value`` nest more than ``limit`` levels deep (walked
+    level by level, so no depth overflows the stack)."""
+    level = [value]  # the values inside as many containers as passes made
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list | tuple)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, dict | list | tuple) for item in level)
+
+
+def _too_deep(field: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"{field} nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects", field=field
+    )
 
 
 def json_copy(value: Any, *, field: str) -> Any:
@@ -209,8 +291,11 @@ def json_copy(value: Any, *, field: str) -> Any:
     """
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except RecursionError:
+        raise _too_deep(field) from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
+    require_shallow_json(text, field=field)
     if not _encodes(text):
         require_utf8(value, field=field)
     return json.loads(text)
@@ -265,14 +350,17 @@ def cursor_position(cursor: str | None, key: str) -> int:
 __all__ = [
     "DEFAULT_SESSION_ID",
     "MAX_ID_LENGTH",
+    "MAX_JSON_DEPTH",
     "clean_session_id",
     "cursor_position",
     "decode_cursor",
     "encode_cursor",
     "json_copy",
+    "nests_deeper_than",
     "new_or_clean_session_id",
     "optional_positive_int",
     "require_positive_int",
+    "require_shallow_json",
     "require_user_id",
     "require_utf8",
     "session_id_or_default",

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError, SandboxRequestError
 from agentscope_serverless.sandbox_protocol import TOOL_SPECS, CallToolResult, ToolSpec
+from agentscope_serverless.services._validation import require_shallow_json
 from agentscope_serverless.services.sandbox.box import Sandbox
 
 
@@ -139,6 +140,7 @@ def parse_arguments(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]
     if arguments is None or arguments == "":
         return {}
     if isinstance(arguments, str):
+        require_shallow_json(arguments, field="arguments")
         try:
             parsed = json.loads(arguments)
         except ValueError as exc:
