@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -315,3 +316,33 @@ def test_brackets_inside_strings_do_not_count_and_chunks_are_read_as_one_body(
     deep = client.post("/state/s2", content=chunked(nested(200)), headers=headers)
     assert deep.status_code == 422
     assert client.get("/state/s2/rounds").json()["rounds"] == []
+
+
+@pytest.mark.parametrize("session_id", ["a/b", ".", ".."])
+def test_a_session_id_no_url_can_name_is_refused_before_anything_is_stored(
+    client: httpx.Client, session_id: str
+) -> None:
+    body = {"input": [text_message("hi")], "session_id": session_id, "stream": False}
+    for path, json_body in (
+        ("/process", body),
+        ("/sessions", {"session_id": session_id}),
+        ("/memory", {"messages": [text_message("hi")], "session_id": session_id}),
+    ):
+        response = client.post(path, json=json_body)
+        assert response.status_code == 422, response.text
+        assert "session_id must not contain '/'" in response.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
+def test_every_other_session_id_is_reached_through_its_url(client: httpx.Client) -> None:
+    session_id = "a?b#c %2F\\é 🙂 ..."
+    body = {"input": [text_message("hi")], "session_id": session_id, "stream": False}
+    assert client.post("/process", json=body).status_code == 200
+    (listed,) = client.get("/sessions").json()["items"]
+    assert listed["id"] == session_id
+    quoted = urllib.parse.quote(session_id, safe="")
+    assert client.get(f"/sessions/{quoted}").json()["id"] == session_id
+    messages = client.get(f"/sessions/{quoted}/messages").json()["items"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert client.delete(f"/sessions/{quoted}").status_code == 204
+    assert client.get("/sessions").json()["items"] == []

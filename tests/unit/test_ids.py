@@ -3,6 +3,8 @@ checked (most ids, printable ASCII, take a shorter way)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentscope_serverless.errors import InvalidInputError
@@ -15,7 +17,10 @@ from agentscope_serverless.services._validation import (
 CONTROLS = [
     chr(c) for c in (*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0))
 ]
-ACCEPTED = ["alice", "a b", "a\tb", "line\nbreak", "é", "ユーザー", "🙂", "~!@#$%^&*()", "a\u2028b"]
+ACCEPTED = [
+    *("alice", "a b", "a\tb", "line\nbreak", "é", "ユーザー", "🙂", "~!@#$%^&*()", "a\u2028b"),
+    *("...", ".a", "a.", "a\\b", "%2F", "a?b#c"),
+]
 
 
 @pytest.mark.parametrize("control", CONTROLS, ids=lambda c: f"U+{ord(c):04X}")
@@ -35,6 +40,14 @@ def test_an_id_that_is_not_valid_unicode_is_refused(text: str) -> None:
         require_user_id(text)
     with pytest.raises(InvalidInputError, match="not valid Unicode"):
         clean_session_id(text)
+
+
+@pytest.mark.parametrize("text", ["a/b", "/", " / ", "/a", ".", "..", " .. "])
+def test_a_session_id_a_url_path_cannot_carry_is_refused(text: str) -> None:
+    refusal = re.escape("must not contain '/' nor be '.' or '..'")
+    with pytest.raises(InvalidInputError, match=refusal):
+        clean_session_id(text)
+    assert require_user_id(text) == text  # a user id is never in a path
 
 
 @pytest.mark.parametrize("text", ACCEPTED)

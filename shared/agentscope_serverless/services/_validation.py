@@ -22,6 +22,7 @@ DEFAULT_SESSION_ID = "default"
 # they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
 # and header values cannot carry them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_DOT_SEGMENTS = frozenset({".", ".."})
 # How deeply JSON values may nest (arrays and objects within each other), in a request body
 # and in what a store keeps. Parsers give up far deeper (pydantic's at about 250 levels,
 # Python's ``json`` near its recursion limit, earlier in a deeper stack), so whatever is
@@ -156,7 +157,12 @@ def require_user_id(user_id: Any) -> str:
 
 
 def clean_session_id(session_id: Any) -> str | None:
-    """A session id stripped of surrounding whitespace; None when missing or blank."""
+    """A session id stripped of surrounding whitespace; None when missing or blank.
+
+    It names the session in URLs (``/sessions/{session_id}``), so it holds no ``/`` and is
+    not ``.`` or ``..``: an HTTP client or proxy would take those for path structure, and the
+    session could be made but never reached.
+    """
     if session_id is None:
         return None
     if not isinstance(session_id, str):
@@ -168,6 +174,11 @@ def clean_session_id(session_id: Any) -> str | None:
     if len(session_id) > MAX_ID_LENGTH:
         raise InvalidInputError(
             f"session_id is longer than {MAX_ID_LENGTH} characters", field="session_id"
+        )
+    if "/" in session_id or session_id in _DOT_SEGMENTS:
+        raise InvalidInputError(
+            "session_id must not contain '/' nor be '.' or '..': it names the session in URLs",
+            field="session_id",
         )
     return session_id or None
 
