@@ -154,6 +154,24 @@ async def test_search_top_k_caps_the_results(memory: MemoryService, user_id: str
     assert texts(hits) == ["note 7 about rust", "note 6 about rust", "note 5 about rust"]
 
 
+async def test_search_uses_the_first_128_distinct_words_of_a_long_query(
+    memory: MemoryService, user_id: str
+) -> None:
+    # A user can fill their memory with many words, then search with all of them (a
+    # pasted document as a turn's input): each memory met would be scored against each.
+    words = [f"word{i}" for i in range(20_000)]
+    await memory.add_memory(
+        user_id, [msg(" ".join(words[i : i + 1000])) for i in range(0, 20_000, 1000)]
+    )
+    await memory.add_memory(user_id, [msg("needle"), msg("pin")])
+    first = [*words[1000:1127], "needle"]  # 128 distinct words, "needle" the last
+    found = await memory.search_memory(user_id, query(" ".join(first * 2 + words + ["pin"])))
+    # Not "pin", the 20,129th distinct word, nor any memory holding only later words.
+    assert sorted(texts(found)) == sorted(["needle", " ".join(words[1000:2000])])
+    capped = await memory.search_memory(user_id, query(" ".join([*words[:128], "pin"])))
+    assert texts(capped) == [" ".join(words[:1000])]
+
+
 @pytest.mark.parametrize("top_k", [0, -1, "3", 2.5, True])
 async def test_search_rejects_a_bad_top_k(
     memory: MemoryService, user_id: str, top_k: object

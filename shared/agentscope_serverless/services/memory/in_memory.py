@@ -181,7 +181,9 @@ class InMemoryMemoryService(MemoryService):
         best_tfs = {t: _best_tf(user.postings[t]) for t in idfs}
         bounds = {t: contribution(i, best_tfs[t], best_tfs[t]) for t, i in idfs.items()}
         order = sorted(idfs, key=bounds.__getitem__, reverse=True)
-        rest = [sum(bounds[t] for t in order[p + 1 :]) for p in range(len(order))]
+        rest = [0.0] * len(order)
+        for p in range(len(order) - 2, -1, -1):
+            rest[p] = rest[p + 1] + bounds[order[p + 1]]
         best: list[tuple[float, int]] = []  # min-heap of (score, seq): best[0] is to beat
         seen: set[int] = set()
         for p, term in enumerate(order):

@@ -19,6 +19,11 @@ from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 
 BM25_K1 = 1.2
 BM25_B = 0.75
+# The words of a query a search uses: its first distinct ones. Every memory a search meets
+# is scored against every query word, so a longer query (a document pasted as a turn's
+# input: the runner searches with it) would make one search cost as much as thousands, and
+# on Redis hold the server (a script) for all that time, for no better ranking.
+MAX_QUERY_TERMS = 128
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _ASCII_SEPARATORS = str.maketrans(
@@ -68,10 +73,11 @@ def message_text(message: Message) -> str:
 
 
 def query_terms(message: Message | None) -> list[str]:
-    """The distinct tokens of a query message, in first-seen order."""
+    """The distinct tokens of a query message, in first-seen order: the first
+    :data:`MAX_QUERY_TERMS` of them."""
     if message is None:
         return []
-    return list(dict.fromkeys(tokenize(message_text(message))))
+    return list(dict.fromkeys(tokenize(message_text(message))))[:MAX_QUERY_TERMS]
 
 
 def term_frequencies(text: str) -> tuple[Counter[str], int]:
@@ -117,6 +123,7 @@ def bm25_score(
 __all__ = [
     "BM25_B",
     "BM25_K1",
+    "MAX_QUERY_TERMS",
     "CorpusStats",
     "bm25_score",
     "idf",
