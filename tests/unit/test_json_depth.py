@@ -47,10 +47,12 @@ def test_it_agrees_with_the_depth_of_the_parsed_value(value: Any, limit: int) ->
         ('{"a": [[1], "]]]"]}', 3, False),
         ('["\\"[[[[", "\\\\", []]', 1, True),
         ('["\\"[[[[", "\\\\", []]', 2, False),
-        # Not JSON: only brackets left open at once count.
+        ('"' + "[" * 200 + '"', 100, False),  # every bracket inside the string
+        # Not JSON: measured alike, a bracket closing nothing counting against later ones.
         ("[" * 101, 100, True),
         ("[" * 100, 100, False),
-        ("]" * 500 + "[" * 50, 100, False),
+        ("]" * 500 + "[" * 550, 100, False),
+        ("[" * 200 + "]" * 500, 100, True),
         ("[" * 60 + "[]" * 1000 + "]" * 60, 60, True),
         ('"' + "[" * 500, 100, True),  # a string that never ends: its brackets count
     ],
