@@ -71,6 +71,19 @@ def test_a_missing_key_gets_401(client_for: Callable[..., httpx.Client], route: 
     assert_unauthenticated(call(client_for(None), route))
 
 
+@pytest.mark.parametrize("body", [b"{not json", b'{"input": 3}', b'{"input": []}'])
+def test_the_agent_route_reads_no_body_of_a_caller_without_a_key(
+    client_for: Callable[..., httpx.Client], body: bytes
+) -> None:
+    # Checked before the body is parsed or validated (work a caller without a key could
+    # make the server do for nothing): whatever it holds, the answer is 401.
+    for client in (client_for(None), client_for("not-a-key")):
+        response = client.post(
+            "/process", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert_unauthenticated(response)
+
+
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 def test_a_wrong_key_gets_401(
     client_for: Callable[..., httpx.Client], keys: Keys, route: Any

@@ -117,9 +117,9 @@ class _AgentRoute(APIRoute):
     """The agent's route, whose common case skips FastAPI's per-request dependency solving.
 
     A request without ``Idempotency-Key`` (whose claim must come before the body's message
-    ids are made) and whose JSON body is a valid request is authenticated, guarded and run
-    by direct calls of the very dependencies the route declares; anything else is handled
-    by FastAPI as declared, so every error answer is FastAPI's own.
+    ids are made) is authenticated first; when its JSON body is a valid request, it is then
+    guarded and run by direct calls of the very dependencies the route declares; anything
+    else is handled by FastAPI as declared, so every other error answer is FastAPI's own.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -130,10 +130,12 @@ class _AgentRoute(APIRoute):
         async def handle(request: Request) -> Response:
             if IDEMPOTENCY_HEADER in request.headers:
                 return await declared(request)
+            # Before the body is read: validating a large one costs more than parsing it,
+            # and a caller without a key gets nothing of that work.
+            caller = await get_caller(request, await bearer_scheme(request))
             body = await _valid_body(request, model)
             if body is None:
                 return await declared(request)
-            caller = await get_caller(request, await bearer_scheme(request))
             await guard_request(request, caller, None)
             response: Response = await endpoint(body, caller, request.app.state.context)
             return response
