@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -208,6 +209,50 @@ def test_a_service_key_acts_for_the_user_it_names(
     )
     assert answer.json()["output"][0]["content"][0]["text"] == "Your name is Alice."
     assert service.get(f"/sessions/{session}", headers={"X-User-Id": "bob"}).status_code == 404
+
+
+def test_a_user_named_in_a_header_is_the_one_its_utf8_bytes_spell(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # Header bytes reach the app as Latin-1: "é" sent as UTF-8 would read "Ã©", and the
+    # user named in the header and in the body or query would be two users.
+    service = client_for(keys.service)
+    user = f"é-{uuid.uuid4().hex[:8]}"
+    as_user = {"X-User-Id": user.encode()}
+    created = service.post("/sessions", json={"session_id": "s"}, headers=as_user)
+    assert created.status_code == 201 and created.json()["user_id"] == user
+    listed = service.get("/sessions", params={"user_id": user}).json()["items"]
+    assert [s["user_id"] for s in listed] == [user]
+    both = service.post("/sessions", json={"session_id": "t", "user_id": user}, headers=as_user)
+    assert both.status_code == 201
+    latin1 = service.get("/sessions", headers={"X-User-Id": "é".encode("latin-1")})
+    assert latin1.status_code == 422
+    assert latin1.json()["error"]["message"] == "the X-User-Id header is not UTF-8 text"
+    # In the query, bytes that are not UTF-8 would all read as one user named "\ufffd".
+    for query in ("user_id=%E9", "user_id=%FF"):
+        refused = service.get(f"/sessions?{query}")
+        assert refused.status_code == 422
+        assert refused.json()["error"]["message"] == "the user_id query parameter is not UTF-8 text"
+    replacement = service.get("/sessions?user_id=%EF%BF%BD")  # U+FFFD itself, as UTF-8
+    assert replacement.status_code == 200
+
+
+def test_a_session_named_in_a_header_is_the_one_its_utf8_bytes_spell(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    alice = client_for(keys.alice)
+    session = f"séance-{uuid.uuid4().hex[:8]}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "My name is Zoé"}]}
+    headers = {"X-Session-Id": session.encode()}
+    first = alice.post("/compatible-mode/v1/chat/completions", json=body, headers=headers)
+    assert first.status_code == 200, first.text
+    again = {"model": "m", "messages": [{"role": "user", "content": "What is my name?"}]}
+    answer = alice.post(
+        "/compatible-mode/v1/chat/completions", json={**again, "metadata": {"session_id": session}}
+    )
+    assert answer.json()["choices"][0]["message"]["content"] == "Your name is Zoé."
+    quoted = urllib.parse.quote(session, safe="")
+    assert len(alice.get(f"/sessions/{quoted}/messages").json()["items"]) == 4
 
 
 def test_a_service_key_naming_two_users_gets_422(

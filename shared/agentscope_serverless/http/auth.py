@@ -23,6 +23,7 @@ header could be forged. In keys mode neither the event nor the header is ever re
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -94,6 +95,35 @@ class Caller:
         return require_user_id(named.pop())
 
 
+def header_text(value: str, *, name: str) -> str:
+    """A header's value as the UTF-8 text it was sent as (422 when it is not UTF-8).
+
+    The server hands header bytes over as Latin-1, so ``é`` sent as UTF-8 would arrive as
+    ``Ã©``: the same user or session named in a header and in the body would be two.
+    """
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise InvalidInputError(f"the {name} header is not UTF-8 text", field=name) from None
+
+
+def _query_user_ids(request: Request) -> list[str]:
+    """The ``user_id`` query parameters, refused (422) when one is not UTF-8: decoded with
+    replacement, ``%E9`` and ``%FF`` would both name the user "\ufffd"."""
+    values = request.query_params.getlist("user_id")
+    if any("\ufffd" in value for value in values):
+        query = request.scope.get("query_string", b"").decode("latin-1")
+        try:
+            urllib.parse.parse_qsl(query, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidInputError(
+                "the user_id query parameter is not UTF-8 text", field="user_id"
+            ) from None
+    return values
+
+
 def _request_context(scope: Mapping[str, Any]) -> Any:
     """The Function URL request context: from Mangum's event, else the Web Adapter's header."""
     event = scope.get("aws.event")
@@ -137,9 +167,12 @@ async def get_caller(
         principal = await context.key_store.authenticate(credentials.credentials)
     # Read directly rather than as declared parameters: this runs on every request.
     claims: list[tuple[str, str]] = []
+    headers = [
+        header_text(value, name=USER_HEADER) for value in request.headers.getlist(USER_HEADER)
+    ]
     for where, values in (
-        (f"{USER_HEADER} header", request.headers.getlist(USER_HEADER)),
-        ("user_id query parameter", request.query_params.getlist("user_id")),
+        (f"{USER_HEADER} header", headers),
+        ("user_id query parameter", _query_user_ids(request)),
     ):
         if len(values) > 1:
             # Proxies and frameworks disagree on which of several values wins: refuse.
@@ -166,5 +199,6 @@ __all__ = [
     "bearer_scheme",
     "current_user_id",
     "get_caller",
+    "header_text",
     "iam_user_id",
 ]

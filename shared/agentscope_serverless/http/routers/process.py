@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from agentscope_serverless.http import openai_compat as compat
-from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_caller
+from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_caller, header_text
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
@@ -69,6 +69,10 @@ def _compatible_run(
     session = given or new_uuid()
     turn = compat.new_turn(messages) if given else messages
     return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
+
+
+def _session_header(value: str | None) -> str | None:
+    return None if value is None else header_text(value, name=SESSION_HEADER)
 
 
 def _session_headers(session_id: str, run_id: str | None = None) -> dict[str, str]:
@@ -218,7 +222,7 @@ def build_router(
     ) -> Response:
         run, session_id = _compatible_run(
             compat.chat_messages(body.messages),
-            compat.session_id_of(x_session_id, body.metadata),
+            compat.session_id_of(_session_header(x_session_id), body.metadata),
             caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
@@ -253,7 +257,7 @@ def build_router(
     ) -> Response:
         run, session_id = _compatible_run(
             compat.responses_input(body),
-            compat.session_id_of(x_session_id, body.metadata, body.conversation),
+            compat.session_id_of(_session_header(x_session_id), body.metadata, body.conversation),
             caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
