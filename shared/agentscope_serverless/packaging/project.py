@@ -14,11 +14,12 @@ archive's contents alone with the target's Python, and refuses when it cannot.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
@@ -54,7 +55,10 @@ PROJECT_EXCLUDES = (
     "build",
     "*.egg-info",
     ".DS_Store",
+    # Secrets of local runs (dotenv's .env, .env.local, .env.production, ...): a deployed
+    # agent gets its settings from the platform (``--env``, the secret), not from a file.
     ".env",
+    ".env.*",
 )
 
 
@@ -93,6 +97,7 @@ def copy_project(source: Path, target: Path) -> list[str]:
     if is_this_repository(source):
         return []
     ignore = shutil.ignore_patterns(*PROJECT_EXCLUDES)
+    _refuse_links_out(source, ignore)
     copied = []
     skip = set(ignore(str(source), [p.name for p in source.iterdir()]))
     for entry in sorted(source.iterdir()):
@@ -104,6 +109,35 @@ def copy_project(source: Path, target: Path) -> list[str]:
             shutil.copy2(entry, target / entry.name)
         copied.append(entry.name)
     return copied
+
+
+def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> None:
+    """Refuse a symbolic link of the project (outside what is left out) to anything outside
+    it, or into a folder the copy is already in: the copy follows links, so it would put
+    what they point to (a key in the home folder, say) in an archive, or never end."""
+    root = source.resolve()
+    top = Path(os.path.abspath(source))
+    real_of: dict[str, Path] = {}  # each folder walked (as the copy sees it): its real path
+    for folder, folders, files in os.walk(top, followlinks=True):
+        real = Path(folder).resolve()
+        if real in {real_of.get(str(up)) for up in Path(folder).parents}:
+            raise PackagingError(
+                f"{Path(folder).relative_to(top)} links back to a folder holding it: "
+                "packaging would copy it without end"
+            )
+        real_of[folder] = real
+        skipped = ignore(folder, [*folders, *files])
+        folders[:] = [name for name in folders if name not in skipped]
+        for name in [*folders, *files]:
+            path = Path(folder, name)
+            if name in skipped or not path.is_symlink():
+                continue
+            target = path.resolve()
+            if target != root and root not in target.parents:
+                raise PackagingError(
+                    f"{path.relative_to(top)} links outside the project folder: packaging "
+                    "would copy what it points to into the archive; copy the file in instead"
+                )
 
 
 def project_requirements(source: Path | None) -> Path | None:

@@ -1,0 +1,89 @@
+"""What packaging copies of a user's project folder: not its local secrets, and nothing a
+link would bring in from outside it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.packaging.project import copy_project
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "agent.py").write_text("app = 1\n")
+    (root / "pkg" / "data").mkdir()
+    (root / "pkg" / "data" / "table.csv").write_text("a,b\n")
+    for name in (".env", ".env.local", ".env.production"):
+        (root / name).write_text("OPENAI_API_KEY=sk-secret\n")
+    (root / "pkg" / ".env.test").write_text("TOKEN=secret\n")
+    (root / "README.md").write_text("hi\n")
+    return root
+
+
+def copied(target: Path) -> set[str]:
+    return {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
+
+
+def test_dotenv_files_stay_out_and_links_inside_the_project_are_copied(
+    project: Path, tmp_path: Path
+) -> None:
+    (project / "pkg" / "alias.py").symlink_to("agent.py")
+    (project / "tables").symlink_to(project / "pkg" / "data", target_is_directory=True)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {
+        "README.md",
+        "pkg/agent.py",
+        "pkg/alias.py",
+        "pkg/data/table.csv",
+        "tables/table.csv",
+    }
+    assert (target / "pkg" / "alias.py").read_text() == "app = 1\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_link_to_outside_the_project_is_refused(project: Path, tmp_path: Path, kind: str) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    if kind == "file":
+        (project / "pkg" / "key").symlink_to(home / ".ssh" / "id_ed25519")
+        where = "pkg/key"
+    else:
+        (project / "pkg" / "ssh").symlink_to(home / ".ssh", target_is_directory=True)
+        where = "pkg/ssh"
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError, match=f"{where} links outside the project folder"):
+        copy_project(project, target)
+    assert copied(target) == set()
+
+
+def test_a_link_left_out_anyway_is_not_refused(project: Path, tmp_path: Path) -> None:
+    os.symlink(tmp_path, project / ".venv")  # a virtualenv kept elsewhere
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert "pkg/agent.py" in copied(target)
+
+
+@pytest.mark.parametrize("cycle", ["ancestor", "mutual"])
+def test_links_that_loop_are_refused(project: Path, tmp_path: Path, cycle: str) -> None:
+    if cycle == "ancestor":
+        (project / "pkg" / "up").symlink_to(project, target_is_directory=True)
+    else:
+        (project / "a").mkdir()
+        (project / "a" / "to_b").symlink_to(project / "b", target_is_directory=True)
+        (project / "b").mkdir()
+        (project / "b" / "to_a").symlink_to(project / "a", target_is_directory=True)
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError, match="links back to a folder holding it"):
+        copy_project(project, target)
