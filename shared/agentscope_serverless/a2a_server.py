@@ -39,8 +39,10 @@ from a2a.types import (
     TaskStatus,
 )
 from a2a.types import Role as A2ARole
+from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict
 
+from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
@@ -51,6 +53,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
+from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 
 A2A_PATH = "/a2a"
@@ -79,6 +82,10 @@ class RunsAgentExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id, context.context_id
         assert task_id is not None and context_id is not None
+        try:
+            require_session_id(context_id)  # the session of the run
+        except InvalidInputError as exc:
+            raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
         user_id = owner_of(context.call_context)
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(

@@ -24,6 +24,7 @@ from a2a.types import (
     SendMessageRequest,
     TaskState,
 )
+from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import ParseDict
 
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
@@ -149,6 +150,21 @@ async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, 
         legacy_call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}
         async with httpx.AsyncClient() as anonymous:
             assert (await anonymous.post(f"{url}/a2a", json=legacy_call)).status_code == 401
+
+
+@pytest.mark.parametrize("context_id", ["a/b", "..", "x" * 600])
+async def test_a_context_id_no_session_can_have_is_invalid_params(
+    served: tuple[str, Keys], context_id: str
+) -> None:
+    url, keys = served
+    user = f"a2a-user-{uuid.uuid4().hex[:8]}"  # a user with nothing stored yet
+    key = (await keys.store.create_key(kind="user", user_id=user)).key
+    async with _client(url, key, streaming=False) as client:
+        # The JSON-RPC error -32602, which the SDK raises as InvalidParamsError.
+        with pytest.raises(InvalidParamsError, match="contextId cannot name a session"):
+            [_ async for _ in client.send_message(_message("hello", context_id=context_id))]
+    async with httpx.AsyncClient(base_url=url, headers=bearer(key)) as http:
+        assert (await http.get("/sessions")).json()["items"] == []
 
 
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
