@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from collections.abc import Callable
 
@@ -355,8 +356,10 @@ async def test_list_sessions_page_rejects_a_forged_cursor(
     history: SessionHistoryService, user_id: str
 ) -> None:
     await history.create_session(user_id, "s1")
-    with pytest.raises(InvalidInputError):
-        await history.list_sessions_page(user_id, cursor="not-a-cursor!")
+    deep = base64.urlsafe_b64encode(b"[" * 100_000).decode()  # past what json.loads follows
+    for forged in ("not-a-cursor!", deep):
+        with pytest.raises(InvalidInputError, match="cursor is not valid"):
+            await history.list_sessions_page(user_id, cursor=forged)
 
 
 # --- append_message -------------------------------------------------------------------

@@ -331,7 +331,7 @@ def decode_cursor(cursor: Any) -> dict[str, Any]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         payload = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidInputError("cursor is not valid", field="cursor") from None
     if not isinstance(payload, dict):
         raise InvalidInputError("cursor is not valid", field="cursor")
