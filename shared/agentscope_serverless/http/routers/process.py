@@ -71,7 +71,7 @@ def _compatible_run(
     return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
 
 
-def _session_header(value: str | None) -> str | None:
+def _header_session_id(value: str | None) -> str | None:
     return None if value is None else header_text(value, name=SESSION_HEADER)
 
 
@@ -222,7 +222,7 @@ def build_router(
     ) -> Response:
         run, session_id = _compatible_run(
             compat.chat_messages(body.messages),
-            compat.session_id_of(_session_header(x_session_id), body.metadata),
+            compat.session_id_of(_header_session_id(x_session_id), body.metadata),
             caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
@@ -257,7 +257,9 @@ def build_router(
     ) -> Response:
         run, session_id = _compatible_run(
             compat.responses_input(body),
-            compat.session_id_of(_session_header(x_session_id), body.metadata, body.conversation),
+            compat.session_id_of(
+                _header_session_id(x_session_id), body.metadata, body.conversation
+            ),
             caller.user_id(body.user),
             model=body.model,
             temperature=body.temperature,
