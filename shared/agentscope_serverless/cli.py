@@ -419,9 +419,9 @@ def _stream_reply(
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
-    headers = {"Authorization": f"Bearer {key}"}
     if user_id:
-        headers["X-User-Id"] = user_id
+        body["user_id"] = user_id  # in the body: a header carries ASCII text only
+    headers = {"Authorization": f"Bearer {key}"}
     try:
         with client.stream("POST", "/process", json=body, headers=headers) as response:
             if response.status_code != 200:

@@ -114,6 +114,18 @@ def test_invoke_then_chat_continue_one_session(server: Server) -> None:
     assert "Hello, Alice!" in chatted.output
 
 
+def test_invoke_names_any_user_as_text(server: Server) -> None:
+    cli = CliRunner()
+    base = ["invoke", "hello", "--url", server.url, "--key", server.key]
+    own = cli.invoke(app, [*base, "--user", "dev"])
+    assert own.exit_code == 0, own.output
+    assert "Hello! I am a demo agent" in own.output
+    # The development key acts only as "dev": the server answers, whatever the name's script.
+    other = cli.invoke(app, [*base, "--user", "Zoé 🙂"])
+    assert other.exit_code == 1
+    assert "403" in other.output and "names another user" in other.output
+
+
 def test_invoke_as_a_process_reports_a_bad_key(server: Server) -> None:
     result = subprocess.run(
         [SCRIPT, "invoke", "hi", "--url", server.url, "--key", "ask_nope"],
