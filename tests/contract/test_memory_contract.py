@@ -374,3 +374,16 @@ async def test_a_keyed_add_run_again_stores_nothing_twice(
     assert texts(await memory.list_memory(user_id)) == ["green tea"] * 3
     hits = await memory.search_memory(user_id, query("tea"))
     assert len(hits) == 3
+
+
+async def test_a_document_of_many_distinct_words_is_found_by_each_and_stored_once(
+    memory: MemoryService, user_id: str
+) -> None:
+    # Past what one step indexes on Redis (4,000 buckets): indexed in several.
+    words = [f"term{i}" for i in range(12_000)]
+    document = " ".join(words)
+    await keyed_add(memory, f"{user_id}\0doc", user_id, document)
+    await keyed_add(memory, f"{user_id}\0doc", user_id, document)  # its answer was lost
+    assert texts(await memory.list_memory(user_id)) == [document]
+    for word in (words[0], words[5_999], words[-1]):
+        assert texts(await memory.search_memory(user_id, query(word))) == [document]

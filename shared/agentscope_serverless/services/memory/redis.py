@@ -34,10 +34,12 @@ fixed width, they need no separator, a bucket holds ``HSTRLEN / 8`` memories, an
 document frequency is the sum over its buckets, with no counter to update per term and
 batch (a user can be given 4,294,967,295 memories: ids are not reused).
 
-An add of up to 1,000 memories is one script. A larger one is stored 1,000 at a time,
-then indexed with its postings grouped by bucket over the whole add, so a bucket is
-written once per add rather than once per thousand memories (100,000 memories of everyday
-words fall in about 49,000 buckets: 1,000 memories touch 5,000). Its ids are reserved
+An add of up to 1,000 memories falling in up to 4,000 buckets is one script. A larger one
+(more memories, or a document of thousands of distinct words) is stored 1,000 at a time,
+then indexed with its postings grouped by bucket over the whole add, 4,000 buckets a step,
+so a bucket is written once per add rather than once per thousand memories (100,000
+memories of everyday words fall in about 49,000 buckets: 1,000 memories touch 5,000), and
+no step holds Redis long. Its ids are reserved
 first, and every step is keyed by the add's write id: an add run again under its
 Idempotency-Key gets the same ids and does only the steps left. Until its last step,
 memories already stored are listed but not yet found by search; a session deleted before
@@ -587,14 +589,21 @@ def _analysed(memories: list[NewMemory]) -> Iterator[tuple[Counter[str], int, st
         yield counts, _length_class(length), entry
 
 
-def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[str | int]:
-    """The arguments of ``_ADD`` but its write id: postings as positions in the batch."""
+def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[str | int] | None:
+    """The arguments of ``_ADD`` but its write id: postings as positions in the batch.
+
+    None when the memories fall in more buckets than one step indexes (a long document of
+    thousands of distinct words is enough): indexed in one script, they would hold Redis,
+    for every user, as long as a bulk add's steps together.
+    """
     entries: list[str] = []
     buckets: defaultdict[tuple[str, int, int], list[str]] = defaultdict(list)
     for position, (counts, length_class, entry) in enumerate(_analysed(memories)):
         at = str(position)
         for term, tf in counts.items():
             buckets[term, tf, length_class].append(at)
+        if len(buckets) > _INDEX_BUCKETS:
+            return None
         entries.append(entry)
     lines = "".join(
         f"{term}\0{_bucket_suffix(tf, length_class)}\t{' '.join(at)}\n"
@@ -717,9 +726,9 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
         keys, session = self._keys(user_id), escape(session_id)
-        if len(memories) <= _ADD_BATCH:
+        args = _add_arguments(self._ttl, session, memories) if len(memories) <= _ADD_BATCH else None
+        if args is not None:
             # Stored and indexed in one step.
-            args = _add_arguments(self._ttl, session, memories)
             await self._keyed(_ADD, keys, args, write_id, "0")
             return
         after = await self._keyed(_RESERVE, keys, [self._ttl, len(memories)], write_id, "ids")
