@@ -13,6 +13,9 @@ server; a Lua ``request()`` function makes each request's user and session ids:
 
 - ``new user``: a new user per request (service key with ``X-User-Id``);
 - ``reused session``: one session, grown to ``--history`` messages before the run;
+- ``window session``: the same with a session grown to the history window (100 messages),
+  so both turns read a full window: their CPU differs only by what the session's length
+  costs;
 - ``new session``: the same user, a new session each time (that user's memory grows).
 
 Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p99 latency
@@ -25,7 +28,8 @@ Each runs streamed and with ``"stream": false``. A row reports req/s, p50 and p9
 
 Prints a table, writes the figures as JSON to ``bench/results/``, and exits with status 1
 when a target is missed: runtime CPU per request at most 2x the bare endpoint's (new user);
-the reused session within 1.2x of the new-user CPU; p99 at most 4x p50.
+the reused session within 1.2x of the new-user CPU, and of the window session's; p99 at
+most 4x p50.
 
 ``--storage-cost`` measures instead what storing each run's events costs ``/process``
 (:func:`storage_cost`): the same runtime with ``RUNS_BACKEND=none`` and with the runs stored,
@@ -287,9 +291,20 @@ def new_user(bench: Bench, stream: bool) -> None:
 
 def reused_session(bench: Bench, stream: bool) -> None:
     """One user's one session, holding ``bench.history`` messages before the run starts."""
-    user, session = f"reused-{time.time_ns()}", "the-session"
-    grow(bench.servers["runtime"].url, bench.key, user, session, bench.history)
-    bench.both("reused session", stream, f"function ids(n) return '{user}', '{session}' end")
+    one_session(bench, stream, "reused session", bench.history)
+
+
+def window_session(bench: Bench, stream: bool) -> None:
+    """The same, with a session of as many messages as a turn reads (the history window)."""
+    from agentscope_serverless.runner import DEFAULT_HISTORY_WINDOW
+
+    one_session(bench, stream, "window session", DEFAULT_HISTORY_WINDOW)
+
+
+def one_session(bench: Bench, stream: bool, scenario: str, messages: int) -> None:
+    user, session = f"{scenario.replace(' ', '-')}-{time.time_ns()}", "the-session"
+    grow(bench.servers["runtime"].url, bench.key, user, session, messages)
+    bench.both(scenario, stream, f"function ids(n) return '{user}', '{session}' end")
 
 
 def new_session(bench: Bench, stream: bool) -> None:
@@ -305,6 +320,7 @@ def new_session(bench: Bench, stream: bool) -> None:
 SCENARIOS: dict[str, Callable[[Bench, bool], None]] = {
     "new user": new_user,
     "reused session": reused_session,
+    "window session": window_session,
     "new session": new_session,
 }
 
@@ -372,6 +388,11 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         results[f"{mode}: reused-session CPU/request <= {MAX_REUSED_OVER_NEW}x new-user"] = {
             "ratio": round(reused / new, 2),
             "ok": reused <= MAX_REUSED_OVER_NEW * new,
+        }
+        window = row("window session", stream, "runtime")["cpu_ms_per_request"]
+        results[f"{mode}: reused-session CPU/request <= {MAX_REUSED_OVER_NEW}x window-session"] = {
+            "ratio": round(reused / window, 2),
+            "ok": reused <= MAX_REUSED_OVER_NEW * window,
         }
         for scenario in SCENARIOS:
             if not any(r["scenario"] == scenario for r in rows):
