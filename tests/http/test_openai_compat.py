@@ -129,6 +129,34 @@ def test_metadata_session_continues_a_responses_conversation(sdk: openai.OpenAI)
     assert streamed[-1].response.metadata == {"session_id": session}
 
 
+def test_developer_messages_are_system_instructions(
+    sdk: openai.OpenAI, demo_url: str, keys: Keys
+) -> None:
+    # OpenAI's SDKs and newer models send instructions with the "developer" role.
+    session = f"sdk-{uuid.uuid4()}"
+    chat = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    completion = sdk.chat.completions.create(
+        model="demo", messages=chat, extra_headers={"X-Session-Id": session}
+    )
+    assert completion.choices[0].message.content.startswith("Hello!")
+    answer = sdk.responses.create(
+        model="demo",
+        input=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        metadata={"session_id": session},
+    )
+    assert answer.output_text.startswith("Hello!")
+    with httpx.Client(base_url=demo_url, headers={"Authorization": f"Bearer {keys.alice}"}) as c:
+        history = c.get(f"/sessions/{session}/messages").json()["items"]
+    assert [m["role"] for m in history] == [
+        "system",
+        "user",
+        "assistant",
+        "system",
+        "user",
+        "assistant",
+    ]
+
+
 def test_a_new_session_id_is_returned_in_a_header(sdk: openai.OpenAI) -> None:
     raw = sdk.chat.completions.with_raw_response.create(
         model="demo", messages=[{"role": "user", "content": "hi"}]

@@ -110,6 +110,9 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
                 f"{field}[{position}] must be a message with a role",
                 errors=[{"loc": where, "msg": "must be a message with a role"}],
             )
+        if item["role"] == "developer":
+            # OpenAI's name for system instructions since its o1 models: the same message.
+            item = {**item, "role": Role.SYSTEM}
         try:
             messages.append(Message.from_openai_message(item))
         except (ValidationError, AttributeError, TypeError):
