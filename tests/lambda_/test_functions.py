@@ -101,6 +101,22 @@ def test_every_function_refuses_requests_without_a_key(
 
 
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_body_nesting_too_deeply_is_refused_by_the_built_function(
+    start_function: StartFunction, api_key: str, name: str
+) -> None:
+    nested: Any = "x"
+    for _ in range(150):
+        nested = [nested]
+    function = start_function(name)
+    status, _, content, _ = function.request("POST", "/process", key=api_key, body=nested)
+    assert status == 422, content
+    assert json.loads(content)["error"] == {
+        "code": "INVALID_INPUT",
+        "message": "the request body nests deeper than 100 levels of arrays and objects",
+    }
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
 def test_process_streams_the_full_event_sequence(
     start_function: StartFunction, api_key: str, name: str
 ) -> None:

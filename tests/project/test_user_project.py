@@ -94,6 +94,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / ".venv" / "lib" / "junk.py").write_text("raise SystemExit('not me')\n")
     (folder / ".git").mkdir()
     (folder / "dist").mkdir()
+    (folder / ".env.local").write_text("OPENAI_API_KEY=sk-local-secret\n")
     return folder
 
 
@@ -194,7 +195,7 @@ def test_the_agentrun_archive_serves_the_project_from_its_contents(
     root = extract(archive, tmp_path / "unpacked")
     assert (root / "shouter" / "loud.py").is_file() and (root / "humanize").is_dir()
     assert not (root / ".venv").exists() and not (root / ".git").exists()
-    assert not (root / "dist").exists()
+    assert not (root / "dist").exists() and not (root / ".env.local").exists()
     manifest = json.loads((root / "agentrun.json").read_text())
     python = fresh_venv(tmp_path / "venv", with_pip=False)
     port = str(free_port())

@@ -30,7 +30,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentscope_serverless.errors import PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response
 from agentscope_serverless.log import bind_request_id, log_request
-from agentscope_serverless.services._validation import MAX_JSON_DEPTH, nests_deeper_than
+from agentscope_serverless.services._validation import (
+    MAX_JSON_DEPTH,
+    nests_deeper_than,
+    too_deep,
+)
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -105,12 +109,7 @@ class BodyTooDeep(HTTPException):
     """Raised when a JSON body is complete and nests too deeply (before the app parses it)."""
 
     def __init__(self) -> None:
-        super().__init__(
-            status_code=422,
-            detail=(
-                f"the request body nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
-            ),
-        )
+        super().__init__(status_code=422, detail=too_deep("the request body").message)
 
 
 class BodySizeLimitMiddleware:

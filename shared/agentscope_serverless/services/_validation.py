@@ -86,7 +86,7 @@ def nests_deeper_than(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 def require_shallow_json(text: str | bytes, *, field: str) -> None:
     """Refuse JSON ``text`` nesting deeper than :data:`MAX_JSON_DEPTH` (422 naming ``field``)."""
     if nests_deeper_than(text):
-        raise _too_deep(field)
+        raise too_deep(field)
 
 
 def _encodes(text: str) -> bool:
@@ -254,7 +254,7 @@ def _unencodable(message: Message, where: str) -> InvalidInputError:
     past what an encoder follows, or (given from Python) a value JSON has no form for."""
     plain = message.model_dump()
     if _value_nests_deeper_than(plain, MAX_JSON_DEPTH):
-        return _too_deep(where)
+        return too_deep(where)
     try:
         require_utf8(plain, field=where)
     except InvalidInputError as exc:
@@ -278,7 +278,8 @@ def _value_nests_deeper_than(value: Any, limit: int) -> bool:
     return any(isinstance(item, dict | list | tuple) for item in level)
 
 
-def _too_deep(field: str) -> InvalidInputError:
+def too_deep(field: str) -> InvalidInputError:
+    """The error refusing ``field`` for nesting deeper than :data:`MAX_JSON_DEPTH`."""
     return InvalidInputError(
         f"{field} nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects", field=field
     )
@@ -293,7 +294,7 @@ def json_copy(value: Any, *, field: str) -> Any:
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except RecursionError:
-        raise _too_deep(field) from None
+        raise too_deep(field) from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
     require_shallow_json(text, field=field)
@@ -368,5 +369,6 @@ __all__ = [
     "to_encoded_messages",
     "to_message",
     "to_messages",
+    "too_deep",
     "unencodable_path",
 ]
