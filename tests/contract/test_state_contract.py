@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedError
+from agentscope_serverless.errors import ConflictError, InvalidInputError, ServiceNotStartedError
 from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.agent_state import StateService
+from agentscope_serverless.services.agent_state.base import MAX_ROUND_ID
 
 
 async def test_first_save_is_round_one_then_two(state: StateService, user_id: str) -> None:
@@ -49,6 +50,21 @@ async def test_auto_round_follows_the_highest_round(state: StateService, user_id
     assert await state.save_state(user_id, {"v": 10}, round_id=10) == 10
     assert await state.save_state(user_id, {"v": 11}) == 11
     assert await state.export_state(user_id) == {"v": 11}
+
+
+async def test_no_round_is_allocated_past_the_largest_round_id(
+    state: StateService, user_id: str
+) -> None:
+    """Past 2**53 - 1 a round cannot be exact in every store (on Redis, 2**53 + 1 would
+    be the score of 2**53): a save that would allocate it is refused and stores nothing."""
+    assert await state.save_state(user_id, {"v": "last"}, round_id=MAX_ROUND_ID) == MAX_ROUND_ID
+    for _ in range(2):
+        with pytest.raises(ConflictError, match="give round_id"):
+            await state.save_state(user_id, {"v": "next"})
+    assert await state.list_rounds(user_id) == [MAX_ROUND_ID]
+    assert await state.export_state(user_id) == {"v": "last"}
+    assert await state.save_state(user_id, {"v": 1}, round_id=1) == 1
+    assert await state.export_state(user_id, round_id=MAX_ROUND_ID) == {"v": "last"}
 
 
 async def test_state_is_copied_in(state: StateService, user_id: str) -> None:

@@ -103,6 +103,20 @@ def test_state_save_export_rounds_and_delete(alice: httpx.Client) -> None:
     assert alice.get("/state/game").status_code == 404
 
 
+def test_a_save_past_the_largest_round_is_a_409_and_stores_nothing(alice: httpx.Client) -> None:
+    last = 2**53 - 1
+    assert alice.post("/state/end", json={"state": {"v": 1}, "round_id": last}).status_code == 201
+    refused = alice.post("/state/end", json={"state": {"v": 2}})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "CONFLICT"
+    assert "give round_id" in refused.json()["error"]["message"]
+    assert alice.get("/state/end").json() == {
+        "session_id": "end",
+        "round_id": last,
+        "state": {"v": 1},
+    }
+    assert alice.get("/state/end/rounds").json()["rounds"] == [last]
+
+
 def test_one_call_erases_all_of_the_callers_data_and_nobody_elses(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.errors import ConflictError, InvalidInputError
 from agentscope_serverless.services._once import next_write_id
 from agentscope_serverless.services._validation import (
     json_copy,
@@ -22,6 +22,14 @@ from agentscope_serverless.services.base import ServiceWithLifecycleManager, Sta
 
 # Round ids are exact integers in every store (JSON numbers, Redis scores, DynamoDB).
 MAX_ROUND_ID = 2**53 - 1
+
+
+def rounds_exhausted() -> ConflictError:
+    """The error of a save that would allocate the round after :data:`MAX_ROUND_ID`."""
+    return ConflictError(
+        f"the session has a round {MAX_ROUND_ID}, the largest round id, so there is no "
+        "next round to save in: give round_id"
+    )
 
 
 class StateService(StartedGuard, ServiceWithLifecycleManager):
@@ -108,7 +116,8 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
     async def _save_next(
         self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
     ) -> int:
-        """Atomically allocate the round after the highest one and store ``state`` there.
+        """Atomically allocate the round after the highest one and store ``state`` there;
+        raise :func:`rounds_exhausted` (storing nothing) when the highest is the last.
 
         With a ``write_id`` already applied to the session (and remembered for
         :data:`~agentscope_serverless.services._once.WRITE_ID_SECONDS`), store ``state``
@@ -137,4 +146,4 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         """Remove every round of the session."""
 
 
-__all__ = ["MAX_ROUND_ID", "StateService"]
+__all__ = ["MAX_ROUND_ID", "StateService", "rounds_exhausted"]

@@ -67,7 +67,11 @@ from agentscope_serverless.services._dynamodb import (
 )
 from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._validation import optional_positive_int
-from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.agent_state.base import (
+    MAX_ROUND_ID,
+    StateService,
+    rounds_exhausted,
+)
 
 
 class DynamoDBStateService(DynamoDBBackedService, StateService):
@@ -295,6 +299,8 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         await self._index(user_id, session_id, meta)
         if round_id is None:
             round_id = number(meta, "max_round")
+            if round_id > MAX_ROUND_ID:
+                raise rounds_exhausted()
             if write_id is not None:
                 round_id = await self._apply(mark, round_id)
         await self._raise_max_round(pk, meta, round_id)

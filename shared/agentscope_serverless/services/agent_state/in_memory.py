@@ -5,7 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.agent_state.base import (
+    MAX_ROUND_ID,
+    StateService,
+    rounds_exhausted,
+)
 
 
 class InMemoryStateService(StateService):
@@ -31,6 +35,8 @@ class InMemoryStateService(StateService):
             round_id = applied[session_id, write_id]
         else:
             round_id = max(rounds, default=0) + 1
+            if round_id > MAX_ROUND_ID:
+                raise rounds_exhausted()
         rounds[round_id] = state
         if write_id is not None:
             applied[session_id, write_id] = round_id

@@ -27,12 +27,18 @@ from agentscope_serverless.services._redis import (
     text,
     user_key_prefix,
 )
-from agentscope_serverless.services.agent_state.base import StateService
+from agentscope_serverless.services.agent_state.base import (
+    MAX_ROUND_ID,
+    StateService,
+    rounds_exhausted,
+)
 from agentscope_serverless.services.idempotency.base import now_ms
 
 # KEYS: rounds, states, the user's index, applied write ids. ARGV[1]: ttl, ...,
 # ARGV[#ARGV]: the session id.
 # ARGV[2]: the state, [3]: the write id ('' for none), [4]: now (ms), [5]: remembered until.
+# Returns nil, storing nothing, when the highest round is the last (past it, scores are
+# not exact, and two rounds would share one score).
 _SAVE_NEXT = (
     LUA_TOUCH
     + """
@@ -46,7 +52,9 @@ if ARGV[3] ~= '' then
 end
 if not round then
   local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  round = string.format('%d', (tonumber(top[2]) or 0) + 1)
+  local highest = tonumber(top[2]) or 0
+  if highest >= MAX_ROUND_ID then return false end
+  round = string.format('%d', highest + 1)
   if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], ARGV[3], round .. ' ' .. ARGV[5]) end
 end
 redis.call('ZADD', KEYS[1], round, round)
@@ -54,7 +62,7 @@ redis.call('HSET', KEYS[2], round, ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[#ARGV])
 touch(tonumber(ARGV[1]), KEYS)
 return round
-"""
+""".replace("MAX_ROUND_ID", str(MAX_ROUND_ID))
 )
 
 _SAVE_ROUND = (
@@ -166,6 +174,8 @@ class RedisStateService(RedisBackedService, StateService):
             # A keyed save run twice stores one round: the client may send it again.
             idempotent=write_id is not None,
         )
+        if round_id is None:
+            raise rounds_exhausted()
         return int(text(round_id))
 
     async def _save_round(
