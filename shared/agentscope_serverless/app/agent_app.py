@@ -231,7 +231,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     @overload
     def query(  # type: ignore[overload-overlap]  # a framework name registers
-        self, framework: str | None = "text"
+        self, framework: str | None = "agentscope"
     ) -> Callable[[HandlerT], HandlerT]: ...
 
     @overload
@@ -253,10 +253,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ) -> Callable[[HandlerT], HandlerT] | Coroutine[Any, Any, AgentResponse]:
         """Register the query handler, or run a request in process.
 
-        ``@app.query(framework="text")`` (or ``"agentscope"``) decorates the handler;
-        ``await app.query("hello", user_id=..., session_id=...)`` runs a request (text, a
-        dict or an :class:`AgentRequest`; ``request=`` also works) and returns the final
-        :class:`AgentResponse`. A lone framework name registers.
+        ``@app.query(framework="text")`` (or ``"agentscope"``, the default as in AgentScope
+        Runtime: ``@app.query()`` hands the handler AgentScope ``Msg`` objects) decorates the
+        handler; ``await app.query("hello", user_id=..., session_id=...)`` runs a request
+        (text, a dict or an :class:`AgentRequest`; ``request=`` also works) and returns the
+        final :class:`AgentResponse`. A lone framework name registers.
         """
         if request is None:
             registering = framework is None or (
@@ -266,7 +267,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
                 and session_id is None
             )
             if registering:
-                return self._register(framework if isinstance(framework, str) else "text")
+                return self._register(framework if isinstance(framework, str) else "agentscope")
             request = framework
         elif framework is not None:
             raise TypeError("pass either framework= (to register) or a request (to run)")

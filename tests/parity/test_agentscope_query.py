@@ -1,0 +1,53 @@
+"""``@app.query`` as AgentScope's: without a framework it is ``"agentscope"``, whose handler
+gets AgentScope ``Msg`` objects made from the request's messages. With the AgentScope-shaped
+package (``agentscope_standin/``), in a child process so ``agentscope`` is never importable
+here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+STANDIN = Path(__file__).parent / "agentscope_standin"
+
+
+def run_script(script: str) -> str:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+DEFAULT_FRAMEWORK = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="Friday")
+
+@app.query()
+async def query_func(self, msgs, request=None, **kwargs):
+    assert all(isinstance(m, Msg) for m in msgs), [type(m) for m in msgs]
+    reply = Msg("Friday", "", "assistant")
+    reply.content = [{"type": "text", "text": "echo " + msgs[-1].get_text_content()}]
+    yield reply, True
+
+async def main():
+    async with app:
+        response = await app.query("Who are you?", user_id="u1", session_id="s1")
+    assert response.status == "completed", response.error
+    print(app.framework, response.output[0].get_text_content())
+
+asyncio.run(main())
+"""
+
+
+def test_query_without_a_framework_hands_the_handler_agentscope_msgs() -> None:
+    assert run_script(DEFAULT_FRAMEWORK) == "agentscope echo Who are you?"
