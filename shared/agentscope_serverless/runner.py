@@ -145,7 +145,7 @@ class Runner(ServiceLifecycleManagerMixin):
         self._services = services.manager() if isinstance(services, Services) else services
         self._typed = typed
         self._owns_services = services is None
-        self._agentscope_msg: Any = None
+        self._to_agentscope_msgs: Callable[[list[Message]], list[Any]] | None = None
         self._started = False
 
     async def query_handler(self, *args: Any, **kwargs: Any) -> Any:
@@ -324,7 +324,7 @@ class Runner(ServiceLifecycleManagerMixin):
         if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
             raise ConfigurationError("no query handler: register one with @app.query(...)")
         if self.framework_type == "agentscope":
-            self._agentscope_msg = _agentscope_msg_class()
+            self._to_agentscope_msgs = _agentscope_msg_converter()
         # Handlers read ``self.settings`` whether or not the services were given.
         settings = self._root_settings()
         if self._services is None:
@@ -441,8 +441,8 @@ class Runner(ServiceLifecycleManagerMixin):
         """What the query handler produces, as an async generator: the handler's own when
         it is one (each piece then passes through one generator less)."""
         msgs: list[Any] = list(request.input)
-        if self._agentscope_msg is not None:
-            msgs = [_to_agentscope_msg(self._agentscope_msg, m) for m in request.input]
+        if self._to_agentscope_msgs is not None:
+            msgs = self._to_agentscope_msgs(msgs)
         result: Any = self.query_handler(
             msgs=msgs,
             request=request,
@@ -772,19 +772,18 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-def _agentscope_msg_class() -> Any:
+def _agentscope_msg_converter() -> Callable[[list[Message]], list[Any]]:
+    """The adapters' ``message_to_agentscope_msg``: every content part of the input becomes
+    a block of the ``Msg`` (text, images, audio), as AgentScope's handlers receive them."""
     try:
-        return importlib.import_module("agentscope.message").Msg
+        importlib.import_module("agentscope.message")
+        module = importlib.import_module("agentscope_serverless.adapters.agentscope.message")
     except ImportError:
         raise ConfigurationError(
             "framework='agentscope' needs the agentscope package: "
             "pip install 'agentscope-serverless[agentscope]'"
         ) from None
-
-
-def _to_agentscope_msg(msg_class: Any, message: Message) -> Any:
-    role = message.role if message.role in (Role.USER, Role.ASSISTANT, Role.SYSTEM) else Role.USER
-    return msg_class(name=role, content=message.get_text_content() or "", role=role)
+    return cast(Callable[[list[Message]], list[Any]], module.message_to_agentscope_msg)
 
 
 def _agentscope_text(msg: Any) -> str:

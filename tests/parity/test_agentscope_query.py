@@ -51,3 +51,38 @@ asyncio.run(main())
 
 def test_query_without_a_framework_hands_the_handler_agentscope_msgs() -> None:
     assert run_script(DEFAULT_FRAMEWORK) == "agentscope echo Who are you?"
+
+
+IMAGE_INPUT = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="Friday")
+seen = []
+
+@app.query(framework="agentscope")
+async def query_func(self, msgs, request=None, **kwargs):
+    seen.append((msgs[-1].name, msgs[-1].role, msgs[-1].content))
+    yield Msg("Friday", "a cat", "assistant"), True
+
+async def main():
+    parts = [{"type": "text", "text": "What is this?"},
+             {"type": "image", "image_url": "https://example.com/cat.png"}]
+    async with app:
+        response = await app.query({"input": [{"role": "user", "content": parts}]})
+        await app.query("Thanks")
+    assert response.status == "completed", response.error
+    print(seen)
+
+asyncio.run(main())
+"""
+
+
+def test_an_agentscope_handler_gets_every_content_part_as_a_block() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    expected = [
+        ("user", "user", [{"type": "text", "text": "What is this?"}, image]),
+        ("user", "user", "Thanks"),
+    ]
+    assert run_script(IMAGE_INPUT) == repr(expected)

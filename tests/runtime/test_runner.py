@@ -201,9 +201,16 @@ async def test_a_plain_generator_works_too() -> None:
 class FakeMsg:
     """Duck-typed AgentScope ``Msg``: an id, a role and (cumulative) text."""
 
-    def __init__(self, name: str, content: str, role: str, msg_id: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        content: str,
+        role: str,
+        msg_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self.id = msg_id or f"{name}-{id(self)}"
-        self.name, self.content, self.role = name, content, role
+        self.name, self.content, self.role, self.metadata = name, content, role, metadata
 
     def get_text_content(self) -> str:
         return self.content
