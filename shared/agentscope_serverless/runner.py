@@ -11,7 +11,9 @@ history, loaded before the call: page through older ones with ``list_messages``)
 ``memories`` (long-term memories matching the input; ``[]`` without a memory service).
 
 A handler may be an async (or plain) generator yielding text pieces, :class:`Message`\\ s or
-content parts (``TextContent(text=..., delta=True)`` for a streamed piece), a coroutine
+content parts (``TextContent(text=..., delta=True)`` for a streamed piece; a message yielded
+``in_progress`` stays open for the deltas its ``add_delta_content`` returns, until it is
+yielded again with another status), a coroutine
 returning text or a :class:`Message`, or, with ``framework="agentscope"``, a generator of
 AgentScope-style ``(msg, last)`` pairs whose cumulative text is streamed as suffixes.
 
@@ -570,6 +572,15 @@ class _Turn:
             events.append(self._stream_text(message, part.text or ""))
             return events
         self._flush_text()
+        if (
+            not part.delta
+            and part.msg_id == message.id
+            and part.index is not None
+            and 0 <= part.index < len(message.content or [])
+        ):
+            # A part of the open message, whole: what ``msg.content_completed(index)``
+            # gives back to a handler streaming its own message.
+            return events + self._complete_part(message, part)
         if part.delta:
             events.append(self._emit(message.add_delta_content(part.model_copy())))
             return events
@@ -582,6 +593,13 @@ class _Turn:
         return events
 
     def message(self, message: Message) -> list[Event]:
+        """A whole message; or, with ``status`` ``in_progress``, a message the handler
+        streams itself as AgentScope's protocol does (``yield msg.in_progress()``, the
+        deltas ``msg.add_delta_content(...)`` returns, ``msg.content_completed(i)``, then
+        ``yield msg.completed()``): it stays open until it comes back with another status."""
+        open_message = self._open
+        if open_message is not None and open_message.id == message.id:
+            return self._update_open(open_message, message)
         events = self.close()
         events += self._open_message(
             Message(
@@ -597,8 +615,39 @@ class _Turn:
         for part in message.content or []:
             fresh = {"delta": False, "index": None, "msg_id": None, "status": None}
             events += self.content(part.model_copy(update=fresh))
-        events += self.close()
+        if message.status != RunStatus.InProgress:
+            events += self.close()
         return events
+
+    def _update_open(self, open_message: Message, message: Message) -> list[Event]:
+        """The open message, yielded again by the handler: parts it holds that were not
+        streamed join it, and any status but ``in_progress`` completes it."""
+        events: list[Event] = []
+        for part in (message.content or [])[len(open_message.content or []) :]:
+            fresh = {"delta": False, "index": None, "msg_id": None, "status": None}
+            events += self.content(part.model_copy(update=fresh))
+        if message.status == RunStatus.InProgress:
+            return events
+        for name in ("code", "message", "usage"):
+            value = getattr(message, name)
+            if value is not None:
+                setattr(open_message, name, value)
+        if message.metadata:
+            open_message.metadata = {**(open_message.metadata or {}), **message.metadata}
+        return events + self.close()
+
+    def _complete_part(self, message: Message, part: Content) -> list[Event]:
+        """Complete the part of ``message`` at ``part.index`` with ``part``'s value."""
+        assert message.content is not None and part.index is not None
+        target = message.content[part.index]
+        if target.status == RunStatus.Completed:
+            return []
+        if type(target) is type(part):
+            for name in type(part).model_fields:
+                if name not in Content.model_fields:
+                    setattr(target, name, getattr(part, name))
+        completed = message.content_completed(part.index)
+        return [] if completed is None else [self._emit(completed)]
 
     def snapshot(self, msg: Any, last: bool) -> list[Event]:
         """An AgentScope-style ``(msg, last)`` pair: ``msg`` holds the text so far."""

@@ -171,6 +171,44 @@ async def test_content_deltas_and_whole_parts() -> None:
     assert all(p.status == "completed" and p.delta in (None, False) for p in parts)
 
 
+async def test_a_message_streamed_by_the_handler_itself_is_one_message() -> None:
+    # AgentScope's protocol: yield msg.in_progress(), the deltas add_delta_content returns,
+    # the part content_completed returns, then msg.completed().
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        msg = Message(role="assistant")
+        yield msg.in_progress()
+        for piece in ("Hel", "lo"):
+            delta = msg.add_delta_content(new_content=TextContent(text=piece, delta=True))
+            yield delta
+        yield msg.content_completed(delta.index or 0)
+        msg.add_content(DataContent(data={"k": 1}))
+        msg.usage = {"total_tokens": 3}
+        yield msg.completed()
+
+    events = await run(handler)
+    assert shape(events) == [
+        "response:created",
+        "response:in_progress",
+        "message:in_progress",
+        "content:delta",
+        "content:delta",
+        "content:completed",
+        "content:completed",
+        "message:completed",
+        "response:completed",
+    ]
+    message_ids = {getattr(e, "id", None) for e in events if isinstance(e, Message)}
+    assert len(message_ids) == 1
+    done = events[-1]
+    assert isinstance(done, AgentResponse) and len(done.output or []) == 1
+    [message] = done.output or []
+    assert message.id in message_ids and message.usage == {"total_tokens": 3}
+    assert [(p.type, getattr(p, "text", None)) for p in message.content or []] == [
+        ("text", "Hello"),
+        ("data", None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("result", "expected"),
     [
