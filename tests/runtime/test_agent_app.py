@@ -145,6 +145,17 @@ def keys() -> Keys:
     return Keys.make()
 
 
+def test_run_listens_on_agentscope_runtimes_port_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    AgentApp().run(settings=load_settings())
+    assert calls == [{"host": "127.0.0.1", "port": 8080}]
+
+
 def test_run_serves_the_app_until_it_is_stopped() -> None:
     port = free_port()
     code = f"from agentscope_serverless.agents.demo import app; app.run(port={port})"

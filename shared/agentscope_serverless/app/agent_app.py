@@ -374,13 +374,16 @@ class AgentApp(ServiceLifecycleManagerMixin):
     def run(
         self,
         host: str = "127.0.0.1",
-        port: int = 8090,
+        port: int = 8080,
         web_ui: bool = False,
         *,
         settings: Settings | None = None,
         **kwargs: Any,
     ) -> None:
         """Serve the app over HTTP with every router, until interrupted (Ctrl-C).
+
+        On port 8080 by default, as AgentScope Runtime's ``run()``; on the loopback interface
+        unless ``host`` says otherwise (``host="0.0.0.0"`` in a container).
 
         The composition root of a script: ``settings`` default to the environment's.
         ``kwargs`` go to ``uvicorn.run``; the chat page is served when ``web_ui`` is true.
