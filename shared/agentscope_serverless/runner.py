@@ -829,8 +829,9 @@ def _agentscope_msg_converter() -> Callable[[list[Message]], list[Any]]:
         module = importlib.import_module("agentscope_serverless.adapters.agentscope.message")
     except ImportError:
         raise ConfigurationError(
-            "framework='agentscope' needs the agentscope package: "
-            "pip install 'agentscope-serverless[agentscope]'"
+            "framework='agentscope' (the default of @app.query()) needs the agentscope "
+            "package: pip install 'agentscope-serverless[agentscope]', or register the "
+            "handler with @app.query(framework='text') to get protocol Messages"
         ) from None
     return cast(Callable[[list[Message]], list[Any]], module.message_to_agentscope_msg)
 

@@ -290,7 +290,7 @@ async def test_agentscope_without_the_package_fails_at_start(
     async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> str:
         return ""
 
-    with pytest.raises(ConfigurationError, match="agentscope"):
+    with pytest.raises(ConfigurationError, match=r"pip install .*framework=.text."):
         await Runner(handler, framework="agentscope", services=services()).start()
 
 
