@@ -78,14 +78,25 @@ class TaskExecutor(Protocol):
 
 
 async def run_task_event(runs: RunsService, tasks: list[TaskDefinition], event: Any) -> None:
-    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``)."""
+    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``).
+
+    Lambda delivers such an event at least once: a task whose run has finished (a second
+    delivery) or is not stored (expired, or never submitted) is not run again.
+    """
     spec = event[TASK_EVENT_KEY]
+    user_id, task_id = spec["user_id"], spec["task_id"]
+    record = await runs.get_run(user_id, task_id)
+    if record is None or record.finished:
+        logger.info(
+            "a task event for a finished or unknown task was skipped", extra={"task_id": task_id}
+        )
+        return
     task = next((t for t in tasks if t.path == spec["path"]), None)
     if task is None:
         error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
-        await runs.finish_run(spec["user_id"], spec["task_id"], "failed", error=error)
+        await runs.finish_run(user_id, task_id, "failed", error=error)
         return
-    await run_task(runs, task, spec["user_id"], spec["task_id"], spec.get("payload"))
+    await run_task(runs, task, user_id, task_id, spec.get("payload"))
 
 
 class LocalTaskExecutor:
