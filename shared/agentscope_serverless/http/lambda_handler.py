@@ -11,13 +11,17 @@ connections (Mangum would otherwise start and stop them around every request).
 from __future__ import annotations
 
 import asyncio
+import binascii
 import contextlib
 import importlib
+import json
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from mangum import Mangum
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -50,11 +54,11 @@ def build_app(routers: Sequence[str]) -> FastAPI:
 class _LazyApplication:
     def __init__(self, routers: Sequence[str]) -> None:
         self._routers = tuple(routers)
-        self._adapter: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+        self._adapter: Mangum | None = None
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._app: FastAPI | None = None
 
-    def _start(self) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    def _start(self) -> Mangum:
         from mangum import Mangum
 
         app = build_app(self._routers)
@@ -72,6 +76,9 @@ class _LazyApplication:
         adapter = self._adapter or self._start()
         if TASK_EVENT_KEY in event:
             return self._run_task(event)
+        problem = _unreadable(adapter, event, context)
+        if problem is not None:
+            return _bad_request(problem)
         return adapter(event, context)
 
     def _run_task(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +92,51 @@ class _LazyApplication:
         work = run_task_event(app_context.runs, tasks, event)
         asyncio.get_event_loop().run_until_complete(work)
         return {"status": "done"}
+
+
+def _unreadable(adapter: Mangum, event: dict[str, Any], context: Any) -> str | None:
+    """What makes an HTTP event's request unreadable (None when it can be served).
+
+    Mangum decodes the body and encodes the headers, path and query string outside the
+    application, where a failure would be an invocation error (a 502 without a body): an
+    event that does not decode is answered here instead. Events of other kinds are left to
+    Mangum, which refuses them.
+    """
+    try:
+        handler = adapter.infer(event, context)
+    except RuntimeError:
+        return None
+    try:
+        handler.scope  # noqa: B018 - building it encodes the headers, path and query string
+    except UnicodeError:
+        return "the request's headers, path or query string are not valid Unicode"
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return "the request event is malformed"
+    try:
+        handler.body  # noqa: B018 - building it decodes the body
+    except binascii.Error:
+        return "the request body is not valid base64 (isBase64Encoded is true)"
+    except UnicodeError:
+        return "the request body is not valid Unicode"
+    except (AttributeError, TypeError, ValueError):
+        return "the request body is malformed"
+    return None
+
+
+def _bad_request(message: str) -> dict[str, Any]:
+    """A 400 in the shape every HTTP event takes (API Gateway v1 and v2, Function URLs)."""
+    from agentscope_serverless.http.errors import error_body
+    from agentscope_serverless.log import log_request
+
+    request_id = uuid.uuid4().hex
+    log_request(request_id, None, None, 400, 0.0)
+    body = error_body("BAD_REQUEST", message)
+    return {
+        "statusCode": 400,
+        "headers": {"content-type": "application/json", "x-request-id": request_id},
+        "body": json.dumps(body, separators=(",", ":")),
+        "isBase64Encoded": False,
+    }
 
 
 def make_handler(routers: Sequence[str]) -> LambdaHandler:
