@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
@@ -382,3 +382,25 @@ async def test_a_run_stored_in_one_write_keeps_its_events_in_its_hash(
         assert await redis_client.exists(f"{base}:r:other:events") == 1
         assert await runs.read_events("alice", "other") == foreign
         assert [run.id for run in await runs.list_runs("alice", "s")] == ["whole", "other"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Wq7z/Pa55-tail@127.0.0.1:6379/0",
+        "redis://default:Wq7z#Pa55-tail@127.0.0.1:6379/0",
+        "redis://default:Wq7z?Pa55-tail@127.0.0.1:6379/0",
+        "redis://Wq7z/Pa55-tail@127.0.0.1:6379/0",
+    ],
+)
+async def test_a_password_that_ends_the_address_early_is_refused_without_showing_it(
+    url: str,
+) -> None:
+    # An unencoded '/', '#' or '?' ends the URL's address: what precedes it is read as a
+    # host or a port, and a parser or connection error would quote it.
+    with pytest.raises(ConfigurationError) as raised:
+        async with RedisSessionHistoryService(url) as history:
+            await history.create_session("alice", "s1")
+    message = str(raised.value)
+    assert "REDIS_URL" in message and "percent-encode" in message
+    assert "Wq7z" not in message and "Pa55" not in message

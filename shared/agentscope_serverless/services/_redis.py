@@ -237,6 +237,8 @@ class RedisStore:
         options = dict(self._options)
         if self._password is not None:
             options["password"] = self._password
+        if _userinfo_misplaced(self._url):
+            raise ConfigurationError(_MISPLACED_USERINFO)
         try:
             if self._cluster:
                 self._client = RedisCluster.from_url(self._url, **options)
@@ -244,6 +246,8 @@ class RedisStore:
                 self._client = Redis.from_url(self._url, **options)
             self.cluster = self._cluster
         except (ValueError, RedisError) as exc:
+            if _userinfo_outside_address(self._url):
+                raise ConfigurationError(_MISPLACED_USERINFO) from None
             raise ConfigurationError(f"REDIS_URL is not valid: {self._redact(exc)}") from None
 
     async def close(self) -> None:
@@ -477,6 +481,33 @@ class RedisStore:
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return message
+
+
+_MISPLACED_USERINFO = (
+    "REDIS_URL is not valid: a user name or password holding '/', '?' or '#' must"
+    " percent-encode it (%2F, %3F, %23)"
+)
+
+
+def _userinfo_outside_address(url: str) -> bool:
+    """Whether an ``@`` of ``url`` falls after its address (host and port), as when a
+    password holds an unencoded ``/``, ``?`` or ``#``: the address ends there, and what
+    precedes it, part of the password, reads as a host or a port that errors would quote."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return False
+    return "@" in url and "@" not in netloc
+
+
+def _userinfo_misplaced(url: str) -> bool:
+    """Whether ``url`` surely has its user or password past its address: an ``@`` in the
+    path (a database number) or fragment, or in a query part that is not ``name=value``."""
+    if not _userinfo_outside_address(url):
+        return False
+    parts = urlsplit(url)
+    in_query = any("@" in part and "=" not in part for part in parts.query.split("&"))
+    return "@" in parts.path or "@" in parts.fragment or in_query
 
 
 class RedisBackedService(StartedGuard):
