@@ -27,12 +27,14 @@ def fetch_secret_json(arn: str, *, region: str, endpoint_url: str | None = None)
 
     client = boto3.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
     try:
-        raw = client.get_secret_value(SecretId=arn)["SecretString"]
+        raw = client.get_secret_value(SecretId=arn).get("SecretString")
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         raise StoreUnavailableError("secretsmanager", f"cannot read the secret ({code})") from None
     except BotoCoreError as exc:
         raise StoreUnavailableError("secretsmanager", type(exc).__name__) from None
+    if raw is None:  # a binary secret (SecretBinary)
+        raise ConfigurationError("the secret of SECRETS_ARN is not a JSON object (it is binary)")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:

@@ -84,3 +84,21 @@ def test_a_missing_secret_is_a_store_error(dynamodb_server: DynamoDBServer) -> N
     )
     with pytest.raises(StoreUnavailableError, match="secretsmanager"):
         resolve_secrets(settings)
+
+
+def test_a_binary_secret_is_a_configuration_error(dynamodb_server: DynamoDBServer) -> None:
+    client = boto3.client(
+        "secretsmanager",
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+    )
+    arn = client.create_secret(Name="stack-secrets-binary", SecretBinary=b'{"llm_api_key": "k"}')[
+        "ARN"
+    ]
+    settings = load_settings(
+        secrets_arn=arn,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    with pytest.raises(ConfigurationError, match="JSON object"):
+        resolve_secrets(settings)
