@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,25 @@ def test_a_file_without_resources_is_not_a_template(tmp_path: Path) -> None:
     path.write_text("Description: nothing\n")
     with pytest.raises(PackagingError, match="no Resources"):
         sam.list_functions(path)
+
+
+def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secret() -> None:
+    """StackSecrets' JSON is built by substitution: a value with a quote, a backslash or a
+    control character would make it invalid (every function's first request then fails)
+    or give it another field, so the parameters refuse them at deploy time."""
+    document = sam.load_template(TEMPLATE)
+    template: str = document["Resources"]["StackSecrets"]["Properties"]["SecretString"]["Fn::Sub"]
+    fields = dict(re.findall(r'"(\w+)": "\$\{(\w+)\}"', template))
+    assert set(fields) == {"llm_api_key", "sandbox_bearer_token", "redis_url"}
+    ordinary = ["", "sk-proj-Ab3_x.y~z", "rediss://:p%40ss%2Fw@cache.example:6379/0?ssl=1"]
+    hostile = ['a"b', 'x", "redis_url": "redis://evil', "a\\b", "line\nbreak", "tab\there", "\x00"]
+    for field, parameter in fields.items():
+        pattern = document["Parameters"][parameter]["AllowedPattern"]
+        for value in ordinary:
+            assert re.fullmatch(pattern, value), (parameter, value)
+        for value in ordinary + hostile:
+            if re.fullmatch(pattern, value) is None:
+                continue
+            secret = json.loads(template.replace(f"${{{parameter}}}", value))
+            assert secret[field] == value and len(secret) == 3, (parameter, value)
+        assert all(re.fullmatch(pattern, value) is None for value in hostile), parameter
