@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from agentscope_serverless.errors import PackagingError
-from agentscope_serverless.packaging import build_agentrun_archive
+from agentscope_serverless.packaging import build_agentrun_archive, build_modelstudio_archive
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, unpack
 from tests.support.http import bearer, free_port, stream, text_of, user_message, wait_until_healthy
@@ -217,3 +217,15 @@ def test_an_archive_above_the_limit_fails_naming_the_limit(tmp_path: Path) -> No
 def test_environment_names_must_be_variable_names(tmp_path: Path) -> None:
     with pytest.raises(PackagingError, match="not an environment variable name"):
         build_agentrun_archive(PROJECT_ROOT, tmp_path, environment={"BAD NAME": "x"})
+
+
+@pytest.mark.parametrize("name", ["../outside", "a/b", ".hidden", "", "two words", "x" * 129])
+def test_an_app_name_that_is_not_a_plain_name_is_refused_before_anything_is_written(
+    tmp_path: Path, name: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError, match="is not an app name"):
+            build(PROJECT_ROOT, out, name=name)
+    assert list(tmp_path.rglob("*")) == [out]

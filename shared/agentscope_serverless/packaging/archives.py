@@ -102,6 +102,19 @@ def _drop_bytecode(root: Path) -> None:
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+_ARCHIVE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _checked_name(name: str) -> str:
+    """The app's name, which names the archive and its build folder inside ``out_dir``."""
+    if not _ARCHIVE_NAME.match(name):
+        raise PackagingError(
+            f"{name!r} is not an app name: up to 128 letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (it names the archive in the output folder)"
+        )
+    return name
+
+
 def _checked_environment(environment: dict[str, str] | None) -> dict[str, str]:
     """Variables the service starts with: names a shell accepts, one-line values."""
     checked = dict(environment or {})
@@ -147,7 +160,7 @@ def build_agentrun_archive(
     archive as working directory; ``environment`` (for example ``AUTH_KEYS_BACKEND``) is
     the service's environment. Raises :class:`PackagingError` above ``max_zip_bytes``.
     """
-    env = _checked_environment(environment)
+    name, env = _checked_name(name), _checked_environment(environment)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
@@ -293,7 +306,7 @@ def build_modelstudio_archive(
     ``deploy_starter/.env`` (``environment``) and serves ``agent``. Raises
     :class:`PackagingError` above ``max_zip_bytes``.
     """
-    env = _checked_environment(environment)
+    name, env = _checked_name(name), _checked_environment(environment)
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     wheels = staging / "wheels"
     try:
