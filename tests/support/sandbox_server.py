@@ -113,8 +113,9 @@ def stop_server(server: RunningServer) -> None:
         server.process.wait()
 
 
-# Walks every readable file under /proc (environ and cmdline of every pid, mountinfo...),
-# the environment and /dev, and prints which of the words appear where.
+# Walks every readable file under /proc (environ and cmdline of every pid, mountinfo...) and
+# where its links lead (a descriptor's file, a cwd), the environment and /dev, and prints
+# which of the words appear where.
 SCAN = r"""
 import json, os
 words = WORDS
@@ -130,6 +131,12 @@ for top, dirs, files in os.walk("/proc", followlinks=False):
     dirs[:] = [d for d in dirs if d not in skip and d not in top_level]
     if top.count("/") > 4:
         dirs[:] = []
+    for name in dirs + files:
+        path = os.path.join(top, name)
+        try:
+            scan(path + " ->", os.readlink(path).encode())
+        except OSError:
+            pass
     for name in files:
         if name in skip:
             continue

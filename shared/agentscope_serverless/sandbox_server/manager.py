@@ -344,7 +344,6 @@ class SandboxManager:
                 lambda fds: bwrap_command(
                     self._toolchain, limits, workspace, self._program(program_environment), fds
                 ),
-                log_path=directory / "agent.log",
                 run_as=self._run_as,
                 cgroup=cgroup,
                 setpriv=self.host.setpriv,

@@ -14,8 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
 from agentscope_serverless.sandbox_protocol import CallToolResult
@@ -66,14 +65,12 @@ class SandboxProcess:
         self,
         command: CommandFactory,
         *,
-        log_path: Path,
         run_as: tuple[int, int] | None = None,
         cgroup: SandboxCgroup | None = None,
         setpriv: str | None = None,
         freeze: bool = True,
     ) -> None:
         self._command = command
-        self._log_path = log_path
         self._run_as = run_as
         self._cgroup = cgroup
         self._setpriv = setpriv
@@ -203,31 +200,34 @@ class SandboxProcess:
             await asyncio.to_thread(self._cgroup.kill_all)
         if self._closed:
             raise SandboxNotFoundError("the sandbox was released")
-        process = await self._spawn()
-        self._process = process
-        if self.released:  # released while starting
-            await self._kill()
-            raise SandboxNotFoundError("the sandbox was released")
-        assert process.stdout is not None
-        try:
-            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
-            ready = json.loads(line).get("ready") if line else False
-        except (TimeoutError, ValueError):
-            ready = False
-        if not ready:
-            await self._kill()
-            if self._closed:
+        # What bwrap and the interpreter print before the agent runs: why a start failed.
+        # A memory file, not one on disk: bwrap, PID 1 of the sandbox, keeps it as its
+        # stderr, and /proc/1/fd/2 would show the sandbox the host path of a file.
+        with os.fdopen(os.memfd_create("sandbox-log"), "rb") as log:
+            process = await self._spawn(log.fileno())
+            self._process = process
+            if self.released:  # released while starting
+                await self._kill()
                 raise SandboxNotFoundError("the sandbox was released")
-            raise SandboxUnavailableError(
-                f"the sandbox process did not start: {self._log_tail() or 'no output'}"
-            )
+            assert process.stdout is not None
+            try:
+                line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
+                ready = json.loads(line).get("ready") if line else False
+            except (TimeoutError, ValueError):
+                ready = False
+            if not ready:
+                await self._kill()
+                if self._closed:
+                    raise SandboxNotFoundError("the sandbox was released")
+                raise SandboxUnavailableError(
+                    f"the sandbox process did not start: {_tail(log) or 'no output'}"
+                )
         return process
 
-    async def _spawn(self) -> asyncio.subprocess.Process:
+    async def _spawn(self, log: int) -> asyncio.subprocess.Process:
         # bwrap reads its options and small files from pipes: no host path in its cmdline.
         pipes = [os.pipe() for _ in range(3)]
         readers = [reader for reader, _ in pipes]
-        log = os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             jail = self._command((readers[0], readers[1], readers[2]))
             for (_, writer), data in zip(pipes, (jail.options, *jail.files), strict=True):
@@ -262,7 +262,6 @@ class SandboxProcess:
                 **drop,
             )
         finally:
-            os.close(log)
             for reader in readers:
                 os.close(reader)
 
@@ -286,14 +285,10 @@ class SandboxProcess:
             process.stdin.close()
         return returncode
 
-    def _log_tail(self) -> str:
-        try:
-            with open(self._log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 2000))
-                return log.read().decode(errors="replace").strip()
-        except OSError:
-            return ""
+
+def _tail(log: BinaryIO) -> str:
+    size = os.fstat(log.fileno()).st_size
+    return os.pread(log.fileno(), 2000, max(0, size - 2000)).decode(errors="replace").strip()
 
 
 __all__ = ["GRACE_SECONDS", "SandboxProcess"]
