@@ -85,6 +85,18 @@ def test_a_file_that_is_not_utf8_is_an_error_not_a_crash(
     )
 
 
+def test_a_file_name_that_is_not_utf8_is_listed_with_a_replacement_character(
+    tool: Tool,
+) -> None:
+    made = tool("run_shell_command", command="touch \"$(printf 'caf\\351.txt')\" && echo made")
+    assert made["content"][0]["text"] == "made\n"
+    assert "[FILE] caf\ufffd.txt" in ok(tool("list_directory", path="."))
+    found = ok(tool("search_files", path=".", pattern="caf", excludePatterns=[]))
+    assert found == "/workspace/caf\ufffd.txt"
+    tree = json.loads(ok(tool("directory_tree", path=".")))
+    assert {"name": "caf\ufffd.txt", "type": "file"} in tree
+
+
 def test_edit_file_replaces_exact_text_then_lines_by_indentation_and_shows_a_diff(
     tool: Tool,
 ) -> None:

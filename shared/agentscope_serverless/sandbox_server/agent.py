@@ -494,7 +494,9 @@ class Agent:
                         tree.append({"name": entry.name, "type": "file"})
             return tree
 
-        text = json.dumps(walk(workspace_path(path), 0), indent=2)
+        # Names as text (as the MCP server's JSON has them), not escapes: a name that is not
+        # UTF-8 then reaches the client as U+FFFD, like in the other tools' texts.
+        text = json.dumps(walk(workspace_path(path), 0), indent=2, ensure_ascii=False)
         if len(text) > self.max_output:
             raise ToolFailure(f"the tree is larger than {self.max_output} bytes")
         return text

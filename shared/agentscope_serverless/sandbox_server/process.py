@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -34,6 +35,8 @@ JOIN_CGROUPS = (
     'for f; do shift; [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; done; exec "$@"'
 )
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
 CommandFactory = Callable[[tuple[int, int, int]], JailCommand]
 SIGNAL_NAMES = {
     signal.SIGXCPU: "its CPU time limit",
@@ -41,6 +44,24 @@ SIGNAL_NAMES = {
     signal.SIGSEGV: "a segmentation fault",
     signal.SIGXFSZ: "its file size limit",
 }
+
+
+def _valid_unicode(value: Any) -> Any:
+    """``value`` with every lone surrogate in its texts and keys replaced by U+FFFD.
+
+    JSON lets the sandbox send one (``"\\udcff"``): Python names a file whose name is not
+    UTF-8 with one per undecodable byte, and the reply could not be encoded for the client.
+
+    >>> _valid_unicode({"text": "caf\\udce9"})
+    {'text': 'caf\ufffd'}
+    """
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_valid_unicode(item) for item in value]
+    if isinstance(value, dict):
+        return {_valid_unicode(key): _valid_unicode(item) for key, item in value.items()}
+    return value
 
 
 def _death_reason(returncode: int) -> str:
@@ -164,7 +185,7 @@ class SandboxProcess:
             reply = json.loads(line)
             if reply.get("id") != self._next_id:
                 raise ValueError("reply to another request")
-            return CallToolResult.model_validate(reply["result"])
+            return CallToolResult.model_validate(_valid_unicode(reply["result"]))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             await self._kill()
             return self._lost("the sandbox process sent a malformed reply")
