@@ -232,3 +232,46 @@ async def test_the_file_size_limit_bounds_a_file(
     )
     assert part(result, "stdout") == f"{8 * 1024**2}\n"
     assert "File size limit exceeded" in part(result, "stderr")
+
+
+async def test_a_cell_holding_every_file_descriptor_reports_and_the_next_frees_them(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    await sandbox.run_ipython_cell_async("kept = 'yes'")
+    leak = (
+        "files = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        files.append(open('/dev/null'))\n"
+        "except OSError as exc:\n"
+        "    print('stopped after', len(files), exc.strerror)\n"
+    )
+    leaked = await sandbox.run_ipython_cell_async(leak)
+    assert part(leaked, "stdout").startswith("stopped after 2")
+    assert part(leaked, "stdout").endswith("Too many open files\n")
+    refused = await sandbox.run_shell_command_async("echo ok")
+    assert "Too many open files" in part(refused, "stderr")
+    freed = await sandbox.run_ipython_cell_async("for f in files:\n    f.close()\nkept")
+    assert part(freed, "stdout") == "'yes'\n"
+    await assert_still_works(sandbox)
+
+
+async def test_a_cell_replacing_the_output_capture_loses_its_interpreter_not_a_file(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    await sandbox.run_shell_command_async("echo precious > victim")
+    replacing = (
+        "import os\n"
+        "for fd in range(3, 64):\n"
+        "    link = f'/proc/self/fd/{fd}'\n"
+        "    if os.path.exists(link) and os.readlink(link).startswith('/memfd:'):\n"
+        "        os.close(fd)\n"
+        "        os.open('/workspace/victim', os.O_RDWR)\n"
+    )
+    lost = await sandbox.run_ipython_cell_async(replacing)
+    assert lost["isError"] is True
+    assert "interpreter state" in part(lost, "stderr")
+    assert part(await sandbox.run_shell_command_async("cat victim"), "stdout") == "precious\n"
+    assert part(await sandbox.run_ipython_cell_async("print('fresh')"), "stdout") == "fresh\n"

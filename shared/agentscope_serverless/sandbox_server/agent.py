@@ -190,14 +190,40 @@ def excluded(relative: str, patterns: list[str]) -> bool:
     return False
 
 
+class CaptureLost(Exception):
+    """The capture's descriptors were closed or replaced by the sandbox's code: the agent
+    exits, and the server starts a fresh one."""
+
+
 class Capture:
-    """Points file descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr``) at memory files."""
+    """Points file descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr``) at memory files.
+
+    Its descriptors are opened once, for the agent's life: a call that used up every file
+    descriptor the limit allows still has its output read, and the next call can free them.
+    """
 
     def __init__(self, max_output: int) -> None:
         self.max_output = max_output
         self.fds = (os.memfd_create("stdout"), os.memfd_create("stderr"))
+        self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        self.files = self._files()
+
+    def _files(self) -> list[tuple[int, int]]:
+        try:
+            return [(info.st_dev, info.st_ino) for info in map(os.fstat, (*self.fds, self.null))]
+        except OSError as exc:
+            raise CaptureLost(exc) from None
+
+    def clear(self) -> None:
+        """Empty the memory files (for a new call, or to free the memory they hold)."""
+        if self._files() != self.files:
+            raise CaptureLost("the output capture's descriptors were closed")
+        for fd in self.fds:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
 
     def __enter__(self) -> Capture:
+        self.clear()
         for target, fd in zip((1, 2), self.fds, strict=True):
             os.dup2(fd, target)
         sys.stdout = _text_stream(1)
@@ -205,10 +231,8 @@ class Capture:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        null = os.open(os.devnull, os.O_WRONLY)
         for target in (1, 2):
-            os.dup2(null, target)
-        os.close(null)
+            os.dup2(self.null, target)
         sys.stdout = _text_stream(1)
         sys.stderr = _text_stream(2)
 
@@ -228,10 +252,6 @@ class Capture:
         if size > self.max_output:
             text += f"\n[output truncated: {size} bytes in total]\n"
         return text
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -273,6 +293,7 @@ class Agent:
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = _text_stream(1)
         sys.stderr = _text_stream(2)
+        self.capture = Capture(self.max_output)
         # A write past the file-size limit fails with EFBIG instead of killing the process.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         signal.signal(signal.SIGALRM, _on_limit)
@@ -313,14 +334,14 @@ class Agent:
             return result(stderr=f"{tool}: {exc}\n", is_error=True)
 
     def run_cell(self, code: str, timeout: float) -> dict[str, Any]:
-        capture = Capture(self.max_output)
+        capture = self.capture
         failed = False
         try:
             with capture:
                 failed = not self.execute(code, timeout)
             return result(capture.read(0), capture.read(1), is_error=failed)
         finally:
-            capture.close()
+            capture.clear()
 
     def execute(self, code: str, timeout: float) -> bool:
         """Run a cell; print the value of a final expression. False when it raised."""
@@ -365,8 +386,9 @@ class Agent:
                 os._exit(0)
 
     def run_shell(self, command: str, timeout: float) -> dict[str, Any]:
-        capture = Capture(self.max_output)
+        capture = self.capture
         try:
+            capture.clear()
             process = subprocess.Popen(
                 [*self.shell_prefix, "/bin/sh", "-c", command],
                 stdin=subprocess.DEVNULL,
@@ -385,7 +407,7 @@ class Agent:
             stderr = capture.read(1) + note
             return result(capture.read(0), stderr, returncode, is_error=returncode != 0)
         finally:
-            capture.close()
+            capture.clear()
 
     def file_tool(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Run a filesystem tool: its text, or ``Error: ...`` with ``isError`` set."""
