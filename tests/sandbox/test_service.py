@@ -304,7 +304,10 @@ async def test_release_stops_a_running_call_at_once(
     started = time.perf_counter()
     assert await sandbox_service.release_async(session_id) is True
     assert time.perf_counter() - started < 1.5
-    assert (await running)["isError"] is True
+    stopped = await running
+    assert stopped["isError"] is True
+    assert "released" in (part(stopped, "stderr") or "")
+    assert "next call" not in (part(stopped, "stderr") or "")
 
 
 async def test_ids_with_underscores_never_share_a_session_key(

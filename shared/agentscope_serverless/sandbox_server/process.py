@@ -180,6 +180,12 @@ class SandboxProcess:
             line = b""
         if not line:
             returncode = await self._kill()
+            if self._closed:
+                return CallToolResult.from_text(
+                    stderr="the sandbox was released during the call: its processes were "
+                    "stopped and its files deleted.\n",
+                    is_error=True,
+                )
             return self._lost(f"the sandbox process {_death_reason(returncode)}")
         try:
             reply = json.loads(line)
