@@ -243,8 +243,9 @@ async def test_appending_costs_the_same_requests_whatever_the_session_size(
                 sent.clear()
                 await history.append_message(target, msg("next"))
                 costs.append(len(sent))
-            # Allocate the sequence number, claim the message id, write the message.
-            assert costs == [3, 3]
+            # Allocate the sequence number, claim the message id, write the message, see
+            # that the session was not deleted meanwhile.
+            assert costs == [4, 4]
             sent.clear()
             stored = await history.get_session(user_id, "large")
             assert len(stored.messages) == 121  # type: ignore[union-attr]
@@ -303,6 +304,76 @@ async def test_concurrent_creates_of_one_session_agree(
         created = await asyncio.gather(*(history.create_session(user_id, "s1") for _ in range(10)))
         assert {s.id for s in created} == {"s1"}
         assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+
+
+# --- deletes racing with writes -------------------------------------------------------
+
+
+def delete_before_first_put(service: Any, delete: Any) -> None:
+    """Make ``delete()`` run (on another service object) just before ``service`` first puts
+    items: after its write has read the container, before the write lands."""
+    put = service._store.put
+    pending = [delete]
+
+    async def put_after_delete(items: list[dict[str, Any]]) -> None:
+        if pending:
+            await pending.pop()()
+        await put(items)
+
+    service._store.put = put_after_delete
+
+
+async def test_an_append_landing_after_its_sessions_delete_leaves_no_items(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as writer, history_on(dynamodb_server) as deleter:
+        session = await writer.create_session(user_id, "s1")
+        await writer.append_message(session, msg("before"))
+        delete_before_first_put(writer, lambda: deleter.delete_user_sessions(user_id))
+        await writer.append_message(session, [msg("late"), msg(ONE_MEGABYTE_TEXT)])
+        assert await writer.get_session(user_id, "s1") is None
+        assert await writer.list_sessions(user_id) == []
+    # Nothing of the user is left stored (nothing anyone could read or delete).
+    pk = messages_pk(user_id, "s1")
+    assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+
+
+async def test_a_state_save_landing_after_its_delete_leaves_no_items(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with state_on(dynamodb_server) as writer, state_on(dynamodb_server) as deleter:
+        await writer.save_state(user_id, {"v": 1}, session_id="s1")
+        delete_before_first_put(writer, lambda: deleter.delete_state(user_id, "s1"))
+        await writer.save_state(user_id, {"v": ONE_MEGABYTE_TEXT}, session_id="s1")
+        assert await writer.export_state(user_id, session_id="s1") is None
+    items = await partition(dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "s1"))
+    assert items == []
+
+
+async def test_a_state_made_again_during_a_users_delete_is_found_by_the_next(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with state_on(dynamodb_server) as writer, state_on(dynamodb_server) as deleter:
+        await writer.save_state(user_id, {"v": 1}, session_id="s1")
+        # The session's state is saved again once its meta item is gone, before the delete
+        # has removed the rounds and the user's index.
+        delete = deleter._store.delete
+        pending = [lambda: writer.save_state(user_id, {"v": 2}, session_id="s1")]
+
+        async def save_then_delete(keys: list[dict[str, Any]]) -> None:
+            if pending:
+                await pending.pop()()
+            await delete(keys)
+
+        deleter._store.delete = save_then_delete  # type: ignore[method-assign]
+        await deleter.delete_user_state(user_id)
+        await writer.delete_user_state(user_id)
+        assert await writer.export_state(user_id, session_id="s1") is None
+        assert await writer.list_rounds(user_id, session_id="s1") == []
+    items = await partition(dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "s1"))
+    assert [item for item in items if not item["sk"]["S"].startswith("APPLIED#")] == []
+    index = f"STATE_USER#{id_hash(user_id)}"
+    assert await partition(dynamodb_client, dynamodb_server.state_table, index) == []
 
 
 # --- connections ----------------------------------------------------------------------

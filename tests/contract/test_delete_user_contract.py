@@ -5,6 +5,7 @@ concurrent writer never leaves part of the user's data behind."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from agentscope_serverless.services.agent_state import StateService
 from agentscope_serverless.services.memory import MemoryService
@@ -98,3 +99,21 @@ async def test_delete_user_state_removes_every_session(state: StateService, user
     # Saving again starts from round 1.
     assert await state.save_state(user_id, {"v": 2}, session_id="s1") == 1
     await state.delete_user_state(f"{user_id}-nobody")
+
+
+async def test_a_second_delete_user_state_removes_what_saves_racing_the_first_made(
+    state_factory: Callable[[], StateService], user_id: str
+) -> None:
+    async with state_factory() as writer, state_factory() as deleter:
+        for i in range(3):
+            await writer.save_state(user_id, {"v": 0}, session_id=f"s{i}")
+
+        async def save(k: int) -> None:
+            await asyncio.sleep(0)
+            await writer.save_state(user_id, {"v": k}, session_id=f"s{k % 3}")
+
+        await asyncio.gather(deleter.delete_user_state(user_id), *(save(k) for k in range(12)))
+        await deleter.delete_user_state(user_id)
+        for i in range(3):
+            assert await writer.export_state(user_id, session_id=f"s{i}") is None
+            assert await writer.list_rounds(user_id, session_id=f"s{i}") == []

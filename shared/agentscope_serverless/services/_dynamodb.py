@@ -391,6 +391,24 @@ class DynamoDBStore:
         meta: Item = response["Attributes"]
         return meta
 
+    async def holds(self, key: Item, meta: Item) -> bool:
+        """True while the container item at ``key`` is still ``meta``'s generation.
+
+        A writer asks after writing children: a delete takes the meta item first and then
+        the children it finds, so children written after that Query are the writer's to
+        delete (it sees the meta gone), and those written before it the delete's.
+        """
+        response = await self.run(
+            "get_item",
+            idempotent=True,
+            Key=key,
+            ProjectionExpression="#g",
+            ExpressionAttributeNames=names("#g"),
+            ConsistentRead=True,
+        )
+        item = response.get("Item")
+        return item is not None and item.get("generation") == meta["generation"]
+
     async def set_if(self, key: Item, name: str, value: int, condition: str) -> None:
         """Set the number attribute ``name`` (an alias of :data:`NAMES`) where ``condition``
         (which may use ``:value``) holds; nothing happens where it does not."""

@@ -28,9 +28,12 @@ pk                 sk                     attributes
   conditional update when the round is higher, so the next allocated round follows it.
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
   order, stopping at the first complete round).
-- **Delete** removes the meta item (the state is gone at once), then the rounds.
+- **Delete** removes the meta item (the state is gone at once), then the rounds; a save
+  that lands after that sees the meta item gone, or of another generation, and deletes its
+  round.
 - **Delete a user's state**: the meta items of every indexed session in one transaction
-  (up to 100 items: the state is gone at once), then the rounds and the index.
+  (up to 100 items: the state is gone at once), then the rounds and the index; a session
+  whose state a save made again meanwhile gets its index item back.
 - **TTL** (``ttl_seconds``): a sliding expiry of the session's state, refreshed by every
   read and write; see :mod:`agentscope_serverless.services._dynamodb`.
 """
@@ -196,6 +199,10 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             stale = tail_keys(old)
             if stale:
                 await self._store.delete(stale)
+        if not await self._store.holds({"pk": s(pk), "sk": s("META")}, meta):
+            # Deleted meanwhile, after its delete had listed the rounds: this round would
+            # stay stored, reachable by no one.
+            await self._store.delete([{"pk": head["pk"], "sk": head["sk"]}, *tail_keys(head)])
 
     def _range(self, pk: str, meta: Item) -> dict[str, Any]:
         prefix = self._prefix(meta)
@@ -258,9 +265,12 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                 idempotent=True,
                 Key={"pk": s(pk), "sk": s("META")},
                 UpdateExpression="SET #i = :true",
-                ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeNames=names("#i"),
-                ExpressionAttributeValues={":true": {"BOOL": True}},
+                ConditionExpression="#g = :generation",
+                ExpressionAttributeNames=names("#i", "#g"),
+                ExpressionAttributeValues={
+                    ":true": {"BOOL": True},
+                    ":generation": meta["generation"],
+                },
             )
 
     async def _delete_user_state(self, user_id: str) -> None:
@@ -288,6 +298,19 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                 await self._store.delete(rounds)
         if index:
             await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
+        # A save may have made a session's state again meanwhile, and indexed it before the
+        # index item went: it keeps its index, so the user's next delete finds it.
+        for item in index:
+            response = await self._store.run(
+                "get_item",
+                idempotent=True,
+                Key={"pk": item["state_pk"], "sk": s("META")},
+                ProjectionExpression="#pk",
+                ExpressionAttributeNames=names("#pk"),
+                ConsistentRead=True,
+            )
+            if "Item" in response:
+                await self._store.put([item])
 
     async def _save_next(
         self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None

@@ -29,7 +29,9 @@ pk                         sk                  attributes
   the cursor holds only a creation order, and every Query is bound to the caller's user.
 - **Create** is idempotent: a conditional ``PutItem`` (``attribute_not_exists``); a
   concurrent creator's session wins and is returned.
-- **Delete** removes the session item (the session is gone at once), then its messages.
+- **Delete** removes the session item (the session is gone at once), then its messages;
+  an append that lands after that (it read the session item before) sees the session item
+  gone, or of another generation, and deletes what it wrote.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
 - ``max_messages_per_session`` keeps the newest N messages (older ones are hidden at once
@@ -449,18 +451,34 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
         await self._store.put(heads)
+        if not await self._store.holds(self._session_key(user_id, session_id), meta):
+            # Deleted meanwhile, after its delete had listed the messages: what this
+            # append wrote would stay stored, reachable by no one.
+            written = {
+                item["sk"]["S"]: {"pk": item["pk"], "sk": item["sk"]}
+                for item in [
+                    *tails,
+                    *heads,
+                    *(self._claim_key(user_id, session_id, meta, m.id) for m in messages),
+                ]
+            }
+            await self._store.delete(list(written.values()))
+            return result
         await self._trim(user_id, session_id, meta)
         await self._restamp_if_due(user_id, session_id, meta)
         return result
+
+    def _claim_key(self, user_id: str, session_id: str, meta: Item, message_id: str) -> Item:
+        return {
+            "pk": s(self._messages_pk(user_id, session_id)),
+            "sk": s(f"{self._prefix(meta)}~I#{id_hash(message_id)}"),
+        }
 
     async def _claim_id(
         self, user_id: str, session_id: str, meta: Item, message_id: str, seq: int
     ) -> int:
         """Record that ``message_id`` is at ``seq``; the sequence number it already had if any."""
-        key = {
-            "pk": s(self._messages_pk(user_id, session_id)),
-            "sk": s(f"{self._prefix(meta)}~I#{id_hash(message_id)}"),
-        }
+        key = self._claim_key(user_id, session_id, meta, message_id)
         item: Item = {**key, "seq": n(seq)}
         if self._ttl is not None:
             item["expires_at"] = n(now() + 2 * self._ttl)
