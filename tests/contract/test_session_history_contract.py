@@ -469,6 +469,24 @@ async def test_append_to_a_missing_session_creates_it(
     assert [s.id for s in await history.list_sessions(user_id)] == ["never-created"]
 
 
+async def test_an_id_given_twice_in_one_append_keeps_its_first_message(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(
+        session,
+        [
+            {"id": "twice", "role": "user", "content": "first"},
+            {"id": "twice", "role": "user", "content": "second"},
+            {"id": "other", "role": "user", "content": "other"},
+        ],
+    )
+    assert [m.get_text_content() for m in session.messages] == ["first", "first", "other"]
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert [m.get_text_content() for m in stored.messages] == ["first", "other"]
+
+
 async def test_append_keeps_message_ids_and_roles(
     history: SessionHistoryService, user_id: str
 ) -> None:

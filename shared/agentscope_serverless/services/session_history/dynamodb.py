@@ -428,25 +428,39 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         first = number(meta, "next_seq") - len(messages) + 1
         fresh: list[tuple[int, Message]] = []
         result: list[Message] = []
-        claims = await asyncio.gather(
-            *(
-                self._claim_id(user_id, session_id, meta, message.id, seq)
-                for seq, message in enumerate(messages, start=first)
+        # An id given twice in one call is claimed once, by its first message.
+        first_seq: dict[str, int] = {}
+        for seq, message in enumerate(messages, start=first):
+            first_seq.setdefault(message.id, seq)
+        claimed_at = dict(
+            zip(
+                first_seq,
+                await asyncio.gather(
+                    *(
+                        self._claim_id(user_id, session_id, meta, message_id, seq)
+                        for message_id, seq in first_seq.items()
+                    )
+                ),
+                strict=True,
             )
         )
-        for seq, message, claimed in zip(
-            range(first, first + len(messages)), messages, claims, strict=True
-        ):
+        appended: dict[int, Message] = {}
+        for seq, message in enumerate(messages, start=first):
+            claimed = claimed_at[message.id]
             if claimed == seq:
                 fresh.append((seq, message))
+                appended[seq] = message
                 result.append(message)
+                continue
+            if claimed in appended:
+                result.append(appended[claimed])
                 continue
             # The id is in the session already (its sequence number stays unused).
             stored = await self._message_at(user_id, session_id, meta, claimed)
             if stored is None:
                 # An earlier append claimed the id but failed before writing the message.
                 fresh.append((claimed, message))
-                stored = message
+                appended[claimed] = stored = message
             result.append(stored)
         tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
