@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -10,7 +12,7 @@ import openai
 import pytest
 
 from tests.http.conftest import SECRET
-from tests.support.http import Keys, stream
+from tests.support.http import Keys, bearer, stream
 
 RESPONSES_ORDER = [
     "response.created",
@@ -226,3 +228,56 @@ def test_malformed_messages_are_rejected_naming_the_item(
     )
     assert response.status_code == 422
     assert response.json()["error"]["fields"][0]["loc"] == ["messages", 0]
+
+
+def _cancel_the_sessions_run(url: str, key: str, session: str) -> None:
+    """Cancel the run of ``session`` as soon as it is listed (from another client)."""
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:
+        while not (runs := client.get("/runs", params={"session_id": session}).json()["items"]):
+            time.sleep(0.02)
+        assert client.post(f"/runs/{runs[0]['id']}/cancel").status_code == 202
+
+
+def test_a_canceled_chat_completion_is_an_error_the_sdk_does_not_retry(
+    scenario_url: str, keys: Keys
+) -> None:
+    session = f"cancel-{uuid.uuid4()}"
+    canceller = threading.Thread(
+        target=_cancel_the_sessions_run, args=(scenario_url, keys.alice, session)
+    )
+    canceller.start()
+    # The SDK's default retries: a retried canceled run would run the agent again.
+    client = openai.OpenAI(base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice)
+    with pytest.raises(openai.ConflictError, match="the run was canceled") as canceled:
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "sleep 30"}],
+            extra_headers={"X-Session-Id": session},
+        )
+    canceller.join()
+    client.close()
+    assert canceled.value.code == "RUN_CANCELED"
+    with httpx.Client(base_url=scenario_url, headers=bearer(keys.alice)) as http:
+        runs = http.get("/runs", params={"session_id": session}).json()["items"]
+    assert [run["status"] for run in runs] == ["canceled"]
+
+
+def test_a_canceled_chat_completion_stream_ends_with_an_error(
+    scenario_url: str, keys: Keys
+) -> None:
+    session = f"cancel-{uuid.uuid4()}"
+    client = openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    chunks = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "sleep 30"}],
+        stream=True,
+        extra_headers={"X-Session-Id": session},
+    )
+    first = next(iter(chunks))
+    assert first.choices[0].delta.role == "assistant"
+    _cancel_the_sessions_run(scenario_url, keys.alice, session)
+    with pytest.raises(openai.APIError, match="the run was canceled"):
+        list(chunks)
+    client.close()

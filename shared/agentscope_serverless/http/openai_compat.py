@@ -30,6 +30,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.sse import DONE, encode
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
+    Error,
     Event,
     Message,
     MessageType,
@@ -37,6 +38,10 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
+
+# What a chat completion answers for a run canceled before it completed (``POST
+# /runs/{id}/cancel``): chat completions have no status to say it with.
+RUN_CANCELED = Error(code="RUN_CANCELED", message="the run was canceled")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -205,7 +210,8 @@ async def chat_completion_chunks(
 ) -> AsyncIterator[bytes]:
     """A run's events as ``chat.completion.chunk`` SSE lines, ending with ``[DONE]``.
 
-    An agent failure becomes an ``{"error": ...}`` line (the SDK raises it as an APIError).
+    An agent failure, or the run's cancellation, becomes an ``{"error": ...}`` line (the SDK
+    raises it as an APIError).
     """
     completion_id, created = "chatcmpl", int(time.time())
     replies: set[str] = set()
@@ -238,6 +244,8 @@ async def chat_completion_chunks(
                 yield DONE
             elif event.status == RunStatus.Failed and event.error is not None:
                 yield encode(json.dumps({"error": event.error.model_dump()}))
+            elif event.status == RunStatus.Canceled:
+                yield encode(json.dumps({"error": RUN_CANCELED.model_dump()}))
         elif isinstance(event, Message) and event.status == RunStatus.InProgress:
             if _is_reply(event):
                 replies.add(event.id)
@@ -387,6 +395,7 @@ async def responses_events(
 
 
 __all__ = [
+    "RUN_CANCELED",
     "ChatCompletionRequest",
     "ResponsesRequest",
     "chat_completion",

@@ -42,7 +42,8 @@ _ERRORS = {
     409: (
         "A conflict: the `Idempotency-Key` was used for another request "
         "(`IDEMPOTENCY_KEY_REUSED`), or a request with it is still running "
-        "(`REQUEST_IN_PROGRESS`, retry after `Retry-After` seconds)."
+        "(`REQUEST_IN_PROGRESS`, retry after `Retry-After` seconds); or the run of a chat "
+        "completion was canceled (`RUN_CANCELED`)."
     ),
     413: "The request body is larger than the limit.",
     415: "The request body's media type is not accepted.",

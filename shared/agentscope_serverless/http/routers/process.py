@@ -102,7 +102,13 @@ async def _recorded(
 
 
 def _failure(response: AgentResponse) -> JSONResponse:
-    assert response.error is not None
+    """The error answer of a chat completion whose run failed or was canceled."""
+    if response.error is None:
+        assert response.status == RunStatus.Canceled
+        canceled = error_response(409, compat.RUN_CANCELED.code, compat.RUN_CANCELED.message)
+        # OpenAI's SDKs retry a 409; this one would only run the agent again.
+        canceled.headers["X-Should-Retry"] = "false"
+        return canceled
     code = response.error.code
     return error_response(status_of_code(code), code, response.error.message)
 
