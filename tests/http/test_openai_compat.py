@@ -281,3 +281,43 @@ def test_a_canceled_chat_completion_stream_ends_with_an_error(
     with pytest.raises(openai.APIError, match="the run was canceled"):
         list(chunks)
     client.close()
+
+
+def test_a_canceled_response_is_cancelled_as_openai_spells_it(
+    scenario_url: str, keys: Keys
+) -> None:
+    session = f"cancel-{uuid.uuid4()}"
+    canceller = threading.Thread(
+        target=_cancel_the_sessions_run, args=(scenario_url, keys.alice, session)
+    )
+    canceller.start()
+    client = openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    raw = client.responses.with_raw_response.create(
+        model="m", input="sleep 30", metadata={"session_id": session}
+    )
+    canceller.join()
+    client.close()
+    # Validated as the SDK's type (``create`` builds its objects without validating them).
+    response = openai.types.responses.Response.model_validate(raw.http_response.json())
+    assert response.status == "cancelled"
+
+
+def test_a_canceled_response_stream_ends_with_its_last_event(scenario_url: str, keys: Keys) -> None:
+    session = f"cancel-{uuid.uuid4()}"
+    client = openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    )
+    events = iter(
+        client.responses.create(
+            model="m", input="sleep 30", metadata={"session_id": session}, stream=True
+        )
+    )
+    assert next(events).type == "response.created"
+    _cancel_the_sessions_run(scenario_url, keys.alice, session)
+    rest = list(events)
+    client.close()
+    assert rest[-1].type == "response.incomplete"
+    assert rest[-1].response.status == "cancelled"
+    assert rest[-1].sequence_number == len(rest)

@@ -269,6 +269,9 @@ def responses_object(
     output: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A run as an OpenAI ``response`` object."""
+    status = status or response.status
+    if status == RunStatus.Canceled:
+        status = "cancelled"  # OpenAI's spelling, the one its SDKs' types allow
     if output is None:
         output = [
             _output_item(m, RunStatus.Completed) for m in response.output or [] if _is_reply(m)
@@ -277,7 +280,7 @@ def responses_object(
         "id": f"resp_{_bare_id(response)}",
         "object": "response",
         "created_at": response.created_at,
-        "status": status or response.status,
+        "status": status,
         "model": model,
         "output": output,
         "error": (
@@ -320,7 +323,8 @@ async def responses_events(
     ``response.output_item.added`` → ``response.content_part.added`` →
     ``response.output_text.delta``\\ * → ``response.output_text.done`` →
     ``response.content_part.done`` → ``response.output_item.done``; then
-    ``response.completed`` (or ``response.failed``).
+    ``response.completed`` (or ``response.failed``, or for a canceled run
+    ``response.incomplete`` with the status ``cancelled``).
     """
     sequence = 0
     positions: dict[str, int] = {}
@@ -367,6 +371,11 @@ async def responses_events(
                     event, model=model, session_id=session_id, output=done_items
                 )
                 yield named("response.failed", response=body)
+            elif event.status == RunStatus.Canceled:
+                body = responses_object(
+                    event, model=model, session_id=session_id, output=done_items
+                )
+                yield named("response.incomplete", response=body)
         elif isinstance(event, Message) and _is_reply(event):
             if event.status == RunStatus.InProgress:
                 positions[event.id] = len(positions)
