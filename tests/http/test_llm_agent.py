@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -93,9 +95,43 @@ class ScriptedLLM:
         return StreamingResponse(lines(), media_type="text/event-stream")
 
 
+class StrictLLM(ScriptedLLM):
+    """A scripted chat API that, like OpenAI's, answers 400 to a message list where a tool
+    message does not answer a call of the assistant message before it, or a call of an
+    assistant message is not answered right after it."""
+
+    def __init__(self, replies: list[list[dict[str, Any]]]) -> None:
+        super().__init__(replies)
+        self.rejected: list[str] = []
+
+    async def complete(self, request: Request) -> Response:
+        messages = (await request.json())["messages"]
+        pending: list[str] = []
+        for message in messages:
+            if message["role"] == "tool":
+                if message["tool_call_id"] not in pending:
+                    return self.reject("messages with role 'tool' must be a response to a call")
+                pending.remove(message["tool_call_id"])
+                continue
+            if pending:
+                return self.reject(f"tool_call_ids did not have response messages: {pending}")
+            pending = [call["id"] for call in message.get("tool_calls") or []]
+        return await super().complete(request)
+
+    def reject(self, message: str) -> Response:
+        self.rejected.append(message)
+        return JSONResponse({"error": {"message": message}}, status_code=400)
+
+
 @contextmanager
 def llm_agent_server(
-    keys: Keys, llm: ScriptedLLM, tool_calls: list[dict[str, Any]], **settings: Any
+    keys: Keys,
+    llm: ScriptedLLM,
+    tool_calls: list[dict[str, Any]],
+    *,
+    tools: Sequence[AgentTool] = (),
+    server_settings: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> Iterator[str]:
     async def get_weather(arguments: dict[str, Any]) -> str:
         tool_calls.append(arguments)
@@ -111,10 +147,9 @@ def llm_agent_server(
         agent_settings = load_settings(
             llm_base_url=f"{llm_url}/v1", llm_api_key=API_KEY, llm_model="scripted", **settings
         )
-        app = create_llm_app([tool], settings=agent_settings)
-        with running(
-            create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
-        ) as url:
+        app = create_llm_app([tool, *tools], settings=agent_settings)
+        server = load_settings(**(server_settings or {}))
+        with running(create_app(settings=server, agent_app=app, key_store=keys.store)) as url:
             yield url
 
 
@@ -228,3 +263,60 @@ def test_an_api_error_fails_the_run_without_leaking_the_reply(keys: Keys) -> Non
         "message": "the chat API answered HTTP 401",
     }
     assert "sk-te" not in sse.raw
+
+
+def test_a_history_window_that_cuts_off_a_tool_call_still_makes_a_valid_request(
+    keys: Keys,
+) -> None:
+    llm = StrictLLM([TOOL_CALL, ANSWER, FOLLOW_UP])
+    window = {"agent_history_window": 2}
+    with (
+        llm_agent_server(keys, llm, [], server_settings=window) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("Weather in Paris?")], "session_id": "window"}
+        _, sse = stream(client, "/process", json=body)
+        assert sse.data[-1]["status"] == "completed"
+        body = {"input": [user_message("What did I ask?")], "session_id": "window"}
+        _, follow_up = stream(client, "/process", json=body)
+    assert llm.rejected == []
+    assert follow_up.data[-1]["status"] == "completed"
+    assert text_of(follow_up.data) == "You asked about Paris."
+    history = llm.requests[2]["body"]["messages"]
+    assert [m["role"] for m in history if m["role"] != "system"] == ["assistant", "user"]
+    assert history[-2]["content"] == "It is sunny in Paris."
+
+
+def test_a_tool_call_canceled_before_its_result_leaves_a_session_the_model_accepts(
+    keys: Keys,
+) -> None:
+    llm = StrictLLM([TOOL_CALL, FOLLOW_UP])
+    started = threading.Event()
+
+    async def forecast(arguments: dict[str, Any]) -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "rain"
+
+    slow = AgentTool(name="forecast", description="d", parameters={"type": "object"}, call=forecast)
+    calls_forecast = json.loads(json.dumps(TOOL_CALL).replace("get_weather", "forecast"))
+    llm.replies = [calls_forecast, FOLLOW_UP]
+    with (
+        llm_agent_server(keys, llm, [], tools=[slow]) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("Forecast?")], "session_id": "canceled"}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(stream, client, "/process", json=body)
+            assert started.wait(10)
+            run_id = client.get("/runs", params={"session_id": "canceled"}).json()["items"][0]
+            assert client.post(f"/runs/{run_id['id']}/cancel").status_code == 202
+            assert first.result()[1].data[-1]["status"] == "canceled"
+        body = {"input": [user_message("What did I ask?")], "session_id": "canceled"}
+        _, follow_up = stream(client, "/process", json=body)
+    assert llm.rejected == []
+    assert follow_up.data[-1]["status"] == "completed"
+    history = llm.requests[1]["body"]["messages"]
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "user"]
+    assert history[3]["tool_call_id"] == "call_1"
+    assert "no result" in history[3]["content"]

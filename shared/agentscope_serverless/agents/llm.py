@@ -227,7 +227,7 @@ class LLMAgent:
         if recalled:
             note = "From earlier conversations with this user:\n" + "\n".join(recalled)
             chat.append({"role": "system", "content": note})
-        chat.extend(convert_to_openai_messages(messages))
+        chat.extend(_paired_tool_messages(convert_to_openai_messages(messages)))
         return chat
 
     async def _complete(
@@ -280,6 +280,41 @@ async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
     if tool is None:
         return f"error: there is no tool named {call.name!r}"
     return await tool.invoke(call.arguments)
+
+
+UNANSWERED_CALL = "error: the tool gave no result (its run ended before it answered)"
+
+
+def _paired_tool_messages(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``chat`` as chat APIs accept it: each assistant message with ``tool_calls`` directly
+    followed by one ``tool`` message per call, and no other ``tool`` message.
+
+    A history window can begin between a call and its results (those results are left
+    out), and a run canceled during a tool call leaves the call without a result (it gets
+    one saying so); the APIs reject either with a 400.
+    """
+    paired: list[dict[str, Any]] = []
+    pending: list[Any] = []
+
+    def close_round() -> None:
+        paired.extend(
+            {"role": "tool", "tool_call_id": call_id, "content": UNANSWERED_CALL}
+            for call_id in pending
+        )
+        pending.clear()
+
+    for message in chat:
+        if message["role"] == "tool":
+            if message.get("tool_call_id") in pending:
+                pending.remove(message["tool_call_id"])
+                paired.append(message)
+            continue
+        close_round()
+        paired.append(message)
+        if message["role"] == "assistant":
+            pending.extend(call["id"] for call in message.get("tool_calls") or [])
+    close_round()
+    return paired
 
 
 def _parse_chunk(data: str) -> dict[str, Any]:
