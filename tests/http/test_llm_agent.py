@@ -320,3 +320,74 @@ def test_a_tool_call_canceled_before_its_result_leaves_a_session_the_model_accep
     assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "user"]
     assert history[3]["tool_call_id"] == "call_1"
     assert "no result" in history[3]["content"]
+
+
+class PlainReplyLLM(ScriptedLLM):
+    """A chat API answering each request with the next of ``answers``, as they are (not
+    streamed)."""
+
+    def __init__(self, answers: list[Response]) -> None:
+        super().__init__([])
+        self.answers = answers
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+        return self.answers[len(self.requests) - 1]
+
+
+def test_a_chat_api_answering_with_a_whole_json_completion_is_understood(keys: Keys) -> None:
+    def completion(message: dict[str, Any], prompt: int, completion: int) -> JSONResponse:
+        counts = {"prompt_tokens": prompt, "completion_tokens": completion}
+        return JSONResponse(
+            {
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {**counts, "total_tokens": prompt + completion},
+            }
+        )
+
+    call = {"id": "call_9", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    llm = PlainReplyLLM(
+        [
+            completion({"role": "assistant", "content": None, "tool_calls": [call]}, 10, 2),
+            completion({"role": "assistant", "content": "Snow in Oslo."}, 20, 4),
+        ]
+    )
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("Oslo?")]})
+    assert tool_calls == [{"city": "Oslo"}]
+    assert text_of(sse.data) == "Snow in Oslo."
+    assert sse.data[-1]["status"] == "completed"
+    assert sse.data[-1]["usage"] == {
+        "prompt_tokens": 30,
+        "completion_tokens": 6,
+        "total_tokens": 36,
+    }
+    assert llm.requests[1]["body"]["messages"][-1]["tool_call_id"] == "call_9"
+
+
+def test_a_redirect_or_a_web_page_from_the_chat_api_fails_the_run(keys: Keys) -> None:
+    moved = Response(status_code=301, headers={"Location": "https://elsewhere.invalid/v1"})
+    page = Response("<html><body>Welcome</body></html>", media_type="text/html")
+    llm = PlainReplyLLM([moved, page])
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, redirected = stream(client, "/process", json={"input": [user_message("hi")]})
+        _, web_page = stream(client, "/process", json={"input": [user_message("hi")]})
+    assert redirected.data[-1]["status"] == "failed"
+    assert redirected.data[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API answered HTTP 301",
+    }
+    assert web_page.data[-1]["status"] == "failed"
+    assert web_page.data[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API sent no completion",
+    }

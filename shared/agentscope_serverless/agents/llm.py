@@ -254,17 +254,11 @@ class LLMAgent:
                 headers=self._headers(config),
                 timeout=config.timeout,
             ) as response:
-                if response.status_code >= 400:
+                if not response.is_success:
                     raise AgentError(
                         f"the chat API answered HTTP {response.status_code}", code="LLM_ERROR"
                     )
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return
-                    chunk = _parse_chunk(data)
+                async for chunk in _chunks(response):
                     if usage is not None and isinstance(chunk.get("usage"), dict):
                         for key in USAGE_KEYS:
                             usage[key] = usage.get(key, 0) + int(chunk["usage"].get(key) or 0)
@@ -273,6 +267,49 @@ class LLMAgent:
             raise AgentError(
                 f"cannot reach the chat API ({type(exc).__name__})", code="LLM_UNAVAILABLE"
             ) from None
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of a successful reply: its ``data:`` lines, up to ``[DONE]``.
+
+    A server or proxy that ignores ``stream`` answers with the whole completion as JSON: its
+    message is one chunk. A reply with neither (a web page at a wrong base URL) is an error,
+    not an empty answer.
+    """
+    if response.headers.get("content-type", "").startswith("application/json"):
+        completion = _parse_chunk((await response.aread()).decode(errors="replace"))
+        yield _as_chunk(completion)
+        return
+    streamed = False
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        streamed = True
+        yield _parse_chunk(data)
+    if not streamed:
+        raise AgentError("the chat API sent no completion", code="LLM_ERROR")
+
+
+def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+    """A whole (not streamed) chat completion as the one chunk that would stream it."""
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise AgentError("the chat API sent a completion without a message", code="LLM_ERROR")
+    calls = message.get("tool_calls")
+    delta = {
+        "content": message.get("content"),
+        "tool_calls": [
+            {**call, "index": index}
+            for index, call in enumerate(calls if isinstance(calls, list) else [])
+            if isinstance(call, dict)
+        ],
+    }
+    return {"choices": [{"index": 0, "delta": delta}], "usage": completion.get("usage")}
 
 
 async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
