@@ -391,3 +391,48 @@ def test_a_redirect_or_a_web_page_from_the_chat_api_fails_the_run(keys: Keys) ->
         "code": "LLM_ERROR",
         "message": "the chat API sent no completion",
     }
+
+
+def weather_call(city: str, **fields: Any) -> dict[str, Any]:
+    arguments = json.dumps({"city": city})
+    return {
+        **fields,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+
+
+def test_parallel_tool_calls_streamed_without_distinct_indexes_stay_apart(keys: Keys) -> None:
+    same_index = [
+        chunk({"tool_calls": [weather_call("Paris", index=0, id="call_a")]}),
+        chunk({"tool_calls": [weather_call("Rome", index=0, id="call_b")]}),
+        chunk(finish="tool_calls"),
+    ]
+    no_index = [
+        chunk(
+            {"tool_calls": [weather_call("Oslo", id="call_c"), weather_call("Lima", id="call_d")]}
+        ),
+        chunk(finish="tool_calls"),
+    ]
+    no_id = [
+        chunk({"tool_calls": [weather_call("Kyiv", index=0), weather_call("Nice", index=1)]}),
+        chunk(finish="tool_calls"),
+    ]
+    llm = ScriptedLLM([same_index, ANSWER, no_index, ANSWER, no_id, ANSWER])
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        for _ in range(3):
+            _, sse = stream(client, "/process", json={"input": [user_message("Weather?")]})
+            assert sse.data[-1]["status"] == "completed"
+    assert tool_calls == [{"city": c} for c in ("Paris", "Rome", "Oslo", "Lima", "Kyiv", "Nice")]
+    answered = [llm.requests[i]["body"]["messages"][-3:] for i in (1, 3, 5)]
+    assert [m["role"] for m in answered[0]] == ["assistant", "tool", "tool"]
+    for call, *results in answered:
+        ids = [c["id"] for c in call["tool_calls"]]
+        assert len(set(ids)) == 2 and all(ids)
+        assert [r["tool_call_id"] for r in results] == ids
+    assert [c["id"] for c in answered[0][0]["tool_calls"]] == ["call_a", "call_b"]
+    assert [c["id"] for c in answered[1][0]["tool_calls"]] == ["call_c", "call_d"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +127,7 @@ class LLMAgent:
         offered = [tool.to_openai() for tool in available.values()]
         for _ in range(config.max_iterations):
             text: list[str] = []
-            calls: dict[int, dict[str, str]] = {}
+            calls = _StreamedToolCalls()
             async for chunk in self._complete(config, chat, offered, usage):
                 choices = chunk.get("choices") or [{}]
                 delta = choices[0].get("delta") or {}
@@ -134,12 +135,16 @@ class LLMAgent:
                     text.append(delta["content"])
                     yield TextContent(text=delta["content"], delta=True)
                 for call in delta.get("tool_calls") or []:
-                    _merge_tool_call(calls, call)
-            if not calls:
+                    calls.add(call)
+            if not calls.calls:
                 return
             function_calls = [
-                FunctionCall(call_id=c["id"], name=c["name"], arguments=c["arguments"])
-                for _, c in sorted(calls.items())
+                FunctionCall(
+                    call_id=c["id"] or f"call_{uuid.uuid4().hex}",
+                    name=c["name"],
+                    arguments=c["arguments"],
+                )
+                for c in calls.calls
             ]
             yield Message(
                 type=MessageType.FUNCTION_CALL,
@@ -366,16 +371,41 @@ def _parse_chunk(data: str) -> dict[str, Any]:
     return chunk
 
 
-def _merge_tool_call(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
-    """Fold one streamed tool-call delta into the calls gathered so far, by index."""
-    call = calls.setdefault(int(delta.get("index") or 0), {"id": "", "name": "", "arguments": ""})
-    function = delta.get("function") or {}
-    if delta.get("id"):
-        call["id"] = delta["id"]
-    if function.get("name"):
-        call["name"] += function["name"]
-    if function.get("arguments"):
-        call["arguments"] += function["arguments"]
+class _StreamedToolCalls:
+    """The tool calls of one streamed reply, folded from their deltas.
+
+    A delta belongs to the call of its ``index``; one whose ``id`` differs from that call's
+    starts a new call (some servers number every call 0), and so does, when the delta has
+    no index (some servers send none), one with an ``id`` or a name when the last call has
+    its own. A call without any ``id`` gets one, so that its result can answer it.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, str]] = []
+        self._position: dict[int, int] = {}
+
+    def add(self, delta: dict[str, Any]) -> None:
+        index = delta.get("index")
+        function = delta.get("function") or {}
+        call_id, name = delta.get("id") or "", function.get("name") or ""
+        call = None
+        if isinstance(index, int) and index in self._position:
+            call = self.calls[self._position[index]]
+        elif not isinstance(index, int) and self.calls:
+            call = self.calls[-1]
+            if not call_id and name and call["name"]:
+                call = None
+        if call is not None and call_id and call["id"] and call_id != call["id"]:
+            call = None
+        if call is None:
+            call = {"id": "", "name": "", "arguments": ""}
+            self.calls.append(call)
+            if isinstance(index, int):
+                self._position[index] = len(self.calls) - 1
+        if call_id:
+            call["id"] = call_id
+        call["name"] += name
+        call["arguments"] += function.get("arguments") or ""
 
 
 def create_llm_app(
