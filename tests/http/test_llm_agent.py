@@ -436,3 +436,25 @@ def test_parallel_tool_calls_streamed_without_distinct_indexes_stay_apart(keys: 
         assert [r["tool_call_id"] for r in results] == ids
     assert [c["id"] for c in answered[0][0]["tool_calls"]] == ["call_a", "call_b"]
     assert [c["id"] for c in answered[1][0]["tool_calls"]] == ["call_c", "call_d"]
+
+
+def test_a_tool_returning_neither_text_nor_json_answers_the_model_with_an_error(
+    keys: Keys,
+) -> None:
+    async def fetch(arguments: dict[str, Any]) -> Any:
+        return b"\x89PNG"
+
+    raw = AgentTool(name="fetch", description="d", parameters={"type": "object"}, call=fetch)
+    calls_fetch = json.loads(json.dumps(TOOL_CALL).replace("get_weather", "fetch"))
+    llm = ScriptedLLM([calls_fetch, FOLLOW_UP])
+    with (
+        llm_agent_server(keys, llm, [], tools=[raw]) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("Fetch it")]})
+    assert sse.data[-1]["status"] == "completed"
+    _, output, _ = messages_of(sse.data)
+    assert output["content"][0]["data"]["output"] == "error: the tool returned bytes, not text"
+    assert (
+        llm.requests[1]["body"]["messages"][-1]["content"] == output["content"][0]["data"]["output"]
+    )

@@ -83,13 +83,20 @@ class AgentTool:
         if not isinstance(parsed, dict):
             return "error: the arguments must be a JSON object"
         try:
-            result = await self.call(parsed)
+            # Typed as text, but nothing stops a Python tool from returning anything.
+            result: object = await self.call(parsed)
         except AgentScopeServerlessError as exc:
             return f"error: {exc.message}"
         except Exception as exc:
             logger.exception("a tool failed", extra={"tool": self.name})
             return f"error: the tool failed ({type(exc).__name__})"
-        return result if isinstance(result, str) else json.dumps(result)
+        if isinstance(result, str):
+            return result
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            logger.error("a tool returned a value that is not text", extra={"tool": self.name})
+            return f"error: the tool returned {type(result).__name__}, not text"
 
 
 __all__ = ["AgentTool", "ToolCallable"]
