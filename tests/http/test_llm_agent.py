@@ -458,3 +458,27 @@ def test_a_tool_returning_neither_text_nor_json_answers_the_model_with_an_error(
     assert (
         llm.requests[1]["body"]["messages"][-1]["content"] == output["content"][0]["data"]["output"]
     )
+
+
+def test_content_streamed_as_a_list_of_parts_is_answered_with_its_text_parts(keys: Keys) -> None:
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm."}]}
+    parts = [
+        chunk({"role": "assistant", "content": [thinking]}),
+        chunk({"content": [{"type": "text", "text": "Forty"}]}),
+        chunk({"content": [{"type": "text", "text": "-two."}]}),
+        chunk(finish="stop"),
+    ]
+    broken = [chunk({"content": "Half"}), {"choices": [None]}]
+    llm = ScriptedLLM([parts, broken])
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("The answer?")]})
+        _, malformed = stream(client, "/process", json={"input": [user_message("Again?")]})
+    assert sse.data[-1]["status"] == "completed"
+    assert text_of(sse.data) == "Forty-two."
+    assert malformed.data[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API sent a chunk of an unexpected shape",
+    }

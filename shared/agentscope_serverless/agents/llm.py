@@ -129,11 +129,11 @@ class LLMAgent:
             text: list[str] = []
             calls = _StreamedToolCalls()
             async for chunk in self._complete(config, chat, offered, usage):
-                choices = chunk.get("choices") or [{}]
-                delta = choices[0].get("delta") or {}
-                if delta.get("content"):
-                    text.append(delta["content"])
-                    yield TextContent(text=delta["content"], delta=True)
+                delta = _delta_of(chunk)
+                piece = _text_of(delta.get("content"))
+                if piece:
+                    text.append(piece)
+                    yield TextContent(text=piece, delta=True)
                 for call in delta.get("tool_calls") or []:
                     calls.add(call)
             if not calls.calls:
@@ -369,6 +369,34 @@ def _parse_chunk(data: str) -> dict[str, Any]:
     if chunk.get("error"):
         raise AgentError("the chat API reported an error while streaming", code="LLM_ERROR")
     return chunk
+
+
+def _delta_of(chunk: dict[str, Any]) -> dict[str, Any]:
+    """The ``delta`` of a chunk's first choice (empty for a chunk without choices)."""
+    choices = chunk.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices, list) else None
+    delta = (choice.get("delta") or {}) if isinstance(choice, dict) else None
+    if isinstance(delta, dict):
+        calls = delta.get("tool_calls") or []
+        if isinstance(calls, list) and all(isinstance(call, dict) for call in calls):
+            return delta
+    raise AgentError("the chat API sent a chunk of an unexpected shape", code="LLM_ERROR")
+
+
+def _text_of(content: Any) -> str:
+    """The text of a delta's ``content``: a string, or (as some APIs stream it) a list of
+    parts whose ``text`` parts are the answer (the others, such as thinking, are not)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        )
+    return ""
 
 
 class _StreamedToolCalls:
