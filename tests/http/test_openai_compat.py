@@ -321,3 +321,44 @@ def test_a_canceled_response_stream_ends_with_its_last_event(scenario_url: str, 
     assert rest[-1].type == "response.incomplete"
     assert rest[-1].response.status == "cancelled"
     assert rest[-1].sequence_number == len(rest)
+
+
+def test_previous_response_id_continues_the_session(sdk: openai.OpenAI) -> None:
+    first = sdk.responses.create(model="demo", input="My name is Alice")
+    second = sdk.responses.create(
+        model="demo", input="What is my name?", previous_response_id=first.id
+    )
+    assert second.output_text == "Your name is Alice."  # from the session, not from memory
+    assert second.metadata == first.metadata
+    with sdk.responses.stream(
+        model="demo", input="Who am I?", previous_response_id=second.id
+    ) as events:
+        third = events.get_final_response()
+    assert third.output_text == "Your name is Alice."
+    assert third.metadata == first.metadata and third.id != second.id
+
+
+def test_previous_response_id_names_a_session_of_the_caller_only(
+    demo_url: str, keys: Keys, sdk: openai.OpenAI
+) -> None:
+    first = sdk.responses.create(
+        model="demo", input="My name is Alice", metadata={"session_id": "é"}
+    )
+    with openai.OpenAI(
+        base_url=f"{demo_url}/compatible-mode/v1", api_key=keys.bob, max_retries=0
+    ) as bob:
+        reply = bob.responses.create(
+            model="demo", input="What is my name?", previous_response_id=first.id
+        )
+    assert "Alice" not in reply.output_text
+    assert reply.metadata == {"session_id": "é"}
+
+
+@pytest.mark.parametrize(
+    "previous", ["resp_123", "chatcmpl-1_YQ", "resp_1_!!!", "resp_1_", "resp_1__w", "resp_1_Lw"]
+)
+def test_a_previous_response_id_of_no_response_here_is_refused(
+    sdk: openai.OpenAI, previous: str
+) -> None:
+    with pytest.raises(openai.UnprocessableEntityError):
+        sdk.responses.create(model="demo", input="hi", previous_response_id=previous)

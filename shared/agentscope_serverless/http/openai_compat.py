@@ -4,9 +4,12 @@ So the official ``openai`` SDK works unchanged with
 ``base_url=http://host:port/compatible-mode/v1`` and ``api_key=<our key>``.
 
 **Session.** The ``X-Session-Id`` request header, else ``metadata["session_id"]``, else (for
-``/responses``) ``conversation`` (an id, or ``{"id": ...}``). Without one, each call starts a
-new session. The session id is returned in the ``X-Session-Id`` response header, and in
-``metadata["session_id"]`` of a responses object.
+``/responses``) ``conversation`` (an id, or ``{"id": ...}``), else the session of
+``previous_response_id``. Without one, each call starts a new session. The session id is
+returned in the ``X-Session-Id`` response header, and in ``metadata["session_id"]`` of a
+responses object, whose ``id`` carries it too (``resp_<run>_<session, base64url>``): a
+client continuing with ``previous_response_id`` continues the session, on every store and
+at once, with no lookup that a run not stored yet could miss.
 
 **User.** The ``user`` field is the ``user_id`` the request acts as (see
 :mod:`agentscope_serverless.http.auth`): optional with a user key (it must then be the key's
@@ -19,6 +22,7 @@ whole conversation do not duplicate it); without a session, every message is inp
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -74,6 +78,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
+    previous_response_id: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
@@ -83,8 +88,10 @@ def session_id_of(
     header: str | None,
     metadata: Mapping[str, Any] | None,
     conversation: str | Mapping[str, Any] | None = None,
+    previous_response_id: str | None = None,
 ) -> str | None:
-    """The session a request names: header, then metadata, then conversation."""
+    """The session a request names: header, then metadata, then conversation, then the
+    previous response's."""
     if header:
         return header
     if metadata and isinstance(metadata.get("session_id"), str) and metadata["session_id"]:
@@ -93,7 +100,38 @@ def session_id_of(
         return conversation
     if isinstance(conversation, Mapping) and isinstance(conversation.get("id"), str):
         return str(conversation["id"])
+    if previous_response_id is not None:
+        return session_of_response(previous_response_id)
     return None
+
+
+def response_id(response: AgentResponse, session_id: str) -> str:
+    """The id of a responses object: its run's, and its session's.
+
+    >>> from agentscope_serverless.schemas.agent_schemas import AgentResponse
+    >>> run = AgentResponse(id="response_00000000-0000-0000-0000-00000000000a")
+    >>> response_id(run, "chat-1")
+    'resp_0000000000000000000000000000000a_Y2hhdC0x'
+    >>> session_of_response(response_id(run, "chat-1"))
+    'chat-1'
+    """
+    session = base64.urlsafe_b64encode(session_id.encode()).rstrip(b"=").decode()
+    return f"resp_{_bare_id(response)}_{session}"
+
+
+def session_of_response(response_id: str) -> str:
+    """The session of a response id made by :func:`response_id`."""
+    prefix, _, session = response_id.rpartition("_")
+    try:
+        decoded = base64.urlsafe_b64decode(session + "=" * (-len(session) % 4)).decode()
+        if not prefix.startswith("resp_") or not decoded:
+            raise ValueError
+        return decoded
+    except ValueError:  # binascii.Error and UnicodeDecodeError among them
+        raise InvalidInputError(
+            "previous_response_id is not the id of a response of this server",
+            field="previous_response_id",
+        ) from None
 
 
 def new_turn(messages: list[Message]) -> list[Message]:
@@ -277,7 +315,7 @@ def responses_object(
             _output_item(m, RunStatus.Completed) for m in response.output or [] if _is_reply(m)
         ]
     return {
-        "id": f"resp_{_bare_id(response)}",
+        "id": response_id(response, session_id),
         "object": "response",
         "created_at": response.created_at,
         "status": status,
@@ -413,9 +451,11 @@ __all__ = [
     "chat_usage",
     "new_turn",
     "reply_text",
+    "response_id",
     "responses_events",
     "responses_input",
     "responses_object",
     "responses_usage",
     "session_id_of",
+    "session_of_response",
 ]

@@ -264,7 +264,10 @@ def build_router(
         run, session_id = _compatible_run(
             compat.responses_input(body),
             compat.session_id_of(
-                _header_session_id(x_session_id), body.metadata, body.conversation
+                _header_session_id(x_session_id),
+                body.metadata,
+                body.conversation,
+                body.previous_response_id,
             ),
             caller.user_id(body.user),
             model=body.model,
