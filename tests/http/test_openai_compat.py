@@ -170,9 +170,24 @@ def test_agent_failures_reach_the_sdk_as_errors(scenario_url: str, keys: Keys) -
     client = openai.OpenAI(
         base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
     )
-    with pytest.raises(openai.InternalServerError) as failed:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "fail"}])
+    session = f"failing-{uuid.uuid4().hex[:8]}"
+    with (
+        openai.OpenAI(  # the SDK's default: two retries of a 5xx, each a run of the agent
+            base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice
+        ) as retrying,
+        pytest.raises(openai.InternalServerError, match="RuntimeError: boom") as failed,
+    ):
+        retrying.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "fail"}],
+            extra_headers={"X-Session-Id": session},
+        )
     assert SECRET not in str(failed.value.body)
+    assert failed.value.response.headers["X-Should-Retry"] == "false"
+    stored = httpx.get(
+        f"{scenario_url}/sessions/{session}/messages", headers=bearer(keys.alice)
+    ).json()["items"]
+    assert [m["content"][0]["text"] for m in stored] == ["fail"]  # one run, not three
     with pytest.raises(openai.APIError, match="RuntimeError"):
         list(
             client.chat.completions.create(

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_caller, header_text
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.http.errors import error_response, status_of_code
+from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
@@ -102,15 +102,23 @@ async def _recorded(
 
 
 def _failure(response: AgentResponse) -> JSONResponse:
-    """The error answer of a chat completion whose run failed or was canceled."""
+    """The error answer of a chat completion whose run failed or was canceled.
+
+    A failed run answers with its error, as its stream and ``/process`` show it (its message
+    is the agent's, secrets taken out), not the generic 500 of a server fault. OpenAI's SDKs
+    retry a 409 and a 5xx, and each retry would run the agent again, storing the input once
+    more: ``X-Should-Retry: false`` tells them not to.
+    """
     if response.error is None:
         assert response.status == RunStatus.Canceled
-        canceled = error_response(409, compat.RUN_CANCELED.code, compat.RUN_CANCELED.message)
-        # OpenAI's SDKs retry a 409; this one would only run the agent again.
-        canceled.headers["X-Should-Retry"] = "false"
-        return canceled
-    code = response.error.code
-    return error_response(status_of_code(code), code, response.error.message)
+        error = compat.RUN_CANCELED
+        answer = error_response(409, error.code, error.message)
+    else:
+        error = response.error
+        body = error_body(error.code, error.message)
+        answer = JSONResponse(body, status_code=status_of_code(error.code))
+    answer.headers["X-Should-Retry"] = "false"
+    return answer
 
 
 def _with_body_model(endpoint: Callable[..., Any], model: type[AgentRequest]) -> None:
