@@ -69,6 +69,21 @@ def test_cancel_on_disconnect_cancels_the_run_when_the_client_leaves(url: str, k
         assert client.get(f"/state/{session_id}").json()["state"] == {"cleanup": True}
 
 
+def test_a_run_cancelled_as_soon_as_its_id_is_known_stops(url: str, keys: Keys) -> None:
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        for _ in range(3):  # the first run of a server may be slow to send its first event
+            body = {"input": [user_message("go")], "session_id": f"s-{uuid.uuid4().hex[:8]}"}
+            with client.stream("POST", "/process", json=body) as response:
+                run_id = response.headers["X-Run-Id"]
+                with httpx.Client(base_url=url, headers=bearer(keys.alice)) as other:
+                    cancel = other.post(f"/runs/{run_id}/cancel")
+                events = parse_sse(list(response.iter_lines())).data
+            assert cancel.status_code == 202, cancel.text
+            assert cancel.json()["cancel_requested"] is True
+            assert events[-1]["object"] == "response" and events[-1]["status"] == "canceled"
+            assert _status_when_finished(client, run_id)["status"] == "canceled"
+
+
 def test_every_streamed_event_carries_its_sequence_number_as_its_id(url: str, keys: Keys) -> None:
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         body = {"input": [user_message("go")], "session_id": f"s-{uuid.uuid4().hex[:8]}"}

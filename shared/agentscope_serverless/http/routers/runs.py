@@ -15,7 +15,7 @@ loses the stream resumes with ``Last-Event-ID`` set to the last id it received.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
@@ -70,15 +70,20 @@ def _runs(context: AppContext) -> RunsService:
     return context.runs
 
 
-async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
-    record = await _runs(context).get_run(user_id, run_id)
+async def _found(context: AppContext, read: Callable[[], Awaitable[RunRecord | None]]) -> RunRecord:
+    """The record ``read`` answers, read again after the first write delay when missing."""
+    record = await read()
     if record is None and context.recorder is not None:
         # A run just started (by another process) is stored within its first write delay.
         await asyncio.sleep(context.recorder.first_write_delay)
-        record = await _runs(context).get_run(user_id, run_id)
+        record = await read()
     if record is None:
         raise RunNotFoundError()
     return record
+
+
+async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
+    return await _found(context, lambda: _runs(context).get_run(user_id, run_id))
 
 
 def _position(last_event_id: str | None, after: int | None) -> int:
@@ -137,9 +142,7 @@ async def run_events(
 
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
 async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSONResponse:
-    record = await _runs(context).request_cancel(user_id, run_id)
-    if record is None:
-        raise RunNotFoundError()
+    record = await _found(context, lambda: _runs(context).request_cancel(user_id, run_id))
     if record.finished:
         raise ConflictError(f"the run has already ended ({record.status})")
     if context.recorder is not None:
