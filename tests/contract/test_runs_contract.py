@@ -33,6 +33,23 @@ async def test_events_are_read_back_in_order_after_a_position(
         }
 
 
+async def test_a_position_before_the_first_event_or_past_any_reads_all_or_none(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="appended", user_id=user_id))
+        await runs.append_events(user_id, "appended", [_event(0), _event(1)])
+        await runs.finish_run(user_id, "appended", "completed")
+        whole = RunRecord(id="whole", user_id=user_id, status="completed")
+        await runs.record(whole, [_event(0), _event(1)], create=True, finish=True)
+        for run_id in ("appended", "whole"):
+            for after in (-2, -(2**70)):
+                assert [s for s, _ in await runs.read_events(user_id, run_id, after)] == [0, 1]
+            for after in (2**63 - 1, 2**64, 10**30):
+                assert await runs.read_events(user_id, run_id, after) == []
+                assert [s async for s, _ in runs.follow(user_id, run_id, after)] == []
+
+
 async def test_an_event_appended_twice_is_stored_once(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

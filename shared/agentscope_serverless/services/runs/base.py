@@ -41,6 +41,8 @@ RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
 # A run is in progress until it ends with one of these.
 FINISHED = frozenset({"completed", "failed", "canceled"})
 MAX_RUN_ID_LENGTH = 256
+# No run numbers an event above this: a read after it finds nothing, on every store.
+MAX_SEQUENCE = 2**63 - 1
 DEFAULT_POLL_SECONDS = 0.25
 
 StoredEvent = tuple[int, str]
@@ -241,10 +243,11 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def read_events(
         self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
     ) -> list[StoredEvent]:
-        """The stored events with a sequence number above ``after``, in order."""
+        """The stored events with a sequence number above ``after``, in order (``after``
+        below -1 reads them all, above :data:`MAX_SEQUENCE` none)."""
         self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
-        return await self._read(user_id, run_id, after, limit)
+        return await self._read(user_id, run_id, min(max(after, -1), MAX_SEQUENCE), limit)
 
     async def follow(
         self, user_id: str, run_id: str, after: int = -1
@@ -305,6 +308,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
 __all__ = [
     "DEFAULT_POLL_SECONDS",
     "FINISHED",
+    "MAX_SEQUENCE",
     "RunBurst",
     "RunKind",
     "RunRecord",
