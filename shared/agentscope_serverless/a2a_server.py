@@ -186,7 +186,10 @@ class RunsTaskStore(TaskStore):
             await self.runs.save_run(record.model_copy(update={"status": status, "result": stored}))
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
-        record = await self.runs.get_run(owner_of(context), task_id)
+        try:
+            record = await self.runs.get_run(owner_of(context), task_id)
+        except InvalidInputError:
+            return None  # an id no run can have (too long): no such task
         if record is None or record.kind != "a2a_task":
             return None
         task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
@@ -196,7 +199,10 @@ class RunsTaskStore(TaskStore):
         """The tasks of a context (``context_id``); without one, none are listed."""
         if not params.context_id:
             return ListTasksResponse()
-        records = await self.runs.list_runs(owner_of(context), params.context_id)
+        try:
+            records = await self.runs.list_runs(owner_of(context), params.context_id)
+        except InvalidInputError as exc:
+            raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
         tasks = [
             ParseDict(record.result, Task(), ignore_unknown_fields=True)
             for record in records

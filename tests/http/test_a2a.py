@@ -167,6 +167,36 @@ async def test_a_context_id_no_session_can_have_is_invalid_params(
         assert (await http.get("/sessions")).json()["items"] == []
 
 
+async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
+    served: tuple[str, Keys],
+) -> None:
+    url, keys = served
+    long_id = "t" * 300
+    version = {"A2A-Version": "1.0"}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        for method in ("tasks/get", "tasks/cancel"):
+            call = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"id": long_id}}
+            answer = (await http.post("/a2a", json=call)).json()
+            assert answer["error"]["code"] == -32001, answer  # task not found
+        listing = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "ListTasks",
+            "params": {"contextId": "a\x01b"},
+        }
+        answer = (await http.post("/a2a", json=listing, headers=version)).json()
+        assert answer["error"]["code"] == -32602, answer  # invalid params
+        assert "contextId cannot name a session" in answer["error"]["message"]
+        for method, path in (
+            ("GET", f"/a2a/tasks/{long_id}"),
+            ("POST", f"/a2a/tasks/{long_id}:cancel"),
+        ):
+            response = await http.request(method, path, headers=version)
+            assert response.status_code == 404, response.text
+        response = await http.get("/a2a/tasks", params={"contextId": "a\x01b"}, headers=version)
+        assert response.status_code == 400, response.text
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)
