@@ -135,6 +135,26 @@ async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -
         assert stored.status.state == TaskState.TASK_STATE_CANCELED
 
 
+async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:
+    url, keys = served
+    async with _client(url, keys.alice, streaming=True) as client:
+        stream = client.send_message(_message("slowly " + "word " * 20))
+        task_id = None
+        async for event in stream:
+            if event.HasField("artifact_update"):
+                task_id = event.artifact_update.task_id
+                break
+        assert task_id is not None
+        await stream.aclose()
+        async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice)) as http:
+            refused = await http.post(f"/runs/{task_id}/cancel")
+            assert refused.status_code == 409, refused.text
+            assert "CancelTask" in refused.json()["error"]["message"]
+            assert (await http.get(f"/runs/{task_id}")).json()["cancel_requested"] is False
+        canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
+        assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+
+
 async def test_an_a2a_0_3_client_sends_and_streams_a_message(served: tuple[str, Keys]) -> None:
     url, keys = served
     async with httpx.AsyncClient(headers=bearer(keys.alice), timeout=30) as http:

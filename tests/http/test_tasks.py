@@ -104,3 +104,14 @@ def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:
         too_long = client.get(f"/tasks/{'t' * 257}", headers=bearer(keys.alice))
         assert too_long.status_code == 422
         assert too_long.json()["error"]["fields"][0]["loc"] == ["path", "task_id"]
+
+
+def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled(server: tuple[str, Keys]) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/sum", json={"numbers": [1, 2]}).json()["task_id"]
+        refused = client.post(f"/runs/{task_id}/cancel")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["message"] == "a background task cannot be cancelled"
+        assert client.get(f"/runs/{task_id}").json()["cancel_requested"] is False
+        assert _wait_for(client, task_id)["status"] == "completed"

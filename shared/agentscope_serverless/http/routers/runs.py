@@ -6,7 +6,8 @@
 | ``GET /runs/{run_id}`` | a run's status (404 when missing or another user's) |
 | ``GET /runs/{run_id}/events`` | the run's events as SSE: those stored after ``Last-Event-ID`` |
 |  | (or ``?after=``), then the new ones live, until the run ends |
-| ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended) |
+| ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended, |
+|  | or is a background task or an A2A task) |
 
 Each event is sent as ``id: <sequence_number>`` and ``data: <event JSON>``, so a client that
 loses the stream resumes with ``Last-Event-ID`` set to the last id it received.
@@ -142,6 +143,13 @@ async def run_events(
 
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
 async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSONResponse:
+    # Only a run of the agent watches for its cancellation: a background task, or the
+    # record of an A2A task, would be marked and go on.
+    kind = (await _record(context, user_id, run_id)).kind
+    if kind == "task":
+        raise ConflictError("a background task cannot be cancelled")
+    if kind == "a2a_task":
+        raise ConflictError("an A2A task is cancelled with A2A's CancelTask")
     record = await _found(context, lambda: _runs(context).request_cancel(user_id, run_id))
     if record.finished:
         raise ConflictError(f"the run has already ended ({record.status})")
