@@ -4,7 +4,7 @@ its task store is our runs store.
 - :class:`RunsAgentExecutor` turns an A2A message into a recorded run of the agent (kind
   ``a2a``; the session is the A2A ``context_id``) and its events into A2A task events: the
   reply's text pieces as chunks of one artifact, then the final status (completed, failed
-  or canceled). Cancelling the A2A task cancels the run.
+  or canceled). Cancelling the A2A task, through any process, cancels the run.
 - :class:`RunsTaskStore` keeps A2A tasks in the runs store (kind ``a2a_task``), per user
   (the owner is the authenticated user), so any process can answer ``GetTask``.
 - :func:`agent_card` describes the app (name, description, skills) with its interfaces
@@ -43,7 +43,7 @@ from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.errors import InvalidInputError
-from agentscope_serverless.recorder import RecordedRun, RunRecorder
+from agentscope_serverless.recorder import FIRST_WRITE_DELAY, RecordedRun, RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -58,6 +58,8 @@ from agentscope_serverless.services.runs.base import RunRecord, RunsService
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
+# The key of a task's metadata holding the id of its run.
+RUN_ID_KEY = "run_id"
 TERMINAL = {
     TaskState.TASK_STATE_COMPLETED: "completed",
     TaskState.TASK_STATE_FAILED: "failed",
@@ -107,7 +109,10 @@ class RunsAgentExecutor(AgentExecutor):
         )
         self._runs[task_id] = run
         try:
-            await updater.start_work()
+            # The task names its run, so a cancel reaching another process can find it.
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING, metadata={RUN_ID_KEY: run.run_id}
+            )
             await self._relay(run, updater)
         except asyncio.CancelledError:
             run.cancel()
@@ -125,7 +130,7 @@ class RunsAgentExecutor(AgentExecutor):
                     [Part(text=event.text)],
                     artifact_id=artifact_id,
                     name="reply",
-                    metadata={"run_id": run.run_id},
+                    metadata={RUN_ID_KEY: run.run_id},
                     append=not first,
                     last_chunk=False,
                 )
@@ -163,8 +168,9 @@ class RunsAgentExecutor(AgentExecutor):
 class RunsTaskStore(TaskStore):
     """A2A tasks in the runs store, one record per task, scoped to the calling user."""
 
-    def __init__(self, runs: RunsService) -> None:
+    def __init__(self, runs: RunsService, *, first_write_delay: float = FIRST_WRITE_DELAY) -> None:
         self.runs = runs
+        self.first_write_delay = first_write_delay
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         user_id = owner_of(context)
@@ -184,6 +190,19 @@ class RunsTaskStore(TaskStore):
             )
         else:
             await self.runs.save_run(record.model_copy(update={"status": status, "result": stored}))
+        if task.status.state == TaskState.TASK_STATE_CANCELED:
+            await self._cancel_run(user_id, task)
+
+    async def _cancel_run(self, user_id: str, task: Task) -> None:
+        """Mark the run of a canceled task: canceled by another process than the one running
+        it, the run stops when that process reads the mark."""
+        run_id = task.metadata.fields.get(RUN_ID_KEY)
+        if run_id is None or not run_id.string_value:
+            return
+        if await self.runs.request_cancel(user_id, run_id.string_value) is None:
+            # A run just started is stored within its first write delay.
+            await asyncio.sleep(self.first_write_delay)
+            await self.runs.request_cancel(user_id, run_id.string_value)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         try:

@@ -30,6 +30,7 @@ from google.protobuf.json_format import ParseDict
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -133,6 +134,57 @@ async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -
         assert context_id in cleanups, "the handler's cleanup ran"
         stored = await client.get_task(GetTaskRequest(id=task_id))
         assert stored.status.state == TaskState.TASK_STATE_CANCELED
+
+
+@pytest.fixture(scope="module")
+def two_servers(redis_server: RedisServer) -> Iterator[tuple[str, str, Keys]]:
+    """Two servers of the agent sharing their stores on Redis, as two Lambda instances do."""
+    keys = Keys.make()
+    settings = load_settings(
+        session_history_backend="redis",
+        memory_backend="redis",
+        state_backend="redis",
+        redis_url=redis_server.url,
+    )
+    with (
+        running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as first,
+        running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as second,
+    ):
+        yield first, second, keys
+
+
+async def test_a_task_cancelled_through_another_server_stops_its_run(
+    two_servers: tuple[str, str, Keys],
+) -> None:
+    first, second, keys = two_servers
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with (
+        _client(first, keys.alice, streaming=True) as running_client,
+        _client(second, keys.alice, streaming=False) as other_client,
+    ):
+        stream = running_client.send_message(
+            _message("slowly " + "word " * 20, context_id=context_id)
+        )
+        task_id, states = None, []
+        async for event in stream:
+            if event.HasField("artifact_update") and task_id is None:
+                task_id = event.artifact_update.task_id
+                canceled = await other_client.cancel_task(CancelTaskRequest(id=task_id))
+                assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            elif event.HasField("status_update"):
+                states.append(event.status_update.status.state)
+        assert task_id is not None
+        assert states[-1] == TaskState.TASK_STATE_CANCELED
+        assert context_id in cleanups, "the handler's cleanup ran"
+        stored = await other_client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == TaskState.TASK_STATE_CANCELED
+        assert len(get_artifact_text(stored.artifacts[0]).split()) < 21
+    async with httpx.AsyncClient(base_url=second, headers=bearer(keys.alice)) as http:
+        runs = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
+        assert {(run["kind"], run["status"]) for run in runs} == {
+            ("a2a", "canceled"),
+            ("a2a_task", "canceled"),
+        }
 
 
 async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:

@@ -83,7 +83,7 @@ def build(context: AppContext) -> tuple[DefaultRequestHandler, Router]:
     base_card = agent_card(agent_app.app_name, agent_app.app_description, "http://localhost")
     handler = DefaultRequestHandler(
         agent_executor=RunsAgentExecutor(context.require_runner(), recorder),
-        task_store=RunsTaskStore(context.runs),
+        task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),
         agent_card=base_card,
     )
     builder = _ContextBuilder()
