@@ -11,7 +11,9 @@ drives it in a task of its own, so the run is independent of the request that st
   :meth:`~agentscope_serverless.services.runs.base.RunsService.record`: the first also
   creates the run and the last also saves its final status. The first write waits until
   the run ends or ``first_write_delay`` seconds have passed, so a run of a fast agent
-  costs one write (one Redis round trip), and any run is in the store that soon;
+  costs one write (one Redis round trip), and any run is in the store that soon. A write
+  that fails is made again with the next one (the last, saving the status, is tried
+  ``LAST_WRITE_ATTEMPTS`` times), so a store failing for a moment loses none of the run;
 - a run that completes within its first write delay is stored with its turn's history: the
   runner hands its turn's end to the recorder (:func:`~agentscope_serverless.runner.
   end_turns_with`), which appends the messages to the session and stores the whole run,
@@ -66,6 +68,8 @@ EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
 # How long a run's first write waits for more of the run (seconds).
 FIRST_WRITE_DELAY = 0.05
+# How many times the write saving a run's final status is tried.
+LAST_WRITE_ATTEMPTS = 3
 
 
 class RecordedRun:
@@ -242,9 +246,7 @@ class RecordedRun:
         if self._write_timer is not None:
             self._write_timer.cancel()
         try:
-            await self._write_burst(finish=True)
-        except Exception:
-            logger.exception("could not store the run", extra={"run_id": self.run_id})
+            await self._write_last()
         finally:
             self._stored()
 
@@ -257,33 +259,47 @@ class RecordedRun:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _write(self) -> None:
-        """Store the events not yet written, in bursts; the last burst saves the status."""
+        """Store the events not yet written, in bursts; the last burst saves the status. A
+        burst that fails is written again with the next one."""
         try:
-            while True:
+            while not self._produced:
                 self._to_write.clear()
-                finished = self._produced
-                await self._write_burst(finish=finished)
-                if finished:
-                    break
-                await self._to_write.wait()
-        except Exception:
-            logger.exception("could not store the run", extra={"run_id": self.run_id})
+                try:
+                    await self._write_burst(finish=False)
+                except Exception:
+                    logger.exception("could not store the run", extra={"run_id": self.run_id})
+                if not self._produced:
+                    await self._to_write.wait()
+            await self._write_last()
         finally:
             self._stored()
 
+    async def _write_last(self) -> None:
+        """The run's last write (its final status), tried again after a failure."""
+        assert self._runs is not None
+        for attempt in range(LAST_WRITE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self._runs.poll_seconds)
+            try:
+                await self._write_burst(finish=True)
+                return
+            except Exception:
+                logger.exception("could not store the run", extra={"run_id": self.run_id})
+
     async def _write_burst(self, *, finish: bool) -> None:
-        """One write: the events not written yet (and, the first time, the run's creation;
-        with ``finish``, its final status)."""
+        """One write: the events not written yet (and, until a write succeeded, the run's
+        creation; with ``finish``, its final status). A failed write changes nothing here:
+        writing the same events again stores them once."""
         assert self._runs is not None and self._record is not None
         end = len(self._log)
         burst = [(e.sequence_number or 0, data) for e, data in self._log[self._written : end]]
-        self._written = end
         record = self._record
         if finish:  # the last write: the record is saved as final
             record.status = self.status if self._ended() else RunStatus.Failed
             record.updated_at = time.time()
-        create, self._created = not self._created, True
-        if await self._runs.record(record, burst, create=create, finish=finish):
+        requested = await self._runs.record(record, burst, create=not self._created, finish=finish)
+        self._written, self._created = end, True
+        if requested:
             self.cancel()
 
     def _stored(self) -> None:

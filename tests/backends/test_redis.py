@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -11,15 +12,20 @@ from redis.crc import key_slot
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.recorder import RunRecorder
+from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services import _stored
 from agentscope_serverless.services._redis import escape, user_key_prefix
 from agentscope_serverless.services.agent_state.redis import RedisStateService
+from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord
 from agentscope_serverless.services.runs.redis import RedisRunsService
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
+from agentscope_serverless.settings import load_settings
 
 
 def msg(text: str) -> Message:
@@ -404,3 +410,80 @@ async def test_a_password_that_ends_the_address_early_is_refused_without_showing
     message = str(raised.value)
     assert "REDIS_URL" in message and "percent-encode" in message
     assert "Wq7z" not in message and "Pa55" not in message
+
+
+async def _refusing_writes(url: str, refuse: bool) -> None:
+    """Make ``url``'s Redis refuse every write (out of memory), or accept them again."""
+    client = Redis.from_url(url)
+    try:
+        await client.config_set("maxmemory", 1 if refuse else 0)
+    finally:
+        await client.aclose()
+
+
+async def _refused_writes(url: str) -> int:
+    client = Redis.from_url(url)
+    try:
+        return int((await client.info("errorstats")).get("errorstat_OOM", {}).get("count", 0))
+    finally:
+        await client.aclose()
+
+
+async def test_run_events_redis_refuses_fail_the_write_instead_of_being_dropped(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    events = [(sequence, f'{{"n":{sequence}}}') for sequence in range(4)]
+    async with RedisRunsService(redis_url=own_redis_server.url) as runs:
+        record = RunRecord(id="r1", user_id=user_id)
+        await runs.record(record, events[:2], create=True)
+        await _refusing_writes(own_redis_server.url, True)
+        try:
+            with pytest.raises(StoreUnavailableError):
+                await runs.append_events(user_id, "r1", events[2:])
+            with pytest.raises(StoreUnavailableError):
+                await runs.record(record, events[2:])
+        finally:
+            await _refusing_writes(own_redis_server.url, False)
+        assert await runs.read_events(user_id, "r1") == events[:2]
+        await runs.record(record, events[2:])
+        assert await runs.read_events(user_id, "r1") == events
+
+
+async def test_a_run_write_redis_refuses_is_made_again_with_the_next_one(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    go_on = asyncio.Event()
+
+    async def handler(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "one "
+        await go_on.wait()
+        for word in ("two ", "three ", "four"):
+            yield word
+
+    runs = RedisRunsService(redis_url=own_redis_server.url)
+    history = InMemorySessionHistoryService()
+    runner = Runner(handler, services=Services(session_history=history), settings=load_settings())
+    async with runs, history, runner:
+        recorder = RunRecorder(runs)
+        request = {"input": [{"role": "user", "content": "go"}]}
+        run = await recorder.start(runner.stream_query(request), user_id=user_id)
+        for _ in range(500):  # until its first write is made
+            if await runs.get_run(user_id, run.run_id) is not None:
+                break
+            await asyncio.sleep(0.01)
+        await _refusing_writes(own_redis_server.url, True)
+        try:
+            go_on.set()
+            for _ in range(500):  # until a write of its next events is refused
+                if await _refused_writes(own_redis_server.url):
+                    break
+                await asyncio.sleep(0.01)
+            assert await _refused_writes(own_redis_server.url)
+        finally:
+            await _refusing_writes(own_redis_server.url, False)
+        final = await run.final()
+        assert final.status == "completed"
+        stored = await runs.get_run(user_id, run.run_id)
+        assert stored is not None and stored.status == "completed"
+        events = await runs.read_events(user_id, run.run_id)
+        assert [sequence for sequence, _ in events] == list(range(final.sequence_number + 1))

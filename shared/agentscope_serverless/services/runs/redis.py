@@ -64,12 +64,19 @@ return 1
 
 # Appends ``count`` events to the stream ``key`` from ARGV[at...]: pairs of a sequence number
 # and the event's JSON, which are an entry's fields as they stand. An entry per 500 events
-# (a Lua stack holds a few thousand values), its id after the last of them.
+# (a Lua stack holds a few thousand values), its id after the last of them. An entry whose
+# id is taken was added by an earlier write; any other refusal (out of memory...) fails
+# the write.
 _LUA_ADD_EVENTS = """
 local function add_events(key, at, count)
   for first = 0, count - 1, 500 do
     local from, to = at + 2 * first, at + 2 * math.min(first + 499, count - 1) + 1
-    redis.pcall('XADD', key, '0-' .. (tonumber(ARGV[to - 1]) + 1), unpack(ARGV, from, to))
+    local added = redis.pcall('XADD', key, '0-' .. (tonumber(ARGV[to - 1]) + 1),
+      unpack(ARGV, from, to))
+    if type(added) == 'table' and added.err
+        and not string.find(added.err, 'equal or smaller', 1, true) then
+      error(added)
+    end
   end
 end
 """
