@@ -14,9 +14,12 @@ from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._dynamodb import id_hash, now
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
+from agentscope_serverless.services.runs.base import RunRecord
+from agentscope_serverless.services.runs.dynamodb import DynamoDBRunsService
 from agentscope_serverless.services.session_history.dynamodb import (
     DynamoDBSessionHistoryService,
 )
+from agentscope_serverless.tasks import TaskDefinition, run_task
 
 # Multi-byte characters make sure bodies are split between characters, never inside one.
 ONE_MEGABYTE_TEXT = ("héllo wörld ✓ 𝄞 " * 60_000)[:1_000_000]
@@ -409,3 +412,30 @@ async def test_a_stopped_dynamodb_makes_calls_fail_and_a_restarted_one_works_aga
         await history.append_message(Session(id="s1", user_id=user_id), msg("back"))
         assert texts(await history.get_session(user_id, "s1")) == ["back"]
         assert await state.save_state(user_id, {"v": 1}) == 1
+
+
+async def test_a_task_result_larger_than_an_item_is_stored_whole(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async def report(payload: Any) -> str:
+        return ONE_MEGABYTE_TEXT
+
+    runs = DynamoDBRunsService(
+        dynamodb_server.runs_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+    async with runs:
+        task = TaskDefinition(path="/jobs/report", function=report)
+        await runs.create_run(RunRecord(id="t1", user_id=user_id, kind="task", name=task.path))
+        await run_task(runs, task, user_id, "t1", {})
+        stored = await runs.get_run(user_id, "t1")
+        assert stored is not None and stored.status == "completed"
+        assert stored.result == ONE_MEGABYTE_TEXT
+        pk = f"RUN#{id_hash(user_id)}#{id_hash('t1')}"
+        items = await partition(dynamodb_client, dynamodb_server.runs_table, pk)
+        assert len(items) >= 3 and all(len(str(item).encode()) < 400_000 for item in items)
+        await runs.save_run(stored.model_copy(update={"result": "short"}))
+        items = await partition(dynamodb_client, dynamodb_server.runs_table, pk)
+        assert [item["sk"]["S"] for item in items] == ["META"]  # the old parts are gone

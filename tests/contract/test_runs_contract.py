@@ -71,6 +71,26 @@ async def test_a_large_event_is_stored_whole(
         assert [s for s, _ in events] == [0, 1] and json.loads(events[0][1])["text"] == big
 
 
+async def test_a_record_larger_than_a_store_item_is_kept_whole(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    big = {"report": "ü" * 600_000}  # 1.2 MB of UTF-8: more than a DynamoDB item
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="t1", user_id=user_id, session_id="s1", kind="task"))
+        await runs.request_cancel(user_id, "t1")
+        await runs.finish_run(user_id, "t1", "completed", result=big)
+        stored = await runs.get_run(user_id, "t1")
+        assert stored is not None and stored.result == big and stored.cancel_requested
+        await runs.save_run(stored.model_copy(update={"result": "small"}))
+        assert (await runs.get_run(user_id, "t1")).result == "small"  # type: ignore[union-attr]
+        await runs.save_run(stored.model_copy(update={"result": big, "status": "failed"}))
+        [listed] = await runs.list_runs(user_id, "s1")
+        assert listed.result == big and listed.status == "failed"
+        whole = RunRecord(id="a1", user_id=user_id, kind="a2a_task", result=big)
+        await runs.record(whole, [_event(0)], create=True)
+        assert (await runs.get_run(user_id, "a1")).result == big  # type: ignore[union-attr]
+
+
 async def test_a_run_finishes_with_its_status_and_a_tasks_result_or_error(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

@@ -6,7 +6,10 @@ SHA-256 of the user, run and session ids:
 =================  ==========================  ===========================================
 pk                 sk                          attributes
 =================  ==========================  ===========================================
-``RUN#U#R``        ``META``                    ``record`` (JSON), ``cancel``, ``expires_at``
+``RUN#U#R``        ``META``                    ``record`` (JSON; a large one: its head,
+                                               with ``parts`` and ``version``), ``cancel``,
+                                               ``expires_at``
+``RUN#U#R``        ``META#<version>#<part>``   the rest of a large record (``body``)
 ``RUN#U#R``        ``E#<sequence:012d>``       ``body`` (event JSON; large ones: head plus
                                                tail items), ``expires_at``
 ``RUNS#U#S``       ``<created ms:015d>#R``     ``run_id``, ``expires_at``
@@ -30,7 +33,9 @@ from agentscope_serverless.services._dynamodb import (
     is_live,
     n,
     now,
+    number,
     s,
+    tail_keys,
 )
 from agentscope_serverless.services._dynamodb import (
     body_items as _body_items,
@@ -39,6 +44,7 @@ from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 _EVENT_PREFIX = "E#"
+_META = "META"
 
 
 def _event_key(sequence: int) -> str:
@@ -86,12 +92,22 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return {"expires_at": n(now() + self._ttl)} if self._ttl else {}
 
     def _meta_key(self, user_id: str, run_id: str) -> Item:
-        return {"pk": s(self._pk(user_id, run_id)), "sk": s("META")}
+        return {"pk": s(self._pk(user_id, run_id)), "sk": s(_META)}
 
-    def _record_items(self, record: RunRecord) -> list[Item]:
-        """The run's META item and, with a session, its entry in the session's index."""
+    def _meta_items(self, record: RunRecord) -> tuple[list[Item], Item]:
+        """The items holding the rest of a large record (none for most), and its META item
+        (without the cancellation mark)."""
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
-        meta = {**self._meta_key(record.user_id, record.id), "record": s(stored), **self._expiry()}
+        tails, meta = _body_items(
+            self._pk(record.user_id, record.id), _META, stored, self._expiry()
+        )
+        meta["record"] = meta.pop("body")
+        return tails, meta
+
+    def _record_items(self, record: RunRecord) -> tuple[list[Item], list[Item]]:
+        """The items holding the rest of a large record, then the run's META item and, with
+        a session, its entry in the session's index (written once the first are)."""
+        tails, meta = self._meta_items(record)
         items = [meta]
         if record.session_id is not None:
             created = int(record.created_at * 1000)
@@ -102,7 +118,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 **self._expiry(),
             }
             items.append(index)
-        return items
+        return tails, items
 
     def _event_items(self, user_id: str, run_id: str, events: list[StoredEvent]) -> list[Item]:
         pk = self._pk(user_id, run_id)
@@ -113,7 +129,9 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return items
 
     async def _create(self, record: RunRecord) -> None:
-        await self._store.put(self._record_items(record))
+        tails, items = self._record_items(record)
+        await self._store.put(tails)
+        await self._store.put(items)
 
     async def _record(
         self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
@@ -121,26 +139,34 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         if not create:
             return await super()._record(record, events, create, finish)
         items = self._event_items(record.user_id, record.id, events)
+        tails, record_items = self._record_items(record)
         if finish:
             # The events land before the finished record: a reader who sees the run
             # finished finds all of its events.
-            await self._store.put(items)
-            await self._store.put(self._record_items(record))
+            await self._store.put([*tails, *items])
+            await self._store.put(record_items)
         else:
-            await self._store.put([*self._record_items(record), *items])
+            await self._store.put(tails)
+            await self._store.put([*record_items, *items])
         return None
 
     async def _save(self, record: RunRecord) -> None:
-        stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
-        values: Item = {":record": s(stored)}
+        tails, meta = self._meta_items(record)
+        values: Item = {":record": meta["record"]}
         update = "SET #r = :record"
-        names = {"#r": "record", "#pk": "pk"}
+        names = {"#r": "record", "#pk": "pk", "#p": "parts", "#v": "version"}
+        if tails:
+            update += ", #p = :parts, #v = :version"
+            values |= {":parts": meta["parts"], ":version": meta["version"]}
         if self._ttl:
             update += ", #e = :expires"
             values[":expires"] = n(now() + self._ttl)
             names["#e"] = "expires_at"
+        if not tails:
+            update += " REMOVE #p, #v"
+        await self._store.put(tails)
         try:
-            await self._store.run(
+            response = await self._store.run(
                 "update_item",
                 idempotent=True,
                 Key=self._meta_key(record.user_id, record.id),
@@ -148,9 +174,14 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 ConditionExpression="attribute_exists(#pk)",
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
+                ReturnValues="UPDATED_OLD",
             )
         except ConditionFailed:
             return
+        old = response.get("Attributes", {})
+        if old.get("version") not in (None, meta.get("version")):
+            stale = tail_keys({**self._meta_key(record.user_id, record.id), **old})
+            await self._store.delete(stale)
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
         await self._store.put(self._event_items(user_id, run_id, events))
@@ -176,9 +207,32 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         item = response.get("Item")
         if item is None or not is_live(item, now()):
             return None
-        record = RunRecord.model_validate_json(item["record"]["S"])
+        stored = item["record"]["S"]
+        if "parts" in item:
+            rest = await self._record_rest(item)
+            if rest is None:  # rewritten meanwhile: read the new one
+                return await self._load(user_id, run_id)
+            stored += rest
+        record = RunRecord.model_validate_json(stored)
         record.cancel_requested = bool(item.get("cancel", {}).get("BOOL"))
         return record
+
+    async def _record_rest(self, meta: Item) -> str | None:
+        """The rest of a large record, or None when its parts are gone (replaced)."""
+        first = f"{_META}#{meta['version']['S']}#"
+        parts = [
+            item["body"]["S"]
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                ExpressionAttributeValues={
+                    ":pk": meta["pk"],
+                    ":low": s(first),
+                    ":high": s(f"{first}~"),
+                },
+                ConsistentRead=True,
+            )
+        ]
+        return "".join(parts) if len(parts) == number(meta, "parts", 1) - 1 else None
 
     async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
         at = now()
