@@ -69,6 +69,24 @@ def test_cancel_on_disconnect_cancels_the_run_when_the_client_leaves(url: str, k
         assert client.get(f"/state/{session_id}").json()["state"] == {"cleanup": True}
 
 
+def test_cancel_on_disconnect_cancels_a_run_not_streamed_when_the_client_leaves(
+    url: str, keys: Keys
+) -> None:
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    body = {
+        "input": [user_message("go")],
+        "session_id": session_id,
+        "stream": False,
+        "cancel_on_disconnect": True,
+    }
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        with pytest.raises(httpx.ReadTimeout):  # the client leaves before the answer
+            client.post("/process", json=body, timeout=1)
+        [run] = client.get("/runs", params={"session_id": session_id}).json()["items"]
+        assert _status_when_finished(client, run["id"])["status"] == "canceled"
+        assert client.get(f"/state/{session_id}").json()["state"] == {"cleanup": True}
+
+
 def test_a_run_cancelled_as_soon_as_its_id_is_known_stops(url: str, keys: Keys) -> None:
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         for _ in range(3):  # the first run of a server may be slow to send its first event

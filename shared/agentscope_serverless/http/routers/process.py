@@ -9,6 +9,7 @@ Server-Sent Events (one ``data: <event JSON>`` per event of the run, CONTRACT §
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -41,6 +42,8 @@ RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
 Context = Annotated[AppContext, Depends(get_context)]
+# The status logged for a request whose client left before its answer (nginx's).
+CLIENT_LEFT = 499
 # The request guards, declared on the route itself too so that its direct path (see
 # ``_AgentRoute``) runs exactly what FastAPI would (FastAPI solves a dependency once).
 Guarded = Annotated[None, Depends(guard_request)]
@@ -101,6 +104,28 @@ async def _recorded(
     )
 
 
+async def _final(run: RecordedRun, request: Request) -> AgentResponse | None:
+    """The run's final event, or None when the client left first: a run that ends with its
+    client (``cancel_on_disconnect``, or not stored) is then cancelled."""
+    if not run.cancel_on_disconnect:
+        return await run.final()
+    final = asyncio.ensure_future(run.final())
+    leaving: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            # The body was read: the next message is the client leaving.
+            leaving = asyncio.ensure_future(request.receive())
+            await asyncio.wait((final, leaving), return_when=asyncio.FIRST_COMPLETED)
+            if final.done():
+                return final.result()
+            if leaving.result().get("type") == "http.disconnect":
+                return None
+    finally:
+        if leaving is not None:
+            leaving.cancel()
+        final.cancel()  # when the client left: the run's final() detaches, cancelling it
+
+
 def _failure(response: AgentResponse) -> JSONResponse:
     """The error answer of a chat completion whose run failed or was canceled.
 
@@ -155,7 +180,7 @@ class _AgentRoute(APIRoute):
             if body is None:
                 return await declared(request)
             await guard_request(request, caller, None)
-            response: Response = await endpoint(body, caller, request.app.state.context)
+            response: Response = await endpoint(body, caller, request.app.state.context, request)
             return response
 
         return handle
@@ -179,7 +204,11 @@ def build_router(
     router = APIRouter(tags=["agent"])
 
     async def process(
-        body: AgentRequest, caller: CurrentCaller, context: Context, _: Guarded = None
+        body: AgentRequest,
+        caller: CurrentCaller,
+        context: Context,
+        request: Request,
+        _: Guarded = None,
     ) -> Response:
         user_id = caller.user_id(body.user_id)
         session_id = new_or_clean_session_id(body.session_id)
@@ -190,7 +219,9 @@ def build_router(
         )
         headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
-            final = await recorded.final()
+            final = await _final(recorded, request)
+            if final is None:
+                return Response(status_code=CLIENT_LEFT)
             status = 200 if final.error is None else status_of_code(final.error.code)
             return Response(
                 final.model_dump_json(),
@@ -232,6 +263,7 @@ def build_router(
         body: compat.ChatCompletionRequest,
         caller: CurrentCaller,
         context: Context,
+        request: Request,
         x_session_id: SessionHeader = None,
     ) -> Response:
         run, session_id = _compatible_run(
@@ -248,7 +280,9 @@ def build_router(
         recorded = await _recorded(context, run, kind="openai")
         headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
-            final = await recorded.final()
+            final = await _final(recorded, request)
+            if final is None:
+                return Response(status_code=CLIENT_LEFT)
             if final.status != RunStatus.Completed:
                 return _failure(final)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
@@ -267,6 +301,7 @@ def build_router(
         body: compat.ResponsesRequest,
         caller: CurrentCaller,
         context: Context,
+        request: Request,
         x_session_id: SessionHeader = None,
     ) -> Response:
         run, session_id = _compatible_run(
@@ -287,7 +322,9 @@ def build_router(
         headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
             # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
-            final = await recorded.final()
+            final = await _final(recorded, request)
+            if final is None:
+                return Response(status_code=CLIENT_LEFT)
             payload = compat.responses_object(final, model=body.model, session_id=session_id)
             return JSONResponse(payload, headers=headers)
         events = recorded.events()
