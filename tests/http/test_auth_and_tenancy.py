@@ -5,12 +5,16 @@ from __future__ import annotations
 import urllib.parse
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.http import Keys, user_message
+from agentscope_serverless.auth import FileKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, issue_key, running, user_message
 
 S = "shared-name"
 
@@ -288,3 +292,18 @@ def test_there_are_no_admin_routes(
     client_for: Callable[..., httpx.Client], keys: Keys, method: str, path: str
 ) -> None:
     assert client_for(keys.alice).request(method, path).status_code in (404, 405)
+
+
+def test_a_broken_key_file_is_a_503_that_does_not_say_where_it_lives(tmp_path: Path) -> None:
+    path = tmp_path / "secret-place" / "keys.json"
+    key = issue_key(FileKeyStore(path), "alice")
+    path.write_text(path.read_text()[:100])  # cut short, as by an editor saving in place
+    app = create_app(["sessions"], settings=load_settings(), key_store=FileKeyStore(path))
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(key)) as client:
+        response = client.get("/sessions")
+        health = client.get("/health")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "STORE_UNAVAILABLE"
+    assert health.json()["services"]["auth_keys"] is False
+    for answer in (response, health):
+        assert "secret-place" not in answer.text and str(tmp_path) not in answer.text

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.keys import KeyRecord
 from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.log import logger
 
 FILE_VERSION = 1
 
@@ -85,7 +86,7 @@ class FileKeyStore(KeyStore):
             self._records, self._stamp = {}, None
             return self._records
         except OSError as exc:
-            raise StoreUnavailableError("key file", f"cannot read {self.path}: {exc}") from None
+            raise self._unavailable("it cannot be read", exc) from None
         stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
         if stamp != self._stamp:
             self._records = self._read()
@@ -96,11 +97,18 @@ class FileKeyStore(KeyStore):
         try:
             data = json.loads(self.path.read_bytes())
             records = [KeyRecord.model_validate(item) for item in data["keys"]]
-        except (OSError, ValueError, KeyError, TypeError, ValidationError):
-            raise StoreUnavailableError(
-                "key file", f"{self.path} is not a readable key file"
-            ) from None
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+            raise self._unavailable("it is not a readable key file", exc) from None
         return {record.key_id: record for record in records}
+
+    def _unavailable(self, failure: str, exc: Exception) -> StoreUnavailableError:
+        # The answer a caller gets says what failed, never where the file lives; the log
+        # line, for whoever runs the server, says both.
+        logger.warning(
+            "key file unreadable",
+            extra={"path": str(self.path), "error": f"{type(exc).__name__}: {exc}"[:500]},
+        )
+        return StoreUnavailableError("key file", failure)
 
     def _update(
         self, change: Callable[[dict[str, KeyRecord]], KeyRecord | None]
