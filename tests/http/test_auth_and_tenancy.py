@@ -102,6 +102,18 @@ def test_a_wrong_key_gets_401(
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_two_authorization_headers_get_401(
+    client_for: Callable[..., httpx.Client], keys: Keys, route: Any
+) -> None:
+    # Servers take the first, proxies may take the last: no key acts when two are sent.
+    for first, second in ((keys.alice, keys.bob), (keys.bob, keys.bob)):
+        headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+        response = call(client_for(None), route, headers=headers)
+        assert_unauthenticated(response)
+        assert "more than once" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 def test_a_user_key_naming_another_user_gets_403(
     client_for: Callable[..., httpx.Client], keys: Keys, route: Any
 ) -> None:

@@ -1,10 +1,10 @@
 """Authentication and tenancy: who is calling, and which user they act as.
 
 ``AUTH_MODE=keys`` (the default): every route except ``/health`` needs
-``Authorization: Bearer <key>``. A **user key** acts only as its own user: a request naming
-another user (the ``X-User-Id`` header, a ``user_id`` query parameter or a ``user_id`` body
-field) gets 403. A **service key** acts for the user the request names (``X-User-Id`` or
-``user_id``); naming none is a 422.
+``Authorization: Bearer <key>`` (given once: two ``Authorization`` headers get 401). A
+**user key** acts only as its own user: a request naming another user (the ``X-User-Id``
+header, a ``user_id`` query parameter or a ``user_id`` body field) gets 403. A **service
+key** acts for the user the request names (``X-User-Id`` or ``user_id``); naming none is a 422.
 
 ``AUTH_MODE=iam``: the function sits behind a Lambda Function URL with ``AuthType: AWS_IAM``,
 so AWS has already checked the caller's SigV4 signature. The caller's IAM identity from the
@@ -41,6 +41,7 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.services._validation import require_user_id
 
 USER_HEADER = "X-User-Id"
+AUTHORIZATION_HEADER = "Authorization"
 REQUEST_CONTEXT_HEADER = b"x-amzn-request-context"
 IAM_KEY_ID = "iam"
 # The fields of the Function URL's IAM authorizer that name the caller, best first.
@@ -161,6 +162,9 @@ async def get_caller(
     context: AppContext = request.app.state.context
     if context.settings.auth_mode == "iam":
         principal = Principal(key_id=IAM_KEY_ID, kind="user", user_id=iam_user_id(request.scope))
+    elif request.headers.getlist(AUTHORIZATION_HEADER)[1:]:
+        # Which key would act? Servers take the first, proxies the last or both: refuse.
+        raise AuthenticationError(f"the {AUTHORIZATION_HEADER} header is given more than once")
     elif credentials is None:
         raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
     else:
