@@ -281,6 +281,34 @@ def test_a_service_key_naming_two_users_gets_422(
     assert response.status_code == 422
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/process", {"input": [user_message("My name is Bob")], "stream": False}),
+        (
+            "/compatible-mode/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "My name is Bob"}]},
+        ),
+        ("/compatible-mode/v1/responses", {"model": "m", "input": "My name is Bob"}),
+        ("/sessions", {"session_id": "named-twice"}),
+    ],
+)
+def test_a_body_naming_two_users_gets_422(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, Any]
+) -> None:
+    # /process would act as the user_id, the OpenAI routes as the user: neither acts.
+    service = client_for(keys.service)
+    first, second = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("alice", "bob"))
+    response = service.post(path, json={**body, "user_id": first, "user": second})
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == "the request names more than one user"
+    for user in (first, second):
+        assert service.get("/sessions", headers={"X-User-Id": user}).json()["items"] == []
+    as_first = {"X-User-Id": first}
+    same = service.post(path, json={**body, "user_id": first, "user": first}, headers=as_first)
+    assert same.status_code < 300, same.text
+
+
 def test_health_needs_no_key(client_for: Callable[..., httpx.Client]) -> None:
     response = client_for(None).get("/health")
     assert response.status_code == 200

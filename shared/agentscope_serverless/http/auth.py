@@ -65,14 +65,18 @@ class Caller:
     principal: Principal
     claims: tuple[tuple[str, str], ...] = ()
 
-    def user_id(self, body_user_id: str | None = None) -> str:
+    def user_id(
+        self, body_user_id: str | None = None, *, body: Mapping[str, str] | None = None
+    ) -> str:
         """The user this request acts as, checked against what the key may do.
 
-        ``body_user_id`` is the ``user_id`` the request body names, if any.
+        ``body_user_id`` is the ``user_id`` the request body names, if any; ``body`` maps
+        each body field naming a user (``user_id``, OpenAI's ``user``) to the user it names.
         """
         claims = list(self.claims)
         if body_user_id is not None:
             claims.append(("user_id field", body_user_id))
+        claims.extend((f"{field} field", claimed) for field, claimed in (body or {}).items())
         if self.principal.kind == "user":
             own = self.principal.user_id
             assert own is not None

@@ -5,8 +5,9 @@
   route stores it.
 - **One user per request.** A body ``user_id`` or OpenAI ``user`` field naming another
   user than the key acts for is 403 on every route, whether or not the route's body
-  defines that field (a duplicated ``X-User-Id`` header or ``user_id`` parameter is 422,
-  see :mod:`agentscope_serverless.http.auth`).
+  defines that field; a service key's request whose body names two users (``user_id`` and
+  ``user`` disagreeing) is 422, as is a duplicated ``X-User-Id`` header or ``user_id``
+  parameter (see :mod:`agentscope_serverless.http.auth`).
 - **Retried writes run once**: ``Idempotency-Key``, see
   :mod:`agentscope_serverless.http.idempotency`.
 """
@@ -58,10 +59,11 @@ async def guard_request(
     require_utf8(body, field="body")
     user_id: str | None = None
     if isinstance(body, dict):
-        for name in USER_FIELDS:
-            claimed = body.get(name)
-            if isinstance(claimed, str):
-                user_id = caller.user_id(claimed)
+        # All at once: a body whose user_id and user name two users is refused, as the
+        # routes would disagree on which of them acts.
+        named = {name: body[name] for name in USER_FIELDS if isinstance(body.get(name), str)}
+        if named:
+            user_id = caller.user_id(body=named)
     if idempotency_key is not None and request.method in {"POST", "PUT", "PATCH", "DELETE"}:
         await claim_key(request, user_id or caller.user_id(), idempotency_key)
 
