@@ -273,6 +273,34 @@ async def test_a_revoke_through_the_same_store_takes_effect_at_once(
             await store.authenticate(issued.key)
 
 
+async def test_a_revoke_takes_effect_at_once_even_while_the_key_is_being_read(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key under abuse is being checked when it is revoked: the read that began before
+    # the revoke must not put the unrevoked record back in the cache.
+    table = new_api_keys_table(dynamodb_server)
+    async with dynamodb_key_store(dynamodb_server, table, cache_seconds=300) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+        read, release = asyncio.Event(), asyncio.Event()
+        real_run = store._store.run
+
+        async def held_read(operation: str, **kwargs: Any) -> dict[str, Any]:
+            response = await real_run(operation, **kwargs)
+            if operation == "get_item" and not release.is_set():
+                read.set()
+                await release.wait()
+            return response
+
+        monkeypatch.setattr(store._store, "run", held_read)
+        in_flight = asyncio.create_task(store.authenticate(issued.key))
+        await read.wait()
+        await store.revoke_key(issued.record.key_id)
+        release.set()
+        assert (await in_flight).user_id == "alice"  # it began before the revoke
+        with pytest.raises(AuthenticationError):
+            await store.authenticate(issued.key)
+
+
 async def test_an_unreachable_key_table_is_a_store_failure(
     dynamodb_server: DynamoDBServer,
 ) -> None:

@@ -96,6 +96,9 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
         )
         self.cache_seconds = cache_seconds
         self._cache: OrderedDict[str, tuple[float, KeyRecord]] = OrderedDict()
+        # Counts the revokes made through this object: a read that overlapped one may hold
+        # the record as it was before, so it is not cached.
+        self._revokes = 0
 
     @property
     def table_name(self) -> str:
@@ -112,6 +115,7 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
             self._cache.move_to_end(key_id)
             return cached[1]
         self._cache.pop(key_id, None)
+        revokes = self._revokes
         response = await self._store.run(
             "get_item", idempotent=True, Key={"key_id": s(key_id)}, ConsistentRead=True
         )
@@ -119,7 +123,7 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
         if item is None:
             return None
         record = _record(item)
-        if self.cache_seconds > 0:
+        if self.cache_seconds > 0 and revokes == self._revokes:
             self._cache[key_id] = (time.monotonic() + self.cache_seconds, record)
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -137,7 +141,6 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
             raise ConflictError("a key with this id exists already; create the key again") from None
 
     async def _revoke(self, key_id: str) -> KeyRecord | None:
-        self._cache.pop(key_id, None)
         try:
             response = await self._store.run(
                 "update_item",
@@ -150,6 +153,9 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
             )
         except ConditionFailed:
             return None
+        finally:
+            self._revokes += 1
+            self._cache.pop(key_id, None)
         return _record(response["Attributes"])
 
     async def _list(self) -> list[KeyRecord]:
