@@ -97,6 +97,19 @@ def test_the_same_key_with_another_request_is_a_conflict(client: httpx.Client) -
     assert client.get("/state/s1").json()["state"] == {"v": 1}
 
 
+def test_the_same_key_and_body_with_another_session_header_is_a_conflict(
+    client: httpx.Client,
+) -> None:
+    url = "/compatible-mode/v1/chat/completions"
+    body = {"model": "demo", "messages": [text_message("My name is Alice")]}
+    first = client.post(url, json=body, headers={**keyed("k-s"), "X-Session-Id": "one"})
+    assert first.status_code == 200 and first.headers["X-Session-Id"] == "one"
+    other = client.post(url, json=body, headers={**keyed("k-s"), "X-Session-Id": "two"})
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert client.get("/sessions/two").status_code == 404  # nothing ran
+
+
 def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None:
     url, store = server
     for name in ("first", "second"):

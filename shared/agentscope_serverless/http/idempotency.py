@@ -65,10 +65,16 @@ class Replay(Exception):
         self.response = response
 
 
+# The header that, besides the body, says what a request does (the session of an
+# OpenAI-compatible call): two requests with other values of it are not "the same".
+SESSION_HEADER = "X-Session-Id"
+
+
 def fingerprint(request: Request, body: bytes) -> str:
-    """What makes two requests "the same": method, path, query and body."""
+    """What makes two requests "the same": method, path, query, ``X-Session-Id`` and body."""
     digest = hashlib.sha256()
-    for part in (request.method, request.url.path, request.url.query):
+    session = ",".join(request.headers.getlist(SESSION_HEADER))
+    for part in (request.method, request.url.path, request.url.query, session):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
     digest.update(body)
     return digest.hexdigest()
