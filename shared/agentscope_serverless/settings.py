@@ -12,6 +12,7 @@ which may be a secret).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,8 @@ StateBackend = Literal["in_memory", "redis", "dynamodb"]
 RunsBackend = Literal["in_memory", "redis", "dynamodb", "none"]
 KeyStoreBackend = Literal["in_memory", "file", "dynamodb"]
 AuthMode = Literal["keys", "iam"]
+
+_AGENT_APP_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 
 
 def _environment_values(names: Iterable[str]) -> dict[str, str]:
@@ -170,7 +173,7 @@ class Settings(BaseModel):
 
     agent_app: str = Field(
         "agentscope_serverless.agents.demo:app",
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        pattern=_AGENT_APP_PATTERN,
         description="The AgentApp the process endpoints serve, as an import path module:attribute.",
     )
     agent_memory_top_k: int = Field(
@@ -257,6 +260,21 @@ class Settings(BaseModel):
     llm_timeout_seconds: float = Field(
         60.0, gt=0, description="Timeout of one call to the chat API."
     )
+
+    @field_validator("agent_app", mode="before")
+    @classmethod
+    def _agent_import_path(cls, value: object) -> object:
+        if isinstance(value, str) and not re.fullmatch(_AGENT_APP_PATTERN, value):
+            module, _, attribute = value.partition(":")
+            module = re.sub(r"\.py$", "", module.removeprefix("./")).replace("/", ".")
+            example = f"{module}:{attribute or 'app'}"
+            if not re.fullmatch(_AGENT_APP_PATTERN, example):
+                example = "mypkg.agent:app"
+            raise ValueError(
+                "give the AgentApp as module:attribute, the module's import path (not a file "
+                f"path) and the name of its AgentApp, e.g. {example}"
+            )
+        return value
 
     @field_validator("auth_keys_file")
     @classmethod

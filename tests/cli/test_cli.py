@@ -238,3 +238,35 @@ def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> Non
     for child in children:
         with pytest.raises(ProcessLookupError):
             os.kill(int(child), 0)
+
+
+AGENT_MODULES = {
+    "broken.py": "def query(:\n",
+    "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ("broken:app", "cannot import 'broken': invalid syntax ("),
+        ("helpers:app", "module 'helpers' has no attribute 'app'"),
+        ("helpers:answer", "is a function, not an AgentApp"),
+        ("helpers:nothing", "is None, not an AgentApp"),
+        ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
+        ("agent.py", "e.g. agent:app"),
+    ],
+)
+def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, message: str) -> None:
+    for name, text in AGENT_MODULES.items():
+        (tmp_path / name).write_text(text)
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port()), "--agent", agent],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and "ask_" not in result.stdout

@@ -487,14 +487,31 @@ def load_agent_app(path: str) -> AgentApp:
         raise ConfigurationError(f"AGENT_APP={path!r} must look like 'module:attribute'")
     try:
         found: Any = importlib.import_module(module_name)
+    except SyntaxError as exc:
+        raise ConfigurationError(
+            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc.msg} "
+            f"({exc.filename}, line {exc.lineno})"
+        ) from None
     except ImportError as exc:
         raise ConfigurationError(
             f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}"
         ) from None
+    missing = object()
     for name in attribute.split("."):
-        found = getattr(found, name, None)
+        found = getattr(found, name, missing)
+        if found is missing:
+            raise ConfigurationError(
+                f"AGENT_APP={path!r}: module {module_name!r} has no attribute {attribute!r}"
+            )
     if not isinstance(found, AgentApp):
-        raise ConfigurationError(f"AGENT_APP={path!r} is not an AgentApp")
+        if isinstance(found, type):
+            kind = f"the class {found.__name__}"
+        else:
+            kind = "None" if found is None else f"a {type(found).__name__}"
+        raise ConfigurationError(
+            f"AGENT_APP={path!r} is {kind}, not an AgentApp: name the AgentApp object "
+            "(app in app = AgentApp(...))"
+        )
     return found
 
 
