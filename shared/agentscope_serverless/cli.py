@@ -366,6 +366,7 @@ def invoke(
     api_key = _require_key(key)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
         try:
+            _check_text(session=session, user=user)
             session_id = _stream_reply(client, api_key, message, session, user)
         except CommandError as exc:
             _fail(str(exc))
@@ -383,6 +384,10 @@ def chat(
     import httpx
 
     api_key = _require_key(key)
+    try:
+        _check_text(session=session, user=user)
+    except CommandError as exc:
+        _fail(str(exc))
     console.print(f"Chatting with {url}; type /exit (or Ctrl-D) to leave.", markup=False)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
         while True:
@@ -395,8 +400,9 @@ def chat(
                 break
             if not text:
                 continue
-            console.print("[bold blue]agent>[/bold blue] ", end="")
             try:
+                _check_text(message=text)
+                console.print("[bold blue]agent>[/bold blue] ", end="")
                 session = _stream_reply(client, api_key, text, session, user)
             except CommandError as exc:
                 errors.print(f"[bold red]error:[/bold red] {exc}")
@@ -407,7 +413,24 @@ def chat(
 def _require_key(key: str | None) -> str:
     if not key:
         _fail(f"no API key: pass --key or set {KEY_ENV}")
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        # The key itself is not shown: it may be a real one with a stray character.
+        _fail(
+            "the API key holds characters no key has (a space, a line break or a non-ASCII "
+            "character): give the whole key as printed, ask_<id>_<secret>, and nothing else"
+        )
     return key
+
+
+def _check_text(**values: str | None) -> None:
+    """Refuse a value that is not text (a terminal in another encoding gives such bytes)."""
+    for name, value in values.items():
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise CommandError(
+                f"the {name} is not valid UTF-8 text (is the terminal set to another encoding?)"
+            ) from None
 
 
 def _stream_reply(
@@ -416,6 +439,7 @@ def _stream_reply(
     """Stream one reply to the console; return the session id."""
     import httpx
 
+    _check_text(message=text)
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
@@ -442,6 +466,15 @@ def _stream_reply(
                         raise CommandError(
                             f"the agent failed: {error.get('message')} ({error.get('code')})"
                         )
+    except httpx.UnsupportedProtocol:
+        raise CommandError(
+            f"{client.base_url} is not a URL to talk to: it must start with http:// or https://"
+        ) from None
+    except httpx.ConnectError as exc:
+        raise CommandError(
+            f"cannot connect to {client.base_url} ({exc}): check the URL and that the server "
+            "is running"
+        ) from None
     except httpx.HTTPError as exc:
         raise CommandError(f"cannot talk to {client.base_url}: {type(exc).__name__}") from None
     console.print()

@@ -270,3 +270,54 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
+
+
+def run_cli(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    """The console script as a process on a UTF-8 terminal, its output as text."""
+    result = subprocess.run(
+        [SCRIPT, *args],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONUTF8": "1"},
+        timeout=60,
+    )
+    return subprocess.CompletedProcess(
+        result.args,
+        result.returncode,
+        result.stdout.decode(errors="replace"),
+        result.stderr.decode(errors="replace"),
+    )
+
+
+def test_invoke_and_chat_refuse_bytes_that_are_not_utf8(server: Server) -> None:
+    target = ("--url", server.url, "--key", server.key)
+    for args in ([b"caf\xe9", *target], ["hi", "--session", b"s\xe9", *target]):
+        said = run_cli("invoke", *args)
+        assert said.returncode == 1, said.stderr
+        assert "is not valid UTF-8 text" in said.stderr and "Traceback" not in said.stderr
+    chatted = run_cli("chat", *target, stdin=b"caf\xe9\nhello\n/exit\n")
+    assert chatted.returncode == 0, chatted.stderr
+    assert "the message is not valid UTF-8 text" in chatted.stderr
+    assert "Hello! I am a demo agent" in chatted.stdout
+
+
+@pytest.mark.parametrize("key", ["ask_…", "ask_0123456789abcdef_hush\n", "ask_0 hush"])
+def test_invoke_refuses_a_key_with_stray_characters_without_showing_it(
+    server: Server, key: str
+) -> None:
+    said = run_cli("invoke", "hi", "--url", server.url, "--key", key)
+    assert said.returncode == 1
+    assert "the API key holds characters no key has" in said.stderr
+    assert "Traceback" not in said.stderr and "hush" not in said.stderr
+
+
+def test_invoke_says_why_it_cannot_connect(server: Server) -> None:
+    bare = server.url.removeprefix("http://")
+    no_scheme = run_cli("invoke", "hi", "--url", bare, "--key", server.key)
+    assert no_scheme.returncode == 1
+    assert "must start with http:// or https://" in no_scheme.stderr
+    tls = server.url.replace("http://", "https://")
+    to_plain_http = run_cli("invoke", "hi", "--url", tls, "--key", server.key)
+    assert to_plain_http.returncode == 1
+    assert f"cannot connect to {tls} (" in to_plain_http.stderr
+    assert "SSL" in to_plain_http.stderr
