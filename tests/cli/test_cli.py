@@ -321,3 +321,24 @@ def test_invoke_says_why_it_cannot_connect(server: Server) -> None:
     assert to_plain_http.returncode == 1
     assert f"cannot connect to {tls} (" in to_plain_http.stderr
     assert "SSL" in to_plain_http.stderr
+
+
+def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
+    unset = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"}
+    env = {name: value for name, value in os.environ.items() if name not in unset}
+    env.update(
+        HOME=str(tmp_path),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    result = subprocess.run(
+        [SCRIPT, "keys", "list", "--table", "my-agent-ApiKeysTable"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "error: dynamodb is unavailable: no AWS credentials were found" in result.stderr
+    assert "connection failed" not in result.stderr

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ReadTimeoutError
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE
@@ -323,6 +323,13 @@ class DynamoDBStore:
                 # The code only: a message may carry the endpoint or an emulator's HTML page.
                 failure = _CODE.sub("", str(code))[:64] or "the request failed"
                 detail = f"{code}: {error.get('Message', '')}"
+            except NoCredentialsError as exc:
+                retry = False
+                failure = (
+                    "no AWS credentials were found (set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY)"
+                )
+                detail = f"{type(exc).__name__}: {exc}"
             except (TimeoutError, BotoCoreError, OSError) as exc:
                 retry = idempotent
                 timed_out = isinstance(exc, TimeoutError | ReadTimeoutError)
