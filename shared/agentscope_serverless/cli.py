@@ -320,9 +320,13 @@ def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev
         markup=False,
     )
     if dev_key is None:
+        where, option = str(settings.auth_keys_file), ""
+        if settings.auth_keys_backend == "dynamodb":
+            table = settings.auth_keys_table
+            where, option = f"the DynamoDB table {table}", f" --table {shlex.quote(table)}"
         console.print(
-            f"API keys: {settings.auth_keys_file} (make one with: "
-            f"{command_path()} keys create --user alice)",
+            f"API keys: {where} (make one with: "
+            f"{command_path()} keys create --user alice{option})",
             markup=False,
         )
     else:

@@ -342,3 +342,38 @@ def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "error: dynamodb is unavailable: no AWS credentials were found" in result.stderr
     assert "connection failed" not in result.stderr
+
+
+def test_serve_on_a_dynamodb_key_table_names_the_table(tmp_path: Path) -> None:
+    port = free_port()
+    output = tmp_path / "output.txt"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "AUTH_KEYS_BACKEND": "dynamodb",
+        "AUTH_KEYS_TABLE": "my-agent-keys",
+        "AUTH_KEYS_FILE": str(tmp_path / "keys.json"),
+        "DYNAMODB_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--log-level", "warning"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        # The banner comes before the server answers (its health needs the unreachable table).
+        deadline = time.monotonic() + 60
+        while "API keys:" not in output.read_text():
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, "no banner"
+            time.sleep(0.05)
+        banner = output.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    keys_line = next(line for line in banner.splitlines() if line.startswith("API keys:"))
+    assert "the DynamoDB table my-agent-keys" in keys_line
+    assert "keys create --user alice --table my-agent-keys" in keys_line
+    assert "keys.json" not in keys_line
