@@ -176,7 +176,10 @@ def init(
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     console.print(f"[bold green]Created[/bold green] {target}/ with the agent {agent}")
-    console.print(f"cd {target} && agentscope-serverless serve --agent {agent}", markup=False)
+    console.print(
+        f"cd {shlex.quote(str(target))} && agentscope-serverless serve --agent {agent}",
+        markup=False,
+    )
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -325,8 +328,7 @@ def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev
             table = settings.auth_keys_table
             where, option = f"the DynamoDB table {table}", f" --table {shlex.quote(table)}"
         console.print(
-            f"API keys: {where} (make one with: "
-            f"{command_path()} keys create --user alice{option})",
+            f"API keys: {where} (make one with: {command_path()} keys create --user alice{option})",
             markup=False,
         )
     else:

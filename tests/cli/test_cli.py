@@ -377,3 +377,15 @@ def test_serve_on_a_dynamodb_key_table_names_the_table(tmp_path: Path) -> None:
     assert "the DynamoDB table my-agent-keys" in keys_line
     assert "keys create --user alice --table my-agent-keys" in keys_line
     assert "keys.json" not in keys_line
+
+
+def test_init_prints_a_cd_that_works_for_a_name_with_a_space(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [SCRIPT, "init", "my bot"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("cd "))
+    words = shlex.split(printed)
+    assert words[:3] == ["cd", "my bot", "&&"]
+    assert (tmp_path / words[1] / "my_bot" / "agent.py").is_file()
+    assert words[3:] == ["agentscope-serverless", "serve", "--agent", "my_bot.agent:app"]
