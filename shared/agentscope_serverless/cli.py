@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentscope_serverless.deploy_cli import deploy_app
@@ -67,8 +68,9 @@ keys_app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 app.add_typer(deploy_app, name="deploy")
 
-console = Console(soft_wrap=True, highlight=False)
-errors = Console(stderr=True, soft_wrap=True, highlight=False)
+# Text from elsewhere (an agent's reply or error, a user id) is printed as it is: no emoji codes.
+console = Console(soft_wrap=True, highlight=False, emoji=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 UrlOption = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="The server's base URL.")]
 KeyOption = Annotated[
@@ -97,7 +99,7 @@ class CommandError(Exception):
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    errors.print(f"[bold red]error:[/bold red] {message}", markup=True)
+    errors.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True)
     raise typer.Exit(code)
 
 
@@ -175,7 +177,7 @@ def init(
         agent = write_project(target)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
-    console.print(f"[bold green]Created[/bold green] {target}/ with the agent {agent}")
+    console.print(f"[bold green]Created[/bold green] {escape(f'{target}/ with the agent {agent}')}")
     console.print(
         f"cd {shlex.quote(str(target))} && agentscope-serverless serve --agent {agent}",
         markup=False,
@@ -312,7 +314,9 @@ def _serve_reloading(
 def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev_user: str) -> None:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104
     base = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
-    console.print(f"[bold]AgentScope Serverless[/bold] on {base}  (API docs: {base}/docs)")
+    console.print(
+        f"[bold]AgentScope Serverless[/bold] {escape(f'on {base}  (API docs: {base}/docs)')}"
+    )
     if settings.web_ui:
         console.print(f"chat page: {base}/", markup=False)
     console.print(f"agent: {settings.agent_app}", markup=False)
@@ -332,7 +336,7 @@ def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev
             markup=False,
         )
     else:
-        console.print(f"[bold green]development key[/bold green] (user {dev_user!r}):")
+        console.print(f"[bold green]development key[/bold green] {escape(f'(user {dev_user!r}):')}")
         console.print(dev_key, markup=False)
         console.print("\n[bold]Try it:[/bold]")
         for line in _curl_examples(base, dev_key):
@@ -376,7 +380,7 @@ def invoke(
             session_id = _stream_reply(client, api_key, message, session, user)
         except CommandError as exc:
             _fail(str(exc))
-    console.print(f"[dim]session: {session_id}[/dim]")
+    console.print(f"session: {session_id}", style="dim", markup=False)
 
 
 @app.command()
@@ -411,9 +415,9 @@ def chat(
                 console.print("[bold blue]agent>[/bold blue] ", end="")
                 session = _stream_reply(client, api_key, text, session, user)
             except CommandError as exc:
-                errors.print(f"[bold red]error:[/bold red] {exc}")
+                errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
     if session:
-        console.print(f"[dim]session: {session}[/dim]")
+        console.print(f"session: {session}", style="dim", markup=False)
 
 
 def _require_key(key: str | None) -> str:
@@ -550,7 +554,7 @@ def keys_create(
         _fail(exc.message)
     record = issued.record
     who = f"user {record.user_id!r}" if record.user_id else "a service"
-    console.print(f"Created key [bold]{record.key_id}[/bold] for {who} in {where}:")
+    console.print(f"Created key [bold]{record.key_id}[/bold] {escape(f'for {who} in {where}:')}")
     console.print(issued.key, markup=False)
     console.print("[yellow]Keep it now: it is not shown again.[/yellow]")
 
@@ -572,7 +576,7 @@ def keys_revoke(
         asyncio.run(revoke())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
-    console.print(f"Revoked key [bold]{key_id}[/bold].")
+    console.print(f"Revoked key [bold]{escape(key_id)}[/bold].")
 
 
 @keys_app.command("list")
@@ -592,7 +596,8 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
     for record in records:
         created = datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
         status = "[red]revoked[/red]" if record.revoked else "[green]active[/green]"
-        listing.add_row(record.key_id, record.kind, record.user_id or "-", created, status)
+        user = escape(record.user_id) if record.user_id else "-"
+        listing.add_row(record.key_id, record.kind, user, created, status)
     console.print(listing)
 
 

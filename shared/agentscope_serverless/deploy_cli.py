@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 
 NOT_DEPLOYED = 3
 
-console = Console(soft_wrap=True, highlight=False)
-errors = Console(stderr=True, soft_wrap=True, highlight=False)
+console = Console(soft_wrap=True, highlight=False, emoji=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 deploy_app = typer.Typer(
     help="Build and deploy: the SAM stack (AWS Lambda) or AgentRun/ModelStudio archives.",
@@ -94,7 +95,7 @@ SkipUploadOption = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    errors.print(f"[bold red]error:[/bold red] {message}", markup=True)
+    errors.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True)
     raise typer.Exit(code)
 
 
@@ -243,7 +244,7 @@ def sam_deploy(
         info = _run(lambda: asyncio.run(manager.deploy()))
     if not info["deployed"]:
         console.print(f"[bold green]Built[/bold green] {info['build_dir']}")
-        errors.print(f"[bold yellow]not deployed:[/bold yellow] {info['reason']}")
+        errors.print(f"[bold yellow]not deployed:[/bold yellow] {escape(info['reason'])}")
         raise typer.Exit(NOT_DEPLOYED)
     table = Table("output", "value", title=f"stack {stack_name}")
     for name, value in info["outputs"].items():
@@ -275,7 +276,7 @@ def _build_archive(
                 )
             )
         except UploadNotAvailableError as exc:
-            errors.print(f"[bold yellow]not uploaded:[/bold yellow] {exc.message}")
+            errors.print(f"[bold yellow]not uploaded:[/bold yellow] {escape(exc.message)}")
             raise typer.Exit(NOT_DEPLOYED) from None
         except AgentScopeServerlessError as exc:
             _fail(exc.message)

@@ -389,3 +389,56 @@ def test_init_prints_a_cd_that_works_for_a_name_with_a_space(tmp_path: Path) -> 
     assert words[:3] == ["cd", "my bot", "&&"]
     assert (tmp_path / words[1] / "my_bot" / "agent.py").is_file()
     assert words[3:] == ["agentscope-serverless", "serve", "--agent", "my_bot.agent:app"]
+
+
+def test_keys_show_a_user_id_as_written(tmp_path: Path) -> None:
+    key_file = str(tmp_path / "keys.json")
+    for user in ("[/ops]", "[red]bob"):
+        created = run_cli("keys", "create", "--user", user, "--file", key_file)
+        assert created.returncode == 0, created.stderr
+        assert f"for user {user!r}" in created.stdout
+        assert any(line.startswith("ask_") for line in created.stdout.splitlines())
+    listed = run_cli("keys", "list", "--file", key_file)
+    assert listed.returncode == 0, listed.stderr
+    assert "[/ops]" in listed.stdout and "[red]bob" in listed.stdout
+
+
+FAILING_AGENT = """
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="failing")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, session=None, memories=None, **kwargs):
+    raise ValueError(msgs[-1].get_text_content())
+    yield ""
+"""
+
+
+def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None:
+    (tmp_path / "failing.py").write_text(FAILING_AGENT)
+    port = free_port()
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--agent", "failing:app", "--no-web"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+        text = "row [/i] of items[i] :thumbs_up:"
+        said = run_cli("invoke", text, "--url", url, "--key", key)
+        chatted = run_cli("chat", "--url", url, "--key", key, stdin=f"{text}\n/exit\n".encode())
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert said.returncode == 1
+    assert f"error: the agent failed: Unknown agent error: ValueError: {text}" in said.stderr
+    assert chatted.returncode == 0
+    assert f"ValueError: {text}" in chatted.stderr and "Traceback" not in chatted.stderr
