@@ -106,7 +106,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8090,
     agent: Annotated[
         str | None, typer.Option(help="The AgentApp to serve, as module:attribute.")
     ] = None,

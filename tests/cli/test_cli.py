@@ -442,3 +442,10 @@ def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None
     assert f"error: the agent failed: Unknown agent error: ValueError: {text}" in said.stderr
     assert chatted.returncode == 0
     assert f"ValueError: {text}" in chatted.stderr and "Traceback" not in chatted.stderr
+
+
+def test_serve_refuses_a_port_out_of_range() -> None:
+    result = run_cli("serve", "--port", "99999")
+    assert result.returncode == 2
+    assert "--port" in result.stderr and "65535" in result.stderr
+    assert "ask_" not in result.stdout
