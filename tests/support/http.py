@@ -39,14 +39,17 @@ def free_port() -> int:
 def wait_until_healthy(url: str, process: subprocess.Popen[Any], timeout: float = 30) -> None:
     """Poll ``url/health`` until it answers 200 (fails if the process exits first)."""
     deadline = time.monotonic() + timeout
+    status = None
     while True:
         assert process.poll() is None, "the server process exited"
         try:
-            if httpx.get(f"{url}/health").status_code == 200:
+            status = httpx.get(f"{url}/health").status_code
+            if status == 200:
                 return
         except httpx.TransportError:
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.05)
+            pass
+        assert time.monotonic() < deadline, f"the server did not come up (health: {status})"
+        time.sleep(0.05)
 
 
 def issue_key(store: KeyStore, user_id: str | None = None) -> str:
