@@ -216,3 +216,17 @@ def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secret(
             secret = json.loads(template.replace(f"${{{parameter}}}", value))
             assert secret[field] == value and len(secret) == 3, (parameter, value)
         assert all(re.fullmatch(pattern, value) is None for value in hostile), parameter
+
+
+def test_without_the_sam_cli_the_error_says_how_to_install_it_in_the_users_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's own project, with an installed package (no checkout, no .venv-sam) and no sam.
+    monkeypatch.setattr(sam, "_checkout", lambda: tmp_path / "site-packages")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(PackagingError, match=r"\.venv-sam/bin/pip install aws-sam-cli"):
+        sam.sam_executable(tmp_path / "project")
+    installed = tmp_path / "project" / ".venv-sam" / "bin" / "sam"
+    installed.parent.mkdir(parents=True)
+    installed.touch()
+    assert sam.sam_executable(tmp_path / "project") == str(installed)

@@ -130,7 +130,11 @@ def sam_executable(project_root: Path) -> str:
     local = next((c for c in candidates if c.exists()), None)
     found = str(local) if local is not None else shutil.which("sam")
     if not found:
-        raise PackagingError("SAM CLI is not installed: run ./scripts/bootstrap (.venv-sam)")
+        raise PackagingError(
+            "SAM CLI is not installed: install it in its own virtualenv of the project "
+            "(python3 -m venv .venv-sam && .venv-sam/bin/pip install aws-sam-cli), or put "
+            "'sam' on the PATH"
+        )
     return found
 
 
