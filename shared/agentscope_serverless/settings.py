@@ -258,7 +258,12 @@ class Settings(BaseModel):
         8, ge=1, le=100, description="Most model calls per request when the model calls tools."
     )
     llm_timeout_seconds: float = Field(
-        60.0, gt=0, description="Timeout of one call to the chat API."
+        60.0,
+        gt=0,
+        description=(
+            "Longest wait for the chat API: to connect, to answer, and between two pieces "
+            "of data of its stream (keep-alive comments do not count)."
+        ),
     )
 
     @field_validator("agent_app", mode="before")

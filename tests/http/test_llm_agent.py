@@ -482,3 +482,30 @@ def test_content_streamed_as_a_list_of_parts_is_answered_with_its_text_parts(key
         "code": "LLM_ERROR",
         "message": "the chat API sent a chunk of an unexpected shape",
     }
+
+
+class KeepAliveLLM(ScriptedLLM):
+    """A chat API that opens its stream, then sends only keep-alive comments, for ever."""
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+
+        async def comments() -> AsyncIterator[str]:
+            while True:
+                yield ": keep-alive\n\n"
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(comments(), media_type="text/event-stream")
+
+
+def test_a_stream_of_keep_alive_comments_without_data_fails_at_the_timeout(keys: Keys) -> None:
+    with (
+        llm_agent_server(keys, KeepAliveLLM([]), [], llm_timeout_seconds=0.5) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+    assert sse.data[-1]["status"] == "failed"
+    assert sse.data[-1]["error"] == {
+        "code": "LLM_UNAVAILABLE",
+        "message": "cannot reach the chat API (it sent no data for 0.5 s)",
+    }

@@ -18,6 +18,7 @@ server of ``SANDBOX_BASE_URL`` (``AGENT_APP=agentscope_serverless.agents.llm:san
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import uuid
@@ -263,7 +264,7 @@ class LLMAgent:
                     raise AgentError(
                         f"the chat API answered HTTP {response.status_code}", code="LLM_ERROR"
                     )
-                async for chunk in _chunks(response):
+                async for chunk in _chunks(response, config.timeout):
                     if usage is not None and isinstance(chunk.get("usage"), dict):
                         for key in USAGE_KEYS:
                             usage[key] = usage.get(key, 0) + int(chunk["usage"].get(key) or 0)
@@ -274,21 +275,37 @@ class LLMAgent:
             ) from None
 
 
-async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(response: httpx.Response, silence: float) -> AsyncIterator[dict[str, Any]]:
     """The chunks of a successful reply: its ``data:`` lines, up to ``[DONE]``.
 
     A server or proxy that ignores ``stream`` answers with the whole completion as JSON: its
     message is one chunk. A reply with neither (a web page at a wrong base URL) is an error,
-    not an empty answer.
+    not an empty answer. A stream that sends no data for ``silence`` seconds fails, however
+    many keep-alive comments it sends meanwhile (each resets the read timeout of the
+    connection, so a server stuck sending them would hold the run for ever).
     """
     if response.headers.get("content-type", "").startswith("application/json"):
         completion = _parse_chunk((await response.aread()).decode(errors="replace"))
         yield _as_chunk(completion)
         return
     streamed = False
-    async for line in response.aiter_lines():
+    loop = asyncio.get_running_loop()
+    lines = aiter(response.aiter_lines())
+    deadline = loop.time() + silence
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                line = await anext(lines)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise AgentError(
+                f"cannot reach the chat API (it sent no data for {silence:g} s)",
+                code="LLM_UNAVAILABLE",
+            ) from None
         if not line.startswith("data:"):
             continue
+        deadline = loop.time() + silence
         data = line[5:].strip()
         if data == "[DONE]":
             return
