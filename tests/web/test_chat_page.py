@@ -228,6 +228,23 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
+        if msgs[-1].get_text_content() == "a tool with a malformed result":
+            call = FunctionCall(call_id="call_2", name="scrape", arguments="{}")
+            yield Message(
+                type=MessageType.FUNCTION_CALL,
+                role=Role.ASSISTANT,
+                content=[DataContent(data=call.model_dump())],
+            )
+            # Tools return anything: an MCP-like result with parts that are not objects.
+            malformed = {"content": [None, 7, {"type": "text", "text": "page scraped"}]}
+            result = FunctionCallOutput(call_id="call_2", output=json.dumps(malformed))
+            yield Message(
+                type=MessageType.FUNCTION_CALL_OUTPUT,
+                role=Role.TOOL,
+                content=[DataContent(data=result.model_dump())],
+            )
+            yield Message(role=Role.ASSISTANT, content="The page is scraped.")
+            return
         yield "Let me draw that. "
         call = FunctionCall(
             call_id="call_1", name="run_ipython_cell", arguments='{"code": "plot(sales)"}'
@@ -315,3 +332,31 @@ async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) 
         assert not page.exceptions, page.exceptions
         reply = await page.evaluate("document.querySelector('.message.assistant').textContent")
         assert "done" not in reply
+
+
+async def test_a_malformed_tool_result_is_shown_and_the_run_goes_on(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        reply = await say(page, "a tool with a malformed result")
+        assert reply == "The page is scraped."
+        assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        result = await page.evaluate(
+            "[...document.querySelectorAll('.message.tool pre')].map((pre) => pre.textContent)"
+        )
+        assert result == ["{}", "null", "7", "page scraped"]
+        # Reopening the session shows the same.
+        session = await page.evaluate("document.getElementById('session-label').textContent")
+        current = "document.querySelector('#sessions button[aria-current=\"true\"]')"
+        await page.wait_for(f"{current} !== null")
+        await page.evaluate(f"{current}.click()")
+        await page.wait_for("document.getElementById('run-status').textContent === ''")
+        label = await page.evaluate("document.getElementById('session-label').textContent")
+        assert label == session
+        reopened = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert reopened[-1] == "The page is scraped." and "page scraped" in reopened[-2]
+        assert not page.exceptions, page.exceptions

@@ -331,7 +331,8 @@ function resultNode(result) {
   // MCP CallToolResult: {"content": [{"type": "text", "text"}, {"type": "image", "data", "mimeType"}]}
   if (parsed && Array.isArray(parsed.content)) {
     for (const part of parsed.content) {
-      if (part.type === "text") details.append(element("pre", "", part.text || ""));
+      if (!part || typeof part !== "object") details.append(element("pre", "", pretty(part)));
+      else if (part.type === "text") details.append(element("pre", "", part.text || ""));
       else if (part.type === "image" && typeof part.data === "string") {
         const mime = /^image\/[a-z0-9.+-]+$/i.test(part.mimeType || "") ? part.mimeType : "image/png";
         details.append(imageNode(`data:${mime};base64,${part.data}`, `Image from ${name || "the tool"}`));
