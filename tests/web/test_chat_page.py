@@ -20,6 +20,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     DataContent,
     FunctionCall,
     FunctionCallOutput,
+    ImageContent,
     Message,
     MessageType,
     Role,
@@ -228,6 +229,17 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
+        if msgs[-1].get_text_content() == "images from elsewhere":
+            chart = "data:image/png;base64," + __import__("base64").b64encode(png(8, 8)).decode()
+            urls = [
+                "//elsewhere.example/a.png",
+                "/\\elsewhere.example/b.png",
+                "https://elsewhere.example/c.png",
+                "javascript:alert(1)",
+                chart,
+            ]
+            yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=u) for u in urls])
+            return
         if msgs[-1].get_text_content() == "a tool with a malformed result":
             call = FunctionCall(call_id="call_2", name="scrape", arguments="{}")
             yield Message(
@@ -359,4 +371,21 @@ async def test_a_malformed_tool_result_is_shown_and_the_run_goes_on(
             "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
         )
         assert reopened[-1] == "The page is scraped." and "page scraped" in reopened[-2]
+        assert not page.exceptions, page.exceptions
+
+
+async def test_images_from_other_hosts_are_not_loaded(tool_server: tuple[str, str]) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        reply = await say(page, "images from elsewhere")
+        images = await page.evaluate(
+            "[...document.querySelectorAll('.message.assistant img')].map((i) => i.src)"
+        )
+        assert len(images) == 1 and images[0].startswith("data:image/png;base64,")
+        for shown in ("//elsewhere.example/a.png", "/\\elsewhere.example/b.png", "javascript:"):
+            assert f"[image: {shown}" in reply
+        assert only_local(page.requests, url) == []
+        refused = [m for m in page.messages if "Content Security Policy" in m]
+        assert refused == []
         assert not page.exceptions, page.exceptions

@@ -284,13 +284,23 @@ function partNode(message, content) {
 
 function imageNode(url, alt = "Image from the agent") {
   // The page's Content-Security-Policy allows images from this server and data: URIs only.
-  if (typeof url === "string" && (url.startsWith("data:image/") || url.startsWith("/"))) {
+  if (typeof url === "string" && (url.startsWith("data:image/") || sameOrigin(url))) {
     const image = element("img");
     image.src = url;
     image.alt = alt;
     return image;
   }
   return element("span", "text", `[image: ${url || "no URL"}]`);
+}
+
+// A path on this server; not "//host/..." nor "/\host/...", which browsers read as another host.
+function sameOrigin(url) {
+  if (!url.startsWith("/")) return false;
+  try {
+    return new URL(url, document.baseURI).origin === window.location.origin;
+  } catch (_) {
+    return false;
+  }
 }
 
 function pretty(value) {
