@@ -389,3 +389,36 @@ async def test_images_from_other_hosts_are_not_loaded(tool_server: tuple[str, st
         refused = [m for m in page.messages if "Content Security Policy" in m]
         assert refused == []
         assert not page.exceptions, page.exceptions
+
+
+async def test_long_unbroken_words_do_not_widen_the_page(demo_url: str, keys: Keys) -> None:
+    word = "w" * 3000
+    session = "s" * 400
+    async with httpx.AsyncClient() as client:
+        created = await client.post(
+            f"{demo_url}/sessions",
+            headers={"Authorization": f"Bearer {keys.bob}"},
+            json={"session_id": session},
+        )
+    assert created.status_code == 201
+    async with chromium_page() as page:
+        await sign_in(page, demo_url, keys.bob)
+        button = f"document.querySelector('#sessions button[data-session={session}]')"
+        await page.wait_for(f"{button} !== null")
+        await page.evaluate(f"{button}.click()")
+        await page.wait_for(
+            f"document.activeElement.id === 'composer-input' && {button}.ariaCurrent"
+        )
+        await say(page, word)
+        await say(page, word)  # the first message comes back as a memory of this one
+        await page.wait_for("document.querySelector('.memories li') !== null")
+        await page.evaluate("document.querySelector('.memories').open = true")
+        path = await page.screenshot("chat-page-long-words.png")
+        print(f"\nscreenshot of long words: {path}")
+        widths = await page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+            " document.getElementById('messages').scrollWidth,"
+            " document.getElementById('messages').clientWidth]"
+        )
+        assert widths[0] == widths[1] and widths[2] == widths[3], widths
+        assert not page.exceptions, page.exceptions
