@@ -422,3 +422,34 @@ async def test_long_unbroken_words_do_not_widen_the_page(demo_url: str, keys: Ke
         )
         assert widths[0] == widths[1] and widths[2] == widths[3], widths
         assert not page.exceptions, page.exceptions
+
+
+async def test_a_session_left_while_loading_does_not_spill_into_the_next(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    headers = {"Authorization": f"Bearer {key}"}
+    long = [{"role": "user", "content": f"long {i}"} for i in range(1000)]
+    async with httpx.AsyncClient(headers=headers, timeout=60) as client:
+        for messages in (long[:500], long[500:]):
+            answer = await client.post(f"{url}/sessions/long/messages", json={"messages": messages})
+            assert answer.status_code == 201
+        short = {"messages": [{"role": "user", "content": "short"}]}
+        assert (await client.post(f"{url}/sessions/short/messages", json=short)).status_code == 201
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.wait_for("document.querySelectorAll('#sessions button').length === 2")
+        await page.evaluate("document.querySelector('[data-session=long]').click()")
+        await page.wait_for("document.querySelectorAll('#messages .message').length > 0")
+        await page.evaluate("document.querySelector('[data-session=short]').click()")
+        await page.wait_for(
+            "document.getElementById('run-status').textContent === ''"
+            " && document.querySelector('#messages .message .body')?.textContent === 'short'"
+        )
+        await say(page, "take a picture")  # while the page would go on loading the long one
+        texts = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message.user .body')]"
+            ".map((b) => b.textContent)"
+        )
+        assert texts == ["short", "take a picture"]
+        assert not page.exceptions, page.exceptions

@@ -12,6 +12,7 @@ const state = {
   key: sessionStorage.getItem(KEY_STORAGE),
   session: null,
   run: null, // {controller, id, stopped}
+  loading: null, // AbortController of the session being loaded
   toolNames: new Map(), // call_id -> tool name, to title results
 };
 
@@ -54,12 +55,12 @@ async function errorText(response) {
   return `HTTP ${response.status}`;
 }
 
-async function* pages(path, limit) {
+async function* pages(path, limit, signal) {
   let cursor = null;
   for (let page = 0; page < 20; page += 1) {
     const query = new URLSearchParams({ limit: String(limit) });
     if (cursor) query.set("cursor", cursor);
-    const body = await (await api(`${path}?${query}`)).json();
+    const body = await (await api(`${path}?${query}`, { signal })).json();
     yield* body.items || [];
     cursor = body.next_cursor;
     if (!cursor) return;
@@ -101,6 +102,7 @@ function showChat() {
 
 function signOut(message = "") {
   stopRun();
+  stopLoading();
   sessionStorage.removeItem(KEY_STORAGE);
   state.key = null;
   state.session = null;
@@ -185,8 +187,15 @@ function markCurrentSession() {
   $("session-label").textContent = state.session ? `Session ${state.session}` : "New session";
 }
 
+// Stop loading a session the user has left, so its messages do not land in the next one.
+function stopLoading() {
+  state.loading?.abort();
+  state.loading = null;
+}
+
 function newChat() {
   stopRun();
+  stopLoading();
   state.session = null;
   state.toolNames.clear();
   $("messages").replaceChildren(emptyState());
@@ -205,6 +214,9 @@ function emptyState() {
 
 async function openSession(id) {
   stopRun();
+  stopLoading();
+  const loading = new AbortController();
+  state.loading = loading;
   state.session = id;
   state.toolNames.clear();
   markCurrentSession();
@@ -212,15 +224,19 @@ async function openSession(id) {
   log.replaceChildren();
   $("run-status").textContent = "Loading the session…";
   try {
-    for await (const message of pages(`sessions/${encodeURIComponent(id)}/messages`, 100)) {
+    const path = `sessions/${encodeURIComponent(id)}/messages`;
+    for await (const message of pages(path, 100, loading.signal)) {
+      if (loading.signal.aborted) return;
       const view = messageView(message);
       renderParts(view, message.content || []);
       log.append(view.item);
     }
     $("run-status").textContent = "";
   } catch (error) {
+    if (loading.signal.aborted) return;
     $("run-status").textContent = `Could not load the session: ${error.message}`;
   }
+  state.loading = null;
   if (!log.children.length) log.append(emptyState());
   scrollToEnd();
   $("composer-input").focus();
