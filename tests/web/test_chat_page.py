@@ -429,10 +429,11 @@ async def test_a_session_left_while_loading_does_not_spill_into_the_next(
 ) -> None:
     url, key = tool_server
     headers = {"Authorization": f"Bearer {key}"}
-    long = [{"role": "user", "content": f"long {i}"} for i in range(1000)]
+    long = [{"role": "user", "content": f"long {i}"} for i in range(2500)]  # pages of 1,000
     async with httpx.AsyncClient(headers=headers, timeout=60) as client:
-        for messages in (long[:500], long[500:]):
-            answer = await client.post(f"{url}/sessions/long/messages", json={"messages": messages})
+        for start in range(0, len(long), 500):
+            messages = {"messages": long[start : start + 500]}
+            answer = await client.post(f"{url}/sessions/long/messages", json=messages)
             assert answer.status_code == 201
         short = {"messages": [{"role": "user", "content": "short"}]}
         assert (await client.post(f"{url}/sessions/short/messages", json=short)).status_code == 201
@@ -452,4 +453,32 @@ async def test_a_session_left_while_loading_does_not_spill_into_the_next(
             ".map((b) => b.textContent)"
         )
         assert texts == ["short", "take a picture"]
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_long_session_opens_with_its_newest_messages(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(2500)]
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        for start in range(0, len(messages), 500):
+            answer = await client.post(
+                f"{url}/sessions/long/messages", json={"messages": messages[start : start + 500]}
+            )
+            assert answer.status_code == 201
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.wait_for("document.querySelector('[data-session=long]') !== null")
+        await page.evaluate("document.querySelector('[data-session=long]').click()")
+        await page.wait_for(
+            "document.getElementById('run-status').textContent === ''"
+            " && document.activeElement.id === 'composer-input'"
+        )
+        texts = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert len(texts) == 2500 and texts[-1] == "message 2499"
+        reply = await say(page, "take a picture")
+        assert "chart" in reply
         assert not page.exceptions, page.exceptions

@@ -4,6 +4,7 @@
 
 const KEY_STORAGE = "agentscope-serverless.api-key";
 const MEMORY_TOP_K = 5;
+const PAGE_SIZE = 1000; // the most the sessions routes give at once
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
 
 const $ = (id) => document.getElementById(id);
@@ -55,16 +56,18 @@ async function errorText(response) {
   return `HTTP ${response.status}`;
 }
 
+// Every item, a page at a time: lists come oldest first, so stopping early would hide the newest.
 async function* pages(path, limit, signal) {
+  const seen = new Set();
   let cursor = null;
-  for (let page = 0; page < 20; page += 1) {
+  do {
     const query = new URLSearchParams({ limit: String(limit) });
     if (cursor) query.set("cursor", cursor);
     const body = await (await api(`${path}?${query}`, { signal })).json();
     yield* body.items || [];
+    seen.add(cursor);
     cursor = body.next_cursor;
-    if (!cursor) return;
-  }
+  } while (cursor && !seen.has(cursor));
 }
 
 // Server-Sent Events from a fetch body: yields each event's parsed `data` JSON.
@@ -155,7 +158,7 @@ async function loadSessions() {
   status.textContent = "Loading…";
   const ids = [];
   try {
-    for await (const session of pages("sessions", 100)) ids.push(session.id);
+    for await (const session of pages("sessions", PAGE_SIZE)) ids.push(session.id);
   } catch (error) {
     status.textContent = error.status === 404 ? "Not available on this server." : "";
     if (error.status !== 404 && error.status !== 401) status.textContent = error.message;
@@ -225,7 +228,7 @@ async function openSession(id) {
   $("run-status").textContent = "Loading the session…";
   try {
     const path = `sessions/${encodeURIComponent(id)}/messages`;
-    for await (const message of pages(path, 100, loading.signal)) {
+    for await (const message of pages(path, PAGE_SIZE, loading.signal)) {
       if (loading.signal.aborted) return;
       const view = messageView(message);
       renderParts(view, message.content || []);
