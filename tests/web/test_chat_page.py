@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
+import threading
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -30,6 +32,9 @@ from tests.support.browser import Page, chromium_page
 from tests.support.http import Keys, running
 
 pytestmark = pytest.mark.timeout(180)
+
+# Set by a test to let the tool agent's "cut me off" run finish.
+CUT_OFF_RUN_GOES_ON = threading.Event()
 
 ENTER = ("Enter", "Enter", 13)
 
@@ -228,6 +233,11 @@ def tool_app() -> AgentApp:
             yield "Working on it"
             await asyncio.sleep(120)
             yield " and done."
+            return
+        if msgs[-1].get_text_content() == "cut me off":
+            yield "Before the cut"
+            await asyncio.to_thread(CUT_OFF_RUN_GOES_ON.wait, 60)
+            yield " and after it."
             return
         if msgs[-1].get_text_content() == "images from elsewhere":
             chart = "data:image/png;base64," + __import__("base64").b64encode(png(8, 8)).decode()
@@ -481,4 +491,99 @@ async def test_a_long_session_opens_with_its_newest_messages(
         assert len(texts) == 2500 and texts[-1] == "message 2499"
         reply = await say(page, "take a picture")
         assert "chart" in reply
+        assert not page.exceptions, page.exceptions
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30) -> None:
+    """Wait until ``check()`` is true; fail after ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.05)
+
+
+async def stored(client: httpx.AsyncClient, runs: str) -> bool:
+    return bool((await client.get(runs)).json()["items"])
+
+
+async def resumed(requests: list[str]) -> bool:
+    return any("/events?after=" in request for request in requests)
+
+
+@contextlib.asynccontextmanager
+async def let_the_cut_off_run_end() -> AsyncIterator[None]:
+    """Whatever happens, the agent's "cut me off" run ends with the test (so the server stops)."""
+    try:
+        yield
+    finally:
+        CUT_OFF_RUN_GOES_ON.set()
+
+
+class Relay:
+    """A TCP relay in front of a server that can cut every open connection, as a network can."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.sockets: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self.server is not None
+        self.server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        self.sockets += [writer, upstream_writer]
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+        await asyncio.gather(
+            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
+        )
+
+    def cut(self) -> None:
+        for writer in self.sockets:
+            writer.transport.abort()
+        self.sockets.clear()
+
+
+async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
+    tool_server: tuple[str, str],
+) -> None:
+    server, key = tool_server
+    CUT_OFF_RUN_GOES_ON.clear()
+    relay = Relay(server)
+    async with relay as url, chromium_page() as page, let_the_cut_off_run_end():
+        await sign_in(page, url, key)
+        await page.type_text("cut me off")
+        await page.press(*ENTER)
+        await page.wait_for(
+            "document.querySelector('.message.assistant.streaming')"
+            "?.textContent.includes('Before the cut')"
+        )
+        label = await page.evaluate("document.getElementById('session-label').textContent")
+        runs = f"{server}/runs?session_id={label.removeprefix('Session ')}"
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as client:
+            await eventually(lambda: stored(client, runs))  # the run's first write
+        relay.cut()
+        # The page asks for the run's events after the last one it had.
+        await eventually(lambda: resumed(page.requests))
+        CUT_OFF_RUN_GOES_ON.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        replies = await page.evaluate(
+            "[...document.querySelectorAll('.message.assistant .body')].map((b) => b.textContent)"
+        )
+        assert replies == ["Before the cut and after it."]
+        assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert not page.exceptions, page.exceptions

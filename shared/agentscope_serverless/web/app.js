@@ -5,6 +5,7 @@
 const KEY_STORAGE = "agentscope-serverless.api-key";
 const MEMORY_TOP_K = 5;
 const PAGE_SIZE = 1000; // the most the sessions routes give at once
+const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.5 s, 1 s, 2 s...
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
 
 const $ = (id) => document.getElementById(id);
@@ -438,9 +439,7 @@ async function send(event) {
     });
     run.id = response.headers.get("X-Run-Id");
     adoptSession(response.headers.get("X-Session-Id"));
-    for await (const data of serverSentEvents(response)) {
-      outcome = handleEvent(data, run, views) || outcome;
-    }
+    outcome = await follow(response, run, views);
   } catch (error) {
     if (run.stopped || error.name === "AbortError") outcome = "Stopped.";
     else if (error.status !== 401) outcome = `Error: ${error.message}`;
@@ -452,6 +451,62 @@ async function send(event) {
     }
   }
   loadSessions();
+}
+
+// Read a run's stream to its end. A stream cut before the run ended (a dropped connection, a
+// proxy's time limit) is picked up again after the last event received, from the stored run.
+async function follow(response, run, views) {
+  let outcome = "";
+  let last = -1;
+  let ended = false;
+  let failures = 0;
+  for (;;) {
+    let lost = new Error("the connection closed before the run ended");
+    try {
+      for await (const data of serverSentEvents(response)) {
+        failures = 0;
+        if (Number.isInteger(data.sequence_number)) last = data.sequence_number;
+        if (data.object === "response" && TERMINAL.has(data.status)) ended = true;
+        outcome = handleEvent(data, run, views) || outcome;
+      }
+    } catch (error) {
+      if (run.stopped || error.name === "AbortError") throw error;
+      lost = error;
+    }
+    if (ended) return outcome;
+    response = null;
+    while (!response) {
+      if (!run.id || failures >= RESUME_ATTEMPTS) throw lost;
+      $("run-status").textContent = "Connection lost, reconnecting…";
+      await pause(500 * 2 ** failures, run.controller.signal);
+      failures += 1;
+      try {
+        response = await api(`runs/${encodeURIComponent(run.id)}/events?after=${last}`, {
+          signal: run.controller.signal,
+          accept: "text/event-stream",
+        });
+      } catch (error) {
+        if (error.status === 401 || run.stopped || error.name === "AbortError") throw error;
+        // The server does not have the run (no runs store, or another server's memory): give up.
+        if (error instanceof ApiError) throw lost;
+      }
+    }
+    $("run-status").textContent = "Thinking…";
+  }
+}
+
+function pause(milliseconds, signal) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, milliseconds);
+    signal.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(timer);
+        reject(new DOMException("stopped", "AbortError"));
+      },
+      { once: true },
+    );
+  });
 }
 
 function adoptSession(id) {
