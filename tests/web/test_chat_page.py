@@ -33,8 +33,8 @@ from tests.support.http import Keys, running
 
 pytestmark = pytest.mark.timeout(180)
 
-# Set by a test to let the tool agent's "cut me off" run finish.
-CUT_OFF_RUN_GOES_ON = threading.Event()
+# Set by a test to let the tool agent's "hold on" run finish.
+HELD_RUN_GOES_ON = threading.Event()
 
 ENTER = ("Enter", "Enter", 13)
 
@@ -234,9 +234,9 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
-        if msgs[-1].get_text_content() == "cut me off":
-            yield "Before the cut"
-            await asyncio.to_thread(CUT_OFF_RUN_GOES_ON.wait, 60)
+        if msgs[-1].get_text_content() == "hold on":
+            yield "Before the break"
+            await asyncio.to_thread(HELD_RUN_GOES_ON.wait, 60)
             yield " and after it."
             return
         if msgs[-1].get_text_content() == "images from elsewhere":
@@ -512,12 +512,12 @@ async def resumed(requests: list[str]) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def let_the_cut_off_run_end() -> AsyncIterator[None]:
-    """Whatever happens, the agent's "cut me off" run ends with the test (so the server stops)."""
+async def let_the_held_run_end() -> AsyncIterator[None]:
+    """Whatever happens, the agent's "hold on" run ends with the test (so the server stops)."""
     try:
         yield
     finally:
-        CUT_OFF_RUN_GOES_ON.set()
+        HELD_RUN_GOES_ON.set()
 
 
 class Relay:
@@ -562,15 +562,15 @@ async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
     tool_server: tuple[str, str],
 ) -> None:
     server, key = tool_server
-    CUT_OFF_RUN_GOES_ON.clear()
+    HELD_RUN_GOES_ON.clear()
     relay = Relay(server)
-    async with relay as url, chromium_page() as page, let_the_cut_off_run_end():
+    async with relay as url, chromium_page() as page, let_the_held_run_end():
         await sign_in(page, url, key)
-        await page.type_text("cut me off")
+        await page.type_text("hold on")
         await page.press(*ENTER)
         await page.wait_for(
             "document.querySelector('.message.assistant.streaming')"
-            "?.textContent.includes('Before the cut')"
+            "?.textContent.includes('Before the break')"
         )
         label = await page.evaluate("document.getElementById('session-label').textContent")
         runs = f"{server}/runs?session_id={label.removeprefix('Session ')}"
@@ -579,11 +579,43 @@ async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
         relay.cut()
         # The page asks for the run's events after the last one it had.
         await eventually(lambda: resumed(page.requests))
-        CUT_OFF_RUN_GOES_ON.set()
+        HELD_RUN_GOES_ON.set()
         await page.wait_for("!document.getElementById('send').hidden")
         replies = await page.evaluate(
             "[...document.querySelectorAll('.message.assistant .body')].map((b) => b.textContent)"
         )
-        assert replies == ["Before the cut and after it."]
+        assert replies == ["Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_reload_during_a_run_shows_the_run_again(tool_server: tuple[str, str]) -> None:
+    url, key = tool_server
+    HELD_RUN_GOES_ON.clear()
+    async with chromium_page() as page, let_the_held_run_end():
+        await sign_in(page, url, key)
+        await page.type_text("hold on")
+        await page.press(*ENTER)
+        streaming = (
+            "document.querySelector('.message.assistant.streaming')"
+            "?.textContent.includes('Before the break')"
+        )
+        await page.wait_for(streaming)
+        label = await page.evaluate("document.getElementById('session-label').textContent")
+
+        await page.evaluate("window.beforeReload = true")
+        await page.send("Page.reload")
+        await page.wait_for("!window.beforeReload && document.readyState === 'complete'")
+        await page.wait_for(streaming)
+        assert await page.evaluate("document.getElementById('session-label').textContent") == label
+        assert await page.evaluate("document.activeElement.id") == "stop"
+
+        HELD_RUN_GOES_ON.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        texts = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert texts == ["hold on", "Before the break and after it."]
+        assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        assert await page.evaluate("sessionStorage.length") == 1  # the key alone: nothing to resume
         assert not page.exceptions, page.exceptions

@@ -3,6 +3,7 @@
 // Everything it fetches is on its own server; untrusted text is only ever set as textContent.
 
 const KEY_STORAGE = "agentscope-serverless.api-key";
+const RUN_STORAGE = "agentscope-serverless.run"; // the run being streamed: {id, session, text}
 const MEMORY_TOP_K = 5;
 const PAGE_SIZE = 1000; // the most the sessions routes give at once
 const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.5 s, 1 s, 2 s...
@@ -102,12 +103,14 @@ function showChat() {
   $("whoami").textContent = keyId ? `Signed in with key ${keyId}` : "Signed in";
   newChat();
   loadSessions();
+  resumeRun();
 }
 
 function signOut(message = "") {
   stopRun();
   stopLoading();
   sessionStorage.removeItem(KEY_STORAGE);
+  sessionStorage.removeItem(RUN_STORAGE);
   state.key = null;
   state.session = null;
   $("chat").hidden = true;
@@ -418,16 +421,14 @@ async function send(event) {
   log.append(user.item);
   scrollToEnd();
 
-  const run = { controller: new AbortController(), id: null, stopped: false };
+  const run = { controller: new AbortController(), id: null, stopped: false, text };
   state.run = run;
   setRunning(true, "Thinking…");
   const memories = await searchMemories(text);
   if (memories.length) user.item.append(memoriesNode(memories));
 
-  const views = new Map();
-  let outcome = "";
-  try {
-    const response = await api("process", {
+  await stream(run, () =>
+    api("process", {
       method: "POST",
       json: {
         input: [{ role: "user", content: [{ type: "text", text }] }],
@@ -436,21 +437,81 @@ async function send(event) {
       },
       signal: run.controller.signal,
       accept: "text/event-stream",
-    });
-    run.id = response.headers.get("X-Run-Id");
+    }),
+  );
+}
+
+// Show a run's events as they come, from the response `open` gives, until the run ends. While
+// it streams, the tab remembers it, so a reload picks it up again (resumeRun).
+async function stream(run, open) {
+  const views = new Map();
+  let outcome = "";
+  try {
+    const response = await open();
+    run.id = run.id || response.headers.get("X-Run-Id");
     adoptSession(response.headers.get("X-Session-Id"));
+    if (run.id && state.session) {
+      const saved = { id: run.id, session: state.session, text: run.text };
+      sessionStorage.setItem(RUN_STORAGE, JSON.stringify(saved));
+    }
     outcome = await follow(response, run, views);
   } catch (error) {
     if (run.stopped || error.name === "AbortError") outcome = "Stopped.";
     else if (error.status !== 401) outcome = `Error: ${error.message}`;
   } finally {
     for (const view of views.values()) view.item.classList.remove("streaming");
+    if (savedRun()?.id === run.id) sessionStorage.removeItem(RUN_STORAGE);
     if (state.run === run) {
       state.run = null;
       setRunning(false, outcome);
     }
   }
   loadSessions();
+}
+
+function savedRun() {
+  try {
+    return JSON.parse(sessionStorage.getItem(RUN_STORAGE));
+  } catch (_) {
+    return null;
+  }
+}
+
+// After a reload: open the session of the run the tab was streaming and, if the run still
+// goes on, show it again from its first event (its messages reach the history when it ends).
+async function resumeRun() {
+  const saved = savedRun();
+  sessionStorage.removeItem(RUN_STORAGE);
+  if (!saved || typeof saved.id !== "string" || typeof saved.session !== "string") return;
+  await openSession(saved.session);
+  const moved = () => state.session !== saved.session || state.run !== null;
+  if (moved()) return;
+  let status;
+  try {
+    status = (await (await api(`runs/${encodeURIComponent(saved.id)}`)).json()).status;
+  } catch (_) {
+    return; // no runs routes, or the run is gone: the history is all there is
+  }
+  if (moved()) return;
+  if (TERMINAL.has(status)) {
+    await openSession(saved.session); // it ended meanwhile: its messages are in the history now
+    return;
+  }
+  const log = $("messages");
+  log.querySelector(".empty")?.remove();
+  const user = messageView({ role: "user", type: "message" });
+  renderParts(user, [{ type: "text", text: String(saved.text ?? "") }]);
+  log.append(user.item);
+  scrollToEnd();
+  const run = { controller: new AbortController(), id: saved.id, stopped: false, text: saved.text };
+  state.run = run;
+  setRunning(true, "Thinking…");
+  await stream(run, () =>
+    api(`runs/${encodeURIComponent(run.id)}/events?after=-1`, {
+      signal: run.controller.signal,
+      accept: "text/event-stream",
+    }),
+  );
 }
 
 // Read a run's stream to its end. A stream cut before the run ended (a dropped connection, a
