@@ -234,6 +234,10 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
+        if msgs[-1].get_text_content() == "a long reply in small pieces":
+            for _ in range(10_000):  # 100 KB, as a model streams it: a few characters at a time
+                yield "abcdefghi "
+            return
         if msgs[-1].get_text_content() == "hold on":
             yield "Before the break"
             await asyncio.to_thread(HELD_RUN_GOES_ON.wait, 60)
@@ -618,4 +622,21 @@ async def test_a_reload_during_a_run_shows_the_run_again(tool_server: tuple[str,
         assert texts == ["hold on", "Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert await page.evaluate("sessionStorage.length") == 1  # the key alone: nothing to resume
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_long_reply_in_small_pieces_streams_to_the_end(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        reply = await say(page, "a long reply in small pieces")
+        assert reply == "abcdefghi " * 10_000
+        # The log follows the reply to its end.
+        await page.wait_for(
+            "(() => { const log = document.getElementById('messages');"
+            " return log.scrollHeight > log.clientHeight"
+            " && log.scrollTop + log.clientHeight >= log.scrollHeight - 1; })()"
+        )
         assert not page.exceptions, page.exceptions

@@ -392,9 +392,17 @@ function memoriesNode(memories) {
   return details;
 }
 
+// Once per frame at most: reading scrollHeight lays the page out, and a reply can come in
+// thousands of pieces.
+let scrollPending = false;
 function scrollToEnd() {
-  const log = $("messages");
-  log.scrollTop = log.scrollHeight;
+  if (scrollPending) return;
+  scrollPending = true;
+  requestAnimationFrame(() => {
+    scrollPending = false;
+    const log = $("messages");
+    log.scrollTop = log.scrollHeight;
+  });
 }
 
 // --- Running the agent ----------------------------------------------------------------
