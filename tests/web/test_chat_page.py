@@ -492,7 +492,10 @@ async def test_a_long_session_opens_with_its_newest_messages(
         texts = await page.evaluate(
             "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
         )
-        assert len(texts) == 2500 and texts[-1] == "message 2499"
+        # The newest 2,000 are shown, the page saying how many earlier ones are not.
+        assert len(texts) == 2000 and texts[0] == "message 500" and texts[-1] == "message 2499"
+        note = await page.evaluate("document.querySelector('#messages .hidden-note').textContent")
+        assert note == "500 earlier messages are not shown."
         reply = await say(page, "take a picture")
         assert "chart" in reply
         assert not page.exceptions, page.exceptions

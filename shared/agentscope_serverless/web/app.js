@@ -6,6 +6,7 @@ const KEY_STORAGE = "agentscope-serverless.api-key";
 const RUN_STORAGE = "agentscope-serverless.run"; // the run being streamed: {id, session, text}
 const MEMORY_TOP_K = 5;
 const PAGE_SIZE = 1000; // the most the sessions routes give at once
+const MAX_SHOWN = 2000; // the newest messages a session shows (the page stays responsive)
 const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.5 s, 1 s, 2 s...
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
 
@@ -219,6 +220,13 @@ function emptyState() {
   return item;
 }
 
+function hiddenNote(count) {
+  const item = document.createElement("li");
+  item.className = "hidden-note";
+  item.textContent = `${count} earlier ${count === 1 ? "message is" : "messages are"} not shown.`;
+  return item;
+}
+
 async function openSession(id) {
   stopRun();
   stopLoading();
@@ -232,12 +240,18 @@ async function openSession(id) {
   $("run-status").textContent = "Loading the session…";
   try {
     const path = `sessions/${encodeURIComponent(id)}/messages`;
+    let hidden = 0;
     for await (const message of pages(path, PAGE_SIZE, loading.signal)) {
       if (loading.signal.aborted) return;
       const view = messageView(message);
       renderParts(view, message.content || []);
       log.append(view.item);
+      if (log.children.length > MAX_SHOWN) {
+        log.firstElementChild.remove();
+        hidden += 1;
+      }
     }
+    if (hidden) log.prepend(hiddenNote(hidden));
     $("run-status").textContent = "";
   } catch (error) {
     if (loading.signal.aborted) return;
