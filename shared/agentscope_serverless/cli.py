@@ -204,13 +204,27 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:
+            free = _free_port_after(address, family, port)
+            hint = f", e.g. --port {free}" if free is not None else ""
             _fail(
                 f"port {port} on {host} is already in use (another server?); "
-                f"pick another with --port, e.g. --port {port + 1}",
+                f"pick another with --port{hint}",
                 code=2,
             )
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=2)
     return listener
+
+
+def _free_port_after(address: Any, family: int, port: int) -> int | None:
+    """The first of the next 20 ports that ``address`` (a taken port's) can bind, if any."""
+    for candidate in range(port + 1, min(port + 21, 65536)):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address[0], candidate, *address[2:]))
+            except OSError:
+                continue
+            return candidate
+    return None
 
 
 def command_path() -> str:

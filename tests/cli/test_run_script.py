@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -149,16 +151,22 @@ def test_the_stack_without_redis_or_root_prints_the_command_to_run(
 
 
 def test_a_taken_port_fails_before_any_key_is_printed() -> None:
-    with socket.socket() as taken:
+    with socket.socket() as taken, socket.socket() as next_one:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        with contextlib.suppress(OSError):  # the next port is taken too: not suggested
+            next_one.bind(("127.0.0.1", port + 1))
+            next_one.listen()
         done = subprocess.run(
             [str(RUN), "--port", str(port)], capture_output=True, text=True, timeout=120
         )
-    assert done.returncode == 2
-    assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
-    assert "--port" in done.stderr
+        assert done.returncode == 2
+        assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
+        suggested = int(re.search(r"e\.g\. --port (\d+)", done.stderr)[1])  # type: ignore[index]
+        assert suggested > port + 1
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", suggested))  # free, as said
     assert "ask_" not in done.stdout + done.stderr
 
 
