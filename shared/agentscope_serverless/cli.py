@@ -37,6 +37,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -96,6 +97,14 @@ TableOption = Annotated[
 
 class CommandError(Exception):
     """A failure to report to the user in one line."""
+
+
+class ReplyInterrupted(Exception):
+    """Ctrl-C while a reply streamed: its run was asked to stop."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -394,6 +403,10 @@ def invoke(
             session_id = _stream_reply(client, api_key, message, session, user)
         except CommandError as exc:
             _fail(str(exc))
+        except ReplyInterrupted as stopped:
+            if stopped.session_id:
+                console.print(f"session: {stopped.session_id}", style="dim", markup=False)
+            raise typer.Exit(130) from None
     console.print(f"session: {session_id}", style="dim", markup=False)
 
 
@@ -430,6 +443,8 @@ def chat(
                 session = _stream_reply(client, api_key, text, session, user)
             except CommandError as exc:
                 errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+            except ReplyInterrupted as stopped:  # back to the prompt, in the same session
+                session = stopped.session_id or session
     if session:
         console.print(f"session: {session}", style="dim", markup=False)
 
@@ -460,7 +475,11 @@ def _check_text(**values: str | None) -> None:
 def _stream_reply(
     client: httpx.Client, key: str, text: str, session_id: str | None, user_id: str | None
 ) -> str:
-    """Stream one reply to the console; return the session id."""
+    """Stream one reply to the console; return the session id.
+
+    Ctrl-C stops the reply: its run is cancelled (it would otherwise go on on the server, as
+    runs do when their client leaves) and :class:`ReplyInterrupted` is raised.
+    """
     import httpx
 
     _check_text(message=text)
@@ -475,21 +494,26 @@ def _stream_reply(
             if response.status_code != 200:
                 response.read()
                 raise CommandError(_error_message(response))
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
-                if event.get("object") == "content" and event.get("delta"):
-                    console.print(event.get("text") or "", end="", markup=False)
-                    console.file.flush()
-                elif event.get("object") == "response":
-                    session_id = event.get("session_id") or session_id
-                    if event.get("status") == "failed":
-                        console.print()
-                        error = event.get("error") or {}
-                        raise CommandError(
-                            f"the agent failed: {error.get('message')} ({error.get('code')})"
-                        )
+            session_id = response.headers.get("X-Session-Id") or session_id
+            try:
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if event.get("object") == "content" and event.get("delta"):
+                        console.print(event.get("text") or "", end="", markup=False)
+                        console.file.flush()
+                    elif event.get("object") == "response":
+                        session_id = event.get("session_id") or session_id
+                        if event.get("status") == "failed":
+                            console.print()
+                            error = event.get("error") or {}
+                            raise CommandError(
+                                f"the agent failed: {error.get('message')} ({error.get('code')})"
+                            )
+            except KeyboardInterrupt:
+                _cancel_run(client, headers, response.headers.get("X-Run-Id"))
+                raise ReplyInterrupted(session_id or "") from None
     except httpx.UnsupportedProtocol:
         raise CommandError(
             f"{client.base_url} is not a URL to talk to: it must start with http:// or https://"
@@ -503,6 +527,23 @@ def _stream_reply(
         raise CommandError(f"cannot talk to {client.base_url}: {type(exc).__name__}") from None
     console.print()
     return session_id or ""
+
+
+def _cancel_run(client: httpx.Client, headers: dict[str, str], run_id: str | None) -> None:
+    """Ask the server to stop the run ``run_id``, saying so (a second Ctrl-C leaves at once)."""
+    import httpx
+
+    console.print()
+    if not run_id:
+        return
+    try:
+        answer = client.post(f"/runs/{quote(run_id, safe='')}/cancel", headers=headers)
+    except httpx.HTTPError:
+        answer = None
+    if answer is not None and answer.status_code in (202, 409):
+        console.print("stopped: the run was cancelled", style="dim", markup=False)
+    else:
+        console.print("stopped showing the reply; the run may go on", style="dim", markup=False)
 
 
 def _error_message(response: httpx.Response) -> str:

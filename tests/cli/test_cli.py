@@ -6,7 +6,9 @@ import asyncio
 import itertools
 import json
 import os
+import select
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -449,3 +451,72 @@ def test_serve_refuses_a_port_out_of_range() -> None:
     assert result.returncode == 2
     assert "--port" in result.stderr and "65535" in result.stderr
     assert "ask_" not in result.stdout
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``serve`` of the slow agent (a piece of text every 200 ms for 5 s)."""
+    port = free_port()
+    output = tmp_path_factory.mktemp("slow") / "output.txt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [SCRIPT, "serve", "--port", str(port), "--agent", "tests.support.slow_agent:app"]
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+        yield Server(url=url, key=key, banner=[], output=output)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def read_until(stream: Any, marker: str, within: float = 30) -> str:
+    """What ``stream`` gives until ``marker`` appears in it (fails after ``within`` s)."""
+    seen = ""
+    deadline = time.monotonic() + within
+    while marker not in seen:
+        assert time.monotonic() < deadline, f"{marker!r} did not come: {seen!r}"
+        ready, _, _ = select.select([stream], [], [], 0.1)
+        if ready:
+            chunk = os.read(stream.fileno(), 4096)
+            assert chunk, f"the output ended before {marker!r}: {seen!r}"
+            seen += chunk.decode()
+    return seen
+
+
+def test_ctrl_c_in_chat_cancels_the_reply_and_goes_back_to_the_prompt(
+    slow_server: Server,
+) -> None:
+    chat = subprocess.Popen(
+        [SCRIPT, "chat", "--url", slow_server.url, "--key", slow_server.key],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert chat.stdin is not None and chat.stdout is not None
+    try:
+        chat.stdin.write(b"go slowly\n")
+        chat.stdin.flush()
+        read_until(chat.stdout, "piece 1.")
+        chat.send_signal(signal.SIGINT)
+        stopped = read_until(chat.stdout, "you>")  # the prompt again, the chat goes on
+        assert "stopped: the run was cancelled" in stopped
+        chat.stdin.write(b"/exit\n")
+        chat.stdin.flush()
+        rest = chat.stdout.read().decode()
+        assert chat.wait(timeout=30) == 0
+    finally:
+        chat.kill()
+    session = rest.split("session: ")[1].split()[0]
+    headers = {"Authorization": f"Bearer {slow_server.key}"}
+    deadline = time.monotonic() + 30
+    while True:  # the run's end is stored as it stops
+        runs = httpx.get(f"{slow_server.url}/runs", params={"session_id": session}, headers=headers)
+        statuses = [run["status"] for run in runs.json()["items"]]
+        if statuses != ["in_progress"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert statuses == ["canceled"]
