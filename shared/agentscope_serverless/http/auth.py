@@ -4,7 +4,9 @@
 ``Authorization: Bearer <key>`` (given once: two ``Authorization`` headers get 401). A
 **user key** acts only as its own user: a request naming another user (the ``X-User-Id``
 header, a ``user_id`` query parameter or a ``user_id`` body field) gets 403. A **service
-key** acts for the user the request names (``X-User-Id`` or ``user_id``); naming none is a 422.
+key** acts for the user the request names: the ``X-User-Id`` header or a ``user_id`` query
+parameter, and on the agent's routes (``/process``, the OpenAI-compatible ones) also the body's
+``user_id`` or ``user``; naming none is a 422.
 
 ``AUTH_MODE=iam``: the function sits behind a Lambda Function URL with ``AuthType: AWS_IAM``,
 so AWS has already checked the caller's SigV4 signature. The caller's IAM identity from the
@@ -53,7 +55,8 @@ bearer_scheme = HTTPBearer(
     description=(
         "An API key (`ask_...`, made with `agentscope-serverless keys create`). A user key "
         f"acts as its user; a service key acts for the user named by the `{USER_HEADER}` "
-        "header (or a `user_id` query parameter or body field); naming a user twice is a 422."
+        "header or a `user_id` query parameter (on `/process` and the OpenAI-compatible "
+        "routes, also the body's `user_id` or `user`); naming two users is a 422."
     ),
 )
 
