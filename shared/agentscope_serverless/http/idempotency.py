@@ -38,6 +38,7 @@ from agentscope_serverless.errors import (
     RequestInProgressError,
 )
 from agentscope_serverless.http.errors import response_for
+from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import seed_message_ids
 from agentscope_serverless.services._once import seed_writes
@@ -65,13 +66,9 @@ class Replay(Exception):
         self.response = response
 
 
-# The header that, besides the body, says what a request does (the session of an
-# OpenAI-compatible call): two requests with other values of it are not "the same".
-SESSION_HEADER = "X-Session-Id"
-
-
 def fingerprint(request: Request, body: bytes) -> str:
-    """What makes two requests "the same": method, path, query, ``X-Session-Id`` and body."""
+    """What makes two requests "the same": method, path, query, ``X-Session-Id`` (which names
+    the session of an OpenAI-compatible call) and body."""
     digest = hashlib.sha256()
     session = ",".join(request.headers.getlist(SESSION_HEADER))
     for part in (request.method, request.url.path, request.url.query, session):

@@ -21,6 +21,8 @@ ID_PATTERN = rf"^{_TEXT}*{_NOT_BLANK}{_TEXT}*$"
 # An optional id in a body: blank means "make one", control characters are refused.
 OPTIONAL_ID_PATTERN = rf"^{_TEXT}*$"
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
+# The header naming the session of an OpenAI-compatible call (and, in answers, of any run).
+SESSION_HEADER = "X-Session-Id"
 
 SessionIdPath = Annotated[
     str,
@@ -40,4 +42,11 @@ Cursor = Annotated[
     ),
 ]
 
-__all__ = ["CURSOR_PATTERN", "ID_PATTERN", "OPTIONAL_ID_PATTERN", "Cursor", "SessionIdPath"]
+__all__ = [
+    "CURSOR_PATTERN",
+    "ID_PATTERN",
+    "OPTIONAL_ID_PATTERN",
+    "SESSION_HEADER",
+    "Cursor",
+    "SessionIdPath",
+]

@@ -25,6 +25,7 @@ from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
+from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
@@ -37,7 +38,6 @@ from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
 from agentscope_serverless.services.runs.base import RunKind
 
-SESSION_HEADER = "X-Session-Id"
 RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
