@@ -40,6 +40,7 @@ pk                 sk                     attributes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator
@@ -300,17 +301,19 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
         # A save may have made a session's state again meanwhile, and indexed it before the
         # index item went: it keeps its index, so the user's next delete finds it.
-        for item in index:
-            response = await self._store.run(
-                "get_item",
-                idempotent=True,
-                Key={"pk": item["state_pk"], "sk": s("META")},
-                ProjectionExpression="#pk",
-                ExpressionAttributeNames=names("#pk"),
-                ConsistentRead=True,
-            )
-            if "Item" in response:
-                await self._store.put([item])
+        remade = await asyncio.gather(*(self._has_meta(item["state_pk"]) for item in index))
+        await self._store.put([item for item, found in zip(index, remade, strict=True) if found])
+
+    async def _has_meta(self, pk: Item) -> bool:
+        response = await self._store.run(
+            "get_item",
+            idempotent=True,
+            Key={"pk": pk, "sk": s("META")},
+            ProjectionExpression="#pk",
+            ExpressionAttributeNames=names("#pk"),
+            ConsistentRead=True,
+        )
+        return "Item" in response
 
     async def _save_next(
         self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
