@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,15 @@ class Server:
         return [json.loads(line) for line in lines if line.startswith("{")]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``agentscope-serverless serve`` on a free port, with its printed development key."""
+@contextmanager
+def serving(output: Path, *options: str, log_level: str = "INFO") -> Iterator[Server]:
+    """``agentscope-serverless serve`` with ``options`` on a free port, its output in
+    ``output``, and its printed development key."""
     port = free_port()
-    output = tmp_path_factory.mktemp("serve") / "output.txt"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": "INFO"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": log_level}
     with output.open("w") as sink:
         process = subprocess.Popen(
-            [SCRIPT, "serve", "--port", str(port), "--log-level", "warning"],
+            [SCRIPT, "serve", "--port", str(port), *options],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
@@ -64,6 +65,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``agentscope-serverless serve`` of the demo agent."""
+    output = tmp_path_factory.mktemp("serve") / "output.txt"
+    with serving(output, "--log-level", "warning") as running:
+        yield running
 
 
 def test_serve_prints_a_dev_key_and_working_curl_examples(server: Server) -> None:
@@ -456,20 +465,9 @@ def test_serve_refuses_a_port_out_of_range() -> None:
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``serve`` of the slow agent (a piece of text every 200 ms for 5 s)."""
-    port = free_port()
     output = tmp_path_factory.mktemp("slow") / "output.txt"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [SCRIPT, "serve", "--port", str(port), "--agent", "tests.support.slow_agent:app"]
-    with output.open("w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process)
-        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
-        yield Server(url=url, key=key, banner=[], output=output)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with serving(output, "--agent", "tests.support.slow_agent:app", log_level="WARNING") as running:
+        yield running
 
 
 def read_until(stream: Any, marker: str, within: float = 30) -> str:
