@@ -56,7 +56,7 @@ def _valid_unicode(value: Any) -> Any:
     {'text': 'caf\ufffd'}
     """
     if isinstance(value, str):
-        return LONE_SURROGATE.sub("\ufffd", value)
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
         return [_valid_unicode(item) for item in value]
     if isinstance(value, dict):
