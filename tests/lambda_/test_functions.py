@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.lambda_.conftest import RunningFunction
+from tests.support.lambda_runtime import function_url_event
 from tests.support.sandbox_server import RunningServer
 
 # The first test builds the stack with SAM (once per session).
@@ -114,6 +115,23 @@ def test_a_body_nesting_too_deeply_is_refused_by_the_built_function(
         "code": "INVALID_INPUT",
         "message": "the request body nests deeper than 100 levels of arrays and objects",
     }
+
+
+def test_an_event_whose_body_does_not_decode_is_a_400_of_the_built_function(
+    start_function: StartFunction, api_key: str
+) -> None:
+    sessions = start_function("SessionsFunction")
+    headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
+    event = function_url_event("POST", "/sessions", headers=headers, body="!!not base64")
+    event["isBase64Encoded"] = True
+    status, _, content = sessions.runtime.invoke(event).http_response()
+    assert status == 400, content
+    assert json.loads(content)["error"] == {
+        "code": "BAD_REQUEST",
+        "message": "the request body is not valid base64 (isBase64Encoded is true)",
+    }
+    status, _, content, _ = sessions.request("POST", "/sessions", key=api_key, body={})
+    assert status == 201, content  # the next event is served
 
 
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
