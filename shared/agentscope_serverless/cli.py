@@ -399,7 +399,7 @@ def invoke(
     api_key = _require_key(key)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
         try:
-            _check_text(session=session, user=user)
+            _check_text(message=message, session=session, user=user)
             session_id = _stream_reply(client, api_key, message, session, user)
         except CommandError as exc:
             _fail(str(exc))
@@ -482,7 +482,6 @@ def _stream_reply(
     """
     import httpx
 
-    _check_text(message=text)
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
