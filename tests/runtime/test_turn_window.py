@@ -145,6 +145,32 @@ async def test_a_turn_on_a_long_session_reads_at_most_the_window(
     assert [m.get_text_content() for m in page.items] == ["m0", "m1", "m2"]
 
 
+async def test_a_turn_whose_agent_ignores_the_history_decodes_none_of_it(
+    monkeypatch: pytest.MonkeyPatch, user_id: str
+) -> None:
+    """Storing a turn extends its session without making the window's messages: on a long
+    session, a turn that never reads ``session.messages`` decodes none of them."""
+    counter = ItemCounter()
+    for builder in ("_message", "_from_known"):
+        monkeypatch.setattr(stored_messages, builder, counting(counter, builder))
+    async with InMemorySessionHistoryService() as history:
+        await long_session(history, user_id)
+        services = ServiceManager().register_service("session_history", history)
+        handler: Callable[..., Any] = lambda self, msgs, **kwargs: "ok"  # noqa: E731
+        async with Runner(handler, services=services, history_window=WINDOW) as runner:
+            counter.items = 0
+            response = await runner.query(
+                {"input": [{"role": "user", "content": "next"}], "session_id": "long"},
+                user_id=user_id,
+            )
+        assert response.error is None
+        assert counter.items == 0
+        page = await history.list_messages(user_id, "long", limit=3, cursor=None)
+        assert page.items[0].get_text_content() == "m0"
+        session = await history.open_session(user_id, "long", recent=2)
+        assert [m.get_text_content() for m in session.messages] == ["next", "ok"]
+
+
 async def test_a_turn_on_a_new_session_reads_no_message(
     counted_history: tuple[SessionHistoryService, ItemCounter], user_id: str
 ) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from agentscope_serverless.schemas.agent_schemas import AgentRequest, Message, TextContent
 from agentscope_serverless.schemas.pagination import Page
-from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.schemas.session import Session, extend_messages
 from agentscope_serverless.services import _stored
 from agentscope_serverless.services._stored import encode_message, stored_session
 
@@ -106,6 +106,27 @@ def test_setting_the_messages_replaces_the_deferred_ones(decoded: list[int]) -> 
     assert session.messages == []
     assert session.model_dump()["messages"] == []
     assert decoded == []
+
+
+def test_extending_the_messages_before_their_use_decodes_none(decoded: list[int]) -> None:
+    session = stored_session("u1", "s1", STORED)
+    shallow = session.model_copy()
+    extend_messages(session, [Message(id="m3", role="user")])
+    extend_messages(session, [Message(id="m4", role="assistant")])
+    assert decoded == []
+    assert [m.id for m in session.messages] == ["m1", "m2", "m3", "m4"]  # type: ignore[union-attr]
+    assert decoded == [2]
+    assert shallow.messages is session.messages  # shared, as a list would be
+    extend_messages(session, [Message(id="m5", role="user")])
+    assert [m.id for m in shallow.messages] == ["m1", "m2", "m3", "m4", "m5"]  # type: ignore[union-attr]
+
+
+def test_extending_a_plain_session_extends_its_list() -> None:
+    session = eager()
+    messages = session.messages
+    extend_messages(session, [Message(id="m3", role="user")])
+    assert session.messages is messages
+    assert [m.id for m in messages] == ["m1", "m2", "m3"]  # type: ignore[union-attr]
 
 
 def test_messages_written_by_another_version_are_validated_on_use() -> None:

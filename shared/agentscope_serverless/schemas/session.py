@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, field_serializer
@@ -61,17 +61,25 @@ class _DeferredMessages:
     would share a list. Equality, ``repr``, deep copies and pickling use the made list.
     """
 
-    __slots__ = ("_load", "_messages")
+    __slots__ = ("_appended", "_load", "_messages")
 
     def __init__(self, load: Callable[[], SessionMessages]) -> None:
         self._load: Callable[[], SessionMessages] | None = load
         self._messages: SessionMessages | None = None
+        # Messages added before the list was made: they follow the loaded ones.
+        self._appended: SessionMessages = []
 
     def load(self) -> SessionMessages:
         if self._messages is None:
             assert self._load is not None
-            self._messages, self._load = self._load(), None
+            messages = self._load()
+            messages.extend(self._appended)
+            self._messages, self._load, self._appended = messages, None, []
         return self._messages
+
+    def extend(self, messages: Iterable[Message | dict[str, Any]]) -> None:
+        target = self._appended if self._messages is None else self._messages
+        target.extend(messages)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _DeferredMessages):
@@ -115,8 +123,24 @@ class _MessagesAttribute:
         del session.__dict__["messages"]
 
 
+def extend_messages(session: Session, messages: Iterable[Message | dict[str, Any]]) -> None:
+    """``session.messages.extend(messages)``, leaving deferred messages unmade: a turn that
+    appends to its session without reading its history does not decode it.
+
+    >>> session = Session.with_deferred_messages("s1", "u1", lambda: [Message(role="user")])
+    >>> extend_messages(session, [Message(role="assistant")])
+    >>> [m.role for m in session.messages]
+    ['user', 'assistant']
+    """
+    messages_now = session.__dict__.get("messages")
+    if isinstance(messages_now, _DeferredMessages):
+        messages_now.extend(messages)
+    else:
+        session.messages.extend(messages)
+
+
 # Set after the class is built, so pydantic still sees ``messages`` as a plain field.
 type.__setattr__(Session, "messages", _MessagesAttribute())
 
 
-__all__ = ["Session"]
+__all__ = ["Session", "extend_messages"]

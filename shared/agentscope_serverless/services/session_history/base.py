@@ -6,6 +6,7 @@ their arguments first, so every backend treats ids, messages and limits the same
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
-from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.schemas.session import Session, extend_messages
 from agentscope_serverless.services._validation import (
     clean_session_id,
     new_or_clean_session_id,
@@ -169,7 +170,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """
         user_id, sid, messages = self._appending(session, message)
         if messages:
-            session.messages.extend(await self._append_messages(user_id, sid, messages))
+            extend_messages(session, await self._append_messages(user_id, sid, messages))
 
     def prepare_append(self, session: Session, messages: list[Message]) -> PreparedWrite | None:
         """:meth:`append_message` of ``messages``, prepared to be applied with a write of
@@ -180,7 +181,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         user_id, sid, checked = self._appending(session, messages)
         if not checked:
             return None
-        return self._prepare_append(user_id, sid, checked, session.messages.extend)
+        return self._prepare_append(
+            user_id, sid, checked, functools.partial(extend_messages, session)
+        )
 
     def _appending(self, session: Session, message: Any) -> tuple[str, str, list[Message]]:
         self._ensure_started()
