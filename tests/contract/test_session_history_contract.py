@@ -6,6 +6,7 @@ import asyncio
 import base64
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -444,6 +445,29 @@ async def test_a_message_nesting_deeper_than_a_hundred_levels_is_refused_and_not
     assert stored is not None and len(stored.messages) == 1
     (part,) = stored.messages[0].content or []
     assert part.model_dump()["data"] == data_message(100)["content"][0]["data"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"metadata": {"score": float("nan")}}, r"message\[1\]\.metadata\.score"),
+        ({"usage": {"tokens": [1, float("inf")]}}, r"message\[1\]\.usage\.tokens\.1"),
+        (
+            {"content": [{"type": "data", "data": {"x": {"y": -float("inf")}}}]},
+            r"message\[1\]\.content\.0\.data\.x\.y",
+        ),
+    ],
+)
+async def test_a_message_holding_nan_or_an_infinity_is_refused_and_nothing_stored(
+    history: SessionHistoryService, user_id: str, fields: dict[str, Any], where: str
+) -> None:
+    """JSON has no NaN or infinity: stored, they would be read back as null."""
+    session = await history.create_session(user_id, "s1")
+    bad = {"role": "user", **fields}
+    with pytest.raises(InvalidInputError, match=f"^{where} is not a number JSON can carry"):
+        await history.append_message(session, [text_message("fine"), bad])
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None and stored.messages == []
 
 
 async def test_append_rejects_a_non_message(history: SessionHistoryService, user_id: str) -> None:

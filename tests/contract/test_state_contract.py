@@ -161,6 +161,14 @@ async def test_state_must_be_json_serialisable(
     assert await state.export_state(user_id) is None
 
 
+async def test_state_holding_an_infinity_is_refused_naming_where(
+    state: StateService, user_id: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=r"^state\.a\.1 is not a number JSON can carry"):
+        await state.save_state(user_id, {"a": [1, float("inf")]})
+    assert await state.export_state(user_id) is None
+
+
 def nested(levels: int) -> object:
     value: object = 1
     for _ in range(levels):

@@ -149,6 +149,64 @@ def test_text_that_is_not_unicode_is_refused_naming_the_field_and_nothing_is_sto
     assert_nothing_stored(client)
 
 
+# (method, path, body with a number JSON cannot carry, where it is): Python's parser reads
+# NaN, Infinity and 1e999 as floats, which a store would have kept as null.
+NONFINITE: list[tuple[str, str, str, list[Any]]] = [
+    (
+        "POST",
+        "/sessions/s1/messages",
+        '{"messages": [{"role": "user", "content": "hi", "metadata": {"score": NaN}}]}',
+        ["body", "messages", 0, "metadata", "score"],
+    ),
+    (
+        "POST",
+        "/sessions/s1/messages",
+        '{"messages": [{"role": "user",'
+        ' "content": [{"type": "data", "data": {"x": [1, 1e999]}}]}]}',
+        ["body", "messages", 0, "content", 0, "data", "x", 1],
+    ),
+    (
+        "POST",
+        "/memory",
+        '{"messages": [{"role": "user", "content": "tea", "usage": {"t": -Infinity}}]}',
+        ["body", "messages", 0, "usage", "t"],
+    ),
+    ("POST", "/state/s1", '{"state": {"k": Infinity}}', ["body", "state", "k"]),
+    (
+        "POST",
+        "/process",
+        '{"input": [{"role": "user", "content": "hi", "metadata": {"a": -1e400}}],'
+        ' "stream": false}',
+        ["body", "input", 0, "metadata", "a"],
+    ),
+    (
+        "POST",
+        "/compatible-mode/v1/chat/completions",
+        '{"model": "agent", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        ["body", "temperature"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "where"),
+    NONFINITE,
+    ids=[f"{m} {p} {w[1:]}" for m, p, _, w in NONFINITE],
+)
+def test_a_number_json_cannot_carry_is_refused_naming_the_field_and_nothing_is_stored(
+    client: httpx.Client, method: str, path: str, body: str, where: list[Any]
+) -> None:
+    response = client.request(
+        method, path, content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_INPUT"
+    assert error["fields"][0]["loc"] == where
+    assert "NaN" in error["message"]
+    assert_nothing_stored(client)
+
+
 def test_a_body_that_is_not_utf8_is_a_bad_request(client: httpx.Client) -> None:
     response = client.post(
         "/sessions",

@@ -3,6 +3,9 @@
 - **Text is valid Unicode.** A JSON body holding text that cannot be encoded as UTF-8 (a
   lone surrogate such as ``"\\ud800"``) is refused with 422 naming the field, before any
   route stores it.
+- **Numbers are finite.** ``NaN``, ``Infinity`` and numbers beyond a double's range
+  (``1e999``), which Python's JSON parser accepts but JSON cannot carry back, are refused
+  with 422 naming the field.
 - **One user per request.** A body ``user_id`` or OpenAI ``user`` field naming another
   user than the key acts for is 403 on every route, whether or not the route's body
   defines that field; a service key's request whose body names two users (``user_id`` and
@@ -20,7 +23,7 @@ from fastapi import Header, Request
 
 from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
-from agentscope_serverless.services._validation import require_utf8
+from agentscope_serverless.services._validation import require_finite, require_utf8
 
 # Body fields that name the user a request acts as (ours, and OpenAI's ``user``).
 USER_FIELDS = ("user_id", "user")
@@ -54,9 +57,10 @@ async def guard_request(
         ),
     ] = None,
 ) -> None:
-    """The checks above, in order: Unicode, users, then the idempotency claim."""
+    """The checks above, in order: Unicode, numbers, users, then the idempotency claim."""
     body = await request_body(request)
     require_utf8(body, field="body")
+    require_finite(body, field="body")
     user_id: str | None = None
     if isinstance(body, dict):
         # All at once: a body whose user_id and user name two users is refused, as the

@@ -6,6 +6,7 @@ import base64
 import binascii
 import itertools
 import json
+import math
 import re
 from array import array
 from collections.abc import Mapping
@@ -119,6 +120,43 @@ def require_utf8(value: Any, *, field: str) -> None:
             f"{'.'.join(str(p) for p in loc)} is not valid Unicode text (it cannot be "
             "encoded as UTF-8)",
             errors=[{"loc": loc, "msg": "not valid Unicode text"}],
+        )
+
+
+def nonfinite_path(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Where in ``value`` (nested dicts and lists) a number is NaN or infinite.
+
+    Python's JSON parser reads ``NaN``, ``Infinity`` and numbers beyond a double's range
+    (``1e999``) as such floats, which JSON cannot carry back: stored, they would come back
+    as ``null``.
+
+    >>> nonfinite_path({"a": [1.5, float("nan")]}), nonfinite_path({"a": 1e308})
+    (('a', 1), None)
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = nonfinite_path(item, (*path, str(key)))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = nonfinite_path(item, (*path, index))
+            if found is not None:
+                return found
+    return None
+
+
+def require_finite(value: Any, *, field: str) -> None:
+    """Refuse ``value`` when a number in it is NaN or infinite (422 naming where)."""
+    where = nonfinite_path(value)
+    if where is not None:
+        loc = [field, *where]
+        raise InvalidInputError(
+            f"{'.'.join(str(p) for p in loc)} is not a number JSON can carry (NaN, Infinity, "
+            "or beyond the range of a double such as 1e999)",
+            errors=[{"loc": loc, "msg": "not a finite number"}],
         )
 
 
@@ -246,7 +284,21 @@ def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
     except PydanticSerializationError:
         raise _unencodable(message, where) from None
     require_shallow_json(raw, field=where)
+    _require_finite_values(message, where)
     return message, raw
+
+
+def _require_finite_values(message: Message, where: str) -> None:
+    """Refuse a message whose free-form values hold NaN or an infinity: its JSON would hold
+    ``null`` in their place, so what is read back would not be what was given."""
+    if message.metadata:
+        require_finite(message.metadata, field=f"{where}.metadata")
+    if message.usage:
+        require_finite(message.usage, field=f"{where}.usage")
+    for index, part in enumerate(message.content or ()):
+        data = getattr(part, "data", None)
+        if isinstance(data, dict) and data:
+            require_finite(data, field=f"{where}.content.{index}.data")
 
 
 def _unencodable(message: Message, where: str) -> InvalidInputError:
@@ -296,6 +348,7 @@ def json_copy(value: Any, *, field: str) -> Any:
     except RecursionError:
         raise too_deep(field) from None
     except (TypeError, ValueError) as exc:
+        require_finite(value, field=field)  # the usual ValueError, said with its place
         raise InvalidInputError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
     require_shallow_json(text, field=field)
     if not _encodes(text):
@@ -360,7 +413,9 @@ __all__ = [
     "json_copy",
     "nests_deeper_than",
     "new_or_clean_session_id",
+    "nonfinite_path",
     "optional_positive_int",
+    "require_finite",
     "require_positive_int",
     "require_shallow_json",
     "require_user_id",
