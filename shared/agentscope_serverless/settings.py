@@ -257,6 +257,16 @@ class Settings(BaseModel):
     llm_max_iterations: int = Field(
         8, ge=1, le=100, description="Most model calls per request when the model calls tools."
     )
+    llm_max_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description=(
+            "How many times a model call is made again when it fails before any of its reply "
+            "arrived: a rate limit (429), a server error (408, 409, 5xx) or a lost connection. "
+            "It waits as the API's `Retry-After` says (up to 60 s), else 0.5 s, 1 s, 2 s..."
+        ),
+    )
     llm_timeout_seconds: float = Field(
         60.0,
         gt=0,

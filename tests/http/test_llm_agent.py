@@ -509,3 +509,117 @@ def test_a_stream_of_keep_alive_comments_without_data_fails_at_the_timeout(keys:
         "code": "LLM_UNAVAILABLE",
         "message": "cannot reach the chat API (it sent no data for 0.5 s)",
     }
+
+
+class FlakyLLM(ScriptedLLM):
+    """A chat API whose first answers are failures (status, headers), then scripted replies."""
+
+    def __init__(
+        self, failures: list[tuple[int, dict[str, str]]], replies: list[list[dict[str, Any]]]
+    ) -> None:
+        super().__init__(replies)
+        self.failures = failures
+
+    async def complete(self, request: Request) -> Response:
+        if len(self.requests) < len(self.failures):
+            self.requests.append({"body": await request.json()})
+            status, headers = self.failures[len(self.requests) - 1]
+            detail = {"error": {"message": "try later", "code": "busy"}}
+            return JSONResponse(detail, status_code=status, headers=headers)
+        return await self.scripted(request)
+
+    async def scripted(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+        reply = self.replies[min(len(self.requests) - len(self.failures), len(self.replies)) - 1]
+
+        async def lines() -> AsyncIterator[str]:
+            for item in reply:
+                yield f"data: {json.dumps(item)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def run_once(keys: Keys, llm: ScriptedLLM, **settings: Any) -> list[dict[str, Any]]:
+    """The events of one /process run of the LLM agent on ``llm``."""
+    with (
+        llm_agent_server(keys, llm, [], **settings) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+    return sse.data
+
+
+def test_a_rate_limit_and_a_server_error_are_retried_as_the_api_asks(keys: Keys) -> None:
+    llm = FlakyLLM([(429, {"Retry-After": "0"}), (503, {"retry-after-ms": "20"})], [ANSWER])
+    events = run_once(keys, llm)
+    assert events[-1]["status"] == "completed"
+    (answer,) = messages_of(events)
+    assert answer["content"][0]["text"] == "It is sunny in Paris."
+    assert len(llm.requests) == 3
+    assert llm.requests[0]["body"] == llm.requests[2]["body"]
+
+
+def test_retries_stop_after_llm_max_retries(keys: Keys) -> None:
+    llm = FlakyLLM([(429, {"Retry-After": "0"})] * 5, [ANSWER])
+    events = run_once(keys, llm, llm_max_retries=2)
+    assert events[-1]["status"] == "failed"
+    assert events[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API answered HTTP 429",
+    }
+    assert len(llm.requests) == 3
+    unretried = FlakyLLM([(503, {"Retry-After": "0"})], [ANSWER])
+    assert run_once(keys, unretried, llm_max_retries=0)[-1]["status"] == "failed"
+    assert len(unretried.requests) == 1
+
+
+def test_an_answer_that_cannot_change_or_says_not_to_retry_is_not_retried(keys: Keys) -> None:
+    for status, headers in [
+        (400, {"Retry-After": "0"}),
+        (401, {}),
+        (404, {}),
+        (503, {"x-should-retry": "false"}),
+    ]:
+        llm = FlakyLLM([(status, headers)], [ANSWER])
+        events = run_once(keys, llm)
+        assert events[-1]["error"]["message"] == f"the chat API answered HTTP {status}"
+        assert len(llm.requests) == 1
+    told = FlakyLLM([(400, {"x-should-retry": "true", "Retry-After": "0"})], [ANSWER])
+    assert run_once(keys, told)[-1]["status"] == "completed"
+    assert len(told.requests) == 2
+
+
+class BrokenStreamLLM(FlakyLLM):
+    """A chat API whose first stream breaks (the connection drops) after ``sent`` chunks."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__([], [ANSWER])
+        self.sent = sent
+
+    async def complete(self, request: Request) -> Response:
+        if self.requests:
+            return await self.scripted(request)
+        self.requests.append({"body": await request.json()})
+
+        async def broken() -> AsyncIterator[str]:
+            for item in ANSWER[: self.sent]:
+                yield f"data: {json.dumps(item)}\n\n"
+            await asyncio.sleep(0.05)
+            raise RuntimeError("the connection drops")
+
+        return StreamingResponse(broken(), media_type="text/event-stream")
+
+
+def test_a_stream_broken_before_its_first_chunk_is_retried_and_after_it_is_not(
+    keys: Keys,
+) -> None:
+    early = BrokenStreamLLM(sent=0)
+    events = run_once(keys, early)
+    assert events[-1]["status"] == "completed"
+    assert len(early.requests) == 2
+    late = BrokenStreamLLM(sent=2)  # "It is sunny " reached the client: no second answer
+    events = run_once(keys, late)
+    assert events[-1]["status"] == "failed"
+    assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
+    assert len(late.requests) == 1

@@ -2,8 +2,11 @@
 
 It streams the model's tokens, runs the tools the model calls, hands the results back and
 asks again, until the model answers without calling a tool (at most ``LLM_MAX_ITERATIONS``
-model calls). The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``,
-``Authorization: Bearer {LLM_API_KEY}``, model ``LLM_MODEL``)::
+model calls). A call that fails before any of its reply arrived (a rate limit, a server
+error, a lost connection) is made again, up to ``LLM_MAX_RETRIES`` times, waiting as the
+API's ``Retry-After`` says. The API is reached with plain HTTP
+(``POST {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
+``LLM_MODEL``)::
 
     from agentscope_serverless.agents.llm import create_llm_app
     app = create_llm_app(tools=[weather_tool])
@@ -20,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.utils
 import json
+import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -54,6 +60,13 @@ from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefi
 from agentscope_serverless.settings import Settings
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+# Answers worth asking again (as OpenAI's SDK does): a timeout, a conflict, a rate limit and
+# server errors; an answer saying ``x-should-retry`` overrides this.
+RETRIED_STATUSES = frozenset({408, 409, 429})
+# The longest ``Retry-After`` followed; a longer one is replaced by the backoff's own wait.
+MAX_RETRY_AFTER_SECONDS = 60.0
+FIRST_BACKOFF_SECONDS = 0.5
+MAX_BACKOFF_SECONDS = 8.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,7 @@ class _Config:
     system_prompt: str
     max_iterations: int
     timeout: float
+    max_retries: int
 
 
 class LLMAgent:
@@ -85,6 +99,7 @@ class LLMAgent:
         system_prompt: str | None = None,
         max_iterations: int | None = None,
         timeout: float | None = None,
+        max_retries: int | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
@@ -97,6 +112,7 @@ class LLMAgent:
             "system_prompt": system_prompt,
             "max_iterations": max_iterations,
             "timeout": timeout,
+            "max_retries": max_retries,
         }
         self._settings = settings
         self._config: _Config | None = None
@@ -200,6 +216,7 @@ class LLMAgent:
                 system_prompt=settings.llm_system_prompt,
                 max_iterations=settings.llm_max_iterations,
                 timeout=settings.llm_timeout_seconds,
+                max_retries=settings.llm_max_retries,
             )
             given = {k: v for k, v in self._overrides.items() if v is not None}
             self._config = dataclasses.replace(defaults, **given)
@@ -243,7 +260,11 @@ class LLMAgent:
         tools: list[dict[str, Any]],
         usage: dict[str, int] | None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of one streamed chat completion."""
+        """The chunks of one streamed chat completion.
+
+        A call that fails before its first chunk is made again (see :func:`_retry_delay`),
+        up to ``config.max_retries`` times; once a chunk was handed on, a failure ends it.
+        """
         payload: dict[str, Any] = {
             "model": config.model,
             "messages": chat,
@@ -252,27 +273,90 @@ class LLMAgent:
         }
         if tools:
             payload["tools"] = tools
-        try:
-            async with self._client().stream(
-                "POST",
-                f"{config.base_url.rstrip('/')}/chat/completions",
-                json=payload,
-                headers=self._headers(config),
-                timeout=config.timeout,
-            ) as response:
-                if not response.is_success:
-                    raise AgentError(
-                        f"the chat API answered HTTP {response.status_code}", code="LLM_ERROR"
-                    )
-                async for chunk in _chunks(response, config.timeout):
-                    if usage is not None and isinstance(chunk.get("usage"), dict):
-                        for key in USAGE_KEYS:
-                            usage[key] = usage.get(key, 0) + int(chunk["usage"].get(key) or 0)
-                    yield chunk
-        except httpx.HTTPError as exc:
-            raise AgentError(
-                f"cannot reach the chat API ({type(exc).__name__})", code="LLM_UNAVAILABLE"
-            ) from None
+        attempt = 0
+        while True:
+            streamed = False
+            try:
+                async with self._client().stream(
+                    "POST",
+                    f"{config.base_url.rstrip('/')}/chat/completions",
+                    json=payload,
+                    headers=self._headers(config),
+                    timeout=config.timeout,
+                ) as response:
+                    if not response.is_success:
+                        failure = f"the chat API answered HTTP {response.status_code}"
+                        delay = _retry_delay(response, attempt, config.max_retries)
+                        if delay is None:
+                            raise AgentError(failure, code="LLM_ERROR")
+                    else:
+                        async for chunk in _chunks(response, config.timeout):
+                            streamed = True
+                            if usage is not None and isinstance(chunk.get("usage"), dict):
+                                for key in USAGE_KEYS:
+                                    usage[key] = usage.get(key, 0) + int(
+                                        chunk["usage"].get(key) or 0
+                                    )
+                            yield chunk
+                        return
+            except httpx.HTTPError as exc:
+                failure = f"cannot reach the chat API ({type(exc).__name__})"
+                if streamed or attempt >= config.max_retries:
+                    raise AgentError(failure, code="LLM_UNAVAILABLE") from None
+                delay = _backoff(attempt)
+            attempt += 1
+            logger.warning(
+                "%s: calling it again in %.2f s (retry %d of %d)",
+                failure,
+                delay,
+                attempt,
+                config.max_retries,
+            )
+            await asyncio.sleep(delay)
+
+
+def _retry_delay(response: httpx.Response, attempt: int, max_retries: int) -> float | None:
+    """How long to wait before asking again after the failed ``response``; None when it
+    is not to be asked again: an answer that cannot change (400, 401, 404...), or the last
+    retry spent. ``x-should-retry: true``/``false`` decides when the API sends it."""
+    if attempt >= max_retries:
+        return None
+    should_retry = response.headers.get("x-should-retry", "").strip().lower()
+    if should_retry == "false":
+        return None
+    status = response.status_code
+    if should_retry != "true" and status not in RETRIED_STATUSES and status < 500:
+        return None
+    wait = _retry_after(response.headers)
+    return _backoff(attempt) if wait is None else wait
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """The wait the API asks for (``retry-after-ms``, ``Retry-After`` in seconds or as a
+    date), when it is one to follow: from 0 to :data:`MAX_RETRY_AFTER_SECONDS`."""
+    wait: float | None = None
+    try:
+        if "retry-after-ms" in headers:
+            wait = float(headers["retry-after-ms"]) / 1000
+        elif "retry-after" in headers:
+            value = headers["retry-after"]
+            try:
+                wait = float(value)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                wait = when.timestamp() - time.time()
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if wait is None or not 0 <= wait <= MAX_RETRY_AFTER_SECONDS:  # NaN fails both
+        return None
+    return wait
+
+
+def _backoff(attempt: int) -> float:
+    """The wait before retry ``attempt + 1`` when the API says none: 0.5 s, 1 s, 2 s... up
+    to 8 s, less up to a quarter at random, so clients refused together come back apart."""
+    wait = min(FIRST_BACKOFF_SECONDS * 2.0**attempt, MAX_BACKOFF_SECONDS)
+    return wait * (1 - 0.25 * random.random())
 
 
 async def _chunks(response: httpx.Response, silence: float) -> AsyncIterator[dict[str, Any]]:
