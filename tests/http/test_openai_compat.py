@@ -377,3 +377,19 @@ def test_a_previous_response_id_of_no_response_here_is_refused(
 ) -> None:
     with pytest.raises(openai.UnprocessableEntityError):
         sdk.responses.create(model="demo", input="hi", previous_response_id=previous)
+
+
+def test_asking_for_more_than_one_choice_is_refused_rather_than_ignored(
+    sdk: openai.OpenAI,
+) -> None:
+    """An agent gives one answer a turn: n=2 is a 422, not one choice where two were asked."""
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        sdk.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hello"}], n=2
+        )
+    assert refused.value.body["fields"][0]["loc"] == ["body", "n"]  # type: ignore[index]
+    assert "less than or equal to 1" in refused.value.body["message"]  # type: ignore[index]
+    completion = sdk.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": "hello"}], n=1
+    )
+    assert len(completion.choices) == 1

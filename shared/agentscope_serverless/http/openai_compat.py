@@ -64,6 +64,12 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    n: int | None = Field(
+        None,
+        ge=1,
+        le=1,
+        description="How many choices to make: 1, as an agent gives one answer a turn.",
+    )
 
 
 class ResponsesRequest(BaseModel):
