@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -388,6 +389,27 @@ async def test_a_run_stored_in_one_write_keeps_its_events_in_its_hash(
         assert await redis_client.exists(f"{base}:r:other:events") == 1
         assert await runs.read_events("alice", "other") == foreign
         assert [run.id for run in await runs.list_runs("alice", "s")] == ["whole", "other"]
+
+
+async def test_the_index_of_a_users_runs_drops_runs_long_expired(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    index = f"{user_key_prefix('agentscope', 'run', user_id)}:all"
+    long_ago = time.time() - 100  # more than twice the expiry: the run is gone
+    async with RedisRunsService(redis_url=redis_server.url, ttl_seconds=30) as runs:
+        await runs.create_run(RunRecord(id="old", user_id=user_id, created_at=long_ago))
+        await runs.create_run(RunRecord(id="new", user_id=user_id))
+        assert await redis_client.zrange(index, 0, -1) == ["new"]
+        old = RunRecord(id="old-whole", user_id=user_id, created_at=long_ago, status="completed")
+        await runs.record(old, [(0, "{}")], create=True, finish=True)
+        whole = RunRecord(id="whole", user_id=user_id, status="completed")
+        await runs.record(whole, [(0, "{}")], create=True, finish=True)
+        assert await redis_client.zrange(index, 0, -1) == ["new", "whole"]
+        assert 0 < await redis_client.ttl(index) <= 30
+        await runs.delete_user_runs(user_id)
+        assert await redis_client.exists(index) == 0
+        assert await runs.get_run(user_id, "new") is None
+        assert await runs.get_run(user_id, "whole") is None
 
 
 @pytest.mark.parametrize(

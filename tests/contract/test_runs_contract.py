@@ -302,3 +302,52 @@ async def test_event_text_is_stored_as_given_whatever_characters_it_holds(
         await runs.record(record, list(enumerate(odd)), create=True)
         await runs.append_events(user_id, "odd", [(len(odd) + i, t) for i, t in enumerate(odd)])
         assert [data for _, data in await runs.read_events(user_id, "odd")] == odd + odd
+
+
+async def test_deleting_a_users_runs_deletes_every_one_of_theirs_only(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}:other"
+    async with runs_factory() as runs:
+        for user in (user_id, other):
+            await runs.create_run(RunRecord(id="open", user_id=user, session_id="s1"))
+            await runs.append_events(user, "open", [_event(0, "secret"), _event(1)])
+            whole = RunRecord(id="whole", user_id=user, session_id="a:b{c}*", status="completed")
+            await runs.record(whole, [_event(0, "secret")], create=True, finish=True)
+            burst = RunRecord(id="burst", user_id=user, session_id="s1")
+            await runs.record(burst, [_event(0, "secret")], create=True)
+            task = RunRecord(id="task", user_id=user, kind="task", result={"r": "x" * 600_000})
+            await runs.create_run(task)
+        await runs.delete_user_runs(user_id)
+        for run_id in ("open", "whole", "burst", "task"):
+            assert await runs.get_run(user_id, run_id) is None
+            assert await runs.read_events(user_id, run_id) == []
+            assert await runs.get_run(other, run_id) is not None
+        assert await runs.list_runs(user_id, "s1") == []
+        assert await runs.list_runs(user_id, "a:b{c}*") == []
+        assert [r.id for r in await runs.list_runs(other, "s1")] == ["open", "burst"]
+        assert [s for s, _ in await runs.read_events(other, "open")] == [0, 1]
+        # Again is harmless, and the user starts afresh.
+        await runs.delete_user_runs(user_id)
+        await runs.delete_user_runs(f"{user_id}-nobody")
+        await runs.create_run(RunRecord(id="open", user_id=user_id, session_id="s1"))
+        assert await runs.read_events(user_id, "open") == []
+        assert [r.id for r in await runs.list_runs(user_id, "s1")] == ["open"]
+
+
+async def test_deleting_a_users_runs_goes_past_one_batch(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        bursts = [
+            RunBurst(RunRecord(id=f"r{i}", user_id=user_id, session_id=f"s{i % 3}"), [_event(0)])
+            for i in range(450)
+        ]
+        for start in range(0, len(bursts), 50):
+            await runs.record_many(
+                [RunBurst(b.record, b.events, create=True) for b in bursts[start : start + 50]]
+            )
+        await runs.delete_user_runs(user_id)
+        for i in (0, 199, 200, 449):
+            assert await runs.get_run(user_id, f"r{i}") is None
+        assert all([await runs.list_runs(user_id, f"s{i}") == [] for i in range(3)])

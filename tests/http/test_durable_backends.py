@@ -77,16 +77,22 @@ def test_users_stay_apart_on_the_durable_backends(durable: tuple[str, str, str])
 def test_erasing_a_users_data_on_the_durable_backends(durable: tuple[str, str, str]) -> None:
     url, first, second = durable
     with httpx.Client(base_url=url, timeout=30) as client:
+        runs = []
         for key in (first, second):
             body = {"input": [user_message("My name is Zed")], "session_id": "mine"}
-            client.post("/process", json={**body, "stream": False}, headers=bearer(key))
+            reply = client.post("/process", json={**body, "stream": False}, headers=bearer(key))
+            runs.append(reply.headers["X-Run-Id"])
             client.post("/state/mine", json={"state": {"a": 1}}, headers=bearer(key))
-        assert client.delete("/users/me/data", headers=bearer(first)).status_code == 204
-        mine = bearer(first)
+        mine, theirs = bearer(first), bearer(second)
+        # The stored run holds the conversation: its events quote the user's input.
+        assert "Zed" in client.get(f"/runs/{runs[0]}/events", headers=mine).text
+        assert client.delete("/users/me/data", headers=mine).status_code == 204
         assert client.get("/sessions", headers=mine).json()["items"] == []
         assert client.get("/memory", headers=mine).json()["items"] == []
         assert client.get("/state/mine", headers=mine).status_code == 404
-        theirs = bearer(second)
+        assert client.get(f"/runs/{runs[0]}", headers=mine).status_code == 404
+        assert client.get(f"/runs/{runs[0]}/events", headers=mine).status_code == 404
         assert len(client.get("/sessions", headers=theirs).json()["items"]) == 1
         assert client.get("/memory", headers=theirs).json()["items"] != []
         assert client.get("/state/mine", headers=theirs).status_code == 200
+        assert client.get(f"/runs/{runs[1]}", headers=theirs).json()["status"] == "completed"

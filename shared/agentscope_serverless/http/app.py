@@ -96,7 +96,8 @@ def create_app(
         names = tuple(name for name in names if name != "runs")
     elif "process" in names and "runs" not in names:
         names = (*names, "runs")
-    if "runs" in names and services.runs is None:
+    # The erase route deletes the user's stored runs too.
+    if services.runs is None and settings.runs_backend != "none" and {"runs", "users"} & {*names}:
         services = dataclasses.replace(services, runs=_build_service("runs", settings))
     recorder = task_executor = None
     if services.runs is not None and "runs" in names:

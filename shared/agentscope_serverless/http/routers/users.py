@@ -2,12 +2,13 @@
 
 | Method and path | What |
 |---|---|
-| ``DELETE /users/me/data`` | delete the caller's sessions, long-term memory and state |
+| ``DELETE /users/me/data`` | delete the caller's sessions, stored runs, long-term memory and
+state |
 
-Each service deletes the user's data at once (see ``delete_user_sessions``,
-``delete_user_memory``, ``delete_user_state``); memory and state go first, the session
-history last. Retrying after an error is safe. Sandboxes are released with
-``DELETE /sandboxes/{session_id}``.
+Each service deletes the user's data at once (see ``delete_user_runs``,
+``delete_user_memory``, ``delete_user_state``, ``delete_user_sessions``): the stored runs
+(their events hold the conversations) go first, the session history last. Retrying after an
+error is safe. Sandboxes are released with ``DELETE /sandboxes/{session_id}``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agentscope_serverless.http.context import AppContext, get_context
 router = APIRouter(prefix="/users", tags=["users"])
 
 # The services of this router, in the order they are erased.
-SERVICES = ("memory", "state", "session_history")
+SERVICES = ("runs", "memory", "state", "session_history")
 
 
 @router.delete("/me/data", status_code=204, summary="Erase all of the caller's data")
@@ -30,6 +31,8 @@ async def erase_my_data(
     user_id: CurrentUser, context: Annotated[AppContext, Depends(get_context)]
 ) -> Response:
     services = context.current
+    if services.runs is not None:
+        await services.runs.delete_user_runs(user_id)
     if services.memory is not None:
         await services.memory.delete_user_memory(user_id)
     if services.state is not None:

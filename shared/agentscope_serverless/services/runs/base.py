@@ -240,6 +240,14 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
         return sorted(runs, key=lambda record: record.created_at)
 
+    async def delete_user_runs(self, user_id: str) -> None:
+        """Delete every run of ``user_id``: records and events, tasks and A2A tasks too
+        (erasing a user's data: a run's events hold its conversation). Other users' runs
+        stay. A run still executing is not stopped: what it stores afterwards (its end, or
+        its first write when it had stored nothing yet) may be kept. Retrying is safe."""
+        self._ensure_started()
+        await self._delete_user(require_user_id(user_id))
+
     async def read_events(
         self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
     ) -> list[StoredEvent]:
@@ -297,6 +305,10 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
         """The records of the session's runs, in any order."""
+
+    @abstractmethod
+    async def _delete_user(self, user_id: str) -> None:
+        """Delete every run of the user, with its events and its entries in indexes."""
 
     @abstractmethod
     async def _read(

@@ -13,6 +13,9 @@ pk                 sk                          attributes
 ``RUN#U#R``        ``E#<sequence:012d>``       ``body`` (event JSON; large ones: head plus
                                                tail items), ``expires_at``
 ``RUNS#U#S``       ``<created ms:015d>#R``     ``run_id``, ``expires_at``
+``USERRUNS#U``     ``<created ms:015d>#R``     ``run_id``, ``session_pk`` (its ``RUNS#U#S``
+                                               entry's), ``expires_at``: every run of the
+                                               user, for erasing them
 =================  ==========================  ===========================================
 
 The events of a run are read with one consistent ``Query`` of its partition from a sort key
@@ -105,18 +108,21 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return tails, meta
 
     def _record_items(self, record: RunRecord) -> tuple[list[Item], list[Item]]:
-        """The items holding the rest of a large record, then the run's META item and, with
-        a session, its entry in the session's index (written once the first are)."""
+        """The items holding the rest of a large record, then the run's META item, its
+        entry in the user's index and, with a session, in the session's (written once the
+        first are)."""
         tails, meta = self._meta_items(record)
-        items = [meta]
+        user = id_hash(record.user_id)
+        entry = {
+            "pk": s(f"USERRUNS#{user}"),
+            "sk": s(f"{int(record.created_at * 1000):015d}#{id_hash(record.id)}"),
+            "run_id": s(record.id),
+            **self._expiry(),
+        }
+        items = [meta, entry]
         if record.session_id is not None:
-            created = int(record.created_at * 1000)
-            index = {
-                "pk": s(f"RUNS#{id_hash(record.user_id)}#{id_hash(record.session_id)}"),
-                "sk": s(f"{created:015d}#{id_hash(record.id)}"),
-                "run_id": s(record.id),
-                **self._expiry(),
-            }
+            index = {**entry, "pk": s(f"RUNS#{user}#{id_hash(record.session_id)}")}
+            entry["session_pk"] = index["pk"]
             items.append(index)
         return tails, items
 
@@ -249,6 +255,38 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         ]
         records = [await self._load(user_id, run_id) for run_id in run_ids]
         return [record for record in records if record is not None]
+
+    async def _delete_user(self, user_id: str) -> None:
+        user_index = s(f"USERRUNS#{id_hash(user_id)}")
+        while True:
+            entries = [
+                item
+                async for item in self._store.query(
+                    KeyConditionExpression="pk = :pk",
+                    ExpressionAttributeValues={":pk": user_index},
+                    ConsistentRead=True,
+                )
+            ]
+            if not entries:
+                return
+            for entry in entries:
+                keys = [
+                    {"pk": item["pk"], "sk": item["sk"]}
+                    async for item in self._store.query(
+                        KeyConditionExpression="pk = :pk",
+                        ExpressionAttributeValues={
+                            ":pk": s(self._pk(user_id, entry["run_id"]["S"]))
+                        },
+                        ProjectionExpression="pk, sk",
+                        ConsistentRead=True,
+                    )
+                ]
+                if "session_pk" in entry:
+                    keys.append({"pk": entry["session_pk"], "sk": entry["sk"]})
+                await self._store.delete(keys)
+                # The user's entry goes once the rest has: a retry after a failure finds
+                # the run again.
+                await self._store.delete([{"pk": entry["pk"], "sk": entry["sk"]}])
 
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None

@@ -101,6 +101,10 @@ class InMemoryRunsService(RunsService):
             and record.session_id == session_id
         ]
 
+    async def _delete_user(self, user_id: str) -> None:
+        for key in [key for key in self._runs if key[0] == user_id]:
+            self._wake(self._runs.pop(key))
+
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None
     ) -> list[StoredEvent]:

@@ -6,6 +6,9 @@ Keys of user ``U``, run ``R`` and session ``S`` (escaped, the user in the hash t
                                           events (a run stored in one write)
     <prefix>:run:{U}:r:R:events   STREAM  one entry per write of events
     <prefix>:run:{U}:s:S          ZSET    run id -> creation time
+    <prefix>:run:{U}:all          ZSET    run id -> creation time (every run of the user,
+                                          for erasing them; members older than twice the
+                                          expiry are dropped as runs are added)
 
 A run stored whole in one write (it ended before its first write, as most runs do) keeps
 its events in its hash, one per line: ``<sequence number> <JSON>\n``, with no stream.
@@ -22,6 +25,7 @@ Every write refreshes the expiry (``ttl_seconds``) of the keys it touches.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,12 +44,23 @@ from agentscope_serverless.services.runs.base import RunBurst, RunRecord, RunsSe
 # The cancellation mark is kept apart from the record (its own hash field).
 _NOT_STORED = {"cancel_requested"}
 
-# KEYS: run, session index. ARGV: ttl, record, run id, created at.
+# Adds a run to the user's index, dropping the runs created before ``cutoff`` (expired:
+# nothing writes to a run that long).
+_LUA_INDEX_RUN = """
+local function index_run(key, created, run_id, cutoff)
+  redis.call('ZADD', key, created, run_id)
+  if tonumber(cutoff) > 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff) end
+end
+"""
+
+# KEYS: run, session index, user index. ARGV: ttl, record, run id, created at, cutoff.
 _CREATE = (
     LUA_TOUCH
+    + _LUA_INDEX_RUN
     + """
 redis.call('HSET', KEYS[1], 'record', ARGV[2])
 if KEYS[2] ~= KEYS[1] then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3]) end
+index_run(KEYS[3], ARGV[4], ARGV[3], ARGV[5])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
@@ -93,29 +108,32 @@ return 1
 """
 )
 
-# Bursts of runs executing here (not stored whole: see ``_whole``), each with 3 KEYS (run,
-# events, session index) and, after ARGV[1] (the ttl), its ARGV: create ("1"/"0"), record
-# (written when creating or finishing), run id, created at, finish ("1"/"0"), the number
-# of events, then the events (as for add_events). Returns, per burst, -1 when the run is
-# not found, else 1 when its cancellation was requested, else 0.
+# Bursts of runs executing here (not stored whole: see ``_whole``), each with 4 KEYS (run,
+# events, session index, user index) and, after ARGV[1] (the ttl) and ARGV[2] (the user
+# index's cutoff), its ARGV: create ("1"/"0"), record (written when creating or
+# finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
+# (as for add_events). Returns, per burst, -1 when the run is not found, else 1 when its
+# cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
+    + _LUA_INDEX_RUN
     + """
-local answers, a = {}, 2
-for i = 1, #KEYS / 3 do
-  local run, events, index = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+local answers, a = {}, 3
+for i = 1, #KEYS / 4 do
+  local run, events, index, all = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local create, finish, count = ARGV[a] == '1', ARGV[a + 4] == '1', tonumber(ARGV[a + 5])
   local found = true
   if create then
     if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
+    index_run(all, ARGV[a + 3], ARGV[a + 2], ARGV[2])
   elseif redis.call('EXISTS', run) == 0 then
     found = false
   end
   if found then
     if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
     add_events(events, a + 6, count)
-    touch(tonumber(ARGV[1]), {run, events, index})
+    touch(tonumber(ARGV[1]), {run, events, index, all})
     answers[i] = redis.call('HEXISTS', run, 'cancel')
   else
     answers[i] = -1
@@ -139,6 +157,24 @@ return redis.call('HMGET', KEYS[1], 'record', 'cancel')
 _SESSION_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
+
+_USER_RUNS = """
+return redis.call('ZRANGE', KEYS[1], 0, ARGV[1])
+"""
+
+# KEYS: user index, then per run: run, events, session index (the run's key without one).
+# ARGV: the run ids. Deletes the runs and their entries in the indexes.
+_DELETE_RUNS = """
+for i = 1, #ARGV do
+  local run, events, index = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  redis.call('DEL', run, events)
+  if index ~= run then redis.call('ZREM', index, ARGV[i]) end
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return 1
+"""
+# Runs erased per script.
+_DELETE_BATCH = 200
 
 # KEYS: run, events. ARGV: first entry id, count (0: all). Returns the lines of a run
 # stored whole (or nil) and the stream's entries.
@@ -169,15 +205,46 @@ class RedisRunsService(RedisBackedService, RunsService):
         base = user_key_prefix(self._redis.key_prefix, "run", user_id)
         return f"{base}:s:{escape(session_id)}"
 
+    def _user_key(self, user_id: str) -> str:
+        return f"{user_key_prefix(self._redis.key_prefix, 'run', user_id)}:all"
+
+    def _index_cutoff(self) -> float:
+        """Runs created before this are dropped from their user's index (0: none are)."""
+        return time.time() - 2 * self._ttl if self._ttl else 0
+
     async def _create(self, record: RunRecord) -> None:
         run = self._run_key(record.user_id, record.id)
         index = self._session_key(record.user_id, record.session_id) if record.session_id else run
         await self._redis.run(
             _CREATE,
-            [run, index],
-            [self._ttl, record.model_dump_json(), record.id, repr(record.created_at)],
+            [run, index, self._user_key(record.user_id)],
+            [
+                self._ttl,
+                record.model_dump_json(),
+                record.id,
+                repr(record.created_at),
+                repr(self._index_cutoff()),
+            ],
             idempotent=True,
         )
+
+    async def _delete_user(self, user_id: str) -> None:
+        user_key = self._user_key(user_id)
+        while True:
+            first = await self._redis.run(
+                _USER_RUNS, [user_key], [_DELETE_BATCH - 1], idempotent=True
+            )
+            run_ids = [text(run_id) for run_id in first]
+            if not run_ids:
+                return
+            records = await asyncio.gather(*(self._load(user_id, r) for r in run_ids))
+            keys = [user_key]
+            for run_id, record in zip(run_ids, records, strict=True):
+                run = self._run_key(user_id, run_id)
+                session = record.session_id if record is not None else None
+                index = self._session_key(user_id, session) if session else run
+                keys += (run, f"{run}:events", index)
+            await self._redis.run(_DELETE_RUNS, keys, run_ids, idempotent=True)
 
     async def _save(self, record: RunRecord) -> None:
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
@@ -222,13 +289,13 @@ class RedisRunsService(RedisBackedService, RunsService):
         keep their entry ids, the record written is the burst's own."""
         commands: list[Command] = []
         keys: list[str] = []
-        args: list[Any] = [self._ttl]
+        args: list[Any] = [self._ttl, repr(self._index_cutoff())]
         # Per burst: its answer's position in the script's reply; None when stored whole.
         scripted: list[int | None] = []
         for burst in bursts:
             whole = self._whole(burst)
             if whole is None:
-                scripted.append(len(keys) // 3)
+                scripted.append(len(keys) // 4)
                 self._add_burst(burst, keys, args)
             else:
                 commands += whole
@@ -259,20 +326,28 @@ class RedisRunsService(RedisBackedService, RunsService):
         commands: list[Command] = [
             ("HSET", run, "record", record.model_dump_json(exclude=_NOT_STORED), "events", lines)
         ]
+        created = repr(record.created_at)
         if record.session_id:
             index = self._session_key(record.user_id, record.session_id)
-            commands.append(("ZADD", index, repr(record.created_at), record.id))
+            commands.append(("ZADD", index, created, record.id))
             if self._ttl:
                 commands.append(("EXPIRE", index, self._ttl))
+        user_key = self._user_key(record.user_id)
+        commands.append(("ZADD", user_key, created, record.id))
         if self._ttl:
-            commands.append(("EXPIRE", run, self._ttl))
+            cutoff = f"({self._index_cutoff()!r}"
+            commands += [
+                ("ZREMRANGEBYSCORE", user_key, "-inf", cutoff),
+                ("EXPIRE", user_key, self._ttl),
+                ("EXPIRE", run, self._ttl),
+            ]
         return commands
 
     def _add_burst(self, burst: RunBurst, keys: list[str], args: list[Any]) -> None:
         record = burst.record
         run = self._run_key(record.user_id, record.id)
         index = self._session_key(record.user_id, record.session_id) if record.session_id else run
-        keys += (run, f"{run}:events", index)
+        keys += (run, f"{run}:events", index, self._user_key(record.user_id))
         args += (
             "1" if burst.create else "0",
             record.model_dump_json(exclude=_NOT_STORED),
