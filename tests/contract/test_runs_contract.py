@@ -351,3 +351,37 @@ async def test_deleting_a_users_runs_goes_past_one_batch(
         for i in (0, 199, 200, 449):
             assert await runs.get_run(user_id, f"r{i}") is None
         assert all([await runs.list_runs(user_id, f"s{i}") == [] for i in range(3)])
+
+
+async def test_deleting_a_sessions_runs_keeps_the_users_other_runs(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}:other"
+    async with runs_factory() as runs:
+        for user in (user_id, other):
+            for session in ("gone", "kept"):
+                await runs.create_run(
+                    RunRecord(id=f"{session}-1", user_id=user, session_id=session)
+                )
+                await runs.append_events(user, f"{session}-1", [_event(0, "secret")])
+                whole = RunRecord(
+                    id=f"{session}-2", user_id=user, session_id=session, status="completed"
+                )
+                await runs.record(whole, [_event(0, "secret")], create=True, finish=True)
+            await runs.create_run(RunRecord(id="task", user_id=user, kind="task"))
+        await runs.delete_session_runs(user_id, " gone ")  # taken as sessions take it
+        for run_id in ("gone-1", "gone-2"):
+            assert await runs.get_run(user_id, run_id) is None
+            assert await runs.read_events(user_id, run_id) == []
+        assert await runs.list_runs(user_id, "gone") == []
+        assert [r.id for r in await runs.list_runs(user_id, "kept")] == ["kept-1", "kept-2"]
+        assert await runs.get_run(user_id, "task") is not None
+        assert [r.id for r in await runs.list_runs(other, "gone")] == ["gone-1", "gone-2"]
+        await runs.delete_session_runs(user_id, "gone")
+        with pytest.raises(InvalidInputError):
+            await runs.delete_session_runs(user_id, " ")
+        # The user's index lost them too: erasing the user deletes what is left.
+        await runs.delete_user_runs(user_id)
+        for run_id in ("kept-1", "kept-2", "task"):
+            assert await runs.get_run(user_id, run_id) is None
+        assert await runs.get_run(other, "kept-1") is not None

@@ -96,3 +96,17 @@ def test_erasing_a_users_data_on_the_durable_backends(durable: tuple[str, str, s
         assert client.get("/memory", headers=theirs).json()["items"] != []
         assert client.get("/state/mine", headers=theirs).status_code == 200
         assert client.get(f"/runs/{runs[1]}", headers=theirs).json()["status"] == "completed"
+
+
+def test_deleting_a_session_deletes_its_stored_runs(durable: tuple[str, str, str]) -> None:
+    url, key, _ = durable
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        runs = {}
+        for session in ("forget-me", "keep-me"):
+            body = {"input": [user_message("My name is Zed")], "session_id": session}
+            reply = client.post("/process", json={**body, "stream": False})
+            runs[session] = reply.headers["X-Run-Id"]
+        assert client.delete("/sessions/forget-me").status_code == 204
+        assert client.get(f"/runs/{runs['forget-me']}").status_code == 404
+        assert client.get("/runs", params={"session_id": "forget-me"}).json()["items"] == []
+        assert client.get(f"/runs/{runs['keep-me']}").json()["status"] == "completed"

@@ -96,8 +96,9 @@ def create_app(
         names = tuple(name for name in names if name != "runs")
     elif "process" in names and "runs" not in names:
         names = (*names, "runs")
-    # The erase route deletes the user's stored runs too.
-    if services.runs is None and settings.runs_backend != "none" and {"runs", "users"} & {*names}:
+    # Deleting a session, or all of a user's data, deletes their stored runs too.
+    erasing = {"runs", "sessions", "users"} & {*names}
+    if services.runs is None and settings.runs_backend != "none" and erasing:
         services = dataclasses.replace(services, runs=_build_service("runs", settings))
     recorder = task_executor = None
     if services.runs is not None and "runs" in names:

@@ -5,7 +5,7 @@
 | ``POST /sessions`` | create a session (idempotent; a new uuid without ``session_id``) |
 | ``GET /sessions?limit=&cursor=`` | list sessions, oldest first, a page at a time |
 | ``GET /sessions/{id}`` | a session with its messages (404 when missing) |
-| ``DELETE /sessions/{id}`` | delete a session and its history |
+| ``DELETE /sessions/{id}`` | delete a session, its history and its stored runs |
 | ``GET /sessions/{id}/messages?limit=&cursor=`` | a page of a session's messages |
 | ``POST /sessions/{id}/messages`` | append messages (creates the session if needed) |
 """
@@ -100,9 +100,16 @@ async def get_session(session_id: SessionIdPath, user_id: CurrentUser, history: 
 
 @router.delete("/{session_id}", status_code=204, summary="Delete a session")
 async def delete_session(
-    session_id: SessionIdPath, user_id: CurrentUser, history: History
+    session_id: SessionIdPath,
+    user_id: CurrentUser,
+    context: Annotated[AppContext, Depends(get_context)],
 ) -> Response:
-    await history.delete_session(user_id, session_id)
+    # The session's stored runs first: their events hold its conversation, and a retry
+    # after a failure still finds them.
+    runs = context.current.runs
+    if runs is not None:
+        await runs.delete_session_runs(user_id, session_id)
+    await context.session_history.delete_session(user_id, session_id)
     return Response(status_code=204)
 
 

@@ -248,6 +248,12 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 
+    async def delete_session_runs(self, user_id: str, session_id: str) -> None:
+        """Delete the runs of a session (deleting the session: their events hold its
+        conversation), as :meth:`delete_user_runs` does a user's."""
+        self._ensure_started()
+        await self._delete_session(require_user_id(user_id), require_session_id(session_id))
+
     async def read_events(
         self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
     ) -> list[StoredEvent]:
@@ -309,6 +315,10 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _delete_user(self, user_id: str) -> None:
         """Delete every run of the user, with its events and its entries in indexes."""
+
+    @abstractmethod
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        """Delete the session's runs, with their events and their entries in indexes."""
 
     @abstractmethod
     async def _read(

@@ -257,13 +257,23 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return [record for record in records if record is not None]
 
     async def _delete_user(self, user_id: str) -> None:
+        await self._delete_indexed(user_id, f"USERRUNS#{id_hash(user_id)}")
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        await self._delete_indexed(user_id, f"RUNS#{id_hash(user_id)}#{id_hash(session_id)}")
+
+    async def _delete_indexed(self, user_id: str, index: str) -> None:
+        """Delete the runs listed in the partition ``index`` (the user's or a session's),
+        until none is left (runs created meanwhile included). A run's entries in the two
+        indexes share their sort key; the one read goes once the rest has, so a retry
+        after a failure finds the run again."""
         user_index = s(f"USERRUNS#{id_hash(user_id)}")
         while True:
             entries = [
                 item
                 async for item in self._store.query(
                     KeyConditionExpression="pk = :pk",
-                    ExpressionAttributeValues={":pk": user_index},
+                    ExpressionAttributeValues={":pk": s(index)},
                     ConsistentRead=True,
                 )
             ]
@@ -281,11 +291,10 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                         ConsistentRead=True,
                     )
                 ]
-                if "session_pk" in entry:
-                    keys.append({"pk": entry["session_pk"], "sk": entry["sk"]})
+                for other in (entry.get("session_pk"), user_index):
+                    if other is not None and other != entry["pk"]:
+                        keys.append({"pk": other, "sk": entry["sk"]})
                 await self._store.delete(keys)
-                # The user's entry goes once the rest has: a retry after a failure finds
-                # the run again.
                 await self._store.delete([{"pk": entry["pk"], "sk": entry["sk"]}])
 
     async def _read(

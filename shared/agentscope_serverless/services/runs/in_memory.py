@@ -105,6 +105,11 @@ class InMemoryRunsService(RunsService):
         for key in [key for key in self._runs if key[0] == user_id]:
             self._wake(self._runs.pop(key))
 
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        for key, run in list(self._runs.items()):
+            if key[0] == user_id and run.record.session_id == session_id:
+                self._wake(self._runs.pop(key))
+
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None
     ) -> list[StoredEvent]:

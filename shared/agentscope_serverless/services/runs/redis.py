@@ -158,7 +158,15 @@ _SESSION_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
-_USER_RUNS = """
+# KEYS: runs. Returns their records (nil for a run gone).
+_RECORDS = """
+local records = {}
+for i, key in ipairs(KEYS) do records[i] = redis.call('HGET', key, 'record') or false end
+return records
+"""
+
+# KEYS: an index of runs (a user's or a session's). ARGV: the last position to read.
+_FIRST_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, ARGV[1])
 """
 
@@ -229,21 +237,37 @@ class RedisRunsService(RedisBackedService, RunsService):
         )
 
     async def _delete_user(self, user_id: str) -> None:
+        await self._delete_indexed(user_id, self._user_key(user_id), None)
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        await self._delete_indexed(user_id, self._session_key(user_id, session_id), session_id)
+
+    async def _delete_indexed(self, user_id: str, index: str, session_id: str | None) -> None:
+        """Delete the runs listed in ``index`` (the user's, or the session ``session_id``'s),
+        a batch at a time until none is left (runs created meanwhile included)."""
         user_key = self._user_key(user_id)
         while True:
             first = await self._redis.run(
-                _USER_RUNS, [user_key], [_DELETE_BATCH - 1], idempotent=True
+                _FIRST_RUNS, [index], [_DELETE_BATCH - 1], idempotent=True
             )
             run_ids = [text(run_id) for run_id in first]
             if not run_ids:
                 return
-            records = await asyncio.gather(*(self._load(user_id, r) for r in run_ids))
+            sessions: list[str | None] = [session_id] * len(run_ids)
+            if session_id is None:
+                runs = [self._run_key(user_id, run_id) for run_id in run_ids]
+                stored = await self._redis.run(_RECORDS, runs, [], idempotent=True)
+                sessions = [
+                    RunRecord.model_validate_json(raw).session_id if raw else None for raw in stored
+                ]
             keys = [user_key]
-            for run_id, record in zip(run_ids, records, strict=True):
+            for run_id, session in zip(run_ids, sessions, strict=True):
                 run = self._run_key(user_id, run_id)
-                session = record.session_id if record is not None else None
-                index = self._session_key(user_id, session) if session else run
-                keys += (run, f"{run}:events", index)
+                keys += (
+                    run,
+                    f"{run}:events",
+                    self._session_key(user_id, session) if session else run,
+                )
             await self._redis.run(_DELETE_RUNS, keys, run_ids, idempotent=True)
 
     async def _save(self, record: RunRecord) -> None:
