@@ -73,6 +73,39 @@ async def test_every_key_of_a_user_shares_one_hash_slot(
     assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
+async def test_erasing_a_user_leaves_no_key_of_theirs(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    services = [
+        RedisSessionHistoryService(redis_server.url),
+        RedisMemoryService(redis_server.url),
+        RedisStateService(redis_server.url),
+        RedisRunsService(redis_url=redis_server.url, ttl_seconds=60),
+    ]
+    history, memory, state, runs = services
+    for service in services:
+        await service.start()
+    try:
+        for session_id in ("s1", "a:b{c}*"):
+            session = await history.create_session(user_id, session_id)
+            await history.append_message(session, [msg("hello"), msg("again")])
+            await memory.add_memory(user_id, [msg("fact")], session_id=session_id)
+            await state.save_state(user_id, {"v": 1}, session_id=session_id)
+            record = RunRecord(id=f"run-{session_id}", user_id=user_id, session_id=session_id)
+            await runs.record(record, [(0, "{}")], create=True)
+        kinds = ("session", "memory", "state", "run")
+        assert all([await user_keys(redis_client, kind, user_id) for kind in kinds])
+        await runs.delete_user_runs(user_id)
+        await memory.delete_user_memory(user_id)
+        await state.delete_user_state(user_id)
+        await history.delete_user_sessions(user_id)
+        for kind in kinds:
+            assert await user_keys(redis_client, kind, user_id) == [], kind
+    finally:
+        for service in services:
+            await service.stop()
+
+
 # --- TTL ------------------------------------------------------------------------------
 
 

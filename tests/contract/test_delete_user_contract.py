@@ -35,6 +35,24 @@ async def test_delete_user_sessions_removes_every_session_and_message(
     await history.delete_user_sessions(f"{user_id}-nobody")
 
 
+async def test_a_message_id_of_an_erased_session_is_new_again(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    before = await history.create_session(user_id, "s1")
+    await history.append_message(before, {"id": "m1", "role": "user", "content": "old"})
+    await history.append_message(before, {"id": "m2", "role": "user", "content": "old"})
+    await history.delete_user_sessions(user_id)
+    after = await history.create_session(user_id, "s1")
+    await history.append_message(after, {"id": "m2", "role": "user", "content": "new"})
+    await history.append_message(after, {"id": "m1", "role": "user", "content": "newer"})
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert [(m.id, m.get_text_content()) for m in stored.messages] == [
+        ("m2", "new"),
+        ("m1", "newer"),
+    ]
+
+
 async def test_delete_user_sessions_races_with_appends_and_creates(
     history: SessionHistoryService, user_id: str
 ) -> None:

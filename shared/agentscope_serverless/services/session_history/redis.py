@@ -151,8 +151,8 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
-# KEYS: index, expiry, counter, then the meta and messages keys of the sessions the caller
-# read from the index. ARGV: the counter value then. Deletes only when no session was
+# KEYS: index, expiry, counter, then the meta, messages and ids keys of the sessions the
+# caller read from the index. ARGV: the counter value then. Deletes only when no session was
 # created since (else returns 0 and the caller reads the index again).
 _DELETE_USER = """
 if (redis.call('GET', KEYS[3]) or '') ~= ARGV[1] then return 0 end
@@ -266,7 +266,8 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
             counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
             for session_id in session_ids:
-                keys += self._keys(user_id, session_id)[:2]
+                meta, messages, *_, ids = self._keys(user_id, session_id)
+                keys += (meta, messages, ids)
             done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
             if int(done):
                 return
