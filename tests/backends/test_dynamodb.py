@@ -300,6 +300,42 @@ async def test_max_messages_keeps_the_newest_and_deletes_the_rest(
     assert len(items) == 3
 
 
+def numbered(first: int, count: int) -> list[Message]:
+    """Messages ``m<first>``... with those ids and texts."""
+    return [Message(id=f"m{i}", role="user", content=f"m{i}") for i in range(first, first + count)]
+
+
+async def test_a_retried_append_keeps_the_newest_messages_of_a_session_kept_to_n(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    async with history_on(dynamodb_server, max_messages_per_session=3) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, numbered(0, 5))
+        # Sent again (a retry): its messages are in the session, so nothing is appended,
+        # and the sequence numbers it took hide nothing.
+        await history.append_message(session, numbered(2, 3))
+        await history.append_message(session, numbered(3, 2))
+        assert texts(await history.get_session(user_id, "s1")) == ["m2", "m3", "m4"]
+        await history.append_message(session, numbered(5, 1))
+        assert texts(await history.get_session(user_id, "s1")) == ["m3", "m4", "m5"]
+        page = await history.list_messages(user_id, "s1", limit=2)
+        assert [m.get_text_content() for m in page.items] == ["m3", "m4"]
+
+
+async def test_a_session_kept_to_n_messages_keeps_n_message_ids(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with history_on(dynamodb_server, max_messages_per_session=3) as history:
+        session = await history.create_session(user_id, "s1")
+        for first in range(0, 50, 5):
+            await history.append_message(session, numbered(first, 5))
+        assert texts(await history.get_session(user_id, "s1")) == ["m47", "m48", "m49"]
+    items = await partition(
+        dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
+    )
+    assert len(items) == 6  # three messages, and the items of their ids
+
+
 async def test_concurrent_creates_of_one_session_agree(
     dynamodb_server: DynamoDBServer, user_id: str
 ) -> None:

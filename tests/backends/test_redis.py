@@ -207,6 +207,41 @@ async def test_max_messages_keeps_the_newest_and_pages_stay_consistent(
         assert first_page.items == []
 
 
+async def test_a_session_kept_to_n_messages_keeps_n_message_ids(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    ids = f"{user_key_prefix('agentscope', 'session', user_id)}:s:s1:ids"
+
+    def numbered(first: int, count: int) -> list[Message]:
+        return [
+            Message(id=f"m{i}", role="user", content=f"m{i}") for i in range(first, first + count)
+        ]
+
+    async with RedisSessionHistoryService(redis_server.url) as unlimited:
+        session = await unlimited.create_session(user_id, "s1")
+        await unlimited.append_message(session, numbered(0, 4))  # before the limit was set
+    async with RedisSessionHistoryService(redis_server.url, max_messages_per_session=3) as history:
+        for first in range(4, 50, 5):
+            await history.append_message(session, numbered(first, 5))
+        # A retry of recent messages stores nothing twice.
+        await history.append_message(session, numbered(51, 3))
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None
+        assert [m.id for m in stored.messages] == ["m51", "m52", "m53"]
+        assert sorted(await redis_client.hkeys(ids)) == [
+            "m0",
+            "m1",
+            "m2",
+            "m3",
+            "m51",
+            "m52",
+            "m53",
+        ]
+        assert await redis_client.lrange(f"{ids}:order", 0, -1) == ["m51", "m52", "m53"]
+        await history.delete_session(user_id, "s1")
+        assert await redis_client.exists(ids, f"{ids}:order") == 0
+
+
 async def test_appending_is_one_push_not_a_rewrite(
     redis_server: RedisServer, redis_client: Redis, user_id: str
 ) -> None:

@@ -117,7 +117,7 @@ async def test_a_turn_whose_history_cannot_be_appended_ends_failed_in_the_store_
     async with stack:
         # The session's message-id index is not a hash: its append fails in Redis, after
         # the session was opened (which does not read that key).
-        ids_key = stack.history._keys(user_id, "s1")[-1]
+        ids_key = next(key for key in stack.history._keys(user_id, "s1") if key.endswith(":ids"))
         await redis_client.set(ids_key, "not a hash")
         run = await stack.start(user_id, "s1")
         streamed = await _streamed(run)

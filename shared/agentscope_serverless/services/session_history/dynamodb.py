@@ -13,7 +13,9 @@ pk                         sk                  attributes
                                                ``generation``, ``expires_at``,
                                                ``stamped_until``
 ``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
-                                               (larger ones: head plus tail items)
+                                               (larger ones: head plus tail items); with
+                                               ``max_messages_per_session``, ``claim``: the
+                                               sort key of its id's item
 ``SESSION#U#S``            ``M#<gen>#~I#<I>``  ``seq`` of the message whose id hashes to I
 =========================  ==================  ===========================================
 
@@ -35,7 +37,7 @@ pk                         sk                  attributes
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
 - ``max_messages_per_session`` keeps the newest N messages (older ones are hidden at once
-  and deleted by the next append).
+  and deleted, with the items of their ids, by the next append).
 """
 
 from __future__ import annotations
@@ -140,9 +142,39 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         return f"M#{meta['generation']['S']}#"
 
     def _first_visible(self, meta: Item) -> int:
+        """The sequence number of the oldest message kept: the newest N are, where the
+        sequence numbers left unused (``gaps``) count for none."""
         if self._max_messages is None:
             return 1
-        return max(1, number(meta, "next_seq") - self._max_messages + 1)
+        first = number(meta, "next_seq") - self._max_messages + 1
+        for gap in sorted(map(int, meta.get("gaps", {}).get("NS", ())), reverse=True):
+            if gap < first:
+                break
+            first -= 1
+        return max(1, first)
+
+    async def _record_gaps(
+        self, user_id: str, session_id: str, meta: Item, gaps: list[int], *, add: bool
+    ) -> Item:
+        """The session item after adding (or removing) ``gaps``, sequence numbers that hold
+        no message; ``meta`` itself when the session was deleted meanwhile."""
+        try:
+            response = await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key=self._session_key(user_id, session_id),
+                UpdateExpression=f"{'ADD' if add else 'DELETE'} gaps :gaps",
+                ConditionExpression="generation = :generation",
+                ExpressionAttributeValues={
+                    ":gaps": {"NS": [str(gap) for gap in gaps]},
+                    ":generation": meta["generation"],
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            return meta
+        updated: Item = response["Attributes"]
+        return updated
 
     # --- the session item ---------------------------------------------------------------
 
@@ -240,6 +272,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 encode_message(message),
                 extra,
             )
+            if self._max_messages is not None:
+                # Trimmed, the message takes the item of its id along.
+                head["claim"] = self._claim_key(user_id, session_id, meta, message.id)["sk"]
             tails += message_tails
             heads.append(head)
         return tails, heads
@@ -268,21 +303,27 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         if first_visible == 1:
             return
         prefix = self._prefix(meta)
-        keys = [
-            {"pk": item["pk"], "sk": item["sk"]}
-            async for item in self._store.query(
-                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
-                ExpressionAttributeValues={
-                    ":pk": s(self._messages_pk(user_id, session_id)),
-                    ":low": s(prefix),
-                    ":high": s(position_key(prefix, first_visible - 1) + "#~"),
-                },
-                ProjectionExpression="pk, sk",
-                ConsistentRead=True,
-            )
-        ]
+        keys: list[Item] = []
+        async for item in self._store.query(
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+            ExpressionAttributeValues={
+                ":pk": s(self._messages_pk(user_id, session_id)),
+                ":low": s(prefix),
+                ":high": s(position_key(prefix, first_visible - 1) + "#~"),
+            },
+            ProjectionExpression="pk, sk, claim",
+            ConsistentRead=True,
+        ):
+            keys.append({"pk": item["pk"], "sk": item["sk"]})
+            if "claim" in item:
+                keys.append({"pk": item["pk"], "sk": item["claim"]})
         if keys:
             await self._store.delete(keys)
+        passed = [
+            gap for gap in map(int, meta.get("gaps", {}).get("NS", ())) if gap < first_visible
+        ]
+        if passed:
+            await self._record_gaps(user_id, session_id, meta, passed, add=False)
 
     # --- the service hooks --------------------------------------------------------------
 
@@ -462,6 +503,14 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 fresh.append((claimed, message))
                 appended[claimed] = stored = message
             result.append(stored)
+        if self._max_messages is not None:
+            # Sequence numbers this append leaves unused (its messages were in the session
+            # already) must not count among the newest N: else a retried append would hide
+            # the messages it repeats, and the next trim delete them.
+            used = {seq for seq, _ in fresh}
+            gaps = [seq for seq in range(first, first + len(messages)) if seq not in used]
+            if gaps:
+                meta = await self._record_gaps(user_id, session_id, meta, gaps, add=True)
         tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
         await self._store.put(heads)

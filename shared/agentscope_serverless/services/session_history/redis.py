@@ -8,8 +8,12 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far)
     <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
     <prefix>:session:{U}:s:S:ids         HASH  message id -> its position (appends skip known ids)
+    <prefix>:session:{U}:s:S:ids:order   LIST  message ids in append order (only with
+                                               ``max_messages_per_session``: the trimmed
+                                               messages' ids leave the hash with them)
 
-Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``): O(1) per
+Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``, which drops
+the trimmed messages' ids too, so a session kept to N messages stays that size): O(1) per
 message and atomic, so concurrent appends all land in one order. A session read returns
 its messages as stored and decodes them on first use; without a TTL, reading a whole
 session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
@@ -49,7 +53,7 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
-# KEYS: meta, messages, index, expiry, counter, ids. ARGV: ttl, session id, ...
+# KEYS: meta, messages, index, expiry, counter, ids, id order. ARGV: ttl, session id, ...
 _PRELUDE = """
 local ttl = tonumber(ARGV[1])
 local function ensure()
@@ -120,6 +124,7 @@ _APPEND = (
 ensure()
 local dropped = tonumber(redis.call('HGET', KEYS[1], 'dropped'))
 local length = redis.call('LLEN', KEYS[2])
+local max = tonumber(ARGV[3])
 local out = {}
 for i = 4, #ARGV, 2 do
   local position = redis.call('HGET', KEYS[6], ARGV[i])
@@ -131,13 +136,26 @@ for i = 4, #ARGV, 2 do
   else
     length = redis.call('RPUSH', KEYS[2], ARGV[i + 1])
     redis.call('HSET', KEYS[6], ARGV[i], string.format('%d', dropped + length - 1))
+    if max > 0 then redis.call('RPUSH', KEYS[7], ARGV[i]) end
     out[#out + 1] = 0
   end
 end
-local max = tonumber(ARGV[3])
 if max > 0 and length > max then
-  redis.call('LTRIM', KEYS[2], length - max, -1)
-  redis.call('HINCRBY', KEYS[1], 'dropped', length - max)
+  local trimmed = length - max
+  redis.call('LTRIM', KEYS[2], trimmed, -1)
+  dropped = redis.call('HINCRBY', KEYS[1], 'dropped', trimmed)
+  -- The id order lists the last messages (those appended since the limit was set): the
+  -- ids of the trimmed ones among them leave the hash, when it places them before the
+  -- first message kept.
+  local listed = redis.call('LLEN', KEYS[7])
+  local gone = trimmed - (length - listed)
+  if gone > 0 then
+    for _, id in ipairs(redis.call('LRANGE', KEYS[7], 0, gone - 1)) do
+      local at = redis.call('HGET', KEYS[6], id)
+      if at and tonumber(at) < dropped then redis.call('HDEL', KEYS[6], id) end
+    end
+    redis.call('LTRIM', KEYS[7], gone, -1)
+  end
 end
 touch()
 return out
@@ -145,15 +163,15 @@ return out
 )
 
 _DELETE = """
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[6])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[6], KEYS[7])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
-# KEYS: index, expiry, counter, then the meta, messages and ids keys of the sessions the
-# caller read from the index. ARGV: the counter value then. Deletes only when no session was
-# created since (else returns 0 and the caller reads the index again).
+# KEYS: index, expiry, counter, then the meta, messages, ids and id order keys of the
+# sessions the caller read from the index. ARGV: the counter value then. Deletes only when
+# no session was created since (else returns 0 and the caller reads the index again).
 _DELETE_USER = """
 if (redis.call('GET', KEYS[3]) or '') ~= ARGV[1] then return 0 end
 redis.call('DEL', unpack(KEYS))
@@ -246,6 +264,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             f"{session}:messages",
             *self._user_keys(user_id),
             f"{session}:ids",
+            f"{session}:ids:order",
         ]
 
     async def _session_call(
@@ -266,8 +285,8 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
             counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
             for session_id in session_ids:
-                meta, messages, *_, ids = self._keys(user_id, session_id)
-                keys += (meta, messages, ids)
+                meta, messages, *_, ids, order = self._keys(user_id, session_id)
+                keys += (meta, messages, ids, order)
             done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
             if int(done):
                 return
