@@ -21,6 +21,8 @@ from agentscope_serverless.services import _stored
 from agentscope_serverless.services._redis import escape, user_key_prefix
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.container import Services
+from agentscope_serverless.services.idempotency.base import StoredResponse
+from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
 from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord
 from agentscope_serverless.services.runs.redis import RedisRunsService
@@ -81,8 +83,9 @@ async def test_erasing_a_user_leaves_no_key_of_theirs(
         RedisMemoryService(redis_server.url),
         RedisStateService(redis_server.url),
         RedisRunsService(redis_url=redis_server.url, ttl_seconds=60),
+        RedisIdempotencyStore(redis_url=redis_server.url),
     ]
-    history, memory, state, runs = services
+    history, memory, state, runs, records = services
     for service in services:
         await service.start()
     try:
@@ -93,17 +96,33 @@ async def test_erasing_a_user_leaves_no_key_of_theirs(
             await state.save_state(user_id, {"v": 1}, session_id=session_id)
             record = RunRecord(id=f"run-{session_id}", user_id=user_id, session_id=session_id)
             await runs.record(record, [(0, "{}")], create=True)
-        kinds = ("session", "memory", "state", "run")
+            claim = await records.begin(user_id, f"key-{session_id}", "fingerprint")
+            await records.complete(claim, StoredResponse(200, {}, b"the answer"))
+        kinds = ("session", "memory", "state", "run", "idempotency")
         assert all([await user_keys(redis_client, kind, user_id) for kind in kinds])
         await runs.delete_user_runs(user_id)
         await memory.delete_user_memory(user_id)
         await state.delete_user_state(user_id)
         await history.delete_user_sessions(user_id)
+        await records.delete_user_records(user_id)
         for kind in kinds:
             assert await user_keys(redis_client, kind, user_id) == [], kind
     finally:
         for service in services:
             await service.stop()
+
+
+async def test_the_index_of_a_users_idempotency_records_drops_expired_ones(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    index = f"{user_key_prefix('agentscope', 'idempotency', user_id)}:index"
+    async with RedisIdempotencyStore(redis_url=redis_server.url, expiry_seconds=1) as records:
+        await records.begin(user_id, "old", "fingerprint")
+        await asyncio.sleep(1.1)  # the record expired
+        claim = await records.begin(user_id, "new", "fingerprint")
+        await records.complete(claim, StoredResponse(200, {}, b""))
+        assert await redis_client.zcard(index) == 1
+        assert 0 < await redis_client.ttl(index) <= 1
 
 
 # --- TTL ------------------------------------------------------------------------------

@@ -110,6 +110,25 @@ def test_the_same_key_and_body_with_another_session_header_is_a_conflict(
     assert client.get("/sessions/two").status_code == 404  # nothing ran
 
 
+def test_erasing_a_users_data_forgets_their_keys(server: tuple[str, InMemoryKeyStore]) -> None:
+    url, store = server
+    run = {"input": [text_message("My name is Alice")], "session_id": "s", "stream": False}
+    clients = [
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, f"u-{uuid.uuid4().hex[:8]}")))
+        for _ in range(2)
+    ]
+    with clients[0] as mine, clients[1] as theirs:
+        for client in (mine, theirs):
+            assert "Alice" in client.post("/process", json=run, headers=keyed("k")).text
+        assert mine.delete("/users/me/data").status_code == 204
+        # The stored answer (which quotes the conversation) is gone: the request runs anew.
+        again = mine.post("/process", json=run, headers=keyed("k"))
+        assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers
+        assert len(message_texts(mine, "s")) == 2
+        replayed = theirs.post("/process", json=run, headers=keyed("k"))
+        assert replayed.headers["Idempotent-Replayed"] == "true"
+
+
 def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None:
     url, store = server
     for name in ("first", "second"):

@@ -2,8 +2,8 @@
 
 | Method and path | What |
 |---|---|
-| ``DELETE /users/me/data`` | delete the caller's sessions, stored runs, long-term memory and
-state |
+| ``DELETE /users/me/data`` | delete the caller's sessions, stored runs, long-term memory,
+state and Idempotency-Key records |
 
 Each service deletes the user's data at once (see ``delete_user_runs``,
 ``delete_user_memory``, ``delete_user_state``, ``delete_user_sessions``): the stored runs
@@ -38,4 +38,7 @@ async def erase_my_data(
     if services.state is not None:
         await services.state.delete_user_state(user_id)
     await context.session_history.delete_user_sessions(user_id)
+    if context.idempotency is not None:
+        # A replayed request would answer with what it answered then.
+        await context.idempotency.delete_user_records(user_id)
     return Response(status_code=204)

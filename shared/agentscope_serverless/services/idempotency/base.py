@@ -149,6 +149,13 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         await self._abandon(claim.user_id, claim.key, claim.token)
 
+    async def delete_user_records(self, user_id: str) -> None:
+        """Forget every record of ``user_id`` (erasing the user's data: a completed record
+        keeps its response, which may quote it). A request of theirs still in progress
+        finishes unrecorded, so a retry of it runs again."""
+        self._ensure_started()
+        await self._delete_user(require_user_id(user_id))
+
     @abstractmethod
     async def _claim(
         self, user_id: str, key: str, record: IdempotencyRecord
@@ -166,6 +173,10 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
         """Delete the record, if it still holds ``token``."""
+
+    @abstractmethod
+    async def _delete_user(self, user_id: str) -> None:
+        """Delete every record of the user."""
 
 
 __all__ = [

@@ -140,5 +140,18 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
         except ConditionFailed:
             return
 
+    async def _delete_user(self, user_id: str) -> None:
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": s(f"IDEMPOTENCY#{id_hash(user_id)}")},
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        if keys:
+            await self._store.delete(keys)
+
 
 __all__ = ["DynamoDBIdempotencyStore"]

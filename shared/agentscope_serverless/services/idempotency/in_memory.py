@@ -54,5 +54,9 @@ class InMemoryIdempotencyStore(IdempotencyStore):
         if existing is not None and existing.token == token:
             del self._records[(user_id, key)]
 
+    async def _delete_user(self, user_id: str) -> None:
+        for user_and_key in [entry for entry in self._records if entry[0] == user_id]:
+            del self._records[user_and_key]
+
 
 __all__ = ["InMemoryIdempotencyStore"]

@@ -2,7 +2,9 @@
 
 Key: ``<prefix>:idempotency:{<escaped user id>}:<sha256 of the key>``, a hash with
 ``fingerprint``, ``state``, ``lease_until``, ``token`` and ``response``, expiring after
-the record's expiry.
+the record's expiry. ``<prefix>:idempotency:{<escaped user id>}:index``, a sorted set of
+the user's records (the sha256, scored by its expiry in ms), lists them for erasing; its
+expired entries are dropped as records are claimed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from agentscope_serverless.services.idempotency.base import (
     now_ms,
 )
 
-# ARGV: now (ms), fingerprint, token, lease until (ms), expiry (s).
+# KEYS: record, the user's index. ARGV: now (ms), fingerprint, token, lease until (ms),
+# expiry (s), the record's sha256.
 _CLAIM = """
 local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until', 'token', 'response')
 if r[1] and not (r[2] == 'in_progress' and tonumber(r[3]) < tonumber(ARGV[1])
@@ -28,16 +31,39 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[2], 'state', 'in_progress',
            'lease_until', ARGV[4], 'token', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
+local expiry = tonumber(ARGV[1]) + 1000 * tonumber(ARGV[5])
+redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 return false
 """
 
-# ARGV: token, response, expiry (s).
+# KEYS: record, the user's index. ARGV: token, response, expiry (s), now (ms), sha256.
 _COMPLETE = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'response', ARGV[2], 'lease_until', 0)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+local expiry = tonumber(ARGV[4]) + 1000 * tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
+
+# KEYS: the user's index. ARGV: how many records to read.
+_FIRST_RECORDS = """
+return redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+"""
+
+# KEYS: the user's index, then records. ARGV: the records' sha256, in the same order.
+_DELETE_RECORDS = """
+for i = 1, #ARGV do
+  redis.call('DEL', KEYS[i + 1])
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return 1
+"""
+# Records erased per script.
+_DELETE_BATCH = 500
 
 # ARGV: token.
 _ABANDON = """
@@ -62,22 +88,29 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         RedisBackedService.__init__(self, *args, **kwargs)
         IdempotencyStore.__init__(self, expiry_seconds, lease_seconds)
 
-    def _key(self, user_id: str, key: str) -> str:
+    def _base(self, user_id: str) -> str:
+        return user_key_prefix(self._redis.key_prefix, "idempotency", user_id)
+
+    def _keys(self, user_id: str, key: str) -> tuple[list[str], str]:
+        """The record's key and the user's index, and the record's sha256."""
         digest = hashlib.sha256(key.encode()).hexdigest()
-        return f"{user_key_prefix(self._redis.key_prefix, 'idempotency', user_id)}:{digest}"
+        base = self._base(user_id)
+        return [f"{base}:{digest}", f"{base}:index"], digest
 
     async def _claim(
         self, user_id: str, key: str, record: IdempotencyRecord
     ) -> IdempotencyRecord | None:
+        keys, digest = self._keys(user_id, key)
         raw = await self._redis.run(
             _CLAIM,
-            [self._key(user_id, key)],
+            keys,
             [
                 now_ms(),
                 record.fingerprint,
                 record.token,
                 record.lease_until_ms,
                 self.expiry_seconds,
+                digest,
             ],
             idempotent=False,
         )
@@ -91,15 +124,28 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         )
 
     async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+        keys, digest = self._keys(user_id, key)
         await self._redis.run(
             _COMPLETE,
-            [self._key(user_id, key)],
-            [token, response, self.expiry_seconds],
+            keys,
+            [token, response, self.expiry_seconds, now_ms(), digest],
             idempotent=True,
         )
 
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
-        await self._redis.run(_ABANDON, [self._key(user_id, key)], [token], idempotent=True)
+        keys, _ = self._keys(user_id, key)
+        await self._redis.run(_ABANDON, keys[:1], [token], idempotent=True)
+
+    async def _delete_user(self, user_id: str) -> None:
+        base = self._base(user_id)
+        index = f"{base}:index"
+        while True:
+            first = await self._redis.run(_FIRST_RECORDS, [index], [_DELETE_BATCH], idempotent=True)
+            digests = [text(digest) for digest in first]
+            if not digests:
+                return
+            records = [f"{base}:{digest}" for digest in digests]
+            await self._redis.run(_DELETE_RECORDS, [index, *records], digests, idempotent=True)
 
 
 __all__ = ["RedisIdempotencyStore"]
