@@ -266,6 +266,12 @@ def test_a_user_named_twice_is_refused(server: tuple[str, InMemoryKeyStore]) -> 
         assert query.status_code == 422
         once = http.get("/sessions", headers={**bearer(service), "X-User-Id": "a"})
         assert once.status_code == 200
+        # Proxies join repeated headers with commas: such a value is refused too...
+        joined = http.get("/sessions", headers={**bearer(service), "X-User-Id": "a, b"})
+        assert joined.status_code == 422 and "joined" in joined.json()["error"]["message"]
+        # ...and a user whose id holds a comma is named in the query.
+        comma = http.get("/sessions", params={"user_id": "a, b"}, headers=bearer(service))
+        assert comma.status_code == 200
 
 
 def test_a_stalled_body_times_out(server: tuple[str, InMemoryKeyStore]) -> None:

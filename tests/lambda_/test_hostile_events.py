@@ -105,3 +105,18 @@ def test_a_decodable_event_is_still_served(sessions_handler: tuple[LambdaHandler
     response = handler(_event(key, body, base64=False), None)
     assert response["statusCode"] == 201, response
     assert json.loads(response["body"])["id"] == "after-bad-events"
+
+
+def test_a_user_named_twice_behind_a_function_url_is_refused(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    # Two X-User-Id headers reach the function joined by a comma.
+    headers = {"authorization": f"Bearer {key}", "x-user-id": "event-user,event-user"}
+    response = handler(function_url_event("GET", "/sessions", headers=headers), None)
+    assert response["statusCode"] == 422, response
+    assert "joined" in json.loads(response["body"])["error"]["message"]
+    headers["x-user-id"] = "event-user"
+    assert (
+        handler(function_url_event("GET", "/sessions", headers=headers), None)["statusCode"] == 200
+    )

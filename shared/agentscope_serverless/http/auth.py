@@ -189,6 +189,13 @@ async def get_caller(
             # Proxies and frameworks disagree on which of several values wins: refuse.
             raise InvalidInputError(f"the {where} is given more than once", field=where)
         claims.extend((where, value) for value in values)
+    if any("," in value for value in headers):
+        # A Function URL (like most proxies) joins a repeated header's values with commas.
+        raise InvalidInputError(
+            f"the {USER_HEADER} header holds ',', as several {USER_HEADER} headers arrive "
+            "joined: send one (name a user whose id holds ',' with ?user_id=)",
+            field=f"{USER_HEADER} header",
+        )
     return Caller(principal=principal, claims=tuple(claims))
 
 
