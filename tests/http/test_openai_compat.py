@@ -245,6 +245,51 @@ def test_malformed_messages_are_rejected_naming_the_item(
     assert response.json()["error"]["fields"][0]["loc"] == ["messages", 0]
 
 
+def test_files_reach_the_session_and_unknown_parts_are_refused(
+    sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    pdf = "data:application/pdf;base64,JVBERi0x"
+    sdk.chat.completions.create(
+        model="demo",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Read this"},
+                    {"type": "file", "file": {"filename": "a.pdf", "file_data": pdf}},
+                ],
+            }
+        ],
+        extra_headers={"X-Session-Id": "with-a-file"},
+    )
+    sdk.responses.create(
+        model="demo",
+        input=[
+            {
+                "role": "user",
+                "content": [{"type": "input_file", "file_id": "file-123", "filename": "b.pdf"}],
+            }
+        ],
+        metadata={"session_id": "with-a-file"},
+    )
+    client = client_for(keys.alice)
+    stored = client.get("/sessions/with-a-file/messages").json()["items"]
+    files = [part for m in stored for part in m["content"] if part["type"] == "file"]
+    assert [(f["filename"], f["file_data"], f["file_id"]) for f in files] == [
+        ("a.pdf", pdf, None),
+        ("b.pdf", None, "file-123"),
+    ]
+    video = {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}
+    refused = client.post(
+        "/compatible-mode/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": [video]}]},
+        headers={"X-Session-Id": "refused"},
+    )
+    assert refused.status_code == 422
+    assert "'video_url' are not supported" in refused.json()["error"]["message"]
+    assert client.get("/sessions/refused").status_code == 404
+
+
 def _cancel_the_sessions_run(url: str, key: str, session: str) -> None:
     """Cancel the run of ``session`` as soon as it is listed (from another client)."""
     with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:

@@ -181,6 +181,26 @@ def test_from_openai_message_parts() -> None:
     assert message.get_image_content() == ["data:image/png;base64,AA"]
 
 
+def test_files_audio_and_refusals_go_to_openai_and_back() -> None:
+    message = Message.from_openai_message(
+        {
+            "role": "user",
+            "content": [
+                {"type": "file", "file": {"file_id": "file-1", "filename": "a.pdf"}},
+                {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
+                {"type": "refusal", "refusal": "no"},
+            ],
+        }
+    )
+    assert [part.type for part in message.content or []] == ["file", "audio", "refusal"]
+    (converted,) = convert_to_openai_messages([message])
+    assert converted["content"] == [
+        {"type": "file", "file": {"file_id": "file-1", "filename": "a.pdf"}},
+        {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
+        {"type": "text", "text": "no"},
+    ]
+
+
 def test_from_openai_message_tool_calls_and_outputs_round_trip() -> None:
     call = Message.from_openai_message(
         {

@@ -41,6 +41,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Role,
     RunStatus,
     TextContent,
+    UnsupportedContentError,
 )
 
 # What a chat completion answers for a run canceled before it completed (``POST
@@ -164,6 +165,10 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
             item = {**item, "role": Role.SYSTEM}
         try:
             messages.append(Message.from_openai_message(item))
+        except UnsupportedContentError as exc:
+            raise InvalidInputError(
+                f"{field}[{position}]: {exc}", errors=[{"loc": where, "msg": str(exc)}]
+            ) from None
         except (ValidationError, AttributeError, TypeError):
             raise InvalidInputError(
                 f"{field}[{position}] is not a valid message",

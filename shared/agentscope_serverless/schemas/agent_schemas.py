@@ -578,6 +578,13 @@ def _openai_text(content: Any) -> str:
     )
 
 
+class UnsupportedContentError(ValueError):
+    """An OpenAI content part of a type this protocol has no content for."""
+
+
+_FILE_FIELDS = ("file_id", "filename", "file_data", "file_url")
+
+
 def _openai_parts(content: Any) -> list[Any]:
     if content is None:
         return []
@@ -595,6 +602,15 @@ def _openai_parts(content: Any) -> list[Any]:
         elif kind == "input_audio":
             audio = part.get("input_audio") or {}
             parts.append(AudioContent(data=audio.get("data"), format=audio.get("format")))
+        elif kind in ("file", "input_file"):
+            # Chat completions nest the file's fields under "file"; responses do not.
+            fields = (part.get("file") or {}) if kind == "file" else part
+            parts.append(FileContent(**{name: fields.get(name) for name in _FILE_FIELDS}))
+        elif kind == "refusal":
+            parts.append(RefusalContent(refusal=part.get("refusal")))
+        else:
+            # Dropped, the agent would answer a message it was never shown.
+            raise UnsupportedContentError(f"content parts of type {kind!r} are not supported")
     return parts
 
 
@@ -753,6 +769,15 @@ def _to_openai_content(msg: Message) -> str | list[dict[str, Any]]:
             converted.append({"type": "image_url", "image_url": {"url": part.image_url}})
         elif isinstance(part, DataContent):
             converted.append({"type": "text", "text": json.dumps(part.data)})
+        elif isinstance(part, AudioContent) and part.data:
+            converted.append(
+                {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
+            )
+        elif isinstance(part, FileContent):
+            fields = {name: getattr(part, name) for name in ("file_id", "filename", "file_data")}
+            converted.append({"type": "file", "file": {k: v for k, v in fields.items() if v}})
+        elif isinstance(part, RefusalContent):
+            converted.append({"type": "text", "text": part.refusal or ""})
     return converted
 
 
@@ -797,6 +822,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallOutput",
+    "UnsupportedContentError",
     "convert_to_openai_messages",
     "convert_to_openai_tool_call",
     "convert_to_openai_tools",
