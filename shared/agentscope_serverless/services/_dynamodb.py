@@ -362,6 +362,23 @@ class DynamoDBStore:
         """Delete the items with these keys (missing ones are fine)."""
         await self._batch([{"DeleteRequest": {"Key": key}} for key in keys])
 
+    async def delete_partition(self, pk: str, *also: Item) -> None:
+        """Delete every item of the partition ``pk``, and the items with the keys ``also``
+        after them (an index entry: a retry after a failure still finds the partition)."""
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self.query(
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": s(pk)},
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        if keys:
+            await self.delete(keys)
+        if also:
+            await self.delete(list(also))
+
     async def delete_together(self, keys: list[Item]) -> None:
         """Delete the items with these keys in transactions of up to 100 items (one
         transaction, all or nothing, when there are at most 100)."""

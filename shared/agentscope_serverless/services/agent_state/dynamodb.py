@@ -286,17 +286,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         metas = [{"pk": item["state_pk"], "sk": s("META")} for item in index]
         await self._store.delete_together(metas)
         for item in index:
-            rounds = [
-                {"pk": found["pk"], "sk": found["sk"]}
-                async for found in self._store.query(
-                    KeyConditionExpression="pk = :pk",
-                    ExpressionAttributeValues={":pk": item["state_pk"]},
-                    ProjectionExpression="pk, sk",
-                    ConsistentRead=True,
-                )
-            ]
-            if rounds:
-                await self._store.delete(rounds)
+            await self._store.delete_partition(item["state_pk"]["S"])
         if index:
             await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
         # A save may have made a session's state again meanwhile, and indexed it before the

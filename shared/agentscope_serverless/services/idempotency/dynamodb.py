@@ -141,17 +141,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
             return
 
     async def _delete_user(self, user_id: str) -> None:
-        keys = [
-            {"pk": item["pk"], "sk": item["sk"]}
-            async for item in self._store.query(
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": s(f"IDEMPOTENCY#{id_hash(user_id)}")},
-                ProjectionExpression="pk, sk",
-                ConsistentRead=True,
-            )
-        ]
-        if keys:
-            await self._store.delete(keys)
+        await self._store.delete_partition(f"IDEMPOTENCY#{id_hash(user_id)}")
 
 
 __all__ = ["DynamoDBIdempotencyStore"]

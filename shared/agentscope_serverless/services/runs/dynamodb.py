@@ -265,8 +265,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     async def _delete_indexed(self, user_id: str, index: str) -> None:
         """Delete the runs listed in the partition ``index`` (the user's or a session's),
         until none is left (runs created meanwhile included). A run's entries in the two
-        indexes share their sort key; the one read goes once the rest has, so a retry
-        after a failure finds the run again."""
+        indexes share their sort key; they go once the run has, so a retry after a failure
+        finds the run again."""
         user_index = s(f"USERRUNS#{id_hash(user_id)}")
         while True:
             entries = [
@@ -280,22 +280,16 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             if not entries:
                 return
             for entry in entries:
-                keys = [
-                    {"pk": item["pk"], "sk": item["sk"]}
-                    async for item in self._store.query(
-                        KeyConditionExpression="pk = :pk",
-                        ExpressionAttributeValues={
-                            ":pk": s(self._pk(user_id, entry["run_id"]["S"]))
-                        },
-                        ProjectionExpression="pk, sk",
-                        ConsistentRead=True,
-                    )
+                other_index = [
+                    {"pk": other, "sk": entry["sk"]}
+                    for other in (entry.get("session_pk"), user_index)
+                    if other is not None and other != entry["pk"]
                 ]
-                for other in (entry.get("session_pk"), user_index):
-                    if other is not None and other != entry["pk"]:
-                        keys.append({"pk": other, "sk": entry["sk"]})
-                await self._store.delete(keys)
-                await self._store.delete([{"pk": entry["pk"], "sk": entry["sk"]}])
+                await self._store.delete_partition(
+                    self._pk(user_id, entry["run_id"]["S"]),
+                    *other_index,
+                    {"pk": entry["pk"], "sk": entry["sk"]},
+                )
 
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None

@@ -404,19 +404,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         keys.append({"pk": pk, "sk": s("COUNTER")})
         await self._store.delete_together(keys)
         for item in sessions:
-            messages = [
-                {"pk": message["pk"], "sk": message["sk"]}
-                async for message in self._store.query(
-                    KeyConditionExpression="pk = :pk",
-                    ExpressionAttributeValues={
-                        ":pk": s(self._messages_pk(user_id, item["session_id"]["S"]))
-                    },
-                    ProjectionExpression="pk, sk",
-                    ConsistentRead=True,
-                )
-            ]
-            if messages:
-                await self._store.delete(messages)
+            await self._store.delete_partition(self._messages_pk(user_id, item["session_id"]["S"]))
 
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
