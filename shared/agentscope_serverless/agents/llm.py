@@ -142,7 +142,7 @@ class LLMAgent:
         config = self._settings_config(settings)
         chat = self._chat_messages(config, messages, memories)
         offered = [tool.to_openai() for tool in available.values()]
-        for _ in range(config.max_iterations):
+        for round_number in range(1, config.max_iterations + 1):
             text: list[str] = []
             calls = _StreamedToolCalls()
             async for chunk in self._complete(config, chat, offered, usage):
@@ -155,6 +155,12 @@ class LLMAgent:
                     calls.add(call)
             if not calls.calls:
                 return
+            if round_number == config.max_iterations:
+                # No model call is left to read their results: the tools are not run.
+                raise AgentError(
+                    f"the model was still calling tools after {config.max_iterations} rounds",
+                    code="AGENT_MAX_ITERATIONS",
+                )
             function_calls = [
                 FunctionCall(
                     call_id=c["id"] or f"call_{uuid.uuid4().hex}",
@@ -186,10 +192,6 @@ class LLMAgent:
                     content=[DataContent(data=result.model_dump())],
                 )
                 chat.append({"role": "tool", "tool_call_id": result.call_id, "content": output})
-        raise AgentError(
-            f"the model was still calling tools after {config.max_iterations} rounds",
-            code="AGENT_MAX_ITERATIONS",
-        )
 
     async def aclose(self) -> None:
         """Close the HTTP connections (a later run opens new ones)."""
