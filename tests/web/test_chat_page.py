@@ -360,6 +360,43 @@ async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) 
         assert "done" not in reply
 
 
+async def test_a_run_stopped_before_its_reply_starts_is_canceled(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        # The reply's headers (which name the run) reach the page 2 s after the server sent
+        # them, as on a slow network: Stop is pressed before the page knows the run.
+        await page.evaluate(
+            "(() => { const send = window.fetch;"
+            " window.fetch = (input, init) => { const reply = send(input, init);"
+            " if (String(input) !== 'process') return reply;"
+            " window.processSent = true;"
+            " return reply.then((r) => new Promise((done) => setTimeout(() => done(r), 2000)));"
+            " }; })()"
+        )
+        await page.type_text("take your time")
+        await page.press(*ENTER)
+        await page.wait_for("window.processSent === true")
+        await page.evaluate("document.getElementById('stop').click()")
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        cancel = [r for r in page.requests if r.startswith(f"{url}/runs/")]
+        assert len(cancel) == 1 and cancel[0].endswith("/cancel")
+        assert not page.exceptions, page.exceptions
+    # The run stopped on the server, where it would have gone on for two minutes.
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as client:
+        (session,) = (await client.get("/sessions")).json()["items"]
+        for _ in range(100):
+            runs = await client.get("/runs", params={"session_id": session["id"]})
+            (run,) = runs.json()["items"]
+            if run["status"] != "in_progress":
+                break
+            await asyncio.sleep(0.05)
+        assert run["status"] == "canceled"
+
+
 async def test_a_malformed_tool_result_is_shown_and_the_run_goes_on(
     tool_server: tuple[str, str],
 ) -> None:

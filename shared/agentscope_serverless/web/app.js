@@ -448,6 +448,12 @@ async function send(event) {
   setRunning(true, "Thinking…");
   const memories = await searchMemories(text);
   if (memories.length) user.item.append(memoriesNode(memories));
+  if (run.stopped) {
+    // Stopped before it was sent: nothing runs.
+    state.run = null;
+    setRunning(false, "Stopped.");
+    return;
+  }
 
   await stream(run, () =>
     api("process", {
@@ -471,6 +477,11 @@ async function stream(run, open) {
   try {
     const response = await open();
     run.id = run.id || response.headers.get("X-Run-Id");
+    if (run.stopped) {
+      // Stopped (or left) before its id arrived: cancel it now that it is known.
+      cancelRun(run);
+      throw new DOMException("stopped", "AbortError");
+    }
     adoptSession(response.headers.get("X-Session-Id"));
     if (run.id && state.session) {
       const saved = { id: run.id, session: state.session, text: run.text };
@@ -664,15 +675,21 @@ function stopRun() {
   const run = state.run;
   if (!run) return;
   run.stopped = true;
+  // Before the response names the run, leaving would not stop it (a run goes on when its
+  // client leaves): the run is canceled once its id arrives (stream), then left.
+  if (run.id) cancelRun(run);
+  else setRunning(true, "Stopping…");
+}
+
+function cancelRun(run) {
   run.controller.abort();
-  if (run.id) {
-    // Tell the server too; a server without the runs routes answers 404, which is fine.
-    fetch(`runs/${encodeURIComponent(run.id)}/cancel`, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${state.key}` },
-      credentials: "omit",
-    }).catch(() => {});
-  }
+  if (!run.id) return;
+  // Tell the server too; a server without the runs routes answers 404, which is fine.
+  fetch(`runs/${encodeURIComponent(run.id)}/cancel`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${state.key}` },
+    credentials: "omit",
+  }).catch(() => {});
 }
 
 // --- Wiring ---------------------------------------------------------------------------
