@@ -95,6 +95,8 @@ async def say(page: Page, text: str) -> str:
     reply: str = await page.evaluate(
         "[...document.querySelectorAll('.message.assistant .body')].at(-1).textContent"
     )
+    # The reply is done: no message is left busy (screen readers would never read it).
+    assert await page.evaluate("document.querySelectorAll('[aria-busy]').length") == 0
     return reply
 
 
@@ -344,8 +346,12 @@ async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) 
             " && document.querySelector('.message.assistant').textContent.includes('Working')"
         )
         assert await page.evaluate("document.activeElement.id") == "stop"
+        # Screen readers wait for the message to be done rather than reading it at each piece.
+        busy = "document.querySelector('.message.assistant').getAttribute('aria-busy')"
+        assert await page.evaluate(busy) == "true"
         await page.press("Escape", "Escape", 27)
         await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        assert await page.evaluate(busy) is None
         assert await page.evaluate("document.getElementById('stop').hidden")
         assert await page.evaluate("document.activeElement.id") == "composer-input"
         # The server is told too (a server without the runs routes answers 404: no error).

@@ -492,7 +492,7 @@ async function stream(run, open) {
     if (run.stopped || error.name === "AbortError") outcome = "Stopped.";
     else if (error.status !== 401) outcome = `Error: ${error.message}`;
   } finally {
-    for (const view of views.values()) view.item.classList.remove("streaming");
+    for (const view of views.values()) setStreaming(view, false);
     if (savedRun()?.id === run.id) sessionStorage.removeItem(RUN_STORAGE);
     if (state.run === run) {
       state.run = null;
@@ -500,6 +500,14 @@ async function stream(run, open) {
     }
   }
   loadSessions();
+}
+
+// A message being streamed is busy: screen readers announce it once, whole, when it is done,
+// rather than again at every piece of text.
+function setStreaming(view, streaming) {
+  view.item.classList.toggle("streaming", streaming);
+  if (streaming) view.item.setAttribute("aria-busy", "true");
+  else view.item.removeAttribute("aria-busy");
 }
 
 function savedRun() {
@@ -632,13 +640,13 @@ function handleEvent(data, run, views) {
     let view = views.get(data.id);
     if (!view) {
       view = messageView(data);
-      view.item.classList.add("streaming");
+      setStreaming(view, true);
       views.set(data.id, view);
       log.append(view.item);
     }
     if (TERMINAL.has(data.status)) {
-      view.item.classList.remove("streaming");
       if (Array.isArray(data.content) && data.content.length) renderParts(view, data.content);
+      setStreaming(view, false);
     }
     scrollToEnd();
     return "";
