@@ -26,6 +26,7 @@ from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.cli import app
 from agentscope_serverless.errors import AuthenticationError
 from tests.support.http import free_port, user_message, wait_until_healthy
+from tests.support.signals import terminal_signals
 
 SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
 
@@ -493,6 +494,7 @@ def test_ctrl_c_in_chat_cancels_the_reply_and_goes_back_to_the_prompt(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=terminal_signals,
     )
     assert chat.stdin is not None and chat.stdout is not None
     try:

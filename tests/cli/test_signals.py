@@ -20,6 +20,7 @@ import pytest
 from agentscope_serverless.services.sandbox import SandboxService
 from tests.support.http import free_port, wait_until_healthy
 from tests.support.sandbox_server import TOKEN, require_sandbox_tools
+from tests.support.signals import terminal_signals
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
@@ -90,6 +91,7 @@ def start(command: list[str], **env: str) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
         start_new_session=True,
+        preexec_fn=terminal_signals,
     )
 
 
