@@ -35,6 +35,21 @@ plain = message_to_agentscope_msg({"role": "user", "content": "hello"})
 assert (plain.role, plain.content) == ("user", "hello")
 assert [m.role for m in agentscope_msg_to_message([msg, plain])] == ["assistant", "user"]
 
+# Media sent as data (OpenAI's input_audio, a data: URI) and as URLs, both ways.
+heard = message_to_agentscope_msg({"role": "user", "content": [
+    {"type": "audio", "data": "UklGRg==", "format": "wav"},
+    {"type": "audio", "data": "https://example.com/a.mp3", "format": "url"}]})
+assert heard.content == [
+    {"type": "audio", "source": {"type": "base64", "media_type": "audio/wav", "data": "UklGRg=="}},
+    {"type": "audio", "source": {"type": "url", "url": "https://example.com/a.mp3"}}], heard.content
+media = Msg("user", [*heard.content, {"type": "image", "source": {"type": "base64",
+            "media_type": "image/png", "data": "iVBORw=="}}], "user")
+parts = agentscope_msg_to_message(media).content
+assert [(p.type, getattr(p, "format", None)) for p in parts] == [
+    ("audio", "wav"), ("audio", "url"), ("image", None)], parts
+assert parts[2].image_url == "data:image/png;base64,iVBORw=="
+assert message_to_agentscope_msg(agentscope_msg_to_message(media)).content[:2] == heard.content
+
 async def main():
     async with SandboxService(base_url=sys.argv[1], bearer_token=sys.argv[2]) as service:
         [box] = await service.connect_async("adapter-test", user_id="u1")

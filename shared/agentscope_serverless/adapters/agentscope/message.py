@@ -4,10 +4,13 @@
 >>> message.get_text_content()
 'Hi!'
 
-Text blocks become :class:`TextContent`, image and audio blocks with a URL source
-:class:`ImageContent`/:class:`AudioContent`, other blocks (tool use, tool results,
-thinking) :class:`DataContent` holding the block; the way back restores each block. The
-``Msg``'s id, name and metadata travel in the message's ``id`` and ``metadata``.
+Text blocks become :class:`TextContent`; image blocks :class:`ImageContent` (a base64
+source as a ``data:`` URI); audio blocks :class:`AudioContent` (a URL source with
+``format="url"``, a base64 source with its data and the format its media type names);
+other blocks (tool use, tool results, thinking) :class:`DataContent` holding the block. The
+way back restores each block, and gives audio sent as data (OpenAI's ``input_audio``) a
+base64 source. The ``Msg``'s id, name and metadata travel in the message's ``id`` and
+``metadata``.
 """
 
 from __future__ import annotations
@@ -41,12 +44,18 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 def _part(block: dict[str, Any]) -> Content:
     kind = block.get("type")
     source = block.get("source") or {}
+    base64 = source.get("type") == "base64" and isinstance(source.get("data"), str)
+    media_type = str(source.get("media_type") or "")
     if kind == "text":
         return TextContent(text=str(block.get("text", "")))
     if kind == "image" and source.get("type") == "url":
         return ImageContent(image_url=source.get("url"))
+    if kind == "image" and base64 and media_type.startswith("image/"):
+        return ImageContent(image_url=f"data:{media_type};base64,{source['data']}")
     if kind == "audio" and source.get("type") == "url":
         return AudioContent(data=source.get("url"), format="url")
+    if kind == "audio" and base64 and media_type.startswith("audio/"):
+        return AudioContent(data=source["data"], format=media_type.removeprefix("audio/"))
     return DataContent(data={"agentscope_block": block})
 
 
@@ -71,7 +80,13 @@ def _block(part: Content) -> dict[str, Any]:
     if isinstance(part, ImageContent):
         return {"type": "image", "source": {"type": "url", "url": part.image_url}}
     if isinstance(part, AudioContent):
-        return {"type": "audio", "source": {"type": "url", "url": part.data}}
+        if part.format == "url":
+            return {"type": "audio", "source": {"type": "url", "url": part.data}}
+        media_type = f"audio/{part.format or 'wav'}"
+        return {
+            "type": "audio",
+            "source": {"type": "base64", "media_type": media_type, "data": part.data},
+        }
     if isinstance(part, DataContent) and "agentscope_block" in (part.data or {}):
         return dict((part.data or {})["agentscope_block"])
     return {"type": "text", "text": str(getattr(part, "data", ""))}
