@@ -25,6 +25,8 @@ on. Every item expires ``ttl_seconds`` after its last write (DynamoDB's TTL on
 
 from __future__ import annotations
 
+import asyncio
+
 from agentscope_serverless.services._dynamodb import (
     ConditionFailed,
     DynamoDBBackedService,
@@ -47,6 +49,8 @@ from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 _EVENT_PREFIX = "E#"
+# Runs an erase deletes at once.
+_DELETE_CONCURRENCY = 16
 _META = "META"
 
 
@@ -279,17 +283,24 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             ]
             if not entries:
                 return
-            for entry in entries:
-                other_index = [
-                    {"pk": other, "sk": entry["sk"]}
-                    for other in (entry.get("session_pk"), user_index)
-                    if other is not None and other != entry["pk"]
-                ]
-                await self._store.delete_partition(
-                    self._pk(user_id, entry["run_id"]["S"]),
-                    *other_index,
-                    {"pk": entry["pk"], "sk": entry["sk"]},
-                )
+            # A few runs at a time: one after another, a user's day of runs outlasted the
+            # request erasing them (30 ms a run).
+            for start in range(0, len(entries), _DELETE_CONCURRENCY):
+                chunk = entries[start : start + _DELETE_CONCURRENCY]
+                await asyncio.gather(*(self._delete_run(user_id, e, user_index) for e in chunk))
+
+    async def _delete_run(self, user_id: str, entry: Item, user_index: Item) -> None:
+        """Delete the run an index ``entry`` lists, then its entries in both indexes."""
+        other_index = [
+            {"pk": other, "sk": entry["sk"]}
+            for other in (entry.get("session_pk"), user_index)
+            if other is not None and other != entry["pk"]
+        ]
+        await self._store.delete_partition(
+            self._pk(user_id, entry["run_id"]["S"]),
+            *other_index,
+            {"pk": entry["pk"], "sk": entry["sk"]},
+        )
 
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None
