@@ -22,9 +22,6 @@ from agentscope_serverless.http.context import AppContext, get_context
 
 router = APIRouter(prefix="/users", tags=["users"])
 
-# The services of this router, in the order they are erased.
-SERVICES = ("runs", "memory", "state", "session_history")
-
 
 @router.delete("/me/data", status_code=204, summary="Erase all of the caller's data")
 async def erase_my_data(

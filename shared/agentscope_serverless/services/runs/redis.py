@@ -154,10 +154,6 @@ _LOAD = """
 return redis.call('HMGET', KEYS[1], 'record', 'cancel')
 """
 
-_SESSION_RUNS = """
-return redis.call('ZRANGE', KEYS[1], 0, -1)
-"""
-
 # KEYS: runs. Returns their records (nil for a run gone).
 _RECORDS = """
 local records = {}
@@ -165,8 +161,9 @@ for i, key in ipairs(KEYS) do records[i] = redis.call('HGET', key, 'record') or 
 return records
 """
 
-# KEYS: an index of runs (a user's or a session's). ARGV: the last position to read.
-_FIRST_RUNS = """
+# KEYS: an index of runs (a user's or a session's). ARGV: the last position to read (-1:
+# all of them).
+_INDEXED_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, ARGV[1])
 """
 
@@ -248,7 +245,7 @@ class RedisRunsService(RedisBackedService, RunsService):
         user_key = self._user_key(user_id)
         while True:
             first = await self._redis.run(
-                _FIRST_RUNS, [index], [_DELETE_BATCH - 1], idempotent=True
+                _INDEXED_RUNS, [index], [_DELETE_BATCH - 1], idempotent=True
             )
             run_ids = [text(run_id) for run_id in first]
             if not run_ids:
@@ -397,7 +394,7 @@ class RedisRunsService(RedisBackedService, RunsService):
 
     async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
         ids = await self._redis.run(
-            _SESSION_RUNS, [self._session_key(user_id, session_id)], [], idempotent=True
+            _INDEXED_RUNS, [self._session_key(user_id, session_id)], [-1], idempotent=True
         )
         records = [await self._load(user_id, text(run_id)) for run_id in ids]
         return [record for record in records if record is not None]
