@@ -385,3 +385,30 @@ async def test_deleting_a_sessions_runs_keeps_the_users_other_runs(
         for run_id in ("kept-1", "kept-2", "task"):
             assert await runs.get_run(user_id, run_id) is None
         assert await runs.get_run(other, "kept-1") is not None
+
+
+async def test_deleting_a_users_runs_races_with_runs_being_stored(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        for i in range(20):
+            await runs.create_run(RunRecord(id=f"old{i}", user_id=user_id, session_id="s"))
+
+        async def writer(i: int) -> None:
+            record = RunRecord(id=f"new{i}", user_id=user_id, session_id="s")
+            await runs.record(record, [_event(0, "secret")], create=True)
+            await runs.append_events(user_id, f"new{i}", [_event(1)])
+
+        await asyncio.gather(runs.delete_user_runs(user_id), *(writer(i) for i in range(10)))
+        # What existed before is gone; what was stored meanwhile is listed when it is there.
+        for i in range(20):
+            assert await runs.get_run(user_id, f"old{i}") is None
+        listed = {record.id for record in await runs.list_runs(user_id, "s")}
+        for i in range(10):
+            present = await runs.get_run(user_id, f"new{i}") is not None
+            assert present == (f"new{i}" in listed)
+        # A second erase finds whatever the first one missed.
+        await runs.delete_user_runs(user_id)
+        assert await runs.list_runs(user_id, "s") == []
+        for i in range(10):
+            assert await runs.get_run(user_id, f"new{i}") is None
