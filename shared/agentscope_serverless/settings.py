@@ -267,6 +267,16 @@ class Settings(BaseModel):
             "It waits as the API's `Retry-After` says (up to 60 s), else 0.5 s, 1 s, 2 s..."
         ),
     )
+    llm_max_tool_output_chars: int = Field(
+        20_000,
+        ge=100,
+        description=(
+            "Longest tool output handed to the model, in characters: a longer one reaches it "
+            "as its beginning and end with a note of how much was cut between them (the run's "
+            "events and the session keep it whole). A huge output would otherwise exceed the "
+            "model's context on this turn and on every later one that holds it."
+        ),
+    )
     llm_timeout_seconds: float = Field(
         60.0,
         gt=0,

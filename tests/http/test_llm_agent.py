@@ -461,6 +461,56 @@ def test_a_tool_returning_neither_text_nor_json_answers_the_model_with_an_error(
     )
 
 
+class ContextLimitedLLM(ScriptedLLM):
+    """A scripted chat API that, like every model, answers 400 to messages longer than its
+    context (here 64,000 characters of JSON)."""
+
+    CONTEXT = 64_000
+
+    async def complete(self, request: Request) -> Response:
+        if len(json.dumps((await request.json())["messages"])) > self.CONTEXT:
+            self.requests.append({"body": None})
+            return JSONResponse({"error": {"message": "context length exceeded"}}, 400)
+        return await super().complete(request)
+
+
+def test_a_huge_tool_output_reaches_the_model_cut_and_the_client_whole(keys: Keys) -> None:
+    # A log or a file dumped by a tool: a model's context could never hold it, and the
+    # session keeps it, so every later turn would fail the same way.
+    log = "".join(f"line {i}: ok\n" for i in range(100_000)) + "Traceback: KeyError 'x'"
+
+    async def read_log(arguments: dict[str, Any]) -> str:
+        return log
+
+    tool = AgentTool(name="read_log", description="d", parameters={"type": "object"}, call=read_log)
+    calls_read = json.loads(json.dumps(TOOL_CALL).replace("get_weather", "read_log"))
+    llm = ContextLimitedLLM([calls_read, ANSWER, FOLLOW_UP])
+    with (
+        llm_agent_server(keys, llm, [], tools=[tool], llm_max_tool_output_chars=5_000) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        body = {"input": [user_message("Why did it fail?")], "session_id": "log"}
+        _, sse = stream(client, "/process", json=body)
+        assert sse.data[-1]["status"] == "completed", sse.data[-1]
+        _, output, _ = messages_of(sse.data)
+        assert output["content"][0]["data"]["output"] == log
+        body = {"input": [user_message("And now?")], "session_id": "log"}
+        _, follow_up = stream(client, "/process", json=body)
+        assert follow_up.data[-1]["status"] == "completed", follow_up.data[-1]
+        stored = client.get("/sessions/log/messages", params={"limit": 10}).json()["items"]
+    assert [r["body"] is not None for r in llm.requests] == [True, True, True]
+    for request in llm.requests[1:]:
+        (seen,) = [m["content"] for m in request["body"]["messages"] if m["role"] == "tool"]
+        assert len(seen) <= 5_000
+        assert seen.startswith("line 0: ok\nline 1: ok\n")
+        assert seen.endswith("Traceback: KeyError 'x'")
+        cut = int(seen.split("[... ")[1].split(" characters")[0].replace(",", ""))
+        head, tail = seen.split("\n\n[... ")[0], seen.split("here ...]\n\n")[1]
+        assert head + log[len(head) : len(head) + cut] + tail == log
+    (kept,) = [m for m in stored if m["type"] == "function_call_output"]
+    assert kept["content"][0]["data"]["output"] == log
+
+
 def test_content_streamed_as_a_list_of_parts_is_answered_with_its_text_parts(keys: Keys) -> None:
     thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm."}]}
     parts = [

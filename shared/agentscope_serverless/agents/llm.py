@@ -4,7 +4,8 @@ It streams the model's tokens, runs the tools the model calls, hands the results
 asks again, until the model answers without calling a tool (at most ``LLM_MAX_ITERATIONS``
 model calls). A call that fails before any of its reply arrived (a rate limit, a server
 error, a lost connection) is made again, up to ``LLM_MAX_RETRIES`` times, waiting as the
-API's ``Retry-After`` says. The API is reached with plain HTTP
+API's ``Retry-After`` says. A tool output longer than ``LLM_MAX_TOOL_OUTPUT_CHARS`` reaches
+the model cut in the middle (the session keeps it whole). The API is reached with plain HTTP
 (``POST {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
 ``LLM_MODEL``)::
 
@@ -78,6 +79,7 @@ class _Config:
     max_iterations: int
     timeout: float
     max_retries: int
+    max_tool_output: int
 
 
 class LLMAgent:
@@ -100,6 +102,7 @@ class LLMAgent:
         max_iterations: int | None = None,
         timeout: float | None = None,
         max_retries: int | None = None,
+        max_tool_output: int | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
@@ -113,6 +116,7 @@ class LLMAgent:
             "max_iterations": max_iterations,
             "timeout": timeout,
             "max_retries": max_retries,
+            "max_tool_output": max_tool_output,
         }
         self._settings = settings
         self._config: _Config | None = None
@@ -191,7 +195,13 @@ class LLMAgent:
                     role=Role.TOOL,
                     content=[DataContent(data=result.model_dump())],
                 )
-                chat.append({"role": "tool", "tool_call_id": result.call_id, "content": output})
+                chat.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": result.call_id,
+                        "content": cut_tool_output(output, config.max_tool_output),
+                    }
+                )
 
     async def aclose(self) -> None:
         """Close the HTTP connections (a later run opens new ones)."""
@@ -219,6 +229,7 @@ class LLMAgent:
                 max_iterations=settings.llm_max_iterations,
                 timeout=settings.llm_timeout_seconds,
                 max_retries=settings.llm_max_retries,
+                max_tool_output=settings.llm_max_tool_output_chars,
             )
             given = {k: v for k, v in self._overrides.items() if v is not None}
             self._config = dataclasses.replace(defaults, **given)
@@ -252,7 +263,10 @@ class LLMAgent:
         if recalled:
             note = "From earlier conversations with this user:\n" + "\n".join(recalled)
             chat.append({"role": "system", "content": note})
-        chat.extend(_paired_tool_messages(convert_to_openai_messages(messages)))
+        for message in _paired_tool_messages(convert_to_openai_messages(messages)):
+            if message["role"] == "tool" and isinstance(message.get("content"), str):
+                message["content"] = cut_tool_output(message["content"], config.max_tool_output)
+            chat.append(message)
         return chat
 
     async def _complete(
@@ -425,6 +439,23 @@ async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
     if tool is None:
         return f"error: there is no tool named {call.name!r}"
     return await tool.invoke(call.arguments)
+
+
+def cut_tool_output(output: str, limit: int) -> str:
+    """``output`` as the model reads it: whole up to ``limit`` characters, else its
+    beginning and end (an error is often last) around a note of how much was cut.
+
+    >>> cut_tool_output("a" * 300 + "b" * 300, 200)[-20:]
+    'bbbbbbbbbbbbbbbbbbbb'
+    """
+    if len(output) <= limit:
+        return output
+    note = "\n\n[... {cut:,} characters of this tool output were cut here ...]\n\n"
+    cut = len(output) - limit + len(note.format(cut=len(output)))
+    if cut >= len(output):  # a limit shorter than the note
+        return output[:limit]
+    head = (len(output) - cut + 1) // 2
+    return output[:head] + note.format(cut=cut) + output[head + cut :]
 
 
 UNANSWERED_CALL = "error: the tool gave no result (its run ended before it answered)"
