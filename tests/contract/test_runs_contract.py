@@ -412,3 +412,77 @@ async def test_deleting_a_users_runs_races_with_runs_being_stored(
         assert await runs.list_runs(user_id, "s") == []
         for i in range(10):
             assert await runs.get_run(user_id, f"new{i}") is None
+
+
+async def _asked(runs: RunsService, user_id: str, run_id: str) -> None:
+    """Return once the run's cancellation is requested (a running run polls its mark)."""
+    while not await runs.cancel_requested(user_id, run_id):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def _end_when_asked(runs: RunsService, user_id: str, run_id: str) -> None:
+    """What a running run does: it watches its mark, and ends as canceled once asked."""
+    await _asked(runs, user_id, run_id)
+    await runs.finish_run(user_id, run_id, "canceled")
+
+
+async def test_stopping_a_users_runs_asks_those_in_progress_and_waits_for_their_end(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}:other"
+    async with runs_factory() as runs:
+        runs.poll_seconds = 0.02
+        for user in (user_id, other):
+            for i in range(3):
+                await runs.create_run(RunRecord(id=f"live{i}", user_id=user, session_id="s"))
+            done = RunRecord(id="done", user_id=user, session_id="s", status="completed")
+            await runs.record(done, [_event(0)], create=True, finish=True)
+            await runs.create_run(RunRecord(id="task", user_id=user, kind="task"))
+        ends = [asyncio.create_task(_end_when_asked(runs, user_id, f"live{i}")) for i in range(3)]
+        assert await runs.stop_runs(user_id, wait=10) == []
+        await asyncio.gather(*ends)
+        for i in range(3):
+            assert (await runs.get_run(user_id, f"live{i}")).status == "canceled"  # type: ignore[union-attr]
+            assert not (await runs.get_run(other, f"live{i}")).cancel_requested  # type: ignore[union-attr]
+        # A background task does not watch its mark: it is left running, unmarked.
+        assert not (await runs.get_run(user_id, "task")).cancel_requested  # type: ignore[union-attr]
+        assert (await runs.get_run(user_id, "done")).status == "completed"  # type: ignore[union-attr]
+
+
+async def test_stopping_gives_up_at_the_timeout_naming_the_runs_still_in_progress(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        runs.poll_seconds = 0.02
+        for session in ("a", "b"):
+            await runs.create_run(
+                RunRecord(id=f"dead-{session}", user_id=user_id, session_id=session)
+            )
+        # A run whose process died stays in progress: it is marked, and waited for no longer.
+        assert await runs.stop_runs(user_id, " a ", wait=0.2) == ["dead-a"]
+        assert (await runs.get_run(user_id, "dead-a")).cancel_requested  # type: ignore[union-attr]
+        assert not (await runs.get_run(user_id, "dead-b")).cancel_requested  # type: ignore[union-attr]
+        assert sorted(await runs.stop_runs(user_id, wait=0.2)) == ["dead-a", "dead-b"]
+        assert await runs.stop_runs(f"{user_id}-nobody", wait=0.2) == []
+        with pytest.raises(InvalidInputError):
+            await runs.stop_runs(user_id, " ")
+
+
+async def test_stopping_finds_a_run_stored_while_it_waited(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        runs.poll_seconds = 0.02
+        await runs.create_run(RunRecord(id="first", user_id=user_id, session_id="s"))
+
+        async def first_then_another() -> None:
+            await _asked(runs, user_id, "first")
+            # Started just before the erase listed runs, stored just after.
+            await runs.create_run(RunRecord(id="late", user_id=user_id, session_id="s"))
+            await runs.finish_run(user_id, "first", "canceled")
+            await _end_when_asked(runs, user_id, "late")
+
+        running = asyncio.create_task(first_then_another())
+        assert await runs.stop_runs(user_id, wait=10) == []
+        await asyncio.wait_for(running, 10)
+        assert (await runs.get_run(user_id, "late")).status == "canceled"  # type: ignore[union-attr]

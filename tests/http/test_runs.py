@@ -28,10 +28,11 @@ SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
 
 
 class Cluster:
-    """Two server processes on the same stores, and the keys of two users."""
+    """Two server processes on the same stores, and the keys of three users (carol's data
+    is erased)."""
 
-    def __init__(self, urls: list[str], alice: str, bob: str) -> None:
-        self.urls, self.alice, self.bob = urls, alice, bob
+    def __init__(self, urls: list[str], alice: str, bob: str, carol: str) -> None:
+        self.urls, self.alice, self.bob, self.carol = urls, alice, bob, carol
 
     def client(self, index: int, key: str | None = None) -> httpx.Client:
         return httpx.Client(
@@ -73,6 +74,7 @@ def cluster(
     store = FileKeyStore(keys_file)
     alice = issue_key(store, f"alice-{uuid.uuid4().hex[:8]}")
     bob = issue_key(store, f"bob-{uuid.uuid4().hex[:8]}")
+    carol = issue_key(store, f"carol-{uuid.uuid4().hex[:8]}")
     env = {
         **os.environ,
         **_environment(request.param, redis_server, dynamodb_server),
@@ -96,7 +98,7 @@ def cluster(
             urls.append(f"http://127.0.0.1:{port}")
         for url, process in zip(urls, processes, strict=True):
             _wait_until_healthy(url, process)
-        yield Cluster(urls, alice, bob)
+        yield Cluster(urls, alice, bob, carol)
     finally:
         for process in processes:
             process.terminate()
@@ -229,3 +231,28 @@ def test_runs_belong_to_their_user(cluster: Cluster) -> None:
         assert bob.get("/runs", params={"session_id": session_id}).json()["items"] == []
         assert httpx.get(f"{cluster.urls[1]}/runs/{run_id}").status_code == 401
         assert alice.post(f"/runs/{run_id}/cancel").status_code == 202
+
+
+@pytest.mark.parametrize("erase", ["user", "session"])
+def test_erasing_stops_a_run_in_progress_on_another_server_before_deleting(
+    cluster: Cluster, erase: str
+) -> None:
+    session_id = f"erased-{uuid.uuid4().hex[:8]}"
+    with cluster.client(0, cluster.carol) as first, cluster.client(1, cluster.carol) as second:
+        with first.stream("POST", "/process", json=_slow_run(session_id)) as response:
+            run_id = response.headers["X-Run-Id"]
+            lines = response.iter_lines()
+            _read_events(lines, 6)
+            path = "/users/me/data" if erase == "user" else f"/sessions/{session_id}"
+            assert second.delete(path).status_code == 204
+            tail = parse_sse(list(lines))
+        assert tail.data[-1]["status"] == "canceled"
+        # The run ended before the erase went on: neither its turn nor its events came back.
+        for _ in range(2):
+            for client in (first, second):
+                assert client.get(f"/sessions/{session_id}").status_code == 404
+                assert client.get(f"/runs/{run_id}").status_code == 404
+                assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+            time.sleep(1)
+        if erase == "user":  # the agent state of the session, saved as the run ended
+            assert second.get(f"/state/{session_id}").status_code == 404

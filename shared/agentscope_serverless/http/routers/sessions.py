@@ -104,10 +104,12 @@ async def delete_session(
     user_id: CurrentUser,
     context: Annotated[AppContext, Depends(get_context)],
 ) -> Response:
-    # The session's stored runs first: their events hold its conversation, and a retry
-    # after a failure still finds them.
+    # The session's runs in progress are stopped first (else one would store its turn in
+    # the session again), then its stored runs go: their events hold its conversation, and
+    # a retry after a failure still finds them.
     runs = context.current.runs
     if runs is not None:
+        await runs.stop_runs(user_id, session_id)
         await runs.delete_session_runs(user_id, session_id)
     await context.session_history.delete_session(user_id, session_id)
     return Response(status_code=204)

@@ -5,10 +5,12 @@
 | ``DELETE /users/me/data`` | delete the caller's sessions, stored runs, long-term memory,
 state and Idempotency-Key records |
 
-Each service deletes the user's data at once (see ``delete_user_runs``,
-``delete_user_memory``, ``delete_user_state``, ``delete_user_sessions``): the stored runs
-(their events hold the conversations) go first, the session history last. Retrying after an
-error is safe. Sandboxes are released with ``DELETE /sandboxes/{session_id}``.
+The user's runs in progress are asked to stop, and waited for (a few seconds at most, see
+``stop_runs``): else one would store its turn after the erase. Then each service deletes the
+user's data at once (see ``delete_user_runs``, ``delete_user_memory``, ``delete_user_state``,
+``delete_user_sessions``): the stored runs (their events hold the conversations) go first,
+the session history last. Retrying after an error is safe. Sandboxes are released with
+``DELETE /sandboxes/{session_id}``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ async def erase_my_data(
 ) -> Response:
     services = context.current
     if services.runs is not None:
+        # A run in progress would store its turn, and its events, once erased: stopped first.
+        await services.runs.stop_runs(user_id)
         await services.runs.delete_user_runs(user_id)
     if services.memory is not None:
         await services.memory.delete_user_memory(user_id)

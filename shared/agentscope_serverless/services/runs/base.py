@@ -40,6 +40,13 @@ from agentscope_serverless.services.base import (
 RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
 # A run is in progress until it ends with one of these.
 FINISHED = frozenset({"completed", "failed", "canceled"})
+# Runs of these kinds watch their cancellation mark (a background task runs to its end).
+STOPPABLE: frozenset[str] = frozenset({"process", "openai", "a2a", "a2a_task"})
+# How long an erase waits for the runs it asked to stop (a run whose process died stays in
+# progress in the store: it is waited for this long, once).
+STOP_TIMEOUT_SECONDS = 5.0
+# Runs created this long before a listing (clocks of two machines differ) are listed again.
+_CLOCK_SKEW_SECONDS = 60.0
 MAX_RUN_ID_LENGTH = 256
 # No run numbers an event above this: a read after it finds nothing, on every store.
 MAX_SEQUENCE = 2**63 - 1
@@ -240,11 +247,63 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
         return sorted(runs, key=lambda record: record.created_at)
 
+    async def stop_runs(
+        self,
+        user_id: str,
+        session_id: str | None = None,
+        *,
+        wait: float = STOP_TIMEOUT_SECONDS,
+    ) -> list[str]:
+        """Ask the runs of ``user_id`` in progress (those of ``session_id``, when given) to
+        stop, and wait for them to end, at most ``wait`` seconds: call it before erasing,
+        or a run would store its turn, and its events, after its session and runs are gone.
+        Returns the ids of the runs still in progress at the end.
+
+        Background tasks are not stopped (they do not watch their mark, and store nothing in
+        a session). A run started in the last moment, not stored yet, is found by a second
+        listing once the first runs have ended.
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if session_id is not None:
+            session_id = require_session_id(session_id)
+        deadline = time.monotonic() + wait
+        asked: set[str] = set()
+        since = 0.0
+        live: list[str] = []
+        for _listing in range(2):
+            listed_at = time.time()
+            if session_id is None:
+                records = await self._list_user(user_id, since)
+            else:
+                records = await self._list(user_id, session_id)
+            since = listed_at - _CLOCK_SKEW_SECONDS
+            fresh = [
+                r.id
+                for r in records
+                if not r.finished and r.kind in STOPPABLE and r.id not in asked
+            ]
+            await asyncio.gather(*(self._mark_cancel(user_id, run_id) for run_id in fresh))
+            asked.update(fresh)
+            live += fresh
+            while live and time.monotonic() < deadline:
+                await asyncio.sleep(min(self.poll_seconds, deadline - time.monotonic()))
+                loaded = await asyncio.gather(*(self._load(user_id, run_id) for run_id in live))
+                live = [
+                    run_id
+                    for run_id, record in zip(live, loaded, strict=True)
+                    if record is not None and not record.finished
+                ]
+            if not asked or live:
+                break
+        return live
+
     async def delete_user_runs(self, user_id: str) -> None:
         """Delete every run of ``user_id``: records and events, tasks and A2A tasks too
         (erasing a user's data: a run's events hold its conversation). Other users' runs
-        stay. A run still executing is not stopped: what it stores afterwards (its end, or
-        its first write when it had stored nothing yet) may be kept. Retrying is safe."""
+        stay. A run still executing is not stopped (see :meth:`stop_runs`): what it stores
+        afterwards (its end, or its first write when it had stored nothing yet) may be kept.
+        Retrying is safe."""
         self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 
@@ -313,6 +372,11 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         """The records of the session's runs, in any order."""
 
     @abstractmethod
+    async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
+        """The records of the user's runs created at ``since`` (a Unix time) or later, in
+        any order."""
+
+    @abstractmethod
     async def _delete_user(self, user_id: str) -> None:
         """Delete every run of the user, with its events and its entries in indexes."""
 
@@ -331,6 +395,8 @@ __all__ = [
     "DEFAULT_POLL_SECONDS",
     "FINISHED",
     "MAX_SEQUENCE",
+    "STOPPABLE",
+    "STOP_TIMEOUT_SECONDS",
     "RunBurst",
     "RunKind",
     "RunRecord",

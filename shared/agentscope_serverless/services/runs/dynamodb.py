@@ -49,8 +49,9 @@ from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 _EVENT_PREFIX = "E#"
-# Runs an erase deletes at once.
-_DELETE_CONCURRENCY = 16
+# Runs read or deleted at once (one after another, a user's day of runs outlasted the
+# request erasing them: 30 ms a run).
+_CONCURRENCY = 16
 _META = "META"
 
 
@@ -257,7 +258,31 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             )
             if is_live(item, at)
         ]
-        records = [await self._load(user_id, run_id) for run_id in run_ids]
+        return await self._records(user_id, run_ids)
+
+    async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
+        at = now()
+        run_ids = [
+            item["run_id"]["S"]
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND sk >= :since",
+                ExpressionAttributeValues={
+                    ":pk": s(f"USERRUNS#{id_hash(user_id)}"),
+                    ":since": s(f"{int(since * 1000):015d}"),
+                },
+                ConsistentRead=True,
+            )
+            if is_live(item, at)
+        ]
+        return await self._records(user_id, run_ids)
+
+    async def _records(self, user_id: str, run_ids: list[str]) -> list[RunRecord]:
+        """The records of the runs still there, in the order of ``run_ids``, read a few at a
+        time."""
+        records: list[RunRecord | None] = []
+        for start in range(0, len(run_ids), _CONCURRENCY):
+            chunk = run_ids[start : start + _CONCURRENCY]
+            records += await asyncio.gather(*(self._load(user_id, r) for r in chunk))
         return [record for record in records if record is not None]
 
     async def _delete_user(self, user_id: str) -> None:
@@ -283,10 +308,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             ]
             if not entries:
                 return
-            # A few runs at a time: one after another, a user's day of runs outlasted the
-            # request erasing them (30 ms a run).
-            for start in range(0, len(entries), _DELETE_CONCURRENCY):
-                chunk = entries[start : start + _DELETE_CONCURRENCY]
+            for start in range(0, len(entries), _CONCURRENCY):
+                chunk = entries[start : start + _CONCURRENCY]
                 await asyncio.gather(*(self._delete_run(user_id, e, user_index) for e in chunk))
 
     async def _delete_run(self, user_id: str, entry: Item, user_index: Item) -> None:

@@ -101,6 +101,15 @@ class InMemoryRunsService(RunsService):
             and record.session_id == session_id
         ]
 
+    async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
+        return [
+            record
+            for (user, run_id) in list(self._runs)
+            if user == user_id
+            and (record := await self._load(user_id, run_id)) is not None
+            and record.created_at >= since
+        ]
+
     async def _delete_user(self, user_id: str) -> None:
         for key in [key for key in self._runs if key[0] == user_id]:
             self._wake(self._runs.pop(key))

@@ -167,6 +167,11 @@ _INDEXED_RUNS = """
 return redis.call('ZRANGE', KEYS[1], 0, ARGV[1])
 """
 
+# KEYS: an index of runs. ARGV: the lowest score (creation time) to read.
+_RUNS_SINCE = """
+return redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')
+"""
+
 # KEYS: user index, then per run: run, events, session index (the run's key without one).
 # ARGV: the run ids. Deletes the runs and their entries in the indexes.
 _DELETE_RUNS = """
@@ -232,6 +237,17 @@ class RedisRunsService(RedisBackedService, RunsService):
             ],
             idempotent=True,
         )
+
+    async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
+        ids = await self._redis.run(
+            _RUNS_SINCE, [self._user_key(user_id)], [repr(since)], idempotent=True
+        )
+        records: list[RunRecord] = []
+        for start in range(0, len(ids), _DELETE_BATCH):
+            runs = [self._run_key(user_id, text(i)) for i in ids[start : start + _DELETE_BATCH]]
+            stored = await self._redis.run(_RECORDS, runs, [], idempotent=True)
+            records += [RunRecord.model_validate_json(raw) for raw in stored if raw]
+        return records
 
     async def _delete_user(self, user_id: str) -> None:
         await self._delete_indexed(user_id, self._user_key(user_id), None)
