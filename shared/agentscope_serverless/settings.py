@@ -277,6 +277,17 @@ class Settings(BaseModel):
             "model's context on this turn and on every later one that holds it."
         ),
     )
+    llm_max_context_chars: int = Field(
+        100_000,
+        ge=1_000,
+        description=(
+            "Most characters (of the messages' JSON) the LLM agent sends the model: the "
+            "oldest messages of the history window are left out until the rest fits (the "
+            "system prompt, recalled memories and the new input always go). Past a model's "
+            "context every turn of the session would fail; raise it for models with a large "
+            "one."
+        ),
+    )
     llm_timeout_seconds: float = Field(
         60.0,
         gt=0,

@@ -76,13 +76,15 @@ class ScriptedLLM:
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self.complete)
         self.status = status
+        self.code: str | None = "invalid_api_key"
 
     async def complete(self, request: Request) -> Response:
         self.requests.append(
             {"authorization": request.headers.get("authorization"), "body": await request.json()}
         )
         if self.status != 200:
-            detail = {"error": {"message": "Incorrect API key provided: sk-te****", "code": "bad"}}
+            message = "Incorrect API key provided: sk-te****"
+            detail = {"error": {"message": message, "code": self.code, "type": "sk-te****"}}
             return JSONResponse(detail, status_code=self.status)
         reply = self.replies[min(len(self.requests), len(self.replies)) - 1]
 
@@ -261,9 +263,24 @@ def test_an_api_error_fails_the_run_without_leaking_the_reply(keys: Keys) -> Non
         _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
     assert sse.data[-1]["error"] == {
         "code": "LLM_ERROR",
-        "message": "the chat API answered HTTP 401",
+        "message": "the chat API answered HTTP 401 (invalid_api_key)",
     }
     assert "sk-te" not in sse.raw
+
+
+def test_an_api_error_is_named_only_by_a_name_that_cannot_hold_a_secret(keys: Keys) -> None:
+    failures = []
+    for code in ("sk-proj-abc123", "Bearer sk-live", "x" * 65, None, 42):
+        llm = ScriptedLLM([], status=400)
+        llm.code = code  # type: ignore[assignment]
+        with (
+            llm_agent_server(keys, llm, []) as url,
+            httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+        ):
+            _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+        failures.append(sse.data[-1]["error"]["message"])
+        assert "sk-" not in sse.raw
+    assert failures == ["the chat API answered HTTP 400"] * 5
 
 
 def test_a_history_window_that_cuts_off_a_tool_call_still_makes_a_valid_request(
@@ -511,6 +528,49 @@ def test_a_huge_tool_output_reaches_the_model_cut_and_the_client_whole(keys: Key
     assert kept["content"][0]["data"]["output"] == log
 
 
+def test_the_oldest_history_is_left_out_of_a_request_past_the_context_budget(
+    keys: Keys,
+) -> None:
+    # Three pasted documents: together more than the model's context (64,000 characters).
+    llm = ContextLimitedLLM([ANSWER])
+    budget = 55_000
+    with (
+        llm_agent_server(keys, llm, [], llm_max_context_chars=budget) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for number in range(3):
+            text = f"document {number}: " + "lorem ipsum " * 2_100
+            body = {"input": [user_message(text)], "session_id": "docs"}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed", sse.data[-1]
+    last = llm.requests[-1]["body"]["messages"]
+    assert len(json.dumps(last, ensure_ascii=False)) <= budget
+    assert last[0]["role"] == "system"
+    texts = [m["content"] for m in last[1:]]
+    # The newest turns that fit, the new input last; the first document left out.
+    assert texts[-1].startswith("document 2: ")
+    assert texts[-3].startswith("document 1: ")
+    assert not any(t.startswith("document 0: ") for t in texts)
+    # What fits before them goes too: the answer to the first document.
+    assert [m["role"] for m in last[1:]] == ["assistant", "user", "assistant", "user"]
+
+
+def test_a_new_input_longer_than_the_budget_still_goes_alone(keys: Keys) -> None:
+    llm = ScriptedLLM([ANSWER])
+    with (
+        llm_agent_server(keys, llm, [], llm_max_context_chars=1_000) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for text in ("hello", "x" * 5_000):
+            body = {"input": [user_message(text)], "session_id": "long"}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed"
+    assert [m["role"] for m in llm.requests[0]["body"]["messages"]] == ["system", "user"]
+    last = llm.requests[1]["body"]["messages"]
+    assert [m["role"] for m in last] == ["system", "user"]
+    assert last[1]["content"] == "x" * 5_000
+
+
 def test_content_streamed_as_a_list_of_parts_is_answered_with_its_text_parts(keys: Keys) -> None:
     thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm."}]}
     parts = [
@@ -575,7 +635,7 @@ class FlakyLLM(ScriptedLLM):
         if len(self.requests) < len(self.failures):
             self.requests.append({"body": await request.json()})
             status, headers = self.failures[len(self.requests) - 1]
-            detail = {"error": {"message": "try later", "code": "busy"}}
+            detail = {"error": {"message": "try later", "code": "rate_limit_exceeded"}}
             return JSONResponse(detail, status_code=status, headers=headers)
         return await self.scripted(request)
 
@@ -617,7 +677,7 @@ def test_retries_stop_after_llm_max_retries(keys: Keys) -> None:
     assert events[-1]["status"] == "failed"
     assert events[-1]["error"] == {
         "code": "LLM_ERROR",
-        "message": "the chat API answered HTTP 429",
+        "message": "the chat API answered HTTP 429 (rate_limit_exceeded)",
     }
     assert len(llm.requests) == 3
     unretried = FlakyLLM([(503, {"Retry-After": "0"})], [ANSWER])
@@ -634,7 +694,8 @@ def test_an_answer_that_cannot_change_or_says_not_to_retry_is_not_retried(keys: 
     ]:
         llm = FlakyLLM([(status, headers)], [ANSWER])
         events = run_once(keys, llm)
-        assert events[-1]["error"]["message"] == f"the chat API answered HTTP {status}"
+        message = f"the chat API answered HTTP {status} (rate_limit_exceeded)"
+        assert events[-1]["error"]["message"] == message
         assert len(llm.requests) == 1
     told = FlakyLLM([(400, {"x-should-retry": "true", "Retry-After": "0"})], [ANSWER])
     assert run_once(keys, told)[-1]["status"] == "completed"

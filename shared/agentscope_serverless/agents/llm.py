@@ -5,9 +5,10 @@ asks again, until the model answers without calling a tool (at most ``LLM_MAX_IT
 model calls). A call that fails before any of its reply arrived (a rate limit, a server
 error, a lost connection) is made again, up to ``LLM_MAX_RETRIES`` times, waiting as the
 API's ``Retry-After`` says. A tool output longer than ``LLM_MAX_TOOL_OUTPUT_CHARS`` reaches
-the model cut in the middle (the session keeps it whole). The API is reached with plain HTTP
-(``POST {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
-``LLM_MODEL``)::
+the model cut in the middle (the session keeps it whole), and the oldest messages of the
+history are left out of a request longer than ``LLM_MAX_CONTEXT_CHARS``. The API is
+reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer
+{LLM_API_KEY}``, model ``LLM_MODEL``)::
 
     from agentscope_serverless.agents.llm import create_llm_app
     app = create_llm_app(tools=[weather_tool])
@@ -27,6 +28,7 @@ import dataclasses
 import email.utils
 import json
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -80,6 +82,7 @@ class _Config:
     timeout: float
     max_retries: int
     max_tool_output: int
+    max_context: int
 
 
 class LLMAgent:
@@ -103,6 +106,7 @@ class LLMAgent:
         timeout: float | None = None,
         max_retries: int | None = None,
         max_tool_output: int | None = None,
+        max_context: int | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
@@ -117,6 +121,7 @@ class LLMAgent:
             "timeout": timeout,
             "max_retries": max_retries,
             "max_tool_output": max_tool_output,
+            "max_context": max_context,
         }
         self._settings = settings
         self._config: _Config | None = None
@@ -230,6 +235,7 @@ class LLMAgent:
                 timeout=settings.llm_timeout_seconds,
                 max_retries=settings.llm_max_retries,
                 max_tool_output=settings.llm_max_tool_output_chars,
+                max_context=settings.llm_max_context_chars,
             )
             given = {k: v for k, v in self._overrides.items() if v is not None}
             self._config = dataclasses.replace(defaults, **given)
@@ -263,10 +269,12 @@ class LLMAgent:
         if recalled:
             note = "From earlier conversations with this user:\n" + "\n".join(recalled)
             chat.append({"role": "system", "content": note})
-        for message in _paired_tool_messages(convert_to_openai_messages(messages)):
+        conversation = convert_to_openai_messages(messages)
+        for message in conversation:
             if message["role"] == "tool" and isinstance(message.get("content"), str):
                 message["content"] = cut_tool_output(message["content"], config.max_tool_output)
-            chat.append(message)
+        budget = config.max_context - sum(map(_chars, chat))
+        chat.extend(_paired_tool_messages(_newest_fitting(conversation, budget)))
         return chat
 
     async def _complete(
@@ -302,6 +310,7 @@ class LLMAgent:
                 ) as response:
                     if not response.is_success:
                         failure = f"the chat API answered HTTP {response.status_code}"
+                        failure += await _named_error(response)
                         delay = _retry_delay(response, attempt, config.max_retries)
                         if delay is None:
                             raise AgentError(failure, code="LLM_ERROR")
@@ -415,6 +424,37 @@ async def _chunks(response: httpx.Response, silence: float) -> AsyncIterator[dic
         raise AgentError("the chat API sent no completion", code="LLM_ERROR")
 
 
+# An API's name for an error (OpenAI's ``error.code``, else ``error.type``), quoted in the
+# run's error when it is one: a key or a message quoting the request never looks like this.
+_ERROR_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# The most of a failed answer read to find its error's name.
+_MAX_ERROR_BYTES = 64 * 1024
+
+
+def _error_name(body: Any) -> str:
+    """`` (<name>)`` for a body ``{"error": {"code": <name>}}`` (or ``type``), else ``""``."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        for field in ("code", "type"):
+            name = error.get(field)
+            if isinstance(name, str) and _ERROR_NAME.fullmatch(name):
+                return f" ({name})"
+    return ""
+
+
+async def _named_error(response: httpx.Response) -> str:
+    """:func:`_error_name` of a failed answer's JSON (its first 64 KiB)."""
+    body = b""
+    try:
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) > _MAX_ERROR_BYTES:
+                return ""
+        return _error_name(json.loads(body))
+    except (httpx.HTTPError, ValueError, RecursionError):
+        return ""
+
+
 def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """A whole (not streamed) chat completion as the one chunk that would stream it."""
     choices = completion.get("choices")
@@ -456,6 +496,23 @@ def cut_tool_output(output: str, limit: int) -> str:
         return output[:limit]
     head = (len(output) - cut + 1) // 2
     return output[:head] + note.format(cut=cut) + output[head + cut :]
+
+
+def _chars(message: dict[str, Any]) -> int:
+    """How many characters ``message`` takes in a request: its JSON's."""
+    return len(json.dumps(message, ensure_ascii=False))
+
+
+def _newest_fitting(chat: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The newest messages of ``chat`` whose characters fit in ``budget``: the last one
+    always (the input to answer), the ones before it while they fit."""
+    kept = used = 0
+    for message in reversed(chat):
+        used += _chars(message)
+        if used > budget and kept:
+            break
+        kept += 1
+    return chat[len(chat) - kept :]
 
 
 UNANSWERED_CALL = "error: the tool gave no result (its run ended before it answered)"
@@ -501,7 +558,10 @@ def _parse_chunk(data: str) -> dict[str, Any]:
     if not isinstance(chunk, dict):
         raise AgentError("the chat API sent a chunk that is not an object", code="LLM_ERROR")
     if chunk.get("error"):
-        raise AgentError("the chat API reported an error while streaming", code="LLM_ERROR")
+        raise AgentError(
+            "the chat API reported an error while streaming" + _error_name(chunk),
+            code="LLM_ERROR",
+        )
     return chunk
 
 
