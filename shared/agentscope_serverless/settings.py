@@ -283,7 +283,8 @@ class Settings(BaseModel):
         description=(
             "Most characters (of the messages' JSON) the LLM agent sends the model: the "
             "oldest messages of the history window are left out until the rest fits (the "
-            "system prompt, recalled memories and the new input always go). Past a model's "
+            "system prompt and the new input always go; recalled memories take at most a "
+            "quarter of it). Past a model's "
             "context every turn of the session would fail; raise it for models with a large "
             "one."
         ),

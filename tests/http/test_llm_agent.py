@@ -555,6 +555,23 @@ def test_the_oldest_history_is_left_out_of_a_request_past_the_context_budget(
     assert [m["role"] for m in last[1:]] == ["assistant", "user", "assistant", "user"]
 
 
+def test_recalled_memories_take_at_most_a_quarter_of_the_budget(keys: Keys) -> None:
+    llm = ScriptedLLM([ANSWER])
+    pasted = "my tea notes: " + "oolong " * 1_000
+    with (
+        llm_agent_server(keys, llm, [], llm_max_context_chars=4_000) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for number, text in enumerate([pasted, "I like green tea", "Which tea?"]):
+            body = {"input": [user_message(text)], "session_id": f"s{number}"}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed"
+    last = llm.requests[-1]["body"]["messages"]
+    (note,) = [m["content"] for m in last[1:] if m["role"] == "system"]
+    assert "I like green tea" in note and "oolong" not in note
+    assert len(note) <= 1_000
+
+
 def test_a_new_input_longer_than_the_budget_still_goes_alone(keys: Keys) -> None:
     llm = ScriptedLLM([ANSWER])
     with (

@@ -6,9 +6,10 @@ model calls). A call that fails before any of its reply arrived (a rate limit, a
 error, a lost connection) is made again, up to ``LLM_MAX_RETRIES`` times, waiting as the
 API's ``Retry-After`` says. A tool output longer than ``LLM_MAX_TOOL_OUTPUT_CHARS`` reaches
 the model cut in the middle (the session keeps it whole), and the oldest messages of the
-history are left out of a request longer than ``LLM_MAX_CONTEXT_CHARS``. The API is
-reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer
-{LLM_API_KEY}``, model ``LLM_MODEL``)::
+history are left out of a request longer than ``LLM_MAX_CONTEXT_CHARS`` (recalled memories
+take at most a quarter of it). The API is reached with plain HTTP (``POST
+{LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
+``LLM_MODEL``)::
 
     from agentscope_serverless.agents.llm import create_llm_app
     app = create_llm_app(tools=[weather_tool])
@@ -63,6 +64,8 @@ from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefi
 from agentscope_serverless.settings import Settings
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+# Recalled memories take at most this fraction (1/n) of ``LLM_MAX_CONTEXT_CHARS``.
+MEMORY_SHARE = 4
 # Answers worth asking again (as OpenAI's SDK does): a timeout, a conflict, a rate limit and
 # server errors; an answer saying ``x-should-retry`` overrides this.
 RETRIED_STATUSES = frozenset({408, 409, 429})
@@ -261,11 +264,14 @@ class LLMAgent:
         if config.system_prompt:
             chat.append({"role": "system", "content": config.system_prompt})
         in_conversation = {m.id for m in messages}
-        recalled = [
-            f"- {m.role}: {m.get_text_content()}"
-            for m in memories
-            if m.id not in in_conversation and m.get_text_content()
-        ]
+        recalled: list[str] = []
+        room = config.max_context // MEMORY_SHARE  # best first, each whole or not at all
+        for memory in memories:
+            text = memory.get_text_content()
+            line = f"- {memory.role}: {text}"
+            if memory.id not in in_conversation and text and len(line) < room:
+                recalled.append(line)
+                room -= len(line) + 1
         if recalled:
             note = "From earlier conversations with this user:\n" + "\n".join(recalled)
             chat.append({"role": "system", "content": note})
