@@ -686,3 +686,44 @@ async def test_a_long_reply_in_small_pieces_streams_to_the_end(
             " && log.scrollTop + log.clientHeight >= log.scrollHeight - 1; })()"
         )
         assert not page.exceptions, page.exceptions
+
+
+# The window of a 1280 x 820 laptop zoomed to 200%, and to 400% (WCAG's reflow width).
+ZOOMED = [(640, 410), (320, 480)]
+
+IN_VIEW = """
+(() => {
+  const page = document.documentElement;
+  const composer = document.getElementById("composer").getBoundingClientRect();
+  const last = [...document.querySelectorAll(".message")].at(-1).getBoundingClientRect();
+  const log = document.getElementById("messages").getBoundingClientRect();
+  return {
+    wider: page.scrollWidth > page.clientWidth,
+    composerInView: composer.top >= 0 && composer.bottom <= innerHeight,
+    lastInView: last.bottom <= composer.top + 1 && last.bottom > 0,
+    conversation: Math.min(log.bottom, composer.top) - Math.max(log.top, 0),
+    height: innerHeight,
+  };
+})()
+"""
+
+
+@pytest.mark.parametrize(("width", "height"), ZOOMED)
+async def test_a_zoomed_in_window_keeps_the_conversation_readable(
+    demo_url: str, keys: Keys, width: int, height: int
+) -> None:
+    async with chromium_page(width=width, height=height) as page:
+        await sign_in(page, demo_url, keys.alice)
+        await visible(page, "chat")
+        for number in range(4):
+            await say(page, f"Message {number}: my name is Alice and this line wraps")
+        await page.wait_for("document.querySelectorAll('.message').length >= 8")
+        await asyncio.sleep(0.2)  # the scroll to the end is made at the next frame
+        view = await page.evaluate(IN_VIEW)
+        path = await page.screenshot(f"chat-page-{width}x{height}.png")
+        print(f"\nscreenshot at {width} x {height}: {path}")
+        assert not view["wider"], "the page scrolls sideways"
+        assert view["composerInView"] and view["lastInView"], view
+        # The conversation has most of the window, not a strip between fixed panes.
+        assert view["conversation"] >= view["height"] / 2, view
+        assert not page.exceptions, page.exceptions

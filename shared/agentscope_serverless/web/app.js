@@ -415,7 +415,9 @@ function scrollToEnd() {
   requestAnimationFrame(() => {
     scrollPending = false;
     const log = $("messages");
-    log.scrollTop = log.scrollHeight;
+    // In a narrow or short window the page scrolls as a whole (see app.css).
+    const scroller = getComputedStyle(log).overflowY === "visible" ? document.scrollingElement : log;
+    scroller.scrollTop = scroller.scrollHeight;
   });
 }
 
