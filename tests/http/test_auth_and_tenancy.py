@@ -271,6 +271,31 @@ def test_a_session_named_in_a_header_is_the_one_its_utf8_bytes_spell(
     assert len(alice.get(f"/sessions/{quoted}/messages").json()["items"]) == 4
 
 
+def test_a_service_key_naming_a_user_with_surrounding_whitespace_gets_422(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # A server strips a header's value: " alice" in the header is "alice", so " alice" named
+    # in a body or a query would be a user no header could reach.
+    service = client_for(keys.service)
+    user = f"alice-{uuid.uuid4().hex[:8]}"
+    for padded in (f" {user}", f"{user}\t", f"{user} "):
+        agent = {"input": [user_message("hi")], "user_id": padded, "stream": False}
+        in_body = service.post("/process", json=agent)
+        assert in_body.status_code == 422, in_body.text
+        assert "whitespace" in in_body.json()["error"]["message"]
+        in_query = service.post("/sessions", params={"user_id": padded}, json={})
+        assert in_query.status_code == 422
+        assert "whitespace" in in_query.json()["error"]["message"]
+    assert service.get("/sessions", headers={"X-User-Id": user}).json()["items"] == []
+    # Inside the id, whitespace is the user's own.
+    spaced = f"alice {uuid.uuid4().hex[:8]}"
+    made = service.post("/sessions", params={"user_id": spaced}, json={"session_id": "s"})
+    assert made.status_code == 201, made.text
+    assert made.json()["user_id"] == spaced
+    listed = service.get("/sessions", headers={"X-User-Id": spaced}).json()["items"]
+    assert [s["user_id"] for s in listed] == [spaced]
+
+
 def test_a_service_key_naming_two_users_gets_422(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

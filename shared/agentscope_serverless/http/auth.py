@@ -94,6 +94,15 @@ class Caller:
                 f"a service key must name the user it acts for: send the {USER_HEADER} header",
                 field=USER_HEADER,
             )
+        for where, claimed in claims:
+            if claimed != claimed.strip():
+                # Servers strip a header's value: " alice" could be named in a body or a
+                # query but never in the header, and "alice" in the header is another user.
+                raise InvalidInputError(
+                    f"the {where} names a user whose id begins or ends with whitespace: "
+                    "send it without",
+                    field=where,
+                )
         named = {claimed for _, claimed in claims}
         if len(named) > 1:
             raise InvalidInputError(
