@@ -50,6 +50,20 @@ assert [(p.type, getattr(p, "format", None)) for p in parts] == [
 assert parts[2].image_url == "data:image/png;base64,iVBORw=="
 assert message_to_agentscope_msg(agentscope_msg_to_message(media)).content[:2] == heard.content
 
+# AgentScope has no file block: the model reads a mention, the agent's code the file.
+attached = message_to_agentscope_msg({"role": "user", "content": [
+    {"type": "text", "text": "Summarize these."},
+    {"type": "file", "file_url": "https://example.com/r.pdf", "filename": "r.pdf"},
+    {"type": "file", "file_data": "data:text/csv;base64,YSxi", "filename": "t.csv"},
+    {"type": "file", "file_id": "file-abc"}]})
+assert attached.content == ("Summarize these.[file r.pdf: https://example.com/r.pdf]"
+    "[file t.csv: sent with the message][file: file-abc]"), attached.content
+assert [f["filename"] for f in attached.metadata["files"]] == ["r.pdf", "t.csv", None]
+assert attached.metadata["files"][1]["file_data"] == "data:text/csv;base64,YSxi"
+refused = message_to_agentscope_msg({"role": "assistant", "content": [
+    {"type": "refusal", "refusal": "I cannot help with that."}]})
+assert refused.content == "I cannot help with that.", refused.content
+
 async def main():
     async with SandboxService(base_url=sys.argv[1], bearer_token=sys.argv[2]) as service:
         [box] = await service.connect_async("adapter-test", user_id="u1")

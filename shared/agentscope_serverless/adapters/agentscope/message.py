@@ -9,8 +9,11 @@ source as a ``data:`` URI); audio blocks :class:`AudioContent` (a URL source wit
 ``format="url"``, a base64 source with its data and the format its media type names);
 other blocks (tool use, tool results, thinking) :class:`DataContent` holding the block. The
 way back restores each block, and gives audio sent as data (OpenAI's ``input_audio``) a
-base64 source. The ``Msg``'s id, name and metadata travel in the message's ``id`` and
-``metadata``.
+base64 source. AgentScope has no file block: a file part becomes a text block naming it
+(``[file report.pdf: https://...]``, its data left out) and the parts themselves go in the
+``Msg``'s ``metadata["files"]`` (``file_url``, ``file_id``, ``filename``, ``file_data``); a
+refusal becomes its text. The ``Msg``'s id, name and metadata travel in the message's ``id``
+and ``metadata``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from agentscope_serverless.schemas.agent_schemas import (
     AudioContent,
     Content,
     DataContent,
+    FileContent,
     ImageContent,
     Message,
+    RefusalContent,
     Role,
     TextContent,
 )
@@ -89,6 +94,14 @@ def _block(part: Content) -> dict[str, Any]:
         }
     if isinstance(part, DataContent) and "agentscope_block" in (part.data or {}):
         return dict((part.data or {})["agentscope_block"])
+    if isinstance(part, FileContent):
+        where = part.file_url or part.file_id or "sent with the message"
+        if where.startswith("data:"):
+            where = "sent with the message"
+        name = f"file {part.filename}" if part.filename else "file"
+        return {"type": "text", "text": f"[{name}: {where}]"}
+    if isinstance(part, RefusalContent):
+        return {"type": "text", "text": part.refusal or ""}
     return {"type": "text", "text": str(getattr(part, "data", ""))}
 
 
@@ -101,6 +114,13 @@ def message_to_agentscope_msg(messages: Any) -> Any:
     origin = metadata.pop("agentscope", None) or {}
     role = message.role if message.role in _ROLES else Role.USER
     blocks = [_block(part) for part in message.content or []]
+    files = [part for part in message.content or [] if isinstance(part, FileContent)]
+    if files:
+        # AgentScope has no file block: the model reads a mention, the agent's code the file.
+        metadata["files"] = [
+            part.model_dump(include={"file_url", "file_id", "filename", "file_data"})
+            for part in files
+        ]
     content: Any = blocks
     if all(block.get("type") == "text" for block in blocks):
         content = "".join(str(block.get("text", "")) for block in blocks)
