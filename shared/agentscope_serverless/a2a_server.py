@@ -14,19 +14,22 @@ its task store is our runs store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from a2a.helpers.proto_helpers import new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import TaskStore, TaskUpdater
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
     AgentInterface,
     AgentSkill,
+    Artifact,
     HTTPAuthSecurityScheme,
     ListTasksRequest,
     ListTasksResponse,
@@ -34,12 +37,15 @@ from a2a.types import (
     SecurityRequirement,
     SecurityScheme,
     StringList,
+    SubscribeToTaskRequest,
     Task,
+    TaskArtifactUpdateEvent,
     TaskState,
     TaskStatus,
+    TaskStatusUpdateEvent,
 )
 from a2a.types import Role as A2ARole
-from a2a.utils.errors import InvalidParamsError
+from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.errors import InvalidInputError
@@ -60,6 +66,10 @@ A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
 # The key of a task's metadata holding the id of its run.
 RUN_ID_KEY = "run_id"
+# How long a subscriber waits for a task's run to be named, and, once the run has ended,
+# for the task's end to be stored.
+FOLLOW_START_SECONDS = 5.0
+FOLLOW_END_SECONDS = 5.0
 TERMINAL = {
     TaskState.TASK_STATE_COMPLETED: "completed",
     TaskState.TASK_STATE_FAILED: "failed",
@@ -233,6 +243,85 @@ class RunsTaskStore(TaskStore):
         """Tasks are not deleted one by one: they expire with the runs (``RUNS_TTL_SECONDS``)."""
 
 
+class RunsRequestHandler(DefaultRequestHandler):
+    """The SDK's request handler, whose ``SubscribeToTask`` also follows a task running in
+    another process (another Lambda instance): from the runs store, as ``/runs/{id}/events``
+    follows a run.
+
+    The SDK's own handler follows only a task of its process (its event queue). Elsewhere,
+    the stream is the task (without its artifacts), then the reply's text from its first
+    piece, as the chunks of one artifact, then the task's final status.
+    """
+
+    def __init__(
+        self, *, agent_executor: AgentExecutor, task_store: RunsTaskStore, agent_card: AgentCard
+    ) -> None:
+        super().__init__(
+            agent_executor=agent_executor, task_store=task_store, agent_card=agent_card
+        )
+        self._tasks = task_store
+        self._runs = task_store.runs
+
+    async def on_subscribe_to_task(  # type: ignore[override]
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncIterator[Any]:
+        if await self._active_task_registry.get(params.id) is not None:
+            async for event in super().on_subscribe_to_task(params, context):
+                yield event
+            return
+        task = await self._tasks.get(params.id, context)
+        if task is None:
+            raise TaskNotFoundError
+        if task.status.state in TERMINAL:
+            raise UnsupportedOperationError(
+                message=f"Task {task.id} is in terminal state: {TaskState.Name(task.status.state)}"
+            )
+        # A task just submitted names its run with its first update, and a run just started
+        # is stored within its first write delay.
+        user_id, loop = owner_of(context), asyncio.get_running_loop()
+        deadline = loop.time() + FOLLOW_START_SECONDS
+        while not _run_of(task) or await self._runs.get_run(user_id, _run_of(task)) is None:
+            if loop.time() > deadline:
+                raise TaskNotFoundError
+            await asyncio.sleep(self._tasks.first_write_delay)
+            task = await self._tasks.get(params.id, context) or task
+        snapshot = Task()
+        snapshot.CopyFrom(task)
+        del snapshot.artifacts[:]
+        yield snapshot
+        run_id, first = _run_of(task), True
+        async for _, data in self._runs.follow(user_id, run_id):
+            event = json.loads(data)
+            if event.get("object") == "content" and event.get("delta") and event.get("text"):
+                yield TaskArtifactUpdateEvent(
+                    task_id=task.id,
+                    context_id=task.context_id,
+                    artifact=Artifact(
+                        artifact_id=run_id,
+                        name="reply",
+                        parts=[Part(text=event["text"])],
+                        metadata={RUN_ID_KEY: run_id},
+                    ),
+                    append=not first,
+                    last_chunk=False,
+                )
+                first = False
+        # The run has ended; the process running it stores the task's end right after.
+        deadline = loop.time() + FOLLOW_END_SECONDS
+        while task.status.state not in TERMINAL:
+            if loop.time() > deadline:
+                return
+            await asyncio.sleep(self._runs.poll_seconds)
+            task = await self._tasks.get(params.id, context) or task
+        yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+
+def _run_of(task: Task) -> str:
+    """The id of the run of ``task`` ("" before its first update names it)."""
+    run_id = task.metadata.fields.get(RUN_ID_KEY)
+    return run_id.string_value if run_id is not None else ""
+
+
 def agent_card(
     name: str,
     description: str,
@@ -286,4 +375,11 @@ def agent_card(
     )
 
 
-__all__ = ["A2A_PATH", "RunsAgentExecutor", "RunsTaskStore", "agent_card", "owner_of"]
+__all__ = [
+    "A2A_PATH",
+    "RunsAgentExecutor",
+    "RunsRequestHandler",
+    "RunsTaskStore",
+    "agent_card",
+    "owner_of",
+]

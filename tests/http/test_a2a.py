@@ -22,6 +22,7 @@ from a2a.types import (
     GetTaskRequest,
     Role,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     TaskState,
 )
 from a2a.utils.errors import InvalidParamsError
@@ -185,6 +186,43 @@ async def test_a_task_cancelled_through_another_server_stops_its_run(
             ("a2a", "canceled"),
             ("a2a_task", "canceled"),
         }
+
+
+async def test_a_task_streaming_on_one_server_is_followed_from_another(
+    two_servers: tuple[str, str, Keys],
+) -> None:
+    # Two Lambda instances: the client's stream broke, its reconnection reached the other.
+    first, second, keys = two_servers
+    words = ["slowly", *(f"w{i}" for i in range(5))]
+    async with (
+        _client(first, keys.alice, streaming=True) as running_client,
+        _client(second, keys.alice, streaming=True) as other_client,
+    ):
+        stream = running_client.send_message(_message(" ".join(words)))
+        task_id = None
+        async for event in stream:
+            if event.HasField("artifact_update"):
+                task_id = event.artifact_update.task_id
+                break
+        assert task_id is not None
+        followed = [e async for e in other_client.subscribe(SubscribeToTaskRequest(id=task_id))]
+        await stream.aclose()
+    assert followed[0].task.id == task_id
+    assert followed[0].task.status.state == TaskState.TASK_STATE_WORKING
+    chunks = [e.artifact_update for e in followed if e.HasField("artifact_update")]
+    # The whole reply, from its first piece: the chunks of one artifact.
+    text = "".join(get_artifact_text(c.artifact, delimiter="") for c in chunks)
+    assert text == " ".join(words) + " "
+    assert [c.append for c in chunks] == [False] + [True] * (len(chunks) - 1)
+    assert len({c.artifact.artifact_id for c in chunks}) == 1
+    assert followed[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    # Another user cannot follow it; a finished task cannot be followed.
+    async with _client(second, keys.bob, streaming=True) as bob:
+        with pytest.raises(Exception, match=r"(?i)not found"):
+            [e async for e in bob.subscribe(SubscribeToTaskRequest(id=task_id))]
+    async with _client(second, keys.alice, streaming=True) as again:
+        with pytest.raises(Exception, match=r"(?i)terminal"):
+            [e async for e in again.subscribe(SubscribeToTaskRequest(id=task_id))]
 
 
 async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:

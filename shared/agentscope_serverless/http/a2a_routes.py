@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from a2a.auth.user import User
-from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import (
     DefaultServerCallContextBuilder,
     create_jsonrpc_routes,
@@ -22,7 +21,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, Router
 
-from agentscope_serverless.a2a_server import A2A_PATH, RunsAgentExecutor, RunsTaskStore, agent_card
+from agentscope_serverless.a2a_server import (
+    A2A_PATH,
+    RunsAgentExecutor,
+    RunsRequestHandler,
+    RunsTaskStore,
+    agent_card,
+)
 from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.context import AppContext
@@ -74,14 +79,14 @@ def _guarded(routes: list[Any]) -> list[Route]:
     ]
 
 
-def build(context: AppContext) -> tuple[DefaultRequestHandler, Router]:
+def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
     """The SDK's request handler over our runs, and its routes (JSON-RPC with 0.3 compatibility,
     HTTP+JSON) at ``/a2a``."""
     agent_app = context.agent_app
     assert agent_app is not None
     recorder = context.require_recorder()
     base_card = agent_card(agent_app.app_name, agent_app.app_description, "http://localhost")
-    handler = DefaultRequestHandler(
+    handler = RunsRequestHandler(
         agent_executor=RunsAgentExecutor(context.require_runner(), recorder),
         task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),
         agent_card=base_card,
