@@ -188,6 +188,21 @@ async def test_an_endless_python_loop_is_stopped_and_the_state_kept(
     assert part(await looping.run_ipython_cell_async("before"), "stdout") == "1\n"
 
 
+async def test_each_cell_gets_its_whole_cpu_budget_whatever_the_interpreter_used_before(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # The interpreter has used x.9 s of CPU: rounded down, the next cell's 2 s were 1.1 s.
+    spent = await sandbox.run_ipython_cell_async(
+        "import time\nwhile time.process_time() % 1 < 0.9: pass\nprint('spent')"
+    )
+    assert part(spent, "stdout") == "spent\n"
+    burn = await sandbox.run_ipython_cell_async(
+        "start = time.process_time()\nwhile time.process_time() - start < 1.3: pass\nprint('done')"
+    )
+    assert part(burn, "stdout") == "done\n", part(burn, "stderr")
+
+
 async def test_a_sleeping_cell_is_stopped_by_the_wall_clock(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

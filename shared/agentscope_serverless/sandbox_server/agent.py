@@ -23,6 +23,7 @@ import difflib
 import fnmatch
 import io
 import json
+import math
 import os
 import resource
 import signal
@@ -348,7 +349,8 @@ class Agent:
         os.chdir(WORKSPACE)
         # Each cell gets the CPU budget anew; the hard limit caps the interpreter's lifetime.
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        soft = int(_cpu_used()) + self.cpu_seconds
+        # Whole seconds: rounded down, a cell started at 4.9 s used would get 1.1 s of 2.
+        soft = math.ceil(_cpu_used()) + self.cpu_seconds
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
