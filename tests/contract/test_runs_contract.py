@@ -462,6 +462,8 @@ async def test_stopping_gives_up_at_the_timeout_naming_the_runs_still_in_progres
         assert await runs.stop_runs(user_id, " a ", wait=0.2) == ["dead-a"]
         assert (await runs.get_run(user_id, "dead-a")).cancel_requested  # type: ignore[union-attr]
         assert not (await runs.get_run(user_id, "dead-b")).cancel_requested  # type: ignore[union-attr]
+        listed = {r.id: r.cancel_requested for s in "ab" for r in await runs.list_runs(user_id, s)}
+        assert listed == {"dead-a": True, "dead-b": False}
         assert sorted(await runs.stop_runs(user_id, wait=0.2)) == ["dead-a", "dead-b"]
         assert await runs.stop_runs(f"{user_id}-nobody", wait=0.2) == []
         with pytest.raises(InvalidInputError):

@@ -154,10 +154,13 @@ _LOAD = """
 return redis.call('HMGET', KEYS[1], 'record', 'cancel')
 """
 
-# KEYS: runs. Returns their records (nil for a run gone).
+# KEYS: runs. Returns their records and cancellation marks, in pairs (nil for a run gone).
 _RECORDS = """
 local records = {}
-for i, key in ipairs(KEYS) do records[i] = redis.call('HGET', key, 'record') or false end
+for i, key in ipairs(KEYS) do
+  local fields = redis.call('HMGET', key, 'record', 'cancel')
+  records[2 * i - 1], records[2 * i] = fields[1] or false, fields[2] or false
+end
 return records
 """
 
@@ -242,11 +245,21 @@ class RedisRunsService(RedisBackedService, RunsService):
         ids = await self._redis.run(
             _RUNS_SINCE, [self._user_key(user_id)], [repr(since)], idempotent=True
         )
-        records: list[RunRecord] = []
-        for start in range(0, len(ids), _DELETE_BATCH):
-            runs = [self._run_key(user_id, text(i)) for i in ids[start : start + _DELETE_BATCH]]
+        records = await self._records(user_id, [text(run_id) for run_id in ids])
+        return [record for record in records if record is not None]
+
+    async def _records(self, user_id: str, run_ids: list[str]) -> list[RunRecord | None]:
+        """The records of ``run_ids`` with their cancellation marks, in order (None for a
+        run gone), a batch of runs per request."""
+        records: list[RunRecord | None] = []
+        for start in range(0, len(run_ids), _DELETE_BATCH):
+            runs = [self._run_key(user_id, r) for r in run_ids[start : start + _DELETE_BATCH]]
             stored = await self._redis.run(_RECORDS, runs, [], idempotent=True)
-            records += [RunRecord.model_validate_json(raw) for raw in stored if raw]
+            for raw, cancel in zip(stored[::2], stored[1::2], strict=True):
+                record = RunRecord.model_validate_json(raw) if raw else None
+                if record is not None:
+                    record.cancel_requested = bool(cancel)
+                records.append(record)
         return records
 
     async def _delete_user(self, user_id: str) -> None:
@@ -268,11 +281,8 @@ class RedisRunsService(RedisBackedService, RunsService):
                 return
             sessions: list[str | None] = [session_id] * len(run_ids)
             if session_id is None:
-                runs = [self._run_key(user_id, run_id) for run_id in run_ids]
-                stored = await self._redis.run(_RECORDS, runs, [], idempotent=True)
-                sessions = [
-                    RunRecord.model_validate_json(raw).session_id if raw else None for raw in stored
-                ]
+                records = await self._records(user_id, run_ids)
+                sessions = [record.session_id if record else None for record in records]
             keys = [user_key]
             for run_id, session in zip(run_ids, sessions, strict=True):
                 run = self._run_key(user_id, run_id)
@@ -412,7 +422,7 @@ class RedisRunsService(RedisBackedService, RunsService):
         ids = await self._redis.run(
             _INDEXED_RUNS, [self._session_key(user_id, session_id)], [-1], idempotent=True
         )
-        records = [await self._load(user_id, text(run_id)) for run_id in ids]
+        records = await self._records(user_id, [text(run_id) for run_id in ids])
         return [record for record in records if record is not None]
 
     async def _read(
