@@ -551,8 +551,8 @@ def test_the_oldest_history_is_left_out_of_a_request_past_the_context_budget(
     assert texts[-1].startswith("document 2: ")
     assert texts[-3].startswith("document 1: ")
     assert not any(t.startswith("document 0: ") for t in texts)
-    # What fits before them goes too: the answer to the first document.
-    assert [m["role"] for m in last[1:]] == ["assistant", "user", "assistant", "user"]
+    # What is kept starts at a user's message: the answer to the first document is left out.
+    assert [m["role"] for m in last[1:]] == ["user", "assistant", "user"]
 
 
 def test_recalled_memories_take_at_most_a_quarter_of_the_budget(keys: Keys) -> None:

@@ -511,14 +511,20 @@ def _chars(message: dict[str, Any]) -> int:
 
 def _newest_fitting(chat: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
     """The newest messages of ``chat`` whose characters fit in ``budget``: the last one
-    always (the input to answer), the ones before it while they fit."""
+    always (the input to answer), the ones before it while they fit. When some are left
+    out, what is kept starts at a user's message (some APIs refuse a conversation that
+    starts with the assistant's)."""
     kept = used = 0
     for message in reversed(chat):
         used += _chars(message)
         if used > budget and kept:
             break
         kept += 1
-    return chat[len(chat) - kept :]
+    start = len(chat) - kept
+    if start:
+        while start < len(chat) - 1 and chat[start]["role"] != "user":
+            start += 1
+    return chat[start:]
 
 
 UNANSWERED_CALL = "error: the tool gave no result (its run ended before it answered)"
