@@ -68,6 +68,15 @@ async def _client(url: str, key: str, *, streaming: bool) -> AsyncIterator[Clien
         yield await ClientFactory(config).create_from_url(url)
 
 
+async def _first_chunk_of(stream: AsyncIterator[Any]) -> str:
+    """The id of the task of a streamed reply, once its first chunk has come."""
+    async for event in stream:
+        if event.HasField("artifact_update"):
+            task_id: str = event.artifact_update.task_id
+            return task_id
+    raise AssertionError("the stream ended without a chunk")
+
+
 def _message(text: str, context_id: str | None = None) -> SendMessageRequest:
     message = new_text_message(text, context_id=context_id, role=Role.ROLE_USER)
     return SendMessageRequest(message=message)
@@ -119,12 +128,7 @@ async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -
     context_id = f"a2a-{uuid.uuid4().hex[:8]}"
     async with _client(url, keys.alice, streaming=True) as client:
         stream = client.send_message(_message("slowly " + "word " * 20, context_id=context_id))
-        task_id = None
-        async for event in stream:
-            if event.HasField("artifact_update"):
-                task_id = event.artifact_update.task_id
-                break
-        assert task_id is not None
+        task_id = await _first_chunk_of(stream)
         await stream.aclose()
         canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
         assert canceled.status.state == TaskState.TASK_STATE_CANCELED
@@ -199,12 +203,7 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
         _client(second, keys.alice, streaming=True) as other_client,
     ):
         stream = running_client.send_message(_message(" ".join(words)))
-        task_id = None
-        async for event in stream:
-            if event.HasField("artifact_update"):
-                task_id = event.artifact_update.task_id
-                break
-        assert task_id is not None
+        task_id = await _first_chunk_of(stream)
         followed = [e async for e in other_client.subscribe(SubscribeToTaskRequest(id=task_id))]
         await stream.aclose()
     assert followed[0].task.id == task_id

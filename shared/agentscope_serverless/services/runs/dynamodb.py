@@ -246,30 +246,24 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return "".join(parts) if len(parts) == number(meta, "parts", 1) - 1 else None
 
     async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
-        at = now()
-        run_ids = [
-            item["run_id"]["S"]
-            async for item in self._store.query(
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={
-                    ":pk": s(f"RUNS#{id_hash(user_id)}#{id_hash(session_id)}")
-                },
-                ConsistentRead=True,
-            )
-            if is_live(item, at)
-        ]
-        return await self._records(user_id, run_ids)
+        index = f"RUNS#{id_hash(user_id)}#{id_hash(session_id)}"
+        return await self._indexed(user_id, "pk = :pk", {":pk": s(index)})
 
     async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
+        return await self._indexed(
+            user_id,
+            "pk = :pk AND sk >= :since",
+            {":pk": s(f"USERRUNS#{id_hash(user_id)}"), ":since": s(f"{int(since * 1000):015d}")},
+        )
+
+    async def _indexed(self, user_id: str, condition: str, values: Item) -> list[RunRecord]:
+        """The records of the runs an index lists (its entries matching ``condition``)."""
         at = now()
         run_ids = [
             item["run_id"]["S"]
             async for item in self._store.query(
-                KeyConditionExpression="pk = :pk AND sk >= :since",
-                ExpressionAttributeValues={
-                    ":pk": s(f"USERRUNS#{id_hash(user_id)}"),
-                    ":since": s(f"{int(since * 1000):015d}"),
-                },
+                KeyConditionExpression=condition,
+                ExpressionAttributeValues=values,
                 ConsistentRead=True,
             )
             if is_live(item, at)

@@ -93,13 +93,7 @@ class InMemoryRunsService(RunsService):
         return run.record.model_copy(update={"cancel_requested": run.cancel})
 
     async def _list(self, user_id: str, session_id: str) -> list[RunRecord]:
-        return [
-            record
-            for (user, run_id) in list(self._runs)
-            if user == user_id
-            and (record := await self._load(user_id, run_id)) is not None
-            and record.session_id == session_id
-        ]
+        return [r for r in await self._list_user(user_id, 0.0) if r.session_id == session_id]
 
     async def _list_user(self, user_id: str, since: float) -> list[RunRecord]:
         return [
