@@ -113,7 +113,7 @@ def test_the_page_needs_no_key_and_is_locked_down(demo_url: str) -> None:
     assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
     assert page.headers["x-content-type-options"] == "nosniff"
     assert "<script>" not in page.text and "style=" not in page.text and "http" not in page.text
-    for asset in ("web/app.js", "web/app.css"):
+    for asset in ("web/app.js", "web/markdown.js", "web/app.css"):
         assert httpx.get(f"{demo_url}/{asset}").status_code == 200
     assert httpx.get(f"{demo_url}/web/../settings.py").status_code == 404
     assert httpx.get(f"{demo_url}/sessions").status_code == 401
@@ -225,6 +225,34 @@ def png(width: int, height: int) -> bytes:
     )
 
 
+# A reply as models write them, and what no reply may turn into markup.
+MARKDOWN = r"""## Plan
+
+Use **bold**, *italic*, `code` and [the docs](https://example.com/docs?a=1&b=2).
+A second line, 2 * 3 * 4, snake_case_name and https://example.com/x.
+
+- one
+- two with `x < y`
+  1. nested
+1. first
+2. second
+
+> quoted **text**
+
+```python
+print("<b>hi</b>")
+```
+
+| name | value |
+|------|------:|
+| a    | 1     |
+| b \| c | 2 |
+
+<script>window.injected = 1</script> <img src=x onerror="window.injected = 2">
+[click](javascript:window.injected=3) [relative](/sessions) **unclosed
+"""
+
+
 def tool_app() -> AgentApp:
     """An agent that calls a sandbox-like tool whose result holds text and an image."""
     app = AgentApp(app_name="tools")
@@ -239,6 +267,10 @@ def tool_app() -> AgentApp:
         if msgs[-1].get_text_content() == "a long reply in small pieces":
             for _ in range(10_000):  # 100 KB, as a model streams it: a few characters at a time
                 yield "abcdefghi "
+            return
+        if msgs[-1].get_text_content() == "in markdown":
+            for start in range(0, len(MARKDOWN), 7):  # as a model streams it
+                yield MARKDOWN[start : start + 7]
             return
         if msgs[-1].get_text_content() == "hold on":
             yield "Before the break"
@@ -727,3 +759,66 @@ async def test_a_zoomed_in_window_keeps_the_conversation_readable(
         # The conversation has most of the window, not a strip between fixed panes.
         assert view["conversation"] >= view["height"] / 2, view
         assert not page.exceptions, page.exceptions
+
+
+RENDERED = """
+(() => {
+  const reply = [...document.querySelectorAll(".message.assistant .markdown")].at(-1);
+  const all = (selector) => [...reply.querySelectorAll(selector)];
+  return {
+    heading: all(".heading").map((n) => n.textContent),
+    strong: all("strong").map((n) => n.textContent),
+    em: all("em").map((n) => n.textContent),
+    code: all(":not(pre) > code").map((n) => n.textContent),
+    links: all("a").map((n) => [n.textContent, n.getAttribute("href"), n.rel]),
+    lists: all("ul > li, ol > li").map((n) => n.firstChild.textContent),
+    nested: all(":scope li ol li").map((n) => n.textContent),
+    quote: all("blockquote strong").map((n) => n.textContent),
+    block: all("pre > code").map((n) => [n.textContent, n.dataset.language]),
+    cells: all("td").map((n) => n.textContent),
+    tags: [...new Set(all("*").map((n) => n.tagName.toLowerCase()))].sort(),
+    injected: window.injected ?? null,
+    text: reply.textContent,
+  };
+})()
+"""
+
+
+async def test_a_reply_in_markdown_is_shown_formatted_and_stays_text(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "in markdown")
+        await asyncio.sleep(0.1)  # the last piece's markdown is built at the next frame
+        shown = await page.evaluate(RENDERED)
+        path = await page.screenshot("chat-page-markdown.png")
+        print(f"\nscreenshot of a markdown reply: {path}")
+        # Opened again, the stored reply looks the same.
+        await page.send("Page.reload")
+        await page.wait_for("document.querySelector('#sessions button') !== null")
+        await page.evaluate("document.querySelector('#sessions button').click()")
+        await page.wait_for("document.querySelectorAll('.message.assistant .markdown').length > 0")
+        assert await page.evaluate(RENDERED) == shown
+        assert not page.exceptions, page.exceptions
+    assert shown["heading"] == ["Plan"]
+    assert shown["strong"] == ["bold", "text"]
+    assert shown["em"] == ["italic"]
+    assert shown["code"] == ["code", "x < y"]
+    assert shown["links"] == [
+        ["the docs", "https://example.com/docs?a=1&b=2", "noopener noreferrer"],
+        ["https://example.com/x", "https://example.com/x", "noopener noreferrer"],
+    ]
+    assert shown["lists"] == ["one", "two with ", "nested", "first", "second"]
+    assert shown["nested"] == ["nested"]
+    assert shown["quote"] == ["text"]
+    assert shown["block"] == [['print("<b>hi</b>")', "python"]]
+    assert shown["cells"] == ["a", "1", "b | c", "2"]
+    # Markup in the reply is text: no script, no image, no javascript: link ran or was made.
+    assert shown["injected"] is None
+    assert "script" not in shown["tags"] and "img" not in shown["tags"]
+    assert "<script>window.injected = 1</script>" in shown["text"]
+    assert "[click](javascript:window.injected=3)" in shown["text"]
+    assert "[relative](/sessions)" in shown["text"] and "**unclosed" in shown["text"]
+    assert "2 * 3 * 4, snake_case_name" in shown["text"]

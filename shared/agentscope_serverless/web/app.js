@@ -1,6 +1,9 @@
 // The chat page: sign in with an API key, list and open sessions, stream replies from
 // /process (Server-Sent Events over fetch), stop a run, show tool calls and memories used.
-// Everything it fetches is on its own server; untrusted text is only ever set as textContent.
+// Everything it fetches is on its own server; untrusted text is only ever set as textContent
+// (the agent's markdown is built as DOM nodes, see markdown.js).
+
+import { markdown } from "./markdown.js";
 
 const KEY_STORAGE = "agentscope-serverless.api-key";
 const RUN_STORAGE = "agentscope-serverless.run"; // the run being streamed: {id, session, text}
@@ -309,6 +312,7 @@ function setPart(view, index, content) {
 }
 
 function partNode(message, content) {
+  if (content.type === "text" && isReply(message)) return replyText(content.text || "");
   if (content.type === "text") return element("span", "text", content.text || "");
   if (content.type === "refusal") return element("span", "text", content.refusal || "");
   if (content.type === "image") return imageNode(content.image_url);
@@ -317,6 +321,35 @@ function partNode(message, content) {
   if (content.type === "data") return element("pre", "", pretty(content.data));
   if (content.type === "file") return element("span", "text", `[file ${content.filename || content.file_id || ""}]`);
   return element("span", "text", `[${content.type} content]`);
+}
+
+// The agent's own words (not a tool's, not the user's): shown as markdown.
+function isReply(message) {
+  return message.role === "assistant" && (message.type || "message") === "message";
+}
+
+// The markdown of a reply's text part; ``raw`` keeps its source for the pieces to come.
+const rawText = new WeakMap();
+const pendingMarkdown = new Set();
+
+function replyText(text) {
+  const node = element("div", "text markdown");
+  rawText.set(node, text);
+  node.append(markdown(text));
+  return node;
+}
+
+// A piece of a streamed reply: its markdown is built again at the next frame (once per frame
+// whatever the number of pieces).
+function appendReplyText(node, text) {
+  rawText.set(node, rawText.get(node) + text);
+  if (pendingMarkdown.size === 0) {
+    requestAnimationFrame(() => {
+      for (const pending of pendingMarkdown) pending.replaceChildren(markdown(rawText.get(pending)));
+      pendingMarkdown.clear();
+    });
+  }
+  pendingMarkdown.add(node);
 }
 
 function imageNode(url, alt = "Image from the agent") {
@@ -658,7 +691,9 @@ function handleEvent(data, run, views) {
     if (!view) return "";
     const index = Number.isInteger(data.index) ? data.index : view.parts.length;
     const node = view.parts[index];
-    if (data.delta && data.type === "text" && node && node.classList.contains("text")) {
+    if (data.delta && data.type === "text" && node && rawText.has(node)) {
+      appendReplyText(node, data.text || "");
+    } else if (data.delta && data.type === "text" && node && node.classList.contains("text")) {
       node.textContent += data.text || "";
     } else {
       setPart(view, index, data);

@@ -35,6 +35,7 @@ SECURITY_HEADERS = {
 }
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
+    "markdown.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
 }
 
@@ -58,6 +59,11 @@ async def chat_page() -> Response:
 @router.get("/web/app.js")
 async def chat_script() -> Response:
     return _page("app.js", ASSETS["app.js"])
+
+
+@router.get("/web/markdown.js")
+async def chat_markdown() -> Response:
+    return _page("markdown.js", ASSETS["markdown.js"])
 
 
 @router.get("/web/app.css")
