@@ -822,3 +822,41 @@ async def test_a_reply_in_markdown_is_shown_formatted_and_stays_text(
     assert "[click](javascript:window.injected=3)" in shown["text"]
     assert "[relative](/sessions)" in shown["text"] and "**unclosed" in shown["text"]
     assert "2 * 3 * 4, snake_case_name" in shown["text"]
+
+
+NESTING = """
+(async () => {
+  const { markdown } = await import("/web/markdown.js");
+  const nestedList = [...Array(3000).keys()].map((i) => "  ".repeat(i) + "- x").join("\\n");
+  const depth = (fragment, tag) => {
+    const box = document.createElement("div");
+    box.append(fragment);
+    let deepest = 0;
+    for (const node of box.querySelectorAll(tag)) {
+      let levels = 0;
+      for (let up = node; up !== box; up = up.parentElement) levels += up.matches(tag);
+      deepest = Math.max(deepest, levels);
+    }
+    return [deepest, box.textContent.length];
+  };
+  return {
+    quotes: depth(markdown("> ".repeat(20000) + "end"), "blockquote"),
+    lists: depth(markdown(nestedList), "li"),
+    fence: markdown("```not `a` fence\\ncode").querySelector("pre") === null,
+  };
+})()
+"""
+
+
+async def test_markdown_nested_without_end_is_cut_at_a_depth_not_a_stack_overflow(
+    demo_url: str,
+) -> None:
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(NESTING)
+        assert not page.exceptions, page.exceptions
+    # Eight levels, then the rest is text; nothing is lost.
+    assert shown["quotes"][0] == 8 and shown["quotes"][1] > 20_000
+    assert shown["lists"][0] <= 9 and shown["lists"][1] >= 3_000
+    assert shown["fence"] is True

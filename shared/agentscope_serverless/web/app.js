@@ -339,17 +339,22 @@ function replyText(text) {
   return node;
 }
 
-// A piece of a streamed reply: its markdown is built again at the next frame (once per frame
-// whatever the number of pieces).
+// A piece of a streamed reply: its markdown is built again at a coming frame, once whatever
+// the number of pieces, and at most a fifth of the time (a long reply takes longer to build).
+let markdownCost = 0;
 function appendReplyText(node, text) {
   rawText.set(node, rawText.get(node) + text);
   if (pendingMarkdown.size === 0) {
-    requestAnimationFrame(() => {
-      for (const pending of pendingMarkdown) pending.replaceChildren(markdown(rawText.get(pending)));
-      pendingMarkdown.clear();
-    });
+    setTimeout(() => requestAnimationFrame(buildPendingMarkdown), markdownCost * 4);
   }
   pendingMarkdown.add(node);
+}
+
+function buildPendingMarkdown() {
+  const start = performance.now();
+  for (const pending of pendingMarkdown) pending.replaceChildren(markdown(rawText.get(pending)));
+  pendingMarkdown.clear();
+  markdownCost = performance.now() - start;
 }
 
 function imageNode(url, alt = "Image from the agent") {

@@ -3,24 +3,29 @@
 // italic and links (http, https and mailto only; bare http(s) URLs too). Anything else,
 // HTML included, stays text.
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
-const HEADING = /^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
+// Patterns with one way to match a line: none backtracks over a long one.
+const FENCE = /^ {0,3}(`{3,}|~{3,})(.*)$/;
+const HEADING = /^ {0,3}(#{1,6})(?:[ \t](.*))?$/;
 const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
+// Spans are bounded (1,000 characters, links 2,000): what a start looks for is never the
+// rest of a long text, so no reply makes the page work quadratically.
 const INLINE = new RegExp(
   [
-    /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/.source, // 1, 2: code
-    /\[([^\]\n]+)\]\(([^()\s]+)\)/.source, // 3, 4: link
-    /\*\*(?=\S)([\s\S]*?\S)\*\*/.source, // 5: bold
-    /(?<!\w)__(?=\S)([\s\S]*?\S)__(?!\w)/.source, // 6: bold
-    /(?<![\w*])\*(?=[^\s*])([^*\n]*?[^\s*])\*(?![\w*])/.source, // 7: italic
-    /(?<![\w_])_(?=[^\s_])([^_\n]*?[^\s_])_(?![\w_])/.source, // 8: italic
-    /(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"`*_])/.source, // 9: a bare URL
+    /(`{1,16})([^`]|[^`][\s\S]{0,998}?[^`])\1(?!`)/.source, // 1, 2: code
+    /\[([^\]\n]{1,1000})\]\(([^()\s]{1,2000})\)/.source, // 3, 4: link
+    /\*\*(?=\S)([\s\S]{0,998}?\S)\*\*/.source, // 5: bold
+    /(?<!\w)__(?=\S)([\s\S]{0,998}?\S)__(?!\w)/.source, // 6: bold
+    /(?<![\w*])\*(?=[^\s*])([^*\n]{0,998}?[^\s*])\*(?![\w*])/.source, // 7: italic
+    /(?<![\w_])_(?=[^\s_])([^_\n]{0,998}?[^\s_])_(?![\w_])/.source, // 8: italic
+    /(https?:\/\/[^\s<>()]{0,2000}[^\s<>().,;:!?'"`*_])/.source, // 9: a bare URL
   ].join("|"),
   "g",
 );
+// Quotes and lists nest this deep at most; deeper, their markers are text.
+const MAX_DEPTH = 8;
 
 function node(tag, text) {
   const made = document.createElement(tag);
@@ -28,8 +33,23 @@ function node(tag, text) {
   return made;
 }
 
-function startsBlock(line) {
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
+// The fence opening a code block on ``line``, with its info (a backtick fence's holds none).
+function fence(line) {
+  const match = FENCE.exec(line);
+  if (!match || (match[1][0] === "`" && match[2].includes("`"))) return null;
+  return { marker: match[1], language: match[2].trim().split(/\s/)[0] };
+}
+
+// A heading's text: without the closing #s some write after it.
+function headingText(text) {
+  const words = (text || "").trim().split(/\s+/);
+  if (words.length > 1 && /^#+$/.test(words.at(-1))) words.pop();
+  return words.length === 1 && /^#+$/.test(words[0]) ? "" : words.join(" ");
+}
+
+function startsBlock(line, depth) {
+  const nests = depth < MAX_DEPTH && (QUOTE.test(line) || ITEM.test(line));
+  return nests || fence(line) !== null || HEADING.test(line) || RULE.test(line);
 }
 
 function link(text, href) {
@@ -101,7 +121,7 @@ function table(header, rows) {
 }
 
 // The list starting at lines[start]: [its element, the line after it].
-function list(all, start) {
+function list(all, start, depth) {
   const first = ITEM.exec(all[start]);
   const ordered = /\d/.test(first[2]);
   const made = node(ordered ? "ol" : "ul");
@@ -119,7 +139,7 @@ function list(all, start) {
     }
     const entry = node("li");
     if (body.length === 1) entry.append(inline(body[0]));
-    else entry.append(markdown(body.join("\n"), true));
+    else entry.append(markdown(body.join("\n"), true, depth + 1));
     made.append(entry);
     // A blank line between items keeps the list going.
     if (i + 1 < all.length && all[i] !== undefined && !all[i].trim() && ITEM.test(all[i + 1])) i += 1;
@@ -129,7 +149,7 @@ function list(all, start) {
 
 // ``text`` as a fragment of block elements; ``tight`` (a list item's): paragraphs come as
 // their lines, without a paragraph of their own.
-export function markdown(text, tight = false) {
+export function markdown(text, tight = false, depth = 0) {
   const all = String(text).replace(/\r\n?/g, "\n").split("\n");
   const out = document.createDocumentFragment();
   let i = 0;
@@ -138,33 +158,33 @@ export function markdown(text, tight = false) {
     let match;
     if (!line.trim()) {
       i += 1;
-    } else if ((match = FENCE.exec(line))) {
-      const close = new RegExp(`^ {0,3}${match[1][0] === "`" ? "`" : "~"}{${match[1].length},}\\s*$`);
+    } else if ((match = fence(line))) {
+      const close = new RegExp(`^ {0,3}${match.marker[0] === "`" ? "`" : "~"}{${match.marker.length},}[ \\t]*$`);
       const body = [];
       for (i += 1; i < all.length && !close.test(all[i]); i += 1) body.push(all[i]);
       i += 1;
       const code = node("code", body.join("\n"));
-      if (match[2]) code.dataset.language = match[2];
+      if (match.language) code.dataset.language = match.language;
       const pre = node("pre");
       pre.append(code);
       out.append(pre);
     } else if ((match = HEADING.exec(line))) {
       const heading = node("p");
       heading.className = `heading level-${match[1].length}`;
-      heading.append(inline(match[2]));
+      heading.append(inline(headingText(match[2])));
       out.append(heading);
       i += 1;
     } else if (RULE.test(line)) {
       out.append(node("hr"));
       i += 1;
-    } else if (QUOTE.test(line)) {
+    } else if (QUOTE.test(line) && depth < MAX_DEPTH) {
       const body = [];
       for (; i < all.length && QUOTE.test(all[i]); i += 1) body.push(all[i].replace(QUOTE, ""));
       const quote = node("blockquote");
-      quote.append(markdown(body.join("\n")));
+      quote.append(markdown(body.join("\n"), false, depth + 1));
       out.append(quote);
-    } else if (ITEM.test(line)) {
-      const [made, next] = list(all, i);
+    } else if (ITEM.test(line) && depth < MAX_DEPTH) {
+      const [made, next] = list(all, i, depth);
       out.append(made);
       i = next;
     } else if (line.includes("|") && i + 1 < all.length && TABLE_RULE.test(all[i + 1])) {
@@ -173,7 +193,7 @@ export function markdown(text, tight = false) {
       out.append(table(line, rows));
     } else {
       const body = [];
-      for (; i < all.length && all[i].trim() && (!body.length || !startsBlock(all[i])); i += 1) {
+      for (; i < all.length && all[i].trim() && (!body.length || !startsBlock(all[i], depth)); i += 1) {
         body.push(all[i]);
       }
       if (tight) lines(out, body);
