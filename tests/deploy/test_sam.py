@@ -189,6 +189,21 @@ def test_functions_json_lists_code_handler_runtime_and_condition() -> None:
         assert (PROJECT_ROOT / spec["code_uri"]).is_dir()
 
 
+def test_every_function_logs_to_a_group_whose_logs_expire() -> None:
+    resources = sam.load_template(TEMPLATE)["Resources"]
+    groups = {
+        json.dumps(r["Properties"]["LogGroupName"]): r
+        for r in resources.values()
+        if r["Type"] == "AWS::Logs::LogGroup"
+    }
+    functions = {n: r for n, r in resources.items() if r["Type"] == "AWS::Serverless::Function"}
+    assert len(functions) == len(groups) == 7
+    for name, function in functions.items():
+        group = groups[json.dumps({"Fn::Sub": f"/aws/lambda/${{{name}}}"})]
+        assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+        assert group.get("Condition") == function.get("Condition"), name
+
+
 def test_a_file_without_resources_is_not_a_template(tmp_path: Path) -> None:
     path = tmp_path / "template.yaml"
     path.write_text("Description: nothing\n")
