@@ -45,6 +45,7 @@ from pydantic_core import PydanticSerializationError
 
 from agentscope_serverless.errors import AgentError
 from agentscope_serverless.log import logger
+from agentscope_serverless.metrics import RunMetrics
 from agentscope_serverless.runner import AGENT_UNKNOWN_ERROR, RUN_CANCELED, end_turns_with
 from agentscope_serverless.schemas._build import json_of, set_field
 from agentscope_serverless.schemas.agent_schemas import (
@@ -53,6 +54,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Event,
     Message,
     RunStatus,
+    TextContent,
 )
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
@@ -110,6 +112,10 @@ class RecordedRun:
         self._watcher: asyncio.Task[None] | None = None
         # The final event, with its JSON, once stored with the turn's history.
         self._ending: EventItem | None = None
+        # For the run's metrics: when it began, when its first text came, its usage.
+        self._began = time.monotonic()
+        self._first_text: float | None = None
+        self._usage: dict[str, object] | None = None
 
     # --- the run's task -----------------------------------------------------------------
 
@@ -146,6 +152,7 @@ class RecordedRun:
         finally:
             self._produced = True
             self._notify()
+            self._recorder._ended(self)
             if self._record is not None:
                 await self._store_end()
 
@@ -185,6 +192,9 @@ class RecordedRun:
             set_field(event, "sequence_number", self._last_sequence() + 1)
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             self.status = event.status
+            self._usage = event.usage
+        elif self._first_text is None and isinstance(event, TextContent) and event.text:
+            self._first_text = time.monotonic()
         if self._ending is not None and event is self._ending[0]:
             self._log.append(self._ending)
             self._written = len(self._log)
@@ -422,10 +432,15 @@ class RunRecorder:
     """
 
     def __init__(
-        self, runs: RunsService | None, *, first_write_delay: float = FIRST_WRITE_DELAY
+        self,
+        runs: RunsService | None,
+        *,
+        first_write_delay: float = FIRST_WRITE_DELAY,
+        metrics: RunMetrics | None = None,
     ) -> None:
         self.runs = runs
         self.first_write_delay = first_write_delay
+        self.metrics = metrics
         self._live: dict[tuple[str, str], RecordedRun] = {}
         self._runs: set[RecordedRun] = set()
 
@@ -470,6 +485,22 @@ class RunRecorder:
         for run in runs:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(run.wait_stored(), 5)
+
+    def _ended(self, run: RecordedRun) -> None:
+        """Write the metrics of a run that has ended (one that failed before its first event
+        is a request's error, not a run)."""
+        if self.metrics is None or run._first is None:
+            return
+        try:
+            self.metrics.run_ended(
+                kind=run.kind,
+                status=run.status if run.status in FINISHED else RunStatus.Canceled,
+                duration_s=time.monotonic() - run._began,
+                first_token_s=None if run._first_text is None else run._first_text - run._began,
+                usage=run._usage,
+            )
+        except Exception:
+            logger.exception("could not write the run's metrics")
 
     def _forget(self, run: RecordedRun) -> None:
         self._runs.discard(run)

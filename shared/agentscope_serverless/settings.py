@@ -246,6 +246,16 @@ class Settings(BaseModel):
         description="Serve the chat page at `/` (the local server turns it on; off in the cloud).",
     )
 
+    metrics_namespace: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description=(
+            "CloudWatch namespace of the run metrics (runs, duration, time to first token, "
+            "tokens), written as Embedded Metric Format lines on stdout; unset: none."
+        ),
+    )
+
     llm_base_url: str = Field(
         "https://api.openai.com/v1", description="Base URL of an OpenAI-compatible chat API."
     )

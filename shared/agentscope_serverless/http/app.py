@@ -102,9 +102,10 @@ def create_app(
         services = dataclasses.replace(services, runs=_build_service("runs", settings))
     recorder = task_executor = None
     if services.runs is not None and "runs" in names:
+        from agentscope_serverless.metrics import run_metrics
         from agentscope_serverless.recorder import RunRecorder
 
-        recorder = RunRecorder(services.runs)
+        recorder = RunRecorder(services.runs, metrics=run_metrics(settings.metrics_namespace))
         if agent_app is not None and "process" in names:
             task_executor = _task_executor(services.runs, settings)
 

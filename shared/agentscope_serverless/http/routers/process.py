@@ -27,6 +27,7 @@ from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
+from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -98,7 +99,9 @@ async def _recorded(
     streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
     assert run.user_id is not None
     events = context.require_runner().stream_query(run)
-    recorder = context.recorder or RunRecorder(None)
+    recorder = context.recorder or RunRecorder(
+        None, metrics=run_metrics(context.settings.metrics_namespace)
+    )
     return await recorder.start(
         events, user_id=run.user_id, kind=kind, cancel_on_disconnect=cancel_on_disconnect
     )

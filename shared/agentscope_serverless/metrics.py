@@ -1,0 +1,103 @@
+"""Run metrics for CloudWatch, as Embedded Metric Format (EMF) lines on stdout.
+
+With ``METRICS_NAMESPACE`` set (the stack sets ``AgentScopeServerless``), each run of the
+agent that ends writes one JSON line, which CloudWatch Logs turns into metrics: no client,
+no API call, nothing added to the run's latency. Unset (the local server), nothing is
+written.
+
+- ``Runs`` (Count); ``RunDuration`` (Milliseconds, first event to last);
+  ``TimeToFirstToken`` (Milliseconds, to the first piece of text, for a run that streamed
+  any); ``PromptTokens`` and ``CompletionTokens`` (Count, when the agent reports usage).
+- Dimensions: ``Service`` (``POWERTOOLS_SERVICE_NAME``), and ``Service``, ``Kind``
+  (``process``, ``openai``, ``a2a``) and ``Status`` (``completed``, ``failed``,
+  ``canceled``).
+
+A line names no user, session or run: metrics are per service, not per person.
+
+>>> line = emf_line("AgentScopeServerless", {"Kind": "process", "Status": "completed"},
+...                 {"Runs": (1, "Count")}, timestamp_ms=0)
+>>> json.loads(line)["Runs"]
+1
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentscope_serverless.log import SERVICE
+
+SERVICE_DIMENSION = "Service"
+
+
+def emf_line(
+    namespace: str,
+    dimensions: Mapping[str, str],
+    values: Mapping[str, tuple[float, str]],
+    *,
+    timestamp_ms: int | None = None,
+) -> str:
+    """One EMF record: ``values`` (name: (value, unit)) under ``namespace``, by the service
+    alone and by the service with every one of ``dimensions``."""
+    names = [SERVICE_DIMENSION, *dimensions]
+    record: dict[str, object] = {
+        "_aws": {
+            "Timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
+            "CloudWatchMetrics": [
+                {
+                    "Namespace": namespace,
+                    "Dimensions": [[SERVICE_DIMENSION], names],
+                    "Metrics": [{"Name": name, "Unit": unit} for name, (_, unit) in values.items()],
+                }
+            ],
+        },
+        SERVICE_DIMENSION: SERVICE,
+        **dimensions,
+        **{name: value for name, (value, _) in values.items()},
+    }
+    return json.dumps(record, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """Writes the metrics of runs that end to stdout, under ``namespace``."""
+
+    namespace: str
+
+    def run_ended(
+        self,
+        *,
+        kind: str,
+        status: str,
+        duration_s: float,
+        first_token_s: float | None,
+        usage: Mapping[str, object] | None,
+    ) -> None:
+        """Write the metrics of one run."""
+        values: dict[str, tuple[float, str]] = {
+            "Runs": (1, "Count"),
+            "RunDuration": (round(duration_s * 1000, 3), "Milliseconds"),
+        }
+        if first_token_s is not None:
+            values["TimeToFirstToken"] = (round(first_token_s * 1000, 3), "Milliseconds")
+        for key, name in (
+            ("prompt_tokens", "PromptTokens"),
+            ("completion_tokens", "CompletionTokens"),
+        ):
+            count = (usage or {}).get(key)
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                values[name] = (count, "Count")
+        line = emf_line(self.namespace, {"Kind": kind, "Status": status}, values)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def run_metrics(namespace: str | None) -> RunMetrics | None:
+    """The metrics writer of ``METRICS_NAMESPACE`` (None when unset)."""
+    return RunMetrics(namespace) if namespace else None
+
+
+__all__ = ["RunMetrics", "emf_line", "run_metrics"]

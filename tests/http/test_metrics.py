@@ -1,0 +1,98 @@
+"""Run metrics: one CloudWatch Embedded Metric Format line on stdout per run that ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import create_app
+from agentscope_serverless.schemas.agent_schemas import AgentResponse
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running, stream, user_message
+
+app = AgentApp(app_name="metered")
+
+
+@app.query(framework="text")
+async def query(
+    self: Any, msgs: Any, *, response: AgentResponse, **kwargs: Any
+) -> AsyncIterator[str]:
+    text = msgs[-1].get_text_content() or ""
+    if text == "fail":
+        yield "half"
+        raise RuntimeError("the model went away")
+    await asyncio.sleep(0.05)  # the time to the first token
+    yield "Hel"
+    yield "lo"
+    response.usage = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
+
+
+def emf_lines(output: str) -> list[dict[str, Any]]:
+    records = []
+    for line in output.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            records.append(json.loads(line))
+    return records
+
+
+def run_three(url: str, key: str) -> None:
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        _, done = stream(client, "/process", json={"input": [user_message("hi")]})
+        assert done.data[-1]["status"] == "completed"
+        _, failed = stream(client, "/process", json={"input": [user_message("fail")]})
+        assert failed.data[-1]["status"] == "failed"
+        refused = client.post("/process", json={"input": "not a list"})
+        assert refused.status_code == 422
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        answered = client.post("/compatible-mode/v1/chat/completions", json=body)
+        assert answered.status_code == 200
+
+
+def test_each_run_that_ends_writes_its_metrics(capfd: pytest.CaptureFixture[str]) -> None:
+    keys = Keys.make()
+    settings = load_settings(metrics_namespace="AgentScopeServerless")
+    with running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        run_three(url, keys.alice)
+    records = emf_lines(capfd.readouterr().out)
+    # A refused request is not a run.
+    assert [(r["Kind"], r["Status"]) for r in records] == [
+        ("process", "completed"),
+        ("process", "failed"),
+        ("openai", "completed"),
+    ]
+    done, failed, _ = records
+    (directive,) = done["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == "AgentScopeServerless"
+    assert directive["Dimensions"] == [["Service"], ["Service", "Kind", "Status"]]
+    units = {m["Name"]: m["Unit"] for m in directive["Metrics"]}
+    assert units == {
+        "Runs": "Count",
+        "RunDuration": "Milliseconds",
+        "TimeToFirstToken": "Milliseconds",
+        "PromptTokens": "Count",
+        "CompletionTokens": "Count",
+    }
+    assert (done["Runs"], done["PromptTokens"], done["CompletionTokens"]) == (1, 12, 2)
+    assert 50 <= done["TimeToFirstToken"] <= done["RunDuration"]
+    assert isinstance(done["_aws"]["Timestamp"], int)
+    assert done["Service"] == "agentscope-serverless"
+    # A failed run counts too; without usage, no token counts.
+    assert failed["Runs"] == 1 and "PromptTokens" not in failed
+    # Metrics are per service: no user, session or run is named.
+    text = json.dumps(records)
+    assert "alice" not in text and "session" not in text and "response_" not in text
+
+
+def test_without_a_namespace_no_metrics_are_written(capfd: pytest.CaptureFixture[str]) -> None:
+    keys = Keys.make()
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        run_three(url, keys.alice)
+    assert emf_lines(capfd.readouterr().out) == []
