@@ -39,6 +39,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
         "/compatible-mode/v1/responses",
         {"model": "m", "input": "What is my name?", "metadata": {"session_id": S}},
     ),
+    ("GET", "/compatible-mode/v1/models", None),
     ("GET", "/sessions", None),
     ("GET", f"/sessions/{S}", None),
     ("GET", f"/sessions/{S}/messages", None),

@@ -41,6 +41,18 @@ def collapse(types: list[str]) -> list[str]:
     return [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
 
 
+def test_the_agent_is_listed_as_the_one_model(sdk: openai.OpenAI, demo_url: str) -> None:
+    # Chat clients list models when a connection is added: the agent, named after its app.
+    (model,) = sdk.models.list().data
+    assert (model.id, model.object, model.owned_by) == ("demo", "model", "agentscope-serverless")
+    assert isinstance(model.created, int) and model.created > 0
+    assert sdk.models.retrieve("demo") == model
+    with pytest.raises(openai.NotFoundError):
+        sdk.models.retrieve("gpt-4o")
+    for path in ("/models", "/models/demo"):
+        assert httpx.get(f"{demo_url}/compatible-mode/v1{path}").status_code == 401
+
+
 def test_chat_completion_not_streamed(sdk: openai.OpenAI) -> None:
     completion = sdk.chat.completions.create(
         model="demo", messages=[{"role": "user", "content": "My name is Alice"}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -19,8 +20,15 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
+from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http import openai_compat as compat
-from agentscope_serverless.http.auth import CurrentCaller, bearer_scheme, get_caller, header_text
+from agentscope_serverless.http.auth import (
+    Caller,
+    CurrentCaller,
+    bearer_scheme,
+    get_caller,
+    header_text,
+)
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
@@ -41,6 +49,8 @@ from agentscope_serverless.services.runs.base import RunKind
 
 RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
+# When this process started: the ``created`` of the agent as an OpenAI model.
+STARTED = int(time.time())
 
 Context = Annotated[AppContext, Depends(get_context)]
 # The status logged for a request whose client left before its answer (nginx's).
@@ -337,7 +347,36 @@ def build_router(
             headers=headers,
         )
 
+    # Chat clients (Open WebUI, LibreChat...) list models when connecting: the agent is one,
+    # named after its app (the chat routes answer whatever model a request names).
+    @router.get(f"{COMPATIBLE_PREFIX}/models", summary="OpenAI models: the agent")
+    async def list_models(caller: CurrentCaller, context: Context) -> dict[str, Any]:
+        _no_other_user(caller)
+        return {"object": "list", "data": [_model(context)]}
+
+    @router.get(f"{COMPATIBLE_PREFIX}/models/{{model}}", summary="OpenAI model: the agent")
+    async def get_model(model: str, caller: CurrentCaller, context: Context) -> dict[str, Any]:
+        _no_other_user(caller)
+        described = _model(context)
+        if model != described["id"]:
+            raise NotFoundError(f"no model {model!r}: this server's model is {described['id']!r}")
+        return described
+
     return router
+
+
+def _no_other_user(caller: Caller) -> None:
+    """A user key naming another user gets 403 here too (a route holding no user's data
+    need not name one)."""
+    if caller.principal.kind == "user":
+        caller.user_id()
+
+
+def _model(context: AppContext) -> dict[str, Any]:
+    """The agent as an OpenAI model object."""
+    app = context.agent_app
+    name = app.app_name if app is not None and app.app_name else "agent"
+    return {"id": name, "object": "model", "created": STARTED, "owned_by": "agentscope-serverless"}
 
 
 __all__ = ["COMPATIBLE_PREFIX", "RUN_HEADER", "SESSION_HEADER", "build_router"]
