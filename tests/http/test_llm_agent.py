@@ -478,6 +478,51 @@ def test_a_tool_returning_neither_text_nor_json_answers_the_model_with_an_error(
     )
 
 
+THINKING = [
+    chunk({"role": "assistant", "content": None, "reasoning_content": "The user greets. "}),
+    chunk({"reasoning_content": "Answer briefly."}),
+    chunk({"content": "Hello"}),
+    chunk({"content": " there."}),
+    chunk(finish="stop"),
+]
+
+
+def test_a_thinking_models_reasoning_streams_as_its_own_message_and_is_not_sent_back(
+    keys: Keys,
+) -> None:
+    llm = ScriptedLLM([THINKING, FOLLOW_UP])
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("hi")], "session_id": "thinking"}
+        _, sse = stream(client, "/process", json=body)
+        reasoning, answer = messages_of(sse.data)
+        assert (reasoning["type"], reasoning["role"]) == ("reasoning", "assistant")
+        assert reasoning["content"][0]["text"] == "The user greets. Answer briefly."
+        assert (answer["type"], answer["content"][0]["text"]) == ("message", "Hello there.")
+        # The reasoning streamed as deltas of its own message, before the answer.
+        deltas = [(e["msg_id"], e["text"]) for e in sse.data if e.get("delta")]
+        assert deltas == [
+            (reasoning["id"], "The user greets. "),
+            (reasoning["id"], "Answer briefly."),
+            (answer["id"], "Hello"),
+            (answer["id"], " there."),
+        ]
+        body = {"input": [user_message("and now?")], "session_id": "thinking"}
+        _, follow_up = stream(client, "/process", json=body)
+        assert follow_up.data[-1]["status"] == "completed"
+        kept = client.get("/sessions/thinking/messages").json()["items"]
+    assert [m["type"] for m in kept] == ["message", "reasoning", "message", "message", "message"]
+    sent = llm.requests[1]["body"]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:] if m["role"] != "system"] == [
+        ("user", "hi"),
+        ("assistant", "Hello there."),
+        ("user", "and now?"),
+    ]
+    assert "Answer briefly" not in json.dumps(sent)
+
+
 class ContextLimitedLLM(ScriptedLLM):
     """A scripted chat API that, like every model, answers 400 to messages longer than its
     context (here 64,000 characters of JSON)."""

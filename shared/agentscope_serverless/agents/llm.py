@@ -157,14 +157,28 @@ class LLMAgent:
         for round_number in range(1, config.max_iterations + 1):
             text: list[str] = []
             calls = _StreamedToolCalls()
+            # A thinking model's reasoning, streamed as a message of its own before the
+            # answer (never sent back to the model: reasoning messages are left out).
+            reasoning: Message | None = None
             async for chunk in self._complete(config, chat, offered, usage):
                 delta = _delta_of(chunk)
+                thought = _reasoning_of(delta)
+                if thought:
+                    if reasoning is None:
+                        reasoning = Message(type=MessageType.REASONING, role=Role.ASSISTANT)
+                        yield reasoning.in_progress()
+                    yield TextContent(text=thought, delta=True)
                 piece = _text_of(delta.get("content"))
+                if (piece or delta.get("tool_calls")) and reasoning is not None:
+                    yield reasoning.completed()
+                    reasoning = None
                 if piece:
                     text.append(piece)
                     yield TextContent(text=piece, delta=True)
                 for call in delta.get("tool_calls") or []:
                     calls.add(call)
+            if reasoning is not None:
+                yield reasoning.completed()
             if not calls.calls:
                 return
             if round_number == config.max_iterations:
@@ -267,6 +281,8 @@ class LLMAgent:
         recalled: list[str] = []
         room = config.max_context // MEMORY_SHARE  # best first, each whole or not at all
         for memory in memories:
+            if memory.type != MessageType.MESSAGE:
+                continue  # what was said, not reasoning nor tool calls
             text = memory.get_text_content()
             line = f"- {memory.role}: {text}"
             if memory.id not in in_conversation and text and len(line) < room:
@@ -471,6 +487,7 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     delta = {
         "content": message.get("content"),
+        "reasoning_content": message.get("reasoning_content") or message.get("reasoning"),
         "tool_calls": [
             {**call, "index": index}
             for index, call in enumerate(calls if isinstance(calls, list) else [])
@@ -587,6 +604,16 @@ def _delta_of(chunk: dict[str, Any]) -> dict[str, Any]:
         if isinstance(calls, list) and all(isinstance(call, dict) for call in calls):
             return delta
     raise AgentError("the chat API sent a chunk of an unexpected shape", code="LLM_ERROR")
+
+
+def _reasoning_of(delta: dict[str, Any]) -> str:
+    """The reasoning a delta streams: ``reasoning_content`` (DeepSeek, Qwen, vLLM) or
+    ``reasoning`` (OpenRouter, Ollama), when text."""
+    for field in ("reasoning_content", "reasoning"):
+        thought = delta.get(field)
+        if isinstance(thought, str) and thought:
+            return thought
+    return ""
 
 
 def _text_of(content: Any) -> str:
