@@ -26,6 +26,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     MessageType,
     Role,
+    TextContent,
 )
 from agentscope_serverless.settings import load_settings
 from tests.support.browser import Page, chromium_page
@@ -267,6 +268,15 @@ def tool_app() -> AgentApp:
         if msgs[-1].get_text_content() == "a long reply in small pieces":
             for _ in range(10_000):  # 100 KB, as a model streams it: a few characters at a time
                 yield "abcdefghi "
+            return
+        if msgs[-1].get_text_content() == "think first":
+            thinking = Message(type=MessageType.REASONING, role=Role.ASSISTANT)
+            yield thinking.in_progress()
+            for piece in ("The user wants ", "a **short** answer."):
+                yield TextContent(text=piece, delta=True)
+                await asyncio.sleep(0.05)
+            yield thinking.completed()
+            yield "Short answer."
             return
         if msgs[-1].get_text_content() == "in markdown":
             for start in range(0, len(MARKDOWN), 7):  # as a model streams it
@@ -860,3 +870,51 @@ async def test_markdown_nested_without_end_is_cut_at_a_depth_not_a_stack_overflo
     assert shown["quotes"][0] == 8 and shown["quotes"][1] > 20_000
     assert shown["lists"][0] <= 9 and shown["lists"][1] >= 3_000
     assert shown["fence"] is True
+
+
+REASONING_SHOWN = """
+(() => {
+  const item = document.querySelector(".message.reasoning");
+  const folded = item.querySelector(":scope > details");
+  return {
+    who: item.querySelector(".who").textContent,
+    open: folded.open,
+    text: folded.querySelector(".body").textContent,
+    summary: folded.querySelector("summary").textContent,
+    replies: [...document.querySelectorAll(".message.assistant:not(.reasoning) .body")].map(
+      (n) => n.textContent
+    ),
+  };
+})()
+"""
+
+
+async def test_reasoning_is_shown_while_it_streams_then_folded_away(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.evaluate("document.getElementById('composer-input').focus()")
+        await page.type_text("think first")
+        await page.press(*ENTER)
+        # While the model thinks, its reasoning is open to read.
+        await page.wait_for(
+            "document.querySelector('.message.reasoning.streaming details[open]') !== null"
+        )
+        await page.wait_for("!document.getElementById('send').hidden")
+        shown = await page.evaluate(REASONING_SHOWN)
+        # Opened again, the stored session shows it the same way.
+        await page.send("Page.reload")
+        await page.wait_for("document.querySelector('#sessions button') !== null")
+        await page.evaluate("document.querySelector('#sessions button').click()")
+        await page.wait_for("document.querySelector('.message.reasoning') !== null")
+        assert await page.evaluate(REASONING_SHOWN) == shown
+        assert not page.exceptions, page.exceptions
+    assert shown == {
+        "who": "Reasoning",
+        "open": False,
+        "text": "The user wants a **short** answer.",  # the model's notes: not markdown
+        "summary": "Show the reasoning",
+        "replies": ["Short answer."],
+    }

@@ -293,7 +293,15 @@ function messageView(message) {
   item.dataset.id = message.id || "";
   const who = element("span", "who", whoLabel(message));
   const body = element("div", "body");
-  item.append(who, body);
+  if (message.type === "reasoning") {
+    // A thinking model's reasoning: shown while it streams, folded away once done.
+    item.classList.add("reasoning");
+    const details = element("details");
+    details.append(element("summary", "", "Show the reasoning"), body);
+    item.append(who, details);
+  } else {
+    item.append(who, body);
+  }
   return { item, body, parts: [], message };
 }
 
@@ -546,6 +554,8 @@ async function stream(run, open) {
 // rather than again at every piece of text.
 function setStreaming(view, streaming) {
   view.item.classList.toggle("streaming", streaming);
+  const folded = view.item.querySelector(":scope > details");
+  if (folded) folded.open = streaming;
   if (streaming) view.item.setAttribute("aria-busy", "true");
   else view.item.removeAttribute("aria-busy");
 }
