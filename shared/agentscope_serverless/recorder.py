@@ -469,6 +469,22 @@ class RunRecorder:
             self._runs.discard(run)
         return run
 
+    async def stop_local(self, user_id: str, session_id: str | None = None, *, wait: float) -> None:
+        """Cancel the runs of ``user_id`` (of ``session_id``, when given) executing in this
+        process, stored yet or not (a run is stored ``first_write_delay`` after its start),
+        and wait for their ends to be stored, at most ``wait`` seconds."""
+        runs = [
+            run
+            for run in self._runs
+            if run.user_id == user_id and session_id in (None, run.session_id)
+        ]
+        for run in runs:
+            run.cancel()
+        if runs:
+            await asyncio.wait(
+                [asyncio.ensure_future(run.wait_stored()) for run in runs], timeout=wait
+            )
+
     def cancel_local(self, user_id: str, run_id: str) -> bool:
         """Cancel the run at once if it executes in this process."""
         run = self._live.get((user_id, run_id))

@@ -141,3 +141,28 @@ def test_without_a_runs_store_runs_stream_directly(keys: Keys) -> None:
         assert answer.status_code == 200 and answer.json()["status"] == "completed"
         assert answer.headers["X-Run-Id"] == answer.json()["id"]
         assert c.get(f"/runs/{answer.json()['id']}").status_code == 404
+
+
+@pytest.mark.parametrize("erase", ["user", "session"])
+def test_erasing_stops_a_run_of_this_process_not_stored_yet(keys: Keys, erase: str) -> None:
+    # A run is stored first_write_delay after it starts: an erase in between found it in no
+    # store. Here the delay outlasts the run, as a run started just before an erase.
+    web = create_app(settings=load_settings(), agent_app=slow_app, key_store=keys.store)
+    web.state.context.recorder.first_write_delay = 60
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.bob), timeout=30) as client,
+    ):
+        body = {"input": [user_message("go")], "session_id": session_id}
+        with client.stream("POST", "/process", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            path = "/users/me/data" if erase == "user" else f"/sessions/{session_id}"
+            assert client.delete(path).status_code == 204
+            rest = parse_sse(list(lines))
+        assert rest.data[-1]["status"] == "canceled"
+        for _ in range(2):
+            assert client.get(f"/sessions/{session_id}").status_code == 404
+            assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+            time.sleep(0.5)

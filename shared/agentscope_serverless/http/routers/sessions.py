@@ -25,6 +25,7 @@ from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
+from agentscope_serverless.services.runs.base import STOP_TIMEOUT_SECONDS
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -108,6 +109,8 @@ async def delete_session(
     # the session again), then its stored runs go: their events hold its conversation, and
     # a retry after a failure still finds them.
     runs = context.current.runs
+    if context.recorder is not None:  # this process's runs, even those not stored yet
+        await context.recorder.stop_local(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
     if runs is not None:
         await runs.stop_runs(user_id, session_id)
         await runs.delete_session_runs(user_id, session_id)
