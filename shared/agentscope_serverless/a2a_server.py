@@ -134,8 +134,16 @@ class RunsAgentExecutor(AgentExecutor):
         artifact_id = run.run_id
         first = True
         final: AgentResponse | None = None
+        replies = _Replies()
         async for event in run.events():
-            if isinstance(event, TextContent) and event.delta and event.text:
+            if isinstance(event, Message):
+                replies.see({"id": event.id, "type": event.type, "role": event.role})
+            elif (
+                isinstance(event, TextContent)
+                and event.delta
+                and event.text
+                and replies.holds(event.msg_id)
+            ):
                 await updater.add_artifact(
                     [Part(text=event.text)],
                     artifact_id=artifact_id,
@@ -290,9 +298,17 @@ class RunsRequestHandler(DefaultRequestHandler):
         del snapshot.artifacts[:]
         yield snapshot
         run_id, first = _run_of(task), True
+        replies = _Replies()
         async for _, data in self._runs.follow(user_id, run_id):
             event = json.loads(data)
-            if event.get("object") == "content" and event.get("delta") and event.get("text"):
+            if event.get("object") == "message":
+                replies.see(event)
+            elif (
+                event.get("object") == "content"
+                and event.get("delta")
+                and event.get("text")
+                and replies.holds(event.get("msg_id"))
+            ):
                 yield TaskArtifactUpdateEvent(
                     task_id=task.id,
                     context_id=task.context_id,
@@ -314,6 +330,21 @@ class RunsRequestHandler(DefaultRequestHandler):
             await asyncio.sleep(self._runs.poll_seconds)
             task = await self._tasks.get(params.id, context) or task
         yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+
+class _Replies:
+    """The ids of a run's reply messages (the agent's words: not its reasoning, not tool
+    calls), from the message events seen: only their text goes in the task's artifact."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+
+    def see(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "message" and message.get("role") == "assistant":
+            self._ids.add(str(message.get("id")))
+
+    def holds(self, msg_id: Any) -> bool:
+        return msg_id in self._ids
 
 
 def _run_of(task: Task) -> str:

@@ -32,6 +32,7 @@ from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -43,7 +44,12 @@ cleanups: list[str] = []
 @app.query(framework="text")
 async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> AsyncIterator[str]:
     text = msgs[-1].get_text_content() or ""
-    delay = 0.5 if text.startswith("slowly") else 0
+    if text.startswith("think"):  # a thinking model: its reasoning is no part of the reply
+        thinking = Message(type=MessageType.REASONING, role="assistant")
+        yield thinking.in_progress()
+        yield TextContent(text="(reasoning) ", delta=True)
+        yield thinking.completed()
+    delay = 0.5 if "slowly" in text else 0
     try:
         for word in text.split():
             yield word + " "
@@ -197,7 +203,7 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
 ) -> None:
     # Two Lambda instances: the client's stream broke, its reconnection reached the other.
     first, second, keys = two_servers
-    words = ["slowly", *(f"w{i}" for i in range(5))]
+    words = ["think", "slowly", *(f"w{i}" for i in range(5))]
     async with (
         _client(first, keys.alice, streaming=True) as running_client,
         _client(second, keys.alice, streaming=True) as other_client,
@@ -205,7 +211,12 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
         stream = running_client.send_message(_message(" ".join(words)))
         task_id = await _first_chunk_of(stream)
         followed = [e async for e in other_client.subscribe(SubscribeToTaskRequest(id=task_id))]
-        await stream.aclose()
+        rest = [e async for e in stream]
+        stored = await other_client.get_task(GetTaskRequest(id=task_id))
+    # The reasoning is no part of the reply, followed, streamed or stored.
+    streamed = [e.artifact_update.artifact for e in rest if e.HasField("artifact_update")]
+    assert "reasoning" not in "".join(get_artifact_text(a, delimiter="") for a in streamed)
+    assert get_artifact_text(stored.artifacts[0], delimiter="") == " ".join(words) + " "
     assert followed[0].task.id == task_id
     assert followed[0].task.status.state == TaskState.TASK_STATE_WORKING
     chunks = [e.artifact_update for e in followed if e.HasField("artifact_update")]
