@@ -494,13 +494,23 @@ def _stream_reply(
                 response.read()
                 raise CommandError(_error_message(response))
             session_id = response.headers.get("X-Session-Id") or session_id
+            # A thinking model's reasoning is printed dim, the answer on a line of its own.
+            reasoning: set[str] = set()
+            printed: str | None = None  # the message whose text was printed last
             try:
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
                         continue
                     event = json.loads(line[6:])
-                    if event.get("object") == "content" and event.get("delta"):
-                        console.print(event.get("text") or "", end="", markup=False)
+                    if event.get("object") == "message" and event.get("type") == "reasoning":
+                        reasoning.add(str(event.get("id")))
+                    elif event.get("object") == "content" and event.get("delta"):
+                        msg_id = event.get("msg_id")
+                        if printed is not None and msg_id != printed and printed in reasoning:
+                            console.print()
+                        printed = msg_id
+                        style = "dim" if msg_id in reasoning else None
+                        console.print(event.get("text") or "", end="", markup=False, style=style)
                         console.file.flush()
                     elif event.get("object") == "response":
                         session_id = event.get("session_id") or session_id

@@ -456,6 +456,48 @@ def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None
     assert f"ValueError: {text}" in chatted.stderr and "Traceback" not in chatted.stderr
 
 
+THINKING_AGENT = """
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
+
+app = AgentApp(app_name="thinking")
+
+
+@app.query(framework="text")
+async def query(self, msgs, **kwargs):
+    thinking = Message(type=MessageType.REASONING, role="assistant")
+    yield thinking.in_progress()
+    yield TextContent(text="Hmm, a greeting.", delta=True)
+    yield thinking.completed()
+    yield "Hello!"
+"""
+
+
+def test_chat_prints_a_thinking_models_reasoning_apart_from_its_answer(tmp_path: Path) -> None:
+    (tmp_path / "thinking.py").write_text(THINKING_AGENT)
+    port = free_port()
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--agent", "thinking:app", "--no-web"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+        chatted = run_cli("chat", "--url", url, "--key", key, stdin=b"hi\n/exit\n")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert chatted.returncode == 0, chatted.stderr
+    # The reasoning, then the answer on a line of its own.
+    assert "Hmm, a greeting.\nHello!" in chatted.stdout
+
+
 def test_serve_refuses_a_port_out_of_range() -> None:
     result = run_cli("serve", "--port", "99999")
     assert result.returncode == 2
