@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -428,13 +429,15 @@ async def query(self, msgs, request=None, session=None, memories=None, **kwargs)
 """
 
 
-def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None:
-    (tmp_path / "failing.py").write_text(FAILING_AGENT)
+@contextlib.contextmanager
+def serving_agent_file(tmp_path: Path, module: str, source: str) -> Iterator[tuple[str, str]]:
+    """``serve`` of the agent ``source``, written as ``module.py``: its URL and its key."""
+    (tmp_path / f"{module}.py").write_text(source)
     port = free_port()
     output = tmp_path / "output.txt"
     with output.open("w") as sink:
         process = subprocess.Popen(
-            [SCRIPT, "serve", "--port", str(port), "--agent", "failing:app", "--no-web"],
+            [SCRIPT, "serve", "--port", str(port), "--agent", f"{module}:app", "--no-web"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
@@ -444,12 +447,17 @@ def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None
     try:
         wait_until_healthy(url, process)
         key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
-        text = "row [/i] of items[i] :thumbs_up:"
-        said = run_cli("invoke", text, "--url", url, "--key", key)
-        chatted = run_cli("chat", "--url", url, "--key", key, stdin=f"{text}\n/exit\n".encode())
+        yield url, key
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None:
+    text = "row [/i] of items[i] :thumbs_up:"
+    with serving_agent_file(tmp_path, "failing", FAILING_AGENT) as (url, key):
+        said = run_cli("invoke", text, "--url", url, "--key", key)
+        chatted = run_cli("chat", "--url", url, "--key", key, stdin=f"{text}\n/exit\n".encode())
     assert said.returncode == 1
     assert f"error: the agent failed: Unknown agent error: ValueError: {text}" in said.stderr
     assert chatted.returncode == 0
@@ -474,25 +482,8 @@ async def query(self, msgs, **kwargs):
 
 
 def test_chat_prints_a_thinking_models_reasoning_apart_from_its_answer(tmp_path: Path) -> None:
-    (tmp_path / "thinking.py").write_text(THINKING_AGENT)
-    port = free_port()
-    output = tmp_path / "output.txt"
-    with output.open("w") as sink:
-        process = subprocess.Popen(
-            [SCRIPT, "serve", "--port", str(port), "--agent", "thinking:app", "--no-web"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process)
-        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+    with serving_agent_file(tmp_path, "thinking", THINKING_AGENT) as (url, key):
         chatted = run_cli("chat", "--url", url, "--key", key, stdin=b"hi\n/exit\n")
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert chatted.returncode == 0, chatted.stderr
     # The reasoning, then the answer on a line of its own.
     assert "Hmm, a greeting.\nHello!" in chatted.stdout

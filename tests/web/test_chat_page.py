@@ -101,6 +101,14 @@ async def say(page: Page, text: str) -> str:
     return reply
 
 
+async def reopen_session(page: Page, shown: str) -> None:
+    """Reload the page and open its first session, until ``shown`` finds an element."""
+    await page.send("Page.reload")
+    await page.wait_for("document.querySelector('#sessions button') !== null")
+    await page.evaluate("document.querySelector('#sessions button').click()")
+    await page.wait_for(f"{shown} !== null")
+
+
 def only_local(requests: list[str], url: str) -> list[str]:
     """The requests that left the server (data: URIs stay in the page)."""
     return [r for r in requests if not (r.startswith(f"{url}/") or r.startswith("data:"))]
@@ -806,10 +814,7 @@ async def test_a_reply_in_markdown_is_shown_formatted_and_stays_text(
         path = await page.screenshot("chat-page-markdown.png")
         print(f"\nscreenshot of a markdown reply: {path}")
         # Opened again, the stored reply looks the same.
-        await page.send("Page.reload")
-        await page.wait_for("document.querySelector('#sessions button') !== null")
-        await page.evaluate("document.querySelector('#sessions button').click()")
-        await page.wait_for("document.querySelectorAll('.message.assistant .markdown').length > 0")
+        await reopen_session(page, "document.querySelector('.message.assistant .markdown')")
         assert await page.evaluate(RENDERED) == shown
         assert not page.exceptions, page.exceptions
     assert shown["heading"] == ["Plan"]
@@ -905,10 +910,7 @@ async def test_reasoning_is_shown_while_it_streams_then_folded_away(
         await page.wait_for("!document.getElementById('send').hidden")
         shown = await page.evaluate(REASONING_SHOWN)
         # Opened again, the stored session shows it the same way.
-        await page.send("Page.reload")
-        await page.wait_for("document.querySelector('#sessions button') !== null")
-        await page.evaluate("document.querySelector('#sessions button').click()")
-        await page.wait_for("document.querySelector('.message.reasoning') !== null")
+        await reopen_session(page, "document.querySelector('.message.reasoning')")
         assert await page.evaluate(REASONING_SHOWN) == shown
         assert not page.exceptions, page.exceptions
     assert shown == {
