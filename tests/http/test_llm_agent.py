@@ -617,6 +617,29 @@ def test_recalled_memories_take_at_most_a_quarter_of_the_budget(keys: Keys) -> N
     assert len(note) <= 1_000
 
 
+def test_what_the_budget_leaves_out_of_a_long_session_can_be_recalled_from_memory(
+    keys: Keys,
+) -> None:
+    llm = ScriptedLLM([ANSWER])
+    notes = "My tea notes: oolong from the north, brewed at 85 degrees."
+    with (
+        llm_agent_server(keys, llm, [], llm_max_context_chars=4_000) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for text in [notes, "a " * 700, "b " * 700, "Which oolong was it?"]:
+            body = {"input": [user_message(text)], "session_id": "long-memory"}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed"
+    last = llm.requests[-1]["body"]["messages"]
+    conversation = [m["content"] for m in last if m["role"] != "system"]
+    (note,) = [m["content"] for m in last[1:] if m["role"] == "system"]
+    # Left out of the conversation by the budget, the notes come back as a memory.
+    assert not any(notes in text for text in conversation)
+    assert notes in note
+    assert conversation[-1] == "Which oolong was it?"
+    assert len(json.dumps(last, ensure_ascii=False)) <= 4_000
+
+
 def test_a_new_input_longer_than_the_budget_still_goes_alone(keys: Keys) -> None:
     llm = ScriptedLLM([ANSWER])
     with (

@@ -274,30 +274,30 @@ class LLMAgent:
     def _chat_messages(
         self, config: _Config, messages: Sequence[Message], memories: Sequence[Message]
     ) -> list[dict[str, Any]]:
-        chat: list[dict[str, Any]] = []
-        if config.system_prompt:
-            chat.append({"role": "system", "content": config.system_prompt})
-        in_conversation = {m.id for m in messages}
-        recalled: list[str] = []
-        room = config.max_context // MEMORY_SHARE  # best first, each whole or not at all
-        for memory in memories:
-            if memory.type != MessageType.MESSAGE:
-                continue  # what was said, not reasoning nor tool calls
-            text = memory.get_text_content()
-            line = f"- {memory.role}: {text}"
-            if memory.id not in in_conversation and text and len(line) < room:
-                recalled.append(line)
-                room -= len(line) + 1
-        if recalled:
-            note = "From earlier conversations with this user:\n" + "\n".join(recalled)
-            chat.append({"role": "system", "content": note})
-        conversation = convert_to_openai_messages(messages)
-        for message in conversation:
-            if message["role"] == "tool" and isinstance(message.get("content"), str):
-                message["content"] = cut_tool_output(message["content"], config.max_tool_output)
-        budget = config.max_context - sum(map(_chars, chat))
-        chat.extend(_paired_tool_messages(_newest_fitting(conversation, budget)))
-        return chat
+        system = (
+            [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+        )
+        # Each message's chat messages (one per output of a round of tool calls), in order.
+        converted = [convert_to_openai_messages([message]) for message in messages]
+        for group in converted:
+            for message in group:
+                if message["role"] == "tool" and isinstance(message.get("content"), str):
+                    message["content"] = cut_tool_output(message["content"], config.max_tool_output)
+        conversation = [message for group in converted for message in group]
+        budget = config.max_context - sum(map(_chars, system))
+        # Recalled memories have a quarter of the budget, and are of messages the request
+        # leaves out: the conversation has the rest, or all of it when none is recalled.
+        room = config.max_context // MEMORY_SHARE if memories else 0
+        first = len(conversation) - len(_newest_fitting(conversation, budget - room))
+        held: set[str] = set()
+        position = 0
+        for original, group in zip(messages, converted, strict=True):
+            position += len(group)
+            if position > first:
+                held.add(original.id)
+        note = _memory_note(memories, held, room)
+        kept = conversation[first:] if note else _newest_fitting(conversation, budget)
+        return [*system, *note, *_paired_tool_messages(kept)]
 
     async def _complete(
         self,
@@ -519,6 +519,24 @@ def cut_tool_output(output: str, limit: int) -> str:
         return output[:limit]
     head = (len(output) - cut + 1) // 2
     return output[:head] + note.format(cut=cut) + output[head + cut :]
+
+
+def _memory_note(memories: Sequence[Message], held: set[str], room: int) -> list[dict[str, Any]]:
+    """A system message recalling ``memories`` (best first, each whole or left out, in
+    ``room`` characters), but for those the conversation ``held`` (ids) already holds."""
+    recalled: list[str] = []
+    for memory in memories:
+        if memory.type != MessageType.MESSAGE:
+            continue  # what was said, not reasoning nor tool calls
+        text = memory.get_text_content()
+        line = f"- {memory.role}: {text}"
+        if memory.id not in held and text and len(line) < room:
+            recalled.append(line)
+            room -= len(line) + 1
+    if not recalled:
+        return []
+    note = "From earlier conversations with this user:\n" + "\n".join(recalled)
+    return [{"role": "system", "content": note}]
 
 
 def _chars(message: dict[str, Any]) -> int:
