@@ -5,9 +5,10 @@ agent that ends writes one JSON line, which CloudWatch Logs turns into metrics: 
 no API call, nothing added to the run's latency. Unset (the local server), nothing is
 written.
 
-- ``Runs`` (Count); ``RunDuration`` (Milliseconds, first event to last);
-  ``TimeToFirstToken`` (Milliseconds, to the first piece of text, for a run that streamed
-  any); ``PromptTokens`` and ``CompletionTokens`` (Count, when the agent reports usage).
+- ``Runs`` (Count); ``RunDuration`` (Milliseconds, from the run's start, before its
+  session is read, to its end); ``TimeToFirstToken`` (Milliseconds, from the same start to
+  the first piece of text, for a run that streamed any); ``PromptTokens`` and
+  ``CompletionTokens`` (Count, when the agent reports usage).
 - Dimensions: ``Service`` (``POWERTOOLS_SERVICE_NAME``), and ``Service``, ``Kind``
   (``process``, ``openai``, ``a2a``) and ``Status`` (``completed``, ``failed``,
   ``canceled``).

@@ -284,11 +284,12 @@ class LLMAgent:
                 if message["role"] == "tool" and isinstance(message.get("content"), str):
                     message["content"] = cut_tool_output(message["content"], config.max_tool_output)
         conversation = [message for group in converted for message in group]
+        sizes = [_chars(message) for message in conversation]
         budget = config.max_context - sum(map(_chars, system))
         # Recalled memories have a quarter of the budget, and are of messages the request
         # leaves out: the conversation has the rest, or all of it when none is recalled.
         room = config.max_context // MEMORY_SHARE if memories else 0
-        first = len(conversation) - len(_newest_fitting(conversation, budget - room))
+        first = _first_fitting(conversation, sizes, budget - room)
         held: set[str] = set()
         position = 0
         for original, group in zip(messages, converted, strict=True):
@@ -296,8 +297,9 @@ class LLMAgent:
             if position > first:
                 held.add(original.id)
         note = _memory_note(memories, held, room)
-        kept = conversation[first:] if note else _newest_fitting(conversation, budget)
-        return [*system, *note, *_paired_tool_messages(kept)]
+        if not note:
+            first = _first_fitting(conversation, sizes, budget)
+        return [*system, *note, *_paired_tool_messages(conversation[first:])]
 
     async def _complete(
         self,
@@ -544,22 +546,19 @@ def _chars(message: dict[str, Any]) -> int:
     return len(json.dumps(message, ensure_ascii=False))
 
 
-def _newest_fitting(chat: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """The newest messages of ``chat`` whose characters fit in ``budget``: the last one
-    always (the input to answer), the ones before it while they fit. When some are left
-    out, what is kept starts at a user's message (some APIs refuse a conversation that
-    starts with the assistant's)."""
-    kept = used = 0
-    for message in reversed(chat):
-        used += _chars(message)
-        if used > budget and kept:
-            break
-        kept += 1
-    start = len(chat) - kept
+def _first_fitting(chat: list[dict[str, Any]], sizes: list[int], budget: int) -> int:
+    """Where the newest messages of ``chat`` (whose characters are ``sizes``) that fit in
+    ``budget`` start: the last one always (the input to answer), the ones before it while
+    they fit. When some are left out, what is kept starts at a user's message (some APIs
+    refuse a conversation that starts with the assistant's)."""
+    start, used = len(chat), 0
+    while start > 0 and (start == len(chat) or used + sizes[start - 1] <= budget):
+        start -= 1
+        used += sizes[start]
     if start:
         while start < len(chat) - 1 and chat[start]["role"] != "user":
             start += 1
-    return chat[start:]
+    return start
 
 
 UNANSWERED_CALL = "error: the tool gave no result (its run ended before it answered)"

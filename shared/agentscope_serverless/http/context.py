@@ -14,7 +14,7 @@ from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
-from agentscope_serverless.services.runs.base import RunsService
+from agentscope_serverless.services.runs.base import STOP_TIMEOUT_SECONDS, RunsService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
 
@@ -71,6 +71,16 @@ class AppContext:
     def sandbox(self) -> SandboxService:
         """The sandbox service."""
         return _present(self.current.sandbox, "sandbox")
+
+    async def stop_runs(self, user_id: str, session_id: str | None = None) -> None:
+        """Stop the runs of ``user_id`` in progress (of ``session_id``, when given) and wait
+        for their ends, before erasing: else a run would store its turn, and its events, once
+        they are gone. This process's runs go first, even those not stored yet; then, through
+        the store, those of other processes."""
+        if self.recorder is not None:
+            await self.recorder.stop_local(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
+        if self.current.runs is not None:
+            await self.current.runs.stop_runs(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
 
     def require_recorder(self) -> RunRecorder:
         """The recorder of this application's runs."""

@@ -25,7 +25,6 @@ from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
-from agentscope_serverless.services.runs.base import STOP_TIMEOUT_SECONDS
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
@@ -108,11 +107,9 @@ async def delete_session(
     # The session's runs in progress are stopped first (else one would store its turn in
     # the session again), then its stored runs go: their events hold its conversation, and
     # a retry after a failure still finds them.
+    await context.stop_runs(user_id, session_id)
     runs = context.current.runs
-    if context.recorder is not None:  # this process's runs, even those not stored yet
-        await context.recorder.stop_local(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
     if runs is not None:
-        await runs.stop_runs(user_id, session_id)
         await runs.delete_session_runs(user_id, session_id)
     await context.session_history.delete_session(user_id, session_id)
     return Response(status_code=204)

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Depends, Response
 
 from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.services.runs.base import STOP_TIMEOUT_SECONDS
 
 router = APIRouter(prefix="/users", tags=["users"])
 
@@ -30,12 +29,9 @@ router = APIRouter(prefix="/users", tags=["users"])
 async def erase_my_data(
     user_id: CurrentUser, context: Annotated[AppContext, Depends(get_context)]
 ) -> Response:
+    await context.stop_runs(user_id)
     services = context.current
-    if context.recorder is not None:  # this process's runs, even those not stored yet
-        await context.recorder.stop_local(user_id, wait=STOP_TIMEOUT_SECONDS)
     if services.runs is not None:
-        # A run in progress would store its turn, and its events, once erased: stopped first.
-        await services.runs.stop_runs(user_id)
         await services.runs.delete_user_runs(user_id)
     if services.memory is not None:
         await services.memory.delete_user_memory(user_id)
