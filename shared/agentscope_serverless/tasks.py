@@ -17,17 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
 
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services._validation import require_finite
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 
 TASK_FAILED = "TASK_FAILED"
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
-_JSON = TypeAdapter(Any)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,10 @@ async def run_task(
             result = await asyncio.to_thread(task.function, payload)
             if inspect.isawaitable(result):
                 result = await result
-        stored = _JSON.dump_python(result, mode="json")
+        # Numbers JSON cannot carry (NaN, infinities) fail the task rather than come back
+        # as null.
+        stored = to_jsonable_python(result, inf_nan_mode="constants")
+        require_finite(stored, field="result")
     except Exception as exc:
         logger.info("a background task failed", extra={"task_id": task_id})
         message = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]

@@ -325,3 +325,40 @@ async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Key
     assert await tool.invoke('{"message": "ask the other agent"}') == "ask the other agent "
     with pytest.raises(Exception, match="401"):
         await a2a_agent_tool(url, api_key="ask_wrong_key")
+
+
+def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(
+    served: tuple[str, Keys],
+) -> None:
+    # A2A went past the Idempotency-Key: each retry ran the agent, the turn stored twice.
+    url, keys = served
+    context_id = f"ctx-{uuid.uuid4().hex[:8]}"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "role": "user",
+                "kind": "message",
+                "messageId": str(uuid.uuid4()),
+                "contextId": context_id,
+                "parts": [{"kind": "text", "text": "say it once"}],
+            }
+        },
+    }
+    headers = {**bearer(keys.alice), "Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        first = client.post("/a2a", json=body, headers={"A2A-Version": "0.3"})
+        again = client.post("/a2a", json=body, headers={"A2A-Version": "0.3"})
+        assert first.status_code == again.status_code == 200
+        assert "error" not in first.json(), first.text
+        assert again.content == first.content
+        assert again.headers["Idempotent-Replayed"] == "true"
+        other = client.post("/a2a", json={**body, "id": 2}, headers={"A2A-Version": "0.3"})
+        assert other.status_code == 409
+        assert other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+        bad = client.post("/a2a", json=body, headers={"Idempotency-Key": "no spaces"})
+        assert bad.status_code == 422
+        items = client.get(f"/sessions/{context_id}/messages").json()["items"]
+    assert [m["role"] for m in items] == ["user", "assistant"]

@@ -118,6 +118,24 @@ POISONED: list[tuple[str, str, Any, list[Any]]] = [
         {"model": "agent", "input": f"hi {LONE}"},
         ["body", "input"],
     ),
+    (
+        "POST",
+        "/a2a",
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "role": "user",
+                    "kind": "message",
+                    "messageId": "m1",
+                    "parts": [{"kind": "text", "text": f"My name is {LONE}"}],
+                }
+            },
+        },
+        ["body", "params", "message", "parts", 0, "text"],
+    ),
 ]
 
 
@@ -185,6 +203,22 @@ NONFINITE: list[tuple[str, str, str, list[Any]]] = [
         '{"model": "agent", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
         ["body", "temperature"],
     ),
+    # Each A2A binding: the message's metadata went to the history, then the answer failed.
+    (
+        "POST",
+        "/a2a",
+        '{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {'
+        '"role": "user", "kind": "message", "messageId": "m1", "metadata": {"x": NaN},'
+        ' "parts": [{"kind": "text", "text": "hi"}]}}}',
+        ["body", "params", "message", "metadata", "x"],
+    ),
+    (
+        "POST",
+        "/a2a/message:send",
+        '{"message": {"role": "ROLE_USER", "messageId": "m1", "metadata": {"x": Infinity},'
+        ' "parts": [{"text": "hi"}]}}',
+        ["body", "message", "metadata", "x"],
+    ),
 ]
 
 
@@ -207,15 +241,77 @@ def test_a_number_json_cannot_carry_is_refused_naming_the_field_and_nothing_is_s
     assert_nothing_stored(client)
 
 
-def test_a_body_that_is_not_utf8_is_a_bad_request(client: httpx.Client) -> None:
-    response = client.post(
-        "/sessions",
-        content=b'{"session_id": "s\xff"}',
-        headers={"Content-Type": "application/json"},
-    )
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "BAD_REQUEST"
+# (path, body, what the error says): bodies a JSON parser cannot read for other reasons
+# than their syntax.
+UNREADABLE: list[tuple[str, bytes, str]] = [
+    ("/sessions", b'{"session_id": "s\xff"}', "the body is not valid UTF-8 text"),
+    ("/state/s1", b'{"state": {"n": ' + b"9" * 5000 + b"}}", "more than 4300 digits"),
+    ("/a2a", b'{"jsonrpc": "2.0", "id": 1, "method": "\xfe"}', "the body is not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "says"), UNREADABLE, ids=[p for p, _, _ in UNREADABLE])
+def test_a_body_that_cannot_be_read_is_refused_saying_why(
+    client: httpx.Client, path: str, body: bytes, says: str
+) -> None:
+    response = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_INPUT"
+    assert says in error["message"]
+    assert error["fields"][0]["loc"] == ["body"]
     assert_nothing_stored(client)
+
+
+def test_a_deep_body_of_another_content_type_is_never_a_server_error(
+    client: httpx.Client,
+) -> None:
+    # The routes do not read such a body as JSON; the A2A routes do, whatever its type.
+    deep = nested(300_000).encode()
+    plain = {"Content-Type": "text/plain"}
+    assert client.post("/sessions", content=deep, headers=plain).status_code == 422
+    assert client.request("GET", "/sessions", content=deep, headers=plain).status_code == 200
+    a2a = client.post("/a2a", content=b'{"params": ' + deep + b"}", headers=plain)
+    assert a2a.status_code == 422
+    assert "nests deeper than 100 levels" in a2a.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("POST", "/state/%FE"),
+        ("POST", "/sessions/%80/messages"),
+        ("GET", "/sessions/%ED%A0%80"),  # a lone surrogate, in UTF-8's own form
+        ("GET", "/sessions?cursor=%FF"),
+    ],
+)
+def test_a_url_that_is_not_utf8_once_decoded_is_refused(
+    client: httpx.Client, method: str, url: str
+) -> None:
+    # Read with U+FFFD for each byte, /state/%FE and /state/%C0 named the same session.
+    body = {"state": {"k": 1}} if url.startswith("/state") else {"messages": []}
+    response = client.request(method, url, json=body if method == "POST" else None)
+    assert response.status_code == 422, response.text
+    where = "query" if "?" in url else "path"
+    assert response.json()["error"] == {
+        "code": "INVALID_INPUT",
+        "message": f"the {where} is not valid UTF-8 text once percent-decoded",
+        "fields": [
+            {"loc": [where], "msg": f"the {where} is not valid UTF-8 text once percent-decoded"}
+        ],
+    }
+    assert client.get("/state/%EF%BF%BD/rounds").json()["rounds"] == []
+    assert_nothing_stored(client)
+
+
+def test_a_path_id_is_answered_as_stored_without_its_surrounding_whitespace(
+    client: httpx.Client,
+) -> None:
+    saved = client.post("/state/%20ws%20", json={"state": {"k": 1}})
+    assert saved.json() == {"session_id": "ws", "round_id": 1}
+    assert client.get("/state/ws").json()["session_id"] == "ws"
+    assert client.get("/state/%20ws/rounds").json() == {"session_id": "ws", "rounds": [1]}
 
 
 def test_a_session_id_of_a_control_character_is_refused_not_replaced(

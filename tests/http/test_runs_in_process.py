@@ -56,6 +56,55 @@ def test_a_client_leaving_does_not_cancel_the_run(url: str, keys: Keys) -> None:
         assert _status_when_finished(client, run_id)["status"] == "completed"
 
 
+def _leave_keyed(client: httpx.Client, body: dict[str, Any], key: str) -> str:
+    with client.stream("POST", "/process", json=body, headers={"Idempotency-Key": key}) as sent:
+        run_id = sent.headers["X-Run-Id"]
+        next(line for line in sent.iter_lines() if line.startswith("data: "))
+    return run_id
+
+
+def test_a_keyed_request_whose_client_left_is_answered_once_its_run_ends(
+    url: str, keys: Keys
+) -> None:
+    # The key was freed as the client left, while the run went on: the retry ran the agent
+    # a second time under the same run id, and kept an answer the history did not hold.
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    body = {"input": [user_message("go")], "session_id": session_id}
+    key = f"k-{uuid.uuid4().hex}"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        run_id = _leave_keyed(client, body, key)
+        running_yet = client.post("/process", json=body, headers={"Idempotency-Key": key})
+        assert running_yet.status_code == 409
+        assert running_yet.json()["error"]["code"] == "REQUEST_IN_PROGRESS"
+        assert _status_when_finished(client, run_id)["status"] == "completed"
+        retry = client.post("/process", json=body, headers={"Idempotency-Key": key})
+        assert retry.status_code == 200
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        stored = client.get(f"/runs/{run_id}/events").text
+        assert parse_sse(retry.text.split("\n")).data == parse_sse(stored.split("\n")).data
+        items = client.get(f"/sessions/{session_id}/messages").json()["items"]
+        assert [m["role"] for m in items] == ["user", "assistant"]
+        [run] = client.get("/runs", params={"session_id": session_id}).json()["items"]
+        assert run["id"] == run_id
+
+
+def test_a_keyed_request_cancelled_by_its_client_leaving_frees_its_key(
+    url: str, keys: Keys
+) -> None:
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    body = {"input": [user_message("go")], "session_id": session_id, "cancel_on_disconnect": True}
+    key = f"k-{uuid.uuid4().hex}"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        run_id = _leave_keyed(client, body, key)
+        assert _status_when_finished(client, run_id)["status"] == "canceled"
+        body["stream"] = False
+        body["cancel_on_disconnect"] = False
+        retry = client.post("/process", json=body, headers={"Idempotency-Key": key})
+        # Another body: the key was freed, not kept with the canceled run's answer.
+        assert retry.status_code == 200, retry.text
+        assert "Idempotent-Replayed" not in retry.headers
+
+
 def test_cancel_on_disconnect_cancels_the_run_when_the_client_leaves(url: str, keys: Keys) -> None:
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         session_id = f"s-{uuid.uuid4().hex[:8]}"
@@ -114,6 +163,31 @@ def test_every_streamed_event_carries_its_sequence_number_as_its_id(url: str, ke
         assert parse_sse(replay.text.split("\n")[:-1]).data == sse.data[-1:]
         bad = client.get(f"/runs/{sse.data[0]['id']}/events", headers={"Last-Event-ID": "x"})
         assert bad.status_code == 422
+
+
+def test_a_position_to_resume_from_is_decimal_digits_only(url: str, keys: Keys) -> None:
+    # Python's int() read "1_0" as 10 and "+3" as 3: ids no event is sent with.
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        body = {"input": [user_message("go")], "stream": False}
+        events = f"/runs/{client.post('/process', json=body).headers['X-Run-Id']}/events"
+
+        def numbers(response: httpx.Response) -> list[int]:
+            assert response.status_code == 200, response.text
+            return [e["sequence_number"] for e in parse_sse(response.text.split("\n")).data]
+
+        every = numbers(client.get(events))
+        for written, after in (("10", 10), ("010", 10), ("-1", -1), ("-5", -1), ("", -1)):
+            assert numbers(client.get(events, headers={"Last-Event-ID": written})) == [
+                n for n in every if n > after
+            ]
+        assert numbers(client.get(events, params={"after": "010"})) == every[11:]
+        assert numbers(client.get(events, params={"after": "-1"})) == every
+        for bad in ("1_0", "+3", "1.0", "0x1", "1e1", "- 1"):
+            refused = client.get(events, headers={"Last-Event-ID": bad})
+            assert refused.status_code == 422, bad
+            assert refused.json()["error"]["code"] == "INVALID_INPUT"
+        for bad in ("1_0", "+3", " 3 ", "1.0", "\u0663", "-2", ""):
+            assert client.get(events, params={"after": bad}).status_code == 422, bad
 
 
 def test_a_sessions_runs_are_listed_by_its_id_as_sessions_take_it(url: str, keys: Keys) -> None:

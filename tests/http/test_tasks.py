@@ -35,6 +35,11 @@ def count_words(payload: dict[str, Any]) -> int:
     return len(payload["text"].split())
 
 
+@app.task("/jobs/scale")
+def scale(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"scaled": [x * payload["by"] for x in payload["numbers"]]}
+
+
 @app.task("/jobs/fail")
 async def fail(payload: Any) -> None:
     raise ValueError("the numbers do not add up")
@@ -87,6 +92,23 @@ def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
             "code": "TASK_FAILED",
             "message": "ValueError: the numbers do not add up",
         }
+
+
+def test_a_result_json_cannot_carry_fails_the_task_saying_where(
+    server: tuple[str, Keys],
+) -> None:
+    # An infinite number was stored as null, the task completed.
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/scale", json={"numbers": [1, 1e308], "by": 10}).json()
+        failed = _wait_for(client, task_id["task_id"])
+        assert failed["status"] == "failed" and failed["result"] is None
+        assert failed["error"]["code"] == "TASK_FAILED"
+        assert failed["error"]["message"].startswith(
+            "InvalidInputError: result.scaled.1 is not a number JSON can carry"
+        )
+        fine = client.post("/jobs/scale", json={"numbers": [1, 2.5], "by": 2}).json()
+        assert _wait_for(client, fine["task_id"])["result"] == {"scaled": [2, 5.0]}
 
 
 def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:

@@ -1,13 +1,15 @@
 """The ``a2a-sdk``'s routes for our agent, each authenticated like every other route.
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
-authenticated first (401 without a key) and the A2A call context carries the user it acts
-as, which scopes the tasks. Imported on the first A2A request (see
+authenticated first (401 without a key), the request passes the checks every route runs
+(valid Unicode and finite numbers in the body, ``Idempotency-Key``), and the A2A call
+context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,10 +30,11 @@ from agentscope_serverless.a2a_server import (
     RunsTaskStore,
     agent_card,
 )
-from agentscope_serverless.errors import AgentScopeServerlessError
+from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.errors import error_response, status_of
+from agentscope_serverless.http.guards import check_request
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
 
 _USER_SCOPE_KEY = "agentscope.user_id"
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -57,23 +60,36 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
         return _AuthenticatedUser(request.scope[_USER_SCOPE_KEY])
 
 
-def _authenticated(endpoint: Endpoint) -> Endpoint:
+def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then the
+    body's text and numbers, the user it names and the ``Idempotency-Key`` claim. Their
+    errors reach the app's handlers, as any route's do."""
+
     async def guarded(request: Request) -> Response:
-        try:
-            caller = await get_caller(request, await bearer_scheme(request))
-            request.scope[_USER_SCOPE_KEY] = caller.user_id()
-        except AgentScopeServerlessError as exc:
-            return error_response(status_of(exc), exc.code, exc.message)
+        caller = await get_caller(request, await bearer_scheme(request))
+        request.scope[_USER_SCOPE_KEY] = caller.user_id()
+        # The SDK reads the body as JSON whatever its content type: so are the checks.
+        await check_request(request, caller, _idempotency_key(request), any_type=True)
         return await endpoint(request)
 
     return guarded
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not (len(key) <= 255 and re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key)):
+        raise InvalidInputError(
+            f"the {IDEMPOTENCY_HEADER} header must be 1 to 255 visible ASCII characters",
+            field=IDEMPOTENCY_HEADER,
+        )
+    return key
 
 
 def _guarded(routes: list[Any]) -> list[Route]:
     # The SDK also mounts the HTTP+JSON routes under /{tenant}: that catch-all would shadow
     # other routes' 404/405 answers, so only the plain routes are kept.
     return [
-        Route(route.path, _authenticated(route.endpoint), methods=list(route.methods or ()))
+        Route(route.path, _guarded_endpoint(route.endpoint), methods=list(route.methods or ()))
         for route in routes
         if isinstance(route, Route)
     ]

@@ -10,6 +10,7 @@ Every error body has the same shape::
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from agentscope_serverless.errors import (
     StoreUnavailableError,
 )
 from agentscope_serverless.log import logger
+from agentscope_serverless.services._validation import too_deep
 
 INTERNAL_ERROR = "INTERNAL_ERROR"
 
@@ -145,8 +147,27 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, InvalidInputError.code, f"invalid request: {where}", fields)
 
 
+def unreadable_body(exc: BaseException) -> InvalidInputError | None:
+    """What is wrong with a body whose JSON parse raised ``exc``, when it is not a mere
+    syntax error: not UTF-8, nested too deeply for the parser, an integer too long to read."""
+    if isinstance(exc, UnicodeDecodeError):
+        return InvalidInputError("the body is not valid UTF-8 text", field="body")
+    if isinstance(exc, RecursionError):
+        return too_deep("body")
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return InvalidInputError(
+            f"the body holds an integer of more than {sys.get_int_max_str_digits()} digits",
+            field="body",
+        )
+    return None
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    # FastAPI answers 400 to any body its JSON parse failed on: say what is wrong.
+    unreadable = unreadable_body(exc.__cause__) if exc.__cause__ is not None else None
+    if exc.status_code == 400 and unreadable is not None:
+        return response_for(unreadable)
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
     response = error_response(exc.status_code, code, message)
@@ -179,4 +200,5 @@ __all__ = [
     "response_for",
     "status_of",
     "status_of_code",
+    "unreadable_body",
 ]

@@ -30,7 +30,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.app import call_hook, new_application
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.guards import guard_request, json_body
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.runner import items_of
@@ -86,7 +86,7 @@ def create_function_app(
     )
 
     async def endpoint(request: Request, caller: CurrentCaller) -> Response:
-        body = _validated(await _json_body(request), request_model, caller)
+        body = _validated(await json_body(request), request_model, caller)
         result = func(body)
         if response_type == "json":
             return JSONResponse(_jsonable(await _collect(result)))
@@ -103,14 +103,6 @@ def create_function_app(
         responses=ERROR_RESPONSES,
     )
     return app
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw or b"null")
-    except json.JSONDecodeError:
-        raise InvalidInputError("the body is not valid JSON", field="body") from None
 
 
 def _validated(payload: Any, model: type[BaseModel] | None, caller: Caller) -> Any:

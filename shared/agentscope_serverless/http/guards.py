@@ -21,23 +21,45 @@ from typing import Annotated, Any
 
 from fastapi import Header, Request
 
-from agentscope_serverless.http.auth import CurrentCaller
+from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.http.auth import Caller, CurrentCaller
+from agentscope_serverless.http.errors import unreadable_body
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
+from agentscope_serverless.http.middleware import is_json_type
 from agentscope_serverless.services._validation import require_finite, require_utf8
 
 # Body fields that name the user a request acts as (ours, and OpenAI's ``user``).
 USER_FIELDS = ("user_id", "user")
 
 
-async def request_body(request: Request) -> Any:
-    """The request's JSON body (parsed once, shared with the route), or None."""
+async def request_body(request: Request, *, any_type: bool = False) -> Any:
+    """The request's JSON body (parsed once, shared with the route), or None: no body, a body
+    of another content type than JSON (the routes do not read it as JSON; with ``any_type``
+    it is read all the same), or a body that is not JSON (the route refuses it). A body that
+    is not UTF-8 text, nests too deeply or holds an integer too long to read is refused
+    here, saying so."""
+    if not (any_type or is_json_type(request.headers.get("content-type"))):
+        return None
+    try:
+        return await json_body(request)
+    except _NotJson:
+        return None
+
+
+async def json_body(request: Request) -> Any:
+    """The request's body read as JSON whatever its content type (None when empty); a body
+    that cannot be read is refused (422) saying why."""
     body = await request.body()
     if not body:
         return None
     try:
         return await request.json()
-    except ValueError:
-        return None  # not JSON: the route refuses it if it wants JSON
+    except (ValueError, RecursionError) as exc:
+        raise unreadable_body(exc) or _NotJson("the body is not valid JSON", field="body") from None
+
+
+class _NotJson(InvalidInputError):
+    """A body that is not JSON at all."""
 
 
 async def guard_request(
@@ -58,7 +80,15 @@ async def guard_request(
     ] = None,
 ) -> None:
     """The checks above, in order: Unicode, numbers, users, then the idempotency claim."""
-    body = await request_body(request)
+    await check_request(request, caller, idempotency_key)
+
+
+async def check_request(
+    request: Request, caller: Caller, idempotency_key: str | None, *, any_type: bool = False
+) -> None:
+    """:func:`guard_request` for routes outside FastAPI's dependencies (A2A's), whose body
+    is read as JSON whatever its content type with ``any_type``."""
+    body = await request_body(request, any_type=any_type)
     require_utf8(body, field="body")
     require_finite(body, field="body")
     user_id: str | None = None
@@ -72,4 +102,4 @@ async def guard_request(
         await claim_key(request, user_id or caller.user_id(), idempotency_key)
 
 
-__all__ = ["USER_FIELDS", "guard_request", "request_body"]
+__all__ = ["USER_FIELDS", "check_request", "guard_request", "json_body", "request_body"]

@@ -19,7 +19,10 @@ see :mod:`agentscope_serverless.services.idempotency`):
   request whose process died or whose store call hung frees it after
   ``IDEMPOTENCY_LEASE_SECONDS``.
 
-A streamed answer (``/process`` with ``stream: true``) is kept whole and replayed at once.
+A streamed answer (``/process`` with ``stream: true``) is kept whole and replayed at once. A
+client that leaves before the answer ends does not end the request (a run goes on without
+it): the answer is made and kept all the same, so its retry gets it rather than running the
+request again; a run that cancels on disconnect frees the key instead.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
 _KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
 _STATE = "idempotency_claim"
+_ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SETTLE_SECONDS = 3.0
 
 
@@ -143,10 +147,27 @@ class IdempotencyMiddleware:
                     await _finish(scope, answer if 200 <= status < 300 else None, size)
             await send(message)
 
+        async def receive_past_leaving() -> Message:
+            message = await receive()
+            state = scope.get("state", {})
+            leaving = message["type"] == "http.disconnect"
+            if leaving and _STATE in state and not state.get(_ENDS_WITH_CLIENT):
+                # Its client left, but the request goes on (a run does): it is answered as
+                # if the client were there, and the answer kept for the retry, which would
+                # otherwise run it again.
+                await asyncio.Future()  # cancelled when the response ends
+            return message
+
         try:
-            await self.app(scope, receive, keep)
+            await self.app(scope, receive_past_leaving, keep)
         finally:
             await _finish(scope, None, size)
+
+
+def ends_with_client(request: Request) -> None:
+    """The request stops when its client leaves (a run that cancels on disconnect): its
+    key is then freed, as for any request that did not answer."""
+    request.scope.setdefault("state", {})[_ENDS_WITH_CLIENT] = True
 
 
 async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> None:
@@ -213,6 +234,7 @@ __all__ = [
     "REPLAYED_HEADER",
     "IdempotencyMiddleware",
     "claim_key",
+    "ends_with_client",
     "fingerprint",
     "install_idempotency",
 ]

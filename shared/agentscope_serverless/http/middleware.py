@@ -23,12 +23,13 @@ import asyncio
 import re
 import time
 import uuid
+from urllib.parse import unquote_to_bytes
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentscope_serverless.errors import PayloadTooLargeError
-from agentscope_serverless.http.errors import error_response
+from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
+from agentscope_serverless.http.errors import error_response, response_for
 from agentscope_serverless.log import bind_request_id, log_request
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
@@ -76,6 +77,14 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
+            undecodable = _undecodable_part(scope)
+            if undecodable is not None:
+                error = InvalidInputError(
+                    f"the {undecodable} is not valid UTF-8 text once percent-decoded",
+                    field=undecodable,
+                )
+                await response_for(error)(scope, receive, send_with_id)
+                return
             await self.app(scope, receive, send_with_id)
         finally:
             log_request(
@@ -85,6 +94,23 @@ class RequestContextMiddleware:
                 status,
                 round((time.perf_counter() - started) * 1000, 2),
             )
+
+
+def _undecodable_part(scope: Scope) -> str | None:
+    """``"path"`` or ``"query"`` when that part of the URL is not UTF-8 once percent-decoded.
+
+    The server would read each byte it cannot decode as U+FFFD, so ``/sessions/%FE`` and
+    ``/sessions/%FF`` would name the same session: such a URL is refused instead.
+    """
+    parts = (("path", scope.get("raw_path") or b""), ("query", scope.get("query_string", b"")))
+    for name, raw in parts:
+        if raw.isascii() and b"%" not in raw:
+            continue
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return name
+    return None
 
 
 class BodyTooLarge(HTTPException):
@@ -169,15 +195,21 @@ class BodySizeLimitMiddleware:
 
 
 def _is_json(scope: Scope) -> bool:
-    """Whether the app would parse the body as JSON: no content type, ``application/json``
-    or ``application/<type>+json`` (as FastAPI decides)."""
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
-            kind = bytes(value).partition(b";")[0].strip().lower()
-            return kind == b"application/json" or (
-                kind.startswith(b"application/") and kind.endswith(b"+json")
-            )
+            return is_json_type(bytes(value).decode("latin-1"))
     return True
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a body of ``content_type`` is read as JSON: none given, ``application/json``
+    or ``application/<type>+json`` (as FastAPI decides)."""
+    if content_type is None:
+        return True
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -197,5 +229,6 @@ __all__ = [
     "BodyTooDeep",
     "BodyTooLarge",
     "RequestContextMiddleware",
+    "is_json_type",
     "request_id_of",
 ]

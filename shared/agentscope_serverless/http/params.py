@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Path, Query
+from pydantic import AfterValidator
 
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 
@@ -32,6 +33,8 @@ SessionIdPath = Annotated[
         pattern=ID_PATTERN,
         description="The session's id (surrounding whitespace is ignored).",
     ),
+    # The id the stores keep (and routes answer with): without that whitespace.
+    AfterValidator(str.strip),
 ]
 Cursor = Annotated[
     str | None,

@@ -32,7 +32,7 @@ from agentscope_serverless.http.auth import (
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
-from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
@@ -227,6 +227,8 @@ def build_router(
         session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
         cancel_on_disconnect = bool((body.model_extra or {}).get("cancel_on_disconnect"))
+        if cancel_on_disconnect:
+            ends_with_client(request)
         recorded = await _recorded(
             context, run, kind="process", cancel_on_disconnect=cancel_on_disconnect
         )
