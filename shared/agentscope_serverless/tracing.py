@@ -4,15 +4,19 @@
 ... async def plan(query: str) -> str: ...
 
 Each call of a traced function (plain, async, generator or async generator) logs one
-``span`` line at DEBUG level with its name, type, duration and outcome. Exporting to an
-OpenTelemetry backend is not built in.
+``span`` line at DEBUG level with its name, type, duration, outcome and request id. A traced
+call made while no request id is set gives its task a new one (a UUID), which
+:meth:`TracingUtil.get_request_id` then returns. Exporting to an OpenTelemetry backend is
+not built in.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import time
+import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -100,6 +104,7 @@ def trace(
                     "root": bool(is_root_span),
                     "duration_ms": round((time.perf_counter() - started) * 1000, 3),
                     "error": type(error).__name__ if error else None,
+                    "request_id": TracingUtil.get_request_id(),
                 },
             )
 
@@ -107,6 +112,7 @@ def trace(
 
             @functools.wraps(func)
             async def agen(*args: Any, **kwargs: Any) -> Any:
+                _ensure_request_id()
                 started, error = time.perf_counter(), None
                 try:
                     async for item in func(*args, **kwargs):
@@ -122,6 +128,7 @@ def trace(
 
             @functools.wraps(func)
             async def coroutine(*args: Any, **kwargs: Any) -> Any:
+                _ensure_request_id()
                 started, error = time.perf_counter(), None
                 try:
                     return await func(*args, **kwargs)
@@ -135,6 +142,7 @@ def trace(
 
         @functools.wraps(func)
         def plain(*args: Any, **kwargs: Any) -> Any:
+            _ensure_request_id()
             started, error = time.perf_counter(), None
             try:
                 return func(*args, **kwargs)
@@ -149,21 +157,96 @@ def trace(
     return decorate
 
 
-_REQUEST_ID: ContextVar[str | None] = ContextVar("trace_request_id", default=None)
+_REQUEST_ID: ContextVar[str] = ContextVar("trace_request_id", default="")
+_TRACE_HEADER: ContextVar[dict[str, Any]] = ContextVar("trace_header")
+_COMMON_ATTRIBUTES: ContextVar[dict[str, Any]] = ContextVar("trace_common_attributes")
+
+# Model Studio's environment variables and the span attributes that carry their values.
+_PLATFORM_VARIABLES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("APPLICATION_ENV", "DS_ENV"), ("bailian.app.env",)),
+    (("APPLICATION_ID",), ("bailian.app.id",)),
+    (("APPLICATION_NAME",), ("bailian.app.name",)),
+    (("APPLICATION_INTER_SOURCE",), ("bailian.app.inter.source",)),
+    (("ALIYUN_UID",), ("bailian.app.owner_id", "gen_ai.user.id")),
+    (("APPLICATION_TRACING",), ("bailian.app.tracing",)),
+    (("WORKSPACE_ID",), ("bailian.app.workspace",)),
+)
+
+
+def _platform_attributes() -> dict[str, str]:
+    """The attributes every span of a request carries: the framework, and the application's
+    details when Model Studio's variables are set."""
+    attributes = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
+    for variables, keys in _PLATFORM_VARIABLES:
+        value = next((os.environ[v] for v in variables if os.environ.get(v)), "")
+        if value:
+            attributes.update(dict.fromkeys(keys, value))
+    return attributes
 
 
 class TracingUtil:
-    """Helpers around spans (AgentScope's name): the request id of the current task."""
+    """The tracing context of the current task (and of the tasks it starts): its request id,
+    the trace headers it continues, and the attributes common to its spans.
+
+    >>> TracingUtil.set_request_id("req-1")
+    >>> TracingUtil.get_request_id(), TracingUtil.get_common_attributes()["request_id"]
+    ('req-1', 'req-1')
+    """
 
     @staticmethod
-    def set_request_id(request_id: str | None) -> None:
-        """Remember the request id for the current task (and the tasks it starts)."""
-        _REQUEST_ID.set(request_id)
+    def set_request_id(value: str = "") -> None:
+        """Make ``value`` the request id, and the common attributes its own: ``request_id``,
+        ``bailian.request_id``, ``gen_ai.response.id`` and the platform's. An empty ``value``
+        keeps the request id already set."""
+        if not value:
+            return
+        _REQUEST_ID.set(value)
+        TracingUtil.clear_common_attributes()
+        TracingUtil.set_common_attributes(
+            {
+                "request_id": value,
+                "bailian.request_id": value,
+                "gen_ai.response.id": value,
+                **_platform_attributes(),
+            }
+        )
 
     @staticmethod
-    def get_request_id() -> str | None:
-        """The current task's request id, if set."""
-        return _REQUEST_ID.get()
+    def get_request_id(default_value: str = "") -> str:
+        """The request id, or ``default_value`` when none is set."""
+        return _REQUEST_ID.get() or default_value
+
+    @staticmethod
+    def set_trace_header(trace_headers: dict[str, Any]) -> None:
+        """Remember the trace headers (``traceparent``, ...) of the request being served."""
+        _TRACE_HEADER.set(trace_headers)
+
+    @staticmethod
+    def get_trace_header() -> dict[str, Any]:
+        """The trace headers set, ``{}`` when none are."""
+        return _TRACE_HEADER.get({})
+
+    @staticmethod
+    def set_common_attributes(attributes: dict[str, Any]) -> None:
+        """Add ``attributes`` to the common attributes (a key already there takes the new
+        value)."""
+        # A new dict: the one a task inherited stays its parent's, unchanged.
+        _COMMON_ATTRIBUTES.set({**_COMMON_ATTRIBUTES.get({}), **attributes})
+
+    @staticmethod
+    def get_common_attributes() -> dict[str, Any]:
+        """The common attributes, ``{}`` when none are set."""
+        return _COMMON_ATTRIBUTES.get({})
+
+    @staticmethod
+    def clear_common_attributes() -> None:
+        """Remove every common attribute."""
+        _COMMON_ATTRIBUTES.set({})
+
+
+def _ensure_request_id() -> None:
+    if not TracingUtil.get_request_id():
+        TracingUtil.set_request_id(str(uuid.uuid4()))
 
 
 __all__ = [

@@ -1,0 +1,142 @@
+"""AgentScope Runtime 1.0.5's ``TracingUtil``: the request id, trace headers and common span
+attributes of the current task, with 1.0.5's signatures and defaults.
+
+The tests are coroutines: each runs in a task of its own, so what one sets stays in it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+from agentscope_serverless.tracing import TracingUtil, trace
+
+FRAMEWORK = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
+
+
+def test_methods_have_agentscope_parameters_and_defaults() -> None:
+    def parameters(name: str) -> list[tuple[str, object]]:
+        method = inspect.getattr_static(TracingUtil, name)
+        assert isinstance(method, staticmethod), name
+        return [(p.name, p.default) for p in inspect.signature(method).parameters.values()]
+
+    empty = inspect.Parameter.empty
+    assert parameters("set_request_id") == [("value", "")]
+    assert parameters("get_request_id") == [("default_value", "")]
+    assert parameters("set_trace_header") == [("trace_headers", empty)]
+    assert parameters("get_trace_header") == []
+    assert parameters("set_common_attributes") == [("attributes", empty)]
+    assert parameters("get_common_attributes") == []
+    assert parameters("clear_common_attributes") == []
+
+
+async def test_without_a_request_id_get_returns_the_default() -> None:
+    assert TracingUtil.get_request_id() == ""
+    assert TracingUtil.get_request_id("fallback") == "fallback"
+    assert TracingUtil.get_trace_header() == {}
+    assert TracingUtil.get_common_attributes() == {}
+
+
+async def test_the_request_id_set_is_returned_over_the_default() -> None:
+    TracingUtil.set_request_id(value="req-1")
+    assert TracingUtil.get_request_id() == "req-1"
+    assert TracingUtil.get_request_id("fallback") == "req-1"
+
+
+async def test_an_empty_request_id_keeps_the_one_set() -> None:
+    TracingUtil.set_request_id()
+    assert TracingUtil.get_request_id("fallback") == "fallback"
+    TracingUtil.set_request_id("req-1")
+    TracingUtil.set_request_id("")
+    assert TracingUtil.get_request_id() == "req-1"
+
+
+async def test_a_request_id_replaces_the_common_attributes_with_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in ("APPLICATION_ENV", "DS_ENV", "ALIYUN_UID", "WORKSPACE_ID", "APPLICATION_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    TracingUtil.set_common_attributes({"stale": 1})
+    TracingUtil.set_request_id("req-1")
+    assert TracingUtil.get_common_attributes() == {
+        "request_id": "req-1",
+        "bailian.request_id": "req-1",
+        "gen_ai.response.id": "req-1",
+        **FRAMEWORK,
+    }
+
+
+async def test_the_common_attributes_carry_model_studio_application_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("APPLICATION_ENV", "")
+    monkeypatch.setenv("DS_ENV", "prod")
+    monkeypatch.setenv("ALIYUN_UID", "42")
+    monkeypatch.setenv("WORKSPACE_ID", "ws")
+    monkeypatch.delenv("APPLICATION_ID", raising=False)
+    TracingUtil.set_request_id("req-1")
+    attributes = TracingUtil.get_common_attributes()
+    assert {
+        k: v for k, v in attributes.items() if k.startswith(("bailian.app", "gen_ai.user"))
+    } == {
+        "bailian.app.env": "prod",
+        "bailian.app.owner_id": "42",
+        "gen_ai.user.id": "42",
+        "bailian.app.workspace": "ws",
+    }
+
+
+async def test_common_attributes_merge_until_cleared() -> None:
+    TracingUtil.set_common_attributes({"a": 1, "b": 1})
+    TracingUtil.set_common_attributes({"b": 2})
+    assert TracingUtil.get_common_attributes() == {"a": 1, "b": 2}
+    TracingUtil.clear_common_attributes()
+    assert TracingUtil.get_common_attributes() == {}
+
+
+async def test_the_trace_header_set_is_returned() -> None:
+    headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    TracingUtil.set_trace_header(headers)
+    assert TracingUtil.get_trace_header() == headers
+
+
+async def test_a_task_request_id_stays_in_it() -> None:
+    TracingUtil.set_request_id("parent")
+
+    async def child() -> str:
+        TracingUtil.set_request_id("child")
+        return TracingUtil.get_request_id()
+
+    assert await asyncio.create_task(child()) == "child"
+    assert TracingUtil.get_request_id() == "parent"
+
+
+async def test_a_traced_call_gives_its_task_a_request_id() -> None:
+    @trace("LLM")
+    async def plan() -> str:
+        return TracingUtil.get_request_id()
+
+    request_id = await plan()
+    assert len(request_id) == 36
+    assert TracingUtil.get_common_attributes()["request_id"] == request_id
+    assert await plan() == request_id
+
+
+async def test_a_traced_call_keeps_the_request_id_set() -> None:
+    @trace("TOOL")
+    def search() -> str:
+        return TracingUtil.get_request_id()
+
+    TracingUtil.set_request_id("req-1")
+    assert search() == "req-1"
+
+
+async def test_common_attributes_a_task_adds_stay_in_it() -> None:
+    TracingUtil.set_common_attributes({"parent": 1})
+
+    async def child() -> None:
+        TracingUtil.set_common_attributes({"child": 1})
+
+    await asyncio.create_task(child())
+    assert TracingUtil.get_common_attributes() == {"parent": 1}
