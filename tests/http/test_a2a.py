@@ -362,3 +362,55 @@ def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(
         assert bad.status_code == 422
         items = client.get(f"/sessions/{context_id}/messages").json()["items"]
     assert [m["role"] for m in items] == ["user", "assistant"]
+
+
+def test_a2a_config_names_the_card_and_where_it_is_served() -> None:
+    # AgentScope's a2a_config did not import (deployers.adapter.a2a), and a dict was ignored.
+    from a2a.types import AgentSkill
+
+    from agentscope_serverless.app.agent_app import AgentCardWithRuntimeConfig
+
+    config = AgentCardWithRuntimeConfig(
+        agent_card={
+            "name": "Friday",
+            "description": "Plans your day.",
+            "version": "2.1.0",
+            "skills": [AgentSkill(id="plan", name="Plan", description="Makes plans.")],
+        },
+        wellknown_path="/friday/card.json",
+    )
+    configured = AgentApp(app_name="echo-a2a", a2a_config=config)
+    configured.query(framework="text")(query)
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=configured, key_store=keys.store)
+    with running(web) as url:
+        cards = [
+            httpx.get(f"{url}{path}", headers=bearer(keys.alice)).json()
+            for path in ("/.well-known/agent-card.json", "/friday/card.json")
+        ]
+    assert cards[0] == cards[1]
+    assert (cards[0]["name"], cards[0]["description"], cards[0]["version"]) == (
+        "Friday",
+        "Plans your day.",
+        "2.1.0",
+    )
+    assert [(s["id"], s["name"]) for s in cards[0]["skills"]] == [("plan", "Plan")]
+    as_dict = AgentApp(a2a_config={"agent_card": {"name": "Jarvis"}}).a2a_card("http://h")
+    assert as_dict.name == "Jarvis"
+
+
+def test_an_a2a_registry_is_refused_not_ignored() -> None:
+    from agentscope_serverless.deployers.adapter.a2a import A2ARegistry
+    from agentscope_serverless.errors import ConfigurationError
+
+    class Registry(A2ARegistry):
+        def registry_name(self) -> str:
+            return "mine"
+
+        def register(self, agent_card: Any, a2a_transports_properties: Any = None) -> None:
+            raise AssertionError("never called")
+
+    with pytest.raises(ConfigurationError, match="registries"):
+        AgentApp(a2a_config={"registry": Registry()})
+    with pytest.raises(ValueError, match="wellknown_path"):
+        AgentApp(a2a_config={"wellknown_path": "card.json"})

@@ -166,7 +166,6 @@ def parse(text: str | None = None) -> Listing:
 
 # Out of our porting scope, with the reason (README, "Porting from AgentScope Runtime").
 OUT_OF_SCOPE_MODULES = {
-    f"{ENGINE}.deployers.adapter.a2a": "A2A protocol adapter",
     f"{ENGINE}.app.base_app": "Celery task queues",
 }
 OUT_OF_SCOPE_NAMES = {
@@ -183,13 +182,10 @@ OUT_OF_SCOPE_NAMES = {
     **dict.fromkeys(
         [
             "A2AFastAPIDefaultAdapter",
-            "A2ARegistry",
-            "AgentCardWithRuntimeConfig",
-            "extract_a2a_config",
             "AGUIAdaptorConfig",
             "AGUIDefaultAdapter",
         ],
-        "A2A and AG-UI protocol adapters",
+        "A2A and AG-UI protocol adapters (every app serves A2A)",
     ),
     **dict.fromkeys(
         [

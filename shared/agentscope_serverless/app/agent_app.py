@@ -29,6 +29,10 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from agentscope_serverless.deployers.adapter.a2a import (
+    AgentCardWithRuntimeConfig,
+    extract_a2a_config,
+)
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.runner import (
@@ -123,7 +127,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self.stream = stream
         self.before_start = before_start
         self.after_finish = after_finish
-        self.a2a_config = a2a_config
+        self.a2a_config = None if a2a_config is None else extract_a2a_config(a2a_config)
         self.agui_config = agui_config
         self.fastapi_kwargs = kwargs
         self.framework = runner.framework_type if runner is not None else "text"
@@ -157,6 +161,20 @@ class AgentApp(ServiceLifecycleManagerMixin):
         #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
         self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
+
+    def a2a_card(self, base_url: str) -> Any:
+        """The A2A agent card of this app served at ``base_url``: its name, description and
+        ``a2a_skills``, or what ``a2a_config`` gives of them."""
+        from agentscope_serverless.a2a_server import agent_card
+
+        fields = self.a2a_config.card_fields() if self.a2a_config is not None else {}
+        return agent_card(
+            fields.get("name", self.app_name),
+            fields.get("description", self.app_description),
+            base_url,
+            skills=fields.get("skills", self.a2a_skills),
+            version=fields.get("version", "1.0.0"),
+        )
 
     @property
     def runner(self) -> Runner | None:
@@ -526,11 +544,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AgentApp",
+    "AgentCardWithRuntimeConfig",
     "AgentRequest",
     "DeployManager",
     "DeploymentMode",
     "FastAPIAppFactory",
     "ResponseAPIDefaultAdapter",  # noqa: F822 - imported on first use
     "Runner",
+    "extract_a2a_config",
     "load_agent_app",
 ]

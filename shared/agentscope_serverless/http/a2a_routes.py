@@ -28,7 +28,6 @@ from agentscope_serverless.a2a_server import (
     RunsAgentExecutor,
     RunsRequestHandler,
     RunsTaskStore,
-    agent_card,
 )
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
@@ -101,7 +100,7 @@ def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
     agent_app = context.agent_app
     assert agent_app is not None
     recorder = context.require_recorder()
-    base_card = agent_card(agent_app.app_name, agent_app.app_description, "http://localhost")
+    base_card = agent_app.a2a_card("http://localhost")
     handler = RunsRequestHandler(
         agent_executor=RunsAgentExecutor(context.require_runner(), recorder),
         task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),

@@ -27,6 +27,7 @@ from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 
 A2A_PATH = "/a2a"
+WELL_KNOWN_PATH = "/.well-known/agent-card.json"
 
 
 class A2AApplication:
@@ -58,24 +59,24 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
     app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
 
-    @app.get(
-        "/.well-known/agent-card.json",
-        tags=["a2a"],
-        summary="The A2A agent card",
-        dependencies=[Depends(guard_request)],
-        responses=ERROR_RESPONSES,
-    )
     async def card(request: Request, user_id: CurrentUser) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 
-        from agentscope_serverless.a2a_server import agent_card
-
         base_url = context.settings.a2a_base_url or str(request.base_url)
-        served = agent_card(
-            agent_app.app_name, agent_app.app_description, base_url, skills=agent_app.a2a_skills
-        )
-        return JSONResponse(agent_card_to_dict(served))
+        return JSONResponse(agent_card_to_dict(agent_app.a2a_card(base_url)))
 
+    # Also where the app's a2a_config.wellknown_path says.
+    configured = agent_app.a2a_config.wellknown_path if agent_app.a2a_config else None
+    for path in dict.fromkeys([WELL_KNOWN_PATH, configured or WELL_KNOWN_PATH]):
+        app.add_api_route(
+            path,
+            card,
+            methods=["GET"],
+            tags=["a2a"],
+            summary="The A2A agent card",
+            dependencies=[Depends(guard_request)],
+            responses=ERROR_RESPONSES,
+        )
     return a2a
 
 

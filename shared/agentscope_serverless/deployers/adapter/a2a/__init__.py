@@ -1,0 +1,122 @@
+"""AgentScope's A2A configuration: ``AgentApp(a2a_config=AgentCardWithRuntimeConfig(...))``.
+
+Every app serves A2A (see :mod:`agentscope_serverless.http.routers.a2a`); the configuration
+names what its agent card says: ``agent_card`` (a dict, or the ``a2a-sdk``'s ``AgentCard``)
+gives the card's ``name``, ``description``, ``version`` and ``skills`` (the app's name and
+description otherwise), and ``wellknown_path`` a path the card is also served at. Service
+registries (``registry``: Nacos...) are not supported: an app naming one is refused, rather
+than started unregistered. ``host``, ``port`` and the task timeouts are AgentScope's server's;
+the card's URLs are the ones the card was requested at, or ``A2A_BASE_URL``.
+
+>>> config = extract_a2a_config({"agent_card": {"name": "Friday", "version": "2.0"}})
+>>> config.card_fields()
+{'name': 'Friday', 'version': '2.0'}
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from agentscope_serverless.errors import ConfigurationError
+
+DEFAULT_WELLKNOWN_PATH = "/.well-known/agent-card.json"
+# The fields of a configured card the served card takes.
+_CARD_FIELDS = ("name", "description", "version", "skills")
+
+
+class A2ARegistry(ABC):
+    """A service registry the agent card would be registered with (AgentScope's base class;
+    registries are not supported here, see the module's docstring)."""
+
+    @abstractmethod
+    def registry_name(self) -> str:
+        """A short name of the registry (``"nacos"``)."""
+
+    @abstractmethod
+    def register(self, agent_card: Any, a2a_transports_properties: Any = None) -> None:
+        """Register the agent card."""
+
+
+class AgentCardWithRuntimeConfig(BaseModel):
+    """An agent card's fields with the runtime settings of its A2A server."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="allow")
+
+    agent_card: Any = None
+    host: str | None = None
+    port: int = int(os.getenv("PORT", "8080"))
+    registry: list[Any] | None = None
+    task_timeout: int | None = 60
+    task_event_timeout: int | None = 10
+    wellknown_path: str | None = DEFAULT_WELLKNOWN_PATH
+
+    @field_validator("registry", mode="before")
+    @classmethod
+    def _as_list(cls, registry: Any) -> Any:
+        if registry is None or isinstance(registry, list):
+            return registry
+        return [registry]
+
+    @field_validator("agent_card")
+    @classmethod
+    def _a_card(cls, card: Any) -> Any:
+        if card is not None and not isinstance(card, dict) and not hasattr(card, "DESCRIPTOR"):
+            raise ValueError("agent_card must be a dict or an a2a-sdk AgentCard")
+        return card
+
+    @field_validator("wellknown_path")
+    @classmethod
+    def _a_path(cls, path: str | None) -> str | None:
+        if path is not None and not path.startswith("/"):
+            raise ValueError(f"wellknown_path must start with '/', got {path!r}")
+        return path
+
+    def card_fields(self) -> dict[str, Any]:
+        """The fields of the configured card the served card takes (skills as dicts)."""
+        card = self.agent_card
+        if card is None:
+            return {}
+        if not isinstance(card, dict):
+            from google.protobuf.json_format import MessageToDict
+
+            card = MessageToDict(card, preserving_proto_field_name=True)
+        fields = {name: card[name] for name in _CARD_FIELDS if card.get(name)}
+        if "skills" in fields:
+            fields["skills"] = [_as_dict(skill) for skill in fields["skills"]]
+        return fields
+
+
+def _as_dict(skill: Any) -> Any:
+    if hasattr(skill, "DESCRIPTOR"):  # an a2a-sdk AgentSkill
+        from google.protobuf.json_format import MessageToDict
+
+        return MessageToDict(skill, preserving_proto_field_name=True)
+    return skill
+
+
+def extract_a2a_config(
+    a2a_config: AgentCardWithRuntimeConfig | dict[str, Any] | None = None,
+) -> AgentCardWithRuntimeConfig:
+    """``a2a_config`` as an :class:`AgentCardWithRuntimeConfig` (a default one for None);
+    one naming a registry is refused (:class:`~agentscope_serverless.errors.ConfigurationError`)."""
+    if a2a_config is None:
+        config = AgentCardWithRuntimeConfig()
+    elif isinstance(a2a_config, AgentCardWithRuntimeConfig):
+        config = a2a_config
+    elif isinstance(a2a_config, dict):
+        config = AgentCardWithRuntimeConfig.model_validate(a2a_config)
+    else:
+        raise TypeError("a2a_config must be an AgentCardWithRuntimeConfig or a dict")
+    if config.registry:
+        raise ConfigurationError(
+            "A2A registries (a2a_config.registry) are not supported: the agent is reached at "
+            "its own URL, whose card is at /.well-known/agent-card.json"
+        )
+    return config
+
+
+__all__ = ["A2ARegistry", "AgentCardWithRuntimeConfig", "extract_a2a_config"]
