@@ -77,7 +77,12 @@ def test_a_task_is_submitted_at_once_and_its_result_read_when_done(
         done = _wait_for(client, task_id)
         assert done["status"] == "completed" and done["result"] == {"sum": 6}
         assert done["error"] is None and done["path"] == "/jobs/sum"
-        assert client.get(f"/jobs/sum/{task_id}").json() == done
+        # Its own path answers as AgentScope Runtime's does: a client polling for
+        # "finished" (it saw "completed" for ever) reads the result.
+        polled = client.get(f"/jobs/sum/{task_id}").json()
+        assert (polled["status"], polled["result"]) == ("finished", {"sum": 6})
+        assert polled["task_id"] == task_id
+        assert body["message"] == f"Task {task_id} submitted to queue numbers"
         counted = client.post("/jobs/count", json={"text": "three little words"}).json()
         assert _wait_for(client, counted["task_id"])["result"] == 3
 
@@ -92,6 +97,13 @@ def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
             "code": "TASK_FAILED",
             "message": "ValueError: the numbers do not add up",
         }
+        polled = client.get(f"/jobs/fail/{task_id}").json()
+        assert (polled["status"], polled["result"]) == (
+            "error",
+            "ValueError: the numbers do not add up",
+        )
+        pending = client.post("/jobs/sum", json={"numbers": [1]}).json()["task_id"]
+        assert client.get(f"/jobs/sum/{pending}").json()["status"] == "pending"
 
 
 def test_a_result_json_cannot_carry_fails_the_task_saying_where(

@@ -3,7 +3,9 @@
 | Method and path | What |
 |---|---|
 | ``POST <task path>`` | submit the task with the JSON body as its argument: 202 with its id |
-| ``GET /tasks/{task_id}`` (or ``GET <task path>/{task_id}``) | status, result or error |
+| ``GET /tasks/{task_id}`` | status, result or error |
+| ``GET <task path>/{task_id}`` | the same as AgentScope Runtime's route answers it: |
+|  | ``pending``, ``finished`` (``result``) or ``error`` (the message as ``result``) |
 
 A task belongs to the user who submitted it: another user gets 404.
 """
@@ -57,6 +59,33 @@ class TaskStatus(BaseModel):
         )
 
 
+# AgentScope Runtime's names of the statuses, on the route of the task's own path.
+_AGENTSCOPE_STATUSES = {"in_progress": "pending", "completed": "finished", "failed": "error"}
+
+
+class AgentScopeTaskStatus(BaseModel):
+    """A background task as AgentScope Runtime's ``GET <task path>/{task_id}`` answers it:
+    ``pending``, then ``finished`` with its ``result``, or ``error`` with the error's
+    message as its ``result``."""
+
+    task_id: str
+    status: str
+    result: Any = None
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, task: TaskStatus) -> AgentScopeTaskStatus:
+        failed = task.status == "failed" and task.error is not None
+        return cls(
+            task_id=task.task_id,
+            status=_AGENTSCOPE_STATUSES.get(task.status, task.status),
+            result=task.error.get("message") if failed and task.error else task.result,
+            created_at=task.created_at,
+            updated_at=task.updated_at,
+        )
+
+
 def _runs(context: AppContext) -> RunsService:
     return context.runs
 
@@ -84,11 +113,18 @@ def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRout
 def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
     async def submit(user_id: CurrentUser, payload: Annotated[Any, Body()] = None) -> JSONResponse:
         record = await executor.submit(task, user_id, payload)
-        body = {"task_id": record.id, "status": "submitted", "queue": task.queue}
+        body = {
+            "task_id": record.id,
+            "status": "submitted",
+            "queue": task.queue,
+            "message": f"Task {record.id} submitted to queue {task.queue}",
+        }
         return JSONResponse(body, status_code=202)
 
-    async def status(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:
-        return await _status(context, user_id, task_id)
+    async def status(
+        task_id: TaskId, user_id: CurrentUser, context: Context
+    ) -> AgentScopeTaskStatus:
+        return AgentScopeTaskStatus.of(await _status(context, user_id, task_id))
 
     router.add_api_route(
         task.path,
@@ -105,4 +141,4 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
     )
 
 
-__all__ = ["TaskNotFoundError", "TaskStatus", "build_router"]
+__all__ = ["AgentScopeTaskStatus", "TaskNotFoundError", "TaskStatus", "build_router"]
