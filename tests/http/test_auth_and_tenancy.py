@@ -347,6 +347,7 @@ def test_health_needs_no_key(client_for: Callable[..., httpx.Client]) -> None:
             "runs": True,
             "auth_keys": True,
         },
+        "runner": "ready",  # AgentScope Runtime's probes read it
     }
 
 

@@ -164,4 +164,6 @@ def test_one_router_per_application(keys: Keys) -> None:
         assert client.post("/state/s", json={"state": {"a": 1}}).status_code == 201
         assert client.get("/sessions").status_code == 404
         assert client.post("/process", json={"input": [user_message("hi")]}).status_code == 404
-        assert client.get("/health").json()["services"] == {"state": True, "auth_keys": True}
+        health = client.get("/health").json()
+        assert health["services"] == {"state": True, "auth_keys": True}
+        assert health["runner"] == "not_ready"  # no agent served

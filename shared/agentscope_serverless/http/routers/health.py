@@ -14,10 +14,13 @@ router = APIRouter(tags=["health"])
 
 
 class Health(BaseModel):
-    """``healthy`` when every service answers; ``degraded`` (with HTTP 503) otherwise."""
+    """``healthy`` when every service answers; ``degraded`` (with HTTP 503) otherwise.
+    ``runner`` is ``ready`` where an agent is served (AgentScope Runtime's field, which its
+    probes read)."""
 
     status: Literal["healthy", "degraded"]
     services: dict[str, bool]
+    runner: Literal["ready", "not_ready"]
 
 
 @router.get(
@@ -33,7 +36,11 @@ async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONRe
     except Exception:
         services["auth_keys"] = False
     healthy = all(services.values())
-    body = Health(status="healthy" if healthy else "degraded", services=services)
+    body = Health(
+        status="healthy" if healthy else "degraded",
+        services=services,
+        runner="ready" if context.runner is not None else "not_ready",
+    )
     return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
 
 
