@@ -59,6 +59,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
     FINISHED,
+    FIRST_WRITE_DELAY,
     RunBurst,
     RunKind,
     RunRecord,
@@ -68,8 +69,6 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 
 EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
-# How long a run's first write waits for more of the run (seconds).
-FIRST_WRITE_DELAY = 0.05
 # How many times the write saving a run's final status is tried.
 LAST_WRITE_ATTEMPTS = 3
 
@@ -132,8 +131,9 @@ class RecordedRun:
                             task.uncancel()
                     self._emit(event)
         except asyncio.CancelledError as exc:
-            # Cancelled outside the agent (while loading or saving the session): end the
-            # stream here. Any other cancellation (the server stopping) also ends it.
+            # Cancelled outside the agent (while loading the session, or again while its
+            # partial reply is saved): end the stream here. Any other cancellation (the
+            # server stopping) also ends it.
             if self._ending is not None and not self._ended():
                 self._emit(self._ending[0])  # stored already: the run completed
             elif self._first is not None and not self._ended():
@@ -426,8 +426,10 @@ class RunRecorder:
     """Starts runs, recorded in ``runs`` (None: streamed without storing), and keeps track
     of those executing in this process.
 
-    A run is in the store at most ``first_write_delay`` seconds after its first event. The
-    writes of concurrent runs do not wait for each other (on Redis, the store's shared
+    A run is in the store at most ``first_write_delay`` seconds after its first event (an
+    erase in another process counts on :data:`FIRST_WRITE_DELAY`, see
+    :meth:`~agentscope_serverless.services.runs.base.RunsService.stop_runs`). The writes of
+    concurrent runs do not wait for each other (on Redis, the store's shared
     connection pipelines them).
     """
 

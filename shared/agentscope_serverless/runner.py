@@ -420,17 +420,30 @@ class Runner(ServiceLifecycleManagerMixin):
         messages = [*request.input, *turn.outputs]
         final = turn.finish()
         try:
-            if end_turn is None:
-                await self.session_history_service.append_message(session, messages)
-            else:
-                await end_turn(self.session_history_service, session, messages, final)
+            # The agent has finished: a cancellation now comes too late, and cutting the
+            # save short (a store's append may take several requests) would lose the turn.
+            await _despite_run_cancel(self._save_turn(session, messages, final, end_turn))
         except Exception as exc:
             logger.exception("could not save the session history", extra={"session_id": session.id})
             turn.retract(final)
             yield turn.fail(self._error_of(exc))
             return
-        await self._remember_quietly(session, messages)
         yield final
+
+    async def _save_turn(
+        self,
+        session: Session,
+        messages: list[Message],
+        final: AgentResponse,
+        end_turn: TurnEnd | None,
+    ) -> None:
+        """Append a completed turn's messages to the session (raising when they could not
+        be), then add them to memory."""
+        if end_turn is None:
+            await self.session_history_service.append_message(session, messages)
+        else:
+            await end_turn(self.session_history_service, session, messages, final)
+        await self._remember_quietly(session, messages)
 
     def _handler_items(
         self,
@@ -773,6 +786,22 @@ class _Turn:
                 if completed is not None:
                     events.append(self._emit(completed))
         return events
+
+
+async def _despite_run_cancel(saving: Awaitable[None]) -> None:
+    """Await ``saving`` to its end: the run's cancellation (:data:`RUN_CANCELED`) meanwhile
+    is dropped. Any other cancellation cancels ``saving`` too."""
+    task = asyncio.ensure_future(saving)
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if exc.args != (RUN_CANCELED,) or current is None:
+                task.cancel()
+                raise
+            current.uncancel()
+    task.result()
 
 
 def end_turns_with(end: TurnEnd) -> None:

@@ -103,6 +103,15 @@ async def test_redis_settings_reach_every_redis_service(
     await client.aclose()
 
 
+async def test_the_message_limit_reaches_the_in_memory_history(user_id: str) -> None:
+    settings = load_settings(max_messages_per_session=2)
+    async with create_session_history_service(settings) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg("a"), msg("b"), msg("c")])
+        stored = await history.get_session(user_id, "s1")
+        assert [m.get_text_content() for m in stored.messages] == ["b", "c"]  # type: ignore[union-attr]
+
+
 async def test_dynamodb_settings_reach_the_dynamodb_services(
     dynamodb_server: DynamoDBServer, user_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,7 +3,8 @@
 Each service kind has a list of backend names; a backend joins the suite by adding its
 name to the list and defining a fixture ``<kind>_<backend>_factory`` that returns a
 callable building a fresh, **not started** service on a shared store (so a second object
-sees what the first stored).
+sees what the first stored). A session history factory takes the options every backend
+takes (``max_messages_per_session``) as keywords.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ MEMORY_BACKENDS = ["in_memory", "redis", "redis_cluster"]
 STATE_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 RUNS_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 
+SessionHistoryFactory = Callable[..., SessionHistoryService]
+
 
 def _shared(instance: object) -> Callable[[], object]:
     # In-memory data lives in the object, so "another object on the same store" is the same one.
@@ -47,8 +50,14 @@ def _shared(instance: object) -> Callable[[], object]:
 
 
 @pytest.fixture
-def session_history_in_memory_factory() -> Callable[[], SessionHistoryService]:
-    return _shared(InMemorySessionHistoryService())  # type: ignore[return-value]
+def session_history_in_memory_factory() -> SessionHistoryFactory:
+    shared = InMemorySessionHistoryService()
+
+    def factory(**options: int | None) -> SessionHistoryService:
+        # Options make a service of its own: in memory, the store is the object.
+        return InMemorySessionHistoryService(**options) if options else shared
+
+    return factory
 
 
 @pytest.fixture
@@ -62,15 +71,17 @@ def state_in_memory_factory() -> Callable[[], StateService]:
 
 
 @pytest.fixture
-def session_history_redis_factory(redis_server: RedisServer) -> Callable[[], SessionHistoryService]:
-    return lambda: RedisSessionHistoryService(redis_url=redis_server.url)
+def session_history_redis_factory(redis_server: RedisServer) -> SessionHistoryFactory:
+    return lambda **options: RedisSessionHistoryService(redis_url=redis_server.url, **options)
 
 
 @pytest.fixture
 def session_history_redis_cluster_factory(
     redis_cluster_server: RedisClusterServer,
-) -> Callable[[], SessionHistoryService]:
-    return lambda: RedisSessionHistoryService(redis_url=redis_cluster_server.url, cluster=True)
+) -> SessionHistoryFactory:
+    return lambda **options: RedisSessionHistoryService(
+        redis_url=redis_cluster_server.url, cluster=True, **options
+    )
 
 
 @pytest.fixture
@@ -98,14 +109,13 @@ def state_redis_cluster_factory(
 
 
 @pytest.fixture
-def session_history_dynamodb_factory(
-    dynamodb_server: DynamoDBServer,
-) -> Callable[[], SessionHistoryService]:
-    return lambda: DynamoDBSessionHistoryService(
+def session_history_dynamodb_factory(dynamodb_server: DynamoDBServer) -> SessionHistoryFactory:
+    return lambda **options: DynamoDBSessionHistoryService(
         dynamodb_server.sessions_table,
         endpoint_url=dynamodb_server.endpoint_url,
         region_name=dynamodb_server.region,
         **LOCAL_AWS_CREDENTIALS,
+        **options,
     )
 
 
@@ -154,8 +164,8 @@ def runs_factory(request: pytest.FixtureRequest) -> Callable[[], RunsService]:
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)
-def session_history_factory(request: pytest.FixtureRequest) -> Callable[[], SessionHistoryService]:
-    factory: Callable[[], SessionHistoryService] = request.getfixturevalue(
+def session_history_factory(request: pytest.FixtureRequest) -> SessionHistoryFactory:
+    factory: SessionHistoryFactory = request.getfixturevalue(
         f"session_history_{request.param}_factory"
     )
     return factory
@@ -177,7 +187,7 @@ def state_factory(request: pytest.FixtureRequest) -> Callable[[], StateService]:
 
 @pytest.fixture
 async def history(
-    session_history_factory: Callable[[], SessionHistoryService],
+    session_history_factory: SessionHistoryFactory,
 ) -> AsyncIterator[SessionHistoryService]:
     async with session_history_factory() as service:
         yield service

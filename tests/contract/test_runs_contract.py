@@ -10,7 +10,7 @@ import pytest
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.services.runs import RunRecord, RunsService
-from agentscope_serverless.services.runs.base import RunBurst
+from agentscope_serverless.services.runs.base import FIRST_WRITE_DELAY, RunBurst
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -488,3 +488,27 @@ async def test_stopping_finds_a_run_stored_while_it_waited(
         assert await runs.stop_runs(user_id, wait=10) == []
         await asyncio.wait_for(running, 10)
         assert (await runs.get_run(user_id, "late")).status == "canceled"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("session_id", [None, "s"])
+async def test_stopping_finds_a_run_started_before_it_not_stored_yet(
+    runs_factory: Callable[[], RunsService], user_id: str, session_id: str | None
+) -> None:
+    async with runs_factory() as runs:
+        runs.poll_seconds = 0.02
+
+        async def started_just_before() -> None:
+            # A run executing elsewhere: it writes its record a first write delay after its
+            # first event (which its client saw before erasing).
+            await asyncio.sleep(FIRST_WRITE_DELAY)
+            await runs.create_run(RunRecord(id="late", user_id=user_id, session_id="s"))
+            await _end_when_asked(runs, user_id, "late")
+
+        running = asyncio.create_task(started_just_before())
+        try:
+            assert await runs.stop_runs(user_id, session_id, wait=10) == []
+            late = await runs.get_run(user_id, "late")
+            assert late is not None and late.status == "canceled"
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)

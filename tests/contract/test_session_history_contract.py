@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -630,6 +630,71 @@ async def test_list_messages_rejects_a_garbage_cursor(
     await history.create_session(user_id, "s1")
     with pytest.raises(InvalidInputError):
         await history.list_messages(user_id, "s1", cursor="%%%")
+
+
+# --- max_messages_per_session ---------------------------------------------------------
+
+
+@pytest.fixture
+async def kept_to_three(
+    session_history_factory: Callable[..., SessionHistoryService],
+) -> AsyncIterator[SessionHistoryService]:
+    """A session history that keeps the newest three messages of each session."""
+    async with session_history_factory(max_messages_per_session=3) as service:
+        yield service
+
+
+def numbered(first: int, count: int, text: str = "") -> list[Message]:
+    """Messages with the ids ``m<first>``..., and those texts followed by ``text``."""
+    return [
+        Message(id=f"m{i}", role="user", content=f"m{i}{text}") for i in range(first, first + count)
+    ]
+
+
+async def test_a_session_kept_to_n_messages_keeps_the_newest_n(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    session = await kept_to_three.create_session(user_id, "s1")
+    await kept_to_three.append_message(session, numbered(0, 5))
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m2", "m3", "m4"]
+    await kept_to_three.append_message(session, numbered(5, 1))
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m3", "m4", "m5"]
+    opened = await kept_to_three.open_session(user_id, "s1", recent=2)
+    assert texts(opened) == ["m4", "m5"]
+    page = await kept_to_three.list_messages(user_id, "s1", limit=2)
+    assert [m.get_text_content() for m in page.items] == ["m3", "m4"]
+    assert page.next_cursor is not None
+    rest = await kept_to_three.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert [m.get_text_content() for m in rest.items] == ["m5"]
+    assert rest.next_cursor is None
+
+
+async def test_a_cursor_past_trimmed_messages_reads_on_from_the_oldest_kept(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    session = await kept_to_three.create_session(user_id, "s1")
+    await kept_to_three.append_message(session, numbered(0, 2))
+    page = await kept_to_three.list_messages(user_id, "s1", limit=1)
+    assert [m.get_text_content() for m in page.items] == ["m0"]
+    assert page.next_cursor is not None
+    await kept_to_three.append_message(session, numbered(2, 4))
+    rest = await kept_to_three.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert [m.get_text_content() for m in rest.items] == ["m3", "m4", "m5"]
+    assert rest.next_cursor is None
+
+
+async def test_a_message_appended_again_is_stored_again_only_once_trimmed(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    session = await kept_to_three.create_session(user_id, "s1")
+    await kept_to_three.append_message(session, numbered(0, 5))
+    again = Session(id="s1", user_id=user_id)
+    # m4 is kept: its stored message comes back; m0 was trimmed: it is appended anew.
+    await kept_to_three.append_message(
+        again, [*numbered(4, 1, " again"), *numbered(0, 1, " again")]
+    )
+    assert texts(again) == ["m4", "m0 again"]
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m3", "m4", "m0 again"]
 
 
 # --- ids, lifecycle -------------------------------------------------------------------

@@ -10,7 +10,12 @@ from typing import Any
 from agentscope_serverless.http.sse import RunEventStream
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
-from agentscope_serverless.schemas.agent_schemas import AgentResponse, DataContent, TextContent
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    DataContent,
+    Message,
+    TextContent,
+)
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord, StoredEvent
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
@@ -218,3 +223,46 @@ async def test_an_event_that_cannot_be_encoded_fails_the_run_with_a_final_event(
         session = await history.get_session("alice", "s1")
         assert session is not None
         assert [m.get_text_content() for m in session.messages] == ["go"]
+
+
+class GatedSessionHistory(InMemorySessionHistoryService):
+    """The in-memory session history, whose appends wait for ``gate`` (on DynamoDB an
+    append is several requests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.appending = asyncio.Event()
+
+    async def _append_messages(
+        self, user_id: str, session_id: str, messages: list[Message]
+    ) -> list[Message]:
+        self.appending.set()
+        await self.gate.wait()
+        return await super()._append_messages(user_id, session_id, messages)
+
+
+async def test_a_cancel_while_the_turn_is_saved_comes_too_late_and_the_run_completes() -> None:
+    # Before: the cancellation cut the append short, and the session kept nothing of the
+    # turn, not even its input; the run ended canceled.
+    history = GatedSessionHistory()
+    runner = Runner(_fast, services=Services(session_history=history), settings=load_settings())
+    runs = InMemoryRunsService()
+    async with runs, history, runner:
+        run = await RunRecorder(runs).start(
+            runner.stream_query({**_request(), "session_id": "s1", "user_id": "alice"}),
+            user_id="alice",
+        )
+        await history.appending.wait()
+        run.cancel()
+        await asyncio.sleep(0.1)  # the cancellation lands; the run's first write is made
+        history.gate.set()
+        final = await run.final()
+        assert final.status == "completed"
+        stored = await runs.get_run("alice", run.run_id)
+        assert stored is not None and stored.status == "completed"
+        *_, (_, last) = await runs.read_events("alice", run.run_id)
+        assert AgentResponse.model_validate_json(last) == final
+        session = await history.get_session("alice", "s1")
+        assert session is not None
+        assert [m.get_text_content() for m in session.messages] == ["go", "one two three"]

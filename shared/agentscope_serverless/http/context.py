@@ -76,7 +76,8 @@ class AppContext:
         """Stop the runs of ``user_id`` in progress (of ``session_id``, when given) and wait
         for their ends, before erasing: else a run would store its turn, and its events, once
         they are gone. This process's runs go first, even those not stored yet; then, through
-        the store, those of other processes."""
+        the store, those of other processes, listed again once a run started before the call
+        is stored (see :meth:`RunsService.stop_runs`)."""
         if self.recorder is not None:
             await self.recorder.stop_local(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
         if self.current.runs is not None:

@@ -50,6 +50,12 @@ def _dynamodb_options(settings: Settings) -> dict[str, Any]:
     return {"endpoint_url": settings.dynamodb_endpoint_url, "region_name": settings.aws_region}
 
 
+def _in_memory_session_history(settings: Settings) -> Any:
+    return _import(
+        "agentscope_serverless.services.session_history.in_memory:InMemorySessionHistoryService"
+    )(max_messages_per_session=settings.max_messages_per_session)
+
+
 def _redis_session_history(settings: Settings) -> Any:
     return _import(
         "agentscope_serverless.services.session_history.redis:RedisSessionHistoryService"
@@ -120,9 +126,7 @@ def _in_memory_runs(settings: Settings) -> Any:
 # kind -> backend -> builder. Backends are imported only when selected.
 _BUILDERS: dict[str, dict[str, Builder]] = {
     "session_history": {
-        "in_memory": _no_arguments(
-            "agentscope_serverless.services.session_history.in_memory:InMemorySessionHistoryService"
-        ),
+        "in_memory": _in_memory_session_history,
         "redis": _redis_session_history,
         "dynamodb": _dynamodb_session_history,
     },

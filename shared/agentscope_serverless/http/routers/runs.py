@@ -10,18 +10,21 @@
 |  | or is a background task or an A2A task) |
 
 Each event is sent as ``id: <sequence_number>`` and ``data: <event JSON>``, so a client that
-loses the stream resumes with ``Last-Event-ID`` set to the last id it received.
+loses the stream resumes with ``Last-Event-ID`` set to the last id it received. Both it and
+``after`` are decimal digits, after a ``-`` for a number below 0 (a ``Last-Event-ID`` below
+-1 replays every event, as -1 does; ``after`` below -1 is refused).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser
@@ -32,6 +35,9 @@ from agentscope_serverless.services.runs.base import RunRecord, RunsService
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 Context = Annotated[AppContext, Depends(get_context)]
+# An event's sequence number as a client sends it back. Python's int() also reads "1_0",
+# "+3", " 3 " and digits of other scripts, which no event id is written as.
+_SEQUENCE_NUMBER = re.compile(r"-?[0-9]+")
 
 
 class RunNotFoundError(NotFoundError):
@@ -87,14 +93,22 @@ async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
     return await _found(context, lambda: _runs(context).get_run(user_id, run_id))
 
 
+def _written_as_sequence_number(value: Any) -> Any:
+    """``value`` as given; text other than decimal digits (after a ``-`` for a number below
+    0) raises ValueError."""
+    if isinstance(value, str) and _SEQUENCE_NUMBER.fullmatch(value) is None:
+        raise ValueError("must be decimal digits, after a '-' for a number below 0")
+    return value
+
+
 def _position(last_event_id: str | None, after: int | None) -> int:
     if after is not None:
         return after
     if last_event_id is None or not last_event_id.strip():
         return -1
     try:
-        return int(last_event_id)
-    except ValueError:
+        return int(_written_as_sequence_number(last_event_id))
+    except ValueError:  # not digits, or more of them than int() reads
         raise InvalidInputError("Last-Event-ID must be an event's sequence number") from None
 
 
@@ -127,7 +141,9 @@ async def run_events(
         str | None, Header(alias="Last-Event-ID", description="The last event id received.")
     ] = None,
     after: Annotated[
-        int | None, Query(ge=-1, description="Send the events after this sequence number.")
+        int | None,
+        BeforeValidator(_written_as_sequence_number),
+        Query(ge=-1, description="Send the events after this sequence number."),
     ] = None,
 ) -> EventStreamResponse:
     position = _position(last_event_id, after)

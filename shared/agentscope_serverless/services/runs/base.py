@@ -45,6 +45,11 @@ STOPPABLE: frozenset[str] = frozenset({"process", "openai", "a2a", "a2a_task"})
 # How long an erase waits for the runs it asked to stop (a run whose process died stays in
 # progress in the store: it is waited for this long, once).
 STOP_TIMEOUT_SECONDS = 5.0
+# A run executing is written to the store this long after its first event at the latest: its
+# first write waits as long for more of the run (see the recorder).
+FIRST_WRITE_DELAY = 0.05
+# How long a write may take to reach the store once made, for those looking for new runs.
+_WRITE_SECONDS = 0.1
 # Runs created this long before a listing (clocks of two machines differ) are listed again.
 _CLOCK_SKEW_SECONDS = 60.0
 MAX_RUN_ID_LENGTH = 256
@@ -260,18 +265,25 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         Returns the ids of the runs still in progress at the end.
 
         Background tasks are not stopped (they do not watch their mark, and store nothing in
-        a session). A run started in the last moment, not stored yet, is found by a second
-        listing once the first runs have ended.
+        a session). A run started just before the call may not be stored yet (its first
+        write comes :data:`FIRST_WRITE_DELAY` after its start): the runs are listed again
+        once that delay, and a write's time, have passed since the call began and the runs
+        asked have ended, and those found then are asked too.
         """
         self._ensure_started()
         user_id = require_user_id(user_id)
         if session_id is not None:
             session_id = require_session_id(session_id)
-        deadline = time.monotonic() + wait
+        began = time.monotonic()
+        deadline = began + wait
+        # Every run started before the call is in the store by then.
+        all_stored = began + FIRST_WRITE_DELAY + _WRITE_SECONDS
         asked: set[str] = set()
         since = 0.0
         live: list[str] = []
-        for _listing in range(2):
+        for listing in range(2):
+            if listing:
+                await asyncio.sleep(max(all_stored - time.monotonic(), 0.0))
             listed_at = time.time()
             if session_id is None:
                 records = await self._list_user(user_id, since)
@@ -285,18 +297,21 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             ]
             await asyncio.gather(*(self._mark_cancel(user_id, run_id) for run_id in fresh))
             asked.update(fresh)
-            live += fresh
-            while live and time.monotonic() < deadline:
-                await asyncio.sleep(min(self.poll_seconds, deadline - time.monotonic()))
-                loaded = await asyncio.gather(*(self._load(user_id, run_id) for run_id in live))
-                live = [
-                    run_id
-                    for run_id, record in zip(live, loaded, strict=True)
-                    if record is not None and not record.finished
-                ]
-            if not asked or live:
-                break
+            live = await self._in_progress(user_id, [*live, *fresh], deadline)
         return live
+
+    async def _in_progress(self, user_id: str, run_ids: list[str], deadline: float) -> list[str]:
+        """Wait for the runs ``run_ids`` to end, until ``deadline`` (a ``time.monotonic()``)
+        at most; those still in progress then."""
+        while run_ids and time.monotonic() < deadline:
+            await asyncio.sleep(min(self.poll_seconds, deadline - time.monotonic()))
+            loaded = await asyncio.gather(*(self._load(user_id, run_id) for run_id in run_ids))
+            run_ids = [
+                run_id
+                for run_id, record in zip(run_ids, loaded, strict=True)
+                if record is not None and not record.finished
+            ]
+        return run_ids
 
     async def delete_user_runs(self, user_id: str) -> None:
         """Delete every run of ``user_id``: records and events, tasks and A2A tasks too
@@ -394,6 +409,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
 __all__ = [
     "DEFAULT_POLL_SECONDS",
     "FINISHED",
+    "FIRST_WRITE_DELAY",
     "MAX_SEQUENCE",
     "STOPPABLE",
     "STOP_TIMEOUT_SECONDS",

@@ -3,6 +3,11 @@
 Messages are kept as the JSON every store keeps (:mod:`.._stored`): strings, which the
 garbage collector never has to walk, so a long-lived local server's collections stay short
 however much history it holds.
+
+With ``max_messages_per_session`` a session keeps its newest N messages, as on Redis: an
+append trims the oldest, and the ids of the trimmed messages go with them (an append
+repeating one stores it again); a cursor keeps its place, one into the trimmed messages
+reads on from the oldest message kept.
 """
 
 from __future__ import annotations
@@ -19,16 +24,23 @@ from agentscope_serverless.services._stored import (
     encode_message,
     stored_session,
 )
-from agentscope_serverless.services._validation import cursor_position, encode_cursor
+from agentscope_serverless.services._validation import (
+    cursor_position,
+    encode_cursor,
+    optional_positive_int,
+)
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
 
 @dataclass(slots=True)
 class _StoredSession:
     seq: int
-    # Message JSON in order, and each message id's position.
+    # The messages kept, as JSON in order, and each one's id with its position, counted
+    # from the session's first message: ``dropped`` messages before them were trimmed.
+    # ``by_id`` lists the ids in append order, so the trimmed ones are its first.
     messages: list[str] = field(default_factory=list)
     by_id: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
@@ -36,13 +48,18 @@ class InMemorySessionHistoryService(SessionHistoryService):
 
     Data lives as long as the object; ``stop()`` keeps it, so a restarted service sees it.
     Stored messages are JSON: changing a returned session changes nothing stored.
+    ``max_messages_per_session`` keeps only the newest messages.
 
     >>> service = InMemorySessionHistoryService()
+    >>> short = InMemorySessionHistoryService(max_messages_per_session=100)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_messages_per_session: int | None = None) -> None:
         self._sessions: dict[str, dict[str, _StoredSession]] = {}
         self._seq = itertools.count(1)
+        self._max_messages = optional_positive_int(
+            max_messages_per_session, field="max_messages_per_session"
+        )
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
@@ -90,12 +107,17 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return None
-        offset = cursor_position(cursor, "offset")
-        items = stored.messages[offset : offset + limit]
-        end = offset + len(items)
+        start = max(cursor_position(cursor, "offset"), stored.dropped)
+        first = start - stored.dropped
+        items = stored.messages[first : first + limit]
+        end = start + len(items)
         return Page[Message](
             items=decode_messages(items),
-            next_cursor=encode_cursor({"offset": end}) if end < len(stored.messages) else None,
+            next_cursor=(
+                encode_cursor({"offset": end})
+                if end < stored.dropped + len(stored.messages)
+                else None
+            ),
         )
 
     async def _append_messages(
@@ -108,11 +130,13 @@ class InMemorySessionHistoryService(SessionHistoryService):
         for message in messages:
             position = stored.by_id.get(message.id)
             if position is None:
-                stored.by_id[message.id] = len(stored.messages)
+                stored.by_id[message.id] = stored.dropped + len(stored.messages)
                 stored.messages.append(encode_message(message))
                 result.append(message)
             else:
-                result.append(decode_message(stored.messages[position]))
+                result.append(decode_message(stored.messages[position - stored.dropped]))
+        if self._max_messages is not None and len(stored.messages) > self._max_messages:
+            _trim(stored, len(stored.messages) - self._max_messages)
         return result
 
     @staticmethod
@@ -122,6 +146,14 @@ class InMemorySessionHistoryService(SessionHistoryService):
         # A snapshot now (later appends are not part of this read), decoded on first use.
         first = 0 if recent is None else max(len(stored.messages) - recent, 0)
         return stored_session(user_id, session_id, stored.messages[first:] if recent != 0 else [])
+
+
+def _trim(stored: _StoredSession, count: int) -> None:
+    """Drop the ``count`` oldest messages of the session, and their ids."""
+    del stored.messages[:count]
+    for message_id in list(itertools.islice(stored.by_id, count)):
+        del stored.by_id[message_id]
+    stored.dropped += count
 
 
 __all__ = ["InMemorySessionHistoryService"]
