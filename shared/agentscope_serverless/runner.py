@@ -65,6 +65,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._turn import AgentWrites, agent_turn
 from agentscope_serverless.services._validation import new_or_clean_session_id, valid_text
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
@@ -395,24 +396,28 @@ class Runner(ServiceLifecycleManagerMixin):
         turn = _Turn(AgentResponse(session_id=session.id))
         for event in turn.start():
             yield event
+        # What the agent stores itself (as agents written for AgentScope Runtime do) is not
+        # stored again: see _turn.
+        writes = AgentWrites(session.user_id, session.id)
         try:
-            async with contextlib.aclosing(
-                self._handler_items(turn, request, session, memories, kwargs)
-            ) as items:
-                async for item in items:
-                    for event in turn.feed(item):
-                        yield event
+            with agent_turn(writes):
+                async with contextlib.aclosing(
+                    self._handler_items(turn, request, session, memories, kwargs)
+                ) as items:
+                    async for item in items:
+                        for event in turn.feed(item):
+                            yield event
             for event in turn.close():
                 yield event
         except Exception as exc:
             logger.exception("the agent failed", extra={"session_id": session.id})
-            await self._record_quietly(session, request.input)
+            await self._record_quietly(session, writes, request.input)
             yield turn.fail(self._error_of(exc))
             return
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # What was produced so far is kept, the open message as it is.
             partial = [*request.input, *turn.interrupt()]
-            await asyncio.shield(self._record_quietly(session, partial, request.input))
+            await asyncio.shield(self._record_quietly(session, writes, partial, request.input))
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
                 yield turn.cancel()
                 return
@@ -422,7 +427,7 @@ class Runner(ServiceLifecycleManagerMixin):
         try:
             # The agent has finished: a cancellation now comes too late, and cutting the
             # save short (a store's append may take several requests) would lose the turn.
-            await _despite_run_cancel(self._save_turn(session, messages, final, end_turn))
+            await _despite_run_cancel(self._save_turn(session, writes, messages, final, end_turn))
         except Exception as exc:
             logger.exception("could not save the session history", extra={"session_id": session.id})
             turn.retract(final)
@@ -433,17 +438,20 @@ class Runner(ServiceLifecycleManagerMixin):
     async def _save_turn(
         self,
         session: Session,
+        writes: AgentWrites,
         messages: list[Message],
         final: AgentResponse,
         end_turn: TurnEnd | None,
     ) -> None:
         """Append a completed turn's messages to the session (raising when they could not
-        be), then add them to memory."""
-        if end_turn is None:
+        be), then add them to memory; either is left to an agent that did it itself."""
+        if writes.history:
+            pass  # the agent stored its turn: the run is stored at its end, on its own
+        elif end_turn is None:
             await self.session_history_service.append_message(session, messages)
         else:
             await end_turn(self.session_history_service, session, messages, final)
-        await self._remember_quietly(session, messages)
+        await self._remember_quietly(session, writes, messages)
 
     def _handler_items(
         self,
@@ -483,12 +491,19 @@ class Runner(ServiceLifecycleManagerMixin):
         return await memory.search_memory(user_id, messages, filters={"top_k": self.memory_top_k})
 
     async def _record_quietly(
-        self, session: Session, messages: list[Message], turn_input: list[Message] | None = None
+        self,
+        session: Session,
+        writes: AgentWrites,
+        messages: list[Message],
+        turn_input: list[Message] | None = None,
     ) -> None:
         """Keep the input of a run that did not finish, with what the agent produced so far
         when ``turn_input`` is given (``messages`` then starts with it); when the agent's
-        part cannot be stored (it is not valid), the input alone. Errors here are only
-        logged."""
+        part cannot be stored (it is not valid), the input alone; nothing an agent that
+        stores its turn itself has stored. Errors here are only logged."""
+        if writes.history:
+            await self._remember_quietly(session, writes, messages)
+            return
         try:
             await self.session_history_service.append_message(session, list(messages))
         except InvalidInputError:
@@ -499,16 +514,19 @@ class Runner(ServiceLifecycleManagerMixin):
                 "the agent's partial reply could not be saved: keeping the input alone",
                 extra={"session_id": session.id},
             )
-            await self._record_quietly(session, turn_input)
+            await self._record_quietly(session, writes, turn_input)
             return
         except Exception:
             logger.exception("could not save the input of a failed run")
-        await self._remember_quietly(session, messages)
+        await self._remember_quietly(session, writes, messages)
 
-    async def _remember_quietly(self, session: Session, messages: list[Message]) -> None:
-        """Add a run's messages to memory; memory is best effort, so errors are only logged."""
+    async def _remember_quietly(
+        self, session: Session, writes: AgentWrites, messages: list[Message]
+    ) -> None:
+        """Add a run's messages to memory, unless its agent added memories itself; memory is
+        best effort, so errors are only logged."""
         memory = self.memory_service
-        if memory is None:
+        if memory is None or writes.memory:
             return
         try:
             await memory.add_memory(session.user_id, list(messages), session_id=session.id)

@@ -462,3 +462,63 @@ def test_bad_configurations_are_refused() -> None:
         Runner(framework="langgraph")
     with pytest.raises(ConfigurationError, match="session_history"):
         Runner(services=ServiceManager())
+
+
+async def test_an_agent_storing_its_own_turn_is_not_stored_twice() -> None:
+    # An agent written for AgentScope Runtime keeps its turn itself (its runner stores
+    # nothing): each turn was stored twice, and the agent saw its history doubled.
+    seen: list[int] = []
+
+    async def handler(self: Runner, msgs: Any, session: Session, **kwargs: Any) -> Any:
+        history = self.session_history_service
+        await history.append_message(session, msgs)
+        stored = await history.get_session(session.user_id, session.id)
+        assert stored is not None
+        seen.append(len(stored.messages))
+        reply = Message(role="assistant", content=f"seen {seen[-1]}")
+        await history.append_message(session, reply)
+        await self.memory_service.add_memory(session.user_id, msgs, session_id=session.id)
+        yield reply
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        for text in ("one", "two"):
+            events = [e async for e in runner.stream_query(request(text))]
+            assert events[-1].status == "completed"
+        stored = await runner.session_history_service.get_session("u1", "s1")
+        memories = await runner.memory_service.list_memory("u1")
+    assert seen == [1, 3]
+    assert stored is not None and len(stored.messages) == 4
+    assert [m.get_text_content() for m in memories] == ["one", "two"]
+
+
+async def test_a_failing_agent_that_stored_its_input_keeps_it_once() -> None:
+    async def handler(self: Runner, msgs: Any, session: Session, **kwargs: Any) -> Any:
+        await self.session_history_service.append_message(session, msgs)
+        raise RuntimeError("the model is down")
+        yield  # an async generator
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query(request("hello"))]
+        stored = await runner.session_history_service.get_session("u1", "s1")
+        memories = await runner.memory_service.list_memory("u1")
+    assert events[-1].status == "failed"
+    assert stored is not None and [m.get_text_content() for m in stored.messages] == ["hello"]
+    # It left memory to the runner: the input is remembered, as for any failed run.
+    assert [m.get_text_content() for m in memories] == ["hello"]
+
+
+async def test_an_agent_writing_another_session_still_has_its_turn_stored() -> None:
+    async def handler(self: Runner, msgs: Any, session: Session, **kwargs: Any) -> Any:
+        notes = Session(id="notes", user_id=session.user_id)
+        await self.session_history_service.append_message(notes, msgs)
+        yield "noted"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        [e async for e in runner.stream_query(request("remember this"))]
+        turn = await runner.session_history_service.get_session("u1", "s1")
+        notes = await runner.session_history_service.get_session("u1", "notes")
+    assert turn is not None and [m.role for m in turn.messages] == ["user", "assistant"]
+    assert notes is not None and len(notes.messages) == 1

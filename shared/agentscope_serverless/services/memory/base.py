@@ -14,6 +14,7 @@ from typing import Any
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._once import next_write_id
+from agentscope_serverless.services._turn import note_memory_write
 from agentscope_serverless.services._validation import (
     clean_session_id,
     require_positive_int,
@@ -73,6 +74,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
             NewMemory(raw, message_text(message)) for message, raw in to_encoded_messages(messages)
         ]
         if memories:
+            note_memory_write(user_id)
             # Under an Idempotency-Key the add is keyed: its run again (after a store
             # froze mid-write) stores nothing twice.
             write_id = next_write_id()

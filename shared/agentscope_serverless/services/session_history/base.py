@@ -15,6 +15,7 @@ from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session, extend_messages
+from agentscope_serverless.services._turn import note_history_write
 from agentscope_serverless.services._validation import (
     clean_session_id,
     new_or_clean_session_id,
@@ -170,6 +171,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """
         user_id, sid, messages = self._appending(session, message)
         if messages:
+            note_history_write(user_id, sid)
             extend_messages(session, await self._append_messages(user_id, sid, messages))
 
     def prepare_append(self, session: Session, messages: list[Message]) -> PreparedWrite | None:

@@ -1,0 +1,62 @@
+"""What an agent stored itself during its turn, so the runner does not store it again.
+
+The runner keeps each turn (its input and reply) in the session history and in memory. An
+agent written for AgentScope Runtime, whose runner stores nothing, keeps its turn itself
+(``AgentScopeSessionHistoryMemory.add``, ``memory_service.add_memory``): while its handler
+runs, :func:`agent_turn` notes such writes, and the runner leaves what the agent stored
+alone instead of storing the turn twice.
+
+>>> with agent_turn(AgentWrites("alice", "s1")) as writes:
+...     note_history_write("alice", "s1")
+>>> writes.history, writes.memory
+(True, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+
+
+@dataclass
+class AgentWrites:
+    """Whether the agent of a turn wrote its session's history, or its user's memory."""
+
+    user_id: str
+    session_id: str
+    history: bool = False
+    memory: bool = False
+
+
+_CURRENT: ContextVar[AgentWrites | None] = ContextVar("agent_turn_writes", default=None)
+
+
+@contextlib.contextmanager
+def agent_turn(writes: AgentWrites) -> Iterator[AgentWrites]:
+    """Note in ``writes`` the writes made in this context (the agent's handler runs in it)
+    to its user's session and memory."""
+    previous = _CURRENT.set(writes).old_value
+    try:
+        yield writes
+    finally:
+        # Not reset(): a generator running this may be closed from another context.
+        _CURRENT.set(None if previous is Token.MISSING else previous)
+
+
+def note_history_write(user_id: str, session_id: str) -> None:
+    """A message was appended to ``session_id`` of ``user_id``."""
+    writes = _CURRENT.get()
+    if writes is not None and (writes.user_id, writes.session_id) == (user_id, session_id):
+        writes.history = True
+
+
+def note_memory_write(user_id: str) -> None:
+    """A memory was added for ``user_id``."""
+    writes = _CURRENT.get()
+    if writes is not None and writes.user_id == user_id:
+        writes.memory = True
+
+
+__all__ = ["AgentWrites", "agent_turn", "note_history_write", "note_memory_write"]
