@@ -307,6 +307,18 @@ class Settings(BaseModel):
             "of data of its stream (keep-alive comments do not count)."
         ),
     )
+    llm_max_reply_chars: int = Field(
+        1_000_000,
+        ge=1_000,
+        description=(
+            "Most characters of one model call's reply (its text, reasoning and tool calls; "
+            "each chunk of the stream counts at least one): a longer reply fails the run with "
+            "LLM_ERROR, so a model that never stops cannot hold a run for ever. One line of "
+            "the stream, or a reply not streamed, may take 12 bytes per character of it plus "
+            "1 MiB. The default is about twice the longest output models allow today (128k "
+            "tokens, some 500,000 characters)."
+        ),
+    )
 
     @field_validator("agent_app", mode="before")
     @classmethod

@@ -7,7 +7,11 @@ error, a lost connection) is made again, up to ``LLM_MAX_RETRIES`` times, waitin
 API's ``Retry-After`` says. A tool output longer than ``LLM_MAX_TOOL_OUTPUT_CHARS`` reaches
 the model cut in the middle (the session keeps it whole), and the oldest messages of the
 history are left out of a request longer than ``LLM_MAX_CONTEXT_CHARS`` (recalled memories
-take at most a quarter of it). The API is reached with plain HTTP (``POST
+take at most a quarter of it). A reply longer than ``LLM_MAX_REPLY_CHARS`` (or one line of
+it longer than such a reply could be) fails the run; a tool call whose arguments are not a
+JSON object is answered without running it, and kept with the arguments ``{}``; a reply cut
+at the model's output limit or by a content filter says so in its message's ``metadata``
+(``finish_reason``). The API is reached with plain HTTP (``POST
 {LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
 ``LLM_MODEL``)::
 
@@ -59,11 +63,22 @@ from agentscope_serverless.schemas.agent_schemas import (
     convert_to_openai_tool_call,
 )
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import nests_deeper_than, valid_text
 from agentscope_serverless.services.sandbox.service import SandboxService
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefinition, as_tool
 from agentscope_serverless.settings import Settings
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+# More tokens than any context holds: a usage count past it is no count of one model call.
+MAX_USAGE_TOKENS = 10**9
+# One line of a stream (or a reply not streamed) may take this many bytes per character of
+# ``LLM_MAX_REPLY_CHARS`` (the most a character takes in JSON: an escaped surrogate pair,
+# ``\ud83d\ude00``) plus the envelope: a longer line could not hold a reply that fits.
+LINE_BYTES_PER_REPLY_CHAR = 12
+LINE_ENVELOPE_BYTES = 1 << 20
+# Why a reply may end that its message says (``metadata["finish_reason"]``): cut at the
+# model's output limit, or by the API's content filter.
+NOTABLE_FINISH_REASONS = frozenset({"length", "content_filter"})
 # Recalled memories take at most this fraction (1/n) of ``LLM_MAX_CONTEXT_CHARS``.
 MEMORY_SHARE = 4
 # Answers worth asking again (as OpenAI's SDK does): a timeout, a conflict, a rate limit and
@@ -86,6 +101,7 @@ class _Config:
     max_retries: int
     max_tool_output: int
     max_context: int
+    max_reply_chars: int
 
 
 class LLMAgent:
@@ -110,6 +126,7 @@ class LLMAgent:
         max_retries: int | None = None,
         max_tool_output: int | None = None,
         max_context: int | None = None,
+        max_reply_chars: int | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
@@ -125,6 +142,7 @@ class LLMAgent:
             "max_retries": max_retries,
             "max_tool_output": max_tool_output,
             "max_context": max_context,
+            "max_reply_chars": max_reply_chars,
         }
         self._settings = settings
         self._config: _Config | None = None
@@ -155,31 +173,44 @@ class LLMAgent:
         chat = self._chat_messages(config, messages, memories)
         offered = [tool.to_openai() for tool in available.values()]
         for round_number in range(1, config.max_iterations + 1):
-            text: list[str] = []
             calls = _StreamedToolCalls()
             # A thinking model's reasoning, streamed as a message of its own before the
             # answer (never sent back to the model: reasoning messages are left out).
-            reasoning: Message | None = None
+            reasoning = _StreamedText(MessageType.REASONING)
+            answer = _StreamedText(MessageType.MESSAGE)
+            size, answered, finish_reason = 0, False, None
             async for chunk in self._complete(config, chat, offered, usage):
-                delta = _delta_of(chunk)
+                choice = _choice_of(chunk)
+                delta = {} if choice is None else _delta_of(choice)
+                if choice is not None:
+                    answered = True
+                    if isinstance(choice.get("finish_reason"), str):
+                        finish_reason = choice["finish_reason"]
                 thought = _reasoning_of(delta)
-                if thought:
-                    if reasoning is None:
-                        reasoning = Message(type=MessageType.REASONING, role=Role.ASSISTANT)
-                        yield reasoning.in_progress()
-                    yield TextContent(text=thought, delta=True)
                 piece = _text_of(delta.get("content"))
-                if (piece or delta.get("tool_calls")) and reasoning is not None:
-                    yield reasoning.completed()
-                    reasoning = None
-                if piece:
-                    text.append(piece)
-                    yield TextContent(text=piece, delta=True)
-                for call in delta.get("tool_calls") or []:
-                    calls.add(call)
-            if reasoning is not None:
-                yield reasoning.completed()
+                call_deltas = delta.get("tool_calls") or []
+                size += max(1, len(thought) + len(piece) + sum(map(calls.add, call_deltas)))
+                if size > config.max_reply_chars:
+                    raise AgentError(
+                        f"the model's reply was longer than {config.max_reply_chars:,} characters",
+                        code="LLM_ERROR",
+                    )
+                if thought:
+                    for event in [*answer.close(), *reasoning.add(thought)]:
+                        yield event
+                if piece or call_deltas:
+                    for event in [*reasoning.close(), *answer.add(piece)]:
+                        yield event
+            for event in reasoning.close():
+                yield event
+            if not answered:
+                raise AgentError("the chat API sent no completion", code="LLM_ERROR")
             if not calls.calls:
+                notable = finish_reason if finish_reason in NOTABLE_FINISH_REASONS else None
+                if notable and not answer.text:
+                    raise AgentError(UNANSWERED[notable], code="LLM_ERROR")
+                for event in answer.close(notable):
+                    yield event
                 return
             if round_number == config.max_iterations:
                 # No model call is left to read their results: the tools are not run.
@@ -187,14 +218,10 @@ class LLMAgent:
                     f"the model was still calling tools after {config.max_iterations} rounds",
                     code="AGENT_MAX_ITERATIONS",
                 )
-            function_calls = [
-                FunctionCall(
-                    call_id=c["id"] or f"call_{uuid.uuid4().hex}",
-                    name=c["name"],
-                    arguments=c["arguments"],
-                )
-                for c in calls.calls
-            ]
+            for event in answer.close():
+                yield event
+            finished = calls.finished(finish_reason)
+            function_calls = [call for call, _ in finished]
             yield Message(
                 type=MessageType.FUNCTION_CALL,
                 role=Role.ASSISTANT,
@@ -203,12 +230,12 @@ class LLMAgent:
             chat.append(
                 {
                     "role": "assistant",
-                    "content": "".join(text) or None,
+                    "content": valid_text("".join(answer.text)) or None,
                     "tool_calls": [convert_to_openai_tool_call(call) for call in function_calls],
                 }
             )
-            for call in function_calls:
-                output = await _call_tool(available, call)
+            for call, refusal in finished:
+                output = refusal or await _call_tool(available, call)
                 result = FunctionCallOutput(
                     call_id=call.call_id or "", name=call.name, output=output
                 )
@@ -253,6 +280,7 @@ class LLMAgent:
                 max_retries=settings.llm_max_retries,
                 max_tool_output=settings.llm_max_tool_output_chars,
                 max_context=settings.llm_max_context_chars,
+                max_reply_chars=settings.llm_max_reply_chars,
             )
             given = {k: v for k, v in self._overrides.items() if v is not None}
             self._config = dataclasses.replace(defaults, **given)
@@ -283,6 +311,11 @@ class LLMAgent:
             for message in group:
                 if message["role"] == "tool" and isinstance(message.get("content"), str):
                     message["content"] = cut_tool_output(message["content"], config.max_tool_output)
+                for call in message.get("tool_calls") or []:
+                    # Arguments a model cut off, as earlier versions kept them: an API that
+                    # reads them back would refuse every later turn of the session.
+                    if not _is_json_object(call["function"]["arguments"]):
+                        call["function"]["arguments"] = "{}"
         conversation = [message for group in converted for message in group]
         sizes = [_chars(message) for message in conversation]
         budget = config.max_context - sum(map(_chars, system))
@@ -321,6 +354,7 @@ class LLMAgent:
         }
         if tools:
             payload["tools"] = tools
+        max_bytes = LINE_BYTES_PER_REPLY_CHAR * config.max_reply_chars + LINE_ENVELOPE_BYTES
         attempt = 0
         while True:
             streamed = False
@@ -339,13 +373,12 @@ class LLMAgent:
                         if delay is None:
                             raise AgentError(failure, code="LLM_ERROR")
                     else:
-                        async for chunk in _chunks(response, config.timeout):
+                        async for chunk in _chunks(response, config.timeout, max_bytes):
                             streamed = True
-                            if usage is not None and isinstance(chunk.get("usage"), dict):
-                                for key in USAGE_KEYS:
-                                    usage[key] = usage.get(key, 0) + int(
-                                        chunk["usage"].get(key) or 0
-                                    )
+                            counts = _usage_counts(chunk.get("usage"))
+                            if usage is not None and counts is not None:
+                                for key, count in counts.items():
+                                    usage[key] = usage.get(key, 0) + count
                             yield chunk
                         return
             except httpx.HTTPError as exc:
@@ -408,22 +441,32 @@ def _backoff(attempt: int) -> float:
     return wait * (1 - 0.25 * random.random())
 
 
-async def _chunks(response: httpx.Response, silence: float) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(
+    response: httpx.Response, silence: float, max_bytes: int
+) -> AsyncIterator[dict[str, Any]]:
     """The chunks of a successful reply: its ``data:`` lines, up to ``[DONE]``.
 
     A server or proxy that ignores ``stream`` answers with the whole completion as JSON: its
     message is one chunk. A reply with neither (a web page at a wrong base URL) is an error,
     not an empty answer. A stream that sends no data for ``silence`` seconds fails, however
     many keep-alive comments it sends meanwhile (each resets the read timeout of the
-    connection, so a server stuck sending them would hold the run for ever).
+    connection, so a server stuck sending them would hold the run for ever). A line, or a
+    completion, longer than ``max_bytes`` fails before it is read whole.
     """
     if response.headers.get("content-type", "").startswith("application/json"):
-        completion = _parse_chunk((await response.aread()).decode(errors="replace"))
-        yield _as_chunk(completion)
+        body = bytearray()
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) > max_bytes:
+                raise AgentError(
+                    f"the chat API sent a completion of more than {max_bytes:,} bytes",
+                    code="LLM_ERROR",
+                )
+        yield _as_chunk(_parse_chunk(body.decode(errors="replace")))
         return
     streamed = False
     loop = asyncio.get_running_loop()
-    lines = aiter(response.aiter_lines())
+    lines = aiter(_lines(response, max_bytes))
     deadline = loop.time() + silence
     while True:
         try:
@@ -446,6 +489,33 @@ async def _chunks(response: httpx.Response, silence: float) -> AsyncIterator[dic
         yield _parse_chunk(data)
     if not streamed:
         raise AgentError("the chat API sent no completion", code="LLM_ERROR")
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def _lines(response: httpx.Response, max_bytes: int) -> AsyncIterator[str]:
+    """The lines of a streamed body, each read up to ``max_bytes`` bytes: a longer one fails
+    (``aiter_lines`` would hold a line that never ends, however long it grows)."""
+    line = bytearray()
+    async for piece in response.aiter_bytes():
+        *ended, rest = _LINE_END.split(piece)
+        for part in ended:
+            line += part
+            _require_line_within(line, max_bytes)
+            yield line.decode(errors="replace")
+            line.clear()
+        line += rest
+        _require_line_within(line, max_bytes)
+    if line:
+        yield line.decode(errors="replace")
+
+
+def _require_line_within(line: bytearray, max_bytes: int) -> None:
+    if len(line) > max_bytes:
+        raise AgentError(
+            f"the chat API sent a line of more than {max_bytes:,} bytes", code="LLM_ERROR"
+        )
 
 
 # An API's name for an error (OpenAI's ``error.code``, else ``error.type``), quoted in the
@@ -483,9 +553,9 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """A whole (not streamed) chat completion as the one chunk that would stream it."""
     choices = completion.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
         raise AgentError("the chat API sent a completion without a message", code="LLM_ERROR")
+    message = choice["message"]
     calls = message.get("tool_calls")
     delta = {
         "content": message.get("content"),
@@ -496,7 +566,8 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
             if isinstance(call, dict)
         ],
     }
-    return {"choices": [{"index": 0, "delta": delta}], "usage": completion.get("usage")}
+    choice = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
+    return {"choices": [choice], "usage": completion.get("usage")}
 
 
 async def _call_tool(tools: dict[str, AgentTool], call: FunctionCall) -> str:
@@ -611,16 +682,41 @@ def _parse_chunk(data: str) -> dict[str, Any]:
     return chunk
 
 
-def _delta_of(chunk: dict[str, Any]) -> dict[str, Any]:
-    """The ``delta`` of a chunk's first choice (empty for a chunk without choices)."""
-    choices = chunk.get("choices") or [{}]
+def _choice_of(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """A chunk's first choice; None for a chunk without any (such as the usage's)."""
+    choices = chunk.get("choices")
+    if not choices:
+        return None
     choice = choices[0] if isinstance(choices, list) else None
-    delta = (choice.get("delta") or {}) if isinstance(choice, dict) else None
+    if not isinstance(choice, dict):
+        raise AgentError("the chat API sent a chunk of an unexpected shape", code="LLM_ERROR")
+    return choice
+
+
+def _delta_of(choice: dict[str, Any]) -> dict[str, Any]:
+    """The ``delta`` of a choice."""
+    delta = choice.get("delta") or {}
     if isinstance(delta, dict):
         calls = delta.get("tool_calls") or []
         if isinstance(calls, list) and all(isinstance(call, dict) for call in calls):
             return delta
     raise AgentError("the chat API sent a chunk of an unexpected shape", code="LLM_ERROR")
+
+
+def _usage_counts(usage: Any) -> dict[str, int] | None:
+    """The token counts of a chunk's ``usage`` (0 for one left out); None when there is no
+    usage, or any count is not a whole number from 0 to :data:`MAX_USAGE_TOKENS`."""
+    if not isinstance(usage, dict):
+        return None
+    counts: dict[str, int] = {}
+    for key in USAGE_KEYS:
+        count = usage.get(key)
+        if count is None:
+            count = 0
+        if type(count) is not int or not 0 <= count <= MAX_USAGE_TOKENS:
+            return None
+        counts[key] = count
+    return counts
 
 
 def _reasoning_of(delta: dict[str, Any]) -> str:
@@ -649,6 +745,91 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+class _StreamedText:
+    """The text of one kind (the answer, or the reasoning) a reply streams, as the events of
+    its message: opened by the first piece, ended by :meth:`close`.
+
+    A piece ending with the first half of a UTF-16 surrogate pair (an emoji, as a model may
+    cut it across two chunks) keeps that half for the next piece, so the pair arrives whole.
+    """
+
+    def __init__(self, message_type: str) -> None:
+        self.type = message_type
+        self.text: list[str] = []
+        self._message: Message | None = None
+        self._held = ""
+
+    def add(self, piece: str) -> list[Message | TextContent]:
+        piece = self._held + piece
+        self._held = piece[-1:] if "\ud800" <= piece[-1:] <= "\udbff" else ""
+        return self._stream(piece[: len(piece) - len(self._held)])
+
+    def close(self, finish_reason: str | None = None) -> list[Message | TextContent]:
+        """The events ending the open message, which says ``finish_reason`` when given."""
+        held, self._held = self._held, ""
+        events = self._stream(held)
+        if self._message is not None:
+            if finish_reason:
+                self._message.metadata = {"finish_reason": finish_reason}
+            events.append(self._message.completed())
+            self._message = None
+        return events
+
+    def _stream(self, piece: str) -> list[Message | TextContent]:
+        if not piece:
+            return []
+        events: list[Message | TextContent] = []
+        if self._message is None:
+            self._message = Message(type=self.type, role=Role.ASSISTANT)
+            events.append(self._message.in_progress())
+        self.text.append(piece)
+        events.append(TextContent(text=piece, delta=True))
+        return events
+
+
+# What answers a tool call whose arguments are not a JSON object, instead of running it.
+CUT_ARGUMENTS = (
+    "error: the arguments were cut off at the model's output limit; the tool was not run"
+)
+INVALID_ARGUMENTS = "error: the arguments are not a JSON object; the tool was not run"
+# Why a reply that ended so without an answer fails its run.
+UNANSWERED = {
+    "length": "the model reached its output limit before answering",
+    "content_filter": "the chat API's content filter withheld the answer",
+}
+
+
+def _is_json_object(arguments: str) -> bool:
+    """Whether tool-call ``arguments`` are a JSON object any chat API reads back (without
+    ``NaN`` or ``Infinity``, nesting no deeper than tools read)."""
+    if nests_deeper_than(arguments):
+        return False
+    try:
+        return isinstance(json.loads(arguments, parse_constant=_refuse_constant), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _call_fields(delta: dict[str, Any]) -> tuple[str, str, str]:
+    """A tool-call delta's ``id``, ``function.name`` and ``function.arguments`` (empty when
+    left out); an error (in fixed words: the fields could quote anything) when one is not
+    text."""
+    function = delta.get("function") or {}
+    fields = (
+        (delta.get("id"), function.get("name"), function.get("arguments"))
+        if isinstance(function, dict)
+        else ()
+    )
+    if not fields or not all(field is None or isinstance(field, str) for field in fields):
+        raise AgentError("the chat API sent a tool call of an unexpected shape", code="LLM_ERROR")
+    call_id, name, arguments = (field or "" for field in fields)
+    return call_id, name, arguments
+
+
 class _StreamedToolCalls:
     """The tool calls of one streamed reply, folded from their deltas.
 
@@ -662,10 +843,10 @@ class _StreamedToolCalls:
         self.calls: list[dict[str, str]] = []
         self._position: dict[int, int] = {}
 
-    def add(self, delta: dict[str, Any]) -> None:
+    def add(self, delta: dict[str, Any]) -> int:
+        """Fold in ``delta``; how many characters it brought."""
         index = delta.get("index")
-        function = delta.get("function") or {}
-        call_id, name = delta.get("id") or "", function.get("name") or ""
+        call_id, name, arguments = _call_fields(delta)
         call = None
         if isinstance(index, int) and index in self._position:
             call = self.calls[self._position[index]]
@@ -683,7 +864,28 @@ class _StreamedToolCalls:
         if call_id:
             call["id"] = call_id
         call["name"] += name
-        call["arguments"] += function.get("arguments") or ""
+        call["arguments"] += arguments
+        return len(call_id) + len(name) + len(arguments)
+
+    def finished(self, finish_reason: str | None) -> list[tuple[FunctionCall, str | None]]:
+        """The calls (their pieces joined, then made valid Unicode), each with what answers
+        it instead of running it when its arguments are not a JSON object (cut off by the
+        output limit, when the reply ended so). Such arguments become ``{}``: some APIs
+        refuse a conversation holding arguments they cannot parse, on every later turn."""
+        finished: list[tuple[FunctionCall, str | None]] = []
+        for call in self.calls:
+            arguments = valid_text(call["arguments"]) if call["arguments"].strip() else "{}"
+            refusal = None
+            if not _is_json_object(arguments):
+                arguments = "{}"
+                refusal = CUT_ARGUMENTS if finish_reason == "length" else INVALID_ARGUMENTS
+            function_call = FunctionCall(
+                call_id=valid_text(call["id"]) or f"call_{uuid.uuid4().hex}",
+                name=valid_text(call["name"]),
+                arguments=arguments,
+            )
+            finished.append((function_call, refusal))
+        return finished
 
 
 def create_llm_app(

@@ -47,6 +47,9 @@ from agentscope_serverless.schemas.agent_schemas import (
 # What a chat completion answers for a run canceled before it completed (``POST
 # /runs/{id}/cancel``): chat completions have no status to say it with.
 RUN_CANCELED = Error(code="RUN_CANCELED", message="the run was canceled")
+# The reasons a reply can say it was cut (its ``metadata["finish_reason"]``, as the LLM agent
+# sets it), with their name in a response object's ``incomplete_details``.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 class ChatCompletionRequest(BaseModel):
@@ -198,6 +201,15 @@ def _text_of(message: Message) -> str:
     )
 
 
+def finish_reason(messages: list[Message] | None) -> str:
+    """Why the reply of a completed run ended, as chat completions say it: the last reply
+    message's ``metadata["finish_reason"]`` when it was cut (``length``, ``content_filter``),
+    else ``stop``."""
+    replies = [m for m in messages or [] if _is_reply(m)]
+    reason = (replies[-1].metadata or {}).get("finish_reason") if replies else None
+    return reason if reason in INCOMPLETE_REASONS else "stop"
+
+
 def reply_text(response: AgentResponse) -> str:
     """The text of the agent's reply messages, separated by blank lines."""
     return "\n\n".join(_text_of(m) for m in response.output or [] if _is_reply(m))
@@ -247,7 +259,7 @@ def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
                 "index": 0,
                 "message": {"role": "assistant", "content": reply_text(response)},
                 "logprobs": None,
-                "finish_reason": "stop",
+                "finish_reason": finish_reason(response.output),
             }
         ],
         "usage": chat_usage(response.usage),
@@ -287,7 +299,7 @@ async def chat_completion_chunks(
                 completion_id, created = f"chatcmpl-{_bare_id(event)}", event.created_at
                 yield delta({"role": "assistant", "content": ""})
             elif event.status == RunStatus.Completed:
-                yield delta({}, "stop")
+                yield delta({}, finish_reason(event.output))
                 if include_usage:
                     yield chunk([], usage=chat_usage(event.usage))
                 yield DONE
@@ -317,10 +329,14 @@ def responses_object(
     status: str | None = None,
     output: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A run as an OpenAI ``response`` object."""
+    """A run as an OpenAI ``response`` object (``incomplete`` when its reply was cut)."""
     status = status or response.status
     if status == RunStatus.Canceled:
         status = "cancelled"  # OpenAI's spelling, the one its SDKs' types allow
+    incomplete = None
+    reason = finish_reason(response.output) if status == RunStatus.Completed else "stop"
+    if reason != "stop":
+        status, incomplete = "incomplete", {"reason": INCOMPLETE_REASONS[reason]}
     if output is None:
         output = [
             _output_item(m, RunStatus.Completed) for m in response.output or [] if _is_reply(m)
@@ -335,7 +351,7 @@ def responses_object(
         "error": (
             {"code": "server_error", "message": response.error.message} if response.error else None
         ),
-        "incomplete_details": None,
+        "incomplete_details": incomplete,
         "instructions": None,
         "metadata": {"session_id": session_id},
         "parallel_tool_calls": False,
@@ -372,8 +388,9 @@ async def responses_events(
     ``response.output_item.added`` → ``response.content_part.added`` →
     ``response.output_text.delta``\\ * → ``response.output_text.done`` →
     ``response.content_part.done`` → ``response.output_item.done``; then
-    ``response.completed`` (or ``response.failed``, or for a canceled run
-    ``response.incomplete`` with the status ``cancelled``).
+    ``response.completed`` (``response.incomplete`` when the reply was cut; or
+    ``response.failed``, or for a canceled run ``response.incomplete`` with the status
+    ``cancelled``).
     """
     sequence = 0
     positions: dict[str, int] = {}
@@ -414,7 +431,7 @@ async def responses_events(
                 body = responses_object(
                     event, model=model, session_id=session_id, output=done_items
                 )
-                yield named("response.completed", response=body)
+                yield named(f"response.{body['status']}", response=body)
             elif event.status == RunStatus.Failed:
                 body = responses_object(
                     event, model=model, session_id=session_id, output=done_items
@@ -460,6 +477,7 @@ __all__ = [
     "chat_completion_chunks",
     "chat_messages",
     "chat_usage",
+    "finish_reason",
     "new_turn",
     "reply_text",
     "response_id",
