@@ -269,11 +269,36 @@ def test_a_deep_body_of_another_content_type_is_never_a_server_error(
     # The routes do not read such a body as JSON; the A2A routes do, whatever its type.
     deep = nested(300_000).encode()
     plain = {"Content-Type": "text/plain"}
-    assert client.post("/sessions", content=deep, headers=plain).status_code == 422
+    assert client.post("/sessions", content=deep, headers=plain).status_code == 415
     assert client.request("GET", "/sessions", content=deep, headers=plain).status_code == 200
     a2a = client.post("/a2a", content=b'{"params": ' + deep + b"}", headers=plain)
     assert a2a.status_code == 422
     assert "nests deeper than 100 levels" in a2a.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/sessions", "text/plain"),
+        ("/process", "application/x-www-form-urlencoded"),
+        ("/state/s1", "multipart/form-data; boundary=x"),
+        ("/compatible-mode/v1/chat/completions", "text/json"),
+    ],
+)
+def test_a_json_route_sent_another_media_type_says_so(
+    client: httpx.Client, path: str, content_type: str
+) -> None:
+    # It was a 422 "Input should be a valid dictionary", while the OpenAPI document
+    # promised a 415 no route gave.
+    body = b'{"session_id": "s1", "state": {}, "input": [], "messages": [], "model": "m"}'
+    response = client.post(path, content=body, headers={"Content-Type": content_type})
+    assert response.status_code == 415, response.text
+    kind = content_type.partition(";")[0]
+    assert response.json()["error"] == {
+        "code": "UNSUPPORTED_MEDIA_TYPE",
+        "message": f"the body must be JSON (Content-Type: application/json), not {kind!r}",
+    }
     assert_nothing_stored(client)
 
 

@@ -34,6 +34,7 @@ from agentscope_serverless.errors import (
     ServiceNotStartedError,
     StoreUnavailableError,
 )
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import too_deep
 
@@ -142,6 +143,15 @@ async def _our_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    content_type = request.headers.get("content-type")
+    if not is_json_type(content_type) and any(e["loc"] == ("body",) for e in exc.errors()):
+        # A route reading a JSON body was sent another kind of body.
+        kind = (content_type or "").partition(";")[0].strip()[:100]
+        return error_response(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            f"the body must be JSON (Content-Type: application/json), not {kind!r}",
+        )
     fields = _validation_fields(exc.errors())
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
     return error_response(422, InvalidInputError.code, f"invalid request: {where}", fields)

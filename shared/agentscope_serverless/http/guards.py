@@ -25,7 +25,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.errors import unreadable_body
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
-from agentscope_serverless.http.middleware import is_json_type
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.services._validation import require_finite, require_utf8
 
 # Body fields that name the user a request acts as (ours, and OpenAI's ``user``).

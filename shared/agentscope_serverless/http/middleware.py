@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response, response_for
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import bind_request_id, log_request
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
@@ -201,17 +202,6 @@ def _is_json(scope: Scope) -> bool:
     return True
 
 
-def is_json_type(content_type: str | None) -> bool:
-    """Whether a body of ``content_type`` is read as JSON: none given, ``application/json``
-    or ``application/<type>+json`` (as FastAPI decides)."""
-    if content_type is None:
-        return True
-    kind = content_type.partition(";")[0].strip().lower()
-    return kind == "application/json" or (
-        kind.startswith("application/") and kind.endswith("+json")
-    )
-
-
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -229,6 +219,5 @@ __all__ = [
     "BodyTooDeep",
     "BodyTooLarge",
     "RequestContextMiddleware",
-    "is_json_type",
     "request_id_of",
 ]

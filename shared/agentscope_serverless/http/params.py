@@ -45,6 +45,18 @@ Cursor = Annotated[
     ),
 ]
 
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a body of ``content_type`` is read as JSON: none given, ``application/json``
+    or ``application/<type>+json`` (as FastAPI decides)."""
+    if content_type is None:
+        return True
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
 __all__ = [
     "CURSOR_PATTERN",
     "ID_PATTERN",
@@ -52,4 +64,5 @@ __all__ = [
     "SESSION_HEADER",
     "Cursor",
     "SessionIdPath",
+    "is_json_type",
 ]
