@@ -60,6 +60,7 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.runs.base import (
     FINISHED,
     FIRST_WRITE_DELAY,
+    HEARTBEAT_SECONDS,
     RunBurst,
     RunKind,
     RunRecord,
@@ -271,15 +272,24 @@ class RecordedRun:
     async def _write(self) -> None:
         """Store the events not yet written, in bursts; the last burst saves the status. A
         burst that fails is written again with the next one."""
+        assert self._runs is not None and self._record is not None
         try:
+            beaten = time.monotonic()
             while not self._produced:
                 self._to_write.clear()
                 try:
                     await self._write_burst(finish=False)
+                    if self._created and time.monotonic() - beaten >= HEARTBEAT_SECONDS:
+                        await self._runs.beat(self._record)
+                        beaten = time.monotonic()
                 except Exception:
                     logger.exception("could not store the run", extra={"run_id": self.run_id})
                 if not self._produced:
-                    await self._to_write.wait()
+                    # Woken by new events, or to beat: a run silent for long (a slow tool)
+                    # is not taken for lost.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(HEARTBEAT_SECONDS):
+                            await self._to_write.wait()
             await self._write_last()
         finally:
             self._stored()

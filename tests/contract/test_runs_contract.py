@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 
 import pytest
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.services.runs import RunRecord, RunsService
-from agentscope_serverless.services.runs.base import FIRST_WRITE_DELAY, RunBurst
+from agentscope_serverless.services.runs.base import (
+    FIRST_WRITE_DELAY,
+    LOST_AFTER_SECONDS,
+    RUN_LOST,
+    RunBurst,
+)
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -512,3 +518,58 @@ async def test_stopping_finds_a_run_started_before_it_not_stored_yet(
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
+
+
+def _response(sequence: int, status: str) -> tuple[int, str]:
+    return sequence, json.dumps(
+        {"sequence_number": sequence, "object": "response", "id": "lost", "status": status}
+    )
+
+
+async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_told(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Its process died (a Lambda timeout): it stayed in progress until its expiry, a
+    # follower of its events waited for ever, a cancel answered 202 and an erase waited.
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    async with runs_factory() as runs:
+        lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
+        events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
+        await runs.record(lost, events, create=True)
+        task = RunRecord(id="task", user_id=user_id, kind="task", updated_at=stale)
+        await runs.create_run(task)  # a background task has no heartbeat: never lost
+        seen = await runs.get_run(user_id, "lost")
+        assert seen is not None and seen.status == "failed"
+        assert seen.error == {
+            "code": RUN_LOST,
+            "message": "the process running the run stopped before the run ended",
+        }
+        assert [r.status for r in await runs.list_runs(user_id, "s1")] == ["failed"]
+        assert (await runs.get_run(user_id, "task")).status == "in_progress"  # type: ignore[union-attr]
+        cancel = await runs.request_cancel(user_id, "lost")
+        assert cancel is not None and cancel.finished
+        followed = [item async for item in runs.follow(user_id, "lost", 1)]
+        assert [s for s, _ in followed] == [2, 3]
+        ending = json.loads(followed[-1][1])
+        assert (ending["object"], ending["status"], ending["sequence_number"]) == (
+            "response",
+            "failed",
+            3,
+        )
+        assert ending["error"]["code"] == RUN_LOST
+        assert await runs.stop_runs(user_id, wait=2) == []  # not waited for
+
+
+async def test_a_heartbeat_keeps_a_run_in_progress_and_never_makes_a_deleted_one(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    async with runs_factory() as runs:
+        running = RunRecord(id="beating", user_id=user_id, session_id="s1", updated_at=stale)
+        await runs.record(running, [_event(0)], create=True)
+        await runs.beat(running)
+        again = await runs.get_run(user_id, "beating")
+        assert again is not None and again.status == "in_progress"
+        await runs.delete_user_runs(user_id)
+        await runs.beat(running)
+        assert await runs.get_run(user_id, "beating") is None

@@ -266,3 +266,41 @@ async def test_a_cancel_while_the_turn_is_saved_comes_too_late_and_the_run_compl
         session = await history.get_session("alice", "s1")
         assert session is not None
         assert [m.get_text_content() for m in session.messages] == ["go", "one two three"]
+
+
+async def test_a_run_silent_past_the_lost_bound_beats_and_stays_in_progress(
+    monkeypatch: Any,
+) -> None:
+    # A run is taken for lost when its record is older than the bound: a run whose agent is
+    # silent that long (a slow tool) keeps it fresh with its heartbeat.
+    import agentscope_serverless.recorder as recorder_module
+    import agentscope_serverless.services.runs.base as runs_base
+
+    monkeypatch.setattr(recorder_module, "HEARTBEAT_SECONDS", 0.1)
+    monkeypatch.setattr(runs_base, "LOST_AFTER_SECONDS", 0.4)
+    release = asyncio.Event()
+
+    async def _silent(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "thinking... "
+        await release.wait()
+        yield "done"
+
+    runs = InMemoryRunsService()
+    runner = _runner(_silent)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs, first_write_delay=0.05)
+        run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+        for _ in range(8):  # 1.2 s, three times the bound
+            await asyncio.sleep(0.15)
+            seen = await runs.get_run("alice", run.run_id)
+            assert seen is not None and seen.status == "in_progress", seen
+        release.set()
+        assert (await run.final()).status == "completed"
+        stored = await runs.get_run("alice", run.run_id)
+        assert stored is not None and stored.status == "completed"
+        # Without the heartbeat (a process that died), the same silence reads as lost.
+        record = stored.model_copy(update={"id": "dead", "status": "in_progress"})
+        await runs.create_run(record)
+        await asyncio.sleep(0.5)
+        dead = await runs.get_run("alice", "dead")
+        assert dead is not None and dead.status == "failed"

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.schemas.agent_schemas import AgentResponse, Error
 from agentscope_serverless.services._validation import require_session_id, require_user_id
 from agentscope_serverless.services.base import (
     PreparedWrite,
@@ -50,6 +51,18 @@ STOP_TIMEOUT_SECONDS = 5.0
 FIRST_WRITE_DELAY = 0.05
 # How long a write may take to reach the store once made, for those looking for new runs.
 _WRITE_SECONDS = 0.1
+# A run of the agent executing saves its record at least this often (its heartbeat); one in
+# progress whose record is older than LOST_AFTER_SECONDS is lost: the process running it
+# stopped before it ended (a Lambda timeout, a crash), and nothing will end it. Readers see
+# it failed (RUN_LOST); a follower of its events gets a last event saying so.
+HEARTBEAT_SECONDS = 10.0
+LOST_AFTER_SECONDS = 60.0
+_BEATING: frozenset[str] = frozenset({"process", "openai", "a2a"})
+RUN_LOST = "RUN_LOST"
+_LOST_ERROR = {
+    "code": RUN_LOST,
+    "message": "the process running the run stopped before the run ended",
+}
 # Runs created this long before a listing (clocks of two machines differ) are listed again.
 _CLOCK_SKEW_SECONDS = 60.0
 MAX_RUN_ID_LENGTH = 256
@@ -79,6 +92,23 @@ class RunRecord(BaseModel):
     def finished(self) -> bool:
         """Whether the run has ended (completed, failed or canceled)."""
         return self.status in FINISHED
+
+    @property
+    def lost(self) -> bool:
+        """Whether the run is in progress in the store but its process has stopped: its
+        heartbeat is older than :data:`LOST_AFTER_SECONDS`."""
+        return (
+            self.kind in _BEATING
+            and not self.finished
+            and time.time() - self.updated_at > LOST_AFTER_SECONDS
+        )
+
+
+def _as_seen(record: RunRecord) -> RunRecord:
+    """``record`` as readers see it: a lost run failed (``RUN_LOST``)."""
+    if not record.lost:
+        return record
+    return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +260,19 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         record = await self._load(user_id, run_id)
         if record is None:
             return None
+        record = _as_seen(record)
         if not record.finished:
             await self._mark_cancel(user_id, run_id)
             record.cancel_requested = True
         return record
+
+    async def beat(self, record: RunRecord) -> None:
+        """Save the record of a run executing in this process as it is now, still in
+        progress: its heartbeat (:data:`HEARTBEAT_SECONDS`). A run deleted meanwhile is not
+        made again."""
+        self._ensure_started()
+        record.updated_at = time.time()
+        await self._save(record)
 
     async def cancel_requested(self, user_id: str, run_id: str) -> bool:
         """Whether cancellation of the run was requested."""
@@ -243,14 +282,15 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """The run's record, or None (also for another user's run)."""
         self._ensure_started()
-        return await self._load(require_user_id(user_id), require_run_id(run_id))
+        record = await self._load(require_user_id(user_id), require_run_id(run_id))
+        return None if record is None else _as_seen(record)
 
     async def list_runs(self, user_id: str, session_id: str) -> list[RunRecord]:
         """The runs of a session, oldest first. ``session_id`` is taken as sessions take it
         (stripped; refused when blank or holding control characters)."""
         self._ensure_started()
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
-        return sorted(runs, key=lambda record: record.created_at)
+        return sorted(map(_as_seen, runs), key=lambda record: record.created_at)
 
     async def stop_runs(
         self,
@@ -309,7 +349,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             run_ids = [
                 run_id
                 for run_id, record in zip(run_ids, loaded, strict=True)
-                if record is not None and not record.finished
+                if record is not None and not record.finished and not record.lost
             ]
         return run_ids
 
@@ -354,9 +394,26 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
                 yield sequence, data
                 after = sequence
             if record.finished:
+                if record.error == _LOST_ERROR:
+                    ending = await self._lost_ending(user_id, run_id, after + 1)
+                    if ending is not None:
+                        yield ending
                 return
             if not events:
                 await self._wait(user_id, run_id, after)
+
+    async def _lost_ending(self, user_id: str, run_id: str, sequence: int) -> StoredEvent | None:
+        """The last event of a lost run, as a run failing there would have sent it: its
+        response (its first event), failed with ``RUN_LOST``, numbered ``sequence``."""
+        first = await self.read_events(user_id, run_id, -1, limit=1)
+        if not first:
+            return None
+        try:
+            response = AgentResponse.model_validate_json(first[0][1])
+        except ValueError:
+            return None
+        ending = response.model_copy(update={"sequence_number": sequence, "output": None})
+        return sequence, ending.failed(Error(**_LOST_ERROR)).model_dump_json()
 
     async def _wait(self, user_id: str, run_id: str, after: int) -> None:
         """Wait (at most about ``poll_seconds``) for events after ``after``."""
@@ -410,7 +467,10 @@ __all__ = [
     "DEFAULT_POLL_SECONDS",
     "FINISHED",
     "FIRST_WRITE_DELAY",
+    "HEARTBEAT_SECONDS",
+    "LOST_AFTER_SECONDS",
     "MAX_SEQUENCE",
+    "RUN_LOST",
     "STOPPABLE",
     "STOP_TIMEOUT_SECONDS",
     "RunBurst",

@@ -20,6 +20,9 @@ class _Run:
     record: RunRecord
     events: list[StoredEvent] = field(default_factory=list)
     cancel: bool = False
+    # When it was last written (its expiry slides from there, as in the other stores: the
+    # record's updated_at is what the record says).
+    touched: float = field(default_factory=time.time)
     # Set when the run changes, made by the first follower waiting for that.
     changed: asyncio.Event | None = None
 
@@ -39,7 +42,7 @@ class InMemoryRunsService(RunsService):
 
     def _get(self, user_id: str, run_id: str) -> _Run | None:
         run = self._runs.get((user_id, run_id))
-        if run is not None and self._ttl and run.record.updated_at + self._ttl < time.time():
+        if run is not None and self._ttl and run.touched + self._ttl < time.time():
             del self._runs[(user_id, run_id)]
             return None
         return run
@@ -56,6 +59,7 @@ class InMemoryRunsService(RunsService):
         run = self._get(record.user_id, record.id)
         if run is not None:
             run.record = record.model_copy(update={"cancel_requested": False})
+            run.touched = time.time()
             self._wake(run)
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
@@ -64,7 +68,7 @@ class InMemoryRunsService(RunsService):
             return
         last = run.events[-1][0] if run.events else -1
         run.events.extend(event for event in events if event[0] > last)
-        run.record.updated_at = time.time()
+        run.touched = time.time()
         self._wake(run)
 
     async def _record(
