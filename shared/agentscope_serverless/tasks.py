@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,7 +22,7 @@ from pydantic_core import to_jsonable_python
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import require_finite
-from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
 
 TASK_FAILED = "TASK_FAILED"
 # The key of the event of an asynchronous Lambda invocation that runs a task.
@@ -47,14 +47,11 @@ def new_task_id() -> str:
 async def run_task(
     runs: RunsService, task: TaskDefinition, user_id: str, task_id: str, payload: Any
 ) -> None:
-    """Run ``task`` with ``payload`` and store its result or its error."""
+    """Run ``task`` with ``payload`` and store its result or its error; while it runs, its
+    record is saved every ``HEARTBEAT_SECONDS``, so a task whose process stopped (a Lambda
+    timeout) reads as lost (see :class:`~agentscope_serverless.services.runs.base.RunRecord`)."""
     try:
-        if inspect.iscoroutinefunction(task.function):
-            result = await task.function(payload)
-        else:
-            result = await asyncio.to_thread(task.function, payload)
-            if inspect.isawaitable(result):
-                result = await result
+        result = await _beating(runs, user_id, task_id, _call(task, payload))
         # Numbers JSON cannot carry (NaN, infinities) fail the task rather than come back
         # as null.
         stored = to_jsonable_python(result, inf_nan_mode="constants")
@@ -66,6 +63,34 @@ async def run_task(
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return
     await runs.finish_run(user_id, task_id, "completed", result=stored)
+
+
+async def _call(task: TaskDefinition, payload: Any) -> Any:
+    if inspect.iscoroutinefunction(task.function):
+        return await task.function(payload)
+    result = await asyncio.to_thread(task.function, payload)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitable[Any]) -> Any:
+    """The result of ``work``, the task's record saved every ``HEARTBEAT_SECONDS`` until it
+    ends. Each save is awaited before the next step, so none lands after the final one."""
+    running = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait([running], timeout=HEARTBEAT_SECONDS)
+            if done:
+                return running.result()
+            try:
+                record = await runs.get_run(user_id, task_id)
+                if record is not None and not record.finished:
+                    await runs.beat(record)
+            except Exception:
+                logger.exception("could not save the task's heartbeat", extra={"task_id": task_id})
+    finally:
+        running.cancel()
 
 
 class TaskExecutor(Protocol):

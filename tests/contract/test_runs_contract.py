@@ -536,8 +536,9 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
         lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
         events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
         await runs.record(lost, events, create=True)
-        task = RunRecord(id="task", user_id=user_id, kind="task", updated_at=stale)
-        await runs.create_run(task)  # a background task has no heartbeat: never lost
+        # The record of an A2A task is the SDK's, saved with no heartbeat: never lost.
+        task = RunRecord(id="task", user_id=user_id, kind="a2a_task", updated_at=stale)
+        await runs.create_run(task)
         seen = await runs.get_run(user_id, "lost")
         assert seen is not None and seen.status == "failed"
         assert seen.error == {
@@ -557,7 +558,7 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
             3,
         )
         assert ending["error"]["code"] == RUN_LOST
-        assert await runs.stop_runs(user_id, wait=2) == []  # not waited for
+        assert await runs.stop_runs(user_id, wait=0.5) == ["task"]  # the lost one: not waited for
 
 
 async def test_a_heartbeat_keeps_a_run_in_progress_and_never_makes_a_deleted_one(

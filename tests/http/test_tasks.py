@@ -40,6 +40,12 @@ def scale(payload: dict[str, Any]) -> dict[str, Any]:
     return {"scaled": [x * payload["by"] for x in payload["numbers"]]}
 
 
+@app.task("/jobs/wait")
+async def wait(payload: dict[str, Any]) -> str:
+    await asyncio.sleep(payload["seconds"])
+    return "waited"
+
+
 @app.task("/jobs/fail")
 async def fail(payload: Any) -> None:
     raise ValueError("the numbers do not add up")
@@ -121,6 +127,25 @@ def test_a_result_json_cannot_carry_fails_the_task_saying_where(
         )
         fine = client.post("/jobs/scale", json={"numbers": [1, 2.5], "by": 2}).json()
         assert _wait_for(client, fine["task_id"])["result"] == {"scaled": [2, 5.0]}
+
+
+def test_a_task_running_past_the_lost_bound_beats_and_stays_in_progress(
+    server: tuple[str, Keys], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task whose process stopped (a Lambda timeout) stayed in progress for a day; one that
+    # runs long keeps its record fresh, so only the first reads as lost.
+    import agentscope_serverless.services.runs.base as runs_base
+    import agentscope_serverless.tasks as tasks_module
+
+    monkeypatch.setattr(tasks_module, "HEARTBEAT_SECONDS", 0.1)
+    monkeypatch.setattr(runs_base, "LOST_AFTER_SECONDS", 0.5)
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/wait", json={"seconds": 1.5}).json()["task_id"]
+        for _ in range(5):  # past twice the bound
+            time.sleep(0.25)
+            assert client.get(f"/tasks/{task_id}").json()["status"] == "in_progress"
+        assert _wait_for(client, task_id)["result"] == "waited"
 
 
 def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:

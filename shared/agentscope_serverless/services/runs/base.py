@@ -51,13 +51,13 @@ STOP_TIMEOUT_SECONDS = 5.0
 FIRST_WRITE_DELAY = 0.05
 # How long a write may take to reach the store once made, for those looking for new runs.
 _WRITE_SECONDS = 0.1
-# A run of the agent executing saves its record at least this often (its heartbeat); one in
-# progress whose record is older than LOST_AFTER_SECONDS is lost: the process running it
-# stopped before it ended (a Lambda timeout, a crash), and nothing will end it. Readers see
-# it failed (RUN_LOST); a follower of its events gets a last event saying so.
+# A run of the agent, or a background task, executing saves its record at least this often
+# (its heartbeat); one in progress whose record is older than LOST_AFTER_SECONDS is lost: the
+# process running it stopped before it ended (a Lambda timeout, a crash), and nothing will end
+# it. Readers see it failed (RUN_LOST); a follower of its events gets a last event saying so.
 HEARTBEAT_SECONDS = 10.0
 LOST_AFTER_SECONDS = 60.0
-_BEATING: frozenset[str] = frozenset({"process", "openai", "a2a"})
+_BEATING: frozenset[str] = frozenset({"process", "openai", "a2a", "task"})
 RUN_LOST = "RUN_LOST"
 _LOST_ERROR = {
     "code": RUN_LOST,
