@@ -78,13 +78,9 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            undecodable = _undecodable_part(scope)
-            if undecodable is not None:
-                error = InvalidInputError(
-                    f"the {undecodable} is not valid UTF-8 text once percent-decoded",
-                    field=undecodable,
-                )
-                await response_for(error)(scope, receive, send_with_id)
+            refused = _not_utf8(scope)
+            if refused is not None:
+                await response_for(refused)(scope, receive, send_with_id)
                 return
             await self.app(scope, receive, send_with_id)
         finally:
@@ -97,21 +93,36 @@ class RequestContextMiddleware:
             )
 
 
-def _undecodable_part(scope: Scope) -> str | None:
-    """``"path"`` or ``"query"`` when that part of the URL is not UTF-8 once percent-decoded.
+def _not_utf8(scope: Scope) -> InvalidInputError | None:
+    """Why the URL is refused when its path, or a query parameter, is not UTF-8 once
+    percent-decoded.
 
     The server would read each byte it cannot decode as U+FFFD, so ``/sessions/%FE`` and
-    ``/sessions/%FF`` would name the same session: such a URL is refused instead.
+    ``/sessions/%FF`` (or ``?user_id=%E9`` and ``?user_id=%FF``) would name the same one.
     """
-    parts = (("path", scope.get("raw_path") or b""), ("query", scope.get("query_string", b"")))
-    for name, raw in parts:
-        if raw.isascii() and b"%" not in raw:
-            continue
-        try:
-            unquote_to_bytes(raw).decode("utf-8")
-        except UnicodeDecodeError:
-            return name
+    if not _decodes(scope.get("raw_path") or b""):
+        return InvalidInputError("the path is not UTF-8 text once percent-decoded", field="path")
+    query: bytes = scope.get("query_string", b"")
+    if query.isascii() and b"%" not in query:
+        return None
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if not _decodes(name):
+            return InvalidInputError("the query is not UTF-8 text", field="query")
+        if not _decodes(value):
+            label = unquote_to_bytes(name.replace(b"+", b" ")).decode()[:64]
+            return InvalidInputError(f"the {label} query parameter is not UTF-8 text", field=label)
     return None
+
+
+def _decodes(raw: bytes) -> bool:
+    if raw.isascii() and b"%" not in raw:
+        return True
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class BodyTooLarge(HTTPException):
