@@ -11,7 +11,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
-ERRORS = {"400", "401", "403", "404", "405", "408", "409", "413", "415", "422", "503"}
+ERRORS = {"400", "401", "403", "404", "405", "408", "409", "413", "415", "422", "500", "503"}
 
 
 def test_every_route_documents_its_errors_with_the_error_schema(

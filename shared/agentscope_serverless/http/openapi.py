@@ -51,6 +51,10 @@ _ERRORS = {
         "The request is not valid: a field (named in `fields`) has a bad value, holds text "
         "that is not valid Unicode, or the request names a user more than once."
     ),
+    500: (
+        "A fault of the server (`INTERNAL_ERROR`, no details); or, for a run not streamed, the "
+        "agent failed: its error's code and message."
+    ),
     503: "A store (Redis, DynamoDB, the sandbox server) is unavailable; retry later.",
 }
 
