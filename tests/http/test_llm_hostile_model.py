@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -202,7 +203,8 @@ class ArgumentCheckingLLM(ScriptedLLM):
                     arguments = json.loads(call["function"]["arguments"])
                 except ValueError:
                     arguments = None
-                if not isinstance(arguments, dict):
+                named = re.fullmatch(r"[A-Za-z0-9_-]{1,64}", call["function"]["name"])
+                if not isinstance(arguments, dict) or not named:
                     self.rejected += 1
                     self.requests.append({"body": None})
                     error = {"message": "arguments is not valid JSON", "code": "invalid_arguments"}
@@ -260,6 +262,32 @@ def test_a_tool_call_whose_arguments_are_not_a_json_object_is_answered_not_run(
     assert kept["content"][0]["data"]["arguments"] == "{}"
     assert follow_up.data[-1]["status"] == "completed"
     assert text_of(follow_up.data) == "You asked about Paris."
+    assert llm.rejected == 0
+
+
+@pytest.mark.parametrize("name", ["", "get weather", "x" * 200, "get_weather\u00e9"])
+def test_a_tool_call_naming_no_tool_a_chat_api_takes_back_is_answered_not_run(
+    keys: Keys, name: str
+) -> None:
+    # Kept as it came, the name made a strict API refuse every later turn of the session.
+    call = {"index": 0, "id": "call_1", "function": {"name": name, "arguments": "{}"}}
+    llm = ArgumentCheckingLLM([[chunk({"tool_calls": [call]})], ANSWER, FOLLOW_UP])
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("Weather?")], "session_id": "unnamed"}
+        _, sse = stream(client, "/process", json=body)
+        body = {"input": [user_message("And now?")], "session_id": "unnamed"}
+        _, follow_up = stream(client, "/process", json=body)
+    assert tool_calls == []
+    call_message, output_message, _ = messages_of(sse.data)
+    assert call_message["content"][0]["data"]["name"] == "unnamed_tool"
+    assert output_message["content"][0]["data"]["output"] == (
+        "error: the call does not name a tool (a name is 1 to 64 letters, digits, _ or -)"
+    )
+    assert follow_up.data[-1]["status"] == "completed"
     assert llm.rejected == 0
 
 
@@ -324,9 +352,10 @@ def test_surrogate_pairs_split_across_chunks_arrive_whole_and_lone_halves_as_fff
     call_message, _, unknown, _ = messages_of(called.data)
     assert [part["data"] for part in call_message["content"]] == [
         {"call_id": "call_1", "name": "get_weather", "arguments": '{"city": "😀"}'},
-        {"call_id": "call_\ufffd", "name": "x\ufffd", "arguments": '{"a": "\ufffd"}'},
+        # "x\ufffd" is no name a chat API takes back: the call is kept under another one.
+        {"call_id": "call_\ufffd", "name": "unnamed_tool", "arguments": '{"a": "\ufffd"}'},
     ]
-    assert unknown["content"][0]["data"]["output"] == "error: there is no tool named 'x\ufffd'"
+    assert unknown["content"][0]["data"]["output"].startswith("error: the call does not name")
 
 
 @pytest.mark.parametrize(

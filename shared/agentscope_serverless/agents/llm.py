@@ -36,7 +36,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,7 +220,7 @@ class LLMAgent:
                 )
             for event in answer.close():
                 yield event
-            finished = calls.finished(finish_reason)
+            finished = calls.finished(finish_reason, available)
             function_calls = [call for call, _ in finished]
             yield Message(
                 type=MessageType.FUNCTION_CALL,
@@ -792,6 +792,12 @@ CUT_ARGUMENTS = (
     "error: the arguments were cut off at the model's output limit; the tool was not run"
 )
 INVALID_ARGUMENTS = "error: the arguments are not a JSON object; the tool was not run"
+# A tool's name as chat APIs take one back (OpenAI's rule); a call naming none of the tools
+# offered by another name (empty, 200,000 characters...) is answered, not run, and kept under
+# UNNAMED_TOOL: some APIs refuse a conversation holding such a name, on every later turn.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+UNNAMED_TOOL = "unnamed_tool"
+UNNAMED = "error: the call does not name a tool (a name is 1 to 64 letters, digits, _ or -)"
 # Why a reply that ended so without an answer fails its run.
 UNANSWERED = {
     "length": "the model reached its output limit before answering",
@@ -867,21 +873,28 @@ class _StreamedToolCalls:
         call["arguments"] += arguments
         return len(call_id) + len(name) + len(arguments)
 
-    def finished(self, finish_reason: str | None) -> list[tuple[FunctionCall, str | None]]:
+    def finished(
+        self, finish_reason: str | None, tools: Container[str]
+    ) -> list[tuple[FunctionCall, str | None]]:
         """The calls (their pieces joined, then made valid Unicode), each with what answers
         it instead of running it when its arguments are not a JSON object (cut off by the
-        output limit, when the reply ended so). Such arguments become ``{}``: some APIs
-        refuse a conversation holding arguments they cannot parse, on every later turn."""
+        output limit, when the reply ended so), or its name is neither one of ``tools`` nor
+        a name a chat API takes back. Such arguments become ``{}``, such names
+        :data:`UNNAMED_TOOL`: some APIs refuse a conversation holding them, on every later
+        turn."""
         finished: list[tuple[FunctionCall, str | None]] = []
         for call in self.calls:
             arguments = valid_text(call["arguments"]) if call["arguments"].strip() else "{}"
+            name = valid_text(call["name"])
             refusal = None
+            if name not in tools and not _TOOL_NAME.fullmatch(name):
+                name, refusal = UNNAMED_TOOL, UNNAMED
             if not _is_json_object(arguments):
                 arguments = "{}"
                 refusal = CUT_ARGUMENTS if finish_reason == "length" else INVALID_ARGUMENTS
             function_call = FunctionCall(
                 call_id=valid_text(call["id"]) or f"call_{uuid.uuid4().hex}",
-                name=valid_text(call["name"]),
+                name=name,
                 arguments=arguments,
             )
             finished.append((function_call, refusal))
