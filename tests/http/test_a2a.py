@@ -34,7 +34,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running
+from tests.support.http import Keys, a2a_send, bearer, running
 
 app = AgentApp(app_name="echo-a2a", app_description="Echoes what it is told, a word at a time.")
 app.a2a_skills = [{"name": "echo", "description": "Repeats the message.", "tags": ["echo"]}]
@@ -333,20 +333,7 @@ def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(
     # A2A went past the Idempotency-Key: each retry ran the agent, the turn stored twice.
     url, keys = served
     context_id = f"ctx-{uuid.uuid4().hex[:8]}"
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "message/send",
-        "params": {
-            "message": {
-                "role": "user",
-                "kind": "message",
-                "messageId": str(uuid.uuid4()),
-                "contextId": context_id,
-                "parts": [{"kind": "text", "text": "say it once"}],
-            }
-        },
-    }
+    body = a2a_send("say it once", messageId=str(uuid.uuid4()), contextId=context_id)
     headers = {**bearer(keys.alice), "Idempotency-Key": f"k-{uuid.uuid4().hex}"}
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         first = client.post("/a2a", json=body, headers={"A2A-Version": "0.3"})

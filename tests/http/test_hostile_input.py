@@ -23,7 +23,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
-from tests.support.http import bearer, issue_key, running
+from tests.support.http import a2a_send, bearer, issue_key, running
 
 LONE = "\ud800"
 
@@ -121,19 +121,7 @@ POISONED: list[tuple[str, str, Any, list[Any]]] = [
     (
         "POST",
         "/a2a",
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "message/send",
-            "params": {
-                "message": {
-                    "role": "user",
-                    "kind": "message",
-                    "messageId": "m1",
-                    "parts": [{"kind": "text", "text": f"My name is {LONE}"}],
-                }
-            },
-        },
+        a2a_send(f"My name is {LONE}"),
         ["body", "params", "message", "parts", 0, "text"],
     ),
 ]

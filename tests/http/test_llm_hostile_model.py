@@ -212,6 +212,24 @@ class ArgumentCheckingLLM(ScriptedLLM):
         return await super().complete(request)
 
 
+def _call_then_follow_up(keys: Keys, llm: ArgumentCheckingLLM) -> tuple[Any, Any, Any]:
+    """Two turns of one session with ``llm`` scripted for the first (a tool call), then
+    answering; the events of both and the stored messages. No tool may have run."""
+    llm.replies += [ANSWER, FOLLOW_UP]
+    tool_calls: list[dict[str, Any]] = []
+    with (
+        llm_agent_server(keys, llm, tool_calls) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        body = {"input": [user_message("Weather?")], "session_id": "called"}
+        _, sse = stream(client, "/process", json=body)
+        body = {"input": [user_message("And now?")], "session_id": "called"}
+        _, follow_up = stream(client, "/process", json=body)
+        stored = client.get("/sessions/called/messages").json()["items"]
+    assert tool_calls == []
+    return sse, follow_up, stored
+
+
 @pytest.mark.parametrize(
     ("arguments", "finish", "output"),
     [
@@ -241,20 +259,9 @@ def test_a_tool_call_whose_arguments_are_not_a_json_object_is_answered_not_run(
     keys: Keys, arguments: str, finish: str, output: str
 ) -> None:
     call = {"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": arguments}}
-    cut = [chunk({"tool_calls": [call]}), chunk(finish=finish)]
-    llm = ArgumentCheckingLLM([cut, ANSWER, FOLLOW_UP])
-    tool_calls: list[dict[str, Any]] = []
-    with (
-        llm_agent_server(keys, llm, tool_calls) as url,
-        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
-    ):
-        body = {"input": [user_message("Weather?")], "session_id": "cut"}
-        _, sse = stream(client, "/process", json=body)
-        assert sse.data[-1]["status"] == "completed"
-        body = {"input": [user_message("And now?")], "session_id": "cut"}
-        _, follow_up = stream(client, "/process", json=body)
-        stored = client.get("/sessions/cut/messages").json()["items"]
-    assert tool_calls == []
+    llm = ArgumentCheckingLLM([[chunk({"tool_calls": [call]}), chunk(finish=finish)]])
+    sse, follow_up, stored = _call_then_follow_up(keys, llm)
+    assert sse.data[-1]["status"] == "completed"
     call_message, output_message, _ = messages_of(sse.data)
     assert call_message["content"][0]["data"]["arguments"] == "{}"
     assert output_message["content"][0]["data"]["output"] == output
@@ -271,17 +278,8 @@ def test_a_tool_call_naming_no_tool_a_chat_api_takes_back_is_answered_not_run(
 ) -> None:
     # Kept as it came, the name made a strict API refuse every later turn of the session.
     call = {"index": 0, "id": "call_1", "function": {"name": name, "arguments": "{}"}}
-    llm = ArgumentCheckingLLM([[chunk({"tool_calls": [call]})], ANSWER, FOLLOW_UP])
-    tool_calls: list[dict[str, Any]] = []
-    with (
-        llm_agent_server(keys, llm, tool_calls) as url,
-        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
-    ):
-        body = {"input": [user_message("Weather?")], "session_id": "unnamed"}
-        _, sse = stream(client, "/process", json=body)
-        body = {"input": [user_message("And now?")], "session_id": "unnamed"}
-        _, follow_up = stream(client, "/process", json=body)
-    assert tool_calls == []
+    llm = ArgumentCheckingLLM([[chunk({"tool_calls": [call]})]])
+    sse, follow_up, _ = _call_then_follow_up(keys, llm)
     call_message, output_message, _ = messages_of(sse.data)
     assert call_message["content"][0]["data"]["name"] == "unnamed_tool"
     assert output_message["content"][0]["data"]["output"] == (

@@ -100,6 +100,14 @@ def user_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
+def a2a_send(text: str, **message: Any) -> dict[str, Any]:
+    """An A2A 0.3 JSON-RPC ``message/send`` of ``text`` (more fields of the message in
+    ``message``: ``messageId``, ``contextId``...)."""
+    sent = {"role": "user", "kind": "message", "messageId": "m1", **message}
+    sent["parts"] = [{"kind": "text", "text": text}]
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": sent}}
+
+
 @dataclass
 class SSE:
     """A parsed SSE stream: its events (``event`` name or None, parsed ``data``) and comments."""
