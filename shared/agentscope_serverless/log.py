@@ -10,7 +10,8 @@ A line is ``{"level", "location", "message", "timestamp", "service", "request_id
 (with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
 Powertools writes, so log queries keep working. The level comes from ``POWERTOOLS_LOG_LEVEL``
 (or ``LOG_LEVEL``), the service name from ``POWERTOOLS_SERVICE_NAME``. Never pass keys,
-tokens or request bodies to the logger.
+tokens or request bodies to the logger; the settings' secret values (:func:`redact`) are
+replaced by ``***`` in every line all the same.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterable
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_request_id", default=None
@@ -58,7 +60,23 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["exception"] = self.formatException(record.exc_info)
             line["exception_name"] = record.exc_info[0].__name__
-        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+        for secret, as_json in _REDACTED.items():
+            text = text.replace(as_json, "***")
+            text = text.replace(secret, "***")
+        return text
+
+
+# The secret values of the settings (and their JSON-escaped forms), replaced by *** in every
+# line: an agent's exception quoting its API key is logged with its traceback.
+_REDACTED: dict[str, str] = {}
+
+
+def redact(secrets: Iterable[str]) -> None:
+    """Replace each of ``secrets`` by ``***`` in every line logged from now on."""
+    for secret in secrets:
+        if secret:
+            _REDACTED[secret] = json.dumps(secret, ensure_ascii=False)[1:-1]
 
 
 class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -126,4 +144,4 @@ def log_request(
     sys.stdout.flush()
 
 
-__all__ = ["SERVICE", "JsonFormatter", "bind_request_id", "log_request", "logger"]
+__all__ = ["SERVICE", "JsonFormatter", "bind_request_id", "log_request", "logger", "redact"]

@@ -49,7 +49,7 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     ServiceNotStartedError,
 )
-from agentscope_serverless.log import logger
+from agentscope_serverless.log import logger, redact
 from agentscope_serverless.schemas._build import built, set_field
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -142,6 +142,7 @@ class Runner(ServiceLifecycleManagerMixin):
             self.shutdown_handler = types.MethodType(shutdown_handler, self)  # type: ignore[method-assign]
         self.framework_type = framework
         self.secrets = [secret for secret in secrets if secret]
+        redact(self.secrets)  # from the log lines too: an agent's traceback may quote one
         self._settings = settings
         self._memory_top_k = memory_top_k
         self.history_window = history_window
@@ -292,6 +293,7 @@ class Runner(ServiceLifecycleManagerMixin):
         self._memory_top_k = memory_top_k
         self.history_window = history_window
         self.secrets = [secret for secret in secrets if secret]
+        redact(self.secrets)  # from the log lines too: an agent's traceback may quote one
 
     def _assign(self, name: str, service: Any) -> None:
         """Use ``service`` as the ``name`` service from now on.

@@ -16,6 +16,7 @@ from agentscope_serverless.errors import (
     ServiceNotStartedError,
     StoreUnavailableError,
 )
+from agentscope_serverless.log import logger
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
@@ -355,20 +356,37 @@ async def test_history_and_memory_get_the_input_and_the_reply() -> None:
     assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
 
 
-async def test_an_agent_exception_fails_the_run_with_its_text_less_secrets() -> None:
+async def test_an_agent_exception_fails_the_run_with_its_text_less_secrets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Made when the test runs: a traceback's source lines would quote literals.
+    secrets = ["sk-" + "secret", "sk-" + "\\" + "quoted"]
+
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
         yield "half an answer"
-        raise ValueError("token sk-secret rejected")
+        raise ValueError(f'token {secrets[0]} rejected, and "{secrets[1]}" too')
 
     manager = services()
-    async with manager, Runner(handler, services=manager, secrets=["sk-secret"]) as runner:
-        events = [e async for e in runner.stream_query(request("go"))]
-        session = await runner.session_history_service.get_session("u1", "s1")
+    level = logger.level
+    logger.setLevel("ERROR")  # the tests log nothing below CRITICAL
+    try:
+        async with manager, Runner(handler, services=manager, secrets=secrets) as runner:
+            events = [e async for e in runner.stream_query(request("go"))]
+            session = await runner.session_history_service.get_session("u1", "s1")
+    finally:
+        logger.setLevel(level)
+    # The log line of the failure, its traceback included, names none of them either: the
+    # client's error hid the key while the log quoted it.
+    logged = capsys.readouterr().out
+    assert "the agent failed" in logged and "ValueError" in logged
+    assert "sk-secret" not in logged and "quoted" not in logged, logged
     failed = events[-1]
     assert isinstance(failed, AgentResponse) and failed.status == "failed"
     assert failed.error is not None
     assert failed.error.code == "AGENT_UNKNOWN_ERROR"
-    assert failed.error.message == "Unknown agent error: ValueError: token *** rejected"
+    assert failed.error.message == (
+        'Unknown agent error: ValueError: token *** rejected, and "***" too'
+    )
     assert failed.completed_at is None
     assert session is not None
     assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["go"]
