@@ -397,7 +397,7 @@ def invoke(
     import httpx
 
     api_key = _require_key(key)
-    with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
+    with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
         try:
             _check_text(message=message, session=session, user=user)
             session_id = _stream_reply(client, api_key, message, session, user)
@@ -426,7 +426,7 @@ def chat(
     except CommandError as exc:
         _fail(str(exc))
     console.print(f"Chatting with {url}; type /exit (or Ctrl-D) to leave.", markup=False)
-    with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0, read=None)) as client:
+    with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
         while True:
             try:
                 text = console.input("[bold green]you>[/bold green] ").strip()
@@ -470,6 +470,17 @@ def _check_text(**values: str | None) -> None:
             raise CommandError(
                 f"the {name} is not valid UTF-8 text (is the terminal set to another encoding?)"
             ) from None
+
+
+# How long a reply may send nothing: a server sends a ping comment every 15 s (by default)
+# while its agent is silent, so a minute of silence is a server that stopped answering.
+SILENCE_SECONDS = 60.0
+
+
+def _talk_timeout() -> httpx.Timeout:
+    import httpx
+
+    return httpx.Timeout(30.0, read=SILENCE_SECONDS)
 
 
 def _stream_reply(
@@ -531,6 +542,11 @@ def _stream_reply(
         raise CommandError(
             f"cannot connect to {client.base_url} ({exc}): check the URL and that the server "
             "is running"
+        ) from None
+    except httpx.ReadTimeout:
+        raise CommandError(
+            f"{client.base_url} sent nothing for {SILENCE_SECONDS:g} s: it is not answering "
+            "(a server starting again after an error, or not this project's server?)"
         ) from None
     except httpx.HTTPError as exc:
         raise CommandError(f"cannot talk to {client.base_url}: {type(exc).__name__}") from None

@@ -553,3 +553,20 @@ def test_ctrl_c_in_chat_cancels_the_reply_and_goes_back_to_the_prompt(
             break
         time.sleep(0.05)
     assert statuses == ["canceled"]
+
+
+def test_invoke_gives_up_on_a_server_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A port held by a process that accepts and says nothing (a server's reloader whose
+    # worker died): invoke waited for ever, printing nothing.
+    import socket
+
+    import agentscope_serverless.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "SILENCE_SECONDS", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        result = CliRunner().invoke(app, ["invoke", "hi", "--url", url, "--key", "ask_x_y"])
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 1
+    assert f"{url} sent nothing for 0.5 s: it is not answering" in result.output
