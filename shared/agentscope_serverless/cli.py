@@ -188,9 +188,17 @@ def init(
         _fail(exc.message, code=2)
     console.print(f"[bold green]Created[/bold green] {escape(f'{target}/ with the agent {agent}')}")
     console.print(
-        f"cd {shlex.quote(str(target))} && agentscope-serverless serve --agent {agent}",
-        markup=False,
+        f"cd {shlex.quote(str(target))} && {_own_command()} serve --agent {agent}", markup=False
     )
+
+
+def _own_command() -> str:
+    """How this command is run from another folder: its name when it is on ``PATH``, else
+    its path (a virtualenv not activated)."""
+    here = Path(sys.executable).with_name("agentscope-serverless")
+    if shutil.which("agentscope-serverless") or not here.is_file():
+        return "agentscope-serverless"
+    return shlex.quote(str(here))
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -401,7 +401,53 @@ def test_init_prints_a_cd_that_works_for_a_name_with_a_space(tmp_path: Path) -> 
     words = shlex.split(printed)
     assert words[:3] == ["cd", "my bot", "&&"]
     assert (tmp_path / words[1] / "my_bot" / "agent.py").is_file()
-    assert words[3:] == ["agentscope-serverless", "serve", "--agent", "my_bot.agent:app"]
+    assert Path(words[3]).name == "agentscope-serverless"  # by its path, when not on PATH
+    assert words[4:] == ["serve", "--agent", "my_bot.agent:app"]
+
+
+def test_init_names_the_command_by_its_path_when_no_virtualenv_is_active(
+    tmp_path: Path,
+) -> None:
+    # The printed "agentscope-serverless serve" was "command not found" in a shell whose
+    # PATH does not hold the virtualenv; the project's test found no package with pytest.
+    outside = {**os.environ, "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [SCRIPT, "init", "bot"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env=outside,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("cd "))
+    command = shlex.split(printed)[3]
+    assert Path(command).is_absolute() and os.access(command, os.X_OK)
+    project = tmp_path / "bot"
+    assert f"source {Path(sys.executable).parent.parent}/bin/activate" in (
+        project / "README.md"
+    ).read_text().replace("\n", " ")
+    pytest_run = subprocess.run(
+        [str(Path(SCRIPT).with_name("pytest")), "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        timeout=120,
+    )
+    assert pytest_run.returncode == 0, pytest_run.stdout + pytest_run.stderr
+
+
+@pytest.mark.parametrize("name", ["email", "json", "fastapi", "tests"])
+def test_init_refuses_a_name_whose_package_python_already_has(tmp_path: Path, name: str) -> None:
+    # "init email" wrote a project whose test and serve failed: its package was the
+    # standard library's.
+    result = subprocess.run(
+        [SCRIPT, "init", name], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 2  # a usage error, as for any name that cannot be one
+    assert "which Python or the runtime already has" in result.stderr
+    assert f"(try '{name}_agent')" in result.stderr
+    assert not (tmp_path / name).exists()
 
 
 def test_keys_show_a_user_id_as_written(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from pathlib import Path
 
 from agentscope_serverless.errors import ConfigurationError
@@ -45,18 +46,24 @@ def test_the_agent_answers() -> None:
 
 README = """# {name}
 
-An agent served as an HTTPS API by AgentScope Serverless. In this folder:
+An agent served as an HTTPS API by AgentScope Serverless. In this folder, with the Python
+environment that has AgentScope Serverless active (`source {venv}/bin/activate`, the one
+this project was made with):
 
 ```bash
+pip install -r requirements.txt                                # what the agent imports
 agentscope-serverless serve --agent {agent} --reload      # http://127.0.0.1:8090
 python -m pytest                                               # the agent's test
 agentscope-serverless deploy agentrun --agent {agent} --out dist/
 agentscope-serverless deploy sam build --agent {agent}
 ```
 
-Add the packages the agent needs to `requirements.txt`; packaging installs them with the
-runtime for the target platform.
+Add the packages the agent needs to `requirements.txt`: install them for local runs as
+above; packaging installs them with the runtime for the target platform.
 """
+
+CONFTEST = '''"""Makes the project's package importable from its tests, however pytest runs."""
+'''
 
 REQUIREMENTS = "# The packages your agent imports, one per line (the runtime is already there).\n"
 
@@ -66,7 +73,33 @@ def package_name(name: str) -> str:
     package = re.sub(r"\W", "_", name.strip().lower().replace("-", "_"))
     if not package or not package.isidentifier() or keyword.iskeyword(package):
         raise ConfigurationError(f"{name!r} cannot name a Python package")
+    if package in sys.stdlib_module_names or package in _TAKEN:
+        raise ConfigurationError(
+            f"{name!r} would name the package {package!r}, which Python or the runtime already "
+            f"has: the project could not import its agent (try {package + '_agent'!r})"
+        )
     return package
+
+
+# Top-level packages of the runtime and its dependencies a project's package would shadow.
+_TAKEN = frozenset(
+    {
+        "agentscope_serverless",
+        "agentscope",
+        "fastapi",
+        "pydantic",
+        "httpx",
+        "redis",
+        "boto3",
+        "botocore",
+        "starlette",
+        "uvicorn",
+        "mangum",
+        "a2a",
+        "openai",
+        "tests",
+    }
+)
 
 
 def write_project(target: Path) -> str:
@@ -81,7 +114,8 @@ def write_project(target: Path) -> str:
         f"{package}/agent.py": AGENT.format(name=name),
         "tests/test_agent.py": TEST.format(package=package),
         "requirements.txt": REQUIREMENTS,
-        "README.md": README.format(name=name, agent=agent),
+        "README.md": README.format(name=name, agent=agent, venv=Path(sys.prefix)),
+        "conftest.py": CONFTEST,
         ".gitignore": ".venv/\n__pycache__/\ndist/\n.aws-sam/\n",
     }
     for relative, text in files.items():
