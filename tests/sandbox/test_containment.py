@@ -2,7 +2,7 @@
 
 Every test runs against a real sandbox on our server (bubblewrap + rlimits), with the
 tight limits of the test server: 4 s per call, 2 s of CPU per call, 512 MiB of address
-space, 8 MiB files and 32 processes.
+space, 8 MiB files and 32 processes, and 1 MiB of output per text.
 """
 
 from __future__ import annotations
@@ -11,9 +11,14 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
+import pytest
+
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.services.sandbox import Sandbox, SandboxService
 from tests.sandbox.conftest import RunningServer
+
+MAX_OUTPUT = 1024**2
 
 
 def part(result: dict[str, Any], description: str) -> str:
@@ -290,3 +295,106 @@ async def test_a_cell_replacing_the_output_capture_loses_its_interpreter_not_a_f
     assert "interpreter state" in part(lost, "stderr")
     assert part(await sandbox.run_shell_command_async("cat victim"), "stdout") == "precious\n"
     assert part(await sandbox.run_ipython_cell_async("print('fresh')"), "stdout") == "fresh\n"
+
+
+async def test_a_sandbox_cannot_make_user_namespaces(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # In a user namespace of its own, a process holds every capability over what it mounts.
+    result = await sandbox.run_shell_command_async(
+        "unshare -rm sh -c 'mount -t tmpfs x /tmp && echo mounted'; echo status $?; "
+        "unshare -U true; echo status $?"
+    )
+    assert "mounted" not in part(result, "stdout")
+    assert part(result, "stdout").split() == ["status", "1", "status", "1"]
+    await assert_still_works(sandbox)
+
+
+# Writes, on the agent's reply pipe, a reply to the call the cell runs in, whose parts are
+# the JSON that PARTS makes (``part(text)`` is one), then waits for the server to take it.
+FORGING_CELL = """
+import json, os, sys, time
+frame = sys._getframe()
+while frame.f_code.co_name != "serve":
+    frame = frame.f_back
+agent, request = frame.f_locals["self"], frame.f_locals["request"]
+
+def part(text):
+    return json.dumps({"type": "text", "description": "stdout", "text": text}).encode()
+
+parts = PARTS
+data = b'{"id": %d, "result": {"isError": false, "content": [%s]}}\\n' % (request["id"], parts)
+while data:
+    data = data[os.write(agent.replies, data):]
+time.sleep(3)
+"""
+
+
+def forging_cell(parts: str) -> str:
+    return FORGING_CELL.replace("PARTS", parts)
+
+
+async def test_a_reply_forged_past_the_longest_the_agent_sends_is_refused_without_a_stall(
+    sandbox_service: SandboxService, sandbox_server: RunningServer, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # 54 MB of empty parts: slow to parse and large in memory, were it read.
+    cell = forging_cell("b','.join([part('')] * 1_000_000)")
+    latencies: list[float] = []
+
+    async def probe_health(http: httpx.AsyncClient) -> None:
+        while True:
+            started = time.monotonic()
+            await http.get(f"{sandbox_server.url}/health")
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+
+    async with httpx.AsyncClient(timeout=60) as http:
+        probing = asyncio.create_task(probe_health(http))
+        started = time.monotonic()
+        result = await sandbox.run_ipython_cell_async(cell)
+        took = time.monotonic() - started
+        probing.cancel()
+    assert result["isError"] is True
+    assert "sent a reply longer than" in part(result, "stderr")
+    assert took < 3.0
+    assert max(latencies) < 0.5
+    await assert_still_works(sandbox)
+
+
+@pytest.mark.parametrize("count", [4, 100_000])
+async def test_a_forged_reply_with_more_parts_than_the_agent_sends_is_refused(
+    sandbox_service: SandboxService, session_id: str, count: int
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    result = await sandbox.run_ipython_cell_async(forging_cell(f"b','.join([part('x')] * {count})"))
+    assert result["isError"] is True
+    assert "malformed reply" in part(result, "stderr")
+    await assert_still_works(sandbox)
+
+
+async def test_a_forged_reply_gets_no_more_output_through_than_the_output_limit(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    result = await sandbox.run_ipython_cell_async(forging_cell("part('x' * 5_000_000)"))
+    stdout = part(result, "stdout")
+    assert stdout.startswith("x" * MAX_OUTPUT)
+    assert stdout[MAX_OUTPUT:] == "\n[output truncated: 5000000 characters in total]\n"
+
+
+async def test_the_largest_output_of_a_call_comes_back_and_keeps_the_interpreter(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    await sandbox.run_ipython_cell_async("kept = 'yes'")
+    # Every byte JSON's longest: NUL is sent as \u0000, and the agent escapes { as \u007b.
+    result = await sandbox.run_shell_command_async(
+        "head -c 2000000 /dev/zero; head -c 2000000 /dev/zero | tr '\\0' '{' >&2"
+    )
+    note = "\n[output truncated: 2000000 bytes in total]\n"
+    assert part(result, "stdout") == "\0" * MAX_OUTPUT + note
+    assert part(result, "stderr") == "{" * MAX_OUTPUT + note
+    kept = await sandbox.run_ipython_cell_async("kept")
+    assert part(kept, "stdout") == "'yes'\n"

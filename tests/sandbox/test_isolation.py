@@ -1,4 +1,5 @@
-"""Hostile code against real sandboxes: secrets, totals, freezing, release races, shares.
+"""Hostile code against real sandboxes: secrets, totals, freezing, release races, shares,
+kernel quotas counted per user.
 
 These need what the server needs to enforce totals (root, cgroups, loop devices); on a host
 without them the server refuses to start and the fixture fails saying why.
@@ -29,12 +30,13 @@ from agentscope_serverless.errors import (
     SandboxCapacityError,
     SandboxQuotaError,
 )
-from agentscope_serverless.sandbox_server.isolation import Toolchain
+from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Toolchain
 from agentscope_serverless.sandbox_server.jail import (
     CPU,
     DISK,
     FREEZE,
     MEMORY,
+    NO_USERNS,
     PROCESSES,
     Cgroups,
     HostIsolation,
@@ -50,6 +52,7 @@ from tests.support.sandbox_server import (
 )
 
 CANARY = "canary-" + "c4n4ry" * 4
+INOTIFY_QUOTA = "/proc/sys/fs/inotify/max_user_instances"
 MiB = 1024**2
 
 
@@ -192,6 +195,53 @@ print(written // (1024 * 1024), error)
         assert (await _health(hardened.url)).status_code == 200
     finally:
         await client.release(sandbox_id)
+
+
+async def test_each_sandbox_runs_as_a_host_uid_of_its_own(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    sandbox_ids = [await client.create_from_pool("base", {}) for _ in range(2)]
+    try:
+        owners = []
+        for sandbox_id in sandbox_ids:
+            inside = await client.call_tool(
+                sandbox_id, "run_shell_command", {"command": "touch mine; id -u"}
+            )
+            assert stdout(inside) == "65534\n"
+            mine = hardened.root / "sandboxes" / sandbox_id / "workspace" / "mine"
+            owners.append((await asyncio.to_thread(mine.stat)).st_uid)
+        assert len(set(owners)) == 2
+        assert all(FIRST_HOST_UID <= owner < FIRST_HOST_UID + 3 for owner in owners)
+    finally:
+        for sandbox_id in sandbox_ids:
+            await client.release(sandbox_id)
+
+
+async def test_a_sandbox_using_up_a_per_user_kernel_quota_leaves_the_others_theirs(
+    client: SandboxClient,
+) -> None:
+    greedy, other = [await client.create_from_pool("base", {}) for _ in range(2)]
+    take_all = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None)\n"
+        "held = []\n"
+        "while (fd := libc.inotify_init1(0)) >= 0:\n"
+        "    held.append(fd)\n"
+        "print(len(held))\n"
+    )
+    # The kernel counts inotify instances per user (128 by default, within a sandbox's 256
+    # descriptors).
+    quota = int(await asyncio.to_thread(Path(INOTIFY_QUOTA).read_text))
+    try:
+        assert int(stdout(await _cell(client, greedy, take_all))) == quota
+        watched = await client.call_tool(
+            other, "run_shell_command", {"command": "touch f; timeout 1 tail -f f"}
+        )
+        assert "inotify cannot be used" not in json.dumps(watched.model_dump())
+        assert int(stdout(await _cell(client, other, take_all))) == quota
+    finally:
+        await client.release(greedy)
+        await client.release(other)
 
 
 async def test_nothing_runs_between_calls(client: SandboxClient, hardened: RunningServer) -> None:
@@ -404,15 +454,18 @@ def test_a_body_nesting_past_what_a_parser_follows_is_refused(
     assert "pars" in response.json()["detail"] or "not valid JSON" in response.json()["detail"]
 
 
-async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
+async def test_a_bound_the_host_cannot_enforce_stops_the_server_unless_weaker() -> None:
     # Not under pytest's own temp dir: the sandbox uid must be able to reach the workspaces.
     tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-weaker-"))
     os.chmod(tmp_path, 0o711)
     toolchain = Toolchain.find("/usr/bin/python3")
-    nothing = HostIsolation(Cgroups(), None, None)  # a host without cgroups or loop devices
+    # A host without cgroups or loop devices, whose bwrap is older than 0.8.0.
+    nothing = HostIsolation(Cgroups(), None, None, disables_userns=False)
     strict = SandboxManager(ServerConfig(tmp_path / "strict"), toolchain, nothing)
-    with pytest.raises(ConfigurationError, match="memory, processes, cpu, freeze, workspace"):
+    with pytest.raises(ConfigurationError) as refused:
         await strict.start()
+    assert "memory, processes, cpu, freeze, workspace disk, no nested user" in str(refused.value)
+    assert "bubblewrap 0.8.0 or later" in str(refused.value)
     weaker = SandboxManager(
         ServerConfig(tmp_path / "weaker", weaker_isolation=True), toolchain, nothing
     )
@@ -420,17 +473,33 @@ async def test_a_configured_total_the_host_cannot_enforce_stops_the_server_unles
     try:
         health = weaker.health()
         assert health["enforced"] == []
-        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK]
-        # Still jailed, as the unprivileged uid, only without the kernel-enforced totals.
+        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS]
+        # Still jailed, as an unprivileged uid, only without what the host cannot enforce.
         sandbox_id = await weaker.create_from_pool("base", {})
         command = {"command": "sleep 1"}
         call = asyncio.create_task(weaker.call_tool(sandbox_id, "run_shell_command", command))
         await asyncio.sleep(0.5)
         owners = await asyncio.to_thread(_bwrap_uids_of_children, os.getpid())
         await call
-        assert owners == {65534 if os.geteuid() == 0 else os.geteuid()}
+        assert owners == {FIRST_HOST_UID if os.geteuid() == 0 else os.geteuid()}
     finally:
         await weaker.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+async def test_sandbox_uids_a_host_user_holds_stop_the_server() -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="sandbox-uids-"))
+    os.chmod(tmp_path, 0o711)
+    toolchain = Toolchain.find("/usr/bin/python3")
+    nothing = HostIsolation(Cgroups(), None, None)
+    # The range 65500-65563 holds nobody's uid, 65534.
+    config = ServerConfig(tmp_path / "root", weaker_isolation=True, first_sandbox_uid=65500)
+    manager = SandboxManager(config, toolchain, nothing)
+    try:
+        with pytest.raises(ConfigurationError, match=r"user nobody \(65534\)"):
+            await manager.start()
+    finally:
+        await manager.close()
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 

@@ -341,3 +341,40 @@ def test_malformed_bodies_are_refused_in_both_forms(
         reply = httpx.post(f"{sandbox_server.url}{path}", content=body, headers=headers)
         assert reply.status_code in (404, 422), (path, reply.text)
         assert isinstance(reply.json()["detail"], str)
+
+
+@pytest.mark.parametrize(
+    ("meta", "reason"),
+    [
+        (b'{"x": ' + b"[" * 900 + b"]" * 900 + b"}", "nests deeper than 100 levels"),
+        (b'{"x": "\\ud800"}', "must be JSON"),
+        (b'{"x": NaN}', "must be JSON"),
+        (b'{"x": "' + b"a" * 70_000 + b'"}', "larger than 65536 bytes"),
+    ],
+)
+def test_create_refuses_a_meta_that_get_info_could_not_send_back(
+    sandbox_server: RunningServer, meta: bytes, reason: str
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {sandbox_server.token}",
+        "Content-Type": "application/json",
+    }
+    before = httpx.get(f"{sandbox_server.url}/health").json()["sandboxes"]
+    for path in ("/create_from_pool", "/create_from_pool_async", "/create"):
+        body = b'{"sandbox_type": "base", "meta": ' + meta + b"}"
+        reply = httpx.post(f"{sandbox_server.url}{path}", content=body, headers=headers)
+        assert reply.status_code == 400, (path, reply.text)
+        assert reason in reply.json()["detail"]
+    assert httpx.get(f"{sandbox_server.url}/health").json()["sandboxes"] == before
+
+
+def test_a_meta_as_deep_as_accepted_comes_back_from_get_info(protocol: ManagerProtocol) -> None:
+    deep: Any = []
+    for _ in range(98):
+        deep = [deep]
+    meta = {"session_ctx_id": f"s-{uuid.uuid4().hex}", "x": deep}
+    sandbox_id = protocol.create_from_pool(meta=meta)
+    try:
+        assert protocol.post("get_info", identity=sandbox_id)["meta"] == meta
+    finally:
+        protocol.post("release", identity=sandbox_id)

@@ -96,6 +96,56 @@ def test_the_server_says_how_to_install_a_missing_bubblewrap(scratch: Path) -> N
     assert "apt-get install -y bubblewrap" in done.stderr
 
 
+# bubblewrap before 0.8.0: everything but --disable-userns.
+OLD_BWRAP = """#!/bin/sh
+for option; do
+    if [ "$option" = --disable-userns ]; then
+        echo "bwrap: Unknown option --disable-userns" >&2
+        exit 1
+    fi
+done
+exec BWRAP "$@"
+"""
+
+
+def test_a_bubblewrap_older_than_0_8_stops_the_server_unless_weaker(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_sandbox_tools()
+    programs = scratch / "bin"
+    programs.mkdir(mode=0o755)
+    old_bwrap = programs / "bwrap"
+    old_bwrap.write_text(OLD_BWRAP.replace("BWRAP", str(shutil.which("bwrap"))))
+    old_bwrap.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{programs}:{os.environ['PATH']}")
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN}
+    refused = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)
+    assert refused.returncode == 2
+    assert "NOT enforced: no nested user namespaces" in refused.stderr
+    assert "install bubblewrap 0.8.0 or later" in refused.stderr
+    server = start_server(scratch / "weaker", "--weaker-isolation")
+    try:
+        health = httpx.get(f"{server.url}/health").json()
+        assert health["not_enforced"] == ["no nested user namespaces"]
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        sandbox_id = httpx.post(
+            f"{server.url}/create_from_pool", json={"sandbox_type": "base"}, headers=headers
+        ).json()["data"]
+        ran = httpx.post(
+            f"{server.url}/call_tool",
+            json={
+                "identity": sandbox_id,
+                "tool_name": "run_shell_command",
+                "arguments": {"command": "unshare -U true && echo unshared"},
+            },
+            headers=headers,
+            timeout=30,
+        ).json()["data"]
+        assert ran["content"][0]["text"] == "unshared\n"  # as /health says: not enforced
+    finally:
+        stop_server(server)
+
+
 def test_only_the_protocol_operations_exist(scratch: Path) -> None:
     server = start_server(scratch)
     try:

@@ -7,6 +7,10 @@ request per line from stdin and writes one JSON reply per line to stdout::
     -> {"id": 1, "tool": "run_ipython_cell", "arguments": {"code": "x = 1"}, "timeout": 30}
     <- {"id": 1, "result": {"content": [...], "isError": false}}
 
+In a reply, ``{``, ``[`` and ``,`` appear only as its structure (texts escape theirs), and
+each text holds at most the output limit: the server refuses a reply with more values or
+parts than that (see ``process.py``), since sandbox code can write on the reply pipe too.
+
 Python cells run in one namespace kept between requests, so state persists. Output of a
 call (Python's and its child processes') is captured in memory files. After every call,
 every other process of the sandbox is killed: nothing keeps running between calls.
@@ -38,6 +42,8 @@ from typing import Any, BinaryIO
 
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
+# Room past the output limit for the notes a tool adds to a text (truncation, time limit).
+NOTE_CHARS = 1024
 MAX_TREE_ENTRIES = 10_000
 MAX_TREE_DEPTH = 64
 MAX_SEARCH_ENTRIES = 100_000
@@ -78,6 +84,40 @@ def result(
         "structuredContent": None,
         "isError": is_error,
     }
+
+
+def limit_text(text: str, max_output: int) -> str:
+    """``text``, or its first ``max_output`` characters and a note when it is longer (past
+    the room for notes).
+
+    >>> limit_text("x" * 5000, 10)
+    'xxxxxxxxxx\\n[output truncated: 5000 characters in total]\\n'
+    """
+    if len(text) <= max_output + NOTE_CHARS:
+        return text
+    return f"{text[:max_output]}\n[output truncated: {len(text)} characters in total]\n"
+
+
+def encode_line(message: Any) -> bytes:
+    """``message`` as one JSON line in which ``{``, ``[`` and ``,`` are only its structure.
+
+    >>> line = encode_line({"text": "[1, 2]"})
+    >>> line.count(b"["), line.count(b","), json.loads(line)
+    (0, 0, {'text': '[1, 2]'})
+    """
+    return (_json(message) + "\n").encode()
+
+
+def _json(value: Any) -> str:
+    if isinstance(value, str):
+        # Inside a JSON string these characters are never part of an escape.
+        text = json.dumps(value)
+        return text.replace("{", "\\u007b").replace("[", "\\u005b").replace(",", "\\u002c")
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json(item) for item in value) + "]"
+    return json.dumps(value)
 
 
 def text_result(text: str, is_error: bool = False) -> dict[str, Any]:
@@ -310,10 +350,12 @@ class Agent:
                 reply = self.handle(request["tool"], request.get("arguments") or {}, request)
             finally:
                 self.stop_strays()
+            for part in reply["content"]:
+                part["text"] = limit_text(part["text"], self.max_output)
             self.send({"id": request["id"], "result": reply})
 
     def send(self, message: dict[str, Any]) -> None:
-        data = (json.dumps(message) + "\n").encode()
+        data = encode_line(message)
         while data:
             data = data[os.write(self.replies, data) :]
 

@@ -23,8 +23,8 @@ import uvicorn
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.sandbox_server.app import create_app
-from agentscope_serverless.sandbox_server.isolation import Limits, Toolchain
-from agentscope_serverless.sandbox_server.jail import HostIsolation
+from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
+from agentscope_serverless.sandbox_server.jail import HostIsolation, how_to_enforce
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -103,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
         help="sandboxes one owner (meta.owner_id, e.g. a user) may hold (default: all)",
     )
     parser.add_argument("--max-output-bytes", type=int, default=1024**2)
+    parser.add_argument(
+        "--first-sandbox-uid",
+        type=int,
+        default=FIRST_HOST_UID,
+        help="host uid (and gid) of the first sandbox, as root: each sandbox runs as one of "
+        "its own, the --max-sandboxes uids from this one on, which no host user, group or "
+        "subordinate range may hold",
+    )
     parser.add_argument("--python", default="/usr/bin/python3", help="Python used in sandboxes")
     parser.add_argument(
         "--parent-pid", type=int, help="exit when this process is gone (embedded use)"
@@ -152,14 +160,14 @@ async def _serve(server: uvicorn.Server, parent_pid: int | None) -> None:
 
 
 def _host_isolation(config: ServerConfig) -> HostIsolation:
-    """What this host enforces; exit when a configured total cannot be (unless weaker)."""
+    """What this host enforces; exit when a configured bound cannot be (unless weaker)."""
     config.root.mkdir(parents=True, exist_ok=True)
     host = HostIsolation.probe(config.root)
     configured = config.configured_bounds()
     missing = host.missing(configured)
     enforced = [bound for bound in configured if bound not in missing]
     print(
-        "agentscope-sandbox-server: enforcing sandbox totals: "
+        "agentscope-sandbox-server: enforcing sandbox bounds: "
         f"{', '.join(enforced) or 'none'}"
         + (f"; NOT enforced: {', '.join(missing)}" if missing else ""),
         file=sys.stderr,
@@ -169,8 +177,7 @@ def _host_isolation(config: ServerConfig) -> HostIsolation:
         host.close()
         print(
             f"agentscope-sandbox-server: this host cannot enforce {', '.join(missing)} "
-            "(run as root with cgroups and loop devices, turn those bounds off, or pass "
-            "--weaker-isolation)",
+            f"({how_to_enforce(missing)}, or pass --weaker-isolation)",
             file=sys.stderr,
         )
         raise SystemExit(2)
@@ -227,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         max_output_bytes=args.max_output_bytes,
         weaker_isolation=args.weaker_isolation,
         freeze_between_calls=not args.no_freeze,
+        first_sandbox_uid=args.first_sandbox_uid,
     )
     manager = SandboxManager(config, toolchain, _host_isolation(config))
     app = create_app(manager, token)

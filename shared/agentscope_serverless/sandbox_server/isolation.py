@@ -1,7 +1,9 @@
 """How a sandbox process is confined: the bubblewrap command line and the resource limits.
 
 Each sandbox process runs under ``bwrap`` in new user, PID, network, IPC, UTS and cgroup
-namespaces, with every capability dropped, as an unprivileged uid, seeing only read-only
+namespaces, with every capability dropped and no way to make user namespaces of its own,
+as uid 65534 inside and a host uid of its own outside (so that no kernel quota counted per
+user, such as inotify instances or keys, is shared between sandboxes), seeing only read-only
 system directories, its own workspace (read-write) at ``/workspace``, a private ``/tmp``,
 ``/proc`` and ``/dev``. ``prlimit`` then sets the resource limits right before the program
 runs. It runs *inside* the new user namespace on purpose: the kernel counts processes
@@ -11,7 +13,10 @@ fork bomb in one sandbox cannot starve the others.
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import os
+import pwd
 import shutil
 import stat
 from dataclasses import dataclass
@@ -19,8 +24,14 @@ from pathlib import Path
 
 from agentscope_serverless.errors import ConfigurationError
 
+# The user and group of a sandbox's processes inside it.
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
+# Outside, the host uid (and gid, the same number) of the first sandbox; each has its own.
+# In the range systemd leaves unused (past its containers' 524288-1879048191, below 2^31),
+# far above the ranges useradd gives users in /etc/subuid (100000 on, 65536 each).
+FIRST_HOST_UID = 1_879_048_192
+MAX_HOST_UID = 2**32 - 2
 WORKSPACE = "/workspace"
 
 # Directories of the host's file system the sandbox may read (the system, nothing of users).
@@ -118,6 +129,71 @@ class Toolchain:
         return cls(bwrap=bwrap, prlimit=prlimit, python=python)
 
 
+class HostUids:
+    """The host uids sandboxes run as (their gids are the same numbers): ``count`` of them
+    from ``first`` on, one per sandbox, given back when it is released.
+
+    >>> uids = HostUids(100000, 2)
+    >>> uids.take(), uids.take()
+    (100000, 100001)
+    >>> uids.give_back(100000)
+    >>> uids.take()
+    100000
+    """
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first = first
+        self.count = count
+        self._taken: set[int] = set()
+
+    @property
+    def all(self) -> range:
+        """Every uid of the range."""
+        return range(self.first, self.first + self.count)
+
+    def take(self) -> int:
+        """The lowest uid no sandbox holds (the server's capacity keeps one free)."""
+        for uid in self.all:
+            if uid not in self._taken:
+                self._taken.add(uid)
+                return uid
+        raise RuntimeError("every sandbox uid is in use")
+
+    def give_back(self, uid: int) -> None:
+        """``uid`` may serve another sandbox (its processes and files are gone)."""
+        self._taken.discard(uid)
+
+
+def check_free_uids(uids: range) -> None:
+    """Fail clearly when a number of ``uids`` is a host user's or group's, or lies in a range
+    ``/etc/subuid`` or ``/etc/subgid`` gives someone: a sandbox shares its uid with nobody."""
+    if uids.start < 1 or uids.stop - 1 > MAX_HOST_UID:
+        raise ConfigurationError(
+            f"sandbox uids {uids.start}-{uids.stop - 1} are not between 1 and {MAX_HOST_UID}"
+        )
+    taken: list[str] = []
+    for number in uids:
+        for kind, lookup in (("user", pwd.getpwuid), ("group", grp.getgrgid)):
+            with contextlib.suppress(KeyError):
+                taken.append(f"{kind} {lookup(number)[0]} ({number})")
+    for path in (Path("/etc/subuid"), Path("/etc/subgid")):
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                start, size = int(fields[1]), int(fields[2])
+                if start < uids.stop and uids.start < start + size:
+                    taken.append(f"{fields[0]}'s range in {path}")
+    if taken:
+        raise ConfigurationError(
+            f"sandboxes would run as host uids {uids.start}-{uids.stop - 1}, but "
+            f"{', '.join(taken[:3])} use some of them; choose others with --first-sandbox-uid"
+        )
+
+
 def check_reachable(directory: Path, uid: int) -> None:
     """Fail clearly when ``uid`` cannot walk down to ``directory`` (bwrap binds from there)."""
     for ancestor in [*reversed(directory.resolve().parents), directory.resolve()]:
@@ -155,15 +231,20 @@ def bwrap_command(
     workspace: Path,
     program: list[str],
     fds: tuple[int, int, int] = (3, 4, 5),
+    *,
+    disable_userns: bool = True,
 ) -> JailCommand:
     """The command running ``program`` confined, with ``workspace`` as its files.
 
     bwrap reads its options, ``/etc/passwd`` and ``/etc/group`` from the descriptors ``fds``.
+    With ``disable_userns`` (bubblewrap 0.8.0 or later) the sandbox cannot make user
+    namespaces, in which it would hold every capability over new mounts and namespaces.
     """
     options_fd, passwd_fd, group_fd = fds
     options = [
         "--unshare-all",
         "--unshare-user",
+        *(["--disable-userns"] if disable_userns else []),
         "--cap-drop",
         "ALL",
         "--uid",
@@ -248,12 +329,15 @@ def bwrap_command(
 
 __all__ = [
     "BWRAP_ENVIRONMENT",
+    "FIRST_HOST_UID",
     "SANDBOX_GID",
     "SANDBOX_UID",
     "WORKSPACE",
+    "HostUids",
     "JailCommand",
     "Limits",
     "Toolchain",
     "bwrap_command",
+    "check_free_uids",
     "check_reachable",
 ]

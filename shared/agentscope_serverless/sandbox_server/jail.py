@@ -10,6 +10,10 @@ Per-process limits (``prlimit``) bound one process; these bound the sandbox as a
 - ``workspace disk``: the workspace is its own ext4 file system in a sparse image file of
   the configured size, loop-mounted, so writes stop with ``ENOSPC`` at the cap.
 
+One more bound is bubblewrap's: ``no nested user namespaces`` (``--disable-userns``, in
+bubblewrap 0.8.0 or later) keeps the sandbox's code from making a user namespace, in which
+it would hold every capability over new mounts and namespaces: kernel surface it never needs.
+
 Control groups v2 (a unified hierarchy at ``/sys/fs/cgroup``) and v1 (one hierarchy per
 controller) are both supported; :func:`probe` finds out what this host lets the server do.
 """
@@ -35,7 +39,8 @@ PROCESSES = "processes"
 CPU = "cpu"
 FREEZE = "freeze"
 DISK = "workspace disk"
-BOUNDS = (MEMORY, PROCESSES, CPU, FREEZE, DISK)
+NO_USERNS = "no nested user namespaces"
+BOUNDS = (MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS)
 V1_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu", FREEZE: "freezer"}
 V2_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
 CPU_PERIOD_US = 100_000
@@ -344,13 +349,13 @@ class DiskTools:
         return cls(mkfs, mount, umount, cp)
 
 
-def make_template(tools: DiskTools, image: Path, size: int, owner: tuple[int, int] | None) -> Path:
-    """An empty ext4 file system image of ``size`` bytes whose root ``owner`` owns (mode 700),
-    which :func:`make_workspace` copies for each sandbox."""
+def make_template(tools: DiskTools, image: Path, size: int) -> Path:
+    """An empty ext4 file system image of ``size`` bytes whose root this process owns (mode
+    700), which :func:`make_workspace` copies for each sandbox."""
     image.parent.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as handle:
         handle.truncate(size)  # sparse: host disk is used only as the sandbox writes
-    uid, gid = owner or (os.geteuid(), os.getegid())
+    uid, gid = os.geteuid(), os.getegid()
     _run(
         tools.mkfs,
         "-q",
@@ -415,7 +420,7 @@ def probe_disk(tools: DiskTools | None, scratch: Path) -> bool:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     try:
-        make_workspace(tools, directory, make_template(tools, directory / "t.img", 8 * MiB, None))
+        make_workspace(tools, directory, make_template(tools, directory / "t.img", 8 * MiB))
     except OSError as exc:
         logger.info("no size-capped workspaces: %s", exc)
         return False
@@ -425,16 +430,52 @@ def probe_disk(tools: DiskTools | None, scratch: Path) -> bool:
     return True
 
 
+def bwrap_disables_userns(bwrap: str | None) -> bool:
+    """True when ``bwrap`` can keep a sandbox from making user namespaces on this host
+    (``--disable-userns``, which bubblewrap before 0.8.0 does not know): tried once at start."""
+    if bwrap is None:
+        return False
+    try:
+        done = subprocess.run(
+            [bwrap, "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "/bin/true"],
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.info("bwrap cannot disable user namespaces: %s", exc)
+        return False
+    if done.returncode != 0:
+        logger.info(
+            "bwrap cannot disable user namespaces: %s", done.stderr.decode(errors="replace").strip()
+        )
+    return done.returncode == 0
+
+
+def how_to_enforce(missing: list[str]) -> str:
+    """What would let this host enforce the ``missing`` bounds."""
+    ways = []
+    if set(missing) - {NO_USERNS}:
+        ways.append("run as root with cgroups and loop devices, or turn those bounds off")
+    if NO_USERNS in missing:
+        ways.append("install bubblewrap 0.8.0 or later")
+    return "; ".join(ways)
+
+
 __all__ = [
     "BOUNDS",
     "CPU",
     "DISK",
     "FREEZE",
     "MEMORY",
+    "NO_USERNS",
     "PROCESSES",
     "Cgroups",
     "DiskTools",
     "SandboxCgroup",
+    "bwrap_disables_userns",
+    "how_to_enforce",
     "make_template",
     "make_workspace",
     "probe_disk",
@@ -450,10 +491,13 @@ class HostIsolation:
     cgroups: Cgroups
     disk: DiskTools | None
     setpriv: str | None
+    disables_userns: bool = False
 
     @classmethod
     def probe(cls, scratch: Path) -> HostIsolation:
-        """Set up this server's cgroups and try a capped workspace under ``scratch``."""
+        """Set up this server's cgroups, try a capped workspace under ``scratch`` and bwrap's
+        ``--disable-userns``."""
+        disables_userns = bwrap_disables_userns(shutil.which("bwrap"))
         cgroups = setup_cgroups(f"agentscope-sandbox-{os.getpid()}")
         disk = DiskTools.find()
         if not probe_disk(disk, scratch):
@@ -462,12 +506,13 @@ class HostIsolation:
         if setpriv is None and cgroups.bounds:
             # Joining a cgroup happens as root before dropping to the sandbox uid.
             cgroups = Cgroups()
-        return cls(cgroups, disk, setpriv)
+        return cls(cgroups, disk, setpriv, disables_userns)
 
     @property
     def enforced(self) -> list[str]:
-        """The bounds on totals this server enforces, in :data:`BOUNDS` order."""
+        """The bounds this server enforces, in :data:`BOUNDS` order."""
         have = set(self.cgroups.bounds) | ({DISK} if self.disk is not None else set())
+        have |= {NO_USERNS} if self.disables_userns else set()
         return [bound for bound in BOUNDS if bound in have]
 
     def missing(self, configured: list[str]) -> list[str]:

@@ -45,12 +45,13 @@ from agentscope_serverless.sandbox_protocol import (
 from agentscope_serverless.sandbox_server import agent
 from agentscope_serverless.sandbox_server.environment import EXITED, RUNNING, check_environment
 from agentscope_serverless.sandbox_server.isolation import (
-    SANDBOX_GID,
-    SANDBOX_UID,
+    FIRST_HOST_UID,
     WORKSPACE,
+    HostUids,
     Limits,
     Toolchain,
     bwrap_command,
+    check_free_uids,
     check_reachable,
 )
 from agentscope_serverless.sandbox_server.jail import (
@@ -58,9 +59,11 @@ from agentscope_serverless.sandbox_server.jail import (
     DISK,
     FREEZE,
     MEMORY,
+    NO_USERNS,
     PROCESSES,
     HostIsolation,
     SandboxCgroup,
+    how_to_enforce,
     make_template,
     make_workspace,
     remove_workspace,
@@ -76,6 +79,9 @@ SESSION_CTX_KEY = "session_ctx_id"
 OWNER_KEY = "owner_id"
 OWNER_CAP_KEY = "owner_max_sandboxes"
 MAX_META_KEYS = 32
+# As deep as the project accepts JSON anywhere: whatever is accepted can be sent back.
+MAX_META_DEPTH = 100
+MAX_META_BYTES = 64 * 1024
 # What a refused create tells the client to wait before trying again, in seconds.
 RETRY_AFTER_SECONDS = 10
 
@@ -101,9 +107,11 @@ class ServerConfig:
     weaker_isolation: bool = False
     # Freeze a sandbox's processes between calls.
     freeze_between_calls: bool = True
+    # The host uid of the first sandbox (run as root): each runs as one of its own.
+    first_sandbox_uid: int = FIRST_HOST_UID
 
     def configured_bounds(self) -> list[str]:
-        """The totals this configuration asks for (a zero size turns one off)."""
+        """The bounds this configuration asks for (a zero size turns a total off)."""
         limits = self.limits
         wanted = {
             MEMORY: limits.total_memory_bytes > 0,
@@ -111,6 +119,7 @@ class ServerConfig:
             CPU: limits.cpus > 0,
             FREEZE: self.freeze_between_calls,
             DISK: limits.workspace_bytes > 0,
+            NO_USERNS: True,
         }
         return [bound for bound, on in wanted.items() if on]
 
@@ -123,6 +132,7 @@ class _Sandbox:
     directory: Path
     process: SandboxProcess
     cgroup: SandboxCgroup | None = None
+    uid: int | None = None
     created_at: float = field(default_factory=time.time)
     last_used_at: float = field(default_factory=time.time)
     stopped: bool = False
@@ -146,6 +156,47 @@ class _Sandbox:
             created_at=self.created_at,
             last_used_at=self.last_used_at,
         )
+
+
+def check_meta(meta: dict[str, Any]) -> None:
+    """Refuse a ``meta`` that ``get_info`` could not send back as it came: more than
+    :data:`MAX_META_KEYS` keys, nesting deeper than :data:`MAX_META_DEPTH`, larger than
+    :data:`MAX_META_BYTES` as JSON, or holding what JSON has no form for.
+
+    >>> check_meta({"session_ctx_id": "s1_u1", "tags": ["a"]})
+    >>> check_meta({"x": float("nan")})
+    Traceback (most recent call last):
+    ...
+    agentscope_serverless.errors.SandboxRequestError: meta must be JSON (Unicode text, no NaN)
+    """
+    if len(meta) > MAX_META_KEYS:
+        raise SandboxRequestError(f"meta has more than {MAX_META_KEYS} keys")
+    if _nests_deeper_than(meta, MAX_META_DEPTH):
+        raise SandboxRequestError(
+            f"meta nests deeper than {MAX_META_DEPTH} levels of arrays and objects"
+        )
+    try:
+        encoded = json.dumps(meta, ensure_ascii=False, allow_nan=False).encode()
+    except (ValueError, TypeError):
+        raise SandboxRequestError("meta must be JSON (Unicode text, no NaN)") from None
+    if len(encoded) > MAX_META_BYTES:
+        raise SandboxRequestError(f"meta is larger than {MAX_META_BYTES} bytes as JSON")
+
+
+def _nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether dicts and lists in ``value`` nest more than ``limit`` levels deep (walked
+    level by level, so no depth overflows the stack)."""
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, dict | list) for item in level)
 
 
 def check_workspace_path(path: str) -> None:
@@ -188,7 +239,7 @@ class SandboxManager:
         self._releasing = 0
         self._reaper: asyncio.Task[None] | None = None
         self._warming: set[asyncio.Task[None]] = set()
-        self._run_as: tuple[int, int] | None = None
+        self._uids: HostUids | None = None
         self._closing = False
         self._template: Path | None = None
         self._agent_source = Path(agent.__file__).read_text()
@@ -219,21 +270,26 @@ class SandboxManager:
         if missing and not self.config.weaker_isolation:
             self._host.close()
             raise ConfigurationError(
-                f"this host cannot enforce the sandbox totals: {', '.join(missing)} (run as "
-                "root with cgroups and loop devices, turn those bounds off, or pass "
-                "--weaker-isolation to run without them)"
+                f"this host cannot enforce the sandbox bounds: {', '.join(missing)} "
+                f"({how_to_enforce(missing)}, or pass --weaker-isolation to run without them)"
             )
         if os.geteuid() == 0:
-            self._run_as = (SANDBOX_UID, SANDBOX_GID)
-            check_reachable(root / "sandboxes", SANDBOX_UID)
+            uids = HostUids(self.config.first_sandbox_uid, self.config.max_sandboxes)
+            try:
+                check_free_uids(uids.all)
+                for uid in uids.all:
+                    check_reachable(root / "sandboxes", uid)
+            except ConfigurationError:
+                self._host.close()
+                raise
+            self._uids = uids
         if self._host.disk is not None and self.config.limits.workspace_bytes > 0:
-            # Made once; each sandbox's workspace is a (sparse) copy of it.
+            # Made once; each sandbox's workspace is a (sparse) copy of it, given to its uid.
             self._template = await asyncio.to_thread(
                 make_template,
                 self._host.disk,
                 root / "template" / "workspace.img",
                 self.config.limits.workspace_bytes,
-                self._run_as,
             )
         self._reaper = asyncio.create_task(self._reap_forever())
 
@@ -307,8 +363,7 @@ class SandboxManager:
                 f"this server offers: {', '.join(TOOLS_OF_TYPE)}"
             )
         meta = dict(meta or {})
-        if len(meta) > MAX_META_KEYS:
-            raise SandboxRequestError(f"meta has more than {MAX_META_KEYS} keys")
+        check_meta(meta)
         session_ctx_id = meta.get(SESSION_CTX_KEY)
         if session_ctx_id is not None and not isinstance(session_ctx_id, str):
             raise SandboxRequestError("meta.session_ctx_id must be a string")
@@ -323,18 +378,28 @@ class SandboxManager:
             raise SandboxUnavailableError("the sandbox server is shutting down")
         sandbox_id = f"sbx-{uuid.uuid4().hex}"
         directory = self.config.root / "sandboxes" / sandbox_id
+        # Held, like the capacity, until the sandbox's processes and files are gone.
+        uid = self._uids.take() if self._uids is not None else None
+        run_as = None if uid is None else (uid, uid)
         self._creating[owner] = self._creating.get(owner, 0) + 1
         try:
-            workspace, cgroup = await asyncio.to_thread(self._make_jail, sandbox_id, directory)
+            workspace, cgroup = await asyncio.to_thread(
+                self._make_jail, sandbox_id, directory, run_as
+            )
+        except BaseException:
+            self._give_back(uid)
+            raise
         finally:
             self._creating[owner] -= 1
             if not self._creating[owner]:
                 del self._creating[owner]
         if self.closing:  # shut down while this sandbox was being made
             await asyncio.to_thread(self._remove_jail, directory, cgroup)
+            self._give_back(uid)
             raise SandboxUnavailableError("the sandbox server is shutting down")
         limits = self.config.limits
         program_environment = environment or {}
+        disable_userns = self.host.disables_userns
         sandbox = _Sandbox(
             sandbox_id=sandbox_id,
             sandbox_type=sandbox_type,
@@ -342,14 +407,21 @@ class SandboxManager:
             directory=directory,
             process=SandboxProcess(
                 lambda fds: bwrap_command(
-                    self._toolchain, limits, workspace, self._program(program_environment), fds
+                    self._toolchain,
+                    limits,
+                    workspace,
+                    self._program(program_environment),
+                    fds,
+                    disable_userns=disable_userns,
                 ),
-                run_as=self._run_as,
+                max_output=self.config.max_output_bytes,
+                run_as=run_as,
                 cgroup=cgroup,
                 setpriv=self.host.setpriv,
                 freeze=self.config.freeze_between_calls,
             ),
             cgroup=cgroup,
+            uid=uid,
         )
         self._sandboxes[sandbox_id] = sandbox
         if session_ctx_id:
@@ -399,8 +471,13 @@ class SandboxManager:
             await asyncio.to_thread(self._remove_jail, sandbox.directory, sandbox.cgroup)
         finally:
             self._releasing -= 1
+            self._give_back(sandbox.uid)
         logger.info("released sandbox %s", identity)
         return True
+
+    def _give_back(self, uid: int | None) -> None:
+        if self._uids is not None and uid is not None:
+            self._uids.give_back(uid)
 
     def get_info(self, identity: str) -> SandboxInfo:
         """What the server knows about a sandbox."""
@@ -530,8 +607,11 @@ class SandboxManager:
             raise SandboxNotFoundError(f"no sandbox {identity!r} (released, reaped or unknown)")
         return sandbox
 
-    def _make_jail(self, name: str, directory: Path) -> tuple[Path, SandboxCgroup | None]:
-        """The sandbox's directory, capped workspace and cgroup (all or nothing)."""
+    def _make_jail(
+        self, name: str, directory: Path, owner: tuple[int, int] | None
+    ) -> tuple[Path, SandboxCgroup | None]:
+        """The sandbox's directory, capped workspace (``owner``'s) and cgroup (all or
+        nothing)."""
         limits = self.config.limits
         host = self.host
         directory.mkdir(mode=0o711)
@@ -549,8 +629,8 @@ class SandboxManager:
             else:
                 workspace = directory / "workspace"
                 workspace.mkdir(mode=0o700)
-                if self._run_as is not None:
-                    os.chown(workspace, *self._run_as)
+            if owner is not None:
+                os.chown(workspace, *owner)
         except BaseException:
             self._remove_jail(directory, cgroup)
             raise
@@ -593,5 +673,6 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "SandboxManager",
     "ServerConfig",
+    "check_meta",
     "check_workspace_path",
 ]

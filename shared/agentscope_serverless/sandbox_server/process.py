@@ -3,6 +3,11 @@
 The process starts on demand and starts again after it dies (a limit killed it, a call ran
 past its time): the sandbox, its workspace and its place in the session mapping stay; only
 the Python variables are lost, and the call that lost them says so.
+
+What the agent replies is the sandbox's to forge: its cells run in the agent's interpreter,
+which holds the reply pipe. So a reply is read within the bounds of what the agent sends (a
+line of :func:`reply_limit` bytes, a small structure, three parts, texts of ``max_output``
+characters), which keep what reading it costs the server small, and any other is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, BinaryIO
 
 from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
 from agentscope_serverless.sandbox_protocol import CallToolResult
+from agentscope_serverless.sandbox_server.agent import limit_text
 from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JailCommand
 from agentscope_serverless.sandbox_server.jail import SandboxCgroup
 
@@ -27,7 +33,14 @@ logger = logging.getLogger(__name__)
 READY_TIMEOUT_SECONDS = 15.0
 # Time the agent gets past a call's own limit to report it, before the process is killed.
 GRACE_SECONDS = 3.0
-REPLY_LIMIT_BYTES = 64 * 1024**2
+# Room in a reply line past its texts: ids, field names, the notes a tool adds to its output.
+REPLY_ENVELOPE_BYTES = 64 * 1024
+# Brackets and commas of a reply line; the agent escapes those of its texts, and its replies
+# need 18 at most. Parsing a line costs little per byte, and much per value it holds.
+MAX_REPLY_STRUCTURE = 64
+STRUCTURE = (b"{", b"[", b",")
+# stdout, stderr and a return code.
+MAX_REPLY_PARTS = 3
 # How long a stop waits for the killed bwrap to be reaped (it dies with its PID namespace).
 STOP_WAIT_SECONDS = 2.0
 # Joins the cgroups named before ``--`` (as root, before anything runs), then runs the rest.
@@ -64,6 +77,18 @@ def _valid_unicode(value: Any) -> Any:
     return value
 
 
+def reply_limit(max_output: int) -> int:
+    """The length of the longest reply line of an agent whose texts hold ``max_output`` bytes
+    of output each: JSON takes at most 6 bytes for a byte of output (``\\ufffd`` for one that
+    is not UTF-8) and 12 for a character (``\\ud83d\\ude42``), and a reply holds two texts of
+    output (stdout, stderr) or one text of ``max_output`` characters.
+
+    >>> reply_limit(1024**2) // 1024**2
+    12
+    """
+    return 12 * max_output + REPLY_ENVELOPE_BYTES
+
+
 def _death_reason(returncode: int) -> str:
     # bwrap exits with 128 + signal when the program it runs dies of a signal.
     number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
@@ -77,21 +102,24 @@ class SandboxProcess:
     """The agent process of one sandbox; :meth:`call` runs one tool request in it.
 
     ``command`` makes the bwrap command for the descriptors its options and files are read
-    from. With a ``cgroup``, every process of the sandbox starts inside it, is frozen
-    between calls and killed with it; ``setpriv`` (as root) drops to ``run_as`` after
-    joining the cgroup.
+    from; each text of a result holds at most ``max_output`` characters. With a ``cgroup``,
+    every process of the sandbox starts inside it, is frozen between calls and killed with
+    it; ``setpriv`` (as root) drops to ``run_as`` after joining the cgroup.
     """
 
     def __init__(
         self,
         command: CommandFactory,
         *,
+        max_output: int,
         run_as: tuple[int, int] | None = None,
         cgroup: SandboxCgroup | None = None,
         setpriv: str | None = None,
         freeze: bool = True,
     ) -> None:
         self._command = command
+        self._max_output = max_output
+        self._reply_limit = reply_limit(max_output)
         self._run_as = run_as
         self._cgroup = cgroup
         self._setpriv = setpriv
@@ -176,7 +204,12 @@ class SandboxProcess:
         except TimeoutError:
             await self._kill()
             return self._lost(f"the call ran past its time limit of {time_limit:g} s")
-        except (ConnectionError, ValueError):
+        except ValueError:  # past the stream's limit: no reply of the agent is that long
+            await self._kill()
+            return self._lost(
+                f"the sandbox process sent a reply longer than {self._reply_limit} bytes"
+            )
+        except ConnectionError:
             line = b""
         if not line:
             returncode = await self._kill()
@@ -188,13 +221,27 @@ class SandboxProcess:
                 )
             return self._lost(f"the sandbox process {_death_reason(returncode)}")
         try:
-            reply = json.loads(line)
-            if reply.get("id") != self._next_id:
-                raise ValueError("reply to another request")
-            return CallToolResult.model_validate(_valid_unicode(reply["result"]))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return self._result(line)
+        except (ValueError, KeyError, TypeError, AttributeError):
             await self._kill()
             return self._lost("the sandbox process sent a malformed reply")
+
+    def _result(self, line: bytes) -> CallToolResult:
+        """The result a reply line holds, if the agent could have sent it (else ValueError),
+        with each text cut to ``max_output`` characters."""
+        if sum(map(line.count, STRUCTURE)) > MAX_REPLY_STRUCTURE:
+            raise ValueError("more values than a reply holds")
+        reply = json.loads(line)
+        if reply.get("id") != self._next_id:
+            raise ValueError("reply to another request")
+        result = CallToolResult.model_validate(_valid_unicode(reply["result"]))
+        if len(result.content) > MAX_REPLY_PARTS:
+            raise ValueError("more parts than a reply holds")
+        parts = [
+            part.model_copy(update={"text": limit_text(part.text, self._max_output)})
+            for part in result.content
+        ]
+        return CallToolResult(content=parts, isError=result.isError)
 
     async def stop(self) -> None:
         """Kill the process and everything in its sandbox, even in the middle of a call or
@@ -282,7 +329,7 @@ class SandboxProcess:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
-                limit=REPLY_LIMIT_BYTES,
+                limit=self._reply_limit,
                 pass_fds=readers,
                 env=dict(BWRAP_ENVIRONMENT),  # never the server's own environment
                 cwd="/",
@@ -318,4 +365,4 @@ def _tail(log: BinaryIO) -> str:
     return os.pread(log.fileno(), 2000, max(0, size - 2000)).decode(errors="replace").strip()
 
 
-__all__ = ["GRACE_SECONDS", "SandboxProcess"]
+__all__ = ["GRACE_SECONDS", "SandboxProcess", "reply_limit"]
