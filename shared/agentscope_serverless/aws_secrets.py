@@ -23,16 +23,28 @@ SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 def fetch_secret_json(arn: str, *, region: str, endpoint_url: str | None = None) -> dict[str, Any]:
     """The JSON object stored in the secret ``arn``."""
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-    client = boto3.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
+    # A session of its own: the credentials of the environment as it is now.
+    session = boto3.session.Session()
+    client = session.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
     try:
         raw = client.get_secret_value(SecretId=arn).get("SecretString")
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
-        raise StoreUnavailableError("secretsmanager", f"cannot read the secret ({code})") from None
+        raise StoreUnavailableError(
+            "secretsmanager", f"cannot read the secret of SECRETS_ARN ({code})"
+        ) from None
+    except NoCredentialsError:
+        raise ConfigurationError(
+            "SECRETS_ARN names a secret, but no AWS credentials were found to read it: "
+            "configure them (AWS_PROFILE, AWS_ACCESS_KEY_ID...), or unset SECRETS_ARN and "
+            "give the settings in the environment for a local run"
+        ) from None
     except BotoCoreError as exc:
-        raise StoreUnavailableError("secretsmanager", type(exc).__name__) from None
+        raise StoreUnavailableError(
+            "secretsmanager", f"cannot read the secret of SECRETS_ARN ({type(exc).__name__})"
+        ) from None
     if raw is None:  # a binary secret (SecretBinary)
         raise ConfigurationError("the secret of SECRETS_ARN is not a JSON object (it is binary)")
     try:

@@ -358,8 +358,12 @@ def load_settings(**overrides: object) -> Settings:
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings, read once."""
-    return load_settings()
+    """The settings of a process that is its own composition root (``AgentApp.run()``,
+    ``await app.query(...)``, a runner on its own), read once: the environment, then the
+    ``SECRETS_ARN`` secret, as ``serve`` and the Lambda functions read them."""
+    from agentscope_serverless.aws_secrets import resolve_secrets
+
+    return resolve_secrets(load_settings())
 
 
 __all__ = ["Settings", "get_settings", "load_settings"]

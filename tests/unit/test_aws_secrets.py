@@ -102,3 +102,37 @@ def test_a_binary_secret_is_a_configuration_error(dynamodb_server: DynamoDBServe
     )
     with pytest.raises(ConfigurationError, match="JSON object"):
         resolve_secrets(settings)
+
+
+def test_a_secret_without_aws_credentials_names_the_setting_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    # It said "secretsmanager is unavailable: NoCredentialsError".
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", f"{tmp_path}/none")
+    monkeypatch.setenv("AWS_CONFIG_FILE", f"{tmp_path}/none")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    settings = load_settings(secrets_arn="arn:aws:secretsmanager:us-east-1:1:secret:x")
+    with pytest.raises(ConfigurationError, match="SECRETS_ARN names a secret, but no AWS"):
+        resolve_secrets(settings)
+
+
+def test_an_app_run_in_process_reads_the_secret_as_serve_does(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # app.query() and AgentApp.run() read the environment alone: the LLM agent had no key.
+    from agentscope_serverless.settings import get_settings
+
+    arn = make_secret(
+        dynamodb_server, "stack-secrets-in-process", json.dumps({"llm_api_key": "sk-in-process"})
+    )
+    monkeypatch.setenv("SECRETS_ARN", arn)
+    monkeypatch.setenv("SECRETS_ENDPOINT_URL", dynamodb_server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", dynamodb_server.region)
+    get_settings.cache_clear()
+    try:
+        key = get_settings().llm_api_key
+    finally:
+        get_settings.cache_clear()
+    assert key is not None and key.get_secret_value() == "sk-in-process"
