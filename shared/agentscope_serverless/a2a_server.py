@@ -192,6 +192,7 @@ class RunsTaskStore(TaskStore):
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         user_id = owner_of(context)
+        _join_reply(task)
         stored = MessageToDict(task)
         status = TERMINAL.get(task.status.state, "in_progress")
         record = await self.runs.get_run(user_id, task.id)
@@ -330,6 +331,20 @@ class RunsRequestHandler(DefaultRequestHandler):
             await asyncio.sleep(self._runs.poll_seconds)
             task = await self._tasks.get(params.id, context) or task
         yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+
+def _join_reply(task: Task) -> None:
+    """The text parts of the task's reply artifact as one part, in place: each chunk streamed
+    appends a part, and the task (what ``GetTask`` and a send not streamed answer) keeps the
+    reply as one text, not a part per chunk (which clients show a line each)."""
+    for artifact in task.artifacts:
+        parts = artifact.parts
+        if artifact.name != "reply" or len(parts) < 2:
+            continue
+        if all(part.WhichOneof("content") == "text" and not part.metadata for part in parts):
+            whole = "".join(part.text for part in parts)
+            del parts[:]
+            parts.append(Part(text=whole))
 
 
 class _Replies:
