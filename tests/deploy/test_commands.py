@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentscope_serverless.cli import app
+from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
@@ -122,3 +124,21 @@ def test_long_steps_report_progress_when_the_output_is_not_a_terminal(
     lines = result.output.splitlines()
     started = lines.index("building every function and the shared layer (sam build)...")
     assert lines[started + 1].startswith("  still building every function")
+
+
+def test_a_python_is_found_past_pyenv_shims_that_fail_for_versions_not_selected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uv took pyenv's shim of python3.12, which exits 127 unless PYENV_VERSION selects 3.12,
+    # and "deploy agentrun" (Python 3.12 by default) said 3.12 was not installed.
+    from agentscope_serverless.packaging import project
+
+    shims = tmp_path / "pyenv" / "shims"
+    version_bin = tmp_path / "pyenv" / "versions" / "3.12.1" / "bin"
+    for folder in (shims, version_bin):
+        folder.mkdir(parents=True)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", str(shims), "/bin"]))
+    assert project._path_past_shims().split(os.pathsep) == ["/usr/bin", "/bin", str(version_bin)]
+    with pytest.raises(PackagingError, match=r"CPython 3\.5 is needed .*\(uv: .+\)"):
+        project.interpreter("3.5")  # why uv found none is said

@@ -226,19 +226,34 @@ def interpreter(python_version: str) -> str:
     """A CPython of ``python_version`` on this machine (this one, or one uv finds)."""
     if python_version == f"{sys.version_info.major}.{sys.version_info.minor}":
         return sys.executable
-    result = subprocess.run(
-        [tool("uv"), "python", "find", python_version],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    found = result.stdout.strip()
-    if result.returncode != 0 or not found:
-        raise PackagingError(
-            f"CPython {python_version} is needed to check the package: install it "
-            f"(uv python install {python_version}) or choose another --python-version"
+    reason = ""
+    for path in (os.environ.get("PATH", ""), _path_past_shims()):
+        result = subprocess.run(
+            [tool("uv"), "python", "find", python_version],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PATH": path},
         )
-    return found
+        found = result.stdout.strip()
+        if result.returncode == 0 and found:
+            return found
+        reason = reason or next(iter(result.stderr.strip().splitlines()), "")
+    raise PackagingError(
+        f"CPython {python_version} is needed to check the package: install it "
+        f"(uv python install {python_version}) or choose another --python-version"
+        + (f" (uv: {reason})" if reason else "")
+    )
+
+
+def _path_past_shims() -> str:
+    """``PATH`` without pyenv's shims (one names every version pyenv has, and fails for those
+    not selected), with the ``bin`` folder of each version pyenv has instead."""
+    kept = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
+    kept = [entry for entry in kept if Path(entry).name != "shims"]
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    versions = sorted(str(bin_dir) for bin_dir in root.glob("*/bin")) if root.is_dir() else []
+    return os.pathsep.join([*kept, *versions])
 
 
 _IMPORT_PROBE = """
