@@ -680,13 +680,31 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
         records = asyncio.run(list_keys())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
+    rows = [
+        (
+            record.key_id,
+            record.kind,
+            record.user_id or "-",
+            datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+            "revoked" if record.revoked else "active",
+        )
+        for record in records
+    ]
+    if not console.is_terminal:
+        # To a pipe or a file: one tab-separated line per key, for awk and cut.
+        # A user id may hold tabs and line breaks: written as \t and \n.
+        for row in rows:
+            print("\t".join(_tsv_field(field) for field in row))
+        return
     listing = Table("key id", "kind", "user", "created", "status")
-    for record in records:
-        created = datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-        status = "[red]revoked[/red]" if record.revoked else "[green]active[/green]"
-        user = escape(record.user_id) if record.user_id else "-"
-        listing.add_row(record.key_id, record.kind, user, created, status)
+    for key_id, kind, user, created, status in rows:
+        colour = "red" if status == "revoked" else "green"
+        listing.add_row(key_id, kind, escape(user), created, f"[{colour}]{status}[/{colour}]")
     console.print(listing)
+
+
+def _tsv_field(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def main() -> None:

@@ -462,6 +462,21 @@ def test_keys_show_a_user_id_as_written(tmp_path: Path) -> None:
     assert "[/ops]" in listed.stdout and "[red]bob" in listed.stdout
 
 
+def test_keys_list_to_a_pipe_is_one_tab_separated_line_per_key(tmp_path: Path) -> None:
+    # It printed the terminal's table, box drawing and all, which awk cannot take apart.
+    key_file = str(tmp_path / "keys.json")
+    for user in ("alice", "tab\there"):
+        assert run_cli("keys", "create", "--user", user, "--file", key_file).returncode == 0
+    listed = run_cli("keys", "list", "--file", key_file)  # its stdout is a pipe
+    rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    assert sorted((row[1], row[2], row[4]) for row in rows) == [
+        ("user", "alice", "active"),
+        ("user", "tab\\there", "active"),
+    ]
+    stored = json.loads(Path(key_file).read_text())["keys"]
+    assert {row[0] for row in rows} == {record["key_id"] for record in stored}
+
+
 FAILING_AGENT = """
 from agentscope_serverless.app import AgentApp
 
