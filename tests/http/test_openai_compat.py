@@ -426,6 +426,23 @@ def test_previous_response_id_names_a_session_of_the_caller_only(
     assert reply.metadata == {"session_id": "é"}
 
 
+@pytest.mark.parametrize("session_id", ["hi??", "ab?", "é?"])
+def test_previous_response_id_continues_a_session_whose_id_encodes_with_an_underscore(
+    sdk: openai.OpenAI, session_id: str
+) -> None:
+    # The session's part of the id (base64url) may hold "_": "hi??" was read back as "?"
+    # (the turn went to another session of the user) and "ab?" was refused.
+    first = sdk.responses.create(
+        model="demo", input="My name is Alice", metadata={"session_id": session_id}
+    )
+    assert "_" in first.id.removeprefix("resp_").partition("_")[2]
+    second = sdk.responses.create(
+        model="demo", input="What is my name?", previous_response_id=first.id
+    )
+    assert second.output_text == "Your name is Alice."
+    assert second.metadata == {"session_id": session_id}
+
+
 @pytest.mark.parametrize(
     "previous", ["resp_123", "chatcmpl-1_YQ", "resp_1_!!!", "resp_1_", "resp_1__w", "resp_1_Lw"]
 )

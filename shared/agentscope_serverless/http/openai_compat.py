@@ -130,11 +130,17 @@ def response_id(response: AgentResponse, session_id: str) -> str:
 
 
 def session_of_response(response_id: str) -> str:
-    """The session of a response id made by :func:`response_id`."""
-    prefix, _, session = response_id.rpartition("_")
+    """The session of a response id made by :func:`response_id` (its run's part holds no
+    ``_``; the session's, base64url, may).
+
+    >>> session_of_response("resp_0a_aGk_Pw")
+    'hi??'
+    """
+    run, _, session = response_id.removeprefix("resp_").partition("_")
     try:
-        decoded = base64.urlsafe_b64decode(session + "=" * (-len(session) % 4)).decode()
-        if not prefix.startswith("resp_") or not decoded:
+        padded = (session + "=" * (-len(session) % 4)).encode()
+        decoded = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+        if not response_id.startswith("resp_") or not run or not decoded:
             raise ValueError
         return decoded
     except ValueError:  # binascii.Error and UnicodeDecodeError among them
