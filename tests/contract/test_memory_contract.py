@@ -215,6 +215,27 @@ async def test_search_handles_unicode_words(memory: MemoryService, user_id: str)
     assert texts(await memory.search_memory(user_id, query("绿茶"))) == ["我喜欢绿茶"]
 
 
+async def test_search_keeps_combining_marks_in_their_words(
+    memory: MemoryService, user_id: str
+) -> None:
+    # \\w leaves combining marks out: Hindi's vowel signs split its words into fragments
+    # ("कितना", how much, matched "किताब", book, on "क"), and a decomposed "é" matched nothing.
+    await memory.add_memory(
+        user_id,
+        [
+            msg("मुझे किताब पसंद है"),
+            msg("a cafe\u0301 in Paris"),
+            msg("\uff21\uff22\uff23 dépôt"),
+            msg("مُحَمَّد"),
+        ],
+    )
+    assert texts(await memory.search_memory(user_id, query("कितना"))) == []
+    assert texts(await memory.search_memory(user_id, query("किताब"))) == ["मुझे किताब पसंद है"]
+    assert texts(await memory.search_memory(user_id, query("café"))) == ["a cafe\u0301 in Paris"]
+    assert texts(await memory.search_memory(user_id, query("abc"))) == ["\uff21\uff22\uff23 dépôt"]
+    assert texts(await memory.search_memory(user_id, query("مُحَمَّد"))) == ["مُحَمَّد"]
+
+
 async def test_memory_of_users_is_separate(memory: MemoryService, user_id: str) -> None:
     a, a_b, star = user_id, f"{user_id}:b", "*"
     await memory.add_memory(a_b, [msg("secret of a-b")])

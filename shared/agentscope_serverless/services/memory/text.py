@@ -9,8 +9,10 @@ ranked with BM25 (Okapi, ``k1=1.2``, ``b=0.75``); ties go to the most recent mem
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,7 +27,8 @@ BM25_B = 0.75
 # on Redis hold the server (a script) for all that time, for no better ranking.
 MAX_QUERY_TERMS = 128
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+# Planes holding combining marks besides variation selectors (plane 14's are added below).
+_MARK_PLANES = range(0x20000)
 _ASCII_SEPARATORS = str.maketrans(
     {c: " " for c in map(chr, range(128)) if not re.fullmatch(r"\w", c)}
 )
@@ -33,13 +36,37 @@ _ASCII_SEPARATORS = str.maketrans(
 _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
 
+@functools.cache
+def _word() -> re.Pattern[str]:
+    """A word: letters, digits, ``_`` and the combining marks that belong to them (vowel
+    signs of Indic scripts, Arabic harakat, Thai tone marks, accents written apart), which
+    ``\\w`` leaves out. Made on first use (about 20 ms): most texts are ASCII."""
+    ranges: list[str] = []
+    start: int | None = None
+    for point in [*_MARK_PLANES, 0x20000]:
+        mark = point < 0x20000 and unicodedata.category(chr(point)).startswith("M")
+        if mark and start is None:
+            start = point
+        elif not mark and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    ranges.append("\\U000e0100-\\U000e01ef")  # variation selectors supplement
+    return re.compile(f"[\\w{''.join(ranges)}]+")
+
+
 def tokenize(text: str) -> list[str]:
-    """Case-folded word tokens of ``text``, in order (CJK characters one by one)."""
+    """Case-folded word tokens of ``text``, in order (CJK characters one by one), after
+    compatibility normalization (NFKC: a decomposed ``é`` is the composed one, a full-width
+    letter the letter).
+
+    >>> tokenize("मुझे किताब पसंद है")
+    ['मुझे', 'किताब', 'पसंद', 'है']
+    """
     if text.isascii():
         # The same tokens, faster: every ASCII character that is not a word character
         # (letters, digits, "_") separates words.
         return text.lower().translate(_ASCII_SEPARATORS).split()
-    words = _WORD.findall(text.casefold())
+    words = _word().findall(unicodedata.normalize("NFKC", text).casefold())
     if not _UNSPACED.search(text):
         return words
     tokens: list[str] = []
