@@ -56,6 +56,9 @@ def scenario_app() -> AgentApp:
             raise StoreUnavailableError("redis", "connection refused")
         if text.startswith("sleep "):
             await asyncio.sleep(float(text.split()[1]))
+        if text == "limits":
+            yield f"max_tokens={request.max_tokens}"
+            return
         yield "echo: "
         yield text
 

@@ -467,3 +467,26 @@ def test_asking_for_more_than_one_choice_is_refused_rather_than_ignored(
         model="agent", messages=[{"role": "user", "content": "hello"}], n=1
     )
     assert len(completion.choices) == 1
+
+
+def test_max_completion_tokens_reaches_the_agent_as_max_tokens(
+    scenario_url: str, keys: Keys
+) -> None:
+    # Current SDKs and LangChain send max_completion_tokens (max_tokens is deprecated): it
+    # was dropped, and the agent saw no limit.
+    with openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    ) as client:
+        ask = [{"role": "user", "content": "limits"}]
+        newer = client.chat.completions.create(
+            model="m",
+            messages=ask,
+            max_completion_tokens=7,  # type: ignore[arg-type]
+        )
+        older = client.chat.completions.create(
+            model="m",
+            messages=ask,
+            max_tokens=9,  # type: ignore[arg-type]
+        )
+    assert newer.choices[0].message.content == "max_tokens=7"
+    assert older.choices[0].message.content == "max_tokens=9"

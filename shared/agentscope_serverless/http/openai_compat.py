@@ -66,6 +66,9 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    max_completion_tokens: int | None = Field(
+        None, description="What current clients send for ``max_tokens`` (which wins if both)."
+    )
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(

@@ -288,7 +288,7 @@ def build_router(
             model=body.model,
             temperature=body.temperature,
             top_p=body.top_p,
-            max_tokens=body.max_tokens,
+            max_tokens=body.max_tokens or body.max_completion_tokens,
             seed=body.seed,
             stop=body.stop,
         )
