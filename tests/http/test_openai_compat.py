@@ -490,3 +490,17 @@ def test_max_completion_tokens_reaches_the_agent_as_max_tokens(
         )
     assert newer.choices[0].message.content == "max_tokens=7"
     assert older.choices[0].message.content == "max_tokens=9"
+
+
+def test_a_message_of_a_role_no_agent_takes_is_refused_naming_it(sdk: openai.OpenAI) -> None:
+    # It said "messages[0] is not a valid message".
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        sdk.chat.completions.create(
+            model="demo",
+            messages=[{"role": "function", "name": "f", "content": "42"}],  # type: ignore[list-item]
+        )
+    error = refused.value.response.json()["error"]
+    assert error["message"] == (
+        "messages[0] has the role 'function'; roles are assistant, developer, system, tool, user"
+    )
+    assert error["fields"][0]["loc"] == ["messages", 0, "role"]

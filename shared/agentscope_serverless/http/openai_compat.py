@@ -161,6 +161,10 @@ def new_turn(messages: list[Message]) -> list[Message]:
     return messages
 
 
+# The roles a message may have here ("developer" is read as "system").
+_ROLES = frozenset({Role.USER, Role.ASSISTANT, Role.SYSTEM, Role.TOOL, "developer"})
+
+
 def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> list[Message]:
     """OpenAI chat messages (or responses input items) as messages of our protocol."""
     messages: list[Message] = []
@@ -175,6 +179,11 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
         if item["role"] == "developer":
             # OpenAI's name for system instructions since its o1 models: the same message.
             item = {**item, "role": Role.SYSTEM}
+        if item["role"] not in _ROLES:
+            says = f"has the role {item['role'][:40]!r}; roles are {', '.join(sorted(_ROLES))}"
+            raise InvalidInputError(
+                f"{field}[{position}] {says}", errors=[{"loc": [*where, "role"], "msg": says}]
+            )
         try:
             messages.append(Message.from_openai_message(item))
         except UnsupportedContentError as exc:
