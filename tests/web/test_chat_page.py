@@ -83,6 +83,26 @@ async def sign_in(page: Page, url: str, key: str) -> None:
     await page.wait_for("document.activeElement.id === 'composer-input'")
 
 
+async def test_a_key_copied_with_invisible_characters_or_quotes_signs_in(
+    demo_url: str, keys: Keys
+) -> None:
+    # The browser refused the header, and the page said it could not reach the server.
+    submit = "; document.getElementById('sign-in-form').requestSubmit()"
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.activeElement && document.activeElement.id === 'api-key'")
+        await page.evaluate(
+            "document.getElementById('api-key').value = 'ask_\\u00e9t\\u00e9'" + submit
+        )
+        await page.wait_for(
+            "document.getElementById('sign-in-error').textContent"
+            " === 'That key was not accepted: it holds characters no key has.'"
+        )
+        copied = json.dumps(f"\u201c{keys.alice}\u200b\u201d ")
+        await page.evaluate(f"document.getElementById('api-key').value = {copied}" + submit)
+        await visible(page, "chat")
+
+
 async def say(page: Page, text: str) -> str:
     """Type a message, send it with Enter, wait for the run to end; the last reply's text."""
     replies = await page.evaluate("document.querySelectorAll('.message.assistant').length")
@@ -273,6 +293,11 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
+        if msgs[-1].get_text_content() == "piece by piece":
+            for index in range(200):  # 10 s of a line now and then
+                yield f"Piece {index}.\n\n"
+                await asyncio.sleep(0.05)
+            return
         if msgs[-1].get_text_content() == "a long reply in small pieces":
             for _ in range(10_000):  # 100 KB, as a model streams it: a few characters at a time
                 yield "abcdefghi "
@@ -395,7 +420,14 @@ async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) 
             "document.querySelector('.message.assistant.streaming')"
             " && document.querySelector('.message.assistant').textContent.includes('Working')"
         )
-        assert await page.evaluate("document.activeElement.id") == "stop"
+        # Focus stays in the message box: typing on must not reach Stop (it went there, and
+        # the next key pressed stopped the run).
+        assert await page.evaluate("document.activeElement.id") == "composer-input"
+        await page.type_text("so what")
+        await page.press(*ENTER)  # a second Enter while it runs: nothing is sent, nothing stops
+        assert await page.evaluate("document.getElementById('composer-input').value") == "so what"
+        assert await page.evaluate("document.querySelectorAll('.message.user').length") == 1
+        assert not await page.evaluate("document.getElementById('stop').hidden")
         # Screen readers wait for the message to be done rather than reading it at each piece.
         busy = "document.querySelector('.message.assistant').getAttribute('aria-busy')"
         assert await page.evaluate(busy) == "true"
@@ -451,6 +483,72 @@ async def test_a_run_stopped_before_its_reply_starts_is_canceled(
                 break
             await asyncio.sleep(0.05)
         assert run["status"] == "canceled"
+
+
+async def test_a_message_stopped_before_it_was_sent_goes_back_to_the_box(
+    tool_server: tuple[str, str],
+) -> None:
+    # It stayed on screen as if sent, and its text was gone from the box.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("take your time")
+        await page.evaluate(
+            "document.getElementById('composer').requestSubmit();"
+            " document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))"
+        )
+        await page.wait_for(
+            "document.getElementById('run-status').textContent === 'Stopped before it was sent.'"
+        )
+        assert await page.evaluate("document.querySelectorAll('.message.user').length") == 0
+        box = "document.getElementById('composer-input').value"
+        assert await page.evaluate(box) == "take your time"
+        assert not [r for r in page.requests if r == f"{url}/process"]
+
+
+async def test_a_reader_scrolled_up_stays_there_while_a_reply_streams(
+    tool_server: tuple[str, str],
+) -> None:
+    # Every piece of the reply scrolled the conversation back to its end.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        for _ in range(6):  # a conversation taller than the window
+            await say(page, "in markdown")
+        await page.type_text("piece by piece")
+        await page.press(*ENTER)
+        await page.wait_for("document.querySelector('.message.assistant.streaming') !== null")
+        await asyncio.sleep(0.3)
+        # The reader turns the wheel back over the conversation.
+        box = await page.evaluate(
+            "(() => { const r = document.getElementById('messages').getBoundingClientRect();"
+            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
+        for _ in range(20):
+            await page.send(
+                "Input.dispatchMouseEvent",
+                type="mouseWheel",
+                x=box[0],
+                y=box[1],
+                deltaX=0,
+                deltaY=-2000,
+            )
+        await page.wait_for("document.getElementById('messages').scrollTop === 0")
+        await asyncio.sleep(1.5)  # pieces keep coming
+        assert await page.evaluate(
+            "document.querySelector('.message.assistant.streaming') !== null"
+        )
+        assert await page.evaluate("document.getElementById('messages').scrollTop") == 0
+        # Back at the end, the reply is followed again.
+        await page.evaluate(
+            "const log = document.getElementById('messages'); log.scrollTop = log.scrollHeight"
+        )
+        await asyncio.sleep(1)
+        at_end = "log.scrollHeight - log.scrollTop - log.clientHeight < 48"
+        assert await page.evaluate(
+            f"(() => {{ const log = document.getElementById('messages'); return {at_end}; }})()"
+        )
+        await page.press("Escape", "Escape", 27)
 
 
 async def test_a_malformed_tool_result_is_shown_and_the_run_goes_on(
@@ -577,20 +675,27 @@ async def test_a_long_session_opens_with_its_newest_messages(
     async with chromium_page() as page:
         await sign_in(page, url, key)
         await page.wait_for("document.querySelector('[data-session=long]') !== null")
-        await page.evaluate("document.querySelector('[data-session=long]').click()")
+        # A message sent while the session loads goes once its history is on screen, at the
+        # end: it landed in the middle of the history, or was trimmed away with the oldest.
+        await page.evaluate(
+            "document.querySelector('[data-session=long]').click();"
+            " document.getElementById('composer-input').value = 'take a picture';"
+            " document.getElementById('composer').requestSubmit()"
+        )
         await page.wait_for(
-            "document.getElementById('run-status').textContent === ''"
-            " && document.activeElement.id === 'composer-input'"
+            "document.querySelectorAll('.message.assistant').length > 0"
+            " && !document.getElementById('send').hidden"
         )
         texts = await page.evaluate(
             "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
         )
-        # The newest 2,000 are shown, the page saying how many earlier ones are not.
-        assert len(texts) == 2000 and texts[0] == "message 500" and texts[-1] == "message 2499"
+        # The newest 2,000 are shown, the page saying how many earlier ones are not; then the
+        # message sent while they loaded, and its reply.
+        mine = texts.index("take a picture")
+        assert mine == 2000 and texts[0] == "message 500" and texts[mine - 1] == "message 2499"
+        assert "chart" in texts[-1]
         note = await page.evaluate("document.querySelector('#messages .hidden-note').textContent")
         assert note == "500 earlier messages are not shown."
-        reply = await say(page, "take a picture")
-        assert "chart" in reply
         assert not page.exceptions, page.exceptions
 
 
@@ -708,7 +813,7 @@ async def test_a_reload_during_a_run_shows_the_run_again(tool_server: tuple[str,
         await page.wait_for("!window.beforeReload && document.readyState === 'complete'")
         await page.wait_for(streaming)
         assert await page.evaluate("document.getElementById('session-label').textContent") == label
-        assert await page.evaluate("document.activeElement.id") == "stop"
+        assert await page.evaluate("document.activeElement.id") == "composer-input"
 
         HELD_RUN_GOES_ON.set()
         await page.wait_for("!document.getElementById('send').hidden")

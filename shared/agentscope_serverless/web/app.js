@@ -126,10 +126,17 @@ function signOut(message = "") {
 
 async function signIn(event) {
   event.preventDefault();
-  const key = $("api-key").value.trim();
+  // Copied from a document, a key may come with invisible characters or quotes around it.
+  const key = $("api-key")
+    .value.replace(/[\s\u200b-\u200d\u2060\ufeff]/g, "")
+    .replace(/^["'\u2018\u2019\u201c\u201d]+|["'\u2018\u2019\u201c\u201d]+$/g, "");
   const error = $("sign-in-error");
   if (!key) {
     error.textContent = "Enter your API key.";
+    return;
+  }
+  if (!/^[\x21-\x7e]+$/.test(key)) {
+    error.textContent = "That key was not accepted: it holds characters no key has.";
     return;
   }
   error.textContent = "";
@@ -234,6 +241,13 @@ async function openSession(id) {
   stopRun();
   stopLoading();
   const loading = new AbortController();
+  // Settled once the session is on screen (``finished``), or left: a message sent meanwhile
+  // waits for it.
+  let settle;
+  loading.done = new Promise((resolve) => {
+    settle = resolve;
+  });
+  loading.signal.addEventListener("abort", () => settle());
   state.loading = loading;
   state.session = id;
   state.toolNames.clear();
@@ -261,8 +275,10 @@ async function openSession(id) {
     $("run-status").textContent = `Could not load the session: ${error.message}`;
   }
   state.loading = null;
+  loading.finished = true;
+  settle();
   if (!log.children.length) log.append(emptyState());
-  scrollToEnd();
+  scrollToEnd(true);
   $("composer-input").focus();
 }
 
@@ -452,18 +468,51 @@ function memoriesNode(memories) {
   return details;
 }
 
+// In a narrow or short window the page scrolls as a whole (see app.css).
+function scroller() {
+  const log = $("messages");
+  return getComputedStyle(log).overflowY === "visible" ? document.scrollingElement : log;
+}
+
+// Whether new text is followed: until the reader scrolls back (a wheel or a touch, a key, the
+// scroll bar) to read, where they then stay; and again once they are back at the end. Only
+// the reader's own moves count: the page's changes of height scroll it too.
+let following = true;
+function readBack() {
+  following = false;
+}
+function noteScroll() {
+  const view = scroller();
+  if (view.scrollHeight - view.scrollTop - view.clientHeight < 48) following = true;
+}
+const BACK_KEYS = new Set(["PageUp", "ArrowUp", "Home"]);
+function watchReading() {
+  document.addEventListener("wheel", (event) => event.deltaY < 0 && readBack(), { passive: true });
+  document.addEventListener("touchmove", readBack, { passive: true });
+  document.addEventListener("keydown", (event) => {
+    const typing = event.target instanceof HTMLTextAreaElement || event.target instanceof HTMLInputElement;
+    if (BACK_KEYS.has(event.key) && !typing) readBack();
+  });
+  // The scroll bar: a press on the scrolling element itself.
+  document.addEventListener("pointerdown", (event) => {
+    if (event.target === $("messages") || event.target === document.documentElement) readBack();
+  });
+  $("messages").addEventListener("scroll", noteScroll, { passive: true });
+  window.addEventListener("scroll", noteScroll, { passive: true });
+}
+
 // Once per frame at most: reading scrollHeight lays the page out, and a reply can come in
-// thousands of pieces.
+// thousands of pieces. ``always``: the user's own message, or a session just opened.
 let scrollPending = false;
-function scrollToEnd() {
-  if (scrollPending) return;
+function scrollToEnd(always = false) {
+  if (always) following = true;
+  if (scrollPending || !following) return;
   scrollPending = true;
   requestAnimationFrame(() => {
     scrollPending = false;
-    const log = $("messages");
-    // In a narrow or short window the page scrolls as a whole (see app.css).
-    const scroller = getComputedStyle(log).overflowY === "visible" ? document.scrollingElement : log;
-    scroller.scrollTop = scroller.scrollHeight;
+    if (!following) return; // the reader scrolled away meanwhile
+    const view = scroller();
+    view.scrollTop = view.scrollHeight;
   });
 }
 
@@ -481,6 +530,15 @@ async function searchMemories(text) {
 async function send(event) {
   event.preventDefault();
   const input = $("composer-input");
+  if (!input.value.trim() || state.run) return;
+  // While a session loads, its history is still being put on screen: a message sent then
+  // would land in the middle of it, or be trimmed away with the oldest messages. It goes
+  // once the history is there (staying in the box if the session is left meanwhile).
+  const loading = state.loading;
+  if (loading) {
+    await loading.done;
+    if (!loading.finished) return;
+  }
   const text = input.value.trim();
   if (!text || state.run) return;
   input.value = "";
@@ -489,7 +547,7 @@ async function send(event) {
   const user = messageView({ role: "user", type: "message" });
   renderParts(user, [{ type: "text", text }]);
   log.append(user.item);
-  scrollToEnd();
+  scrollToEnd(true);
 
   const run = { controller: new AbortController(), id: null, stopped: false, text };
   state.run = run;
@@ -497,9 +555,12 @@ async function send(event) {
   const memories = await searchMemories(text);
   if (memories.length) user.item.append(memoriesNode(memories));
   if (run.stopped) {
-    // Stopped before it was sent: nothing runs.
+    // Stopped before it was sent: nothing runs, and the message goes back to the box.
     state.run = null;
-    setRunning(false, "Stopped.");
+    user.item.remove();
+    if (!log.children.length) log.append(emptyState());
+    if (!input.value) input.value = text;
+    setRunning(false, "Stopped before it was sent.");
     return;
   }
 
@@ -727,8 +788,10 @@ function setRunning(running, status) {
   $("send").hidden = running;
   $("stop").hidden = !running;
   $("run-status").textContent = status;
-  if (running) $("stop").focus();
-  else $("composer-input").focus();
+  // Focus stays in the message box, never on Stop: typing on, or a second Enter, would stop
+  // the run. Escape stops it from anywhere. The box is always in view: focusing it scrolls
+  // nothing (which would take the reader away from where they read).
+  $("composer-input").focus({ preventScroll: true });
 }
 
 function stopRun() {
@@ -769,6 +832,7 @@ function start() {
       $("composer").requestSubmit();
     }
   });
+  watchReading();
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && state.run) stopRun();
   });
