@@ -80,7 +80,8 @@ def test_each_run_that_ends_writes_its_metrics(capfd: pytest.CaptureFixture[str]
         "CompletionTokens": "Count",
     }
     assert (done["Runs"], done["PromptTokens"], done["CompletionTokens"]) == (1, 12, 2)
-    assert 50 <= done["TimeToFirstToken"] <= done["RunDuration"]
+    # About the agent's 50 ms before its first token, at least (49.965 ms was measured once).
+    assert 45 <= done["TimeToFirstToken"] <= done["RunDuration"]
     assert isinstance(done["_aws"]["Timestamp"], int)
     assert done["Service"] == "agentscope-serverless"
     # A failed run counts too; without usage, no token counts.
