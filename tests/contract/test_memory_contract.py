@@ -236,6 +236,23 @@ async def test_search_keeps_combining_marks_in_their_words(
     assert texts(await memory.search_memory(user_id, query("مُحَمَّد"))) == ["مُحَمَّد"]
 
 
+async def test_search_splits_scripts_written_without_spaces(
+    memory: MemoryService, user_id: str
+) -> None:
+    # A run of Thai was one token, so a question found only the very same sentence; the
+    # capital dotted I folded to "i" and a combining dot, so "istanbul" missed "İstanbul";
+    # half-width katakana were one token.
+    await memory.add_memory(
+        user_id,
+        [msg("ฉันชื่ออลิซ"), msg("ฉันชอบกาแฟ"), msg("İstanbul'da evim"), msg("ｶﾌｪ")],
+    )
+    assert texts(await memory.search_memory(user_id, query("ชื่ออะไร"), filters={"top_k": 1})) == [
+        "ฉันชื่ออลิซ"
+    ]
+    assert texts(await memory.search_memory(user_id, query("istanbul"))) == ["İstanbul'da evim"]
+    assert texts(await memory.search_memory(user_id, query("カフェ"))) == ["ｶﾌｪ"]
+
+
 async def test_memory_of_users_is_separate(memory: MemoryService, user_id: str) -> None:
     a, a_b, star = user_id, f"{user_id}:b", "*"
     await memory.add_memory(a_b, [msg("secret of a-b")])

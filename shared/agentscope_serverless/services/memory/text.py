@@ -29,11 +29,18 @@ MAX_QUERY_TERMS = 128
 
 # Planes holding combining marks besides variation selectors (plane 14's are added below).
 _MARK_PLANES = range(0x20000)
+# What a capital dotted I ("İ", Turkish and Azeri) folds to: "i" and a combining dot above.
+_DOTTED_I = "i\u0307"
 _ASCII_SEPARATORS = str.maketrans(
     {c: " " for c in map(chr, range(128)) if not re.fullmatch(r"\w", c)}
 )
-# Scripts written without spaces between words: each character is a token of its own.
-_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+# Scripts written without spaces between words: each character is a token of its own, with
+# the combining marks that follow it (CJK and Hangul; Thai, Lao, Myanmar and Khmer, whose
+# vowel signs and tone marks are such marks).
+_UNSPACED = re.compile(
+    r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
+    r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+)
 
 
 @functools.cache
@@ -55,19 +62,23 @@ def _word() -> re.Pattern[str]:
 
 
 def tokenize(text: str) -> list[str]:
-    """Case-folded word tokens of ``text``, in order (CJK characters one by one), after
-    compatibility normalization (NFKC: a decomposed ``é`` is the composed one, a full-width
-    letter the letter).
+    """Case-folded word tokens of ``text``, in order (characters of scripts written without
+    spaces one by one, with their marks), after compatibility normalization (NFKC: a
+    decomposed ``é`` is the composed one, a full-width letter the letter). A capital dotted
+    ``İ`` folds to ``i``, as the capital ``I`` does.
 
     >>> tokenize("मुझे किताब पसंद है")
     ['मुझे', 'किताब', 'पसंद', 'है']
+    >>> tokenize("ชื่ออลิซ")
+    ['ชื่', 'อ', 'อ', 'ลิ', 'ซ']
     """
     if text.isascii():
         # The same tokens, faster: every ASCII character that is not a word character
         # (letters, digits, "_") separates words.
         return text.lower().translate(_ASCII_SEPARATORS).split()
-    words = _word().findall(unicodedata.normalize("NFKC", text).casefold())
-    if not _UNSPACED.search(text):
+    folded = unicodedata.normalize("NFKC", text).casefold().replace(_DOTTED_I, "i")
+    words = _word().findall(folded)
+    if not _UNSPACED.search(folded):
         return words
     tokens: list[str] = []
     for word in words:
@@ -79,14 +90,23 @@ def tokenize(text: str) -> list[str]:
 
 
 def _split_unspaced(word: str) -> Iterable[str]:
-    run = ""
+    """The characters of scripts written without spaces in ``word``, each with the marks
+    following it, and the runs of other characters between them."""
+    run, unspaced = "", False
     for char in word:
         if _UNSPACED.match(char):
+            if unspaced and unicodedata.category(char).startswith("M"):
+                run += char
+                continue
             if run:
                 yield run
-                run = ""
-            yield char
+            run, unspaced = char, True
+        elif unspaced and unicodedata.category(char).startswith("M"):
+            run += char  # a mark from outside those ranges (a variation selector) stays with it
         else:
+            if unspaced:
+                yield run
+                run, unspaced = "", False
             run += char
     if run:
         yield run
