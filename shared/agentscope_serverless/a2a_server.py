@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from a2a.helpers.proto_helpers import new_text_message
@@ -49,6 +51,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedO
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.log import logger
 from agentscope_serverless.recorder import FIRST_WRITE_DELAY, RecordedRun, RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
@@ -70,6 +73,13 @@ RUN_ID_KEY = "run_id"
 # for the task's end to be stored.
 FOLLOW_START_SECONDS = 5.0
 FOLLOW_END_SECONDS = 5.0
+# Every chunk of a streamed reply is an event the SDK saves with its whole task: while only
+# the reply grows, a task is written at most this often (what came between goes with the next
+# write, or this long after the last one); a change of its state, and its end, at once.
+TASK_SAVE_INTERVAL = 0.5
+# How many tasks in progress a process remembers the last written record of (beyond, a task's
+# next write reads its record first).
+WRITTEN_TASKS = 1024
 TERMINAL = {
     TaskState.TASK_STATE_COMPLETED: "completed",
     TaskState.TASK_STATE_FAILED: "failed",
@@ -183,34 +193,114 @@ class RunsAgentExecutor(AgentExecutor):
             await TaskUpdater(event_queue, task_id, context.context_id).cancel()
 
 
+@dataclass(eq=False)
+class _Written:
+    """A task's record as this process last wrote it, and what waits to be written."""
+
+    record: RunRecord
+    state: TaskState
+    at: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: Task | None = None
+    flush: asyncio.Task[None] | None = None
+
+    def can_wait(self, task: Task) -> bool:
+        """Whether ``task`` may be written later: only its reply grew since the last write,
+        made less than :data:`TASK_SAVE_INTERVAL` ago."""
+        state = task.status.state
+        return (
+            state == self.state
+            and state not in TERMINAL
+            and time.monotonic() - self.at < TASK_SAVE_INTERVAL
+        )
+
+    def wrote(self, record: RunRecord, task: Task) -> None:
+        self.record, self.state, self.at = record, task.status.state, time.monotonic()
+
+
+def _copy(task: Task) -> Task:
+    copy = Task()
+    copy.CopyFrom(task)
+    return copy
+
+
 class RunsTaskStore(TaskStore):
     """A2A tasks in the runs store, one record per task, scoped to the calling user."""
 
     def __init__(self, runs: RunsService, *, first_write_delay: float = FIRST_WRITE_DELAY) -> None:
         self.runs = runs
         self.first_write_delay = first_write_delay
+        # The tasks in progress this process wrote last, by user and task id.
+        self._written: dict[tuple[str, str], _Written] = {}
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
+        """Store ``task``: at once when it is new, its state changed or it ended; while only
+        its reply grows, with the next write or :data:`TASK_SAVE_INTERVAL` after the last."""
         user_id = owner_of(context)
         _join_reply(task)
-        stored = MessageToDict(task)
-        status = TERMINAL.get(task.status.state, "in_progress")
-        record = await self.runs.get_run(user_id, task.id)
-        if record is None:
-            await self.runs.create_run(
-                RunRecord(
-                    id=task.id,
-                    user_id=user_id,
-                    session_id=task.context_id or None,
-                    kind="a2a_task",
-                    status=status,
-                    result=stored,
-                )
-            )
+        key = (user_id, task.id)
+        written = self._written.get(key)
+        if written is not None and written.can_wait(task):
+            written.pending = _copy(task)
+            if written.flush is None:
+                written.flush = asyncio.create_task(self._flush_later(user_id, written))
+            return
+        if written is None:
+            record = await self._store(user_id, task, None)
+            if task.status.state not in TERMINAL:
+                self._keep(key, _Written(record, task.status.state))
         else:
-            await self.runs.save_run(record.model_copy(update={"status": status, "result": stored}))
+            async with written.lock:
+                if written.flush is not None:
+                    written.flush.cancel()
+                    written.flush = None
+                written.pending = None
+                written.wrote(await self._store(user_id, task, written.record), task)
+            if task.status.state in TERMINAL:
+                self._written.pop(key, None)
         if task.status.state == TaskState.TASK_STATE_CANCELED:
             await self._cancel_run(user_id, task)
+
+    async def _store(self, user_id: str, task: Task, record: RunRecord | None) -> RunRecord:
+        """Write ``task`` over ``record`` (the one this process last wrote), or over the one
+        stored (a new one if none is); the record written."""
+        stored = MessageToDict(task)
+        status = TERMINAL.get(task.status.state, "in_progress")
+        if record is None:
+            record = await self.runs.get_run(user_id, task.id)
+        if record is None:
+            record = RunRecord(
+                id=task.id,
+                user_id=user_id,
+                session_id=task.context_id or None,
+                kind="a2a_task",
+                status=status,
+                result=stored,
+            )
+            await self.runs.create_run(record)
+            return record
+        record = record.model_copy(update={"status": status, "result": stored})
+        await self.runs.save_run(record)
+        return record
+
+    async def _flush_later(self, user_id: str, written: _Written) -> None:
+        """Write what waits, :data:`TASK_SAVE_INTERVAL` after the last write."""
+        await asyncio.sleep(max(0.0, written.at + TASK_SAVE_INTERVAL - time.monotonic()))
+        async with written.lock:
+            written.flush = None
+            task, written.pending = written.pending, None
+            if task is None:
+                return
+            try:
+                written.wrote(await self._store(user_id, task, written.record), task)
+            except Exception:
+                # Each write holds the whole task: the next one (its end at the latest) has it.
+                logger.exception("could not save an A2A task", extra={"task_id": task.id})
+
+    def _keep(self, key: tuple[str, str], written: _Written) -> None:
+        if len(self._written) >= WRITTEN_TASKS:
+            self._written.pop(next(iter(self._written)), None)
+        self._written[key] = written
 
     async def _cancel_run(self, user_id: str, task: Task) -> None:
         """Mark the run of a canceled task: canceled by another process than the one running

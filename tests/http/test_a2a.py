@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio
 from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client
 from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
@@ -28,6 +30,7 @@ from a2a.types import (
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import ParseDict
 
+from agentscope_serverless.a2a_server import TASK_SAVE_INTERVAL
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
@@ -54,6 +57,8 @@ async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> Asy
         for word in text.split():
             yield word + " "
             await asyncio.sleep(delay)
+        if "pause" in text:  # silent for a while before it ends
+            await asyncio.sleep(10)
     finally:
         cleanups.append(session.id)
 
@@ -235,6 +240,78 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
     async with _client(second, keys.alice, streaming=True) as again:
         with pytest.raises(Exception, match=r"(?i)terminal"):
             [e async for e in again.subscribe(SubscribeToTaskRequest(id=task_id))]
+
+
+async def test_a_long_streamed_reply_is_not_written_to_the_store_for_every_chunk(
+    two_servers: tuple[str, str, Keys], redis_server: RedisServer
+) -> None:
+    # Every chunk read the task's record and wrote it whole: a reply of 300 chunks took 600
+    # store requests, each writing all the text so far.
+    first, second, keys = two_servers
+    commands: list[str] = []
+    store = redis.asyncio.from_url(redis_server.url)
+
+    async def watch() -> None:
+        async with store.monitor() as monitor:
+            while True:
+                commands.append(str((await monitor.next_command())["command"]))
+
+    watching = asyncio.create_task(watch())
+    try:
+        async with _client(first, keys.alice, streaming=True) as client:
+            words = [f"w{i}" for i in range(300)]
+            started = time.monotonic()
+            events = [e async for e in client.send_message(_message(" ".join(words)))]
+            seconds = time.monotonic() - started
+        task_id = next(e.artifact_update.task_id for e in events if e.HasField("artifact_update"))
+        async with _client(second, keys.alice, streaming=False) as other:
+            stored = await other.get_task(GetTaskRequest(id=task_id))
+    finally:
+        watching.cancel()
+        await store.aclose()
+    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+    assert get_artifact_text(stored.artifacts[0], delimiter="") == " ".join(words) + " "
+    # The writes of the whole record, as its scripts run them (not the scripts' calls: one
+    # that was not loaded yet is called twice).
+    writes = [
+        c for c in commands if '"a2a_task"' in c and task_id in c and not c.startswith("EVAL")
+    ]
+    # Created, working, completed, and the reply at most every TASK_SAVE_INTERVAL meanwhile.
+    assert 2 <= len(writes) <= 4 + seconds / TASK_SAVE_INTERVAL, (len(writes), seconds)
+
+
+async def test_a_reply_whose_stream_pauses_is_stored_while_it_pauses(
+    two_servers: tuple[str, str, Keys],
+) -> None:
+    # The chunks a task's record was not written for right away are written a moment later,
+    # not only at the task's next event.
+    first, second, keys = two_servers
+    words = [f"w{i}" for i in range(20)]
+    async with (
+        _client(first, keys.alice, streaming=True) as running_client,
+        _client(second, keys.alice, streaming=False) as other_client,
+    ):
+        stream = running_client.send_message(_message(" ".join([*words, "pause"])))
+        chunks = 0
+        async for event in stream:
+            if event.HasField("artifact_update"):
+                task_id, chunks = event.artifact_update.task_id, chunks + 1
+            if chunks == len(words) + 1:
+                break
+        deadline = asyncio.get_running_loop().time() + 8
+        while True:
+            stored = await other_client.get_task(GetTaskRequest(id=task_id))
+            text = get_artifact_text(stored.artifacts[0], delimiter="") if stored.artifacts else ""
+            if (
+                text == " ".join([*words, "pause"]) + " "
+                or asyncio.get_running_loop().time() > deadline
+            ):
+                break
+            await asyncio.sleep(0.05)
+        assert stored.status.state == TaskState.TASK_STATE_WORKING
+        assert text == " ".join([*words, "pause"]) + " "
+        await other_client.cancel_task(CancelTaskRequest(id=task_id))
+        await stream.aclose()
 
 
 async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:
