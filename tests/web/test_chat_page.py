@@ -7,6 +7,7 @@ import contextlib
 import json
 import struct
 import threading
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -30,7 +31,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.settings import load_settings
 from tests.support.browser import Page, chromium_page
-from tests.support.http import Keys, running
+from tests.support.http import Keys, bearer, running
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -629,6 +630,32 @@ async def test_long_unbroken_words_do_not_widen_the_page(demo_url: str, keys: Ke
         assert not page.exceptions, page.exceptions
 
 
+async def test_the_sessions_list_comes_back_by_itself_after_an_outage(
+    demo_url: str, keys: Keys
+) -> None:
+    # A list the server could not give stayed in error until the page was reloaded.
+    session = f"after-outage-{uuid.uuid4().hex[:8]}"
+    body = {"input": [{"role": "user", "content": "hello"}], "session_id": session}
+    async with httpx.AsyncClient(headers=bearer(keys.bob), timeout=30) as client:
+        assert (await client.post(f"{demo_url}/process", json=body)).status_code == 200
+    async with chromium_page() as page:
+        await page.send("Network.setBlockedURLs", urls=["*/sessions?limit=1000*"])
+        await sign_in(page, demo_url, keys.bob)
+        await page.wait_for(
+            "document.getElementById('sessions-status').textContent"
+            " === 'Cannot reach the server. Trying again…'"
+        )
+        await asyncio.sleep(2.5)  # a retry or more, failing too
+        assert await page.evaluate("document.querySelector('#sessions button')") is None
+        await page.send("Network.setBlockedURLs", urls=[])
+        await page.wait_for(
+            f"document.querySelector('[data-session=\"{session}\"]') !== null"
+            " && document.getElementById('sessions-status').textContent === ''",
+            within=15,
+        )
+        assert not page.exceptions, page.exceptions
+
+
 async def test_a_session_left_while_loading_does_not_spill_into_the_next(
     tool_server: tuple[str, str],
 ) -> None:
@@ -881,6 +908,18 @@ async def test_a_zoomed_in_window_keeps_the_conversation_readable(
         assert view["composerInView"] and view["lastInView"], view
         # The conversation has most of the window, not a strip between fixed panes.
         assert view["conversation"] >= view["height"] / 2, view
+        # Reading back, the run's status line stays in view with the message box (it was
+        # below it, at the end of the page, out of view).
+        await page.evaluate(
+            "document.getElementById('run-status').textContent = 'Error: the agent failed'"
+        )
+        await page.press("Home", "Home", 36)
+        await page.evaluate("window.scrollTo(0, 0)")
+        status = await page.evaluate(
+            "(() => { const r = document.getElementById('run-status').getBoundingClientRect();"
+            " return r.height > 0 && r.top >= 0 && r.bottom <= innerHeight; })()"
+        )
+        assert status, await page.screenshot(f"chat-page-{width}x{height}-read-back.png")
         assert not page.exceptions, page.exceptions
 
 

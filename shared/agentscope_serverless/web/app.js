@@ -11,6 +11,10 @@ const MEMORY_TOP_K = 5;
 const PAGE_SIZE = 1000; // the most the sessions routes give at once
 const MAX_SHOWN = 2000; // the newest messages a session shows (the page stays responsive)
 const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.5 s, 1 s, 2 s...
+// A sessions list the server could not give (unreachable, or failing) is asked for again after
+// 2 s, then at doubling intervals up to a minute, and at once when the browser is back online.
+const SESSIONS_RETRY_MS = 2000;
+const SESSIONS_RETRY_MAX_MS = 60000;
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
 
 const $ = (id) => document.getElementById(id);
@@ -20,6 +24,7 @@ const state = {
   session: null,
   run: null, // {controller, id, stopped}
   loading: null, // AbortController of the session being loaded
+  sessionsRetry: { timer: 0, delay: SESSIONS_RETRY_MS },
   toolNames: new Map(), // call_id -> tool name, to title results
 };
 
@@ -113,6 +118,8 @@ function showChat() {
 function signOut(message = "") {
   stopRun();
   stopLoading();
+  clearTimeout(state.sessionsRetry.timer);
+  state.sessionsRetry = { timer: 0, delay: SESSIONS_RETRY_MS };
   sessionStorage.removeItem(KEY_STORAGE);
   sessionStorage.removeItem(RUN_STORAGE);
   state.key = null;
@@ -170,15 +177,25 @@ async function signIn(event) {
 async function loadSessions() {
   const list = $("sessions");
   const status = $("sessions-status");
+  const retry = state.sessionsRetry;
+  clearTimeout(retry.timer);
+  retry.timer = 0;
   status.textContent = "Loading…";
   const ids = [];
   try {
     for await (const session of pages("sessions", PAGE_SIZE)) ids.push(session.id);
   } catch (error) {
-    status.textContent = error.status === 404 ? "Not available on this server." : "";
-    if (error.status !== 404 && error.status !== 401) status.textContent = error.message;
+    if (error.status === 404) status.textContent = "Not available on this server.";
+    else if (error.status === 401) status.textContent = "";
+    else status.textContent = error.status ? error.message : "Cannot reach the server.";
+    if (state.key && (!error.status || error.status === 429 || error.status >= 500)) {
+      status.textContent += " Trying again…";
+      retry.timer = setTimeout(loadSessions, retry.delay);
+      retry.delay = Math.min(retry.delay * 2, SESSIONS_RETRY_MAX_MS);
+    }
     return;
   }
+  retry.delay = SESSIONS_RETRY_MS;
   list.replaceChildren(
     ...ids.reverse().map((id) => {
       const item = document.createElement("li");
@@ -833,6 +850,9 @@ function start() {
     }
   });
   watchReading();
+  window.addEventListener("online", () => {
+    if (state.key && state.sessionsRetry.timer) loadSessions(); // a retry is waiting
+  });
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && state.run) stopRun();
   });
