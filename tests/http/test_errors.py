@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.function_app import create_function_app
+from agentscope_serverless.http.middleware import DRAIN_BYTES, DRAIN_SECONDS
 from agentscope_serverless.settings import load_settings
 from tests.http.conftest import SECRET
 from tests.support.http import Keys, bearer, issue_key, running, user_message
@@ -120,6 +124,51 @@ def test_a_streamed_body_over_the_limit_gets_413(small_limit_url: str, keys: Key
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
     assert error_of(response)["code"] == "PAYLOAD_TOO_LARGE"
+
+
+async def test_a_client_writing_its_whole_body_before_reading_gets_the_413(
+    small_limit_url: str, keys: Keys
+) -> None:
+    """httpx's async client (as most SDKs) sends all of a body before reading the answer: a
+    connection closed under it while it still sends is reset, and the 413 was lost."""
+    body = b'{"state": {"text": "' + b"x" * 4_000_000 + b'"}}'
+    headers = {**bearer(keys.alice), "Content-Type": "application/json"}
+    statuses = []
+    for _ in range(5):
+        async with httpx.AsyncClient(base_url=small_limit_url, headers=headers) as client:
+            statuses.append((await client.post("/state/s", content=body)).status_code)
+    assert statuses == [413] * 5
+
+
+def test_a_body_declared_far_too_large_is_read_no_further_than_the_drain_bound(
+    small_limit_url: str, keys: Keys
+) -> None:
+    """The refused body is read (and dropped) for a moment only: a client sending 10 GB
+    gets its 413 and the connection closes once DRAIN_BYTES are read."""
+    host, port = httpx.URL(small_limit_url).host, httpx.URL(small_limit_url).port
+    assert port is not None
+    head = (
+        f"POST /state/s HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {keys.alice}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n"
+    )
+    sent = 0
+    with socket.create_connection((host, port), timeout=10) as connection:
+        connection.sendall(head.encode())
+        chunk = b"x" * 65536
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 20:
+                connection.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        answer = b""
+        with contextlib.suppress(OSError):
+            while data := connection.recv(65536):
+                answer += data
+    assert sent < DRAIN_BYTES + 32 * 1024 * 1024  # what the sockets' buffers hold besides
+    assert time.monotonic() - started < DRAIN_SECONDS + 5
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
 
 
 def test_a_body_under_the_limit_is_served(small_limit_url: str, keys: Keys) -> None:

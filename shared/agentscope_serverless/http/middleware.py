@@ -7,8 +7,13 @@ letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echo
 response's ``X-Request-Id`` header. One JSON log line per request records the method, the
 path (never the query string or headers), the status and the duration.
 
-**Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: at once when
-``Content-Length`` says so, otherwise as soon as the bytes read exceed it (chunked uploads).
+**Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
+says so, without reading it into the app, otherwise as soon as the bytes read exceed it
+(chunked uploads). The rest of the body is read and dropped for a moment before the answer
+(at most ``DRAIN_SECONDS`` and ``DRAIN_BYTES``), then the connection closes: a connection
+closed while the client still sends is reset, and a client writing its whole body before
+reading (httpx's async client, most SDKs) then sees a broken connection instead of the 413.
+A client that asked ``Expect: 100-continue`` has sent no body: it is answered at once.
 A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408. A
 JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels gets 422
 before anything parses it: a parser recursing that far would run out of stack, and the
@@ -125,11 +130,49 @@ def _decodes(raw: bytes) -> bool:
     return True
 
 
+# How long, and how much, of a refused body is read (and dropped) before the answer.
+DRAIN_SECONDS = 2.0
+DRAIN_BYTES = 64 * 1024 * 1024
+
+
 class BodyTooLarge(HTTPException):
     """Raised while reading a body past the limit (FastAPI lets HTTP exceptions through)."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(status_code=413, detail=f"the request body is larger than {limit} bytes")
+        super().__init__(
+            status_code=413,
+            detail=_too_large(limit).message,
+            headers={"Connection": "close"},
+        )
+
+
+def _too_large(limit: int) -> PayloadTooLargeError:
+    """The error refusing a body of more than ``limit`` bytes."""
+    return PayloadTooLargeError(f"the request body is larger than {limit} bytes")
+
+
+async def _drain(scope: Scope, receive: Receive) -> None:
+    """Read and drop what the client still sends of a refused body, for at most
+    :data:`DRAIN_SECONDS` and :data:`DRAIN_BYTES`, so that closing the connection after the
+    answer does not reset it under a client still writing (it would lose the answer).
+
+    Nothing is read from a client waiting for ``100 Continue``: it sends no body unless
+    told to, and reading would tell it to.
+    """
+    for name, value in scope.get("headers", ()):
+        if name == b"expect" and bytes(value).strip().lower() == b"100-continue":
+            return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DRAIN_SECONDS
+    drained = 0
+    while drained <= DRAIN_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), deadline - loop.time())
+        except TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        drained += len(message.get("body", b""))
 
 
 class BodyTimedOut(HTTPException):
@@ -170,9 +213,10 @@ class BodySizeLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            error = PayloadTooLargeError(f"the request body is larger than {self.max_bytes} bytes")
+            error = _too_large(self.max_bytes)
             response = error_response(413, error.code, error.message)
             response.headers["Connection"] = "close"
+            await _drain(scope, receive)
             await response(scope, receive, send)
             return
         received = 0
@@ -194,6 +238,8 @@ class BodySizeLimitMiddleware:
                 body = message.get("body", b"")
                 received += len(body)
                 if received > self.max_bytes:
+                    if message.get("more_body", False):
+                        await _drain(scope, receive)
                     raise BodyTooLarge(self.max_bytes)
                 complete = not message.get("more_body", False)
                 if json_body:
