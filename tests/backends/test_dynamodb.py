@@ -256,6 +256,29 @@ async def test_appending_costs_the_same_requests_whatever_the_session_size(
         assert await client.describe_table(TableName=dynamodb_server.sessions_table)
 
 
+async def test_reading_the_latest_state_costs_the_same_whatever_the_number_of_rounds(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    """``GET /state/{session_id}`` reads the latest round this way: listing the rounds to
+    pick the last read every round's item, and paid for each byte of them."""
+    sent: list[str] = []
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        client.meta.events.register(
+            "before-send.dynamodb", lambda request, **_: sent.append(request.url) and None
+        )
+        async with DynamoDBStateService(dynamodb_server.state_table, client=client) as state:
+            costs = []
+            for rounds in (1, 60):
+                for i in range(rounds):
+                    await state.save_state(user_id, {"i": i, "pad": "x" * 20_000}, f"r{rounds}")
+                sent.clear()
+                latest = await state.export_latest_state(user_id, f"r{rounds}")
+                assert latest is not None and latest[0] == rounds
+                costs.append(len(sent))
+            assert costs == [2, 2]  # the meta item, one page of the newest round's items
+
+
 def aioboto3_session() -> Any:
     import aioboto3
 

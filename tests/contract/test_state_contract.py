@@ -32,6 +32,21 @@ async def test_export_defaults_to_the_latest_round(state: StateService, user_id:
     assert await state.export_state(user_id, session_id="s1", round_id=1) == {"v": 1}
 
 
+async def test_the_latest_state_comes_with_its_round(state: StateService, user_id: str) -> None:
+    assert await state.export_latest_state(user_id, session_id="s1") is None
+    await state.save_state(user_id, {"v": 1}, session_id="s1")
+    await state.save_state(user_id, {"v": 7}, session_id="s1", round_id=7)
+    await state.save_state(user_id, {"v": 3}, session_id="s1", round_id=3)
+    assert await state.export_latest_state(user_id, session_id="s1") == (7, {"v": 7})
+    big = {"text": "é" * 300_000}  # past DynamoDB's item size: stored across items
+    assert await state.save_state(user_id, big, session_id="s1") == 8
+    assert await state.export_latest_state(user_id, session_id="s1") == (8, big)
+    await state.save_state(user_id, {"v": "default"})
+    assert await state.export_latest_state(user_id) == (1, {"v": "default"})
+    await state.delete_state(user_id, session_id="s1")
+    assert await state.export_latest_state(user_id, session_id="s1") is None
+
+
 async def test_export_missing_state_returns_none(state: StateService, user_id: str) -> None:
     assert await state.export_state(user_id) is None
     await state.save_state(user_id, {"v": 1})
@@ -210,6 +225,7 @@ async def test_calls_before_start_raise_a_clear_runtime_error(
     calls = [
         service.save_state(user_id, {}),
         service.export_state(user_id),
+        service.export_latest_state(user_id),
         service.list_rounds(user_id),
         service.delete_state(user_id),
     ]

@@ -80,16 +80,14 @@ async def export_state(
         int | None, Query(ge=1, le=MAX_ROUND_ID, description="Default: the latest.")
     ] = None,
 ) -> StateOut:
-    missing = NotFoundError(f"no saved state for session {session_id!r}")
     if round_id is None:
-        rounds = await state.list_rounds(user_id, session_id)
-        if not rounds:
-            raise missing
-        round_id = rounds[-1]
-    saved = await state.export_state(user_id, session_id, round_id)
-    if saved is None:
-        raise missing
-    return StateOut(session_id=session_id, round_id=round_id, state=saved)
+        latest = await state.export_latest_state(user_id, session_id)
+    else:
+        saved = await state.export_state(user_id, session_id, round_id)
+        latest = None if saved is None else (round_id, saved)
+    if latest is None:
+        raise NotFoundError(f"no saved state for session {session_id!r}")
+    return StateOut(session_id=session_id, round_id=latest[0], state=latest[1])
 
 
 @router.get("/{session_id}/rounds", response_model=Rounds, summary="List saved rounds")

@@ -89,7 +89,24 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         sid = session_id_or_default(session_id)
         if round_id is not None:
             round_id = require_positive_int(round_id, field="round_id", maximum=MAX_ROUND_ID)
-        return await self._load(user_id, sid, round_id)
+        saved = await self._load(user_id, sid, round_id)
+        return None if saved is None else saved[1]
+
+    async def export_latest_state(
+        self, user_id: str, session_id: str | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The latest round of the session and a copy of its state, read together; None
+        when the session has no state.
+
+        One read whatever the number of rounds (listing the rounds to pick the last would
+        read them all).
+
+        >>> async def latest(state: StateService) -> None:
+        ...     round_id, saved = await state.export_latest_state("u1", session_id="s1")
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        return await self._load(user_id, session_id_or_default(session_id), None)
 
     async def list_rounds(self, user_id: str, session_id: str | None = None) -> list[int]:
         """The round ids stored for the session, ascending."""
@@ -134,8 +151,8 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _load(
         self, user_id: str, session_id: str, round_id: int | None
-    ) -> dict[str, Any] | None:
-        """A fresh copy of the round (the highest when None), or None."""
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The round (the highest when None) with a fresh copy of its state, or None."""
 
     @abstractmethod
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:

@@ -227,21 +227,25 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         bodies = [body async for _, body in assemble(items, now())]
         return bodies[0] if bodies else None
 
-    async def _latest_body(self, pk: str, meta: Item) -> str | None:
+    async def _latest_body(self, pk: str, meta: Item) -> tuple[int, str] | None:
         newest = await take(self._bodies_newest_first(pk, meta), 1)
         return newest[0] if newest else None
 
-    async def _bodies_newest_first(self, pk: str, meta: Item) -> AsyncGenerator[str, None]:
+    async def _bodies_newest_first(
+        self, pk: str, meta: Item
+    ) -> AsyncGenerator[tuple[int, str], None]:
+        """Each round, newest first, with its state's JSON."""
         # In reverse key order a round's tails come before its head, which closes the round.
         at = now()
+        prefix = self._prefix(meta)
         group: list[Item] = []
         async for item in self._store.query(
             **self._range(pk, meta), ScanIndexForward=False, Limit=8
         ):
             group.append(item)
             if "part" not in item:
-                async for _, body in assemble(iterate(reversed(group)), at):
-                    yield body
+                async for head, body in assemble(iterate(reversed(group)), at):
+                    yield position_of(prefix, head["sk"]["S"]), body
                 group = []
 
     # --- the service hooks --------------------------------------------------------------
@@ -372,19 +376,23 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
 
     async def _load(
         self, user_id: str, session_id: str, round_id: int | None
-    ) -> dict[str, Any] | None:
+    ) -> tuple[int, dict[str, Any]] | None:
         pk = self._pk(user_id, session_id)
         meta = await self._read_meta(pk)
         if meta is None:
             return None
         if round_id is None:
-            body = await self._latest_body(pk, meta)
+            latest = await self._latest_body(pk, meta)
+            if latest is None:
+                return None
+            round_id, body = latest
         else:
-            body = await self._round_body(pk, meta, round_id)
-        if body is None:
-            return None
+            found = await self._round_body(pk, meta, round_id)
+            if found is None:
+                return None
+            body = found
         state: dict[str, Any] = json.loads(body)
-        return state
+        return round_id, state
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         pk = self._pk(user_id, session_id)

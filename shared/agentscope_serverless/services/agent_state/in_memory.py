@@ -49,12 +49,14 @@ class InMemoryStateService(StateService):
 
     async def _load(
         self, user_id: str, session_id: str, round_id: int | None
-    ) -> dict[str, Any] | None:
+    ) -> tuple[int, dict[str, Any]] | None:
         rounds = self._states.get(user_id, {}).get(session_id, {})
         if round_id is None:
             round_id = max(rounds, default=None)
         state = rounds.get(round_id) if round_id is not None else None
-        return copy.deepcopy(state) if state is not None else None
+        if round_id is None or state is None:
+            return None
+        return round_id, copy.deepcopy(state)
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         return sorted(self._states.get(user_id, {}).get(session_id, {}))

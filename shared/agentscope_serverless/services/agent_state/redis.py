@@ -76,7 +76,7 @@ return 1
 """
 )
 
-# ARGV[2]: the round, or '' for the latest.
+# ARGV[2]: the round, or '' for the latest. Returns the round and its state.
 _LOAD = (
     LUA_TOUCH
     + """
@@ -86,7 +86,9 @@ if round == '' then
   if not round then return false end
 end
 touch(tonumber(ARGV[1]), KEYS)
-return redis.call('HGET', KEYS[2], round)
+local state = redis.call('HGET', KEYS[2], round)
+if not state then return false end
+return {round, state}
 """
 )
 
@@ -187,13 +189,13 @@ class RedisStateService(RedisBackedService, StateService):
 
     async def _load(
         self, user_id: str, session_id: str, round_id: int | None
-    ) -> dict[str, Any] | None:
+    ) -> tuple[int, dict[str, Any]] | None:
         wanted = "" if round_id is None else str(round_id)
         raw = await self._call(_LOAD, user_id, session_id, wanted, idempotent=True)
         if raw is None:
             return None
-        state: dict[str, Any] = json.loads(raw)
-        return state
+        state: dict[str, Any] = json.loads(raw[1])
+        return int(text(raw[0])), state
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         raw = await self._call(_ROUNDS, user_id, session_id, idempotent=True)
