@@ -69,16 +69,31 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+# The ports free_port() gave: the servers of a stack are given theirs before any binds,
+# and the kernel may offer a port again while it is still free (moto was once given
+# Redis's port, and could not start).
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port(*, with_cluster_bus: bool = False) -> int:
-    """A free loopback port (and, for a cluster node, its bus port ``port + 10000``)."""
+    """A free loopback port (and, for a cluster node, its bus port ``port + 10000``), never
+    one this process was given before."""
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind((LOOPBACK, 0))
             port: int = probe.getsockname()[1]
-        if not with_cluster_bus:
-            return port
-        if port + _CLUSTER_BUS_OFFSET < 65536 and _port_is_free(port + _CLUSTER_BUS_OFFSET):
-            return port
+        if port in _GIVEN_PORTS or (
+            with_cluster_bus and port + _CLUSTER_BUS_OFFSET in _GIVEN_PORTS
+        ):
+            continue
+        if with_cluster_bus and not (
+            port + _CLUSTER_BUS_OFFSET < 65536 and _port_is_free(port + _CLUSTER_BUS_OFFSET)
+        ):
+            continue
+        _GIVEN_PORTS.add(port)
+        if with_cluster_bus:
+            _GIVEN_PORTS.add(port + _CLUSTER_BUS_OFFSET)
+        return port
     raise RuntimeError("no free loopback port found")
 
 
