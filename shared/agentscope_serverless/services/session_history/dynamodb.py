@@ -24,7 +24,9 @@ pk                         sk                  attributes
   concurrent appends never collide and keep one order), then one ``PutItem`` (or
   ``BatchWriteItem``) writes the messages. Appending to a missing session creates it.
   Each message id is first claimed by a conditional ``PutItem``: an id already in the
-  session is not written again (its new sequence number stays a gap).
+  session is not written again (its new sequence number stays a gap). Two appends at
+  once may land out of sequence order, so a read between them sees the later without
+  the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
   sort-key order; pages use an opaque cursor holding only a sequence number.
 - **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
