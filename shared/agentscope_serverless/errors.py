@@ -56,6 +56,21 @@ class InvalidInputError(AgentScopeServerlessError, ValueError):
         self.errors = errors
 
 
+class UnsupportedParameterError(InvalidInputError):
+    """A request asks for something this server cannot do (a 400 naming the parameter),
+    rather than have it ignored unseen.
+
+    >>> UnsupportedParameterError("tools", "an agent runs its own tools").message
+    'tools is not supported: an agent runs its own tools'
+    """
+
+    code = "UNSUPPORTED_PARAMETER"
+
+    def __init__(self, parameter: str, reason: str) -> None:
+        super().__init__(f"{parameter} is not supported: {reason}", field=parameter)
+        self.parameter = parameter
+
+
 class ServiceNotStartedError(AgentScopeServerlessError, RuntimeError):
     """A data method was called on a service before ``start()`` or after ``stop()``."""
 
@@ -251,5 +266,6 @@ __all__ = [
     "ServiceNotStartedError",
     "SessionNotFoundError",
     "StoreUnavailableError",
+    "UnsupportedParameterError",
     "UploadNotAvailableError",
 ]

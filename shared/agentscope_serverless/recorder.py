@@ -85,8 +85,10 @@ class RecordedRun:
         user_id: str,
         kind: RunKind,
         cancel_on_disconnect: bool,
+        fingerprint: str | None = None,
     ) -> None:
         self._recorder = recorder
+        self._fingerprint = fingerprint
         self._runs = recorder.runs
         self._source = events
         self.user_id = user_id
@@ -183,7 +185,11 @@ class RecordedRun:
             self.session_id = event.session_id
             if self._runs is not None:
                 self._record = RunRecord(
-                    id=self.run_id, user_id=self.user_id, session_id=self.session_id, kind=self.kind
+                    id=self.run_id,
+                    user_id=self.user_id,
+                    session_id=self.session_id,
+                    kind=self.kind,
+                    fingerprint=self._fingerprint,
                 )
                 loop = asyncio.get_running_loop()
                 delay = self._recorder.first_write_delay
@@ -463,13 +469,20 @@ class RunRecorder:
         user_id: str,
         kind: RunKind = "process",
         cancel_on_disconnect: bool = False,
+        fingerprint: str | None = None,
     ) -> RecordedRun:
         """Start driving ``events`` as a recorded run; returns once its first event is out.
 
-        An error before the first event (the session could not be loaded...) is raised here.
+        ``fingerprint`` (what the request was) is kept with the run's record. An error before
+        the first event (the session could not be loaded...) is raised here.
         """
         run = RecordedRun(
-            self, events, user_id=user_id, kind=kind, cancel_on_disconnect=cancel_on_disconnect
+            self,
+            events,
+            user_id=user_id,
+            kind=kind,
+            cancel_on_disconnect=cancel_on_disconnect,
+            fingerprint=fingerprint,
         )
         self._runs.add(run)
         try:

@@ -147,6 +147,30 @@ async def test_runs_are_listed_per_session_oldest_first(
                 await runs.list_runs(user_id, bad)
 
 
+async def test_a_users_recent_runs_are_listed_oldest_first_with_their_fingerprints(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # What an OpenAI SDK's retry looks for: the run its first try started.
+    now = time.time()
+    async with runs_factory() as runs:
+        for index, (session, age) in enumerate([("a", 900.0), ("b", 20.0), ("a", 10.0)]):
+            record = RunRecord(
+                id=f"r{index}",
+                user_id=user_id,
+                session_id=session,
+                kind="openai",
+                fingerprint=f"request {index}",
+                created_at=now - age,
+            )
+            await runs.create_run(record)
+        await runs.create_run(
+            RunRecord(id="theirs", user_id=f"{user_id}-other", created_at=now - 5.0)
+        )
+        recent = await runs.recent_runs(user_id, now - 60.0)
+        assert [(r.id, r.fingerprint) for r in recent] == [("r1", "request 1"), ("r2", "request 2")]
+        assert [r.id for r in await runs.recent_runs(user_id, 0.0)] == ["r0", "r1", "r2"]
+
+
 async def test_a_user_never_reaches_another_users_run(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

@@ -66,6 +66,10 @@ def test_malformed_requests_get_422_naming_the_field(
     error = error_of(response)
     assert error["code"] == "INVALID_INPUT"
     assert loc in [field["loc"] for field in error["fields"]]
+    # What OpenAI's SDKs read of an error: its type, and the parameter it names.
+    assert error["type"] == "invalid_request_error"
+    named = ".".join(str(p) for p in error["fields"][0]["loc"][1:])  # after "body", "query"
+    assert error["param"] == named.replace(".0", "[0]")  # input[0].role
     assert ".".join(str(p) for p in loc) in error["message"] or loc == ["cursor"]
 
 
@@ -205,7 +209,12 @@ def test_an_unexpected_error_is_a_500_without_internals(keys: Keys) -> None:
     with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
         response = client.post("/process", json={"anything": 1}, headers={"X-Request-Id": "req-42"})
     assert response.status_code == 500
-    assert error_of(response) == {"code": "INTERNAL_ERROR", "message": "internal server error"}
+    assert error_of(response) == {
+        "code": "INTERNAL_ERROR",
+        "message": "internal server error",
+        "type": "server_error",
+        "param": None,
+    }
     assert SECRET not in response.text and "Traceback" not in response.text
     assert response.headers["x-request-id"] == "req-42"
 

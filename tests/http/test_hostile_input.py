@@ -286,6 +286,8 @@ def test_a_json_route_sent_another_media_type_says_so(
     assert response.json()["error"] == {
         "code": "UNSUPPORTED_MEDIA_TYPE",
         "message": f"the body must be JSON (Content-Type: application/json), not {kind!r}",
+        "type": "invalid_request_error",
+        "param": None,
     }
     assert_nothing_stored(client)
 
@@ -314,6 +316,8 @@ def test_a_url_that_is_not_utf8_once_decoded_is_refused(
     assert response.json()["error"] == {
         "code": "INVALID_INPUT",
         "message": says,
+        "type": "invalid_request_error",
+        "param": where,
         "fields": [{"loc": [where], "msg": says}],
     }
     assert client.get("/state/%EF%BF%BD/rounds").json()["rounds"] == []
@@ -460,6 +464,8 @@ def test_a_body_nesting_too_deeply_is_refused_before_it_is_parsed(
     assert error == {
         "code": "INVALID_INPUT",
         "message": "the request body nests deeper than 100 levels of arrays and objects",
+        "type": "invalid_request_error",
+        "param": None,
     }
     assert_nothing_stored(client)
 

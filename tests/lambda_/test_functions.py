@@ -114,6 +114,8 @@ def test_a_body_nesting_too_deeply_is_refused_by_the_built_function(
     assert json.loads(content)["error"] == {
         "code": "INVALID_INPUT",
         "message": "the request body nests deeper than 100 levels of arrays and objects",
+        "type": "invalid_request_error",
+        "param": None,
     }
 
 
@@ -129,6 +131,8 @@ def test_an_event_whose_body_does_not_decode_is_a_400_of_the_built_function(
     assert json.loads(content)["error"] == {
         "code": "BAD_REQUEST",
         "message": "the request body is not valid base64 (isBase64Encoded is true)",
+        "type": "invalid_request_error",
+        "param": None,
     }
     status, _, content, _ = sessions.request("POST", "/sessions", key=api_key, body={})
     assert status == 201, content  # the next event is served

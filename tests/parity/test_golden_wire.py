@@ -3,8 +3,9 @@ like AgentScope Runtime 1.0.5 serving the same agent (transcripts in ``golden/``
 from ``golden/peer_friday_app.py.txt``); only ids and timestamps differ.
 
 Where AgentScope's Responses API differs from OpenAI's (key order, id prefixes, the type of
-``created_at``, a non-streamed body that is the last event instead of the Response), we
-follow OpenAI's, whose SDK is the client that matters there (``golden/README.md``).
+``created_at``, a non-streamed body that is the last event instead of the Response, a failed
+response that drops the reply it had streamed), we follow OpenAI's, whose SDK is the client
+that matters there (``golden/README.md``).
 """
 
 from __future__ import annotations
@@ -40,10 +41,21 @@ OPENAI_EXTRA_FIELDS = {
     "error",
     "incomplete_details",
     "instructions",
+    "max_output_tokens",
     "metadata",
+    "previous_response_id",
     "temperature",
     "top_p",
     "usage",
+}
+# A failed response keeps the reply it had streamed, as OpenAI's output items do (AgentScope's
+# output was empty): the message, ``incomplete``, with its text so far.
+PARTIAL_REPLY = {
+    "type": "message",
+    "id": "<id 1>",
+    "status": "incomplete",
+    "role": "assistant",
+    "content": [{"type": "output_text", "text": PIECES[0], "annotations": []}],
 }
 TIMES = ("created_at", "completed_at")
 
@@ -165,6 +177,9 @@ def assert_same_response(ours: dict[str, Any], theirs: dict[str, Any], where: st
     """AgentScope's Response fields, equal, but for the OpenAI ones (see the top)."""
     assert set(ours) - set(theirs) <= OPENAI_EXTRA_FIELDS, where
     assert set(theirs) <= set(ours), where
+    if theirs["status"] == "failed":
+        assert ours["output"] == [PARTIAL_REPLY], where
+        theirs = {**theirs, "output": ours["output"]}
     for field in set(theirs) - OPENAI_RESPONSE_FIELDS:
         assert ours[field] == theirs[field], (where, field)
     if theirs["status"] != "queued":

@@ -4,7 +4,8 @@
 >>> app = create_app(["process"], settings=settings)   # settings from the process's root
 
 See :func:`create_app` for the routers, :mod:`.auth` for authentication, :mod:`.errors` for
-the error format and :mod:`.openai_compat` for the OpenAI-compatible endpoints.
+the error format, :mod:`.openai_compat` for the OpenAI-compatible endpoints and
+:mod:`.sdk_retries` for their answer to an OpenAI SDK's retry.
 """
 
 from agentscope_serverless.http._fastapi import import_fastapi

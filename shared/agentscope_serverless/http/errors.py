@@ -1,11 +1,14 @@
 """The one mapping from the project's errors to HTTP responses.
 
-Every error body has the same shape::
+Every error body has the same shape, the one OpenAI's SDKs read into their exceptions
+(``code``, ``message``, ``type``, ``param``)::
 
-    {"error": {"code": "INVALID_INPUT", "message": "...", "fields": [{"loc": [...], "msg": "..."}]}}
+    {"error": {"code": "INVALID_INPUT", "message": "...", "type": "invalid_request_error",
+               "param": "messages[0].role", "fields": [{"loc": [...], "msg": "..."}]}}
 
-``fields`` is present for validation errors (422). Server errors (500) say only
-``internal server error``: no stack trace, no exception text, nothing secret.
+``type`` is the kind of error by its status (OpenAI's names), ``param`` the first offending
+field (or null), ``fields`` is present for validation errors (400, 422). Server errors (500)
+say only ``internal server error``: no stack trace, no exception text, nothing secret.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from agentscope_serverless.errors import (
     SandboxUnavailableError,
     ServiceNotStartedError,
     StoreUnavailableError,
+    UnsupportedParameterError,
 )
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import logger
@@ -41,6 +45,7 @@ from agentscope_serverless.services._validation import too_deep
 INTERNAL_ERROR = "INTERNAL_ERROR"
 
 _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
+    UnsupportedParameterError: 400,
     InvalidInputError: 422,
     AuthenticationError: 401,
     PermissionDeniedError: 403,
@@ -96,11 +101,58 @@ def status_of_code(code: str) -> int:
     return _status_of_codes().get(code, 500)
 
 
+# The ``type`` of an error by its status, as OpenAI names them; any other is a request error.
+_TYPE_OF_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def error_type(status: int) -> str:
+    """The OpenAI ``type`` of an error answered with ``status``.
+
+    >>> error_type(422), error_type(401), error_type(503)
+    ('invalid_request_error', 'authentication_error', 'server_error')
+    """
+    if status >= 500:
+        return "server_error"
+    return _TYPE_OF_STATUS.get(status, "invalid_request_error")
+
+
+def param_of(fields: Sequence[dict[str, Any]] | None) -> str | None:
+    """The request parameter the first of ``fields`` names, as OpenAI's ``param`` says it
+    (without the part of the request, ``body`` or ``query``, FastAPI puts first).
+
+    >>> param_of([{"loc": ["body", "messages", 0, "role"], "msg": "..."}])
+    'messages[0].role'
+    >>> param_of([{"loc": [], "msg": "..."}]) is None
+    True
+    """
+    loc = list((fields or [{}])[0].get("loc") or [])
+    if len(loc) > 1 and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    param = ""
+    for part in loc:
+        param += f"[{part}]" if isinstance(part, int) else f".{part}" if param else str(part)
+    return param or None
+
+
 def error_body(
-    code: str, message: str, fields: Sequence[dict[str, Any]] | None = None
+    code: str,
+    message: str,
+    fields: Sequence[dict[str, Any]] | None = None,
+    *,
+    status: int = 500,
 ) -> dict[str, Any]:
-    """The JSON body of an error response."""
-    error: dict[str, Any] = {"code": code, "message": message}
+    """The JSON body of an error response (``status`` gives its ``type``)."""
+    error: dict[str, Any] = {
+        "code": code,
+        "message": message,
+        "type": error_type(status),
+        "param": param_of(fields),
+    }
     if fields is not None:
         error["fields"] = list(fields)
     return {"error": error}
@@ -116,7 +168,8 @@ def error_response(
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status >= 500 and status != 503:
         code, message, fields = INTERNAL_ERROR, "internal server error", None
-    return JSONResponse(error_body(code, message, fields), status_code=status, headers=headers)
+    body = error_body(code, message, fields, status=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
@@ -206,7 +259,9 @@ def install_error_handlers(app: FastAPI) -> None:
 __all__ = [
     "error_body",
     "error_response",
+    "error_type",
     "install_error_handlers",
+    "param_of",
     "response_for",
     "status_of",
     "status_of_code",

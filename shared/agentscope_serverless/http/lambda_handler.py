@@ -130,7 +130,7 @@ def _bad_request(message: str) -> dict[str, Any]:
 
     request_id = uuid.uuid4().hex
     log_request(request_id, None, None, 400, 0.0)
-    body = error_body("BAD_REQUEST", message)
+    body = error_body("BAD_REQUEST", message, status=400)
     return {
         "statusCode": 400,
         "headers": {"content-type": "application/json", "x-request-id": request_id},

@@ -18,6 +18,14 @@ user), the user to act for with a service key (or the ``X-User-Id`` header).
 **Input.** With a session, only the messages after the last assistant message are new
 input (the earlier turns are in the session's history already, so clients that resend the
 whole conversation do not duplicate it); without a session, every message is input.
+
+**What an agent cannot do** is refused with a 400 naming the parameter
+(:func:`check_chat_request`, :func:`check_responses_request`), rather than answered as if it
+had been done: tools of the client (an agent runs its own, and hands back no tool calls),
+a JSON ``response_format`` (an agent answers in its own words), ``logprobs``, audio output,
+and for responses ``background`` and stored ``prompt`` templates. What only tunes an answer
+(``temperature``, ``seed``, ``stop``, ``reasoning_effort``...) is taken, and reaches the agent
+when its request has a field for it.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.errors import InvalidInputError, UnsupportedParameterError
+from agentscope_serverless.http.errors import error_body, status_of_code
 from agentscope_serverless.http.sse import DONE, encode
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
@@ -77,6 +86,21 @@ class ChatCompletionRequest(BaseModel):
         le=1,
         description="How many choices to make: 1, as an agent gives one answer a turn.",
     )
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Refused unless empty or ``tool_choice`` is ``none``."
+    )
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = Field(None, description="Refused, as ``tools``.")
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = Field(
+        None, description='Only ``{"type": "text"}``: an agent answers in its own words.'
+    )
+    logprobs: bool | None = Field(None, description="Refused when true.")
+    top_logprobs: int | None = Field(None, description="Refused when above 0.")
+    modalities: list[str] | None = Field(None, description="Only ``text``.")
+    audio: dict[str, Any] | None = Field(None, description="Refused: an agent answers in text.")
 
 
 class ResponsesRequest(BaseModel):
@@ -95,6 +119,91 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Refused unless empty or ``tool_choice`` is ``none``."
+    )
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = Field(
+        None, description='Its ``format`` only ``{"type": "text"}``.'
+    )
+    top_logprobs: int | None = Field(None, description="Refused when above 0.")
+    include: list[str] | None = None
+    background: bool | None = Field(None, description="Refused when true.")
+    prompt: dict[str, Any] | None = Field(None, description="Refused: no prompt templates here.")
+
+
+# Why client tools are refused: their calls would have to come back for the client to run.
+_TOOLS_REASON = (
+    "an agent calls its own tools and hands back no tool calls for the client to run "
+    "(send no tools, or tool_choice 'none')"
+)
+
+
+def _forces_a_tool(tool_choice: str | Mapping[str, Any] | None) -> bool:
+    return tool_choice == "required" or isinstance(tool_choice, Mapping)
+
+
+def _check_tools(tools: list[Any] | None, tool_choice: str | Mapping[str, Any] | None) -> None:
+    if tools and tool_choice != "none":
+        raise UnsupportedParameterError("tools", _TOOLS_REASON)
+    if _forces_a_tool(tool_choice):
+        raise UnsupportedParameterError(
+            "tool_choice", "an agent calls no tool of the client (use 'auto' or 'none')"
+        )
+
+
+def _check_format(parameter: str, response_format: Mapping[str, Any] | None) -> None:
+    kind = (response_format or {}).get("type", "text")
+    if kind != "text":
+        raise UnsupportedParameterError(
+            parameter,
+            f"an agent answers in its own words, not to the format {str(kind)[:40]!r} "
+            "(ask for the format in the message instead)",
+        )
+
+
+def _check_logprobs(logprobs: bool | None, top_logprobs: int | None) -> None:
+    if logprobs or top_logprobs:
+        parameter = "logprobs" if logprobs else "top_logprobs"
+        raise UnsupportedParameterError(parameter, "an agent's answer has no token logprobs")
+
+
+def check_chat_request(body: ChatCompletionRequest) -> None:
+    """Refuse (400) what a chat completion asks that an agent cannot give.
+
+    >>> check_chat_request(ChatCompletionRequest(messages=[{}], response_format={"type": "text"}))
+    >>> try:
+    ...     check_chat_request(ChatCompletionRequest(messages=[{}], logprobs=True))
+    ... except UnsupportedParameterError as refused:
+    ...     print(refused.parameter)
+    logprobs
+    """
+    _check_tools(body.tools, body.tool_choice)
+    if body.functions and body.function_call != "none":
+        raise UnsupportedParameterError("functions", _TOOLS_REASON)
+    if _forces_a_tool(body.function_call):
+        raise UnsupportedParameterError("function_call", "an agent calls no function of the client")
+    _check_format("response_format", body.response_format)
+    _check_logprobs(body.logprobs, body.top_logprobs)
+    if body.audio is not None or set(body.modalities or ()) - {"text"}:
+        raise UnsupportedParameterError(
+            "audio" if body.audio is not None else "modalities", "an agent answers in text"
+        )
+
+
+def check_responses_request(body: ResponsesRequest) -> None:
+    """Refuse (400) what a responses request asks that an agent cannot give."""
+    _check_tools(body.tools, body.tool_choice)
+    _check_format("text.format", (body.text or {}).get("format"))
+    _check_logprobs(None, body.top_logprobs)
+    if "message.output_text.logprobs" in (body.include or ()):
+        raise UnsupportedParameterError("include", "an agent's answer has no token logprobs")
+    if body.background:
+        raise UnsupportedParameterError(
+            "background", "a run is answered as it goes (use stream, and /runs to resume it)"
+        )
+    if body.prompt is not None:
+        raise UnsupportedParameterError("prompt", "this server keeps no prompt templates")
 
 
 def session_id_of(
@@ -165,13 +274,45 @@ def new_turn(messages: list[Message]) -> list[Message]:
 _ROLES = frozenset({Role.USER, Role.ASSISTANT, Role.SYSTEM, Role.TOOL, "developer"})
 
 
+def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, Any]:
+    """A responses ``function_call`` or ``function_call_output`` input item as the chat
+    message that says the same (an assistant's tool call, a tool's answer)."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        says = f"a {item['type']} item needs its call_id"
+        raise InvalidInputError(
+            f"{where[0]}[{where[1]}]: {says}", errors=[{"loc": [*where, "call_id"], "msg": says}]
+        )
+    if item["type"] == "function_call_output":
+        return {"role": Role.TOOL, "tool_call_id": call_id, "content": item.get("output")}
+    function = {"name": item.get("name"), "arguments": item.get("arguments")}
+    return {
+        "role": Role.ASSISTANT,
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
 def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> list[Message]:
-    """OpenAI chat messages (or responses input items) as messages of our protocol."""
+    """OpenAI chat messages (or responses input items) as messages of our protocol.
+
+    Of the responses' items, ``function_call`` and ``function_call_output`` (what a client
+    sends back of a conversation with tool calls) are read as their chat messages.
+    """
     messages: list[Message] = []
     for position, item in enumerate(items):
         where = [field, position]
         kind = item.get("type", "message")
-        if kind != "message" or not isinstance(item.get("role"), str):
+        if field == "input" and kind in ("function_call", "function_call_output"):
+            item = _function_item_as_chat(item, where)
+        elif field == "input" and kind != "message":
+            says = (
+                f"is an item of the type {str(kind)[:40]!r}; the items taken are messages, "
+                "function_call and function_call_output"
+            )
+            raise InvalidInputError(
+                f"{field}[{position}] {says}", errors=[{"loc": [*where, "type"], "msg": says}]
+            )
+        elif kind != "message" or not isinstance(item.get("role"), str):
             raise InvalidInputError(
                 f"{field}[{position}] must be a message with a role",
                 errors=[{"loc": where, "msg": "must be a message with a role"}],
@@ -284,6 +425,12 @@ def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
     }
 
 
+def _error_line(error: Error, status: int) -> bytes:
+    """The SSE line that ends a stream with ``error``, in the body's shape of an error answer
+    of that status (the SDK raises it as an APIError, with its code, type and message)."""
+    return encode(json.dumps(error_body(error.code, error.message, status=status)))
+
+
 async def chat_completion_chunks(
     events: AsyncIterator[Event], *, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
@@ -322,9 +469,9 @@ async def chat_completion_chunks(
                     yield chunk([], usage=chat_usage(event.usage))
                 yield DONE
             elif event.status == RunStatus.Failed and event.error is not None:
-                yield encode(json.dumps({"error": event.error.model_dump()}))
+                yield _error_line(event.error, status_of_code(event.error.code))
             elif event.status == RunStatus.Canceled:
-                yield encode(json.dumps({"error": RUN_CANCELED.model_dump()}))
+                yield _error_line(RUN_CANCELED, 409)
         elif isinstance(event, Message) and event.status == RunStatus.InProgress:
             if _is_reply(event):
                 replies.add(event.id)
@@ -339,15 +486,30 @@ async def chat_completion_chunks(
             yield delta({"content": separator + event.text})
 
 
+def responses_echo(body: ResponsesRequest) -> dict[str, Any]:
+    """What a response object repeats of its request, as OpenAI's do (its ``metadata`` is
+    the request's, with the session's id)."""
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": dict(body.metadata or {}),
+        "previous_response_id": body.previous_response_id,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+    }
+
+
 def responses_object(
     response: AgentResponse,
     *,
     model: str,
     session_id: str,
+    echo: Mapping[str, Any] | None = None,
     status: str | None = None,
     output: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A run as an OpenAI ``response`` object (``incomplete`` when its reply was cut)."""
+    """A run as an OpenAI ``response`` object (``incomplete`` when its reply was cut), with
+    ``echo`` (see :func:`responses_echo`)."""
     status = status or response.status
     if status == RunStatus.Canceled:
         status = "cancelled"  # OpenAI's spelling, the one its SDKs' types allow
@@ -359,6 +521,7 @@ def responses_object(
         output = [
             _output_item(m, RunStatus.Completed) for m in response.output or [] if _is_reply(m)
         ]
+    echo = echo or {}
     return {
         "id": response_id(response, session_id),
         "object": "response",
@@ -370,13 +533,15 @@ def responses_object(
             {"code": "server_error", "message": response.error.message} if response.error else None
         ),
         "incomplete_details": incomplete,
-        "instructions": None,
-        "metadata": {"session_id": session_id},
+        "instructions": echo.get("instructions"),
+        "max_output_tokens": echo.get("max_output_tokens"),
+        "metadata": {**echo.get("metadata", {}), "session_id": session_id},
         "parallel_tool_calls": False,
-        "temperature": None,
+        "previous_response_id": echo.get("previous_response_id"),
+        "temperature": echo.get("temperature"),
         "tool_choice": "auto",
         "tools": [],
-        "top_p": None,
+        "top_p": echo.get("top_p"),
         "usage": responses_usage(response.usage),
     }
 
@@ -387,18 +552,95 @@ def _output_text(text: str) -> dict[str, Any]:
 
 def _output_item(message: Message, status: str, *, empty: bool = False) -> dict[str, Any]:
     texts = [] if empty else [p for p in message.content or [] if isinstance(p, TextContent)]
-    parts = [_output_text(p.text or "") for p in texts]
+    return _message_item(message.id, status, [p.text or "" for p in texts])
+
+
+def _message_item(msg_id: str, status: str, texts: list[str]) -> dict[str, Any]:
     return {
         "type": "message",
-        "id": message.id,
+        "id": msg_id,
         "status": status,
         "role": "assistant",
-        "content": parts,
+        "content": [_output_text(text) for text in texts],
     }
 
 
+async def _responses_stream(
+    events: AsyncIterator[Event], *, model: str, session_id: str, echo: Mapping[str, Any]
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A run's events as the responses API's events: ``(type, fields)``.
+
+    A run that failed or was canceled ends with its output so far: the reply messages it
+    completed, and the one it was writing, ``incomplete``, with the text it had streamed.
+    """
+    positions: dict[str, int] = {}
+    opened_parts: set[tuple[str, int]] = set()
+    streamed: dict[str, dict[int, str]] = {}
+    done_items: dict[str, dict[str, Any]] = {}
+
+    def output_so_far() -> list[dict[str, Any]]:
+        return [
+            done_items.get(msg_id)
+            or _message_item(
+                msg_id, "incomplete", [t for _, t in sorted(streamed.get(msg_id, {}).items())]
+            )
+            for msg_id in sorted(positions, key=positions.__getitem__)
+        ]
+
+    def response(event: AgentResponse, **fields: Any) -> dict[str, Any]:
+        return responses_object(event, model=model, session_id=session_id, echo=echo, **fields)
+
+    async for event in events:
+        if isinstance(event, AgentResponse):
+            if event.status in (RunStatus.Created, RunStatus.InProgress):
+                body = response(event, status=RunStatus.InProgress, output=[])
+                yield f"response.{event.status}", {"response": body}
+            elif event.status == RunStatus.Completed:
+                # Its replies as the run ended them, every one whole.
+                body = response(event, output=None if event.output else output_so_far())
+                yield f"response.{body['status']}", {"response": body}
+            elif event.status == RunStatus.Failed:
+                yield "response.failed", {"response": response(event, output=output_so_far())}
+            elif event.status == RunStatus.Canceled:
+                body = response(event, output=output_so_far())
+                yield "response.incomplete", {"response": body}
+        elif isinstance(event, Message) and _is_reply(event):
+            if event.status == RunStatus.InProgress:
+                position = positions[event.id] = len(positions)
+                item = _output_item(event, RunStatus.InProgress, empty=True)
+                yield "response.output_item.added", {"output_index": position, "item": item}
+            elif event.status == RunStatus.Completed and event.id in positions:
+                position = positions[event.id]
+                item = _output_item(event, RunStatus.Completed)
+                done_items[event.id] = item
+                yield "response.output_item.done", {"output_index": position, "item": item}
+        elif isinstance(event, TextContent) and event.msg_id in positions:
+            msg_id, index = event.msg_id, event.index or 0
+            where: dict[str, Any] = {
+                "item_id": msg_id,
+                "output_index": positions[msg_id],
+                "content_index": index,
+            }
+            if (msg_id, index) not in opened_parts:
+                opened_parts.add((msg_id, index))
+                yield "response.content_part.added", {**where, "part": _output_text("")}
+            text = event.text or ""
+            parts = streamed.setdefault(msg_id, {})
+            if event.delta:
+                parts[index] = parts.get(index, "") + text
+                yield "response.output_text.delta", {**where, "delta": text, "logprobs": []}
+            elif event.status == RunStatus.Completed:
+                parts[index] = text
+                yield "response.output_text.done", {**where, "text": text, "logprobs": []}
+                yield "response.content_part.done", {**where, "part": _output_text(text)}
+
+
 async def responses_events(
-    events: AsyncIterator[Event], *, model: str, session_id: str
+    events: AsyncIterator[Event],
+    *,
+    model: str,
+    session_id: str,
+    echo: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[bytes]:
     """A run's events as the responses API's named SSE events.
 
@@ -411,80 +653,26 @@ async def responses_events(
     ``cancelled``).
     """
     sequence = 0
-    positions: dict[str, int] = {}
-    opened_parts: set[tuple[str, int]] = set()
-    done_items: list[dict[str, Any]] = []
-
-    def named(kind: str, **fields: Any) -> bytes:
-        nonlocal sequence
+    stream = _responses_stream(events, model=model, session_id=session_id, echo=echo or {})
+    async for kind, fields in stream:
         payload = {"type": kind, "sequence_number": sequence, **fields}
         sequence += 1
-        return encode(json.dumps(payload), event=kind)
+        yield encode(json.dumps(payload), event=kind)
 
-    def part_added(msg_id: str, index: int) -> bytes | None:
-        if (msg_id, index) in opened_parts:
-            return None
-        opened_parts.add((msg_id, index))
-        return named(
-            "response.content_part.added",
-            item_id=msg_id,
-            output_index=positions[msg_id],
-            content_index=index,
-            part=_output_text(""),
-        )
 
-    async for event in events:
-        if isinstance(event, AgentResponse):
-            if event.status in (RunStatus.Created, RunStatus.InProgress):
-                kind = f"response.{event.status}"
-                body = responses_object(
-                    event,
-                    model=model,
-                    session_id=session_id,
-                    status=RunStatus.InProgress,
-                    output=[],
-                )
-                yield named(kind, response=body)
-            elif event.status == RunStatus.Completed:
-                body = responses_object(
-                    event, model=model, session_id=session_id, output=done_items
-                )
-                yield named(f"response.{body['status']}", response=body)
-            elif event.status == RunStatus.Failed:
-                body = responses_object(
-                    event, model=model, session_id=session_id, output=done_items
-                )
-                yield named("response.failed", response=body)
-            elif event.status == RunStatus.Canceled:
-                body = responses_object(
-                    event, model=model, session_id=session_id, output=done_items
-                )
-                yield named("response.incomplete", response=body)
-        elif isinstance(event, Message) and _is_reply(event):
-            if event.status == RunStatus.InProgress:
-                positions[event.id] = len(positions)
-                item = _output_item(event, RunStatus.InProgress, empty=True)
-                yield named(
-                    "response.output_item.added", output_index=positions[event.id], item=item
-                )
-            elif event.status == RunStatus.Completed and event.id in positions:
-                item = _output_item(event, RunStatus.Completed)
-                done_items.append(item)
-                yield named(
-                    "response.output_item.done", output_index=positions[event.id], item=item
-                )
-        elif isinstance(event, TextContent) and event.msg_id in positions:
-            msg_id, index = event.msg_id, event.index or 0
-            where = {"item_id": msg_id, "output_index": positions[msg_id], "content_index": index}
-            added = part_added(msg_id, index)
-            if added is not None:
-                yield added
-            text = event.text or ""
-            if event.delta:
-                yield named("response.output_text.delta", **where, delta=text, logprobs=[])
-            elif event.status == RunStatus.Completed:
-                yield named("response.output_text.done", **where, text=text, logprobs=[])
-                yield named("response.content_part.done", **where, part=_output_text(text))
+async def responses_final(
+    events: AsyncIterator[Event],
+    *,
+    model: str,
+    session_id: str,
+    echo: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The response object a run ends with: the last of :func:`responses_events`."""
+    final: dict[str, Any] = {}
+    stream = _responses_stream(events, model=model, session_id=session_id, echo=echo or {})
+    async for _, fields in stream:
+        final = fields.get("response", final)
+    return final
 
 
 __all__ = [
@@ -495,11 +683,15 @@ __all__ = [
     "chat_completion_chunks",
     "chat_messages",
     "chat_usage",
+    "check_chat_request",
+    "check_responses_request",
     "finish_reason",
     "new_turn",
     "reply_text",
     "response_id",
+    "responses_echo",
     "responses_events",
+    "responses_final",
     "responses_input",
     "responses_object",
     "responses_usage",

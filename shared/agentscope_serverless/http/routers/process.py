@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http import openai_compat as compat
+from agentscope_serverless.http import sdk_retries
 from agentscope_serverless.http.auth import (
     Caller,
     CurrentCaller,
@@ -33,6 +35,7 @@ from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client
+from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
@@ -40,12 +43,15 @@ from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
+    Event,
     Message,
     RunStatus,
 )
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
 from agentscope_serverless.services.runs.base import RunKind
+
+_T = TypeVar("_T")
 
 RUN_HEADER = "X-Run-Id"
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
@@ -104,6 +110,7 @@ async def _recorded(
     *,
     kind: RunKind,
     cancel_on_disconnect: bool = False,
+    fingerprint: str | None = None,
 ) -> RecordedRun:
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
     streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
@@ -113,16 +120,70 @@ async def _recorded(
         None, metrics=run_metrics(context.settings.metrics_namespace)
     )
     return await recorder.start(
-        events, user_id=run.user_id, kind=kind, cancel_on_disconnect=cancel_on_disconnect
+        events,
+        user_id=run.user_id,
+        kind=kind,
+        cancel_on_disconnect=cancel_on_disconnect,
+        fingerprint=fingerprint,
     )
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The run answering an OpenAI-compatible call: started for it, or (for an SDK's retry)
+    the one its first try started."""
+
+    run_id: str
+    session_id: str
+    events: AsyncIterator[Event]
+    # The run started for the call (None for a retry's).
+    recorded: RecordedRun | None = None
+
+    async def answer(self, request: Request, made: Coroutine[Any, Any, _T]) -> _T | None:
+        """The answer ``made`` of the run's events, or None when the client left first."""
+        return await _unless_client_leaves(self.recorded, made, request)
+
+
+async def _last_response(events: AsyncIterator[Event]) -> AgentResponse:
+    """The last of a run's events: its final response."""
+    last: Event | None = None
+    async for event in events:
+        last = event
+    if not isinstance(last, AgentResponse):  # the run was deleted as it was read
+        raise NotFoundError("the run of this request is gone")
+    return last
+
+
+async def _openai_turn(
+    context: AppContext, request: Request, run: AgentRequest, session_id: str
+) -> _Turn:
+    """The run of an OpenAI-compatible call, started unless the call is an SDK's retry of a
+    request that started one (see :mod:`..sdk_retries`)."""
+    assert run.user_id is not None
+    fingerprint = idempotency_fingerprint(request, await request.body())
+    runs = context.recorder.runs if context.recorder is not None else None
+    original = await sdk_retries.original_run(runs, request, run.user_id, fingerprint)
+    if runs is not None and original is not None:
+        events = sdk_retries.stored_events(runs, run.user_id, original.id)
+        return _Turn(original.id, original.session_id or session_id, events)
+    recorded = await _recorded(context, run, kind="openai", fingerprint=fingerprint)
+    return _Turn(recorded.run_id, session_id, recorded.events(), recorded)
 
 
 async def _final(run: RecordedRun, request: Request) -> AgentResponse | None:
     """The run's final event, or None when the client left first: a run that ends with its
     client (``cancel_on_disconnect``, or not stored) is then cancelled."""
-    if not run.cancel_on_disconnect:
-        return await run.final()
-    final = asyncio.ensure_future(run.final())
+    return await _unless_client_leaves(run, run.final(), request)
+
+
+async def _unless_client_leaves(
+    run: RecordedRun | None, answer: Coroutine[Any, Any, _T], request: Request
+) -> _T | None:
+    """``answer`` (read from ``run``), or None when the client left first: a run that ends
+    with its client (``cancel_on_disconnect``, or not stored) is then cancelled."""
+    if run is None or not run.cancel_on_disconnect:
+        return await answer
+    final = asyncio.ensure_future(answer)
     leaving: asyncio.Future[Any] | None = None
     try:
         while True:
@@ -136,7 +197,7 @@ async def _final(run: RecordedRun, request: Request) -> AgentResponse | None:
     finally:
         if leaving is not None:
             leaving.cancel()
-        final.cancel()  # when the client left: the run's final() detaches, cancelling it
+        final.cancel()  # when the client left: the run's reader detaches, cancelling it
 
 
 def _failure(response: AgentResponse) -> JSONResponse:
@@ -153,8 +214,8 @@ def _failure(response: AgentResponse) -> JSONResponse:
         answer = error_response(409, error.code, error.message)
     else:
         error = response.error
-        body = error_body(error.code, error.message)
-        answer = JSONResponse(body, status_code=status_of_code(error.code))
+        status = status_of_code(error.code)
+        answer = JSONResponse(error_body(error.code, error.message, status=status), status)
     answer.headers["X-Should-Retry"] = "false"
     return answer
 
@@ -281,6 +342,7 @@ def build_router(
         request: Request,
         x_session_id: SessionHeader = None,
     ) -> Response:
+        compat.check_chat_request(body)
         run, session_id = _compatible_run(
             compat.chat_messages(body.messages),
             compat.session_id_of(_header_session_id(x_session_id), body.metadata),
@@ -291,20 +353,23 @@ def build_router(
             max_tokens=body.max_tokens or body.max_completion_tokens,
             seed=body.seed,
             stop=body.stop,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
         )
-        recorded = await _recorded(context, run, kind="openai")
-        headers = _session_headers(session_id, recorded.run_id)
+        turn = await _openai_turn(context, request, run, session_id)
+        headers = _session_headers(turn.session_id, turn.run_id)
         if not body.stream:
-            final = await _final(recorded, request)
+            final = await turn.answer(request, _last_response(turn.events))
             if final is None:
                 return Response(status_code=CLIENT_LEFT)
             if final.status != RunStatus.Completed:
                 return _failure(final)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        events = recorded.events()
         return EventStreamResponse(
-            compat.chat_completion_chunks(events, model=body.model, include_usage=include_usage),
+            compat.chat_completion_chunks(
+                turn.events, model=body.model, include_usage=include_usage
+            ),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
@@ -319,6 +384,7 @@ def build_router(
         request: Request,
         x_session_id: SessionHeader = None,
     ) -> Response:
+        compat.check_responses_request(body)
         run, session_id = _compatible_run(
             compat.responses_input(body),
             compat.session_id_of(
@@ -333,18 +399,21 @@ def build_router(
             top_p=body.top_p,
             max_tokens=body.max_output_tokens,
         )
-        recorded = await _recorded(context, run, kind="openai")
-        headers = _session_headers(session_id, recorded.run_id)
+        turn = await _openai_turn(context, request, run, session_id)
+        headers = _session_headers(turn.session_id, turn.run_id)
+        shape: dict[str, Any] = {
+            "model": body.model,
+            "session_id": turn.session_id,
+            "echo": compat.responses_echo(body),
+        }
         if not body.stream:
             # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
-            final = await _final(recorded, request)
-            if final is None:
+            payload = await turn.answer(request, compat.responses_final(turn.events, **shape))
+            if payload is None:
                 return Response(status_code=CLIENT_LEFT)
-            payload = compat.responses_object(final, model=body.model, session_id=session_id)
             return JSONResponse(payload, headers=headers)
-        events = recorded.events()
         return EventStreamResponse(
-            compat.responses_events(events, model=body.model, session_id=session_id),
+            compat.responses_events(turn.events, **shape),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )

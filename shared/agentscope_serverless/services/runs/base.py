@@ -87,6 +87,11 @@ class RunRecord(BaseModel):
     cancel_requested: bool = False
     result: Any = None
     error: dict[str, Any] | None = None
+    fingerprint: str | None = Field(
+        None,
+        description="What the request of the run was (a hash), for its client's retries to "
+        "find the run they repeat.",
+    )
 
     @property
     def finished(self) -> bool:
@@ -290,6 +295,12 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         (stripped; refused when blank or holding control characters)."""
         self._ensure_started()
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
+        return sorted(map(_as_seen, runs), key=lambda record: record.created_at)
+
+    async def recent_runs(self, user_id: str, since: float) -> list[RunRecord]:
+        """The user's runs created at ``since`` (a Unix time) or later, oldest first."""
+        self._ensure_started()
+        runs = await self._list_user(require_user_id(user_id), since)
         return sorted(map(_as_seen, runs), key=lambda record: record.created_at)
 
     async def stop_runs(

@@ -1,0 +1,104 @@
+"""A retry of an OpenAI SDK joins the run it repeats, rather than running the turn again.
+
+OpenAI's SDKs (Stainless's: Python, Node, and the clients built on them, LangChain's among
+them) retry a request that timed out, lost its connection, or got a 408, 409, 429 or 5xx (a
+gateway's 504 in front of a long run, say), twice by default, numbering each try in
+``X-Stainless-Retry-Count``; they send no ``Idempotency-Key``. The run of the first try goes
+on without its client (see :mod:`agentscope_serverless.recorder`): a retry that ran the agent
+again would store the turn twice, and repeat whatever the agent did.
+
+So an OpenAI-compatible run keeps the fingerprint of its request with its record
+(:func:`~agentscope_serverless.http.idempotency.fingerprint`: path, ``X-Session-Id`` and body),
+and a retry answers with the newest run of the same user and fingerprint started within the
+time the SDK's tries can span (``X-Stainless-Read-Timeout`` each, and the wait between them):
+the run's events as stored, followed until it ends. A retry that finds none (its first try
+never reached the server) runs. A request with an ``Idempotency-Key`` is left to that key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
+from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, TextContent
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+
+RETRY_COUNT_HEADER = "X-Stainless-Retry-Count"
+READ_TIMEOUT_HEADER = "X-Stainless-Read-Timeout"
+# The SDKs' default timeout of a try, in seconds; and more than their longest wait (8 s)
+# between two tries, with room for a slow connection.
+DEFAULT_READ_TIMEOUT = 600.0
+BETWEEN_TRIES = 60.0
+# Bounds on what the headers say: no SDK waits longer for one answer, or tries this often.
+MAX_READ_TIMEOUT = 3600.0
+MAX_RETRIES = 10
+
+
+def _header_number(request: Request, name: str) -> float | None:
+    value = request.headers.get(name)
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
+def retry_window(request: Request) -> float | None:
+    """How long ago, at most, the first try of this retry began (seconds); None when the
+    request is not an SDK's retry, or has an ``Idempotency-Key``."""
+    retries = _header_number(request, RETRY_COUNT_HEADER)
+    if retries is None or IDEMPOTENCY_HEADER in request.headers:
+        return None
+    timeout = _header_number(request, READ_TIMEOUT_HEADER) or DEFAULT_READ_TIMEOUT
+    timeout = min(timeout, MAX_READ_TIMEOUT)
+    return min(retries, MAX_RETRIES) * (timeout + BETWEEN_TRIES)
+
+
+async def original_run(
+    runs: RunsService | None, request: Request, user_id: str, fingerprint: str
+) -> RunRecord | None:
+    """The run that ``request``, an SDK's retry, repeats (None when it is no retry, runs are
+    not stored, or none of the user's recent runs had this request)."""
+    window = retry_window(request)
+    if runs is None or window is None:
+        return None
+    recent = await runs.recent_runs(user_id, time.time() - window)
+    same = [run for run in recent if run.kind == "openai" and run.fingerprint == fingerprint]
+    return same[-1] if same else None
+
+
+def _answer_event(data: str) -> Event | None:
+    """A stored event, when it is one an OpenAI answer is made of: the run's responses, its
+    messages, and their text."""
+    fields = json.loads(data)
+    kind, part = fields.get("object"), fields.get("type")
+    if kind == "response":
+        return AgentResponse.model_validate(fields)
+    if kind == "message":
+        return Message.model_validate(fields)
+    if kind == "content" and part == "text":
+        return TextContent.model_validate(fields)
+    return None
+
+
+async def stored_events(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[Event]:
+    """The run's events as stored, from its first, followed until it ends (those that make
+    an OpenAI answer)."""
+    async for _, data in runs.follow(user_id, run_id):
+        event = _answer_event(data)
+        if event is not None:
+            yield event
+
+
+__all__ = [
+    "READ_TIMEOUT_HEADER",
+    "RETRY_COUNT_HEADER",
+    "original_run",
+    "retry_window",
+    "stored_events",
+]

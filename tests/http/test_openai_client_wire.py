@@ -1,0 +1,504 @@
+"""/compatible-mode/v1 as OpenAI client libraries use it: the requests LangChain
+(``langchain-openai`` ChatOpenAI), LiteLLM and the ``openai`` SDK send, byte for byte as
+captured from them, and the answers and errors those libraries read."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running, stream
+from tests.support.slow_agent import app as slow_app
+
+CHAT = "/compatible-mode/v1/chat/completions"
+RESPONSES = "/compatible-mode/v1/responses"
+PERSON = {
+    "properties": {
+        "name": {"title": "Name", "type": "string"},
+        "age": {"title": "Age", "type": "integer"},
+    },
+    "required": ["name", "age"],
+    "title": "Person",
+    "type": "object",
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather.",
+        "parameters": {
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        },
+    },
+}
+# What ChatOpenAI sends by default, then with the common options set; what LiteLLM sends.
+LANGCHAIN_INVOKE = {
+    "model": "m",
+    "stream": False,
+    "messages": [{"content": "be nice", "role": "system"}, {"content": "hi", "role": "user"}],
+}
+LANGCHAIN_OPTIONS = {
+    "model": "m",
+    "stream": False,
+    "messages": [{"content": "hi", "role": "user"}],
+    "max_completion_tokens": 10,
+    "seed": 3,
+    "stop": ["x"],
+    "temperature": 0.1,
+    "user": "alice",
+}
+LITELLM_OPTIONS = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "temperature": 0.2,
+    "stop": ["x"],
+    "max_tokens": 5,
+    "seed": 1,
+}
+LANGCHAIN_TOOL_HISTORY = {
+    "model": "m",
+    "stream": False,
+    "messages": [
+        {"content": "weather?", "role": "user"},
+        {
+            "content": None,
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "id": "call_1",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"content": "sunny", "role": "tool", "tool_call_id": "call_1"},
+    ],
+}
+ASK = [{"content": "Alice is 30", "role": "user"}]
+
+
+@pytest.fixture
+def scenario(scenario_url: str, keys: Keys) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=scenario_url, headers=bearer(keys.alice), timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def sdk(scenario_url: str, keys: Keys) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+    ) as client:
+        yield client
+
+
+def history(client: httpx.Client, session: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = client.get(f"/sessions/{session}/messages").json()["items"]
+    return items
+
+
+def runs_of(client: httpx.Client, session: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = client.get("/runs", params={"session_id": session}).json()[
+        "items"
+    ]
+    return items
+
+
+@pytest.mark.parametrize(
+    "body", [LANGCHAIN_INVOKE, LANGCHAIN_OPTIONS, LITELLM_OPTIONS, LANGCHAIN_TOOL_HISTORY]
+)
+def test_what_langchain_and_litellm_send_by_default_is_answered(
+    scenario: httpx.Client, body: dict[str, Any]
+) -> None:
+    response = scenario.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    completion = openai.types.chat.ChatCompletion.model_validate(response.json())
+    assert completion.choices[0].message.content.startswith("echo: ")  # type: ignore[union-attr]
+
+
+def test_langchains_stream_with_usage_ends_with_a_usage_chunk(scenario: httpx.Client) -> None:
+    body = {**LANGCHAIN_INVOKE, "stream": True, "stream_options": {"include_usage": True}}
+    response, sse = stream(scenario, CHAT, json=body)
+    assert response.status_code == 200
+    assert sse.data[-1] == "[DONE]"
+    chunks = [openai.types.chat.ChatCompletionChunk.model_validate(d) for d in sse.data[:-1]]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "echo: hi"
+    assert chunks[-1].choices == [] and chunks[-2].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        # bind_tools
+        ({"tools": [WEATHER_TOOL]}, "tools"),
+        # with_structured_output(method="function_calling")
+        (
+            {
+                "parallel_tool_calls": False,
+                "tool_choice": {"type": "function", "function": {"name": "Person"}},
+                "tools": [WEATHER_TOOL],
+            },
+            "tools",
+        ),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"functions": [WEATHER_TOOL["function"]]}, "functions"),
+        # with_structured_output() (json_schema, the default), and method="json_mode"
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": PERSON, "name": "Person", "strict": True},
+                }
+            },
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ],
+)
+def test_what_an_agent_cannot_give_is_a_400_naming_the_parameter(
+    scenario: httpx.Client, sdk: openai.OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    """Client tools, JSON formats, logprobs and audio were ignored: LangChain's
+    with_structured_output got text it could not parse, or None, and bind_tools never a
+    tool call. Refused, the SDK raises a BadRequestError naming the parameter."""
+    session = f"refused-{uuid.uuid4()}"
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model="m",
+            messages=ASK,  # type: ignore[arg-type]
+            extra_body=extra,
+            extra_headers={"X-Session-Id": session},
+        )
+    assert (refused.value.code, refused.value.type) == (
+        "UNSUPPORTED_PARAMETER",
+        "invalid_request_error",
+    )
+    assert refused.value.param == param
+    assert refused.value.message.startswith(f"Error code: 400 - {param} is not supported: ")
+    assert scenario.get(f"/sessions/{session}").status_code == 404  # nothing stored
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": []},
+        {"tools": [WEATHER_TOOL], "tool_choice": "none"},
+        {"tool_choice": "auto"},
+        {"response_format": {"type": "text"}},
+        {"logprobs": False},
+        {"modalities": ["text"]},
+        # Options that only tune an answer, and parameters of other servers, are taken.
+        {"parallel_tool_calls": False, "reasoning_effort": "low", "top_k": 3, "store": True},
+    ],
+)
+def test_what_asks_nothing_of_an_agent_is_taken(sdk: openai.OpenAI, extra: dict[str, Any]) -> None:
+    completion = sdk.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body=extra,
+    )
+    assert completion.choices[0].message.content == "echo: hi"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        # ChatOpenAI(use_responses_api=True).with_structured_output(Person)
+        (
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "strict": True,
+                        "name": "Person",
+                        "schema": PERSON,
+                    }
+                }
+            },
+            "text.format",
+        ),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"background": True}, "background"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ],
+)
+def test_what_an_agent_cannot_give_in_a_response_is_a_400_naming_it(
+    sdk: openai.OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model="m", input=ASK, extra_body=extra)  # type: ignore[arg-type]
+    assert refused.value.param == param
+
+
+def test_every_error_has_the_shape_the_sdk_reads(
+    scenario_url: str, sdk: openai.OpenAI, keys: Keys
+) -> None:
+    with (
+        openai.OpenAI(
+            base_url=f"{scenario_url}/compatible-mode/v1", api_key="ask_wrong", max_retries=0
+        ) as stranger,
+        pytest.raises(openai.AuthenticationError) as unauthenticated,
+    ):
+        stranger.chat.completions.create(model="m", messages=ASK)  # type: ignore[arg-type]
+    assert (unauthenticated.value.code, unauthenticated.value.type) == (
+        "UNAUTHENTICATED",
+        "authentication_error",
+    )
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        sdk.chat.completions.create(model="m", messages=ASK, user="bob")  # type: ignore[arg-type]
+    assert denied.value.type == "permission_error"
+    with pytest.raises(openai.UnprocessableEntityError) as invalid:
+        sdk.chat.completions.create(
+            model="m",
+            messages=[{"role": "robot", "content": "hi"}],  # type: ignore[list-item]
+        )
+    assert (invalid.value.type, invalid.value.param) == (
+        "invalid_request_error",
+        "messages[0].role",
+    )
+    with pytest.raises(openai.InternalServerError) as failed:
+        sdk.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "fail"}],
+        )
+    assert (failed.value.code, failed.value.type) == ("AGENT_UNKNOWN_ERROR", "server_error")
+    with pytest.raises(openai.APIError) as failed_stream:
+        list(
+            sdk.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "fail"}], stream=True
+            )
+        )
+    assert (failed_stream.value.code, failed_stream.value.type) == (
+        "AGENT_UNKNOWN_ERROR",
+        "server_error",
+    )
+
+
+def test_a_response_repeats_its_instructions_options_and_metadata(sdk: openai.OpenAI) -> None:
+    first = sdk.responses.create(
+        model="m",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+        instructions="Be terse.",
+        temperature=0.2,
+        top_p=0.9,
+        max_output_tokens=64,
+        metadata={"app": "tests"},
+    )
+    assert (first.instructions, first.temperature, first.top_p, first.max_output_tokens) == (
+        "Be terse.",
+        0.2,
+        0.9,
+        64,
+    )
+    assert first.metadata == {"app": "tests", "session_id": first.metadata["session_id"]}  # type: ignore[index]
+    with sdk.responses.stream(
+        model="m", input="again", previous_response_id=first.id, temperature=0.5
+    ) as events:
+        second = events.get_final_response()
+    assert (second.previous_response_id, second.temperature, second.instructions) == (
+        first.id,
+        0.5,
+        None,
+    )
+    assert second.metadata == {"session_id": first.metadata["session_id"]}  # type: ignore[index]
+
+
+def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
+    failed = sdk.responses.create(model="m", input="fail after a word")
+    assert failed.status == "failed" and failed.error is not None
+    assert [(item.type, item.status) for item in failed.output] == [("message", "incomplete")]
+    assert failed.output_text == "partial "
+    events = list(sdk.responses.create(model="m", input="fail after a word", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.output_text == "partial "  # type: ignore[union-attr]
+
+
+def test_function_call_items_of_a_responses_input_reach_the_session(
+    sdk: openai.OpenAI, scenario: httpx.Client
+) -> None:
+    # Without a session every item is input (with one, those after the last assistant's).
+    answer = sdk.responses.create(
+        model="m",
+        input=[
+            {"role": "user", "content": "weather?"},
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city": "Paris"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ],
+    )
+    assert answer.status == "completed"
+    stored = history(scenario, answer.metadata["session_id"])  # type: ignore[index]
+    assert [(m["type"], m["role"]) for m in stored] == [
+        ("message", "user"),
+        ("function_call", "assistant"),
+        ("function_call_output", "tool"),
+        ("message", "assistant"),
+    ]
+    assert stored[1]["content"][0]["data"]["name"] == "get_weather"
+    assert stored[2]["content"][0]["data"] == {"call_id": "call_1", "name": None, "output": "sunny"}
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        sdk.responses.create(
+            model="m",
+            input=[
+                {"role": "user", "content": "hi"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+            ],
+        )
+    assert refused.value.param == "input[1].type"
+    assert "items taken are messages, function_call and function_call_output" in (
+        refused.value.message
+    )
+
+
+# --- retries -------------------------------------------------------------------------------
+
+
+def test_an_sdk_retry_after_a_timeout_joins_the_run_instead_of_running_it_again(
+    scenario_url: str, scenario: httpx.Client
+) -> None:
+    """The SDK gave up on a slow run after its timeout, and retried twice: the agent ran
+    three times and the turn was stored three times. Each retry now waits for the first
+    try's run, and the last one gets its answer."""
+    session = f"retried-{uuid.uuid4()}"
+    with openai.OpenAI(
+        base_url=f"{scenario_url}/compatible-mode/v1",
+        api_key=str(scenario.headers["Authorization"]).removeprefix("Bearer "),
+        timeout=0.5,
+        max_retries=3,
+    ) as client:
+        completion = client.chat.completions.with_raw_response.create(
+            model="m",
+            messages=[{"role": "user", "content": "sleep 1.2"}],
+            extra_headers={"X-Session-Id": session},
+        )
+        response = client.responses.create(
+            model="m", input="sleep 1.2", metadata={"session_id": session}
+        )
+    assert completion.parse().choices[0].message.content == "echo: sleep 1.2"
+    assert completion.retries_taken > 0  # the answer came to a retry
+    assert response.output_text == "echo: sleep 1.2"
+    assert [run["status"] for run in runs_of(scenario, session)] == ["completed", "completed"]
+    assert [m["role"] for m in history(scenario, session)] == ["user", "assistant"] * 2
+
+
+def retry_of(count: int, **headers: str) -> dict[str, str]:
+    """The headers of an SDK's try: the first (0), or a retry."""
+    return {"X-Stainless-Retry-Count": str(count), "X-Stainless-Read-Timeout": "600", **headers}
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+def test_a_retry_of_a_stream_replays_the_run_of_its_first_try(
+    scenario: httpx.Client, path: str
+) -> None:
+    session = f"retried-{uuid.uuid4()}"
+    if path == CHAT:
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    else:
+        body = {"model": "m", "input": "hi"}
+    body["stream"] = True
+    headers = {"X-Session-Id": session}
+    first, first_events = stream(scenario, path, json=body, headers=retry_of(0, **headers))
+    again, again_events = stream(scenario, path, json=body, headers=retry_of(1, **headers))
+    assert again.headers["X-Run-Id"] == first.headers["X-Run-Id"]
+    assert again_events.data == first_events.data
+    assert len(runs_of(scenario, session)) == 1
+
+
+def test_a_repeat_that_is_no_retry_runs_again(scenario: httpx.Client) -> None:
+    session = f"repeated-{uuid.uuid4()}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "continue"}]}
+    headers = {"X-Session-Id": session}
+    first = scenario.post(CHAT, json=body, headers=retry_of(0, **headers))
+    again = scenario.post(CHAT, json=body, headers=retry_of(0, **headers))
+    other = scenario.post(
+        CHAT,
+        json={**body, "temperature": 0.5},  # another request: a retry of it finds no run
+        headers=retry_of(1, **headers),
+    )
+    keyed = scenario.post(  # a retry with an Idempotency-Key is the key's to answer
+        CHAT, json=body, headers=retry_of(1, **headers, **{"Idempotency-Key": "k1"})
+    )
+    run_ids = {r.headers["X-Run-Id"] for r in (first, again, other, keyed)}
+    assert len(run_ids) == 4
+    assert len(runs_of(scenario, session)) == 4
+
+
+def test_a_retry_waits_for_the_run_still_going_and_answers_with_it(
+    scenario: httpx.Client,
+) -> None:
+    # The first try's client left (a gateway's timeout); its run goes on.
+    session = f"retried-{uuid.uuid4()}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "sleep 0.6"}]}
+    headers = {"X-Session-Id": session}
+    first: list[httpx.Response] = []
+    thread = threading.Thread(
+        target=lambda: first.append(scenario.post(CHAT, json=body, headers=retry_of(0, **headers)))
+    )
+    thread.start()
+    while not runs_of(scenario, session):
+        pass
+    retried = scenario.post(CHAT, json=body, headers=retry_of(2, **headers))
+    thread.join()
+    assert retried.status_code == 200
+    assert retried.json()["choices"] == first[0].json()["choices"]
+    assert retried.headers["X-Run-Id"] == first[0].headers["X-Run-Id"]
+    assert len(runs_of(scenario, session)) == 1
+
+
+def test_a_retry_of_a_failed_run_gets_its_error_again(scenario: httpx.Client) -> None:
+    session = f"retried-{uuid.uuid4()}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "fail"}]}
+    headers = {"X-Session-Id": session}
+    first = scenario.post(CHAT, json=body, headers=retry_of(0, **headers))
+    again = scenario.post(CHAT, json=body, headers=retry_of(1, **headers))
+    assert first.status_code == again.status_code == 500
+    assert again.json() == first.json()
+    assert again.headers["X-Should-Retry"] == "false"
+    assert [m["content"][0]["text"] for m in history(scenario, session)] == ["fail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"model": "m", "messages": [{"role": "user", "content": "go"}]}),
+        (RESPONSES, {"model": "m", "input": "go"}),
+    ],
+)
+def test_without_a_runs_store_a_call_whose_client_left_is_canceled(
+    keys: Keys, path: str, body: dict[str, Any]
+) -> None:
+    # Nobody can resume a run that is not stored: it ends with its client (the slow agent
+    # would write for 5 s; its cleanup saves state as it ends).
+    settings = load_settings(runs_backend="none")
+    web = create_app(settings=settings, agent_app=slow_app, key_store=keys.store)
+    session = f"left-{uuid.uuid4()}"
+    with running(web) as served, httpx.Client(base_url=served, headers=bearer(keys.alice)) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post(path, json=body, headers={"X-Session-Id": session}, timeout=0.5)
+        left = time.monotonic()
+        while c.get(f"/state/{session}").status_code == 404:
+            assert time.monotonic() - left < 2.5, "the run went on without its client"
+            time.sleep(0.05)
+        assert c.get(f"/state/{session}").json()["state"] == {"cleanup": True}
