@@ -458,7 +458,7 @@ def test_a_retry_waits_for_the_run_still_going_and_answers_with_it(
     )
     thread.start()
     while not runs_of(scenario, session):
-        pass
+        time.sleep(0.02)
     retried = scenario.post(CHAT, json=body, headers=retry_of(2, **headers))
     thread.join()
     assert retried.status_code == 200
