@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 # The HTTP package imports FastAPI itself, as a cold start wants it (see http/_fastapi.py).
-from agentscope_serverless.http.lambda_handler import build_app, import_runtime
+from agentscope_serverless.http.lambda_handler import build_web_adapter_app, import_runtime
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -21,5 +21,6 @@ import_runtime(ROUTERS)
 
 
 def create() -> FastAPI:
-    """The application with the process router, its secrets read."""
-    return build_app(ROUTERS)
+    """The application with the process router, its secrets read; each request's work ends
+    before the time limit of the invocation it came in."""
+    return build_web_adapter_app(ROUTERS)

@@ -125,6 +125,13 @@ class RequestTimeoutError(AgentScopeServerlessError):
     code = "REQUEST_TIMEOUT"
 
 
+class TimeLimitError(AgentScopeServerlessError):
+    """A run or background task was ended at its Lambda function's time limit (see
+    :mod:`agentscope_serverless.time_limit`)."""
+
+    code = "TIME_LIMIT"
+
+
 class PayloadTooLargeError(AgentScopeServerlessError):
     """A request body or stored item is larger than the configured limit."""
 
@@ -266,6 +273,7 @@ __all__ = [
     "ServiceNotStartedError",
     "SessionNotFoundError",
     "StoreUnavailableError",
+    "TimeLimitError",
     "UnsupportedParameterError",
     "UploadNotAvailableError",
 ]

@@ -26,7 +26,11 @@ drives it in a task of its own, so the run is independent of the request that st
   session history and ends the stream with a ``canceled`` response; nothing is stored
   after it;
 - when the listener goes away (the client disconnected) the run goes on, stored and
-  resumable, unless it was started with ``cancel_on_disconnect``.
+  resumable, unless it was started with ``cancel_on_disconnect``;
+- a run started with a time limit (a Lambda invocation's, see
+  :mod:`~agentscope_serverless.time_limit`) still going when it runs out is cancelled the
+  same way, but ends ``failed`` with the error ``TIME_LIMIT``: its end is stored and sent
+  before the function is stopped.
 
 Without a runs store (``RUNS_BACKEND=none``) the same machinery streams without storing,
 and a run whose client leaves is cancelled (nobody could resume it).
@@ -67,11 +71,16 @@ from agentscope_serverless.services.runs.base import (
     RunsService,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.time_limit import TIME_LIMIT, seconds_left
 
 EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
 # How many times the write saving a run's final status is tried.
 LAST_WRITE_ATTEMPTS = 3
+_OUT_OF_TIME = Error(
+    code=TIME_LIMIT,
+    message="the run was ended at the function's time limit, before the agent finished",
+)
 
 
 class RecordedRun:
@@ -86,6 +95,7 @@ class RecordedRun:
         kind: RunKind,
         cancel_on_disconnect: bool,
         fingerprint: str | None = None,
+        time_left: float | None = None,
     ) -> None:
         self._recorder = recorder
         self._fingerprint = fingerprint
@@ -118,6 +128,12 @@ class RecordedRun:
         self._began = time.monotonic()
         self._first_text: float | None = None
         self._usage: dict[str, object] | None = None
+        # The error the run ended with, for its record.
+        self._error: Error | None = None
+        # Seconds the run may take (None: no limit), and whether they ran out.
+        self._time_left = time_left
+        self._time_limit: asyncio.TimerHandle | None = None
+        self._out_of_time = False
 
     # --- the run's task -----------------------------------------------------------------
 
@@ -154,6 +170,8 @@ class RecordedRun:
                 self._end_failed(exc)
         finally:
             self._produced = True
+            if self._time_limit is not None:
+                self._time_limit.cancel()
             self._notify()
             self._recorder._ended(self)
             if self._record is not None:
@@ -195,11 +213,17 @@ class RecordedRun:
                 delay = self._recorder.first_write_delay
                 self._write_timer = loop.call_later(delay, self._start_writer)
                 self._recorder._live[(self.user_id, self.run_id)] = self
+            if self._out_of_time:
+                asyncio.get_running_loop().call_soon(self.cancel)
         if event.sequence_number is None:
             set_field(event, "sequence_number", self._last_sequence() + 1)
+        is_response = isinstance(event, AgentResponse)
+        if self._out_of_time and is_response and event.status == RunStatus.Canceled:
+            event.failed(_OUT_OF_TIME)  # cancelled for its time limit, not by a client
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             self.status = event.status
             self._usage = event.usage
+            self._error = event.error
         elif self._first_text is None and isinstance(event, TextContent) and event.text:
             self._first_text = time.monotonic()
         if self._ending is not None and event is self._ending[0]:
@@ -322,6 +346,7 @@ class RecordedRun:
         record = self._record
         if finish:  # the last write: the record is saved as final
             record.status = self.status if self._ended() else RunStatus.Failed
+            record.error = None if self._error is None else self._error.model_dump()
             record.updated_at = time.time()
         requested = await self._runs.record(record, burst, create=not self._created, finish=finish)
         self._written, self._created = end, True
@@ -354,8 +379,18 @@ class RecordedRun:
         if self._producer is not None and not self._produced and self._ending is None:
             self._producer.cancel(RUN_CANCELED)
 
+    def _time_is_up(self) -> None:
+        """The run's time limit has come: end it (as soon as it has begun), as failed."""
+        self._time_limit = None
+        self._out_of_time = True
+        if self._first is not None:
+            self.cancel()
+
     async def _begin(self) -> None:
         self._producer = asyncio.create_task(self._produce())
+        if self._time_left is not None:
+            loop = asyncio.get_running_loop()
+            self._time_limit = loop.call_later(max(self._time_left, 0), self._time_is_up)
         while not self._log and not self._produced:
             await self.changed()
         if self._failure is not None:
@@ -474,7 +509,9 @@ class RunRecorder:
         """Start driving ``events`` as a recorded run; returns once its first event is out.
 
         ``fingerprint`` (what the request was) is kept with the run's record. An error before
-        the first event (the session could not be loaded...) is raised here.
+        the first event (the session could not be loaded...) is raised here. The run ends at
+        the time limit of the invocation serving it, if any
+        (:func:`~agentscope_serverless.time_limit.seconds_left`).
         """
         run = RecordedRun(
             self,
@@ -483,6 +520,7 @@ class RunRecorder:
             kind=kind,
             cancel_on_disconnect=cancel_on_disconnect,
             fingerprint=fingerprint,
+            time_left=seconds_left(),
         )
         self._runs.add(run)
         try:

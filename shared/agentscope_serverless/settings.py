@@ -92,6 +92,15 @@ class Settings(BaseModel):
     lambda_endpoint_url: str | None = Field(
         None, description="Lambda API endpoint (for a local emulator); unset: AWS."
     )
+    time_limit_margin_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "On Lambda: how long before the function's time limit a run or background task"
+            " still going is ended (failed, TIME_LIMIT), so that its end is stored and sent;"
+            " a stream following a stored run ends then too, for its client to resume."
+        ),
+    )
     a2a_base_url: str | None = Field(
         None,
         description=(

@@ -19,15 +19,26 @@ from typing import Any, Protocol
 
 from pydantic_core import to_jsonable_python
 
+from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import require_finite
+from agentscope_serverless.services.idempotency.base import (
+    ClaimOutcome,
+    IdempotencyStore,
+    StoredResponse,
+)
 from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
+from agentscope_serverless.time_limit import seconds_left
 
 TASK_FAILED = "TASK_FAILED"
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
+# How long a task stopped at the time limit is given to clean up.
+_CLEANUP_SECONDS = 1.0
+# The fingerprint of the claim an invocation makes before running a task (one per task id).
+_TASK_CLAIM = "background-task"
 
 
 @dataclass(frozen=True)
@@ -49,13 +60,21 @@ async def run_task(
 ) -> None:
     """Run ``task`` with ``payload`` and store its result or its error; while it runs, its
     record is saved every ``HEARTBEAT_SECONDS``, so a task whose process stopped (a Lambda
-    timeout) reads as lost (see :class:`~agentscope_serverless.services.runs.base.RunRecord`)."""
+    timeout) reads as lost (see :class:`~agentscope_serverless.services.runs.base.RunRecord`).
+    A task still running at the time limit of the invocation serving it
+    (:mod:`~agentscope_serverless.time_limit`) is stopped and stored as failed
+    (``TIME_LIMIT``)."""
     try:
         result = await _beating(runs, user_id, task_id, _call(task, payload))
         # Numbers JSON cannot carry (NaN, infinities) fail the task rather than come back
         # as null.
         stored = to_jsonable_python(result, inf_nan_mode="constants")
         require_finite(stored, field="result")
+    except TimeLimitError as exc:
+        logger.warning("a background task reached the time limit", extra={"task_id": task_id})
+        error = {"code": exc.code, "message": exc.message}
+        await runs.finish_run(user_id, task_id, "failed", error=error)
+        return
     except Exception as exc:
         logger.info("a background task failed", extra={"task_id": task_id})
         message = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
@@ -76,13 +95,22 @@ async def _call(task: TaskDefinition, payload: Any) -> Any:
 
 async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitable[Any]) -> Any:
     """The result of ``work``, the task's record saved every ``HEARTBEAT_SECONDS`` until it
-    ends. Each save is awaited before the next step, so none lands after the final one."""
+    ends. Each save is awaited before the next step, so none lands after the final one.
+    Raises :class:`TimeLimitError` (``work`` cancelled) at the invocation's time limit."""
     running = asyncio.ensure_future(work)
     try:
         while True:
-            done, _ = await asyncio.wait([running], timeout=HEARTBEAT_SECONDS)
+            left = seconds_left()
+            if left is not None and left <= 0:
+                raise TimeLimitError(
+                    "the task was stopped at the function's time limit, before it finished"
+                )
+            wait = HEARTBEAT_SECONDS if left is None else min(HEARTBEAT_SECONDS, left)
+            done, _ = await asyncio.wait([running], timeout=wait)
             if done:
                 return running.result()
+            if wait < HEARTBEAT_SECONDS:
+                continue  # the time limit comes before the heartbeat
             try:
                 record = await runs.get_run(user_id, task_id)
                 if record is not None and not record.finished:
@@ -90,7 +118,10 @@ async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitabl
             except Exception:
                 logger.exception("could not save the task's heartbeat", extra={"task_id": task_id})
     finally:
-        running.cancel()
+        if not running.done():
+            running.cancel()
+            # Its cleanup (``finally`` blocks) runs before the task is stored as ended.
+            await asyncio.wait([running], timeout=_CLEANUP_SECONDS)
 
 
 class TaskExecutor(Protocol):
@@ -105,26 +136,63 @@ class TaskExecutor(Protocol):
         ...
 
 
-async def run_task_event(runs: RunsService, tasks: list[TaskDefinition], event: Any) -> None:
-    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``).
+async def run_task_event(
+    runs: RunsService,
+    tasks: list[TaskDefinition],
+    event: Any,
+    claims: IdempotencyStore | None = None,
+) -> str:
+    """Run the task of an asynchronous invocation's event (``{TASK_EVENT_KEY: {...}}``);
+    returns what became of it: ``"done"`` or ``"skipped"``.
 
-    Lambda delivers such an event at least once: a task whose run has finished (a second
-    delivery) or is not stored (expired, or never submitted) is not run again.
+    Lambda delivers such an event at least once, and invokes again after an error or a
+    timeout: a task runs at most once all the same. It is skipped when its run has finished
+    or is not stored (expired, or never submitted), and, with ``claims``, unless this
+    invocation is the first to claim it (a claim never lapses: a task that started and was
+    cut short is not run again). An event that is not a task's (a poison message) is
+    skipped: running it again could not help. Errors reading or claiming the task are
+    raised, before it runs, for Lambda to try again.
     """
-    spec = event[TASK_EVENT_KEY]
+    spec = event.get(TASK_EVENT_KEY) if isinstance(event, dict) else None
+    fields = ("user_id", "task_id", "path")
+    if not isinstance(spec, dict) or not all(isinstance(spec.get(f), str) for f in fields):
+        logger.warning("an event that is not a background task's was skipped")
+        return "skipped"
     user_id, task_id = spec["user_id"], spec["task_id"]
-    record = await runs.get_run(user_id, task_id)
-    if record is None or record.finished:
+    try:
+        record = await runs.get_run(user_id, task_id)
+    except InvalidInputError:
+        logger.warning("a task event naming no valid task was skipped")
+        return "skipped"
+    if record is None or record.finished or record.kind != "task":
         logger.info(
             "a task event for a finished or unknown task was skipped", extra={"task_id": task_id}
         )
-        return
+        return "skipped"
+    if claims is not None and not await _claim(claims, user_id, task_id):
+        logger.warning(
+            "a task event for a task already started was skipped", extra={"task_id": task_id}
+        )
+        return "skipped"
     task = next((t for t in tasks if t.path == spec["path"]), None)
     if task is None:
         error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
         await runs.finish_run(user_id, task_id, "failed", error=error)
-        return
+        return "done"
     await run_task(runs, task, user_id, task_id, spec.get("payload"))
+    return "done"
+
+
+async def _claim(claims: IdempotencyStore, user_id: str, task_id: str) -> bool:
+    """Whether this invocation is the first to claim the task; the claim is completed at
+    once, so it holds until it expires (``IDEMPOTENCY_EXPIRY_SECONDS``, longer than Lambda
+    keeps an event) instead of lapsing with its lease. Its key holds a space, which no
+    ``Idempotency-Key`` header may."""
+    claim = await claims.begin(user_id, f"task {task_id}", _TASK_CLAIM)
+    if claim.outcome is not ClaimOutcome.CLAIMED:
+        return False
+    await claims.complete(claim, StoredResponse(202, {}, b""))
+    return True
 
 
 class LocalTaskExecutor:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.lambda_.conftest import RunningFunction
+from tests.lambda_.conftest import Artifact, RunningFunction
 from tests.support.lambda_runtime import function_url_event
 from tests.support.sandbox_server import RunningServer
 
@@ -26,6 +27,7 @@ FUNCTIONS = [
 PROCESS_FUNCTIONS = ["ProcessFunction", "ProcessStreamFunction"]
 
 StartFunction = Callable[..., RunningFunction]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sse_events(body: bytes) -> list[dict[str, Any]]:
@@ -245,3 +247,48 @@ def test_with_iam_auth_the_callers_identity_is_the_user(
     assert status == 404
     status, _, _, _ = sessions.request("GET", f"/sessions/{session_id}")
     assert status == 401
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_run_at_the_functions_time_limit_ends_failed_before_lambda_stops_it(
+    start_function: StartFunction,
+    lambda_artifacts: Callable[[str], Artifact],
+    api_key: str,
+    name: str,
+) -> None:
+    # The slow agent takes 5 s; the invocation has 5 s (its deadline, as Lambda sets it) and
+    # the run is ended 2 s before: the buffered function reads the deadline from its
+    # context, the streaming one from the header the Web Adapter sends.
+    artifact = lambda_artifacts(name)
+    function = start_function(
+        name,
+        AGENT_APP="tests.support.slow_agent:app",
+        PYTHONPATH=f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
+        TIME_LIMIT_MARGIN_SECONDS="2",
+    )
+    assert function.request("GET", "/health")[0] == 200  # started, as a warm function is
+    body = {"input": [{"role": "user", "content": "take your time"}], "session_id": name}
+    # An answer after the deadline would fail here (the runtime waits no longer).
+    status, _, content, _ = function.request(
+        "POST", "/process", key=api_key, body=body, time_limit=5.0
+    )
+    assert status == 200, content
+    final = sse_events(content)[-1]
+    assert final["status"] == "failed" and final["error"]["code"] == "TIME_LIMIT"
+    status, _, content, _ = function.request("GET", f"/runs/{final['id']}", key=api_key)
+    assert json.loads(content)["status"] == "failed"
+
+
+@pytest.mark.parametrize("name", ["SessionsFunction", "TasksFunction"])
+def test_an_event_that_is_no_request_gets_an_answer_not_an_invocation_error(
+    start_function: StartFunction, name: str
+) -> None:
+    function = start_function(name)
+    for event in ({}, {"Records": [{"eventSource": "aws:sqs", "body": "{}"}]}):
+        invocation = function.runtime.invoke(event)
+        # An invocation error would be retried by Lambda, its stack trace sent to the caller.
+        assert invocation.kind == "response", invocation.body
+        assert json.loads(invocation.body)["error"]["code"] == "UNSUPPORTED_EVENT"
+    poison = function.runtime.invoke({"agentscope_task": {"task_id": "task_x"}})
+    assert poison.kind == "response", poison.body
+    assert json.loads(poison.body) == {"status": "skipped"}

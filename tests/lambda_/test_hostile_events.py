@@ -1,19 +1,30 @@
-"""Function URL and API Gateway events whose request cannot be decoded get a 400 JSON error.
+"""The events AWS sends a buffered function, and hostile ones, answered as HTTP should be.
 
 Mangum decodes the body and encodes the headers, path and query string before the
 application sees them; a failure there was an invocation error, which a Function URL caller
-gets as a 502 without a body. The handler is the one ``functions/sessions/app.py`` builds.
+gets as a 502 without a body. Events of API Gateway (REST and HTTP APIs) and of an ALB are
+answered in their own shapes, a response larger than Lambda returns is made to fit, and an
+event that is no HTTP request is refused without an invocation error. The handler is the one
+``functions/sessions/app.py`` builds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentscope_serverless.auth.file import FileKeyStore
-from agentscope_serverless.http.lambda_handler import LambdaHandler, make_handler
+from agentscope_serverless.http.lambda_handler import (
+    RESPONSE_LIMIT_BYTES,
+    LambdaHandler,
+    make_handler,
+)
+from agentscope_serverless.services.runs.base import RunRecord
 from tests.support.http import issue_key
 from tests.support.lambda_runtime import function_url_event
 
@@ -26,7 +37,7 @@ def sessions_handler(tmp_path_factory: pytest.TempPathFactory) -> tuple[LambdaHa
         env.setenv("AUTH_KEYS_BACKEND", "file")
         env.setenv("AUTH_KEYS_FILE", str(keys_file))
         env.setenv("SESSION_HISTORY_BACKEND", "in_memory")
-        handler = make_handler(["sessions"])
+        handler = make_handler(["sessions", "runs"])
         handler(function_url_event("GET", "/health"), None)  # builds the app with these settings
     return handler, key
 
@@ -120,3 +131,205 @@ def test_a_user_named_twice_behind_a_function_url_is_refused(
     assert (
         handler(function_url_event("GET", "/sessions", headers=headers), None)["statusCode"] == 200
     )
+
+
+class LambdaContext:
+    """The part of Lambda's context object the handler reads: the time left."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int((self.deadline - time.monotonic()) * 1000)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {},
+        None,
+        [],
+        "hello",
+        {"Records": [{"eventSource": "aws:sqs", "body": "{}"}]},
+        {"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}},
+        {"resource": "/{proxy+}", "path": "/sessions", "httpMethod": "GET"},
+    ],
+)
+def test_an_event_that_is_no_http_request_is_refused_without_an_invocation_error(
+    sessions_handler: tuple[LambdaHandler, str], event: Any
+) -> None:
+    handler, _ = sessions_handler
+    answer = handler(event, None)  # raising would make Lambda retry, and show a stack trace
+    assert answer["error"]["code"] == "UNSUPPORTED_EVENT"
+    assert "HTTP requests" in answer["error"]["message"]
+
+
+def test_a_path_or_alb_query_that_is_not_utf8_gets_422_naming_it(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    auth = {"authorization": f"Bearer {key}"}
+    answers = []
+    for byte in ("FE", "FF"):  # one session to the application, were they decoded as U+FFFD
+        event = function_url_event("GET", f"/sessions/%{byte}", headers=auth)
+        event["requestContext"]["http"]["path"] = f"/sessions/%{byte}"
+        answers.append(handler(event, None))
+    alb = _alb_event("GET", "/sessions", {"authorization": [f"Bearer {key}"]})
+    alb["multiValueQueryStringParameters"] = {"user_id": ["%FF"]}
+    answers.append(handler(alb, None))
+    for answer in answers:
+        assert answer["statusCode"] == 422, answer
+        assert "not UTF-8" in json.loads(answer["body"])["error"]["message"]
+
+
+def _rest_event(key: str, **overrides: Any) -> dict[str, Any]:
+    """An API Gateway REST API (payload 1.0) request event."""
+    event: dict[str, Any] = {
+        "resource": "/{proxy+}",
+        "path": "/sessions",
+        "httpMethod": "GET",
+        "headers": {"Authorization": f"Bearer {key}", "Host": "abc.execute-api.aws"},
+        "multiValueHeaders": {
+            "Authorization": [f"Bearer {key}"],
+            "Host": ["abc.execute-api.aws"],
+        },
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
+        "requestContext": {"identity": {"sourceIp": "203.0.113.1"}, "stage": "prod"},
+        "body": None,
+        "isBase64Encoded": False,
+    }
+    event.update(overrides)
+    return event
+
+
+def _alb_event(method: str, path: str, headers: dict[str, list[str]]) -> dict[str, Any]:
+    """An ALB request event with multi-value headers turned on."""
+    return {
+        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:tg"}},
+        "httpMethod": method,
+        "path": path,
+        "multiValueQueryStringParameters": {},
+        "multiValueHeaders": {"host": ["alb.example.com"], **headers},
+        "body": "",
+        "isBase64Encoded": False,
+    }
+
+
+def test_a_rest_api_event_is_answered_and_its_repeated_values_refused(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    listed = handler(_rest_event(key), None)
+    assert listed["statusCode"] == 200, listed
+    assert "items" in json.loads(listed["body"])
+    # API Gateway joins a repeated header's values: no key is "k, Bearer k".
+    two_keys = _rest_event(key, multiValueHeaders={"Authorization": [f"Bearer {key}"] * 2})
+    assert handler(two_keys, None)["statusCode"] == 401
+    two_users = _rest_event(key, multiValueQueryStringParameters={"user_id": ["a", "b"]})
+    answer = handler(two_users, None)
+    assert answer["statusCode"] == 422
+    assert "more than once" in json.loads(answer["body"])["error"]["message"]
+
+
+def test_an_alb_event_is_answered_with_multi_value_headers(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    answer = handler(_alb_event("GET", "/sessions", {"authorization": [f"Bearer {key}"]}), None)
+    assert answer["statusCode"] == 200, answer
+    assert answer["multiValueHeaders"]["content-type"] == ["application/json"]
+    assert "headers" not in answer  # the ALB would ignore them
+    two_users = _alb_event(
+        "GET", "/sessions", {"authorization": [f"Bearer {key}"], "x-user-id": ["a", "b"]}
+    )
+    assert handler(two_users, None)["statusCode"] == 422
+
+
+def _payload_bytes(answer: dict[str, Any]) -> int:
+    """The bytes Lambda counts of a buffered answer (its JSON, as the runtime writes it)."""
+    return len(json.dumps(answer, ensure_ascii=False).encode())
+
+
+def test_a_response_larger_than_lambda_returns_is_a_500_saying_to_ask_for_less(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    # 14 messages of 500 KB of UTF-8 (each under the 1 MB request limit): a 7 MB session.
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "é" * 250_000}]}, ensure_ascii=False
+    )
+    for _ in range(14):
+        appended = handler(
+            function_url_event("POST", "/sessions/big/messages", headers=headers, body=body), None
+        )
+        assert appended["statusCode"] == 201, appended["body"][:200]
+    events = [
+        function_url_event("GET", "/sessions/big", headers=headers),
+        _rest_event(key, path="/sessions/big"),
+        _alb_event("GET", "/sessions/big", {"authorization": [f"Bearer {key}"]}),
+    ]
+    for event in events:
+        answer = handler(event, None)
+        assert answer["statusCode"] == 500
+        assert _payload_bytes(answer) < RESPONSE_LIMIT_BYTES
+        error = json.loads(answer["body"])["error"]
+        assert error["code"] == "RESPONSE_TOO_LARGE"
+        assert "a page at a time" in error["message"]
+        answered = {k: v[0] for k, v in (answer.get("multiValueHeaders") or {}).items()}
+        answered.update(answer.get("headers") or {})
+        assert answered["x-should-retry"] == "false"  # OpenAI's SDKs retry a 500 otherwise
+        assert answered["x-request-id"]
+    page = handler(
+        function_url_event("GET", "/sessions/big/messages", headers=headers, query="limit=3"), None
+    )
+    assert page["statusCode"] == 200
+    assert len(json.loads(page["body"])["items"]) == 3
+
+
+def test_a_function_that_cannot_start_answers_503_then_starts_once_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
+    monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
+    handler = make_handler(["sessions", "runs"])
+    answer = handler(function_url_event("GET", "/health"), None)
+    assert answer["statusCode"] == 503
+    assert json.loads(answer["body"])["error"] == {
+        "code": "UNAVAILABLE",
+        "message": "the function could not start",
+        "type": "server_error",
+        "param": None,
+    }
+    assert "cassandra" not in answer["body"] and "Traceback" not in answer["body"]
+    monkeypatch.setenv("RUNS_BACKEND", "in_memory")
+    assert handler(function_url_event("GET", "/health"), None)["statusCode"] == 200
+
+
+def test_following_a_run_ends_before_the_functions_time_limit(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    headers = {"authorization": f"Bearer {key}"}
+    # A run another instance executes: stored, in progress, its next event not come yet.
+    app = handler._app  # type: ignore[attr-defined]
+    runs = app.state.context.runs
+    record = RunRecord(id="run-elsewhere", user_id="event-user", session_id="s")
+    handler._loop.run_until_complete(runs.create_run(record))  # type: ignore[attr-defined]
+    handler._loop.run_until_complete(  # type: ignore[attr-defined]
+        runs.append_events("event-user", "run-elsewhere", [(0, '{"sequence_number":0}')])
+    )
+    started = time.monotonic()
+    # TIME_LIMIT_MARGIN_SECONDS is 5: a follower of a Lambda with 6 s left stops after 1 s.
+    answer = handler(
+        function_url_event("GET", "/runs/run-elsewhere/events", headers=headers),
+        LambdaContext(6.0),
+    )
+    assert time.monotonic() - started < 4
+    assert answer["statusCode"] == 200
+    assert answer["body"] == 'id: 0\ndata: {"sequence_number":0}\n\n'  # resume after id 0
+    loop = handler._loop  # type: ignore[attr-defined]
+    assert not [task for task in asyncio.all_tasks(loop) if not task.done()]

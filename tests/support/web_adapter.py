@@ -39,16 +39,20 @@ def wait_until_ready(base_url: str, path: str, child: subprocess.Popen[bytes]) -
     sys.exit("the web server did not become ready within 30 s")
 
 
-def forward(client: httpx.Client, base_url: str, event: dict[str, Any]) -> httpx.Response:
+def forward(
+    client: httpx.Client, base_url: str, event: dict[str, Any], lambda_context: dict[str, Any]
+) -> httpx.Response:
     body = event.get("body") or ""
     content = base64.b64decode(body) if event.get("isBase64Encoded") else body.encode()
     query = event.get("rawQueryString") or ""
     url = base_url + event.get("rawPath", "/") + (f"?{query}" if query else "")
     method = event["requestContext"]["http"]["method"]
     headers = {k: v for k, v in (event.get("headers") or {}).items() if k not in HOP_BY_HOP}
-    # Like the Web Adapter: the request context (with the IAM caller) travels in a header,
-    # replacing whatever a client may have sent under that name.
+    # Like the Web Adapter: the request context (with the IAM caller) and the Lambda context
+    # (with the invocation's deadline) travel in headers, replacing whatever a client may have
+    # sent under those names.
     headers["x-amzn-request-context"] = json.dumps(event.get("requestContext") or {})
+    headers["x-amzn-lambda-context"] = json.dumps(lambda_context)
     request = client.build_request(method, url, headers=headers, content=content)
     return client.send(request, stream=True)
 
@@ -75,7 +79,14 @@ def main() -> None:
             while True:
                 invocation = runtime.get(f"http://{api}{NEXT}")
                 request_id = invocation.headers["lambda-runtime-aws-request-id"]
-                upstream = forward(app, base_url, invocation.json())
+                lambda_context = {
+                    "request_id": request_id,
+                    "deadline": int(invocation.headers["lambda-runtime-deadline-ms"]),
+                    "invoked_function_arn": invocation.headers.get(
+                        "lambda-runtime-invoked-function-arn", ""
+                    ),
+                }
+                upstream = forward(app, base_url, invocation.json(), lambda_context)
                 runtime.post(
                     f"http://{api}/2018-06-01/runtime/invocation/{request_id}/response",
                     headers={

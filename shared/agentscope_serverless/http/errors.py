@@ -36,6 +36,7 @@ from agentscope_serverless.errors import (
     SandboxUnavailableError,
     ServiceNotStartedError,
     StoreUnavailableError,
+    TimeLimitError,
     UnsupportedParameterError,
 )
 from agentscope_serverless.http.params import is_json_type
@@ -53,6 +54,7 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     ConflictError: 409,
     PayloadTooLargeError: 413,
     RequestTimeoutError: 408,
+    TimeLimitError: 504,
     StoreUnavailableError: 503,
     ServiceNotStartedError: 503,
     SandboxUnavailableError: 503,

@@ -6,6 +6,28 @@ Importing this module and making a handler connects to nothing. The first invoca
 reads the secrets (``SECRETS_ARN``), builds the application, starts its services once and
 keeps them for the life of the execution environment, so later invocations reuse the
 connections (Mangum would otherwise start and stop them around every request).
+
+What a caller gets, whatever the event:
+
+- An HTTP request (a Function URL's, API Gateway's REST or HTTP API, an ALB's) is answered
+  in the shape its event takes. One that cannot be decoded (a body marked base64 that is
+  not, headers or a query that are not Unicode) is a 400; a function that cannot start its
+  services answers 503 and an unexpected failure 500, both as JSON errors: Lambda would
+  answer an invocation error with a 502 without a body, and a direct invocation with the
+  stack trace.
+- A buffered response is at most 6 MB (``RESPONSE_LIMIT_BYTES``, counted as Lambda does:
+  the JSON of the whole answer). A larger event stream is cut after its last event that
+  fits, with an ``error`` event saying so (a run's client resumes it from the stored run
+  with ``Last-Event-ID``); any other larger response becomes a 500 ``RESPONSE_TOO_LARGE``
+  with ``X-Should-Retry: false`` saying to ask for less.
+- A background task's event (``{"agentscope_task": ...}``, an asynchronous invocation by the
+  process function) runs the task (see :func:`~agentscope_serverless.tasks.run_task_event`).
+- Any other event (an empty one, a direct invocation's own payload) is refused with an
+  ``UNSUPPORTED_EVENT`` error object, not raised: Lambda would retry it, to no avail.
+
+Every invocation's work ends ``TIME_LIMIT_MARGIN_SECONDS`` before the function's time limit
+(see :mod:`agentscope_serverless.time_limit`), so a run still going is stored and answered
+as failed instead of being cut off.
 """
 
 from __future__ import annotations
@@ -15,15 +37,32 @@ import binascii
 import contextlib
 import importlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-    from mangum import Mangum
+    from mangum.types import LambdaHandler as MangumHandler
+    from mangum.types import Response, Scope
+    from starlette.types import ASGIApp, Receive, Send
 
-LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+LambdaHandler = Callable[[Any, Any], dict[str, Any]]
+
+# The most a buffered invocation may answer: the bytes of its response payload (the JSON of
+# the handler's answer). Lambda refuses a larger one, and the caller gets a 502.
+RESPONSE_LIMIT_BYTES = 6 * 1024 * 1024
+# Kept free below the limit: the runtime's JSON encoder may differ from ours a little.
+_RESPONSE_SLACK_BYTES = 4096
+# An answer whose body is shorter than this fits whatever its characters (JSON takes at
+# most 6 bytes for one), so only a longer one is measured.
+_MEASURED_FROM_CHARS = RESPONSE_LIMIT_BYTES // 8
+# The header the Lambda Web Adapter sends the invocation's Lambda context in.
+LAMBDA_CONTEXT_HEADER = b"x-amzn-lambda-context"
+_EVENT_STREAM = "text/event-stream"
+# Headers of a response kept on the error that replaces it when it is too large.
+_KEPT_HEADERS = ("x-request-id", "x-run-id", "x-session-id")
 
 # What a router needs beyond the HTTP application: the runtime of an agent (AgentApp, Runner)
 # for the process router. The other functions never import it.
@@ -51,92 +90,336 @@ def build_app(routers: Sequence[str]) -> FastAPI:
     return create_app(routers, settings=resolve_secrets(load_settings()))
 
 
-class _LazyApplication:
-    def __init__(self, routers: Sequence[str]) -> None:
-        self._routers = tuple(routers)
-        self._adapter: Mangum | None = None
-        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
-        self._app: FastAPI | None = None
-
-    def _start(self) -> Mangum:
-        from mangum import Mangum
-
-        app = build_app(self._routers)
-        self._app = app
-        adapter = Mangum(app, lifespan="off")
-        lifespan = app.router.lifespan_context(app)
-        asyncio.get_event_loop().run_until_complete(lifespan.__aenter__())
-        self._lifespan = lifespan
-        self._adapter = adapter
-        return adapter
-
-    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
-        from agentscope_serverless.tasks import TASK_EVENT_KEY
-
-        adapter = self._adapter or self._start()
-        if TASK_EVENT_KEY in event:
-            return self._run_task(event)
-        problem = _unreadable(adapter, event, context)
-        if problem is not None:
-            return _bad_request(problem)
-        return adapter(event, context)
-
-    def _run_task(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Run a background task sent by an asynchronous invocation (not a Function URL)."""
-        from agentscope_serverless.tasks import run_task_event
-
-        assert self._app is not None
-        app_context = self._app.state.context
-        agent_app = app_context.agent_app
-        tasks = agent_app.tasks if agent_app is not None else []
-        work = run_task_event(app_context.runs, tasks, event)
-        asyncio.get_event_loop().run_until_complete(work)
-        return {"status": "done"}
+def build_web_adapter_app(routers: Sequence[str]) -> FastAPI:
+    """:func:`build_app` for a function behind the Lambda Web Adapter (the streaming process
+    function): each request's work ends by the time limit of the invocation it came in (the
+    ``deadline`` of the ``x-amzn-lambda-context`` header the adapter sets, replacing any
+    sent by a client), less ``TIME_LIMIT_MARGIN_SECONDS``."""
+    app = build_app(routers)
+    margin = app.state.context.settings.time_limit_margin_seconds
+    app.add_middleware(_WebAdapterTimeLimit, margin=margin)
+    return app
 
 
-def _unreadable(adapter: Mangum, event: dict[str, Any], context: Any) -> str | None:
-    """What makes an HTTP event's request unreadable (None when it can be served).
+class _WebAdapterTimeLimit:
+    """Pure ASGI middleware: the request's work ends by its invocation's deadline."""
 
-    Mangum decodes the body and encodes the headers, path and query string outside the
-    application, where a failure would be an invocation error (a 502 without a body): an
-    event that does not decode is answered here instead. Events of other kinds are left to
-    Mangum, which refuses them.
-    """
-    try:
-        handler = adapter.infer(event, context)
-    except RuntimeError:
-        return None
-    try:
-        handler.scope  # noqa: B018 - building it encodes the headers, path and query string
-    except UnicodeError:
-        return "the request's headers, path or query string are not valid Unicode"
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return "the request event is malformed"
-    try:
-        handler.body  # noqa: B018 - building it decodes the body
-    except binascii.Error:
-        return "the request body is not valid base64 (isBase64Encoded is true)"
-    except UnicodeError:
-        return "the request body is not valid Unicode"
-    except (AttributeError, TypeError, ValueError):
-        return "the request body is malformed"
+    def __init__(self, app: ASGIApp, margin: float) -> None:
+        self.app = app
+        self.margin = margin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from agentscope_serverless.time_limit import ending_by
+
+        deadline = None
+        if scope["type"] == "http":
+            deadline = _adapter_deadline(scope.get("headers", ()), self.margin)
+        with ending_by(deadline):
+            await self.app(scope, receive, send)
+
+
+def _adapter_deadline(headers: Sequence[tuple[bytes, bytes]], margin: float) -> float | None:
+    """The deadline (``time.time()``) of the Lambda context the Web Adapter sends, less
+    ``margin``; None without one."""
+    for name, value in headers:
+        if name == LAMBDA_CONTEXT_HEADER:
+            try:
+                deadline_ms = json.loads(value).get("deadline")
+            except (ValueError, AttributeError, RecursionError):
+                return None
+            if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool):
+                return float(deadline_ms) / 1000 - margin
+            return None
     return None
 
 
-def _bad_request(message: str) -> dict[str, Any]:
-    """A 400 in the shape every HTTP event takes (API Gateway v1 and v2, Function URLs)."""
+def _invocation_deadline(context: Any, margin: float) -> float | None:
+    """When the invocation's work must have ended (``time.time()``): its Lambda context's
+    remaining time less ``margin``; None without a Lambda context."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining):
+        return None
+    try:
+        milliseconds = float(remaining())
+    except (TypeError, ValueError):
+        return None
+    return time.time() + milliseconds / 1000 - margin
+
+
+class _LazyApplication:
+    def __init__(self, routers: Sequence[str]) -> None:
+        self._routers = tuple(routers)
+        self._app: FastAPI | None = None
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _start(self) -> tuple[FastAPI, asyncio.AbstractEventLoop]:
+        """The application, its services started in the event loop every invocation runs
+        in (once: a failed start is tried again by the next invocation)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        if self._app is None:
+            app = build_app(self._routers)
+            lifespan = app.router.lifespan_context(app)
+            self._loop.run_until_complete(lifespan.__aenter__())
+            self._lifespan, self._app = lifespan, app
+        return self._app, self._loop
+
+    def __call__(self, event: Any, context: Any) -> dict[str, Any]:
+        from agentscope_serverless.tasks import TASK_EVENT_KEY
+
+        if isinstance(event, dict) and TASK_EVENT_KEY in event:
+            return self._run_task(event, context)
+        handler = _http_handler(event, context)
+        if handler is None:
+            return _unsupported(event)
+        try:
+            app, loop = self._start()
+        except Exception:
+            return _error(handler, 503, "UNAVAILABLE", "the function could not start", log=True)
+        try:
+            scope = _scope(handler, event)
+            body = handler.body
+        except _Unreadable as exc:
+            return _error(handler, 400, "BAD_REQUEST", str(exc))
+        except binascii.Error:
+            message = "the request body is not valid base64 (isBase64Encoded is true)"
+            return _error(handler, 400, "BAD_REQUEST", message)
+        except UnicodeError:
+            return _error(handler, 400, "BAD_REQUEST", "the request body is not valid Unicode")
+        except (AttributeError, TypeError, ValueError):
+            return _error(handler, 400, "BAD_REQUEST", "the request body is malformed")
+        from agentscope_serverless.time_limit import ending_by
+
+        margin = app.state.context.settings.time_limit_margin_seconds
+        with ending_by(_invocation_deadline(context, margin)):
+            try:
+                return _serve(loop, app, handler, scope, body)
+            except Exception:
+                return _error(handler, 500, "INTERNAL_ERROR", "internal server error", log=True)
+
+    def _run_task(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        """Run a background task sent by an asynchronous invocation (not a Function URL).
+
+        An error before the task runs (a store unreachable) is raised, so that Lambda
+        invokes again; the task runs at most once all the same.
+        """
+        from agentscope_serverless.tasks import run_task_event
+        from agentscope_serverless.time_limit import ending_by
+
+        app, loop = self._start()
+        app_context = app.state.context
+        agent_app = app_context.agent_app
+        tasks = agent_app.tasks if agent_app is not None else []
+        deadline = _invocation_deadline(context, app_context.settings.time_limit_margin_seconds)
+        with ending_by(deadline):
+            work = run_task_event(app_context.runs, tasks, event, app_context.idempotency)
+            outcome = loop.run_until_complete(work)
+        return {"status": outcome}
+
+
+def _http_handler(event: Any, context: Any) -> MangumHandler | None:
+    """Mangum's handler of an HTTP request event (None for any other event)."""
+    if not isinstance(event, dict):
+        return None
+    from mangum.adapter import DEFAULT_TEXT_MIME_TYPES, HANDLERS
+    from mangum.types import LambdaConfig
+
+    config = LambdaConfig(
+        api_gateway_base_path="/", text_mime_types=[*DEFAULT_TEXT_MIME_TYPES], exclude_headers=[]
+    )
+    for handler_class in HANDLERS:
+        try:
+            if handler_class.infer(event, context, config):
+                return handler_class(event, context, config)
+        except (AttributeError, KeyError, TypeError):
+            return None
+    return None
+
+
+class _Unreadable(ValueError):
+    """An HTTP event whose request cannot be read; the message says why."""
+
+
+def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
+    """The ASGI scope of the request, its path and (ALB) query as sent.
+
+    Mangum encodes the headers and query string outside the application, where a failure
+    would be an invocation error: an event that does not encode is refused here instead.
+    It also decodes the path without keeping it as sent, and an ALB's query parameters with
+    U+FFFD for what is not UTF-8: the request's own path and query go in the scope, so the
+    application refuses them (as ``/sessions/%FE`` and ``/sessions/%FF`` are not one
+    session) as it does behind any server.
+    """
+    try:
+        scope = handler.scope
+        raw_path = event.get("rawPath") if event.get("version") == "2.0" else event.get("path")
+        if isinstance(raw_path, str):
+            scope["raw_path"] = raw_path.encode()
+        if "elb" in event["requestContext"]:
+            scope["query_string"] = _alb_query(event)
+    except UnicodeError:
+        raise _Unreadable(
+            "the request's headers, path or query string are not valid Unicode"
+        ) from None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise _Unreadable("the request event is malformed") from None
+    return scope
+
+
+def _alb_query(event: dict[str, Any]) -> bytes:
+    """An ALB event's query string as the client sent it (the ALB does not decode it)."""
+    params = event.get("multiValueQueryStringParameters") or event.get("queryStringParameters")
+    if not params:
+        return b""
+    pairs = [
+        f"{name}={value}" if value else name
+        for name, values in params.items()
+        for value in ([values] if isinstance(values, str) else values)
+    ]
+    return "&".join(pairs).encode()
+
+
+def _serve(
+    loop: asyncio.AbstractEventLoop,
+    app: FastAPI,
+    handler: MangumHandler,
+    scope: Scope,
+    body: bytes,
+) -> dict[str, Any]:
+    """Run the request through the application (in ``loop``) and answer in its event's
+    shape, within Lambda's limit of a buffered response."""
+    from mangum.protocols import HTTPCycle
+
+    cycle = HTTPCycle(scope, body)
+    loop.run_until_complete(cycle.run(app))
+    response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
+    answer: dict[str, Any] = handler(response)
+    if _too_large(answer):
+        answer = handler(_within_limit(handler, response))
+    return answer
+
+
+def _too_large(answer: dict[str, Any]) -> bool:
+    """Whether ``answer`` is more than Lambda returns (a short one is not measured)."""
+    if len(answer.get("body") or "") < _MEASURED_FROM_CHARS:
+        return False
+    size = len(json.dumps(answer, ensure_ascii=False).encode())
+    return size > RESPONSE_LIMIT_BYTES - _RESPONSE_SLACK_BYTES
+
+
+def _within_limit(handler: MangumHandler, response: Response) -> Response:
+    """A response too large to return, made to fit: an event stream cut after its last
+    event that fits, with an ``error`` event saying so; else a 500 saying to ask for less."""
+    from agentscope_serverless.log import logger
+
+    headers = [[bytes(k).lower(), bytes(v)] for k, v in response["headers"]]
+    kept = [[k, v] for k, v in headers if k.decode("latin-1") in _KEPT_HEADERS]
+    run_id = next((v.decode("latin-1") for k, v in kept if k == b"x-run-id"), None)
+    content_type = next((v.decode("latin-1") for k, v in headers if k == b"content-type"), "")
+    limit = RESPONSE_LIMIT_BYTES - _RESPONSE_SLACK_BYTES
+    size = len(response["body"])
+    logger.warning("a response was too large for Lambda", extra={"bytes": size, "run_id": run_id})
+    if content_type.startswith(_EVENT_STREAM):
+        from agentscope_serverless.http.sse import encode
+
+        where = f"GET /runs/{run_id or '<run id>'}/events"
+        message = (
+            f"the stream was cut here: it reached the {RESPONSE_LIMIT_BYTES} bytes a buffered "
+            f"Lambda function can return. The run is stored: read the rest with {where}, "
+            "Last-Event-ID set to the last id received (or deploy the process function "
+            "with ProcessInvokeMode RESPONSE_STREAM)"
+        )
+        trailer = encode(_error_json("RESPONSE_TOO_LARGE", message), event="error")
+        stream_headers = [[k, v] for k, v in headers if k != b"content-length"]
+        bare = handler({"status": response["status"], "headers": stream_headers, "body": b""})
+        room = limit - len(json.dumps(bare, ensure_ascii=False).encode()) - _json_bytes(trailer)
+        cut = _events_within(response["body"], room)
+        if cut is not None:
+            return {"status": response["status"], "headers": stream_headers, "body": cut + trailer}
+    message = (
+        f"the response is {size} bytes: more than the {RESPONSE_LIMIT_BYTES} a buffered Lambda "
+        "function can return. Ask for less at a time: a page with a smaller limit (GET "
+        "/sessions/{id}/messages reads a session's messages a page at a time)"
+    )
+    if run_id:
+        message += f"; the run is stored: read its events with GET /runs/{run_id}/events"
+    return {
+        "status": 500,
+        "headers": [
+            [b"content-type", b"application/json"],
+            [b"x-should-retry", b"false"],
+            *kept,
+        ],
+        "body": _error_json("RESPONSE_TOO_LARGE", message).encode(),
+    }
+
+
+def _events_within(body: bytes, room: int) -> bytes | None:
+    """The events of an event stream that fit in ``room`` bytes of JSON, whole, from the
+    first (None when the stream is not UTF-8 text)."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return None
+    kept: list[str] = []
+    for event in text.split("\n\n")[:-1]:
+        room -= _json_bytes(event + "\n\n")
+        if room < 0:
+            break
+        kept.append(event + "\n\n")
+    return "".join(kept).encode()
+
+
+def _json_bytes(text: str | bytes) -> int:
+    """The bytes ``text`` takes inside a JSON string."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def _error_json(code: str, message: str, status: int = 500) -> str:
     from agentscope_serverless.http.errors import error_body
-    from agentscope_serverless.log import log_request
+
+    return json.dumps(error_body(code, message, status=status), separators=(",", ":"))
+
+
+def _error(
+    handler: MangumHandler, status: int, code: str, message: str, *, log: bool = False
+) -> dict[str, Any]:
+    """An error answered outside the application, in the shape of the request's event."""
+    from agentscope_serverless.log import log_request, logger
 
     request_id = uuid.uuid4().hex
-    log_request(request_id, None, None, 400, 0.0)
-    body = error_body("BAD_REQUEST", message, status=400)
-    return {
-        "statusCode": 400,
-        "headers": {"content-type": "application/json", "x-request-id": request_id},
-        "body": json.dumps(body, separators=(",", ":")),
-        "isBase64Encoded": False,
-    }
+    if log:
+        logger.exception(message, extra={"request_id": request_id})
+    log_request(request_id, None, None, status, 0.0)
+    body = _error_json(code, message, status).encode()
+    headers = [[b"content-type", b"application/json"], [b"x-request-id", request_id.encode()]]
+    try:
+        answer: dict[str, Any] = handler({"status": status, "headers": headers, "body": body})
+    except Exception:  # the event is too malformed for its own shape: the common one
+        answer = {
+            "statusCode": status,
+            "headers": {k.decode(): v.decode() for k, v in headers},
+            "body": body.decode(),
+            "isBase64Encoded": False,
+        }
+    return answer
+
+
+def _unsupported(event: Any) -> dict[str, Any]:
+    """The answer to an event that is neither an HTTP request nor a background task's."""
+    from agentscope_serverless.http.errors import error_body
+    from agentscope_serverless.log import logger
+
+    kind = type(event).__name__
+    logger.warning("an event of an unsupported kind was refused", extra={"event_type": kind})
+    message = (
+        "this function answers HTTP requests (Lambda Function URL, API Gateway or ALB "
+        "events) and runs its background tasks; this event is neither"
+    )
+    return error_body("UNSUPPORTED_EVENT", message, status=400)
 
 
 def make_handler(routers: Sequence[str]) -> LambdaHandler:
@@ -145,4 +428,11 @@ def make_handler(routers: Sequence[str]) -> LambdaHandler:
     return _LazyApplication(routers)
 
 
-__all__ = ["build_app", "import_runtime", "make_handler"]
+__all__ = [
+    "LAMBDA_CONTEXT_HEADER",
+    "RESPONSE_LIMIT_BYTES",
+    "build_app",
+    "build_web_adapter_app",
+    "import_runtime",
+    "make_handler",
+]

@@ -53,9 +53,17 @@ _ERRORS = {
     ),
     500: (
         "A fault of the server (`INTERNAL_ERROR`, no details); or, for a run not streamed, the "
-        "agent failed: its error's code and message."
+        "agent failed: its error's code and message; or, on a buffered Lambda function, the "
+        "answer is larger than the 6 MB Lambda returns (`RESPONSE_TOO_LARGE`: ask for less)."
     ),
-    503: "A store (Redis, DynamoDB, the sandbox server) is unavailable; retry later.",
+    503: (
+        "A store (Redis, DynamoDB, the sandbox server) is unavailable, or a Lambda function "
+        "could not start (`UNAVAILABLE`); retry later."
+    ),
+    504: (
+        "A run not streamed was ended at its Lambda function's time limit (`TIME_LIMIT`); "
+        "what the agent produced is in the session."
+    ),
 }
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

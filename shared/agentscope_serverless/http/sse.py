@@ -11,7 +11,9 @@ b'event: response.created\\ndata: {"a":1}\\n\\n'
 nothing was sent for ``ping_interval`` seconds, so proxies and load balancers keep the
 connection open while an agent thinks. The chunks are produced in a task of their own, and
 everything produced while the previous write was under way goes out in one write: an agent
-streaming as fast as it can costs a few writes per run, not one per event.
+streaming as fast as it can costs a few writes per run, not one per event. Given ``ends_in``
+seconds, it ends then, whether or not its chunks have (a stream following a stored run ends
+before the time limit of the Lambda invocation serving it; its client resumes it).
 
 :class:`RunEventStream` streams the events of a run executing in this process (a
 :class:`~agentscope_serverless.recorder.RecordedRun`) the same way, taking them straight from
@@ -53,6 +55,7 @@ class EventStreamResponse(StreamingResponse):
         *,
         ping_interval: float,
         headers: Mapping[str, str] | None = None,
+        ends_in: float | None = None,
     ) -> None:
         super().__init__(
             chunks,
@@ -60,6 +63,7 @@ class EventStreamResponse(StreamingResponse):
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
         )
         self.ping_interval = ping_interval
+        self.ends_in = ends_in
 
     async def stream_response(self, send: Send) -> None:
         await send(
@@ -67,6 +71,8 @@ class EventStreamResponse(StreamingResponse):
         )
         produced: list[bytes] = []
         ready = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        ends_at = None if self.ends_in is None else loop.time() + self.ends_in
 
         async def produce() -> None:
             try:
@@ -81,18 +87,31 @@ class EventStreamResponse(StreamingResponse):
             while produced or not producer.done():
                 if not produced:
                     ready.clear()
+                    wait = self.ping_interval
+                    if ends_at is not None:
+                        wait = min(wait, ends_at - loop.time())
+                        if wait <= 0:
+                            break  # out of time: the stream ends here
                     try:
-                        async with asyncio.timeout(self.ping_interval):
+                        async with asyncio.timeout(wait):
                             await ready.wait()
                     except TimeoutError:
-                        await send({"type": "http.response.body", "body": PING, "more_body": True})
+                        if wait == self.ping_interval:
+                            await send(
+                                {"type": "http.response.body", "body": PING, "more_body": True}
+                            )
                     continue
                 body = b"".join(produced)
                 produced.clear()
                 await send({"type": "http.response.body", "body": body, "more_body": True})
-            producer.result()  # an error while producing ends the response as it did
+            else:
+                producer.result()  # an error while producing ends the response as it did
         finally:
-            producer.cancel()
+            if not producer.done():
+                producer.cancel()
+                # Its source is closed before the response ends: nothing of it is left to
+                # run after (in a Lambda environment, frozen until its next invocation).
+                await asyncio.wait([producer], timeout=1)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

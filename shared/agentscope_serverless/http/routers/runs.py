@@ -5,7 +5,8 @@
 | ``GET /runs?session_id=`` | the runs of a session, oldest first |
 | ``GET /runs/{run_id}`` | a run's status (404 when missing or another user's) |
 | ``GET /runs/{run_id}/events`` | the run's events as SSE: those stored after ``Last-Event-ID`` |
-|  | (or ``?after=``), then the new ones live, until the run ends |
+|  | (or ``?after=``), then the new ones live, until the run ends (on Lambda, or until the |
+|  | function's time limit is near: resume then after the last id received) |
 | ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended, |
 |  | or is a background task or an A2A task) |
 
@@ -31,6 +32,7 @@ from agentscope_serverless.http.auth import CurrentUser
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.time_limit import seconds_left
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -154,7 +156,10 @@ async def run_events(
         async for sequence, data in runs.follow(user_id, run_id, position):
             yield encode(data, id=sequence)
 
-    return EventStreamResponse(chunks(), ping_interval=context.settings.sse_ping_interval_seconds)
+    # On Lambda, the stream ends before the invocation's time limit (its client resumes).
+    return EventStreamResponse(
+        chunks(), ping_interval=context.settings.sse_ping_interval_seconds, ends_in=seconds_left()
+    )
 
 
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
