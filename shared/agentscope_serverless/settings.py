@@ -98,7 +98,8 @@ class Settings(BaseModel):
         description=(
             "On Lambda: how long before the function's time limit a run or background task"
             " still going is ended (failed, TIME_LIMIT), so that its end is stored and sent;"
-            " a stream following a stored run ends then too, for its client to resume."
+            " a stream following a stored run ends then too, for its client to resume. At"
+            " most half the time an invocation has."
         ),
     )
     a2a_base_url: str | None = Field(

@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from mangum.types import ASGI, Response, Scope
     from mangum.types import LambdaHandler as MangumHandler
-    from mangum.types import Response, Scope
-    from starlette.types import ASGIApp, Receive, Send
+    from starlette.types import ASGIApp, Message, Receive, Send
 
 LambdaHandler = Callable[[Any, Any], dict[str, Any]]
 
@@ -119,8 +119,8 @@ class _WebAdapterTimeLimit:
 
 
 def _adapter_deadline(headers: Sequence[tuple[bytes, bytes]], margin: float) -> float | None:
-    """The deadline (``time.time()``) of the Lambda context the Web Adapter sends, less
-    ``margin``; None without one."""
+    """When the request's work must end (``time.time()``): the deadline of the Lambda
+    context the Web Adapter sends, less ``margin``; None without one."""
     for name, value in headers:
         if name == LAMBDA_CONTEXT_HEADER:
             try:
@@ -128,14 +128,14 @@ def _adapter_deadline(headers: Sequence[tuple[bytes, bytes]], margin: float) -> 
             except (ValueError, AttributeError, RecursionError):
                 return None
             if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool):
-                return float(deadline_ms) / 1000 - margin
+                return _work_deadline(float(deadline_ms) / 1000, margin)
             return None
     return None
 
 
 def _invocation_deadline(context: Any, margin: float) -> float | None:
-    """When the invocation's work must have ended (``time.time()``): its Lambda context's
-    remaining time less ``margin``; None without a Lambda context."""
+    """When the invocation's work must end (``time.time()``): its Lambda context's remaining
+    time less ``margin``; None without a Lambda context."""
     remaining = getattr(context, "get_remaining_time_in_millis", None)
     if not callable(remaining):
         return None
@@ -143,13 +143,22 @@ def _invocation_deadline(context: Any, margin: float) -> float | None:
         milliseconds = float(remaining())
     except (TypeError, ValueError):
         return None
-    return time.time() + milliseconds / 1000 - margin
+    return _work_deadline(time.time() + milliseconds / 1000, margin)
+
+
+def _work_deadline(deadline: float, margin: float) -> float:
+    """When work must end for the invocation's ``deadline``: ``margin`` before it, or half
+    the time left when that is shorter (a function whose time limit is under twice the
+    margin still does its work)."""
+    left = max(deadline - time.time(), 0.0)
+    return deadline - min(margin, left / 2)
 
 
 class _LazyApplication:
     def __init__(self, routers: Sequence[str]) -> None:
         self._routers = tuple(routers)
         self._app: FastAPI | None = None
+        # Kept for the life of the environment: its end would stop the services.
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -292,12 +301,39 @@ def _serve(
     from mangum.protocols import HTTPCycle
 
     cycle = HTTPCycle(scope, body)
-    loop.run_until_complete(cycle.run(app))
+    loop.run_until_complete(cycle.run(_ending_cleanly(app)))
     response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
     answer: dict[str, Any] = handler(response)
     if _too_large(answer):
         answer = handler(_within_limit(handler, response))
     return answer
+
+
+def _ending_cleanly(app: ASGIApp) -> ASGI:
+    """``app``, whose response, once begun, ends with what was sent when an error comes (as
+    a server cuts its connection: a stream's client resumes after its last event), where
+    Mangum would replace the whole of it with a plain-text 500."""
+    from agentscope_serverless.log import logger
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        started = ended = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started, ended
+            started = started or message["type"] == "http.response.start"
+            ended = message["type"] == "http.response.body" and not message.get("more_body")
+            await send(message)
+
+        try:
+            await app(scope, receive, tracking)
+        except Exception:
+            if not started:
+                raise
+            if not ended:  # else the application has answered the error itself
+                logger.exception("the response failed after it began")
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return asgi
 
 
 def _too_large(answer: dict[str, Any]) -> bool:
