@@ -217,10 +217,9 @@ class RecordedRun:
                 asyncio.get_running_loop().call_soon(self.cancel)
         if event.sequence_number is None:
             set_field(event, "sequence_number", self._last_sequence() + 1)
-        is_response = isinstance(event, AgentResponse)
-        if self._out_of_time and is_response and event.status == RunStatus.Canceled:
-            event.failed(_OUT_OF_TIME)  # cancelled for its time limit, not by a client
         if isinstance(event, AgentResponse) and event.status in FINISHED:
+            if self._out_of_time and event.status == RunStatus.Canceled:
+                event.failed(_OUT_OF_TIME)  # cancelled for its time limit, not by a client
             self.status = event.status
             self._usage = event.usage
             self._error = event.error
