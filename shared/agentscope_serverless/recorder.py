@@ -13,7 +13,8 @@ drives it in a task of its own, so the run is independent of the request that st
   the run ends or ``first_write_delay`` seconds have passed, so a run of a fast agent
   costs one write (one Redis round trip), and any run is in the store that soon. A write
   that fails is made again with the next one (the last, saving the status, is tried
-  ``LAST_WRITE_ATTEMPTS`` times), so a store failing for a moment loses none of the run;
+  ``LAST_WRITE_ATTEMPTS`` times, none begun after ``LAST_WRITE_PATIENCE_SECONDS``: a store
+  that slow to fail is not answering), so a store failing for a moment loses none of the run;
 - a run that completes within its first write delay is stored with its turn's history: the
   runner hands its turn's end to the recorder (:func:`~agentscope_serverless.runner.
   end_turns_with`), which appends the messages to the session and stores the whole run,
@@ -77,6 +78,10 @@ EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
 # How many times the write saving a run's final status is tried.
 LAST_WRITE_ATTEMPTS = 3
+# No further attempt once the last write's attempts have taken this long: a store that is
+# this slow to fail does not answer (each call waited out its timeout), and the client gets
+# the run's last events only once the write is given up.
+LAST_WRITE_PATIENCE_SECONDS = 5.0
 _OUT_OF_TIME = Error(
     code=TIME_LIMIT,
     message="the run was ended at the function's time limit, before the agent finished",
@@ -304,6 +309,7 @@ class RecordedRun:
         assert self._runs is not None and self._record is not None
         try:
             beaten = time.monotonic()
+            failing = False
             while not self._produced:
                 self._to_write.clear()
                 try:
@@ -311,8 +317,12 @@ class RecordedRun:
                     if self._created and time.monotonic() - beaten >= HEARTBEAT_SECONDS:
                         await self._runs.beat(self._record)
                         beaten = time.monotonic()
+                    failing = False
                 except Exception:
-                    logger.exception("could not store the run", extra={"run_id": self.run_id})
+                    # Once per outage: a run streaming on tries again with each burst.
+                    if not failing:
+                        logger.exception("could not store the run", extra={"run_id": self.run_id})
+                    failing = True
                 if not self._produced:
                     # Woken by new events, or to beat: a run silent for long (a slow tool)
                     # is not taken for lost.
@@ -326,8 +336,11 @@ class RecordedRun:
     async def _write_last(self) -> None:
         """The run's last write (its final status), tried again after a failure."""
         assert self._runs is not None
+        began = time.monotonic()
         for attempt in range(LAST_WRITE_ATTEMPTS):
             if attempt:
+                if time.monotonic() - began >= LAST_WRITE_PATIENCE_SECONDS:
+                    break
                 await asyncio.sleep(self._runs.poll_seconds)
             try:
                 await self._write_burst(finish=True)
@@ -360,11 +373,16 @@ class RecordedRun:
     async def _watch(self) -> None:
         """Cancel the run when its cancellation is requested in the store."""
         assert self._runs is not None
+        failing = False
         while not self._produced:
             try:
                 requested = await self._runs.cancel_requested(self.user_id, self.run_id)
+                failing = False
             except Exception:
-                logger.exception("could not read the run's cancellation mark")
+                # Once per outage, not at every poll.
+                if not failing:
+                    logger.exception("could not read the run's cancellation mark")
+                failing = True
                 requested = False
             if requested:
                 self.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -471,6 +472,31 @@ async def test_a_stopped_dynamodb_makes_calls_fail_and_a_restarted_one_works_aga
         await history.append_message(Session(id="s1", user_id=user_id), msg("back"))
         assert texts(await history.get_session(user_id, "s1")) == ["back"]
         assert await state.save_state(user_id, {"v": 1}) == 1
+
+
+async def test_a_dynamodb_that_stops_answering_fails_a_call_within_one_timeout(
+    own_dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # A frozen process still accepts connections: each attempt waits out its read timeout,
+    # so a read tried three times took three (a Lambda function's 30 s, at 10 s each).
+    history = history_on(own_dynamodb_server, connect_timeout=1.0, read_timeout=1.0)
+    async with history:
+        await history.create_session(user_id, "s1")
+        own_dynamodb_server.pause()
+        try:
+            for call in (history.get_session(user_id, "s1"), history.list_sessions(user_id)):
+                began = time.monotonic()
+                with pytest.raises(StoreUnavailableError) as raised:
+                    await call
+                assert time.monotonic() - began < 2.5
+                assert str(raised.value) == "dynamodb is unavailable: the request timed out"
+            began = time.monotonic()
+            assert await history.health() is False
+            assert time.monotonic() - began < 2.5
+        finally:
+            own_dynamodb_server.resume()
+        assert await history.health() is True
+        assert await history.get_session(user_id, "s1") is not None
 
 
 async def test_a_task_result_larger_than_an_item_is_stored_whole(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -373,6 +375,55 @@ async def test_a_stopped_redis_makes_calls_fail_and_a_restarted_one_works_again(
         await memory.add_memory(user_id, [msg("back again")])
         assert len(await memory.search_memory(user_id, [msg("again")])) == 1
         assert await state.save_state(user_id, {"v": 2}) == 1
+
+
+async def test_a_restarted_redis_reads_as_healthy_at_once(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    # No call between the stop and the restart: the health check is the first to find the
+    # connection lost, and makes it again as a call would (it read the store as down once).
+    history = RedisSessionHistoryService(own_redis_server.url, socket_connect_timeout=1.0)
+    async with history:
+        await history.create_session(user_id, "s1")
+        assert await history.health() is True
+        own_redis_server.stop()
+        own_redis_server.start()
+        assert await history.health() is True
+        await history.create_session(user_id, "s2")
+
+
+@pytest.fixture
+def unix_socket_redis(tmp_path: Path) -> Iterator[Path]:
+    """A redis-server listening on a Unix socket only; yields the socket's path."""
+    socket = tmp_path / "redis.sock"
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", str(socket), "--save", ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not socket.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "redis did not start"
+            time.sleep(0.05)
+        yield socket
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+async def test_a_redis_on_a_unix_socket_is_reached(unix_socket_redis: Path, user_id: str) -> None:
+    async with RedisSessionHistoryService(f"unix://{unix_socket_redis}?db=0") as history:
+        assert await history.health() is True
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, msg("over a unix socket"))
+        assert len((await history.get_session(user_id, "s1")).messages) == 1  # type: ignore[union-attr]
+
+
+async def test_a_redis_url_that_is_not_a_url_is_refused_without_showing_it() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        RedisSessionHistoryService("redis://:Wq7z-Pa55@[::1:6379/0")
+    assert "REDIS_URL" in str(raised.value) and "Pa55" not in str(raised.value)
 
 
 async def test_errors_never_carry_the_password(user_id: str) -> None:

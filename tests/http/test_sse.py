@@ -1,24 +1,28 @@
-"""The SSE encoder and the keep-alive streaming response, driven as an ASGI app."""
+"""The SSE encoder and the keep-alive streaming responses, driven as ASGI apps."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from agentscope_serverless.http.sse import PING, EventStreamResponse, encode
+from agentscope_serverless.http.sse import PING, EventStreamResponse, RunEventStream, encode
 
 
-async def serve(response: EventStreamResponse) -> list[dict[str, Any]]:
+async def serve(
+    response: EventStreamResponse | RunEventStream, *, client_leaves_after: float = 3600
+) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
-        await asyncio.sleep(3600)
+        await asyncio.sleep(client_leaves_after)
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}}
@@ -109,3 +113,58 @@ async def test_a_cancelled_response_closes_the_chunks() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.wait_for(closed.wait(), 2)
+
+
+class EndedRun:
+    """A run that has produced its events (``LiveRun``), whose last write takes
+    ``store_seconds``: a store slow to answer, or down and the write tried again."""
+
+    def __init__(self, events: list[str], *, store_seconds: float) -> None:
+        self.items = [(SimpleNamespace(sequence_number=i), data) for i, data in enumerate(events)]
+        self.stored_at = time.monotonic() + store_seconds
+        self.detached = False
+
+    @property
+    def done(self) -> bool:
+        return not self.items
+
+    def take(self) -> list[tuple[Any, str]]:
+        items, self.items = self.items, []
+        return items
+
+    def changed(self) -> asyncio.Future[None]:
+        changed = asyncio.get_running_loop().create_future()
+        changed.set_result(None)
+        return changed
+
+    def detach(self) -> None:
+        self.detached = True
+
+    async def wait_stored(self) -> None:
+        await asyncio.sleep(max(self.stored_at - time.monotonic(), 0))
+
+
+LAST_EVENTS = b'id: 0\ndata: {"a":1}\n\nid: 1\ndata: {"b":2}\n\n'
+
+
+async def test_a_run_stored_at_once_ends_its_stream_with_its_last_events() -> None:
+    run = EndedRun(['{"a":1}', '{"b":2}'], store_seconds=0)
+    assert bodies(await serve(RunEventStream(run, ping_interval=0.1))) == [LAST_EVENTS]
+    assert run.detached
+
+
+async def test_pings_go_on_while_the_runs_last_write_is_slow() -> None:
+    # The last events are held until the run is stored: the stream must not fall silent
+    # meanwhile, or proxies would cut it as dead before the run's end reaches the client.
+    run = EndedRun(['{"a":1}', '{"b":2}'], store_seconds=0.45)
+    out = bodies(await serve(RunEventStream(run, ping_interval=0.1)))
+    assert out[-1] == LAST_EVENTS
+    assert out[:-1] == [PING] * len(out[:-1]) and len(out[:-1]) >= 3
+
+
+async def test_a_client_leaving_during_the_runs_last_write_ends_the_response() -> None:
+    run = EndedRun(['{"a":1}', '{"b":2}'], store_seconds=60)
+    began = time.monotonic()
+    sent = await serve(RunEventStream(run, ping_interval=0.1), client_leaves_after=0.3)
+    assert time.monotonic() - began < 5
+    assert LAST_EVENTS not in bodies(sent) and run.detached

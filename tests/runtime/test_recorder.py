@@ -7,8 +7,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
+from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http.sse import RunEventStream
-from agentscope_serverless.recorder import RunRecorder
+from agentscope_serverless.log import logger
+from agentscope_serverless.recorder import LAST_WRITE_ATTEMPTS, RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
@@ -304,3 +308,69 @@ async def test_a_run_silent_past_the_lost_bound_beats_and_stays_in_progress(
         await asyncio.sleep(0.5)
         dead = await runs.get_run("alice", "dead")
         assert dead is not None and dead.status == "failed"
+
+
+class FailingRunsService(InMemoryRunsService):
+    """A runs store that is down: each write fails after ``delay`` seconds (a store that
+    refuses at once, or one that does not answer until its timeout), and so does each read
+    of a run's cancellation mark."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.writes = 0
+        self.polls = 0
+
+    async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        self.writes += 1
+        await asyncio.sleep(self.delay)
+        raise StoreUnavailableError("redis", "the request timed out")
+
+    async def cancel_requested(self, user_id: str, run_id: str) -> bool:
+        self.polls += 1
+        raise StoreUnavailableError("redis", "the connection failed")
+
+
+async def test_the_last_write_is_tried_again_after_a_quick_failure_only(
+    monkeypatch: Any,
+) -> None:
+    # The client gets the run's last events once its last write is done or given up: a store
+    # that takes its whole timeout to fail is not asked twice more.
+    import agentscope_serverless.recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "LAST_WRITE_PATIENCE_SECONDS", 0.2)
+    for delay, attempts in ((0.0, recorder_module.LAST_WRITE_ATTEMPTS), (0.3, 1)):
+        runs = FailingRunsService(delay)
+        runs.poll_seconds = 0.01
+        runner = _runner(_fast)
+        async with runs, runner.services.get("session_history"), runner:
+            run = await RunRecorder(runs).start(runner.stream_query(_request()), user_id="alice")
+            assert (await run.final()).status == "completed"
+            assert runs.writes == attempts
+
+
+async def test_a_store_outage_is_logged_once_per_run_not_at_every_write_or_poll(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def chatty(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        for _ in range(20):
+            yield "word "
+            await asyncio.sleep(0.02)
+
+    runs = FailingRunsService(0.0)
+    runs.poll_seconds = 0.01
+    runner = _runner(chatty)
+    level = logger.level
+    logger.setLevel("ERROR")  # the tests log nothing below CRITICAL
+    try:
+        async with runs, runner.services.get("session_history"), runner:
+            recorder = RunRecorder(runs, first_write_delay=0.01)
+            run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+            assert (await run.final()).status == "completed"
+    finally:
+        logger.setLevel(level)
+    assert runs.polls > 5 and runs.writes > 5
+    logged = capsys.readouterr().out
+    assert logged.count("could not read the run's cancellation mark") == 1
+    # Once while the run went on, then at each try of its last write.
+    assert logged.count("could not store the run") == 1 + LAST_WRITE_ATTEMPTS

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from agentscope_serverless.services.base import ServiceWithLifecycleManager
@@ -33,6 +36,14 @@ class RecordingService(ServiceWithLifecycleManager):
 class BrokenHealthService(RecordingService):
     async def health(self) -> bool:
         raise ConnectionError("down")
+
+
+class SilentHealthService(RecordingService):
+    """A service whose store accepts connections but never answers."""
+
+    async def health(self) -> bool:
+        await asyncio.sleep(3600)
+        return True
 
 
 def test_service_with_lifecycle_manager_is_abstract() -> None:
@@ -138,6 +149,25 @@ async def test_health_check_reports_every_service() -> None:
     assert await manager.health_check() == {"up": False, "broken": False}
     async with manager:
         assert await manager.health_check() == {"up": True, "broken": False}
+
+
+async def test_a_health_check_that_does_not_answer_counts_as_down_in_bounded_time() -> None:
+    log: list[str] = []
+    manager = (
+        ServiceManager()
+        .register(SilentHealthService, "a", log, name="silent")
+        .register(SilentHealthService, "b", log, name="silent too")
+        .register(RecordingService, "c", log, name="up")
+    )
+    async with manager:
+        began = time.monotonic()
+        assert await manager.health_check(limit=0.3) == {
+            "silent": False,
+            "silent too": False,
+            "up": True,
+        }
+        # Checked together: the two silent ones cost one limit, not one each.
+        assert time.monotonic() - began < 0.55
 
 
 async def test_manager_starts_real_services() -> None:

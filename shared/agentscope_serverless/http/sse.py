@@ -23,6 +23,8 @@ the run's log: no task of its own unless it has to wait for the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -145,6 +147,10 @@ class RunEventStream(Response):
     ) -> None:
         self.run = run
         self.ping_interval = ping_interval
+        # Listens for the client leaving, started only when the run makes us wait.
+        self._disconnected: asyncio.Future[Any] | None = None
+        # When the stream last sent something (monotonic): a ping follows each silence.
+        self._sent_at = 0.0
         self.status_code = 200
         self.media_type = MEDIA_TYPE
         self.background = None
@@ -155,38 +161,68 @@ class RunEventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         run = self.run
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        # Listens for the client leaving, started only when the run makes us wait.
-        disconnected: asyncio.Future[Any] | None = None
+        self._sent_at = time.monotonic()
         try:
             while True:
                 items = run.take()
                 if run.done:
-                    await run.wait_stored()
+                    if await self._wait_stored(receive, send):
+                        return
                     break
                 if items:
-                    await send(
-                        {"type": "http.response.body", "body": _body(items), "more_body": True}
-                    )
+                    await self._send(send, _body(items))
                     continue
-                if disconnected is None:
-                    disconnected = asyncio.ensure_future(receive())
-                changed = run.changed()
-                ready, _ = await asyncio.wait(
-                    (changed, disconnected),
-                    timeout=self.ping_interval,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if disconnected in ready:
-                    if disconnected.result().get("type") == "http.disconnect":
-                        return
-                    disconnected = None
-                elif not ready:
-                    await send({"type": "http.response.body", "body": PING, "more_body": True})
+                if await self._wait(run.changed(), receive, send):
+                    return
         finally:
-            if disconnected is not None:
-                disconnected.cancel()
+            if self._disconnected is not None:
+                self._disconnected.cancel()
             run.detach()
         await send({"type": "http.response.body", "body": _body(items), "more_body": False})
+
+    async def _send(self, send: Send, body: bytes) -> None:
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        self._sent_at = time.monotonic()
+
+    def _until_ping(self) -> float:
+        """Seconds left until the stream has been silent for ``ping_interval``."""
+        return max(self._sent_at + self.ping_interval - time.monotonic(), 0.0)
+
+    async def _wait_stored(self, receive: Receive, send: Send) -> bool:
+        """Wait until the run's last write is done; True when the client has left meanwhile.
+
+        The pings go on meanwhile: a store slow to answer (or down, the write then tried
+        again) must not leave the stream silent, which proxies take for a dead connection.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._until_ping()):
+                await self.run.wait_stored()  # at once, unless a write is under way
+                return False
+        stored = asyncio.ensure_future(self.run.wait_stored())
+        try:
+            while not stored.done():
+                if await self._wait(stored, receive, send):
+                    return True
+        finally:
+            stored.cancel()
+        return False
+
+    async def _wait(self, future: asyncio.Future[Any], receive: Receive, send: Send) -> bool:
+        """Wait for ``future``, sending a ping if the stream has been silent for
+        ``ping_interval`` by then; True when the client has left meanwhile."""
+        if self._disconnected is None:
+            self._disconnected = asyncio.ensure_future(receive())
+        disconnected = self._disconnected
+        ready, _ = await asyncio.wait(
+            (future, disconnected), timeout=self._until_ping(), return_when=asyncio.FIRST_COMPLETED
+        )
+        if disconnected in ready:
+            if disconnected.result().get("type") == "http.disconnect":
+                return True
+            self._disconnected = None
+        elif not future.done():
+            await self._send(send, PING)
+        return False
 
 
 def _body(items: list[tuple[Any, str]]) -> bytes:

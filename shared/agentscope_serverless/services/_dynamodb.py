@@ -20,7 +20,8 @@ per TTL period) when the meta's ``stamped_until`` falls behind, so they always o
 the meta. Expired items are filtered out on read (DynamoDB deletes them only eventually).
 
 **Errors.** Failures become :class:`StoreUnavailableError`; only idempotent requests are
-retried (reads, deletes, puts of a fixed key), never counter updates.
+retried (reads, deletes, puts of a fixed key), never counter updates, and none that timed
+out: a call takes at most about one ``connect_timeout`` plus one ``read_timeout``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ReadTimeoutError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE
@@ -288,11 +295,12 @@ class DynamoDBStore:
             await exit_stack.aclose()
 
     async def ping(self) -> bool:
-        """True when the table can be described (the endpoint answers, the table exists)."""
+        """True when the table can be described (the endpoint answers, the table exists).
+        A connection that failed (one DynamoDB closed meanwhile) is tried again, as a read's."""
         if self._client is None:
             return False
         try:
-            await self.run("describe_table", idempotent=False)
+            await self.run("describe_table", idempotent=True)
         except StoreUnavailableError:
             return False
         return True
@@ -302,7 +310,7 @@ class DynamoDBStore:
 
         Failures become :class:`StoreUnavailableError`, a failed condition
         :class:`ConditionFailed`. Throttled requests (never executed) are retried; other
-        transient failures only when ``idempotent``.
+        transient failures only when ``idempotent``, and a request that timed out never.
         """
         if self._client is None:
             raise StoreUnavailableError("dynamodb", "the client is closed")
@@ -331,8 +339,11 @@ class DynamoDBStore:
                 )
                 detail = f"{type(exc).__name__}: {exc}"
             except (TimeoutError, BotoCoreError, OSError) as exc:
-                retry = idempotent
-                timed_out = isinstance(exc, TimeoutError | ReadTimeoutError)
+                timed_out = isinstance(exc, TimeoutError | ReadTimeoutError | ConnectTimeoutError)
+                # A request that got no answer in time is not sent again: it has taken its
+                # timeout already, and a store that stopped answering would make the call
+                # take it as many times as it is tried (a Lambda function's whole time).
+                retry = idempotent and not timed_out
                 failure = "the request timed out" if timed_out else "the connection failed"
                 detail = f"{type(exc).__name__}: {exc}"
             if not retry or attempt == len(_RETRY_DELAYS):

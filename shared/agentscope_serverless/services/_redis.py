@@ -216,7 +216,11 @@ class RedisStore:
         }
         if max_connections is not None:
             self._options["max_connections"] = max_connections
-        url_password = urlsplit(url).password
+        try:
+            url_password = urlsplit(url).password
+        except ValueError:
+            # Not a URL (an unclosed "[" of an IPv6 address...): refused, without quoting it.
+            raise ConfigurationError("REDIS_URL is not valid: it is not a URL") from None
         self._secrets = [s for s in (password, url_password and unquote(url_password)) if s]
         self._scripts: dict[str, AsyncScript] = {}
         self._ready = False
@@ -237,6 +241,8 @@ class RedisStore:
         options = dict(self._options)
         if self._password is not None:
             options["password"] = self._password
+        if urlsplit(self._url).scheme == "unix":
+            options.pop("socket_keepalive")  # a TCP option: a Unix socket's connection refuses it
         if _userinfo_misplaced(self._url):
             raise ConfigurationError(_MISPLACED_USERINFO)
         try:
@@ -261,15 +267,31 @@ class RedisStore:
             await client.aclose()
 
     async def ping(self) -> bool:
-        """True when Redis answers PING."""
+        """True when Redis answers PING, on the connection the calls use.
+
+        A connection found lost (Redis restarted since its last use) is made again, as a
+        call would: a Redis that is back reads as healthy at once.
+        """
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._ping()
+            except (RedisError, RedisClusterException, OSError, StoreUnavailableError) as exc:
+                if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
+                    await self._drop_shared()
+                if attempt or not isinstance(exc, RedisConnectionError):
+                    return False
+        return False
+
+    async def _ping(self) -> bool:
+        shared = await self._shared_connection()
+        if shared is not None:
+            (reply,) = await shared.execute([("PING",)])
+            return bool(reply)
+        await self._connect()
         if self._client is None:
             return False
-        try:
-            async with asyncio.timeout(self._timeout):
-                await self._connect()
-                return bool(await self._client.ping())
-        except (RedisError, RedisClusterException, OSError):
-            return False
+        return bool(await self._client.ping())
 
     def same_server(self, other: RedisStore) -> bool:
         """Whether ``other`` talks to the same server (or cluster) with the same client

@@ -8,11 +8,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Self
 
 from agentscope_serverless.services.base import Service
+
+# The longest a health check may take: one that takes longer counts as unhealthy, so that a
+# store that does not answer (rather than refusing at once) never holds the caller, a
+# load balancer's or a Kubernetes probe, beyond its own timeout.
+HEALTH_TIMEOUT_SECONDS = 3.0
+
+
+async def check_health(service: Any, *, limit: float | None = HEALTH_TIMEOUT_SECONDS) -> bool:
+    """``await service.health()`` as a bool: False when it raises or takes longer than
+    ``limit`` seconds (None: no limit)."""
+    try:
+        async with asyncio.timeout(limit):
+            return bool(await service.health())
+    except Exception:
+        return False
 
 
 def default_service_name(service_class: type) -> str:
@@ -118,15 +134,14 @@ class ServiceManager:
         """A copy of the name → service mapping."""
         return dict(self._services)
 
-    async def health_check(self) -> dict[str, bool]:
-        """``{name: healthy}`` for every service; a health check that raises counts as False."""
-        result: dict[str, bool] = {}
-        for name, service in self._services.items():
-            try:
-                result[name] = bool(await service.health())
-            except Exception:
-                result[name] = False
-        return result
+    async def health_check(
+        self, *, limit: float | None = HEALTH_TIMEOUT_SECONDS
+    ) -> dict[str, bool]:
+        """``{name: healthy}`` for every service, checked together; a health check that
+        raises, or takes longer than ``limit`` seconds (None: no limit), counts as False."""
+        services = list(self._services.items())
+        healthy = await asyncio.gather(*(check_health(s, limit=limit) for _, s in services))
+        return {name: ok for (name, _), ok in zip(services, healthy, strict=True)}
 
 
-__all__ = ["ServiceManager", "default_service_name"]
+__all__ = ["HEALTH_TIMEOUT_SECONDS", "ServiceManager", "check_health", "default_service_name"]

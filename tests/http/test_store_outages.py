@@ -1,0 +1,203 @@
+"""The HTTP API while its stores fail under it: a Redis stopped during a run and started
+again, a Redis refusing writes in the middle of a turn, stores that stop answering, a
+Redis given the wrong password.
+
+Each test has stores of its own (redis-server, moto's DynamoDB server), stopped, frozen or
+restarted while the server runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from redis import Redis
+
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services.manager import HEALTH_TIMEOUT_SECONDS
+from agentscope_serverless.settings import load_settings
+from tests.support.http import bearer, issue_key, running, user_message
+
+
+def slow_app() -> AgentApp:
+    """Answers ``sleep N`` after N seconds, between two pieces of text; echoes anything else."""
+    app = AgentApp(app_name="outages")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        text = msgs[-1].get_text_content() or ""
+        if text.startswith("sleep "):
+            yield "before "
+            await asyncio.sleep(float(text.split()[1]))
+            yield "after"
+            return
+        yield f"echo: {text}"
+
+    return app
+
+
+@contextmanager
+def serving(redis: RedisServer, dynamodb: DynamoDBServer | None = None) -> Iterator[httpx.Client]:
+    """A server on ``redis`` (and history, state and runs on ``dynamodb`` when given), and a
+    client with a user's key."""
+    stores: dict[str, Any] = {
+        "session_history_backend": "redis",
+        "memory_backend": "redis",
+        "state_backend": "redis",
+        "redis_url": redis.url,
+    }
+    with pytest.MonkeyPatch.context() as env:
+        if dynamodb is not None:
+            env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+            env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+            stores |= {
+                "session_history_backend": "dynamodb",
+                "state_backend": "dynamodb",
+                "dynamodb_endpoint_url": dynamodb.endpoint_url,
+                "aws_region": dynamodb.region,
+            }
+        keys = InMemoryKeyStore()
+        key = issue_key(keys, f"user-{uuid.uuid4().hex[:8]}")
+        app = create_app(settings=load_settings(**stores), agent_app=slow_app(), key_store=keys)
+        with (
+            running(app) as url,
+            httpx.Client(base_url=url, headers=bearer(key), timeout=60) as client,
+        ):
+            yield client
+
+
+def turn(client: httpx.Client, text: str, session_id: str = "s1") -> httpx.Response:
+    body = {"input": [user_message(text)], "session_id": session_id, "stream": False}
+    return client.post("/process", json=body)
+
+
+def history(client: httpx.Client, session_id: str = "s1") -> list[tuple[str, str]]:
+    response = client.get(f"/sessions/{session_id}/messages")
+    assert response.status_code == 200, response.text
+    return [
+        (m["role"], "".join(part.get("text") or "" for part in m["content"]))
+        for m in response.json()["items"]
+    ]
+
+
+def health(client: httpx.Client) -> tuple[int, dict[str, bool], float]:
+    began = time.monotonic()
+    response = client.get("/health")
+    return response.status_code, response.json()["services"], time.monotonic() - began
+
+
+@pytest.mark.parametrize("backend", ["redis", "dynamodb"])
+def test_health_reads_stores_that_stop_answering_as_down_in_bounded_time(backend: str) -> None:
+    # A frozen store still accepts connections: each check waits for an answer that never
+    # comes. Checked one after the other, at each client's timeout (5 s for Redis, 10 s for
+    # DynamoDB), the probe waited 20 to 30 s; they are checked together, each within a bound.
+    with RedisServer() as redis, DynamoDBServer() as dynamodb:
+        frozen = redis if backend == "redis" else dynamodb
+        with serving(redis, dynamodb if backend == "dynamodb" else None) as client:
+            assert turn(client, "hi").status_code == 200
+            assert health(client)[0] == 200
+            frozen.pause()
+            try:
+                status, services, took = health(client)
+            finally:
+                frozen.resume()
+            assert status == 503 and took < HEALTH_TIMEOUT_SECONDS + 1.5
+            down = {"session_history", "state", "runs"} | (
+                {"memory"} if backend == "redis" else set()
+            )
+            assert {name for name, up in services.items() if not up} == down
+            status, services, took = health(client)
+            assert status == 200 and all(services.values())
+            assert turn(client, "again").status_code == 200
+
+
+def test_a_redis_stopped_during_a_run_fails_it_and_serves_again_once_restarted() -> None:
+    with RedisServer() as redis, serving(redis) as client:
+        assert turn(client, "hi").status_code == 200
+        body = {"input": [user_message("sleep 0.5")], "session_id": "s1"}
+        with client.stream("POST", "/process", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            redis.stop()
+            last = [line for line in lines if line.startswith("data:")][-1]
+        assert '"status":"failed"' in last and '"code":"STORE_UNAVAILABLE"' in last
+        assert str(redis.port) not in last and "127.0.0.1" not in last
+        assert health(client)[0] == 503
+        routes = [
+            client.get("/sessions"),
+            client.get("/sessions/s1/messages"),
+            client.post("/memory/search", json={"query": "hi"}),
+            client.post("/state/s1", json={"state": {"step": 1}}),
+            turn(client, "down"),
+            client.post(
+                "/compatible-mode/v1/chat/completions",
+                json={"model": "m", "messages": [user_message("down")]},
+            ),
+        ]
+        for response in routes:
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "STORE_UNAVAILABLE"
+            assert str(redis.port) not in response.text
+        # Started again (empty: it keeps nothing on disk), the same process serves at once:
+        # no connection of before the stop is used again, none is left broken.
+        redis.start()
+        status, services, _ = health(client)
+        assert status == 200 and all(services.values())
+        assert turn(client, "back").status_code == 200
+        assert history(client) == [("user", "back"), ("assistant", "echo: back")]
+        assert client.post("/state/s1", json={"state": {"step": 1}}).status_code == 201
+
+
+def test_a_turn_redis_refuses_to_store_is_not_stored_in_part() -> None:
+    with RedisServer() as redis, serving(redis) as client:
+        assert turn(client, "hi").status_code == 200
+        body = {"input": [user_message("sleep 0.5")], "session_id": "s1"}
+        with client.stream("POST", "/process", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            refuse_writes(redis, True)  # out of memory: reads are answered, writes refused
+            try:
+                last = [line for line in lines if line.startswith("data:")][-1]
+            finally:
+                refuse_writes(redis, False)
+        assert '"status":"failed"' in last and '"code":"STORE_UNAVAILABLE"' in last
+        # Neither the input nor the reply of the failed turn: the turn is stored whole or not.
+        assert history(client) == [("user", "hi"), ("assistant", "echo: hi")]
+        assert turn(client, "again").status_code == 200
+        assert history(client)[2:] == [("user", "again"), ("assistant", "echo: again")]
+        memory = client.post("/memory/search", json={"query": "sleep"}).json()["items"]
+        assert memory == []
+
+
+def refuse_writes(redis: RedisServer, refuse: bool) -> None:
+    with Redis.from_url(redis.url) as client:
+        client.config_set("maxmemory", 1 if refuse else 0)
+
+
+def test_a_redis_refusing_the_password_given_is_a_503_naming_no_secret() -> None:
+    with RedisServer(password="Sup3r-Secret-Pa55") as redis:
+        wrong = RedisServer(password="Wr0ng-Pa55", port=redis.port)  # only for its URL
+        with serving(wrong) as client:
+            status, services, _ = health(client)
+            assert status == 503 and not services["session_history"]
+            responses = [
+                turn(client, "hi"),
+                client.get("/sessions"),
+                client.post("/memory", json={"messages": [user_message("hi")]}),
+                client.get("/state/s1"),
+            ]
+            for response in responses:
+                assert response.status_code == 503, response.text
+                assert response.json()["error"]["code"] == "STORE_UNAVAILABLE"
+                assert "Pa55" not in response.text
