@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
-from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -390,6 +390,48 @@ async def test_a_restarted_redis_reads_as_healthy_at_once(
         own_redis_server.start()
         assert await history.health() is True
         await history.create_session(user_id, "s2")
+
+
+async def test_a_cluster_with_a_primary_down_fails_only_its_users_and_reads_as_unhealthy(
+    user_id: str,
+) -> None:
+    # A third of the users' keys are on each primary. With one down, only its users' calls
+    # may fail: the others' reads in a transaction failed too, with "Event loop is closed"
+    # (a 500), and a PING that reached another node alone read the cluster as healthy.
+    with RedisClusterServer() as cluster:
+        history = RedisSessionHistoryService(
+            cluster.url, cluster=True, socket_connect_timeout=1.0, socket_timeout=2.0
+        )
+        async with history:
+            users = [f"{user_id}-{index}" for index in range(12)]
+            for user in users:
+                await history.create_session(user, "s1")
+            assert await history.health() is True
+            down = cluster.nodes[1]
+            down.stop()
+            assert await history.health() is False
+
+            async def failing(call: Any) -> set[str]:
+                failed = set()
+                for user in users:
+                    try:
+                        await call(user)
+                    except StoreUnavailableError:
+                        failed.add(user)
+                return failed
+
+            writes = await failing(lambda user: history.create_session(user, "s2"))  # scripts
+            reads = await failing(lambda user: history.get_session(user, "s1"))  # MULTI
+            assert writes == reads and 0 < len(reads) < len(users)
+            down.start()  # its cluster configuration kept: it serves its slots again
+            deadline = time.monotonic() + 30
+            while "cluster_state:ok" not in down.cli("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline, "the cluster did not recover"
+                await asyncio.sleep(0.1)
+            assert await history.health() is True
+            for user in users:
+                await history.create_session(user, "s3")
+                assert await history.get_session(user, "s3") is not None
 
 
 @pytest.fixture

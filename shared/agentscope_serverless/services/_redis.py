@@ -289,9 +289,19 @@ class RedisStore:
             (reply,) = await shared.execute([("PING",)])
             return bool(reply)
         await self._connect()
-        if self._client is None:
-            return False
-        return bool(await self._client.ping())
+        client = self._client
+        if isinstance(client, RedisCluster):
+            # Every primary: with one of them down, the users whose keys it holds get
+            # errors, while a PING to another node alone would say all is well.
+            primaries = client.get_primaries()
+            replies = await asyncio.gather(
+                *(client.ping(target_nodes=node) for node in primaries), return_exceptions=True
+            )
+            failed = next((r for r in replies if isinstance(r, BaseException)), None)
+            if failed is not None:
+                raise failed
+            return bool(primaries) and all(replies)
+        return client is not None and bool(await client.ping())
 
     def same_server(self, other: RedisStore) -> bool:
         """Whether ``other`` talks to the same server (or cluster) with the same client
@@ -437,14 +447,19 @@ class RedisStore:
         return removed
 
     async def _connect(self) -> None:
-        # A cluster client discovers the nodes before its first command; done once, under a
-        # lock, because concurrent first commands make redis-py discover them concurrently
-        # and close connections that are in use.
-        if self._ready or not self.cluster:
+        # A cluster client discovers the nodes before its first command, under a lock,
+        # because concurrent first commands make redis-py discover them concurrently and
+        # close connections that are in use; and again, here, once a node failed (redis-py
+        # then marks the client for it). Left to the next command, the discovery would run
+        # in a transaction's queueing, which redis-py does in an event loop of its own, in a
+        # thread: the connections it made there, left in the pools, broke later calls on
+        # nodes that are up ("Event loop is closed", a 500) until the node came back.
+        if not self.cluster or (self._ready and not _needs_discovery(self._client)):
             return
         async with self._ready_lock:
-            if not self._ready and isinstance(self._client, RedisCluster):
-                await self._client.initialize()
+            client = self._client
+            if isinstance(client, RedisCluster) and (not self._ready or _needs_discovery(client)):
+                await client.initialize()
                 self._ready = True
 
     async def _shared_connection(self) -> SharedConnection | None:
@@ -503,6 +518,11 @@ class RedisStore:
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return message
+
+
+def _needs_discovery(client: RedisClient | None) -> bool:
+    """Whether a cluster client is marked to discover its nodes again (a node failed)."""
+    return bool(getattr(client, "_initialize", False))
 
 
 _MISPLACED_USERINFO = (
