@@ -7,13 +7,14 @@ import time
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from types_aiobotocore_dynamodb import DynamoDBClient
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._dynamodb import id_hash, now
+from agentscope_serverless.services._dynamodb import DynamoDBStore, id_hash, now
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
 from agentscope_serverless.services.runs.base import RunRecord
 from agentscope_serverless.services.runs.dynamodb import DynamoDBRunsService
@@ -497,6 +498,48 @@ async def test_a_dynamodb_that_stops_answering_fails_a_call_within_one_timeout(
             own_dynamodb_server.resume()
         assert await history.health() is True
         assert await history.get_session(user_id, "s1") is not None
+
+
+class ThrottlingClient:
+    """A DynamoDB client whose first ``throttled`` requests are throttled (never executed)."""
+
+    def __init__(self, throttled: int, code: str = "ProvisionedThroughputExceededException"):
+        self.throttled = throttled
+        self.code = code
+        self.calls = 0
+
+    async def update_item(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.throttled:
+            error = {
+                "Code": self.code,
+                "Message": "Rate of requests exceeds the allowed throughput",
+            }
+            raise ClientError({"Error": error}, "UpdateItem")
+        return {"Attributes": {"n": {"N": "1"}}}
+
+
+async def test_a_throttled_request_is_sent_again_backing_off_then_given_up() -> None:
+    # DynamoDB throttles for as long as a partition's capacity is used up: three tries in a
+    # quarter of a second failed many a request that a little patience would have got
+    # through. A throttled request was never executed: even a counter update is sent again.
+    for throttled, code in (
+        (5, "ProvisionedThroughputExceededException"),
+        (3, "ThrottlingException"),
+    ):
+        client = ThrottlingClient(throttled, code)
+        store = DynamoDBStore(table_name="t", client=client)  # type: ignore[arg-type]
+        await store.open()
+        answer = await store.run("update_item", idempotent=False, Key={})
+        assert answer == {"Attributes": {"n": {"N": "1"}}} and client.calls == throttled + 1
+    client = ThrottlingClient(100)
+    store = DynamoDBStore(table_name="t", client=client)  # type: ignore[arg-type]
+    await store.open()
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as raised:
+        await store.run("update_item", idempotent=False, Key={})
+    assert time.monotonic() - began < 2.0 and client.calls == 6
+    assert str(raised.value) == "dynamodb is unavailable: ProvisionedThroughputExceededException"
 
 
 async def test_a_task_result_larger_than_an_item_is_stored_whole(

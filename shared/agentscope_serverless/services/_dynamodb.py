@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import re
 import time
 import uuid
@@ -71,6 +72,11 @@ _TRANSIENT = _THROTTLING | {"InternalServerError", "ServiceUnavailable"}
 # The most items one TransactWriteItems request may hold.
 _TRANSACTION_ITEMS = 100
 _RETRY_DELAYS = (0.05, 0.2)
+# A throttled request is tried longer, backing off (with jitter, so that the functions
+# throttled together do not come back together): DynamoDB throttles for as long as a
+# partition's capacity is used up, a second or so, and a request failed by it was never
+# executed. Given up after 1.5 s at most of waiting: 5 tries more, as AWS's SDKs do.
+_THROTTLED_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 _CODE = re.compile(r"[^A-Za-z0-9.]")
 
 # Expression attribute names used by the backends (several are DynamoDB reserved words).
@@ -309,8 +315,9 @@ class DynamoDBStore:
         """Send ``operation`` (a client method name) on the table; return its response.
 
         Failures become :class:`StoreUnavailableError`, a failed condition
-        :class:`ConditionFailed`. Throttled requests (never executed) are retried; other
-        transient failures only when ``idempotent``, and a request that timed out never.
+        :class:`ConditionFailed`. Throttled requests (never executed) are retried, backing
+        off, for 1.5 s at most; other transient failures only when ``idempotent``, and a
+        request that timed out never.
         """
         if self._client is None:
             raise StoreUnavailableError("dynamodb", "the client is closed")
@@ -319,6 +326,7 @@ class DynamoDBStore:
         method = getattr(self._client, operation)
         attempt = 0
         while True:
+            delays = _RETRY_DELAYS
             try:
                 response: dict[str, Any] = await method(**kwargs)
                 return response
@@ -328,6 +336,8 @@ class DynamoDBStore:
                 if code == "ConditionalCheckFailedException":
                     raise ConditionFailed(code) from None
                 retry = code in (_TRANSIENT if idempotent else _THROTTLING)
+                if code in _THROTTLING:
+                    delays = _THROTTLED_DELAYS
                 # The code only: a message may carry the endpoint or an emulator's HTML page.
                 failure = _CODE.sub("", str(code))[:64] or "the request failed"
                 detail = f"{code}: {error.get('Message', '')}"
@@ -346,10 +356,10 @@ class DynamoDBStore:
                 retry = idempotent and not timed_out
                 failure = "the request timed out" if timed_out else "the connection failed"
                 detail = f"{type(exc).__name__}: {exc}"
-            if not retry or attempt == len(_RETRY_DELAYS):
+            if not retry or attempt >= len(delays):
                 logger.warning("dynamodb request failed", extra={"error": detail[:500]})
                 raise StoreUnavailableError("dynamodb", failure) from None
-            await asyncio.sleep(_RETRY_DELAYS[attempt])
+            await asyncio.sleep(delays[attempt] * random.uniform(0.5, 1.0))
             attempt += 1
 
     async def query(self, **kwargs: Any) -> AsyncIterator[Item]:
