@@ -48,6 +48,7 @@ from agentscope_serverless.errors import (
     ConfigurationError,
     InvalidInputError,
     ServiceNotStartedError,
+    StoreUnavailableError,
 )
 from agentscope_serverless.log import logger, redact
 from agentscope_serverless.schemas._build import built, set_field
@@ -490,7 +491,16 @@ class Runner(ServiceLifecycleManagerMixin):
         memory = self.memory_service
         if memory is None or not messages:
             return []
-        return await memory.search_memory(user_id, messages, filters={"top_k": self.memory_top_k})
+        try:
+            return await memory.search_memory(
+                user_id, messages, filters={"top_k": self.memory_top_k}
+            )
+        except StoreUnavailableError:
+            # Memory is best effort, as its writes are: a memory store that is down (memory
+            # on Redis, the history on DynamoDB) leaves the agent without its memories, not
+            # the user without an answer.
+            logger.warning("could not search memory: the run goes on without memories")
+            return []
 
     async def _record_quietly(
         self,

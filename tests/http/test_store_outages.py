@@ -201,3 +201,23 @@ def test_a_redis_refusing_the_password_given_is_a_503_naming_no_secret() -> None
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["code"] == "STORE_UNAVAILABLE"
                 assert "Pa55" not in response.text
+
+
+def test_a_memory_store_down_leaves_runs_without_memories_not_users_without_answers() -> None:
+    # Memory on Redis, the history (and runs) on DynamoDB: a Redis outage failed every run
+    # with a 503 before it began, as the memories handed to the agent could not be searched.
+    with RedisServer() as redis, DynamoDBServer() as dynamodb, serving(redis, dynamodb) as client:
+        assert turn(client, "hi").status_code == 200
+        redis.stop()
+        try:
+            answer = turn(client, "still there?")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["status"] == "completed"
+            memory = client.post("/memory/search", json={"query": "there"})
+            assert memory.status_code == 503
+        finally:
+            redis.start()
+        assert history(client)[2:] == [
+            ("user", "still there?"),
+            ("assistant", "echo: still there?"),
+        ]
