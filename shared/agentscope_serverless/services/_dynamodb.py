@@ -326,7 +326,7 @@ class DynamoDBStore:
         method = getattr(self._client, operation)
         attempt = 0
         while True:
-            delays = _RETRY_DELAYS
+            delays: tuple[float, ...] = _RETRY_DELAYS
             try:
                 response: dict[str, Any] = await method(**kwargs)
                 return response
