@@ -296,7 +296,9 @@ def _require_finite_values(message: Message, where: str) -> None:
     if message.usage:
         require_finite(message.usage, field=f"{where}.usage")
     for index, part in enumerate(message.content or ()):
-        data = getattr(part, "data", None)
+        # A field is in the model's __dict__; getattr of a field a part lacks costs
+        # pydantic's __getattr__ and an exception (5 us a message).
+        data = part.__dict__.get("data")
         if isinstance(data, dict) and data:
             require_finite(data, field=f"{where}.content.{index}.data")
 

@@ -625,7 +625,13 @@ def _bulk_steps(
         entries: list[str] = []
         for id_, (counts, length_class, entry) in enumerate(_analysed(batch), after + start + 1):
             hex_id = f"{id_:08x}"
+            once = postings.get(1 << 8 | length_class)  # most terms are in a memory once
+            if once is None:
+                once = postings[1 << 8 | length_class] = defaultdict(list)
             for term, tf in counts.items():
+                if tf == 1:
+                    once[term].append(hex_id)
+                    continue
                 key = tf << 8 | length_class
                 group = postings.get(key)
                 if group is None:
