@@ -480,6 +480,8 @@ def _check_text(**values: str | None) -> None:
             ) from None
 
 
+# The statuses a run's last response event has.
+ENDED = frozenset({"completed", "failed", "canceled", "rejected", "incomplete"})
 # How long a reply may send nothing: a server sends a ping comment every 15 s (by default)
 # while its agent is silent, so a minute of silence is a server that stopped answering.
 SILENCE_SECONDS = 60.0
@@ -516,11 +518,18 @@ def _stream_reply(
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
             reasoning: set[str] = set()
             printed: str | None = None  # the message whose text was printed last
+            ended = False
             try:
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
                         continue
                     event = json.loads(line[6:])
+                    if "object" not in event and isinstance(event.get("error"), dict):
+                        # The stream cut by the server (a buffered Lambda function's size
+                        # limit), saying why.
+                        console.print()
+                        error = event["error"]
+                        raise CommandError(f"{error.get('message')} ({error.get('code')})")
                     if event.get("object") == "message" and event.get("type") == "reasoning":
                         reasoning.add(str(event.get("id")))
                     elif event.get("object") == "content" and event.get("delta"):
@@ -533,6 +542,7 @@ def _stream_reply(
                         console.file.flush()
                     elif event.get("object") == "response":
                         session_id = event.get("session_id") or session_id
+                        ended = event.get("status") in ENDED
                         if event.get("status") == "failed":
                             console.print()
                             error = event.get("error") or {}
@@ -542,6 +552,11 @@ def _stream_reply(
             except KeyboardInterrupt:
                 _cancel_run(client, headers, response.headers.get("X-Run-Id"))
                 raise ReplyInterrupted(session_id or "") from None
+            if not ended:
+                console.print()
+                run = response.headers.get("X-Run-Id")
+                where = f" (read the rest with GET /runs/{run}/events)" if run else ""
+                raise CommandError(f"the reply was cut off before it ended{where}")
     except httpx.UnsupportedProtocol:
         raise CommandError(
             f"{client.base_url} is not a URL to talk to: it must start with http:// or https://"

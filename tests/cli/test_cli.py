@@ -631,3 +631,51 @@ def test_invoke_gives_up_on_a_server_that_never_answers(monkeypatch: pytest.Monk
     assert time.monotonic() - started < 10
     assert result.exit_code == 1
     assert f"{url} sent nothing for 0.5 s: it is not answering" in result.output
+
+
+def _cut_stream_server(tail: bytes) -> Any:
+    """A server whose ``/process`` streams the start of a reply, then ``tail``, then ends."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    start = [
+        {"object": "response", "status": "created", "session_id": "s1"},
+        {"object": "content", "delta": True, "text": "Hello, ", "msg_id": "m1"},
+    ]
+
+    async def chunks() -> Any:
+        for event in start:
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        yield tail
+
+    server = FastAPI()
+
+    @server.post("/process")
+    async def process() -> StreamingResponse:
+        headers = {"X-Run-Id": "run-1", "X-Session-Id": "s1"}
+        return StreamingResponse(chunks(), media_type="text/event-stream", headers=headers)
+
+    return server
+
+
+@pytest.mark.parametrize(
+    ("tail", "said"),
+    [
+        # A buffered Lambda function's answer cut at its size limit, saying so.
+        (
+            b'event: error\ndata: {"error": {"code": "RESPONSE_TOO_LARGE", "message": "cut"}}\n\n',
+            "cut (RESPONSE_TOO_LARGE)",
+        ),
+        # A connection cut before the run's last event.
+        (b"", "the reply was cut off before it ended (read the rest with GET /runs/run-1/events)"),
+    ],
+)
+def test_invoke_says_when_a_reply_is_cut_off(tail: bytes, said: str) -> None:
+    # It printed the start of the reply and exited 0, as if that were the whole answer.
+    from tests.support.http import running
+
+    with running(_cut_stream_server(tail)) as url:
+        result = CliRunner().invoke(app, ["invoke", "hi", "--url", url, "--key", "ask_x_y"])
+    assert "Hello, " in result.output
+    assert result.exit_code == 1, result.output
+    assert said in " ".join(result.output.split())
