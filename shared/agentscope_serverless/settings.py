@@ -42,6 +42,10 @@ def _environment_values(names: Iterable[str]) -> dict[str, str]:
     }
 
 
+# A web origin, as a browser sends it in its Origin header.
+_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
+
+
 class Settings(BaseModel):
     """Every setting of the project, with its environment variable and default.
 
@@ -255,6 +259,14 @@ class Settings(BaseModel):
         False,
         description="Serve the chat page at `/` (the local server turns it on; off in the cloud).",
     )
+    cors_allow_origins: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Origins whose browser pages may call the API, comma-separated (such as"
+            " `https://app.example.com`; `*` for any): CORS headers and preflight answers."
+            " Unset: none (a page of another origin cannot call it)."
+        ),
+    )
 
     metrics_namespace: str | None = Field(
         None,
@@ -343,6 +355,20 @@ class Settings(BaseModel):
                 "give the AgentApp as module:attribute, the module's import path (not a file "
                 f"path) and the name of its AgentApp, e.g. {example}"
             )
+        return value
+
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [origin.strip() for origin in value.split(",") if origin.strip()]
+        if isinstance(value, list | tuple):
+            for origin in value:
+                if isinstance(origin, str) and origin != "*" and not _ORIGIN.fullmatch(origin):
+                    raise ValueError(
+                        f"{origin!r} is not an origin: give scheme://host[:port], with no path"
+                        " or trailing slash (as browsers send it), or *"
+                    )
         return value
 
     @field_validator("auth_keys_file")

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from agentscope_serverless.app import AgentApp
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
+# The response headers a page of another origin may read (CORS_ALLOW_ORIGINS).
+EXPOSED_HEADERS = ("X-Run-Id", "X-Session-Id", "X-Request-Id", "Retry-After", "X-Should-Retry")
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",
@@ -185,6 +188,17 @@ def new_application(
         timeout=settings.request_body_timeout_seconds,
     )
     app.add_middleware(RequestContextMiddleware)
+    if settings.cors_allow_origins:
+        # Outermost: preflights are answered before anything else, and errors (a 401, a
+        # 413) carry the headers a page needs to read them.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_allow_origins),
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
     app.include_router(health.router)
     if not open_docs:
         _add_keyed_docs(app)

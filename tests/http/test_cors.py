@@ -1,0 +1,84 @@
+"""CORS: a browser page of an allowed origin calls the API (preflight, headers it may read,
+errors it can see); any other origin, and every origin by default, gets no CORS headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running
+
+PAGE = "https://app.example.com"
+
+
+def preflight(url: str, origin: str) -> httpx.Response:
+    headers = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
+    }
+    return httpx.options(f"{url}/process", headers=headers)
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.make()
+
+
+@pytest.fixture(scope="module")
+def allowed(keys: Keys) -> Iterator[str]:
+    settings = load_settings(cors_allow_origins=f"{PAGE}, http://localhost:5173")
+    with running(create_app(settings=settings, agent_app=demo_app, key_store=keys.store)) as url:
+        yield url
+
+
+def test_a_page_of_an_allowed_origin_calls_the_api(allowed: str, keys: Keys) -> None:
+    answer = preflight(allowed, PAGE)
+    assert answer.status_code == 200
+    assert answer.headers["access-control-allow-origin"] == PAGE
+    assert "idempotency-key" in answer.headers["access-control-allow-headers"].lower()
+    body = {"input": [{"role": "user", "content": "hello"}], "stream": False}
+    reply = httpx.post(
+        f"{allowed}/process", json=body, headers={**bearer(keys.alice), "Origin": PAGE}
+    )
+    assert reply.status_code == 200
+    assert reply.headers["access-control-allow-origin"] == PAGE
+    exposed = reply.headers["access-control-expose-headers"].lower()
+    assert {"x-run-id", "x-session-id", "x-request-id"} <= set(exposed.replace(" ", "").split(","))
+    assert "access-control-allow-credentials" not in reply.headers  # bearer keys, no cookies
+
+
+def test_an_error_reaches_the_page_and_the_key_is_still_required(allowed: str) -> None:
+    # Without the CORS headers on an error, the page sees a network error instead of the 401.
+    answer = httpx.get(f"{allowed}/sessions", headers={"Origin": PAGE})
+    assert answer.status_code == 401
+    assert answer.headers["access-control-allow-origin"] == PAGE
+
+
+def test_another_origin_gets_no_cors_headers(allowed: str, keys: Keys) -> None:
+    assert preflight(allowed, "https://evil.example.com").status_code == 400
+    answer = httpx.get(
+        f"{allowed}/sessions", headers={**bearer(keys.alice), "Origin": "https://evil.example.com"}
+    )
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_no_origin_is_allowed_by_default() -> None:
+    app = create_app(settings=load_settings(), agent_app=demo_app, key_store=Keys.make().store)
+    with running(app) as url:
+        assert preflight(url, PAGE).status_code == 405
+        answer = httpx.get(f"{url}/health", headers={"Origin": PAGE})
+        assert "access-control-allow-origin" not in answer.headers
+
+
+@pytest.mark.parametrize("origin", [f"{PAGE}/", f"{PAGE}/app", "app.example.com", "ftp://x"])
+def test_an_origin_is_given_as_browsers_send_it(origin: str) -> None:
+    # With a trailing slash no browser's Origin would ever match: said at start, not later.
+    with pytest.raises(ConfigurationError, match=r"CORS_ALLOW_ORIGINS.*is not an origin"):
+        load_settings(cors_allow_origins=origin)
