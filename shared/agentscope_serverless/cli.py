@@ -99,6 +99,15 @@ class CommandError(Exception):
     """A failure to report to the user in one line."""
 
 
+class ReplyFailed(CommandError):
+    """A reply that started and then failed or was cut off: its session exists (the input
+    is kept in it), and a chat goes on in it."""
+
+    def __init__(self, message: str, session_id: str | None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
 class ReplyInterrupted(Exception):
     """Ctrl-C while a reply streamed: its run was asked to stop."""
 
@@ -451,6 +460,8 @@ def chat(
                 session = _stream_reply(client, api_key, text, session, user)
             except CommandError as exc:
                 errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+                if isinstance(exc, ReplyFailed):  # the chat goes on in the reply's session
+                    session = exc.session_id or session
             except ReplyInterrupted as stopped:  # back to the prompt, in the same session
                 session = stopped.session_id or session
     if session:
@@ -529,7 +540,8 @@ def _stream_reply(
                         # limit), saying why.
                         console.print()
                         error = event["error"]
-                        raise CommandError(f"{error.get('message')} ({error.get('code')})")
+                        message = f"{error.get('message')} ({error.get('code')})"
+                        raise ReplyFailed(message, session_id)
                     if event.get("object") == "message" and event.get("type") == "reasoning":
                         reasoning.add(str(event.get("id")))
                     elif event.get("object") == "content" and event.get("delta"):
@@ -546,8 +558,9 @@ def _stream_reply(
                         if event.get("status") == "failed":
                             console.print()
                             error = event.get("error") or {}
-                            raise CommandError(
-                                f"the agent failed: {error.get('message')} ({error.get('code')})"
+                            raise ReplyFailed(
+                                f"the agent failed: {error.get('message')} ({error.get('code')})",
+                                session_id,
                             )
             except KeyboardInterrupt:
                 _cancel_run(client, headers, response.headers.get("X-Run-Id"))
@@ -556,7 +569,7 @@ def _stream_reply(
                 console.print()
                 run = response.headers.get("X-Run-Id")
                 where = f" (read the rest with GET /runs/{run}/events)" if run else ""
-                raise CommandError(f"the reply was cut off before it ended{where}")
+                raise ReplyFailed(f"the reply was cut off before it ended{where}", session_id)
     except httpx.UnsupportedProtocol:
         raise CommandError(
             f"{client.base_url} is not a URL to talk to: it must start with http:// or https://"

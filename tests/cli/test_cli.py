@@ -679,3 +679,17 @@ def test_invoke_says_when_a_reply_is_cut_off(tail: bytes, said: str) -> None:
     assert "Hello, " in result.output
     assert result.exit_code == 1, result.output
     assert said in " ".join(result.output.split())
+
+
+def test_chat_goes_on_in_the_session_of_a_failed_reply(tmp_path: Path) -> None:
+    # The next message after a failed reply started a new session: the conversation (whose
+    # input the failed turn kept) was left behind.
+    with serving_agent_file(tmp_path, "failing", FAILING_AGENT) as (url, key):
+        chatted = run_cli("chat", "--url", url, "--key", key, stdin=b"first\nsecond\n/exit\n")
+        assert chatted.returncode == 0
+        session = chatted.stdout.split("session: ")[-1].split()[0]
+        page = httpx.get(
+            f"{url}/sessions/{session}/messages", headers={"Authorization": f"Bearer {key}"}
+        )
+    texts = [m["content"][0]["text"] for m in page.json()["items"] if m["role"] == "user"]
+    assert texts == ["first", "second"]
