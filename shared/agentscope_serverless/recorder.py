@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
+from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
@@ -100,10 +101,12 @@ class RecordedRun:
         kind: RunKind,
         cancel_on_disconnect: bool,
         fingerprint: str | None = None,
+        echo: dict[str, Any] | None = None,
         time_left: float | None = None,
     ) -> None:
         self._recorder = recorder
         self._fingerprint = fingerprint
+        self._echo = echo
         self._runs = recorder.runs
         self._source = events
         self.user_id = user_id
@@ -213,6 +216,7 @@ class RecordedRun:
                     session_id=self.session_id,
                     kind=self.kind,
                     fingerprint=self._fingerprint,
+                    echo=self._echo,
                 )
                 loop = asyncio.get_running_loop()
                 delay = self._recorder.first_write_delay
@@ -522,10 +526,12 @@ class RunRecorder:
         kind: RunKind = "process",
         cancel_on_disconnect: bool = False,
         fingerprint: str | None = None,
+        echo: dict[str, Any] | None = None,
     ) -> RecordedRun:
         """Start driving ``events`` as a recorded run; returns once its first event is out.
 
-        ``fingerprint`` (what the request was) is kept with the run's record. An error before
+        ``fingerprint`` (what the request was) and ``echo`` (what its answer repeats of it)
+        are kept with the run's record. An error before
         the first event (the session could not be loaded...) is raised here. The run ends at
         the time limit of the invocation serving it, if any
         (:func:`~agentscope_serverless.time_limit.seconds_left`).
@@ -537,6 +543,7 @@ class RunRecorder:
             kind=kind,
             cancel_on_disconnect=cancel_on_disconnect,
             fingerprint=fingerprint,
+            echo=echo,
             time_left=seconds_left(),
         )
         self._runs.add(run)

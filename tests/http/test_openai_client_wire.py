@@ -321,6 +321,78 @@ def test_a_response_repeats_its_instructions_options_and_metadata(sdk: openai.Op
     assert second.metadata == {"session_id": first.metadata["session_id"]}  # type: ignore[index]
 
 
+def test_a_response_is_read_again_by_its_id_as_it_was_given(sdk: openai.OpenAI) -> None:
+    given = sdk.responses.create(
+        model="m", input="hello", instructions="Be terse.", metadata={"app": "tests"}
+    )
+    assert sdk.responses.retrieve(given.id) == given
+    with sdk.responses.stream(
+        model="other", input="again", previous_response_id=given.id, temperature=0.5
+    ) as events:
+        streamed = events.get_final_response()
+    again = sdk.responses.retrieve(streamed.id)
+    # (the stream's final response is the SDK's parsed kind: its text parts have more fields)
+    assert again.model_dump(exclude={"output"}) == streamed.model_dump(exclude={"output"})
+    assert (again.model, again.temperature, again.output_text) == ("other", 0.5, "echo: again")
+    failed = sdk.responses.create(model="m", input="fail after a word")
+    assert sdk.responses.retrieve(failed.id) == failed
+
+
+def test_a_response_still_going_is_read_in_progress(sdk: openai.OpenAI) -> None:
+    with sdk.responses.stream(model="m", input="sleep 1") as events:
+        created = next(iter(events))
+        assert created.type == "response.created"
+        going = sdk.responses.retrieve(created.response.id)
+        assert (going.status, going.output) == ("in_progress", [])
+        done = events.get_final_response()
+    again = sdk.responses.retrieve(done.id)
+    assert again.model_dump(exclude={"output"}) == done.model_dump(exclude={"output"})
+    assert (again.status, again.output_text) == ("completed", "echo: sleep 1")
+
+
+def test_only_its_user_reads_a_response_again(
+    scenario_url: str, sdk: openai.OpenAI, keys: Keys
+) -> None:
+    given = sdk.responses.create(model="m", input="mine")
+    run, _, session = given.id.removeprefix("resp_").partition("_")
+    with (
+        openai.OpenAI(
+            base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.bob, max_retries=0
+        ) as bob,
+        pytest.raises(openai.NotFoundError) as not_bobs,
+    ):
+        bob.responses.retrieve(given.id)
+    assert not_bobs.value.code == "RESPONSE_NOT_FOUND"
+    chat = sdk.chat.completions.with_raw_response.create(model="m", messages=ASK)  # type: ignore[arg-type]
+    chat_run = chat.headers["X-Run-Id"].removeprefix("response_").replace("-", "")
+    forged = [
+        f"resp_{run}_b3RoZXI",  # another session's name on the same run
+        f"resp_{chat_run}_{session}",  # a chat completion's run
+        f"resp_{run}",
+        "resp_zz_" + session,
+        "nothing",
+    ]
+    for response_id in forged:
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(response_id)
+
+
+def test_without_a_runs_store_no_response_is_read_again() -> None:
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    settings = load_settings(runs_backend="none")
+    web = create_app(settings=settings, agent_app=slow_app, key_store=keys.store)
+    with (
+        running(web) as served,
+        openai.OpenAI(
+            base_url=f"{served}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+        ) as sdk,
+    ):
+        given = sdk.responses.create(model="m", input="hi", extra_body={"stream": False})
+        with pytest.raises(openai.NotFoundError) as missing:
+            sdk.responses.retrieve(given.id)
+    assert "stores no runs" in missing.value.message
+
+
 def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert failed.status == "failed" and failed.error is not None

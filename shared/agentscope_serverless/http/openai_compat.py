@@ -9,7 +9,9 @@ So the official ``openai`` SDK works unchanged with
 returned in the ``X-Session-Id`` response header, and in ``metadata["session_id"]`` of a
 responses object, whose ``id`` carries it too (``resp_<run>_<session, base64url>``): a
 client continuing with ``previous_response_id`` continues the session, on every store and
-at once, with no lookup that a run not stored yet could miss.
+at once, with no lookup that a run not stored yet could miss. ``GET .../responses/{id}``
+reads a response again from its stored run (:func:`run_of_response`), which keeps what the
+object repeats of its request (``echo``).
 
 **User.** The ``user`` field is the ``user_id`` the request acts as (see
 :mod:`agentscope_serverless.http.auth`): optional with a user key (it must then be the key's
@@ -33,12 +35,17 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentscope_serverless.errors import InvalidInputError, UnsupportedParameterError
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    NotFoundError,
+    UnsupportedParameterError,
+)
 from agentscope_serverless.http.errors import error_body, status_of_code
 from agentscope_serverless.http.sse import DONE, encode
 from agentscope_serverless.schemas.agent_schemas import (
@@ -260,6 +267,34 @@ def session_of_response(response_id: str) -> str:
             "previous_response_id is not the id of a response of this server",
             field="previous_response_id",
         ) from None
+
+
+class ResponseNotFoundError(NotFoundError):
+    """No response of this id for the caller's user."""
+
+    code = "RESPONSE_NOT_FOUND"
+
+    def __init__(self, response_id: str, why: str | None = None) -> None:
+        shown = response_id if len(response_id) <= 200 else response_id[:200] + "..."
+        super().__init__(why or f"no response {shown!r} of this user")
+
+
+def run_of_response(response_id: str) -> tuple[str, str] | None:
+    """The run and session of a response id made by :func:`response_id`, when it is one
+    (a run id made by this server: ``response_`` and a UUID).
+
+    >>> run = AgentResponse(id="response_00000000-0000-0000-0000-00000000000a")
+    >>> run_of_response(response_id(run, "chat-1"))
+    ('response_00000000-0000-0000-0000-00000000000a', 'chat-1')
+    >>> run_of_response("resp_xyz_Y2hhdC0x") is None
+    True
+    """
+    run = response_id.removeprefix("resp_").partition("_")[0]
+    try:
+        session = session_of_response(response_id)
+        return f"response_{uuid.UUID(hex=run)}", session
+    except (InvalidInputError, ValueError):
+        return None
 
 
 def new_turn(messages: list[Message]) -> list[Message]:
@@ -678,6 +713,7 @@ async def responses_final(
 __all__ = [
     "RUN_CANCELED",
     "ChatCompletionRequest",
+    "ResponseNotFoundError",
     "ResponsesRequest",
     "chat_completion",
     "chat_completion_chunks",
@@ -695,6 +731,7 @@ __all__ = [
     "responses_input",
     "responses_object",
     "responses_usage",
+    "run_of_response",
     "session_id_of",
     "session_of_response",
 ]

@@ -26,7 +26,7 @@ from fastapi import Request
 
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, TextContent
-from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 RETRY_COUNT_HEADER = "X-Stainless-Retry-Count"
 READ_TIMEOUT_HEADER = "X-Stainless-Read-Timeout"
@@ -86,13 +86,21 @@ def _answer_event(data: str) -> Event | None:
     return None
 
 
-async def stored_events(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[Event]:
-    """The run's events as stored, from its first, followed until it ends (those that make
-    an OpenAI answer)."""
-    async for _, data in runs.follow(user_id, run_id):
+async def stored_events(
+    runs: RunsService, user_id: str, run_id: str, *, follow: bool = True
+) -> AsyncIterator[Event]:
+    """The run's events as stored, from its first, followed until it ends unless ``follow``
+    is false (those that make an OpenAI answer)."""
+    stored = runs.follow(user_id, run_id) if follow else _read(runs, user_id, run_id)
+    async for _, data in stored:
         event = _answer_event(data)
         if event is not None:
             yield event
+
+
+async def _read(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[StoredEvent]:
+    for stored in await runs.read_events(user_id, run_id):
+        yield stored
 
 
 __all__ = [

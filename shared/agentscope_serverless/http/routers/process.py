@@ -37,6 +37,7 @@ from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
 from agentscope_serverless.http.params import SESSION_HEADER
+from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
@@ -111,6 +112,7 @@ async def _recorded(
     kind: RunKind,
     cancel_on_disconnect: bool = False,
     fingerprint: str | None = None,
+    echo: dict[str, Any] | None = None,
 ) -> RecordedRun:
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
     streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
@@ -125,6 +127,7 @@ async def _recorded(
         kind=kind,
         cancel_on_disconnect=cancel_on_disconnect,
         fingerprint=fingerprint,
+        echo=echo,
     )
 
 
@@ -155,10 +158,14 @@ async def _last_response(events: AsyncIterator[Event]) -> AgentResponse:
 
 
 async def _openai_turn(
-    context: AppContext, request: Request, run: AgentRequest, session_id: str
+    context: AppContext,
+    request: Request,
+    run: AgentRequest,
+    session_id: str,
+    echo: dict[str, Any] | None = None,
 ) -> _Turn:
     """The run of an OpenAI-compatible call, started unless the call is an SDK's retry of a
-    request that started one (see :mod:`..sdk_retries`)."""
+    request that started one (see :mod:`..sdk_retries`); ``echo`` is kept with its record."""
     assert run.user_id is not None
     fingerprint = idempotency_fingerprint(request, await request.body())
     runs = context.recorder.runs if context.recorder is not None else None
@@ -166,7 +173,7 @@ async def _openai_turn(
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
         return _Turn(original.id, original.session_id or session_id, events)
-    recorded = await _recorded(context, run, kind="openai", fingerprint=fingerprint)
+    recorded = await _recorded(context, run, kind="openai", fingerprint=fingerprint, echo=echo)
     return _Turn(recorded.run_id, session_id, recorded.events(), recorded)
 
 
@@ -399,13 +406,10 @@ def build_router(
             top_p=body.top_p,
             max_tokens=body.max_output_tokens,
         )
-        turn = await _openai_turn(context, request, run, session_id)
+        echo = compat.responses_echo(body)
+        turn = await _openai_turn(context, request, run, session_id, {"model": body.model, **echo})
         headers = _session_headers(turn.session_id, turn.run_id)
-        shape: dict[str, Any] = {
-            "model": body.model,
-            "session_id": turn.session_id,
-            "echo": compat.responses_echo(body),
-        }
+        shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
         if not body.stream:
             # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
             payload = await turn.answer(request, compat.responses_final(turn.events, **shape))
@@ -417,6 +421,35 @@ def build_router(
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
+
+    @router.get(
+        f"{COMPATIBLE_PREFIX}/responses/{{response_id}}",
+        summary="OpenAI response, read again",
+        responses={404: {"description": "No such response of the caller's user."}},
+    )
+    async def get_response(response_id: str, caller: CurrentCaller, context: Context) -> Response:
+        user_id = caller.user_id()
+        runs = context.recorder.runs if context.recorder is not None else None
+        if runs is None:
+            raise compat.ResponseNotFoundError(
+                response_id, "responses are not kept: this server stores no runs"
+            )
+        found = compat.run_of_response(response_id)
+        record = None
+        if found is not None:
+            record = await read_record(context, lambda: runs.get_run(user_id, found[0]))
+        # A chat completion's run keeps no echo: its id is no response's.
+        if found is None or record is None or record.echo is None:
+            raise compat.ResponseNotFoundError(response_id)
+        run_id, session_id = found
+        if record.session_id != session_id:
+            raise compat.ResponseNotFoundError(response_id)
+        # A run still going is read as stored so far (the response in progress).
+        events = sdk_retries.stored_events(runs, user_id, run_id, follow=record.finished)
+        payload = await compat.responses_final(
+            events, model=str(record.echo.get("model", "")), session_id=session_id, echo=record.echo
+        )
+        return JSONResponse(payload, headers=_session_headers(session_id, run_id))
 
     # Chat clients (Open WebUI, LibreChat...) list models when connecting: the agent is one,
     # named after its app (the chat routes answer whatever model a request names).

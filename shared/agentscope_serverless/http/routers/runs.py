@@ -79,13 +79,20 @@ def _runs(context: AppContext) -> RunsService:
     return context.runs
 
 
-async def _found(context: AppContext, read: Callable[[], Awaitable[RunRecord | None]]) -> RunRecord:
+async def read_record(
+    context: AppContext, read: Callable[[], Awaitable[RunRecord | None]]
+) -> RunRecord | None:
     """The record ``read`` answers, read again after the first write delay when missing."""
     record = await read()
     if record is None and context.recorder is not None:
         # A run just started (by another process) is stored within its first write delay.
         await asyncio.sleep(context.recorder.first_write_delay)
         record = await read()
+    return record
+
+
+async def _found(context: AppContext, read: Callable[[], Awaitable[RunRecord | None]]) -> RunRecord:
+    record = await read_record(context, read)
     if record is None:
         raise RunNotFoundError()
     return record
@@ -179,4 +186,4 @@ async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSO
     return JSONResponse(RunView.of(record).model_dump(mode="json"), status_code=202)
 
 
-__all__ = ["RunNotFoundError", "router"]
+__all__ = ["RunNotFoundError", "read_record", "router"]

@@ -92,6 +92,11 @@ class RunRecord(BaseModel):
         description="What the request of the run was (a hash), for its client's retries to "
         "find the run they repeat.",
     )
+    echo: dict[str, Any] | None = Field(
+        None,
+        description="What the answer repeats of the request (an OpenAI response object's "
+        "model, instructions, ...), so the answer can be read again as it was given.",
+    )
 
     @property
     def finished(self) -> bool:
