@@ -336,6 +336,9 @@ def test_a_response_is_read_again_by_its_id_as_it_was_given(sdk: openai.OpenAI) 
     assert (again.model, again.temperature, again.output_text) == ("other", 0.5, "echo: again")
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert sdk.responses.retrieve(failed.id) == failed
+    unkept = sdk.responses.create(model="m", input="forget it", store=False)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(unkept.id)
 
 
 def test_a_response_still_going_is_read_in_progress(sdk: openai.OpenAI) -> None:

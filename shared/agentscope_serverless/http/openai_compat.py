@@ -126,6 +126,11 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
+    store: bool | None = Field(
+        None,
+        description="``false``: the response is not kept to be read again (its turn is the "
+        "session's all the same).",
+    )
     tools: list[dict[str, Any]] | None = Field(
         None, description="Refused unless empty or ``tool_choice`` is ``none``."
     )

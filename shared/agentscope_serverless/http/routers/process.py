@@ -407,7 +407,10 @@ def build_router(
             max_tokens=body.max_output_tokens,
         )
         echo = compat.responses_echo(body)
-        turn = await _openai_turn(context, request, run, session_id, {"model": body.model, **echo})
+        # A response is read again from what its run keeps of the request (store: false
+        # keeps nothing: it is not read again).
+        kept = None if body.store is False else {"model": body.model, **echo}
+        turn = await _openai_turn(context, request, run, session_id, kept)
         headers = _session_headers(turn.session_id, turn.run_id)
         shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
         if not body.stream:
