@@ -10,6 +10,10 @@ where ``self`` is the Runner, ``msgs`` the request's input messages, and ``kwarg
 history, loaded before the call: page through older ones with ``list_messages``) and
 ``memories`` (long-term memories matching the input; ``[]`` without a memory service).
 
+An input message whose ``metadata`` holds ``"turn_only": true`` (a responses request's
+``instructions``) reaches the handler but is not stored: it is for this turn alone, so a
+client sending it with every turn does not pile copies of it up in the session.
+
 A handler may be an async (or plain) generator yielding text pieces, :class:`Message`\\ s or
 content parts (``TextContent(text=..., delta=True)`` for a streamed piece; a message yielded
 ``in_progress`` stays open for the deltas its ``add_delta_content`` returns, until it is
@@ -83,6 +87,8 @@ AGENT_UNKNOWN_ERROR = "AGENT_UNKNOWN_ERROR"
 # The message of the CancelledError that cancels a run (``task.cancel(RUN_CANCELED)``): the
 # stream then ends with a ``canceled`` response instead of propagating the cancellation.
 RUN_CANCELED = "run canceled"
+# The metadata key marking an input message for its turn alone (never stored).
+TURN_ONLY = "turn_only"
 
 QueryHandler = Callable[..., Any]
 LifecycleHandler = Callable[..., Any]
@@ -396,6 +402,7 @@ class Runner(ServiceLifecycleManagerMixin):
             user, session_id, recent=self.history_window
         )
         memories = await self._recall(user, request.input)
+        kept = _stored_input(request.input)
         turn = _Turn(AgentResponse(session_id=session.id))
         for event in turn.start():
             yield event
@@ -414,18 +421,18 @@ class Runner(ServiceLifecycleManagerMixin):
                 yield event
         except Exception as exc:
             logger.exception("the agent failed", extra={"session_id": session.id})
-            await self._record_quietly(session, writes, request.input)
+            await self._record_quietly(session, writes, kept)
             yield turn.fail(self._error_of(exc))
             return
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # What was produced so far is kept, the open message as it is.
-            partial = [*request.input, *turn.interrupt()]
-            await asyncio.shield(self._record_quietly(session, writes, partial, request.input))
+            partial = [*kept, *turn.interrupt()]
+            await asyncio.shield(self._record_quietly(session, writes, partial, kept))
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
                 yield turn.cancel()
                 return
             raise
-        messages = [*request.input, *turn.outputs]
+        messages = [*kept, *turn.outputs]
         final = turn.finish()
         try:
             # The agent has finished: a cancellation now comes too late, and cutting the
@@ -544,6 +551,13 @@ class Runner(ServiceLifecycleManagerMixin):
             await memory.add_memory(session.user_id, list(messages), session_id=session.id)
         except Exception:
             logger.exception("could not add the run to memory", extra={"session_id": session.id})
+
+
+def _stored_input(messages: list[Message]) -> list[Message]:
+    """The input messages a turn stores: all but those for the turn alone (:data:`TURN_ONLY`)."""
+    if not any(m.metadata and m.metadata.get(TURN_ONLY) is True for m in messages):
+        return messages
+    return [m for m in messages if not (m.metadata and m.metadata.get(TURN_ONLY) is True)]
 
 
 def items_of(result: Any) -> AsyncGenerator[Any, None]:

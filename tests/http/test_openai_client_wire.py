@@ -396,6 +396,22 @@ def test_without_a_runs_store_no_response_is_read_again() -> None:
     assert "stores no runs" in missing.value.message
 
 
+def test_instructions_sent_with_every_response_are_not_piled_up_in_the_session(
+    sdk: openai.OpenAI, scenario: httpx.Client
+) -> None:
+    first = sdk.responses.create(model="m", input="one", instructions="Be terse.")
+    second = sdk.responses.create(
+        model="m", input="two", instructions="Be terse.", previous_response_id=first.id
+    )
+    session = str((second.metadata or {})["session_id"])
+    assert [(m["role"], m["content"][0]["text"]) for m in history(scenario, session)] == [
+        ("user", "one"),
+        ("assistant", "echo: one"),
+        ("user", "two"),
+        ("assistant", "echo: two"),
+    ]
+
+
 def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert failed.status == "failed" and failed.error is not None

@@ -356,6 +356,38 @@ async def test_history_and_memory_get_the_input_and_the_reply() -> None:
     assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
 
 
+@pytest.mark.parametrize("outcome", ["completed", "failed"])
+async def test_input_for_the_turn_alone_reaches_the_handler_and_is_not_stored(
+    outcome: str,
+) -> None:
+    seen: list[list[str | None]] = []
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        seen.append([m.get_text_content() for m in msgs])
+        if outcome == "failed":
+            raise RuntimeError("no")
+        return "noted"
+
+    body = request("remember the kiwi")
+    body["input"].insert(
+        0, {"role": "system", "content": "be brief", "metadata": {"turn_only": True}}
+    )
+    # Only exactly true marks a message: anything else is an ordinary one.
+    body["input"].insert(1, {"role": "system", "content": "kept", "metadata": {"turn_only": 1}})
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        await runner.query(body)
+        session = await runner.session_history_service.get_session("u1", "s1")
+        assert runner.memory_service is not None
+        memories = await runner.memory_service.list_memory("u1")
+    assert seen == [["be brief", "kept", "remember the kiwi"]]
+    assert session is not None
+    reply = ["noted"] if outcome == "completed" else []
+    stored = [m.get_text_content() for m in session.messages if isinstance(m, Message)]
+    assert stored == ["kept", "remember the kiwi", *reply]
+    assert [m.get_text_content() for m in memories] == ["kept", "remember the kiwi", *reply]
+
+
 async def test_an_agent_exception_fails_the_run_with_its_text_less_secrets(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -48,6 +48,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.http.errors import error_body, status_of_code
 from agentscope_serverless.http.sse import DONE, encode
+from agentscope_serverless.runner import TURN_ONLY
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     Error,
@@ -380,13 +381,21 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
 
 
 def responses_input(body: ResponsesRequest) -> list[Message]:
-    """The input of a responses request as messages (``instructions`` first, as system)."""
+    """The input of a responses request as messages (``instructions`` first, as a system
+    message for this turn alone: as OpenAI's, they are not carried over to the next
+    response, and a client sending them with every turn does not pile them up in the
+    session)."""
     if isinstance(body.input, str):
         messages = [Message(role=Role.USER, content=[TextContent(text=body.input)])]
     else:
         messages = chat_messages(body.input, field="input")
     if body.instructions:
-        messages.insert(0, Message(role=Role.SYSTEM, content=[TextContent(text=body.instructions)]))
+        instructions = Message(
+            role=Role.SYSTEM,
+            content=[TextContent(text=body.instructions)],
+            metadata={TURN_ONLY: True},
+        )
+        messages.insert(0, instructions)
     return messages
 
 
