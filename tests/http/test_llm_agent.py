@@ -617,6 +617,30 @@ def test_recalled_memories_take_at_most_a_quarter_of_the_budget(keys: Keys) -> N
     assert len(note) <= 1_000
 
 
+def test_a_memory_is_recalled_once_and_not_when_the_conversation_holds_it(keys: Keys) -> None:
+    # A chat page that resends its whole conversation with each call, in a new session each
+    # time, leaves a copy of each earlier message in memory per call.
+    llm = ScriptedLLM([ANSWER])
+    told, asked = "I live in Paris near the river", "Where do I live, near which river?"
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for number in range(3):
+            body = {"input": [user_message(told)], "session_id": f"copy{number}"}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed"
+        for session in ("elsewhere", "copy0"):
+            body = {"input": [user_message(asked)], "session_id": session}
+            _, sse = stream(client, "/process", json=body)
+            assert sse.data[-1]["status"] == "completed"
+    elsewhere, in_copy = (request["body"]["messages"] for request in llm.requests[-2:])
+    (note,) = [m["content"] for m in elsewhere[1:] if m["role"] == "system"]
+    assert note.count(told) == 1
+    # The conversation holds it already (another copy of it, in its own session).
+    assert not any(told in m["content"] for m in in_copy if m["role"] == "system")
+
+
 def test_what_the_budget_leaves_out_of_a_long_session_can_be_recalled_from_memory(
     keys: Keys,
 ) -> None:

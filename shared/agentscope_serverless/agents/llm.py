@@ -328,7 +328,7 @@ class LLMAgent:
         for original, group in zip(messages, converted, strict=True):
             position += len(group)
             if position > first:
-                held.add(original.id)
+                held.add(_recalled_line(original))
         note = _memory_note(memories, held, room)
         if not note:
             first = _first_fitting(conversation, sizes, budget)
@@ -594,16 +594,22 @@ def cut_tool_output(output: str, limit: int) -> str:
     return output[:head] + note.format(cut=cut) + output[head + cut :]
 
 
+def _recalled_line(message: Message) -> str:
+    return f"- {message.role}: {message.get_text_content()}"
+
+
 def _memory_note(memories: Sequence[Message], held: set[str], room: int) -> list[dict[str, Any]]:
     """A system message recalling ``memories`` (best first, each whole or left out, in
-    ``room`` characters), but for those the conversation ``held`` (ids) already holds."""
+    ``room`` characters), each said once, but for what the conversation already holds
+    (``held``: the lines of its messages): a client that resends its whole conversation with
+    every call, in a new session each time, leaves a copy of it in memory per call."""
     recalled: list[str] = []
     for memory in memories:
         if memory.type != MessageType.MESSAGE:
             continue  # what was said, not reasoning nor tool calls
-        text = memory.get_text_content()
-        line = f"- {memory.role}: {text}"
-        if memory.id not in held and text and len(line) < room:
+        line = _recalled_line(memory)
+        if memory.get_text_content() and line not in held and len(line) < room:
+            held.add(line)
             recalled.append(line)
             room -= len(line) + 1
     if not recalled:
