@@ -398,3 +398,35 @@ async def test_the_largest_output_of_a_call_comes_back_and_keeps_the_interpreter
     assert part(result, "stderr") == "{" * MAX_OUTPUT + note
     kept = await sandbox.run_ipython_cell_async("kept")
     assert part(kept, "stdout") == "'yes'\n"
+
+
+# After its reply, the agent stops reading requests: sandbox code can make it (its cells run
+# in the agent's interpreter).
+DEAF_AGENT_CELL = """
+import sys, time
+Agent = sys.modules["__main__"].Agent
+send = Agent.send
+def deaf_send(self, message):
+    send(self, message)
+    if "id" in message:
+        time.sleep(10**6)
+Agent.send = deaf_send
+"""
+
+
+async def test_a_request_the_agent_does_not_read_is_stopped_by_the_call_time_limit(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    # The client waits far longer than the server's 4 s per call: the server must answer.
+    async with SandboxService(sandbox_server.url, sandbox_server.token, timeout=30) as service:
+        sandbox = await box(service, session_id)
+        await sandbox.run_ipython_cell_async("kept = 'no'")
+        await sandbox.run_ipython_cell_async(DEAF_AGENT_CELL)
+        # Larger than a pipe's buffer: the server cannot hand it over unless the agent reads.
+        result = await sandbox.write_file_async("big.txt", "x" * 1_000_000)
+        assert result["isError"] is True
+        assert "ran past its time limit of 4 s" in part(result, "stderr")
+        lost = await sandbox.run_ipython_cell_async("kept")
+        assert "NameError" in part(lost, "stderr")
+        await assert_still_works(sandbox)
+        await service.release_async(session_id)

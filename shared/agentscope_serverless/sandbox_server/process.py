@@ -199,8 +199,11 @@ class SandboxProcess:
             process.stdin.write((json.dumps(request) + "\n").encode())
             # Thawed once the request waits in the pipe: the agent wakes once, to read it.
             self._thaw()
-            await process.stdin.drain()
-            line = await asyncio.wait_for(process.stdout.readline(), time_limit + GRACE_SECONDS)
+            # Handing the request over counts against the time limit too: sandbox code can
+            # keep the agent from reading it, and a request larger than the pipe would wait.
+            line = await asyncio.wait_for(
+                self._exchange(process.stdin, process.stdout), time_limit + GRACE_SECONDS
+            )
         except TimeoutError:
             await self._kill()
             return self._lost(f"the call ran past its time limit of {time_limit:g} s")
@@ -225,6 +228,12 @@ class SandboxProcess:
         except (ValueError, KeyError, TypeError, AttributeError):
             await self._kill()
             return self._lost("the sandbox process sent a malformed reply")
+
+    @staticmethod
+    async def _exchange(requests: asyncio.StreamWriter, replies: asyncio.StreamReader) -> bytes:
+        """The reply line to the request written on ``requests``, once it is handed over."""
+        await requests.drain()
+        return await replies.readline()
 
     def _result(self, line: bytes) -> CallToolResult:
         """The result a reply line holds, if the agent could have sent it (else ValueError),
