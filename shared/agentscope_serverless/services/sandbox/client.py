@@ -2,17 +2,23 @@
 
 Each operation is ``POST {base_url}/{operation}`` with JSON arguments and the bearer token;
 the ``data`` of the reply is returned, and a non-2xx reply raises a typed
-:class:`~agentscope_serverless.errors.SandboxError`. Every call has a timeout. A request
-that never reached the server (connection refused) is retried for every operation; other
-failures (timeouts, 502/503/504) are retried only for the idempotent operations, never for
-``create_from_pool``, ``create``, ``call_tool`` or ``add_mcp_servers``.
+:class:`~agentscope_serverless.errors.SandboxError`. Every call has a timeout, for the whole
+answer (a server sending it byte by byte is given up on too), and reads at most
+``max_reply_bytes`` of it; an answer that is not HTTP, JSON or the protocol is an error of
+the same kind, never another exception, and no error text holds the bearer token, even from
+a server that echoes the request. A request that never reached the server (connection
+refused) is retried for every operation; other failures (timeouts, 502/503/504) are retried
+only for the idempotent operations, never for ``create_from_pool``, ``create``,
+``call_tool`` or ``add_mcp_servers``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -55,27 +61,68 @@ IDEMPOTENT_OPERATIONS = frozenset(
 RETRY_STATUSES = frozenset({502, 503, 504})
 DEFAULT_TIMEOUT_SECONDS = 90.0
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
+# Our server's largest answer is a tool result of three texts of 1 MiB (its default output
+# limit) in JSON: under 20 MiB. A server with a larger output limit needs a larger cap.
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024**2
 MAX_DETAIL_LENGTH = 1000
+DEFAULT_RETRY_AFTER_SECONDS = 10
+MAX_RETRY_AFTER_SECONDS = 3600
+REDACTED = "[redacted]"
 
 
-def _detail(response: httpx.Response) -> str:
+class _ReplyTooLarge(Exception):
+    """The server's answer went past the client's cap."""
+
+
+def _json(body: bytes) -> Any:
+    """``body`` parsed as JSON; ValueError when it is not JSON a parser can follow."""
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:MAX_DETAIL_LENGTH] or response.reason_phrase
-    detail = body.get("detail") if isinstance(body, dict) else body
-    return str(detail)[:MAX_DETAIL_LENGTH]
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
-def _error(operation: str, failure: str, response: httpx.Response) -> SandboxError:
-    error_class = error_for_status(response.status_code)
+def _retry_after(value: str) -> int:
+    """Seconds of a ``Retry-After`` header, at most an hour (a date or garbage: 10).
+
+    >>> _retry_after("30"), _retry_after("86400000"), _retry_after("soon")
+    (30, 3600, 10)
+    """
+    if not (value.isascii() and value.isdigit()):
+        return DEFAULT_RETRY_AFTER_SECONDS
+    return min(int(value), MAX_RETRY_AFTER_SECONDS) if len(value) <= 5 else MAX_RETRY_AFTER_SECONDS
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A server's answer, read whole (within the client's cap)."""
+
+    status_code: int
+    reason_phrase: str
+    headers: httpx.Headers
+    body: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    def detail(self) -> str:
+        """What the server says went wrong: its ``detail``, else its text."""
+        try:
+            body = _json(self.body)
+        except ValueError:
+            return self.body.decode("utf-8", errors="replace") or self.reason_phrase
+        return str(body.get("detail") if isinstance(body, dict) else body)
+
+
+def _error(operation: str, failure: str, reply: _Reply) -> SandboxError:
+    error_class = error_for_status(reply.status_code)
     if issubclass(error_class, SandboxCapacityError):
         # The server's share (per owner) or its total: same status, a code says which.
-        quota = response.text.find(f'"{SandboxQuotaError.code}"') >= 0
-        retry_after = response.headers.get("retry-after", "")
+        quota = reply.body.find(f'"{SandboxQuotaError.code}"'.encode()) >= 0
         return (SandboxQuotaError if quota else SandboxCapacityError)(
             f"{operation} failed: {failure}",
-            retry_after=int(retry_after) if retry_after.isdigit() else 10,
+            retry_after=_retry_after(reply.headers.get("retry-after", "")),
         )
     return error_class(f"{operation} failed: {failure}")
 
@@ -84,6 +131,8 @@ class SandboxClient:
     """Talks to one sandbox server; async methods, plus :meth:`run_sync` for sync callers.
 
     ``uds`` reaches the server on a Unix socket (the embedded server) instead of TCP.
+    ``timeout`` bounds each request, from sending it to the last byte of its answer (plus
+    ``connect_timeout`` to connect); an answer longer than ``max_reply_bytes`` is refused.
 
     >>> async def demo() -> None:
     ...     client = SandboxClient("http://127.0.0.1:8000", "secret-token")
@@ -102,12 +151,17 @@ class SandboxClient:
         retries: int = 2,
         retry_backoff: float = 0.2,
         uds: str | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Accept": "application/json"}
+        self._token = bearer_token or ""
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        # httpx's timeouts bound each read: a server trickling its answer never trips them.
+        self._deadline = timeout + connect_timeout
+        self._max_reply_bytes = max_reply_bytes
         self._retries = max(0, retries)
         self._retry_backoff = retry_backoff
         self._uds = uds
@@ -136,10 +190,10 @@ class SandboxClient:
     async def health(self) -> bool:
         """True when ``GET /health`` answers 2xx (it needs no token)."""
         try:
-            response = await self._http().get(f"{self.base_url}/health")
-        except httpx.HTTPError:
+            reply = await self._request("GET", f"{self.base_url}/health")
+        except (httpx.HTTPError, TimeoutError, _ReplyTooLarge):
             return False
-        return response.is_success
+        return reply.is_success
 
     async def create_from_pool(
         self, sandbox_type: str = BASE, meta: dict[str, Any] | None = None
@@ -260,38 +314,65 @@ class SandboxClient:
             self._clients[loop] = client
         return client
 
+    async def _request(self, method: str, url: str, **kwargs: Any) -> _Reply:
+        """The whole answer to one request, within the deadline and the size cap."""
+        async with asyncio.timeout(self._deadline):
+            async with self._http().stream(method, url, **kwargs) as response:
+                body = bytearray()
+                # Decoded bytes: a compressed answer is capped at its real size.
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > self._max_reply_bytes:
+                        raise _ReplyTooLarge
+                return _Reply(
+                    response.status_code, response.reason_phrase, response.headers, bytes(body)
+                )
+
+    def _redact(self, text: str) -> str:
+        """``text`` without the bearer token (a server may echo the request in its errors)."""
+        return text.replace(self._token, REDACTED) if self._token else text
+
     async def _call(self, operation: str, arguments: dict[str, Any]) -> Any:
         retry_any_failure = operation in IDEMPOTENT_OPERATIONS
         url = f"{self.base_url}/{operation}"
         attempt = 0
         while True:
             try:
-                response = await self._http().post(url, json=arguments)
+                reply = await self._request("POST", url, json=arguments)
             except httpx.ConnectError:
                 failure = "cannot connect to the sandbox server"
                 retryable = True
-            except httpx.TimeoutException:
+            except (httpx.TimeoutException, TimeoutError):
                 failure = "the sandbox server did not answer in time"
                 retryable = retry_any_failure
+            except _ReplyTooLarge:
+                cap = self._max_reply_bytes
+                failure = f"the sandbox server's answer is larger than {cap} bytes"
+                retryable = False
             except httpx.TransportError as exc:
                 failure = f"the connection to the sandbox server failed ({type(exc).__name__})"
                 retryable = retry_any_failure
+            except httpx.HTTPError as exc:  # e.g. a body its Content-Encoding cannot decode
+                failure = f"the sandbox server's answer could not be read ({type(exc).__name__})"
+                retryable = retry_any_failure
             else:
-                if response.is_success:
-                    return self._data(operation, response)
-                failure = f"{response.status_code} {_detail(response)}"
-                retryable = retry_any_failure and response.status_code in RETRY_STATUSES
+                if reply.is_success:
+                    return self._data(operation, reply)
+                # Redacted before it is cut: no part of the token either.
+                detail = self._redact(reply.detail())[:MAX_DETAIL_LENGTH]
+                failure = f"{reply.status_code} {detail}"
+                retryable = retry_any_failure and reply.status_code in RETRY_STATUSES
                 if not retryable or attempt >= self._retries:
-                    raise _error(operation, failure, response)
+                    raise _error(operation, failure, reply)
             if not retryable or attempt >= self._retries:
                 raise SandboxUnavailableError(f"{operation} failed: {failure}")
             await asyncio.sleep(self._retry_backoff * 2**attempt)
             attempt += 1
 
     @staticmethod
-    def _data(operation: str, response: httpx.Response) -> Any:
+    def _data(operation: str, reply: _Reply) -> Any:
         try:
-            body = response.json()
+            body = _json(reply.body)
         except ValueError:
             raise SandboxError(f"{operation}: the sandbox server replied with no JSON") from None
         if not isinstance(body, dict) or "data" not in body:

@@ -1,0 +1,267 @@
+"""The client against a sandbox server that misbehaves at the HTTP level: it echoes the
+request (bearer token included) into its errors, answers garbage, an endless or huge body,
+or trickles its reply. Each way, the client raises a typed :class:`SandboxError` whose text
+never holds the token, reads a bounded amount, and gives up within its time limit.
+
+The server is a real one on loopback, written on a raw socket so it can break HTTP's rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from agentscope_serverless.errors import (
+    SandboxCapacityError,
+    SandboxError,
+    SandboxRequestError,
+    SandboxUnavailableError,
+)
+from agentscope_serverless.services.sandbox import SandboxClient
+
+TOKEN = "echoed-token-0123456789abcdef"
+Answer = Callable[[socket.socket, bytes], None]
+
+
+class RawServer:
+    """Answers every request on loopback by calling ``answer(connection, request_head)``;
+    counts the body bytes its answers managed to send."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.sent = 0
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket.settimeout(0.05)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(10)
+                head = self._read_request(connection)
+                # OSError: the client hung up, which is what these tests want of it.
+                with contextlib.suppress(OSError):
+                    self.answer(connection, head)
+
+    @staticmethod
+    def _read_request(connection: socket.socket) -> bytes:
+        """The request's head, its body read too: closing a socket with unread data would
+        reset the connection."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                while len(body) < int(value):
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+        return head
+
+    def send(self, connection: socket.socket, data: bytes) -> None:
+        connection.sendall(data)
+        self.sent += len(data)
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self._socket.close()
+
+
+def response(status: str, body: bytes, *headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", "Connection: close", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Answer], RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(answer: Answer) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def echo_as_json_detail(connection: socket.socket, head: bytes) -> None:
+    detail = head.decode("latin-1").replace('"', "'").replace("\r\n", " | ")
+    body = f'{{"detail": "cannot parse: {detail}"}}'.encode()
+    connection.sendall(response("400 Bad Request", body, "Content-Type: application/json"))
+
+
+def echo_as_text(connection: socket.socket, head: bytes) -> None:
+    connection.sendall(response("502 Bad Gateway", b"upstream said no to:\n" + head))
+
+
+def echo_padded(connection: socket.socket, head: bytes) -> None:
+    # The token straddles the length (1000) at which the client cuts a long detail.
+    padding = b"x" * (992 - head.index(TOKEN.encode()))
+    connection.sendall(response("503 Unavailable", padding + head))
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (echo_as_json_detail, SandboxRequestError),
+        (echo_as_text, SandboxUnavailableError),
+        (echo_padded, SandboxUnavailableError),
+    ],
+)
+async def test_a_server_echoing_the_request_never_puts_the_token_in_an_error(
+    serve: Callable[[Answer], RawServer], answer: Answer, error: type[SandboxError]
+) -> None:
+    server = serve(answer)
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    try:
+        with pytest.raises(error) as caught:
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+    message = str(caught.value)
+    assert "Authorization" in message or "xxxx" in message
+    assert TOKEN not in message
+    assert TOKEN[:8] not in message
+
+
+def bad_gzip(status: str) -> Answer:
+    def answer(connection: socket.socket, head: bytes) -> None:
+        connection.sendall(response(status, b"this is not gzip", "Content-Encoding: gzip"))
+
+    return answer
+
+
+def nested_json(status: str) -> Answer:
+    def answer(connection: socket.socket, head: bytes) -> None:
+        body = b"[" * 200_000 + b"]" * 200_000
+        connection.sendall(response(status, body, "Content-Type: application/json"))
+
+    return answer
+
+
+def retry_after(value: bytes) -> Answer:
+    def answer(connection: socket.socket, head: bytes) -> None:
+        body = b'{"detail": "full", "code": "SANDBOX_CAPACITY"}'
+        head_lines = b"Content-Type: application/json\r\nRetry-After: " + value
+        connection.sendall(response("429 Too Many Requests", body, head_lines.decode("latin-1")))
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (bad_gzip("200 OK"), SandboxUnavailableError),
+        (bad_gzip("500 Internal Server Error"), SandboxUnavailableError),
+        (nested_json("200 OK"), SandboxError),
+        (nested_json("400 Bad Request"), SandboxRequestError),
+        (retry_after(b"9" * 5000), SandboxCapacityError),
+        (retry_after("\u00b2".encode("latin-1")), SandboxCapacityError),
+    ],
+    ids=["bad-gzip", "bad-gzip-error", "deep-json", "deep-json-error", "long-retry", "sup-two"],
+)
+async def test_garbage_answers_raise_typed_errors(
+    serve: Callable[[Answer], RawServer], answer: Answer, error: type[SandboxError]
+) -> None:
+    server = serve(answer)
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    try:
+        with pytest.raises(error):
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+
+
+async def test_a_retry_after_past_an_hour_is_capped(serve: Callable[[Answer], RawServer]) -> None:
+    server = serve(retry_after(b"86400000"))
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    try:
+        with pytest.raises(SandboxCapacityError) as caught:
+            await client.create_from_pool("base")
+    finally:
+        await client.aclose()
+    assert caught.value.retry_after == 3600
+
+
+def endless(connection: socket.socket, head: bytes, server: list[RawServer]) -> None:
+    connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"%x\r\n%s\r\n" % (1024**2, b" " * 1024**2)
+    for _ in range(512):  # stops at 512 MiB, far past what the client may read
+        server[0].send(connection, chunk)
+    connection.sendall(b"0\r\n\r\n")
+
+
+async def test_an_endless_answer_is_cut_off_at_the_reply_cap(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    holder: list[RawServer] = []
+    holder.append(serve(lambda connection, head: endless(connection, head, holder)))
+    client = SandboxClient(holder[0].url, TOKEN, retries=0, max_reply_bytes=4 * 1024**2)
+    try:
+        with pytest.raises(SandboxUnavailableError, match="larger than 4194304 bytes"):
+            await client.call_tool("sbx-1", "run_ipython_cell", {"code": "1"})
+    finally:
+        await client.aclose()
+    # What the server got out before the client hung up: the cap and the socket buffers.
+    assert holder[0].sent < 64 * 1024**2
+
+
+async def test_a_compressed_answer_is_capped_once_decompressed(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    bomb = gzip.compress(b'{"data": "' + b" " * 256 * 1024**2 + b'"}')
+    server = serve(
+        lambda connection, head: connection.sendall(
+            response("200 OK", bomb, "Content-Encoding: gzip", "Content-Type: application/json")
+        )
+    )
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    try:
+        with pytest.raises(SandboxUnavailableError, match="larger than 67108864 bytes"):
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+
+
+def trickle(connection: socket.socket, head: bytes) -> None:
+    body = b'{"data": {"container_name": "sbx-1"}}'
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+    for byte in body:
+        connection.sendall(bytes([byte]))
+        time.sleep(0.2)  # a slow server: each byte well within the read timeout
+
+
+async def test_a_server_trickling_its_answer_is_given_up_on_within_the_time_limit(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    server = serve(trickle)
+    client = SandboxClient(server.url, TOKEN, retries=0, timeout=1.0, connect_timeout=1.0)
+    try:
+        with pytest.raises(SandboxUnavailableError, match="did not answer in time"):
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
