@@ -127,6 +127,24 @@ def test_ids_with_underscores_reach_separate_sandboxes(
     second.delete(f"/sandboxes/{session}")
 
 
+def test_connecting_with_an_async_type_name_again_keeps_the_sandbox_and_its_state(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    alice = client(keys.alice)
+    [box] = alice.post(f"/sandboxes/{session}", json={"types": ["base_async"]}).json()["sandboxes"]
+    run(alice, session, "x = 42")
+    for types in (["base_async"], ["base"]):
+        again = alice.post(f"/sandboxes/{session}", json={"types": types})
+        assert again.json()["sandboxes"] == [box]
+    assert alice.get(f"/sandboxes/{session}").json()["sandboxes"] == [box]
+    query = {"sandbox_type": "base_async"}
+    response = alice.post(
+        f"/sandboxes/{session}/tools/run_ipython_cell", params=query, json={"code": "print(x)"}
+    )
+    assert stdout(response.json()) == "42\n"
+    assert alice.delete(f"/sandboxes/{session}").json()["released"] is True
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status"),
     [

@@ -213,6 +213,22 @@ async def test_env_types_and_sandbox_types_are_synonyms(
         await sandbox_service.connect_async(session_id, env_types=["base"], sandbox_types=["x"])
 
 
+async def test_an_async_type_name_connects_the_same_sandbox_again(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    # AgentScope's async classes ask for base_async: the same sandbox as base.
+    [first] = await sandbox_service.connect_async(session_id, "u1", env_types=["base_async"])
+    await first.run_ipython_cell_async("kept = 'yes'")
+    [again] = await sandbox_service.connect_async(session_id, "u1", env_types=["base_async"])
+    [plain] = await sandbox_service.connect_async(session_id, "u1", env_types=["base"])
+    assert again.sandbox_id == plain.sandbox_id == first.sandbox_id
+    assert again.sandbox_type == first.sandbox_type == "base"
+    assert part(await again.run_ipython_cell_async("kept"), "stdout") == "'yes'\n"
+    listed = await sandbox_service.sandboxes_async(session_id, "u1")
+    assert [box.sandbox_id for box in listed] == [first.sandbox_id]
+    await sandbox_service.release_async(session_id, "u1")
+
+
 async def test_an_unsupported_sandbox_type_is_a_request_error(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

@@ -29,7 +29,7 @@ from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import SessionIdPath
 from agentscope_serverless.sandbox_protocol import BASE, CallToolResult
 from agentscope_serverless.services.sandbox.box import Sandbox
-from agentscope_serverless.services.sandbox.service import SandboxService
+from agentscope_serverless.services.sandbox.service import SandboxService, canonical_type
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, select_sandbox
 
 router = APIRouter(prefix="/sandboxes", tags=["sandboxes"])
@@ -108,7 +108,7 @@ async def _existing(
 def _sandbox_for(tool_name: str, boxes: list[Sandbox], sandbox_type: str | None) -> Sandbox:
     if sandbox_type is not None:
         for box in boxes:
-            if box.sandbox_type == sandbox_type:
+            if box.sandbox_type == canonical_type(sandbox_type):
                 return box
         raise SandboxNotFoundError(f"the session has no {sandbox_type!r} sandbox")
     builtin = _BUILTIN.get(tool_name)

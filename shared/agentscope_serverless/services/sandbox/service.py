@@ -37,6 +37,7 @@ KNOWN_SANDBOX_TYPES = (
 )
 
 
+ASYNC_SUFFIX = "_async"
 # Longest key sent to a server (its session mapping accepts up to 1100 characters).
 MAX_SESSION_CTX_ID_LENGTH = 1024
 
@@ -65,11 +66,21 @@ def session_ctx_id(session_id: str, user_id: str | None = None) -> str:
     return key
 
 
+def canonical_type(sandbox_type: str) -> str:
+    """The type of the sandboxes of ``sandbox_type``: AgentScope's async classes ask for
+    ``base_async``, ``filesystem_async``..., the same sandboxes as ``base``, ``filesystem``.
+
+    >>> canonical_type("base_async"), canonical_type("filesystem")
+    ('base', 'filesystem')
+    """
+    return sandbox_type.removesuffix(ASYNC_SUFFIX)
+
+
 def sandbox_type_from_info(info: dict[str, Any]) -> str:
     """A sandbox's type from ``get_info``: our server says it; AgentScope's names an image."""
     declared = info.get("sandbox_type")
     if isinstance(declared, str) and declared:
-        return declared
+        return canonical_type(declared)
     image = str(info.get("version") or info.get("container_name") or "").lower()
     for sandbox_type in KNOWN_SANDBOX_TYPES:
         if sandbox_type in image:
@@ -96,7 +107,9 @@ def _requested_types(
     for sandbox_type in types:
         if not isinstance(sandbox_type, str) or not sandbox_type.strip():
             raise InvalidInputError("sandbox types must be non-blank strings", field="env_types")
-    unique = list(dict.fromkeys(t.strip() for t in types))
+    # One sandbox per type, whichever name asks for it: a session's base sandbox serves
+    # base_async too, rather than a new one on each connect.
+    unique = list(dict.fromkeys(canonical_type(t.strip()) for t in types))
     return unique or [BASE]
 
 
