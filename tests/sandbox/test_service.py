@@ -83,6 +83,32 @@ async def test_a_new_service_object_reaches_the_same_sandbox(
         await first.release_async(session_id, "u1")
 
 
+async def test_clients_connecting_one_session_at_once_share_its_sandboxes(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    # Two Lambda instances (two service objects) connect the same session at the same time:
+    # neither finds a sandbox, each makes one; both must go on with the same.
+    services = [SandboxService(sandbox_server.url, sandbox_server.token) for _ in range(3)]
+    for service in services:
+        await service.start()
+    try:
+        connected = await asyncio.gather(
+            *(s.connect_async(session_id, "u1", env_types=["base", "filesystem"]) for s in services)
+        )
+        ids = {tuple(box.sandbox_id for box in boxes) for boxes in connected}
+        assert len(ids) == 1
+        # The others made were released: the session maps only those in use.
+        listed = await services[0].sandboxes_async(session_id, "u1")
+        assert sorted(box.sandbox_id for box in listed) == sorted(ids.pop())
+        [(base, _), (other_base, _), _] = connected
+        await base.run_ipython_cell_async("shared = 'yes'")
+        assert part(await other_base.run_ipython_cell_async("shared"), "stdout") == "'yes'\n"
+    finally:
+        await services[0].release_async(session_id, "u1")
+        for service in services:
+            await service.stop()
+
+
 async def test_the_user_is_part_of_the_session_key(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

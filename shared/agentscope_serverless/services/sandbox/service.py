@@ -88,6 +88,10 @@ def sandbox_type_from_info(info: dict[str, Any]) -> str:
     return BASE
 
 
+def _first_of_type(boxes: Sequence[Sandbox], sandbox_type: str) -> Sandbox | None:
+    return next((box for box in boxes if box.sandbox_type == sandbox_type), None)
+
+
 def _requested_types(
     env_types: Sequence[str] | None,
     sandbox_types: Sequence[str] | None,
@@ -219,21 +223,37 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
 
         Types come from ``env_types`` (or its synonym ``sandbox_types``) plus those the
         ``tools`` need; with neither, one ``base`` sandbox.
+
+        Clients connecting one session at once (two Lambda instances) each make the
+        sandboxes they do not find; all of them then use the session's first sandbox of
+        each type, and each releases the others it made.
         """
         client = self.client
         key = self._key(session_id, user_id)
         wanted = _requested_types(env_types, sandbox_types, tools)
-        existing = await self.sandboxes_async(session_id, user_id)
-        boxes: list[Sandbox] = []
+        found = await self.sandboxes_async(session_id, user_id)
+        made: dict[str, Sandbox] = {}
         for sandbox_type in wanted:
-            box = next(
-                (b for b in existing if b.sandbox_type == sandbox_type and b not in boxes), None
-            )
-            if box is None:
+            if not any(box.sandbox_type == sandbox_type for box in found):
                 sandbox_id = await client.create_from_pool(sandbox_type, self._meta(key, user_id))
                 self._created.add(sandbox_id)
-                box = Sandbox(client, sandbox_id, sandbox_type)
+                made[sandbox_type] = Sandbox(client, sandbox_id, sandbox_type)
+        # The server maps a session's sandboxes in the order they were made.
+        mapped = await self.sandboxes_async(session_id, user_id) if made else found
+        boxes: list[Sandbox] = []
+        for sandbox_type in wanted:
+            box = (
+                _first_of_type(mapped, sandbox_type)
+                or made.get(sandbox_type)
+                or _first_of_type(found, sandbox_type)
+            )
+            assert box is not None  # made, or found at first
             boxes.append(box)
+        for box in made.values():
+            if box not in boxes:
+                with contextlib.suppress(SandboxNotFoundError):
+                    await client.release(box.sandbox_id)
+                self._created.discard(box.sandbox_id)
         return boxes
 
     async def sandboxes_async(self, session_id: str, user_id: str | None = None) -> list[Sandbox]:
