@@ -21,6 +21,7 @@ async client) and reads ``{"data": ...}`` back. Every operation runs in both for
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -77,7 +78,10 @@ class ManagerProtocol:
 
     def post(self, method: str, **kwargs: Any) -> Any:
         path = f"/{method}_async" if self.twin else f"/{method}"
-        response = self.http.post(path, json=kwargs)
+        # As AgentScope's client (requests) encodes it: ASCII, a lone surrogate escaped.
+        payload = json.dumps(kwargs).encode()
+        headers = {"Content-Type": "application/json"}
+        response = self.http.post(path, content=payload, headers=headers)
         body = response.json()
         if response.status_code != 200:
             raise ProtocolError(response.status_code, body.get("detail"))
@@ -229,6 +233,32 @@ def test_create_sets_the_environment_and_refuses_host_paths(protocol: ManagerPro
             protocol.post("create", **{"sandbox_type": "base", **hostile})
         assert refused.value.status in (400, 422), hostile
         assert isinstance(refused.value.detail, str)
+
+
+def test_an_environment_create_accepts_reaches_the_sandbox_and_one_it_cannot_is_refused(
+    protocol: ManagerProtocol,
+) -> None:
+    # 60 KB of text outside the BMP: in JSON's ASCII escapes, three times what an argument
+    # of a program may hold.
+    faces = "\U0001f600" * 15_000
+    sandbox_id = protocol.create("base", environment={"FACES": faces, "TAB": "a\tb"}, meta=None)
+    try:
+        cell = protocol.call_tool(
+            sandbox_id,
+            "run_ipython_cell",
+            {"code": "import os; len(os.environ['FACES']), os.environ['TAB']"},
+        )
+        assert text(cell) == "(15000, 'a\\tb')\n"
+    finally:
+        protocol.post("release", identity=sandbox_id)
+    for hostile in (
+        {"LONE": "\ud800"},  # no Unicode text, no environment variable: never set
+        {"CONTROL": "\x01" * 30_000},  # 180 KB as JSON
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            protocol.post("create", sandbox_type="base", environment=hostile)
+        assert refused.value.status == 400, hostile
+        assert "environment" in refused.value.detail
 
 
 def test_add_mcp_servers_is_refused_saying_what_is_offered(protocol: ManagerProtocol) -> None:

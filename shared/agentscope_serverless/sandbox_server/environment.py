@@ -3,6 +3,7 @@ the statuses ``get_status`` reports."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from agentscope_serverless.errors import SandboxRequestError
@@ -10,6 +11,7 @@ from agentscope_serverless.errors import SandboxRequestError
 MAX_ENVIRONMENT_VARIABLES = 64
 MAX_ENVIRONMENT_BYTES = 64 * 1024
 ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Variables the jail sets itself; a sandbox's environment cannot change them.
 RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD"})
 RUNNING = "running"
@@ -31,7 +33,6 @@ def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
         raise SandboxRequestError(
             f"environment has more than {MAX_ENVIRONMENT_VARIABLES} variables"
         )
-    size = 0
     for name, value in environment.items():
         if not ENVIRONMENT_NAME.fullmatch(name):
             raise SandboxRequestError(f"environment variable name {name[:128]!r} is not valid")
@@ -39,10 +40,28 @@ def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
             raise SandboxRequestError(f"environment variable {name} is reserved")
         if "\x00" in value:
             raise SandboxRequestError(f"environment variable {name} contains a NUL character")
-        size += len(name) + len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_ENVIRONMENT_BYTES:
-        raise SandboxRequestError(f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes")
+        if not value.isascii() and LONE_SURROGATE.search(value):
+            raise SandboxRequestError(
+                f"environment variable {name} is not Unicode text (it holds a lone surrogate)"
+            )
+    # Measured as the sandbox's program gets it (see environment_json): one argument of a
+    # program holds at most 128 KiB.
+    if len(environment_json(environment).encode()) > MAX_ENVIRONMENT_BYTES:
+        raise SandboxRequestError(
+            f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes as JSON"
+        )
     return environment
 
 
-__all__ = ["EXITED", "RUNNING", "check_environment"]
+def environment_json(value: object) -> str:
+    """``value`` as the JSON the sandbox's program is started with (an argument of its
+    command line): characters as they are, so each takes the bytes it takes in the
+    environment (JSON's ASCII escapes would take up to 12).
+
+    >>> environment_json({"GREETING": "h\u00e9"})
+    '{"GREETING": "h\u00e9"}'
+    """
+    return json.dumps(value, ensure_ascii=False)
+
+
+__all__ = ["EXITED", "RUNNING", "check_environment", "environment_json"]

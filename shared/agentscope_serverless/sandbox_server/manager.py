@@ -43,7 +43,12 @@ from agentscope_serverless.sandbox_protocol import (
     tools_by_type,
 )
 from agentscope_serverless.sandbox_server import agent
-from agentscope_serverless.sandbox_server.environment import EXITED, RUNNING, check_environment
+from agentscope_serverless.sandbox_server.environment import (
+    EXITED,
+    RUNNING,
+    check_environment,
+    environment_json,
+)
 from agentscope_serverless.sandbox_server.isolation import (
     FIRST_HOST_UID,
     WORKSPACE,
@@ -655,7 +660,7 @@ class SandboxManager:
 
     def _program(self, environment: dict[str, str]) -> list[str]:
         limits = self.config.limits
-        config = json.dumps(
+        config = environment_json(
             {
                 "max_output": self.config.max_output_bytes,
                 "cpu_seconds": limits.cpu_seconds,
