@@ -304,6 +304,24 @@ async def test_tools_report_bad_arguments_and_paths_as_request_errors(
     assert absolute["isError"] is False
 
 
+async def test_arguments_holding_a_lone_surrogate_reach_the_sandbox_and_nan_is_refused(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    # Half an emoji, as a model may write it ("\\ud83d" in its JSON): JSON, not UTF-8.
+    [box] = await sandbox_service.connect_async(session_id)
+    cell = await box.run_ipython_cell_async("print('\ud83d')")
+    assert cell["isError"] is True
+    assert "surrogates not allowed" in (part(cell, "stderr") or "")
+    with pytest.raises(SandboxRequestError, match="path"):
+        await box.write_file_async("half\ud83d.txt", "x")
+    written = await box.write_file_async("half.txt", "\ud83d")
+    assert written["isError"] is True
+    with pytest.raises(SandboxRequestError, match="NaN"):
+        await box.call_tool_async("run_ipython_cell", {"code": "1", "note": float("nan")})
+    ok = await box.run_ipython_cell_async("print('ok')")
+    assert part(ok, "stdout") == "ok\n"
+
+
 async def test_list_tools_describes_the_sandbox_tools(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

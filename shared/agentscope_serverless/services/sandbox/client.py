@@ -27,6 +27,7 @@ from agentscope_serverless.errors import (
     SandboxCapacityError,
     SandboxError,
     SandboxQuotaError,
+    SandboxRequestError,
     SandboxUnavailableError,
 )
 from agentscope_serverless.sandbox_protocol import (
@@ -68,6 +69,7 @@ MAX_DETAIL_LENGTH = 1000
 DEFAULT_RETRY_AFTER_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 3600
 REDACTED = "[redacted]"
+JSON_CONTENT = {"Content-Type": "application/json"}
 
 
 class _ReplyTooLarge(Exception):
@@ -80,6 +82,20 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def _request_body(operation: str, arguments: dict[str, Any]) -> bytes:
+    """``arguments`` as JSON in ASCII, as AgentScope's client sends them: text that is not
+    UTF-8 (a lone surrogate, half of an emoji a model wrote) goes as its escape, for the
+    sandbox to report on; NaN and infinities, which JSON has no form for, are refused."""
+    try:
+        return json.dumps(arguments, allow_nan=False).encode()
+    except ValueError:
+        raise SandboxRequestError(
+            f"{operation}: the arguments hold NaN or an infinity, which JSON cannot carry"
+        ) from None
+    except TypeError as exc:
+        raise SandboxRequestError(f"{operation}: the arguments are not JSON ({exc})") from None
 
 
 def _retry_after(value: str) -> int:
@@ -335,10 +351,11 @@ class SandboxClient:
     async def _call(self, operation: str, arguments: dict[str, Any]) -> Any:
         retry_any_failure = operation in IDEMPOTENT_OPERATIONS
         url = f"{self.base_url}/{operation}"
+        body = _request_body(operation, arguments)
         attempt = 0
         while True:
             try:
-                reply = await self._request("POST", url, json=arguments)
+                reply = await self._request("POST", url, content=body, headers=JSON_CONTENT)
             except httpx.ConnectError:
                 failure = "cannot connect to the sandbox server"
                 retryable = True
