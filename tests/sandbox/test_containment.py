@@ -384,6 +384,21 @@ async def test_a_forged_reply_gets_no_more_output_through_than_the_output_limit(
     assert stdout[MAX_OUTPUT:] == "\n[output truncated: 5000000 characters in total]\n"
 
 
+@pytest.mark.parametrize("description", ["x" * 5_000_000, "stdout\u001b]0;owned\u0007"])
+async def test_a_forged_reply_gets_nothing_through_its_descriptions(
+    sandbox_service: SandboxService, session_id: str, description: str
+) -> None:
+    # A part's description is a label the agent picks (stdout, stderr, returncode): a text
+    # of the sandbox's choosing there would be output past the output limit.
+    sandbox = await box(sandbox_service, session_id)
+    labelled = f"json.dumps({{'type': 'text', 'description': {description!r}, 'text': 'x'}})"
+    result = await sandbox.run_ipython_cell_async(forging_cell(f"{labelled}.encode()"))
+    assert result["isError"] is True
+    assert "malformed reply" in part(result, "stderr")
+    assert {p["description"] for p in result["content"]} <= {"stdout", "stderr"}
+    await assert_still_works(sandbox)
+
+
 async def test_the_largest_output_of_a_call_comes_back_and_keeps_the_interpreter(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

@@ -6,8 +6,9 @@ the Python variables are lost, and the call that lost them says so.
 
 What the agent replies is the sandbox's to forge: its cells run in the agent's interpreter,
 which holds the reply pipe. So a reply is read within the bounds of what the agent sends (a
-line of :func:`reply_limit` bytes, a small structure, three parts, texts of ``max_output``
-characters), which keep what reading it costs the server small, and any other is refused.
+line of :func:`reply_limit` bytes, a small structure, three parts labelled as the agent
+labels them, texts of ``max_output`` characters), which keep what reading it costs the
+server small, and any other is refused.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ MAX_REPLY_STRUCTURE = 64
 STRUCTURE = (b"{", b"[", b",")
 # stdout, stderr and a return code.
 MAX_REPLY_PARTS = 3
+# What the agent labels its parts with: any other label is text of the sandbox's choosing.
+PART_DESCRIPTIONS = frozenset({"stdout", "stderr", "returncode"})
 # How long a stop waits for the killed bwrap to be reaped (it dies with its PID namespace).
 STOP_WAIT_SECONDS = 2.0
 # Joins the cgroups named before ``--`` (as root, before anything runs), then runs the rest.
@@ -246,6 +249,8 @@ class SandboxProcess:
         result = CallToolResult.model_validate(_valid_unicode(reply["result"]))
         if len(result.content) > MAX_REPLY_PARTS:
             raise ValueError("more parts than a reply holds")
+        if any(part.description not in PART_DESCRIPTIONS for part in result.content):
+            raise ValueError("a part the agent does not send")
         parts = [
             part.model_copy(update={"text": limit_text(part.text, self._max_output)})
             for part in result.content
