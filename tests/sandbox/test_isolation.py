@@ -217,6 +217,35 @@ async def test_each_sandbox_runs_as_a_host_uid_of_its_own(
             await client.release(sandbox_id)
 
 
+async def test_no_other_host_user_reads_a_sandboxs_files_through_its_disk_image(
+    client: SandboxClient, hardened: RunningServer
+) -> None:
+    # /proc/mounts tells every host user where each workspace's image is.
+    sandbox_id = await client.create_from_pool("base", {})
+    try:
+        await client.call_tool(sandbox_id, "write_file", {"path": "notes.txt", "content": CANARY})
+        await client.call_tool(sandbox_id, "run_shell_command", {"command": "sync"})
+        image = hardened.root / "sandboxes" / sandbox_id / "workspace.img"
+        mounts = await asyncio.to_thread(Path("/proc/mounts").read_text)
+        assert str(image.parent / "workspace") in mounts
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        for path in (image, hardened.root / "template" / "workspace.img"):
+            read = await asyncio.to_thread(
+                subprocess.run,
+                [*as_nobody, "grep", "-c", CANARY, str(path)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert "Permission denied" in read.stderr, (path, read)
+        found = await asyncio.to_thread(
+            subprocess.run, ["grep", "-c", CANARY, str(image)], capture_output=True, check=False
+        )
+        assert found.returncode == 0  # the secret is there, for root only
+    finally:
+        await client.release(sandbox_id)
+
+
 async def test_a_sandbox_using_up_a_per_user_kernel_quota_leaves_the_others_theirs(
     client: SandboxClient,
 ) -> None:

@@ -47,6 +47,8 @@ CPU_PERIOD_US = 100_000
 KILL_TIMEOUT_SECONDS = 2.0
 MiB = 1024**2
 HOST_CPUS = os.cpu_count() or 1
+# A workspace image holds the sandbox's files, readable in it by anyone who may read it.
+IMAGE_MODE = 0o600
 
 
 def _write(path: Path, value: str) -> None:
@@ -353,7 +355,8 @@ def make_template(tools: DiskTools, image: Path, size: int) -> Path:
     """An empty ext4 file system image of ``size`` bytes whose root this process owns (mode
     700), which :func:`make_workspace` copies for each sandbox."""
     image.parent.mkdir(parents=True, exist_ok=True)
-    with open(image, "wb") as handle:
+    with open(os.open(image, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, IMAGE_MODE), "wb") as handle:
+        os.fchmod(handle.fileno(), IMAGE_MODE)  # made before, under another mode
         handle.truncate(size)  # sparse: host disk is used only as the sandbox writes
     uid, gid = os.geteuid(), os.getegid()
     _run(
@@ -387,6 +390,8 @@ def make_workspace(tools: DiskTools, directory: Path, template: Path) -> Path:
     workspace = directory / "workspace"
     workspace.mkdir(mode=0o700)
     _run(tools.cp, "--sparse=always", str(template), str(image))
+    # Before /proc/mounts names it to every host user.
+    image.chmod(IMAGE_MODE)
     _run(tools.mount, "-o", "loop,nosuid,nodev", str(image), str(workspace))
     return workspace
 
