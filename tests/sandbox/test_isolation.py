@@ -8,6 +8,7 @@ without them the server refuses to start and the fixture fails saying why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -242,6 +243,32 @@ async def test_no_other_host_user_reads_a_sandboxs_files_through_its_disk_image(
             subprocess.run, ["grep", "-c", CANARY, str(image)], capture_output=True, check=False
         )
         assert found.returncode == 0  # the secret is there, for root only
+    finally:
+        await client.release(sandbox_id)
+
+
+async def test_the_environment_a_sandbox_is_created_with_is_in_no_command_line(
+    client: SandboxClient,
+) -> None:
+    # Every host user reads every process's command line (ps); like the server's token, a
+    # secret given to a sandbox must not be there.
+    sandbox_id = await client.create("base", environment={"API_KEY": CANARY, "BIG": "x" * 30_000})
+    try:
+        seen = await client.call_tool(
+            sandbox_id, "run_shell_command", {"command": "echo $API_KEY ${#BIG}"}
+        )
+        assert stdout(seen) == f"{CANARY} 30000\n"
+
+        def command_lines() -> list[bytes]:
+            lines = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):
+                    lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+            return lines
+
+        assert not [
+            line for line in await asyncio.to_thread(command_lines) if CANARY.encode() in line
+        ]
     finally:
         await client.release(sandbox_id)
 

@@ -322,8 +322,6 @@ class Agent:
         self.cpu_seconds = int(config["cpu_seconds"])
         self.shell_prefix = [str(part) for part in config["shell_prefix"]]
         self.pid = os.getpid()
-        # The variables the sandbox was created with (checked by the server).
-        os.environ.update({str(k): str(v) for k, v in (config.get("environment") or {}).items()})
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         self.requests: BinaryIO = os.fdopen(os.dup(0), "rb")
         self.replies = os.dup(1)

@@ -3,7 +3,6 @@ the statuses ``get_status`` reports."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from agentscope_serverless.errors import SandboxRequestError
@@ -44,24 +43,10 @@ def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
             raise SandboxRequestError(
                 f"environment variable {name} is not Unicode text (it holds a lone surrogate)"
             )
-    # Measured as the sandbox's program gets it (see environment_json): one argument of a
-    # program holds at most 128 KiB.
-    if len(environment_json(environment).encode()) > MAX_ENVIRONMENT_BYTES:
-        raise SandboxRequestError(
-            f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes as JSON"
-        )
+    size = sum(len(name) + len(value.encode()) for name, value in environment.items())
+    if size > MAX_ENVIRONMENT_BYTES:
+        raise SandboxRequestError(f"environment is larger than {MAX_ENVIRONMENT_BYTES} bytes")
     return environment
 
 
-def environment_json(value: object) -> str:
-    """``value`` as the JSON the sandbox's program is started with (an argument of its
-    command line): characters as they are, so each takes the bytes it takes in the
-    environment (JSON's ASCII escapes would take up to 12).
-
-    >>> environment_json({"GREETING": "h\u00e9"})
-    '{"GREETING": "h\u00e9"}'
-    """
-    return json.dumps(value, ensure_ascii=False)
-
-
-__all__ = ["EXITED", "RUNNING", "check_environment", "environment_json"]
+__all__ = ["EXITED", "RUNNING", "check_environment"]

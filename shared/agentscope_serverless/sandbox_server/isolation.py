@@ -19,6 +19,7 @@ import os
 import pwd
 import shutil
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,10 +234,13 @@ def bwrap_command(
     fds: tuple[int, int, int] = (3, 4, 5),
     *,
     disable_userns: bool = True,
+    environment: Mapping[str, str] | None = None,
 ) -> JailCommand:
-    """The command running ``program`` confined, with ``workspace`` as its files.
+    """The command running ``program`` confined, with ``workspace`` as its files and
+    ``environment`` set besides the jail's own variables.
 
-    bwrap reads its options, ``/etc/passwd`` and ``/etc/group`` from the descriptors ``fds``.
+    bwrap reads its options (the environment among them: a command line is every host
+    user's to read), ``/etc/passwd`` and ``/etc/group`` from the descriptors ``fds``.
     With ``disable_userns`` (bubblewrap 0.8.0 or later) the sandbox cannot make user
     namespaces, in which it would hold every capability over new mounts and namespaces.
     """
@@ -272,6 +276,8 @@ def bwrap_command(
         "PYTHONDONTWRITEBYTECODE",
         "1",
     ]
+    for name, value in (environment or {}).items():
+        options += ["--setenv", name, value]
     for directory in SYSTEM_DIRS:
         if os.path.islink(directory):
             options += ["--symlink", os.readlink(directory), directory]

@@ -43,12 +43,7 @@ from agentscope_serverless.sandbox_protocol import (
     tools_by_type,
 )
 from agentscope_serverless.sandbox_server import agent
-from agentscope_serverless.sandbox_server.environment import (
-    EXITED,
-    RUNNING,
-    check_environment,
-    environment_json,
-)
+from agentscope_serverless.sandbox_server.environment import EXITED, RUNNING, check_environment
 from agentscope_serverless.sandbox_server.isolation import (
     FIRST_HOST_UID,
     WORKSPACE,
@@ -403,8 +398,8 @@ class SandboxManager:
             self._give_back(uid)
             raise SandboxUnavailableError("the sandbox server is shutting down")
         limits = self.config.limits
-        program_environment = environment or {}
         disable_userns = self.host.disables_userns
+        program = self._program()
         sandbox = _Sandbox(
             sandbox_id=sandbox_id,
             sandbox_type=sandbox_type,
@@ -415,9 +410,10 @@ class SandboxManager:
                     self._toolchain,
                     limits,
                     workspace,
-                    self._program(program_environment),
+                    program,
                     fds,
                     disable_userns=disable_userns,
+                    environment=environment,
                 ),
                 max_output=self.config.max_output_bytes,
                 run_as=run_as,
@@ -658,15 +654,14 @@ class SandboxManager:
             remove_workspace(host.disk, directory)
         shutil.rmtree(directory, ignore_errors=True)
 
-    def _program(self, environment: dict[str, str]) -> list[str]:
+    def _program(self) -> list[str]:
         limits = self.config.limits
-        config = environment_json(
+        config = json.dumps(
             {
                 "max_output": self.config.max_output_bytes,
                 "cpu_seconds": limits.cpu_seconds,
                 # Shell commands are separate processes: they get every limit afresh.
                 "shell_prefix": [self._toolchain.prlimit, *limits.prlimit_arguments(), "--"],
-                "environment": environment,
             }
         )
         return [self._toolchain.python, "-I", "-u", "-c", self._agent_source, config]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -44,6 +45,8 @@ STRUCTURE = (b"{", b"[", b",")
 MAX_REPLY_PARTS = 3
 # What the agent labels its parts with: any other label is text of the sandbox's choosing.
 PART_DESCRIPTIONS = frozenset({"stdout", "stderr", "returncode"})
+# The smallest pipe buffer asked for bwrap's options and files (the kernel's is 64 KiB).
+PIPE_MIN_BYTES = 64 * 1024
 # How long a stop waits for the killed bwrap to be reaped (it dies with its PID namespace).
 STOP_WAIT_SECONDS = 2.0
 # Joins the cgroups named before ``--`` (as root, before anything runs), then runs the rest.
@@ -320,7 +323,10 @@ class SandboxProcess:
             jail = self._command((readers[0], readers[1], readers[2]))
             for (_, writer), data in zip(pipes, (jail.options, *jail.files), strict=True):
                 with os.fdopen(writer, "wb") as stream:
-                    stream.write(data)  # a few KiB: fits the pipe buffer
+                    # Written whole before bwrap reads: the pipe must hold it (the options
+                    # hold the sandbox's environment, up to 64 KiB).
+                    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, max(len(data), PIPE_MIN_BYTES))
+                    stream.write(data)
             argv = list(jail.argv)
             drop: dict[str, Any] = {}
             if self._run_as is not None and self._setpriv is None:
