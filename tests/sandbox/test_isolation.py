@@ -559,6 +559,22 @@ async def test_sandbox_uids_a_host_user_holds_stop_the_server() -> None:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+async def test_an_embedded_server_killed_leaves_nothing_once_its_service_stops() -> None:
+    # Its root is a directory of its own, which no server starts on again to clean it.
+    service = SandboxService()
+    await service.start()
+    embedded = service._embedded
+    assert embedded is not None and embedded._process is not None
+    directory, server = Path(embedded.socket_path).parent, embedded._process
+    [box] = await service.connect_async("killed-embedded", "u1")
+    await box.write_file_async("notes.txt", "x" * MiB)
+    server.kill()
+    await asyncio.to_thread(server.wait)
+    await service.stop()  # the server is gone: nothing to release there
+    assert not directory.exists()
+    assert await asyncio.to_thread(_leftovers, server.pid, box.sandbox_id) == []
+
+
 async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_root() -> None:
     root = Path(tempfile.mkdtemp(prefix="sandbox-crash-"))
     first = start_server(root, "--workspace-mb", "16")

@@ -88,6 +88,41 @@ def remove_stale_groups(directory: Path) -> None:
         logger.info("removed the cgroups of a server that is gone (%s)", parent.name)
 
 
+def remove_leftovers(root: Path) -> None:
+    """Remove what a server on ``root`` left when it was killed before its own clean-up,
+    once it is gone: its sandboxes' workspaces (unmounted: their disk freed) and, with those
+    of any server that is gone, its control groups (they sit in this process's groups)."""
+    tools = DiskTools.find()
+    with contextlib.suppress(OSError):
+        for directory in (root / "sandboxes").iterdir():
+            if tools is not None:
+                with contextlib.suppress(OSError):
+                    remove_workspace(tools, directory)
+            shutil.rmtree(directory, ignore_errors=True)
+    if os.geteuid() != 0:
+        return
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        own = _own_cgroup(2)
+        bases = [CGROUP_ROOT / own.lstrip("/")] if own is not None else []
+    else:
+        bases = _v1_bases()
+    for base in bases:
+        with contextlib.suppress(OSError):
+            remove_stale_groups(base)
+
+
+def _v1_bases() -> list[Path]:
+    """This process's group in each v1 hierarchy a server uses, the freezer's first: the
+    frozen tasks of a server that is gone die only once thawed, and until then hold the
+    groups of the other hierarchies."""
+    bases = []
+    for controller in sorted(V1_CONTROLLERS.values(), key=lambda name: name != "freezer"):
+        own = _own_cgroup(1, controller)
+        if own is not None and (CGROUP_ROOT / controller / "cgroup.procs").exists():
+            bases.append(CGROUP_ROOT / controller / own.lstrip("/"))
+    return bases
+
+
 class Cgroups:
     """The control groups of this server: one parent, one child per sandbox."""
 
@@ -200,6 +235,9 @@ class CgroupsV1(Cgroups):
 
     @classmethod
     def setup(cls, name: str) -> CgroupsV1:
+        for base in _v1_bases():
+            with contextlib.suppress(OSError):
+                remove_stale_groups(base)
         parents: dict[str, Path] = {}
         for bound, controller in V1_CONTROLLERS.items():
             hierarchy = CGROUP_ROOT / controller
@@ -207,8 +245,6 @@ class CgroupsV1(Cgroups):
             if own is None or not (hierarchy / "cgroup.procs").exists():
                 continue
             parent = hierarchy / own.lstrip("/") / name
-            with contextlib.suppress(OSError):
-                remove_stale_groups(parent.parent)
             try:
                 parent.mkdir(exist_ok=True)
                 if controller == "memory":
@@ -484,6 +520,7 @@ __all__ = [
     "make_template",
     "make_workspace",
     "probe_disk",
+    "remove_leftovers",
     "remove_workspace",
     "setup_cgroups",
 ]

@@ -121,6 +121,11 @@ class EmbeddedSandboxServer:
                 await asyncio.to_thread(process.wait)
         directory, self._directory = self._directory, None
         if directory is not None:
+            # Imported here: a Lambda function, which never starts a server, lacks the module.
+            from agentscope_serverless.sandbox_server.jail import remove_leftovers
+
+            # What the server leaves when killed before its own clean-up (mounts, cgroups).
+            await asyncio.to_thread(remove_leftovers, directory / "root")
             await asyncio.to_thread(shutil.rmtree, directory, True)
 
     async def _wait_until_ready(self) -> None:

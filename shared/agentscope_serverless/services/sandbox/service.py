@@ -12,7 +12,12 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
+from agentscope_serverless.log import logger
 from agentscope_serverless.sandbox_protocol import BASE
 from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
@@ -187,7 +192,11 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         self._set_started(True)
 
     async def stop(self) -> None:
-        """Release the sandboxes this object created (never other clients' sandboxes)."""
+        """Release the sandboxes this object created (never other clients' sandboxes).
+
+        A server that cannot be reached keeps them (it reaps them once idle): stopping
+        goes on, and says so in the log.
+        """
         if not self._started:
             return
         self._set_started(False)
@@ -195,8 +204,16 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         assert client is not None
         try:
             for sandbox_id in sorted(self._created):
-                with contextlib.suppress(SandboxNotFoundError):
+                try:
                     await client.release(sandbox_id)
+                except SandboxNotFoundError:
+                    continue
+                except SandboxUnavailableError as exc:
+                    logger.warning(
+                        "sandboxes not released: the sandbox server is unavailable",
+                        extra={"error": exc.message, "sandboxes": len(self._created)},
+                    )
+                    break
             self._created.clear()
         finally:
             await client.aclose()
