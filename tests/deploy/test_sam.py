@@ -243,3 +243,20 @@ def test_without_the_sam_cli_the_error_says_how_to_install_it_in_the_users_proje
     installed.parent.mkdir(parents=True)
     installed.touch()
     assert sam.sam_executable(tmp_path / "project") == str(installed)
+
+
+def test_a_build_folder_inside_the_project_is_not_staged_as_its_code(tmp_path: Path) -> None:
+    # `deploy sam build --build-dir build-out` from the project's folder: the stage goes
+    # beside the build folder, in the project too.
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "agent.py").write_text("app = None\n")
+    target = project / "build-out"
+    (target / "ProcessFunction").mkdir(parents=True)
+    stage = sam.stage_project(project, project / "sam-project", leave_out=(target,))
+    layer = stage / "shared"
+    assert {p.name for p in layer.iterdir()} == {
+        "agentscope_serverless",
+        "mypkg",
+        "requirements.txt",
+    }

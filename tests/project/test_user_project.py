@@ -298,6 +298,31 @@ def test_the_sam_build_serves_the_project_from_the_process_function(
     )
 
 
+def test_archives_written_into_the_project_folder_hold_neither_one_another_nor_themselves(
+    project: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "source"
+    subprocess.run(["cp", "-r", str(project), str(source)], check=True)
+    for platform in ("agentrun", "modelstudio"):
+        cli(
+            "deploy",
+            platform,
+            "--agent",
+            AGENT,
+            "--out",
+            "artifacts",
+            "--python-version",
+            HOST_PYTHON,
+            "--skip-upload",
+            cwd=source,
+        )
+        archive = source / "artifacts" / f"agentscope-serverless-{platform}.zip"
+        with zipfile.ZipFile(archive) as zf:
+            names = zf.namelist()
+        assert "shouter/agent.py" in names
+        assert not [name for name in names if name.startswith("artifacts/")], platform
+
+
 def test_an_agent_that_does_not_import_from_the_archive_writes_nothing(
     project: Path, tmp_path: Path
 ) -> None:

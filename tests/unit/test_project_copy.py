@@ -87,3 +87,26 @@ def test_links_that_loop_are_refused(project: Path, tmp_path: Path, cycle: str) 
     target.mkdir()
     with pytest.raises(PackagingError, match="links back to a folder holding it"):
         copy_project(project, target)
+
+
+def test_a_copy_into_the_project_leaves_itself_and_the_outputs_named_out(
+    project: Path,
+) -> None:
+    # A build whose output folder is inside the project (`--out artifacts/`), holding an
+    # archive of an earlier build.
+    artifacts = project / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "earlier-agentrun.zip").write_bytes(b"PK")
+    target = artifacts / "agentrun"
+    target.mkdir()
+    copy_project(project, target, leave_out=[artifacts])
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv"}
+
+
+def test_leaving_out_the_project_folder_itself_leaves_out_nothing(
+    project: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target, leave_out=[project])  # `--out .`
+    assert "pkg/agent.py" in copied(target)

@@ -162,11 +162,13 @@ def build_agentrun_archive(
     """
     name, env = _checked_name(name), _checked_environment(environment)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
+    archive = out_dir / f"{name}-agentrun.zip"
+    requirements_file = out_dir / f"{name}-agentrun-requirements.txt"
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
         requirements = project.resolve_requirements(
             project_root,
-            out_dir / f"{name}-agentrun-requirements.txt",
+            requirements_file,
             python_version=python_version,
             platform=platform,
         )
@@ -193,7 +195,7 @@ def build_agentrun_archive(
         )
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
-        project.copy_project(project_root, staging)
+        project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
@@ -212,7 +214,7 @@ def build_agentrun_archive(
     }
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
     progress("zipping")
-    return _zip_tree(staging, out_dir / f"{name}-agentrun.zip", max_zip_bytes, progress)
+    return _zip_tree(staging, archive, max_zip_bytes, progress)
 
 
 MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
@@ -308,12 +310,14 @@ def build_modelstudio_archive(
     """
     name, env = _checked_name(name), _checked_environment(environment)
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
+    archive = out_dir / f"{name}-modelstudio.zip"
+    requirements_file = out_dir / f"{name}-modelstudio-requirements.txt"
     wheels = staging / "wheels"
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
         resolved = project.resolve_requirements(
             project_root,
-            out_dir / f"{name}-modelstudio-requirements.txt",
+            requirements_file,
             python_version=python_version,
             platform=platform,
         )
@@ -343,7 +347,7 @@ def build_modelstudio_archive(
         )
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
-        project.copy_project(project_root, staging)
+        project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
         # The platform's SETUP_CMD installs this: every pin, the project's included.
         (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)
@@ -359,7 +363,7 @@ def build_modelstudio_archive(
     if env:
         (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     progress("zipping")
-    return _zip_tree(staging, out_dir / f"{name}-modelstudio.zip", max_zip_bytes, progress)
+    return _zip_tree(staging, archive, max_zip_bytes, progress)
 
 
 def _check_modelstudio_import(staging: Path, agent: str, python_version: str) -> None:

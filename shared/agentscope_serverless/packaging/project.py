@@ -90,13 +90,18 @@ def is_this_repository(source: Path) -> bool:
     return (source / "shared" / PACKAGE / "__init__.py").is_file()
 
 
-def copy_project(source: Path, target: Path) -> list[str]:
-    """Copy the project's code to ``target``; returns the top-level names copied."""
+def copy_project(source: Path, target: Path, *, leave_out: Sequence[Path] = ()) -> list[str]:
+    """Copy the project's code to ``target``; returns the top-level names copied.
+
+    ``target`` and the paths of ``leave_out`` that are inside the project (a build's output
+    folder, say) are not copied: a build writing into the project would otherwise copy what
+    it writes into itself, without end.
+    """
     if not source.is_dir():
         raise PackagingError(f"the project folder {source} does not exist")
     if is_this_repository(source):
         return []
-    ignore = shutil.ignore_patterns(*PROJECT_EXCLUDES)
+    ignore = _project_ignore(source, [target, *leave_out])
     _refuse_links_out(source, ignore)
     copied = []
     skip = set(ignore(str(source), [p.name for p in source.iterdir()]))
@@ -109,6 +114,24 @@ def copy_project(source: Path, target: Path) -> list[str]:
             shutil.copy2(entry, target / entry.name)
         copied.append(entry.name)
     return copied
+
+
+def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, list[str]], set[str]]:
+    """What the copy of ``source`` leaves out of each folder: the names of
+    :data:`PROJECT_EXCLUDES`, and the ``outputs`` inside the project (never its root)."""
+    patterns = shutil.ignore_patterns(*PROJECT_EXCLUDES)
+    root = source.resolve()
+    inside = {path.resolve() for path in outputs}
+    inside = {path for path in inside if root in path.parents}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skipped = set(patterns(folder, names))
+        if inside:
+            here = Path(folder).resolve()
+            skipped.update(name for name in names if here / name in inside)
+        return skipped
+
+    return ignore
 
 
 def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> None:

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,12 +198,15 @@ def validate(project_root: Path) -> str:
     return _run_sam(assets(), "validate", "--lint", "--template-file", TEMPLATE)
 
 
-def stage_project(source: Path, stage: Path, *, agent: str | None = None) -> Path:
+def stage_project(
+    source: Path, stage: Path, *, agent: str | None = None, leave_out: Sequence[Path] = ()
+) -> Path:
     """A SAM project for ``source`` in ``stage``: the template and the functions, and a layer
     folder with the runtime, the project's code and their requirements (Python 3.11, x86_64).
 
     The layer is on every function's import path (``/opt/python``), so the process functions
     import the project's agent from there. ``agent`` becomes the ``AgentApp`` default.
+    ``stage`` and ``leave_out`` (the build folder) are not copied as the project's code.
     """
     root = assets()
     if stage.exists():
@@ -221,7 +225,7 @@ def stage_project(source: Path, stage: Path, *, agent: str | None = None) -> Pat
     layer = stage / "shared"
     layer.mkdir()
     project.copy_runtime(layer, excluded=project.LAMBDA_EXCLUDED)
-    project.copy_project(source, layer)
+    project.copy_project(source, layer, leave_out=(stage, *leave_out))
     # After the project's files: SAM installs this one, the runtime's pins and the project's.
     project.resolve_requirements(
         source, layer / "requirements.txt", python_version="3.11", platform="manylinux2014_x86_64"
@@ -355,7 +359,9 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     template's) must import from the built layer alone, else nothing is left built.
     """
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
-    stage = stage_project(project_root, target.parent / "sam-project", agent=agent)
+    stage = stage_project(
+        project_root, target.parent / "sam-project", agent=agent, leave_out=(target,)
+    )
     _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
     try:
         layer = target / "SharedLayer" / "python"
