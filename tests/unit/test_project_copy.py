@@ -22,6 +22,8 @@ def project(tmp_path: Path) -> Path:
     for name in (".env", ".env.local", ".env.production"):
         (root / name).write_text("OPENAI_API_KEY=sk-secret\n")
     (root / "pkg" / ".env.test").write_text("TOKEN=secret\n")
+    (root / "app.env").write_text("OPENAI_API_KEY=sk-secret\n")  # a Compose env_file
+    (root / ".envrc").write_text("export OPENAI_API_KEY=sk-secret\n")  # direnv's
     (root / "README.md").write_text("hi\n")
     return root
 
@@ -30,7 +32,7 @@ def copied(target: Path) -> set[str]:
     return {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
 
 
-def test_dotenv_files_stay_out_and_links_inside_the_project_are_copied(
+def test_dotenv_and_direnv_files_stay_out_and_links_inside_the_project_are_copied(
     project: Path, tmp_path: Path
 ) -> None:
     (project / "pkg" / "alias.py").symlink_to("agent.py")

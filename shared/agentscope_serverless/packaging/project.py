@@ -55,10 +55,13 @@ PROJECT_EXCLUDES = (
     "build",
     "*.egg-info",
     ".DS_Store",
-    # Secrets of local runs (dotenv's .env, .env.local, .env.production, ...): a deployed
-    # agent gets its settings from the platform (``--env``, the secret), not from a file.
+    # Secrets of local runs (dotenv's .env, .env.local, .env.production, ..., Compose's
+    # app.env, direnv's .envrc): a deployed agent gets its settings from the platform
+    # (``--env``, the secret), not from a file.
     ".env",
     ".env.*",
+    "*.env",
+    ".envrc",
 )
 
 
