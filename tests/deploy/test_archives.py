@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,19 @@ def test_agentrun_manifest_names_the_entry_command_runtime_and_health_check(
     assert not (root / "agentscope_serverless" / "cli.py").exists()
     assert not (root / "agentscope_serverless" / "packaging").exists()
     assert not (root / "typer").exists() and not (root / "yaml").exists()
+
+
+def test_agentrun_archive_holds_no_installer_leftovers_and_no_file_others_may_write(
+    agentrun_deploy: dict[str, Any],
+) -> None:
+    with zipfile.ZipFile(agentrun_deploy["artifact_path"]) as zf:
+        entries = zf.infolist()
+    names = [entry.filename for entry in entries]
+    assert "uvicorn/__init__.py" in names
+    # uv's lock file, and scripts whose first line names the building machine's Python.
+    assert ".lock" not in names and not [name for name in names if name.startswith("bin/")]
+    modes = {entry.filename: entry.external_attr >> 16 for entry in entries}
+    assert {oct(mode) for mode in modes.values()} <= {oct(0o100644), oct(0o100755)}
 
 
 def test_modelstudio_archive_serves_process_after_its_offline_setup(

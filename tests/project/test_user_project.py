@@ -323,6 +323,24 @@ def test_archives_written_into_the_project_folder_hold_neither_one_another_nor_t
         assert not [name for name in names if name.startswith("artifacts/")], platform
 
 
+def test_archived_files_are_readable_by_any_user_whatever_the_projects_modes(
+    project: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "source"
+    subprocess.run(["cp", "-r", str(project), str(source)], check=True)
+    (source / "shouter" / "loud.py").chmod(0o600)  # made under umask 077
+    (source / "bin").mkdir()  # the project's own scripts
+    (source / "bin" / "warm.sh").write_text("#!/bin/sh\n")
+    (source / "bin" / "warm.sh").chmod(0o777)
+    out = tmp_path / "out"
+    report = build_agentrun_archive(source, out, agent=AGENT, python_version=HOST_PYTHON)
+    with zipfile.ZipFile(report.path) as zf:
+        modes = {entry.filename: entry.external_attr >> 16 for entry in zf.infolist()}
+    assert oct(modes["shouter/loud.py"]) == oct(0o100644)
+    assert oct(modes["bin/warm.sh"]) == oct(0o100755)
+    assert [name for name in modes if name.startswith("bin/")] == ["bin/warm.sh"]
+
+
 def test_an_agent_that_does_not_import_from_the_archive_writes_nothing(
     project: Path, tmp_path: Path
 ) -> None:

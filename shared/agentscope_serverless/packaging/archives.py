@@ -23,6 +23,7 @@ import json
 import re
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -74,13 +75,22 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
+def _archived_mode(path: Path) -> int:
+    """The mode a file is unpacked with: readable by every user (the platform's service may
+    not run as the builder), writable by its owner alone, executable if it was."""
+    executable = path.stat().st_mode & stat.S_IXUSR
+    return stat.S_IFREG | (0o755 if executable else 0o644)
+
+
 def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> ArchiveReport:
     files = sorted(p for p in root.rglob("*") if p.is_file())
     unpacked = 0
     archive.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+    with zipfile.ZipFile(archive, "w") as zf:
         for i, path in enumerate(files, 1):
-            zf.write(path, path.relative_to(root).as_posix())
+            info = zipfile.ZipInfo.from_file(path, path.relative_to(root).as_posix())
+            info.external_attr = _archived_mode(path) << 16
+            zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED, compresslevel=6)
             unpacked += path.stat().st_size
             if i % 500 == 0 or i == len(files):
                 progress(f"zipped {i}/{len(files)} files")
@@ -92,6 +102,13 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
             f"({limit / 2**20:.1f} MiB): remove dependencies or raise max_zip_bytes"
         )
     return report
+
+
+def _drop_install_leftovers(site_packages: Path) -> None:
+    """Drop what ``uv pip install --target`` writes beside the packages: its ``.lock`` file and
+    the ``bin/`` scripts, whose first line names the building machine's Python."""
+    (site_packages / ".lock").unlink(missing_ok=True)
+    shutil.rmtree(site_packages / "bin", ignore_errors=True)
 
 
 def _drop_bytecode(root: Path) -> None:
@@ -193,6 +210,7 @@ def build_agentrun_archive(
             ],
             "installing the dependencies",
         )
+        _drop_install_leftovers(staging)  # before the project's files: a bin/ may be theirs
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
