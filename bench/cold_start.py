@@ -77,7 +77,7 @@ def probe(function_dir: Path, layer: Path, kind: str) -> dict[str, float]:
     samples = []
     for _ in range(RUNS):
         result = subprocess.run(
-            [sys.executable, "-S", "-c", PROBE, "app", kind, HEALTH_EVENT],
+            [sys.executable, "-S", "-c", PROBE, "agentscope_handler", kind, HEALTH_EVENT],
             cwd=function_dir,
             env=env,
             capture_output=True,

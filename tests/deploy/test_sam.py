@@ -43,7 +43,7 @@ def test_build_has_every_function_with_its_entry_point(sam_build_dir: Path) -> N
         "TasksFunction",
     }
     for name in FUNCTIONS:
-        assert (sam_build_dir / name / "app.py").is_file(), name
+        assert (sam_build_dir / name / "agentscope_handler.py").is_file(), name
 
 
 def test_build_has_both_process_variants_whatever_their_conditions(sam_build_dir: Path) -> None:
@@ -181,7 +181,7 @@ def test_functions_json_lists_code_handler_runtime_and_condition() -> None:
     functions: dict[str, Any] = json.loads(sam.functions_json(TEMPLATE))
     assert functions["SessionsFunction"] == {
         "code_uri": "functions/sessions/",
-        "handler": "app.handler",
+        "handler": "agentscope_handler.handler",
         "runtime": "python3.11",
         "condition": None,
     }

@@ -130,6 +130,28 @@ def _environment(artifact: Artifact, runtime: LambdaRuntimeAPI, extra: dict[str,
     }
 
 
+def start_built_function(artifact: Artifact, settings: dict[str, str]) -> RunningFunction:
+    """Start a built function with ``settings`` in its environment: under the runtime interface
+    client, or (the streaming function, with its ``run.sh``) behind the web adapter."""
+    runtime = LambdaRuntimeAPI().start()
+    env = _environment(artifact, runtime, settings)
+    if (artifact.code_dir / "run.sh").exists():
+        port = free_port()
+        env.update(
+            {
+                "AWS_LWA_PORT": str(port),
+                "PORT": str(port),
+                "AWS_LWA_INVOKE_MODE": "response_stream",
+                "AWS_LWA_READINESS_CHECK_PATH": "/health",
+            }
+        )
+        command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
+    else:
+        command = [sys.executable, "-m", "awslambdaric", "agentscope_handler.handler"]
+    process = subprocess.Popen(command, cwd=artifact.code_dir, env=env, start_new_session=True)
+    return RunningFunction(runtime, [process])
+
+
 @pytest.fixture(scope="session")
 def start_function(
     lambda_artifacts: Callable[[str], Artifact], function_environment: dict[str, str]
@@ -143,23 +165,7 @@ def start_function(
         if cache_key in running:
             return running[cache_key]
         artifact = lambda_artifacts(name)
-        runtime = LambdaRuntimeAPI().start()
-        env = _environment(artifact, runtime, {**function_environment, **settings})
-        if (artifact.code_dir / "run.sh").exists():
-            port = free_port()
-            env.update(
-                {
-                    "AWS_LWA_PORT": str(port),
-                    "PORT": str(port),
-                    "AWS_LWA_INVOKE_MODE": "response_stream",
-                    "AWS_LWA_READINESS_CHECK_PATH": "/health",
-                }
-            )
-            command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
-        else:
-            command = [sys.executable, "-m", "awslambdaric", "app.handler"]
-        process = subprocess.Popen(command, cwd=artifact.code_dir, env=env, start_new_session=True)
-        running[cache_key] = RunningFunction(runtime, [process])
+        running[cache_key] = start_built_function(artifact, {**function_environment, **settings})
         return running[cache_key]
 
     yield start

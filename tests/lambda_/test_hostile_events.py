@@ -5,7 +5,7 @@ application sees them; a failure there was an invocation error, which a Function
 gets as a 502 without a body. Events of API Gateway (REST and HTTP APIs) and of an ALB are
 answered in their own shapes, a response larger than Lambda returns is made to fit, and an
 event that is no HTTP request is refused without an invocation error. The handler is the one
-``functions/sessions/app.py`` builds.
+``functions/sessions/agentscope_handler.py`` builds.
 """
 
 from __future__ import annotations

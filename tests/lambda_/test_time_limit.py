@@ -5,7 +5,8 @@ never answer (the caller gets a 502) and would stay in progress in the store. Th
 gives each invocation's work until its deadline less ``TIME_LIMIT_MARGIN_SECONDS``, so the
 run ends as failed (``TIME_LIMIT``), stored, and answered. A reply larger than the 6 MB a
 buffered function returns is cut after its last event that fits, and read on from the
-stored run. The handlers are those ``functions/process/app.py`` builds, warm across tests.
+stored run. The handlers are those ``functions/process/agentscope_handler.py`` builds, warm
+across tests.
 """
 
 from __future__ import annotations

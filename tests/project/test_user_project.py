@@ -30,7 +30,12 @@ from agentscope_serverless.packaging import build_agentrun_archive
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON
 from tests.deploy.test_archives import clean_environment, fresh_venv, read_config
-from tests.lambda_.conftest import Artifact, RunningFunction, _environment
+from tests.lambda_.conftest import (
+    Artifact,
+    RunningFunction,
+    _environment,
+    start_built_function,
+)
 from tests.lambda_.test_functions import sse_events
 from tests.support.http import (
     bearer,
@@ -274,7 +279,7 @@ def test_the_sam_build_serves_the_project_from_the_process_function(
     }
     env = _environment(artifact, runtime, settings)
     process = subprocess.Popen(
-        [sys.executable, "-m", "awslambdaric", "app.handler"],
+        [sys.executable, "-m", "awslambdaric", "agentscope_handler.handler"],
         cwd=artifact.code_dir,
         env=env,
         start_new_session=True,
@@ -339,6 +344,61 @@ def test_archived_files_are_readable_by_any_user_whatever_the_projects_modes(
     assert oct(modes["shouter/loud.py"]) == oct(0o100644)
     assert oct(modes["bin/warm.sh"]) == oct(0o100755)
     assert [name for name in modes if name.startswith("bin/")] == ["bin/warm.sh"]
+
+
+SINGLE_FILE_AGENT = """from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="single")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, **kwargs):
+    yield "single: " + (msgs[-1].get_text_content() or "")
+"""
+
+
+@pytest.fixture(scope="module")
+def single_file_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SAM build of a project that is one module, ``app.py``, whose agent is ``app:app``."""
+    folder = tmp_path_factory.mktemp("single")
+    (folder / "app.py").write_text(SINGLE_FILE_AGENT)
+    build_dir = folder / ".aws-sam" / "build"
+    cli(
+        "deploy",
+        "sam",
+        "build",
+        "--agent",
+        "app:app",
+        cwd=folder,
+        env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    return build_dir
+
+
+@pytest.mark.parametrize("function", ["ProcessFunction", "ProcessStreamFunction"])
+def test_an_agent_module_named_app_is_served_by_the_process_functions(
+    single_file_build: Path,
+    function: str,
+    key: str,
+    key_file: Path,
+    function_environment: dict[str, str],
+) -> None:
+    artifact = Artifact(single_file_build / function, single_file_build / "SharedLayer" / "python")
+    settings = {**function_environment, "AGENT_APP": "app:app", "AUTH_KEYS_FILE": str(key_file)}
+    running = start_built_function(artifact, settings)
+    try:
+        status, _, body, _ = running.request(
+            "POST",
+            "/process",
+            key=key,
+            body={"input": [{"role": "user", "content": "hi"}], "session_id": function},
+        )
+    finally:
+        running.stop()
+    assert status == 200, body
+    events = sse_events(body)
+    assert events[-1]["status"] == "completed", events[-1]
+    assert "single: hi" in body.decode()
 
 
 def test_an_agent_that_does_not_import_from_the_archive_writes_nothing(

@@ -1,6 +1,6 @@
 """Lambda entry points: the shared application for some routers, behind Mangum (buffered).
 
->>> handler = make_handler(["sessions"])   # in functions/sessions/app.py
+>>> handler = make_handler(["sessions"])   # in functions/sessions/agentscope_handler.py
 
 Importing this module and making a handler connects to nothing. The first invocation
 reads the secrets (``SECRETS_ARN``), builds the application, starts its services once and

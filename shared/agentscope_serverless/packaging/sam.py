@@ -5,7 +5,7 @@ pins clash with the runtime's; ``./scripts/bootstrap`` creates it.
 
 >>> functions = list_functions(Path("template.yaml"))   # doctest: +SKIP
 >>> functions["SessionsFunction"].handler               # doctest: +SKIP
-'app.handler'
+'agentscope_handler.handler'
 
 ``sam build`` builds every function of the template whatever its ``Condition`` (both the
 buffered and the streaming process function are in every build); CloudFormation picks one at
