@@ -201,6 +201,7 @@ def test_the_agentrun_archive_serves_the_project_from_its_contents(
     assert (root / "shouter" / "loud.py").is_file() and (root / "humanize").is_dir()
     assert not (root / ".venv").exists() and not (root / ".git").exists()
     assert not (root / "dist").exists() and not (root / ".env.local").exists()
+    assert not (root / "tests").exists() and not (root / "conftest.py").exists()
     manifest = json.loads((root / "agentrun.json").read_text())
     python = fresh_venv(tmp_path / "venv", with_pip=False)
     port = str(free_port())
@@ -270,6 +271,7 @@ def test_the_sam_build_serves_the_project_from_the_process_function(
     )
     built = build_dir / "SharedLayer" / "python"
     assert (built / "shouter" / "loud.py").is_file() and (built / "humanize").is_dir()
+    assert not (built / "tests").exists() and not (built / "conftest.py").exists()
     artifact = Artifact(build_dir / "ProcessFunction", built)
     runtime = LambdaRuntimeAPI().start()
     settings = {

@@ -25,6 +25,9 @@ def project(tmp_path: Path) -> Path:
     (root / "app.env").write_text("OPENAI_API_KEY=sk-secret\n")  # a Compose env_file
     (root / ".envrc").write_text("export OPENAI_API_KEY=sk-secret\n")  # direnv's
     (root / "README.md").write_text("hi\n")
+    (root / "tests").mkdir()  # the project's tests, as `init` lays them out
+    (root / "tests" / "test_agent.py").write_text("def test(): pass\n")
+    (root / "conftest.py").write_text("")
     return root
 
 
@@ -32,7 +35,7 @@ def copied(target: Path) -> set[str]:
     return {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
 
 
-def test_dotenv_and_direnv_files_stay_out_and_links_inside_the_project_are_copied(
+def test_dotenv_files_and_tests_stay_out_and_links_inside_the_project_are_copied(
     project: Path, tmp_path: Path
 ) -> None:
     (project / "pkg" / "alias.py").symlink_to("agent.py")

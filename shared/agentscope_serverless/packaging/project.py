@@ -63,6 +63,8 @@ PROJECT_EXCLUDES = (
     "*.env",
     ".envrc",
 )
+# The project's tests (as ``init`` lays them out), left out at its top: no function runs them.
+PROJECT_TOP_EXCLUDES = ("tests", "conftest.py")
 
 
 def runtime_lock() -> Path:
@@ -121,7 +123,8 @@ def copy_project(source: Path, target: Path, *, leave_out: Sequence[Path] = ()) 
 
 def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, list[str]], set[str]]:
     """What the copy of ``source`` leaves out of each folder: the names of
-    :data:`PROJECT_EXCLUDES`, and the ``outputs`` inside the project (never its root)."""
+    :data:`PROJECT_EXCLUDES` (and, at the top, :data:`PROJECT_TOP_EXCLUDES`), and the
+    ``outputs`` inside the project (never its root)."""
     patterns = shutil.ignore_patterns(*PROJECT_EXCLUDES)
     root = source.resolve()
     inside = {path.resolve() for path in outputs}
@@ -129,9 +132,10 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         skipped = set(patterns(folder, names))
-        if inside:
-            here = Path(folder).resolve()
-            skipped.update(name for name in names if here / name in inside)
+        here = Path(folder).resolve()
+        if here == root:
+            skipped.update(name for name in names if name in PROJECT_TOP_EXCLUDES)
+        skipped.update(name for name in names if here / name in inside)
         return skipped
 
     return ignore
