@@ -193,6 +193,14 @@ def test_agentrun_archive_holds_no_installer_leftovers_and_no_file_others_may_wr
     assert {oct(mode) for mode in modes.values()} <= {oct(0o100644), oct(0o100755)}
 
 
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_the_output_folder_holds_the_archive_alone(
+    platform: str, request: pytest.FixtureRequest
+) -> None:
+    archive = Path(request.getfixturevalue(f"{platform}_deploy")["artifact_path"])
+    assert [p.name for p in archive.parent.iterdir()] == [archive.name]
+
+
 def test_modelstudio_archive_serves_process_after_its_offline_setup(
     modelstudio_service: RunningService,
 ) -> None:

@@ -104,6 +104,13 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
     return report
 
 
+def _remove_scratch(staging: Path, requirements_file: Path) -> None:
+    """Remove what a build assembles its archive from, once the archive is written (or the
+    build failed): the output folder is left holding the archive alone."""
+    shutil.rmtree(staging, ignore_errors=True)
+    requirements_file.unlink(missing_ok=True)
+
+
 def _drop_install_leftovers(site_packages: Path) -> None:
     """Drop what ``uv pip install --target`` writes beside the packages: its ``.lock`` file and
     the ``bin/`` scripts, whose first line names the building machine's Python."""
@@ -218,7 +225,7 @@ def build_agentrun_archive(
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_scratch(staging, requirements_file)
         raise
     manifest = {
         "name": name,
@@ -232,7 +239,10 @@ def build_agentrun_archive(
     }
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
     progress("zipping")
-    return _zip_tree(staging, archive, max_zip_bytes, progress)
+    try:
+        return _zip_tree(staging, archive, max_zip_bytes, progress)
+    finally:
+        _remove_scratch(staging, requirements_file)
 
 
 MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
@@ -372,7 +382,7 @@ def build_modelstudio_archive(
         progress(f"checking that {agent} imports from the archive")
         _check_modelstudio_import(staging, agent, python_version)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_scratch(staging, requirements_file)
         raise
     starter = staging / "deploy_starter"
     starter.mkdir()
@@ -381,7 +391,10 @@ def build_modelstudio_archive(
     if env:
         (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     progress("zipping")
-    return _zip_tree(staging, archive, max_zip_bytes, progress)
+    try:
+        return _zip_tree(staging, archive, max_zip_bytes, progress)
+    finally:
+        _remove_scratch(staging, requirements_file)
 
 
 def _check_modelstudio_import(staging: Path, agent: str, python_version: str) -> None:
