@@ -18,6 +18,7 @@ import pytest
 
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.local_stack import DynamoDBServer, RedisServer
+from agentscope_serverless.packaging import sam
 from tests.support.http import free_port, issue_key
 from tests.support.lambda_runtime import Invocation, LambdaRuntimeAPI, function_url_event
 
@@ -130,6 +131,15 @@ def _environment(artifact: Artifact, runtime: LambdaRuntimeAPI, extra: dict[str,
     }
 
 
+def web_adapter_settings(artifact: Artifact) -> dict[str, str]:
+    """The Web Adapter's settings (``AWS_LWA_*``) the built template gives the function."""
+    template = sam.load_template(artifact.code_dir.parent / "template.yaml")
+    variables = template["Resources"][artifact.code_dir.name]["Properties"]["Environment"][
+        "Variables"
+    ]
+    return {k: str(v) for k, v in variables.items() if k.startswith("AWS_LWA_")}
+
+
 def start_built_function(artifact: Artifact, settings: dict[str, str]) -> RunningFunction:
     """Start a built function with ``settings`` in its environment: under the runtime interface
     client, or (the streaming function, with its ``run.sh``) behind the web adapter."""
@@ -137,14 +147,8 @@ def start_built_function(artifact: Artifact, settings: dict[str, str]) -> Runnin
     env = _environment(artifact, runtime, settings)
     if (artifact.code_dir / "run.sh").exists():
         port = free_port()
-        env.update(
-            {
-                "AWS_LWA_PORT": str(port),
-                "PORT": str(port),
-                "AWS_LWA_INVOKE_MODE": "response_stream",
-                "AWS_LWA_READINESS_CHECK_PATH": "/health",
-            }
-        )
+        env.update(web_adapter_settings(artifact))
+        env.update({"AWS_LWA_PORT": str(port), "PORT": str(port)})
         command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
     else:
         command = [sys.executable, "-m", "awslambdaric", "agentscope_handler.handler"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.lambda_.conftest import Artifact, RunningFunction
+from tests.support.http import free_port
 from tests.support.lambda_runtime import function_url_event
 from tests.support.sandbox_server import RunningServer
 
@@ -175,6 +176,19 @@ def test_the_streaming_function_streams_and_the_buffered_one_buffers(
     )
     assert streamed.streamed and len(streamed.chunk_times) > 1
     assert not buffered.streamed
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_process_function_started_while_the_memory_store_is_down_answers(
+    start_function: StartFunction, api_key: str, name: str
+) -> None:
+    # Memory is best effort: a run goes on without it, from a cold start too.
+    function = start_function(name, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    status, _, body, _ = function.request(
+        "POST", "/process", key=api_key, body={"input": [{"role": "user", "content": "Hi"}]}
+    )
+    assert status == 200, body
+    assert sse_events(body)[-1]["status"] == "completed"
 
 
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)

@@ -2,7 +2,8 @@
 
 In Lambda, the Web Adapter layer (``AWS_LAMBDA_EXEC_WRAPPER=/opt/bootstrap``) starts the
 function's ``run.sh`` (a web server on ``AWS_LWA_PORT``), waits until it answers on
-``AWS_LWA_READINESS_CHECK_PATH``, then turns every invocation into an HTTP request and, with
+``AWS_LWA_READINESS_CHECK_PATH`` (or, with ``AWS_LWA_READINESS_CHECK_PROTOCOL=tcp``, takes a
+connection), then turns every invocation into an HTTP request and, with
 ``AWS_LWA_INVOKE_MODE=response_stream``, streams the response back to the Runtime API as
 it is produced. This module does the same, so a test runs the very ``run.sh`` that ships.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,16 +28,27 @@ HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 NEXT = "/2018-06-01/runtime/invocation/next"
 
 
-def wait_until_ready(base_url: str, path: str, child: subprocess.Popen[bytes]) -> None:
+def is_ready(port: int, path: str, protocol: str) -> bool:
+    """The adapter's readiness check: over ``tcp``, the port takes a connection; over
+    ``http``, ``path`` answers with a status below 500."""
+    if protocol == "tcp":
+        with socket.socket() as probe:
+            probe.settimeout(1)
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code < 500
+    except httpx.TransportError:
+        return False
+
+
+def wait_until_ready(port: int, path: str, protocol: str, child: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if child.poll() is not None:
             sys.exit(f"the web server exited with {child.returncode} before it was ready")
-        try:
-            if httpx.get(base_url + path, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
+        if is_ready(port, path, protocol):
+            return
+        time.sleep(0.05)
     sys.exit("the web server did not become ready within 30 s")
 
 
@@ -71,10 +84,11 @@ def main() -> None:
     api = os.environ["AWS_LAMBDA_RUNTIME_API"]
     port = int(os.environ.get("AWS_LWA_PORT", os.environ.get("PORT", "8080")))
     readiness = os.environ.get("AWS_LWA_READINESS_CHECK_PATH", "/")
+    protocol = os.environ.get("AWS_LWA_READINESS_CHECK_PROTOCOL", "http")
     base_url = f"http://127.0.0.1:{port}"
     child = subprocess.Popen(sys.argv[1:])
     try:
-        wait_until_ready(base_url, readiness, child)
+        wait_until_ready(port, readiness, protocol, child)
         with httpx.Client(timeout=None) as runtime, httpx.Client(timeout=None) as app:
             while True:
                 invocation = runtime.get(f"http://{api}{NEXT}")
