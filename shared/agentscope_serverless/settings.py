@@ -245,8 +245,9 @@ class Settings(BaseModel):
         60.0,
         gt=0,
         description=(
-            "How long a request in progress holds its Idempotency-Key; a retry after that"
-            " takes the key over (a request whose store call timed out never finishes)."
+            "How long a request in progress holds its Idempotency-Key unless it renews it"
+            " (it does, three times a lease, while it runs); a retry after that takes the key"
+            " over (the process serving the request stopped, or its store stopped answering)."
         ),
     )
     docs_require_key: bool = Field(

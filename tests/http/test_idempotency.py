@@ -3,17 +3,19 @@ including when the store froze in the middle (SIGSTOP on the server the test sta
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
@@ -189,6 +191,62 @@ def test_concurrent_retries_with_one_key_write_once(client: httpx.Client) -> Non
             assert answer.json()["error"]["code"] == "REQUEST_IN_PROGRESS"
             assert int(answer.headers["Retry-After"]) >= 1
     assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+
+
+# --- a request that runs longer than its lease --------------------------------------------
+
+LEASE_SECONDS = 0.5
+
+
+def gated_app(entered: threading.Event, gate: threading.Event) -> AgentApp:
+    """An agent that says when it is called, then answers once ``gate`` opens."""
+    app = AgentApp(app_name="gated")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        entered.set()
+        await asyncio.to_thread(gate.wait, 30)
+        yield "answered"
+
+    return app
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_retry_while_a_run_outlasts_its_lease_does_not_run_it_again(
+    backend: str, aws_env: None, user_id: str, request: pytest.FixtureRequest
+) -> None:
+    entered, gate = threading.Event(), threading.Event()
+    settings = load_settings(
+        **backend_settings(backend, request), idempotency_lease_seconds=LEASE_SECONDS
+    )
+    store = InMemoryKeyStore()
+    app = create_app(settings=settings, agent_app=gated_app(entered, gate), key_store=store)
+    run = {"input": [text_message("hi")], "session_id": "s", "stream": False}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        try:
+            first = pool.submit(client.post, "/process", json=run, headers=keyed("long"))
+            assert entered.wait(30)
+            entered.clear()
+            # The first request's lease has run out three times over by the clock: a lease
+            # is time itself.
+            time.sleep(3 * LEASE_SECONDS)
+            retried = client.post("/process", json=run, headers=keyed("long"))
+            assert retried.status_code == 409, retried.text
+            assert retried.json()["error"]["code"] == "REQUEST_IN_PROGRESS"
+            assert not entered.is_set()  # the agent was not called again
+        finally:
+            gate.set()
+        answered = first.result()
+        assert answered.status_code == 200
+        replayed = client.post("/process", json=run, headers=keyed("long"))
+        assert replayed.headers["Idempotent-Replayed"] == "true"
+        assert replayed.content == answered.content
+        assert len(client.get("/runs", params={"session_id": "s"}).json()["items"]) == 1
+        assert len(message_texts(client, "s")) == 2
 
 
 # --- a store that freezes ---------------------------------------------------------------

@@ -15,9 +15,9 @@ see :mod:`agentscope_serverless.services.idempotency`):
   froze or failed mid-write, and the write landed later) stores nothing twice
   (:mod:`agentscope_serverless.services._once`);
 - while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
-  ``Retry-After``; a request that failed (any answer other than 2xx) frees the key, and a
-  request whose process died or whose store call hung frees it after
-  ``IDEMPOTENCY_LEASE_SECONDS``.
+  ``Retry-After``, however long it runs (it renews its lease as it goes); a request that
+  failed (any answer other than 2xx) frees the key, and a request whose process died or
+  whose store call hung frees it after ``IDEMPOTENCY_LEASE_SECONDS``.
 
 A streamed answer (``/process`` with ``stream: true``) is kept whole and replayed at once. A
 client that leaves before the answer ends does not end the request (a run goes on without
@@ -46,6 +46,7 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import seed_message_ids
 from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.idempotency import (
+    Claim,
     ClaimOutcome,
     IdempotencyStore,
     StoredResponse,
@@ -60,6 +61,9 @@ _KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
 _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SETTLE_SECONDS = 3.0
+# A request renews its key's lease this many times a lease, so a renewal that fails (a
+# store slow for a moment) leaves others to come before the lease runs out.
+_RENEWALS_PER_LEASE = 3
 
 
 class Replay(Exception):
@@ -92,7 +96,8 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
         return
     claim = await store.begin(user_id, key, fingerprint(request, await request.body()))
     if claim.outcome is ClaimOutcome.CLAIMED:
-        request.scope.setdefault("state", {})[_STATE] = (store, claim)
+        holding = asyncio.create_task(_hold(store, claim))
+        request.scope.setdefault("state", {})[_STATE] = (store, claim, holding)
         # A run of this request after an earlier one that wrote but never answered (its
         # store froze) makes the same message ids, so its appends store nothing twice.
         seed_message_ids(f"{user_id}\0{key}")
@@ -170,12 +175,26 @@ def ends_with_client(request: Request) -> None:
     request.scope.setdefault("state", {})[_ENDS_WITH_CLIENT] = True
 
 
+async def _hold(store: IdempotencyStore, claim: Claim) -> None:
+    """Renew the claim's lease while its request runs (until cancelled, when it ends): a
+    run may last longer than a lease, and a retry taking the key over would run it again.
+    A renewal that fails is logged; the next one may land."""
+    while True:
+        await asyncio.sleep(store.lease_seconds / _RENEWALS_PER_LEASE)
+        try:
+            async with asyncio.timeout(store.lease_seconds):
+                await store.renew(claim)
+        except (AgentScopeServerlessError, TimeoutError) as exc:
+            logger.warning("idempotency lease not renewed", extra={"error": type(exc).__name__})
+
+
 async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> None:
     """Keep ``answer`` for the request's key, or free the key (once per request)."""
     claimed = scope.get("state", {}).pop(_STATE, None)
     if claimed is None:
         return
-    store, claim = claimed
+    store, claim, holding = claimed
+    holding.cancel()
     try:
         # Bounded: a store that stopped answering must not hold the answer back for long.
         async with asyncio.timeout(_SETTLE_SECONDS):

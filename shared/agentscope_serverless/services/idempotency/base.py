@@ -8,7 +8,9 @@ without writing again) or is *abandoned* (deleted, so a retry runs the write aga
 The record model follows Powertools' idempotency utility (``INPROGRESS``/``COMPLETED``,
 an expiry, an in-progress expiry, a payload hash), on our async stores: a request that
 finds an in-progress record whose lease ran out (its process died, or its store call
-timed out) takes the key over; one that finds another fingerprint is refused.
+timed out) takes the key over; one that finds another fingerprint is refused. A request
+running longer than its lease renews it (:meth:`IdempotencyStore.renew`), so a retry never
+runs it a second time while it still runs.
 
 >>> async def demo(records: IdempotencyStore) -> None:
 ...     claim = await records.begin("u1", "key-1", "sha256-of-request")
@@ -139,6 +141,15 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
             return Claim(ClaimOutcome.REPLAY, user_id, key, fingerprint, response=response)
         return Claim(ClaimOutcome.IN_PROGRESS, user_id, key, fingerprint)
 
+    async def renew(self, claim: Claim) -> None:
+        """Extend the claim's lease to ``lease_seconds`` from now, while it still holds the
+        key in progress: the request is still running. A lease is never shortened, so a
+        renewal that reaches the store late (after a later one, or after the lease ran out
+        and the key was taken over) changes nothing."""
+        self._ensure_started()
+        lease_until = now_ms() + int(self.lease_seconds * 1000)
+        await self._renew(claim.user_id, claim.key, claim.token, lease_until)
+
     async def complete(self, claim: Claim, response: StoredResponse) -> None:
         """Keep ``response`` as the answer to every later request with the claim's key."""
         self._ensure_started()
@@ -165,6 +176,11 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         The key is free when there is no record, it has expired, or it is in progress with
         a lease that ran out and the same fingerprint.
         """
+
+    @abstractmethod
+    async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
+        """Raise the record's lease to ``lease_until_ms``, if it still holds ``token``, is in
+        progress, and its lease ends before that."""
 
     @abstractmethod
     async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:

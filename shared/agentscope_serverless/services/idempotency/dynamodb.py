@@ -102,6 +102,24 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                         existing.get("response", {}).get("S"),
                     )
 
+    async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
+        try:
+            await self._store.run(
+                "update_item",
+                idempotent=True,
+                Key=self._item_key(user_id, key),
+                UpdateExpression="SET lease_until = :lease",
+                ConditionExpression="#t = :token AND #st = :progress AND lease_until < :lease",
+                ExpressionAttributeNames={"#t": "token", "#st": "state"},
+                ExpressionAttributeValues={
+                    ":lease": n(lease_until_ms),
+                    ":token": s(token),
+                    ":progress": s(IN_PROGRESS),
+                },
+            )
+        except ConditionFailed:
+            return
+
     async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
         try:
             await self._store.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from agentscope_serverless.services.idempotency.base import (
     COMPLETED,
@@ -42,6 +43,18 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             return existing
         self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, record)
         return None
+
+    async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
+        existing = self._live(user_id, key)
+        if (
+            existing is not None
+            and existing.token == token
+            and existing.state == IN_PROGRESS
+            and existing.lease_until_ms < lease_until_ms
+        ):
+            expiry = self._records[(user_id, key)][0]
+            renewed = replace(existing, lease_until_ms=lease_until_ms)
+            self._records[(user_id, key)] = (expiry, renewed)
 
     async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
         existing = self._live(user_id, key)

@@ -49,6 +49,16 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
 
+# KEYS: record. ARGV: token, lease until (ms).
+_RENEW = """
+local r = redis.call('HMGET', KEYS[1], 'token', 'state', 'lease_until')
+if r[1] ~= ARGV[1] or r[2] ~= 'in_progress' or tonumber(r[3]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+return 1
+"""
+
 # KEYS: the user's index. ARGV: how many records to read.
 _FIRST_RECORDS = """
 return redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
@@ -122,6 +132,10 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         return IdempotencyRecord(
             fingerprint or "", state or "", int(lease_until or 0), token or "", response
         )
+
+    async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
+        keys, _ = self._keys(user_id, key)
+        await self._redis.run(_RENEW, keys[:1], [token, lease_until_ms], idempotent=True)
 
     async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
         keys, digest = self._keys(user_id, key)
