@@ -21,7 +21,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
-from tests.support.http import bearer, issue_key, running
+from tests.support.http import bearer, issue_key, running, stream, text_of
 
 EXPIRY_SECONDS = 2
 
@@ -247,6 +247,54 @@ def test_a_retry_while_a_run_outlasts_its_lease_does_not_run_it_again(
         assert replayed.content == answered.content
         assert len(client.get("/runs", params={"session_id": "s"}).json()["items"]) == 1
         assert len(message_texts(client, "s")) == 2
+
+
+def halting_app(gate: threading.Event) -> AgentApp:
+    """An agent that says part of its reply, then the rest once ``gate`` opens."""
+    app = AgentApp(app_name="halting")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "part one. "
+        await asyncio.to_thread(gate.wait, 30)
+        yield "part two."
+
+    return app
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_retry_after_a_run_canceled_on_disconnect_stores_its_whole_reply(
+    backend: str, aws_env: None, user_id: str, request: pytest.FixtureRequest
+) -> None:
+    gate = threading.Event()
+    settings = load_settings(**backend_settings(backend, request))
+    store = InMemoryKeyStore()
+    app = create_app(settings=settings, agent_app=halting_app(gate), key_store=store)
+    run = {"input": [text_message("hi")], "session_id": "s", "cancel_on_disconnect": True}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+    ):
+        try:
+            with client.stream("POST", "/process", json=run, headers=keyed("cut")) as cut:
+                first_run = cut.headers["X-Run-Id"]
+                next(line for line in cut.iter_lines() if "part one" in line)
+            # The client left: its run is canceled, keeping the part said, and the key freed.
+            while client.get(f"/runs/{first_run}").json()["status"] == "in_progress":
+                time.sleep(0.05)
+        finally:
+            gate.set()
+        retried, events = stream(client, "/process", json=run, headers=keyed("cut"))
+        assert retried.status_code == 200
+        assert retried.headers["X-Run-Id"] != first_run
+        assert text_of(events.data) == "part one. part two."
+        # The input once, the canceled run's part, then the retry's whole reply.
+        assert message_texts(client, "s") == ["hi", "part one. ", "part one. part two."]
+        assert client.get(f"/runs/{first_run}").json()["status"] == "canceled"
+        assert [r["status"] for r in client.get("/runs?session_id=s").json()["items"]] == [
+            "canceled",
+            "completed",
+        ]
 
 
 # --- a store that freezes ---------------------------------------------------------------

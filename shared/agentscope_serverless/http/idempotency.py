@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -43,7 +44,11 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.log import logger
-from agentscope_serverless.schemas.agent_schemas import seed_message_ids
+from agentscope_serverless.schemas.agent_schemas import (
+    RunStatus,
+    first_response_id,
+    seed_message_ids,
+)
 from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.idempotency import (
     Claim,
@@ -52,6 +57,8 @@ from agentscope_serverless.services.idempotency import (
     StoredResponse,
 )
 from agentscope_serverless.services.idempotency.base import MAX_STORED_RESPONSE_BYTES
+from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.time_limit import TIME_LIMIT
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -169,6 +176,33 @@ class IdempotencyMiddleware:
             await _finish(scope, None, size)
 
 
+async def seed_run(request: Request, runs: RunsService | None) -> None:
+    """Seed the ids of the run a keyed request starts now (its id, its reply's messages,
+    its memories): those of the request's earlier attempts, so a run again after one whose
+    answer was lost stores nothing twice; but new ones after an attempt whose run was cut
+    short (canceled, or ended at a time limit) having kept part of its reply, which freed
+    the key for the request to run anew: under that part's ids, the whole reply would be
+    skipped as stored already. The input keeps its ids: it is stored once."""
+    claimed = request.scope.get("state", {}).get(_STATE)
+    if claimed is None or runs is None:
+        return
+    claim: Claim = claimed[1]
+    for attempt in itertools.count():
+        seed = f"{claim.user_id}\0{claim.key}\0{claim.fingerprint}\0run {attempt}"
+        earlier = await runs.get_run(claim.user_id, first_response_id(seed))
+        if earlier is None or not _cut_short(earlier):
+            break
+    seed_message_ids(seed)
+    seed_writes(seed)
+
+
+def _cut_short(run: RunRecord) -> bool:
+    """Whether ``run`` ended before its agent finished, keeping part of its reply."""
+    if run.status == RunStatus.Canceled:
+        return True
+    return run.status == RunStatus.Failed and (run.error or {}).get("code") == TIME_LIMIT
+
+
 def ends_with_client(request: Request) -> None:
     """The request stops when its client leaves (a run that cancels on disconnect): its
     key is then freed, as for any request that did not answer."""
@@ -256,4 +290,5 @@ __all__ = [
     "ends_with_client",
     "fingerprint",
     "install_idempotency",
+    "seed_run",
 ]

@@ -651,7 +651,17 @@ def _new_response_id() -> str:
     if seeded is None:
         return f"response_{uuid.uuid4()}"
     namespace, counter = seeded
-    return f"response_{uuid.uuid5(namespace, f'response:{next(counter)}')}"
+    return _seeded_response_id(namespace, next(counter))
+
+
+def first_response_id(seed: str) -> str:
+    """The id of the first response made after ``seed_message_ids(seed)``: a run's id, when
+    the run is started right after (its response is the first id it makes)."""
+    return _seeded_response_id(uuid.uuid5(uuid.NAMESPACE_URL, seed), 0)
+
+
+def _seeded_response_id(namespace: uuid.UUID, position: int) -> str:
+    return f"response_{uuid.uuid5(namespace, f'response:{position}')}"
 
 
 def _now() -> int:

@@ -34,7 +34,7 @@ from agentscope_serverless.http.auth import (
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
-from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client
+from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client, seed_run
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.routers.runs import read_record
@@ -107,6 +107,7 @@ def _session_headers(session_id: str, run_id: str | None = None) -> dict[str, st
 
 async def _recorded(
     context: AppContext,
+    request: Request,
     run: AgentRequest,
     *,
     kind: RunKind,
@@ -117,6 +118,7 @@ async def _recorded(
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
     streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
     assert run.user_id is not None
+    await seed_run(request, context.recorder.runs if context.recorder is not None else None)
     events = context.require_runner().stream_query(run)
     recorder = context.recorder or RunRecorder(
         None, metrics=run_metrics(context.settings.metrics_namespace)
@@ -173,7 +175,9 @@ async def _openai_turn(
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
         return _Turn(original.id, original.session_id or session_id, events)
-    recorded = await _recorded(context, run, kind="openai", fingerprint=fingerprint, echo=echo)
+    recorded = await _recorded(
+        context, request, run, kind="openai", fingerprint=fingerprint, echo=echo
+    )
     return _Turn(recorded.run_id, session_id, recorded.events(), recorded)
 
 
@@ -298,7 +302,7 @@ def build_router(
         if cancel_on_disconnect:
             ends_with_client(request)
         recorded = await _recorded(
-            context, run, kind="process", cancel_on_disconnect=cancel_on_disconnect
+            context, request, run, kind="process", cancel_on_disconnect=cancel_on_disconnect
         )
         headers = _session_headers(session_id, recorded.run_id)
         if not body.stream:
