@@ -38,6 +38,7 @@ from a2a.types import (
     Part,
     SecurityRequirement,
     SecurityScheme,
+    SendMessageRequest,
     StringList,
     SubscribeToTaskRequest,
     Task,
@@ -46,6 +47,7 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
+from a2a.types import Message as A2AMessage
 from a2a.types import Role as A2ARole
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -86,6 +88,10 @@ TERMINAL = {
     TaskState.TASK_STATE_CANCELED: "canceled",
     TaskState.TASK_STATE_REJECTED: "failed",
 }
+
+
+# A task in these states is running its agent: it takes no message before it ends.
+_WORKING = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
 
 def owner_of(context: ServerCallContext) -> str:
@@ -360,6 +366,37 @@ class RunsRequestHandler(DefaultRequestHandler):
         )
         self._tasks = task_store
         self._runs = task_store.runs
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> A2AMessage | Task:
+        await self._refuse_a_task_running_elsewhere(params, context)
+        answer: A2AMessage | Task = await super().on_message_send(params, context)
+        return answer
+
+    async def on_message_send_stream(  # type: ignore[override]
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncIterator[Any]:
+        await self._refuse_a_task_running_elsewhere(params, context)
+        async for event in super().on_message_send_stream(params, context):
+            yield event
+
+    async def _refuse_a_task_running_elsewhere(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> None:
+        """Refuse a message to a task still working in another process (another Lambda
+        instance). The SDK runs a message to a task of its own process once the task's
+        current run has ended, when it refuses it as ended; a process that does not run the
+        task would run the message at once, a second run whose writes of the task would
+        overwrite the first's (the stored task would lose one of the replies)."""
+        task_id = params.message.task_id
+        if not task_id or await self._active_task_registry.get(task_id) is not None:
+            return
+        task = await self._tasks.get(task_id, context)
+        if task is not None and task.status.state in _WORKING:
+            raise UnsupportedOperationError(
+                message=f"Task {task.id} is still working: send the message in a new task"
+            )
 
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
