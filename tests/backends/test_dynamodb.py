@@ -414,6 +414,31 @@ async def test_a_state_save_landing_after_its_delete_leaves_no_items(
     assert items == []
 
 
+async def test_a_state_save_with_a_round_landing_after_its_delete_leaves_the_state_usable(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The save raised the next round above its own on a meta item the delete had removed:
+    # that made a meta item of no generation, and every later read of the state failed.
+    async with state_on(dynamodb_server) as writer, state_on(dynamodb_server) as deleter:
+        await writer.save_state(user_id, {"v": 1}, session_id="s1")
+        set_if = writer._store.set_if
+        pending = [lambda: deleter.delete_state(user_id, "s1")]
+
+        async def set_after_delete(*args: Any) -> None:
+            if pending:
+                await pending.pop()()
+            await set_if(*args)
+
+        writer._store.set_if = set_after_delete  # type: ignore[method-assign]
+        await writer.save_state(user_id, {"v": 5}, session_id="s1", round_id=5)
+        assert await writer.export_state(user_id, session_id="s1") is None
+        assert await writer.list_rounds(user_id, session_id="s1") == []
+        assert await writer.save_state(user_id, {"v": 2}, session_id="s1") == 1
+        assert await writer.export_state(user_id, session_id="s1") == {"v": 2}
+    items = await partition(dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "s1"))
+    assert sorted(item["sk"]["S"].split("#")[0] for item in items) == ["META", "R"]
+
+
 async def test_a_state_made_again_during_a_users_delete_is_found_by_the_next(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:

@@ -328,13 +328,15 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         return round_id
 
     async def _raise_max_round(self, pk: str, meta: Item, round_id: int) -> None:
-        """Make the next allocated round follow ``round_id``."""
+        """Make the next allocated round follow ``round_id``, on a meta item still there:
+        raising it on one deleted meanwhile would make one of no generation, which no read
+        of the state could use."""
         if number(meta, "max_round") < round_id:
             await self._store.set_if(
                 {"pk": s(pk), "sk": s("META")},
                 "#m",
                 round_id,
-                "attribute_not_exists(#m) OR #m < :value",
+                "attribute_exists(#g) AND (attribute_not_exists(#m) OR #m < :value)",
             )
 
     async def _applied_round(self, mark: Item) -> int | None:
