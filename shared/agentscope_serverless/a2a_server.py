@@ -131,7 +131,7 @@ class RunsAgentExecutor(AgentExecutor):
             user_id=user_id,
         )
         run = await self.recorder.start(
-            self.runner.stream_query(request), user_id=user_id, kind="a2a"
+            self.runner.stream_query(request), user_id=user_id, kind="a2a", session_id=context_id
         )
         self._runs[task_id] = run
         try:

@@ -119,6 +119,13 @@ class RequestInProgressError(ConflictError):
     code = "REQUEST_IN_PROGRESS"
 
 
+class RunCanceledError(ConflictError):
+    """A run was canceled before it began: its session was deleted, or its user's data
+    erased, while it was loading them."""
+
+    code = "RUN_CANCELED"
+
+
 class RequestTimeoutError(AgentScopeServerlessError):
     """The request body did not arrive in time."""
 
@@ -263,6 +270,7 @@ __all__ = [
     "PermissionDeniedError",
     "RequestInProgressError",
     "RequestTimeoutError",
+    "RunCanceledError",
     "SandboxAuthenticationError",
     "SandboxCapacityError",
     "SandboxError",

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
-from agentscope_serverless.errors import AgentError
+from agentscope_serverless.errors import AgentError, RunCanceledError
 from agentscope_serverless.log import logger
 from agentscope_serverless.metrics import RunMetrics
 from agentscope_serverless.runner import AGENT_UNKNOWN_ERROR, RUN_CANCELED, end_turns_with
@@ -100,6 +100,7 @@ class RecordedRun:
         user_id: str,
         kind: RunKind,
         cancel_on_disconnect: bool,
+        session_id: str | None = None,
         fingerprint: str | None = None,
         echo: dict[str, Any] | None = None,
         time_left: float | None = None,
@@ -114,7 +115,9 @@ class RecordedRun:
         # Nobody can resume a run that is not stored: it ends with its listener.
         self.cancel_on_disconnect = cancel_on_disconnect or self._runs is None
         self.run_id = ""
-        self.session_id: str | None = None
+        # Known before the run's first event names it, so that deleting the session stops
+        # a run still loading it.
+        self.session_id = session_id
         self.status: str = RunStatus.InProgress
         self._log: list[EventItem] = []
         self._taken = 0
@@ -167,7 +170,10 @@ class RecordedRun:
                 ending = {"output": None, "sequence_number": self._last_sequence() + 1}
                 self._emit(self._first.model_copy(update=ending).canceled())
             elif self._first is None:
-                self._failure = exc
+                # Canceled before it began (an erase of its session): a conflict, answered
+                # as such, not a server's failure.
+                canceled = exc.args == (RUN_CANCELED,)
+                self._failure = _canceled_before_it_began() if canceled else exc
             if exc.args != (RUN_CANCELED,):
                 raise
         except Exception as exc:
@@ -485,6 +491,12 @@ class RecordedRun:
             await asyncio.wait(pending)
 
 
+def _canceled_before_it_began() -> RunCanceledError:
+    return RunCanceledError(
+        "the run was canceled before it began: its session was deleted, or your data erased"
+    )
+
+
 def _failure_of(exc: Exception) -> Error:
     """The error of a run that failed outside its agent: nothing of the exception's text,
     which the runner has not cleaned of secrets."""
@@ -525,15 +537,18 @@ class RunRecorder:
         user_id: str,
         kind: RunKind = "process",
         cancel_on_disconnect: bool = False,
+        session_id: str | None = None,
         fingerprint: str | None = None,
         echo: dict[str, Any] | None = None,
     ) -> RecordedRun:
         """Start driving ``events`` as a recorded run; returns once its first event is out.
 
-        ``fingerprint`` (what the request was) and ``echo`` (what its answer repeats of it)
-        are kept with the run's record. An error before
-        the first event (the session could not be loaded...) is raised here. The run ends at
-        the time limit of the invocation serving it, if any
+        ``session_id`` is the session the run is of, when known before it begins (a delete
+        of that session then stops it while it still loads); ``fingerprint`` (what the
+        request was) and ``echo`` (what its answer repeats of it) are kept with the run's
+        record. An error before the first event (the session could not be loaded...) is
+        raised here, :class:`RunCanceledError` when the run was stopped meanwhile. The run
+        ends at the time limit of the invocation serving it, if any
         (:func:`~agentscope_serverless.time_limit.seconds_left`).
         """
         run = RecordedRun(
@@ -542,6 +557,7 @@ class RunRecorder:
             user_id=user_id,
             kind=kind,
             cancel_on_disconnect=cancel_on_disconnect,
+            session_id=session_id,
             fingerprint=fingerprint,
             echo=echo,
             time_left=seconds_left(),

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, parse_sse, running, stream, user_message
 from tests.support.slow_agent import app as slow_app
@@ -240,3 +246,59 @@ def test_erasing_stops_a_run_of_this_process_not_stored_yet(keys: Keys, erase: s
             assert client.get(f"/sessions/{session_id}").status_code == 404
             assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
             time.sleep(0.5)
+
+
+def recalling_app(recalling: threading.Event, gate: threading.Event) -> AgentApp:
+    """An agent whose memories take until ``gate`` opens to be recalled (a slow store)."""
+    app = AgentApp(app_name="recalling")
+
+    class SlowMemory(InMemoryMemoryService):
+        async def search_memory(self, *args: Any, **kwargs: Any) -> list[Message]:
+            recalling.set()
+            await asyncio.to_thread(gate.wait, 30)
+            return await super().search_memory(*args, **kwargs)
+
+    @app.init
+    async def init(self: Any) -> None:
+        memory = SlowMemory()
+        await memory.start()  # whoever assigns a service starts it
+        self.memory_service = memory
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "answered"
+
+    return app
+
+
+@pytest.mark.parametrize("erase", ["user", "session"])
+def test_erasing_stops_a_run_of_this_process_still_loading_its_session(
+    keys: Keys, erase: str
+) -> None:
+    # Deleting the session did not stop a run that had not begun (its session is known
+    # from its first event): the run then stored its turn, making the session again. An
+    # erase stopped it, but its request failed with a 500.
+    recalling, gate = threading.Event(), threading.Event()
+    web = create_app(
+        settings=load_settings(), agent_app=recalling_app(recalling, gate), key_store=keys.store
+    )
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.bob), timeout=30) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        body = {"input": [user_message("go")], "session_id": session_id, "stream": False}
+        try:
+            sent = pool.submit(client.post, "/process", json=body)
+            assert recalling.wait(30)
+            path = "/users/me/data" if erase == "user" else f"/sessions/{session_id}"
+            assert client.delete(path).status_code == 204
+        finally:
+            gate.set()
+        refused = sent.result()
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "RUN_CANCELED"
+        assert refused.headers["X-Should-Retry"] == "false"
+        assert client.get(f"/sessions/{session_id}").status_code == 404
+        assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []

@@ -31,6 +31,7 @@ from agentscope_serverless.errors import (
     PayloadTooLargeError,
     PermissionDeniedError,
     RequestTimeoutError,
+    RunCanceledError,
     SandboxCapacityError,
     SandboxRequestError,
     SandboxUnavailableError,
@@ -183,6 +184,10 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     response = error_response(status, exc.code, exc.message, fields)
     if isinstance(exc, SandboxCapacityError):
         response.headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, RunCanceledError):
+        # OpenAI's SDKs retry a 409: the retry would run the turn again, in a session
+        # deleted (or data erased) on purpose.
+        response.headers["X-Should-Retry"] = "false"
     return response
 
 

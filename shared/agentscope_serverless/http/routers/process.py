@@ -128,6 +128,7 @@ async def _recorded(
         user_id=run.user_id,
         kind=kind,
         cancel_on_disconnect=cancel_on_disconnect,
+        session_id=run.session_id,
         fingerprint=fingerprint,
         echo=echo,
     )
