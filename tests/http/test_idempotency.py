@@ -21,7 +21,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
-from tests.support.http import bearer, issue_key, running, stream, text_of
+from tests.support.http import bearer, issue_key, parse_sse, running, stream, text_of
 
 EXPIRY_SECONDS = 2
 
@@ -295,6 +295,50 @@ def test_a_retry_after_a_run_canceled_on_disconnect_stores_its_whole_reply(
             "canceled",
             "completed",
         ]
+
+
+def failing_once_app() -> AgentApp:
+    """An agent that fails after its first words the first time, and answers after."""
+    app = AgentApp(app_name="failing-once")
+    calls: list[int] = []
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        calls.append(1)
+        yield "first words. "
+        if len(calls) == 1:
+            raise RuntimeError("failed this time")
+        yield "the rest."
+
+    return app
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_retry_after_a_failed_run_is_a_run_of_its_own(
+    backend: str, aws_env: None, user_id: str, request: pytest.FixtureRequest
+) -> None:
+    # The retry ran under the failed run's id: the stored run read failed, then completed,
+    # with events of both.
+    settings = load_settings(**backend_settings(backend, request))
+    store = InMemoryKeyStore()
+    app = create_app(settings=settings, agent_app=failing_once_app(), key_store=store)
+    app.state.context.recorder.first_write_delay = 0  # each run stored as it goes
+    run = {"input": [text_message("hi")], "session_id": "s", "stream": False}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+    ):
+        failed = client.post("/process", json=run, headers=keyed("flaky"))
+        assert failed.status_code == 500 and failed.json()["status"] == "failed"
+        retried = client.post("/process", json=run, headers=keyed("flaky"))
+        assert retried.status_code == 200 and retried.json()["status"] == "completed"
+        assert retried.headers["X-Run-Id"] != failed.headers["X-Run-Id"]
+        for answer, status in ((failed, "failed"), (retried, "completed")):
+            run_id = answer.headers["X-Run-Id"]
+            assert client.get(f"/runs/{run_id}").json()["status"] == status
+            events = parse_sse(client.get(f"/runs/{run_id}/events").text.splitlines()).data
+            assert [e["status"] for e in events if e["object"] == "response"][-1] == status
+        assert message_texts(client, "s") == ["hi", "first words. the rest."]
 
 
 # --- a store that freezes ---------------------------------------------------------------

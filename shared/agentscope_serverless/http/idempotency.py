@@ -40,6 +40,7 @@ from agentscope_serverless.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
     RequestInProgressError,
+    StoreUnavailableError,
 )
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.http.params import SESSION_HEADER
@@ -57,8 +58,7 @@ from agentscope_serverless.services.idempotency import (
     StoredResponse,
 )
 from agentscope_serverless.services.idempotency.base import MAX_STORED_RESPONSE_BYTES
-from agentscope_serverless.services.runs.base import RunRecord, RunsService
-from agentscope_serverless.time_limit import TIME_LIMIT
+from agentscope_serverless.services.runs.base import RUN_LOST, RunRecord, RunsService
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -179,10 +179,11 @@ class IdempotencyMiddleware:
 async def seed_run(request: Request, runs: RunsService | None) -> None:
     """Seed the ids of the run a keyed request starts now (its id, its reply's messages,
     its memories): those of the request's earlier attempts, so a run again after one whose
-    answer was lost stores nothing twice; but new ones after an attempt whose run was cut
-    short (canceled, or ended at a time limit) having kept part of its reply, which freed
-    the key for the request to run anew: under that part's ids, the whole reply would be
-    skipped as stored already. The input keeps its ids: it is stored once."""
+    answer was lost stores nothing twice; but new ones after an attempt whose run ended
+    short of its turn (canceled, or failed), which freed the key for the request to run
+    anew: under that run's id its events would mix with the new run's, and under the ids
+    of a part of its reply kept (a run canceled midway) the whole reply would be skipped as
+    stored already. The input keeps its ids: it is stored once."""
     claimed = request.scope.get("state", {}).get(_STATE)
     if claimed is None or runs is None:
         return
@@ -190,17 +191,20 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
     for attempt in itertools.count():
         seed = f"{claim.user_id}\0{claim.key}\0{claim.fingerprint}\0run {attempt}"
         earlier = await runs.get_run(claim.user_id, first_response_id(seed))
-        if earlier is None or not _cut_short(earlier):
+        if earlier is None or not _ended_short(earlier):
             break
     seed_message_ids(seed)
     seed_writes(seed)
 
 
-def _cut_short(run: RunRecord) -> bool:
-    """Whether ``run`` ended before its agent finished, keeping part of its reply."""
+def _ended_short(run: RunRecord) -> bool:
+    """Whether ``run`` ended without its whole turn, storing only what it meant to (its
+    input, a reply cut short). Not a run that may have stored its turn unseen: one that
+    failed when its store did not answer (the write may have landed), or one lost."""
     if run.status == RunStatus.Canceled:
         return True
-    return run.status == RunStatus.Failed and (run.error or {}).get("code") == TIME_LIMIT
+    code = (run.error or {}).get("code")
+    return run.status == RunStatus.Failed and code not in (StoreUnavailableError.code, RUN_LOST)
 
 
 def ends_with_client(request: Request) -> None:
