@@ -114,6 +114,10 @@ async def test_a_one_megabyte_message_round_trips_unchanged(
         assert texts(stored) == ["before", ONE_MEGABYTE_TEXT, "after"]
         page = await history.list_messages(user_id, "s1", limit=2)
         assert page.items[1] == big
+        # Read newest first, its tail items before its head.
+        opened = await history.open_session(user_id, "s1", recent=2)
+        assert opened.messages[0] == big
+        assert texts(opened) == [ONE_MEGABYTE_TEXT, "after"]
     items = await partition(
         dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
     )

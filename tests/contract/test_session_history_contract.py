@@ -207,6 +207,20 @@ async def test_open_session_returns_only_the_last_messages_in_order(
     assert len(texts(await history.get_session(user_id, "s1"))) == 12
 
 
+async def test_open_session_returns_the_last_messages_after_an_append_was_repeated(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, numbered(0, 3))
+    # A retried append: its messages are in the session already, nothing is stored again.
+    await history.append_message(session, numbered(0, 3, " again"))
+    await history.append_message(session, numbered(1, 2, " again"))
+    assert texts(await history.open_session(user_id, "s1", recent=2)) == ["m1", "m2"]
+    assert texts(await history.open_session(user_id, "s1", recent=3)) == ["m0", "m1", "m2"]
+    await history.append_message(session, numbered(3, 1))
+    assert texts(await history.open_session(user_id, "s1", recent=2)) == ["m2", "m3"]
+
+
 async def test_open_session_returns_a_copy(history: SessionHistoryService, user_id: str) -> None:
     session = await history.create_session(user_id, "s1")
     await history.append_message(session, text_message("original"))

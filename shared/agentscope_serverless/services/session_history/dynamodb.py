@@ -28,7 +28,8 @@ pk                         sk                  attributes
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
-  sort-key order; pages use an opaque cursor holding only a sequence number.
+  sort-key order; pages use an opaque cursor holding only a sequence number. A turn's
+  window (its last N messages) is one ``Query`` in reverse order, stopping at the N-th.
 - **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
   the cursor holds only a creation order, and every Query is bound to the caller's user.
 - **Create** is idempotent: a conditional ``PutItem`` (``attribute_not_exists``); a
@@ -63,6 +64,7 @@ from agentscope_serverless.services._dynamodb import (
     body_items,
     id_hash,
     is_live,
+    iterate,
     n,
     names,
     new_generation,
@@ -300,6 +302,31 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         async for head, body in assemble(self._store.query(**query), now()):
             yield position_of(prefix, head["sk"]["S"]), decode_message(body)
 
+    async def _newest_first(
+        self, user_id: str, session_id: str, meta: Item, page_size: int
+    ) -> AsyncGenerator[Message, None]:
+        """The messages kept, newest first (read ``page_size`` items a request)."""
+        # In reverse key order a message's tails come before its head, which closes it.
+        at = now()
+        prefix = self._prefix(meta)
+        group: list[Item] = []
+        async for item in self._store.query(
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+            ExpressionAttributeValues={
+                ":pk": s(self._messages_pk(user_id, session_id)),
+                ":low": s(position_key(prefix, self._first_visible(meta))),
+                ":high": s(f"{prefix}~"),
+            },
+            ConsistentRead=True,
+            ScanIndexForward=False,
+            Limit=page_size,
+        ):
+            group.append(item)
+            if "part" not in item:
+                async for _, body in assemble(iterate(reversed(group)), at):
+                    yield decode_message(body)
+                group = []
+
     async def _trim(self, user_id: str, session_id: str, meta: Item) -> None:
         first_visible = self._first_visible(meta)
         if first_visible == 1:
@@ -345,11 +372,11 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 return Session(id=session_id, user_id=user_id, messages=[])
         if recent == 0:
             return Session(id=session_id, user_id=user_id, messages=[])
-        # The last `recent` sequence numbers: one Query bounded by its key range.
-        after = max(number(meta, "next_seq") - recent, 0)
-        messages: list[Message | dict[str, Any]] = [
-            message async for _, message in self._messages(user_id, session_id, meta, after)
-        ]
+        # The last `recent` messages: one Query read newest first, stopping there. (Not the
+        # last `recent` sequence numbers: an append repeating messages leaves its numbers
+        # unused, and the window would hold fewer messages, or none.)
+        newest = await take(self._newest_first(user_id, session_id, meta, recent), recent)
+        messages: list[Message | dict[str, Any]] = [*reversed(newest)]
         return Session(id=session_id, user_id=user_id, messages=messages)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
