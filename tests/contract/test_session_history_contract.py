@@ -711,6 +711,20 @@ async def test_a_message_appended_again_is_stored_again_only_once_trimmed(
     assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m3", "m4", "m0 again"]
 
 
+async def test_an_append_repeated_while_its_messages_are_kept_changes_nothing_stored(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    session = await kept_to_three.create_session(user_id, "s1")
+    await kept_to_three.append_message(session, numbered(0, 2))
+    again = Session(id="s1", user_id=user_id)
+    await kept_to_three.append_message(again, numbered(0, 2, " again"))
+    assert texts(again) == ["m0", "m1"]
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m0", "m1"]
+    assert texts(await kept_to_three.open_session(user_id, "s1", recent=3)) == ["m0", "m1"]
+    await kept_to_three.append_message(session, numbered(2, 2))
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m1", "m2", "m3"]
+
+
 # --- ids, lifecycle -------------------------------------------------------------------
 
 

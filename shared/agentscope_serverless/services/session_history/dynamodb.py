@@ -583,8 +583,21 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     async def _message_at(
         self, user_id: str, session_id: str, meta: Item, seq: int
     ) -> Message | None:
-        rows = await take(self._messages(user_id, session_id, meta, seq - 1, limit=4), 1)
-        return rows[0][1] if rows and rows[0][0] == seq else None
+        """The message stored at ``seq``, even one the append's own sequence numbers hide
+        (until its gaps are recorded, they count among the newest N: a message it repeats
+        would be taken for gone, and overwritten)."""
+        head = position_key(self._prefix(meta), seq)
+        items = self._store.query(
+            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+            ExpressionAttributeValues={
+                ":pk": s(self._messages_pk(user_id, session_id)),
+                ":low": s(head),
+                ":high": s(f"{head}#~"),
+            },
+            ConsistentRead=True,
+        )
+        bodies = [body async for _, body in assemble(items, now())]
+        return decode_message(bodies[0]) if bodies else None
 
 
 __all__ = ["DynamoDBSessionHistoryService"]
