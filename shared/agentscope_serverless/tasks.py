@@ -22,7 +22,7 @@ from pydantic_core import to_jsonable_python
 from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._once import new_uuid
-from agentscope_serverless.services._validation import require_finite
+from agentscope_serverless.services._validation import json_copy
 from agentscope_serverless.services.idempotency.base import (
     ClaimOutcome,
     IdempotencyStore,
@@ -66,10 +66,10 @@ async def run_task(
     (``TIME_LIMIT``)."""
     try:
         result = await _beating(runs, user_id, task_id, _call(task, payload))
-        # Numbers JSON cannot carry (NaN, infinities) fail the task rather than come back
-        # as null.
-        stored = to_jsonable_python(result, inf_nan_mode="constants")
-        require_finite(stored, field="result")
+        # A result that every store could not keep and give back as it was fails the task,
+        # saying why: numbers JSON cannot carry (NaN, infinities: null once stored), text
+        # that is not Unicode (a lone UTF-16 surrogate), nesting too deep to be read back.
+        stored = json_copy(to_jsonable_python(result, inf_nan_mode="constants"), field="result")
     except TimeLimitError as exc:
         logger.warning("a background task reached the time limit", extra={"task_id": task_id})
         error = {"code": exc.code, "message": exc.message}

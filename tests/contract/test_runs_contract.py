@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from agentscope_serverless.services.runs.base import (
     RUN_LOST,
     RunBurst,
 )
+from agentscope_serverless.tasks import TaskDefinition, run_task
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -598,3 +600,44 @@ async def test_a_heartbeat_keeps_a_run_in_progress_and_never_makes_a_deleted_one
         await runs.delete_user_runs(user_id)
         await runs.beat(running)
         assert await runs.get_run(user_id, "beating") is None
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("result", "why"),
+    [
+        # Half of an emoji cut in two: kept in memory, refused by the other stores' JSON
+        # encoding, which left the task in progress until it read as lost.
+        ({"reply": ["fine", "cut \ud83d"]}, "result.reply.1 is not valid Unicode text"),
+        # Stored, but too deep for Redis and DynamoDB to read back: every read failed.
+        (_nested(200), "result nests deeper than 100 levels of arrays and objects"),
+    ],
+)
+async def test_a_task_whose_result_no_store_can_keep_fails_saying_why(
+    runs_factory: Callable[[], RunsService], user_id: str, result: Any, why: str
+) -> None:
+    async def unkeepable(payload: Any) -> Any:
+        return result
+
+    async def fine(payload: Any) -> Any:
+        return {"reply": "whole \U0001f642", "nested": _nested(99)}
+
+    async with runs_factory() as runs:
+        for task_id, function in (("unkeepable", unkeepable), ("fine", fine)):
+            task = TaskDefinition(path=f"/jobs/{task_id}", function=function)
+            record = RunRecord(id=task_id, user_id=user_id, kind="task", name=task.path)
+            await runs.create_run(record)
+            await run_task(runs, task, user_id, task_id, {})
+        failed = await runs.get_run(user_id, "unkeepable")
+        assert failed is not None and failed.status == "failed" and failed.result is None
+        assert failed.error is not None and failed.error["code"] == "TASK_FAILED"
+        assert failed.error["message"].startswith(f"InvalidInputError: {why}")
+        completed = await runs.get_run(user_id, "fine")
+        assert completed is not None and completed.status == "completed"
+        assert completed.result == {"reply": "whole \U0001f642", "nested": _nested(99)}
