@@ -218,6 +218,20 @@ async def test_ids_are_checked(runs_factory: Callable[[], RunsService], user_id:
             await runs.create_run(RunRecord(id="r1", user_id=""))
 
 
+async def test_a_read_of_events_refuses_a_position_or_a_limit_that_is_no_count(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    async with runs_factory() as runs:
+        await runs.create_run(RunRecord(id="r1", user_id=user_id))
+        await runs.append_events(user_id, "r1", [_event(0), _event(1)])
+        # A limit of 0 read nothing in memory and every event elsewhere; a position of 0.5
+        # failed in the stores' own ways, one of them a store error.
+        for after, limit in ((-1, 0), (-1, -1), (-1, True), (0.5, None), (True, None)):
+            with pytest.raises(InvalidInputError):
+                await runs.read_events(user_id, "r1", after, limit)  # type: ignore[arg-type]
+        assert [s for s, _ in await runs.read_events(user_id, "r1", 0, 1)] == [1]
+
+
 async def test_a_burst_creates_appends_and_finishes_in_one_call(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

@@ -31,7 +31,11 @@ from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Error
-from agentscope_serverless.services._validation import require_session_id, require_user_id
+from agentscope_serverless.services._validation import (
+    optional_positive_int,
+    require_session_id,
+    require_user_id,
+)
 from agentscope_serverless.services.base import (
     PreparedWrite,
     ServiceWithLifecycleManager,
@@ -388,9 +392,13 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
     ) -> list[StoredEvent]:
         """The stored events with a sequence number above ``after``, in order (``after``
-        below -1 reads them all, above :data:`MAX_SEQUENCE` none)."""
+        below -1 reads them all, above :data:`MAX_SEQUENCE` none), at most ``limit`` of them
+        (at least 1) when given."""
         self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise InvalidInputError("after must be an integer", field="after")
+        limit = optional_positive_int(limit, field="limit")
         return await self._read(user_id, run_id, min(max(after, -1), MAX_SEQUENCE), limit)
 
     async def follow(
