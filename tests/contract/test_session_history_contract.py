@@ -725,6 +725,36 @@ async def test_an_append_repeated_while_its_messages_are_kept_changes_nothing_st
     assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m1", "m2", "m3"]
 
 
+async def test_concurrent_repeats_of_an_append_keep_its_messages_once(
+    session_history_factory: Callable[..., SessionHistoryService], user_id: str
+) -> None:
+    # Retries arriving together: each repeat leaves unused sequence numbers behind on
+    # DynamoDB, which a trim counted among the newest N before they were recorded.
+    async with session_history_factory(max_messages_per_session=4) as kept_to_four:
+        sessions = [Session(id="s1", user_id=user_id) for _ in range(8)]
+        await asyncio.gather(
+            *(kept_to_four.append_message(session, numbered(0, 3)) for session in sessions)
+        )
+        assert all(texts(session) == ["m0", "m1", "m2"] for session in sessions)
+        assert texts(await kept_to_four.get_session(user_id, "s1")) == ["m0", "m1", "m2"]
+        assert texts(await kept_to_four.open_session(user_id, "s1", recent=4)) == [
+            "m0",
+            "m1",
+            "m2",
+        ]
+        await asyncio.gather(
+            *(
+                kept_to_four.append_message(
+                    Session(id="s1", user_id=user_id), [*numbered(2, 1), *numbered(i, 1)]
+                )
+                for i in range(3, 9)
+            )
+        )
+        kept = texts(await kept_to_four.get_session(user_id, "s1"))
+        assert len(kept) == len(set(kept)) == 4
+        assert texts(await kept_to_four.open_session(user_id, "s1", recent=10)) == kept
+
+
 # --- ids, lifecycle -------------------------------------------------------------------
 
 

@@ -40,7 +40,9 @@ pk                         sk                  attributes
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
 - ``max_messages_per_session`` keeps the newest N messages (older ones are hidden at once
-  and deleted, with the items of their ids, by the next append).
+  and deleted, with the items of their ids, by the next append, once the newest N are
+  stored: a trim reads their keys, newest first, so concurrent appends never delete the
+  messages of one another).
 """
 
 from __future__ import annotations
@@ -327,8 +329,41 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                     yield decode_message(body)
                 group = []
 
+    async def _oldest_kept(self, user_id: str, session_id: str, meta: Item, limit: int) -> int:
+        """The sequence number of the ``limit``-th newest message stored (1 when fewer are)."""
+        at = now()
+        prefix = self._prefix(meta)
+        heads = (
+            position_of(prefix, item["sk"]["S"])
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                ExpressionAttributeValues={
+                    ":pk": s(self._messages_pk(user_id, session_id)),
+                    ":low": s(prefix),
+                    ":high": s(f"{prefix}~"),
+                },
+                ProjectionExpression="sk, #p, #e",
+                ExpressionAttributeNames=names("#p", "#e"),
+                ConsistentRead=True,
+                ScanIndexForward=False,
+                Limit=limit,
+            )
+            if "part" not in item and is_live(item, at)
+        )
+        newest = await take(heads, limit)
+        return newest[-1] if len(newest) == limit else 1
+
     async def _trim(self, user_id: str, session_id: str, meta: Item) -> None:
         first_visible = self._first_visible(meta)
+        if first_visible == 1 or self._max_messages is None:
+            return
+        # The sequence numbers of appends still in flight count among the newest N until
+        # they are written or recorded as gaps: only messages older than the newest N
+        # stored go (and only gaps before them, which no later count needs).
+        first_visible = min(
+            first_visible,
+            await self._oldest_kept(user_id, session_id, meta, self._max_messages),
+        )
         if first_visible == 1:
             return
         prefix = self._prefix(meta)
