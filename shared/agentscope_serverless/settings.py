@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
 MemoryBackend = Literal["in_memory", "redis"]
@@ -77,7 +78,10 @@ class Settings(BaseModel):
         ),
     )
     runs_ttl_seconds: int = Field(
-        86400, ge=1, description="How long a run and its events are kept after its last write."
+        86400,
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="How long a run and its events are kept after its last write.",
     )
     runs_cancel_poll_seconds: float = Field(
         0.25,
@@ -131,13 +135,19 @@ class Settings(BaseModel):
         description="Prefix of every Redis key (no braces or spaces).",
     )
     session_ttl_seconds: int | None = Field(
-        None, ge=1, description="Sliding expiry of sessions in Redis/DynamoDB; unset: none."
+        None,
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="Sliding expiry of sessions in Redis/DynamoDB; unset: none.",
     )
     memory_ttl_seconds: int | None = Field(
-        None, ge=1, description="Expiry of long-term memory; unset: memory never expires."
+        None,
+        ge=1,
+        le=MAX_TTL_SECONDS,
+        description="Expiry of long-term memory; unset: memory never expires.",
     )
     state_ttl_seconds: int | None = Field(
-        None, ge=1, description="Sliding expiry of agent state; unset: none."
+        None, ge=1, le=MAX_TTL_SECONDS, description="Sliding expiry of agent state; unset: none."
     )
     max_messages_per_session: int | None = Field(
         None, ge=1, description="Keep only the newest N messages of a session; unset: all."
@@ -239,6 +249,7 @@ class Settings(BaseModel):
     idempotency_expiry_seconds: int = Field(
         86_400,
         ge=1,
+        le=MAX_TTL_SECONDS,
         description="How long an Idempotency-Key is remembered after its first use.",
     )
     idempotency_lease_seconds: float = Field(

@@ -13,7 +13,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    StoreUnavailableError,
+)
 from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
@@ -21,6 +25,7 @@ from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services import _stored
 from agentscope_serverless.services._redis import escape, user_key_prefix
+from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency.base import StoredResponse
@@ -204,6 +209,35 @@ async def test_state_ttl_slides_on_reads(
             await redis_client.pexpire(key, 5_000)
         assert await state.export_state(user_id) == {"v": 1}
         assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+
+async def test_the_longest_ttl_works_and_a_longer_one_is_refused_at_once(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    # A "never" of 10**16 seconds was taken, then every call failed as if Redis were down.
+    url = redis_server.url
+    history = RedisSessionHistoryService(url, ttl_seconds=MAX_TTL_SECONDS)
+    state = RedisStateService(url, ttl_seconds=MAX_TTL_SECONDS)
+    memory = RedisMemoryService(url, ttl_seconds=MAX_TTL_SECONDS)
+    runs = RedisRunsService(url, ttl_seconds=MAX_TTL_SECONDS)
+    async with history, state, memory, runs:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, msg("green tea"))
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None and len(stored.messages) == 1
+        await state.save_state(user_id, {"v": 1})
+        assert await state.export_state(user_id) == {"v": 1}
+        await memory.add_memory(user_id, [msg("green tea")])
+        assert len(await memory.search_memory(user_id, [msg("tea")])) == 1
+        await runs.create_run(RunRecord(id="r1", user_id=user_id, session_id="s1"))
+        assert await runs.get_run(user_id, "r1") is not None
+    keys = await user_keys(redis_client, "session", user_id)
+    assert all(ttl > (MAX_TTL_SECONDS - 60) * 1000 for ttl in await pttls(redis_client, keys))
+    for service in (RedisSessionHistoryService, RedisStateService, RedisMemoryService):
+        with pytest.raises(InvalidInputError, match="ttl_seconds must be at most"):
+            service(url, ttl_seconds=MAX_TTL_SECONDS + 1)
+    with pytest.raises(InvalidInputError, match="ttl_seconds must be at most"):
+        RedisRunsService(url, ttl_seconds=10**16)
 
 
 # --- limits and layout ----------------------------------------------------------------

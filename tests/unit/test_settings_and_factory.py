@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.factory import (
     create_memory_service,
@@ -52,6 +53,27 @@ def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SESSION_TTL_SECONDS", "-5")
     with pytest.raises(ConfigurationError, match="SESSION_TTL_SECONDS"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "SESSION_TTL_SECONDS",
+        "MEMORY_TTL_SECONDS",
+        "STATE_TTL_SECONDS",
+        "RUNS_TTL_SECONDS",
+        "IDEMPOTENCY_EXPIRY_SECONDS",
+    ],
+)
+def test_a_ttl_longer_than_every_store_takes_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    # Taken, it made every call on Redis fail as if the store were down.
+    monkeypatch.setenv(variable, str(MAX_TTL_SECONDS + 1))
+    with pytest.raises(ConfigurationError, match=variable):
+        load_settings()
+    monkeypatch.setenv(variable, str(MAX_TTL_SECONDS))
+    assert getattr(load_settings(), variable.lower()) == MAX_TTL_SECONDS
 
 
 def test_configuration_errors_never_echo_secrets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis_shared import SharedConnection
-from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services._validation import optional_ttl_seconds
 from agentscope_serverless.services.base import PreparedWrite, StartedGuard
 
 ResultT = TypeVar("ResultT")
@@ -589,7 +589,7 @@ class RedisBackedService(StartedGuard):
             health_check_interval=health_check_interval,
             socket_keepalive=socket_keepalive,
         )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds") or 0
+        self._ttl = optional_ttl_seconds(ttl_seconds) or 0
 
     async def start(self) -> None:
         await self._redis.open()

@@ -20,6 +20,10 @@ from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._once import new_uuid
 
 MAX_ID_LENGTH = 512
+# The longest expiry a store is given (about 31,700 years; unset means none): Redis counts
+# expiries in milliseconds, which its scripts compute as doubles, exact below 2**53 (a TTL
+# of 10**16 s made every call fail there).
+MAX_TTL_SECONDS = 10**12
 DEFAULT_SESSION_ID = "default"
 # Ids may hold any text but control characters (C0 except tab and line breaks, DEL, C1):
 # they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
@@ -374,6 +378,18 @@ def optional_positive_int(value: Any, *, field: str) -> int | None:
     return None if value is None else require_positive_int(value, field=field)
 
 
+def optional_ttl_seconds(value: Any) -> int | None:
+    """None (nothing expires), or ``value`` as a ``ttl_seconds`` every store can take: at
+    most :data:`MAX_TTL_SECONDS`.
+
+    >>> optional_ttl_seconds(86400), optional_ttl_seconds(None)
+    (86400, None)
+    """
+    if value is None:
+        return None
+    return require_positive_int(value, field="ttl_seconds", maximum=MAX_TTL_SECONDS)
+
+
 def encode_cursor(payload: Mapping[str, Any]) -> str:
     """An opaque, URL-safe cursor carrying ``payload``."""
     raw = json.dumps(dict(payload), separators=(",", ":"), sort_keys=True).encode()
@@ -408,6 +424,7 @@ __all__ = [
     "DEFAULT_SESSION_ID",
     "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
+    "MAX_TTL_SECONDS",
     "clean_session_id",
     "cursor_position",
     "decode_cursor",
@@ -417,6 +434,7 @@ __all__ = [
     "new_or_clean_session_id",
     "nonfinite_path",
     "optional_positive_int",
+    "optional_ttl_seconds",
     "require_finite",
     "require_positive_int",
     "require_shallow_json",

@@ -70,7 +70,7 @@ from agentscope_serverless.services._dynamodb import (
     take,
 )
 from agentscope_serverless.services._once import WRITE_ID_SECONDS
-from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services._validation import optional_ttl_seconds
 from agentscope_serverless.services.agent_state.base import (
     MAX_ROUND_ID,
     StateService,
@@ -112,7 +112,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._ttl = optional_ttl_seconds(ttl_seconds)
 
     @staticmethod
     def _pk(user_id: str, session_id: str) -> str:

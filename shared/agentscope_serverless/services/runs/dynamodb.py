@@ -45,7 +45,7 @@ from agentscope_serverless.services._dynamodb import (
 from agentscope_serverless.services._dynamodb import (
     body_items as _body_items,
 )
-from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services._validation import optional_ttl_seconds
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 _EVENT_PREFIX = "E#"
@@ -90,7 +90,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._ttl = optional_ttl_seconds(ttl_seconds)
 
     @staticmethod
     def _pk(user_id: str, run_id: str) -> str:

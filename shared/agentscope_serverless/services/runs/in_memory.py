@@ -11,7 +11,10 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from agentscope_serverless.services._validation import optional_positive_int
+from agentscope_serverless.services._validation import (
+    optional_positive_int,
+    optional_ttl_seconds,
+)
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 
@@ -36,7 +39,7 @@ class InMemoryRunsService(RunsService):
     and beyond ``max_runs`` runs the oldest are dropped."""
 
     def __init__(self, ttl_seconds: int | None = None, max_runs: int = DEFAULT_MAX_RUNS) -> None:
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._ttl = optional_ttl_seconds(ttl_seconds)
         self._max_runs = optional_positive_int(max_runs, field="max_runs") or DEFAULT_MAX_RUNS
         self._runs: dict[tuple[str, str], _Run] = {}
 

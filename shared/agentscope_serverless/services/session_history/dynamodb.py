@@ -82,6 +82,7 @@ from agentscope_serverless.services._validation import (
     cursor_position,
     encode_cursor,
     optional_positive_int,
+    optional_ttl_seconds,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -128,7 +129,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        self._ttl = optional_positive_int(ttl_seconds, field="ttl_seconds")
+        self._ttl = optional_ttl_seconds(ttl_seconds)
         self._max_messages = optional_positive_int(
             max_messages_per_session, field="max_messages_per_session"
         )
