@@ -243,6 +243,27 @@ async def test_the_longest_ttl_works_and_a_longer_one_is_refused_at_once(
 # --- limits and layout ----------------------------------------------------------------
 
 
+async def test_a_user_with_thousands_of_sessions_and_states_is_erased(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    # Their keys went to DEL in one Lua unpack, which takes about 8,000 values: the erase
+    # failed as if Redis were down, for good (in memory and on DynamoDB it went through).
+    async with (
+        RedisSessionHistoryService(redis_server.url) as history,
+        RedisStateService(redis_server.url) as state,
+    ):
+        await asyncio.gather(*(history.create_session(user_id, f"s{i}") for i in range(2100)))
+        await asyncio.gather(
+            *(state.save_state(user_id, {"i": i}, session_id=f"s{i}") for i in range(2700))
+        )
+        await history.delete_user_sessions(user_id)
+        await state.delete_user_state(user_id)
+        assert await history.list_sessions(user_id) == []
+        assert await state.export_state(user_id, session_id="s2699") is None
+    assert await user_keys(redis_client, "session", user_id) == []
+    assert await user_keys(redis_client, "state", user_id) == []
+
+
 async def test_max_messages_keeps_the_newest_and_pages_stay_consistent(
     redis_server: RedisServer, user_id: str
 ) -> None:

@@ -55,6 +55,16 @@ local function touch(ttl, keys)
 end
 """
 
+# Deletes every key of KEYS, a thousand a call: a script's unpack takes about 8,000 values,
+# and a user with thousands of sessions has more keys than that.
+LUA_DELETE_KEYS = """
+local function delete_keys()
+  for i = 1, #KEYS, 1000 do
+    redis.call('DEL', unpack(KEYS, i, math.min(i + 999, #KEYS)))
+  end
+end
+"""
+
 
 # The characters quote() never encodes.
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
@@ -606,6 +616,7 @@ class RedisBackedService(StartedGuard):
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_REDIS_URL",
+    "LUA_DELETE_KEYS",
     "LUA_TOUCH",
     "MAX_POSITION",
     "Command",

@@ -21,6 +21,7 @@ from typing import Any
 
 from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._redis import (
+    LUA_DELETE_KEYS,
     LUA_TOUCH,
     RedisBackedService,
     escape,
@@ -111,7 +112,9 @@ _MEMBERS = """
 return redis.call('SMEMBERS', KEYS[1])
 """
 
-_DELETE_USER = """
+_DELETE_USER = (
+    LUA_DELETE_KEYS
+    + """
 local expected = {}
 for _, id in ipairs(ARGV) do expected[id] = true end
 local now = redis.call('SMEMBERS', KEYS[1])
@@ -119,9 +122,10 @@ if #now ~= #ARGV then return 0 end
 for _, id in ipairs(now) do
   if not expected[id] then return 0 end
 end
-redis.call('DEL', unpack(KEYS))
+delete_keys()
 return 1
 """
+)
 
 
 class RedisStateService(RedisBackedService, StateService):

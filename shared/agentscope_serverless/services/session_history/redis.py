@@ -32,6 +32,7 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._redis import (
     DEFAULT_KEY_PREFIX,
     DEFAULT_REDIS_URL,
+    LUA_DELETE_KEYS,
     MAX_POSITION,
     RedisBackedService,
     RedisClient,
@@ -172,11 +173,14 @@ return 1
 # KEYS: index, expiry, counter, then the meta, messages, ids and id order keys of the
 # sessions the caller read from the index. ARGV: the counter value then. Deletes only when
 # no session was created since (else returns 0 and the caller reads the index again).
-_DELETE_USER = """
+_DELETE_USER = (
+    LUA_DELETE_KEYS
+    + """
 if (redis.call('GET', KEYS[3]) or '') ~= ARGV[1] then return 0 end
-redis.call('DEL', unpack(KEYS))
+delete_keys()
 return 1
 """
+)
 
 # KEYS: index, expiry, counter. The counter and every session id of the index.
 _READ_INDEX = """
