@@ -529,6 +529,56 @@ async def test_a_dynamodb_that_stops_answering_fails_a_call_within_one_timeout(
         assert await history.get_session(user_id, "s1") is not None
 
 
+class FailingClaimClient:
+    """A DynamoDB client passing every request to ``client`` but the first claims of message
+    ids, ``failures`` of them, which fail as DynamoDB's own errors do (never executed)."""
+
+    def __init__(self, client: DynamoDBClient, failures: int) -> None:
+        self.client = client
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    async def put_item(self, **kwargs: Any) -> Any:
+        if "~I#" in kwargs["Item"]["sk"]["S"] and self.failures > 0:
+            self.failures -= 1
+            error = {"Code": "InternalServerError", "Message": "Internal server error"}
+            raise ClientError({"Error": error}, "PutItem")
+        return await self.client.put_item(**kwargs)
+
+
+async def test_an_append_failing_midway_hides_none_of_the_newest_messages(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # Its sequence numbers were allocated, never used: they counted among the newest N for
+    # good, so the session read one message short (and the next trims kept it so), where in
+    # memory and on Redis an append that fails stores nothing and hides nothing.
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingClaimClient(client, failures=0)
+        async with DynamoDBSessionHistoryService(
+            dynamodb_server.sessions_table,
+            client=failing,  # type: ignore[arg-type]
+            max_messages_per_session=3,
+        ) as history:
+            target = Session(id="s1", user_id=user_id)
+            await history.append_message(target, [msg("a"), msg("b"), msg("c")])
+            failing.failures = 1
+            with pytest.raises(StoreUnavailableError):
+                await history.append_message(target, msg("lost"))
+            assert texts(await history.get_session(user_id, "s1")) == ["a", "b", "c"]
+            assert texts(await history.open_session(user_id, "s1", recent=3)) == ["a", "b", "c"]
+            await history.append_message(target, msg("d"))
+            assert texts(await history.get_session(user_id, "s1")) == ["b", "c", "d"]
+            assert texts(await history.open_session(user_id, "s1", recent=5)) == ["b", "c", "d"]
+            page = await history.list_messages(user_id, "s1", limit=2)
+            assert [m.get_text_content() for m in page.items] == ["b", "c"]
+            assert page.next_cursor is not None
+            rest = await history.list_messages(user_id, "s1", cursor=page.next_cursor)
+            assert [m.get_text_content() for m in rest.items] == ["d"]
+
+
 class ThrottlingClient:
     """A DynamoDB client whose first ``throttled`` requests are throttled (never executed)."""
 

@@ -39,10 +39,11 @@ pk                         sk                  attributes
   gone, or of another generation, and deletes what it wrote.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
-- ``max_messages_per_session`` keeps the newest N messages (older ones are hidden at once
-  and deleted, with the items of their ids, by the next append, once the newest N are
-  stored: a trim reads their keys, newest first, so concurrent appends never delete the
-  messages of one another).
+- ``max_messages_per_session`` keeps the newest N messages stored: reads take them newest
+  first (a page of messages starts at the oldest of them), so older ones are hidden at once
+  and deleted, with the items of their ids, by the next append. What is kept is counted
+  from the messages stored, not from the sequence numbers given out, which appends in
+  flight, or failed midway, hold unused.
 """
 
 from __future__ import annotations
@@ -149,8 +150,10 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         return f"M#{meta['generation']['S']}#"
 
     def _first_visible(self, meta: Item) -> int:
-        """The sequence number of the oldest message kept: the newest N are, where the
-        sequence numbers left unused (``gaps``) count for none."""
+        """Where the newest N sequence numbers start, those left unused (``gaps``) counting
+        for none: 1 when at most N messages are stored (no trim is due). An append that
+        failed midway leaves numbers neither used nor recorded, so what is kept is read from
+        the messages stored (see :meth:`_oldest_kept`)."""
         if self._max_messages is None:
             return 1
         first = number(meta, "next_seq") - self._max_messages + 1
@@ -290,7 +293,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         self, user_id: str, session_id: str, meta: Item, after: int, limit: int | None = None
     ) -> AsyncGenerator[tuple[int, Message], None]:
         prefix = self._prefix(meta)
-        first = max(after + 1, self._first_visible(meta))
+        first = after + 1
         query: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND sk BETWEEN :low AND :high",
             "ExpressionAttributeValues": {
@@ -308,7 +311,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     async def _newest_first(
         self, user_id: str, session_id: str, meta: Item, page_size: int
     ) -> AsyncGenerator[Message, None]:
-        """The messages kept, newest first (read ``page_size`` items a request)."""
+        """The messages stored, newest first (read ``page_size`` items a request)."""
         # In reverse key order a message's tails come before its head, which closes it.
         at = now()
         prefix = self._prefix(meta)
@@ -317,7 +320,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
             ExpressionAttributeValues={
                 ":pk": s(self._messages_pk(user_id, session_id)),
-                ":low": s(position_key(prefix, self._first_visible(meta))),
+                ":low": s(prefix),
                 ":high": s(f"{prefix}~"),
             },
             ConsistentRead=True,
@@ -411,7 +414,13 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         # The last `recent` messages: one Query read newest first, stopping there. (Not the
         # last `recent` sequence numbers: an append repeating messages leaves its numbers
         # unused, and the window would hold fewer messages, or none.)
-        newest = await take(self._newest_first(user_id, session_id, meta, recent), recent)
+        return await self._newest(user_id, session_id, meta, recent)
+
+    async def _newest(self, user_id: str, session_id: str, meta: Item, count: int) -> Session:
+        """The session with its newest ``count`` messages (at most the N it keeps)."""
+        if self._max_messages is not None:
+            count = min(count, self._max_messages)
+        newest = await take(self._newest_first(user_id, session_id, meta, count), count)
         messages: list[Message | dict[str, Any]] = [*reversed(newest)]
         return Session(id=session_id, user_id=user_id, messages=messages)
 
@@ -422,6 +431,8 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         return await self._session_with_messages(user_id, session_id, meta)
 
     async def _session_with_messages(self, user_id: str, session_id: str, meta: Item) -> Session:
+        if self._max_messages is not None:
+            return await self._newest(user_id, session_id, meta, self._max_messages)
         messages: list[Message | dict[str, Any]] = [
             message async for _, message in self._messages(user_id, session_id, meta, after=0)
         ]
@@ -506,6 +517,11 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         meta = await self._read_meta(user_id, session_id)
         if meta is None:
             return None
+        if self._max_messages is not None:
+            # From the oldest message kept on: older ones may be stored still (deleted by
+            # the next append).
+            oldest = await self._oldest_kept(user_id, session_id, meta, self._max_messages)
+            after = max(after, oldest - 1)
         rows = await take(
             self._messages(user_id, session_id, meta, after, limit=limit + 1), limit + 1
         )
