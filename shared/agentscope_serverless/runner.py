@@ -8,7 +8,9 @@ where ``self`` is the Runner, ``msgs`` the request's input messages, and ``kwarg
 ``request``, ``response`` (the :class:`AgentResponse` being built; a handler may set its
 ``usage``), ``session`` (the :class:`Session` with the last ``history_window`` messages of its
 history, loaded before the call: page through older ones with ``list_messages``) and
-``memories`` (long-term memories matching the input; ``[]`` without a memory service).
+``memories`` (long-term memories matching the input; ``[]`` without a memory service). A
+handler without ``**kwargs`` gets only those it names (``async def q(self, request,
+response)``, as AgentScope Runtime called them, works as written).
 
 An input message whose ``metadata`` holds ``"turn_only": true`` (a responses request's
 ``instructions``) reaches the handler but is not stored: it is for this turn alone, so a
@@ -157,6 +159,7 @@ class Runner(ServiceLifecycleManagerMixin):
         self._typed = typed
         self._owns_services = services is None
         self._to_agentscope_msgs: Callable[[list[Message]], list[Any]] | None = None
+        self._handler_keywords: tuple[object, frozenset[str] | None] | None = None
         self._started = False
 
     async def query_handler(self, *args: Any, **kwargs: Any) -> Any:
@@ -476,15 +479,30 @@ class Runner(ServiceLifecycleManagerMixin):
         msgs: list[Any] = list(request.input)
         if self._to_agentscope_msgs is not None:
             msgs = self._to_agentscope_msgs(msgs)
-        result: Any = self.query_handler(
-            msgs=msgs,
-            request=request,
-            response=turn.response,
-            session=session,
-            memories=memories,
-            **extra,
-        )
-        return items_of(result)
+        arguments = {
+            "msgs": msgs,
+            "request": request,
+            "response": turn.response,
+            "session": session,
+            "memories": memories,
+        }
+        handler = self.query_handler
+        taken = self._keywords_taken(handler)
+        if taken is not None:
+            # A handler written for AgentScope Runtime without **kwargs names only what it
+            # was given there (request and response; msgs for AgentScope's framework).
+            arguments = {name: value for name, value in arguments.items() if name in taken}
+        return items_of(handler(**arguments, **extra))
+
+    def _keywords_taken(self, handler: Callable[..., Any]) -> frozenset[str] | None:
+        """The keyword arguments ``handler`` takes by name; None when it takes any
+        (``**kwargs``). Read once per handler function."""
+        function = getattr(handler, "__func__", handler)
+        if self._handler_keywords is not None and self._handler_keywords[0] is function:
+            return self._handler_keywords[1]
+        taken = keywords_taken(handler)
+        self._handler_keywords = (function, taken)
+        return taken
 
     def _error_of(self, exc: BaseException) -> Error:
         """The ``error`` of a failed event, with every configured secret scrubbed out."""
@@ -558,6 +576,19 @@ def _stored_input(messages: list[Message]) -> list[Message]:
     if not any(m.metadata and m.metadata.get(TURN_ONLY) is True for m in messages):
         return messages
     return [m for m in messages if not (m.metadata and m.metadata.get(TURN_ONLY) is True)]
+
+
+def keywords_taken(function: Callable[..., Any]) -> frozenset[str] | None:
+    """The names ``function`` takes as keyword arguments; None when it takes any
+    (``**kwargs``) or its signature cannot be read."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(parameter.name for parameter in parameters if parameter.kind in named)
 
 
 def items_of(result: Any) -> AsyncGenerator[Any, None]:

@@ -1,0 +1,72 @@
+"""Query handlers written for AgentScope Runtime 1.0.5 run unchanged: its Runner called them
+with ``request`` and ``response`` (and ``msgs`` for AgentScope's framework) only, so a
+handler naming just those, without ``**kwargs``, is called with just those."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentscope_serverless import Runner
+from agentscope_serverless.schemas.agent_schemas import AgentRequest, AgentResponse
+from tests.parity.test_agentscope_query import run_script
+
+TURN = {"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+
+
+class RequestResponseRunner(Runner):
+    """A text runner as AgentScope's users subclass it, its handler naming what it uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.framework_type = "text"
+
+    async def query_handler(  # type: ignore[override]  # AgentScope's own shape
+        self, request: AgentRequest | None = None, response: AgentResponse | None = None
+    ) -> AsyncIterator[str]:
+        assert request is not None and response is not None
+        yield f"{request.user_id} in {response.session_id}"
+
+
+async def test_a_handler_without_kwargs_gets_the_request_and_the_response() -> None:
+    async with RequestResponseRunner() as runner:
+        final = await runner.query({**TURN, "session_id": "s1", "user_id": "ann"})
+    assert final.status == "completed", final.error
+    assert final.output is not None and final.output[0].get_text_content() == "ann in s1"
+
+
+async def test_a_handler_with_kwargs_still_gets_the_session_and_memories() -> None:
+    seen: dict[str, Any] = {}
+
+    async def handler(self: Runner, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        seen.update(kwargs, msgs=msgs)
+        yield "ok"
+
+    async with Runner(handler) as runner:
+        final = await runner.query({**TURN, "session_id": "s2"})
+    assert final.status == "completed", final.error
+    assert {"msgs", "request", "response", "session", "memories"} <= set(seen)
+
+
+AGENTSCOPE_HANDLER = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="Friday")
+
+@app.query(framework="agentscope")
+async def query_func(self, msgs, request=None, response=None):
+    yield Msg("Friday", "echo " + msgs[-1].get_text_content(), "assistant"), True
+
+async def main():
+    async with app:
+        final = await app.query("Who are you?", user_id="u1", session_id="s1")
+    print(final.status, final.error, final.output and final.output[0].get_text_content())
+
+asyncio.run(main())
+"""
+
+
+def test_an_agentscope_handler_without_kwargs_gets_msgs_request_and_response() -> None:
+    assert run_script(AGENTSCOPE_HANDLER) == "completed None echo Who are you?"
