@@ -1,44 +1,95 @@
 """The routes an :class:`AgentApp` adds with ``@app.endpoint(path, methods)``, behind auth.
 
 A handler is a FastAPI endpoint; a generator (sync or async) is streamed as Server-Sent
-Events, one ``data: <JSON>`` line per item (text items are sent as JSON strings).
+Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
+are sent as JSON strings, pydantic models, dataclasses and objects with ``to_dict()`` (or
+``to_map()``) as their JSON objects, at any depth, tuples and sets as arrays, anything else as
+its ``str()``. A sync generator runs in a worker thread, so a blocking one holds up no other
+request. A generator that raises ends the stream with AgentScope's error item,
+``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
+streaming generator"}``, the settings' secrets replaced by ``***``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from starlette.concurrency import iterate_in_threadpool
 
 from agentscope_serverless.http.auth import current_user_id
+from agentscope_serverless.log import logger
+
+# Deeper than this, a value is sent as its str(): a structure that contains itself ends.
+_MAX_DEPTH = 100
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON values."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if depth >= _MAX_DEPTH:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(item, depth + 1) for item in value]
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return {f.name: _jsonable(getattr(value, f.name), depth + 1) for f in fields}
+    for name in ("to_map", "to_dict"):
+        method = getattr(value, name, None)
+        if callable(method):
+            return _jsonable(method(), depth + 1)
+    return str(value)
 
 
 def _encode(item: Any) -> str:
     if isinstance(item, BaseModel):
         body = item.model_dump_json()
     else:
-        body = json.dumps(item, ensure_ascii=False, default=str)
+        body = json.dumps(_jsonable(item), ensure_ascii=False)
     return f"data: {body}\n\n"
 
 
-def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
+def _error_item(exc: Exception, secrets: Iterable[str]) -> str:
+    """AgentScope's last item of a stream whose generator raised ``exc``."""
+    message = str(exc)
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    logger.exception("a streamed endpoint failed", extra={"error": type(exc).__name__})
+    error = {
+        "error": message,
+        "error_type": type(exc).__name__,
+        "message": "Error in streaming generator",
+    }
+    return _encode(error)
+
+
+def _streaming(handler: Callable[..., Any], secrets: list[str]) -> Callable[..., Any]:
     """``handler`` (a generator function) as an endpoint returning an SSE response."""
 
     async def endpoint(*args: Any, **kwargs: Any) -> StreamingResponse:
         items = handler(*args, **kwargs)
 
         async def body() -> AsyncIterator[str]:
-            if inspect.isasyncgen(items):
-                async for item in items:
-                    yield _encode(item)
-            else:
-                for item in items:
-                    yield _encode(item)
+            try:
+                if inspect.isasyncgen(items):
+                    async for item in items:
+                        yield _encode(item)
+                else:
+                    async for line in iterate_in_threadpool(_encoded(items)):
+                        yield line
+            except Exception as exc:
+                yield _error_item(exc, secrets)
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -53,13 +104,21 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     return endpoint
 
 
-def build_router(endpoints: list[dict[str, Any]]) -> APIRouter:
-    """A router of the custom endpoints, every one requiring an authenticated caller."""
+def _encoded(items: Iterable[Any]) -> Iterator[str]:
+    """The SSE lines of a sync generator's items (encoded in its worker thread too)."""
+    for item in items:
+        yield _encode(item)
+
+
+def build_router(endpoints: list[dict[str, Any]], secrets: Iterable[str] = ()) -> APIRouter:
+    """A router of the custom endpoints, every one requiring an authenticated caller;
+    ``secrets`` are kept out of the error items of streamed ones."""
+    hidden = [secret for secret in secrets if secret]
     router = APIRouter(dependencies=[Depends(current_user_id)], tags=["custom"])
     for spec in endpoints:
         handler = spec["handler"]
         if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
-            handler = _streaming(handler)
+            handler = _streaming(handler, hidden)
         router.add_api_route(spec["path"], handler, methods=spec["methods"])
     return router
 

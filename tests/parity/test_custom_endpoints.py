@@ -1,0 +1,124 @@
+"""Streamed ``@app.endpoint`` routes as AgentScope Runtime 1.0.5 streams them: every item a
+``data:`` line of JSON, models and dataclasses as objects at any depth, a generator that
+raises ending with AgentScope's error item (secrets hidden), and a sync generator that
+blocks holding up no other request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from agentscope_serverless import AgentApp
+from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.settings import load_settings
+from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
+
+SECRET = "sk-custom-endpoint-secret"
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
+
+
+class Mapped:
+    """An SDK object of the kind AgentScope turns into JSON through ``to_dict()``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "mapped", "point": Point(5, 6)}
+
+
+def build_app(released: threading.Event) -> AgentApp:
+    app = AgentApp(app_name="endpoints")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "unused"
+
+    @app.endpoint("/objects")
+    async def objects(body: dict[str, Any]) -> AsyncIterator[Any]:
+        yield {"message": Message(role="user", content=[TextContent(text="hi")])}
+        yield Point(1, 2)
+        yield {"points": (Point(3, 4),), "tags": {"a"}}
+        yield Mapped()
+
+    @app.endpoint("/failing")
+    async def failing(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
+        yield {"i": 0}
+        raise ValueError(f"upstream refused key {SECRET}")
+
+    @app.endpoint("/blocking")
+    def blocking(body: dict[str, Any]) -> Iterator[str]:
+        yield "waiting"
+        # A blocking wait, as a sync generator calling a blocking client does: released by
+        # another request, which only a server that is not blocked can answer.
+        yield "released" if released.wait(timeout=30) else "never released"
+
+    @app.endpoint("/release", methods=["POST"])
+    async def release() -> dict[str, bool]:
+        released.set()
+        return {"released": True}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, str]]:
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    app = build_app(threading.Event())
+    settings = load_settings(llm_api_key=SECRET)
+    with running(app.get_fastapi_app(settings=settings, key_store=store)) as url:
+        yield url, key
+
+
+def test_models_dataclasses_and_mapped_objects_stream_as_json_objects(
+    served: tuple[str, str],
+) -> None:
+    url, key = served
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        response = client.post("/objects", json={})
+    items = parse_sse(response.text.splitlines()).data
+    assert items[0]["message"]["role"] == "user"
+    assert items[0]["message"]["content"][0]["text"] == "hi"
+    assert items[1:] == [
+        {"x": 1, "y": 2},
+        {"points": [{"x": 3, "y": 4}], "tags": ["a"]},
+        {"kind": "mapped", "point": {"x": 5, "y": 6}},
+    ]
+
+
+def test_a_generator_that_raises_ends_with_agentscopes_error_item(
+    served: tuple[str, str],
+) -> None:
+    url, key = served
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        response = client.post("/failing", json={})
+    assert response.status_code == 200
+    assert parse_sse(response.text.splitlines()).data == [
+        {"i": 0},
+        {
+            "error": "upstream refused key ***",
+            "error_type": "ValueError",
+            "message": "Error in streaming generator",
+        },
+    ]
+
+
+def test_a_blocking_sync_generator_holds_up_no_other_request(served: tuple[str, str]) -> None:
+    url, key = served
+    with (
+        httpx.Client(base_url=url, headers=bearer(key), timeout=60) as client,
+        client.stream("POST", "/blocking", json={}) as response,
+    ):
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:")) == 'data: "waiting"'
+        with httpx.Client(base_url=url, headers=bearer(key), timeout=60) as other:
+            assert other.post("/release").json() == {"released": True}
+        assert next(line for line in lines if line.startswith("data:")) == 'data: "released"'
