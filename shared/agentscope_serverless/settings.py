@@ -414,4 +414,16 @@ def get_settings() -> Settings:
     return resolve_secrets(load_settings())
 
 
-__all__ = ["Settings", "get_settings", "load_settings"]
+def environment_port(default: int = 8080) -> int:
+    """The ``PORT`` environment variable, which AgentScope's ``app.run()`` listens on and a
+    platform running a script sets (``default`` when unset); a value that is no port number
+    raises :class:`ConfigurationError` naming the variable."""
+    value = os.environ.get("PORT", "").strip()
+    if not value:
+        return default
+    if not (value.isascii() and value.isdigit()) or int(value) > 65535:
+        raise ConfigurationError("PORT must be a port number from 0 to 65535")
+    return int(value)
+
+
+__all__ = ["Settings", "environment_port", "get_settings", "load_settings"]

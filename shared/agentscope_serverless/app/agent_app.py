@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 from urllib.parse import urlsplit
@@ -58,7 +59,7 @@ from agentscope_serverless.services.session_history.base import (
     MAX_PAGE_SIZE,
     SessionHistoryService,
 )
-from agentscope_serverless.settings import Settings
+from agentscope_serverless.settings import Settings, environment_port
 from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
@@ -391,8 +392,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     def run(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8080,
+        host: str | None = None,
+        port: int | None = None,
         web_ui: bool = False,
         *,
         settings: Settings | None = None,
@@ -400,14 +401,20 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ) -> None:
         """Serve the app over HTTP with every router, until interrupted (Ctrl-C).
 
-        On port 8080 by default, as AgentScope Runtime's ``run()``; on the loopback interface
-        unless ``host`` says otherwise (``host="0.0.0.0"`` in a container).
+        As AgentScope Runtime's ``run()``, ``host`` and ``port`` default to the ``HOST`` and
+        ``PORT`` environment variables (what a platform running the script sets), else port
+        8080, on the loopback interface (``host="0.0.0.0"`` or ``HOST=0.0.0.0`` in a
+        container).
 
         The composition root of a script: ``settings`` default to the environment's.
-        ``kwargs`` go to ``uvicorn.run``; the chat page is served when ``web_ui`` is true.
+        ``kwargs`` go to ``uvicorn.run`` (AgentScope's ``mode`` is taken and has no effect);
+        the chat page is served when ``web_ui`` is true.
         """
         import uvicorn
 
+        kwargs.pop("mode", None)
+        host = host or os.environ.get("HOST") or "127.0.0.1"
+        port = port if port is not None else environment_port()
         root = settings or _root_settings()
         if web_ui:
             root = root.model_copy(update={"web_ui": True})

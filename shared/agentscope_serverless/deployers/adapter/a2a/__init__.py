@@ -15,13 +15,13 @@ the card's URLs are the ones the card was requested at, or ``A2A_BASE_URL``.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.settings import environment_port
 
 DEFAULT_WELLKNOWN_PATH = "/.well-known/agent-card.json"
 # The fields of a configured card the served card takes.
@@ -48,7 +48,7 @@ class AgentCardWithRuntimeConfig(BaseModel):
 
     agent_card: Any = None
     host: str | None = None
-    port: int = int(os.getenv("PORT", "8080"))
+    port: int = Field(default_factory=environment_port)
     registry: list[Any] | None = None
     task_timeout: int | None = 60
     task_event_timeout: int | None = 10
