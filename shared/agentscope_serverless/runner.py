@@ -21,7 +21,8 @@ content parts (``TextContent(text=..., delta=True)`` for a streamed piece; a mes
 ``in_progress`` stays open for the deltas its ``add_delta_content`` returns, until it is
 yielded again with another status), a coroutine
 returning text or a :class:`Message`, or, with ``framework="agentscope"``, a generator of
-AgentScope-style ``(msg, last)`` pairs whose cumulative text is streamed as suffixes.
+AgentScope-style ``(msg, last)`` pairs whose cumulative thinking and text are streamed as
+suffixes, and whose tool uses and results become messages of their own (``_Turn.snapshot``).
 
 >>> async def echo(self, msgs, request=None, **kwargs):
 ...     yield "You said: "
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import json
 import time
 import types
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
@@ -62,9 +64,15 @@ from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
     Content,
+    DataContent,
     Error,
     Event,
+    FunctionCall,
+    FunctionCallOutput,
+    McpCall,
+    McpCallOutput,
     Message,
+    MessageType,
     Role,
     RunStatus,
     SequenceNumberGenerator,
@@ -623,8 +631,12 @@ class _Turn:
         self.outputs: list[Message] = []
         self._sequence = 0
         self._open: Message | None = None
-        self._open_key: object = None
+        # Of the AgentScope Msg being streamed (``snapshot``): its key, its thinking and text
+        # so far, and the message types of its tool calls, by call id.
+        self._msg_key: object = None
+        self._thought = ""
         self._snapshot = ""
+        self._tool_kinds: dict[str, str] = {}
         self._text_part: TextContent | None = None
         self._text: list[str] = []
 
@@ -738,26 +750,60 @@ class _Turn:
         return [] if completed is None else [self._emit(completed)]
 
     def snapshot(self, msg: Any, last: bool) -> list[Event]:
-        """An AgentScope-style ``(msg, last)`` pair: ``msg`` holds the text so far."""
+        """An AgentScope-style ``(msg, last)`` pair, ``msg`` holding its blocks so far, as
+        AgentScope Runtime's adapter streams it: thinking as a ``reasoning`` message, text as
+        a message, each streamed as the suffix it grew by; once ``last``, its tool uses as
+        ``plugin_call`` (``mcp_call``) messages and its tool results as ``plugin_call_output``
+        (``mcp_call_output``) messages of the tool. The ``Msg``'s usage goes with them."""
         key = getattr(msg, "id", None) or id(msg)
         events: list[Event] = []
-        message = self._open
-        if message is None or self._open_key != key:
+        if key != self._msg_key:
             events += self.close()
-            role = getattr(msg, "role", None)
-            message = Message(role=role if role in _ROLES else Role.ASSISTANT, metadata={})
-            events += self._open_message(message, key)
-        text = _agentscope_text(msg)
-        if text.startswith(self._snapshot):
-            piece = text[len(self._snapshot) :]
-        else:
-            events += self._complete_parts(message)
-            piece = text
-        if piece:
-            events.append(self._stream_text(message, piece))
+            self._msg_key, self._thought, self._snapshot = key, "", ""
+        blocks = _agentscope_blocks(msg)
+        usage = getattr(msg, "usage", None)
+        usage = dict(usage) if isinstance(usage, Mapping) and usage else None
+        role = getattr(msg, "role", None)
+        role = role if role in _ROLES else Role.ASSISTANT
+        thought = "".join(str(b.get("thinking", "")) for b in blocks if b["type"] == "thinking")
+        events += self._grow(MessageType.REASONING, Role.ASSISTANT, self._thought, thought, usage)
+        self._thought = thought
+        text = "".join(str(b.get("text", "")) for b in blocks if b["type"] == "text")
+        events += self._grow(MessageType.MESSAGE, role, self._snapshot, text, usage)
         self._snapshot = text
         if last:
             events += self.close()
+            for block in blocks:
+                tool_message = _tool_message(block, self._tool_kinds, usage)
+                if tool_message is not None:
+                    events += self.message(tool_message)
+            self._msg_key, self._thought, self._snapshot = None, "", ""
+        return events
+
+    def _grow(
+        self, kind: str, role: str, before: str, now: str, usage: dict[str, Any] | None
+    ) -> list[Event]:
+        """Stream what ``now`` adds to ``before`` in the open message of ``kind`` (opened
+        when another kind, or none, is open); a ``now`` that does not extend ``before``
+        completes the part streamed so far and starts a new one."""
+        if now == before:
+            return []
+        events: list[Event] = []
+        message = self._open
+        if message is None or message.type != kind:
+            events += self.close()
+            message = Message(type=kind, role=role, metadata={})
+            events += self._open_message(message)
+            before = ""
+        if usage is not None:
+            message.usage = usage
+        if now.startswith(before):
+            piece = now[len(before) :]
+        else:
+            events += self._complete_parts(message)
+            piece = now
+        if piece:
+            events.append(self._stream_text(message, piece))
         return events
 
     def close(self) -> list[Event]:
@@ -767,7 +813,7 @@ class _Turn:
         events = self._complete_parts(message)
         events.append(self._emit(message.completed()))
         self.outputs.append(message)
-        self._open, self._open_key, self._snapshot = None, None, ""
+        self._open = None
         return events
 
     def finish(self) -> AgentResponse:
@@ -789,7 +835,7 @@ class _Turn:
         if self._open is not None:
             self._flush_text()
             self.outputs.append(self._open)
-            self._open, self._open_key, self._snapshot = None, None, ""
+            self._open = None
         return self.outputs
 
     def cancel(self) -> AgentResponse:
@@ -808,9 +854,9 @@ class _Turn:
         self._sequence += 1
         return event
 
-    def _open_message(self, message: Message, key: object = None) -> list[Event]:
+    def _open_message(self, message: Message) -> list[Event]:
         message.in_progress()
-        self._open, self._open_key, self._snapshot = message, key, ""
+        self._open = message
         return [self._emit(message.model_copy())]
 
     def _ensure_open(self) -> tuple[Message, list[Event]]:
@@ -938,6 +984,64 @@ def _agentscope_msg_converter() -> Callable[[list[Message]], list[Any]]:
             "handler with @app.query(framework='text') to get protocol Messages"
         ) from None
     return cast(Callable[[list[Message]], list[Any]], module.message_to_agentscope_msg)
+
+
+def _agentscope_blocks(msg: Any) -> list[dict[str, Any]]:
+    """The blocks of an AgentScope ``Msg`` (duck-typed: text content is one text block)."""
+    content = getattr(msg, "content", None)
+    if isinstance(content, list):
+        return [
+            {**block, "type": str(block.get("type", ""))}
+            for block in content
+            if isinstance(block, Mapping)
+        ]
+    return [{"type": "text", "text": _agentscope_text(msg)}]
+
+
+def _tool_message(
+    block: dict[str, Any], kinds: dict[str, str], usage: dict[str, Any] | None
+) -> Message | None:
+    """The message of a ``tool_use`` block (a call) or a ``tool_result`` block (its
+    output), as AgentScope Runtime's adapter makes them; None for other blocks. ``kinds``
+    keeps the message type of each call, so that its result is of the matching type."""
+    call_id = str(block.get("id") or "")
+    name = block.get("name") if isinstance(block.get("name"), str) else None
+    if block["type"] == "tool_use":
+        arguments = _json_text(block.get("input"))
+        call: FunctionCall | McpCall
+        if block.get("tool_type") == "mcp":
+            kind = MessageType.MCP_TOOL_CALL
+            label = block.get("server_label")
+            server_label = label if isinstance(label, str) else None
+            call = McpCall(
+                call_id=call_id, name=name, arguments=arguments, server_label=server_label
+            )
+        else:
+            kind = MessageType.PLUGIN_CALL
+            call = FunctionCall(call_id=call_id, name=name, arguments=arguments)
+        kinds[call_id] = kind
+        content = [DataContent(data=call.model_dump())]
+        return Message(type=kind, role=Role.ASSISTANT, content=content, usage=usage)
+    if block["type"] == "tool_result":
+        output = _json_text(block.get("output"))
+        result: FunctionCallOutput | McpCallOutput
+        if kinds.get(call_id) == MessageType.MCP_TOOL_CALL:
+            kind = MessageType.MCP_TOOL_CALL_OUTPUT
+            result = McpCallOutput(call_id=call_id, name=name, output=output)
+        else:
+            kind = MessageType.PLUGIN_CALL_OUTPUT
+            result = FunctionCallOutput(call_id=call_id, name=name, output=output)
+        content = [DataContent(data=result.model_dump())]
+        return Message(type=kind, role=Role.TOOL, content=content, usage=usage)
+    return None
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text (its ``str()`` when it is not JSON)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _agentscope_text(msg: Any) -> str:

@@ -5,6 +5,7 @@ here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -86,3 +87,59 @@ def test_an_agentscope_handler_gets_every_content_part_as_a_block() -> None:
         ("user", "user", "Thanks"),
     ]
     assert run_script(IMAGE_INPUT) == repr(expected)
+
+
+REACT_TURN = """
+import asyncio, json
+from agentscope.message import Msg
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="Friday")
+
+@app.query(framework="agentscope")
+async def query_func(self, msgs, request=None, **kwargs):
+    # What a ReActAgent with a tool prints: its reasoning, a tool call, the tool's result
+    # (a Msg of the system) and the answer, each Msg growing until its last print.
+    thinking = Msg("Friday", [{"type": "thinking", "thinking": "Let me"}], "assistant")
+    yield thinking, False
+    thinking.content = [
+        {"type": "thinking", "thinking": "Let me compute."},
+        {"type": "text", "text": "Computing"},
+        {"type": "tool_use", "id": "call_1", "name": "run", "input": {"code": "1+1"}},
+    ]
+    yield thinking, True
+    output = [{"type": "text", "text": "2"}]
+    result = {"type": "tool_result", "id": "call_1", "name": "run", "output": output}
+    yield Msg("system", [result], "system"), True
+    answer = Msg("Friday", "It is 2.", "assistant")
+    answer.usage = {"input_tokens": 10, "output_tokens": 3}
+    yield answer, True
+
+async def main():
+    async with app:
+        final = await app.query("What is 1+1?", user_id="u1", session_id="s1")
+    assert final.status == "completed", final.error
+    print(json.dumps({
+        "output": [
+            [m.type, m.role, [c.model_dump(include={"type", "text", "data"}) for c in m.content]]
+            for m in final.output
+        ],
+        "usage": final.usage,
+    }))
+
+asyncio.run(main())
+"""
+
+
+def test_an_agentscope_handlers_reasoning_tool_calls_and_results_are_messages() -> None:
+    result = json.loads(run_script(REACT_TURN))
+    call = {"call_id": "call_1", "name": "run", "arguments": '{"code": "1+1"}'}
+    output = {"call_id": "call_1", "name": "run", "output": '[{"type": "text", "text": "2"}]'}
+    assert result["output"] == [
+        ["reasoning", "assistant", [{"type": "text", "text": "Let me compute."}]],
+        ["message", "assistant", [{"type": "text", "text": "Computing"}]],
+        ["plugin_call", "assistant", [{"type": "data", "data": call}]],
+        ["plugin_call_output", "tool", [{"type": "data", "data": output}]],
+        ["message", "assistant", [{"type": "text", "text": "It is 2."}]],
+    ]
+    assert result["usage"] == {"input_tokens": 10, "output_tokens": 3}

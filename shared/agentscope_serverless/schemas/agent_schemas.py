@@ -39,6 +39,7 @@ class MessageType:
     MCP_APPROVAL_REQUEST = "mcp_approval_request"
     MCP_TOOL_CALL = "mcp_call"
     MCP_APPROVAL_RESPONSE = "mcp_approval_response"
+    MCP_TOOL_CALL_OUTPUT = "mcp_call_output"
     REASONING = "reasoning"
     HEARTBEAT = "heartbeat"
     ERROR = "error"
