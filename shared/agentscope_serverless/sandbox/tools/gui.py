@@ -1,0 +1,6 @@
+"""AgentScope's gui sandbox tools, which are not offered here."""
+
+raise ImportError(
+    "gui sandbox tools are not offered: the sandbox server runs 'base' and 'filesystem' "
+    "sandboxes (tools in agentscope_serverless.sandbox.tools.base and .filesystem)"
+)
