@@ -141,3 +141,22 @@ async def test_deploy_serves_the_app_with_a_local_deployer() -> None:
     assert result["success"] and not deployer.is_running
     deployer.is_running = True
     assert deployer.is_running
+
+
+async def test_a_runner_its_user_started_deploys_restarted_by_the_server() -> None:
+    # AgentScope's way: ``async with runner: await runner.deploy(manager)``; its server
+    # stops the running runner and starts it again, on the server's services.
+    store = InMemoryKeyStore()
+    key = await asyncio.to_thread(issue_key, store, "dev")
+    runner = CountingRunner()
+    async with runner:
+        deployer = LocalDeployManager(host="127.0.0.1", port=0)
+        info = await runner.deploy(deployer, settings=load_settings(), key_store=store)
+        try:
+            client = HTTPAgentAPIClient(f"{info['url']}/process", token=key)
+            request = create_simple_text_request("hi", session_id="d1")
+            events = [e async for e in client.astream(request)]
+            assert "".join(extract_text_from_event(e) or "" for e in events) == "turn 1"
+        finally:
+            await deployer.stop(info["deploy_id"])
+    assert runner.events == ["init", "shutdown", "init", "shutdown"]

@@ -136,8 +136,13 @@ class LocalDeployManager(DeployManager):
 
         For a plain function, ``kwargs`` are passed to the ``before_start``/``after_finish``
         callbacks. Celery (``broker_url``...), other modes than a daemon thread and
-        ``project_dir``/``entrypoint`` are refused.
+        ``project_dir``/``entrypoint`` are refused. A runner already started (``async with
+        runner: await runner.deploy(manager)``) is stopped first and started again by the
+        server, with the server's services, as AgentScope Runtime's server restarts it.
         """
+        started = runner if runner is not None else getattr(app, "runner", None)
+        if isinstance(started, Runner) and started.is_started and not self.is_running:
+            await started.stop()
         return await asyncio.to_thread(
             self.deploy_sync,
             app,
