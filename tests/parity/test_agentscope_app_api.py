@@ -18,7 +18,13 @@ from agentscope_serverless.helpers.agent_api_client import (
     create_simple_text_request,
     extract_text_from_event,
 )
-from agentscope_serverless.schemas.agent_schemas import AgentResponse
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    Event,
+    Message,
+    RunStatus,
+    TextContent,
+)
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
@@ -49,6 +55,12 @@ class CountingRunner(Runner):
         count = (state or {}).get("count", 0) + 1
         await self.state_service.save_state(request.user_id, {"count": count}, request.session_id)
         yield f"turn {count}"
+
+
+def reply_of(events: list[Event]) -> str:
+    """The reply's text: what ``extract_text_from_event`` gives of its completed message."""
+    [message] = [e for e in events if isinstance(e, Message) and e.status == "completed"]
+    return extract_text_from_event(message) or ""
 
 
 def build_app(runner: Runner) -> AgentApp:
@@ -92,7 +104,7 @@ def test_a_runner_subclass_keeps_state_assigned_in_its_init(
     for _ in range(2):
         events = list(client.stream(create_simple_text_request("hi", session_id="c1")))
         assert isinstance(events[-1], AgentResponse) and events[-1].status == "completed"
-        texts.append("".join(extract_text_from_event(e) or "" for e in events))
+        texts.append(reply_of(events))
     assert texts == ["turn 1", "turn 2"]
 
 
@@ -102,7 +114,7 @@ async def test_the_async_client_streams_and_raises_on_refusal(
     url, key, _ = served
     client = HTTPAgentAPIClient(f"{url}/process", token=key)
     events = [e async for e in client.astream(create_simple_text_request("hi", session_id="c2"))]
-    assert "".join(extract_text_from_event(e) or "" for e in events) == "turn 1"
+    assert reply_of(events) == "turn 1"
     bad = HTTPAgentAPIClient(f"{url}/process", token="ask_wrong")
     with pytest.raises(AgentAPIError, match="401"):
         [e async for e in bad.astream(create_simple_text_request("hi"))]
@@ -156,7 +168,18 @@ async def test_a_runner_its_user_started_deploys_restarted_by_the_server() -> No
             client = HTTPAgentAPIClient(f"{info['url']}/process", token=key)
             request = create_simple_text_request("hi", session_id="d1")
             events = [e async for e in client.astream(request)]
-            assert "".join(extract_text_from_event(e) or "" for e in events) == "turn 1"
+            assert reply_of(events) == "turn 1"
         finally:
             await deployer.stop(info["deploy_id"])
     assert runner.events == ["init", "shutdown", "init", "shutdown"]
+
+
+def test_extract_text_from_event_gives_text_as_agentscopes_client_does() -> None:
+    delta = TextContent(text="Hi ", delta=True, index=0)
+    whole = TextContent(text="Hi there", index=0, status=RunStatus.Completed)
+    message = Message(role="assistant", content=[whole, TextContent(text="!")])
+    assert extract_text_from_event(delta) == "Hi "
+    assert extract_text_from_event(whole) == "Hi there"
+    assert extract_text_from_event(message.in_progress()) is None
+    assert extract_text_from_event(message.completed()) == "Hi there!"
+    assert extract_text_from_event(AgentResponse().completed()) is None

@@ -2,7 +2,10 @@
 
 >>> client = HTTPAgentAPIClient("http://127.0.0.1:8090/process", token="ask_...")
 >>> for event in client.stream(create_simple_text_request("hi", session_id="s1")):
-...     print(extract_text_from_event(event) or "", end="")
+...     if isinstance(event, TextContent) and event.delta:
+...         print(event.text, end="")  # each piece as it comes
+...     elif isinstance(event, Message) and event.status == "completed":
+...         reply = extract_text_from_event(event)  # the whole message's text
 
 ``astream`` is the async twin. A non-2xx answer, or an ``{"error": ...}`` line, raises
 :class:`AgentAPIError`; a run that fails arrives as its ``failed`` response event.
@@ -31,6 +34,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     RefusalContent,
     Role,
+    RunStatus,
     TextContent,
 )
 
@@ -179,9 +183,14 @@ def parse_event_from_json(data: dict[str, Any]) -> Event | None:
 
 
 def extract_text_from_event(event: Event) -> str | None:
-    """The new text an event brings: a text delta's piece (None for other events)."""
-    if isinstance(event, TextContent) and event.delta:
+    """The text of an event, as AgentScope Runtime's client gives it: a text content's text
+    (a delta's piece, or a completed part's whole text), or the text of a completed
+    message's text parts joined; None for other events."""
+    if isinstance(event, TextContent):
         return event.text
+    if isinstance(event, Message) and event.status == RunStatus.Completed and event.content:
+        texts = [part.text for part in event.content if isinstance(part, TextContent)]
+        return "".join(text for text in texts if text) or None
     return None
 
 
