@@ -32,3 +32,10 @@ class MemoryBase:
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         pass
+
+
+class LongTermMemoryBase:
+    """AgentScope's long-term memory: ``record``/``retrieve`` and the agent's tools."""
+
+    def __init__(self) -> None:
+        pass

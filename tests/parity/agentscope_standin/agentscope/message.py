@@ -25,3 +25,7 @@ class Msg:
 
 class TextBlock(dict):  # type: ignore[type-arg]
     pass
+
+
+class ThinkingBlock(dict):  # type: ignore[type-arg]
+    pass

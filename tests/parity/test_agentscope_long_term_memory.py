@@ -1,0 +1,49 @@
+"""``AgentScopeLongTermMemory`` as AgentScope Runtime 1.0.5's (``agentscope_runtime.adapters.
+agentscope.long_term_memory``): an agent's long-term memory kept in a memory service (Redis
+here), recorded under the session and retrieved from the user's whole memory, with the
+agent's ``record_to_memory`` and ``retrieve_from_memory`` tools. With the AgentScope-shaped
+package (``agentscope_standin/``), in a child process."""
+
+from __future__ import annotations
+
+import uuid
+
+from agentscope_serverless.local_stack import RedisServer
+from tests.parity.test_agentscope_query import run_script
+
+SCRIPT = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.long_term_memory import (
+    AgentScopeLongTermMemory,
+)
+from agentscope_serverless.services.memory import RedisMemoryService
+
+async def main():
+    async with RedisMemoryService(redis_url=REDIS_URL) as service:
+        memory = AgentScopeLongTermMemory(service=service, user_id=USER, session_id="s1")
+        await memory.record([Msg("alice", "I love green tea", "user"), None])
+        other = AgentScopeLongTermMemory(service=service, user_id=USER, session_id="s2")
+        print(repr(await other.retrieve(Msg("alice", "Which tea?", "user"))))
+        saved = await memory.record_to_memory("worth keeping", ["Alice lives in Lyon"])
+        print(saved.content[0]["text"])
+        found = await other.retrieve_from_memory(["Lyon", "tea"], limit=1)
+        print(repr(found.content[0]["text"]))
+        listed = await service.list_memory(USER)
+        print([(m.role, m.get_text_content()) for m in listed])
+
+asyncio.run(main())
+"""
+
+
+def test_an_agents_long_term_memory_records_and_retrieves_in_the_memory_service(
+    redis_server: RedisServer,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:12]}"
+    script = f"REDIS_URL = {redis_server.url!r}\nUSER = {user!r}\n{SCRIPT}"
+    assert run_script(script).splitlines() == [
+        "'I love green tea'",
+        "Successfully recorded content to memory",
+        "'Alice lives in Lyon\\nI love green tea'",
+        "[('user', 'I love green tea'), ('assistant', 'Alice lives in Lyon')]",
+    ]
