@@ -346,6 +346,14 @@ class Runner(ServiceLifecycleManagerMixin):
             return
         if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
             raise ConfigurationError("no query handler: register one with @app.query(...)")
+        if self.framework_type not in FRAMEWORKS:
+            # A subclass may set it after __init__, as AgentScope's runners do: a framework
+            # whose messages are not given to the handler must not run on ours unnoticed.
+            raise ConfigurationError(
+                f"framework_type must be one of {', '.join(FRAMEWORKS)}, got "
+                f"{self.framework_type!r} (AgentScope Runtime's other framework adapters are "
+                "not available)"
+            )
         if self.framework_type == "agentscope":
             self._to_agentscope_msgs = _agentscope_msg_converter()
         # Handlers read ``self.settings`` whether or not the services were given.

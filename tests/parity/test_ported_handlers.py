@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from agentscope_serverless import Runner
+from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.schemas.agent_schemas import AgentRequest, AgentResponse
 from tests.parity.test_agentscope_query import run_script
 
@@ -70,3 +73,21 @@ asyncio.run(main())
 
 def test_an_agentscope_handler_without_kwargs_gets_msgs_request_and_response() -> None:
     assert run_script(AGENTSCOPE_HANDLER) == "completed None echo Who are you?"
+
+
+class LangGraphRunner(Runner):
+    """A runner for a framework whose adapter AgentScope Runtime has and we do not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.framework_type = "langgraph"
+
+    async def query_handler(self, msgs: Any = None, **kwargs: Any) -> AsyncIterator[str]:
+        yield "handed protocol messages instead of LangGraph's"
+
+
+async def test_a_framework_without_an_adapter_is_refused_at_start_naming_it() -> None:
+    runner = LangGraphRunner()
+    with pytest.raises(ConfigurationError, match="got 'langgraph'"):
+        await runner.start()
+    assert not runner.is_started
