@@ -12,6 +12,11 @@ from typing import Any
 
 from agentscope_serverless.errors import ConflictError, InvalidInputError
 from agentscope_serverless.services._once import next_write_id
+from agentscope_serverless.services._ported import (
+    STATE_HOOKS,
+    STATE_METHODS,
+    adapt_ported_subclass,
+)
 from agentscope_serverless.services._validation import (
     json_copy,
     require_positive_int,
@@ -42,6 +47,11 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
     Every backend stores a copy (as JSON) and returns a copy: mutating what you passed in
     or got back never changes what is stored.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A backend written for AgentScope Runtime overrides the public methods instead.
+        adapt_ported_subclass(cls, StateService, STATE_METHODS, STATE_HOOKS)
 
     async def start(self) -> None:
         self._set_started(True)

@@ -14,6 +14,11 @@ from typing import Any
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._once import next_write_id
+from agentscope_serverless.services._ported import (
+    MEMORY_HOOKS,
+    MEMORY_METHODS,
+    adapt_ported_subclass,
+)
 from agentscope_serverless.services._turn import note_memory_write
 from agentscope_serverless.services._validation import (
     clean_session_id,
@@ -55,6 +60,11 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
     ...     await memory.add_memory("u1", [{"role": "user", "content": "I love green tea"}])
     ...     hits = await memory.search_memory("u1", [{"role": "user", "content": "tea?"}])
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A backend written for AgentScope Runtime overrides the public methods instead.
+        adapt_ported_subclass(cls, MemoryService, MEMORY_METHODS, MEMORY_HOOKS)
 
     async def start(self) -> None:
         self._set_started(True)

@@ -15,6 +15,11 @@ from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session, extend_messages
+from agentscope_serverless.services._ported import (
+    SESSION_HISTORY_HOOKS,
+    SESSION_HISTORY_METHODS,
+    adapt_ported_subclass,
+)
 from agentscope_serverless.services._turn import note_history_write
 from agentscope_serverless.services._validation import (
     clean_session_id,
@@ -52,6 +57,13 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
 
     # Whether the backend prepares writes (see :meth:`prepare_append`).
     prepares_writes: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A backend written for AgentScope Runtime overrides the public methods instead.
+        adapt_ported_subclass(
+            cls, SessionHistoryService, SESSION_HISTORY_METHODS, SESSION_HISTORY_HOOKS
+        )
 
     async def start(self) -> None:
         self._set_started(True)

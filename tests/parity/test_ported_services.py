@@ -1,0 +1,187 @@
+"""Services written for AgentScope Runtime 1.0.5, as its guide suggests ("extend the
+SessionHistoryService abstract base class"): subclasses overriding AgentScope's public
+methods instantiate and serve an app, whose runner reads them through those methods; what
+those methods cannot give is refused naming the method to override."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentscope_serverless import AgentApp
+from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services.agent_state import StateService
+from agentscope_serverless.services.memory import MemoryService
+from agentscope_serverless.services.session_history import SessionHistoryService
+
+
+class DictSessionHistoryService(SessionHistoryService):
+    """Sessions in a dict, keeping what it is given (dicts too), as AgentScope's did."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, dict[str, Session]] = {}
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def health(self) -> bool:
+        return True
+
+    async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
+        sid = (session_id or "").strip() or str(uuid.uuid4())
+        session = Session(id=sid, user_id=user_id)
+        return copy.deepcopy(self.store.setdefault(user_id, {}).setdefault(sid, session))
+
+    async def get_session(self, user_id: str, session_id: str) -> Session | None:
+        return copy.deepcopy(self.store.get(user_id, {}).get(session_id))
+
+    async def delete_session(self, user_id: str, session_id: str) -> None:
+        self.store.get(user_id, {}).pop(session_id, None)
+
+    async def list_sessions(self, user_id: str) -> list[Session]:
+        return [Session(id=s.id, user_id=user_id) for s in self.store.get(user_id, {}).values()]
+
+    async def append_message(self, session: Session, message: Any) -> None:
+        messages = message if isinstance(message, list) else [message]
+        stored = await self.create_session(session.user_id, session.id)
+        self.store[session.user_id][stored.id].messages.extend(
+            m.model_dump() if isinstance(m, Message) else m for m in messages
+        )
+
+
+class DictStateService(StateService):
+    def __init__(self) -> None:
+        self.rounds: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def health(self) -> bool:
+        return True
+
+    async def save_state(
+        self,
+        user_id: str,
+        state: dict[str, Any],
+        session_id: str | None = None,
+        round_id: int | None = None,
+    ) -> int:
+        rounds = self.rounds.setdefault((user_id, session_id or "default"), {})
+        round_id = round_id or max(rounds, default=0) + 1
+        rounds[round_id] = copy.deepcopy(state)
+        return round_id
+
+    async def export_state(
+        self, user_id: str, session_id: str | None = None, round_id: int | None = None
+    ) -> dict[str, Any] | None:
+        rounds = self.rounds.get((user_id, session_id or "default"), {})
+        if not rounds:
+            return None
+        return copy.deepcopy(rounds[round_id or max(rounds)])
+
+
+class ListMemoryService(MemoryService):
+    def __init__(self) -> None:
+        self.memories: list[tuple[str, Any]] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def health(self) -> bool:
+        return True
+
+    async def add_memory(self, user_id: str, messages: Any, session_id: str | None = None) -> None:
+        self.memories += [(user_id, message) for message in messages]
+
+    async def search_memory(
+        self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return [m for u, m in self.memories if u == user_id][-(filters or {}).get("top_k", 5) :]
+
+    async def list_memory(self, user_id: str, filters: dict[str, Any] | None = None) -> list[Any]:
+        return [m for u, m in self.memories if u == user_id]
+
+    async def delete_memory(self, user_id: str, session_id: str | None = None) -> None:
+        self.memories = [(u, m) for u, m in self.memories if u != user_id]
+
+
+def counting_app(history: SessionHistoryService) -> AgentApp:
+    app = AgentApp(
+        app_name="counter",
+        session_history_service=history,
+        state_service=DictStateService(),
+        memory_service=ListMemoryService(),
+    )
+
+    @app.query(framework="text")
+    async def query(
+        self: Any, msgs: Any, session: Session, memories: list[Message], **kwargs: Any
+    ) -> AsyncIterator[str]:
+        turns = await self.state_service.save_state(session.user_id, {}, session.id)
+        yield f"turn {turns}: {len(session.messages)} in history, {len(memories)} memories"
+
+    return app
+
+
+async def test_an_app_runs_on_services_written_for_agentscope() -> None:
+    history = DictSessionHistoryService()
+    app = counting_app(history)
+    async with app:
+        first = await app.query("hi", user_id="ann", session_id="s1")
+        second = await app.query("again", user_id="ann", session_id="s1")
+    assert first.status == second.status == "completed", (first.error, second.error)
+    assert second.output is not None
+    assert second.output[0].get_text_content() == "turn 2: 2 in history, 2 memories"
+    stored = history.store["ann"]["s1"].messages
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_beyond_agentscopes_methods_the_base_reads_through_them() -> None:
+    history = DictSessionHistoryService()
+    async with history:
+        for sid in ("s1", "s2", "s3"):
+            session = await history.create_session("ann", sid)
+            await history.append_message(session, {"role": "user", "content": sid})
+        opened = await history.open_session("ann", "s2", recent=1)
+        assert [m.get_text_content() for m in opened.messages] == ["s2"]
+        page = await history.list_sessions_page("ann", limit=2)
+        assert [s.id for s in page.items] == ["s1", "s2"] and page.next_cursor is not None
+        rest = await history.list_sessions_page("ann", limit=2, cursor=page.next_cursor)
+        assert [s.id for s in rest.items] == ["s3"] and rest.next_cursor is None
+        messages = await history.list_messages("ann", "s3")
+        assert [m.get_text_content() for m in messages.items] == ["s3"]
+        await history.delete_user_sessions("ann")
+        assert await history.list_sessions("ann") == []
+
+
+async def test_what_agentscopes_methods_cannot_give_is_refused_naming_the_method() -> None:
+    state = DictStateService()
+    with pytest.raises(NotImplementedError, match=r"override list_rounds\(\)"):
+        await state.list_rounds("ann", "s1")
+    with pytest.raises(NotImplementedError, match=r"override clear_all_memory\(\)"):
+        await ListMemoryService().clear_all_memory()
+
+
+async def test_a_history_without_append_message_is_refused_naming_it() -> None:
+    # AgentScope's base made append_message a no-op that dropped every message.
+    class ReadOnlyHistory(DictSessionHistoryService):
+        append_message = SessionHistoryService.append_message  # type: ignore[assignment]
+
+    history = ReadOnlyHistory()
+    session = await history.create_session("ann", "s1")
+    with pytest.raises(NotImplementedError, match=r"override append_message\(\)"):
+        await history.append_message(session, {"role": "user", "content": "hi"})
