@@ -183,3 +183,14 @@ def test_extract_text_from_event_gives_text_as_agentscopes_client_does() -> None
     assert extract_text_from_event(message.in_progress()) is None
     assert extract_text_from_event(message.completed()) == "Hi there!"
     assert extract_text_from_event(AgentResponse().completed()) is None
+
+
+def test_fastapi_keyword_arguments_document_the_api_and_others_are_refused() -> None:
+    app = AgentApp(app_name="counter", runner=CountingRunner(), title="Counter API", version="2.1")
+    store = InMemoryKeyStore()
+    with running(app.get_fastapi_app(settings=load_settings(), key_store=store)) as url:
+        info = httpx.get(f"{url}/openapi.json", timeout=10).json()["info"]
+    assert (info["title"], info["version"]) == ("Counter API", "2.1")
+    # AgentScope passed any keyword to FastAPI, which kept it unused: say so instead.
+    with pytest.raises(TypeError, match="does not take: agent"):
+        AgentApp(app_name="overview", agent=object())

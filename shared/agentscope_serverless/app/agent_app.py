@@ -66,6 +66,18 @@ if TYPE_CHECKING:
     from agentscope_serverless.services.sandbox.service import SandboxService
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+# The keyword arguments of FastAPI an AgentApp takes, as AgentScope's passes them on: the
+# fields of the API's documentation (the rest of the application is this package's).
+FASTAPI_METADATA = (
+    "title",
+    "summary",
+    "description",
+    "version",
+    "terms_of_service",
+    "contact",
+    "license_info",
+    "openapi_tags",
+)
 # Every framework name AgentScope Runtime knows: one of these registers a handler (and is
 # refused when it is not one of ours) rather than being run as a request's text.
 _FRAMEWORK_NAMES = (*FRAMEWORKS, "autogen", "langgraph", "agno", "ms_agent_framework")
@@ -79,7 +91,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
     server's lifetime, with the web application as argument. ``endpoint_path`` is where the
     process endpoint is served, and ``request_model`` (an :class:`AgentRequest` subclass)
     validates its body. ``history_window`` is how many of the session's last messages a run
-    hands to the handler (default: the ``AGENT_HISTORY_WINDOW`` setting, 100).
+    hands to the handler (default: the ``AGENT_HISTORY_WINDOW`` setting, 100). Other keyword
+    arguments are FastAPI's fields of the API's documentation (``title``, ``version``...:
+    :data:`FASTAPI_METADATA`), as AgentScope's AgentApp passes them on; any other is refused.
     """
 
     def __init__(
@@ -120,6 +134,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
             )
         if runner is not None and not isinstance(runner, Runner):
             raise TypeError("runner must be a Runner (or a subclass of it)")
+        unknown = sorted(set(kwargs) - set(FASTAPI_METADATA))
+        if unknown:
+            raise TypeError(
+                f"AgentApp() got keyword arguments it does not take: {', '.join(unknown)} "
+                f"(of FastAPI's, it takes {', '.join(FASTAPI_METADATA)})"
+            )
         self.app_name = app_name
         self.app_description = app_description
         self.endpoint_path = endpoint_path

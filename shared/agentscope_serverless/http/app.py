@@ -126,11 +126,15 @@ def create_app(
         idempotency=create_idempotency_store(settings),
     )
     title = f"AgentScope Serverless: {agent_app.app_name}" if agent_app else "AgentScope Serverless"
+    description = (agent_app.app_description if agent_app else "") or "Agents as HTTP APIs."
+    # An app's FastAPI keyword arguments (AgentScope's): the fields of its documentation.
+    metadata = dict(agent_app.fastapi_kwargs) if agent_app is not None else {}
     app = new_application(
         context,
-        title=title,
-        description=(agent_app.app_description if agent_app else "") or "Agents as HTTP APIs.",
+        title=metadata.pop("title", title),
+        description=metadata.pop("description", description),
         lifespan=_lifespan(context),
+        **metadata,
     )
     # Router modules are imported only when mounted: a function serving one router does
     # not pay for defining the others at cold start.
@@ -166,15 +170,24 @@ def include_api_router(app: FastAPI, router: APIRouter) -> None:
 
 
 def new_application(
-    context: AppContext, *, title: str, description: str, lifespan: Lifespan
+    context: AppContext,
+    *,
+    title: str,
+    description: str,
+    lifespan: Lifespan,
+    **metadata: Any,
 ) -> FastAPI:
-    """An application with the shared plumbing: errors, request ids, body limit, ``/health``."""
+    """An application with the shared plumbing: errors, request ids, body limit, ``/health``.
+
+    ``metadata`` are FastAPI's fields of the API's documentation (``version``, ``summary``,
+    ``openapi_tags``...)."""
     settings = context.settings
     open_docs = not settings.docs_require_key
+    metadata.setdefault("version", __version__)
     app = FastAPI(
         title=title,
         description=description,
-        version=__version__,
+        **metadata,
         lifespan=lifespan,
         redoc_url=None,
         # "/sessions/" is no session id: 404, not a redirect to the listing.
