@@ -3,7 +3,13 @@
 The SAM template keeps the stack's secrets in one secret holding a JSON object, and gives
 each function its ARN in ``SECRETS_ARN``. Its non-empty fields fill the settings of the same
 name (``llm_api_key``, ``sandbox_bearer_token``, ``redis_url``), so secrets never sit in
-environment variables.
+the function's configuration.
+
+The agent's own secrets (a weather service's API key...) are in a secret of their own, named
+by ``AGENT_SECRETS_ARN`` (the template's ``AgentSecretsArn``): each of its fields becomes an
+environment variable of the process as the application starts, before the agent is
+imported, so the agent reads ``os.environ["WEATHER_API_KEY"]`` in the cloud as it does
+locally (:func:`export_agent_secrets`).
 
 >>> resolve_secrets(Settings())  # without SECRETS_ARN the settings come back unchanged
 Settings(...)                    # doctest: +SKIP
@@ -12,16 +18,22 @@ Settings(...)                    # doctest: +SKIP
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.settings import Settings
 
 SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
+# What an environment variable may be named, here.
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
-def fetch_secret_json(arn: str, *, region: str, endpoint_url: str | None = None) -> dict[str, Any]:
-    """The JSON object stored in the secret ``arn``."""
+def fetch_secret_json(
+    arn: str, *, region: str, endpoint_url: str | None = None, setting: str = "SECRETS_ARN"
+) -> dict[str, Any]:
+    """The JSON object stored in the secret ``arn`` (the value of ``setting``)."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
@@ -33,31 +45,33 @@ def fetch_secret_json(arn: str, *, region: str, endpoint_url: str | None = None)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         raise StoreUnavailableError(
-            "secretsmanager", f"cannot read the secret of SECRETS_ARN ({code})"
+            "secretsmanager", f"cannot read the secret of {setting} ({code})"
         ) from None
     except NoCredentialsError:
         raise ConfigurationError(
-            "SECRETS_ARN names a secret, but no AWS credentials were found to read it: "
-            "configure them (AWS_PROFILE, AWS_ACCESS_KEY_ID...), or unset SECRETS_ARN and "
-            "give the settings in the environment for a local run"
+            f"{setting} names a secret, but no AWS credentials were found to read it: "
+            f"configure them (AWS_PROFILE, AWS_ACCESS_KEY_ID...), or unset {setting} and "
+            "give its values in the environment for a local run"
         ) from None
     except BotoCoreError as exc:
         raise StoreUnavailableError(
-            "secretsmanager", f"cannot read the secret of SECRETS_ARN ({type(exc).__name__})"
+            "secretsmanager", f"cannot read the secret of {setting} ({type(exc).__name__})"
         ) from None
     if raw is None:  # a binary secret (SecretBinary)
-        raise ConfigurationError("the secret of SECRETS_ARN is not a JSON object (it is binary)")
+        raise ConfigurationError(f"the secret of {setting} is not a JSON object (it is binary)")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
-        raise ConfigurationError("the secret of SECRETS_ARN is not a JSON object") from None
+        raise ConfigurationError(f"the secret of {setting} is not a JSON object") from None
     if not isinstance(value, dict):
-        raise ConfigurationError("the secret of SECRETS_ARN is not a JSON object")
+        raise ConfigurationError(f"the secret of {setting} is not a JSON object")
     return value
 
 
 def resolve_secrets(settings: Settings) -> Settings:
-    """``settings`` with the fields found in the ``SECRETS_ARN`` secret filled in."""
+    """``settings`` with the fields found in the ``SECRETS_ARN`` secret filled in; the agent's
+    own secrets (``AGENT_SECRETS_ARN``) are put in the environment first."""
+    export_agent_secrets(settings)
     if not settings.secrets_arn:
         return settings
     secret = fetch_secret_json(
@@ -78,4 +92,40 @@ def resolve_secrets(settings: Settings) -> Settings:
         ) from None
 
 
-__all__ = ["SECRET_FIELDS", "fetch_secret_json", "resolve_secrets"]
+def export_agent_secrets(settings: Settings) -> list[str]:
+    """Put each field of the ``AGENT_SECRETS_ARN`` secret in this process's environment (a
+    field replaces a variable of its name) and return their names; nothing without it.
+
+    A field must be named as an environment variable (letters, digits and ``_``, not first
+    a digit) and hold text; it may not be named as a setting of this project (those go in
+    the environment or the stack's secret): else nothing is put, and the error names the
+    fields (never their values).
+    """
+    if not settings.agent_secrets_arn:
+        return []
+    secret = fetch_secret_json(
+        settings.agent_secrets_arn,
+        region=settings.aws_region,
+        endpoint_url=settings.secrets_endpoint_url,
+        setting="AGENT_SECRETS_ARN",
+    )
+    ours = {name.upper() for name in Settings.model_fields}
+    bad = sorted(
+        name[:64]
+        for name, value in secret.items()
+        if not _VARIABLE_NAME.fullmatch(name)
+        or name.upper() in ours
+        or not isinstance(value, str)
+        or "\0" in value
+    )
+    if bad:
+        raise ConfigurationError(
+            "the secret of AGENT_SECRETS_ARN holds fields that cannot be the agent's "
+            "environment variables (each is named with letters, digits and _, holds text, "
+            f"and is no setting of this project): {', '.join(map(repr, bad[:10]))}"
+        )
+    os.environ.update(secret)
+    return sorted(secret)
+
+
+__all__ = ["SECRET_FIELDS", "export_agent_secrets", "fetch_secret_json", "resolve_secrets"]

@@ -173,6 +173,14 @@ class Settings(BaseModel):
             "sandbox_bearer_token and redis_url fill those settings at the first request."
         ),
     )
+    agent_secrets_arn: str | None = Field(
+        None,
+        description=(
+            "Secrets Manager secret (a JSON object of names and texts) of the agent's own "
+            "secrets: each field becomes an environment variable of the process as the "
+            "application starts, for the agent to read as it reads them locally."
+        ),
+    )
     secrets_endpoint_url: str | None = Field(
         None, description="Secrets Manager endpoint (for a local emulator); unset: AWS."
     )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+from pathlib import Path
 
 import boto3
 import pytest
 
-from agentscope_serverless.aws_secrets import resolve_secrets
+from agentscope_serverless.aws_secrets import export_agent_secrets, resolve_secrets
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.local_stack import DynamoDBServer
 from agentscope_serverless.settings import load_settings
@@ -136,3 +139,57 @@ def test_an_app_run_in_process_reads_the_secret_as_serve_does(
     finally:
         get_settings.cache_clear()
     assert key is not None and key.get_secret_value() == "sk-in-process"
+
+
+def test_the_agents_own_secrets_are_its_environment_before_it_is_imported(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from agentscope_serverless.http.lambda_handler import build_app
+
+    # An agent reading its key at import, as agents do locally.
+    (tmp_path / "weather_agent.py").write_text(
+        "import os\n"
+        "from agentscope_serverless.app import AgentApp\n"
+        "KEY = os.environ['WEATHER_API_KEY']\n"
+        "app = AgentApp(app_name='weather')\n"
+        "@app.query(framework='text')\n"
+        "async def query(self, msgs, **kwargs):\n"
+        "    yield 'sunny'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arn = make_secret(
+        dynamodb_server,
+        "agent-secrets-weather",
+        json.dumps({"WEATHER_API_KEY": "wk-from-the-secret", "MAPS_TOKEN": "mt-1"}),
+    )
+    # Restored when the test ends; the secret replaces what the environment held.
+    monkeypatch.setenv("WEATHER_API_KEY", "stale")
+    monkeypatch.setenv("MAPS_TOKEN", "stale")
+    monkeypatch.setenv("AGENT_SECRETS_ARN", arn)
+    monkeypatch.setenv("SECRETS_ENDPOINT_URL", dynamodb_server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", dynamodb_server.region)
+    monkeypatch.setenv("AGENT_APP", "weather_agent:app")
+    monkeypatch.delitem(sys.modules, "weather_agent", raising=False)
+    build_app(("process",))
+    assert sys.modules["weather_agent"].KEY == "wk-from-the-secret"
+    assert os.environ["MAPS_TOKEN"] == "mt-1"
+
+
+def test_agent_secret_fields_that_cannot_be_variables_are_refused_naming_them(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = {"1BAD": "v1", "LLM_API_KEY": "sk-not-here", "PORT_NUMBER": 5, "GOOD_ONE": "v2"}
+    arn = make_secret(dynamodb_server, "agent-secrets-bad", json.dumps(fields))
+    monkeypatch.delenv("GOOD_ONE", raising=False)
+    settings = load_settings(
+        agent_secrets_arn=arn,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        export_agent_secrets(settings)
+    message = str(refused.value)
+    assert "'1BAD'" in message and "'LLM_API_KEY'" in message and "'PORT_NUMBER'" in message
+    assert "sk-not-here" not in message and "GOOD_ONE" not in message
+    assert "GOOD_ONE" not in os.environ  # nothing is put when a field is refused
+    assert export_agent_secrets(load_settings(agent_secrets_arn=None)) == []
