@@ -544,10 +544,17 @@ def _stream_reply(
                         raise ReplyFailed(message, session_id)
                     if event.get("object") == "message" and event.get("type") == "reasoning":
                         reasoning.add(str(event.get("id")))
+                    elif event.get("object") == "message" and event.get("type") in TOOL_CALLS:
+                        called = _tool_call_line(event)
+                        if called is not None:
+                            if printed is not None:
+                                console.print()
+                            console.print(called, markup=False, style="dim")
+                            printed = None
                     elif event.get("object") == "content" and event.get("delta"):
                         msg_id = event.get("msg_id")
-                        if printed is not None and msg_id != printed and printed in reasoning:
-                            console.print()
+                        if printed is not None and msg_id != printed:
+                            console.print()  # each message on a line of its own
                         printed = msg_id
                         style = "dim" if msg_id in reasoning else None
                         console.print(event.get("text") or "", end="", markup=False, style=style)
@@ -588,6 +595,22 @@ def _stream_reply(
         raise CommandError(f"cannot talk to {client.base_url}: {type(exc).__name__}") from None
     console.print()
     return session_id or ""
+
+
+# The messages of an agent calling a tool (its own function, a plugin, an MCP server's).
+TOOL_CALLS = ("function_call", "plugin_call", "mcp_call")
+
+
+def _tool_call_line(event: dict[str, Any]) -> str | None:
+    """``[calls <name>]`` for a tool call message once completed (None before, or without a
+    name)."""
+    if event.get("status") != "completed":
+        return None
+    for part in event.get("content") or []:
+        data = part.get("data") if isinstance(part, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
+            return f"[calls {data['name'][:200]}]"
+    return None
 
 
 def _cancel_run(client: httpx.Client, headers: dict[str, str], run_id: str | None) -> None:

@@ -550,6 +550,32 @@ def test_chat_prints_a_thinking_models_reasoning_apart_from_its_answer(tmp_path:
     assert "Hmm, a greeting.\nHello!" in chatted.stdout
 
 
+TOOL_AGENT = """
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.schemas.agent_schemas import DataContent, Message, MessageType
+
+app = AgentApp(app_name="tools")
+
+
+@app.query(framework="text")
+async def query(self, msgs, **kwargs):
+    yield Message(role="assistant", content="Let me check.").completed()
+    call = {"call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    yield Message(
+        type=MessageType.PLUGIN_CALL, role="assistant", content=[DataContent(data=call)]
+    ).completed()
+    yield "Sunny."
+"""
+
+
+def test_invoke_prints_each_message_apart_and_the_tools_the_agent_calls(tmp_path: Path) -> None:
+    with serving_agent_file(tmp_path, "tools", TOOL_AGENT) as (url, key):
+        said = run_cli("invoke", "weather?", "--url", url, "--key", key)
+    assert said.returncode == 0, said.stderr
+    # They ran together ("Let me check.Sunny."), the call unseen.
+    assert "Let me check.\n[calls get_weather]\nSunny." in said.stdout
+
+
 def test_serve_refuses_a_port_out_of_range() -> None:
     result = run_cli("serve", "--port", "99999")
     assert result.returncode == 2
