@@ -332,6 +332,22 @@ def tool_app() -> AgentApp:
             ]
             yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=u) for u in urls])
             return
+        if msgs[-1].get_text_content() == "a plugin":
+            # As AgentScope's agents call their tools.
+            call = FunctionCall(call_id="call_3", name="get_weather", arguments="{}")
+            yield Message(
+                type=MessageType.PLUGIN_CALL,
+                role=Role.ASSISTANT,
+                content=[DataContent(data=call.model_dump())],
+            )
+            result = FunctionCallOutput(call_id="call_3", output='"sunny"')
+            yield Message(
+                type=MessageType.PLUGIN_CALL_OUTPUT,
+                role=Role.TOOL,
+                content=[DataContent(data=result.model_dump())],
+            )
+            yield Message(role=Role.ASSISTANT, content="It is sunny.")
+            return
         if msgs[-1].get_text_content() == "a tool with a malformed result":
             call = FunctionCall(call_id="call_2", name="scrape", arguments="{}")
             yield Message(
@@ -408,6 +424,21 @@ async def test_tool_calls_and_images_are_shown(tool_server: tuple[str, str]) -> 
         path = await page.screenshot("chat-page-tools.png")
         print(f"\nscreenshot of tool calls on the chat page: {path}")
         assert only_local(page.requests, url) == []
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_plugins_call_and_result_are_shown_as_a_tools(
+    tool_server: tuple[str, str],
+) -> None:
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "a plugin")
+        await page.wait_for("document.querySelectorAll('.message.tool').length === 2")
+        summaries = await page.evaluate(
+            "[...document.querySelectorAll('.message.tool summary')].map(s => s.textContent)"
+        )
+        assert summaries == ["Calls get_weather", "Result of get_weather"]
         assert not page.exceptions, page.exceptions
 
 

@@ -308,14 +308,19 @@ function element(tag, className, text) {
   return node;
 }
 
+// An agent's tool calls and their results: its own functions', plugins' (AgentScope's
+// agents), MCP servers'.
+const CALLS = new Set(["function_call", "plugin_call", "mcp_call"]);
+const RESULTS = new Set(["function_call_output", "plugin_call_output", "mcp_call_output"]);
+
 function kindOf(message) {
-  if (message.type === "function_call" || message.type === "function_call_output") return "tool";
+  if (CALLS.has(message.type) || RESULTS.has(message.type)) return "tool";
   return message.role === "user" ? "user" : "assistant";
 }
 
 function whoLabel(message) {
-  if (message.type === "function_call") return "Tool call";
-  if (message.type === "function_call_output") return "Tool result";
+  if (CALLS.has(message.type)) return "Tool call";
+  if (RESULTS.has(message.type)) return "Tool result";
   if (message.type === "reasoning") return "Reasoning";
   return { user: "You", system: "System", tool: "Tool" }[message.role] || "Agent";
 }
@@ -357,8 +362,8 @@ function partNode(message, content) {
   if (content.type === "text") return element("span", "text", content.text || "");
   if (content.type === "refusal") return element("span", "text", content.refusal || "");
   if (content.type === "image") return imageNode(content.image_url);
-  if (content.type === "data" && message.type === "function_call") return callNode(content.data || {});
-  if (content.type === "data" && message.type === "function_call_output") return resultNode(content.data || {});
+  if (content.type === "data" && CALLS.has(message.type)) return callNode(content.data || {});
+  if (content.type === "data" && RESULTS.has(message.type)) return resultNode(content.data || {});
   if (content.type === "data") return element("pre", "", pretty(content.data));
   if (content.type === "file") return element("span", "text", `[file ${content.filename || content.file_id || ""}]`);
   return element("span", "text", `[${content.type} content]`);
