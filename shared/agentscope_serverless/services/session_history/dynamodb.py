@@ -289,20 +289,25 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             heads.append(head)
         return tails, heads
 
+    def _between(self, user_id: str, session_id: str, low: str, high: str) -> dict[str, Any]:
+        """The ``Query`` arguments reading the session's message items with sort keys from
+        ``low`` to ``high``."""
+        return {
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :low AND :high",
+            "ExpressionAttributeValues": {
+                ":pk": s(self._messages_pk(user_id, session_id)),
+                ":low": s(low),
+                ":high": s(high),
+            },
+        }
+
     async def _messages(
         self, user_id: str, session_id: str, meta: Item, after: int, limit: int | None = None
     ) -> AsyncGenerator[tuple[int, Message], None]:
         prefix = self._prefix(meta)
         first = after + 1
-        query: dict[str, Any] = {
-            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :low AND :high",
-            "ExpressionAttributeValues": {
-                ":pk": s(self._messages_pk(user_id, session_id)),
-                ":low": s(position_key(prefix, first)),
-                ":high": s(f"{prefix}~"),
-            },
-            "ConsistentRead": True,
-        }
+        query = self._between(user_id, session_id, position_key(prefix, first), f"{prefix}~")
+        query["ConsistentRead"] = True
         if limit is not None:
             query["Limit"] = limit
         async for head, body in assemble(self._store.query(**query), now()):
@@ -317,12 +322,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         prefix = self._prefix(meta)
         group: list[Item] = []
         async for item in self._store.query(
-            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
-            ExpressionAttributeValues={
-                ":pk": s(self._messages_pk(user_id, session_id)),
-                ":low": s(prefix),
-                ":high": s(f"{prefix}~"),
-            },
+            **self._between(user_id, session_id, prefix, f"{prefix}~"),
             ConsistentRead=True,
             ScanIndexForward=False,
             Limit=page_size,
@@ -340,12 +340,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         heads = (
             position_of(prefix, item["sk"]["S"])
             async for item in self._store.query(
-                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
-                ExpressionAttributeValues={
-                    ":pk": s(self._messages_pk(user_id, session_id)),
-                    ":low": s(prefix),
-                    ":high": s(f"{prefix}~"),
-                },
+                **self._between(user_id, session_id, prefix, f"{prefix}~"),
                 ProjectionExpression="sk, #p, #e",
                 ExpressionAttributeNames=names("#p", "#e"),
                 ConsistentRead=True,
@@ -372,13 +367,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             return
         prefix = self._prefix(meta)
         keys: list[Item] = []
+        last_hidden = position_key(prefix, first_visible - 1) + "#~"
         async for item in self._store.query(
-            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
-            ExpressionAttributeValues={
-                ":pk": s(self._messages_pk(user_id, session_id)),
-                ":low": s(prefix),
-                ":high": s(position_key(prefix, first_visible - 1) + "#~"),
-            },
+            **self._between(user_id, session_id, prefix, last_hidden),
             ProjectionExpression="pk, sk, claim",
             ConsistentRead=True,
         ):
@@ -640,13 +631,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         would be taken for gone, and overwritten)."""
         head = position_key(self._prefix(meta), seq)
         items = self._store.query(
-            KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
-            ExpressionAttributeValues={
-                ":pk": s(self._messages_pk(user_id, session_id)),
-                ":low": s(head),
-                ":high": s(f"{head}#~"),
-            },
-            ConsistentRead=True,
+            **self._between(user_id, session_id, head, f"{head}#~"), ConsistentRead=True
         )
         bodies = [body async for _, body in assemble(items, now())]
         return decode_message(bodies[0]) if bodies else None
