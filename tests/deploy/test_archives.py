@@ -251,3 +251,34 @@ def test_an_app_name_that_is_not_a_plain_name_is_refused_before_anything_is_writ
         with pytest.raises(PackagingError, match="is not an app name"):
             build(PROJECT_ROOT, out, name=name)
     assert list(tmp_path.rglob("*")) == [out]
+
+
+EXTENSION_SETUP = """from setuptools import Extension, setup
+
+setup(name="fastsum", version="1.0", ext_modules=[Extension("fastsum", ["fastsum.c"])])
+"""
+EXTENSION_SOURCE = """#include <Python.h>
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fastsum", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_fastsum(void) { return PyModule_Create(&module); }
+"""
+
+
+def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A requirement with no wheel for the platform whose source holds C code: built here, it
+    # would be compiled for this machine (its libraries, its tag), not for the platform.
+    project = tmp_path / "project"
+    (project / "fastsum").mkdir(parents=True)
+    (project / "fastsum" / "setup.py").write_text(EXTENSION_SETUP)
+    (project / "fastsum" / "fastsum.c").write_text(EXTENSION_SOURCE)
+    (project / "requirements.txt").write_text("./fastsum\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    monkeypatch.chdir(project)  # requirement paths are relative to the working directory
+    out = tmp_path / "out"
+    with pytest.raises(
+        PackagingError,
+        match=r"for fastsum-1\.0 \(cp\d+-cp\d+-linux_\w+\).* would not run on the platform",
+    ):
+        build_agentrun_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
+    assert not list(out.glob("*.zip"))

@@ -1,12 +1,12 @@
 """A user's own project, from its own folder outside this repository, to every target.
 
 The project is what ``agentscope-serverless init`` writes, grown as a user would: the agent
-imports a helper module of the project and ``humanize``, a third-party package the runtime
-does not have (listed in the project's ``requirements.txt``). From that folder, with the
-CLI: served locally; packaged for AgentRun and ModelStudio, each unpacked in a clean folder
-and served from its contents alone by the target's Python; built with SAM and its process
-function run under the runtime interface client. Every time, the agent's own reply comes
-back over HTTP.
+imports a helper module of the project, ``humanize``, a third-party package the runtime does
+not have, and ``docopt``, published only as a source archive (both listed in the project's
+``requirements.txt``). From that folder, with the CLI: served locally; packaged for AgentRun
+and ModelStudio, each unpacked in a clean folder and served from its contents alone by the
+target's Python; built with SAM and its process function run under the runtime interface
+client. Every time, the agent's own reply comes back over HTTP.
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ pytestmark = pytest.mark.timeout(600)
 CLI = [sys.executable, "-m", "agentscope_serverless.cli"]
 AGENT = "shouter.agent:app"
 THIRD_PARTY = "humanize==4.12.3"
+SOURCE_ONLY = "docopt==0.6.2"  # no wheel on PyPI: the package builds one, pure Python
 
 AGENT_MODULE = '''"""Shouts back, with the length of what was said in words."""
 
+import docopt
 import humanize
 
 from agentscope_serverless.app import AgentApp
@@ -68,12 +70,13 @@ app = AgentApp(app_name="shouter")
 async def query(self, msgs, request=None, **kwargs):
     text = msgs[-1].get_text_content() or ""
     yield shout(text)
-    yield f" ({humanize.intcomma(1000 * len(text))} milli-characters)"
+    length = humanize.intcomma(1000 * len(text))
+    yield f" ({length} milli-characters, docopt {docopt.__version__})"
 '''
 HELPER_MODULE = """def shout(text):
     return text.upper() + "!"
 """
-REPLY = "HELLO THERE! (11,000 milli-characters)"
+REPLY = "HELLO THERE! (11,000 milli-characters, docopt 0.6.2)"
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -93,7 +96,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = parent / "shouter"
     (folder / "shouter" / "agent.py").write_text(AGENT_MODULE)
     (folder / "shouter" / "loud.py").write_text(HELPER_MODULE)
-    (folder / "requirements.txt").write_text(f"{THIRD_PARTY}\n")
+    (folder / "requirements.txt").write_text(f"{THIRD_PARTY}\n{SOURCE_ONLY}\n")
     # What packaging must leave out.
     (folder / ".venv" / "lib").mkdir(parents=True)
     (folder / ".venv" / "lib" / "junk.py").write_text("raise SystemExit('not me')\n")
@@ -420,7 +423,7 @@ def test_a_requirement_missing_from_requirements_txt_is_named(
     subprocess.run(["cp", "-r", str(project), str(source)], check=True)
     (source / "requirements.txt").write_text("")
     out = tmp_path / "out"
-    with pytest.raises(PackagingError, match=r"'shouter\.agent'.*No module named 'humanize'"):
+    with pytest.raises(PackagingError, match=r"'shouter\.agent'.*No module named 'docopt'"):
         build_agentrun_archive(source, out, agent=AGENT, python_version=HOST_PYTHON)
     assert not list(out.glob("*.zip"))
 

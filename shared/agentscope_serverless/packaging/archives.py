@@ -210,13 +210,12 @@ def build_agentrun_archive(
                 project.uv_platform(platform),
                 "--python-version",
                 python_version,
-                "--only-binary",
-                ":all:",
                 "-r",
                 str(requirements),
             ],
             "installing the dependencies",
         )
+        project.check_portable(project.installed_tags(staging), platform)
         _drop_install_leftovers(staging)  # before the project's files: a bin/ may be theirs
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
@@ -359,7 +358,6 @@ def build_modelstudio_archive(
                 "--quiet",
                 "--disable-pip-version-check",
                 "--no-deps",
-                "--only-binary=:all:",
                 "--platform",
                 platform,
                 "--python-version",
@@ -373,6 +371,7 @@ def build_modelstudio_archive(
             ],
             "downloading the dependency wheels",
         )
+        _build_source_archives(wheels, platform, progress)
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
@@ -395,6 +394,32 @@ def build_modelstudio_archive(
         return _zip_tree(staging, archive, max_zip_bytes, progress)
     finally:
         _remove_scratch(staging, requirements_file)
+
+
+def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> None:
+    """Turn each source archive ``pip download`` brought (a requirement with no wheel for
+    ``platform``) into a wheel beside the others; refuse any that compiles code."""
+    for source in sorted(p for p in wheels.iterdir() if p.suffix != ".whl"):
+        progress(f"building a wheel of {source.name}: no {platform} wheel was published")
+        project.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--wheel-dir",
+                str(wheels),
+                str(source),
+            ],
+            f"building a wheel of {source.name}",
+        )
+        source.unlink()
+    # name-version(-build)-python-abi-platform.whl
+    tags = {w.name: ["-".join(w.stem.split("-")[-3:])] for w in wheels.glob("*.whl")}
+    project.check_portable(tags, platform)
 
 
 def _check_modelstudio_import(staging: Path, agent: str, python_version: str) -> None:

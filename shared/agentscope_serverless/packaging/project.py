@@ -211,36 +211,79 @@ def resolve_requirements(
     """The runtime's pins plus the project's requirements, resolved for the target, in ``out``.
 
     The runtime lock constrains the resolution: a project requirement that needs another
-    version of a runtime dependency fails here, naming the conflict.
+    version of a runtime dependency fails here, naming the conflict. Wheels for the target
+    are preferred; a requirement published only as a source archive (docopt, jieba,
+    langdetect...) is resolved from it, and the build checks with :func:`check_portable`
+    that what it built from source is pure Python.
     """
     lock = runtime_lock()
     user = project_requirements(source)
     if user is None:
         shutil.copy(lock, out)
         return out
-    run(
-        [
-            tool("uv"),
-            "pip",
-            "compile",
-            "--quiet",
-            "--no-header",
-            "--python-version",
-            python_version,
-            "--python-platform",
-            uv_platform(platform),
-            "--only-binary",
-            ":all:",
-            "-c",
-            str(lock),
-            str(lock),
-            str(user),
-            "-o",
-            str(out),
-        ],
-        f"resolving {user} with the runtime for CPython {python_version} ({platform})",
-    )
+    command = [
+        tool("uv"),
+        "pip",
+        "compile",
+        "--quiet",
+        "--no-header",
+        "--python-version",
+        python_version,
+        "--python-platform",
+        uv_platform(platform),
+        "-c",
+        str(lock),
+        str(lock),
+        str(user),
+        "-o",
+        str(out),
+    ]
+    what = f"resolving {user} with the runtime for CPython {python_version} ({platform})"
+    try:
+        run([*command, "--only-binary", ":all:"], what)
+    except PackagingError as wheels_only:
+        try:
+            run(command, what)
+        except PackagingError:
+            raise wheels_only from None  # not a missing wheel: its message says what
     return out
+
+
+def check_portable(tags: dict[str, list[str]], platform: str) -> None:
+    """Refuse distributions built from source on this machine for it alone.
+
+    ``tags`` maps a distribution to its wheel tags (``py3-none-any``,
+    ``cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64``...). A wheel for any
+    platform, or a manylinux or musllinux one, runs on the target; one tagged for this
+    machine (``linux_x86_64``) holds code compiled here, against this machine's libraries.
+
+    >>> check_portable({"docopt": ["py2.py3-none-any"]}, "manylinux2014_x86_64")
+    """
+    built_here = {
+        name: found for name, found in tags.items() if not any(_runs_anywhere(tag) for tag in found)
+    }
+    if built_here:
+        listed = ", ".join(f"{name} ({' '.join(found)})" for name, found in built_here.items())
+        raise PackagingError(
+            f"no wheel for {platform} was published for {listed}, and building from source "
+            "here compiled code for this machine, which would not run on the platform: pin a "
+            f"version that has a {platform} wheel, or one that is pure Python"
+        )
+
+
+def _runs_anywhere(tag: str) -> bool:
+    platforms = tag.rsplit("-", 1)[-1].split(".")
+    return any(p == "any" or p.startswith(("manylinux", "musllinux")) for p in platforms)
+
+
+def installed_tags(site: Path) -> dict[str, list[str]]:
+    """The wheel tags of each distribution installed in ``site`` (its ``WHEEL`` file)."""
+    tags: dict[str, list[str]] = {}
+    for wheel in sorted(site.glob("*.dist-info/WHEEL")):
+        name = wheel.parent.name.removesuffix(".dist-info")
+        lines = wheel.read_text(errors="replace").splitlines()
+        tags[name] = [line.partition(":")[2].strip() for line in lines if line.startswith("Tag:")]
+    return tags
 
 
 def pinned(requirements: Path) -> list[str]:
@@ -346,8 +389,10 @@ __all__ = [
     "PACKAGE_DIR",
     "TOOL_MODULES",
     "check_agent_import",
+    "check_portable",
     "copy_project",
     "copy_runtime",
+    "installed_tags",
     "interpreter",
     "is_this_repository",
     "pinned",

@@ -365,6 +365,7 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
     try:
         layer = target / "SharedLayer" / "python"
+        project.check_portable(project.installed_tags(layer), "manylinux2014_x86_64")
         slim_layer(layer)
         compile_layer(
             layer, runtime_requirements=project.runtime_lock(), python=project.interpreter("3.11")
