@@ -542,6 +542,9 @@ async def test_stopping_finds_a_run_started_before_it_not_stored_yet(
 ) -> None:
     async with runs_factory() as runs:
         runs.poll_seconds = 0.02
+        # A store on a loaded test machine (moto, a Redis Cluster) takes longer to write than
+        # one in the cloud: the second listing waits for the write whatever its time.
+        runs.write_seconds = 1.0
 
         async def started_just_before() -> None:
             # A run executing elsewhere: it writes its record a first write delay after its

@@ -54,7 +54,7 @@ STOP_TIMEOUT_SECONDS = 5.0
 # first write waits as long for more of the run (see the recorder).
 FIRST_WRITE_DELAY = 0.05
 # How long a write may take to reach the store once made, for those looking for new runs.
-_WRITE_SECONDS = 0.1
+WRITE_SECONDS = 0.1
 # A run of the agent, or a background task, executing saves its record at least this often
 # (its heartbeat); one in progress whose record is older than LOST_AFTER_SECONDS is lost: the
 # process running it stopped before it ended (a Lambda timeout, a crash), and nothing will end
@@ -158,6 +158,8 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     """Runs and their events, per user. Backends implement the ``_`` hooks."""
 
     poll_seconds: float = DEFAULT_POLL_SECONDS
+    # How long :meth:`stop_runs` counts on for a run's first write to reach the store.
+    write_seconds: float = WRITE_SECONDS
     # Whether the backend prepares writes (see :meth:`prepare_record`).
     prepares_writes: ClassVar[bool] = False
 
@@ -337,7 +339,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         began = time.monotonic()
         deadline = began + wait
         # Every run started before the call is in the store by then.
-        all_stored = began + FIRST_WRITE_DELAY + _WRITE_SECONDS
+        all_stored = began + FIRST_WRITE_DELAY + self.write_seconds
         asked: set[str] = set()
         since = 0.0
         live: list[str] = []
