@@ -118,6 +118,10 @@ _delta = TextContent(text="", delta=True, index=0, msg_id="", status=RunStatus.I
 _TEXT_DELTA: dict[str, Any] = dict(_delta.__dict__)
 _TEXT_DELTA_SET = frozenset(_delta.model_fields_set)
 del _delta
+# A run not streamed to its client (``"stream": false``) gathers the agent's pieces of text
+# into one delta for at most this long: its events are stored (and followed) all the same,
+# in a few deltas rather than one per token.
+GATHERED_TEXT_SECONDS = 0.25
 
 
 class Runner(ServiceLifecycleManagerMixin):
@@ -422,7 +426,7 @@ class Runner(ServiceLifecycleManagerMixin):
         )
         memories = await self._recall(user, request.input)
         kept = _stored_input(request.input)
-        turn = _Turn(AgentResponse(session_id=session.id))
+        turn = _Turn(AgentResponse(session_id=session.id), gather=not request.stream)
         for event in turn.start():
             yield event
         # What the agent stores itself (as agents written for AgentScope Runtime do) is not
@@ -441,6 +445,8 @@ class Runner(ServiceLifecycleManagerMixin):
         except Exception as exc:
             logger.exception("the agent failed", extra={"session_id": session.id})
             await self._record_quietly(session, writes, kept)
+            for event in turn.unsent():  # the reply so far, as a streamed run sent it
+                yield event
             yield turn.fail(self._error_of(exc))
             return
         except (asyncio.CancelledError, GeneratorExit) as exc:
@@ -448,6 +454,8 @@ class Runner(ServiceLifecycleManagerMixin):
             partial = [*kept, *turn.interrupt()]
             await asyncio.shield(self._record_quietly(session, writes, partial, kept))
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
+                for event in turn.unsent():
+                    yield event
                 yield turn.cancel()
                 return
             raise
@@ -631,11 +639,19 @@ class _Turn:
     Pieces of text and content deltas go into the open assistant message (opened on the
     first piece); a whole :class:`Message` closes it and is emitted as a message of its own.
     Streamed text is gathered in a list and joined into its content part when the part is
-    read (completed, or before any other change), so each piece costs one small event.
+    read (completed, or before any other change), so each piece costs one small event. With
+    ``gather``, pieces of text that come one after another are sent as one delta (within
+    :data:`GATHERED_TEXT_SECONDS`, and before any other event).
     """
 
-    def __init__(self, response: AgentResponse) -> None:
+    def __init__(self, response: AgentResponse, *, gather: bool = False) -> None:
         self.response = response
+        self._gather = gather
+        # The pieces of text gathered and not yet sent as a delta, where they go (the index
+        # of their part, and its message's id), and when the first of them came.
+        self._unsent: list[str] = []
+        self._unsent_to: tuple[int | None, str] = (None, "")
+        self._unsent_since = 0.0
         self.outputs: list[Message] = []
         self._sequence = 0
         self._open: Message | None = None
@@ -658,14 +674,36 @@ class _Turn:
         if item is None:
             return []
         if isinstance(item, str):
-            return self.text(item)
+            return self._gathered(item) if self._gather else self.text(item)
+        events = self.unsent()
         if isinstance(item, Message):
-            return self.message(item)
+            return events + self.message(item)
         if isinstance(item, Content):
-            return self.content(item)
+            return events + self.content(item)
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bool):
-            return self.snapshot(item[0], item[1])
+            return events + self.snapshot(item[0], item[1])
         raise AgentError(f"the agent produced a value of unsupported type {type(item).__name__}")
+
+    def _gathered(self, text: str) -> list[Event]:
+        """A piece of text, gathered: its delta is sent with the next pieces."""
+        if not text:
+            return []
+        message, events = self._ensure_open()
+        part = self._join_text(message, text)
+        if not self._unsent:
+            self._unsent_to, self._unsent_since = (part.index, message.id), time.monotonic()
+        self._unsent.append(self._text[-1])
+        if time.monotonic() - self._unsent_since >= GATHERED_TEXT_SECONDS:
+            events += self.unsent()
+        return events
+
+    def unsent(self) -> list[Event]:
+        """The delta of the gathered pieces not sent yet (none when there are none)."""
+        if not self._unsent:
+            return []
+        text = "".join(self._unsent)
+        self._unsent = []
+        return [self._delta(*self._unsent_to, text)]
 
     def text(self, text: str) -> list[Event]:
         if not text:
@@ -818,7 +856,8 @@ class _Turn:
         message = self._open
         if message is None:
             return []
-        events = self._complete_parts(message)
+        events = self.unsent()
+        events += self._complete_parts(message)
         events.append(self._emit(message.completed()))
         self.outputs.append(message)
         self._open = None
@@ -875,6 +914,12 @@ class _Turn:
 
     def _stream_text(self, message: Message, text: str) -> TextContent:
         """The delta event of ``text``, whose piece joins the open text part of ``message``."""
+        part = self._join_text(message, text)
+        return self._delta(part.index, message.id, self._text[-1])
+
+    def _join_text(self, message: Message, text: str) -> TextContent:
+        """The open text part of ``message`` (a new one when none is open), ``text`` joined
+        to its pieces."""
         part = self._text_part
         if part is None:
             if message.content is None:
@@ -894,10 +939,12 @@ class _Turn:
             self._text_part = part
         if type(text) is not str:
             text = str.__str__(text)  # a str subclass's value, as validation gives it
-        text = valid_text(text)  # a model's cut emoji must not end the run
-        self._text.append(text)
+        self._text.append(valid_text(text))  # a model's cut emoji must not end the run
+        return part
+
+    def _delta(self, index: int | None, msg_id: str, text: str) -> TextContent:
         fields = _TEXT_DELTA.copy()
-        fields["index"], fields["msg_id"], fields["text"] = part.index, message.id, text
+        fields["index"], fields["msg_id"], fields["text"] = index, msg_id, text
         return self._emit(built(TextContent, fields, _TEXT_DELTA_SET))
 
     def _flush_text(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,7 +18,8 @@ from agentscope_serverless.errors import (
     StoreUnavailableError,
 )
 from agentscope_serverless.log import logger
-from agentscope_serverless.runner import Runner
+from agentscope_serverless.recorder import RunRecorder
+from agentscope_serverless.runner import GATHERED_TEXT_SECONDS, Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     DataContent,
@@ -29,6 +31,7 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory import InMemoryMemoryService
+from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 
 
@@ -572,3 +575,94 @@ async def test_an_agent_writing_another_session_still_has_its_turn_stored() -> N
         notes = await runner.session_history_service.get_session("u1", "notes")
     assert turn is not None and [m.role for m in turn.messages] == ["user", "assistant"]
     assert notes is not None and len(notes.messages) == 1
+
+
+async def test_a_run_not_streamed_sends_its_pieces_of_text_as_one_delta() -> None:
+    # Its client reads only the final response: a delta per piece (per token, for a model)
+    # was made, encoded and stored for nobody.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "Hello, "
+        yield "world"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query({**request("hi"), "stream": False})]
+    assert shape(events) == [
+        "response:created",
+        "response:in_progress",
+        "message:in_progress",
+        "content:delta",
+        "content:completed",
+        "message:completed",
+        "response:completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(7))
+    assert [e.text for e in events if isinstance(e, TextContent)] == ["Hello, world"] * 2
+    assert texts(events[-1]) == ["Hello, world"]
+
+
+async def test_gathered_text_is_sent_before_any_other_event_and_within_its_time() -> None:
+    call = DataContent(data={"name": "lookup", "arguments": "{}"})
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield "a"
+        await asyncio.sleep(GATHERED_TEXT_SECONDS + 0.1)  # a follower sees "a" by "b"
+        yield "b"
+        yield "c"
+        yield Message(type="function_call", role="assistant", content=[call])
+        yield "d"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query({**request("hi"), "stream": False})]
+    steps = [
+        e.text if isinstance(e, TextContent) and e.delta else f"{e.object}:{e.status}"
+        for e in events
+    ]
+    assert steps[2:] == [
+        "message:in_progress",
+        "ab",
+        "c",
+        "content:completed",
+        "message:completed",
+        "message:in_progress",
+        "content:completed",
+        "message:completed",
+        "message:in_progress",
+        "d",
+        "content:completed",
+        "message:completed",
+        "response:completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert texts(events[-1]) == ["abc", None, "d"]
+
+
+async def test_a_run_not_streamed_canceled_keeps_the_text_gathered_so_far() -> None:
+    gathered = asyncio.Event()
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "one "
+        yield "two "
+        gathered.set()
+        await asyncio.Event().wait()
+        yield "never"
+
+    manager = services()
+    runs = InMemoryRunsService()
+    async with manager, runs, Runner(handler, services=manager) as runner:
+        run = await RunRecorder(runs).start(
+            runner.stream_query({**request("go"), "stream": False}), user_id="u1"
+        )
+        await gathered.wait()
+        run.cancel()
+        final = await run.final()
+        session = await runner.session_history_service.get_session("u1", "s1")
+        stored = [json.loads(raw) for _, raw in await runs.read_events("u1", run.run_id)]
+    assert final.status == "canceled"
+    assert texts(final) == ["one two "]
+    # A follower of the run saw the text too, as the run's client would have, streamed.
+    assert [e["text"] for e in stored if e.get("delta")] == ["one two "]
+    assert stored[-1]["status"] == "canceled"
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages] == ["go", "one two "]
