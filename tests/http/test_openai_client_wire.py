@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -412,6 +413,36 @@ def test_instructions_sent_with_every_response_are_not_piled_up_in_the_session(
     ]
 
 
+def test_a_client_that_names_no_session_leaves_its_conversation_in_memory_once(
+    sdk: openai.OpenAI, scenario: httpx.Client
+) -> None:
+    # A chat client resends its whole conversation with every call and names no session: each
+    # call's session is a new one. Each call used to give memory every message again, so a
+    # search found the first message once per call since.
+    marker = uuid.uuid4().hex
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": f"first {marker}"},
+    ]
+    sessions = []
+    for text in (f"second {marker}", f"third {marker}", None):
+        raw = sdk.chat.completions.with_raw_response.create(model="m", messages=conversation)
+        sessions.append(raw.headers["X-Session-Id"])
+        answer = raw.parse().choices[0].message.content
+        conversation.append({"role": "assistant", "content": answer})
+        if text is not None:
+            conversation.append({"role": "user", "content": text})
+    assert len(set(sessions)) == 3
+    # The last call's session holds the whole conversation, each message once, in order.
+    stored = history(scenario, sessions[-1])
+    assert [(m["role"], m["content"][0]["text"]) for m in stored] == [
+        (m["role"], m["content"]) for m in conversation
+    ]
+    found = scenario.post("/memory/search", json={"query": marker, "top_k": 50})
+    remembered = Counter(m["content"][0]["text"] for m in found.json()["items"])
+    assert remembered == Counter(m["content"] for m in conversation if m["role"] != "system")
+
+
 def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert failed.status == "failed" and failed.error is not None
@@ -425,7 +456,8 @@ def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -
 def test_function_call_items_of_a_responses_input_reach_the_session(
     sdk: openai.OpenAI, scenario: httpx.Client
 ) -> None:
-    # Without a session every item is input (with one, those after the last assistant's).
+    # The items after the last assistant's are input; without a session, those before it
+    # are the new session's history.
     answer = sdk.responses.create(
         model="m",
         input=[

@@ -17,9 +17,9 @@ object repeats of its request (``echo``).
 :mod:`agentscope_serverless.http.auth`): optional with a user key (it must then be the key's
 user), the user to act for with a service key (or the ``X-User-Id`` header).
 
-**Input.** With a session, only the messages after the last assistant message are new
-input (the earlier turns are in the session's history already, so clients that resend the
-whole conversation do not duplicate it); without a session, every message is input.
+**Input.** Only the messages after the last assistant message are new input: with a
+session, the earlier turns are in its history already (clients that resend the whole
+conversation do not duplicate it); without one, they become the new session's history.
 
 **What an agent cannot do** is refused with a 400 naming the parameter
 (:func:`check_chat_request`, :func:`check_responses_request`), rather than answered as if it

@@ -41,6 +41,7 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
+from agentscope_serverless.runner import TURN_ONLY
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -48,6 +49,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     RunStatus,
 )
+from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
 from agentscope_serverless.services.runs.base import RunKind
@@ -78,18 +80,46 @@ _STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
 }
 
 
+@dataclass
+class _Call:
+    """An OpenAI-compatible call: its run, its session, and the history a new session starts
+    with."""
+
+    run: AgentRequest
+    session_id: str
+    history: list[Message]
+
+
 def _compatible_run(
     messages: list[Message], session_id: str | None, user_id: str, **options: Any
-) -> tuple[AgentRequest, str]:
-    """The run of an OpenAI-compatible call, and its session (a new one when none is given).
+) -> _Call:
+    """The run of an OpenAI-compatible call, in its session (a new one when none is given).
 
-    With a given session, only the messages after the last assistant message are new input,
-    so clients that resend the whole conversation don't duplicate history.
+    Only the messages after the last assistant message are new input: clients resend the
+    whole conversation with each call. With a given session, the earlier ones are in its
+    history already. Without one, they are the new session's history, stored but not given
+    to memory again: the call that sent them new gave them (a client that never names a
+    session leaves one copy of its conversation in memory, not one per call). Messages for
+    the turn alone (``instructions``) stay its input.
     """
     given = clean_session_id(session_id)
-    session = given or new_uuid()
-    turn = compat.new_turn(messages) if given else messages
-    return AgentRequest(input=turn, session_id=session, user_id=user_id, **options), session
+    if given is not None:
+        run = AgentRequest(
+            input=compat.new_turn(messages), session_id=given, user_id=user_id, **options
+        )
+        return _Call(run, given, [])
+    turn = compat.new_turn(messages) or messages
+    earlier = messages[: len(messages) - len(turn)]
+    history = [m for m in earlier if not _turn_only(m)]
+    if len(history) < len(earlier):
+        turn = [m for m in earlier if _turn_only(m)] + turn
+    session = new_uuid()
+    run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
+    return _Call(run, session, history)
+
+
+def _turn_only(message: Message) -> bool:
+    return message.metadata is not None and message.metadata.get(TURN_ONLY) is True
 
 
 def _header_session_id(value: str | None) -> str | None:
@@ -161,14 +191,12 @@ async def _last_response(events: AsyncIterator[Event]) -> AgentResponse:
 
 
 async def _openai_turn(
-    context: AppContext,
-    request: Request,
-    run: AgentRequest,
-    session_id: str,
-    echo: dict[str, Any] | None = None,
+    context: AppContext, request: Request, call: _Call, echo: dict[str, Any] | None = None
 ) -> _Turn:
     """The run of an OpenAI-compatible call, started unless the call is an SDK's retry of a
-    request that started one (see :mod:`..sdk_retries`); ``echo`` is kept with its record."""
+    request that started one (see :mod:`..sdk_retries`); ``echo`` is kept with its record.
+    A new session gets the call's history first."""
+    run, session_id = call.run, call.session_id
     assert run.user_id is not None
     fingerprint = idempotency_fingerprint(request, await request.body())
     runs = context.recorder.runs if context.recorder is not None else None
@@ -176,6 +204,9 @@ async def _openai_turn(
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
         return _Turn(original.id, original.session_id or session_id, events)
+    if call.history:
+        session = Session(id=session_id, user_id=run.user_id)
+        await context.session_history.append_message(session, call.history)
     recorded = await _recorded(
         context, request, run, kind="openai", fingerprint=fingerprint, echo=echo
     )
@@ -355,7 +386,7 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_chat_request(body)
-        run, session_id = _compatible_run(
+        call = _compatible_run(
             compat.chat_messages(body.messages),
             compat.session_id_of(_header_session_id(x_session_id), body.metadata),
             caller.user_id(body.user),
@@ -369,7 +400,7 @@ def build_router(
             frequency_penalty=body.frequency_penalty,
             presence_penalty=body.presence_penalty,
         )
-        turn = await _openai_turn(context, request, run, session_id)
+        turn = await _openai_turn(context, request, call)
         headers = _session_headers(turn.session_id, turn.run_id)
         if not body.stream:
             final = await turn.answer(request, _last_response(turn.events))
@@ -398,7 +429,7 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_responses_request(body)
-        run, session_id = _compatible_run(
+        call = _compatible_run(
             compat.responses_input(body),
             compat.session_id_of(
                 _header_session_id(x_session_id),
@@ -417,7 +448,7 @@ def build_router(
         # A response is read again from what its run keeps of the request (store: false
         # keeps nothing: it is not read again).
         kept = None if body.store is False else {"model": body.model, **echo}
-        turn = await _openai_turn(context, request, run, session_id, kept)
+        turn = await _openai_turn(context, request, call, kept)
         headers = _session_headers(turn.session_id, turn.run_id)
         shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
         if not body.stream:
