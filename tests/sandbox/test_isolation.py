@@ -599,3 +599,45 @@ async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_roo
     finally:
         stop_server(first)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def small_disk() -> Iterator[RunningServer]:
+    """A server whose root is an 80 MiB file system, with 32 MiB workspaces: room for two to
+    fill up, not three."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-small-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(root)], check=True)
+    try:
+        server = start_server(root, "--workspace-mb", "32", "--call-timeout", "30")
+        yield server
+        stop_server(server)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_workspace_is_made_only_while_the_host_disk_has_room_for_all_to_fill(
+    small_disk: RunningServer,
+) -> None:
+    # Each workspace is a sparse image: made freely, 64 of them could promise more than the
+    # host's disk holds, and sandboxes filling theirs then filled the host's (every sandbox's
+    # writes, and the host's own, failed for want of space).
+    client = SandboxClient(small_disk.url, small_disk.token, timeout=60)
+    try:
+        first = await client.create("base")
+        second = await client.create("base")
+        with pytest.raises(SandboxCapacityError, match=r"disk has \d+ MiB free") as refused:
+            await client.create("base")
+        assert "32 MiB each" in str(refused.value)
+        fill = "dd if=/dev/zero of=big bs=1M count=64 2>&1; sync; df -m . | tail -1"
+        for sandbox_id in (first, second):
+            filled = await client.call_tool(sandbox_id, "run_shell_command", {"command": fill})
+            assert "No space left on device" in stdout(filled)  # its cap, not the host's
+        free = os.statvfs(small_disk.root)
+        assert free.f_bavail * free.f_frsize > 0
+        await client.release(first)
+        third = await client.create("base")  # the room the first one left
+        await client.release(third)
+        await client.release(second)
+    finally:
+        await client.aclose()

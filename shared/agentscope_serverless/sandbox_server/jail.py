@@ -432,6 +432,23 @@ def make_workspace(tools: DiskTools, directory: Path, template: Path) -> Path:
     return workspace
 
 
+def workspace_room(sandboxes: Path, size: int) -> tuple[int, int]:
+    """The bytes free on the file system holding ``sandboxes``, and the bytes its workspaces
+    may still take with one more: a workspace image is sparse and grows as its sandbox writes,
+    up to ``size``, so each may still take ``size`` less what it holds already.
+
+    A sandbox filling its workspace must find its cap, not a full host disk: another
+    workspace is made only while the disk has room for every one of them to fill up.
+    """
+    stats = os.statvfs(sandboxes)
+    free = stats.f_bavail * stats.f_frsize
+    needed = size
+    for image in sandboxes.glob("*/workspace.img"):
+        with contextlib.suppress(OSError):  # released meanwhile
+            needed += max(0, size - image.stat().st_blocks * 512)
+    return free, needed
+
+
 def remove_workspace(tools: DiskTools, directory: Path) -> None:
     """Unmount the workspace file system (its loop device goes with it) and delete it all."""
     workspace = directory / "workspace"

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -62,11 +63,13 @@ from agentscope_serverless.sandbox_server.jail import (
     NO_USERNS,
     PROCESSES,
     HostIsolation,
+    MiB,
     SandboxCgroup,
     how_to_enforce,
     make_template,
     make_workspace,
     remove_workspace,
+    workspace_room,
 )
 from agentscope_serverless.sandbox_server.process import SandboxProcess
 
@@ -242,6 +245,7 @@ class SandboxManager:
         self._uids: HostUids | None = None
         self._closing = False
         self._template: Path | None = None
+        self._disk_room = threading.Lock()
         self._agent_source = Path(agent.__file__).read_text()
 
     @property
@@ -626,7 +630,9 @@ class SandboxManager:
                     cpus=limits.cpus,
                 )
             if host.disk is not None and self._template is not None:
-                workspace = make_workspace(host.disk, directory, self._template)
+                with self._disk_room:  # one workspace counted and made at a time
+                    self._check_disk_room(directory.parent)
+                    workspace = make_workspace(host.disk, directory, self._template)
             else:
                 workspace = directory / "workspace"
                 workspace.mkdir(mode=0o700)
@@ -636,6 +642,17 @@ class SandboxManager:
             self._remove_jail(directory, cgroup)
             raise
         return workspace, cgroup
+
+    def _check_disk_room(self, sandboxes: Path) -> None:
+        size = self.config.limits.workspace_bytes
+        free, needed = workspace_room(sandboxes, size)
+        if free < needed:
+            raise SandboxCapacityError(
+                f"the sandbox host's disk has {free / MiB:.0f} MiB free, and its workspaces "
+                f"may take {needed / MiB:.0f} MiB with one more ({size / MiB:.0f} MiB each): "
+                f"release sandboxes or retry in {RETRY_AFTER_SECONDS} s",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
 
     def _remove_leftovers(self) -> None:
         # Sandboxes of an earlier server on this root that did not shut down cleanly.
