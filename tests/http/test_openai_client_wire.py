@@ -495,6 +495,48 @@ def test_function_call_items_of_a_responses_input_reach_the_session(
     )
 
 
+WEATHER_CALL = {"type": "function", "id": "call_1", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(
+    ("field", "message", "param"),
+    [
+        (
+            "messages",
+            {"role": "assistant", "tool_calls": [{**WEATHER_CALL, "id": None}]},
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            "messages",
+            {"role": "assistant", "tool_calls": [{**WEATHER_CALL, "function": {}}]},
+            "messages[1].tool_calls[0].function.name",
+        ),
+        ("messages", {"role": "tool", "content": "sunny"}, "messages[1].tool_call_id"),
+        ("input", {"type": "function_call", "call_id": "call_1"}, "input[1].name"),
+    ],
+)
+def test_a_tool_call_without_its_id_or_name_is_refused_and_not_stored(
+    sdk: openai.OpenAI,
+    scenario: httpx.Client,
+    field: str,
+    message: dict[str, Any],
+    param: str,
+) -> None:
+    # Stored, the call would reach the model on every later turn of the session, and a chat
+    # API refuses a tool call without them: the session could never be answered again.
+    session = f"tool-call-{uuid.uuid4()}"
+    sent = [{"role": "user", "content": "weather?"}, message]
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        if field == "messages":
+            sdk.chat.completions.create(
+                model="m", messages=sent, extra_headers={"X-Session-Id": session}
+            )
+        else:
+            sdk.responses.create(model="m", input=sent, metadata={"session_id": session})
+    assert refused.value.param == param
+    assert scenario.get(f"/sessions/{session}").status_code == 404
+
+
 # --- retries -------------------------------------------------------------------------------
 
 

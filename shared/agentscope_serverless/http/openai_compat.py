@@ -315,22 +315,52 @@ def new_turn(messages: list[Message]) -> list[Message]:
 _ROLES = frozenset({Role.USER, Role.ASSISTANT, Role.SYSTEM, Role.TOOL, "developer"})
 
 
+def _refused(where: list[Any], path: list[Any], says: str) -> InvalidInputError:
+    """The error of the field at ``path`` in the item at ``where`` (``[field, position]``)."""
+    return InvalidInputError(
+        f"{where[0]}[{where[1]}]: {says}", errors=[{"loc": [*where, *path], "msg": says}]
+    )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
 def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, Any]:
     """A responses ``function_call`` or ``function_call_output`` input item as the chat
     message that says the same (an assistant's tool call, a tool's answer)."""
     call_id = item.get("call_id")
-    if not isinstance(call_id, str) or not call_id:
-        says = f"a {item['type']} item needs its call_id"
-        raise InvalidInputError(
-            f"{where[0]}[{where[1]}]: {says}", errors=[{"loc": [*where, "call_id"], "msg": says}]
-        )
+    if not _is_id(call_id):
+        raise _refused(where, ["call_id"], f"a {item['type']} item needs its call_id")
     if item["type"] == "function_call_output":
         return {"role": Role.TOOL, "tool_call_id": call_id, "content": item.get("output")}
+    if not _is_id(item.get("name")):
+        raise _refused(where, ["name"], "a function_call item needs the name of its function")
     function = {"name": item.get("name"), "arguments": item.get("arguments")}
     return {
         "role": Role.ASSISTANT,
         "tool_calls": [{"id": call_id, "type": "function", "function": function}],
     }
+
+
+def _check_tool_call_ids(item: dict[str, Any], where: list[Any]) -> None:
+    """Refuse a tool call without its id or function's name, and a tool message without the
+    id of the call it answers: stored, they would reach the model with every later turn of
+    the session, and chat APIs refuse them."""
+    if item["role"] == Role.TOOL and not _is_id(item.get("tool_call_id")):
+        says = "a tool message needs the tool_call_id of the call it answers"
+        raise _refused(where, ["tool_call_id"], says)
+    calls = item.get("tool_calls")
+    for index, call in enumerate(calls if isinstance(calls, list) else []):
+        at = ["tool_calls", index]
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise _refused(where, [*at, "function"], "a tool call needs its function")
+        if not _is_id(call.get("id")):
+            raise _refused(where, [*at, "id"], "a tool call needs its id")
+        if not _is_id(function.get("name")):
+            says = "a tool call needs the name of its function"
+            raise _refused(where, [*at, "function", "name"], says)
 
 
 def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> list[Message]:
@@ -366,6 +396,7 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
             raise InvalidInputError(
                 f"{field}[{position}] {says}", errors=[{"loc": [*where, "role"], "msg": says}]
             )
+        _check_tool_call_ids(item, where)
         try:
             messages.append(Message.from_openai_message(item))
         except UnsupportedContentError as exc:
