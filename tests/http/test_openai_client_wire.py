@@ -354,6 +354,28 @@ def test_a_response_still_going_is_read_in_progress(sdk: openai.OpenAI) -> None:
     assert (again.status, again.output_text) == ("completed", "echo: sleep 1")
 
 
+def test_a_response_stream_is_resumed_by_its_id_where_it_broke(sdk: openai.OpenAI) -> None:
+    with sdk.responses.stream(model="m", input="sleep 0.5") as events:
+        created = next(iter(events))
+    # The client left (its run goes on): the SDK reads the rest of the stream by its id.
+    response_id = created.response.id
+    with sdk.responses.stream(response_id=response_id, starting_after=0) as resumed:
+        rest = [(event.type, event.sequence_number) for event in resumed]
+        final = resumed.get_final_response()
+    assert rest[0] == ("response.in_progress", 1)
+    assert rest[-1] == ("response.completed", len(rest))
+    assert (final.status, final.output_text) == ("completed", "echo: sleep 0.5")
+    assert final.model_dump(exclude={"output"}) == (
+        sdk.responses.retrieve(response_id).model_dump(exclude={"output"})
+    )
+    for starting_after in (0, 3):
+        after = sdk.responses.retrieve(response_id, stream=True, starting_after=starting_after)
+        assert [(event.type, event.sequence_number) for event in after] == rest[starting_after:]
+    unkept = sdk.responses.create(model="m", input="forget it", store=False)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(unkept.id, stream=True)
+
+
 def test_only_its_user_reads_a_response_again(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

@@ -721,8 +721,10 @@ async def responses_events(
     model: str,
     session_id: str,
     echo: Mapping[str, Any] | None = None,
+    starting_after: int = -1,
 ) -> AsyncIterator[bytes]:
-    """A run's events as the responses API's named SSE events.
+    """A run's events as the responses API's named SSE events (those whose
+    ``sequence_number`` is above ``starting_after``: a stream read again from where it broke).
 
     ``response.created`` → ``response.in_progress`` → per reply message
     ``response.output_item.added`` → ``response.content_part.added`` →
@@ -737,7 +739,8 @@ async def responses_events(
     async for kind, fields in stream:
         payload = {"type": kind, "sequence_number": sequence, **fields}
         sequence += 1
-        yield encode(json.dumps(payload), event=kind)
+        if payload["sequence_number"] > starting_after:
+            yield encode(json.dumps(payload), event=kind)
 
 
 async def responses_final(

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -53,6 +53,7 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
 from agentscope_serverless.services.runs.base import RunKind
+from agentscope_serverless.time_limit import seconds_left
 
 _T = TypeVar("_T")
 
@@ -468,7 +469,17 @@ def build_router(
         summary="OpenAI response, read again",
         responses={404: {"description": "No such response of the caller's user."}},
     )
-    async def get_response(response_id: str, caller: CurrentCaller, context: Context) -> Response:
+    async def get_response(
+        response_id: str,
+        caller: CurrentCaller,
+        context: Context,
+        stream: Annotated[
+            bool, Query(description="Its events, followed until it ends (the SDKs' resume).")
+        ] = False,
+        starting_after: Annotated[
+            int, Query(description="Stream the events after this sequence number.")
+        ] = -1,
+    ) -> Response:
         user_id = caller.user_id()
         runs = context.recorder.runs if context.recorder is not None else None
         if runs is None:
@@ -485,12 +496,23 @@ def build_router(
         run_id, session_id = found
         if record.session_id != session_id:
             raise compat.ResponseNotFoundError(response_id)
+        shape = {"model": str(record.echo.get("model", "")), "session_id": session_id}
+        headers = _session_headers(session_id, run_id)
+        if stream:
+            # On Lambda, it ends before the function's time limit: read on after its last.
+            events = sdk_retries.stored_events(runs, user_id, run_id)
+            return EventStreamResponse(
+                compat.responses_events(
+                    events, **shape, echo=record.echo, starting_after=starting_after
+                ),
+                ping_interval=context.settings.sse_ping_interval_seconds,
+                headers=headers,
+                ends_in=seconds_left(),
+            )
         # A run still going is read as stored so far (the response in progress).
         events = sdk_retries.stored_events(runs, user_id, run_id, follow=record.finished)
-        payload = await compat.responses_final(
-            events, model=str(record.echo.get("model", "")), session_id=session_id, echo=record.echo
-        )
-        return JSONResponse(payload, headers=_session_headers(session_id, run_id))
+        payload = await compat.responses_final(events, **shape, echo=record.echo)
+        return JSONResponse(payload, headers=headers)
 
     # Chat clients (Open WebUI, LibreChat...) list models when connecting: the agent is one,
     # named after its app (the chat routes answer whatever model a request names).
