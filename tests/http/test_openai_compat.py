@@ -302,6 +302,36 @@ def test_files_reach_the_session_and_unknown_parts_are_refused(
     assert client.get("/sessions/refused").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        ),
+        (
+            "responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f-1"}]}]},
+        ),
+    ],
+)
+def test_an_image_without_its_url_is_refused_rather_than_stored_empty(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, object]
+) -> None:
+    # An image of no URL shows the agent nothing, and reaches a chat API as an image of a
+    # null URL, which it refuses, with every later turn of the session.
+    client = client_for(keys.alice)
+    session = f"image-{uuid.uuid4()}"
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", **body},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 422
+    assert "image_url" in refused.json()["error"]["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def _cancel_the_sessions_run(url: str, key: str, session: str) -> None:
     """Cancel the run of ``session`` as soon as it is listed (from another client)."""
     with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:

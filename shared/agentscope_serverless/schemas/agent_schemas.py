@@ -580,7 +580,8 @@ def _openai_text(content: Any) -> str:
 
 
 class UnsupportedContentError(ValueError):
-    """An OpenAI content part of a type this protocol has no content for."""
+    """An OpenAI content part of a type this protocol has no content for, or without what
+    its type needs (an image without its URL)."""
 
 
 _FILE_FIELDS = ("file_id", "filename", "file_data", "file_url")
@@ -599,6 +600,13 @@ def _openai_parts(content: Any) -> list[Any]:
         elif kind in ("image_url", "input_image"):
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str) or not url:
+                # Kept empty, it would show the agent nothing, and make a chat API refuse
+                # every later turn of the session (an image of a null URL).
+                raise UnsupportedContentError(
+                    f"content parts of type {kind!r} need their image_url (a URL or a data: "
+                    "URI; images are not read by file_id here)"
+                )
             parts.append(ImageContent(image_url=url))
         elif kind == "input_audio":
             audio = part.get("input_audio") or {}
