@@ -249,6 +249,15 @@ def test_what_an_agent_cannot_give_in_a_response_is_a_400_naming_it(
     assert refused.value.param == param
 
 
+@pytest.mark.parametrize("text_format", ["json_object", ["text"], 5])
+def test_a_response_format_that_is_no_object_is_a_422_naming_it(
+    sdk: openai.OpenAI, text_format: Any
+) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as invalid:
+        sdk.responses.create(model="m", input="hi", extra_body={"text": {"format": text_format}})
+    assert invalid.value.param == "text.format"
+
+
 def test_every_error_has_the_shape_the_sdk_reads(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

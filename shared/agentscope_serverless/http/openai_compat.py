@@ -111,6 +111,14 @@ class ChatCompletionRequest(BaseModel):
     audio: dict[str, Any] | None = Field(None, description="Refused: an agent answers in text.")
 
 
+class ResponsesText(BaseModel):
+    """The ``text`` of a responses request: how the answer is given (other fields taken)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: dict[str, Any] | None = Field(None, description='Only ``{"type": "text"}``.')
+
+
 class ResponsesRequest(BaseModel):
     """The body of ``POST /responses`` (fields we do not use are accepted)."""
 
@@ -136,9 +144,7 @@ class ResponsesRequest(BaseModel):
         None, description="Refused unless empty or ``tool_choice`` is ``none``."
     )
     tool_choice: str | dict[str, Any] | None = None
-    text: dict[str, Any] | None = Field(
-        None, description='Its ``format`` only ``{"type": "text"}``.'
-    )
+    text: ResponsesText | None = None
     top_logprobs: int | None = Field(None, description="Refused when above 0.")
     include: list[str] | None = None
     background: bool | None = Field(None, description="Refused when true.")
@@ -207,7 +213,7 @@ def check_chat_request(body: ChatCompletionRequest) -> None:
 def check_responses_request(body: ResponsesRequest) -> None:
     """Refuse (400) what a responses request asks that an agent cannot give."""
     _check_tools(body.tools, body.tool_choice)
-    _check_format("text.format", (body.text or {}).get("format"))
+    _check_format("text.format", body.text.format if body.text else None)
     _check_logprobs(None, body.top_logprobs)
     if "message.output_text.logprobs" in (body.include or ()):
         raise UnsupportedParameterError("include", "an agent's answer has no token logprobs")
@@ -763,6 +769,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ResponseNotFoundError",
     "ResponsesRequest",
+    "ResponsesText",
     "chat_completion",
     "chat_completion_chunks",
     "chat_messages",
