@@ -544,9 +544,28 @@ WEATHER_CALL = {"type": "function", "id": "call_1", "function": {"name": "get_we
         ),
         ("messages", {"role": "tool", "content": "sunny"}, "messages[1].tool_call_id"),
         ("input", {"type": "function_call", "call_id": "call_1"}, "input[1].name"),
+        (
+            "messages",
+            {"role": "tool", "tool_call_id": "call_1", "content": {"sky": "clear"}},
+            "messages[1].content",
+        ),
+        (
+            "input",
+            {"type": "function_call_output", "call_id": "call_1", "output": {"sky": "clear"}},
+            "input[1].output",
+        ),
+        (
+            "input",
+            {
+                "type": "function_call_output",
+                "call_id": "call_1",
+                "output": [{"type": "input_image", "image_url": "https://example.com/sky.png"}],
+            },
+            "input[1].output",
+        ),
     ],
 )
-def test_a_tool_call_without_its_id_or_name_is_refused_and_not_stored(
+def test_a_tool_call_without_its_id_or_name_or_a_text_output_is_refused_and_not_stored(
     sdk: openai.OpenAI,
     scenario: httpx.Client,
     field: str,
@@ -554,7 +573,8 @@ def test_a_tool_call_without_its_id_or_name_is_refused_and_not_stored(
     param: str,
 ) -> None:
     # Stored, the call would reach the model on every later turn of the session, and a chat
-    # API refuses a tool call without them: the session could never be answered again.
+    # API refuses a tool call without them: the session could never be answered again. An
+    # output that is not text would reach it empty, as if the tool had said nothing.
     session = f"tool-call-{uuid.uuid4()}"
     sent = [{"role": "user", "content": "weather?"}, message]
     with pytest.raises(openai.UnprocessableEntityError) as refused:

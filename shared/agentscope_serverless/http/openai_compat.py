@@ -332,6 +332,19 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
 
+# The content parts a tool's output is read from: its text (see ``Message.from_openai_message``).
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_NOT_TEXT = "a tool's output must be text: a string, or a list of text parts"
+
+
+def _is_text_output(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return True
+    return isinstance(value, list) and all(
+        isinstance(part, dict) and part.get("type") in _TEXT_PARTS for part in value
+    )
+
+
 def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, Any]:
     """A responses ``function_call`` or ``function_call_output`` input item as the chat
     message that says the same (an assistant's tool call, a tool's answer)."""
@@ -339,6 +352,8 @@ def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, 
     if not _is_id(call_id):
         raise _refused(where, ["call_id"], f"a {item['type']} item needs its call_id")
     if item["type"] == "function_call_output":
+        if not _is_text_output(item.get("output")):
+            raise _refused(where, ["output"], _NOT_TEXT)
         return {"role": Role.TOOL, "tool_call_id": call_id, "content": item.get("output")}
     if not _is_id(item.get("name")):
         raise _refused(where, ["name"], "a function_call item needs the name of its function")
@@ -352,10 +367,14 @@ def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, 
 def _check_tool_call_ids(item: dict[str, Any], where: list[Any]) -> None:
     """Refuse a tool call without its id or function's name, and a tool message without the
     id of the call it answers: stored, they would reach the model with every later turn of
-    the session, and chat APIs refuse them."""
-    if item["role"] == Role.TOOL and not _is_id(item.get("tool_call_id")):
-        says = "a tool message needs the tool_call_id of the call it answers"
-        raise _refused(where, ["tool_call_id"], says)
+    the session, and chat APIs refuse them. A tool's output that is not text (which would
+    reach the model empty) is refused too."""
+    if item["role"] == Role.TOOL:
+        if not _is_id(item.get("tool_call_id")):
+            says = "a tool message needs the tool_call_id of the call it answers"
+            raise _refused(where, ["tool_call_id"], says)
+        if not _is_text_output(item.get("content")):
+            raise _refused(where, ["content"], _NOT_TEXT)
     calls = item.get("tool_calls")
     for index, call in enumerate(calls if isinstance(calls, list) else []):
         at = ["tool_calls", index]
