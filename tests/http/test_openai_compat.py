@@ -522,6 +522,43 @@ def test_max_completion_tokens_reaches_the_agent_as_max_tokens(
     assert older.choices[0].message.content == "max_tokens=9"
 
 
+@pytest.mark.parametrize(
+    ("path", "option", "param"),
+    [
+        ("chat/completions", {"max_tokens": 0, "max_completion_tokens": 7}, "max_tokens"),
+        ("chat/completions", {"max_completion_tokens": -5}, "max_completion_tokens"),
+        ("chat/completions", {"temperature": 5}, "temperature"),
+        ("chat/completions", {"top_p": 1.5}, "top_p"),
+        ("chat/completions", {"frequency_penalty": -3}, "frequency_penalty"),
+        ("chat/completions", {"presence_penalty": 3}, "presence_penalty"),
+        ("responses", {"max_output_tokens": 0}, "max_output_tokens"),
+        ("responses", {"temperature": -1}, "temperature"),
+        ("responses", {"top_p": 2}, "top_p"),
+    ],
+)
+def test_a_sampling_option_out_of_openais_range_is_refused_naming_it(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    option: dict[str, object],
+    param: str,
+) -> None:
+    # It reached the agent: the LLM agent's model refused the call, and the run failed (a
+    # 500, with the message stored unanswered); a max_tokens of 0 gave way to another limit.
+    client = client_for(keys.alice)
+    session = f"sampling-{uuid.uuid4()}"
+    chat = path == "chat/completions"
+    ask = {"messages": [{"role": "user", "content": "limits"}]} if chat else {"input": "limits"}
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", **ask, **option},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["param"] == param
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_a_message_of_a_role_no_agent_takes_is_refused_naming_it(sdk: openai.OpenAI) -> None:
     # It said "messages[0] is not a valid message".
     with pytest.raises(openai.UnprocessableEntityError) as refused:

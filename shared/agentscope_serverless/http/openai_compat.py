@@ -37,7 +37,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -69,6 +69,14 @@ RUN_CANCELED = Error(code="RUN_CANCELED", message="the run was canceled")
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+# The sampling options in OpenAI's ranges: out of them, a model refuses the call, and the
+# run would fail after storing its input.
+Temperature = Annotated[float | None, Field(ge=0, le=2)]
+TopP = Annotated[float | None, Field(ge=0, le=1)]
+Penalty = Annotated[float | None, Field(ge=-2, le=2)]
+TokenLimit = Annotated[int | None, Field(ge=1)]
+
+
 class ChatCompletionRequest(BaseModel):
     """The body of ``POST /chat/completions`` (fields we do not use are accepted)."""
 
@@ -80,10 +88,10 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = Field(
+    temperature: Temperature = None
+    top_p: TopP = None
+    max_tokens: TokenLimit = None
+    max_completion_tokens: TokenLimit = Field(
         None, description="What current clients send for ``max_tokens`` (which wins if both)."
     )
     seed: int | None = None
@@ -94,8 +102,8 @@ class ChatCompletionRequest(BaseModel):
         le=1,
         description="How many choices to make: 1, as an agent gives one answer a turn.",
     )
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: Penalty = None
+    presence_penalty: Penalty = None
     tools: list[dict[str, Any]] | None = Field(
         None, description="Refused unless empty or ``tool_choice`` is ``none``."
     )
@@ -132,9 +140,9 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_output_tokens: int | None = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    max_output_tokens: TokenLimit = None
     store: bool | None = Field(
         None,
         description="``false``: the response is not kept to be read again (its turn is the "
