@@ -14,7 +14,7 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
-from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.agent_schemas import ImageContent, Message, Role, TextContent
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -45,7 +45,7 @@ def scenario_app() -> AgentApp:
     @app.query(framework="text")
     async def query(
         self: Any, msgs: list[Message], request: Any = None, **kwargs: Any
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[str | Message]:
         text = msgs[-1].get_text_content() or ""
         if text == "fail":
             raise RuntimeError(f"boom, and the key is {SECRET}")
@@ -58,6 +58,10 @@ def scenario_app() -> AgentApp:
             await asyncio.sleep(float(text.split()[1]))
         if text == "limits":
             yield f"max_tokens={request.max_tokens}"
+            return
+        if text == "draw":
+            picture = ImageContent(image_url="https://example.com/cat.png")
+            yield Message(role=Role.ASSISTANT, content=[picture, TextContent(text="A cat.")])
             return
         yield "echo: "
         yield text

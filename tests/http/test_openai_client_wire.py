@@ -331,6 +331,19 @@ def test_a_response_repeats_its_instructions_options_and_metadata(sdk: openai.Op
     assert second.metadata == {"session_id": first.metadata["session_id"]}  # type: ignore[index]
 
 
+def test_a_reply_with_an_image_before_its_text_streams_as_the_sdk_reads_it(
+    sdk: openai.OpenAI,
+) -> None:
+    # The text's content_index was its place among all the message's parts (1, after the
+    # image), while the output item holds its text parts alone: the SDK's stream failed
+    # with an IndexError.
+    with sdk.responses.stream(model="m", input="draw") as events:
+        indexes = {e.content_index for e in events if e.type == "response.output_text.delta"}
+        final = events.get_final_response()
+    assert indexes == {0}
+    assert final.output_text == "A cat."
+
+
 def test_a_response_is_read_again_by_its_id_as_it_was_given(sdk: openai.OpenAI) -> None:
     given = sdk.responses.create(
         model="m", input="hello", instructions="Be terse.", metadata={"app": "tests"}

@@ -687,7 +687,10 @@ async def _responses_stream(
     completed, and the one it was writing, ``incomplete``, with the text it had streamed.
     """
     positions: dict[str, int] = {}
-    opened_parts: set[tuple[str, int]] = set()
+    # Per message, the place of each of its text parts (by their index among all its parts)
+    # among its text parts alone: an output item holds those only, and the SDKs read a
+    # part's ``content_index`` as its place there.
+    text_places: dict[str, dict[int, int]] = {}
     streamed: dict[str, dict[int, str]] = {}
     done_items: dict[str, dict[str, Any]] = {}
 
@@ -728,14 +731,16 @@ async def _responses_stream(
                 done_items[event.id] = item
                 yield "response.output_item.done", {"output_index": position, "item": item}
         elif isinstance(event, TextContent) and event.msg_id in positions:
-            msg_id, index = event.msg_id, event.index or 0
+            msg_id = event.msg_id
+            places = text_places.setdefault(msg_id, {})
+            opened = (event.index or 0) in places
+            index = places.setdefault(event.index or 0, len(places))
             where: dict[str, Any] = {
                 "item_id": msg_id,
                 "output_index": positions[msg_id],
                 "content_index": index,
             }
-            if (msg_id, index) not in opened_parts:
-                opened_parts.add((msg_id, index))
+            if not opened:
                 yield "response.content_part.added", {**where, "part": _output_text("")}
             text = event.text or ""
             parts = streamed.setdefault(msg_id, {})
