@@ -258,6 +258,20 @@ def test_a_response_format_that_is_no_object_is_a_422_naming_it(
     assert invalid.value.param == "text.format"
 
 
+def test_a_body_that_is_not_json_is_a_422_saying_where(scenario: httpx.Client) -> None:
+    # It said "invalid request: body.14: JSON decode error", with the param "[14]".
+    response = scenario.post(
+        CHAT, content=b'{"model": "m",}', headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["param"] == "body"
+    assert error["message"] == (
+        "the body is not valid JSON: Expecting property name enclosed in double quotes "
+        "(at character 14)"
+    )
+
+
 def test_every_error_has_the_shape_the_sdk_reads(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

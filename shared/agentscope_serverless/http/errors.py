@@ -14,7 +14,7 @@ say only ``internal server error``: no stack trace, no exception text, nothing s
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -212,9 +212,26 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             "UNSUPPORTED_MEDIA_TYPE",
             f"the body must be JSON (Content-Type: application/json), not {kind!r}",
         )
+    unparsed = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
+    if unparsed is not None:
+        # FastAPI puts where the parse failed (a character's position) in its loc.
+        return response_for(_not_json(unparsed))
     fields = _validation_fields(exc.errors())
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
     return error_response(422, InvalidInputError.code, f"invalid request: {where}", fields)
+
+
+def _not_json(error: Mapping[str, Any]) -> InvalidInputError:
+    """What is wrong with a body FastAPI could not parse as JSON (its ``json_invalid``
+    error), and where."""
+    message = "the body is not valid JSON"
+    why = str((error.get("ctx") or {}).get("error") or "")[:200]
+    if why:
+        message += f": {why}"
+    loc: Sequence[Any] = error.get("loc") or ()
+    if len(loc) > 1 and isinstance(loc[1], int):
+        message += f" (at character {loc[1]})"
+    return InvalidInputError(message, field="body")
 
 
 def unreadable_body(exc: BaseException) -> InvalidInputError | None:
