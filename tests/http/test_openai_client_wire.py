@@ -17,6 +17,7 @@ import pytest
 
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
+from tests.http.test_llm_agent import ANSWER, FOLLOW_UP, ScriptedLLM, llm_agent_server
 from tests.support.http import Keys, bearer, running, stream
 from tests.support.slow_agent import app as slow_app
 
@@ -613,6 +614,31 @@ def test_a_tool_call_without_its_id_or_name_or_a_text_output_is_refused_and_not_
             sdk.responses.create(model="m", input=sent, metadata={"session_id": session})
     assert refused.value.param == param
     assert scenario.get(f"/sessions/{session}").status_code == 404
+
+
+def test_a_file_sent_by_url_reaches_the_llm_agents_model_as_a_mention_it_takes() -> None:
+    # Chat APIs take a file by id or by data only: it reached the model as a file of neither,
+    # which it refused, on this turn and every later one of the session.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    llm = ScriptedLLM([ANSWER, FOLLOW_UP])
+    document = {"type": "input_file", "file_url": "https://example.com/a.pdf", "filename": "a.pdf"}
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as llm_sdk,
+    ):
+        first = llm_sdk.responses.create(
+            model="llm",
+            input=[
+                {"role": "user", "content": [{"type": "input_text", "text": "Sum up"}, document]}
+            ],
+        )
+        llm_sdk.responses.create(model="llm", input="And now?", previous_response_id=first.id)
+    for request in llm.requests:
+        (asked,) = [m for m in request["body"]["messages"] if isinstance(m["content"], list)]
+        assert asked["content"] == [
+            {"type": "text", "text": "Sum up"},
+            {"type": "text", "text": "[file a.pdf: https://example.com/a.pdf]"},
+        ]
 
 
 # --- retries -------------------------------------------------------------------------------

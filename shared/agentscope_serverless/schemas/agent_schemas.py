@@ -381,6 +381,19 @@ class FileContent(Content):
     filename: str | None = None
     file_data: str | None = None
 
+    def mention(self) -> str:
+        """The file as a line of text naming it, for a reader that cannot take the file
+        itself (its data left out).
+
+        >>> FileContent(filename="a.pdf", file_url="https://x/a.pdf").mention()
+        '[file a.pdf: https://x/a.pdf]'
+        """
+        where = self.file_url or self.file_id or "sent with the message"
+        if where.startswith("data:"):
+            where = "sent with the message"
+        name = f"file {self.filename}" if self.filename else "file"
+        return f"[{name}: {where}]"
+
 
 class RefusalContent(Content):
     """The model's refusal to answer."""
@@ -792,9 +805,13 @@ def _to_openai_content(msg: Message) -> str | list[dict[str, Any]]:
             converted.append(
                 {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
             )
-        elif isinstance(part, FileContent):
+        elif isinstance(part, FileContent) and (part.file_id or part.file_data):
             fields = {name: getattr(part, name) for name in ("file_id", "filename", "file_data")}
             converted.append({"type": "file", "file": {k: v for k, v in fields.items() if v}})
+        elif isinstance(part, FileContent):
+            # Chat APIs take a file by id or data only, and refuse any other (with every
+            # later turn of its session): the model reads a mention of one by URL.
+            converted.append({"type": "text", "text": part.mention()})
         elif isinstance(part, RefusalContent):
             converted.append({"type": "text", "text": part.refusal or ""})
     return converted

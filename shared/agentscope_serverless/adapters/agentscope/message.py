@@ -95,11 +95,7 @@ def _block(part: Content) -> dict[str, Any]:
     if isinstance(part, DataContent) and "agentscope_block" in (part.data or {}):
         return dict((part.data or {})["agentscope_block"])
     if isinstance(part, FileContent):
-        where = part.file_url or part.file_id or "sent with the message"
-        if where.startswith("data:"):
-            where = "sent with the message"
-        name = f"file {part.filename}" if part.filename else "file"
-        return {"type": "text", "text": f"[{name}: {where}]"}
+        return {"type": "text", "text": part.mention()}
     if isinstance(part, RefusalContent):
         return {"type": "text", "text": part.refusal or ""}
     return {"type": "text", "text": str(getattr(part, "data", ""))}
