@@ -594,7 +594,7 @@ def _openai_text(content: Any) -> str:
 
 class UnsupportedContentError(ValueError):
     """An OpenAI content part of a type this protocol has no content for, or without what
-    its type needs (an image without its URL)."""
+    its type needs (an image without its URL, a file without its URL, id or data)."""
 
 
 _FILE_FIELDS = ("file_id", "filename", "file_data", "file_url")
@@ -627,6 +627,10 @@ def _openai_parts(content: Any) -> list[Any]:
         elif kind in ("file", "input_file"):
             # Chat completions nest the file's fields under "file"; responses do not.
             fields = (part.get("file") or {}) if kind == "file" else part
+            if not any(fields.get(name) for name in ("file_url", "file_id", "file_data")):
+                raise UnsupportedContentError(
+                    f"content parts of type {kind!r} need a file_url, file_id or file_data"
+                )
             parts.append(FileContent(**{name: fields.get(name) for name in _FILE_FIELDS}))
         elif kind == "refusal":
             parts.append(RefusalContent(refusal=part.get("refusal")))
