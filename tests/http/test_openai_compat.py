@@ -321,13 +321,18 @@ def test_files_reach_the_session_and_unknown_parts_are_refused(
             "responses",
             {"input": [{"role": "user", "content": [{"type": "input_file", "filename": "a"}]}]},
         ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        ),
     ],
 )
-def test_an_image_or_a_file_without_its_source_is_refused_rather_than_stored_empty(
+def test_an_image_a_file_or_audio_without_its_source_is_refused_rather_than_stored_empty(
     client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, object]
 ) -> None:
-    # An image of no URL, a file of no URL, id or data, show the agent nothing, and reach a
-    # chat API as parts it refuses, with every later turn of the session.
+    # An image of no URL, a file of no URL, id or data, audio of no data, show the agent
+    # nothing (an image reached a chat API as one of a null URL, which it refuses, with every
+    # later turn of the session).
     client = client_for(keys.alice)
     session = f"image-{uuid.uuid4()}"
     refused = client.post(
@@ -336,7 +341,8 @@ def test_an_image_or_a_file_without_its_source_is_refused_rather_than_stored_emp
         headers={"X-Session-Id": session},
     )
     assert refused.status_code == 422
-    needs = "image_url" if "image" in str(body) else "file_url, file_id or file_data"
+    sources = {"image": "image_url", "file": "file_url, file_id or file_data", "audio": "data"}
+    needs = next(source for kind, source in sources.items() if kind in str(body))
     assert needs in refused.json()["error"]["message"]
     assert client.get(f"/sessions/{session}").status_code == 404
 

@@ -594,7 +594,8 @@ def _openai_text(content: Any) -> str:
 
 class UnsupportedContentError(ValueError):
     """An OpenAI content part of a type this protocol has no content for, or without what
-    its type needs (an image without its URL, a file without its URL, id or data)."""
+    its type needs (an image without its URL, a file without its URL, id or data, audio
+    without its data)."""
 
 
 _FILE_FIELDS = ("file_id", "filename", "file_data", "file_url")
@@ -623,6 +624,10 @@ def _openai_parts(content: Any) -> list[Any]:
             parts.append(ImageContent(image_url=url))
         elif kind == "input_audio":
             audio = part.get("input_audio") or {}
+            if not isinstance(audio, dict) or not audio.get("data"):
+                raise UnsupportedContentError(
+                    "content parts of type 'input_audio' need their data (base64)"
+                )
             parts.append(AudioContent(data=audio.get("data"), format=audio.get("format")))
         elif kind in ("file", "input_file"):
             # Chat completions nest the file's fields under "file"; responses do not.
