@@ -502,6 +502,36 @@ def test_a_client_that_names_no_session_leaves_its_conversation_in_memory_once(
     assert remembered == Counter(m["content"] for m in conversation if m["role"] != "system")
 
 
+def test_instructions_reach_the_agent_with_a_conversation_sent_whole() -> None:
+    # OpenAI's Agents SDK sends its instructions with the whole conversation every turn. In a
+    # session only what follows the last assistant message is new: the instructions, put
+    # before the conversation, were cut off with the turns already stored.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    llm = ScriptedLLM([ANSWER, FOLLOW_UP])
+    session = {"session_id": "sent-whole"}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as llm_sdk,
+    ):
+        first = llm_sdk.responses.create(
+            model="llm", input=ask, instructions="Answer in French.", metadata=session
+        )
+        conversation = [
+            *ask,
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And now?"},
+        ]
+        llm_sdk.responses.create(
+            model="llm", input=conversation, instructions="Answer in French.", metadata=session
+        )
+        with httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+            stored = history(client, "sent-whole")
+    for request in llm.requests:
+        assert {"role": "system", "content": "Answer in French."} in request["body"]["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
+
+
 def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert failed.status == "failed" and failed.error is not None

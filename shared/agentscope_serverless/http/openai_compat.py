@@ -318,10 +318,13 @@ def run_of_response(response_id: str) -> tuple[str, str] | None:
 
 
 def new_turn(messages: list[Message]) -> list[Message]:
-    """The messages after the last assistant message (all of them if there is none)."""
+    """The messages after the last assistant message (all of them if there is none), after
+    those before it that are for this turn alone (a responses request's ``instructions``,
+    which precede a conversation sent whole)."""
     for position in range(len(messages) - 1, -1, -1):
         if messages[position].role == Role.ASSISTANT:
-            return messages[position + 1 :]
+            for_this_turn = [m for m in messages[:position] if (m.metadata or {}).get(TURN_ONLY)]
+            return [*for_this_turn, *messages[position + 1 :]]
     return messages
 
 
