@@ -347,6 +347,60 @@ def test_an_image_a_file_or_audio_without_its_source_is_refused_rather_than_stor
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+PICTURE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {"role": "system", "content": [PICTURE]},
+                    {"role": "user", "content": "hi"},
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+        (
+            "responses",
+            {
+                "input": [
+                    {"role": "developer", "content": [{"type": "input_file", "file_id": "f-1"}]},
+                    {"role": "user", "content": "hi"},
+                ]
+            },
+            "input[0].content[0].type",
+        ),
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": "draw"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "Here."}, PICTURE]},
+                    {"role": "user", "content": "again"},
+                ]
+            },
+            "messages[1].content[1].type",
+        ),
+    ],
+)
+def test_a_part_other_than_text_in_a_system_or_assistant_message_is_refused(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    body: dict[str, object],
+    param: str,
+) -> None:
+    # Chat APIs take text alone from a system (developer) or assistant message: stored, it
+    # made the model refuse every later turn of the session, as OpenAI refuses it at once.
+    client = client_for(keys.alice)
+    refused = client.post(f"/compatible-mode/v1/{path}", json={"model": "m", **body})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["param"] == param
+
+
 def _cancel_the_sessions_run(url: str, key: str, session: str) -> None:
     """Cancel the run of ``session`` as soon as it is listed (from another client)."""
     with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:

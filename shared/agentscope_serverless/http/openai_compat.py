@@ -375,6 +375,25 @@ def _function_item_as_chat(item: dict[str, Any], where: list[Any]) -> dict[str, 
     }
 
 
+# The content parts chat APIs take in a system (developer) or assistant message: text alone
+# (and an assistant's refusal).
+_PARTS_OF_ROLE = {Role.SYSTEM: _TEXT_PARTS, Role.ASSISTANT: _TEXT_PARTS | {"refusal"}}
+
+
+def _check_parts_of_role(item: dict[str, Any], where: list[Any]) -> None:
+    """Refuse a part other than text in a system or assistant message: stored, it would
+    reach the model with every later turn of the session, and chat APIs refuse it."""
+    taken = _PARTS_OF_ROLE.get(item["role"])
+    content = item.get("content")
+    if taken is None or not isinstance(content, list):
+        return
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind not in taken:
+            says = f"a {item['role']} message takes text parts only, not {kind[:40]!r}"
+            raise _refused(where, ["content", index, "type"], says)
+
+
 def _check_tool_call_ids(item: dict[str, Any], where: list[Any]) -> None:
     """Refuse a tool call without its id or function's name, and a tool message without the
     id of the call it answers: stored, they would reach the model with every later turn of
@@ -433,6 +452,7 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
                 f"{field}[{position}] {says}", errors=[{"loc": [*where, "role"], "msg": says}]
             )
         _check_tool_call_ids(item, where)
+        _check_parts_of_role(item, where)
         try:
             messages.append(Message.from_openai_message(item))
         except UnsupportedContentError as exc:
