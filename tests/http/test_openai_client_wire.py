@@ -671,6 +671,36 @@ def test_a_file_sent_by_url_reaches_the_llm_agents_model_as_a_mention_it_takes()
         ]
 
 
+def test_parallel_function_calls_of_a_responses_input_reach_the_model_with_their_outputs() -> None:
+    # The responses API gives each of parallel calls an item of its own, their outputs after
+    # them all: each call was kept alone, and the model was told the first one had no result.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    llm = ScriptedLLM([ANSWER])
+    calls = [
+        {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": city}
+        for call_id, city in (("call_1", '{"city": "Paris"}'), ("call_2", '{"city": "Rome"}'))
+    ]
+    outputs = [
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "rainy"},
+    ]
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as llm_sdk,
+    ):
+        llm_sdk.responses.create(
+            model="llm",
+            input=[{"role": "user", "content": "Paris and Rome?"}, *calls, *outputs],  # type: ignore[list-item]
+        )
+    sent = llm.requests[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "tool"]
+    assert [call["id"] for call in sent[2]["tool_calls"]] == ["call_1", "call_2"]
+    assert [(m["tool_call_id"], m["content"]) for m in sent[3:]] == [
+        ("call_1", "sunny"),
+        ("call_2", "rainy"),
+    ]
+
+
 # --- retries -------------------------------------------------------------------------------
 
 

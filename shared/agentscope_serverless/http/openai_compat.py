@@ -454,7 +454,7 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
         _check_tool_call_ids(item, where)
         _check_parts_of_role(item, where)
         try:
-            messages.append(Message.from_openai_message(item))
+            message = Message.from_openai_message(item)
         except UnsupportedContentError as exc:
             raise InvalidInputError(
                 f"{field}[{position}]: {exc}", errors=[{"loc": where, "msg": str(exc)}]
@@ -464,6 +464,14 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
                 f"{field}[{position}] is not a valid message",
                 errors=[{"loc": where, "msg": "not a valid message"}],
             ) from None
+        if kind == "function_call" and position and items[position - 1].get("type") == kind:
+            # Parallel calls come an item each, their outputs after them all: one message
+            # holds them, as the chat APIs want the calls whose outputs follow.
+            calls = messages[-1].content or []
+            for part in message.content or []:
+                calls.append(part.model_copy(update={"index": len(calls)}))
+        else:
+            messages.append(message)
     return messages
 
 
