@@ -628,6 +628,22 @@ def test_a_sampling_option_out_of_openais_range_is_refused_naming_it(
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize("path", ["chat/completions", "responses"])
+def test_a_model_name_longer_than_any_is_refused(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str
+) -> None:
+    # Every chunk of a stream repeats it: a name of 900 KB made an answer of a few hundred
+    # chunks hundreds of megabytes long.
+    client = client_for(keys.alice)
+    chat = path == "chat/completions"
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
+    refused = client.post(
+        f"/compatible-mode/v1/{path}", json={"model": "m" * 900_000, **ask, "stream": True}
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["param"] == "model"
+
+
 def test_a_message_of_a_role_no_agent_takes_is_refused_naming_it(sdk: openai.OpenAI) -> None:
     # It said "messages[0] is not a valid message".
     with pytest.raises(openai.UnprocessableEntityError) as refused:

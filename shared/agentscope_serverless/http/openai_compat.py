@@ -75,6 +75,8 @@ Temperature = Annotated[float | None, Field(ge=0, le=2)]
 TopP = Annotated[float | None, Field(ge=0, le=1)]
 Penalty = Annotated[float | None, Field(ge=-2, le=2)]
 TokenLimit = Annotated[int | None, Field(ge=1)]
+# Every chunk of a stream repeats the model's name: a bound on what one answer can weigh.
+ModelName = Annotated[str, Field(max_length=256)]
 
 
 class ChatCompletionRequest(BaseModel):
@@ -82,7 +84,7 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = "agent"
+    model: ModelName = "agent"
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -132,7 +134,7 @@ class ResponsesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = "agent"
+    model: ModelName = "agent"
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     stream: bool = False
