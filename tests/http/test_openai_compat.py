@@ -325,14 +325,29 @@ def test_files_reach_the_session_and_unknown_parts_are_refused(
             "chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
         ),
+        (
+            "responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "cat"}]}]},
+        ),
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "/a.png"}}],
+                    }
+                ]
+            },
+        ),
     ],
 )
-def test_an_image_a_file_or_audio_without_its_source_is_refused_rather_than_stored_empty(
+def test_an_image_a_file_or_audio_without_a_source_is_refused_rather_than_stored(
     client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, object]
 ) -> None:
-    # An image of no URL, a file of no URL, id or data, audio of no data, show the agent
-    # nothing (an image reached a chat API as one of a null URL, which it refuses, with every
-    # later turn of the session).
+    # An image of no URL (or of a name that is no URL), a file of no URL, id or data, audio of
+    # no data, show the agent nothing (an image reached a chat API as one of a null or invalid
+    # URL, which it refuses, with every later turn of the session).
     client = client_for(keys.alice)
     session = f"image-{uuid.uuid4()}"
     refused = client.post(

@@ -21,6 +21,7 @@ import typing
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Self, TypeVar, Union
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -614,9 +615,10 @@ def _openai_parts(content: Any) -> list[Any]:
         elif kind in ("image_url", "input_image"):
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str) or not url:
-                # Kept empty, it would show the agent nothing, and make a chat API refuse
-                # every later turn of the session (an image of a null URL).
+            if not isinstance(url, str) or not urlsplit(url).scheme:
+                # Kept empty, or a name that is no URL, it would show the agent nothing, and
+                # make a chat API refuse every later turn of the session (a path would be
+                # read from the server's own disk by agents that take local images).
                 raise UnsupportedContentError(
                     f"content parts of type {kind!r} need their image_url (a URL or a data: "
                     "URI; images are not read by file_id here)"
