@@ -413,6 +413,21 @@ def test_a_response_stream_is_resumed_by_its_id_where_it_broke(sdk: openai.OpenA
         sdk.responses.retrieve(unkept.id, stream=True)
 
 
+def test_a_response_still_going_is_cancelled_with_the_sdk(sdk: openai.OpenAI) -> None:
+    # Its run goes on when its client leaves, and responses.cancel was a 404 "Not Found".
+    going = sdk.responses.create(model="m", input="sleep 30", stream=True)
+    created = next(iter(going))
+    assert created.type == "response.created"
+    cancelled = sdk.responses.cancel(created.response.id)
+    assert (cancelled.id, cancelled.status) == (created.response.id, "cancelled")
+    assert [event.type for event in going][-1] == "response.incomplete"
+    assert sdk.responses.retrieve(cancelled.id).status == "cancelled"
+    finished = sdk.responses.create(model="m", input="hi")
+    assert sdk.responses.cancel(finished.id) == finished  # (it had ended: as it was)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.cancel("resp_0123_c2Vzc2lvbg")
+
+
 def test_only_its_user_reads_a_response_again(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

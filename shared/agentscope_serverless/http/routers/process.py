@@ -52,7 +52,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
-from agentscope_serverless.services.runs.base import RunKind
+from agentscope_serverless.services.runs.base import RunKind, RunRecord, RunsService
 from agentscope_serverless.time_limit import seconds_left
 
 _T = TypeVar("_T")
@@ -481,21 +481,9 @@ def build_router(
         ] = -1,
     ) -> Response:
         user_id = caller.user_id()
-        runs = context.recorder.runs if context.recorder is not None else None
-        if runs is None:
-            raise compat.ResponseNotFoundError(
-                response_id, "responses are not kept: this server stores no runs"
-            )
-        found = compat.run_of_response(response_id)
-        record = None
-        if found is not None:
-            record = await read_record(context, lambda: runs.get_run(user_id, found[0]))
-        # A chat completion's run keeps no echo: its id is no response's.
-        if found is None or record is None or record.echo is None:
-            raise compat.ResponseNotFoundError(response_id)
-        run_id, session_id = found
-        if record.session_id != session_id:
-            raise compat.ResponseNotFoundError(response_id)
+        runs, record = await _stored_response(context, user_id, response_id)
+        run_id, session_id = record.id, record.session_id or ""
+        assert record.echo is not None
         shape = {"model": str(record.echo.get("model", "")), "session_id": session_id}
         headers = _session_headers(session_id, run_id)
         if stream:
@@ -514,6 +502,32 @@ def build_router(
         payload = await compat.responses_final(events, **shape, echo=record.echo)
         return JSONResponse(payload, headers=headers)
 
+    @router.post(
+        f"{COMPATIBLE_PREFIX}/responses/{{response_id}}/cancel",
+        summary="OpenAI response, cancelled",
+        responses={404: {"description": "No such response of the caller's user."}},
+    )
+    async def cancel_response(
+        response_id: str, caller: CurrentCaller, context: Context
+    ) -> JSONResponse:
+        """Cancel the response's run (it goes on when its client leaves), wherever it
+        executes, and answer the response as the run ended: ``cancelled``, or as it was
+        when it had ended already."""
+        user_id = caller.user_id()
+        runs, record = await _stored_response(context, user_id, response_id)
+        assert record.echo is not None and context.recorder is not None
+        if not record.finished:
+            await runs.request_cancel(user_id, record.id)
+            context.recorder.cancel_local(user_id, record.id)
+        session_id = record.session_id or ""
+        payload = await compat.responses_final(
+            sdk_retries.stored_events(runs, user_id, record.id),
+            model=str(record.echo.get("model", "")),
+            session_id=session_id,
+            echo=record.echo,
+        )
+        return JSONResponse(payload, headers=_session_headers(session_id, record.id))
+
     # Chat clients (Open WebUI, LibreChat...) list models when connecting: the agent is one,
     # named after its app (the chat routes answer whatever model a request names).
     @router.get(f"{COMPATIBLE_PREFIX}/models", summary="OpenAI models: the agent")
@@ -530,6 +544,28 @@ def build_router(
         return described
 
     return router
+
+
+async def _stored_response(
+    context: AppContext, user_id: str, response_id: str
+) -> tuple[RunsService, RunRecord]:
+    """The runs store and the record of the run of a response of ``user_id`` (404 when it
+    is none: not stored, made with ``store: false``, or a chat completion's)."""
+    runs = context.recorder.runs if context.recorder is not None else None
+    if runs is None:
+        raise compat.ResponseNotFoundError(
+            response_id, "responses are not kept: this server stores no runs"
+        )
+    found = compat.run_of_response(response_id)
+    record = None
+    if found is not None:
+        record = await read_record(context, lambda: runs.get_run(user_id, found[0]))
+    # A chat completion's run keeps no echo: its id is no response's.
+    if found is None or record is None or record.echo is None:
+        raise compat.ResponseNotFoundError(response_id)
+    if record.session_id != found[1]:
+        raise compat.ResponseNotFoundError(response_id)
+    return runs, record
 
 
 def _no_other_user(caller: Caller) -> None:
