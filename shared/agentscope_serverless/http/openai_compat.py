@@ -319,15 +319,25 @@ def run_of_response(response_id: str) -> tuple[str, str] | None:
         return None
 
 
-def new_turn(messages: list[Message]) -> list[Message]:
-    """The messages after the last assistant message (all of them if there is none), after
-    those before it that are for this turn alone (a responses request's ``instructions``,
-    which precede a conversation sent whole)."""
+def split_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
+    """The conversation so far and the new turn of messages a client sent whole.
+
+    The conversation runs to the last assistant message; the turn is what follows it,
+    after the messages before it that are for this turn alone (a responses request's
+    ``instructions``, which precede a conversation sent whole). Without an assistant
+    message, every message is the turn.
+
+    >>> ask, reply = Message(role="user", content="hi"), Message(role="assistant", content="yo")
+    >>> split_turn([ask, reply, ask]) == ([ask, reply], [ask])
+    True
+    """
     for position in range(len(messages) - 1, -1, -1):
         if messages[position].role == Role.ASSISTANT:
-            for_this_turn = [m for m in messages[:position] if (m.metadata or {}).get(TURN_ONLY)]
-            return [*for_this_turn, *messages[position + 1 :]]
-    return messages
+            earlier = messages[: position + 1]
+            for_this_turn = [m for m in earlier if (m.metadata or {}).get(TURN_ONLY)]
+            conversation = [m for m in earlier if not (m.metadata or {}).get(TURN_ONLY)]
+            return conversation, [*for_this_turn, *messages[position + 1 :]]
+    return [], messages
 
 
 # The roles a message may have here ("developer" is read as "system").
@@ -842,7 +852,6 @@ __all__ = [
     "check_chat_request",
     "check_responses_request",
     "finish_reason",
-    "new_turn",
     "reply_text",
     "response_id",
     "responses_echo",
@@ -854,4 +863,5 @@ __all__ = [
     "run_of_response",
     "session_id_of",
     "session_of_response",
+    "split_turn",
 ]

@@ -41,7 +41,6 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
-from agentscope_serverless.runner import TURN_ONLY
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -104,23 +103,16 @@ def _compatible_run(
     the turn alone (``instructions``) stay its input.
     """
     given = clean_session_id(session_id)
+    history, turn = compat.split_turn(messages)
     if given is not None:
-        run = AgentRequest(
-            input=compat.new_turn(messages), session_id=given, user_id=user_id, **options
+        return _Call(
+            AgentRequest(input=turn, session_id=given, user_id=user_id, **options), given, []
         )
-        return _Call(run, given, [])
-    turn = compat.new_turn(messages) or messages
-    earlier = messages[: len(messages) - len(turn)]
-    history = [m for m in earlier if not _turn_only(m)]
-    if len(history) < len(earlier):
-        turn = [m for m in earlier if _turn_only(m)] + turn
+    if not turn:  # it ends with an assistant message: all of it is input
+        history, turn = [], messages
     session = new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
     return _Call(run, session, history)
-
-
-def _turn_only(message: Message) -> bool:
-    return message.metadata is not None and message.metadata.get(TURN_ONLY) is True
 
 
 def _header_session_id(value: str | None) -> str | None:
