@@ -419,8 +419,8 @@ _MESSAGE_ID_SEED: contextvars.ContextVar[tuple[uuid.UUID, itertools.count[int]] 
 def seed_message_ids(seed: str) -> None:
     """Derive the message ids made from now on in this context from ``seed``, in order.
 
-    >>> seed_message_ids("user\0key"); first = Message(role="user").id
-    >>> seed_message_ids("user\0key"); Message(role="user").id == first
+    >>> seed_message_ids("user key"); first = Message(role="user").id
+    >>> seed_message_ids("user key"); Message(role="user").id == first
     True
     """
     _MESSAGE_ID_SEED.set((uuid.uuid5(uuid.NAMESPACE_URL, seed), itertools.count()))
