@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.function_app import create_function_app
 from agentscope_serverless.http.middleware import DRAIN_BYTES, DRAIN_SECONDS
+from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 from tests.http.conftest import SECRET
 from tests.support.http import Keys, bearer, issue_key, running, user_message
@@ -217,6 +219,45 @@ def test_an_unexpected_error_is_a_500_without_internals(keys: Keys) -> None:
     }
     assert SECRET not in response.text and "Traceback" not in response.text
     assert response.headers["x-request-id"] == "req-42"
+
+
+@pytest.fixture
+def info_logs() -> Iterator[None]:
+    """The logger at INFO for one test (the tests log nothing below CRITICAL)."""
+    level = logger.level
+    logger.setLevel("INFO")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def test_an_unexpected_error_is_logged_once_as_json_and_the_connection_kept(
+    keys: Keys, capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    # The exception's text is the client's: it must not forge a log line of its own.
+    forged = '{"level":"INFO","message":"forged"}'
+
+    def explode(body: Any) -> Any:
+        raise RuntimeError(f"bad input\n{forged}")
+
+    page = "https://app.example.com"
+    settings = load_settings(cors_allow_origins=page)
+    app = create_function_app(explode, settings=settings, key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        capfd.readouterr()
+        failed = client.post("/process", json={}, headers={"Origin": page, "X-Request-Id": "r-9"})
+        # The same connection serves the next request.
+        assert client.get("/health").status_code == 200
+    out, err = capfd.readouterr()
+    assert failed.status_code == 500 and error_of(failed)["code"] == "INTERNAL_ERROR"
+    # A page can read the answer, and quote its request id.
+    assert failed.headers["access-control-allow-origin"] == page
+    assert failed.headers["x-request-id"] == "r-9"
+    lines = [json.loads(line) for line in (out + err).splitlines() if line.strip()]
+    (logged,) = [line for line in lines if line.get("level") == "ERROR"]
+    assert logged["request_id"] == "r-9" and forged in logged["exception"]
+    assert [line["status"] for line in lines if line["message"] == "request"] == [500, 200]
 
 
 def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:

@@ -263,21 +263,18 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unexpected error", extra={"error": type(exc).__name__})
-    response = error_response(500, INTERNAL_ERROR, "internal server error")
-    request_id = getattr(request.state, "request_id", None)
-    if request_id:
-        response.headers["X-Request-Id"] = request_id
-    return response
+def unexpected_error(exc: Exception) -> JSONResponse:
+    """The 500 answering an error no handler maps, logged (as one line) with its traceback."""
+    logger.error("unexpected error", exc_info=exc, extra={"error": type(exc).__name__})
+    return error_response(500, INTERNAL_ERROR, "internal server error")
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every error raised while serving ``app`` through this mapping."""
+    """Route the errors raised while serving ``app`` through this mapping (any other is
+    answered by :func:`unexpected_error`, from the request context middleware)."""
     app.add_exception_handler(AgentScopeServerlessError, _our_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
 
 
 __all__ = [
@@ -289,5 +286,6 @@ __all__ = [
     "response_for",
     "status_of",
     "status_of_code",
+    "unexpected_error",
     "unreadable_body",
 ]

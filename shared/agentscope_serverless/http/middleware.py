@@ -5,7 +5,9 @@
 The id comes from the ``X-Request-Id`` header when it is a reasonable token (up to 128
 letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echoed in the
 response's ``X-Request-Id`` header. One JSON log line per request records the method, the
-path (never the query string or headers), the status and the duration.
+path (never the query string or headers), the status and the duration. An error no handler
+maps is answered here (a 500, logged as one line with its traceback), so the server never
+sees it.
 
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
@@ -34,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
-from agentscope_serverless.http.errors import error_response, response_for
+from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import bind_request_id, log_request
 from agentscope_serverless.services._validation import (
@@ -72,7 +74,7 @@ class RequestContextMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         bind_request_id(request_id)
         header = (b"x-request-id", request_id.encode())
-        status = 500
+        status: int | None = None
         started = time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
@@ -88,12 +90,19 @@ class RequestContextMiddleware:
                 await response_for(refused)(scope, receive, send_with_id)
                 return
             await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if status is not None:  # the response has begun: only the server can cut it
+                raise
+            # Answered here, not by the server: it would log the traceback again, as plain
+            # text (each line of the exception's text a log line of its own), and close the
+            # connection; and the answer passes through CORS on its way out.
+            await unexpected_error(exc)(scope, receive, send_with_id)
         finally:
             log_request(
                 request_id,
                 scope.get("method"),
                 scope.get("path"),
-                status,
+                500 if status is None else status,
                 round((time.perf_counter() - started) * 1000, 2),
             )
 
