@@ -115,6 +115,11 @@ def bind_request_id(request_id: str) -> None:
     _request_id.set(request_id)
 
 
+def current_request_id() -> str | None:
+    """The request id bound to the current task (None outside a request)."""
+    return _request_id.get()
+
+
 def log_request(
     request_id: str, method: str | None, path: str | None, status: int, duration_ms: float
 ) -> None:
@@ -144,4 +149,12 @@ def log_request(
     sys.stdout.flush()
 
 
-__all__ = ["SERVICE", "JsonFormatter", "bind_request_id", "log_request", "logger", "redact"]
+__all__ = [
+    "SERVICE",
+    "JsonFormatter",
+    "bind_request_id",
+    "current_request_id",
+    "log_request",
+    "logger",
+    "redact",
+]

@@ -4,10 +4,12 @@
 ... async def plan(query: str) -> str: ...
 
 Each call of a traced function (plain, async, generator or async generator) logs one
-``span`` line at DEBUG level with its name, type, duration, outcome and request id. A traced
-call made while no request id is set gives its task a new one (a UUID), which
-:meth:`TracingUtil.get_request_id` then returns. Exporting to an OpenTelemetry backend is
-not built in.
+``span`` line at DEBUG level with its name, type, duration, outcome and request id. While an
+HTTP request is served, the request id is the request's (its ``X-Request-Id``) and
+:meth:`TracingUtil.get_trace_header` gives the trace headers it came with, for an agent to
+pass on; a traced call made outside a request, with no request id set, gives its task a new
+one (a UUID), which :meth:`TracingUtil.get_request_id` then returns. Exporting to an
+OpenTelemetry backend is not built in.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentscope_serverless.log import logger
+from agentscope_serverless.log import current_request_id, logger
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     Message,
@@ -213,8 +215,9 @@ class TracingUtil:
 
     @staticmethod
     def get_request_id(default_value: str = "") -> str:
-        """The request id, or ``default_value`` when none is set."""
-        return _REQUEST_ID.get() or default_value
+        """The request id set, else the id of the HTTP request being served (its
+        ``X-Request-Id``, on its log lines), else ``default_value``."""
+        return _REQUEST_ID.get() or current_request_id() or default_value
 
     @staticmethod
     def set_trace_header(trace_headers: dict[str, Any]) -> None:
@@ -223,7 +226,8 @@ class TracingUtil:
 
     @staticmethod
     def get_trace_header() -> dict[str, Any]:
-        """The trace headers set, ``{}`` when none are."""
+        """The trace headers set, ``{}`` when none are: while an HTTP request is served, those
+        it came with (``traceparent``, ``tracestate``, ``x-amzn-trace-id``)."""
         return _TRACE_HEADER.get({})
 
     @staticmethod

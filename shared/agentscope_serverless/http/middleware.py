@@ -4,10 +4,12 @@
 
 The id comes from the ``X-Request-Id`` header when it is a reasonable token (up to 128
 letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echoed in the
-response's ``X-Request-Id`` header. One JSON log line per request records the method, the
-path (never the query string or headers), the status and the duration. An error no handler
-maps is answered here (a 500, logged as one line with its traceback), so the server never
-sees it.
+response's ``X-Request-Id`` header. The request's agent gets it from
+``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
+``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
+line per request records the method, the path (never the query string or headers), the
+status and the duration. An error no handler maps is answered here (a 500, logged as one
+line with its traceback), so the server never sees it.
 
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
@@ -44,9 +46,27 @@ from agentscope_serverless.services._validation import (
     nests_deeper_than,
     too_deep,
 )
+from agentscope_serverless.tracing import TracingUtil
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+# The trace context a client may send, for the request's agent to continue (W3C, X-Ray).
+_TRACE_HEADERS = frozenset((b"traceparent", b"tracestate", b"x-amzn-trace-id"))
+_MAX_TRACE_HEADER = 1024
+
+
+def trace_headers_of(scope: Scope) -> dict[str, str]:
+    """The trace headers of the request, by lower-case name; one that is not printable
+    ASCII of at most 1024 characters is left out."""
+    found: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        if name in _TRACE_HEADERS and len(value) <= _MAX_TRACE_HEADER:
+            text = bytes(value).decode("latin-1")
+            if text.isascii() and text.isprintable():
+                found[name.decode()] = text
+    return found
 
 
 def request_id_of(scope: Scope) -> str:
@@ -73,6 +93,9 @@ class RequestContextMiddleware:
         request_id = request_id_of(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         bind_request_id(request_id)
+        trace_headers = trace_headers_of(scope)
+        if trace_headers:
+            TracingUtil.set_trace_header(trace_headers)
         header = (b"x-request-id", request_id.encode())
         status: int | None = None
         started = time.perf_counter()
@@ -286,4 +309,5 @@ __all__ = [
     "BodyTooLarge",
     "RequestContextMiddleware",
     "request_id_of",
+    "trace_headers_of",
 ]
