@@ -9,7 +9,8 @@ The agent's own secrets (a weather service's API key...) are in a secret of thei
 by ``AGENT_SECRETS_ARN`` (the template's ``AgentSecretsArn``): each of its fields becomes an
 environment variable of the process as the application starts, before the agent is
 imported, so the agent reads ``os.environ["WEATHER_API_KEY"]`` in the cloud as it does
-locally (:func:`export_agent_secrets`).
+locally (:func:`export_agent_secrets`); their values are kept out of log lines and of the
+errors of failed runs, as the settings' secrets are.
 
 >>> resolve_secrets(Settings())  # without SECRETS_ARN the settings come back unchanged
 Settings(...)                    # doctest: +SKIP
@@ -23,11 +24,13 @@ import re
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
+from agentscope_serverless.log import redact
 from agentscope_serverless.settings import Settings
 
 SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 # What an environment variable may be named, here.
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_MIN_SECRET_LENGTH = 4
 
 
 def fetch_secret_json(
@@ -125,6 +128,9 @@ def export_agent_secrets(settings: Settings) -> list[str]:
             f"and is no setting of this project): {', '.join(map(repr, bad[:10]))}"
         )
     os.environ.update(secret)
+    # Kept out of log lines and error messages, as the settings' secrets are (a value of
+    # fewer than 4 characters, a flag say, would hide every occurrence of it instead).
+    redact(value for value in secret.values() if len(value) >= _MIN_SECRET_LENGTH)
     return sorted(secret)
 
 

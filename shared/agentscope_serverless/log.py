@@ -10,8 +10,8 @@ A line is ``{"level", "location", "message", "timestamp", "service", "request_id
 (with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
 Powertools writes, so log queries keep working. The level comes from ``POWERTOOLS_LOG_LEVEL``
 (or ``LOG_LEVEL``), the service name from ``POWERTOOLS_SERVICE_NAME``. Never pass keys,
-tokens or request bodies to the logger; the settings' secret values (:func:`redact`) are
-replaced by ``***`` in every line all the same.
+tokens or request bodies to the logger; the secret values of the process (the settings', the
+agent's own: :func:`redact`) are replaced by ``***`` in every line all the same.
 """
 
 from __future__ import annotations
@@ -61,22 +61,40 @@ class JsonFormatter(logging.Formatter):
             line["exception"] = self.formatException(record.exc_info)
             line["exception_name"] = record.exc_info[0].__name__
         text = json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
-        for secret, as_json in _REDACTED.items():
+        for secret, as_json in _REDACTED:
             text = text.replace(as_json, "***")
             text = text.replace(secret, "***")
         return text
 
 
-# The secret values of the settings (and their JSON-escaped forms), replaced by *** in every
-# line: an agent's exception quoting its API key is logged with its traceback.
-_REDACTED: dict[str, str] = {}
+# The secret values of the process (the settings', the agent's own) with their JSON-escaped
+# forms, longest first (a secret holding another is replaced whole), replaced by *** in every
+# line: an agent's exception quoting its API key is logged with its traceback. A tuple
+# replaced whole, never changed, so a line formatted meanwhile in another thread reads it.
+_REDACTED: tuple[tuple[str, str], ...] = ()
 
 
 def redact(secrets: Iterable[str]) -> None:
-    """Replace each of ``secrets`` by ``***`` in every line logged from now on."""
+    """Replace each of ``secrets`` by ``***`` in every line logged from now on, and in the
+    text :func:`redacted` gives (the error messages clients read)."""
+    global _REDACTED
+    known = dict(_REDACTED)
     for secret in secrets:
         if secret:
-            _REDACTED[secret] = json.dumps(secret, ensure_ascii=False)[1:-1]
+            known[secret] = json.dumps(secret, ensure_ascii=False)[1:-1]
+    _REDACTED = tuple(sorted(known.items(), key=lambda item: len(item[0]), reverse=True))
+
+
+def redacted(text: str) -> str:
+    """``text`` with every secret given to :func:`redact` replaced by ``***``.
+
+    >>> redact(["sk-example-key"])
+    >>> redacted("the key sk-example-key was refused")
+    'the key *** was refused'
+    """
+    for secret, _ in _REDACTED:
+        text = text.replace(secret, "***")
+    return text
 
 
 class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -157,4 +175,5 @@ __all__ = [
     "log_request",
     "logger",
     "redact",
+    "redacted",
 ]

@@ -58,7 +58,7 @@ from agentscope_serverless.errors import (
     ServiceNotStartedError,
     StoreUnavailableError,
 )
-from agentscope_serverless.log import logger, redact
+from agentscope_serverless.log import logger, redact, redacted
 from agentscope_serverless.schemas._build import built, set_field
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -531,10 +531,8 @@ class Runner(ServiceLifecycleManagerMixin):
     def _error_of(self, exc: BaseException) -> Error:
         """The ``error`` of a failed event, with every configured secret scrubbed out."""
         error = _error_of(exc)
-        message = error.message
-        for secret in self.secrets:
-            message = message.replace(secret, "***")
-        return Error(code=error.code, message=message)
+        # Every secret of the process: the runner's, and the agent's own (AGENT_SECRETS_ARN).
+        return Error(code=error.code, message=redacted(error.message))
 
     async def _recall(self, user_id: str, messages: list[Message]) -> list[Message]:
         memory = self.memory_service

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import boto3
+import httpx
 import pytest
 
 from agentscope_serverless.aws_secrets import export_agent_secrets, resolve_secrets
@@ -193,3 +194,50 @@ def test_agent_secret_fields_that_cannot_be_variables_are_refused_naming_them(
     assert "sk-not-here" not in message and "GOOD_ONE" not in message
     assert "GOOD_ONE" not in os.environ  # nothing is put when a field is refused
     assert export_agent_secrets(load_settings(agent_secrets_arn=None)) == []
+
+
+def test_the_agents_own_secrets_are_kept_out_of_run_errors_and_log_lines(
+    dynamodb_server: DynamoDBServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from agentscope_serverless.http.lambda_handler import build_app
+    from agentscope_serverless.log import logger
+    from tests.support.http import bearer, issue_key, running
+
+    # An agent whose failure quotes its key, as an HTTP client's error quotes a URL.
+    (tmp_path / "quoting_agent.py").write_text(
+        "import os\n"
+        "from agentscope_serverless.app import AgentApp\n"
+        "app = AgentApp(app_name='quoting')\n"
+        "@app.query(framework='text')\n"
+        "async def query(self, msgs, **kwargs):\n"
+        "    yield 'checking'\n"
+        "    raise RuntimeError('refused: ?appid=' + os.environ['FORECAST_KEY'])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = "fk-" + "0123456789abcdef"  # made here: a traceback quotes its source lines
+    arn = make_secret(dynamodb_server, "agent-secrets-quoted", json.dumps({"FORECAST_KEY": key}))
+    monkeypatch.setenv("FORECAST_KEY", "stale")  # restored when the test ends
+    monkeypatch.setenv("AGENT_SECRETS_ARN", arn)
+    monkeypatch.setenv("SECRETS_ENDPOINT_URL", dynamodb_server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", dynamodb_server.region)
+    monkeypatch.setenv("AGENT_APP", "quoting_agent:app")
+    monkeypatch.delitem(sys.modules, "quoting_agent", raising=False)
+    app = build_app(("process",))
+    user_key = issue_key(app.state.context.key_store, "alice")
+    level = logger.level
+    logger.setLevel("ERROR")  # the tests log nothing below CRITICAL
+    try:
+        with running(app) as url:
+            body = {"input": [{"role": "user", "content": "rain?"}], "stream": False}
+            answer = httpx.post(f"{url}/process", json=body, headers=bearer(user_key))
+    finally:
+        logger.setLevel(level)
+    logged = capfd.readouterr().out
+    assert answer.json()["status"] == "failed"
+    error = answer.json()["error"]
+    assert error["message"] == "Unknown agent error: RuntimeError: refused: ?appid=***"
+    assert "the agent failed" in logged and "RuntimeError" in logged
+    assert key not in logged and key not in answer.text

@@ -7,7 +7,7 @@ are sent as JSON strings, pydantic models, dataclasses and objects with ``to_dic
 its ``str()``. A sync generator runs in a worker thread, so a blocking one holds up no other
 request. A generator that raises ends the stream with AgentScope's error item,
 ``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
-streaming generator"}``, the settings' secrets replaced by ``***``.
+streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool
 
 from agentscope_serverless.http.auth import current_user_id
-from agentscope_serverless.log import logger
+from agentscope_serverless.log import logger, redact, redacted
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
 _MAX_DEPTH = 100
@@ -60,11 +60,9 @@ def _encode(item: Any) -> str:
     return f"data: {body}\n\n"
 
 
-def _error_item(exc: Exception, secrets: Iterable[str]) -> str:
+def _error_item(exc: Exception) -> str:
     """AgentScope's last item of a stream whose generator raised ``exc``."""
-    message = str(exc)
-    for secret in secrets:
-        message = message.replace(secret, "***")
+    message = redacted(str(exc))
     logger.exception("a streamed endpoint failed", extra={"error": type(exc).__name__})
     error = {
         "error": message,
@@ -74,7 +72,7 @@ def _error_item(exc: Exception, secrets: Iterable[str]) -> str:
     return _encode(error)
 
 
-def _streaming(handler: Callable[..., Any], secrets: list[str]) -> Callable[..., Any]:
+def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     """``handler`` (a generator function) as an endpoint returning an SSE response."""
 
     async def endpoint(*args: Any, **kwargs: Any) -> StreamingResponse:
@@ -89,7 +87,7 @@ def _streaming(handler: Callable[..., Any], secrets: list[str]) -> Callable[...,
                     async for line in iterate_in_threadpool(_encoded(items)):
                         yield line
             except Exception as exc:
-                yield _error_item(exc, secrets)
+                yield _error_item(exc)
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -112,13 +110,13 @@ def _encoded(items: Iterable[Any]) -> Iterator[str]:
 
 def build_router(endpoints: list[dict[str, Any]], secrets: Iterable[str] = ()) -> APIRouter:
     """A router of the custom endpoints, every one requiring an authenticated caller;
-    ``secrets`` are kept out of the error items of streamed ones."""
-    hidden = [secret for secret in secrets if secret]
+    ``secrets`` (with the agent's own) are kept out of the error items of streamed ones."""
+    redact(secrets)
     router = APIRouter(dependencies=[Depends(current_user_id)], tags=["custom"])
     for spec in endpoints:
         handler = spec["handler"]
         if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
-            handler = _streaming(handler, hidden)
+            handler = _streaming(handler)
         router.add_api_route(spec["path"], handler, methods=spec["methods"])
     return router
 
