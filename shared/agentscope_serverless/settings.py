@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -397,6 +398,21 @@ class Settings(BaseModel):
         return value.expanduser()
 
 
+def secret_values(settings: Settings) -> list[str]:
+    """Every secret of ``settings`` (and the password inside a connection URL) of at least
+    4 characters, longest first."""
+    secrets: list[str] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            raw = value.get_secret_value()
+            secrets.append(raw)
+            password = urlsplit(raw).password if "://" in raw else None
+            if password:
+                secrets.append(password)
+    return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read and validate the settings, raising :class:`ConfigurationError` on bad values.
 
@@ -434,4 +450,4 @@ def environment_port(default: int = 8080) -> int:
     return int(value)
 
 
-__all__ = ["Settings", "environment_port", "get_settings", "load_settings"]
+__all__ = ["Settings", "environment_port", "get_settings", "load_settings", "secret_values"]

@@ -6,6 +6,7 @@ import contextlib
 import json
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,23 @@ def test_an_unexpected_error_is_logged_once_as_json_and_the_connection_kept(
     (logged,) = [line for line in lines if line.get("level") == "ERROR"]
     assert logged["request_id"] == "r-9" and forged in logged["exception"]
     assert [line["status"] for line in lines if line["message"] == "request"] == [500, 200]
+
+
+def test_a_function_serving_no_agent_keeps_the_settings_secrets_out_of_its_log(
+    keys: Keys, capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    key = f"sk-{uuid.uuid4().hex}"  # no other test has given it to the logger
+
+    def explode(body: Any) -> Any:
+        raise RuntimeError(f"the chat API refused {key}")
+
+    settings = load_settings(llm_api_key=key)
+    app = create_function_app(explode, settings=settings, key_store=keys.store)
+    with running(app) as url:
+        failed = httpx.post(f"{url}/process", json={}, headers=bearer(keys.alice))
+    logged = capfd.readouterr().out
+    assert failed.status_code == 500
+    assert "the chat API refused ***" in logged and key not in logged
 
 
 def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:

@@ -26,9 +26,6 @@ import importlib
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
-from urllib.parse import urlsplit
-
-from pydantic import SecretStr
 
 from agentscope_serverless.deployers.adapter.a2a import (
     AgentCardWithRuntimeConfig,
@@ -59,7 +56,7 @@ from agentscope_serverless.services.session_history.base import (
     MAX_PAGE_SIZE,
     SessionHistoryService,
 )
-from agentscope_serverless.settings import Settings, environment_port
+from agentscope_serverless.settings import Settings, environment_port, secret_values
 from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
@@ -505,20 +502,6 @@ def _to_request(
     if isinstance(request, AgentRequest):
         return request.model_copy(update=updates)
     return {**request, **updates}
-
-
-def secret_values(settings: Settings) -> list[str]:
-    """Every secret of ``settings`` (and the password inside a connection URL)."""
-    secrets: list[str] = []
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if isinstance(value, SecretStr):
-            raw = value.get_secret_value()
-            secrets.append(raw)
-            password = urlsplit(raw).password if "://" in raw else None
-            if password:
-                secrets.append(password)
-    return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
 
 def load_agent_app(path: str) -> AgentApp:

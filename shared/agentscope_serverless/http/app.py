@@ -45,8 +45,9 @@ from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
+from agentscope_serverless.log import redact
 from agentscope_serverless.services.container import Services
-from agentscope_serverless.settings import Settings
+from agentscope_serverless.settings import Settings, secret_values
 
 if TYPE_CHECKING:
     from agentscope_serverless.app import AgentApp
@@ -154,8 +155,6 @@ def create_app(
         include_api_router(app, tasks.build_router(agent_app.tasks, context.task_executor))
     if agent_app is not None and agent_app.custom_endpoints:
         custom = importlib.import_module(f"{__package__}.custom_endpoints")
-        from agentscope_serverless.app.agent_app import secret_values
-
         router = custom.build_router(agent_app.custom_endpoints, secrets=secret_values(settings))
         include_api_router(app, router)
     if settings.web_ui:
@@ -182,6 +181,8 @@ def new_application(
     ``metadata`` are FastAPI's fields of the API's documentation (``version``, ``summary``,
     ``openapi_tags``...)."""
     settings = context.settings
+    # Kept out of every log line of the application, whatever it serves.
+    redact(secret_values(settings))
     open_docs = not settings.docs_require_key
     metadata.setdefault("version", __version__)
     app = FastAPI(
