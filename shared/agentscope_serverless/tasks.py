@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from agentscope_serverless.errors import InvalidInputError, TimeLimitError
-from agentscope_serverless.log import logger
+from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import json_copy
 from agentscope_serverless.services.idempotency.base import (
@@ -77,7 +77,8 @@ async def run_task(
         return
     except Exception as exc:
         logger.info("a background task failed", extra={"task_id": task_id})
-        message = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        # Without the secrets of the process, as a failed run's error.
+        message = redacted(f"{type(exc).__name__}: {exc}")[:_MAX_ERROR_CHARS]
         error = {"code": TASK_FAILED, "message": message}
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return

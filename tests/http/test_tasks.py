@@ -51,10 +51,20 @@ async def fail(payload: Any) -> None:
     raise ValueError("the numbers do not add up")
 
 
+# The chat API's key, as the settings hold it (made here: a traceback quotes source lines).
+LLM_KEY = "sk-tasks-" + "0123456789"
+
+
+@app.task("/jobs/call")
+async def call(payload: Any) -> None:
+    raise RuntimeError(f"the chat API refused the key {LLM_KEY}")
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, Keys]]:
     keys = Keys.make()
-    web = create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+    settings = load_settings(llm_api_key=LLM_KEY)
+    web = create_app(settings=settings, agent_app=app, key_store=keys.store)
     with running(web) as url:
         yield url, keys
 
@@ -110,6 +120,17 @@ def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
         )
         pending = client.post("/jobs/sum", json={"numbers": [1]}).json()["task_id"]
         assert client.get(f"/jobs/sum/{pending}").json()["status"] == "pending"
+
+
+def test_a_failed_tasks_error_shows_no_secret(server: tuple[str, Keys]) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/call", json={}).json()["task_id"]
+        failed = _wait_for(client, task_id)
+        polled = client.get(f"/jobs/call/{task_id}").json()
+    message = "RuntimeError: the chat API refused the key ***"
+    assert failed["error"] == {"code": "TASK_FAILED", "message": message}
+    assert polled["result"] == message
 
 
 def test_a_result_json_cannot_carry_fails_the_task_saying_where(
