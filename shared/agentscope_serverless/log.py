@@ -24,6 +24,9 @@ import sys
 import time
 from collections.abc import Iterable
 
+# The most characters of the path in a request's line (a client chooses it, unauthenticated).
+MAX_PATH_CHARS = 1024
+
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_request_id", default=None
 )
@@ -128,6 +131,19 @@ def _make_logger() -> logging.Logger:
 logger = _make_logger()
 
 
+def shortened(text: str, limit: int) -> str:
+    """``text``, or when longer than ``limit`` characters its beginning and its end around a
+    note of how many characters were cut.
+
+    >>> shortened("abcdefghij", 4)
+    'ab...[6 characters cut]...ij'
+    """
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}...[{len(text) - 2 * half} characters cut]...{text[-half:]}"
+
+
 def bind_request_id(request_id: str) -> None:
     """Tag every line logged by the current task (and tasks it starts) with ``request_id``."""
     _request_id.set(request_id)
@@ -159,7 +175,7 @@ def log_request(
         "service": SERVICE,
         "request_id": request_id,
         "method": method,
-        "path": path,
+        "path": path if path is None else shortened(path, MAX_PATH_CHARS),
         "status": status,
         "duration_ms": duration_ms,
     }
@@ -168,6 +184,7 @@ def log_request(
 
 
 __all__ = [
+    "MAX_PATH_CHARS",
     "SERVICE",
     "JsonFormatter",
     "bind_request_id",
@@ -176,4 +193,5 @@ __all__ = [
     "logger",
     "redact",
     "redacted",
+    "shortened",
 ]

@@ -7,9 +7,10 @@ letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echo
 response's ``X-Request-Id`` header. The request's agent gets it from
 ``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
 ``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
-line per request records the method, the path (never the query string or headers), the
-status and the duration. An error no handler maps is answered here (a 500, logged as one
-line with its traceback), so the server never sees it.
+line per request records the method, the path (never the query string or headers; a path
+longer than 1024 characters by its beginning and end), the status and the duration. An
+error no handler maps is answered here (a 500, logged as one line with its traceback), so
+the server never sees it.
 
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
