@@ -8,10 +8,13 @@ the HTTP layer), so one request's lines can be found together::
 
 A line is ``{"level", "location", "message", "timestamp", "service", "request_id", ...extra}``
 (with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
-Powertools writes, so log queries keep working. The level comes from ``POWERTOOLS_LOG_LEVEL``
-(or ``LOG_LEVEL``), the service name from ``POWERTOOLS_SERVICE_NAME``. Never pass keys,
-tokens or request bodies to the logger; the secret values of the process (the settings', the
-agent's own: :func:`redact`) are replaced by ``***`` in every line all the same.
+Powertools writes, so log queries keep working. A text value longer than
+:data:`MAX_FIELD_CHARS` is cut to its beginning and end (:func:`shortened`): an exception
+quoting a client's whole message stays a line of bounded length. The level comes from
+``POWERTOOLS_LOG_LEVEL`` (or ``LOG_LEVEL``), the service name from
+``POWERTOOLS_SERVICE_NAME``. Never pass keys, tokens or request bodies to the logger; the
+secret values of the process (the settings', the agent's own: :func:`redact`) are replaced
+by ``***`` in every line all the same.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from collections.abc import Iterable
 
 # The most characters of the path in a request's line (a client chooses it, unauthenticated).
 MAX_PATH_CHARS = 1024
+# The most characters of any value of a line (an exception's text may quote a whole request):
+# a deep traceback takes a few thousand.
+MAX_FIELD_CHARS = 16_384
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_request_id", default=None
@@ -63,6 +69,10 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["exception"] = self.formatException(record.exc_info)
             line["exception_name"] = record.exc_info[0].__name__
+        for key, value in line.items():
+            if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+                # Secrets out first: the cut could leave half of one on either side of it.
+                line[key] = shortened(redacted(value), MAX_FIELD_CHARS)
         text = json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
         for secret, as_json in _REDACTED:
             text = text.replace(as_json, "***")
@@ -184,6 +194,7 @@ def log_request(
 
 
 __all__ = [
+    "MAX_FIELD_CHARS",
     "MAX_PATH_CHARS",
     "SERVICE",
     "JsonFormatter",

@@ -10,10 +10,19 @@ from typing import Any
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
-from agentscope_serverless.log import MAX_PATH_CHARS, logger
+from agentscope_serverless.log import MAX_FIELD_CHARS, MAX_PATH_CHARS, logger
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, running
+from tests.support.http import Keys, bearer, running, user_message
+
+app = AgentApp(app_name="strict")
+
+
+@app.query(framework="text")
+async def query(self: Any, msgs: Any, **kwargs: Any) -> str:
+    # As agents do: an error quoting what it could not take, here the whole message.
+    raise ValueError(f"cannot plan for {msgs[-1].get_text_content()}")
 
 
 @pytest.fixture
@@ -45,3 +54,23 @@ def test_a_long_path_is_cut_in_the_request_line(
     assert line["path"].startswith("/sessions/aaaa") and line["path"].endswith("aaa-end")
     assert "characters cut" in line["path"]
     assert len(line["path"]) < MAX_PATH_CHARS + 50 and len(text) < MAX_PATH_CHARS + 400
+
+
+def test_an_exception_quoting_a_huge_message_is_logged_cut(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    keys = Keys.make()
+    text = "x" * 500_000 + "-end"
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message(text)], "stream": False}
+        answer = httpx.post(f"{url}/process", json=body, headers=bearer(keys.alice), timeout=30)
+        assert answer.json()["status"] == "failed"
+    lines = logged(capfd)
+    ((text_line, failed),) = [(t, line) for t, line in lines if line["level"] == "ERROR"]
+    assert failed["message"] == "the agent failed" and failed["exception_name"] == "ValueError"
+    # Its beginning (where it was raised) and its end (the exception's last words) are kept.
+    assert failed["exception"].startswith("Traceback (most recent call last):")
+    assert failed["exception"].endswith("xxx-end") and "characters cut" in failed["exception"]
+    assert len(text_line) < MAX_FIELD_CHARS + 1000
+    assert all(len(t) < MAX_FIELD_CHARS for t, line in lines if line is not failed)
