@@ -73,15 +73,18 @@ class JsonFormatter(logging.Formatter):
             if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
                 # Secrets out first: the cut could leave half of one on either side of it.
                 line[key] = shortened(redacted(value), MAX_FIELD_CHARS)
-        text = json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+        # ASCII: what a client wrote (a terminal's 8-bit escape, a line or paragraph
+        # separator, a right-to-left override) is escaped, never read as it is by a terminal
+        # or a tool splitting lines; once the JSON is read, the text is whole again.
+        text = json.dumps(line, default=str, separators=(",", ":"))
         for secret, as_json in _REDACTED:
             text = text.replace(as_json, "***")
             text = text.replace(secret, "***")
         return text
 
 
-# The secret values of the process (the settings', the agent's own) with their JSON-escaped
-# forms, longest first (a secret holding another is replaced whole), replaced by *** in every
+# The secret values of the process (the settings', the agent's own) with their forms in a
+# line's JSON, longest first (a secret holding another is replaced whole), replaced by *** in every
 # line: an agent's exception quoting its API key is logged with its traceback. A tuple
 # replaced whole, never changed, so a line formatted meanwhile in another thread reads it.
 _REDACTED: tuple[tuple[str, str], ...] = ()
@@ -94,7 +97,7 @@ def redact(secrets: Iterable[str]) -> None:
     known = dict(_REDACTED)
     for secret in secrets:
         if secret:
-            known[secret] = json.dumps(secret, ensure_ascii=False)[1:-1]
+            known[secret] = json.dumps(secret)[1:-1]
     _REDACTED = tuple(sorted(known.items(), key=lambda item: len(item[0]), reverse=True))
 
 

@@ -74,3 +74,20 @@ def test_an_exception_quoting_a_huge_message_is_logged_cut(
     assert failed["exception"].endswith("xxx-end") and "characters cut" in failed["exception"]
     assert len(text_line) < MAX_FIELD_CHARS + 1000
     assert all(len(t) < MAX_FIELD_CHARS for t, line in lines if line is not failed)
+
+
+def test_control_and_invisible_characters_reach_the_log_escaped(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    keys = Keys.make()
+    # An 8-bit terminal escape (CSI), a line separator, a right-to-left override.
+    text = "plain \u009b2J\u009b31mred\u2028second line\u202edesrever"
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message(text)], "stream": False}
+        httpx.post(f"{url}/process", json=body, headers=bearer(keys.alice), timeout=30)
+    lines = logged(capfd)
+    (failed,) = [line for _, line in lines if line["level"] == "ERROR"]
+    # Escaped in the line as written (a terminal showing it runs no escape), whole once read.
+    assert all(t.isascii() for t, _ in lines)
+    assert failed["exception"].endswith(f"ValueError: cannot plan for {text}")
