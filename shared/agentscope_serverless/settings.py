@@ -44,6 +44,8 @@ def _environment_values(names: Iterable[str]) -> dict[str, str]:
     }
 
 
+# What a CloudWatch namespace may hold.
+_NAMESPACE = re.compile(r"[0-9A-Za-z.\-_/#: ]+")
 # A web origin, as a browser sends it in its Origin header.
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
@@ -390,6 +392,19 @@ class Settings(BaseModel):
                         f"{origin!r} is not an origin: give scheme://host[:port], with no path"
                         " or trailing slash (as browsers send it), or *"
                     )
+        return value
+
+    @field_validator("metrics_namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        # CloudWatch drops, without a word, every metric of a namespace it does not take.
+        if value is not None and (
+            not _NAMESPACE.fullmatch(value) or not value.strip() or value.startswith("AWS/")
+        ):
+            raise ValueError(
+                "a CloudWatch namespace holds letters, digits and . - _ / # : or spaces (at "
+                "least one not a space), and does not start with AWS/"
+            )
         return value
 
     @field_validator("auth_keys_file")

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.schemas.agent_schemas import AgentResponse
 from agentscope_serverless.settings import load_settings
@@ -97,3 +98,17 @@ def test_without_a_namespace_no_metrics_are_written(capfd: pytest.CaptureFixture
         capfd.readouterr()
         run_three(url, keys.alice)
     assert emf_lines(capfd.readouterr().out) == []
+
+
+@pytest.mark.parametrize(
+    "namespace", ["AWS/Lambda", "Agent Scope!", "Agents\u00e9", "   ", "Tab\tbed", "x" * 256]
+)
+def test_a_namespace_cloudwatch_would_refuse_fails_at_start(namespace: str) -> None:
+    # CloudWatch drops the metrics of such a line without a word: none would ever show.
+    with pytest.raises(ConfigurationError, match="METRICS_NAMESPACE"):
+        load_settings(metrics_namespace=namespace)
+
+
+def test_a_namespace_of_every_character_cloudwatch_takes_is_taken() -> None:
+    namespace = "Agents/prod-1_eu.west #2:a b"
+    assert load_settings(metrics_namespace=namespace).metrics_namespace == namespace
