@@ -6,7 +6,9 @@ the HTTP layer), so one request's lines can be found together::
     from agentscope_serverless.log import logger
     logger.info("session created", extra={"session_id": "s1"})
 
-A line is ``{"level", "location", "message", "timestamp", "service", "request_id", ...extra}``
+The warnings and errors of libraries that log without a handler (Python's last resort) are
+written the same way. A line is
+``{"level", "location", "message", "timestamp", "service", "request_id", ...extra}``
 (with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
 Powertools writes, so log queries keep working. A text value longer than
 :data:`MAX_FIELD_CHARS` is cut to its beginning and end (:func:`shortened`): an exception
@@ -121,6 +123,14 @@ class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stderr`` of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _level() -> int:
     name = (os.environ.get("POWERTOOLS_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or "INFO").upper()
     level = logging.getLevelName(name)
@@ -142,6 +152,24 @@ def _make_logger() -> logging.Logger:
 
 
 logger = _make_logger()
+
+
+def _take_unhandled_records() -> None:
+    """Write the warnings and errors of libraries whose logging nobody configured (the A2A
+    SDK's, Mangum's) as lines of ours: JSON with the request id, secrets masked, values
+    bounded. Python's default writes them as plain text, a traceback as a line per line,
+    with what a client sent as it is. They still go to stderr, as by default (a command's
+    output stays its own). A process that configures its logging (a handler on the root
+    logger) keeps its own way."""
+    if logging.lastResort is None:  # silenced on purpose
+        return
+    handler = _StderrHandler(sys.stderr)
+    handler.setLevel(max(logging.WARNING, _level()))
+    handler.setFormatter(JsonFormatter(SERVICE))
+    logging.lastResort = handler
+
+
+_take_unhandled_records()
 
 
 def shortened(text: str, limit: int) -> str:

@@ -221,6 +221,28 @@ def test_requests_are_logged_as_json_with_a_request_id_and_never_a_key(server: S
     assert all(secret not in line and "ask_wrong" not in line for line in json_lines)
 
 
+def test_a_librarys_error_is_logged_as_one_json_line_with_the_request_id(server: Server) -> None:
+    # An A2A 0.3 message of the wrong shape: the A2A SDK logs its validation error itself.
+    message = {"role": "user", "messageId": "m1", "parts": "not a list"}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    headers = {"Authorization": f"Bearer {server.key}", "X-Request-Id": "library-1"}
+    before = len(server.output.read_text().splitlines())
+    answer = httpx.post(f"{server.url}/a2a", json=call, headers=headers)
+    assert answer.json()["error"]["code"] == -32600
+    deadline = time.monotonic() + 10
+    while not any(
+        '"message":"request"' in line for line in server.output.read_text().splitlines()[before:]
+    ):
+        assert time.monotonic() < deadline, "no log line for the request"
+        time.sleep(0.05)
+    written = server.output.read_text().splitlines()[before:]
+    assert all(line.startswith("{") for line in written), written
+    lines = [json.loads(line) for line in written]
+    assert {line["request_id"] for line in lines} == {"library-1"}
+    (failure,) = [line for line in lines if line["level"] == "ERROR"]
+    assert "ValidationError" in failure["exception"]
+
+
 def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
     output = tmp_path / "output.txt"
