@@ -7,14 +7,16 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi.responses import StreamingResponse
 
 from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.function_app import create_function_app
@@ -276,6 +278,38 @@ def test_a_function_serving_no_agent_keeps_the_settings_secrets_out_of_its_log(
     logged = capfd.readouterr().out
     assert failed.status_code == 500
     assert "the chat API refused ***" in logged and key not in logged
+
+
+def test_a_response_failing_after_it_began_is_cut_and_logged_with_its_request_id(
+    keys: Keys, capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    agent = AgentApp(app_name="exporter")
+
+    @agent.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> str:
+        return "ok"
+
+    @agent.endpoint("/export", methods=["GET"])
+    async def export() -> StreamingResponse:
+        async def rows() -> AsyncIterator[str]:
+            yield "row 1\n"
+            raise RuntimeError("the export lost its source")
+
+        return StreamingResponse(rows(), media_type="text/plain")
+
+    app = create_app(settings=load_settings(), agent_app=agent, key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        capfd.readouterr()
+        exporting = client.stream("GET", "/export", headers={"X-Request-Id": "export-1"})
+        # Cut, not ended: the client knows it has not got the whole of it.
+        with exporting as answer, pytest.raises(httpx.RemoteProtocolError):
+            answer.read()
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    (failure,) = [line for line in lines if line["level"] == "ERROR"]
+    assert failure["request_id"] == "export-1"
+    assert "the export lost its source" in failure["exception"]
 
 
 def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:

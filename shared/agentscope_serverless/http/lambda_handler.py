@@ -332,6 +332,9 @@ def _ending_cleanly(app: ASGIApp) -> ASGI:
             if not ended:  # else the application has answered the error itself
                 logger.exception("the response failed after it began")
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        if started and not ended:  # left unfinished by a failure, logged already
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     return asgi
 

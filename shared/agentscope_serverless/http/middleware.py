@@ -10,7 +10,8 @@ response's ``X-Request-Id`` header. The request's agent gets it from
 line per request records the method, the path (never the query string or headers; a path
 longer than 1024 characters by its beginning and end), the status and the duration. An
 error no handler maps is answered here (a 500, logged as one line with its traceback), so
-the server never sees it.
+the server never sees it; one after the response began is logged the same way, and the
+response left unfinished, for the server to cut.
 
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
@@ -41,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
 from agentscope_serverless.http.params import is_json_type
-from agentscope_serverless.log import bind_request_id, log_request
+from agentscope_serverless.log import bind_request_id, log_request, logger
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
     nests_deeper_than,
@@ -115,12 +116,19 @@ class RequestContextMiddleware:
                 return
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
-            if status is not None:  # the response has begun: only the server can cut it
-                raise
-            # Answered here, not by the server: it would log the traceback again, as plain
-            # text (each line of the exception's text a log line of its own), and close the
-            # connection; and the answer passes through CORS on its way out.
-            await unexpected_error(exc)(scope, receive, send_with_id)
+            # Not raised to the server: it would log the traceback again, as plain text (each
+            # line of the exception's text a log line of its own, with no request id).
+            if status is None:
+                # Answered here, through CORS on its way out; the connection stays open.
+                await unexpected_error(exc)(scope, receive, send_with_id)
+            else:
+                # Left unfinished: the server cuts it, so the client knows it is incomplete
+                # (a stream's client resumes it).
+                logger.error(
+                    "the response failed after it began",
+                    exc_info=exc,
+                    extra={"error": type(exc).__name__},
+                )
         finally:
             log_request(
                 request_id,
