@@ -126,6 +126,21 @@ def trace(
                     log(started, error)
 
             return agen
+        if inspect.isgeneratorfunction(func):
+
+            @functools.wraps(func)
+            def gen(*args: Any, **kwargs: Any) -> Any:
+                _ensure_request_id()
+                started, error = time.perf_counter(), None
+                try:
+                    yield from func(*args, **kwargs)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    log(started, error)
+
+            return gen
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from agentscope_serverless.log import logger
 from agentscope_serverless.tracing import TracingUtil, trace
 
 FRAMEWORK = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
@@ -140,3 +144,29 @@ async def test_common_attributes_a_task_adds_stay_in_it() -> None:
 
     await asyncio.create_task(child())
     assert TracingUtil.get_common_attributes() == {"parent": 1}
+
+
+def test_a_traced_generator_is_one_span_over_its_whole_iteration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    @trace("TOOL", trace_name="rows")
+    def rows() -> Iterator[int]:
+        yield 1
+        raise ValueError("the source went away")
+
+    def spans() -> list[dict[str, Any]]:
+        out = capsys.readouterr().out
+        return [json.loads(line) for line in out.splitlines() if '"span"' in line]
+
+    level = logger.level
+    logger.setLevel("DEBUG")  # the tests log nothing below CRITICAL
+    try:
+        iteration = rows()
+        assert next(iteration) == 1
+        assert spans() == []  # not ended while it is iterated
+        with pytest.raises(ValueError, match="the source went away"):
+            next(iteration)
+        (span,) = spans()
+    finally:
+        logger.setLevel(level)
+    assert (span["span"], span["span_type"], span["error"]) == ("rows", "TOOL", "ValueError")
