@@ -443,7 +443,8 @@ class Runner(ServiceLifecycleManagerMixin):
             for event in turn.close():
                 yield event
         except Exception as exc:
-            logger.exception("the agent failed", extra={"session_id": session.id})
+            logged = {"session_id": session.id, "run_id": turn.response.id}
+            logger.exception("the agent failed", extra=logged)
             await self._record_quietly(session, writes, kept)
             for event in turn.unsent():  # the reply so far, as a streamed run sent it
                 yield event
@@ -466,7 +467,8 @@ class Runner(ServiceLifecycleManagerMixin):
             # save short (a store's append may take several requests) would lose the turn.
             await _despite_run_cancel(self._save_turn(session, writes, messages, final, end_turn))
         except Exception as exc:
-            logger.exception("could not save the session history", extra={"session_id": session.id})
+            logged = {"session_id": session.id, "run_id": turn.response.id}
+            logger.exception("could not save the session history", extra=logged)
             turn.retract(final)
             yield turn.fail(self._error_of(exc))
             return

@@ -91,3 +91,18 @@ def test_control_and_invisible_characters_reach_the_log_escaped(
     # Escaped in the line as written (a terminal showing it runs no escape), whole once read.
     assert all(t.isascii() for t, _ in lines)
     assert failed["exception"].endswith(f"ValueError: cannot plan for {text}")
+
+
+def test_an_agents_failure_is_logged_with_the_run_id_a_client_can_quote(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    keys = Keys.make()
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message("a trip")], "stream": False}
+        answer = httpx.post(f"{url}/process", json=body, headers=bearer(keys.alice), timeout=30)
+    # The id a client holds of a run (its events, GET /runs/{id}, the chat page) finds it.
+    run_id = answer.headers["x-run-id"]
+    assert answer.json()["id"] == run_id
+    (failed,) = [line for _, line in logged(capfd) if line["level"] == "ERROR"]
+    assert failed["message"] == "the agent failed" and failed["run_id"] == run_id
