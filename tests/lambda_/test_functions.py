@@ -58,6 +58,26 @@ def test_every_function_answers_health(start_function: StartFunction, name: str)
     assert json.loads(body)["status"] == "healthy"
 
 
+@pytest.mark.parametrize("name", [*PROCESS_FUNCTIONS, "SessionsFunction"])
+def test_a_requests_id_is_its_invocations(start_function: StartFunction, name: str) -> None:
+    # The id Lambda's own lines of the invocation carry (START, END, REPORT: a time-out, the
+    # memory used), so a request's lines and Lambda's are found with the one id.
+    status, headers, _, invocation = start_function(name).request("GET", "/health")
+    assert status == 200
+    assert headers["x-request-id"] == invocation.request_id
+
+
+def test_a_request_refused_before_the_application_has_its_invocations_id(
+    start_function: StartFunction,
+) -> None:
+    event = function_url_event("POST", "/sessions", body="not base64!")
+    event["isBase64Encoded"] = True
+    invocation = start_function("SessionsFunction").runtime.invoke(event)
+    status, headers, _ = invocation.http_response()
+    assert status == 400
+    assert headers["x-request-id"] == invocation.request_id
+
+
 def test_the_sandbox_function_serves_a_users_sandbox(
     start_function: StartFunction, api_key: str, sandbox_server: RunningServer
 ) -> None:

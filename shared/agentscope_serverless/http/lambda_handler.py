@@ -429,7 +429,9 @@ def _error(
     """An error answered outside the application, in the shape of the request's event."""
     from agentscope_serverless.log import log_request, logger
 
-    request_id = uuid.uuid4().hex
+    # The invocation's id, as in the application (see ``request_id_of``).
+    invocation = getattr(getattr(handler, "context", None), "aws_request_id", None)
+    request_id = invocation if isinstance(invocation, str) and invocation else uuid.uuid4().hex
     if log:
         logger.exception(message, extra={"request_id": request_id})
     log_request(request_id, None, None, status, 0.0)

@@ -3,7 +3,8 @@
 **Request context.** Every request gets a request id, on its response and its log lines.
 
 The id comes from the ``X-Request-Id`` header when it is a reasonable token (up to 128
-letters, digits, ``.``, ``_`` or ``-``), otherwise a new one is made; it is echoed in the
+letters, digits, ``.``, ``_`` or ``-``), otherwise, on Lambda, it is the invocation's (as
+Lambda's own log lines of it have it), otherwise a new one is made; it is echoed in the
 response's ``X-Request-Id`` header. The request's agent gets it from
 ``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
 ``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
@@ -31,6 +32,7 @@ Both are pure ASGI (no per-request task), so streaming responses pass through un
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -41,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
 from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
+from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import bind_request_id, log_request, logger
 from agentscope_serverless.services._validation import (
@@ -72,14 +75,31 @@ def trace_headers_of(scope: Scope) -> dict[str, str]:
 
 
 def request_id_of(scope: Scope) -> str:
-    """The client's request id when it is valid, else a fresh one."""
+    """The client's request id when it is valid, else the id of the Lambda invocation
+    serving the request (the one of Lambda's own lines for it: START, END, REPORT), else a
+    fresh one."""
+    lambda_context = None
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             candidate = bytes(value).decode("latin-1")
             if _VALID_ID.match(candidate):
                 return candidate
-            break
-    return uuid.uuid4().hex
+        elif name == LAMBDA_CONTEXT_HEADER:
+            lambda_context = value
+    invocation = _invocation_id(scope, lambda_context)
+    return invocation if invocation is not None else uuid.uuid4().hex
+
+
+def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
+    """The Lambda invocation's request id: from its context object (Mangum), or from the
+    context the Web Adapter sends in a header; None outside Lambda."""
+    candidate = getattr(scope.get("aws.context"), "aws_request_id", None)
+    if candidate is None and lambda_context is not None:
+        try:
+            candidate = json.loads(lambda_context).get("request_id")
+        except (ValueError, AttributeError, RecursionError):
+            return None
+    return candidate if isinstance(candidate, str) and _VALID_ID.match(candidate) else None
 
 
 class RequestContextMiddleware:
