@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.log import SERVICE
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
@@ -44,8 +45,9 @@ def _environment_values(names: Iterable[str]) -> dict[str, str]:
     }
 
 
-# What a CloudWatch namespace may hold.
+# What a CloudWatch namespace may hold, and a dimension's value.
 _NAMESPACE = re.compile(r"[0-9A-Za-z.\-_/#: ]+")
+_DIMENSION_VALUE = re.compile(r"(?=.*[^ ])[ -~]{1,1024}")
 # A web origin, as a browser sends it in its Origin header.
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
@@ -404,6 +406,11 @@ class Settings(BaseModel):
             raise ValueError(
                 "a CloudWatch namespace holds letters, digits and . - _ / # : or spaces (at "
                 "least one not a space), and does not start with AWS/"
+            )
+        if value is not None and not _DIMENSION_VALUE.fullmatch(SERVICE):
+            raise ValueError(
+                "with metrics, POWERTOOLS_SERVICE_NAME is their Service dimension: CloudWatch "
+                "takes 1 to 1024 printable ASCII characters, at least one not a space"
             )
         return value
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -112,3 +115,20 @@ def test_a_namespace_cloudwatch_would_refuse_fails_at_start(namespace: str) -> N
 def test_a_namespace_of_every_character_cloudwatch_takes_is_taken() -> None:
     namespace = "Agents/prod-1_eu.west #2:a b"
     assert load_settings(metrics_namespace=namespace).metrics_namespace == namespace
+
+
+@pytest.mark.parametrize("service", ["agents-caf\u00e9", "   ", "x" * 1025])
+def test_a_service_name_cloudwatch_would_refuse_as_a_dimension_fails_at_start(
+    service: str,
+) -> None:
+    # The service name is read as the process starts: a process of its own.
+    check = "from agentscope_serverless.settings import load_settings\nload_settings()"
+    env = {**os.environ, "POWERTOOLS_SERVICE_NAME": service, "METRICS_NAMESPACE": "Agents"}
+    done = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "POWERTOOLS_SERVICE_NAME" in done.stderr and "METRICS_NAMESPACE" in done.stderr
+    # Without metrics, the name is only the logs' own: taken.
+    env.pop("METRICS_NAMESPACE")
+    assert subprocess.run([sys.executable, "-c", check], env=env, timeout=60).returncode == 0
