@@ -288,6 +288,10 @@ async def test_a_long_streamed_reply_is_not_written_to_the_store_for_every_chunk
 
     watching = asyncio.create_task(watch())
     try:
+        # The monitor sees every command once it sees one sent after it started.
+        while not any("monitor-ready" in c for c in commands):
+            await store.echo("monitor-ready")
+            await asyncio.sleep(0.01)
         async with _client(first, keys.alice, streaming=True) as client:
             words = [f"w{i}" for i in range(300)]
             started = time.monotonic()
