@@ -232,6 +232,33 @@ def test_a_rest_api_event_is_answered_and_its_repeated_values_refused(
     assert "more than once" in json.loads(answer["body"])["error"]["message"]
 
 
+def _http_api_event(key: str, path: str, stage: str, domain: str) -> dict[str, Any]:
+    """An API Gateway HTTP API (payload 2.0) request to ``path`` (as the client sent it) of
+    the stage ``stage``, reached at ``domain``."""
+    event = function_url_event("GET", path, headers={"authorization": f"Bearer {key}"})
+    event["headers"]["host"] = domain
+    event["routeKey"] = "ANY /{proxy+}"
+    event["requestContext"].update(
+        apiId="abc123", domainName=domain, routeKey="ANY /{proxy+}", stage=stage
+    )
+    return event
+
+
+def test_an_http_api_event_of_a_named_stage_is_routed_without_the_stage(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    api = "abc123.execute-api.us-east-1.amazonaws.com"
+    # At the API's own endpoint the stage leads the path; at a custom domain it does not.
+    for path, domain in [("/prod/sessions", api), ("/sessions", "api.example.com")]:
+        answer = handler(_http_api_event(key, path, "prod", domain), None)
+        assert answer["statusCode"] == 200, (path, answer)
+        assert "items" in json.loads(answer["body"])
+    # A path that only begins like the stage's name is not in the stage.
+    answer = handler(_http_api_event(key, "/production/sessions", "prod", api), None)
+    assert answer["statusCode"] == 404, answer
+
+
 def test_an_alb_event_is_answered_with_multi_value_headers(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

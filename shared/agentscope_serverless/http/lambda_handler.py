@@ -258,13 +258,16 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
     It also decodes the path without keeping it as sent, and an ALB's query parameters with
     U+FFFD for what is not UTF-8: the request's own path and query go in the scope, so the
     application refuses them (as ``/sessions/%FE`` and ``/sessions/%FF`` are not one
-    session) as it does behind any server.
+    session) as it does behind any server. An HTTP API's named stage, which leads the path
+    of a request to the API's own endpoint, is the scope's root path: the routes see the
+    path after it, and the URLs the application gives (its docs, an A2A card) keep it.
     """
     try:
         scope = handler.scope
         raw_path = event.get("rawPath") if event.get("version") == "2.0" else event.get("path")
         if isinstance(raw_path, str):
             scope["raw_path"] = raw_path.encode()
+        scope["root_path"] = _stage_path(event, scope["path"])
         if "elb" in event["requestContext"]:
             scope["query_string"] = _alb_query(event)
     except UnicodeError:
@@ -274,6 +277,23 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
     except (AttributeError, KeyError, TypeError, ValueError):
         raise _Unreadable("the request event is malformed") from None
     return scope
+
+
+def _stage_path(event: dict[str, Any], path: str) -> str:
+    """The ``/<stage>`` leading ``path`` of an HTTP API event, else ``""``: an HTTP API puts
+    a stage other than ``$default`` in the path of a request to its own endpoint
+    (``<api id>.execute-api.<region>.amazonaws.com``), not in one to a custom domain."""
+    if event.get("version") != "2.0":
+        return ""
+    context = event["requestContext"]
+    stage, api, domain = context.get("stage"), context.get("apiId"), context.get("domainName")
+    if not (isinstance(stage, str) and isinstance(api, str) and isinstance(domain, str)):
+        return ""
+    prefix = f"/{stage}"
+    on_api_endpoint = domain.startswith(f"{api}.execute-api.")
+    if stage == "$default" or not on_api_endpoint or not (path + "/").startswith(prefix + "/"):
+        return ""
+    return prefix
 
 
 def _alb_query(event: dict[str, Any]) -> bytes:
