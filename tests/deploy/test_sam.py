@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
+from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
+from agentscope_serverless.services.session_history.dynamodb import (
+    DynamoDBSessionHistoryService,
+)
 from tests.conftest import PROJECT_ROOT
 
 TEMPLATE = PROJECT_ROOT / "template.yaml"
@@ -260,3 +268,60 @@ def test_a_build_folder_inside_the_project_is_not_staged_as_its_code(tmp_path: P
         "mypkg",
         "requirements.txt",
     }
+
+
+def _statements_on(function: str, table: str) -> list[dict[str, Any]]:
+    """The statements of ``function``'s policies that reach ``table``; a policy template
+    (``DynamoDBCrudPolicy``...) on it fails the test: it grants the whole table."""
+    resources = sam.load_template(TEMPLATE)["Resources"]
+    statements: list[dict[str, Any]] = []
+    for policy in resources[function]["Properties"]["Policies"]:
+        for name, arguments in policy.items():
+            if name.startswith("DynamoDB"):
+                assert arguments["TableName"] != {"Ref": table}, (function, name)
+        for statement in policy.get("Statement", []):
+            if statement["Resource"] == {"Fn::GetAtt": [table, "Arn"]}:
+                statements.append(statement)
+    return statements
+
+
+async def test_functions_keeping_only_idempotency_records_reach_no_users_history(
+    dynamodb_server: DynamoDBServer,
+) -> None:
+    """The memory, state and sandbox functions keep their Idempotency-Key records in the
+    sessions table, which holds every user's history: they may reach those records only."""
+    history = DynamoDBSessionHistoryService(
+        dynamodb_server.sessions_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+    records = DynamoDBIdempotencyStore(
+        dynamodb_server.sessions_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+    user = f"iam-{uuid.uuid4().hex[:8]}"
+    async with history, records:
+        session = await history.create_session(user, "iam-session")
+        await history.append_message(session, {"role": "user", "content": "hi"})
+        await records.begin(user, "key-1", "fingerprint")
+    table = boto3.resource(
+        "dynamodb",
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    ).Table(dynamodb_server.sessions_table)
+    keys = [item["pk"] for item in table.scan()["Items"]]
+    own = {key for key in keys if key.startswith("IDEMPOTENCY#")}
+    assert own and set(keys) - own
+    for function in ("MemoryFunction", "StateFunction", "SandboxFunction"):
+        statements = _statements_on(function, "SessionsTable")
+        assert statements, function
+        for statement in statements:
+            if statement["Action"] == "dynamodb:DescribeTable":
+                continue
+            condition = statement["Condition"]["ForAllValues:StringLike"]
+            patterns = condition["dynamodb:LeadingKeys"]
+            assert {k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns)} == own
