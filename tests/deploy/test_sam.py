@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
+from agentscope_serverless.aws_secrets import SECRET_FIELDS
 from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
@@ -217,26 +218,32 @@ def test_a_file_without_resources_is_not_a_template(tmp_path: Path) -> None:
         sam.list_functions(path)
 
 
-def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secret() -> None:
-    """StackSecrets' JSON is built by substitution: a value with a quote, a backslash or a
+def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secrets() -> None:
+    """The secrets' JSON is built by substitution: a value with a quote, a backslash or a
     control character would make it invalid (every function's first request then fails)
     or give it another field, so the parameters refuse them at deploy time."""
     document = sam.load_template(TEMPLATE)
-    template: str = document["Resources"]["StackSecrets"]["Properties"]["SecretString"]["Fn::Sub"]
-    fields = dict(re.findall(r'"(\w+)": "\$\{(\w+)\}"', template))
-    assert set(fields) == {"llm_api_key", "sandbox_bearer_token", "redis_url"}
+    resources = document["Resources"]
+    secrets = [r for r in resources.values() if r["Type"] == "AWS::SecretsManager::Secret"]
+    templates: list[str] = [r["Properties"]["SecretString"]["Fn::Sub"] for r in secrets]
+    stack_fields = re.findall(
+        r'"(\w+)": "\$\{', resources["StackSecrets"]["Properties"]["SecretString"]["Fn::Sub"]
+    )
+    assert set(stack_fields) == {"llm_api_key", "sandbox_bearer_token", "redis_url"}
     ordinary = ["", "sk-proj-Ab3_x.y~z", "rediss://:p%40ss%2Fw@cache.example:6379/0?ssl=1"]
     hostile = ['a"b', 'x", "redis_url": "redis://evil', "a\\b", "line\nbreak", "tab\there", "\x00"]
-    for field, parameter in fields.items():
-        pattern = document["Parameters"][parameter]["AllowedPattern"]
-        for value in ordinary:
-            assert re.fullmatch(pattern, value), (parameter, value)
-        for value in ordinary + hostile:
-            if re.fullmatch(pattern, value) is None:
-                continue
-            secret = json.loads(template.replace(f"${{{parameter}}}", value))
-            assert secret[field] == value and len(secret) == 3, (parameter, value)
-        assert all(re.fullmatch(pattern, value) is None for value in hostile), parameter
+    for template in templates:
+        fields = dict(re.findall(r'"(\w+)": "\$\{(\w+)\}"', template))
+        for field, parameter in fields.items():
+            pattern = document["Parameters"][parameter]["AllowedPattern"]
+            for value in ordinary:
+                assert re.fullmatch(pattern, value), (parameter, value)
+            for value in ordinary + hostile:
+                if re.fullmatch(pattern, value) is None:
+                    continue
+                secret = json.loads(template.replace(f"${{{parameter}}}", value))
+                assert secret[field] == value and len(secret) == len(fields), (parameter, value)
+            assert all(re.fullmatch(pattern, value) is None for value in hostile), parameter
 
 
 def test_without_the_sam_cli_the_error_says_how_to_install_it_in_the_users_project(
@@ -325,3 +332,49 @@ async def test_functions_keeping_only_idempotency_records_reach_no_users_history
             condition = statement["Condition"]["ForAllValues:StringLike"]
             patterns = condition["dynamodb:LeadingKeys"]
             assert {k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns)} == own
+
+
+# The fields of the stack's secrets (aws_secrets.SECRET_FIELDS) each function uses: the agent's
+# functions all of them; the memory function its Redis URL, the sandbox function the sandbox
+# server's token; the sessions and state functions none (their stores are DynamoDB tables).
+SECRET_FIELDS_USED = {
+    "ProcessFunction": set(SECRET_FIELDS),
+    "ProcessStreamFunction": set(SECRET_FIELDS),
+    "TasksFunction": set(SECRET_FIELDS),
+    "MemoryFunction": {"redis_url"},
+    "SandboxFunction": {"sandbox_bearer_token"},
+    "SessionsFunction": set(),
+    "StateFunction": set(),
+}
+
+
+def _references(value: Any) -> set[str]:
+    """The names ``value`` refers to with ``Ref`` (in any ``Fn::If`` branch)."""
+    if isinstance(value, dict):
+        found = {value["Ref"]} if isinstance(value.get("Ref"), str) else set()
+        return found.union(*(_references(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_references(v) for v in value))
+    return set()
+
+
+def test_each_function_can_read_only_the_secrets_it_uses() -> None:
+    """No function can read a secret it does not use (the LLM API key, say, in the
+    sessions function), and each reads, through SECRETS_ARN, the secrets it may read."""
+    document = sam.load_template(TEMPLATE)
+    resources = document["Resources"]
+    secrets = {n for n, r in resources.items() if r["Type"] == "AWS::SecretsManager::Secret"}
+    assert "SECRETS_ARN" not in document["Globals"]["Function"]["Environment"]["Variables"]
+    assert set(SECRET_FIELDS_USED) == set(FUNCTIONS)
+    for function, used in SECRET_FIELDS_USED.items():
+        properties = resources[function]["Properties"]
+        readable = set()
+        for policy in properties["Policies"]:
+            readable |= _references(policy) & secrets
+        fields = set()
+        for secret in readable:
+            text = resources[secret]["Properties"]["SecretString"]["Fn::Sub"]
+            fields |= set(json.loads(re.sub(r"\$\{\w+\}", "", text)))
+        assert fields == used, function
+        variables = properties.get("Environment", {}).get("Variables", {})
+        assert _references(variables.get("SECRETS_ARN")) & secrets == readable, function
