@@ -20,6 +20,7 @@ import pytest
 
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.http.lambda_handler import (
+    ALB_RESPONSE_LIMIT_BYTES,
     RESPONSE_LIMIT_BYTES,
     LambdaHandler,
     make_handler,
@@ -313,6 +314,33 @@ def test_a_response_larger_than_lambda_returns_is_a_500_saying_to_ask_for_less(
     )
     assert page["statusCode"] == 200
     assert len(json.loads(page["body"])["items"]) == 3
+
+
+def test_a_response_larger_than_an_alb_takes_is_a_500_saying_to_ask_for_less(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """An ALB takes at most 1 MB from a Lambda function (its caller gets a 502 otherwise),
+    where a Function URL takes 6 MB."""
+    handler, key = sessions_handler
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    body = json.dumps({"messages": [{"role": "user", "content": "a" * 400_000}]})
+    for _ in range(3):
+        appended = handler(
+            function_url_event("POST", "/sessions/alb-big/messages", headers=headers, body=body),
+            None,
+        )
+        assert appended["statusCode"] == 201, appended["body"][:200]
+    whole = handler(function_url_event("GET", "/sessions/alb-big", headers=headers), None)
+    assert whole["statusCode"] == 200
+    answer = handler(
+        _alb_event("GET", "/sessions/alb-big", {"authorization": [f"Bearer {key}"]}), None
+    )
+    assert answer["statusCode"] == 500, _payload_bytes(answer)
+    assert _payload_bytes(answer) < ALB_RESPONSE_LIMIT_BYTES <= 1_000_000
+    error = json.loads(answer["body"])["error"]
+    assert error["code"] == "RESPONSE_TOO_LARGE"
+    assert "a page at a time" in error["message"]
+    assert answer["multiValueHeaders"]["x-should-retry"] == ["false"]
 
 
 def test_a_function_that_cannot_start_answers_503_then_starts_once_it_can(

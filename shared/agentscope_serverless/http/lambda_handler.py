@@ -16,10 +16,11 @@ What a caller gets, whatever the event:
   answer an invocation error with a 502 without a body, and a direct invocation with the
   stack trace.
 - A buffered response is at most 6 MB (``RESPONSE_LIMIT_BYTES``, counted as Lambda does:
-  the JSON of the whole answer). A larger event stream is cut after its last event that
-  fits, with an ``error`` event saying so (a run's client resumes it from the stored run
-  with ``Last-Event-ID``); any other larger response becomes a 500 ``RESPONSE_TOO_LARGE``
-  with ``X-Should-Retry: false`` saying to ask for less.
+  the JSON of the whole answer), 1 MB to an ALB (``ALB_RESPONSE_LIMIT_BYTES``). A larger
+  event stream is cut after its last event that fits, with an ``error`` event saying so (a
+  run's client resumes it from the stored run with ``Last-Event-ID``); any other larger
+  response becomes a 500 ``RESPONSE_TOO_LARGE`` with ``X-Should-Retry: false`` saying to
+  ask for less.
 - A background task's event (``{"agentscope_task": ...}``, an asynchronous invocation by the
   process function) runs the task (see :func:`~agentscope_serverless.tasks.run_task_event`).
 - Any other event (an empty one, a direct invocation's own payload) is refused with an
@@ -53,11 +54,10 @@ LambdaHandler = Callable[[Any, Any], dict[str, Any]]
 # The most a buffered invocation may answer: the bytes of its response payload (the JSON of
 # the handler's answer). Lambda refuses a larger one, and the caller gets a 502.
 RESPONSE_LIMIT_BYTES = 6 * 1024 * 1024
+# The most an ALB takes from a Lambda function (1 MB): it answers a larger one with a 502.
+ALB_RESPONSE_LIMIT_BYTES = 1_000_000
 # Kept free below the limit: the runtime's JSON encoder may differ from ours a little.
 _RESPONSE_SLACK_BYTES = 4096
-# An answer whose body is shorter than this fits whatever its characters (JSON takes at
-# most 6 bytes for one), so only a longer one is measured.
-_MEASURED_FROM_CHARS = RESPONSE_LIMIT_BYTES // 8
 # The header the Lambda Web Adapter sends the invocation's Lambda context in.
 LAMBDA_CONTEXT_HEADER = b"x-amzn-lambda-context"
 _EVENT_STREAM = "text/event-stream"
@@ -324,9 +324,17 @@ def _serve(
     loop.run_until_complete(cycle.run(_ending_cleanly(app)))
     response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
     answer: dict[str, Any] = handler(response)
-    if _too_large(answer):
-        answer = handler(_within_limit(handler, response))
+    limit = _response_limit(handler)
+    if _too_large(answer, limit):
+        answer = handler(_within_limit(handler, response, limit))
     return answer
+
+
+def _response_limit(handler: MangumHandler) -> int:
+    """The most the caller of the request's event takes from the function, in bytes."""
+    from mangum.handlers import ALB
+
+    return ALB_RESPONSE_LIMIT_BYTES if isinstance(handler, ALB) else RESPONSE_LIMIT_BYTES
 
 
 def _ending_cleanly(app: ASGIApp) -> ASGI:
@@ -359,15 +367,17 @@ def _ending_cleanly(app: ASGIApp) -> ASGI:
     return asgi
 
 
-def _too_large(answer: dict[str, Any]) -> bool:
-    """Whether ``answer`` is more than Lambda returns (a short one is not measured)."""
-    if len(answer.get("body") or "") < _MEASURED_FROM_CHARS:
+def _too_large(answer: dict[str, Any], limit: int) -> bool:
+    """Whether ``answer`` is more than ``limit`` bytes; one whose body is shorter than an
+    eighth of it fits whatever its characters (JSON takes at most 6 bytes for one), so it
+    is not measured."""
+    if len(answer.get("body") or "") < limit // 8:
         return False
     size = len(json.dumps(answer, ensure_ascii=False).encode())
-    return size > RESPONSE_LIMIT_BYTES - _RESPONSE_SLACK_BYTES
+    return size > limit - _RESPONSE_SLACK_BYTES
 
 
-def _within_limit(handler: MangumHandler, response: Response) -> Response:
+def _within_limit(handler: MangumHandler, response: Response, limit: int) -> Response:
     """A response too large to return, made to fit: an event stream cut after its last
     event that fits, with an ``error`` event saying so; else a 500 saying to ask for less."""
     from agentscope_serverless.log import logger
@@ -376,29 +386,34 @@ def _within_limit(handler: MangumHandler, response: Response) -> Response:
     kept = [[k, v] for k, v in headers if k.decode("latin-1") in _KEPT_HEADERS]
     run_id = next((v.decode("latin-1") for k, v in kept if k == b"x-run-id"), None)
     content_type = next((v.decode("latin-1") for k, v in headers if k == b"content-type"), "")
-    limit = RESPONSE_LIMIT_BYTES - _RESPONSE_SLACK_BYTES
     size = len(response["body"])
+    most = (
+        f"the {limit} bytes an ALB takes from a Lambda function"
+        if limit == ALB_RESPONSE_LIMIT_BYTES
+        else f"the {limit} bytes a buffered Lambda function can return"
+    )
     logger.warning("a response was too large for Lambda", extra={"bytes": size, "run_id": run_id})
     if content_type.startswith(_EVENT_STREAM):
         from agentscope_serverless.http.sse import encode
 
         where = f"GET /runs/{run_id or '<run id>'}/events"
         message = (
-            f"the stream was cut here: it reached the {RESPONSE_LIMIT_BYTES} bytes a buffered "
-            f"Lambda function can return. The run is stored: read the rest with {where}, "
+            f"the stream was cut here: it reached {most}. The run is stored: read the rest "
+            f"with {where}, "
             "Last-Event-ID set to the last id received (or deploy the process function "
             "with ProcessInvokeMode RESPONSE_STREAM)"
         )
         trailer = encode(_error_json("RESPONSE_TOO_LARGE", message), event="error")
         stream_headers = [[k, v] for k, v in headers if k != b"content-length"]
         bare = handler({"status": response["status"], "headers": stream_headers, "body": b""})
-        room = limit - len(json.dumps(bare, ensure_ascii=False).encode()) - _json_bytes(trailer)
+        room = limit - _RESPONSE_SLACK_BYTES - _json_bytes(trailer)
+        room -= len(json.dumps(bare, ensure_ascii=False).encode())
         cut = _events_within(response["body"], room)
         if cut is not None:
             return {"status": response["status"], "headers": stream_headers, "body": cut + trailer}
     message = (
-        f"the response is {size} bytes: more than the {RESPONSE_LIMIT_BYTES} a buffered Lambda "
-        "function can return. Ask for less at a time: a page with a smaller limit (GET "
+        f"the response is {size} bytes: more than {most}. Ask for less at a time: a page "
+        "with a smaller limit (GET "
         "/sessions/{id}/messages reads a session's messages a page at a time)"
     )
     if run_id:
@@ -490,6 +505,7 @@ def make_handler(routers: Sequence[str]) -> LambdaHandler:
 
 
 __all__ = [
+    "ALB_RESPONSE_LIMIT_BYTES",
     "LAMBDA_CONTEXT_HEADER",
     "RESPONSE_LIMIT_BYTES",
     "build_app",
