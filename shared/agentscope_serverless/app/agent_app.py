@@ -524,6 +524,10 @@ def load_agent_app(path: str) -> AgentApp:
         raise ConfigurationError(
             f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}"
         ) from None
+    except SystemExit as exc:  # a script's habit: the process serving the agent goes on
+        raise ConfigurationError(
+            f"AGENT_APP={path!r}: importing {module_name!r} called sys.exit({exc.code!r})"
+        ) from None
     missing = object()
     for name in attribute.split("."):
         found = getattr(found, name, missing)

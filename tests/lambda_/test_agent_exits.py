@@ -1,0 +1,63 @@
+"""An agent's code that calls ``sys.exit()`` (a script's habit, a CLI library's) ends neither
+the function's process nor the turn: the runtime would lose the container, and a caller would
+get a bare 502 at every cold start.
+
+The handler is the process function's (``functions/process/agentscope_handler.py``), with the
+agent written in a temporary folder, as a user's own project is."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_serverless.auth.file import FileKeyStore
+from agentscope_serverless.http.lambda_handler import LambdaHandler, make_handler
+from tests.support.http import issue_key
+from tests.support.lambda_runtime import function_url_event
+
+
+@pytest.fixture
+def agent_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
+    """A folder on the import path for the agent's module, and a key of the function."""
+    keys = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(keys), "exit-user")
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(keys))
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
+    monkeypatch.setenv("RUNS_BACKEND", "in_memory")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path, key
+
+
+def _process(handler: LambdaHandler, key: str, **body: Any) -> dict[str, Any]:
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    request = {"input": [{"role": "user", "content": "Weather?"}], **body}
+    event = function_url_event("POST", "/process", headers=headers, body=json.dumps(request))
+    return handler(event, None)
+
+
+def test_an_agent_module_exiting_as_it_is_imported_answers_503_naming_why(
+    agent_project: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, key = agent_project
+    (folder / "exits_on_import.py").write_text(
+        "import sys\nsys.exit('WEATHER_API_KEY is not set')\n"
+    )
+    monkeypatch.setenv("AGENT_APP", "exits_on_import:app")
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
+    handler = make_handler(["process"])
+    answer = _process(handler, key)  # raising SystemExit would end the runtime's process
+    assert answer["statusCode"] == 503, answer
+    assert json.loads(answer["body"])["error"]["code"] == "UNAVAILABLE"
+    from agentscope_serverless.app import load_agent_app
+    from agentscope_serverless.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as refused:
+        load_agent_app("exits_on_import:app")
+    assert "exits_on_import" in str(refused.value)
+    assert "WEATHER_API_KEY is not set" in str(refused.value)
