@@ -442,7 +442,9 @@ class Runner(ServiceLifecycleManagerMixin):
                             yield event
             for event in turn.close():
                 yield event
-        except Exception as exc:
+        # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
+        # end the process serving it, and every run in it.
+        except (Exception, SystemExit) as exc:
             logged = {"session_id": session.id, "run_id": turn.response.id}
             logger.exception("the agent failed", extra=logged)
             await self._record_quietly(session, writes, kept)
@@ -1018,7 +1020,7 @@ def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
         return Error(code=exc.code, message=exc.message)
-    unknown = UnknownAgentException(exc if isinstance(exc, Exception) else None)
+    unknown = UnknownAgentException(exc if isinstance(exc, Exception | SystemExit) else None)
     return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)
 
 

@@ -61,3 +61,35 @@ def test_an_agent_module_exiting_as_it_is_imported_answers_503_naming_why(
         load_agent_app("exits_on_import:app")
     assert "exits_on_import" in str(refused.value)
     assert "WEATHER_API_KEY is not set" in str(refused.value)
+
+
+def test_an_agent_exiting_during_its_turn_fails_the_run_and_the_function_goes_on(
+    agent_project: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, key = agent_project
+    (folder / "exits_in_turn.py").write_text(
+        "import sys\n"
+        "from agentscope_serverless.app import AgentApp\n"
+        "app = AgentApp(app_name='exits')\n"
+        "@app.query(framework='text')\n"
+        "async def query(self, msgs, **kwargs):\n"
+        "    yield 'Looking it up'\n"
+        "    sys.exit('the weather tool gave up')\n"
+    )
+    monkeypatch.setenv("AGENT_APP", "exits_in_turn:app")
+    monkeypatch.delitem(sys.modules, "exits_in_turn", raising=False)
+    handler = make_handler(["process", "sessions"])
+    for stream in (False, True):
+        answer = _process(handler, key, stream=stream, session_id=f"exit-{stream}")
+        # Answered as any agent's failure is (not streamed: the 500 of an unknown error).
+        assert answer["statusCode"] == (200 if stream else 500), answer
+        last = answer["body"] if not stream else answer["body"].split("data: ")[-1]
+        ended = json.loads(last)
+        assert ended["status"] == "failed", ended
+        assert "the weather tool gave up" in ended["error"]["message"]
+        headers = {"authorization": f"Bearer {key}"}
+        session = handler(
+            function_url_event("GET", f"/sessions/exit-{stream}", headers=headers), None
+        )
+        assert session["statusCode"] == 200, session
+        assert "Weather?" in session["body"]  # the user's input is kept, as for any failure

@@ -403,7 +403,7 @@ class UnknownAgentException(AgentRuntimeErrorException):
     an agent raised, ``Unknown agent error`` without one."""
 
     def __init__(
-        self, original_exception: Exception | None = None, details: Details = None
+        self, original_exception: BaseException | None = None, details: Details = None
     ) -> None:
         message = "Unknown agent error"
         if original_exception is not None:
