@@ -77,21 +77,30 @@ async def run_task(
         return
     except Exception as exc:
         logger.info("a background task failed", extra={"task_id": task_id})
+        failure = exc.__cause__ if isinstance(exc, _Exited) else exc
         # Without the secrets of the process, as a failed run's error.
-        message = redacted(f"{type(exc).__name__}: {exc}")[:_MAX_ERROR_CHARS]
+        message = redacted(f"{type(failure).__name__}: {failure}")[:_MAX_ERROR_CHARS]
         error = {"code": TASK_FAILED, "message": message}
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return
     await runs.finish_run(user_id, task_id, "completed", result=stored)
 
 
+class _Exited(Exception):
+    """A task's ``sys.exit()``, carried out of the asyncio task running it as an error: a
+    ``SystemExit`` leaving an asyncio task ends the event loop, and the process serving it."""
+
+
 async def _call(task: TaskDefinition, payload: Any) -> Any:
-    if inspect.iscoroutinefunction(task.function):
-        return await task.function(payload)
-    result = await asyncio.to_thread(task.function, payload)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    try:
+        if inspect.iscoroutinefunction(task.function):
+            return await task.function(payload)
+        result = await asyncio.to_thread(task.function, payload)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+    except SystemExit as exc:
+        raise _Exited() from exc
 
 
 async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitable[Any]) -> Any:

@@ -17,6 +17,7 @@ import pytest
 
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.http.lambda_handler import LambdaHandler, make_handler
+from agentscope_serverless.services.runs.base import RunRecord
 from tests.support.http import issue_key
 from tests.support.lambda_runtime import function_url_event
 
@@ -93,3 +94,40 @@ def test_an_agent_exiting_during_its_turn_fails_the_run_and_the_function_goes_on
         )
         assert session["statusCode"] == 200, session
         assert "Weather?" in session["body"]  # the user's input is kept, as for any failure
+
+
+def test_a_background_task_exiting_fails_the_task_and_the_function_goes_on(
+    agent_project: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, _ = agent_project
+    (folder / "exiting_tasks.py").write_text(
+        "import sys\n"
+        "from agentscope_serverless.app import AgentApp\n"
+        "app = AgentApp(app_name='exiting-tasks')\n"
+        "@app.query(framework='text')\n"
+        "async def query(self, msgs, **kwargs):\n"
+        "    yield 'ok'\n"
+        "@app.task('/jobs/report')\n"
+        "async def report(payload):\n"
+        "    sys.exit('no report today')\n"
+        "@app.task('/jobs/export')\n"
+        "def export(payload):\n"
+        "    sys.exit(3)\n"
+    )
+    monkeypatch.setenv("AGENT_APP", "exiting_tasks:app")
+    monkeypatch.delitem(sys.modules, "exiting_tasks", raising=False)
+    handler = make_handler(["process"])
+    health = handler(function_url_event("GET", "/health"), None)
+    assert health["statusCode"] == 200, health
+    runs = handler._app.state.context.runs  # type: ignore[attr-defined]
+    loop = handler._loop  # type: ignore[attr-defined]
+    for path, said in [("/jobs/report", "no report today"), ("/jobs/export", "3")]:
+        task_id = f"task_{path.rsplit('/', 1)[-1]}"
+        record = RunRecord(id=task_id, user_id="exit-user", kind="task", name=path)
+        loop.run_until_complete(runs.create_run(record))
+        spec = {"path": path, "user_id": "exit-user", "task_id": task_id, "payload": {}}
+        # As the tasks function gets it: an asynchronous invocation's event.
+        assert handler({"agentscope_task": spec}, None) == {"status": "done"}
+        stored = loop.run_until_complete(runs.get_run("exit-user", task_id))
+        assert stored.status == "failed", stored
+        assert stored.error["message"] == f"SystemExit: {said}"
