@@ -16,10 +16,13 @@ from typing import Any
 import aioboto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import PayloadTooLargeError, StoreUnavailableError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 from agentscope_serverless.tasks import TASK_EVENT_KEY, TaskDefinition, new_task_id
+
+# The largest payload of an asynchronous invocation Lambda takes (1 MB).
+EVENT_PAYLOAD_LIMIT_BYTES = 1024 * 1024
 
 
 class LambdaTaskExecutor:
@@ -39,23 +42,28 @@ class LambdaTaskExecutor:
         self._endpoint_url = endpoint_url
 
     async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
-        """Store the task as submitted and queue its invocation; returns its record."""
+        """Store the task as submitted and queue its invocation; returns its record.
+
+        The invocation's event is the payload in compact JSON: one larger than Lambda takes
+        raises :class:`PayloadTooLargeError` (413), and nothing is stored.
+        """
         record = RunRecord(id=new_task_id(), user_id=user_id, kind="task", name=task.path)
+        spec = {"path": task.path, "user_id": user_id, "task_id": record.id, "payload": payload}
+        event = json.dumps({TASK_EVENT_KEY: spec}, ensure_ascii=False, separators=(",", ":"))
+        size = len(event.encode())
+        if size > EVENT_PAYLOAD_LIMIT_BYTES:
+            raise PayloadTooLargeError(
+                f"a background task's payload reaches its function in an asynchronous Lambda "
+                f"invocation, which takes at most {EVENT_PAYLOAD_LIMIT_BYTES} bytes: this one "
+                f"takes {size}; send a smaller one (a reference to the data, say)"
+            )
         await self.runs.create_run(record)
-        event = {
-            TASK_EVENT_KEY: {
-                "path": task.path,
-                "user_id": user_id,
-                "task_id": record.id,
-                "payload": payload,
-            }
-        }
         try:
             async with self._session.client("lambda", endpoint_url=self._endpoint_url) as client:
                 await client.invoke(
                     FunctionName=self.function_name,
                     InvocationType="Event",
-                    Payload=json.dumps(event).encode(),
+                    Payload=event.encode(),
                 )
         except (ClientError, BotoCoreError, OSError) as exc:
             logger.error("could not start a background task", extra={"task_id": record.id})
