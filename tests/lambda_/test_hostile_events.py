@@ -260,6 +260,26 @@ def test_an_http_api_event_of_a_named_stage_is_routed_without_the_stage(
     assert answer["statusCode"] == 404, answer
 
 
+def test_the_urls_an_api_gateway_stage_serves_keep_its_stage(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """The docs page names its OpenAPI document by the URL it was served at: behind a stage
+    of a REST or an HTTP API, under the stage's path (API Gateway has nothing elsewhere)."""
+    handler, key = sessions_handler
+    api = "abc123.execute-api.us-east-1.amazonaws.com"
+    context = {"identity": {"sourceIp": "203.0.113.1"}, "stage": "prod", "path": "/prod/docs"}
+    events = [
+        _rest_event(key, path="/docs", requestContext=context),
+        _http_api_event(key, "/prod/docs", "prod", api),
+    ]
+    for event in events:
+        answer = handler(event, None)
+        assert answer["statusCode"] == 200, answer
+        assert "url: '/prod/openapi.json'" in answer["body"]
+    listed = _rest_event(key, requestContext={**context, "path": "/prod/sessions"})
+    assert handler(listed, None)["statusCode"] == 200
+
+
 def test_an_alb_event_is_answered_with_multi_value_headers(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

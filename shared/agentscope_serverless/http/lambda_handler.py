@@ -258,16 +258,20 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
     It also decodes the path without keeping it as sent, and an ALB's query parameters with
     U+FFFD for what is not UTF-8: the request's own path and query go in the scope, so the
     application refuses them (as ``/sessions/%FE`` and ``/sessions/%FF`` are not one
-    session) as it does behind any server. An HTTP API's named stage, which leads the path
-    of a request to the API's own endpoint, is the scope's root path: the routes see the
-    path after it, and the URLs the application gives (its docs, an A2A card) keep it.
+    session) as it does behind any server. An API Gateway stage in the path the client
+    requested is the scope's root path: the routes see the path after it, and the URLs the
+    application gives (its docs, an A2A card) keep it.
     """
     try:
         scope = handler.scope
         raw_path = event.get("rawPath") if event.get("version") == "2.0" else event.get("path")
         if isinstance(raw_path, str):
             scope["raw_path"] = raw_path.encode()
-        scope["root_path"] = _stage_path(event, scope["path"])
+        stage = _stage_path(event, scope["path"])
+        if stage and event.get("version") != "2.0":  # a REST API gives the path without it
+            scope["path"] = stage + scope["path"]
+            scope["raw_path"] = stage.encode() + (scope["raw_path"] or b"")
+        scope["root_path"] = stage
         if "elb" in event["requestContext"]:
             scope["query_string"] = _alb_query(event)
     except UnicodeError:
@@ -280,20 +284,22 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
 
 
 def _stage_path(event: dict[str, Any], path: str) -> str:
-    """The ``/<stage>`` leading ``path`` of an HTTP API event, else ``""``: an HTTP API puts
-    a stage other than ``$default`` in the path of a request to its own endpoint
-    (``<api id>.execute-api.<region>.amazonaws.com``), not in one to a custom domain."""
-    if event.get("version") != "2.0":
-        return ""
+    """``/<stage>`` when the client requested ``path`` under an API Gateway stage, else
+    ``""``. An HTTP API puts a stage other than ``$default`` at the start of the path of a
+    request to its own endpoint (``<api id>.execute-api.<region>.amazonaws.com``), not of
+    one to a custom domain; a REST API gives the path without the stage, and the path as
+    requested in its request context."""
     context = event["requestContext"]
-    stage, api, domain = context.get("stage"), context.get("apiId"), context.get("domainName")
-    if not (isinstance(stage, str) and isinstance(api, str) and isinstance(domain, str)):
+    stage = context.get("stage")
+    if not isinstance(stage, str) or stage == "$default":
         return ""
     prefix = f"/{stage}"
-    on_api_endpoint = domain.startswith(f"{api}.execute-api.")
-    if stage == "$default" or not on_api_endpoint or not (path + "/").startswith(prefix + "/"):
-        return ""
-    return prefix
+    if event.get("version") == "2.0":
+        api, domain = context.get("apiId"), context.get("domainName")
+        on_api_endpoint = isinstance(api, str) and str(domain).startswith(f"{api}.execute-api.")
+        return prefix if on_api_endpoint and (path + "/").startswith(prefix + "/") else ""
+    requested = context.get("path")
+    return prefix if requested == prefix + event.get("path", "") else ""
 
 
 def _alb_query(event: dict[str, Any]) -> bytes:
