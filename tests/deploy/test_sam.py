@@ -378,3 +378,30 @@ def test_each_function_can_read_only_the_secrets_it_uses() -> None:
         assert fields == used, function
         variables = properties.get("Environment", {}).get("Variables", {})
         assert _references(variables.get("SECRETS_ARN")) & secrets == readable, function
+
+
+def test_parameters_reach_sam_deploy_as_given() -> None:
+    """SAM's --parameter-overrides splits KEY=VALUE words at spaces: a value with one (the
+    origins of CorsAllowOrigins, "a, b") lost its end, or named another parameter."""
+    parameters = {
+        "CorsAllowOrigins": "https://app.example.com, https://admin.example.com",
+        "LlmModel": "my model = large",
+        "LlmApiKey": "sk-proj-Ab3_x.y~z",
+        "SubnetIds": "subnet-a,subnet-b",
+        "AgentApp": "it's.agent:app",
+        "LlmBaseUrl": 'https://llm.example/v1?a="b c"',
+        "SandboxBaseUrl": "",
+    }
+    arguments = sam.parameter_overrides(parameters)
+    sam_python = Path(sam.sam_executable(PROJECT_ROOT)).resolve().parent / "python"
+    script = (
+        "import json, sys\n"
+        "from samcli.cli.types import CfnParameterOverridesType\n"
+        "print(json.dumps(CfnParameterOverridesType().convert(tuple(sys.argv[1:]), None, None)))"
+    )
+    result = subprocess.run(
+        [str(sam_python), "-c", script, *arguments], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == parameters
+    with pytest.raises(PackagingError, match="LlmModel parameter holds a backslash"):
+        sam.parameter_overrides({"LlmModel": "a\\b"})

@@ -390,6 +390,22 @@ def stack_outputs(stack_name: str, region: str | None = None) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
+def parameter_overrides(parameters: dict[str, str]) -> list[str]:
+    """The words of ``sam deploy --parameter-overrides`` giving ``parameters``: each value
+    quoted (SAM splits the words at spaces: ``CorsAllowOrigins=a, b`` would lose ``b``).
+    SAM takes a backslash in a quoted value for an escape, so a value may not hold one."""
+    words = []
+    for name, value in parameters.items():
+        if "\\" in value:
+            raise PackagingError(
+                f"the {name} parameter holds a backslash, which SAM's --parameter-overrides "
+                "cannot carry as it is"
+            )
+        quoted = value.replace('"', '\\"')
+        words.append(f'{name}="{quoted}"')
+    return words
+
+
 def deploy(
     project_root: Path,
     stack_name: str,
@@ -424,7 +440,7 @@ def deploy(
         "--no-fail-on-empty-changeset",
     ]
     if parameters:
-        args += ["--parameter-overrides", *(f"{k}={v}" for k, v in parameters.items())]
+        args += ["--parameter-overrides", *parameter_overrides(parameters)]
     _run_sam(project_root, *args, offline=False)
     return stack_outputs(stack_name, region)
 
