@@ -31,6 +31,30 @@ SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 # What an environment variable may be named, here.
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MIN_SECRET_LENGTH = 4
+# The variables Lambda sets itself and refuses in a function's configuration: the function's
+# credentials, region, runtime API... (a field of these names would replace them).
+LAMBDA_RESERVED_VARIABLES = frozenset(
+    {
+        "_HANDLER",
+        "_X_AMZN_TRACE_ID",
+        "AWS_DEFAULT_REGION",
+        "AWS_REGION",
+        "AWS_EXECUTION_ENV",
+        "AWS_LAMBDA_FUNCTION_NAME",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+        "AWS_LAMBDA_FUNCTION_VERSION",
+        "AWS_LAMBDA_INITIALIZATION_TYPE",
+        "AWS_LAMBDA_LOG_GROUP_NAME",
+        "AWS_LAMBDA_LOG_STREAM_NAME",
+        "AWS_ACCESS_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_LAMBDA_RUNTIME_API",
+        "LAMBDA_TASK_ROOT",
+        "LAMBDA_RUNTIME_DIR",
+    }
+)
 
 
 def fetch_secret_json(
@@ -101,8 +125,9 @@ def export_agent_secrets(settings: Settings) -> list[str]:
 
     A field must be named as an environment variable (letters, digits and ``_``, not first
     a digit) and hold text; it may not be named as a setting of this project (those go in
-    the environment or the stack's secret): else nothing is put, and the error names the
-    fields (never their values).
+    the environment or the stack's secret), nor as a variable Lambda reserves
+    (:data:`LAMBDA_RESERVED_VARIABLES`: the function's own credentials...): else nothing is
+    put, and the error names the fields (never their values).
     """
     if not settings.agent_secrets_arn:
         return []
@@ -118,6 +143,7 @@ def export_agent_secrets(settings: Settings) -> list[str]:
         for name, value in secret.items()
         if not _VARIABLE_NAME.fullmatch(name)
         or name.upper() in ours
+        or name.upper() in LAMBDA_RESERVED_VARIABLES
         or not isinstance(value, str)
         or "\0" in value
     )
@@ -125,7 +151,9 @@ def export_agent_secrets(settings: Settings) -> list[str]:
         raise ConfigurationError(
             "the secret of AGENT_SECRETS_ARN holds fields that cannot be the agent's "
             "environment variables (each is named with letters, digits and _, holds text, "
-            f"and is no setting of this project): {', '.join(map(repr, bad[:10]))}"
+            "and is no setting of this project nor a variable Lambda reserves, as the "
+            "function's own AWS credentials: give another account's under names of your "
+            f"own, to your client): {', '.join(map(repr, bad[:10]))}"
         )
     os.environ.update(secret)
     # Kept out of log lines and error messages, as the settings' secrets are (a value of
@@ -134,4 +162,10 @@ def export_agent_secrets(settings: Settings) -> list[str]:
     return sorted(secret)
 
 
-__all__ = ["SECRET_FIELDS", "export_agent_secrets", "fetch_secret_json", "resolve_secrets"]
+__all__ = [
+    "LAMBDA_RESERVED_VARIABLES",
+    "SECRET_FIELDS",
+    "export_agent_secrets",
+    "fetch_secret_json",
+    "resolve_secrets",
+]

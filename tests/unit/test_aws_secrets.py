@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -174,6 +175,84 @@ def test_the_agents_own_secrets_are_its_environment_before_it_is_imported(
     build_app(("process",))
     assert sys.modules["weather_agent"].KEY == "wk-from-the-secret"
     assert os.environ["MAPS_TOKEN"] == "mt-1"
+
+
+def test_an_agents_own_secret_quoted_by_its_error_reaches_neither_caller_nor_log(
+    dynamodb_server: DynamoDBServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agentscope_serverless.auth.file import FileKeyStore
+    from agentscope_serverless.http.lambda_handler import make_handler
+    from agentscope_serverless.log import logger
+    from tests.support.http import issue_key
+    from tests.support.lambda_runtime import function_url_event
+
+    # An agent whose weather API refuses it, quoting the URL with its key, as clients do.
+    (tmp_path / "refused_agent.py").write_text(
+        "import os\n"
+        "from agentscope_serverless.app import AgentApp\n"
+        "app = AgentApp(app_name='refused')\n"
+        "@app.query(framework='text')\n"
+        "async def query(self, msgs, **kwargs):\n"
+        "    key = os.environ['WEATHER_API_KEY']\n"
+        "    raise RuntimeError(f'401 for https://weather.example/v1?key={key}')\n"
+        "    yield ''\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arn = make_secret(
+        dynamodb_server,
+        "agent-secrets-refused",
+        json.dumps({"WEATHER_API_KEY": "wk-never-shown-4f1c"}),
+    )
+    keys = tmp_path / "keys.json"
+    api_key = issue_key(FileKeyStore(keys), "weather-user")
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(keys))
+    monkeypatch.setenv("AGENT_SECRETS_ARN", arn)
+    monkeypatch.setenv("SECRETS_ENDPOINT_URL", dynamodb_server.endpoint_url)
+    monkeypatch.setenv("AWS_REGION", dynamodb_server.region)
+    monkeypatch.setenv("AGENT_APP", "refused_agent:app")
+    monkeypatch.setenv("WEATHER_API_KEY", "")  # restored when the test ends
+    monkeypatch.delitem(sys.modules, "refused_agent", raising=False)
+    handler = make_handler(["process"])
+    body = json.dumps({"input": [{"role": "user", "content": "Weather?"}], "stream": False})
+    headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the agent's failure is logged with its traceback
+    try:
+        answer = handler(function_url_event("POST", "/process", headers=headers, body=body), None)
+    finally:
+        logger.setLevel(level)
+    logged = capsys.readouterr().out
+    assert os.environ["WEATHER_API_KEY"] == "wk-never-shown-4f1c"
+    response = json.loads(answer["body"])
+    assert response["status"] == "failed", response
+    assert "weather.example" in response["error"]["message"]
+    assert "wk-never-shown-4f1c" not in answer["body"]
+    assert "weather.example" in logged and "wk-never-shown-4f1c" not in logged
+
+
+def test_agent_secret_fields_lambda_reserves_are_refused_naming_them(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Credentials for another AWS account, put in the agent's secrets under the names
+    Lambda gives the function's own, would become those of every store of the function."""
+    fields = {"AWS_ACCESS_KEY_ID": "AKIA-other", "AWS_SECRET_ACCESS_KEY": "other-secret"}
+    arn = make_secret(dynamodb_server, "agent-secrets-reserved", json.dumps(fields))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    settings = load_settings(
+        agent_secrets_arn=arn,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        export_agent_secrets(settings)
+    message = str(refused.value)
+    assert "'AWS_ACCESS_KEY_ID'" in message and "'AWS_SECRET_ACCESS_KEY'" in message
+    assert "Lambda" in message and "other-secret" not in message
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
 
 
 def test_agent_secret_fields_that_cannot_be_variables_are_refused_naming_them(
