@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -405,3 +406,104 @@ def test_parameters_reach_sam_deploy_as_given() -> None:
     assert json.loads(result.stdout) == parameters
     with pytest.raises(PackagingError, match="LlmModel parameter holds a backslash"):
         sam.parameter_overrides({"LlmModel": "a\\b"})
+
+
+# Turns the template into CloudFormation with SAM's own translator (in the SAM CLI's
+# virtualenv), as CloudFormation does when the stack is deployed.
+_TRANSLATE = """
+import json, sys
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+class Policies:
+    def load(self):
+        return {}
+
+document = yaml_parse(open(sys.argv[1]).read())
+for resource in document["Resources"].values():
+    properties = resource.get("Properties", {})
+    for uri in ("CodeUri", "ContentUri"):
+        if uri in properties:
+            properties[uri] = "s3://bucket/key"
+print(json.dumps(transform(document, {}, Policies())))
+"""
+
+
+def _translated() -> dict[str, Any]:
+    sam_python = Path(sam.sam_executable(PROJECT_ROOT)).resolve().parent / "python"
+    result = subprocess.run(
+        [str(sam_python), "-c", _TRANSLATE, str(TEMPLATE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    translated: dict[str, Any] = json.loads(result.stdout)
+    return translated
+
+
+def _holds(condition: Any, conditions: dict[str, Any], parameters: dict[str, str]) -> Any:
+    """The value of a CloudFormation condition (or of the part of one) for ``parameters``."""
+    if isinstance(condition, str):
+        return condition
+    if isinstance(condition, list):
+        return [_holds(c, conditions, parameters) for c in condition]
+    [(function, argument)] = condition.items()
+    if function == "Condition":
+        return _holds(conditions[argument], conditions, parameters)
+    if function == "Ref":
+        return parameters[argument]
+    values = _holds(argument, conditions, parameters)
+    if function == "Fn::Join":
+        return values[0].join(values[1] if isinstance(values[1], list) else [values[1]])
+    return {
+        "Fn::Equals": lambda: values[0] == values[1],
+        "Fn::Not": lambda: not values[0],
+        "Fn::And": lambda: all(values),
+        "Fn::Or": lambda: any(values),
+    }[function]()
+
+
+def test_with_function_url_auth_none_every_url_is_public_and_with_iam_none_is() -> None:
+    """A Function URL whose AuthType is NONE answers 403 to everyone unless its function's
+    policy lets anyone invoke it through the URL. SAM adds that policy only for a literal
+    NONE, never for the template's !Ref FunctionUrlAuthType."""
+    translated = _translated()
+    resources, conditions = translated["Resources"], translated["Conditions"]
+    defaults = {name: str(p.get("Default", "")) for name, p in translated["Parameters"].items()}
+    for auth, invoke_mode, sandbox in itertools.product(
+        ["NONE", "AWS_IAM"], ["RESPONSE_STREAM", "BUFFERED"], ["", "https://sandbox.example"]
+    ):
+        parameters = {
+            **defaults,
+            "FunctionUrlAuthType": auth,
+            "ProcessInvokeMode": invoke_mode,
+            "SandboxBaseUrl": sandbox,
+            "ExistingRedisUrl": "rediss://cache.example:6379",
+        }
+
+        def deployed(resource: dict[str, Any], p: dict[str, str] = parameters) -> bool:
+            condition = resource.get("Condition")
+            return condition is None or bool(_holds(conditions[condition], conditions, p))
+
+        urls = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Url" and deployed(r)]
+        granted = [
+            r["Properties"]
+            for r in resources.values()
+            if r["Type"] == "AWS::Lambda::Permission" and deployed(r)
+        ]
+        assert len(urls) == (5 if sandbox else 4)
+        for url in urls:
+            function = url["Properties"]["TargetFunctionArn"]
+            assert url["Properties"]["AuthType"] == {"Ref": "FunctionUrlAuthType"}
+            public = [p for p in granted if p["FunctionName"] == function and p["Principal"] == "*"]
+            actions = {
+                (p["Action"], p.get("FunctionUrlAuthType"), p.get("InvokedViaFunctionUrl"))
+                for p in public
+            }
+            expected = {
+                ("lambda:InvokeFunctionUrl", "NONE", None),
+                ("lambda:InvokeFunction", None, True),
+            }
+            assert actions == (expected if auth == "NONE" else set()), (auth, function)
+            assert len(public) == len(actions)
