@@ -507,3 +507,27 @@ def test_with_function_url_auth_none_every_url_is_public_and_with_iam_none_is() 
             }
             assert actions == (expected if auth == "NONE" else set()), (auth, function)
             assert len(public) == len(actions)
+
+
+def test_the_functions_may_read_an_api_key_by_its_id_but_never_list_the_keys() -> None:
+    """Authenticating a caller reads one key record by its id (and the health check
+    describes the table): a function allowed to scan the table could list every user."""
+    translated = _translated()
+    resources = translated["Resources"]
+    for name, resource in resources.items():
+        if resource["Type"] != "AWS::IAM::Role":
+            continue
+        policies = resource["Properties"].get("Policies", [])
+        # A policy under a condition is Fn::If [condition, policy, AWS::NoValue].
+        policies = [q for p in policies for q in p.get("Fn::If", [None, p])[1:]]
+        documents = [p["PolicyDocument"] for p in policies if "PolicyDocument" in p]
+        for arn in resource["Properties"].get("ManagedPolicyArns", []):
+            if isinstance(arn, dict) and "Ref" in arn:
+                documents.append(resources[arn["Ref"]]["Properties"]["PolicyDocument"])
+        actions: set[str] = set()
+        for document in documents:
+            for statement in document["Statement"]:
+                if "ApiKeysTable" in json.dumps(statement["Resource"]):
+                    listed = statement["Action"]
+                    actions |= {listed} if isinstance(listed, str) else set(listed)
+        assert actions == {"dynamodb:GetItem", "dynamodb:DescribeTable"}, name
