@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 from agentscope_serverless.http.lambda_handler import build_web_adapter_app, import_runtime
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from starlette.types import ASGIApp
 
 ROUTERS = ("process", "users")
 import_runtime(ROUTERS)
 
 
-def create() -> FastAPI:
-    """The application with the process router, its secrets read; each request's work ends
-    before the time limit of the invocation it came in."""
+def create() -> ASGIApp:
+    """The application with the process router, its secrets read as the server starts (one
+    that cannot start answers 503, and starts at a later request once it can); each
+    request's work ends before the time limit of the invocation it came in."""
     return build_web_adapter_app(ROUTERS)

@@ -212,6 +212,21 @@ def test_a_process_function_started_while_the_memory_store_is_down_answers(
 
 
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_process_function_that_cannot_start_answers_503(
+    start_function: StartFunction, api_key: str, name: str
+) -> None:
+    # The streaming one's server (run.sh) keeps serving rather than exiting.
+    function = start_function(name, AGENT_APP="agentscope_serverless.agents.nowhere:app")
+    for _ in range(2):
+        status, headers, body, _ = function.request(
+            "POST", "/process", key=api_key, body={"input": [{"role": "user", "content": "Hi"}]}
+        )
+        assert status == 503, body
+        assert json.loads(body)["error"]["code"] == "UNAVAILABLE"
+        assert headers["x-request-id"] and b"nowhere" not in body
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
 def test_a_second_turn_remembers_the_first(
     start_function: StartFunction, api_key: str, name: str
 ) -> None:

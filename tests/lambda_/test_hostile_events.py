@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.http.lambda_handler import (
     ALB_RESPONSE_LIMIT_BYTES,
     RESPONSE_LIMIT_BYTES,
     LambdaHandler,
+    build_web_adapter_app,
     make_handler,
 )
 from agentscope_serverless.services.runs.base import RunRecord
@@ -382,6 +384,27 @@ def test_a_function_that_cannot_start_answers_503_then_starts_once_it_can(
     assert "cassandra" not in answer["body"] and "Traceback" not in answer["body"]
     monkeypatch.setenv("RUNS_BACKEND", "in_memory")
     assert handler(function_url_event("GET", "/health"), None)["statusCode"] == 200
+
+
+def test_the_streaming_function_that_cannot_start_answers_503_then_starts_once_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streaming function's server (run.sh: uvicorn behind the Web Adapter) keeps
+    serving when the application cannot start, answering as the buffered functions do:
+    exiting, it left Lambda to answer a bare 502 and start the function again."""
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
+    monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
+    app = build_web_adapter_app(["sessions", "runs"])  # what uvicorn's --factory calls
+    with TestClient(app) as client:  # runs the lifespan, as uvicorn does
+        answer = client.get("/health")
+        assert answer.status_code == 503
+        assert answer.json()["error"]["code"] == "UNAVAILABLE"
+        assert answer.headers["x-request-id"]
+        assert "cassandra" not in answer.text and "Traceback" not in answer.text
+        monkeypatch.setenv("RUNS_BACKEND", "in_memory")
+        assert client.get("/health").status_code == 200
 
 
 def test_following_a_run_ends_before_the_functions_time_limit(

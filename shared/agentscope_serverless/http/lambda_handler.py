@@ -90,15 +90,85 @@ def build_app(routers: Sequence[str]) -> FastAPI:
     return create_app(routers, settings=resolve_secrets(load_settings()))
 
 
-def build_web_adapter_app(routers: Sequence[str]) -> FastAPI:
+def build_web_adapter_app(routers: Sequence[str]) -> ASGIApp:
     """:func:`build_app` for a function behind the Lambda Web Adapter (the streaming process
     function): each request's work ends by the time limit of the invocation it came in (the
     ``deadline`` of the ``x-amzn-lambda-context`` header the adapter sets, replacing any
-    sent by a client), less ``TIME_LIMIT_MARGIN_SECONDS``."""
-    app = build_app(routers)
-    margin = app.state.context.settings.time_limit_margin_seconds
-    app.add_middleware(_WebAdapterTimeLimit, margin=margin)
-    return app
+    sent by a client), less ``TIME_LIMIT_MARGIN_SECONDS``.
+
+    The application is built and its services started as the server starts (its lifespan).
+    One that cannot start answers each request 503, as the buffered functions do, and is
+    tried again by the next: the server does not exit, which Lambda would answer with a
+    bare 502 and a new cold start.
+    """
+    return _WebAdapterApplication(routers)
+
+
+class _WebAdapterApplication:
+    """The application of :func:`build_web_adapter_app`, started once it can be."""
+
+    def __init__(self, routers: Sequence[str]) -> None:
+        self._routers = tuple(routers)
+        self._app: ASGIApp | None = None
+        # Kept for the life of the server: its end stops the services.
+        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._starting = asyncio.Lock()
+
+    async def _started(self) -> ASGIApp:
+        async with self._starting:
+            if self._app is None:
+                app = build_app(self._routers)
+                lifespan = app.router.lifespan_context(app)
+                await lifespan.__aenter__()
+                margin = app.state.context.settings.time_limit_margin_seconds
+                self._lifespan, self._app = lifespan, _WebAdapterTimeLimit(app, margin)
+            return self._app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._serve_lifespan(receive, send)
+            return
+        try:
+            app = await self._started()
+        except Exception:
+            if scope["type"] == "http":
+                await _send_unavailable(send)
+            return
+        await app(scope, receive, send)
+
+    async def _serve_lifespan(self, receive: Receive, send: Send) -> None:
+        from agentscope_serverless.log import logger
+
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self._started()
+                except Exception:
+                    logger.exception("the function could not start")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._lifespan is not None:
+                    await self._lifespan.__aexit__(None, None, None)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _send_unavailable(send: Send) -> None:
+    """Answer that the function could not start (the cause is logged, not sent)."""
+    from agentscope_serverless.log import log_request, logger
+
+    request_id = uuid.uuid4().hex
+    logger.exception("the function could not start", extra={"request_id": request_id})
+    log_request(request_id, None, None, 503, 0.0)
+    body = _error_json("UNAVAILABLE", "the function could not start", 503).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _WebAdapterTimeLimit:
