@@ -129,6 +129,37 @@ def test_without_a_user_arn_the_caller_id_is_the_user(function_url: FunctionUrl)
     assert (status, created["user_id"]) == (201, "AROAEXAMPLE:carol")
 
 
+# Every identity of a Cognito identity pool signs with the pool's role, under one session
+# name: the same userArn, callerId and userId for all of them.
+COGNITO_ROLE = (
+    f"arn:aws:sts::{ACCOUNT}:assumed-role/Cognito_AppAuth_Role/CognitoIdentityCredentials"
+)
+
+
+def cognito(identity_id: str) -> dict[str, Any]:
+    """The ``authorizer.iam`` block of a request signed with a Cognito identity's credentials."""
+    identity = iam(COGNITO_ROLE, caller_id="AROAEXAMPLE:CognitoIdentityCredentials")
+    identity["cognitoIdentity"] = {
+        "amr": ["authenticated", "cognito-idp.us-east-1.amazonaws.com/us-east-1_pool"],
+        "identityId": identity_id,
+        "identityPoolId": "us-east-1:11111111-2222-3333-4444-555555555555",
+    }
+    return identity
+
+
+def test_each_cognito_identity_is_a_user_of_its_own(function_url: FunctionUrl) -> None:
+    dana, erin = (
+        "us-east-1:aaaaaaaa-0000-0000-0000-000000000001",
+        "us-east-1:bbbbbbbb-0000-0000-0000-000000000002",
+    )
+    status, created = function_url.call("POST", "/sessions", cognito(dana), {"session_id": "diary"})
+    assert (status, created["user_id"]) == (201, dana)
+    status, listed = function_url.call("GET", "/sessions", cognito(erin))
+    assert (status, listed["items"]) == (200, [])
+    status, _ = function_url.call("GET", "/sessions/diary", cognito(erin))
+    assert status == 404
+
+
 @pytest.fixture(scope="module")
 def adapter_url() -> Iterator[str]:
     """The app as the streaming function serves it: uvicorn behind the Web Adapter."""

@@ -13,7 +13,9 @@ so AWS has already checked the caller's SigV4 signature. The caller's IAM identi
 Function URL request context is the user, and it acts like a user key (naming another user
 gets 403). The identity is ``requestContext.authorizer.iam.userArn`` (for example
 ``arn:aws:iam::123456789012:user/alice`` or
-``arn:aws:sts::123456789012:assumed-role/Role/session``), else ``callerId``, else ``userId``.
+``arn:aws:sts::123456789012:assumed-role/Role/session``), else ``callerId``, else ``userId``;
+for a caller signing with the credentials of a Cognito identity pool (every identity of the
+pool under one role and session name), its ``cognitoIdentity.identityId``.
 The request context comes from the raw Lambda event that Mangum puts in the ASGI scope
 (``scope["aws.event"]``, the buffered functions) or, when there is none, from the
 ``x-amzn-request-context`` header that the Lambda Web Adapter sets (the streaming function;
@@ -145,6 +147,12 @@ def iam_user_id(scope: Mapping[str, Any]) -> str:
     authorizer = context.get("authorizer") if isinstance(context, dict) else None
     iam = authorizer.get("iam") if isinstance(authorizer, dict) else None
     if isinstance(iam, dict):
+        # Every identity of a Cognito identity pool signs as the pool's role, under one
+        # session name: its identity id is what tells them apart.
+        cognito = iam.get("cognitoIdentity")
+        identity_id = cognito.get("identityId") if isinstance(cognito, dict) else None
+        if isinstance(identity_id, str) and identity_id.strip():
+            return require_user_id(identity_id)
         for field in IAM_IDENTITY_FIELDS:
             identity = iam.get(field)
             if isinstance(identity, str) and identity.strip():
