@@ -278,6 +278,7 @@ def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> Non
 AGENT_MODULES = {
     "broken.py": "def query(:\n",
     "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
+    "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
 }
 
 
@@ -286,6 +287,11 @@ AGENT_MODULES = {
     [
         ("broken:app", "cannot import 'broken': invalid syntax ("),
         ("helpers:app", "module 'helpers' has no attribute 'app'"),
+        (
+            "needs_a_key:app",
+            "importing 'needs_a_key' raised KeyError: 'AGENTSCOPE_UNSET_WEATHER_KEY' (",
+        ),
+        ("needs_a_key:app", "needs_a_key.py, line 3)"),
         ("helpers:answer", "is a function, not an AgentApp"),
         ("helpers:nothing", "is None, not an AgentApp"),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),

@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import sysconfig
+import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -528,6 +530,11 @@ def load_agent_app(path: str) -> AgentApp:
         raise ConfigurationError(
             f"AGENT_APP={path!r}: importing {module_name!r} called sys.exit({exc.code!r})"
         ) from None
+    except Exception as exc:  # the module's own code failed (a missing variable, say)
+        raise ConfigurationError(
+            f"AGENT_APP={path!r}: importing {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}{_where_raised(exc)}"
+        ) from None
     missing = object()
     for name in attribute.split("."):
         found = getattr(found, name, missing)
@@ -545,6 +552,24 @@ def load_agent_app(path: str) -> AgentApp:
             "(app in app = AgentApp(...))"
         )
     return found
+
+
+def _where_raised(exc: BaseException) -> str:
+    """`` (file, line N)``: the last line of the user's own code that ``exc`` went through
+    (not Python's, an installed package's or this package's), if any."""
+    paths = sysconfig.get_paths()
+    package = os.path.dirname(os.path.dirname(__file__))
+    others = [
+        os.path.realpath(folder) + os.sep
+        for folder in (paths["stdlib"], paths["purelib"], paths["platlib"], package)
+    ]
+    where = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        filename = frame.f_code.co_filename
+        real = os.path.realpath(filename)
+        if not filename.startswith("<") and not real.startswith(tuple(others)):
+            where = f" ({filename}, line {line})"
+    return where
 
 
 def __getattr__(name: str) -> Any:
