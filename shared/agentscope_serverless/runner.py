@@ -344,10 +344,10 @@ class Runner(ServiceLifecycleManagerMixin):
         """Whether ``start()`` completed and ``stop()`` was not called since."""
         return self._started
 
-    async def start(self) -> None:
-        """Start owned services and run the init handler (a no-op when already started)."""
-        if self._started:
-            return
+    def check(self) -> None:
+        """Raise :class:`ConfigurationError` when this runner cannot start: no query handler, a
+        framework it cannot run, or the package of its framework missing. A server checks
+        before it serves, so the mistake is one line at start-up rather than a failed start."""
         if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
             raise ConfigurationError("no query handler: register one with @app.query(...)")
         if self.framework_type not in FRAMEWORKS:
@@ -358,6 +358,14 @@ class Runner(ServiceLifecycleManagerMixin):
                 f"{self.framework_type!r} (AgentScope Runtime's other framework adapters are "
                 "not available)"
             )
+        if self.framework_type == "agentscope":
+            _agentscope_msg_converter()
+
+    async def start(self) -> None:
+        """Start owned services and run the init handler (a no-op when already started)."""
+        if self._started:
+            return
+        self.check()
         if self.framework_type == "agentscope":
             self._to_agentscope_msgs = _agentscope_msg_converter()
         # Handlers read ``self.settings`` whether or not the services were given.

@@ -279,6 +279,7 @@ AGENT_MODULES = {
     "broken.py": "def query(:\n",
     "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
     "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
+    "no_handler.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
 }
 
 
@@ -292,6 +293,7 @@ AGENT_MODULES = {
             "importing 'needs_a_key' raised KeyError: 'AGENTSCOPE_UNSET_WEATHER_KEY' (",
         ),
         ("needs_a_key:app", "needs_a_key.py, line 3)"),
+        ("no_handler:app", "no query handler: register one with @app.query("),
         ("helpers:answer", "is a function, not an AgentApp"),
         ("helpers:nothing", "is None, not an AgentApp"),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),

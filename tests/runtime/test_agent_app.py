@@ -152,7 +152,7 @@ def test_run_listens_on_agentscope_runtimes_port_by_default(
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
-    AgentApp().run(settings=load_settings())
+    echo_app().run(settings=load_settings())
     assert calls == [{"host": "127.0.0.1", "port": 8080}]
 
 

@@ -93,6 +93,7 @@ def create_app(
             services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
         if "process" in names:
             runner = agent_app.create_runner(services, settings=settings)
+            runner.check()
     else:
         services = _services_for(names, settings)
     # The process router records its runs, so it serves the runs routes too.
