@@ -96,6 +96,16 @@ def test_only_known_frameworks_register() -> None:
         app.query("hello", framework="text")  # type: ignore[call-overload]
 
 
+def test_query_without_its_parentheses_says_to_add_them() -> None:
+    app = AgentApp()
+
+    async def query(self: Runner, msgs: list[Message], **kw: Any) -> AsyncIterator[str]:
+        yield "hi"
+
+    with pytest.raises(TypeError, match=r"@app.query takes parentheses: @app.query\(framework="):
+        app.query(query)  # type: ignore[call-overload]  # as a bare @app.query calls it
+
+
 async def test_an_app_without_a_handler_does_not_start() -> None:
     with pytest.raises(ConfigurationError, match="query handler"):
         await AgentApp().start()

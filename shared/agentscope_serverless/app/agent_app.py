@@ -297,6 +297,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
         (text, a dict or an :class:`AgentRequest`; ``request=`` also works) and returns the
         final :class:`AgentResponse`. A lone framework name registers.
         """
+        if callable(framework):  # @app.query without its parentheses, given the handler
+            raise TypeError(
+                "@app.query takes parentheses: @app.query(framework='text') above a handler "
+                "of protocol Messages, or @app.query() for AgentScope Msgs"
+            )
         if request is None:
             registering = framework is None or (
                 isinstance(framework, str)
