@@ -91,6 +91,8 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 from agentscope_serverless.settings import Settings
 
 FRAMEWORKS = ("text", "agentscope")
+# What a run gives its query handler, by name (each only to a handler that takes it).
+HANDLER_ARGUMENTS = ("msgs", "request", "response", "session", "memories")
 # How many of a session's last messages a run hands to the agent, unless told otherwise.
 DEFAULT_HISTORY_WINDOW = 100
 AGENT_UNKNOWN_ERROR = "AGENT_UNKNOWN_ERROR"
@@ -345,9 +347,20 @@ class Runner(ServiceLifecycleManagerMixin):
         return self._started
 
     def check(self) -> None:
-        """Raise :class:`ConfigurationError` when this runner cannot start: no query handler, a
-        framework it cannot run, or the package of its framework missing. A server checks
-        before it serves, so the mistake is one line at start-up rather than a failed start."""
+        """Raise :class:`ConfigurationError` when this runner cannot serve: no query handler, a
+        framework it cannot run, the package of its framework missing, or a query handler
+        that needs an argument a served run does not give. A server checks before it serves,
+        so the mistake is one line at start-up rather than a failed start or failed runs."""
+        self._check_startable()
+        problem = _handler_signature_problem(self.query_handler)
+        if problem is not None:
+            raise ConfigurationError(
+                f"the query handler {problem}: it is called with the runner first (self), "
+                f"then by name with {', '.join(HANDLER_ARGUMENTS)}, e.g. "
+                "async def query(self, msgs, request=None, **kwargs)"
+            )
+
+    def _check_startable(self) -> None:
         if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
             raise ConfigurationError("no query handler: register one with @app.query(...)")
         if self.framework_type not in FRAMEWORKS:
@@ -365,7 +378,7 @@ class Runner(ServiceLifecycleManagerMixin):
         """Start owned services and run the init handler (a no-op when already started)."""
         if self._started:
             return
-        self.check()
+        self._check_startable()
         if self.framework_type == "agentscope":
             self._to_agentscope_msgs = _agentscope_msg_converter()
         # Handlers read ``self.settings`` whether or not the services were given.
@@ -515,13 +528,9 @@ class Runner(ServiceLifecycleManagerMixin):
         msgs: list[Any] = list(request.input)
         if self._to_agentscope_msgs is not None:
             msgs = self._to_agentscope_msgs(msgs)
-        arguments = {
-            "msgs": msgs,
-            "request": request,
-            "response": turn.response,
-            "session": session,
-            "memories": memories,
-        }
+        arguments = dict(
+            zip(HANDLER_ARGUMENTS, (msgs, request, turn.response, session, memories), strict=True)
+        )
         handler = self.query_handler
         taken = self._keywords_taken(handler)
         if taken is not None:
@@ -610,6 +619,34 @@ def _stored_input(messages: list[Message]) -> list[Message]:
     if not any(m.metadata and m.metadata.get(TURN_ONLY) is True for m in messages):
         return messages
     return [m for m in messages if not (m.metadata and m.metadata.get(TURN_ONLY) is True)]
+
+
+def _handler_signature_problem(handler: Callable[..., Any]) -> str | None:
+    """What keeps ``handler`` (a runner's bound query handler) from being called with the
+    runner first and :data:`HANDLER_ARGUMENTS` by name, if anything."""
+    function = getattr(handler, "__func__", handler)
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    name = getattr(function, "__name__", "handler")
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if inspect.ismethod(handler):
+        if not parameters or parameters[0].kind is inspect.Parameter.KEYWORD_ONLY:
+            return f"{name}() takes no parameter for the runner"
+        if parameters[0].kind in positional:
+            if parameters[0].name in HANDLER_ARGUMENTS:
+                return f"{name}() takes {parameters[0].name} where the runner comes"
+            parameters = parameters[1:]
+    for parameter in parameters:
+        required = parameter.default is inspect.Parameter.empty
+        if not required or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.kind is parameter.POSITIONAL_ONLY:
+            return f"{name}() takes {parameter.name!r} by position only"
+        if parameter.name not in HANDLER_ARGUMENTS:
+            return f"{name}() needs {parameter.name!r}, which no run gives"
+    return None
 
 
 def keywords_taken(function: Callable[..., Any]) -> frozenset[str] | None:

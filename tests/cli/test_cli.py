@@ -280,6 +280,8 @@ AGENT_MODULES = {
     "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
     "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
     "no_handler.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
+    "no_self.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
+    "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
 }
 
 
@@ -294,6 +296,7 @@ AGENT_MODULES = {
         ),
         ("needs_a_key:app", "needs_a_key.py, line 3)"),
         ("no_handler:app", "no query handler: register one with @app.query("),
+        ("no_self:app", "query() takes msgs where the runner comes: it is called with the runner"),
         ("helpers:answer", "is a function, not an AgentApp"),
         ("helpers:nothing", "is None, not an AgentApp"),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),

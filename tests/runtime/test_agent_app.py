@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -104,6 +105,42 @@ def test_query_without_its_parentheses_says_to_add_them() -> None:
 
     with pytest.raises(TypeError, match=r"@app.query takes parentheses: @app.query\(framework="):
         app.query(query)  # type: ignore[call-overload]  # as a bare @app.query calls it
+
+
+def app_of_handler(parameters: str) -> AgentApp:
+    """An app whose handler is ``async def query(<parameters>)``."""
+    app = AgentApp()
+    namespace: dict[str, Any] = {}
+    exec(f"async def query({parameters}):\n    yield 'hi'\n", namespace)
+    app.query(framework="text")(namespace["query"])
+    return app
+
+
+@pytest.mark.parametrize(
+    ("parameters", "said"),
+    [
+        ("msgs, **kwargs", "query() takes msgs where the runner comes"),
+        ("msgs", "query() takes msgs where the runner comes"),
+        ("", "query() takes no parameter for the runner"),
+        ("self, messages", "query() needs 'messages', which no run gives"),
+        ("self, msgs, user_id, **kwargs", "query() needs 'user_id', which no run gives"),
+        ("self, msgs, /, **kwargs", "query() takes 'msgs' by position only"),
+    ],
+)
+def test_a_handler_no_run_can_call_is_refused_as_the_app_is_built(
+    parameters: str, said: str
+) -> None:
+    app = app_of_handler(parameters)
+    with pytest.raises(ConfigurationError, match=re.escape(said)) as refused:
+        create_app(settings=load_settings(), agent_app=app)
+    assert "async def query(self, msgs, request=None, **kwargs)" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "parameters", ["self, msgs, **kwargs", "self, msgs, request", "self, *, msgs", "*args, **kw"]
+)
+def test_handlers_a_run_can_call_are_served(parameters: str) -> None:
+    create_app(settings=load_settings(), agent_app=app_of_handler(parameters))
 
 
 async def test_an_app_without_a_handler_does_not_start() -> None:
