@@ -78,6 +78,36 @@ def test_malformed_requests_get_422_naming_the_field(
     assert ".".join(str(p) for p in loc) in error["message"] or loc == ["cursor"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "said"),
+    [
+        (
+            "/process",
+            {"model": "m", "messages": [user_message("hi")]},
+            "'messages' is the body of /compatible-mode/v1/chat/completions: this route "
+            "takes 'input'",
+        ),
+        (
+            "/compatible-mode/v1/responses",
+            {"model": "m", "messages": [user_message("hi")]},
+            "'messages' is the body of /compatible-mode/v1/chat/completions",
+        ),
+        (
+            "/compatible-mode/v1/chat/completions",
+            {"input": [user_message("hi")], "session_id": "s"},
+            "'input' is the body of /process and /compatible-mode/v1/responses: this route "
+            "takes 'messages'",
+        ),
+    ],
+)
+def test_a_body_of_another_routes_shape_is_named_so(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: Any, said: str
+) -> None:
+    response = client_for(keys.alice).post(path, json=body)
+    assert response.status_code == 422
+    assert said in error_of(response)["message"]
+
+
 def test_invalid_json_gets_422(client_for: Callable[..., httpx.Client], keys: Keys) -> None:
     response = client_for(keys.alice).post(
         "/process", content=b'{"input": [', headers={"Content-Type": "application/json"}

@@ -218,7 +218,31 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         return response_for(_not_json(unparsed))
     fields = _validation_fields(exc.errors())
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
-    return error_response(422, InvalidInputError.code, f"invalid request: {where}", fields)
+    message = f"invalid request: {where}{_other_shape(exc)}"
+    return error_response(422, InvalidInputError.code, message, fields)
+
+
+# A body of the other shape: a chat completion's messages where /process or a response's input
+# is required, or the other way round.
+_SHAPES = {
+    ("input", "messages"): " ('messages' is the body of /compatible-mode/v1/chat/completions: "
+    "this route takes 'input', a list of messages)",
+    ("messages", "input"): " ('input' is the body of /process and /compatible-mode/v1/responses: "
+    "this route takes 'messages', a list of {role, content})",
+}
+
+
+def _other_shape(exc: RequestValidationError) -> str:
+    body = exc.body
+    if not isinstance(body, dict):
+        return ""
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        if err.get("type") == "missing" and len(loc) == 2 and loc[0] == "body":
+            for (missing, given), hint in _SHAPES.items():
+                if loc[1] == missing and given in body:
+                    return hint
+    return ""
 
 
 def _not_json(error: Mapping[str, Any]) -> InvalidInputError:
