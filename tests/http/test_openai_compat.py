@@ -143,6 +143,24 @@ def test_metadata_session_continues_a_responses_conversation(sdk: openai.OpenAI)
     assert streamed[-1].response.metadata == {"session_id": session}
 
 
+def test_a_session_id_field_as_process_takes_it_names_the_session(
+    sdk: openai.OpenAI, demo_url: str, keys: Keys
+) -> None:
+    session = f"sdk-{uuid.uuid4()}"
+    chat = sdk.chat.completions.with_raw_response.create(
+        model="demo",
+        messages=[{"role": "user", "content": "My name is Dana"}],
+        extra_body={"session_id": session},
+    )
+    response = sdk.responses.with_raw_response.create(
+        model="demo", input="What is my name?", extra_body={"session_id": session}
+    )
+    assert chat.headers["x-session-id"] == response.headers["x-session-id"] == session
+    with httpx.Client(base_url=demo_url, headers={"Authorization": f"Bearer {keys.alice}"}) as c:
+        history = c.get(f"/sessions/{session}/messages").json()["items"]
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+
+
 def test_developer_messages_are_system_instructions(
     sdk: openai.OpenAI, demo_url: str, keys: Keys
 ) -> None:

@@ -77,6 +77,8 @@ Penalty = Annotated[float | None, Field(ge=-2, le=2)]
 TokenLimit = Annotated[int | None, Field(ge=1)]
 # Every chunk of a stream repeats the model's name: a bound on what one answer can weigh.
 ModelName = Annotated[str, Field(max_length=256)]
+# A session named as /process names it: taken, rather than dropped as an unknown field.
+_SESSION_FIELD = "The session, when no X-Session-Id header names one (as /process takes it)."
 
 
 class ChatCompletionRequest(BaseModel):
@@ -89,6 +91,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
+    session_id: str | None = Field(None, description=_SESSION_FIELD)
     metadata: dict[str, Any] | None = None
     temperature: Temperature = None
     top_p: TopP = None
@@ -139,6 +142,7 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     stream: bool = False
     user: str | None = None
+    session_id: str | None = Field(None, description=_SESSION_FIELD)
     metadata: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
@@ -240,11 +244,15 @@ def session_id_of(
     metadata: Mapping[str, Any] | None,
     conversation: str | Mapping[str, Any] | None = None,
     previous_response_id: str | None = None,
+    *,
+    field: str | None = None,
 ) -> str | None:
-    """The session a request names: header, then metadata, then conversation, then the
-    previous response's."""
+    """The session a request names: header, then its ``session_id`` field, then metadata, then
+    conversation, then the previous response's."""
     if header:
         return header
+    if field:
+        return field
     if metadata and isinstance(metadata.get("session_id"), str) and metadata["session_id"]:
         return str(metadata["session_id"])
     if isinstance(conversation, str) and conversation:

@@ -381,7 +381,9 @@ def build_router(
         compat.check_chat_request(body)
         call = _compatible_run(
             compat.chat_messages(body.messages),
-            compat.session_id_of(_header_session_id(x_session_id), body.metadata),
+            compat.session_id_of(
+                _header_session_id(x_session_id), body.metadata, field=body.session_id
+            ),
             caller.user_id(body.user),
             stream=body.stream,
             model=body.model,
@@ -429,6 +431,7 @@ def build_router(
                 body.metadata,
                 body.conversation,
                 body.previous_response_id,
+                field=body.session_id,
             ),
             caller.user_id(body.user),
             stream=body.stream,
