@@ -102,6 +102,17 @@ def test_a_wrong_key_gets_401(
     assert_unauthenticated(call(basic, route))
 
 
+@pytest.mark.parametrize("pasted", ['"{key}"', "'{key}'", "<{key}>", "{key}.", "ask_..."])
+def test_a_key_pasted_with_quotes_or_a_stray_character_is_said_to_be_malformed(
+    client_for: Callable[..., httpx.Client], keys: Keys, pasted: str
+) -> None:
+    response = client_for(pasted.format(key=keys.alice)).get("/sessions")
+    assert_unauthenticated(response)
+    message = response.json()["error"]["message"]
+    assert "not of the form ask_<id>_<secret>" in message and "without quotes" in message
+    assert keys.alice.split("_")[2] not in response.text
+
+
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 def test_two_authorization_headers_get_401(
     client_for: Callable[..., httpx.Client], keys: Keys, route: Any

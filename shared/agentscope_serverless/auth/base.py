@@ -73,7 +73,11 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         parsed = parse_key(key)
         if parsed is None:
-            raise AuthenticationError("invalid API key")
+            # Not shown: it may be a real key with a stray character.
+            raise AuthenticationError(
+                "invalid API key: it is not of the form ask_<id>_<secret> (send the whole key "
+                "as it was printed, without quotes, brackets or spaces)"
+            )
         key_id, secret = parsed
         record = await self._get(key_id)
         matches = secret_matches(secret, record.key_hash if record else _DUMMY_HASH)
