@@ -67,10 +67,18 @@ def build(settings: Settings) -> Served:
 def create() -> FastAPI:
     """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
 
-    The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``.
+    The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``. An
+    agent that cannot be served is one line, not a traceback: the worker ends, and the
+    reloader starts another when a file changes (the fix).
     """
+    from agentscope_serverless.errors import AgentScopeServerlessError
+
     use_app_dir(os.environ.get(APP_DIR_ENV))
-    return build(root_settings()).app
+    try:
+        return build(root_settings()).app
+    except AgentScopeServerlessError as exc:
+        print(f"error: {exc.message} (the server starts again when a file changes)", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

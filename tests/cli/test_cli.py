@@ -318,6 +318,31 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+def test_serve_reload_says_what_is_wrong_with_the_agent_and_serves_it_once_fixed(
+    tmp_path: Path,
+) -> None:
+    agent = tmp_path / "needs_a_key.py"
+    agent.write_text(AGENT_MODULES["needs_a_key.py"])
+    port = free_port()
+    command = [SCRIPT, "serve", "--port", str(port), "--agent", "needs_a_key:app", "--reload"]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        said = read_until(process.stderr, "when a file changes)\n", within=60)
+        assert "error: AGENT_APP='needs_a_key:app': importing 'needs_a_key' raised KeyError" in said
+        assert "Traceback" not in said
+        agent.write_text("from agentscope_serverless.agents.demo import app\n")
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def run_cli(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
     """The console script as a process on a UTF-8 terminal, its output as text."""
     result = subprocess.run(
