@@ -522,6 +522,14 @@ def _stream_reply(
     headers = {"Authorization": f"Bearer {key}"}
     try:
         with client.stream("POST", "/process", json=body, headers=headers) as response:
+            if response.status_code == 404:
+                # A URL with a route in it (/process, the SDKs' /compatible-mode/v1), or of
+                # another function of a stack (its sessions function's).
+                raise CommandError(
+                    f"{client.base_url} serves no /process: --url is the base URL of the "
+                    "server (or of a stack's process function, its ProcessUrl), such as "
+                    "http://127.0.0.1:8090, without a route"
+                )
             if response.status_code != 200:
                 response.read()
                 raise CommandError(_error_message(response))

@@ -394,6 +394,14 @@ def test_invoke_says_why_it_cannot_connect(server: Server) -> None:
     assert "SSL" in to_plain_http.stderr
 
 
+@pytest.mark.parametrize("route", ["/process", "/compatible-mode/v1"])
+def test_invoke_says_the_url_is_the_servers_not_a_routes(server: Server, route: str) -> None:
+    said = run_cli("invoke", "hi", "--url", server.url + route, "--key", server.key)
+    assert said.returncode == 1
+    assert f"{server.url}{route}/ serves no /process: --url is the base URL" in said.stderr
+    assert "such as http://127.0.0.1:8090, without a route" in said.stderr
+
+
 def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
     unset = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"}
     env = {name: value for name, value in os.environ.items() if name not in unset}
