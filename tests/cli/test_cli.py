@@ -318,6 +318,25 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+def test_serve_says_an_agent_module_named_as_one_of_pythons_is_not_imported(
+    tmp_path: Path,
+) -> None:
+    # A calendar agent in calendar.py: Python's calendar module is the one imported.
+    (tmp_path / "calendar.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port()), "--agent", "calendar:app"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "'calendar' is Python's own module, imported instead of a module of yours" in (
+        result.stderr
+    )
+    assert "rename yours, calendar_agent.py say" in result.stderr
+
+
 def test_serve_reload_says_what_is_wrong_with_the_agent_and_serves_it_once_fixed(
     tmp_path: Path,
 ) -> None:

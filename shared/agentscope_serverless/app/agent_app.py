@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import sys
 import sysconfig
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -546,6 +547,7 @@ def load_agent_app(path: str) -> AgentApp:
         if found is missing:
             raise ConfigurationError(
                 f"AGENT_APP={path!r}: module {module_name!r} has no attribute {attribute!r}"
+                + _shadowed(module_name)
             )
     if not isinstance(found, AgentApp):
         if isinstance(found, type):
@@ -557,6 +559,18 @@ def load_agent_app(path: str) -> AgentApp:
             "(app in app = AgentApp(...))"
         )
     return found
+
+
+def _shadowed(module_name: str) -> str:
+    """Why a module of the user's is not the one imported, when it is named as one of
+    Python's (``calendar.py``: Python's calendar comes first, often imported already)."""
+    top = module_name.partition(".")[0]
+    if top not in sys.stdlib_module_names:
+        return ""
+    return (
+        f" ({top!r} is Python's own module, imported instead of a module of yours of that "
+        f"name: rename yours, {top}_agent.py say)"
+    )
 
 
 def _where_raised(exc: BaseException) -> str:
