@@ -279,6 +279,7 @@ AGENT_MODULES = {
     "broken.py": "def query(:\n",
     "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
     "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
+    "needs_a_package.py": "import agentscope_no_such_package\n",
     "no_handler.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
     "no_self.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
     "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
@@ -296,6 +297,13 @@ AGENT_MODULES = {
         ),
         ("needs_a_key:app", "needs_a_key.py, line 3)"),
         ("no_handler:app", "no query handler: register one with @app.query("),
+        (
+            "needs_a_package:app",
+            "No module named 'agentscope_no_such_package' (not installed for the Python serving "
+            f"the agent, {sys.executable}: install the package providing it with "
+            f"{sys.executable} -m pip install, and list it in the project's requirements.txt)",
+        ),
+        ("missing:app", "cannot import 'missing': No module named 'missing'\n"),
         ("no_self:app", "query() takes msgs where the runner comes: it is called with the runner"),
         ("helpers:answer", "is a function, not an AgentApp"),
         ("helpers:nothing", "is None, not an AgentApp"),

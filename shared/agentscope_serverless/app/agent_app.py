@@ -531,6 +531,7 @@ def load_agent_app(path: str) -> AgentApp:
     except ImportError as exc:
         raise ConfigurationError(
             f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}"
+            + _not_installed(exc, module_name)
         ) from None
     except SystemExit as exc:  # a script's habit: the process serving the agent goes on
         raise ConfigurationError(
@@ -559,6 +560,19 @@ def load_agent_app(path: str) -> AgentApp:
             "(app in app = AgentApp(...))"
         )
     return found
+
+
+def _not_installed(exc: ImportError, module_name: str) -> str:
+    """Where to install a package the agent imports and this Python does not have (pip may
+    have installed it for another Python than the one serving)."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or f"{module_name}.".startswith(f"{missing}."):
+        return ""  # the agent's own module (or its package) is what is missing
+    return (
+        f" (not installed for the Python serving the agent, {sys.executable}: install the "
+        f"package providing it with {sys.executable} -m pip install, and list it in the "
+        "project's requirements.txt)"
+    )
 
 
 def _shadowed(module_name: str) -> str:
