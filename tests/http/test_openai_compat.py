@@ -53,6 +53,25 @@ def test_the_agent_is_listed_as_the_one_model(sdk: openai.OpenAI, demo_url: str)
         assert httpx.get(f"{demo_url}/compatible-mode/v1{path}").status_code == 401
 
 
+@pytest.mark.parametrize("base", ["/v1", "", "/compatible-mode"])
+def test_a_base_url_without_the_compatible_prefix_is_told_where_the_routes_are(
+    demo_url: str, keys: Keys, base: str
+) -> None:
+    wrong = openai.OpenAI(base_url=demo_url + base, api_key=keys.alice, max_retries=0)
+    with wrong, pytest.raises(openai.NotFoundError) as refused:
+        wrong.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
+    assert "the OpenAI-compatible routes are under /compatible-mode/v1" in str(refused.value)
+    assert "base_url is http://<host>:<port>/compatible-mode/v1" in str(refused.value)
+
+
+def test_an_unknown_route_says_where_the_routes_are_listed(demo_url: str) -> None:
+    missing = httpx.get(f"{demo_url}/api/process")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == (
+        "Not Found: no route has this path (the API's routes are listed at /docs)"
+    )
+
+
 def test_chat_completion_not_streamed(sdk: openai.OpenAI) -> None:
     completion = sdk.chat.completions.create(
         model="demo", messages=[{"role": "user", "content": "My name is Alice"}]

@@ -13,6 +13,7 @@ say only ``internal server error``: no stack trace, no exception text, nothing s
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -280,11 +281,27 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400 and unreadable is not None:
         return response_for(unreadable)
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    if exc.status_code == 404 and message == "Not Found":  # no route has this path
+        message = _no_route(request.url.path)
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
     response = error_response(exc.status_code, code, message)
     for name, value in (exc.headers or {}).items():
         response.headers.setdefault(name, value)
     return response
+
+
+# What OpenAI's SDKs append to their base URL: a base URL without /compatible-mode/v1 (the
+# SDKs' default /v1, or the server's bare URL) asks for these.
+_OPENAI_PATHS = re.compile(r"/(chat/completions|completions|responses|models|embeddings)(/.*)?$")
+
+
+def _no_route(path: str) -> str:
+    if _OPENAI_PATHS.search(path) and not path.startswith("/compatible-mode/v1/"):
+        return (
+            "Not Found: the OpenAI-compatible routes are under /compatible-mode/v1 (an SDK's "
+            "base_url is http://<host>:<port>/compatible-mode/v1)"
+        )
+    return "Not Found: no route has this path (the API's routes are listed at /docs)"
 
 
 def unexpected_error(exc: Exception) -> JSONResponse:
