@@ -93,6 +93,16 @@ def test_malformed_requests_get_422_naming_the_field(
             "'messages' is the body of /compatible-mode/v1/chat/completions",
         ),
         (
+            "/process",
+            {"input": "hi"},
+            'input is a list of messages, as [{"role": "user", "content": "Hello"}], not a text',
+        ),
+        (
+            "/compatible-mode/v1/chat/completions",
+            {"messages": "hi"},
+            "messages is a list of messages, as [",
+        ),
+        (
             "/compatible-mode/v1/chat/completions",
             {"input": [user_message("hi")], "session_id": "s"},
             "'input' is the body of /process and /compatible-mode/v1/responses: this route "
@@ -100,7 +110,7 @@ def test_malformed_requests_get_422_naming_the_field(
         ),
     ],
 )
-def test_a_body_of_another_routes_shape_is_named_so(
+def test_a_body_of_another_shape_says_what_this_route_takes(
     client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: Any, said: str
 ) -> None:
     response = client_for(keys.alice).post(path, json=body)

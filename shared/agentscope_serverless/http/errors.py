@@ -224,7 +224,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # A body of the other shape: a chat completion's messages where /process or a response's input
-# is required, or the other way round.
+# is required, or the other way round; or a text where a list of messages is required.
 _SHAPES = {
     ("input", "messages"): " ('messages' is the body of /compatible-mode/v1/chat/completions: "
     "this route takes 'input', a list of messages)",
@@ -243,6 +243,12 @@ def _other_shape(exc: RequestValidationError) -> str:
             for (missing, given), hint in _SHAPES.items():
                 if loc[1] == missing and given in body:
                     return hint
+        is_text = len(loc) == 2 and loc[0] == "body" and isinstance(body.get(loc[1]), str)
+        if err.get("type") == "list_type" and is_text and loc[1] in ("input", "messages"):
+            return (
+                f" ({loc[1]} is a list of messages, as "
+                '[{"role": "user", "content": "Hello"}], not a text)'
+            )
     return ""
 
 
