@@ -69,9 +69,26 @@ keys_app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 app.add_typer(deploy_app, name="deploy")
 
-# Text from elsewhere (an agent's reply or error, a user id) is printed as it is: no emoji codes.
-console = Console(soft_wrap=True, highlight=False, emoji=False)
-errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+# The terminal's control characters but line breaks and tabs (carriage returns Rich drops),
+# shown as escapes: ESC starts sequences that set the clipboard (OSC 52), the window's title or
+# a link's target, or clear the screen; C1 characters are their one-character forms.
+_CONTROLS = {
+    code: f"\\x{code:02x}"
+    for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+    if chr(code) not in "\t\n\r"
+}
+
+
+class TerminalConsole(Console):
+    """A console printing text from elsewhere (an agent's reply or error, a user id) as it is,
+    without emoji codes, and never as terminal control sequences."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(text.translate(_CONTROLS), **kwargs)
+
+
+console = TerminalConsole(soft_wrap=True, highlight=False, emoji=False)
+errors = TerminalConsole(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 UrlOption = Annotated[str, typer.Option("--url", envvar=URL_ENV, help="The server's base URL.")]
 KeyOption = Annotated[

@@ -618,6 +618,37 @@ def test_invoke_and_chat_print_an_agent_error_as_written(tmp_path: Path) -> None
     assert f"ValueError: {text}" in chatted.stderr and "Traceback" not in chatted.stderr
 
 
+ESCAPING_AGENT = """
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="escaping")
+
+
+@app.query(framework="text")
+async def query(self, msgs, **kwargs):
+    if msgs[-1].get_text_content() == "fail":
+        raise ValueError("the title \\x1b]0;owned\\x07 is set")
+    yield "clipboard \\x1b]52;c;ZXZpbA==\\x07, screen \\x1b[2J, C1 \\x9b2J, end"
+"""
+
+
+def test_invoke_and_chat_print_no_terminal_control_sequence_of_the_agent(
+    tmp_path: Path,
+) -> None:
+    # A reply or error (a model's, a web page's it read) could set the clipboard, the title...
+    with serving_agent_file(tmp_path, "escaping", ESCAPING_AGENT) as (url, key):
+        said = run_cli("invoke", "hi", "--url", url, "--key", key)
+        failed = run_cli("invoke", "fail", "--url", url, "--key", key)
+        chatted = run_cli("chat", "--url", url, "--key", key, stdin=b"hi\nfail\n/exit\n")
+    for result in (said, failed, chatted):
+        assert "\x1b" not in result.stdout + result.stderr
+        assert "\x9b" not in result.stdout + result.stderr
+    shown = "clipboard \\x1b]52;c;ZXZpbA==\\x07, screen \\x1b[2J, C1 \\x9b2J, end"
+    assert shown in said.stdout and shown in chatted.stdout
+    assert "ValueError: the title \\x1b]0;owned\\x07 is set" in failed.stderr
+    assert "ValueError: the title \\x1b]0;owned\\x07 is set" in chatted.stderr
+
+
 THINKING_AGENT = """
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
