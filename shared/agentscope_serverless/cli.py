@@ -531,6 +531,8 @@ def _stream_reply(
     """
     import httpx
 
+    from agentscope_serverless.auth.keys import parse_key
+
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
@@ -549,7 +551,14 @@ def _stream_reply(
                 )
             if response.status_code != 200:
                 response.read()
-                raise CommandError(_error_message(response))
+                hint = ""
+                if response.status_code == 401 and parse_key(key) is not None:
+                    # A key of the right form, unknown: most often the last server's.
+                    hint = (
+                        " (a development key printed by serve lasts as long as that server: "
+                        "after a restart, use the key it printed then)"
+                    )
+                raise CommandError(_error_message(response) + hint)
             session_id = response.headers.get("X-Session-Id") or session_id
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
             reasoning: set[str] = set()

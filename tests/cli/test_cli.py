@@ -150,6 +150,19 @@ def test_invoke_as_a_process_reports_a_bad_key(server: Server) -> None:
     assert "401" in result.stderr and "invalid API key" in result.stderr
 
 
+def test_invoke_with_the_key_of_a_server_since_restarted_says_so(
+    server: Server, tmp_path: Path
+) -> None:
+    with serving(tmp_path / "earlier.txt", "--no-web") as earlier:
+        stale = earlier.key  # that server has stopped: this one never knew its key
+    said = run_cli("invoke", "hi", "--url", server.url, "--key", stale)
+    assert said.returncode == 1
+    assert "HTTP 401 UNAUTHENTICATED: invalid API key (a development key printed by serve " in (
+        said.stderr
+    )
+    assert "after a restart, use the key it printed then)" in said.stderr
+
+
 def test_invoke_needs_a_key() -> None:
     result = CliRunner().invoke(app, ["invoke", "hi"], env={"AGENTSCOPE_API_KEY": ""})
     assert result.exit_code == 1
