@@ -348,17 +348,24 @@ class Runner(ServiceLifecycleManagerMixin):
 
     def check(self) -> None:
         """Raise :class:`ConfigurationError` when this runner cannot serve: no query handler, a
-        framework it cannot run, the package of its framework missing, or a query handler
-        that needs an argument a served run does not give. A server checks before it serves,
-        so the mistake is one line at start-up rather than a failed start or failed runs."""
+        framework it cannot run, the package of its framework missing, or a handler that needs
+        an argument it is not given. A server checks before it serves, so the mistake is one
+        line at start-up rather than a failed start or failed runs."""
         self._check_startable()
-        problem = _handler_signature_problem(self.query_handler)
+        problem = _handler_signature_problem(self.query_handler, HANDLER_ARGUMENTS)
         if problem is not None:
             raise ConfigurationError(
                 f"the query handler {problem}: it is called with the runner first (self), "
                 f"then by name with {', '.join(HANDLER_ARGUMENTS)}, e.g. "
                 "async def query(self, msgs, request=None, **kwargs)"
             )
+        for kind, handler in (("init", self.init_handler), ("shutdown", self.shutdown_handler)):
+            problem = _handler_signature_problem(handler, ())
+            if problem is not None:
+                raise ConfigurationError(
+                    f"the {kind} handler {problem}: it is called with the runner alone, e.g. "
+                    f"async def {kind}(self)"
+                )
 
     def _check_startable(self) -> None:
         if "query_handler" not in vars(self) and type(self).query_handler is Runner.query_handler:
@@ -621,21 +628,22 @@ def _stored_input(messages: list[Message]) -> list[Message]:
     return [m for m in messages if not (m.metadata and m.metadata.get(TURN_ONLY) is True)]
 
 
-def _handler_signature_problem(handler: Callable[..., Any]) -> str | None:
-    """What keeps ``handler`` (a runner's bound query handler) from being called with the
-    runner first and :data:`HANDLER_ARGUMENTS` by name, if anything."""
+def _handler_signature_problem(handler: Callable[..., Any], given: Iterable[str]) -> str | None:
+    """What keeps ``handler`` (a runner's bound handler) from being called with the runner
+    first and the arguments named ``given`` by name, if anything."""
     function = getattr(handler, "__func__", handler)
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return None
+    given = frozenset(given)
     name = getattr(function, "__name__", "handler")
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     if inspect.ismethod(handler):
         if not parameters or parameters[0].kind is inspect.Parameter.KEYWORD_ONLY:
             return f"{name}() takes no parameter for the runner"
         if parameters[0].kind in positional:
-            if parameters[0].name in HANDLER_ARGUMENTS:
+            if parameters[0].name in given:
                 return f"{name}() takes {parameters[0].name} where the runner comes"
             parameters = parameters[1:]
     for parameter in parameters:
@@ -644,8 +652,8 @@ def _handler_signature_problem(handler: Callable[..., Any]) -> str | None:
             continue
         if parameter.kind is parameter.POSITIONAL_ONLY:
             return f"{name}() takes {parameter.name!r} by position only"
-        if parameter.name not in HANDLER_ARGUMENTS:
-            return f"{name}() needs {parameter.name!r}, which no run gives"
+        if parameter.name not in given:
+            return f"{name}() needs {parameter.name!r}, which it is not given"
     return None
 
 

@@ -122,8 +122,8 @@ def app_of_handler(parameters: str) -> AgentApp:
         ("msgs, **kwargs", "query() takes msgs where the runner comes"),
         ("msgs", "query() takes msgs where the runner comes"),
         ("", "query() takes no parameter for the runner"),
-        ("self, messages", "query() needs 'messages', which no run gives"),
-        ("self, msgs, user_id, **kwargs", "query() needs 'user_id', which no run gives"),
+        ("self, messages", "query() needs 'messages', which it is not given"),
+        ("self, msgs, user_id, **kwargs", "query() needs 'user_id', which it is not given"),
         ("self, msgs, /, **kwargs", "query() takes 'msgs' by position only"),
     ],
 )
@@ -134,6 +134,26 @@ def test_a_handler_no_run_can_call_is_refused_as_the_app_is_built(
     with pytest.raises(ConfigurationError, match=re.escape(said)) as refused:
         create_app(settings=load_settings(), agent_app=app)
     assert "async def query(self, msgs, request=None, **kwargs)" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "parameters", "said"),
+    [
+        ("init", "", "the init handler init() takes no parameter for the runner"),
+        ("init", "self, services", "the init handler init() needs 'services', which it is"),
+        ("shutdown", "", "the shutdown handler shutdown() takes no parameter for the runner"),
+    ],
+)
+def test_an_init_or_shutdown_handler_that_cannot_be_called_is_refused_as_the_app_is_built(
+    kind: str, parameters: str, said: str
+) -> None:
+    app = app_of_handler("self, msgs, **kwargs")
+    namespace: dict[str, Any] = {}
+    exec(f"async def {kind}({parameters}):\n    pass\n", namespace)
+    getattr(app, kind)(namespace[kind])
+    with pytest.raises(ConfigurationError, match=re.escape(said)) as refused:
+        create_app(settings=load_settings(), agent_app=app)
+    assert f"it is called with the runner alone, e.g. async def {kind}(self)" in str(refused.value)
 
 
 @pytest.mark.parametrize(
