@@ -339,6 +339,28 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+@pytest.mark.parametrize("imports", ["from .loud import shout", "from shop.loud import shout"])
+def test_serve_from_inside_the_projects_package_says_where_to_serve_from(
+    tmp_path: Path, imports: str
+) -> None:
+    package = tmp_path / "shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "loud.py").write_text("def shout(text):\n    return text.upper()\n")
+    (package / "agent.py").write_text(f"{imports}\n{AGENT_MODULES['no_handler.py']}")
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port()), "--agent", "agent:app"],
+        capture_output=True,
+        text=True,
+        cwd=package,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    where = f"(serve it as --agent shop.agent:app from {tmp_path}, or with --app-dir {tmp_path})"
+    assert where in result.stderr
+    assert "pip install" not in result.stderr
+
+
 def test_serve_says_an_agent_module_named_as_one_of_pythons_is_not_imported(
     tmp_path: Path,
 ) -> None:

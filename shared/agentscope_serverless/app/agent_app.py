@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import os
 import sys
 import sysconfig
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agentscope_serverless.deployers.adapter.a2a import (
@@ -531,7 +533,7 @@ def load_agent_app(path: str) -> AgentApp:
     except ImportError as exc:
         raise ConfigurationError(
             f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}"
-            + _not_installed(exc, module_name)
+            + _import_hint(exc, module_name, attribute)
         ) from None
     except SystemExit as exc:  # a script's habit: the process serving the agent goes on
         raise ConfigurationError(
@@ -562,17 +564,47 @@ def load_agent_app(path: str) -> AgentApp:
     return found
 
 
-def _not_installed(exc: ImportError, module_name: str) -> str:
-    """Where to install a package the agent imports and this Python does not have (pip may
-    have installed it for another Python than the one serving)."""
+def _import_hint(exc: ImportError, module_name: str, attribute: str) -> str:
+    """How to make the agent's module import: serve it from its project's folder (a module of
+    the project's package imported from inside the package), or install a package it imports
+    for the Python serving it (pip may have installed it for another Python)."""
     missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
-    if not missing or f"{module_name}.".startswith(f"{missing}."):
+    if missing and f"{module_name}.".startswith(f"{missing}."):
         return ""  # the agent's own module (or its package) is what is missing
+    origin = _origin(module_name)
+    if missing is None:
+        # A relative import, in a package's module imported on its own (from inside it).
+        package = origin.parent if origin is not None else None
+        if "relative import" in str(exc) and package and (package / "__init__.py").is_file():
+            return _serve_from(package.parent, origin, attribute)
+        return ""
+    top = missing.partition(".")[0]
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / top).is_dir() or (folder / f"{top}.py").is_file():  # the project's own
+            return _serve_from(folder, origin, attribute)
     return (
         f" (not installed for the Python serving the agent, {sys.executable}: install the "
         f"package providing it with {sys.executable} -m pip install, and list it in the "
         "project's requirements.txt)"
     )
+
+
+def _serve_from(folder: Path, origin: Path | None, attribute: str) -> str:
+    """Serve from ``folder``, naming the module at ``origin`` as imported from there."""
+    agent = ""
+    if origin is not None and origin.is_relative_to(folder):
+        module = origin.parent if origin.name == "__init__.py" else origin.with_suffix("")
+        agent = f" as --agent {'.'.join(module.relative_to(folder).parts)}:{attribute}"
+    return f" (serve it{agent} from {folder}, or with --app-dir {folder})"
+
+
+def _origin(module_name: str) -> Path | None:
+    """The file of the module ``module_name``, if found."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def _shadowed(module_name: str) -> str:
