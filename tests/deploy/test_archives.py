@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import pytest
 
 from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging import build_agentrun_archive, build_modelstudio_archive
+from agentscope_serverless.packaging.project import check_agent_import
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, unpack
 from tests.support.http import bearer, free_port, stream, text_of, user_message, wait_until_healthy
@@ -282,3 +285,27 @@ def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it
     ):
         build_agentrun_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
     assert not list(out.glob("*.zip"))
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (
+            "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
+            "the agent 'unservable:app' cannot be served: no query handler",
+        ),
+        (
+            "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
+            "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
+            "cannot be served: the query handler query() takes msgs where the runner comes",
+        ),
+    ],
+)
+def test_an_agent_that_imports_but_cannot_be_served_is_refused_before_packaging(
+    tmp_path: Path, source: str, said: str
+) -> None:
+    # Deployed, it would answer 503 to every request: the function could not start.
+    (tmp_path / "unservable.py").write_text(source)
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    with pytest.raises(PackagingError, match=re.escape(said)):
+        check_agent_import("unservable:app", [tmp_path, *runtime], python_version=HOST_PYTHON)

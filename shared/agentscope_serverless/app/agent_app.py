@@ -402,6 +402,18 @@ class AgentApp(ServiceLifecycleManagerMixin):
             history_window=window,
         )
 
+    def check(self) -> None:
+        """Raise :class:`ConfigurationError` when this app cannot serve: no query handler, a
+        handler that cannot be called as runs call it, its framework's package missing (see
+        :meth:`Runner.check`). Packaging checks it before an archive or a layer is built."""
+        runner = self._runner or Runner(
+            self._query_handler,
+            framework=self.framework,
+            init_handler=self._init_handler,
+            shutdown_handler=self._shutdown_handler,
+        )
+        runner.check()
+
     async def start(self) -> None:
         """Start the in-process runner and its services (done on first query anyway)."""
         await self._local_runner()

@@ -344,7 +344,15 @@ from agentscope_serverless.app import AgentApp
 if not isinstance(found, AgentApp):
     print(f"{module_name!r} has no AgentApp named {attribute!r}")
     raise SystemExit(1)
+try:
+    found.check()
+except Exception as exc:
+    print(f"cannot serve: {exc}")
+    raise SystemExit(1)
 """
+# How the probe starts its line about an agent that imports but cannot be served (no query
+# handler, a handler that cannot be called...).
+SERVE_MARK = "cannot serve: "
 
 
 def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str) -> None:
@@ -376,6 +384,10 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
         )
     if result.returncode != 0:
         reason = (result.stdout.strip() or result.stderr.strip()).splitlines()[-1:] or ["failed"]
+        if reason[0].startswith(SERVE_MARK):
+            raise PackagingError(
+                f"the agent {agent!r} cannot be served: {reason[0].removeprefix(SERVE_MARK)}"
+            )
         raise PackagingError(
             f"the agent {agent!r} cannot be imported from the package's contents "
             f"(module {module_name!r}): {reason[0]}; run from the project folder or give "
