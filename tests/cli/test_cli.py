@@ -294,6 +294,8 @@ AGENT_MODULES = {
     "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
     "needs_a_package.py": "import agentscope_no_such_package\n",
     "no_handler.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
+    "named.py": "from agentscope_serverless.app import AgentApp\n\nbot = AgentApp()\n\n\n"
+    "def query():\n    pass\n",
     "no_self.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
     "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
 }
@@ -310,6 +312,12 @@ AGENT_MODULES = {
         ),
         ("needs_a_key:app", "needs_a_key.py, line 3)"),
         ("no_handler:app", "no query handler: register one with @app.query("),
+        ("named:app", "module 'named' has no attribute 'app' (the module's AgentApp: named:bot)"),
+        (
+            "named:query",
+            "not an AgentApp: name the AgentApp object (app in app = AgentApp(...)) "
+            "(the module's AgentApp: named:bot)",
+        ),
         (
             "needs_a_package:app",
             "No module named 'agentscope_no_such_package' (not installed for the Python serving "

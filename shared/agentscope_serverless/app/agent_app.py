@@ -556,13 +556,14 @@ def load_agent_app(path: str) -> AgentApp:
             f"AGENT_APP={path!r}: importing {module_name!r} raised "
             f"{type(exc).__name__}: {exc}{_where_raised(exc)}"
         ) from None
+    module = found
     missing = object()
     for name in attribute.split("."):
         found = getattr(found, name, missing)
         if found is missing:
             raise ConfigurationError(
                 f"AGENT_APP={path!r}: module {module_name!r} has no attribute {attribute!r}"
-                + _shadowed(module_name)
+                + (_shadowed(module_name) or _apps_of(module, module_name))
             )
     if not isinstance(found, AgentApp):
         if isinstance(found, type):
@@ -571,9 +572,17 @@ def load_agent_app(path: str) -> AgentApp:
             kind = "None" if found is None else f"a {type(found).__name__}"
         raise ConfigurationError(
             f"AGENT_APP={path!r} is {kind}, not an AgentApp: name the AgentApp object "
-            "(app in app = AgentApp(...))"
+            "(app in app = AgentApp(...))" + _apps_of(module, module_name)
         )
     return found
+
+
+def _apps_of(module: Any, module_name: str) -> str:
+    """The AgentApps ``module`` holds, as ``--agent`` names them (a name mistyped: App)."""
+    names = [name for name, value in vars(module).items() if isinstance(value, AgentApp)]
+    if not names:
+        return ""
+    return f" (the module's AgentApp: {', '.join(f'{module_name}:{n}' for n in names[:5])})"
 
 
 def _import_hint(exc: ImportError, module_name: str, attribute: str) -> str:
