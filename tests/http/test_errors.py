@@ -126,6 +126,31 @@ def test_invalid_json_gets_422(client_for: Callable[..., httpx.Client], keys: Ke
     assert error_of(response)["fields"][0]["loc"][0] == "body"
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            b"{'input': [{'role': 'user', 'content': 'hi'}]}",
+            "Expecting property name enclosed in double quotes at line 1, column 2",
+        ),
+        (
+            b'{"input": [\n  {"role": "user", "content": "hi"},\n]}',
+            "Expecting value at line 3, column 1",
+        ),
+    ],
+)
+def test_a_body_that_is_not_json_is_said_to_be_so_and_where(
+    client_for: Callable[..., httpx.Client], keys: Keys, body: bytes, said: str
+) -> None:
+    response = client_for(keys.alice).post(
+        "/process", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    message = error_of(response)["message"]
+    assert message.startswith("the body is not valid JSON: ") and said in message
+    assert "JSON takes double quotes, and no comma after a last item" in message
+
+
 def test_validation_errors_do_not_echo_the_input(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

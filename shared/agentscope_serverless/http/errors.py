@@ -219,8 +219,29 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         return response_for(_not_json(unparsed))
     fields = _validation_fields(exc.errors())
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
-    message = f"invalid request: {where}{_other_shape(exc)}"
+    message = _not_json(exc) or f"invalid request: {where}{_other_shape(exc)}"
     return error_response(422, InvalidInputError.code, message, fields)
+
+
+def _not_json(exc: RequestValidationError) -> str | None:
+    """Why and where a body is not JSON (a Python dict's single quotes, a trailing comma),
+    without quoting it."""
+    for err in exc.errors():
+        if err.get("type") != "json_invalid":
+            continue
+        reason = str((err.get("ctx") or {}).get("error") or "it does not parse")
+        loc = tuple(err.get("loc", ()))
+        where = ""
+        if len(loc) == 2 and isinstance(loc[1], int) and isinstance(exc.body, str):
+            at = loc[1]
+            line = exc.body.count("\n", 0, at) + 1
+            column = at - exc.body.rfind("\n", 0, at)
+            where = f" at line {line}, column {column}"
+        return (
+            f"the body is not valid JSON: {reason}{where} (JSON takes double quotes, and no "
+            "comma after a last item)"
+        )
+    return None
 
 
 # A body of the other shape: a chat completion's messages where /process or a response's input
