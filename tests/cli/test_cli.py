@@ -541,6 +541,20 @@ def test_init_prints_a_cd_that_works_for_a_name_with_a_space(tmp_path: Path) -> 
     assert words[4:] == ["serve", "--agent", "my_bot.agent:app"]
 
 
+def test_init_dot_makes_the_project_in_the_empty_working_folder_named_after_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "weather"
+    folder.mkdir()
+    result = subprocess.run(
+        [SCRIPT, "init", "."], capture_output=True, text=True, cwd=folder, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "with the agent weather.agent:app" in result.stdout
+    assert (folder / "weather" / "agent.py").is_file()
+    assert "# weather" in (folder / "README.md").read_text()
+
+
 def test_init_names_the_command_by_its_path_when_no_virtualenv_is_active(
     tmp_path: Path,
 ) -> None:

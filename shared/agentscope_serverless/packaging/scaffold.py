@@ -103,8 +103,9 @@ _TAKEN = frozenset(
 
 
 def write_project(target: Path) -> str:
-    """Write the project into the new folder ``target``; returns its agent's import path."""
-    name = target.name
+    """Write the project into the new (or empty) folder ``target``, named after it (``.``: the
+    working directory's name); returns its agent's import path."""
+    name = target.resolve().name
     package = package_name(name)
     if target.exists() and any(target.iterdir()):
         raise ConfigurationError(f"{target} exists and is not empty")
