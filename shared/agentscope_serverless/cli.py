@@ -299,15 +299,12 @@ def _serve(
 ) -> None:
     import uvicorn
 
-    from agentscope_serverless.auth import InMemoryKeyStore
-    from agentscope_serverless.serve import build, root_settings, use_app_dir
+    from agentscope_serverless.serve import build, development_key, root_settings, use_app_dir
 
     use_app_dir(app_dir)
     try:
         served = build(root_settings(agent, web_ui=web))
-        dev_key = None
-        if isinstance(served.key_store, InMemoryKeyStore):
-            dev_key = asyncio.run(_create_dev_key(served.key_store, dev_user))
+        dev_key = development_key(served.key_store, dev_user)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]

@@ -13,6 +13,7 @@ secret), and handed to the application. The agent's module is imported from ``--
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -64,6 +65,21 @@ def build(settings: Settings) -> Served:
     return Served(create_app(settings=settings, key_store=key_store), settings, key_store)
 
 
+def development_key(key_store: KeyStore, user: str = "dev") -> str | None:
+    """A new key of ``user`` when ``key_store`` is in memory (the embedded default, which no
+    command can add keys to: without one, no caller would be accepted); None otherwise."""
+    from agentscope_serverless.auth import InMemoryKeyStore
+
+    if not isinstance(key_store, InMemoryKeyStore):
+        return None
+
+    async def issue() -> str:
+        await key_store.start()
+        return (await key_store.create_key(kind="user", user_id=user)).key
+
+    return asyncio.run(issue())
+
+
 def create() -> FastAPI:
     """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
 
@@ -77,7 +93,11 @@ def create() -> FastAPI:
     try:
         return build(root_settings()).app
     except AgentScopeServerlessError as exc:
-        print(f"error: {exc.message} (the server starts again when a file changes)", file=sys.stderr, flush=True)
+        print(
+            f"error: {exc.message} (the server starts again when a file changes)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(2) from None
 
 
@@ -119,4 +139,13 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["APP_DIR_ENV", "Served", "build", "create", "main", "root_settings", "use_app_dir"]
+__all__ = [
+    "APP_DIR_ENV",
+    "Served",
+    "build",
+    "create",
+    "development_key",
+    "main",
+    "root_settings",
+    "use_app_dir",
+]

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -221,6 +222,37 @@ def test_run_listens_on_agentscope_runtimes_port_by_default(
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
     echo_app().run(settings=load_settings())
     assert calls == [{"host": "127.0.0.1", "port": 8080}]
+
+
+def test_run_prints_a_development_key_that_is_accepted(tmp_path: Path) -> None:
+    # As AgentScope's scripts do: python agent.py, whose last line is app.run(). On the
+    # embedded key store nothing else can make a key: without this one, every call is a 401.
+    port = free_port()
+    code = f"from agentscope_serverless.agents.demo import app; app.run(port={port})"
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=sink,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": "CRITICAL"},
+        )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        printed = output.read_text()
+        assert "development key (user 'dev', valid while this server runs): ask_" in printed
+        key = printed.split("server runs): ", 1)[1].split()[0]
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/process",
+            json={"input": [{"role": "user", "content": "hi"}], "stream": False},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "completed"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_run_serves_the_app_until_it_is_stopped() -> None:

@@ -451,13 +451,21 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """
         import uvicorn
 
+        from agentscope_serverless.auth.factory import create_key_store
+        from agentscope_serverless.serve import development_key
+
         kwargs.pop("mode", None)
         host = host or os.environ.get("HOST") or "127.0.0.1"
         port = port if port is not None else environment_port()
         root = settings or _root_settings()
         if web_ui:
             root = root.model_copy(update={"web_ui": True})
-        uvicorn.run(self.get_fastapi_app(settings=root), host=host, port=port, **kwargs)
+        key_store = create_key_store(root)
+        served = self.get_fastapi_app(settings=root, key_store=key_store)
+        key = development_key(key_store)
+        if key is not None:  # every route but /health needs a key: the embedded store has none
+            print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
+        uvicorn.run(served, host=host, port=port, **kwargs)
 
     def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
         if framework not in FRAMEWORKS:
