@@ -104,6 +104,31 @@ async def test_a_key_copied_with_invisible_characters_or_quotes_signs_in(
         await visible(page, "chat")
 
 
+async def test_a_key_the_server_does_not_know_is_said_to_be_perhaps_a_restarted_servers(
+    demo_url: str, keys: Keys
+) -> None:
+    restarted = "A development key lasts as long as the server that printed it"
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.activeElement && document.activeElement.id === 'api-key'")
+        await page.type_text("ask_0123456789abcdef_" + "A" * 43)  # a key of its form
+        await page.press(*ENTER)
+        await page.wait_for(
+            f"document.getElementById('sign-in-error').textContent.includes({restarted!r})"
+        )
+        # Signed in, then the key is forgotten (the server restarted): the next call says so.
+        forgotten = (await keys.store.create_key(kind="user", user_id="restarted")).key
+        await page.evaluate("document.getElementById('api-key').value = ''")
+        await sign_in(page, demo_url, forgotten)
+        await keys.store.revoke_key(forgotten.split("_")[1])
+        await page.evaluate("document.getElementById('new-chat').click()")
+        await page.type_text("hello")
+        await page.press(*ENTER)
+        await visible(page, "sign-in")
+        error = await page.evaluate("document.getElementById('sign-in-error').textContent")
+        assert error.startswith("Your key was not accepted. ") and restarted in error
+
+
 async def say(page: Page, text: str) -> str:
     """Type a message, send it with Enter, wait for the run to end; the last reply's text."""
     replies = await page.evaluate("document.querySelectorAll('.message.assistant').length")

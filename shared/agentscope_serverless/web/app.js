@@ -16,6 +16,10 @@ const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.
 const SESSIONS_RETRY_MS = 2000;
 const SESSIONS_RETRY_MAX_MS = 60000;
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
+// A key of the right form that the server does not know: most often a development key of a
+// server since restarted (it printed a new one).
+const KEY_FORM = /^ask_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$/;
+const RESTARTED = "A development key lasts as long as the server that printed it: after a restart, use the new one.";
 
 const $ = (id) => document.getElementById(id);
 
@@ -50,7 +54,7 @@ async function api(path, { method = "GET", json, signal, accept } = {}) {
     credentials: "omit",
   });
   if (response.status === 401) {
-    signOut("Your key was not accepted. Sign in again.");
+    signOut(`Your key was not accepted. ${RESTARTED} Sign in again.`);
     throw new ApiError(401, "not signed in");
   }
   if (!response.ok) throw new ApiError(response.status, await errorText(response));
@@ -156,6 +160,7 @@ async function signIn(event) {
     // 404: a server without the sessions routes (the process function alone) still chats.
     if (response.status === 401 || response.status === 403) {
       error.textContent = "That key was not accepted.";
+      if (response.status === 401 && KEY_FORM.test(key)) error.textContent += ` ${RESTARTED}`;
       return;
     }
     if (!response.ok && response.status !== 404) {
