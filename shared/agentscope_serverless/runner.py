@@ -737,7 +737,11 @@ class _Turn:
             return events + self.content(item)
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bool):
             return events + self.snapshot(item[0], item[1])
-        raise AgentError(f"the agent produced a value of unsupported type {type(item).__name__}")
+        raise AgentError(
+            f"the agent produced a value of unsupported type {type(item).__name__}: a handler "
+            "yields (or returns) text, Messages or content (TextContent...), or AgentScope "
+            "(msg, last) pairs"
+        )
 
     def _gathered(self, text: str) -> list[Event]:
         """A piece of text, gathered: its delta is sent with the next pieces."""

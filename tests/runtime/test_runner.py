@@ -440,12 +440,16 @@ async def test_a_project_error_keeps_its_code() -> None:
     )
 
 
-async def test_an_unsupported_value_fails_the_run() -> None:
+async def test_an_unsupported_value_fails_the_run_saying_what_a_handler_gives() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
-        yield 42
+        yield {"text": "an OpenAI-style dict"}
 
     error = (await run(handler))[-1].error
     assert error is not None and error.code == "AGENT_ERROR"
+    assert error.message == (
+        "the agent produced a value of unsupported type dict: a handler yields (or returns) "
+        "text, Messages or content (TextContent...), or AgentScope (msg, last) pairs"
+    )
 
 
 async def test_a_run_abandoned_midway_keeps_the_input_and_the_partial_reply() -> None:
