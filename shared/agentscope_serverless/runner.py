@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -544,7 +545,9 @@ class Runner(ServiceLifecycleManagerMixin):
             # A handler written for AgentScope Runtime without **kwargs names only what it
             # was given there (request and response; msgs for AgentScope's framework).
             arguments = {name: value for name, value in arguments.items() if name in taken}
-        return items_of(handler(**arguments, **extra))
+        if _is_async(handler):
+            return items_of(handler(**arguments, **extra))
+        return _items_in_a_thread(functools.partial(handler, **arguments, **extra))
 
     def _keywords_taken(self, handler: Callable[..., Any]) -> frozenset[str] | None:
         """The keyword arguments ``handler`` takes by name; None when it takes any
@@ -668,6 +671,31 @@ def keywords_taken(function: Callable[..., Any]) -> frozenset[str] | None:
         return None
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return frozenset(parameter.name for parameter in parameters if parameter.kind in named)
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` is a coroutine or async generator function, called on the loop."""
+    function = getattr(handler, "__func__", handler)
+    return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+
+
+async def _items_in_a_thread(call: Callable[[], Any]) -> AsyncGenerator[Any, None]:
+    """The items of a plain function's or generator's ``call``, which runs in a worker thread
+    (each of a generator's steps too): a handler that blocks (a sync HTTP client, a sleep)
+    holds no other run, nor the server's answers, while it works."""
+    result = await asyncio.to_thread(call)
+    if not inspect.isgenerator(result):
+        async with contextlib.aclosing(items_of(result)) as items:
+            async for item in items:
+                yield item
+        return
+    done = object()
+    try:
+        while (item := await asyncio.to_thread(next, result, done)) is not done:
+            yield item
+    finally:
+        with contextlib.suppress(ValueError):  # still running in its thread: a run canceled
+            result.close()
 
 
 def items_of(result: Any) -> AsyncGenerator[Any, None]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,44 @@ def test_over_http_hooks_run_and_the_endpoint_and_model_are_the_apps(keys: Keys)
 @pytest.fixture(scope="module")
 def keys() -> Keys:
     return Keys.make()
+
+
+@pytest.mark.parametrize("generator", [False, True])
+def test_a_plain_handler_that_blocks_holds_no_other_request(keys: Keys, generator: bool) -> None:
+    # A newcomer's handler with a sync HTTP client: while it waits, the server answers on.
+    started, release = threading.Event(), threading.Event()
+    app = AgentApp(app_name="blocking")
+
+    def wait() -> str:
+        started.set()
+        release.wait(30)
+        return "done"
+
+    if generator:
+
+        @app.query(framework="text")
+        def stream(self: Runner, msgs: list[Message], **kwargs: Any) -> Iterator[str]:
+            yield "waiting, "
+            yield wait()
+
+    else:
+
+        @app.query(framework="text")
+        def answer(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+            return wait()
+
+    headers = {"Authorization": f"Bearer {keys.alice}"}
+    body = {"input": [{"role": "user", "content": "x"}], "stream": False}
+    web = create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+    with running(web) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(httpx.post, f"{url}/process", json=body, headers=headers, timeout=60)
+        assert started.wait(30)
+        try:
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        finally:
+            release.set()
+        answered = reply.result()
+    assert answered.json()["output"][0]["content"][0]["text"].endswith("done")
 
 
 def test_run_listens_on_agentscope_runtimes_port_by_default(
