@@ -268,8 +268,8 @@ def test_a_body_that_is_not_json_is_a_422_saying_where(scenario: httpx.Client) -
     error = response.json()["error"]
     assert error["param"] == "body"
     assert error["message"] == (
-        "the body is not valid JSON: Expecting property name enclosed in double quotes "
-        "(at character 14)"
+        "the body is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1, column 15 (JSON takes double quotes, and no comma after a last item)"
     )
 
 

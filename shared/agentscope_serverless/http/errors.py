@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -213,23 +213,22 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             "UNSUPPORTED_MEDIA_TYPE",
             f"the body must be JSON (Content-Type: application/json), not {kind!r}",
         )
-    unparsed = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
+    unparsed = _not_json(exc)
     if unparsed is not None:
-        # FastAPI puts where the parse failed (a character's position) in its loc.
-        return response_for(_not_json(unparsed))
+        return response_for(unparsed)
     fields = _validation_fields(exc.errors())
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
-    message = _not_json(exc) or f"invalid request: {where}{_other_shape(exc)}"
+    message = f"invalid request: {where}{_other_shape(exc)}"
     return error_response(422, InvalidInputError.code, message, fields)
 
 
-def _not_json(exc: RequestValidationError) -> str | None:
+def _not_json(exc: RequestValidationError) -> InvalidInputError | None:
     """Why and where a body is not JSON (a Python dict's single quotes, a trailing comma),
-    without quoting it."""
+    without quoting it; None when it is JSON."""
     for err in exc.errors():
         if err.get("type") != "json_invalid":
             continue
-        reason = str((err.get("ctx") or {}).get("error") or "it does not parse")
+        reason = str((err.get("ctx") or {}).get("error") or "it does not parse")[:200]
         loc = tuple(err.get("loc", ()))
         where = ""
         if len(loc) == 2 and isinstance(loc[1], int) and isinstance(exc.body, str):
@@ -237,9 +236,10 @@ def _not_json(exc: RequestValidationError) -> str | None:
             line = exc.body.count("\n", 0, at) + 1
             column = at - exc.body.rfind("\n", 0, at)
             where = f" at line {line}, column {column}"
-        return (
+        return InvalidInputError(
             f"the body is not valid JSON: {reason}{where} (JSON takes double quotes, and no "
-            "comma after a last item)"
+            "comma after a last item)",
+            field="body",
         )
     return None
 
@@ -271,19 +271,6 @@ def _other_shape(exc: RequestValidationError) -> str:
                 '[{"role": "user", "content": "Hello"}], not a text)'
             )
     return ""
-
-
-def _not_json(error: Mapping[str, Any]) -> InvalidInputError:
-    """What is wrong with a body FastAPI could not parse as JSON (its ``json_invalid``
-    error), and where."""
-    message = "the body is not valid JSON"
-    why = str((error.get("ctx") or {}).get("error") or "")[:200]
-    if why:
-        message += f": {why}"
-    loc: Sequence[Any] = error.get("loc") or ()
-    if len(loc) > 1 and isinstance(loc[1], int):
-        message += f" (at character {loc[1]})"
-    return InvalidInputError(message, field="body")
 
 
 def unreadable_body(exc: BaseException) -> InvalidInputError | None:
