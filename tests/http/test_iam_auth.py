@@ -2,8 +2,8 @@
 
 Buffered functions run under Mangum (the raw event reaches the app as ``scope["aws.event"]``);
 the streaming one behind the Lambda Web Adapter (the request context arrives in the
-``x-amzn-request-context`` header). Both paths are exercised here, and keys mode is shown
-to ignore both.
+``x-amzn-request-context`` header). Both paths are exercised here, and keys mode, like a
+server not behind the adapter, is shown to ignore the header.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from mangum import Mangum
 
 from agentscope_serverless.http import create_app
+from agentscope_serverless.http.lambda_handler import behind_web_adapter
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 from tests.support.lambda_runtime import function_url_event
@@ -163,7 +164,8 @@ def test_each_cognito_identity_is_a_user_of_its_own(function_url: FunctionUrl) -
 @pytest.fixture(scope="module")
 def adapter_url() -> Iterator[str]:
     """The app as the streaming function serves it: uvicorn behind the Web Adapter."""
-    with running(create_app(["sessions"], settings=load_settings(auth_mode="iam"))) as url:
+    app = behind_web_adapter(create_app(["sessions"], settings=load_settings(auth_mode="iam")))
+    with running(app) as url:
         yield url
 
 
@@ -194,6 +196,16 @@ def test_the_web_adapter_path_without_an_identity_gets_401(
     adapter_url: str, headers: dict[str, str]
 ) -> None:
     response = httpx.get(f"{adapter_url}/sessions", headers=headers, timeout=10)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+def test_a_server_not_behind_the_web_adapter_takes_no_identity_from_a_header() -> None:
+    # Served by itself (./scripts/run, an archive's server), nothing replaces the header a
+    # client sends: naming itself anyone with it must not make it that user.
+    app = create_app(["sessions"], settings=load_settings(auth_mode="iam"))
+    with running(app) as url:
+        response = httpx.get(f"{url}/sessions", headers=context_header(iam(ALICE)), timeout=10)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "UNAUTHENTICATED"
 

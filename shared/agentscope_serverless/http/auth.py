@@ -19,9 +19,12 @@ pool under one role and session name), its ``cognitoIdentity.identityId``.
 The request context comes from the raw Lambda event that Mangum puts in the ASGI scope
 (``scope["aws.event"]``, the buffered functions) or, when there is none, from the
 ``x-amzn-request-context`` header that the Lambda Web Adapter sets (the streaming function;
-the adapter replaces any such header a client sends). A request without an IAM identity is
-refused with 401. Only run iam mode behind an ``AWS_IAM`` Function URL: anywhere else the
-header could be forged. In keys mode neither the event nor the header is ever read.
+the adapter replaces any such header a client sends). The header is read only by an app
+built to run behind the adapter (``build_web_adapter_app``), which hands it over in
+``scope["aws.request_context"]``: any other server (the local one, an archive's) would take
+it from the client, who could name any identity. A request without an IAM identity is
+refused with 401. Only run iam mode behind an ``AWS_IAM`` Function URL. In keys mode
+neither the event nor the header is ever read.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from agentscope_serverless.services._validation import require_user_id
 USER_HEADER = "X-User-Id"
 AUTHORIZATION_HEADER = "Authorization"
 REQUEST_CONTEXT_HEADER = b"x-amzn-request-context"
+# Where an app behind the Lambda Web Adapter puts the request context of its header.
+REQUEST_CONTEXT_SCOPE_KEY = "aws.request_context"
 IAM_KEY_ID = "iam"
 # The fields of the Function URL's IAM authorizer that name the caller, best first.
 IAM_IDENTITY_FIELDS = ("userArn", "callerId", "userId")
@@ -128,17 +133,27 @@ def header_text(value: str, *, name: str) -> str:
 
 
 def _request_context(scope: Mapping[str, Any]) -> Any:
-    """The Function URL request context: from Mangum's event, else the Web Adapter's header."""
+    """The Function URL request context: from Mangum's event, else the Web Adapter's header
+    (as an app behind the adapter hands it over: never from a header of another server)."""
     event = scope.get("aws.event")
     if event is not None:
         return event.get("requestContext") if isinstance(event, dict) else None
+    value = scope.get(REQUEST_CONTEXT_SCOPE_KEY)
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+
+
+def web_adapter_request_context(scope: Any) -> None:
+    """Hand the request context of the Lambda Web Adapter's header over to authentication
+    (an app behind the adapter only: it replaces any such header a client sends)."""
     for name, value in scope.get("headers", ()):
         if name == REQUEST_CONTEXT_HEADER:
-            try:
-                return json.loads(value)
-            except (ValueError, RecursionError):
-                return None
-    return None
+            scope[REQUEST_CONTEXT_SCOPE_KEY] = value
+            return
 
 
 def iam_user_id(scope: Mapping[str, Any]) -> str:
@@ -212,6 +227,7 @@ CurrentUser = Annotated[str, Depends(current_user_id)]
 __all__ = [
     "IAM_IDENTITY_FIELDS",
     "REQUEST_CONTEXT_HEADER",
+    "REQUEST_CONTEXT_SCOPE_KEY",
     "USER_HEADER",
     "Caller",
     "CurrentCaller",
@@ -221,4 +237,5 @@ __all__ = [
     "get_caller",
     "header_text",
     "iam_user_id",
+    "web_adapter_request_context",
 ]

@@ -92,9 +92,7 @@ def build_app(routers: Sequence[str]) -> FastAPI:
 
 def build_web_adapter_app(routers: Sequence[str]) -> ASGIApp:
     """:func:`build_app` for a function behind the Lambda Web Adapter (the streaming process
-    function): each request's work ends by the time limit of the invocation it came in (the
-    ``deadline`` of the ``x-amzn-lambda-context`` header the adapter sets, replacing any
-    sent by a client), less ``TIME_LIMIT_MARGIN_SECONDS``.
+    function), as :func:`behind_web_adapter` serves it.
 
     The application is built and its services started as the server starts (its lifespan).
     One that cannot start answers each request 503, as the buffered functions do, and is
@@ -120,8 +118,7 @@ class _WebAdapterApplication:
                 app = build_app(self._routers)
                 lifespan = app.router.lifespan_context(app)
                 await lifespan.__aenter__()
-                margin = app.state.context.settings.time_limit_margin_seconds
-                self._lifespan, self._app = lifespan, _WebAdapterTimeLimit(app, margin)
+                self._lifespan, self._app = lifespan, behind_web_adapter(app)
             return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,19 +168,33 @@ async def _send_unavailable(send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class _WebAdapterTimeLimit:
-    """Pure ASGI middleware: the request's work ends by its invocation's deadline."""
+def behind_web_adapter(app: FastAPI) -> ASGIApp:
+    """``app`` served behind the Lambda Web Adapter, which turns each invocation into a
+    request with headers of its own, replacing any a client sent under their names: each
+    request's work ends by the time limit of its invocation (the ``deadline`` of the
+    ``x-amzn-lambda-context`` header), less ``TIME_LIMIT_MARGIN_SECONDS``, and in iam mode
+    the caller is the IAM identity of the ``x-amzn-request-context`` header (no other app
+    reads it: a client could forge it)."""
+    margin = app.state.context.settings.time_limit_margin_seconds
+    return _WebAdapterInvocation(app, margin)
+
+
+class _WebAdapterInvocation:
+    """Pure ASGI middleware: the request's work ends by its invocation's deadline, and its
+    request context is handed over to authentication."""
 
     def __init__(self, app: ASGIApp, margin: float) -> None:
         self.app = app
         self.margin = margin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from agentscope_serverless.http.auth import web_adapter_request_context
         from agentscope_serverless.time_limit import ending_by
 
         deadline = None
         if scope["type"] == "http":
             deadline = _adapter_deadline(scope.get("headers", ()), self.margin)
+            web_adapter_request_context(scope)
         with ending_by(deadline):
             await self.app(scope, receive, send)
 
@@ -584,6 +595,7 @@ __all__ = [
     "ALB_RESPONSE_LIMIT_BYTES",
     "LAMBDA_CONTEXT_HEADER",
     "RESPONSE_LIMIT_BYTES",
+    "behind_web_adapter",
     "build_app",
     "build_web_adapter_app",
     "import_runtime",
