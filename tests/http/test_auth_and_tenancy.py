@@ -14,7 +14,7 @@ import pytest
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, issue_key, running, user_message
+from tests.support.http import Keys, bearer, issue_key, revoke_key, running, user_message
 
 S = "shared-name"
 
@@ -385,3 +385,26 @@ def test_a_broken_key_file_is_a_503_that_does_not_say_where_it_lives(tmp_path: P
     assert health.json()["services"]["auth_keys"] is False
     for answer in (response, health):
         assert "secret-place" not in answer.text and str(tmp_path) not in answer.text
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["its own run", "a run it follows"])
+def test_a_stream_ends_once_its_key_is_revoked(
+    scenario_url: str, keys: Keys, user_id: str, follow: bool
+) -> None:
+    key = issue_key(keys.store, user_id)
+    run = {"input": [user_message("sleep 8")], "session_id": "revoked"}
+    with httpx.Client(base_url=scenario_url, headers=bearer(key), timeout=30) as client:
+        request = client.stream("POST", "/process", json=run)
+        if follow:
+            with request as leaving:  # the run goes on without its first client
+                run_id = leaving.headers["X-Run-Id"]
+            request = client.stream("GET", f"/runs/{run_id}/events")
+        with request as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            revoke_key(keys.store, key)
+            rest = "\n".join(lines)
+        # It ended before its run did, and the key opens no stream any more.
+        assert '"status":"completed"' not in rest.replace(" ", "")
+        assert client.get("/runs", params={"session_id": "revoked"}).status_code == 401

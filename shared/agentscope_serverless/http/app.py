@@ -42,7 +42,11 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import install_idempotency
-from agentscope_serverless.http.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from agentscope_serverless.http.middleware import (
+    BodySizeLimitMiddleware,
+    RequestContextMiddleware,
+    RevokedKeyMiddleware,
+)
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.log import redact
@@ -205,6 +209,8 @@ def new_application(
         max_bytes=settings.max_request_bytes,
         timeout=settings.request_body_timeout_seconds,
     )
+    if settings.auth_mode == "keys":
+        app.add_middleware(RevokedKeyMiddleware, key_store=context.key_store)
     app.add_middleware(RequestContextMiddleware)
     if settings.cors_allow_origins:
         # Outermost: preflights are answered before anything else, and errors (a 401, a

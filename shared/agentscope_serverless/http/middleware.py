@@ -1,4 +1,5 @@
-"""Middleware: request ids with one log line per request, and the request body size limit.
+"""Middleware: request ids with one log line per request, the request body size limit, and
+streams ended with their keys.
 
 **Request context.** Every request gets a request id, on its response and its log lines.
 
@@ -26,7 +27,12 @@ JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels
 before anything parses it: a parser recursing that far would run out of stack, and the
 stores keep only what can be read back.
 
-Both are pure ASGI (no per-request task), so streaming responses pass through untouched.
+**Revoked keys.** A streamed answer (a run's events, as it goes) outlives the check of the
+key it was asked with: it ends once that key is revoked, checked at most once per
+``KEY_RECHECK_SECONDS`` as its parts (and pings) go out, as if its client had left (a run
+goes on without it). A key store that does not answer leaves the stream going.
+
+All are pure ASGI (no per-request task), so streaming responses pass through untouched.
 """
 
 from __future__ import annotations
@@ -41,7 +47,13 @@ from urllib.parse import unquote_to_bytes
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentscope_serverless.errors import InvalidInputError, PayloadTooLargeError
+from agentscope_serverless.auth.base import KeyStore
+from agentscope_serverless.errors import (
+    AgentScopeServerlessError,
+    AuthenticationError,
+    InvalidInputError,
+    PayloadTooLargeError,
+)
 from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
 from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
@@ -313,6 +325,71 @@ class BodySizeLimitMiddleware:
         await self.app(scope, receive_limited, send)
 
 
+# How often, at most, a streamed answer checks that its key still holds.
+KEY_RECHECK_SECONDS = 1.0
+
+
+class _StreamEnded(Exception):
+    """Raised into the app sending a part of a stream that has been ended."""
+
+
+class RevokedKeyMiddleware:
+    """Ends a streamed answer once the key it was asked with is revoked (see the module)."""
+
+    def __init__(
+        self, app: ASGIApp, key_store: KeyStore, recheck_seconds: float = KEY_RECHECK_SECONDS
+    ) -> None:
+        self.app = app
+        self.key_store = key_store
+        self.recheck_seconds = recheck_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        checked_at = time.monotonic()
+        ended = False
+
+        async def send_while_valid(message: Message) -> None:
+            nonlocal checked_at, ended
+            if ended:
+                raise _StreamEnded
+            if message["type"] == "http.response.body" and message.get("more_body", False):
+                now = time.monotonic()
+                if now - checked_at >= self.recheck_seconds:
+                    checked_at = now
+                    if await self._revoked(scope):
+                        ended = True
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        raise _StreamEnded
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_while_valid)
+        except* _StreamEnded:
+            pass  # the app stopped as for a client that left
+
+    async def _revoked(self, scope: Scope) -> bool:
+        key = _bearer_key(scope)
+        if key is None:
+            return False
+        try:
+            await self.key_store.authenticate(key)
+        except AuthenticationError:
+            return True
+        except AgentScopeServerlessError:
+            return False  # the store did not answer: not a reason to cut a stream
+        return False
+
+
+def _bearer_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, key = bytes(value).decode("latin-1").partition(" ")
+            return key if scheme.lower() == "bearer" else None
+    return None
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"content-type":
@@ -337,6 +414,7 @@ __all__ = [
     "BodyTooDeep",
     "BodyTooLarge",
     "RequestContextMiddleware",
+    "RevokedKeyMiddleware",
     "request_id_of",
     "trace_headers_of",
 ]
