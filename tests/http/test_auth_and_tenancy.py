@@ -90,6 +90,21 @@ def test_the_agent_route_reads_no_body_of_a_caller_without_a_key(
         assert_unauthenticated(response)
 
 
+@pytest.mark.parametrize(
+    "route", [route for route in ROUTES if route[2] is not None], ids=lambda route: route[1]
+)
+@pytest.mark.parametrize("body", [b"{not json", b"[" * 200 + b"]" * 200], ids=["bad", "deep"])
+def test_no_route_reads_the_body_of_a_caller_without_a_key(
+    client_for: Callable[..., httpx.Client], route: Any, body: bytes
+) -> None:
+    method, path, _ = route
+    for client in (client_for(None), client_for("not-a-key")):
+        response = client.request(
+            method, path, content=body, headers={"Content-Type": "application/json"}
+        )
+        assert_unauthenticated(response)
+
+
 @pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
 def test_a_wrong_key_gets_401(
     client_for: Callable[..., httpx.Client], keys: Keys, route: Any

@@ -31,13 +31,14 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.http.auth import CurrentCaller
+from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
 from agentscope_serverless.http.guards import guard_request
@@ -169,7 +170,16 @@ def create_app(
 
 def include_api_router(app: FastAPI, router: APIRouter) -> None:
     """Mount an API router with what every route shares: the request guards (Unicode,
-    users, ``Idempotency-Key``) and the documented error answers."""
+    users, ``Idempotency-Key``) and the documented error answers. Its routes must be keyed
+    (``APIRouter(route_class=KeyedRoute)``): the caller is authenticated before the body is
+    read."""
+    unkeyed = [
+        route.path
+        for route in router.routes
+        if isinstance(route, APIRoute) and not isinstance(route, KeyedRoute)
+    ]
+    if unkeyed:
+        raise TypeError(f"routes that read their body before the key: {', '.join(unkeyed)}")
     app.include_router(router, dependencies=[Depends(guard_request)], responses=ERROR_RESPONSES)
 
 

@@ -30,11 +30,12 @@ neither the event nor the header is ever read.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request, Security
+from fastapi import Depends, Request, Response, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agentscope_serverless.auth.keys import Principal
@@ -54,6 +55,8 @@ REQUEST_CONTEXT_SCOPE_KEY = "aws.request_context"
 IAM_KEY_ID = "iam"
 # The fields of the Function URL's IAM authorizer that name the caller, best first.
 IAM_IDENTITY_FIELDS = ("userArn", "callerId", "userId")
+# Where a request keeps its caller once authenticated (its scope's state).
+_CALLER_STATE = "agentscope_caller"
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
@@ -181,7 +184,12 @@ async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Caller:
-    """Authenticate the request: its bearer key, or in iam mode its IAM identity (else 401)."""
+    """Authenticate the request: its bearer key, or in iam mode its IAM identity (else 401).
+    Once per request: a route authenticating before its body is read keeps the caller."""
+    state = request.scope.setdefault("state", {})
+    known: Caller | None = state.get(_CALLER_STATE)
+    if known is not None:
+        return known
     context: AppContext = request.app.state.context
     if context.settings.auth_mode == "iam":
         principal = Principal(key_id=IAM_KEY_ID, kind="user", user_id=iam_user_id(request.scope))
@@ -213,7 +221,23 @@ async def get_caller(
             "joined: send one (name a user whose id holds ',' with ?user_id=)",
             field=f"{USER_HEADER} header",
         )
-    return Caller(principal=principal, claims=tuple(claims))
+    caller = state[_CALLER_STATE] = Caller(principal=principal, claims=tuple(claims))
+    return caller
+
+
+class KeyedRoute(APIRoute):
+    """A route whose caller is authenticated before anything else, its body first: FastAPI
+    reads and parses a route's body before its dependencies, so a caller without a valid
+    key would get the body's errors (422) and make the server parse it for nothing."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        declared = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            await get_caller(request, await bearer_scheme(request))
+            return await declared(request)
+
+        return handle
 
 
 async def current_user_id(caller: Annotated[Caller, Depends(get_caller)]) -> str:
@@ -232,6 +256,7 @@ __all__ = [
     "Caller",
     "CurrentCaller",
     "CurrentUser",
+    "KeyedRoute",
     "bearer_scheme",
     "current_user_id",
     "get_caller",

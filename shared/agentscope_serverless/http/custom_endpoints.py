@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool
 
-from agentscope_serverless.http.auth import current_user_id
+from agentscope_serverless.http.auth import KeyedRoute, current_user_id
 from agentscope_serverless.log import logger, redact, redacted
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
@@ -112,7 +112,9 @@ def build_router(endpoints: list[dict[str, Any]], secrets: Iterable[str] = ()) -
     """A router of the custom endpoints, every one requiring an authenticated caller;
     ``secrets`` (with the agent's own) are kept out of the error items of streamed ones."""
     redact(secrets)
-    router = APIRouter(dependencies=[Depends(current_user_id)], tags=["custom"])
+    router = APIRouter(
+        dependencies=[Depends(current_user_id)], tags=["custom"], route_class=KeyedRoute
+    )
     for spec in endpoints:
         handler = spec["handler"]
         if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):

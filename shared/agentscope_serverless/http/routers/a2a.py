@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
@@ -68,7 +68,7 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     # Also where the app's a2a_config.wellknown_path says.
     configured = agent_app.a2a_config.wellknown_path if agent_app.a2a_config else None
     for path in dict.fromkeys([WELL_KNOWN_PATH, configured or WELL_KNOWN_PATH]):
-        app.add_api_route(
+        app.router.add_api_route(
             path,
             card,
             methods=["GET"],
@@ -76,6 +76,7 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
             summary="The A2A agent card",
             dependencies=[Depends(guard_request)],
             responses=ERROR_RESPONSES,
+            route_class_override=KeyedRoute,
         )
     return a2a
 

@@ -16,14 +16,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 from agentscope_serverless.services.memory.base import MAX_PAGE_SIZE, MAX_TOP_K, MemoryService
 
-router = APIRouter(prefix="/memory", tags=["memory"])
+router = APIRouter(prefix="/memory", tags=["memory"], route_class=KeyedRoute)
 
 
 async def _memory(context: Annotated[AppContext, Depends(get_context)]) -> MemoryService:

@@ -18,7 +18,6 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from agentscope_serverless.errors import NotFoundError
@@ -27,6 +26,7 @@ from agentscope_serverless.http import sdk_retries
 from agentscope_serverless.http.auth import (
     Caller,
     CurrentCaller,
+    KeyedRoute,
     bearer_scheme,
     get_caller,
     header_text,
@@ -266,7 +266,7 @@ def _with_body_model(endpoint: Callable[..., Any], model: type[AgentRequest]) ->
     endpoint.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
 
 
-class _AgentRoute(APIRoute):
+class _AgentRoute(KeyedRoute):
     """The agent's route, whose common case skips FastAPI's per-request dependency solving.
 
     A request without ``Idempotency-Key`` (whose claim must come before the body's message
@@ -311,7 +311,7 @@ def build_router(
     endpoint_path: str = "/process", request_model: type[AgentRequest] = AgentRequest
 ) -> APIRouter:
     """The process router: ``endpoint_path`` and the two OpenAI-compatible endpoints."""
-    router = APIRouter(tags=["agent"])
+    router = APIRouter(tags=["agent"], route_class=KeyedRoute)
 
     async def process(
         body: AgentRequest,

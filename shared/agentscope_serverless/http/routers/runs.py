@@ -28,13 +28,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator
 
 from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 from agentscope_serverless.time_limit import seconds_left
 
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(prefix="/runs", tags=["runs"], route_class=KeyedRoute)
 
 Context = Annotated[AppContext, Depends(get_context)]
 # An event's sequence number as a client sends it back. Python's int() also reads "1_0",

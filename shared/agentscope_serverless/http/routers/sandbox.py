@@ -24,7 +24,7 @@ from fastapi import APIRouter, Body, Depends, Query
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import SessionIdPath
 from agentscope_serverless.sandbox_protocol import BASE, CallToolResult
@@ -32,7 +32,7 @@ from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.service import SandboxService, canonical_type
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, select_sandbox
 
-router = APIRouter(prefix="/sandboxes", tags=["sandboxes"])
+router = APIRouter(prefix="/sandboxes", tags=["sandboxes"], route_class=KeyedRoute)
 
 _BUILTIN = {tool.name: tool for tool in BUILTIN_TOOLS}
 

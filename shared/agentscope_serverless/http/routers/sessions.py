@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import SessionNotFoundError
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, Cursor, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -27,7 +27,7 @@ from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
-router = APIRouter(prefix="/sessions", tags=["sessions"])
+router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=KeyedRoute)
 
 
 async def _history(context: Annotated[AppContext, Depends(get_context)]) -> SessionHistoryService:

@@ -16,12 +16,12 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import NotFoundError
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import SessionIdPath
 from agentscope_serverless.services.agent_state.base import MAX_ROUND_ID, StateService
 
-router = APIRouter(prefix="/state", tags=["state"])
+router = APIRouter(prefix="/state", tags=["state"], route_class=KeyedRoute)
 
 
 async def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateService:

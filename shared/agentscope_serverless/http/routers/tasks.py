@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from agentscope_serverless.errors import NotFoundError
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.services.runs.base import MAX_RUN_ID_LENGTH, RunRecord, RunsService
 from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
@@ -99,7 +99,7 @@ async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus
 
 def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRouter:
     """Routes submitting each of ``tasks`` and reading any task's status."""
-    router = APIRouter(tags=["tasks"])
+    router = APIRouter(tags=["tasks"], route_class=KeyedRoute)
 
     @router.get("/tasks/{task_id}", summary="A background task's status and result")
     async def get_task(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:

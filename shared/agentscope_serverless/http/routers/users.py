@@ -19,10 +19,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 
-from agentscope_serverless.http.auth import CurrentUser
+from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 
-router = APIRouter(prefix="/users", tags=["users"])
+router = APIRouter(prefix="/users", tags=["users"], route_class=KeyedRoute)
 
 
 @router.delete("/me/data", status_code=204, summary="Erase all of the caller's data")
