@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
+from agentscope_serverless.schemas.agent_schemas import AgentRequest
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, issue_key, revoke_key, running, user_message
+from tests.support.http import (
+    Keys,
+    bearer,
+    issue_key,
+    parse_sse,
+    revoke_key,
+    running,
+    user_message,
+)
 
 S = "shared-name"
 
@@ -423,3 +433,33 @@ def test_a_stream_ends_once_its_key_is_revoked(
         # It ended before its run did, and the key opens no stream any more.
         assert '"status":"completed"' not in rest.replace(" ", "")
         assert client.get("/runs", params={"session_id": "revoked"}).status_code == 401
+
+
+def test_a_custom_endpoint_taking_a_request_gets_the_callers_user_in_it(keys: Keys) -> None:
+    app = AgentApp(app_name="custom")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "unused"
+
+    @app.endpoint("/whoami", methods=["POST"])
+    async def whoami(request: AgentRequest) -> dict[str, Any]:
+        return {"user_id": request.user_id, "session_id": request.session_id}
+
+    @app.endpoint("/whoami/stream", methods=["POST"])
+    def whoami_streamed(request: AgentRequest) -> Iterator[str | None]:
+        yield request.user_id
+
+    body = {"input": [user_message("who am I?")], "session_id": "s"}
+    as_bob = {**bearer(keys.service), "X-User-Id": "bob"}
+    served = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    with running(served) as url, httpx.Client(base_url=url, timeout=10) as client:
+        for headers, user in ((bearer(keys.alice), "alice"), (as_bob, "bob")):
+            answer = client.post("/whoami", json=body, headers=headers)
+            assert answer.json() == {"user_id": user, "session_id": "s"}
+            streamed = client.post("/whoami/stream", json=body, headers=headers)
+            assert parse_sse(streamed.text.splitlines()).data == [user]
+        naming_bob = client.post(
+            "/whoami", json={**body, "user_id": "bob"}, headers=bearer(keys.alice)
+        )
+        assert naming_bob.status_code == 403

@@ -1,5 +1,9 @@
 """The routes an :class:`AgentApp` adds with ``@app.endpoint(path, methods)``, behind auth.
 
+A handler's body model with a ``user_id`` field (an ``AgentRequest``, as AgentScope's
+handlers take) gets there the user the request acts as: the caller's, whether or not the
+body names it (a body naming another user is refused before, as on every route).
+
 A handler is a FastAPI endpoint; a generator (sync or async) is streamed as Server-Sent
 Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
 are sent as JSON strings, pydantic models, dataclasses and objects with ``to_dict()`` (or
@@ -16,7 +20,7 @@ import dataclasses
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
@@ -28,6 +32,8 @@ from agentscope_serverless.log import logger, redact, redacted
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
 _MAX_DEPTH = 100
+# The parameter of a handler's endpoint that receives the user the request acts as.
+_CALLER_PARAMETER = "agentscope_caller_user_id"
 
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
@@ -70,6 +76,65 @@ def _error_item(exc: Exception) -> str:
         "message": "Error in streaming generator",
     }
     return _encode(error)
+
+
+def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler``, its body models with a ``user_id`` field given the caller's user (a
+    function of the same kind: FastAPI runs a sync one in a worker thread)."""
+    signature = inspect.signature(handler, eval_str=True)
+    bodies = [
+        name
+        for name, parameter in signature.parameters.items()
+        if isinstance(parameter.annotation, type)
+        and issubclass(parameter.annotation, BaseModel)
+        and "user_id" in parameter.annotation.model_fields
+    ]
+    if not bodies:
+        return handler
+
+    def filled(kwargs: dict[str, Any]) -> dict[str, Any]:
+        user_id = kwargs.pop(_CALLER_PARAMETER)
+        for name in bodies:
+            if isinstance(kwargs.get(name), BaseModel):
+                kwargs[name] = kwargs[name].model_copy(update={"user_id": user_id})
+        return kwargs
+
+    endpoint: Callable[..., Any]
+    if inspect.isasyncgenfunction(handler):
+
+        async def endpoint(**kwargs: Any) -> Any:
+            async for item in handler(**filled(kwargs)):
+                yield item
+
+    elif inspect.isgeneratorfunction(handler):
+
+        def endpoint(**kwargs: Any) -> Any:
+            yield from handler(**filled(kwargs))
+
+    elif inspect.iscoroutinefunction(handler):
+
+        async def endpoint(**kwargs: Any) -> Any:
+            return await handler(**filled(kwargs))
+
+    else:
+
+        def endpoint(**kwargs: Any) -> Any:
+            return handler(**filled(kwargs))
+
+    caller = inspect.Parameter(
+        _CALLER_PARAMETER,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[str, Depends(current_user_id)],
+    )
+    # Before a ``**kwargs`` parameter, which must come last.
+    parameters = sorted(
+        [*signature.parameters.values(), caller],
+        key=lambda parameter: parameter.kind == inspect.Parameter.VAR_KEYWORD,
+    )
+    endpoint.__signature__ = signature.replace(parameters=parameters)  # type: ignore[union-attr]
+    endpoint.__name__ = getattr(handler, "__name__", "endpoint")
+    endpoint.__doc__ = handler.__doc__
+    return endpoint
 
 
 def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -116,7 +181,7 @@ def build_router(endpoints: list[dict[str, Any]], secrets: Iterable[str] = ()) -
         dependencies=[Depends(current_user_id)], tags=["custom"], route_class=KeyedRoute
     )
     for spec in endpoints:
-        handler = spec["handler"]
+        handler = _acting_as_caller(spec["handler"])
         if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
             handler = _streaming(handler)
         router.add_api_route(spec["path"], handler, methods=spec["methods"])
