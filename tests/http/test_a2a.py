@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +33,7 @@ from google.protobuf.json_format import ParseDict
 
 from agentscope_serverless.a2a_server import TASK_SAVE_INTERVAL
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
+from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
@@ -438,6 +440,43 @@ async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Key
     assert await tool.invoke('{"message": "ask the other agent"}') == "ask the other agent "
     with pytest.raises(Exception, match="401"):
         await a2a_agent_tool(url, api_key="ask_wrong_key")
+
+
+@pytest.fixture(scope="module")
+def remembering() -> Iterator[tuple[str, Keys]]:
+    """The demo agent, which remembers what its users tell it, over A2A."""
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=demo_app, key_store=keys.store)
+    with running(web) as url:
+        yield url, keys
+
+
+@pytest.mark.parametrize(
+    ("kind", "first", "second"), [("service", "sam", "tom"), ("alice", "alice", "bob")]
+)
+async def test_an_a2a_agent_called_as_a_tool_keeps_the_callers_users_apart(
+    remembering: tuple[str, Keys], kind: str, first: str, second: str
+) -> None:
+    # Each user of the calling agent must be a user of its own there (a service key acts
+    # for them; a user key only in its user's runs), never one user shared by all of them.
+    url, keys = remembering
+    tool = await a2a_agent_tool(url, api_key=getattr(keys, kind))
+    caller = AgentApp(app_name="caller")
+
+    @caller.query(framework="text")
+    async def ask(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield await tool.invoke(json.dumps({"message": msgs[-1].get_text_content()}))
+
+    async def reply(text: str, user_id: str) -> str:
+        answer = await caller.query(text, user_id=user_id, session_id=uuid.uuid4().hex)
+        return answer.output[-1].get_text_content() or ""
+
+    assert "Nice to meet you, Zed" in await reply("My name is Zed", first)
+    assert "Your name is Zed" in await reply("What is my name?", first)
+    asked = await reply("What is my name?", second)
+    assert "Zed" not in asked
+    if kind != "service":
+        assert "refused to act for this user" in asked
 
 
 def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(

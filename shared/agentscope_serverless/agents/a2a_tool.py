@@ -10,6 +10,11 @@ that agent with the ``a2a-sdk`` client and returns the agent's reply text::
 
 The tool's name and description come from the remote agent's card (fetched once, with the
 key as a bearer token); :func:`ask_a2a_agent` is the same call without the tool wrapper.
+
+Called in a run, the tool acts there for the run's user (``X-User-Id``): the remote agent
+keeps each user's sessions and memory apart, as it does for its own users, rather than
+holding everyone's under the key's user. So give it a service key of the remote agent; a
+user key acts only as its own user, and the tool's calls in other users' runs are refused.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from a2a.types import AgentCard, Role, SendMessageRequest, TaskState
 
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.errors import AgentError
+from agentscope_serverless.services._turn import turn_user_id
 
 _PARAMETERS = {
     "type": "object",
@@ -32,8 +38,19 @@ _PARAMETERS = {
 }
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _headers(api_key: str | None, user_id: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if user_id is not None:
+        headers["X-User-Id"] = user_id
+    return headers
+
+
+async def _refused(response: httpx.Response) -> None:
+    if response.status_code == 403:
+        raise AgentError(
+            "the agent refused to act for this user: its key acts only as its own user "
+            "(give the tool a service key of the agent, which acts for each user)"
+        )
 
 
 async def fetch_card(
@@ -51,9 +68,15 @@ async def ask_a2a_agent(
     api_key: str | None = None,
     context_id: str | None = None,
     timeout_seconds: float = 120,
+    user_id: str | None = None,
 ) -> str:
-    """Send ``message`` to the agent of ``card`` and return its reply text."""
-    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
+    """Send ``message`` to the agent of ``card`` and return its reply text; with
+    ``user_id``, as that user (``X-User-Id``, for a service key of the agent)."""
+    async with httpx.AsyncClient(
+        headers=_headers(api_key, user_id),
+        timeout=timeout_seconds,
+        event_hooks={"response": [_refused]},
+    ) as http:
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
         request = SendMessageRequest(
             message=new_text_message(message, context_id=context_id, role=Role.ROLE_USER)
@@ -71,7 +94,8 @@ async def ask_a2a_agent(
 async def a2a_agent_tool(
     url: str, *, api_key: str | None = None, name: str | None = None, timeout_seconds: float = 120
 ) -> AgentTool:
-    """The A2A agent at ``url`` as a tool taking one argument, ``message``."""
+    """The A2A agent at ``url`` as a tool taking one argument, ``message``, that acts for
+    the user of the run calling it (see the module)."""
     card = await fetch_card(url, api_key=api_key)
     tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", card.name)[:64] or "a2a_agent"
 
@@ -81,6 +105,7 @@ async def a2a_agent_tool(
             str(arguments.get("message", "")),
             api_key=api_key,
             timeout_seconds=timeout_seconds,
+            user_id=turn_user_id(),
         )
 
     return AgentTool(

@@ -240,6 +240,13 @@ class KeyedRoute(APIRoute):
         return handle
 
 
+def no_other_user(caller: Caller) -> None:
+    """A user key naming another user gets 403, on a route holding no user's data (where a
+    service key need not name one)."""
+    if caller.principal.kind == "user":
+        caller.user_id()
+
+
 async def current_user_id(caller: Annotated[Caller, Depends(get_caller)]) -> str:
     """The user a request without a body ``user_id`` acts as."""
     return caller.user_id()
@@ -262,5 +269,6 @@ __all__ = [
     "get_caller",
     "header_text",
     "iam_user_id",
+    "no_other_user",
     "web_adapter_request_context",
 ]

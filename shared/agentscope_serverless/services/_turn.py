@@ -45,6 +45,13 @@ def agent_turn(writes: AgentWrites) -> Iterator[AgentWrites]:
         _CURRENT.set(None if previous is Token.MISSING else previous)
 
 
+def turn_user_id() -> str | None:
+    """The user whose turn the agent is running (None outside a turn): what the agent does
+    for the turn (a remote agent it calls, say) is done for that user."""
+    writes = _CURRENT.get()
+    return writes.user_id if writes is not None else None
+
+
 def note_history_write(user_id: str, session_id: str) -> None:
     """A message was appended to ``session_id`` of ``user_id``."""
     writes = _CURRENT.get()
@@ -59,4 +66,10 @@ def note_memory_write(user_id: str) -> None:
         writes.memory = True
 
 
-__all__ = ["AgentWrites", "agent_turn", "note_history_write", "note_memory_write"]
+__all__ = [
+    "AgentWrites",
+    "agent_turn",
+    "note_history_write",
+    "note_memory_write",
+    "turn_user_id",
+]

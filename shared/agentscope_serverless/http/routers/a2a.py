@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
+from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, no_other_user
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
@@ -59,8 +59,10 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
     app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
 
-    async def card(request: Request, user_id: CurrentUser) -> JSONResponse:
+    async def card(request: Request, caller: CurrentCaller) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+
+        no_other_user(caller)  # it holds no user's data: a service key need not name one
 
         base_url = context.settings.a2a_base_url or str(request.base_url)
         return JSONResponse(agent_card_to_dict(agent_app.a2a_card(base_url)))

@@ -24,12 +24,12 @@ from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http import sdk_retries
 from agentscope_serverless.http.auth import (
-    Caller,
     CurrentCaller,
     KeyedRoute,
     bearer_scheme,
     get_caller,
     header_text,
+    no_other_user,
 )
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
@@ -527,12 +527,12 @@ def build_router(
     # named after its app (the chat routes answer whatever model a request names).
     @router.get(f"{COMPATIBLE_PREFIX}/models", summary="OpenAI models: the agent")
     async def list_models(caller: CurrentCaller, context: Context) -> dict[str, Any]:
-        _no_other_user(caller)
+        no_other_user(caller)
         return {"object": "list", "data": [_model(context)]}
 
     @router.get(f"{COMPATIBLE_PREFIX}/models/{{model}}", summary="OpenAI model: the agent")
     async def get_model(model: str, caller: CurrentCaller, context: Context) -> dict[str, Any]:
-        _no_other_user(caller)
+        no_other_user(caller)
         described = _model(context)
         if model != described["id"]:
             raise NotFoundError(f"no model {model!r}: this server's model is {described['id']!r}")
@@ -561,13 +561,6 @@ async def _stored_response(
     if record.session_id != found[1]:
         raise compat.ResponseNotFoundError(response_id)
     return runs, record
-
-
-def _no_other_user(caller: Caller) -> None:
-    """A user key naming another user gets 403 here too (a route holding no user's data
-    need not name one)."""
-    if caller.principal.kind == "user":
-        caller.user_id()
 
 
 def _model(context: AppContext) -> dict[str, Any]:
