@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.app import ROUTERS
 from agentscope_serverless.local_stack import free_port
+from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, issue_key, running
+from tests.support.http import Keys, bearer, issue_key, running, user_message
 from tests.support.sandbox_server import RunningServer, proc_scan_code
 
 
@@ -267,3 +269,43 @@ def test_the_apps_embedded_sandbox_server_sees_none_of_the_apps_secrets(
         for environ in servers:
             assert canary.encode() not in environ
         assert alice.delete(f"/sandboxes/{session}").json()["released"] is True
+
+
+def sandbox_agent() -> AgentApp:
+    """An agent keeping a word in its session's sandbox, connected as ported code may do it:
+    by session id alone."""
+    app = AgentApp(app_name="sandboxed", with_sandbox=True)
+
+    @app.query(framework="text")
+    async def query(
+        self: Any, msgs: list[Message], session: Any = None, **kwargs: Any
+    ) -> AsyncIterator[str]:
+        [box] = await self.sandbox_service.connect_async(session.id)
+        text = msgs[-1].get_text_content() or ""
+        code = f"word = {text[5:]!r}" if text.startswith("keep ") else "print(word)"
+        result = await box.call_tool_async("run_ipython_cell", {"code": code})
+        yield stdout(result) or "kept"
+
+    return app
+
+
+def test_a_sandbox_connected_in_a_run_without_a_user_is_the_runs_users(
+    sandbox_server: RunningServer, keys: Keys, session: str
+) -> None:
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url, sandbox_bearer_token=sandbox_server.token
+    )
+    app = create_app(settings=settings, agent_app=sandbox_agent(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+
+        def say(key: str, text: str) -> str:
+            run = {"input": [user_message(text)], "session_id": session, "stream": False}
+            answer = client.post("/process", json=run, headers=bearer(key))
+            assert answer.status_code == 200, answer.text
+            return str(answer.json()["output"][-1]["content"][0]["text"])
+
+        assert say(keys.alice, "keep pineapple") == "kept"
+        assert say(keys.alice, "tell") == "pineapple\n"
+        assert "pineapple" not in say(keys.bob, "tell")
+        for key in (keys.alice, keys.bob):
+            client.delete(f"/sandboxes/{session}", headers=bearer(key))

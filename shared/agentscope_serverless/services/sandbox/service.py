@@ -2,7 +2,9 @@
 
 Sandboxes are keyed by ``(session_id, user_id)`` through the server's session mapping
 (:func:`session_ctx_id`), so a new process (a new Lambda instance) finds the same sandboxes
-again.
+again. In an agent's run, a call naming no user acts for the run's user: an agent that
+connects by session id alone gets its user's sandboxes, never those of another user's
+session of the same id.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.log import logger
 from agentscope_serverless.sandbox_protocol import BASE
+from agentscope_serverless.services._turn import turn_user_id
 from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 from agentscope_serverless.services.sandbox.box import Sandbox
@@ -120,6 +123,11 @@ def _requested_types(
     # base_async too, rather than a new one on each connect.
     unique = list(dict.fromkeys(canonical_type(t.strip()) for t in types))
     return unique or [BASE]
+
+
+def _acting_user(user_id: str | None) -> str | None:
+    """``user_id``, else (in an agent's run) the run's user."""
+    return user_id if user_id is not None else turn_user_id()
 
 
 class SandboxService(StartedGuard, ServiceWithLifecycleManager):
@@ -246,6 +254,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         each type, and each releases the others it made.
         """
         client = self.client
+        user_id = _acting_user(user_id)
         key = self._key(session_id, user_id)
         wanted = _requested_types(env_types, sandbox_types, tools)
         found = await self.sandboxes_async(session_id, user_id)
@@ -277,7 +286,8 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         """The live sandboxes of ``(session_id, user_id)``, creating none (``[]`` when none)."""
         client = self.client
         boxes: list[Sandbox] = []
-        for sandbox_id in await client.get_session_mapping(self._key(session_id, user_id)):
+        key = self._key(session_id, _acting_user(user_id))
+        for sandbox_id in await client.get_session_mapping(key):
             try:
                 info = await client.get_info(sandbox_id)
             except SandboxNotFoundError:
@@ -295,6 +305,8 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
     ) -> list[Sandbox]:
         """:meth:`connect_async` for synchronous code (also inside a running event loop)."""
         client = self.client
+        # Resolved here: the call may run in a thread of its own, outside the run's context.
+        user_id = _acting_user(user_id)
         return client.run_sync(
             self.connect_async(session_id, user_id, env_types, tools, sandbox_types)
         )
@@ -303,7 +315,8 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         """Release every sandbox of ``(session_id, user_id)``; False when it had none."""
         client = self.client
         released = False
-        for sandbox_id in await client.get_session_mapping(self._key(session_id, user_id)):
+        key = self._key(session_id, _acting_user(user_id))
+        for sandbox_id in await client.get_session_mapping(key):
             released = await client.release(sandbox_id) or released
             self._created.discard(sandbox_id)
         return released
@@ -311,7 +324,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
     def release(self, session_id: str, user_id: str | None = None) -> bool:
         """:meth:`release_async` for synchronous code (also inside a running event loop)."""
         client = self.client
-        return client.run_sync(self.release_async(session_id, user_id))
+        return client.run_sync(self.release_async(session_id, _acting_user(user_id)))
 
     @property
     def client(self) -> SandboxClient:
