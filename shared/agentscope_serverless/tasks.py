@@ -22,6 +22,7 @@ from pydantic_core import to_jsonable_python
 from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services._turn import acting_for
 from agentscope_serverless.services._validation import json_copy
 from agentscope_serverless.services.idempotency.base import (
     ClaimOutcome,
@@ -65,7 +66,9 @@ async def run_task(
     (:mod:`~agentscope_serverless.time_limit`) is stopped and stored as failed
     (``TIME_LIMIT``)."""
     try:
-        result = await _beating(runs, user_id, task_id, _call(task, payload))
+        # What the task does (a remote agent called, a sandbox connected) is for its user.
+        with acting_for(user_id):
+            result = await _beating(runs, user_id, task_id, _call(task, payload))
         # A result that every store could not keep and give back as it was fails the task,
         # saying why: numbers JSON cannot carry (NaN, infinities: null once stored), text
         # that is not Unicode (a lone UTF-16 surrogate), nesting too deep to be read back.

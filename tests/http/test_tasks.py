@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
+from agentscope_serverless.agents.demo import app as demo_app
+from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
@@ -58,6 +62,15 @@ LLM_KEY = "sk-tasks-" + "0123456789"
 @app.task("/jobs/call")
 async def call(payload: Any) -> None:
     raise RuntimeError(f"the chat API refused the key {LLM_KEY}")
+
+
+# The tool a task calls, made by the test that needs it (it reads the remote agent's card).
+REMOTE: dict[str, AgentTool] = {}
+
+
+@app.task("/jobs/ask-remote")
+async def ask_remote(payload: dict[str, Any]) -> str:
+    return await REMOTE["agent"].invoke(json.dumps({"message": payload["message"]}))
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +144,34 @@ def test_a_failed_tasks_error_shows_no_secret(server: tuple[str, Keys]) -> None:
     message = "RuntimeError: the chat API refused the key ***"
     assert failed["error"] == {"code": "TASK_FAILED", "message": message}
     assert polled["result"] == message
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[tuple[str, Keys]]:
+    """The demo agent, which remembers what its users tell it, over A2A."""
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=demo_app, key_store=keys.store)
+    with running(web) as url:
+        yield url, keys
+
+
+async def test_a_task_calling_a_remote_agent_does_it_for_the_user_who_submitted_it(
+    server: tuple[str, Keys], remote: tuple[str, Keys]
+) -> None:
+    # The task of one user must not be another user at the remote agent (nor one user
+    # shared by all who submit tasks): alice's key there acts in alice's tasks only.
+    url, keys = server
+    remote_url, remote_keys = remote
+    REMOTE["agent"] = await a2a_agent_tool(remote_url, api_key=remote_keys.alice)
+
+    def ask(key: str, message: str) -> str:
+        with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+            submitted = client.post("/jobs/ask-remote", json={"message": message})
+            return str(_wait_for(client, submitted.json()["task_id"])["result"])
+
+    assert "Nice to meet you, Zed" in ask(keys.alice, "My name is Zed")
+    assert "Your name is Zed" in ask(keys.alice, "What is my name?")
+    assert "Zed" not in ask(keys.bob, "What is my name?")
 
 
 def test_a_result_json_cannot_carry_fails_the_task_saying_where(

@@ -45,9 +45,19 @@ def agent_turn(writes: AgentWrites) -> Iterator[AgentWrites]:
         _CURRENT.set(None if previous is Token.MISSING else previous)
 
 
+@contextlib.contextmanager
+def acting_for(user_id: str) -> Iterator[None]:
+    """Work done in this context outside an agent's turn (a background task) is done for
+    ``user_id``, as a turn's is for its user (see :func:`turn_user_id`)."""
+    # No session is blank: nothing is taken for a write to one of the turn's.
+    with agent_turn(AgentWrites(user_id, "")):
+        yield
+
+
 def turn_user_id() -> str | None:
-    """The user whose turn the agent is running (None outside a turn): what the agent does
-    for the turn (a remote agent it calls, say) is done for that user."""
+    """The user whose turn the agent is running, or whose background task runs (None
+    outside both): what is done for them (a remote agent called, a sandbox connected) is
+    done as that user."""
     writes = _CURRENT.get()
     return writes.user_id if writes is not None else None
 
@@ -68,6 +78,7 @@ def note_memory_write(user_id: str) -> None:
 
 __all__ = [
     "AgentWrites",
+    "acting_for",
     "agent_turn",
     "note_history_write",
     "note_memory_write",
