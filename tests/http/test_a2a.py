@@ -35,6 +35,7 @@ from agentscope_serverless.a2a_server import TASK_SAVE_INTERVAL
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
@@ -477,6 +478,34 @@ async def test_an_a2a_agent_called_as_a_tool_keeps_the_callers_users_apart(
     assert "Zed" not in asked
     if kind != "service":
         assert "refused to act for this user" in asked
+
+
+async def test_a_custom_endpoint_calling_an_a2a_agent_does_it_for_its_caller() -> None:
+    remote_keys, local_keys = InMemoryKeyStore(), InMemoryKeyStore()
+    for store in (remote_keys, local_keys):
+        await store.start()
+    remote_key = (await remote_keys.create_key(user_id="alice")).key
+    alice, bob = [(await local_keys.create_key(user_id=u)).key for u in ("alice", "bob")]
+    remote = create_app(settings=load_settings(), agent_app=demo_app, key_store=remote_keys)
+    with running(remote) as remote_url:
+        tool = await a2a_agent_tool(remote_url, api_key=remote_key)
+        caller = AgentApp(app_name="caller")
+        caller.query(framework="text")(query)
+
+        @caller.endpoint("/ask", methods=["POST"])
+        async def ask(body: dict[str, Any]) -> dict[str, str]:
+            return {"reply": await tool.invoke(json.dumps({"message": body["message"]}))}
+
+        served = caller.get_fastapi_app(settings=load_settings(), key_store=local_keys)
+        with running(served) as url, httpx.Client(base_url=url, timeout=30) as client:
+
+            def reply(key: str, message: str) -> str:
+                answer = client.post("/ask", json={"message": message}, headers=bearer(key))
+                return str(answer.json()["reply"])
+
+            assert "Nice to meet you, Zed" in reply(alice, "My name is Zed")
+            assert "Your name is Zed" in reply(alice, "What is my name?")
+            assert "Zed" not in reply(bob, "What is my name?")
 
 
 def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(

@@ -2,7 +2,9 @@
 
 A handler's body model with a ``user_id`` field (an ``AgentRequest``, as AgentScope's
 handlers take) gets there the user the request acts as: the caller's, whether or not the
-body names it (a body naming another user is refused before, as on every route).
+body names it (a body naming another user is refused before, as on every route). What the
+handler does runs for that user too, as a run does for its: an A2A agent tool it calls, or
+a sandbox it connects naming no user, acts for them.
 
 A handler is a FastAPI endpoint; a generator (sync or async) is streamed as Server-Sent
 Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
@@ -29,6 +31,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from agentscope_serverless.http.auth import KeyedRoute, current_user_id
 from agentscope_serverless.log import logger, redact, redacted
+from agentscope_serverless.services._turn import acting_for
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
 _MAX_DEPTH = 100
@@ -79,8 +82,8 @@ def _error_item(exc: Exception) -> str:
 
 
 def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """``handler``, its body models with a ``user_id`` field given the caller's user (a
-    function of the same kind: FastAPI runs a sync one in a worker thread)."""
+    """``handler`` run for the caller's user, its body models with a ``user_id`` field given
+    that user (a function of the same kind: FastAPI runs a sync one in a worker thread)."""
     signature = inspect.signature(handler, eval_str=True)
     bodies = [
         name
@@ -89,11 +92,8 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
         and issubclass(parameter.annotation, BaseModel)
         and "user_id" in parameter.annotation.model_fields
     ]
-    if not bodies:
-        return handler
 
-    def filled(kwargs: dict[str, Any]) -> dict[str, Any]:
-        user_id = kwargs.pop(_CALLER_PARAMETER)
+    def filled(user_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         for name in bodies:
             if isinstance(kwargs.get(name), BaseModel):
                 kwargs[name] = kwargs[name].model_copy(update={"user_id": user_id})
@@ -103,23 +103,38 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(handler):
 
         async def endpoint(**kwargs: Any) -> Any:
-            async for item in handler(**filled(kwargs)):
-                yield item
+            user_id = kwargs.pop(_CALLER_PARAMETER)
+            with acting_for(user_id):
+                async for item in handler(**filled(user_id, kwargs)):
+                    yield item
 
     elif inspect.isgeneratorfunction(handler):
 
         def endpoint(**kwargs: Any) -> Any:
-            yield from handler(**filled(kwargs))
+            user_id = kwargs.pop(_CALLER_PARAMETER)
+            items = handler(**filled(user_id, kwargs))
+            while True:
+                # Each step may run in a worker thread of its own, in a copy of the context.
+                with acting_for(user_id):
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        return
+                yield item
 
     elif inspect.iscoroutinefunction(handler):
 
         async def endpoint(**kwargs: Any) -> Any:
-            return await handler(**filled(kwargs))
+            user_id = kwargs.pop(_CALLER_PARAMETER)
+            with acting_for(user_id):
+                return await handler(**filled(user_id, kwargs))
 
     else:
 
         def endpoint(**kwargs: Any) -> Any:
-            return handler(**filled(kwargs))
+            user_id = kwargs.pop(_CALLER_PARAMETER)
+            with acting_for(user_id):
+                return handler(**filled(user_id, kwargs))
 
     caller = inspect.Parameter(
         _CALLER_PARAMETER,
