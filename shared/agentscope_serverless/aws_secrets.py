@@ -12,8 +12,9 @@ imported, so the agent reads ``os.environ["WEATHER_API_KEY"]`` in the cloud as i
 locally (:func:`export_agent_secrets`); their values are kept out of log lines and of the
 errors of failed runs, as the settings' secrets are.
 
->>> resolve_secrets(Settings())  # without SECRETS_ARN the settings come back unchanged
-Settings(...)                    # doctest: +SKIP
+>>> settings = Settings()  # without SECRETS_ARN the settings come back unchanged
+>>> resolve_secrets(settings) is settings
+True
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""A client of an agent API (``POST /process``): stream a request's events.
+"""A client of an agent API (``POST /process``): stream a request's events::
 
->>> client = HTTPAgentAPIClient("http://127.0.0.1:8090/process", token="ask_...")
->>> for event in client.stream(create_simple_text_request("hi", session_id="s1")):
-...     if isinstance(event, TextContent) and event.delta:
-...         print(event.text, end="")  # each piece as it comes
-...     elif isinstance(event, Message) and event.status == "completed":
-...         reply = extract_text_from_event(event)  # the whole message's text
+    client = HTTPAgentAPIClient("http://127.0.0.1:8090/process", token="ask_...")
+    for event in client.stream(create_simple_text_request("hi", session_id="s1")):
+        if isinstance(event, TextContent) and event.delta:
+            print(event.text, end="")  # each piece as it comes
+        elif isinstance(event, Message) and event.status == "completed":
+            reply = extract_text_from_event(event)  # the whole message's text
 
 ``astream`` is the async twin. A non-2xx answer, or an ``{"error": ...}`` line, raises
 :class:`AgentAPIError`; a run that fails arrives as its ``failed`` response event.

@@ -1,7 +1,7 @@
-"""The HTTP API: one application factory over the runtime.
+"""The HTTP API: one application factory over the runtime::
 
->>> from agentscope_serverless.http import create_app
->>> app = create_app(["process"], settings=settings)   # settings from the process's root
+    from agentscope_serverless.http import create_app
+    app = create_app(["process"], settings=settings)   # settings from the process's root
 
 See :func:`create_app` for the routers, :mod:`.auth` for authentication, :mod:`.errors` for
 the error format, :mod:`.openai_compat` for the OpenAI-compatible endpoints and

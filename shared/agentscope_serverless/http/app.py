@@ -1,8 +1,8 @@
-"""``create_app``: the one factory of the web application, for any subset of routers.
+"""``create_app``: the one factory of the web application, for any subset of routers::
 
->>> settings = load_settings(agent_app="mypkg.agent:app")  # once, where the process starts
->>> app = create_app(["sessions"], settings=settings)   # one Lambda function per router...
->>> app = create_app(settings=settings)                 # ...or every router in one server
+    settings = load_settings(agent_app="mypkg.agent:app")  # once, where the process starts
+    app = create_app(["sessions"], settings=settings)   # one Lambda function per router...
+    app = create_app(settings=settings)                 # ...or every router in one server
 
 Routers: ``process`` (``/process`` and ``/compatible-mode/v1/{chat/completions,responses}``),
 ``sessions``, ``memory``, ``state``, ``sandbox`` (``/sandboxes``), ``runs`` (``/runs``, stored

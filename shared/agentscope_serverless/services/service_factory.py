@@ -1,6 +1,6 @@
-"""AgentScope Runtime's service factories: a backend name and keyword arguments to a service.
+"""AgentScope Runtime's service factories: a backend name and keyword arguments to a service::
 
->>> service = await SessionHistoryServiceFactory.create("redis", redis_url="redis://...")
+    service = await SessionHistoryServiceFactory.create("redis", redis_url="redis://...")
 
 The backend is the argument, else the environment variable ``{PREFIX}BACKEND``, else the
 factory's default. Keyword arguments come from the variables ``{PREFIX}{BACKEND}_<NAME>``

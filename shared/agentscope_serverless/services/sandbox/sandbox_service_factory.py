@@ -1,7 +1,7 @@
 """``SandboxServiceFactory``: backend ``default`` (a remote sandbox server with ``base_url``
-and ``bearer_token``, or the embedded one without).
+and ``bearer_token``, or the embedded one without)::
 
->>> service = await SandboxServiceFactory.create(base_url="https://...", bearer_token="...")
+    service = await SandboxServiceFactory.create(base_url="https://...", bearer_token="...")
 """
 
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""The examples in the package's docstrings run and give what they show.
+
+A ``>>>`` example is a promise to whoever reads the docstring; one that cannot run (it needs
+a server, or awaits outside a function) is written as a literal block (``::``) instead.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import agentscope_serverless
+
+# Modules that refuse to be imported here, each for a reason of its own: AgentScope's
+# adapters need the ``agentscope`` package (an extra); the sandbox tools of sandbox types the
+# server does not run say so as they are imported.
+NOT_IMPORTABLE = {
+    "agentscope_serverless.adapters.agentscope.long_term_memory": "agentscope",
+    "agentscope_serverless.adapters.agentscope.memory": "agentscope",
+    "agentscope_serverless.adapters.agentscope.message": "agentscope",
+    "agentscope_serverless.adapters.agentscope.tool": "agentscope",
+    "agentscope_serverless.sandbox.tools.browser": "not offered",
+    "agentscope_serverless.sandbox.tools.gui": "not offered",
+    "agentscope_serverless.sandbox.tools.mobile": "not offered",
+}
+MODULES = sorted(
+    info.name
+    for info in pkgutil.walk_packages(
+        agentscope_serverless.__path__, prefix="agentscope_serverless."
+    )
+)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_docstring_examples_of_each_module_run(name: str) -> None:
+    if name in NOT_IMPORTABLE:
+        with pytest.raises(ImportError, match=NOT_IMPORTABLE[name]):
+            importlib.import_module(name)
+        return
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"
