@@ -33,10 +33,10 @@ from agentscope_serverless.settings import Settings
 class ServerThread:
     """An ASGI application served by uvicorn in a background thread::
 
-        server = ServerThread(app, host="127.0.0.1", port=0)
-        url = server.start()
-        ...
-        server.stop()
+    server = ServerThread(app, host="127.0.0.1", port=0)
+    url = server.start()
+    ...
+    server.stop()
     """
 
     def __init__(

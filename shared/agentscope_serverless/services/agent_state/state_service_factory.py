@@ -1,6 +1,6 @@
 """``StateServiceFactory``: backends ``in_memory``, ``redis`` and ``dynamodb``::
 
-    service = await StateServiceFactory.create("dynamodb", table_name="agentscope-state")
+service = await StateServiceFactory.create("dynamodb", table_name="agentscope-state")
 """
 
 from __future__ import annotations

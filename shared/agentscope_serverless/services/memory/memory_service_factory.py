@@ -1,6 +1,6 @@
 """``MemoryServiceFactory``: backends ``in_memory`` and ``redis``::
 
-    service = await MemoryServiceFactory.create("redis", redis_url="redis://...")
+service = await MemoryServiceFactory.create("redis", redis_url="redis://...")
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``SessionHistoryServiceFactory``: backends ``in_memory``, ``redis`` and ``dynamodb``::
 
-    service = await SessionHistoryServiceFactory.create("in_memory")
+service = await SessionHistoryServiceFactory.create("in_memory")
 """
 
 from __future__ import annotations
