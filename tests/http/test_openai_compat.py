@@ -399,6 +399,84 @@ def test_an_image_a_file_or_audio_without_a_source_is_refused_rather_than_stored
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("path", "part", "said"),
+    [
+        (
+            "chat/completions",
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,not base64!"}},
+            "not an image's base64",
+        ),
+        (
+            "responses",
+            {"type": "input_image", "image_url": "data:text/plain;base64,aGk="},
+            "not an image's base64",
+        ),
+        (
+            "chat/completions",
+            {"type": "image_url", "image_url": {"url": "data:image/svg+xml,<svg/>"}},
+            "not an image's base64",
+        ),
+        (
+            "chat/completions",
+            {"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}},
+            "need their data (base64)",
+        ),
+        (
+            "chat/completions",
+            {"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf,x"}},
+            "file_data of a content part of type 'file' is not base64",
+        ),
+        (
+            "responses",
+            {"type": "input_file", "filename": "a.pdf", "file_data": "not base64 at all"},
+            "file_data of a content part of type 'input_file' is not base64",
+        ),
+    ],
+)
+def test_data_a_chat_api_would_refuse_is_refused_rather_than_stored(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    part: dict[str, object],
+    said: str,
+) -> None:
+    # Stored, a broken data: URI or base64 reached the model with every later turn of the
+    # session, which the chat API refused each time: the session could never be answered.
+    client = client_for(keys.alice)
+    session = f"data-{uuid.uuid4()}"
+    field = "messages" if path == "chat/completions" else "input"
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", field: [{"role": "user", "content": [part]}]},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 422, refused.text
+    assert said in refused.json()["error"]["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
+def test_images_audio_and_files_of_valid_base64_are_taken(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    parts = [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": "JVBERi0x"}},
+        {
+            "type": "file",
+            "file": {"filename": "b.pdf", "file_data": "data:application/pdf;base64,JVBERi0x"},
+        },
+    ]
+    answer = client.post(
+        "/compatible-mode/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": parts}]},
+    )
+    assert answer.status_code == 200, answer.text
+
+
 PICTURE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
 
 

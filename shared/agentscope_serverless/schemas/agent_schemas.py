@@ -11,6 +11,8 @@ clients written for it keep working. Every event serialises with ``model_dump_js
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextvars
 import copy
 import itertools
@@ -623,10 +625,15 @@ def _openai_parts(content: Any) -> list[Any]:
                     f"content parts of type {kind!r} need their image_url (a URL or a data: "
                     "URI; images are not read by file_id here)"
                 )
+            if urlsplit(url).scheme.lower() == "data" and not _is_data_uri(url, "image/"):
+                raise UnsupportedContentError(
+                    f"the image_url of a content part of type {kind!r} is a data: URI that is "
+                    "not an image's base64 (data:image/png;base64,...)"
+                )
             parts.append(ImageContent(image_url=url))
         elif kind == "input_audio":
             audio = part.get("input_audio") or {}
-            if not isinstance(audio, dict) or not audio.get("data"):
+            if not isinstance(audio, dict) or not _is_base64(audio.get("data")):
                 raise UnsupportedContentError(
                     "content parts of type 'input_audio' need their data (base64)"
                 )
@@ -638,6 +645,12 @@ def _openai_parts(content: Any) -> list[Any]:
                 raise UnsupportedContentError(
                     f"content parts of type {kind!r} need a file_url, file_id or file_data"
                 )
+            data = fields.get("file_data")
+            if data and not (isinstance(data, str) and _is_file_data(data)):
+                raise UnsupportedContentError(
+                    f"the file_data of a content part of type {kind!r} is not base64 (or a "
+                    "data: URI of base64, data:application/pdf;base64,...)"
+                )
             parts.append(FileContent(**{name: fields.get(name) for name in _FILE_FIELDS}))
         elif kind == "refusal":
             parts.append(RefusalContent(refusal=part.get("refusal")))
@@ -645,6 +658,42 @@ def _openai_parts(content: Any) -> list[Any]:
             # Dropped, the agent would answer a message it was never shown.
             raise UnsupportedContentError(f"content parts of type {kind!r} are not supported")
     return parts
+
+
+def _is_base64(data: Any) -> bool:
+    """Whether ``data`` is non-empty base64 text (what chat APIs take, and refuse otherwise,
+    with every later turn of the session that stored it)."""
+    if not isinstance(data, str) or not data:
+        return False
+    try:
+        base64.b64decode(data + "=" * (-len(data) % 4), validate=True)  # padding optional
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _is_file_data(data: str) -> bool:
+    """Whether ``data`` is a file's data as chat APIs take it: base64, or a ``data:`` URI of
+    base64."""
+    return _is_data_uri(data) if data.startswith("data:") else _is_base64(data)
+
+
+def _is_data_uri(uri: str, media: str = "") -> bool:
+    """Whether ``uri`` is a ``data:`` URI of base64 data (of a type starting with ``media``).
+
+    >>> _is_data_uri("data:image/png;base64,iVBORw0KGgo=", "image/")
+    True
+    >>> _is_data_uri("data:image/png;base64,not base64!", "image/")
+    False
+    """
+    header, comma, payload = uri[len("data:") :].partition(",")
+    kind, _, encoding = header.rpartition(";")
+    return (
+        bool(comma)
+        and encoding.lower() == "base64"
+        and kind.lower().startswith(media)
+        and _is_base64(payload)
+    )
 
 
 class BaseRequest(BaseModel):
