@@ -174,7 +174,8 @@ class Runner(ServiceLifecycleManagerMixin):
         self._typed = typed
         self._owns_services = services is None
         self._to_agentscope_msgs: Callable[[list[Message]], list[Any]] | None = None
-        self._handler_keywords: tuple[object, frozenset[str] | None] | None = None
+        # The handler function last called, the keywords it takes and whether it is async.
+        self._handler_shape: tuple[object, frozenset[str] | None, bool] | None = None
         self._started = False
 
     async def query_handler(self, *args: Any, **kwargs: Any) -> Any:
@@ -540,24 +541,23 @@ class Runner(ServiceLifecycleManagerMixin):
             zip(HANDLER_ARGUMENTS, (msgs, request, turn.response, session, memories), strict=True)
         )
         handler = self.query_handler
-        taken = self._keywords_taken(handler)
+        taken, is_async = self._shape_of(handler)
         if taken is not None:
             # A handler written for AgentScope Runtime without **kwargs names only what it
             # was given there (request and response; msgs for AgentScope's framework).
             arguments = {name: value for name, value in arguments.items() if name in taken}
-        if _is_async(handler):
+        if is_async:
             return items_of(handler(**arguments, **extra))
         return _items_in_a_thread(functools.partial(handler, **arguments, **extra))
 
-    def _keywords_taken(self, handler: Callable[..., Any]) -> frozenset[str] | None:
-        """The keyword arguments ``handler`` takes by name; None when it takes any
-        (``**kwargs``). Read once per handler function."""
+    def _shape_of(self, handler: Callable[..., Any]) -> tuple[frozenset[str] | None, bool]:
+        """The keyword arguments ``handler`` takes by name (None when it takes any:
+        ``**kwargs``), and whether it runs on the loop (a coroutine or async generator
+        function). Read once per handler function."""
         function = getattr(handler, "__func__", handler)
-        if self._handler_keywords is not None and self._handler_keywords[0] is function:
-            return self._handler_keywords[1]
-        taken = keywords_taken(handler)
-        self._handler_keywords = (function, taken)
-        return taken
+        if self._handler_shape is None or self._handler_shape[0] is not function:
+            self._handler_shape = (function, keywords_taken(handler), _is_async(handler))
+        return self._handler_shape[1], self._handler_shape[2]
 
     def _error_of(self, exc: BaseException) -> Error:
         """The ``error`` of a failed event, with every configured secret scrubbed out."""

@@ -161,8 +161,7 @@ def create_app(
         include_api_router(app, tasks.build_router(agent_app.tasks, context.task_executor))
     if agent_app is not None and agent_app.custom_endpoints:
         custom = importlib.import_module(f"{__package__}.custom_endpoints")
-        router = custom.build_router(agent_app.custom_endpoints, secrets=secret_values(settings))
-        include_api_router(app, router)
+        include_api_router(app, custom.build_router(agent_app.custom_endpoints))
     if settings.web_ui:
         app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
     return app

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool
 
 from agentscope_serverless.http.auth import KeyedRoute, current_user_id
-from agentscope_serverless.log import logger, redact, redacted
+from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._turn import acting_for
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
@@ -188,10 +188,10 @@ def _encoded(items: Iterable[Any]) -> Iterator[str]:
         yield _encode(item)
 
 
-def build_router(endpoints: list[dict[str, Any]], secrets: Iterable[str] = ()) -> APIRouter:
-    """A router of the custom endpoints, every one requiring an authenticated caller;
-    ``secrets`` (with the agent's own) are kept out of the error items of streamed ones."""
-    redact(secrets)
+def build_router(endpoints: list[dict[str, Any]]) -> APIRouter:
+    """A router of the custom endpoints, every one requiring an authenticated caller; the
+    process's secrets (:func:`~agentscope_serverless.log.redact`) are kept out of the error
+    items of streamed ones."""
     router = APIRouter(
         dependencies=[Depends(current_user_id)], tags=["custom"], route_class=KeyedRoute
     )

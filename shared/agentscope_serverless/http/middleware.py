@@ -44,6 +44,7 @@ import time
 import uuid
 from urllib.parse import unquote_to_bytes
 
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -385,7 +386,7 @@ class RevokedKeyMiddleware:
 def _bearer_key(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            scheme, _, key = bytes(value).decode("latin-1").partition(" ")
+            scheme, key = get_authorization_scheme_param(bytes(value).decode("latin-1"))
             return key if scheme.lower() == "bearer" else None
     return None
 

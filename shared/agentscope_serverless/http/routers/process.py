@@ -104,15 +104,11 @@ def _compatible_run(
     """
     given = clean_session_id(session_id)
     history, turn = compat.split_turn(messages)
-    if given is not None:
-        return _Call(
-            AgentRequest(input=turn, session_id=given, user_id=user_id, **options), given, []
-        )
-    if not turn:  # it ends with an assistant message: all of it is input
+    if given is None and not turn:  # it ends with an assistant message: all of it is input
         history, turn = [], messages
-    session = new_uuid()
+    session = given or new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
-    return _Call(run, session, history)
+    return _Call(run, session, [] if given else history)
 
 
 def _header_session_id(value: str | None) -> str | None:
