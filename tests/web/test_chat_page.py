@@ -37,6 +37,7 @@ pytestmark = pytest.mark.timeout(180)
 
 # Set by a test to let the tool agent's "hold on" run finish.
 HELD_RUN_GOES_ON = threading.Event()
+REASONING_SEEN = threading.Event()  # the test saw the reasoning while it streamed
 
 ENTER = ("Enter", "Enter", 13)
 
@@ -334,6 +335,7 @@ def tool_app() -> AgentApp:
             for piece in ("The user wants ", "a **short** answer."):
                 yield TextContent(text=piece, delta=True)
                 await asyncio.sleep(0.05)
+            await asyncio.to_thread(REASONING_SEEN.wait, 60)  # however slow the page polls
             yield thinking.completed()
             yield "Short answer."
             return
@@ -1098,15 +1100,19 @@ async def test_reasoning_is_shown_while_it_streams_then_folded_away(
     tool_server: tuple[str, str],
 ) -> None:
     url, key = tool_server
+    REASONING_SEEN.clear()
     async with chromium_page() as page:
         await sign_in(page, url, key)
         await page.evaluate("document.getElementById('composer-input').focus()")
         await page.type_text("think first")
         await page.press(*ENTER)
         # While the model thinks, its reasoning is open to read.
-        await page.wait_for(
-            "document.querySelector('.message.reasoning.streaming details[open]') !== null"
-        )
+        try:
+            await page.wait_for(
+                "document.querySelector('.message.reasoning.streaming details[open]') !== null"
+            )
+        finally:
+            REASONING_SEEN.set()
         await page.wait_for("!document.getElementById('send').hidden")
         shown = await page.evaluate(REASONING_SHOWN)
         # Opened again, the stored session shows it the same way.
