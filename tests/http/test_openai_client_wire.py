@@ -490,9 +490,9 @@ def test_instructions_sent_with_every_response_are_not_piled_up_in_the_session(
 def test_a_client_that_names_no_session_leaves_its_conversation_in_memory_once(
     sdk: openai.OpenAI, scenario: httpx.Client
 ) -> None:
-    # A chat client resends its whole conversation with every call and names no session: each
-    # call's session is a new one. Each call used to give memory every message again, so a
-    # search found the first message once per call since.
+    # A chat client resends its whole conversation with every call and names no session (its
+    # calls continue one session, found again from what they resend). Each call used to give
+    # memory every message again, so a search found the first message once per call since.
     marker = uuid.uuid4().hex
     conversation: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
@@ -506,8 +506,8 @@ def test_a_client_that_names_no_session_leaves_its_conversation_in_memory_once(
         conversation.append({"role": "assistant", "content": answer})
         if text is not None:
             conversation.append({"role": "user", "content": text})
-    assert len(set(sessions)) == 3
-    # The last call's session holds the whole conversation, each message once, in order.
+    assert len(set(sessions)) == 1
+    # The session holds the whole conversation, each message once, in order.
     stored = history(scenario, sessions[-1])
     assert [(m["role"], m["content"][0]["text"]) for m in stored] == [
         (m["role"], m["content"]) for m in conversation

@@ -10,6 +10,7 @@ Server-Sent Events (one ``data: <event JSON>`` per event of the run, CONTRACT §
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -21,8 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from agentscope_serverless.errors import NotFoundError
+from agentscope_serverless.http import conversations, sdk_retries
 from agentscope_serverless.http import openai_compat as compat
-from agentscope_serverless.http import sdk_retries
 from agentscope_serverless.http.auth import (
     CurrentCaller,
     KeyedRoute,
@@ -41,6 +42,7 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
+from agentscope_serverless.runner import TURN_ONLY
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -83,32 +85,46 @@ _STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
 @dataclass
 class _Call:
     """An OpenAI-compatible call: its run, its session, and the history a new session starts
-    with."""
+    with; for a call naming no session, the conversation it sent (to find its session again,
+    see :mod:`..conversations`) and the conversation whose session it continues."""
 
     run: AgentRequest
     session_id: str
     history: list[Message]
+    conversation: list[Message] | None = None
+    resumed_from: list[Message] | None = None
 
 
-def _compatible_run(
-    messages: list[Message], session_id: str | None, user_id: str, **options: Any
+async def _compatible_run(
+    context: AppContext,
+    messages: list[Message],
+    session_id: str | None,
+    user_id: str,
+    **options: Any,
 ) -> _Call:
-    """The run of an OpenAI-compatible call, in its session (a new one when none is given).
+    """The run of an OpenAI-compatible call, in its session: the one given, else the one of
+    the conversation the call continues, else a new one.
 
     Only the messages after the last assistant message are new input: clients resend the
     whole conversation with each call. With a given session, the earlier ones are in its
-    history already. Without one, they are the new session's history, stored but not given
-    to memory again: the call that sent them new gave them (a client that never names a
-    session leaves one copy of its conversation in memory, not one per call). Messages for
-    the turn alone (``instructions``) stay its input.
+    history already, as in the session of the conversation they continue. Otherwise they
+    are the new session's history, stored but not given to memory again: the call that sent
+    them new gave them. Messages for the turn alone (``instructions``) stay its input.
     """
     given = clean_session_id(session_id)
     history, turn = compat.split_turn(messages)
     if given is None and not turn:  # it ends with an assistant message: all of it is input
         history, turn = [], messages
-    session = given or new_uuid()
+    if given is not None:
+        run = AgentRequest(input=turn, session_id=given, user_id=user_id, **options)
+        return _Call(run, given, [])
+    shown = [*history, *(m for m in turn if not (m.metadata or {}).get(TURN_ONLY))]
+    resumed = await conversations.resumed(context, user_id, history)
+    session = resumed or new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
-    return _Call(run, session, [] if given else history)
+    if resumed is not None:
+        return _Call(run, session, [], shown, history)
+    return _Call(run, session, history, shown)
 
 
 def _header_session_id(value: str | None) -> str | None:
@@ -192,14 +208,31 @@ async def _openai_turn(
     original = await sdk_retries.original_run(runs, request, run.user_id, fingerprint)
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
-        return _Turn(original.id, original.session_id or session_id, events)
+        session_id = original.session_id or session_id
+        retried = dataclasses.replace(call, session_id=session_id)
+        return _Turn(original.id, session_id, _noted(context, retried, events))
     if call.history:
         session = Session(id=session_id, user_id=run.user_id)
         await context.session_history.append_message(session, call.history)
     recorded = await _recorded(
         context, request, run, kind="openai", fingerprint=fingerprint, echo=echo
     )
-    return _Turn(recorded.run_id, session_id, recorded.events(), recorded)
+    return _Turn(recorded.run_id, session_id, _noted(context, call, recorded.events()), recorded)
+
+
+def _noted(context: AppContext, call: _Call, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """The run's events, noting a conversation of a call naming no session as it ends."""
+    if call.conversation is None:
+        return events
+    assert call.run.user_id is not None
+    return conversations.noted(
+        events,
+        context,
+        call.run.user_id,
+        call.session_id,
+        call.conversation,
+        call.resumed_from,
+    )
 
 
 async def _final(run: RecordedRun, request: Request) -> AgentResponse | None:
@@ -375,7 +408,8 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_chat_request(body)
-        call = _compatible_run(
+        call = await _compatible_run(
+            context,
             compat.chat_messages(body.messages),
             compat.session_id_of(
                 _header_session_id(x_session_id), body.metadata, field=body.session_id
@@ -420,7 +454,8 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_responses_request(body)
-        call = _compatible_run(
+        call = await _compatible_run(
+            context,
             compat.responses_input(body),
             compat.session_id_of(
                 _header_session_id(x_session_id),

@@ -34,6 +34,7 @@ from agentscope_serverless.services.base import ServiceWithLifecycleManager, Sta
 
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
+KEPT = "kept"  # a note of the server's own (see IdempotencyStore.keep)
 DEFAULT_EXPIRY_SECONDS = 24 * 3600
 DEFAULT_LEASE_SECONDS = 60.0
 # Responses larger than this are not kept (a DynamoDB item holds 400 KB): a replay of
@@ -167,6 +168,20 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 
+    async def keep(self, user_id: str, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` among the user's records, for as long as a record
+        lasts, replacing what the key held: a note of the server's own, erased with the
+        user's records. Its keys must be ones no client sends as an ``Idempotency-Key``
+        (those are visible ASCII: a key holding a space is the server's)."""
+        self._ensure_started()
+        await self._keep(require_user_id(user_id), key, value)
+
+    async def take(self, user_id: str, key: str) -> str | None:
+        """The value kept under ``key`` (None when there is none, or it expired), removed as
+        it is read: of callers taking one key at once, one gets it."""
+        self._ensure_started()
+        return await self._take(require_user_id(user_id), key)
+
     @abstractmethod
     async def _claim(
         self, user_id: str, key: str, record: IdempotencyRecord
@@ -194,12 +209,21 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     async def _delete_user(self, user_id: str) -> None:
         """Delete every record of the user."""
 
+    @abstractmethod
+    async def _keep(self, user_id: str, key: str, value: str) -> None:
+        """Store a record of state ``KEPT`` holding ``value`` as its response."""
+
+    @abstractmethod
+    async def _take(self, user_id: str, key: str) -> str | None:
+        """Atomically delete the live ``KEPT`` record of the key and return its value."""
+
 
 __all__ = [
     "COMPLETED",
     "DEFAULT_EXPIRY_SECONDS",
     "DEFAULT_LEASE_SECONDS",
     "IN_PROGRESS",
+    "KEPT",
     "MAX_STORED_RESPONSE_BYTES",
     "Claim",
     "ClaimOutcome",

@@ -25,6 +25,7 @@ from agentscope_serverless.services._dynamodb import (
 )
 from agentscope_serverless.services.idempotency.base import (
     IN_PROGRESS,
+    KEPT,
     IdempotencyRecord,
     IdempotencyStore,
     now_ms,
@@ -160,6 +161,31 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
 
     async def _delete_user(self, user_id: str) -> None:
         await self._store.delete_partition(f"IDEMPOTENCY#{id_hash(user_id)}")
+
+    async def _keep(self, user_id: str, key: str, value: str) -> None:
+        item: Item = {
+            **self._item_key(user_id, key),
+            "state": s(KEPT),
+            "response": s(value),
+            "expires_at": n(now() + self.expiry_seconds),
+        }
+        await self._store.run("put_item", idempotent=True, Item=item)
+
+    async def _take(self, user_id: str, key: str) -> str | None:
+        try:
+            response = await self._store.run(
+                "delete_item",
+                idempotent=False,
+                Key=self._item_key(user_id, key),
+                ConditionExpression="#st = :kept AND #e > :now",
+                ExpressionAttributeNames={**names("#e"), "#st": "state"},
+                ExpressionAttributeValues={":kept": s(KEPT), ":now": n(now())},
+                ReturnValues="ALL_OLD",
+            )
+        except ConditionFailed:
+            return None
+        value: str = response["Attributes"]["response"]["S"]
+        return value
 
 
 __all__ = ["DynamoDBIdempotencyStore"]

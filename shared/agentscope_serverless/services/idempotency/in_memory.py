@@ -8,6 +8,7 @@ from dataclasses import replace
 from agentscope_serverless.services.idempotency.base import (
     COMPLETED,
     IN_PROGRESS,
+    KEPT,
     IdempotencyRecord,
     IdempotencyStore,
     now_ms,
@@ -70,6 +71,17 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     async def _delete_user(self, user_id: str) -> None:
         for user_and_key in [entry for entry in self._records if entry[0] == user_id]:
             del self._records[user_and_key]
+
+    async def _keep(self, user_id: str, key: str, value: str) -> None:
+        kept = IdempotencyRecord("", KEPT, 0, "", value)
+        self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, kept)
+
+    async def _take(self, user_id: str, key: str) -> str | None:
+        existing = self._live(user_id, key)
+        if existing is None or existing.state != KEPT:
+            return None
+        del self._records[(user_id, key)]
+        return existing.response
 
 
 __all__ = ["InMemoryIdempotencyStore"]

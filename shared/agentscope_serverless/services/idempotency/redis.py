@@ -81,6 +81,26 @@ if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 
+# KEYS: record, the user's index. ARGV: value, expiry (s), now (ms), sha256.
+_KEEP = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'kept', 'response', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+local expiry = tonumber(ARGV[3]) + 1000 * tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: record, the user's index. ARGV: sha256.
+_TAKE = """
+local r = redis.call('HMGET', KEYS[1], 'state', 'response')
+if r[1] ~= 'kept' then return false end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return r[2]
+"""
+
 
 class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
     """Idempotency records on Redis or Redis Cluster (with the Redis services).
@@ -160,6 +180,17 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
                 return
             records = [f"{base}:{digest}" for digest in digests]
             await self._redis.run(_DELETE_RECORDS, [index, *records], digests, idempotent=True)
+
+    async def _keep(self, user_id: str, key: str, value: str) -> None:
+        keys, digest = self._keys(user_id, key)
+        await self._redis.run(
+            _KEEP, keys, [value, self.expiry_seconds, now_ms(), digest], idempotent=True
+        )
+
+    async def _take(self, user_id: str, key: str) -> str | None:
+        keys, digest = self._keys(user_id, key)
+        value = await self._redis.run(_TAKE, keys, [digest], idempotent=False)
+        return None if value is None else text(value)
 
 
 __all__ = ["RedisIdempotencyStore"]

@@ -1,0 +1,211 @@
+"""OpenAI-compatible clients that name no session: one session per conversation, on every
+backend, found again from the conversation the client resends (see
+:mod:`agentscope_serverless.http.conversations`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
+from agentscope_serverless.settings import load_settings
+from tests.http.conftest import scenario_app
+from tests.support.backends import BACKENDS, backend_settings
+from tests.support.http import Keys, bearer, running
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Keys]]:
+    keys = Keys.make()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(**backend_settings(request.param, request))
+        app = create_app(settings=settings, agent_app=scenario_app(), key_store=keys.store)
+        with running(app) as url:
+            yield url, keys
+
+
+def sdk_of(served: tuple[str, Keys], key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served[0]}/compatible-mode/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture
+def sdk(served: tuple[str, Keys]) -> Iterator[openai.OpenAI]:
+    with sdk_of(served, served[1].alice) as client:
+        yield client
+
+
+@pytest.fixture
+def rest(served: tuple[str, Keys]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served[0], headers=bearer(served[1].alice), timeout=30) as client:
+        yield client
+
+
+def stored(rest: httpx.Client, session: str) -> list[tuple[str, str]]:
+    items = rest.get(f"/sessions/{session}/messages", params={"limit": 1000}).json()["items"]
+    return [
+        (m["role"], "".join(p.get("text", "") for p in m["content"] if p["type"] == "text"))
+        for m in items
+    ]
+
+
+def sent(conversation: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in conversation]
+
+
+def say(sdk: openai.OpenAI, conversation: list[dict[str, Any]], *, stream: bool) -> str:
+    """One call with the whole conversation; the reply is added to it; its session returned."""
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="m", messages=conversation, stream=stream
+    )
+    if stream:
+        with raw.parse() as chunks:
+            answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        answer = raw.parse().choices[0].message.content or ""
+    conversation.append({"role": "assistant", "content": answer})
+    return raw.headers["X-Session-Id"]
+
+
+def started(marker: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": f"first {marker}"},
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_conversation_resent_whole_is_one_session_holding_each_message_once(
+    sdk: openai.OpenAI, rest: httpx.Client, stream: bool
+) -> None:
+    # Each call used to start a session of its own, holding the conversation so far again.
+    conversation = started(uuid.uuid4().hex)
+    sessions = []
+    for text in ("second", "third", "fourth"):
+        sessions.append(say(sdk, conversation, stream=stream))
+        conversation.append({"role": "user", "content": text})
+    sessions.append(say(sdk, conversation, stream=stream))
+    assert len(set(sessions)) == 1
+    assert stored(rest, sessions[0]) == sent(conversation)
+    assert conversation[-1] == {"role": "assistant", "content": "echo: fourth"}
+
+
+def test_a_regenerated_reply_forks_a_session_of_its_own(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    first = say(sdk, conversation, stream=False)
+    conversation.append({"role": "user", "content": "again"})
+    before = list(conversation)
+    second = say(sdk, conversation, stream=False)
+    # The client asks for another answer to its last message: the same call once more.
+    regenerated = say(sdk, list(before), stream=False)
+    assert first == second != regenerated
+    assert stored(rest, second) == sent(conversation)
+    assert stored(rest, regenerated) == [*sent(before), ("assistant", "echo: again")]
+    # The branch goes on in its session (this agent answered the same again: the
+    # conversations are one, its latest session goes on).
+    conversation.append({"role": "user", "content": "on"})
+    assert say(sdk, conversation, stream=True) == regenerated
+    assert stored(rest, second) == sent(conversation[:-2])
+
+
+def test_an_edited_earlier_message_starts_a_session_with_the_edited_conversation(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    conversation.append({"role": "user", "content": "second"})
+    assert say(sdk, conversation, stream=False) == session
+    edited = [dict(m) for m in conversation]
+    edited[1]["content"] += " (edited)"
+    edited.append({"role": "user", "content": "third"})
+    forked = say(sdk, edited, stream=False)
+    assert forked != session
+    assert stored(rest, forked) == sent(edited)
+    assert stored(rest, session) == sent(conversation)
+
+
+def test_the_same_conversation_sent_twice_at_once_continues_one_session_only(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    conversation.append({"role": "user", "content": "twice"})
+    # Two clients (or a double click) send the same next call: one continues the session.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(say, sdk, list(conversation), stream=False) for _ in range(2)]
+        sessions = sorted((c.result() for c in calls), key=lambda s: s != session)
+    assert sessions[0] == session != sessions[1]
+    replied = [*sent(conversation), ("assistant", "echo: twice")]
+    assert stored(rest, session) == stored(rest, sessions[1]) == replied
+
+
+def test_a_conversation_is_its_users_own(served: tuple[str, Keys], rest: httpx.Client) -> None:
+    conversation = started(uuid.uuid4().hex)
+    with sdk_of(served, served[1].alice) as alice, sdk_of(served, served[1].bob) as bob:
+        alices = say(alice, conversation, stream=False)
+        before = sent(conversation)
+        conversation.append({"role": "user", "content": "mine"})
+        # Bob sends Alice's conversation word for word: he does not reach Alice's session.
+        bobs = say(bob, list(conversation), stream=False)
+        assert bobs != alices
+        assert stored(rest, alices) == before
+        assert say(alice, conversation, stream=False) == alices
+
+
+def test_a_deleted_session_is_not_continued_its_conversation_goes_on_in_a_new_one(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    assert rest.delete(f"/sessions/{session}").status_code == 204
+    conversation.append({"role": "user", "content": "still there?"})
+    again = say(sdk, conversation, stream=False)
+    assert again != session
+    assert stored(rest, again) == sent(conversation)
+    assert rest.get(f"/sessions/{session}/messages").status_code == 404
+
+
+def test_a_failed_turn_is_retried_in_the_same_session(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    failing = [*conversation, {"role": "user", "content": "fail"}]
+    with pytest.raises(openai.APIError):
+        sdk.chat.completions.create(model="m", messages=failing)  # type: ignore[arg-type]
+    conversation.append({"role": "user", "content": "better"})
+    assert say(sdk, conversation, stream=False) == session
+
+
+def test_a_responses_client_resending_its_output_items_continues_the_session(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    marker = uuid.uuid4().hex
+    items: list[Any] = [{"role": "user", "content": f"draw {marker}"}]
+    first = sdk.responses.create(model="m", input=items)
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    items.append({"role": "user", "content": "draw"})
+    second = sdk.responses.create(model="m", input=items)
+    items += [item.model_dump(exclude_none=True) for item in second.output]
+    items.append({"role": "user", "content": "more"})
+    third = sdk.responses.create(model="m", input=items, stream=False)
+    sessions = {str((r.metadata or {})["session_id"]) for r in (first, second, third)}
+    assert len(sessions) == 1
+    assert stored(rest, sessions.pop()) == [
+        ("user", f"draw {marker}"),
+        ("assistant", f"echo: draw {marker}"),
+        ("user", "draw"),
+        ("assistant", "A cat."),
+        ("user", "more"),
+        ("assistant", "echo: more"),
+    ]
