@@ -209,3 +209,21 @@ def test_a_responses_client_resending_its_output_items_continues_the_session(
         ("user", "more"),
         ("assistant", "echo: more"),
     ]
+
+
+def test_a_conversation_new_here_whose_first_turn_failed_is_retried_in_its_session(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # A conversation begun elsewhere (it holds a reply already) starts a session holding it.
+    conversation = [*started(uuid.uuid4().hex), {"role": "assistant", "content": "from before"}]
+    with pytest.raises(openai.APIError):
+        sdk.chat.completions.create(  # type: ignore[call-overload]
+            model="m", messages=[*conversation, {"role": "user", "content": "fail"}]
+        )
+    conversation.append({"role": "user", "content": "better"})
+    session = say(sdk, conversation, stream=False)
+    assert stored(rest, session) == [
+        *sent(conversation[:3]),
+        ("user", "fail"),
+        *sent(conversation[3:]),
+    ]

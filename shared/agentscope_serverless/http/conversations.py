@@ -12,10 +12,10 @@ continues that session, storing its new turn alone.
 A note is taken by the call that uses it (:meth:`IdempotencyStore.take`), so what forks a
 conversation starts a new session holding the conversation so far, the one it forked from
 left as it was: a reply regenerated, an earlier message edited, the same call sent twice at
-once. A turn that fails puts its note back, for the client's retry. Notes last as long as
-idempotency records (``IDEMPOTENCY_EXPIRY_SECONDS``, a day by default; a conversation taken
-up later starts a new session holding it) and are erased with the user's data; one whose
-session was deleted is not followed.
+once. A turn that fails notes the conversation before it, for the client's retry. Notes last
+as long as idempotency records (``IDEMPOTENCY_EXPIRY_SECONDS``, a day by default; a
+conversation taken up later starts a new session holding it) and are erased with the user's
+data; one whose session was deleted is not followed.
 
 The digest reads what a client resends of each message: its role, type, text and other
 parts (ids and stream bookkeeping left out). Consecutive assistant messages of text count as
@@ -108,18 +108,18 @@ async def noted(
     user_id: str,
     session_id: str,
     conversation: Sequence[Message],
-    resumed_from: Sequence[Message] | None,
+    before: Sequence[Message] | None,
 ) -> AsyncIterator[Event]:
     """``events``, noting the conversation with its reply before the run's completed
     response goes out (so that the client's next call finds it); a run that ends otherwise
-    notes ``resumed_from`` again, the conversation it continued."""
+    notes the conversation ``before`` its turn, for the client's retry."""
     async for event in events:
         if isinstance(event, AgentResponse) and event.status in _ENDED:
             if event.status == RunStatus.Completed:
                 reply = Message(role=Role.ASSISTANT, content=[TextContent(text=reply_text(event))])
                 await _note(context, user_id, session_id, [*conversation, reply])
-            elif resumed_from:
-                await _note(context, user_id, session_id, resumed_from)
+            elif before:
+                await _note(context, user_id, session_id, before)
         yield event
 
 

@@ -85,14 +85,14 @@ _STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
 @dataclass
 class _Call:
     """An OpenAI-compatible call: its run, its session, and the history a new session starts
-    with; for a call naming no session, the conversation it sent (to find its session again,
-    see :mod:`..conversations`) and the conversation whose session it continues."""
+    with; for a call naming no session, the conversation it sent and the part of it before
+    its turn (to find its session again, see :mod:`..conversations`)."""
 
     run: AgentRequest
     session_id: str
     history: list[Message]
     conversation: list[Message] | None = None
-    resumed_from: list[Message] | None = None
+    before: list[Message] | None = None
 
 
 async def _compatible_run(
@@ -122,9 +122,7 @@ async def _compatible_run(
     resumed = await conversations.resumed(context, user_id, history)
     session = resumed or new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
-    if resumed is not None:
-        return _Call(run, session, [], shown, history)
-    return _Call(run, session, history, shown)
+    return _Call(run, session, [] if resumed else history, shown, history)
 
 
 def _header_session_id(value: str | None) -> str | None:
@@ -231,7 +229,7 @@ def _noted(context: AppContext, call: _Call, events: AsyncIterator[Event]) -> As
         call.run.user_id,
         call.session_id,
         call.conversation,
-        call.resumed_from,
+        call.before,
     )
 
 
