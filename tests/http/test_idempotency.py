@@ -131,6 +131,30 @@ def test_erasing_a_users_data_forgets_their_keys(server: tuple[str, InMemoryKeyS
         assert replayed.headers["Idempotent-Replayed"] == "true"
 
 
+def test_deleting_a_session_forgets_the_keys_of_its_requests(client: httpx.Client) -> None:
+    run = {"input": [text_message("My name is Alice")], "session_id": "s", "stream": False}
+    append = {"messages": [text_message("hello")]}
+    kept = {**run, "session_id": "kept"}
+    assert client.post("/process", json=run, headers=keyed("k-run")).is_success
+    assert client.post("/sessions/t/messages", json=append, headers=keyed("k-add")).is_success
+    assert client.post("/sessions", json={"session_id": "u"}, headers=keyed("k-new")).is_success
+    assert client.post("/process", json=kept, headers=keyed("k-kept")).is_success
+    for session_id in ("s", "t", "u"):
+        assert client.delete(f"/sessions/{session_id}").status_code == 204
+    # Their stored answers (quoting what was deleted) are gone: the requests run anew.
+    again = client.post("/process", json=run, headers=keyed("k-run"))
+    assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers
+    assert len(message_texts(client, "s")) == 2
+    added = client.post("/sessions/t/messages", json=append, headers=keyed("k-add"))
+    assert added.status_code == 201 and "Idempotent-Replayed" not in added.headers
+    assert message_texts(client, "t") == ["hello"]
+    created = client.post("/sessions", json={"session_id": "u"}, headers=keyed("k-new"))
+    assert created.status_code == 201 and "Idempotent-Replayed" not in created.headers
+    assert client.get("/sessions/u").status_code == 200
+    replayed = client.post("/process", json=kept, headers=keyed("k-kept"))
+    assert replayed.headers["Idempotent-Replayed"] == "true"
+
+
 def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None:
     url, store = server
     for name in ("first", "second"):

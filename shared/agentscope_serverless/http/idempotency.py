@@ -9,6 +9,9 @@ see :mod:`agentscope_serverless.services.idempotency`):
 - a request repeating the key, method, path, query and body gets that answer again,
   with ``Idempotent-Replayed: true``, and writes nothing;
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
+- deleting a session forgets the keys of the requests that wrote in it (a run, messages
+  appended, the session created), and erasing a user's data all of theirs: a kept answer
+  quotes what was deleted, and a retry then runs anew;
 - message ids, new session ids and the ids of its other writes (a state save without a
   round, a memory add) derive from the key, and stores keep the write ids they applied
   with the data, so a run of the same request after one whose answer was lost (its store
@@ -67,6 +70,7 @@ IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
 _KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
 _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
+_SESSION = "idempotency_session"
 _SETTLE_SECONDS = 3.0
 # A request renews its key's lease this many times a lease, so a renewal that fails (a
 # store slow for a moment) leaves others to come before the lease runs out.
@@ -207,6 +211,11 @@ def _ended_short(run: RunRecord) -> bool:
     return run.status == RunStatus.Failed and code not in (StoreUnavailableError.code, RUN_LOST)
 
 
+def writes_in_session(request: Request, session_id: str) -> None:
+    """The request writes in ``session_id``: its kept answer goes when the session does."""
+    request.scope.setdefault("state", {})[_SESSION] = session_id
+
+
 def ends_with_client(request: Request) -> None:
     """The request stops when its client leaves (a run that cancels on disconnect): its
     key is then freed, as for any request that did not answer."""
@@ -232,6 +241,7 @@ async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> Non
     if claimed is None:
         return
     store, claim, holding = claimed
+    session_id = scope["state"].get(_SESSION)
     holding.cancel()
     try:
         # Bounded: a store that stopped answering must not hold the answer back for long.
@@ -239,9 +249,9 @@ async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> Non
             if answer is None:
                 await store.abandon(claim)
             elif size > MAX_STORED_RESPONSE_BYTES:
-                await store.complete(claim, _too_large(answer.status))
+                await store.complete(claim, _too_large(answer.status), session_id)
             else:
-                await store.complete(claim, answer)
+                await store.complete(claim, answer, session_id)
     except (AgentScopeServerlessError, TimeoutError) as exc:
         # The key stays claimed until its lease ends; a retry then runs the request.
         logger.warning("idempotency record not updated", extra={"error": type(exc).__name__})
@@ -295,4 +305,5 @@ __all__ = [
     "fingerprint",
     "install_idempotency",
     "seed_run",
+    "writes_in_session",
 ]

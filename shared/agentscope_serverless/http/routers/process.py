@@ -35,7 +35,12 @@ from agentscope_serverless.http.auth import (
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
-from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, ends_with_client, seed_run
+from agentscope_serverless.http.idempotency import (
+    IDEMPOTENCY_HEADER,
+    ends_with_client,
+    seed_run,
+    writes_in_session,
+)
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.http.routers.runs import read_record
@@ -151,6 +156,8 @@ async def _recorded(
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
     streamed without storing when runs are not stored (``RUNS_BACKEND=none``)."""
     assert run.user_id is not None
+    if run.session_id is not None:
+        writes_in_session(request, run.session_id)
     await seed_run(request, context.recorder.runs if context.recorder is not None else None)
     events = context.require_runner().stream_query(run)
     recorder = context.recorder or RunRecorder(

@@ -5,7 +5,7 @@
 | ``POST /sessions`` | create a session (idempotent; a new uuid without ``session_id``) |
 | ``GET /sessions?limit=&cursor=`` | list sessions, oldest first, a page at a time |
 | ``GET /sessions/{id}`` | a session with its messages (404 when missing) |
-| ``DELETE /sessions/{id}`` | delete a session, its history and its stored runs |
+| ``DELETE /sessions/{id}`` | delete a session, its history, its runs, its requests' keys |
 | ``GET /sessions/{id}/messages?limit=&cursor=`` | a page of a session's messages |
 | ``POST /sessions/{id}/messages`` | append messages (creates the session if needed) |
 """
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import SessionNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.idempotency import writes_in_session
 from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, Cursor, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
@@ -73,9 +74,10 @@ class MessagesOut(BaseModel):
 
 @router.post("", status_code=201, response_model=SessionSummary, summary="Create a session")
 async def create_session(
-    body: SessionCreate, user_id: CurrentUser, history: History
+    body: SessionCreate, user_id: CurrentUser, history: History, request: Request
 ) -> SessionSummary:
     session = await history.create_session(user_id, body.session_id)
+    writes_in_session(request, session.id)
     return SessionSummary(id=session.id, user_id=session.user_id)
 
 
@@ -112,6 +114,9 @@ async def delete_session(
     if runs is not None:
         await runs.delete_session_runs(user_id, session_id)
     await context.session_history.delete_session(user_id, session_id)
+    if context.idempotency is not None:
+        # A replayed request would answer as if the session still were.
+        await context.idempotency.delete_session_records(user_id, session_id)
     return Response(status_code=204)
 
 
@@ -135,8 +140,13 @@ async def list_messages(
     summary="Append messages to a session",
 )
 async def append_messages(
-    session_id: SessionIdPath, body: MessagesIn, user_id: CurrentUser, history: History
+    session_id: SessionIdPath,
+    body: MessagesIn,
+    user_id: CurrentUser,
+    history: History,
+    request: Request,
 ) -> MessagesOut:
+    writes_in_session(request, session_id)
     session = Session(id=session_id, user_id=user_id)
     await history.append_message(session, body.messages)
     return MessagesOut(messages=[m for m in session.messages if isinstance(m, Message)])

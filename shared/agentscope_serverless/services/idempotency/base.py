@@ -74,6 +74,7 @@ class IdempotencyRecord:
     lease_until_ms: int
     token: str
     response: str | None = None
+    session_id: str | None = None
 
 
 class ClaimOutcome(enum.Enum):
@@ -151,10 +152,13 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         lease_until = now_ms() + int(self.lease_seconds * 1000)
         await self._renew(claim.user_id, claim.key, claim.token, lease_until)
 
-    async def complete(self, claim: Claim, response: StoredResponse) -> None:
-        """Keep ``response`` as the answer to every later request with the claim's key."""
+    async def complete(
+        self, claim: Claim, response: StoredResponse, session_id: str | None = None
+    ) -> None:
+        """Keep ``response`` as the answer to every later request with the claim's key;
+        ``session_id`` is the session the request wrote in, whose deletion forgets it."""
         self._ensure_started()
-        await self._complete(claim.user_id, claim.key, claim.token, response.to_json())
+        await self._complete(claim.user_id, claim.key, claim.token, response.to_json(), session_id)
 
     async def abandon(self, claim: Claim) -> None:
         """Forget the claim (the request failed), so a retry runs the write again."""
@@ -182,6 +186,12 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         return await self._take(require_user_id(user_id), key)
 
+    async def delete_session_records(self, user_id: str, session_id: str) -> None:
+        """Forget the records of the requests that wrote in ``session_id`` (deleting the
+        session: a kept answer quotes it, and would answer a retry as if it still were)."""
+        self._ensure_started()
+        await self._delete_session(require_user_id(user_id), session_id)
+
     @abstractmethod
     async def _claim(
         self, user_id: str, key: str, record: IdempotencyRecord
@@ -198,8 +208,11 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         progress, and its lease ends before that."""
 
     @abstractmethod
-    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
-        """Mark the record completed with ``response``, if it still holds ``token``."""
+    async def _complete(
+        self, user_id: str, key: str, token: str, response: str, session_id: str | None
+    ) -> None:
+        """Mark the record completed with ``response``, if it still holds ``token``, and
+        list it under ``session_id`` when given."""
 
     @abstractmethod
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
@@ -216,6 +229,10 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _take(self, user_id: str, key: str) -> str | None:
         """Atomically delete the live ``KEPT`` record of the key and return its value."""
+
+    @abstractmethod
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        """Delete the records listed under the user's ``session_id``."""
 
 
 __all__ = [

@@ -3,10 +3,14 @@
 Item: pk ``IDEMPOTENCY#<sha256 of the user id>``, sk ``KEY#<sha256 of the key>``, with
 ``fingerprint``, ``state``, ``lease_until``, ``token``, ``response`` and ``expires_at``
 (the table's TTL attribute; expired records are ignored before DynamoDB deletes them).
+A completed record that wrote in a session holds the session's hash in ``session``, and is
+listed by an item in the same partition, sk ``SESSION#<sha256 of the session id>#<sha256 of
+the key>``, for deleting the session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -59,6 +63,10 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
     def _item_key(user_id: str, key: str) -> Item:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return {"pk": s(f"IDEMPOTENCY#{id_hash(user_id)}"), "sk": s(f"KEY#{digest}")}
+
+    @staticmethod
+    def _listing_prefix(session_id: str) -> str:
+        return f"SESSION#{id_hash(session_id)}#"
 
     async def _claim(
         self, user_id: str, key: str, record: IdempotencyRecord
@@ -121,26 +129,41 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
         except ConditionFailed:
             return
 
-    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+    async def _complete(
+        self, user_id: str, key: str, token: str, response: str, session_id: str | None
+    ) -> None:
+        item_key = self._item_key(user_id, key)
+        expires_at = n(now() + self.expiry_seconds)
+        update = "SET #st = :done, #r = :response, lease_until = :zero, #e = :e"
+        session: Item = {}
+        if session_id is not None:
+            # Listed first: a record kept but not listed would outlive its session.
+            digest = item_key["sk"]["S"].removeprefix("KEY#")
+            listing = s(self._listing_prefix(session_id) + digest)
+            await self._store.put([{"pk": item_key["pk"], "sk": listing, "expires_at": expires_at}])
+            update += ", #sess = :session"
+            session = {":session": s(id_hash(session_id))}
         try:
             await self._store.run(
                 "update_item",
                 idempotent=True,
-                Key=self._item_key(user_id, key),
-                UpdateExpression="SET #st = :done, #r = :response, lease_until = :zero, #e = :e",
+                Key=item_key,
+                UpdateExpression=update,
                 ConditionExpression="#t = :token",
                 ExpressionAttributeNames={
                     **names("#e"),
                     "#st": "state",
                     "#r": "response",
                     "#t": "token",
+                    **({"#sess": "session"} if session else {}),
                 },
                 ExpressionAttributeValues={
                     ":done": s("completed"),
                     ":response": s(response),
                     ":zero": n(0),
-                    ":e": n(now() + self.expiry_seconds),
+                    ":e": expires_at,
                     ":token": s(token),
+                    **session,
                 },
             )
         except ConditionFailed:
@@ -186,6 +209,33 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
             return None
         value: str = response["Attributes"]["response"]["S"]
         return value
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        pk = s(f"IDEMPOTENCY#{id_hash(user_id)}")
+        prefix = self._listing_prefix(session_id)
+        listings = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": pk, ":prefix": s(prefix)},
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        for listing in listings:
+            digest = listing["sk"]["S"].removeprefix(prefix)
+            # Unless claimed again since (once expired) by a request in another session.
+            with contextlib.suppress(ConditionFailed):
+                await self._store.run(
+                    "delete_item",
+                    idempotent=True,
+                    Key={"pk": pk, "sk": s(f"KEY#{digest}")},
+                    ConditionExpression="#sess = :session",
+                    ExpressionAttributeNames={"#sess": "session"},
+                    ExpressionAttributeValues={":session": s(id_hash(session_id))},
+                )
+        if listings:
+            await self._store.delete(listings)
 
 
 __all__ = ["DynamoDBIdempotencyStore"]

@@ -57,10 +57,14 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             renewed = replace(existing, lease_until_ms=lease_until_ms)
             self._records[(user_id, key)] = (expiry, renewed)
 
-    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+    async def _complete(
+        self, user_id: str, key: str, token: str, response: str, session_id: str | None
+    ) -> None:
         existing = self._live(user_id, key)
         if existing is not None and existing.token == token:
-            done = IdempotencyRecord(existing.fingerprint, COMPLETED, 0, token, response)
+            done = IdempotencyRecord(
+                existing.fingerprint, COMPLETED, 0, token, response, session_id
+            )
             self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, done)
 
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
@@ -82,6 +86,11 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             return None
         del self._records[(user_id, key)]
         return existing.response
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        for (owner, key), (_, record) in list(self._records.items()):
+            if owner == user_id and record.session_id == session_id:
+                del self._records[(owner, key)]
 
 
 __all__ = ["InMemoryIdempotencyStore"]

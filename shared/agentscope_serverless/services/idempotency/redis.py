@@ -4,7 +4,10 @@ Key: ``<prefix>:idempotency:{<escaped user id>}:<sha256 of the key>``, a hash wi
 ``fingerprint``, ``state``, ``lease_until``, ``token`` and ``response``, expiring after
 the record's expiry. ``<prefix>:idempotency:{<escaped user id>}:index``, a sorted set of
 the user's records (the sha256, scored by its expiry in ms), lists them for erasing; its
-expired entries are dropped as records are claimed.
+expired entries are dropped as records are claimed. A completed record that wrote in a
+session holds its id in ``session``, and is listed (its sha256) in the set
+``<prefix>:idempotency:{<escaped user id>}:session:<sha256 of the session id>``, for
+deleting the session.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ redis.call('EXPIRE', KEYS[2], ARGV[5])
 return false
 """
 
-# KEYS: record, the user's index. ARGV: token, response, expiry (s), now (ms), sha256.
+# KEYS: record, the user's index[, the session's set]. ARGV: token, response, expiry (s),
+# now (ms), sha256[, session id].
 _COMPLETE = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'response', ARGV[2], 'lease_until', 0)
@@ -46,6 +50,11 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 local expiry = tonumber(ARGV[4]) + 1000 * tonumber(ARGV[3])
 redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+if KEYS[3] then
+  redis.call('HSET', KEYS[1], 'session', ARGV[6])
+  redis.call('SADD', KEYS[3], ARGV[5])
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
+end
 return 1
 """
 
@@ -69,6 +78,24 @@ _DELETE_RECORDS = """
 for i = 1, #ARGV do
   redis.call('DEL', KEYS[i + 1])
   redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return 1
+"""
+# KEYS: the session's set. ARGV: how many records to read.
+_SESSION_RECORDS = """
+return redis.call('SRANDMEMBER', KEYS[1], tonumber(ARGV[1]))
+"""
+
+# KEYS: the user's index, the session's set, then records. ARGV: the session id, then the
+# records' sha256 in the same order. A record claimed again since (once expired) for a
+# request in another session stays.
+_DELETE_SESSION_RECORDS = """
+for i = 2, #ARGV do
+  if redis.call('HGET', KEYS[i + 1], 'session') == ARGV[1] then
+    redis.call('DEL', KEYS[i + 1])
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+  redis.call('SREM', KEYS[2], ARGV[i])
 end
 return 1
 """
@@ -157,14 +184,19 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         keys, _ = self._keys(user_id, key)
         await self._redis.run(_RENEW, keys[:1], [token, lease_until_ms], idempotent=True)
 
-    async def _complete(self, user_id: str, key: str, token: str, response: str) -> None:
+    def _session_key(self, user_id: str, session_id: str) -> str:
+        digest = hashlib.sha256(session_id.encode()).hexdigest()
+        return f"{self._base(user_id)}:session:{digest}"
+
+    async def _complete(
+        self, user_id: str, key: str, token: str, response: str, session_id: str | None
+    ) -> None:
         keys, digest = self._keys(user_id, key)
-        await self._redis.run(
-            _COMPLETE,
-            keys,
-            [token, response, self.expiry_seconds, now_ms(), digest],
-            idempotent=True,
-        )
+        args: list[str | int] = [token, response, self.expiry_seconds, now_ms(), digest]
+        if session_id is not None:
+            keys.append(self._session_key(user_id, session_id))
+            args.append(session_id)
+        await self._redis.run(_COMPLETE, keys, args, idempotent=True)
 
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
         keys, _ = self._keys(user_id, key)
@@ -191,6 +223,24 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         keys, digest = self._keys(user_id, key)
         value = await self._redis.run(_TAKE, keys, [digest], idempotent=False)
         return None if value is None else text(value)
+
+    async def _delete_session(self, user_id: str, session_id: str) -> None:
+        base = self._base(user_id)
+        listed = self._session_key(user_id, session_id)
+        while True:
+            some = await self._redis.run(
+                _SESSION_RECORDS, [listed], [_DELETE_BATCH], idempotent=True
+            )
+            digests = [text(digest) for digest in some]
+            if not digests:
+                return
+            records = [f"{base}:{digest}" for digest in digests]
+            await self._redis.run(
+                _DELETE_SESSION_RECORDS,
+                [f"{base}:index", listed, *records],
+                [session_id, *digests],
+                idempotent=True,
+            )
 
 
 __all__ = ["RedisIdempotencyStore"]
