@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.app import ROUTERS
 from agentscope_serverless.local_stack import free_port
@@ -127,6 +128,33 @@ def test_ids_with_underscores_reach_separate_sandboxes(
     assert stdout(run(second, session, "print('mine' in globals())")) == "False\n"
     first.delete(f"/sandboxes/{session}_b")
     second.delete(f"/sandboxes/{session}")
+
+
+def test_erasing_a_users_data_releases_their_sandboxes_and_no_one_elses(
+    sandbox_server: RunningServer, session: str
+) -> None:
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url, sandbox_bearer_token=sandbox_server.token
+    )
+    store = InMemoryKeyStore()
+    app = create_app(["sessions", "sandbox", "users"], settings=settings, key_store=store)
+    suffix = uuid.uuid4().hex[:6]
+    # Ids joined past the length of a server's key are hashed in it, which names no user.
+    sessions = [session, f"{session}_b", "_" * 400 + session]
+    with running(app) as url:
+        erased, other = (
+            httpx.Client(base_url=url, headers=bearer(issue_key(store, name)), timeout=30)
+            for name in (f"c{suffix}", f"b_c{suffix}")
+        )
+        with erased, other:
+            for name in sessions:
+                assert erased.post(f"/sandboxes/{name}").status_code == 200
+            [kept] = other.post(f"/sandboxes/{session}").json()["sandboxes"]
+            assert erased.delete("/users/me/data").status_code == 204
+            for name in sessions:
+                assert erased.get(f"/sandboxes/{name}").json()["sandboxes"] == []
+            assert other.get(f"/sandboxes/{session}").json()["sandboxes"] == [kept]
+            other.delete(f"/sandboxes/{session}")
 
 
 def test_connecting_with_an_async_type_name_again_keeps_the_sandbox_and_its_state(

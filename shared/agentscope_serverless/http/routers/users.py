@@ -3,14 +3,14 @@
 | Method and path | What |
 |---|---|
 | ``DELETE /users/me/data`` | delete the caller's sessions, stored runs, long-term memory,
-state and Idempotency-Key records |
+state and Idempotency-Key records, and release their sandboxes |
 
 The user's runs in progress are asked to stop, and waited for (a few seconds at most, see
 ``stop_runs``): else one would store its turn after the erase. Then each service deletes the
 user's data at once (see ``delete_user_runs``, ``delete_user_memory``, ``delete_user_state``,
 ``delete_user_sessions``): the stored runs (their events hold the conversations) go first,
-the session history last. Retrying after an error is safe. Sandboxes are released with
-``DELETE /sandboxes/{session_id}``.
+the session history last, and the user's sandboxes (their workspaces) are released on the
+sandbox server, when the application has one. Retrying after an error is safe.
 """
 
 from __future__ import annotations
@@ -41,4 +41,6 @@ async def erase_my_data(
     if context.idempotency is not None:
         # A replayed request would answer with what it answered then.
         await context.idempotency.delete_user_records(user_id)
+    if services.sandbox is not None:
+        await services.sandbox.release_user_async(user_id)
     return Response(status_code=204)

@@ -22,7 +22,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.log import logger
 from agentscope_serverless.sandbox_protocol import BASE
 from agentscope_serverless.services._turn import turn_user_id
-from agentscope_serverless.services._validation import require_session_id
+from agentscope_serverless.services._validation import require_session_id, require_user_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.client import DEFAULT_TIMEOUT_SECONDS, SandboxClient
@@ -321,10 +321,41 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
             self._created.discard(sandbox_id)
         return released
 
+    async def release_user_async(self, user_id: str) -> bool:
+        """Release every sandbox of ``user_id``, whatever its session (erasing the user's
+        data: a workspace holds what their agent wrote); False when they had none.
+
+        A session's key names its user after its last ``_`` (:func:`session_ctx_id`); a key
+        hashed for its length names none, and its sandboxes are the user's by their owner.
+        """
+        client = self.client
+        user_id = require_user_id(user_id)
+        released = False
+        for key in await client.list_session_keys():
+            session_part, _, user_part = key.rpartition("_")
+            hashed = key.startswith("%%")
+            if not hashed and (not session_part or user_part != _escape(user_id)):
+                continue
+            for sandbox_id in await client.get_session_mapping(key):
+                if hashed and not await self._owned_by(sandbox_id, user_id):
+                    continue
+                with contextlib.suppress(SandboxNotFoundError):
+                    released = await client.release(sandbox_id) or released
+                self._created.discard(sandbox_id)
+        return released
+
     def release(self, session_id: str, user_id: str | None = None) -> bool:
         """:meth:`release_async` for synchronous code (also inside a running event loop)."""
         client = self.client
         return client.run_sync(self.release_async(session_id, _acting_user(user_id)))
+
+    async def _owned_by(self, sandbox_id: str, user_id: str) -> bool:
+        try:
+            info = await self.client.get_info(sandbox_id)
+        except SandboxNotFoundError:
+            return False
+        meta = info.get("meta")
+        return isinstance(meta, dict) and meta.get("owner_id") == user_id
 
     @property
     def client(self) -> SandboxClient:
