@@ -106,6 +106,8 @@ class RunsAgentExecutor(AgentExecutor):
         self.runner = runner
         self.recorder = recorder
         self._runs: dict[str, RecordedRun] = {}
+        # Set once a task's execution has put its end (whatever it was) on its queue.
+        self._relayed: dict[str, asyncio.Event] = {}
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id, context.context_id
@@ -134,6 +136,7 @@ class RunsAgentExecutor(AgentExecutor):
             self.runner.stream_query(request), user_id=user_id, kind="a2a", session_id=context_id
         )
         self._runs[task_id] = run
+        relayed = self._relayed[task_id] = asyncio.Event()
         try:
             # The task names its run, so a cancel reaching another process can find it.
             await updater.update_status(
@@ -145,6 +148,8 @@ class RunsAgentExecutor(AgentExecutor):
             raise
         finally:
             self._runs.pop(task_id, None)
+            self._relayed.pop(task_id, None)
+            relayed.set()
 
     async def _relay(self, run: RecordedRun, updater: TaskUpdater) -> None:
         artifact_id = run.run_id
@@ -191,10 +196,18 @@ class RunsAgentExecutor(AgentExecutor):
             await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Cancel the task's run. One running here ends as it does: canceled, or completed
+        (or failed) when the cancellation came too late (its agent had finished, its turn
+        was being saved), and the task's end on the queue says which (the SDK answers the
+        latter as not cancelable). One running elsewhere is marked canceled, which stops
+        its run where it runs."""
         task_id = context.task_id
         run = self._runs.get(task_id or "")
-        if run is not None:
+        relayed = self._relayed.get(task_id or "")
+        if run is not None and relayed is not None:
             run.cancel()
+            await relayed.wait()
+            return
         if task_id and context.context_id:
             await TaskUpdater(event_queue, task_id, context.context_id).cancel()
 

@@ -56,6 +56,13 @@ async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> Asy
         yield TextContent(text="(reasoning) ", delta=True)
         yield thinking.completed()
     delay = 0.5 if "slowly" in text else 0
+    if text.startswith("finish"):  # too far along to stop: a cancellation comes too late
+        yield "working "
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            yield "finished anyway"
+        return
     try:
         for word in text.split():
             yield word + " "
@@ -155,6 +162,25 @@ async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -
         assert context_id in cleanups, "the handler's cleanup ran"
         stored = await client.get_task(GetTaskRequest(id=task_id))
         assert stored.status.state == TaskState.TASK_STATE_CANCELED
+
+
+async def test_a_cancel_that_comes_too_late_answers_the_task_as_its_run_ended(
+    served: tuple[str, Keys],
+) -> None:
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with _client(url, keys.alice, streaming=True) as client:
+        stream = client.send_message(_message("finish it", context_id=context_id))
+        task_id = await _first_chunk_of(stream)
+        await stream.aclose()
+        answer = await client.cancel_task(CancelTaskRequest(id=task_id))
+        assert answer.status.state == TaskState.TASK_STATE_COMPLETED
+        stored = await client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+        assert get_artifact_text(stored.artifacts[0]) == "working finished anyway"
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice)) as http:
+        history = (await http.get(f"/sessions/{context_id}/messages")).json()["items"]
+        assert history[-1]["content"][0]["text"] == "working finished anyway"
 
 
 @pytest.fixture(scope="module")
