@@ -26,6 +26,10 @@ drives it in a task of its own, so the run is independent of the request that st
   task is cancelled (its ``finally`` blocks run), the runner keeps the partial reply in the
   session history and ends the stream with a ``canceled`` response; nothing is stored
   after it;
+- a run still going when its session or its user's data is erased (its agent did not stop
+  in the time the erase waits) stores nothing more, neither events nor its turn: at once
+  in this process (:meth:`RunRecorder.erase_local`); elsewhere once it finds its record
+  deleted after its cancellation was asked, which it checks before storing its turn;
 - when the listener goes away (the client disconnected) the run goes on, stored and
   resumable, unless it was started with ``cancel_on_disconnect``;
 - a run started with a time limit (a Lambda invocation's, see
@@ -145,12 +149,16 @@ class RecordedRun:
         self._time_left = time_left
         self._time_limit: asyncio.TimerHandle | None = None
         self._out_of_time = False
+        # Its cancellation was requested in the store (as an erase does, before deleting).
+        self._cancel_requested = False
+        # Its session or its user's data was erased while it ran: it stores nothing more.
+        self._erased = False
 
     # --- the run's task -----------------------------------------------------------------
 
     async def _produce(self) -> None:
         if self._runs is not None:
-            end_turns_with(self._end_turn)
+            end_turns_with(self._end_turn, self._keeps_turn)
         try:
             async with contextlib.aclosing(self._source) as events:
                 async for event in events:
@@ -249,6 +257,16 @@ class RecordedRun:
                 self._to_write.set()
         self._notify()
 
+    async def _keeps_turn(self) -> bool:
+        """Whether the run stores its turn: not once erased, nor once its record is gone
+        after its cancellation was asked (an erase elsewhere, which did not wait for it)."""
+        if self._cancel_requested and self._created and not self._erased:
+            assert self._runs is not None
+            with contextlib.suppress(Exception):  # unknown: the turn is kept
+                if await self._runs.get_run(self.user_id, self.run_id) is None:
+                    self.erase()
+        return not self._erased
+
     async def _end_turn(
         self,
         history: SessionHistoryService,
@@ -324,7 +342,11 @@ class RecordedRun:
                 self._to_write.clear()
                 try:
                     await self._write_burst(finish=False)
-                    if self._created and time.monotonic() - beaten >= HEARTBEAT_SECONDS:
+                    if (
+                        self._created
+                        and not self._erased
+                        and time.monotonic() - beaten >= HEARTBEAT_SECONDS
+                    ):
                         await self._runs.beat(self._record)
                         beaten = time.monotonic()
                     failing = False
@@ -363,6 +385,8 @@ class RecordedRun:
         creation; with ``finish``, its final status). A failed write changes nothing here:
         writing the same events again stores them once."""
         assert self._runs is not None and self._record is not None
+        if self._erased:
+            return
         end = len(self._log)
         burst = [(e.sequence_number or 0, data) for e, data in self._log[self._written : end]]
         record = self._record
@@ -373,6 +397,7 @@ class RecordedRun:
         requested = await self._runs.record(record, burst, create=not self._created, finish=finish)
         self._written, self._created = end, True
         if requested:
+            self._cancel_requested = True
             self.cancel()
 
     def _stored(self) -> None:
@@ -381,22 +406,27 @@ class RecordedRun:
         self._recorder._forget(self)
 
     async def _watch(self) -> None:
-        """Cancel the run when its cancellation is requested in the store."""
+        """Cancel the run when its cancellation is requested in the store; then, until it
+        ends, erase it when its record is deleted: an erase (in another process) asks a run
+        to stop, waits a few seconds, and deletes it, stopped or not."""
         assert self._runs is not None
         failing = False
         while not self._produced:
             try:
-                requested = await self._runs.cancel_requested(self.user_id, self.run_id)
+                record = await self._runs.get_run(self.user_id, self.run_id)
                 failing = False
             except Exception:
                 # Once per outage, not at every poll.
                 if not failing:
                     logger.exception("could not read the run's cancellation mark")
                 failing = True
-                requested = False
-            if requested:
-                self.cancel()
-                return
+            else:
+                if record is None and self._cancel_requested:
+                    self.erase()
+                    return
+                if record is not None and record.cancel_requested and not self._cancel_requested:
+                    self._cancel_requested = True
+                    self.cancel()
             await asyncio.sleep(self._runs.poll_seconds)
 
     # --- for the request ----------------------------------------------------------------
@@ -405,6 +435,12 @@ class RecordedRun:
         """Cancel the run (a no-op once it has ended, or its end is stored)."""
         if self._producer is not None and not self._produced and self._ending is None:
             self._producer.cancel(RUN_CANCELED)
+
+    def erase(self) -> None:
+        """Cancel the run, and store nothing more of it (its turn included): its session or
+        its user's data is being erased."""
+        self._erased = True
+        self.cancel()
 
     def _time_is_up(self) -> None:
         """The run's time limit has come: end it (as soon as it has begun), as failed."""
@@ -587,6 +623,13 @@ class RunRecorder:
             await asyncio.wait(
                 [asyncio.ensure_future(run.wait_stored()) for run in runs], timeout=wait
             )
+
+    def erase_local(self, user_id: str, session_id: str | None = None) -> None:
+        """Have the runs of ``user_id`` (of ``session_id``, when given) still executing in
+        this process store nothing more (see :meth:`RecordedRun.erase`)."""
+        for run in list(self._runs):
+            if run.user_id == user_id and session_id in (None, run.session_id):
+                run.erase()
 
     def cancel_local(self, user_id: str, run_id: str) -> bool:
         """Cancel the run at once if it executes in this process."""

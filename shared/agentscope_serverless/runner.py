@@ -109,9 +109,12 @@ TurnEnd = Callable[[SessionHistoryService, Session, list[Message], AgentResponse
 """Saves a turn that completed: appends its messages to the session (raising when they
 could not be), and may store the run's final event (the last argument, not sent yet) in
 the same write."""
+TurnKept = Callable[[], Awaitable[bool]]
+"""Says, as a run ends, whether its turn is still to be stored at all."""
 
-# The turn end the next run started in this context saves its turn with (taken once).
-_turn_end: ContextVar[list[TurnEnd] | None] = ContextVar("turn_end", default=None)
+# The turn end the next run started in this context saves its turn with, and what says
+# whether it keeps its turn at all (taken once).
+_turn_end: ContextVar[list[tuple[TurnEnd, TurnKept]] | None] = ContextVar("turn_end", default=None)
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
@@ -445,7 +448,7 @@ class Runner(ServiceLifecycleManagerMixin):
         alone when the agent failed) and, with a memory service, added to memory. Other
         ``kwargs`` are passed to the query handler.
         """
-        end_turn = _take_turn_end()
+        end_turn, keeping = _take_turn_end()
         if not self._started:
             raise ServiceNotStartedError(type(self).__name__)
         request = _as_request(request)
@@ -477,7 +480,8 @@ class Runner(ServiceLifecycleManagerMixin):
         except (Exception, SystemExit) as exc:
             logged = {"session_id": session.id, "run_id": turn.response.id}
             logger.exception("the agent failed", extra=logged)
-            await self._record_quietly(session, writes, kept)
+            if await keeping():
+                await self._record_quietly(session, writes, kept)
             for event in turn.unsent():  # the reply so far, as a streamed run sent it
                 yield event
             yield turn.fail(self._error_of(exc))
@@ -485,7 +489,8 @@ class Runner(ServiceLifecycleManagerMixin):
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # What was produced so far is kept, the open message as it is.
             partial = [*kept, *turn.interrupt()]
-            await asyncio.shield(self._record_quietly(session, writes, partial, kept))
+            if await keeping():
+                await asyncio.shield(self._record_quietly(session, writes, partial, kept))
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
                 for event in turn.unsent():
                     yield event
@@ -497,7 +502,9 @@ class Runner(ServiceLifecycleManagerMixin):
         try:
             # The agent has finished: a cancellation now comes too late, and cutting the
             # save short (a store's append may take several requests) would lose the turn.
-            await _despite_run_cancel(self._save_turn(session, writes, messages, final, end_turn))
+            if await keeping():
+                saving = self._save_turn(session, writes, messages, final, end_turn)
+                await _despite_run_cancel(saving)
         except Exception as exc:
             logged = {"session_id": session.id, "run_id": turn.response.id}
             logger.exception("could not save the session history", extra=logged)
@@ -1067,17 +1074,23 @@ async def _despite_run_cancel(saving: Awaitable[None]) -> None:
     task.result()
 
 
-def end_turns_with(end: TurnEnd) -> None:
+def end_turns_with(end: TurnEnd, kept: TurnKept | None = None) -> None:
     """Have the next run started in the current context save its turn with ``end`` instead
     of appending to the session history itself (for the recorder storing that run, which
-    may then store the run's end in the same write). Runs started after it, inside it or
-    in the same context, save their own."""
-    _turn_end.set([end])
+    may then store the run's end in the same write), if ``await kept()`` (when given) holds
+    as the run ends: else (its session or its user's data was erased while it ran) nothing of its
+    turn is stored. Runs started after it, inside it or in the same context, save their
+    own."""
+    _turn_end.set([(end, kept or _always)])
 
 
-def _take_turn_end() -> TurnEnd | None:
+def _take_turn_end() -> tuple[TurnEnd | None, TurnKept]:
     ends = _turn_end.get()
-    return ends.pop() if ends else None
+    return ends.pop() if ends else (None, _always)
+
+
+async def _always() -> bool:
+    return True
 
 
 def _as_request(request: AgentRequest | Mapping[str, Any]) -> AgentRequest:

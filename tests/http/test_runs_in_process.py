@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 import uuid
@@ -14,10 +15,12 @@ import httpx
 import pytest
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import context as http_context
 from agentscope_serverless.http import create_app
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.settings import load_settings
+from tests.support.backends import backend_settings
 from tests.support.http import Keys, bearer, parse_sse, running, stream, user_message
 from tests.support.slow_agent import app as slow_app
 
@@ -302,3 +305,72 @@ def test_erasing_stops_a_run_of_this_process_still_loading_its_session(
         assert refused.headers["X-Should-Retry"] == "false"
         assert client.get(f"/sessions/{session_id}").status_code == 404
         assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+
+
+def stubborn_app(stopping: threading.Event, gate: threading.Event) -> AgentApp:
+    """An agent whose cleanup, once cancelled, lasts until ``gate`` opens, then ends its
+    reply all the same."""
+    app = AgentApp(app_name="stubborn")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "started. "
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            stopping.set()
+            cleanup = asyncio.ensure_future(asyncio.to_thread(gate.wait, 30))
+            while not cleanup.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(cleanup)
+        yield "finished."
+
+    return app
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+@pytest.mark.parametrize("erase", ["user", "session"])
+def test_a_run_outlasting_an_erase_stores_nothing_after_it(
+    keys: Keys,
+    erase: str,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    # The erase waits a few seconds for the runs it stops; one still going then stored its
+    # turn (the session again, with the whole conversation) and its run once it ended.
+    monkeypatch.setattr(http_context, "STOP_TIMEOUT_SECONDS", 0.5)
+    stopping, gate = threading.Event(), threading.Event()
+    app = stubborn_app(stopping, gate)
+    settings = load_settings(
+        **backend_settings("redis" if where == "elsewhere" else "in_memory", request)
+    )
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with contextlib.ExitStack() as stack:
+        served = [
+            stack.enter_context(
+                running(create_app(settings=settings, agent_app=app, key_store=keys.store))
+            )
+            for _ in range(2 if where == "elsewhere" else 1)
+        ]
+        running_on, erasing_on = (
+            stack.enter_context(httpx.Client(base_url=url, headers=bearer(keys.bob), timeout=30))
+            for url in (served[0], served[-1])
+        )
+        body = {"input": [user_message("go")], "session_id": session_id}
+        try:
+            with running_on.stream("POST", "/process", json=body) as response:
+                lines = response.iter_lines()
+                assert next(line for line in lines if "started" in line)
+                path = "/users/me/data" if erase == "user" else f"/sessions/{session_id}"
+                assert erasing_on.delete(path).status_code == 204
+                assert stopping.is_set()
+                gate.set()
+                rest = parse_sse(list(lines))
+        finally:
+            gate.set()
+        assert rest.data[-1]["object"] == "response"
+        for client in (running_on, erasing_on):
+            assert client.get(f"/sessions/{session_id}").status_code == 404
+            assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+            assert client.get(f"/runs/{response.headers['X-Run-Id']}").status_code == 404

@@ -326,7 +326,7 @@ class FailingRunsService(InMemoryRunsService):
         await asyncio.sleep(self.delay)
         raise StoreUnavailableError("redis", "the request timed out")
 
-    async def cancel_requested(self, user_id: str, run_id: str) -> bool:
+    async def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         self.polls += 1
         raise StoreUnavailableError("redis", "the connection failed")
 

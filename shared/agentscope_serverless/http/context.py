@@ -82,6 +82,10 @@ class AppContext:
             await self.recorder.stop_local(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
         if self.current.runs is not None:
             await self.current.runs.stop_runs(user_id, session_id, wait=STOP_TIMEOUT_SECONDS)
+        if self.recorder is not None:
+            # Those still going (their agents did not stop in time) store nothing more; one
+            # running elsewhere stops once it finds its record deleted.
+            self.recorder.erase_local(user_id, session_id)
 
     def require_recorder(self) -> RunRecorder:
         """The recorder of this application's runs."""

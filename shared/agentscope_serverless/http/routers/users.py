@@ -6,7 +6,8 @@
 state and Idempotency-Key records, and release their sandboxes |
 
 The user's runs in progress are asked to stop, and waited for (a few seconds at most, see
-``stop_runs``): else one would store its turn after the erase. Then each service deletes the
+``stop_runs``): else one would store its turn after the erase. Those still going then
+store nothing more. Then each service deletes the
 user's data at once (see ``delete_user_runs``, ``delete_user_memory``, ``delete_user_state``,
 ``delete_user_sessions``): the stored runs (their events hold the conversations) go first,
 the session history last, and the user's sandboxes (their workspaces) are released on the
