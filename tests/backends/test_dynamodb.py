@@ -579,6 +579,56 @@ async def test_an_append_failing_midway_hides_none_of_the_newest_messages(
             assert [m.get_text_content() for m in rest.items] == ["d"]
 
 
+class FailingWriteClient:
+    """A DynamoDB client passing every request to ``client`` but the writes of items holding
+    ``marker``, which fail as DynamoDB's own errors do (never executed)."""
+
+    def __init__(self, client: DynamoDBClient, marker: str) -> None:
+        self.client = client
+        self.marker = marker
+        self.failing = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def _refuse(self, operation: str, request: Any) -> None:
+        if self.failing and self.marker in str(request):
+            error = {"Code": "InternalServerError", "Message": "Internal server error"}
+            raise ClientError({"Error": error}, operation)
+
+    async def batch_write_item(self, **kwargs: Any) -> Any:
+        self._refuse("BatchWriteItem", kwargs)
+        return await self.client.batch_write_item(**kwargs)
+
+    async def transact_write_items(self, **kwargs: Any) -> Any:
+        self._refuse("TransactWriteItems", kwargs)
+        return await self.client.transact_write_items(**kwargs)
+
+
+async def test_a_turn_whose_write_fails_midway_stores_none_of_its_messages(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # Its messages were written 25 at a time: those written before the failure stayed, a
+    # tool call say without its result, which models refuse in every later turn.
+    turn = [msg(f"step {i}") for i in range(40)]
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker="step 39")
+        async with DynamoDBSessionHistoryService(
+            dynamodb_server.sessions_table,
+            client=failing,  # type: ignore[arg-type]
+        ) as history:
+            target = Session(id="s1", user_id=user_id)
+            await history.append_message(target, msg("before"))
+            with pytest.raises(StoreUnavailableError):
+                await history.append_message(target, turn)
+            assert texts(await history.get_session(user_id, "s1")) == ["before"]
+            failing.failing = False
+            await history.append_message(target, turn)  # the retry stores it whole, once
+            expected = ["before", *(f"step {i}" for i in range(40))]
+            assert texts(await history.get_session(user_id, "s1")) == expected
+
+
 class ThrottlingClient:
     """A DynamoDB client whose first ``throttled`` requests are throttled (never executed)."""
 

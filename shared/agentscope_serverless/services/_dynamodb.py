@@ -68,9 +68,16 @@ _THROTTLING = {
     "ThrottlingException",
     "RequestLimitExceeded",
 }
-_TRANSIENT = _THROTTLING | {"InternalServerError", "ServiceUnavailable"}
-# The most items one TransactWriteItems request may hold.
+# A transaction canceled (throttled, or in conflict with another) wrote nothing.
+_TRANSIENT = _THROTTLING | {
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionCanceledException",
+}
+# The most items one TransactWriteItems request may hold, and (with room for the request's
+# own overhead) the most bytes of items: DynamoDB takes 4 MB.
 _TRANSACTION_ITEMS = 100
+_TRANSACTION_BYTES = 3_500_000
 _RETRY_DELAYS = (0.05, 0.2)
 # A throttled request is tried longer, backing off (with jitter, so that the functions
 # throttled together do not come back together): DynamoDB throttles for as long as a
@@ -188,6 +195,11 @@ def body_items(pk: str, sk: str, body: str, extra: Item) -> tuple[list[Item], It
         for i, chunk in enumerate(chunks[1:], start=1)
     ]
     return tails, head
+
+
+def _item_size(item: Item) -> int:
+    """About the bytes DynamoDB counts for ``item`` (names and values; a little more)."""
+    return sum(len(name) + len(str(value).encode()) for name, value in item.items())
 
 
 def tail_keys(head: Item) -> list[Item]:
@@ -378,6 +390,31 @@ class DynamoDBStore:
             await self.run("put_item", idempotent=True, Item=items[0])
         elif items:
             await self._batch([{"PutRequest": {"Item": item}} for item in items])
+
+    async def put_together(self, items: list[Item]) -> None:
+        """Write ``items`` (full items with fixed keys, so safe to replay) all or none: in
+        one transaction when they fit in one (100 items, 4 MB), else in a transaction per
+        such group, in order."""
+        if len(items) <= 1:
+            await self.put(items)
+            return
+        groups: list[list[Item]] = [[]]
+        size = 0
+        for item in items:
+            item_size = _item_size(item)
+            if groups[-1] and (
+                len(groups[-1]) == _TRANSACTION_ITEMS or size + item_size > _TRANSACTION_BYTES
+            ):
+                groups.append([])
+                size = 0
+            groups[-1].append(item)
+            size += item_size
+        for group in groups:
+            await self.run(
+                "transact_write_items",
+                idempotent=True,
+                TransactItems=[{"Put": {"TableName": self.table_name, "Item": i}} for i in group],
+            )
 
     async def delete(self, keys: list[Item]) -> None:
         """Delete the items with these keys (missing ones are fine)."""

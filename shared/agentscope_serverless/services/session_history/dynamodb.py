@@ -21,8 +21,10 @@ pk                         sk                  attributes
 
 - **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
   next_seq`` on the session item allocates contiguous sequence numbers atomically (so
-  concurrent appends never collide and keep one order), then one ``PutItem`` (or
-  ``BatchWriteItem``) writes the messages. Appending to a missing session creates it.
+  concurrent appends never collide and keep one order), then one ``PutItem`` (or, all or
+  none, ``TransactWriteItems``: 100 messages and 4 MB a transaction) writes the messages
+  (the tail items of large ones before, unread without their heads). Appending to a
+  missing session creates it.
   Each message id is first claimed by a conditional ``PutItem``: an id already in the
   session is not written again (its new sequence number stays a gap). Two appends at
   once may land out of sequence order, so a read between them sees the later without
@@ -573,7 +575,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 meta = await self._record_gaps(user_id, session_id, meta, gaps, add=True)
         tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
-        await self._store.put(heads)
+        # All or none: a turn stored in part (a tool call without its result) would be sent
+        # to the model, which refuses it, with every later turn.
+        await self._store.put_together(heads)
         if not await self._store.holds(self._session_key(user_id, session_id), meta):
             # Deleted meanwhile, after its delete had listed the messages: what this
             # append wrote would stay stored, reachable by no one.
