@@ -433,6 +433,36 @@ async def test_deleting_a_sessions_runs_keeps_the_users_other_runs(
         assert await runs.get_run(other, "kept-1") is not None
 
 
+async def test_deleting_a_run_that_ended_leaves_only_the_mark_that_it_was(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    other = f"{user_id}:other"
+    async with runs_factory() as runs:
+        for user in (user_id, other):
+            for run_id in ("gone", "kept"):
+                record = RunRecord(id=run_id, user_id=user, session_id="s", status="completed")
+                await runs.record(record, [_event(0, "secret")], create=True, finish=True)
+        await runs.create_run(RunRecord(id="going", user_id=user_id, session_id="s"))
+        deleted = await runs.delete_run(user_id, "gone")
+        assert deleted is not None and (deleted.id, deleted.status) == ("gone", "completed")
+        assert await runs.get_run(user_id, "gone") is None
+        assert await runs.read_events(user_id, "gone") == []
+        assert [r.id for r in await runs.list_runs(user_id, "s")] == ["kept", "going"]
+        assert [r.id for r in await runs.recent_runs(user_id, 0)] == ["kept", "going"]
+        assert await runs.was_deleted(user_id, "gone")
+        assert not await runs.was_deleted(user_id, "kept")
+        assert await runs.delete_run(user_id, "gone") is None
+        assert await runs.delete_run(user_id, "never") is None
+        # A run in progress is not deleted; another user's run of the same id stays.
+        going = await runs.delete_run(user_id, "going")
+        assert going is not None and not going.finished
+        assert await runs.get_run(user_id, "going") is not None
+        assert await runs.get_run(other, "gone") is not None
+        assert not await runs.was_deleted(other, "gone")
+        await runs.delete_user_runs(user_id)
+        assert not await runs.was_deleted(user_id, "gone")
+
+
 async def test_deleting_a_users_runs_races_with_runs_being_stored(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

@@ -428,6 +428,64 @@ def test_a_response_still_going_is_cancelled_with_the_sdk(sdk: openai.OpenAI) ->
         sdk.responses.cancel("resp_0123_c2Vzc2lvbg")
 
 
+def test_a_deleted_response_is_gone_and_no_later_response_continues_it(
+    scenario_url: str, sdk: openai.OpenAI, keys: Keys
+) -> None:
+    # responses.delete was a 405 "Method Not Allowed".
+    given = sdk.responses.create(model="m", input="keep me", instructions="Be terse.")
+    later = sdk.responses.create(model="m", input="me too", previous_response_id=given.id)
+    with (
+        openai.OpenAI(
+            base_url=f"{scenario_url}/compatible-mode/v1", api_key=keys.bob, max_retries=0
+        ) as bob,
+        pytest.raises(openai.NotFoundError),
+    ):
+        bob.responses.delete(given.id)
+    sdk.responses.delete(given.id)
+    for gone in (sdk.responses.retrieve, sdk.responses.delete, sdk.responses.input_items.list):
+        with pytest.raises(openai.NotFoundError):
+            gone(given.id)
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk.responses.create(model="m", input="and now?", previous_response_id=given.id)
+    assert "deleted" in refused.value.message
+    assert sdk.responses.retrieve(later.id).output_text == "echo: me too"
+    going = sdk.responses.create(model="m", input="sleep 30", stream=True)
+    created = next(iter(going))
+    with pytest.raises(openai.ConflictError) as still_going:
+        sdk.responses.delete(created.response.id)
+    assert "in progress" in still_going.value.message
+    sdk.responses.cancel(created.response.id)
+    going.close()
+
+
+def test_a_responses_input_items_are_listed_as_given(sdk: openai.OpenAI) -> None:
+    # responses.input_items.list was a 404 "Not Found".
+    given = sdk.responses.create(model="m", input="hello", instructions="Be terse.")
+    (item,) = sdk.responses.input_items.list(given.id)
+    assert (item.type, item.role, item.content[0].text) == (  # type: ignore[union-attr]
+        "message",
+        "user",
+        "hello",
+    )
+    conversation: list[Any] = [
+        {"role": "user", "content": f"ask {i}"}
+        if i % 2 == 0
+        else {"role": "assistant", "content": f"answer {i}"}
+        for i in range(25)
+    ]
+    whole = sdk.responses.create(model="m", input=conversation)
+    listed = list(sdk.responses.input_items.list(whole.id, limit=10, order="asc"))
+    assert [item.content[0].text for item in listed] == [  # type: ignore[union-attr]
+        m["content"] for m in conversation
+    ]
+    newest = sdk.responses.input_items.list(whole.id, limit=2)
+    assert [item.content[0].text for item in newest.data] == ["ask 24", "answer 23"]  # type: ignore[union-attr]
+    assert newest.has_more
+    unkept = sdk.responses.create(model="m", input="forget it", store=False)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.input_items.list(unkept.id)
+
+
 def test_only_its_user_reads_a_response_again(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

@@ -515,6 +515,33 @@ def responses_input(body: ResponsesRequest) -> list[Message]:
     return messages
 
 
+# The prefix of the id an input item is given when it has none, by its type (OpenAI's).
+_ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def responses_input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The input of a responses request as OpenAI lists it again (``input_items``): its
+    items, each with an id, a message's text content as a list of parts (``instructions``
+    are no item, as OpenAI's).
+
+    >>> [item["content"] for item in responses_input_items(ResponsesRequest(input="hi"))]
+    [[{'type': 'input_text', 'text': 'hi'}]]
+    """
+    given = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    items = []
+    for item in given:
+        kind = str(item.get("type", "message"))
+        listed: dict[str, Any] = {**item, "type": kind}
+        content = listed.get("content")
+        if kind == "message" and isinstance(content, str):
+            part = "output_text" if listed.get("role") == Role.ASSISTANT else "input_text"
+            listed["content"] = [{"type": part, "text": content}]
+        if not _is_id(listed.get("id")):
+            listed["id"] = f"{_ITEM_ID_PREFIXES.get(kind, 'item')}_{uuid.uuid4().hex}"
+        items.append(listed)
+    return items
+
+
 def _is_reply(message: Message) -> bool:
     return message.type == MessageType.MESSAGE and message.role == Role.ASSISTANT
 
@@ -867,6 +894,7 @@ __all__ = [
     "responses_events",
     "responses_final",
     "responses_input",
+    "responses_input_items",
     "responses_object",
     "responses_usage",
     "run_of_response",

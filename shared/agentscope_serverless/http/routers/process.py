@@ -15,13 +15,13 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from agentscope_serverless.errors import NotFoundError
+from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
 from agentscope_serverless.http import conversations, sdk_retries
 from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http.auth import (
@@ -459,6 +459,8 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_responses_request(body)
+        if body.previous_response_id is not None:
+            await _refuse_deleted(context, caller.user_id(body.user), body.previous_response_id)
         call = await _compatible_run(
             context,
             compat.responses_input(body),
@@ -479,7 +481,9 @@ def build_router(
         echo = compat.responses_echo(body)
         # A response is read again from what its run keeps of the request (store: false
         # keeps nothing: it is not read again).
-        kept = None if body.store is False else {"model": body.model, **echo}
+        kept = None
+        if body.store is not False:
+            kept = {"model": body.model, **echo, "input": compat.responses_input_items(body)}
         turn = await _openai_turn(context, request, call, kept)
         headers = _session_headers(turn.session_id, turn.run_id)
         shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
@@ -559,6 +563,70 @@ def build_router(
         )
         return JSONResponse(payload, headers=_session_headers(session_id, record.id))
 
+    @router.delete(
+        f"{COMPATIBLE_PREFIX}/responses/{{response_id}}",
+        summary="OpenAI response, deleted",
+        responses={
+            404: {"description": "No such response of the caller's user."},
+            409: {"description": "The response is still in progress."},
+        },
+    )
+    async def delete_response(
+        response_id: str, caller: CurrentCaller, context: Context
+    ) -> dict[str, Any]:
+        """Delete a response that has ended (its run and its events): it is read no more,
+        and a later ``previous_response_id`` naming it is refused. Its turn stays in its
+        session (``DELETE /sessions/{id}`` deletes that)."""
+        user_id = caller.user_id()
+        runs, record = await _stored_response(context, user_id, response_id)
+        deleted = await runs.delete_run(user_id, record.id)
+        if deleted is None:
+            raise compat.ResponseNotFoundError(response_id)
+        if not deleted.finished:
+            raise ConflictError(
+                "the response is still in progress: cancel it (responses.cancel) or wait for "
+                "its end before deleting it"
+            )
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @router.get(
+        f"{COMPATIBLE_PREFIX}/responses/{{response_id}}/input_items",
+        summary="OpenAI response's input items",
+        responses={404: {"description": "No such response of the caller's user."}},
+    )
+    async def list_input_items(
+        response_id: str,
+        caller: CurrentCaller,
+        context: Context,
+        limit: Annotated[int, Query(ge=1, le=100, description="Items per page.")] = 20,
+        order: Annotated[
+            Literal["asc", "desc"], Query(description="``desc``: the last item first.")
+        ] = "desc",
+        after: Annotated[
+            str | None, Query(max_length=256, description="The id of the item to list after.")
+        ] = None,
+    ) -> dict[str, Any]:
+        """The items of the response's input (as its request gave them, each with an id), a
+        page at a time, as OpenAI's ``input_items`` lists them."""
+        _, record = await _stored_response(context, caller.user_id(), response_id)
+        assert record.echo is not None
+        items = list(record.echo.get("input") or [])
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            if after not in ids:
+                raise InvalidInputError("after names no input item of this response", field="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+
     # Chat clients (Open WebUI, LibreChat...) list models when connecting: the agent is one,
     # named after its app (the chat routes answer whatever model a request names).
     @router.get(f"{COMPATIBLE_PREFIX}/models", summary="OpenAI models: the agent")
@@ -597,6 +665,17 @@ async def _stored_response(
     if record.session_id != found[1]:
         raise compat.ResponseNotFoundError(response_id)
     return runs, record
+
+
+async def _refuse_deleted(context: AppContext, user_id: str, response_id: str) -> None:
+    """Refuse (404) a ``previous_response_id`` naming a response its user deleted (any
+    other names its session: see :func:`compat.session_id_of`)."""
+    runs = context.recorder.runs if context.recorder is not None else None
+    found = compat.run_of_response(response_id)
+    if runs is not None and found is not None and await runs.was_deleted(user_id, found[0]):
+        raise compat.ResponseNotFoundError(
+            response_id, "previous_response_id names a response that was deleted"
+        )
 
 
 def _model(context: AppContext) -> dict[str, Any]:

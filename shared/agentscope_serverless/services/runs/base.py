@@ -101,6 +101,11 @@ class RunRecord(BaseModel):
         description="What the answer repeats of the request (an OpenAI response object's "
         "model, instructions, ...), so the answer can be read again as it was given.",
     )
+    deleted: bool = Field(
+        False,
+        description="Deleted by its user (see :meth:`RunsService.delete_run`): the record is "
+        "only the mark that it was, until it expires.",
+    )
 
     @property
     def finished(self) -> bool:
@@ -123,6 +128,13 @@ def _as_seen(record: RunRecord) -> RunRecord:
     if not record.lost:
         return record
     return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
+
+
+def _listed(records: list[RunRecord]) -> list[RunRecord]:
+    """``records`` as a listing gives them: oldest first, as readers see them, without the
+    marks of deleted runs."""
+    kept = (_as_seen(record) for record in records if not record.deleted)
+    return sorted(kept, key=lambda record: record.created_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,23 +308,46 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         return record is not None and record.cancel_requested
 
     async def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
-        """The run's record, or None (also for another user's run)."""
+        """The run's record, or None (also for another user's run, or a deleted one)."""
         self._ensure_started()
         record = await self._load(require_user_id(user_id), require_run_id(run_id))
-        return None if record is None else _as_seen(record)
+        return None if record is None or record.deleted else _as_seen(record)
 
     async def list_runs(self, user_id: str, session_id: str) -> list[RunRecord]:
         """The runs of a session, oldest first. ``session_id`` is taken as sessions take it
         (stripped; refused when blank or holding control characters)."""
         self._ensure_started()
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
-        return sorted(map(_as_seen, runs), key=lambda record: record.created_at)
+        return _listed(runs)
 
     async def recent_runs(self, user_id: str, since: float) -> list[RunRecord]:
         """The user's runs created at ``since`` (a Unix time) or later, oldest first."""
         self._ensure_started()
-        runs = await self._list_user(require_user_id(user_id), since)
-        return sorted(map(_as_seen, runs), key=lambda record: record.created_at)
+        return _listed(await self._list_user(require_user_id(user_id), since))
+
+    async def delete_run(self, user_id: str, run_id: str) -> RunRecord | None:
+        """Delete a run that has ended (a response its client deletes): its events and its
+        record go, and a record marking it deleted (:meth:`was_deleted`) is kept until it
+        expires, which no read or listing finds. Returns the run as it was, or None when not
+        found; a run in progress is not deleted (returned as it is)."""
+        self._ensure_started()
+        user_id, run_id = require_user_id(user_id), require_run_id(run_id)
+        record = await self._load(user_id, run_id)
+        if record is None or record.deleted:
+            return None
+        record = _as_seen(record)
+        if record.finished:
+            await self._delete_run_of(record)
+            mark = {"status": record.status, "created_at": record.created_at, "deleted": True}
+            fields = {"id": run_id, "user_id": user_id, "session_id": record.session_id}
+            await self._create(RunRecord(**fields, kind=record.kind, **mark))
+        return record
+
+    async def was_deleted(self, user_id: str, run_id: str) -> bool:
+        """Whether the run was deleted with :meth:`delete_run` (and its mark has not expired)."""
+        self._ensure_started()
+        record = await self._load(require_user_id(user_id), require_run_id(run_id))
+        return record is not None and record.deleted
 
     async def stop_runs(
         self,
@@ -481,6 +516,10 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _delete_session(self, user_id: str, session_id: str) -> None:
         """Delete the session's runs, with their events and their entries in indexes."""
+
+    @abstractmethod
+    async def _delete_run_of(self, record: RunRecord) -> None:
+        """Delete the run of ``record``, with its events and its entries in indexes."""
 
     @abstractmethod
     async def _read(

@@ -117,6 +117,10 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         entry in the user's index and, with a session, in the session's (written once the
         first are)."""
         tails, meta = self._meta_items(record)
+        return tails, [meta, *self._index_entries(record)]
+
+    def _index_entries(self, record: RunRecord) -> list[Item]:
+        """The run's entry in the user's index and, with a session, in the session's."""
         user = id_hash(record.user_id)
         entry = {
             "pk": s(f"USERRUNS#{user}"),
@@ -124,12 +128,12 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             "run_id": s(record.id),
             **self._expiry(),
         }
-        items = [meta, entry]
+        entries = [entry]
         if record.session_id is not None:
             index = {**entry, "pk": s(f"RUNS#{user}#{id_hash(record.session_id)}")}
             entry["session_pk"] = index["pk"]
-            items.append(index)
-        return tails, items
+            entries.append(index)
+        return entries
 
     def _event_items(self, user_id: str, run_id: str, events: list[StoredEvent]) -> list[Item]:
         pk = self._pk(user_id, run_id)
@@ -318,6 +322,10 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             *other_index,
             {"pk": entry["pk"], "sk": entry["sk"]},
         )
+
+    async def _delete_run_of(self, record: RunRecord) -> None:
+        entries = [{"pk": e["pk"], "sk": e["sk"]} for e in self._index_entries(record)]
+        await self._store.delete_partition(self._pk(record.user_id, record.id), *entries)
 
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None

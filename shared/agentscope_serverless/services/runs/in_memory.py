@@ -120,6 +120,11 @@ class InMemoryRunsService(RunsService):
             if key[0] == user_id and run.record.session_id == session_id:
                 self._wake(self._runs.pop(key))
 
+    async def _delete_run_of(self, record: RunRecord) -> None:
+        run = self._runs.pop((record.user_id, record.id), None)
+        if run is not None:
+            self._wake(run)
+
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None
     ) -> list[StoredEvent]:

@@ -293,6 +293,12 @@ class RedisRunsService(RedisBackedService, RunsService):
                 )
             await self._redis.run(_DELETE_RUNS, keys, run_ids, idempotent=True)
 
+    async def _delete_run_of(self, record: RunRecord) -> None:
+        run = self._run_key(record.user_id, record.id)
+        index = self._session_key(record.user_id, record.session_id) if record.session_id else run
+        keys = [self._user_key(record.user_id), run, f"{run}:events", index]
+        await self._redis.run(_DELETE_RUNS, keys, [record.id], idempotent=True)
+
     async def _save(self, record: RunRecord) -> None:
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
         await self._redis.run(
