@@ -744,6 +744,37 @@ def test_a_file_sent_by_url_reaches_the_llm_agents_model_as_a_mention_it_takes()
         ]
 
 
+def test_a_clients_sampling_options_reach_the_llm_agents_model_under_the_name_it_gave() -> None:
+    # They were taken, checked, and left out of the model's call: a client's max_tokens did
+    # not bound the answer, nor its temperature, stop or seed tune it.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    llm = ScriptedLLM([ANSWER])
+    ask: Any = [{"role": "user", "content": "hi"}]
+    tuning = {"temperature": 0.3, "top_p": 0.9, "seed": 7, "stop": ["END"]}
+    penalties = {"frequency_penalty": 0.5, "presence_penalty": -0.5}
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as llm_sdk,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        llm_sdk.chat.completions.create(
+            model="llm", messages=ask, max_completion_tokens=50, **tuning, **penalties
+        )
+        llm_sdk.chat.completions.create(model="llm", messages=ask, max_tokens=40)
+        llm_sdk.responses.create(model="llm", input="hi", max_output_tokens=30, temperature=1)
+        body = {"input": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": False}
+        assert client.post("/process", json=body).status_code == 200
+        llm_sdk.chat.completions.create(model="llm", messages=ask)
+    sent = [request["body"] for request in llm.requests]
+    given = {**tuning, **penalties, "max_completion_tokens": 50}
+    assert {option: sent[0].get(option) for option in given} == given
+    assert "max_tokens" not in sent[0]
+    assert (sent[1]["max_tokens"], sent[2]["max_tokens"], sent[3]["max_tokens"]) == (40, 30, 20)
+    assert sent[2]["temperature"] == 1
+    options = [*tuning, *penalties, "max_tokens", "max_completion_tokens"]
+    assert not set(options) & set(sent[4])
+
+
 def test_parallel_function_calls_of_a_responses_input_reach_the_model_with_their_outputs() -> None:
     # The responses API gives each of parallel calls an item of its own, their outputs after
     # them all: each call was kept alone, and the model was told the first one had no result.

@@ -36,7 +36,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Container, Sequence
+from collections.abc import AsyncIterator, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.sandbox_protocol import BASE
 from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
     AgentResponse,
     DataContent,
     FunctionCall,
@@ -157,6 +158,7 @@ class LLMAgent:
         usage: dict[str, int] | None = None,
         tools: Sequence[AgentTool] = (),
         settings: Settings | None = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[TextContent | Message]:
         """Answer the conversation ``messages``: text deltas, then tool calls and results.
 
@@ -165,6 +167,8 @@ class LLMAgent:
         per call. Token counts reported by the API are added to ``usage``. ``tools`` are
         offered for this run only, besides the agent's own. ``settings`` (the runner's, in an
         app) fill what the constructor left out, unless it was given settings of its own.
+        ``sampling`` (``temperature``, ``max_tokens``...: see :func:`sampling_options`) goes
+        with each model call.
         """
         available = {**self.tools, **{tool.name: tool for tool in tools}}
         if len(available) != len(self.tools) + len(tools):
@@ -179,7 +183,7 @@ class LLMAgent:
             reasoning = _StreamedText(MessageType.REASONING)
             answer = _StreamedText(MessageType.MESSAGE)
             size, answered, finish_reason = 0, False, None
-            async for chunk in self._complete(config, chat, offered, usage):
+            async for chunk in self._complete(config, chat, offered, usage, sampling or {}):
                 choice = _choice_of(chunk)
                 delta = {} if choice is None else _delta_of(choice)
                 if choice is not None:
@@ -340,6 +344,7 @@ class LLMAgent:
         chat: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         usage: dict[str, int] | None,
+        sampling: Mapping[str, Any],
     ) -> AsyncIterator[dict[str, Any]]:
         """The chunks of one streamed chat completion.
 
@@ -347,6 +352,7 @@ class LLMAgent:
         up to ``config.max_retries`` times; once a chunk was handed on, a failure ends it.
         """
         payload: dict[str, Any] = {
+            **sampling,
             "model": config.model,
             "messages": chat,
             "stream": True,
@@ -395,6 +401,42 @@ class LLMAgent:
                 config.max_retries,
             )
             await asyncio.sleep(delay)
+
+
+# The options of a request that tune the model's answer, sent with each of its model calls.
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+)
+
+
+def sampling_options(request: Any) -> dict[str, Any]:
+    """The sampling options ``request`` (an :class:`AgentRequest`) gives, as a chat API
+    takes them: its limit on tokens is sent as ``max_completion_tokens`` when the client
+    named it so (OpenAI's newer models refuse ``max_tokens``), else as ``max_tokens`` (the
+    only name some other APIs know).
+
+    >>> sampling_options(AgentRequest(input=[], temperature=0.2, max_tokens=5))
+    {'temperature': 0.2, 'max_tokens': 5}
+    >>> sampling_options(AgentRequest(input=[], max_tokens=5, max_completion_tokens=5))
+    {'max_completion_tokens': 5}
+    """
+    if not isinstance(request, AgentRequest):
+        return {}
+    options = {
+        field: getattr(request, field)
+        for field in SAMPLING_FIELDS
+        if getattr(request, field) is not None
+    }
+    named = (request.model_extra or {}).get("max_completion_tokens")
+    if "max_tokens" in options and named == options["max_tokens"]:
+        options["max_completion_tokens"] = options.pop("max_tokens")
+    return options
 
 
 def _retry_delay(response: httpx.Response, attempt: int, max_retries: int) -> float | None:
@@ -979,6 +1021,7 @@ def create_llm_app(
             usage=usage,
             tools=run_tools,
             settings=self.settings,
+            sampling=sampling_options(request),
         ):
             yield item
         if usage:
@@ -990,4 +1033,4 @@ def create_llm_app(
 app = create_llm_app()
 sandbox_app = create_llm_app(sandbox_tools=True)
 
-__all__ = ["LLMAgent", "app", "create_llm_app", "sandbox_app"]
+__all__ = ["LLMAgent", "app", "create_llm_app", "sampling_options", "sandbox_app"]

@@ -413,6 +413,10 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_chat_request(body)
+        # The name the client gave its limit, for an agent calling a model to give it so.
+        named_limit = {}
+        if body.max_tokens is None and body.max_completion_tokens is not None:
+            named_limit["max_completion_tokens"] = body.max_completion_tokens
         call = await _compatible_run(
             context,
             compat.chat_messages(body.messages),
@@ -425,6 +429,7 @@ def build_router(
             temperature=body.temperature,
             top_p=body.top_p,
             max_tokens=body.max_tokens or body.max_completion_tokens,
+            **named_limit,
             seed=body.seed,
             stop=body.stop,
             frequency_penalty=body.frequency_penalty,
