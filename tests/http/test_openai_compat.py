@@ -531,6 +531,66 @@ def test_a_part_other_than_text_in_a_system_or_assistant_message_is_refused(
     assert refused.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": ""}]},
+            "messages[0].content",
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": " \n"}]},
+            "messages[0].content",
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": []}]},
+            "messages[0].content",
+        ),
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": [{"type": "text", "text": " "}]},
+                ]
+            },
+            "messages[2].content",
+        ),
+        ("responses", {"input": ""}, "input"),
+        ("responses", {"input": " "}, "input"),
+        ("responses", {"input": []}, "input"),
+        ("responses", {"input": [{"role": "user", "content": []}]}, "input[0].content"),
+    ],
+)
+def test_a_user_message_without_content_is_refused_and_not_stored(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    body: dict[str, object],
+    param: str,
+) -> None:
+    # It ran the agent on nothing and stored the empty message, which some chat APIs refuse
+    # (on every later turn of the session); OpenAI refuses it at once.
+    client = client_for(keys.alice)
+    session = f"empty-{uuid.uuid4().hex}"
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", **body},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["param"] == param and (
+        "content" in error["message"] or "no item" in error["message"]
+    )
+    assert client.get(f"/sessions/{session}/messages").status_code == 404
+    assert client.get("/runs", params={"session_id": session}).json()["items"] == []
+
+
 def _cancel_the_sessions_run(url: str, key: str, session: str) -> None:
     """Cancel the run of ``session`` as soon as it is listed (from another client)."""
     with httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client:
