@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.http.conftest import SECRET
-from tests.support.http import Keys, bearer, stream
+from tests.support.http import Keys, bearer, stream, user_message
 
 RESPONSES_ORDER = [
     "response.created",
@@ -150,6 +150,37 @@ def test_session_header_continues_a_chat_without_duplicating_history(
     assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
 
 
+def test_a_system_message_resent_with_each_turn_is_stored_once_until_it_changes(
+    sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # A client that sends its system message with each new turn of a session had it stored
+    # again every turn: the history filled with copies.
+    session = f"sdk-{uuid.uuid4()}"
+    headers = {"X-Session-Id": session}
+    terse = {"role": "system", "content": "Be terse."}
+    for system, ask in [
+        (terse, "one"),
+        (terse, "two"),
+        ({**terse, "content": "Be kind."}, "three"),
+    ]:
+        sdk.chat.completions.create(
+            model="demo", messages=[system, {"role": "user", "content": ask}], extra_headers=headers
+        )
+    client = client_for(keys.alice)
+    again = {"input": [{**terse, "content": "Be kind."}, user_message("four")], "stream": False}
+    assert client.post("/process", json={**again, "session_id": session}).status_code == 200
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    said = [(m["role"], m["content"][0]["text"]) for m in history if m["role"] != "assistant"]
+    assert said == [
+        ("system", "Be terse."),
+        ("user", "one"),
+        ("user", "two"),
+        ("system", "Be kind."),
+        ("user", "three"),
+        ("user", "four"),
+    ]
+
+
 def test_metadata_session_continues_a_responses_conversation(sdk: openai.OpenAI) -> None:
     session = f"sdk-{uuid.uuid4()}"
     sdk.responses.create(model="demo", input="My name is Carla", metadata={"session_id": session})
@@ -198,14 +229,8 @@ def test_developer_messages_are_system_instructions(
     assert answer.output_text.startswith("Hello!")
     with httpx.Client(base_url=demo_url, headers={"Authorization": f"Bearer {keys.alice}"}) as c:
         history = c.get(f"/sessions/{session}/messages").json()["items"]
-    assert [m["role"] for m in history] == [
-        "system",
-        "user",
-        "assistant",
-        "system",
-        "user",
-        "assistant",
-    ]
+    # (the same system message again is not stored again)
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "user", "assistant"]
 
 
 def test_a_new_session_id_is_returned_in_a_header(sdk: openai.OpenAI) -> None:
