@@ -19,6 +19,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
 from tests.http.test_llm_agent import ANSWER, FOLLOW_UP, ScriptedLLM, llm_agent_server
 from tests.support.http import Keys, bearer, running, stream
+from tests.support.slow_agent import PIECES
 from tests.support.slow_agent import app as slow_app
 
 CHAT = "/compatible-mode/v1/chat/completions"
@@ -910,6 +911,43 @@ def test_a_retry_of_a_failed_run_gets_its_error_again(scenario: httpx.Client) ->
     assert again.json() == first.json()
     assert again.headers["X-Should-Retry"] == "false"
     assert [m["content"][0]["text"] for m in history(scenario, session)] == ["fail"]
+
+
+def test_a_chat_completion_stream_closed_by_its_client_stops_its_run() -> None:
+    # The client broke out of the stream (a chat page's Stop): the agent went on to the end
+    # of its reply, which was stored whole, as if the user had read it.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    web = create_app(settings=load_settings(), agent_app=slow_app, key_store=keys.store)
+    stopped, kept = f"stopped-{uuid.uuid4()}", f"kept-{uuid.uuid4()}"
+    ask: Any = [{"role": "user", "content": "hi"}]
+    with (
+        running(web) as served,
+        openai.OpenAI(base_url=f"{served}/compatible-mode/v1", api_key=keys.alice) as sdk,
+        httpx.Client(base_url=served, headers=bearer(keys.alice)) as client,
+    ):
+        for session, extra in ((stopped, {}), (kept, {"cancel_on_disconnect": False})):
+            chunks = sdk.chat.completions.create(
+                model="m",
+                messages=ask,
+                stream=True,
+                extra_headers={"X-Session-Id": session},
+                extra_body=extra,
+            )
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break
+            chunks.close()
+        ended = {}
+        while len(ended) < 2:
+            for session in (stopped, kept):
+                (run,) = runs_of(client, session)
+                if run["status"] != "in_progress":
+                    ended[session] = run["status"]
+            time.sleep(0.05)
+        replies = {s: history(client, s)[-1]["content"][0]["text"] for s in (stopped, kept)}
+    assert ended == {stopped: "canceled", kept: "completed"}
+    assert replies[stopped].count("piece") < PIECES
+    assert replies[kept].count("piece") == PIECES
 
 
 @pytest.mark.parametrize(

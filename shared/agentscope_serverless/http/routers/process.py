@@ -201,7 +201,12 @@ async def _last_response(events: AsyncIterator[Event]) -> AgentResponse:
 
 
 async def _openai_turn(
-    context: AppContext, request: Request, call: _Call, echo: dict[str, Any] | None = None
+    context: AppContext,
+    request: Request,
+    call: _Call,
+    echo: dict[str, Any] | None = None,
+    *,
+    cancel_on_disconnect: bool = False,
 ) -> _Turn:
     """The run of an OpenAI-compatible call, started unless the call is an SDK's retry of a
     request that started one (see :mod:`..sdk_retries`); ``echo`` is kept with its record.
@@ -219,8 +224,16 @@ async def _openai_turn(
     if call.history:
         session = Session(id=session_id, user_id=run.user_id)
         await context.session_history.append_message(session, call.history)
+    if cancel_on_disconnect:
+        ends_with_client(request)
     recorded = await _recorded(
-        context, request, run, kind="openai", fingerprint=fingerprint, echo=echo
+        context,
+        request,
+        run,
+        kind="openai",
+        cancel_on_disconnect=cancel_on_disconnect,
+        fingerprint=fingerprint,
+        echo=echo,
     )
     return _Turn(recorded.run_id, session_id, _noted(context, call, recorded.events()), recorded)
 
@@ -435,7 +448,11 @@ def build_router(
             frequency_penalty=body.frequency_penalty,
             presence_penalty=body.presence_penalty,
         )
-        turn = await _openai_turn(context, request, call)
+        # A client closing its stream stops the run, as OpenAI's: nothing reads a chat
+        # completion again (unless the request says "cancel_on_disconnect": false). One not
+        # streamed goes on: an SDK's retry after a timeout gets its answer.
+        cancel = body.stream and (body.model_extra or {}).get("cancel_on_disconnect") is not False
+        turn = await _openai_turn(context, request, call, cancel_on_disconnect=cancel)
         headers = _session_headers(turn.session_id, turn.run_id)
         if not body.stream:
             final = await turn.answer(request, _last_response(turn.events))
