@@ -815,6 +815,7 @@ def test_max_completion_tokens_reaches_the_agent_as_max_tokens(
         ("chat/completions", {"top_p": 1.5}, "top_p"),
         ("chat/completions", {"frequency_penalty": -3}, "frequency_penalty"),
         ("chat/completions", {"presence_penalty": 3}, "presence_penalty"),
+        ("chat/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ("responses", {"max_output_tokens": 0}, "max_output_tokens"),
         ("responses", {"temperature": -1}, "temperature"),
         ("responses", {"top_p": 2}, "top_p"),

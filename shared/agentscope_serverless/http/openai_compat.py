@@ -40,7 +40,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentscope_serverless.errors import (
     InvalidInputError,
@@ -76,6 +76,8 @@ Temperature = Annotated[float | None, Field(ge=0, le=2)]
 TopP = Annotated[float | None, Field(ge=0, le=1)]
 Penalty = Annotated[float | None, Field(ge=-2, le=2)]
 TokenLimit = Annotated[int | None, Field(ge=1)]
+# OpenAI takes up to 4 stop sequences (more, and a model refuses the call).
+MAX_STOP_SEQUENCES = 4
 # Every chunk of a stream repeats the model's name: a bound on what one answer can weigh.
 ModelName = Annotated[str, Field(max_length=256)]
 # A session named as /process names it: taken, rather than dropped as an unknown field.
@@ -101,7 +103,7 @@ class ChatCompletionRequest(BaseModel):
         None, description="What current clients send for ``max_tokens`` (which wins if both)."
     )
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, description="Up to 4 sequences.")
     n: int | None = Field(
         None,
         ge=1,
@@ -123,6 +125,13 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: int | None = Field(None, description="Refused when above 0.")
     modalities: list[str] | None = Field(None, description="Only ``text``.")
     audio: dict[str, Any] | None = Field(None, description="Refused: an agent answers in text.")
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, as OpenAI takes")
+        return stop
 
 
 class ResponsesText(BaseModel):
