@@ -330,11 +330,49 @@ class RedisClusterServer:
 # UpdateItem calls on one item can both read the old value: real DynamoDB serialises writes
 # to an item. One request at a time restores that guarantee for the emulator.
 _MOTO_SERVER = """
+import copy
 import sys
+import types
+
+import moto.dynamodb.models as models
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
 )
+
+# moto backs up the tables a transaction writes, to roll back a failed condition, with a
+# deep copy of the whole table per item of the transaction: an append of 100 messages
+# copied the table 100 times, and took seconds once it held a few thousand items. Here a
+# table is copied once per transaction, and not at all for one of plain puts and deletes
+# (no condition can fail: the only transactions the services write).
+_transact_write_items = models.DynamoDBBackend.transact_write_items
+
+
+def transact_write_items(self, transact_items):
+    plain = all(
+        kind in ("Put", "Delete") and "ConditionExpression" not in operation
+        for item in transact_items
+        for kind, operation in item.items()
+    )
+    tables = {}
+
+    def deepcopy(value, memo=None):
+        if not isinstance(value, models.Table):
+            return copy.deepcopy(value, memo)
+        if plain:
+            return value
+        if id(value) not in tables:
+            tables[id(value)] = copy.deepcopy(value, memo)
+        return tables[id(value)]
+
+    models.copy = types.SimpleNamespace(deepcopy=deepcopy)
+    try:
+        return _transact_write_items(self, transact_items)
+    finally:
+        models.copy = copy
+
+
+models.DynamoDBBackend.transact_write_items = transact_write_items
 run_simple(
     sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
     threaded=False, request_handler=MotoRequestHandler,
