@@ -153,10 +153,86 @@ async def test_a_fork_bomb_is_stopped_by_the_process_limit_without_hurting_other
 
     shell_bomb = await bombed.run_shell_command_async("bomb() { bomb | bomb & }; bomb; sleep 1")
     assert shell_bomb["content"]
-    # Nothing outlives a call: only the namespace's init and the interpreter remain.
+    # Nothing outlives a call: only the interpreter (and this command's shell) remain.
     processes = await bombed.run_shell_command_async("ls /proc | grep -c '^[0-9]'")
     assert int(part(processes, "stdout")) <= 5
     await assert_still_works(bombed)
+
+
+# Makes every other process of the sandbox it may ptrace (same uid) exec a heartbeat
+# instead, by setting its registers (x86_64) to an execve at a syscall instruction of its own.
+TAKE_OVER = r"""
+import ctypes, os, re, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+class Registers(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_ulonglong) for name in (
+        "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags "
+        "rsp ss fs_base gs_base ds es fs gs").split()]
+HEARTBEAT = (
+    b"import time\nwhile True:\n"
+    b"    open('/workspace/heartbeat', 'a').write('beat\\n')\n    time.sleep(0.05)\n"
+)
+taken = []
+for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+        continue
+    os.waitpid(pid, 0x40000000)  # __WALL
+    registers = Registers()
+    libc.ptrace(12, pid, None, ctypes.byref(registers))  # PTRACE_GETREGS
+    with open(f"/proc/{pid}/mem", "r+b", buffering=0) as memory:
+        syscall = None
+        for line in open(f"/proc/{pid}/maps"):
+            found = re.match(r"([0-9a-f]+)-([0-9a-f]+) r-xp", line)
+            if found and syscall is None:
+                start, end = int(found[1], 16), int(found[2], 16)
+                memory.seek(start)
+                offset = memory.read(end - start).find(b"\x0f\x05")
+                syscall = start + offset if offset >= 0 else None
+        base = (registers.rsp - 8192) & ~0xF
+        blob, pointers = b"", []
+        for text in (b"/usr/bin/python3\0", b"-c\0", HEARTBEAT + b"\0"):
+            pointers.append(base + len(blob))
+            blob += text
+        argv = (base + len(blob) + 15) & ~0xF
+        memory.seek(base)
+        memory.write(blob.ljust(argv - base, b"\0") + struct.pack("<4Q", *pointers, 0))
+    registers.rax, registers.orig_rax, registers.rip = 59, 2**64 - 1, syscall  # execve
+    registers.rdi, registers.rsi, registers.rdx = pointers[0], argv, 0
+    libc.ptrace(13, pid, None, ctypes.byref(registers))  # PTRACE_SETREGS
+    libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+    taken.append(pid)
+print(taken)
+"""
+
+
+async def test_no_process_taken_over_with_ptrace_outlives_its_call(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    taken = await sandbox.run_ipython_cell_async(TAKE_OVER)
+    assert part(taken, "stdout") == "[]\n", part(taken, "stderr")
+    later = await sandbox.run_ipython_cell_async(
+        "import os, time\n"
+        "beats = lambda: os.path.exists('heartbeat') and len(open('heartbeat').readlines())\n"
+        "before = beats()\n"
+        "time.sleep(0.5)\n"
+        "beats() != before"
+    )
+    assert part(later, "stdout") == "False\n"
+
+
+async def test_orphans_are_reaped_as_they_exit_during_a_call(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # Each ( ... &) leaves an orphan: 100 of them, past the 32 processes a sandbox may have.
+    result = await sandbox.run_shell_command_async(
+        "for i in $(seq 100); do (true &); sleep 0.01; done; echo done"
+    )
+    assert part(result, "stdout") == "done\n"
+    assert part(result, "stderr") == ""
 
 
 async def test_a_memory_hog_is_stopped_by_the_memory_limit(

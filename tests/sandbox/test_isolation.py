@@ -112,7 +112,7 @@ async def test_no_token_canary_or_host_path_readable_anywhere_in_the_sandbox(
         words = [hardened.token, CANARY, str(hardened.root)]
         report = json.loads(stdout(await _cell(client, sandbox_id, proc_scan_code(words))))
         assert report["hits"] == []
-        assert 1 in report["pids"]  # bwrap itself, whose environ used to be the server's
+        assert 1 in report["pids"]  # its PID 1, whose environ was once the server's
     finally:
         await client.release(sandbox_id)
     # The server removed its token from its own environment after reading it.

@@ -13,7 +13,8 @@ parts than that (see ``process.py``), since sandbox code can write on the reply 
 
 Python cells run in one namespace kept between requests, so state persists. Output of a
 call (Python's and its child processes') is captured in memory files. After every call,
-every other process of the sandbox is killed: nothing keeps running between calls.
+every other process of the sandbox is killed (but PID 1, the agent's parent, which only
+reaps orphans and cannot be traced): nothing keeps running between calls.
 
 The filesystem tools behave like the MCP filesystem server AgentScope's ``filesystem``
 sandbox runs (same names, arguments and result texts), with ``/workspace`` as the one allowed
@@ -42,6 +43,7 @@ from typing import Any, BinaryIO
 
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
+PR_SET_DUMPABLE = 4
 # Room past the output limit for the notes a tool adds to a text (truncation, time limit).
 NOTE_CHARS = 1024
 MAX_TREE_ENTRIES = 10_000
@@ -618,7 +620,7 @@ class Agent:
         return f"Allowed directories:\n{WORKSPACE}"
 
     def stop_strays(self) -> None:
-        """Kill every process of the sandbox but this one (and the namespace's init)."""
+        """Kill every process of the sandbox but this one (and PID 1, which reaps them)."""
         deadline = time.monotonic() + STRAY_KILL_SECONDS
         while time.monotonic() < deadline:
             try:
@@ -639,7 +641,41 @@ class Agent:
                 return
 
 
+def reap_as_init() -> None:
+    """As PID 1 of the sandbox, fork: the child returns to serve requests, and this process
+    reaps each orphan of the sandbox as it exits until the child exits, then exits as it did.
+
+    PID 1 outlives the kill of every other process after a call, so it is not dumpable:
+    sandbox code (the same uid) can neither trace it nor write its memory to run its own.
+    """
+    if os.getpid() != 1:
+        return
+    try:
+        import ctypes
+    except ImportError:  # a minimal Python: the agent stays PID 1 and reaps after each call
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "the sandbox's PID 1 cannot be made undumpable")
+    child = os.fork()
+    if child == 0:
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        return
+    # The server reads the end of the agent's replies once the agent is gone.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            if os.WIFSIGNALED(status):
+                os._exit(128 + os.WTERMSIG(status))
+            os._exit(os.WEXITSTATUS(status))
+
+
 def main() -> None:
+    reap_as_init()
     Agent(json.loads(sys.argv[1])).serve()
 
 

@@ -5,10 +5,11 @@ namespaces, with every capability dropped and no way to make user namespaces of 
 as uid 65534 inside and a host uid of its own outside (so that no kernel quota counted per
 user, such as inotify instances or keys, is shared between sandboxes), seeing only read-only
 system directories, its own workspace (read-write) at ``/workspace``, a private ``/tmp``,
-``/proc`` and ``/dev``. ``prlimit`` then sets the resource limits right before the program
-runs. It runs *inside* the new user namespace on purpose: the kernel counts processes
-(``RLIMIT_NPROC``) per user namespace, so each sandbox gets its own process budget, and a
-fork bomb in one sandbox cannot starve the others.
+``/proc`` and ``/dev``. The program is PID 1 of its PID namespace (no process of bwrap's,
+which the sandbox could take over, stays beside it), and ``prlimit`` sets the resource
+limits right before it runs. ``prlimit`` runs *inside* the new user namespace on purpose:
+the kernel counts processes (``RLIMIT_NPROC``) per user namespace, so each sandbox gets its
+own process budget, and a fork bomb in one sandbox cannot starve the others.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ PASSWD = (
     f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{WORKSPACE}:/bin/sh\n"
 )
 GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\n"
-# The only environment of bwrap itself (PID 1 of the sandbox, whose environ is readable there).
+# The only environment of bwrap itself (it starts PID 1 of the sandbox, whose environ is
+# readable there, with the options' variables alone).
 BWRAP_ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -256,6 +258,11 @@ def bwrap_command(
         "--gid",
         str(SANDBOX_GID),
         "--die-with-parent",
+        # The program is PID 1 (and reaps as the agent's parent, see agent.reap_as_init), not
+        # bwrap's reaper: that would run without the limits, be spared by the agent's kill of
+        # every other process after a call, and be the sandbox's to ptrace (same uid) and
+        # make run code of its choosing.
+        "--as-pid-1",
         "--new-session",
         "--hostname",
         "sandbox",

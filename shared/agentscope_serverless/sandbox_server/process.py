@@ -292,8 +292,8 @@ class SandboxProcess:
         if self._closed:
             raise SandboxNotFoundError("the sandbox was released")
         # What bwrap and the interpreter print before the agent runs: why a start failed.
-        # A memory file, not one on disk: bwrap, PID 1 of the sandbox, keeps it as its
-        # stderr, and /proc/1/fd/2 would show the sandbox the host path of a file.
+        # A memory file, not one on disk: the sandbox's PID 1 starts with it as its stderr,
+        # and /proc/1/fd/2 would show the sandbox the host path of a file.
         with os.fdopen(os.memfd_create("sandbox-log"), "rb") as log:
             process = await self._spawn(log.fileno())
             self._process = process
