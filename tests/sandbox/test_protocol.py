@@ -223,6 +223,8 @@ def test_create_sets_the_environment_and_refuses_host_paths(protocol: ManagerPro
         {"storage_path": "oss://bucket/x"},
         {"environment": {"PATH": "/tmp/evil"}},
         {"environment": {"LD_PRELOAD": "/tmp/evil.so"}},
+        {"environment": {"LD_AUDIT": "/workspace/evil.so"}},
+        {"environment": {"LD_LIBRARY_PATH": "/workspace/lib"}},
         {"environment": {"BAD NAME": "x"}},
         {"environment": {"NUL": "a\x00b"}},
         {"environment": {f"V{i}": "x" for i in range(65)}},

@@ -12,7 +12,10 @@ MAX_ENVIRONMENT_BYTES = 64 * 1024
 ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Variables the jail sets itself; a sandbox's environment cannot change them.
-RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LD_PRELOAD"})
+RESERVED_ENVIRONMENT = frozenset({"PATH", "HOME", "USER", "LOGNAME"})
+# The dynamic loader's variables (LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH...): prlimit gets the
+# environment too, and would load a library of the workspace before it sets the limits.
+LOADER_PREFIX = "LD_"
 RUNNING = "running"
 EXITED = "exited"
 
@@ -37,6 +40,12 @@ def check_environment(environment: dict[str, str] | None) -> dict[str, str]:
             raise SandboxRequestError(f"environment variable name {name[:128]!r} is not valid")
         if name in RESERVED_ENVIRONMENT:
             raise SandboxRequestError(f"environment variable {name} is reserved")
+        if name.startswith(LOADER_PREFIX):
+            raise SandboxRequestError(
+                f"environment variable {name} is not accepted: the dynamic loader would load "
+                "code of the sandbox before its limits are set; set it in the command that "
+                f"needs it ({name}=... command)"
+            )
         if "\x00" in value:
             raise SandboxRequestError(f"environment variable {name} contains a NUL character")
         if not value.isascii() and LONE_SURROGATE.search(value):
