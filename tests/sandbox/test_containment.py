@@ -491,6 +491,34 @@ async def test_the_largest_output_of_a_call_comes_back_and_keeps_the_interpreter
     assert part(kept, "stdout") == "'yes'\n"
 
 
+async def test_a_command_printing_past_the_file_size_limit_runs_to_its_end_its_output_cut(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # 20 MB on one line, more than the 8 MiB a file may hold.
+    result = await sandbox.run_shell_command_async(
+        "head -c 20000000 /dev/zero | tr '\\0' x; echo end >&2"
+    )
+    assert (
+        part(result, "stdout")
+        == "x" * MAX_OUTPUT + "\n[output truncated: 20000000 bytes in total]\n"
+    )
+    assert part(result, "stderr") == "end\n"
+    assert part(result, "returncode") == "0"
+
+
+async def test_a_command_leaving_a_process_that_writes_on_returns_when_it_exits(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    started = time.perf_counter()
+    result = await sandbox.run_shell_command_async("echo started; (yes &)")
+    assert time.perf_counter() - started < 3
+    assert part(result, "stdout").startswith("started\n")
+    assert part(result, "returncode") == "0"
+    await assert_still_works(sandbox)
+
+
 # After its reply, the agent stops reading requests: sandbox code can make it (its cells run
 # in the agent's interpreter).
 DEAF_AGENT_CELL = """

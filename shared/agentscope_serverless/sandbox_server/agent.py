@@ -12,9 +12,10 @@ each text holds at most the output limit: the server refuses a reply with more v
 parts than that (see ``process.py``), since sandbox code can write on the reply pipe too.
 
 Python cells run in one namespace kept between requests, so state persists. Output of a
-call (Python's and its child processes') is captured in memory files. After every call,
-every other process of the sandbox is killed (but PID 1, the agent's parent, which only
-reaps orphans and cannot be traced): nothing keeps running between calls.
+cell (Python's and its child processes') is captured in memory files, a shell command's read
+from pipes as it comes. After every call, every other process of the sandbox is killed (but
+PID 1, the agent's parent, which only reaps orphans and cannot be traced): nothing keeps
+running between calls.
 
 The filesystem tools behave like the MCP filesystem server AgentScope's ``filesystem``
 sandbox runs (same names, arguments and result texts), with ``/workspace`` as the one allowed
@@ -24,13 +25,16 @@ directory: every path is resolved (symbolic links too) and refused if it leaves 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import fcntl
 import fnmatch
 import io
 import json
 import math
 import os
 import resource
+import selectors
 import signal
 import stat
 import subprocess
@@ -44,6 +48,11 @@ from typing import Any, BinaryIO
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
 PR_SET_DUMPABLE = 4
+F_GETPIPE_SZ = 1032
+# A command's output is read in chunks of a pipe's default size; while a process it left
+# behind holds its pipes open, the agent looks this often whether the command exited.
+PIPE_CHUNK_BYTES = 64 * 1024
+EXIT_POLL_SECONDS = 0.1
 # Room past the output limit for the notes a tool adds to a text (truncation, time limit).
 NOTE_CHARS = 1024
 MAX_TREE_ENTRIES = 10_000
@@ -233,6 +242,35 @@ def excluded(relative: str, patterns: list[str]) -> bool:
     return False
 
 
+def captured_text(head: bytes, size: int, max_output: int) -> str:
+    """The text of an output of ``size`` bytes whose first bytes are ``head``, with a note
+    when it was longer than ``max_output``.
+
+    >>> captured_text(b"abc", 5000, 3)
+    'abc\\n[output truncated: 5000 bytes in total]\\n'
+    """
+    text = head.decode("utf-8", errors="replace")
+    if size > max_output:
+        text += f"\n[output truncated: {size} bytes in total]\n"
+    return text
+
+
+class PipeOutput:
+    """What a command writes on one pipe: its first ``max_output`` bytes, and its size."""
+
+    def __init__(self, max_output: int) -> None:
+        self.max_output = max_output
+        self.head = bytearray()
+        self.size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.head += chunk[: max(0, self.max_output - len(self.head))]
+        self.size += len(chunk)
+
+    def text(self) -> str:
+        return captured_text(bytes(self.head), self.size, self.max_output)
+
+
 class CaptureLost(Exception):
     """The capture's descriptors were closed or replaced by the sandbox's code: the agent
     exits, and the server starts a fresh one."""
@@ -291,10 +329,7 @@ class Capture:
                 break
             chunks.append(chunk)
             remaining -= len(chunk)
-        text = b"".join(chunks).decode("utf-8", errors="replace")
-        if size > self.max_output:
-            text += f"\n[output truncated: {size} bytes in total]\n"
-        return text
+        return captured_text(b"".join(chunks), size, self.max_output)
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -386,16 +421,19 @@ class Agent:
         finally:
             capture.clear()
 
-    def execute(self, code: str, timeout: float) -> bool:
-        """Run a cell; print the value of a final expression. False when it raised."""
-        os.chdir(WORKSPACE)
-        # Each cell gets the CPU budget anew; the hard limit caps the interpreter's lifetime.
+    def renew_cpu_budget(self) -> None:
+        """Each call gets the CPU budget anew; the hard limit caps the interpreter's lifetime."""
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         # Whole seconds: rounded down, a cell started at 4.9 s used would get 1.1 s of 2.
         soft = math.ceil(_cpu_used()) + self.cpu_seconds
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+    def execute(self, code: str, timeout: float) -> bool:
+        """Run a cell; print the value of a final expression. False when it raised."""
+        os.chdir(WORKSPACE)
+        self.renew_cpu_budget()
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             tree = ast.parse(code, "<cell>", "exec")
@@ -430,28 +468,61 @@ class Agent:
                 os._exit(0)
 
     def run_shell(self, command: str, timeout: float) -> dict[str, Any]:
-        capture = self.capture
-        try:
-            capture.clear()
-            process = subprocess.Popen(
-                [*self.shell_prefix, "/bin/sh", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=capture.fds[0],
-                stderr=capture.fds[1],
-                cwd=WORKSPACE,
-                start_new_session=True,
-            )
-            note = ""
+        # Pipes, not the memory files of cells: a command may print more than the file size
+        # limit lets a file hold, and only the first max_output bytes of it are kept.
+        self.renew_cpu_budget()  # reading a flood of output takes the agent's CPU too
+        process = subprocess.Popen(
+            [*self.shell_prefix, "/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=WORKSPACE,
+            start_new_session=True,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        stdout, stderr = PipeOutput(self.max_output), PipeOutput(self.max_output)
+        outputs = {process.stdout.fileno(): stdout, process.stderr.fileno(): stderr}
+        with process.stdout, process.stderr:
+            returncode, note = self.read_outputs(process, outputs, timeout)
+        return result(stdout.text(), stderr.text() + note, returncode, is_error=returncode != 0)
+
+    @staticmethod
+    def read_outputs(
+        process: subprocess.Popen[bytes], outputs: dict[int, PipeOutput], timeout: float
+    ) -> tuple[int, str]:
+        """Read the pipes of ``process`` into ``outputs`` until it exits (killed once past
+        ``timeout`` seconds), then what they hold: its return code and a note of a kill."""
+        deadline = time.monotonic() + timeout
+        note = ""
+        with selectors.DefaultSelector() as selector:
+            for fd in outputs:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map() and process.poll() is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for key, _ in selector.select(min(remaining, EXIT_POLL_SECONDS)):
+                    chunk = os.read(key.fd, PIPE_CHUNK_BYTES)
+                    if chunk:
+                        outputs[key.fd].add(chunk)
+                    else:
+                        selector.unregister(key.fd)
             try:
-                returncode = process.wait(timeout)
+                returncode = process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 returncode = process.wait()
                 note = f"\n[the command ran past its time limit of {timeout:g} s and was killed]\n"
-            stderr = capture.read(1) + note
-            return result(capture.read(0), stderr, returncode, is_error=returncode != 0)
-        finally:
-            capture.clear()
+            # What the pipes hold now: a process left behind writing on does not hold the call.
+            for key in list(selector.get_map().values()):
+                fd = key.fd
+                os.set_blocking(fd, False)
+                left = fcntl.fcntl(fd, F_GETPIPE_SZ)
+                with contextlib.suppress(BlockingIOError):
+                    while left > 0 and (chunk := os.read(fd, min(left, PIPE_CHUNK_BYTES))):
+                        outputs[fd].add(chunk)
+                        left -= len(chunk)
+        return returncode, note
 
     def file_tool(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Run a filesystem tool: its text, or ``Error: ...`` with ``isError`` set."""
