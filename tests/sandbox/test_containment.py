@@ -507,6 +507,24 @@ async def test_a_command_printing_past_the_file_size_limit_runs_to_its_end_its_o
     assert part(result, "returncode") == "0"
 
 
+async def test_a_cell_printing_past_the_file_size_limit_runs_on_its_output_cut(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    sandbox = await box(sandbox_service, session_id)
+    # 20 MB in one print, then as many in small ones: more than the 8 MiB a file may hold.
+    result = await sandbox.run_ipython_cell_async(
+        "import subprocess, sys\n"
+        "print('x' * 20_000_000, end='')\n"
+        "for _ in range(20_000):\n"
+        "    sys.stdout.write('y' * 1000)\n"
+        "_ = subprocess.run(['echo', 'end'], stdout=sys.stderr)"
+    )
+    note = "\n[output truncated: 40000000 bytes in total]\n"
+    assert part(result, "stdout") == "x" * MAX_OUTPUT + note
+    assert part(result, "stderr") == "end\n"
+    assert result["isError"] is False
+
+
 async def test_a_command_leaving_a_process_that_writes_on_returns_when_it_exits(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

@@ -43,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
@@ -271,6 +271,33 @@ class PipeOutput:
         return captured_text(bytes(self.head), self.size, self.max_output)
 
 
+class CappedWriter(io.RawIOBase):
+    """Python's writes on descriptor ``fd`` (a memory file of the capture) while it holds
+    less than ``max_output`` bytes; the rest is only counted, so a cell printing more than
+    a file may hold runs on (its print would fail at the file size limit)."""
+
+    def __init__(self, fd: int, max_output: int) -> None:
+        self.fd = fd
+        self.name = fd  # as io.FileIO names a descriptor it opened
+        self.max_output = max_output
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        room = max(0, self.max_output - os.fstat(self.fd).st_size)
+        kept = view[:room]
+        while kept:
+            kept = kept[os.write(self.fd, kept) :]
+        self.dropped += len(view) - len(view[:room])
+        return len(view)
+
+
 class CaptureLost(Exception):
     """The capture's descriptors were closed or replaced by the sandbox's code: the agent
     exits, and the server starts a fresh one."""
@@ -288,6 +315,7 @@ class Capture:
         self.fds = (os.memfd_create("stdout"), os.memfd_create("stderr"))
         self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         self.files = self._files()
+        self.writers = (CappedWriter(1, max_output), CappedWriter(2, max_output))
 
     def _files(self) -> list[tuple[int, int]]:
         try:
@@ -302,20 +330,24 @@ class Capture:
         for fd in self.fds:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
+        for writer in self.writers:
+            writer.dropped = 0
 
     def __enter__(self) -> Capture:
         self.clear()
         for target, fd in zip((1, 2), self.fds, strict=True):
             os.dup2(fd, target)
-        sys.stdout = _text_stream(1)
-        sys.stderr = _text_stream(2)
+        # New ones: a stream closes its writer once it is dropped.
+        self.writers = (CappedWriter(1, self.max_output), CappedWriter(2, self.max_output))
+        sys.stdout = _text_stream(self.writers[0])
+        sys.stderr = _text_stream(self.writers[1])
         return self
 
     def __exit__(self, *exc: object) -> None:
         for target in (1, 2):
             os.dup2(self.null, target)
-        sys.stdout = _text_stream(1)
-        sys.stderr = _text_stream(2)
+        sys.stdout = _text_stream(io.FileIO(1, "w", closefd=False))
+        sys.stderr = _text_stream(io.FileIO(2, "w", closefd=False))
 
     def read(self, index: int) -> str:
         fd = self.fds[index]
@@ -329,12 +361,12 @@ class Capture:
                 break
             chunks.append(chunk)
             remaining -= len(chunk)
-        return captured_text(b"".join(chunks), size, self.max_output)
+        return captured_text(b"".join(chunks), size + self.writers[index].dropped, self.max_output)
 
 
-def _text_stream(fd: int) -> io.TextIOWrapper:
+def _text_stream(raw: io.RawIOBase) -> io.TextIOWrapper:
     return io.TextIOWrapper(
-        io.FileIO(fd, "w", closefd=False),
+        cast(BinaryIO, raw),
         encoding="utf-8",
         errors="backslashreplace",
         write_through=True,
@@ -367,8 +399,8 @@ class Agent:
             os.dup2(null, fd)
         os.close(null)
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = _text_stream(1)
-        sys.stderr = _text_stream(2)
+        sys.stdout = _text_stream(io.FileIO(1, "w", closefd=False))
+        sys.stderr = _text_stream(io.FileIO(2, "w", closefd=False))
         self.capture = Capture(self.max_output)
         # A write past the file-size limit fails with EFBIG instead of killing the process.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
