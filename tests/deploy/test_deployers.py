@@ -16,7 +16,7 @@ from agentscope_serverless.deployers import (
     SAMDeployManager,
     sam_deployer,
 )
-from agentscope_serverless.errors import UploadNotAvailableError
+from agentscope_serverless.errors import PackagingError, UploadNotAvailableError
 from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT, without_aws_credentials
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
@@ -119,3 +119,12 @@ def test_archive_deployers_share_the_deploy_manager_interface() -> None:
         assert isinstance(manager, DeployManager)
         assert not manager.is_running and manager.service_url is None
         asyncio.run(manager.stop())
+
+
+def test_a_stack_name_cloudformation_refuses_is_refused_before_anything_is_built(
+    fake_sam: FakeSam,
+) -> None:
+    manager = SAMDeployManager(PROJECT_ROOT, "my_agent")
+    with pytest.raises(PackagingError, match="'my_agent' is not a CloudFormation stack name"):
+        asyncio.run(manager.deploy())
+    assert fake_sam.calls == []

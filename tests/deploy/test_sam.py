@@ -531,3 +531,49 @@ def test_the_functions_may_read_an_api_key_by_its_id_but_never_list_the_keys() -
                     listed = statement["Action"]
                     actions |= {listed} if isinstance(listed, str) else set(listed)
         assert actions == {"dynamodb:GetItem", "dynamodb:DescribeTable"}, name
+
+
+def _cache_name(stack_name: str, parameters: dict[str, str]) -> str:
+    """The ServerlessCacheName CloudFormation gives the cache of ``stack_name``."""
+    document = sam.load_template(TEMPLATE)
+    value = document["Resources"]["RedisCache"]["Properties"]["ServerlessCacheName"]
+    defaults = {n: str(p.get("Default", "")) for n, p in document["Parameters"].items()}
+    given = {**defaults, **parameters}
+    condition, named, default = value["Fn::If"]
+    if _holds(document["Conditions"][condition], document["Conditions"], given):
+        return given[named["Ref"]]
+    return str(default["Fn::Sub"]).replace("${AWS::StackName}", stack_name)
+
+
+def test_the_memory_cache_of_any_stack_name_has_a_name_elasticache_takes() -> None:
+    """ElastiCache takes at most 40 lowercase letters, digits and single hyphens, from a
+    letter, for a cache's name: a long stack name, or one with two hyphens in a row, made an
+    invalid one and failed the stack at deploy time."""
+    parameter = sam.load_template(TEMPLATE)["Parameters"]["MemoryCacheName"]
+    names = {}
+    for stack_name in [
+        "my-agent",
+        "a" * 33,
+        "a" * 34,
+        "Prod-AgentScope-Serverless-Stack-For-The-Support-Team-eu-west-1",
+        "X" * 128,
+        "my--agent",
+        "agent-",
+        "Agent",
+    ]:
+        given = sam.memory_cache_name(stack_name)
+        parameters = {} if given is None else {"MemoryCacheName": given}
+        name = _cache_name(stack_name, parameters).lower()  # ElastiCache keeps it lowercase
+        assert len(name) <= 40 and re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", name), name
+        if given is not None:
+            assert len(given) <= parameter["MaxLength"]
+            assert re.fullmatch(parameter["AllowedPattern"], given)
+        names[stack_name] = name
+    # A stack deployed before keeps its cache (a new name would replace it, and its memories).
+    assert names["my-agent"] == "my-agent-memory"
+    assert names["a" * 33] == "a" * 33 + "-memory"
+    assert len(set(names.values())) == len(names)
+    assert sam.memory_cache_name("a" * 40 + "x") != sam.memory_cache_name("a" * 40 + "y")
+    for invalid in ["9lives", "my_agent", "a" * 129, ""]:
+        with pytest.raises(PackagingError, match="is not a CloudFormation stack name"):
+            sam.memory_cache_name(invalid)

@@ -73,6 +73,7 @@ class SAMDeployManager(DeployManager):
 
     def deploy_sync(self) -> dict[str, Any]:
         """The blocking twin of :meth:`deploy`."""
+        sam.check_stack_name(self.stack_name)  # before a build it would make useless
         self.progress("validating template.yaml (sam validate --lint)")
         sam.validate(self.project_root)
         self.progress("building every function and the shared layer (sam build)")

@@ -15,6 +15,7 @@ deploy time from ``ProcessInvokeMode``.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -406,6 +407,42 @@ def parameter_overrides(parameters: dict[str, str]) -> list[str]:
     return words
 
 
+# What CloudFormation takes as a stack name, and ElastiCache as a cache's.
+_STACK_NAME = re.compile(r"[a-zA-Z][-a-zA-Z0-9]{0,127}")
+_CACHE_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+CACHE_NAME_MAX_CHARS = 40
+
+
+def check_stack_name(stack_name: str) -> None:
+    """Raise :class:`PackagingError` unless CloudFormation takes ``stack_name``."""
+    if not _STACK_NAME.fullmatch(stack_name):
+        raise PackagingError(
+            f"{stack_name!r} is not a CloudFormation stack name: at most 128 letters, digits "
+            "and hyphens, beginning with a letter"
+        )
+
+
+def memory_cache_name(stack_name: str) -> str | None:
+    """The ``MemoryCacheName`` a stack named ``stack_name`` needs: None when the template's
+    own ``<stack name>-memory`` is a valid cache name (stacks deployed before keep their
+    cache: renaming replaces it), else a valid name made from the stack's, with a digest of
+    it so that two long names alike still differ.
+
+    >>> memory_cache_name("my-agent") is None
+    True
+    >>> memory_cache_name("My--Agent-")
+    'my-agent-memory-8ed450ea'
+    """
+    check_stack_name(stack_name)
+    default = f"{stack_name}-memory".lower()
+    if len(default) <= CACHE_NAME_MAX_CHARS and _CACHE_NAME.fullmatch(default):
+        return None
+    digest = hashlib.sha256(stack_name.encode()).hexdigest()[:8]
+    words = "-".join(re.findall(r"[a-z0-9]+", stack_name.lower()))
+    room = CACHE_NAME_MAX_CHARS - len(f"--memory-{digest}")
+    return "-".join(filter(None, [words[:room].strip("-"), "memory", digest]))
+
+
 def deploy(
     project_root: Path,
     stack_name: str,
@@ -439,6 +476,11 @@ def deploy(
         "--no-confirm-changeset",
         "--no-fail-on-empty-changeset",
     ]
+    cache_name = memory_cache_name(stack_name)
+    parameters = {
+        **({"MemoryCacheName": cache_name} if cache_name is not None else {}),
+        **(parameters or {}),
+    }
     if parameters:
         args += ["--parameter-overrides", *parameter_overrides(parameters)]
     _run_sam(project_root, *args, offline=False)
@@ -468,6 +510,7 @@ __all__ = [
     "assets",
     "build",
     "check_layer_requirements",
+    "check_stack_name",
     "compile_layer",
     "configured_region",
     "delete",
@@ -477,6 +520,7 @@ __all__ = [
     "installed_sources",
     "list_functions",
     "load_template",
+    "memory_cache_name",
     "sam_executable",
     "slim_layer",
     "stack_outputs",
