@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import itertools
 import json
@@ -18,12 +19,14 @@ import pytest
 
 from agentscope_serverless.aws_secrets import SECRET_FIELDS
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.http.app import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
 from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
 from agentscope_serverless.services.session_history.dynamodb import (
     DynamoDBSessionHistoryService,
 )
+from agentscope_serverless.settings import load_settings
 from tests.conftest import PROJECT_ROOT
 
 TEMPLATE = PROJECT_ROOT / "template.yaml"
@@ -577,3 +580,42 @@ def test_the_memory_cache_of_any_stack_name_has_a_name_elasticache_takes() -> No
     for invalid in ["9lives", "my_agent", "a" * 129, ""]:
         with pytest.raises(PackagingError, match="is not a CloudFormation stack name"):
             sam.memory_cache_name(invalid)
+
+
+def _routers_served(code_uri: str) -> tuple[str, ...]:
+    """The routers a function's entry module serves (its ``make_handler([...])`` or
+    ``ROUTERS``)."""
+    tree = ast.parse((PROJECT_ROOT / code_uri / "agentscope_handler.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_handler":
+            return tuple(ast.literal_eval(node.args[0]))
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ROUTERS":
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError(f"no routers in {code_uri}")
+
+
+def test_only_the_functions_using_the_cache_are_in_the_vpc() -> None:
+    """A function in a VPC starts slower and reaches DynamoDB, Secrets Manager, the LLM
+    API and the sandbox server only through a NAT: the sessions, state and sandbox
+    functions, which never use the cache, were put there all the same."""
+    document = sam.load_template(TEMPLATE)
+    assert "VpcConfig" not in document["Globals"]["Function"]
+    settings = load_settings(
+        MEMORY_BACKEND="redis",
+        REDIS_URL="redis://127.0.0.1:1/0",
+        SESSION_HISTORY_BACKEND="in_memory",
+        STATE_BACKEND="in_memory",
+        RUNS_BACKEND="in_memory",
+        SANDBOX_BASE_URL="https://sandbox.example",
+        AUTH_KEYS_BACKEND="in_memory",
+    )
+    in_vpc = set()
+    for name, spec in FUNCTIONS.items():
+        app = create_app(_routers_served(spec.code_uri), settings=settings)
+        uses_cache = app.state.context.services.memory is not None
+        vpc = document["Resources"][name]["Properties"].get("VpcConfig")
+        assert (vpc is not None) == uses_cache, name
+        if vpc is not None:
+            assert vpc == document["Resources"]["MemoryFunction"]["Properties"]["VpcConfig"]
+            in_vpc.add(name)
+    assert in_vpc == {"ProcessFunction", "ProcessStreamFunction", "TasksFunction", "MemoryFunction"}
