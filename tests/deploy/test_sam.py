@@ -19,7 +19,7 @@ import pytest
 
 from agentscope_serverless.aws_secrets import SECRET_FIELDS
 from agentscope_serverless.errors import PackagingError
-from agentscope_serverless.http.app import create_app
+from agentscope_serverless.http.app import EXPOSED_HEADERS, create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
 from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
@@ -619,3 +619,54 @@ def test_only_the_functions_using_the_cache_are_in_the_vpc() -> None:
             assert vpc == document["Resources"]["MemoryFunction"]["Properties"]["VpcConfig"]
             in_vpc.add(name)
     assert in_vpc == {"ProcessFunction", "ProcessStreamFunction", "TasksFunction", "MemoryFunction"}
+
+
+def _resolved(value: Any, conditions: dict[str, Any], parameters: dict[str, str]) -> Any:
+    """``value`` of a translated template as CloudFormation resolves it for ``parameters``
+    (``Ref`` of parameters, ``Fn::If``, ``Fn::Split``, ``Fn::Join``; None for NoValue)."""
+    if isinstance(value, list):
+        return [_resolved(v, conditions, parameters) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if value == {"Ref": "AWS::NoValue"}:
+        return None
+    if len(value) == 1:
+        [(function, argument)] = value.items()
+        if function == "Ref" and argument in parameters:
+            return parameters[argument]
+        if function == "Fn::If":
+            condition, then, otherwise = argument
+            holds = _holds(conditions[condition], conditions, parameters)
+            return _resolved(then if holds else otherwise, conditions, parameters)
+        if function in ("Fn::Split", "Fn::Join"):
+            separator, text = argument[0], _resolved(argument[1], conditions, parameters)
+            return text.split(separator) if function == "Fn::Split" else separator.join(text)
+    return {k: _resolved(v, conditions, parameters) for k, v in value.items()}
+
+
+def test_every_function_url_answers_browsers_preflights_itself() -> None:
+    """With AWS_IAM, a Function URL refuses a request it cannot authenticate before the
+    function sees it, so a browser's preflight (an OPTIONS without a signature) got a 403
+    and a page could not call the API: the URL's own CORS configuration answers it, and
+    gives every answer its headers (the functions add none, so none comes twice)."""
+    translated = _translated()
+    resources, conditions = translated["Resources"], translated["Conditions"]
+    defaults = {name: str(p.get("Default", "")) for name, p in translated["Parameters"].items()}
+    urls = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::Lambda::Url"]
+    assert len(urls) == 6
+    for auth in ("AWS_IAM", "NONE"):
+        for origins in ["https://app.example.com, https://admin.example.com:8443", "*", ""]:
+            parameters = {**defaults, "FunctionUrlAuthType": auth, "CorsAllowOrigins": origins}
+            for url in urls:
+                cors = _resolved(url.get("Cors"), conditions, parameters)
+                if not origins:
+                    assert cors is None
+                    continue
+                assert cors["AllowOrigins"] == [o.strip() for o in origins.split(",")]
+                assert {"GET", "POST", "DELETE"} <= set(cors["AllowMethods"])
+                assert "authorization" in cors["AllowHeaders"]  # "*" leaves it out
+                assert cors["ExposeHeaders"] == [h.lower() for h in EXPOSED_HEADERS]
+    for resource in resources.values():
+        if resource["Type"] == "AWS::Lambda::Function":
+            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
+            assert "CORS_ALLOW_ORIGINS" not in variables
