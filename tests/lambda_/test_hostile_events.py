@@ -282,6 +282,39 @@ def test_the_urls_an_api_gateway_stage_serves_keep_its_stage(
     assert handler(listed, None)["statusCode"] == 200
 
 
+def test_a_rest_api_behind_a_custom_domains_base_path_serves_its_routes(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """A custom domain mapping a base path to a REST API's stage gives the function the
+    path with the base path before the route (``/agent/sessions``): every route was a 404.
+    The base path is the part before what the API's route matched, and the URLs the
+    application gives keep it."""
+    handler, key = sessions_handler
+    for base in ("/agent", "/v1/agent"):
+        context = {
+            "identity": {"sourceIp": "203.0.113.1"},
+            "stage": "prod",
+            "domainName": "api.example.com",
+            "resourcePath": "/{proxy+}",
+        }
+
+        def event(route: str, base: str = base, context: dict[str, Any] = context) -> Any:
+            return _rest_event(
+                key,
+                path=base + route,
+                pathParameters={"proxy": route.lstrip("/")},
+                requestContext={**context, "path": base + route},
+            )
+
+        listed = handler(event("/sessions"), None)
+        assert listed["statusCode"] == 200, (base, listed)
+        assert "items" in json.loads(listed["body"])
+        docs = handler(event("/docs"), None)
+        assert docs["statusCode"] == 200, docs
+        assert f"url: '{base}/openapi.json'" in docs["body"]
+        assert handler(event("/nothing-here"), None)["statusCode"] == 404
+
+
 def test_an_alb_event_is_answered_with_multi_value_headers(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

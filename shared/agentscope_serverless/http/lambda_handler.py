@@ -38,10 +38,12 @@ import binascii
 import contextlib
 import importlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -341,7 +343,8 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
     application refuses them (as ``/sessions/%FE`` and ``/sessions/%FF`` are not one
     session) as it does behind any server. An API Gateway stage in the path the client
     requested is the scope's root path: the routes see the path after it, and the URLs the
-    application gives (its docs, an A2A card) keep it.
+    application gives (its docs, an A2A card) keep it; so is the base path of a custom
+    domain's mapping, which leads the path of a request to it.
     """
     try:
         scope = handler.scope
@@ -352,7 +355,7 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
         if stage and event.get("version") != "2.0":  # a REST API gives the path without it
             scope["path"] = stage + scope["path"]
             scope["raw_path"] = stage.encode() + (scope["raw_path"] or b"")
-        scope["root_path"] = stage
+        scope["root_path"] = stage or _base_path(event, scope["path"])
         if "elb" in event["requestContext"]:
             scope["query_string"] = _alb_query(event)
     except UnicodeError:
@@ -381,6 +384,28 @@ def _stage_path(event: dict[str, Any], path: str) -> str:
         return prefix if on_api_endpoint and (path + "/").startswith(prefix + "/") else ""
     requested = context.get("path")
     return prefix if requested == prefix + event.get("path", "") else ""
+
+
+def _base_path(event: dict[str, Any], path: str) -> str:
+    """The part of ``path`` before what the API's route matched: the base path of the
+    custom domain's mapping the request came through (``/agent`` of
+    ``https://api.example.com/agent/process`` mapped to the API), else ``""``. The route
+    matched is its template (the event's ``resource``, or its ``routeKey``'s path) with the
+    request's path parameters."""
+    route: Any = event.get("resource")
+    if event.get("version") == "2.0":
+        route = str(event.get("routeKey") or "").partition(" ")[2]
+    parameters = event.get("pathParameters") or {}
+    if not isinstance(route, str) or not route.startswith("/") or not isinstance(parameters, dict):
+        return ""
+    try:
+        matched = re.sub(r"\{([^{}]+?)\+?\}", lambda m: str(parameters[m.group(1)]), route)
+    except KeyError:
+        return ""
+    matched, requested = unquote(matched).rstrip("/"), path.rstrip("/")
+    if not requested.endswith(matched):
+        return ""
+    return requested[: len(requested) - len(matched)]
 
 
 def _alb_query(event: dict[str, Any]) -> bytes:
