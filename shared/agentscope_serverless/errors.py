@@ -32,6 +32,15 @@ class ConfigurationError(AgentScopeServerlessError, ValueError):
     code = "CONFIGURATION_ERROR"
 
 
+class StartupError(AgentScopeServerlessError):
+    """A start-up hook of the app (``@app.init``, ``before_start``) raised: the message names
+    the hook and its exception, which is chained as the cause."""
+
+    def __init__(self, kind: str, hook: object, cause: BaseException) -> None:
+        name = getattr(hook, "__qualname__", None) or type(hook).__name__
+        super().__init__(f"the {kind} hook {name}() failed: {type(cause).__name__}: {cause}")
+
+
 class InvalidInputError(AgentScopeServerlessError, ValueError):
     """An argument or request body is not valid.
 
@@ -280,6 +289,7 @@ __all__ = [
     "SandboxUnavailableError",
     "ServiceNotStartedError",
     "SessionNotFoundError",
+    "StartupError",
     "StoreUnavailableError",
     "TimeLimitError",
     "UnsupportedParameterError",

@@ -57,6 +57,7 @@ from agentscope_serverless.errors import (
     ConfigurationError,
     InvalidInputError,
     ServiceNotStartedError,
+    StartupError,
     StoreUnavailableError,
 )
 from agentscope_serverless.log import logger, redact, redacted
@@ -404,9 +405,11 @@ class Runner(ServiceLifecycleManagerMixin):
             await self._services.__aenter__()
         try:
             await _maybe_await(self.init_handler())
-        except BaseException:
+        except BaseException as exc:
             if self._owns_services:
                 await self._services.__aexit__(None, None, None)
+            if isinstance(exc, Exception):
+                raise StartupError("@app.init", self.init_handler, exc) from exc
             raise
         self._started = True
 

@@ -347,6 +347,57 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+FAILING_HOOKS = """from agentscope_serverless.app import AgentApp
+
+app = AgentApp()
+early = AgentApp(before_start=lambda web: {}["vector_db_url"])
+
+
+@app.init
+async def connect(self):
+    raise ConnectionError("cannot reach the vector store")
+
+
+@app.query(framework="text")
+@early.query(framework="text")
+async def query(self, msgs, **kwargs):
+    yield "hi"
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "agent", "message"),
+    [
+        (
+            [SCRIPT, "serve"],
+            "hooks:app",
+            "the @app.init hook connect() failed: ConnectionError: cannot reach the vector store",
+        ),
+        (
+            [sys.executable, "-m", "agentscope_serverless.serve"],
+            "hooks:app",
+            "the @app.init hook connect() failed: ConnectionError: cannot reach the vector store",
+        ),
+        ([SCRIPT, "serve"], "hooks:early", "the before_start hook <lambda>() failed: KeyError"),
+    ],
+)
+def test_serve_says_in_one_line_which_start_up_hook_failed_and_why(
+    tmp_path: Path, command: list[str], agent: str, message: str
+) -> None:
+    (tmp_path / "hooks.py").write_text(FAILING_HOOKS)
+    result = subprocess.run(
+        [*command, "--port", str(free_port()), "--agent", agent],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    [line] = [line for line in result.stderr.splitlines() if "could not start" in line]
+    assert message in line, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("imports", ["from .loud import shout", "from shop.loud import shout"])
 def test_serve_from_inside_the_projects_package_says_where_to_serve_from(
     tmp_path: Path, imports: str

@@ -37,7 +37,7 @@ from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
-from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.errors import ConfigurationError, StartupError
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.errors import install_error_handlers
@@ -47,6 +47,7 @@ from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
     RequestContextMiddleware,
     RevokedKeyMiddleware,
+    StartupFailureMiddleware,
 )
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
@@ -221,6 +222,7 @@ def new_application(
     if settings.auth_mode == "keys":
         app.add_middleware(RevokedKeyMiddleware, key_store=context.key_store)
     app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(StartupFailureMiddleware)
     if settings.cors_allow_origins:
         # Outermost: preflights are answered before anything else, and errors (a 401, a
         # 413) carry the headers a page needs to read them.
@@ -334,7 +336,11 @@ def _lifespan(context: AppContext) -> Lifespan:
             if context.idempotency is not None:
                 await stack.enter_async_context(context.idempotency)
             if context.runner is not None and context.agent_app is not None:
-                await call_hook(context.agent_app.before_start, app)
+                before_start = context.agent_app.before_start
+                try:
+                    await call_hook(before_start, app)
+                except Exception as exc:
+                    raise StartupError("before_start", before_start, exc) from exc
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
                 await stack.enter_async_context(context.runner)
             if context.recorder is not None:

@@ -32,6 +32,10 @@ key it was asked with: it ends once that key is revoked, checked at most once pe
 ``KEY_RECHECK_SECONDS`` as its parts (and pings) go out, as if its client had left (a run
 goes on without it). A key store that does not answer leaves the stream going.
 
+**Start-up failures.** An application that cannot start (a start-up hook that raises, a
+store that cannot be reached) tells its server so in one line naming the cause, not a
+traceback (the server prints it and exits); the traceback is logged at DEBUG level.
+
 All are pure ASGI (no per-request task), so streaming responses pass through untouched.
 """
 
@@ -58,7 +62,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
 from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
-from agentscope_serverless.log import bind_request_id, log_request, logger
+from agentscope_serverless.log import bind_request_id, log_request, logger, redacted
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
     nests_deeper_than,
@@ -170,6 +174,42 @@ class RequestContextMiddleware:
                 500 if status is None else status,
                 round((time.perf_counter() - started) * 1000, 2),
             )
+
+
+class StartupFailureMiddleware:
+    """Tells the server why the application could not start in one line: its server
+    (uvicorn) would print the traceback Starlette gives it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        failed = False
+
+        async def sending(message: Message) -> None:
+            nonlocal failed
+            if message["type"] == "lifespan.startup.failed":
+                failed = True  # told below, once the exception is known
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except BaseException as exc:
+            if failed:
+                logger.debug("the application could not start", exc_info=exc)
+                reason = (
+                    exc.message
+                    if isinstance(exc, AgentScopeServerlessError)
+                    else f"{type(exc).__name__}: {exc}"
+                )
+                line = f"the application could not start: {redacted(reason)}"
+                hint = " (LOG_LEVEL=DEBUG logs its traceback)"
+                await send({"type": "lifespan.startup.failed", "message": line + hint})
+            raise  # the server, told already, says no more
 
 
 def _not_utf8(scope: Scope) -> InvalidInputError | None:
@@ -416,6 +456,7 @@ __all__ = [
     "BodyTooLarge",
     "RequestContextMiddleware",
     "RevokedKeyMiddleware",
+    "StartupFailureMiddleware",
     "request_id_of",
     "trace_headers_of",
 ]
