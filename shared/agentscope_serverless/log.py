@@ -46,9 +46,10 @@ _STANDARD_FIELDS = frozenset(
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, with the request id and the record's ``extra`` fields."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, *, line_end: str = "") -> None:
         super().__init__()
         self.service = service
+        self.line_end = line_end
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         moment = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created))
@@ -82,7 +83,7 @@ class JsonFormatter(logging.Formatter):
         for secret, as_json in _REDACTED:
             text = text.replace(as_json, "***")
             text = text.replace(secret, "***")
-        return text
+        return text + self.line_end
 
 
 # The secret values of the process (the settings', the agent's own) with their forms in a
@@ -172,6 +173,21 @@ def _take_unhandled_records() -> None:
 _take_unhandled_records()
 
 
+def format_as_json(*names: str) -> None:
+    """Write the records of the loggers ``names`` (the root logger without any) as lines of
+    ours: the handlers a host gave them keep their destination, with our JSON (secrets
+    masked). The Lambda runtime writes the root logger's records (every library's, the
+    agent's own) as plain text lines, and uvicorn its own records, in CloudWatch beside
+    our JSON ones."""
+    for name in names or ("",):
+        for handler in logging.getLogger(name or None).handlers:
+            if type(handler.formatter).__name__ == "JsonFormatter":
+                continue  # JSON already (Lambda's, with the function's log format JSON)
+            # A stream handler ends each line itself; Lambda's writes the text it is given.
+            line_end = "" if isinstance(handler, logging.StreamHandler) else "\n"
+            handler.setFormatter(JsonFormatter(SERVICE, line_end=line_end))
+
+
 def shortened(text: str, limit: int) -> str:
     """``text``, or when longer than ``limit`` characters its beginning and its end around a
     note of how many characters were cut.
@@ -231,6 +247,7 @@ __all__ = [
     "JsonFormatter",
     "bind_request_id",
     "current_request_id",
+    "format_as_json",
     "log_request",
     "logger",
     "redact",

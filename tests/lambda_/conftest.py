@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -140,9 +140,12 @@ def web_adapter_settings(artifact: Artifact) -> dict[str, str]:
     return {k: str(v) for k, v in variables.items() if k.startswith("AWS_LWA_")}
 
 
-def start_built_function(artifact: Artifact, settings: dict[str, str]) -> RunningFunction:
+def start_built_function(
+    artifact: Artifact, settings: dict[str, str], *, output: IO[bytes] | None = None
+) -> RunningFunction:
     """Start a built function with ``settings`` in its environment: under the runtime interface
-    client, or (the streaming function, with its ``run.sh``) behind the web adapter."""
+    client, or (the streaming function, with its ``run.sh``) behind the web adapter. Its
+    output (stdout and stderr, its log) goes to ``output`` when given."""
     runtime = LambdaRuntimeAPI().start()
     env = _environment(artifact, runtime, settings)
     if (artifact.code_dir / "run.sh").exists():
@@ -152,7 +155,14 @@ def start_built_function(artifact: Artifact, settings: dict[str, str]) -> Runnin
         command = [sys.executable, "-I", str(WEB_ADAPTER), "./run.sh"]
     else:
         command = [sys.executable, "-m", "awslambdaric", "agentscope_handler.handler"]
-    process = subprocess.Popen(command, cwd=artifact.code_dir, env=env, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=artifact.code_dir,
+        env=env,
+        start_new_session=True,
+        stdout=output,
+        stderr=None if output is None else subprocess.STDOUT,
+    )
     return RunningFunction(runtime, [process])
 
 

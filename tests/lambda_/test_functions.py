@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.lambda_.conftest import Artifact, RunningFunction
-from tests.support.http import free_port
+from tests.lambda_.conftest import Artifact, RunningFunction, start_built_function
+from tests.support.http import free_port, user_message
 from tests.support.lambda_runtime import function_url_event
 from tests.support.sandbox_server import RunningServer
 
@@ -341,3 +341,42 @@ def test_an_event_that_is_no_request_gets_an_answer_not_an_invocation_error(
     poison = function.runtime.invoke({"agentscope_task": {"task_id": "task_x"}})
     assert poison.kind == "response", poison.body
     assert json.loads(poison.body) == {"status": "skipped"}
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_a_librarys_log_records_are_json_lines_with_secrets_masked(
+    lambda_artifacts: Callable[[str], Artifact],
+    function_environment: dict[str, str],
+    api_key: str,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    """Lambda's runtime writes the root logger's records (a library's, the agent's own) as
+    plain text lines, among the function's JSON ones in CloudWatch, and quoted a secret
+    as it was."""
+    artifact = lambda_artifacts(name)
+    secret = f"sk-{uuid.uuid4().hex}"
+    settings = {
+        **function_environment,
+        "AGENT_APP": "tests.support.logging_agent:app",
+        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
+        "LLM_API_KEY": secret,
+    }
+    log = tmp_path / "function.log"
+    with log.open("wb") as output:
+        function = start_built_function(artifact, settings, output=output)
+        try:
+            status, _, body, _ = function.request(
+                "POST", "/process", key=api_key, body={"input": [user_message("hi")]}
+            )
+        finally:
+            function.stop()
+    assert status == 200 and sse_events(body)[-1]["status"] == "completed", body
+    text = log.read_text()
+    assert secret not in text
+    # Every line is JSON: the server's own (uvicorn's, behind the Web Adapter) too.
+    assert all(isinstance(json.loads(line), dict) for line in text.splitlines()), text
+    [line] = [line for line in text.splitlines() if "retrying with the key" in line]
+    record = json.loads(line)
+    assert record["message"] == "retrying with the key ***"
+    assert record["level"] == "WARNING" and record["service"] == "agentscope-serverless"

@@ -101,6 +101,9 @@ def build_web_adapter_app(routers: Sequence[str]) -> ASGIApp:
     tried again by the next: the server does not exit, which Lambda would answer with a
     bare 502 and a new cold start.
     """
+    from agentscope_serverless.log import format_as_json
+
+    format_as_json("", "uvicorn", "uvicorn.error", "uvicorn.access")
     return _WebAdapterApplication(routers)
 
 
@@ -611,7 +614,11 @@ def _unsupported(event: Any) -> dict[str, Any]:
 
 
 def make_handler(routers: Sequence[str]) -> LambdaHandler:
-    """A Lambda handler serving ``routers`` (plus ``/health``) for Function URL events."""
+    """A Lambda handler serving ``routers`` (plus ``/health``) for Function URL events; the
+    records of the runtime's root logger are written as JSON lines, as ours are."""
+    from agentscope_serverless.log import format_as_json
+
+    format_as_json()
     import_runtime(routers)
     return _LazyApplication(routers)
 
