@@ -309,3 +309,28 @@ def test_an_agent_that_imports_but_cannot_be_served_is_refused_before_packaging(
     runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError, match=re.escape(said)):
         check_agent_import("unservable:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+
+
+def test_an_agent_reading_a_secret_as_it_is_imported_gets_the_way_to_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its secret is in the cloud's environment, not the build's: the build said to list
+    its third-party packages in requirements.txt."""
+    (tmp_path / "weather.py").write_text(
+        "import os\n\nfrom agentscope_serverless.app import AgentApp\n\n"
+        "WEATHER_KEY = os.environ['AGENTSCOPE_TEST_WEATHER_KEY']\napp = AgentApp()\n\n\n"
+        "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n    yield 'hi'\n"
+    )
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    monkeypatch.delenv("AGENTSCOPE_TEST_WEATHER_KEY", raising=False)
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("weather:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    message = str(refused.value)
+    assert message.startswith(
+        "the agent 'weather:app' reads the environment variable AGENTSCOPE_TEST_WEATHER_KEY as "
+        "it is imported (weather.py, line 5), and the build has none: give the build a "
+        "placeholder (AGENTSCOPE_TEST_WEATHER_KEY=x before the command)"
+    )
+    assert "requirements.txt" not in message
+    monkeypatch.setenv("AGENTSCOPE_TEST_WEATHER_KEY", "x")
+    check_agent_import("weather:app", [tmp_path, *runtime], python_version=HOST_PYTHON)

@@ -336,6 +336,18 @@ module_name, _, attribute = sys.argv[1].partition(":")
 try:
     found = importlib.import_module(module_name)
 except BaseException as exc:
+    import os, traceback
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if (
+        isinstance(exc, KeyError)
+        and len(frames) > 1
+        and frames[-1][0].f_globals.get("__name__") == "os"
+        and frames[-1][0].f_code.co_name == "__getitem__"
+    ):
+        caller, line = frames[-2]
+        where = f"{os.path.basename(caller.f_code.co_filename)}, line {line}"
+        print(f"reads environment: {exc.args[0]}\t{where}")
+        raise SystemExit(1)
     print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}")
     raise SystemExit(1)
 for name in attribute.split("."):
@@ -353,6 +365,9 @@ except Exception as exc:
 # How the probe starts its line about an agent that imports but cannot be served (no query
 # handler, a handler that cannot be called...).
 SERVE_MARK = "cannot serve: "
+# How it starts its line about a module reading a variable the environment lacks
+# (``os.environ["NAME"]``) as it is imported.
+ENVIRONMENT_MARK = "reads environment: "
 
 
 def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str) -> None:
@@ -384,6 +399,15 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
         )
     if result.returncode != 0:
         reason = (result.stdout.strip() or result.stderr.strip()).splitlines()[-1:] or ["failed"]
+        if reason[0].startswith(ENVIRONMENT_MARK):
+            name, _, where = reason[0].removeprefix(ENVIRONMENT_MARK).partition("\t")
+            raise PackagingError(
+                f"the agent {agent!r} reads the environment variable {name} as it is imported "
+                f"({where}), and the build has none: give the build a placeholder ({name}=x "
+                "before the command), or read it when the agent runs (its query handler, or "
+                f"@app.init); deployed, it comes from the secret of AgentSecretsArn (a field "
+                f"{name}), or the platform's environment"
+            )
         if reason[0].startswith(SERVE_MARK):
             raise PackagingError(
                 f"the agent {agent!r} cannot be served: {reason[0].removeprefix(SERVE_MARK)}"
