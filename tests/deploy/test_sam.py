@@ -670,3 +670,32 @@ def test_every_function_url_answers_browsers_preflights_itself() -> None:
         if resource["Type"] == "AWS::Lambda::Function":
             variables = resource["Properties"].get("Environment", {}).get("Variables", {})
             assert "CORS_ALLOW_ORIGINS" not in variables
+
+
+def test_subnets_without_security_groups_are_refused_before_anything_is_created() -> None:
+    """The functions in the VPC and the cache were given the security group "" and the
+    stack failed minutes into its creation, naming neither parameter."""
+    document = sam.load_template(TEMPLATE)
+    rules, conditions = document["Rules"], document["Conditions"]
+    defaults = {n: str(p.get("Default", "")) for n, p in document["Parameters"].items()}
+
+    def refusals(**given: str) -> list[str]:
+        parameters: dict[str, Any] = {**defaults, **given}
+        # A CommaDelimitedList is a list of its items ("" gives [""]).
+        for name in ("SubnetIds", "SecurityGroupIds"):
+            parameters[name] = parameters[name].split(",")
+        return [
+            assertion["AssertDescription"]
+            for rule in rules.values()
+            if _holds(rule.get("RuleCondition", True), conditions, parameters)
+            for assertion in rule["Assertions"]
+            if not _holds(assertion["Assert"], conditions, parameters)
+        ]
+
+    [refused] = refusals(SubnetIds="subnet-a,subnet-b")
+    assert "SubnetIds need SecurityGroupIds" in refused
+    [refused] = refusals(ExistingRedisUrl="rediss://cache.example:6379", SubnetIds="subnet-a")
+    assert "SubnetIds need SecurityGroupIds" in refused
+    assert refusals(SubnetIds="subnet-a", SecurityGroupIds="sg-1") == []
+    assert refusals(ExistingRedisUrl="rediss://cache.example:6379") == []
+    assert "needs SubnetIds" in refusals()[0]
