@@ -128,3 +128,29 @@ def test_a_stack_name_cloudformation_refuses_is_refused_before_anything_is_built
     with pytest.raises(PackagingError, match="'my_agent' is not a CloudFormation stack name"):
         asyncio.run(manager.deploy())
     assert fake_sam.calls == []
+
+
+def test_a_parameter_the_template_does_not_have_is_refused_before_anything_is_built(
+    fake_sam: FakeSam,
+) -> None:
+    """SAM drops a parameter override the template does not have without a word: a
+    misspelt LLMApiKey deployed a stack whose agent had no key."""
+    manager = SAMDeployManager(PROJECT_ROOT, "my-agent", {"LLMApiKey": "sk-1", "LlmModel": "m"})
+    with pytest.raises(PackagingError) as refused:
+        asyncio.run(manager.deploy())
+    message = str(refused.value)
+    assert message.startswith("the template has no parameter LLMApiKey (did you mean LlmApiKey?)")
+    assert "LlmModel" in message.partition("its parameters: ")[2]
+    assert fake_sam.calls == []
+
+
+def test_sam_deploy_refuses_a_parameter_its_built_template_does_not_have(tmp_path: Path) -> None:
+    (tmp_path / "template.yaml").write_text((PROJECT_ROOT / "template.yaml").read_text())
+    with pytest.raises(PackagingError, match="no parameter SubnetId \\(did you mean SubnetIds"):
+        sam.deploy(
+            PROJECT_ROOT,
+            "my-agent",
+            parameters={"SubnetId": "subnet-a"},
+            build_dir=tmp_path,
+            region="eu-west-1",
+        )

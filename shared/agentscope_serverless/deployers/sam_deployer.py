@@ -73,7 +73,9 @@ class SAMDeployManager(DeployManager):
 
     def deploy_sync(self) -> dict[str, Any]:
         """The blocking twin of :meth:`deploy`."""
-        sam.check_stack_name(self.stack_name)  # before a build it would make useless
+        # Before a build they would make useless.
+        sam.check_stack_name(self.stack_name)
+        sam.check_parameters(self.parameters)
         self.progress("validating template.yaml (sam validate --lint)")
         sam.validate(self.project_root)
         self.progress("building every function and the shared layer (sam build)")

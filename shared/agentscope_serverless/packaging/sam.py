@@ -15,6 +15,7 @@ deploy time from ``ProcessInvokeMode``.
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -413,6 +414,25 @@ _CACHE_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 CACHE_NAME_MAX_CHARS = 40
 
 
+def check_parameters(parameters: Mapping[str, str], template: Path | None = None) -> None:
+    """Raise :class:`PackagingError` naming each of ``parameters`` that ``template`` (default:
+    the package's) does not have: SAM would drop it without a word (a misspelt
+    ``LLMApiKey`` deploys a stack without the key)."""
+    known = list(load_template(template or assets() / TEMPLATE).get("Parameters", {}))
+    unknown = [name for name in parameters if name not in known]
+    if unknown:
+        guesses = {
+            name: difflib.get_close_matches(name, known, n=1, cutoff=0.6) for name in unknown
+        }
+        named = ", ".join(
+            f"{name} (did you mean {guesses[name][0]}?)" if guesses[name] else name
+            for name in unknown
+        )
+        raise PackagingError(
+            f"the template has no parameter {named}; its parameters: {', '.join(known)}"
+        )
+
+
 def check_stack_name(stack_name: str) -> None:
     """Raise :class:`PackagingError` unless CloudFormation takes ``stack_name``."""
     if not _STACK_NAME.fullmatch(stack_name):
@@ -462,6 +482,7 @@ def deploy(
     built = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve() / TEMPLATE
     if not built.is_file():
         raise PackagingError(f"{built} is missing: build the stack first")
+    check_parameters(parameters or {}, built)
     args = [
         "deploy",
         "--template-file",
@@ -510,6 +531,7 @@ __all__ = [
     "assets",
     "build",
     "check_layer_requirements",
+    "check_parameters",
     "check_stack_name",
     "compile_layer",
     "configured_region",
