@@ -334,3 +334,23 @@ def test_an_agent_reading_a_secret_as_it_is_imported_gets_the_way_to_build_it(
     assert "requirements.txt" not in message
     monkeypatch.setenv("AGENTSCOPE_TEST_WEATHER_KEY", "x")
     check_agent_import("weather:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+
+
+def test_an_agent_raising_as_it_is_imported_is_told_where_and_what_to_do(tmp_path: Path) -> None:
+    """An SDK's client made at import without its key raises there: the build said to list
+    the agent's packages in requirements.txt, which it had done."""
+    (tmp_path / "sdk.py").write_text(
+        "class Client:\n    def __init__(self, api_key=None):\n        if not api_key:\n"
+        "            raise ValueError('The api_key client option must be set\\nsee the docs')\n"
+    )
+    (tmp_path / "assistant.py").write_text(
+        "import os\n\nimport sdk\n\nclient = sdk.Client(api_key=os.environ.get('NO_SUCH_KEY'))\n"
+    )
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("assistant:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    assert str(refused.value) == (
+        "the agent 'assistant:app' raised ValueError as it is imported (assistant.py, line 5): "
+        "The api_key client option must be set; it must import without the cloud's environment "
+        "and services: read secrets and connect when it runs (its query handler, or @app.init)"
+    )

@@ -348,6 +348,14 @@ except BaseException as exc:
         where = f"{os.path.basename(caller.f_code.co_filename)}, line {line}"
         print(f"reads environment: {exc.args[0]}\t{where}")
         raise SystemExit(1)
+    if not isinstance(exc, (ImportError, SyntaxError, SystemExit, KeyboardInterrupt)):
+        top = module_name.partition(".")[0]
+        own = [f for f in frames if str(f[0].f_globals.get("__name__")).partition(".")[0] == top]
+        frame, line = (own or frames)[-1]
+        where = f"{os.path.basename(frame.f_code.co_filename)}, line {line}"
+        text = (str(exc).strip().splitlines() or [""])[0]
+        print(f"raised: {type(exc).__name__}\t{where}\t{text}")
+        raise SystemExit(1)
     print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}")
     raise SystemExit(1)
 for name in attribute.split("."):
@@ -368,6 +376,9 @@ SERVE_MARK = "cannot serve: "
 # How it starts its line about a module reading a variable the environment lacks
 # (``os.environ["NAME"]``) as it is imported.
 ENVIRONMENT_MARK = "reads environment: "
+# How it starts its line about a module raising as it is imported (an SDK's client made
+# without its key, a connection tried): its exception's name, where, and its first line.
+RAISED_MARK = "raised: "
 
 
 def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str) -> None:
@@ -407,6 +418,13 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
                 "before the command), or read it when the agent runs (its query handler, or "
                 f"@app.init); deployed, it comes from the secret of AgentSecretsArn (a field "
                 f"{name}), or the platform's environment"
+            )
+        if reason[0].startswith(RAISED_MARK):
+            name, where, text = reason[0].removeprefix(RAISED_MARK).split("\t", 2)
+            raise PackagingError(
+                f"the agent {agent!r} raised {name} as it is imported ({where}): {text}; it must "
+                "import without the cloud's environment and services: read secrets and connect "
+                "when it runs (its query handler, or @app.init)"
             )
         if reason[0].startswith(SERVE_MARK):
             raise PackagingError(
