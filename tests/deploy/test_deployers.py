@@ -4,6 +4,9 @@ build and report, and refuse to pretend to upload."""
 from __future__ import annotations
 
 import asyncio
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,12 @@ from agentscope_serverless.deployers import (
     SAMDeployManager,
     sam_deployer,
 )
-from agentscope_serverless.errors import PackagingError, UploadNotAvailableError
+from agentscope_serverless.deployers.base import import_path_of
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    PackagingError,
+    UploadNotAvailableError,
+)
 from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT, without_aws_credentials
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
@@ -154,3 +162,41 @@ def test_sam_deploy_refuses_a_parameter_its_built_template_does_not_have(tmp_pat
             build_dir=tmp_path,
             region="eu-west-1",
         )
+
+
+def test_an_app_deploys_itself_with_the_sam_manager(
+    fake_sam: FakeSam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AgentScope's way, await app.deploy(manager), got a TypeError from the SAM manager
+    (and an AttributeError from the archive managers, which took the app for its path)."""
+    project = tmp_path / "project"
+    (project / "weather").mkdir(parents=True)
+    (project / "weather" / "__init__.py").write_text("")
+    (project / "weather" / "agent.py").write_text(
+        "from agentscope_serverless.app import AgentApp\n\nbot = AgentApp()\n"
+    )
+    monkeypatch.syspath_prepend(str(project))
+    bot = importlib.import_module("weather.agent").bot
+    info = asyncio.run(bot.deploy(SAMDeployManager(project, "my-agent")))
+    assert info["deployed"] is True
+    assert fake_sam.agent == "weather.agent:bot"
+
+
+def test_the_app_of_a_script_deploying_itself_is_named_by_the_scripts_module(
+    tmp_path: Path,
+) -> None:
+    """python agent.py, whose __main__ calls app.deploy(manager), as AgentScope's examples."""
+    (tmp_path / "agent.py").write_text(
+        "from agentscope_serverless.app import AgentApp\n"
+        "from agentscope_serverless.deployers.base import import_path_of\n\n"
+        "app = AgentApp()\n\n"
+        "if __name__ == '__main__':\n"
+        "    print(import_path_of(app))\n"
+        "    print(import_path_of('other:app'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "agent.py"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["agent:app", "other:app"]
+    with pytest.raises(ConfigurationError, match="top-level attribute of a module of the project"):
+        import_path_of(object())

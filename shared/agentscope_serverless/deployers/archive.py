@@ -17,7 +17,7 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
-from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.deployers.base import DeployManager, import_path_of
 from agentscope_serverless.errors import UploadNotAvailableError
 from agentscope_serverless.packaging.archives import (
     DEFAULT_AGENT,
@@ -59,7 +59,7 @@ class ArchiveDeployManager(DeployManager):
 
     async def deploy(
         self,
-        app: str = DEFAULT_AGENT,
+        app: Any = DEFAULT_AGENT,
         *,
         environment: dict[str, str] | None = None,
         deploy_name: str = "agentscope-serverless",
@@ -68,7 +68,8 @@ class ArchiveDeployManager(DeployManager):
         progress: Progress | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Build the archive serving ``app`` (an import path ``module:attribute``).
+        """Build the archive serving ``app`` (an import path ``module:attribute``, or the
+        AgentApp of a module of the project, as ``app.deploy(manager)`` gives it).
 
         Returns ``deploy_id``, ``url`` (None: nothing runs yet), ``artifact_path``,
         ``size_bytes``, ``unpacked_bytes``, ``files``, ``limit_bytes`` and ``uploaded``
@@ -83,7 +84,7 @@ class ArchiveDeployManager(DeployManager):
             raise UploadNotAvailableError(self.platform_name)
         report = await asyncio.to_thread(
             self._build,
-            app,
+            import_path_of(app, self.project_root),
             environment=environment,
             name=deploy_name,
             port=port,

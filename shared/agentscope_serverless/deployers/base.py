@@ -9,10 +9,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from agentscope_serverless.errors import ConfigurationError
 
 
 class DeploymentMode(enum.StrEnum):
@@ -70,4 +75,32 @@ class DeployManager(ABC):
         return self._service_url if self.is_running else None
 
 
-__all__ = ["DeployManager", "Deployment", "DeploymentMode"]
+def import_path_of(app: Any, project_root: Path | None = None) -> str:
+    """``module:attribute`` of ``app``: as given when it is text, else the name an importable
+    module gives the app object at its top level. An app of the script being run
+    (``python agent.py``, whose ``__main__`` calls ``app.deploy(...)``) is named by the
+    script's module in ``project_root`` (default: the working directory).
+    """
+    if isinstance(app, str):
+        return app
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or module is None:
+            continue
+        for attribute, value in list(vars(module).items()):
+            if value is app:
+                return f"{name}:{attribute}"
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    attributes = [a for a, v in list(vars(main).items()) if v is app] if main else []
+    if script and attributes:
+        root = (project_root or Path.cwd()).resolve()
+        with contextlib.suppress(ValueError):  # a script outside the project
+            relative = Path(script).resolve().with_suffix("").relative_to(root)
+            return f"{'.'.join(relative.parts)}:{attributes[0]}"
+    raise ConfigurationError(
+        "the app must be a top-level attribute of a module of the project (or pass "
+        "'module:attribute')"
+    )
+
+
+__all__ = ["DeployManager", "Deployment", "DeploymentMode", "import_path_of"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,19 +122,6 @@ def generate_build_directory(platform: str = "unknown", workspace: Path | None =
     return path
 
 
-def import_path_of(app: Any) -> str:
-    """``module:attribute`` of an app object defined at a module's top level."""
-    if isinstance(app, str):
-        return app
-    for name, module in list(sys.modules.items()):
-        for attribute, value in list(vars(module).items()) if module else []:
-            if value is app and name != "__main__":
-                return f"{name}:{attribute}"
-    raise ConfigurationError(
-        "the app must be a top-level attribute of an importable module (or pass 'module:attr')"
-    )
-
-
 class ModelstudioDeployManager(ModelStudioDeployManager):
     """AgentScope's ModelStudio deployer: builds the archive of ``project_dir`` serving ``app``.
 
@@ -194,7 +180,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         return await super().deploy(
-            import_path_of(app) if app is not None else "agentscope_serverless.agents.demo:app",
+            app if app is not None else "agentscope_serverless.agents.demo:app",
             environment=environment,
             deploy_name=deploy_name or default_deploy_name(),
             skip_upload=skip_upload,

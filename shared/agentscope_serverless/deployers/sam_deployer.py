@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.deployers.base import DeployManager, import_path_of
 from agentscope_serverless.packaging import sam
 from agentscope_serverless.packaging.archives import Progress
 
@@ -59,8 +59,11 @@ class SAMDeployManager(DeployManager):
         self.outputs: dict[str, str] = {}
         self._deployed = False
 
-    async def deploy(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    async def deploy(self, *args: Any, app: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Validate, build and (with credentials) deploy; return where the stack is.
+
+        ``app`` (as ``app.deploy(manager)`` gives it: the AgentApp of a module of the
+        project, or ``module:attribute``) is the agent to serve, in place of ``agent``.
 
         Returns ``deploy_id``, ``url`` (the ``ProcessUrl`` output, or None), ``urls`` (every
         Function URL output by name), ``outputs``, ``deployed``, ``build_dir``, ``stack_name``
@@ -68,7 +71,12 @@ class SAMDeployManager(DeployManager):
         :class:`~agentscope_serverless.errors.PackagingError`.
         """
         if args or kwargs:
-            raise TypeError("SAMDeployManager.deploy takes no arguments: configure the manager")
+            raise TypeError(
+                "SAMDeployManager.deploy takes only app: configure the manager (stack name, "
+                "parameters, region...)"
+            )
+        if app is not None:
+            self.agent = import_path_of(app, self.project_root)
         return await asyncio.to_thread(self.deploy_sync)
 
     def deploy_sync(self) -> dict[str, Any]:
