@@ -259,12 +259,19 @@ class FakeMsg:
 
 
 @pytest.fixture
-def fake_agentscope(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_agentscope(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     package = types.ModuleType("agentscope")
     message = types.ModuleType("agentscope.message")
     message.Msg = FakeMsg  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "agentscope", package)
     monkeypatch.setitem(sys.modules, "agentscope.message", message)
+    adapters = "agentscope_serverless.adapters.agentscope."
+    before = {name for name in sys.modules if name.startswith(adapters)}
+    yield
+    # The adapters imported over the stand-in go with it: later tests of this process find
+    # them as they are without AgentScope (not importable).
+    for name in [n for n in sys.modules if n.startswith(adapters) and n not in before]:
+        del sys.modules[name]
 
 
 async def test_agentscope_pairs_stream_cumulative_text_as_suffixes(fake_agentscope: None) -> None:
