@@ -1126,3 +1126,37 @@ async def test_reasoning_is_shown_while_it_streams_then_folded_away(
         "summary": "Show the reasoning",
         "replies": ["Short answer."],
     }
+
+
+# A presigned download link as object stores give them: over 2,000 characters.
+PRESIGNED = "https://bucket.s3.amazonaws.com/report.pdf?X-Amz-Security-Token=" + "T" * 2400
+LONG_SPANS = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown(
+    "[".repeat(200000) + " **" + "bold ".repeat(300).trim() + "** [the report]({PRESIGNED})"
+    + " or {PRESIGNED}."
+  ));
+  return {{
+    opened: box.textContent.startsWith("[".repeat(200000) + " bold"),
+    bold: [...box.querySelectorAll("strong")].map((n) => n.textContent.length),
+    links: [...box.querySelectorAll("a")].map((n) => [n.textContent, n.getAttribute("href")]),
+  }};
+}})()
+"""
+
+
+async def test_markdown_of_a_long_text_is_built_in_one_pass_with_whole_links(
+    demo_url: str,
+) -> None:
+    # 200,000 "[" never closed took most of a second to build (a megabyte, seconds), at
+    # every rebuild of a streamed reply, and a link, bold text or URL over a bound was cut.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(LONG_SPANS)
+        assert not page.exceptions, page.exceptions
+    assert shown["opened"] is True
+    assert shown["bold"] == [len("bold ") * 300 - 1]
+    assert shown["links"] == [["the report", PRESIGNED], [PRESIGNED, PRESIGNED]]
