@@ -309,6 +309,9 @@ print("<b>hi</b>")
 """
 
 
+LARGE_LOG = "".join(f"line {number:07d} of the log\n" for number in range(40_000))  # 1 MB
+
+
 def tool_app() -> AgentApp:
     """An agent that calls a sandbox-like tool whose result holds text and an image."""
     app = AgentApp(app_name="tools")
@@ -358,6 +361,21 @@ def tool_app() -> AgentApp:
                 chart,
             ]
             yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=u) for u in urls])
+            return
+        if msgs[-1].get_text_content() == "a large tool result":
+            call = FunctionCall(call_id="call_4", name="read_log", arguments="{}")
+            yield Message(
+                type=MessageType.FUNCTION_CALL,
+                role=Role.ASSISTANT,
+                content=[DataContent(data=call.model_dump())],
+            )
+            result = FunctionCallOutput(call_id="call_4", output=LARGE_LOG)
+            yield Message(
+                type=MessageType.FUNCTION_CALL_OUTPUT,
+                role=Role.TOOL,
+                content=[DataContent(data=result.model_dump())],
+            )
+            yield Message(role=Role.ASSISTANT, content="The log is read.")
             return
         if msgs[-1].get_text_content() == "a plugin":
             # As AgentScope's agents call their tools.
@@ -1160,3 +1178,53 @@ async def test_markdown_of_a_long_text_is_built_in_one_pass_with_whole_links(
     assert shown["opened"] is True
     assert shown["bold"] == [len("bold ") * 300 - 1]
     assert shown["links"] == [["the report", PRESIGNED], [PRESIGNED, PRESIGNED]]
+
+
+# The body of the reply to /process comes in pieces of 1,000 bytes (as over a slow network),
+# and every search the page makes with a regular expression is measured: how far into its
+# text it looked.
+IN_SMALL_PIECES = """
+(() => {
+  window.searched = 0;
+  window.received = 0;
+  const exec = RegExp.prototype.exec;
+  RegExp.prototype.exec = function (text) {
+    const from = this.global || this.sticky ? this.lastIndex : 0;
+    const found = exec.call(this, text);
+    const to = found ? found.index + found[0].length : String(text).length;
+    window.searched += this.sticky ? 1 : to - from;
+    return found;
+  };
+  const send = window.fetch;
+  window.fetch = async (input, init) => {
+    const reply = await send(input, init);
+    if (String(input) !== "process") return reply;
+    const pieces = new TransformStream({
+      transform(chunk, out) {
+        window.received += chunk.length;
+        for (let at = 0; at < chunk.length; at += 1000) out.enqueue(chunk.slice(at, at + 1000));
+      },
+    });
+    return new Response(reply.body.pipeThrough(pieces), reply);
+  };
+  return true;
+})()
+"""
+
+
+async def test_a_large_event_in_small_pieces_is_read_in_one_pass(
+    tool_server: tuple[str, str],
+) -> None:
+    # Every piece searched the whole event received so far for its end: a megabyte in
+    # pieces of a kilobyte was searched a thousand times over.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.evaluate(IN_SMALL_PIECES)
+        assert await say(page, "a large tool result") == "The log is read."
+        shown = await page.evaluate("document.querySelectorAll('.message.tool pre')[1].textContent")
+        searched, received = await page.evaluate("[window.searched, window.received]")
+        assert not page.exceptions, page.exceptions
+    assert shown == LARGE_LOG
+    assert received > 2 * len(LARGE_LOG)  # the result, then the message and run holding it
+    assert searched < 5 * received, (searched, received)

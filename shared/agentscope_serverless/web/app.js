@@ -85,25 +85,32 @@ async function* pages(path, limit, signal) {
   } while (cursor && !seen.has(cursor));
 }
 
-// Server-Sent Events from a fetch body: yields each event's parsed `data` JSON.
+// Server-Sent Events from a fetch body: yields each event's parsed `data` JSON. Each piece of
+// the body is searched once, and an event's pieces are joined once, at its end: an event sent
+// in many pieces (a long reply's last ones hold it whole) takes a time in proportion to it.
 async function* serverSentEvents(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
+  let pieces = []; // the event being received
+  let tail = ""; // its last characters, where the blank line ending it may begin
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
-    buffer += value;
-    let end;
-    while ((end = buffer.search(/\r?\n\r?\n/)) !== -1) {
-      const block = buffer.slice(0, end);
-      buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, "");
-      const data = block
+    const text = tail + value;
+    let start = 0;
+    for (const end of text.matchAll(/\r?\n\r?\n/g)) {
+      pieces.push(text.slice(start, end.index));
+      const data = pieces
+        .join("")
         .split(/\r?\n/)
         .filter((line) => line.startsWith("data:"))
         .map((line) => line.slice(5).replace(/^ /, ""))
         .join("\n");
+      pieces = [];
+      start = end.index + end[0].length;
       if (data) yield JSON.parse(data);
     }
+    pieces.push(text.slice(start, -3));
+    tail = text.slice(Math.max(start, text.length - 3));
   }
 }
 
