@@ -973,9 +973,13 @@ async def test_a_zoomed_in_window_keeps_the_conversation_readable(
     async with chromium_page(width=width, height=height) as page:
         await sign_in(page, demo_url, keys.alice)
         await visible(page, "chat")
+        box = "document.getElementById('composer-input').offsetHeight"
+        empty = await page.evaluate(box)
         for number in range(4):
             await say(page, f"Message {number}: my name is Alice and this line wraps")
         await page.wait_for("document.querySelectorAll('.message').length >= 8")
+        # Empty again, the message box is as high as it was (not as its wrapped placeholder).
+        assert await page.evaluate(box) == empty
         await asyncio.sleep(0.2)  # the scroll to the end is made at the next frame
         view = await page.evaluate(IN_VIEW)
         path = await page.screenshot(f"chat-page-{width}x{height}.png")
@@ -1228,3 +1232,54 @@ async def test_a_large_event_in_small_pieces_is_read_in_one_pass(
     assert shown == LARGE_LOG
     assert received > 2 * len(LARGE_LOG)  # the result, then the message and run holding it
     assert searched < 5 * received, (searched, received)
+
+
+PASTED = "Please review:\n\ndef total(items):\n    return sum(items)\n" + "\n".join(
+    f"item {number}" for number in range(8)
+)
+AT_THE_END = """
+(() => {
+  const log = document.getElementById("messages");
+  return log.scrollTop + log.clientHeight >= log.scrollHeight - 1;
+})()
+"""
+COMPOSER = """
+(() => {
+  const box = document.getElementById("composer-input");
+  return {value: box.value, height: box.offsetHeight, whole: box.scrollHeight <= box.clientHeight};
+})()
+"""
+
+
+async def test_a_pasted_text_of_many_lines_is_seen_whole_and_sent_as_it_is(
+    tool_server: tuple[str, str],
+) -> None:
+    # The box stayed two lines high: a pasted text was seen through a slit, its end alone.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "a long reply in small pieces")  # a conversation taller than its log
+        empty = await page.evaluate(COMPOSER)
+        await page.send(
+            "Browser.grantPermissions",
+            permissions=["clipboardReadWrite", "clipboardSanitizedWrite"],
+        )
+        await page.evaluate(f"navigator.clipboard.writeText({json.dumps(PASTED)})")
+        paste = {"key": "v", "code": "KeyV", "windowsVirtualKeyCode": 86, "modifiers": 2}
+        await page.send("Input.dispatchKeyEvent", type="keyDown", commands=["paste"], **paste)
+        await page.send("Input.dispatchKeyEvent", type="keyUp", **paste)
+        pasted = await page.evaluate(COMPOSER)
+        assert pasted["value"] == PASTED and pasted["whole"], pasted
+        assert pasted["height"] > empty["height"]
+        # The reply's end stays in view above the grown box.
+        await asyncio.sleep(0.2)  # the scroll to the end is made at the next frame
+        assert await page.evaluate(AT_THE_END)
+        # Its line breaks did not send it: Enter does.
+        assert await page.evaluate("document.querySelectorAll('.message.user').length") == 1
+        await say(page, "")
+        sent = await page.evaluate(
+            "[...document.querySelectorAll('.message.user .body')].at(-1).textContent"
+        )
+        assert sent == PASTED
+        assert await page.evaluate(COMPOSER) == empty
+        assert not page.exceptions, page.exceptions

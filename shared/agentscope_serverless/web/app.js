@@ -576,6 +576,7 @@ async function send(event) {
   const text = input.value.trim();
   if (!text || state.run) return;
   input.value = "";
+  fitComposer();
   const log = $("messages");
   log.querySelector(".empty")?.remove();
   const user = messageView({ role: "user", type: "message" });
@@ -594,6 +595,7 @@ async function send(event) {
     user.item.remove();
     if (!log.children.length) log.append(emptyState());
     if (!input.value) input.value = text;
+    fitComposer();
     setRunning(false, "Stopped before it was sent.");
     return;
   }
@@ -849,6 +851,18 @@ function cancelRun(run) {
   }).catch(() => {});
 }
 
+// The message box grows with its text (up to a part of the window, see app.css), so a pasted
+// or long message is seen whole before it is sent.
+function fitComposer() {
+  const input = $("composer-input");
+  input.style.height = "";
+  // Empty, it keeps its size: its placeholder, wrapped in a narrow window, would grow it.
+  if (input.value && input.scrollHeight > input.clientHeight) {
+    input.style.height = `${input.scrollHeight + input.offsetHeight - input.clientHeight}px`;
+  }
+  scrollToEnd(); // a conversation followed keeps its end in view above the box
+}
+
 // --- Wiring ---------------------------------------------------------------------------
 
 function start() {
@@ -860,6 +874,7 @@ function start() {
   });
   $("composer").addEventListener("submit", send);
   $("stop").addEventListener("click", stopRun);
+  $("composer-input").addEventListener("input", fitComposer);
   $("composer-input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
