@@ -1283,3 +1283,40 @@ async def test_a_pasted_text_of_many_lines_is_seen_whole_and_sent_as_it_is(
         assert sent == PASTED
         assert await page.evaluate(COMPOSER) == empty
         assert not page.exceptions, page.exceptions
+
+
+# Code in a numbered step, as models write it: indented as the step's text.
+CODE_IN_A_STEP = """1. Write the function:
+   ```python
+   def first(items):
+       for item in items:
+           return item
+   ```
+2. Run it:
+  ```
+  $ python first.py
+  ```
+"""
+CODE_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(CODE_IN_A_STEP)}));
+  return [...box.querySelectorAll("li")].map((item) => [
+    item.firstChild.textContent, item.querySelector("pre")?.textContent,
+  ]);
+}})()
+"""
+
+
+async def test_code_in_a_list_item_keeps_its_indentation(demo_url: str) -> None:
+    # Each line lost up to four spaces: the loop's body was one space in from its "for".
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(CODE_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert shown == [
+        ["Write the function:", "def first(items):\n    for item in items:\n        return item"],
+        ["Run it:", "$ python first.py"],
+    ]

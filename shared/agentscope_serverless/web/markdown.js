@@ -210,10 +210,12 @@ function list(all, start, depth) {
     const item = ITEM.exec(all[i]);
     if (!item || /\d/.test(item[2]) !== ordered) break;
     const body = [item[3]];
+    const indent = all[i].length - item[3].length; // where the item's text starts
     i += 1;
-    // What follows, indented (a nested list, a second line), belongs to the item.
+    // What follows, indented (a nested list, a second line), belongs to the item: taken in as
+    // far as the item's text starts, no further (code in it keeps its indentation).
     while (i < all.length && /^\s{2,}\S/.test(all[i])) {
-      body.push(all[i].replace(/^\s{2,4}/, ""));
+      body.push(all[i].slice(Math.min(indent, all[i].search(/\S/))));
       i += 1;
     }
     const entry = node("li");
@@ -239,8 +241,12 @@ export function markdown(text, tight = false, depth = 0) {
       i += 1;
     } else if ((match = fence(line))) {
       const close = new RegExp(`^ {0,3}${match.marker[0] === "`" ? "`" : "~"}{${match.marker.length},}[ \\t]*$`);
+      // Its lines, taken in as far as the fence is indented, no further.
+      const indent = line.search(/\S/);
       const body = [];
-      for (i += 1; i < all.length && !close.test(all[i]); i += 1) body.push(all[i]);
+      for (i += 1; i < all.length && !close.test(all[i]); i += 1) {
+        body.push(all[i].slice(Math.min(indent, all[i].search(/[^ ]|$/))));
+      }
       i += 1;
       const code = node("code", body.join("\n"));
       if (match.language) code.dataset.language = match.language;
