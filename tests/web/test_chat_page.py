@@ -1320,3 +1320,47 @@ async def test_code_in_a_list_item_keeps_its_indentation(demo_url: str) -> None:
         ["Write the function:", "def first(items):\n    for item in items:\n        return item"],
         ["Run it:", "$ python first.py"],
     ]
+
+
+STEPS_WITH_BLANK_LINES = """1. Write the function:
+   ```python
+   import sys
+
+   print(sys.argv)
+   ```
+
+   Save it as `args.py`.
+2. Run it.
+
+That is all.
+"""
+STEPS_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(STEPS_WITH_BLANK_LINES)}));
+  return {{
+    steps: [...box.querySelectorAll("ol > li")].map((item) => item.textContent),
+    code: [...box.querySelectorAll("pre")].map((pre) => pre.textContent),
+    after: [...box.children].at(-1).outerHTML,
+  }};
+}})()
+"""
+
+
+async def test_a_list_item_goes_on_after_a_blank_line_in_it(demo_url: str) -> None:
+    # The blank line in the code ended the list: the rest of the code was a paragraph, and
+    # its closing fence opened a code block that took the rest of the reply.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(STEPS_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert shown == {
+        "steps": [
+            "Write the function:import sys\n\nprint(sys.argv)Save it as args.py.",
+            "Run it.",
+        ],
+        "code": ["import sys\n\nprint(sys.argv)"],
+        "after": "<p>That is all.</p>",
+    }

@@ -212,15 +212,19 @@ function list(all, start, depth) {
     const body = [item[3]];
     const indent = all[i].length - item[3].length; // where the item's text starts
     i += 1;
-    // What follows, indented (a nested list, a second line), belongs to the item: taken in as
-    // far as the item's text starts, no further (code in it keeps its indentation).
-    while (i < all.length && /^\s{2,}\S/.test(all[i])) {
+    // What follows, indented (a nested list, a second line or paragraph, code), belongs to the
+    // item, with the blank lines before it: taken in as far as the item's text starts, no
+    // further (code in it keeps its indentation).
+    for (let next = i; next < all.length; next += 1) {
+      if (!all[next].trim()) continue;
+      if (!/^\s{2,}\S/.test(all[next])) break;
+      for (; i < next; i += 1) body.push("");
       body.push(all[i].slice(Math.min(indent, all[i].search(/\S/))));
       i += 1;
     }
     const entry = node("li");
     if (body.length === 1) entry.append(inline(body[0]));
-    else entry.append(markdown(body.join("\n"), true, depth + 1));
+    else entry.append(markdown(body.join("\n"), !body.includes(""), depth + 1));
     made.append(entry);
     // A blank line between items keeps the list going.
     if (i + 1 < all.length && all[i] !== undefined && !all[i].trim() && ITEM.test(all[i + 1])) i += 1;
