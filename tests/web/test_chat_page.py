@@ -1364,3 +1364,39 @@ async def test_a_list_item_goes_on_after_a_blank_line_in_it(demo_url: str) -> No
         "code": ["import sys\n\nprint(sys.argv)"],
         "after": "<p>That is all.</p>",
     }
+
+
+async def test_a_message_the_server_does_not_take_goes_back_to_the_box(
+    tool_server: tuple[str, str],
+) -> None:
+    # It stayed in the conversation as if sent, and was gone from the box: refused for its
+    # size, or with the server out of reach, it had to be typed or pasted again.
+    url, key = tool_server
+    too_large = "log line\n" * 120_000  # over the server's 1 MiB a request
+    box = "document.getElementById('composer-input').value"
+    status = "document.getElementById('run-status').textContent"
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.evaluate(
+            f"{box} = {json.dumps(too_large)}; document.getElementById('composer').requestSubmit()"
+        )
+        await page.wait_for(f"{status}.startsWith('Error:')")
+        assert await page.evaluate(box) == too_large.strip()
+        assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+        assert "(PAYLOAD_TOO_LARGE)" in await page.evaluate(status)
+        assert (await page.evaluate(status)).endswith("it is back in the box.")
+
+        await page.send("Network.setBlockedURLs", urls=["*/process"])
+        await page.evaluate(f"{box} = 'hello'; document.getElementById('composer').requestSubmit()")
+        await page.wait_for(f"{status}.startsWith('Error:')")
+        assert await page.evaluate(status) == (
+            "Error: the server cannot be reached. The message was not sent: it is back in the box."
+        )
+        assert await page.evaluate(box) == "hello"
+        assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+        # Once the server is back, Enter sends it.
+        await page.send("Network.setBlockedURLs", urls=[])
+        assert await say(page, "") == "Here is the chart of sales by quarter."
+        sent = "[...document.querySelectorAll('.message.user .body')].map((b) => b.textContent)"
+        assert await page.evaluate(sent) == ["hello"]
+        assert not page.exceptions, page.exceptions

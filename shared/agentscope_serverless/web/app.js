@@ -590,28 +590,47 @@ async function send(event) {
   const memories = await searchMemories(text);
   if (memories.length) user.item.append(memoriesNode(memories));
   if (run.stopped) {
-    // Stopped before it was sent: nothing runs, and the message goes back to the box.
+    // Stopped before it was sent: nothing runs.
     state.run = null;
-    user.item.remove();
-    if (!log.children.length) log.append(emptyState());
-    if (!input.value) input.value = text;
-    fitComposer();
+    returnToBox(user, text);
     setRunning(false, "Stopped before it was sent.");
     return;
   }
 
-  await stream(run, () =>
-    api("process", {
-      method: "POST",
-      json: {
-        input: [{ role: "user", content: [{ type: "text", text }] }],
-        session_id: state.session || undefined,
-        stream: true,
-      },
-      signal: run.controller.signal,
-      accept: "text/event-stream",
-    }),
-  );
+  let refused = null; // the error of a request no run took
+  await stream(run, async () => {
+    try {
+      return await api("process", {
+        method: "POST",
+        json: {
+          input: [{ role: "user", content: [{ type: "text", text }] }],
+          session_id: state.session || undefined,
+          stream: true,
+        },
+        signal: run.controller.signal,
+        accept: "text/event-stream",
+      });
+    } catch (error) {
+      if (!run.stopped && error.name !== "AbortError" && error.status !== 401) refused = error;
+      throw error;
+    }
+  });
+  if (refused) {
+    // Refused, or the server out of reach: no run has it.
+    returnToBox(user, text);
+    const why = refused.status ? refused.message : "the server cannot be reached";
+    $("run-status").textContent = `Error: ${why}. The message was not sent: it is back in the box.`;
+  }
+}
+
+// A message no run took leaves the conversation and goes back to the box, to be sent again.
+function returnToBox(user, text) {
+  const log = $("messages");
+  user.item.remove();
+  if (!log.children.length) log.append(emptyState());
+  const input = $("composer-input");
+  if (!input.value) input.value = text;
+  fitComposer();
 }
 
 // Show a run's events as they come, from the response `open` gives, until the run ends. While
