@@ -1251,6 +1251,18 @@ COMPOSER = """
 """
 
 
+async def paste(page: Page, text: str) -> None:
+    """Paste ``text`` into the focused element with Ctrl+V, from the clipboard."""
+    await page.send(
+        "Browser.grantPermissions",
+        permissions=["clipboardReadWrite", "clipboardSanitizedWrite"],
+    )
+    await page.evaluate(f"navigator.clipboard.writeText({json.dumps(text)})")
+    keys = {"key": "v", "code": "KeyV", "windowsVirtualKeyCode": 86, "modifiers": 2}
+    await page.send("Input.dispatchKeyEvent", type="keyDown", commands=["paste"], **keys)
+    await page.send("Input.dispatchKeyEvent", type="keyUp", **keys)
+
+
 async def test_a_pasted_text_of_many_lines_is_seen_whole_and_sent_as_it_is(
     tool_server: tuple[str, str],
 ) -> None:
@@ -1260,14 +1272,7 @@ async def test_a_pasted_text_of_many_lines_is_seen_whole_and_sent_as_it_is(
         await sign_in(page, url, key)
         await say(page, "a long reply in small pieces")  # a conversation taller than its log
         empty = await page.evaluate(COMPOSER)
-        await page.send(
-            "Browser.grantPermissions",
-            permissions=["clipboardReadWrite", "clipboardSanitizedWrite"],
-        )
-        await page.evaluate(f"navigator.clipboard.writeText({json.dumps(PASTED)})")
-        paste = {"key": "v", "code": "KeyV", "windowsVirtualKeyCode": 86, "modifiers": 2}
-        await page.send("Input.dispatchKeyEvent", type="keyDown", commands=["paste"], **paste)
-        await page.send("Input.dispatchKeyEvent", type="keyUp", **paste)
+        await paste(page, PASTED)
         pasted = await page.evaluate(COMPOSER)
         assert pasted["value"] == PASTED and pasted["whole"], pasted
         assert pasted["height"] > empty["height"]
@@ -1399,4 +1404,18 @@ async def test_a_message_the_server_does_not_take_goes_back_to_the_box(
         assert await say(page, "") == "Here is the chart of sales by quarter."
         sent = "[...document.querySelectorAll('.message.user .body')].map((b) => b.textContent)"
         assert await page.evaluate(sent) == ["hello"]
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_pasted_snippet_is_sent_with_its_first_lines_indentation(
+    tool_server: tuple[str, str],
+) -> None:
+    # The message was trimmed: the snippet's first line lost its indentation, the others not.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await paste(page, "\n    if ready:\n        start()\n\n")
+        await say(page, "")
+        sent = await page.evaluate("document.querySelector('.message.user .body').textContent")
+        assert sent == "    if ready:\n        start()"
         assert not page.exceptions, page.exceptions

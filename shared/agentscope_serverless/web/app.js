@@ -573,7 +573,8 @@ async function send(event) {
     await loading.done;
     if (!loading.finished) return;
   }
-  const text = input.value.trim();
+  // Without the blank lines around it; a pasted snippet's first line keeps its indentation.
+  const text = input.value.replace(/^(?:[ \t]*\n)+/, "").trimEnd();
   if (!text || state.run) return;
   input.value = "";
   fitComposer();
