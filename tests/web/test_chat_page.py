@@ -1419,3 +1419,29 @@ async def test_a_pasted_snippet_is_sent_with_its_first_lines_indentation(
         sent = await page.evaluate("document.querySelector('.message.user .body').textContent")
         assert sent == "    if ready:\n        start()"
         assert not page.exceptions, page.exceptions
+
+
+ESCAPED = (
+    r"""\# Not a heading, 2 \* 3 \* 4 and *one \* two*, snake\_case, \[not a link\](x), \`x\`"""
+)
+ESCAPES_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(ESCAPED)}));
+  return [box.textContent, [...box.querySelectorAll("*")].map((n) => [n.tagName, n.textContent])];
+}})()
+"""
+
+
+async def test_markdown_punctuation_a_backslash_escapes_is_shown_without_it(
+    demo_url: str,
+) -> None:
+    # The backslashes showed ("snake\\_case"), and an escaped "*" closed an italic.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        text, tags = await page.evaluate(ESCAPES_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert text == "# Not a heading, 2 * 3 * 4 and one * two, snake_case, [not a link](x), `x`"
+    assert tags == [["P", text], ["EM", "one * two"]]

@@ -1,7 +1,7 @@
 // Markdown in the agent's replies, built as DOM nodes, never parsed as HTML: paragraphs and
 // line breaks, headings, lists, quotes, rules, fenced code, tables, inline code, bold,
-// italic and links (http, https and mailto only; bare http(s) URLs too). Anything else,
-// HTML included, stays text.
+// italic and links (http, https and mailto only; bare http(s) URLs too), punctuation a
+// backslash escapes. Anything else, HTML included, stays text.
 
 // Patterns with one way to match a line: none backtracks over a long one.
 const FENCE = /^ {0,3}(`{3,}|~{3,})(.*)$/;
@@ -10,8 +10,9 @@ const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
-// Where a span may open: code, a link, bold or italic, a bare URL.
-const SPAN_START = /[`[*_]|https?:\/\//g;
+// Where a span may open: code, a link, bold or italic, a bare URL; or a backslash escapes
+// the punctuation after it, shown as it is.
+const SPAN_START = /[`[*_]|https?:\/\/|\\[!-\/:-@[-`{-~]/g;
 // What ends a span, searched for from its start (see ``closers``).
 const CLOSER = {
   label: /[[\]\n]/g, // a link's text opens at the last "[" before its "]"
@@ -82,6 +83,13 @@ function codeRuns(text) {
   return closes;
 }
 
+// Whether the character at ``at`` follows a backslash that escapes it (not an escaped one).
+function escaped(text, at) {
+  let backslashes = 0;
+  while (text[at - 1 - backslashes] === "\\") backslashes += 1;
+  return backslashes % 2 === 1;
+}
+
 // The closers of ``text``: closer(kind, from) is where the first of ``kind`` at ``from`` or
 // after starts (text.length if none). ``from`` only grows, for each kind: what a search
 // found ahead serves the next ones, so no part of the text is searched twice for a kind.
@@ -90,8 +98,14 @@ function closers(text) {
   let runs = null;
   const closer = (kind, from) => {
     if (!(found[kind] >= from)) {
-      CLOSER[kind].lastIndex = from;
-      found[kind] = CLOSER[kind].exec(text)?.index ?? text.length;
+      const pattern = CLOSER[kind];
+      pattern.lastIndex = from;
+      let match;
+      // Not a closer a backslash escapes ("\*"), but in an address.
+      while ((match = pattern.exec(text)) && kind !== "href" && kind !== "url" && escaped(text, match.index)) {
+        pattern.lastIndex = match.index + 1;
+      }
+      found[kind] = match?.index ?? text.length;
     }
     return found[kind];
   };
@@ -103,6 +117,7 @@ function closers(text) {
 // [undefined, how far to skip] when nothing opens there.
 function spanAt(text, at, closer, links, depth) {
   const [char, after, before] = [text[at], text[at + 1], text[at - 1]];
+  if (char === "\\") return [at + 2, after];
   if (char === "`") {
     const [length, close] = closer.code(at);
     if (close === undefined) return [undefined, length];
