@@ -1445,3 +1445,21 @@ async def test_markdown_punctuation_a_backslash_escapes_is_shown_without_it(
         assert not page.exceptions, page.exceptions
     assert text == "# Not a heading, 2 * 3 * 4 and one * two, snake_case, [not a link](x), `x`"
     assert tags == [["P", text], ["EM", "one * two"]]
+
+
+async def test_the_enter_that_picks_a_word_in_an_input_method_does_not_send(
+    tool_server: tuple[str, str],
+) -> None:
+    # Safari gives that Enter as keyCode 229 with isComposing false: the message went
+    # half-typed, as the user picked its first word.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("東京")
+        picked = {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 229}
+        await page.send("Input.dispatchKeyEvent", type="rawKeyDown", **picked)
+        await page.send("Input.dispatchKeyEvent", type="keyUp", **picked)
+        await asyncio.sleep(0.2)
+        assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+        assert await page.evaluate("document.getElementById('composer-input').value") == "東京"
+        assert not page.exceptions, page.exceptions

@@ -896,7 +896,10 @@ function start() {
   $("stop").addEventListener("click", stopRun);
   $("composer-input").addEventListener("input", fitComposer);
   $("composer-input").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    // The Enter that picks a word in an input method (Japanese, Chinese...) does not send:
+    // Safari gives it as keyCode 229, not isComposing.
+    const composing = event.isComposing || event.keyCode === 229;
+    if (event.key === "Enter" && !event.shiftKey && !composing) {
       event.preventDefault();
       $("composer").requestSubmit();
     }
