@@ -1463,3 +1463,26 @@ async def test_the_enter_that_picks_a_word_in_an_input_method_does_not_send(
         assert await page.evaluate("document.querySelectorAll('.message').length") == 0
         assert await page.evaluate("document.getElementById('composer-input').value") == "東京"
         assert not page.exceptions, page.exceptions
+
+
+WIKIPEDIA = "https://en.wikipedia.org/wiki/Python_(programming_language)"
+PARENTHESES = f"[Python]({WIKIPEDIA}), {WIKIPEDIA}. (See also https://docs.python.org/3/.)"
+LINKS_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(PARENTHESES)}));
+  return [box.textContent, [...box.querySelectorAll("a")].map((n) => n.getAttribute("href"))];
+}})()
+"""
+
+
+async def test_a_link_to_an_address_holding_parentheses_is_whole(demo_url: str) -> None:
+    # The address was cut at its "(": a link to ".../Python_", or no link at all.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        text, links = await page.evaluate(LINKS_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert links == [WIKIPEDIA, WIKIPEDIA, "https://docs.python.org/3/"]
+    assert text == f"Python, {WIKIPEDIA}. (See also https://docs.python.org/3/.)"

@@ -16,13 +16,15 @@ const SPAN_START = /[`[*_]|https?:\/\/|\\[!-\/:-@[-`{-~]/g;
 // What ends a span, searched for from its start (see ``closers``).
 const CLOSER = {
   label: /[[\]\n]/g, // a link's text opens at the last "[" before its "]"
-  href: /[()\s]/g,
   bold: /(?<=\S)\*\*/g,
   bold2: /(?<=\S)__(?!\w)/g,
   italic: /[*\n]/g, // italic text holds no "*"
   italic2: /[_\n]/g,
-  url: /[\s<>()]/g,
+  url: /[\s<>]/g,
 };
+// A link's address and its ")": it may hold parentheses, one level deep (Wikipedia's
+// "Python_(programming_language)").
+const HREF = /(?:[^()\s]|\([^()\s]*\))+\)/y;
 const URL_TAIL = /[.,;:!?'"`*_]/; // ends the sentence rather than a bare URL
 // Quotes, lists and spans nest this deep at most; deeper, their markers are text.
 const MAX_DEPTH = 8;
@@ -102,7 +104,7 @@ function closers(text) {
       pattern.lastIndex = from;
       let match;
       // Not a closer a backslash escapes ("\*"), but in an address.
-      while ((match = pattern.exec(text)) && kind !== "href" && kind !== "url" && escaped(text, match.index)) {
+      while ((match = pattern.exec(text)) && kind !== "url" && escaped(text, match.index)) {
         pattern.lastIndex = match.index + 1;
       }
       found[kind] = match?.index ?? text.length;
@@ -125,12 +127,11 @@ function spanAt(text, at, closer, links, depth) {
   }
   if (char === "[") {
     const close = closer("label", at + 1);
-    if (text[close] === "]" && close > at + 1 && text[close + 1] === "(") {
-      const end = closer("href", close + 2);
-      if (text[end] === ")" && end > close + 2) {
-        const made = links ? link(text.slice(at + 1, close), text.slice(close + 2, end), depth) : null;
-        return [end + 1, made];
-      }
+    HREF.lastIndex = close + 2;
+    if (text[close] === "]" && close > at + 1 && text[close + 1] === "(" && HREF.test(text)) {
+      const end = HREF.lastIndex - 1;
+      const made = links ? link(text.slice(at + 1, close), text.slice(close + 2, end), depth) : null;
+      return [end + 1, made];
     }
   } else if (char === "*" && after === "*" && solid(text[at + 2])) {
     const close = closer("bold", at + 3);
@@ -141,7 +142,14 @@ function spanAt(text, at, closer, links, depth) {
   } else if (char === "h") {
     const start = at + (text.startsWith("https", at) ? 8 : 7);
     let end = closer("url", start);
-    while (end > start && URL_TAIL.test(text[end - 1])) end -= 1;
+    // Without the punctuation after it, nor a ")" closing none of its own "(" (as in "(see
+    // https://...)", where Wikipedia's ".../Python_(programming_language)" keeps its own).
+    let unclosed = 0;
+    for (let i = at; i < end; i += 1) unclosed += text[i] === ")" ? 1 : text[i] === "(" ? -1 : 0;
+    while (end > start && (URL_TAIL.test(text[end - 1]) || (text[end - 1] === ")" && unclosed > 0))) {
+      if (text[end - 1] === ")") unclosed -= 1;
+      end -= 1;
+    }
     if (end > start) return [end, links ? link(text.slice(at, end), text.slice(at, end), depth) : null];
   }
   // One "*" or "_" around text holding none: italic.
