@@ -1486,3 +1486,24 @@ async def test_a_link_to_an_address_holding_parentheses_is_whole(demo_url: str) 
         assert not page.exceptions, page.exceptions
     assert links == [WIKIPEDIA, WIKIPEDIA, "https://docs.python.org/3/"]
     assert text == f"Python, {WIKIPEDIA}. (See also https://docs.python.org/3/.)"
+
+
+BOLD_ITALIC = "***Note:*** read **all of *this***."
+BOLD_ITALIC_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(BOLD_ITALIC)}));
+  return box.firstChild.innerHTML;
+}})()
+"""
+
+
+async def test_bold_italic_text_written_with_three_stars_shows_no_star(demo_url: str) -> None:
+    # "***Note:***" showed as a bold "*Note:" and a star after it.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(BOLD_ITALIC_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert shown == ("<strong><em>Note:</em></strong> read <strong>all of <em>this</em></strong>.")

@@ -134,7 +134,9 @@ function spanAt(text, at, closer, links, depth) {
       return [end + 1, made];
     }
   } else if (char === "*" && after === "*" && solid(text[at + 2])) {
-    const close = closer("bold", at + 3);
+    let close = closer("bold", at + 3);
+    // "***" after text holding a "*" closes an italic in it, then the bold ("***both***").
+    if (text[close + 2] === "*" && text.slice(at + 2, close).includes("*")) close += 1;
     if (close < text.length) return [close + 2, span("strong", text.slice(at + 2, close), links, depth)];
   } else if (char === "_" && after === "_" && !word(before) && solid(text[at + 2])) {
     const close = closer("bold2", at + 3);
