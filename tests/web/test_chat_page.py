@@ -1507,3 +1507,30 @@ async def test_bold_italic_text_written_with_three_stars_shows_no_star(demo_url:
         shown = await page.evaluate(BOLD_ITALIC_SHOWN)
         assert not page.exceptions, page.exceptions
     assert shown == ("<strong><em>Note:</em></strong> read <strong>all of <em>this</em></strong>.")
+
+
+async def test_signing_out_leaves_nothing_for_the_next_to_sign_in(
+    demo_url: str, keys: Keys
+) -> None:
+    # The next user found the message being written in the box, and the sessions of the one
+    # before in the list (for good when theirs could not be loaded).
+    session = f"alice-{uuid.uuid4().hex[:8]}"
+    async with httpx.AsyncClient(headers=bearer(keys.alice)) as client:
+        created = await client.post(f"{demo_url}/sessions", json={"session_id": session})
+        assert created.status_code == 201
+    async with chromium_page() as page:
+        await sign_in(page, demo_url, keys.alice)
+        await page.wait_for(f"document.querySelector('[data-session=\"{session}\"]') !== null")
+        await page.type_text("my password is")
+        await page.evaluate("document.getElementById('sign-out').click()")
+        await page.send("Network.setBlockedURLs", urls=["*/sessions?limit=1000*"])
+        await page.wait_for("document.activeElement.id === 'api-key'")
+        await page.type_text(keys.bob)
+        await page.press(*ENTER)
+        await visible(page, "chat")
+        await page.wait_for(
+            "document.getElementById('sessions-status').textContent.startsWith('Cannot reach')"
+        )
+        assert await page.evaluate("document.getElementById('composer-input').value") == ""
+        assert await page.evaluate("document.querySelectorAll('#sessions button').length") == 0
+        assert not page.exceptions, page.exceptions

@@ -135,6 +135,11 @@ function signOut(message = "") {
   sessionStorage.removeItem(RUN_STORAGE);
   state.key = null;
   state.session = null;
+  // Nothing of theirs is left for whoever signs in next in this tab.
+  $("composer-input").value = "";
+  fitComposer();
+  $("sessions").replaceChildren();
+  $("messages").replaceChildren();
   $("chat").hidden = true;
   $("sign-in").hidden = false;
   $("api-key").value = "";
