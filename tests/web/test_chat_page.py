@@ -1534,3 +1534,25 @@ async def test_signing_out_leaves_nothing_for_the_next_to_sign_in(
         assert await page.evaluate("document.getElementById('composer-input').value") == ""
         assert await page.evaluate("document.querySelectorAll('#sessions button').length") == 0
         assert not page.exceptions, page.exceptions
+
+
+async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the_run(
+    tool_server: tuple[str, str],
+) -> None:
+    # Writing the next message while a reply streams, dropping a word being put together
+    # (Escape, to the input method) stopped the run.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("take your time")
+        await page.press(*ENTER)
+        await page.wait_for("document.querySelector('.message.assistant.streaming') !== null")
+        dropped = {"key": "Escape", "code": "Escape", "windowsVirtualKeyCode": 229}
+        await page.send("Input.dispatchKeyEvent", type="rawKeyDown", **dropped)
+        await page.send("Input.dispatchKeyEvent", type="keyUp", **dropped)
+        await asyncio.sleep(0.2)
+        streaming = "document.querySelector('.message.assistant.streaming') !== null"
+        assert await page.evaluate(streaming)
+        await page.press("Escape", "Escape", 27)  # Escape itself stops it
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        assert not page.exceptions, page.exceptions

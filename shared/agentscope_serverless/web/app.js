@@ -888,6 +888,12 @@ function fitComposer() {
   scrollToEnd(); // a conversation followed keeps its end in view above the box
 }
 
+// Whether a key goes to an input method (Japanese, Chinese...) as it puts a word together: its
+// Enter picks the word, its Escape drops it. Safari says so with keyCode 229, not isComposing.
+function composing(event) {
+  return event.isComposing || event.keyCode === 229;
+}
+
 // --- Wiring ---------------------------------------------------------------------------
 
 function start() {
@@ -901,10 +907,7 @@ function start() {
   $("stop").addEventListener("click", stopRun);
   $("composer-input").addEventListener("input", fitComposer);
   $("composer-input").addEventListener("keydown", (event) => {
-    // The Enter that picks a word in an input method (Japanese, Chinese...) does not send:
-    // Safari gives it as keyCode 229, not isComposing.
-    const composing = event.isComposing || event.keyCode === 229;
-    if (event.key === "Enter" && !event.shiftKey && !composing) {
+    if (event.key === "Enter" && !event.shiftKey && !composing(event)) {
       event.preventDefault();
       $("composer").requestSubmit();
     }
@@ -914,7 +917,7 @@ function start() {
     if (state.key && state.sessionsRetry.timer) loadSessions(); // a retry is waiting
   });
   document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && state.run) stopRun();
+    if (event.key === "Escape" && state.run && !composing(event)) stopRun();
   });
   if (state.key) showChat();
   else $("api-key").focus();
