@@ -1556,3 +1556,28 @@ async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the
         await page.press("Escape", "Escape", 27)  # Escape itself stops it
         await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
         assert not page.exceptions, page.exceptions
+
+
+ALIGNED_TABLE = "| plan | price | seats |\n|:-----|------:|:-----:|\n| Team | $25 | 10 |"
+ALIGNMENTS = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.className = "markdown";
+  document.body.append(box);
+  box.append(markdown({json.dumps(ALIGNED_TABLE)}));
+  return [...box.querySelectorAll("tr")].map((row) =>
+    [...row.children].map((cell) => getComputedStyle(cell).textAlign)
+  );
+}})()
+"""
+
+
+async def test_table_columns_are_aligned_as_the_rule_under_their_header_says(demo_url: str) -> None:
+    # Every column was aligned left: prices and counts the rule set right or centre too.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(ALIGNMENTS)
+        assert not page.exceptions, page.exceptions
+    assert shown == [["left", "right", "center"], ["left", "right", "center"]]

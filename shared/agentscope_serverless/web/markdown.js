@@ -205,18 +205,28 @@ function cells(line) {
   return row.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
 }
 
-function table(header, rows) {
+// A column's alignment, from its cell in the rule under the header (":---:" centred).
+function alignment(rule) {
+  const [left, right] = [rule.startsWith(":"), rule.endsWith(":")];
+  return left && right ? "center" : right ? "right" : left ? "left" : "";
+}
+
+function table(header, rule, rows) {
+  const aligned = cells(rule).map(alignment);
+  const row = (tag, line) => {
+    const made = node("tr");
+    cells(line).forEach((cell, column) => {
+      const shown = lines(node(tag), [cell]);
+      if (aligned[column]) shown.className = `align-${aligned[column]}`;
+      made.append(shown);
+    });
+    return made;
+  };
   const made = node("table");
   const head = node("thead");
-  const top = node("tr");
-  for (const cell of cells(header)) top.append(lines(node("th"), [cell]));
-  head.append(top);
+  head.append(row("th", header));
   const body = node("tbody");
-  for (const row of rows) {
-    const line = node("tr");
-    for (const cell of cells(row)) line.append(lines(node("td"), [cell]));
-    body.append(line);
-  }
+  body.append(...rows.map((line) => row("td", line)));
   made.append(head, body);
   const wrapper = node("div");
   wrapper.className = "table";
@@ -302,9 +312,9 @@ export function markdown(text, tight = false, depth = 0) {
       out.append(made);
       i = next;
     } else if (line.includes("|") && i + 1 < all.length && TABLE_RULE.test(all[i + 1])) {
-      const rows = [];
+      const [rule, rows] = [all[i + 1], []];
       for (i += 2; i < all.length && all[i].includes("|") && all[i].trim(); i += 1) rows.push(all[i]);
-      out.append(table(line, rows));
+      out.append(table(line, rule, rows));
     } else {
       const body = [];
       for (; i < all.length && all[i].trim() && (!body.length || !startsBlock(all[i], depth)); i += 1) {
