@@ -1581,3 +1581,26 @@ async def test_table_columns_are_aligned_as_the_rule_under_their_header_says(dem
         shown = await page.evaluate(ALIGNMENTS)
         assert not page.exceptions, page.exceptions
     assert shown == [["left", "right", "center"], ["left", "right", "center"]]
+
+
+SHORT_RULES = "| step | done |\n|--|:-:|\n| build | yes |\n\nA | B\n-\nthe end"
+SHORT_RULES_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(SHORT_RULES)}));
+  return [...box.children].map((n) => [n.tagName, n.textContent]);
+}})()
+"""
+
+
+async def test_a_table_whose_rule_has_short_dashes_is_a_table(demo_url: str) -> None:
+    # A rule of fewer than three dashes a cell (|--|:-:|), as models often write, left the
+    # table as lines of text with their pipes.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(SHORT_RULES_SHOWN)
+        assert not page.exceptions, page.exceptions
+    # A line with a pipe over a dash with fewer cells is no table.
+    assert shown == [["DIV", "stepdonebuildyes"], ["P", "A | B-the end"]]

@@ -9,7 +9,7 @@ const HEADING = /^ {0,3}(#{1,6})(?:[ \t](.*))?$/;
 const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
-const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
+const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 // Where a span may open: code, a link, bold or italic, a bare URL; or a backslash escapes
 // the punctuation after it, shown as it is.
 const SPAN_START = /[`[*_]|https?:\/\/|\\[!-\/:-@[-`{-~]/g;
@@ -205,6 +205,12 @@ function cells(line) {
   return row.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
 }
 
+// Whether ``line`` heads a table: the line under it (``next``) is a rule with as many cells.
+function headsTable(line, next) {
+  if (!line.includes("|") || next === undefined || !TABLE_RULE.test(next)) return false;
+  return cells(line).length === cells(next).length;
+}
+
 // A column's alignment, from its cell in the rule under the header (":---:" centred).
 function alignment(rule) {
   const [left, right] = [rule.startsWith(":"), rule.endsWith(":")];
@@ -311,7 +317,7 @@ export function markdown(text, tight = false, depth = 0) {
       const [made, next] = list(all, i, depth);
       out.append(made);
       i = next;
-    } else if (line.includes("|") && i + 1 < all.length && TABLE_RULE.test(all[i + 1])) {
+    } else if (headsTable(line, all[i + 1])) {
       const [rule, rows] = [all[i + 1], []];
       for (i += 2; i < all.length && all[i].includes("|") && all[i].trim(); i += 1) rows.push(all[i]);
       out.append(table(line, rule, rows));
