@@ -1604,3 +1604,20 @@ async def test_a_table_whose_rule_has_short_dashes_is_a_table(demo_url: str) -> 
         assert not page.exceptions, page.exceptions
     # A line with a pipe over a dash with fewer cells is no table.
     assert shown == [["DIV", "stepdonebuildyes"], ["P", "A | B-the end"]]
+
+
+FIELD_SIZES = """
+[...document.querySelectorAll("input, textarea")].map(
+  (field) => [field.id, parseFloat(getComputedStyle(field).fontSize)]
+)
+"""
+
+
+async def test_the_fields_a_phone_user_taps_are_not_zoomed_into(demo_url: str, keys: Keys) -> None:
+    # Their text was 15 px: Safari on iOS zooms the page into a field under 16 px as it is
+    # tapped, and leaves it zoomed, the page wider than the screen.
+    async with chromium_page(width=390, height=844) as page:
+        await sign_in(page, demo_url, keys.bob)
+        sizes = await page.evaluate(FIELD_SIZES)
+        assert not page.exceptions, page.exceptions
+    assert sizes == [["api-key", 16], ["composer-input", 16]]
