@@ -1621,3 +1621,25 @@ async def test_the_fields_a_phone_user_taps_are_not_zoomed_into(demo_url: str, k
         sizes = await page.evaluate(FIELD_SIZES)
         assert not page.exceptions, page.exceptions
     assert sizes == [["api-key", 16], ["composer-input", 16]]
+
+
+IN_ANGLE_BRACKETS = "The docs: <https://example.com/docs>. Compare a <b> c."
+ANGLE_BRACKETS_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(IN_ANGLE_BRACKETS)}));
+  return [box.textContent, [...box.querySelectorAll("a")].map((n) => n.getAttribute("href"))];
+}})()
+"""
+
+
+async def test_a_url_in_angle_brackets_is_a_link_shown_without_them(demo_url: str) -> None:
+    # The brackets showed around the link, as "<https://...>".
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        text, links = await page.evaluate(ANGLE_BRACKETS_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert text == "The docs: https://example.com/docs. Compare a <b> c."
+    assert links == ["https://example.com/docs"]

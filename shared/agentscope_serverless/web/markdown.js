@@ -10,9 +10,9 @@ const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
-// Where a span may open: code, a link, bold or italic, a bare URL; or a backslash escapes
-// the punctuation after it, shown as it is.
-const SPAN_START = /[`[*_]|https?:\/\/|\\[!-\/:-@[-`{-~]/g;
+// Where a span may open: code, a link, bold or italic, a URL (bare or in <>); or a backslash
+// escapes the punctuation after it, shown as it is.
+const SPAN_START = /[`[*_]|<?https?:\/\/|\\[!-\/:-@[-`{-~]/g;
 // What ends a span, searched for from its start (see ``closers``).
 const CLOSER = {
   label: /[[\]\n]/g, // a link's text opens at the last "[" before its "]"
@@ -141,6 +141,13 @@ function spanAt(text, at, closer, links, depth) {
   } else if (char === "_" && after === "_" && !word(before) && solid(text[at + 2])) {
     const close = closer("bold2", at + 3);
     if (close < text.length) return [close + 2, span("strong", text.slice(at + 2, close), links, depth)];
+  } else if (char === "<") {
+    // A URL in angle brackets, shown without them.
+    const end = closer("url", at + 1);
+    if (text[end] === ">") {
+      const url = text.slice(at + 1, end);
+      return [end + 1, links ? link(url, url, depth) : null];
+    }
   } else if (char === "h") {
     const start = at + (text.startsWith("https", at) ? 8 : 7);
     let end = closer("url", start);
