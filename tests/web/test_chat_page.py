@@ -1643,3 +1643,24 @@ async def test_a_url_in_angle_brackets_is_a_link_shown_without_them(demo_url: st
         assert not page.exceptions, page.exceptions
     assert text == "The docs: https://example.com/docs. Compare a <b> c."
     assert links == ["https://example.com/docs"]
+
+
+STRUCK = "Price: ~~$30~~ **$25**, about ~ 20 ~ euros."
+STRUCK_SHOWN = f"""
+(async () => {{
+  const {{ markdown }} = await import("/web/markdown.js");
+  const box = document.createElement("div");
+  box.append(markdown({json.dumps(STRUCK)}));
+  return box.firstChild.innerHTML;
+}})()
+"""
+
+
+async def test_text_between_double_tildes_is_struck_through(demo_url: str) -> None:
+    # The tildes showed ("~~$30~~"), the old price as current as the new one.
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{demo_url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        shown = await page.evaluate(STRUCK_SHOWN)
+        assert not page.exceptions, page.exceptions
+    assert shown == "Price: <del>$30</del> <strong>$25</strong>, about ~ 20 ~ euros."

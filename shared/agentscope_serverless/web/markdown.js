@@ -1,7 +1,7 @@
 // Markdown in the agent's replies, built as DOM nodes, never parsed as HTML: paragraphs and
 // line breaks, headings, lists, quotes, rules, fenced code, tables, inline code, bold,
-// italic and links (http, https and mailto only; bare http(s) URLs too), punctuation a
-// backslash escapes. Anything else, HTML included, stays text.
+// italic, strikethrough and links (http, https and mailto only; bare http(s) URLs too),
+// punctuation a backslash escapes. Anything else, HTML included, stays text.
 
 // Patterns with one way to match a line: none backtracks over a long one.
 const FENCE = /^ {0,3}(`{3,}|~{3,})(.*)$/;
@@ -10,14 +10,15 @@ const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
-// Where a span may open: code, a link, bold or italic, a URL (bare or in <>); or a backslash
-// escapes the punctuation after it, shown as it is.
-const SPAN_START = /[`[*_]|<?https?:\/\/|\\[!-\/:-@[-`{-~]/g;
+// Where a span may open: code, a link, bold, italic or struck through, a URL (bare or in <>);
+// or a backslash escapes the punctuation after it, shown as it is.
+const SPAN_START = /[`[*_]|~~|<?https?:\/\/|\\[!-\/:-@[-`{-~]/g;
 // What ends a span, searched for from its start (see ``closers``).
 const CLOSER = {
   label: /[[\]\n]/g, // a link's text opens at the last "[" before its "]"
   bold: /(?<=\S)\*\*/g,
   bold2: /(?<=\S)__(?!\w)/g,
+  struck: /(?<=\S)~~/g,
   italic: /[*\n]/g, // italic text holds no "*"
   italic2: /[_\n]/g,
   url: /[\s<>]/g,
@@ -141,6 +142,9 @@ function spanAt(text, at, closer, links, depth) {
   } else if (char === "_" && after === "_" && !word(before) && solid(text[at + 2])) {
     const close = closer("bold2", at + 3);
     if (close < text.length) return [close + 2, span("strong", text.slice(at + 2, close), links, depth)];
+  } else if (char === "~" && solid(text[at + 2])) {
+    const close = closer("struck", at + 3);
+    if (close < text.length) return [close + 2, span("del", text.slice(at + 2, close), links, depth)];
   } else if (char === "<") {
     // A URL in angle brackets, shown without them.
     const end = closer("url", at + 1);
