@@ -1150,23 +1150,46 @@ async def test_reasoning_is_shown_while_it_streams_then_folded_away(
     }
 
 
-# A presigned download link as object stores give them: over 2,000 characters.
-PRESIGNED = "https://bucket.s3.amazonaws.com/report.pdf?X-Amz-Security-Token=" + "T" * 2400
-LONG_SPANS = f"""
+async def markdown_of(url: str, text: str, shown: str) -> Any:
+    """``shown``, an expression on ``box``: ``text`` built as a reply's markdown by the chat
+    page at ``url`` (markdown.js)."""
+    script = f"""
 (async () => {{
   const {{ markdown }} = await import("/web/markdown.js");
   const box = document.createElement("div");
-  box.append(markdown(
-    "[".repeat(200000) + " **" + "bold ".repeat(300).trim() + "** [the report]({PRESIGNED})"
-    + " or {PRESIGNED}."
-  ));
-  return {{
-    opened: box.textContent.startsWith("[".repeat(200000) + " bold"),
-    bold: [...box.querySelectorAll("strong")].map((n) => n.textContent.length),
-    links: [...box.querySelectorAll("a")].map((n) => [n.textContent, n.getAttribute("href")]),
-  }};
+  box.className = "markdown";
+  document.body.append(box);
+  box.append(markdown({json.dumps(text)}));
+  return {shown};
 }})()
 """
+    async with chromium_page() as page:
+        await page.send("Page.navigate", url=f"{url}/")
+        await page.wait_for("document.readyState === 'complete'")
+        result = await page.evaluate(script)
+        assert not page.exceptions, page.exceptions
+    return result
+
+
+# What a text's markdown shows: its first block's HTML; its text and the addresses it links to.
+FIRST_BLOCK = "box.firstChild.innerHTML"
+TEXT_AND_LINKS = (
+    '[box.textContent, [...box.querySelectorAll("a")].map((n) => n.getAttribute("href"))]'
+)
+
+# A presigned download link as object stores give them: over 2,000 characters.
+PRESIGNED = "https://bucket.s3.amazonaws.com/report.pdf?X-Amz-Security-Token=" + "T" * 2400
+LONG_TEXT = (
+    "[" * 200_000
+    + " **"
+    + ("bold " * 300).strip()
+    + f"** [the report]({PRESIGNED}) or {PRESIGNED}."
+)
+LONG_SPANS = """{
+  opened: box.textContent.startsWith("[".repeat(200000) + " bold"),
+  bold: [...box.querySelectorAll("strong")].map((n) => n.textContent.length),
+  links: [...box.querySelectorAll("a")].map((n) => [n.textContent, n.getAttribute("href")]),
+}"""
 
 
 async def test_markdown_of_a_long_text_is_built_in_one_pass_with_whole_links(
@@ -1174,11 +1197,7 @@ async def test_markdown_of_a_long_text_is_built_in_one_pass_with_whole_links(
 ) -> None:
     # 200,000 "[" never closed took most of a second to build (a megabyte, seconds), at
     # every rebuild of a streamed reply, and a link, bold text or URL over a bound was cut.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(LONG_SPANS)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, LONG_TEXT, LONG_SPANS)
     assert shown["opened"] is True
     assert shown["bold"] == [len("bold ") * 300 - 1]
     assert shown["links"] == [["the report", PRESIGNED], [PRESIGNED, PRESIGNED]]
@@ -1302,25 +1321,14 @@ CODE_IN_A_STEP = """1. Write the function:
   $ python first.py
   ```
 """
-CODE_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(CODE_IN_A_STEP)}));
-  return [...box.querySelectorAll("li")].map((item) => [
-    item.firstChild.textContent, item.querySelector("pre")?.textContent,
-  ]);
-}})()
-"""
+CODE_SHOWN = """[...box.querySelectorAll("li")].map((item) => [
+  item.firstChild.textContent, item.querySelector("pre")?.textContent,
+])"""
 
 
 async def test_code_in_a_list_item_keeps_its_indentation(demo_url: str) -> None:
     # Each line lost up to four spaces: the loop's body was one space in from its "for".
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(CODE_SHOWN)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, CODE_IN_A_STEP, CODE_SHOWN)
     assert shown == [
         ["Write the function:", "def first(items):\n    for item in items:\n        return item"],
         ["Run it:", "$ python first.py"],
@@ -1339,28 +1347,17 @@ STEPS_WITH_BLANK_LINES = """1. Write the function:
 
 That is all.
 """
-STEPS_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(STEPS_WITH_BLANK_LINES)}));
-  return {{
-    steps: [...box.querySelectorAll("ol > li")].map((item) => item.textContent),
-    code: [...box.querySelectorAll("pre")].map((pre) => pre.textContent),
-    after: [...box.children].at(-1).outerHTML,
-  }};
-}})()
-"""
+STEPS_SHOWN = """{
+  steps: [...box.querySelectorAll("ol > li")].map((item) => item.textContent),
+  code: [...box.querySelectorAll("pre")].map((pre) => pre.textContent),
+  after: [...box.children].at(-1).outerHTML,
+}"""
 
 
 async def test_a_list_item_goes_on_after_a_blank_line_in_it(demo_url: str) -> None:
     # The blank line in the code ended the list: the rest of the code was a paragraph, and
     # its closing fence opened a code block that took the rest of the reply.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(STEPS_SHOWN)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, STEPS_WITH_BLANK_LINES, STEPS_SHOWN)
     assert shown == {
         "steps": [
             "Write the function:import sys\n\nprint(sys.argv)Save it as args.py.",
@@ -1424,25 +1421,16 @@ async def test_a_pasted_snippet_is_sent_with_its_first_lines_indentation(
 ESCAPED = (
     r"""\# Not a heading, 2 \* 3 \* 4 and *one \* two*, snake\_case, \[not a link\](x), \`x\`"""
 )
-ESCAPES_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(ESCAPED)}));
-  return [box.textContent, [...box.querySelectorAll("*")].map((n) => [n.tagName, n.textContent])];
-}})()
-"""
+ESCAPES_SHOWN = (
+    '[box.textContent, [...box.querySelectorAll("*")].map((n) => [n.tagName, n.textContent])]'
+)
 
 
 async def test_markdown_punctuation_a_backslash_escapes_is_shown_without_it(
     demo_url: str,
 ) -> None:
     # The backslashes showed ("snake\\_case"), and an escaped "*" closed an italic.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        text, tags = await page.evaluate(ESCAPES_SHOWN)
-        assert not page.exceptions, page.exceptions
+    text, tags = await markdown_of(demo_url, ESCAPED, ESCAPES_SHOWN)
     assert text == "# Not a heading, 2 * 3 * 4 and one * two, snake_case, [not a link](x), `x`"
     assert tags == [["P", text], ["EM", "one * two"]]
 
@@ -1467,45 +1455,21 @@ async def test_the_enter_that_picks_a_word_in_an_input_method_does_not_send(
 
 WIKIPEDIA = "https://en.wikipedia.org/wiki/Python_(programming_language)"
 PARENTHESES = f"[Python]({WIKIPEDIA}), {WIKIPEDIA}. (See also https://docs.python.org/3/.)"
-LINKS_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(PARENTHESES)}));
-  return [box.textContent, [...box.querySelectorAll("a")].map((n) => n.getAttribute("href"))];
-}})()
-"""
 
 
 async def test_a_link_to_an_address_holding_parentheses_is_whole(demo_url: str) -> None:
     # The address was cut at its "(": a link to ".../Python_", or no link at all.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        text, links = await page.evaluate(LINKS_SHOWN)
-        assert not page.exceptions, page.exceptions
+    text, links = await markdown_of(demo_url, PARENTHESES, TEXT_AND_LINKS)
     assert links == [WIKIPEDIA, WIKIPEDIA, "https://docs.python.org/3/"]
     assert text == f"Python, {WIKIPEDIA}. (See also https://docs.python.org/3/.)"
 
 
 BOLD_ITALIC = "***Note:*** read **all of *this***."
-BOLD_ITALIC_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(BOLD_ITALIC)}));
-  return box.firstChild.innerHTML;
-}})()
-"""
 
 
 async def test_bold_italic_text_written_with_three_stars_shows_no_star(demo_url: str) -> None:
     # "***Note:***" showed as a bold "*Note:" and a star after it.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(BOLD_ITALIC_SHOWN)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, BOLD_ITALIC, FIRST_BLOCK)
     assert shown == ("<strong><em>Note:</em></strong> read <strong>all of <em>this</em></strong>.")
 
 
@@ -1559,49 +1523,25 @@ async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the
 
 
 ALIGNED_TABLE = "| plan | price | seats |\n|:-----|------:|:-----:|\n| Team | $25 | 10 |"
-ALIGNMENTS = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.className = "markdown";
-  document.body.append(box);
-  box.append(markdown({json.dumps(ALIGNED_TABLE)}));
-  return [...box.querySelectorAll("tr")].map((row) =>
-    [...row.children].map((cell) => getComputedStyle(cell).textAlign)
-  );
-}})()
-"""
+ALIGNMENTS = """[...box.querySelectorAll("tr")].map((row) =>
+  [...row.children].map((cell) => getComputedStyle(cell).textAlign)
+)"""
 
 
 async def test_table_columns_are_aligned_as_the_rule_under_their_header_says(demo_url: str) -> None:
     # Every column was aligned left: prices and counts the rule set right or centre too.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(ALIGNMENTS)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, ALIGNED_TABLE, ALIGNMENTS)
     assert shown == [["left", "right", "center"], ["left", "right", "center"]]
 
 
 SHORT_RULES = "| step | done |\n|--|:-:|\n| build | yes |\n\nA | B\n-\nthe end"
-SHORT_RULES_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(SHORT_RULES)}));
-  return [...box.children].map((n) => [n.tagName, n.textContent]);
-}})()
-"""
+SHORT_RULES_SHOWN = "[...box.children].map((n) => [n.tagName, n.textContent])"
 
 
 async def test_a_table_whose_rule_has_short_dashes_is_a_table(demo_url: str) -> None:
     # A rule of fewer than three dashes a cell (|--|:-:|), as models often write, left the
     # table as lines of text with their pipes.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(SHORT_RULES_SHOWN)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, SHORT_RULES, SHORT_RULES_SHOWN)
     # A line with a pipe over a dash with fewer cells is no table.
     assert shown == [["DIV", "stepdonebuildyes"], ["P", "A | B-the end"]]
 
@@ -1624,43 +1564,19 @@ async def test_the_fields_a_phone_user_taps_are_not_zoomed_into(demo_url: str, k
 
 
 IN_ANGLE_BRACKETS = "The docs: <https://example.com/docs>. Compare a <b> c."
-ANGLE_BRACKETS_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(IN_ANGLE_BRACKETS)}));
-  return [box.textContent, [...box.querySelectorAll("a")].map((n) => n.getAttribute("href"))];
-}})()
-"""
 
 
 async def test_a_url_in_angle_brackets_is_a_link_shown_without_them(demo_url: str) -> None:
     # The brackets showed around the link, as "<https://...>".
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        text, links = await page.evaluate(ANGLE_BRACKETS_SHOWN)
-        assert not page.exceptions, page.exceptions
+    text, links = await markdown_of(demo_url, IN_ANGLE_BRACKETS, TEXT_AND_LINKS)
     assert text == "The docs: https://example.com/docs. Compare a <b> c."
     assert links == ["https://example.com/docs"]
 
 
 STRUCK = "Price: ~~$30~~ **$25**, about ~ 20 ~ euros."
-STRUCK_SHOWN = f"""
-(async () => {{
-  const {{ markdown }} = await import("/web/markdown.js");
-  const box = document.createElement("div");
-  box.append(markdown({json.dumps(STRUCK)}));
-  return box.firstChild.innerHTML;
-}})()
-"""
 
 
 async def test_text_between_double_tildes_is_struck_through(demo_url: str) -> None:
     # The tildes showed ("~~$30~~"), the old price as current as the new one.
-    async with chromium_page() as page:
-        await page.send("Page.navigate", url=f"{demo_url}/")
-        await page.wait_for("document.readyState === 'complete'")
-        shown = await page.evaluate(STRUCK_SHOWN)
-        assert not page.exceptions, page.exceptions
+    shown = await markdown_of(demo_url, STRUCK, FIRST_BLOCK)
     assert shown == "Price: <del>$30</del> <strong>$25</strong>, about ~ 20 ~ euros."
