@@ -1580,3 +1580,22 @@ async def test_text_between_double_tildes_is_struck_through(demo_url: str) -> No
     # The tildes showed ("~~$30~~"), the old price as current as the new one.
     shown = await markdown_of(demo_url, STRUCK, FIRST_BLOCK)
     assert shown == "Price: <del>$30</del> <strong>$25</strong>, about ~ 20 ~ euros."
+
+
+RESULTS_OPEN = "[...document.querySelectorAll('.message.tool details')].map((d) => d.open)"
+
+
+async def test_a_long_tool_result_is_folded_away(tool_server: tuple[str, str]) -> None:
+    # A megabyte a tool read was shown open, 40,000 lines between the call and the reply.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "a plugin")
+        await say(page, "a large tool result")
+        # The calls are folded, the short result open, the long one folded.
+        shown = await page.evaluate(RESULTS_OPEN)
+        await reopen_session(page, "document.querySelector('.message.tool')")
+        await page.wait_for("document.getElementById('run-status').textContent === ''")
+        assert await page.evaluate(RESULTS_OPEN) == shown
+        assert not page.exceptions, page.exceptions
+    assert shown == [False, True, False, False]

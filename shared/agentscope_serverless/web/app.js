@@ -10,6 +10,7 @@ const RUN_STORAGE = "agentscope-serverless.run"; // the run being streamed: {id,
 const MEMORY_TOP_K = 5;
 const PAGE_SIZE = 1000; // the most the sessions routes give at once
 const MAX_SHOWN = 2000; // the newest messages a session shows (the page stays responsive)
+const LONG_RESULT = 2000; // the characters of a tool's result shown open; a longer one is folded
 const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.5 s, 1 s, 2 s...
 // A sessions list the server could not give (unreachable, or failing) is asked for again after
 // 2 s, then at doubling intervals up to a minute, and at once when the browser is back online.
@@ -463,7 +464,6 @@ function callNode(call) {
 
 function resultNode(result) {
   const details = element("details");
-  details.open = true;
   const name = state.toolNames.get(result.call_id);
   const summary = element("summary");
   let output = result.output;
@@ -489,6 +489,8 @@ function resultNode(result) {
   } else {
     details.append(element("pre", "", pretty(output ?? "")));
   }
+  // Open to read, unless long: a page or a file a tool read would push the reply far down.
+  details.open = details.textContent.length - summary.textContent.length <= LONG_RESULT;
   return details;
 }
 
