@@ -1599,3 +1599,10 @@ async def test_a_long_tool_result_is_folded_away(tool_server: tuple[str, str]) -
         assert await page.evaluate(RESULTS_OPEN) == shown
         assert not page.exceptions, page.exceptions
     assert shown == [False, True, False, False]
+
+
+async def test_inline_code_keeps_its_spaces(demo_url: str) -> None:
+    # Its spaces were collapsed: `ls  -la` showed as `ls -la`, aligned columns as one space.
+    widths = "[...box.querySelectorAll('code')].map((code) => code.offsetWidth)"
+    one, four = await markdown_of(demo_url, "`a b` and `a    b`", widths)
+    assert four > one
