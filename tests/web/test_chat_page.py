@@ -1606,3 +1606,18 @@ async def test_inline_code_keeps_its_spaces(demo_url: str) -> None:
     widths = "[...box.querySelectorAll('code')].map((code) => code.offsetWidth)"
     one, four = await markdown_of(demo_url, "`a b` and `a    b`", widths)
     assert four > one
+
+
+async def test_the_empty_message_box_is_not_marked_as_wrong(tool_server: tuple[str, str]) -> None:
+    # It was a required field: once a message was sent, the empty box matched :user-invalid
+    # (Firefox draws it red), and Enter in it popped up "Please fill out this field".
+    url, key = tool_server
+    flagged = "document.querySelector(':user-invalid') !== null"
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "a plugin")
+        assert not await page.evaluate(flagged)
+        await page.press(*ENTER)
+        assert not await page.evaluate(flagged)
+        assert await page.evaluate("document.querySelectorAll('.message.user').length") == 1
+        assert not page.exceptions, page.exceptions
