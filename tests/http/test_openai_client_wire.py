@@ -459,6 +459,24 @@ def test_a_deleted_response_is_gone_and_no_later_response_continues_it(
     going.close()
 
 
+def test_a_response_whose_session_was_deleted_is_continued_by_no_later_response(
+    sdk: openai.OpenAI, scenario: httpx.Client
+) -> None:
+    # The turn went to a new session of the same id, holding none of the conversation.
+    given = sdk.responses.create(model="m", input="remember this")
+    session = str((given.metadata or {})["session_id"])
+    assert scenario.delete(f"/sessions/{session}").status_code == 204
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk.responses.create(model="m", input="and now?", previous_response_id=given.id)
+    assert "session was deleted" in refused.value.message
+    assert scenario.get(f"/sessions/{session}").status_code == 404
+    # A session named besides it is the one continued.
+    named = sdk.responses.create(
+        model="m", input="here", previous_response_id=given.id, metadata={"session_id": "x"}
+    )
+    assert (named.metadata or {})["session_id"] == "x"
+
+
 def test_a_responses_input_items_are_listed_as_given(sdk: openai.OpenAI) -> None:
     # responses.input_items.list was a 404 "Not Found".
     given = sdk.responses.create(model="m", input="hello", instructions="Be terse.")

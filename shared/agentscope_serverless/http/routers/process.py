@@ -21,7 +21,12 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
+from agentscope_serverless.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    SessionNotFoundError,
+)
 from agentscope_serverless.http import conversations, sdk_retries
 from agentscope_serverless.http import openai_compat as compat
 from agentscope_serverless.http.auth import (
@@ -481,18 +486,23 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_responses_request(body)
+        named = compat.session_id_of(
+            _header_session_id(x_session_id),
+            body.metadata,
+            body.conversation,
+            field=body.session_id,
+        )
         if body.previous_response_id is not None:
-            await _refuse_deleted(context, caller.user_id(body.user), body.previous_response_id)
+            await _refuse_deleted(
+                context,
+                caller.user_id(body.user),
+                body.previous_response_id,
+                continued=named is None,
+            )
         call = await _compatible_run(
             context,
             compat.responses_input(body),
-            compat.session_id_of(
-                _header_session_id(x_session_id),
-                body.metadata,
-                body.conversation,
-                body.previous_response_id,
-                field=body.session_id,
-            ),
+            named or compat.session_id_of(None, None, None, body.previous_response_id),
             caller.user_id(body.user),
             stream=body.stream,
             model=body.model,
@@ -689,15 +699,27 @@ async def _stored_response(
     return runs, record
 
 
-async def _refuse_deleted(context: AppContext, user_id: str, response_id: str) -> None:
+async def _refuse_deleted(
+    context: AppContext, user_id: str, response_id: str, *, continued: bool
+) -> None:
     """Refuse (404) a ``previous_response_id`` naming a response its user deleted (any
-    other names its session: see :func:`compat.session_id_of`)."""
+    other names its session: see :func:`compat.session_id_of`), or, when the call
+    ``continued`` its session, one whose session was deleted: the turn would start a session
+    of the same id holding none of the conversation it continues."""
     runs = context.recorder.runs if context.recorder is not None else None
     found = compat.run_of_response(response_id)
     if runs is not None and found is not None and await runs.was_deleted(user_id, found[0]):
         raise compat.ResponseNotFoundError(
             response_id, "previous_response_id names a response that was deleted"
         )
+    if continued:
+        session = compat.session_of_response(response_id)
+        try:
+            await context.session_history.list_messages(user_id, session, limit=1)
+        except SessionNotFoundError:
+            raise compat.ResponseNotFoundError(
+                response_id, "previous_response_id names a response whose session was deleted"
+            ) from None
 
 
 def _model(context: AppContext) -> dict[str, Any]:
