@@ -157,6 +157,30 @@ def test_erasing_a_users_data_releases_their_sandboxes_and_no_one_elses(
             other.delete(f"/sandboxes/{session}")
 
 
+def test_deleting_a_session_releases_its_sandboxes_and_no_other_sessions(
+    sandbox_server: RunningServer, session: str
+) -> None:
+    # They stayed, with what the session's agent wrote in their workspaces, until the sandbox
+    # server's idle timeout.
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url, sandbox_bearer_token=sandbox_server.token
+    )
+    store = InMemoryKeyStore()
+    app = create_app(["sessions", "sandbox"], settings=settings, key_store=store)
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, "d")), timeout=30) as http,
+    ):
+        for name in (session, f"{session}-kept"):
+            assert http.post(f"/sandboxes/{name}").status_code == 200
+            run(http, name, "open('notes.txt', 'w').write('private')")
+        [kept] = http.get(f"/sandboxes/{session}-kept").json()["sandboxes"]
+        assert http.delete(f"/sessions/{session}").status_code == 204
+        assert http.get(f"/sandboxes/{session}").json()["sandboxes"] == []
+        assert http.get(f"/sandboxes/{session}-kept").json()["sandboxes"] == [kept]
+        http.delete(f"/sandboxes/{session}-kept")
+
+
 def test_connecting_with_an_async_type_name_again_keeps_the_sandbox_and_its_state(
     client: Callable[[str], httpx.Client], keys: Keys, session: str
 ) -> None:

@@ -117,6 +117,10 @@ async def delete_session(
     if context.idempotency is not None:
         # A replayed request would answer as if the session still were.
         await context.idempotency.delete_session_records(user_id, session_id)
+    sandbox = context.current.sandbox
+    if sandbox is not None:
+        # Its sandboxes' workspaces hold what its agent wrote.
+        await sandbox.release_async(session_id, user_id)
     return Response(status_code=204)
 
 
