@@ -468,7 +468,7 @@ def test_a_response_whose_session_was_deleted_is_continued_by_no_later_response(
     assert scenario.delete(f"/sessions/{session}").status_code == 204
     with pytest.raises(openai.NotFoundError) as refused:
         sdk.responses.create(model="m", input="and now?", previous_response_id=given.id)
-    assert "session was deleted" in refused.value.message
+    assert "it was deleted" in refused.value.message
     assert scenario.get(f"/sessions/{session}").status_code == 404
     # A session named besides it is the one continued.
     named = sdk.responses.create(

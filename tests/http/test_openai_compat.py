@@ -730,14 +730,18 @@ def test_previous_response_id_names_a_session_of_the_caller_only(
     first = sdk.responses.create(
         model="demo", input="My name is Alice", metadata={"session_id": "é"}
     )
-    with openai.OpenAI(
-        base_url=f"{demo_url}/compatible-mode/v1", api_key=keys.bob, max_retries=0
-    ) as bob:
-        reply = bob.responses.create(
-            model="demo", input="What is my name?", previous_response_id=first.id
-        )
-    assert "Alice" not in reply.output_text
-    assert reply.metadata == {"session_id": "é"}
+    with (
+        openai.OpenAI(
+            base_url=f"{demo_url}/compatible-mode/v1", api_key=keys.bob, max_retries=0
+        ) as bob,
+        pytest.raises(openai.NotFoundError) as refused,
+    ):
+        bob.responses.create(model="demo", input="What is my name?", previous_response_id=first.id)
+    assert "another user's" in refused.value.message
+    again = sdk.responses.create(
+        model="demo", input="What is my name?", previous_response_id=first.id
+    )
+    assert again.output_text == "Your name is Alice."
 
 
 @pytest.mark.parametrize("session_id", ["hi??", "ab?", "é?"])

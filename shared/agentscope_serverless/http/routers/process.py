@@ -718,7 +718,9 @@ async def _refuse_deleted(
             await context.session_history.list_messages(user_id, session, limit=1)
         except SessionNotFoundError:
             raise compat.ResponseNotFoundError(
-                response_id, "previous_response_id names a response whose session was deleted"
+                response_id,
+                "previous_response_id names a response whose session this user does not have "
+                "(it was deleted, or is another user's)",
             ) from None
 
 
