@@ -638,25 +638,28 @@ def _stored_input(messages: list[Message], session: Session) -> list[Message]:
     """The input messages a turn stores: all but those for the turn alone (:data:`TURN_ONLY`),
     and a system message the same as the last one of the session's history (clients resend
     their system message with each turn: stored every time, it would fill the session)."""
-    kept = [m for m in messages if not (m.metadata and m.metadata.get(TURN_ONLY) is True)]
+    kept = [m for m in messages if not for_turn_only(m)]
     if any(m.role == Role.SYSTEM for m in kept):
         # Only then is the history read: an agent that does not read it costs no read.
         history = [m for m in session.messages if isinstance(m, Message)]
-        standing = next((_said(m) for m in reversed(history) if m.role == Role.SYSTEM), None)
+        standing = next((said(m) for m in reversed(history) if m.role == Role.SYSTEM), None)
         if standing is not None:
-            kept = [m for m in kept if m.role != Role.SYSTEM or _said(m) != standing]
+            kept = [m for m in kept if m.role != Role.SYSTEM or said(m) != standing]
     return kept if len(kept) < len(messages) else messages
 
 
 # What a content part carries besides what it says (its place, its message, its status...).
-_PART_ENVELOPE = frozenset(Content.model_fields) - {"type"}
+PART_ENVELOPE = frozenset(Content.model_fields) - {"type"}
 
 
-def _said(message: Message) -> tuple[str, ...]:
+def for_turn_only(message: Message) -> bool:
+    """Whether ``message`` is for its turn alone (:data:`TURN_ONLY`), not stored."""
+    return bool(message.metadata) and message.metadata.get(TURN_ONLY) is True  # type: ignore[union-attr]
+
+
+def said(message: Message) -> tuple[str, ...]:
     """What a message says, to tell a copy of it: its parts, without their envelope."""
-    return tuple(
-        part.model_dump_json(exclude=set(_PART_ENVELOPE)) for part in message.content or []
-    )
+    return tuple(part.model_dump_json(exclude=set(PART_ENVELOPE)) for part in message.content or [])
 
 
 def _handler_signature_problem(handler: Callable[..., Any], given: Iterable[str]) -> str | None:

@@ -18,9 +18,10 @@ conversation taken up later starts a new session holding it) and are erased with
 data; one whose session was deleted is not followed.
 
 The digest reads what a client resends of each message: its role, type, text and other
-parts (ids and stream bookkeeping left out). Consecutive assistant messages of text count as
-one whose texts are joined by a blank line, as a chat completion joins the reply messages of
-a run: a responses client resending its output items one by one writes the same digest.
+parts (without their envelope: :data:`agentscope_serverless.runner.PART_ENVELOPE`).
+Consecutive assistant messages of text count as one whose texts are joined by a blank line,
+as a chat completion joins the reply messages of a run: a responses client resending its
+output items one by one writes the same digest.
 
 >>> from agentscope_serverless.schemas.agent_schemas import Message
 >>> ask = Message(role="user", content="hi")
@@ -36,10 +37,11 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agentscope_serverless.errors import AgentScopeServerlessError, SessionNotFoundError
+from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.openai_compat import reply_text
+from agentscope_serverless.http.openai_compat import reply_text, text_of
 from agentscope_serverless.log import logger
+from agentscope_serverless.runner import PART_ENVELOPE
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     Event,
@@ -54,19 +56,16 @@ from agentscope_serverless.schemas.agent_schemas import (
 _KEY_PREFIX = "conversation "
 # The statuses a run ends with.
 _ENDED = frozenset({RunStatus.Completed, RunStatus.Failed, RunStatus.Canceled, RunStatus.Rejected})
-# What a part holds that a client does not send back.
-_UNSENT = frozenset({"sequence_number", "object", "status", "error", "index", "delta", "msg_id"})
 
 
 def digest(messages: Sequence[Message]) -> str:
     """The digest of a conversation, as a client resends it."""
     shown: list[list[Any]] = []
     for message in messages:
-        parts = message.content or []
-        text = "".join(p.text or "" for p in parts if isinstance(p, TextContent))
+        text = text_of(message)
         others = [
-            p.model_dump(mode="json", exclude=set(_UNSENT))
-            for p in parts
+            p.model_dump_json(exclude=set(PART_ENVELOPE))
+            for p in message.content or []
             if not isinstance(p, TextContent)
         ]
         if (
@@ -91,11 +90,8 @@ async def resumed(context: AppContext, user_id: str, history: Sequence[Message])
         return None
     try:
         session_id = await context.idempotency.take(user_id, _KEY_PREFIX + digest(history))
-        if session_id is None:
+        if session_id is None or not await context.session_history.has_session(user_id, session_id):
             return None
-        await context.session_history.list_messages(user_id, session_id, limit=1)
-    except SessionNotFoundError:
-        return None
     except AgentScopeServerlessError as exc:  # a new session instead: the call goes on
         logger.warning("conversation lookup failed: %s", exc.code)
         return None

@@ -49,7 +49,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.http.errors import error_body, status_of_code
 from agentscope_serverless.http.sse import DONE, encode
-from agentscope_serverless.runner import TURN_ONLY
+from agentscope_serverless.runner import TURN_ONLY, for_turn_only
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     Error,
@@ -352,8 +352,8 @@ def split_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
     for position in range(len(messages) - 1, -1, -1):
         if messages[position].role == Role.ASSISTANT:
             earlier = messages[: position + 1]
-            for_this_turn = [m for m in earlier if (m.metadata or {}).get(TURN_ONLY)]
-            conversation = [m for m in earlier if not (m.metadata or {}).get(TURN_ONLY)]
+            for_this_turn = [m for m in earlier if for_turn_only(m)]
+            conversation = [m for m in earlier if not for_turn_only(m)]
             return conversation, [*for_this_turn, *messages[position + 1 :]]
     return [], messages
 
@@ -573,7 +573,7 @@ def _is_reply(message: Message) -> bool:
     return message.type == MessageType.MESSAGE and message.role == Role.ASSISTANT
 
 
-def _text_of(message: Message) -> str:
+def text_of(message: Message) -> str:
     return "".join(
         part.text or "" for part in message.content or [] if isinstance(part, TextContent)
     )
@@ -590,7 +590,7 @@ def finish_reason(messages: list[Message] | None) -> str:
 
 def reply_text(response: AgentResponse) -> str:
     """The text of the agent's reply messages, separated by blank lines."""
-    return "\n\n".join(_text_of(m) for m in response.output or [] if _is_reply(m))
+    return "\n\n".join(text_of(m) for m in response.output or [] if _is_reply(m))
 
 
 def _bare_id(response: AgentResponse) -> str:
@@ -928,4 +928,5 @@ __all__ = [
     "session_id_of",
     "session_of_response",
     "split_turn",
+    "text_of",
 ]

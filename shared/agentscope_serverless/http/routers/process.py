@@ -25,7 +25,6 @@ from agentscope_serverless.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
-    SessionNotFoundError,
 )
 from agentscope_serverless.http import conversations, sdk_retries
 from agentscope_serverless.http import openai_compat as compat
@@ -52,7 +51,7 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
-from agentscope_serverless.runner import TURN_ONLY
+from agentscope_serverless.runner import for_turn_only
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -128,7 +127,7 @@ async def _compatible_run(
     if given is not None:
         run = AgentRequest(input=turn, session_id=given, user_id=user_id, **options)
         return _Call(run, given, [])
-    shown = [*history, *(m for m in turn if not (m.metadata or {}).get(TURN_ONLY))]
+    shown = [*history, *(m for m in turn if not for_turn_only(m))]
     resumed = await conversations.resumed(context, user_id, history)
     session = resumed or new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
@@ -712,16 +711,13 @@ async def _refuse_deleted(
         raise compat.ResponseNotFoundError(
             response_id, "previous_response_id names a response that was deleted"
         )
-    if continued:
-        session = compat.session_of_response(response_id)
-        try:
-            await context.session_history.list_messages(user_id, session, limit=1)
-        except SessionNotFoundError:
-            raise compat.ResponseNotFoundError(
-                response_id,
-                "previous_response_id names a response whose session this user does not have "
-                "(it was deleted, or is another user's)",
-            ) from None
+    session = compat.session_of_response(response_id) if continued else None
+    if session is not None and not await context.session_history.has_session(user_id, session):
+        raise compat.ResponseNotFoundError(
+            response_id,
+            "previous_response_id names a response whose session this user does not have "
+            "(it was deleted, or is another user's)",
+        )
 
 
 def _model(context: AppContext) -> dict[str, Any]:

@@ -111,6 +111,14 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             return None
         return await self._get_session(user_id, sid)
 
+    async def has_session(self, user_id: str, session_id: str) -> bool:
+        """Whether the session exists (reading one message at most)."""
+        try:
+            await self.list_messages(user_id, session_id, limit=1)
+        except SessionNotFoundError:
+            return False
+        return True
+
     async def delete_session(self, user_id: str, session_id: str) -> None:
         """Delete a session and its history; deleting a missing session is not an error."""
         self._ensure_started()
