@@ -227,3 +227,64 @@ def test_a_conversation_new_here_whose_first_turn_failed_is_retried_in_its_sessi
         ("user", "fail"),
         *sent(conversation[3:]),
     ]
+
+
+def respond(sdk: openai.OpenAI, text: str, previous: str | None = None, **extra: Any) -> Any:
+    """A responses call (continuing ``previous``); the response and its session."""
+    raw = sdk.responses.with_raw_response.create(
+        model="m", input=text, previous_response_id=previous or openai.NOT_GIVEN, **extra
+    )
+    return raw.parse(), raw.headers["X-Session-Id"]
+
+
+def turns(*texts: str) -> list[tuple[str, str]]:
+    return [pair for text in texts for pair in (("user", text), ("assistant", f"echo: {text}"))]
+
+
+def test_previous_response_id_of_an_earlier_response_branches_from_it(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # OpenAI's previous_response_id continues the conversation up to that response: a
+    # call continuing an earlier one again (a regenerate, an edit) saw the later turns.
+    first, session = respond(sdk, "one")
+    second, same = respond(sdk, "two", first.id)
+    branch, branched = respond(sdk, "three", first.id)
+    assert same == session != branched
+    assert stored(rest, branched) == turns("one", "three")
+    assert stored(rest, session) == turns("one", "two")
+    # Each goes on in its own session.
+    assert respond(sdk, "four", second.id)[1] == session
+    assert respond(sdk, "five", branch.id)[1] == branched
+    assert stored(rest, session) == turns("one", "two", "four")
+    assert stored(rest, branched) == turns("one", "three", "five")
+    assert branch.metadata == {"session_id": branched}
+
+
+def test_the_same_response_continued_twice_at_once_goes_on_in_two_conversations(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    first, session = respond(sdk, "one")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(respond, sdk, text, first.id) for text in ("a", "b")]
+        sessions = {call.result()[1] for call in calls}
+    assert session in sessions and len(sessions) == 2
+    held = sorted(stored(rest, s) for s in sessions)
+    assert held == [turns("one", "a"), turns("one", "b")]
+
+
+def test_an_sdk_retry_of_a_continuing_call_starts_no_branch(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    def sessions() -> set[str]:
+        listed = rest.get("/sessions", params={"limit": 1000}).json()["items"]
+        return {s["id"] for s in listed}
+
+    first, session = respond(sdk, "one")
+    retried = {"X-Stainless-Retry-Count": "1"}
+    second, same = respond(sdk, "two", first.id, extra_headers=retried)
+    before = sessions()
+    again, still = respond(sdk, "two", first.id, extra_headers=retried)
+    assert session == same == still and again.id == second.id
+    assert sessions() == before
+    assert stored(rest, session) == turns("one", "two")
+    assert respond(sdk, "three", second.id)[1] == session

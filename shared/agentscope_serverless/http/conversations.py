@@ -23,6 +23,16 @@ Consecutive assistant messages of text count as one whose texts are joined by a 
 as a chat completion joins the reply messages of a run: a responses client resending its
 output items one by one writes the same digest.
 
+**Continuing a response.** A call naming ``previous_response_id`` continues that response's
+conversation as OpenAI's does: the conversation up to that response, whatever came after it.
+A completed response notes its session too (:func:`responded`), and the call continuing it
+takes the note (:func:`continued`) and runs in that session. A call finding no note (the
+response was continued already: an earlier response continued again, a double submit) runs
+in a new session holding the first session's messages up to that response's last one, a
+branch; so does one continuing a response whose note expired. A response whose messages
+cannot be found (stored with ``store: false``, on a server that keeps no runs) is continued
+in its session.
+
 >>> from agentscope_serverless.schemas.agent_schemas import Message
 >>> ask = Message(role="user", content="hi")
 >>> digest([ask, Message(role="assistant", content="a"), Message(role="assistant", content="b")]
@@ -39,7 +49,13 @@ from typing import Any
 
 from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.openai_compat import reply_text, text_of
+from agentscope_serverless.http.openai_compat import (
+    reply_text,
+    run_of_response,
+    session_of_response,
+    text_of,
+)
+from agentscope_serverless.http.sdk_retries import stored_events
 from agentscope_serverless.log import logger
 from agentscope_serverless.runner import PART_ENVELOPE
 from agentscope_serverless.schemas.agent_schemas import (
@@ -51,9 +67,12 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
+from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE
 
 # Keys of the notes: a space makes them keys no client sends (see IdempotencyStore.keep).
 _KEY_PREFIX = "conversation "
+_RESPONSE_PREFIX = "response "
 # The statuses a run ends with.
 _ENDED = frozenset({RunStatus.Completed, RunStatus.Failed, RunStatus.Canceled, RunStatus.Rejected})
 
@@ -130,4 +149,68 @@ async def _note(
         logger.warning("conversation note failed: %s", exc.code)
 
 
-__all__ = ["digest", "noted", "resumed"]
+async def continued(
+    context: AppContext, user_id: str, response_id: str
+) -> tuple[str, list[Message]]:
+    """The session a call continuing the response ``response_id`` runs in, and the history
+    it starts with when it is a new one: the response's own session for the first call to
+    continue it, else a branch holding that session's conversation up to the response."""
+    session_id = session_of_response(response_id)
+    found = run_of_response(response_id)
+    if context.idempotency is None or found is None:
+        return session_id, []
+    try:
+        if await context.idempotency.take(user_id, _RESPONSE_PREFIX + found[0]) is not None:
+            return session_id, []
+    except AgentScopeServerlessError as exc:  # the session itself: the call goes on
+        logger.warning("response note lookup failed: %s", exc.code)
+        return session_id, []
+    history = await _up_to(context, user_id, session_id, found[0])
+    if history is None:
+        return session_id, []
+    return new_uuid(), history
+
+
+async def _up_to(
+    context: AppContext, user_id: str, session_id: str, run_id: str
+) -> list[Message] | None:
+    """The session's messages up to the last one of the run; None when the run's messages
+    are not known (not stored) or not in the session."""
+    runs = context.recorder.runs if context.recorder is not None else None
+    if runs is None:
+        return None
+    events = stored_events(runs, user_id, run_id, follow=False)
+    ids = {event.id async for event in events if isinstance(event, Message)}
+    if not ids:
+        return None
+    messages: list[Message] = []
+    cursor: str | None = None
+    while True:
+        page = await context.session_history.list_messages(
+            user_id, session_id, limit=MAX_PAGE_SIZE, cursor=cursor
+        )
+        messages += page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    ends = [at for at, message in enumerate(messages) if message.id in ids]
+    return messages[: ends[-1] + 1] if ends else None
+
+
+async def responded(
+    events: AsyncIterator[Event], context: AppContext, user_id: str, session_id: str, run_id: str
+) -> AsyncIterator[Event]:
+    """``events``, noting the session of a completed response before its completed event
+    goes out, for the call that will continue it (:func:`continued`)."""
+    notes = context.idempotency
+    async for event in events:
+        completed = isinstance(event, AgentResponse) and event.status == RunStatus.Completed
+        if completed and notes is not None:
+            try:
+                await notes.keep(user_id, _RESPONSE_PREFIX + run_id, session_id)
+            except AgentScopeServerlessError as exc:  # continuing it branches: no failure
+                logger.warning("response note failed: %s", exc.code)
+        yield event
+
+
+__all__ = ["continued", "digest", "noted", "responded", "resumed"]

@@ -11,8 +11,10 @@ session id is returned in the ``X-Session-Id`` response header, and in
 ``metadata["session_id"]`` of a responses object, whose ``id`` carries it too
 (``resp_<run>_<session, base64url>``): a client continuing with ``previous_response_id``
 continues the session, on every store and at once, with no lookup that a run not stored yet
-could miss. ``GET .../responses/{id}`` reads a response again from its stored run
-(:func:`run_of_response`), which keeps what the object repeats of its request (``echo``).
+could miss (a response continued already is branched from: see
+:mod:`agentscope_serverless.http.conversations`). ``GET .../responses/{id}`` reads a
+response again from its stored run (:func:`run_of_response`), which keeps what the object
+repeats of its request (``echo``).
 
 **User.** The ``user`` field is the ``user_id`` the request acts as (see
 :mod:`agentscope_serverless.http.auth`): optional with a user key (it must then be the key's

@@ -491,18 +491,21 @@ def build_router(
             body.conversation,
             field=body.session_id,
         )
+        user_id = caller.user_id(body.user)
+        session_id, branched = named, list[Message]()
         if body.previous_response_id is not None:
             await _refuse_deleted(
-                context,
-                caller.user_id(body.user),
-                body.previous_response_id,
-                continued=named is None,
+                context, user_id, body.previous_response_id, continued=named is None
             )
+            if named is None:
+                session_id, branched = await conversations.continued(
+                    context, user_id, body.previous_response_id
+                )
         call = await _compatible_run(
             context,
             compat.responses_input(body),
-            named or compat.session_id_of(None, None, None, body.previous_response_id),
-            caller.user_id(body.user),
+            session_id,
+            user_id,
             stream=body.stream,
             model=body.model,
             temperature=body.temperature,
@@ -515,7 +518,13 @@ def build_router(
         kept = None
         if body.store is not False:
             kept = {"model": body.model, **echo, "input": compat.responses_input_items(body)}
+        call.history = call.history or branched  # a branch starts with its conversation
         turn = await _openai_turn(context, request, call, kept)
+        if turn.recorded is not None:  # a retry's run was noted by its first try
+            noted = conversations.responded(
+                turn.events, context, user_id, turn.session_id, turn.run_id
+            )
+            turn = dataclasses.replace(turn, events=noted)
         headers = _session_headers(turn.session_id, turn.run_id)
         shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
         if not body.stream:
