@@ -79,11 +79,26 @@ class JsonFormatter(logging.Formatter):
         # ASCII: what a client wrote (a terminal's 8-bit escape, a line or paragraph
         # separator, a right-to-left override) is escaped, never read as it is by a terminal
         # or a tool splitting lines; once the JSON is read, the text is whole again.
-        text = json.dumps(line, default=str, separators=(",", ":"))
-        for secret, as_json in _REDACTED:
-            text = text.replace(as_json, "***")
-            text = text.replace(secret, "***")
-        return text + self.line_end
+        return _masked(json.dumps(line, default=str, separators=(",", ":"))) + self.line_end
+
+
+class _Masking(logging.Formatter):
+    """The lines of another formatter (Lambda's JSON ones), with the secrets masked."""
+
+    def __init__(self, formatter: logging.Formatter) -> None:
+        super().__init__()
+        self.formatter = formatter
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _masked(self.formatter.format(record))
+
+
+def _masked(line: str) -> str:
+    """A JSON line with every secret given to :func:`redact` replaced by ``***``."""
+    for secret, as_json in _REDACTED:
+        line = line.replace(as_json, "***")
+        line = line.replace(secret, "***")
+    return line
 
 
 # The secret values of the process (the settings', the agent's own) with their forms in a
@@ -178,11 +193,18 @@ def format_as_json(*names: str) -> None:
     ours: the handlers a host gave them keep their destination, with our JSON (secrets
     masked). The Lambda runtime writes the root logger's records (every library's, the
     agent's own) as plain text lines, and uvicorn its own records, in CloudWatch beside
-    our JSON ones."""
+    our JSON ones (with the function's log format JSON, its own JSON lines, whose secrets
+    are masked all the same)."""
     for name in names or ("",):
         for handler in logging.getLogger(name or None).handlers:
-            if type(handler.formatter).__name__ == "JsonFormatter":
-                continue  # JSON already (Lambda's, with the function's log format JSON)
+            formatter = handler.formatter
+            if isinstance(formatter, JsonFormatter | _Masking):
+                continue
+            if formatter is not None and type(formatter).__name__ == "JsonFormatter":
+                # Lambda's, with the function's log format JSON: kept (its fields are the
+                # ones CloudWatch reads), with the secrets masked.
+                handler.setFormatter(_Masking(formatter))
+                continue
             # A stream handler ends each line itself; Lambda's writes the text it is given.
             line_end = "" if isinstance(handler, logging.StreamHandler) else "\n"
             handler.setFormatter(JsonFormatter(SERVICE, line_end=line_end))

@@ -380,3 +380,38 @@ def test_a_librarys_log_records_are_json_lines_with_secrets_masked(
     record = json.loads(line)
     assert record["message"] == "retrying with the key ***"
     assert record["level"] == "WARNING" and record["service"] == "agentscope-serverless"
+
+
+@pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
+def test_with_the_functions_log_format_json_secrets_are_masked_in_lambdas_lines_too(
+    lambda_artifacts: Callable[[str], Artifact],
+    function_environment: dict[str, str],
+    api_key: str,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    """With the JSON log format, Lambda's runtime writes the root logger's records as JSON
+    of its own (kept: CloudWatch reads its fields), and quoted a secret as it was."""
+    artifact = lambda_artifacts(name)
+    secret = f"sk-{uuid.uuid4().hex}"
+    settings = {
+        **function_environment,
+        "AGENT_APP": "tests.support.logging_agent:app",
+        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
+        "LLM_API_KEY": secret,
+        "AWS_LAMBDA_LOG_FORMAT": "JSON",
+    }
+    log = tmp_path / "function.log"
+    with log.open("wb") as output:
+        function = start_built_function(artifact, settings, output=output)
+        try:
+            status, _, body, _ = function.request(
+                "POST", "/process", key=api_key, body={"input": [user_message("hi")]}
+            )
+        finally:
+            function.stop()
+    assert status == 200 and sse_events(body)[-1]["status"] == "completed", body
+    text = log.read_text()
+    assert secret not in text
+    [line] = [line for line in text.splitlines() if "retrying with the key" in line]
+    assert json.loads(line)["message"] == "retrying with the key ***"
