@@ -387,6 +387,43 @@ async def test_a_sandbox_cannot_make_user_namespaces(
     await assert_still_works(sandbox)
 
 
+# Each call with arguments an unprivileged process may give it, so that nothing but the
+# system call filter refuses it: keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1),
+# io_uring_setup(1, params), userfaultfd(UFFD_USER_MODE_ONLY), ptrace(PTRACE_TRACEME).
+FILTERED_CALLS = (
+    ("keyctl", "0, -3, 1"),
+    ("io_uring_setup", "1, ctypes.byref(ctypes.create_string_buffer(120))"),
+    ("userfaultfd", "1"),
+    ("ptrace", "0, 0, 0, 0"),
+)
+
+
+async def test_a_sandbox_cannot_make_the_system_calls_it_never_needs(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    import pyseccomp
+
+    sandbox = await box(sandbox_service, session_id)
+    arch = pyseccomp.system_arch()
+    calls = "".join(
+        f"call({name!r}, {pyseccomp.resolve_syscall(arch, name)}, {arguments})\n"
+        for name, arguments in FILTERED_CALLS
+    )
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def call(name, number, *arguments):\n"
+        "    done = libc.syscall(number, *arguments)\n"
+        "    print(name, 'refused' if done == -1 else 'made', os.strerror(ctypes.get_errno()))\n"
+        + calls
+    )
+    result = await sandbox.run_ipython_cell_async(code)
+    assert part(result, "stdout").splitlines() == [
+        f"{name} refused Operation not permitted" for name, _ in FILTERED_CALLS
+    ]
+    await assert_still_works(sandbox)
+
+
 # Writes, on the agent's reply pipe, a reply to the call the cell runs in, whose parts are
 # the JSON that PARTS makes (``part(text)`` is one), then waits for the server to take it.
 FORGING_CELL = """

@@ -39,6 +39,7 @@ from agentscope_serverless.sandbox_server.jail import (
     MEMORY,
     NO_USERNS,
     PROCESSES,
+    SYSCALLS,
     Cgroups,
     HostIsolation,
 )
@@ -522,6 +523,7 @@ async def test_a_bound_the_host_cannot_enforce_stops_the_server_unless_weaker() 
         await strict.start()
     assert "memory, processes, cpu, freeze, workspace disk, no nested user" in str(refused.value)
     assert "bubblewrap 0.8.0 or later" in str(refused.value)
+    assert "apt-get install libseccomp2" in str(refused.value)
     weaker = SandboxManager(
         ServerConfig(tmp_path / "weaker", weaker_isolation=True), toolchain, nothing
     )
@@ -529,7 +531,7 @@ async def test_a_bound_the_host_cannot_enforce_stops_the_server_unless_weaker() 
     try:
         health = weaker.health()
         assert health["enforced"] == []
-        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS]
+        assert health["not_enforced"] == [MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS, SYSCALLS]
         # Still jailed, as an unprivileged uid, only without what the host cannot enforce.
         sandbox_id = await weaker.create_from_pool("base", {})
         command = {"command": "sleep 1"}

@@ -225,7 +225,13 @@ class JailCommand:
 
     argv: list[str]
     options: bytes
+    # What bwrap reads from the descriptors after the options' (at most JAIL_FDS - 1).
     files: tuple[bytes, ...]
+
+
+# The descriptors bwrap reads from, at most: its options, /etc/passwd, /etc/group and the
+# system call filter.
+JAIL_FDS = 4
 
 
 def bwrap_command(
@@ -233,20 +239,22 @@ def bwrap_command(
     limits: Limits,
     workspace: Path,
     program: list[str],
-    fds: tuple[int, int, int] = (3, 4, 5),
+    fds: tuple[int, ...] = (3, 4, 5, 6),
     *,
     disable_userns: bool = True,
+    syscall_filter: bytes | None = None,
     environment: Mapping[str, str] | None = None,
 ) -> JailCommand:
     """The command running ``program`` confined, with ``workspace`` as its files and
     ``environment`` set besides the jail's own variables.
 
     bwrap reads its options (the environment among them: a command line is every host
-    user's to read), ``/etc/passwd`` and ``/etc/group`` from the descriptors ``fds``.
+    user's to read), ``/etc/passwd``, ``/etc/group`` and the ``syscall_filter`` (a seccomp
+    BPF program, see :mod:`.syscalls`) from the descriptors ``fds`` (:data:`JAIL_FDS`).
     With ``disable_userns`` (bubblewrap 0.8.0 or later) the sandbox cannot make user
     namespaces, in which it would hold every capability over new mounts and namespaces.
     """
-    options_fd, passwd_fd, group_fd = fds
+    options_fd, passwd_fd, group_fd, filter_fd = fds
     options = [
         "--unshare-all",
         "--unshare-user",
@@ -285,6 +293,10 @@ def bwrap_command(
     ]
     for name, value in (environment or {}).items():
         options += ["--setenv", name, value]
+    files = [PASSWD.encode(), GROUP.encode()]
+    if syscall_filter is not None:
+        options += ["--seccomp", str(filter_fd)]
+        files.append(syscall_filter)
     for directory in SYSTEM_DIRS:
         if os.path.islink(directory):
             options += ["--symlink", os.readlink(directory), directory]
@@ -337,12 +349,13 @@ def bwrap_command(
         *program,
     ]
     encoded = b"".join(option.encode() + b"\0" for option in options)
-    return JailCommand(argv, encoded, (PASSWD.encode(), GROUP.encode()))
+    return JailCommand(argv, encoded, tuple(files))
 
 
 __all__ = [
     "BWRAP_ENVIRONMENT",
     "FIRST_HOST_UID",
+    "JAIL_FDS",
     "SANDBOX_GID",
     "SANDBOX_UID",
     "WORKSPACE",

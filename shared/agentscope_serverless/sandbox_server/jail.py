@@ -10,9 +10,11 @@ Per-process limits (``prlimit``) bound one process; these bound the sandbox as a
 - ``workspace disk``: the workspace is its own ext4 file system in a sparse image file of
   the configured size, loop-mounted, so writes stop with ``ENOSPC`` at the cap.
 
-One more bound is bubblewrap's: ``no nested user namespaces`` (``--disable-userns``, in
+Two more bounds are bubblewrap's: ``no nested user namespaces`` (``--disable-userns``, in
 bubblewrap 0.8.0 or later) keeps the sandbox's code from making a user namespace, in which
-it would hold every capability over new mounts and namespaces: kernel surface it never needs.
+it would hold every capability over new mounts and namespaces: kernel surface it never needs;
+the ``system call filter`` (``--seccomp``, see :mod:`.syscalls`) refuses the system calls it
+never needs before the kernel looks at them.
 
 Control groups v2 (a unified hierarchy at ``/sys/fs/cgroup``) and v1 (one hierarchy per
 controller) are both supported; :func:`probe` finds out what this host lets the server do.
@@ -31,6 +33,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentscope_serverless.sandbox_server.syscalls import (
+    SyscallFilterUnavailableError,
+    filter_program,
+)
+
 logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -40,7 +47,8 @@ CPU = "cpu"
 FREEZE = "freeze"
 DISK = "workspace disk"
 NO_USERNS = "no nested user namespaces"
-BOUNDS = (MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS)
+SYSCALLS = "system call filter"
+BOUNDS = (MEMORY, PROCESSES, CPU, FREEZE, DISK, NO_USERNS, SYSCALLS)
 V1_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu", FREEZE: "freezer"}
 V2_CONTROLLERS = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
 CPU_PERIOD_US = 100_000
@@ -511,13 +519,50 @@ def bwrap_disables_userns(bwrap: str | None) -> bool:
     return done.returncode == 0
 
 
+def bwrap_filters_syscalls(bwrap: str | None) -> bytes | None:
+    """The system call filter (see :mod:`.syscalls`), when libseccomp is installed and
+    ``bwrap`` can install the filter on this host: tried once at start."""
+    if bwrap is None:
+        return None
+    try:
+        program = filter_program()
+    except SyscallFilterUnavailableError as exc:
+        logger.info("no system call filter: %s", exc)
+        return None
+    reader, writer = os.pipe()
+    with os.fdopen(writer, "wb") as stream:
+        stream.write(program)  # a few hundred bytes: the pipe holds them
+    try:
+        done = subprocess.run(
+            [bwrap, "--unshare-user", "--seccomp", str(reader), "--ro-bind", "/", "/", "/bin/true"],
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=(reader,),
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.info("bwrap cannot filter system calls: %s", exc)
+        return None
+    finally:
+        os.close(reader)
+    if done.returncode != 0:
+        logger.info(
+            "bwrap cannot filter system calls: %s", done.stderr.decode(errors="replace").strip()
+        )
+        return None
+    return program
+
+
 def how_to_enforce(missing: list[str]) -> str:
     """What would let this host enforce the ``missing`` bounds."""
     ways = []
-    if set(missing) - {NO_USERNS}:
+    if set(missing) - {NO_USERNS, SYSCALLS}:
         ways.append("run as root with cgroups and loop devices, or turn those bounds off")
     if NO_USERNS in missing:
         ways.append("install bubblewrap 0.8.0 or later")
+    if SYSCALLS in missing:
+        ways.append("install libseccomp (Debian: apt-get install libseccomp2)")
     return "; ".join(ways)
 
 
@@ -529,10 +574,12 @@ __all__ = [
     "MEMORY",
     "NO_USERNS",
     "PROCESSES",
+    "SYSCALLS",
     "Cgroups",
     "DiskTools",
     "SandboxCgroup",
     "bwrap_disables_userns",
+    "bwrap_filters_syscalls",
     "how_to_enforce",
     "make_template",
     "make_workspace",
@@ -551,12 +598,15 @@ class HostIsolation:
     disk: DiskTools | None
     setpriv: str | None
     disables_userns: bool = False
+    # The system call filter bwrap installs (None: none can be here).
+    syscall_filter: bytes | None = None
 
     @classmethod
     def probe(cls, scratch: Path) -> HostIsolation:
         """Set up this server's cgroups, try a capped workspace under ``scratch`` and bwrap's
-        ``--disable-userns``."""
+        ``--disable-userns`` and ``--seccomp``."""
         disables_userns = bwrap_disables_userns(shutil.which("bwrap"))
+        syscall_filter = bwrap_filters_syscalls(shutil.which("bwrap"))
         cgroups = setup_cgroups(f"agentscope-sandbox-{os.getpid()}")
         disk = DiskTools.find()
         if not probe_disk(disk, scratch):
@@ -565,13 +615,14 @@ class HostIsolation:
         if setpriv is None and cgroups.bounds:
             # Joining a cgroup happens as root before dropping to the sandbox uid.
             cgroups = Cgroups()
-        return cls(cgroups, disk, setpriv, disables_userns)
+        return cls(cgroups, disk, setpriv, disables_userns, syscall_filter)
 
     @property
     def enforced(self) -> list[str]:
         """The bounds this server enforces, in :data:`BOUNDS` order."""
         have = set(self.cgroups.bounds) | ({DISK} if self.disk is not None else set())
         have |= {NO_USERNS} if self.disables_userns else set()
+        have |= {SYSCALLS} if self.syscall_filter is not None else set()
         return [bound for bound in BOUNDS if bound in have]
 
     def missing(self, configured: list[str]) -> list[str]:

@@ -62,6 +62,7 @@ from agentscope_serverless.sandbox_server.jail import (
     MEMORY,
     NO_USERNS,
     PROCESSES,
+    SYSCALLS,
     HostIsolation,
     MiB,
     SandboxCgroup,
@@ -123,6 +124,7 @@ class ServerConfig:
             FREEZE: self.freeze_between_calls,
             DISK: limits.workspace_bytes > 0,
             NO_USERNS: True,
+            SYSCALLS: True,
         }
         return [bound for bound, on in wanted.items() if on]
 
@@ -403,6 +405,7 @@ class SandboxManager:
             raise SandboxUnavailableError("the sandbox server is shutting down")
         limits = self.config.limits
         disable_userns = self.host.disables_userns
+        syscall_filter = self.host.syscall_filter
         program = self._program()
         sandbox = _Sandbox(
             sandbox_id=sandbox_id,
@@ -417,6 +420,7 @@ class SandboxManager:
                     program,
                     fds,
                     disable_userns=disable_userns,
+                    syscall_filter=syscall_filter,
                     environment=environment,
                 ),
                 max_output=self.config.max_output_bytes,

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.sandbox_server.agent import limit_text
-from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JailCommand
+from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JAIL_FDS, JailCommand
 from agentscope_serverless.sandbox_server.jail import SandboxCgroup
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ JOIN_CGROUPS = (
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-CommandFactory = Callable[[tuple[int, int, int]], JailCommand]
+CommandFactory = Callable[[tuple[int, ...]], JailCommand]
 SIGNAL_NAMES = {
     signal.SIGXCPU: "its CPU time limit",
     signal.SIGKILL: "a kill signal (a time or memory limit)",
@@ -317,11 +317,14 @@ class SandboxProcess:
 
     async def _spawn(self, log: int) -> asyncio.subprocess.Process:
         # bwrap reads its options and small files from pipes: no host path in its cmdline.
-        pipes = [os.pipe() for _ in range(3)]
+        pipes = [os.pipe() for _ in range(JAIL_FDS)]
         readers = [reader for reader, _ in pipes]
         try:
-            jail = self._command((readers[0], readers[1], readers[2]))
-            for (_, writer), data in zip(pipes, (jail.options, *jail.files), strict=True):
+            jail = self._command(tuple(readers))
+            used = 1 + len(jail.files)
+            for _, writer in pipes[used:]:
+                os.close(writer)
+            for (_, writer), data in zip(pipes[:used], (jail.options, *jail.files), strict=True):
                 with os.fdopen(writer, "wb") as stream:
                     # Written whole before bwrap reads: the pipe must hold it (the options
                     # hold the sandbox's environment, up to 64 KiB).
@@ -350,7 +353,7 @@ class SandboxProcess:
                 stderr=log,
                 start_new_session=True,
                 limit=self._reply_limit,
-                pass_fds=readers,
+                pass_fds=readers[:used],
                 env=dict(BWRAP_ENVIRONMENT),  # never the server's own environment
                 cwd="/",
                 **drop,
