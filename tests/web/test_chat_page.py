@@ -1621,3 +1621,42 @@ async def test_the_empty_message_box_is_not_marked_as_wrong(tool_server: tuple[s
         assert not await page.evaluate(flagged)
         assert await page.evaluate("document.querySelectorAll('.message.user').length") == 1
         assert not page.exceptions, page.exceptions
+
+
+async def test_sessions_are_listed_by_their_first_message_read_as_they_come_into_view(
+    demo_url: str, keys: Keys
+) -> None:
+    # The list showed each session's id alone: 36 characters of hex a user cannot tell apart.
+    key = (await keys.store.create_key(kind="user", user_id="titles")).key
+    messages = f"{demo_url}/sessions/{{}}/messages"
+    spaced = "  Plan a   trip\n to Lisbon " + "and Porto " * 20
+    async with httpx.AsyncClient(headers=bearer(key), timeout=30) as client:
+        for i in range(150):
+            text = spaced if i == 149 else f"question number {i}"
+            body = {"messages": [{"role": "user", "content": text}]}
+            assert (await client.post(messages.format(f"s{i:03}"), json=body)).status_code == 201
+        replies_only = {"messages": [{"role": "assistant", "content": "hi"}]}
+        assert (
+            await client.post(messages.format("replies-only"), json=replies_only)
+        ).status_code == 201
+    async with chromium_page() as page:
+        await sign_in(page, demo_url, key)
+        first = "document.querySelector('#sessions button[data-session=\"replies-only\"]')"
+        newest = "document.querySelector('#sessions button[data-session=\"s149\"]')"
+        await page.wait_for(f"{newest}?.classList.contains('titled')")
+        title = await page.evaluate(f"{newest}.textContent")
+        assert title == ("Plan a trip to Lisbon " + "and Porto " * 20)[:79] + "…"
+        assert await page.evaluate(f"{newest}.title") == f"{title}\ns149"
+        assert await page.evaluate(f"{newest}.ariaLabel") == f"Open session {title}"
+        await page.wait_for(
+            "document.querySelector('#sessions button[data-session=\"s148\"]').textContent"
+            " === 'question number 148'"
+        )
+        assert await page.evaluate(f"{first}.textContent") == "replies-only"  # no text of theirs
+        read = [r for r in page.requests if "/messages?limit=" in r]
+        assert 0 < len(read) < 100, len(read)  # those in view, not all 151
+        # Scrolled to the oldest, it is read too.
+        oldest = "document.querySelector('#sessions button[data-session=\"s000\"]')"
+        await page.evaluate(f"{oldest}.scrollIntoView()")
+        await page.wait_for(f"{oldest}.textContent === 'question number 0'")
+        assert not page.exceptions, page.exceptions

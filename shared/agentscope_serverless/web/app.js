@@ -16,6 +16,11 @@ const RESUME_ATTEMPTS = 5; // tries to pick a broken stream up again, waiting 0.
 // 2 s, then at doubling intervals up to a minute, and at once when the browser is back online.
 const SESSIONS_RETRY_MS = 2000;
 const SESSIONS_RETRY_MAX_MS = 60000;
+// A session is listed by its title: the start of its first message of the user, read with its
+// first messages when its button comes into view, a few sessions at a time.
+const TITLE_CHARS = 80;
+const TITLE_MESSAGES = 20;
+const TITLE_READS = 4;
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
 // A key of the right form that the server does not know: most often a development key of a
 // server since restarted (it printed a new one).
@@ -31,6 +36,8 @@ const state = {
   loading: null, // AbortController of the session being loaded
   sessionsRetry: { timer: 0, delay: SESSIONS_RETRY_MS },
   toolNames: new Map(), // call_id -> tool name, to title results
+  titles: new Map(), // session id -> its title, once read
+  titling: null, // {observer, queue, reading} of the sessions listed
 };
 
 class ApiError extends Error {
@@ -136,6 +143,8 @@ function signOut(message = "") {
   sessionStorage.removeItem(RUN_STORAGE);
   state.key = null;
   state.session = null;
+  stopReadingTitles();
+  state.titles.clear();
   // Nothing of theirs is left for whoever signs in next in this tab.
   $("composer-input").value = "";
   fitComposer();
@@ -219,10 +228,8 @@ async function loadSessions() {
       const item = document.createElement("li");
       const button = document.createElement("button");
       button.type = "button";
-      button.textContent = id;
-      button.title = id;
       button.dataset.session = id;
-      button.setAttribute("aria-label", `Open session ${id}`);
+      labelSession(button);
       if (id === state.session) button.setAttribute("aria-current", "true");
       button.addEventListener("click", () => openSession(id));
       item.append(button);
@@ -230,6 +237,81 @@ async function loadSessions() {
     }),
   );
   status.textContent = ids.length ? "" : "No sessions yet.";
+  readTitles(list);
+}
+
+// A session's button says its title once read (its id until then, or when it has none).
+function labelSession(button) {
+  const id = button.dataset.session;
+  const title = state.titles.get(id);
+  button.textContent = title || id;
+  button.classList.toggle("titled", Boolean(title));
+  button.title = title ? `${title}\n${id}` : id;
+  button.setAttribute("aria-label", `Open session ${title || id}`);
+}
+
+// Read the titles of the sessions of `list` whose buttons come into view.
+function readTitles(list) {
+  stopReadingTitles();
+  const titling = { queue: [], reading: 0 };
+  titling.observer = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) continue;
+      titling.observer.unobserve(entry.target);
+      titling.queue.push(entry.target.dataset.session);
+    }
+    readNextTitles(titling);
+  });
+  for (const button of list.querySelectorAll("button")) {
+    if (!state.titles.has(button.dataset.session)) titling.observer.observe(button);
+  }
+  state.titling = titling;
+}
+
+function stopReadingTitles() {
+  state.titling?.observer.disconnect();
+  state.titling = null;
+}
+
+function readNextTitles(titling) {
+  while (titling.reading < TITLE_READS && titling.queue.length && state.titling === titling) {
+    const id = titling.queue.shift();
+    titling.reading += 1;
+    readTitle(titling, id).finally(() => {
+      titling.reading -= 1;
+      readNextTitles(titling);
+    });
+  }
+}
+
+async function readTitle(titling, id) {
+  let messages;
+  try {
+    const path = `sessions/${encodeURIComponent(id)}/messages?limit=${TITLE_MESSAGES}`;
+    messages = (await (await api(path)).json()).items || [];
+  } catch (_) {
+    return; // deleted meanwhile, or the server out of reach: its id stays its label
+  }
+  const title = titleOf(messages);
+  if (!title || state.titling !== titling) return; // signed out, or listed again meanwhile
+  state.titles.set(id, title);
+  const button = $("sessions").querySelector(`button[data-session="${CSS.escape(id)}"]`);
+  if (button) labelSession(button);
+}
+
+// The start of the first text the user wrote, on one line.
+function titleOf(messages) {
+  for (const message of messages) {
+    if (message.role !== "user") continue;
+    const text = (message.content || [])
+      .filter((part) => part.type === "text" && typeof part.text === "string")
+      .map((part) => part.text)
+      .join(" ")
+      .replace(/\s+/g, " ")
+      .trim();
+    if (text) return text.length > TITLE_CHARS ? `${text.slice(0, TITLE_CHARS - 1)}…` : text;
+  }
+  return null;
 }
 
 function markCurrentSession() {
