@@ -343,6 +343,30 @@ def test_an_event_that_is_no_request_gets_an_answer_not_an_invocation_error(
     assert json.loads(poison.body) == {"status": "skipped"}
 
 
+def logged_turn(
+    artifact: Artifact, settings: dict[str, str], api_key: str, log: Path
+) -> tuple[str, str]:
+    """The log of a built function (the logging agent's, told an LLM key) answering one
+    turn, and that key."""
+    secret = f"sk-{uuid.uuid4().hex}"
+    settings = {
+        **settings,
+        "AGENT_APP": "tests.support.logging_agent:app",
+        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
+        "LLM_API_KEY": secret,
+    }
+    with log.open("wb") as output:
+        function = start_built_function(artifact, settings, output=output)
+        try:
+            status, _, body, _ = function.request(
+                "POST", "/process", key=api_key, body={"input": [user_message("hi")]}
+            )
+        finally:
+            function.stop()
+    assert status == 200 and sse_events(body)[-1]["status"] == "completed", body
+    return log.read_text(), secret
+
+
 @pytest.mark.parametrize("name", PROCESS_FUNCTIONS)
 def test_a_librarys_log_records_are_json_lines_with_secrets_masked(
     lambda_artifacts: Callable[[str], Artifact],
@@ -355,24 +379,7 @@ def test_a_librarys_log_records_are_json_lines_with_secrets_masked(
     plain text lines, among the function's JSON ones in CloudWatch, and quoted a secret
     as it was."""
     artifact = lambda_artifacts(name)
-    secret = f"sk-{uuid.uuid4().hex}"
-    settings = {
-        **function_environment,
-        "AGENT_APP": "tests.support.logging_agent:app",
-        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
-        "LLM_API_KEY": secret,
-    }
-    log = tmp_path / "function.log"
-    with log.open("wb") as output:
-        function = start_built_function(artifact, settings, output=output)
-        try:
-            status, _, body, _ = function.request(
-                "POST", "/process", key=api_key, body={"input": [user_message("hi")]}
-            )
-        finally:
-            function.stop()
-    assert status == 200 and sse_events(body)[-1]["status"] == "completed", body
-    text = log.read_text()
+    text, secret = logged_turn(artifact, function_environment, api_key, tmp_path / "log")
     assert secret not in text
     # Every line is JSON: the server's own (uvicorn's, behind the Web Adapter) too.
     assert all(isinstance(json.loads(line), dict) for line in text.splitlines()), text
@@ -393,25 +400,8 @@ def test_with_the_functions_log_format_json_secrets_are_masked_in_lambdas_lines_
     """With the JSON log format, Lambda's runtime writes the root logger's records as JSON
     of its own (kept: CloudWatch reads its fields), and quoted a secret as it was."""
     artifact = lambda_artifacts(name)
-    secret = f"sk-{uuid.uuid4().hex}"
-    settings = {
-        **function_environment,
-        "AGENT_APP": "tests.support.logging_agent:app",
-        "PYTHONPATH": f"{artifact.code_dir}:{artifact.layer_dir}:{ROOT}",
-        "LLM_API_KEY": secret,
-        "AWS_LAMBDA_LOG_FORMAT": "JSON",
-    }
-    log = tmp_path / "function.log"
-    with log.open("wb") as output:
-        function = start_built_function(artifact, settings, output=output)
-        try:
-            status, _, body, _ = function.request(
-                "POST", "/process", key=api_key, body={"input": [user_message("hi")]}
-            )
-        finally:
-            function.stop()
-    assert status == 200 and sse_events(body)[-1]["status"] == "completed", body
-    text = log.read_text()
+    settings = {**function_environment, "AWS_LAMBDA_LOG_FORMAT": "JSON"}
+    text, secret = logged_turn(artifact, settings, api_key, tmp_path / "log")
     assert secret not in text
     [line] = [line for line in text.splitlines() if "retrying with the key" in line]
     assert json.loads(line)["message"] == "retrying with the key ***"
