@@ -194,3 +194,40 @@ def test_fastapi_keyword_arguments_document_the_api_and_others_are_refused() -> 
     # AgentScope passed any keyword to FastAPI, which kept it unused: say so instead.
     with pytest.raises(TypeError, match="does not take: agent"):
         AgentApp(app_name="overview", agent=object())
+
+
+class TextRunner(Runner):
+    """A runner given to an app whose handlers are registered with its decorators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.framework_type = "text"
+        self.events: list[str] = []
+
+
+def test_decorated_handlers_run_on_the_runner_given_to_the_app() -> None:
+    # AgentScope's AgentApp binds what @app.init, @app.query and @app.shutdown register
+    # onto the runner passed as ``runner=``.
+    runner = TextRunner()
+    app = AgentApp(app_name="decorated", runner=runner)
+
+    @app.init
+    async def init(self: TextRunner) -> None:
+        self.events.append("init")
+
+    @app.shutdown
+    def shutdown(self: TextRunner) -> None:
+        self.events.append("shutdown")
+
+    @app.query(framework="text")
+    async def query(self: TextRunner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield f"{type(self).__name__} heard {msgs[-1].get_text_content()}"
+
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    with running(app.get_fastapi_app(settings=load_settings(), key_store=store)) as url:
+        assert runner.events == ["init"]
+        client = HTTPAgentAPIClient(f"{url}/process", token=key)
+        events = list(client.stream(create_simple_text_request("hi", session_id="g1")))
+    assert reply_of(events) == "TextRunner heard hi"
+    assert runner.events == ["init", "shutdown"]

@@ -28,6 +28,7 @@ import os
 import sys
 import sysconfig
 import traceback
+import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -373,7 +374,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         The app's own ``history_window``, when set, wins over the one passed here, which wins
         over the settings' ``AGENT_HISTORY_WINDOW``. The settings' secret values are scrubbed
         from the error messages of failed runs. With ``runner=`` given to the constructor,
-        that runner is used.
+        that runner is used, running the handlers registered with the decorators, if any.
         """
         window = (
             self.history_window
@@ -384,7 +385,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         )
         secrets = secret_values(settings)
         if self._runner is not None:
-            runner = self._runner
+            runner = self._given_runner()
             runner.use_settings(
                 settings, memory_top_k=memory_top_k, history_window=window, secrets=secrets
             )
@@ -406,11 +407,15 @@ class AgentApp(ServiceLifecycleManagerMixin):
         """Raise :class:`ConfigurationError` when this app cannot serve: no query handler, a
         handler that cannot be called as runs call it, its framework's package missing (see
         :meth:`Runner.check`). Packaging checks it before an archive or a layer is built."""
-        runner = self._runner or Runner(
-            self._query_handler,
-            framework=self.framework,
-            init_handler=self._init_handler,
-            shutdown_handler=self._shutdown_handler,
+        runner = (
+            self._given_runner()
+            if self._runner is not None
+            else Runner(
+                self._query_handler,
+                framework=self.framework,
+                init_handler=self._init_handler,
+                shutdown_handler=self._shutdown_handler,
+            )
         )
         runner.check()
 
@@ -466,6 +471,21 @@ class AgentApp(ServiceLifecycleManagerMixin):
         if key is not None:  # every route but /health needs a key: the embedded store has none
             print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
         uvicorn.run(served, host=host, port=port, **kwargs)
+
+    def _given_runner(self) -> Runner:
+        """The runner given with ``runner=``, running the handlers registered with this app's
+        decorators (and their framework) in place of its own, as AgentScope's AgentApp binds
+        them onto it."""
+        runner = self._runner
+        assert runner is not None
+        if self._query_handler is not None:
+            runner.query_handler = types.MethodType(self._query_handler, runner)  # type: ignore[method-assign]
+            runner.framework_type = self.framework
+        if self._init_handler is not None:
+            runner.init_handler = types.MethodType(self._init_handler, runner)  # type: ignore[method-assign]
+        if self._shutdown_handler is not None:
+            runner.shutdown_handler = types.MethodType(self._shutdown_handler, runner)  # type: ignore[method-assign]
+        return runner
 
     def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
         if framework not in FRAMEWORKS:
