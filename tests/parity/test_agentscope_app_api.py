@@ -122,6 +122,21 @@ async def test_the_async_client_streams_and_raises_on_refusal(
         list(bad.stream(create_simple_text_request("hi")))
 
 
+async def test_the_clients_token_is_the_one_it_holds_when_it_sends(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    # AgentScope's client keeps ``token`` as an attribute and reads it on every request, so
+    # a token renewed by assigning it is the one sent.
+    url, key, _ = served
+    client = HTTPAgentAPIClient(f"{url}/process", token="ask_expired", headers={"X-Trace": "1"})
+    assert client.token == "ask_expired" and client.headers == {"X-Trace": "1"}
+    client.token = key
+    events = list(client.stream(create_simple_text_request("hi", session_id="c3")))
+    assert reply_of(events) == "turn 1"
+    events = [e async for e in client.astream(create_simple_text_request("hi", session_id="c3"))]
+    assert reply_of(events) == "turn 2"
+
+
 def test_custom_endpoints_sync_async_and_streaming_behind_auth(
     served: tuple[str, str, CountingRunner],
 ) -> None:

@@ -75,7 +75,11 @@ class AgentAPIClientBase(ABC):
 
 
 class HTTPAgentAPIClient(AgentAPIClientBase):
-    """An agent API over HTTP: ``endpoint`` is the full URL of the process route."""
+    """An agent API over HTTP: ``endpoint`` is the full URL of the process route.
+
+    ``token`` (sent as a bearer token) and ``headers`` (sent with every request) are read
+    when a request is sent: a token renewed by assigning ``client.token`` is the one used.
+    """
 
     def __init__(
         self,
@@ -85,10 +89,15 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
         headers: dict[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.token = token
         self.timeout = timeout
-        self.headers = {"Accept": "text/event-stream", **(headers or {})}
-        if token:
-            self.headers["Authorization"] = f"Bearer {token}"
+        self.headers = dict(headers or {})
+
+    def _prepare_headers(self) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream", **self.headers}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
 
     def _body(self, request: AgentRequest) -> dict[str, Any]:
         body = request.model_dump(mode="json", exclude_none=True)
@@ -99,7 +108,7 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
         with (
             httpx.Client(timeout=self.timeout) as client,
             client.stream(
-                "POST", self.endpoint, json=self._body(request), headers=self.headers
+                "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
             ) as response,
         ):
             _check(response.status_code, lambda: response.read())
@@ -112,7 +121,7 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
         async with (
             httpx.AsyncClient(timeout=self.timeout) as client,
             client.stream(
-                "POST", self.endpoint, json=self._body(request), headers=self.headers
+                "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
             ) as response,
         ):
             if response.status_code >= 400:
