@@ -137,6 +137,20 @@ async def test_the_clients_token_is_the_one_it_holds_when_it_sends(
     assert reply_of(events) == "turn 2"
 
 
+async def test_both_clients_say_why_the_api_refused_a_request(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    url, key, _ = served
+    client = HTTPAgentAPIClient(f"{url}/process", token=key)
+    request = create_simple_text_request("hi", session_id="s" * 600)
+    why = "422: INVALID_INPUT: session_id is longer than 512 characters"
+    with pytest.raises(AgentAPIError, match=why) as refused:
+        [e async for e in client.astream(request)]
+    assert refused.value.status_code == 422
+    with pytest.raises(AgentAPIError, match=why):
+        await asyncio.to_thread(lambda: list(client.stream(request)))
+
+
 def test_custom_endpoints_sync_async_and_streaming_behind_auth(
     served: tuple[str, str, CountingRunner],
 ) -> None:

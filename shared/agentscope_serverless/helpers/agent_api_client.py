@@ -125,8 +125,8 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             ) as response,
         ):
             if response.status_code >= 400:
-                _check(response.status_code, lambda: b"")
-                return
+                body = await response.aread()
+                _check(response.status_code, lambda: body)
             async for line in response.aiter_lines():
                 event = _event_of_line(line)
                 if event is not None:
