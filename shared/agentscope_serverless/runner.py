@@ -444,12 +444,12 @@ class Runner(ServiceLifecycleManagerMixin):
         """The events of one run, in the order of CONTRACT §7.
 
         The session (``request.session_id``, or a new uuid) is created if new and its last
-        ``history_window`` messages loaded before the agent is called; the user is ``user_id``, else
-        ``request.user_id``, else the session id. Problems loading the session raise before
-        the first event; an agent error ends the stream with a ``failed`` response event.
-        Afterwards the input and the agent's messages are appended to the history (the input
-        alone when the agent failed) and, with a memory service, added to memory. Other
-        ``kwargs`` are passed to the query handler.
+        ``history_window`` messages loaded before the agent is called; the user is ``user_id``,
+        else ``request.user_id``, else the session id (the handler's ``request`` names both).
+        Problems loading the session raise before the first event; an agent error ends the
+        stream with a ``failed`` response event. Afterwards the input and the agent's messages
+        are appended to the history (the input alone when the agent failed) and, with a memory
+        service, added to memory. Other ``kwargs`` are passed to the query handler.
         """
         end_turn, keeping = _take_turn_end()
         if not self._started:
@@ -460,6 +460,8 @@ class Runner(ServiceLifecycleManagerMixin):
         session = await self.session_history_service.open_session(
             user, session_id, recent=self.history_window
         )
+        # The handler's request names the run's session and user, as AgentScope's did.
+        request = request.model_copy(update={"session_id": session.id, "user_id": session.user_id})
         memories = await self._recall(user, request.input)
         kept = _stored_input(request.input, session)
         turn = _Turn(AgentResponse(session_id=session.id), gather=not request.stream)

@@ -51,6 +51,18 @@ async def test_a_handler_with_kwargs_still_gets_the_session_and_memories() -> No
     assert {"msgs", "request", "response", "session", "memories"} <= set(seen)
 
 
+async def test_the_handlers_request_names_the_session_and_user_of_the_run() -> None:
+    # AgentScope's Runner filled the request's session id (a new one when none was given)
+    # and its user id (the session id when none was given) before calling the handler,
+    # which keys its state and memory by them.
+    async with RequestResponseRunner() as runner:
+        new = await runner.query(TURN)
+        named = await runner.query({**TURN, "session_id": "s3"}, user_id="bob")
+    assert new.output is not None and named.output is not None
+    assert new.output[0].get_text_content() == f"{new.session_id} in {new.session_id}"
+    assert named.output[0].get_text_content() == "bob in s3"
+
+
 AGENTSCOPE_HANDLER = """
 import asyncio
 from agentscope.message import Msg
