@@ -833,7 +833,7 @@ class _Turn:
         return events
 
     def content(self, part: Content) -> list[Event]:
-        message, events = self._ensure_open()
+        message, events = self._ensure_open(part.msg_id)
         if isinstance(part, TextContent) and part.delta and part.index is None:
             events.append(self._stream_text(message, part.text or ""))
             return events
@@ -1026,10 +1026,14 @@ class _Turn:
         self._open = message
         return [self._emit(message.model_copy())]
 
-    def _ensure_open(self) -> tuple[Message, list[Event]]:
+    def _ensure_open(self, message_id: str | None = None) -> tuple[Message, list[Event]]:
+        """The open message, or a new one: with ``message_id`` when a part of that message
+        comes before the message itself, so the message, yielded later, is the same one."""
         if self._open is not None:
             return self._open, []
         message = Message(role=Role.ASSISTANT, metadata={})
+        if message_id:
+            message.id = message_id
         return message, self._open_message(message)
 
     def _stream_text(self, message: Message, text: str) -> TextContent:

@@ -213,6 +213,28 @@ async def test_a_message_streamed_by_the_handler_itself_is_one_message() -> None
     ]
 
 
+async def test_a_message_whose_parts_come_before_it_is_still_one_message() -> None:
+    # The message is not yielded in progress first: its parts (a delta add_delta_content
+    # returns, a part add_content returns) announce it, and msg.completed() ends it.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        msg = Message(role="assistant")
+        first = msg.add_delta_content(TextContent(text="Hel", delta=True))
+        yield first
+        yield msg.add_delta_content(TextContent(text="lo", delta=True, index=first.index))
+        yield msg.content_completed(first.index or 0)
+        yield msg.completed()
+        other = Message(role="assistant")
+        yield other.add_content(TextContent(text="whole"))
+        yield other.completed()
+
+    events = await run(handler)
+    done = events[-1]
+    assert isinstance(done, AgentResponse) and done.output is not None
+    assert [m.get_text_content() for m in done.output] == ["Hello", "whole"]
+    opened = [e.id for e in events if isinstance(e, Message) and e.status == "in_progress"]
+    assert opened == [m.id for m in done.output]
+
+
 @pytest.mark.parametrize(
     ("result", "expected"),
     [
