@@ -203,6 +203,26 @@ async def test_a_runner_its_user_started_deploys_restarted_by_the_server() -> No
     assert runner.events == ["init", "shutdown", "init", "shutdown"]
 
 
+@pytest.mark.parametrize("deployed", ["runner", "app"])
+async def test_a_local_deployment_serves_at_the_endpoint_path_given(deployed: str) -> None:
+    store = InMemoryKeyStore()
+    key = await asyncio.to_thread(issue_key, store, "dev")
+    deployer = LocalDeployManager(host="127.0.0.1", port=0)
+    runner = CountingRunner()
+    options: dict[str, Any] = {"settings": load_settings(), "key_store": store}
+    if deployed == "runner":
+        info = await runner.deploy(deployer, endpoint_path="/agent", **options)
+    else:
+        app = AgentApp(app_name="counter", endpoint_path="/agent", runner=runner)
+        info = await app.deploy(deployer, **options)
+    try:
+        client = HTTPAgentAPIClient(f"{info['url']}/agent", token=key)
+        events = [e async for e in client.astream(create_simple_text_request("hi"))]
+        assert reply_of(events) == "turn 1"
+    finally:
+        await deployer.stop(info["deploy_id"])
+
+
 def test_extract_text_from_event_gives_text_as_agentscopes_client_does() -> None:
     delta = TextContent(text="Hi ", delta=True, index=0)
     whole = TextContent(text="Hi there", index=0, status=RunStatus.Completed)

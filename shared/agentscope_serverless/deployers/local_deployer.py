@@ -115,7 +115,7 @@ class LocalDeployManager(DeployManager):
         self,
         app: AgentApp | Callable[..., Any] | None = None,
         runner: Runner | None = None,
-        endpoint_path: str = "/process",
+        endpoint_path: str | None = None,
         request_model: type[BaseModel] | None = AgentRequest,
         response_type: str = "sse",
         stream: bool = True,
@@ -135,6 +135,8 @@ class LocalDeployManager(DeployManager):
         **kwargs: Any,
     ) -> dict[str, str]:
         """Serve ``app`` (or ``runner``) in the background; return ``{"deploy_id", "url"}``.
+
+        ``endpoint_path`` defaults to the AgentApp's own (``/process`` for a function).
 
         For a plain function, ``kwargs`` are passed to the ``before_start``/``after_finish``
         callbacks. Celery (``broker_url``...), other modes than a daemon thread and
@@ -172,7 +174,7 @@ class LocalDeployManager(DeployManager):
         self,
         app: AgentApp | Callable[..., Any] | None = None,
         runner: Runner | None = None,
-        endpoint_path: str = "/process",
+        endpoint_path: str | None = None,
         request_model: type[BaseModel] | None = AgentRequest,
         response_type: str = "sse",
         stream: bool = True,
@@ -201,8 +203,7 @@ class LocalDeployManager(DeployManager):
                 "Celery workers and detached projects are not supported: deploy an AgentApp"
             )
         if app is None and runner is not None:
-            app = AgentApp(runner=runner, endpoint_path=endpoint_path)
-            endpoint_path = app.endpoint_path
+            app = AgentApp(runner=runner, endpoint_path=endpoint_path or "/process")
         if app is None:
             raise TypeError("deploy() needs an app (an AgentApp or a function) or a runner")
         if settings is None:
@@ -212,7 +213,7 @@ class LocalDeployManager(DeployManager):
             settings = get_settings()
         if isinstance(app, AgentApp):
             customised = (
-                endpoint_path != app.endpoint_path,
+                endpoint_path not in (None, app.endpoint_path),
                 request_model not in (None, AgentRequest, app.request_model),
                 response_type != "sse",
                 before_start is not None,
@@ -236,7 +237,7 @@ class LocalDeployManager(DeployManager):
 
             web_app = create_function_app(
                 app,
-                endpoint_path=endpoint_path,
+                endpoint_path=endpoint_path or "/process",
                 request_model=request_model,
                 response_type=response_type,
                 before_start=before_start,
