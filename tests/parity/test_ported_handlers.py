@@ -11,7 +11,8 @@ import pytest
 
 from agentscope_serverless import Runner
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.schemas.agent_schemas import AgentRequest, AgentResponse
+from agentscope_serverless.helpers.runner import ErrorRunner, SimpleRunner
+from agentscope_serverless.schemas.agent_schemas import AgentRequest, AgentResponse, TextContent
 from tests.parity.test_agentscope_query import run_script
 
 TURN = {"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
@@ -61,6 +62,20 @@ async def test_the_handlers_request_names_the_session_and_user_of_the_run() -> N
     assert new.output is not None and named.output is not None
     assert new.output[0].get_text_content() == f"{new.session_id} in {new.session_id}"
     assert named.output[0].get_text_content() == "bob in s3"
+
+
+async def test_the_helper_runners_answer_and_fail_as_agentscopes_do() -> None:
+    # Tests written for AgentScope Runtime check these runners' words.
+    async with SimpleRunner() as runner:
+        events = [e async for e in runner.stream_query(TURN)]
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == ["Hi", "! My name is Friday", "."]
+    async with ErrorRunner() as runner:
+        events = [e async for e in runner.stream_query(TURN)]
+    assert [e.text for e in events if isinstance(e, TextContent) and e.delta] == ["Hi"]
+    failed = events[-1]
+    assert isinstance(failed, AgentResponse) and failed.error is not None
+    assert failed.error.message == "Unknown agent error: RuntimeError: Error"
 
 
 AGENTSCOPE_HANDLER = """

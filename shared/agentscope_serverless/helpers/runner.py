@@ -1,4 +1,5 @@
-"""Runners for tests: :class:`SimpleRunner` answers, :class:`ErrorRunner` fails.
+"""AgentScope Runtime's runners for tests: :class:`SimpleRunner` answers, :class:`ErrorRunner`
+fails, with AgentScope's words (tests written for it check them).
 
 >>> app = AgentApp(runner=SimpleRunner())  # doctest: +SKIP
 """
@@ -11,11 +12,11 @@ from typing import Any
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
 
-SIMPLE_REPLY = ("Hello! ", "This is a simple runner.")
+SIMPLE_REPLY = ("Hi", "! My name is Friday", ".")
 
 
 class SimpleRunner(Runner):
-    """Streams a fixed two-piece reply, whatever the request."""
+    """Streams ``Hi! My name is Friday.`` in three pieces, whatever the request."""
 
     async def query_handler(  # type: ignore[override]
         self, request: AgentRequest | None = None, **kwargs: Any
@@ -25,15 +26,13 @@ class SimpleRunner(Runner):
 
 
 class ErrorRunner(Runner):
-    """Fails every run with ``RuntimeError("error runner")``."""
+    """Streams ``Hi``, then fails with ``RuntimeError("Error")``."""
 
     async def query_handler(  # type: ignore[override]
         self, request: AgentRequest | None = None, **kwargs: Any
     ) -> AsyncIterator[str]:
-        nothing: tuple[str, ...] = ()
-        for piece in nothing:  # an async generator, like a streaming agent
-            yield piece
-        raise RuntimeError("error runner")
+        yield "Hi"
+        raise RuntimeError("Error")
 
 
 __all__ = ["AgentRequest", "ErrorRunner", "Runner", "SimpleRunner"]
