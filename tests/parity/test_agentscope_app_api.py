@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentscope_serverless import AgentApp, LocalDeployManager, Runner
+from agentscope_serverless import AgentApp, DeployManager, LocalDeployManager, Runner
 from agentscope_serverless.helpers.agent_api_client import (
     AgentAPIError,
     HTTPAgentAPIClient,
@@ -221,6 +221,25 @@ async def test_a_local_deployment_serves_at_the_endpoint_path_given(deployed: st
         assert reply_of(events) == "turn 1"
     finally:
         await deployer.stop(info["deploy_id"])
+
+
+async def test_a_deployer_written_for_agentscope_deploys_an_app() -> None:
+    # AgentScope's DeployManager asks its subclasses for deploy and stop alone, and gives
+    # each manager a deploy_id from the start.
+    class RecordingDeployer(DeployManager):
+        async def deploy(self, *args: Any, **kwargs: Any) -> dict[str, str]:
+            self.deployed = kwargs["app"]
+            return {"deploy_id": self.deploy_id, "url": "http://recorded"}
+
+        async def stop(self, deploy_id: str, **kwargs: Any) -> dict[str, Any]:
+            return {"success": deploy_id == self.deploy_id}
+
+    deployer = RecordingDeployer()
+    app = AgentApp(app_name="recorded", runner=CountingRunner())
+    info = await app.deploy(deployer)
+    assert deployer.deployed is app and info["deploy_id"]
+    assert not deployer.is_running and deployer.service_url is None
+    assert (await deployer.stop(info["deploy_id"]))["success"]
 
 
 def test_extract_text_from_event_gives_text_as_agentscopes_client_does() -> None:

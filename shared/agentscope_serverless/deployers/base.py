@@ -3,8 +3,6 @@
 >>> class Printer(DeployManager):
 ...     async def deploy(self, *args, **kwargs): return {"deploy_id": "1", "url": "http://x"}
 ...     async def stop(self, deploy_id=None, **kwargs): ...
-...     @property
-...     def is_running(self): return False
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import sys
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ class DeployManager(ABC):
 
     def __init__(self, state_manager: Any = None) -> None:
         self.state_manager = state_manager
-        self.deploy_id: str | None = None
+        self.deploy_id: str | None = str(uuid.uuid4())
         self._service_url: str | None = None
 
     @abstractmethod
@@ -65,9 +64,10 @@ class DeployManager(ABC):
         """Stop the deployed service (``deploy_id``: the one this manager deployed)."""
 
     @property
-    @abstractmethod
     def is_running(self) -> bool:
-        """Whether the service is up."""
+        """Whether the service is up (False unless a subclass knows better: AgentScope's
+        deployers implement ``deploy`` and ``stop`` alone)."""
+        return False
 
     @property
     def service_url(self) -> str | None:
