@@ -239,6 +239,14 @@ async def test_env_types_and_sandbox_types_are_synonyms(
         await sandbox_service.connect_async(session_id, env_types=["base"], sandbox_types=["x"])
 
 
+async def test_a_type_given_as_none_is_skipped(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    # AgentScope skipped None in the list, as a list built with conditions holds them.
+    boxes = await sandbox_service.connect_async(session_id, sandbox_types=[None, "filesystem"])
+    assert [b.sandbox_type for b in boxes] == ["filesystem"]
+
+
 async def test_an_async_type_name_connects_the_same_sandbox_again(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

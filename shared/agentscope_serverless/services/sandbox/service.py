@@ -101,8 +101,8 @@ def _first_of_type(boxes: Sequence[Sandbox], sandbox_type: str) -> Sandbox | Non
 
 
 def _requested_types(
-    env_types: Sequence[str] | None,
-    sandbox_types: Sequence[str] | None,
+    env_types: Sequence[str | None] | None,
+    sandbox_types: Sequence[str | None] | None,
     tools: Iterable[Any] | None,
 ) -> list[str]:
     if (
@@ -113,7 +113,9 @@ def _requested_types(
         raise InvalidInputError(
             "env_types and sandbox_types are synonyms; give one of them", field="sandbox_types"
         )
-    types = list(env_types if env_types is not None else sandbox_types or [])
+    # AgentScope skipped a None in the list (one built with conditions holds them).
+    given = env_types if env_types is not None else sandbox_types or []
+    types = [sandbox_type for sandbox_type in given if sandbox_type is not None]
     if tools is not None:
         types += infer_sandbox_types(tools)
     for sandbox_type in types:
@@ -239,9 +241,9 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         self,
         session_id: str,
         user_id: str | None = None,
-        env_types: Sequence[str] | None = None,
+        env_types: Sequence[str | None] | None = None,
         tools: Iterable[Any] | None = None,
-        sandbox_types: Sequence[str] | None = None,
+        sandbox_types: Sequence[str | None] | None = None,
     ) -> list[Sandbox]:
         """The session's sandboxes, one per requested type: reused when the server already
         maps them to ``(session_id, user_id)``, created otherwise.
@@ -299,9 +301,9 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         self,
         session_id: str,
         user_id: str | None = None,
-        env_types: Sequence[str] | None = None,
+        env_types: Sequence[str | None] | None = None,
         tools: Iterable[Any] | None = None,
-        sandbox_types: Sequence[str] | None = None,
+        sandbox_types: Sequence[str | None] | None = None,
     ) -> list[Sandbox]:
         """:meth:`connect_async` for synchronous code (also inside a running event loop)."""
         client = self.client
