@@ -101,6 +101,10 @@ def test_plain_function_response_types(keys: Keys, response_type: str, expected:
 def test_an_agent_app_keeps_its_own_configuration() -> None:
     with pytest.raises(TypeError, match="set them on the AgentApp"):
         LocalDeployManager(port=0).deploy_sync(demo_app, endpoint_path="/other")
+    # Runner.deploy passes AgentScope's image inputs on (environment=...): named, not
+    # blamed on the app's configuration.
+    with pytest.raises(TypeError, match="does not take environment for an AgentApp"):
+        LocalDeployManager(port=0).deploy_sync(demo_app, environment={"A": "1"})
 
 
 def test_plain_function_sse_items_are_json(keys: Keys) -> None:

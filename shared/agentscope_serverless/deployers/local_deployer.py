@@ -212,13 +212,17 @@ class LocalDeployManager(DeployManager):
 
             settings = get_settings()
         if isinstance(app, AgentApp):
+            if kwargs:
+                raise TypeError(
+                    f"LocalDeployManager.deploy() does not take {', '.join(sorted(kwargs))} "
+                    "for an AgentApp (it serves the app in this process)"
+                )
             customised = (
                 endpoint_path not in (None, app.endpoint_path),
                 request_model not in (None, AgentRequest, app.request_model),
                 response_type != "sse",
                 before_start is not None,
                 after_finish is not None,
-                bool(kwargs),
             )
             if any(customised):
                 raise TypeError(
