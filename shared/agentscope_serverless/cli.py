@@ -731,7 +731,7 @@ def keys_create(
 
 @keys_app.command("revoke")
 def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="The key id (from `keys list`).")],
+    key_id: Annotated[str, typer.Argument(help="The key id (from `keys list`), or the whole key.")],
     file: FileOption = None,
     table: TableOption = None,
 ) -> None:
@@ -743,10 +743,10 @@ def keys_revoke(
             return await store.revoke_key(key_id)
 
     try:
-        asyncio.run(revoke())
+        record = asyncio.run(revoke())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
-    console.print(f"Revoked key [bold]{escape(key_id)}[/bold].")
+    console.print(f"Revoked key [bold]{record.key_id}[/bold].")
 
 
 @keys_app.command("list")

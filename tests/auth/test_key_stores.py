@@ -128,6 +128,25 @@ async def test_a_revoked_key_is_refused_and_listed_as_revoked(store: KeyStore) -
         await store.revoke_key("0000000000000000")
 
 
+async def test_a_key_is_revoked_given_whole_and_a_malformed_id_is_never_quoted(
+    store: KeyStore,
+) -> None:
+    # Revoking a key that leaked, one pastes the key: it is revoked, by its id.
+    leaked = await store.create_key(kind="user", user_id="alice")
+    assert (await store.revoke_key(leaked.key)).key_id == leaked.record.key_id
+    with pytest.raises(AuthenticationError):
+        await store.authenticate(leaked.key)
+    # Anything else that is no key id may still hold a key's secret: never said back.
+    other = await store.create_key(kind="user", user_id="bob")
+    secret = other.key.split("_", 2)[2]
+    for given in (f'"{other.key}"', other.key + ".", secret, f"{other.record.key_id}x"):
+        with pytest.raises(InvalidInputError) as refused:
+            await store.revoke_key(given)
+        assert secret not in refused.value.message and given not in refused.value.message
+        assert "key id" in refused.value.message
+    await store.authenticate(other.key)
+
+
 async def test_keys_are_long_and_random(store: KeyStore) -> None:
     keys = [(await store.create_key(kind="service")).key for _ in range(5)]
     assert len(set(keys)) == 5

@@ -203,6 +203,20 @@ def test_keys_create_list_revoke_with_the_file_store(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
+def test_keys_revoke_takes_the_key_itself_and_never_prints_it(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    cli = CliRunner()
+    created = cli.invoke(app, ["keys", "create", "--user", "alice", "--file", str(key_file)])
+    key = next(line for line in created.output.splitlines() if line.startswith("ask_"))
+    secret = key.split("_", 2)[2]
+    mistyped = cli.invoke(app, ["keys", "revoke", f"'{key}'", "--file", str(key_file)])
+    assert mistyped.exit_code == 1 and secret not in mistyped.output
+    revoked = cli.invoke(app, ["keys", "revoke", key, "--file", str(key_file)])
+    assert revoked.exit_code == 0, revoked.output
+    assert secret not in revoked.output and key.split("_")[1] in revoked.output
+    assert "revoked" in cli.invoke(app, ["keys", "list", "--file", str(key_file)]).output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import re
 from abc import abstractmethod
 
 from agentscope_serverless.auth.keys import (
+    KEY_ID_PATTERN,
     IssuedKey,
     KeyKind,
     KeyRecord,
@@ -56,8 +58,19 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
         return IssuedKey(key=key, record=record)
 
     async def revoke_key(self, key_id: str) -> KeyRecord:
-        """Revoke a key for good; revoking it again is not an error."""
+        """Revoke a key for good, given by its id or whole (``ask_<id>_<secret>``, as one
+        pastes a key that leaked); revoking it again is not an error."""
         self._ensure_started()
+        parsed = parse_key(key_id)
+        if parsed is not None:
+            key_id = parsed[0]
+        elif not re.fullmatch(KEY_ID_PATTERN, key_id):
+            # Not shown: it may be a key with a stray character, its secret in clear.
+            raise InvalidInputError(
+                "not a key id: give the 16 hex characters after ask_ (as keys list shows "
+                "them), or the whole key as it was printed",
+                field="key_id",
+            )
         record = await self._revoke(key_id)
         if record is None:
             raise NotFoundError(f"no key with id {key_id!r}")

@@ -25,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 KEY_PREFIX = "ask"
 KeyKind = Literal["user", "service"]
 
-_KEY = re.compile(r"^ask_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+# A key's id: what finds its record, and what `keys list` shows.
+KEY_ID_PATTERN = r"[0-9a-f]{16}"
+_KEY = re.compile(rf"^ask_({KEY_ID_PATTERN})_([A-Za-z0-9_-]{{43}})$")
 
 
 def new_key() -> tuple[str, str, str]:
@@ -60,7 +62,7 @@ class KeyRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    key_id: str = Field(pattern=rf"^{KEY_ID_PATTERN}$")
     key_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     kind: KeyKind
     user_id: str | None = None
@@ -96,6 +98,7 @@ class IssuedKey(BaseModel):
 
 
 __all__ = [
+    "KEY_ID_PATTERN",
     "KEY_PREFIX",
     "IssuedKey",
     "KeyKind",
