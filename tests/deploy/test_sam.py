@@ -340,14 +340,15 @@ async def test_functions_keeping_only_idempotency_records_reach_no_users_history
 
 # The fields of the stack's secrets (aws_secrets.SECRET_FIELDS) each function uses: the agent's
 # functions all of them; the memory function its Redis URL, the sandbox function the sandbox
-# server's token; the sessions and state functions none (their stores are DynamoDB tables).
+# server's token, as the sessions function (deleting a session releases its sandboxes); the
+# state function none (its store is a DynamoDB table).
 SECRET_FIELDS_USED = {
     "ProcessFunction": set(SECRET_FIELDS),
     "ProcessStreamFunction": set(SECRET_FIELDS),
     "TasksFunction": set(SECRET_FIELDS),
     "MemoryFunction": {"redis_url"},
     "SandboxFunction": {"sandbox_bearer_token"},
-    "SessionsFunction": set(),
+    "SessionsFunction": {"sandbox_bearer_token"},
     "StateFunction": set(),
 }
 

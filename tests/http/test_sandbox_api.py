@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
@@ -179,6 +180,38 @@ def test_deleting_a_session_releases_its_sandboxes_and_no_other_sessions(
         assert http.get(f"/sandboxes/{session}").json()["sandboxes"] == []
         assert http.get(f"/sandboxes/{session}-kept").json()["sandboxes"] == [kept]
         http.delete(f"/sandboxes/{session}-kept")
+
+
+def test_the_functions_deleting_a_session_or_a_users_data_release_their_sandboxes(
+    sandbox_server: RunningServer, session: str
+) -> None:
+    # As the stack deploys them: the sandboxes made through the sandbox function stayed, with
+    # what was written in their workspaces, when the sessions function deleted their session
+    # or the process function (its agent using no sandbox) erased their user's data.
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url, sandbox_bearer_token=sandbox_server.token
+    )
+    store = InMemoryKeyStore()
+    key = issue_key(store, "e")
+    functions = [
+        create_app(["sandbox"], settings=settings, key_store=store),
+        create_app(["sessions", "runs"], settings=settings, key_store=store),
+        create_app(["process", "users"], settings=settings, agent_app=demo_app, key_store=store),
+    ]
+    with (
+        running(functions[0]) as sandbox_url,
+        running(functions[1]) as sessions_url,
+        running(functions[2]) as process_url,
+        httpx.Client(base_url=sandbox_url, headers=bearer(key), timeout=30) as http,
+    ):
+        for name in (session, f"{session}-2"):
+            assert http.post(f"/sandboxes/{name}").status_code == 200
+            run(http, name, "open('notes.txt', 'w').write('private')")
+        assert http.delete(f"{sessions_url}/sessions/{session}").status_code == 204
+        assert http.get(f"/sandboxes/{session}").json()["sandboxes"] == []
+        assert http.get(f"/sandboxes/{session}-2").json()["sandboxes"] != []
+        assert http.delete(f"{process_url}/users/me/data").status_code == 204
+        assert http.get(f"/sandboxes/{session}-2").json()["sandboxes"] == []
 
 
 def test_connecting_with_an_async_type_name_again_keeps_the_sandbox_and_its_state(

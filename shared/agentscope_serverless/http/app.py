@@ -93,15 +93,18 @@ def create_app(
 
         agent_app = load_agent_app(settings.agent_app)
     runner = None
+    # Deleting a session, or all of a user's data, releases their sandboxes on the sandbox
+    # server too (their workspaces hold what their agent wrote), wherever they were made.
+    releasing = bool(settings.sandbox_base_url and {"sessions", "users"} & {*names})
     if agent_app is not None:
         services = agent_app.build_services(settings)
-        if "sandbox" in names and services.sandbox is None:
-            services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
-        if "process" in names:
-            runner = agent_app.create_runner(services, settings=settings)
-            runner.check()
     else:
         services = _services_for(names, settings)
+    if ("sandbox" in names or releasing) and services.sandbox is None:
+        services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
+    if agent_app is not None and "process" in names:
+        runner = agent_app.create_runner(services, settings=settings)
+        runner.check()
     # The process router records its runs, so it serves the runs routes too.
     if settings.runs_backend == "none":
         names = tuple(name for name in names if name != "runs")
