@@ -3,7 +3,8 @@
 The SAM template keeps the stack's secrets in one secret holding a JSON object, and gives
 each function its ARN in ``SECRETS_ARN``. Its non-empty fields fill the settings of the same
 name (``llm_api_key``, ``sandbox_bearer_token``, ``redis_url``), so secrets never sit in
-the function's configuration.
+the function's configuration, nor in its log lines (the AWS SDK logs each response's body at
+DEBUG level: not a secret's).
 
 The agent's own secrets (a weather service's API key...) are in a secret of their own, named
 by ``AGENT_SECRETS_ARN`` (the template's ``AgentSecretsArn``): each of its fields becomes an
@@ -19,7 +20,9 @@ True
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
 import re
 from typing import Any
@@ -58,6 +61,23 @@ LAMBDA_RESERVED_VARIABLES = frozenset(
 )
 
 
+# Set while this context reads a secret: the AWS SDK logs each response's body at DEBUG level,
+# which would put the secret's values in a log line, in clear, before they can be masked.
+_READING_SECRET: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "reading_secret", default=False
+)
+
+
+class _WhileReadingSecrets(logging.Filter):
+    """Drops the records of the AWS SDK's response parser while a secret is read."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _READING_SECRET.get()
+
+
+_UNLOGGED_BODIES = _WhileReadingSecrets()
+
+
 def fetch_secret_json(
     arn: str, *, region: str, endpoint_url: str | None = None, setting: str = "SECRETS_ARN"
 ) -> dict[str, Any]:
@@ -68,6 +88,8 @@ def fetch_secret_json(
     # A session of its own: the credentials of the environment as it is now.
     session = boto3.session.Session()
     client = session.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
+    logging.getLogger("botocore.parsers").addFilter(_UNLOGGED_BODIES)  # added once
+    reading = _READING_SECRET.set(True)
     try:
         raw = client.get_secret_value(SecretId=arn).get("SecretString")
     except ClientError as exc:
@@ -85,6 +107,8 @@ def fetch_secret_json(
         raise StoreUnavailableError(
             "secretsmanager", f"cannot read the secret of {setting} ({type(exc).__name__})"
         ) from None
+    finally:
+        _READING_SECRET.reset(reading)
     if raw is None:  # a binary secret (SecretBinary)
         raise ConfigurationError(f"the secret of {setting} is not a JSON object (it is binary)")
     try:

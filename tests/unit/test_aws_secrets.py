@@ -68,6 +68,36 @@ def test_non_empty_secret_fields_fill_the_settings(dynamodb_server: DynamoDBServ
     assert "sk-from-secret" not in repr(resolved)
 
 
+def test_the_secrets_read_are_not_logged_at_debug_level(
+    dynamodb_server: DynamoDBServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A host logging at DEBUG (Lambda with its log level DEBUG) got the AWS SDK's line with
+    # each response's body: the secrets in clear, read before they could be masked.
+    stack = make_secret(
+        dynamodb_server,
+        "stack-secrets-debug",
+        json.dumps({"llm_api_key": "sk-debug-9d8c7b", "redis_url": "rediss://:pw-debug-5a4@c:1/0"}),
+    )
+    agent = make_secret(dynamodb_server, "agent-secrets-debug", json.dumps({"MAP_KEY": "mk-3e2f1"}))
+    monkeypatch.setenv("MAP_KEY", "stale")  # restored when the test ends
+    settings = load_settings(
+        secrets_arn=stack,
+        agent_secrets_arn=agent,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    caplog.set_level(logging.DEBUG)
+    resolved = resolve_secrets(settings)
+    assert resolved.llm_api_key is not None
+    assert resolved.llm_api_key.get_secret_value() == "sk-debug-9d8c7b"
+    assert os.environ["MAP_KEY"] == "mk-3e2f1"
+    assert any(record.name.startswith("botocore") for record in caplog.records)
+    for secret in ("sk-debug-9d8c7b", "pw-debug-5a4", "mk-3e2f1"):
+        assert secret not in caplog.text
+
+
 def test_a_secret_that_is_not_a_json_object_is_a_configuration_error(
     dynamodb_server: DynamoDBServer,
 ) -> None:
