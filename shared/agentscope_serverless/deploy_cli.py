@@ -101,10 +101,11 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     pairs = {}
-    for value in values or []:
+    for number, value in enumerate(values or [], start=1):
         key, separator, rest = value.partition("=")
         if not separator or not key:
-            _fail(f"{option} takes KEY=VALUE, not {value!r}")
+            # Not shown: it may be a secret mistyped, and the error goes to a terminal or a log.
+            _fail(f"{option} takes KEY=VALUE: {option} number {number} is not of that form")
         pairs[key] = rest
     return pairs
 

@@ -86,6 +86,18 @@ def test_parameters_must_be_key_value_pairs(fake_sam: FakeSam) -> None:
     assert fake_sam.calls == []
 
 
+@pytest.mark.parametrize("given", ["LlmApiKey:sk-live-4f3e2d", "=sk-live-4f3e2d"])
+def test_a_parameter_that_is_no_key_value_pair_is_not_said_back(
+    fake_sam: FakeSam, given: str
+) -> None:
+    # It may be a secret mistyped (the error quoted it, in a terminal or a CI log).
+    arguments = ["--stack-name", "s", "--param", "LlmModel=m", "--param", given]
+    result = runner.invoke(app, ["deploy", "sam", "deploy", *arguments])
+    assert result.exit_code == 1 and "KEY=VALUE" in result.output
+    assert "sk-live" not in result.output and "--param number 2 is not" in result.output
+    assert fake_sam.calls == []
+
+
 def test_deploy_modelstudio_with_credentials_stops_before_building(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
