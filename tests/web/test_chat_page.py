@@ -1500,6 +1500,74 @@ async def test_signing_out_leaves_nothing_for_the_next_to_sign_in(
         assert not page.exceptions, page.exceptions
 
 
+# Counts the sessions lists the page asks for, and those it is done with (read, once what it
+# does with them is done, or failed): a test then knows a late list was taken, or dropped.
+COUNT_LISTS = """
+window.listsAsked = 0;
+window.listsDone = 0;
+const realFetch = window.fetch;
+window.fetch = function (input, init) {
+  if (!String(input).startsWith("sessions?limit=1000")) return realFetch.call(this, input, init);
+  window.listsAsked += 1;
+  const done = () => setTimeout(() => { window.listsDone += 1; });
+  return realFetch.call(this, input, init).then((response) => {
+    const json = response.json.bind(response);
+    response.json = () => json().finally(done);
+    return response;
+  }, (error) => { done(); throw error; });
+};
+"""
+
+
+@pytest.fixture
+def own_keys() -> Keys:
+    """Keys of a store of their own (a server stops its key store as it stops)."""
+    return Keys.make()
+
+
+async def test_a_list_still_loading_at_sign_out_does_not_reach_the_next_to_sign_in(
+    own_keys: Keys,
+) -> None:
+    # Alice's sessions, asked for before she signed out, landed in Bob's list once they came.
+    listing, gate = threading.Event(), threading.Event()
+    app = create_app(["sessions"], settings=load_settings(web_ui=True), key_store=own_keys.store)
+    history = app.state.context.services.session_history
+    listed = history.list_sessions_page
+
+    async def held(user_id: str, *, limit: int, cursor: str | None = None) -> Any:
+        if user_id == "alice" and limit > 1:  # her list, not the sign-in's check
+            listing.set()
+            await asyncio.to_thread(gate.wait, 30)
+        return await listed(user_id, limit=limit, cursor=cursor)
+
+    history.list_sessions_page = held  # type: ignore[method-assign]
+    session = f"alice-{uuid.uuid4().hex[:8]}"
+    with running(app) as url:
+        async with httpx.AsyncClient(headers=bearer(own_keys.alice)) as client:
+            created = await client.post(f"{url}/sessions", json={"session_id": session})
+            assert created.status_code == 201
+        try:
+            async with chromium_page() as page:
+                await page.send("Page.addScriptToEvaluateOnNewDocument", source=COUNT_LISTS)
+                await sign_in(page, url, own_keys.alice)
+                assert await asyncio.to_thread(listing.wait, 30)
+                await page.evaluate("document.getElementById('sign-out').click()")
+                await page.wait_for("document.activeElement.id === 'api-key'")
+                await page.type_text(own_keys.bob)
+                await page.press(*ENTER)
+                status = "document.getElementById('sessions-status').textContent"
+                await page.wait_for(f"{status} === 'No sessions yet.'")
+                gate.set()
+                await page.wait_for("window.listsDone === window.listsAsked")
+                assert await page.evaluate("window.listsAsked") == 2
+                assert await page.evaluate(f"{status} === 'No sessions yet.'")
+                buttons = "document.querySelectorAll('#sessions button').length"
+                assert await page.evaluate(buttons) == 0
+                assert not page.exceptions, page.exceptions
+        finally:
+            gate.set()
+
+
 async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the_run(
     tool_server: tuple[str, str],
 ) -> None:

@@ -34,6 +34,7 @@ const state = {
   session: null,
   run: null, // {controller, id, stopped}
   loading: null, // AbortController of the session being loaded
+  listing: null, // AbortController of the sessions list being loaded
   sessionsRetry: { timer: 0, delay: SESSIONS_RETRY_MS },
   toolNames: new Map(), // call_id -> tool name, to title results
   titles: new Map(), // session id -> its title, once read
@@ -137,6 +138,7 @@ function showChat() {
 function signOut(message = "") {
   stopRun();
   stopLoading();
+  stopListing();
   clearTimeout(state.sessionsRetry.timer);
   state.sessionsRetry = { timer: 0, delay: SESSIONS_RETRY_MS };
   sessionStorage.removeItem(KEY_STORAGE);
@@ -207,11 +209,14 @@ async function loadSessions() {
   const retry = state.sessionsRetry;
   clearTimeout(retry.timer);
   retry.timer = 0;
+  stopListing();
+  const listing = (state.listing = new AbortController());
   status.textContent = "Loading…";
   const ids = [];
   try {
-    for await (const session of pages("sessions", PAGE_SIZE)) ids.push(session.id);
+    for await (const session of pages("sessions", PAGE_SIZE, listing.signal)) ids.push(session.id);
   } catch (error) {
+    if (listing.signal.aborted) return;
     if (error.status === 404) status.textContent = "Not available on this server.";
     else if (error.status === 401) status.textContent = "";
     else status.textContent = error.status ? error.message : "Cannot reach the server.";
@@ -222,6 +227,8 @@ async function loadSessions() {
     }
     return;
   }
+  if (listing.signal.aborted) return;
+  state.listing = null;
   retry.delay = SESSIONS_RETRY_MS;
   list.replaceChildren(
     ...ids.reverse().map((id) => {
@@ -320,6 +327,12 @@ function markCurrentSession() {
     else button.removeAttribute("aria-current");
   }
   $("session-label").textContent = state.session ? `Session ${state.session}` : "New session";
+}
+
+// Stop loading a list of sessions of one who signed out, so it does not land in the next one's.
+function stopListing() {
+  state.listing?.abort();
+  state.listing = null;
 }
 
 // Stop loading a session the user has left, so its messages do not land in the next one.
