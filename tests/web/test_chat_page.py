@@ -1568,6 +1568,46 @@ async def test_a_list_still_loading_at_sign_out_does_not_reach_the_next_to_sign_
             gate.set()
 
 
+# Counts the requests the page makes, and those that have settled (and what the page did
+# with their answers, its microtasks, is done).
+COUNT_REQUESTS = """
+window.asked = 0;
+window.settled = 0;
+const realFetch = window.fetch;
+window.fetch = function (input, init) {
+  window.asked += 1;
+  const done = () => setTimeout(() => { window.settled += 1; });
+  return realFetch.call(this, input, init).finally(done);
+};
+"""
+
+
+async def test_signing_out_during_a_reply_asks_nothing_more_with_no_key(
+    tool_server: tuple[str, str],
+) -> None:
+    # The run's end reloaded the sessions list with no key: the server's 401 then showed
+    # "Your key was not accepted" to whoever had just signed out.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await page.send("Page.addScriptToEvaluateOnNewDocument", source=COUNT_REQUESTS)
+        await sign_in(page, url, key)
+        await page.type_text("take your time")
+        await page.press(*ENTER)
+        await page.wait_for(
+            "document.querySelector('.message.assistant.streaming')"
+            " && document.querySelector('.message.assistant').textContent.includes('Working')"
+        )
+        saved = "JSON.parse(sessionStorage.getItem('agentscope-serverless.run') || '{}').id"
+        run_id = await page.wait_for(saved)
+        await page.evaluate("document.getElementById('sign-out').click()")
+        await page.wait_for("window.settled === window.asked")
+        assert await page.evaluate("document.getElementById('sign-in-error').textContent") == ""
+        assert not page.exceptions, page.exceptions
+    async with httpx.AsyncClient(base_url=url, headers=bearer(key)) as client:
+        run = (await client.get(f"/runs/{run_id}")).json()
+        assert run["cancel_requested"] or run["status"] == "canceled", run
+
+
 async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the_run(
     tool_server: tuple[str, str],
 ) -> None:

@@ -687,7 +687,7 @@ async function send(event) {
   log.append(user.item);
   scrollToEnd(true);
 
-  const run = { controller: new AbortController(), id: null, stopped: false, text };
+  const run = { controller: new AbortController(), id: null, stopped: false, text, key: state.key };
   state.run = run;
   setRunning(true, "Thinking…");
   const memories = await searchMemories(text);
@@ -766,7 +766,8 @@ async function stream(run, open) {
       setRunning(false, outcome);
     }
   }
-  loadSessions();
+  // Not for one who signed out meanwhile (with no key, or the next one's).
+  if (state.key === run.key) loadSessions();
 }
 
 // A message being streamed is busy: screen readers announce it once, whole, when it is done,
@@ -813,7 +814,13 @@ async function resumeRun() {
   renderParts(user, [{ type: "text", text: String(saved.text ?? "") }]);
   log.append(user.item);
   scrollToEnd();
-  const run = { controller: new AbortController(), id: saved.id, stopped: false, text: saved.text };
+  const run = {
+    controller: new AbortController(),
+    id: saved.id,
+    stopped: false,
+    text: saved.text,
+    key: state.key,
+  };
   state.run = run;
   setRunning(true, "Thinking…");
   await stream(run, () =>
@@ -965,10 +972,11 @@ function stopRun() {
 function cancelRun(run) {
   run.controller.abort();
   if (!run.id) return;
-  // Tell the server too; a server without the runs routes answers 404, which is fine.
+  // Tell the server too, with the key of its user (who may have signed out since); a server
+  // without the runs routes answers 404, which is fine.
   fetch(`runs/${encodeURIComponent(run.id)}/cancel`, {
     method: "POST",
-    headers: { Authorization: `Bearer ${state.key}` },
+    headers: { Authorization: `Bearer ${run.key}` },
     credentials: "omit",
   }).catch(() => {});
 }
