@@ -8,6 +8,8 @@ tests that use it fail with the command that installs it).
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -77,17 +79,30 @@ def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def sam_offline_deploy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def sam_offline_deploy(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
     """What ``SAMDeployManager.deploy()`` reports without AWS credentials: it validated and
-    built the stack (``sam build``, no Docker) and deployed nothing. Runs once per session
-    (about a minute: the layer installs every pinned dependency)."""
+    built the stack (``sam build``, no Docker) and deployed nothing. Runs once per test run
+    (about a minute: the layer installs every pinned dependency): the first worker process
+    to need it builds, the others wait for its report."""
     from agentscope_serverless.deployers import SAMDeployManager
 
-    build_dir = tmp_path_factory.mktemp("sam") / "build"
-    manager = SAMDeployManager(PROJECT_ROOT, "agentscope-serverless-test", build_dir=build_dir)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        without_aws_credentials(monkeypatch)
-        return manager.deploy_sync()
+    def deploy() -> dict[str, Any]:
+        build_dir = tmp_path_factory.mktemp("sam") / "build"
+        manager = SAMDeployManager(PROJECT_ROOT, "agentscope-serverless-test", build_dir=build_dir)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            without_aws_credentials(monkeypatch)
+            return manager.deploy_sync()
+
+    if worker_id == "master":  # not distributed
+        return deploy()
+    run_dir = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    report = run_dir / "sam-offline-deploy.json"
+    with (run_dir / "sam-offline-deploy.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not report.exists():
+            report.write_text(json.dumps(deploy(), default=str))
+        reported: dict[str, Any] = json.loads(report.read_text())
+        return reported
 
 
 @pytest.fixture(scope="session")
