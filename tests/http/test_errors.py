@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import socket
 import time
@@ -249,6 +250,29 @@ def test_a_body_under_the_limit_is_served(small_limit_url: str, keys: Keys) -> N
     with httpx.Client(base_url=small_limit_url, headers=bearer(keys.alice)) as client:
         response = client.post("/process", json={"input": [user_message("hi")], "stream": False})
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_refused_saying_to_send_it_uncompressed(
+    client_for: Callable[..., httpx.Client], keys: Keys, coding: str
+) -> None:
+    # It was read as JSON text as it came, and refused as "not valid UTF-8 text".
+    client = client_for(keys.alice)
+    path = f"/state/compressed-{uuid.uuid4().hex}"
+    body = gzip.compress(json.dumps({"state": {"k": "x" * 10_000}}).encode())
+    headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+    response = client.post(path, content=body, headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.headers["Accept-Encoding"] == "identity"
+    assert error_of(response)["message"] == (
+        f"the request body must be sent uncompressed: Content-Encoding {coding!r} is not supported"
+    )
+    assert client.get(path).status_code == 404
+    # A coding that compresses nothing (a charset sent by mistake too): read as it comes.
+    for plain in ("identity", "UTF-8"):
+        headers = {"Content-Type": "application/json", "Content-Encoding": plain}
+        stored = client.post(path, json={"state": {"k": 1}}, headers=headers)
+        assert stored.status_code == 201, stored.text
 
 
 def test_unknown_routes_and_missing_things_get_404(

@@ -22,6 +22,9 @@ says so, without reading it into the app, otherwise as soon as the bytes read ex
 closed while the client still sends is reset, and a client writing its whole body before
 reading (httpx's async client, most SDKs) then sees a broken connection instead of the 413.
 A client that asked ``Expect: 100-continue`` has sent no body: it is answered at once.
+A compressed body (a ``Content-Encoding`` of gzip, deflate, br, zstd...) gets 415, refused
+the same way: it is never decompressed, and read as it came it would be refused as text that
+is not UTF-8.
 A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408. A
 JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels gets 422
 before anything parses it: a parser recursing that far would run out of stack, and the
@@ -308,8 +311,9 @@ class BodyTooDeep(HTTPException):
 
 
 class BodySizeLimitMiddleware:
-    """Rejects request bodies larger than ``max_bytes`` with 413, stalled ones with 408 and
-    JSON ones nesting deeper than ``MAX_JSON_DEPTH`` with 422.
+    """Rejects request bodies larger than ``max_bytes`` with 413, compressed ones (a
+    ``Content-Encoding`` of a compression) with 415, stalled ones with 408 and JSON ones
+    nesting deeper than ``MAX_JSON_DEPTH`` with 422.
 
     ``timeout`` bounds the wait for each part of the body (None: no limit); once the body
     is complete, later reads (a streaming response listening for the client leaving) wait
@@ -324,6 +328,19 @@ class BodySizeLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        coding = _content_coding(scope)
+        if coding is not None:
+            response = error_response(
+                415,
+                "UNSUPPORTED_MEDIA_TYPE",
+                f"the request body must be sent uncompressed: Content-Encoding {coding!r} is "
+                "not supported",
+            )
+            response.headers["Accept-Encoding"] = "identity"
+            response.headers["Connection"] = "close"
+            await _drain(scope, receive)
+            await response(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
@@ -436,6 +453,22 @@ def _is_json(scope: Scope) -> bool:
         if name == b"content-type":
             return is_json_type(bytes(value).decode("latin-1"))
     return True
+
+
+# The content codings that compress a body (HTTP's registry). Any other value is no
+# compression (``identity``, or a charset sent by mistake): the body is read as it comes.
+_COMPRESSIONS = frozenset(("gzip", "x-gzip", "deflate", "br", "compress", "x-compress", "zstd"))
+
+
+def _content_coding(scope: Scope) -> str | None:
+    """The request's ``Content-Encoding`` when it names a compression, else None."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-encoding":
+            coding = bytes(value).decode("latin-1").strip()
+            codings = {part.strip().lower() for part in coding.split(",")}
+            if codings & _COMPRESSIONS:
+                return coding[:100]
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:
