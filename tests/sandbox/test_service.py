@@ -109,6 +109,30 @@ async def test_clients_connecting_one_session_at_once_share_its_sandboxes(
             await service.stop()
 
 
+async def test_connecting_one_session_at_once_past_the_users_share_shares_its_sandbox(
+    sandbox_server: RunningServer, session_id: str
+) -> None:
+    # Each connect that found no sandbox made one: those past the user's share got a 429
+    # (the share held by the others' copies) where the session's sandbox was there to use.
+    services = [
+        SandboxService(sandbox_server.url, sandbox_server.token, max_sandboxes_per_user=2)
+        for _ in range(6)
+    ]
+    for service in services:
+        await service.start()
+    try:
+        connected = await asyncio.gather(
+            *(s.connect_async(session_id, "u-share", env_types=["base"]) for s in services)
+        )
+        assert len({box.sandbox_id for [box] in connected}) == 1
+        listed = await services[0].sandboxes_async(session_id, "u-share")
+        assert [box.sandbox_id for box in listed] == [connected[0][0].sandbox_id]
+    finally:
+        await services[0].release_async(session_id, "u-share")
+        for service in services:
+            await service.stop()
+
+
 async def test_the_user_is_part_of_the_session_key(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

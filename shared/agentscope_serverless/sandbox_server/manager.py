@@ -241,6 +241,8 @@ class SandboxManager:
         self._sandboxes: dict[str, _Sandbox] = {}
         self._sessions: dict[str, list[str]] = {}
         self._creating: dict[str | None, int] = {}
+        # Per session: a future for each of its sandboxes being made, done once it is.
+        self._making: dict[str, set[asyncio.Future[None]]] = {}
         self._releasing = 0
         self._reaper: asyncio.Task[None] | None = None
         self._warming: set[asyncio.Task[None]] = set()
@@ -379,9 +381,44 @@ class SandboxManager:
         owner_cap = meta.get(OWNER_CAP_KEY, self.config.max_sandboxes_per_owner)
         if not isinstance(owner_cap, int) or isinstance(owner_cap, bool) or owner_cap < 1:
             raise SandboxRequestError(f"meta.{OWNER_CAP_KEY} must be a positive integer")
-        self._check_capacity(owner, min(owner_cap, self.config.max_sandboxes_per_owner))
+        try:
+            self._check_capacity(owner, min(owner_cap, self.config.max_sandboxes_per_owner))
+        except SandboxQuotaError:
+            # Connects of one session at once each make its sandbox, their copies holding
+            # the owner's share: one refused for it is answered once those are made, so that
+            # it finds the session's sandbox among them.
+            await self._made_for(session_ctx_id)
+            raise
         if self._closing:
             raise SandboxUnavailableError("the sandbox server is shutting down")
+        if not session_ctx_id:
+            return await self._make(sandbox_type, meta, owner, environment)
+        made = asyncio.get_running_loop().create_future()
+        self._making.setdefault(session_ctx_id, set()).add(made)
+        try:
+            return await self._make(sandbox_type, meta, owner, environment)
+        finally:
+            made.set_result(None)
+            pending = self._making[session_ctx_id]
+            pending.discard(made)
+            if not pending:
+                del self._making[session_ctx_id]
+
+    async def _made_for(self, session_ctx_id: str | None) -> None:
+        """Wait until the sandboxes being made for ``session_ctx_id`` are made (or failed)."""
+        pending = self._making.get(session_ctx_id) if session_ctx_id else None
+        if pending:
+            await asyncio.wait(set(pending))
+
+    async def _make(
+        self,
+        sandbox_type: str,
+        meta: dict[str, Any],
+        owner: str | None,
+        environment: dict[str, str] | None,
+    ) -> str:
+        """A new sandbox of ``sandbox_type``, its capacity checked already."""
+        session_ctx_id: str | None = meta.get(SESSION_CTX_KEY)
         sandbox_id = f"sbx-{uuid.uuid4().hex}"
         directory = self.config.root / "sandboxes" / sandbox_id
         # Held, like the capacity, until the sandbox's processes and files are gone.

@@ -17,6 +17,7 @@ from typing import Any
 from agentscope_serverless.errors import (
     InvalidInputError,
     SandboxNotFoundError,
+    SandboxQuotaError,
     SandboxUnavailableError,
 )
 from agentscope_serverless.log import logger
@@ -253,7 +254,8 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
 
         Clients connecting one session at once (two Lambda instances) each make the
         sandboxes they do not find; all of them then use the session's first sandbox of
-        each type, and each releases the others it made.
+        each type, and each releases the others it made. One refused for the user's share
+        (held by those copies) uses the session's sandbox too.
         """
         client = self.client
         user_id = _acting_user(user_id)
@@ -263,7 +265,17 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         made: dict[str, Sandbox] = {}
         for sandbox_type in wanted:
             if not any(box.sandbox_type == sandbox_type for box in found):
-                sandbox_id = await client.create_from_pool(sandbox_type, self._meta(key, user_id))
+                try:
+                    sandbox_id = await client.create_from_pool(
+                        sandbox_type, self._meta(key, user_id)
+                    )
+                except SandboxQuotaError:
+                    # The user's share may be held by the copies other connects of this
+                    # session made at once: the session's sandbox is among them.
+                    found = await self.sandboxes_async(session_id, user_id)
+                    if _first_of_type(found, sandbox_type) is None:
+                        raise
+                    continue
                 self._created.add(sandbox_id)
                 made[sandbox_type] = Sandbox(client, sandbox_id, sandbox_type)
         # The server maps a session's sandboxes in the order they were made.
