@@ -252,6 +252,19 @@ def test_a_body_under_the_limit_is_served(small_limit_url: str, keys: Keys) -> N
     assert response.status_code == 200
 
 
+def test_a_round_id_of_true_is_refused_and_round_1_kept(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # It was read as round 1 and overwrote it (the services refuse a bool for a round).
+    client = client_for(keys.alice)
+    path = f"/state/rounds-{uuid.uuid4().hex}"
+    assert client.post(path, json={"state": {"kept": True}}).json()["round_id"] == 1
+    response = client.post(path, json={"state": {"kept": False}, "round_id": True})
+    assert response.status_code == 422, response.text
+    assert error_of(response)["param"] == "round_id"
+    assert client.get(path, params={"round_id": 1}).json()["state"] == {"kept": True}
+
+
 @pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
 def test_a_compressed_body_is_refused_saying_to_send_it_uncompressed(
     client_for: Callable[..., httpx.Client], keys: Keys, coding: str

@@ -36,7 +36,8 @@ class StateSave(BaseModel):
     """A state to save; with ``round_id`` that round is overwritten."""
 
     state: dict[str, Any]
-    round_id: int | None = Field(None, ge=1, le=MAX_ROUND_ID)
+    # Strict: ``true`` would be read as round 1, and overwrite it.
+    round_id: int | None = Field(None, ge=1, le=MAX_ROUND_ID, strict=True)
 
 
 class StateSaved(BaseModel):
