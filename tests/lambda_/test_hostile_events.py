@@ -136,6 +136,22 @@ def test_a_user_named_twice_behind_a_function_url_is_refused(
     )
 
 
+def test_a_key_sent_twice_behind_a_function_url_is_said_to_be_so(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = sessions_handler
+    # Two Authorization headers reach the function joined by a comma: the key was said not
+    # to be of the form ask_<id>_<secret>, as if it had been pasted wrong.
+    for joined in (f"Bearer {key},Bearer {key}", f"Bearer {key}, Bearer ask_x_y"):
+        event = function_url_event("GET", "/sessions", headers={"authorization": joined})
+        response = handler(event, None)
+        assert response["statusCode"] == 401, response
+        error = json.loads(response["body"])["error"]
+        assert error["message"] == (
+            "the Authorization header is given more than once (several arrive joined by ',')"
+        )
+
+
 class LambdaContext:
     """The part of Lambda's context object the handler reads: the time left."""
 

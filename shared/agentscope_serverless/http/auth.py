@@ -196,6 +196,13 @@ async def get_caller(
     elif request.headers.getlist(AUTHORIZATION_HEADER)[1:]:
         # Which key would act? Servers take the first, proxies the last or both: refuse.
         raise AuthenticationError(f"the {AUTHORIZATION_HEADER} header is given more than once")
+    elif "," in request.headers.get(AUTHORIZATION_HEADER, ""):
+        # A Function URL (like most proxies) joins a repeated header's values with commas;
+        # no key holds one.
+        raise AuthenticationError(
+            f"the {AUTHORIZATION_HEADER} header is given more than once (several arrive "
+            "joined by ',')"
+        )
     elif credentials is None:
         raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
     else:
