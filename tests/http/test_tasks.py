@@ -116,6 +116,32 @@ def test_a_task_is_submitted_at_once_and_its_result_read_when_done(
         assert _wait_for(client, counted["task_id"])["result"] == 3
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        # curl -d sends its data as a form: the task got the JSON text as a string.
+        ("application/x-www-form-urlencoded", b'{"numbers": [1, 2]}'),
+        ("text/plain", b"not JSON"),
+        ("application/octet-stream", b"\xff\xfe"),  # the task failed decoding it
+    ],
+)
+def test_a_body_that_is_not_json_is_refused_and_no_task_runs(
+    server: tuple[str, Keys], content_type: str, body: bytes
+) -> None:
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        response = client.post("/jobs/scale", content=body, headers={"Content-Type": content_type})
+        assert response.status_code == 415, response.text
+        assert response.json()["error"]["message"] == (
+            f"the body must be JSON (Content-Type: application/json), not {content_type!r}"
+        )
+        # Sent as JSON, or with no body at all, it is submitted.
+        sent = client.post("/jobs/scale", json={"numbers": [1, 2], "by": 3})
+        assert _wait_for(client, sent.json()["task_id"])["result"] == {"scaled": [3, 6]}
+        empty = client.post("/jobs/fail", headers={"Content-Type": content_type})
+        assert empty.status_code == 202, empty.text
+
+
 def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
     url, keys = server
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:

@@ -207,12 +207,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     content_type = request.headers.get("content-type")
     if not is_json_type(content_type) and any(e["loc"] == ("body",) for e in exc.errors()):
         # A route reading a JSON body was sent another kind of body.
-        kind = (content_type or "").partition(";")[0].strip()[:100]
-        return error_response(
-            415,
-            "UNSUPPORTED_MEDIA_TYPE",
-            f"the body must be JSON (Content-Type: application/json), not {kind!r}",
-        )
+        return not_json_type(content_type)
     unparsed = _not_json(exc)
     if unparsed is not None:
         return response_for(unparsed)
@@ -220,6 +215,16 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     where = "; ".join(f"{'.'.join(str(p) for p in f['loc'])}: {f['msg']}" for f in fields[:5])
     message = f"invalid request: {where}{_other_shape(exc)}"
     return error_response(422, InvalidInputError.code, message, fields)
+
+
+def not_json_type(content_type: str | None) -> JSONResponse:
+    """The 415 answering a body of ``content_type``, not JSON, on a route that reads JSON."""
+    kind = (content_type or "").partition(";")[0].strip()[:100]
+    return error_response(
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+        f"the body must be JSON (Content-Type: application/json), not {kind!r}",
+    )
 
 
 def _not_json(exc: RequestValidationError) -> InvalidInputError | None:
@@ -337,6 +342,7 @@ __all__ = [
     "error_response",
     "error_type",
     "install_error_handlers",
+    "not_json_type",
     "param_of",
     "response_for",
     "status_of",

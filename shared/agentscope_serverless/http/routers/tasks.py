@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.errors import not_json_type
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.services.runs.base import MAX_RUN_ID_LENGTH, RunRecord, RunsService
 from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
 
@@ -111,7 +113,14 @@ def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRout
 
 
 def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
-    async def submit(user_id: CurrentUser, payload: Annotated[Any, Body()] = None) -> JSONResponse:
+    async def submit(
+        request: Request, user_id: CurrentUser, payload: Annotated[Any, Body()] = None
+    ) -> JSONResponse:
+        # The payload may be any JSON value, so a body of another type is not refused by its
+        # validation as on the other routes: the task would get its text, or its bytes.
+        content_type = request.headers.get("content-type")
+        if await request.body() and not is_json_type(content_type):
+            return not_json_type(content_type)
         record = await executor.submit(task, user_id, payload)
         body = {
             "task_id": record.id,
