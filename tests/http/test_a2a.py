@@ -459,6 +459,34 @@ async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
         assert response.status_code == 400, response.text
 
 
+async def test_an_a2a_0_3_history_length_no_task_can_have_is_invalid_params(
+    served: tuple[str, Keys],
+) -> None:
+    # The SDK's 0.3 route answered one past 32 bits with an internal error (-32603), and
+    # logged it with its traceback as a server error.
+    url, keys = served
+    message = a2a_send("hi")["params"]["message"]
+    too_long = 2**31
+    calls = [
+        ("message/send", {"message": message, "configuration": {"historyLength": too_long}}),
+        ("message/stream", {"message": message, "configuration": {"historyLength": too_long}}),
+        ("tasks/get", {"id": "t1", "historyLength": too_long}),
+    ]
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        for method, params in calls:
+            call = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+            answer = (await http.post("/a2a", json=call)).json()
+            assert answer["id"] == 7, answer
+            assert answer["error"]["code"] == -32602, answer
+            assert answer["error"]["message"] == (
+                f"historyLength must be at most {too_long - 1}, got {too_long}"
+            )
+        fits = {"jsonrpc": "2.0", "id": 8, "method": "tasks/get", "params": {"id": "t1"}}
+        fits["params"]["historyLength"] = too_long - 1
+        answer = (await http.post("/a2a", json=fits)).json()
+        assert answer["error"]["code"] == -32001, answer  # task not found
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)

@@ -2,7 +2,8 @@
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
-(valid Unicode and finite numbers in the body, ``Idempotency-Key``), and the A2A call
+(valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call's
+``historyLength`` beyond 32 bits is invalid params, as in A2A 1.0), and the A2A call
 context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
@@ -20,7 +21,7 @@ from a2a.server.routes import (
     create_rest_routes,
 )
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from agentscope_serverless.a2a_server import (
@@ -32,7 +33,7 @@ from agentscope_serverless.a2a_server import (
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.guards import check_request
+from agentscope_serverless.http.guards import check_request, request_body
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
 
 _USER_SCOPE_KEY = "agentscope.user_id"
@@ -69,9 +70,34 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
         request.scope[_USER_SCOPE_KEY] = caller.user_id()
         # The SDK reads the body as JSON whatever its content type: so are the checks.
         await check_request(request, caller, _idempotency_key(request), any_type=True)
+        if request.url.path == A2A_PATH:
+            refused = _history_length_refused(await request_body(request, any_type=True))
+            if refused is not None:
+                return refused
         return await endpoint(request)
 
     return guarded
+
+
+# The protocol's historyLength is a 32-bit integer. The SDK's A2A 0.3 methods (their names
+# hold a '/') answer a larger one with an internal error, logged as a server error; its 1.0
+# methods with invalid params, as this does.
+_MAX_HISTORY_LENGTH = 2**31 - 1
+
+
+def _history_length_refused(body: Any) -> Response | None:
+    """The JSON-RPC error refusing an A2A 0.3 call whose historyLength is beyond 32 bits."""
+    if not isinstance(body, dict) or "/" not in str(body.get("method")):
+        return None
+    params = body.get("params")
+    configuration = params.get("configuration") if isinstance(params, dict) else None
+    for holder in (params, configuration):
+        length = holder.get("historyLength") if isinstance(holder, dict) else None
+        if isinstance(length, int) and length > _MAX_HISTORY_LENGTH:
+            message = f"historyLength must be at most {_MAX_HISTORY_LENGTH}, got {length}"
+            error = {"code": -32602, "message": message, "data": None}
+            return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+    return None
 
 
 def _idempotency_key(request: Request) -> str | None:
