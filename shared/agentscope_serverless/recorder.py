@@ -451,6 +451,7 @@ class RecordedRun:
 
     async def _begin(self) -> None:
         self._producer = asyncio.create_task(self._produce())
+        self._producer.add_done_callback(self._never_ran)
         if self._time_left is not None:
             loop = asyncio.get_running_loop()
             self._time_limit = loop.call_later(max(self._time_left, 0), self._time_is_up)
@@ -459,6 +460,17 @@ class RecordedRun:
         if self._failure is not None:
             raise self._failure
         assert self._log, "the run ended before its first event"
+
+    def _never_ran(self, producer: asyncio.Task[None]) -> None:
+        """End a run whose task was cancelled before its first step (a delete of its
+        session came first): the task's code, which ends the run, never ran."""
+        if self._produced:
+            return
+        self._produced = True
+        self._failure = _canceled_before_it_began()
+        if self._time_limit is not None:
+            self._time_limit.cancel()
+        self._notify()
 
     def take(self) -> list[EventItem]:
         """The events produced since the last call (none when nothing new came)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import RunCanceledError, StoreUnavailableError
 from agentscope_serverless.http.sse import RunEventStream
 from agentscope_serverless.log import logger
 from agentscope_serverless.recorder import LAST_WRITE_ATTEMPTS, RunRecorder
@@ -374,3 +374,22 @@ async def test_a_store_outage_is_logged_once_per_run_not_at_every_write_or_poll(
     assert logged.count("could not read the run's cancellation mark") == 1
     # Once while the run went on, then at each try of its last write.
     assert logged.count("could not store the run") == 1 + LAST_WRITE_ATTEMPTS
+
+
+async def test_a_run_stopped_before_its_first_step_is_canceled_not_left_hanging() -> None:
+    # A delete of its session stopping it before its task had run a line: the task, cancelled
+    # before it began, never ran the code that ends the run, and its request waited for ever.
+    runs = InMemoryRunsService()
+    runner = _runner(_fast)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs)
+        request = {**_request(), "session_id": "s1"}
+        starting = asyncio.ensure_future(
+            recorder.start(runner.stream_query(request), user_id="alice", session_id="s1")
+        )
+        await asyncio.sleep(0)  # start() runs up to its first wait: the run's task is made
+        assert recorder._runs, "the run has not started yet"
+        await recorder.stop_local("alice", "s1", wait=5)
+        with pytest.raises(RunCanceledError, match="canceled before it began"):
+            await asyncio.wait_for(starting, 5)
+        assert not recorder._runs
