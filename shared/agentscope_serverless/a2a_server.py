@@ -65,7 +65,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services._validation import require_session_id
-from agentscope_serverless.services.runs.base import RunRecord, RunsService
+from agentscope_serverless.services.runs.base import RUN_LOST, RunRecord, RunsService
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
@@ -339,8 +339,7 @@ class RunsTaskStore(TaskStore):
             return None  # an id no run can have (too long): no such task
         if record is None or record.kind != "a2a_task":
             return None
-        task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
-        return task
+        return await self._as_seen(record)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """The tasks of a context (``context_id``); without one, none are listed."""
@@ -350,12 +349,29 @@ class RunsTaskStore(TaskStore):
             records = await self.runs.list_runs(owner_of(context), params.context_id)
         except InvalidInputError as exc:
             raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
-        tasks = [
-            ParseDict(record.result, Task(), ignore_unknown_fields=True)
-            for record in records
-            if record.kind == "a2a_task"
-        ]
+        tasks = [await self._as_seen(record) for record in records if record.kind == "a2a_task"]
         return ListTasksResponse(tasks=tasks, total_size=len(tasks), page_size=len(tasks))
+
+    async def _as_seen(self, record: RunRecord) -> Task:
+        """The task stored in ``record``, as readers see it: one working whose run was lost
+        (the process running it stopped before it ended, see :class:`RunRecord`) failed, with
+        the run's error, since nothing will end it."""
+        task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
+        run_id = _run_of(task)
+        if task.status.state not in _WORKING or not run_id:
+            return task
+        run = await self.runs.get_run(record.user_id, run_id)
+        if run is None or run.error is None or run.error.get("code") != RUN_LOST:
+            return task
+        message = new_text_message(
+            run.error["message"],
+            context_id=task.context_id,
+            task_id=task.id,
+            role=A2ARole.ROLE_AGENT,
+        )
+        task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message))
+        task.status.timestamp.FromSeconds(int(run.updated_at))
+        return task
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         """Tasks are not deleted one by one: they expire with the runs (``RUNS_TTL_SECONDS``)."""

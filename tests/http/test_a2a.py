@@ -18,20 +18,23 @@ import redis.asyncio
 from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client
 from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
-from a2a.helpers.proto_helpers import get_artifact_text, new_text_message
+from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
 from a2a.types import (
     AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
+    Task,
     TaskState,
+    TaskStatus,
 )
 from a2a.utils.errors import InvalidParamsError
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import MessageToDict, ParseDict
 
-from agentscope_serverless.a2a_server import TASK_SAVE_INTERVAL
+from agentscope_serverless.a2a_server import RUN_ID_KEY, TASK_SAVE_INTERVAL
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
@@ -39,6 +42,8 @@ from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
+from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS, RunRecord
+from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, a2a_send, bearer, running
 
@@ -299,6 +304,49 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
     async with _client(second, keys.alice, streaming=True) as again:
         with pytest.raises(Exception, match=r"(?i)terminal"):
             [e async for e in again.subscribe(SubscribeToTaskRequest(id=task_id))]
+
+
+async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
+    two_servers: tuple[str, str, Keys], redis_server: RedisServer
+) -> None:
+    # Its instance stopped mid-reply (killed, out of memory): its run read as lost, but the
+    # task stayed working for ever, and every message to it was refused as still working.
+    first, _, keys = two_servers
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    task_id, run_id, context_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in "trc")
+    asked = new_text_message("take your time", context_id=context_id, role=Role.ROLE_USER)
+    working = Task(
+        id=task_id,
+        context_id=context_id,
+        status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+        history=[asked],
+        metadata={RUN_ID_KEY: run_id},
+    )
+    async with RedisRunsService(redis_url=redis_server.url) as runs:
+        run = RunRecord(
+            id=run_id, user_id="alice", session_id=context_id, kind="a2a", updated_at=stale
+        )
+        await runs.record(run, [(0, '{"sequence_number":0,"object":"response"}')], create=True)
+        await runs.create_run(
+            RunRecord(
+                id=task_id,
+                user_id="alice",
+                session_id=context_id,
+                kind="a2a_task",
+                result=MessageToDict(working),
+            )
+        )
+    async with _client(first, keys.alice, streaming=False) as client:
+        task = await client.get_task(GetTaskRequest(id=task_id))
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        assert "stopped before the run ended" in get_message_text(task.status.message)
+        listed = await client.list_tasks(ListTasksRequest(context_id=context_id))
+        assert [t.status.state for t in listed.tasks] == [TaskState.TASK_STATE_FAILED]
+        again = new_text_message(
+            "are you there?", context_id=context_id, task_id=task_id, role=Role.ROLE_USER
+        )
+        with pytest.raises(Exception, match="terminal state"):
+            [e async for e in client.send_message(SendMessageRequest(message=again))]
 
 
 async def test_a_long_streamed_reply_is_not_written_to_the_store_for_every_chunk(
