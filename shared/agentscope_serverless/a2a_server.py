@@ -25,7 +25,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -342,15 +342,20 @@ class RunsTaskStore(TaskStore):
         return await self._as_seen(record)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
-        """The tasks of a context (``context_id``); without one, none are listed."""
+        """The tasks of a context (``context_id``), as ``params`` ask for them (their status,
+        updated since, a page of them, the last updated first: the SDK's listing picks them);
+        without a context, none are listed."""
         if not params.context_id:
             return ListTasksResponse()
         try:
             records = await self.runs.list_runs(owner_of(context), params.context_id)
         except InvalidInputError as exc:
             raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
-        tasks = [await self._as_seen(record) for record in records if record.kind == "a2a_task"]
-        return ListTasksResponse(tasks=tasks, total_size=len(tasks), page_size=len(tasks))
+        listing = InMemoryTaskStore()
+        for record in records:
+            if record.kind == "a2a_task":
+                await listing.save(await self._as_seen(record), context)
+        return await listing.list(params, context)
 
     async def _as_seen(self, record: RunRecord) -> Task:
         """The task stored in ``record``, as readers see it: one working whose run was lost

@@ -425,6 +425,41 @@ async def test_a_reply_whose_stream_pauses_is_stored_while_it_pauses(
         await stream.aclose()
 
 
+async def test_a_contexts_tasks_are_listed_as_asked_filtered_newest_first_a_page_at_a_time(
+    served: tuple[str, Keys],
+) -> None:
+    # The status asked for, and the page size, were ignored: every task of the context came.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with _client(url, keys.alice, streaming=True) as client:
+        done = []
+        for text in ("one", "two"):
+            sent = [e async for e in client.send_message(_message(text, context_id=context_id))]
+            done.append(next(e.task.id for e in sent if e.HasField("task")))
+        stream = client.send_message(_message("slowly " + "word " * 20, context_id=context_id))
+        working = await _first_chunk_of(stream)
+        try:
+            only = ListTasksRequest(context_id=context_id, status=TaskState.TASK_STATE_WORKING)
+            assert [t.id for t in (await client.list_tasks(only)).tasks] == [working]
+            completed = ListTasksRequest(
+                context_id=context_id, status=TaskState.TASK_STATE_COMPLETED
+            )
+            assert {t.id for t in (await client.list_tasks(completed)).tasks} == set(done)
+            first = await client.list_tasks(ListTasksRequest(context_id=context_id, page_size=2))
+            assert first.total_size == 3 and len(first.tasks) == 2 and first.next_page_token
+            rest = await client.list_tasks(
+                ListTasksRequest(
+                    context_id=context_id, page_size=2, page_token=first.next_page_token
+                )
+            )
+            assert len(rest.tasks) == 1 and not rest.next_page_token
+            listed = [t.id for t in [*first.tasks, *rest.tasks]]
+            assert listed == [working, done[1], done[0]]  # the last updated first
+        finally:
+            await client.cancel_task(CancelTaskRequest(id=working))
+            await stream.aclose()
+
+
 async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:
     url, keys = served
     async with _client(url, keys.alice, streaming=True) as client:
