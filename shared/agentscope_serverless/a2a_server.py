@@ -49,7 +49,12 @@ from a2a.types import (
 )
 from a2a.types import Message as A2AMessage
 from a2a.types import Role as A2ARole
-from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
+from a2a.utils.errors import (
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.errors import InvalidInputError
@@ -404,6 +409,7 @@ class RunsRequestHandler(DefaultRequestHandler):
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> A2AMessage | Task:
+        _refuse_what_is_not_text(params.message)
         await self._refuse_a_task_running_elsewhere(params, context)
         answer: A2AMessage | Task = await super().on_message_send(params, context)
         return answer
@@ -411,6 +417,7 @@ class RunsRequestHandler(DefaultRequestHandler):
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncIterator[Any]:
+        _refuse_what_is_not_text(params.message)
         await self._refuse_a_task_running_elsewhere(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
@@ -492,6 +499,22 @@ class RunsRequestHandler(DefaultRequestHandler):
             await asyncio.sleep(self._runs.poll_seconds)
             task = await self._tasks.get(params.id, context) or task
         yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+
+def _refuse_what_is_not_text(message: A2AMessage) -> None:
+    """Refuse a message the agent cannot be given whole, before a task is made for it: one
+    holding a part of another kind than text (a file, data; its card takes ``text/plain``),
+    or no text. The agent ran without what was dropped, on an empty message if nothing was
+    left, which its session kept."""
+    for part in message.parts:
+        kind = part.WhichOneof("content")
+        if kind != "text":
+            raise ContentTypeNotSupportedError(
+                message=f"the message holds a {kind} part: this agent takes text parts only"
+            )
+    # A message without parts is the SDK's to refuse (a required field).
+    if message.parts and not "".join(part.text for part in message.parts).strip():
+        raise InvalidParamsError("the message holds no text")
 
 
 def _join_reply(task: Task) -> None:

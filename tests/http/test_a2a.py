@@ -512,6 +512,31 @@ async def test_a_context_id_no_session_can_have_is_invalid_params(
         assert (await http.get("/sessions")).json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("parts", "code", "says"),
+    [
+        # Anything but text was dropped: the agent ran on an empty message, which was stored.
+        ([{"data": {"city": "Paris"}}], -32005, "a data part"),
+        ([{"text": "look"}, {"url": "https://example.com/cat.png"}], -32005, "a url part"),
+        ([{"raw": "aGk=", "mediaType": "text/plain"}], -32005, "a raw part"),
+        ([{"text": " "}], -32602, "holds no text"),
+    ],
+)
+async def test_a_message_the_agent_cannot_take_whole_is_refused_not_run_without_it(
+    served: tuple[str, Keys], parts: list[dict[str, Any]], code: int, says: str
+) -> None:
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    message = {"role": "ROLE_USER", "parts": parts, "messageId": "m1", "contextId": context_id}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        answer = (await http.post("/a2a", json=call, headers={"A2A-Version": "1.0"})).json()
+        assert answer["error"]["code"] == code, answer
+        assert says in answer["error"]["message"]
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+        assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+
+
 async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
     served: tuple[str, Keys],
 ) -> None:
