@@ -32,6 +32,7 @@ from a2a.types import (
     AgentInterface,
     AgentSkill,
     Artifact,
+    CancelTaskRequest,
     HTTPAuthSecurityScheme,
     ListTasksRequest,
     ListTasksResponse,
@@ -70,7 +71,12 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services._validation import require_session_id
-from agentscope_serverless.services.runs.base import RUN_LOST, RunRecord, RunsService
+from agentscope_serverless.services.runs.base import (
+    RUN_LOST,
+    STOP_TIMEOUT_SECONDS,
+    RunRecord,
+    RunsService,
+)
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
@@ -204,8 +210,9 @@ class RunsAgentExecutor(AgentExecutor):
         """Cancel the task's run. One running here ends as it does: canceled, or completed
         (or failed) when the cancellation came too late (its agent had finished, its turn
         was being saved), and the task's end on the queue says which (the SDK answers the
-        latter as not cancelable). One running elsewhere is marked canceled, which stops
-        its run where it runs."""
+        latter as not cancelable). One running elsewhere that did not end in time (see
+        :meth:`RunsRequestHandler.on_cancel_task`) is marked canceled, which stops its run
+        where it runs."""
         task_id = context.task_id
         run = self._runs.get(task_id or "")
         relayed = self._relayed.get(task_id or "")
@@ -390,7 +397,7 @@ class RunsTaskStore(TaskStore):
 class RunsRequestHandler(DefaultRequestHandler):
     """The SDK's request handler, whose ``SubscribeToTask`` also follows a task running in
     another process (another Lambda instance): from the runs store, as ``/runs/{id}/events``
-    follows a run.
+    follows a run; and whose ``CancelTask`` answers such a task as its run ended there.
 
     The SDK's own handler follows only a task of its process (its event queue). Elsewhere,
     the stream is the task (without its artifacts), then the reply's text from its first
@@ -438,6 +445,48 @@ class RunsRequestHandler(DefaultRequestHandler):
             raise UnsupportedOperationError(
                 message=f"Task {task.id} is still working: send the message in a new task"
             )
+
+    async def on_cancel_task(
+        self, params: CancelTaskRequest, context: ServerCallContext
+    ) -> Task | None:
+        """Cancel a task. One running in another process (another Lambda instance) is
+        answered as its run ended there, as one running here is: its run is asked to stop,
+        and once it has ended and that process has stored the task's end, the task is
+        answered as stored: canceled, or completed when the cancel came too late. Should it
+        not end in time, the task is marked canceled (its run stops when it reads the mark)."""
+        if await self._active_task_registry.get(params.id) is None:
+            ended = await self._stop_elsewhere(params.id, context)
+            if ended is not None:
+                return ended
+        answer: Task | None = await super().on_cancel_task(params, context)
+        return answer
+
+    async def _stop_elsewhere(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """The task ``task_id`` as stored once its run, asked to stop, has ended and its end
+        is stored; None for a task with no run in progress, or one not ended in time."""
+        task = await self._tasks.get(task_id, context)
+        if task is None or task.status.state in TERMINAL or not _run_of(task):
+            return None
+        user_id, loop = owner_of(context), asyncio.get_running_loop()
+        await self._tasks._cancel_run(user_id, task)
+        deadline = loop.time() + STOP_TIMEOUT_SECONDS
+        while (run := await self._runs.get_run(user_id, _run_of(task))) and not run.finished:
+            if loop.time() > deadline:
+                return None
+            await asyncio.sleep(self._runs.poll_seconds)
+        task = await self._stored_end(task, context)
+        return task if task.status.state in TERMINAL else None
+
+    async def _stored_end(self, task: Task, context: ServerCallContext) -> Task:
+        """``task`` once the process running it has stored its end (its run has ended: that
+        process stores it right after), or as stored :data:`FOLLOW_END_SECONDS` later."""
+        deadline = asyncio.get_running_loop().time() + FOLLOW_END_SECONDS
+        while task.status.state not in TERMINAL:
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(self._runs.poll_seconds)
+            task = await self._tasks.get(task.id, context) or task
+        return task
 
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
@@ -491,14 +540,11 @@ class RunsRequestHandler(DefaultRequestHandler):
                     last_chunk=False,
                 )
                 first = False
-        # The run has ended; the process running it stores the task's end right after.
-        deadline = loop.time() + FOLLOW_END_SECONDS
-        while task.status.state not in TERMINAL:
-            if loop.time() > deadline:
-                return
-            await asyncio.sleep(self._runs.poll_seconds)
-            task = await self._tasks.get(params.id, context) or task
-        yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+        task = await self._stored_end(task, context)
+        if task.status.state in TERMINAL:
+            yield TaskStatusUpdateEvent(
+                task_id=task.id, context_id=task.context_id, status=task.status
+            )
 
 
 def _refuse_what_is_not_text(message: A2AMessage) -> None:

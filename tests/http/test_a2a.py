@@ -239,6 +239,29 @@ async def test_a_task_cancelled_through_another_server_stops_its_run(
         }
 
 
+async def test_a_cancel_through_another_server_answers_the_task_as_its_run_ended(
+    two_servers: tuple[str, str, Keys],
+) -> None:
+    # The other server answered canceled at once, and wrote the task so; the run, too far
+    # along to stop, completed, and so did the task: the client was told what did not happen.
+    first, second, keys = two_servers
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with (
+        _client(first, keys.alice, streaming=True) as running_client,
+        _client(second, keys.alice, streaming=False) as other_client,
+    ):
+        stream = running_client.send_message(_message("finish it", context_id=context_id))
+        task_id = await _first_chunk_of(stream)
+        answer = await other_client.cancel_task(CancelTaskRequest(id=task_id))
+        rest = [e async for e in stream]
+        assert answer.status.state == TaskState.TASK_STATE_COMPLETED
+        assert get_artifact_text(answer.artifacts[0]) == "working finished anyway"
+        assert rest[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+        stored = await other_client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+        assert get_artifact_text(stored.artifacts[0]) == "working finished anyway"
+
+
 async def test_a_message_to_a_task_working_on_another_server_is_refused(
     two_servers: tuple[str, str, Keys],
 ) -> None:
