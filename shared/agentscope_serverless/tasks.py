@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from pydantic_core import to_jsonable_python
 
+from agentscope_serverless.cancellation import cancelled_from_outside
 from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
@@ -78,7 +79,9 @@ async def run_task(
         error = {"code": exc.code, "message": exc.message}
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
+            raise  # not the task's failure: what runs it stops (its server shuts down)
         logger.info("a background task failed", extra={"task_id": task_id})
         failure = exc.__cause__ if isinstance(exc, _Exited) else exc
         # Without the secrets of the process, as a failed run's error.

@@ -55,6 +55,15 @@ async def fail(payload: Any) -> None:
     raise ValueError("the numbers do not add up")
 
 
+@app.task("/jobs/gather")
+async def gather(payload: Any) -> list[None]:
+    # One of the awaited steps was cancelled (by a timeout of its own, say): awaiting it
+    # raises CancelledError in the task, which nobody cancelled.
+    step = asyncio.ensure_future(asyncio.sleep(10))
+    step.cancel()
+    return await asyncio.gather(step)
+
+
 # The chat API's key, as the settings hold it (made here: a traceback quotes source lines).
 LLM_KEY = "sk-tasks-" + "0123456789"
 
@@ -159,6 +168,18 @@ def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
         )
         pending = client.post("/jobs/sum", json={"numbers": [1]}).json()["task_id"]
         assert client.get(f"/jobs/sum/{pending}").json()["status"] == "pending"
+
+
+def test_a_task_failing_with_a_cancellation_of_its_own_fails_saying_so(
+    server: tuple[str, Keys],
+) -> None:
+    # It stayed in progress, then read as lost a minute later, as if its server had stopped.
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/gather", json={}).json()["task_id"]
+        status = _wait_for(client, task_id)
+    assert status["status"] == "failed"
+    assert status["error"] == {"code": "TASK_FAILED", "message": "CancelledError: "}
 
 
 def test_a_failed_tasks_error_shows_no_secret(server: tuple[str, Keys]) -> None:
