@@ -49,6 +49,7 @@ from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
+from agentscope_serverless.cancellation import cancelled_from_outside
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager
 from agentscope_serverless.errors import (
@@ -471,13 +472,18 @@ class Runner(ServiceLifecycleManagerMixin):
         # stored again: see _turn.
         writes = AgentWrites(session.user_id, session.id)
         try:
-            with agent_turn(writes):
-                async with contextlib.aclosing(
-                    self._handler_items(turn, request, session, memories, kwargs)
-                ) as items:
-                    async for item in items:
-                        for event in turn.feed(item):
-                            yield event
+            try:
+                with agent_turn(writes):
+                    async with contextlib.aclosing(
+                        self._handler_items(turn, request, session, memories, kwargs)
+                    ) as items:
+                        async for item in items:
+                            for event in turn.feed(item):
+                                yield event
+            except asyncio.CancelledError as exc:
+                if cancelled_from_outside():
+                    raise
+                raise _CancelledWithin() from exc
             for event in turn.close():
                 yield event
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
@@ -489,7 +495,8 @@ class Runner(ServiceLifecycleManagerMixin):
                 await self._record_quietly(session, writes, kept)
             for event in turn.unsent():  # the reply so far, as a streamed run sent it
                 yield event
-            yield turn.fail(self._error_of(exc))
+            failure = exc.__cause__ if isinstance(exc, _CancelledWithin) else exc
+            yield turn.fail(self._error_of(failure or exc))
             return
         except (asyncio.CancelledError, GeneratorExit) as exc:
             # What was produced so far is kept, the open message as it is.
@@ -1144,11 +1151,18 @@ def _typed(services: ServiceManager | Services | None) -> Services | None:
         raise ConfigurationError("the runner needs a 'session_history' service") from None
 
 
+class _CancelledWithin(Exception):
+    """A ``CancelledError`` of the agent's own (a step it awaited was cancelled apart from
+    it, see :mod:`~agentscope_serverless.cancellation`), carried out as the failure it is:
+    nothing canceled the run."""
+
+
 def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
         return Error(code=exc.code, message=exc.message)
-    unknown = UnknownAgentException(exc if isinstance(exc, Exception | SystemExit) else None)
+    agents = Exception | SystemExit | asyncio.CancelledError
+    unknown = UnknownAgentException(exc if isinstance(exc, agents) else None)
     return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)
 
 

@@ -456,6 +456,22 @@ async def test_an_agent_exception_fails_the_run_with_its_text_less_secrets(
     assert [m.get_text_content() for m in session.messages if isinstance(m, Message)] == ["go"]
 
 
+async def test_an_agent_failing_with_a_cancellation_of_its_own_fails_its_run() -> None:
+    # A step it awaited was cancelled apart from it: the run ended "canceled", as if its
+    # client had stopped it (a chat completion answered RUN_CANCELED, not to be retried).
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "half an answer"
+        step = asyncio.ensure_future(asyncio.sleep(10))
+        step.cancel()
+        await asyncio.gather(step)
+
+    events = await run(handler)
+    failed = events[-1]
+    assert isinstance(failed, AgentResponse) and failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.message == "Unknown agent error: CancelledError: "
+
+
 async def test_a_project_error_keeps_its_code() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
         raise StoreUnavailableError("dynamodb", "throttled")
