@@ -55,6 +55,8 @@ cleanups: list[str] = []
 @app.query(framework="text")
 async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> AsyncIterator[str]:
     text = msgs[-1].get_text_content() or ""
+    if text.startswith("fail"):
+        raise RuntimeError("the well ran dry")
     if text.startswith("think"):  # a thinking model: its reasoning is no part of the reply
         thinking = Message(type=MessageType.REASONING, role="assistant")
         yield thinking.in_progress()
@@ -624,6 +626,11 @@ async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Key
     assert tool.name == "echo-a2a"
     assert tool.description == "Echoes what it is told, a word at a time."
     assert await tool.invoke('{"message": "ask the other agent"}') == "ask the other agent "
+    # The model was told the other agent "did not complete the task", and nothing of why.
+    assert await tool.invoke('{"message": "fail to answer"}') == (
+        "error: the agent 'echo-a2a' did not complete the task (failed: Unknown agent error: "
+        "RuntimeError: the well ran dry)"
+    )
     with pytest.raises(Exception, match="401"):
         await a2a_agent_tool(url, api_key="ask_wrong_key")
 

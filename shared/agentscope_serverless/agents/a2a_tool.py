@@ -86,7 +86,13 @@ async def ask_a2a_agent(
                 return str(get_message_text(response.message, delimiter=""))
             task = response.task
             if task.status.state != TaskState.TASK_STATE_COMPLETED:
-                raise AgentError(f"the agent {card.name!r} did not complete the task")
+                # Its state, and what it said of it (a failed task's error), for the model.
+                state = TaskState.Name(task.status.state).removeprefix("TASK_STATE_").lower()
+                said = get_message_text(task.status.message, delimiter="")
+                raise AgentError(
+                    f"the agent {card.name!r} did not complete the task "
+                    f"({state}{': ' + said if said else ''})"
+                )
             return "".join(str(get_artifact_text(a, delimiter="")) for a in task.artifacts)
     raise AgentError(f"the agent {card.name!r} sent no reply")
 
