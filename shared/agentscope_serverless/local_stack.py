@@ -335,6 +335,7 @@ import sys
 import types
 
 import moto.dynamodb.models as models
+import moto.dynamodb.models.dynamo_type as dynamo_type
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
@@ -373,6 +374,25 @@ def transact_write_items(self, transact_items):
 
 
 models.DynamoDBBackend.transact_write_items = transact_write_items
+
+# moto sizes an item an UpdateItem sets an attribute of with the attribute's old value and
+# its new one: a record rewritten from 200 KB to 300 KB (an A2A task's, as its reply grows)
+# was refused as over the 400 KB DynamoDB allows, which counts the item as it would be.
+_set_attribute = dynamo_type.LimitedSizeDict.__setitem__
+_ABSENT = object()
+
+
+def set_attribute(self, key, value):
+    old = dict.pop(self, key, _ABSENT)
+    try:
+        _set_attribute(self, key, value)
+    except Exception:
+        if old is not _ABSENT:
+            dict.__setitem__(self, key, old)
+        raise
+
+
+dynamo_type.LimitedSizeDict.__setitem__ = set_attribute
 run_simple(
     sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app),
     threaded=False, request_handler=MotoRequestHandler,

@@ -99,6 +99,21 @@ async def test_a_record_larger_than_a_store_item_is_kept_whole(
         assert (await runs.get_run(user_id, "a1")).result == big  # type: ignore[union-attr]
 
 
+async def test_a_large_record_rewritten_as_it_grows_is_kept_whole(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # An A2A task's record holds its reply so far, rewritten as it grows: on the local
+    # emulator, a rewrite from 200 KB to 300 KB was refused as over DynamoDB's 400 KB (the
+    # attribute replaced was counted twice), and the task broke off mid-reply.
+    async with runs_factory() as runs:
+        record = RunRecord(id="a1", user_id=user_id, session_id="s1", kind="a2a_task")
+        await runs.create_run(record)
+        for size in (200_000, 300_000, 390_000, 800_000, 900_000):
+            await runs.save_run(record.model_copy(update={"result": {"reply": "x" * size}}))
+            stored = await runs.get_run(user_id, "a1")
+            assert stored is not None and len(stored.result["reply"]) == size
+
+
 async def test_a_run_finishes_with_its_status_and_a_tasks_result_or_error(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:
