@@ -286,7 +286,14 @@ class RunsTaskStore(TaskStore):
                     written.flush.cancel()
                     written.flush = None
                 written.pending = None
-                written.wrote(await self._store(user_id, task, written.record), task)
+                try:
+                    written.wrote(await self._store(user_id, task, written.record), task)
+                except Exception:
+                    if task.status.state in TERMINAL:
+                        raise
+                    # As a write made later: the next one (its end at the latest) holds the
+                    # whole task, and a failed one ended the reply's stream for nothing.
+                    logger.exception("could not save an A2A task", extra={"task_id": task.id})
             if task.status.state in TERMINAL:
                 self._written.pop(key, None)
         if task.status.state == TaskState.TASK_STATE_CANCELED:

@@ -374,6 +374,38 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
             [e async for e in client.send_message(SendMessageRequest(message=again))]
 
 
+async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(
+    two_servers: tuple[str, str, Keys], redis_server: RedisServer
+) -> None:
+    # One write of the task refused (a store's blip) ended the client's stream with an
+    # internal error, and the task stayed working for ever, though its run went on.
+    first, second, keys = two_servers
+    words = ["slowly", *(f"w{i}" for i in range(6))]
+    store = redis.asyncio.from_url(redis_server.url)
+    try:
+        async with _client(first, keys.alice, streaming=True) as client:
+            chunks: list[str] = []
+            states = []
+            async for event in client.send_message(_message(" ".join(words))):
+                if event.HasField("artifact_update"):
+                    task_id = event.artifact_update.task_id
+                    chunks.append(get_artifact_text(event.artifact_update.artifact, delimiter=""))
+                    # Out of memory from the second chunk to the fourth: writes are refused.
+                    if len(chunks) in (2, 4):
+                        await store.config_set("maxmemory", 1 if len(chunks) == 2 else 0)
+                elif event.HasField("status_update"):
+                    states.append(event.status_update.status.state)
+    finally:
+        await store.config_set("maxmemory", 0)
+        await store.aclose()
+    assert "".join(chunks) == " ".join(words) + " "
+    assert states[-1] == TaskState.TASK_STATE_COMPLETED
+    async with _client(second, keys.alice, streaming=False) as other:
+        stored = await other.get_task(GetTaskRequest(id=task_id))
+    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+    assert get_artifact_text(stored.artifacts[0], delimiter="") == " ".join(words) + " "
+
+
 async def test_a_long_streamed_reply_is_not_written_to_the_store_for_every_chunk(
     two_servers: tuple[str, str, Keys], redis_server: RedisServer
 ) -> None:
