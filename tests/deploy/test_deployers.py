@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,128 @@ def test_the_app_of_a_script_deploying_itself_is_named_by_the_scripts_module(
     assert result.stdout.split() == ["agent:app", "other:app"]
     with pytest.raises(ConfigurationError, match="top-level attribute of a module of the project"):
         import_path_of(object())
+
+
+def without_alibaba_cloud_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith(("ALIBABA_CLOUD_", "OSS_", "AGENT_RUN_"))]:
+        monkeypatch.delenv(name)
+
+
+def test_agentscope_agentrun_calls_build_the_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Code ported from AgentScope Runtime (its config classes, its constructor's arguments)
+    failed: the names did not exist and the constructor took other arguments."""
+    from agentscope_serverless.engine.deployers.agentrun_deployer import (
+        AgentRunConfig,
+        AgentRunDeployManager,
+        LogConfig,
+        NetworkConfig,
+        OSSConfig,
+    )
+
+    without_alibaba_cloud_credentials(monkeypatch)
+    records = object()
+    agentrun_config = AgentRunConfig(
+        region_id="cn-shanghai",
+        log_config=LogConfig(logstore="agent-logs", project="my-project"),
+        network_config=NetworkConfig(network_mode="VPC", vpc_id="vpc-1", vswitch_ids=["vsw-1"]),
+        cpu=1.0,
+        memory=1024,
+    )
+    manager = AgentRunDeployManager(
+        oss_config=OSSConfig(region="cn-shanghai", bucket_name="my-bucket"),
+        agentrun_config=agentrun_config,
+        build_root=tmp_path / "builds",
+        state_manager=records,
+        python_version=HOST_PYTHON,
+    )
+    assert manager.agentrun_config is agentrun_config and manager.state_manager is records
+    info = asyncio.run(
+        manager.deploy(
+            app="agentscope_serverless.agents.demo:app",
+            endpoint_path="/process",
+            project_dir=PROJECT_ROOT,
+            deploy_name="my-agent",
+            skip_upload=True,
+        )
+    )
+    archive = Path(info["artifact_path"])
+    assert archive == tmp_path / "builds" / "my-agent-agentrun.zip" and archive.is_file()
+    assert info["deploy_name"] == "my-agent" and info["uploaded"] is False
+
+
+def test_agentscope_configs_read_agentscopes_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_alibaba_cloud_credentials(monkeypatch)
+    monkeypatch.setenv("AGENT_RUN_REGION_ID", "cn-beijing")
+    monkeypatch.setenv("AGENT_RUN_VSWITCH_IDS", '["vsw-1", "vsw-2"]')
+    monkeypatch.setenv("AGENT_RUN_MEMORY", "4096")
+    monkeypatch.setenv("OSS_BUCKET_NAME", "my-bucket")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAI-key-id")
+    manager = AgentRunDeployManager("dist")
+    config = manager.agentrun_config
+    assert (config.region_id, config.endpoint) == ("cn-beijing", "agentrun.cn-beijing.aliyuncs.com")
+    assert config.network_config is not None
+    assert config.network_config.vswitch_ids == ["vsw-1", "vsw-2"] and config.memory == 4096
+    assert manager.oss_config.bucket_name == "my-bucket"
+    assert manager.oss_config.access_key_id == "LTAI-key-id"
+    with pytest.raises(ConfigurationError, match="ALIBABA_CLOUD_ACCESS_KEY_SECRET"):
+        config.ensure_valid()
+    monkeypatch.setenv("AGENT_RUN_VSWITCH_IDS", "vsw-1,vsw-2")
+    with pytest.raises(ConfigurationError, match="AGENT_RUN_VSWITCH_IDS must be a JSON list"):
+        AgentRunDeployManager("dist")
+
+
+def test_an_access_key_given_in_agentscope_configs_is_never_shown_and_asks_for_an_upload(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agentscope_serverless.deployers.agentrun_deployer import AgentRunConfig, OSSConfig
+
+    without_alibaba_cloud_credentials(monkeypatch)
+    key = {"access_key_id": "LTAI-key-id", "access_key_secret": "the-secret-value"}
+    manager = AgentRunDeployManager(
+        oss_config=OSSConfig(bucket_name="my-bucket", **key),
+        agentrun_config=AgentRunConfig(**key),
+        build_root=tmp_path,
+    )
+    shown = f"{manager.oss_config!r} {manager.oss_config} {manager.agentrun_config!r}"
+    assert "my-bucket" in shown
+    assert "LTAI-key-id" not in shown and "the-secret-value" not in shown
+    with pytest.raises(UploadNotAvailableError) as refused:
+        asyncio.run(manager.deploy(app="agentscope_serverless.agents.demo:app"))
+    assert "the-secret-value" not in str(refused.value) + caplog.text
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"requirements": ["openai"]}, "requirements"),
+        ({"extra_packages": ["x.py"], "cmd": "python x.py"}, "extra_packages, cmd"),
+        ({"external_whl_path": "agent.whl"}, "external_whl_path"),
+        ({"agentrun_id": "ar-1"}, "agentrun_id"),
+    ],
+)
+def test_agentscope_image_inputs_are_refused_naming_them(
+    tmp_path: Path, given: dict[str, Any], named: str
+) -> None:
+    manager = AgentRunDeployManager(build_root=tmp_path)
+    with pytest.raises(TypeError, match=named):
+        asyncio.run(manager.deploy(app="agentscope_serverless.agents.demo:app", **given))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_runner_is_refused_saying_to_deploy_its_app(tmp_path: Path) -> None:
+    from agentscope_serverless.runner import Runner
+
+    manager = AgentRunDeployManager(build_root=tmp_path)
+    with pytest.raises(TypeError, match=r"deploy the AgentApp serving it"):
+        asyncio.run(manager.deploy(Runner()))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_path_first_is_the_build_root_and_may_not_be_given_twice(tmp_path: Path) -> None:
+    assert AgentRunDeployManager(tmp_path).build_root == tmp_path.resolve()
+    assert AgentRunDeployManager(str(tmp_path)).build_root == tmp_path.resolve()
+    with pytest.raises(TypeError, match="two build roots"):
+        AgentRunDeployManager(tmp_path, build_root=tmp_path)

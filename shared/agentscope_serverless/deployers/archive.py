@@ -35,6 +35,31 @@ def has_alibaba_cloud_credentials() -> bool:
     return all(os.environ.get(name) for name in CREDENTIAL_VARIABLES)
 
 
+def has_access_key(config: Any) -> bool:
+    """Whether ``config`` (an AgentScope platform config) carries a whole access key."""
+    key = (getattr(config, "access_key_id", None), getattr(config, "access_key_secret", None))
+    return all(key)
+
+
+def refuse_image_inputs(**inputs: Any) -> None:
+    """Raise :class:`TypeError` naming those of AgentScope's image-building inputs given.
+
+    >>> refuse_image_inputs(requirements=None, cmd=None)
+    >>> refuse_image_inputs(requirements=["openai"], cmd=None)
+    Traceback (most recent call last):
+    ...
+    TypeError: not supported here: requirements (the archive serves an AgentApp of the project, \
+app='module:attribute' or the AgentApp object, with the project's requirements.txt)
+    """
+    given = [name for name, value in inputs.items() if value]
+    if given:
+        raise TypeError(
+            f"not supported here: {', '.join(given)} (the archive serves an AgentApp of the "
+            "project, app='module:attribute' or the AgentApp object, with the project's "
+            "requirements.txt)"
+        )
+
+
 class ArchiveDeployManager(DeployManager):
     """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``)."""
 
@@ -71,16 +96,18 @@ class ArchiveDeployManager(DeployManager):
         """Build the archive serving ``app`` (an import path ``module:attribute``, or the
         AgentApp of a module of the project, as ``app.deploy(manager)`` gives it).
 
-        Returns ``deploy_id``, ``url`` (None: nothing runs yet), ``artifact_path``,
-        ``size_bytes``, ``unpacked_bytes``, ``files``, ``limit_bytes`` and ``uploaded``
-        (False). Raises :class:`~agentscope_serverless.errors.PackagingError` when the build
-        fails or the archive is above the platform's limit, and
+        Returns ``deploy_id``, ``deploy_name``, ``message``, ``url`` (None: nothing runs
+        yet), ``artifact_path``, ``size_bytes``, ``unpacked_bytes``, ``files``,
+        ``limit_bytes`` and ``uploaded`` (False). Raises
+        :class:`~agentscope_serverless.errors.PackagingError` when the build fails or the
+        archive is above the platform's limit, and
         :class:`~agentscope_serverless.errors.UploadNotAvailableError`, before building, when
-        credentials ask for an upload.
+        credentials (in the environment, or in a config given to the manager) ask for an
+        upload.
         """
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
-        if not skip_upload and has_alibaba_cloud_credentials():
+        if not skip_upload and self._has_credentials():
             raise UploadNotAvailableError(self.platform_name)
         report = await asyncio.to_thread(
             self._build,
@@ -94,6 +121,8 @@ class ArchiveDeployManager(DeployManager):
         self.deploy_id = str(uuid.uuid4())
         return {
             "deploy_id": self.deploy_id,
+            "deploy_name": deploy_name,
+            "message": f"{self.platform_name} archive built (not uploaded)",
             "url": None,
             "platform": self.platform_name,
             "artifact_path": str(report.path),
@@ -103,6 +132,10 @@ class ArchiveDeployManager(DeployManager):
             "limit_bytes": report.limit_bytes,
             "uploaded": False,
         }
+
+    def _has_credentials(self) -> bool:
+        """Whether an upload is asked for: an access key in the environment."""
+        return has_alibaba_cloud_credentials()
 
     @abstractmethod
     def _build(
@@ -138,4 +171,10 @@ class ArchiveDeployManager(DeployManager):
         return False
 
 
-__all__ = ["CREDENTIAL_VARIABLES", "ArchiveDeployManager", "has_alibaba_cloud_credentials"]
+__all__ = [
+    "CREDENTIAL_VARIABLES",
+    "ArchiveDeployManager",
+    "has_access_key",
+    "has_alibaba_cloud_credentials",
+    "refuse_image_inputs",
+]
