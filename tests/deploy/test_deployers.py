@@ -273,21 +273,46 @@ def test_agentscope_configs_read_agentscopes_variables(monkeypatch: pytest.Monke
         AgentRunDeployManager("dist")
 
 
-def test_an_access_key_given_in_agentscope_configs_is_never_shown_and_asks_for_an_upload(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    from agentscope_serverless.deployers.agentrun_deployer import AgentRunConfig, OSSConfig
+ACCESS_KEY = {"access_key_id": "LTAI-key-id", "access_key_secret": "the-secret-value"}
 
-    without_alibaba_cloud_credentials(monkeypatch)
-    key = {"access_key_id": "LTAI-key-id", "access_key_secret": "the-secret-value"}
-    manager = AgentRunDeployManager(
-        oss_config=OSSConfig(bucket_name="my-bucket", **key),
-        agentrun_config=AgentRunConfig(**key),
-        build_root=tmp_path,
+
+def agentscope_manager_with_an_access_key(platform: str, build_root: Path) -> Any:
+    """AgentScope's manager of ``platform``, given the access key in its configs alone."""
+    if platform == "agentrun":
+        from agentscope_serverless.deployers import agentrun_deployer as agentrun
+
+        return agentrun.AgentRunDeployManager(
+            oss_config=agentrun.OSSConfig(bucket_name="my-bucket", **ACCESS_KEY),
+            agentrun_config=agentrun.AgentRunConfig(**ACCESS_KEY),
+            build_root=build_root,
+        )
+    from agentscope_serverless.deployers import modelstudio_deployer as modelstudio
+
+    return modelstudio.ModelstudioDeployManager(
+        oss_config=modelstudio.OSSConfig(**ACCESS_KEY),
+        modelstudio_config=modelstudio.ModelstudioConfig(
+            workspace_id="my-workspace", dashscope_api_key="sk-dashscope-key", **ACCESS_KEY
+        ),
+        build_root=build_root,
     )
-    shown = f"{manager.oss_config!r} {manager.oss_config} {manager.agentrun_config!r}"
-    assert "my-bucket" in shown
-    assert "LTAI-key-id" not in shown and "the-secret-value" not in shown
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_an_access_key_given_in_agentscope_configs_is_never_shown_and_asks_for_an_upload(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    platform: str,
+) -> None:
+    """A ModelStudio config showed its access key and DashScope key in its repr, and its
+    access key did not stop the build, which then reported nothing uploaded."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    manager = agentscope_manager_with_an_access_key(platform, tmp_path)
+    configs = [manager.oss_config, getattr(manager, f"{platform}_config")]
+    shown = " ".join(f"{config!r} {config}" for config in configs)
+    assert "region='cn-hangzhou'" in shown
+    for secret in ("LTAI-key-id", "the-secret-value", "sk-dashscope-key"):
+        assert secret not in shown
     with pytest.raises(UploadNotAvailableError) as refused:
         asyncio.run(manager.deploy(app="agentscope_serverless.agents.demo:app"))
     assert "the-secret-value" not in str(refused.value) + caplog.text
@@ -313,11 +338,16 @@ def test_agentscope_image_inputs_are_refused_naming_them(
 
 
 def test_a_runner_is_refused_saying_to_deploy_its_app(tmp_path: Path) -> None:
+    from agentscope_serverless.deployers import ModelstudioDeployManager
     from agentscope_serverless.runner import Runner
 
-    manager = AgentRunDeployManager(build_root=tmp_path)
-    with pytest.raises(TypeError, match=r"deploy the AgentApp serving it"):
-        asyncio.run(manager.deploy(Runner()))
+    deploys = [
+        AgentRunDeployManager(build_root=tmp_path).deploy(Runner()),
+        ModelstudioDeployManager(build_root=tmp_path).deploy(runner=Runner()),
+    ]
+    for deploy in deploys:
+        with pytest.raises(TypeError, match=r"deploy the AgentApp serving it"):
+            asyncio.run(deploy)
     assert not list(tmp_path.iterdir())
 
 

@@ -25,11 +25,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
-from agentscope_serverless.deployers.archive import (
-    ArchiveDeployManager,
-    has_access_key,
-    refuse_image_inputs,
-)
+from agentscope_serverless.deployers.archive import ArchiveDeployManager, refuse_image_inputs
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.packaging.archives import (
     AGENTRUN_MAX_ZIP_BYTES,
@@ -286,13 +282,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
 
         if app is None and runner is not None and not isinstance(runner, Runner):
             app, runner = runner, None
-        if runner is not None:
-            raise TypeError(
-                "a runner alone cannot be served from an archive: deploy the AgentApp serving "
-                "it, defined at the top level of a module of the project "
-                "(app = AgentApp(runner=runner))"
-            )
         refuse_image_inputs(
+            runner=runner,
             requirements=requirements,
             extra_packages=extra_packages,
             cmd=cmd,
@@ -312,9 +303,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
             kwargs["deploy_name"] = deploy_name
         return await super().deploy(environment=environment, skip_upload=skip_upload, **kwargs)
 
-    def _has_credentials(self) -> bool:
-        configs = (self.oss_config, self.agentrun_config)
-        return super()._has_credentials() or any(has_access_key(c) for c in configs)
+    def _configs(self) -> tuple[Any, ...]:
+        return (self.oss_config, self.agentrun_config)
 
     def _build(
         self,

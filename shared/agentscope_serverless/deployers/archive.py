@@ -44,13 +44,19 @@ def has_access_key(config: Any) -> bool:
 def refuse_image_inputs(**inputs: Any) -> None:
     """Raise :class:`TypeError` naming those of AgentScope's image-building inputs given.
 
-    >>> refuse_image_inputs(requirements=None, cmd=None)
-    >>> refuse_image_inputs(requirements=["openai"], cmd=None)
+    >>> refuse_image_inputs(runner=None, requirements=None, cmd=None)
+    >>> refuse_image_inputs(runner=None, requirements=["openai"], cmd=None)
     Traceback (most recent call last):
     ...
     TypeError: not supported here: requirements (the archive serves an AgentApp of the project, \
 app='module:attribute' or the AgentApp object, with the project's requirements.txt)
     """
+    if inputs.pop("runner", None) is not None:
+        raise TypeError(
+            "a runner alone cannot be served from an archive: deploy the AgentApp serving "
+            "it, defined at the top level of a module of the project "
+            "(app = AgentApp(runner=runner))"
+        )
     given = [name for name, value in inputs.items() if value]
     if given:
         raise TypeError(
@@ -134,8 +140,12 @@ class ArchiveDeployManager(DeployManager):
         }
 
     def _has_credentials(self) -> bool:
-        """Whether an upload is asked for: an access key in the environment."""
-        return has_alibaba_cloud_credentials()
+        """Whether an upload is asked for: an access key in the environment or in a config."""
+        return has_alibaba_cloud_credentials() or any(map(has_access_key, self._configs()))
+
+    def _configs(self) -> tuple[Any, ...]:
+        """The AgentScope configs given to the manager (none here)."""
+        return ()
 
     @abstractmethod
     def _build(

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
-from agentscope_serverless.deployers.archive import ArchiveDeployManager
+from agentscope_serverless.deployers.archive import ArchiveDeployManager, refuse_image_inputs
 from agentscope_serverless.deployers.base import DeployManager, Deployment
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.packaging.archives import (
@@ -59,11 +59,17 @@ class ModelStudioDeployManager(ArchiveDeployManager):
 
 
 class OSSConfig(BaseModel):
-    """Alibaba Cloud OSS, where AgentScope uploads the archive (kept; upload is not built in)."""
+    """Alibaba Cloud OSS, where AgentScope uploads the archive (kept; upload is not built in).
+
+    The access key never appears in ``repr`` or ``str``:
+
+    >>> OSSConfig(access_key_id="id", access_key_secret="secret")
+    OSSConfig(region='cn-hangzhou', bucket_prefix='tmpbucket-agentscope-runtime')
+    """
 
     region: str = "cn-hangzhou"
-    access_key_id: str | None = None
-    access_key_secret: str | None = None
+    access_key_id: str | None = Field(default=None, repr=False)
+    access_key_secret: str | None = Field(default=None, repr=False)
     bucket_prefix: str = "tmpbucket-agentscope-runtime"
 
     @classmethod
@@ -82,13 +88,19 @@ class OSSConfig(BaseModel):
 
 
 class ModelstudioConfig(BaseModel):
-    """The ModelStudio workspace AgentScope deploys to (kept; upload is not built in)."""
+    """The ModelStudio workspace AgentScope deploys to (kept; upload is not built in).
+
+    The access key and the DashScope key never appear in ``repr`` or ``str``:
+
+    >>> ModelstudioConfig(workspace_id="ws", access_key_secret="secret", dashscope_api_key="sk")
+    ModelstudioConfig(endpoint='bailian.cn-beijing.aliyuncs.com', workspace_id='ws')
+    """
 
     endpoint: str = "bailian.cn-beijing.aliyuncs.com"
     workspace_id: str | None = None
-    access_key_id: str | None = None
-    access_key_secret: str | None = None
-    dashscope_api_key: str | None = None
+    access_key_id: str | None = Field(default=None, repr=False)
+    access_key_secret: str | None = Field(default=None, repr=False)
+    dashscope_api_key: str | None = Field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> ModelstudioConfig:
@@ -167,16 +179,13 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         ``runner`` (AgentScope's image-building inputs) are refused: the archive serves an
         AgentApp of the project with its pinned dependencies.
         """
-        refused = {
-            "runner": runner,
-            "requirements": requirements,
-            "extra_packages": extra_packages,
-            "cmd": cmd,
-            "external_whl_path": external_whl_path,
-        }
-        given = [name for name, value in refused.items() if value]
-        if given:
-            raise TypeError(f"not supported here: {', '.join(given)}")
+        refuse_image_inputs(
+            runner=runner,
+            requirements=requirements,
+            extra_packages=extra_packages,
+            cmd=cmd,
+            external_whl_path=external_whl_path,
+        )
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         return await super().deploy(
@@ -186,6 +195,9 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
             skip_upload=skip_upload,
             **kwargs,
         )
+
+    def _configs(self) -> tuple[Any, ...]:
+        return (self.oss_config, self.modelstudio_config)
 
     def get_status(self) -> str:
         """``built`` once an archive was built, else ``not_deployed``."""
