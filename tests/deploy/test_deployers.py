@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +231,8 @@ def test_agentscope_agentrun_calls_build_the_archive(
         network_config=NetworkConfig(network_mode="VPC", vpc_id="vpc-1", vswitch_ids=["vsw-1"]),
         cpu=1.0,
         memory=1024,
+        session_concurrency_limit=20,
+        session_idle_timeout_seconds=900,
     )
     manager = AgentRunDeployManager(
         oss_config=OSSConfig(region="cn-shanghai", bucket_name="my-bucket"),
@@ -250,6 +254,12 @@ def test_agentscope_agentrun_calls_build_the_archive(
     archive = Path(info["artifact_path"])
     assert archive == tmp_path / "builds" / "my-agent-agentrun.zip" and archive.is_file()
     assert info["deploy_name"] == "my-agent" and info["uploaded"] is False
+    # The runtime's resources and session limits were always 2 CPUs, 2048 MB, 200 and 3600 s.
+    with zipfile.ZipFile(archive) as zf:
+        manifest = json.loads(zf.read("agentrun.json"))
+    assert manifest["resources"] == {"cpu": 1.0, "memory": 1024}
+    assert manifest["session_concurrency_limit"] == 20
+    assert manifest["session_idle_timeout_seconds"] == 900
 
 
 def test_agentscope_configs_read_agentscopes_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,6 +274,7 @@ def test_agentscope_configs_read_agentscopes_variables(monkeypatch: pytest.Monke
     assert (config.region_id, config.endpoint) == ("cn-beijing", "agentrun.cn-beijing.aliyuncs.com")
     assert config.network_config is not None
     assert config.network_config.vswitch_ids == ["vsw-1", "vsw-2"] and config.memory == 4096
+    assert config.session_idle_timeout_seconds == 3600  # the runtime's default
     assert manager.oss_config.bucket_name == "my-bucket"
     assert manager.oss_config.access_key_id == "LTAI-key-id"
     with pytest.raises(ConfigurationError, match="ALIBABA_CLOUD_ACCESS_KEY_SECRET"):

@@ -31,6 +31,7 @@ from agentscope_serverless.packaging.archives import (
     AGENTRUN_MAX_ZIP_BYTES,
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON,
+    AgentRunResources,
     ArchiveReport,
     Progress,
     build_agentrun_archive,
@@ -116,7 +117,8 @@ class AgentRunConfig(BaseModel):
         names: ``_REGION_ID``, ``_ENDPOINT``, ``_LOG_STORE`` with ``_LOG_PROJECT``,
         ``_NETWORK_MODE``, ``_VPC_ID``, ``_SECURITY_GROUP_ID``, ``_VSWITCH_IDS`` as a JSON
         list, ``_CPU``, ``_MEMORY``, ``_EXECUTION_ROLE_ARN``,
-        ``_SESSION_CONCURRENCY_LIMIT``, ``_SESSION_IDLE_TIMEOUT_SECONDS``)."""
+        ``_SESSION_CONCURRENCY_LIMIT``, ``_SESSION_IDLE_TIMEOUT_SECONDS``: 3600 when unset,
+        the class's default, where AgentScope's ``from_env`` said 600)."""
         region_id = os.environ.get("AGENT_RUN_REGION_ID", "cn-hangzhou")
         log_store = os.environ.get("AGENT_RUN_LOG_STORE")
         log_project = os.environ.get("AGENT_RUN_LOG_PROJECT")
@@ -141,7 +143,7 @@ class AgentRunConfig(BaseModel):
             execution_role_arn=os.environ.get("AGENT_RUN_EXECUTION_ROLE_ARN"),
             session_concurrency_limit=_env_number("AGENT_RUN_SESSION_CONCURRENCY_LIMIT", int, 200),
             session_idle_timeout_seconds=_env_number(
-                "AGENT_RUN_SESSION_IDLE_TIMEOUT_SECONDS", int, 600
+                "AGENT_RUN_SESSION_IDLE_TIMEOUT_SECONDS", int, 3600
             ),
         )
 
@@ -321,7 +323,23 @@ class AgentRunDeployManager(ArchiveDeployManager):
             agent=app,
             port=port or AGENTRUN_PORT,
             max_zip_bytes=self.max_zip_bytes,
+            resources=self._resources(),
             **self._options(environment, name, progress),
+        )
+
+    def _resources(self) -> AgentRunResources:
+        """The runtime's resources of ``agentrun_config`` (a limit it leaves unset: the
+        default)."""
+        config, default = self.agentrun_config, AgentRunResources()
+        return AgentRunResources(
+            cpu=config.cpu,
+            memory=config.memory,
+            session_concurrency_limit=(
+                config.session_concurrency_limit or default.session_concurrency_limit
+            ),
+            session_idle_timeout_seconds=(
+                config.session_idle_timeout_seconds or default.session_idle_timeout_seconds
+            ),
         )
 
 

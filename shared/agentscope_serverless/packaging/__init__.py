@@ -8,6 +8,7 @@
 from agentscope_serverless.packaging.archives import (
     AGENTRUN_MAX_ZIP_BYTES,
     MODELSTUDIO_MAX_ZIP_BYTES,
+    AgentRunResources,
     ArchiveReport,
     build_agentrun_archive,
     build_modelstudio_archive,
@@ -16,6 +17,7 @@ from agentscope_serverless.packaging.archives import (
 __all__ = [
     "AGENTRUN_MAX_ZIP_BYTES",
     "MODELSTUDIO_MAX_ZIP_BYTES",
+    "AgentRunResources",
     "ArchiveReport",
     "build_agentrun_archive",
     "build_modelstudio_archive",

@@ -165,6 +165,16 @@ def serve_command(agent: str, port: int) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class AgentRunResources:
+    """What the AgentRun runtime gets (``agentrun.json``; AgentScope's defaults)."""
+
+    cpu: float = 2
+    memory: int = 2048
+    session_concurrency_limit: int = 200
+    session_idle_timeout_seconds: int = 3600
+
+
 def build_agentrun_archive(
     project_root: Path,
     out_dir: Path,
@@ -177,13 +187,17 @@ def build_agentrun_archive(
     environment: dict[str, str] | None = None,
     max_zip_bytes: int = AGENTRUN_MAX_ZIP_BYTES,
     progress: Progress = _quiet,
+    resources: AgentRunResources | None = None,
 ) -> ArchiveReport:
     """Build ``<out_dir>/<name>-agentrun.zip``: code, dependencies and ``agentrun.json``.
 
     The manifest's ``entrypoint.command`` serves ``agent`` on ``port`` with the unpacked
     archive as working directory; ``environment`` (for example ``AUTH_KEYS_BACKEND``) is
-    the service's environment. Raises :class:`PackagingError` above ``max_zip_bytes``.
+    the service's environment; ``resources`` (default: :class:`AgentRunResources`) the
+    runtime's CPU, memory and session limits. Raises :class:`PackagingError` above
+    ``max_zip_bytes``.
     """
+    resources = resources or AgentRunResources()
     name, env = _checked_name(name), _checked_environment(environment)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
     archive = out_dir / f"{name}-agentrun.zip"
@@ -230,9 +244,9 @@ def build_agentrun_archive(
         "name": name,
         "runtime": f"python{python_version}",
         "entrypoint": {"command": serve_command(agent, port), "port": port},
-        "resources": {"cpu": 2, "memory": 2048},
-        "session_concurrency_limit": 200,
-        "session_idle_timeout_seconds": 3600,
+        "resources": {"cpu": resources.cpu, "memory": resources.memory},
+        "session_concurrency_limit": resources.session_concurrency_limit,
+        "session_idle_timeout_seconds": resources.session_idle_timeout_seconds,
         "environment": env,
         "health_check": {"path": "/health", "port": port},
     }
@@ -451,6 +465,7 @@ def _check_modelstudio_import(staging: Path, agent: str, python_version: str) ->
 __all__ = [
     "AGENTRUN_MAX_ZIP_BYTES",
     "MODELSTUDIO_MAX_ZIP_BYTES",
+    "AgentRunResources",
     "ArchiveReport",
     "build_agentrun_archive",
     "build_modelstudio_archive",
