@@ -242,10 +242,14 @@ def test_agentscope_agentrun_calls_build_the_archive(
         python_version=HOST_PYTHON,
     )
     assert manager.agentrun_config is agentrun_config and manager.state_manager is records
+    demo = importlib.import_module("agentscope_serverless.agents.demo").app
+    # As AgentScope's example passes them: app.deploy(deployer, **deployment_config).
     info = asyncio.run(
-        manager.deploy(
-            app="agentscope_serverless.agents.demo:app",
+        demo.deploy(
+            manager,
             endpoint_path="/process",
+            stream=True,
+            telemetry_enabled=True,
             project_dir=PROJECT_ROOT,
             deploy_name="my-agent",
             skip_upload=True,
@@ -345,6 +349,30 @@ def test_agentscope_image_inputs_are_refused_naming_them(
     manager = AgentRunDeployManager(build_root=tmp_path)
     with pytest.raises(TypeError, match=named):
         asyncio.run(manager.deploy(app="agentscope_serverless.agents.demo:app", **given))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"endpoint_path": "/chat"}, "carries its own endpoint_path"),
+        ({"stream": False}, "carries its own stream"),
+        ({"custom_endpoints": [{"path": "/ping", "func": print}]}, "@app.endpoint"),
+    ],
+)
+def test_what_the_archived_app_would_not_serve_is_refused(
+    tmp_path: Path, platform: str, given: dict[str, Any], message: str
+) -> None:
+    """The archive serves the AgentApp as its module defines it: an endpoint path, stream
+    or custom endpoint given to deploy() was dropped without a word."""
+    from agentscope_serverless.deployers import ModelstudioDeployManager
+
+    demo = importlib.import_module("agentscope_serverless.agents.demo").app
+    managers = {"agentrun": AgentRunDeployManager, "modelstudio": ModelstudioDeployManager}
+    manager = managers[platform](build_root=tmp_path)
+    with pytest.raises(TypeError, match=message):
+        asyncio.run(manager.deploy(app=demo, skip_upload=True, **given))
     assert not list(tmp_path.iterdir())
 
 

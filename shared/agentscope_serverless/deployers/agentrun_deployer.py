@@ -25,7 +25,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
-from agentscope_serverless.deployers.archive import ArchiveDeployManager, refuse_image_inputs
+from agentscope_serverless.deployers.archive import (
+    ArchiveDeployManager,
+    archived_app_options,
+    refuse_image_inputs,
+)
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.packaging.archives import (
     AGENTRUN_MAX_ZIP_BYTES,
@@ -278,7 +282,9 @@ class AgentRunDeployManager(ArchiveDeployManager):
 
         ``runner``, ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path``
         (AgentScope's image-building inputs) and ``agentrun_id`` (updating a deployed
-        runtime, an upload) are refused with a :class:`TypeError`.
+        runtime, an upload) are refused with a :class:`TypeError`, as are ``custom_endpoints``
+        and an ``endpoint_path`` or ``stream`` the AgentApp does not have (see
+        :func:`~agentscope_serverless.deployers.archive.archived_app_options`).
         """
         from agentscope_serverless.runner import Runner
 
@@ -297,6 +303,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
                 "not built in: build the archive (skip_upload=True) and update the runtime "
                 "with AgentRun's console or CLI"
             )
+        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, kwargs)
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         if app is not None:

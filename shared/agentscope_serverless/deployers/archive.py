@@ -66,6 +66,40 @@ app='module:attribute' or the AgentApp object, with the project's requirements.t
         )
 
 
+def archived_app_options(
+    app: Any,
+    endpoint_path: str,
+    custom_endpoints: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """``kwargs`` without AgentScope's serving options, which the archived app has already:
+    ``telemetry_enabled`` (nothing is reported here) and a ``stream`` or ``endpoint_path``
+    the AgentApp ``app`` has. Raises :class:`TypeError` for one it does not have, and for
+    ``custom_endpoints`` (the archive imports the app as its module defines it).
+
+    >>> archived_app_options("demo:app", "/process", None, {"stream": True, "port": 8000})
+    {'port': 8000}
+    """
+    rest = {k: v for k, v in kwargs.items() if k not in ("stream", "telemetry_enabled")}
+    wanted = {"endpoint_path": endpoint_path, "stream": kwargs.get("stream")}
+    differ = [
+        name
+        for name, value in wanted.items()
+        if value is not None and hasattr(app, name) and getattr(app, name) != value
+    ]
+    if differ:
+        raise TypeError(
+            f"the AgentApp carries its own {' and '.join(differ)} (the archive serves it as "
+            "its module defines it): set them on the AgentApp"
+        )
+    if custom_endpoints:
+        raise TypeError(
+            "custom_endpoints are not supported here (the archive serves the AgentApp as its "
+            "module defines it): define them with @app.endpoint(path) in the module"
+        )
+    return rest
+
+
 class ArchiveDeployManager(DeployManager):
     """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``)."""
 
@@ -184,6 +218,7 @@ class ArchiveDeployManager(DeployManager):
 __all__ = [
     "CREDENTIAL_VARIABLES",
     "ArchiveDeployManager",
+    "archived_app_options",
     "has_access_key",
     "has_alibaba_cloud_credentials",
     "refuse_image_inputs",

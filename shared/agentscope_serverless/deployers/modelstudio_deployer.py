@@ -20,7 +20,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
-from agentscope_serverless.deployers.archive import ArchiveDeployManager, refuse_image_inputs
+from agentscope_serverless.deployers.archive import (
+    ArchiveDeployManager,
+    archived_app_options,
+    refuse_image_inputs,
+)
 from agentscope_serverless.deployers.base import DeployManager, Deployment
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.packaging.archives import (
@@ -177,7 +181,9 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
 
         ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path`` and
         ``runner`` (AgentScope's image-building inputs) are refused: the archive serves an
-        AgentApp of the project with its pinned dependencies.
+        AgentApp of the project with its pinned dependencies; so are ``custom_endpoints``
+        and an ``endpoint_path`` or ``stream`` the AgentApp does not have (see
+        :func:`~agentscope_serverless.deployers.archive.archived_app_options`).
         """
         refuse_image_inputs(
             runner=runner,
@@ -186,6 +192,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
             cmd=cmd,
             external_whl_path=external_whl_path,
         )
+        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, kwargs)
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         return await super().deploy(
