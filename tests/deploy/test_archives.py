@@ -244,6 +244,11 @@ def test_environment_names_must_be_variable_names(tmp_path: Path) -> None:
         build_agentrun_archive(PROJECT_ROOT, tmp_path, environment={"BAD NAME": "x"})
 
 
+def test_environment_values_must_be_text_or_numbers(tmp_path: Path) -> None:
+    with pytest.raises(PackagingError, match="the value of HOSTS is a list, not text"):
+        build_agentrun_archive(PROJECT_ROOT, tmp_path, environment={"HOSTS": ["a", "b"]})
+
+
 @pytest.mark.parametrize("name", ["../outside", "a/b", ".hidden", "", "two words", "x" * 129])
 def test_an_app_name_that_is_not_a_plain_name_is_refused_before_anything_is_written(
     tmp_path: Path, name: str

@@ -252,6 +252,8 @@ def test_agentscope_agentrun_calls_build_the_archive(
             telemetry_enabled=True,
             project_dir=PROJECT_ROOT,
             deploy_name="my-agent",
+            # AgentScope's example: DASHSCOPE_API_KEY=os.environ.get(...), None when unset.
+            environment={"DASHSCOPE_API_KEY": None, "WORKERS": 2, "AUTH_KEYS_BACKEND": "file"},
             skip_upload=True,
         )
     )
@@ -264,6 +266,7 @@ def test_agentscope_agentrun_calls_build_the_archive(
     assert manifest["resources"] == {"cpu": 1.0, "memory": 1024}
     assert manifest["session_concurrency_limit"] == 20
     assert manifest["session_idle_timeout_seconds"] == 900
+    assert manifest["environment"] == {"WORKERS": "2", "AUTH_KEYS_BACKEND": "file"}
 
 
 def test_agentscope_configs_read_agentscopes_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ import stat
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,14 +139,21 @@ def _checked_name(name: str) -> str:
     return name
 
 
-def _checked_environment(environment: dict[str, str] | None) -> dict[str, str]:
-    """Variables the service starts with: names a shell accepts, one-line values."""
-    checked = dict(environment or {})
-    for key, value in checked.items():
+def _checked_environment(environment: Mapping[str, object] | None) -> dict[str, str]:
+    """Variables the service starts with: names a shell accepts, one-line values. A None
+    value is left out and a number written as text, as AgentScope does."""
+    checked: dict[str, str] = {}
+    for key, value in (environment or {}).items():
         if not _ENV_NAME.match(key):
             raise PackagingError(f"{key!r} is not an environment variable name")
-        if "\n" in value or "\r" in value:
+        if value is None:
+            continue
+        if not isinstance(value, str | int | float):
+            raise PackagingError(f"the value of {key} is a {type(value).__name__}, not text")
+        text = str(value)
+        if "\n" in text or "\r" in text:
             raise PackagingError(f"the value of {key} spans lines: give it on one line")
+        checked[key] = text
     return checked
 
 
