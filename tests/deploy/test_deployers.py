@@ -398,3 +398,17 @@ def test_a_path_first_is_the_build_root_and_may_not_be_given_twice(tmp_path: Pat
     assert AgentRunDeployManager(str(tmp_path)).build_root == tmp_path.resolve()
     with pytest.raises(TypeError, match="two build roots"):
         AgentRunDeployManager(tmp_path, build_root=tmp_path)
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_a_project_dir_without_its_app_is_refused_rather_than_served_the_demo_agent(
+    tmp_path: Path, platform: str
+) -> None:
+    """AgentScope's deploy(project_dir=...) named no app: the archive served the demo agent."""
+    from agentscope_serverless.deployers import ModelstudioDeployManager
+
+    managers = {"agentrun": AgentRunDeployManager, "modelstudio": ModelstudioDeployManager}
+    manager = managers[platform](build_root=tmp_path / "builds")
+    with pytest.raises(ConfigurationError, match=r"name the AgentApp .*app='module:attribute'"):
+        asyncio.run(manager.deploy(project_dir=PROJECT_ROOT, skip_upload=True))
+    assert not (tmp_path / "builds").exists()

@@ -276,8 +276,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Build the archive serving ``app`` (``module:attribute`` or the AgentApp object,
-        also accepted first, where AgentScope has ``runner``; default: the demo agent) of
-        ``project_dir`` (default: ``project_root``), as
+        also accepted first, where AgentScope has ``runner``; without ``project_dir``, the
+        demo agent by default) of ``project_dir`` (default: ``project_root``), as
         :meth:`ArchiveDeployManager.deploy` does (``port`` and ``progress`` too).
 
         ``runner``, ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path``
@@ -303,7 +303,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
                 "not built in: build the archive (skip_upload=True) and update the runtime "
                 "with AgentRun's console or CLI"
             )
-        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, kwargs)
+        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, project_dir, kwargs)
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         if app is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_serverless.deployers.base import DeployManager, import_path_of
-from agentscope_serverless.errors import UploadNotAvailableError
+from agentscope_serverless.errors import ConfigurationError, UploadNotAvailableError
 from agentscope_serverless.packaging.archives import (
     DEFAULT_AGENT,
     DEFAULT_PLATFORM,
@@ -70,16 +70,24 @@ def archived_app_options(
     app: Any,
     endpoint_path: str,
     custom_endpoints: list[dict[str, Any]] | None,
+    project_dir: str | Path | None,
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """``kwargs`` without AgentScope's serving options, which the archived app has already:
     ``telemetry_enabled`` (nothing is reported here) and a ``stream`` or ``endpoint_path``
     the AgentApp ``app`` has. Raises :class:`TypeError` for one it does not have, and for
-    ``custom_endpoints`` (the archive imports the app as its module defines it).
+    ``custom_endpoints`` (the archive imports the app as its module defines it);
+    :class:`~agentscope_serverless.errors.ConfigurationError` for a ``project_dir`` without
+    its ``app`` (AgentScope started it with ``cmd``).
 
-    >>> archived_app_options("demo:app", "/process", None, {"stream": True, "port": 8000})
-    {'port': 8000}
+    >>> archived_app_options("demo:app", "/process", None, None, {"stream": True, "port": 80})
+    {'port': 80}
     """
+    if app is None and project_dir is not None:
+        raise ConfigurationError(
+            f"deploy(project_dir={str(project_dir)!r}) serves an AgentApp of the project: name "
+            "the AgentApp to serve, app='module:attribute' (or the AgentApp object)"
+        )
     rest = {k: v for k, v in kwargs.items() if k not in ("stream", "telemetry_enabled")}
     wanted = {"endpoint_path": endpoint_path, "stream": kwargs.get("stream")}
     differ = [

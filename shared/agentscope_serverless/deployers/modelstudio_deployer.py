@@ -192,7 +192,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
             cmd=cmd,
             external_whl_path=external_whl_path,
         )
-        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, kwargs)
+        kwargs = archived_app_options(app, endpoint_path, custom_endpoints, project_dir, kwargs)
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         return await super().deploy(
