@@ -412,3 +412,44 @@ def test_a_project_dir_without_its_app_is_refused_rather_than_served_the_demo_ag
     with pytest.raises(ConfigurationError, match=r"name the AgentApp .*app='module:attribute'"):
         asyncio.run(manager.deploy(project_dir=PROJECT_ROOT, skip_upload=True))
     assert not (tmp_path / "builds").exists()
+
+
+AGENT_DEPLOYING_ITSELF = """import asyncio
+
+from agentscope_serverless.engine import AgentApp
+from agentscope_serverless.engine.deployers.agentrun_deployer import (
+    AgentRunConfig,
+    AgentRunDeployManager,
+    OSSConfig,
+)
+from agentscope_serverless.engine.deployers.modelstudio_deployer import ModelstudioDeployManager
+
+app = AgentApp(app_name="Friday")
+
+
+@app.query(framework="text")
+async def query_func(self, msgs, request=None, **kwargs):
+    yield "hello"
+
+
+if __name__ == "__main__":
+    deployer = AgentRunDeployManager(oss_config=OSSConfig(), agentrun_config=AgentRunConfig())
+    asyncio.run(app.deploy(deployer, skip_upload=True))
+"""
+
+
+def test_an_agent_module_importing_its_deployer_is_archived(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """AgentScope's scripts import the deployer beside the app, deploying in __main__: the
+    archive, which holds no packaging code, could not import the module, as the deployer
+    modules imported it."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text(AGENT_DEPLOYING_ITSELF)
+    manager = AgentRunDeployManager(
+        tmp_path / "builds", project_root=project, python_version=HOST_PYTHON
+    )
+    info = asyncio.run(manager.deploy("agent:app", skip_upload=True))
+    assert Path(info["artifact_path"]).is_file()

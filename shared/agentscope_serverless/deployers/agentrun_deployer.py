@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -31,15 +31,13 @@ from agentscope_serverless.deployers.archive import (
     refuse_image_inputs,
 )
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.packaging.archives import (
-    AGENTRUN_MAX_ZIP_BYTES,
-    DEFAULT_PLATFORM,
-    DEFAULT_PYTHON,
-    AgentRunResources,
-    ArchiveReport,
-    Progress,
-    build_agentrun_archive,
-)
+
+if TYPE_CHECKING:
+    from agentscope_serverless.packaging.archives import (
+        AgentRunResources,
+        ArchiveReport,
+        Progress,
+    )
 
 AGENTRUN_PORT = 8090
 
@@ -226,7 +224,6 @@ class AgentRunDeployManager(ArchiveDeployManager):
     """
 
     platform_name = "AgentRun"
-    max_zip_bytes = AGENTRUN_MAX_ZIP_BYTES
 
     def __init__(
         self,
@@ -236,8 +233,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
         state_manager: Any = None,
         *,
         project_root: str | Path = ".",
-        python_version: str = DEFAULT_PYTHON,
-        platform: str = DEFAULT_PLATFORM,
+        python_version: str | None = None,
+        platform: str | None = None,
     ) -> None:
         if isinstance(oss_config, str | Path):
             if build_root is not None:
@@ -306,11 +303,9 @@ class AgentRunDeployManager(ArchiveDeployManager):
         kwargs = archived_app_options(app, endpoint_path, custom_endpoints, project_dir, kwargs)
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
-        if app is not None:
-            kwargs["app"] = app
         if deploy_name is not None:
             kwargs["deploy_name"] = deploy_name
-        return await super().deploy(environment=environment, skip_upload=skip_upload, **kwargs)
+        return await super().deploy(app, environment=environment, skip_upload=skip_upload, **kwargs)
 
     def _configs(self) -> tuple[Any, ...]:
         return (self.oss_config, self.agentrun_config)
@@ -324,12 +319,13 @@ class AgentRunDeployManager(ArchiveDeployManager):
         port: int | None,
         progress: Progress | None,
     ) -> ArchiveReport:
+        from agentscope_serverless.packaging.archives import build_agentrun_archive
+
         return build_agentrun_archive(
             self.project_root,
             self.build_root,
             agent=app,
             port=port or AGENTRUN_PORT,
-            max_zip_bytes=self.max_zip_bytes,
             resources=self._resources(),
             **self._options(environment, name, progress),
         )
@@ -337,6 +333,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
     def _resources(self) -> AgentRunResources:
         """The runtime's resources of ``agentrun_config`` (a limit it leaves unset: the
         default)."""
+        from agentscope_serverless.packaging.archives import AgentRunResources
+
         config, default = self.agentrun_config, AgentRunResources()
         return AgentRunResources(
             cpu=config.cpu,

@@ -15,17 +15,15 @@ import os
 import uuid
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentscope_serverless.deployers.base import DeployManager, import_path_of
 from agentscope_serverless.errors import ConfigurationError, UploadNotAvailableError
-from agentscope_serverless.packaging.archives import (
-    DEFAULT_AGENT,
-    DEFAULT_PLATFORM,
-    DEFAULT_PYTHON,
-    ArchiveReport,
-    Progress,
-)
+
+if TYPE_CHECKING:
+    # Imported when building only: an archive holds no packaging code, and an agent's module
+    # may import its deployer (AgentScope's scripts deploy themselves in ``__main__``).
+    from agentscope_serverless.packaging.archives import ArchiveReport, Progress
 
 CREDENTIAL_VARIABLES = ("ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET")
 
@@ -109,7 +107,9 @@ def archived_app_options(
 
 
 class ArchiveDeployManager(DeployManager):
-    """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``)."""
+    """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``),
+    for ``python_version`` and ``platform`` (default: CPython 3.12, ``manylinux2014_x86_64``).
+    """
 
     platform_name: str
 
@@ -118,8 +118,8 @@ class ArchiveDeployManager(DeployManager):
         build_root: str | Path | None = None,
         *,
         project_root: str | Path = ".",
-        python_version: str = DEFAULT_PYTHON,
-        platform: str = DEFAULT_PLATFORM,
+        python_version: str | None = None,
+        platform: str | None = None,
     ) -> None:
         super().__init__()
         self.project_root = Path(project_root).resolve()
@@ -132,7 +132,7 @@ class ArchiveDeployManager(DeployManager):
 
     async def deploy(
         self,
-        app: Any = DEFAULT_AGENT,
+        app: Any = None,
         *,
         environment: dict[str, str] | None = None,
         deploy_name: str = "agentscope-serverless",
@@ -142,7 +142,8 @@ class ArchiveDeployManager(DeployManager):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Build the archive serving ``app`` (an import path ``module:attribute``, or the
-        AgentApp of a module of the project, as ``app.deploy(manager)`` gives it).
+        AgentApp of a module of the project, as ``app.deploy(manager)`` gives it; default: the
+        demo agent).
 
         Returns ``deploy_id``, ``deploy_name``, ``message``, ``url`` (None: nothing runs
         yet), ``artifact_path``, ``size_bytes``, ``unpacked_bytes``, ``files``,
@@ -157,9 +158,11 @@ class ArchiveDeployManager(DeployManager):
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
         if not skip_upload and self._has_credentials():
             raise UploadNotAvailableError(self.platform_name)
+        from agentscope_serverless.packaging.archives import DEFAULT_AGENT
+
         report = await asyncio.to_thread(
             self._build,
-            import_path_of(app, self.project_root),
+            import_path_of(DEFAULT_AGENT if app is None else app, self.project_root),
             environment=environment,
             name=deploy_name,
             port=port,
@@ -209,10 +212,9 @@ class ArchiveDeployManager(DeployManager):
             "python_version": self.python_version,
             "platform": self.platform,
             "environment": environment,
+            "progress": progress,
         }
-        if progress is not None:
-            options["progress"] = progress
-        return options
+        return {key: value for key, value in options.items() if value is not None}
 
     async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Nothing runs locally: a no-op."""

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -27,12 +27,9 @@ from agentscope_serverless.deployers.archive import (
 )
 from agentscope_serverless.deployers.base import DeployManager, Deployment
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.packaging.archives import (
-    MODELSTUDIO_MAX_ZIP_BYTES,
-    ArchiveReport,
-    Progress,
-    build_modelstudio_archive,
-)
+
+if TYPE_CHECKING:
+    from agentscope_serverless.packaging.archives import ArchiveReport, Progress
 
 MODELSTUDIO_PORT = 8080
 
@@ -41,7 +38,6 @@ class ModelStudioDeployManager(ArchiveDeployManager):
     """Builds ``<build_root>/<deploy_name>-modelstudio.zip`` with ``deploy_starter/config.yml``."""
 
     platform_name = "ModelStudio"
-    max_zip_bytes = MODELSTUDIO_MAX_ZIP_BYTES
 
     def _build(
         self,
@@ -52,12 +48,13 @@ class ModelStudioDeployManager(ArchiveDeployManager):
         port: int | None,
         progress: Progress | None,
     ) -> ArchiveReport:
+        from agentscope_serverless.packaging.archives import build_modelstudio_archive
+
         return build_modelstudio_archive(
             self.project_root,
             self.build_root,
             agent=app,
             port=port or MODELSTUDIO_PORT,
-            max_zip_bytes=self.max_zip_bytes,
             **self._options(environment, name, progress),
         )
 
@@ -196,7 +193,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         if project_dir is not None:
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         return await super().deploy(
-            app if app is not None else "agentscope_serverless.agents.demo:app",
+            app,
             environment=environment,
             deploy_name=deploy_name or default_deploy_name(),
             skip_upload=skip_upload,
