@@ -300,7 +300,12 @@ def agentrun(
     """Build an AgentRun archive: flat site-packages and agentrun.json (entry command)."""
     from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
 
-    manager = AgentRunDeployManager(out, project_root=project_root, python_version=python_version)
+    try:  # it reads AgentScope's AGENT_RUN_* variables
+        manager = AgentRunDeployManager(
+            out, project_root=project_root, python_version=python_version
+        )
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message)
     _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload)
 
 

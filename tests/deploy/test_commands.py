@@ -108,6 +108,16 @@ def test_deploy_modelstudio_with_credentials_stops_before_building(
     assert not list(tmp_path.iterdir())
 
 
+def test_deploy_agentrun_with_a_bad_agentrun_variable_says_which(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("AGENT_RUN_VSWITCH_IDS", "vsw-1,vsw-2")
+    result = runner.invoke(app, ["deploy", "agentrun", "--out", str(tmp_path), "--skip-upload"])
+    assert result.exit_code == 1, result.output
+    assert "error: AGENT_RUN_VSWITCH_IDS must be a JSON list" in result.output
+    assert not list(tmp_path.iterdir())
+
+
 def test_long_steps_report_progress_when_the_output_is_not_a_terminal(
     fake_sam: FakeSam, monkeypatch: pytest.MonkeyPatch
 ) -> None:
