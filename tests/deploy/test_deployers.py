@@ -453,3 +453,21 @@ def test_an_agent_module_importing_its_deployer_is_archived(
     )
     info = asyncio.run(manager.deploy("agent:app", skip_upload=True))
     assert Path(info["artifact_path"]).is_file()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("AGENT_RUN_CPU", "nan"), ("AGENT_RUN_MEMORY", "0"), ("AGENT_RUN_CPU", "two")],
+)
+def test_agentrun_resources_must_be_positive_numbers(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """AGENT_RUN_CPU=nan wrote "cpu": NaN into agentrun.json, which is not JSON."""
+    from agentscope_serverless.deployers.agentrun_deployer import AgentRunConfig
+
+    without_alibaba_cloud_credentials(monkeypatch)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=f"^{variable} must be a positive number$"):
+        AgentRunConfig.from_env()
+    with pytest.raises(ValueError, match="greater than 0"):
+        AgentRunConfig(memory=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,12 @@ def _env_number(name: str, kind: type[N], default: N) -> N:
     if text is None:
         return default
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
-        raise ConfigurationError(f"{name} must be a number") from None
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number")
+    return value
 
 
 class AgentRunConfig(BaseModel):
@@ -107,11 +111,11 @@ class AgentRunConfig(BaseModel):
     endpoint: str | None = None
     log_config: LogConfig | None = None
     network_config: NetworkConfig | None = Field(default_factory=NetworkConfig)
-    cpu: float = 2.0
-    memory: int = 2048
+    cpu: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    memory: int = Field(default=2048, gt=0)
     execution_role_arn: str | None = None
-    session_concurrency_limit: int | None = 200
-    session_idle_timeout_seconds: int | None = 3600
+    session_concurrency_limit: int | None = Field(default=200, gt=0)
+    session_idle_timeout_seconds: int | None = Field(default=3600, gt=0)
 
     @classmethod
     def from_env(cls) -> AgentRunConfig:
