@@ -285,7 +285,8 @@ class Runner(ServiceLifecycleManagerMixin):
         """Deploy this runner in an AgentApp (default: :class:`LocalDeployManager`).
 
         ``requirements``, ``extra_packages``, ``base_image`` and ``runtime_config`` are
-        AgentScope's image-building inputs, which these deployers do not take.
+        AgentScope's image-building inputs, which these deployers do not take. An archive
+        (AgentRun, ModelStudio) serves an AgentApp of a module: deploy that instead.
         """
         from agentscope_serverless.app.agent_app import AgentApp
 
@@ -295,6 +296,13 @@ class Runner(ServiceLifecycleManagerMixin):
             from agentscope_serverless.deployers.local_deployer import LocalDeployManager
 
             deploy_manager = LocalDeployManager()
+        from agentscope_serverless.deployers.archive import (
+            ArchiveDeployManager,
+            refuse_image_inputs,
+        )
+
+        if isinstance(deploy_manager, ArchiveDeployManager):
+            refuse_image_inputs(runner=self)
         app = AgentApp(runner=self, endpoint_path=endpoint_path, stream=stream)
         options = {"environment": environment} if environment else {}
         result: dict[str, Any] = await deploy_manager.deploy(app=app, **options, **kwargs)

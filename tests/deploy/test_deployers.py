@@ -386,6 +386,8 @@ def test_a_runner_is_refused_saying_to_deploy_its_app(tmp_path: Path) -> None:
     deploys = [
         AgentRunDeployManager(build_root=tmp_path).deploy(Runner()),
         ModelstudioDeployManager(build_root=tmp_path).deploy(runner=Runner()),
+        # AgentScope's runner.deploy(manager) said the app (which it made) was in no module.
+        Runner().deploy(AgentRunDeployManager(build_root=tmp_path)),
     ]
     for deploy in deploys:
         with pytest.raises(TypeError, match=r"deploy the AgentApp serving it"):
