@@ -3,7 +3,8 @@
 Both build an archive of the project on this machine (no Docker). Uploading it needs the
 Alibaba Cloud platform, which this build cannot reach: without credentials the deployers
 return the archive's path and size; with credentials (``ALIBABA_CLOUD_ACCESS_KEY_ID`` and
-``ALIBABA_CLOUD_ACCESS_KEY_SECRET``) they raise
+``ALIBABA_CLOUD_ACCESS_KEY_SECRET``, or an access key in an AgentScope config given to the
+deployer: ``OSSConfig``, ``AgentRunConfig``, ``ModelstudioConfig``) they raise
 :class:`~agentscope_serverless.errors.UploadNotAvailableError` before building, rather than
 pretend to deploy. ``skip_upload=True`` builds only, whatever the credentials.
 """
