@@ -473,3 +473,20 @@ def test_agentrun_resources_must_be_positive_numbers(
         AgentRunConfig.from_env()
     with pytest.raises(ValueError, match="greater than 0"):
         AgentRunConfig(memory=0)
+
+
+@pytest.mark.parametrize("module", ["agentrun_deployer", "modelstudio_deployer"])
+def test_oss_configs_read_agentscopes_oss_key_before_the_alibaba_cloud_one(
+    monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    """AgentScope's OSSConfig.from_env() reads OSS_ACCESS_KEY_ID/_SECRET first; the
+    ModelStudio one here read the Alibaba Cloud key alone, and refused a valid OSS key."""
+    oss_config = importlib.import_module(f"agentscope_serverless.deployers.{module}").OSSConfig
+    without_alibaba_cloud_credentials(monkeypatch)
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAI-cloud")
+    monkeypatch.setenv("OSS_ACCESS_KEY_ID", "LTAI-oss")
+    monkeypatch.setenv("OSS_ACCESS_KEY_SECRET", "oss-secret")
+    monkeypatch.setenv("OSS_BUCKET_NAME", "my-bucket")
+    config = oss_config.from_env()
+    assert (config.access_key_id, config.access_key_secret) == ("LTAI-oss", "oss-secret")
+    config.ensure_valid()

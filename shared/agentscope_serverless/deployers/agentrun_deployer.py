@@ -29,6 +29,7 @@ from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAda
 from agentscope_serverless.deployers.archive import (
     ArchiveDeployManager,
     archived_app_options,
+    oss_access_key_from_env,
     refuse_image_inputs,
 )
 from agentscope_serverless.errors import ConfigurationError
@@ -198,13 +199,8 @@ class OSSConfig(BaseModel):
         (default: ``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``)."""
         return cls(
             region=os.environ.get("OSS_REGION", "cn-hangzhou"),
-            access_key_id=os.environ.get(
-                "OSS_ACCESS_KEY_ID", os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID")
-            ),
-            access_key_secret=os.environ.get(
-                "OSS_ACCESS_KEY_SECRET", os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET")
-            ),
             bucket_name=os.environ.get("OSS_BUCKET_NAME"),
+            **oss_access_key_from_env(),
         )
 
     def ensure_valid(self) -> None:

@@ -34,6 +34,19 @@ def has_alibaba_cloud_credentials() -> bool:
     return all(os.environ.get(name) for name in CREDENTIAL_VARIABLES)
 
 
+def oss_access_key_from_env() -> dict[str, str | None]:
+    """AgentScope's OSS access key: ``OSS_ACCESS_KEY_ID``/``_SECRET``, else the Alibaba Cloud
+    one, as ``access_key_id`` and ``access_key_secret``."""
+    return {
+        "access_key_id": os.environ.get(
+            "OSS_ACCESS_KEY_ID", os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID")
+        ),
+        "access_key_secret": os.environ.get(
+            "OSS_ACCESS_KEY_SECRET", os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET")
+        ),
+    }
+
+
 def has_access_key(config: Any) -> bool:
     """Whether ``config`` (an AgentScope platform config) carries a whole access key."""
     key = (getattr(config, "access_key_id", None), getattr(config, "access_key_secret", None))
@@ -232,5 +245,6 @@ __all__ = [
     "archived_app_options",
     "has_access_key",
     "has_alibaba_cloud_credentials",
+    "oss_access_key_from_env",
     "refuse_image_inputs",
 ]

@@ -23,6 +23,7 @@ from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAda
 from agentscope_serverless.deployers.archive import (
     ArchiveDeployManager,
     archived_app_options,
+    oss_access_key_from_env,
     refuse_image_inputs,
 )
 from agentscope_serverless.deployers.base import DeployManager, Deployment
@@ -75,12 +76,9 @@ class OSSConfig(BaseModel):
 
     @classmethod
     def from_env(cls) -> OSSConfig:
-        """From ``OSS_REGION`` and ``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``."""
-        return cls(
-            region=os.environ.get("OSS_REGION", "cn-hangzhou"),
-            access_key_id=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID"),
-            access_key_secret=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_SECRET"),
-        )
+        """From ``OSS_REGION`` and ``OSS_ACCESS_KEY_ID``/``_SECRET`` (default:
+        ``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``)."""
+        return cls(region=os.environ.get("OSS_REGION", "cn-hangzhou"), **oss_access_key_from_env())
 
     def ensure_valid(self) -> None:
         """Raise when the access key is incomplete."""
