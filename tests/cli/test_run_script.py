@@ -249,3 +249,55 @@ def test_the_key_hint_of_a_key_file_server_runs_when_pasted(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert "ask_" in done.stdout
+
+
+def test_run_from_a_project_folder_takes_paths_from_there(tmp_path: Path) -> None:
+    """Run from the user's own folder, a relative ``--app-dir`` and the printed commands are
+    the user's folder's, not the checkout's."""
+    caller = tmp_path / "work"
+    package = caller / "projects" / "mine" / "mine"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "agent.py").write_text(
+        "from agentscope_serverless.app import AgentApp\n\n"
+        'app = AgentApp(app_name="mine")\n\n\n'
+        '@app.query(framework="text")\n'
+        "async def query(self, msgs, **kwargs):\n"
+        '    yield "mine says hi"\n'
+    )
+    port = free_port()
+    output = tmp_path / "output.txt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if not Path(p, "agentscope-serverless").exists()
+    )
+    command = [str(RUN), "--port", str(port), "--log-level", "warning"]
+    command += ["--app-dir", "projects/mine", "--agent", "mine.agent:app"]
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            command, cwd=caller, stdout=sink, stderr=subprocess.STDOUT, env=env
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, timeout=60)
+        lines = output.read_text().splitlines()
+        [chat] = [line for line in lines if " chat --url " in line]
+        done = subprocess.run(
+            ["bash", "-c", f"{chat} </dev/null"],
+            cwd=caller,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, (chat, done.stderr)
+        key = next(line for line in lines if line.startswith("ask_"))
+        body = {"input": [user_message("hello")], "stream": False}
+        reply = httpx.post(
+            f"{url}/process", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+        assert reply.json()["output"][0]["content"][0]["text"] == "mine says hi"
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        process.wait(timeout=30)
+    assert "Traceback" not in output.read_text(), output.read_text()
