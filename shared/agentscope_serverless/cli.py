@@ -175,6 +175,8 @@ def serve(
     printed; it lasts as long as the server. The port is taken first, so a port in use fails
     before any key or command is printed.
     """
+    if not app_dir.is_dir():
+        _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
     signal.signal(signal.SIGTERM, _exit_on_signal)

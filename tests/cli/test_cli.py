@@ -434,6 +434,41 @@ def test_serve_from_inside_the_projects_package_says_where_to_serve_from(
     assert "pip install" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("where", "options", "agent", "message"),
+    [
+        # From inside the project's package, from the folder holding the project.
+        ("project/shop", [], "shop.agent:app", "(serve it from {project}, or with --app-dir"),
+        (".", [], "shop.agent:app", "(serve it from {project}, or with --app-dir {project})"),
+        # A relative --app-dir is taken from the working directory, and must be a folder.
+        (".", ["--app-dir", "project"], "shop.agent:app", "serving shop.agent:app"),
+        (".", ["--app-dir", "projet"], "shop.agent:app", "--app-dir projet: no such folder ("),
+        # A module of the project's package misspelt.
+        ("project", [], "shop.agnet:app", "(the package shop has no module agnet: shop.agent?)"),
+    ],
+)
+def test_serve_from_another_folder_says_where_the_agent_is(
+    tmp_path: Path, where: str, options: list[str], agent: str, message: str
+) -> None:
+    project = tmp_path / "project"
+    (project / "shop").mkdir(parents=True)
+    (project / "shop" / "__init__.py").write_text("")
+    (project / "shop" / "agent.py").write_text(AGENT_MODULES["no_handler.py"])
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port()), "--agent", agent, *options],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / where,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    if message.startswith("serving"):  # imported: it fails only for its lack of a handler
+        assert "no query handler" in result.stderr, result.stderr
+    else:
+        assert message.format(project=project) in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "ask_" not in result.stdout
+
+
 def test_serve_says_an_agent_module_named_as_one_of_pythons_is_not_imported(
     tmp_path: Path,
 ) -> None:

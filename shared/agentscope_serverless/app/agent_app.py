@@ -22,9 +22,12 @@ settings by the factory (in-memory by default). A ``sandbox_service`` is registe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import difflib
 import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
 import sysconfig
 import traceback
@@ -619,7 +622,7 @@ def _import_hint(exc: ImportError, module_name: str, attribute: str) -> str:
     for the Python serving it (pip may have installed it for another Python)."""
     missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
     if missing and f"{module_name}.".startswith(f"{missing}."):
-        return ""  # the agent's own module (or its package) is what is missing
+        return _own_module_hint(missing, module_name)  # the agent's own module is missing
     origin = _origin(module_name)
     if missing is None:
         # A relative import, in a package's module imported on its own (from inside it).
@@ -636,6 +639,29 @@ def _import_hint(exc: ImportError, module_name: str, attribute: str) -> str:
         f"package providing it with {sys.executable} -m pip install, and list it in the "
         "project's requirements.txt)"
     )
+
+
+def _own_module_hint(missing: str, module_name: str) -> str:
+    """Where the agent's own module ``module_name`` is, Python having found no ``missing``: a
+    module of its package misspelt, or a project folder near the working directory (above
+    it: served from inside the project; below it: from the folder holding the project)."""
+    parent, _, name = missing.rpartition(".")
+    package = sys.modules.get(parent) if parent else None
+    if package is not None:
+        names = [info.name for info in pkgutil.iter_modules(getattr(package, "__path__", []))]
+        close = difflib.get_close_matches(name, names, n=1)
+        return f" (the package {parent} has no module {name}" + (
+            f": {parent}.{close[0]}?)" if close else ")"
+        )
+    here = Path.cwd()
+    below: list[Path] = []
+    with contextlib.suppress(OSError):
+        below = sorted(path for path in here.iterdir() if path.is_dir())
+    module = Path(*module_name.split("."))
+    for folder in (here, *here.parents, *below):
+        if (folder / f"{module}.py").is_file() or (folder / module / "__init__.py").is_file():
+            return _serve_from(folder, None, "")
+    return ""
 
 
 def _serve_from(folder: Path, origin: Path | None, attribute: str) -> str:
