@@ -281,6 +281,22 @@ def test_a_build_folder_inside_the_project_is_not_staged_as_its_code(tmp_path: P
     }
 
 
+def test_a_build_beside_a_folder_named_as_the_stage_leaves_that_folder_alone(
+    tmp_path: Path,
+) -> None:
+    # A project named sam-project, built from inside it with --build-dir ../build.
+    project = tmp_path / "sam-project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "agent.py").write_text("app = None\n")
+    (project / "notes.txt").write_text("mine\n")
+    (project / "requirements.txt").write_text("./no-such-folder\n")  # fails fast, offline
+    with pytest.raises(PackagingError, match="no-such-folder"):
+        sam.build(project, build_dir=tmp_path / "build")
+    assert (project / "notes.txt").read_text() == "mine\n"
+    assert (project / "mypkg" / "agent.py").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sam-project"]
+
+
 def _statements_on(function: str, table: str) -> list[dict[str, Any]]:
     """The statements of ``function``'s policies that reach ``table``; a policy template
     (``DynamoDBCrudPolicy``...) on it fails the test: it grants the whole table."""

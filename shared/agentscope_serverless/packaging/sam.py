@@ -361,10 +361,14 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     template's) must import from the built layer alone, else nothing is left built.
     """
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
-    stage = stage_project(
-        project_root, target.parent / "sam-project", agent=agent, leave_out=(target,)
-    )
-    _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
+    # The SAM project is staged in a folder of its own, gone with the build: beside the build
+    # folder, a folder of that name could be the user's project (emptied by staging) or
+    # another build's stage.
+    with tempfile.TemporaryDirectory(prefix="agentscope-sam-") as scratch:
+        stage = stage_project(
+            project_root, Path(scratch) / "sam-project", agent=agent, leave_out=(target,)
+        )
+        _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
     try:
         layer = target / "SharedLayer" / "python"
         project.check_portable(project.installed_tags(layer), "manylinux2014_x86_64")
