@@ -115,3 +115,23 @@ def test_leaving_out_the_project_folder_itself_leaves_out_nothing(
     target.mkdir()
     copy_project(project, target, leave_out=[project])  # `--out .`
     assert "pkg/agent.py" in copied(target)
+
+
+def test_archives_of_earlier_builds_are_not_copied_as_the_projects_code(
+    project: Path, tmp_path: Path
+) -> None:
+    # `deploy agentrun --out artifacts/` and `deploy modelstudio --out .`, then `deploy sam
+    # build` (which knows neither folder): the layer would carry both archives.
+    (project / "artifacts").mkdir()
+    (project / "artifacts" / "shop-agentrun.zip").write_bytes(b"PK")
+    (project / "agentscope-serverless-modelstudio.zip").write_bytes(b"PK")
+    (project / "pkg" / "data" / "rates.zip").write_bytes(b"PK")  # the agent's own data
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {
+        "README.md",
+        "pkg/agent.py",
+        "pkg/data/table.csv",
+        "pkg/data/rates.zip",
+    }

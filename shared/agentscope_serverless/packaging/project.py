@@ -53,6 +53,9 @@ PROJECT_EXCLUDES = (
     ".aws-sam",
     "dist",
     "build",
+    # Archives of earlier builds (an --out folder another build does not know of).
+    "*-agentrun.zip",
+    "*-modelstudio.zip",
     "*.egg-info",
     ".DS_Store",
     # Secrets of local runs (dotenv's .env, .env.local, .env.production, ..., Compose's
