@@ -216,3 +216,12 @@ def test_a_snippet_whose_output_changed_fails(target: Target, tmp_path: Path) ->
     markdown = README.read_text().replace("round 1 {'step': 1}", "round 2 {'step': 1}")
     found = problems(markdown, target, tmp_path)
     assert len(found) == 1 and "the README says" in found[0]
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    from agentscope_serverless.settings import Settings
+
+    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", section))
+    missing = [name.upper() for name in Settings.model_fields if name.upper() not in named]
+    assert missing == [], f"settings the README's Configuration table does not name: {missing}"
