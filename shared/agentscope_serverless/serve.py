@@ -84,8 +84,9 @@ def create() -> FastAPI:
     """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
 
     The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``. An
-    agent that cannot be served is one line, not a traceback: the worker ends, and the
-    reloader starts another when a file changes (the fix).
+    agent that cannot be served is one line, not a traceback, and until a file changes (the
+    fix: the reloader starts another worker) every request is answered 503 saying so, rather
+    than left waiting on a port no worker serves.
     """
     from agentscope_serverless.errors import AgentScopeServerlessError
 
@@ -98,7 +99,28 @@ def create() -> FastAPI:
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(2) from None
+        return _not_loaded()
+
+
+def _not_loaded() -> FastAPI:
+    """An application answering every request 503: the agent could not be loaded (why is
+    said on the server's output only: it may quote the agent's own error)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from agentscope_serverless.http.errors import error_response
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    message = (
+        "the agent could not be loaded (the server's output says why); the server starts "
+        "again when a file of the project changes"
+    )
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
+    async def unavailable() -> JSONResponse:
+        return error_response(503, "UNAVAILABLE", message)
+
+    return app
 
 
 def main(argv: Sequence[str] | None = None) -> None:

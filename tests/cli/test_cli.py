@@ -506,6 +506,11 @@ def test_serve_reload_says_what_is_wrong_with_the_agent_and_serves_it_once_fixed
         said = read_until(process.stderr, "when a file changes)\n", within=60)
         assert "error: AGENT_APP='needs_a_key:app': importing 'needs_a_key' raised KeyError" in said
         assert "Traceback" not in said
+        # Meanwhile a request is answered, saying what to do, rather than left waiting.
+        reply = httpx.post(f"http://127.0.0.1:{port}/process", json={}, timeout=30)
+        assert reply.status_code == 503
+        assert "the agent could not be loaded" in reply.json()["error"]["message"]
+        assert "AGENTSCOPE_UNSET_WEATHER_KEY" not in reply.text
         agent.write_text("from agentscope_serverless.agents.demo import app\n")
         wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
     finally:
