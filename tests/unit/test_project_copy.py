@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentscope_serverless.errors import PackagingError
-from agentscope_serverless.packaging.project import copy_project
+from agentscope_serverless.packaging.project import copy_project, project_requirements
 
 
 @pytest.fixture
@@ -135,3 +135,24 @@ def test_archives_of_earlier_builds_are_not_copied_as_the_projects_code(
         "pkg/data/table.csv",
         "pkg/data/rates.zip",
     }
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom"),
+    [("utf-8", b""), ("utf-8", b"\xef\xbb\xbf"), ("utf-16", b""), ("utf-32", b"")],
+)
+def test_requirements_saved_by_windows_editors_are_read(
+    project: Path, encoding: str, bom: bytes
+) -> None:
+    # Notepad's UTF-8 with a BOM, PowerShell's `echo humanize > requirements.txt` (UTF-16)...
+    requirements = project / "requirements.txt"
+    requirements.write_bytes(bom + "# sizes\r\n\r\n".encode(encoding))
+    assert project_requirements(project) is None  # nothing required
+    requirements.write_bytes(bom + "humanize  # sizes\r\n".encode(encoding))
+    assert project_requirements(project) == requirements
+
+
+def test_requirements_that_are_no_text_are_refused_naming_the_file(project: Path) -> None:
+    (project / "requirements.txt").write_bytes("humanize  # tama\xf1o\n".encode("latin-1"))
+    with pytest.raises(PackagingError, match=r"requirements\.txt is not UTF-8 .*save it as UTF-8"):
+        project_requirements(project)

@@ -13,6 +13,7 @@ archive's contents alone with the target's Python, and refuses when it cannot.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import shutil
@@ -180,8 +181,33 @@ def project_requirements(source: Path | None) -> Path | None:
     path = source / "requirements.txt"
     if not path.is_file():
         return None
-    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    lines = [line.split("#")[0].strip() for line in _requirements_text(path).splitlines()]
     return path if any(lines) else None
+
+
+# Byte order marks and their encodings, as pip and uv read a requirements file (UTF-32's
+# before UTF-16's, which begin them).
+_BOMS = (
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def _requirements_text(path: Path) -> str:
+    """The text of a requirements file: UTF-8, or the encoding its byte order mark names
+    (Windows editors and PowerShell's ``>`` write UTF-8 with a BOM, or UTF-16)."""
+    raw = path.read_bytes()
+    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError:
+        raise PackagingError(
+            f"{path} is not UTF-8 text (nor UTF-16 or UTF-32 with a byte order mark): "
+            "save it as UTF-8"
+        ) from None
 
 
 def tool(name: str) -> str:
