@@ -319,6 +319,11 @@ AGENT_MODULES = {
     ("agent", "message"),
     [
         ("broken:app", "cannot import 'broken': invalid syntax ("),
+        (
+            "saved_as_utf16:app",
+            "cannot import 'saved_as_utf16': source code string cannot contain null bytes (a "
+            "Python file it imports is not UTF-8 text: saved as UTF-16, say; save it as UTF-8)\n",
+        ),
         ("helpers:app", "module 'helpers' has no attribute 'app'"),
         (
             "needs_a_key:app",
@@ -349,6 +354,9 @@ AGENT_MODULES = {
 def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, message: str) -> None:
     for name, text in AGENT_MODULES.items():
         (tmp_path / name).write_text(text)
+    # As PowerShell's `>` or Notepad's "Unicode" save it.
+    utf16 = "from agentscope_serverless.agents.demo import app\r\n".encode("utf-16")
+    (tmp_path / "saved_as_utf16.py").write_bytes(utf16)
     result = subprocess.run(
         [SCRIPT, "serve", "--port", str(free_port()), "--agent", agent],
         capture_output=True,

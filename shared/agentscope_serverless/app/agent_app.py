@@ -569,9 +569,17 @@ def load_agent_app(path: str) -> AgentApp:
     try:
         found: Any = importlib.import_module(module_name)
     except SyntaxError as exc:
+        if exc.filename is not None:
+            where = f" ({exc.filename}, line {exc.lineno})"
+        elif "null bytes" in exc.msg:  # Python names no file for these
+            where = (
+                " (a Python file it imports is not UTF-8 text: saved as UTF-16, say; "
+                "save it as UTF-8)"
+            )
+        else:
+            where = ""
         raise ConfigurationError(
-            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc.msg} "
-            f"({exc.filename}, line {exc.lineno})"
+            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc.msg}{where}"
         ) from None
     except ImportError as exc:
         raise ConfigurationError(
