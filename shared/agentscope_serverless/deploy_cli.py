@@ -82,7 +82,10 @@ AgentOption = Annotated[
 ]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the archive.")]
 PythonOption = Annotated[
-    str, typer.Option("--python-version", help="CPython version of the platform's runtime.")
+    str,
+    typer.Option(
+        "--python-version", help="CPython version of the platform's runtime (major.minor)."
+    ),
 ]
 NameOption = Annotated[str, typer.Option("--name", help="Name of the app and the archive.")]
 EnvOption = Annotated[

@@ -261,6 +261,19 @@ def test_an_app_name_that_is_not_a_plain_name_is_refused_before_anything_is_writ
     assert list(tmp_path.rglob("*")) == [out]
 
 
+@pytest.mark.parametrize("version", ["3.12.1", "312", "python3.12", "3", ""])
+def test_a_python_version_that_is_not_major_dot_minor_is_refused_before_anything_is_written(
+    tmp_path: Path, version: str
+) -> None:
+    # The manifest's runtime is python<version>: the platform knows python3.12, not 3.12.1.
+    out = tmp_path / "out"
+    out.mkdir()
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError, match=r"as major\.minor, such as 3\.12"):
+            build(PROJECT_ROOT, out, python_version=version)
+    assert list(tmp_path.rglob("*")) == [out]
+
+
 EXTENSION_SETUP = """from setuptools import Extension, setup
 
 setup(name="fastsum", version="1.0", ext_modules=[Extension("fastsum", ["fastsum.c"])])

@@ -139,6 +139,19 @@ def _checked_name(name: str) -> str:
     return name
 
 
+_PYTHON_VERSION = re.compile(r"^3\.[0-9]{1,2}$")
+
+
+def _checked_python(version: str) -> str:
+    """The platform's CPython, as its runtime names it (``python3.12``): major.minor."""
+    if not _PYTHON_VERSION.match(version):
+        raise PackagingError(
+            f"--python-version {version!r}: give the platform's Python as major.minor, such as "
+            f"{DEFAULT_PYTHON} (its runtime is named python{DEFAULT_PYTHON}, without a patch level)"
+        )
+    return version
+
+
 def _checked_environment(environment: Mapping[str, object] | None) -> dict[str, str]:
     """Variables the service starts with: names a shell accepts, one-line values. A None
     value is left out and a number written as text, as AgentScope does."""
@@ -206,6 +219,7 @@ def build_agentrun_archive(
     """
     resources = resources or AgentRunResources()
     name, env = _checked_name(name), _checked_environment(environment)
+    python_version = _checked_python(python_version)
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
     archive = out_dir / f"{name}-agentrun.zip"
     requirements_file = out_dir / f"{name}-agentrun-requirements.txt"
@@ -357,6 +371,7 @@ def build_modelstudio_archive(
     :class:`PackagingError` above ``max_zip_bytes``.
     """
     name, env = _checked_name(name), _checked_environment(environment)
+    python_version = _checked_python(python_version)
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     archive = out_dir / f"{name}-modelstudio.zip"
     requirements_file = out_dir / f"{name}-modelstudio-requirements.txt"
