@@ -156,3 +156,18 @@ def test_requirements_that_are_no_text_are_refused_naming_the_file(project: Path
     (project / "requirements.txt").write_bytes("humanize  # tama\xf1o\n".encode("latin-1"))
     with pytest.raises(PackagingError, match=r"requirements\.txt is not UTF-8 .*save it as UTF-8"):
         project_requirements(project)
+
+
+@pytest.mark.parametrize("name", ["env", "myenv", ".virtualenv"])
+def test_a_virtualenv_of_any_name_is_left_out(project: Path, tmp_path: Path, name: str) -> None:
+    # `python -m venv env` in the project: its python links to the system's.
+    venv = project / name
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "python").symlink_to("/usr/bin/python3")
+    (venv / "lib").mkdir()
+    (venv / "lib" / "big.so").write_bytes(b"\0" * 1024)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv"}

@@ -127,8 +127,9 @@ def copy_project(source: Path, target: Path, *, leave_out: Sequence[Path] = ()) 
 
 def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, list[str]], set[str]]:
     """What the copy of ``source`` leaves out of each folder: the names of
-    :data:`PROJECT_EXCLUDES` (and, at the top, :data:`PROJECT_TOP_EXCLUDES`), and the
-    ``outputs`` inside the project (never its root)."""
+    :data:`PROJECT_EXCLUDES` (and, at the top, :data:`PROJECT_TOP_EXCLUDES`), virtualenvs
+    (folders holding a ``pyvenv.cfg``) and the ``outputs`` inside the project (never its
+    root)."""
     patterns = shutil.ignore_patterns(*PROJECT_EXCLUDES)
     root = source.resolve()
     inside = {path.resolve() for path in outputs}
@@ -140,6 +141,9 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
         if here == root:
             skipped.update(name for name in names if name in PROJECT_TOP_EXCLUDES)
         skipped.update(name for name in names if here / name in inside)
+        # A virtualenv, whatever its name (`python -m venv env`): this machine's interpreter
+        # and packages, never the target's.
+        skipped.update(name for name in names if (Path(folder, name, "pyvenv.cfg")).is_file())
         return skipped
 
     return ignore
