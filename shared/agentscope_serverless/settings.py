@@ -443,11 +443,22 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']).upper() or 'SETTINGS'}: {err['msg']}"
-            for err in exc.errors()
-        )
+        given = {**_environment_values(Settings.model_fields), **overrides}
+        problems = "; ".join(_problem(err, given) for err in exc.errors())
         raise ConfigurationError(f"invalid settings: {problems}") from None
+
+
+def _problem(error: Any, given: dict[str, Any]) -> str:
+    """One invalid setting: its variable, what is wrong and, when its value has white space
+    around it (a file saved on Windows leaves a \\r), that (never the value)."""
+    name = ".".join(str(part) for part in error["loc"])
+    value = given.get(name)
+    padded = isinstance(value, str) and value != value.strip()
+    hint = (
+        " (its value begins or ends with white space, such as the \\r a Windows line ending "
+        "leaves: remove it)"
+    )
+    return f"{name.upper() or 'SETTINGS'}: {error['msg']}{hint if padded else ''}"
 
 
 @lru_cache(maxsize=1)

@@ -477,6 +477,32 @@ def test_serve_from_another_folder_says_where_the_agent_is(
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("AGENT_APP", "demo_agent:app\r"), ("AUTH_KEYS_BACKEND", "file\r"), ("AGENT_APP", " x:app")],
+)
+def test_serve_says_a_setting_holds_a_windows_line_ending(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    # A settings file saved on Windows, sourced by bash: each value ends with a \r.
+    (tmp_path / "demo_agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, variable: value},
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: invalid settings: {variable}: "), line
+    assert line.endswith(
+        "(its value begins or ends with white space, such as the \\r a Windows line ending "
+        "leaves: remove it)"
+    ), line
+
+
 def test_serve_says_an_agent_module_named_as_one_of_pythons_is_not_imported(
     tmp_path: Path,
 ) -> None:
