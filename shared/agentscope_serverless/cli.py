@@ -192,6 +192,7 @@ def serve(
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
             os.environ.update(local.environment())
         if reload:
+            port = listener.getsockname()[1]  # the one taken for --port 0
             listener.close()  # the port is free: uvicorn's reloader binds it again
             _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources, web=web)
         else:

@@ -552,6 +552,24 @@ def test_serve_reload_says_what_is_wrong_with_the_agent_and_serves_it_once_fixed
         process.wait(timeout=30)
 
 
+def test_serve_reload_on_any_free_port_announces_the_port_it_serves(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--port", "0", "--reload", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        said = read_until(process.stdout, " chat --url ", within=60)
+        url = said.split("AgentScope Serverless on ", 1)[1].split()[0]
+        assert not url.endswith(":0"), said
+        wait_until_healthy(url, process, timeout=60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def run_cli(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
     """The console script as a process on a UTF-8 terminal, its output as text."""
     result = subprocess.run(
