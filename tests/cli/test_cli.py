@@ -312,6 +312,9 @@ AGENT_MODULES = {
     "def query():\n    pass\n",
     "no_self.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
     "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
+    "serves_itself.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
+    "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n    yield 'hi'\n\n\n"
+    "app.run(port=0)\n",
 }
 
 
@@ -346,6 +349,11 @@ AGENT_MODULES = {
         ("missing:app", "cannot import 'missing': No module named 'missing'\n"),
         ("no_self:app", "query() takes msgs where the runner comes: it is called with the runner"),
         ("helpers:answer", "is a function, not an AgentApp"),
+        (
+            "serves_itself:app",
+            "'serves_itself' calls app.run() as it is imported, which would serve it apart from "
+            'this server: call app.run() only under if __name__ == "__main__":\n',
+        ),
         ("helpers:nothing", "is None, not an AgentApp"),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
         ("agent.py", "e.g. agent:app"),

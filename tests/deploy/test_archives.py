@@ -317,6 +317,13 @@ def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it
             "@app.query(framework='text')\nasync def query(msgs, **kwargs):\n    yield 'hi'\n",
             "cannot be served: the query handler query() takes msgs where the runner comes",
         ),
+        (  # a script's app.run() left outside if __name__ == "__main__"
+            "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
+            "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n"
+            "    yield 'hi'\n\n\napp.run(port=0)\n",
+            "cannot be served: AGENT_APP='unservable:app': 'unservable' calls app.run() as it is "
+            "imported",
+        ),
     ],
 )
 def test_an_agent_that_imports_but_cannot_be_served_is_refused_before_packaging(

@@ -32,7 +32,7 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -457,6 +457,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
         ``kwargs`` go to ``uvicorn.run`` (AgentScope's ``mode`` is taken and has no effect);
         the chat page is served when ``web_ui`` is true.
         """
+        if _importing is not None:  # app.run() at the top of a module a server imports
+            path, module_name = _importing, _importing.partition(":")[0]
+            raise ConfigurationError(
+                f"AGENT_APP={path!r}: {module_name!r} calls app.run() as it is imported, which "
+                "would serve it apart from this server: call app.run() only under "
+                'if __name__ == "__main__":'
+            )
         import uvicorn
 
         from agentscope_serverless.auth.factory import create_key_store
@@ -557,6 +564,24 @@ def _to_request(
     return {**request, **updates}
 
 
+# The AGENT_APP whose module a server is importing, if any: an app.run() then is refused.
+_importing: str | None = None
+
+
+@contextlib.contextmanager
+def importing_agent(path: str) -> Iterator[None]:
+    """While the agent ``path`` (``module:attribute``) is imported to be served by another
+    server (``serve``, a function, a build's check), its module's ``app.run()`` (a script's,
+    outside ``if __name__ == "__main__":``) raises :class:`ConfigurationError` rather than
+    serving, and blocking the import, on a port of its own."""
+    global _importing
+    previous, _importing = _importing, path
+    try:
+        yield
+    finally:
+        _importing = previous
+
+
 def load_agent_app(path: str) -> AgentApp:
     """The :class:`AgentApp` at the import path ``module:attribute``.
 
@@ -567,7 +592,10 @@ def load_agent_app(path: str) -> AgentApp:
     if not module_name or not attribute:
         raise ConfigurationError(f"AGENT_APP={path!r} must look like 'module:attribute'")
     try:
-        found: Any = importlib.import_module(module_name)
+        with importing_agent(path):
+            found: Any = importlib.import_module(module_name)
+    except ConfigurationError:
+        raise  # the module's import said what is wrong (app.run() in it...)
     except SyntaxError as exc:
         if exc.filename is not None:
             where = f" ({exc.filename}, line {exc.lineno})"

@@ -366,8 +366,14 @@ _IMPORT_PROBE = """
 import importlib, json, sys
 sys.path[:0] = json.loads(sys.argv[2])
 module_name, _, attribute = sys.argv[1].partition(":")
+from agentscope_serverless.app.agent_app import importing_agent
+from agentscope_serverless.errors import ConfigurationError
 try:
-    found = importlib.import_module(module_name)
+    with importing_agent(sys.argv[1]):
+        found = importlib.import_module(module_name)
+except ConfigurationError as exc:
+    print(f"cannot serve: {exc}")
+    raise SystemExit(1)
 except BaseException as exc:
     import os, traceback
     frames = list(traceback.walk_tb(exc.__traceback__))
