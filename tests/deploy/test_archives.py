@@ -379,3 +379,16 @@ def test_an_agent_raising_as_it_is_imported_is_told_where_and_what_to_do(tmp_pat
         "The api_key client option must be set; it must import without the cloud's environment "
         "and services: read secrets and connect when it runs (its query handler, or @app.init)"
     )
+
+
+def test_an_agent_that_does_not_compile_is_told_where_not_to_list_packages(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "typo.py").write_text("from agentscope_serverless.app import AgentApp\n\napp = (\n")
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("typo:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    assert str(refused.value) == (
+        "the agent 'typo:app' does not compile: '(' was never closed (typo.py, line 3): fix it "
+        "(serving it, agentscope-serverless serve --agent typo:app, says the same)"
+    )

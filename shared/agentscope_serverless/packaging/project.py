@@ -374,6 +374,11 @@ try:
 except ConfigurationError as exc:
     print(f"cannot serve: {exc}")
     raise SystemExit(1)
+except SyntaxError as exc:
+    import os
+    where = f" ({os.path.basename(exc.filename)}, line {exc.lineno})" if exc.filename else ""
+    print(f"does not compile: {exc.msg}{where}")
+    raise SystemExit(1)
 except BaseException as exc:
     import os, traceback
     frames = list(traceback.walk_tb(exc.__traceback__))
@@ -412,6 +417,8 @@ except Exception as exc:
 # How the probe starts its line about an agent that imports but cannot be served (no query
 # handler, a handler that cannot be called...).
 SERVE_MARK = "cannot serve: "
+# How it starts its line about code that does not compile (a syntax error).
+COMPILE_MARK = "does not compile: "
 # How it starts its line about a module reading a variable the environment lacks
 # (``os.environ["NAME"]``) as it is imported.
 ENVIRONMENT_MARK = "reads environment: "
@@ -464,6 +471,11 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
                 f"the agent {agent!r} raised {name} as it is imported ({where}): {text}; it must "
                 "import without the cloud's environment and services: read secrets and connect "
                 "when it runs (its query handler, or @app.init)"
+            )
+        if reason[0].startswith(COMPILE_MARK):
+            raise PackagingError(
+                f"the agent {agent!r} {reason[0]}: fix it (serving it, agentscope-serverless "
+                f"serve --agent {agent}, says the same)"
             )
         if reason[0].startswith(SERVE_MARK):
             raise PackagingError(
