@@ -285,7 +285,7 @@ PyMODINIT_FUNC PyInit_fastsum(void) { return PyModule_Create(&module); }
 
 
 def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     # A requirement with no wheel for the platform whose source holds C code: built here, it
     # would be compiled for this machine (its libraries, its tag), not for the platform.
@@ -295,7 +295,6 @@ def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it
     (project / "fastsum" / "fastsum.c").write_text(EXTENSION_SOURCE)
     (project / "requirements.txt").write_text("./fastsum\n")
     (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
-    monkeypatch.chdir(project)  # requirement paths are relative to the working directory
     out = tmp_path / "out"
     with pytest.raises(
         PackagingError,
@@ -303,6 +302,31 @@ def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it
     ):
         build_agentrun_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
     assert not list(out.glob("*.zip"))
+
+
+def test_a_requirements_path_is_the_project_folders_wherever_the_build_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A library of the project's own, required by path: built with --source from elsewhere.
+    project = tmp_path / "project"
+    (project / "libs" / "loudly").mkdir(parents=True)
+    (project / "libs" / "loudly" / "setup.py").write_text(
+        "from setuptools import setup\n\n"
+        "setup(name='loudly', version='1.0', py_modules=['loudly'])\n"
+    )
+    (project / "libs" / "loudly" / "loudly.py").write_text("def shout(t):\n    return t.upper()\n")
+    (project / "requirements.txt").write_text("./libs/loudly\n")
+    (project / "agent.py").write_text(
+        "import loudly\n\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    report = build_agentrun_archive(
+        Path("../project"), Path("out"), agent="agent:app", python_version=HOST_PYTHON
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        assert "loudly.py" in archive.namelist()
 
 
 @pytest.mark.parametrize(

@@ -220,6 +220,7 @@ def build_agentrun_archive(
     resources = resources or AgentRunResources()
     name, env = _checked_name(name), _checked_environment(environment)
     python_version = _checked_python(python_version)
+    out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     staging = _fresh_dir(out_dir / f"{name}-agentrun")
     archive = out_dir / f"{name}-agentrun.zip"
     requirements_file = out_dir / f"{name}-agentrun-requirements.txt"
@@ -246,9 +247,10 @@ def build_agentrun_archive(
                 "--python-version",
                 python_version,
                 "-r",
-                str(requirements),
+                str(requirements.resolve()),
             ],
             "installing the dependencies",
+            cwd=project_root.resolve(),  # a requirement's path is the project folder's
         )
         project.check_portable(project.installed_tags(staging), platform)
         _drop_install_leftovers(staging)  # before the project's files: a bin/ may be theirs
@@ -372,6 +374,7 @@ def build_modelstudio_archive(
     """
     name, env = _checked_name(name), _checked_environment(environment)
     python_version = _checked_python(python_version)
+    out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     archive = out_dir / f"{name}-modelstudio.zip"
     requirements_file = out_dir / f"{name}-modelstudio-requirements.txt"

@@ -243,7 +243,9 @@ def resolve_requirements(
 ) -> Path:
     """The runtime's pins plus the project's requirements, resolved for the target, in ``out``.
 
-    The runtime lock constrains the resolution: a project requirement that needs another
+    Paths in the project's requirements are the project folder's (installing the result
+    takes them from there too). The runtime lock constrains the resolution: a project
+    requirement that needs another
     version of a runtime dependency fails here, naming the conflict. Wheels for the target
     are preferred; a requirement published only as a source archive (docopt, jieba,
     langdetect...) is resolved from it, and the build checks with :func:`check_portable`
@@ -251,9 +253,10 @@ def resolve_requirements(
     """
     lock = runtime_lock()
     user = project_requirements(source)
-    if user is None:
+    if source is None or user is None:
         shutil.copy(lock, out)
         return out
+    user, out = user.resolve(), out.resolve()
     command = [
         tool("uv"),
         "pip",
@@ -272,11 +275,14 @@ def resolve_requirements(
         str(out),
     ]
     what = f"resolving {user} with the runtime for CPython {python_version} ({platform})"
+    # In the project folder: a requirement's path (./libs/mylib) is the project's, as pip and
+    # uv take it from the working directory, wherever the build runs (--source).
+    here = source.resolve()
     try:
-        run([*command, "--only-binary", ":all:"], what)
+        run([*command, "--only-binary", ":all:"], what, cwd=here)
     except PackagingError as wheels_only:
         try:
-            run(command, what)
+            run(command, what, cwd=here)
         except PackagingError:
             raise wheels_only from None  # not a missing wheel: its message says what
     return out
