@@ -327,6 +327,13 @@ def test_a_requirements_path_is_the_project_folders_wherever_the_build_runs(
     )
     with zipfile.ZipFile(report.path) as archive:
         assert "loudly.py" in archive.namelist()
+    # The ModelStudio archive installs offline from its wheels: a path there is refused,
+    # rather than an archive whose setup fails on the platform.
+    with pytest.raises(PackagingError, match=r"requirements\.txt names \./libs/loudly, a path"):
+        build_modelstudio_archive(
+            Path("../project"), Path("out"), agent="agent:app", python_version=HOST_PYTHON
+        )
+    assert [p.name for p in Path("out").iterdir()] == [report.path.name]
 
 
 @pytest.mark.parametrize(

@@ -297,6 +297,19 @@ def test_a_build_beside_a_folder_named_as_the_stage_leaves_that_folder_alone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sam-project"]
 
 
+def test_a_path_in_the_projects_requirements_is_refused_for_the_layer(tmp_path: Path) -> None:
+    # SAM installs the layer's requirements with pip in a folder of its own: the path would
+    # fail there, in pip's words.
+    project = tmp_path / "project"
+    (project / "libs" / "loudly").mkdir(parents=True)
+    (project / "libs" / "loudly" / "setup.py").write_text(
+        "from setuptools import setup\n\nsetup(name='loudly', version='1.0')\n"
+    )
+    (project / "requirements.txt").write_text("-e ./libs/loudly\n")
+    with pytest.raises(PackagingError, match=r"requirements\.txt names \./libs/loudly, a path"):
+        sam.stage_project(project, tmp_path / "stage")
+
+
 def _statements_on(function: str, table: str) -> list[dict[str, Any]]:
     """The statements of ``function``'s policies that reach ``table``; a policy template
     (``DynamoDBCrudPolicy``...) on it fails the test: it grants the whole table."""

@@ -387,6 +387,7 @@ def build_modelstudio_archive(
             python_version=python_version,
             platform=platform,
         )
+        project.refuse_path_requirements(resolved, "the ModelStudio archive")
         progress(f"downloading dependency wheels for {platform}, CPython {python_version}")
         project.run(
             [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -332,6 +333,26 @@ def pinned(requirements: Path) -> list[str]:
         for line in requirements.read_text().splitlines()
         if line.split("#")[0].strip()
     ]
+
+
+# A requirement by name: pinned (``name==1.0``) or from a URL other than a file's.
+_BY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[^\]]*\])?\s*(==|@\s*(?!file:))")
+
+
+def refuse_path_requirements(resolved: Path, where: str) -> None:
+    """Refuse the requirements of ``resolved`` given by a path (``./libs/mylib``, ``-e ...``,
+    a ``file:`` URL), which ``where`` cannot install: the ModelStudio archive installs offline
+    from its wheels, and SAM builds the layer in a folder of its own."""
+    paths = [
+        line.removeprefix("-e").strip() for line in pinned(resolved) if not _BY_NAME.match(line)
+    ]
+    if paths:
+        named = ", ".join(paths)
+        raise PackagingError(
+            f"requirements.txt names {named}, {'a path' if len(paths) == 1 else 'paths'}, which "
+            f"{where} cannot install: copy the library's package into the project instead (or "
+            "publish it and require it by name)"
+        )
 
 
 def interpreter(python_version: str) -> str:

@@ -229,9 +229,10 @@ def stage_project(
     project.copy_runtime(layer, excluded=project.LAMBDA_EXCLUDED)
     project.copy_project(source, layer, leave_out=(stage, *leave_out))
     # After the project's files: SAM installs this one, the runtime's pins and the project's.
-    project.resolve_requirements(
+    resolved = project.resolve_requirements(
         source, layer / "requirements.txt", python_version="3.11", platform="manylinux2014_x86_64"
     )
+    project.refuse_path_requirements(resolved, "the SAM layer's build")
     return stage
 
 
