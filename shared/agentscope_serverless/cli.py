@@ -430,6 +430,8 @@ def invoke(
     """Send one message to a running server and print the streamed reply."""
     import httpx
 
+    if not message.strip():  # stored, it would reach the model with every later turn
+        _fail("the message is blank: say something to the agent", code=2)
     api_key = _require_key(key)
     with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
         try:

@@ -163,6 +163,15 @@ def test_invoke_with_the_key_of_a_server_since_restarted_says_so(
     assert "after a restart, use the key it printed then)" in said.stderr
 
 
+@pytest.mark.parametrize("message", ["", "   ", "\n"])
+def test_invoke_refuses_a_blank_message_before_sending_it(server: Server, message: str) -> None:
+    # Stored, a blank message would reach the model with every later turn (chat skips them).
+    result = run_cli("invoke", message, "--url", server.url, "--key", server.key)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the message is blank: say something to the agent" in result.stderr
+    assert "session:" not in result.stdout
+
+
 def test_invoke_needs_a_key() -> None:
     result = CliRunner().invoke(app, ["invoke", "hi"], env={"AGENTSCOPE_API_KEY": ""})
     assert result.exit_code == 1
