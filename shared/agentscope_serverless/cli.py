@@ -175,6 +175,12 @@ def serve(
     printed; it lasts as long as the server. The port is taken first, so a port in use fails
     before any key or command is printed.
     """
+    if agent is not None and not agent.strip():  # --agent "$AGENT" of a variable not set
+        _fail(
+            "--agent is empty (a variable not set?): give the AgentApp as module:attribute, "
+            "e.g. mypkg.agent:app, or leave --agent out for AGENT_APP or the demo agent",
+            code=2,
+        )
     if not app_dir.is_dir():
         _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default

@@ -366,6 +366,7 @@ AGENT_MODULES = {
         ("helpers:nothing", "is None, not an AgentApp"),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
         ("agent.py", "e.g. agent:app"),
+        ("", "--agent is empty (a variable not set?): give the AgentApp as module:attribute"),
     ],
 )
 def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, message: str) -> None:
