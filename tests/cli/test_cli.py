@@ -716,6 +716,23 @@ def test_init_prints_a_cd_that_works_for_a_name_with_a_space(tmp_path: Path) -> 
     assert words[4:] == ["serve", "--agent", "my_bot.agent:app"]
 
 
+def test_init_keeps_the_secrets_of_local_runs_out_of_the_repository(tmp_path: Path) -> None:
+    # The .gitignore it wrote let a `git add .` take .env, which holds the agent's keys.
+    result = subprocess.run(
+        [SCRIPT, "init", "bot"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "bot"
+    names = [".env", ".env.local", ".env.production", ".env.example", "bot/agent.py"]
+    for name in names[:-1]:
+        (project / name).write_text("LLM_API_KEY=sk-secret\n")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    ignored = subprocess.run(
+        ["git", "check-ignore", *names], capture_output=True, text=True, cwd=project
+    )
+    assert ignored.stdout.split() == [".env", ".env.local", ".env.production"]
+
+
 def test_init_dot_makes_the_project_in_the_empty_working_folder_named_after_it(
     tmp_path: Path,
 ) -> None:

@@ -117,7 +117,8 @@ def write_project(target: Path) -> str:
         "requirements.txt": REQUIREMENTS,
         "README.md": README.format(name=name, agent=agent, venv=Path(sys.prefix)),
         "conftest.py": CONFTEST,
-        ".gitignore": ".venv/\n__pycache__/\ndist/\n.aws-sam/\n",
+        # Secrets of local runs (.env, .env.local...) stay out of the repository too.
+        ".gitignore": ".venv/\n__pycache__/\ndist/\n.aws-sam/\n.env\n.env.*\n!.env.example\n",
     }
     for relative, text in files.items():
         path = target / relative
