@@ -55,7 +55,7 @@ def test_credentials_come_from_botocores_chain(monkeypatch: pytest.MonkeyPatch) 
 def test_sam_with_credentials_deploys_and_reports_the_function_urls(
     fake_sam: FakeSam, tmp_path: Path
 ) -> None:
-    assert sam_deployer.sam is sam
+    assert sam_deployer._sam() is sam  # the module the fake stands in
     manager = SAMDeployManager(PROJECT_ROOT, "my-agent", {"LlmModel": "m"}, region="eu-west-1")
     assert isinstance(manager, DeployManager) and not manager.is_running
     info = asyncio.run(manager.deploy())
@@ -490,3 +490,33 @@ def test_oss_configs_read_agentscopes_oss_key_before_the_alibaba_cloud_one(
     config = oss_config.from_env()
     assert (config.access_key_id, config.access_key_secret) == ("LTAI-oss", "oss-secret")
     config.ensure_valid()
+
+
+@pytest.mark.parametrize(
+    "deployer",
+    [
+        "agentscope_serverless.deployers.SAMDeployManager",
+        "agentscope_serverless.deployers.AgentRunDeployManager",
+        "agentscope_serverless.deployers.ModelstudioDeployManager",
+    ],
+)
+def test_every_deployer_imports_where_the_runtime_is_deployed_without_the_tools(
+    tmp_path: Path, deployer: str
+) -> None:
+    """An agent module importing its deployer beside the app (AgentScope's scripts deploy
+    themselves under ``if __name__ == "__main__"``) runs where the runtime was deployed: a
+    Lambda layer or an archive, which hold no packaging code. The SAM deployer imported it."""
+    from agentscope_serverless.packaging.project import LAMBDA_EXCLUDED, copy_runtime
+
+    copy_runtime(tmp_path, excluded=LAMBDA_EXCLUDED)
+    module, name = deployer.rsplit(".", 1)
+    imported = subprocess.run(
+        [sys.executable, "-c", f"from {module} import {name}; print({name}.__name__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        timeout=60,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip() == name

@@ -15,17 +15,27 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from agentscope_serverless.deployers.base import DeployManager, import_path_of
-from agentscope_serverless.packaging import sam
-from agentscope_serverless.packaging.archives import Progress
+
+if TYPE_CHECKING:
+    from agentscope_serverless.packaging.archives import Progress
 
 URL_OUTPUTS = ("ProcessUrl", "SessionsUrl", "MemoryUrl", "StateUrl", "SandboxUrl")
 NO_CREDENTIALS = (
     "no AWS credentials found (environment, shared files, SSO or roles): built only; "
     "configure credentials (for example `aws configure`) to deploy"
 )
+
+
+def _sam() -> ModuleType:
+    """The SAM steps: packaging code, which a deployed runtime (the Lambda layer) leaves out,
+    imported when deploying only (an agent module imports its deployer beside its app)."""
+    from agentscope_serverless.packaging import sam
+
+    return sam
 
 
 class SAMDeployManager(DeployManager):
@@ -81,6 +91,7 @@ class SAMDeployManager(DeployManager):
 
     def deploy_sync(self) -> dict[str, Any]:
         """The blocking twin of :meth:`deploy`."""
+        sam = _sam()
         # Before a build they would make useless.
         sam.check_stack_name(self.stack_name)
         sam.check_parameters(self.parameters)
@@ -126,7 +137,7 @@ class SAMDeployManager(DeployManager):
         """Delete the stack this manager deployed (tables are retained); else nothing."""
         if self._deployed:
             await asyncio.to_thread(
-                sam.delete, self.project_root, self.stack_name, region=self.region
+                _sam().delete, self.project_root, self.stack_name, region=self.region
             )
         self._deployed = False
         self._service_url = None
