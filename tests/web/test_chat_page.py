@@ -487,16 +487,21 @@ async def test_a_plugins_call_and_result_are_shown_as_a_tools(
         assert not page.exceptions, page.exceptions
 
 
+async def start_a_long_run(page: Page) -> None:
+    """Send the tool agent's slow request; return once its reply streams."""
+    await page.type_text("take your time")
+    await page.press(*ENTER)
+    await page.wait_for(
+        "document.querySelector('.message.assistant.streaming')"
+        " && document.querySelector('.message.assistant').textContent.includes('Working')"
+    )
+
+
 async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) -> None:
     url, key = tool_server
     async with chromium_page() as page:
         await sign_in(page, url, key)
-        await page.type_text("take your time")
-        await page.press(*ENTER)
-        await page.wait_for(
-            "document.querySelector('.message.assistant.streaming')"
-            " && document.querySelector('.message.assistant').textContent.includes('Working')"
-        )
+        await start_a_long_run(page)
         # Focus stays in the message box: typing on must not reach Stop (it went there, and
         # the next key pressed stopped the run).
         assert await page.evaluate("document.activeElement.id") == "composer-input"
@@ -1591,12 +1596,7 @@ async def test_signing_out_during_a_reply_asks_nothing_more_with_no_key(
     async with chromium_page() as page:
         await page.send("Page.addScriptToEvaluateOnNewDocument", source=COUNT_REQUESTS)
         await sign_in(page, url, key)
-        await page.type_text("take your time")
-        await page.press(*ENTER)
-        await page.wait_for(
-            "document.querySelector('.message.assistant.streaming')"
-            " && document.querySelector('.message.assistant').textContent.includes('Working')"
-        )
+        await start_a_long_run(page)
         saved = "JSON.parse(sessionStorage.getItem('agentscope-serverless.run') || '{}').id"
         run_id = await page.wait_for(saved)
         await page.evaluate("document.getElementById('sign-out').click()")

@@ -492,7 +492,8 @@ def build_router(
             field=body.session_id,
         )
         user_id = caller.user_id(body.user)
-        session_id, branched = named, list[Message]()
+        session_id = named
+        branched: list[Message] = []
         if body.previous_response_id is not None:
             await _refuse_deleted(
                 context, user_id, body.previous_response_id, continued=named is None
