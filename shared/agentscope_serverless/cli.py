@@ -318,8 +318,30 @@ def _serve(
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]
     _announce(host, port, served.settings, dev_key, dev_user)
-    config = uvicorn.Config(served.app, log_level=log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[listener])
+    server = uvicorn.Server(uvicorn.Config(served.app, log_level=log_level, access_log=False))
+    _run_until_signalled(server, listener)
+
+
+def _run_until_signalled(server: Any, listener: socket.socket) -> None:
+    """Run ``server`` on ``listener``; a SIGTERM stops it gracefully, then exits 143.
+
+    From here on the signal only asks the server to stop: raised as an exception while
+    uvicorn sets up (before it takes the signal over, or after it gives it back), it could
+    interrupt a lock's holder and leave the process unable to exit.
+    """
+    received: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.run(sockets=[listener])
+    finally:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+    if received:
+        raise SystemExit(128 + received[0])
 
 
 def _serve_reloading(
