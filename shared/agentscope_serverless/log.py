@@ -119,6 +119,19 @@ def redact(secrets: Iterable[str]) -> None:
     _REDACTED = tuple(sorted(known.items(), key=lambda item: len(item[0]), reverse=True))
 
 
+# The AWS SDK's credentials in the environment (a Lambda function's role gets them there):
+# at DEBUG, botocore logs the headers of each request it signs, the session token among them.
+AWS_CREDENTIAL_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Shorter values are no real credentials (moto's "testing"): masked, they would blot out words.
+_MIN_AWS_SECRET_CHARS = 16
+
+
+def redact_aws_credentials() -> None:
+    """:func:`redact` the AWS credentials of the environment (:data:`AWS_CREDENTIAL_VARIABLES`)."""
+    values = (os.environ.get(name, "") for name in AWS_CREDENTIAL_VARIABLES)
+    redact(value for value in values if len(value) >= _MIN_AWS_SECRET_CHARS)
+
+
 def redacted(text: str) -> str:
     """``text`` with every secret given to :func:`redact` replaced by ``***``.
 
@@ -263,6 +276,7 @@ def log_request(
 
 
 __all__ = [
+    "AWS_CREDENTIAL_VARIABLES",
     "MAX_FIELD_CHARS",
     "MAX_PATH_CHARS",
     "SERVICE",
@@ -273,6 +287,7 @@ __all__ = [
     "log_request",
     "logger",
     "redact",
+    "redact_aws_credentials",
     "redacted",
     "shortened",
 ]

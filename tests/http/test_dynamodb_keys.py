@@ -6,7 +6,10 @@ a deployed function uses (``AUTH_KEYS_BACKEND=dynamodb``, ``AUTH_KEYS_TABLE``).
 
 from __future__ import annotations
 
+import io
+import logging
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +19,7 @@ from typer.testing import CliRunner
 from agentscope_serverless.cli import app as cli_app
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
+from agentscope_serverless.log import format_as_json
 from agentscope_serverless.settings import load_settings
 from tests.auth.test_key_stores import new_api_keys_table
 from tests.support.http import bearer, running
@@ -81,3 +85,33 @@ def test_the_table_option_picks_the_key_table(
     key = created_key(cli("keys", "create", "--service", "--table", other))
     assert key.split("_")[1] in cli("keys", "list", "--table", other)
     assert key.split("_")[1] not in cli("keys", "list")
+
+
+def test_the_aws_sdks_debug_lines_mask_the_functions_aws_credentials(
+    key_table: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function logging at DEBUG (Lambda's log level) got botocore's lines of each request
+    it signs, whose headers carry the role's session token, as they were."""
+    token = f"IQoJb3JpZ2luX2VjE{uuid.uuid4().hex}{uuid.uuid4().hex}"
+    secret_key = f"wJalrXUtnFEMI{uuid.uuid4().hex}"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_key)
+    key = created_key(cli("keys", "create", "--user", "alice"))
+    captured = io.StringIO()
+    handler = logging.StreamHandler(captured)  # the host's (Lambda's) handler of the root
+    root, botocore = logging.getLogger(), logging.getLogger("botocore")
+    root.addHandler(handler)
+    monkeypatch.setattr(botocore, "level", logging.DEBUG)
+    try:
+        format_as_json()
+        with (
+            running(create_app(["sessions"], settings=load_settings())) as url,
+            httpx.Client(base_url=url, headers=bearer(key), timeout=10) as client,
+        ):
+            assert client.get("/sessions").status_code == 200
+    finally:
+        root.removeHandler(handler)
+    text = captured.getvalue()
+    assert "X-Amz-Security-Token" in text  # the signed requests' headers were logged
+    assert token not in text and secret_key not in text
+    assert "***" in text

@@ -51,7 +51,7 @@ from agentscope_serverless.http.middleware import (
 )
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
-from agentscope_serverless.log import redact
+from agentscope_serverless.log import redact, redact_aws_credentials
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.settings import Settings, secret_values
 
@@ -201,6 +201,7 @@ def new_application(
     settings = context.settings
     # Kept out of every log line of the application, whatever it serves.
     redact(secret_values(settings))
+    redact_aws_credentials()
     open_docs = not settings.docs_require_key
     metadata.setdefault("version", __version__)
     app = FastAPI(
