@@ -121,6 +121,10 @@ def test_the_card_describes_the_agent_and_needs_a_key(served: tuple[str, Keys]) 
     interfaces = {(i["protocolBinding"], i["protocolVersion"]) for i in card["supportedInterfaces"]}
     assert ("JSONRPC", "1.0") in interfaces and ("HTTP+JSON", "1.0") in interfaces
     assert all(i["url"] == f"{url}/a2a" for i in card["supportedInterfaces"])
+    # Where clients of A2A before 0.3 look for it, as AgentScope Runtime serves it too.
+    legacy = httpx.get(f"{url}/.well-known/agent.json", headers=bearer(keys.alice))
+    assert legacy.json() == card
+    assert httpx.get(f"{url}/.well-known/agent.json").status_code == 401
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
     assert httpx.post(f"{url}/a2a", json=rpc).status_code == 401
     assert httpx.post(f"{url}/a2a/message:send", json={}).status_code == 401

@@ -3,7 +3,7 @@
 | Method and path | What |
 |---|---|
 | ``GET /.well-known/agent-card.json`` | the agent card (its URLs: ``A2A_BASE_URL``, else the |
-|  | URL it was requested at, the Function URL on AWS) |
+|  | URL it was requested at, the Function URL on AWS); also at ``/.well-known/agent.json`` |
 | ``POST /a2a`` | JSON-RPC: ``SendMessage``, ``SendStreamingMessage``, ``GetTask``, |
 |  | ``CancelTask``... (and A2A 0.3's ``message/send``, ``message/stream``, ``tasks/get``...) |
 | ``/a2a/message:send``, ``/a2a/tasks/{id}``... | the HTTP+JSON binding |
@@ -28,6 +28,8 @@ from agentscope_serverless.http.openapi import ERROR_RESPONSES
 
 A2A_PATH = "/a2a"
 WELL_KNOWN_PATH = "/.well-known/agent-card.json"
+# Where A2A before 0.3 (and its clients) looked for the card; AgentScope Runtime serves both.
+LEGACY_WELL_KNOWN_PATH = "/.well-known/agent.json"
 
 
 class A2AApplication:
@@ -69,7 +71,9 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
 
     # Also where the app's a2a_config.wellknown_path says.
     configured = agent_app.a2a_config.wellknown_path if agent_app.a2a_config else None
-    for path in dict.fromkeys([WELL_KNOWN_PATH, configured or WELL_KNOWN_PATH]):
+    for path in dict.fromkeys(
+        [WELL_KNOWN_PATH, LEGACY_WELL_KNOWN_PATH, configured or WELL_KNOWN_PATH]
+    ):
         app.router.add_api_route(
             path,
             card,
