@@ -49,6 +49,7 @@ from agentscope_serverless.errors import AgentScopeServerlessError
 
 if TYPE_CHECKING:
     import httpx
+    import uvicorn
 
     from agentscope_serverless.auth.base import KeyStore
     from agentscope_serverless.settings import Settings
@@ -322,7 +323,7 @@ def _serve(
     _run_until_signalled(server, listener)
 
 
-def _run_until_signalled(server: Any, listener: socket.socket) -> None:
+def _run_until_signalled(server: uvicorn.Server, listener: socket.socket) -> None:
     """Run ``server`` on ``listener``; a SIGTERM stops it gracefully, then exits 143.
 
     From here on the signal only asks the server to stop: raised as an exception while
