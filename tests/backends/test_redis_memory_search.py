@@ -265,3 +265,48 @@ async def keyed(add: Coroutine[Any, Any, None], key: str = "key-1") -> None:
         await add
 
     await asyncio.create_task(run())
+
+
+@pytest.mark.parametrize("deleted", ["its session", "all of the user's memory"])
+async def test_memory_deleted_while_a_bulk_add_indexes_it_stays_deleted(
+    redis_server: RedisServer, redis_client: Redis, user_id: str, deleted: str
+) -> None:
+    # 1500 memories: their ids are reserved, they are stored in two batches, then indexed
+    # in one step; the delete comes between the batches and the index step.
+    memories = [msg(f"note{n} shared") for n in range(1500)]
+    session = None if deleted == "all of the user's memory" else "bulk"
+    other = msg("kept shared")
+    kept = [] if session is None else [other]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(redis_server.url) as redis:
+        await redis.add_memory(user_id, [other], session_id="other")
+        await reference.add_memory(user_id, kept, session_id="other")
+        run = redis._redis.run
+        calls = 0
+
+        async def delete_before_indexing(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 4:
+                redis._redis.run = run  # type: ignore[method-assign]
+                await redis.delete_memory(user_id, session)
+            return await run(*args, **kwargs)
+
+        redis._redis.run = delete_before_indexing  # type: ignore[method-assign]
+        await redis.add_memory(user_id, memories, session_id="bulk")
+        assert calls == 4
+
+        assert await listed(redis, user_id) == [m.id for m in kept]
+        hits = await redis.search_memory(user_id, [msg("shared note7")])
+        assert [m.id for m in hits] == [m.id for m in kept]
+        # Nothing of the deleted memories is left in the index to skew later rankings.
+        base = user_key_prefix("agentscope", "memory", user_id)
+        postings = await redis_client.hgetall(f"{base}:bucket_ids")
+        assert sum(len(ids) for ids in postings.values()) // 8 == 2 * len(kept)
+        assert int(await redis_client.hget(f"{base}:stats", "docs") or 0) == len(kept)
+        for service in (reference, redis):
+            await service.add_memory(user_id, [msg("shared words here"), msg("shared")])
+        query = [msg("shared")]
+        expected = [m.get_text_content() for m in await reference.search_memory(user_id, query)]
+        got = [m.get_text_content() for m in await redis.search_memory(user_id, query)]
+        assert got == expected

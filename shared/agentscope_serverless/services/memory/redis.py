@@ -43,9 +43,9 @@ no step holds Redis long. Its ids are reserved
 first, and every step is keyed by the add's write id: an add run again under its
 Idempotency-Key gets the same ids and does only the steps left. Until its last step,
 memories already stored are listed but not yet found by search; a session deleted before
-then may leave ids of its memories in buckets: search skips them (it scores a memory from
-its entry, gone with it), but they count in their terms' document frequencies until the
-user's memory is deleted.
+then takes them with it (its delete passes over the buckets not made yet, and the index
+steps left index only memories still stored, so no id of theirs is left in a bucket to
+count in its term's document frequency).
 
 Search is one Lua script that ranks exactly like
 :func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
@@ -314,14 +314,25 @@ return 0
 )
 
 # ARGV: ttl, the buckets ("<bucket>\t<hex ids>\n" each), then the write id, now and until.
+# Only memories still stored are indexed: one deleted since its batch was stored (its
+# session's memories, or all of the user's) would stay in the buckets, found by no delete,
+# counted by every search of its words.
 _INDEX = (
     _ADDING
     + """
 if first_time() then
-  local names, ids = {}, {}
+  local names, ids, stored = {}, {}, {}
   for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
-    names[#names + 1] = name
-    ids[#ids + 1] = at
+    local kept = {}
+    for i = 1, #at, 8 do
+      local id = string.sub(at, i, i + 7)
+      if stored[id] == nil then stored[id] = redis.call('HEXISTS', ENTRIES, id) == 1 end
+      if stored[id] then kept[#kept + 1] = id end
+    end
+    if #kept > 0 then
+      names[#names + 1] = name
+      ids[#ids + 1] = table.concat(kept)
+    end
   end
   index(names, ids)
 end
@@ -387,29 +398,32 @@ if #removed > 0 then
   -- bucket left empty goes.
   for _, name in ipairs(bucket_names) do
     local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. name, '(' .. name .. '\\1')
-    local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
-    local fields, emptied, left = {}, {}, 0
-    for k, member in ipairs(members) do
-      local page, kept, changed = pages[k] or '', {}, false
-      for at = 1, #page, 8 do
-        local id = string.sub(page, at, at + 7)
-        if dropped[name][id] then changed = true else kept[#kept + 1] = id end
+    -- None yet when a bulk add stored the memory and has still to index it.
+    if #members > 0 then
+      local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
+      local fields, emptied, left = {}, {}, 0
+      for k, member in ipairs(members) do
+        local page, kept, changed = pages[k] or '', {}, false
+        for at = 1, #page, 8 do
+          local id = string.sub(page, at, at + 7)
+          if dropped[name][id] then changed = true else kept[#kept + 1] = id end
+        end
+        left = left + #kept
+        if member ~= name and #kept == 0 then
+          emptied[#emptied + 1] = member
+        elseif changed then
+          add(fields, member, table.concat(kept))
+        end
       end
-      left = left + #kept
-      if member ~= name and #kept == 0 then
-        emptied[#emptied + 1] = member
-      elseif changed then
-        add(fields, member, table.concat(kept))
-      end
-    end
-    if left == 0 then
-      redis.call('HDEL', BUCKET_IDS, unpack(members))
-      redis.call('ZREM', BUCKETS, unpack(members))
-    else
-      if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
-      if #emptied > 0 then
-        redis.call('HDEL', BUCKET_IDS, unpack(emptied))
-        redis.call('ZREM', BUCKETS, unpack(emptied))
+      if left == 0 then
+        redis.call('HDEL', BUCKET_IDS, unpack(members))
+        redis.call('ZREM', BUCKETS, unpack(members))
+      else
+        if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
+        if #emptied > 0 then
+          redis.call('HDEL', BUCKET_IDS, unpack(emptied))
+          redis.call('ZREM', BUCKETS, unpack(emptied))
+        end
       end
     end
   end
