@@ -310,3 +310,38 @@ async def test_memory_deleted_while_a_bulk_add_indexes_it_stays_deleted(
         expected = [m.get_text_content() for m in await reference.search_memory(user_id, query)]
         got = [m.get_text_content() for m in await redis.search_memory(user_id, query)]
         assert got == expected
+
+
+async def test_memory_erased_while_a_bulk_add_stores_it_overwrites_no_later_memory(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    # Between the two batches of the bulk add (its ids reserved, the first stored), the
+    # user's memory is erased and new memories are added: they are given ids from the
+    # first again, which the second batch was to be stored under too.
+    memories = [msg(f"note{n} shared") for n in range(1500)]
+    later = [msg(f"later{n} shared") for n in range(1100)]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(redis_server.url) as redis:
+        run = redis._redis.run
+        calls = 0
+
+        async def erase_and_add_between_batches(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 3:
+                redis._redis.run = run  # type: ignore[method-assign]
+                await redis.delete_memory(user_id)
+                for service in (reference, redis):
+                    for start in range(0, len(later), 100):
+                        await service.add_memory(user_id, later[start : start + 100])
+            return await run(*args, **kwargs)
+
+        redis._redis.run = erase_and_add_between_batches  # type: ignore[method-assign]
+        await redis.add_memory(user_id, memories, session_id="bulk")
+        assert calls == 3
+        assert await listed(redis, user_id) == [m.id for m in later]
+        assert await redis.search_memory(user_id, [msg("note5")]) == []
+        query = [msg("shared")]
+        expected = [m.id for m in await reference.search_memory(user_id, query, {"top_k": 1000})]
+        got = [m.id for m in await redis.search_memory(user_id, query, {"top_k": 1000})]
+        assert got == expected

@@ -8,14 +8,16 @@ them, so deleting or expiring a user's memory touches the same keys, whatever it
     <prefix>:memory:{U}:order       ZSET  memory id -> memory id (chronological pages)
     <prefix>:memory:{U}:sessions    ZSET  all scores 0, members "<escaped session>\\0<id>"
     <prefix>:memory:{U}:applied     ZSET  write id -> until (ms): the adds made under an
-                                          Idempotency-Key, recorded by the script that
-                                          stores them (a run of one again stores nothing)
+                                          Idempotency-Key and the steps of every bulk add,
+                                          recorded by the script that stores them (a run
+                                          of one again stores nothing)
     <prefix>:memory:{U}:entries     HASH  hex id -> "<length> <term>:<tf> <term>:<tf> ..."
     <prefix>:memory:{U}:buckets     ZSET  all scores 0, members "<term>\\0<~tf><length class>"
                                           and "<bucket>\\0<hex id>" (its pages)
     <prefix>:memory:{U}:bucket_ids  HASH  bucket or page -> hex ids of its memories
     <prefix>:memory:{U}:reserved    HASH  write id -> the id before those a bulk add
-                                          reserved under it (forgotten with the write id)
+                                          reserved under it (forgotten with the write id;
+                                          a bulk add has one, with or without a key)
 
 The postings of a term are grouped in buckets, one per term frequency and length class
 (a memory's length in tokens: each length up to 7, then four classes per doubling: 8-9,
@@ -45,7 +47,9 @@ Idempotency-Key gets the same ids and does only the steps left. Until its last s
 memories already stored are listed but not yet found by search; a session deleted before
 then takes them with it (its delete passes over the buckets not made yet, and the index
 steps left index only memories still stored, so no id of theirs is left in a bucket to
-count in its term's document frequency).
+count in its term's document frequency). The user's memory erased before then (all
+sessions) takes the add's reservation with it: its steps left store nothing, since the ids
+they would store under are given again from 1.
 
 Search is one Lua script that ranks exactly like
 :func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
@@ -65,6 +69,7 @@ expires ``ttl_seconds`` after its last use (read or write).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -302,25 +307,30 @@ return after
 """
 )
 
-# ARGV: ttl, escaped session, the id before the batch's, count, then per memory its JSON,
-# then per memory its entry, then the write id, now and until.
+# ARGV: ttl, escaped session, the id before the batch's, count, the write id of the add's
+# reservation, then per memory its JSON, then per memory its entry, then the write id, now
+# and until. A reservation gone was erased with the user's memory (after which its ids are
+# given again): the add's memories left are not stored, as if they came before the erase.
 _STORE = (
     _ADDING
     + """
-if first_time() then store(tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[2], 4) end
+if first_time() and redis.call('HEXISTS', RESERVED, ARGV[5]) == 1 then
+  store(tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[2], 5)
+end
 touch(ttl, KEYS)
 return 0
 """
 )
 
-# ARGV: ttl, the buckets ("<bucket>\t<hex ids>\n" each), then the write id, now and until.
-# Only memories still stored are indexed: one deleted since its batch was stored (its
-# session's memories, or all of the user's) would stay in the buckets, found by no delete,
-# counted by every search of its words.
+# ARGV: ttl, the buckets ("<bucket>\t<hex ids>\n" each), the write id of the add's
+# reservation, then the write id, now and until. Only memories still stored are indexed:
+# one deleted since its batch was stored (its session's memories) would stay in the
+# buckets, found by no delete, counted by every search of its words. Nothing is once the
+# reservation is gone: the ids may then be other memories' (see _STORE).
 _INDEX = (
     _ADDING
     + """
-if first_time() then
+if first_time() and redis.call('HEXISTS', RESERVED, ARGV[3]) == 1 then
   local names, ids, stored = {}, {}, {}
   for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
     local kept = {}
@@ -627,11 +637,12 @@ def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[st
 
 
 def _bulk_steps(
-    ttl: int, session: str, memories: list[NewMemory], after: int
+    ttl: int, session: str, memories: list[NewMemory], after: int, reservation: str
 ) -> Iterator[tuple[str, list[str | int]]]:
     """The scripts and arguments (but write ids) storing ``memories`` under the ids after
-    ``after``, then indexing them: postings grouped by bucket over the whole add, so each
-    bucket is written once (or once per step it spans), not once per batch."""
+    ``after`` (reserved by the step whose write id is ``reservation``), then indexing them:
+    postings grouped by bucket over the whole add, so each bucket is written once (or once
+    per step it spans), not once per batch."""
     # (tf, length class) packed -> term -> hex ids: no tuple made per posting.
     postings: dict[int, defaultdict[str, list[str]]] = {}
     for start in range(0, len(memories), _ADD_BATCH):
@@ -652,7 +663,8 @@ def _bulk_steps(
                     group = postings[key] = defaultdict(list)
                 group[term].append(hex_id)
             entries.append(entry)
-        yield _STORE, [ttl, session, after + start, len(batch), *(m.raw for m in batch), *entries]
+        raws = (m.raw for m in batch)
+        yield _STORE, [ttl, session, after + start, len(batch), reservation, *raws, *entries]
     lines: list[str] = []
     room = _INDEX_IDS
     for packed, group in postings.items():
@@ -665,10 +677,10 @@ def _bulk_steps(
                 at += len(taken)
                 room -= len(taken)
                 if room == 0 or len(lines) == _INDEX_BUCKETS:
-                    yield _INDEX, [ttl, "".join(lines)]
+                    yield _INDEX, [ttl, "".join(lines), reservation]
                     lines, room = [], _INDEX_IDS
     if lines:
-        yield _INDEX, [ttl, "".join(lines)]
+        yield _INDEX, [ttl, "".join(lines), reservation]
 
 
 def _length_class(length: int) -> int:
@@ -751,12 +763,15 @@ class RedisMemoryService(RedisBackedService, MemoryService):
             # Stored and indexed in one step.
             await self._keyed(_ADD, keys, args, write_id, "0")
             return
+        # Keyed without an Idempotency-Key too: its steps check that its ids are still
+        # reserved under its write id.
+        write_id = write_id or uuid.uuid4().hex
         after = await self._keyed(_RESERVE, keys, [self._ttl, len(memories)], write_id, "ids")
         # One step after the other, but each is prepared while Redis runs the previous one.
         pending: asyncio.Future[Any] | None = None
         try:
             for number, (script, args) in enumerate(
-                _bulk_steps(self._ttl, session, memories, int(after))
+                _bulk_steps(self._ttl, session, memories, int(after), f"{write_id}:ids")
             ):
                 if pending is not None:
                     await pending
