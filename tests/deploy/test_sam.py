@@ -729,3 +729,60 @@ def test_subnets_without_security_groups_are_refused_before_anything_is_created(
     assert refusals(SubnetIds="subnet-a", SecurityGroupIds="sg-1") == []
     assert refusals(ExistingRedisUrl="rediss://cache.example:6379") == []
     assert "needs SubnetIds" in refusals()[0]
+
+
+def _arns_allowed(statement_resource: Any, parameters: dict[str, str]) -> list[str]:
+    """The ARN patterns of a statement's ``Resource``, its parameters substituted."""
+    values = statement_resource if isinstance(statement_resource, list) else [statement_resource]
+    patterns = []
+    for value in values:
+        if isinstance(value, dict) and "Ref" in value:
+            value = parameters[value["Ref"]]
+        elif isinstance(value, dict) and "Fn::Sub" in value:
+            text, variables = value["Fn::Sub"], {}
+            if isinstance(text, list):
+                text, variables = text
+            for name, variable in variables.items():
+                text = text.replace(f"${{{name}}}", parameters[variable["Ref"]])
+            value = re.sub(r"\$\{(\w+)\}", lambda m: parameters[m.group(1)], text)
+        patterns.append(value)
+    return patterns
+
+
+def _iam_matches(pattern: str, arn: str) -> bool:
+    """Whether an IAM resource pattern (``*`` any characters, ``?`` one) matches ``arn``."""
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, arn) is not None
+
+
+@pytest.mark.parametrize("given", ["full", "partial"])
+def test_the_functions_running_the_agent_can_read_its_secret_by_either_arn(given: str) -> None:
+    """Secrets Manager appends six random characters to a secret's name in its ARN; the
+    ARN without them (as written by hand from the name) finds the secret too, and the
+    parameter takes it, but a policy naming that ARN matches no secret: every start of the
+    process and tasks functions failed on AWS. Either ARN now reads that secret, and no
+    other secret whose name begins like it."""
+    prefix = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+    secret = f"{prefix}my-agent-secrets-Ab3dEf"
+    others = [f"{prefix}my-agent-secrets-prod-Zx9yWv", f"{prefix}my-agent-Ab3dEf"]
+    arn = secret if given == "full" else f"{prefix}my-agent-secrets"
+    pattern = sam.load_template(TEMPLATE)["Parameters"]["AgentSecretsArn"]["AllowedPattern"]
+    assert re.fullmatch(pattern, arn)
+    resources = _translated()["Resources"]
+    for function in ("ProcessFunction", "ProcessStreamFunction", "TasksFunction"):
+        policies = resources[f"{function}Role"]["Properties"]["Policies"]
+        allowed: list[str] = []
+        for policy in policies:
+            condition, document, _ = policy.get("Fn::If", [None, policy, None])
+            if condition is not None and condition != "HasAgentSecrets":
+                continue
+            for statement in document["PolicyDocument"]["Statement"]:
+                if "AgentSecretsArn" in json.dumps(statement["Resource"]):
+                    assert statement["Action"] in (
+                        "secretsmanager:GetSecretValue",
+                        ["secretsmanager:GetSecretValue"],
+                    )
+                    allowed += _arns_allowed(statement["Resource"], {"AgentSecretsArn": arn})
+        assert any(_iam_matches(p, secret) for p in allowed), (function, allowed)
+        for other in others:
+            assert not any(_iam_matches(p, other) for p in allowed), (function, other)
