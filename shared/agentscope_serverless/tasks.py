@@ -195,6 +195,9 @@ async def run_task_event(
         error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return "done"
+    if record.queued:
+        # Started: from now on it beats, and is lost soon after it stops beating.
+        await runs.beat(record.model_copy(update={"queued": False}))
     await run_task(runs, task, user_id, task_id, spec.get("payload"))
     return "done"
 

@@ -47,7 +47,10 @@ class LambdaTaskExecutor:
         The invocation's event is the payload in compact JSON: one larger than Lambda takes
         raises :class:`PayloadTooLargeError` (413), and nothing is stored.
         """
-        record = RunRecord(id=new_task_id(), user_id=user_id, kind="task", name=task.path)
+        # Queued: Lambda may deliver the invocation long after (see RunRecord.queued).
+        record = RunRecord(
+            id=new_task_id(), user_id=user_id, kind="task", name=task.path, queued=True
+        )
         spec = {"path": task.path, "user_id": user_id, "task_id": record.id, "payload": payload}
         event = json.dumps({TASK_EVENT_KEY: spec}, ensure_ascii=False, separators=(",", ":"))
         size = len(event.encode())

@@ -1,7 +1,8 @@
 """The payload of a background task submitted on Lambda reaches the tasks function in an
 asynchronous invocation, which Lambda takes up to 1 MB: a payload the request limit admits
 is sent whole, and one too large for Lambda is refused with a 413 saying so (a 503 would be
-retried by clients, and by OpenAI's SDKs, to no avail).
+retried by clients, and by OpenAI's SDKs, to no avail). A task waits, in progress, for its
+invocation however late Lambda delivers it.
 
 The handler is the process function's, its tasks sent to the Invoke API stand-in
 (:mod:`tests.support.lambda_invoke`), which refuses what Lambda refuses."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,27 @@ def test_a_task_payload_larger_than_lambda_takes_is_a_413_naming_the_limit(
     assert str(EVENT_PAYLOAD_LIMIT_BYTES) in error["message"]
     assert answer["headers"].get("x-should-retry") != "true"
     assert invoke_api.events == []
+
+
+def test_a_task_whose_invocation_comes_minutes_later_waits_for_it_and_runs(
+    process_handler: tuple[LambdaHandler, str, LambdaInvokeAPI],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lambda may deliver a task's asynchronous invocation minutes after it was queued: it
+    retries one that failed a minute later, then two minutes later, and holds those of a
+    throttled function for up to six hours. The task was read as lost (failed, RUN_LOST)
+    a minute after it was submitted, and the invocation that came then skipped it."""
+    handler, key, invoke_api = process_handler
+    answer = _submit(handler, key, json.dumps({"rows": [1, 2, 3]}))
+    assert answer["statusCode"] == 202, answer["body"]
+    task_id = json.loads(answer["body"])["task_id"]
+    [event] = invoke_api.events
+    submitted = time.time()
+    monkeypatch.setattr(time, "time", lambda: submitted + 3 * 60)  # after Lambda's 2nd retry
+    headers = {"authorization": f"Bearer {key}"}
+    waiting = handler(function_url_event("GET", f"/tasks/{task_id}", headers=headers), None)
+    assert json.loads(waiting["body"])["status"] == "in_progress", waiting["body"]
+    assert handler(event, None) == {"status": "done"}
+    status = handler(function_url_event("GET", f"/tasks/{task_id}", headers=headers), None)
+    assert json.loads(status["body"])["status"] == "completed", status["body"]
+    assert json.loads(status["body"])["result"] == 3

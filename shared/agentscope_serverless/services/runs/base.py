@@ -61,6 +61,11 @@ WRITE_SECONDS = 0.1
 # it. Readers see it failed (RUN_LOST); a follower of its events gets a last event saying so.
 HEARTBEAT_SECONDS = 10.0
 LOST_AFTER_SECONDS = 60.0
+# A background task queued for an asynchronous Lambda invocation has not started, and beats
+# only once it has: Lambda delivers the invocation when it can (its retries a minute, then
+# two, after a failure; a throttled function's hours later), keeping it at most six hours
+# (its maximum event age), after which nothing will run the task.
+QUEUED_LOST_AFTER_SECONDS = 6 * 3600 + LOST_AFTER_SECONDS
 _BEATING: frozenset[str] = frozenset({"process", "openai", "a2a", "task"})
 RUN_LOST = "RUN_LOST"
 _LOST_ERROR = {
@@ -101,6 +106,11 @@ class RunRecord(BaseModel):
         description="What the answer repeats of the request (an OpenAI response object's "
         "model, instructions, ...), so the answer can be read again as it was given.",
     )
+    queued: bool = Field(
+        False,
+        description="A background task waiting for the invocation that runs it, which may "
+        "come hours later: not lost before then (see QUEUED_LOST_AFTER_SECONDS).",
+    )
     deleted: bool = Field(
         False,
         description="Deleted by its user (see :meth:`RunsService.delete_run`): the record is "
@@ -115,12 +125,10 @@ class RunRecord(BaseModel):
     @property
     def lost(self) -> bool:
         """Whether the run is in progress in the store but its process has stopped: its
-        heartbeat is older than :data:`LOST_AFTER_SECONDS`."""
-        return (
-            self.kind in _BEATING
-            and not self.finished
-            and time.time() - self.updated_at > LOST_AFTER_SECONDS
-        )
+        heartbeat is older than :data:`LOST_AFTER_SECONDS` (a task still queued:
+        :data:`QUEUED_LOST_AFTER_SECONDS`)."""
+        limit = QUEUED_LOST_AFTER_SECONDS if self.queued else LOST_AFTER_SECONDS
+        return self.kind in _BEATING and not self.finished and time.time() - self.updated_at > limit
 
 
 def _as_seen(record: RunRecord) -> RunRecord:
