@@ -510,3 +510,17 @@ def test_a_stream_failing_midway_keeps_what_was_sent(
     assert answer["statusCode"] == 200
     assert answer["headers"]["content-type"].startswith("text/event-stream")
     assert answer["body"] == 'id: 0\ndata: {"sequence_number":0}\n\n'
+
+
+def test_a_head_request_for_health_is_answered_without_a_body(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """Uptime monitors probe with HEAD (UptimeRobot's default): /health answered it 405,
+    which they report as the function down. It answers as GET does, without the body."""
+    handler, _ = sessions_handler
+    get = handler(function_url_event("GET", "/health"), None)
+    head = handler(function_url_event("HEAD", "/health"), None)
+    assert head["statusCode"] == get["statusCode"] == 200, head
+    assert head["body"] == ""
+    assert head["headers"]["content-type"] == "application/json"
+    assert head["headers"]["content-length"] == str(len(get["body"].encode()))

@@ -437,7 +437,10 @@ def _serve(
 
     cycle = HTTPCycle(scope, body)
     loop.run_until_complete(cycle.run(_ending_cleanly(app)))
-    response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
+    # A HEAD request's answer has the headers of a GET's, without its body (which a server
+    # would leave out, and Mangum does not).
+    body_sent = b"" if scope["method"] == "HEAD" else cycle.body
+    response: Response = {"status": cycle.status, "headers": cycle.headers, "body": body_sent}
     answer: dict[str, Any] = handler(response)
     limit = _response_limit(handler)
     if _too_large(answer, limit):

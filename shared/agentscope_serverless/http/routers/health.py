@@ -1,4 +1,4 @@
-"""``GET /health``: each service's health, without authentication."""
+"""``GET /health`` (and ``HEAD``): each service's health, without authentication."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONRe
         runner="ready" if context.runner is not None else "not_ready",
     )
     return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
+
+
+# Uptime monitors often probe with HEAD: answered as GET is (the server sends no body).
+router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
 
 __all__ = ["Health", "router"]
