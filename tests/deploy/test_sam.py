@@ -755,6 +755,26 @@ def _iam_matches(pattern: str, arn: str) -> bool:
     return re.fullmatch(regex, arn) is not None
 
 
+def _statements_with_agent_secrets(resources: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    """The policy statements of ``role`` (inline, and of the stack's managed policies it
+    has) when the stack is given the agent's secret (condition ``HasAgentSecrets``)."""
+    properties = resources[role]["Properties"]
+    documents = []
+    for policy in properties.get("Policies", []):
+        condition, document, _ = policy.get("Fn::If", [None, policy, None])
+        if condition in (None, "HasAgentSecrets"):
+            documents.append(document["PolicyDocument"])
+    for arn in properties.get("ManagedPolicyArns", []):
+        condition, arn, _ = (
+            arn.get("Fn::If", [None, arn, None]) if isinstance(arn, dict) else (None, arn, None)
+        )
+        if condition in (None, "HasAgentSecrets") and isinstance(arn, dict) and "Ref" in arn:
+            managed = resources.get(arn["Ref"])
+            if managed is not None and managed["Type"] == "AWS::IAM::ManagedPolicy":
+                documents.append(managed["Properties"]["PolicyDocument"])
+    return [statement for document in documents for statement in document["Statement"]]
+
+
 @pytest.mark.parametrize("given", ["full", "partial"])
 def test_the_functions_running_the_agent_can_read_its_secret_by_either_arn(given: str) -> None:
     """Secrets Manager appends six random characters to a secret's name in its ARN; the
@@ -770,19 +790,14 @@ def test_the_functions_running_the_agent_can_read_its_secret_by_either_arn(given
     assert re.fullmatch(pattern, arn)
     resources = _translated()["Resources"]
     for function in ("ProcessFunction", "ProcessStreamFunction", "TasksFunction"):
-        policies = resources[f"{function}Role"]["Properties"]["Policies"]
         allowed: list[str] = []
-        for policy in policies:
-            condition, document, _ = policy.get("Fn::If", [None, policy, None])
-            if condition is not None and condition != "HasAgentSecrets":
-                continue
-            for statement in document["PolicyDocument"]["Statement"]:
-                if "AgentSecretsArn" in json.dumps(statement["Resource"]):
-                    assert statement["Action"] in (
-                        "secretsmanager:GetSecretValue",
-                        ["secretsmanager:GetSecretValue"],
-                    )
-                    allowed += _arns_allowed(statement["Resource"], {"AgentSecretsArn": arn})
+        for statement in _statements_with_agent_secrets(resources, f"{function}Role"):
+            if "AgentSecretsArn" in json.dumps(statement["Resource"]):
+                assert statement["Action"] in (
+                    "secretsmanager:GetSecretValue",
+                    ["secretsmanager:GetSecretValue"],
+                )
+                allowed += _arns_allowed(statement["Resource"], {"AgentSecretsArn": arn})
         assert any(_iam_matches(p, secret) for p in allowed), (function, allowed)
         for other in others:
             assert not any(_iam_matches(p, other) for p in allowed), (function, other)
