@@ -20,6 +20,7 @@ from tests.support.http import Keys, bearer, running
 
 PING_INTERVAL = 0.1
 SECRET = "sk-live-0123456789"
+CAT = "https://example.com/cat.png"
 # Loading the CA bundle is the slowest part of making an httpx client: load it once.
 TLS_CONTEXT = ssl.create_default_context()
 
@@ -60,8 +61,13 @@ def scenario_app() -> AgentApp:
             yield f"max_tokens={request.max_tokens}"
             return
         if text == "draw":
-            picture = ImageContent(image_url="https://example.com/cat.png")
+            picture = ImageContent(image_url=CAT)
             yield Message(role=Role.ASSISTANT, content=[picture, TextContent(text="A cat.")])
+            return
+        if text == "show":
+            # A message of a picture alone, then one of text.
+            yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=CAT)])
+            yield "Here it is."
             return
         yield "echo: "
         yield text

@@ -288,3 +288,29 @@ def test_an_sdk_retry_of_a_continuing_call_starts_no_branch(
     assert sessions() == before
     assert stored(rest, session) == turns("one", "two")
     assert respond(sdk, "three", second.id)[1] == session
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_with_a_message_of_no_text_is_read_and_continued_alike_streamed_or_not(
+    sdk: openai.OpenAI, rest: httpx.Client, stream: bool
+) -> None:
+    # The picture's message has no text: a completion not streamed began with the blank
+    # line joining it to the next, which a stream does not send, and a client resending the
+    # streamed reply was not found to continue its session.
+    conversation = [*started(uuid.uuid4().hex), {"role": "user", "content": "show"}]
+    first = say(sdk, conversation, stream=stream)
+    assert conversation[-1] == {"role": "assistant", "content": "Here it is."}
+    conversation.append({"role": "user", "content": "thanks"})
+    assert say(sdk, conversation, stream=stream) == first
+
+
+def test_a_responses_client_resending_a_reply_with_a_message_of_no_text_continues_it(
+    sdk: openai.OpenAI,
+) -> None:
+    # Its output items: the picture's message, without content, then the text's.
+    items: list[Any] = [*started(uuid.uuid4().hex), {"role": "user", "content": "show"}]
+    first = sdk.responses.create(model="m", input=items)
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    items.append({"role": "user", "content": "thanks"})
+    second = sdk.responses.create(model="m", input=items)
+    assert (first.metadata or {})["session_id"] == (second.metadata or {})["session_id"]

@@ -20,8 +20,8 @@ data; one whose session was deleted is not followed.
 The digest reads what a client resends of each message: its role, type, text and other
 parts (without their envelope: :data:`agentscope_serverless.runner.PART_ENVELOPE`).
 Consecutive assistant messages of text count as one whose texts are joined by a blank line,
-as a chat completion joins the reply messages of a run: a responses client resending its
-output items one by one writes the same digest.
+as a chat completion joins the reply messages of a run (those with text: a picture's adds
+none): a responses client resending its output items one by one writes the same digest.
 
 **Continuing a response.** A call naming ``previous_response_id`` continues that response's
 conversation as OpenAI's does: the conversation up to that response, whatever came after it.
@@ -95,7 +95,7 @@ def digest(messages: Sequence[Message]) -> str:
             and shown[-1][:2] == [Role.ASSISTANT, MessageType.MESSAGE]
             and not shown[-1][3]
         ):
-            shown[-1][2] += "\n\n" + text
+            shown[-1][2] = "\n\n".join(t for t in (shown[-1][2], text) if t)
             continue
         shown.append([message.role, message.type, text, others])
     encoded = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))

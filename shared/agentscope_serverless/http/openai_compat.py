@@ -591,8 +591,10 @@ def finish_reason(messages: list[Message] | None) -> str:
 
 
 def reply_text(response: AgentResponse) -> str:
-    """The text of the agent's reply messages, separated by blank lines."""
-    return "\n\n".join(text_of(m) for m in response.output or [] if _is_reply(m))
+    """The text of the agent's reply messages, separated by blank lines (a message without
+    text, a picture's, adds none: a stream of the run sends none for it)."""
+    texts = (text_of(m) for m in response.output or [] if _is_reply(m))
+    return "\n\n".join(text for text in texts if text)
 
 
 def _bare_id(response: AgentResponse) -> str:
