@@ -966,7 +966,11 @@ class _Turn:
     ) -> list[Event]:
         """Stream what ``now`` adds to ``before`` in the open message of ``kind`` (opened
         when another kind, or none, is open); a ``now`` that does not extend ``before``
-        completes the part streamed so far and starts a new one."""
+        completes the part streamed so far and starts a new one.
+
+        A message opened again for the same ``Msg`` (its thinking grew after its text, say)
+        holds what was added since: what the one closed before it streamed is not sent
+        twice."""
         if now == before:
             return []
         events: list[Event] = []
@@ -975,7 +979,6 @@ class _Turn:
             events += self.close()
             message = Message(type=kind, role=role, metadata={})
             events += self._open_message(message)
-            before = ""
         if usage is not None:
             message.usage = usage
         if now.startswith(before):

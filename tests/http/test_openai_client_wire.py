@@ -8,13 +8,15 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
 from tests.http.test_llm_agent import ANSWER, FOLLOW_UP, ScriptedLLM, llm_agent_server
@@ -358,6 +360,67 @@ def test_a_reply_with_an_image_before_its_text_streams_as_the_sdk_reads_it(
         final = events.get_final_response()
     assert indexes == {0}
     assert final.output_text == "A cat."
+
+
+@dataclass
+class Snapshot:
+    """An AgentScope ``Msg`` as an agent streams it: its blocks so far."""
+
+    content: list[dict[str, str]]
+    id: str = "msg-1"
+    role: str = "assistant"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def thinking_between_texts_app() -> AgentApp:
+    """An AgentScope agent whose one ``Msg`` thinks, answers, thinks again, answers on."""
+    app = AgentApp(app_name="interleaved")
+
+    @app.query(framework="text")
+    async def query(
+        self: Any, msgs: list[Any], request: Any = None, **kwargs: Any
+    ) -> AsyncIterator[tuple[Snapshot, bool]]:
+        blocks = [
+            {"type": "thinking", "thinking": "First, "},
+            {"type": "text", "text": "Paris"},
+            {"type": "thinking", "thinking": "then the river."},
+            {"type": "text", "text": "on the Seine."},
+        ]
+        for grown in range(1, len(blocks) + 1):
+            yield Snapshot(blocks[:grown]), grown == len(blocks)
+
+    return app
+
+
+def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once() -> None:
+    # Each message opened again for the Msg streamed its text from the start: the client read
+    # "Paris\n\nParison the Seine." and the session kept "Paris" twice for the model.
+    keys = Keys.make()
+    web = create_app(
+        settings=load_settings(), agent_app=thinking_between_texts_app(), key_store=keys.store
+    )
+    with (
+        running(web) as served,
+        openai.OpenAI(
+            base_url=f"{served}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+        ) as sdk,
+        httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as rest,
+    ):
+        ask = [{"role": "user", "content": "Where?"}]
+        answer = sdk.chat.completions.with_raw_response.create(model="m", messages=ask)
+        chunks = sdk.chat.completions.create(model="m", messages=ask, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        given = sdk.responses.create(model="m", input="Where?")
+        kept = history(rest, answer.headers["X-Session-Id"])
+    assert answer.parse().choices[0].message.content == streamed == "Paris\n\non the Seine."
+    assert given.output_text == "Parison the Seine."  # the SDK joins the output items
+    assert [(m["type"], "".join(p.get("text", "") for p in m["content"])) for m in kept] == [
+        ("message", "Where?"),
+        ("reasoning", "First, "),
+        ("message", "Paris"),
+        ("reasoning", "then the river."),
+        ("message", "on the Seine."),
+    ]
 
 
 def test_a_response_is_read_again_by_its_id_as_it_was_given(sdk: openai.OpenAI) -> None:
