@@ -150,6 +150,42 @@ def test_session_header_continues_a_chat_without_duplicating_history(
     assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
 
 
+def test_a_session_named_for_the_first_time_starts_with_the_conversation_sent(
+    sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # The messages before the last reply were taken to be in the named session already:
+    # in a session new to the server (named by the client, or whose history expired), the
+    # agent answered without them, and they were never stored.
+    chat, responses = f"sdk-{uuid.uuid4()}", f"sdk-{uuid.uuid4()}"
+    conversation = [
+        {"role": "user", "content": "My name is Alice"},
+        {"role": "assistant", "content": "Nice to meet you, Alice."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    answer = sdk.chat.completions.create(
+        model="demo", messages=conversation, extra_headers={"X-Session-Id": chat}
+    )
+    given = sdk.responses.create(
+        model="demo", input=conversation, metadata={"session_id": responses}
+    )
+    assert answer.choices[0].message.content == given.output_text == "Your name is Alice."
+    conversation += [
+        {"role": "assistant", "content": "Your name is Alice."},
+        {"role": "user", "content": "And again?"},
+    ]
+    sdk.chat.completions.create(
+        model="demo", messages=conversation, extra_headers={"X-Session-Id": chat}
+    )
+    client = client_for(keys.alice)
+    stored = [
+        (m["role"], m["content"][0]["text"])
+        for m in client.get(f"/sessions/{chat}/messages").json()["items"]
+    ]
+    assert stored[:-1] == [(m["role"], m["content"]) for m in conversation]
+    kept = client.get(f"/sessions/{responses}/messages").json()["items"]
+    assert [m["role"] for m in kept] == ["user", "assistant", "user", "assistant"]
+
+
 def test_a_system_message_resent_with_each_turn_is_stored_once_until_it_changes(
     sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

@@ -22,7 +22,8 @@ user), the user to act for with a service key (or the ``X-User-Id`` header).
 
 **Input.** Only the messages after the last assistant message are new input: with a
 session, the earlier turns are in its history already (clients that resend the whole
-conversation do not duplicate it); without one, they become the new session's history.
+conversation do not duplicate it); without one, or with one that does not exist (yet, or
+any more), they become the new session's history.
 
 **What an agent cannot do** is refused with a 400 naming the parameter
 (:func:`check_chat_request`, :func:`check_responses_request`), rather than answered as if it

@@ -118,7 +118,9 @@ async def _compatible_run(
     whole conversation with each call. With a given session, the earlier ones are in its
     history already, as in the session of the conversation they continue. Otherwise they
     are the new session's history, stored but not given to memory again: the call that sent
-    them new gave them. Messages for the turn alone (``instructions``) stay its input.
+    them new gave them; so are they when the given session does not exist (yet, or any
+    more: its history expired), else the agent would answer without the conversation.
+    Messages for the turn alone (``instructions``) stay its input.
     """
     given = clean_session_id(session_id)
     history, turn = compat.split_turn(messages)
@@ -126,7 +128,8 @@ async def _compatible_run(
         history, turn = [], messages
     if given is not None:
         run = AgentRequest(input=turn, session_id=given, user_id=user_id, **options)
-        return _Call(run, given, [])
+        new = history and not await context.session_history.has_session(user_id, given)
+        return _Call(run, given, history if new else [])
     shown = [*history, *(m for m in turn if not for_turn_only(m))]
     resumed = await conversations.resumed(context, user_id, history)
     session = resumed or new_uuid()
@@ -519,7 +522,7 @@ def build_router(
         kept = None
         if body.store is not False:
             kept = {"model": body.model, **echo, "input": compat.responses_input_items(body)}
-        call.history = call.history or branched  # a branch starts with its conversation
+        call.history = branched or call.history  # a branch starts with its conversation
         turn = await _openai_turn(context, request, call, kept)
         if turn.recorded is not None:  # a retry's run was noted by its first try
             noted = conversations.responded(
