@@ -15,9 +15,10 @@ them, so deleting or expiring a user's memory touches the same keys, whatever it
     <prefix>:memory:{U}:buckets     ZSET  all scores 0, members "<term>\\0<~tf><length class>"
                                           and "<bucket>\\0<hex id>" (its pages)
     <prefix>:memory:{U}:bucket_ids  HASH  bucket or page -> hex ids of its memories
-    <prefix>:memory:{U}:reserved    HASH  write id -> the id before those a bulk add
-                                          reserved under it (forgotten with the write id;
-                                          a bulk add has one, with or without a key)
+    <prefix>:memory:{U}:reserved    HASH  write id -> "<the id before those a bulk add
+                                          reserved under it> <deletes then>" (forgotten
+                                          with the write id; a bulk add has one, with or
+                                          without a key)
 
 The postings of a term are grouped in buckets, one per term frequency and length class
 (a memory's length in tokens: each length up to 7, then four classes per doubling: 8-9,
@@ -298,9 +299,15 @@ local count = tonumber(ARGV[2])
 local after = last_id(count)
 if first_time() then
   redis.call('HINCRBY', STATS, 'seq', count)
-  if write_id ~= '' then redis.call('HSET', RESERVED, write_id, after) end
+  if write_id ~= '' then
+    -- With the deletes made so far: its index steps look for deleted memories only after
+    -- another delete.
+    local deletes = redis.call('HGET', STATS, 'deletes') or '0'
+    redis.call('HSET', RESERVED, write_id, string.format('%d', after) .. ' ' .. deletes)
+  end
 else
-  after = tonumber(redis.call('HGET', RESERVED, write_id))
+  local reserved = redis.call('HGET', RESERVED, write_id)
+  after = reserved and tonumber(string.match(reserved, '^%d+')) or nil
 end
 touch(ttl, KEYS)
 return after
@@ -330,18 +337,29 @@ return 0
 _INDEX = (
     _ADDING
     + """
-if first_time() and redis.call('HEXISTS', RESERVED, ARGV[3]) == 1 then
-  local names, ids, stored = {}, {}, {}
-  for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
-    local kept = {}
-    for i = 1, #at, 8 do
-      local id = string.sub(at, i, i + 7)
-      if stored[id] == nil then stored[id] = redis.call('HEXISTS', ENTRIES, id) == 1 end
-      if stored[id] then kept[#kept + 1] = id end
-    end
-    if #kept > 0 then
+local reserved = first_time() and redis.call('HGET', RESERVED, ARGV[3])
+if reserved then
+  local names, ids = {}, {}
+  -- Each memory is looked up only when memories were deleted since the reservation.
+  local deletes = redis.call('HGET', STATS, 'deletes') or '0'
+  if string.match(reserved, ' (%d+)$') == deletes then
+    for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
       names[#names + 1] = name
-      ids[#ids + 1] = table.concat(kept)
+      ids[#ids + 1] = at
+    end
+  else
+    local stored = {}
+    for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
+      local kept = {}
+      for i = 1, #at, 8 do
+        local id = string.sub(at, i, i + 7)
+        if stored[id] == nil then stored[id] = redis.call('HEXISTS', ENTRIES, id) == 1 end
+        if stored[id] then kept[#kept + 1] = id end
+      end
+      if #kept > 0 then
+        names[#names + 1] = name
+        ids[#ids + 1] = table.concat(kept)
+      end
     end
   end
   index(names, ids)
@@ -439,6 +457,7 @@ if #removed > 0 then
   end
   redis.call('HINCRBY', STATS, 'docs', string.format('%d', -#removed))
   redis.call('HINCRBY', STATS, 'length', string.format('%d', -removed_length))
+  redis.call('HINCRBY', STATS, 'deletes', 1)  -- bulk adds in flight: see _INDEX
 end
 redis.call('ZREM', SESSIONS, unpack(members))
 touch(ttl, KEYS)
