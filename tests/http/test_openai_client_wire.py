@@ -243,6 +243,8 @@ def test_what_asks_nothing_of_an_agent_is_taken(sdk: openai.OpenAI, extra: dict[
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"background": True}, "background"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        # Mutually exclusive at OpenAI; here the conversation won, unsaid.
+        ({"conversation": "conv-1", "previous_response_id": "resp_1"}, "previous_response_id"),
     ],
 )
 def test_what_an_agent_cannot_give_in_a_response_is_a_400_naming_it(

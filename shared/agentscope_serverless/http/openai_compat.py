@@ -250,6 +250,12 @@ def check_responses_request(body: ResponsesRequest) -> None:
         )
     if body.prompt is not None:
         raise UnsupportedParameterError("prompt", "this server keeps no prompt templates")
+    if body.conversation is not None and body.previous_response_id is not None:
+        # As OpenAI's: which would the call continue?
+        raise UnsupportedParameterError(
+            "previous_response_id",
+            "with conversation: a call continues a conversation or a response, not both",
+        )
 
 
 def session_id_of(
