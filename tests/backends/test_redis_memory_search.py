@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -267,6 +267,26 @@ async def keyed(add: Coroutine[Any, Any, None], key: str = "key-1") -> None:
     await asyncio.create_task(run())
 
 
+def before_call(
+    service: RedisMemoryService, number: int, action: Callable[[], Awaitable[Any]]
+) -> Callable[[], int]:
+    """Run ``action`` just before the ``number``-th script call of ``service`` (a step of
+    a bulk add); returns how many calls were made so far."""
+    run = service._redis.run
+    calls = 0
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == number:
+            service._redis.run = run  # type: ignore[method-assign]
+            await action()
+        return await run(*args, **kwargs)
+
+    service._redis.run = counted  # type: ignore[method-assign]
+    return lambda: calls
+
+
 @pytest.mark.parametrize("deleted", ["its session", "all of the user's memory"])
 async def test_memory_deleted_while_a_bulk_add_indexes_it_stays_deleted(
     redis_server: RedisServer, redis_client: Redis, user_id: str, deleted: str
@@ -281,20 +301,9 @@ async def test_memory_deleted_while_a_bulk_add_indexes_it_stays_deleted(
     async with reference, RedisMemoryService(redis_server.url) as redis:
         await redis.add_memory(user_id, [other], session_id="other")
         await reference.add_memory(user_id, kept, session_id="other")
-        run = redis._redis.run
-        calls = 0
-
-        async def delete_before_indexing(*args: Any, **kwargs: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if calls == 4:
-                redis._redis.run = run  # type: ignore[method-assign]
-                await redis.delete_memory(user_id, session)
-            return await run(*args, **kwargs)
-
-        redis._redis.run = delete_before_indexing  # type: ignore[method-assign]
+        calls = before_call(redis, 4, lambda: redis.delete_memory(user_id, session))
         await redis.add_memory(user_id, memories, session_id="bulk")
-        assert calls == 4
+        assert calls() == 4
 
         assert await listed(redis, user_id) == [m.id for m in kept]
         hits = await redis.search_memory(user_id, [msg("shared note7")])
@@ -322,23 +331,16 @@ async def test_memory_erased_while_a_bulk_add_stores_it_overwrites_no_later_memo
     later = [msg(f"later{n} shared") for n in range(1100)]
     reference = InMemoryMemoryService()
     async with reference, RedisMemoryService(redis_server.url) as redis:
-        run = redis._redis.run
-        calls = 0
 
-        async def erase_and_add_between_batches(*args: Any, **kwargs: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if calls == 3:
-                redis._redis.run = run  # type: ignore[method-assign]
-                await redis.delete_memory(user_id)
-                for service in (reference, redis):
-                    for start in range(0, len(later), 100):
-                        await service.add_memory(user_id, later[start : start + 100])
-            return await run(*args, **kwargs)
+        async def erase_and_add() -> None:
+            await redis.delete_memory(user_id)
+            for service in (reference, redis):
+                for start in range(0, len(later), 100):
+                    await service.add_memory(user_id, later[start : start + 100])
 
-        redis._redis.run = erase_and_add_between_batches  # type: ignore[method-assign]
+        calls = before_call(redis, 3, erase_and_add)
         await redis.add_memory(user_id, memories, session_id="bulk")
-        assert calls == 3
+        assert calls() == 3
         assert await listed(redis, user_id) == [m.id for m in later]
         assert await redis.search_memory(user_id, [msg("note5")]) == []
         query = [msg("shared")]
