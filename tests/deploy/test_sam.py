@@ -755,24 +755,39 @@ def _iam_matches(pattern: str, arn: str) -> bool:
     return re.fullmatch(regex, arn) is not None
 
 
-def _statements_with_agent_secrets(resources: dict[str, Any], role: str) -> list[dict[str, Any]]:
-    """The policy statements of ``role`` (inline, and of the stack's managed policies it
-    has) when the stack is given the agent's secret (condition ``HasAgentSecrets``)."""
+def _role_statements(
+    translated: dict[str, Any], role: str, parameters: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The policy statements ``role`` has (inline, and of the stack's managed policies) when
+    the stack is deployed with ``parameters`` (the others at their defaults)."""
+    conditions = translated["Conditions"]
+    given = {
+        **{name: str(p.get("Default", "")) for name, p in translated["Parameters"].items()},
+        **parameters,
+    }
+
+    def chosen(value: Any) -> Any:  # an Fn::If's branch, or the value; None for NoValue
+        if isinstance(value, dict) and "Fn::If" in value:
+            condition, yes, no = value["Fn::If"]
+            value = yes if _holds({"Condition": condition}, conditions, given) else no
+        return None if value == {"Ref": "AWS::NoValue"} else value
+
+    resources = translated["Resources"]
     properties = resources[role]["Properties"]
-    documents = []
-    for policy in properties.get("Policies", []):
-        condition, document, _ = policy.get("Fn::If", [None, policy, None])
-        if condition in (None, "HasAgentSecrets"):
-            documents.append(document["PolicyDocument"])
-    for arn in properties.get("ManagedPolicyArns", []):
-        condition, arn, _ = (
-            arn.get("Fn::If", [None, arn, None]) if isinstance(arn, dict) else (None, arn, None)
-        )
-        if condition in (None, "HasAgentSecrets") and isinstance(arn, dict) and "Ref" in arn:
-            managed = resources.get(arn["Ref"])
-            if managed is not None and managed["Type"] == "AWS::IAM::ManagedPolicy":
-                documents.append(managed["Properties"]["PolicyDocument"])
-    return [statement for document in documents for statement in document["Statement"]]
+    documents = [
+        policy["PolicyDocument"]
+        for policy in map(chosen, properties.get("Policies", []))
+        if policy is not None
+    ]
+    for arn in map(chosen, properties.get("ManagedPolicyArns", [])):
+        if isinstance(arn, dict) and "Ref" in arn and arn["Ref"] in resources:
+            documents.append(resources[arn["Ref"]]["Properties"]["PolicyDocument"])
+    return [
+        statement
+        for document in documents
+        for statement in map(chosen, document["Statement"])
+        if statement is not None
+    ]
 
 
 @pytest.mark.parametrize("given", ["full", "partial"])
@@ -788,10 +803,11 @@ def test_the_functions_running_the_agent_can_read_its_secret_by_either_arn(given
     arn = secret if given == "full" else f"{prefix}my-agent-secrets"
     pattern = sam.load_template(TEMPLATE)["Parameters"]["AgentSecretsArn"]["AllowedPattern"]
     assert re.fullmatch(pattern, arn)
-    resources = _translated()["Resources"]
+    translated = _translated()
     for function in ("ProcessFunction", "ProcessStreamFunction", "TasksFunction"):
         allowed: list[str] = []
-        for statement in _statements_with_agent_secrets(resources, f"{function}Role"):
+        role = f"{function}Role"
+        for statement in _role_statements(translated, role, {"AgentSecretsArn": arn}):
             if "AgentSecretsArn" in json.dumps(statement["Resource"]):
                 assert statement["Action"] in (
                     "secretsmanager:GetSecretValue",
@@ -801,3 +817,31 @@ def test_the_functions_running_the_agent_can_read_its_secret_by_either_arn(given
         assert any(_iam_matches(p, secret) for p in allowed), (function, allowed)
         for other in others:
             assert not any(_iam_matches(p, other) for p in allowed), (function, other)
+
+
+def test_a_secret_under_a_key_of_its_own_is_decrypted_through_secrets_manager_only() -> None:
+    """A secret encrypted with a customer managed KMS key is read only by who may decrypt
+    with that key: without AgentSecretsKeyArn the functions were refused it on AWS."""
+    secret = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:my-agent-secrets-Ab3dEf"
+    key = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    pattern = sam.load_template(TEMPLATE)["Parameters"]["AgentSecretsKeyArn"]["AllowedPattern"]
+    assert re.fullmatch(pattern, key) and re.fullmatch(pattern, "")
+    translated = _translated()
+
+    def decrypting(role: str, parameters: dict[str, str]) -> list[dict[str, Any]]:
+        statements = _role_statements(translated, role, parameters)
+        return [s for s in statements if "kms:Decrypt" in json.dumps(s["Action"])]
+
+    for function in ("ProcessFunction", "ProcessStreamFunction", "TasksFunction"):
+        role = f"{function}Role"
+        [statement] = decrypting(role, {"AgentSecretsArn": secret, "AgentSecretsKeyArn": key})
+        assert statement["Effect"] == "Allow"
+        assert statement["Resource"] == {"Ref": "AgentSecretsKeyArn"}
+        via = statement["Condition"]["StringEquals"]["kms:ViaService"]
+        assert via == {"Fn::Sub": "secretsmanager.${AWS::Region}.amazonaws.com"}
+        # No key of its own (the account's default key), or no secret: nothing to decrypt.
+        assert decrypting(role, {"AgentSecretsArn": secret}) == []
+        assert decrypting(role, {"AgentSecretsKeyArn": key}) == []
+    for function in ("SessionsFunction", "MemoryFunction", "StateFunction"):
+        role = f"{function}Role"
+        assert decrypting(role, {"AgentSecretsArn": secret, "AgentSecretsKeyArn": key}) == []
