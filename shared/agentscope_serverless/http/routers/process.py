@@ -128,7 +128,7 @@ async def _compatible_run(
         history, turn = [], messages
     if given is not None:
         run = AgentRequest(input=turn, session_id=given, user_id=user_id, **options)
-        new = history and not await context.session_history.has_session(user_id, given)
+        new = bool(history) and not await context.session_history.has_session(user_id, given)
         return _Call(run, given, history if new else [])
     shown = [*history, *(m for m in turn if not for_turn_only(m))]
     resumed = await conversations.resumed(context, user_id, history)

@@ -339,27 +339,23 @@ _INDEX = (
     + """
 local reserved = first_time() and redis.call('HGET', RESERVED, ARGV[3])
 if reserved then
-  local names, ids = {}, {}
+  local names, ids, stored = {}, {}, {}
   -- Each memory is looked up only when memories were deleted since the reservation.
   local deletes = redis.call('HGET', STATS, 'deletes') or '0'
-  if string.match(reserved, ' (%d+)$') == deletes then
-    for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
-      names[#names + 1] = name
-      ids[#ids + 1] = at
-    end
-  else
-    local stored = {}
-    for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
+  local look_up = string.match(reserved, ' (%d+)$') ~= deletes
+  for name, at in string.gmatch(ARGV[2], '([^\\t]+)\\t([^\\n]+)\\n') do
+    if look_up then
       local kept = {}
       for i = 1, #at, 8 do
         local id = string.sub(at, i, i + 7)
         if stored[id] == nil then stored[id] = redis.call('HEXISTS', ENTRIES, id) == 1 end
         if stored[id] then kept[#kept + 1] = id end
       end
-      if #kept > 0 then
-        names[#names + 1] = name
-        ids[#ids + 1] = table.concat(kept)
-      end
+      at = table.concat(kept)
+    end
+    if #at > 0 then
+      names[#names + 1] = name
+      ids[#ids + 1] = at
     end
   end
   index(names, ids)
