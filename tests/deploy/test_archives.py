@@ -423,3 +423,25 @@ def test_an_agent_that_does_not_compile_is_told_where_not_to_list_packages(
         "the agent 'typo:app' does not compile: '(' was never closed (typo.py, line 3): fix it "
         "(serving it, agentscope-serverless serve --agent typo:app, says the same)"
     )
+
+
+def test_a_project_package_named_like_a_dependency_leaves_the_installers_cache_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uv installs into the build folder by hard links to its cache, which the developer's
+    # virtualenvs share: the project's idna/ copied over the installed one wrote through the
+    # links, and every virtualenv on the machine then imported the project's idna.
+    cache = tmp_path / "uv-cache"  # a cache of the test's own: a failure breaks no other
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    project = tmp_path / "project"
+    (project / "idna").mkdir(parents=True)
+    (project / "idna" / "__init__.py").write_text("PROJECTS_OWN = True\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    report = build_agentrun_archive(
+        project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        assert archive.read("idna/__init__.py") == b"PROJECTS_OWN = True\n"
+    cached = list(cache.rglob("idna/__init__.py"))
+    assert cached, "the build installed idna from another cache"
+    assert all(b"PROJECTS_OWN" not in path.read_bytes() for path in cached)

@@ -240,6 +240,12 @@ def build_agentrun_archive(
                 "install",
                 "--quiet",
                 "--no-deps",
+                # Copies, not uv's hard links to its cache: the project's files are copied
+                # over these (a package of the project's named like a dependency), and
+                # writing through a link would change the cache and every virtualenv
+                # installed from it.
+                "--link-mode",
+                "copy",
                 "--target",
                 str(staging),
                 "--python-platform",
