@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.parity.test_agentscope_query import run_script
 from tests.support.sandbox_server import RunningServer
 
 STANDIN = Path(__file__).parent / "agentscope_standin"
@@ -94,3 +95,29 @@ def test_message_conversion_and_the_sandbox_tool_adapter(sandbox_server: Running
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+SESSION_MEMORY = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.memory import AgentScopeSessionHistoryMemory
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+
+async def main():
+    async with InMemorySessionHistoryService() as service:
+        # AgentScope Runtime's order: the service, then the user, then the session.
+        memory = AgentScopeSessionHistoryMemory(service, "alice", "chat-1")
+        await memory.add(Msg("alice", "I love green tea", "user"))
+        stored = await service.get_session("alice", "chat-1")
+        print(stored and [m.get_text_content() for m in stored.messages])
+        print([m.content for m in await memory.get_memory()])
+
+asyncio.run(main())
+"""
+
+
+def test_the_session_memory_takes_the_user_before_the_session_as_agentscopes() -> None:
+    assert run_script(SESSION_MEMORY).splitlines() == [
+        "['I love green tea']",
+        "['I love green tea']",
+    ]

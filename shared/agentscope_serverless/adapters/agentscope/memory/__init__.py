@@ -1,7 +1,7 @@
 """An AgentScope memory kept in a session history service.
 
 >>> memory = AgentScopeSessionHistoryMemory(
-...     service=session_history_service, session_id="s1", user_id="alice"
+...     service=session_history_service, user_id="alice", session_id="s1"
 ... )
 >>> agent = ReActAgent(..., memory=memory)
 
@@ -27,11 +27,11 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
     """The history of ``(user_id, session_id)`` in ``service``, as an AgentScope memory."""
 
-    def __init__(self, service: SessionHistoryService, session_id: str, user_id: str) -> None:
+    def __init__(self, service: SessionHistoryService, user_id: str, session_id: str) -> None:
         super().__init__()
         self.service = service
-        self.session_id = session_id
         self.user_id = user_id
+        self.session_id = session_id
 
     async def _session(self) -> Session:
         session = await self.service.get_session(self.user_id, self.session_id)
