@@ -121,3 +121,51 @@ def test_the_session_memory_takes_the_user_before_the_session_as_agentscopes() -
         "['I love green tea']",
         "['I love green tea']",
     ]
+
+
+TOOL_OF_A_SANDBOX_METHOD = """
+import asyncio, inspect, sys
+from agentscope.tool import Toolkit, ToolResponse
+from agentscope_serverless.adapters.agentscope.tool import sandbox_tool_adapter
+from agentscope_serverless.services.sandbox import SandboxService
+
+async def main():
+    async with SandboxService(base_url=sys.argv[1], bearer_token=sys.argv[2]) as service:
+        [box] = service.connect("adapter-method-test", user_id="u1")
+        toolkit = Toolkit()
+        # AgentScope Runtime's form: a sandbox's tool method, wrapped to answer ToolResponses.
+        tool = sandbox_tool_adapter(box.run_ipython_cell)
+        toolkit.register_tool_function(tool)
+        print(tool.__name__, list(inspect.signature(tool).parameters))
+        response = toolkit.tools["run_ipython_cell"](code="print(6 * 7)")
+        assert isinstance(response, ToolResponse), response
+        print(response.content)
+        shell = sandbox_tool_adapter(box.run_shell_command_async)
+        response = await shell(command="echo hi")
+        print(response.content[0])
+        service.release("adapter-method-test", user_id="u1")
+
+asyncio.run(main())
+"""
+
+
+def test_the_sandbox_tool_adapter_wraps_a_sandbox_tool_method_as_agentscopes(
+    sandbox_server: RunningServer,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", TOOL_OF_A_SANDBOX_METHOD, sandbox_server.url, sandbox_server.token],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "run_ipython_cell ['code']",
+        "[{'type': 'text', 'text': '42\\n'}]",
+        "{'type': 'text', 'text': 'hi\\n'}",
+    ]

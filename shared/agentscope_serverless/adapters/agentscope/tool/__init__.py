@@ -1,15 +1,21 @@
 """A sandbox tool as an AgentScope tool function.
 
 >>> toolkit = Toolkit()
+>>> toolkit.register_tool_function(sandbox_tool_adapter(sandbox.run_ipython_cell))
 >>> tool = sandbox_tool_adapter(sandbox, "run_ipython_cell")
 >>> toolkit.register_tool_function(tool, json_schema=tool.json_schema)
 
 Calling the function runs the tool in the sandbox and answers an AgentScope
-``ToolResponse`` with the result's text blocks.
+``ToolResponse`` with the result's text blocks. A sandbox's tool method (AgentScope
+Runtime's form) keeps its name, signature and docstring, from which the toolkit makes the
+tool's schema.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from agentscope.tool import ToolResponse  # type: ignore[import-not-found]
@@ -50,22 +56,54 @@ class SandboxToolFunction:
         }
 
     async def __call__(self, **arguments: Any) -> Any:
-        result = await self.sandbox.call_tool_async(self.name, arguments)
-        blocks = [
-            {"type": "text", "text": str(part.get("text", ""))}
-            for part in result.get("content", [])
-            if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        return ToolResponse(content=blocks, metadata={"isError": bool(result.get("isError"))})
+        return _tool_response(await self.sandbox.call_tool_async(self.name, arguments))
+
+
+def _tool_response(result: Any) -> Any:
+    """A tool's ``CallToolResult`` as an AgentScope ``ToolResponse`` of its text blocks."""
+    if isinstance(result, ToolResponse):
+        return result
+    blocks = [
+        {"type": "text", "text": str(part.get("text", ""))}
+        for part in result.get("content", [])
+        if isinstance(part, dict) and part.get("type") == "text"
+    ]
+    return ToolResponse(content=blocks, metadata={"isError": bool(result.get("isError"))})
+
+
+def _tool_method(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (a sandbox's tool method) answering a ``ToolResponse``, its name, signature
+    and docstring kept."""
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def awaited(*args: Any, **kwargs: Any) -> Any:
+            return _tool_response(await func(*args, **kwargs))
+
+        return awaited
+
+    @functools.wraps(func)
+    def called(*args: Any, **kwargs: Any) -> Any:
+        return _tool_response(func(*args, **kwargs))
+
+    return called
 
 
 def sandbox_tool_adapter(
-    sandbox: Sandbox,
-    name: str,
+    sandbox: Sandbox | Callable[..., Any],
+    name: str | None = None,
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
-) -> SandboxToolFunction:
-    """The sandbox tool ``name`` (built-in, or described by ``description``/``parameters``)."""
+) -> Any:
+    """A sandbox's tool method (``sandbox.run_ipython_cell``) as an AgentScope tool function,
+    as AgentScope Runtime's adapter; or, given a sandbox, its tool ``name`` (built-in, or
+    described by ``description``/``parameters``)."""
+    if not isinstance(sandbox, Sandbox):
+        if name is not None or not callable(sandbox):
+            raise TypeError("give a sandbox's tool method, or a sandbox and a tool name")
+        return _tool_method(sandbox)
+    if name is None:
+        raise TypeError("give the name of the sandbox's tool to adapt")
     return SandboxToolFunction(sandbox, name, description, parameters)
 
 
