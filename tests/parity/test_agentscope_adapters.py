@@ -169,3 +169,38 @@ def test_the_sandbox_tool_adapter_wraps_a_sandbox_tool_method_as_agentscopes(
         "[{'type': 'text', 'text': '42\\n'}]",
         "{'type': 'text', 'text': 'hi\\n'}",
     ]
+
+
+MARKED_HINTS = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.memory import AgentScopeSessionHistoryMemory
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+
+async def main():
+    async with InMemorySessionHistoryService() as service:
+        memory = AgentScopeSessionHistoryMemory(service, user_id="alice", session_id="chat-1")
+        await memory.add(Msg("alice", "Plan my trip", "user"))
+        # A reasoning step of agentscope 1.0.21's ReActAgent with a plan: its hint is marked,
+        # read in the prompt, then deleted by its mark.
+        await memory.add(Msg("user", "<system-hint>step 1</system-hint>", "user"), marks="hint")
+        print([m.content for m in await memory.get_memory(exclude_mark=None)])
+        print([m.content for m in await memory.get_memory(mark="hint")])
+        print(await memory.delete_by_mark(mark="hint"), await memory.size())
+        await memory.add(Msg("Friday", "Where to?", "assistant"))
+        print([m.content for m in await memory.get_memory()])
+        stored = await service.get_session("alice", "chat-1")
+        print([m.get_text_content() for m in stored.messages])
+
+asyncio.run(main())
+"""
+
+
+def test_the_session_memory_keeps_marked_hints_for_the_agent_alone() -> None:
+    assert run_script(MARKED_HINTS).splitlines() == [
+        "['Plan my trip', '<system-hint>step 1</system-hint>']",
+        "['<system-hint>step 1</system-hint>']",
+        "1 1",
+        "['Plan my trip', 'Where to?']",
+        "['Plan my trip', 'Where to?']",
+    ]

@@ -1,4 +1,5 @@
-"""``ReActAgent``, scripted: no model; a name told to it is kept in its state."""
+"""``ReActAgent``, scripted: no model; a name told to it is kept in its state. It uses its
+memory as agentscope 1.0.21's agent does."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ class ReActAgent:
         if told:
             self.known_name = told.group(1)
         self.turns += 1
+        # Each reasoning step of agentscope 1.0.21's agent: the prompt is the memory, then
+        # the hints given for the step (added with the "hint" mark) are deleted by it.
+        await self.memory.get_memory(exclude_mark=None)
+        await self.memory.delete_by_mark(mark="hint")
         remembered = await self.memory.size()
         if told:
             pieces = ["Nice to meet you, ", f"{self.known_name}!"]

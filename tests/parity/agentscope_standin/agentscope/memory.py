@@ -6,25 +6,34 @@ from typing import Any
 
 
 class MemoryBase:
-    def __init__(self) -> None:
-        pass
+    """As in agentscope 1.0.21: marks (the ReActAgent's hints), and ``delete_by_mark``
+    left to the subclass."""
 
-    async def add(self, memories: Any, allow_duplicates: bool = False) -> None:
+    def __init__(self) -> None:
+        self._compressed_summary = ""
+
+    async def add(self, memories: Any, marks: str | list[str] | None = None, **kwargs: Any) -> None:
         raise NotImplementedError
 
-    async def get_memory(self) -> list[Any]:
+    async def delete(self, msg_ids: list[str], **kwargs: Any) -> int:
+        raise NotImplementedError
+
+    async def delete_by_mark(self, mark: str | list[str], *args: Any, **kwargs: Any) -> int:
+        raise NotImplementedError(f"delete_by_mark is not implemented in {type(self).__name__}")
+
+    async def get_memory(
+        self,
+        mark: str | None = None,
+        exclude_mark: str | None = None,
+        prepend_summary: bool = True,
+        **kwargs: Any,
+    ) -> list[Any]:
         raise NotImplementedError
 
     async def size(self) -> int:
         raise NotImplementedError
 
     async def clear(self) -> None:
-        raise NotImplementedError
-
-    async def delete(self, index: Any) -> None:
-        raise NotImplementedError
-
-    async def retrieve(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:

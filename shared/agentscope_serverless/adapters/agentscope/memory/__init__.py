@@ -8,6 +8,11 @@
 What the agent adds is appended to the session (atomically, as any append); what it reads
 is the session's history, so a new process (a new Lambda instance) picks the conversation
 up where it was. ``state_dict()`` is empty: the state lives in the service.
+
+Messages added with ``marks`` (AgentScope's ReActAgent marks the hints it gives its model
+for one reasoning step, and deletes them by their mark right after) are kept by this object
+only, after the history, until ``delete_by_mark`` or ``clear``: they are not the
+conversation, and the history stays append-only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
         self.service = service
         self.user_id = user_id
         self.session_id = session_id
+        self._marked: list[tuple[Any, list[str]]] = []
 
     async def _session(self) -> Session:
         session = await self.service.get_session(self.user_id, self.session_id)
@@ -39,28 +45,66 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
             session = await self.service.create_session(self.user_id, self.session_id)
         return session
 
-    async def add(self, memories: Any, allow_duplicates: bool = False) -> None:
-        """Append ``memories`` (a ``Msg`` or a list; None is ignored) to the session."""
+    async def add(
+        self,
+        memories: Any,
+        allow_duplicates: bool = False,
+        marks: str | list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Append ``memories`` (a ``Msg`` or a list; None is ignored) to the session; with
+        ``marks``, keep them here instead."""
         if memories is None:
             return
         msgs = memories if isinstance(memories, list) else [memories]
         msgs = [m for m in msgs if m is not None]
         if not msgs:
             return
+        if marks:
+            self._marked += [(msg, _marks(marks)) for msg in msgs]
+            return
         session = Session(id=self.session_id, user_id=self.user_id)
         await self.service.append_message(session, agentscope_msg_to_message(msgs))
 
-    async def get_memory(self) -> list[Any]:
-        """The session's history as ``Msg``\\ s, oldest first."""
-        session = await self._session()
-        return [message_to_agentscope_msg(m) for m in session.messages]
+    async def get_memory(
+        self,
+        mark: str | None = None,
+        exclude_mark: str | None = None,
+        prepend_summary: bool = True,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """The session's history as ``Msg``\\ s, oldest first, then the marked messages;
+        those with ``mark`` alone, or all but those with ``exclude_mark``."""
+        if mark is None:
+            session = await self._session()
+            msgs = [message_to_agentscope_msg(m) for m in session.messages]
+        else:
+            msgs = []
+        msgs += [
+            msg
+            for msg, marks in self._marked
+            if (mark is None or mark in marks) and exclude_mark not in marks
+        ]
+        summary = getattr(self, "_compressed_summary", "")
+        if prepend_summary and summary:
+            msgs.insert(0, message_to_agentscope_msg({"role": "user", "content": summary}))
+        return msgs
+
+    async def delete_by_mark(self, mark: str | list[str], *args: Any, **kwargs: Any) -> int:
+        """Drop the messages kept with ``mark`` (or any of the marks); how many."""
+        dropped = set(_marks(mark))
+        kept = [(msg, marks) for msg, marks in self._marked if not dropped.intersection(marks)]
+        count = len(self._marked) - len(kept)
+        self._marked = kept
+        return count
 
     async def size(self) -> int:
-        """How many messages the session holds."""
-        return len((await self._session()).messages)
+        """How many messages the session holds, and the marked ones."""
+        return len((await self._session()).messages) + len(self._marked)
 
     async def clear(self) -> None:
-        """Empty the session (its id stays)."""
+        """Empty the session (its id stays), and drop the marked messages."""
+        self._marked = []
         await self.service.delete_session(self.user_id, self.session_id)
         await self.service.create_session(self.user_id, self.session_id)
 
@@ -78,6 +122,10 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         """Nothing to load: the history lives in the service."""
+
+
+def _marks(marks: str | list[str]) -> list[str]:
+    return [marks] if isinstance(marks, str) else list(marks)
 
 
 __all__ = ["AgentScopeSessionHistoryMemory"]
