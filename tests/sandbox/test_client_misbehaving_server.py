@@ -13,6 +13,8 @@ import gzip
 import socket
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -245,6 +247,37 @@ async def test_a_compressed_answer_is_capped_once_decompressed(
             await client.get_info("sbx-1")
     finally:
         await client.aclose()
+
+
+def gzipped(chunks: Iterator[bytes]) -> bytes:
+    compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    return b"".join([*(compressor.compress(chunk) for chunk in chunks), compressor.flush()])
+
+
+async def test_an_answer_compressed_twice_is_capped_without_unpacking_it_whole(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    # 256 MiB of JSON in a few KiB: gzip of gzip, which the answer may say it is.
+    spaces = b" " * 1024**2
+    inner = gzipped(iter([b'{"data": "', *(spaces for _ in range(256)), b'"}']))
+    bomb = gzipped(iter([inner]))
+    server = serve(
+        lambda connection, head: connection.sendall(
+            response(
+                "200 OK", bomb, "Content-Encoding: gzip, gzip", "Content-Type: application/json"
+            )
+        )
+    )
+    client = SandboxClient(server.url, TOKEN, retries=0, max_reply_bytes=1024**2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="larger than 1048576 bytes"):
+            await client.get_info("sbx-1")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await client.aclose()
+    assert peak < 32 * 1024**2
 
 
 def trickle(connection: socket.socket, head: bytes) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
+import zlib
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -74,6 +75,34 @@ JSON_CONTENT = {"Content-Type": "application/json"}
 
 class _ReplyTooLarge(Exception):
     """The server's answer went past the client's cap."""
+
+
+class _Decoder:
+    """Undoes an answer's ``Content-Encoding`` (gzip and deflate, in layers), each layer
+    giving at most ``cap`` bytes in all: a few KiB of gzip of gzip unpack to gigabytes,
+    which httpx's decoders would unpack at once, before any cap could be checked."""
+
+    def __init__(self, content_encoding: str, cap: int) -> None:
+        self.cap = cap
+        # Undone in the reverse order of the codings' list (an unknown one is left as is,
+        # as httpx leaves it: the answer is then no JSON).
+        self.layers = [
+            zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in coding else zlib.MAX_WBITS)
+            for coding in reversed(content_encoding.lower().split(","))
+            if coding.strip() in ("gzip", "x-gzip", "deflate")
+        ]
+        self.given = [0] * len(self.layers)
+
+    def decode(self, data: bytes) -> bytes:
+        for index, decompressor in enumerate(self.layers):
+            try:
+                data = decompressor.decompress(data, self.cap + 1 - self.given[index])
+            except zlib.error as exc:
+                raise httpx.DecodingError(str(exc)) from None
+            self.given[index] += len(data)
+            if self.given[index] > self.cap:
+                raise _ReplyTooLarge
+        return data
 
 
 def _json(body: bytes) -> Any:
@@ -170,7 +199,8 @@ class SandboxClient:
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._headers = {"Accept": "application/json"}
+        # Only the encodings the client undoes within its cap (see _Decoder).
+        self._headers = {"Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
         self._token = bearer_token or ""
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
@@ -336,8 +366,11 @@ class SandboxClient:
             async with self._http().stream(method, url, **kwargs) as response:
                 body = bytearray()
                 # Decoded bytes: a compressed answer is capped at its real size.
-                async for chunk in response.aiter_bytes():
-                    body += chunk
+                decoder = _Decoder(
+                    response.headers.get("content-encoding", ""), self._max_reply_bytes
+                )
+                async for chunk in response.aiter_raw():
+                    body += decoder.decode(chunk)
                     if len(body) > self._max_reply_bytes:
                         raise _ReplyTooLarge
                 return _Reply(
