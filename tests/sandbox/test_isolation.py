@@ -604,6 +604,32 @@ async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_roo
         shutil.rmtree(root, ignore_errors=True)
 
 
+async def test_a_workspace_nested_past_pythons_recursion_limit_is_deleted_on_release() -> None:
+    # Without a workspace image (--workspace-mb 0, or no loop devices) the workspace is a
+    # host directory, deleted entry by entry.
+    root = Path(tempfile.mkdtemp(prefix="sandbox-deep-"))
+    nest = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')"
+    first = start_server(root, "--workspace-mb", "0")
+    try:
+        client = SandboxClient(first.url, first.token, timeout=30)
+        released, left = [await client.create_from_pool("base", {}) for _ in range(2)]
+        for sandbox_id in (released, left):
+            assert not (await _cell(client, sandbox_id, nest)).isError
+        assert await client.release(released) is True
+        assert not (first.root / "sandboxes" / released).exists()
+        await client.aclose()
+        first.process.kill()  # leaves the other for the next server on the root
+        await asyncio.to_thread(first.process.wait)
+        second = start_server(root, "--workspace-mb", "0")
+        try:
+            assert list((second.root / "sandboxes").iterdir()) == []
+        finally:
+            stop_server(second)
+    finally:
+        stop_server(first)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
 def small_disk() -> Iterator[RunningServer]:
     """A server whose root is an 80 MiB file system, with 32 MiB workspaces: room for two to

@@ -79,6 +79,21 @@ def _own_cgroup(version: int, controller: str = "") -> str | None:
     return None
 
 
+def remove_tree(directory: Path) -> None:
+    """Delete ``directory`` and all it holds (errors ignored), however deeply a sandbox
+    nested directories in it: ``shutil.rmtree`` recurses once per level and stops at
+    Python's recursion limit, ``rm`` does not."""
+    try:
+        shutil.rmtree(directory, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(
+            ["rm", "-rf", "--", str(directory)],
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+
+
 def remove_stale_groups(directory: Path) -> None:
     """Remove the groups left under ``directory`` by servers that died (killed, crashed):
     whatever still runs in them is killed first."""
@@ -106,7 +121,7 @@ def remove_leftovers(root: Path) -> None:
             if tools is not None:
                 with contextlib.suppress(OSError):
                     remove_workspace(tools, directory)
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
     if os.geteuid() != 0:
         return
     if (CGROUP_ROOT / "cgroup.controllers").exists():
@@ -466,7 +481,7 @@ def remove_workspace(tools: DiskTools, directory: Path) -> None:
         except OSError:
             # Busy (a process of the sandbox still exiting): detach now, freed when unused.
             _run(tools.umount, "-l", str(workspace))
-    shutil.rmtree(directory, ignore_errors=True)
+    remove_tree(directory)
 
 
 def _run(*command: str) -> None:
@@ -585,6 +600,7 @@ __all__ = [
     "make_workspace",
     "probe_disk",
     "remove_leftovers",
+    "remove_tree",
     "remove_workspace",
     "setup_cgroups",
 ]

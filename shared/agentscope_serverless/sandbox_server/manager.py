@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -69,6 +68,7 @@ from agentscope_serverless.sandbox_server.jail import (
     how_to_enforce,
     make_template,
     make_workspace,
+    remove_tree,
     remove_workspace,
     workspace_room,
 )
@@ -702,7 +702,7 @@ class SandboxManager:
             if self.host.disk is not None:
                 with contextlib.suppress(OSError):
                     remove_workspace(self.host.disk, directory)
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
 
     def _remove_jail(self, directory: Path, cgroup: SandboxCgroup | None) -> None:
         if cgroup is not None:
@@ -710,7 +710,7 @@ class SandboxManager:
         host = self.host
         if host.disk is not None:
             remove_workspace(host.disk, directory)
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory)
 
     def _program(self) -> list[str]:
         limits = self.config.limits

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,11 +121,11 @@ class EmbeddedSandboxServer:
         directory, self._directory = self._directory, None
         if directory is not None:
             # Imported here: a Lambda function, which never starts a server, lacks the module.
-            from agentscope_serverless.sandbox_server.jail import remove_leftovers
+            from agentscope_serverless.sandbox_server.jail import remove_leftovers, remove_tree
 
             # What the server leaves when killed before its own clean-up (mounts, cgroups).
             await asyncio.to_thread(remove_leftovers, directory / "root")
-            await asyncio.to_thread(shutil.rmtree, directory, True)
+            await asyncio.to_thread(remove_tree, directory)
 
     async def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
