@@ -64,6 +64,7 @@ FILESYSTEM = "filesystem"
 GENERIC_TOOLS = "generic"
 FILESYSTEM_TOOLS = "filesystem"
 ALLOWED_DIRECTORY = "/workspace"
+MAX_TOOL_NAME_LENGTH = 128
 
 SANDBOX_TYPE_ALIASES = {"base_async": BASE, "filesystem_async": FILESYSTEM}
 """AgentScope's async sandbox classes ask for these types; they are the same sandboxes."""
@@ -137,7 +138,7 @@ class CallToolRequest(_Request):
     """``call_tool``: run ``tool_name`` in the sandbox; replies with a :class:`CallToolResult`."""
 
     identity: str = Field(min_length=1, max_length=256)
-    tool_name: str = Field(min_length=1, max_length=128)
+    tool_name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_LENGTH)
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -569,6 +570,7 @@ __all__ = [
     "FILESYSTEM",
     "FILESYSTEM_TOOLS",
     "GENERIC_TOOLS",
+    "MAX_TOOL_NAME_LENGTH",
     "OPERATIONS",
     "PATH_ARGUMENTS",
     "POSITIONAL_PARAMETERS",

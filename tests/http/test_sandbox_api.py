@@ -236,6 +236,7 @@ def test_connecting_with_an_async_type_name_again_keeps_the_sandbox_and_its_stat
     ("path", "body", "status"),
     [
         ("/tools/no_such_tool", {}, 422),
+        ("/tools/" + "t" * 129, {}, 422),
         ("/tools/run_ipython_cell", {"code": 3}, 422),
         ("/tools/run_ipython_cell?sandbox_type=browser", {"code": "1"}, 404),
     ],

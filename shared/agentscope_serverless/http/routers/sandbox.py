@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Path, Query
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.params import SessionIdPath
-from agentscope_serverless.sandbox_protocol import BASE, CallToolResult
+from agentscope_serverless.sandbox_protocol import BASE, MAX_TOOL_NAME_LENGTH, CallToolResult
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.service import SandboxService, canonical_type
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, select_sandbox
@@ -164,7 +164,7 @@ async def list_tools(
 )
 async def call_tool(
     session_id: SessionIdPath,
-    tool_name: str,
+    tool_name: Annotated[str, Path(min_length=1, max_length=MAX_TOOL_NAME_LENGTH)],
     user_id: CurrentUser,
     service: Sandboxes,
     arguments: Annotated[dict[str, Any] | None, Body(description="The tool's arguments.")] = None,
