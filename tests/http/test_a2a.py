@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import json
 import time
+import tracemalloc
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -32,6 +34,7 @@ from a2a.types import (
     TaskStatus,
 )
 from a2a.utils.errors import InvalidParamsError
+from fastapi import FastAPI, Response
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.a2a_server import RUN_ID_KEY, TASK_SAVE_INTERVAL
@@ -669,6 +672,31 @@ async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Key
     )
     with pytest.raises(Exception, match="401"):
         await a2a_agent_tool(url, api_key="ask_wrong_key")
+
+
+async def test_an_agent_card_compressed_twice_is_refused_without_being_unpacked_whole() -> None:
+    # 256 MiB of a card in a few KiB (gzip of gzip): another agent's server is not ours.
+    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    spaces = b" " * 1024**2
+    packed = inner.compress(b'{"name": "') + b"".join(inner.compress(spaces) for _ in range(256))
+    outer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    bomb = outer.compress(packed + inner.flush()) + outer.flush()
+    assert len(bomb) < 64 * 1024
+    web = FastAPI()
+
+    @web.get("/.well-known/agent-card.json")
+    async def card() -> Response:
+        headers = {"Content-Encoding": "gzip, gzip"}
+        return Response(bomb, media_type="application/json", headers=headers)
+
+    tracemalloc.start()
+    try:
+        with running(web) as url, pytest.raises(Exception, match="larger than 67108864 bytes"):
+            await a2a_agent_tool(url, api_key="ask_any")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 * 1024**2
 
 
 @pytest.fixture(scope="module")

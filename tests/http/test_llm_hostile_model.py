@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -411,3 +413,56 @@ def test_an_answer_ending_normally_says_no_finish_reason(keys: Keys) -> None:
     events = run_once(keys, ScriptedLLM([ANSWER]))
     (answer,) = messages_of(events)
     assert not answer.get("metadata")
+
+
+def gzipped(*chunks: bytes) -> bytes:
+    compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    return b"".join([*map(compressor.compress, chunks), compressor.flush()])
+
+
+class PackedLLM(RawLLM):
+    """A chat API whose answer is ``body``, sent as it is with its ``Content-Encoding``."""
+
+    def __init__(self, body: bytes, content_encoding: str) -> None:
+        super().__init__(lambda: [])
+        self.body = body
+        self.content_encoding = content_encoding
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+        headers = {"Content-Encoding": self.content_encoding}
+        return Response(self.body, media_type="text/event-stream", headers=headers)
+
+
+def test_an_answer_compressed_twice_fails_the_run_without_being_unpacked_whole(
+    keys: Keys,
+) -> None:
+    # 256 MiB of one line in a few KiB: gzip of gzip. Each layer is unpacked a piece at a
+    # time, so the line is refused once it is past the limit, not after it is all in memory.
+    start, mebibyte = b'data: {"choices": [{"delta": {"content": "', b"x" * 1024**2
+    bomb = gzipped(gzipped(start, *[mebibyte] * 256))
+    assert len(bomb) < 64 * 1024
+    tracemalloc.start()
+    try:
+        events = run_once(keys, PackedLLM(bomb, "gzip, gzip"), llm_max_reply_chars=1_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert events[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": f"the chat API sent a line of more than {LINE_LIMIT:,} bytes",
+    }
+    assert peak < 64 * 1024**2
+
+
+def test_a_compressed_answer_is_read_as_its_content_encoding_says(keys: Keys) -> None:
+    stream_text = "".join([data(piece) for piece in ANSWER] + [DONE]).encode()
+    for encoding, body in [
+        ("gzip", gzipped(stream_text)),
+        ("deflate", zlib.compress(stream_text)),
+        ("gzip, deflate", zlib.compress(gzipped(stream_text))),
+    ]:
+        events = run_once(keys, PackedLLM(body, encoding))
+        assert events[-1]["status"] == "completed", encoding
+        (answer,) = messages_of(events)
+        assert answer["content"][0]["text"] == "It is sunny in Paris."

@@ -20,6 +20,7 @@ user key acts only as its own user, and the tool's calls in other users' runs ar
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -30,6 +31,10 @@ from a2a.types import AgentCard, Role, SendMessageRequest, TaskState
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.errors import AgentError
 from agentscope_serverless.services._turn import turn_user_id
+from agentscope_serverless.unpacking import unpacking
+
+# The largest answer of the other agent read (a card, a reply with its task), unpacked.
+MAX_ANSWER_BYTES = 64 * 1024**2
 
 _PARAMETERS = {
     "type": "object",
@@ -45,6 +50,14 @@ def _headers(api_key: str | None, user_id: str | None = None) -> dict[str, str]:
     return headers
 
 
+def _hooks() -> dict[str, list[Callable[[Any], Any]]]:
+    """The other agent's answers (read whole by the A2A client) up to MAX_ANSWER_BYTES,
+    unpacked a bounded piece at a time; a refusal to act for the user named."""
+    hooks = unpacking(max_bytes=MAX_ANSWER_BYTES)
+    hooks["response"].append(_refused)
+    return hooks
+
+
 async def _refused(response: httpx.Response) -> None:
     if response.status_code == 403:
         raise AgentError(
@@ -57,7 +70,11 @@ async def fetch_card(
     url: str, *, api_key: str | None = None, timeout_seconds: float = 30
 ) -> AgentCard:
     """The agent card of the A2A agent at ``url``."""
-    async with httpx.AsyncClient(headers=_headers(api_key), timeout=timeout_seconds) as http:
+    async with httpx.AsyncClient(
+        headers=_headers(api_key),
+        timeout=timeout_seconds,
+        event_hooks=unpacking(max_bytes=MAX_ANSWER_BYTES),
+    ) as http:
         return await A2ACardResolver(http, url).get_agent_card()
 
 
@@ -75,7 +92,7 @@ async def ask_a2a_agent(
     async with httpx.AsyncClient(
         headers=_headers(api_key, user_id),
         timeout=timeout_seconds,
-        event_hooks={"response": [_refused]},
+        event_hooks=_hooks(),
     ) as http:
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
         request = SendMessageRequest(

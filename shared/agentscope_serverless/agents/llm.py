@@ -68,6 +68,7 @@ from agentscope_serverless.services._validation import nests_deeper_than, valid_
 from agentscope_serverless.services.sandbox.service import SandboxService
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefinition, as_tool
 from agentscope_serverless.settings import Settings
+from agentscope_serverless.unpacking import unpacking
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 # More tokens than any context holds: a usage count past it is no count of one model call.
@@ -292,7 +293,8 @@ class LLMAgent:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient()
+            # Its answers unpacked a bounded piece at a time (a few KiB may unpack to GiB).
+            self._http = httpx.AsyncClient(event_hooks=unpacking())
         return self._http
 
     @staticmethod

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-import zlib
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -44,6 +43,7 @@ from agentscope_serverless.sandbox_protocol import (
     error_for_status,
 )
 from agentscope_serverless.services.sandbox._sync import BackgroundLoop
+from agentscope_serverless.unpacking import AnswerTooLarge, unpacking
 
 T = TypeVar("T")
 
@@ -71,38 +71,6 @@ DEFAULT_RETRY_AFTER_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 3600
 REDACTED = "[redacted]"
 JSON_CONTENT = {"Content-Type": "application/json"}
-
-
-class _ReplyTooLarge(Exception):
-    """The server's answer went past the client's cap."""
-
-
-class _Decoder:
-    """Undoes an answer's ``Content-Encoding`` (gzip and deflate, in layers), each layer
-    giving at most ``cap`` bytes in all: a few KiB of gzip of gzip unpack to gigabytes,
-    which httpx's decoders would unpack at once, before any cap could be checked."""
-
-    def __init__(self, content_encoding: str, cap: int) -> None:
-        self.cap = cap
-        # Undone in the reverse order of the codings' list (an unknown one is left as is,
-        # as httpx leaves it: the answer is then no JSON).
-        self.layers = [
-            zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in coding else zlib.MAX_WBITS)
-            for coding in reversed(content_encoding.lower().split(","))
-            if coding.strip() in ("gzip", "x-gzip", "deflate")
-        ]
-        self.given = [0] * len(self.layers)
-
-    def decode(self, data: bytes) -> bytes:
-        for index, decompressor in enumerate(self.layers):
-            try:
-                data = decompressor.decompress(data, self.cap + 1 - self.given[index])
-            except zlib.error as exc:
-                raise httpx.DecodingError(str(exc)) from None
-            self.given[index] += len(data)
-            if self.given[index] > self.cap:
-                raise _ReplyTooLarge
-        return data
 
 
 def _json(body: bytes) -> Any:
@@ -199,8 +167,7 @@ class SandboxClient:
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        # Only the encodings the client undoes within its cap (see _Decoder).
-        self._headers = {"Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
+        self._headers = {"Accept": "application/json"}
         self._token = bearer_token or ""
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
@@ -237,7 +204,7 @@ class SandboxClient:
         """True when ``GET /health`` answers 2xx (it needs no token)."""
         try:
             reply = await self._request("GET", f"{self.base_url}/health")
-        except (httpx.HTTPError, TimeoutError, _ReplyTooLarge):
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge):
             return False
         return reply.is_success
 
@@ -355,7 +322,10 @@ class SandboxClient:
         if client is None:
             transport = httpx.AsyncHTTPTransport(uds=self._uds) if self._uds else None
             client = httpx.AsyncClient(
-                headers=self._headers, timeout=self._timeout, transport=transport
+                headers=self._headers,
+                timeout=self._timeout,
+                transport=transport,
+                event_hooks=unpacking(max_bytes=self._max_reply_bytes),
             )
             self._clients[loop] = client
         return client
@@ -365,14 +335,10 @@ class SandboxClient:
         async with asyncio.timeout(self._deadline):
             async with self._http().stream(method, url, **kwargs) as response:
                 body = bytearray()
-                # Decoded bytes: a compressed answer is capped at its real size.
-                decoder = _Decoder(
-                    response.headers.get("content-encoding", ""), self._max_reply_bytes
-                )
-                async for chunk in response.aiter_raw():
-                    body += decoder.decode(chunk)
-                    if len(body) > self._max_reply_bytes:
-                        raise _ReplyTooLarge
+                # Unpacked bytes (see UnpackingTransport): a compressed answer is capped at
+                # its real size.
+                async for chunk in response.aiter_bytes():
+                    body += chunk
                 return _Reply(
                     response.status_code, response.reason_phrase, response.headers, bytes(body)
                 )
@@ -395,7 +361,7 @@ class SandboxClient:
             except (httpx.TimeoutException, TimeoutError):
                 failure = "the sandbox server did not answer in time"
                 retryable = retry_any_failure
-            except _ReplyTooLarge:
+            except AnswerTooLarge:
                 cap = self._max_reply_bytes
                 failure = f"the sandbox server's answer is larger than {cap} bytes"
                 retryable = False
