@@ -81,13 +81,17 @@ def _own_cgroup(version: int, controller: str = "") -> str | None:
 
 def remove_tree(directory: Path) -> None:
     """Delete ``directory`` and all it holds (errors ignored), however deeply a sandbox
-    nested directories in it: ``shutil.rmtree`` recurses once per level and stops at
-    Python's recursion limit, ``rm`` does not."""
-    try:
+    nested directories in it, and whatever permissions it left on them: ``shutil.rmtree``
+    recurses once per level and stops at Python's recursion limit, ``rm`` does not; and a
+    server that is not root cannot delete from a folder the sandbox (its own user) made
+    read-only, until it makes it writable again (``chmod -R`` follows no link)."""
+    with contextlib.suppress(RecursionError):
         shutil.rmtree(directory, ignore_errors=True)
-    except RecursionError:
+    if not os.path.lexists(directory):
+        return
+    for command in (["chmod", "-R", "u+rwx", "--"], ["rm", "-rf", "--"]):
         subprocess.run(
-            ["rm", "-rf", "--", str(directory)],
+            [*command, str(directory)],
             capture_output=True,
             env={"PATH": "/usr/bin:/bin"},
             check=False,
