@@ -181,6 +181,23 @@ def test_from_openai_message_parts() -> None:
     assert message.get_image_content() == ["data:image/png;base64,AA"]
 
 
+def test_from_openai_message_takes_a_protocol_message_as_it_is() -> None:
+    # As AgentScope Runtime's: code normalising a mix of OpenAI messages and Messages (or
+    # Messages dumped to dicts) keeps the Messages whole, their ids and parts included.
+    message = Message(
+        type=MessageType.FUNCTION_CALL,
+        role=Role.ASSISTANT,
+        content=[DataContent(data={"call_id": "c1", "name": "f", "arguments": "{}"})],
+    )
+    assert Message.from_openai_message(message) is message
+    dumped = Message(
+        role=Role.USER,
+        content=[TextContent(text="look"), ImageContent(image_url="https://example.com/a.png")],
+    )
+    assert Message.from_openai_message(dumped.model_dump()) == dumped
+    assert Message.from_openai_message(message.model_dump(mode="json")) == message
+
+
 def test_files_audio_and_refusals_go_to_openai_and_back() -> None:
     message = Message.from_openai_message(
         {

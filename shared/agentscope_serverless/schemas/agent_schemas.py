@@ -489,9 +489,14 @@ class Message(Event):
         """Build a message from an OpenAI chat message (a dict or an SDK object).
 
         Assistant messages with ``tool_calls`` become ``function_call`` messages, ``tool``
-        messages become ``function_call_output`` messages.
+        messages become ``function_call_output`` messages. A :class:`Message` is returned as
+        it is, and a Message's dump (``"object": "message"``) as the Message it holds.
         """
+        if isinstance(message, Message):
+            return message
         data = message.model_dump() if isinstance(message, BaseModel) else dict(message)
+        if data.get("object") == "message":
+            return Message.model_validate(data)
         role = data.get("role") or Role.USER
         if data.get("tool_calls"):
             parts: list[Any] = [
