@@ -243,6 +243,16 @@ class Runner(ServiceLifecycleManagerMixin):
         self._assign("session_history", service)
 
     @property
+    def session_service(self) -> SessionHistoryService:
+        """The session history service, under the name AgentScope Runtime's quickstart gives
+        it (``self.session_service = ...`` in an init handler assigns it)."""
+        return self.session_history_service
+
+    @session_service.setter
+    def session_service(self, service: SessionHistoryService) -> None:
+        self.session_history_service = service
+
+    @property
     def memory_service(self) -> MemoryService | None:
         """Long-term memory, when configured (assignable)."""
         return self.typed_services.memory

@@ -26,6 +26,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services.agent_state import InMemoryStateService
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
 
@@ -299,3 +300,41 @@ def test_decorated_handlers_run_on_the_runner_given_to_the_app() -> None:
         events = list(client.stream(create_simple_text_request("hi", session_id="g1")))
     assert reply_of(events) == "TextRunner heard hi"
     assert runner.events == ["init", "shutdown"]
+
+
+def test_a_session_service_assigned_in_init_is_the_apps_session_history() -> None:
+    # AgentScope Runtime's quickstart names it self.session_service and keeps its agent's
+    # history there: the sessions routes read that history.
+    app = AgentApp(app_name="Friday")
+
+    @app.init
+    async def init_func(self: Any) -> None:
+        self.session_service = InMemorySessionHistoryService()
+        await self.session_service.start()
+
+    @app.shutdown
+    async def shutdown_func(self: Any) -> None:
+        await self.session_service.stop()
+
+    @app.query(framework="text")
+    async def query_func(
+        self: Any, msgs: list[Message], request: Any = None, **kwargs: Any
+    ) -> AsyncIterator[str]:
+        session = await self.session_service.create_session(request.user_id, request.session_id)
+        await self.session_service.append_message(session, msgs)
+        yield "noted"
+        await self.session_service.append_message(
+            session, Message(role="assistant", content=[TextContent(text="noted")])
+        )
+
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    with running(app.get_fastapi_app(settings=load_settings(), key_store=store)) as url:
+        turn = {"input": [{"role": "user", "content": "hi"}], "session_id": "chat-1"}
+        answer = httpx.post(f"{url}/process", json={**turn, "stream": False}, headers=bearer(key))
+        assert answer.status_code == 200, answer.text
+        stored = httpx.get(f"{url}/sessions/chat-1/messages", headers=bearer(key)).json()
+    assert [(m["role"], m["content"][0]["text"]) for m in stored["items"]] == [
+        ("user", "hi"),
+        ("assistant", "noted"),
+    ]
