@@ -204,3 +204,37 @@ def test_the_session_memory_keeps_marked_hints_for_the_agent_alone() -> None:
         "['Plan my trip', 'Where to?']",
         "['Plan my trip', 'Where to?']",
     ]
+
+
+TOOL_MESSAGES_TO_MSGS = """
+from agentscope_serverless.adapters.agentscope.message import message_to_agentscope_msg
+
+calls = message_to_agentscope_msg([
+    # A tool call and its result as the runner keeps them, then as OpenAI clients send them.
+    {"type": "plugin_call", "role": "assistant", "content": [{"type": "data", "data": {
+        "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"type": "plugin_call_output", "role": "tool", "content": [{"type": "data", "data": {
+        "call_id": "c1", "name": "get_weather",
+        "output": '[{"type": "text", "text": "Sunny"}]'}}]},
+    {"type": "function_call", "role": "assistant", "content": [{"type": "data", "data": {
+        "call_id": "c2", "name": "add", "arguments": "{}"}}]},
+    {"type": "function_call_output", "role": "tool", "content": [{"type": "data", "data": {
+        "call_id": "c2", "output": "42"}}]},
+    {"type": "reasoning", "role": "assistant", "content": [{"type": "text", "text": "Hmm."}]},
+])
+for msg in calls:
+    print(msg.role, msg.content)
+"""
+
+
+def test_tool_calls_results_and_reasoning_become_agentscopes_blocks() -> None:
+    # As AgentScope Runtime's adapter: the model is shown calls and results, not their text.
+    assert run_script(TOOL_MESSAGES_TO_MSGS).splitlines() == [
+        "assistant [{'type': 'tool_use', 'id': 'c1', 'name': 'get_weather', "
+        "'input': {'city': 'Paris'}}]",
+        "system [{'type': 'tool_result', 'id': 'c1', 'name': 'get_weather', "
+        "'output': [{'type': 'text', 'text': 'Sunny'}]}]",
+        "assistant [{'type': 'tool_use', 'id': 'c2', 'name': 'add', 'input': {}}]",
+        "system [{'type': 'tool_result', 'id': 'c2', 'name': '', 'output': '42'}]",
+        "assistant [{'type': 'thinking', 'thinking': 'Hmm.'}]",
+    ]
