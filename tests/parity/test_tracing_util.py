@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agentscope_serverless.log import logger
-from agentscope_serverless.tracing import TracingUtil, trace
+from agentscope_serverless.tracing import TraceType, TracingUtil, trace
 
 FRAMEWORK = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
 
@@ -170,3 +170,39 @@ def test_a_traced_generator_is_one_span_over_its_whole_iteration(
     finally:
         logger.setLevel(level)
     assert (span["span"], span["span_type"], span["error"]) == ("rows", "TOOL", "ValueError")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "LLM",
+        "TOOL",
+        "AGENT_STEP",
+        "MEMORY",
+        "SEARCH",
+        "AIGC",
+        "RAG",
+        "INTENTION",
+        "PLUGIN",
+        "FUNCTION_CALL",
+        "AGENT",
+        "PLANNING",
+        "CHAIN",
+        "RETRIEVER",
+        "RERANKER",
+        "EMBEDDING",
+        "TASK",
+        "GUARDRAIL",
+        "REWRITER",
+        "OTHER",
+    ],
+)
+def test_every_trace_type_of_agentscope_is_named(name: str) -> None:
+    # A ported module decorating with @trace(TraceType.RAG) imports as it did.
+    assert getattr(TraceType, name) == name
+
+    @trace(getattr(TraceType, name))
+    def traced() -> str:
+        return "done"
+
+    assert traced() == "done"
