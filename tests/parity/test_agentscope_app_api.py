@@ -338,3 +338,37 @@ def test_a_session_service_assigned_in_init_is_the_apps_session_history() -> Non
         ("user", "hi"),
         ("assistant", "noted"),
     ]
+
+
+def test_the_hooks_find_the_started_runner_in_the_apps_state() -> None:
+    # AgentScope Runtime calls before_start(app) once the runner has started (its init
+    # handler has run) and after_finish(app) before it stops, app.state.runner holding it.
+    seen: list[Any] = []
+
+    async def before_start(web: Any) -> None:
+        await web.state.runner.state_service.save_state("ops", {"warm": True})
+
+    async def after_finish(web: Any) -> None:
+        seen.append(await web.state.runner.state_service.export_state("ops"))
+
+    app = AgentApp(app_name="hooked", before_start=before_start, after_finish=after_finish)
+
+    @app.init
+    async def init_func(self: Any) -> None:
+        self.state_service = InMemoryStateService()
+        await self.state_service.start()
+
+    @app.shutdown
+    async def shutdown_func(self: Any) -> None:
+        seen.append("shutdown")
+        await self.state_service.stop()
+
+    @app.query(framework="text")
+    async def query_func(self: Any, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "hi"
+
+    store = InMemoryKeyStore()
+    issue_key(store, "dev")
+    with running(app.get_fastapi_app(settings=load_settings(), key_store=store)):
+        pass
+    assert seen == [{"warm": True}, "shutdown"]

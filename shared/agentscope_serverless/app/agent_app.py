@@ -94,7 +94,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
     """An agent's handlers and services, and the ways to run them.
 
     ``before_start(app)`` and ``after_finish(app)`` (sync or async) run around the HTTP
-    server's lifetime, with the web application as argument. ``endpoint_path`` is where the
+    server's lifetime, with the web application as argument, while the runner is started
+    (after its init handler, before its shutdown handler; ``app.state.runner`` holds it, as
+    in AgentScope Runtime). ``endpoint_path`` is where the
     process endpoint is served, and ``request_model`` (an :class:`AgentRequest` subclass)
     validates its body. ``history_window`` is how many of the session's last messages a run
     hands to the handler (default: the ``AGENT_HISTORY_WINDOW`` setting, 100). Other keyword

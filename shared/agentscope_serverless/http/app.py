@@ -340,13 +340,16 @@ def _lifespan(context: AppContext) -> Lifespan:
             if context.idempotency is not None:
                 await stack.enter_async_context(context.idempotency)
             if context.runner is not None and context.agent_app is not None:
+                # As AgentScope Runtime's: the hooks run while the runner is started (its
+                # init handler has run), and find it as app.state.runner.
+                app.state.runner = context.runner
+                await stack.enter_async_context(context.runner)
                 before_start = context.agent_app.before_start
                 try:
                     await call_hook(before_start, app)
                 except Exception as exc:
                     raise StartupError("before_start", before_start, exc) from exc
                 stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
-                await stack.enter_async_context(context.runner)
             if context.recorder is not None:
                 stack.push_async_callback(context.recorder.aclose)
             if context.task_executor is not None:
