@@ -470,6 +470,27 @@ def test_a_body_nesting_too_deeply_is_refused_before_it_is_parsed(
     assert_nothing_stored(client)
 
 
+def nested_objects(levels: int, first_key: str) -> str:
+    """JSON text of ``levels`` objects within each other, the outermost one's key ``first_key``,
+    the others' ``"a"``."""
+    return f'{{"{first_key}": ' + '{"a": ' * (levels - 1) + "1" + "}" * levels
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16", "utf-32"])
+@pytest.mark.parametrize(("path", "body"), NESTED_BODIES, ids=[p for p, _ in NESTED_BODIES])
+def test_a_body_in_utf16_or_utf32_nesting_too_deeply_is_refused_before_it_is_parsed(
+    client: httpx.Client, path: str, body: str, encoding: str
+) -> None:
+    # JSON's parser reads UTF-16 and UTF-32 too. There U+2200 holds a byte '"': read as
+    # UTF-8, every bracket after it would seem to lie inside a string.
+    content = body.replace(HOLE, nested_objects(5_000, "\u2200")).encode(encoding)
+    response = client.post(path, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error["message"] == "the request body nests deeper than 100 levels of arrays and objects"
+    assert_nothing_stored(client)
+
+
 def test_a_body_of_one_hundred_levels_is_stored_and_read_back(client: httpx.Client) -> None:
     # {"state": {"v": <98 arrays>}}: 100 levels, the most a body may nest.
     deepest = json.loads(nested(98))

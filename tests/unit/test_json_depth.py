@@ -20,8 +20,9 @@ def depth(value: Any) -> int:
     return 0
 
 
-# Text made of what trips a bracket counter: brackets, quotes and backslashes.
-tricky_text = st.text(alphabet='[]{}"\\ a\u00e9\U0001f642', max_size=12)
+# Text made of what trips a bracket counter: brackets, quotes and backslashes (and U+2200,
+# whose UTF-16 and UTF-32 hold a byte '"').
+tricky_text = st.text(alphabet='[]{}"\\ a\u00e9\u2200\U0001f642', max_size=12)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | tricky_text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(tricky_text, inner, max_size=4),
@@ -35,7 +36,8 @@ def test_it_agrees_with_the_depth_of_the_parsed_value(value: Any, limit: int) ->
     for text in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=1)):
         expected = depth(value) > limit
         assert nests_deeper_than(text, limit) is expected
-        assert nests_deeper_than(text.encode(), limit) is expected
+        for encoding in ("utf-8", "utf-16", "utf-32"):  # the encodings json.loads reads
+            assert nests_deeper_than(text.encode(encoding), limit) is expected
 
 
 @pytest.mark.parametrize(

@@ -80,12 +80,27 @@ def nests_deeper_than(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     square, curly = ("[", "{") if isinstance(text, str) else (b"[", b"{")
     if text.count(square) + text.count(curly) <= limit:  # type: ignore[arg-type]
         return False
+    if isinstance(text, bytes):
+        text = _as_parsed(text)
     if isinstance(text, str):
         text = text.encode("utf-8", "surrogatepass")
     # +1 for each opening bracket, -1 for each closing one, outside strings: the running
     # sum is the depth at each point.
     steps = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS).translate(_STEPS)
     return max(itertools.accumulate(array("b", steps)), default=0) > limit
+
+
+def _as_parsed(data: bytes) -> str | bytes:
+    """``data`` as JSON's parser reads it: UTF-16 and UTF-32 (told by their first bytes) as
+    the text they encode, whose bytes may hold a ``"`` or a bracket inside any character;
+    UTF-8, or bytes that do not decode (no JSON then), as they are."""
+    encoding = json.detect_encoding(data)
+    if encoding == "utf-8":
+        return data
+    try:
+        return data.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError:
+        return data
 
 
 def require_shallow_json(text: str | bytes, *, field: str) -> None:
