@@ -265,6 +265,21 @@ def test_a_deep_body_of_another_content_type_is_never_a_server_error(
     assert_nothing_stored(client)
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_an_a2a_body_of_another_content_type_nesting_too_deeply_is_refused(
+    client: httpx.Client, content_type: str
+) -> None:
+    # Deeper than the limit, but not so deep that Python's parser gives up: the SDK's own
+    # parser then failed with an internal error, logged as a server error.
+    send = a2a_send("hi")
+    send["params"]["message"]["metadata"] = {"v": json.loads(nested(150))}
+    content = json.dumps(send).encode()
+    response = client.post("/a2a", content=content, headers={"Content-Type": content_type})
+    assert response.status_code == 422, response.text
+    assert "nests deeper than 100 levels" in response.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
 @pytest.mark.parametrize(
     ("path", "content_type"),
     [

@@ -26,7 +26,12 @@ from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.errors import unreadable_body
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
 from agentscope_serverless.http.params import is_json_type
-from agentscope_serverless.services._validation import require_finite, require_utf8
+from agentscope_serverless.services._validation import (
+    nests_deeper_than,
+    require_finite,
+    require_utf8,
+    too_deep,
+)
 
 # Body fields that name the user a request acts as (ours, and OpenAI's ``user``).
 USER_FIELDS = ("user_id", "user")
@@ -52,6 +57,10 @@ async def json_body(request: Request) -> Any:
     body = await request.body()
     if not body:
         return None
+    # The depth of a JSON body was measured as it arrived; that of another type, read as
+    # JSON here all the same, is measured now.
+    if not is_json_type(request.headers.get("content-type")) and nests_deeper_than(body):
+        raise too_deep("body")
     try:
         return await request.json()
     except (ValueError, RecursionError) as exc:
