@@ -351,6 +351,26 @@ def test_a_response_repeats_its_instructions_options_and_metadata(sdk: openai.Op
     assert second.metadata == {"session_id": first.metadata["session_id"]}  # type: ignore[index]
 
 
+def test_typed_message_items_and_a_replayed_output_are_taken_as_input(
+    sdk: openai.OpenAI, scenario: httpx.Client
+) -> None:
+    # The items as the SDK types them ("type": "message"), and a response's output sent
+    # back as the next input (a client keeping the conversation itself).
+    said = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    first = sdk.responses.create(model="m", input=[said])  # type: ignore[list-item]
+    replayed = [item.model_dump(exclude_none=True) for item in first.output]
+    again = {**said, "content": [{"type": "input_text", "text": "hello"}]}
+    second = sdk.responses.create(
+        model="m",
+        input=[said, *replayed, again],  # type: ignore[list-item]
+        metadata={"session_id": "replayed-output"},
+    )
+    assert (first.status, second.status) == ("completed", "completed")
+    stored = history(scenario, "replayed-output")
+    texts = [part.get("text") for item in stored[:3] for part in item["content"]]
+    assert texts == ["hi", first.output_text, "hello"]
+
+
 def test_a_reply_with_an_image_before_its_text_streams_as_the_sdk_reads_it(
     sdk: openai.OpenAI,
 ) -> None:
