@@ -424,7 +424,7 @@ class RunsRequestHandler(DefaultRequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> A2AMessage | Task:
         _refuse_what_is_not_text(params.message)
-        await self._refuse_a_task_running_elsewhere(params, context)
+        await self._refuse_a_working_task(params, context)
         answer: A2AMessage | Task = await super().on_message_send(params, context)
         return answer
 
@@ -432,20 +432,21 @@ class RunsRequestHandler(DefaultRequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncIterator[Any]:
         _refuse_what_is_not_text(params.message)
-        await self._refuse_a_task_running_elsewhere(params, context)
+        await self._refuse_a_working_task(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
 
-    async def _refuse_a_task_running_elsewhere(
+    async def _refuse_a_working_task(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> None:
-        """Refuse a message to a task still working in another process (another Lambda
-        instance). The SDK runs a message to a task of its own process once the task's
-        current run has ended, when it refuses it as ended; a process that does not run the
-        task would run the message at once, a second run whose writes of the task would
-        overwrite the first's (the stored task would lose one of the replies)."""
+        """Refuse a message to a task still working, in this process or another (another
+        Lambda instance). The SDK runs a message to a task of its own process once the
+        task's current run has ended, answering the sender with that run's reply, and the
+        task then works again on the message; a process that does not run the task would
+        run the message at once, a second run whose writes of the task would overwrite the
+        first's (the stored task would lose one of the replies)."""
         task_id = params.message.task_id
-        if not task_id or await self._active_task_registry.get(task_id) is not None:
+        if not task_id:
             return
         task = await self._tasks.get(task_id, context)
         if task is not None and task.status.state in _WORKING:

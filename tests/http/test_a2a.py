@@ -301,6 +301,35 @@ async def test_a_message_to_a_task_working_on_another_server_is_refused(
     assert [m["content"][0]["text"] for m in messages if m["role"] == "user"] == [" ".join(words)]
 
 
+async def test_a_message_to_a_task_working_on_the_same_server_is_refused(
+    served: tuple[str, Keys],
+) -> None:
+    # The SDK ran it once the task's run had ended: the sender was answered with that run's
+    # reply, completed, and the task then went back to working on the message.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    words = ["slowly", *(f"w{i}" for i in range(4))]
+    async with (
+        _client(url, keys.alice, streaming=True) as running_client,
+        _client(url, keys.alice, streaming=False) as other_client,
+    ):
+        stream = running_client.send_message(_message(" ".join(words), context_id=context_id))
+        task_id = await _first_chunk_of(stream)
+        again = new_text_message(
+            "and this too", context_id=context_id, task_id=task_id, role=Role.ROLE_USER
+        )
+        with pytest.raises(Exception, match="still working"):
+            [e async for e in other_client.send_message(SendMessageRequest(message=again))]
+        [e async for e in stream]
+        stored = await other_client.get_task(GetTaskRequest(id=task_id))
+    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [get_artifact_text(a, delimiter="") for a in stored.artifacts] == [" ".join(words) + " "]
+    assert [get_message_text(m) for m in stored.history] == [" ".join(words)]
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice)) as http:
+        runs = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
+    assert sorted(run["kind"] for run in runs) == ["a2a", "a2a_task"]
+
+
 async def test_a_task_streaming_on_one_server_is_followed_from_another(
     two_servers: tuple[str, str, Keys],
 ) -> None:
