@@ -688,6 +688,34 @@ async def test_an_a2a_0_3_history_length_no_task_can_have_is_invalid_params(
         assert answer["error"]["code"] == -32001, answer  # task not found
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "says"),
+    [
+        ("tasks/get", {}, "id: Field required"),
+        ("tasks/get", {"id": 5}, "id: Input should be a valid string"),
+        ("tasks/cancel", None, "params: Field required"),
+        ("tasks/resubscribe", {"id": ["t1"]}, "id: Input should be a valid string"),
+        ("message/send", {"message": {"parts": []}}, "message.messageId: Field required"),
+        ("message/stream", {}, "message: Field required"),
+    ],
+)
+async def test_an_a2a_0_3_call_whose_params_its_method_cannot_take_is_invalid_params(
+    served: tuple[str, Keys], method: str, params: dict[str, Any] | None, says: str
+) -> None:
+    # The SDK's 0.3 routes answered it as an invalid request (-32600), which JSON-RPC keeps
+    # for a body that is no request at all, and logged it as a server error; its 1.0 methods
+    # answer invalid params, as this does.
+    url, keys = served
+    call: dict[str, Any] = {"jsonrpc": "2.0", "id": 9, "method": method}
+    if params is not None:
+        call["params"] = params
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        answer = (await http.post("/a2a", json=call)).json()
+    assert answer["id"] == 9, answer
+    assert answer["error"]["code"] == -32602, answer
+    assert says in answer["error"]["message"]
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)

@@ -2,8 +2,9 @@
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
-(valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call's
-``historyLength`` beyond 32 bits is invalid params, as in A2A 1.0), and the A2A call
+(valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
+params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
+in A2A 1.0), and the A2A call
 context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
@@ -20,6 +21,7 @@ from a2a.server.routes import (
     create_jsonrpc_routes,
     create_rest_routes,
 )
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -71,7 +73,8 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
         # The SDK reads the body as JSON whatever its content type: so are the checks.
         await check_request(request, caller, _idempotency_key(request), any_type=True)
         if request.url.path == A2A_PATH:
-            refused = _history_length_refused(await request_body(request, any_type=True))
+            body = await request_body(request, any_type=True)
+            refused = _params_refused(body) or _history_length_refused(body)
             if refused is not None:
                 return refused
         return await endpoint(request)
@@ -85,6 +88,38 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
 _MAX_HISTORY_LENGTH = 2**31 - 1
 
 
+def _invalid_params(body: dict[str, Any], message: str) -> Response:
+    error = {"code": -32602, "message": message, "data": None}
+    return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+
+
+def _params_refused(body: Any) -> Response | None:
+    """The JSON-RPC error refusing an A2A 0.3 call, a request as JSON-RPC has it, whose params
+    its method cannot take. The SDK's 0.3 methods answer it as an invalid request (-32600),
+    logged as a server error with its traceback; its 1.0 methods with invalid params."""
+    if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict | list):
+        return None
+    # Imported once the SDK's routes are: importing it first is an import cycle of the SDK.
+    from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
+
+    method = body.get("method")
+    model = JSONRPC03Adapter.METHOD_TO_MODEL.get(method) if isinstance(method, str) else None
+    if model is None:
+        return None
+    try:
+        model.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if any(error["loc"][:1] != ("params",) for error in errors):
+            return None  # not a request (its id, its version): the SDK's to answer
+        problems = "; ".join(
+            f"{'.'.join(str(at) for at in error['loc'][1:]) or 'params'}: {error['msg']}"
+            for error in errors
+        )
+        return _invalid_params(body, f"invalid params of {method}: {problems}")
+    return None
+
+
 def _history_length_refused(body: Any) -> Response | None:
     """The JSON-RPC error refusing an A2A 0.3 call whose historyLength is beyond 32 bits."""
     if not isinstance(body, dict) or "/" not in str(body.get("method")):
@@ -95,8 +130,7 @@ def _history_length_refused(body: Any) -> Response | None:
         length = holder.get("historyLength") if isinstance(holder, dict) else None
         if isinstance(length, int) and length > _MAX_HISTORY_LENGTH:
             message = f"historyLength must be at most {_MAX_HISTORY_LENGTH}, got {length}"
-            error = {"code": -32602, "message": message, "data": None}
-            return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+            return _invalid_params(body, message)
     return None
 
 
