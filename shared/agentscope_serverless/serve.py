@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import os
 import sys
 from collections.abc import Sequence
@@ -77,7 +78,23 @@ def development_key(key_store: KeyStore, user: str = "dev") -> str | None:
         await key_store.start()
         return (await key_store.create_key(kind="user", user_id=user)).key
 
-    return asyncio.run(issue())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(issue())
+    # Called from code running an event loop (a notebook's, LocalDeployManager.deploy_sync
+    # in a coroutine): issued on a loop of its own, in a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        return thread.submit(asyncio.run, issue()).result()
+
+
+def announce_development_key(key_store: KeyStore) -> None:
+    """Print a development key of ``key_store`` when it is in memory (see
+    :func:`development_key`): what a script serving an app (``app.run()``, a local
+    deployment) is called with."""
+    key = development_key(key_store)
+    if key is not None:
+        print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
 
 
 def create() -> FastAPI:
@@ -164,6 +181,7 @@ if __name__ == "__main__":
 __all__ = [
     "APP_DIR_ENV",
     "Served",
+    "announce_development_key",
     "build",
     "create",
     "development_key",

@@ -372,3 +372,36 @@ def test_the_hooks_find_the_started_runner_in_the_apps_state() -> None:
     with running(app.get_fastapi_app(settings=load_settings(), key_store=store)):
         pass
     assert seen == [{"warm": True}, "shutdown"]
+
+
+async def test_a_local_deployment_on_the_embedded_key_store_prints_a_key_to_call_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # AgentScope's local deployment: ``await app.deploy(LocalDeployManager(...))``, then calls
+    # to the URL it returns. Every route but /health needs a key, and no command can add one
+    # to the embedded store: as app.run(), the deployment prints one.
+    deployer = LocalDeployManager(host="127.0.0.1", port=0)
+    info = await build_app(CountingRunner()).deploy(deployer, settings=load_settings())
+    try:
+        printed = capsys.readouterr().out
+        assert "development key (user 'dev', valid while this server runs): ask_" in printed
+        key = printed.rsplit(": ", 1)[1].strip()
+        client = HTTPAgentAPIClient(f"{info['url']}/process", token=key)
+        events = [e async for e in client.astream(create_simple_text_request("hi"))]
+        assert reply_of(events) == "turn 1"
+    finally:
+        await deployer.stop(info["deploy_id"])
+
+
+async def test_a_local_deployment_made_synchronously_in_a_running_loop_prints_its_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # deploy_sync, AgentScope's synchronous twin, called from a notebook cell's loop.
+    deployer = LocalDeployManager(host="127.0.0.1", port=0)
+    info = deployer.deploy_sync(build_app(CountingRunner()), settings=load_settings())
+    try:
+        key = capsys.readouterr().out.rsplit(": ", 1)[1].strip()
+        async with httpx.AsyncClient(base_url=info["url"], headers=bearer(key)) as client:
+            assert (await client.get("/async")).json() == {"hello": "x"}
+    finally:
+        deployer.stop_sync()

@@ -469,7 +469,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         import uvicorn
 
         from agentscope_serverless.auth.factory import create_key_store
-        from agentscope_serverless.serve import development_key
+        from agentscope_serverless.serve import announce_development_key
 
         kwargs.pop("mode", None)
         host = host or os.environ.get("HOST") or "127.0.0.1"
@@ -479,9 +479,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
             root = root.model_copy(update={"web_ui": True})
         key_store = create_key_store(root)
         served = self.get_fastapi_app(settings=root, key_store=key_store)
-        key = development_key(key_store)
-        if key is not None:  # every route but /health needs a key: the embedded store has none
-            print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
+        # Every route but /health needs a key: the embedded store has none.
+        announce_development_key(key_store)
         uvicorn.run(served, host=host, port=port, **kwargs)
 
     def _given_runner(self) -> Runner:

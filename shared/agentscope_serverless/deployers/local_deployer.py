@@ -211,6 +211,11 @@ class LocalDeployManager(DeployManager):
             from agentscope_serverless.settings import get_settings
 
             settings = get_settings()
+        given_key_store = key_store is not None
+        if key_store is None:
+            from agentscope_serverless.auth.factory import create_key_store
+
+            key_store = create_key_store(settings)
         if isinstance(app, AgentApp):
             if kwargs:
                 raise TypeError(
@@ -250,6 +255,11 @@ class LocalDeployManager(DeployManager):
                 settings=settings,
                 key_store=key_store,
             )
+        if not given_key_store:
+            from agentscope_serverless.serve import announce_development_key
+
+            # Every route but /health needs a key: the embedded store has none.
+            announce_development_key(key_store)
         server = ServerThread(web_app, host=self.host, port=self.port)
         url = server.start(timeout=self.startup_timeout)
         self._server = server
