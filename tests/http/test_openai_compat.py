@@ -461,6 +461,32 @@ def test_an_image_a_file_or_audio_without_a_source_is_refused_rather_than_stored
 
 
 @pytest.mark.parametrize(
+    ("path", "field"), [("chat/completions", "messages"), ("responses", "input")]
+)
+def test_a_message_in_the_protocols_shape_has_its_parts_checked_as_openais(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, field: str
+) -> None:
+    # A protocol Message's dump ("object": "message") is no OpenAI message: its parts are
+    # checked as an OpenAI message's, not taken as they are (an image of a local path).
+    client = client_for(keys.alice)
+    session = f"shaped-{uuid.uuid4()}"
+    message = {
+        "type": "message",
+        "object": "message",
+        "role": "user",
+        "content": [{"type": "image", "image_url": "/etc/passwd"}],
+    }
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", field: [message]},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 422
+    assert "'image' are not supported" in refused.json()["error"]["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
+@pytest.mark.parametrize(
     ("path", "part", "said"),
     [
         (

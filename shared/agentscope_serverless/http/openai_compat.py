@@ -504,8 +504,11 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
             )
         _check_tool_call_ids(item, where)
         _check_parts_of_role(item, where)
+        # An OpenAI message: a protocol Message's dump (its "object") is read as one too, its
+        # parts checked, rather than taken whole as from_openai_message takes it.
+        openai_message = {key: value for key, value in item.items() if key != "object"}
         try:
-            message = Message.from_openai_message(item)
+            message = Message.from_openai_message(openai_message)
         except UnsupportedContentError as exc:
             raise InvalidInputError(
                 f"{field}[{position}]: {exc}", errors=[{"loc": where, "msg": str(exc)}]
