@@ -405,3 +405,15 @@ async def test_a_local_deployment_made_synchronously_in_a_running_loop_prints_it
             assert (await client.get("/async")).json() == {"hello": "x"}
     finally:
         deployer.stop_sync()
+
+
+def test_the_fastapi_app_on_the_embedded_key_store_prints_a_key_to_call_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # ``uvicorn.run(app.get_fastapi_app())``, as AgentScope's users serve an app themselves.
+    web_app = build_app(CountingRunner()).get_fastapi_app(settings=load_settings())
+    printed = capsys.readouterr().out
+    assert "development key (user 'dev', valid while this server runs): ask_" in printed
+    key = printed.rsplit(": ", 1)[1].strip()
+    with running(web_app) as url:
+        assert httpx.get(f"{url}/async", headers=bearer(key)).json() == {"hello": "x"}

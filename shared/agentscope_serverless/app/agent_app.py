@@ -237,11 +237,19 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     def get_fastapi_app(self, **kwargs: Any) -> Any:
         """The web application serving this app (``create_app`` arguments in ``kwargs``; the
-        settings default to the app's, else the environment's)."""
+        settings default to the app's, else the environment's). Without a ``key_store``, on
+        the embedded in-memory one, it prints a development key, as :meth:`run` does."""
         # The HTTP layer builds on this one: imported when serving, never at module import.
         from agentscope_serverless.http import create_app
 
         kwargs.setdefault("settings", self.settings or _root_settings())
+        if kwargs.get("key_store") is None:
+            from agentscope_serverless.auth.factory import create_key_store
+            from agentscope_serverless.serve import announce_development_key
+
+            kwargs["key_store"] = create_key_store(kwargs["settings"])
+            # Every route but /health needs a key: the embedded store has none.
+            announce_development_key(kwargs["key_store"])
         return create_app(agent_app=self, **kwargs)
 
     async def deploy(self, deployer: Any, **kwargs: Any) -> dict[str, Any]:
