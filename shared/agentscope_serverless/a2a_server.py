@@ -419,6 +419,8 @@ class RunsRequestHandler(DefaultRequestHandler):
         )
         self._tasks = task_store
         self._runs = task_store.runs
+        # The cancels of a task under way here, and how many are waiting for them.
+        self._cancels: dict[str, tuple[asyncio.Lock, int]] = {}
 
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -461,13 +463,28 @@ class RunsRequestHandler(DefaultRequestHandler):
         answered as its run ended there, as one running here is: its run is asked to stop,
         and once it has ended and that process has stored the task's end, the task is
         answered as stored: canceled, or completed when the cancel came too late. Should it
-        not end in time, the task is marked canceled (its run stops when it reads the mark)."""
-        if await self._active_task_registry.get(params.id) is None:
-            ended = await self._stop_elsewhere(params.id, context)
-            if ended is not None:
-                return ended
-        answer: Task | None = await super().on_cancel_task(params, context)
-        return answer
+        not end in time, the task is marked canceled (its run stops when it reads the mark).
+
+        The cancels of a task are made one after another: one coming while another is under
+        way is answered once that one has ended, as a cancel of the task it left (canceled:
+        not cancelable). The SDK cancels the task's execution for each, and a second one,
+        while the first wound it down, left the task's subscribers waiting for ever."""
+        lock, waiting = self._cancels.get(params.id, (asyncio.Lock(), 0))
+        self._cancels[params.id] = (lock, waiting + 1)
+        try:
+            async with lock:
+                if await self._active_task_registry.get(params.id) is None:
+                    ended = await self._stop_elsewhere(params.id, context)
+                    if ended is not None:
+                        return ended
+                answer: Task | None = await super().on_cancel_task(params, context)
+                return answer
+        finally:
+            lock, waiting = self._cancels[params.id]
+            if waiting == 1:
+                del self._cancels[params.id]
+            else:
+                self._cancels[params.id] = (lock, waiting - 1)
 
     async def _stop_elsewhere(self, task_id: str, context: ServerCallContext) -> Task | None:
         """The task ``task_id`` as stored once its run, asked to stop, has ended and its end

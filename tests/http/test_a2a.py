@@ -197,6 +197,35 @@ async def test_a_cancel_that_comes_too_late_answers_the_task_as_its_run_ended(
         assert history[-1]["content"][0]["text"] == "working finished anyway"
 
 
+async def test_two_cancels_of_a_task_at_once_leave_no_subscriber_waiting(
+    served: tuple[str, Keys],
+) -> None:
+    # Each cancel cancelled the task's execution: the second, while the first wound it
+    # down, left a subscriber to the task with its canceled status but a stream never ended.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    async with _client(url, keys.alice, streaming=True) as client:
+        stream = client.send_message(_message("slowly " + "word " * 20, context_id=context_id))
+        task_id = await _first_chunk_of(stream)
+        await stream.aclose()
+    follow = {"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe", "params": {"id": task_id}}
+    cancel = {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": task_id}}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        async with http.stream("POST", "/a2a", json=follow) as subscription:
+            lines = subscription.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")  # the task
+            answers = await asyncio.gather(*(http.post("/a2a", json=cancel) for _ in range(2)))
+            async with asyncio.timeout(10):  # it ends at once, when it ends
+                followed = [json.loads(line[6:]) async for line in lines if line]
+        stored = await http.post("/a2a", json={**cancel, "method": "tasks/get"})
+    replies = [answer.json() for answer in answers]
+    states = [reply["result"]["status"]["state"] for reply in replies if "result" in reply]
+    errors = [reply["error"]["code"] for reply in replies if "error" in reply]
+    assert (states, errors) == (["canceled"], [-32002])  # the second finds it not cancelable
+    assert followed[-1]["result"]["status"]["state"] == "canceled"
+    assert stored.json()["result"]["status"]["state"] == "canceled"
+
+
 @pytest.fixture(scope="module")
 def two_servers(redis_server: RedisServer) -> Iterator[tuple[str, str, Keys]]:
     """Two servers of the agent sharing their stores on Redis, as two Lambda instances do."""
