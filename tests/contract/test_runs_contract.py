@@ -649,6 +649,22 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
         assert await runs.stop_runs(user_id, wait=0.5) == ["task"]  # the lost one: not waited for
 
 
+async def test_a_follower_resuming_after_a_lost_runs_ending_is_not_told_again(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Each resume after the ending (its id sent back as Last-Event-ID, as EventSource does
+    # on reconnecting) got another ending, numbered one further each time.
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    async with runs_factory() as runs:
+        lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
+        events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
+        await runs.record(lost, events, create=True)
+        [(ending, _)] = [item async for item in runs.follow(user_id, "lost", 2)]
+        assert ending == 3
+        assert [item async for item in runs.follow(user_id, "lost", ending)] == []
+        assert [item async for item in runs.follow(user_id, "lost", 10**9)] == []
+
+
 async def test_a_heartbeat_keeps_a_run_in_progress_and_never_makes_a_deleted_one(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

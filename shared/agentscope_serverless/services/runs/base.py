@@ -464,19 +464,22 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
                 after = sequence
             if record.finished:
                 if record.error == _LOST_ERROR:
-                    ending = await self._lost_ending(user_id, run_id, after + 1)
+                    ending = await self._lost_ending(user_id, run_id, after)
                     if ending is not None:
                         yield ending
                 return
             if not events:
                 await self._wait(user_id, run_id, after)
 
-    async def _lost_ending(self, user_id: str, run_id: str, sequence: int) -> StoredEvent | None:
+    async def _lost_ending(self, user_id: str, run_id: str, after: int) -> StoredEvent | None:
         """The last event of a lost run, as a run failing there would have sent it: its
-        response (its first event), failed with ``RUN_LOST``, numbered ``sequence``."""
-        first = await self.read_events(user_id, run_id, -1, limit=1)
-        if not first:
+        response (its first event), failed with ``RUN_LOST``, numbered after its last stored
+        event. None for a follower past that (``after``: it had the ending already)."""
+        last = await self.read_events(user_id, run_id, after - 1, limit=1)
+        if not last or last[0][0] != after:
             return None
+        first = await self.read_events(user_id, run_id, -1, limit=1)
+        sequence = after + 1
         try:
             response = AgentResponse.model_validate_json(first[0][1])
         except ValueError:
