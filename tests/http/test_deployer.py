@@ -98,6 +98,41 @@ def test_plain_function_response_types(keys: Keys, response_type: str, expected:
         manager.stop_sync()
 
 
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b'{"text": "\\ud800"}', 422),  # a lone surrogate: not Unicode
+        (b'{"n": NaN}', 422),
+        (b'{"user": "bob"}', 403),
+    ],
+)
+def test_a_plain_function_checks_a_body_of_another_content_type_as_it_reads_it(
+    keys: Keys, body: bytes, status: int
+) -> None:
+    # The function's body is read as JSON whatever its type (curl -d sends a form's).
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    info = manager.deploy_sync(
+        lambda body: body,
+        request_model=None,
+        response_type="json",
+        settings=load_settings(),
+        key_store=keys.store,
+    )
+    try:
+        headers = {**bearer(keys.alice), "Content-Type": "application/x-www-form-urlencoded"}
+        response = httpx.post(f"{info['url']}/process", content=body, headers=headers)
+        assert response.status_code == status, response.text
+        as_json = httpx.post(
+            f"{info['url']}/process",
+            content=body,
+            headers={**bearer(keys.alice), "Content-Type": "application/json"},
+        )
+        assert as_json.status_code == status
+        assert response.json()["error"] == as_json.json()["error"]
+    finally:
+        manager.stop_sync()
+
+
 def test_an_agent_app_keeps_its_own_configuration() -> None:
     with pytest.raises(TypeError, match="set them on the AgentApp"):
         LocalDeployManager(port=0).deploy_sync(demo_app, endpoint_path="/other")

@@ -30,7 +30,7 @@ from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.app import call_hook, new_application
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.guards import guard_request, json_body
+from agentscope_serverless.http.guards import guard_any_type_request, json_body
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.runner import items_of
@@ -99,7 +99,7 @@ def create_function_app(
         endpoint,
         methods=["POST"],
         response_model=None,
-        dependencies=[Depends(guard_request)],
+        dependencies=[Depends(guard_any_type_request)],
         responses=ERROR_RESPONSES,
     )
     return app

@@ -71,25 +71,34 @@ class _NotJson(InvalidInputError):
     """A body that is not JSON at all."""
 
 
-async def guard_request(
-    request: Request,
-    caller: CurrentCaller,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            min_length=1,
-            max_length=255,
-            pattern=IDEMPOTENCY_KEY_PATTERN,
-            description=(
-                "Makes a write safe to retry: a request repeating the key and body gets the "
-                "first answer without writing again; the key with another body is a 409."
-            ),
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description=(
+            "Makes a write safe to retry: a request repeating the key and body gets the "
+            "first answer without writing again; the key with another body is a 409."
         ),
-    ] = None,
+    ),
+]
+
+
+async def guard_request(
+    request: Request, caller: CurrentCaller, idempotency_key: IdempotencyKey = None
 ) -> None:
     """The checks above, in order: Unicode, numbers, users, then the idempotency claim."""
     await check_request(request, caller, idempotency_key)
+
+
+async def guard_any_type_request(
+    request: Request, caller: CurrentCaller, idempotency_key: IdempotencyKey = None
+) -> None:
+    """:func:`guard_request` for a route that reads its body as JSON whatever its content
+    type (a plain function's)."""
+    await check_request(request, caller, idempotency_key, any_type=True)
 
 
 async def check_request(
@@ -111,4 +120,11 @@ async def check_request(
         await claim_key(request, user_id or caller.user_id(), idempotency_key)
 
 
-__all__ = ["USER_FIELDS", "check_request", "guard_request", "json_body", "request_body"]
+__all__ = [
+    "USER_FIELDS",
+    "check_request",
+    "guard_any_type_request",
+    "guard_request",
+    "json_body",
+    "request_body",
+]
