@@ -145,6 +145,33 @@ def test_cancel_on_disconnect_cancels_a_run_not_streamed_when_the_client_leaves(
         assert client.get(f"/state/{session_id}").json()["state"] == {"cleanup": True}
 
 
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, [], {}])
+def test_a_cancel_on_disconnect_other_than_true_or_false_is_refused_before_anything_runs(
+    url: str, keys: Keys, value: Any
+) -> None:
+    # "false" (a string) was taken for true: the run stopped as its client left, its reply cut.
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        sessions = client.get("/sessions", params={"limit": 1000}).json()["items"]
+        for path, body in (
+            ("/process", {"input": [user_message("go")], "session_id": session_id}),
+            (
+                "/compatible-mode/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True},
+            ),
+            (
+                "/compatible-mode/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": "go"}]},
+            ),
+        ):
+            response = client.post(path, json={**body, "cancel_on_disconnect": value})
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["param"] == "cancel_on_disconnect"
+            assert error["message"] == "cancel_on_disconnect must be true or false"
+        assert client.get("/sessions", params={"limit": 1000}).json()["items"] == sessions
+
+
 def test_a_run_cancelled_as_soon_as_its_id_is_known_stops(url: str, keys: Keys) -> None:
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         for _ in range(3):  # the first run of a server may be slow to send its first event

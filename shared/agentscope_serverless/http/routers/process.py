@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agentscope_serverless.errors import (
     ConflictError,
@@ -135,6 +135,17 @@ async def _compatible_run(
     session = resumed or new_uuid()
     run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
     return _Call(run, session, [] if resumed else history, shown, history)
+
+
+def _cancel_on_disconnect(body: BaseModel) -> bool | None:
+    """What the request's ``cancel_on_disconnect`` says (None: nothing); a value other than
+    a boolean is refused, not taken for what Python makes of it ("false" is true)."""
+    value = (body.model_extra or {}).get("cancel_on_disconnect")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidInputError(
+            "cancel_on_disconnect must be true or false", field="cancel_on_disconnect"
+        )
+    return value
 
 
 def _header_session_id(value: str | None) -> str | None:
@@ -377,7 +388,7 @@ def build_router(
         user_id = caller.user_id(body.user_id)
         session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
-        cancel_on_disconnect = bool((body.model_extra or {}).get("cancel_on_disconnect"))
+        cancel_on_disconnect = _cancel_on_disconnect(body) is True
         if cancel_on_disconnect:
             ends_with_client(request)
         recorded = await _recorded(
@@ -433,6 +444,11 @@ def build_router(
         x_session_id: SessionHeader = None,
     ) -> Response:
         compat.check_chat_request(body)
+        # A client closing its stream stops the run, as OpenAI's: nothing reads a chat
+        # completion again (unless the request says "cancel_on_disconnect": false). One not
+        # streamed goes on: an SDK's retry after a timeout gets its answer.
+        said = _cancel_on_disconnect(body)
+        cancel = body.stream and said is not False
         # The name the client gave its limit, for an agent calling a model to give it so.
         named_limit = {}
         if body.max_tokens is None and body.max_completion_tokens is not None:
@@ -455,10 +471,6 @@ def build_router(
             frequency_penalty=body.frequency_penalty,
             presence_penalty=body.presence_penalty,
         )
-        # A client closing its stream stops the run, as OpenAI's: nothing reads a chat
-        # completion again (unless the request says "cancel_on_disconnect": false). One not
-        # streamed goes on: an SDK's retry after a timeout gets its answer.
-        cancel = body.stream and (body.model_extra or {}).get("cancel_on_disconnect") is not False
         turn = await _openai_turn(context, request, call, cancel_on_disconnect=cancel)
         headers = _session_headers(turn.session_id, turn.run_id)
         if not body.stream:
