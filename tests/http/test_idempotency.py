@@ -100,6 +100,20 @@ def test_the_same_key_with_another_request_is_a_conflict(client: httpx.Client) -
     assert client.get("/state/s1").json()["state"] == {"v": 1}
 
 
+def test_a_conflict_no_retry_can_mend_tells_clients_not_to_retry(client: httpx.Client) -> None:
+    # OpenAI's SDKs retry a 409 unless told not to: these 409s answer every retry the same.
+    assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k-1")).is_success
+    other = client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k-1"))
+    assert (other.status_code, other.headers.get("X-Should-Retry")) == (409, "false")
+    # An answer too large to keep (300 KB of messages appended back) is not repeated.
+    body = {"messages": [text_message("x" * 300_000)]}
+    appended = client.post("/sessions/big/messages", json=body, headers=keyed("k-2"))
+    assert appended.is_success
+    again = client.post("/sessions/big/messages", json=body, headers=keyed("k-2"))
+    assert again.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert (again.status_code, again.headers.get("X-Should-Retry")) == (409, "false")
+
+
 def test_the_same_key_and_body_with_another_session_header_is_a_conflict(
     client: httpx.Client,
 ) -> None:

@@ -27,6 +27,7 @@ from agentscope_serverless.errors import (
     AgentScopeServerlessError,
     AuthenticationError,
     ConflictError,
+    IdempotencyKeyReusedError,
     InvalidInputError,
     NotFoundError,
     PayloadTooLargeError,
@@ -185,9 +186,9 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     response = error_response(status, exc.code, exc.message, fields)
     if isinstance(exc, SandboxCapacityError):
         response.headers["Retry-After"] = str(exc.retry_after)
-    if isinstance(exc, RunCanceledError):
+    if isinstance(exc, RunCanceledError | IdempotencyKeyReusedError):
         # OpenAI's SDKs retry a 409: the retry would run the turn again, in a session
-        # deleted (or data erased) on purpose.
+        # deleted (or data erased) on purpose; or get the same answer again.
         response.headers["X-Should-Retry"] = "false"
     return response
 

@@ -263,7 +263,8 @@ def _too_large(status: int) -> StoredResponse:
         "to keep: it is not repeated"
     )
     response = response_for(error)
-    return StoredResponse(409, {"content-type": "application/json"}, bytes(response.body))
+    headers = {"content-type": "application/json", "x-should-retry": "false"}
+    return StoredResponse(409, headers, bytes(response.body))
 
 
 async def _replay(request: Request, exc: Exception) -> Response:
