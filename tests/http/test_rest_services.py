@@ -39,6 +39,20 @@ def test_sessions_are_listed_a_page_at_a_time(alice: httpx.Client) -> None:
     assert second["next_cursor"] is None
 
 
+def test_an_append_of_more_than_1000_messages_is_refused_and_stores_nothing(
+    alice: httpx.Client,
+) -> None:
+    # 1 MiB of one-word messages came back as 10 MB: past what a Lambda function returns,
+    # so the append landed and its client got a 500.
+    many = {"messages": [{"role": "user", "content": "x"} for _ in range(1001)]}
+    refused = alice.post("/sessions/many/messages", json=many)
+    assert refused.status_code == 422
+    assert "at most 1000 items" in refused.text and "messages" in refused.text
+    assert alice.get("/sessions/many").status_code == 404
+    many["messages"].pop()
+    assert alice.post("/sessions/many/messages", json=many).status_code == 201
+
+
 def test_messages_are_appended_and_read_with_a_cursor(alice: httpx.Client) -> None:
     appended = alice.post(
         "/sessions/chat/messages",

@@ -60,10 +60,16 @@ class SessionPage(BaseModel):
     next_cursor: str | None = None
 
 
-class MessagesIn(BaseModel):
-    """Messages to append, in order."""
+# The most messages one append takes: each comes back in the answer (with its defaults, some
+# 300 bytes for a word), which a Lambda function returns up to 6 MB; and the append takes
+# the event loop until all are checked.
+MAX_APPENDED_MESSAGES = 1000
 
-    messages: list[Message] = Field(min_length=1)
+
+class MessagesIn(BaseModel):
+    """Messages to append, in order (at most 1,000)."""
+
+    messages: list[Message] = Field(min_length=1, max_length=MAX_APPENDED_MESSAGES)
 
 
 class MessagesOut(BaseModel):
