@@ -614,6 +614,14 @@ def _response(sequence: int, status: str) -> tuple[int, str]:
     )
 
 
+async def _record_lost_run(runs: RunsService, user_id: str) -> None:
+    """The run ``lost`` of session s1, whose heartbeat stopped after its third event."""
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
+    events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
+    await runs.record(lost, events, create=True)
+
+
 async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_told(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:
@@ -621,9 +629,7 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
     # follower of its events waited for ever, a cancel answered 202 and an erase waited.
     stale = time.time() - LOST_AFTER_SECONDS - 5
     async with runs_factory() as runs:
-        lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
-        events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
-        await runs.record(lost, events, create=True)
+        await _record_lost_run(runs, user_id)
         # The record of an A2A task is the SDK's, saved with no heartbeat: never lost.
         task = RunRecord(id="task", user_id=user_id, kind="a2a_task", updated_at=stale)
         await runs.create_run(task)
@@ -654,11 +660,8 @@ async def test_a_follower_resuming_after_a_lost_runs_ending_is_not_told_again(
 ) -> None:
     # Each resume after the ending (its id sent back as Last-Event-ID, as EventSource does
     # on reconnecting) got another ending, numbered one further each time.
-    stale = time.time() - LOST_AFTER_SECONDS - 5
     async with runs_factory() as runs:
-        lost = RunRecord(id="lost", user_id=user_id, session_id="s1", updated_at=stale)
-        events = [_response(0, "created"), _response(1, "in_progress"), _event(2, "half")]
-        await runs.record(lost, events, create=True)
+        await _record_lost_run(runs, user_id)
         [(ending, _)] = [item async for item in runs.follow(user_id, "lost", 2)]
         assert ending == 3
         assert [item async for item in runs.follow(user_id, "lost", ending)] == []

@@ -300,17 +300,17 @@ async def test_a_cancel_through_another_server_answers_the_task_as_its_run_ended
         assert get_artifact_text(stored.artifacts[0]) == "working finished anyway"
 
 
-async def test_a_message_to_a_task_working_on_another_server_is_refused(
-    two_servers: tuple[str, str, Keys],
-) -> None:
-    # Two Lambda instances: the second ran the message at once, a second run in the task,
-    # and the two overwrote each other's writes of the task (one reply lost from it).
-    first, second, keys = two_servers
+async def _message_to_a_working_task(
+    running_url: str, other_url: str, keys: Keys
+) -> tuple[str, Task]:
+    """Send a message to a task while it works (the task's run on ``running_url``, the
+    message to ``other_url``), which must be refused; the task's context and the task as
+    stored once its run ended, whose one reply it must hold."""
     context_id = f"a2a-{uuid.uuid4().hex[:8]}"
     words = ["slowly", *(f"w{i}" for i in range(4))]
     async with (
-        _client(first, keys.alice, streaming=True) as running_client,
-        _client(second, keys.alice, streaming=False) as other_client,
+        _client(running_url, keys.alice, streaming=True) as running_client,
+        _client(other_url, keys.alice, streaming=False) as other_client,
     ):
         stream = running_client.send_message(_message(" ".join(words), context_id=context_id))
         task_id = await _first_chunk_of(stream)
@@ -323,11 +323,23 @@ async def test_a_message_to_a_task_working_on_another_server_is_refused(
         stored = await other_client.get_task(GetTaskRequest(id=task_id))
     assert stored.status.state == TaskState.TASK_STATE_COMPLETED
     assert [get_artifact_text(a, delimiter="") for a in stored.artifacts] == [" ".join(words) + " "]
-    async with httpx.AsyncClient(base_url=second, headers=bearer(keys.alice)) as http:
+    async with httpx.AsyncClient(base_url=other_url, headers=bearer(keys.alice)) as http:
         runs = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
-        messages = (await http.get(f"/sessions/{context_id}/messages")).json()["items"]
     assert sorted(run["kind"] for run in runs) == ["a2a", "a2a_task"]
-    assert [m["content"][0]["text"] for m in messages if m["role"] == "user"] == [" ".join(words)]
+    return context_id, stored
+
+
+async def test_a_message_to_a_task_working_on_another_server_is_refused(
+    two_servers: tuple[str, str, Keys],
+) -> None:
+    # Two Lambda instances: the second ran the message at once, a second run in the task,
+    # and the two overwrote each other's writes of the task (one reply lost from it).
+    first, second, keys = two_servers
+    context_id, _ = await _message_to_a_working_task(first, second, keys)
+    async with httpx.AsyncClient(base_url=second, headers=bearer(keys.alice)) as http:
+        messages = (await http.get(f"/sessions/{context_id}/messages")).json()["items"]
+    user_texts = [m["content"][0]["text"] for m in messages if m["role"] == "user"]
+    assert user_texts == ["slowly w0 w1 w2 w3"]
 
 
 async def test_a_message_to_a_task_working_on_the_same_server_is_refused(
@@ -336,27 +348,8 @@ async def test_a_message_to_a_task_working_on_the_same_server_is_refused(
     # The SDK ran it once the task's run had ended: the sender was answered with that run's
     # reply, completed, and the task then went back to working on the message.
     url, keys = served
-    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
-    words = ["slowly", *(f"w{i}" for i in range(4))]
-    async with (
-        _client(url, keys.alice, streaming=True) as running_client,
-        _client(url, keys.alice, streaming=False) as other_client,
-    ):
-        stream = running_client.send_message(_message(" ".join(words), context_id=context_id))
-        task_id = await _first_chunk_of(stream)
-        again = new_text_message(
-            "and this too", context_id=context_id, task_id=task_id, role=Role.ROLE_USER
-        )
-        with pytest.raises(Exception, match="still working"):
-            [e async for e in other_client.send_message(SendMessageRequest(message=again))]
-        [e async for e in stream]
-        stored = await other_client.get_task(GetTaskRequest(id=task_id))
-    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
-    assert [get_artifact_text(a, delimiter="") for a in stored.artifacts] == [" ".join(words) + " "]
-    assert [get_message_text(m) for m in stored.history] == [" ".join(words)]
-    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice)) as http:
-        runs = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
-    assert sorted(run["kind"] for run in runs) == ["a2a", "a2a_task"]
+    _, stored = await _message_to_a_working_task(url, url, keys)
+    assert [get_message_text(m) for m in stored.history] == ["slowly w0 w1 w2 w3"]
 
 
 async def test_a_task_streaming_on_one_server_is_followed_from_another(
