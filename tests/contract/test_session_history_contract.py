@@ -644,6 +644,10 @@ async def test_list_messages_rejects_a_garbage_cursor(
     await history.create_session(user_id, "s1")
     with pytest.raises(InvalidInputError):
         await history.list_messages(user_id, "s1", cursor="%%%")
+    # The same on every backend whether the session exists or not (in memory, a missing
+    # session's read was None, a 404, where the others refused the cursor).
+    with pytest.raises(InvalidInputError):
+        await history.list_messages(user_id, "missing", cursor="%%%")
 
 
 # --- max_messages_per_session ---------------------------------------------------------

@@ -104,10 +104,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
     async def _list_messages(
         self, user_id: str, session_id: str, limit: int, cursor: str | None
     ) -> Page[Message] | None:
+        offset = cursor_position(cursor, "offset")  # a bad cursor is one, session or not
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return None
-        start = max(cursor_position(cursor, "offset"), stored.dropped)
+        start = max(offset, stored.dropped)
         first = start - stored.dropped
         items = stored.messages[first : first + limit]
         end = start + len(items)
