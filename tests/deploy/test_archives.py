@@ -425,23 +425,23 @@ def test_an_agent_that_does_not_compile_is_told_where_not_to_list_packages(
     )
 
 
-def test_a_project_package_named_like_a_dependency_leaves_the_installers_cache_intact(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # uv installs into the build folder by hard links to its cache, which the developer's
-    # virtualenvs share: the project's idna/ copied over the installed one wrote through the
-    # links, and every virtualenv on the machine then imported the project's idna.
-    cache = tmp_path / "uv-cache"  # a cache of the test's own: a failure breaks no other
-    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+def test_a_project_module_named_as_a_dependencys_is_refused_naming_both(tmp_path: Path) -> None:
+    # Beside the dependencies, or ahead of them on the import path, one hides the other: the
+    # project's six/ hid six.py from dateutil, so the archive's server could not start (a
+    # project's anyio/__init__.py even overwrote the installed one); the build passed.
     project = tmp_path / "project"
-    (project / "idna").mkdir(parents=True)
-    (project / "idna" / "__init__.py").write_text("PROJECTS_OWN = True\n")
+    (project / "six").mkdir(parents=True)
+    (project / "six" / "__init__.py").write_text("")
+    (project / "anyio.py").write_text("")
     (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
-    report = build_agentrun_archive(
-        project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON
-    )
-    with zipfile.ZipFile(report.path) as archive:
-        assert archive.read("idna/__init__.py") == b"PROJECTS_OWN = True\n"
-    cached = list(cache.rglob("idna/__init__.py"))
-    assert cached, "the build installed idna from another cache"
-    assert all(b"PROJECTS_OWN" not in path.read_bytes() for path in cached)
+    out = tmp_path / "out"
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError) as refused:
+            build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+        assert re.fullmatch(
+            r"the project's anyio\.py \(the module anyio of anyio [\d.]+\), six \(the module six "
+            r"of six [\d.]+\) are named as a dependency the package holds: one would hide or "
+            r"overwrite the other; rename the project's",
+            str(refused.value),
+        ), refused.value
+    assert list(out.iterdir()) == []

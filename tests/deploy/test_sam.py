@@ -297,6 +297,20 @@ def test_a_build_beside_a_folder_named_as_the_stage_leaves_that_folder_alone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sam-project"]
 
 
+def test_a_project_package_named_as_a_dependencys_is_refused_leaving_no_build(
+    tmp_path: Path,
+) -> None:
+    # Its anyio/__init__.py replaced the layer's, which broke every function's start; the
+    # build passed.
+    project = tmp_path / "project"
+    (project / "anyio").mkdir(parents=True)
+    (project / "anyio" / "__init__.py").write_text("")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    with pytest.raises(PackagingError, match=r"the project's anyio \(the module anyio of anyio "):
+        sam.build(project, build_dir=tmp_path / "build", agent="agent:app")
+    assert not (tmp_path / "build").exists()
+
+
 def test_a_path_in_the_projects_requirements_is_refused_for_the_layer(tmp_path: Path) -> None:
     # SAM installs the layer's requirements with pip in a folder of its own: the path would
     # fail there, in pip's words.

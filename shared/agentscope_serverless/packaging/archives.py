@@ -262,7 +262,12 @@ def build_agentrun_archive(
         _drop_install_leftovers(staging)  # before the project's files: a bin/ may be theirs
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
-        project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
+        project.copy_project(
+            project_root,
+            staging,
+            leave_out=(out_dir, archive, requirements_file),
+            installed=staging,
+        )
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
@@ -420,12 +425,14 @@ def build_modelstudio_archive(
         _build_source_archives(wheels, platform, progress)
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
-        project.copy_project(project_root, staging, leave_out=(out_dir, archive, requirements_file))
+        copied = project.copy_project(
+            project_root, staging, leave_out=(out_dir, archive, requirements_file)
+        )
         # The platform's SETUP_CMD installs this: every pin, the project's included.
         (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
-        _check_modelstudio_import(staging, agent, python_version)
+        _check_modelstudio_import(staging, agent, python_version, copied)
     except BaseException:
         _remove_scratch(staging, requirements_file)
         raise
@@ -468,8 +475,11 @@ def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> N
     project.check_portable(tags, platform)
 
 
-def _check_modelstudio_import(staging: Path, agent: str, python_version: str) -> None:
-    """Install the bundled wheels offline, as ``SETUP_CMD`` does, then import the agent."""
+def _check_modelstudio_import(
+    staging: Path, agent: str, python_version: str, copied: list[str]
+) -> None:
+    """Install the bundled wheels offline, as ``SETUP_CMD`` does, then import the agent (the
+    project's top-level entries ``copied`` ahead of them on the import path, as served)."""
     with tempfile.TemporaryDirectory() as installed:
         project.run(
             [
@@ -491,6 +501,7 @@ def _check_modelstudio_import(staging: Path, agent: str, python_version: str) ->
             ],
             "installing the bundled wheels",
         )
+        project.refuse_shadowing(copied, Path(installed))
         project.check_agent_import(agent, [staging, Path(installed)], python_version=python_version)
 
 

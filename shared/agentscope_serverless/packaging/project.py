@@ -14,6 +14,7 @@ archive's contents alone with the target's Python, and refuses when it cannot.
 from __future__ import annotations
 
 import codecs
+import csv
 import json
 import os
 import re
@@ -100,12 +101,16 @@ def is_this_repository(source: Path) -> bool:
     return (source / "shared" / PACKAGE / "__init__.py").is_file()
 
 
-def copy_project(source: Path, target: Path, *, leave_out: Sequence[Path] = ()) -> list[str]:
+def copy_project(
+    source: Path, target: Path, *, leave_out: Sequence[Path] = (), installed: Path | None = None
+) -> list[str]:
     """Copy the project's code to ``target``; returns the top-level names copied.
 
     ``target`` and the paths of ``leave_out`` that are inside the project (a build's output
     folder, say) are not copied: a build writing into the project would otherwise copy what
-    it writes into itself, without end.
+    it writes into itself, without end. With ``installed``, the folder the dependencies were
+    installed in, names of theirs are refused before anything is copied
+    (:func:`refuse_shadowing`).
     """
     if not source.is_dir():
         raise PackagingError(f"the project folder {source} does not exist")
@@ -113,17 +118,16 @@ def copy_project(source: Path, target: Path, *, leave_out: Sequence[Path] = ()) 
         return []
     ignore = _project_ignore(source, [target, *leave_out])
     _refuse_links_out(source, ignore)
-    copied = []
     skip = set(ignore(str(source), [p.name for p in source.iterdir()]))
-    for entry in sorted(source.iterdir()):
-        if entry.name in skip or entry.name == PACKAGE:
-            continue
+    entries = [p for p in sorted(source.iterdir()) if p.name not in skip and p.name != PACKAGE]
+    if installed is not None:
+        refuse_shadowing([entry.name for entry in entries], installed)
+    for entry in entries:
         if entry.is_dir():
             shutil.copytree(entry, target / entry.name, ignore=ignore, dirs_exist_ok=True)
         else:
             shutil.copy2(entry, target / entry.name)
-        copied.append(entry.name)
-    return copied
+    return [entry.name for entry in entries]
 
 
 def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, list[str]], set[str]]:
@@ -177,6 +181,50 @@ def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]
                     f"{path.relative_to(top)} links outside the project folder: packaging "
                     "would copy what it points to into the archive; copy the file in instead"
                 )
+
+
+# Files a folder on the import path offers as modules (``six.py``, an extension module
+# ``_speedups.cpython-312-x86_64-linux-gnu.so``), besides its folders (packages).
+_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
+
+
+def _top_module(name: str, *, folder: bool) -> str | None:
+    """The module a top-level entry of a folder on the import path is imported as, if any
+    (``bin/``, where an installer puts scripts, is none: the packages drop it)."""
+    if folder:
+        skipped = name.endswith((".dist-info", ".data")) or name in ("__pycache__", "bin", "..")
+        return None if skipped else name
+    return name.partition(".")[0] if name.endswith(_MODULE_SUFFIXES) else None
+
+
+def refuse_shadowing(copied: Sequence[str], site: Path) -> None:
+    """Refuse the project's top-level entries (``copied``, as :func:`copy_project` returns
+    them) named as a module of a distribution installed in ``site``: in one folder, or the
+    project's ahead of the dependencies on the import path, one hides or overwrites the
+    other (a project's ``anyio/`` package merged into the runtime's breaks every server).
+    A library the project requires by path (``./libs/mylib``) is its own: not a clash."""
+    owners: dict[str, str] = {}
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        origin = record.with_name("direct_url.json")
+        if origin.is_file() and json.loads(origin.read_text()).get("url", "").startswith("file:"):
+            continue
+        distribution = record.parent.name.removesuffix(".dist-info").replace("-", " ", 1)
+        for row in csv.reader(record.read_text(errors="replace").splitlines()):
+            top, separator, _ = (row[0] if row else "").partition("/")
+            module = _top_module(top, folder=bool(separator))
+            if module is not None:
+                owners.setdefault(module, distribution)
+    clashes = []
+    for name in copied:
+        module = _top_module(name, folder="." not in name)
+        if module is not None and module in owners:
+            clashes.append(f"{name} (the module {module} of {owners[module]})")
+    if clashes:
+        raise PackagingError(
+            f"the project's {', '.join(clashes)} {'is' if len(clashes) == 1 else 'are'} named as "
+            "a dependency the package holds: one would hide or overwrite the other; rename the "
+            "project's"
+        )
 
 
 def project_requirements(source: Path | None) -> Path | None:
@@ -529,6 +577,7 @@ __all__ = [
     "is_this_repository",
     "pinned",
     "project_requirements",
+    "refuse_shadowing",
     "resolve_requirements",
     "run",
     "runtime_lock",

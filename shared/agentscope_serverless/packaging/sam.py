@@ -370,8 +370,10 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
             project_root, Path(scratch) / "sam-project", agent=agent, leave_out=(target,)
         )
         _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
+        staged = [entry.name for entry in (stage / "shared").iterdir()]
     try:
         layer = target / "SharedLayer" / "python"
+        project.refuse_shadowing(staged, layer)
         project.check_portable(project.installed_tags(layer), "manylinux2014_x86_64")
         slim_layer(layer)
         compile_layer(
