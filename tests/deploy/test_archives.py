@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -445,3 +446,36 @@ def test_a_project_module_named_as_a_dependencys_is_refused_naming_both(tmp_path
             str(refused.value),
         ), refused.value
     assert list(out.iterdir()) == []
+
+
+def test_two_builds_at_once_into_the_projects_folder_each_leave_a_whole_archive(
+    tmp_path: Path,
+) -> None:
+    # Both assembled their archive in the same folder of the output folder, each emptying it
+    # for itself: one crashed with a traceback, the other was refused an agent that imports.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    with ThreadPoolExecutor(2) as pool:
+        builds = [
+            pool.submit(
+                build_agentrun_archive,
+                project,
+                project,
+                agent="agent:app",
+                python_version=HOST_PYTHON,
+            )
+            for _ in range(2)
+        ]
+        archives = {build.result().path for build in builds}
+    assert archives == {project / "agentscope-serverless-agentrun.zip"}
+    assert sorted(p.name for p in project.iterdir()) == [
+        "agent.py",
+        "agentscope-serverless-agentrun.zip",
+    ]
+    with zipfile.ZipFile(archives.pop()) as archive:
+        assert archive.testzip() is None
+        names = archive.namelist()
+    assert "agent.py" in names and "agentrun.json" in names
+    assert not [name for name in names if name.startswith(".agentscope-build-")]
+

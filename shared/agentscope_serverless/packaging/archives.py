@@ -68,11 +68,12 @@ def _quiet(_: str) -> None:
     return None
 
 
-def _fresh_dir(path: Path) -> Path:
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
+def _scratch(out_dir: Path, archive: Path) -> Path:
+    """A folder of this build's own in ``out_dir``, where it assembles ``archive``: another
+    build into the same folder at once has its own (and packaging leaves both out)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"{project.SCRATCH_PREFIX}{archive.stem}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir))
 
 
 def _archived_mode(path: Path) -> int:
@@ -82,11 +83,14 @@ def _archived_mode(path: Path) -> int:
     return stat.S_IFREG | (0o755 if executable else 0o644)
 
 
-def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> ArchiveReport:
+def _zip_tree(
+    root: Path, archive: Path, limit: int, progress: Progress, partial: Path
+) -> ArchiveReport:
+    """Zip ``root`` into ``partial``, then put it in place of ``archive`` at once: an archive
+    of an earlier build stays whole until this one is."""
     files = sorted(p for p in root.rglob("*") if p.is_file())
     unpacked = 0
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(archive, "w") as zf:
+    with zipfile.ZipFile(partial, "w") as zf:
         for i, path in enumerate(files, 1):
             info = zipfile.ZipInfo.from_file(path, path.relative_to(root).as_posix())
             info.external_attr = _archived_mode(path) << 16
@@ -94,21 +98,14 @@ def _zip_tree(root: Path, archive: Path, limit: int, progress: Progress) -> Arch
             unpacked += path.stat().st_size
             if i % 500 == 0 or i == len(files):
                 progress(f"zipped {i}/{len(files)} files")
-    report = ArchiveReport(archive, archive.stat().st_size, unpacked, len(files), limit)
+    report = ArchiveReport(archive, partial.stat().st_size, unpacked, len(files), limit)
     if report.size_bytes > limit:
-        archive.unlink()
         raise PackagingError(
             f"the archive is {report.size_bytes} bytes, above the limit of {limit} bytes "
             f"({limit / 2**20:.1f} MiB): remove dependencies or raise max_zip_bytes"
         )
+    partial.replace(archive)
     return report
-
-
-def _remove_scratch(staging: Path, requirements_file: Path) -> None:
-    """Remove what a build assembles its archive from, once the archive is written (or the
-    build failed): the output folder is left holding the archive alone."""
-    shutil.rmtree(staging, ignore_errors=True)
-    requirements_file.unlink(missing_ok=True)
 
 
 def _drop_install_leftovers(site_packages: Path) -> None:
@@ -221,9 +218,11 @@ def build_agentrun_archive(
     name, env = _checked_name(name), _checked_environment(environment)
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
-    staging = _fresh_dir(out_dir / f"{name}-agentrun")
     archive = out_dir / f"{name}-agentrun.zip"
-    requirements_file = out_dir / f"{name}-agentrun-requirements.txt"
+    scratch = _scratch(out_dir, archive)
+    staging = scratch / "archive"
+    staging.mkdir()
+    requirements_file = scratch / "requirements.txt"
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
         requirements = project.resolve_requirements(
@@ -263,16 +262,13 @@ def build_agentrun_archive(
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         project.copy_project(
-            project_root,
-            staging,
-            leave_out=(out_dir, archive, requirements_file),
-            installed=staging,
+            project_root, staging, leave_out=(out_dir, archive, scratch), installed=staging
         )
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
     except BaseException:
-        _remove_scratch(staging, requirements_file)
+        shutil.rmtree(scratch, ignore_errors=True)
         raise
     manifest = {
         "name": name,
@@ -287,9 +283,9 @@ def build_agentrun_archive(
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
     progress("zipping")
     try:
-        return _zip_tree(staging, archive, max_zip_bytes, progress)
+        return _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
     finally:
-        _remove_scratch(staging, requirements_file)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
@@ -386,9 +382,11 @@ def build_modelstudio_archive(
     name, env = _checked_name(name), _checked_environment(environment)
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
-    staging = _fresh_dir(out_dir / f"{name}-modelstudio")
     archive = out_dir / f"{name}-modelstudio.zip"
-    requirements_file = out_dir / f"{name}-modelstudio-requirements.txt"
+    scratch = _scratch(out_dir, archive)
+    staging = scratch / "archive"
+    staging.mkdir()
+    requirements_file = scratch / "requirements.txt"
     wheels = staging / "wheels"
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
@@ -425,16 +423,14 @@ def build_modelstudio_archive(
         _build_source_archives(wheels, platform, progress)
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
-        copied = project.copy_project(
-            project_root, staging, leave_out=(out_dir, archive, requirements_file)
-        )
+        copied = project.copy_project(project_root, staging, leave_out=(out_dir, archive, scratch))
         # The platform's SETUP_CMD installs this: every pin, the project's included.
         (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         _check_modelstudio_import(staging, agent, python_version, copied)
     except BaseException:
-        _remove_scratch(staging, requirements_file)
+        shutil.rmtree(scratch, ignore_errors=True)
         raise
     starter = staging / "deploy_starter"
     starter.mkdir()
@@ -444,9 +440,9 @@ def build_modelstudio_archive(
         (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     progress("zipping")
     try:
-        return _zip_tree(staging, archive, max_zip_bytes, progress)
+        return _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
     finally:
-        _remove_scratch(staging, requirements_file)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> None:

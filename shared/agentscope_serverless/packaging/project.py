@@ -56,9 +56,11 @@ PROJECT_EXCLUDES = (
     ".aws-sam",
     "dist",
     "build",
-    # Archives of earlier builds (an --out folder another build does not know of).
+    # Archives of earlier builds (an --out folder another build does not know of), and the
+    # folders builds running at once assemble theirs in.
     "*-agentrun.zip",
     "*-modelstudio.zip",
+    ".agentscope-build-*",
     "*.egg-info",
     ".DS_Store",
     # Secrets of local runs (dotenv's .env, .env.local, .env.production, ..., Compose's
@@ -69,6 +71,8 @@ PROJECT_EXCLUDES = (
     "*.env",
     ".envrc",
 )
+# How the folder a build assembles its archive in begins (in the output folder).
+SCRATCH_PREFIX = ".agentscope-build-"
 # The project's tests (as ``init`` lays them out), left out at its top: no function runs them.
 PROJECT_TOP_EXCLUDES = ("tests", "conftest.py")
 
@@ -567,6 +571,7 @@ __all__ = [
     "LAMBDA_EXCLUDED",
     "PACKAGE",
     "PACKAGE_DIR",
+    "SCRATCH_PREFIX",
     "TOOL_MODULES",
     "check_agent_import",
     "check_portable",
