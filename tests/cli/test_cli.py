@@ -316,6 +316,7 @@ AGENT_MODULES = {
     "helpers.py": "def answer():\n    return 'hi'\n\n\nnothing = None\n",
     "needs_a_key.py": "import os\n\nKEY = os.environ['AGENTSCOPE_UNSET_WEATHER_KEY']\n",
     "needs_a_package.py": "import agentscope_no_such_package\n",
+    "imports_a_missing_name.py": "import os\n\nfrom helpers import nowhere\n",
     "no_handler.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n",
     "named.py": "from agentscope_serverless.app import AgentApp\n\nbot = AgentApp()\n\n\n"
     "def query():\n    pass\n",
@@ -351,11 +352,20 @@ AGENT_MODULES = {
         ),
         (
             "needs_a_package:app",
-            "No module named 'agentscope_no_such_package' (not installed for the Python serving "
+            "No module named 'agentscope_no_such_package' (",
+        ),
+        (
+            "needs_a_package:app",
+            "needs_a_package.py, line 1) (not installed for the Python serving "
             f"the agent, {sys.executable}: install the package providing it with "
             f"{sys.executable} -m pip install, and list it in the project's requirements.txt)",
         ),
         ("missing:app", "cannot import 'missing': No module named 'missing'\n"),
+        (  # the user's module, and its line, importing a name the other does not have
+            "imports_a_missing_name:app",
+            "cannot import name 'nowhere' from 'helpers' (",
+        ),
+        ("imports_a_missing_name:app", "imports_a_missing_name.py, line 3)\n"),
         ("no_self:app", "query() takes msgs where the runner comes: it is called with the runner"),
         ("helpers:answer", "is a function, not an AgentApp"),
         (

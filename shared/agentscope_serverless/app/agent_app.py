@@ -620,7 +620,7 @@ def load_agent_app(path: str) -> AgentApp:
         ) from None
     except ImportError as exc:
         raise ConfigurationError(
-            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}"
+            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}{_where_raised(exc)}"
             + _import_hint(exc, module_name, attribute)
         ) from None
     except SystemExit as exc:  # a script's habit: the process serving the agent goes on
