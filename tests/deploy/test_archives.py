@@ -479,3 +479,22 @@ def test_two_builds_at_once_into_the_projects_folder_each_leave_a_whole_archive(
     assert "agent.py" in names and "agentrun.json" in names
     assert not [name for name in names if name.startswith(".agentscope-build-")]
 
+
+def test_an_agent_whose_code_imports_what_the_package_lacks_is_told_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "agent.py").write_text(
+        "from shop.tools import search\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    (tmp_path / "shop" / "tools.py").write_text(
+        "import json\n\nimport agentscope_no_such_sdk\n\nsearch = None\n"
+    )
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("shop.agent:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    assert (
+        "cannot import 'shop.agent': ModuleNotFoundError: No module named "
+        "'agentscope_no_such_sdk' (tools.py, line 3); " in str(refused.value)
+    )

@@ -471,15 +471,19 @@ except BaseException as exc:
         where = f"{os.path.basename(caller.f_code.co_filename)}, line {line}"
         print(f"reads environment: {exc.args[0]}\t{where}")
         raise SystemExit(1)
+    top = module_name.partition(".")[0]
+    own = [f for f in frames if str(f[0].f_globals.get("__name__")).partition(".")[0] == top]
     if not isinstance(exc, (ImportError, SyntaxError, SystemExit, KeyboardInterrupt)):
-        top = module_name.partition(".")[0]
-        own = [f for f in frames if str(f[0].f_globals.get("__name__")).partition(".")[0] == top]
         frame, line = (own or frames)[-1]
         where = f"{os.path.basename(frame.f_code.co_filename)}, line {line}"
         text = (str(exc).strip().splitlines() or [""])[0]
         print(f"raised: {type(exc).__name__}\t{where}\t{text}")
         raise SystemExit(1)
-    print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}")
+    where = ""
+    if own:  # the line of the agent's own code importing what is missing
+        frame, line = own[-1]
+        where = f" ({os.path.basename(frame.f_code.co_filename)}, line {line})"
+    print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{where}")
     raise SystemExit(1)
 for name in attribute.split("."):
     found = getattr(found, name, None)
