@@ -4,6 +4,7 @@ link would bring in from outside it."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,24 @@ def test_links_that_loop_are_refused(project: Path, tmp_path: Path, cycle: str) 
     target = tmp_path / "out"
     target.mkdir()
     with pytest.raises(PackagingError, match="links back to a folder holding it"):
+        copy_project(project, target)
+
+
+@pytest.mark.parametrize(
+    ("link", "points_to", "said"),
+    [
+        ("pkg/notes.txt", "drafts/notes.txt", "links to drafts/notes.txt, which does not exist"),
+        ("pkg/self", "self", "is a link that leads back to itself through links, to no file"),
+    ],
+)
+def test_a_link_to_nothing_is_refused_naming_it(
+    project: Path, tmp_path: Path, link: str, points_to: str, said: str
+) -> None:
+    # The copy crashed on it with a traceback (FileNotFoundError, RuntimeError).
+    (project / link).symlink_to(points_to)
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError, match=f"^{re.escape(link)} {re.escape(said)}"):
         copy_project(project, target)
 
 

@@ -179,7 +179,18 @@ def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]
             path = Path(folder, name)
             if name in skipped or not path.is_symlink():
                 continue
-            target = path.resolve()
+            try:
+                target = path.resolve(strict=True)
+            except FileNotFoundError:
+                raise PackagingError(
+                    f"{path.relative_to(top)} links to {os.readlink(path)}, which does not "
+                    "exist: remove the link, or put what it names there"
+                ) from None
+            except (OSError, RuntimeError):  # links leading to one another (ELOOP)
+                raise PackagingError(
+                    f"{path.relative_to(top)} is a link that leads back to itself through "
+                    "links, to no file: remove it"
+                ) from None
             if target != root and root not in target.parents:
                 raise PackagingError(
                     f"{path.relative_to(top)} links outside the project folder: packaging "
