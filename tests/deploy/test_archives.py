@@ -356,6 +356,16 @@ def test_a_requirements_path_is_the_project_folders_wherever_the_build_runs(
             "cannot be served: AGENT_APP='unservable:app': 'unservable' calls app.run() as it is "
             "imported",
         ),
+        (  # it was told to list its packages in requirements.txt, with no AgentApp named app
+            "app = 5\n",
+            "cannot be served: AGENT_APP='unservable:app' is a int, not an AgentApp: name the "
+            "AgentApp object",
+        ),
+        (
+            "from agentscope_serverless.app import AgentApp\n\nbot = AgentApp()\n",
+            "cannot be served: AGENT_APP='unservable:app': module 'unservable' has no attribute "
+            "'app' (the module's AgentApp: unservable:bot)",
+        ),
     ],
 )
 def test_an_agent_that_imports_but_cannot_be_served_is_refused_before_packaging(

@@ -460,7 +460,7 @@ from agentscope_serverless.app.agent_app import importing_agent
 from agentscope_serverless.errors import ConfigurationError
 try:
     with importing_agent(sys.argv[1]):
-        found = importlib.import_module(module_name)
+        importlib.import_module(module_name)
 except ConfigurationError as exc:
     print(f"cannot serve: {exc}")
     raise SystemExit(1)
@@ -496,13 +496,9 @@ except BaseException as exc:
         where = f" ({os.path.basename(frame.f_code.co_filename)}, line {line})"
     print(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{where}")
     raise SystemExit(1)
-for name in attribute.split("."):
-    found = getattr(found, name, None)
-from agentscope_serverless.app import AgentApp
-if not isinstance(found, AgentApp):
-    print(f"{module_name!r} has no AgentApp named {attribute!r}")
-    raise SystemExit(1)
+from agentscope_serverless.app.agent_app import load_agent_app
 try:
+    found = load_agent_app(sys.argv[1])  # imported: says what the attribute is not
     found.check()
 except Exception as exc:
     print(f"cannot serve: {exc}")
