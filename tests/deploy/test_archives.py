@@ -508,3 +508,43 @@ def test_an_agent_whose_code_imports_what_the_package_lacks_is_told_its_file_and
         "cannot import 'shop.agent': ModuleNotFoundError: No module named "
         "'agentscope_no_such_sdk' (tools.py, line 3); " in str(refused.value)
     )
+
+
+def write_wheel(folder: Path, name: str, version: str, module: str) -> None:
+    """A pure-Python wheel of ``module`` (one ``.py``), as a private index would serve it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": module,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+def test_a_requirement_found_by_the_projects_find_links_is_packaged(tmp_path: Path) -> None:
+    # Resolved from the project's own folder of wheels (as from a private index), it was
+    # looked for on PyPI alone when installed: "not found in the package registry".
+    project = tmp_path / "project"
+    write_wheel(project / "vendor", "agentscope_private_sdk", "1.0", "ANSWER = 42\n")
+    (project / "requirements.txt").write_text(
+        "--find-links ./vendor\nagentscope_private_sdk==1.0\n"
+    )
+    (project / "agent.py").write_text(
+        "import agentscope_private_sdk\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    out = tmp_path / "out"
+    for build, packaged in (
+        (build_agentrun_archive, "agentscope_private_sdk.py"),
+        (build_modelstudio_archive, "wheels/agentscope_private_sdk-1.0-py3-none-any.whl"),
+    ):
+        report = build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+        with zipfile.ZipFile(report.path) as archive:
+            assert packaged in archive.namelist()
+            if build is build_modelstudio_archive:
+                setup = archive.read("requirements.txt").decode()
+                assert "agentscope-private-sdk==1.0" in setup and "--" not in setup

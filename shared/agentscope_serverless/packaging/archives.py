@@ -230,6 +230,7 @@ def build_agentrun_archive(
             requirements_file,
             python_version=python_version,
             platform=platform,
+            with_sources=True,
         )
         progress(f"installing dependencies for {platform}, CPython {python_version}")
         project.run(
@@ -395,6 +396,7 @@ def build_modelstudio_archive(
             requirements_file,
             python_version=python_version,
             platform=platform,
+            with_sources=True,
         )
         project.refuse_path_requirements(resolved, "the ModelStudio archive")
         progress(f"downloading dependency wheels for {platform}, CPython {python_version}")
@@ -419,6 +421,7 @@ def build_modelstudio_archive(
                 str(resolved),
             ],
             "downloading the dependency wheels",
+            cwd=project_root.resolve(),  # a --find-links path is the project folder's
         )
         _build_source_archives(wheels, platform, progress)
         progress("copying the runtime and the project")

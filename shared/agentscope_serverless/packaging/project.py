@@ -303,7 +303,12 @@ def uv_platform(platform: str) -> str:
 
 
 def resolve_requirements(
-    source: Path | None, out: Path, *, python_version: str, platform: str
+    source: Path | None,
+    out: Path,
+    *,
+    python_version: str,
+    platform: str,
+    with_sources: bool = False,
 ) -> Path:
     """The runtime's pins plus the project's requirements, resolved for the target, in ``out``.
 
@@ -313,7 +318,10 @@ def resolve_requirements(
     version of a runtime dependency fails here, naming the conflict. Wheels for the target
     are preferred; a requirement published only as a source archive (docopt, jieba,
     langdetect...) is resolved from it, and the build checks with :func:`check_portable`
-    that what it built from source is pure Python.
+    that what it built from source is pure Python. ``with_sources`` writes the project's
+    ``--index-url``, ``--extra-index-url`` and ``--find-links`` in ``out`` too, for an install
+    from it to find what it resolved (a private index's packages); :func:`pinned` leaves them
+    out.
     """
     lock = runtime_lock()
     user = project_requirements(source)
@@ -349,7 +357,37 @@ def resolve_requirements(
             run(command, what, cwd=here)
         except PackagingError:
             raise wheels_only from None  # not a missing wheel: its message says what
+    if with_sources:
+        sources = _package_sources(_requirements_text(user), here)
+        out.write_text("".join(f"{line}\n" for line in sources) + out.read_text())
     return out
+
+
+# The options of a requirements file saying where its packages are, as pip writes them and
+# their short forms.
+_SOURCE_OPTIONS = {
+    "--index-url": "--index-url",
+    "-i": "--index-url",
+    "--extra-index-url": "--extra-index-url",
+    "--find-links": "--find-links",
+    "-f": "--find-links",
+}
+
+
+def _package_sources(text: str, project: Path) -> list[str]:
+    """The lines of a requirements file's ``text`` saying where its packages are
+    (``--index-url``, ``--extra-index-url``, ``--find-links``), a ``--find-links`` folder made
+    absolute from the ``project`` folder (``./vendor``)."""
+    sources = []
+    for line in text.splitlines():
+        words = line.split("#")[0].replace("=", " ", 1).split() if line.startswith("-") else []
+        if len(words) != 2 or words[0] not in _SOURCE_OPTIONS:
+            continue
+        option, value = _SOURCE_OPTIONS[words[0]], words[1]
+        if option == "--find-links" and "://" not in value:
+            value = str(project / value)
+        sources.append(f"{option} {value}")
+    return sources
 
 
 def check_portable(tags: dict[str, list[str]], platform: str) -> None:
@@ -390,12 +428,10 @@ def installed_tags(site: Path) -> dict[str, list[str]]:
 
 
 def pinned(requirements: Path) -> list[str]:
-    """The ``name==version`` lines of a resolved requirements file."""
-    return [
-        line.split("#")[0].strip()
-        for line in requirements.read_text().splitlines()
-        if line.split("#")[0].strip()
-    ]
+    """The ``name==version`` lines of a resolved requirements file (not its options, such as
+    an ``--index-url``, which may hold a password)."""
+    lines = [line.split("#")[0].strip() for line in requirements.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("--")]
 
 
 # A requirement by name: pinned (``name==1.0``) or from a URL other than a file's.
