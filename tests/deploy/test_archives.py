@@ -262,6 +262,18 @@ def test_an_app_name_that_is_not_a_plain_name_is_refused_before_anything_is_writ
     assert list(tmp_path.rglob("*")) == [out]
 
 
+@pytest.mark.parametrize("out", ["agentscope-serverless-agentrun.zip", "archive.zip/dist"])
+def test_an_output_folder_that_is_a_file_is_refused_saying_what_out_names(
+    tmp_path: Path, out: str
+) -> None:
+    # --out given the archive's own path, left by an earlier build: a traceback.
+    (tmp_path / "agentscope-serverless-agentrun.zip").write_bytes(b"PK")
+    (tmp_path / "archive.zip").write_bytes(b"PK")
+    with pytest.raises(PackagingError, match=r"--out names the folder the archive goes in"):
+        build_agentrun_archive(PROJECT_ROOT, tmp_path / out, python_version=HOST_PYTHON)
+    assert (tmp_path / "agentscope-serverless-agentrun.zip").read_bytes() == b"PK"
+
+
 @pytest.mark.parametrize("version", ["3.12.1", "312", "python3.12", "3", ""])
 def test_a_python_version_that_is_not_major_dot_minor_is_refused_before_anything_is_written(
     tmp_path: Path, version: str

@@ -71,7 +71,13 @@ def _quiet(_: str) -> None:
 def _scratch(out_dir: Path, archive: Path) -> Path:
     """A folder of this build's own in ``out_dir``, where it assembles ``archive``: another
     build into the same folder at once has its own (and packaging leaves both out)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there (--out an archive's path), or above it
+        raise PackagingError(
+            f"the output folder {out_dir} cannot be made ({exc.strerror}): --out names the "
+            f"folder the archive goes in, {archive.name} in it"
+        ) from None
     prefix = f"{project.SCRATCH_PREFIX}{archive.stem}-"
     return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir))
 
