@@ -297,6 +297,30 @@ def test_a_build_beside_a_folder_named_as_the_stage_leaves_that_folder_alone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sam-project"]
 
 
+@pytest.mark.parametrize(
+    ("build_dir", "said"),
+    [
+        (".", "is or holds the project folder"),  # `deploy sam build --build-dir .`
+        ("..", "is or holds the project folder"),
+        ("mypkg", "holds files of no earlier build"),
+    ],
+)
+def test_a_build_folder_holding_what_is_not_a_build_is_refused_leaving_it_alone(
+    tmp_path: Path, build_dir: str, said: str
+) -> None:
+    # SAM empties the build folder first: `--build-dir .` deleted the user's project.
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "agent.py").write_text(
+        "from agentscope_serverless.agents.demo import app\n"
+    )
+    (project / "notes.txt").write_text("mine\n")
+    with pytest.raises(PackagingError, match=said):
+        sam.build(project, build_dir=project / build_dir, agent="mypkg.agent:app")
+    assert (project / "notes.txt").read_text() == "mine\n"
+    assert (project / "mypkg" / "agent.py").is_file()
+
+
 def test_a_project_package_named_as_a_dependencys_is_refused_leaving_no_build(
     tmp_path: Path,
 ) -> None:

@@ -353,6 +353,23 @@ def check_layer_requirements(project_root: Path) -> None:
             )
 
 
+def _refuse_build_dir(target: Path, project_root: Path) -> None:
+    """Refuse a build folder the build would empty of what is not its own: SAM removes the
+    build folder's contents first (and a failed build the folder), and checks only that it
+    holds none of the SAM project's folders, which are staged elsewhere here."""
+    if target == project_root or target in project_root.parents:
+        raise PackagingError(
+            f"--build-dir {target} is or holds the project folder {project_root}: the build "
+            "empties it first, deleting the project; choose a folder of its own (by default "
+            f"{DEFAULT_BUILD_DIR})"
+        )
+    if target.is_dir() and any(target.iterdir()) and not (target / TEMPLATE).is_file():
+        raise PackagingError(
+            f"--build-dir {target} holds files of no earlier build: the build empties it "
+            "first, deleting them; choose a new folder, or an earlier build's"
+        )
+
+
 def build(project_root: Path, *, build_dir: Path | None = None, agent: str | None = None) -> Path:
     """``sam build`` of the project in ``project_root`` with the local interpreter (no
     container); returns the build directory.
@@ -362,6 +379,7 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     template's) must import from the built layer alone, else nothing is left built.
     """
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
+    _refuse_build_dir(target, project_root.resolve())
     # The SAM project is staged in a folder of its own, gone with the build: beside the build
     # folder, a folder of that name could be the user's project (emptied by staging) or
     # another build's stage.
