@@ -560,3 +560,20 @@ def test_a_requirement_found_by_the_projects_find_links_is_packaged(tmp_path: Pa
             if build is build_modelstudio_archive:
                 setup = archive.read("requirements.txt").decode()
                 assert "agentscope-private-sdk==1.0" in setup and "--" not in setup
+
+
+def test_an_agent_whose_import_never_ends_is_told_to_connect_when_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A connection made as the agent is imported, to a service the build cannot reach,
+    # waited out the check's time limit and crashed the build with a traceback.
+    (tmp_path / "waits.py").write_text("import time\n\ntime.sleep(3600)\n")
+    monkeypatch.setattr("agentscope_serverless.packaging.project.IMPORT_TIMEOUT_SECONDS", 1.0)
+    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("waits:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    assert str(refused.value) == (
+        "the agent 'waits:app' was still importing after 1 s (waiting on a connection, say): it "
+        "must import without the cloud's services: connect when it runs (its query handler, or "
+        "@app.init)"
+    )

@@ -540,6 +540,8 @@ except Exception as exc:
     print(f"cannot serve: {exc}")
     raise SystemExit(1)
 """
+# Longest an agent's import may take in the build's check (a cold start's is much less).
+IMPORT_TIMEOUT_SECONDS = 120.0
 # How the probe starts its line about an agent that imports but cannot be served (no query
 # handler, a handler that cannot be called...).
 SERVE_MARK = "cannot serve: "
@@ -561,25 +563,33 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
     module_name, _, attribute = agent.partition(":")
     if not module_name or not attribute:
         raise PackagingError(f"--agent {agent!r} must look like 'module:attribute'")
+    python = interpreter(python_version)
     with tempfile.TemporaryDirectory() as empty:
-        result = subprocess.run(
-            [
-                interpreter(python_version),
-                "-I",
-                "-S",
-                # Leave the package as it ships: no bytecode caches written into it.
-                "-B",
-                "-c",
-                _IMPORT_PROBE,
-                agent,
-                json.dumps([str(p) for p in paths]),
-            ],
-            cwd=empty,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
+        try:
+            result = subprocess.run(
+                [
+                    python,
+                    "-I",
+                    "-S",
+                    # Leave the package as it ships: no bytecode caches written into it.
+                    "-B",
+                    "-c",
+                    _IMPORT_PROBE,
+                    agent,
+                    json.dumps([str(p) for p in paths]),
+                ],
+                cwd=empty,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=IMPORT_TIMEOUT_SECONDS,
+            )
+        except subprocess.TimeoutExpired:
+            raise PackagingError(
+                f"the agent {agent!r} was still importing after {IMPORT_TIMEOUT_SECONDS:g} s "
+                "(waiting on a connection, say): it must import without the cloud's services: "
+                "connect when it runs (its query handler, or @app.init)"
+            ) from None
     if result.returncode != 0:
         reason = (result.stdout.strip() or result.stderr.strip()).splitlines()[-1:] or ["failed"]
         if reason[0].startswith(ENVIRONMENT_MARK):
