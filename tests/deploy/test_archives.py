@@ -577,3 +577,18 @@ def test_an_agent_whose_import_never_ends_is_told_to_connect_when_it_runs(
         "must import without the cloud's services: connect when it runs (its query handler, or "
         "@app.init)"
     )
+
+
+def test_a_project_with_a_deploy_starter_folder_is_refused_for_modelstudio(
+    tmp_path: Path,
+) -> None:
+    # Left by an earlier packaging (AgentScope's), it crashed the build with a traceback
+    # (FileExistsError) and left the build's folder behind.
+    project = tmp_path / "project"
+    (project / "deploy_starter").mkdir(parents=True)
+    (project / "deploy_starter" / "main.py").write_text("print('old starter')\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    out = tmp_path / "out"
+    with pytest.raises(PackagingError, match="the project has a deploy_starter folder"):
+        build_modelstudio_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
+    assert list(out.iterdir()) == []

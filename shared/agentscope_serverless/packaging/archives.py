@@ -433,6 +433,12 @@ def build_modelstudio_archive(
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         copied = project.copy_project(project_root, staging, leave_out=(out_dir, archive, scratch))
+        if "deploy_starter" in copied:
+            raise PackagingError(
+                "the project has a deploy_starter folder, the place of the archive's own "
+                "starter (main.py, config.yml): rename it, or remove it if an earlier "
+                "packaging left it"
+            )
         # The platform's SETUP_CMD installs this: every pin, the project's included.
         (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)
