@@ -592,3 +592,20 @@ def test_a_project_with_a_deploy_starter_folder_is_refused_for_modelstudio(
     with pytest.raises(PackagingError, match="the project has a deploy_starter folder"):
         build_modelstudio_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
     assert list(out.iterdir()) == []
+
+
+def test_a_project_file_whose_name_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    # Zipping it crashed the build with a traceback (UnicodeEncodeError).
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    Path(os.fsdecode(bytes(project / "data") + b"/caf\xe9.txt")).write_text("x")
+    out = tmp_path / "out"
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError) as refused:
+            build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+        assert str(refused.value) == (
+            "the name of data/caf\\xe9.txt is not UTF-8 (written on another system, say), "
+            "which an archive cannot hold: rename it"
+        )
+    assert list(out.iterdir()) == []

@@ -20,6 +20,7 @@ A build fails with :class:`PackagingError` when the archive is above the platfor
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -89,6 +90,20 @@ def _archived_mode(path: Path) -> int:
     return stat.S_IFREG | (0o755 if executable else 0o644)
 
 
+def _archived_name(path: Path) -> str:
+    """``path`` as the archive names it: UTF-8, as zip archives name files."""
+    name = path.as_posix()
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # bytes of another encoding (Latin-1...), as Python read them
+        shown = os.fsencode(name).decode(errors="backslashreplace")
+        raise PackagingError(
+            f"the name of {shown} is not UTF-8 (written on another system, say), which an "
+            "archive cannot hold: rename it"
+        ) from None
+    return name
+
+
 def _zip_tree(
     root: Path, archive: Path, limit: int, progress: Progress, partial: Path
 ) -> ArchiveReport:
@@ -98,7 +113,7 @@ def _zip_tree(
     unpacked = 0
     with zipfile.ZipFile(partial, "w") as zf:
         for i, path in enumerate(files, 1):
-            info = zipfile.ZipInfo.from_file(path, path.relative_to(root).as_posix())
+            info = zipfile.ZipInfo.from_file(path, _archived_name(path.relative_to(root)))
             info.external_attr = _archived_mode(path) << 16
             zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED, compresslevel=6)
             unpacked += path.stat().st_size
