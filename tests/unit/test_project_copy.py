@@ -190,3 +190,18 @@ def test_a_virtualenv_of_any_name_is_left_out(project: Path, tmp_path: Path, nam
     target.mkdir()
     copy_project(project, target)
     assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv"}
+
+
+def test_a_conda_environment_in_the_project_is_left_out(project: Path, tmp_path: Path) -> None:
+    # `conda create -p ./env`: its interpreter and packages (hundreds of MB) were archived.
+    env = project / "env"
+    (env / "conda-meta").mkdir(parents=True)
+    (env / "conda-meta" / "history").write_text("==> 2026-01-01 <==\n")
+    (env / "bin").mkdir()
+    (env / "bin" / "python3.11").write_bytes(b"\x7fELF")
+    (env / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (env / "lib" / "python3.11" / "site-packages" / "numpy.py").write_text("")
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv"}

@@ -150,12 +150,19 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
         if here == root:
             skipped.update(name for name in names if name in PROJECT_TOP_EXCLUDES)
         skipped.update(name for name in names if here / name in inside)
-        # A virtualenv, whatever its name (`python -m venv env`): this machine's interpreter
-        # and packages, never the target's.
-        skipped.update(name for name in names if (Path(folder, name, "pyvenv.cfg")).is_file())
+        # A virtualenv, whatever its name (`python -m venv env`), or a conda environment
+        # (`conda create -p ./env`): this machine's interpreter and packages, never the
+        # target's.
+        skipped.update(name for name in names if _is_environment(Path(folder, name)))
         return skipped
 
     return ignore
+
+
+def _is_environment(folder: Path) -> bool:
+    """Whether ``folder`` is a Python environment: a virtualenv's (its ``pyvenv.cfg``) or a
+    conda environment's (its ``conda-meta``)."""
+    return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
 
 
 def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> None:
