@@ -317,10 +317,13 @@ def test_a_requirement_compiled_from_source_on_this_machine_is_refused_naming_it
     assert not list(out.glob("*.zip"))
 
 
+@pytest.mark.parametrize("requirement", ["./libs/loudly", "-e ./libs/loudly"])
 def test_a_requirements_path_is_the_project_folders_wherever_the_build_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requirement: str
 ) -> None:
     # A library of the project's own, required by path: built with --source from elsewhere.
+    # Editable (-e), it was installed as a link to the build machine's folder: the agent
+    # could not import it, and was told to list it in requirements.txt.
     project = tmp_path / "project"
     (project / "libs" / "loudly").mkdir(parents=True)
     (project / "libs" / "loudly" / "setup.py").write_text(
@@ -328,7 +331,7 @@ def test_a_requirements_path_is_the_project_folders_wherever_the_build_runs(
         "setup(name='loudly', version='1.0', py_modules=['loudly'])\n"
     )
     (project / "libs" / "loudly" / "loudly.py").write_text("def shout(t):\n    return t.upper()\n")
-    (project / "requirements.txt").write_text("./libs/loudly\n")
+    (project / "requirements.txt").write_text(f"{requirement}\n")
     (project / "agent.py").write_text(
         "import loudly\n\nfrom agentscope_serverless.agents.demo import app\n"
     )

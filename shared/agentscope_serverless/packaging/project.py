@@ -364,9 +364,11 @@ def resolve_requirements(
             run(command, what, cwd=here)
         except PackagingError:
             raise wheels_only from None  # not a missing wheel: its message says what
-    if with_sources:
-        sources = _package_sources(_requirements_text(user), here)
-        out.write_text("".join(f"{line}\n" for line in sources) + out.read_text())
+    # A library the project edits (-e ./libs/mylib) is installed as it is now: an editable
+    # install would point at this folder, which the package does not hold.
+    resolved = [line.removeprefix("-e ") for line in out.read_text().splitlines()]
+    sources = _package_sources(_requirements_text(user), here) if with_sources else []
+    out.write_text("".join(f"{line}\n" for line in [*sources, *resolved]))
     return out
 
 
