@@ -28,6 +28,7 @@ from agentscope_serverless.services.session_history.dynamodb import (
 )
 from agentscope_serverless.settings import load_settings
 from tests.conftest import PROJECT_ROOT
+from tests.deploy.test_archives import write_wheel
 
 TEMPLATE = PROJECT_ROOT / "template.yaml"
 FUNCTIONS = sam.list_functions(TEMPLATE)
@@ -333,6 +334,20 @@ def test_a_project_package_named_as_a_dependencys_is_refused_leaving_no_build(
     with pytest.raises(PackagingError, match=r"the project's anyio \(the module anyio of anyio "):
         sam.build(project, build_dir=tmp_path / "build", agent="agent:app")
     assert not (tmp_path / "build").exists()
+
+
+def test_a_requirement_found_by_the_projects_find_links_is_in_the_layer(tmp_path: Path) -> None:
+    # SAM installed the layer's requirements without the project's --find-links (or private
+    # --extra-index-url): "No matching distribution found".
+    project = tmp_path / "project"
+    write_wheel(project / "vendor", "agentscope_private_sdk", "1.0", "ANSWER = 42\n")
+    (project / "requirements.txt").write_text("-f ./vendor\nagentscope_private_sdk==1.0\n")
+    (project / "agent.py").write_text(
+        "import agentscope_private_sdk\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    layer = sam.build(project, build_dir=tmp_path / "build", agent="agent:app") / "SharedLayer"
+    assert (layer / "python" / "agentscope_private_sdk.py").is_file()
+    assert not (layer / "python" / "requirements.txt").exists()
 
 
 def test_a_path_in_the_projects_requirements_is_refused_for_the_layer(tmp_path: Path) -> None:

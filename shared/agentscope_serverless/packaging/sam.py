@@ -230,7 +230,11 @@ def stage_project(
     project.copy_project(source, layer, leave_out=(stage, *leave_out))
     # After the project's files: SAM installs this one, the runtime's pins and the project's.
     resolved = project.resolve_requirements(
-        source, layer / "requirements.txt", python_version="3.11", platform="manylinux2014_x86_64"
+        source,
+        layer / "requirements.txt",
+        python_version="3.11",
+        platform="manylinux2014_x86_64",
+        with_sources=True,
     )
     project.refuse_path_requirements(resolved, "the SAM layer's build")
     return stage
@@ -242,11 +246,12 @@ BOTOCORE_SERVICES = ("dynamodb", "lambda", "secretsmanager", "sts")
 
 
 def slim_layer(layer: Path) -> None:
-    """Drop what a function does without from the built layer: bytecode caches, uvloop,
-    httptools, the unused service models of botocore and the symbol tables of extension
-    modules."""
+    """Drop what a function does without from the built layer: bytecode caches, the
+    requirements SAM installed (their index URL may hold a password), uvloop, httptools, the
+    unused service models of botocore and the symbol tables of extension modules."""
     for cache in list(layer.rglob("__pycache__")):
         shutil.rmtree(cache, ignore_errors=True)
+    (layer / "requirements.txt").unlink(missing_ok=True)
     # uvloop (14 MB, 40% of the layer) and httptools speed up a server with many connections
     # at once; an execution environment serves one request at a time, and uvicorn runs on
     # asyncio's loop and h11 without them.
