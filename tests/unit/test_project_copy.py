@@ -205,3 +205,19 @@ def test_a_conda_environment_in_the_project_is_left_out(project: Path, tmp_path:
     target.mkdir()
     copy_project(project, target)
     assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv"}
+
+
+@pytest.mark.parametrize(
+    ("link", "points_to"), [("pkg/settings.txt", "../.env"), ("pkg/keys", "../.venv")]
+)
+def test_a_link_to_what_packaging_leaves_out_is_refused(
+    project: Path, tmp_path: Path, link: str, points_to: str
+) -> None:
+    # The copy followed it: the secrets of .env were archived as pkg/settings.txt.
+    (project / ".venv").mkdir()
+    (project / link).symlink_to(points_to)
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError, match=f"^{re.escape(link)} links to .*, which packaging"):
+        copy_project(project, target)
+    assert copied(target) == set()

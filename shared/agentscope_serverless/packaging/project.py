@@ -159,6 +159,16 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
     return ignore
 
 
+def _left_out(path: Path, root: Path, ignore: Callable[[str, list[str]], set[str]]) -> bool:
+    """Whether the copy of ``root`` leaves out ``path`` (inside it), or a folder holding it."""
+    folder = root
+    for part in path.relative_to(root).parts:
+        if part in ignore(str(folder), [part]):
+            return True
+        folder = folder / part
+    return False
+
+
 def _is_environment(folder: Path) -> bool:
     """Whether ``folder`` is a Python environment: a virtualenv's (its ``pyvenv.cfg``) or a
     conda environment's (its ``conda-meta``)."""
@@ -202,6 +212,13 @@ def _refuse_links_out(source: Path, ignore: Callable[[str, list[str]], set[str]]
                 raise PackagingError(
                     f"{path.relative_to(top)} links outside the project folder: packaging "
                     "would copy what it points to into the archive; copy the file in instead"
+                )
+            if _left_out(target, root, ignore):
+                raise PackagingError(
+                    f"{path.relative_to(top)} links to {target.relative_to(root)}, which "
+                    "packaging leaves out (a secret's .env, a virtualenv...): the copy would "
+                    "put it in the archive under the link's name; remove the link, or copy in "
+                    "what the agent needs"
                 )
 
 
