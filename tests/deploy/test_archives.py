@@ -525,11 +525,15 @@ def test_an_agent_whose_code_imports_what_the_package_lacks_is_told_its_file_and
     )
 
 
-def write_wheel(folder: Path, name: str, version: str, module: str) -> None:
-    """A pure-Python wheel of ``module`` (one ``.py``), as a private index would serve it."""
+def write_wheel(
+    folder: Path, name: str, version: str, module: str, extra: dict[str, str] | None = None
+) -> None:
+    """A pure-Python wheel of ``module`` (one ``.py``) and the ``extra`` files, as a private
+    index would serve it."""
     folder.mkdir(parents=True, exist_ok=True)
     info = f"{name}-{version}.dist-info"
     files = {
+        **(extra or {}),
         f"{name}.py": module,
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
@@ -612,3 +616,29 @@ def test_a_project_file_whose_name_is_not_utf8_is_refused_naming_it(tmp_path: Pa
             "which an archive cannot hold: rename it"
         )
     assert list(out.iterdir()) == []
+
+
+def test_a_project_file_named_as_a_dependencys_leaves_that_dependency_as_it_was(
+    tmp_path: Path,
+) -> None:
+    # uv installs a file as a link to its cache (and to every virtualenv holding it): the
+    # project's README.md, copied over the dependency's, was written into them all, and the
+    # next project built with the dependency got the first one's README.md as its own.
+    vendor = tmp_path / "vendor"
+    write_wheel(vendor, "agentscope_notes_sdk", "1.0", "", {"README.md": "the sdk's\n"})
+    archived = {}
+    for name, readme in (("first", "the first project's\n"), ("second", None)):
+        project = tmp_path / name
+        project.mkdir()
+        (project / "requirements.txt").write_text(
+            f"--find-links {vendor}\nagentscope_notes_sdk==1.0\n"
+        )
+        (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+        if readme is not None:
+            (project / "README.md").write_text(readme)
+        report = build_agentrun_archive(
+            project, tmp_path / f"{name}-out", agent="agent:app", python_version=HOST_PYTHON
+        )
+        with zipfile.ZipFile(report.path) as archive:
+            archived[name] = archive.read("README.md").decode()
+    assert archived == {"first": "the first project's\n", "second": "the sdk's\n"}

@@ -128,10 +128,24 @@ def copy_project(
         refuse_shadowing([entry.name for entry in entries], installed)
     for entry in entries:
         if entry.is_dir():
-            shutil.copytree(entry, target / entry.name, ignore=ignore, dirs_exist_ok=True)
+            shutil.copytree(
+                entry,
+                target / entry.name,
+                ignore=ignore,
+                dirs_exist_ok=True,
+                copy_function=_copy_anew,
+            )
         else:
-            shutil.copy2(entry, target / entry.name)
+            _copy_anew(entry, target / entry.name)
     return [entry.name for entry in entries]
+
+
+def _copy_anew(source: str | Path, destination: str | Path) -> None:
+    """Copy ``source`` to a new file at ``destination``: a file there (a dependency's, which
+    uv links to its cache and to every virtualenv it installed it in) is replaced, never
+    written into."""
+    Path(destination).unlink(missing_ok=True)
+    shutil.copy2(source, destination)
 
 
 def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, list[str]], set[str]]:
