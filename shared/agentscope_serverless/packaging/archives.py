@@ -261,10 +261,9 @@ def build_agentrun_archive(
                 "install",
                 "--quiet",
                 "--no-deps",
-                # Copies, not uv's hard links to its cache: the project's files are copied
-                # over these (a package of the project's named like a dependency), and
-                # writing through a link would change the cache and every virtualenv
-                # installed from it.
+                # Copies, not uv's hard links to its cache: the build then owns every file
+                # of its folder, and nothing it writes there (the project's files go in
+                # beside these) can reach the cache or a virtualenv installed from it.
                 "--link-mode",
                 "copy",
                 "--target",
