@@ -642,3 +642,25 @@ def test_a_project_file_named_as_a_dependencys_leaves_that_dependency_as_it_was(
         with zipfile.ZipFile(report.path) as archive:
             archived[name] = archive.read("README.md").decode()
     assert archived == {"first": "the first project's\n", "second": "the sdk's\n"}
+
+
+def test_an_agentrun_archive_keeps_no_requirements_file_of_the_project(tmp_path: Path) -> None:
+    # Its options may name a private index with its password (--extra-index-url
+    # https://user:token@...): it was archived as it was, as one of the project's files.
+    vendor = tmp_path / "vendor"
+    write_wheel(vendor, "agentscope_tokens_sdk", "1.0", "")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text(
+        f"--find-links {vendor}  # beside: --extra-index-url https://user:s3cret@pkgs.example\n"
+        "agentscope_tokens_sdk==1.0\n"
+    )
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    report = build_agentrun_archive(
+        project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        names = archive.namelist()
+        assert "agentscope_tokens_sdk.py" in names and "agent.py" in names
+        assert "requirements.txt" not in names
+        assert not [n for n in names if b"s3cret" in archive.read(n)]

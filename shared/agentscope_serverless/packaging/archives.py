@@ -285,6 +285,9 @@ def build_agentrun_archive(
         project.copy_project(
             project_root, staging, leave_out=(out_dir, archive, scratch), installed=staging
         )
+        # Installed above, and its index URLs may hold a password (--extra-index-url
+        # https://user:token@...): the archive keeps no requirements file, as a SAM layer.
+        (staging / "requirements.txt").unlink(missing_ok=True)
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
