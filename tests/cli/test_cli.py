@@ -258,9 +258,9 @@ def test_requests_are_logged_as_json_with_a_request_id_and_never_a_key(server: S
 
 
 def test_a_librarys_error_is_logged_as_one_json_line_with_the_request_id(server: Server) -> None:
-    # An A2A 0.3 message of the wrong shape: the A2A SDK logs its validation error itself.
-    message = {"role": "user", "messageId": "m1", "parts": "not a list"}
-    call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    # A JSON-RPC call whose params are no object: the A2A SDK logs its validation error
+    # itself (params of the wrong shape inside an object are answered before it is called).
+    call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": "not an object"}
     headers = {"Authorization": f"Bearer {server.key}", "X-Request-Id": "library-1"}
     before = len(server.output.read_text().splitlines())
     answer = httpx.post(f"{server.url}/a2a", json=call, headers=headers)
@@ -276,7 +276,7 @@ def test_a_librarys_error_is_logged_as_one_json_line_with_the_request_id(server:
     lines = [json.loads(line) for line in written]
     assert {line["request_id"] for line in lines} == {"library-1"}
     (failure,) = [line for line in lines if line["level"] == "ERROR"]
-    assert "ValidationError" in failure["exception"]
+    assert "JSONRPCInvalidRequestException" in failure["exception"]
 
 
 def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
