@@ -26,7 +26,7 @@ _CODINGS = frozenset({"gzip", "x-gzip", "deflate"})
 
 
 class AnswerTooLarge(httpx.DecodingError):
-    """An answer gave more than the transport's ``max_bytes``, unpacked."""
+    """An answer gave more than the ``max_bytes`` of :func:`unpacking`, unpacked."""
 
     def __init__(self, max_bytes: int) -> None:
         super().__init__(f"the answer is larger than {max_bytes} bytes")

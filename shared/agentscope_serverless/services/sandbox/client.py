@@ -335,7 +335,7 @@ class SandboxClient:
         async with asyncio.timeout(self._deadline):
             async with self._http().stream(method, url, **kwargs) as response:
                 body = bytearray()
-                # Unpacked bytes (see UnpackingTransport): a compressed answer is capped at
+                # Unpacked bytes (see unpacking()): a compressed answer is capped at
                 # its real size.
                 async for chunk in response.aiter_bytes():
                     body += chunk
