@@ -65,6 +65,9 @@ ProjectRootOption = Annotated[
         envvar="AGENTSCOPE_PROJECT_ROOT",
         help="The project folder: the agent's code and its requirements.txt "
         "(.git, virtualenvs, caches and dist/ are left out).",
+        # Checked before anything is built: a file, or nothing, is said to be one at once.
+        exists=True,
+        file_okay=False,
     ),
 ]
 SamAgentOption = Annotated[

@@ -164,3 +164,21 @@ def test_a_python_is_found_past_pyenv_shims_that_fail_for_versions_not_selected(
     assert project._path_past_shims().split(os.pathsep) == ["/usr/bin", "/bin", str(version_bin)]
     with pytest.raises(PackagingError, match=r"CPython 3\.5 is needed .*\(uv: .+\)"):
         project.interpreter("3.5")  # why uv found none is said
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_a_source_that_is_a_file_or_nothing_is_refused_before_anything_is_built(
+    tmp_path: Path, platform: str
+) -> None:
+    # It was taken for a folder that does not exist, said only once the requirements were
+    # resolved and installed.
+    agent = tmp_path / "agent.py"
+    agent.write_text("from agentscope_serverless.agents.demo import app\n")
+    out = tmp_path / "out"
+    for source, says in [(agent, "is a file"), (tmp_path / "missing", "does not exist")]:
+        command = ["deploy", platform, "--source", str(source), "--out", str(out)]
+        result = runner.invoke(app, [*command, "--skip-upload"])
+        said = " ".join(result.output.replace("│", " ").split())  # out of its box
+        assert result.exit_code == 2, result.output
+        assert "--source" in said and says in said, said
+    assert not out.exists()
