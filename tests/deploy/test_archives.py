@@ -33,6 +33,9 @@ from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, unpack
 from tests.support.http import bearer, free_port, stream, text_of, user_message, wait_until_healthy
 
+# The import path of the runtime and its dependencies, as this checkout has them.
+RUNTIME_PATH = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
+
 
 @dataclass
 class RunningService:
@@ -388,9 +391,8 @@ def test_an_agent_that_imports_but_cannot_be_served_is_refused_before_packaging(
 ) -> None:
     # Deployed, it would answer 503 to every request: the function could not start.
     (tmp_path / "unservable.py").write_text(source)
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError, match=re.escape(said)):
-        check_agent_import("unservable:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("unservable:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
 
 
 def test_an_agent_reading_a_secret_as_it_is_imported_gets_the_way_to_build_it(
@@ -403,10 +405,9 @@ def test_an_agent_reading_a_secret_as_it_is_imported_gets_the_way_to_build_it(
         "WEATHER_KEY = os.environ['AGENTSCOPE_TEST_WEATHER_KEY']\napp = AgentApp()\n\n\n"
         "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n    yield 'hi'\n"
     )
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     monkeypatch.delenv("AGENTSCOPE_TEST_WEATHER_KEY", raising=False)
     with pytest.raises(PackagingError) as refused:
-        check_agent_import("weather:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("weather:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
     message = str(refused.value)
     assert message.startswith(
         "the agent 'weather:app' reads the environment variable AGENTSCOPE_TEST_WEATHER_KEY as "
@@ -415,7 +416,7 @@ def test_an_agent_reading_a_secret_as_it_is_imported_gets_the_way_to_build_it(
     )
     assert "requirements.txt" not in message
     monkeypatch.setenv("AGENTSCOPE_TEST_WEATHER_KEY", "x")
-    check_agent_import("weather:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+    check_agent_import("weather:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
 
 
 def test_an_agent_raising_as_it_is_imported_is_told_where_and_what_to_do(tmp_path: Path) -> None:
@@ -428,9 +429,8 @@ def test_an_agent_raising_as_it_is_imported_is_told_where_and_what_to_do(tmp_pat
     (tmp_path / "assistant.py").write_text(
         "import os\n\nimport sdk\n\nclient = sdk.Client(api_key=os.environ.get('NO_SUCH_KEY'))\n"
     )
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError) as refused:
-        check_agent_import("assistant:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("assistant:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
     assert str(refused.value) == (
         "the agent 'assistant:app' raised ValueError as it is imported (assistant.py, line 5): "
         "The api_key client option must be set; it must import without the cloud's environment "
@@ -442,9 +442,8 @@ def test_an_agent_that_does_not_compile_is_told_where_not_to_list_packages(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "typo.py").write_text("from agentscope_serverless.app import AgentApp\n\napp = (\n")
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError) as refused:
-        check_agent_import("typo:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("typo:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
     assert str(refused.value) == (
         "the agent 'typo:app' does not compile: '(' was never closed (typo.py, line 3): fix it "
         "(serving it, agentscope-serverless serve --agent typo:app, says the same)"
@@ -516,9 +515,8 @@ def test_an_agent_whose_code_imports_what_the_package_lacks_is_told_its_file_and
     (tmp_path / "shop" / "tools.py").write_text(
         "import json\n\nimport agentscope_no_such_sdk\n\nsearch = None\n"
     )
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError) as refused:
-        check_agent_import("shop.agent:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("shop.agent:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
     assert (
         "cannot import 'shop.agent': ModuleNotFoundError: No module named "
         "'agentscope_no_such_sdk' (tools.py, line 3); " in str(refused.value)
@@ -576,9 +574,8 @@ def test_an_agent_whose_import_never_ends_is_told_to_connect_when_it_runs(
     # waited out the check's time limit and crashed the build with a traceback.
     (tmp_path / "waits.py").write_text("import time\n\ntime.sleep(3600)\n")
     monkeypatch.setattr("agentscope_serverless.packaging.project.IMPORT_TIMEOUT_SECONDS", 1.0)
-    runtime = [PROJECT_ROOT / "shared", Path(sysconfig.get_paths()["purelib"])]
     with pytest.raises(PackagingError) as refused:
-        check_agent_import("waits:app", [tmp_path, *runtime], python_version=HOST_PYTHON)
+        check_agent_import("waits:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
     assert str(refused.value) == (
         "the agent 'waits:app' was still importing after 1 s (waiting on a connection, say): it "
         "must import without the cloud's services: connect when it runs (its query handler, or "
