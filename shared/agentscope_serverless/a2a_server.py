@@ -72,6 +72,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.runs.base import (
+    RUN_ID_KEY,
     RUN_LOST,
     STOP_TIMEOUT_SECONDS,
     RunRecord,
@@ -80,8 +81,6 @@ from agentscope_serverless.services.runs.base import (
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
-# The key of a task's metadata holding the id of its run.
-RUN_ID_KEY = "run_id"
 # How long a subscriber waits for a task's run to be named, and, once the run has ended,
 # for the task's end to be stored.
 FOLLOW_START_SECONDS = 5.0

@@ -608,6 +608,9 @@ async def test_stopping_finds_a_run_started_before_it_not_stored_yet(
             await asyncio.gather(running, return_exceptions=True)
 
 
+_LOST = {"code": RUN_LOST, "message": "the process running the run stopped before the run ended"}
+
+
 def _response(sequence: int, status: str) -> tuple[int, str]:
     return sequence, json.dumps(
         {"sequence_number": sequence, "object": "response", "id": "lost", "status": status}
@@ -653,6 +656,33 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
         )
         assert ending["error"]["code"] == RUN_LOST
         assert await runs.stop_runs(user_id, wait=0.5) == ["task"]  # the lost one: not waited for
+
+
+async def test_an_a2a_task_whose_run_was_lost_is_seen_failed_and_not_waited_for(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Its run read as lost, but the task's record (no heartbeat of its own) stayed in
+    # progress until it expired: its followers polled without end, an erase waited for it.
+    async with runs_factory() as runs:
+        await _record_lost_run(runs, user_id)
+        working = {
+            "id": "task",
+            "contextId": "s1",
+            "status": {"state": "TASK_STATE_WORKING"},
+            "metadata": {"run_id": "lost"},
+        }
+        task = RunRecord(
+            id="task", user_id=user_id, session_id="s1", kind="a2a_task", result=working
+        )
+        await runs.create_run(task)
+        seen = await runs.get_run(user_id, "task")
+        assert seen is not None and (seen.status, seen.error) == ("failed", _LOST)
+        listed = await runs.list_runs(user_id, "s1")
+        assert [(r.id, r.status) for r in listed] == [("lost", "failed"), ("task", "failed")]
+        assert [r.status for r in await runs.recent_runs(user_id, 0)] == ["failed", "failed"]
+        assert [item async for item in runs.follow(user_id, "task")] == []
+        assert await runs.stop_runs(user_id, "s1", wait=0.5) == []
+        assert await runs.stop_runs(user_id, wait=0.5) == []
 
 
 async def test_a_follower_resuming_after_a_lost_runs_ending_is_not_told_again(

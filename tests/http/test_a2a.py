@@ -393,7 +393,8 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
     two_servers: tuple[str, str, Keys], redis_server: RedisServer
 ) -> None:
     # Its instance stopped mid-reply (killed, out of memory): its run read as lost, but the
-    # task stayed working for ever, and every message to it was refused as still working.
+    # task stayed working for ever, and every message to it was refused as still working;
+    # its record among the runs stayed in progress, and following its events never ended.
     first, _, keys = two_servers
     stale = time.time() - LOST_AFTER_SECONDS - 5
     task_id, run_id, context_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in "trc")
@@ -430,6 +431,17 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
         )
         with pytest.raises(Exception, match="terminal state"):
             [e async for e in client.send_message(SendMessageRequest(message=again))]
+    # Its record among the runs read in progress too, and following it never ended.
+    async with httpx.AsyncClient(base_url=first, headers=bearer(keys.alice), timeout=30) as http:
+        seen = (await http.get(f"/runs/{task_id}")).json()
+        assert (seen["status"], seen["error"]["code"]) == ("failed", "RUN_LOST")
+        listed = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
+        assert {run["kind"]: run["status"] for run in listed} == {
+            "a2a": "failed",
+            "a2a_task": "failed",
+        }
+        followed = await http.get(f"/runs/{task_id}/events")
+        assert followed.status_code == 200 and "data:" not in followed.text
 
 
 async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(

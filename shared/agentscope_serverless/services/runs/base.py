@@ -67,6 +67,10 @@ LOST_AFTER_SECONDS = 60.0
 # (its maximum event age), after which nothing will run the task.
 QUEUED_LOST_AFTER_SECONDS = 6 * 3600 + LOST_AFTER_SECONDS
 _BEATING: frozenset[str] = frozenset({"process", "openai", "a2a", "task"})
+# The key of an A2A task's metadata holding the id of its run: the record of an A2A task
+# (kind ``a2a_task``) has no heartbeat of its own, and one in progress whose run was lost
+# is seen failed as its run is.
+RUN_ID_KEY = "run_id"
 RUN_LOST = "RUN_LOST"
 _LOST_ERROR = {
     "code": RUN_LOST,
@@ -131,18 +135,21 @@ class RunRecord(BaseModel):
         return self.kind in _BEATING and not self.finished and time.time() - self.updated_at > limit
 
 
-def _as_seen(record: RunRecord) -> RunRecord:
-    """``record`` as readers see it: a lost run failed (``RUN_LOST``)."""
-    if not record.lost:
+def _as_seen(record: RunRecord, *, run_lost: bool = False) -> RunRecord:
+    """``record`` as readers see it: a lost run failed (``RUN_LOST``), and so an A2A task
+    whose run was lost (``run_lost``)."""
+    if not record.lost and not run_lost:
         return record
     return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
 
 
-def _listed(records: list[RunRecord]) -> list[RunRecord]:
-    """``records`` as a listing gives them: oldest first, as readers see them, without the
-    marks of deleted runs."""
-    kept = (_as_seen(record) for record in records if not record.deleted)
-    return sorted(kept, key=lambda record: record.created_at)
+def _run_of_task(record: RunRecord) -> str | None:
+    """The id of the run of an A2A task in progress (its stored task names it), or None."""
+    if record.kind != "a2a_task" or record.finished or not isinstance(record.result, dict):
+        return None
+    metadata = record.result.get("metadata")
+    run_id = metadata.get(RUN_ID_KEY) if isinstance(metadata, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +303,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         record = await self._load(user_id, run_id)
         if record is None:
             return None
-        record = _as_seen(record)
+        record = await self._seen(record)
         if not record.finished:
             await self._mark_cancel(user_id, run_id)
             record.cancel_requested = True
@@ -319,19 +326,42 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         """The run's record, or None (also for another user's run, or a deleted one)."""
         self._ensure_started()
         record = await self._load(require_user_id(user_id), require_run_id(run_id))
-        return None if record is None or record.deleted else _as_seen(record)
+        return None if record is None or record.deleted else await self._seen(record)
 
     async def list_runs(self, user_id: str, session_id: str) -> list[RunRecord]:
         """The runs of a session, oldest first. ``session_id`` is taken as sessions take it
         (stripped; refused when blank or holding control characters)."""
         self._ensure_started()
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
-        return _listed(runs)
+        return await self._listed(runs)
 
     async def recent_runs(self, user_id: str, since: float) -> list[RunRecord]:
         """The user's runs created at ``since`` (a Unix time) or later, oldest first."""
         self._ensure_started()
-        return _listed(await self._list_user(require_user_id(user_id), since))
+        return await self._listed(await self._list_user(require_user_id(user_id), since))
+
+    async def _seen(self, record: RunRecord) -> RunRecord:
+        """``record`` as readers see it (see :func:`_as_seen`)."""
+        (seen,) = await self._all_seen([record])
+        return seen
+
+    async def _all_seen(self, records: list[RunRecord]) -> list[RunRecord]:
+        """``records`` as readers see them: a lost run failed, and so an A2A task in
+        progress whose run was lost (its run read from the store)."""
+        named = {(record.user_id, _run_of_task(record)) for record in records}
+        wanted = [(user_id, run_id) for user_id, run_id in named if run_id is not None]
+        runs = await asyncio.gather(*(self._load(user_id, run_id) for user_id, run_id in wanted))
+        lost = {(run.user_id, run.id) for run in runs if run is not None and run.lost}
+        return [
+            _as_seen(record, run_lost=(record.user_id, _run_of_task(record)) in lost)
+            for record in records
+        ]
+
+    async def _listed(self, records: list[RunRecord]) -> list[RunRecord]:
+        """``records`` as a listing gives them: oldest first, as readers see them, without
+        the marks of deleted runs."""
+        kept = await self._all_seen([record for record in records if not record.deleted])
+        return sorted(kept, key=lambda record: record.created_at)
 
     async def delete_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """Delete a run that has ended (a response its client deletes): its events and its
@@ -343,7 +373,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         record = await self._load(user_id, run_id)
         if record is None or record.deleted:
             return None
-        record = _as_seen(record)
+        record = await self._seen(record)
         if record.finished:
             await self._delete_run_of(record)
             mark = {"status": record.status, "created_at": record.created_at, "deleted": True}
@@ -411,11 +441,8 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         while run_ids and time.monotonic() < deadline:
             await asyncio.sleep(min(self.poll_seconds, deadline - time.monotonic()))
             loaded = await asyncio.gather(*(self._load(user_id, run_id) for run_id in run_ids))
-            run_ids = [
-                run_id
-                for run_id, record in zip(run_ids, loaded, strict=True)
-                if record is not None and not record.finished and not record.lost
-            ]
+            found = await self._all_seen([record for record in loaded if record is not None])
+            run_ids = [record.id for record in found if not record.finished]
         return run_ids
 
     async def delete_user_runs(self, user_id: str) -> None:
@@ -546,6 +573,7 @@ __all__ = [
     "HEARTBEAT_SECONDS",
     "LOST_AFTER_SECONDS",
     "MAX_SEQUENCE",
+    "RUN_ID_KEY",
     "RUN_LOST",
     "STOPPABLE",
     "STOP_TIMEOUT_SECONDS",
