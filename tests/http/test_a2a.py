@@ -750,6 +750,36 @@ async def test_an_a2a_0_3_call_whose_params_its_method_cannot_take_is_invalid_pa
     assert says in answer["error"]["message"]
 
 
+@pytest.mark.parametrize("method", ["message/send", "message/stream", "tasks/get"])
+@pytest.mark.parametrize("without_id", [{}, {"id": None}])
+async def test_an_a2a_0_3_call_without_an_id_is_refused_saying_so_and_not_run(
+    served: tuple[str, Keys], method: str, without_id: dict[str, Any]
+) -> None:
+    # A2A 0.3 takes no notifications (its methods' requests need an id), and its SDK's own
+    # server answers one with an error, running nothing; this one's error was a dump of the
+    # SDK's validation, quoting the message, which it also logged as a server error.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    call = a2a_send("secret words", contextId=context_id)
+    del call["id"]
+    if method == "tasks/get":
+        call["params"] = {"id": "t1"}
+    call = {**call, **without_id, "method": method}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        assert (await http.post("/a2a", json=call)).status_code == 401
+        answer = await http.post("/a2a", json=call, headers=bearer(keys.alice))
+        assert answer.status_code == 200, answer.text
+        error = answer.json()["error"]
+        assert (answer.json()["id"], error["code"]) == (None, -32600)
+        assert error["message"] == (
+            f"{method} needs an id (a string or a number): A2A 0.3 takes no notifications"
+        )
+        assert "secret" not in answer.text
+        http.headers.update(bearer(keys.alice))
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+        assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)

@@ -4,7 +4,7 @@ The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
 (valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
 params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
-in A2A 1.0), and the A2A call
+in A2A 1.0; one without an id is an invalid request), and the A2A call
 context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
@@ -74,7 +74,11 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
         await check_request(request, caller, _idempotency_key(request), any_type=True)
         if request.url.path == A2A_PATH:
             body = await request_body(request, any_type=True)
-            refused = _params_refused(body) or _history_length_refused(body)
+            refused = (
+                _notification_refused(body)
+                or _params_refused(body)
+                or _history_length_refused(body)
+            )
             if refused is not None:
                 return refused
         return await endpoint(request)
@@ -91,6 +95,25 @@ _MAX_HISTORY_LENGTH = 2**31 - 1
 def _invalid_params(body: dict[str, Any], message: str) -> Response:
     error = {"code": -32602, "message": message, "data": None}
     return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+
+
+def _notification_refused(body: Any) -> Response | None:
+    """The JSON-RPC error refusing an A2A 0.3 call without an id (or a null one): A2A 0.3
+    takes no notifications, its methods' requests need an id, and its SDK's own server
+    answers one with an error, running nothing. The SDK's 0.3 methods answer it as an
+    invalid request, with its validation's dump (quoting the call) logged as a server
+    error; this says what is missing."""
+    if not isinstance(body, dict) or body.get("id") is not None:
+        return None
+    # Imported once the SDK's routes are: importing it first is an import cycle of the SDK.
+    from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
+
+    method = body.get("method")
+    if not isinstance(method, str) or method not in JSONRPC03Adapter.METHOD_TO_MODEL:
+        return None
+    message = f"{method} needs an id (a string or a number): A2A 0.3 takes no notifications"
+    error = {"code": -32600, "message": message, "data": None}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error})
 
 
 def _params_refused(body: Any) -> Response | None:
