@@ -45,6 +45,7 @@ from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
+    HeadMiddleware,
     RequestContextMiddleware,
     RevokedKeyMiddleware,
     StartupFailureMiddleware,
@@ -217,6 +218,7 @@ def new_application(
     )
     app.state.context = context
     install_error_handlers(app)
+    app.add_middleware(HeadMiddleware)
     install_idempotency(app)
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -39,6 +39,10 @@ goes on without it). A key store that does not answer leaves the stream going.
 store that cannot be reached) tells its server so in one line naming the cause, not a
 traceback (the server prints it and exits); the traceback is logged at DEBUG level.
 
+**HEAD.** A HEAD request is answered as its GET would be, status and headers, without the
+body (RFC 9110): on every GET route, with the same authentication. The GET stops once its
+headers are out, so a HEAD of a stream (a run's events) does not wait for the stream.
+
 All are pure ASGI (no per-request task), so streaming responses pass through untouched.
 """
 
@@ -391,6 +395,29 @@ class _StreamEnded(Exception):
     """Raised into the app sending a part of a stream that has been ended."""
 
 
+class HeadMiddleware:
+    """Answers HEAD as GET without the body (see the module)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_head(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                await send(message)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            raise _StreamEnded
+
+        try:
+            await self.app({**scope, "method": "GET"}, receive, send_head)
+        except* _StreamEnded:
+            pass  # the GET stopped once its headers were sent
+
+
 class RevokedKeyMiddleware:
     """Ends a streamed answer once the key it was asked with is revoked (see the module)."""
 
@@ -487,6 +514,7 @@ __all__ = [
     "BodyTimedOut",
     "BodyTooDeep",
     "BodyTooLarge",
+    "HeadMiddleware",
     "RequestContextMiddleware",
     "RevokedKeyMiddleware",
     "StartupFailureMiddleware",

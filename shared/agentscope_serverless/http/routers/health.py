@@ -47,8 +47,4 @@ async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONRe
     return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)
 
 
-# Uptime monitors often probe with HEAD: answered as GET is (the server sends no body).
-router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
-
-
 __all__ = ["Health", "router"]
