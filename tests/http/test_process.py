@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.http.conftest import SECRET
 from tests.support.http import Keys, stream, text_of, user_message
@@ -166,6 +167,34 @@ def test_stream_false_returns_the_final_agent_response(
         body["output"][0]["content"][0]["text"]
         == "Nice to meet you, Zoe! I will remember your name."
     )
+
+
+@pytest.mark.parametrize("max_tokens", [0, -5, "many", 2.5])
+def test_a_max_tokens_below_one_or_not_a_whole_number_is_refused_naming_it(
+    client_for: Callable[..., httpx.Client], keys: Keys, max_tokens: object
+) -> None:
+    # A limit of 0 or below ran the agent (the LLM agent's model refused the call, and the
+    # turn failed after storing its input); /chat/completions refused it.
+    client = client_for(keys.alice)
+    session = f"limits-{uuid.uuid4().hex[:8]}"
+    body = {"input": [user_message("hi")], "session_id": session, "max_tokens": max_tokens}
+    refused = client.post("/process", json=body)
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert "max_tokens" in error["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
+def test_a_max_tokens_of_one_or_more_reaches_the_agent(
+    client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
+) -> None:
+    client = client_for(keys.alice, url=scenario_url)
+    for sent, seen in ((1, "max_tokens=1"), ("40", "max_tokens=40"), (None, "max_tokens=None")):
+        body = {"input": [user_message("limits")], "stream": False, "max_tokens": sent}
+        answer = client.post("/process", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["output"][0]["content"][0]["text"] == seen
 
 
 def test_an_agent_that_raises_ends_with_a_failed_event_and_keeps_the_input(

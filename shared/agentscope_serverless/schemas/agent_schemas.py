@@ -722,7 +722,7 @@ class AgentRequest(BaseRequest):
     temperature: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    max_tokens: int | None = None
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
     stop: str | list[str] | None = None
     n: Annotated[int | None, Field(ge=1, le=5)] = 1
     seed: int | None = None
