@@ -23,6 +23,10 @@ import uvicorn
 
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.sandbox_server.app import create_app
+from agentscope_serverless.sandbox_server.head_timeout import (
+    DEFAULT_HEAD_TIMEOUT_SECONDS,
+    head_timeout_protocol,
+)
 from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
 from agentscope_serverless.sandbox_server.jail import HostIsolation, how_to_enforce
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
@@ -30,6 +34,16 @@ from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerC
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
 DEFAULT_ROOT = "/var/lib/agentscope-sandbox"
 MIN_TOKEN_LENGTH = 16
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         "--call-timeout", type=float, default=defaults.call_timeout_seconds, help="seconds"
     )
     parser.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument(
+        "--header-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_HEAD_TIMEOUT_SECONDS,
+        help="seconds a client has to send a request's line and headers before its "
+        "connection is closed",
+    )
     parser.add_argument("--max-sandboxes", type=int, default=64)
     parser.add_argument(
         "--max-sandboxes-per-owner",
@@ -244,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             host=args.host,
             port=args.port,
             uds=args.uds,
+            http=head_timeout_protocol(args.header_timeout),
             log_level=args.log_level,
             access_log=False,
             # Release is bounded: shutdown does not wait long for calls in flight.
