@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import InvalidInputError, StoreUnavailableError
 from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.services._once import WRITE_ID_SECONDS, seed_writes
@@ -347,3 +347,90 @@ async def test_memory_erased_while_a_bulk_add_stores_it_overwrites_no_later_memo
         expected = [m.id for m in await reference.search_memory(user_id, query, {"top_k": 1000})]
         got = [m.id for m in await redis.search_memory(user_id, query, {"top_k": 1000})]
         assert got == expected
+
+
+def texts(memories: list[Message]) -> list[str]:
+    return [m.get_text_content() or "" for m in memories]
+
+
+async def test_max_messages_per_session_keeps_the_newest_memories_of_each_session(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    # AgentScope Runtime's option was refused: memory grew without bound.
+    async with RedisMemoryService(redis_server.url, max_messages_per_session=3) as redis:
+        for word in ("apple", "banana", "cherry", "date", "elder"):
+            await redis.add_memory(user_id, [msg(f"{word} fruit")], session_id="a")
+        await redis.add_memory(user_id, [msg("fig fruit"), msg("grape fruit")], session_id="b")
+        await redis.add_memory(
+            user_id, [msg(f"{word} tree") for word in ("oak", "elm", "ash", "yew")]
+        )
+        everything = await redis.list_memory(user_id, {"page_size": 100})
+        assert texts(everything) == [
+            "cherry fruit",
+            "date fruit",
+            "elder fruit",
+            "fig fruit",
+            "grape fruit",
+            "elm tree",
+            "ash tree",
+            "yew tree",
+        ]
+        assert await redis.search_memory(user_id, [msg("apple banana oak")]) == []
+        found = await redis.search_memory(user_id, [msg("fruit")], {"top_k": 10})
+        assert sorted(texts(found)) == sorted(texts(everything[:5]))
+
+        # The search statistics and index hold only what is kept: it ranks as the same
+        # memories added to an uncapped service.
+        reference = InMemoryMemoryService()
+        async with reference:
+            for session, kept in (("a", everything[:3]), ("b", everything[3:5])):
+                await reference.add_memory(user_id, kept, session_id=session)
+            await reference.add_memory(user_id, everything[5:])
+            await assert_same_rankings(reference, redis, user_id, random.Random("capped"))
+
+        for session in ("a", "b", "default"):
+            await redis.delete_memory(user_id, session)
+        base = user_key_prefix("agentscope", "memory", user_id)
+        assert await redis_client.zcard(f"{base}:buckets") == 0
+        assert await redis_client.hlen(f"{base}:entries") == 0
+        assert await redis_client.hmget(f"{base}:stats", ["docs", "length"]) == ["0", "0"]
+
+
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+async def test_concurrent_adds_to_a_capped_session_keep_exactly_the_newest(
+    redis_server: RedisServer,
+    redis_cluster_server: RedisClusterServer,
+    user_id: str,
+    topology: str,
+) -> None:
+    cluster = topology == "cluster"
+    url = redis_cluster_server.url if cluster else redis_server.url
+    async with RedisMemoryService(url, cluster=cluster, max_messages_per_session=5) as redis:
+        await asyncio.gather(
+            *(redis.add_memory(user_id, [msg(f"note {i}")], session_id="s") for i in range(20))
+        )
+        kept = await redis.list_memory(user_id, {"page_size": 100})
+        assert len(kept) == 5
+        found = await redis.search_memory(user_id, [msg("note")], {"top_k": 100})
+        assert sorted(texts(found)) == sorted(texts(kept))
+
+
+async def test_a_bulk_add_to_a_capped_session_keeps_its_newest_memories(
+    redis_server: RedisServer, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_memory, "_ADD_BATCH", 4)
+    monkeypatch.setattr(redis_memory, "_DELETE_BATCH", 3)
+    async with RedisMemoryService(redis_server.url, max_messages_per_session=10) as redis:
+        await redis.add_memory(user_id, [msg(f"old {i}") for i in range(5)], session_id="s")
+        await redis.add_memory(user_id, [msg(f"new {i}") for i in range(30)], session_id="s")
+        kept = await redis.list_memory(user_id, {"page_size": 100})
+        assert texts(kept) == [f"new {i}" for i in range(20, 30)]
+        assert await redis.search_memory(user_id, [msg("old")]) == []
+        found = await redis.search_memory(user_id, [msg("new")], {"top_k": 100})
+        assert sorted(texts(found)) == sorted(texts(kept))
+
+
+@pytest.mark.parametrize("refused", [0, -1, "5"])
+def test_max_messages_per_session_must_be_a_whole_number_of_one_or_more(refused: Any) -> None:
+    with pytest.raises(InvalidInputError, match="max_messages_per_session"):
+        RedisMemoryService(max_messages_per_session=refused)

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.local_stack import DynamoDBServer, RedisServer
 from agentscope_serverless.services.agent_state import (
     InMemoryStateService,
@@ -57,8 +56,13 @@ async def test_environment_picks_the_backend_and_typed_arguments(
     with pytest.raises(ValueError, match="ttl_seconds must be an integer"):
         await MemoryServiceFactory.create()
     monkeypatch.setenv("MEMORY_REDIS_TTL_SECONDS", "60")
-    with pytest.raises(ConfigurationError, match="max_messages_per_session"):
-        await MemoryServiceFactory.create(max_messages_per_session=5)
+    # AgentScope's string from the environment failed on the first add (a TypeError).
+    monkeypatch.setenv("MEMORY_REDIS_MAX_MESSAGES_PER_SESSION", "1")
+    async with await MemoryServiceFactory.create() as capped:
+        await capped.add_memory(user_id, [{"role": "user", "content": "black tea"}], "s")
+        await capped.add_memory(user_id, [{"role": "user", "content": "white tea"}], "s")
+        found = await capped.search_memory(user_id, [{"role": "user", "content": "tea"}])
+        assert [m.get_text_content() for m in found] == ["white tea", "green tea"]
 
 
 async def test_dynamodb_state_from_the_factory(dynamodb_server: DynamoDBServer) -> None:

@@ -63,6 +63,11 @@ of one member per memory and term, and a ``tf`` hash; no release wrote it) is re
 search, add and session deletion with an error saying so; deleting the user's memory
 removes it.
 
+With ``max_messages_per_session`` a session keeps its newest memories: an add that takes
+it past them forgets the oldest as a session delete does (postings, statistics and all), in
+its own script (a bulk add, after its last step; concurrent adds each trim to the newest, so
+none leaves more). An add of more memories than a session keeps stores only its newest.
+
 Memory never expires unless ``ttl_seconds`` is set; then the whole of a user's memory
 expires ``ttl_seconds`` after its last use (read or write).
 """
@@ -75,7 +80,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._once import WRITE_ID_SECONDS
 from agentscope_serverless.services._redis import (
@@ -90,6 +94,7 @@ from agentscope_serverless.services._redis import (
     user_key_prefix,
 )
 from agentscope_serverless.services._stored import decode_messages
+from agentscope_serverless.services._validation import optional_positive_int
 from agentscope_serverless.services.idempotency.base import now_ms
 from agentscope_serverless.services.memory.base import MemoryService, NewMemory
 from agentscope_serverless.services.memory.text import BM25_B, BM25_K1, term_frequencies
@@ -174,6 +179,95 @@ local function bulk(command, key, items)
 end
 """
 )
+
+# Forgets memories of a session: members of SESSIONS ("<escaped session>\\0<id>"), at
+# most a delete batch.
+_FORGETTING = """
+local function forget(forgotten, prefix)
+  local ids, hex_ids = {}, {}
+  for k, member in ipairs(forgotten) do
+    ids[k] = string.sub(member, #prefix + 1)
+    hex_ids[k] = hex(tonumber(ids[k]))
+  end
+  local stored = redis.call('HMGET', ENTRIES, unpack(hex_ids))
+  local removed, removed_hex, removed_length = {}, {}, 0
+  local bucket_names, dropped = {}, {}
+  for k, id in ipairs(hex_ids) do
+    local entry = stored[k]
+    if entry then
+      local length = entry_length(entry)
+      for term, tf in string.gmatch(entry, ' ([^ :]+):(%d+)') do
+        local name = bucket(term, tonumber(tf), length)
+        if not dropped[name] then
+          dropped[name] = {}
+          bucket_names[#bucket_names + 1] = name
+        end
+        dropped[name][id] = true
+      end
+      removed[#removed + 1] = ids[k]
+      removed_hex[#removed_hex + 1] = id
+      removed_length = removed_length + length
+    end
+  end
+  if #removed > 0 then
+    redis.call('HDEL', DOCS, unpack(removed))
+    redis.call('HDEL', ENTRIES, unpack(removed_hex))
+    redis.call('ZREM', ORDER, unpack(removed))
+    -- Each page of each bucket touched is rewritten once, without the removed memories; a
+    -- bucket left empty goes.
+    for _, name in ipairs(bucket_names) do
+      local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. name, '(' .. name .. '\\1')
+      -- None yet when a bulk add stored the memory and has still to index it.
+      if #members > 0 then
+        local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
+        local fields, emptied, left = {}, {}, 0
+        for k, member in ipairs(members) do
+          local page, kept, changed = pages[k] or '', {}, false
+          for at = 1, #page, 8 do
+            local id = string.sub(page, at, at + 7)
+            if dropped[name][id] then changed = true else kept[#kept + 1] = id end
+          end
+          left = left + #kept
+          if member ~= name and #kept == 0 then
+            emptied[#emptied + 1] = member
+          elseif changed then
+            add(fields, member, table.concat(kept))
+          end
+        end
+        if left == 0 then
+          redis.call('HDEL', BUCKET_IDS, unpack(members))
+          redis.call('ZREM', BUCKETS, unpack(members))
+        else
+          if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
+          if #emptied > 0 then
+            redis.call('HDEL', BUCKET_IDS, unpack(emptied))
+            redis.call('ZREM', BUCKETS, unpack(emptied))
+          end
+        end
+      end
+    end
+    redis.call('HINCRBY', STATS, 'docs', string.format('%d', -#removed))
+    redis.call('HINCRBY', STATS, 'length', string.format('%d', -removed_length))
+    redis.call('HINCRBY', STATS, 'deletes', 1)  -- bulk adds in flight: see _INDEX
+  end
+  redis.call('ZREM', SESSIONS, unpack(forgotten))
+end
+
+-- Forgets the oldest memories of a session past its newest keep (0: no cap), at most most
+-- of them; returns how many are still past it.
+local function trim(session, keep, most)
+  if keep == 0 then return 0 end
+  local prefix = session .. '\\0'
+  local members = redis.call('ZRANGEBYLEX', SESSIONS, '[' .. prefix, '(' .. session .. '\\1')
+  local over = #members - keep
+  if over <= 0 then return 0 end
+  local function id(member) return tonumber(string.sub(member, #prefix + 1)) end
+  table.sort(members, function(a, b) return id(a) < id(b) end)
+  local oldest = math.min(over, most)
+  forget({unpack(members, 1, oldest)}, prefix)
+  return over - oldest
+end
+"""
 
 # What every add does. The last three ARGV of an add are its write id ('' for none), now
 # (ms) and until when it is remembered (ms).
@@ -260,11 +354,14 @@ end
 """
 )
 
-# One batch, stored and indexed in one step. ARGV: ttl, escaped session, count, then per
-# memory its JSON, then per memory its entry, then the buckets ("<bucket>\t<positions in
-# the batch, 0-based, space-separated>\n" each), then the write id, now and until.
+# One batch, stored and indexed in one step, then the session trimmed to the memories it
+# keeps. ARGV: ttl, escaped session, count, then per memory its JSON, then per memory its
+# entry, then the buckets ("<bucket>\t<positions in the batch, 0-based, space-separated>\n"
+# each), the memories a session keeps (0: all), the most forgotten here, then the write id,
+# now and until. Returns how many memories of the session are still past those it keeps.
 _ADD = (
     _ADDING
+    + _FORGETTING
     + """
 local count = tonumber(ARGV[3])
 local after = last_id(count)
@@ -281,8 +378,9 @@ for name, at in string.gmatch(ARGV[4 + 2 * count], '([^\\t]+)\\t([^\\n]+)\\n') d
   ids[#ids + 1] = string.gsub(at, '(%d+) ?', hex_ids)
 end
 index(names, ids)
+local over = trim(ARGV[2], tonumber(ARGV[5 + 2 * count]), tonumber(ARGV[6 + 2 * count]))
 touch(ttl, KEYS)
-return count
+return over
 """
 )
 
@@ -379,85 +477,30 @@ return redis.call('HMGET', DOCS, unpack(ids))
 # ARGV: ttl, escaped session, batch size. Returns how many memories it looked at.
 _DELETE_SESSION = (
     _PRELUDE
+    + _FORGETTING
     + """
 local refused = earlier_layout()
 if refused then return refused end
 local prefix = ARGV[2] .. '\\0'
 local members = redis.call(
   'ZRANGEBYLEX', SESSIONS, '[' .. prefix, '(' .. ARGV[2] .. '\\1', 'LIMIT', 0, tonumber(ARGV[3]))
-if #members == 0 then
-  touch(ttl, KEYS)
-  return 0
-end
-local ids, hex_ids = {}, {}
-for k, member in ipairs(members) do
-  ids[k] = string.sub(member, #prefix + 1)
-  hex_ids[k] = hex(tonumber(ids[k]))
-end
-local stored = redis.call('HMGET', ENTRIES, unpack(hex_ids))
-local removed, removed_hex, removed_length = {}, {}, 0
-local bucket_names, dropped = {}, {}
-for k, id in ipairs(hex_ids) do
-  local entry = stored[k]
-  if entry then
-    local length = entry_length(entry)
-    for term, tf in string.gmatch(entry, ' ([^ :]+):(%d+)') do
-      local name = bucket(term, tonumber(tf), length)
-      if not dropped[name] then
-        dropped[name] = {}
-        bucket_names[#bucket_names + 1] = name
-      end
-      dropped[name][id] = true
-    end
-    removed[#removed + 1] = ids[k]
-    removed_hex[#removed_hex + 1] = id
-    removed_length = removed_length + length
-  end
-end
-if #removed > 0 then
-  redis.call('HDEL', DOCS, unpack(removed))
-  redis.call('HDEL', ENTRIES, unpack(removed_hex))
-  redis.call('ZREM', ORDER, unpack(removed))
-  -- Each page of each bucket touched is rewritten once, without the removed memories; a
-  -- bucket left empty goes.
-  for _, name in ipairs(bucket_names) do
-    local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. name, '(' .. name .. '\\1')
-    -- None yet when a bulk add stored the memory and has still to index it.
-    if #members > 0 then
-      local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
-      local fields, emptied, left = {}, {}, 0
-      for k, member in ipairs(members) do
-        local page, kept, changed = pages[k] or '', {}, false
-        for at = 1, #page, 8 do
-          local id = string.sub(page, at, at + 7)
-          if dropped[name][id] then changed = true else kept[#kept + 1] = id end
-        end
-        left = left + #kept
-        if member ~= name and #kept == 0 then
-          emptied[#emptied + 1] = member
-        elseif changed then
-          add(fields, member, table.concat(kept))
-        end
-      end
-      if left == 0 then
-        redis.call('HDEL', BUCKET_IDS, unpack(members))
-        redis.call('ZREM', BUCKETS, unpack(members))
-      else
-        if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
-        if #emptied > 0 then
-          redis.call('HDEL', BUCKET_IDS, unpack(emptied))
-          redis.call('ZREM', BUCKETS, unpack(emptied))
-        end
-      end
-    end
-  end
-  redis.call('HINCRBY', STATS, 'docs', string.format('%d', -#removed))
-  redis.call('HINCRBY', STATS, 'length', string.format('%d', -removed_length))
-  redis.call('HINCRBY', STATS, 'deletes', 1)  -- bulk adds in flight: see _INDEX
-end
-redis.call('ZREM', SESSIONS, unpack(members))
+if #members > 0 then forget(members, prefix) end
 touch(ttl, KEYS)
 return #members
+"""
+)
+
+# ARGV: ttl, escaped session, memories kept, batch size. Returns how many memories are still
+# past those kept.
+_TRIM = (
+    _PRELUDE
+    + _FORGETTING
+    + """
+local refused = earlier_layout()
+if refused then return refused end
+local over = trim(ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]))
+touch(ttl, KEYS)
+return over
 """
 )
 
@@ -628,7 +671,9 @@ def _analysed(memories: list[NewMemory]) -> Iterator[tuple[Counter[str], int, st
         yield counts, _length_class(length), entry
 
 
-def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[str | int] | None:
+def _add_arguments(
+    ttl: int, session: str, memories: list[NewMemory], keep: int
+) -> list[str | int] | None:
     """The arguments of ``_ADD`` but its write id: postings as positions in the batch.
 
     None when the memories fall in more buckets than one step indexes (a long document of
@@ -648,7 +693,8 @@ def _add_arguments(ttl: int, session: str, memories: list[NewMemory]) -> list[st
         f"{term}\0{_bucket_suffix(tf, length_class)}\t{' '.join(at)}\n"
         for (term, tf, length_class), at in buckets.items()
     )
-    return [ttl, session, len(memories), *(m.raw for m in memories), *entries, lines]
+    raws = (m.raw for m in memories)
+    return [ttl, session, len(memories), *raws, *entries, lines, keep, _DELETE_BATCH]
 
 
 def _bulk_steps(
@@ -722,7 +768,9 @@ class RedisMemoryService(RedisBackedService, MemoryService):
 
     Takes the same connection arguments as
     :class:`~agentscope_serverless.services.session_history.redis.RedisSessionHistoryService`;
-    ``ttl_seconds=None`` (the default) keeps memory forever.
+    ``ttl_seconds=None`` (the default) keeps memory forever;
+    ``max_messages_per_session`` keeps only the newest memories of each session (as
+    AgentScope Runtime's), the older ones forgotten by the add that passes it.
     """
 
     def __init__(
@@ -742,11 +790,9 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         cluster: bool = False,
         key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
-        if max_messages_per_session is not None:
-            raise ConfigurationError(
-                "max_messages_per_session does not apply to long-term memory: "
-                "memories are kept until deleted (or MEMORY_TTL_SECONDS)"
-            )
+        self._keep = (
+            optional_positive_int(max_messages_per_session, field="max_messages_per_session") or 0
+        )
         super().__init__(
             redis_url,
             redis_client,
@@ -773,10 +819,15 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         self, user_id: str, session_id: str, memories: list[NewMemory], write_id: str | None
     ) -> None:
         keys, session = self._keys(user_id), escape(session_id)
-        args = _add_arguments(self._ttl, session, memories) if len(memories) <= _ADD_BATCH else None
+        if self._keep:
+            memories = memories[-self._keep :]  # the older ones would be forgotten at once
+        args = None
+        if len(memories) <= _ADD_BATCH:
+            args = _add_arguments(self._ttl, session, memories, self._keep)
         if args is not None:
-            # Stored and indexed in one step.
-            await self._keyed(_ADD, keys, args, write_id, "0")
+            # Stored, indexed and the session trimmed in one step.
+            if int(await self._keyed(_ADD, keys, args, write_id, "0")) > 0:
+                await self._trim(keys, session)
             return
         # Keyed without an Idempotency-Key too: its steps check that its ids are still
         # reserved under its write id.
@@ -799,6 +850,14 @@ class RedisMemoryService(RedisBackedService, MemoryService):
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+        if self._keep:
+            await self._trim(keys, session)
+
+    async def _trim(self, keys: list[str], session: str) -> None:
+        """Forget the oldest memories of ``session`` past the newest it keeps."""
+        args = [self._ttl, session, self._keep, _DELETE_BATCH]
+        while int(await self._redis.run(_TRIM, keys, args, idempotent=True)) > 0:
+            pass
 
     async def _keyed(
         self, script: str, keys: list[str], args: list[str | int], write_id: str | None, step: str
