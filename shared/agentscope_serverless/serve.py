@@ -7,7 +7,8 @@
 An archive's entry command (AgentRun, ModelStudio) runs this, and ``agentscope-serverless
 serve`` builds on it. Settings are read here, once (environment, then the ``SECRETS_ARN``
 secret), and handed to the application. The agent's module is imported from ``--app-dir``
-(default: the working directory), as uvicorn does.
+(default: the working directory), as uvicorn does, and from its ``src/`` folder in the src
+layout.
 """
 
 from __future__ import annotations
@@ -31,11 +32,27 @@ if TYPE_CHECKING:
 APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
 
 
+# What a project has at its root to be installed by pip.
+PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def source_root(project: Path) -> Path | None:
+    """The ``src/`` folder of a project in the src layout (a packaging file at its root, its
+    packages under ``src/``, itself no package), whose packages pip installs as top-level
+    ones; None for any other project."""
+    src = project / "src"
+    laid_out = any((project / name).is_file() for name in PACKAGING_FILES)
+    return src if laid_out and src.is_dir() and not (src / "__init__.py").exists() else None
+
+
 def use_app_dir(app_dir: str | Path | None) -> Path:
-    """Put ``app_dir`` (default: the working directory) first on the import path."""
+    """Put ``app_dir`` (default: the working directory) first on the import path, and its
+    ``src/`` folder after it when it is a project in the src layout (:func:`source_root`)."""
     path = Path(app_dir or ".").resolve()
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+    src = source_root(path)
+    for position, folder in enumerate([path] if src is None else [path, src]):
+        if str(folder) not in sys.path:
+            sys.path.insert(position, str(folder))
     return path
 
 
@@ -187,5 +204,6 @@ __all__ = [
     "development_key",
     "main",
     "root_settings",
+    "source_root",
     "use_app_dir",
 ]

@@ -448,3 +448,106 @@ def test_serve_reload_answers_with_the_edited_agent(
                 pass  # restarting
             assert time.monotonic() < deadline, "the server did not reload the agent"
             time.sleep(0.5)
+
+
+SRC_AGENT = "mypkg.agent:app"
+SRC_AGENT_MODULE = """from agentscope_serverless.app import AgentApp
+from mypkg.words import echo
+
+app = AgentApp(app_name="mypkg")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, **kwargs):
+    yield echo(msgs[-1].get_text_content() or "")
+"""
+SRC_REPLY = "src layout: hello there"
+
+
+@pytest.fixture(scope="module")
+def src_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project in the src layout: pyproject.toml at its root, its package under src/."""
+    folder = tmp_path_factory.mktemp("src-user") / "mypkg-project"
+    assert PROJECT_ROOT not in folder.parents
+    (folder / "src" / "mypkg").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "mypkg"\nversion = "0.1.0"\n\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    (folder / "src" / "mypkg" / "__init__.py").write_text("")
+    (folder / "src" / "mypkg" / "agent.py").write_text(SRC_AGENT_MODULE)
+    (folder / "src" / "mypkg" / "words.py").write_text(
+        'def echo(text):\n    return "src layout: " + text\n'
+    )
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test_agent.py").write_text("def test(): pass\n")
+    return folder
+
+
+def test_the_cli_serves_a_src_layout_project_from_its_folder(
+    src_project: Path, key_file: Path, key: str
+) -> None:
+    port = str(free_port())
+    env = user_env(key_file, PORT=port, PYTHONPATH=str(PROJECT_ROOT / "shared"))
+    command = [*CLI, "serve", "--agent", SRC_AGENT, "--port", "$PORT"]
+    for url in serving(command, src_project, env):
+        assert ask(url, key) == SRC_REPLY
+
+
+def test_the_agentrun_archive_serves_a_src_layout_project_from_its_contents(
+    src_project: Path, key_file: Path, key: str, tmp_path: Path
+) -> None:
+    report = build_agentrun_archive(
+        src_project, tmp_path / "out", agent=SRC_AGENT, python_version=HOST_PYTHON
+    )
+    root = extract(report.path, tmp_path / "unpacked")
+    assert (root / "mypkg" / "agent.py").is_file() and not (root / "src").exists()
+    manifest = json.loads((root / "agentrun.json").read_text())
+    python = fresh_venv(tmp_path / "venv", with_pip=False)
+    port = str(free_port())
+    command = [
+        str(python),
+        *[
+            p.replace(str(manifest["entrypoint"]["port"]), "$PORT")
+            for p in manifest["entrypoint"]["command"][1:]
+        ],
+    ]
+    for url in serving(command, root, user_env(key_file, PORT=port)):
+        assert ask(url, key) == SRC_REPLY
+
+
+def test_the_sam_build_serves_a_src_layout_project_from_the_process_function(
+    src_project: Path,
+    key: str,
+    key_file: Path,
+    tmp_path: Path,
+    function_environment: dict[str, str],
+) -> None:
+    build_dir = tmp_path / "build"
+    cli(
+        "deploy",
+        "sam",
+        "build",
+        "--agent",
+        SRC_AGENT,
+        "--build-dir",
+        str(build_dir),
+        cwd=src_project,
+        env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    layer = build_dir / "SharedLayer" / "python"
+    assert (layer / "mypkg" / "agent.py").is_file() and not (layer / "src").exists()
+    artifact = Artifact(build_dir / "ProcessFunction", layer)
+    settings = {**function_environment, "AGENT_APP": SRC_AGENT, "AUTH_KEYS_FILE": str(key_file)}
+    running = start_built_function(artifact, settings)
+    try:
+        status, _, body, _ = running.request(
+            "POST",
+            "/process",
+            key=key,
+            body={"input": [{"role": "user", "content": "hello there"}], "session_id": "src"},
+        )
+    finally:
+        running.stop()
+    assert status == 200, body
+    assert SRC_REPLY in body.decode()

@@ -221,3 +221,38 @@ def test_a_link_to_what_packaging_leaves_out_is_refused(
     with pytest.raises(PackagingError, match=f"^{re.escape(link)} links to .*, which packaging"):
         copy_project(project, target)
     assert copied(target) == set()
+
+
+def test_a_src_layout_project_has_its_packages_copied_to_the_top(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "src" / "mypkg").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "mypkg"\n')
+    (project / "src" / "mypkg" / "__init__.py").write_text("")
+    (project / "src" / "mypkg.egg-info").mkdir()
+    target = tmp_path / "out"
+    target.mkdir()
+    assert sorted(copy_project(project, target)) == ["mypkg", "pyproject.toml"]
+    assert copied(target) == {"mypkg/__init__.py", "pyproject.toml"}
+
+
+def test_a_src_folder_that_is_a_package_is_copied_as_it_is(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "app"\n')
+    (project / "src" / "__init__.py").write_text("")
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"src/__init__.py", "pyproject.toml"}
+
+
+def test_a_src_layout_package_named_as_a_top_level_entry_is_refused(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "src" / "mypkg").mkdir(parents=True)
+    (project / "mypkg").mkdir()
+    (project / "setup.py").write_text("")
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError, match=r"mypkg is both in src/ and at its root"):
+        copy_project(project, target)
+    assert copied(target) == set()

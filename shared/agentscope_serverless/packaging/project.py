@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.serve import source_root
 
 PACKAGE = "agentscope_serverless"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -110,11 +111,13 @@ def copy_project(
 ) -> list[str]:
     """Copy the project's code to ``target``; returns the top-level names copied.
 
-    ``target`` and the paths of ``leave_out`` that are inside the project (a build's output
-    folder, say) are not copied: a build writing into the project would otherwise copy what
-    it writes into itself, without end. With ``installed``, the folder the dependencies were
-    installed in, names of theirs are refused before anything is copied
-    (:func:`refuse_shadowing`).
+    A project in the src layout (:func:`~agentscope_serverless.serve.source_root`) has the
+    contents of its ``src/`` folder copied to the top, in place of the folder, as pip
+    installs its packages. ``target`` and the paths of ``leave_out`` that are inside the
+    project (a build's output folder, say) are not copied: a build writing into the project
+    would otherwise copy what it writes into itself, without end. With ``installed``, the
+    folder the dependencies were installed in, names of theirs are refused before anything
+    is copied (:func:`refuse_shadowing`).
     """
     if not source.is_dir():
         raise PackagingError(f"the project folder {source} does not exist")
@@ -122,8 +125,19 @@ def copy_project(
         return []
     ignore = _project_ignore(source, [target, *leave_out])
     _refuse_links_out(source, ignore)
-    skip = set(ignore(str(source), [p.name for p in source.iterdir()]))
-    entries = [p for p in sorted(source.iterdir()) if p.name not in skip and p.name != PACKAGE]
+    entries = _top_entries(source, ignore)
+    src = source_root(source)
+    if src is not None and src in entries:
+        entries.remove(src)
+        packages = _top_entries(src, ignore)
+        clashes = sorted({p.name for p in entries} & {p.name for p in packages})
+        if clashes:
+            raise PackagingError(
+                f"the project is in the src layout, and {', '.join(clashes)} "
+                f"{'is' if len(clashes) == 1 else 'are'} both in src/ and at its root: "
+                "packaged, what src/ holds goes to the top, where the other is; rename one"
+            )
+        entries += packages
     if installed is not None:
         refuse_shadowing([entry.name for entry in entries], installed)
     for entry in entries:
@@ -138,6 +152,13 @@ def copy_project(
         else:
             _copy_anew(entry, target / entry.name)
     return [entry.name for entry in entries]
+
+
+def _top_entries(folder: Path, ignore: Callable[[str, list[str]], set[str]]) -> list[Path]:
+    """The entries of ``folder`` the copy takes (not those ``ignore`` leaves out, nor a
+    copy of this package)."""
+    skip = set(ignore(str(folder), [p.name for p in folder.iterdir()]))
+    return [p for p in sorted(folder.iterdir()) if p.name not in skip and p.name != PACKAGE]
 
 
 def _copy_anew(source: str | Path, destination: str | Path) -> None:
