@@ -898,3 +898,21 @@ def test_a_secret_under_a_key_of_its_own_is_decrypted_through_secrets_manager_on
     for function in ("SessionsFunction", "MemoryFunction", "StateFunction"):
         role = f"{function}Role"
         assert decrypting(role, {"AgentSecretsArn": secret, "AgentSecretsKeyArn": key}) == []
+
+
+def test_a_function_and_its_layers_above_lambdas_unzipped_limit_fail_the_build(
+    tmp_path: Path,
+) -> None:
+    # Built, it failed only at deploy time, in CloudFormation's words.
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    with (project / "models" / "weights.bin").open("wb") as weights:
+        weights.truncate(sam.LAMBDA_UNZIPPED_LIMIT_BYTES)  # sparse: no disk written here
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    with pytest.raises(PackagingError) as raised:
+        sam.build(project, build_dir=tmp_path / "build", agent="agent:app")
+    message = str(raised.value)
+    assert "ProcessFunction" in message and "SessionsFunction" in message
+    assert "Lambda's limit of 262,144,000 bytes" in message
+    assert re.search(r"the biggest: SharedLayer/python/models 262\.1 MB", message)
+    assert not (tmp_path / "build").exists()

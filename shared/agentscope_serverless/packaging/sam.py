@@ -358,6 +358,61 @@ def check_layer_requirements(project_root: Path) -> None:
             )
 
 
+# Lambda's limit on a function's code and its layers together, unzipped.
+LAMBDA_UNZIPPED_LIMIT_BYTES = 262_144_000
+# How many of the biggest entries a build above the limit names.
+BIGGEST_SHOWN = 5
+
+
+def _tree_bytes(path: Path) -> int:
+    """The bytes of the file ``path``, or of the files under the folder ``path``, as
+    unzipped (a link counted as itself)."""
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(
+        os.lstat(os.path.join(folder, name)).st_size
+        for folder, _, files in os.walk(path)
+        for name in files
+    )
+
+
+def check_unzipped_size(target: Path) -> None:
+    """Refuse the build in ``target`` when a function's code and the shared layer, unzipped,
+    are above :data:`LAMBDA_UNZIPPED_LIMIT_BYTES`: the deploy would fail on it, after the
+    upload. The error names the functions, their sizes, the limit and the biggest entries of
+    the layer and of the biggest function's code. A layer the template takes from elsewhere
+    (the streaming function's Web Adapter, a few MB) is not here to be measured."""
+    layer = target / "SharedLayer"
+    layer_bytes = _tree_bytes(layer)
+    codes = {
+        name: target / spec.code_uri for name, spec in list_functions(target / TEMPLATE).items()
+    }
+    over = {name: _tree_bytes(code) for name, code in codes.items()}
+    over = {
+        name: size
+        for name, size in over.items()
+        if size + layer_bytes > LAMBDA_UNZIPPED_LIMIT_BYTES
+    }
+    if not over:
+        return
+    biggest_code = codes[max(over, key=over.__getitem__)]
+    entries = [*(layer / "python").iterdir(), *biggest_code.iterdir()]
+    sizes = sorted(((_tree_bytes(entry), entry) for entry in entries), reverse=True)
+    named = ", ".join(
+        f"{entry.relative_to(target)} {size / 1e6:.1f} MB" for size, entry in sizes[:BIGGEST_SHOWN]
+    )
+    functions = ", ".join(
+        f"{name} {size + layer_bytes:,} bytes (its code {size:,})" for name, size in over.items()
+    )
+    raise PackagingError(
+        f"unzipped, with the shared layer ({layer_bytes:,} bytes), {functions} "
+        f"{'is' if len(over) == 1 else 'are'} above Lambda's limit of "
+        f"{LAMBDA_UNZIPPED_LIMIT_BYTES:,} bytes for a function's code and its layers; the "
+        f"biggest: {named}: leave large files (models, data) out of the project and load them "
+        "when the agent runs (from S3, say), or drop requirements"
+    )
+
+
 def _refuse_build_dir(target: Path, project_root: Path) -> None:
     """Refuse a build folder the build would empty of what is not its own: SAM removes the
     build folder's contents first (and a failed build the folder), and checks only that it
@@ -380,8 +435,10 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     container); returns the build directory.
 
     Every function and the shared layer are built, whatever the template's conditions; the
-    layer holds the runtime, the project's code and requirements. ``agent`` (default: the
-    template's) must import from the built layer alone, else nothing is left built.
+    layer holds the runtime, the project's code and requirements. Each function's code with
+    the layer must be within Lambda's unzipped limit (:func:`check_unzipped_size`), and
+    ``agent`` (default: the template's) must import from the built layer alone, else nothing
+    is left built.
     """
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
     _refuse_build_dir(target, project_root.resolve())
@@ -402,6 +459,7 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
         compile_layer(
             layer, runtime_requirements=project.runtime_lock(), python=project.interpreter("3.11")
         )
+        check_unzipped_size(target)
         project.check_agent_import(
             agent or "agentscope_serverless.agents.demo:app",
             [target / "ProcessFunction", layer],
@@ -557,12 +615,14 @@ def delete(project_root: Path, stack_name: str, *, region: str | None = None) ->
 
 __all__ = [
     "DEFAULT_BUILD_DIR",
+    "LAMBDA_UNZIPPED_LIMIT_BYTES",
     "FunctionSpec",
     "assets",
     "build",
     "check_layer_requirements",
     "check_parameters",
     "check_stack_name",
+    "check_unzipped_size",
     "compile_layer",
     "configured_region",
     "delete",
