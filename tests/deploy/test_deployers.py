@@ -31,6 +31,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT, without_aws_credentials
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
+from tests.deploy.test_archives import write_wheel
 
 
 @pytest.mark.timeout(300)
@@ -340,7 +341,6 @@ def test_an_access_key_given_in_agentscope_configs_is_never_shown_and_asks_for_a
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        ({"requirements": ["openai"]}, "requirements"),
         ({"extra_packages": ["x.py"], "cmd": "python x.py"}, "extra_packages, cmd"),
         ({"external_whl_path": "agent.whl"}, "external_whl_path"),
         ({"agentrun_id": "ar-1"}, "agentrun_id"),
@@ -520,3 +520,63 @@ def test_every_deployer_imports_where_the_runtime_is_deployed_without_the_tools(
     )
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip() == name
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_requirements_given_to_an_archive_deployer_are_installed_in_the_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str
+) -> None:
+    """AgentScope's deploy(requirements=[...]) was refused: the project had to list them in a
+    requirements.txt of its own."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    write_wheel(project / "vendor", "agentscope_private_sdk", "1.0", "ANSWER = 42\n")
+    (project / "agent.py").write_text(
+        "import agentscope_private_sdk\nimport humanize\n\n"
+        "from agentscope_serverless.agents.demo import app\n"
+    )
+    managers = {"agentrun": AgentRunDeployManager, "modelstudio": ModelStudioDeployManager}
+    manager = managers[platform](tmp_path / "out", project_root=project, python_version=HOST_PYTHON)
+    requirements = ["humanize==4.12.3", "--find-links ./vendor", "agentscope_private_sdk==1.0"]
+    info = asyncio.run(manager.deploy("agent:app", requirements=requirements, skip_upload=True))
+    with zipfile.ZipFile(info["artifact_path"]) as archive:
+        names = archive.namelist()
+        if platform == "agentrun":
+            assert "agentscope_private_sdk.py" in names and "humanize/__init__.py" in names
+            assert "requirements.txt" not in names
+        else:
+            assert "wheels/agentscope_private_sdk-1.0-py3-none-any.whl" in names
+            setup = archive.read("requirements.txt").decode().splitlines()
+            assert "humanize==4.12.3" in setup and "agentscope-private-sdk==1.0" in setup
+
+
+@pytest.mark.parametrize(
+    ("requirements", "said"),
+    [
+        (["openai", "--target=/srv/elsewhere"], "requirements[1] is the option --target"),
+        (["--index-url=https://user:s3cret@pypi.example/simple extra"], "requirements[0]"),
+        (["openai\n--index-url https://pypi.example/simple"], "requirements[0] spans lines"),
+        (["openai \\", "--no-deps"], "requirements[0] ends with a backslash"),
+        (["openai --no-deps"], "requirements[0] carries an option"),
+        (["./libs/mylib"], "requirements[0] is not a requirement"),
+        ([""], "requirements[0] is empty"),
+        ([3], "requirements[0] is a int, not text"),
+        ("openai", "a list of requirement strings"),
+    ],
+)
+def test_requirements_that_are_not_requirements_are_refused_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, requirements: Any, said: str
+) -> None:
+    without_alibaba_cloud_credentials(monkeypatch)
+    manager = AgentRunDeployManager(build_root=tmp_path / "out", python_version=HOST_PYTHON)
+    with pytest.raises(PackagingError) as refused:
+        asyncio.run(
+            manager.deploy(
+                app="agentscope_serverless.agents.demo:app",
+                requirements=requirements,
+                skip_upload=True,
+            )
+        )
+    assert said in str(refused.value) and "s3cret" not in str(refused.value)
+    assert not (tmp_path / "out").exists()

@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -259,7 +260,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
         runner: Any = None,
         endpoint_path: str = "/process",
         protocol_adapters: list[ProtocolAdapter] | None = None,
-        requirements: str | list[str] | None = None,
+        requirements: Sequence[str] | None = None,
         extra_packages: list[str] | None = None,
         environment: dict[str, str] | None = None,
         project_dir: str | Path | None = None,
@@ -277,10 +278,14 @@ class AgentRunDeployManager(ArchiveDeployManager):
         demo agent by default) of ``project_dir`` (default: ``project_root``), as
         :meth:`ArchiveDeployManager.deploy` does (``port`` and ``progress`` too).
 
-        ``runner``, ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path``
-        (AgentScope's image-building inputs) and ``agentrun_id`` (updating a deployed
-        runtime, an upload) are refused with a :class:`TypeError`, as are ``custom_endpoints``
-        and an ``endpoint_path`` or ``stream`` the AgentApp does not have (see
+        ``requirements`` (a list of requirement strings, as AgentScope takes them) are
+        installed in the archive with the project's ``requirements.txt``; an entry that is
+        no requirement, or an option other than where packages are, is refused with a
+        :class:`~agentscope_serverless.errors.PackagingError` before anything is built.
+        ``runner``, ``extra_packages``, ``cmd``, ``external_whl_path`` (AgentScope's
+        image-building inputs) and ``agentrun_id`` (updating a deployed runtime, an upload)
+        are refused with a :class:`TypeError`, as are ``custom_endpoints`` and an
+        ``endpoint_path`` or ``stream`` the AgentApp does not have (see
         :func:`~agentscope_serverless.deployers.archive.archived_app_options`).
         """
         from agentscope_serverless.runner import Runner
@@ -289,7 +294,6 @@ class AgentRunDeployManager(ArchiveDeployManager):
             app, runner = runner, None
         refuse_image_inputs(
             runner=runner,
-            requirements=requirements,
             extra_packages=extra_packages,
             cmd=cmd,
             external_whl_path=external_whl_path,
@@ -305,7 +309,13 @@ class AgentRunDeployManager(ArchiveDeployManager):
             self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
         if deploy_name is not None:
             kwargs["deploy_name"] = deploy_name
-        return await super().deploy(app, environment=environment, skip_upload=skip_upload, **kwargs)
+        return await super().deploy(
+            app,
+            environment=environment,
+            skip_upload=skip_upload,
+            requirements=() if requirements is None else requirements,
+            **kwargs,
+        )
 
     def _configs(self) -> tuple[Any, ...]:
         return (self.oss_config, self.agentrun_config)
@@ -318,6 +328,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
         name: str,
         port: int | None,
         progress: Progress | None,
+        requirements: Sequence[str],
     ) -> ArchiveReport:
         from agentscope_serverless.packaging.archives import build_agentrun_archive
 
@@ -327,7 +338,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
             agent=app,
             port=port or AGENTRUN_PORT,
             resources=self._resources(),
-            **self._options(environment, name, progress),
+            **self._options(environment, name, progress, requirements),
         )
 
     def _resources(self) -> AgentRunResources:

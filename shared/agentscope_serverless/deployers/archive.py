@@ -15,6 +15,7 @@ import asyncio
 import os
 import uuid
 from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +57,11 @@ def has_access_key(config: Any) -> bool:
 def refuse_image_inputs(**inputs: Any) -> None:
     """Raise :class:`TypeError` naming those of AgentScope's image-building inputs given.
 
-    >>> refuse_image_inputs(runner=None, requirements=None, cmd=None)
-    >>> refuse_image_inputs(runner=None, requirements=["openai"], cmd=None)
+    >>> refuse_image_inputs(runner=None, extra_packages=None, cmd=None)
+    >>> refuse_image_inputs(runner=None, extra_packages=["tools.py"], cmd=None)
     Traceback (most recent call last):
     ...
-    TypeError: not supported here: requirements (the archive serves an AgentApp of the project, \
+    TypeError: not supported here: extra_packages (the archive serves an AgentApp of the project, \
 app='module:attribute' or the AgentApp object, with the project's requirements.txt)
     """
     if inputs.pop("runner", None) is not None:
@@ -153,11 +154,13 @@ class ArchiveDeployManager(DeployManager):
         port: int | None = None,
         skip_upload: bool = False,
         progress: Progress | None = None,
+        requirements: Sequence[str] = (),
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Build the archive serving ``app`` (an import path ``module:attribute``, or the
         AgentApp of a module of the project, as ``app.deploy(manager)`` gives it; default: the
-        demo agent).
+        demo agent), with ``requirements`` installed beside the project's ``requirements.txt``
+        (see :func:`~agentscope_serverless.packaging.project.given_requirements`).
 
         Returns ``deploy_id``, ``deploy_name``, ``message``, ``url`` (None: nothing runs
         yet), ``artifact_path``, ``size_bytes``, ``unpacked_bytes``, ``files``,
@@ -181,6 +184,7 @@ class ArchiveDeployManager(DeployManager):
             name=deploy_name,
             port=port,
             progress=progress,
+            requirements=requirements,
         )
         self.report = report
         self.deploy_id = str(uuid.uuid4())
@@ -215,13 +219,19 @@ class ArchiveDeployManager(DeployManager):
         name: str,
         port: int | None,
         progress: Progress | None,
+        requirements: Sequence[str],
     ) -> ArchiveReport:
         """Build the platform's archive."""
 
     def _options(
-        self, environment: dict[str, str] | None, name: str, progress: Progress | None
+        self,
+        environment: dict[str, str] | None,
+        name: str,
+        progress: Progress | None,
+        requirements: Sequence[str],
     ) -> dict[str, Any]:
         options: dict[str, Any] = {
+            "requirements": requirements,
             "name": name,
             "python_version": self.python_version,
             "platform": self.platform,

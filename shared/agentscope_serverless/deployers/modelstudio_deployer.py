@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ class ModelStudioDeployManager(ArchiveDeployManager):
         name: str,
         port: int | None,
         progress: Progress | None,
+        requirements: Sequence[str],
     ) -> ArchiveReport:
         from agentscope_serverless.packaging.archives import build_modelstudio_archive
 
@@ -56,7 +58,7 @@ class ModelStudioDeployManager(ArchiveDeployManager):
             self.build_root,
             agent=app,
             port=port or MODELSTUDIO_PORT,
-            **self._options(environment, name, progress),
+            **self._options(environment, name, progress, requirements),
         )
 
 
@@ -158,7 +160,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         runner: Any = None,
         endpoint_path: str = "/process",
         protocol_adapters: list[ProtocolAdapter] | None = None,
-        requirements: str | list[str] | None = None,
+        requirements: Sequence[str] | None = None,
         extra_packages: list[str] | None = None,
         environment: dict[str, str] | None = None,
         project_dir: str | Path | None = None,
@@ -172,17 +174,19 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         custom_endpoints: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Build the archive; the project's own requirements come from ``project_dir``.
+        """Build the archive; the project's own requirements come from ``project_dir``, and
+        ``requirements`` (a list of requirement strings, as AgentScope takes them) are
+        bundled with them, each checked first (see
+        :func:`~agentscope_serverless.packaging.project.given_requirements`).
 
-        ``requirements``, ``extra_packages``, ``cmd``, ``external_whl_path`` and
-        ``runner`` (AgentScope's image-building inputs) are refused: the archive serves an
-        AgentApp of the project with its pinned dependencies; so are ``custom_endpoints``
-        and an ``endpoint_path`` or ``stream`` the AgentApp does not have (see
+        ``extra_packages``, ``cmd``, ``external_whl_path`` and ``runner`` (AgentScope's
+        image-building inputs) are refused: the archive serves an AgentApp of the project
+        with its pinned dependencies; so are ``custom_endpoints`` and an ``endpoint_path`` or
+        ``stream`` the AgentApp does not have (see
         :func:`~agentscope_serverless.deployers.archive.archived_app_options`).
         """
         refuse_image_inputs(
             runner=runner,
-            requirements=requirements,
             extra_packages=extra_packages,
             cmd=cmd,
             external_whl_path=external_whl_path,
@@ -195,6 +199,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
             environment=environment,
             deploy_name=deploy_name or default_deploy_name(),
             skip_upload=skip_upload,
+            requirements=() if requirements is None else requirements,
             **kwargs,
         )
 

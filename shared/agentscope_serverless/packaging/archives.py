@@ -28,7 +28,7 @@ import stat
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,17 +226,20 @@ def build_agentrun_archive(
     max_zip_bytes: int = AGENTRUN_MAX_ZIP_BYTES,
     progress: Progress = _quiet,
     resources: AgentRunResources | None = None,
+    requirements: Sequence[str] = (),
 ) -> ArchiveReport:
     """Build ``<out_dir>/<name>-agentrun.zip``: code, dependencies and ``agentrun.json``.
 
     The manifest's ``entrypoint.command`` serves ``agent`` on ``port`` with the unpacked
     archive as working directory; ``environment`` (for example ``AUTH_KEYS_BACKEND``) is
     the service's environment; ``resources`` (default: :class:`AgentRunResources`) the
-    runtime's CPU, memory and session limits. Raises :class:`PackagingError` above
-    ``max_zip_bytes``.
+    runtime's CPU, memory and session limits; ``requirements`` (AgentScope's
+    ``requirements=[...]``, see :func:`~.project.given_requirements`) are installed with the
+    project's ``requirements.txt``. Raises :class:`PackagingError` above ``max_zip_bytes``.
     """
     resources = resources or AgentRunResources()
     name, env = _checked_name(name), _checked_environment(environment)
+    given = project.given_requirements(requirements)
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-agentrun.zip"
@@ -246,12 +249,13 @@ def build_agentrun_archive(
     requirements_file = scratch / "requirements.txt"
     try:
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
-        requirements = project.resolve_requirements(
+        resolved = project.resolve_requirements(
             project_root,
             requirements_file,
             python_version=python_version,
             platform=platform,
             with_sources=True,
+            given=given,
         )
         progress(f"installing dependencies for {platform}, CPython {python_version}")
         project.run(
@@ -273,7 +277,7 @@ def build_agentrun_archive(
                 "--python-version",
                 python_version,
                 "-r",
-                str(requirements.resolve()),
+                str(resolved.resolve()),
             ],
             "installing the dependencies",
             cwd=project_root.resolve(),  # a requirement's path is the project folder's
@@ -395,15 +399,18 @@ def build_modelstudio_archive(
     environment: dict[str, str] | None = None,
     max_zip_bytes: int = MODELSTUDIO_MAX_ZIP_BYTES,
     progress: Progress = _quiet,
+    requirements: Sequence[str] = (),
 ) -> ArchiveReport:
     """Build ``<out_dir>/<name>-modelstudio.zip``: wheels, ``config.yml`` and a starter.
 
     The platform runs ``SETUP_CMD`` (an offline ``pip install`` of the bundled wheels) in the
     unpacked archive, then ``FC_RUN_CMD`` (``deploy_starter/main.py``), which loads
-    ``deploy_starter/.env`` (``environment``) and serves ``agent``. Raises
+    ``deploy_starter/.env`` (``environment``) and serves ``agent``. ``requirements`` are
+    bundled with the project's, as :func:`build_agentrun_archive` installs them. Raises
     :class:`PackagingError` above ``max_zip_bytes``.
     """
     name, env = _checked_name(name), _checked_environment(environment)
+    given = project.given_requirements(requirements)
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-modelstudio.zip"
@@ -420,6 +427,7 @@ def build_modelstudio_archive(
             python_version=python_version,
             platform=platform,
             with_sources=True,
+            given=given,
         )
         project.refuse_path_requirements(resolved, "the ModelStudio archive")
         progress(f"downloading dependency wheels for {platform}, CPython {python_version}")

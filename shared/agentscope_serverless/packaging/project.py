@@ -368,13 +368,15 @@ def resolve_requirements(
     python_version: str,
     platform: str,
     with_sources: bool = False,
+    given: Sequence[str] = (),
 ) -> Path:
-    """The runtime's pins plus the project's requirements, resolved for the target, in ``out``.
+    """The runtime's pins plus the project's requirements and those ``given`` (checked by
+    :func:`given_requirements`), resolved for the target, in ``out``.
 
     Paths in the project's requirements are the project folder's (installing the result
-    takes them from there too). The runtime lock constrains the resolution: a project
-    requirement that needs another
-    version of a runtime dependency fails here, naming the conflict. Wheels for the target
+    takes them from there too), as are those of ``given``'s ``--find-links``. The runtime
+    lock constrains the resolution: a project requirement that needs another version of a
+    runtime dependency fails here, naming the conflict. Wheels for the target
     are preferred; a requirement published only as a source archive (docopt, jieba,
     langdetect...) is resolved from it, and the build checks with :func:`check_portable`
     that what it built from source is pure Python. ``with_sources`` writes the project's
@@ -384,10 +386,33 @@ def resolve_requirements(
     """
     lock = runtime_lock()
     user = project_requirements(source)
-    if source is None or user is None:
+    if user is None and not given:
         shutil.copy(lock, out)
         return out
-    user, out = user.resolve(), out.resolve()
+    here, out = Path(source or ".").resolve(), out.resolve()
+    with tempfile.TemporaryDirectory() as scratch:
+        inputs = [] if user is None else [user.resolve()]
+        if given:
+            listed = Path(scratch) / "requirements-given.txt"
+            sources = _package_sources("\n".join(given), here)
+            named = [line for line in given if not line.startswith("-")]
+            listed.write_text("".join(f"{line}\n" for line in [*sources, *named]))
+            inputs.append(listed)
+        _compile(inputs, lock, out, here, python_version=python_version, platform=platform)
+        texts = "\n".join(_requirements_text(path) for path in inputs)
+    # A library the project edits (-e ./libs/mylib) is installed as it is now: an editable
+    # install would point at this folder, which the package does not hold.
+    resolved = [line.removeprefix("-e ") for line in out.read_text().splitlines()]
+    sources = _package_sources(texts, here) if with_sources else []
+    out.write_text("".join(f"{line}\n" for line in [*sources, *resolved]))
+    return out
+
+
+def _compile(
+    inputs: Sequence[Path], lock: Path, out: Path, here: Path, *, python_version: str, platform: str
+) -> None:
+    """``uv pip compile`` of ``inputs`` with the runtime ``lock`` into ``out``, in the project
+    folder ``here``, wheels first."""
     command = [
         tool("uv"),
         "pip",
@@ -401,14 +426,16 @@ def resolve_requirements(
         "-c",
         str(lock),
         str(lock),
-        str(user),
+        *[str(path) for path in inputs],
         "-o",
         str(out),
     ]
-    what = f"resolving {user} with the runtime for CPython {python_version} ({platform})"
+    named = " and ".join(
+        str(path) if path.parent == here else "the requirements given" for path in inputs
+    )
+    what = f"resolving {named} with the runtime for CPython {python_version} ({platform})"
     # In the project folder: a requirement's path (./libs/mylib) is the project's, as pip and
     # uv take it from the working directory, wherever the build runs (--source).
-    here = source.resolve()
     try:
         run([*command, "--only-binary", ":all:"], what, cwd=here)
     except PackagingError as wheels_only:
@@ -416,12 +443,6 @@ def resolve_requirements(
             run(command, what, cwd=here)
         except PackagingError:
             raise wheels_only from None  # not a missing wheel: its message says what
-    # A library the project edits (-e ./libs/mylib) is installed as it is now: an editable
-    # install would point at this folder, which the package does not hold.
-    resolved = [line.removeprefix("-e ") for line in out.read_text().splitlines()]
-    sources = _package_sources(_requirements_text(user), here) if with_sources else []
-    out.write_text("".join(f"{line}\n" for line in [*sources, *resolved]))
-    return out
 
 
 # The options of a requirements file saying where its packages are, as pip writes them and
@@ -449,6 +470,65 @@ def _package_sources(text: str, project: Path) -> list[str]:
             value = str(project / value)
         sources.append(f"{option} {value}")
     return sources
+
+
+# A requirement by name, as PEP 508 writes it: the name, its extras, then what follows it
+# (versions, a URL, markers).
+_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\s*(?:\[[^\]]*\])?\s*(?:$|[=<>!~;@(])"
+)
+_OPTION_NAME = re.compile(r"^--?[A-Za-z][A-Za-z-]*$")
+
+
+def given_requirements(requirements: object) -> list[str]:
+    """The lines of ``requirements``, as a deployer is given them (AgentScope's
+    ``requirements=[...]``): each a requirement by name (``openai``, ``openai>=1.40``,
+    ``name @ https://...``, with markers) or an option of a requirements file saying where
+    packages are (``--index-url``, ``--extra-index-url``, ``--find-links``, with its value).
+
+    Anything else, which would put other options (``--target``...) in the install, raises
+    :class:`PackagingError` naming the entry by its place: its text may hold a password.
+    """
+    if isinstance(requirements, str) or not isinstance(requirements, Sequence):
+        raise PackagingError(
+            f"requirements must be a list of requirement strings (requirements=['openai']), "
+            f"not a {type(requirements).__name__}; the project's requirements.txt is read too"
+        )
+    accepted = "--index-url, --extra-index-url or --find-links (-i, -f), with its value"
+    for place, entry in enumerate(requirements):
+        where = f"requirements[{place}]"
+        if not isinstance(entry, str):
+            raise PackagingError(f"{where} is a {type(entry).__name__}, not text")
+        if not entry.strip():
+            raise PackagingError(f"{where} is empty: give a requirement, such as openai==1.40")
+        if any(mark in entry for mark in "\n\r\0"):
+            raise PackagingError(f"{where} spans lines: give one requirement per entry")
+        if entry.rstrip().endswith("\\"):
+            raise PackagingError(
+                f"{where} ends with a backslash, which joins the next line to it in a "
+                "requirements file: remove it"
+            )
+        words = entry.replace("=", " ", 1).split() if entry.lstrip().startswith("-") else []
+        if words and words[0] not in _SOURCE_OPTIONS:
+            option = words[0] if _OPTION_NAME.match(words[0]) else "an option"
+            raise PackagingError(
+                f"{where} is the option {option}, which requirements cannot pass to the "
+                f"install: an option entry is {accepted}"
+            )
+        if words and len(words) != 2:
+            raise PackagingError(f"{where} is not of the form {words[0]} VALUE: {accepted}")
+        if not words and any(word.startswith("-") for word in entry.split()):
+            raise PackagingError(
+                f"{where} carries an option after the requirement: give the requirement "
+                f"alone, and an option as an entry of its own ({accepted})"
+            )
+        if not words and not _REQUIREMENT.match(entry.strip()):
+            raise PackagingError(
+                f"{where} is not a requirement: name a published package (name, "
+                "name==version, name @ URL); a library of the project's, by its path, goes "
+                "in the project's requirements.txt"
+            )
+    return [entry.strip() for entry in requirements]
 
 
 def check_portable(tags: dict[str, list[str]], platform: str) -> None:
@@ -695,6 +775,7 @@ __all__ = [
     "check_portable",
     "copy_project",
     "copy_runtime",
+    "given_requirements",
     "installed_tags",
     "interpreter",
     "is_this_repository",
