@@ -168,6 +168,14 @@ def serve(
     reload: Annotated[
         bool, typer.Option("--reload", help="Restart when a file of --app-dir changes.")
     ] = False,
+    header_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--header-timeout",
+            help="Seconds a client has to send a request's line and headers before its "
+            "connection is closed (default: REQUEST_HEAD_TIMEOUT_SECONDS, 15).",
+        ),
+    ] = None,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends).
 
@@ -184,6 +192,9 @@ def serve(
         )
     if not app_dir.is_dir():
         _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
+    if header_timeout is not None and not header_timeout > 0:
+        _fail(f"--header-timeout must be a number of seconds above 0, not {header_timeout}", code=2)
+    overrides = {} if header_timeout is None else {"request_head_timeout_seconds": header_timeout}
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -201,9 +212,11 @@ def serve(
         if reload:
             port = listener.getsockname()[1]  # the one taken for --port 0
             listener.close()  # the port is free: uvicorn's reloader binds it again
-            _serve_reloading(host, port, agent, dev_user, log_level, app_dir, resources, web=web)
+            _serve_reloading(
+                host, port, agent, dev_user, log_level, app_dir, resources, web=web, **overrides
+            )
         else:
-            _serve(listener, host, agent, dev_user, log_level, app_dir, web=web)
+            _serve(listener, host, agent, dev_user, log_level, app_dir, web=web, **overrides)
 
 
 def _report_progress(message: str) -> None:
@@ -306,20 +319,24 @@ def _serve(
     app_dir: Path,
     *,
     web: bool,
+    **overrides: object,
 ) -> None:
     import uvicorn
 
+    from agentscope_serverless.head_timeout import head_timeout_protocol
     from agentscope_serverless.serve import build, development_key, root_settings, use_app_dir
 
     use_app_dir(app_dir)
     try:
-        served = build(root_settings(agent, web_ui=web))
+        served = build(root_settings(agent, web_ui=web, **overrides))
         dev_key = development_key(served.key_store, dev_user)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]
     _announce(host, port, served.settings, dev_key, dev_user)
-    server = uvicorn.Server(uvicorn.Config(served.app, log_level=log_level, access_log=False))
+    protocol = head_timeout_protocol(served.settings.request_head_timeout_seconds)
+    config = uvicorn.Config(served.app, http=protocol, log_level=log_level, access_log=False)
+    server = uvicorn.Server(config)
     _run_until_signalled(server, listener)
 
 
@@ -355,6 +372,7 @@ def _serve_reloading(
     resources: contextlib.ExitStack,
     *,
     web: bool,
+    **overrides: object,
 ) -> None:
     """uvicorn's reloader: a worker process builds the app (``serve.create``) at each change.
 
@@ -366,6 +384,7 @@ def _serve_reloading(
     import uvicorn
 
     from agentscope_serverless.auth import FileKeyStore
+    from agentscope_serverless.head_timeout import head_timeout_protocol
     from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
 
     directory = use_app_dir(app_dir)
@@ -374,7 +393,7 @@ def _serve_reloading(
     if agent:
         os.environ["AGENT_APP"] = agent
     try:
-        settings = root_settings(agent)
+        settings = root_settings(agent, **overrides)
         dev_key = None
         if settings.auth_keys_backend == "in_memory":
             keys_dir = Path(resources.enter_context(tempfile.TemporaryDirectory()))
@@ -392,6 +411,7 @@ def _serve_reloading(
         reload_dirs=[str(directory)],
         host=host,
         port=port,
+        http=head_timeout_protocol(settings.request_head_timeout_seconds),
         log_level=log_level,
         access_log=False,
     )

@@ -170,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     from agentscope_serverless.errors import AgentScopeServerlessError
+    from agentscope_serverless.head_timeout import head_timeout_protocol
 
     use_app_dir(options.app_dir)
     try:
@@ -186,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         served.app,
         host=options.host,
         port=options.port,
+        http=head_timeout_protocol(settings.request_head_timeout_seconds),
         log_level=options.log_level,
         access_log=False,
     )

@@ -259,6 +259,14 @@ class Settings(BaseModel):
         gt=0,
         description="Longest wait for the next part of a request body (408 when it stalls).",
     )
+    request_head_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        description=(
+            "How long a client has to send a request's line and headers, from connecting or"
+            " from the first byte of its next request, before its connection is closed."
+        ),
+    )
     idempotency_expiry_seconds: int = Field(
         86_400,
         ge=1,

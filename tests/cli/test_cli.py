@@ -26,7 +26,12 @@ from typer.testing import CliRunner
 from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.cli import app
 from agentscope_serverless.errors import AuthenticationError
-from tests.support.http import free_port, user_message, wait_until_healthy
+from tests.support.http import (
+    assert_late_request_heads_are_cut_off,
+    free_port,
+    user_message,
+    wait_until_healthy,
+)
 from tests.support.signals import terminal_signals
 
 SCRIPT = str(Path(sys.executable).parent / "agentscope-serverless")
@@ -596,6 +601,46 @@ def test_serve_reload_on_any_free_port_announces_the_port_it_serves(tmp_path: Pa
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("command", "env"),
+    [
+        ([SCRIPT, "serve", "--header-timeout", "0.5"], {}),
+        ([SCRIPT, "serve", "--header-timeout", "0.5", "--reload"], {}),
+        # An archive's entry command, set by the environment.
+        (
+            [sys.executable, "-m", "agentscope_serverless.serve"],
+            {"REQUEST_HEAD_TIMEOUT_SECONDS": "0.5"},
+        ),
+    ],
+)
+def test_serve_cuts_off_a_client_sending_half_a_request_head(
+    tmp_path: Path, command: list[str], env: dict[str, str]
+) -> None:
+    # Connections that sent half a request line, or nothing, were held open for as long as
+    # their client wanted, each taking one of the server's file descriptors.
+    port = free_port()
+    process = subprocess.Popen(
+        [*command, "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
+        assert_late_request_heads_are_cut_off(f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_refuses_a_header_timeout_that_is_not_positive() -> None:
+    said = run_cli("serve", "--header-timeout", "0", "--port", str(free_port()))
+    assert said.returncode == 2
+    assert "--header-timeout must be a number of seconds above 0" in said.stderr
+    assert "Traceback" not in said.stderr
 
 
 def run_cli(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,15 @@ from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.deployers import DeployManager, LocalDeployManager
 from agentscope_serverless.schemas.agent_schemas import AgentRequest, TextContent
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, issue_key, revoke_key, stream, user_message
+from tests.support.http import (
+    Keys,
+    assert_late_request_heads_are_cut_off,
+    bearer,
+    issue_key,
+    revoke_key,
+    stream,
+    user_message,
+)
 
 
 async def test_deploys_an_agent_app_and_stops_it(keys: Keys) -> None:
@@ -38,6 +46,16 @@ async def test_deploys_an_agent_app_and_stops_it(keys: Keys) -> None:
     async with httpx.AsyncClient() as client:
         with pytest.raises(httpx.ConnectError):
             await client.get(f"{info['url']}/health")
+
+
+def test_a_deployment_cuts_off_a_client_sending_half_a_request_head(keys: Keys) -> None:
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    settings = load_settings(request_head_timeout_seconds=0.5)
+    info = manager.deploy_sync(demo_app, settings=settings, key_store=keys.store)
+    try:
+        assert_late_request_heads_are_cut_off(info["url"])
+    finally:
+        manager.stop_sync()
 
 
 async def echo_events(request: AgentRequest) -> AsyncIterator[TextContent]:

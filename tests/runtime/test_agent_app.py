@@ -22,7 +22,13 @@ from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest, Message, TextContent
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, free_port, running, wait_until_healthy
+from tests.support.http import (
+    Keys,
+    assert_late_request_heads_are_cut_off,
+    free_port,
+    running,
+    wait_until_healthy,
+)
 
 
 def echo_app(**kwargs: Any) -> AgentApp:
@@ -261,7 +267,39 @@ def test_run_listens_on_agentscope_runtimes_port_by_default(
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
     echo_app().run(settings=load_settings())
-    assert calls == [{"host": "127.0.0.1", "port": 8080}]
+    [call] = calls
+    call.pop("http")  # the request head's time limit (see below)
+    assert call == {"host": "127.0.0.1", "port": 8080}
+
+
+def test_run_cuts_off_a_client_sending_half_a_request_head() -> None:
+    port = free_port()
+    code = f"from agentscope_serverless.agents.demo import app; app.run(port={port})"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "POWERTOOLS_LOG_LEVEL": "CRITICAL",
+            "REQUEST_HEAD_TIMEOUT_SECONDS": "0.5",
+        },
+    )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        assert_late_request_heads_are_cut_off(f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_run_keeps_the_http_protocol_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    echo_app().run(settings=load_settings(), http="h11")
+    assert calls[0]["http"] == "h11"
 
 
 def test_run_prints_a_development_key_that_is_accepted(tmp_path: Path) -> None:

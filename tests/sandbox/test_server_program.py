@@ -26,6 +26,7 @@ from tests.sandbox.conftest import (
     start_server,
     stop_server,
 )
+from tests.support.http import closed_by_the_server
 
 SERVER = [sys.executable, "-m", "agentscope_serverless.sandbox_server"]
 
@@ -175,19 +176,6 @@ def test_only_the_protocol_operations_exist(scratch: Path) -> None:
         stop_server(server)
 
 
-def _closed_by_the_server(connection: socket.socket) -> bool:
-    """Whether the server closes ``connection`` (read until it does, for at most 30 s)."""
-    connection.settimeout(30)
-    try:
-        while connection.recv(4096):
-            pass
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-    return True
-
-
 def test_a_client_sending_half_a_request_head_is_cut_off(scratch: Path) -> None:
     # Connections that sent half a request line, or nothing, were held open for as long as
     # their client wanted, each taking one of the server's file descriptors.
@@ -196,15 +184,15 @@ def test_a_client_sending_half_a_request_head_is_cut_off(scratch: Path) -> None:
     try:
         with socket.create_connection(address) as half_line:
             half_line.sendall(b"POST /create_from_po")
-            assert _closed_by_the_server(half_line)
+            assert closed_by_the_server(half_line)
         with socket.create_connection(address) as silent:
-            assert _closed_by_the_server(silent)
+            assert closed_by_the_server(silent)
         with socket.create_connection(address) as kept_alive:
             kept_alive.sendall(b"GET /health HTTP/1.1\r\nHost: sandbox\r\n\r\n")
             answer = kept_alive.recv(4096)
             assert answer.startswith(b"HTTP/1.1 200")
             kept_alive.sendall(b"POST /release HTTP/1.1\r\nHost: sandbox\r\n")
-            assert _closed_by_the_server(kept_alive)
+            assert closed_by_the_server(kept_alive)
         assert httpx.get(f"{server.url}/health").status_code == 200
     finally:
         stop_server(server)

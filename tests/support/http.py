@@ -52,6 +52,38 @@ def wait_until_healthy(url: str, process: subprocess.Popen[Any], timeout: float 
         time.sleep(0.05)
 
 
+def closed_by_the_server(connection: socket.socket) -> bool:
+    """Whether the server closes ``connection`` (read until it does, for at most 30 s)."""
+    connection.settimeout(30)
+    try:
+        while connection.recv(4096):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def assert_late_request_heads_are_cut_off(url: str) -> None:
+    """The server at ``url`` closes a connection that sent half a request line, one that
+    sent nothing, and one that sent half a request head after a whole request; it still
+    answers."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    assert port is not None
+    with socket.create_connection((host, port)) as half_line:
+        half_line.sendall(b"POST /proc")
+        assert closed_by_the_server(half_line)
+    with socket.create_connection((host, port)) as silent:
+        assert closed_by_the_server(silent)
+    with socket.create_connection((host, port)) as kept_alive:
+        kept_alive.sendall(b"GET /health HTTP/1.1\r\nHost: agent\r\n\r\n")
+        assert kept_alive.recv(4096).startswith(b"HTTP/1.1 200")
+        kept_alive.sendall(b"POST /process HTTP/1.1\r\nHost: agent\r\n")
+        assert closed_by_the_server(kept_alive)
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
 def issue_key(store: KeyStore, user_id: str | None = None) -> str:
     """A fresh key in ``store``: a user key for ``user_id``, or a service key."""
 

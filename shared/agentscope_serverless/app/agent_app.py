@@ -464,8 +464,10 @@ class AgentApp(ServiceLifecycleManagerMixin):
         container).
 
         The composition root of a script: ``settings`` default to the environment's.
-        ``kwargs`` go to ``uvicorn.run`` (AgentScope's ``mode`` is taken and has no effect);
-        the chat page is served when ``web_ui`` is true.
+        ``kwargs`` go to ``uvicorn.run`` (AgentScope's ``mode`` is taken and has no effect;
+        its ``http`` defaults to a protocol closing a connection whose request head is not
+        whole within ``request_head_timeout_seconds``); the chat page is served when
+        ``web_ui`` is true.
         """
         if _importing is not None:  # app.run() at the top of a module a server imports
             path, module_name = _importing, _importing.partition(":")[0]
@@ -477,6 +479,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         import uvicorn
 
         from agentscope_serverless.auth.factory import create_key_store
+        from agentscope_serverless.head_timeout import head_timeout_protocol
         from agentscope_serverless.serve import announce_development_key
 
         kwargs.pop("mode", None)
@@ -489,6 +492,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         served = self.get_fastapi_app(settings=root, key_store=key_store)
         # Every route but /health needs a key: the embedded store has none.
         announce_development_key(key_store)
+        kwargs.setdefault("http", head_timeout_protocol(root.request_head_timeout_seconds))
         uvicorn.run(served, host=host, port=port, **kwargs)
 
     def _given_runner(self) -> Runner:

@@ -25,6 +25,7 @@ from agentscope_serverless.app.agent_app import AgentApp, FastAPIAppFactory
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager, Deployment, DeploymentMode
+from agentscope_serverless.head_timeout import DEFAULT_HEAD_TIMEOUT_SECONDS, head_timeout_protocol
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
 from agentscope_serverless.settings import Settings
@@ -40,11 +41,23 @@ class ServerThread:
     """
 
     def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        head_timeout: float = DEFAULT_HEAD_TIMEOUT_SECONDS,
     ) -> None:
         self.host = host
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False
+            app,
+            host=host,
+            port=port,
+            http=head_timeout_protocol(head_timeout),
+            log_level=log_level,
+            lifespan="on",
+            access_log=False,
         )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -260,7 +273,12 @@ class LocalDeployManager(DeployManager):
 
             # Every route but /health needs a key: the embedded store has none.
             announce_development_key(key_store)
-        server = ServerThread(web_app, host=self.host, port=self.port)
+        server = ServerThread(
+            web_app,
+            host=self.host,
+            port=self.port,
+            head_timeout=settings.request_head_timeout_seconds,
+        )
         url = server.start(timeout=self.startup_timeout)
         self._server = server
         self._is_running = None

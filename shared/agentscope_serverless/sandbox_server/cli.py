@@ -22,11 +22,8 @@ from pathlib import Path
 import uvicorn
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.head_timeout import DEFAULT_HEAD_TIMEOUT_SECONDS, head_timeout_protocol
 from agentscope_serverless.sandbox_server.app import create_app
-from agentscope_serverless.sandbox_server.head_timeout import (
-    DEFAULT_HEAD_TIMEOUT_SECONDS,
-    head_timeout_protocol,
-)
 from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
 from agentscope_serverless.sandbox_server.jail import HostIsolation, how_to_enforce
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig

@@ -11,20 +11,22 @@ connection being made, or of the first byte of a request after the previous one.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import functools
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DEFAULT_HEAD_TIMEOUT_SECONDS = 15.0
 
 
-class _HeadTimeoutProtocol(HttpToolsProtocol):
+class HeadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's HTTP protocol, closing a connection whose request head is late."""
 
-    head_timeout: float = DEFAULT_HEAD_TIMEOUT_SECONDS
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, head_timeout: float = DEFAULT_HEAD_TIMEOUT_SECONDS, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -60,8 +62,10 @@ class _HeadTimeoutProtocol(HttpToolsProtocol):
 
 def head_timeout_protocol(seconds: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (its ``http`` option) with a request head due within
-    ``seconds``."""
-    return type("HeadTimeoutProtocol", (_HeadTimeoutProtocol,), {"head_timeout": seconds})
+    ``seconds``: a partial of :class:`HeadTimeoutProtocol`, which uvicorn calls as it calls a
+    protocol class, and which its reloader pickles to hand to a worker process."""
+    protocol = functools.partial(HeadTimeoutProtocol, head_timeout=seconds)
+    return cast("type[asyncio.Protocol]", protocol)
 
 
-__all__ = ["DEFAULT_HEAD_TIMEOUT_SECONDS", "head_timeout_protocol"]
+__all__ = ["DEFAULT_HEAD_TIMEOUT_SECONDS", "HeadTimeoutProtocol", "head_timeout_protocol"]
