@@ -197,6 +197,48 @@ def test_a_max_tokens_of_one_or_more_reaches_the_agent(
         assert answer.json()["output"][0]["content"][0]["text"] == seen
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("top_p", 1.5),
+        ("top_p", -1),
+        ("frequency_penalty", 3),
+        ("presence_penalty", -2.5),
+        ("temperature", "hot"),
+    ],
+)
+def test_a_sampling_field_out_of_openais_range_is_refused_naming_it(
+    client_for: Callable[..., httpx.Client], keys: Keys, field: str, value: object
+) -> None:
+    # Out of range, these ran the agent (the LLM agent's model refused the call, and the turn
+    # failed after storing its input); /chat/completions refused them.
+    client = client_for(keys.alice)
+    session = f"sampling-{uuid.uuid4().hex[:8]}"
+    body = {"input": [user_message("hi")], "session_id": session, field: value}
+    refused = client.post("/process", json=body)
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["param"] == field
+    assert field in error["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
+def test_sampling_fields_in_openais_ranges_are_taken(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    for sampling in (
+        {"temperature": 0, "top_p": 0, "frequency_penalty": -2, "presence_penalty": -2},
+        {"temperature": 2, "top_p": 1, "frequency_penalty": 2, "presence_penalty": 2},
+        {"temperature": "0.7", "top_p": None, "frequency_penalty": 0.5},
+    ):
+        body = {"input": [user_message("hi")], "stream": False, **sampling}
+        answer = client.post("/process", json=body)
+        assert answer.status_code == 200, answer.text
+
+
 def test_an_agent_that_raises_ends_with_a_failed_event_and_keeps_the_input(
     client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
 ) -> None:

@@ -59,9 +59,13 @@ from agentscope_serverless.schemas.agent_schemas import (
     Event,
     Message,
     MessageType,
+    Penalty,
     Role,
     RunStatus,
+    Temperature,
     TextContent,
+    TokenLimit,
+    TopP,
     UnsupportedContentError,
 )
 
@@ -73,12 +77,6 @@ RUN_CANCELED = Error(code="RUN_CANCELED", message="the run was canceled")
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
-# The sampling options in OpenAI's ranges: out of them, a model refuses the call, and the
-# run would fail after storing its input.
-Temperature = Annotated[float | None, Field(ge=0, le=2)]
-TopP = Annotated[float | None, Field(ge=0, le=1)]
-Penalty = Annotated[float | None, Field(ge=-2, le=2)]
-TokenLimit = Annotated[int | None, Field(ge=1)]
 # OpenAI takes up to 4 stop sequences (more, and a model refuses the call).
 MAX_STOP_SEQUENCES = 4
 # Every chunk of a stream repeats the model's name: a bound on what one answer can weigh.

@@ -709,6 +709,14 @@ class BaseRequest(BaseModel):
     id: str | None = None
 
 
+# The sampling options in OpenAI's ranges: out of them, a model refuses the call, and the
+# run would fail after storing its input.
+Temperature = Annotated[float | None, Field(ge=0, le=2)]
+TopP = Annotated[float | None, Field(ge=0, le=1)]
+Penalty = Annotated[float | None, Field(ge=-2, le=2)]
+TokenLimit = Annotated[int | None, Field(ge=1)]
+
+
 class AgentRequest(BaseRequest):
     """A request to an agent, as posted to ``/process``.
 
@@ -718,11 +726,11 @@ class AgentRequest(BaseRequest):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    top_p: float | None = None
-    temperature: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    top_p: TopP = None
+    temperature: Temperature = None
+    frequency_penalty: Penalty = None
+    presence_penalty: Penalty = None
+    max_tokens: TokenLimit = None
     stop: str | list[str] | None = None
     n: Annotated[int | None, Field(ge=1, le=5)] = 1
     seed: int | None = None
