@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,29 @@ def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+def once_per_run(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, build: Callable[[], Any]
+) -> dict[str, Any]:
+    """``build()``'s report, made once per test run: the first worker process to need it
+    builds, the others wait for its report (its files are in that worker's temp dir)."""
+    if worker_id == "master":  # not distributed
+        built: dict[str, Any] = build()
+        return built
+    run_dir = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    report = run_dir / f"{name}.json"
+    with (run_dir / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not report.exists():
+            report.write_text(json.dumps(build(), default=str))
+        reported: dict[str, Any] = json.loads(report.read_text())
+        return reported
+
+
 @pytest.fixture(scope="session")
 def sam_offline_deploy(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
     """What ``SAMDeployManager.deploy()`` reports without AWS credentials: it validated and
     built the stack (``sam build``, no Docker) and deployed nothing. Runs once per test run
-    (about a minute: the layer installs every pinned dependency): the first worker process
-    to need it builds, the others wait for its report."""
+    (about a minute: the layer installs every pinned dependency)."""
     from agentscope_serverless.deployers import SAMDeployManager
 
     def deploy() -> dict[str, Any]:
@@ -93,16 +110,7 @@ def sam_offline_deploy(tmp_path_factory: pytest.TempPathFactory, worker_id: str)
             without_aws_credentials(monkeypatch)
             return manager.deploy_sync()
 
-    if worker_id == "master":  # not distributed
-        return deploy()
-    run_dir = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
-    report = run_dir / "sam-offline-deploy.json"
-    with (run_dir / "sam-offline-deploy.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not report.exists():
-            report.write_text(json.dumps(deploy(), default=str))
-        reported: dict[str, Any] = json.loads(report.read_text())
-        return reported
+    return once_per_run(tmp_path_factory, worker_id, "sam-offline-deploy", deploy)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 
 from agentscope_serverless.deployers import AgentRunDeployManager, ModelStudioDeployManager
 from agentscope_serverless.packaging import sam
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, once_per_run
 
 HOST_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 OUTPUTS = {
@@ -53,26 +53,38 @@ def _build(
 
 @pytest.fixture(scope="session")
 def agentrun_deploy(
-    tmp_path_factory: pytest.TempPathFactory, archive_key_file: Path
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, archive_key_file: Path
 ) -> dict[str, Any]:
-    """What ``AgentRunDeployManager.deploy()`` reports without Alibaba Cloud credentials."""
-    manager = AgentRunDeployManager(
-        tmp_path_factory.mktemp("agentrun"), project_root=PROJECT_ROOT, python_version=HOST_PYTHON
-    )
-    return _build(manager, archive_key_file)
+    """What ``AgentRunDeployManager.deploy()`` reports without Alibaba Cloud credentials
+    (built once per test run)."""
+
+    def deploy() -> dict[str, Any]:
+        manager = AgentRunDeployManager(
+            tmp_path_factory.mktemp("agentrun"),
+            project_root=PROJECT_ROOT,
+            python_version=HOST_PYTHON,
+        )
+        return _build(manager, archive_key_file)
+
+    return once_per_run(tmp_path_factory, worker_id, "agentrun-deploy", deploy)
 
 
 @pytest.fixture(scope="session")
 def modelstudio_deploy(
-    tmp_path_factory: pytest.TempPathFactory, archive_key_file: Path
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, archive_key_file: Path
 ) -> dict[str, Any]:
-    """What ``ModelStudioDeployManager.deploy()`` reports without Alibaba Cloud credentials."""
-    manager = ModelStudioDeployManager(
-        tmp_path_factory.mktemp("modelstudio"),
-        project_root=PROJECT_ROOT,
-        python_version=HOST_PYTHON,
-    )
-    return _build(manager, archive_key_file)
+    """What ``ModelStudioDeployManager.deploy()`` reports without Alibaba Cloud credentials
+    (built once per test run)."""
+
+    def deploy() -> dict[str, Any]:
+        manager = ModelStudioDeployManager(
+            tmp_path_factory.mktemp("modelstudio"),
+            project_root=PROJECT_ROOT,
+            python_version=HOST_PYTHON,
+        )
+        return _build(manager, archive_key_file)
+
+    return once_per_run(tmp_path_factory, worker_id, "modelstudio-deploy", deploy)
 
 
 def unpack(archive: str, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
