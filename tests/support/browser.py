@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,8 @@ def chromium_binary() -> str:
 
 @dataclass
 class Page:
-    """One page target: send commands, evaluate JavaScript, wait for conditions."""
+    """A DevTools session, a page's or the browser's: send commands, evaluate JavaScript,
+    wait for conditions."""
 
     socket: aiohttp.ClientWebSocketResponse
     requests: list[str] = field(default_factory=list)
@@ -145,38 +146,30 @@ class Page:
         return path
 
 
-@contextlib.asynccontextmanager
-async def chromium_page(width: int = 1280, height: int = 820) -> AsyncIterator[Page]:
-    """A fresh headless Chromium (own profile directory) and its first page."""
+@dataclass
+class Chromium:
+    """A headless Chromium process and the address of its DevTools server."""
+
+    process: subprocess.Popen[str]
+    profile: Path
+    browser_socket_url: str
+
+
+_running: Chromium | None = None
+
+
+@contextlib.contextmanager
+def running_chromium() -> Iterator[None]:
+    """One headless Chromium (own profile directory) for the pages :func:`chromium_page`
+    opens meanwhile."""
+    global _running
     profile = Path(tempfile.mkdtemp(prefix="chromium-profile-"))
-    process = await asyncio.to_thread(_launch, profile)
+    process = _launch(profile)
     try:
-        endpoint = await asyncio.to_thread(_devtools_endpoint, process)
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://{endpoint}/json/list") as response:
-                targets = await response.json()
-            page_target = next(t for t in targets if t["type"] == "page")
-            async with http.ws_connect(
-                page_target["webSocketDebuggerUrl"], max_msg_size=0
-            ) as socket:
-                page = Page(socket)
-                reader = asyncio.create_task(page.read())
-                try:
-                    for domain in ("Page", "Network", "Runtime", "Log"):
-                        await page.send(f"{domain}.enable")
-                    await page.send(
-                        "Emulation.setDeviceMetricsOverride",
-                        width=width,
-                        height=height,
-                        deviceScaleFactor=1,
-                        mobile=False,
-                    )
-                    yield page
-                finally:
-                    reader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await reader
+        _running = Chromium(process, profile, _devtools_socket_url(process))
+        yield
     finally:
+        _running = None
         process.terminate()
         try:
             process.wait(timeout=10)
@@ -186,6 +179,52 @@ async def chromium_page(width: int = 1280, height: int = 820) -> AsyncIterator[P
         if process.stderr is not None:
             process.stderr.close()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _session(http: aiohttp.ClientSession, url: str) -> AsyncIterator[Page]:
+    """A DevTools connection to ``url`` whose events are read while it is open."""
+    async with http.ws_connect(url, max_msg_size=0) as socket:
+        session = Page(socket)
+        reader = asyncio.create_task(session.read())
+        try:
+            yield session
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+@contextlib.asynccontextmanager
+async def chromium_page(width: int = 1280, height: int = 820) -> AsyncIterator[Page]:
+    """A fresh page of the running Chromium, in a browser context of its own: no cookie,
+    storage or cache of another page."""
+    assert _running is not None, "no Chromium is running: open pages within running_chromium()"
+    endpoint = _running.browser_socket_url.split("ws://", 1)[1].split("/", 1)[0]
+    async with (
+        aiohttp.ClientSession() as http,
+        _session(http, _running.browser_socket_url) as browser,
+    ):
+        context = (await browser.send("Target.createBrowserContext"))["browserContextId"]
+        try:
+            target = await browser.send(
+                "Target.createTarget", url="about:blank", browserContextId=context
+            )
+            async with _session(
+                http, f"ws://{endpoint}/devtools/page/{target['targetId']}"
+            ) as page:
+                for domain in ("Page", "Network", "Runtime", "Log"):
+                    await page.send(f"{domain}.enable")
+                await page.send(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=height,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
+                yield page
+        finally:
+            await browser.send("Target.disposeBrowserContext", browserContextId=context)
 
 
 def _launch(profile: Path) -> subprocess.Popen[str]:
@@ -199,8 +238,8 @@ def _launch(profile: Path) -> subprocess.Popen[str]:
     )
 
 
-def _devtools_endpoint(process: subprocess.Popen[str]) -> str:
-    """``host:port`` of the browser's DevTools server, read from its first lines on stderr."""
+def _devtools_socket_url(process: subprocess.Popen[str]) -> str:
+    """The browser's DevTools websocket URL, read from its first lines on stderr."""
     assert process.stderr is not None
     seen = []
     for line in process.stderr:
@@ -208,7 +247,7 @@ def _devtools_endpoint(process: subprocess.Popen[str]) -> str:
         if line.startswith("DevTools listening on ws://"):
             # Keep draining stderr, so a chatty browser never blocks on a full pipe.
             threading.Thread(target=process.stderr.read, daemon=True).start()
-            return line.split("ws://", 1)[1].split("/", 1)[0]
+            return line.split(" on ", 1)[1].strip()
         if len(seen) > 200:
             break
     raise AssertionError("chromium did not start its DevTools server:\n" + "".join(seen[-20:]))

@@ -30,7 +30,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.settings import load_settings
-from tests.support.browser import Page, chromium_page
+from tests.support.browser import Page, chromium_page, running_chromium
 from tests.support.http import Keys, bearer, running
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,6 +54,13 @@ new MutationObserver((records) => {
 );
 true
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chromium() -> Iterator[None]:
+    """One browser for the module; each test's page has a browser context of its own."""
+    with running_chromium():
+        yield
 
 
 @pytest.fixture(scope="module")
