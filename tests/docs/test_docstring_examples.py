@@ -6,6 +6,7 @@ a server, or awaits outside a function) is written as a literal block (``::``) i
 
 from __future__ import annotations
 
+import contextvars
 import doctest
 import importlib
 import pkgutil
@@ -41,5 +42,9 @@ def test_the_docstring_examples_of_each_module_run(name: str) -> None:
             importlib.import_module(name)
         return
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
+    # In a context of their own: what an example sets (a request id) stays out of the
+    # tests that run after it in this process.
+    result = contextvars.copy_context().run(
+        doctest.testmod, module, optionflags=doctest.ELLIPSIS, verbose=False, report=True
+    )
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"
