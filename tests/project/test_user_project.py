@@ -158,6 +158,21 @@ def serving(command: list[str], cwd: Path, env: dict[str, str]) -> Iterator[str]
         process.wait(timeout=30)
 
 
+def serving_agentrun_archive(root: Path, tmp_path: Path, key_file: Path) -> Iterator[str]:
+    """The unpacked AgentRun archive at ``root`` served by its manifest's entry command, with
+    the interpreter of a fresh virtualenv (nothing installed: the archive holds it all)."""
+    manifest = json.loads((root / "agentrun.json").read_text())
+    python = fresh_venv(tmp_path / "venv", with_pip=False)
+    command = [
+        str(python),
+        *[
+            p.replace(str(manifest["entrypoint"]["port"]), "$PORT")
+            for p in manifest["entrypoint"]["command"][1:]
+        ],
+    ]
+    yield from serving(command, root, user_env(key_file, PORT=str(free_port())))
+
+
 def test_the_cli_serves_the_project_from_its_folder(
     project: Path, key_file: Path, key: str, tmp_path: Path
 ) -> None:
@@ -205,17 +220,7 @@ def test_the_agentrun_archive_serves_the_project_from_its_contents(
     assert not (root / ".venv").exists() and not (root / ".git").exists()
     assert not (root / "dist").exists() and not (root / ".env.local").exists()
     assert not (root / "tests").exists() and not (root / "conftest.py").exists()
-    manifest = json.loads((root / "agentrun.json").read_text())
-    python = fresh_venv(tmp_path / "venv", with_pip=False)
-    port = str(free_port())
-    command = [
-        str(python),
-        *[
-            p.replace(str(manifest["entrypoint"]["port"]), "$PORT")
-            for p in manifest["entrypoint"]["command"][1:]
-        ],
-    ]
-    for url in serving(command, root, user_env(key_file, PORT=port)):
+    for url in serving_agentrun_archive(root, tmp_path, key_file):
         assert ask(url, key) == REPLY
 
 
@@ -502,17 +507,7 @@ def test_the_agentrun_archive_serves_a_src_layout_project_from_its_contents(
     )
     root = extract(report.path, tmp_path / "unpacked")
     assert (root / "mypkg" / "agent.py").is_file() and not (root / "src").exists()
-    manifest = json.loads((root / "agentrun.json").read_text())
-    python = fresh_venv(tmp_path / "venv", with_pip=False)
-    port = str(free_port())
-    command = [
-        str(python),
-        *[
-            p.replace(str(manifest["entrypoint"]["port"]), "$PORT")
-            for p in manifest["entrypoint"]["command"][1:]
-        ],
-    ]
-    for url in serving(command, root, user_env(key_file, PORT=port)):
+    for url in serving_agentrun_archive(root, tmp_path, key_file):
         assert ask(url, key) == SRC_REPLY
 
 
