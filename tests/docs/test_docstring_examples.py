@@ -17,7 +17,8 @@ import agentscope_serverless
 
 # Modules that refuse to be imported here, each for a reason of its own: AgentScope's
 # adapters need the ``agentscope`` package (an extra); the sandbox tools of sandbox types the
-# server does not run say so as they are imported.
+# server does not run, and AgentScope's modules of what is not ported, say so as they are
+# imported.
 NOT_IMPORTABLE = {
     "agentscope_serverless.adapters.agentscope.long_term_memory": "agentscope",
     "agentscope_serverless.adapters.agentscope.memory": "agentscope",
@@ -26,6 +27,20 @@ NOT_IMPORTABLE = {
     "agentscope_serverless.sandbox.tools.browser": "not offered",
     "agentscope_serverless.sandbox.tools.gui": "not offered",
     "agentscope_serverless.sandbox.tools.mobile": "not offered",
+    **dict.fromkeys(
+        [
+            "agentscope_serverless.app.base_app",
+            "agentscope_serverless.app.celery_mixin",
+            "agentscope_serverless.deployers.adapter.a2a.nacos_a2a_registry",
+            "agentscope_serverless.deployers.adapter.agui",
+            "agentscope_serverless.deployers.knative_deployer",
+            "agentscope_serverless.deployers.kubernetes_deployer",
+            "agentscope_serverless.deployers.pai_deployer",
+            "agentscope_serverless.deployers.utils.detached_app",
+            "agentscope_serverless.deployers.utils.service_utils.process_manager",
+        ],
+        "not offered",
+    ),
 }
 MODULES = sorted(
     info.name

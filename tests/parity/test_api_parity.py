@@ -13,6 +13,7 @@ import pytest
 from tests.parity.reference import (
     OUT_OF_SCOPE_METHODS,
     OUT_OF_SCOPE_MODULES,
+    OUT_OF_SCOPE_NAMES,
     Entry,
     in_scope,
     incompatibilities,
@@ -23,6 +24,17 @@ from tests.parity.reference import (
 LISTING = parse()
 MODULES = [m for m in LISTING.modules if m not in OUT_OF_SCOPE_MODULES]
 ENTRIES = [e for e in LISTING.entries if in_scope(e)]
+# The modules AgentScope defines its names in ("[defined in X]"), which code imports from as
+# well as from the modules re-exporting them; a module none of whose names is in scope is not
+# offered, and says so when imported.
+DEFINED_IN: dict[str, set[str]] = {}
+for _entry in LISTING.entries:
+    if _entry.defined_in and _entry.name not in OUT_OF_SCOPE_NAMES:
+        DEFINED_IN.setdefault(_entry.defined_in, set()).add(_entry.name)
+NOT_OFFERED = sorted(
+    {e.defined_in for e in LISTING.entries if e.defined_in and e.defined_in not in DEFINED_IN}
+    | set(OUT_OF_SCOPE_MODULES)
+)
 
 
 def _signature(obj: Any) -> inspect.Signature:
@@ -50,6 +62,31 @@ def test_every_reference_module_imports_with_only_the_package_name_changed(modul
         assert all(getattr(renamed, name) is getattr(ours, name) for name in ours.__all__)
     else:
         assert renamed is ours
+
+
+@pytest.mark.parametrize("module", sorted(DEFINED_IN))
+def test_every_module_a_name_is_defined_in_imports_with_it(module: str) -> None:
+    ours = importlib.import_module(our_module(module))
+    for name in sorted(DEFINED_IN[module]):
+        assert hasattr(ours, name), f"{our_module(module)} has no {name}"
+    renamed = module.replace("agentscope_runtime", "agentscope_serverless")
+    assert importlib.import_module(renamed) is ours
+    # The same object as where the listing names it, not a copy.
+    for entry in ENTRIES:
+        if entry.defined_in == module and entry.kind != "lazy":
+            listed = importlib.import_module(our_module(entry.module))
+            assert getattr(listed, entry.name) is getattr(ours, entry.name), entry.name
+
+
+@pytest.mark.parametrize("module", NOT_OFFERED)
+def test_a_module_not_offered_says_so_and_what_to_use_instead(module: str) -> None:
+    with pytest.raises(ImportError) as raised:
+        importlib.import_module(our_module(module))
+    message = str(raised.value)
+    assert "not offered" in message and "agentscope_serverless." in message, message
+    # Renaming the package alone reaches the same refusal.
+    with pytest.raises(ImportError, match="not offered"):
+        importlib.import_module(module.replace("agentscope_runtime", "agentscope_serverless"))
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.module}:{e.name}")

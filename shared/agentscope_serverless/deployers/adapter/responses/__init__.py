@@ -4,20 +4,8 @@ Every app serving ``/process`` also serves ``POST /compatible-mode/v1/responses`
 adapter adds nothing: it exists so code passing it keeps working.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
-
-from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
-
-
-class ResponseAPIDefaultAdapter(ProtocolAdapter):
-    """The responses API; always served with ``/process``."""
-
-    def add_endpoint(self, app: Any, func: Callable[..., Any], **kwargs: Any) -> Any:
-        """Nothing to add: the route is part of every process app."""
-        return None
-
+from agentscope_serverless.deployers.adapter.responses.response_api_protocol_adapter import (
+    ResponseAPIDefaultAdapter,
+)
 
 __all__ = ["ResponseAPIDefaultAdapter"]

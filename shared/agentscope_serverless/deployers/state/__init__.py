@@ -1,0 +1,1 @@
+"""AgentScope's module path of the deployment record (:mod:`.schema`)."""

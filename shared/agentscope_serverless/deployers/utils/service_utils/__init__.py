@@ -1,0 +1,1 @@
+"""AgentScope's module path of :class:`FastAPIAppFactory` (:mod:`.fastapi_factory`)."""
