@@ -126,6 +126,23 @@ async def test_a_one_megabyte_message_round_trips_unchanged(
     assert len(bodies) >= 5 and all(len(body.encode()) < 400_000 for body in bodies)
 
 
+async def test_a_deleted_message_leaves_none_of_its_items_behind(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    big, after = msg(ONE_MEGABYTE_TEXT), msg("after")
+    async with history_on(dynamodb_server) as history:
+        session = await history.create_session(user_id, "s1")
+        await history.append_message(session, [msg("before"), big, after])
+        await history.update_message_marks(user_id, "s1", "compressed", None, [big.id])
+        assert await history.delete_messages(user_id, "s1", [big.id, after.id]) == 2
+        assert texts(await history.get_session(user_id, "s1")) == ["before"]
+    items = await partition(
+        dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
+    )
+    # The message left, and the item of its id: the head and id item of "before" stay.
+    assert len(items) == 2, [item["sk"]["S"] for item in items]
+
+
 async def test_a_one_megabyte_state_round_trips_and_can_be_overwritten(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:

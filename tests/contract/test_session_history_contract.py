@@ -828,3 +828,122 @@ async def test_data_survives_a_new_service_object_on_the_same_store(
         await first.append_message(session, text_message("persisted"))
     async with session_history_factory() as second:
         assert texts(await second.get_session(user_id, "s1")) == ["persisted"]
+
+
+# --- delete_messages and marks (AgentScope's memory API on the stored history) ----------
+
+
+async def test_delete_messages_removes_those_ids_and_counts_them(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    a, b, c = text_message("a"), text_message("b"), text_message("c")
+    await history.append_message(session, [a, b, c])
+    assert await history.delete_messages(user_id, "s1", [b.id, "not-there"]) == 1
+    assert texts(await history.get_session(user_id, "s1")) == ["a", "c"]
+    page = await history.list_messages(user_id, "s1")
+    assert [m.id for m in page.items] == [a.id, c.id]
+    assert await history.delete_messages(user_id, "s1", [b.id]) == 0
+    # Deleted, its id may be appended again: it goes at the end.
+    await history.append_message(session, b)
+    assert texts(await history.get_session(user_id, "s1")) == ["a", "c", "b"]
+
+
+async def test_delete_messages_of_a_missing_session_deletes_nothing(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    assert await history.delete_messages(user_id, "missing", ["m1"]) == 0
+    assert await history.get_session(user_id, "missing") is None
+
+
+@pytest.mark.parametrize("bad", ["m1", [1], None])
+async def test_delete_messages_refuses_ids_that_are_no_list_of_strings(
+    history: SessionHistoryService, user_id: str, bad: Any
+) -> None:
+    with pytest.raises(InvalidInputError, match="message_ids"):
+        await history.delete_messages(user_id, "s1", bad)
+
+
+async def test_deletes_and_appends_at_once_lose_no_message(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    old = [text_message(f"old {i}") for i in range(10)]
+    await history.append_message(session, old)
+    new = [text_message(f"new {i}") for i in range(10)]
+    gone = old[::2]
+    results = await asyncio.gather(
+        *(history.delete_messages(user_id, "s1", [m.id]) for m in gone),
+        *(history.append_message(Session(id="s1", user_id=user_id), m) for m in new),
+    )
+    assert results[: len(gone)] == [1] * len(gone)
+    stored = texts(await history.get_session(user_id, "s1"))
+    assert stored[:5] == [m.get_text_content() for m in old[1::2]]
+    assert sorted(stored[5:]) == sorted(m.get_text_content() for m in new)
+
+
+async def test_a_session_kept_to_n_messages_counts_a_deleted_one_for_none(
+    session_history_factory: Callable[..., SessionHistoryService], user_id: str
+) -> None:
+    async with session_history_factory(max_messages_per_session=3) as service:
+        session = await service.create_session(user_id, "s1")
+        a, b, c, d = (text_message(t) for t in "abcd")
+        await service.append_message(session, [a, b, c])
+        assert await service.delete_messages(user_id, "s1", [b.id]) == 1
+        await service.append_message(session, d)
+        assert texts(await service.get_session(user_id, "s1")) == ["a", "c", "d"]
+
+
+async def test_update_message_marks_adds_changes_and_removes_marks_as_agentscope(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    a, b, c = text_message("a"), text_message("b"), text_message("c")
+    await history.append_message(session, [a, b, c])
+    assert await history.message_marks(user_id, "s1") == {}
+    assert await history.update_message_marks(user_id, "s1", "compressed", None, [a.id, b.id]) == 2
+    assert await history.message_marks(user_id, "s1") == {
+        a.id: ["compressed"],
+        b.id: ["compressed"],
+    }
+    # An old mark: only the messages holding it, which lose it for the new one.
+    assert await history.update_message_marks(user_id, "s1", "summed", "compressed") == 2
+    assert await history.message_marks(user_id, "s1") == {a.id: ["summed"], b.id: ["summed"]}
+    # No new mark: the old one is removed.
+    assert await history.update_message_marks(user_id, "s1", None, "summed", [a.id]) == 1
+    # No old mark and no ids: the new mark goes on every message.
+    assert await history.update_message_marks(user_id, "s1", "seen") == 3
+    assert await history.message_marks(user_id, "s1") == {
+        a.id: ["seen"],
+        b.id: ["summed", "seen"],
+        c.id: ["seen"],
+    }
+    assert await history.update_message_marks(user_id, "s1", "x", None, ["not-there"]) == 0
+    assert await history.update_message_marks(user_id, "missing", "x") == 0
+
+
+async def test_marks_go_with_their_message_and_their_session(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    a, b = text_message("a"), text_message("b")
+    await history.append_message(session, [a, b])
+    await history.update_message_marks(user_id, "s1", "compressed")
+    await history.delete_messages(user_id, "s1", [a.id])
+    assert await history.message_marks(user_id, "s1") == {b.id: ["compressed"]}
+    await history.delete_session(user_id, "s1")
+    await history.append_message(Session(id="s1", user_id=user_id), b)
+    assert await history.message_marks(user_id, "s1") == {}
+
+
+async def test_marks_updated_at_once_are_all_kept(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    a = text_message("a")
+    await history.append_message(session, a)
+    marks = [f"mark-{i}" for i in range(8)]
+    await asyncio.gather(
+        *(history.update_message_marks(user_id, "s1", m, None, [a.id]) for m in marks)
+    )
+    assert sorted((await history.message_marks(user_id, "s1"))[a.id]) == marks

@@ -4,11 +4,16 @@ sandbox server. They run in a child process, so ``agentscope`` is never importab
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from tests.parity.test_agentscope_query import run_script
 from tests.support.sandbox_server import RunningServer
 
@@ -237,4 +242,88 @@ def test_tool_calls_results_and_reasoning_become_agentscopes_blocks() -> None:
         "assistant [{'type': 'tool_use', 'id': 'c2', 'name': 'add', 'input': {}}]",
         "system [{'type': 'tool_result', 'id': 'c2', 'name': '', 'output': '42'}]",
         "assistant [{'type': 'thinking', 'thinking': 'Hmm.'}]",
+    ]
+
+
+MARKED_AND_DELETED_HISTORY = """
+import asyncio, json, sys, uuid
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.memory import AgentScopeSessionHistoryMemory
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+from agentscope_serverless.services.session_history.dynamodb import (
+    DynamoDBSessionHistoryService,
+)
+from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
+
+backend = json.loads(sys.argv[1])
+shared = InMemorySessionHistoryService()
+
+def make():
+    # Each call another process on the same store (in memory: the same object).
+    if backend["kind"] == "redis":
+        return RedisSessionHistoryService(redis_url=backend["url"])
+    if backend["kind"] == "dynamodb":
+        return DynamoDBSessionHistoryService(backend["table"], **backend["options"])
+    return shared
+
+async def main():
+    sid = uuid.uuid4().hex
+    a, b, c = (Msg("alice", text, "user") for text in "abc")
+    async with make() as service:
+        memory = AgentScopeSessionHistoryMemory(service, "alice", sid)
+        await memory.add([a, b, c])
+        # agentscope's ReActAgent, compressing its memory, marks what the summary replaces.
+        print(await memory.update_messages_mark(new_mark="compressed", msg_ids=[a.id, b.id]))
+    async with make() as service:
+        memory = AgentScopeSessionHistoryMemory(service, "alice", sid)
+        print([m.content for m in await memory.get_memory(exclude_mark="compressed")])
+        print([m.content for m in await memory.get_memory(mark="compressed")])
+        print(await memory.delete([b.id]), await memory.delete_by_mark("compressed"))
+        print([m.content for m in await memory.get_memory()], await memory.size())
+        # Another object appending while this one deletes: nothing it stores is lost.
+        other = AgentScopeSessionHistoryMemory(make(), "alice", sid)
+        async with other.service:
+            added = [Msg("alice", f"new {i}", "user") for i in range(5)]
+            await asyncio.gather(memory.delete([c.id]), *(other.add(m) for m in added))
+            stored = await service.get_session("alice", sid)
+        print(sorted(m.get_text_content() for m in stored.messages))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["in_memory", "redis", "dynamodb"])
+def test_the_session_memory_marks_and_deletes_stored_messages_as_agentscopes(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    backend: dict[str, Any] = {"kind": kind}
+    if kind == "redis":
+        backend["url"] = request.getfixturevalue("redis_server").url
+    elif kind == "dynamodb":
+        server = request.getfixturevalue("dynamodb_server")
+        backend["table"] = server.sessions_table
+        backend["options"] = {
+            "endpoint_url": server.endpoint_url,
+            "region_name": server.region,
+            **LOCAL_AWS_CREDENTIALS,
+        }
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", MARKED_AND_DELETED_HISTORY, json.dumps(backend)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "2",
+        "['c']",
+        "['a', 'b']",
+        "1 1",
+        "['c'] 1",
+        str(sorted(f"new {i}" for i in range(5))),
     ]

@@ -53,6 +53,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     - ``append_message`` is atomic: concurrent appends all land, in one total order; a
       session that does not exist yet is created; a message whose id is already in the
       session is not appended again.
+    - ``delete_messages`` and ``update_message_marks`` (AgentScope's memory API on the
+      stored history) are atomic per message: concurrent appends, deletes and mark updates
+      all land.
     """
 
     # Whether the backend prepares writes (see :meth:`prepare_append`).
@@ -194,6 +197,61 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             note_history_write(user_id, sid)
             extend_messages(session, await self._append_messages(user_id, sid, messages))
 
+    async def delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
+        """Delete the messages with these ids (and their marks) from the session; how many
+        were deleted (an id not in it, or a missing session, counts for none).
+
+        A deleted message's id may be appended again (at the end of the history).
+
+        >>> async def forget(service: SessionHistoryService, message_id: str) -> int:
+        ...     return await service.delete_messages("u1", "s1", [message_id])
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        ids = _message_ids(message_ids, field="message_ids")
+        sid = clean_session_id(session_id)
+        if sid is None or not ids:
+            return 0
+        return await self._delete_messages(user_id, sid, ids)
+
+    async def message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
+        """The marks of the session's messages: ``{message id: [mark, ...]}``, for the
+        messages having any (``{}`` for a missing session)."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        sid = clean_session_id(session_id)
+        if sid is None:
+            return {}
+        return await self._message_marks(user_id, sid)
+
+    async def update_message_marks(
+        self,
+        user_id: str,
+        session_id: str,
+        new_mark: str | None,
+        old_mark: str | None = None,
+        message_ids: list[str] | None = None,
+    ) -> int:
+        """Mark messages as AgentScope's ``MemoryBase.update_messages_mark`` does; how many
+        were updated.
+
+        The messages are those with ``message_ids`` (every message of the session when
+        None) holding ``old_mark`` (when given), which they lose; each gets ``new_mark``
+        (when given). With neither mark, nothing changes.
+
+        >>> async def compress(service: SessionHistoryService, ids: list[str]) -> int:
+        ...     return await service.update_message_marks("u1", "s1", "compressed", None, ids)
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        new_mark = _optional_mark(new_mark, field="new_mark")
+        old_mark = _optional_mark(old_mark, field="old_mark")
+        ids = None if message_ids is None else _message_ids(message_ids, field="message_ids")
+        sid = clean_session_id(session_id)
+        if sid is None or (new_mark is None and old_mark is None) or ids == []:
+            return 0
+        return await self._update_message_marks(user_id, sid, new_mark, old_mark, ids)
+
     def prepare_append(self, session: Session, messages: list[Message]) -> PreparedWrite | None:
         """:meth:`append_message` of ``messages``, prepared to be applied with a write of
         another service in one request (see :class:`PreparedWrite`); its result is None.
@@ -275,5 +333,52 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def _delete_user_sessions(self, user_id: str) -> None:
         """Remove every session of the user and their messages."""
 
+    async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
+        """Remove the messages with ``message_ids`` (distinct) and their marks, atomically
+        for each; how many there were."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete messages")
 
-__all__ = ["MAX_PAGE_SIZE", "SessionHistoryService"]
+    async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
+        """The marks of the session's messages having any."""
+        return {}
+
+    async def _update_message_marks(
+        self,
+        user_id: str,
+        session_id: str,
+        new_mark: str | None,
+        old_mark: str | None,
+        message_ids: list[str] | None,
+    ) -> int:
+        """Apply :func:`remark` to the marks of each message (of ``message_ids``, distinct,
+        or every one), atomically for each; how many it changed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot mark messages")
+
+
+def remark(marks: list[str], new_mark: str | None, old_mark: str | None) -> list[str] | None:
+    """``marks`` after ``update_message_marks``, None when the message is not updated.
+
+    >>> remark(["a"], "b", "a"), remark(["a"], "b", None), remark(["a"], None, "c")
+    (['b'], ['a', 'b'], None)
+    """
+    if old_mark is not None and old_mark not in marks:
+        return None
+    kept = [mark for mark in marks if mark != old_mark]
+    if new_mark is None:
+        return kept
+    return kept if new_mark in kept else [*kept, new_mark]
+
+
+def _message_ids(value: Any, *, field: str) -> list[str]:
+    if not isinstance(value, list | tuple) or not all(isinstance(i, str) for i in value):
+        raise InvalidInputError(f"{field} must be a list of message ids (strings)", field=field)
+    return list(dict.fromkeys(value))
+
+
+def _optional_mark(value: Any, *, field: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidInputError(f"{field} must be a non-empty string or None", field=field)
+    return value
+
+
+__all__ = ["MAX_PAGE_SIZE", "SessionHistoryService", "remark"]

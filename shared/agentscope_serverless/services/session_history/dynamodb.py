@@ -16,7 +16,9 @@ pk                         sk                  attributes
                                                (larger ones: head plus tail items); with
                                                ``max_messages_per_session``, ``claim``: the
                                                sort key of its id's item
-``SESSION#U#S``            ``M#<gen>#~I#<I>``  ``seq`` of the message whose id hashes to I
+``SESSION#U#S``            ``M#<gen>#~I#<I>``  ``seq`` of the message whose id hashes to I;
+                                               once marked, ``message_id``, ``marks`` and
+                                               ``marks_version``
 =========================  ==================  ===========================================
 
 - **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
@@ -41,6 +43,10 @@ pk                         sk                  attributes
   gone, or of another generation, and deletes what it wrote.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
+- **Delete messages**: a message's head item goes first (the message is gone at once), then
+  its tail items and the item of its id; with ``max_messages_per_session`` its sequence
+  number is recorded as a gap. **Marks** live on the item of the message's id, each update
+  conditional on the version of the marks it read (retried when another came first).
 - ``max_messages_per_session`` keeps the newest N messages stored: reads take them newest
   first (a page of messages starts at the oldest of them), so older ones are hidden at once
   and deleted, with the items of their ids, by the next append. What is kept is counted
@@ -87,7 +93,7 @@ from agentscope_serverless.services._validation import (
     optional_positive_int,
     optional_ttl_seconds,
 )
-from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
 # Cursor positions stay within DynamoDB's 38-digit numbers.
 _MAX_CURSOR = 10**30
@@ -594,6 +600,143 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         await self._trim(user_id, session_id, meta)
         await self._restamp_if_due(user_id, session_id, meta)
         return result
+
+    async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return 0
+        deleted = [
+            seq
+            for seq in await asyncio.gather(
+                *(self._delete_message(user_id, session_id, meta, i) for i in message_ids)
+            )
+            if seq is not None
+        ]
+        if deleted and self._max_messages is not None:
+            # A deleted message's number no longer counts among the newest N.
+            await self._record_gaps(user_id, session_id, meta, deleted, add=True)
+        return len(deleted)
+
+    async def _delete_message(
+        self, user_id: str, session_id: str, meta: Item, message_id: str
+    ) -> int | None:
+        """Delete the message with ``message_id``; its sequence number, None when the
+        session did not hold it."""
+        claim_key = self._claim_key(user_id, session_id, meta, message_id)
+        response = await self._store.run(
+            "get_item", idempotent=True, Key=claim_key, ConsistentRead=True
+        )
+        claim = response.get("Item")
+        if claim is None:
+            return None
+        seq = number(claim, "seq")
+        head = position_key(self._prefix(meta), seq)
+        pk = s(self._messages_pk(user_id, session_id))
+        try:
+            old = await self._store.run(
+                "delete_item",
+                idempotent=True,
+                Key={"pk": pk, "sk": s(head)},
+                ConditionExpression="attribute_exists(#pk)",
+                ExpressionAttributeNames=names("#pk"),
+                ReturnValues="ALL_OLD",
+            )
+        except ConditionFailed:
+            old = {}
+        removed = old.get("Attributes")
+        keys = [claim_key]
+        if removed is not None and "version" in removed:
+            version = removed["version"]["S"]
+            keys += [
+                {"pk": item["pk"], "sk": item["sk"]}
+                async for item in self._store.query(
+                    **self._between(user_id, session_id, f"{head}#", f"{head}#~"),
+                    ProjectionExpression="pk, sk, version",
+                    ConsistentRead=True,
+                )
+                if item.get("version", {}).get("S") == version
+            ]
+        await self._store.delete(keys)
+        return seq if removed is not None and is_live(removed, now()) else None
+
+    async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return {}
+        claims = f"{self._prefix(meta)}~I#"
+        return {
+            item["message_id"]["S"]: [mark["S"] for mark in item["marks"]["L"]]
+            async for item in self._store.query(
+                **self._between(user_id, session_id, claims, f"{claims}~"),
+                ConsistentRead=True,
+            )
+            if item.get("marks", {}).get("L")
+        }
+
+    async def _update_message_marks(
+        self,
+        user_id: str,
+        session_id: str,
+        new_mark: str | None,
+        old_mark: str | None,
+        message_ids: list[str] | None,
+    ) -> int:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return 0
+        if message_ids is None:
+            session = await self._session_with_messages(user_id, session_id, meta)
+            message_ids = [m.id for m in session.messages if isinstance(m, Message)]
+        updated = await asyncio.gather(
+            *(self._remark(user_id, session_id, meta, i, new_mark, old_mark) for i in message_ids)
+        )
+        return sum(updated)
+
+    async def _remark(
+        self,
+        user_id: str,
+        session_id: str,
+        meta: Item,
+        message_id: str,
+        new_mark: str | None,
+        old_mark: str | None,
+    ) -> bool:
+        """Update the marks of one message; whether it was."""
+        key = self._claim_key(user_id, session_id, meta, message_id)
+        while True:
+            response = await self._store.run(
+                "get_item", idempotent=True, Key=key, ConsistentRead=True
+            )
+            claim = response.get("Item")
+            if claim is None:
+                return False
+            marks = remark(
+                [mark["S"] for mark in claim.get("marks", {}).get("L", [])], new_mark, old_mark
+            )
+            if marks is None:
+                return False
+            version = number(claim, "marks_version")
+            try:
+                await self._store.run(
+                    "update_item",
+                    idempotent=False,
+                    Key=key,
+                    UpdateExpression="SET marks = :marks, message_id = :id, marks_version = :next",
+                    ConditionExpression=(
+                        "attribute_exists(#pk) AND "
+                        "(attribute_not_exists(marks_version) OR marks_version = :version)"
+                    ),
+                    ExpressionAttributeNames=names("#pk"),
+                    ExpressionAttributeValues={
+                        ":marks": {"L": [s(mark) for mark in marks]},
+                        ":id": s(message_id),
+                        ":next": n(version + 1),
+                        ":version": n(version),
+                    },
+                )
+                return True
+            except ConditionFailed:
+                continue
 
     def _claim_key(self, user_id: str, session_id: str, meta: Item, message_id: str) -> Item:
         return {

@@ -29,7 +29,7 @@ from agentscope_serverless.services._validation import (
     encode_cursor,
     optional_positive_int,
 )
-from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
 
 @dataclass(slots=True)
@@ -41,6 +41,8 @@ class _StoredSession:
     messages: list[str] = field(default_factory=list)
     by_id: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
+    # The marks of the messages having any, by id.
+    marks: dict[str, list[str]] = field(default_factory=dict)
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
@@ -140,6 +142,51 @@ class InMemorySessionHistoryService(SessionHistoryService):
             _trim(stored, len(stored.messages) - self._max_messages)
         return result
 
+    async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        if stored is None:
+            return 0
+        gone = {i for i in message_ids if i in stored.by_id}
+        if not gone:
+            return 0
+        # The messages after a deleted one move up: positions are counted again.
+        kept = [(i, p) for i, p in stored.by_id.items() if i not in gone]
+        stored.messages = [stored.messages[p - stored.dropped] for _, p in kept]
+        stored.by_id = {i: stored.dropped + n for n, (i, _) in enumerate(kept)}
+        for message_id in gone:
+            stored.marks.pop(message_id, None)
+        return len(gone)
+
+    async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        if stored is None:
+            return {}
+        return {i: list(marks) for i, marks in stored.marks.items() if i in stored.by_id}
+
+    async def _update_message_marks(
+        self,
+        user_id: str,
+        session_id: str,
+        new_mark: str | None,
+        old_mark: str | None,
+        message_ids: list[str] | None,
+    ) -> int:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        if stored is None:
+            return 0
+        ids = stored.by_id if message_ids is None else [i for i in message_ids if i in stored.by_id]
+        updated = 0
+        for message_id in ids:
+            marks = remark(stored.marks.get(message_id, []), new_mark, old_mark)
+            if marks is None:
+                continue
+            updated += 1
+            if marks:
+                stored.marks[message_id] = marks
+            else:
+                stored.marks.pop(message_id, None)
+        return updated
+
     @staticmethod
     def _to_session(
         user_id: str, session_id: str, stored: _StoredSession, recent: int | None = None
@@ -150,10 +197,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
 
 
 def _trim(stored: _StoredSession, count: int) -> None:
-    """Drop the ``count`` oldest messages of the session, and their ids."""
+    """Drop the ``count`` oldest messages of the session, and their ids and marks."""
     del stored.messages[:count]
     for message_id in list(itertools.islice(stored.by_id, count)):
         del stored.by_id[message_id]
+        stored.marks.pop(message_id, None)
     stored.dropped += count
 
 

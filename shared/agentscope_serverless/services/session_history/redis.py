@@ -11,6 +11,7 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:s:S:ids:order   LIST  message ids in append order (only with
                                                ``max_messages_per_session``: the trimmed
                                                messages' ids leave the hash with them)
+    <prefix>:session:{U}:s:S:marks       HASH  message id -> its marks (a JSON list)
 
 Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``, which drops
 the trimmed messages' ids too, so a session kept to N messages stays that size): O(1) per
@@ -19,10 +20,13 @@ its messages as stored and decodes them on first use; without a TTL, reading a w
 session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
 ``SCAN``. With ``ttl_seconds`` every read and write refreshes the session's and the index's
 expiry; index entries of expired sessions are dropped when the index is read.
+Deleting messages (one script) removes them from the list and counts the later messages'
+positions again, O(n) in the session's length; marks are updated in one script too.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +58,7 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
-# KEYS: meta, messages, index, expiry, counter, ids, id order. ARGV: ttl, session id, ...
+# KEYS: meta, messages, index, expiry, counter, ids, id order, marks. ARGV: ttl, session id, ...
 _PRELUDE = """
 local ttl = tonumber(ARGV[1])
 local function ensure()
@@ -153,7 +157,10 @@ if max > 0 and length > max then
   if gone > 0 then
     for _, id in ipairs(redis.call('LRANGE', KEYS[7], 0, gone - 1)) do
       local at = redis.call('HGET', KEYS[6], id)
-      if at and tonumber(at) < dropped then redis.call('HDEL', KEYS[6], id) end
+      if at and tonumber(at) < dropped then
+        redis.call('HDEL', KEYS[6], id)
+        redis.call('HDEL', KEYS[8], id)
+      end
     end
     redis.call('LTRIM', KEYS[7], gone, -1)
   end
@@ -163,8 +170,98 @@ return out
 """
 )
 
+# ARGV[3..]: the ids of the messages to delete. Returns how many were in the session.
+_DELETE_MESSAGES = (
+    _PRELUDE
+    + """
+local dropped = redis.call('HGET', KEYS[1], 'dropped')
+if not dropped then return 0 end
+dropped = tonumber(dropped)
+local gone = {}
+for i = 3, #ARGV do
+  local position = redis.call('HGET', KEYS[6], ARGV[i])
+  if position and tonumber(position) >= dropped then
+    redis.call('LSET', KEYS[2], string.format('%d', tonumber(position) - dropped), '')
+    redis.call('HDEL', KEYS[6], ARGV[i])
+    redis.call('HDEL', KEYS[8], ARGV[i])
+    redis.call('LREM', KEYS[7], 1, ARGV[i])
+    gone[#gone + 1] = tonumber(position)
+  end
+end
+if #gone == 0 then return 0 end
+-- No message is empty: the deleted ones were emptied, and go together.
+redis.call('LREM', KEYS[2], 0, '')
+table.sort(gone)
+local ids = redis.call('HGETALL', KEYS[6])
+for i = 1, #ids, 2 do
+  local position = tonumber(ids[i + 1])
+  local before = 0
+  for _, at in ipairs(gone) do
+    if at < position then before = before + 1 else break end
+  end
+  if before > 0 then
+    redis.call('HSET', KEYS[6], ids[i], string.format('%d', position - before))
+  end
+end
+touch()
+return #gone
+"""
+)
+
+# ARGV[3]: the new mark, ARGV[4]: the old mark ('' for none), ARGV[5]: '1' for every
+# message, else ARGV[6..]: their ids. Returns how many messages were updated.
+_UPDATE_MARKS = (
+    _PRELUDE
+    + """
+local dropped = redis.call('HGET', KEYS[1], 'dropped')
+if not dropped then return 0 end
+dropped = tonumber(dropped)
+local new, old = ARGV[3], ARGV[4]
+local ids = {}
+if ARGV[5] == '1' then
+  ids = redis.call('HKEYS', KEYS[6])
+else
+  for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
+end
+local updated = 0
+for _, id in ipairs(ids) do
+  local position = redis.call('HGET', KEYS[6], id)
+  if position and tonumber(position) >= dropped then
+    local raw = redis.call('HGET', KEYS[8], id)
+    local marks = {}
+    if raw then marks = cjson.decode(raw) end
+    local had_old, kept, has_new = false, {}, false
+    for _, mark in ipairs(marks) do
+      if mark == old then had_old = true else kept[#kept + 1] = mark end
+      if mark == new then has_new = true end
+    end
+    if old == '' or had_old then
+      if new ~= '' and not has_new then kept[#kept + 1] = new end
+      if #kept == 0 then
+        redis.call('HDEL', KEYS[8], id)
+      else
+        redis.call('HSET', KEYS[8], id, cjson.encode(kept))
+      end
+      updated = updated + 1
+    end
+  end
+end
+touch()
+return updated
+"""
+)
+
+_MARKS = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+touch()
+return redis.call('HGETALL', KEYS[8])
+"""
+)
+
 _DELETE = """
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[6], KEYS[7], KEYS[8])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
@@ -269,6 +366,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             *self._user_keys(user_id),
             f"{session}:ids",
             f"{session}:ids:order",
+            f"{session}:marks",
         ]
 
     async def _session_call(
@@ -289,8 +387,8 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
             counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
             for session_id in session_ids:
-                meta, messages, *_, ids, order = self._keys(user_id, session_id)
-                keys += (meta, messages, ids, order)
+                meta, messages, *_, ids, order, marks = self._keys(user_id, session_id)
+                keys += (meta, messages, ids, order, marks)
             done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
             if int(done):
                 return
@@ -357,6 +455,37 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     ) -> list[Message]:
         (appended,) = await self._prepare_append(user_id, session_id, messages, _same).apply()
         return appended  # type: ignore[no-any-return]
+
+    async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
+        deleted = await self._session_call(
+            _DELETE_MESSAGES, user_id, session_id, *message_ids, idempotent=True
+        )
+        return int(deleted)
+
+    async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
+        raw = await self._session_call(_MARKS, user_id, session_id, idempotent=True)
+        return {text(raw[i]): json.loads(raw[i + 1]) for i in range(0, len(raw), 2)}
+
+    async def _update_message_marks(
+        self,
+        user_id: str,
+        session_id: str,
+        new_mark: str | None,
+        old_mark: str | None,
+        message_ids: list[str] | None,
+    ) -> int:
+        every = "1" if message_ids is None else "0"
+        updated = await self._session_call(
+            _UPDATE_MARKS,
+            user_id,
+            session_id,
+            new_mark or "",
+            old_mark or "",
+            every,
+            *(message_ids or ()),
+            idempotent=True,
+        )
+        return int(updated)
 
     def _prepare_append(
         self,

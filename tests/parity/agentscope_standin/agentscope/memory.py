@@ -21,6 +21,14 @@ class MemoryBase:
     async def delete_by_mark(self, mark: str | list[str], *args: Any, **kwargs: Any) -> int:
         raise NotImplementedError(f"delete_by_mark is not implemented in {type(self).__name__}")
 
+    async def update_messages_mark(
+        self,
+        new_mark: str | None,
+        old_mark: str | None = None,
+        msg_ids: list[str] | None = None,
+    ) -> int:
+        raise NotImplementedError
+
     async def get_memory(
         self,
         mark: str | None = None,

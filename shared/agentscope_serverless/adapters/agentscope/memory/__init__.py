@@ -12,7 +12,11 @@ up where it was. ``state_dict()`` is empty: the state lives in the service.
 Messages added with ``marks`` (AgentScope's ReActAgent marks the hints it gives its model
 for one reasoning step, and deletes them by their mark right after) are kept by this object
 only, after the history, until ``delete_by_mark`` or ``clear``: they are not the
-conversation, and the history stays append-only.
+conversation. Messages of the history are marked in the service
+(``update_messages_mark``: AgentScope's ReActAgent marks those it compressed into a
+summary, and reads its memory without them) and deleted from it (``delete``, and
+``delete_by_mark``), each atomically: a message stored meanwhile by another process is
+never lost.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from agentscope_serverless.adapters.agentscope.message import (
     agentscope_msg_to_message,
     message_to_agentscope_msg,
 )
+from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
 
 class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
@@ -73,13 +78,18 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
         prepend_summary: bool = True,
         **kwargs: Any,
     ) -> list[Any]:
-        """The session's history as ``Msg``\\ s, oldest first, then the marked messages;
+        """The session's history as ``Msg``\\ s, oldest first, then the messages kept here;
         those with ``mark`` alone, or all but those with ``exclude_mark``."""
-        if mark is None:
-            session = await self._session()
-            msgs = [message_to_agentscope_msg(m) for m in session.messages]
-        else:
-            msgs = []
+        session = await self._session()
+        stored_marks: dict[str, list[str]] = {}
+        if mark is not None or exclude_mark is not None:
+            stored_marks = await self.service.message_marks(self.user_id, self.session_id)
+        msgs = [
+            message_to_agentscope_msg(m)
+            for m in session.messages
+            if (mark is None or mark in stored_marks.get(_message_id(m), []))
+            and exclude_mark not in stored_marks.get(_message_id(m), [])
+        ]
         msgs += [
             msg
             for msg, marks in self._marked
@@ -91,12 +101,64 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
         return msgs
 
     async def delete_by_mark(self, mark: str | list[str], *args: Any, **kwargs: Any) -> int:
-        """Drop the messages kept with ``mark`` (or any of the marks); how many."""
+        """Delete the messages with ``mark`` (or any of the marks), kept here or stored;
+        how many."""
         dropped = set(_marks(mark))
         kept = [(msg, marks) for msg, marks in self._marked if not dropped.intersection(marks)]
         count = len(self._marked) - len(kept)
         self._marked = kept
+        stored_marks = await self.service.message_marks(self.user_id, self.session_id)
+        ids = [i for i, marks in stored_marks.items() if dropped.intersection(marks)]
+        if ids:
+            count += await self.service.delete_messages(self.user_id, self.session_id, ids)
         return count
+
+    async def delete(self, msg_ids: list[str] | str, **kwargs: Any) -> int:
+        """Delete the messages with these ids (or this one), kept here or stored; how many."""
+        ids = [msg_ids] if isinstance(msg_ids, str) else list(msg_ids)
+        kept = [(msg, marks) for msg, marks in self._marked if msg.id not in ids]
+        count = len(self._marked) - len(kept)
+        self._marked = kept
+        stored = await self._stored_ids(ids)
+        return count + await self.service.delete_messages(self.user_id, self.session_id, stored)
+
+    async def update_messages_mark(
+        self,
+        new_mark: str | None,
+        old_mark: str | None = None,
+        msg_ids: list[str] | None = None,
+    ) -> int:
+        """Mark messages, kept here or stored, as AgentScope's memories do; how many were
+        updated.
+
+        The messages are those with ``msg_ids`` (every one when None) holding ``old_mark``
+        (when given), which they lose; each gets ``new_mark`` (when given).
+        """
+        if new_mark is None and old_mark is None:
+            return 0
+        count = 0
+        for index, (msg, marks) in enumerate(self._marked):
+            if msg_ids is not None and msg.id not in msg_ids:
+                continue
+            updated = remark(marks, new_mark, old_mark)
+            if updated is not None:
+                self._marked[index] = (msg, updated)
+                count += 1
+        stored = None if msg_ids is None else await self._stored_ids(msg_ids)
+        return count + await self.service.update_message_marks(
+            self.user_id, self.session_id, new_mark, old_mark, stored
+        )
+
+    async def _stored_ids(self, msg_ids: list[str]) -> list[str]:
+        """The ids in the history of the messages with ``msg_ids`` (a ``Msg``'s id, kept
+        with the message it is stored as, or the stored message's own)."""
+        wanted = set(msg_ids)
+        session = await self._session()
+        return [
+            _message_id(m)
+            for m in session.messages
+            if _message_id(m) in wanted or _agentscope_id(m) in wanted
+        ]
 
     async def size(self) -> int:
         """How many messages the session holds, and the marked ones."""
@@ -108,10 +170,6 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
         await self.service.delete_session(self.user_id, self.session_id)
         await self.service.create_session(self.user_id, self.session_id)
 
-    async def delete(self, index: Any) -> None:
-        """Not supported: a session's history is append-only."""
-        raise NotImplementedError("a session's history is append-only; clear() empties it")
-
     async def retrieve(self, *args: Any, **kwargs: Any) -> None:
         """Not supported: search long-term memory with a memory service instead."""
         raise NotImplementedError("use a memory service's search_memory() to retrieve")
@@ -122,6 +180,16 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         """Nothing to load: the history lives in the service."""
+
+
+def _message_id(message: Message | dict[str, Any]) -> Any:
+    return message.id if isinstance(message, Message) else message.get("id")
+
+
+def _agentscope_id(message: Message | dict[str, Any]) -> Any:
+    metadata = message.metadata if isinstance(message, Message) else message.get("metadata")
+    origin = (metadata or {}).get("agentscope")
+    return origin.get("id") if isinstance(origin, dict) else None
 
 
 def _marks(marks: str | list[str]) -> list[str]:
