@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from agentscope_serverless.not_offered import missing_name
+
 if TYPE_CHECKING:
     from agentscope_serverless.app.agent_app import AgentApp
     from agentscope_serverless.deployers import (
@@ -42,7 +44,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name(__name__, name)
 
 
 __all__ = [

@@ -89,6 +89,31 @@ def test_a_module_not_offered_says_so_and_what_to_use_instead(module: str) -> No
         importlib.import_module(module.replace("agentscope_runtime", "agentscope_serverless"))
 
 
+NOT_OFFERED_NAMES = sorted(
+    {
+        (our_module(module), e.name)
+        for e in LISTING.entries
+        for module in (e.module, e.defined_in)
+        if e.name in OUT_OF_SCOPE_NAMES
+        and module is not None
+        and module not in OUT_OF_SCOPE_MODULES
+        and module not in NOT_OFFERED
+    }
+)
+
+
+@pytest.mark.parametrize(("module", "name"), NOT_OFFERED_NAMES)
+def test_a_name_not_offered_says_so_and_what_to_use_instead(module: str, name: str) -> None:
+    with pytest.raises(ImportError) as raised:
+        exec(f"from {module} import {name}", {})
+    message = str(raised.value)
+    assert name in message and "not offered" in message, message
+    assert "agentscope_serverless." in message, message
+    # Any other missing name is an AttributeError, as for any module.
+    with pytest.raises(AttributeError):
+        importlib.import_module(module).NoSuchName  # noqa: B018
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.module}:{e.name}")
 def test_every_reference_name_exists_with_a_compatible_signature(entry: Entry) -> None:
     module = importlib.import_module(our_module(entry.module))

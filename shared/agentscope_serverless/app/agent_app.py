@@ -42,6 +42,7 @@ from agentscope_serverless.deployers.adapter.a2a import (
 )
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import (
     FRAMEWORKS,
     LifecycleHandler,
@@ -767,7 +768,7 @@ def __getattr__(name: str) -> Any:
         from agentscope_serverless.deployers.adapter.responses import ResponseAPIDefaultAdapter
 
         return ResponseAPIDefaultAdapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name(__name__, name)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from agentscope_serverless.deployers.base import DeployManager
+from agentscope_serverless.not_offered import missing_name
 
 if TYPE_CHECKING:
     from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
@@ -38,7 +39,7 @@ def __getattr__(name: str) -> Any:
     if name in _MODULES:
         module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
         return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name(__name__, name)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager, Deployment, DeploymentMode
 from agentscope_serverless.head_timeout import DEFAULT_HEAD_TIMEOUT_SECONDS, head_timeout_protocol
+from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
 from agentscope_serverless.settings import Settings
@@ -323,6 +324,10 @@ class LocalDeployManager(DeployManager):
             "url": self.service_url,
             "is_running": self.is_running,
         }
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_name(__name__, name)
 
 
 __all__ = [

@@ -29,6 +29,7 @@ from agentscope_serverless.deployers.archive import (
 )
 from agentscope_serverless.deployers.base import DeployManager, Deployment
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.not_offered import missing_name
 
 if TYPE_CHECKING:
     from agentscope_serverless.packaging.archives import ArchiveReport, Progress
@@ -216,7 +217,7 @@ def __getattr__(name: str) -> Any:
         from agentscope_serverless.deployers.local_deployer import LocalDeployManager
 
         return LocalDeployManager
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name(__name__, name)
 
 
 __all__ = [

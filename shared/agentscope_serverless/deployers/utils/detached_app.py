@@ -1,8 +1,5 @@
 """AgentScope's detached-process projects, which are not offered here."""
 
-raise ImportError(
-    "detached-process projects (build_detached_app) are not offered: "
-    "agentscope_serverless.deployers.LocalDeployManager serves an app in this process, and "
-    "agentscope_serverless.deployers.AgentRunDeployManager or ModelstudioDeployManager build "
-    "an archive of a project"
-)
+from agentscope_serverless.not_offered import not_offered
+
+raise not_offered("build_detached_app")

@@ -5,6 +5,14 @@ AgentRun and ModelStudio deployers build their archives with
 :mod:`agentscope_serverless.packaging`.
 """
 
+from typing import Any
+
 from agentscope_serverless.deployers.modelstudio_deployer import default_deploy_name
+from agentscope_serverless.not_offered import missing_name
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_name(__name__, name)
+
 
 __all__ = ["default_deploy_name"]

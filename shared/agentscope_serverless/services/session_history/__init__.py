@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.services.session_history.in_memory import (
@@ -27,7 +28,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name(__name__, name)
 
 
 __all__ = [

@@ -13,10 +13,18 @@ the card's URLs are the ones the card was requested at, or ``A2A_BASE_URL``.
 {'name': 'Friday', 'version': '2.0'}
 """
 
+from typing import Any
+
 from agentscope_serverless.deployers.adapter.a2a.a2a_protocol_adapter import (
     AgentCardWithRuntimeConfig,
     extract_a2a_config,
 )
 from agentscope_serverless.deployers.adapter.a2a.a2a_registry import A2ARegistry
+from agentscope_serverless.not_offered import missing_name
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_name(__name__, name)
+
 
 __all__ = ["A2ARegistry", "AgentCardWithRuntimeConfig", "extract_a2a_config"]

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.settings import environment_port
 
 DEFAULT_WELLKNOWN_PATH = "/.well-known/agent-card.json"
@@ -90,6 +91,10 @@ def extract_a2a_config(
             "its own URL, whose card is at /.well-known/agent-card.json"
         )
     return config
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_name(__name__, name)
 
 
 __all__ = ["AgentCardWithRuntimeConfig", "extract_a2a_config"]
