@@ -947,3 +947,29 @@ async def test_marks_updated_at_once_are_all_kept(
         *(history.update_message_marks(user_id, "s1", m, None, [a.id]) for m in marks)
     )
     assert sorted((await history.message_marks(user_id, "s1"))[a.id]) == marks
+
+
+async def test_a_session_keeps_one_summary_until_replaced_or_deleted(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    assert await history.session_summary(user_id, "s1") == ""
+    await history.set_session_summary(user_id, "s1", "they talked of tea")
+    assert await history.session_summary(user_id, "s1") == "they talked of tea"
+    # Setting it creates the session, whose history stays as it was.
+    assert texts(await history.get_session(user_id, "s1")) == []
+    await history.append_message(Session(id="s1", user_id=user_id), text_message("a"))
+    await history.set_session_summary(user_id, "s1", "and of coffee")
+    assert await history.session_summary(user_id, "s1") == "and of coffee"
+    assert texts(await history.get_session(user_id, "s1")) == ["a"]
+    await history.set_session_summary(user_id, "s1", "")
+    assert await history.session_summary(user_id, "s1") == ""
+    await history.set_session_summary(user_id, "s1", "again")
+    await history.delete_session(user_id, "s1")
+    assert await history.session_summary(user_id, "s1") == ""
+
+
+async def test_a_summary_that_is_no_text_is_refused(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    with pytest.raises(InvalidInputError, match="summary"):
+        await history.set_session_summary(user_id, "s1", None)  # type: ignore[arg-type]

@@ -274,10 +274,14 @@ async def main():
         await memory.add([a, b, c])
         # agentscope's ReActAgent, compressing its memory, marks what the summary replaces.
         print(await memory.update_messages_mark(new_mark="compressed", msg_ids=[a.id, b.id]))
+        await memory.update_compressed_summary("a and b")
     async with make() as service:
         memory = AgentScopeSessionHistoryMemory(service, "alice", sid)
+        # The summary in place of what it replaces, as the agent reads its memory.
         print([m.content for m in await memory.get_memory(exclude_mark="compressed")])
-        print([m.content for m in await memory.get_memory(mark="compressed")])
+        read = memory.get_memory
+        print([m.content for m in await read(exclude_mark="compressed", prepend_summary=False)])
+        print([m.content for m in await read(mark="compressed", prepend_summary=False)])
         print(await memory.delete([b.id]), await memory.delete_by_mark("compressed"))
         print([m.content for m in await memory.get_memory()], await memory.size())
         # Another object appending while this one deletes: nothing it stores is lost.
@@ -321,9 +325,10 @@ def test_the_session_memory_marks_and_deletes_stored_messages_as_agentscopes(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "2",
+        "['a and b', 'c']",
         "['c']",
         "['a', 'b']",
         "1 1",
-        "['c'] 1",
+        "['a and b', 'c'] 1",
         str(sorted(f"new {i}" for i in range(5))),
     ]

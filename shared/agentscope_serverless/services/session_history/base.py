@@ -26,6 +26,7 @@ from agentscope_serverless.services._validation import (
     new_or_clean_session_id,
     require_positive_int,
     require_user_id,
+    require_utf8,
     to_messages,
 )
 from agentscope_serverless.services.base import (
@@ -252,6 +253,30 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             return 0
         return await self._update_message_marks(user_id, sid, new_mark, old_mark, ids)
 
+    async def session_summary(self, user_id: str, session_id: str) -> str:
+        """The summary kept with the session (``""`` when none, or no session): what an
+        AgentScope memory compressed its older messages into."""
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        sid = clean_session_id(session_id)
+        if sid is None:
+            return ""
+        return await self._session_summary(user_id, sid)
+
+    async def set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        """Keep ``summary`` with the session (created if missing), in place of the one it
+        had; ``""`` removes it. The history stays as it is.
+
+        >>> async def compress(service: SessionHistoryService) -> None:
+        ...     await service.set_session_summary("u1", "s1", "They planned a trip.")
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        if not isinstance(summary, str):
+            raise InvalidInputError("summary must be a string", field="summary")
+        require_utf8(summary, field="summary")
+        await self._set_session_summary(user_id, new_or_clean_session_id(session_id), summary)
+
     def prepare_append(self, session: Session, messages: list[Message]) -> PreparedWrite | None:
         """:meth:`append_message` of ``messages``, prepared to be applied with a write of
         another service in one request (see :class:`PreparedWrite`); its result is None.
@@ -353,6 +378,14 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """Apply :func:`remark` to the marks of each message (of ``message_ids``, distinct,
         or every one), atomically for each; how many it changed."""
         raise NotImplementedError(f"{type(self).__name__} cannot mark messages")
+
+    async def _session_summary(self, user_id: str, session_id: str) -> str:
+        """The session's summary, ``""`` when none."""
+        return ""
+
+    async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        """Replace the session's summary (``""``: remove it), creating the session."""
+        raise NotImplementedError(f"{type(self).__name__} cannot keep a summary")
 
 
 def remark(marks: list[str], new_mark: str | None, old_mark: str | None) -> list[str] | None:

@@ -11,7 +11,8 @@ pk                         sk                  attributes
                                                ``creation_order`` (sort key of the local
                                                index ``by_creation``), ``next_seq``,
                                                ``generation``, ``expires_at``,
-                                               ``stamped_until``
+                                               ``stamped_until``, ``summary`` (when one
+                                               is kept)
 ``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
                                                (larger ones: head plus tail items); with
                                                ``max_messages_per_session``, ``claim``: the
@@ -672,6 +673,31 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             )
             if item.get("marks", {}).get("L")
         }
+
+    async def _session_summary(self, user_id: str, session_id: str) -> str:
+        meta = await self._read_meta(user_id, session_id)
+        return "" if meta is None else meta.get("summary", {}).get("S", "")
+
+    async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        while True:
+            meta = await self._read_meta(user_id, session_id)
+            if meta is None:
+                meta, _ = await self._create_meta(user_id, session_id)
+            update, values = "REMOVE summary", {":generation": meta["generation"]}
+            if summary:
+                update, values[":summary"] = "SET summary = :summary", s(summary)
+            try:
+                await self._store.run(
+                    "update_item",
+                    idempotent=True,
+                    Key=self._session_key(user_id, session_id),
+                    UpdateExpression=update,
+                    ConditionExpression="generation = :generation",
+                    ExpressionAttributeValues=values,
+                )
+                return
+            except ConditionFailed:
+                continue  # deleted (or created again) meanwhile
 
     async def _update_message_marks(
         self,

@@ -43,6 +43,7 @@ class _StoredSession:
     dropped: int = 0
     # The marks of the messages having any, by id.
     marks: dict[str, list[str]] = field(default_factory=dict)
+    summary: str = ""
 
 
 class InMemorySessionHistoryService(SessionHistoryService):
@@ -186,6 +187,16 @@ class InMemorySessionHistoryService(SessionHistoryService):
             else:
                 stored.marks.pop(message_id, None)
         return updated
+
+    async def _session_summary(self, user_id: str, session_id: str) -> str:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        return "" if stored is None else stored.summary
+
+    async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        stored = self._sessions.setdefault(user_id, {}).get(session_id)
+        if stored is None:
+            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        stored.summary = summary
 
     @staticmethod
     def _to_session(

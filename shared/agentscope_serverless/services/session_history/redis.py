@@ -5,7 +5,8 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:sessions        ZSET  session id -> creation order (the user's index)
     <prefix>:session:{U}:counter         STRING creation counter
     <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
-    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far)
+    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far),
+                                               summary (when one is kept)
     <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
     <prefix>:session:{U}:s:S:ids         HASH  message id -> its position (appends skip known ids)
     <prefix>:session:{U}:s:S:ids:order   LIST  message ids in append order (only with
@@ -251,6 +252,30 @@ return updated
 """
 )
 
+# ARGV[3]: the summary ('' removes it).
+_SET_SUMMARY = (
+    _PRELUDE
+    + """
+ensure()
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[1], 'summary')
+else
+  redis.call('HSET', KEYS[1], 'summary', ARGV[3])
+end
+touch()
+return 1
+"""
+)
+
+_SUMMARY = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+touch()
+return redis.call('HGET', KEYS[1], 'summary')
+"""
+)
+
 _MARKS = (
     _PRELUDE
     + """
@@ -465,6 +490,13 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
         raw = await self._session_call(_MARKS, user_id, session_id, idempotent=True)
         return {text(raw[i]): json.loads(raw[i + 1]) for i in range(0, len(raw), 2)}
+
+    async def _session_summary(self, user_id: str, session_id: str) -> str:
+        summary = await self._session_call(_SUMMARY, user_id, session_id, idempotent=True)
+        return "" if summary is None else text(summary)
+
+    async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        await self._session_call(_SET_SUMMARY, user_id, session_id, summary, idempotent=True)
 
     async def _update_message_marks(
         self,

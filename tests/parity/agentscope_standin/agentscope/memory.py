@@ -29,6 +29,9 @@ class MemoryBase:
     ) -> int:
         raise NotImplementedError
 
+    async def update_compressed_summary(self, summary: str) -> None:
+        self._compressed_summary = summary
+
     async def get_memory(
         self,
         mark: str | None = None,

@@ -16,7 +16,8 @@ conversation. Messages of the history are marked in the service
 (``update_messages_mark``: AgentScope's ReActAgent marks those it compressed into a
 summary, and reads its memory without them) and deleted from it (``delete``, and
 ``delete_by_mark``), each atomically: a message stored meanwhile by another process is
-never lost.
+never lost. The summary (``update_compressed_summary``) is kept with the session too, and
+put first when the memory is read.
 """
 
 from __future__ import annotations
@@ -95,10 +96,17 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
             for msg, marks in self._marked
             if (mark is None or mark in marks) and exclude_mark not in marks
         ]
-        summary = getattr(self, "_compressed_summary", "")
-        if prepend_summary and summary:
+        summary = ""
+        if prepend_summary:
+            summary = await self.service.session_summary(self.user_id, self.session_id)
+        if summary:
             msgs.insert(0, message_to_agentscope_msg({"role": "user", "content": summary}))
         return msgs
+
+    async def update_compressed_summary(self, summary: str) -> None:
+        """Keep ``summary`` (of the messages compressed) with the session, in place of the
+        one before."""
+        await self.service.set_session_summary(self.user_id, self.session_id, summary)
 
     async def delete_by_mark(self, mark: str | list[str], *args: Any, **kwargs: Any) -> int:
         """Delete the messages with ``mark`` (or any of the marks), kept here or stored;
