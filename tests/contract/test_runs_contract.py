@@ -630,11 +630,11 @@ async def test_a_run_whose_heartbeat_stopped_is_seen_failed_and_its_followers_to
 ) -> None:
     # Its process died (a Lambda timeout): it stayed in progress until its expiry, a
     # follower of its events waited for ever, a cancel answered 202 and an erase waited.
-    stale = time.time() - LOST_AFTER_SECONDS - 5
     async with runs_factory() as runs:
         await _record_lost_run(runs, user_id)
-        # The record of an A2A task is the SDK's, saved with no heartbeat: never lost.
-        task = RunRecord(id="task", user_id=user_id, kind="a2a_task", updated_at=stale)
+        # The record of an A2A task is the SDK's, saved with no heartbeat: one just made, its
+        # run not named yet, is in progress.
+        task = RunRecord(id="task", user_id=user_id, kind="a2a_task")
         await runs.create_run(task)
         seen = await runs.get_run(user_id, "lost")
         assert seen is not None and seen.status == "failed"
@@ -683,6 +683,49 @@ async def test_an_a2a_task_whose_run_was_lost_is_seen_failed_and_not_waited_for(
         assert [item async for item in runs.follow(user_id, "task")] == []
         assert await runs.stop_runs(user_id, "s1", wait=0.5) == []
         assert await runs.stop_runs(user_id, wait=0.5) == []
+
+
+async def test_an_a2a_task_that_never_had_a_run_stored_is_seen_failed_once_clearly_lost(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Its instance died between making the task and its first update (naming its run), or
+    # before the run it named was stored: the task's record stayed in progress until it
+    # expired, its followers polled without end and an erase waited for it.
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    submitted = {"id": "unnamed", "contextId": "s1", "status": {"state": "TASK_STATE_SUBMITTED"}}
+    named = {
+        "id": "unstored",
+        "contextId": "s1",
+        "status": {"state": "TASK_STATE_WORKING"},
+        "metadata": {"run_id": "never-stored"},
+    }
+    async with runs_factory() as runs:
+        for result in (submitted, named):
+            await runs.create_run(
+                RunRecord(
+                    id=result["id"],
+                    user_id=user_id,
+                    session_id="s1",
+                    kind="a2a_task",
+                    result=result,
+                    updated_at=stale,
+                )
+            )
+        # One just made has its first update to come: it is not taken for lost.
+        fresh = RunRecord(
+            id="fresh", user_id=user_id, session_id="s1", kind="a2a_task", result=submitted
+        )
+        await runs.create_run(fresh)
+        for task_id in ("unnamed", "unstored"):
+            seen = await runs.get_run(user_id, task_id)
+            assert seen is not None and (seen.status, seen.error) == ("failed", _LOST)
+            assert [item async for item in runs.follow(user_id, task_id)] == []
+        assert (await runs.get_run(user_id, "fresh")).status == "in_progress"  # type: ignore[union-attr]
+        listed = {r.id: r.status for r in await runs.list_runs(user_id, "s1")}
+        assert listed == {"unnamed": "failed", "unstored": "failed", "fresh": "in_progress"}
+        recent = {r.id: r.status for r in await runs.recent_runs(user_id, 0)}
+        assert recent == listed
+        assert await runs.stop_runs(user_id, "s1", wait=0.5) == ["fresh"]
 
 
 async def test_a_follower_resuming_after_a_lost_runs_ending_is_not_told_again(

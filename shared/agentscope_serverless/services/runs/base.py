@@ -69,7 +69,9 @@ QUEUED_LOST_AFTER_SECONDS = 6 * 3600 + LOST_AFTER_SECONDS
 _BEATING: frozenset[str] = frozenset({"process", "openai", "a2a", "task"})
 # The key of an A2A task's metadata holding the id of its run: the record of an A2A task
 # (kind ``a2a_task``) has no heartbeat of its own, and one in progress whose run was lost
-# is seen failed as its run is.
+# is seen failed as its run is; so is one whose run was never stored (its process stopped
+# before naming it, or before storing it: a run is stored FIRST_WRITE_DELAY after its start)
+# once its record is older than LOST_AFTER_SECONDS.
 RUN_ID_KEY = "run_id"
 RUN_LOST = "RUN_LOST"
 _LOST_ERROR = {
@@ -135,12 +137,24 @@ class RunRecord(BaseModel):
         return self.kind in _BEATING and not self.finished and time.time() - self.updated_at > limit
 
 
-def _as_seen(record: RunRecord, *, run_lost: bool = False) -> RunRecord:
-    """``record`` as readers see it: a lost run failed (``RUN_LOST``), and so an A2A task
-    whose run was lost (``run_lost``)."""
-    if not record.lost and not run_lost:
-        return record
-    return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
+def _as_seen(record: RunRecord, run: RunRecord | None = None) -> RunRecord:
+    """``record`` as readers see it: a lost run failed (``RUN_LOST``), and so an A2A task in
+    progress whose run (``run``, as stored; None when the task names none or it is not
+    stored) was lost, or was never stored while the task's record is older than
+    :data:`LOST_AFTER_SECONDS`."""
+    if record.lost or _task_lost(record, run):
+        return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
+    return record
+
+
+def _task_lost(record: RunRecord, run: RunRecord | None) -> bool:
+    """Whether ``record`` is an A2A task in progress that nothing will end: its run ``run``
+    was lost, or none was stored and the task was last written too long ago for it to be."""
+    if record.kind != "a2a_task" or record.finished:
+        return False
+    if run is None:
+        return time.time() - record.updated_at > LOST_AFTER_SECONDS
+    return run.lost
 
 
 def _run_of_task(record: RunRecord) -> str | None:
@@ -347,13 +361,13 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
 
     async def _all_seen(self, records: list[RunRecord]) -> list[RunRecord]:
         """``records`` as readers see them: a lost run failed, and so an A2A task in
-        progress whose run was lost (its run read from the store)."""
+        progress whose run was lost or never stored (its run read from the store)."""
         named = {(record.user_id, _run_of_task(record)) for record in records}
         wanted = [(user_id, run_id) for user_id, run_id in named if run_id is not None]
         runs = await asyncio.gather(*(self._load(user_id, run_id) for user_id, run_id in wanted))
-        lost = {(run.user_id, run.id) for run in runs if run is not None and run.lost}
+        found = {(run.user_id, run.id): run for run in runs if run is not None}
         return [
-            _as_seen(record, run_lost=(record.user_id, _run_of_task(record)) in lost)
+            _as_seen(record, found.get((record.user_id, _run_of_task(record) or "")))
             for record in records
         ]
 
