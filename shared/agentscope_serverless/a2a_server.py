@@ -378,9 +378,13 @@ class RunsTaskStore(TaskStore):
     async def _as_seen(self, record: RunRecord) -> Task:
         """The task stored in ``record``, as readers see it: one working whose run was lost
         (the process running it stopped before it ended, see :class:`RunRecord`) failed, with
-        the run's error, since nothing will end it."""
+        the run's error, since nothing will end it; one whose run ended before its own end
+        was stored, as its run ended (see :attr:`RunRecord.ended_by_run`), with the whole
+        reply from the run's events."""
         task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
         run_id = _run_of(task)
+        if record.ended_by_run and run_id:
+            await self._whole_reply(record.user_id, run_id, task)
         if task.status.state not in _WORKING or not run_id:
             return task
         run = await self.runs.get_run(record.user_id, run_id)
@@ -395,6 +399,26 @@ class RunsTaskStore(TaskStore):
         task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message))
         task.status.timestamp.FromSeconds(int(run.updated_at))
         return task
+
+    async def _whole_reply(self, user_id: str, run_id: str, task: Task) -> None:
+        """Put the whole reply of the run ``run_id`` (its stored events) in ``task``'s reply
+        artifact, in place."""
+        replies, text = _Replies(), []
+        for _, data in await self.runs.read_events(user_id, run_id):
+            text.append(replies.text_of(json.loads(data)))
+        if not any(text):
+            return
+        kept = [artifact for artifact in task.artifacts if artifact.name != "reply"]
+        del task.artifacts[:]
+        task.artifacts.extend(kept)
+        task.artifacts.append(
+            Artifact(
+                artifact_id=run_id,
+                name="reply",
+                parts=[Part(text="".join(text))],
+                metadata={RUN_ID_KEY: run_id},
+            )
+        )
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         """Tasks are not deleted one by one: they expire with the runs (``RUNS_TTL_SECONDS``)."""
@@ -542,22 +566,15 @@ class RunsRequestHandler(DefaultRequestHandler):
         run_id, first = _run_of(task), True
         replies = _Replies()
         async for _, data in self._runs.follow(user_id, run_id):
-            event = json.loads(data)
-            if event.get("object") == "message":
-                replies.see(event)
-            elif (
-                event.get("object") == "content"
-                and event.get("delta")
-                and event.get("text")
-                and replies.holds(event.get("msg_id"))
-            ):
+            text = replies.text_of(json.loads(data))
+            if text:
                 yield TaskArtifactUpdateEvent(
                     task_id=task.id,
                     context_id=task.context_id,
                     artifact=Artifact(
                         artifact_id=run_id,
                         name="reply",
-                        parts=[Part(text=event["text"])],
+                        parts=[Part(text=text)],
                         metadata={RUN_ID_KEY: run_id},
                     ),
                     append=not first,
@@ -614,6 +631,22 @@ class _Replies:
 
     def holds(self, msg_id: Any) -> bool:
         return msg_id in self._ids
+
+    def text_of(self, event: Any) -> str:
+        """The reply's text in ``event`` (a run's event as stored JSON reads), seeing the
+        messages it starts; "" for an event holding none."""
+        if not isinstance(event, dict):
+            return ""
+        if event.get("object") == "message":
+            self.see(event)
+        elif (
+            event.get("object") == "content"
+            and event.get("delta")
+            and self.holds(event.get("msg_id"))
+        ):
+            text = event.get("text")
+            return text if isinstance(text, str) else ""
+        return ""
 
 
 def _run_of(task: Task) -> str:

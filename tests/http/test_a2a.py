@@ -23,9 +23,11 @@ from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
 from a2a.types import (
     AgentCard,
+    Artifact,
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
+    Part,
     Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
@@ -44,7 +46,12 @@ from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
-from agentscope_serverless.schemas.agent_schemas import Message, MessageType, TextContent
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    Message,
+    MessageType,
+    TextContent,
+)
 from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS, RunRecord
 from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.settings import load_settings
@@ -442,6 +449,84 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
         }
         followed = await http.get(f"/runs/{task_id}/events")
         assert followed.status_code == 200 and "data:" not in followed.text
+
+
+async def _store_a_task_whose_end_was_not_stored(
+    redis_url: str, status: str, error: dict[str, Any] | None = None
+) -> str:
+    """A task still working as stored, whose run ended (``status``) with the reply "one two
+    three ": its instance stopped after the run's end was stored, before the task's. The
+    task holds the reply as its last write had it ("one "); its id."""
+    task_id, run_id, context_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in "trc")
+    asked = new_text_message("count to three", context_id=context_id, role=Role.ROLE_USER)
+    working = Task(
+        id=task_id,
+        context_id=context_id,
+        status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+        history=[asked],
+        artifacts=[
+            Artifact(
+                artifact_id=run_id,
+                name="reply",
+                parts=[Part(text="one ")],
+                metadata={RUN_ID_KEY: run_id},
+            )
+        ],
+        metadata={RUN_ID_KEY: run_id},
+    )
+    reply = Message(type=MessageType.MESSAGE, role="assistant")
+    events = [
+        AgentResponse(sequence_number=0),
+        reply.model_copy(update={"sequence_number": 1}),
+        *(
+            TextContent(text=word, delta=True, msg_id=reply.id, sequence_number=2 + i)
+            for i, word in enumerate(["one ", "two ", "three "])
+        ),
+    ]
+    async with RedisRunsService(redis_url=redis_url) as runs:
+        run = RunRecord(
+            id=run_id,
+            user_id="alice",
+            session_id=context_id,
+            kind="a2a",
+            status=status,
+            error=error,
+        )
+        stored = [(e.sequence_number or 0, e.model_dump_json(exclude_none=True)) for e in events]
+        await runs.record(run, stored, create=True, finish=True)
+        await runs.create_run(
+            RunRecord(
+                id=task_id,
+                user_id="alice",
+                session_id=context_id,
+                kind="a2a_task",
+                result=MessageToDict(working),
+            )
+        )
+    return task_id
+
+
+async def test_a_task_whose_end_was_not_stored_reads_as_its_run_ended(
+    two_servers: tuple[str, str, Keys], redis_server: RedisServer
+) -> None:
+    # Its instance stopped once its run had ended, before it stored the task's end: the run
+    # read completed (or failed), the task working for ever, every message to it refused.
+    first, _, keys = two_servers
+    completed = await _store_a_task_whose_end_was_not_stored(redis_server.url, "completed")
+    failure = {"code": "AGENT_ERROR", "message": "the well ran dry"}
+    failed = await _store_a_task_whose_end_was_not_stored(redis_server.url, "failed", failure)
+    async with _client(first, keys.alice, streaming=False) as client:
+        task = await client.get_task(GetTaskRequest(id=completed))
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert [get_artifact_text(a, delimiter="") for a in task.artifacts] == ["one two three "]
+        task = await client.get_task(GetTaskRequest(id=failed))
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        assert get_message_text(task.status.message) == "the well ran dry"
+    async with httpx.AsyncClient(base_url=first, headers=bearer(keys.alice), timeout=30) as http:
+        seen = (await http.get(f"/runs/{completed}")).json()
+        assert (seen["status"], seen["error"]) == ("completed", None)
+        seen = (await http.get(f"/runs/{failed}")).json()
+        assert (seen["status"], seen["error"]) == ("failed", failure)
 
 
 async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(

@@ -25,9 +25,10 @@ import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Error
@@ -123,6 +124,16 @@ class RunRecord(BaseModel):
         "only the mark that it was, until it expires.",
     )
 
+    # Set on an A2A task seen ended as its run did (see :func:`_as_seen`), not as stored.
+    _ended_by_run: bool = PrivateAttr(default=False)
+
+    @property
+    def ended_by_run(self) -> bool:
+        """Whether this is an A2A task read as its run ended, its own end not stored (its
+        process stopped in between): its result's reply is as last written, and its run's
+        events hold the whole of it."""
+        return self._ended_by_run
+
     @property
     def finished(self) -> bool:
         """Whether the run has ended (completed, failed or canceled)."""
@@ -141,10 +152,45 @@ def _as_seen(record: RunRecord, run: RunRecord | None = None) -> RunRecord:
     """``record`` as readers see it: a lost run failed (``RUN_LOST``), and so an A2A task in
     progress whose run (``run``, as stored; None when the task names none or it is not
     stored) was lost, or was never stored while the task's record is older than
-    :data:`LOST_AFTER_SECONDS`."""
+    :data:`LOST_AFTER_SECONDS`. An A2A task in progress whose run has ended is seen ended as
+    its run did (its process stopped before storing the task's end, or is storing it)."""
     if record.lost or _task_lost(record, run):
         return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
+    if run is not None and run.finished and record.kind == "a2a_task" and not record.finished:
+        return _task_ended(record, run)
     return record
+
+
+# An A2A task's state (as its JSON names it) once its run has ended so.
+_TASK_STATES = {
+    "completed": "TASK_STATE_COMPLETED",
+    "failed": "TASK_STATE_FAILED",
+    "canceled": "TASK_STATE_CANCELED",
+}
+
+
+def _task_ended(record: RunRecord, run: RunRecord) -> RunRecord:
+    """``record``, an A2A task in progress, ended as its run ``run`` did: its status, its
+    error, and its stored task's status (a failure's message is the run's error)."""
+    task = dict(record.result) if isinstance(record.result, dict) else {}
+    status: dict[str, Any] = {
+        "state": _TASK_STATES[run.status],
+        "timestamp": datetime.fromtimestamp(run.updated_at, UTC).isoformat().replace("+00:00", "Z"),
+    }
+    if run.status == "failed":
+        message = (run.error or {}).get("message") or "the agent failed"
+        status["message"] = {
+            "messageId": f"{run.id}-end",
+            "taskId": record.id,
+            "role": "ROLE_AGENT",
+            "parts": [{"text": str(message)}],
+        }
+        if task.get("contextId"):
+            status["message"]["contextId"] = task["contextId"]
+    task["status"] = status
+    seen = record.model_copy(update={"status": run.status, "error": run.error, "result": task})
+    seen._ended_by_run = True
+    return seen
 
 
 def _task_lost(record: RunRecord, run: RunRecord | None) -> bool:
