@@ -617,6 +617,12 @@ def _response(sequence: int, status: str) -> tuple[int, str]:
     )
 
 
+def _task_status(record: RunRecord) -> tuple[str, str]:
+    """The state of the A2A task ``record`` holds, and its status message's text."""
+    status = record.result["status"]
+    return status["state"], "".join(p["text"] for p in status.get("message", {}).get("parts", []))
+
+
 async def _record_lost_run(runs: RunsService, user_id: str) -> None:
     """The run ``lost`` of session s1, whose heartbeat stopped after its third event."""
     stale = time.time() - LOST_AFTER_SECONDS - 5
@@ -677,6 +683,8 @@ async def test_an_a2a_task_whose_run_was_lost_is_seen_failed_and_not_waited_for(
         await runs.create_run(task)
         seen = await runs.get_run(user_id, "task")
         assert seen is not None and (seen.status, seen.error) == ("failed", _LOST)
+        # The task it holds says so too (it said working).
+        assert _task_status(seen) == ("TASK_STATE_FAILED", _LOST["message"])
         listed = await runs.list_runs(user_id, "s1")
         assert [(r.id, r.status) for r in listed] == [("lost", "failed"), ("task", "failed")]
         assert [r.status for r in await runs.recent_runs(user_id, 0)] == ["failed", "failed"]
@@ -719,6 +727,7 @@ async def test_an_a2a_task_that_never_had_a_run_stored_is_seen_failed_once_clear
         for task_id in ("unnamed", "unstored"):
             seen = await runs.get_run(user_id, task_id)
             assert seen is not None and (seen.status, seen.error) == ("failed", _LOST)
+            assert _task_status(seen) == ("TASK_STATE_FAILED", _LOST["message"])
             assert [item async for item in runs.follow(user_id, task_id)] == []
         assert (await runs.get_run(user_id, "fresh")).status == "in_progress"  # type: ignore[union-attr]
         listed = {r.id: r.status for r in await runs.list_runs(user_id, "s1")}

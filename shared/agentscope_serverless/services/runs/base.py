@@ -154,10 +154,13 @@ def _as_seen(record: RunRecord, run: RunRecord | None = None) -> RunRecord:
     stored) was lost, or was never stored while the task's record is older than
     :data:`LOST_AFTER_SECONDS`. An A2A task in progress whose run has ended is seen ended as
     its run did (its process stopped before storing the task's end, or is storing it)."""
-    if record.lost or _task_lost(record, run):
+    if _task_lost(record, run):
+        at = record.updated_at if run is None else run.updated_at
+        return _task_ended(record, "failed", dict(_LOST_ERROR), at, by_run=False)
+    if record.lost:
         return record.model_copy(update={"status": "failed", "error": dict(_LOST_ERROR)})
     if run is not None and run.finished and record.kind == "a2a_task" and not record.finished:
-        return _task_ended(record, run)
+        return _task_ended(record, run.status, run.error, run.updated_at, by_run=True)
     return record
 
 
@@ -169,18 +172,21 @@ _TASK_STATES = {
 }
 
 
-def _task_ended(record: RunRecord, run: RunRecord) -> RunRecord:
-    """``record``, an A2A task in progress, ended as its run ``run`` did: its status, its
-    error, and its stored task's status (a failure's message is the run's error)."""
+def _task_ended(
+    record: RunRecord, ended: str, error: dict[str, Any] | None, at: float, *, by_run: bool
+) -> RunRecord:
+    """``record``, an A2A task in progress, ended (``ended``, with ``error``, at ``at``): its
+    status, its error and the status of the task it holds, which agree (a failure's message
+    is the error's); ``by_run`` when its run ended so (see :attr:`RunRecord.ended_by_run`)."""
     task = dict(record.result) if isinstance(record.result, dict) else {}
     status: dict[str, Any] = {
-        "state": _TASK_STATES[run.status],
-        "timestamp": datetime.fromtimestamp(run.updated_at, UTC).isoformat().replace("+00:00", "Z"),
+        "state": _TASK_STATES[ended],
+        "timestamp": datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z"),
     }
-    if run.status == "failed":
-        message = (run.error or {}).get("message") or "the agent failed"
+    if ended == "failed":
+        message = (error or {}).get("message") or "the agent failed"
         status["message"] = {
-            "messageId": f"{run.id}-end",
+            "messageId": f"{record.id}-end",
             "taskId": record.id,
             "role": "ROLE_AGENT",
             "parts": [{"text": str(message)}],
@@ -188,8 +194,8 @@ def _task_ended(record: RunRecord, run: RunRecord) -> RunRecord:
         if task.get("contextId"):
             status["message"]["contextId"] = task["contextId"]
     task["status"] = status
-    seen = record.model_copy(update={"status": run.status, "error": run.error, "result": task})
-    seen._ended_by_run = True
+    seen = record.model_copy(update={"status": ended, "error": error, "result": task})
+    seen._ended_by_run = by_run
     return seen
 
 
