@@ -73,7 +73,6 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.services._validation import require_session_id
 from agentscope_serverless.services.runs.base import (
     RUN_ID_KEY,
-    RUN_LOST,
     STOP_TIMEOUT_SECONDS,
     RunRecord,
     RunsService,
@@ -376,28 +375,15 @@ class RunsTaskStore(TaskStore):
         return await listing.list(params, context)
 
     async def _as_seen(self, record: RunRecord) -> Task:
-        """The task stored in ``record``, as readers see it: one working whose run was lost
-        (the process running it stopped before it ended, see :class:`RunRecord`) failed, with
-        the run's error, since nothing will end it; one whose run ended before its own end
-        was stored, as its run ended (see :attr:`RunRecord.ended_by_run`), with the whole
-        reply from the run's events."""
+        """The task stored in ``record`` (as the runs store reads it, its run read once),
+        as readers see it: one working whose run was lost (the process running it stopped
+        before it ended, see :class:`RunRecord`) failed, with the run's error, since nothing
+        will end it; one whose run ended before its own end was stored, as its run ended
+        (see :attr:`RunRecord.ended_by_run`), with the whole reply from the run's events."""
         task: Task = ParseDict(record.result, Task(), ignore_unknown_fields=True)
         run_id = _run_of(task)
         if record.ended_by_run and run_id:
             await self._whole_reply(record.user_id, run_id, task)
-        if task.status.state not in _WORKING or not run_id:
-            return task
-        run = await self.runs.get_run(record.user_id, run_id)
-        if run is None or run.error is None or run.error.get("code") != RUN_LOST:
-            return task
-        message = new_text_message(
-            run.error["message"],
-            context_id=task.context_id,
-            task_id=task.id,
-            role=A2ARole.ROLE_AGENT,
-        )
-        task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_FAILED, message=message))
-        task.status.timestamp.FromSeconds(int(run.updated_at))
         return task
 
     async def _whole_reply(self, user_id: str, run_id: str, task: Task) -> None:

@@ -5,6 +5,7 @@ over HTTP with a bearer key; and a client of A2A 0.3 through the SDK's compatibi
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import time
@@ -17,10 +18,12 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio
+from a2a.auth.user import User
 from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client
 from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
+from a2a.server.context import ServerCallContext
 from a2a.types import (
     AgentCard,
     Artifact,
@@ -39,7 +42,7 @@ from a2a.utils.errors import InvalidParamsError
 from fastapi import FastAPI, Response
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from agentscope_serverless.a2a_server import RUN_ID_KEY, TASK_SAVE_INTERVAL
+from agentscope_serverless.a2a_server import RUN_ID_KEY, TASK_SAVE_INTERVAL, RunsTaskStore
 from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
@@ -53,6 +56,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS, RunRecord
+from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, a2a_send, bearer, running
@@ -527,6 +531,56 @@ async def test_a_task_whose_end_was_not_stored_reads_as_its_run_ended(
         assert (seen["status"], seen["error"]) == ("completed", None)
         seen = (await http.get(f"/runs/{failed}")).json()
         assert (seen["status"], seen["error"]) == ("failed", failure)
+
+
+class _CountingRuns(InMemoryRunsService):
+    """Runs in memory, counting the reads of each record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: collections.Counter[str] = collections.Counter()
+
+    async def _load(self, user_id: str, run_id: str) -> RunRecord | None:
+        self.reads[run_id] += 1
+        return await super()._load(user_id, run_id)
+
+
+class _Alice(User):
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return "alice"
+
+
+async def test_reading_a_working_task_reads_its_run_once() -> None:
+    # Its run was read to see whether it was lost, then read again to tell the same.
+    working = Task(
+        id="task",
+        context_id="s1",
+        status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+        metadata={RUN_ID_KEY: "run"},
+    )
+    async with _CountingRuns() as runs:
+        await runs.create_run(RunRecord(id="run", user_id="alice", session_id="s1", kind="a2a"))
+        task = RunRecord(
+            id="task",
+            user_id="alice",
+            session_id="s1",
+            kind="a2a_task",
+            result=MessageToDict(working),
+        )
+        await runs.create_run(task)
+        context = ServerCallContext(user=_Alice())
+        seen = await RunsTaskStore(runs).get("task", context)
+        assert seen is not None and seen.status.state == TaskState.TASK_STATE_WORKING
+        assert runs.reads == {"task": 1, "run": 1}
+        runs.reads.clear()
+        listed = await RunsTaskStore(runs).list(ListTasksRequest(context_id="s1"), context)
+        assert [t.status.state for t in listed.tasks] == [TaskState.TASK_STATE_WORKING]
+        assert runs.reads == {"task": 1, "run": 1}  # the run listed with its task too
 
 
 async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(

@@ -414,10 +414,14 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def _all_seen(self, records: list[RunRecord]) -> list[RunRecord]:
         """``records`` as readers see them: a lost run failed, and so an A2A task in
         progress whose run was lost or never stored (its run read from the store)."""
+        # A task's run listed with it is not read again.
+        found = {(record.user_id, record.id): record for record in records}
         named = {(record.user_id, _run_of_task(record)) for record in records}
-        wanted = [(user_id, run_id) for user_id, run_id in named if run_id is not None]
+        wanted = [
+            (user, run_id) for user, run_id in named if run_id and (user, run_id) not in found
+        ]
         runs = await asyncio.gather(*(self._load(user_id, run_id) for user_id, run_id in wanted))
-        found = {(run.user_id, run.id): run for run in runs if run is not None}
+        found.update({(run.user_id, run.id): run for run in runs if run is not None})
         return [
             _as_seen(record, found.get((record.user_id, _run_of_task(record) or "")))
             for record in records
