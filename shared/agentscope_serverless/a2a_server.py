@@ -60,7 +60,12 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.log import logger
-from agentscope_serverless.recorder import FIRST_WRITE_DELAY, RecordedRun, RunRecorder
+from agentscope_serverless.recorder import (
+    FIRST_WRITE_DELAY,
+    RecordedRun,
+    RunRecorder,
+    write_last,
+)
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -275,8 +280,10 @@ class RunsTaskStore(TaskStore):
                 written.flush = asyncio.create_task(self._flush_later(user_id, written))
             return
         if written is None:
-            record = await self._store(user_id, task, None)
-            if task.status.state not in TERMINAL:
+            if task.status.state in TERMINAL:
+                await self._store_end(user_id, task, None)
+            else:
+                record = await self._store(user_id, task, None)
                 self._keep(key, _Written(record, task.status.state))
         else:
             async with written.lock:
@@ -284,18 +291,35 @@ class RunsTaskStore(TaskStore):
                     written.flush.cancel()
                     written.flush = None
                 written.pending = None
-                try:
-                    written.wrote(await self._store(user_id, task, written.record), task)
-                except Exception:
-                    if task.status.state in TERMINAL:
-                        raise
-                    # As a write made later: the next one (its end at the latest) holds the
-                    # whole task, and a failed one ended the reply's stream for nothing.
-                    logger.exception("could not save an A2A task", extra={"task_id": task.id})
+                if task.status.state in TERMINAL:
+                    await self._store_end(user_id, task, written.record)
+                else:
+                    try:
+                        written.wrote(await self._store(user_id, task, written.record), task)
+                    except Exception:
+                        # As a write made later: the next one (its end at the latest) holds
+                        # the whole task, and a failed one ended the reply's stream for
+                        # nothing.
+                        logger.exception("could not save an A2A task", extra={"task_id": task.id})
             if task.status.state in TERMINAL:
                 self._written.pop(key, None)
         if task.status.state == TaskState.TASK_STATE_CANCELED:
             await self._cancel_run(user_id, task)
+
+    async def _store_end(self, user_id: str, task: Task, record: RunRecord | None) -> None:
+        """Write the end of ``task`` (see :meth:`_store`), made again after a failure as a
+        run's last write is (:func:`~agentscope_serverless.recorder.write_last`): a store
+        failing for a moment left the task working for ever."""
+
+        async def write() -> None:
+            await self._store(user_id, task, record)
+
+        await write_last(
+            write,
+            pause=self.runs.poll_seconds,
+            failure="could not save an A2A task",
+            extra={"task_id": task.id},
+        )
 
     async def _store(self, user_id: str, task: Task, record: RunRecord | None) -> RunRecord:
         """Write ``task`` over ``record`` (the one this process last wrote), or over the one

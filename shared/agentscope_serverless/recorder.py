@@ -14,7 +14,8 @@ drives it in a task of its own, so the run is independent of the request that st
   costs one write (one Redis round trip), and any run is in the store that soon. A write
   that fails is made again with the next one (the last, saving the status, is tried
   ``LAST_WRITE_ATTEMPTS`` times, none begun after ``LAST_WRITE_PATIENCE_SECONDS``: a store
-  that slow to fail is not answering), so a store failing for a moment loses none of the run;
+  that slow to fail is not answering: :func:`write_last`), so a store failing for a moment
+  loses none of the run;
 - a run that completes within its first write delay is stored with its turn's history: the
   runner hands its turn's end to the recorder (:func:`~agentscope_serverless.runner.
   end_turns_with`), which appends the messages to the session and stores the whole run,
@@ -48,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from pydantic_core import PydanticSerializationError
@@ -368,17 +369,13 @@ class RecordedRun:
     async def _write_last(self) -> None:
         """The run's last write (its final status), tried again after a failure."""
         assert self._runs is not None
-        began = time.monotonic()
-        for attempt in range(LAST_WRITE_ATTEMPTS):
-            if attempt:
-                if time.monotonic() - began >= LAST_WRITE_PATIENCE_SECONDS:
-                    break
-                await asyncio.sleep(self._runs.poll_seconds)
-            try:
-                await self._write_burst(finish=True)
-                return
-            except Exception:
-                logger.exception("could not store the run", extra={"run_id": self.run_id})
+        with contextlib.suppress(Exception):  # each failure is logged
+            await write_last(
+                lambda: self._write_burst(finish=True),
+                pause=self._runs.poll_seconds,
+                failure="could not store the run",
+                extra={"run_id": self.run_id},
+            )
 
     async def _write_burst(self, *, finish: bool) -> None:
         """One write: the events not written yet (and, until a write succeeded, the run's
@@ -539,6 +536,32 @@ class RecordedRun:
             await asyncio.wait(pending)
 
 
+async def write_last(
+    write: Callable[[], Awaitable[None]],
+    *,
+    pause: float,
+    failure: str,
+    extra: dict[str, Any],
+) -> None:
+    """``write()``, the last write of something executing (what it stores once it has
+    ended), which stores the same when made twice: tried again ``pause`` seconds after a
+    failure, :data:`LAST_WRITE_ATTEMPTS` times at most, none begun after
+    :data:`LAST_WRITE_PATIENCE_SECONDS`. Each failure is logged (``failure``, with
+    ``extra``); the last one is raised."""
+    began = time.monotonic()
+    for attempt in range(1, LAST_WRITE_ATTEMPTS + 1):
+        try:
+            await write()
+            return
+        except Exception:
+            logger.exception(failure, extra=extra)
+            if attempt == LAST_WRITE_ATTEMPTS or (
+                time.monotonic() - began >= LAST_WRITE_PATIENCE_SECONDS
+            ):
+                raise
+        await asyncio.sleep(pause)
+
+
 def _canceled_before_it_began() -> RunCanceledError:
     return RunCanceledError(
         "the run was canceled before it began: its session was deleted, or your data erased"
@@ -681,4 +704,4 @@ class RunRecorder:
         self._live.pop((run.user_id, run.run_id), None)
 
 
-__all__ = ["FIRST_WRITE_DELAY", "EventItem", "RecordedRun", "RunRecorder"]
+__all__ = ["FIRST_WRITE_DELAY", "EventItem", "RecordedRun", "RunRecorder", "write_last"]

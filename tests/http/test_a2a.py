@@ -47,6 +47,7 @@ from agentscope_serverless.agents.a2a_tool import a2a_agent_tool
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import (
@@ -581,6 +582,47 @@ async def test_reading_a_working_task_reads_its_run_once() -> None:
         listed = await RunsTaskStore(runs).list(ListTasksRequest(context_id="s1"), context)
         assert [t.status.state for t in listed.tasks] == [TaskState.TASK_STATE_WORKING]
         assert runs.reads == {"task": 1, "run": 1}  # the run listed with its task too
+
+
+class _BlinkingRuns(InMemoryRunsService):
+    """Runs in memory refusing the first write of an A2A task's end, as a store does for a
+    moment (a connection lost, a failover)."""
+
+    poll_seconds = 0.01
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def _save(self, record: RunRecord) -> None:
+        if record.kind == "a2a_task" and record.finished and not self.refused:
+            self.refused += 1
+            raise StoreUnavailableError("redis", "the connection failed")
+        await super()._save(record)
+
+
+async def test_a_tasks_end_the_store_refuses_once_is_written_again() -> None:
+    # The write was not made again: the task stayed working for ever (the streaming client
+    # got an internal error), though its run had completed.
+    context = ServerCallContext(user=_Alice())
+    for kept in (True, False):  # written working by this process first, or not
+        async with _BlinkingRuns() as runs:
+            tasks = RunsTaskStore(runs)
+            task = Task(
+                id="task",
+                context_id="s1",
+                status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+                metadata={RUN_ID_KEY: "run"},
+            )
+            await tasks.save(task, context)
+            if not kept:
+                tasks = RunsTaskStore(runs)
+            task.status.state = TaskState.TASK_STATE_COMPLETED
+            await tasks.save(task, context)
+            assert runs.refused == 1
+            stored = await runs.get_run("alice", "task")
+            assert stored is not None and stored.status == "completed"
+            assert stored.result["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
 async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(
