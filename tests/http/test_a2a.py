@@ -961,6 +961,33 @@ async def test_an_a2a_0_3_call_without_an_id_is_refused_saying_so_and_not_run(
         assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
 
 
+@pytest.mark.parametrize("method", ["SendMessage", "SendStreamingMessage", "GetTask"])
+@pytest.mark.parametrize("without_id", [{}, {"id": None}])
+async def test_an_a2a_1_0_call_without_an_id_is_refused_saying_so_and_not_run(
+    served: tuple[str, Keys], method: str, without_id: dict[str, Any]
+) -> None:
+    # A JSON-RPC notification gets no answer, but the agent ran on it and its reply was sent
+    # back (with a null id); A2A 0.3 calls without an id were already refused, nothing run.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    message = new_text_message("secret words", context_id=context_id, role=Role.ROLE_USER)
+    params = {"message": MessageToDict(message)} if "Message" in method else {"id": "t1"}
+    call = {"jsonrpc": "2.0", "method": method, "params": params, **without_id}
+    async with httpx.AsyncClient(base_url=url, headers={"A2A-Version": "1.0"}, timeout=30) as http:
+        assert (await http.post("/a2a", json=call)).status_code == 401
+        answer = await http.post("/a2a", json=call, headers=bearer(keys.alice))
+        assert answer.status_code == 200, answer.text
+        error = answer.json()["error"]
+        assert (answer.json()["id"], error["code"]) == (None, -32600)
+        assert error["message"] == (
+            f"{method} needs an id (a string or a number): A2A takes no notifications"
+        )
+        assert "secret" not in answer.text
+        http.headers.update(bearer(keys.alice))
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+        assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)

@@ -4,7 +4,7 @@ The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
 (valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
 params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
-in A2A 1.0; one without an id is an invalid request), and the A2A call
+in A2A 1.0; one without an id, of either version, is an invalid request), and the A2A call
 context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
@@ -98,20 +98,28 @@ def _invalid_params(body: dict[str, Any], message: str) -> Response:
 
 
 def _notification_refused(body: Any) -> Response | None:
-    """The JSON-RPC error refusing an A2A 0.3 call without an id (or a null one): A2A 0.3
-    takes no notifications, its methods' requests need an id, and its SDK's own server
-    answers one with an error, running nothing. The SDK's 0.3 methods answer it as an
-    invalid request, with its validation's dump (quoting the call) logged as a server
-    error; this says what is missing."""
+    """The JSON-RPC error refusing an A2A call without an id (or a null one), an invalid
+    request, running nothing: A2A takes no notifications, its methods' requests need an id
+    (A2A 0.3's SDK's own server answers one with an error). The SDK's 0.3 methods answer it
+    as an invalid request, with its validation's dump (quoting the call) logged as a server
+    error; its 1.0 methods run it (the agent, for a message) and answer it with a null id,
+    where JSON-RPC sends no answer to a notification. This says what is missing."""
     if not isinstance(body, dict) or body.get("id") is not None:
         return None
     # Imported once the SDK's routes are: importing it first is an import cycle of the SDK.
     from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
+    from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
     method = body.get("method")
-    if not isinstance(method, str) or method not in JSONRPC03Adapter.METHOD_TO_MODEL:
+    if not isinstance(method, str):
         return None
-    message = f"{method} needs an id (a string or a number): A2A 0.3 takes no notifications"
+    if method in JSONRPC03Adapter.METHOD_TO_MODEL:
+        protocol = "A2A 0.3"
+    elif method in JsonRpcDispatcher.METHOD_TO_MODEL:
+        protocol = "A2A"
+    else:
+        return None
+    message = f"{method} needs an id (a string or a number): {protocol} takes no notifications"
     error = {"code": -32600, "message": message, "data": None}
     return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error})
 
