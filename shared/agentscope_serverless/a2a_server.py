@@ -383,15 +383,17 @@ class RunsTaskStore(TaskStore):
         return await self._as_seen(record)
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
-        """The tasks of a context (``context_id``), as ``params`` ask for them (their status,
-        updated since, a page of them, the last updated first: the SDK's listing picks them);
-        without a context, none are listed."""
+        """The caller's tasks, of a context when ``params`` name one (``context_id``), as
+        ``params`` ask for them (their status, updated since, a page of them, the last
+        updated first: the SDK's listing picks them)."""
         if not params.context_id:
-            return ListTasksResponse()
-        try:
-            records = await self.runs.list_runs(owner_of(context), params.context_id)
-        except InvalidInputError as exc:
-            raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
+            records = await self.runs.recent_runs(owner_of(context), 0.0)
+        else:
+            try:
+                records = await self.runs.list_runs(owner_of(context), params.context_id)
+            except InvalidInputError as exc:
+                message = f"contextId cannot name a session: {exc.message}"
+                raise InvalidParamsError(message) from None
         listing = InMemoryTaskStore()
         for record in records:
             if record.kind == "a2a_task":

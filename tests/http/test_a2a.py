@@ -768,6 +768,25 @@ async def test_a_contexts_tasks_are_listed_as_asked_filtered_newest_first_a_page
             await stream.aclose()
 
 
+async def test_tasks_listed_without_a_context_are_all_the_callers(
+    served: tuple[str, Keys],
+) -> None:
+    # ListTasks takes contextId as a filter: without one, none were listed (an empty page).
+    url, keys = served
+    async with _client(url, keys.alice, streaming=False) as client:
+        mine = set()
+        for text in ("one", "two"):
+            sent = await anext(client.send_message(_message(text, f"a2a-{uuid.uuid4().hex[:8]}")))
+            mine.add(sent.task.id)
+        listed = await client.list_tasks(ListTasksRequest(page_size=100))
+        assert mine <= {t.id for t in listed.tasks}
+        completed = ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED, page_size=100)
+        assert mine <= {t.id for t in (await client.list_tasks(completed)).tasks}
+    async with _client(url, keys.bob, streaming=False) as client:
+        listed = await client.list_tasks(ListTasksRequest(page_size=100))
+        assert not mine & {t.id for t in listed.tasks}
+
+
 async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:
     url, keys = served
     async with _client(url, keys.alice, streaming=True) as client:
