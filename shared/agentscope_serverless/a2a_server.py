@@ -603,10 +603,14 @@ class RunsRequestHandler(DefaultRequestHandler):
 def _refuse_what_is_not_text(message: A2AMessage) -> None:
     """Refuse a message the agent cannot be given whole, before a task is made for it: one
     holding a part of another kind than text (a file, data; its card takes ``text/plain``),
-    or no text. The agent ran without what was dropped, on an empty message if nothing was
-    left, which its session kept."""
-    for part in message.parts:
+    a part holding nothing, or no text. The agent ran without what was dropped, on an empty
+    message if nothing was left, which its session kept."""
+    for index, part in enumerate(message.parts):
         kind = part.WhichOneof("content")
+        if kind is None:
+            raise InvalidParamsError(
+                f"message.parts[{index}] holds nothing: a part holds a text, a url, raw or data"
+            )
         if kind != "text":
             raise ContentTypeNotSupportedError(
                 message=f"the message holds a {kind} part: this agent takes text parts only"

@@ -847,6 +847,9 @@ async def test_a_context_id_no_session_can_have_is_invalid_params(
         ([{"text": "look"}, {"url": "https://example.com/cat.png"}], -32005, "a url part"),
         ([{"raw": "aGk=", "mediaType": "text/plain"}], -32005, "a raw part"),
         ([{"text": " "}], -32602, "holds no text"),
+        # A part holding nothing was refused as "a None part" of a kind the agent cannot take.
+        ([{"text": "look"}, {"text": None}], -32602, "message.parts[1] holds nothing"),
+        ([{"metadata": {"a": 1}}], -32602, "message.parts[0] holds nothing"),
     ],
 )
 async def test_a_message_the_agent_cannot_take_whole_is_refused_not_run_without_it(
