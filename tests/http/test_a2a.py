@@ -8,6 +8,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import time
 import tracemalloc
 import uuid
@@ -1008,6 +1009,43 @@ async def test_an_a2a_1_0_call_without_an_id_is_refused_saying_so_and_not_run(
         http.headers.update(bearer(keys.alice))
         assert (await http.get(f"/sessions/{context_id}")).status_code == 404
         assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "answer_id", "says"),
+    [
+        ('"hello"', None, "a JSON-RPC request is an object"),
+        ("5", None, "a JSON-RPC request is an object"),
+        ("[]", None, "batches of requests (an array) are not supported"),
+        ('{"id": 3, "method": "GetTask", "params": {"id": "t1"}}', 3, 'jsonrpc must be "2.0"'),
+        ('{"jsonrpc": "2.0", "id": 3}', 3, "method must be a string"),
+        ('{"jsonrpc": "2.0", "id": 3, "method": 7}', 3, "method must be a string"),
+        ('{"jsonrpc": "2.0", "id": 1.5, "method": "GetTask"}', None, "id must be a string"),
+        ('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "GetTask"}', None, "id must be a string"),
+        ('{"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": "t1"}', 3, "params must be"),
+        ('{"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": null}', 3, "params must be"),
+    ],
+)
+async def test_a_body_that_is_no_json_rpc_request_is_refused_saying_why_not_logged_as_an_error(
+    served: tuple[str, Keys],
+    caplog: pytest.LogCaptureFixture,
+    body: str,
+    answer_id: Any,
+    says: str,
+) -> None:
+    # The SDK refused it, as an invalid request (or invalid params, for params null) whose
+    # message was "Invalid Request" or "Invalid params" only, and logged it as a server error
+    # with its traceback.
+    url, keys = served
+    headers = {**bearer(keys.alice), "A2A-Version": "1.0", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        with caplog.at_level(logging.ERROR, logger="a2a"):
+            answer = await http.post("/a2a", content=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == answer_id
+    assert answer.json()["error"]["code"] == -32600, answer.text
+    assert says in answer.json()["error"]["message"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:

@@ -4,7 +4,8 @@ The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
 (valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
 params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
-in A2A 1.0; one without an id, of either version, is an invalid request), and the A2A call
+in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC request, is
+an invalid request saying why), and the A2A call
 context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
@@ -75,7 +76,8 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
         if request.url.path == A2A_PATH:
             body = await request_body(request, any_type=True)
             refused = (
-                _notification_refused(body)
+                _request_refused(body)
+                or _notification_refused(body)
                 or _params_refused(body)
                 or _history_length_refused(body)
             )
@@ -95,6 +97,38 @@ _MAX_HISTORY_LENGTH = 2**31 - 1
 def _invalid_params(body: dict[str, Any], message: str) -> Response:
     error = {"code": -32602, "message": message, "data": None}
     return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+
+
+def _invalid_request(request_id: Any, message: str) -> Response:
+    error = {"code": -32600, "message": message, "data": None}
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def _request_refused(body: Any) -> Response | None:
+    """The JSON-RPC error refusing a body that is no JSON-RPC request, saying why: not an
+    object (a batch, an array, is not supported), its ``jsonrpc`` not "2.0", its method no
+    string, its id neither a string, an integer nor null, its params neither an object nor
+    an array. The SDK answers it as an invalid request (or invalid params) saying no more,
+    logged as a server error with its traceback. A body that is not JSON (None) is the
+    SDK's to answer (a parse error)."""
+    if body is None:
+        return None
+    if isinstance(body, list):
+        return _invalid_request(None, "batches of requests (an array) are not supported")
+    if not isinstance(body, dict):
+        return _invalid_request(None, "a JSON-RPC request is an object")
+    request_id = body.get("id")
+    if request_id is not None and (
+        isinstance(request_id, bool) or not isinstance(request_id, str | int)
+    ):
+        return _invalid_request(None, "id must be a string, an integer or null")
+    if body.get("jsonrpc") != "2.0":
+        return _invalid_request(request_id, 'jsonrpc must be "2.0"')
+    if not isinstance(body.get("method"), str) or not body["method"]:
+        return _invalid_request(request_id, "method must be a string")
+    if "params" in body and not isinstance(body["params"], dict | list):
+        return _invalid_request(request_id, "params must be an object or an array")
+    return None
 
 
 def _notification_refused(body: Any) -> Response | None:
