@@ -339,7 +339,9 @@ class RunsTaskStore(TaskStore):
             )
             await self.runs.create_run(record)
             return record
-        record = record.model_copy(update={"status": status, "result": stored})
+        # The record read may be the task as readers see it (lost, or ended as its run did,
+        # with the run's error): the task as it is now has none of that.
+        record = record.model_copy(update={"status": status, "result": stored, "error": None})
         await self.runs.save_run(record)
         return record
 

@@ -626,6 +626,32 @@ async def test_a_tasks_end_the_store_refuses_once_is_written_again() -> None:
             assert stored.result["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
+async def test_a_task_read_as_lost_that_ends_after_all_keeps_no_lost_error() -> None:
+    # Its instance stalled past the time a run may go without a heartbeat, then ran on and
+    # stored the task's end: its record said completed with the error RUN_LOST.
+    context = ServerCallContext(user=_Alice())
+    stale = time.time() - LOST_AFTER_SECONDS - 5
+    submitted = Task(
+        id="task", context_id="s1", status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)
+    )
+    async with InMemoryRunsService() as runs:
+        record = RunRecord(
+            id="task",
+            user_id="alice",
+            session_id="s1",
+            kind="a2a_task",
+            result=MessageToDict(submitted),
+            updated_at=stale,
+        )
+        await runs.create_run(record)
+        lost = await runs.get_run("alice", "task")
+        assert lost is not None and lost.status == "failed"
+        submitted.status.state = TaskState.TASK_STATE_COMPLETED
+        await RunsTaskStore(runs).save(submitted, context)
+        stored = await runs.get_run("alice", "task")
+        assert stored is not None and (stored.status, stored.error) == ("completed", None)
+
+
 async def test_a_task_write_the_store_refuses_midway_breaks_neither_reply_nor_task(
     two_servers: tuple[str, str, Keys], redis_server: RedisServer
 ) -> None:
