@@ -1074,6 +1074,31 @@ async def test_a_body_that_is_no_json_rpc_request_is_refused_saying_why_not_logg
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("GetTask", {"id": 5}),
+        ("GetTask", {"id": "t1", "historyLength": 2**40}),
+        ("ListTasks", {"statusTimestampAfter": "yesterday"}),
+        ("SendMessage", {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": 5}}),
+    ],
+)
+async def test_params_an_a2a_1_0_method_cannot_read_are_not_logged_as_a_server_error(
+    served: tuple[str, Keys], caplog: pytest.LogCaptureFixture, method: str, params: Any
+) -> None:
+    # The client's mistake was logged as a server error, with the SDK's traceback.
+    url, keys = served
+    call = {"jsonrpc": "2.0", "id": 4, "method": method, "params": params}
+    headers = {**bearer(keys.alice), "A2A-Version": "1.0"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        with caplog.at_level(logging.WARNING, logger="a2a"):
+            answer = (await http.post("/a2a", json=call)).json()
+    assert (answer["id"], answer["error"]["code"]) == (4, -32602), answer
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    warned = [r for r in caplog.records if r.getMessage() == "Failed to parse request params"]
+    assert [(r.levelno, r.exc_info) for r in warned] == [(logging.WARNING, None)]
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)

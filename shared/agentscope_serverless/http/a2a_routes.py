@@ -5,13 +5,14 @@ authenticated first (401 without a key), the request passes the checks every rou
 (valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
 params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
 in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC request, is
-an invalid request saying why), and the A2A call
-context carries the user it acts as, which scopes the tasks. Imported on the first A2A request (see
-:mod:`agentscope_serverless.http.routers.a2a`).
+an invalid request saying why; params a 1.0 method cannot read are logged as a warning,
+not a server error), and the A2A call context carries the user it acts as, which scopes the
+tasks. Imported on the first A2A request (see :mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -219,6 +220,23 @@ def _guarded(routes: list[Any]) -> list[Route]:
     ]
 
 
+class _ClientErrorsAsWarnings(logging.Filter):
+    """The SDK's record of an A2A 1.0 call whose params its method cannot read (a string
+    where a number goes, a historyLength past 32 bits...) as a warning without traceback:
+    the client's mistake, answered as invalid params (-32602), which the SDK logs as a
+    server error with its traceback. Its params are not read before the SDK's: that would
+    read a message of up to a megabyte twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.msg == "Failed to parse request params":
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_CLIENT_ERRORS_AS_WARNINGS = _ClientErrorsAsWarnings()
+
+
 def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
     """The SDK's request handler over our runs, and its routes (JSON-RPC with 0.3 compatibility,
     HTTP+JSON) at ``/a2a``."""
@@ -231,6 +249,9 @@ def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
         task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),
         agent_card=base_card,
     )
+    dispatcher_log = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+    if _CLIENT_ERRORS_AS_WARNINGS not in dispatcher_log.filters:
+        dispatcher_log.addFilter(_CLIENT_ERRORS_AS_WARNINGS)
     builder = _ContextBuilder()
     routes: list[Any] = [
         *create_jsonrpc_routes(handler, A2A_PATH, context_builder=builder, enable_v0_3_compat=True),
