@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import math
 import os
 import shlex
 import shutil
@@ -192,8 +193,11 @@ def serve(
         )
     if not app_dir.is_dir():
         _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
-    if header_timeout is not None and not header_timeout > 0:
-        _fail(f"--header-timeout must be a number of seconds above 0, not {header_timeout}", code=2)
+    if header_timeout is not None and not 0 < header_timeout < math.inf:
+        _fail(
+            f"--header-timeout must be a finite number of seconds above 0, not {header_timeout}",
+            code=2,
+        )
     overrides = {} if header_timeout is None else {"request_head_timeout_seconds": header_timeout}
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.

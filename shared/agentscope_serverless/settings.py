@@ -262,6 +262,7 @@ class Settings(BaseModel):
     request_head_timeout_seconds: float = Field(
         15.0,
         gt=0,
+        allow_inf_nan=False,  # inf would be no limit: half-sent requests held forever
         description=(
             "How long a client has to send a request's line and headers, from connecting or"
             " from the first byte of its next request, before its connection is closed."

@@ -636,10 +636,14 @@ def test_serve_cuts_off_a_client_sending_half_a_request_head(
         process.wait(timeout=30)
 
 
-def test_serve_refuses_a_header_timeout_that_is_not_positive() -> None:
-    said = run_cli("serve", "--header-timeout", "0", "--port", str(free_port()))
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_serve_refuses_a_header_timeout_that_is_not_a_finite_positive_number(seconds: str) -> None:
+    # "inf" turned the limit off, unsaid.
+    said = run_cli("serve", "--header-timeout", seconds, "--port", str(free_port()))
     assert said.returncode == 2
-    assert "--header-timeout must be a number of seconds above 0" in said.stderr
+    assert f"--header-timeout must be a finite number of seconds above 0, not {seconds}" in (
+        said.stderr
+    )
     assert "Traceback" not in said.stderr
 
 

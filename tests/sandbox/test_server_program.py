@@ -50,6 +50,18 @@ def test_the_server_refuses_to_start_without_a_token(scratch: Path) -> None:
     assert "no bearer token" in done.stderr
 
 
+@pytest.mark.parametrize("seconds", ["0", "nan", "inf"])
+def test_the_server_refuses_a_header_timeout_that_is_no_finite_positive_number(
+    scratch: Path, seconds: str
+) -> None:
+    # "inf" turned the limit off, unsaid: half-sent requests held connections forever again.
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN}
+    args = ["--port", str(free_port()), "--root", str(scratch), "--header-timeout", seconds]
+    done = run_briefly([*SERVER, *args], env)
+    assert done.returncode == 2
+    assert f"{seconds!r} is not a finite number of seconds above 0" in done.stderr
+
+
 def test_the_server_refuses_a_short_token(scratch: Path) -> None:
     env = {**os.environ, "SANDBOX_SERVER_TOKEN": "short"}
     done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)

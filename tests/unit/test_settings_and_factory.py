@@ -55,6 +55,19 @@ def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf", "Infinity", "1e400"])
+def test_a_request_head_timeout_that_is_no_finite_positive_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, seconds: str
+) -> None:
+    """``inf`` (or a number too large for a float) turned the limit off, unsaid: a client
+    sending half a request head held its connection open forever again."""
+    monkeypatch.setenv("REQUEST_HEAD_TIMEOUT_SECONDS", seconds)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "REQUEST_HEAD_TIMEOUT_SECONDS" in str(raised.value)
+    assert "finite" in str(raised.value) or "greater than 0" in str(raised.value)
+
+
 @pytest.mark.parametrize(
     "variable",
     [

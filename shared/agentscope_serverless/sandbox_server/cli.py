@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import sys
@@ -38,8 +39,8 @@ def _positive_seconds(text: str) -> float:
         seconds = float(text)
     except ValueError:
         seconds = 0.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    if not 0 < seconds < math.inf:  # inf would be no limit: half-sent requests held forever
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds above 0")
     return seconds
 
 
