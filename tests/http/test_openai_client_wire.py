@@ -256,20 +256,105 @@ def test_what_an_agent_cannot_give_in_a_response_is_a_400_naming_it(
 
 
 @pytest.mark.parametrize("text_format", ["json_object", ["text"], 5])
-def test_a_response_format_that_is_no_object_is_a_422_naming_it(
+def test_a_response_format_that_is_no_object_is_a_400_naming_it(
     sdk: openai.OpenAI, text_format: Any
 ) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as invalid:
+    with pytest.raises(openai.BadRequestError) as invalid:
         sdk.responses.create(model="m", input="hi", extra_body={"text": {"format": text_format}})
     assert invalid.value.param == "text.format"
 
 
-def test_a_body_that_is_not_json_is_a_422_saying_where(scenario: httpx.Client) -> None:
+# Invalid requests, as the SDK sends them (the body the SDK would build, or bytes as given).
+_INVALID_CHATS: list[tuple[dict[str, Any] | bytes, str | None]] = [
+    ({"model": "m"}, "messages"),  # missing
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": "hi"}, "messages"),  # wrong type
+    ({"model": "m", "messages": ASK, "temperature": 3}, "temperature"),  # out of range
+    ({"model": "m", "messages": ASK, "temperature": "hot"}, "temperature"),
+    ({"model": "m", "messages": ASK, "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "messages": ASK, "n": 2}, "n"),
+    ({"model": "m", "messages": ASK, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    # Text that is not Unicode: a lone surrogate (the SDK cannot send one, a JSON text can).
+    (
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "messages[0].content",
+    ),
+    (b'{"model": "m",}', "body"),  # not JSON
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\xff"}]}', "body"),  # not UTF-8
+]
+
+
+@pytest.mark.parametrize(("body", "param"), _INVALID_CHATS)
+def test_an_invalid_chat_completion_is_a_400_as_openai_answers_it(
+    sdk: openai.OpenAI, body: dict[str, Any] | bytes, param: str
+) -> None:
+    """It was a 422: the SDK raised UnprocessableEntityError, which code written against
+    OpenAI (``except openai.BadRequestError``) does not catch."""
+    sent = {"content": body} if isinstance(body, bytes) else {"body": body}
+    with pytest.raises(openai.BadRequestError) as invalid:
+        sdk.post(
+            "/chat/completions",
+            cast_to=httpx.Response,
+            options={"headers": {"Content-Type": "application/json"}},
+            **sent,  # type: ignore[arg-type]
+        )
+    assert invalid.value.status_code == 400
+    assert (invalid.value.type, invalid.value.param) == ("invalid_request_error", param)
+    assert isinstance(invalid.value.body, dict) and invalid.value.body["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "m", "input": "hi", "top_p": 2}, "top_p"),
+        ({"model": "m", "input": "hi", "text": {"format": "json_object"}}, "text.format"),
+        ({"model": "m", "input": "hi", "previous_response_id": "resp_"}, "previous_response_id"),
+    ],
+)
+def test_an_invalid_response_request_is_a_400_as_openai_answers_it(
+    sdk: openai.OpenAI, body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as invalid:
+        sdk.post("/responses", cast_to=httpx.Response, body=body)
+    assert (invalid.value.type, invalid.value.param) == ("invalid_request_error", param)
+
+
+def test_an_unknown_response_or_model_and_a_wrong_key_are_the_sdks_errors(
+    scenario_url: str, sdk: openai.OpenAI
+) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.responses.retrieve("resp_0a_aGk")
+    assert missing.value.type == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        sdk.models.retrieve("no-such-model")
+    with pytest.raises(openai.NotFoundError) as no_route:
+        sdk.embeddings.create(model="m", input="hi")
+    assert no_route.value.type == "not_found_error"
+    with (
+        openai.OpenAI(
+            base_url=f"{scenario_url}/compatible-mode/v1", api_key="ask_wrong", max_retries=0
+        ) as stranger,
+        pytest.raises(openai.AuthenticationError) as unauthenticated,
+    ):
+        stranger.responses.create(model="m", input="hi")
+    assert unauthenticated.value.type == "authentication_error"
+
+
+def test_the_projects_own_routes_keep_their_422(scenario: httpx.Client) -> None:
+    response = scenario.post("/process", json={"input": "hi"})
+    assert response.status_code == 422
+    assert response.json()["error"]["param"] == "input"
+
+
+def test_a_body_that_is_not_json_is_a_400_saying_where(scenario: httpx.Client) -> None:
     # It said "invalid request: body.14: JSON decode error", with the param "[14]".
     response = scenario.post(
         CHAT, content=b'{"model": "m",}', headers={"Content-Type": "application/json"}
     )
-    assert response.status_code == 422
+    assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "body"
     assert error["message"] == (
@@ -295,7 +380,7 @@ def test_every_error_has_the_shape_the_sdk_reads(
     with pytest.raises(openai.PermissionDeniedError) as denied:
         sdk.chat.completions.create(model="m", messages=ASK, user="bob")  # type: ignore[arg-type]
     assert denied.value.type == "permission_error"
-    with pytest.raises(openai.UnprocessableEntityError) as invalid:
+    with pytest.raises(openai.BadRequestError) as invalid:
         sdk.chat.completions.create(
             model="m",
             messages=[{"role": "robot", "content": "hi"}],  # type: ignore[list-item]
@@ -747,7 +832,7 @@ def test_function_call_items_of_a_responses_input_reach_the_session(
     ]
     assert stored[1]["content"][0]["data"]["name"] == "get_weather"
     assert stored[2]["content"][0]["data"] == {"call_id": "call_1", "name": None, "output": "sunny"}
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         sdk.responses.create(
             model="m",
             input=[
@@ -812,7 +897,7 @@ def test_a_tool_call_without_its_id_or_name_or_a_text_output_is_refused_and_not_
     # output that is not text would reach it empty, as if the tool had said nothing.
     session = f"tool-call-{uuid.uuid4()}"
     sent = [{"role": "user", "content": "weather?"}, message]
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         if field == "messages":
             sdk.chat.completions.create(
                 model="m", messages=sent, extra_headers={"X-Session-Id": session}

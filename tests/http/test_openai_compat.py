@@ -351,7 +351,7 @@ def test_malformed_messages_are_rejected_naming_the_item(
         "/compatible-mode/v1/chat/completions",
         json={"model": "m", "messages": [{"content": "no role"}]},
     )
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json()["error"]["fields"][0]["loc"] == ["messages", 0]
 
 
@@ -395,7 +395,7 @@ def test_files_reach_the_session_and_unknown_parts_are_refused(
         json={"model": "m", "messages": [{"role": "user", "content": [video]}]},
         headers={"X-Session-Id": "refused"},
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     assert "'video_url' are not supported" in refused.json()["error"]["message"]
     assert client.get("/sessions/refused").status_code == 404
 
@@ -453,7 +453,7 @@ def test_an_image_a_file_or_audio_without_a_source_is_refused_rather_than_stored
         json={"model": "m", **body},
         headers={"X-Session-Id": session},
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     sources = {"image": "image_url", "file": "file_url, file_id or file_data", "audio": "data"}
     needs = next(source for kind, source in sources.items() if kind in str(body))
     assert needs in refused.json()["error"]["message"]
@@ -481,7 +481,7 @@ def test_a_message_in_the_protocols_shape_has_its_parts_checked_as_openais(
         json={"model": "m", field: [message]},
         headers={"X-Session-Id": session},
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     assert "'image' are not supported" in refused.json()["error"]["message"]
     assert client.get(f"/sessions/{session}").status_code == 404
 
@@ -538,7 +538,7 @@ def test_data_a_chat_api_would_refuse_is_refused_rather_than_stored(
         json={"model": "m", field: [{"role": "user", "content": [part]}]},
         headers={"X-Session-Id": session},
     )
-    assert refused.status_code == 422, refused.text
+    assert refused.status_code == 400, refused.text
     assert said in refused.json()["error"]["message"]
     assert client.get(f"/sessions/{session}").status_code == 404
 
@@ -614,7 +614,7 @@ def test_a_part_other_than_text_in_a_system_or_assistant_message_is_refused(
     # made the model refuse every later turn of the session, as OpenAI refuses it at once.
     client = client_for(keys.alice)
     refused = client.post(f"/compatible-mode/v1/{path}", json={"model": "m", **body})
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     assert refused.json()["error"]["param"] == param
 
 
@@ -669,7 +669,7 @@ def test_a_user_message_without_content_is_refused_and_not_stored(
         json={"model": "m", **body},
         headers={"X-Session-Id": session},
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["param"] == param and (
         "content" in error["message"] or "no item" in error["message"]
@@ -829,15 +829,15 @@ def test_previous_response_id_continues_a_session_whose_id_encodes_with_an_under
 def test_a_previous_response_id_of_no_response_here_is_refused(
     sdk: openai.OpenAI, previous: str
 ) -> None:
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         sdk.responses.create(model="demo", input="hi", previous_response_id=previous)
 
 
 def test_asking_for_more_than_one_choice_is_refused_rather_than_ignored(
     sdk: openai.OpenAI,
 ) -> None:
-    """An agent gives one answer a turn: n=2 is a 422, not one choice where two were asked."""
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    """An agent gives one answer a turn: n=2 is a 400, not one choice where two were asked."""
+    with pytest.raises(openai.BadRequestError) as refused:
         sdk.chat.completions.create(
             model="agent", messages=[{"role": "user", "content": "hello"}], n=2
         )
@@ -905,7 +905,7 @@ def test_a_sampling_option_out_of_openais_range_is_refused_naming_it(
         json={"model": "m", **ask, **option},
         headers={"X-Session-Id": session},
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     assert refused.json()["error"]["param"] == param
     assert client.get(f"/sessions/{session}").status_code == 404
 
@@ -922,13 +922,13 @@ def test_a_model_name_longer_than_any_is_refused(
     refused = client.post(
         f"/compatible-mode/v1/{path}", json={"model": "m" * 900_000, **ask, "stream": True}
     )
-    assert refused.status_code == 422
+    assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "model"
 
 
 def test_a_message_of_a_role_no_agent_takes_is_refused_naming_it(sdk: openai.OpenAI) -> None:
     # It said "messages[0] is not a valid message".
-    with pytest.raises(openai.UnprocessableEntityError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         sdk.chat.completions.create(
             model="demo",
             messages=[{"role": "function", "name": "f", "content": "42"}],  # type: ignore[list-item]

@@ -21,7 +21,15 @@ from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import backend_settings
-from tests.support.http import Keys, bearer, parse_sse, running, stream, user_message
+from tests.support.http import (
+    Keys,
+    bearer,
+    invalid_status,
+    parse_sse,
+    running,
+    stream,
+    user_message,
+)
 from tests.support.slow_agent import app as slow_app
 
 
@@ -165,7 +173,7 @@ def test_a_cancel_on_disconnect_other_than_true_or_false_is_refused_before_anyth
             ),
         ):
             response = client.post(path, json={**body, "cancel_on_disconnect": value})
-            assert response.status_code == 422, response.text
+            assert response.status_code == invalid_status(path), response.text
             error = response.json()["error"]
             assert error["param"] == "cancel_on_disconnect"
             assert error["message"] == "cancel_on_disconnect must be true or false"

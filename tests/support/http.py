@@ -124,6 +124,12 @@ class Keys:
         )
 
 
+def invalid_status(path: str) -> int:
+    """The status of an invalid request on ``path``: 400 on the OpenAI-compatible routes, as
+    OpenAI answers it (its SDKs raise BadRequestError), 422 on the project's own."""
+    return 400 if path.startswith("/compatible-mode/v1/") else 422
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

@@ -9,6 +9,10 @@ Every error body has the same shape, the one OpenAI's SDKs read into their excep
 ``type`` is the kind of error by its status (OpenAI's names), ``param`` the first offending
 field (or null), ``fields`` is present for validation errors (400, 422). Server errors (500)
 say only ``internal server error``: no stack trace, no exception text, nothing secret.
+
+An invalid request is a 422, except on the OpenAI-compatible routes, where it is a 400 with
+the same body, as OpenAI answers it (:func:`status_on`): code written against OpenAI catches
+``openai.BadRequestError``, which the SDKs raise for a 400 only.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from agentscope_serverless.errors import (
     TimeLimitError,
     UnsupportedParameterError,
 )
-from agentscope_serverless.http.params import is_json_type
+from agentscope_serverless.http.params import COMPATIBLE_PREFIX, is_json_type
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import too_deep
 
@@ -124,6 +128,18 @@ def error_type(status: int) -> str:
     if status >= 500:
         return "server_error"
     return _TYPE_OF_STATUS.get(status, "invalid_request_error")
+
+
+def status_on(path: str, status: int) -> int:
+    """The status an answer of ``status`` is sent with on ``path``: an invalid request's 422 is
+    a 400 on the OpenAI-compatible routes, as OpenAI answers it (the body is the same).
+
+    >>> status_on("/compatible-mode/v1/chat/completions", 422), status_on("/process", 422)
+    (400, 422)
+    """
+    if status == 422 and path.startswith(f"{COMPATIBLE_PREFIX}/"):
+        return 400
+    return status
 
 
 def param_of(fields: Sequence[dict[str, Any]] | None) -> str | None:
@@ -316,7 +332,7 @@ _OPENAI_PATHS = re.compile(r"/(chat/completions|completions|responses|models|emb
 
 
 def _no_route(path: str) -> str:
-    if _OPENAI_PATHS.search(path) and not path.startswith("/compatible-mode/v1/"):
+    if _OPENAI_PATHS.search(path) and not path.startswith(f"{COMPATIBLE_PREFIX}/"):
         return (
             "Not Found: the OpenAI-compatible routes are under /compatible-mode/v1 (an SDK's "
             "base_url is http://<host>:<port>/compatible-mode/v1)"
@@ -348,6 +364,7 @@ __all__ = [
     "response_for",
     "status_of",
     "status_of_code",
+    "status_on",
     "unexpected_error",
     "unreadable_body",
 ]

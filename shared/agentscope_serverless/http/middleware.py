@@ -13,7 +13,9 @@ line per request records the method, the path (never the query string or headers
 longer than 1024 characters by its beginning and end), the status and the duration. An
 error no handler maps is answered here (a 500, logged as one line with its traceback), so
 the server never sees it; one after the response began is logged the same way, and the
-response left unfinished, for the server to cut.
+response left unfinished, for the server to cut. Every answer leaves with the status
+:func:`~agentscope_serverless.http.errors.status_on` gives it: an invalid request on the
+OpenAI-compatible routes is a 400, as OpenAI's, wherever it was refused.
 
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
@@ -66,7 +68,12 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PayloadTooLargeError,
 )
-from agentscope_serverless.http.errors import error_response, response_for, unexpected_error
+from agentscope_serverless.http.errors import (
+    error_response,
+    response_for,
+    status_on,
+    unexpected_error,
+)
 from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import bind_request_id, log_request, logger, redacted
@@ -149,7 +156,7 @@ class RequestContextMiddleware:
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status = message["status"] = status_on(scope["path"], message["status"])
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 

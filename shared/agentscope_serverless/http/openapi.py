@@ -33,7 +33,10 @@ class ErrorBody(BaseModel):
 
 
 _ERRORS = {
-    400: "The request is malformed.",
+    400: (
+        "The request is malformed, or asks what an agent cannot give; on the OpenAI-compatible "
+        "routes, any invalid request (what the others answer with 422), as OpenAI answers it."
+    ),
     401: "No API key, or one that is not valid (see `WWW-Authenticate`).",
     403: "The key may not act for the user the request names.",
     404: "The thing asked for does not exist (or belongs to another user).",
@@ -49,7 +52,8 @@ _ERRORS = {
     415: "The request body's media type is not accepted.",
     422: (
         "The request is not valid: a field (named in `fields`) has a bad value, holds text "
-        "that is not valid Unicode, or the request names a user more than once."
+        "that is not valid Unicode, or the request names a user more than once (a 400 on the "
+        "OpenAI-compatible routes)."
     ),
     500: (
         "A fault of the server (`INTERNAL_ERROR`, no details); or, for a run not streamed, the "

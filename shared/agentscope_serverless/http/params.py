@@ -24,6 +24,8 @@ OPTIONAL_ID_PATTERN = rf"^{_TEXT}*$"
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
 # The header naming the session of an OpenAI-compatible call (and, in answers, of any run).
 SESSION_HEADER = "X-Session-Id"
+# Where the OpenAI-compatible routes are: an SDK's base_url is http://<host>:<port> with it.
+COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
 SessionIdPath = Annotated[
     str,

@@ -46,7 +46,7 @@ from agentscope_serverless.http.idempotency import (
     writes_in_session,
 )
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
-from agentscope_serverless.http.params import SESSION_HEADER
+from agentscope_serverless.http.params import COMPATIBLE_PREFIX, SESSION_HEADER
 from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
@@ -68,7 +68,6 @@ from agentscope_serverless.time_limit import seconds_left
 _T = TypeVar("_T")
 
 RUN_HEADER = "X-Run-Id"
-COMPATIBLE_PREFIX = "/compatible-mode/v1"
 # When this process started: the ``created`` of the agent as an OpenAI model.
 STARTED = int(time.time())
 
