@@ -7,12 +7,13 @@
     agentscope-serverless deploy sam deploy --stack-name my-agent --param LlmModel=gpt-4o-mini
     agentscope-serverless deploy sam functions         # the template's functions as JSON
     agentscope-serverless deploy agentrun --agent mypkg.agent:app --out dist/
-    agentscope-serverless deploy modelstudio --agent mypkg.agent:app --out dist/
+    agentscope-serverless deploy modelstudio --agent mypkg.agent:app --out dist/ -r openai==1.40
 
 The scripts in ``deploy/`` run the same commands. The project packaged (the agent's code and
 its ``requirements.txt``) is ``--source``, else ``AGENTSCOPE_PROJECT_ROOT``, else the working
-directory; the runtime comes from this package, pinned by its ``runtime.lock``. Exit codes:
-0 done, 1 failed, 3 not deployed: no AWS credentials (the
+directory; an archive installs the ``--requirement``/``-r`` entries with its requirements (as
+the deployers' ``requirements=[...]``). The runtime comes from this package, pinned by its
+``runtime.lock``. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
 stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
 is built; ``--skip-upload`` builds the archive).
 """
@@ -94,6 +95,16 @@ NameOption = Annotated[str, typer.Option("--name", help="Name of the app and the
 EnvOption = Annotated[
     list[str] | None,
     typer.Option("--env", help="KEY=VALUE in the service's environment (repeatable)."),
+]
+RequirementOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--requirement",
+        "-r",
+        help="A requirement to install with the project's requirements.txt (openai==1.40, "
+        "name @ URL), or where packages are: '--index-url URL', '--extra-index-url URL' or "
+        "'--find-links PATH' (repeatable).",
+    ),
 ]
 SkipUploadOption = Annotated[
     bool, typer.Option("--skip-upload", help="Build only, even with Alibaba Cloud credentials.")
@@ -268,8 +279,21 @@ def sam_functions() -> None:
     typer.echo(_run(lambda: sam.functions_json(sam.assets() / "template.yaml")))
 
 
+def _requirements(values: list[str] | None) -> list[str]:
+    from agentscope_serverless.packaging.project import given_requirements
+
+    # Checked before anything is built; an entry is named by its place, not its text (an
+    # index URL may hold a password).
+    return list(_run(lambda: given_requirements(values or [], option="--requirement")))
+
+
 def _build_archive(
-    manager: ArchiveDeployManager, agent: str, name: str, env: dict[str, str], skip_upload: bool
+    manager: ArchiveDeployManager,
+    agent: str,
+    name: str,
+    env: dict[str, str],
+    skip_upload: bool,
+    requirements: list[str],
 ) -> None:
     with _steps(f"building the {manager.platform_name} archive") as step:
         try:
@@ -280,6 +304,7 @@ def _build_archive(
                     deploy_name=name,
                     skip_upload=skip_upload,
                     progress=step,
+                    requirements=requirements,
                 )
             )
         except UploadNotAvailableError as exc:
@@ -302,17 +327,19 @@ def agentrun(
     env: EnvOption = None,
     skip_upload: SkipUploadOption = False,
     project_root: ProjectRootOption = Path(),
+    requirement: RequirementOption = None,
 ) -> None:
     """Build an AgentRun archive: flat site-packages and agentrun.json (entry command)."""
     from agentscope_serverless.deployers.agentrun_deployer import AgentRunDeployManager
 
+    requirements = _requirements(requirement)
     try:  # it reads AgentScope's AGENT_RUN_* variables
         manager = AgentRunDeployManager(
             out, project_root=project_root, python_version=python_version
         )
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
-    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload)
+    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload, requirements)
 
 
 @modelstudio_app.command()
@@ -324,14 +351,16 @@ def modelstudio(
     env: EnvOption = None,
     skip_upload: SkipUploadOption = False,
     project_root: ProjectRootOption = Path(),
+    requirement: RequirementOption = None,
 ) -> None:
     """Build a ModelStudio archive: wheels, requirements.txt and deploy_starter/."""
     from agentscope_serverless.deployers.modelstudio_deployer import ModelStudioDeployManager
 
+    requirements = _requirements(requirement)
     manager = ModelStudioDeployManager(
         out, project_root=project_root, python_version=python_version
     )
-    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload)
+    _build_archive(manager, agent, name, _pairs(env, "--env"), skip_upload, requirements)
 
 
 deploy_app.command("agentrun")(agentrun)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging import sam
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
+from tests.deploy.test_archives import write_wheel
+from tests.deploy.test_deployers import without_alibaba_cloud_credentials
 
 runner = CliRunner()
 
@@ -181,4 +184,53 @@ def test_a_source_that_is_a_file_or_nothing_is_refused_before_anything_is_built(
         said = " ".join(result.output.replace("│", " ").split())  # out of its box
         assert result.exit_code == 2, result.output
         assert "--source" in said and says in said, said
+    assert not out.exists()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_requirements_given_on_the_command_line_are_installed_in_the_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str
+) -> None:
+    """The deployers took requirements=[...], the deploy commands had no way to give them: a
+    project had to list them in a requirements.txt of its own."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    write_wheel(project / "vendor", "agentscope_private_sdk", "1.0", "ANSWER = 42\n")
+    (project / "agent.py").write_text(
+        "import agentscope_private_sdk\n\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    given = ["-r", "--find-links ./vendor", "--requirement", "agentscope_private_sdk==1.0"]
+    command = ["deploy", platform, "--agent", "agent:app", "--source", str(project)]
+    out = ["--out", str(tmp_path / "out"), "--python-version", HOST_PYTHON, "--skip-upload"]
+    result = runner.invoke(app, [*command, *out, *given])
+    assert result.exit_code == 0, result.output
+    (archive,) = (tmp_path / "out").glob("*.zip")
+    with zipfile.ZipFile(archive) as built:
+        names = built.namelist()
+    wheel = "wheels/agentscope_private_sdk-1.0-py3-none-any.whl"
+    assert ("agentscope_private_sdk.py" if platform == "agentrun" else wheel) in names
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["openai", "--target=/srv/elsewhere"], "--requirement number 2 is the option --target"),
+        (["--index-url=https://user:s3cret@pypi.example/simple extra"], "--requirement number 1"),
+        (["openai --no-deps"], "--requirement number 1 carries an option"),
+        (["./libs/mylib"], "--requirement number 1 is not a requirement"),
+        ([" "], "--requirement number 1 is empty"),
+    ],
+)
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_a_requirement_option_that_is_no_requirement_is_refused_naming_its_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str, given: list[str], said: str
+) -> None:
+    without_alibaba_cloud_credentials(monkeypatch)
+    options = [option for entry in given for option in ("--requirement", entry)]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["deploy", platform, "--out", str(out), "--skip-upload", *options])
+    assert result.exit_code == 1, result.output
+    assert f"error: {said}" in result.output
+    assert "s3cret" not in result.output
     assert not out.exists()

@@ -480,14 +480,24 @@ _REQUIREMENT = re.compile(
 _OPTION_NAME = re.compile(r"^--?[A-Za-z][A-Za-z-]*$")
 
 
-def given_requirements(requirements: object) -> list[str]:
+def given_requirements(requirements: object, *, option: str | None = None) -> list[str]:
     """The lines of ``requirements``, as a deployer is given them (AgentScope's
     ``requirements=[...]``): each a requirement by name (``openai``, ``openai>=1.40``,
     ``name @ https://...``, with markers) or an option of a requirements file saying where
     packages are (``--index-url``, ``--extra-index-url``, ``--find-links``, with its value).
 
     Anything else, which would put other options (``--target``...) in the install, raises
-    :class:`PackagingError` naming the entry by its place: its text may hold a password.
+    :class:`PackagingError` naming the entry by its place: its text may hold a password. The
+    place is ``requirements[0]``, or, for entries given with a command line's repeated
+    ``option``, ``--requirement number 1``.
+
+    >>> given_requirements(["openai>=1.40", "--index-url https://pypi.example/simple"])
+    ['openai>=1.40', '--index-url https://pypi.example/simple']
+    >>> try:
+    ...     given_requirements(["openai", "--target=/srv"], option="--requirement")
+    ... except PackagingError as refused:
+    ...     print(refused.message.split(",")[0])
+    --requirement number 2 is the option --target
     """
     if isinstance(requirements, str) or not isinstance(requirements, Sequence):
         raise PackagingError(
@@ -496,7 +506,7 @@ def given_requirements(requirements: object) -> list[str]:
         )
     accepted = "--index-url, --extra-index-url or --find-links (-i, -f), with its value"
     for place, entry in enumerate(requirements):
-        where = f"requirements[{place}]"
+        where = f"{option} number {place + 1}" if option else f"requirements[{place}]"
         if not isinstance(entry, str):
             raise PackagingError(f"{where} is a {type(entry).__name__}, not text")
         if not entry.strip():
