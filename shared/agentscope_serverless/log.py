@@ -16,7 +16,8 @@ quoting a client's whole message stays a line of bounded length. The level comes
 ``POWERTOOLS_LOG_LEVEL`` (or ``LOG_LEVEL``), the service name from
 ``POWERTOOLS_SERVICE_NAME``. Never pass keys, tokens or request bodies to the logger; the
 secret values of the process (the settings', the agent's own: :func:`redact`) are replaced
-by ``***`` in every line all the same.
+by ``***`` in every line all the same, and so are the credentials a URL carries
+(``https://user:password@host``: :func:`without_url_credentials`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -94,11 +96,29 @@ class _Masking(logging.Formatter):
 
 
 def _masked(line: str) -> str:
-    """A JSON line with every secret given to :func:`redact` replaced by ``***``."""
+    """A JSON line with every secret given to :func:`redact` replaced by ``***``, and the
+    credentials of its URLs by ``****``."""
     for secret, as_json in _REDACTED:
         line = line.replace(as_json, "***")
         line = line.replace(secret, "***")
-    return line
+    return without_url_credentials(line)
+
+
+# What a URL carries before its host (``user:password@``, a token alone): up to the last @
+# before the host's end, not past a quote or a backslash (a JSON line's escapes).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/?#\"'`\\<>]*@")
+
+
+def without_url_credentials(text: str) -> str:
+    """``text`` with the credentials of each URL in it replaced by ``****``, as uv and pip
+    show them: a connection string or an index URL quoted by an error keeps its password.
+
+    >>> without_url_credentials("Invalid URL: https://alice:s3cret@pypi.example/simple")
+    'Invalid URL: https://****@pypi.example/simple'
+    >>> without_url_credentials("redis://:p@ss@cache:6379/0 and https://pypi.org/simple")
+    'redis://****@cache:6379/0 and https://pypi.org/simple'
+    """
+    return _URL_CREDENTIALS.sub("****@", text) if "://" in text else text
 
 
 # The secret values of the process (the settings', the agent's own) with their forms in a
@@ -133,15 +153,16 @@ def redact_aws_credentials() -> None:
 
 
 def redacted(text: str) -> str:
-    """``text`` with every secret given to :func:`redact` replaced by ``***``.
+    """``text`` with every secret given to :func:`redact` replaced by ``***``, and the
+    credentials of its URLs by ``****`` (:func:`without_url_credentials`).
 
     >>> redact(["sk-example-key"])
-    >>> redacted("the key sk-example-key was refused")
-    'the key *** was refused'
+    >>> redacted("the key sk-example-key was refused by https://bot:pw@api.example")
+    'the key *** was refused by https://****@api.example'
     """
     for secret, _ in _REDACTED:
         text = text.replace(secret, "***")
-    return text
+    return without_url_credentials(text)
 
 
 class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -290,4 +311,5 @@ __all__ = [
     "redact_aws_credentials",
     "redacted",
     "shortened",
+    "without_url_credentials",
 ]

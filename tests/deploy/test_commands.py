@@ -234,3 +234,52 @@ def test_a_requirement_option_that_is_no_requirement_is_refused_naming_its_place
     assert f"error: {said}" in result.output
     assert "s3cret" not in result.output
     assert not out.exists()
+
+
+# What uv quotes when it cannot read a requirement or an index URL (an invalid port here, so
+# the resolve fails at once, offline): the URL whole, its password too.
+QUOTED_BY_UV = [
+    ("--index-url https://alice:s3cret@127.0.0.1:99999/simple", "https://****@127.0.0.1:99999"),
+    ("mylib @ https://alice:s3cret@127.0.0.1:99999/mylib-1.0.tar.gz", "https://****@127.0.0.1"),
+    ("--extra-index-url https://tok%40en:s3cret@[bad/simple", "https://****@[bad/simple"),
+]
+
+
+@pytest.mark.parametrize("given", ["requirements.txt", "--requirement"])
+@pytest.mark.parametrize(("line", "shown"), QUOTED_BY_UV)
+def test_a_failed_resolve_never_shows_the_password_of_a_url_it_quotes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: str, line: str, shown: str
+) -> None:
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    options = ["--requirement", line]
+    if given == "requirements.txt":
+        (project / "requirements.txt").write_text(f"{line}\nsix\n")
+        options = []
+    command = ["deploy", "agentrun", "--agent", "agent:app", "--source", str(project)]
+    out = ["--out", str(tmp_path / "out"), "--python-version", HOST_PYTHON, "--skip-upload"]
+    result = runner.invoke(app, [*command, *out, *options])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "failed" in said and shown in said, said  # the error says what and where
+    assert "s3cret" not in said and "alice" not in said and "tok%40en" not in said
+
+
+def test_a_failed_sam_step_never_shows_the_password_of_a_url_it_quotes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # sam build runs pip on the layer's requirements: pip's error quotes their index URL.
+    sam_program = tmp_path / "sam"
+    sam_program.write_text(
+        "#!/bin/sh\necho 'Looking in indexes: https://alice:s3cret@pypi.example/simple' >&2\n"
+        "exit 1\n"
+    )
+    sam_program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    result = runner.invoke(app, ["deploy", "sam", "validate"])
+    assert result.exit_code == 1, result.output
+    assert "sam validate failed" in result.output
+    assert "https://****@pypi.example/simple" in result.output
+    assert "s3cret" not in result.output and "alice" not in result.output

@@ -106,3 +106,22 @@ def test_an_agents_failure_is_logged_with_the_run_id_a_client_can_quote(
     assert answer.json()["id"] == run_id
     (failed,) = [line for _, line in logged(capfd) if line["level"] == "ERROR"]
     assert failed["message"] == "the agent failed" and failed["run_id"] == run_id
+
+
+def test_the_password_of_a_url_an_agents_failure_quotes_is_neither_logged_nor_answered(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    # A connection string (a database's, an index's) in an exception's text: its password
+    # was logged with the traceback, and answered in the run's error.
+    keys = Keys.make()
+    quoted = "postgresql://app:s3cret@db.internal:5432/trips"
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message(quoted)], "stream": False}
+        answer = httpx.post(f"{url}/process", json=body, headers=bearer(keys.alice), timeout=30)
+    assert answer.json()["status"] == "failed"
+    assert "s3cret" not in answer.text
+    lines = logged(capfd)
+    (failed,) = [line for _, line in lines if line["level"] == "ERROR"]
+    assert "postgresql://****@db.internal:5432/trips" in json.dumps(failed)
+    assert not [text for text, _ in lines if "s3cret" in text]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.log import without_url_credentials
 from agentscope_serverless.serve import source_root
 
 PACKAGE = "agentscope_serverless"
@@ -347,11 +348,12 @@ def tool(name: str) -> str:
 
 
 def run(command: list[str], what: str, cwd: Path | None = None) -> str:
-    """Run ``command``; a failure raises :class:`PackagingError` with the output's tail."""
+    """Run ``command``; a failure raises :class:`PackagingError` with the output's tail (the
+    credentials of the URLs it quotes, a requirement's or an index's, left out)."""
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise PackagingError(f"{what} failed:\n{tail}")
+        raise PackagingError(f"{what} failed:\n{without_url_credentials(tail)}")
     return result.stdout
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.log import without_url_credentials
 from agentscope_serverless.packaging import project
 
 PLACEHOLDER_REGION = "us-east-1"
@@ -177,7 +178,8 @@ def _run_sam(project_root: Path, *args: str, offline: bool = True) -> str:
     output = (result.stdout + result.stderr).strip()
     if result.returncode != 0:
         tail = "\n".join(output.splitlines()[-20:])
-        raise PackagingError(f"sam {args[0]} failed:\n{tail}")
+        # pip, installing the layer's requirements, quotes their index URLs with passwords.
+        raise PackagingError(f"sam {args[0]} failed:\n{without_url_credentials(tail)}")
     return output
 
 
