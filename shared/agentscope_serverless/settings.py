@@ -60,7 +60,11 @@ class Settings(BaseModel):
     """
 
     # Defaults are validated like the environment's values (``~`` of AUTH_KEYS_FILE expands).
-    model_config = ConfigDict(extra="ignore", frozen=True, validate_default=True)
+    # Numbers are finite: inf would be a limit that never comes (a stalled body waited for
+    # forever) or no time to compute (a lease's end).
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, validate_default=True, allow_inf_nan=False
+    )
 
     def __init__(self, **values: Any) -> None:
         super().__init__(**{**_environment_values(type(self).model_fields), **values})
@@ -262,7 +266,6 @@ class Settings(BaseModel):
     request_head_timeout_seconds: float = Field(
         15.0,
         gt=0,
-        allow_inf_nan=False,  # inf would be no limit: half-sent requests held forever
         description=(
             "How long a client has to send a request's line and headers, from connecting or"
             " from the first byte of its next request, before its connection is closed."

@@ -55,6 +55,32 @@ def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "RUNS_CANCEL_POLL_SECONDS",
+        "TIME_LIMIT_MARGIN_SECONDS",
+        "SANDBOX_TIMEOUT_SECONDS",
+        "AUTH_KEYS_CACHE_SECONDS",
+        "REQUEST_BODY_TIMEOUT_SECONDS",
+        "IDEMPOTENCY_LEASE_SECONDS",
+        "SSE_PING_INTERVAL_SECONDS",
+        "LLM_TIMEOUT_SECONDS",
+    ],
+)
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400"])
+def test_a_duration_that_is_no_finite_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """inf was taken: IDEMPOTENCY_LEASE_SECONDS=inf failed every request with an
+    Idempotency-Key (a 500: no lease end to store), REQUEST_BODY_TIMEOUT_SECONDS=inf waited
+    for a stalled body forever."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert variable in str(raised.value)
+
+
 @pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf", "Infinity", "1e400"])
 def test_a_request_head_timeout_that_is_no_finite_positive_number_is_refused(
     monkeypatch: pytest.MonkeyPatch, seconds: str
