@@ -278,6 +278,31 @@ def test_an_http_api_event_of_a_named_stage_is_routed_without_the_stage(
     assert answer["statusCode"] == 404, answer
 
 
+def test_an_invalid_openai_request_behind_an_api_gateway_stage_is_a_400(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As everywhere else (OpenAI's SDKs raise BadRequestError for it): behind a stage, the
+    OpenAI-compatible routes' path is the one after the stage."""
+    keys_file = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(keys_file), "event-user")
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(keys_file))
+    handler = make_handler(["process"])
+    api = "abc123.execute-api.us-east-1.amazonaws.com"
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    for path, stage in [("/prod/compatible-mode/v1/chat/completions", "prod"), ("/process", "")]:
+        event = function_url_event("POST", path, headers=headers, body='{"model": "m"}')
+        event["headers"]["host"] = api
+        event["routeKey"] = "ANY /{proxy+}"
+        event["requestContext"].update(domainName=api, routeKey="ANY /{proxy+}")
+        if stage:
+            event["requestContext"]["stage"] = stage
+        answer = handler(event, None)
+        expected = 400 if stage else 422
+        assert answer["statusCode"] == expected, answer
+        assert json.loads(answer["body"])["error"]["type"] == "invalid_request_error"
+
+
 def test_the_urls_an_api_gateway_stage_serves_keep_its_stage(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

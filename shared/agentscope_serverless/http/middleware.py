@@ -156,7 +156,7 @@ class RequestContextMiddleware:
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"] = status_on(scope["path"], message["status"])
+                status = message["status"] = status_on(_route_path(scope), message["status"])
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
@@ -224,6 +224,21 @@ class StartupFailureMiddleware:
                 hint = " (LOG_LEVEL=DEBUG logs its traceback)"
                 await send({"type": "lifespan.startup.failed", "message": line + hint})
             raise  # the server, told already, says no more
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the routes see: the request's, after its root path (an API Gateway stage).
+
+    >>> _route_path({"path": "/prod/process", "root_path": "/prod"})
+    '/process'
+    >>> _route_path({"path": "/production/process", "root_path": "/prod"})
+    '/production/process'
+    """
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(f"{root}/"):
+        return path[len(root) :]
+    return path
 
 
 def _not_utf8(scope: Scope) -> InvalidInputError | None:
