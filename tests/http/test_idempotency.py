@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 import uuid
@@ -25,6 +26,8 @@ from tests.support.http import bearer, issue_key, parse_sse, running, stream, te
 
 # Long enough for a test's requests to replay before it, on a loaded machine.
 EXPIRY_SECONDS = 5
+# For the tests that wait for keys to expire: they replay nothing before.
+SHORT_EXPIRY_SECONDS = 1
 
 
 def text_message(text: str) -> dict[str, Any]:
@@ -37,25 +40,53 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
+@contextlib.contextmanager
+def serving(
+    request: pytest.FixtureRequest, expiry_seconds: int
+) -> Iterator[tuple[str, InMemoryKeyStore]]:
+    """The demo app on the backend ``request.param``, keeping keys ``expiry_seconds``."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
         env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
         settings = load_settings(
             **backend_settings(request.param, request),
-            idempotency_expiry_seconds=EXPIRY_SECONDS,
+            idempotency_expiry_seconds=expiry_seconds,
         )
         store = InMemoryKeyStore()
         with running(create_app(settings=settings, agent_app=demo_app, key_store=store)) as url:
             yield url, store
 
 
-@pytest.fixture
-def client(server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+@contextlib.contextmanager
+def user_client(server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+    """A client of ``server`` with the key of a new user."""
     url, store = server
     key = issue_key(store, f"user-{uuid.uuid4().hex[:10]}")
     with httpx.Client(base_url=url, headers=bearer(key), timeout=60) as http:
+        yield http
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
+    with serving(request, EXPIRY_SECONDS) as served:
+        yield served
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def expiring_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, InMemoryKeyStore]]:
+    with serving(request, SHORT_EXPIRY_SECONDS) as served:
+        yield served
+
+
+@pytest.fixture
+def client(server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+    with user_client(server) as http:
+        yield http
+
+
+@pytest.fixture
+def expiring_client(expiring_server: tuple[str, InMemoryKeyStore]) -> Iterator[httpx.Client]:
+    with user_client(expiring_server) as http:
         yield http
 
 
@@ -179,26 +210,27 @@ def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None
             assert saved.status_code == 201 and "Idempotent-Replayed" not in saved.headers
 
 
-def test_keys_expire(client: httpx.Client) -> None:
-    assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k")).is_success
-    time.sleep(EXPIRY_SECONDS + 1.5)
-    later = client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k"))
+def test_keys_expire(expiring_client: httpx.Client) -> None:
+    first = expiring_client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k"))
+    assert first.is_success
+    time.sleep(SHORT_EXPIRY_SECONDS + 1.5)
+    later = expiring_client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k"))
     assert later.status_code == 201 and later.json()["round_id"] == 2
 
 
 def test_a_request_run_again_after_its_key_expired_appends_nothing_twice(
-    client: httpx.Client,
+    expiring_client: httpx.Client,
 ) -> None:
     append = {"messages": [text_message("once")]}
     run = {"input": [text_message("hi")], "session_id": "s2", "stream": False}
-    assert client.post("/sessions/s1/messages", json=append, headers=keyed("a")).is_success
-    assert client.post("/process", json=run, headers=keyed("r")).is_success
-    time.sleep(EXPIRY_SECONDS + 1.5)  # as if the first answers were lost and the keys freed
-    again = client.post("/sessions/s1/messages", json=append, headers=keyed("a"))
+    assert expiring_client.post("/sessions/s1/messages", json=append, headers=keyed("a")).is_success
+    assert expiring_client.post("/process", json=run, headers=keyed("r")).is_success
+    time.sleep(SHORT_EXPIRY_SECONDS + 1.5)  # as if the first answers were lost and the keys freed
+    again = expiring_client.post("/sessions/s1/messages", json=append, headers=keyed("a"))
     assert again.status_code == 201 and "Idempotent-Replayed" not in again.headers
-    assert client.post("/process", json=run, headers=keyed("r")).is_success
-    assert message_texts(client, "s1") == ["once"]
-    assert len(message_texts(client, "s2")) == 2
+    assert expiring_client.post("/process", json=run, headers=keyed("r")).is_success
+    assert message_texts(expiring_client, "s1") == ["once"]
+    assert len(message_texts(expiring_client, "s2")) == 2
 
 
 def test_a_failed_request_frees_its_key(client: httpx.Client) -> None:
