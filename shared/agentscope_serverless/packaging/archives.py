@@ -20,7 +20,6 @@ A build fails with :class:`PackagingError` when the archive is above the platfor
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -90,20 +89,6 @@ def _archived_mode(path: Path) -> int:
     return stat.S_IFREG | (0o755 if executable else 0o644)
 
 
-def _archived_name(path: Path) -> str:
-    """``path`` as the archive names it: UTF-8, as zip archives name files."""
-    name = path.as_posix()
-    try:
-        name.encode()
-    except UnicodeEncodeError:  # bytes of another encoding (Latin-1...), as Python read them
-        shown = os.fsencode(name).decode(errors="backslashreplace")
-        raise PackagingError(
-            f"the name of {shown} is not UTF-8 (written on another system, say), which an "
-            "archive cannot hold: rename it"
-        ) from None
-    return name
-
-
 def _zip_tree(
     root: Path, archive: Path, limit: int, progress: Progress, partial: Path
 ) -> ArchiveReport:
@@ -113,7 +98,7 @@ def _zip_tree(
     unpacked = 0
     with zipfile.ZipFile(partial, "w") as zf:
         for i, path in enumerate(files, 1):
-            info = zipfile.ZipInfo.from_file(path, _archived_name(path.relative_to(root)))
+            info = zipfile.ZipInfo.from_file(path, path.relative_to(root).as_posix())
             info.external_attr = _archived_mode(path) << 16
             zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED, compresslevel=6)
             unpacked += path.stat().st_size
@@ -243,6 +228,7 @@ def build_agentrun_archive(
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-agentrun.zip"
+    project.check_archivable(project_root, leave_out=(out_dir, archive))
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"
     staging.mkdir()
@@ -414,6 +400,12 @@ def build_modelstudio_archive(
     python_version = _checked_python(python_version)
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-modelstudio.zip"
+    if "deploy_starter" in project.check_archivable(project_root, leave_out=(out_dir, archive)):
+        raise PackagingError(
+            "the project has a deploy_starter folder, the place of the archive's own "
+            "starter (main.py, config.yml): rename it, or remove it if an earlier "
+            "packaging left it"
+        )
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"
     staging.mkdir()
@@ -458,12 +450,6 @@ def build_modelstudio_archive(
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
         copied = project.copy_project(project_root, staging, leave_out=(out_dir, archive, scratch))
-        if "deploy_starter" in copied:
-            raise PackagingError(
-                "the project has a deploy_starter folder, the place of the archive's own "
-                "starter (main.py, config.yml): rename it, or remove it if an earlier "
-                "packaging left it"
-            )
         # The platform's SETUP_CMD installs this: every pin, the project's included.
         (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
         _drop_bytecode(staging)

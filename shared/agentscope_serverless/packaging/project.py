@@ -120,25 +120,10 @@ def copy_project(
     folder the dependencies were installed in, names of theirs are refused before anything
     is copied (:func:`refuse_shadowing`).
     """
-    if not source.is_dir():
-        raise PackagingError(f"the project folder {source} does not exist")
     if is_this_repository(source):
         return []
     ignore = _project_ignore(source, [target, *leave_out])
-    _refuse_links_out(source, ignore)
-    entries = _top_entries(source, ignore)
-    src = source_root(source)
-    if src is not None and src in entries:
-        entries.remove(src)
-        packages = _top_entries(src, ignore)
-        clashes = sorted({p.name for p in entries} & {p.name for p in packages})
-        if clashes:
-            raise PackagingError(
-                f"the project is in the src layout, and {', '.join(clashes)} "
-                f"{'is' if len(clashes) == 1 else 'are'} both in src/ and at its root: "
-                "packaged, what src/ holds goes to the top, where the other is; rename one"
-            )
-        entries += packages
+    entries = _project_entries(source, ignore)
     if installed is not None:
         refuse_shadowing([entry.name for entry in entries], installed)
     for entry in entries:
@@ -153,6 +138,62 @@ def copy_project(
         else:
             _copy_anew(entry, target / entry.name)
     return [entry.name for entry in entries]
+
+
+def check_archivable(source: Path, *, leave_out: Sequence[Path] = ()) -> list[str]:
+    """Refuse a project an archive cannot hold, before anything is resolved or installed:
+    what :func:`copy_project` refuses, and a file whose name is not UTF-8 (a zip archive
+    names its files in UTF-8). Returns the top-level names the copy takes.
+
+    >>> check_archivable(Path("my-agent"), leave_out=[Path("my-agent/dist")])  # doctest: +SKIP
+    ['agent.py', 'requirements.txt']
+    """
+    if is_this_repository(source):
+        return []
+    ignore = _project_ignore(source, leave_out)
+    entries = _project_entries(source, ignore)
+    for entry in entries:
+        paths = [entry]
+        for folder, folders, files in os.walk(entry, followlinks=True):
+            skipped = ignore(folder, [*folders, *files])
+            folders[:] = [name for name in folders if name not in skipped]
+            paths += [Path(folder, name) for name in [*folders, *files] if name not in skipped]
+        for path in paths:
+            _refuse_unencodable_name(path.relative_to(source))
+    return [entry.name for entry in entries]
+
+
+def _refuse_unencodable_name(path: Path) -> None:
+    try:
+        path.as_posix().encode()
+    except UnicodeEncodeError:  # bytes of another encoding (Latin-1...), as Python read them
+        shown = os.fsencode(path.as_posix()).decode(errors="backslashreplace")
+        raise PackagingError(
+            f"the name of {shown} is not UTF-8 (written on another system, say), which an "
+            "archive cannot hold: rename it"
+        ) from None
+
+
+def _project_entries(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> list[Path]:
+    """The project's entries the copy puts at the top of its target (the contents of
+    ``src/`` in the src layout), once no link of the project leads out of it."""
+    if not source.is_dir():
+        raise PackagingError(f"the project folder {source} does not exist")
+    _refuse_links_out(source, ignore)
+    entries = _top_entries(source, ignore)
+    src = source_root(source)
+    if src is not None and src in entries:
+        entries.remove(src)
+        packages = _top_entries(src, ignore)
+        clashes = sorted({p.name for p in entries} & {p.name for p in packages})
+        if clashes:
+            raise PackagingError(
+                f"the project is in the src layout, and {', '.join(clashes)} "
+                f"{'is' if len(clashes) == 1 else 'are'} both in src/ and at its root: "
+                "packaged, what src/ holds goes to the top, where the other is; rename one"
+            )
+        entries += packages
+    return entries
 
 
 def _top_entries(folder: Path, ignore: Callable[[str, list[str]], set[str]]) -> list[Path]:
@@ -784,6 +825,7 @@ __all__ = [
     "SCRATCH_PREFIX",
     "TOOL_MODULES",
     "check_agent_import",
+    "check_archivable",
     "check_portable",
     "copy_project",
     "copy_runtime",
