@@ -543,28 +543,48 @@ def write_wheel(
             wheel.writestr(path, text)
 
 
-def test_a_requirement_found_by_the_projects_find_links_is_packaged(tmp_path: Path) -> None:
-    # Resolved from the project's own folder of wheels (as from a private index), it was
-    # looked for on PyPI alone when installed: "not found in the package registry".
-    project = tmp_path / "project"
+@pytest.fixture(scope="module")
+def private_sdk_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project requiring a wheel from its own folder of wheels (as from a private index),
+    its requirements.txt naming a private index with its password in a comment."""
+    project = tmp_path_factory.mktemp("private-sdk") / "project"
     write_wheel(project / "vendor", "agentscope_private_sdk", "1.0", "ANSWER = 42\n")
     (project / "requirements.txt").write_text(
-        "--find-links ./vendor\nagentscope_private_sdk==1.0\n"
+        "--find-links ./vendor  # beside: --extra-index-url https://user:s3cret@pkgs.example\n"
+        "agentscope_private_sdk==1.0\n"
     )
     (project / "agent.py").write_text(
         "import agentscope_private_sdk\nfrom agentscope_serverless.agents.demo import app\n"
     )
-    out = tmp_path / "out"
-    for build, packaged in (
-        (build_agentrun_archive, "agentscope_private_sdk.py"),
-        (build_modelstudio_archive, "wheels/agentscope_private_sdk-1.0-py3-none-any.whl"),
-    ):
-        report = build(project, out, agent="agent:app", python_version=HOST_PYTHON)
-        with zipfile.ZipFile(report.path) as archive:
-            assert packaged in archive.namelist()
-            if build is build_modelstudio_archive:
-                setup = archive.read("requirements.txt").decode()
-                assert "agentscope-private-sdk==1.0" in setup and "--" not in setup
+    return project
+
+
+@pytest.fixture(scope="module")
+def private_sdk_agentrun(
+    private_sdk_project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[zipfile.ZipFile]:
+    """The AgentRun archive of :func:`private_sdk_project`, which tests only read."""
+    out = tmp_path_factory.mktemp("private-sdk-agentrun")
+    report = build_agentrun_archive(
+        private_sdk_project, out, agent="agent:app", python_version=HOST_PYTHON
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        yield archive
+
+
+def test_a_requirement_found_by_the_projects_find_links_is_packaged(
+    private_sdk_project: Path, private_sdk_agentrun: zipfile.ZipFile, tmp_path: Path
+) -> None:
+    # Resolved from the project's own folder of wheels (as from a private index), it was
+    # looked for on PyPI alone when installed: "not found in the package registry".
+    assert "agentscope_private_sdk.py" in private_sdk_agentrun.namelist()
+    report = build_modelstudio_archive(
+        private_sdk_project, tmp_path, agent="agent:app", python_version=HOST_PYTHON
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        assert "wheels/agentscope_private_sdk-1.0-py3-none-any.whl" in archive.namelist()
+        setup = archive.read("requirements.txt").decode()
+    assert "agentscope-private-sdk==1.0" in setup and "--" not in setup
 
 
 def test_an_agent_whose_import_never_ends_is_told_to_connect_when_it_runs(
@@ -650,23 +670,12 @@ def test_a_project_file_named_as_a_dependencys_leaves_that_dependency_as_it_was(
     assert archived == {"first": "the first project's\n", "second": "the sdk's\n"}
 
 
-def test_an_agentrun_archive_keeps_no_requirements_file_of_the_project(tmp_path: Path) -> None:
+def test_an_agentrun_archive_keeps_no_requirements_file_of_the_project(
+    private_sdk_agentrun: zipfile.ZipFile,
+) -> None:
     # Its options may name a private index with its password (--extra-index-url
     # https://user:token@...): it was archived as it was, as one of the project's files.
-    vendor = tmp_path / "vendor"
-    write_wheel(vendor, "agentscope_tokens_sdk", "1.0", "")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "requirements.txt").write_text(
-        f"--find-links {vendor}  # beside: --extra-index-url https://user:s3cret@pkgs.example\n"
-        "agentscope_tokens_sdk==1.0\n"
-    )
-    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
-    report = build_agentrun_archive(
-        project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON
-    )
-    with zipfile.ZipFile(report.path) as archive:
-        names = archive.namelist()
-        assert "agentscope_tokens_sdk.py" in names and "agent.py" in names
-        assert "requirements.txt" not in names
-        assert not [n for n in names if b"s3cret" in archive.read(n)]
+    names = private_sdk_agentrun.namelist()
+    assert "agentscope_private_sdk.py" in names and "agent.py" in names
+    assert "requirements.txt" not in names
+    assert not [n for n in names if b"s3cret" in private_sdk_agentrun.read(n)]
