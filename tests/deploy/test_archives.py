@@ -644,6 +644,22 @@ def test_a_project_file_whose_name_is_not_utf8_is_refused_naming_it(tmp_path: Pa
     assert not out.exists()  # nothing written
 
 
+def test_a_link_out_of_the_project_is_refused_before_its_requirements_are_resolved(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text(NO_INDEX)
+    (tmp_path / "id_ed25519").write_text("PRIVATE KEY\n")
+    (project / "key").symlink_to(tmp_path / "id_ed25519")
+    out = tmp_path / "out"
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError, match="key links outside the project folder"):
+            build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+    assert not out.exists()
+
+
 def test_a_project_file_named_as_a_dependencys_leaves_that_dependency_as_it_was(
     tmp_path: Path,
 ) -> None:
