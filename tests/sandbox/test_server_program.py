@@ -62,6 +62,38 @@ def test_the_server_refuses_a_header_timeout_that_is_no_finite_positive_number(
     assert f"{seconds!r} is not a finite number of seconds above 0" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "wanted"),
+    [
+        ("--call-timeout", "inf", "a finite number of seconds above 0"),
+        ("--call-timeout", "0", "a finite number of seconds above 0"),
+        ("--idle-timeout", "nan", "a finite number of seconds above 0"),
+        ("--idle-timeout", "-1", "a finite number of seconds above 0"),
+        ("--cpus", "-1", "a finite number of CPUs, 0 or more"),
+        ("--cpus", "nan", "a finite number of CPUs, 0 or more"),
+        ("--cpus", "inf", "a finite number of CPUs, 0 or more"),
+        ("--memory-mb", "-1", "a whole number, 0 or more"),
+        ("--max-tasks", "-5", "a whole number, 0 or more"),
+        ("--file-size-mb", "-1", "a whole number, 0 or more"),
+        ("--cpu-seconds", "0", "a whole number, 1 or more"),
+        ("--max-sandboxes", "0", "a whole number, 1 or more"),
+        ("--max-sandboxes-per-owner", "-3", "a whole number, 1 or more"),
+        ("--max-output-bytes", "0", "a whole number, 1 or more"),
+        ("--max-processes", "x", "a whole number, 1 or more"),
+    ],
+)
+def test_the_server_refuses_a_limit_out_of_its_range_naming_it(
+    scratch: Path, option: str, value: str, wanted: str
+) -> None:
+    # A negative --cpus was a negative CFS quota, which cgroup v1 reads as no limit at all;
+    # nan and inf failed every sandbox creation; a timeout of inf never reaped or cut a call.
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN}
+    args = ["--port", str(free_port()), "--root", str(scratch), option, value]
+    done = run_briefly([*SERVER, *args], env)
+    assert done.returncode == 2
+    assert f"argument {option}: {value!r} is not {wanted}" in done.stderr
+
+
 def test_the_server_refuses_a_short_token(scratch: Path) -> None:
     env = {**os.environ, "SANDBOX_SERVER_TOKEN": "short"}
     done = run_briefly([*SERVER, "--port", str(free_port()), "--root", str(scratch)], env)

@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -44,6 +45,32 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def _cpus(text: str) -> float:
+    """CPUs of a sandbox: a negative quota is no limit to cgroup v1, nan none at all."""
+    try:
+        cpus = float(text)
+    except ValueError:
+        cpus = -1.0
+    if not 0 <= cpus < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of CPUs, 0 or more")
+    return cpus
+
+
+def _whole(minimum: int) -> Callable[[str], int]:
+    """A parser of whole numbers from ``minimum`` on (a limit below it means nothing)."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, {minimum} or more")
+        return number
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     defaults = Limits()
     parser = argparse.ArgumentParser(
@@ -63,26 +90,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dev", action="store_true", help="without a token, make a random one and print it"
     )
-    parser.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds)
+    parser.add_argument("--cpu-seconds", type=_whole(1), default=defaults.cpu_seconds)
     parser.add_argument(
         "--memory-mb",
-        type=int,
+        type=_whole(0),
         default=defaults.total_memory_bytes // 1024**2,
         help="memory of a sandbox: of each process, and of all of them with their tmpfs "
         "together (0: no total)",
     )
     parser.add_argument(
         "--workspace-mb",
-        type=int,
+        type=_whole(0),
         default=defaults.workspace_bytes // 1024**2,
         help="disk of a sandbox's workspace (0: no cap)",
     )
     parser.add_argument(
-        "--cpus", type=float, default=defaults.cpus, help="CPUs a sandbox may use (0: no cap)"
+        "--cpus", type=_cpus, default=defaults.cpus, help="CPUs a sandbox may use (0: no cap)"
     )
     parser.add_argument(
         "--max-tasks",
-        type=int,
+        type=_whole(0),
         default=defaults.total_processes,
         help="processes and threads of a sandbox together (0: no cap)",
     )
@@ -96,18 +123,23 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run even when this host cannot enforce the totals above",
     )
-    parser.add_argument("--file-size-mb", type=int, default=defaults.file_size_bytes // 1024**2)
+    parser.add_argument(
+        "--file-size-mb", type=_whole(0), default=defaults.file_size_bytes // 1024**2
+    )
     parser.add_argument(
         "--interpreter-cpu-seconds",
-        type=int,
+        type=_whole(1),
         default=defaults.interpreter_cpu_seconds,
         help="CPU time a Python interpreter may use over its whole life",
     )
-    parser.add_argument("--max-processes", type=int, default=defaults.processes)
+    parser.add_argument("--max-processes", type=_whole(1), default=defaults.processes)
     parser.add_argument(
-        "--call-timeout", type=float, default=defaults.call_timeout_seconds, help="seconds"
+        "--call-timeout",
+        type=_positive_seconds,
+        default=defaults.call_timeout_seconds,
+        help="seconds",
     )
-    parser.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--idle-timeout", type=_positive_seconds, default=1800.0, help="seconds")
     parser.add_argument(
         "--header-timeout",
         type=_positive_seconds,
@@ -115,13 +147,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a client has to send a request's line and headers before its "
         "connection is closed",
     )
-    parser.add_argument("--max-sandboxes", type=int, default=64)
+    parser.add_argument("--max-sandboxes", type=_whole(1), default=64)
     parser.add_argument(
         "--max-sandboxes-per-owner",
-        type=int,
+        type=_whole(1),
         help="sandboxes one owner (meta.owner_id, e.g. a user) may hold (default: all)",
     )
-    parser.add_argument("--max-output-bytes", type=int, default=1024**2)
+    parser.add_argument("--max-output-bytes", type=_whole(1), default=1024**2)
     parser.add_argument(
         "--first-sandbox-uid",
         type=int,
