@@ -267,19 +267,23 @@ def test_a_failed_resolve_never_shows_the_password_of_a_url_it_quotes(
     assert "s3cret" not in said and "alice" not in said and "tok%40en" not in said
 
 
+@pytest.mark.parametrize("step", ["validate", "build"])
 def test_a_failed_sam_step_never_shows_the_password_of_a_url_it_quotes(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    tmp_path: Path, step: str
 ) -> None:
     # sam build runs pip on the layer's requirements: pip's error quotes their index URL.
-    sam_program = tmp_path / "sam"
+    # The project's own SAM CLI (its .venv-sam) runs the step: validate and build ran the
+    # SAM CLI of the runtime's checkout, or of the PATH, instead.
+    (tmp_path / "agent.py").write_text("app = None\n")
+    sam_program = tmp_path / ".venv-sam" / "bin" / "sam"
+    sam_program.parent.mkdir(parents=True)
     sam_program.write_text(
         "#!/bin/sh\necho 'Looking in indexes: https://alice:s3cret@pypi.example/simple' >&2\n"
         "exit 1\n"
     )
     sam_program.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    result = runner.invoke(app, ["deploy", "sam", "validate"])
+    result = runner.invoke(app, ["deploy", "sam", step, "--project-root", str(tmp_path)])
     assert result.exit_code == 1, result.output
-    assert "sam validate failed" in result.output
+    assert f"sam {step} failed" in result.output
     assert "https://****@pypi.example/simple" in result.output
     assert "s3cret" not in result.output and "alice" not in result.output

@@ -1,7 +1,8 @@
 """AWS SAM steps: lint, validate and build without Docker or an AWS account; deploy with one.
 
 SAM CLI lives in its own virtualenv (``.venv-sam``, from ``requirements/sam.lock``) because its
-pins clash with the runtime's; ``./scripts/bootstrap`` creates it.
+pins clash with the runtime's; ``./scripts/bootstrap`` creates it. Every step runs the
+project's own (its ``.venv-sam``), else this checkout's, else ``sam`` on the PATH.
 
 >>> functions = list_functions(Path("template.yaml"))   # doctest: +SKIP
 >>> functions["SessionsFunction"].handler               # doctest: +SKIP
@@ -166,10 +167,12 @@ def _sam_env(*, offline: bool) -> dict[str, str]:
     return env
 
 
-def _run_sam(project_root: Path, *args: str, offline: bool = True) -> str:
+def _run_sam(project_root: Path, *args: str, offline: bool = True, cwd: Path | None = None) -> str:
+    """``sam <args>`` found from ``project_root`` (:func:`sam_executable`), run in ``cwd``
+    (default: the project)."""
     result = subprocess.run(
         [sam_executable(project_root), *args],
-        cwd=project_root,
+        cwd=cwd or project_root,
         env=_sam_env(offline=offline),
         capture_output=True,
         text=True,
@@ -199,7 +202,7 @@ def assets() -> Path:
 
 def validate(project_root: Path) -> str:
     """``sam validate --lint`` (cfn-lint rules included); offline, no credentials needed."""
-    return _run_sam(assets(), "validate", "--lint", "--template-file", TEMPLATE)
+    return _run_sam(project_root, "validate", "--lint", "--template-file", TEMPLATE, cwd=assets())
 
 
 def stage_project(
@@ -451,7 +454,15 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
         stage = stage_project(
             project_root, Path(scratch) / "sam-project", agent=agent, leave_out=(target,)
         )
-        _run_sam(stage, "build", "--template-file", TEMPLATE, "--build-dir", str(target))
+        _run_sam(
+            project_root,
+            "build",
+            "--template-file",
+            TEMPLATE,
+            "--build-dir",
+            str(target),
+            cwd=stage,
+        )
         staged = [entry.name for entry in (stage / "shared").iterdir()]
     try:
         layer = target / "SharedLayer" / "python"
