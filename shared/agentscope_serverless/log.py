@@ -113,7 +113,7 @@ def without_url_credentials(text: str) -> str:
     """``text`` with the credentials of each URL in it replaced by ``****``, as uv and pip
     show them: a connection string or an index URL quoted by an error keeps its password.
 
-    >>> without_url_credentials("Invalid URL: https://alice:s3cret@pypi.example/simple")
+    >>> without_url_credentials("Invalid URL: https://alice:pass-word@pypi.example/simple")
     'Invalid URL: https://****@pypi.example/simple'
     >>> without_url_credentials("redis://:p@ss@cache:6379/0 and https://pypi.org/simple")
     'redis://****@cache:6379/0 and https://pypi.org/simple'
