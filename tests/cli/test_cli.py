@@ -262,14 +262,18 @@ def test_requests_are_logged_as_json_with_a_request_id_and_never_a_key(server: S
     assert all(secret not in line and "ask_wrong" not in line for line in json_lines)
 
 
-def test_a_librarys_error_is_logged_as_one_json_line_with_the_request_id(server: Server) -> None:
-    # A JSON-RPC call whose params are no object: the A2A SDK logs its validation error
-    # itself (params of the wrong shape inside an object are answered before it is called).
-    call = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": "not an object"}
-    headers = {"Authorization": f"Bearer {server.key}", "X-Request-Id": "library-1"}
+def test_a_librarys_record_is_logged_as_one_json_line_with_the_request_id(server: Server) -> None:
+    # An A2A 1.0 call whose params its method cannot read (a task id that is a number): the
+    # A2A SDK logs it itself, on its own logger (as a warning: the client's mistake).
+    call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": 5}}
+    headers = {
+        "Authorization": f"Bearer {server.key}",
+        "X-Request-Id": "library-1",
+        "A2A-Version": "1.0",
+    }
     before = len(server.output.read_text().splitlines())
     answer = httpx.post(f"{server.url}/a2a", json=call, headers=headers)
-    assert answer.json()["error"]["code"] == -32600
+    assert answer.json()["error"]["code"] == -32602
     deadline = time.monotonic() + 10
     while not any(
         '"message":"request"' in line for line in server.output.read_text().splitlines()[before:]
@@ -280,8 +284,8 @@ def test_a_librarys_error_is_logged_as_one_json_line_with_the_request_id(server:
     assert all(line.startswith("{") for line in written), written
     lines = [json.loads(line) for line in written]
     assert {line["request_id"] for line in lines} == {"library-1"}
-    (failure,) = [line for line in lines if line["level"] == "ERROR"]
-    assert "JSONRPCInvalidRequestException" in failure["exception"]
+    (sdk,) = [line for line in lines if line["message"] == "Failed to parse request params"]
+    assert sdk["level"] == "WARNING" and "exception" not in sdk, sdk
 
 
 def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
