@@ -65,15 +65,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
         )
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
-        stored = self._sessions.setdefault(user_id, {}).get(session_id)
-        if stored is None:
-            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        stored = self._stored_or_new(user_id, session_id)
         return self._to_session(user_id, session_id, stored)
 
     async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
-        stored = self._sessions.setdefault(user_id, {}).get(session_id)
-        if stored is None:
-            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        stored = self._stored_or_new(user_id, session_id)
         return self._to_session(user_id, session_id, stored, recent)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
@@ -127,9 +123,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> list[Message]:
-        stored = self._sessions.setdefault(user_id, {}).get(session_id)
-        if stored is None:
-            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+        stored = self._stored_or_new(user_id, session_id)
         result: list[Message] = []
         for message in messages:
             position = stored.by_id.get(message.id)
@@ -193,10 +187,14 @@ class InMemorySessionHistoryService(SessionHistoryService):
         return "" if stored is None else stored.summary
 
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
+        self._stored_or_new(user_id, session_id).summary = summary
+
+    def _stored_or_new(self, user_id: str, session_id: str) -> _StoredSession:
+        """The session as stored, made (empty) if missing."""
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
             stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
-        stored.summary = summary
+        return stored
 
     @staticmethod
     def _to_session(
