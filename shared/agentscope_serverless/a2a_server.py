@@ -310,12 +310,8 @@ class RunsTaskStore(TaskStore):
         """Write the end of ``task`` (see :meth:`_store`), made again after a failure as a
         run's last write is (:func:`~agentscope_serverless.recorder.write_last`): a store
         failing for a moment left the task working for ever."""
-
-        async def write() -> None:
-            await self._store(user_id, task, record)
-
         await write_last(
-            write,
+            lambda: self._store(user_id, task, record),
             pause=self.runs.poll_seconds,
             failure="could not save an A2A task",
             extra={"task_id": task.id},

@@ -537,7 +537,7 @@ class RecordedRun:
 
 
 async def write_last(
-    write: Callable[[], Awaitable[None]],
+    write: Callable[[], Awaitable[object]],
     *,
     pause: float,
     failure: str,
