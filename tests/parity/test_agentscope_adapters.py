@@ -86,20 +86,27 @@ asyncio.run(main())
 """
 
 
-def test_message_conversion_and_the_sandbox_tool_adapter(sandbox_server: RunningServer) -> None:
+def run_with_agentscope(script: str, *args: str) -> str:
+    """What ``script`` prints, run by a new interpreter importing AgentScope's stand-in;
+    it must succeed."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, sandbox_server.url, sandbox_server.token],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    return result.stdout
+
+
+def test_message_conversion_and_the_sandbox_tool_adapter(sandbox_server: RunningServer) -> None:
+    stdout = run_with_agentscope(SCRIPT, sandbox_server.url, sandbox_server.token)
+    assert stdout.strip() == "ok"
 
 
 SESSION_MEMORY = """
@@ -157,19 +164,8 @@ asyncio.run(main())
 def test_the_sandbox_tool_adapter_wraps_a_sandbox_tool_method_as_agentscopes(
     sandbox_server: RunningServer,
 ) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", TOOL_OF_A_SANDBOX_METHOD, sandbox_server.url, sandbox_server.token],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
+    stdout = run_with_agentscope(TOOL_OF_A_SANDBOX_METHOD, sandbox_server.url, sandbox_server.token)
+    assert stdout.splitlines() == [
         "run_ipython_cell ['code']",
         "[{'type': 'text', 'text': '42\\n'}]",
         "{'type': 'text', 'text': 'hi\\n'}",
@@ -311,19 +307,8 @@ def test_the_session_memory_marks_and_deletes_stored_messages_as_agentscopes(
             "region_name": server.region,
             **LOCAL_AWS_CREDENTIALS,
         }
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", MARKED_AND_DELETED_HISTORY, json.dumps(backend)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
+    stdout = run_with_agentscope(MARKED_AND_DELETED_HISTORY, json.dumps(backend))
+    assert stdout.splitlines() == [
         "2",
         "['a and b', 'c']",
         "['c']",
