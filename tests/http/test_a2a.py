@@ -995,19 +995,7 @@ async def test_an_a2a_0_3_call_without_an_id_is_refused_saying_so_and_not_run(
     if method == "tasks/get":
         call["params"] = {"id": "t1"}
     call = {**call, **without_id, "method": method}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        assert (await http.post("/a2a", json=call)).status_code == 401
-        answer = await http.post("/a2a", json=call, headers=bearer(keys.alice))
-        assert answer.status_code == 200, answer.text
-        error = answer.json()["error"]
-        assert (answer.json()["id"], error["code"]) == (None, -32600)
-        assert error["message"] == (
-            f"{method} needs an id (a string or a number): A2A 0.3 takes no notifications"
-        )
-        assert "secret" not in answer.text
-        http.headers.update(bearer(keys.alice))
-        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
-        assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+    await refused_without_id_and_not_run(url, keys, call, context_id, "A2A 0.3", {})
 
 
 @pytest.mark.parametrize("method", ["SendMessage", "SendStreamingMessage", "GetTask"])
@@ -1022,14 +1010,28 @@ async def test_an_a2a_1_0_call_without_an_id_is_refused_saying_so_and_not_run(
     message = new_text_message("secret words", context_id=context_id, role=Role.ROLE_USER)
     params = {"message": MessageToDict(message)} if "Message" in method else {"id": "t1"}
     call = {"jsonrpc": "2.0", "method": method, "params": params, **without_id}
-    async with httpx.AsyncClient(base_url=url, headers={"A2A-Version": "1.0"}, timeout=30) as http:
+    await refused_without_id_and_not_run(url, keys, call, context_id, "A2A", {"A2A-Version": "1.0"})
+
+
+async def refused_without_id_and_not_run(
+    url: str,
+    keys: Keys,
+    call: dict[str, Any],
+    context_id: str,
+    protocol: str,
+    headers: dict[str, str],
+) -> None:
+    """``call`` (without an id, in the session ``context_id``) needs a key, and is refused
+    saying it needs an id, quoting none of it; no session or run of it is left."""
+    method = call["method"]
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
         assert (await http.post("/a2a", json=call)).status_code == 401
         answer = await http.post("/a2a", json=call, headers=bearer(keys.alice))
         assert answer.status_code == 200, answer.text
         error = answer.json()["error"]
         assert (answer.json()["id"], error["code"]) == (None, -32600)
         assert error["message"] == (
-            f"{method} needs an id (a string or a number): A2A takes no notifications"
+            f"{method} needs an id (a string or a number): {protocol} takes no notifications"
         )
         assert "secret" not in answer.text
         http.headers.update(bearer(keys.alice))
