@@ -77,7 +77,8 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
         if request.url.path == A2A_PATH:
             body = await request_body(request, any_type=True)
             refused = (
-                _request_refused(body)
+                _null_refused(body, await request.body())
+                or _request_refused(body)
                 or _notification_refused(body)
                 or _params_refused(body)
                 or _history_length_refused(body)
@@ -103,6 +104,15 @@ def _invalid_params(body: dict[str, Any], message: str) -> Response:
 def _invalid_request(request_id: Any, message: str) -> Response:
     error = {"code": -32600, "message": message, "data": None}
     return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def _null_refused(body: Any, raw: bytes) -> Response | None:
+    """The JSON-RPC error refusing a body of JSON ``null``, which the SDK answers as an
+    invalid request logged as a server error with its traceback. (Parsed, it is None, as
+    a body that is not JSON, the SDK's to answer: so the body's bytes tell.)"""
+    if body is None and raw.strip(b" \t\r\n") == b"null":
+        return _invalid_request(None, "a JSON-RPC request is an object")
+    return None
 
 
 def _request_refused(body: Any) -> Response | None:
