@@ -75,7 +75,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
-from agentscope_serverless.services._validation import require_session_id
+from agentscope_serverless.services._validation import MAX_ID_LENGTH, require_session_id
 from agentscope_serverless.services.runs.base import (
     RUN_ID_KEY,
     STOP_TIMEOUT_SECONDS,
@@ -602,7 +602,13 @@ def _refuse_what_is_not_text(message: A2AMessage) -> None:
     """Refuse a message the agent cannot be given whole, before a task is made for it: one
     holding a part of another kind than text (a file, data; its card takes ``text/plain``),
     a part holding nothing, or no text. The agent ran without what was dropped, on an empty
-    message if nothing was left, which its session kept."""
+    message if nothing was left, which its session kept. Refuse too a message no client
+    sends: the agent's own (its words would be kept in the task's history as the agent's),
+    or one whose id is longer than any id we keep."""
+    if message.role == A2ARole.ROLE_AGENT:
+        raise InvalidParamsError("message.role must be ROLE_USER: a client sends the user's words")
+    if len(message.message_id) > MAX_ID_LENGTH:
+        raise InvalidParamsError(f"message.messageId is longer than {MAX_ID_LENGTH} characters")
     for index, part in enumerate(message.parts):
         kind = part.WhichOneof("content")
         if kind is None:

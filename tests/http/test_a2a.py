@@ -894,6 +894,31 @@ async def test_a_message_the_agent_cannot_take_whole_is_refused_not_run_without_
         assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        # Taken as the user's words, kept in the task's history as the agent's own.
+        ({"role": "ROLE_AGENT"}, "message.role must be ROLE_USER"),
+        # Taken, and kept in the task's history, whatever its length (up to the body's).
+        ({"messageId": "m" * 100_000}, "message.messageId is longer than 512 characters"),
+    ],
+)
+async def test_a_message_no_client_can_send_is_invalid_params_not_run(
+    served: tuple[str, Keys], fields: dict[str, Any], says: str
+) -> None:
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    message = {"role": "ROLE_USER", "parts": [{"text": "hello"}], "messageId": "m1"}
+    message.update(contextId=context_id, **fields)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        answer = (await http.post("/a2a", json=call, headers={"A2A-Version": "1.0"})).json()
+        assert answer["error"]["code"] == -32602, answer
+        assert says in answer["error"]["message"]
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+        assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
+
+
 async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
     served: tuple[str, Keys],
 ) -> None:
@@ -1045,6 +1070,7 @@ async def refused_without_id_and_not_run(
         ('"hello"', None, "a JSON-RPC request is an object"),
         ("5", None, "a JSON-RPC request is an object"),
         ("[]", None, "batches of requests (an array) are not supported"),
+        (" null\n", None, "a JSON-RPC request is an object"),
         ('{"id": 3, "method": "GetTask", "params": {"id": "t1"}}', 3, 'jsonrpc must be "2.0"'),
         ('{"jsonrpc": "2.0", "id": 3}', 3, "method must be a string"),
         ('{"jsonrpc": "2.0", "id": 3, "method": 7}', 3, "method must be a string"),
