@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -163,6 +164,54 @@ async def test_a_one_megabyte_state_round_trips_and_can_be_overwritten(
         await state.save_state(user_id, big, round_id=2)
         assert await state.export_state(user_id) == big
         assert await state.list_rounds(user_id) == [1, 2]
+
+
+async def test_a_turn_reads_none_of_its_sessions_summary(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    """A turn reads the session item (strongly consistent reads are paid per 4 KB read),
+    and listing reads it through the index: the summary, in items of its own, is in neither."""
+    table = dynamodb_server.sessions_table
+    summary = "they talked of tea and of coffee " * 3_000  # 99 KB: it fits in an item
+    returned: list[int] = []
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        client.meta.events.register(
+            "after-call.dynamodb",
+            lambda parsed, **_: returned.append(len(json.dumps(parsed, default=str))),
+        )
+        async with DynamoDBSessionHistoryService(table, client=client) as history:
+            await history.append_message(Session(id="s1", user_id=user_id), msg("hello"))
+            await history.set_session_summary(user_id, "s1", summary)
+            returned.clear()
+            assert texts(await history.open_session(user_id, "s1", recent=10)) == ["hello"]
+            assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+            assert texts(await history.get_session(user_id, "s1")) == ["hello"]
+            assert sum(returned) < 5_000, returned
+            assert await history.session_summary(user_id, "s1") == summary
+    item = await dynamodb_client.get_item(TableName=table, Key=session_key(user_id, "s1"))
+    assert "summary" not in item["Item"]
+
+
+async def test_a_deleted_sessions_summary_leaves_none_of_its_items_behind(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server, ttl_seconds=1000) as history:
+        await history.set_session_summary(user_id, "s1", ONE_MEGABYTE_TEXT)
+        await history.set_session_summary(user_id, "s2", ONE_MEGABYTE_TEXT)
+        items = await partition(dynamodb_client, table, messages_pk(user_id, "s1"))
+        # Split as a message is, each item stamped to expire after its session.
+        assert len(items) >= 3 and all(len(item["body"]["S"].encode()) < 400_000 for item in items)
+        assert all(int(item["expires_at"]["N"]) >= now() + 1990 for item in items)
+        # Replaced by a short one, it leaves one item.
+        await history.set_session_summary(user_id, "s1", "short")
+        assert len(await partition(dynamodb_client, table, messages_pk(user_id, "s1"))) == 1
+        await history.set_session_summary(user_id, "s1", ONE_MEGABYTE_TEXT)
+        await history.delete_session(user_id, "s1")
+        assert await partition(dynamodb_client, table, messages_pk(user_id, "s1")) == []
+        await history.delete_user_sessions(user_id)
+        assert await partition(dynamodb_client, table, messages_pk(user_id, "s2")) == []
 
 
 # --- expiry ---------------------------------------------------------------------------
@@ -421,6 +470,23 @@ async def test_an_append_landing_after_its_sessions_delete_leaves_no_items(
     # Nothing of the user is left stored (nothing anyone could read or delete).
     pk = messages_pk(user_id, "s1")
     assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+
+
+async def test_a_summary_landing_after_its_sessions_delete_is_kept_by_the_session_made_again(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server) as writer, history_on(dynamodb_server) as deleter:
+        await writer.set_session_summary(user_id, "s1", "before")
+        delete_before_first_put(writer, lambda: deleter.delete_session(user_id, "s1"))
+        await writer.set_session_summary(user_id, "s1", ONE_MEGABYTE_TEXT)
+        assert await writer.session_summary(user_id, "s1") == ONE_MEGABYTE_TEXT
+        assert texts(await writer.get_session(user_id, "s1")) == []
+    # What was written for the deleted session is gone: only the new session's items stay.
+    meta = await dynamodb_client.get_item(TableName=table, Key=session_key(user_id, "s1"))
+    generation = meta["Item"]["generation"]["S"]
+    items = await partition(dynamodb_client, table, messages_pk(user_id, "s1"))
+    assert items and all(item["sk"]["S"].startswith(f"M#{generation}#") for item in items)
 
 
 async def test_a_state_save_landing_after_its_delete_leaves_no_items(

@@ -968,6 +968,70 @@ async def test_a_session_keeps_one_summary_until_replaced_or_deleted(
     assert await history.session_summary(user_id, "s1") == ""
 
 
+# A summary, as a message, may be larger than a DynamoDB item (400 KB): about 600 KB of
+# UTF-8, whose multi-byte characters make sure it is split between characters, never inside.
+LARGE_SUMMARY = ("they talked of tea ✓ 𝄞 " * 25_000)[:500_000]
+
+
+async def test_a_summary_larger_than_a_dynamodb_item_is_kept_whole_apart_from_the_history(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    a, b = text_message("a"), text_message("b")
+    await history.append_message(session, [a, b])
+    await history.set_session_summary(user_id, "s1", LARGE_SUMMARY)
+    assert await history.session_summary(user_id, "s1") == LARGE_SUMMARY
+    # No read or change of the history takes any of it for a message.
+    assert texts(await history.get_session(user_id, "s1")) == ["a", "b"]
+    assert texts(await history.open_session(user_id, "s1", recent=1)) == ["b"]
+    assert texts(await history.open_session(user_id, "s1", recent=5)) == ["a", "b"]
+    page = await history.list_messages(user_id, "s1", limit=1)
+    rest = await history.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert [m.get_text_content() for m in [*page.items, *rest.items]] == ["a", "b"]
+    assert rest.next_cursor is None
+    assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+    assert await history.update_message_marks(user_id, "s1", "seen") == 2
+    assert await history.message_marks(user_id, "s1") == {a.id: ["seen"], b.id: ["seen"]}
+    assert await history.delete_messages(user_id, "s1", [a.id]) == 1
+    assert texts(await history.get_session(user_id, "s1")) == ["b"]
+    assert await history.session_summary(user_id, "s1") == LARGE_SUMMARY
+    # Replaced by a larger one, a smaller one, or removed, it is the last one set.
+    await history.set_session_summary(user_id, "s1", LARGE_SUMMARY * 2)
+    assert await history.session_summary(user_id, "s1") == LARGE_SUMMARY * 2
+    await history.set_session_summary(user_id, "s1", "short")
+    assert await history.session_summary(user_id, "s1") == "short"
+    await history.set_session_summary(user_id, "s1", LARGE_SUMMARY)
+    await history.set_session_summary(user_id, "s1", "")
+    assert await history.session_summary(user_id, "s1") == ""
+    # It goes with its session: the session made again has none.
+    await history.set_session_summary(user_id, "s1", LARGE_SUMMARY)
+    await history.delete_session(user_id, "s1")
+    assert await history.session_summary(user_id, "s1") == ""
+    assert (await history.create_session(user_id, "s1")).messages == []
+    assert await history.session_summary(user_id, "s1") == ""
+
+
+async def test_a_large_summary_set_on_a_missing_session_creates_it(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    await history.set_session_summary(user_id, "s1", LARGE_SUMMARY)
+    assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+    assert texts(await history.get_session(user_id, "s1")) == []
+    assert await history.session_summary(user_id, "s1") == LARGE_SUMMARY
+
+
+async def test_trimming_a_session_kept_to_n_messages_keeps_its_summary(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    await kept_to_three.set_session_summary(user_id, "s1", LARGE_SUMMARY)
+    session = await kept_to_three.create_session(user_id, "s1")
+    for first in range(0, 8, 2):
+        await kept_to_three.append_message(session, numbered(first, 2))
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m5", "m6", "m7"]
+    assert texts(await kept_to_three.open_session(user_id, "s1", recent=2)) == ["m6", "m7"]
+    assert await kept_to_three.session_summary(user_id, "s1") == LARGE_SUMMARY
+
+
 async def test_a_summary_that_is_no_text_is_refused(
     history: SessionHistoryService, user_id: str
 ) -> None:

@@ -267,6 +267,10 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """Keep ``summary`` with the session (created if missing), in place of the one it
         had; ``""`` removes it. The history stays as it is.
 
+        A summary of any length is kept whole on every backend, as a message is: no limit
+        of its own (on DynamoDB it is split across items as a large message is, and kept
+        out of the session item, so a turn reading the session reads none of it).
+
         >>> async def compress(service: SessionHistoryService) -> None:
         ...     await service.set_session_summary("u1", "s1", "They planned a trip.")
         """

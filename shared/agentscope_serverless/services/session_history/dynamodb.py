@@ -11,8 +11,7 @@ pk                         sk                  attributes
                                                ``creation_order`` (sort key of the local
                                                index ``by_creation``), ``next_seq``,
                                                ``generation``, ``expires_at``,
-                                               ``stamped_until``, ``summary`` (when one
-                                               is kept)
+                                               ``stamped_until``
 ``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
                                                (larger ones: head plus tail items); with
                                                ``max_messages_per_session``, ``claim``: the
@@ -20,6 +19,9 @@ pk                         sk                  attributes
 ``SESSION#U#S``            ``M#<gen>#~I#<I>``  ``seq`` of the message whose id hashes to I;
                                                once marked, ``message_id``, ``marks`` and
                                                ``marks_version``
+``SESSION#U#S``            ``M#<gen>#~S``      the summary, when one is kept: ``body``,
+                                               ``expires_at`` (a larger one: head plus
+                                               tail items, as a message)
 =========================  ==================  ===========================================
 
 - **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
@@ -44,6 +46,12 @@ pk                         sk                  attributes
   gone, or of another generation, and deletes what it wrote.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
+- **Summary**: items of its own, after the session's messages and ids in sort-key order,
+  so neither reading the session item (every turn) nor any Query of messages reads any of
+  it, and a summary of any size is kept, split as a message is. Replacing it writes its
+  tail items, then its head, then deletes the tail items of the one it replaced; a write
+  that lands after its session's delete deletes what it wrote and is made again, on the
+  session created again.
 - **Delete messages**: a message's head item goes first (the message is gone at once), then
   its tail items and the item of its id; with ``max_messages_per_session`` its sequence
   number is recorded as a gap. **Marks** live on the item of the message's id, each update
@@ -85,6 +93,7 @@ from agentscope_serverless.services._dynamodb import (
     position_key,
     position_of,
     s,
+    tail_keys,
     take,
 )
 from agentscope_serverless.services._stored import decode_message, encode_message
@@ -98,6 +107,8 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 
 # Cursor positions stay within DynamoDB's 38-digit numbers.
 _MAX_CURSOR = 10**30
+# How many times a summary is read when it is replaced while read.
+_SUMMARY_READS = 3
 
 
 class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService):
@@ -393,6 +404,71 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         if passed:
             await self._record_gaps(user_id, session_id, meta, passed, add=False)
 
+    # --- the summary -------------------------------------------------------------------
+
+    def _summary_key(self, user_id: str, session_id: str, meta: Item) -> Item:
+        """The key of the summary's head item: in the message partition, after the items
+        of every message and id of the generation (so no Query of those reads it), and
+        with them restamped, and deleted with the session."""
+        return {
+            "pk": s(self._messages_pk(user_id, session_id)),
+            "sk": s(f"{self._prefix(meta)}~S"),
+        }
+
+    async def _read_summary(self, user_id: str, session_id: str, meta: Item) -> str:
+        """The summary (``""`` when none); read again when it was replaced while read (the
+        tail items of the one replaced are deleted once the new head is in place)."""
+        head = self._summary_key(user_id, session_id, meta)["sk"]["S"]
+        for _ in range(_SUMMARY_READS):
+            items = [
+                item
+                async for item in self._store.query(
+                    **self._between(user_id, session_id, head, f"{head}#~"), ConsistentRead=True
+                )
+            ]
+            at = now()
+            bodies = [body async for _, body in assemble(iterate(items), at)]
+            if bodies:
+                return bodies[0]
+            if not any("part" not in item and is_live(item, at) for item in items):
+                break
+        return ""
+
+    async def _write_summary(self, user_id: str, session_id: str, meta: Item, summary: str) -> bool:
+        """Store ``summary`` in place of the session's one, split as a large message is:
+        its tail items, then its head, then the tail items of the one replaced go. False,
+        with none of it left stored, when the session was deleted meanwhile."""
+        extra: Item = {}
+        if self._ttl is not None:
+            extra["expires_at"] = n(now() + 2 * self._ttl)
+        key = self._summary_key(user_id, session_id, meta)
+        tails, head = body_items(key["pk"]["S"], key["sk"]["S"], summary, extra)
+        await self._store.put(tails)
+        response = await self._store.run(
+            "put_item", idempotent=True, Item=head, ReturnValues="ALL_OLD"
+        )
+        old = response.get("Attributes")
+        if old is not None and old.get("version") != head.get("version"):
+            await self._store.delete(tail_keys(old))
+        if await self._store.holds(self._session_key(user_id, session_id), meta):
+            return True
+        # Deleted meanwhile, after its delete had listed the items: this summary would stay
+        # stored, reachable by no one.
+        await self._store.delete([key, *tail_keys(head)])
+        return False
+
+    async def _remove_summary(self, user_id: str, session_id: str, meta: Item) -> None:
+        """Delete the session's summary, its head first (it is gone at once)."""
+        response = await self._store.run(
+            "delete_item",
+            idempotent=True,
+            Key=self._summary_key(user_id, session_id, meta),
+            ReturnValues="ALL_OLD",
+        )
+        old = response.get("Attributes")
+        if old is not None:
+            await self._store.delete(tail_keys(old))
+
     # --- the service hooks --------------------------------------------------------------
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
@@ -676,28 +752,19 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
 
     async def _session_summary(self, user_id: str, session_id: str) -> str:
         meta = await self._read_meta(user_id, session_id)
-        return "" if meta is None else meta.get("summary", {}).get("S", "")
+        return "" if meta is None else await self._read_summary(user_id, session_id, meta)
 
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
         while True:
             meta = await self._read_meta(user_id, session_id)
             if meta is None:
                 meta, _ = await self._create_meta(user_id, session_id)
-            update, values = "REMOVE summary", {":generation": meta["generation"]}
-            if summary:
-                update, values[":summary"] = "SET summary = :summary", s(summary)
-            try:
-                await self._store.run(
-                    "update_item",
-                    idempotent=True,
-                    Key=self._session_key(user_id, session_id),
-                    UpdateExpression=update,
-                    ConditionExpression="generation = :generation",
-                    ExpressionAttributeValues=values,
-                )
+            if not summary:
+                await self._remove_summary(user_id, session_id, meta)
                 return
-            except ConditionFailed:
-                continue  # deleted (or created again) meanwhile
+            if await self._write_summary(user_id, session_id, meta, summary):
+                return
+            # Deleted (or created again) meanwhile: kept by the session as it is now.
 
     async def _update_message_marks(
         self,
