@@ -288,6 +288,30 @@ def test_a_compressed_body_is_refused_saying_to_send_it_uncompressed(
         assert stored.status_code == 201, stored.text
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/process", {"input": [{"role": "user", "content": "hi"}], "stream": False}),
+        ("/state/untyped", {"state": {"k": 1}}),
+        ("/sessions", {"session_id": "untyped"}),
+        ("/memory", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/compatible-mode/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ],
+)
+def test_a_json_body_sent_without_a_content_type_is_refused_saying_to_name_it(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, Any]
+) -> None:
+    # It was refused as a 422 saying the body was no object ("Input should be a valid
+    # dictionary or object"), though it was one: the routes read JSON only when named so.
+    client = client_for(keys.alice)
+    response = client.post(path, content=json.dumps(body).encode())
+    assert "content-type" not in response.request.headers
+    assert response.status_code == 415, response.text
+    assert error_of(response)["message"] == (
+        "the body must be JSON (Content-Type: application/json), and no Content-Type was sent"
+    )
+
+
 def test_unknown_routes_and_missing_things_get_404(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

@@ -237,10 +237,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 def not_json_type(content_type: str | None) -> JSONResponse:
     """The 415 answering a body of ``content_type``, not JSON, on a route that reads JSON."""
     kind = (content_type or "").partition(";")[0].strip()[:100]
+    sent = f"not {kind!r}" if content_type else "and no Content-Type was sent"
     return error_response(
         415,
         "UNSUPPORTED_MEDIA_TYPE",
-        f"the body must be JSON (Content-Type: application/json), not {kind!r}",
+        f"the body must be JSON (Content-Type: application/json), {sent}",
     )
 
 

@@ -49,10 +49,11 @@ Cursor = Annotated[
 
 
 def is_json_type(content_type: str | None) -> bool:
-    """Whether a body of ``content_type`` is read as JSON: none given, ``application/json``
-    or ``application/<type>+json`` (as FastAPI decides)."""
-    if content_type is None:
-        return True
+    """Whether a body of ``content_type`` is read as JSON: ``application/json`` or
+    ``application/<type>+json``, not a body without a type (as FastAPI decides, its content
+    types strict)."""
+    if not content_type:
+        return False
     kind = content_type.partition(";")[0].strip().lower()
     return kind == "application/json" or (
         kind.startswith("application/") and kind.endswith("+json")
