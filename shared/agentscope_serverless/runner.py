@@ -41,6 +41,7 @@ import functools
 import importlib
 import inspect
 import json
+import sys
 import time
 import types
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
@@ -1196,13 +1197,20 @@ def _agentscope_msg_converter() -> Callable[[list[Message]], list[Any]]:
     a block of the ``Msg`` (text, images, audio), as AgentScope's handlers receive them."""
     try:
         importlib.import_module("agentscope.message")
-        module = importlib.import_module("agentscope_serverless.adapters.agentscope.message")
     except ImportError:
         raise ConfigurationError(
             "framework='agentscope' (the default of @app.query()) needs the agentscope "
             "package: pip install 'agentscope-serverless[agentscope]', or register the "
             "handler with @app.query(framework='text') to get protocol Messages"
         ) from None
+    version = str(getattr(sys.modules["agentscope"], "__version__", ""))
+    if version and version.split(".")[0] != "1":
+        # Its Msg and memory differ: every run would fail, or lose what it stores.
+        raise ConfigurationError(
+            f"agentscope {version[:40]} is installed; framework='agentscope' needs agentscope "
+            "1.x, as AgentScope Runtime 1.0.5: pip install 'agentscope>=1.0,<2'"
+        )
+    module = importlib.import_module("agentscope_serverless.adapters.agentscope.message")
     return cast(Callable[[list[Message]], list[Any]], module.message_to_agentscope_msg)
 
 

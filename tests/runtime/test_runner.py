@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -325,6 +326,27 @@ async def test_agentscope_without_the_package_fails_at_start(
 
     with pytest.raises(ConfigurationError, match=r"pip install .*framework=.text."):
         await Runner(handler, framework="agentscope", services=services()).start()
+
+
+async def test_agentscope_of_another_major_version_fails_at_start_saying_which_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # agentscope 2 (what `pip install agentscope` gave) started, then failed every run: its
+    # Msg takes no text content, and its memory module is gone.
+    agentscope = types.ModuleType("agentscope")
+    agentscope.__version__ = "2.0.11"  # type: ignore[attr-defined]
+    message = types.ModuleType("agentscope.message")
+    message.Msg = type("Msg", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agentscope", agentscope)
+    monkeypatch.setitem(sys.modules, "agentscope.message", message)
+
+    async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> str:
+        return ""
+
+    said = "agentscope 2.0.11 is installed; framework='agentscope' needs agentscope 1.x"
+    with pytest.raises(ConfigurationError, match=re.escape(said)) as refused:
+        await Runner(handler, framework="agentscope", services=services()).start()
+    assert "pip install 'agentscope>=1.0,<2'" in refused.value.message
 
 
 async def test_the_handler_gets_the_session_history_and_matching_memories() -> None:
