@@ -105,13 +105,14 @@ def development_key(key_store: KeyStore, user: str = "dev") -> str | None:
         return thread.submit(asyncio.run, issue()).result()
 
 
-def announce_development_key(key_store: KeyStore) -> None:
+def announce_development_key(key_store: KeyStore) -> str | None:
     """Print a development key of ``key_store`` when it is in memory (see
     :func:`development_key`): what a script serving an app (``app.run()``, a local
-    deployment) is called with."""
+    deployment) is called with. The key, or None."""
     key = development_key(key_store)
     if key is not None:
         print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
+    return key
 
 
 def create() -> FastAPI:

@@ -35,6 +35,7 @@ async def test_deploys_an_agent_app_and_stops_it(keys: Keys) -> None:
     try:
         assert manager.is_running
         assert info["url"] == manager.service_url and info["deploy_id"] == manager.deploy_id
+        assert "token" not in info  # the caller's own keys: none was made
         async with httpx.AsyncClient(base_url=info["url"], headers=bearer(keys.alice)) as client:
             assert (await client.get("/health")).status_code == 200
             body = {"input": [user_message("My name is Dana")], "stream": False}

@@ -386,7 +386,9 @@ async def test_a_local_deployment_on_the_embedded_key_store_prints_a_key_to_call
         printed = capsys.readouterr().out
         assert "development key (user 'dev', valid while this server runs): ask_" in printed
         key = printed.rsplit(": ", 1)[1].strip()
-        client = HTTPAgentAPIClient(f"{info['url']}/process", token=key)
+        # A script reads it where AgentScope's deployment record keeps it: its token.
+        assert info["token"] == key
+        client = HTTPAgentAPIClient(f"{info['url']}/process", token=info["token"])
         events = [e async for e in client.astream(create_simple_text_request("hi"))]
         assert reply_of(events) == "turn 1"
     finally:

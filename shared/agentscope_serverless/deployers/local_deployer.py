@@ -1,7 +1,8 @@
 """``LocalDeployManager``: serve an agent (or a plain function) on this machine, in the background.
 
 >>> manager = LocalDeployManager(host="127.0.0.1", port=0)   # port 0: any free port
->>> # info = await manager.deploy(app)       -> {"deploy_id": "...", "url": "http://127.0.0.1:PORT"}
+>>> # info = await manager.deploy(app)  -> {"deploy_id": "...", "url": "http://127.0.0.1:PORT",
+>>> #                                          "token": "ask_..."}
 >>> # await manager.stop()
 
 The server is uvicorn, running in a thread with its own event loop, so it keeps serving
@@ -148,7 +149,8 @@ class LocalDeployManager(DeployManager):
         key_store: KeyStore | None = None,
         **kwargs: Any,
     ) -> dict[str, str]:
-        """Serve ``app`` (or ``runner``) in the background; return ``{"deploy_id", "url"}``.
+        """Serve ``app`` (or ``runner``) in the background; return ``{"deploy_id", "url"}``,
+        and ``"token"``: the development key made for it, on the embedded key store.
 
         ``endpoint_path`` defaults to the AgentApp's own (``/process`` for a function).
 
@@ -269,11 +271,12 @@ class LocalDeployManager(DeployManager):
                 settings=settings,
                 key_store=key_store,
             )
+        token = None
         if not given_key_store:
             from agentscope_serverless.serve import announce_development_key
 
             # Every route but /health needs a key: the embedded store has none.
-            announce_development_key(key_store)
+            token = announce_development_key(key_store)
         server = ServerThread(
             web_app,
             host=self.host,
@@ -285,7 +288,10 @@ class LocalDeployManager(DeployManager):
         self._is_running = None
         self.deploy_id = str(uuid.uuid4())
         self._service_url = url
-        return {"deploy_id": self.deploy_id, "url": url}
+        info = {"deploy_id": self.deploy_id, "url": url}
+        if token is not None:
+            info["token"] = token  # where AgentScope's deployment record keeps its key
+        return info
 
     async def stop(self, deploy_id: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Stop the server (a no-op when nothing runs)."""
