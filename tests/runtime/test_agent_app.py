@@ -146,6 +146,22 @@ def test_a_handler_no_run_can_call_is_refused_as_the_app_is_built(
 
 
 @pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"response_type": "json"}, "response_type must be 'sse'"),
+        # It was taken and ignored: the process endpoint streamed all the same.
+        ({"stream": False}, "stream must be True"),
+    ],
+)
+def test_an_app_answering_otherwise_than_its_endpoint_does_is_refused(
+    options: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)) as refused:
+        AgentApp(app_name="no-stream", **options)
+    assert '"stream": false' in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("kind", "parameters", "said"),
     [
         ("init", "", "the init handler init() takes no parameter for the runner"),

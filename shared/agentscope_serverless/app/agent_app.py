@@ -136,6 +136,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
             raise TypeError("request_model must be AgentRequest or a subclass of it")
         if response_type != "sse":
             raise ValueError("response_type must be 'sse' (add \"stream\": false for JSON)")
+        if not stream:
+            raise ValueError(
+                "stream must be True: the process endpoint streams SSE, and a request asks for "
+                'the final response as JSON with "stream": false'
+            )
         if broker_url or backend_url or enable_embedded_worker:
             raise ConfigurationError(
                 "Celery task queues (broker_url, backend_url, enable_embedded_worker) are not "
