@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -227,6 +228,26 @@ def test_metadata_session_continues_a_responses_conversation(sdk: openai.OpenAI)
     )
     assert streamed[-1].response.output_text == "Your name is Carla."
     assert streamed[-1].response.metadata == {"session_id": session}
+
+
+@pytest.mark.parametrize("named", ["id", "object"])
+def test_a_responses_conversation_is_continued_and_repeated_in_the_response(
+    sdk: openai.OpenAI, named: str
+) -> None:
+    # The session was continued, but the response's conversation was None.
+    session = f"conv_{uuid.uuid4().hex}"
+    conversation: Any = session if named == "id" else {"id": session}
+    sdk.responses.create(model="demo", input="My name is Quinn", conversation=conversation)
+    reply = sdk.responses.create(model="demo", input="What's my name?", conversation=conversation)
+    assert reply.output_text == "Your name is Quinn."
+    assert reply.conversation is not None and reply.conversation.id == session
+    streamed = list(
+        sdk.responses.create(model="demo", input="hi", conversation=conversation, stream=True)
+    )
+    assert streamed[-1].response.conversation.id == session  # type: ignore[union-attr]
+    assert sdk.responses.retrieve(reply.id).conversation.id == session  # type: ignore[union-attr]
+    unnamed = sdk.responses.create(model="demo", input="hi")
+    assert unnamed.conversation is None
 
 
 def test_a_session_id_field_as_process_takes_it_names_the_session(

@@ -719,8 +719,10 @@ async def chat_completion_chunks(
 
 def responses_echo(body: ResponsesRequest) -> dict[str, Any]:
     """What a response object repeats of its request, as OpenAI's do (its ``metadata`` is
-    the request's, with the session's id)."""
+    the request's, with the session's id; its ``conversation``, the one it named)."""
+    conversation = session_id_of(None, None, body.conversation)
     return {
+        "conversation": None if conversation is None else {"id": conversation},
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
         "metadata": dict(body.metadata or {}),
@@ -764,6 +766,7 @@ def responses_object(
             {"code": "server_error", "message": response.error.message} if response.error else None
         ),
         "incomplete_details": incomplete,
+        "conversation": echo.get("conversation"),
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
         "metadata": {**echo.get("metadata", {}), "session_id": session_id},
