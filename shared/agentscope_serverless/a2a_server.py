@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,9 +116,16 @@ def owner_of(context: ServerCallContext) -> str:
 class RunsAgentExecutor(AgentExecutor):
     """Runs A2A messages through the agent's runner, as recorded runs."""
 
-    def __init__(self, runner: Runner, recorder: RunRecorder) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        recorder: RunRecorder,
+        make_request: Callable[..., AgentRequest] = AgentRequest,
+    ) -> None:
         self.runner = runner
         self.recorder = recorder
+        # The run's request, as the app's request model (AgentApp.run_request).
+        self.make_request = make_request
         self._runs: dict[str, RecordedRun] = {}
         # Set once a task's execution has put its end (whatever it was) on its queue.
         self._relayed: dict[str, asyncio.Event] = {}
@@ -141,11 +148,16 @@ class RunsAgentExecutor(AgentExecutor):
                 )
             )
         updater = TaskUpdater(event_queue, task_id, context_id)
-        request = AgentRequest(
-            input=[Message(role=Role.USER, content=[TextContent(text=context.get_user_input())])],
-            session_id=context_id,
-            user_id=user_id,
-        )
+        try:
+            request = self.make_request(
+                input=[
+                    Message(role=Role.USER, content=[TextContent(text=context.get_user_input())])
+                ],
+                session_id=context_id,
+                user_id=user_id,
+            )
+        except InvalidInputError as exc:
+            raise InvalidParamsError(exc.message) from None
         run = await self.recorder.start(
             self.runner.stream_query(request), user_id=user_id, kind="a2a", session_id=context_id
         )

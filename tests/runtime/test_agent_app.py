@@ -24,6 +24,7 @@ from agentscope_serverless.services.session_history import InMemorySessionHistor
 from agentscope_serverless.settings import load_settings
 from tests.support.http import (
     Keys,
+    a2a_send,
     assert_late_request_heads_are_cut_off,
     free_port,
     running,
@@ -230,6 +231,50 @@ def test_over_http_hooks_run_and_the_endpoint_and_model_are_the_apps(keys: Keys)
         tagged = httpx.post(f"{url}/run", json={**body, "tag": "t"}, headers=keys_header)
         assert tagged.json()["output"][0]["content"][0]["text"] == "echo: x"
     assert hooks[-1] == "after"
+
+
+class LangRequest(AgentRequest):
+    lang: str = "en"
+
+
+def test_every_route_running_the_agent_hands_it_the_apps_request_model(keys: Keys) -> None:
+    # The OpenAI-compatible routes and A2A handed it an AgentRequest: a handler reading its
+    # model's field failed (AttributeError), answered as a server error.
+    app = AgentApp(app_name="lang", request_model=LangRequest)
+
+    @app.query(framework="text")
+    async def query(
+        self: Runner, msgs: list[Message], request: Any = None, **kw: Any
+    ) -> AsyncIterator[str]:
+        yield f"{type(request).__name__} lang={request.lang}"
+
+    said = "LangRequest lang=en"
+    headers = {"Authorization": f"Bearer {keys.alice}"}
+    user = [{"role": "user", "content": "hi"}]
+    with (
+        running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as client,
+    ):
+        chat = client.post("/compatible-mode/v1/chat/completions", json={"messages": user})
+        assert chat.json()["choices"][0]["message"]["content"] == said, chat.text
+        response = client.post("/compatible-mode/v1/responses", json={"input": "hi"})
+        assert response.json()["output"][0]["content"][0]["text"] == said, response.text
+        task = client.post("/a2a", json=a2a_send("hi")).json()["result"]
+        assert task["status"]["state"] == "completed", task
+        assert task["artifacts"][0]["parts"][0]["text"] == said
+
+
+def test_a_request_model_a_route_cannot_fill_is_refused_there_naming_its_field(
+    keys: Keys,
+) -> None:
+    app = echo_app(request_model=TaggedRequest)
+    headers = {"Authorization": f"Bearer {keys.alice}"}
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        chat = httpx.post(f"{url}/compatible-mode/v1/chat/completions", json=body, headers=headers)
+    assert chat.status_code == 400, chat.text
+    assert "TaggedRequest" in chat.json()["error"]["message"]
+    assert "tag" in chat.json()["error"]["message"]
 
 
 @pytest.fixture(scope="module")

@@ -36,12 +36,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from pydantic import ValidationError
+
 from agentscope_serverless.deployers.adapter.a2a import (
     AgentCardWithRuntimeConfig,
     extract_a2a_config,
 )
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
-from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.errors import ConfigurationError, InvalidInputError
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import (
     FRAMEWORKS,
@@ -196,6 +198,24 @@ class AgentApp(ServiceLifecycleManagerMixin):
         #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
         self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
+
+    def run_request(self, **fields: Any) -> AgentRequest:
+        """The request of a run made from a call of another protocol than the process
+        endpoint's (OpenAI-compatible, A2A), as the app's ``request_model``: its handler gets
+        the model it declared, with its fields' defaults. A model whose fields the call cannot
+        fill (one without a default) is refused, naming them."""
+        if self.request_model is AgentRequest:
+            return AgentRequest(**fields)
+        try:
+            return self.request_model(**fields)
+        except ValidationError as exc:
+            missing = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
+            raise InvalidInputError(
+                f"the agent's request model {self.request_model.__name__} needs "
+                f"{', '.join(missing)}, which this route cannot give: call the process "
+                f"endpoint ({self.endpoint_path}) instead",
+                field=missing[0] if missing else None,
+            ) from None
 
     def a2a_card(self, base_url: str) -> Any:
         """The A2A agent card of this app served at ``base_url``: its name, description and

@@ -255,7 +255,9 @@ def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
     recorder = context.require_recorder()
     base_card = agent_app.a2a_card("http://localhost")
     handler = RunsRequestHandler(
-        agent_executor=RunsAgentExecutor(context.require_runner(), recorder),
+        agent_executor=RunsAgentExecutor(
+            context.require_runner(), recorder, make_request=agent_app.run_request
+        ),
         task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),
         agent_card=base_card,
     )

@@ -126,14 +126,20 @@ async def _compatible_run(
     if given is None and not turn:  # it ends with an assistant message: all of it is input
         history, turn = [], messages
     if given is not None:
-        run = AgentRequest(input=turn, session_id=given, user_id=user_id, **options)
+        run = _run_request(context, input=turn, session_id=given, user_id=user_id, **options)
         new = bool(history) and not await context.session_history.has_session(user_id, given)
         return _Call(run, given, history if new else [])
     shown = [*history, *(m for m in turn if not for_turn_only(m))]
     resumed = await conversations.resumed(context, user_id, history)
     session = resumed or new_uuid()
-    run = AgentRequest(input=turn, session_id=session, user_id=user_id, **options)
+    run = _run_request(context, input=turn, session_id=session, user_id=user_id, **options)
     return _Call(run, session, [] if resumed else history, shown, history)
+
+
+def _run_request(context: AppContext, **fields: Any) -> AgentRequest:
+    """A run's request as the app's request model (see :meth:`AgentApp.run_request`)."""
+    app = context.agent_app
+    return AgentRequest(**fields) if app is None else app.run_request(**fields)
 
 
 def _cancel_on_disconnect(body: BaseModel) -> bool | None:
