@@ -722,7 +722,7 @@ def responses_echo(body: ResponsesRequest) -> dict[str, Any]:
     the request's, with the session's id; its ``conversation``, the one it named)."""
     conversation = session_id_of(None, None, body.conversation)
     return {
-        "conversation": None if conversation is None else {"id": conversation},
+        "conversation": {"id": conversation} if conversation else None,
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
         "metadata": dict(body.metadata or {}),
@@ -766,7 +766,6 @@ def responses_object(
             {"code": "server_error", "message": response.error.message} if response.error else None
         ),
         "incomplete_details": incomplete,
-        "conversation": echo.get("conversation"),
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
         "metadata": {**echo.get("metadata", {}), "session_id": session_id},
@@ -777,6 +776,8 @@ def responses_object(
         "tools": [],
         "top_p": echo.get("top_p"),
         "usage": responses_usage(response.usage),
+        # Only when the request named one: AgentScope Runtime's responses have no such key.
+        **({"conversation": echo["conversation"]} if echo.get("conversation") else {}),
     }
 
 
