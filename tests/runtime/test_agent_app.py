@@ -64,6 +64,14 @@ async def test_query_in_process_with_text_dict_or_request() -> None:
     assert by_text.session_id == "s1"
 
 
+@pytest.mark.parametrize("text", ["text", "agentscope", "langgraph"])
+async def test_a_query_whose_text_is_a_framework_name_is_run(text: str) -> None:
+    # Taken for a decorator: awaiting it failed (TypeError, or ValueError for "langgraph").
+    async with echo_app() as app:
+        reply = await app.query(text)  # type: ignore[misc]
+    assert reply.output is not None and reply.output[0].get_text_content() == f"echo: {text}"
+
+
 async def test_stream_query_in_process_starts_the_app_on_first_use() -> None:
     app = echo_app()
     try:
@@ -101,8 +109,12 @@ async def test_init_and_shutdown_handlers_get_the_runner() -> None:
 
 def test_only_known_frameworks_register() -> None:
     app = AgentApp()
+
+    async def query(self: Runner, msgs: list[Any], **kw: Any) -> AsyncIterator[str]:
+        yield "hi"
+
     with pytest.raises(ValueError, match="text, agentscope"):
-        app.query(framework="autogen")
+        app.query(framework="autogen")(query)  # as @app.query(framework="autogen") does
     with pytest.raises(TypeError):
         app.query("hello", framework="text")  # type: ignore[call-overload]
 

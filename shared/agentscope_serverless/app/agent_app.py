@@ -32,7 +32,7 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -536,16 +536,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
             runner.shutdown_handler = types.MethodType(self._shutdown_handler, runner)  # type: ignore[method-assign]
         return runner
 
-    def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
-        if framework not in FRAMEWORKS:
-            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
-
-        def register(func: HandlerT) -> HandlerT:
-            self._query_handler = func
-            self.framework = framework
-            return func
-
-        return register
+    def _register(self, framework: str) -> _Registration:
+        return _Registration(self, framework)
 
     async def _query(self, request: AgentRequest | dict[str, Any]) -> AgentResponse:
         runner = await self._local_runner()
@@ -585,6 +577,30 @@ def _root_settings() -> Settings:
     from agentscope_serverless.settings import get_settings
 
     return get_settings()
+
+
+class _Registration:
+    """What ``app.query(name)`` of a lone framework name gives: the decorator registering
+    the handler of that framework (``@app.query("text")``) or, awaited, the run of that
+    text as a query (``await app.query("text")``: a user's words may be a framework's name).
+    """
+
+    def __init__(self, app: AgentApp, framework: str) -> None:
+        self._app, self._framework = app, framework
+
+    def __call__(self, func: HandlerT) -> HandlerT:
+        if self._framework not in FRAMEWORKS:
+            raise ValueError(
+                f"framework must be one of {', '.join(FRAMEWORKS)}, got {self._framework!r}"
+            )
+        self._app._query_handler = func
+        self._app.framework = self._framework
+        return func
+
+    def __await__(self) -> Generator[Any, None, AgentResponse]:
+        return self._app._query(
+            _to_request(self._framework, user_id=None, session_id=None)
+        ).__await__()
 
 
 def _to_request(
