@@ -246,6 +246,16 @@ def test_a_bad_key_is_refused(client: httpx.Client) -> None:
     assert client.get("/state/s1/rounds").json()["rounds"] == []
 
 
+@pytest.mark.parametrize("path", ["/process", "/state/s1"])
+def test_a_bad_key_is_refused_saying_why_once(client: httpx.Client, path: str) -> None:
+    # /process said each problem twice ("...at most 255 characters; ...at most 255...").
+    body = {"input": [{"role": "user", "content": "hi"}], "stream": False, "state": {}}
+    response = client.post(path, json=body, headers=keyed("x" * 256))
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.count("at most 255 characters") == 1, message
+
+
 def test_concurrent_retries_with_one_key_write_once(client: httpx.Client) -> None:
     start = threading.Barrier(8)
 

@@ -211,7 +211,13 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
 
 def _validation_fields(errors: Sequence[Any]) -> list[dict[str, Any]]:
     # Only where and what: pydantic's "input" echoes the value sent, which may be secret.
-    return [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", ""))} for err in errors]
+    # Each once: a parameter two dependencies of a route declare (the guards' header) is
+    # validated by each.
+    fields: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for err in errors:
+        field = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", ""))}
+        fields.setdefault((*field["loc"], field["msg"]), field)
+    return list(fields.values())
 
 
 async def _our_error(request: Request, exc: Exception) -> JSONResponse:
