@@ -250,6 +250,23 @@ def test_a_responses_conversation_is_continued_and_repeated_in_the_response(
     assert unnamed.conversation is None
 
 
+@pytest.mark.parametrize("route", ["chat/completions", "responses"])
+def test_a_session_header_given_twice_is_refused_not_one_of_them_taken(
+    demo_url: str, keys: Keys, route: str
+) -> None:
+    # The first was taken, the second dropped (a proxy may keep another, or join them).
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "input": "hi"}
+    sessions = [f"twice-{uuid.uuid4().hex}" for _ in range(2)]
+    headers = [("Authorization", f"Bearer {keys.alice}")]
+    headers += [("X-Session-Id", session) for session in sessions]
+    answer = httpx.post(f"{demo_url}/compatible-mode/v1/{route}", json=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"] == "the X-Session-Id header is given more than once"
+    alice = {"Authorization": f"Bearer {keys.alice}"}
+    for session in sessions:
+        assert httpx.get(f"{demo_url}/sessions/{session}", headers=alice).status_code == 404
+
+
 def test_a_session_id_field_as_process_takes_it_names_the_session(
     sdk: openai.OpenAI, demo_url: str, keys: Keys
 ) -> None:

@@ -153,8 +153,15 @@ def _cancel_on_disconnect(body: BaseModel) -> bool | None:
     return value
 
 
-def _header_session_id(value: str | None) -> str | None:
-    return None if value is None else header_text(value, name=SESSION_HEADER)
+def _header_session_id(request: Request) -> str | None:
+    """The session the ``X-Session-Id`` header names; given more than once, refused (which
+    one wins differs between proxies and frameworks)."""
+    values = request.headers.getlist(SESSION_HEADER)
+    if len(values) > 1:
+        raise InvalidInputError(
+            f"the {SESSION_HEADER} header is given more than once", field=SESSION_HEADER
+        )
+    return header_text(values[0], name=SESSION_HEADER) if values else None
 
 
 def _session_headers(session_id: str, run_id: str | None = None) -> dict[str, str]:
@@ -461,9 +468,7 @@ def build_router(
         call = await _compatible_run(
             context,
             compat.chat_messages(body.messages),
-            compat.session_id_of(
-                _header_session_id(x_session_id), body.metadata, field=body.session_id
-            ),
+            compat.session_id_of(_header_session_id(request), body.metadata, field=body.session_id),
             caller.user_id(body.user),
             stream=body.stream,
             model=body.model,
@@ -506,7 +511,7 @@ def build_router(
     ) -> Response:
         compat.check_responses_request(body)
         named = compat.session_id_of(
-            _header_session_id(x_session_id),
+            _header_session_id(request),
             body.metadata,
             body.conversation,
             field=body.session_id,
