@@ -330,6 +330,25 @@ def test_a_wrong_method_gets_405(client_for: Callable[..., httpx.Client], keys: 
     response = client_for(keys.alice).get("/process")
     assert response.status_code == 405
     assert error_of(response)["code"] == "METHOD_NOT_ALLOWED"
+    assert response.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/sessions", "GET, HEAD, POST"),
+        ("/sessions/s1", "DELETE, GET, HEAD"),
+        ("/memory", "DELETE, GET, HEAD, POST"),
+        ("/state/s1", "DELETE, GET, HEAD, POST"),
+    ],
+)
+def test_a_405_allows_every_method_of_the_path(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, allowed: str
+) -> None:
+    # Allow named the methods of the first route of the path only (POST for /sessions).
+    response = client_for(keys.alice).put(path, json={})
+    assert response.status_code == 405, response.text
+    assert response.headers["Allow"] == allowed
 
 
 def test_an_unexpected_error_is_a_500_without_internals(keys: Keys) -> None:

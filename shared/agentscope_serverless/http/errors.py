@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from agentscope_serverless.errors import (
     AgentScopeServerlessError,
@@ -328,9 +329,28 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = _no_route(request.url.path)
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
     response = error_response(exc.status_code, code, message)
+    if exc.status_code == 405:
+        response.headers["Allow"] = _allowed_methods(request) or (exc.headers or {})["Allow"]
     for name, value in (exc.headers or {}).items():
         response.headers.setdefault(name, value)
     return response
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves the request's path with (Starlette's 405 names only
+    those of the first route matching the path: ``/sessions`` is served by two)."""
+    routes = request.app.router.routes
+    methods = {
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    }
+    if "GET" in methods:
+        methods.add("HEAD")  # answered as its GET, without the body (see .middleware)
+    return ", ".join(sorted(methods))
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 # What OpenAI's SDKs append to their base URL: a base URL without /compatible-mode/v1 (the
