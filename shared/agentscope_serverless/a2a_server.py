@@ -132,11 +132,9 @@ class RunsAgentExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id, context.context_id
+        # The session of the run: the message's, which the handler checked, that of the
+        # task it continues, or a new uuid.
         assert task_id is not None and context_id is not None
-        try:
-            require_session_id(context_id)  # the session of the run
-        except InvalidInputError as exc:
-            raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
         user_id = owner_of(context.call_context)
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(
@@ -470,18 +468,26 @@ class RunsRequestHandler(DefaultRequestHandler):
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> A2AMessage | Task:
-        _refuse_what_is_not_text(params.message)
-        await self._refuse_a_working_task(params, context)
+        await self._refuse_what_cannot_run(params, context)
         answer: A2AMessage | Task = await super().on_message_send(params, context)
         return answer
 
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncIterator[Any]:
-        _refuse_what_is_not_text(params.message)
-        await self._refuse_a_working_task(params, context)
+        await self._refuse_what_cannot_run(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
+
+    async def _refuse_what_cannot_run(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> None:
+        """Refuse, before a task is made for it, a message the agent cannot run: see
+        :func:`_refuse_what_is_not_text`, :func:`_refuse_a_context_no_session_can_be` and
+        :meth:`_refuse_a_working_task`."""
+        _refuse_what_is_not_text(params.message)
+        _refuse_a_context_no_session_can_be(params.message)
+        await self._refuse_a_working_task(params, context)
 
     async def _refuse_a_working_task(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -634,6 +640,19 @@ def _refuse_what_is_not_text(message: A2AMessage) -> None:
     # A message without parts is the SDK's to refuse (a required field).
     if message.parts and not "".join(part.text for part in message.parts).strip():
         raise InvalidParamsError("the message holds no text")
+
+
+def _refuse_a_context_no_session_can_be(message: A2AMessage) -> None:
+    """Refuse a message whose contextId, the session of its run, no session can have (one
+    naming no session: a '/', '..', a control character, too long...; see
+    :func:`~agentscope_serverless.services._validation.clean_session_id`). Refused once its
+    task had started, the task's execution failing was logged as a server error."""
+    if not message.context_id:
+        return  # the task's, or a new one
+    try:
+        require_session_id(message.context_id)
+    except InvalidInputError as exc:
+        raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
 
 
 def _join_reply(task: Task) -> None:

@@ -866,6 +866,61 @@ async def test_a_context_id_no_session_can_have_is_invalid_params(
         assert (await http.get("/sessions")).json()["items"] == []
 
 
+def _sent_to(context_id: str) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
+    """A message to the context ``context_id`` as each way of sending one has it: A2A 0.3's
+    and 1.0's JSON-RPC methods, sent and streamed, and HTTP+JSON's routes (path, headers,
+    body)."""
+    legacy = {"role": "user", "parts": [{"kind": "text", "text": "hi"}], "messageId": "m1"}
+    message = {"role": "ROLE_USER", "parts": [{"text": "hi"}], "messageId": "m1"}
+    legacy["contextId"] = message["contextId"] = context_id
+    version = {"A2A-Version": "1.0"}
+    calls = [(method, {}, legacy) for method in ("message/send", "message/stream")]
+    calls += [(method, version, message) for method in ("SendMessage", "SendStreamingMessage")]
+    sent = [
+        ("/a2a", headers, {"jsonrpc": "2.0", "id": 5, "method": method, "params": {"message": m}})
+        for method, headers, m in calls
+    ]
+    return sent + [
+        (path, version, {"message": message})
+        for path in ("/a2a/message:send", "/a2a/message:stream")
+    ]
+
+
+def _error_of(answer: httpx.Response) -> dict[str, Any]:
+    """The error an A2A call was answered with: JSON-RPC's (as JSON or as the first event of
+    a stream) or HTTP+JSON's."""
+    if answer.text.startswith("data:"):
+        answer_json = json.loads(answer.text.splitlines()[0].removeprefix("data:"))
+    else:
+        answer_json = answer.json()
+    error: dict[str, Any] = answer_json["error"]
+    return error
+
+
+@pytest.mark.parametrize("context_id", ["..", "a/b", "x" * 600, "a\x00b", " "])
+async def test_a_context_id_no_session_can_have_is_refused_before_any_task_not_logged_as_an_error(
+    served: tuple[str, Keys], caplog: pytest.LogCaptureFixture, context_id: str
+) -> None:
+    # The client was answered invalid params, but the task had started: its execution
+    # failing was logged as two server errors with their tracebacks.
+    url, keys = served
+    user = f"a2a-user-{uuid.uuid4().hex[:8]}"  # a user with nothing stored yet
+    key = (await keys.store.create_key(kind="user", user_id=user)).key
+    async with httpx.AsyncClient(base_url=url, headers=bearer(key), timeout=30) as http:
+        for path, headers, body in _sent_to(context_id):
+            with caplog.at_level(logging.WARNING):
+                answer = await http.post(path, json=body, headers=headers)
+            error = _error_of(answer)
+            assert error["code"] == (-32602 if path == "/a2a" else 400), (path, body, answer.text)
+            assert error["message"].startswith("contextId cannot name a session: session_id ")
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+            assert [r for r in caplog.records if r.exc_info] == []
+            caplog.clear()
+        assert (await http.get("/sessions")).json()["items"] == []
+        listing = await http.get("/a2a/tasks", headers={"A2A-Version": "1.0"})
+        assert listing.json().get("tasks", []) == [], listing.text
+
+
 @pytest.mark.parametrize(
     ("parts", "code", "says"),
     [
