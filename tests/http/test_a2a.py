@@ -1060,6 +1060,39 @@ async def test_an_a2a_0_3_call_whose_params_its_method_cannot_take_is_invalid_pa
     assert says in answer["error"]["message"]
 
 
+@pytest.mark.parametrize("version", ["1.0", "9.9", "later"])
+@pytest.mark.parametrize(
+    "method", ["message/send", "message/stream", "tasks/get", "tasks/resubscribe"]
+)
+async def test_an_a2a_0_3_call_saying_another_version_is_refused_as_not_supported(
+    served: tuple[str, Keys], caplog: pytest.LogCaptureFixture, method: str, version: str
+) -> None:
+    # The SDK's 0.3 methods answered it with an internal error (-32603), where its 1.0
+    # methods answer a version they do not speak as not supported (-32009).
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    call = a2a_send("hello", contextId=context_id)
+    if method.startswith("tasks/"):
+        call["params"] = {"id": "t1"}
+    call = {**call, "id": 3, "method": method}
+    headers = {**bearer(keys.alice), "A2A-Version": version}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        with caplog.at_level(logging.WARNING):
+            answer = await http.post("/a2a", json=call)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["id"], answer.json()["error"]["code"]) == (3, -32009), answer.text
+        assert answer.json()["error"]["message"] == (
+            f"A2A version '{version}' is not supported by this handler. Expected version '0.3'."
+        )
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert [r for r in caplog.records if r.exc_info] == []
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+        # The version A2A 0.3 speaks, as the SDK reads it: its major version.
+        answer = await http.post("/a2a", json=call, headers={"A2A-Version": "0.3.1"})
+        assert answer.status_code == 200, answer.text
+        assert "-32009" not in answer.text
+
+
 @pytest.mark.parametrize("method", ["message/send", "message/stream", "tasks/get"])
 @pytest.mark.parametrize("without_id", [{}, {"id": None}])
 async def test_an_a2a_0_3_call_without_an_id_is_refused_saying_so_and_not_run(

@@ -5,8 +5,9 @@ authenticated first (401 without a key), the request passes the checks every rou
 (valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
 params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
 in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC request, is
-an invalid request saying why; params a 1.0 method cannot read are logged as a warning,
-not a server error), and the A2A call context carries the user it acts as, which scopes the
+an invalid request saying why; a 0.3 call whose ``A2A-Version`` names another version is
+not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read are logged as a
+warning, not a server error), and the A2A call context carries the user it acts as, which scopes the
 tasks. Imported on the first A2A request (see :mod:`agentscope_serverless.http.routers.a2a`).
 """
 
@@ -18,11 +19,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from a2a.auth.user import User
+from a2a.server.context import ServerCallContext
 from a2a.server.routes import (
     DefaultServerCallContextBuilder,
     create_jsonrpc_routes,
     create_rest_routes,
 )
+from a2a.utils.constants import PROTOCOL_VERSION_0_3
+from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, VersionNotSupportedError
+from a2a.utils.version_validator import validate_version
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -82,6 +87,7 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
                 or _notification_refused(body)
                 or _params_refused(body)
                 or _history_length_refused(body)
+                or await _version_refused(body, request)
             )
             if refused is not None:
                 return refused
@@ -207,6 +213,30 @@ def _history_length_refused(body: Any) -> Response | None:
         if isinstance(length, int) and length > _MAX_HISTORY_LENGTH:
             message = f"historyLength must be at most {_MAX_HISTORY_LENGTH}, got {length}"
             return _invalid_params(body, message)
+    return None
+
+
+@validate_version(PROTOCOL_VERSION_0_3)
+async def _speaks_0_3(context: ServerCallContext) -> None:
+    """Nothing for a call whose ``A2A-Version`` is A2A 0.3's (or none), as the SDK reads it;
+    :class:`VersionNotSupportedError` for another, after a warning."""
+
+
+async def _version_refused(body: Any, request: Request) -> Response | None:
+    """The JSON-RPC error refusing an A2A 0.3 call whose ``A2A-Version`` header names another
+    version: version not supported (-32009), as the SDK's 1.0 methods answer one. Its 0.3
+    methods answer it as an internal error (-32603), A2A 0.3 having no code for it."""
+    # Imported once the SDK's routes are: importing it first is an import cycle of the SDK.
+    from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter
+
+    if not isinstance(body, dict) or body.get("method") not in JSONRPC03Adapter.METHOD_TO_MODEL:
+        return None
+    try:
+        await _speaks_0_3(ServerCallContext(state={"headers": dict(request.headers)}))
+    except VersionNotSupportedError as exc:
+        code = JSON_RPC_ERROR_CODE_MAP[VersionNotSupportedError]
+        error = {"code": code, "message": exc.message, "data": None}
+        return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
     return None
 
 
