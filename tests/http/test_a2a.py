@@ -1190,6 +1190,64 @@ async def test_a_body_that_is_no_json_rpc_request_is_refused_saying_why_not_logg
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+_GET = b'{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1"'
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "code", "answer_id", "says"),
+    [
+        (b"\xff\xfe", "application/json", -32700, None, "the body is not valid UTF-8 text"),
+        (_GET + b', "x": "\xff"}}', "application/json", -32700, None, "not valid UTF-8 text"),
+        (_GET + b', "n": ' + b"1" * 5000 + b"}}", "text/plain", -32700, None, "4300 digits"),
+        (b"[" * 200 + b"]" * 200, "application/json", -32700, None, "nests deeper than 100"),
+        (b"[" * 200 + b"]" * 200, "text/plain", -32700, None, "nests deeper than 100"),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"contextId": '
+            b'"\\ud800"}}',
+            "application/json",
+            -32602,
+            1,
+            "body.params.contextId is not valid Unicode text",
+        ),
+        (_GET + b', "n": NaN}}', "application/json", -32602, 1, "body.params.n is not a number"),
+        (_GET + b'}, "x": "\\udc00"}', "application/json", -32600, 1, "body.x is not valid"),
+        (
+            b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "tasks/get", "params": {"id": "t1"}}',
+            "application/json",
+            -32600,
+            None,
+            "body.id is not valid Unicode text",
+        ),
+    ],
+)
+async def test_a_json_rpc_body_that_cannot_be_read_is_a_json_rpc_error_saying_why(
+    served: tuple[str, Keys],
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    content_type: str,
+    code: int,
+    answer_id: int | None,
+    says: str,
+) -> None:
+    # A body that is not UTF-8 was a parse error saying "Expecting value: line 1 column 1
+    # (char 0)", or an HTTP 422 in the API's error shape, as was text that is not Unicode or
+    # a number JSON cannot carry: no JSON-RPC error at all.
+    url, keys = served
+    headers = {**bearer(keys.alice), "A2A-Version": "1.0", "Content-Type": content_type}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        with caplog.at_level(logging.WARNING):
+            answer = await http.post("/a2a", content=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["jsonrpc"] == "2.0", answer.text
+        assert (answer.json()["id"], answer.json()["error"]["code"]) == (answer_id, code)
+        assert says in answer.json()["error"]["message"]
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        # The HTTP+JSON routes answer it as the API's other routes do.
+        rest = await http.post("/a2a/message:send", content=body)
+        assert rest.status_code == 422, rest.text
+        assert says in rest.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("method", "params"),
     [

@@ -63,6 +63,22 @@ def text_message(text: str, **fields: Any) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}], **fields}
 
 
+def refusal(response: httpx.Response, path: str, json_rpc_code: int) -> dict[str, Any]:
+    """The error of ``response`` refusing an invalid request on ``path``: the API's, with its
+    status and code; on A2A's JSON-RPC route, a JSON-RPC error ``json_rpc_code`` sent with
+    200, as JSON-RPC errors are, the fields at fault in its data."""
+    if path != "/a2a":
+        assert response.status_code == invalid_status(path), response.text[:300]
+        error: dict[str, Any] = response.json()["error"]
+        assert error["code"] == "INVALID_INPUT"
+        return error
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["jsonrpc"] == "2.0"
+    error = response.json()["error"]
+    assert error["code"] == json_rpc_code, error
+    return {**error, **(error["data"] or {})}
+
+
 # (method, path, body, where the bad text is): every field of every write route.
 POISONED: list[tuple[str, str, Any, list[Any]]] = [
     ("POST", "/sessions", {"session_id": f"s{LONE}"}, ["body", "session_id"]),
@@ -147,9 +163,7 @@ def test_text_that_is_not_unicode_is_refused_naming_the_field_and_nothing_is_sto
     client: httpx.Client, method: str, path: str, body: Any, where: list[Any]
 ) -> None:
     response = client.request(method, path, **raw_json(body))
-    assert response.status_code == invalid_status(path), response.text
-    error = response.json()["error"]
-    assert error["code"] == "INVALID_INPUT"
+    error = refusal(response, path, -32602)
     assert error["fields"][0]["loc"][: len(where)] == where
     assert "Unicode" in error["message"]
     assert_nothing_stored(client)
@@ -221,9 +235,7 @@ def test_a_number_json_cannot_carry_is_refused_naming_the_field_and_nothing_is_s
     response = client.request(
         method, path, content=body, headers={"Content-Type": "application/json"}
     )
-    assert response.status_code == invalid_status(path), response.text
-    error = response.json()["error"]
-    assert error["code"] == "INVALID_INPUT"
+    error = refusal(response, path, -32602)
     assert error["fields"][0]["loc"] == where
     assert "NaN" in error["message"]
     assert_nothing_stored(client)
@@ -243,9 +255,7 @@ def test_a_body_that_cannot_be_read_is_refused_saying_why(
     client: httpx.Client, path: str, body: bytes, says: str
 ) -> None:
     response = client.post(path, content=body, headers={"Content-Type": "application/json"})
-    assert response.status_code == 422, response.text
-    error = response.json()["error"]
-    assert error["code"] == "INVALID_INPUT"
+    error = refusal(response, path, -32700)
     assert says in error["message"]
     assert error["fields"][0]["loc"] == ["body"]
     assert_nothing_stored(client)
@@ -260,8 +270,7 @@ def test_a_deep_body_of_another_content_type_is_never_a_server_error(
     assert client.post("/sessions", content=deep, headers=plain).status_code == 415
     assert client.request("GET", "/sessions", content=deep, headers=plain).status_code == 200
     a2a = client.post("/a2a", content=b'{"params": ' + deep + b"}", headers=plain)
-    assert a2a.status_code == 422
-    assert "nests deeper than 100 levels" in a2a.json()["error"]["message"]
+    assert "nests deeper than 100 levels" in refusal(a2a, "/a2a", -32700)["message"]
     assert_nothing_stored(client)
 
 
@@ -275,8 +284,7 @@ def test_an_a2a_body_of_another_content_type_nesting_too_deeply_is_refused(
     send["params"]["message"]["metadata"] = {"v": json.loads(nested(150))}
     content = json.dumps(send).encode()
     response = client.post("/a2a", content=content, headers={"Content-Type": content_type})
-    assert response.status_code == 422, response.text
-    assert "nests deeper than 100 levels" in response.json()["error"]["message"]
+    assert "nests deeper than 100 levels" in refusal(response, "/a2a", -32700)["message"]
     assert_nothing_stored(client)
 
 
@@ -474,14 +482,17 @@ def test_a_body_nesting_too_deeply_is_refused_before_it_is_parsed(
 ) -> None:
     content = body.replace(HOLE, nested(levels)).encode()
     response = client.post(path, content=content, headers={"Content-Type": "application/json"})
-    assert response.status_code == invalid_status(path), response.text[:300]
-    error = response.json()["error"]
-    assert error == {
-        "code": "INVALID_INPUT",
-        "message": "the request body nests deeper than 100 levels of arrays and objects",
-        "type": "invalid_request_error",
-        "param": None,
-    }
+    error = refusal(response, path, -32700)
+    message = "the request body nests deeper than 100 levels of arrays and objects"
+    if path == "/a2a":
+        assert (error["message"], error["data"]) == (message, None)
+    else:
+        assert error == {
+            "code": "INVALID_INPUT",
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+        }
     assert_nothing_stored(client)
 
 
@@ -500,8 +511,7 @@ def test_a_body_in_utf16_or_utf32_nesting_too_deeply_is_refused_before_it_is_par
     # UTF-8, every bracket after it would seem to lie inside a string.
     content = body.replace(HOLE, nested_objects(5_000, "\u2200")).encode(encoding)
     response = client.post(path, content=content, headers={"Content-Type": "application/json"})
-    assert response.status_code == invalid_status(path), response.text[:300]
-    error = response.json()["error"]
+    error = refusal(response, path, -32700)
     assert error["message"] == "the request body nests deeper than 100 levels of arrays and objects"
     assert_nothing_stored(client)
 

@@ -2,13 +2,15 @@
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
 authenticated first (401 without a key), the request passes the checks every route runs
-(valid Unicode and finite numbers in the body, ``Idempotency-Key``; an A2A 0.3 call with
-params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid params, as
-in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC request, is
-an invalid request saying why; a 0.3 call whose ``A2A-Version`` names another version is
-not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read are logged as a
-warning, not a server error), and the A2A call context carries the user it acts as, which scopes the
-tasks. Imported on the first A2A request (see :mod:`agentscope_serverless.http.routers.a2a`).
+(valid Unicode and finite numbers in the body, ``Idempotency-Key``: on the JSON-RPC route,
+a body they refuse is a JSON-RPC error, a parse error for one that cannot be read; an A2A
+0.3 call with params its method cannot take, or a ``historyLength`` beyond 32 bits, is
+invalid params, as in A2A 1.0; one without an id, of either version, or a body that is no
+JSON-RPC request, is an invalid request saying why; a 0.3 call whose ``A2A-Version`` names
+another version is not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read
+are logged as a warning, not a server error), and the A2A call context carries the user it
+acts as, which scopes the tasks. Imported on the first A2A request (see
+:mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ from agentscope_serverless.a2a_server import (
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.guards import check_request, request_body
+from agentscope_serverless.http.errors import unreadable_body
+from agentscope_serverless.http.guards import (
+    check_body,
+    check_claims,
+    check_request,
+    request_body,
+)
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
+from agentscope_serverless.http.middleware import BodyTooDeep
 
 _USER_SCOPE_KEY = "agentscope.user_id"
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -72,15 +81,25 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
 def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
     """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then the
     body's text and numbers, the user it names and the ``Idempotency-Key`` claim. Their
-    errors reach the app's handlers, as any route's do."""
+    errors reach the app's handlers, as any route's do, but for the body's on the JSON-RPC
+    route: JSON-RPC errors (see :func:`_read`)."""
 
     async def guarded(request: Request) -> Response:
         caller = await get_caller(request, await bearer_scheme(request))
         request.scope[_USER_SCOPE_KEY] = caller.user_id()
+        idempotency_key = _idempotency_key(request)
         # The SDK reads the body as JSON whatever its content type: so are the checks.
-        await check_request(request, caller, _idempotency_key(request), any_type=True)
-        if request.url.path == A2A_PATH:
-            body = await request_body(request, any_type=True)
+        if request.url.path != A2A_PATH:
+            # The SDK's HTTP+JSON routes fail on a body that is not UTF-8 (a server error).
+            not_utf8 = _not_utf8(await request.body())
+            if not_utf8 is not None:
+                raise not_utf8
+            await check_request(request, caller, idempotency_key, any_type=True)
+        else:
+            body, refused = await _read(request)
+            if refused is not None:
+                return refused
+            await check_claims(request, caller, idempotency_key, body)
             refused = (
                 _null_refused(body, await request.body())
                 or _request_refused(body)
@@ -102,14 +121,55 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
 _MAX_HISTORY_LENGTH = 2**31 - 1
 
 
-def _invalid_params(body: dict[str, Any], message: str) -> Response:
-    error = {"code": -32602, "message": message, "data": None}
-    return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
-
-
-def _invalid_request(request_id: Any, message: str) -> Response:
-    error = {"code": -32600, "message": message, "data": None}
+def _json_rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> Response:
+    error = {"code": code, "message": message, "data": data}
     return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def _invalid_params(body: dict[str, Any], message: str, data: Any = None) -> Response:
+    return _json_rpc_error(body.get("id"), -32602, message, data)
+
+
+def _invalid_request(request_id: Any, message: str, data: Any = None) -> Response:
+    return _json_rpc_error(request_id, -32600, message, data)
+
+
+async def _read(request: Request) -> tuple[Any, Response | None]:
+    """The JSON-RPC call's body (see :func:`..guards.request_body`), and the JSON-RPC error
+    refusing it when the checks every route runs refuse it (422 on the other routes), with
+    the fields at fault in its data as their error has them: a body that cannot be read
+    (not UTF-8, nesting too deeply, an integer too long) is a parse error saying why, where
+    the SDK said "Expecting value" of one that is not UTF-8; text that is not Unicode, or a
+    number JSON cannot carry, invalid params (in the params) or an invalid request."""
+    try:
+        body = await request_body(request, any_type=True)
+    except InvalidInputError as exc:
+        return None, _json_rpc_error(None, -32700, exc.message, {"fields": exc.errors})
+    except BodyTooDeep as exc:
+        return None, _json_rpc_error(None, -32700, exc.detail)
+    not_utf8 = _not_utf8(await request.body()) if body is None else None
+    if not_utf8 is not None:
+        return None, _json_rpc_error(None, -32700, not_utf8.message, {"fields": not_utf8.errors})
+    try:
+        check_body(body)
+    except InvalidInputError as exc:
+        where, data = exc.errors[0]["loc"][1:2], {"fields": exc.errors}
+        request_id = body.get("id") if isinstance(body, dict) and where != ["id"] else None
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            request_id = None
+        if where == ["params"]:
+            return body, _invalid_params({"id": request_id}, exc.message, data)
+        return body, _invalid_request(request_id, exc.message, data)
+    return body, None
+
+
+def _not_utf8(raw: bytes) -> InvalidInputError | None:
+    """The error refusing a body that is not UTF-8 text, saying so; None for one that is."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return unreadable_body(exc)
+    return None
 
 
 def _null_refused(body: Any, raw: bytes) -> Response | None:

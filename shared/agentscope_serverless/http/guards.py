@@ -107,8 +107,22 @@ async def check_request(
     """:func:`guard_request` for routes outside FastAPI's dependencies (A2A's), whose body
     is read as JSON whatever its content type with ``any_type``."""
     body = await request_body(request, any_type=any_type)
+    check_body(body)
+    await check_claims(request, caller, idempotency_key, body)
+
+
+def check_body(body: Any) -> None:
+    """Refuse (422 naming where) a body holding text that is not valid Unicode, or a number
+    that is not finite."""
     require_utf8(body, field="body")
     require_finite(body, field="body")
+
+
+async def check_claims(
+    request: Request, caller: Caller, idempotency_key: str | None, body: Any
+) -> None:
+    """Refuse a ``body`` naming another user than ``caller`` acts for (or two users), then
+    claim the ``Idempotency-Key``."""
     user_id: str | None = None
     if isinstance(body, dict):
         # All at once: a body whose user_id and user name two users is refused, as the
@@ -122,6 +136,8 @@ async def check_request(
 
 __all__ = [
     "USER_FIELDS",
+    "check_body",
+    "check_claims",
     "check_request",
     "guard_any_type_request",
     "guard_request",
