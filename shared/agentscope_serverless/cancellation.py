@@ -21,6 +21,14 @@ from __future__ import annotations
 
 import asyncio
 
+# How long the cleanup of a canceled run's agent (its ``finally`` blocks, and what they await)
+# may take: the run's task is cancelled once, then once more, cutting the cleanup short, only
+# when it outlasts this. Less than an erase waits for the runs it stops (5 s).
+CLEANUP_SECONDS = 3.0
+# The same for a run or a background task stopped at its function's time limit: the margin
+# left must still store its end.
+TIME_LIMIT_CLEANUP_SECONDS = 1.0
+
 
 def cancelled_from_outside() -> bool:
     """Whether the asyncio task running this is being cancelled (``task.cancel()``)."""
@@ -28,4 +36,4 @@ def cancelled_from_outside() -> bool:
     return current is not None and current.cancelling() > 0
 
 
-__all__ = ["cancelled_from_outside"]
+__all__ = ["CLEANUP_SECONDS", "TIME_LIMIT_CLEANUP_SECONDS", "cancelled_from_outside"]

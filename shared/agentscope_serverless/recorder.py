@@ -23,10 +23,11 @@ drives it in a task of its own, so the run is independent of the request that st
   ``MULTI``/``EXEC``), and otherwise appends them as the runner would;
 - the store's answer says whether the run's cancellation was requested; a run still going
   after its first write delay also polls for it, every ``poll_seconds``. Cancelling cancels
-  the run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`: the handler's
-  task is cancelled (its ``finally`` blocks run), the runner keeps the partial reply in the
-  session history and ends the stream with a ``canceled`` response; nothing is stored
-  after it;
+  the run's task with :data:`~agentscope_serverless.runner.RUN_CANCELED`, once however many
+  cancels come: the handler's task is cancelled (its ``finally`` blocks run to their end, cut
+  short only past :data:`~agentscope_serverless.cancellation.CLEANUP_SECONDS`), the runner
+  keeps the partial reply in the session history and ends the stream with a ``canceled``
+  response; nothing is stored after it;
 - a run still going when its session or its user's data is erased (its agent did not stop
   in the time the erase waits) stores nothing more, neither events nor its turn: at once
   in this process (:meth:`RunRecorder.erase_local`); elsewhere once it finds its record
@@ -54,6 +55,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
+from agentscope_serverless.cancellation import CLEANUP_SECONDS, TIME_LIMIT_CLEANUP_SECONDS
 from agentscope_serverless.errors import AgentError, RunCanceledError
 from agentscope_serverless.log import logger
 from agentscope_serverless.metrics import RunMetrics
@@ -150,6 +152,10 @@ class RecordedRun:
         self._time_left = time_left
         self._time_limit: asyncio.TimerHandle | None = None
         self._out_of_time = False
+        # Whether its task was cancelled (it is, once), and when its agent's cleanup is cut
+        # short if still going.
+        self._cancelled = False
+        self._cleanup_limit: asyncio.TimerHandle | None = None
         # Its cancellation was requested in the store (as an erase does, before deleting).
         self._cancel_requested = False
         # Its session or its user's data was erased while it ran: it stores nothing more.
@@ -193,8 +199,7 @@ class RecordedRun:
                 self._end_failed(exc)
         finally:
             self._produced = True
-            if self._time_limit is not None:
-                self._time_limit.cancel()
+            self._end_timers()
             self._notify()
             self._recorder._ended(self)
             if self._record is not None:
@@ -429,9 +434,45 @@ class RecordedRun:
     # --- for the request ----------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Cancel the run (a no-op once it has ended, or its end is stored)."""
-        if self._producer is not None and not self._produced and self._ending is None:
+        """Cancel the run (a no-op once it has ended, its end is stored, or it was cancelled):
+        its task is cancelled once, and its agent's cleanup (``finally`` blocks) runs to its
+        end, cut short (the task cancelled again) only past :data:`CLEANUP_SECONDS`
+        (:data:`TIME_LIMIT_CLEANUP_SECONDS` at the run's time limit)."""
+        if self._cancelled or not self._going():
+            return
+        assert self._producer is not None
+        self._cancelled = True
+        self._producer.cancel(RUN_CANCELED)
+        self._cut_cleanup_within(
+            TIME_LIMIT_CLEANUP_SECONDS if self._out_of_time else CLEANUP_SECONDS
+        )
+
+    def _going(self) -> bool:
+        """Whether the run's task runs, its end not stored yet."""
+        return self._producer is not None and not self._produced and self._ending is None
+
+    def _cut_cleanup_within(self, seconds: float) -> None:
+        """Cut the agent's cleanup short if still going ``seconds`` from now (or sooner, as
+        set already)."""
+        loop = asyncio.get_running_loop()
+        limit = self._cleanup_limit
+        if limit is not None:
+            if limit.when() <= loop.time() + seconds:
+                return
+            limit.cancel()
+        self._cleanup_limit = loop.call_later(seconds, self._cut_cleanup)
+
+    def _cut_cleanup(self) -> None:
+        self._cleanup_limit = None
+        if self._going():
+            assert self._producer is not None
             self._producer.cancel(RUN_CANCELED)
+
+    def _end_timers(self) -> None:
+        """The run has ended: neither its time limit nor its cleanup's comes."""
+        for timer in (self._time_limit, self._cleanup_limit):
+            if timer is not None:
+                timer.cancel()
 
     def erase(self) -> None:
         """Cancel the run, and store nothing more of it (its turn included): its session or
@@ -440,10 +481,13 @@ class RecordedRun:
         self.cancel()
 
     def _time_is_up(self) -> None:
-        """The run's time limit has come: end it (as soon as it has begun), as failed."""
+        """The run's time limit has come: end it (as soon as it has begun), as failed; the
+        cleanup of one cancelled already is cut short within :data:`TIME_LIMIT_CLEANUP_SECONDS`."""
         self._time_limit = None
         self._out_of_time = True
-        if self._first is not None:
+        if self._cancelled:
+            self._cut_cleanup_within(TIME_LIMIT_CLEANUP_SECONDS)
+        elif self._first is not None:
             self.cancel()
 
     async def _begin(self) -> None:
@@ -465,8 +509,7 @@ class RecordedRun:
             return
         self._produced = True
         self._failure = _canceled_before_it_began()
-        if self._time_limit is not None:
-            self._time_limit.cancel()
+        self._end_timers()
         self._notify()
 
     def take(self) -> list[EventItem]:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from pydantic_core import to_jsonable_python
 
-from agentscope_serverless.cancellation import cancelled_from_outside
+from agentscope_serverless.cancellation import TIME_LIMIT_CLEANUP_SECONDS, cancelled_from_outside
 from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
@@ -37,8 +37,6 @@ TASK_FAILED = "TASK_FAILED"
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
-# How long a task stopped at the time limit is given to clean up.
-_CLEANUP_SECONDS = 1.0
 # The fingerprint of the claim an invocation makes before running a task (one per task id).
 _TASK_CLAIM = "background-task"
 
@@ -137,7 +135,7 @@ async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitabl
         if not running.done():
             running.cancel()
             # Its cleanup (``finally`` blocks) runs before the task is stored as ended.
-            await asyncio.wait([running], timeout=_CLEANUP_SECONDS)
+            await asyncio.wait([running], timeout=TIME_LIMIT_CLEANUP_SECONDS)
 
 
 class TaskExecutor(Protocol):

@@ -28,6 +28,7 @@ from agentscope_serverless.http.lambda_handler import (
 )
 from tests.support.http import issue_key, parse_sse
 from tests.support.lambda_runtime import function_url_event
+from tests.support.tidy_agent import LOG, NEVER_ENDING
 
 MARGIN_SECONDS = 1.0
 # The slow agent takes 5 s; the invocation has this long, so its run ends at 2 s.
@@ -45,7 +46,7 @@ class LambdaContext:
 
 
 def _process_handler(
-    tmp_path: Path, agent: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, agent: str, monkeypatch: pytest.MonkeyPatch, margin: float = MARGIN_SECONDS
 ) -> tuple[LambdaHandler, str]:
     keys_file = tmp_path / "keys.json"
     key = issue_key(FileKeyStore(keys_file), "lambda-user")
@@ -55,7 +56,7 @@ def _process_handler(
         monkeypatch.setenv(variable, "in_memory")
     monkeypatch.setenv("RUNS_BACKEND", "in_memory")
     monkeypatch.setenv("AGENT_APP", agent)
-    monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", str(MARGIN_SECONDS))
+    monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", str(margin))
     handler = make_handler(["process", "users"])
     handler(function_url_event("GET", "/health"), None)  # builds the app with these settings
     return handler, key
@@ -73,6 +74,14 @@ def demo_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lam
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("demo")
         yield _process_handler(tmp, "agentscope_serverless.agents.demo:app", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def tidy_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LambdaHandler, str]]:
+    """The agent whose cleanup takes a while; 2 s for its run's end, cleanup included."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tmp = tmp_path_factory.mktemp("tidy")
+        yield _process_handler(tmp, "tests.support.tidy_agent:app", monkeypatch, margin=2.0)
 
 
 def _post(key: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -185,3 +194,22 @@ def test_a_streamed_reply_larger_than_lambda_returns_is_cut_and_read_on_from_the
         events[-1]["output"][0]["content"][0]["text"]
         == f'You said: "{text}". That is message 1 of this conversation.'
     )
+
+
+def test_a_run_whose_cleanup_never_ends_is_still_answered_before_the_time_limit(
+    tidy_process: tuple[LambdaHandler, str],
+) -> None:
+    # Cancelled once at its time limit, the agent's cleanup held the run until Lambda stopped
+    # the function: no answer, the run left in progress.
+    handler, key = tidy_process
+    session_id = f"endless-{time.monotonic_ns()}"
+    started = time.monotonic()
+    answer = handler(
+        _post(key, "/process", _run_input(NEVER_ENDING, session_id)), LambdaContext(4.0)
+    )
+    assert time.monotonic() - started < 4.0, "answered before Lambda would stop the function"
+    last = parse_sse(answer["body"].split("\n")[:-1]).data[-1]
+    assert last["status"] == "failed" and last["error"]["code"] == "TIME_LIMIT"
+    assert LOG[session_id] == ["cancelled", "cleanup cut short"]
+    run = json.loads(handler(_get(key, f"/runs/{last['id']}"), None)["body"])
+    assert run["status"] == "failed" and run["error"]["code"] == "TIME_LIMIT"
