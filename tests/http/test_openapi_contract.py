@@ -9,7 +9,7 @@ import httpx
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running
+from tests.support.http import Keys, assert_docs_run_only_their_pinned_scripts, bearer, running
 
 ERRORS = {"400", "401", "403", "404", "405", "408", "409", "413", "415", "422", "500", "503"}
 
@@ -54,6 +54,7 @@ def test_the_schema_and_the_docs_can_require_a_key(keys: Keys) -> None:
         for path in ("/openapi.json", "/docs"):
             assert client.get(path).status_code == 401
             assert client.get(path, headers=bearer(keys.alice)).status_code == 200
+        assert_docs_run_only_their_pinned_scripts(client.get("/docs", headers=bearer(keys.alice)))
         assert "/process" in client.get("/openapi.json", headers=bearer(keys.alice)).json()["paths"]
 
 

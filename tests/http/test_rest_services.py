@@ -10,7 +10,13 @@ import pytest
 
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running, user_message
+from tests.support.http import (
+    Keys,
+    assert_docs_run_only_their_pinned_scripts,
+    bearer,
+    running,
+    user_message,
+)
 
 
 @pytest.fixture
@@ -158,6 +164,7 @@ def test_openapi_docs_are_served(client_for: Callable[..., httpx.Client]) -> Non
     client = client_for(None)
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    assert_docs_run_only_their_pinned_scripts(docs)
     paths = client.get("/openapi.json").json()["paths"]
     for path in (
         "/process",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import re
 import socket
 import subprocess
 import time
@@ -204,3 +207,23 @@ def text_of(events: list[Any]) -> str:
     return "".join(
         e["text"] for e in events if e.get("object") == "content" and e.get("delta") and e["text"]
     )
+
+
+def assert_docs_run_only_their_pinned_scripts(docs: httpx.Response) -> None:
+    """The docs page, where users paste their key, ran the latest Swagger UI 5.x of a CDN
+    (``swagger-ui-dist@5``) with no integrity check and no Content-Security-Policy: whatever
+    that URL served next ran on the API's origin. Now one version, checked, and nothing else
+    but the page's own script."""
+    page = docs.text
+    sources = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', page)
+    assert sources and all("swagger-ui-dist@5.35.0/" in url for url in sources), sources
+    tags = re.findall(r"<(?:script|link)[^>]+(?:src|href)=[^>]+>", page)
+    assert all('integrity="sha384-' in tag and 'crossorigin="anonymous"' in tag for tag in tags)
+    policy = dict(
+        part.strip().split(" ", 1) for part in docs.headers["Content-Security-Policy"].split(";")
+    )
+    assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+    (inline,) = re.findall(r"<script>(.*?)</script>", page, re.S)
+    digest = base64.b64encode(hashlib.sha256(inline.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in policy["script-src"].split()
+    assert "'unsafe-inline'" not in policy["script-src"]

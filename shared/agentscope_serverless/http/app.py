@@ -27,9 +27,8 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 
@@ -40,6 +39,7 @@ from agentscope_serverless.collector import keep_pauses_short, stop_keeping_paus
 from agentscope_serverless.errors import ConfigurationError, StartupError
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import install_error_handlers
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import install_idempotency
@@ -213,7 +213,7 @@ def new_application(
         redoc_url=None,
         # "/sessions/" is no session id: 404, not a redirect to the listing.
         redirect_slashes=False,
-        docs_url="/docs" if open_docs else None,
+        docs_url=None,  # its own page (see .docs), open or keyed
         openapi_url="/openapi.json" if open_docs else None,
     )
     app.state.context = context
@@ -241,9 +241,25 @@ def new_application(
             max_age=600,
         )
     app.include_router(health.router)
-    if not open_docs:
+    if open_docs:
+        _add_open_docs(app)
+    else:
         _add_keyed_docs(app)
     return app
+
+
+def _docs(app: FastAPI, request: Request) -> HTMLResponse:
+    root = request.scope.get("root_path", "").rstrip("/")  # an API Gateway stage
+    return docs_page(f"{root}/openapi.json", f"{app.title} - docs")
+
+
+def _add_open_docs(app: FastAPI) -> None:
+    """``/docs``, open as ``/openapi.json`` is."""
+
+    async def docs(request: Request) -> HTMLResponse:
+        return _docs(app, request)
+
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
 
 
 def _add_keyed_docs(app: FastAPI) -> None:
@@ -252,8 +268,8 @@ def _add_keyed_docs(app: FastAPI) -> None:
     async def openapi(caller: CurrentCaller) -> JSONResponse:
         return JSONResponse(app.openapi())
 
-    async def docs(caller: CurrentCaller) -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+    async def docs(caller: CurrentCaller, request: Request) -> HTMLResponse:
+        return _docs(app, request)
 
     app.add_api_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
     app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
