@@ -137,6 +137,29 @@ def test_the_demo_runs_without_root_apt_or_bubblewrap(
     assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
 
 
+def test_an_agent_of_ones_own_runs_without_root_saying_how_to_set_up_sandboxes(
+    nobody_clone: Path, bare_path: str, tmp_path: Path
+) -> None:
+    # Only an agent whose name held "sandbox" got bubblewrap set up: another one using
+    # sandboxes met its absence at its first sandbox.
+    port = free_port()
+    run = str(nobody_clone / "scripts" / "run")
+    agent = ["--agent", "agentscope_serverless.agents.demo:app"]
+    command, env = as_nobody([run, *agent, "--port", str(port)], bare_path)
+    output = tmp_path / "output.txt"
+    output.touch(mode=0o666)
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    printed = output.read_text()
+    assert "sudo apt-get update && sudo apt-get install -y bubblewrap" in printed, printed
+    assert "sandboxes on the embedded sandbox server" in printed
+
+
 def test_the_stack_without_redis_or_root_prints_the_command_to_run(
     nobody_clone: Path, bare_path: str
 ) -> None:
