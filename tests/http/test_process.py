@@ -146,6 +146,25 @@ def test_without_session_id_a_new_uuid_session_is_used_and_returned(
     assert client.get(f"/sessions/{session_id}").json()["user_id"] == "alice"
 
 
+@pytest.mark.parametrize("content", [[], None, "", "  ", [{"type": "text", "text": ""}]], ids=repr)
+def test_a_user_message_without_content_is_refused_not_run_or_stored(
+    client_for: Callable[..., httpx.Client], keys: Keys, content: object
+) -> None:
+    # It was run and stored: it would reach a model with every later turn of the session.
+    client = client_for(keys.alice)
+    session = f"blank-{uuid.uuid4().hex}"
+    empty = {"role": "user", "content": content}
+    body = {"input": [user_message("hi"), empty], "session_id": session, "stream": False}
+    answer = client.post("/process", json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == "input[1].content"
+    assert "a user message needs content" in answer.json()["error"]["message"]
+    appended = client.post(f"/sessions/{session}/messages", json={"messages": [empty]})
+    assert appended.status_code == 422, appended.text
+    assert appended.json()["error"]["param"] == "messages[0].content"
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_stream_false_returns_the_final_agent_response(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

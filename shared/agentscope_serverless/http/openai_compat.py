@@ -68,6 +68,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TopP,
     UnsupportedContentError,
 )
+from agentscope_serverless.services._validation import BLANK_USER_MESSAGE, is_blank_user_message
 
 # What a chat completion answers for a run canceled before it completed (``POST
 # /runs/{id}/cancel``): chat completions have no status to say it with.
@@ -455,18 +456,6 @@ def _check_tool_call_ids(item: dict[str, Any], where: list[Any]) -> None:
             raise _refused(where, [*at, "function", "name"], says)
 
 
-# Why a user message without content is refused, as OpenAI refuses it: stored, it would
-# reach the model with every later turn of the session, and some chat APIs refuse it.
-_BLANK = "a user message needs content: text that is not blank, or a part such as an image"
-
-
-def _is_blank(message: Message) -> bool:
-    return all(
-        isinstance(part, TextContent) and not (part.text or "").strip()
-        for part in message.content or []
-    )
-
-
 def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> list[Message]:
     """OpenAI chat messages (or responses input items) as messages of our protocol.
 
@@ -516,8 +505,8 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
                 f"{field}[{position}] is not a valid message",
                 errors=[{"loc": where, "msg": "not a valid message"}],
             ) from None
-        if message.role == Role.USER and _is_blank(message):
-            raise _refused(where, ["content"], _BLANK)
+        if is_blank_user_message(message):
+            raise _refused(where, ["content"], BLANK_USER_MESSAGE)
         if kind == "function_call" and position and items[position - 1].get("type") == kind:
             # Parallel calls come an item each, their outputs after them all: one message
             # holds them, as the chat APIs want the calls whose outputs follow.
@@ -536,7 +525,7 @@ def responses_input(body: ResponsesRequest) -> list[Message]:
     session)."""
     if isinstance(body.input, str):
         if not body.input.strip():
-            raise InvalidInputError(f"input: {_BLANK}", field="input")
+            raise InvalidInputError(f"input: {BLANK_USER_MESSAGE}", field="input")
         messages = [Message(role=Role.USER, content=[TextContent(text=body.input)])]
     elif not body.input:
         raise InvalidInputError("input holds no item: send a message", field="input")

@@ -435,7 +435,35 @@ def cursor_position(cursor: str | None, key: str) -> int:
     return value
 
 
+# Why a user message without content is refused: stored, it would reach the model with every
+# later turn of its session, and some chat APIs refuse it.
+BLANK_USER_MESSAGE = (
+    "a user message needs content: text that is not blank, or a part such as an image"
+)
+
+
+def is_blank_user_message(message: Any) -> bool:
+    """Whether ``message`` is a user's message holding nothing: no content, or blank text."""
+    if getattr(message, "role", None) != "user":
+        return False
+    return all(
+        getattr(part, "type", None) == "text" and not (getattr(part, "text", None) or "").strip()
+        for part in getattr(message, "content", None) or []
+    )
+
+
+def refuse_blank_user_messages(messages: list[Any], *, field: str) -> None:
+    """Refuse (naming ``field[i].content``) the first user message of ``messages`` holding
+    nothing (see :func:`is_blank_user_message`)."""
+    for index, message in enumerate(messages):
+        if is_blank_user_message(message):
+            raise InvalidInputError(
+                f"{field}[{index}].content: {BLANK_USER_MESSAGE}", field=f"{field}[{index}].content"
+            )
+
+
 __all__ = [
+    "BLANK_USER_MESSAGE",
     "DEFAULT_SESSION_ID",
     "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
@@ -444,12 +472,14 @@ __all__ = [
     "cursor_position",
     "decode_cursor",
     "encode_cursor",
+    "is_blank_user_message",
     "json_copy",
     "nests_deeper_than",
     "new_or_clean_session_id",
     "nonfinite_path",
     "optional_positive_int",
     "optional_ttl_seconds",
+    "refuse_blank_user_messages",
     "require_finite",
     "require_positive_int",
     "require_shallow_json",

@@ -61,7 +61,11 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
-from agentscope_serverless.services._validation import clean_session_id, new_or_clean_session_id
+from agentscope_serverless.services._validation import (
+    clean_session_id,
+    new_or_clean_session_id,
+    refuse_blank_user_messages,
+)
 from agentscope_serverless.services.runs.base import RunKind, RunRecord, RunsService
 from agentscope_serverless.time_limit import seconds_left
 
@@ -397,6 +401,7 @@ def build_router(
         request: Request,
         _: Guarded = None,
     ) -> Response:
+        refuse_blank_user_messages(body.input, field="input")
         user_id = caller.user_id(body.user_id)
         session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})

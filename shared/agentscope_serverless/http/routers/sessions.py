@@ -25,7 +25,7 @@ from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, Cursor, Sessi
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._validation import MAX_ID_LENGTH
+from agentscope_serverless.services._validation import MAX_ID_LENGTH, refuse_blank_user_messages
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
 router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=KeyedRoute)
@@ -156,6 +156,7 @@ async def append_messages(
     history: History,
     request: Request,
 ) -> MessagesOut:
+    refuse_blank_user_messages(body.messages, field="messages")
     writes_in_session(request, session_id)
     session = Session(id=session_id, user_id=user_id)
     await history.append_message(session, body.messages)
