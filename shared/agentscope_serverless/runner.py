@@ -85,7 +85,11 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._turn import AgentWrites, agent_turn
-from agentscope_serverless.services._validation import new_or_clean_session_id, valid_text
+from agentscope_serverless.services._validation import (
+    new_or_clean_session_id,
+    require_input_ids,
+    valid_text,
+)
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.container import Services
@@ -466,7 +470,8 @@ class Runner(ServiceLifecycleManagerMixin):
         The session (``request.session_id``, or a new uuid) is created if new and its last
         ``history_window`` messages loaded before the agent is called; the user is ``user_id``,
         else ``request.user_id``, else the session id (the handler's ``request`` names both).
-        Problems loading the session raise before the first event; an agent error ends the
+        Input refused (a message id empty or longer than 512 characters) and problems
+        loading the session raise before the first event; an agent error ends the
         stream with a ``failed`` response event. Afterwards the input and the agent's messages
         are appended to the history (the input alone when the agent failed) and, with a memory
         service, added to memory. Other ``kwargs`` are passed to the query handler.
@@ -475,6 +480,7 @@ class Runner(ServiceLifecycleManagerMixin):
         if not self._started:
             raise ServiceNotStartedError(type(self).__name__)
         request = _as_request(request)
+        require_input_ids(request.input)
         session_id = new_or_clean_session_id(request.session_id)
         user = user_id or request.user_id or session_id
         session = await self.session_history_service.open_session(

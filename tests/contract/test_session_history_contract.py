@@ -484,6 +484,23 @@ async def test_a_message_holding_nan_or_an_infinity_is_refused_and_nothing_store
     assert stored is not None and stored.messages == []
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"), [("", "must not be empty"), ("m" * 513, "is longer than 512")]
+)
+async def test_a_message_id_empty_or_longer_than_512_characters_is_refused_and_nothing_stored(
+    history: SessionHistoryService, user_id: str, message_id: str, why: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    bad = {"id": message_id, "role": "user", "content": "hi"}
+    with pytest.raises(InvalidInputError, match=rf"^message\[1\]\.id {why}") as raised:
+        await history.append_message(session, [text_message("fine"), bad])
+    assert raised.value.errors[0]["loc"] == ["message[1].id"]
+    await history.append_message(session, {"id": "m" * 512, "role": "user", "content": "kept"})
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert [m.id for m in stored.messages] == ["m" * 512]  # type: ignore[union-attr]
+
+
 async def test_append_rejects_a_non_message(history: SessionHistoryService, user_id: str) -> None:
     session = await history.create_session(user_id, "s1")
     with pytest.raises(InvalidInputError):

@@ -205,6 +205,25 @@ def test_a_max_tokens_below_one_or_not_a_whole_number_is_refused_naming_it(
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"), [("", "must not be empty"), ("m" * 10_000, "is longer than 512")]
+)
+def test_an_input_message_id_empty_or_longer_than_512_characters_is_refused_before_the_run(
+    client_for: Callable[..., httpx.Client], keys: Keys, message_id: str, why: str
+) -> None:
+    client = client_for(keys.alice)
+    session = f"message-id-{uuid.uuid4().hex[:8]}"
+    bad = {**user_message("hi"), "id": message_id}
+    for streamed in (False, True):
+        body = {"input": [user_message("fine"), bad], "session_id": session, "stream": streamed}
+        refused = client.post("/process", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "input[1].id"
+        assert error["message"].startswith(f"input[1].id {why}")
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_a_max_tokens_of_one_or_more_reaches_the_agent(
     client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
 ) -> None:

@@ -59,6 +59,21 @@ def test_an_append_of_more_than_1000_messages_is_refused_and_stores_nothing(
     assert alice.post("/sessions/many/messages", json=many).status_code == 201
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"), [("", "must not be empty"), ("m" * 10_000, "is longer than 512")]
+)
+def test_an_appended_message_id_empty_or_longer_than_512_characters_is_refused(
+    alice: httpx.Client, message_id: str, why: str
+) -> None:
+    bad = {**user_message("hi"), "id": message_id}
+    refused = alice.post("/sessions/ids/messages", json={"messages": [user_message("x"), bad]})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "message[1].id"
+    assert error["message"].startswith(f"message[1].id {why}")
+    assert alice.get("/sessions/ids").status_code == 404
+
+
 def test_messages_are_appended_and_read_with_a_cursor(alice: httpx.Client) -> None:
     appended = alice.post(
         "/sessions/chat/messages",

@@ -248,6 +248,23 @@ def session_id_or_default(session_id: Any) -> str:
     return clean_session_id(session_id) or DEFAULT_SESSION_ID
 
 
+def require_message_id(message_id: str, *, field: str) -> None:
+    """Refuse a message id that is empty or longer than :data:`MAX_ID_LENGTH` (422 naming
+    ``field``): a store keeps one message per id, so an empty one would stand for every
+    message without an id of its own, and a long one costs as much as its content."""
+    if not message_id:
+        raise InvalidInputError(f"{field} must not be empty", field=field)
+    if len(message_id) > MAX_ID_LENGTH:
+        raise InvalidInputError(f"{field} is longer than {MAX_ID_LENGTH} characters", field=field)
+
+
+def require_input_ids(messages: list[Message], *, field: str = "input") -> None:
+    """Refuse the input of a run when a message's id is not one :func:`require_message_id`
+    takes (checked before the run: its input is stored after it)."""
+    for position, message in enumerate(messages):
+        require_message_id(message.id, field=f"{field}[{position}].id")
+
+
 def to_message(item: Any, *, position: int | None = None) -> Message:
     """A validated :class:`Message` given as a model or a dict.
 
@@ -298,6 +315,7 @@ def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
         raise InvalidInputError(
             f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
         )
+    require_message_id(message.id, field=f"{where}.id")
     try:
         raw = message.model_dump_json()
     except PydanticSerializationError:
