@@ -470,8 +470,8 @@ class Runner(ServiceLifecycleManagerMixin):
         The session (``request.session_id``, or a new uuid) is created if new and its last
         ``history_window`` messages loaded before the agent is called; the user is ``user_id``,
         else ``request.user_id``, else the session id (the handler's ``request`` names both).
-        Input refused (a message id empty or longer than 512 characters) and problems
-        loading the session raise before the first event; an agent error ends the
+        Input refused (a message id empty, longer than 512 characters, or given twice) and
+        problems loading the session raise before the first event; an agent error ends the
         stream with a ``failed`` response event. Afterwards the input and the agent's messages
         are appended to the history (the input alone when the agent failed) and, with a memory
         service, added to memory. Other ``kwargs`` are passed to the query handler.

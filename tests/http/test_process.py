@@ -224,6 +224,30 @@ def test_an_input_message_id_empty_or_longer_than_512_characters_is_refused_befo
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+def test_input_messages_sharing_an_id_are_refused_before_the_run(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # The agent answered both, and the history kept the first alone (one message per id).
+    client = client_for(keys.alice)
+    session = f"shared-id-{uuid.uuid4().hex[:8]}"
+    one, two, other = (
+        {**user_message(text), "id": message_id}
+        for text, message_id in (("part one", "1"), ("part two", "1"), ("other", "2"))
+    )
+    for streamed in (False, True):
+        body = {"input": [one, other, two], "session_id": session, "stream": streamed}
+        refused = client.post("/process", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "input[2].id"
+        assert error["message"] == (
+            "input[2].id is the id of input[0] too: each message needs an id of its own"
+        )
+    assert client.get(f"/sessions/{session}").status_code == 404
+    body = {"input": [one, other], "session_id": session, "stream": False}
+    assert client.post("/process", json=body).status_code == 200
+
+
 def test_a_max_tokens_of_one_or_more_reaches_the_agent(
     client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
 ) -> None:

@@ -260,9 +260,18 @@ def require_message_id(message_id: str, *, field: str) -> None:
 
 def require_input_ids(messages: list[Message], *, field: str = "input") -> None:
     """Refuse the input of a run when a message's id is not one :func:`require_message_id`
-    takes (checked before the run: its input is stored after it)."""
+    takes, or is another input message's too (checked before the run: its input is stored
+    after it, one message per id, so all but the first would be lost)."""
+    first: dict[str, int] = {}
     for position, message in enumerate(messages):
-        require_message_id(message.id, field=f"{field}[{position}].id")
+        where = f"{field}[{position}].id"
+        require_message_id(message.id, field=where)
+        earlier = first.setdefault(message.id, position)
+        if earlier != position:
+            raise InvalidInputError(
+                f"{where} is the id of {field}[{earlier}] too: each message needs an id of its own",
+                field=where,
+            )
 
 
 def to_message(item: Any, *, position: int | None = None) -> Message:
