@@ -128,6 +128,13 @@ class RequestInProgressError(ConflictError):
     code = "REQUEST_IN_PROGRESS"
 
 
+class MessageIdConflictError(ConflictError):
+    """A message's id names a message of its session that says something else: a session
+    keeps one message per id, so it would not be stored."""
+
+    code = "MESSAGE_ID_CONFLICT"
+
+
 class RunCanceledError(ConflictError):
     """A run was canceled before it began: its session was deleted, or its user's data
     erased, while it was loading them."""
@@ -273,6 +280,7 @@ __all__ = [
     "DeploymentError",
     "IdempotencyKeyReusedError",
     "InvalidInputError",
+    "MessageIdConflictError",
     "NotFoundError",
     "PackagingError",
     "PayloadTooLargeError",

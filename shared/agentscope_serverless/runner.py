@@ -81,6 +81,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     SequenceNumberGenerator,
     TextContent,
+    said,
 )
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
@@ -470,8 +471,9 @@ class Runner(ServiceLifecycleManagerMixin):
         The session (``request.session_id``, or a new uuid) is created if new and its last
         ``history_window`` messages loaded before the agent is called; the user is ``user_id``,
         else ``request.user_id``, else the session id (the handler's ``request`` names both).
-        Input refused (a message id empty, longer than 512 characters, or given twice) and
-        problems loading the session raise before the first event; an agent error ends the
+        Input refused (a message id empty, longer than 512 characters, or given twice; one
+        already in the session for a message saying something else: 409) and problems
+        loading the session raise before the first event; an agent error ends the
         stream with a ``failed`` response event. Afterwards the input and the agent's messages
         are appended to the history (the input alone when the agent failed) and, with a memory
         service, added to memory. Other ``kwargs`` are passed to the query handler.
@@ -483,6 +485,9 @@ class Runner(ServiceLifecycleManagerMixin):
         require_input_ids(request.input)
         session_id = new_or_clean_session_id(request.session_id)
         user = user_id or request.user_id or session_id
+        await self.session_history_service.refuse_changed_messages(
+            user, session_id, request.input, field="input"
+        )
         session = await self.session_history_service.open_session(
             user, session_id, recent=self.history_window
         )
@@ -682,18 +687,9 @@ def _stored_input(messages: list[Message], session: Session) -> list[Message]:
     return kept if len(kept) < len(messages) else messages
 
 
-# What a content part carries besides what it says (its place, its message, its status...).
-PART_ENVELOPE = frozenset(Content.model_fields) - {"type"}
-
-
 def for_turn_only(message: Message) -> bool:
     """Whether ``message`` is for its turn alone (:data:`TURN_ONLY`), not stored."""
     return bool(message.metadata) and message.metadata.get(TURN_ONLY) is True  # type: ignore[union-attr]
-
-
-def said(message: Message) -> tuple[str, ...]:
-    """What a message says, to tell a copy of it: its parts, without their envelope."""
-    return tuple(part.model_dump_json(exclude=set(PART_ENVELOPE)) for part in message.content or [])
 
 
 def _handler_signature_problem(handler: Callable[..., Any], given: Iterable[str]) -> str | None:

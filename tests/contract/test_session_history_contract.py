@@ -12,6 +12,7 @@ import pytest
 
 from agentscope_serverless.errors import (
     InvalidInputError,
+    MessageIdConflictError,
     ServiceNotStartedError,
     SessionNotFoundError,
 )
@@ -540,6 +541,42 @@ async def test_an_id_given_twice_in_one_append_keeps_its_first_message(
     stored = await history.get_session(user_id, "s1")
     assert stored is not None
     assert [m.get_text_content() for m in stored.messages] == ["first", "other"]
+
+
+async def test_stored_messages_are_those_of_the_ids_given_the_session_holds(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    assert await history.stored_messages(user_id, "s1", ["a"]) == {}
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(
+        session, [{"id": i, "role": "user", "content": f"text {i}"} for i in ("a", "b", "c")]
+    )
+    found = await history.stored_messages(user_id, "s1", ["c", "missing", "a"])
+    assert {i: m.get_text_content() for i, m in found.items()} == {"c": "text c", "a": "text a"}
+    assert await history.stored_messages("someone-else", "s1", ["a"]) == {}
+
+
+async def test_messages_whose_given_id_names_one_saying_else_are_refused(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, {"id": "a", "role": "user", "content": "first"})
+
+    def given(text: str, message_id: str = "a", role: str = "user") -> Message:
+        return Message.model_validate({"id": message_id, "role": role, "content": text})
+
+    for changed in ([given("other")], [given("first", role="assistant")]):
+        with pytest.raises(MessageIdConflictError, match=r"^input\[0\]\.id names a message"):
+            await history.refuse_changed_messages(user_id, "s1", changed, field="input")
+    with pytest.raises(MessageIdConflictError, match=r"^input\[1\]\.id"):
+        await history.refuse_changed_messages(
+            user_id, "s1", [given("x", "b"), given("y", "b")], field="input"
+        )
+    # The very same message again (a retry), new ids, and made ids pass.
+    made = Message(role="user", content="other")
+    await history.refuse_changed_messages(
+        user_id, "s1", [given("first"), given("new", "b"), made], field="input"
+    )
 
 
 async def test_append_keeps_message_ids_and_roles(

@@ -441,12 +441,16 @@ def test_appending_a_message_id_twice_keeps_one_copy(client: httpx.Client) -> No
     first = text_message("once", id="msg-fixed")
     stored = client.post("/sessions/s1/messages", json={"messages": [first]})
     assert stored.status_code == 201
-    again = client.post(
-        "/sessions/s1/messages",
-        json={"messages": [text_message("changed", id="msg-fixed"), text_message("new")]},
-    )
+    again = client.post("/sessions/s1/messages", json={"messages": [first, text_message("new")]})
     assert again.status_code == 201
     assert [m["content"][0]["text"] for m in again.json()["messages"]] == ["once", "new"]
+    # The id with other content is not taken for a retry, answered with the stored message.
+    changed = client.post(
+        "/sessions/s1/messages",
+        json={"messages": [text_message("changed", id="msg-fixed"), text_message("newer")]},
+    )
+    assert changed.status_code == 409
+    assert changed.json()["error"]["code"] == "MESSAGE_ID_CONFLICT"
     items = client.get("/sessions/s1/messages").json()["items"]
     assert [m["content"][0]["text"] for m in items] == ["once", "new"]
 

@@ -248,6 +248,47 @@ def test_input_messages_sharing_an_id_are_refused_before_the_run(
     assert client.post("/process", json=body).status_code == 200
 
 
+def test_an_input_message_whose_id_is_in_the_session_saying_else_is_refused_before_the_run(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # The agent answered each, and the history kept the first question alone, with three
+    # answers.
+    client = client_for(keys.alice)
+    session = f"reused-id-{uuid.uuid4().hex[:8]}"
+
+    def ask(text: str, streamed: bool = False) -> httpx.Response:
+        message = {**user_message(text), "id": "1"}
+        body = {"input": [message], "session_id": session, "stream": streamed}
+        return client.post("/process", json=body)
+
+    assert ask("my name is Carol").status_code == 200
+    for text, streamed in (("what is my name?", False), ("tell me a joke", True)):
+        refused = ask(text, streamed)
+        assert refused.status_code == 409, refused.text
+        assert refused.headers["x-should-retry"] == "false"
+        error = refused.json()["error"]
+        assert error["code"] == "MESSAGE_ID_CONFLICT"
+        assert error["message"].startswith("input[0].id names a message already in the session")
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    assert history[0]["content"][0]["text"] == "my name is Carol"
+
+
+def test_an_input_message_sent_again_as_it_is_stored_runs_again_and_is_stored_once(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # A retry: say of a run that failed, whose input was kept.
+    client = client_for(keys.alice)
+    session = f"retried-id-{uuid.uuid4().hex[:8]}"
+    body = {"input": [{**user_message("hi"), "id": "1"}], "session_id": session, "stream": False}
+    assert client.post("/process", json=body).status_code == 200
+    again = client.post("/process", json=body)
+    assert again.status_code == 200, again.text
+    history = client.get(f"/sessions/{session}/messages").json()["items"]
+    assert [m["role"] for m in history] == ["user", "assistant", "assistant"]
+    assert history[0]["id"] == "1"
+
+
 def test_a_max_tokens_of_one_or_more_reaches_the_agent(
     client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
 ) -> None:

@@ -74,6 +74,26 @@ def test_an_appended_message_id_empty_or_longer_than_512_characters_is_refused(
     assert alice.get("/sessions/ids").status_code == 404
 
 
+def test_an_appended_message_whose_id_is_stored_saying_else_is_refused_and_nothing_stored(
+    alice: httpx.Client,
+) -> None:
+    # It answered 201 echoing the stored message, and stored nothing.
+    first = {**user_message("first"), "id": "1"}
+    assert alice.post("/sessions/ids/messages", json={"messages": [first]}).status_code == 201
+    changed = {**user_message("changed"), "id": "1"}
+    for batch in ([user_message("new"), changed], [{**first, "id": "2"}, {**changed, "id": "2"}]):
+        refused = alice.post("/sessions/ids/messages", json={"messages": batch})
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "MESSAGE_ID_CONFLICT"
+        assert error["message"].startswith("message[1].id names a message already in the session")
+    again = alice.post("/sessions/ids/messages", json={"messages": [first]})
+    assert again.status_code == 201
+    assert [m["content"][0]["text"] for m in again.json()["messages"]] == ["first"]
+    stored = alice.get("/sessions/ids/messages").json()["items"]
+    assert [(m["id"], m["content"][0]["text"]) for m in stored] == [("1", "first")]
+
+
 def test_messages_are_appended_and_read_with_a_cursor(alice: httpx.Client) -> None:
     appended = alice.post(
         "/sessions/chat/messages",

@@ -18,7 +18,7 @@ conversation taken up later starts a new session holding it) and are erased with
 data; one whose session was deleted is not followed.
 
 The digest reads what a client resends of each message: its role, type, text and other
-parts (without their envelope: :data:`agentscope_serverless.runner.PART_ENVELOPE`).
+parts (without their envelope: :data:`agentscope_serverless.schemas.agent_schemas.PART_ENVELOPE`).
 Consecutive assistant messages of text count as one whose texts are joined by a blank line,
 as a chat completion joins the reply messages of a run (those with text: a picture's adds
 none): a responses client resending its output items one by one writes the same digest.
@@ -57,8 +57,8 @@ from agentscope_serverless.http.openai_compat import (
 )
 from agentscope_serverless.http.sdk_retries import stored_events
 from agentscope_serverless.log import logger
-from agentscope_serverless.runner import PART_ENVELOPE
 from agentscope_serverless.schemas.agent_schemas import (
+    PART_ENVELOPE,
     AgentResponse,
     Event,
     Message,

@@ -34,6 +34,7 @@ from agentscope_serverless.errors import (
     ConflictError,
     IdempotencyKeyReusedError,
     InvalidInputError,
+    MessageIdConflictError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
@@ -203,7 +204,7 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     response = error_response(status, exc.code, exc.message, fields)
     if isinstance(exc, SandboxCapacityError):
         response.headers["Retry-After"] = str(exc.retry_after)
-    if isinstance(exc, RunCanceledError | IdempotencyKeyReusedError):
+    if isinstance(exc, RunCanceledError | IdempotencyKeyReusedError | MessageIdConflictError):
         # OpenAI's SDKs retry a 409: the retry would run the turn again, in a session
         # deleted (or data erased) on purpose; or get the same answer again.
         response.headers["X-Should-Retry"] = "false"

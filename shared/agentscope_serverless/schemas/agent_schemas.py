@@ -701,6 +701,15 @@ def _is_data_uri(uri: str, media: str = "") -> bool:
     )
 
 
+# What a content part carries besides what it says (its place, its message, its status...).
+PART_ENVELOPE = frozenset(Content.model_fields) - {"type"}
+
+
+def said(message: Message) -> tuple[str, ...]:
+    """What a message says, to tell a copy of it: its parts, without their envelope."""
+    return tuple(part.model_dump_json(exclude=set(PART_ENVELOPE)) for part in message.content or [])
+
+
 class BaseRequest(BaseModel):
     """A request to an agent: its input messages and whether to stream."""
 
@@ -898,6 +907,7 @@ def convert_to_openai_tools(tools: Iterable[Tool | dict[str, Any]] | None) -> li
 
 
 __all__ = [
+    "PART_ENVELOPE",
     "AgentContent",
     "AgentRequest",
     "AgentResponse",
@@ -935,4 +945,5 @@ __all__ = [
     "convert_to_openai_messages",
     "convert_to_openai_tool_call",
     "convert_to_openai_tools",
+    "said",
 ]

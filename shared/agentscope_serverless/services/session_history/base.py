@@ -11,8 +11,12 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from agentscope_serverless.errors import InvalidInputError, SessionNotFoundError
-from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    MessageIdConflictError,
+    SessionNotFoundError,
+)
+from agentscope_serverless.schemas.agent_schemas import Message, said
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session, extend_messages
 from agentscope_serverless.services._ported import (
@@ -198,6 +202,50 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             note_history_write(user_id, sid)
             extend_messages(session, await self._append_messages(user_id, sid, messages))
 
+    async def stored_messages(
+        self, user_id: str, session_id: str, message_ids: list[str]
+    ) -> dict[str, Message]:
+        """The session's messages with these ids, by id: those it holds (``{}`` for a
+        missing session). Reads these messages alone, whatever the session's length.
+
+        >>> async def stored(service: SessionHistoryService) -> bool:
+        ...     return "m1" in await service.stored_messages("u1", "s1", ["m1"])
+        """
+        self._ensure_started()
+        user_id = require_user_id(user_id)
+        ids = _message_ids(message_ids, field="message_ids")
+        sid = clean_session_id(session_id)
+        if sid is None or not ids:
+            return {}
+        return await self._stored_messages(user_id, sid, ids)
+
+    async def refuse_changed_messages(
+        self, user_id: str, session_id: str, messages: list[Message], *, field: str
+    ) -> None:
+        """Refuse messages to be appended whose id, given by their sender, names another
+        message: one of the session, or earlier in ``messages``, with another role, type or
+        content. Raises :class:`MessageIdConflictError` (409) naming ``field[i].id``.
+
+        Appended, such a message would not be stored (a session keeps one message per id),
+        so this is checked before whatever the append follows (a run of the agent). The
+        very same message again passes: it is a retry, which the append stores once. Only
+        ids given by the sender are looked up (``"id" in message.model_fields_set``): a made
+        one is new.
+        """
+        given = [(i, m) for i, m in enumerate(messages) if "id" in m.model_fields_set]
+        if not given:
+            return
+        stored = await self.stored_messages(user_id, session_id, [m.id for _, m in given])
+        for position, message in given:
+            first = stored.setdefault(message.id, message)
+            if not _says_the_same(first, message):
+                raise MessageIdConflictError(
+                    f"{field}[{position}].id names a message already in the session (or "
+                    "earlier in this request) that says something else: a session keeps one "
+                    "message per id, so give a new message an id of its own (the very same "
+                    "message again is taken as a retry, and stored once)"
+                )
+
     async def delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         """Delete the messages with these ids (and their marks) from the session; how many
         were deleted (an id not in it, or a missing session, counts for none).
@@ -362,6 +410,19 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def _delete_user_sessions(self, user_id: str) -> None:
         """Remove every session of the user and their messages."""
 
+    async def _stored_messages(
+        self, user_id: str, session_id: str, message_ids: list[str]
+    ) -> dict[str, Message]:
+        """The session's messages with ``message_ids`` (distinct), by id. This reads the
+        whole session: backends look the ids up instead."""
+        session = await self._get_session(user_id, session_id)
+        wanted = set(message_ids)
+        return {
+            m.id: m
+            for m in (session.messages if session is not None else [])
+            if isinstance(m, Message) and m.id in wanted
+        }
+
     async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         """Remove the messages with ``message_ids`` (distinct) and their marks, atomically
         for each; how many there were."""
@@ -390,6 +451,11 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
         """Replace the session's summary (``""``: remove it), creating the session."""
         raise NotImplementedError(f"{type(self).__name__} cannot keep a summary")
+
+
+def _says_the_same(stored: Message, given: Message) -> bool:
+    """Whether ``given`` is ``stored`` again: the same role, type and content parts."""
+    return stored.role == given.role and stored.type == given.type and said(stored) == said(given)
 
 
 def remark(marks: list[str], new_mark: str | None, old_mark: str | None) -> list[str] | None:

@@ -678,6 +678,32 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         await self._restamp_if_due(user_id, session_id, meta)
         return result
 
+    async def _stored_messages(
+        self, user_id: str, session_id: str, message_ids: list[str]
+    ) -> dict[str, Message]:
+        meta = await self._read_meta(user_id, session_id)
+        if meta is None:
+            return {}
+        found = await asyncio.gather(
+            *(self._message_with_id(user_id, session_id, meta, i) for i in message_ids)
+        )
+        return {i: m for i, m in zip(message_ids, found, strict=True) if m is not None}
+
+    async def _message_with_id(
+        self, user_id: str, session_id: str, meta: Item, message_id: str
+    ) -> Message | None:
+        """The stored message with ``message_id`` (its id's item, then its own), or None."""
+        response = await self._store.run(
+            "get_item",
+            idempotent=True,
+            Key=self._claim_key(user_id, session_id, meta, message_id),
+            ConsistentRead=True,
+        )
+        claim = response.get("Item")
+        if claim is None:
+            return None
+        return await self._message_at(user_id, session_id, meta, number(claim, "seq"))
+
     async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         meta = await self._read_meta(user_id, session_id)
         if meta is None:

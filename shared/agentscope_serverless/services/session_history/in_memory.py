@@ -137,6 +137,18 @@ class InMemorySessionHistoryService(SessionHistoryService):
             _trim(stored, len(stored.messages) - self._max_messages)
         return result
 
+    async def _stored_messages(
+        self, user_id: str, session_id: str, message_ids: list[str]
+    ) -> dict[str, Message]:
+        stored = self._sessions.get(user_id, {}).get(session_id)
+        if stored is None:
+            return {}
+        positions = {i: stored.by_id[i] for i in message_ids if i in stored.by_id}
+        return {
+            i: decode_message(stored.messages[position - stored.dropped])
+            for i, position in positions.items()
+        }
+
     async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:

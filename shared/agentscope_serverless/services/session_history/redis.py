@@ -171,6 +171,23 @@ return out
 """
 )
 
+# ARGV[3..]: message ids. Returns, per id, the stored message with it, or false.
+_STORED = """
+local dropped = redis.call('HGET', KEYS[1], 'dropped')
+if not dropped then return {} end
+local out = {}
+for i = 3, #ARGV do
+  local position = redis.call('HGET', KEYS[6], ARGV[i])
+  local stored = false
+  if position then
+    local index = tonumber(position) - tonumber(dropped)
+    if index >= 0 then stored = redis.call('LINDEX', KEYS[2], string.format('%d', index)) end
+  end
+  out[#out + 1] = stored
+end
+return out
+"""
+
 # ARGV[3..]: the ids of the messages to delete. Returns how many were in the session.
 _DELETE_MESSAGES = (
     _PRELUDE
@@ -480,6 +497,13 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     ) -> list[Message]:
         (appended,) = await self._prepare_append(user_id, session_id, messages, _same).apply()
         return appended  # type: ignore[no-any-return]
+
+    async def _stored_messages(
+        self, user_id: str, session_id: str, message_ids: list[str]
+    ) -> dict[str, Message]:
+        raw = await self._session_call(_STORED, user_id, session_id, *message_ids, idempotent=True)
+        found = [(i, r) for i, r in zip(message_ids, raw, strict=False) if r is not None]
+        return dict(zip([i for i, _ in found], decode_messages([r for _, r in found]), strict=True))
 
     async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         deleted = await self._session_call(
