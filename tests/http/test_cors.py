@@ -62,7 +62,20 @@ def test_an_error_reaches_the_page_and_the_key_is_still_required(allowed: str) -
 
 
 def test_another_origin_gets_no_cors_headers(allowed: str, keys: Keys) -> None:
-    assert preflight(allowed, "https://evil.example.com").status_code == 400
+    refused = preflight(allowed, "https://evil.example.com")
+    assert refused.status_code == 400
+    # It was the only answer in plain text ("Disallowed CORS origin"), not the error shape.
+    assert refused.json()["error"]["code"] == "BAD_REQUEST"
+    assert refused.json()["error"]["message"] == (
+        "this preflight is refused: its origin is not one CORS_ALLOW_ORIGINS allows"
+    )
+    headers = {"Origin": PAGE, "Access-Control-Request-Method": "TRACE"}
+    method = httpx.options(f"{allowed}/process", headers=headers)
+    assert method.status_code == 400
+    assert method.json()["error"]["message"] == (
+        "this preflight is refused: its method is not one of GET, POST, PUT, PATCH, DELETE"
+    )
+    assert method.headers["access-control-allow-origin"] == PAGE  # the page reads why
     answer = httpx.get(
         f"{allowed}/sessions", headers={**bearer(keys.alice), "Origin": "https://evil.example.com"}
     )

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
@@ -40,7 +41,7 @@ from agentscope_serverless.errors import ConfigurationError, StartupError
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
-from agentscope_serverless.http.errors import install_error_handlers
+from agentscope_serverless.http.errors import error_response, install_error_handlers
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import (
@@ -233,7 +234,7 @@ def new_application(
         # Outermost: preflights are answered before anything else, and errors (a 401, a
         # 413) carry the headers a page needs to read them.
         app.add_middleware(
-            CORSMiddleware,
+            _CORSMiddleware,
             allow_origins=list(settings.cors_allow_origins),
             allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["*"],
@@ -246,6 +247,32 @@ def new_application(
     else:
         _add_keyed_docs(app)
     return app
+
+
+# Why Starlette's CORS refuses a preflight, by the word it names it with.
+_PREFLIGHT_FAILURES = {
+    "origin": "its origin is not one CORS_ALLOW_ORIGINS allows",
+    "method": "its method is not one of GET, POST, PUT, PATCH, DELETE",
+    "headers": "it asks for headers not allowed",
+    "private-network": "it asks for private network access",
+}
+
+
+class _CORSMiddleware(CORSMiddleware):
+    """Starlette's CORS, a refused preflight answered in the error shape, saying why (its
+    own answer is the only one in plain text)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        failed = bytes(response.body).decode().removeprefix("Disallowed CORS ").split(", ")
+        why = "; ".join(_PREFLIGHT_FAILURES.get(word, word) for word in failed)
+        refused = error_response(400, "BAD_REQUEST", f"this preflight is refused: {why}")
+        for name, value in response.headers.items():
+            if name.startswith("access-control-") or name == "vary":
+                refused.headers[name] = value
+        return refused
 
 
 def _docs(app: FastAPI, request: Request) -> HTMLResponse:
