@@ -141,6 +141,42 @@ def test_memory_add_search_list_and_delete(alice: httpx.Client) -> None:
     assert alice.get("/memory").json()["items"] == []
 
 
+def test_a_search_keeps_the_top_k_its_filters_name_as_search_memory_does(
+    alice: httpx.Client,
+) -> None:
+    # filters.top_k, as AgentScope's search_memory takes it, was ignored: all 3 came back.
+    alice.post("/memory", json={"messages": [user_message(f"kiwi {i}") for i in range(3)]})
+    search = {"query": "kiwi", "filters": {"top_k": 1}}
+    assert len(alice.post("/memory/search", json=search).json()["items"]) == 1
+    both = {"query": "kiwi", "top_k": 2, "filters": {"top_k": 2}}
+    assert len(alice.post("/memory/search", json=both).json()["items"]) == 2
+    assert len(alice.post("/memory/search", json={**search, "filters": None}).json()["items"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("search", "field"),
+    [
+        ({"filters": {"top_k": 0}}, "filters.top_k"),
+        ({"filters": {"top_k": -5}}, "filters.top_k"),
+        ({"filters": {"top_k": "abc"}}, "filters.top_k"),
+        ({"filters": {"top_k": True}}, "filters.top_k"),
+        ({"filters": {"top_k": 1001}}, "filters.top_k"),
+        ({"filters": {"limit": 1}}, "filters.limit"),
+        ({"filters": "x"}, "filters"),
+        ({"top_k": 1, "filters": {"top_k": 2}}, "filters.top_k"),
+        ({"top_k": 0}, "top_k"),
+        ({"limit": 1}, "limit"),
+    ],
+)
+def test_a_search_with_an_invalid_limit_or_filter_is_refused_naming_it(
+    alice: httpx.Client, search: dict[str, object], field: str
+) -> None:
+    alice.post("/memory", json={"messages": [user_message("kiwi")]})
+    refused = alice.post("/memory/search", json={"query": "kiwi", **search})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == field
+
+
 def test_state_save_export_rounds_and_delete(alice: httpx.Client) -> None:
     first = alice.post("/state/game", json={"state": {"level": 1}})
     assert first.status_code == 201 and first.json() == {"session_id": "game", "round_id": 1}

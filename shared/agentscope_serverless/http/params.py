@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Path, Query
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.json_schema import SkipJsonSchema
 
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 
@@ -48,6 +49,23 @@ Cursor = Annotated[
 ]
 
 
+class RequestBody(BaseModel):
+    """The body of one of our own REST routes: a field it does not have is refused (a 422
+    naming it), not ignored as if the request had been done as it asked.
+
+    The bodies of the protocol (an ``AgentRequest``, its messages) and of the
+    OpenAI-compatible routes take fields they do not name, as AgentScope's and OpenAI's do.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The user a body names, taken on every route: the guards check that it is the one the
+    # key acts as (another is a 403) before the route runs. Out of the schema, as a fuzzer
+    # would name other users with it.
+    user_id: SkipJsonSchema[str | None] = None
+    user: SkipJsonSchema[str | None] = None
+
+
 def is_json_type(content_type: str | None) -> bool:
     """Whether a body of ``content_type`` is read as JSON: ``application/json`` or
     ``application/<type>+json``, not a body without a type (as FastAPI decides, its content
@@ -66,6 +84,7 @@ __all__ = [
     "OPTIONAL_ID_PATTERN",
     "SESSION_HEADER",
     "Cursor",
+    "RequestBody",
     "SessionIdPath",
     "is_json_type",
 ]

@@ -3,7 +3,7 @@
 | Method and path | What |
 |---|---|
 | ``POST /memory`` | remember messages (optionally under a ``session_id``) |
-| ``POST /memory/search`` | memories matching a query, best first |
+| ``POST /memory/search`` | memories matching a query, best first (``top_k`` of them) |
 | ``GET /memory?page_num=&page_size=`` | list memories, oldest first |
 | ``DELETE /memory/{session_id}`` | forget one session's memories |
 | ``DELETE /memory`` | forget all of the user's memories |
@@ -14,11 +14,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, SessionIdPath
+from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, RequestBody, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 from agentscope_serverless.services.memory.base import MAX_PAGE_SIZE, MAX_TOP_K, MemoryService
@@ -47,11 +48,36 @@ class MemoryAdded(BaseModel):
     added: int
 
 
-class MemorySearch(BaseModel):
-    """A keyword query; ``top_k`` caps the number of results."""
+# A number of results as search_memory takes it: a whole number (``true`` is none), 1 to 1,000.
+TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K, strict=True)]
+
+
+class MemoryFilters(BaseModel):
+    """The ``filters`` of a search, as AgentScope's ``search_memory`` takes them (no other)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    top_k: TopK | None = None
+
+
+class MemorySearch(RequestBody):
+    """A keyword query; ``top_k`` (or ``filters.top_k``, as ``search_memory`` takes it) caps
+    the number of results."""
 
     query: str = Field(min_length=1)
-    top_k: int | None = Field(None, ge=1, le=MAX_TOP_K)
+    top_k: TopK | None = None
+    filters: MemoryFilters | None = None
+
+    def results_asked(self) -> int | None:
+        """The number of results asked for (None: all that match); a ``top_k`` and a
+        ``filters.top_k`` that differ are refused, as neither can be the one meant."""
+        named = self.filters.top_k if self.filters is not None else None
+        if self.top_k is not None and named is not None and named != self.top_k:
+            raise InvalidInputError(
+                f"top_k ({self.top_k}) and filters.top_k ({named}) differ: give one of them",
+                field="filters.top_k",
+            )
+        return named if self.top_k is None else self.top_k
 
 
 class MemoryList(BaseModel):
@@ -69,7 +95,8 @@ async def add_memory(body: MemoryAdd, user_id: CurrentUser, memory: Memory) -> M
 @router.post("/search", response_model=MemoryList, summary="Search memories")
 async def search_memory(body: MemorySearch, user_id: CurrentUser, memory: Memory) -> MemoryList:
     query = Message(role=Role.USER, content=[TextContent(text=body.query)])
-    filters = {"top_k": body.top_k} if body.top_k is not None else None
+    top_k = body.results_asked()
+    filters = {"top_k": top_k} if top_k is not None else None
     return MemoryList(items=await memory.search_memory(user_id, [query], filters=filters))
 
 
