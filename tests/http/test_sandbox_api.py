@@ -265,6 +265,19 @@ def test_an_unknown_sandbox_type_gets_422(
     assert response.json()["error"]["code"] == "SANDBOX_BAD_REQUEST"
 
 
+@pytest.mark.parametrize("field", ["env_types", "sandbox_types"])
+def test_the_types_under_the_python_apis_name_are_refused_naming_it_and_nothing_is_made(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str, field: str
+) -> None:
+    # connect_async's name for them was ignored, and a base sandbox made.
+    alice = client(keys.alice)
+    response = alice.post(f"/sandboxes/{session}", json={field: ["filesystem"]})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == field
+    assert f"body.{field}: Extra inputs are not permitted" in response.json()["error"]["message"]
+    assert alice.get(f"/sandboxes/{session}").json()["sandboxes"] == []
+
+
 def test_the_sandbox_routes_need_a_key(sandbox_api: str) -> None:
     for method, path in (("POST", "/sandboxes/s"), ("GET", "/sandboxes/s/tools")):
         assert httpx.request(method, f"{sandbox_api}{path}").status_code == 401

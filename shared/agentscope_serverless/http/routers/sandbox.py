@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.http.params import SessionIdPath
+from agentscope_serverless.http.params import RequestBody, SessionIdPath
 from agentscope_serverless.sandbox_protocol import BASE, MAX_TOOL_NAME_LENGTH, CallToolResult
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.service import SandboxService, canonical_type
@@ -45,8 +45,9 @@ async def _sandbox_service(context: Annotated[AppContext, Depends(get_context)])
 Sandboxes = Annotated[SandboxService, Depends(_sandbox_service)]
 
 
-class ConnectRequest(BaseModel):
-    """The sandbox types a session needs (one ``base`` sandbox by default)."""
+class ConnectRequest(RequestBody):
+    """The sandbox types a session needs (one ``base`` sandbox by default); under another
+    name (``env_types``, as ``connect`` takes them) they are refused, not ignored."""
 
     types: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=lambda: [BASE], min_length=1, max_length=8
