@@ -267,6 +267,29 @@ def test_a_session_header_given_twice_is_refused_not_one_of_them_taken(
         assert httpx.get(f"{demo_url}/sessions/{session}", headers=alice).status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("route", "named", "field"),
+    [
+        ("responses", {"metadata": {"session_id": 5}}, "metadata.session_id"),
+        ("chat/completions", {"metadata": {"session_id": 5}}, "metadata.session_id"),
+        ("responses", {"metadata": {"session_id": ["s"]}}, "metadata.session_id"),
+        ("responses", {"conversation": {"id": 5}}, "conversation.id"),
+    ],
+)
+def test_a_session_named_by_other_than_a_string_is_refused_not_a_new_one_started(
+    demo_url: str, keys: Keys, route: str, named: dict[str, Any], field: str
+) -> None:
+    # It was ignored, and the turn went to a new session.
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "input": "hi"}
+    with httpx.Client(base_url=demo_url, headers=bearer(keys.service)) as service:
+        user = {"X-User-Id": f"user-{uuid.uuid4().hex[:8]}"}
+        answer = service.post(f"/compatible-mode/v1/{route}", json={**body, **named}, headers=user)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == field
+        assert answer.json()["error"]["message"] == f"{field} must be a string"
+        assert service.get("/sessions", headers=user).json()["items"] == []
+
+
 def test_a_session_id_field_as_process_takes_it_names_the_session(
     sdk: openai.OpenAI, demo_url: str, keys: Keys
 ) -> None:

@@ -257,6 +257,13 @@ def check_responses_request(body: ResponsesRequest) -> None:
         )
 
 
+def _named_session(value: Any, field: str) -> str | None:
+    """The session ``field`` names: a string (an empty one names none), or nothing."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidInputError(f"{field} must be a string", field=field)
+    return value or None
+
+
 def session_id_of(
     header: str | None,
     metadata: Mapping[str, Any] | None,
@@ -266,17 +273,19 @@ def session_id_of(
     field: str | None = None,
 ) -> str | None:
     """The session a request names: header, then its ``session_id`` field, then metadata, then
-    conversation, then the previous response's."""
+    conversation, then the previous response's. A session named otherwise than by a string
+    is refused, whichever would win: the call meant one, and would go to a new session."""
+    in_metadata = _named_session((metadata or {}).get("session_id"), "metadata.session_id")
+    if isinstance(conversation, Mapping):
+        conversation = _named_session(conversation.get("id"), "conversation.id")
     if header:
         return header
     if field:
         return field
-    if metadata and isinstance(metadata.get("session_id"), str) and metadata["session_id"]:
-        return str(metadata["session_id"])
-    if isinstance(conversation, str) and conversation:
+    if in_metadata:
+        return in_metadata
+    if conversation:
         return conversation
-    if isinstance(conversation, Mapping) and isinstance(conversation.get("id"), str):
-        return str(conversation["id"])
     if previous_response_id is not None:
         return session_of_response(previous_response_id)
     return None
