@@ -177,6 +177,47 @@ def test_a_search_with_an_invalid_limit_or_filter_is_refused_naming_it(
     assert refused.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/sessions", {"session_id": "s1", "id": "s2"}, "id"),
+        ("/sessions/s1/messages", {"messages": [user_message("hi")], "session": "s2"}, "session"),
+        ("/memory", {"messages": [user_message("tea")], "session": "s2"}, "session"),
+        ("/state/s1", {"state": {"level": 1}, "round": 3}, "round"),
+    ],
+)
+def test_a_field_a_route_does_not_take_is_refused_naming_it_and_nothing_is_stored(
+    alice: httpx.Client, path: str, body: dict[str, object], field: str
+) -> None:
+    # It was ignored: the request was done as if it had not been asked.
+    refused = alice.post(path, json=body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == field
+    assert f"body.{field}: Extra inputs are not permitted" in refused.json()["error"]["message"]
+    assert alice.get("/sessions").json()["items"] == []
+    assert alice.get("/memory").json()["items"] == []
+    assert alice.get("/state/s1").status_code == 404
+
+
+def test_a_body_naming_the_callers_own_user_is_still_taken(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    client = client_for(keys.service, **{"X-User-Id": user})
+    for name in ("user_id", "user"):
+        for path, body in (
+            ("/sessions", {"session_id": "s1"}),
+            ("/sessions/s1/messages", {"messages": [user_message("hi")]}),
+            ("/memory", {"messages": [user_message("tea")]}),
+            ("/state/s1", {"state": {"level": 1}}),
+        ):
+            answer = client.post(path, json={**body, name: user})
+            assert answer.status_code == 201, answer.text
+        search = client.post("/memory/search", json={"query": "tea", name: user})
+        assert len(search.json()["items"]) >= 1, search.text
+    assert len(client.get("/sessions/s1/messages").json()["items"]) == 2
+
+
 def test_state_save_export_rounds_and_delete(alice: httpx.Client) -> None:
     first = alice.post("/state/game", json={"state": {"level": 1}})
     assert first.status_code == 201 and first.json() == {"session_id": "game", "round_id": 1}

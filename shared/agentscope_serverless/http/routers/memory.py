@@ -35,7 +35,7 @@ async def _memory(context: Annotated[AppContext, Depends(get_context)]) -> Memor
 Memory = Annotated[MemoryService, Depends(_memory)]
 
 
-class MemoryAdd(BaseModel):
+class MemoryAdd(RequestBody):
     """Messages to remember, optionally grouped under a session."""
 
     messages: list[Message] = Field(min_length=1)

@@ -21,7 +21,12 @@ from agentscope_serverless.errors import SessionNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.idempotency import writes_in_session
-from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, Cursor, SessionIdPath
+from agentscope_serverless.http.params import (
+    OPTIONAL_ID_PATTERN,
+    Cursor,
+    RequestBody,
+    SessionIdPath,
+)
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
@@ -40,7 +45,7 @@ History = Annotated[SessionHistoryService, Depends(_history)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Items per page.")]
 
 
-class SessionCreate(BaseModel):
+class SessionCreate(RequestBody):
     """A session to create; without ``session_id`` the server picks a uuid."""
 
     session_id: str | None = Field(None, max_length=MAX_ID_LENGTH, pattern=OPTIONAL_ID_PATTERN)
@@ -66,7 +71,7 @@ class SessionPage(BaseModel):
 MAX_APPENDED_MESSAGES = 1000
 
 
-class MessagesIn(BaseModel):
+class MessagesIn(RequestBody):
     """Messages to append, in order (at most 1,000)."""
 
     messages: list[Message] = Field(min_length=1, max_length=MAX_APPENDED_MESSAGES)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.http.params import SessionIdPath
+from agentscope_serverless.http.params import RequestBody, SessionIdPath
 from agentscope_serverless.services.agent_state.base import MAX_ROUND_ID, StateService
 
 router = APIRouter(prefix="/state", tags=["state"], route_class=KeyedRoute)
@@ -32,7 +32,7 @@ async def _state(context: Annotated[AppContext, Depends(get_context)]) -> StateS
 State = Annotated[StateService, Depends(_state)]
 
 
-class StateSave(BaseModel):
+class StateSave(RequestBody):
     """A state to save; with ``round_id`` that round is overwritten."""
 
     state: dict[str, Any]
