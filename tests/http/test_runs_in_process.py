@@ -180,6 +180,44 @@ def test_a_cancel_on_disconnect_other_than_true_or_false_is_refused_before_anyth
         assert client.get("/sessions", params={"limit": 1000}).json()["items"] == sessions
 
 
+# (route, body without the field, boolean fields of its body)
+BOOLEAN_FIELDS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("/process", {"input": [user_message("go")]}, ("stream",)),
+    (
+        "/compatible-mode/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "go"}]},
+        ("stream", "logprobs"),
+    ),
+    (
+        "/compatible-mode/v1/responses",
+        {"model": "m", "input": "go"},
+        ("stream", "store", "background"),
+    ),
+]
+
+
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, []])
+@pytest.mark.parametrize(
+    ("path", "body", "fields"), BOOLEAN_FIELDS, ids=[p for p, _, _ in BOOLEAN_FIELDS]
+)
+def test_a_boolean_field_other_than_true_or_false_is_refused_naming_it_before_anything_runs(
+    url: str, keys: Keys, path: str, body: dict[str, Any], fields: tuple[str, ...], value: Any
+) -> None:
+    # "no" and 0 answered with JSON, "true" and 1 streamed: each was taken for what
+    # pydantic made of it, where cancel_on_disconnect refused them.
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        for field in fields:
+            sent = {**body, "session_id": session_id, field: value}
+            response = client.post(path, json=sent)
+            assert response.status_code == invalid_status(path), response.text
+            error = response.json()["error"]
+            assert error["param"] == field, error
+            assert field in error["message"], error
+        assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+        assert client.get(f"/sessions/{session_id}").status_code == 404
+
+
 def test_a_run_cancelled_as_soon_as_its_id_is_known_stops(url: str, keys: Keys) -> None:
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         for _ in range(3):  # the first run of a server may be slow to send its first event

@@ -43,7 +43,14 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+)
 
 from agentscope_serverless.errors import (
     InvalidInputError,
@@ -87,13 +94,14 @@ _SESSION_FIELD = "The session, when no X-Session-Id header names one (as /proces
 
 
 class ChatCompletionRequest(BaseModel):
-    """The body of ``POST /chat/completions`` (fields we do not use are accepted)."""
+    """The body of ``POST /chat/completions`` (fields we do not use are accepted; a boolean
+    is ``true`` or ``false``, as OpenAI takes it, not a string or a number)."""
 
     model_config = ConfigDict(extra="allow")
 
     model: ModelName = "agent"
     messages: list[dict[str, Any]] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
     session_id: str | None = Field(None, description=_SESSION_FIELD)
@@ -123,7 +131,7 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = Field(
         None, description='Only ``{"type": "text"}``: an agent answers in its own words.'
     )
-    logprobs: bool | None = Field(None, description="Refused when true.")
+    logprobs: StrictBool | None = Field(None, description="Refused when true.")
     top_logprobs: int | None = Field(None, description="Refused when above 0.")
     modalities: list[str] | None = Field(None, description="Only ``text``.")
     audio: dict[str, Any] | None = Field(None, description="Refused: an agent answers in text.")
@@ -152,7 +160,7 @@ class ResponsesRequest(BaseModel):
     model: ModelName = "agent"
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    stream: bool = False
+    stream: StrictBool = False
     user: str | None = None
     session_id: str | None = Field(None, description=_SESSION_FIELD)
     metadata: dict[str, Any] | None = None
@@ -161,7 +169,7 @@ class ResponsesRequest(BaseModel):
     temperature: Temperature = None
     top_p: TopP = None
     max_output_tokens: TokenLimit = None
-    store: bool | None = Field(
+    store: StrictBool | None = Field(
         None,
         description="``false``: the response is not kept to be read again (its turn is the "
         "session's all the same).",
@@ -173,7 +181,7 @@ class ResponsesRequest(BaseModel):
     text: ResponsesText | None = None
     top_logprobs: int | None = Field(None, description="Refused when above 0.")
     include: list[str] | None = None
-    background: bool | None = Field(None, description="Refused when true.")
+    background: StrictBool | None = Field(None, description="Refused when true.")
     prompt: dict[str, Any] | None = Field(None, description="Refused: no prompt templates here.")
 
 

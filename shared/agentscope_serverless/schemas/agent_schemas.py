@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, Self, TypeVar, Union
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 
 class MessageType:
@@ -711,10 +711,11 @@ def said(message: Message) -> tuple[str, ...]:
 
 
 class BaseRequest(BaseModel):
-    """A request to an agent: its input messages and whether to stream."""
+    """A request to an agent: its input messages and whether to stream (``true`` or
+    ``false``: a string or a number is refused, not taken for what Python makes of it)."""
 
     input: list[Message]
-    stream: bool = True
+    stream: StrictBool = True
     id: str | None = None
 
 
