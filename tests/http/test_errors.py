@@ -369,6 +369,22 @@ def test_an_unexpected_error_is_a_500_without_internals(keys: Keys) -> None:
     assert response.headers["x-request-id"] == "req-42"
 
 
+def test_a_plain_functions_body_that_is_not_utf8_is_refused_before_it_runs(keys: Keys) -> None:
+    called: list[Any] = []
+    app = create_function_app(called.append, settings=load_settings(), key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        for content_type, body, status in (
+            ("application/json", '{"a": 1}'.encode("utf-16"), 422),
+            ("application/json", '{"a": 1}'.encode("utf-32-be"), 422),
+            ("text/plain", '{"a": 1}'.encode("utf-16-le"), 422),
+            ("application/json; charset=latin-1", b'{"a": 1}', 415),
+        ):
+            response = client.post("/process", content=body, headers={"Content-Type": content_type})
+            assert response.status_code == status, response.text
+            assert "UTF-8" in error_of(response)["message"]
+    assert called == []
+
+
 @pytest.fixture
 def info_logs() -> Iterator[None]:
     """The logger at INFO for one test (the tests log nothing below CRITICAL)."""

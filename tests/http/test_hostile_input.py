@@ -7,6 +7,7 @@ server), with idempotency records in the same store as the history.
 
 from __future__ import annotations
 
+import codecs
 import json
 import socket
 import urllib.parse
@@ -259,6 +260,79 @@ def test_a_body_that_cannot_be_read_is_refused_saying_why(
     assert says in error["message"]
     assert error["fields"][0]["loc"] == ["body"]
     assert_nothing_stored(client)
+
+
+# (route, a body it runs): every way a route reads its JSON body.
+JSON_ROUTES: list[tuple[str, dict[str, Any]]] = [
+    ("/sessions", {"session_id": "s1"}),
+    ("/process", {"input": [text_message("hi")], "stream": False}),
+    (
+        "/compatible-mode/v1/chat/completions",
+        {"model": "agent", "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    ("/compatible-mode/v1/responses", {"model": "agent", "input": "hi"}),
+    ("/a2a", a2a_send("hi")),
+    (
+        "/a2a/message:send",
+        {"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "hi"}]}},
+    ),
+]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-32-be"])
+@pytest.mark.parametrize(("path", "body"), JSON_ROUTES, ids=[p for p, _ in JSON_ROUTES])
+def test_a_body_in_utf16_or_utf32_is_refused_as_not_utf8(
+    client: httpx.Client, path: str, body: dict[str, Any], encoding: str
+) -> None:
+    # Python's JSON parser reads bytes in UTF-16 and UTF-32 too: they were run. Without a
+    # byte order mark, ASCII text in UTF-16 is valid UTF-8 bytes, its NUL bytes no JSON.
+    content = json.dumps(body).encode(encoding)
+    response = client.post(path, content=content, headers={"Content-Type": "application/json"})
+    error = refusal(response, path, -32700)
+    assert error["message"] == "the body is not valid UTF-8 text"
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", "utf-16", '"windows-1252"'])
+@pytest.mark.parametrize(("path", "body"), JSON_ROUTES, ids=[p for p, _ in JSON_ROUTES])
+def test_a_json_body_said_to_be_in_another_charset_is_refused(
+    client: httpx.Client, path: str, body: dict[str, Any], charset: str
+) -> None:
+    # Its bytes were read as UTF-8 whatever the charset said: "é" in latin-1 is not UTF-8,
+    # and ASCII text was run as if the charset had been UTF-8.
+    content_type = f"application/json; charset={charset}"
+    response = client.post(path, content=json.dumps(body), headers={"Content-Type": content_type})
+    named = charset.strip('"').lower()
+    message = f"the body must be UTF-8 JSON: charset {named!r} is not supported"
+    if path == "/a2a":
+        assert response.status_code == 200, response.text
+        assert response.json()["error"]["code"] == -32700
+        assert response.json()["error"]["message"] == message
+    else:
+        assert response.status_code == 415, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["message"]) == ("UNSUPPORTED_MEDIA_TYPE", message)
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8", '"utf-8"', None])
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8], ids=["", "bom"])
+def test_a_body_in_utf8_is_run_whatever_the_case_of_its_charset_and_its_byte_order_mark(
+    client: httpx.Client, charset: str | None, bom: bytes
+) -> None:
+    # RFC 8259: a sender must not add a byte order mark, a parser may ignore one.
+    content_type = "application/json" + (f"; charset={charset}" if charset else "")
+    body = {"input": [text_message("héllo")], "stream": False, "session_id": "s-é"}
+    content = bom + json.dumps(body, ensure_ascii=False).encode()
+    response = client.post("/process", content=content, headers={"Content-Type": content_type})
+    assert response.status_code == 200, response.text
+    assert response.json()["session_id"] == "s-é"
+    created = client.post(
+        "/sessions",
+        content=bom + '{"session_id": "s2-é"}'.encode(),
+        headers={"Content-Type": content_type},
+    )
+    assert created.status_code == 201, created.text
 
 
 def test_a_deep_body_of_another_content_type_is_never_a_server_error(

@@ -151,6 +151,27 @@ def test_a_body_that_is_not_json_is_refused_and_no_task_runs(
         assert empty.status_code == 202, empty.text
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body", "status", "says"),
+    [
+        ("application/json", '{"numbers": [1], "by": 2}'.encode("utf-16"), 422, "UTF-8"),
+        ("application/json", '{"numbers": [1], "by": 2}'.encode("utf-32-le"), 422, "UTF-8"),
+        ("application/json; charset=latin-1", b'{"numbers": [1], "by": 2}', 415, "UTF-8"),
+    ],
+    ids=["utf-16", "utf-32-le", "charset=latin-1"],
+)
+def test_a_body_that_is_not_utf8_is_refused_and_no_task_runs(
+    server: tuple[str, Keys], content_type: str, body: bytes, status: int, says: str
+) -> None:
+    # Python's JSON parser read UTF-16 and UTF-32 too: the task was submitted and ran.
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        response = client.post("/jobs/scale", content=body, headers={"Content-Type": content_type})
+        assert response.status_code == status, response.text
+        assert says in response.json()["error"]["message"]
+        assert "task_id" not in response.json()
+
+
 def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
     url, keys = server
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:

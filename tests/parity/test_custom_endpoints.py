@@ -122,3 +122,24 @@ def test_a_blocking_sync_generator_holds_up_no_other_request(served: tuple[str, 
         with httpx.Client(base_url=url, headers=bearer(key), timeout=60) as other:
             assert other.post("/release").json() == {"released": True}
         assert next(line for line in lines if line.startswith("data:")) == 'data: "released"'
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "status"),
+    [
+        ("application/json", '{"a": 1}'.encode("utf-16"), 422),
+        ("application/json", '{"a": 1}'.encode("utf-16-le"), 422),
+        ("application/json; charset=iso-8859-1", b'{"a": 1}', 415),
+    ],
+    ids=["utf-16", "utf-16-le", "charset=iso-8859-1"],
+)
+def test_a_body_that_is_not_utf8_is_refused_before_the_endpoint_runs(
+    served: tuple[str, str], content_type: str, body: bytes, status: int
+) -> None:
+    # Python's JSON parser read UTF-16 too: the endpoint ran.
+    url, key = served
+    response = httpx.post(
+        f"{url}/objects", content=body, headers={**bearer(key), "Content-Type": content_type}
+    )
+    assert response.status_code == status, response.text
+    assert "UTF-8" in response.json()["error"]["message"]

@@ -43,8 +43,8 @@ from agentscope_serverless.a2a_server import (
 )
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
+from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.errors import unreadable_body
 from agentscope_serverless.http.guards import (
     check_body,
     check_claims,
@@ -85,15 +85,13 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
     route: JSON-RPC errors (see :func:`_read`)."""
 
     async def guarded(request: Request) -> Response:
+        request = utf8_request(request)
         caller = await get_caller(request, await bearer_scheme(request))
         request.scope[_USER_SCOPE_KEY] = caller.user_id()
         idempotency_key = _idempotency_key(request)
-        # The SDK reads the body as JSON whatever its content type: so are the checks.
+        # The SDK reads the body as JSON whatever its content type: so are the checks (a
+        # body that is not UTF-8, which its HTTP+JSON routes failed on, is refused there).
         if request.url.path != A2A_PATH:
-            # The SDK's HTTP+JSON routes fail on a body that is not UTF-8 (a server error).
-            not_utf8 = _not_utf8(await request.body())
-            if not_utf8 is not None:
-                raise not_utf8
             await check_request(request, caller, idempotency_key, any_type=True)
         else:
             body, refused = await _read(request)
@@ -138,18 +136,16 @@ async def _read(request: Request) -> tuple[Any, Response | None]:
     """The JSON-RPC call's body (see :func:`..guards.request_body`), and the JSON-RPC error
     refusing it when the checks every route runs refuse it (422 on the other routes), with
     the fields at fault in its data as their error has them: a body that cannot be read
-    (not UTF-8, nesting too deeply, an integer too long) is a parse error saying why, where
-    the SDK said "Expecting value" of one that is not UTF-8; text that is not Unicode, or a
-    number JSON cannot carry, invalid params (in the params) or an invalid request."""
+    (not UTF-8, said to be in another charset, nesting too deeply, an integer too long) is a
+    parse error saying why, where the SDK said "Expecting value" of one that is not UTF-8;
+    text that is not Unicode, or a number JSON cannot carry, invalid params (in the params)
+    or an invalid request."""
     try:
         body = await request_body(request, any_type=True)
     except InvalidInputError as exc:
         return None, _json_rpc_error(None, -32700, exc.message, {"fields": exc.errors})
-    except BodyTooDeep as exc:
+    except (BodyTooDeep, NotUtf8Charset) as exc:
         return None, _json_rpc_error(None, -32700, exc.detail)
-    not_utf8 = _not_utf8(await request.body()) if body is None else None
-    if not_utf8 is not None:
-        return None, _json_rpc_error(None, -32700, not_utf8.message, {"fields": not_utf8.errors})
     try:
         check_body(body)
     except InvalidInputError as exc:
@@ -161,15 +157,6 @@ async def _read(request: Request) -> tuple[Any, Response | None]:
             return body, _invalid_params({"id": request_id}, exc.message, data)
         return body, _invalid_request(request_id, exc.message, data)
     return body, None
-
-
-def _not_utf8(raw: bytes) -> InvalidInputError | None:
-    """The error refusing a body that is not UTF-8 text, saying so; None for one that is."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return unreadable_body(exc)
-    return None
 
 
 def _null_refused(body: Any, raw: bytes) -> Response | None:

@@ -44,6 +44,7 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PermissionDeniedError,
 )
+from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.services._validation import require_user_id
 
@@ -235,12 +236,14 @@ async def get_caller(
 class KeyedRoute(APIRoute):
     """A route whose caller is authenticated before anything else, its body first: FastAPI
     reads and parses a route's body before its dependencies, so a caller without a valid
-    key would get the body's errors (422) and make the server parse it for nothing."""
+    key would get the body's errors (422) and make the server parse it for nothing. Its body
+    is read as UTF-8 JSON only (see :mod:`.bodies`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         declared = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
+            request = utf8_request(request)
             await get_caller(request, await bearer_scheme(request))
             return await declared(request)
 

@@ -28,7 +28,7 @@ from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.app import call_hook, new_application
-from agentscope_serverless.http.auth import Caller, CurrentCaller
+from agentscope_serverless.http.auth import Caller, CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_any_type_request, json_body
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
@@ -94,13 +94,15 @@ def create_function_app(
             return StreamingResponse(_text(result), media_type="text/plain; charset=utf-8")
         return EventStreamResponse(_sse(result), ping_interval=settings.sse_ping_interval_seconds)
 
-    app.add_api_route(
+    app.router.add_api_route(
         endpoint_path,
         endpoint,
         methods=["POST"],
         response_model=None,
         dependencies=[Depends(guard_any_type_request)],
         responses=ERROR_RESPONSES,
+        # Its body read as UTF-8 JSON only, as every route's (the caller authenticated first).
+        route_class_override=KeyedRoute,
     )
     return app
 

@@ -36,6 +36,7 @@ from agentscope_serverless.http.auth import (
     header_text,
     no_other_user,
 )
+from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import error_body, error_response, status_of_code
 from agentscope_serverless.http.guards import guard_request
@@ -362,6 +363,7 @@ class _AgentRoute(KeyedRoute):
         model = inspect.signature(endpoint).parameters["body"].annotation
 
         async def handle(request: Request) -> Response:
+            request = utf8_request(request)
             if IDEMPOTENCY_HEADER in request.headers:
                 return await declared(request)
             # Before the body is read: validating a large one costs more than parsing it,
