@@ -318,7 +318,7 @@ def test_the_urls_an_api_gateway_stage_serves_keep_its_stage(
     for event in events:
         answer = handler(event, None)
         assert answer["statusCode"] == 200, answer
-        assert "url: '/prod/openapi.json'" in answer["body"]
+        assert 'url: "/prod/openapi.json"' in answer["body"]
     listed = _rest_event(key, requestContext={**context, "path": "/prod/sessions"})
     assert handler(listed, None)["statusCode"] == 200
 
@@ -352,7 +352,7 @@ def test_a_rest_api_behind_a_custom_domains_base_path_serves_its_routes(
         assert "items" in json.loads(listed["body"])
         docs = handler(event("/docs"), None)
         assert docs["statusCode"] == 200, docs
-        assert f"url: '{base}/openapi.json'" in docs["body"]
+        assert f'url: "{base}/openapi.json"' in docs["body"]
         assert handler(event("/nothing-here"), None)["statusCode"] == 404
 
 
