@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -327,8 +328,13 @@ def test_a_tool_call_canceled_before_its_result_leaves_a_session_the_model_accep
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(stream, client, "/process", json=body)
             assert started.wait(10)
-            run_id = client.get("/runs", params={"session_id": "canceled"}).json()["items"][0]
-            assert client.post(f"/runs/{run_id['id']}/cancel").status_code == 202
+            # A run is listed once stored (within its first write delay).
+            deadline = time.monotonic() + 10
+            listed = {"session_id": "canceled"}
+            while not (runs := client.get("/runs", params=listed).json()["items"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert client.post(f"/runs/{runs[0]['id']}/cancel").status_code == 202
             assert first.result()[1].data[-1]["status"] == "canceled"
         body = {"input": [user_message("What did I ask?")], "session_id": "canceled"}
         _, follow_up = stream(client, "/process", json=body)
