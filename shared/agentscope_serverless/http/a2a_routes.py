@@ -282,8 +282,7 @@ async def _version_refused(body: Any, request: Request) -> Response | None:
         await _speaks_0_3(ServerCallContext(state={"headers": dict(request.headers)}))
     except VersionNotSupportedError as exc:
         code = JSON_RPC_ERROR_CODE_MAP[VersionNotSupportedError]
-        error = {"code": code, "message": exc.message, "data": None}
-        return JSONResponse({"jsonrpc": "2.0", "id": body.get("id"), "error": error})
+        return _json_rpc_error(body.get("id"), code, exc.message)
     return None
 
 
