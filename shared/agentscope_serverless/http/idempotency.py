@@ -68,6 +68,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 # Visible ASCII: a key is an opaque token (a uuid, say) the client makes.
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
 _KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
+_KEY_HEADER = IDEMPOTENCY_HEADER.lower().encode()
 _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SESSION = "idempotency_session"
@@ -135,7 +136,12 @@ class IdempotencyMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in {"POST", "PUT", "PATCH", "DELETE"}:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") not in {"POST", "PUT", "PATCH", "DELETE"}
+            or not any(name.lower() == _KEY_HEADER for name, _ in scope["headers"])
+        ):
+            # Nothing to keep: only a request with a key claims one.
             await self.app(scope, receive, send)
             return
         status = 0
