@@ -17,7 +17,8 @@ quoting a client's whole message stays a line of bounded length. The level comes
 ``POWERTOOLS_SERVICE_NAME``. Never pass keys, tokens or request bodies to the logger; the
 secret values of the process (the settings', the agent's own: :func:`redact`) are replaced
 by ``***`` in every line all the same, and so are the credentials a URL carries
-(``https://user:password@host``: :func:`without_url_credentials`).
+(``https://user:password@host``: :func:`without_url_credentials`), and anything shaped like
+one of our API keys, whoever's it is, by ``ask_***`` (:func:`without_api_keys`).
 """
 
 from __future__ import annotations
@@ -96,12 +97,28 @@ class _Masking(logging.Formatter):
 
 
 def _masked(line: str) -> str:
-    """A JSON line with every secret given to :func:`redact` replaced by ``***``, and the
-    credentials of its URLs by ``****``."""
+    """A JSON line with every secret given to :func:`redact` replaced by ``***``, the
+    credentials of its URLs by ``****``, and its API keys by ``ask_***``."""
     for secret, as_json in _REDACTED:
         line = line.replace(as_json, "***")
         line = line.replace(secret, "***")
-    return without_url_credentials(line)
+    return without_api_keys(without_url_credentials(line))
+
+
+# An API key (``ask_<key id>_<secret>``, as auth/keys.py makes them), whoever's it is: a
+# library's record quotes what a client sent (a key given as a page size), and a key the
+# process only knows by its hash is not among the secrets given to :func:`redact`. Whatever
+# follows its id goes too: the secret, or the part of it a cut left.
+_API_KEY = re.compile(r"ask_[0-9a-f]{16}_[A-Za-z0-9_-]+")
+
+
+def without_api_keys(text: str) -> str:
+    """``text`` with each API key in it replaced by ``ask_***``.
+
+    >>> without_api_keys("invalid literal for int(): 'ask_44b09d27598e7973_nfkC3x-Yz_q'")
+    "invalid literal for int(): 'ask_***'"
+    """
+    return _API_KEY.sub("ask_***", text) if "ask_" in text else text
 
 
 # What a URL carries before its host (``user:password@``, a token alone): up to the last @
@@ -153,8 +170,9 @@ def redact_aws_credentials() -> None:
 
 
 def redacted(text: str) -> str:
-    """``text`` with every secret given to :func:`redact` replaced by ``***``, and the
-    credentials of its URLs by ``****`` (:func:`without_url_credentials`).
+    """``text`` with every secret given to :func:`redact` replaced by ``***``, the
+    credentials of its URLs by ``****`` (:func:`without_url_credentials`), and its API keys
+    by ``ask_***`` (:func:`without_api_keys`).
 
     >>> redact(["sk-example-key"])
     >>> redacted("the key sk-example-key was refused by https://bot:pw@api.example")
@@ -162,7 +180,7 @@ def redacted(text: str) -> str:
     """
     for secret, _ in _REDACTED:
         text = text.replace(secret, "***")
-    return without_url_credentials(text)
+    return without_api_keys(without_url_credentials(text))
 
 
 class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -288,7 +306,7 @@ def log_request(
         "service": SERVICE,
         "request_id": request_id,
         "method": method,
-        "path": path if path is None else shortened(path, MAX_PATH_CHARS),
+        "path": path if path is None else shortened(without_api_keys(path), MAX_PATH_CHARS),
         "status": status,
         "duration_ms": duration_ms,
     }
@@ -311,5 +329,6 @@ __all__ = [
     "redact_aws_credentials",
     "redacted",
     "shortened",
+    "without_api_keys",
     "without_url_credentials",
 ]

@@ -24,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentscope_serverless.auth import FileKeyStore
+from agentscope_serverless.auth.keys import new_key
 from agentscope_serverless.cli import app
 from agentscope_serverless.errors import AuthenticationError
 from tests.support.http import (
@@ -287,6 +288,36 @@ def test_a_librarys_record_is_logged_as_one_json_line_with_the_request_id(server
     (sdk,) = [line for line in lines if line["message"] == "Failed to parse request params"]
     assert sdk["request_id"] == "library-1", sdk
     assert sdk["level"] == "WARNING" and "exception" not in sdk, sdk
+
+
+def test_a_key_sent_as_a_value_is_masked_in_the_lines_quoting_it(server: Server) -> None:
+    # Another user's key sent where a number goes: the A2A SDK's warnings quote the value
+    # (JSON-RPC and HTTP+JSON), the request line its path. The server never knew that key.
+    key_id, secret, key = new_key()
+    headers = {"Authorization": f"Bearer {server.key}", "A2A-Version": "1.0"}
+    params = {"id": "x", "historyLength": key}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": params}
+    before = len(server.output.read_text().splitlines())
+    assert httpx.post(f"{server.url}/a2a", json=call, headers=headers).json()["error"]
+    listed = httpx.get(f"{server.url}/a2a/tasks", params={"pageSize": key}, headers=headers)
+    assert listed.status_code == 400
+    assert httpx.get(f"{server.url}/sessions/{key}", headers=headers).status_code == 404
+    deadline = time.monotonic() + 10
+    while True:
+        written = server.output.read_text().splitlines()[before:]
+        lines = [json.loads(line) for line in written if line.startswith("{")]
+        quoting = [line["message"] for line in lines if "field: invalid" in line["message"]]
+        paths = [line["path"] for line in lines if line.get("path", "").startswith("/sessions/")]
+        if len(quoting) == 2 and paths:
+            break
+        assert time.monotonic() < deadline, written
+        time.sleep(0.05)
+    assert all(line.startswith("{") for line in written), written
+    (rpc,) = [message for message in quoting if "Failed to parse historyLength" in message]
+    (rest,) = [message for message in quoting if "pageSize" in message]
+    assert "'ask_***'" in rpc and "ask_***" in rest, quoting
+    assert paths == ["/sessions/ask_***"]
+    assert all(key_id not in line and secret[:8] not in line for line in written), written
 
 
 def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
