@@ -11,6 +11,7 @@ event that is no HTTP request is refused without an invocation error. The handle
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from pathlib import Path
@@ -67,6 +68,36 @@ def test_a_body_marked_base64_that_is_not_base64_gets_400(
     handler, key = sessions_handler
     error = _error(handler(_event(key, "!!not base64", base64=True), None))
     assert "base64" in error["message"]
+
+
+def _sessions(handler: LambdaHandler, key: str) -> list[str]:
+    listing = function_url_event("GET", "/sessions", headers={"authorization": f"Bearer {key}"})
+    response = handler(listing, None)
+    assert response["statusCode"] == 200, response
+    page = json.loads(response["body"])
+    assert page["next_cursor"] is None, page
+    return [session["id"] for session in page["items"]]
+
+
+@pytest.mark.parametrize("body", ["@@@@", "e30=!!!", "e30=\n", "!e30=", "e3é0="])
+def test_a_body_marked_base64_with_characters_outside_base64_is_refused_not_read(
+    sessions_handler: tuple[LambdaHandler, str], body: str
+) -> None:
+    # What is not base64 was dropped before decoding: "@@@@" was an empty body (a 422 for a
+    # missing field), "e30=!!!" the JSON {} (a session created).
+    handler, key = sessions_handler
+    before = _sessions(handler, key)
+    error = _error(handler(_event(key, body, base64=True), None))
+    assert error["message"] == "the request body is not valid base64 (isBase64Encoded is true)"
+    assert _sessions(handler, key) == before
+
+
+def test_a_body_in_base64_is_read(sessions_handler: tuple[LambdaHandler, str]) -> None:
+    handler, key = sessions_handler
+    body = base64.b64encode(json.dumps({"session_id": "sent-in-base64"}).encode()).decode()
+    response = handler(_event(key, body, base64=True), None)
+    assert response["statusCode"] == 201, response
+    assert json.loads(response["body"])["id"] == "sent-in-base64"
 
 
 def test_a_body_that_is_not_unicode_gets_400(sessions_handler: tuple[LambdaHandler, str]) -> None:
