@@ -422,6 +422,27 @@ def test_a_retry_after_a_failed_run_is_a_run_of_its_own(
         assert message_texts(client, "s") == ["hi", "first words. the rest."]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_key_reused_for_another_request_after_a_failed_run_stores_its_input(
+    backend: str, aws_env: None, user_id: str, request: pytest.FixtureRequest
+) -> None:
+    # The other request's input took the failed one's message id, and was skipped as stored:
+    # the history paired the first question with the answer to the second.
+    settings = load_settings(**backend_settings(backend, request))
+    store = InMemoryKeyStore()
+    app = create_app(settings=settings, agent_app=failing_once_app(), key_store=store)
+    first = {"input": [text_message("hi")], "session_id": "s", "stream": False}
+    other = {"input": [text_message("something else")], "session_id": "s", "stream": False}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+    ):
+        assert client.post("/process", json=first, headers=keyed("reused")).status_code == 500
+        answered = client.post("/process", json=other, headers=keyed("reused"))
+        assert answered.status_code == 200 and answered.json()["status"] == "completed"
+        assert message_texts(client, "s") == ["hi", "something else", "first words. the rest."]
+
+
 # --- a store that freezes ---------------------------------------------------------------
 
 WRITES: list[tuple[str, str, dict[str, Any]]] = [

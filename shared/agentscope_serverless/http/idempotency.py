@@ -13,10 +13,11 @@ see :mod:`agentscope_serverless.services.idempotency`):
   appended, the session created), and erasing a user's data all of theirs: a kept answer
   quotes what was deleted, and a retry then runs anew;
 - message ids, new session ids and the ids of its other writes (a state save without a
-  round, a memory add) derive from the key, and stores keep the write ids they applied
-  with the data, so a run of the same request after one whose answer was lost (its store
-  froze or failed mid-write, and the write landed later) stores nothing twice
-  (:mod:`agentscope_serverless.services._once`);
+  round, a memory add) derive from the key and the request, and stores keep the write ids
+  they applied with the data, so a run of the same request after one whose answer was lost
+  (its store froze or failed mid-write, and the write landed later) stores nothing twice
+  (:mod:`agentscope_serverless.services._once`), while another request reusing a freed key
+  stores its own;
 - while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
   ``Retry-After``, however long it runs (it renews its lease as it goes); a request that
   failed (any answer other than 2xx) frees the key, and a request whose process died or
@@ -111,11 +112,13 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
         holding = asyncio.create_task(_hold(store, claim))
         request.scope.setdefault("state", {})[_STATE] = (store, claim, holding)
         # A run of this request after an earlier one that wrote but never answered (its
-        # store froze) makes the same message ids, so its appends store nothing twice.
-        seed_message_ids(f"{user_id}\0{key}")
-        # Its other writes (state rounds, memories, new session ids) are keyed the same way,
-        # and by the request: the key reused for another one once expired is a new write.
-        seed_writes(f"{user_id}\0{key}\0{claim.fingerprint}")
+        # store froze) makes the same message ids, so its appends store nothing twice; its
+        # other writes (state rounds, memories, new session ids) are keyed the same way. All
+        # derive from the request too: the key reused for another one (once freed by a
+        # request that failed, or expired) writes anew.
+        seed = f"{user_id}\0{key}\0{claim.fingerprint}"
+        seed_message_ids(seed)
+        seed_writes(seed)
     elif claim.outcome is ClaimOutcome.REPLAY:
         assert claim.response is not None
         raise Replay(claim.response)
@@ -193,7 +196,7 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
     short of its turn (canceled, or failed), which freed the key for the request to run
     anew: under that run's id its events would mix with the new run's, and under the ids
     of a part of its reply kept (a run canceled midway) the whole reply would be skipped as
-    stored already. The input keeps its ids: it is stored once."""
+    stored already. The input keeps the ids the request gave it: it is stored once."""
     claimed = request.scope.get("state", {}).get(_STATE)
     if claimed is None or runs is None:
         return

@@ -411,8 +411,9 @@ AgentContent = Annotated[
 ]
 
 
-# While a request with an Idempotency-Key is served, new message ids derive from the key,
-# so a retry that runs again makes the same ids, and appends skip the messages already there.
+# While a request with an Idempotency-Key is served, new message ids derive from the key
+# and the request, so a retry that runs again makes the same ids, and appends skip the
+# messages already there.
 _MESSAGE_ID_SEED: contextvars.ContextVar[tuple[uuid.UUID, itertools.count[int]] | None] = (
     contextvars.ContextVar("message_id_seed", default=None)
 )
