@@ -1089,6 +1089,31 @@ def test_a_retry_waits_for_the_run_still_going_and_answers_with_it(
     assert len(runs_of(scenario, session)) == 1
 
 
+def test_a_retry_of_a_stream_whose_run_stopped_with_its_client_runs_again(
+    scenario: httpx.Client,
+) -> None:
+    # The first try's connection broke, which stopped its run (a streamed chat completion
+    # ends with its client): its retry joined the canceled run, and got its role chunk then
+    # a RUN_CANCELED error instead of an answer.
+    session = f"retried-{uuid.uuid4()}"
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "sleep 1"}]}
+    headers = {"X-Session-Id": session}
+    with scenario.stream("POST", CHAT, json=body, headers=retry_of(0, **headers)) as broken:
+        first_run = broken.headers["X-Run-Id"]
+    deadline = time.monotonic() + 30
+    while [run["status"] for run in runs_of(scenario, session)] != ["canceled"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    retried, events = stream(scenario, CHAT, json=body, headers=retry_of(1, **headers))
+    assert retried.status_code == 200
+    assert retried.headers["X-Run-Id"] != first_run
+    chunks = [chunk for chunk in events.data if isinstance(chunk, dict)]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == (
+        "echo: sleep 1"
+    )
+    assert [run["status"] for run in runs_of(scenario, session)] == ["canceled", "completed"]
+
+
 def test_a_retry_of_a_failed_run_gets_its_error_again(scenario: httpx.Client) -> None:
     session = f"retried-{uuid.uuid4()}"
     body = {"model": "m", "messages": [{"role": "user", "content": "fail"}]}

@@ -11,8 +11,11 @@ So an OpenAI-compatible run keeps the fingerprint of its request with its record
 (:func:`~agentscope_serverless.http.idempotency.fingerprint`: path, ``X-Session-Id`` and body),
 and a retry answers with the newest run of the same user and fingerprint started within the
 time the SDK's tries can span (``X-Stainless-Read-Timeout`` each, and the wait between them):
-the run's events as stored, followed until it ends. A retry that finds none (its first try
-never reached the server) runs. A request with an ``Idempotency-Key`` is left to that key.
+the run's events as stored, followed until it ends (a failed run's error, then, which tells
+the SDK not to retry). A retry that finds none (its first try never reached the server) runs,
+and so does one whose run was canceled (a streamed chat completion's run stops when its
+client leaves, which is when the SDK retries). A request with an ``Idempotency-Key`` is left
+to that key.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
-from agentscope_serverless.schemas.agent_schemas import AgentResponse, Event, Message, TextContent
+from agentscope_serverless.schemas.agent_schemas import (
+    AgentResponse,
+    Event,
+    Message,
+    RunStatus,
+    TextContent,
+)
 from agentscope_serverless.services.runs.base import RunRecord, RunsService, StoredEvent
 
 RETRY_COUNT_HEADER = "X-Stainless-Retry-Count"
@@ -63,13 +72,18 @@ async def original_run(
     runs: RunsService | None, request: Request, user_id: str, fingerprint: str
 ) -> RunRecord | None:
     """The run that ``request``, an SDK's retry, repeats (None when it is no retry, runs are
-    not stored, or none of the user's recent runs had this request)."""
+    not stored, none of the user's recent runs had this request, or the newest that had it
+    was canceled)."""
     window = retry_window(request)
     if runs is None or window is None:
         return None
     recent = await runs.recent_runs(user_id, time.time() - window)
     same = [run for run in recent if run.kind == "openai" and run.fingerprint == fingerprint]
-    return same[-1] if same else None
+    if not same or same[-1].status == RunStatus.Canceled:
+        # A run canceled (most often as its client left a stream, which ends with it)
+        # has no answer to give: the retry runs again.
+        return None
+    return same[-1]
 
 
 def _answer_event(data: str) -> Event | None:
