@@ -290,6 +290,27 @@ def test_an_sdk_retry_of_a_continuing_call_starts_no_branch(
     assert respond(sdk, "three", second.id)[1] == session
 
 
+def test_a_response_still_in_progress_is_continued_by_no_call_until_it_ends(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # Its turn is stored in its session as it ends: a call continuing it meanwhile ran in
+    # its session, and the session held that call's turn before the one it continued.
+    with sdk.responses.create(model="m", input="sleep 2", stream=True) as going:
+        created = next(iter(going)).response  # type: ignore[union-attr]
+        session = str((created.metadata or {})["session_id"])
+        for named in ({}, {"metadata": {"session_id": session}}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                respond(sdk, "next", created.id, **named)
+            assert (refused.value.code, refused.value.param) == (
+                "RESPONSE_IN_PROGRESS",
+                "previous_response_id",
+            )
+            assert "in progress" in refused.value.message
+        assert [event.type for event in going][-1] == "response.completed"
+    assert respond(sdk, "next", created.id)[1] == session
+    assert stored(rest, session) == turns("sleep 2", "next")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_reply_with_a_message_of_no_text_is_read_and_continued_alike_streamed_or_not(
     sdk: openai.OpenAI, rest: httpx.Client, stream: bool

@@ -31,7 +31,9 @@ response was continued already: an earlier response continued again, a double su
 in a new session holding the first session's messages up to that response's last one, a
 branch; so does one continuing a response whose note expired. A response whose messages
 cannot be found (stored with ``store: false``, on a server that keeps no runs) is continued
-in its session.
+in its session. A response still in progress is continued by no call (a 400, as OpenAI's):
+its turn is stored in its session as its run ends, and would follow the call's; one that
+failed or was cancelled has ended, and is continued as any other.
 
 >>> from agentscope_serverless.schemas.agent_schemas import Message
 >>> ask = Message(role="user", content="hi")
@@ -50,11 +52,13 @@ from typing import Any
 from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.openai_compat import (
+    ResponseInProgressError,
     reply_text,
     run_of_response,
     session_of_response,
     text_of,
 )
+from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sdk_retries import stored_events
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import (
@@ -154,21 +158,38 @@ async def continued(
 ) -> tuple[str, list[Message]]:
     """The session a call continuing the response ``response_id`` runs in, and the history
     it starts with when it is a new one: the response's own session for the first call to
-    continue it, else a branch holding that session's conversation up to the response."""
+    continue it, else a branch holding that session's conversation up to the response.
+    A response still in progress is refused (:func:`refuse_in_progress`)."""
     session_id = session_of_response(response_id)
     found = run_of_response(response_id)
-    if context.idempotency is None or found is None:
+    if found is None:
         return session_id, []
-    try:
-        if await context.idempotency.take(user_id, _RESPONSE_PREFIX + found[0]) is not None:
-            return session_id, []
-    except AgentScopeServerlessError as exc:  # the session itself: the call goes on
-        logger.warning("response note lookup failed: %s", exc.code)
+    noted: bool | None = None  # unknown without notes, or when they could not be read
+    if context.idempotency is not None:
+        try:
+            noted = await context.idempotency.take(user_id, _RESPONSE_PREFIX + found[0]) is not None
+        except AgentScopeServerlessError as exc:  # the session itself: the call goes on
+            logger.warning("response note lookup failed: %s", exc.code)
+    if noted:
         return session_id, []
-    history = await _up_to(context, user_id, session_id, found[0])
+    await refuse_in_progress(context, user_id, response_id)
+    history = None if noted is None else await _up_to(context, user_id, session_id, found[0])
     if history is None:
         return session_id, []
     return new_uuid(), history
+
+
+async def refuse_in_progress(context: AppContext, user_id: str, response_id: str) -> None:
+    """Refuse (:class:`ResponseInProgressError`) a call continuing the response
+    ``response_id`` while its run goes on, as OpenAI does: the response's turn is stored in
+    its session as the run ends, after the call's own turn."""
+    runs = context.recorder.runs if context.recorder is not None else None
+    found = run_of_response(response_id)
+    if runs is None or found is None:
+        return
+    record = await read_record(context, lambda: runs.get_run(user_id, found[0]))
+    if record is not None and not record.finished:
+        raise ResponseInProgressError(response_id)
 
 
 async def _up_to(
@@ -213,4 +234,4 @@ async def responded(
         yield event
 
 
-__all__ = ["continued", "digest", "noted", "responded", "resumed"]
+__all__ = ["continued", "digest", "noted", "refuse_in_progress", "responded", "resumed"]

@@ -344,6 +344,21 @@ class ResponseNotFoundError(NotFoundError):
         super().__init__(why or f"no response {shown!r} of this user")
 
 
+class ResponseInProgressError(InvalidInputError):
+    """A call continues a response (``previous_response_id``) still in progress: its turn is
+    not in its session yet (a 400, as OpenAI answers it)."""
+
+    code = "RESPONSE_IN_PROGRESS"
+
+    def __init__(self, response_id: str) -> None:
+        shown = response_id if len(response_id) <= 200 else response_id[:200] + "..."
+        super().__init__(
+            f"previous_response_id names a response still in progress ({shown!r}): it can be "
+            "continued once it has ended (wait for it, or cancel it)",
+            field="previous_response_id",
+        )
+
+
 def run_of_response(response_id: str) -> tuple[str, str] | None:
     """The run and session of a response id made by :func:`response_id`, when it is one
     (a run id made by this server: ``response_`` and a UUID).
@@ -927,6 +942,7 @@ async def responses_final(
 __all__ = [
     "RUN_CANCELED",
     "ChatCompletionRequest",
+    "ResponseInProgressError",
     "ResponseNotFoundError",
     "ResponsesRequest",
     "ResponsesText",

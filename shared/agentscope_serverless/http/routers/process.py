@@ -534,6 +534,8 @@ def build_router(
                 session_id, branched = await conversations.continued(
                     context, user_id, body.previous_response_id
                 )
+            else:
+                await conversations.refuse_in_progress(context, user_id, body.previous_response_id)
         call = await _compatible_run(
             context,
             compat.responses_input(body),
