@@ -20,6 +20,7 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.settings import load_settings
+from tests.http.conftest import scenario_app
 from tests.support.backends import backend_settings
 from tests.support.http import (
     Keys,
@@ -297,6 +298,30 @@ def test_without_a_runs_store_runs_stream_directly(keys: Keys) -> None:
         assert answer.status_code == 200 and answer.json()["status"] == "completed"
         assert answer.headers["X-Run-Id"] == answer.json()["id"]
         assert c.get(f"/runs/{answer.json()['id']}").status_code == 404
+
+
+def test_a_run_in_progress_outlasts_another_users_traffic(keys: Keys) -> None:
+    # The store kept its 1,000 newest runs, whoever's: Bob's calls pushed Alice's run out
+    # while it went on (404, its cancel a 404), and it was not stored as it ended.
+    web = create_app(settings=load_settings(), agent_app=scenario_app(), key_store=keys.store)
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as alice,
+        httpx.Client(base_url=served, headers=bearer(keys.bob), timeout=30) as bob,
+    ):
+        body = {"input": [user_message("sleep 30")], "stream": True}
+        with alice.stream("POST", "/process", json=body) as going:
+            run_id = going.headers["X-Run-Id"]
+            while alice.get(f"/runs/{run_id}").status_code == 404:  # stored within 50 ms
+                time.sleep(0.01)
+            quick = {"input": [user_message("hi")], "stream": False}
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                calls = pool.map(lambda _: bob.post("/process", json=quick), range(1010))
+                assert {answer.status_code for answer in calls} == {200}
+            assert alice.get(f"/runs/{run_id}").json()["status"] == "in_progress"
+            assert alice.post(f"/runs/{run_id}/cancel").status_code == 202
+            assert [line for line in going.iter_lines() if line.startswith("data: ")]
+        assert alice.get(f"/runs/{run_id}").json()["status"] == "canceled"
 
 
 @pytest.mark.parametrize("erase", ["user", "session"])

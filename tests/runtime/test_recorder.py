@@ -125,12 +125,50 @@ async def test_a_long_run_is_in_the_store_before_it_ends() -> None:
         assert [sequence for sequence, _ in stored] == list(range(final.sequence_number + 1))
 
 
-async def test_the_in_memory_store_keeps_the_newest_runs() -> None:
+async def _ended_runs(runs: InMemoryRunsService, user_id: str, count: int) -> None:
+    for index in range(count):
+        await runs.create_run(RunRecord(id=f"r{index}", user_id=user_id))
+        await runs.finish_run(user_id, f"r{index}", "completed")
+
+
+async def _kept(runs: InMemoryRunsService, user_id: str, count: int) -> list[int]:
+    return [index for index in range(count) if await runs.get_run(user_id, f"r{index}")]
+
+
+async def test_the_in_memory_store_keeps_each_users_newest_runs() -> None:
     async with InMemoryRunsService(max_runs=3) as runs:
-        for index in range(5):
-            await runs.create_run(RunRecord(id=f"r{index}", user_id="alice"))
-        kept = [index for index in range(5) if await runs.get_run("alice", f"r{index}")]
-        assert kept == [2, 3, 4]
+        await _ended_runs(runs, "alice", 5)
+        assert await _kept(runs, "alice", 5) == [2, 3, 4]
+
+
+async def test_the_in_memory_store_drops_no_run_in_progress() -> None:
+    # It dropped the oldest run whatever its status: one still going read 404, could not
+    # be cancelled, and was not stored as it ended.
+    async with InMemoryRunsService(max_runs=3) as runs:
+        await runs.create_run(RunRecord(id="going", user_id="alice"))
+        await _ended_runs(runs, "alice", 5)
+        going = await runs.get_run("alice", "going")
+        assert going is not None and going.status == "in_progress"
+        assert await _kept(runs, "alice", 5) == [3, 4]
+        await runs.finish_run("alice", "going", "completed")
+        ended = await runs.get_run("alice", "going")
+        assert ended is not None and ended.status == "completed"
+
+
+async def test_one_users_runs_do_not_push_out_anothers_from_the_in_memory_store() -> None:
+    async with InMemoryRunsService(max_runs=3) as runs:
+        await _ended_runs(runs, "alice", 2)
+        await _ended_runs(runs, "bob", 10)
+        assert await _kept(runs, "alice", 2) == [0, 1]
+        assert await _kept(runs, "bob", 10) == [7, 8, 9]
+
+
+async def test_beyond_its_bound_the_in_memory_store_drops_runs_of_the_users_holding_most() -> None:
+    async with InMemoryRunsService(max_runs=5, max_total_runs=6) as runs:
+        await _ended_runs(runs, "alice", 2)
+        await _ended_runs(runs, "bob", 5)
+        assert await _kept(runs, "alice", 2) == [0, 1]
+        assert await _kept(runs, "bob", 5) == [1, 2, 3, 4]
 
 
 async def test_the_writes_of_concurrent_runs_do_not_wait_for_each_other() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
@@ -216,6 +216,14 @@ def _run_of_task(record: RunRecord) -> str | None:
     metadata = record.result.get("metadata")
     run_id = metadata.get(RUN_ID_KEY) if isinstance(metadata, dict) else None
     return run_id if isinstance(run_id, str) and run_id else None
+
+
+def seen_in_progress(record: RunRecord, run_of: Callable[[str], RunRecord | None]) -> bool:
+    """Whether ``record`` is in progress as readers see it (not lost; an A2A task's run,
+    which ``run_of`` gives by its id as stored, neither lost nor ended): a run still going,
+    which a store keeping a bounded number of runs does not drop."""
+    task_run = _run_of_task(record)
+    return not _as_seen(record, run_of(task_run) if task_run else None).finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,4 +661,5 @@ __all__ = [
     "RunsService",
     "StoredEvent",
     "require_run_id",
+    "seen_in_progress",
 ]
