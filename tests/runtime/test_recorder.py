@@ -163,12 +163,14 @@ async def test_one_users_runs_do_not_push_out_anothers_from_the_in_memory_store(
         assert await _kept(runs, "bob", 10) == [7, 8, 9]
 
 
-async def test_beyond_its_bound_the_in_memory_store_drops_runs_of_the_users_holding_most() -> None:
+async def test_beyond_its_bound_the_in_memory_store_drops_the_oldest_runs_that_ended() -> None:
     async with InMemoryRunsService(max_runs=5, max_total_runs=6) as runs:
+        await runs.create_run(RunRecord(id="going", user_id="carol"))
         await _ended_runs(runs, "alice", 2)
         await _ended_runs(runs, "bob", 5)
-        assert await _kept(runs, "alice", 2) == [0, 1]
-        assert await _kept(runs, "bob", 5) == [1, 2, 3, 4]
+        assert await runs.get_run("carol", "going") is not None
+        assert await _kept(runs, "alice", 2) == []
+        assert await _kept(runs, "bob", 5) == [0, 1, 2, 3, 4]
 
 
 async def test_the_writes_of_concurrent_runs_do_not_wait_for_each_other() -> None:

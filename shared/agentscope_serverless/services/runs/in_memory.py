@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agentscope_serverless.services._validation import (
@@ -47,8 +48,8 @@ DEFAULT_MAX_TOTAL_RUNS = 10 * DEFAULT_MAX_RUNS
 class InMemoryRunsService(RunsService):
     """Runs kept in a dict by user and run id; ``ttl_seconds`` drops runs idle that long.
     Beyond ``max_runs`` runs of a user, the user's oldest are dropped, and beyond
-    ``max_total_runs`` in all, the oldest of the users holding the most; a run in progress
-    is never dropped."""
+    ``max_total_runs`` in all, the oldest of all (a user holds ``max_runs`` at most, so
+    no one's runs fill the store); a run in progress is never dropped."""
 
     def __init__(
         self,
@@ -61,9 +62,10 @@ class InMemoryRunsService(RunsService):
         self._max_total_runs = (
             optional_positive_int(max_total_runs, field="max_total_runs") or DEFAULT_MAX_TOTAL_RUNS
         )
-        # By user, then by run id, each user's in the order they were created.
+        # By user, then by run id, each user's in the order they were created; and every
+        # run's (user, run id), in that order too.
         self._runs: dict[str, dict[str, _Run]] = {}
-        self._count = 0
+        self._order: dict[tuple[str, str], None] = {}
 
     def _get(self, user_id: str, run_id: str) -> _Run | None:
         run = self._runs.get(user_id, {}).get(run_id)
@@ -74,9 +76,8 @@ class InMemoryRunsService(RunsService):
 
     def _put(self, run: _Run) -> None:
         user_id, run_id = run.record.user_id, run.record.id
-        mine = self._runs.setdefault(user_id, {})
-        self._count += run_id not in mine
-        mine[run_id] = run
+        self._runs.setdefault(user_id, {})[run_id] = run
+        self._order[(user_id, run_id)] = None
         self._evict(user_id)
 
     def _pop(self, user_id: str, run_id: str) -> None:
@@ -84,39 +85,34 @@ class InMemoryRunsService(RunsService):
         mine = self._runs.get(user_id, {})
         run = mine.pop(run_id, None)
         if run is not None:
-            self._count -= 1
+            del self._order[(user_id, run_id)]
             if not mine:
                 del self._runs[user_id]
             self._wake(run)
 
     def _evict(self, user_id: str) -> None:
-        """Drop the oldest runs that have ended of ``user_id`` beyond its bound, then of
-        the users holding the most runs beyond the store's."""
-        self._drop_oldest(user_id, len(self._runs.get(user_id, {})) - self._max_runs)
-        excess = self._count - self._max_total_runs
-        if excess <= 0:
-            return
-        for user in sorted(self._runs, key=lambda user: len(self._runs[user]), reverse=True):
-            excess -= self._drop_oldest(user, excess)
-            if excess <= 0:
-                break
-
-    def _drop_oldest(self, user_id: str, count: int) -> int:
-        """Drop the ``count`` oldest runs of ``user_id`` that are not in progress; how many
-        were."""
+        """Drop the oldest runs that have ended: of ``user_id`` beyond its bound, then of all
+        beyond the store's."""
         mine = self._runs.get(user_id, {})
-        if count <= 0 or not mine:
-            return 0
+        self._drop_oldest(((user_id, run_id) for run_id in mine), len(mine) - self._max_runs)
+        self._drop_oldest(self._order, len(self._order) - self._max_total_runs)
 
-        def run_of(run_id: str) -> RunRecord | None:
-            run = mine.get(run_id)
-            return None if run is None else run.record
-
-        ended = (run_id for run_id, run in mine.items() if not seen_in_progress(run.record, run_of))
-        dropped = list(itertools.islice(ended, count))
-        for run_id in dropped:
+    def _drop_oldest(self, oldest_first: Iterable[tuple[str, str]], count: int) -> None:
+        """Drop the first ``count`` runs of ``oldest_first`` that are not in progress."""
+        if count <= 0:
+            return
+        ended = (key for key in oldest_first if not self._running(*key))
+        for user_id, run_id in list(itertools.islice(ended, count)):
             self._pop(user_id, run_id)
-        return len(dropped)
+
+    def _running(self, user_id: str, run_id: str) -> bool:
+        mine = self._runs[user_id]
+
+        def run_of(other_id: str) -> RunRecord | None:
+            other = mine.get(other_id)
+            return None if other is None else other.record
+
+        return seen_in_progress(mine[run_id].record, run_of)
 
     async def _create(self, record: RunRecord) -> None:
         self._put(_Run(record.model_copy()))
