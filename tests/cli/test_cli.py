@@ -366,6 +366,9 @@ AGENT_MODULES = {
     "serves_itself.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
     "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n    yield 'hi'\n\n\n"
     "app.run(port=0)\n",
+    "own_health.py": "from agentscope_serverless.app import AgentApp\n\napp = AgentApp()\n\n\n"
+    "@app.query(framework='text')\nasync def query(self, msgs, **kwargs):\n    yield 'hi'\n\n\n"
+    "@app.endpoint('/health', methods=['GET'])\ndef health():\n    return {'mine': True}\n",
 }
 
 
@@ -415,6 +418,11 @@ AGENT_MODULES = {
             'this server: call app.run() only under if __name__ == "__main__":\n',
         ),
         ("helpers:nothing", "is None, not an AgentApp"),
+        (
+            "own_health:app",
+            "the app's route GET /health clashes with the runtime's GET /health, which cannot "
+            "be replaced: pick another path for it\n",
+        ),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
         ("agent.py", "e.g. agent:app"),
         ("", "--agent is empty (a variable not set?): give the AgentApp as module:attribute"),
@@ -436,6 +444,48 @@ def test_serve_says_what_is_wrong_with_the_agent(tmp_path: Path, agent: str, mes
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
+
+
+PORTED_APP = """from agentscope_serverless import AgentApp
+
+app = AgentApp(app_name="ported")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, **kwargs):
+    yield "x"
+
+
+@app.endpoint("/runs", methods=["GET"])
+def runs():
+    return {"my_runs": []}
+
+
+@app.endpoint("/memory", methods=["POST"])
+def memory(body: dict):
+    return {"my_memory": body}
+"""
+
+
+def test_serve_serves_an_apps_endpoints_on_runtime_paths_saying_which_routes_they_hide(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "ported.py").write_text(PORTED_APP)
+    output = tmp_path / "output.txt"
+    with serving(output, "--agent", "ported:app", "--app-dir", str(tmp_path)) as running:
+        with httpx.Client(
+            base_url=running.url, headers={"Authorization": f"Bearer {running.key}"}
+        ) as client:
+            runs = client.get("/runs")
+            memory = client.post("/memory", json={"note": "mine"})
+        warnings = [line["message"] for line in running.log_lines() if line["level"] == "WARNING"]
+    assert (runs.status_code, runs.json()) == (200, {"my_runs": []})
+    assert (memory.status_code, memory.json()) == (200, {"my_memory": {"note": "mine"}})
+    assert warnings == [
+        f"the app's route {route} is served in place of the runtime's {route} (pick another "
+        "path to keep it)"
+        for route in ("GET /runs", "POST /memory")
+    ]
 
 
 FAILING_HOOKS = """from agentscope_serverless.app import AgentApp

@@ -14,7 +14,10 @@ sandbox starts a local server and needs bubblewrap, so it is mounted only when n
 process router serves
 the ``agent_app`` argument, else the one named by the ``AGENT_APP`` setting (imported here,
 not at import time). Services are built from settings (or taken from the agent app) and
-started in the application's lifespan, which Mangum also runs in Lambda.
+started in the application's lifespan, which Mangum also runs in Lambda. The agent app's own
+routes (``@app.endpoint``, ``@app.task``) come first: on a path and method a router serves
+too, the app's answers (a warning names the route it hides), but ``GET /health`` and the
+process endpoint are the runtime's alone (such a route is refused).
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import fastapi.routing
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
+from starlette.routing import BaseRoute, compile_path
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
@@ -53,7 +59,7 @@ from agentscope_serverless.http.middleware import (
 )
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
-from agentscope_serverless.log import redact, redact_aws_credentials
+from agentscope_serverless.log import logger, redact, redact_aws_credentials
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.settings import Settings, secret_values
 
@@ -164,12 +170,21 @@ def create_app(
         app.state.a2a_handler = a2a.mount(app, context)
     if context.task_executor is not None and agent_app is not None:
         tasks = importlib.import_module(f"{__package__}.routers.tasks")
-        include_api_router(app, tasks.build_router(agent_app.tasks, context.task_executor))
-    if agent_app is not None and agent_app.custom_endpoints:
-        custom = importlib.import_module(f"{__package__}.custom_endpoints")
-        include_api_router(app, custom.build_router(agent_app.custom_endpoints))
+        include_api_router(app, tasks.router)
     if settings.web_ui:
         app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
+    if agent_app is not None:
+        runtime_routes = list(app.router.routes)
+        if context.task_executor is not None:
+            tasks = importlib.import_module(f"{__package__}.routers.tasks")
+            include_api_router(app, tasks.build_router(agent_app.tasks, context.task_executor))
+        if agent_app.custom_endpoints:
+            custom = importlib.import_module(f"{__package__}.custom_endpoints")
+            include_api_router(app, custom.build_router(agent_app.custom_endpoints))
+        kept = {("GET", "/health")}
+        if "process" in names:
+            kept.add(("POST", agent_app.endpoint_path))
+        _serve_app_routes_first(app, runtime_routes, kept)
     return app
 
 
@@ -186,6 +201,79 @@ def include_api_router(app: FastAPI, router: APIRouter) -> None:
     if unkeyed:
         raise TypeError(f"routes that read their body before the key: {', '.join(unkeyed)}")
     app.include_router(router, dependencies=[Depends(guard_request)], responses=ERROR_RESPONSES)
+
+
+def _serve_app_routes_first(
+    app: FastAPI, runtime_routes: list[BaseRoute], kept: set[tuple[str, str]]
+) -> None:
+    """Put the app's routes (``@app.endpoint``, ``@app.task``: those after
+    ``runtime_routes``) before the runtime's, so that a request both could answer reaches the
+    one the app declared; each runtime route so hidden is logged. A route hiding one of
+    ``kept`` (method and path: what the runtime cannot do without) is refused."""
+    app_routes = app.router.routes[len(runtime_routes) :]
+    served = _paths_and_methods(runtime_routes)
+    for path, methods in _paths_and_methods(app_routes):
+        for runtime_path, runtime_methods in served:
+            shared = _shared_methods(methods, runtime_methods)
+            if not shared or not _paths_overlap(path, runtime_path):
+                continue
+            ours, theirs = f"{', '.join(shared)} {path}", f"{', '.join(shared)} {runtime_path}"
+            if any((method, runtime_path) in kept for method in shared):
+                raise ConfigurationError(
+                    f"the app's route {ours} clashes with the runtime's {theirs}, which "
+                    "cannot be replaced: pick another path for it"
+                )
+            logger.warning(
+                "the app's route %s is served in place of the runtime's %s (pick another "
+                "path to keep it)",
+                ours,
+                theirs,
+            )
+    app.router.routes[:] = [*app_routes, *runtime_routes]
+
+
+def _paths_and_methods(routes: list[BaseRoute]) -> list[tuple[str, set[str] | None]]:
+    """Each route's path and methods (None: every method), an included router's one by one
+    (FastAPI's ``iter_route_contexts``; an older FastAPI copied them in, flat)."""
+    flattened: Iterable[Any] = getattr(fastapi.routing, "iter_route_contexts", iter)(routes)
+    return [
+        (route.path, getattr(route, "methods", None))
+        for route in flattened
+        if isinstance(getattr(route, "path", None), str)
+    ]
+
+
+def _shared_methods(methods: set[str] | None, other: set[str] | None) -> list[str]:
+    """The methods both routes answer."""
+    if methods is None or other is None:
+        return sorted(methods or other or {"*"})
+    return sorted(methods & other)
+
+
+def _paths_overlap(path: str, other: str) -> bool:
+    """Whether a request path may match both route paths (``{name}`` standing for a
+    segment, ``{name:path}`` for the rest of the path)."""
+    segments, other_segments = path.split("/"), other.split("/")
+    for segment, other_segment in zip(segments, other_segments, strict=False):
+        if _REST_OF_PATH.fullmatch(segment) or _REST_OF_PATH.fullmatch(other_segment):
+            return True
+        if not _segments_overlap(segment, other_segment):
+            return False
+    return len(segments) == len(other_segments)
+
+
+# A path parameter matching the rest of a path, slashes included.
+_REST_OF_PATH = re.compile(r"\{\w+:path\}")
+
+
+def _segments_overlap(segment: str, other: str) -> bool:
+    if "{" in segment and "{" in other:
+        return True
+    if "{" in other:
+        segment, other = other, segment
+    if "{" in segment:
+        return compile_path(f"/{segment}")[0].match(f"/{other}") is not None
+    return segment == other
 
 
 def new_application(

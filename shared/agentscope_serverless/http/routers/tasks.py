@@ -99,14 +99,18 @@ async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus
     return TaskStatus.of(record)
 
 
+# Any task's status; each task's own routes are the app's (see build_router).
+router = APIRouter(tags=["tasks"], route_class=KeyedRoute)
+
+
+@router.get("/tasks/{task_id}", summary="A background task's status and result")
+async def get_task(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:
+    return await _status(context, user_id, task_id)
+
+
 def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRouter:
-    """Routes submitting each of ``tasks`` and reading any task's status."""
+    """Routes submitting each of ``tasks`` and reading its status at its own path."""
     router = APIRouter(tags=["tasks"], route_class=KeyedRoute)
-
-    @router.get("/tasks/{task_id}", summary="A background task's status and result")
-    async def get_task(task_id: TaskId, user_id: CurrentUser, context: Context) -> TaskStatus:
-        return await _status(context, user_id, task_id)
-
     for task in tasks:
         _add_task_routes(router, task, executor)
     return router
@@ -150,4 +154,4 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
     )
 
 
-__all__ = ["AgentScopeTaskStatus", "TaskNotFoundError", "TaskStatus", "build_router"]
+__all__ = ["AgentScopeTaskStatus", "TaskNotFoundError", "TaskStatus", "build_router", "router"]
