@@ -206,6 +206,47 @@ def test_the_app_of_a_script_deploying_itself_is_named_by_the_scripts_module(
         import_path_of(object())
 
 
+APP_MODULE = """from agentscope_serverless.app import AgentApp
+from agentscope_serverless.deployers.base import import_path_of
+
+app = AgentApp()
+
+if __name__ == '__main__':
+    print(import_path_of(app))
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "text"),
+    [
+        # A script deploying itself, importing what imports multiprocessing (uvicorn).
+        (
+            "agent.py",
+            f"from agentscope_serverless.deployers import LocalDeployManager\n{APP_MODULE}",
+        ),
+        # A deploy script importing a deployer, then the app of the agent's module.
+        (
+            "deploy.py",
+            "from agentscope_serverless.deployers import LocalDeployManager\n"
+            "from agentscope_serverless.deployers.base import import_path_of\n"
+            "from agent import app\n\n"
+            "print(import_path_of(app))\n",
+        ),
+    ],
+)
+def test_a_script_importing_multiprocessing_has_its_app_named_by_the_agents_module(
+    tmp_path: Path, script: str, text: str
+) -> None:
+    """Once multiprocessing was imported, the script run was named '__mp_main__', which no
+    archive can import."""
+    (tmp_path / "agent.py").write_text(APP_MODULE)
+    (tmp_path / script).write_text(text)
+    result = subprocess.run(
+        [sys.executable, script], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["agent:app"]
+
+
 def without_alibaba_cloud_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith(("ALIBABA_CLOUD_", "OSS_", "AGENT_RUN_"))]:
         monkeypatch.delenv(name)

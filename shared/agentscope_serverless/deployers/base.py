@@ -83,13 +83,15 @@ def import_path_of(app: Any, project_root: Path | None = None) -> str:
     """
     if isinstance(app, str):
         return app
+    main = sys.modules.get("__main__")
     for name, module in list(sys.modules.items()):
-        if name == "__main__" or module is None:
+        # The script run is named below by its file, not as ``__main__`` nor as
+        # ``__mp_main__``, the alias multiprocessing gives it once anything imports it.
+        if module is None or module is main:
             continue
         for attribute, value in list(vars(module).items()):
             if value is app:
                 return f"{name}:{attribute}"
-    main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
     attributes = [a for a, v in list(vars(main).items()) if v is app] if main else []
     if script and attributes:
