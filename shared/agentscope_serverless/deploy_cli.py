@@ -316,6 +316,12 @@ def _build_archive(
     console.print(f"[bold green]Built[/bold green] {manager.report.describe()}")
     console.print(f"archive: {info['artifact_path']}", markup=False)
     console.print(f"size: {info['size_bytes']} bytes", markup=False)
+    if info["left_out"]:
+        console.print(
+            f"left out as secrets: {', '.join(info['left_out'])} (give the agent what it needs "
+            "of them in the platform's environment)",
+            markup=False,
+        )
 
 
 @agentrun_app.command()

@@ -287,3 +287,28 @@ def test_a_failed_sam_step_never_shows_the_password_of_a_url_it_quotes(
     assert f"sam {step} failed" in result.output
     assert "https://****@pypi.example/simple" in result.output
     assert "s3cret" not in result.output and "alice" not in result.output
+
+
+@pytest.mark.timeout(300)
+def test_the_developers_credentials_in_the_project_stay_out_of_the_archive_and_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A project holding .aws/credentials or a .netrc had them archived, readable by any
+    user, while its .env was left out."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    (project / ".aws").mkdir(parents=True)
+    (project / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = wJalr\n")
+    (project / ".netrc").write_text("machine pypi.example.com login me password pw\n")
+    (project / ".env").write_text("OPENAI_API_KEY=sk-secret\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    command = ["deploy", "agentrun", "--agent", "agent:app", "--source", str(project)]
+    out = ["--out", str(tmp_path / "out"), "--python-version", HOST_PYTHON, "--skip-upload"]
+    result = runner.invoke(app, [*command, *out])
+    assert result.exit_code == 0, result.output
+    assert "left out as secrets: .aws/, .env, .netrc (" in result.output
+    (archive,) = (tmp_path / "out").glob("*.zip")
+    with zipfile.ZipFile(archive) as built:
+        names = built.namelist()
+    assert "agent.py" in names
+    assert not [name for name in names if name.startswith((".aws", ".netrc", ".env"))]

@@ -247,6 +247,78 @@ def test_a_script_importing_multiprocessing_has_its_app_named_by_the_agents_modu
     assert result.stdout.split() == ["agent:app"]
 
 
+DEPLOYING = """import asyncio
+
+from agentscope_serverless.deployers import AgentRunDeployManager
+from agentscope_serverless.deployers.base import import_path_of
+from agentscope_serverless.errors import PackagingError
+
+def deploy(app):
+    manager = AgentRunDeployManager()
+    try:  # a name no archive takes: refused once the project is known, before building
+        asyncio.run(app.deploy(manager, deploy_name="no name", skip_upload=True))
+    except PackagingError:
+        print(manager.project_root, manager.build_root, import_path_of(app, manager.project_root))
+"""
+SELF_DEPLOYING = f"""{DEPLOYING}
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp()
+
+if __name__ == '__main__':
+    deploy(app)
+"""
+
+
+@pytest.mark.parametrize(
+    ("folder", "script", "text", "root", "agent"),
+    [
+        # README's way: python agent.py in the project folder.
+        ("bot", "agent.py", SELF_DEPLOYING, "bot", "agent:app"),
+        # The same script run from the folder above: it used to archive that whole folder.
+        (".", "bot/agent.py", SELF_DEPLOYING, "bot", "agent:app"),
+        # A deploy script beside the agent, run from above.
+        (
+            ".",
+            "bot/deploy.py",
+            f"{DEPLOYING}\nfrom agent import app\n\ndeploy(app)\n",
+            "bot",
+            "agent:app",
+        ),
+        # A deploy script in a folder of its own, importing the project's package.
+        (
+            ".",
+            "scripts/deploy.py",
+            "import sys\nsys.path.insert(0, '.')\n"
+            f"{DEPLOYING}\nfrom mypkg.agent import app\n\ndeploy(app)\n",
+            ".",
+            "mypkg.agent:app",
+        ),
+    ],
+)
+def test_a_script_deploying_an_app_packages_the_folder_it_imports_the_app_from(
+    tmp_path: Path, folder: str, script: str, text: str, root: str, agent: str
+) -> None:
+    """python bot/agent.py, run from the folder above, packaged that folder: the user's other
+    projects and credentials beside bot/."""
+    (tmp_path / "bot").mkdir()
+    (tmp_path / "bot" / "agent.py").write_text(SELF_DEPLOYING)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "agent.py").write_text(SELF_DEPLOYING)
+    (tmp_path / script).parent.mkdir(exist_ok=True)
+    (tmp_path / script).write_text(text)
+    result = subprocess.run(
+        [sys.executable, script],
+        cwd=tmp_path / folder,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    project = (tmp_path / root).resolve()
+    assert result.stdout.split() == [str(project), str(project / "dist"), agent]
+
+
 def without_alibaba_cloud_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith(("ALIBABA_CLOUD_", "OSS_", "AGENT_RUN_"))]:
         monkeypatch.delenv(name)

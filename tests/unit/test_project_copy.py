@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from agentscope_serverless.errors import PackagingError
-from agentscope_serverless.packaging.project import copy_project, project_requirements
+from agentscope_serverless.packaging.project import (
+    copy_project,
+    project_requirements,
+    secrets_left_out,
+)
 
 
 @pytest.fixture
@@ -52,6 +56,58 @@ def test_dotenv_files_and_tests_stay_out_and_links_inside_the_project_are_copied
         "tables/table.csv",
     }
     assert (target / "pkg" / "alias.py").read_text() == "app = 1\n"
+
+
+PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA=\n"
+
+
+def test_credentials_and_private_keys_stay_out_and_are_named(project: Path, tmp_path: Path) -> None:
+    """A project run from a home folder, or holding a copy of the developer's credentials,
+    had them archived, readable by any user."""
+    secrets = {
+        ".aws/credentials": "[default]\naws_secret_access_key = wJalr\n",
+        ".ssh/id_ed25519": PRIVATE_KEY,
+        ".kube/config": "token: t\n",
+        ".netrc": "machine pypi login me password pw\n",
+        ".npmrc": "//registry.npmjs.org/:_authToken=t\n",
+        ".pypirc": "[pypi]\npassword = pw\n",
+        ".git-credentials": "https://me:pw@github.com\n",
+        ".docker/config.json": '{"auths": {}}\n',
+        ".streamlit/secrets.toml": 'OPENAI_API_KEY = "sk-secret"\n',
+        "pkg/tls/client.key": f"Bag Attributes\n{PRIVATE_KEY}",
+        "pkg/deploy_key": PRIVATE_KEY,
+    }
+    kept = {
+        ".streamlit/config.toml": "[theme]\n",  # Streamlit's settings, not its secrets
+        "pkg/tls/ca.pem": "-----BEGIN CERTIFICATE-----\nMIIB\n",  # a CA the agent trusts
+        "pkg/config.json": "{}\n",
+    }
+    for name, text in {**secrets, **kept}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv", *kept}
+    assert secrets_left_out(project) == [
+        ".aws/",
+        ".docker/config.json",
+        ".env",
+        ".env.local",
+        ".env.production",
+        ".envrc",
+        ".git-credentials",
+        ".kube/",
+        ".netrc",
+        ".npmrc",
+        ".pypirc",
+        ".ssh/",
+        ".streamlit/secrets.toml",
+        "app.env",
+        "pkg/.env.test",
+        "pkg/deploy_key",
+        "pkg/tls/client.key",
+    ]
 
 
 @pytest.mark.parametrize("kind", ["file", "folder"])

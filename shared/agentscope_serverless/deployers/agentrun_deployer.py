@@ -233,7 +233,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
         build_root: str | Path | None = None,
         state_manager: Any = None,
         *,
-        project_root: str | Path = ".",
+        project_root: str | Path | None = None,
         python_version: str | None = None,
         platform: str | None = None,
     ) -> None:
@@ -306,7 +306,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
             )
         kwargs = archived_app_options(app, endpoint_path, custom_endpoints, project_dir, kwargs)
         if project_dir is not None:
-            self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
+            await asyncio.to_thread(self.use_project, project_dir)
         if deploy_name is not None:
             kwargs["deploy_name"] = deploy_name
         return await super().deploy(

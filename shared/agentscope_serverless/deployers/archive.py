@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentscope_serverless.deployers.base import DeployManager, import_path_of
+from agentscope_serverless.deployers.base import (
+    DeployManager,
+    default_project_root,
+    import_path_of,
+)
 from agentscope_serverless.errors import ConfigurationError, UploadNotAvailableError
 
 if TYPE_CHECKING:
@@ -122,8 +126,11 @@ def archived_app_options(
 
 
 class ArchiveDeployManager(DeployManager):
-    """Builds a platform archive of ``project_root`` into ``build_root`` (default ``dist/``),
-    for ``python_version`` and ``platform`` (default: CPython 3.12, ``manylinux2014_x86_64``).
+    """Builds a platform archive of ``project_root`` into ``build_root`` (default: its
+    ``dist/``), for ``python_version`` and ``platform`` (default: CPython 3.12,
+    ``manylinux2014_x86_64``). Without ``project_root``, the project is the app's
+    (:func:`~agentscope_serverless.deployers.base.default_project_root`: the working
+    directory, or the folder of the script run, ``python bot/agent.py``).
     """
 
     platform_name: str
@@ -132,12 +139,14 @@ class ArchiveDeployManager(DeployManager):
         self,
         build_root: str | Path | None = None,
         *,
-        project_root: str | Path = ".",
+        project_root: str | Path | None = None,
         python_version: str | None = None,
         platform: str | None = None,
     ) -> None:
         super().__init__()
-        self.project_root = Path(project_root).resolve()
+        self._root_given = project_root is not None
+        self._build_root_given = build_root is not None
+        self.project_root = Path(project_root or ".").resolve()
         self.build_root = (
             Path(build_root).resolve() if build_root is not None else self.project_root / "dist"
         )
@@ -164,7 +173,8 @@ class ArchiveDeployManager(DeployManager):
 
         Returns ``deploy_id``, ``deploy_name``, ``message``, ``url`` (None: nothing runs
         yet), ``artifact_path``, ``size_bytes``, ``unpacked_bytes``, ``files``,
-        ``limit_bytes`` and ``uploaded`` (False). Raises
+        ``limit_bytes``, ``left_out`` (the project's secrets left out of the archive:
+        ``.env``, ``.aws/``...) and ``uploaded`` (False). Raises
         :class:`~agentscope_serverless.errors.PackagingError` when the build fails or the
         archive is above the platform's limit, and
         :class:`~agentscope_serverless.errors.UploadNotAvailableError`, before building, when
@@ -177,6 +187,10 @@ class ArchiveDeployManager(DeployManager):
             raise UploadNotAvailableError(self.platform_name)
         from agentscope_serverless.packaging.archives import DEFAULT_AGENT
 
+        if not self._root_given:
+            await asyncio.to_thread(
+                self.use_project, default_project_root(DEFAULT_AGENT if app is None else app)
+            )
         report = await asyncio.to_thread(
             self._build,
             import_path_of(DEFAULT_AGENT if app is None else app, self.project_root),
@@ -199,8 +213,17 @@ class ArchiveDeployManager(DeployManager):
             "unpacked_bytes": report.unpacked_bytes,
             "files": report.files,
             "limit_bytes": report.limit_bytes,
+            "left_out": list(report.left_out),
             "uploaded": False,
         }
+
+    def use_project(self, project_root: str | Path) -> None:
+        """Package ``project_root`` (AgentScope's ``project_dir``), into its ``dist/`` unless
+        a build root was given."""
+        self._root_given = True
+        self.project_root = Path(project_root).resolve()
+        if not self._build_root_given:
+            self.build_root = self.project_root / "dist"
 
     def _has_credentials(self) -> bool:
         """Whether an upload is asked for: an access key in the environment or in a config."""

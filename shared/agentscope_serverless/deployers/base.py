@@ -14,6 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError
@@ -75,6 +76,44 @@ class DeployManager(ABC):
         return self._service_url if self.is_running else None
 
 
+def _module_holding(app: Any) -> tuple[str, ModuleType, str] | None:
+    """The first imported module (not the script run) with ``app`` at its top level: its
+    name, the module and the attribute."""
+    main = sys.modules.get("__main__")
+    for name, module in list(sys.modules.items()):
+        # The script run is named by its file, not as ``__main__`` nor as ``__mp_main__``,
+        # the alias multiprocessing gives it once anything imports it.
+        if module is None or module is main:
+            continue
+        for attribute, value in list(vars(module).items()):
+            if value is app:
+                return name, module, attribute
+    return None
+
+
+def default_project_root(app: Any) -> Path:
+    """The project of ``app`` when none is given: the folder of the script run by its path
+    (``python bot/agent.py``: ``bot/``, where Python imports it and its neighbours from) when
+    the app is the script's or a module's imported from there, else the working directory.
+    """
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if isinstance(app, str) or script is None or getattr(main, "__spec__", None) is not None:
+        return Path.cwd().resolve()  # python -m, a shell, a notebook: the import path's
+    folder = Path(script).resolve().parent
+    held = _module_holding(app)
+    if held is not None:
+        name, module, _ = held
+        file = getattr(module, "__file__", None)
+        if file is None:
+            return Path.cwd().resolve()
+        path = Path(file).resolve()
+        # mypkg/agent.py as mypkg.agent is imported from the folder above mypkg/.
+        imported_from = path.parents[name.count(".") + (path.name == "__init__.py")]
+        return folder if imported_from == folder else Path.cwd().resolve()
+    return folder
+
+
 def import_path_of(app: Any, project_root: Path | None = None) -> str:
     """``module:attribute`` of ``app``: as given when it is text, else the name an importable
     module gives the app object at its top level. An app of the script being run
@@ -83,15 +122,10 @@ def import_path_of(app: Any, project_root: Path | None = None) -> str:
     """
     if isinstance(app, str):
         return app
+    held = _module_holding(app)
+    if held is not None:
+        return f"{held[0]}:{held[2]}"
     main = sys.modules.get("__main__")
-    for name, module in list(sys.modules.items()):
-        # The script run is named below by its file, not as ``__main__`` nor as
-        # ``__mp_main__``, the alias multiprocessing gives it once anything imports it.
-        if module is None or module is main:
-            continue
-        for attribute, value in list(vars(module).items()):
-            if value is app:
-                return f"{name}:{attribute}"
     script = getattr(main, "__file__", None)
     attributes = [a for a, v in list(vars(main).items()) if v is app] if main else []
     if script and attributes:
@@ -105,4 +139,10 @@ def import_path_of(app: Any, project_root: Path | None = None) -> str:
     )
 
 
-__all__ = ["DeployManager", "Deployment", "DeploymentMode", "import_path_of"]
+__all__ = [
+    "DeployManager",
+    "Deployment",
+    "DeploymentMode",
+    "default_project_root",
+    "import_path_of",
+]

@@ -194,7 +194,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         )
         kwargs = archived_app_options(app, endpoint_path, custom_endpoints, project_dir, kwargs)
         if project_dir is not None:
-            self.project_root = await asyncio.to_thread(Path(project_dir).resolve)
+            await asyncio.to_thread(self.use_project, project_dir)
         return await super().deploy(
             app,
             environment=environment,

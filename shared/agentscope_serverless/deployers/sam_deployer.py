@@ -18,7 +18,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from agentscope_serverless.deployers.base import DeployManager, import_path_of
+from agentscope_serverless.deployers.base import (
+    DeployManager,
+    default_project_root,
+    import_path_of,
+)
 
 if TYPE_CHECKING:
     from agentscope_serverless.packaging.archives import Progress
@@ -41,6 +45,8 @@ def _sam() -> ModuleType:
 class SAMDeployManager(DeployManager):
     """Deploys the project in ``project_root`` (its code and ``requirements.txt``, serving
     ``agent``) with this package's ``template.yaml`` as the CloudFormation stack ``stack_name``.
+    Without ``project_root``, the project is the working directory, or that of the app given
+    to :meth:`deploy` (:func:`~agentscope_serverless.deployers.base.default_project_root`).
 
     ``parameters`` are the template's parameters (``{"FunctionUrlAuthType": "NONE", ...}``);
     ``region`` defaults to the AWS SDK's (``AWS_REGION`` or the profile); ``progress`` is
@@ -49,7 +55,7 @@ class SAMDeployManager(DeployManager):
 
     def __init__(
         self,
-        project_root: str | Path = ".",
+        project_root: str | Path | None = None,
         stack_name: str = "agentscope-serverless",
         parameters: dict[str, str] | None = None,
         *,
@@ -59,7 +65,8 @@ class SAMDeployManager(DeployManager):
         agent: str | None = None,
     ) -> None:
         super().__init__()
-        self.project_root = Path(project_root).resolve()
+        self._root_given = project_root is not None
+        self.project_root = Path(project_root or ".").resolve()
         self.agent = agent
         self.stack_name = stack_name
         self.parameters = dict(parameters or {})
@@ -86,6 +93,8 @@ class SAMDeployManager(DeployManager):
                 "parameters, region...)"
             )
         if app is not None:
+            if not self._root_given:
+                self.project_root = await asyncio.to_thread(default_project_root, app)
             self.agent = import_path_of(app, self.project_root)
         return await asyncio.to_thread(self.deploy_sync)
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
@@ -53,6 +53,8 @@ class ArchiveReport:
     unpacked_bytes: int
     files: int
     limit_bytes: int
+    # The project's secrets the archive leaves out (``.env``, ``.aws/``...), as paths in it.
+    left_out: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for humans: path, size and the share of the platform's limit."""
@@ -229,6 +231,7 @@ def build_agentrun_archive(
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-agentrun.zip"
     project.check_archivable(project_root, leave_out=(out_dir, archive))
+    left_out = tuple(project.secrets_left_out(project_root))
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"
     staging.mkdir()
@@ -297,9 +300,10 @@ def build_agentrun_archive(
     (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
     progress("zipping")
     try:
-        return _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
+        report = _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return replace(report, left_out=left_out)
 
 
 MODELSTUDIO_MAIN = '''"""Start the agent service: load .env, then become CMD of config.yml.
@@ -406,6 +410,7 @@ def build_modelstudio_archive(
             "starter (main.py, config.yml): rename it, or remove it if an earlier "
             "packaging left it"
         )
+    left_out = tuple(project.secrets_left_out(project_root))
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"
     staging.mkdir()
@@ -466,9 +471,10 @@ def build_modelstudio_archive(
         (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     progress("zipping")
     try:
-        return _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
+        report = _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return replace(report, left_out=left_out)
 
 
 def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> None:

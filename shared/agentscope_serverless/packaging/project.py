@@ -44,6 +44,40 @@ TOOL_MODULES = (
 # Lambda cannot host sandboxes (the sandbox function talks to a remote server).
 LAMBDA_EXCLUDED = (*TOOL_MODULES, "sandbox_server")
 
+# Secrets, left out wherever they are (and named by the build: :func:`secrets_left_out`): a
+# deployed agent gets its settings from the platform (``--env``, the secret), not from a file,
+# and an archive's files are readable by any user.
+SECRET_EXCLUDES = (
+    # Of local runs: dotenv's .env, .env.local, .env.production, ..., Compose's app.env,
+    # direnv's .envrc.
+    ".env",
+    ".env.*",
+    "*.env",
+    ".envrc",
+    # The developer's own credentials, as their tools keep them in a home folder (a project
+    # run from there, or with a copy of them).
+    ".aws",
+    ".azure",
+    ".ssh",
+    ".gnupg",
+    ".kube",
+    ".netrc",
+    "_netrc",
+    ".npmrc",
+    ".pypirc",
+    ".pgpass",
+    ".git-credentials",
+    ".dockercfg",
+    # Key stores holding a private key (as PKCS #12).
+    "*.p12",
+    "*.pfx",
+)
+# Secrets named so in their tool's folder alone: Docker's logins, Streamlit's secrets.
+SECRET_FILES = (".docker/config.json", ".streamlit/secrets.toml")
+# How a PEM private key begins (OpenSSH's id_rsa, a TLS key.pem...): a file holding one is
+# left out, whatever its name; a certificate (a CA bundle the agent trusts) is copied.
+_PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+
 PROJECT_EXCLUDES = (
     ".git",
     ".hg",
@@ -65,13 +99,7 @@ PROJECT_EXCLUDES = (
     ".agentscope-build-*",
     "*.egg-info",
     ".DS_Store",
-    # Secrets of local runs (dotenv's .env, .env.local, .env.production, ..., Compose's
-    # app.env, direnv's .envrc): a deployed agent gets its settings from the platform
-    # (``--env``, the secret), not from a file.
-    ".env",
-    ".env.*",
-    "*.env",
-    ".envrc",
+    *SECRET_EXCLUDES,
 )
 # How the folder a build assembles its archive in begins (in the output folder).
 SCRATCH_PREFIX = ".agentscope-build-"
@@ -227,6 +255,7 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
         if here == root:
             skipped.update(name for name in names if name in PROJECT_TOP_EXCLUDES)
         skipped.update(name for name in names if here / name in inside)
+        skipped.update(name for name in names if name not in skipped and _is_secret(here / name))
         # A virtualenv, whatever its name (`python -m venv env`), or a conda environment
         # (`conda create -p ./env`): this machine's interpreter and packages, never the
         # target's.
@@ -234,6 +263,42 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
         return skipped
 
     return ignore
+
+
+def _is_secret(path: Path) -> bool:
+    """Whether ``path`` is one of :data:`SECRET_FILES`, or a file holding a PEM private key."""
+    if f"{path.parent.name}/{path.name}" in SECRET_FILES:
+        return True
+    if not path.is_file():  # a folder, a link to nothing (refused elsewhere), a pipe
+        return False
+    try:
+        with path.open("rb") as file:
+            return _PRIVATE_KEY.search(file.read(4096)) is not None
+    except OSError:  # unreadable here: the copy says so
+        return False
+
+
+def secrets_left_out(source: Path) -> list[str]:
+    """The secrets of the project the copy leaves out (:data:`SECRET_EXCLUDES`,
+    :data:`SECRET_FILES`, private keys), as paths in it, a folder's ending with ``/``: a build
+    names them, so that nothing the agent needs goes missing unsaid.
+
+    >>> secrets_left_out(Path("my-agent"))  # doctest: +SKIP
+    ['.aws/', '.env', 'keys/id_rsa']
+    """
+    if is_this_repository(source):
+        return []
+    ignore = _project_ignore(source, ())
+    named = shutil.ignore_patterns(*SECRET_EXCLUDES)
+    found = []
+    for folder, folders, files in os.walk(source, followlinks=True):
+        here, names = Path(folder), [*folders, *files]
+        skipped = ignore(folder, names)
+        secrets = set(named(folder, names)) | {n for n in skipped if _is_secret(here / n)}
+        found += [f"{(here / n).relative_to(source).as_posix()}/" for n in folders if n in secrets]
+        found += [(here / n).relative_to(source).as_posix() for n in files if n in secrets]
+        folders[:] = [name for name in folders if name not in skipped]
+    return sorted(found)
 
 
 def _left_out(path: Path, root: Path, ignore: Callable[[str, list[str]], set[str]]) -> bool:
@@ -839,6 +904,7 @@ __all__ = [
     "resolve_requirements",
     "run",
     "runtime_lock",
+    "secrets_left_out",
     "tool",
     "uv_platform",
 ]
