@@ -35,7 +35,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentscope_serverless.errors import AgentScopeServerlessError, UploadNotAvailableError
-from agentscope_serverless.packaging.archives import DEFAULT_AGENT, DEFAULT_PYTHON
+from agentscope_serverless.packaging.archives import DEFAULT_PYTHON
 
 if TYPE_CHECKING:
     from agentscope_serverless.deployers.archive import ArchiveDeployManager
@@ -65,7 +65,7 @@ ProjectRootOption = Annotated[
         "--project-root",
         envvar="AGENTSCOPE_PROJECT_ROOT",
         help="The project folder: the agent's code and its requirements.txt "
-        "(.git, virtualenvs, caches and dist/ are left out).",
+        "(.git, virtualenvs, caches, dist/ and secrets are left out).",
         # Checked before anything is built: a file, or nothing, is said to be one at once.
         exists=True,
         file_okay=False,
@@ -82,7 +82,12 @@ BuildDirOption = Annotated[
     Path | None, typer.Option("--build-dir", help="Where sam build writes (.aws-sam/build).")
 ]
 AgentOption = Annotated[
-    str, typer.Option("--agent", help="The AgentApp to serve, as module:attribute.")
+    str | None,
+    typer.Option(
+        "--agent",
+        help="The AgentApp to serve, as module:attribute (needed for a project of your own; "
+        "without it, the demo agent).",
+    ),
 ]
 OutOption = Annotated[Path, typer.Option("--out", help="Directory for the archive.")]
 PythonOption = Annotated[
@@ -91,7 +96,14 @@ PythonOption = Annotated[
         "--python-version", help="CPython version of the platform's runtime (major.minor)."
     ),
 ]
-NameOption = Annotated[str, typer.Option("--name", help="Name of the app and the archive.")]
+NameOption = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="Name of the app and the archive, <name>-agentrun.zip or <name>-modelstudio.zip "
+        "(default: the project folder's).",
+    ),
+]
 EnvOption = Annotated[
     list[str] | None,
     typer.Option("--env", help="KEY=VALUE in the service's environment (repeatable)."),
@@ -289,12 +301,22 @@ def _requirements(values: list[str] | None) -> list[str]:
 
 def _build_archive(
     manager: ArchiveDeployManager,
-    agent: str,
-    name: str,
+    agent: str | None,
+    name: str | None,
     env: dict[str, str],
     skip_upload: bool,
     requirements: list[str],
 ) -> None:
+    from agentscope_serverless.deployers.archive import default_archive_name, refuse_missing_app
+
+    if agent is None:
+        try:
+            refuse_missing_app(
+                manager.project_root, manager.build_root, give="--agent module:attribute"
+            )
+        except AgentScopeServerlessError as exc:
+            _fail(exc.message, code=2)
+    name = name or default_archive_name(agent, manager.project_root)
     with _steps(f"building the {manager.platform_name} archive") as step:
         try:
             info = asyncio.run(
@@ -326,10 +348,10 @@ def _build_archive(
 
 @agentrun_app.command()
 def agentrun(
-    agent: AgentOption = DEFAULT_AGENT,
+    agent: AgentOption = None,
     out: OutOption = Path("dist"),
     python_version: PythonOption = DEFAULT_PYTHON,
-    name: NameOption = "agentscope-serverless",
+    name: NameOption = None,
     env: EnvOption = None,
     skip_upload: SkipUploadOption = False,
     project_root: ProjectRootOption = Path(),
@@ -350,10 +372,10 @@ def agentrun(
 
 @modelstudio_app.command()
 def modelstudio(
-    agent: AgentOption = DEFAULT_AGENT,
+    agent: AgentOption = None,
     out: OutOption = Path("dist"),
     python_version: PythonOption = DEFAULT_PYTHON,
-    name: NameOption = "agentscope-serverless",
+    name: NameOption = None,
     env: EnvOption = None,
     skip_upload: SkipUploadOption = False,
     project_root: ProjectRootOption = Path(),

@@ -312,3 +312,42 @@ def test_the_developers_credentials_in_the_project_stay_out_of_the_archive_and_a
         names = built.namelist()
     assert "agent.py" in names
     assert not [name for name in names if name.startswith((".aws", ".netrc", ".env"))]
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_a_project_of_ones_own_without_agent_is_refused_naming_its_agentapp(
+    tmp_path: Path, platform: str
+) -> None:
+    """The archive of the project served the demo agent, without a word."""
+    project = tmp_path / "project"
+    (project / "weather").mkdir(parents=True)
+    (project / "weather" / "__init__.py").write_text("")
+    (project / "weather" / "agent.py").write_text(
+        "from agentscope_serverless.app import AgentApp\n\nbot: AgentApp = AgentApp()\n"
+    )
+    out = tmp_path / "out"
+    command = ["deploy", platform, "--source", str(project), "--out", str(out), "--skip-upload"]
+    result = runner.invoke(app, command)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "demo agent" in said and "--agent module:attribute" in said, said
+    assert "its modules assign weather.agent:bot" in said, said
+    assert not out.exists()
+
+
+@pytest.mark.timeout(300)
+def test_an_archive_is_named_after_the_project_folder_unless_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every archive was agentscope-serverless-agentrun.zip, named agentscope-serverless."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "weather bot"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    command = ["deploy", "agentrun", "--agent", "agent:app", "--source", str(project)]
+    out = ["--out", str(tmp_path / "out"), "--python-version", HOST_PYTHON, "--skip-upload"]
+    for given, name in [([], "weather-bot"), (["--name", "forecasts"], "forecasts")]:
+        result = runner.invoke(app, [*command, *out, *given])
+        assert result.exit_code == 0, result.output
+        with zipfile.ZipFile(tmp_path / "out" / f"{name}-agentrun.zip") as built:
+            assert json.loads(built.read("agentrun.json"))["name"] == name

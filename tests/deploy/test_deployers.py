@@ -529,6 +529,35 @@ def test_a_project_dir_without_its_app_is_refused_rather_than_served_the_demo_ag
     assert not (tmp_path / "builds").exists()
 
 
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+def test_a_project_of_ones_own_deployed_without_its_app_is_refused_naming_it(
+    tmp_path: Path, platform: str
+) -> None:
+    """manager.deploy() named no app: the project's archive served the demo agent."""
+    from agentscope_serverless.deployers import ModelstudioDeployManager
+
+    (tmp_path / "agent.py").write_text(
+        "from agentscope_serverless import AgentApp\napp=AgentApp()\n"
+    )
+    managers = {"agentrun": AgentRunDeployManager, "modelstudio": ModelstudioDeployManager}
+    manager = managers[platform](build_root=tmp_path / "builds")
+    manager.use_project(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"demo agent.*app='module:attribute'.*agent:app"):
+        asyncio.run(manager.deploy(skip_upload=True))
+    assert not (tmp_path / "builds").exists()
+
+
+def test_an_apps_archive_is_named_after_it_unless_named() -> None:
+    from agentscope_serverless.app import AgentApp
+    from agentscope_serverless.deployers.archive import default_archive_name
+
+    assert default_archive_name(AgentApp(app_name="Weather Bot"), PROJECT_ROOT) == "Weather-Bot"
+    assert default_archive_name(AgentApp(), Path("/home/me/bot")) == "bot"
+    assert default_archive_name("agent:app", Path("/home/me/bot")) == "bot"
+    assert default_archive_name(None, Path("/home/me/bot")) == "agentscope-serverless"  # demo
+    assert default_archive_name("agent:app", PROJECT_ROOT) == "agentscope-serverless"
+
+
 AGENT_DEPLOYING_ITSELF = """import asyncio
 
 from agentscope_serverless.engine import AgentApp

@@ -213,7 +213,7 @@ def test_the_agentrun_archive_serves_the_project_from_its_contents(
         "--skip-upload",
         cwd=project,
     )
-    archive = project / "dist" / "agentscope-serverless-agentrun.zip"
+    archive = project / "dist" / "shouter-agentrun.zip"  # the project folder's name
     assert f"archive: {archive}" in out
     root = extract(archive, tmp_path / "unpacked")
     assert (root / "shouter" / "loud.py").is_file() and (root / "humanize").is_dir()
@@ -239,7 +239,7 @@ def test_the_modelstudio_archive_serves_the_project_after_its_offline_setup(
         "--skip-upload",
         cwd=project,
     )
-    archive = project / "dist" / "agentscope-serverless-modelstudio.zip"
+    archive = project / "dist" / "shouter-modelstudio.zip"  # the project folder's name
     root = extract(archive, tmp_path / "unpacked")
     assert any(p.name.startswith("humanize-") for p in (root / "wheels").iterdir())
     python = fresh_venv(tmp_path / "venv", with_pip=True)
@@ -331,7 +331,7 @@ def test_archives_written_into_the_project_folder_hold_neither_one_another_nor_t
             "--skip-upload",
             cwd=source,
         )
-        archive = source / "artifacts" / f"agentscope-serverless-{platform}.zip"
+        archive = source / "artifacts" / f"source-{platform}.zip"
         with zipfile.ZipFile(archive) as zf:
             names = zf.namelist()
         assert "shouter/agent.py" in names

@@ -274,8 +274,8 @@ class AgentRunDeployManager(ArchiveDeployManager):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Build the archive serving ``app`` (``module:attribute`` or the AgentApp object,
-        also accepted first, where AgentScope has ``runner``; without ``project_dir``, the
-        demo agent by default) of ``project_dir`` (default: ``project_root``), as
+        also accepted first, where AgentScope has ``runner``; none: the demo agent, for a
+        project with no code of its own) of ``project_dir`` (default: ``project_root``), as
         :meth:`ArchiveDeployManager.deploy` does (``port`` and ``progress`` too).
 
         ``requirements`` (a list of requirement strings, as AgentScope takes them) are

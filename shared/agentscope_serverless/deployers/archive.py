@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -125,6 +126,45 @@ def archived_app_options(
     return rest
 
 
+def refuse_missing_app(project_root: Path, build_root: Path, *, give: str) -> None:
+    """Raise :class:`~agentscope_serverless.errors.ConfigurationError` for a project of its own
+    (not this package's folder, nor an empty one) when no app is named: the archive would
+    serve the demo agent. ``give`` says how to name one (``--agent module:attribute``); the
+    AgentApps the project's modules assign are named as examples.
+    """
+    from agentscope_serverless.packaging.project import agents_of, holds_code
+
+    if not holds_code(project_root, leave_out=(build_root,)):
+        return
+    found = agents_of(project_root, leave_out=(build_root,))
+    example = (
+        f"its modules assign {', '.join(found[:3])}"
+        if found
+        else "mypkg.agent:app for app = AgentApp(...) in mypkg/agent.py"
+    )
+    raise ConfigurationError(
+        f"{project_root} holds a project of its own, and no AgentApp of it is named (the "
+        f"archive would serve the demo agent): name the one to serve, {give} ({example})"
+    )
+
+
+def default_archive_name(app: Any, project_root: Path) -> str:
+    """The name of an archive none was given for: ``app_name`` of the AgentApp ``app``, else
+    the project folder's name (``agentscope-serverless`` for the demo agent and this package's
+    folder), as an archive's name may be.
+
+    >>> default_archive_name("weather.agent:app", Path("/home/me/Weather Bot"))
+    'Weather-Bot'
+    """
+    from agentscope_serverless.packaging.project import is_this_repository
+
+    name = "" if app is None or isinstance(app, str) else str(getattr(app, "app_name", ""))
+    if not name and app is not None and not is_this_repository(project_root):
+        name = project_root.name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("._-")[:128]
+    return name or "agentscope-serverless"
+
+
 class ArchiveDeployManager(DeployManager):
     """Builds a platform archive of ``project_root`` into ``build_root`` (default: its
     ``dist/``), for ``python_version`` and ``platform`` (default: CPython 3.12,
@@ -159,7 +199,7 @@ class ArchiveDeployManager(DeployManager):
         app: Any = None,
         *,
         environment: dict[str, str] | None = None,
-        deploy_name: str = "agentscope-serverless",
+        deploy_name: str | None = None,
         port: int | None = None,
         skip_upload: bool = False,
         progress: Progress | None = None,
@@ -167,9 +207,11 @@ class ArchiveDeployManager(DeployManager):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Build the archive serving ``app`` (an import path ``module:attribute``, or the
-        AgentApp of a module of the project, as ``app.deploy(manager)`` gives it; default: the
-        demo agent), with ``requirements`` installed beside the project's ``requirements.txt``
-        (see :func:`~agentscope_serverless.packaging.project.given_requirements`).
+        AgentApp of a module of the project, as ``app.deploy(manager)`` gives it; none: the
+        demo agent, for a project with no code of its own), with ``requirements`` installed
+        beside the project's ``requirements.txt`` (see
+        :func:`~agentscope_serverless.packaging.project.given_requirements`), named
+        ``deploy_name`` (default: :func:`default_archive_name`).
 
         Returns ``deploy_id``, ``deploy_name``, ``message``, ``url`` (None: nothing runs
         yet), ``artifact_path``, ``size_bytes``, ``unpacked_bytes``, ``files``,
@@ -179,7 +221,8 @@ class ArchiveDeployManager(DeployManager):
         archive is above the platform's limit, and
         :class:`~agentscope_serverless.errors.UploadNotAvailableError`, before building, when
         credentials (in the environment, or in a config given to the manager) ask for an
-        upload.
+        upload; :class:`~agentscope_serverless.errors.ConfigurationError` when no app is
+        named for a project of its own (:func:`refuse_missing_app`).
         """
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
@@ -191,6 +234,15 @@ class ArchiveDeployManager(DeployManager):
             await asyncio.to_thread(
                 self.use_project, default_project_root(DEFAULT_AGENT if app is None else app)
             )
+        if app is None:
+            await asyncio.to_thread(
+                refuse_missing_app,
+                self.project_root,
+                self.build_root,
+                give="app='module:attribute' (or the AgentApp object)",
+            )
+        if deploy_name is None:
+            deploy_name = default_archive_name(app, self.project_root)
         report = await asyncio.to_thread(
             self._build,
             import_path_of(DEFAULT_AGENT if app is None else app, self.project_root),
@@ -276,8 +328,10 @@ __all__ = [
     "CREDENTIAL_VARIABLES",
     "ArchiveDeployManager",
     "archived_app_options",
+    "default_archive_name",
     "has_access_key",
     "has_alibaba_cloud_credentials",
     "oss_access_key_from_env",
     "refuse_image_inputs",
+    "refuse_missing_app",
 ]

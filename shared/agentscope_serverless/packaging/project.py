@@ -301,6 +301,48 @@ def secrets_left_out(source: Path) -> list[str]:
     return sorted(found)
 
 
+# An AgentApp a module assigns at its top level: ``app = AgentApp(...)``, typed or not.
+_APP_ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=\s*AgentApp\(", re.MULTILINE)
+
+
+def agents_of(source: Path, *, leave_out: Sequence[Path] = ()) -> list[str]:
+    """The AgentApps the project's modules assign at their top level, as ``module:attribute``
+    (what ``--agent`` takes), found by reading the modules the copy takes (none is imported);
+    empty for this repository.
+
+    >>> agents_of(Path("my-agent"))  # doctest: +SKIP
+    ['weather.agent:app']
+    """
+    if is_this_repository(source):
+        return []
+    ignore = _project_ignore(source, leave_out)
+    src = source_root(source)
+    found = []
+    for folder, folders, files in os.walk(source, followlinks=True):
+        skipped = ignore(folder, [*folders, *files])
+        folders[:] = sorted(name for name in folders if name not in skipped)
+        for name in sorted(n for n in files if n.endswith(".py") and n not in skipped):
+            path = Path(folder, name)
+            top = src if src is not None and src in path.parents else source
+            parts = path.relative_to(top).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if not parts or not all(part.isidentifier() for part in parts):
+                continue
+            text = path.read_text(errors="replace")
+            module = ".".join(parts)
+            found += [f"{module}:{attribute}" for attribute in _APP_ASSIGNMENT.findall(text)]
+    return found
+
+
+def holds_code(source: Path, *, leave_out: Sequence[Path] = ()) -> bool:
+    """Whether the project has anything of its own to package (not this repository, nor a
+    folder empty of all but what the copy leaves out)."""
+    if is_this_repository(source):
+        return False
+    return bool(_top_entries(source, _project_ignore(source, leave_out)))
+
+
 def _left_out(path: Path, root: Path, ignore: Callable[[str, list[str]], set[str]]) -> bool:
     """Whether the copy of ``root`` leaves out ``path`` (inside it), or a folder holding it."""
     folder = root
@@ -889,12 +931,14 @@ __all__ = [
     "PACKAGE_DIR",
     "SCRATCH_PREFIX",
     "TOOL_MODULES",
+    "agents_of",
     "check_agent_import",
     "check_archivable",
     "check_portable",
     "copy_project",
     "copy_runtime",
     "given_requirements",
+    "holds_code",
     "installed_tags",
     "interpreter",
     "is_this_repository",
