@@ -345,16 +345,45 @@ from moto.moto_server.werkzeug_app import (
 # deep copy of the whole table per item of the transaction: an append of 100 messages
 # copied the table 100 times, and took seconds once it held a few thousand items. Here a
 # table is copied once per transaction, and not at all for one of plain puts and deletes
-# (no condition can fail: the only transactions the services write).
+# whose conditions all hold beforehand (none can fail then: requests are served one at a
+# time), as every append's are.
 _transact_write_items = models.DynamoDBBackend.transact_write_items
+
+
+def conditions_hold(backend, transact_items):
+    for item in transact_items:
+        for kind, operation in item.items():
+            condition = operation.get("ConditionExpression")
+            if condition is None:
+                continue
+            table = backend.get_table(operation["TableName"])
+            if kind == "Put":
+                attributes = operation["Item"]
+                key = {table.hash_key_attr: attributes[table.hash_key_attr]}
+                if table.range_key_attr is not None:
+                    key[table.range_key_attr] = attributes[table.range_key_attr]
+            else:
+                key = operation["Key"]
+            expression = models.get_filter_expression(
+                condition,
+                operation.get("ExpressionAttributeNames"),
+                operation.get("ExpressionAttributeValues"),
+            )
+            if not expression.expr(backend.get_item(operation["TableName"], key)):
+                return False
+    return True
 
 
 def transact_write_items(self, transact_items):
     plain = all(
-        kind in ("Put", "Delete") and "ConditionExpression" not in operation
+        kind in ("Put", "Delete", "ConditionCheck")
         for item in transact_items
-        for kind, operation in item.items()
+        for kind in item
     )
+    try:
+        plain = plain and conditions_hold(self, transact_items)
+    except Exception:
+        plain = False  # moto's own call reports what is wrong
     tables = {}
 
     def deepcopy(value, memo=None):

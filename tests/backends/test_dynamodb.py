@@ -552,6 +552,117 @@ async def test_a_state_made_again_during_a_users_delete_is_found_by_the_next(
     assert await partition(dynamodb_client, dynamodb_server.state_table, index) == []
 
 
+def delete_before_first_read(service: Any, delete: Any) -> None:
+    """Make ``delete()`` run (on another service object) just before ``service`` first
+    queries messages: an append repeating a message, after it found the message's id in the
+    session, before it reads the message."""
+    query = service._store.query
+    pending = [delete]
+
+    async def query_after_delete(**kwargs: Any) -> Any:
+        if pending:
+            await pending.pop()()
+        async for item in query(**kwargs):
+            yield item
+
+    service._store.query = query_after_delete
+
+
+def big_message(message_id: str) -> Message:
+    return Message(id=message_id, role="user", content=ONE_MEGABYTE_TEXT)
+
+
+async def ids_stored(history: DynamoDBSessionHistoryService, user_id: str) -> list[str]:
+    session = await history.get_session(user_id, "s1")
+    assert session is not None
+    return [m.id for m in session.messages if isinstance(m, Message)]
+
+
+async def test_a_retried_append_racing_its_messages_delete_leaves_it_deleted(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The retry found the message's id, then no message (deleted meanwhile), and wrote it
+    # again: it stayed without the item of its id, which no delete could remove, and the
+    # next retry stored it a second time.
+    async with history_on(dynamodb_server) as writer, history_on(dynamodb_server) as deleter:
+        await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        deleted: list[int] = []
+
+        async def delete() -> None:
+            deleted.append(await deleter.delete_messages(user_id, "s1", ["x"]))
+
+        delete_before_first_read(writer, delete)
+        await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        assert deleted == [1]
+        assert await ids_stored(writer, user_id) == []
+        assert await writer.stored_messages(user_id, "s1", ["x"]) == {}
+        pk = messages_pk(user_id, "s1")
+        assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+        await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        assert await ids_stored(writer, user_id) == ["x"]
+
+
+async def test_an_append_racing_its_messages_delete_keeps_it_deletable(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The delete found the id just claimed and no message yet: it removed the id's item,
+    # and the message written next stayed out of reach of its id.
+    async with history_on(dynamodb_server) as writer, history_on(dynamodb_server) as deleter:
+        await writer.create_session(user_id, "s1")
+        deleted: list[int] = []
+
+        async def delete() -> None:
+            deleted.append(await deleter.delete_messages(user_id, "s1", ["x"]))
+
+        delete_before_first_put(writer, delete)
+        await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        assert deleted == [0]  # before the message was there
+        assert await ids_stored(writer, user_id) == ["x"]
+        assert list(await writer.stored_messages(user_id, "s1", ["x"])) == ["x"]
+        assert await deleter.delete_messages(user_id, "s1", ["x"]) == 1
+        assert await ids_stored(writer, user_id) == []
+    pk = messages_pk(user_id, "s1")
+    assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+
+
+async def test_two_appends_of_a_message_racing_its_delete_leave_it_deleted(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The first append claims the id and stops before writing; its retry finds the id and
+    # no message. Before the retry writes it, the first writes it and it is deleted.
+    async with (
+        history_on(dynamodb_server) as first,
+        history_on(dynamodb_server) as retry,
+        history_on(dynamodb_server) as deleter,
+    ):
+        await first.create_session(user_id, "s1")
+        paused, resumed = asyncio.Event(), asyncio.Event()
+        deleted: list[int] = []
+
+        async def pause() -> None:
+            paused.set()
+            await resumed.wait()
+
+        delete_before_first_put(first, pause)
+        appending = asyncio.create_task(
+            first.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        )
+        await paused.wait()
+
+        async def finish_first_then_delete() -> None:
+            resumed.set()
+            await appending
+            deleted.append(await deleter.delete_messages(user_id, "s1", ["x"]))
+
+        delete_before_first_put(retry, finish_first_then_delete)
+        await retry.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        assert deleted == [1]
+        assert await ids_stored(retry, user_id) == []
+        assert await retry.stored_messages(user_id, "s1", ["x"]) == {}
+    pk = messages_pk(user_id, "s1")
+    assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+
+
 # --- connections ----------------------------------------------------------------------
 
 

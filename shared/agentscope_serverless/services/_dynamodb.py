@@ -109,7 +109,14 @@ def names(*aliases: str) -> dict[str, str]:
 
 
 class ConditionFailed(Exception):
-    """A conditional write did not apply. Internal: caught inside the backends."""
+    """A conditional write did not apply. Internal: caught inside the backends.
+
+    ``failed``: for a transaction, the positions of its actions whose condition failed.
+    """
+
+    def __init__(self, code: str, failed: tuple[int, ...] = ()) -> None:
+        super().__init__(code)
+        self.failed = failed
 
 
 def id_hash(value: str) -> str:
@@ -347,6 +354,11 @@ class DynamoDBStore:
                 code = error.get("Code", "")
                 if code == "ConditionalCheckFailedException":
                     raise ConditionFailed(code) from None
+                reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+                if "ConditionalCheckFailed" in reasons:
+                    # Not transient: the transaction would fail again.
+                    failed = (i for i, r in enumerate(reasons) if r == "ConditionalCheckFailed")
+                    raise ConditionFailed(code, tuple(failed)) from None
                 retry = code in (_TRANSIENT if idempotent else _THROTTLING)
                 if code in _THROTTLING:
                     delays = _THROTTLED_DELAYS
@@ -391,30 +403,53 @@ class DynamoDBStore:
         elif items:
             await self._batch([{"PutRequest": {"Item": item}} for item in items])
 
-    async def put_together(self, items: list[Item]) -> None:
+    async def put_together(self, items: list[Item], checks: list[Item] | None = None) -> list[Item]:
         """Write ``items`` (full items with fixed keys, so safe to replay) all or none: in
-        one transaction when they fit in one (100 items, 4 MB), else in a transaction per
-        such group, in order."""
-        if len(items) <= 1:
+        one transaction when they fit in one (100 actions, 4 MB), else in a transaction per
+        such group, in order.
+
+        ``checks``, one ``ConditionCheck`` (``Key``, ``ConditionExpression``, values) per
+        item, writes an item only while its check holds, in the same transaction (two
+        actions an item): the items whose check failed are left out, the others written
+        together all the same. Returns the items left out.
+        """
+        if checks is None and len(items) <= 1:
             await self.put(items)
-            return
-        groups: list[list[Item]] = [[]]
+            return []
+        actions = [[{"Put": {"TableName": self.table_name, "Item": item}}] for item in items]
+        if checks is not None:
+            for item_actions, check in zip(actions, checks, strict=True):
+                item_actions.append({"ConditionCheck": {"TableName": self.table_name, **check}})
+        width = 1 if checks is None else 2
+        groups: list[list[int]] = [[]]
         size = 0
-        for item in items:
+        for index, item in enumerate(items):
             item_size = _item_size(item)
             if groups[-1] and (
-                len(groups[-1]) == _TRANSACTION_ITEMS or size + item_size > _TRANSACTION_BYTES
+                (len(groups[-1]) + 1) * width > _TRANSACTION_ITEMS
+                or size + item_size > _TRANSACTION_BYTES
             ):
                 groups.append([])
                 size = 0
-            groups[-1].append(item)
+            groups[-1].append(index)
             size += item_size
+        left_out: list[Item] = []
         for group in groups:
-            await self.run(
-                "transact_write_items",
-                idempotent=True,
-                TransactItems=[{"Put": {"TableName": self.table_name, "Item": i}} for i in group],
-            )
+            while group:
+                try:
+                    await self.run(
+                        "transact_write_items",
+                        idempotent=True,
+                        TransactItems=[action for i in group for action in actions[i]],
+                    )
+                    break
+                except ConditionFailed as failure:
+                    refused = {group[position // width] for position in failure.failed}
+                    if not refused:
+                        raise
+                    left_out += [items[i] for i in group if i in refused]
+                    group = [i for i in group if i not in refused]
+        return left_out
 
     async def delete(self, keys: list[Item]) -> None:
         """Delete the items with these keys (missing ones are fine)."""

@@ -26,12 +26,14 @@ pk                         sk                  attributes
 
 - **Append** (O(1) per message, whatever the session's size): one ``UpdateItem ADD
   next_seq`` on the session item allocates contiguous sequence numbers atomically (so
-  concurrent appends never collide and keep one order), then one ``PutItem`` (or, all or
-  none, ``TransactWriteItems``: 100 messages and 4 MB a transaction) writes the messages
-  (the tail items of large ones before, unread without their heads). Appending to a
-  missing session creates it.
+  concurrent appends never collide and keep one order), then one ``TransactWriteItems``
+  (all or none: 50 messages and 4 MB a transaction) writes the messages (the tail items of
+  large ones before, unread without their heads). Appending to a missing session creates
+  it.
   Each message id is first claimed by a conditional ``PutItem``: an id already in the
-  session is not written again (its new sequence number stays a gap). Two appends at
+  session is not written again (its new sequence number stays a gap). A message is
+  written only while the item of its id holds its sequence number (a ``ConditionCheck``
+  in the transaction): one deleted meanwhile is left out. Two appends at
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
@@ -52,9 +54,12 @@ pk                         sk                  attributes
   tail items, then its head, then deletes the tail items of the one it replaced; a write
   that lands after its session's delete deletes what it wrote and is made again, on the
   session created again.
-- **Delete messages**: a message's head item goes first (the message is gone at once), then
-  its tail items and the item of its id; with ``max_messages_per_session`` its sequence
-  number is recorded as a gap. **Marks** live on the item of the message's id, each update
+- **Delete messages**: a message's head item and the item of its id go first, in one
+  transaction conditional on both (the message is gone at once), then its tail items; with
+  ``max_messages_per_session`` its sequence number is recorded as a gap. As appends write
+  a message only while the item of its id holds its number, none is left, or written
+  again, without it; one not written yet (its append in flight, or failed midway and
+  retried) keeps it. **Marks** live on the item of the message's id, each update
   conditional on the version of the marks it read (retried when another came first).
 - ``max_messages_per_session`` keeps the newest N messages stored: reads take them newest
   first (a page of messages starts at the oldest of them), so older ones are hidden at once
@@ -644,7 +649,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             # The id is in the session already (its sequence number stays unused).
             stored = await self._message_at(user_id, session_id, meta, claimed)
             if stored is None:
-                # An earlier append claimed the id but failed before writing the message.
+                # An earlier append claimed the id but failed before writing the message (or
+                # has not written it yet). Deleted since it was read, it is not written: the
+                # item of its id went with it (see below).
                 fresh.append((claimed, message))
                 appended[claimed] = stored = message
             result.append(stored)
@@ -659,8 +666,20 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         tails, heads = self._message_items(user_id, session_id, meta, fresh)
         await self._store.put(tails)
         # All or none: a turn stored in part (a tool call without its result) would be sent
-        # to the model, which refuses it, with every later turn.
-        await self._store.put_together(heads)
+        # to the model, which refuses it, with every later turn. Each message only while the
+        # item of its id holds its sequence number: one deleted meanwhile (the item of its
+        # id goes with it) would be stored again without it, out of reach of its id.
+        checks = [
+            {
+                "Key": self._claim_key(user_id, session_id, meta, message.id),
+                "ConditionExpression": "seq = :seq",
+                "ExpressionAttributeValues": {":seq": n(seq)},
+            }
+            for seq, message in fresh
+        ]
+        deleted = await self._store.put_together(heads, checks)
+        if deleted:
+            await self._store.delete([key for head in deleted for key in tail_keys(head)])
         if not await self._store.holds(self._session_key(user_id, session_id), meta):
             # Deleted meanwhile, after its delete had listed the messages: what this
             # append wrote would stay stored, reachable by no one.
@@ -735,32 +754,49 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         seq = number(claim, "seq")
         head = position_key(self._prefix(meta), seq)
         pk = s(self._messages_pk(user_id, session_id))
+        # The message and the item of its id go together, while both are there: a message
+        # is written only while the item of its id holds its sequence number, so none is
+        # left, or written again, without it. One not written yet (an append in flight, or
+        # failed midway and written by its retry) keeps the item of its id.
         try:
-            old = await self._store.run(
-                "delete_item",
+            await self._store.run(
+                "transact_write_items",
                 idempotent=True,
-                Key={"pk": pk, "sk": s(head)},
-                ConditionExpression="attribute_exists(#pk)",
-                ExpressionAttributeNames=names("#pk"),
-                ReturnValues="ALL_OLD",
+                TransactItems=[
+                    {
+                        "Delete": {
+                            "TableName": self._store.table_name,
+                            "Key": {"pk": pk, "sk": s(head)},
+                            "ConditionExpression": f"attribute_exists(#pk) AND {LIVE}",
+                            "ExpressionAttributeNames": names("#pk", "#e"),
+                            "ExpressionAttributeValues": {":now": n(now())},
+                        }
+                    },
+                    {
+                        "Delete": {
+                            "TableName": self._store.table_name,
+                            "Key": claim_key,
+                            "ConditionExpression": "seq = :seq",
+                            "ExpressionAttributeValues": {":seq": n(seq)},
+                        }
+                    },
+                ],
             )
         except ConditionFailed:
-            old = {}
-        removed = old.get("Attributes")
-        keys = [claim_key]
-        if removed is not None and "version" in removed:
-            version = removed["version"]["S"]
-            keys += [
-                {"pk": item["pk"], "sk": item["sk"]}
-                async for item in self._store.query(
-                    **self._between(user_id, session_id, f"{head}#", f"{head}#~"),
-                    ProjectionExpression="pk, sk, version",
-                    ConsistentRead=True,
-                )
-                if item.get("version", {}).get("S") == version
-            ]
-        await self._store.delete(keys)
-        return seq if removed is not None and is_live(removed, now()) else None
+            return None
+        # No message can be written at its sequence number any more: every tail item there
+        # is left over (those of an append that wrote the same message again included).
+        tails = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                **self._between(user_id, session_id, f"{head}#", f"{head}#~"),
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        if tails:
+            await self._store.delete(tails)
+        return seq
 
     async def _message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
         meta = await self._read_meta(user_id, session_id)
