@@ -338,7 +338,10 @@ def _serve(
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]
     _announce(host, port, served.settings, dev_key, dev_user)
-    protocol = head_timeout_protocol(served.settings.request_head_timeout_seconds)
+    protocol = head_timeout_protocol(
+        served.settings.request_head_timeout_seconds,
+        served.settings.request_body_timeout_seconds,
+    )
     config = uvicorn.Config(served.app, http=protocol, log_level=log_level, access_log=False)
     server = uvicorn.Server(config)
     _run_until_signalled(server, listener)
@@ -415,7 +418,9 @@ def _serve_reloading(
         reload_dirs=[str(directory)],
         host=host,
         port=port,
-        http=head_timeout_protocol(settings.request_head_timeout_seconds),
+        http=head_timeout_protocol(
+            settings.request_head_timeout_seconds, settings.request_body_timeout_seconds
+        ),
         log_level=log_level,
         access_log=False,
     )

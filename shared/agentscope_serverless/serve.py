@@ -188,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         served.app,
         host=options.host,
         port=options.port,
-        http=head_timeout_protocol(settings.request_head_timeout_seconds),
+        http=head_timeout_protocol(
+            settings.request_head_timeout_seconds, settings.request_body_timeout_seconds
+        ),
         log_level=options.log_level,
         access_log=False,
     )

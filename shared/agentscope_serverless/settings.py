@@ -261,7 +261,10 @@ class Settings(BaseModel):
     request_body_timeout_seconds: float = Field(
         30.0,
         gt=0,
-        description="Longest wait for the next part of a request body (408 when it stalls).",
+        description=(
+            "Longest wait for the next part of a request body (408 when it stalls, and its"
+            " connection is closed)."
+        ),
     )
     request_head_timeout_seconds: float = Field(
         15.0,

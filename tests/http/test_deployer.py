@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests.support.http import (
     Keys,
     assert_late_request_heads_are_cut_off,
     bearer,
+    closed_by_the_server,
     issue_key,
     revoke_key,
     stream,
@@ -55,6 +57,38 @@ def test_a_deployment_cuts_off_a_client_sending_half_a_request_head(keys: Keys) 
     info = manager.deploy_sync(demo_app, settings=settings, key_store=keys.store)
     try:
         assert_late_request_heads_are_cut_off(info["url"])
+    finally:
+        manager.stop_sync()
+
+
+def test_a_deployment_cuts_off_a_client_whose_body_stops_or_is_answered_first(
+    keys: Keys,
+) -> None:
+    # A request head and one byte of its body, without a key: the 401 came at once, then the
+    # connection stayed open, idle, for as long as the client wanted.
+    manager = LocalDeployManager(host="127.0.0.1", port=0)
+    settings = load_settings(request_body_timeout_seconds=0.5)
+    info = manager.deploy_sync(demo_app, settings=settings, key_store=keys.store)
+    url = httpx.URL(info["url"])
+    address = (url.host, url.port)
+    head = b"POST /process HTTP/1.1\r\nHost: agent\r\nContent-Length: 100000\r\n"
+    try:
+        with socket.create_connection(address) as keyless:
+            keyless.sendall(head + b"\r\n")
+            time.sleep(0.3)
+            keyless.sendall(b"{")
+            answer = keyless.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 401")
+            assert b"connection: close" in answer.lower()
+            assert closed_by_the_server(keyless)
+        with socket.create_connection(address) as stalled:
+            stalled.sendall(head + f"Authorization: Bearer {keys.alice}\r\n\r\n{{".encode())
+            reply = b""
+            stalled.settimeout(10)
+            while chunk := stalled.recv(4096):  # the server closes the connection
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 408"), reply
+            assert b'"REQUEST_TIMEOUT"' in reply
     finally:
         manager.stop_sync()
 

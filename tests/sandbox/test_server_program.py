@@ -242,6 +242,69 @@ def test_a_client_sending_half_a_request_head_is_cut_off(scratch: Path) -> None:
         stop_server(server)
 
 
+def test_a_client_answered_before_its_body_is_sent_is_cut_off(scratch: Path) -> None:
+    # A request head and one byte of its body, without a token: the 401 came at once, then
+    # the connection stayed open, idle, for as long as the client wanted (no head or
+    # keep-alive timeout applied); a few hundred such clients took every file descriptor.
+    server = start_server(scratch)
+    address = ("127.0.0.1", server.port)
+    head = b"POST /call_tool HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 100000\r\n\r\n"
+    try:
+        with socket.create_connection(address) as trickling:
+            trickling.sendall(head)
+            time.sleep(0.3)
+            trickling.sendall(b"a")
+            answer = trickling.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 401")
+            assert b"connection: close" in answer.lower()
+            started = time.monotonic()
+            assert closed_by_the_server(trickling)
+            assert time.monotonic() - started < 10
+        # A client still sending its body when answered reads the answer: the connection is
+        # not reset under it.
+        with socket.create_connection(address) as uploading:
+            uploading.sendall(head)
+            uploading.sendall(b"a" * 100000)
+            reply = b""
+            while chunk := uploading.recv(4096):
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 401"), reply
+            assert b"missing or invalid bearer token" in reply
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        stop_server(server)
+
+
+def test_a_request_body_that_stops_arriving_is_cut_off_and_a_slow_one_is_not(
+    scratch: Path,
+) -> None:
+    # A body that stopped arriving held its connection forever, token or not.
+    server = start_server(scratch, "--body-timeout", "0.5")
+    address = ("127.0.0.1", server.port)
+    body = b'{"identity": "no-such-sandbox"}'
+    head = (
+        b"POST /get_info HTTP/1.1\r\nHost: sandbox\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    )
+    try:
+        with socket.create_connection(address) as stalled:
+            stalled.sendall(head + body[:5])
+            started = time.monotonic()
+            assert closed_by_the_server(stalled)
+            assert time.monotonic() - started < 10
+        with socket.create_connection(address) as slow:
+            slow.sendall(head)
+            for byte in range(0, len(body), 4):  # 2.4 s in all, 0.3 s at most between parts
+                time.sleep(0.3)
+                slow.sendall(body[byte : byte + 4])
+            slow.settimeout(10)
+            answer = slow.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 404"), answer
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        stop_server(server)
+
+
 async def test_idle_sandboxes_are_reaped_and_leave_the_session_mapping(scratch: Path) -> None:
     server = start_server(scratch, "--idle-timeout", "1")
     try:
@@ -260,6 +323,44 @@ async def test_idle_sandboxes_are_reaped_and_leave_the_session_mapping(scratch: 
             assert not directory.exists()
     finally:
         stop_server(server)
+
+
+def test_a_server_out_of_file_descriptors_says_so_and_leaves_nothing_behind(
+    scratch: Path,
+) -> None:
+    # Clients holding every descriptor of the server: a create answered 500, left its
+    # sandbox's directory behind, and each retry of accept() logged a hundred tracebacks.
+    server = start_server(scratch, "--idle-timeout", "2", "--header-timeout", "4", open_files=64)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    held: list[socket.socket] = []
+    try:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+            assert client.get("/health").status_code == 200  # its connection is kept
+            for _ in range(80):
+                held.append(socket.create_connection(("127.0.0.1", server.port)))
+            time.sleep(2.5)  # accepted until none is left, accept() retried twice
+            refused = client.post("/create_from_pool", json={"sandbox_type": "base"})
+            assert refused.status_code == 503, refused.text
+            assert "out of resources (Too many open files)" in refused.json()["detail"]
+            assert refused.headers["Retry-After"] == "10"
+        for connection in held:
+            connection.close()
+        sandboxes = server.root / "sandboxes"
+        deadline = time.monotonic() + 15
+        while any(sandboxes.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(sandboxes.iterdir())
+        made = httpx.post(
+            f"{server.url}/create_from_pool", json={"sandbox_type": "base"}, headers=headers
+        )
+        assert made.status_code == 200, made.text
+    finally:
+        for connection in held:
+            connection.close()
+        stop_server(server)
+    log = server.log.read_text()
+    assert len(log.splitlines()) < 30, log[-3000:]
+    assert "cannot accept connections: [Errno 24] Too many open files" in log
 
 
 def test_a_root_the_sandbox_user_cannot_reach_stops_the_server(scratch: Path) -> None:

@@ -65,8 +65,10 @@ class RunningServer:
     log: Path
 
 
-def start_server(root: Path, *extra: str) -> RunningServer:
+def start_server(root: Path, *extra: str, open_files: int | None = None) -> RunningServer:
+    """Start the server on ``root``; ``open_files`` caps its file descriptors."""
     require_sandbox_tools()
+    capped = [] if open_files is None else ["prlimit", f"--nofile={open_files}", "--"]
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)
     port = free_port()
@@ -74,6 +76,7 @@ def start_server(root: Path, *extra: str) -> RunningServer:
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [
+                *capped,
                 sys.executable,
                 "-m",
                 "agentscope_serverless.sandbox_server",

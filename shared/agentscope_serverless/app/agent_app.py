@@ -492,7 +492,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         The composition root of a script: ``settings`` default to the environment's.
         ``kwargs`` go to ``uvicorn.run`` (AgentScope's ``mode`` is taken and has no effect;
         its ``http`` defaults to a protocol closing a connection whose request head is not
-        whole within ``request_head_timeout_seconds``); the chat page is served when
+        whole within ``request_head_timeout_seconds`` or whose body stalls for
+        ``request_body_timeout_seconds``); the chat page is served when
         ``web_ui`` is true.
         """
         if _importing is not None:  # app.run() at the top of a module a server imports
@@ -518,7 +519,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
         served = self.get_fastapi_app(settings=root, key_store=key_store)
         # Every route but /health needs a key: the embedded store has none.
         announce_development_key(key_store)
-        kwargs.setdefault("http", head_timeout_protocol(root.request_head_timeout_seconds))
+        kwargs.setdefault(
+            "http",
+            head_timeout_protocol(
+                root.request_head_timeout_seconds, root.request_body_timeout_seconds
+            ),
+        )
         uvicorn.run(served, host=host, port=port, **kwargs)
 
     def _given_runner(self) -> Runner:

@@ -26,7 +26,11 @@ from agentscope_serverless.app.agent_app import AgentApp, FastAPIAppFactory
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager, Deployment, DeploymentMode
-from agentscope_serverless.head_timeout import DEFAULT_HEAD_TIMEOUT_SECONDS, head_timeout_protocol
+from agentscope_serverless.head_timeout import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_HEAD_TIMEOUT_SECONDS,
+    head_timeout_protocol,
+)
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
@@ -50,13 +54,14 @@ class ServerThread:
         port: int = 0,
         log_level: str = "warning",
         head_timeout: float = DEFAULT_HEAD_TIMEOUT_SECONDS,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS,
     ) -> None:
         self.host = host
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
-            http=head_timeout_protocol(head_timeout),
+            http=head_timeout_protocol(head_timeout, body_timeout),
             log_level=log_level,
             lifespan="on",
             access_log=False,
@@ -282,6 +287,7 @@ class LocalDeployManager(DeployManager):
             host=self.host,
             port=self.port,
             head_timeout=settings.request_head_timeout_seconds,
+            body_timeout=settings.request_body_timeout_seconds,
         )
         url = server.start(timeout=self.startup_timeout)
         self._server = server

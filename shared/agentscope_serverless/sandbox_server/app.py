@@ -9,8 +9,10 @@ takes no host ``mount_dir``, and ``get_info`` carries no tokens or host paths.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from agentscope_serverless.errors import SandboxCapacityError, SandboxError
+from agentscope_serverless.errors import (
+    SandboxCapacityError,
+    SandboxError,
+    SandboxUnavailableError,
+)
 from agentscope_serverless.sandbox_protocol import (
     AddMcpServersRequest,
     CallToolRequest,
@@ -34,12 +40,15 @@ from agentscope_serverless.sandbox_protocol import (
     status_for_error,
 )
 from agentscope_serverless.sandbox_server.bodylimit import BodyLimit
-from agentscope_serverless.sandbox_server.manager import SandboxManager
+from agentscope_serverless.sandbox_server.manager import RETRY_AFTER_SECONDS, SandboxManager
 
 logger = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health"})
 MAX_BODY_BYTES = 64 * 1024**2
+# Errors of a host out of what a request needs (descriptors, memory, processes): a 503 to
+# retry, not a fault of the server.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
 
 def _reply(data: Any) -> dict[str, Any]:
@@ -114,6 +123,21 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
             for err in exc.errors()
         )
         return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(OSError)
+    async def system_error(request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno not in OUT_OF_RESOURCES:
+            return await internal_error(request, exc)
+        logger.error("%s failed: out of resources (%s)", request.url.path, exc)
+        return JSONResponse(
+            {
+                "detail": "the sandbox server is out of resources "
+                f"({os.strerror(exc.errno)}): retry in {RETRY_AFTER_SECONDS} s",
+                "code": SandboxUnavailableError.code,
+            },
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -24,7 +24,11 @@ from pathlib import Path
 import uvicorn
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.head_timeout import DEFAULT_HEAD_TIMEOUT_SECONDS, head_timeout_protocol
+from agentscope_serverless.head_timeout import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_HEAD_TIMEOUT_SECONDS,
+    head_timeout_protocol,
+)
 from agentscope_serverless.sandbox_server.app import create_app
 from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
 from agentscope_serverless.sandbox_server.jail import HostIsolation, how_to_enforce
@@ -146,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_HEAD_TIMEOUT_SECONDS,
         help="seconds a client has to send a request's line and headers before its "
         "connection is closed",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_BODY_TIMEOUT_SECONDS,
+        help="seconds a request's body may stop arriving before its connection is closed",
     )
     parser.add_argument("--max-sandboxes", type=_whole(1), default=64)
     parser.add_argument(
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             host=args.host,
             port=args.port,
             uds=args.uds,
-            http=head_timeout_protocol(args.header_timeout),
+            http=head_timeout_protocol(args.header_timeout, args.body_timeout),
             log_level=args.log_level,
             access_log=False,
             # Release is bounded: shutdown does not wait long for calls in flight.

@@ -244,6 +244,8 @@ class SandboxManager:
         # Per session: a future for each of its sandboxes being made, done once it is.
         self._making: dict[str, set[asyncio.Future[None]]] = {}
         self._releasing = 0
+        # Sandboxes released (or failed) whose files or cgroup could not be removed yet.
+        self._unremoved: dict[Path, SandboxCgroup | None] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warming: set[asyncio.Task[None]] = set()
         self._uids: HostUids | None = None
@@ -313,6 +315,8 @@ class SandboxManager:
         for task in list(self._warming):
             task.cancel()
         await asyncio.gather(*self._warming, return_exceptions=True)
+        if self._unremoved:
+            await asyncio.to_thread(self._remove_unremoved)
         if self._host is not None:
             await asyncio.to_thread(self._host.close)
 
@@ -644,6 +648,8 @@ class SandboxManager:
             await asyncio.sleep(interval)
             try:
                 await self.reap_idle()
+                if self._unremoved:
+                    await asyncio.to_thread(self._remove_unremoved)
             except Exception:
                 logger.exception("reaping idle sandboxes failed")
 
@@ -705,12 +711,27 @@ class SandboxManager:
             remove_tree(directory)
 
     def _remove_jail(self, directory: Path, cgroup: SandboxCgroup | None) -> None:
-        if cgroup is not None:
-            cgroup.remove()
-        host = self.host
-        if host.disk is not None:
-            remove_workspace(host.disk, directory)
-        remove_tree(directory)
+        """Remove a sandbox's cgroup, workspace and directory; what cannot be removed now
+        (the server out of descriptors, when nothing opening a file works) is removed by
+        the reaper later."""
+        try:
+            if cgroup is not None:
+                cgroup.remove()
+            host = self.host
+            if host.disk is not None:
+                remove_workspace(host.disk, directory)
+            remove_tree(directory)
+        except OSError as exc:
+            logger.warning("cannot remove sandbox %s yet: %s", directory.name, exc)
+        if os.path.lexists(directory):
+            self._unremoved[directory] = cgroup
+        else:
+            self._unremoved.pop(directory, None)
+
+    def _remove_unremoved(self) -> None:
+        """Remove the sandboxes whose removal failed before."""
+        for directory, cgroup in list(self._unremoved.items()):
+            self._remove_jail(directory, cgroup)
 
     def _program(self) -> list[str]:
         limits = self.config.limits
