@@ -98,7 +98,9 @@ async def test_erasing_a_user_leaves_no_key_of_theirs(
     try:
         for session_id in ("s1", "a:b{c}*"):
             session = await history.create_session(user_id, session_id)
-            await history.append_message(session, [msg("hello"), msg("again")])
+            hello = msg("hello")
+            await history.append_message(session, [hello, msg("again"), msg("and again")])
+            await history.delete_messages(user_id, session_id, [hello.id])
             await memory.add_memory(user_id, [msg("fact")], session_id=session_id)
             await state.save_state(user_id, {"v": 1}, session_id=session_id)
             record = RunRecord(id=f"run-{session_id}", user_id=user_id, session_id=session_id)

@@ -17,6 +17,7 @@ from agentscope_serverless.errors import (
     SessionNotFoundError,
 )
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
+from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.session_history import SessionHistoryService
 
@@ -946,6 +947,64 @@ async def test_a_session_kept_to_n_messages_counts_a_deleted_one_for_none(
         assert await service.delete_messages(user_id, "s1", [b.id]) == 1
         await service.append_message(session, d)
         assert texts(await service.get_session(user_id, "s1")) == ["a", "c", "d"]
+
+
+def ids_of(page: Page[Message]) -> list[str]:
+    return [m.id for m in page.items]
+
+
+async def test_a_cursor_reads_on_through_deleted_messages_skipping_none(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # In memory and on Redis a cursor held a place in the list, which a delete shifted: the
+    # next page passed over as many messages as were deleted before it.
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, numbered(0, 8))
+    page = await history.list_messages(user_id, "s1", limit=3)
+    assert ids_of(page) == ["m0", "m1", "m2"] and page.next_cursor is not None
+    # A message read already (as an AgentScope memory's delete does), the last one read
+    # (the cursor's own) and one not read yet.
+    assert await history.delete_messages(user_id, "s1", ["m0", "m2", "m4"]) == 3
+    page = await history.list_messages(user_id, "s1", limit=2, cursor=page.next_cursor)
+    assert ids_of(page) == ["m3", "m5"] and page.next_cursor is not None
+    assert await history.delete_messages(user_id, "s1", ["m5"]) == 1
+    await history.append_message(session, numbered(8, 1))
+    rest = await history.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert ids_of(rest) == ["m6", "m7", "m8"] and rest.next_cursor is None
+    # A deleted message appended again goes at the end, past the cursors given so far.
+    await history.append_message(session, numbered(0, 1))
+    last = await history.list_messages(user_id, "s1", limit=2, cursor=page.next_cursor)
+    assert ids_of(last) == ["m6", "m7"]
+    assert last.next_cursor is not None
+    final = await history.list_messages(user_id, "s1", cursor=last.next_cursor)
+    assert ids_of(final) == ["m8", "m0"] and final.next_cursor is None
+
+
+async def test_a_session_kept_to_n_messages_trims_and_pages_past_deleted_ones(
+    kept_to_three: SessionHistoryService, user_id: str
+) -> None:
+    session = await kept_to_three.create_session(user_id, "s1")
+    await kept_to_three.append_message(session, numbered(0, 3))
+    page = await kept_to_three.list_messages(user_id, "s1", limit=1)
+    assert ids_of(page) == ["m0"]
+    assert await kept_to_three.delete_messages(user_id, "s1", ["m1"]) == 1
+    await kept_to_three.append_message(session, numbered(3, 2))
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m2", "m3", "m4"]
+    rest = await kept_to_three.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert ids_of(rest) == ["m2", "m3", "m4"] and rest.next_cursor is None
+    assert list(await kept_to_three.stored_messages(user_id, "s1", ["m0", "m1", "m3"])) == ["m3"]
+    assert await kept_to_three.delete_messages(user_id, "s1", ["m3"]) == 1
+    await kept_to_three.append_message(session, numbered(5, 2))
+    assert texts(await kept_to_three.open_session(user_id, "s1", recent=3)) == ["m4", "m5", "m6"]
+    page = await kept_to_three.list_messages(user_id, "s1", limit=2)
+    assert ids_of(page) == ["m4", "m5"]
+    rest = await kept_to_three.list_messages(user_id, "s1", cursor=page.next_cursor)
+    assert ids_of(rest) == ["m6"] and rest.next_cursor is None
+    # A kept message appended again is the stored one, found at its place.
+    again = Session(id="s1", user_id=user_id)
+    await kept_to_three.append_message(again, numbered(5, 1, " again"))
+    assert texts(again) == ["m5"]
+    assert texts(await kept_to_three.get_session(user_id, "s1")) == ["m4", "m5", "m6"]
 
 
 async def test_update_message_marks_adds_changes_and_removes_marks_as_agentscope(

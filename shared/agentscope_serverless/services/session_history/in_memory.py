@@ -4,6 +4,10 @@ Messages are kept as the JSON every store keeps (:mod:`.._stored`): strings, whi
 garbage collector never has to walk, so a long-lived local server's collections stay short
 however much history it holds.
 
+Each message gets a number when it is appended, never given again in its session nor
+changed: a ``list_messages`` cursor holds the number to read on from, so deleting messages
+neither skips nor repeats one for a reader paging through the session.
+
 With ``max_messages_per_session`` a session keeps its newest N messages, as on Redis: an
 append trims the oldest, and the ids of the trimmed messages go with them (an append
 repeating one stores it again); a cursor keeps its place, one into the trimmed messages
@@ -13,6 +17,8 @@ reads on from the oldest message kept.
 from __future__ import annotations
 
 import itertools
+from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -35,12 +41,14 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 @dataclass(slots=True)
 class _StoredSession:
     seq: int
-    # The messages kept, as JSON in order, and each one's id with its position, counted
-    # from the session's first message: ``dropped`` messages before them were trimmed.
-    # ``by_id`` lists the ids in append order, so the trimmed ones are its first.
+    # The messages kept, as JSON in order, with their numbers (ascending: ``numbers[i]`` is
+    # that of ``messages[i]``), and each one's id with its number. ``by_id`` lists the ids
+    # in append order, so the trimmed ones are its first. ``appended``: how many numbers
+    # were given (the next message's).
     messages: list[str] = field(default_factory=list)
+    numbers: array[int] = field(default_factory=lambda: array("q"))
     by_id: dict[str, int] = field(default_factory=dict)
-    dropped: int = 0
+    appended: int = 0
     # The marks of the messages having any, by id.
     marks: dict[str, list[str]] = field(default_factory=dict)
     summary: str = ""
@@ -103,19 +111,18 @@ class InMemorySessionHistoryService(SessionHistoryService):
     async def _list_messages(
         self, user_id: str, session_id: str, limit: int, cursor: str | None
     ) -> Page[Message] | None:
+        # The number of the first message to read (trimmed or deleted: the next one kept).
         offset = cursor_position(cursor, "offset")  # a bad cursor is one, session or not
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return None
-        start = max(offset, stored.dropped)
-        first = start - stored.dropped
-        items = stored.messages[first : first + limit]
-        end = start + len(items)
+        first = bisect_left(stored.numbers, offset)
+        end = min(first + limit, len(stored.messages))
         return Page[Message](
-            items=decode_messages(items),
+            items=decode_messages(stored.messages[first:end]),
             next_cursor=(
-                encode_cursor({"offset": end})
-                if end < stored.dropped + len(stored.messages)
+                encode_cursor({"offset": stored.numbers[end - 1] + 1})
+                if end < len(stored.messages)
                 else None
             ),
         )
@@ -126,13 +133,15 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._stored_or_new(user_id, session_id)
         result: list[Message] = []
         for message in messages:
-            position = stored.by_id.get(message.id)
-            if position is None:
-                stored.by_id[message.id] = stored.dropped + len(stored.messages)
+            number = stored.by_id.get(message.id)
+            if number is None:
+                stored.by_id[message.id] = stored.appended
+                stored.numbers.append(stored.appended)
+                stored.appended += 1
                 stored.messages.append(encode_message(message))
                 result.append(message)
             else:
-                result.append(decode_message(stored.messages[position - stored.dropped]))
+                result.append(decode_message(stored.messages[_index(stored, number)]))
         if self._max_messages is not None and len(stored.messages) > self._max_messages:
             _trim(stored, len(stored.messages) - self._max_messages)
         return result
@@ -143,10 +152,10 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return {}
-        positions = {i: stored.by_id[i] for i in message_ids if i in stored.by_id}
+        numbers = {i: stored.by_id[i] for i in message_ids if i in stored.by_id}
         return {
-            i: decode_message(stored.messages[position - stored.dropped])
-            for i, position in positions.items()
+            i: decode_message(stored.messages[_index(stored, number)])
+            for i, number in numbers.items()
         }
 
     async def _delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
@@ -156,10 +165,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
         gone = {i for i in message_ids if i in stored.by_id}
         if not gone:
             return 0
-        # The messages after a deleted one move up: positions are counted again.
-        kept = [(i, p) for i, p in stored.by_id.items() if i not in gone]
-        stored.messages = [stored.messages[p - stored.dropped] for _, p in kept]
-        stored.by_id = {i: stored.dropped + n for n, (i, _) in enumerate(kept)}
+        # The others keep their numbers (a cursor holds one).
+        gone_numbers = {stored.by_id.pop(i) for i in gone}
+        kept = [k for k, number in enumerate(stored.numbers) if number not in gone_numbers]
+        stored.messages = [stored.messages[k] for k in kept]
+        stored.numbers = array("q", [stored.numbers[k] for k in kept])
         for message_id in gone:
             stored.marks.pop(message_id, None)
         return len(gone)
@@ -217,13 +227,18 @@ class InMemorySessionHistoryService(SessionHistoryService):
         return stored_session(user_id, session_id, stored.messages[first:] if recent != 0 else [])
 
 
+def _index(stored: _StoredSession, number: int) -> int:
+    """Where the message numbered ``number`` (one kept) is in ``stored.messages``."""
+    return bisect_left(stored.numbers, number)
+
+
 def _trim(stored: _StoredSession, count: int) -> None:
     """Drop the ``count`` oldest messages of the session, and their ids and marks."""
     del stored.messages[:count]
+    del stored.numbers[:count]
     for message_id in list(itertools.islice(stored.by_id, count)):
         del stored.by_id[message_id]
         stored.marks.pop(message_id, None)
-    stored.dropped += count
 
 
 __all__ = ["InMemorySessionHistoryService"]

@@ -5,10 +5,13 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:sessions        ZSET  session id -> creation order (the user's index)
     <prefix>:session:{U}:counter         STRING creation counter
     <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
-    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (messages trimmed so far),
-                                               summary (when one is kept)
+    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (every message numbered below
+                                               it was trimmed or deleted), summary (when
+                                               one is kept)
     <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
-    <prefix>:session:{U}:s:S:ids         HASH  message id -> its position (appends skip known ids)
+    <prefix>:session:{U}:s:S:ids         HASH  message id -> its number (appends skip known ids)
+    <prefix>:session:{U}:s:S:gone        ZSET  the numbers of the messages deleted, from
+                                               dropped on (member and score)
     <prefix>:session:{U}:s:S:ids:order   LIST  message ids in append order (only with
                                                ``max_messages_per_session``: the trimmed
                                                messages' ids leave the hash with them)
@@ -21,8 +24,14 @@ its messages as stored and decodes them on first use; without a TTL, reading a w
 session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
 ``SCAN``. With ``ttl_seconds`` every read and write refreshes the session's and the index's
 expiry; index entries of expired sessions are dropped when the index is read.
-Deleting messages (one script) removes them from the list and counts the later messages'
-positions again, O(n) in the session's length; marks are updated in one script too.
+
+Each message gets a number when it is appended (the session's count of messages appended
+before it), never given again nor changed: a ``list_messages`` cursor holds the number to
+read on from, so deleting messages neither skips nor repeats one for a reader paging through
+the session. A message's place in the list is its number, less ``dropped`` and the deleted
+numbers below it (one ``ZCOUNT``). Deleting messages (one script) removes them from the
+list, O(n) in the session's length, and adds their numbers to ``gone``, which a trim prunes
+below the oldest message kept; marks are updated in one script too.
 """
 
 from __future__ import annotations
@@ -59,8 +68,36 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
-# KEYS: meta, messages, index, expiry, counter, ids, id order, marks. ARGV: ttl, session id, ...
-_PRELUDE = """
+# KEYS: meta, messages, index, expiry, counter, ids, id order, marks, gone. ARGV: ttl,
+# session id, ...
+#
+# index_of: where in the list the first message numbered ``number`` or more is (``dropped``:
+# the meta's). number_from: the number of the message ``count`` places after the first one
+# numbered ``number`` or more (the deleted numbers from ``number`` on are passed over).
+_NUMBERS = """
+local function index_of(number, dropped)
+  if number <= dropped then return 0 end
+  local below = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. string.format('%d', number))
+  return number - dropped - below
+end
+local function number_from(number, count)
+  local found, skip = number + count, 0
+  while true do
+    local gone = redis.call(
+      'ZRANGEBYSCORE', KEYS[9], string.format('%d', number), '+inf', 'LIMIT', skip, 100)
+    for _, deleted in ipairs(gone) do
+      if tonumber(deleted) > found then return found end
+      found = found + 1
+    end
+    if #gone < 100 then return found end
+    skip = skip + 100
+  end
+end
+"""
+
+_PRELUDE = (
+    _NUMBERS
+    + """
 local ttl = tonumber(ARGV[1])
 local function ensure()
   if redis.call('EXISTS', KEYS[1]) == 1 then return end
@@ -77,6 +114,7 @@ local function touch()
   end
 end
 """
+)
 
 _CREATE = (
     _PRELUDE
@@ -108,17 +146,24 @@ return redis.call('LRANGE', KEYS[2], 0, -1)
 """
 )
 
-# ARGV[3]: absolute position of the first message wanted, ARGV[4]: how many.
+# ARGV[3]: the number of the first message wanted (or the next one kept), ARGV[4]: how
+# many. Returns the number to read on from (0: none, the last message was read), and the
+# messages.
 _PAGE = (
     _PRELUDE
     + """
 local dropped = redis.call('HGET', KEYS[1], 'dropped')
 if not dropped then return false end
-local start = math.max(tonumber(ARGV[3]) - tonumber(dropped), 0)
+local number = math.max(tonumber(ARGV[3]), tonumber(dropped))
+local start = index_of(number, tonumber(dropped))
 local stop = start + tonumber(ARGV[4]) - 1
 local items = redis.call('LRANGE', KEYS[2], string.format('%d', start), string.format('%d', stop))
+local following = 0
+if #items > 0 and start + #items < redis.call('LLEN', KEYS[2]) then
+  following = number_from(number, #items - 1) + 1
+end
 touch()
-return {dropped, redis.call('LLEN', KEYS[2]), items}
+return {following, items}
 """
 )
 
@@ -130,26 +175,32 @@ _APPEND = (
 ensure()
 local dropped = tonumber(redis.call('HGET', KEYS[1], 'dropped'))
 local length = redis.call('LLEN', KEYS[2])
+local deleted = redis.call('ZCARD', KEYS[9])
 local max = tonumber(ARGV[3])
 local out = {}
 for i = 4, #ARGV, 2 do
-  local position = redis.call('HGET', KEYS[6], ARGV[i])
-  if position then
-    local index = tonumber(position) - dropped
+  local number = redis.call('HGET', KEYS[6], ARGV[i])
+  if number then
     local stored = false
-    if index >= 0 then stored = redis.call('LINDEX', KEYS[2], string.format('%d', index)) end
+    if tonumber(number) >= dropped then
+      local index = index_of(tonumber(number), dropped)
+      stored = redis.call('LINDEX', KEYS[2], string.format('%d', index))
+    end
     out[#out + 1] = stored or ARGV[i + 1]
   else
     length = redis.call('RPUSH', KEYS[2], ARGV[i + 1])
-    redis.call('HSET', KEYS[6], ARGV[i], string.format('%d', dropped + length - 1))
+    redis.call('HSET', KEYS[6], ARGV[i], string.format('%d', dropped + deleted + length - 1))
     if max > 0 then redis.call('RPUSH', KEYS[7], ARGV[i]) end
     out[#out + 1] = 0
   end
 end
 if max > 0 and length > max then
   local trimmed = length - max
+  -- The oldest message kept: the numbers below it are gone, trimmed or deleted.
+  dropped = number_from(dropped, trimmed)
   redis.call('LTRIM', KEYS[2], trimmed, -1)
-  dropped = redis.call('HINCRBY', KEYS[1], 'dropped', trimmed)
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. string.format('%d', dropped))
+  redis.call('HSET', KEYS[1], 'dropped', string.format('%d', dropped))
   -- The id order lists the last messages (those appended since the limit was set): the
   -- ids of the trimmed ones among them leave the hash, when it places them before the
   -- first message kept.
@@ -172,21 +223,25 @@ return out
 )
 
 # ARGV[3..]: message ids. Returns, per id, the stored message with it, or false.
-_STORED = """
+_STORED = (
+    _NUMBERS
+    + """
 local dropped = redis.call('HGET', KEYS[1], 'dropped')
 if not dropped then return {} end
+dropped = tonumber(dropped)
 local out = {}
 for i = 3, #ARGV do
-  local position = redis.call('HGET', KEYS[6], ARGV[i])
+  local number = redis.call('HGET', KEYS[6], ARGV[i])
   local stored = false
-  if position then
-    local index = tonumber(position) - tonumber(dropped)
-    if index >= 0 then stored = redis.call('LINDEX', KEYS[2], string.format('%d', index)) end
+  if number and tonumber(number) >= dropped then
+    local index = index_of(tonumber(number), dropped)
+    stored = redis.call('LINDEX', KEYS[2], string.format('%d', index))
   end
   out[#out + 1] = stored
 end
 return out
 """
+)
 
 # ARGV[3..]: the ids of the messages to delete. Returns how many were in the session.
 _DELETE_MESSAGES = (
@@ -197,30 +252,22 @@ if not dropped then return 0 end
 dropped = tonumber(dropped)
 local gone = {}
 for i = 3, #ARGV do
-  local position = redis.call('HGET', KEYS[6], ARGV[i])
-  if position and tonumber(position) >= dropped then
-    redis.call('LSET', KEYS[2], string.format('%d', tonumber(position) - dropped), '')
+  local number = redis.call('HGET', KEYS[6], ARGV[i])
+  if number and tonumber(number) >= dropped then
+    -- Emptied in place: the places of the others stay as they are until all are found.
+    local index = index_of(tonumber(number), dropped)
+    redis.call('LSET', KEYS[2], string.format('%d', index), '')
     redis.call('HDEL', KEYS[6], ARGV[i])
     redis.call('HDEL', KEYS[8], ARGV[i])
     redis.call('LREM', KEYS[7], 1, ARGV[i])
-    gone[#gone + 1] = tonumber(position)
+    gone[#gone + 1] = number
   end
 end
 if #gone == 0 then return 0 end
 -- No message is empty: the deleted ones were emptied, and go together.
 redis.call('LREM', KEYS[2], 0, '')
-table.sort(gone)
-local ids = redis.call('HGETALL', KEYS[6])
-for i = 1, #ids, 2 do
-  local position = tonumber(ids[i + 1])
-  local before = 0
-  for _, at in ipairs(gone) do
-    if at < position then before = before + 1 else break end
-  end
-  if before > 0 then
-    redis.call('HSET', KEYS[6], ids[i], string.format('%d', position - before))
-  end
-end
+-- The others keep their numbers (a cursor holds one).
+for _, number in ipairs(gone) do redis.call('ZADD', KEYS[9], number, number) end
 touch()
 return #gone
 """
@@ -303,15 +350,16 @@ return redis.call('HGETALL', KEYS[8])
 )
 
 _DELETE = """
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[6], KEYS[7], KEYS[8])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
-# KEYS: index, expiry, counter, then the meta, messages, ids and id order keys of the
-# sessions the caller read from the index. ARGV: the counter value then. Deletes only when
-# no session was created since (else returns 0 and the caller reads the index again).
+# KEYS: index, expiry, counter, then the meta, messages, ids, id order, marks and gone
+# keys of the sessions the caller read from the index. ARGV: the counter value then.
+# Deletes only when no session was created since (else returns 0 and the caller reads the
+# index again).
 _DELETE_USER = (
     LUA_DELETE_KEYS
     + """
@@ -409,6 +457,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             f"{session}:ids",
             f"{session}:ids:order",
             f"{session}:marks",
+            f"{session}:gone",
         ]
 
     async def _session_call(
@@ -429,8 +478,8 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
             counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
             for session_id in session_ids:
-                meta, messages, *_, ids, order, marks = self._keys(user_id, session_id)
-                keys += (meta, messages, ids, order, marks)
+                meta, messages, *_, ids, order, marks, gone = self._keys(user_id, session_id)
+                keys += (meta, messages, ids, order, marks, gone)
             done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
             if int(done):
                 return
@@ -483,13 +532,10 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         raw = await self._session_call(_PAGE, user_id, session_id, offset, limit, idempotent=True)
         if raw is None:
             return None
-        dropped, length = int(text(raw[0])), int(raw[1])
-        items = decode_messages(raw[2])
-        start = max(offset, dropped)
-        end = start + len(items)
+        following = int(raw[0])
         return Page[Message](
-            items=items,
-            next_cursor=encode_cursor({"offset": end}) if end < dropped + length else None,
+            items=decode_messages(raw[1]),
+            next_cursor=encode_cursor({"offset": following}) if following else None,
         )
 
     async def _append_messages(
