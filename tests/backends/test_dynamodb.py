@@ -823,6 +823,34 @@ async def test_a_turn_whose_write_fails_midway_stores_none_of_its_messages(
             assert texts(await history.get_session(user_id, "s1")) == expected
 
 
+async def test_an_append_resent_after_failing_between_its_transactions_adds_each_message_once(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # Its first 100 messages were stored: the session object read after the failure held
+    # them, and the append sent again added them to it a second time (250 for 150 stored).
+    turn = [msg(f"step {i}") for i in range(150)]
+    expected = [f"step {i}" for i in range(150)]
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker="step 149")
+        async with DynamoDBSessionHistoryService(
+            dynamodb_server.sessions_table,
+            client=failing,  # type: ignore[arg-type]
+        ) as history:
+            target = Session(id="s1", user_id=user_id)
+            with pytest.raises(StoreUnavailableError):
+                await history.append_message(target, turn)
+            assert target.messages == []
+            read = await history.get_session(user_id, "s1")
+            assert texts(read) == expected[:100]
+            failing.failing = False
+            await history.append_message(read, turn)
+            assert texts(read) == expected
+            await history.append_message(target, turn)
+            assert texts(target) == expected
+            assert texts(await history.get_session(user_id, "s1")) == expected
+
+
 class ThrottlingClient:
     """A DynamoDB client whose first ``throttled`` requests are throttled (never executed)."""
 

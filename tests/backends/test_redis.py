@@ -332,6 +332,24 @@ async def test_appending_is_one_push_not_a_rewrite(
     assert await redis_client.zrange(f"{base}:sessions", 0, -1) == ["s1"]
 
 
+async def test_a_prepared_append_adds_to_the_session_object_what_it_does_not_hold(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    # As append_message: a retry of it (a turn stored with its run) added its messages to
+    # the object again.
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        session = await history.create_session(user_id, "s1")
+        hello = msg("hello")
+        for _ in range(2):
+            prepared = history.prepare_append(session, [hello, hello])
+            assert prepared is not None
+            await prepared.apply()
+        assert [m.id for m in session.messages] == [hello.id]  # type: ignore[union-attr]
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None
+        assert [m.id for m in stored.messages] == [hello.id]  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("ttl_seconds", [None, 60])
 async def test_reading_a_session_decodes_its_messages_only_when_they_are_used(
     redis_server: RedisServer,

@@ -538,10 +538,41 @@ async def test_an_id_given_twice_in_one_append_keeps_its_first_message(
             {"id": "other", "role": "user", "content": "other"},
         ],
     )
-    assert [m.get_text_content() for m in session.messages] == ["first", "first", "other"]
+    assert [m.get_text_content() for m in session.messages] == ["first", "other"]
     stored = await history.get_session(user_id, "s1")
     assert stored is not None
     assert [m.get_text_content() for m in stored.messages] == ["first", "other"]
+
+
+def message_ids(session: Session | None) -> list[str]:
+    assert session is not None
+    return [m.id for m in session.messages if isinstance(m, Message)]
+
+
+async def test_a_retried_append_adds_to_the_session_object_what_it_does_not_hold(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # The object passed in got every message again, stored or not: ['m1', 'm1'] for a
+    # history holding m1 once.
+    session = await history.create_session(user_id, "s1")
+    first = Message(id="m1", role="user", content="hello")
+    await history.append_message(session, first)
+    await history.append_message(session, first)
+    assert message_ids(session) == ["m1"]
+    await history.append_message(session, [first, Message(id="m2", role="assistant")])
+    assert message_ids(session) == ["m1", "m2"]
+    # An object read after the append (a retry of a request whose answer was lost).
+    read = await history.get_session(user_id, "s1")
+    assert read is not None
+    await history.append_message(read, [*numbered(1, 2), *numbered(3, 1)])
+    assert message_ids(read) == ["m1", "m2", "m3"]
+    assert message_ids(await history.get_session(user_id, "s1")) == ["m1", "m2", "m3"]
+    # A window of the last messages gets the stored message of an id it does not hold.
+    window = await history.open_session(user_id, "s1", recent=1)
+    await history.append_message(window, [first, *numbered(3, 2)])
+    assert message_ids(window) == ["m3", "m1", "m4"]
+    assert [m.get_text_content() for m in window.messages][1] == "hello"
+    assert message_ids(await history.get_session(user_id, "s1")) == ["m1", "m2", "m3", "m4"]
 
 
 async def test_stored_messages_are_those_of_the_ids_given_the_session_holds(

@@ -194,13 +194,16 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         them. A session that does not exist yet is created.
 
         Appending is idempotent by message id: a message whose ``id`` is already in the
-        session is not stored again, and ``session.messages`` gets the stored one, so a
-        retried append cannot duplicate history.
+        session is not stored again, and ``session.messages`` gets the stored one unless it
+        holds that id already (as it does on a retry with the same object, or with one read
+        after the append), so a retried append duplicates neither the history nor the
+        object's messages. An id given twice in one append is stored, and added, once.
         """
         user_id, sid, messages = self._appending(session, message)
         if messages:
             note_history_write(user_id, sid)
-            extend_messages(session, await self._append_messages(user_id, sid, messages))
+            stored = await self._append_messages(user_id, sid, messages)
+            _add_appended(session, messages, stored)
 
     async def stored_messages(
         self, user_id: str, session_id: str, message_ids: list[str]
@@ -339,7 +342,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         if not checked:
             return None
         return self._prepare_append(
-            user_id, sid, checked, functools.partial(extend_messages, session)
+            user_id, sid, checked, functools.partial(_add_appended, session, checked)
         )
 
     def _appending(self, session: Session, message: Any) -> tuple[str, str, list[Message]]:
@@ -403,7 +406,8 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """Append ``messages`` (already validated) in order, creating the session.
 
         A message whose id is already in the session (or earlier in ``messages``) is skipped.
-        Returns, for each message given, that message, or the stored one with its id.
+        Returns, for each message given, that very message when this call stored it, else the
+        stored one with its id (another object).
         """
 
     @abstractmethod
@@ -451,6 +455,31 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
         """Replace the session's summary (``""``: remove it), creating the session."""
         raise NotImplementedError(f"{type(self).__name__} cannot keep a summary")
+
+
+def _add_appended(session: Session, given: list[Message], stored: list[Message]) -> None:
+    """Extend ``session.messages`` with what an append of ``given`` stored (``stored``, the
+    answer of :meth:`SessionHistoryService._append_messages`): each id once, and a message
+    the session held before the append only when the object does not hold its id yet.
+
+    A message this append stored was in neither, so only for one it found stored are the
+    object's messages looked at (their ids gathered once): a turn that appends to a window
+    of history it never read does not decode it.
+    """
+    added: set[str] = set()
+    held: set[Any] | None = None
+    new: list[Message] = []
+    for message, result in zip(given, stored, strict=True):
+        if result.id in added:
+            continue
+        added.add(result.id)
+        if result is not message:
+            if held is None:
+                held = {m.id if isinstance(m, Message) else m.get("id") for m in session.messages}
+            if result.id in held:
+                continue
+        new.append(result)
+    extend_messages(session, new)
 
 
 def _says_the_same(stored: Message, given: Message) -> bool:
