@@ -13,11 +13,12 @@ from agentscope_serverless.errors import (
     SandboxAuthenticationError,
     SandboxNotFoundError,
     SandboxRequestError,
+    SandboxUnavailableError,
     ServiceNotStartedError,
 )
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.services.base import ServiceWithLifecycleManager
-from agentscope_serverless.services.sandbox import Sandbox, SandboxService
+from agentscope_serverless.services.sandbox import Sandbox, SandboxClient, SandboxService
 from agentscope_serverless.services.sandbox.service import session_ctx_id
 from agentscope_serverless.services.sandbox.tools import read_file, run_ipython_cell
 from agentscope_serverless.settings import load_settings
@@ -440,3 +441,74 @@ def test_session_keys_are_distinct_for_distinct_pairs(
 def test_plain_ids_keep_agentscopes_session_key() -> None:
     assert session_ctx_id("s1", "u1") == "s1_u1"
     assert session_ctx_id("s1") == "s1"
+
+
+# Holds the sandbox past the server's time limit (4 s): the agent's alarm is ignored, so the
+# server ends it after its grace (7 s in all).
+HOLD_PAST_THE_LIMIT = (
+    "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(30)"
+)
+
+
+async def test_a_call_that_cannot_start_within_its_time_limit_is_not_run(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    holding = asyncio.create_task(box.run_ipython_cell_async(HOLD_PAST_THE_LIMIT))
+    await asyncio.sleep(0.3)
+    started = time.perf_counter()
+    with pytest.raises(SandboxUnavailableError) as refused:
+        await box.run_shell_command_async("touch /workspace/queued")
+    assert 3.5 < time.perf_counter() - started < 6
+    assert "waited 4 s" in str(refused.value) and "was not run" in str(refused.value)
+    assert (await holding)["isError"] is True
+    listing = await box.run_shell_command_async("ls /workspace")
+    assert "queued" not in (part(listing, "stdout") or "")
+
+
+async def test_a_call_whose_client_left_while_it_waited_is_not_run(
+    sandbox_server: RunningServer, sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    holding = asyncio.create_task(box.run_shell_command_async("sleep 2"))
+    await asyncio.sleep(0.3)
+    impatient = SandboxClient(sandbox_server.url, sandbox_server.token, timeout=0.5)
+    try:
+        with pytest.raises(SandboxUnavailableError, match="did not answer in time"):
+            await impatient.call_tool(
+                box.sandbox_id, "run_shell_command", {"command": "touch /workspace/late"}
+            )
+    finally:
+        await impatient.aclose()
+    assert (await holding)["isError"] is False
+    await asyncio.sleep(0.5)
+    listing = await box.run_shell_command_async("ls /workspace")
+    assert "late" not in (part(listing, "stdout") or "")
+
+
+async def test_stop_ends_the_running_call_and_refuses_those_waiting(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    [box] = await sandbox_service.connect_async(session_id)
+    client = sandbox_service.client
+    running = asyncio.create_task(
+        box.run_shell_command_async(
+            "echo begun >> /workspace/log; sleep 3; echo ended >> /workspace/log"
+        )
+    )
+    await asyncio.sleep(0.5)
+    waiting = asyncio.create_task(box.run_shell_command_async("echo queued >> /workspace/log"))
+    await asyncio.sleep(0.2)
+    started = time.perf_counter()
+    assert await client.stop(box.sandbox_id) is True
+    assert time.perf_counter() - started < 2.5
+    assert await client.get_status(box.sandbox_id) == "exited"
+    stopped = await running
+    assert stopped["isError"] is True
+    assert "stopped during the call" in (part(stopped, "stderr") or "")
+    with pytest.raises(SandboxRequestError, match="stopped while this call waited"):
+        await waiting
+    await asyncio.sleep(3)  # past the end the running call would have had
+    assert await client.start(box.sandbox_id) is True
+    log = await box.run_shell_command_async("cat /workspace/log")
+    assert part(log, "stdout") == "begun\n"

@@ -9,6 +9,7 @@ takes no host ``mount_dir``, and ``get_info`` carries no tokens or host paths.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import logging
@@ -53,6 +54,30 @@ OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EA
 
 def _reply(data: Any) -> dict[str, Any]:
     return {"data": data}
+
+
+async def _call_tool(
+    manager: SandboxManager, body: CallToolRequest, request: Request
+) -> dict[str, Any]:
+    """The result of the call ``body`` asks for, which is not run if its client leaves
+    while it waits for its turn (the request is read whole: the next message is the
+    client's leaving)."""
+    left = asyncio.Event()
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            continue
+        left.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        result = await manager.call_tool(
+            body.identity, body.tool_name, body.arguments, client_left=left
+        )
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return result.model_dump()
 
 
 def create_app(manager: SandboxManager, token: str) -> FastAPI:
@@ -165,9 +190,8 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
         return _reply(manager.check_health(body.identity))
 
     @app.post("/call_tool")
-    async def call_tool(body: CallToolRequest) -> dict[str, Any]:
-        result = await manager.call_tool(body.identity, body.tool_name, body.arguments)
-        return _reply(result.model_dump())
+    async def call_tool(body: CallToolRequest, request: Request) -> dict[str, Any]:
+        return _reply(await _call_tool(manager, body, request))
 
     @app.post("/list_tools")
     async def list_tools(body: ListToolsRequest) -> dict[str, Any]:
@@ -181,16 +205,16 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
     return app
 
 
-Handler = Callable[[Any], Awaitable[Any]]
+Handler = Callable[[Any, Request], Awaitable[Any]]
 
 
 def _protocol_handlers(manager: SandboxManager) -> dict[str, tuple[type[BaseModel], Handler]]:
     """Every operation: the model of its body and what it replies (the reply's ``data``)."""
 
-    async def create_from_pool(body: CreateFromPoolRequest) -> str:
+    async def create_from_pool(body: CreateFromPoolRequest, request: Request) -> str:
         return await manager.create_from_pool(body.sandbox_type, body.meta)
 
-    async def create(body: CreateRequest) -> str:
+    async def create(body: CreateRequest, request: Request) -> str:
         return await manager.create(
             body.sandbox_type,
             body.meta,
@@ -199,38 +223,37 @@ def _protocol_handlers(manager: SandboxManager) -> dict[str, tuple[type[BaseMode
             environment=body.environment,
         )
 
-    async def release(body: IdentityRequest) -> bool:
+    async def release(body: IdentityRequest, request: Request) -> bool:
         return await manager.release(body.identity)
 
-    async def start(body: IdentityRequest) -> bool:
+    async def start(body: IdentityRequest, request: Request) -> bool:
         return await manager.start_sandbox(body.identity)
 
-    async def stop(body: IdentityRequest) -> bool:
+    async def stop(body: IdentityRequest, request: Request) -> bool:
         return await manager.stop_sandbox(body.identity)
 
-    async def get_status(body: IdentityRequest) -> str:
+    async def get_status(body: IdentityRequest, request: Request) -> str:
         return manager.get_status(body.identity)
 
-    async def get_info(body: IdentityRequest) -> dict[str, Any]:
+    async def get_info(body: IdentityRequest, request: Request) -> dict[str, Any]:
         return manager.get_info(body.identity).model_dump()
 
-    async def check_health(body: IdentityRequest) -> bool:
+    async def check_health(body: IdentityRequest, request: Request) -> bool:
         return manager.check_health(body.identity)
 
-    async def call_tool(body: CallToolRequest) -> dict[str, Any]:
-        result = await manager.call_tool(body.identity, body.tool_name, body.arguments)
-        return result.model_dump()
+    async def call_tool(body: CallToolRequest, request: Request) -> dict[str, Any]:
+        return await _call_tool(manager, body, request)
 
-    async def list_tools(body: ListToolsRequest) -> dict[str, Any]:
+    async def list_tools(body: ListToolsRequest, request: Request) -> dict[str, Any]:
         return manager.list_tools(body.identity, body.tool_type)
 
-    async def add_mcp_servers(body: AddMcpServersRequest) -> None:
+    async def add_mcp_servers(body: AddMcpServersRequest, request: Request) -> None:
         manager.add_mcp_servers(body.identity, body.server_configs, body.overwrite)
 
-    async def get_session_mapping(body: SessionMappingRequest) -> list[str]:
+    async def get_session_mapping(body: SessionMappingRequest, request: Request) -> list[str]:
         return manager.get_session_mapping(body.session_ctx_id)
 
-    async def list_session_keys(body: EmptyRequest) -> list[str]:
+    async def list_session_keys(body: EmptyRequest, request: Request) -> list[str]:
         return manager.list_session_keys()
 
     return {
@@ -282,7 +305,7 @@ def _route(name: str, model: type[BaseModel], handler: Handler, *, twin: bool) -
             raise RequestValidationError(
                 [{"loc": ("body",), "msg": str(exc), "type": "value_error"}]
             ) from None
-        return _reply(await handler(arguments))
+        return _reply(await handler(arguments, request))
 
     endpoint.__name__ = f"{name}_async" if twin else name
     return endpoint

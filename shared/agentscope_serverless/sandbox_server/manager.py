@@ -141,11 +141,13 @@ class _Sandbox:
     created_at: float = field(default_factory=time.time)
     last_used_at: float = field(default_factory=time.time)
     stopped: bool = False
+    # Stops killing its processes now: until they are gone, it is not exited yet.
+    halting: int = 0
 
     @property
     def status(self) -> str:
         """``running`` (its process runs, or starts on the next call) or ``exited``."""
-        return EXITED if self.stopped else RUNNING
+        return EXITED if self.stopped and not self.halting else RUNNING
 
     def info(self, timeout: float) -> SandboxInfo:
         return SandboxInfo(
@@ -542,11 +544,16 @@ class SandboxManager:
         return True
 
     async def stop_sandbox(self, identity: str) -> bool:
-        """``stop``: end the sandbox's processes (Python variables are lost; the workspace
-        and the sandbox stay). Its tools refuse calls until ``start``."""
+        """``stop``: end the sandbox's processes now, a call's included (Python variables
+        are lost; the workspace and the sandbox stay). Its tools refuse calls until
+        ``start``, those waiting for their turn too."""
         sandbox = self._get(identity)
         sandbox.stopped = True
-        await sandbox.process.halt()
+        sandbox.halting += 1
+        try:
+            await sandbox.process.halt()
+        finally:
+            sandbox.halting -= 1
         return True
 
     def get_status(self, identity: str) -> str:
@@ -595,9 +602,15 @@ class SandboxManager:
         return list(self._sessions.get(session_ctx_id, []))
 
     async def call_tool(
-        self, identity: str, tool_name: str, arguments: dict[str, Any]
+        self,
+        identity: str,
+        tool_name: str,
+        arguments: dict[str, Any],
+        *,
+        client_left: asyncio.Event | None = None,
     ) -> CallToolResult:
-        """Run one tool in the sandbox."""
+        """Run one tool in the sandbox, once the calls before it there have ended: it waits
+        for them the call's time limit at most, and only until ``client_left`` is set."""
         sandbox = self._get(identity)
         if sandbox.stopped:
             raise SandboxRequestError(f"sandbox {identity!r} is stopped: start it first")
@@ -623,7 +636,10 @@ class SandboxManager:
         sandbox.last_used_at = time.time()
         try:
             return await sandbox.process.call(
-                tool_name, validated, time_limit=self.config.limits.call_timeout_seconds
+                tool_name,
+                validated,
+                time_limit=self.config.limits.call_timeout_seconds,
+                client_left=client_left,
             )
         finally:
             sandbox.last_used_at = time.time()

@@ -24,7 +24,11 @@ import signal
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
+from agentscope_serverless.errors import (
+    SandboxNotFoundError,
+    SandboxRequestError,
+    SandboxUnavailableError,
+)
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.sandbox_server.agent import limit_text
 from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JAIL_FDS, JailCommand
@@ -104,6 +108,10 @@ def _death_reason(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+class _Halted(Exception):
+    """The sandbox was halted while its process started."""
+
+
 class SandboxProcess:
     """The agent process of one sandbox; :meth:`call` runs one tool request in it.
 
@@ -134,6 +142,8 @@ class SandboxProcess:
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._closed = False
+        # Counts halts: a call that began before one is refused, or ended, by it.
+        self._halts = 0
         self.restarts = 0
         self.calls_in_flight = 0
 
@@ -155,7 +165,7 @@ class SandboxProcess:
     async def warm_up(self) -> None:
         """Start the process now rather than on the first call (errors show on that call)."""
         async with self._lock:
-            with contextlib.suppress(SandboxUnavailableError, SandboxNotFoundError):
+            with contextlib.suppress(SandboxUnavailableError, SandboxNotFoundError, _Halted):
                 self._thaw()
                 try:
                     await self._ensure_started()
@@ -163,20 +173,92 @@ class SandboxProcess:
                     self._freeze()
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], *, time_limit: float
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        time_limit: float,
+        client_left: asyncio.Event | None = None,
     ) -> CallToolResult:
-        """Run ``tool`` in the sandbox; a call past ``time_limit`` seconds is stopped."""
+        """Run ``tool`` in the sandbox; a call past ``time_limit`` seconds is stopped.
+
+        Calls on one sandbox run one at a time: a call waits for its turn ``time_limit``
+        seconds at most, and until ``client_left`` is set; past either it is not run, and
+        raises :class:`SandboxUnavailableError` saying so. A :meth:`halt` ends the call, or
+        refuses it if it has not begun.
+        """
         self.calls_in_flight += 1
         try:
-            async with self._lock:
+            halts = self._halts
+            await self._take_turn(time_limit, client_left)
+            try:
                 if self._closed:
                     raise SandboxNotFoundError("the sandbox was released")
+                if self._halts != halts:
+                    raise SandboxRequestError(
+                        "the sandbox was stopped while this call waited for its turn: the "
+                        "call was not run (start the sandbox to run calls again)"
+                    )
                 try:
-                    return await self._call(tool, arguments, time_limit)
-                finally:
-                    self._freeze()
+                    result = await self._call(tool, arguments, time_limit)
+                except _Halted:
+                    result = None
+                if self._halts != halts:
+                    return CallToolResult.from_text(
+                        stderr="the sandbox was stopped during the call: its processes were "
+                        "stopped and the interpreter state (variables, imports) was lost. "
+                        "Files in the workspace are kept; start the sandbox to run calls "
+                        "again.\n",
+                        is_error=True,
+                    )
+                assert result is not None
+                return result
+            finally:
+                self._freeze()
+                self._lock.release()
         finally:
             self.calls_in_flight -= 1
+
+    async def _take_turn(self, wait_limit: float, client_left: asyncio.Event | None) -> None:
+        """Hold the sandbox once the calls before this one have ended: within ``wait_limit``
+        seconds and before ``client_left`` is set, else not at all (SandboxUnavailableError).
+        """
+        turn = asyncio.ensure_future(self._lock.acquire())
+        waits: set[asyncio.Future[Any]] = {turn}
+        if client_left is not None:
+            waits.add(asyncio.ensure_future(client_left.wait()))
+        try:
+            await asyncio.wait(waits, timeout=wait_limit, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._give_up(turn)
+            raise
+        finally:
+            for waiting in waits - {turn}:
+                waiting.cancel()
+        if client_left is not None and client_left.is_set():
+            self._give_up(turn)
+            logger.info("a call on a sandbox was not run: its client left while it waited")
+            raise SandboxUnavailableError(
+                "the client left while the call waited for the calls before it on the "
+                "sandbox to end: the call was not run"
+            )
+        if not turn.done():
+            self._give_up(turn)
+            raise SandboxUnavailableError(
+                f"the sandbox is busy: the call waited {wait_limit:g} s (its time limit) for "
+                "the calls before it on the sandbox to end, and was not run; retry once they "
+                "have ended"
+            )
+
+    def _give_up(self, turn: asyncio.Future[Any]) -> None:
+        """Leave the sandbox's queue: a turn given to ``turn`` meanwhile passes on."""
+
+        def pass_on(turn: asyncio.Future[Any]) -> None:
+            if not turn.cancelled() and turn.exception() is None:
+                self._lock.release()
+
+        turn.cancel()
+        turn.add_done_callback(pass_on)
 
     def _thaw(self) -> None:
         if self._closed:
@@ -278,14 +360,17 @@ class SandboxProcess:
         )
 
     async def halt(self) -> None:
-        """Kill the process and everything in its sandbox (the protocol's ``stop``); unlike
-        :meth:`stop`, the next call starts a fresh process."""
-        async with self._lock:
-            await self._kill()
+        """Kill the process and everything in its sandbox (the protocol's ``stop``), even in
+        the middle of a call or of its start: that call ends saying so, and the calls
+        waiting for their turn are refused. Unlike :meth:`stop`, the next call starts a
+        fresh process."""
+        self._halts += 1
+        await self._kill()
 
     async def _ensure_started(self) -> asyncio.subprocess.Process:
         if self._process is not None and self._process.returncode is None:
             return self._process
+        halts = self._halts
         if self._cgroup is not None:
             # Whatever a dead interpreter left behind goes before a new one starts.
             await asyncio.to_thread(self._cgroup.kill_all)
@@ -297,9 +382,11 @@ class SandboxProcess:
         with os.fdopen(os.memfd_create("sandbox-log"), "rb") as log:
             process = await self._spawn(log.fileno())
             self._process = process
-            if self.released:  # released while starting
+            if self.released or self._halts != halts:  # released or halted while starting
                 await self._kill()
-                raise SandboxNotFoundError("the sandbox was released")
+                if self.released:
+                    raise SandboxNotFoundError("the sandbox was released")
+                raise _Halted
             assert process.stdout is not None
             try:
                 line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
@@ -310,6 +397,8 @@ class SandboxProcess:
                 await self._kill()
                 if self._closed:
                     raise SandboxNotFoundError("the sandbox was released")
+                if self._halts != halts:
+                    raise _Halted
                 raise SandboxUnavailableError(
                     f"the sandbox process did not start: {_tail(log) or 'no output'}"
                 )
