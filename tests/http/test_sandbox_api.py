@@ -293,6 +293,24 @@ def test_a_sandbox_server_that_is_down_gets_503(keys: Keys) -> None:
     assert response.json()["error"]["code"] == "SANDBOX_UNAVAILABLE"
 
 
+def test_a_token_the_sandbox_server_refuses_gets_503_and_health_says_so(
+    sandbox_server: RunningServer, keys: Keys
+) -> None:
+    wrong = "wrongtoken0123456789"
+    settings = load_settings(sandbox_base_url=sandbox_server.url, sandbox_bearer_token=wrong)
+    with running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url:
+        response = httpx.post(f"{url}/sandboxes/s", headers=bearer(keys.alice), timeout=30)
+        health = httpx.get(f"{url}/health", timeout=30)
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "SANDBOX_UNAVAILABLE"
+    assert "refuses the configured credentials (SANDBOX_BEARER_TOKEN)" in error["message"]
+    assert wrong not in response.text
+    assert health.status_code == 503
+    assert health.json()["status"] == "degraded"
+    assert health.json()["services"]["sandbox"] is False
+
+
 def test_every_router_includes_sandbox_only_with_a_sandbox_server() -> None:
     assert "sandbox" in ROUTERS
     without = create_app(settings=load_settings())

@@ -186,14 +186,21 @@ async def test_each_operation_posts_its_json_arguments_to_its_path(
         assert request.headers["Content-Type"] == "application/json"
 
 
-async def test_health_is_a_get_without_arguments(fake: tuple[FakeManager, str]) -> None:
+async def test_health_is_a_get_then_a_mapping_asked_with_the_token(
+    fake: tuple[FakeManager, str],
+) -> None:
     manager, url = fake
     client = SandboxClient(url, TOKEN)
     assert await client.health() is True
     await client.aclose()
     assert [(r.method, r.path, r.body) for r in manager.requests] == [
-        ("GET", f"{PREFIX}/health", None)
+        ("GET", f"{PREFIX}/health", None),
+        ("POST", f"{PREFIX}/get_session_mapping", {"session_ctx_id": "health-check"}),
     ]
+    assert manager.requests[1].headers["Authorization"] == f"Bearer {TOKEN}"
+    refused = SandboxClient(url, "wrong-token-value")
+    assert await refused.health() is False
+    await refused.aclose()
 
 
 async def test_a_rejected_token_raises_an_authentication_error_without_the_token(

@@ -228,6 +228,13 @@ async def test_health_pings_the_server(sandbox_server: RunningServer) -> None:
         assert await unreachable.health() is False
 
 
+async def test_health_is_false_when_the_server_refuses_the_token(
+    sandbox_server: RunningServer,
+) -> None:
+    async with SandboxService(sandbox_server.url, "not-the-token") as refused:
+        assert await refused.health() is False
+
+
 async def test_using_the_service_before_start_raises_not_started() -> None:
     service = SandboxService("http://127.0.0.1:9", "token")
     assert isinstance(service, ServiceWithLifecycleManager)

@@ -40,6 +40,7 @@ from agentscope_serverless.errors import (
     PermissionDeniedError,
     RequestTimeoutError,
     RunCanceledError,
+    SandboxAuthenticationError,
     SandboxCapacityError,
     SandboxRequestError,
     SandboxUnavailableError,
@@ -67,6 +68,8 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     StoreUnavailableError: 503,
     ServiceNotStartedError: 503,
     SandboxUnavailableError: 503,
+    # The sandbox server refuses this server's token: no fault of the caller's.
+    SandboxAuthenticationError: 503,
     SandboxCapacityError: 429,
     SandboxRequestError: 422,
 }
@@ -197,6 +200,14 @@ def error_response(
 
 def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     """The response for one of our errors."""
+    if isinstance(exc, SandboxAuthenticationError):
+        logger.error(
+            "the sandbox server refuses the configured credentials", extra={"code": exc.code}
+        )
+        exc = SandboxUnavailableError(
+            "the sandbox server refuses the configured credentials (SANDBOX_BEARER_TOKEN): "
+            f"{exc.message}"
+        )
     fields = exc.errors if isinstance(exc, InvalidInputError) else None
     status = status_of(exc)
     if status == 500:

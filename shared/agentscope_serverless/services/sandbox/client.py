@@ -70,6 +70,8 @@ MAX_DETAIL_LENGTH = 1000
 DEFAULT_RETRY_AFTER_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 3600
 REDACTED = "[redacted]"
+# The session a health check asks the mapping of: its answer shows the token is taken.
+HEALTH_PROBE_SESSION = "health-check"
 JSON_CONTENT = {"Content-Type": "application/json"}
 
 
@@ -201,9 +203,20 @@ class SandboxClient:
         await asyncio.to_thread(self._background.close, closing)
 
     async def health(self) -> bool:
-        """True when ``GET /health`` answers 2xx (it needs no token)."""
+        """True when ``GET /health`` answers 2xx (it needs no token) and the server takes
+        this client's token: an operation that needs it and changes nothing (the mapping
+        of a session no one has) answers 2xx too."""
+        probe = SessionMappingRequest(session_ctx_id=HEALTH_PROBE_SESSION).model_dump()
         try:
             reply = await self._request("GET", f"{self.base_url}/health")
+            if not reply.is_success:
+                return False
+            reply = await self._request(
+                "POST",
+                f"{self.base_url}/get_session_mapping",
+                content=_request_body("get_session_mapping", probe),
+                headers=JSON_CONTENT,
+            )
         except (httpx.HTTPError, TimeoutError, AnswerTooLarge):
             return False
         return reply.is_success

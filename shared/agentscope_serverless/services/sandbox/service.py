@@ -233,7 +233,7 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
                 await embedded.stop()
 
     async def health(self) -> bool:
-        """True when the sandbox server answers ``GET /health``."""
+        """True when the sandbox server answers ``GET /health`` and takes the token."""
         if not self._started or self._client is None:
             return False
         return await self._client.health()
