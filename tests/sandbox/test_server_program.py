@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentscope_serverless.errors import SandboxNotFoundError
+from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
 from agentscope_serverless.services.sandbox import SandboxService
 from tests.sandbox.conftest import (
     TOKEN,
@@ -387,3 +387,22 @@ async def test_without_a_base_url_the_service_runs_an_embedded_server() -> None:
         assert await asyncio.to_thread(os.path.exists, socket_path)
     assert not await asyncio.to_thread(os.path.exists, os.path.dirname(socket_path))
     assert await service.health() is False
+
+
+async def test_a_call_in_flight_when_the_server_is_terminated_gets_a_503_saying_so(
+    scratch: Path,
+) -> None:
+    server = start_server(scratch)
+    try:
+        async with SandboxService(server.url, server.token) as service:
+            [box] = await service.connect_async("terminated")
+            running = asyncio.create_task(box.run_shell_command_async("sleep 30"))
+            await asyncio.sleep(0.5)
+            started = time.perf_counter()
+            server.process.terminate()
+            with pytest.raises(SandboxUnavailableError, match="503 the sandbox server is shut"):
+                await running
+            assert time.perf_counter() - started < 4
+            await asyncio.to_thread(server.process.wait, 10)  # it exits, with its signal
+    finally:
+        stop_server(server)

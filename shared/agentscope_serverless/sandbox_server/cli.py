@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -202,6 +203,20 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, releasing the sandboxes as soon as it begins to shut down: calls in
+    flight end at once and answer 503 saying so, rather than being cut off (a bare 500)
+    once the graceful shutdown's time is out."""
+
+    def __init__(self, config: uvicorn.Config, manager: SandboxManager) -> None:
+        super().__init__(config)
+        self._manager = manager
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._manager.stop_serving()
+        await super().shutdown(sockets)
+
+
 async def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
     # Nothing signals a parent's death to a process that is not its child: poll for it.
     while os.getppid() == parent_pid:  # noqa: ASYNC110
@@ -299,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     manager = SandboxManager(config, toolchain, _host_isolation(config))
     app = create_app(manager, token)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host=args.host,
@@ -310,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
             access_log=False,
             # Release is bounded: shutdown does not wait long for calls in flight.
             timeout_graceful_shutdown=5,
-        )
+        ),
+        manager,
     )
     # uvicorn shuts down gracefully on SIGINT and SIGTERM, then re-raises the signal: an
     # interrupt is the expected way out, not an error to print a traceback for.

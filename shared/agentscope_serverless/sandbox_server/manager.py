@@ -86,6 +86,10 @@ MAX_META_KEYS = 32
 # As deep as the project accepts JSON anywhere: whatever is accepted can be sent back.
 MAX_META_DEPTH = 100
 MAX_META_BYTES = 64 * 1024
+SHUTTING_DOWN = (
+    "the sandbox server is shutting down (its sandboxes are released, their calls in "
+    "progress stopped)"
+)
 # What a refused create tells the client to wait before trying again, in seconds.
 RETRY_AFTER_SECONDS = 10
 
@@ -305,6 +309,12 @@ class SandboxManager:
             )
         self._reaper = asyncio.create_task(self._reap_forever())
 
+    async def stop_serving(self) -> None:
+        """Create no sandbox any more and release every one (the server begins to shut
+        down): calls in flight end at once, answering that the server is shutting down."""
+        self._closing = True
+        await asyncio.gather(*(self.release(sandbox_id) for sandbox_id in list(self._sandboxes)))
+
     async def close(self) -> None:
         """Stop reaping and creating, and release every sandbox."""
         self._closing = True
@@ -396,7 +406,7 @@ class SandboxManager:
             await self._made_for(session_ctx_id)
             raise
         if self._closing:
-            raise SandboxUnavailableError("the sandbox server is shutting down")
+            raise SandboxUnavailableError(SHUTTING_DOWN)
         if not session_ctx_id:
             return await self._make(sandbox_type, meta, owner, environment)
         made = asyncio.get_running_loop().create_future()
@@ -445,7 +455,7 @@ class SandboxManager:
         if self.closing:  # shut down while this sandbox was being made
             await asyncio.to_thread(self._remove_jail, directory, cgroup)
             self._give_back(uid)
-            raise SandboxUnavailableError("the sandbox server is shutting down")
+            raise SandboxUnavailableError(SHUTTING_DOWN)
         limits = self.config.limits
         disable_userns = self.host.disables_userns
         syscall_filter = self.host.syscall_filter
@@ -635,14 +645,21 @@ class SandboxManager:
             check_workspace_path(path)
         sandbox.last_used_at = time.time()
         try:
-            return await sandbox.process.call(
+            result = await sandbox.process.call(
                 tool_name,
                 validated,
                 time_limit=self.config.limits.call_timeout_seconds,
                 client_left=client_left,
             )
+        except SandboxNotFoundError:
+            if self._closing:
+                raise SandboxUnavailableError(SHUTTING_DOWN) from None
+            raise
         finally:
             sandbox.last_used_at = time.time()
+        if self._closing and sandbox.process.released:
+            raise SandboxUnavailableError(SHUTTING_DOWN)
+        return result
 
     async def reap_idle(self, now: float | None = None) -> list[str]:
         """Release the sandboxes unused for longer than the idle timeout; their ids."""
@@ -671,6 +688,8 @@ class SandboxManager:
 
     def _get(self, identity: str) -> _Sandbox:
         sandbox = self._sandboxes.get(identity)
+        if sandbox is None and self._closing:
+            raise SandboxUnavailableError(SHUTTING_DOWN)
         if sandbox is None:
             raise SandboxNotFoundError(f"no sandbox {identity!r} (released, reaped or unknown)")
         return sandbox
