@@ -387,6 +387,45 @@ def test_a_rest_api_behind_a_custom_domains_base_path_serves_its_routes(
         assert handler(event("/nothing-here"), None)["statusCode"] == 404
 
 
+def test_a_percent_in_a_session_id_names_it_behind_a_custom_domains_base_path(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """Session ``a%41`` (sent as ``a%2541``) through a custom domain mapping ``/agent`` to
+    an HTTP or a REST API is the session the Function URL serves. API Gateway gives the
+    path parameters decoded, and they were decoded a second time (``aA``): the route
+    matched no longer ended the path, and such a request was a 404; so was an HTTP API's
+    ``http.path`` when given decoded (session ``aA`` not found)."""
+    handler, key = sessions_handler
+    auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    body = json.dumps({"session_id": "a%41"})
+    created = handler(function_url_event("POST", "/sessions", headers=auth, body=body), None)
+    assert created["statusCode"] == 201, created
+    direct = handler(function_url_event("GET", "/sessions/a%2541", headers=auth), None)
+    assert direct["statusCode"] == 200, direct
+    sent = "/agent/sessions/a%2541"
+    events = []
+    # An HTTP API's request context gives the path as sent or decoded; rawPath is as sent.
+    for path in (sent, "/agent/sessions/a%41"):
+        event = _http_api_event(key, sent, "$default", "api.example.com")
+        event["requestContext"]["http"]["path"] = path
+        event["pathParameters"] = {"proxy": "sessions/a%41"}
+        events.append(event)
+    context = {
+        "identity": {"sourceIp": "203.0.113.1"},
+        "stage": "prod",
+        "domainName": "api.example.com",
+        "resourcePath": "/{proxy+}",
+        "path": sent,
+    }
+    rest = _rest_event(
+        key, path=sent, pathParameters={"proxy": "sessions/a%41"}, requestContext=context
+    )
+    for event in [*events, rest]:
+        answer = handler(event, None)
+        assert answer["statusCode"] == 200, answer
+        assert json.loads(answer["body"])["id"] == "a%41"
+
+
 def test_an_alb_event_is_answered_with_multi_value_headers(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

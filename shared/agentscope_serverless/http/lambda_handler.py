@@ -355,8 +355,9 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
 
     Mangum encodes the headers and query string outside the application, where a failure
     would be an invocation error: an event that does not encode is refused here instead.
-    It also decodes the path without keeping it as sent, and an ALB's query parameters with
-    U+FFFD for what is not UTF-8: the request's own path and query go in the scope, so the
+    It also decodes the path without keeping it as sent (an HTTP API's ``http.path``, which
+    may be decoded already, a second time), and an ALB's query parameters with U+FFFD for
+    what is not UTF-8: the request's own path and query go in the scope, so the
     application refuses them (as ``/sessions/%FE`` and ``/sessions/%FF`` are not one
     session) as it does behind any server. An API Gateway stage in the path the client
     requested is the scope's root path: the routes see the path after it, and the URLs the
@@ -368,6 +369,8 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
         raw_path = event.get("rawPath") if event.get("version") == "2.0" else event.get("path")
         if isinstance(raw_path, str):
             scope["raw_path"] = raw_path.encode()
+            if event.get("version") == "2.0":  # as sent: http.path may be decoded already
+                scope["path"] = unquote(raw_path) or "/"
         stage = _stage_path(event, scope["path"])
         if stage and event.get("version") != "2.0":  # a REST API gives the path without it
             scope["path"] = stage + scope["path"]
@@ -419,10 +422,13 @@ def _base_path(event: dict[str, Any], path: str) -> str:
         matched = re.sub(r"\{([^{}]+?)\+?\}", lambda m: str(parameters[m.group(1)]), route)
     except KeyError:
         return ""
-    matched, requested = unquote(matched).rstrip("/"), path.rstrip("/")
-    if not requested.endswith(matched):
-        return ""
-    return requested[: len(requested) - len(matched)]
+    requested = path.rstrip("/")
+    # The parameters come decoded, as ``path`` is: decoding them again would turn a session
+    # ``a%41`` into ``aA``. Ones left as sent are decoded here.
+    for candidate in (matched.rstrip("/"), unquote(matched).rstrip("/")):
+        if requested.endswith(candidate):
+            return requested[: len(requested) - len(candidate)]
+    return ""
 
 
 def _alb_query(event: dict[str, Any]) -> bytes:
