@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from agentscope_serverless.http.lambda_handler import (
     build_web_adapter_app,
     make_handler,
 )
+from agentscope_serverless.log import logger
 from agentscope_serverless.services.runs.base import RunRecord
 from tests.support.http import issue_key
 from tests.support.lambda_runtime import function_url_event
@@ -509,16 +512,41 @@ def test_a_response_larger_than_an_alb_takes_is_a_500_saying_to_ask_for_less(
     assert answer["multiValueHeaders"]["x-should-retry"] == ["false"]
 
 
+@pytest.fixture
+def request_log(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
+    """The output, with the request lines logged (the tests log nothing below CRITICAL)."""
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield capsys
+    finally:
+        logger.setLevel(level)
+
+
+def _request_lines(capsys: pytest.CaptureFixture[str]) -> list[tuple[Any, Any, Any]]:
+    """The method, path and status of the request lines logged since the last read."""
+    lines = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")
+    ]
+    return [
+        (line["method"], line["path"], line["status"])
+        for line in lines
+        if line.get("message") == "request"
+    ]
+
+
 def test_a_function_that_cannot_start_answers_503_then_starts_once_it_can(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_log: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
     monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
     monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
     monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
     handler = make_handler(["sessions", "runs"])
+    request_log.readouterr()
     answer = handler(function_url_event("GET", "/health"), None)
     assert answer["statusCode"] == 503
+    assert _request_lines(request_log) == [("GET", "/health", 503)]
     assert json.loads(answer["body"])["error"] == {
         "code": "UNAVAILABLE",
         "message": "the function could not start",
@@ -526,12 +554,14 @@ def test_a_function_that_cannot_start_answers_503_then_starts_once_it_can(
         "param": None,
     }
     assert "cassandra" not in answer["body"] and "Traceback" not in answer["body"]
+    assert handler(_rest_event("key", path="/sessions/a%20b"), None)["statusCode"] == 503
+    assert _request_lines(request_log) == [("GET", "/sessions/a b", 503)]
     monkeypatch.setenv("RUNS_BACKEND", "in_memory")
     assert handler(function_url_event("GET", "/health"), None)["statusCode"] == 200
 
 
 def test_the_streaming_function_that_cannot_start_answers_503_then_starts_once_it_can(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_log: pytest.CaptureFixture[str]
 ) -> None:
     """The streaming function's server (run.sh: uvicorn behind the Web Adapter) keeps
     serving when the application cannot start, answering as the buffered functions do:
@@ -542,8 +572,10 @@ def test_the_streaming_function_that_cannot_start_answers_503_then_starts_once_i
     monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
     app = build_web_adapter_app(["sessions", "runs"])  # what uvicorn's --factory calls
     with TestClient(app) as client:  # runs the lifespan, as uvicorn does
+        request_log.readouterr()
         answer = client.get("/health")
         assert answer.status_code == 503
+        assert _request_lines(request_log) == [("GET", "/health", 503)]
         assert answer.json()["error"]["code"] == "UNAVAILABLE"
         assert answer.headers["x-request-id"]
         assert "cassandra" not in answer.text and "Traceback" not in answer.text

@@ -135,7 +135,7 @@ class _WebAdapterApplication:
             app = await self._started()
         except Exception:
             if scope["type"] == "http":
-                await _send_unavailable(send)
+                await _send_unavailable(scope, send)
             return
         await app(scope, receive, send)
 
@@ -157,13 +157,13 @@ class _WebAdapterApplication:
                 return
 
 
-async def _send_unavailable(send: Send) -> None:
+async def _send_unavailable(scope: Scope, send: Send) -> None:
     """Answer that the function could not start (the cause is logged, not sent)."""
     from agentscope_serverless.log import log_request, logger
 
     request_id = uuid.uuid4().hex
     logger.exception("the function could not start", extra={"request_id": request_id})
-    log_request(request_id, None, None, 503, 0.0)
+    log_request(request_id, scope.get("method"), scope.get("path"), 503, 0.0)
     body = _error_json("UNAVAILABLE", "the function could not start", 503).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -607,7 +607,7 @@ def _error(
     request_id = invocation if isinstance(invocation, str) and invocation else uuid.uuid4().hex
     if log:
         logger.exception(message, extra={"request_id": request_id})
-    log_request(request_id, None, None, status, 0.0)
+    log_request(request_id, *_method_and_path(getattr(handler, "event", None)), status, 0.0)
     body = _error_json(code, message, status).encode()
     headers = [[b"content-type", b"application/json"], [b"x-request-id", request_id.encode()]]
     try:
@@ -620,6 +620,23 @@ def _error(
             "isBase64Encoded": False,
         }
     return answer
+
+
+def _method_and_path(event: Any) -> tuple[str | None, str | None]:
+    """The method and (decoded) path of a request event, as the application logs them;
+    None for what the event does not give as text."""
+    if not isinstance(event, dict):
+        return None, None
+    context = event.get("requestContext")
+    http = context.get("http") if isinstance(context, dict) else None
+    if event.get("version") == "2.0" and isinstance(http, dict):
+        method, path = http.get("method"), event.get("rawPath", http.get("path"))
+    else:
+        method, path = event.get("httpMethod"), event.get("path")
+    return (
+        method if isinstance(method, str) else None,
+        unquote(path) if isinstance(path, str) else None,
+    )
 
 
 def _unsupported(event: Any) -> dict[str, Any]:
