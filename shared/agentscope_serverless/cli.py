@@ -118,6 +118,11 @@ class CommandError(Exception):
     """A failure to report to the user in one line."""
 
 
+class CannotTalk(CommandError):
+    """A failure no message typed can fix (a wrong key or URL, a server not reached): a chat
+    ends on it."""
+
+
 class ReplyFailed(CommandError):
     """A reply that started and then failed or was cut off: its session exists (the input
     is kept in it), and a chat goes on in it."""
@@ -520,6 +525,7 @@ def chat(
     except CommandError as exc:
         _fail(str(exc))
     console.print(f"Chatting with {url}; type /exit (or Ctrl-D) to leave.", markup=False)
+    failure = None
     with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
         while True:
             try:
@@ -535,14 +541,21 @@ def chat(
                 _check_text(message=text)
                 console.print("[bold blue]agent>[/bold blue] ", end="")
                 session = _stream_reply(client, api_key, text, session, user)
+            except CannotTalk as exc:
+                failure = str(exc)
+                break
             except CommandError as exc:
                 errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
                 if isinstance(exc, ReplyFailed):  # the chat goes on in the reply's session
                     session = exc.session_id or session
             except ReplyInterrupted as stopped:  # back to the prompt, in the same session
                 session = stopped.session_id or session
+    if failure is not None:
+        errors.print(f"[bold red]error:[/bold red] {escape(failure)}")
     if session:
         console.print(f"session: {session}", style="dim", markup=False)
+    if failure is not None:
+        raise typer.Exit(1)
 
 
 def _require_key(key: str | None) -> str:
@@ -604,7 +617,7 @@ def _stream_reply(
             if response.status_code == 404:
                 # A URL with a route in it (/process, the SDKs' /compatible-mode/v1), or of
                 # another function of a stack (its sessions function's).
-                raise CommandError(
+                raise CannotTalk(
                     f"{client.base_url} serves no /process: --url is the base URL of the "
                     "server (or of a stack's process function, its ProcessUrl), such as "
                     "http://127.0.0.1:8090, without a route"
@@ -618,7 +631,8 @@ def _stream_reply(
                         " (a development key printed by serve lasts as long as that server: "
                         "after a restart, use the key it printed then)"
                     )
-                raise CommandError(_error_message(response) + hint)
+                refused = CannotTalk if response.status_code in (401, 403) else CommandError
+                raise refused(_error_message(response) + hint)
             session_id = response.headers.get("X-Session-Id") or session_id
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
             reasoning: set[str] = set()
@@ -672,11 +686,11 @@ def _stream_reply(
                 where = f" (read the rest with GET /runs/{run}/events)" if run else ""
                 raise ReplyFailed(f"the reply was cut off before it ended{where}", session_id)
     except httpx.UnsupportedProtocol:
-        raise CommandError(
+        raise CannotTalk(
             f"{client.base_url} is not a URL to talk to: it must start with http:// or https://"
         ) from None
     except httpx.ConnectError as exc:
-        raise CommandError(
+        raise CannotTalk(
             f"cannot connect to {client.base_url} ({exc}): check the URL and that the server "
             "is running"
         ) from None

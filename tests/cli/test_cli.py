@@ -1237,3 +1237,19 @@ def test_chat_goes_on_in_the_session_of_a_failed_reply(tmp_path: Path) -> None:
         )
     texts = [m["content"][0]["text"] for m in page.json()["items"] if m["role"] == "user"]
     assert texts == ["first", "second"]
+
+
+def test_chat_ends_on_an_error_no_message_can_fix(server: Server) -> None:
+    # It printed the error again for every line typed, then exited 0.
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for url, key, said in [
+        (nowhere, server.key, f"cannot connect to {nowhere}"),
+        (server.url, "ask_nope_wrong", "HTTP 401 UNAUTHENTICATED"),
+        (server.url, server.key, "HTTP 403 PERMISSION_DENIED"),
+        (server.url + "/process", server.key, "serves no /process"),
+    ]:
+        user = ["--user", "bob"] if "403" in said else []
+        chatted = run_cli("chat", "--url", url, "--key", key, *user, stdin=b"hi\nhello\n")
+        assert chatted.returncode == 1, chatted.stderr
+        assert chatted.stderr.count(said) == 1, chatted.stderr
+        assert chatted.stdout.count("you>") == 1
