@@ -604,8 +604,6 @@ def _stream_reply(
     """
     import httpx
 
-    from agentscope_serverless.auth.keys import parse_key
-
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
@@ -624,14 +622,8 @@ def _stream_reply(
                 )
             if response.status_code != 200:
                 response.read()
-                hint = ""
-                if response.status_code == 401 and parse_key(key) is not None:
-                    # A key of the right form, unknown: most often the last server's.
-                    hint = (
-                        " (a development key printed by serve lasts as long as that server: "
-                        "after a restart, use the key it printed then)"
-                    )
-                refused = CannotTalk if response.status_code in (401, 403) else CommandError
+                hint = _refusal_hint(response, key, user_id)
+                refused = CannotTalk if hint or response.status_code in (401, 403) else CommandError
                 raise refused(_error_message(response) + hint)
             session_id = response.headers.get("X-Session-Id") or session_id
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
@@ -736,6 +728,31 @@ def _cancel_run(client: httpx.Client, headers: dict[str, str], run_id: str | Non
         console.print("stopped: the run was cancelled", style="dim", markup=False)
     else:
         console.print("stopped showing the reply; the run may go on", style="dim", markup=False)
+
+
+def _refusal_hint(response: httpx.Response, key: str, user_id: str | None) -> str:
+    """What to change in the command for a request refused for its key or its user, in the
+    command's terms (the server's message speaks of HTTP headers and fields); else ``""``."""
+    from agentscope_serverless.auth.keys import parse_key
+    from agentscope_serverless.http.auth import USER_HEADER
+
+    try:
+        error = response.json()["error"]
+        code, param = error["code"], error.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if code == "UNAUTHENTICATED" and parse_key(key) is not None:
+        # A key of the right form that the server does not know.
+        return (
+            " (this server knows no such key: a wrong key, one revoked, or a development key "
+            "printed by serve, which lasts as long as that server: after a restart, use the "
+            "key it printed then)"
+        )
+    if code == "PERMISSION_DENIED" and user_id:
+        return " (a user key acts only as its own user: leave out --user)"
+    if code == "INVALID_INPUT" and param == USER_HEADER and not user_id:
+        return " (a service key acts for a user it names: pass --user <user>)"
+    return ""
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -52,11 +52,13 @@ class Server:
 
 
 @contextmanager
-def serving(output: Path, *options: str, log_level: str = "INFO") -> Iterator[Server]:
-    """``agentscope-serverless serve`` with ``options`` on a free port, its output in
-    ``output``, and its printed development key."""
+def serving(
+    output: Path, *options: str, log_level: str = "INFO", env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """``agentscope-serverless serve`` with ``options`` (and the variables ``env``) on a free
+    port, its output in ``output``, and its printed development key (if it printed one)."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": log_level}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": log_level, **(env or {})}
     with output.open("w") as sink:
         process = subprocess.Popen(
             [SCRIPT, "serve", "--port", str(port), *options],
@@ -68,7 +70,7 @@ def serving(output: Path, *options: str, log_level: str = "INFO") -> Iterator[Se
     try:
         wait_until_healthy(url, process)
         banner = output.read_text().splitlines()
-        key = next(line for line in banner if line.startswith("ask_"))
+        key = next((line for line in banner if line.startswith("ask_")), "")
         yield Server(url=url, key=key, banner=banner, output=output)
     finally:
         process.terminate()
@@ -163,10 +165,47 @@ def test_invoke_with_the_key_of_a_server_since_restarted_says_so(
         stale = earlier.key  # that server has stopped: this one never knew its key
     said = run_cli("invoke", "hi", "--url", server.url, "--key", stale)
     assert said.returncode == 1
-    assert "HTTP 401 UNAUTHENTICATED: invalid API key (a development key printed by serve " in (
+    assert "HTTP 401 UNAUTHENTICATED: invalid API key (this server knows no such key" in (
+        said.stderr
+    )
+    assert "or a development key printed by serve, which lasts as long as that server" in (
         said.stderr
     )
     assert "after a restart, use the key it printed then)" in said.stderr
+
+
+def test_invoke_says_what_to_change_for_a_key_refused_for_its_user(tmp_path: Path) -> None:
+    # The errors spoke of the X-User-Id header and the user_id field, which invoke has not.
+    key_file = tmp_path / "keys.json"
+    cli = CliRunner()
+
+    def create(*args: str) -> str:
+        created = cli.invoke(app, ["keys", "create", *args, "--file", str(key_file)])
+        assert created.exit_code == 0, created.output
+        return next(line for line in created.output.splitlines() if line.startswith("ask_"))
+
+    user_key, service_key, revoked_key = (
+        create("--user", "alice"),
+        create("--service"),
+        create("--user", "carol"),
+    )
+    revoked_id = json.loads(key_file.read_text())["keys"][2]["key_id"]
+    assert cli.invoke(app, ["keys", "revoke", revoked_id, "--file", str(key_file)]).exit_code == 0
+    env = {"AUTH_KEYS_BACKEND": "file", "AUTH_KEYS_FILE": str(key_file)}
+    with serving(tmp_path / "output.txt", "--no-web", env=env) as running:
+        cases = [
+            (service_key, [], "a service key acts for a user it names: pass --user <user>"),
+            (user_key, ["--user", "bob"], "a user key acts only as its own user: leave out --user"),
+            (revoked_key, [], "this server knows no such key: a wrong key, one revoked, or a "),
+        ]
+        for key, user, hint in cases:
+            said = run_cli("invoke", "hi", "--url", running.url, "--key", key, *user)
+            assert said.returncode == 1
+            assert hint in " ".join(said.stderr.split()), said.stderr
+        served = run_cli(
+            "invoke", "hi", "--url", running.url, "--key", service_key, "--user", "bob"
+        )
+        assert served.returncode == 0, served.stderr
 
 
 @pytest.mark.parametrize("message", ["", "   ", "\n"])
