@@ -145,10 +145,22 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-@app.command()
+# The help as --help shows it: plain text, each paragraph on one line for Rich to wrap.
+SERVE_HELP = (
+    "Run every router in one local server (settings and env pick the backends).\n\n"
+    "--agent is imported from the working directory (or --app-dir). On the embedded defaults "
+    "(in-memory stores and keys, the demo agent) a development key is created and printed; it "
+    "lasts as long as the server. The port is taken first, so a port in use fails before any "
+    "key or command is printed."
+)
+
+
+@app.command(help=SERVE_HELP)
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8090,
+    # Checked below rather than by a range: a range's type column squeezes the help column of
+    # --help in an 80-column terminal until it cuts words.
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8090,
     agent: Annotated[
         str | None, typer.Option(help="The AgentApp to serve, as module:attribute.")
     ] = None,
@@ -183,19 +195,15 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Run every router in one local server (settings and env pick the backends).
-
-    ``--agent`` is imported from the working directory (or ``--app-dir``). On the embedded
-    defaults (in-memory stores and keys, the demo agent) a development key is created and
-    printed; it lasts as long as the server. The port is taken first, so a port in use fails
-    before any key or command is printed.
-    """
+    """Run every router in one local server (settings and env pick the backends)."""
     if agent is not None and not agent.strip():  # --agent "$AGENT" of a variable not set
         _fail(
             "--agent is empty (a variable not set?): give the AgentApp as module:attribute, "
             "e.g. mypkg.agent:app, or leave --agent out for AGENT_APP or the demo agent",
             code=2,
         )
+    if not 0 <= port <= 65535:
+        _fail(f"--port must be a port number from 0 to 65535, not {port}", code=2)
     if not app_dir.is_dir():
         _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
     if header_timeout is not None and not 0 < header_timeout < math.inf:

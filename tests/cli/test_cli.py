@@ -1292,3 +1292,26 @@ def test_chat_ends_on_an_error_no_message_can_fix(server: Server) -> None:
         assert chatted.returncode == 1, chatted.stderr
         assert chatted.stderr.count(said) == 1, chatted.stderr
         assert chatted.stdout.count("you>") == 1
+
+
+def command_paths(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The path of every command under ``command`` (a click group or command)."""
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from command_paths(sub, (*path, name))
+
+
+def test_every_help_reads_as_plain_text_wrapped_in_an_80_column_terminal() -> None:
+    # serve's showed the docstring's ``--agent``, broke its lines mid-sentence where the
+    # docstring did, and cut a setting's name short (REQUEST_HEAD_TIMEOUT…).
+    import typer.main
+
+    for path in command_paths(typer.main.get_command(app)):
+        shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        assert "``" not in shown and "…" not in shown, (path, shown)
+        description = shown.split("╭")[0].splitlines()[3:]
+        for line, after in itertools.pairwise(description):
+            if line.strip() and after.strip():  # a line broken early, its next word would fit
+                assert len(line.rstrip()) + 1 + len(after.split()[0]) > 79, (path, shown)
+    serve = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"}).output
+    assert "REQUEST_HEAD_TIMEOUT_SECONDS, 15" in serve
