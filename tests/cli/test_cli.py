@@ -963,6 +963,23 @@ def test_init_names_the_command_by_its_path_when_no_virtualenv_is_active(
     assert pytest_run.returncode == 0, pytest_run.stdout + pytest_run.stderr
 
 
+@pytest.mark.parametrize("plugins", [[], ["-p", "no:asyncio"]])
+def test_inits_project_runs_its_test_without_a_warning(tmp_path: Path, plugins: list[str]) -> None:
+    # Its first run warned that pytest-asyncio's asyncio_default_fixture_loop_scope was unset;
+    # without pytest-asyncio (as -p no:asyncio), setting it must not warn of an unknown option.
+    assert run_cli("init", str(tmp_path / "shouter")).returncode == 0
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugins],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / "shouter",
+        timeout=120,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "1 passed" in tested.stdout
+    assert "warning" not in (tested.stdout + tested.stderr).lower(), tested.stdout
+
+
 @pytest.mark.parametrize("name", ["email", "json", "fastapi", "tests"])
 def test_init_refuses_a_name_whose_package_python_already_has(tmp_path: Path, name: str) -> None:
     # "init email" wrote a project whose test and serve failed: its package was the

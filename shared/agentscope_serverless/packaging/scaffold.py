@@ -63,7 +63,19 @@ above; packaging installs them with the runtime for the target platform.
 """
 
 CONFTEST = '''"""Makes the project's package importable from its tests, however pytest runs."""
+
+
+def pytest_addoption(parser, pluginmanager):
+    # pytest.ini sets pytest-asyncio's loop scope (unset, it warns on every run); without
+    # pytest-asyncio, the setting is declared here, else pytest warns it knows no such option.
+    if not pluginmanager.has_plugin("asyncio"):
+        parser.addini("asyncio_default_fixture_loop_scope", "pytest-asyncio's (not installed)")
 '''
+
+PYTEST_INI = """[pytest]
+testpaths = tests
+asyncio_default_fixture_loop_scope = function
+"""
 
 REQUIREMENTS = "# The packages your agent imports, one per line (the runtime is already there).\n"
 
@@ -117,6 +129,7 @@ def write_project(target: Path) -> str:
         "requirements.txt": REQUIREMENTS,
         "README.md": README.format(name=name, agent=agent, venv=Path(sys.prefix)),
         "conftest.py": CONFTEST,
+        "pytest.ini": PYTEST_INI,
         # Secrets of local runs (.env, .env.local...) stay out of the repository too.
         ".gitignore": ".venv/\n__pycache__/\ndist/\n.aws-sam/\n.env\n.env.*\n!.env.example\n",
     }
