@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -19,7 +20,15 @@ from agentscope_serverless.agents.llm import create_llm_app
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running, stream, text_of, user_message
+from tests.support.http import (
+    Keys,
+    bearer,
+    free_port,
+    running,
+    stream,
+    text_of,
+    user_message,
+)
 
 API_KEY = "sk-test-0000"
 WEATHER_SCHEMA = {
@@ -731,9 +740,37 @@ def test_a_stream_of_keep_alive_comments_without_data_fails_at_the_timeout(keys:
     ):
         _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
     assert sse.data[-1]["status"] == "failed"
+    error = sse.data[-1]["error"]
+    assert error["code"] == "LLM_UNAVAILABLE"
+    assert re.fullmatch(
+        r"cannot reach the chat API at http://127\.0\.0\.1:\d+ \(LLM_BASE_URL\): it sent no "
+        r"data for 0\.5 s",
+        error["message"],
+    ), error
+
+
+def test_a_chat_api_not_reached_is_named_by_its_host_and_never_its_credentials(
+    keys: Keys,
+) -> None:
+    # The error said "cannot reach the chat API (ConnectError)": which one, and which setting
+    # names it, the user had to guess.
+    port = free_port()
+    base = f"http://someone:hush@127.0.0.1:{port}/v1?api-key=hush"
+    app = create_llm_app(
+        [],
+        settings=load_settings(
+            llm_base_url=base, llm_api_key=API_KEY, llm_model="m", llm_max_retries=0
+        ),
+    )
+    with (
+        running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
     assert sse.data[-1]["error"] == {
         "code": "LLM_UNAVAILABLE",
-        "message": "cannot reach the chat API (it sent no data for 0.5 s)",
+        "message": f"cannot reach the chat API at http://127.0.0.1:{port} (LLM_BASE_URL): "
+        "ConnectError",
     }
 
 

@@ -390,7 +390,7 @@ class LLMAgent:
                             yield chunk
                         return
             except httpx.HTTPError as exc:
-                failure = f"cannot reach the chat API ({type(exc).__name__})"
+                failure = f"cannot reach {_chat_api(config.base_url)}: {type(exc).__name__}"
                 if streamed or attempt >= config.max_retries:
                     raise AgentError(failure, code="LLM_UNAVAILABLE") from None
                 delay = _backoff(attempt)
@@ -485,6 +485,20 @@ def _backoff(attempt: int) -> float:
     return wait * (1 - 0.25 * random.random())
 
 
+def _chat_api(url: str) -> str:
+    """``the chat API at scheme://host[:port] (LLM_BASE_URL)``: where the calls went, without
+    the credentials, path or query its URL may hold."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        parsed = None
+    if parsed is None or not parsed.host:
+        return "the chat API (LLM_BASE_URL)"
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    port = "" if parsed.port is None else f":{parsed.port}"
+    return f"the chat API at {parsed.scheme}://{host}{port} (LLM_BASE_URL)"
+
+
 async def _chunks(
     response: httpx.Response, silence: float, max_bytes: int
 ) -> AsyncIterator[dict[str, Any]]:
@@ -520,7 +534,7 @@ async def _chunks(
             break
         except TimeoutError:
             raise AgentError(
-                f"cannot reach the chat API (it sent no data for {silence:g} s)",
+                f"cannot reach {_chat_api(str(response.url))}: it sent no data for {silence:g} s",
                 code="LLM_UNAVAILABLE",
             ) from None
         if not line.startswith("data:"):
