@@ -14,10 +14,12 @@ without a token, would hold the server's file descriptors forever.
   upload that keeps arriving is not cut), plus :data:`ANSWER_GRACE_SECONDS` for an
   application bounding its own reads of the body to answer first (the 408 of
   ``REQUEST_BODY_TIMEOUT_SECONDS``);
-- answered before its body was whole (a 401, a 413...): the answer says ``Connection:
-  close``, then what the client still sends is read and dropped, for at most
-  :data:`LINGER_SECONDS`, before the connection closes (closing at once would reset it
-  under a client still writing, which would lose the answer).
+- answered before its body was whole (a 401...): the answer says ``Connection: close``,
+  then what the client still sends is read and dropped, for at most :data:`LINGER_SECONDS`
+  and :data:`LINGER_BYTES`, before the connection closes (closing at once would reset it
+  under a client still writing, which would lose the answer); an answer saying
+  ``Connection: close`` itself (a 413 of the application, which drained the body its own
+  way) closes it as it ends.
 
 It also makes the event loop log a listening socket's ``accept()`` failing for want of file
 descriptors once every :data:`ACCEPT_ERROR_LOG_SECONDS`, in one line: Python's loop logs it,
@@ -40,8 +42,10 @@ DEFAULT_HEAD_TIMEOUT_SECONDS = 15.0
 DEFAULT_BODY_TIMEOUT_SECONDS = 30.0
 # How long, past the body timeout, an application has to answer a stalled body itself.
 ANSWER_GRACE_SECONDS = 1.0
-# How long what a client still sends after an answer given before its body is dropped.
+# How long, and how much, of what a client still sends after an answer given before its
+# body is dropped.
 LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
 # How often, at most, a listening socket failing to accept (out of descriptors) is logged.
 ACCEPT_ERROR_LOG_SECONDS = 60.0
 
@@ -65,6 +69,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._lingering = False
+        self._lingered = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -79,7 +84,11 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
-            return  # the rest of a body already answered: dropped
+            # The rest of a body already answered: dropped, up to a bound.
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self._give_up_body()
+            return
         super().data_received(data)
 
     def on_message_begin(self) -> None:
@@ -144,7 +153,11 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         send = cycle.send
 
         async def send_closing(message: Any) -> None:
-            if message["type"] == "http.response.start" and cycle.more_body:
+            if (
+                message["type"] == "http.response.start"
+                and cycle.more_body
+                and not _says_close(message)  # else the application read what it would
+            ):
                 cycle.keep_alive = False  # uvicorn says Connection: close and closes
                 cycle.transport = cast("asyncio.Transport", _Lingering(self))
             await send(message)
@@ -153,7 +166,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _linger(self) -> None:
         """Close the connection once the client has read the answer: stop sending, drop
-        what it still sends, close when it does or after :data:`LINGER_SECONDS`."""
+        what it still sends, close when it does, after :data:`LINGER_SECONDS` or past
+        :data:`LINGER_BYTES`."""
         if self.transport.is_closing():
             return
         self._lingering = True
@@ -162,6 +176,15 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self._give_up_body)
+
+
+def _says_close(message: Any) -> bool:
+    """Whether a response's start says ``Connection: close``: an application answering a
+    body it refused so (a 413, a 408) has read and dropped what it would of it already."""
+    return any(
+        bytes(name).lower() == b"connection" and bytes(value).strip().lower() == b"close"
+        for name, value in message.get("headers", ())
+    )
 
 
 class _Lingering:
