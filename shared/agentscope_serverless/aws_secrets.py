@@ -28,8 +28,8 @@ import re
 from typing import Any
 
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
-from agentscope_serverless.log import redact
-from agentscope_serverless.settings import Settings
+from agentscope_serverless.log import redact, redact_aws_credentials
+from agentscope_serverless.settings import Settings, secret_values
 
 SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 # What an environment variable may be named, here.
@@ -122,8 +122,18 @@ def fetch_secret_json(
 
 def resolve_secrets(settings: Settings) -> Settings:
     """``settings`` with the fields found in the ``SECRETS_ARN`` secret filled in; the agent's
-    own secrets (``AGENT_SECRETS_ARN``) are put in the environment first."""
+    own secrets (``AGENT_SECRETS_ARN``) are put in the environment first. Every secret of the
+    process is kept out of log lines and error messages from now on, before the agent is
+    imported: a module that raises as it is imported may quote one."""
     export_agent_secrets(settings)
+    resolved = _with_stack_secrets(settings)
+    redact(secret_values(resolved))
+    redact_aws_credentials()
+    return resolved
+
+
+def _with_stack_secrets(settings: Settings) -> Settings:
+    """``settings`` with the fields found in the ``SECRETS_ARN`` secret filled in."""
     if not settings.secrets_arn:
         return settings
     secret = fetch_secret_json(

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -438,15 +438,29 @@ class Settings(BaseModel):
 def secret_values(settings: Settings) -> list[str]:
     """Every secret of ``settings`` (and the password inside a connection URL) of at least
     4 characters, longest first."""
+    values = (getattr(settings, name) for name in type(settings).model_fields)
+    return _secrets_of(value.get_secret_value() for value in values if isinstance(value, SecretStr))
+
+
+def environment_secrets() -> list[str]:
+    """The secrets the environment gives the settings (``LLM_API_KEY``...), as
+    :func:`secret_values` finds them, whether the other settings are valid or not: what a
+    process reading no settings (a build importing the agent) keeps out of what it prints."""
+    secret = [
+        name
+        for name, field in Settings.model_fields.items()
+        if SecretStr in (field.annotation, *get_args(field.annotation))
+    ]
+    return _secrets_of(_environment_values(secret).values())
+
+
+def _secrets_of(raw_values: Iterable[str]) -> list[str]:
     secrets: list[str] = []
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if isinstance(value, SecretStr):
-            raw = value.get_secret_value()
-            secrets.append(raw)
-            password = urlsplit(raw).password if "://" in raw else None
-            if password:
-                secrets.append(password)
+    for raw in raw_values:
+        secrets.append(raw)
+        password = urlsplit(raw).password if "://" in raw else None
+        if password:
+            secrets.append(password)
     return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
 
@@ -498,4 +512,11 @@ def environment_port(default: int = 8080) -> int:
     return int(value)
 
 
-__all__ = ["Settings", "environment_port", "get_settings", "load_settings", "secret_values"]
+__all__ = [
+    "Settings",
+    "environment_port",
+    "environment_secrets",
+    "get_settings",
+    "load_settings",
+    "secret_values",
+]

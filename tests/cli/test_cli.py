@@ -661,6 +661,54 @@ def test_serve_says_a_setting_holds_a_windows_line_ending(
     ), line
 
 
+LEAKING_AGENT = """import os
+
+key = os.environ["LLM_API_KEY"]
+raise RuntimeError(f"could not log in with {key}")
+"""
+
+
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+)
+def test_serve_masks_the_secrets_an_agent_quotes_as_it_fails_to_import(
+    tmp_path: Path, command: list[str]
+) -> None:
+    (tmp_path / "leaks.py").write_text(LEAKING_AGENT)
+    result = subprocess.run(
+        [*command, "--port", str(free_port()), "--agent", "leaks:app"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "LLM_API_KEY": "sk-LEAKME-12345678"},
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "raised RuntimeError: could not log in with *** (" in result.stderr, result.stderr
+    assert "LEAKME" not in result.stdout + result.stderr
+
+
+def test_serve_reload_masks_the_secrets_an_agent_quotes_as_it_fails_to_import(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "leaks.py").write_text(LEAKING_AGENT)
+    port = free_port()
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--port", str(port), "--agent", "leaks:app", "--reload"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LLM_API_KEY": "sk-LEAKME-12345678"},
+    )
+    try:
+        said = read_until(process.stderr, "when a file changes)\n", within=60)
+        assert "raised RuntimeError: could not log in with *** (" in said, said
+        assert "LEAKME" not in said
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def test_serve_says_an_agent_module_named_as_one_of_pythons_is_not_imported(
     tmp_path: Path,
 ) -> None:

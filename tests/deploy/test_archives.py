@@ -438,6 +438,22 @@ def test_an_agent_raising_as_it_is_imported_is_told_where_and_what_to_do(tmp_pat
     )
 
 
+def test_an_agent_raising_with_a_secret_of_the_builds_environment_never_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "leaks.py").write_text(
+        "import os\n\nkey = os.environ['LLM_API_KEY']\n"
+        "raise RuntimeError(f'could not log in with {key}')\n"
+    )
+    monkeypatch.setenv("LLM_API_KEY", "sk-BUILD-LEAK-2718281")
+    with pytest.raises(PackagingError) as refused:
+        check_agent_import("leaks:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
+    message = str(refused.value)
+    said = "raised RuntimeError as it is imported (leaks.py, line 4): could not log in with ***;"
+    assert said in message, message
+    assert "BUILD-LEAK" not in message
+
+
 def test_an_agent_that_does_not_compile_is_told_where_not_to_list_packages(
     tmp_path: Path,
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.http.lambda_handler import LambdaHandler, make_handler
+from agentscope_serverless.log import logger
 from agentscope_serverless.services.runs.base import RunRecord
 from tests.support.http import issue_key
 from tests.support.lambda_runtime import function_url_event
@@ -62,6 +63,33 @@ def test_an_agent_module_exiting_as_it_is_imported_answers_503_naming_why(
         load_agent_app("exits_on_import:app")
     assert "exits_on_import" in str(refused.value)
     assert "WEATHER_API_KEY is not set" in str(refused.value)
+
+
+def test_an_agent_module_raising_with_a_secret_at_cold_start_never_shows_it(
+    agent_project: tuple[Path, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder, key = agent_project
+    (folder / "leaks_on_import.py").write_text(
+        "import os\n"
+        "key = os.environ['LLM_API_KEY']\n"
+        "raise RuntimeError(f'could not log in with {key}')\n"
+    )
+    monkeypatch.setenv("LLM_API_KEY", "sk-COLDSTART-LEAK-3141592")
+    monkeypatch.setenv("AGENT_APP", "leaks_on_import:app")
+    monkeypatch.delitem(sys.modules, "leaks_on_import", raising=False)
+    handler = make_handler(["process"])
+    level = logger.level
+    logger.setLevel("ERROR")  # the tests log nothing below CRITICAL
+    try:
+        answer = _process(handler, key)
+    finally:
+        logger.setLevel(level)
+    assert answer["statusCode"] == 503, answer
+    logged = capsys.readouterr()
+    assert "could not log in with ***" in logged.out, logged.out
+    assert "COLDSTART-LEAK" not in json.dumps(answer) + logged.out + logged.err
 
 
 def test_an_agent_exiting_during_its_turn_fails_the_run_and_the_function_goes_on(

@@ -44,6 +44,7 @@ from agentscope_serverless.deployers.adapter.a2a import (
 )
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
 from agentscope_serverless.errors import ConfigurationError, InvalidInputError
+from agentscope_serverless.log import redacted
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import (
     FRAMEWORKS,
@@ -672,17 +673,19 @@ def load_agent_app(path: str) -> AgentApp:
         ) from None
     except ImportError as exc:
         raise ConfigurationError(
-            f"AGENT_APP={path!r}: cannot import {module_name!r}: {exc}{_where_raised(exc)}"
-            + _import_hint(exc, module_name, attribute)
+            f"AGENT_APP={path!r}: cannot import {module_name!r}: {redacted(str(exc))}"
+            f"{_where_raised(exc)}" + _import_hint(exc, module_name, attribute)
         ) from None
     except SystemExit as exc:  # a script's habit: the process serving the agent goes on
         raise ConfigurationError(
-            f"AGENT_APP={path!r}: importing {module_name!r} called sys.exit({exc.code!r})"
+            f"AGENT_APP={path!r}: importing {module_name!r} called "
+            f"sys.exit({redacted(repr(exc.code))})"
         ) from None
     except Exception as exc:  # the module's own code failed (a missing variable, say)
+        # Its message may quote a secret it read (an API key refused), as a run's error may.
         raise ConfigurationError(
             f"AGENT_APP={path!r}: importing {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}{_where_raised(exc)}"
+            f"{type(exc).__name__}: {redacted(str(exc))}{_where_raised(exc)}"
         ) from None
     module = found
     missing = object()

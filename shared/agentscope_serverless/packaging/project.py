@@ -26,8 +26,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
-from agentscope_serverless.log import without_url_credentials
+from agentscope_serverless.log import (
+    redact,
+    redact_aws_credentials,
+    redacted,
+    without_url_credentials,
+)
 from agentscope_serverless.serve import source_root
+from agentscope_serverless.settings import environment_secrets
 
 PACKAGE = "agentscope_serverless"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -892,7 +898,12 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
                 "connect when it runs (its query handler, or @app.init)"
             ) from None
     if result.returncode != 0:
-        reason = (result.stdout.strip() or result.stderr.strip()).splitlines()[-1:] or ["failed"]
+        # The agent's own words (an exception's message) may quote a secret it read from the
+        # environment the build runs in.
+        redact(environment_secrets())
+        redact_aws_credentials()
+        said = redacted(result.stdout.strip() or result.stderr.strip())
+        reason = said.splitlines()[-1:] or ["failed"]
         if reason[0].startswith(ENVIRONMENT_MARK):
             name, _, where = reason[0].removeprefix(ENVIRONMENT_MARK).partition("\t")
             raise PackagingError(
