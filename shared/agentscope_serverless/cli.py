@@ -204,6 +204,10 @@ def serve(
         )
     if not 0 <= port <= 65535:
         _fail(f"--port must be a port number from 0 to 65535, not {port}", code=2)
+    from agentscope_serverless.settings import agent_app_problem
+
+    if agent is not None and (problem := agent_app_problem(agent)):
+        _fail(f"--agent {agent!r}: {problem}", code=2)
     if not app_dir.is_dir():
         _fail(f"--app-dir {app_dir}: no such folder ({app_dir.absolute()})", code=2)
     if header_timeout is not None and not 0 < header_timeout < math.inf:

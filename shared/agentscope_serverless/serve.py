@@ -172,7 +172,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from agentscope_serverless.errors import AgentScopeServerlessError
     from agentscope_serverless.head_timeout import head_timeout_protocol
+    from agentscope_serverless.settings import agent_app_problem
 
+    problem = agent_app_problem(options.agent) if options.agent else None
+    if problem is not None:
+        print(f"error: --agent {options.agent!r}: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     use_app_dir(options.app_dir)
     try:
         served = build(root_settings(options.agent))

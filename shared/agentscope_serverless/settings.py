@@ -385,16 +385,9 @@ class Settings(BaseModel):
     @field_validator("agent_app", mode="before")
     @classmethod
     def _agent_import_path(cls, value: object) -> object:
-        if isinstance(value, str) and not re.fullmatch(_AGENT_APP_PATTERN, value):
-            module, _, attribute = value.partition(":")
-            module = re.sub(r"\.py$", "", module.removeprefix("./")).replace("/", ".")
-            example = f"{module}:{attribute or 'app'}"
-            if not re.fullmatch(_AGENT_APP_PATTERN, example):
-                example = "mypkg.agent:app"
-            raise ValueError(
-                "give the AgentApp as module:attribute, the module's import path (not a file "
-                f"path) and the name of its AgentApp, e.g. {example}"
-            )
+        problem = agent_app_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("cors_allow_origins", mode="before")
@@ -433,6 +426,28 @@ class Settings(BaseModel):
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
         return value.expanduser()
+
+
+def agent_app_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as the AgentApp to serve (``AGENT_APP``, ``--agent``),
+    with an example made of it; None when it is an import path ``module:attribute``.
+
+    >>> agent_app_problem("./mypkg/agent.py").rpartition(" ")[2]
+    'mypkg.agent:app'
+    >>> agent_app_problem("mypkg.agent:app") is None
+    True
+    """
+    if re.fullmatch(_AGENT_APP_PATTERN, value):
+        return None
+    module, _, attribute = value.partition(":")
+    module = re.sub(r"\.py$", "", module.removeprefix("./")).replace("/", ".")
+    example = f"{module}:{attribute or 'app'}"
+    if not re.fullmatch(_AGENT_APP_PATTERN, example):
+        example = "mypkg.agent:app"
+    return (
+        "give the AgentApp as module:attribute, the module's import path (not a file "
+        f"path) and the name of its AgentApp, e.g. {example}"
+    )
 
 
 def secret_values(settings: Settings) -> list[str]:
@@ -487,7 +502,9 @@ def _problem(error: Any, given: dict[str, Any]) -> str:
         " (its value begins or ends with white space, such as the \\r a Windows line ending "
         "leaves: remove it)"
     )
-    return f"{name.upper() or 'SETTINGS'}: {error['msg']}{hint if padded else ''}"
+    # A validator's own words, without the "Value error, " pydantic puts before them.
+    said = error["msg"].removeprefix("Value error, ")
+    return f"{name.upper() or 'SETTINGS'}: {said}{hint if padded else ''}"
 
 
 @lru_cache(maxsize=1)
@@ -514,6 +531,7 @@ def environment_port(default: int = 8080) -> int:
 
 __all__ = [
     "Settings",
+    "agent_app_problem",
     "environment_port",
     "environment_secrets",
     "get_settings",

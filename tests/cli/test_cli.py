@@ -661,6 +661,44 @@ def test_serve_says_a_setting_holds_a_windows_line_ending(
     ), line
 
 
+@pytest.mark.parametrize("agent", ["mypkg/agent.py", "./mypkg/agent.py", "mypkg.agent"])
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+)
+def test_serve_names_an_agent_option_not_given_as_module_attribute_with_an_example(
+    tmp_path: Path, command: list[str], agent: str
+) -> None:
+    result = subprocess.run(
+        [*command, "--port", str(free_port()), "--agent", agent],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: --agent {agent!r}: give the AgentApp as module:attribute, the module's import "
+        "path (not a file path) and the name of its AgentApp, e.g. mypkg.agent:app"
+    ]
+
+
+def test_serve_names_the_agent_app_variable_not_given_as_module_attribute(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [SCRIPT, "serve", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "AGENT_APP": "mypkg/agent.py"},
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "error: invalid settings: AGENT_APP: give the AgentApp as module:attribute, the "
+        "module's import path (not a file path) and the name of its AgentApp, e.g. "
+        "mypkg.agent:app"
+    ]
+
+
 LEAKING_AGENT = """import os
 
 key = os.environ["LLM_API_KEY"]
