@@ -123,8 +123,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _head_too_late(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        self._close()
 
     def _expect_body(self, seconds: float) -> None:
         self._body_timer = self.loop.call_later(seconds, self._body_too_late)
@@ -144,6 +143,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _give_up_body(self) -> None:
         self._body_timer = None
+        self._close()
+
+    def _close(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
 

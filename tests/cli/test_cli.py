@@ -635,6 +635,23 @@ def test_serve_from_another_folder_says_where_the_agent_is(
     assert "Traceback" not in result.stderr and "ask_" not in result.stdout
 
 
+def refused_start(
+    cwd: Path, *args: str, command: list[str] | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``serve`` (or ``command``) on a free port with ``args``, run in ``cwd``: it must
+    refuse to start (exit 2); its output, to read what it said."""
+    result = subprocess.run(
+        [*(command or [SCRIPT, "serve"]), "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    return result
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("AGENT_APP", "demo_agent:app\r"), ("AUTH_KEYS_BACKEND", "file\r"), ("AGENT_APP", " x:app")],
@@ -644,15 +661,7 @@ def test_serve_says_a_setting_holds_a_windows_line_ending(
 ) -> None:
     # A settings file saved on Windows, sourced by bash: each value ends with a \r.
     (tmp_path / "demo_agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
-    result = subprocess.run(
-        [SCRIPT, "serve", "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, variable: value},
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = refused_start(tmp_path, env={variable: value})
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: invalid settings: {variable}: "), line
     assert line.endswith(
@@ -668,14 +677,7 @@ def test_serve_says_a_setting_holds_a_windows_line_ending(
 def test_serve_names_an_agent_option_not_given_as_module_attribute_with_an_example(
     tmp_path: Path, command: list[str], agent: str
 ) -> None:
-    result = subprocess.run(
-        [*command, "--port", str(free_port()), "--agent", agent],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = refused_start(tmp_path, "--agent", agent, command=command)
     assert result.stderr.splitlines() == [
         f"error: --agent {agent!r}: give the AgentApp as module:attribute, the module's import "
         "path (not a file path) and the name of its AgentApp, e.g. mypkg.agent:app"
@@ -683,15 +685,7 @@ def test_serve_names_an_agent_option_not_given_as_module_attribute_with_an_examp
 
 
 def test_serve_names_the_agent_app_variable_not_given_as_module_attribute(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [SCRIPT, "serve", "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "AGENT_APP": "mypkg/agent.py"},
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = refused_start(tmp_path, env={"AGENT_APP": "mypkg/agent.py"})
     assert result.stderr.splitlines() == [
         "error: invalid settings: AGENT_APP: give the AgentApp as module:attribute, the "
         "module's import path (not a file path) and the name of its AgentApp, e.g. "
@@ -713,15 +707,9 @@ def test_serve_masks_the_secrets_an_agent_quotes_as_it_fails_to_import(
     tmp_path: Path, command: list[str]
 ) -> None:
     (tmp_path / "leaks.py").write_text(LEAKING_AGENT)
-    result = subprocess.run(
-        [*command, "--port", str(free_port()), "--agent", "leaks:app"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "LLM_API_KEY": "sk-LEAKME-12345678"},
-        timeout=120,
+    result = refused_start(
+        tmp_path, "--agent", "leaks:app", command=command, env={"LLM_API_KEY": "sk-LEAKME-12345678"}
     )
-    assert result.returncode == 2, result.stdout + result.stderr
     assert "raised RuntimeError: could not log in with *** (" in result.stderr, result.stderr
     assert "LEAKME" not in result.stdout + result.stderr
 
