@@ -663,6 +663,99 @@ async def test_two_appends_of_a_message_racing_its_delete_leave_it_deleted(
     assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
 
 
+async def test_two_appends_of_a_large_message_at_one_position_leave_no_stray_parts(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The first append claims the id and stops before writing; its retry finds the id and
+    # no message, and both write it, each its own parts: the head written last won, and the
+    # other's parts stayed stored for good, part of no message.
+    async with history_on(dynamodb_server) as first, history_on(dynamodb_server) as retry:
+        await first.create_session(user_id, "s1")
+        paused, resumed = asyncio.Event(), asyncio.Event()
+
+        async def pause() -> None:
+            paused.set()
+            await resumed.wait()
+
+        delete_before_first_put(first, pause)
+        appending = asyncio.create_task(
+            first.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        )
+        await paused.wait()
+
+        async def finish_first() -> None:
+            resumed.set()
+            await appending
+
+        delete_before_first_put(retry, finish_first)
+        await retry.append_message(Session(id="s1", user_id=user_id), big_message("x"))
+        assert appending.done()
+        assert await ids_stored(retry, user_id) == ["x"]
+        assert texts(await retry.get_session(user_id, "s1")) == [ONE_MEGABYTE_TEXT]
+    items: list[dict[str, Any]] = []
+    async for page in dynamodb_client.get_paginator("scan").paginate(
+        TableName=dynamodb_server.sessions_table,
+        FilterExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": messages_pk(user_id, "s1")}},
+        ConsistentRead=True,
+    ):
+        items += page["Items"]
+    [head] = [item for item in items if "parts" in item]
+    parts = [item for item in items if "part" in item]
+    assert len(parts) == int(head["parts"]["N"]) - 1
+    assert {part["version"]["S"] for part in parts} == {head["version"]["S"]}
+    assert len(items) == len(parts) + 2  # the head, its parts, the item of its id
+
+
+def pause_after_listing_trimmed(service: Any, action: Any) -> None:
+    """Make ``action()`` run just after ``service``'s trim has listed the messages it
+    removes, before it removes them."""
+    query = service._store.query
+    pending = [action]
+
+    async def query_then_act(**kwargs: Any) -> Any:
+        async for item in query(**kwargs):
+            yield item
+        if pending and "claim" in kwargs.get("ProjectionExpression", ""):
+            await pending.pop()()
+
+    service._store.query = query_then_act
+
+
+async def test_a_trim_racing_another_and_a_retried_append_keeps_the_retried_message_whole(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # A trim listed m0 to remove; meanwhile another append trimmed it, and a retry of m0
+    # appended it again, with a new item of its id. The first trim then deleted that item
+    # unconditionally: m0 stayed in the session out of reach of its id (not found by id,
+    # not deletable), and the next retry stored it a second time.
+    target = Session(id="s1", user_id=user_id)
+    async with (
+        history_on(dynamodb_server, max_messages_per_session=2) as first,
+        history_on(dynamodb_server, max_messages_per_session=2) as other,
+    ):
+        await other.append_message(target, numbered(0, 2))
+
+        async def trim_then_retry() -> None:
+            await other.append_message(target, numbered(3, 1))
+            await other.append_message(target, numbered(0, 1))
+
+        pause_after_listing_trimmed(first, trim_then_retry)
+        await first.append_message(target, numbered(2, 1))
+        assert await ids_stored(first, user_id) == ["m3", "m0"]
+        assert list(await first.stored_messages(user_id, "s1", ["m0"])) == ["m0"]
+        await first.append_message(target, numbered(0, 1))
+        assert await ids_stored(first, user_id) == ["m3", "m0"]
+        page = await first.list_messages(user_id, "s1")
+        assert [m.id for m in page.items] == ["m3", "m0"]
+        assert await first.delete_messages(user_id, "s1", ["m0"]) == 1
+        assert await ids_stored(first, user_id) == ["m3"]
+    items = await partition(
+        dynamodb_client, dynamodb_server.sessions_table, messages_pk(user_id, "s1")
+    )
+    assert len(items) == 2  # m3 and the item of its id
+
+
 # --- connections ----------------------------------------------------------------------
 
 

@@ -209,6 +209,13 @@ def _item_size(item: Item) -> int:
     return sum(len(name) + len(str(value).encode()) for name, value in item.items())
 
 
+def _action_key(action: Item) -> str:
+    """The item a ``TransactWriteItems`` action writes, deletes or checks, as a string."""
+    [operation] = action.values()
+    key = operation.get("Key") or {"pk": operation["Item"]["pk"], "sk": operation["Item"]["sk"]}
+    return f"{key['pk']['S']}\n{key['sk']['S']}"
+
+
 def tail_keys(head: Item) -> list[Item]:
     """The keys of the tail items of a head item."""
     pk, sk, version = head["pk"], head["sk"]["S"], head.get("version", {}).get("S")
@@ -403,52 +410,79 @@ class DynamoDBStore:
         elif items:
             await self._batch([{"PutRequest": {"Item": item}} for item in items])
 
-    async def put_together(self, items: list[Item], checks: list[Item] | None = None) -> list[Item]:
+    async def put_together(
+        self, items: list[Item], checks: list[Item] | None = None, *, first_only: bool = False
+    ) -> list[Item]:
         """Write ``items`` (full items with fixed keys, so safe to replay) all or none: in
         one transaction when they fit in one (100 actions, 4 MB), else in a transaction per
         such group, in order.
 
         ``checks``, one ``ConditionCheck`` (``Key``, ``ConditionExpression``, values) per
         item, writes an item only while its check holds, in the same transaction (two
-        actions an item): the items whose check failed are left out, the others written
-        together all the same. Returns the items left out.
+        actions an item); ``first_only`` writes an item only where none is stored, or one
+        of its own ``version`` (this write, replayed). The items refused are left out, the
+        others written together all the same. Returns the items left out.
         """
-        if checks is None and len(items) <= 1:
+        if checks is None and not first_only and len(items) <= 1:
             await self.put(items)
             return []
-        actions = [[{"Put": {"TableName": self.table_name, "Item": item}}] for item in items]
+        units: list[list[Item]] = []
+        for item in items:
+            put: Item = {"TableName": self.table_name, "Item": item}
+            if first_only:
+                put["ExpressionAttributeNames"] = names("#pk")
+                put["ConditionExpression"] = "attribute_not_exists(#pk)"
+                if "version" in item:
+                    put["ConditionExpression"] += " OR version = :version"
+                    put["ExpressionAttributeValues"] = {":version": item["version"]}
+            units.append([{"Put": put}])
         if checks is not None:
-            for item_actions, check in zip(actions, checks, strict=True):
-                item_actions.append({"ConditionCheck": {"TableName": self.table_name, **check}})
-        width = 1 if checks is None else 2
+            for unit, check in zip(units, checks, strict=True):
+                unit.append({"ConditionCheck": {"TableName": self.table_name, **check}})
+        left_out = await self.write_together(units)
+        return [items[i] for i in sorted(left_out)]
+
+    async def write_together(self, units: list[list[Item]]) -> dict[int, set[int]]:
+        """Send ``units``, each a list of ``TransactWriteItems`` actions that go together:
+        in one transaction when they fit in one (100 actions, 4 MB, each item once), else
+        in a transaction per such group, in order. A unit one of whose conditions fails is
+        left out, the others written together all the same. Returns the units left out, by
+        index, each with the positions in it of the actions whose condition failed."""
         groups: list[list[int]] = [[]]
         size = 0
-        for index, item in enumerate(items):
-            item_size = _item_size(item)
+        keys: set[str] = set()
+        for index, unit in enumerate(units):
+            unit_size = sum(_item_size(action) for action in unit)
+            unit_keys = {_action_key(action) for action in unit}
             if groups[-1] and (
-                (len(groups[-1]) + 1) * width > _TRANSACTION_ITEMS
-                or size + item_size > _TRANSACTION_BYTES
+                sum(len(units[i]) for i in groups[-1]) + len(unit) > _TRANSACTION_ITEMS
+                or size + unit_size > _TRANSACTION_BYTES
+                or keys & unit_keys
             ):
                 groups.append([])
                 size = 0
+                keys = set()
             groups[-1].append(index)
-            size += item_size
-        left_out: list[Item] = []
+            size += unit_size
+            keys |= unit_keys
+        left_out: dict[int, set[int]] = {}
         for group in groups:
             while group:
+                owners = [(i, position) for i in group for position in range(len(units[i]))]
                 try:
                     await self.run(
                         "transact_write_items",
                         idempotent=True,
-                        TransactItems=[action for i in group for action in actions[i]],
+                        TransactItems=[action for i in group for action in units[i]],
                     )
                     break
                 except ConditionFailed as failure:
-                    refused = {group[position // width] for position in failure.failed}
-                    if not refused:
+                    if not failure.failed:
                         raise
-                    left_out += [items[i] for i in group if i in refused]
-                    group = [i for i in group if i not in refused]
+                    for position in failure.failed:
+                        index, action = owners[position]
+                        left_out.setdefault(index, set()).add(action)
+                    group = [i for i in group if i not in left_out]
         return left_out
 
     async def delete(self, keys: list[Item]) -> None:

@@ -33,7 +33,10 @@ pk                         sk                  attributes
   Each message id is first claimed by a conditional ``PutItem``: an id already in the
   session is not written again (its new sequence number stays a gap). A message is
   written only while the item of its id holds its sequence number (a ``ConditionCheck``
-  in the transaction): one deleted meanwhile is left out. Two appends at
+  in the transaction): one deleted meanwhile is left out. A head is written only where
+  none is (or its own, replayed): of two appends writing one message at once (a retry
+  racing the append it repeats), the first head stays and the other deletes its tail
+  items, which would be part of no message. Two appends at
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
@@ -63,7 +66,10 @@ pk                         sk                  attributes
   conditional on the version of the marks it read (retried when another came first).
 - ``max_messages_per_session`` keeps the newest N messages stored: reads take them newest
   first (a page of messages starts at the oldest of them), so older ones are hidden at once
-  and deleted, with the items of their ids, by the next append. What is kept is counted
+  and deleted, with the items of their ids, by the next append: as a delete of messages
+  does, each with the item of its id in one transaction while that item holds its number
+  (an append retried meanwhile may have written the message again, its id now at another
+  number), then their tail items. What is kept is counted
   from the messages stored, not from the sequence numbers given out, which appends in
   flight, or failed midway, hold unused.
 """
@@ -391,18 +397,34 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         if first_visible == 1:
             return
         prefix = self._prefix(meta)
-        keys: list[Item] = []
+        removals: list[list[Item]] = []
+        tails: list[Item] = []
         last_hidden = position_key(prefix, first_visible - 1) + "#~"
         async for item in self._store.query(
             **self._between(user_id, session_id, prefix, last_hidden),
-            ProjectionExpression="pk, sk, claim",
+            ProjectionExpression="pk, sk, claim, #p",
+            ExpressionAttributeNames=names("#p"),
             ConsistentRead=True,
         ):
-            keys.append({"pk": item["pk"], "sk": item["sk"]})
+            key = {"pk": item["pk"], "sk": item["sk"]}
+            if "part" in item:
+                tails.append(key)
+                continue
+            claim = None
             if "claim" in item:
-                keys.append({"pk": item["pk"], "sk": item["claim"]})
-        if keys:
-            await self._store.delete(keys)
+                claim = {"pk": item["pk"], "sk": item["claim"]}
+            removals.append(self._removal(key, claim, position_of(prefix, key["sk"]["S"])))
+        # Each message with the item of its id, while both are there, as a delete of the
+        # message: a retried append may have written it again meanwhile (this trim listed it
+        # before another removed it), and the item of its id now holds its new number.
+        left_out = await self._store.write_together(removals)
+        # Where the item of its id holds another number (or none), the message is no
+        # longer reachable by its id: it goes alone.
+        alone = [removals[i][:1] for i, failed in left_out.items() if 0 not in failed]
+        if alone:
+            await self._store.write_together(alone)
+        if tails:
+            await self._store.delete(tails)
         passed = [
             gap for gap in map(int, meta.get("gaps", {}).get("NS", ())) if gap < first_visible
         ]
@@ -677,7 +699,10 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             }
             for seq, message in fresh
         ]
-        deleted = await self._store.put_together(heads, checks)
+        # A message is written once at its number: where two appends write it at once (a
+        # retry racing the append it repeats), the first head stays and the other's tail
+        # items go, else left over, part of no message.
+        deleted = await self._store.put_together(heads, checks, first_only=True)
         if deleted:
             await self._store.delete([key for head in deleted for key in tail_keys(head)])
         if not await self._store.holds(self._session_key(user_id, session_id), meta):
@@ -758,31 +783,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         # is written only while the item of its id holds its sequence number, so none is
         # left, or written again, without it. One not written yet (an append in flight, or
         # failed midway and written by its retry) keeps the item of its id.
-        try:
-            await self._store.run(
-                "transact_write_items",
-                idempotent=True,
-                TransactItems=[
-                    {
-                        "Delete": {
-                            "TableName": self._store.table_name,
-                            "Key": {"pk": pk, "sk": s(head)},
-                            "ConditionExpression": f"attribute_exists(#pk) AND {LIVE}",
-                            "ExpressionAttributeNames": names("#pk", "#e"),
-                            "ExpressionAttributeValues": {":now": n(now())},
-                        }
-                    },
-                    {
-                        "Delete": {
-                            "TableName": self._store.table_name,
-                            "Key": claim_key,
-                            "ConditionExpression": "seq = :seq",
-                            "ExpressionAttributeValues": {":seq": n(seq)},
-                        }
-                    },
-                ],
-            )
-        except ConditionFailed:
+        if await self._store.write_together(
+            [self._removal({"pk": pk, "sk": s(head)}, claim_key, seq)]
+        ):
             return None
         # No message can be written at its sequence number any more: every tail item there
         # is left over (those of an append that wrote the same message again included).
@@ -898,6 +901,34 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             "pk": s(self._messages_pk(user_id, session_id)),
             "sk": s(f"{self._prefix(meta)}~I#{id_hash(message_id)}"),
         }
+
+    def _removal(self, head: Item, claim: Item | None, seq: int) -> list[Item]:
+        """The transaction actions deleting the message at ``seq`` (the key of its head
+        item) and the item of its id (when known), each only while it is there: the id's
+        only while it holds ``seq``."""
+        actions: list[Item] = [
+            {
+                "Delete": {
+                    "TableName": self._store.table_name,
+                    "Key": head,
+                    "ConditionExpression": f"attribute_exists(#pk) AND {LIVE}",
+                    "ExpressionAttributeNames": names("#pk", "#e"),
+                    "ExpressionAttributeValues": {":now": n(now())},
+                }
+            }
+        ]
+        if claim is not None:
+            actions.append(
+                {
+                    "Delete": {
+                        "TableName": self._store.table_name,
+                        "Key": claim,
+                        "ConditionExpression": "seq = :seq",
+                        "ExpressionAttributeValues": {":seq": n(seq)},
+                    }
+                }
+            )
+        return actions
 
     async def _claim_id(
         self, user_id: str, session_id: str, meta: Item, message_id: str, seq: int
