@@ -330,9 +330,9 @@ def tool_app() -> AgentApp:
             await asyncio.sleep(120)
             yield " and done."
             return
-        if msgs[-1].get_text_content() == "piece by piece":
-            for index in range(200):  # 10 s of a line now and then
-                yield f"Piece {index}.\n\n"
+        if msgs[-1].get_text_content() == "in large pieces":
+            for index in range(400):  # 20 s of ten paragraphs now and then
+                yield f"Piece {index}.\n\n" + "A paragraph of a large piece.\n\n" * 10
                 await asyncio.sleep(0.05)
             return
         if msgs[-1].get_text_content() == "a long reply in small pieces":
@@ -595,48 +595,100 @@ async def test_a_message_stopped_before_it_was_sent_goes_back_to_the_box(
         assert not [r for r in page.requests if r == f"{url}/process"]
 
 
+async def streams_in_large_pieces(page: Page, url: str, key: str) -> None:
+    """A conversation taller than the window, then a reply of large pieces, followed."""
+    await sign_in(page, url, key)
+    for _ in range(6):
+        await say(page, "in markdown")
+    await page.type_text("in large pieces")
+    await page.press(*ENTER)
+    await page.wait_for("document.querySelector('.message.assistant.streaming') !== null")
+    await asyncio.sleep(0.3)
+
+
+async def read_back_to_the_start(page: Page) -> None:
+    """The reader turns the wheel back over the whole conversation."""
+    box = await page.evaluate(
+        "(() => { const r = document.getElementById('messages').getBoundingClientRect();"
+        " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+    )
+    for _ in range(20):
+        await page.send(
+            "Input.dispatchMouseEvent",
+            type="mouseWheel",
+            x=box[0],
+            y=box[1],
+            deltaX=0,
+            deltaY=-2000,
+        )
+    await page.wait_for("document.getElementById('messages').scrollTop === 0")
+
+
+STREAMING = "document.querySelector('.message.assistant.streaming') !== null"
+FROM_THE_END = (
+    "(() => { const log = document.getElementById('messages');"
+    " return log.scrollHeight - log.scrollTop - log.clientHeight; })()"
+)
+
+
 async def test_a_reader_scrolled_up_stays_there_while_a_reply_streams(
     tool_server: tuple[str, str],
 ) -> None:
-    # Every piece of the reply scrolled the conversation back to its end.
+    # Every piece of the reply scrolled the conversation back to its end; then a reader who
+    # turned the wheel back less than 48 px was taken back to the end with the next piece.
     url, key = tool_server
     async with chromium_page() as page:
-        await sign_in(page, url, key)
-        for _ in range(6):  # a conversation taller than the window
-            await say(page, "in markdown")
-        await page.type_text("piece by piece")
-        await page.press(*ENTER)
-        await page.wait_for("document.querySelector('.message.assistant.streaming') !== null")
-        await asyncio.sleep(0.3)
-        # The reader turns the wheel back over the conversation.
-        box = await page.evaluate(
-            "(() => { const r = document.getElementById('messages').getBoundingClientRect();"
-            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        await streams_in_large_pieces(page, url, key)
+        # The reader turns the wheel back a little, to reread the last lines: its event, then
+        # its scroll, 40 px up from the end.
+        top = await page.evaluate(
+            "(() => { const log = document.getElementById('messages');"
+            " log.dispatchEvent(new WheelEvent('wheel', {deltaY: -40, bubbles: true}));"
+            " log.scrollTop = log.scrollHeight - log.clientHeight - 40;"
+            " return log.scrollTop; })()"
         )
-        for _ in range(20):
-            await page.send(
-                "Input.dispatchMouseEvent",
-                type="mouseWheel",
-                x=box[0],
-                y=box[1],
-                deltaX=0,
-                deltaY=-2000,
-            )
-        await page.wait_for("document.getElementById('messages').scrollTop === 0")
+        await asyncio.sleep(1)  # large pieces keep coming
+        assert await page.evaluate(STREAMING)
+        assert await page.evaluate("document.getElementById('messages').scrollTop") == top
+        assert await page.evaluate(FROM_THE_END) > 1000
+        # And on, back over the whole conversation.
+        await read_back_to_the_start(page)
         await asyncio.sleep(1.5)  # pieces keep coming
-        assert await page.evaluate(
-            "document.querySelector('.message.assistant.streaming') !== null"
-        )
+        assert await page.evaluate(STREAMING)
         assert await page.evaluate("document.getElementById('messages').scrollTop") == 0
-        # Back at the end, the reply is followed again.
-        await page.evaluate(
-            "const log = document.getElementById('messages'); log.scrollTop = log.scrollHeight"
+        await page.press("Escape", "Escape", 27)
+
+
+# A loaded machine: the reader's scroll is handled by the page only once a large piece of the
+# reply (2000 px) is on screen below it.
+GROWS_BEFORE_THE_SCROLL_IS_HANDLED = """
+window.addEventListener("scroll", () => {
+  const piece = document.createElement("li");
+  piece.style.height = "2000px";
+  piece.style.flex = "none";
+  document.getElementById("messages").append(piece);
+}, {capture: true, once: true});
+"""
+
+
+async def test_a_reader_back_at_the_end_is_followed_again_however_much_came_meanwhile(
+    tool_server: tuple[str, str],
+) -> None:
+    # The page judged the reader back at the end by their distance from it as it was when
+    # it handled their scroll: 48 px of reply or more come meanwhile, and it followed no more.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await streams_in_large_pieces(page, url, key)
+        await read_back_to_the_start(page)
+        await page.evaluate(GROWS_BEFORE_THE_SCROLL_IS_HANDLED)
+        back = await page.evaluate(
+            "(() => { const log = document.getElementById('messages');"
+            " log.scrollTop = log.scrollHeight; return log.scrollTop; })()"
         )
-        await asyncio.sleep(1)
-        at_end = "log.scrollHeight - log.scrollTop - log.clientHeight < 48"
-        assert await page.evaluate(
-            f"(() => {{ const log = document.getElementById('messages'); return {at_end}; }})()"
+        await page.wait_for(
+            f"document.getElementById('messages').scrollTop > {back} + 2000", within=10
         )
+        assert await page.evaluate(STREAMING)
         await page.press("Escape", "Escape", 27)
 
 

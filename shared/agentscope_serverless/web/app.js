@@ -514,6 +514,7 @@ function buildPendingMarkdown() {
   for (const pending of pendingMarkdown) pending.replaceChildren(markdown(rawText.get(pending)));
   pendingMarkdown.clear();
   markdownCost = performance.now() - start;
+  showFrame(); // the reply grew, in this frame
 }
 
 function imageNode(url, alt = "Image from the agent") {
@@ -611,15 +612,23 @@ function scroller() {
 }
 
 // Whether new text is followed: until the reader scrolls back (a wheel or a touch, a key, the
-// scroll bar) to read, where they then stay; and again once they are back at the end. Only
-// the reader's own moves count: the page's changes of height scroll it too.
+// scroll bar) to read, where they then stay; and again once they scroll back to the end. Only
+// the reader's own moves count: the page's changes of height scroll it too, and the page's own
+// scrolls are told apart by where they left the view. Whether the reader reached the end is
+// judged against the end as last shown: a reply can grow by many lines between the reader's
+// scroll and its event, where a distance from the end as it is now would say they are not.
 let following = true;
+let pageTop = null; // where the page last scrolled the view to
+let shownEnd = Infinity; // the farthest the view could be scrolled in the frame last shown
 function readBack() {
   following = false;
 }
 function noteScroll() {
   const view = scroller();
-  if (view.scrollHeight - view.scrollTop - view.clientHeight < 48) following = true;
+  if (view.scrollTop === pageTop) return; // the page's own scroll (or the reply growing below)
+  pageTop = null;
+  const end = Math.min(shownEnd, view.scrollHeight - view.clientHeight);
+  if (view.scrollTop >= end - 1) following = true;
 }
 const BACK_KEYS = new Set(["PageUp", "ArrowUp", "Home"]);
 function watchReading() {
@@ -642,14 +651,23 @@ function watchReading() {
 let scrollPending = false;
 function scrollToEnd(always = false) {
   if (always) following = true;
-  if (scrollPending || !following) return;
+  if (scrollPending) return;
   scrollPending = true;
   requestAnimationFrame(() => {
     scrollPending = false;
-    if (!following) return; // the reader scrolled away meanwhile
-    const view = scroller();
-    view.scrollTop = view.scrollHeight;
+    showFrame();
   });
+}
+
+// Just before a frame is shown, once its content changed: its end is noted, and kept in view
+// while followed.
+function showFrame() {
+  const view = scroller();
+  if (following) {
+    view.scrollTop = view.scrollHeight;
+    pageTop = view.scrollTop;
+  }
+  shownEnd = view.scrollHeight - view.clientHeight;
 }
 
 // --- Running the agent ----------------------------------------------------------------
