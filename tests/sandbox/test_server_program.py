@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from agentscope_serverless.errors import SandboxNotFoundError, SandboxUnavailableError
-from agentscope_serverless.services.sandbox import SandboxService
+from agentscope_serverless.services.sandbox import SandboxClient, SandboxService
 from tests.sandbox.conftest import (
     TOKEN,
+    RunningServer,
     free_port,
     require_sandbox_tools,
     start_server,
@@ -406,3 +407,125 @@ async def test_a_call_in_flight_when_the_server_is_terminated_gets_a_503_saying_
             await asyncio.to_thread(server.process.wait, 10)  # it exits, with its signal
     finally:
         stop_server(server)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (a sandbox's orphans are its PID 1's children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # The name in parentheses may hold spaces: the parent comes after it.
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found: set[int] = set()
+    level = [pid]
+    while level:
+        level = [child for parent in level for child in children.get(parent, [])]
+        found.update(level)
+    return found
+
+
+def leave_a_call(server: RunningServer, sandbox_id: str, tool: str, arguments: object) -> set[int]:
+    """Send a call on a connection of its own and close it once the call is under way (it
+    wrote /workspace/started); the server's processes just before closing."""
+    body = json.dumps({"identity": sandbox_id, "tool_name": tool, "arguments": arguments})
+    started = server.root / "sandboxes" / sandbox_id / "workspace" / "started"
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
+        connection.sendall(
+            (
+                "POST /call_tool HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            ).encode()
+        )
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline, "the call did not start"
+            time.sleep(0.05)
+        return descendants(server.process.pid)
+
+
+# Each writes /workspace/started once under way, then holds the sandbox far past the test's
+# deadlines: asleep in the interpreter, or in processes of its own (which wrote
+# /workspace/child-*) that ignore SIGTERM and leave its session.
+HOLDING_CALLS = {
+    "a sleeping cell": (
+        "run_ipython_cell",
+        {"code": "import time\nopen('/workspace/started', 'w').close()\ntime.sleep(600)"},
+    ),
+    "a cell forking children that ignore SIGTERM": (
+        "run_ipython_cell",
+        {
+            "code": "import glob, os, signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "for _ in range(3):\n"
+            "    if os.fork() == 0:\n"
+            "        os.setsid()\n"
+            "        if os.fork() == 0:\n"
+            "            open(f'/workspace/child-{os.getpid()}', 'w').close()\n"
+            "            time.sleep(600)\n"
+            "        os._exit(0)\n"
+            "while len(glob.glob('/workspace/child-*')) < 3:\n"
+            "    time.sleep(0.01)\n"
+            "open('/workspace/started', 'w').close()\n"
+            "time.sleep(600)"
+        },
+    ),
+    "a command whose processes ignore SIGTERM": (
+        "run_shell_command",
+        {
+            "command": "trap '' TERM; "
+            "(setsid sh -c 'touch /workspace/child-1; exec sleep 600' & sleep 600) & "
+            "until [ -e /workspace/child-1 ]; do sleep 0.01; done; "
+            "touch /workspace/started; sleep 600"
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def patient_server() -> Iterator[RunningServer]:
+    """A server whose calls may run 10 minutes: far longer than a test waits."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-program-"))
+    root.chmod(0o711)
+    server = start_server(root, "--call-timeout", "600")
+    yield server
+    stop_server(server)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("holding", HOLDING_CALLS.values(), ids=list(HOLDING_CALLS))
+async def test_a_call_whose_client_leaves_while_it_runs_is_stopped_and_frees_the_sandbox(
+    patient_server: RunningServer, holding: tuple[str, dict[str, str]]
+) -> None:
+    server = patient_server
+    async with SandboxService(server.url, server.token) as service:
+        [box] = await service.connect_async("leaving")
+        try:
+            await box.run_ipython_cell_async("kept = 1")
+            running = await asyncio.to_thread(leave_a_call, server, box.sandbox_id, *holding)
+            assert running, "the call runs in no process of the server"
+            deadline = time.monotonic() + 30  # far within the call's time limit (600 s)
+            while descendants(server.process.pid):
+                assert time.monotonic() < deadline, "the call's processes outlived its client"
+                await asyncio.sleep(0.1)
+            # The sandbox stays, free: the next call runs at once in a fresh interpreter.
+            assert await service.client.get_status(box.sandbox_id) == "running"
+            impatient = SandboxClient(server.url, server.token, timeout=30)
+            try:
+                result = await impatient.call_tool(
+                    box.sandbox_id,
+                    "run_ipython_cell",
+                    {"code": "print(6 * 7, globals().get('kept'))"},
+                )
+            finally:
+                await impatient.aclose()
+            assert result.part("stdout") == "42 None\n"
+            assert result.isError is False
+        finally:
+            await service.release_async("leaving")

@@ -60,8 +60,8 @@ async def _call_tool(
     manager: SandboxManager, body: CallToolRequest, request: Request
 ) -> dict[str, Any]:
     """The result of the call ``body`` asks for, which is not run if its client leaves
-    while it waits for its turn (the request is read whole: the next message is the
-    client's leaving)."""
+    while it waits for its turn, and is stopped if its client leaves while it runs (the
+    request is read whole: the next message is the client's leaving)."""
     left = asyncio.Event()
 
     async def watch() -> None:

@@ -620,7 +620,8 @@ class SandboxManager:
         client_left: asyncio.Event | None = None,
     ) -> CallToolResult:
         """Run one tool in the sandbox, once the calls before it there have ended: it waits
-        for them the call's time limit at most, and only until ``client_left`` is set."""
+        for them the call's time limit at most, and only until ``client_left`` is set, which
+        stops it too if it runs by then."""
         sandbox = self._get(identity)
         if sandbox.stopped:
             raise SandboxRequestError(f"sandbox {identity!r} is stopped: start it first")

@@ -184,8 +184,9 @@ class SandboxProcess:
 
         Calls on one sandbox run one at a time: a call waits for its turn ``time_limit``
         seconds at most, and until ``client_left`` is set; past either it is not run, and
-        raises :class:`SandboxUnavailableError` saying so. A :meth:`halt` ends the call, or
-        refuses it if it has not begun.
+        raises :class:`SandboxUnavailableError` saying so. Once ``client_left`` is set a
+        running call is ended too, as a :meth:`halt` ends it but leaving the calls after it
+        their turn. A :meth:`halt` ends the call, or refuses it if it has not begun.
         """
         self.calls_in_flight += 1
         try:
@@ -200,7 +201,9 @@ class SandboxProcess:
                         "call was not run (start the sandbox to run calls again)"
                     )
                 try:
-                    result = await self._call(tool, arguments, time_limit)
+                    result = await self._call_while_present(
+                        tool, arguments, time_limit, client_left
+                    )
                 except _Halted:
                     result = None
                 if self._halts != halts:
@@ -249,6 +252,39 @@ class SandboxProcess:
                 "the calls before it on the sandbox to end, and was not run; retry once they "
                 "have ended"
             )
+
+    async def _call_while_present(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        time_limit: float,
+        client_left: asyncio.Event | None,
+    ) -> CallToolResult:
+        """:meth:`_call`, ended once ``client_left`` is set: nobody waits for its result, and
+        what it started (a cell sleeping, a command's children) would hold the sandbox, and
+        the calls queued behind it, until its time limit. Its processes are killed as a halt
+        kills them, and it raises :class:`SandboxUnavailableError`."""
+        if client_left is None:
+            return await self._call(tool, arguments, time_limit)
+        running = asyncio.ensure_future(self._call(tool, arguments, time_limit))
+        left = asyncio.ensure_future(client_left.wait())
+        try:
+            await asyncio.wait({running, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not running.done():
+                # Cancelled first: a process it is starting is never left to run the call.
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                await self._kill()
+        if not running.cancelled():
+            return running.result()
+        self.restarts += 1
+        logger.info("a call on a sandbox was stopped: its client left while it ran")
+        raise SandboxUnavailableError(
+            "the client left during the call: its processes were stopped and its result "
+            "dropped; the next call starts a fresh interpreter"
+        )
 
     def _give_up(self, turn: asyncio.Future[Any]) -> None:
         """Leave the sandbox's queue: a turn given to ``turn`` meanwhile passes on."""
