@@ -93,7 +93,8 @@ def start_server(root: Path, *extra: str, open_files: int | None = None) -> Runn
             stderr=out,
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
+    # Generous: a loaded machine has been seen taking over 20 s to start one.
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the sandbox server exited: {log.read_text()}")
