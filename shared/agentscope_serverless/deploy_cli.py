@@ -75,7 +75,8 @@ SamAgentOption = Annotated[
     str | None,
     typer.Option(
         "--agent",
-        help="The AgentApp to serve, as module:attribute (the default of the AgentApp parameter).",
+        help="The AgentApp to serve, as module:attribute, the default of the AgentApp "
+        "parameter (needed for a project of your own; without it, the demo agent).",
     ),
 ]
 BuildDirOption = Annotated[
@@ -218,6 +219,24 @@ def _run(action: Callable[[], Any]) -> Any:
         _fail(exc.message)
 
 
+def _refuse_sam_demo_agent(project_root: Path, build_dir: Path | None) -> None:
+    """Exit before anything is built when the stack of a project of its own would serve the
+    demo agent (:func:`~agentscope_serverless.deployers.archive.refuse_missing_app`)."""
+    from agentscope_serverless.deployers.archive import refuse_missing_app
+    from agentscope_serverless.packaging.sam import DEFAULT_BUILD_DIR
+
+    root = project_root.resolve()
+    try:
+        refuse_missing_app(
+            root,
+            (build_dir or root / DEFAULT_BUILD_DIR).resolve(),
+            give="--agent module:attribute",
+            built="stack",
+        )
+    except AgentScopeServerlessError as exc:
+        _fail(exc.message, code=2)
+
+
 @sam_app.command("validate")
 def sam_validate(project_root: ProjectRootOption = Path()) -> None:
     """Lint and validate template.yaml (sam validate --lint); needs no AWS account."""
@@ -238,6 +257,8 @@ def sam_build(
     requirements) with the local Python (no Docker)."""
     from agentscope_serverless.packaging import sam
 
+    if agent is None:
+        _refuse_sam_demo_agent(project_root, build_dir)
     with _steps("sam build (every function and the shared layer)"):
         built = _run(lambda: sam.build(project_root, build_dir=build_dir, agent=agent))
     console.print(f"[bold green]Built[/bold green] {built}")
@@ -261,6 +282,8 @@ def sam_deploy(
     from agentscope_serverless.deployers.sam_deployer import SAMDeployManager
 
     parameters = _pairs(param, "--param")
+    if agent is None and "AgentApp" not in parameters:
+        _refuse_sam_demo_agent(project_root, build_dir)
     with _steps("starting") as step:
         manager = SAMDeployManager(
             project_root,

@@ -282,7 +282,8 @@ def test_a_failed_sam_step_never_shows_the_password_of_a_url_it_quotes(
         "exit 1\n"
     )
     sam_program.chmod(0o755)
-    result = runner.invoke(app, ["deploy", "sam", step, "--project-root", str(tmp_path)])
+    agent = ["--agent", "agent:app"] if step == "build" else []
+    result = runner.invoke(app, ["deploy", "sam", step, "--project-root", str(tmp_path), *agent])
     assert result.exit_code == 1, result.output
     assert f"sam {step} failed" in result.output
     assert "https://****@pypi.example/simple" in result.output
@@ -351,3 +352,32 @@ def test_an_archive_is_named_after_the_project_folder_unless_named(
         assert result.exit_code == 0, result.output
         with zipfile.ZipFile(tmp_path / "out" / f"{name}-agentrun.zip") as built:
             assert json.loads(built.read("agentrun.json"))["name"] == name
+
+
+@pytest.mark.parametrize("command", [["build"], ["deploy", "--stack-name", "s"]])
+def test_a_sam_stack_of_ones_own_project_without_agent_is_refused_naming_its_agentapp(
+    fake_sam: FakeSam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Run from the project's folder, the stack's layer held the project but served the
+    demo agent (the template's default), without a word."""
+    project = tmp_path / "project"
+    (project / "weather").mkdir(parents=True)
+    (project / "weather" / "__init__.py").write_text("")
+    (project / "weather" / "agent.py").write_text(
+        "from agentscope_serverless.app import AgentApp\n\nbot: AgentApp = AgentApp()\n"
+    )
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("AGENTSCOPE_PROJECT_ROOT", raising=False)
+    result = runner.invoke(app, ["deploy", "sam", *command])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "stack would serve the demo agent" in said and "--agent module:attribute" in said
+    assert "its modules assign weather.agent:bot" in said, said
+    assert fake_sam.calls == []
+    # Named by --agent, or by the stack's AgentApp parameter, it is built.
+    result = runner.invoke(app, ["deploy", "sam", *command, "--agent", "weather.agent:bot"])
+    assert result.exit_code == 0, result.output
+    assert fake_sam.agent == "weather.agent:bot"
+    if command[0] == "deploy":
+        given = ["--param", "AgentApp=weather.agent:bot"]
+        assert runner.invoke(app, ["deploy", "sam", *command, *given]).exit_code == 0

@@ -186,6 +186,22 @@ def test_an_app_deploys_itself_with_the_sam_manager(
     assert fake_sam.agent == "weather.agent:bot"
 
 
+def test_a_sam_stack_of_ones_own_project_deployed_without_its_app_is_refused_naming_it(
+    fake_sam: FakeSam, tmp_path: Path
+) -> None:
+    """manager.deploy() named no app: the stack of the project served the demo agent."""
+    (tmp_path / "agent.py").write_text(
+        "from agentscope_serverless import AgentApp\napp=AgentApp()\n"
+    )
+    manager = SAMDeployManager(tmp_path, "my-agent")
+    refused = r"demo agent.*agent='module:attribute'.*agent:app"
+    with pytest.raises(ConfigurationError, match=refused):
+        asyncio.run(manager.deploy())
+    assert fake_sam.calls == []
+    asyncio.run(SAMDeployManager(tmp_path, "my-agent", agent="agent:app").deploy())
+    assert fake_sam.agent == "agent:app"
+
+
 def test_the_app_of_a_script_deploying_itself_is_named_by_the_scripts_module(
     tmp_path: Path,
 ) -> None:

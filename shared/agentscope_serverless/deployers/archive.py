@@ -126,11 +126,14 @@ def archived_app_options(
     return rest
 
 
-def refuse_missing_app(project_root: Path, build_root: Path, *, give: str) -> None:
+def refuse_missing_app(
+    project_root: Path, build_root: Path, *, give: str, built: str = "archive"
+) -> None:
     """Raise :class:`~agentscope_serverless.errors.ConfigurationError` for a project of its own
-    (not this package's folder, nor an empty one) when no app is named: the archive would
-    serve the demo agent. ``give`` says how to name one (``--agent module:attribute``); the
-    AgentApps the project's modules assign are named as examples.
+    (not this package's folder, nor an empty one) when no app is named: the ``built`` thing
+    (the archive, the stack) would serve the demo agent. ``give`` says how to name one
+    (``--agent module:attribute``); the AgentApps the project's modules assign are named as
+    examples.
     """
     from agentscope_serverless.packaging.project import agents_of, holds_code
 
@@ -144,7 +147,7 @@ def refuse_missing_app(project_root: Path, build_root: Path, *, give: str) -> No
     )
     raise ConfigurationError(
         f"{project_root} holds a project of its own, and no AgentApp of it is named (the "
-        f"archive would serve the demo agent): name the one to serve, {give} ({example})"
+        f"{built} would serve the demo agent): name the one to serve, {give} ({example})"
     )
 
 

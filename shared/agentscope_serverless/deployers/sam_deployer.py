@@ -80,12 +80,16 @@ class SAMDeployManager(DeployManager):
         """Validate, build and (with credentials) deploy; return where the stack is.
 
         ``app`` (as ``app.deploy(manager)`` gives it: the AgentApp of a module of the
-        project, or ``module:attribute``) is the agent to serve, in place of ``agent``.
+        project, or ``module:attribute``) is the agent to serve, in place of ``agent``; none
+        (nor an ``AgentApp`` parameter): the demo agent, for a project with no code of its own.
 
         Returns ``deploy_id``, ``url`` (the ``ProcessUrl`` output, or None), ``urls`` (every
         Function URL output by name), ``outputs``, ``deployed``, ``build_dir``, ``stack_name``
         and, when nothing was deployed, ``reason``. Failures raise
-        :class:`~agentscope_serverless.errors.PackagingError`.
+        :class:`~agentscope_serverless.errors.PackagingError`, and
+        :class:`~agentscope_serverless.errors.ConfigurationError`, before anything is built,
+        when no app is named for a project of its own
+        (:func:`~agentscope_serverless.deployers.archive.refuse_missing_app`).
         """
         if args or kwargs:
             raise TypeError(
@@ -100,10 +104,19 @@ class SAMDeployManager(DeployManager):
 
     def deploy_sync(self) -> dict[str, Any]:
         """The blocking twin of :meth:`deploy`."""
+        from agentscope_serverless.deployers.archive import refuse_missing_app
+
         sam = _sam()
         # Before a build they would make useless.
         sam.check_stack_name(self.stack_name)
         sam.check_parameters(self.parameters)
+        if self.agent is None and "AgentApp" not in self.parameters:
+            refuse_missing_app(
+                self.project_root,
+                (self.build_dir or self.project_root / sam.DEFAULT_BUILD_DIR).resolve(),
+                give="agent='module:attribute' (or deploy(app=...))",
+                built="stack",
+            )
         self.progress("validating template.yaml (sam validate --lint)")
         sam.validate(self.project_root)
         self.progress("building every function and the shared layer (sam build)")
