@@ -315,6 +315,36 @@ def test_the_developers_credentials_in_the_project_stay_out_of_the_archive_and_a
     assert not [name for name in names if name.startswith((".aws", ".netrc", ".env"))]
 
 
+@pytest.mark.timeout(300)
+def test_credentials_files_of_any_name_and_the_tests_settings_stay_out_of_the_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An AWS credentials file or an OAuth client's secret of a name of its own was archived,
+    readable by any user, and so was the pytest.ini init writes; a module showing the
+    credentials file's format stays."""
+    without_alibaba_cloud_credentials(monkeypatch)
+    project = tmp_path / "project"
+    (project / "secrets").mkdir(parents=True)
+    aws = "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n"
+    (project / "prod-aws.ini").write_text(f"[prod]\naws_access_key_id = AKIAEXAMPLE\n{aws}")
+    (project / "secrets" / "aws").write_text(f"[default]\n{aws}")
+    (project / "service.json").write_text('{"client_secret": "GOCSPX-abcdefghijklmnop"}\n')
+    (project / "aws_files.py").write_text(f'"""Reads a file of these lines:\n\n{aws}"""\n')
+    (project / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    command = ["deploy", "agentrun", "--agent", "agent:app", "--source", str(project)]
+    out = ["--out", str(tmp_path / "out"), "--python-version", HOST_PYTHON, "--skip-upload"]
+    result = runner.invoke(app, [*command, *out])
+    assert result.exit_code == 0, result.output
+    assert "left out as secrets: prod-aws.ini, secrets/aws, service.json (" in result.output
+    (archive,) = (tmp_path / "out").glob("*.zip")
+    with zipfile.ZipFile(archive) as built:
+        names = built.namelist()
+    assert "agent.py" in names and "aws_files.py" in names
+    left_out = ("prod-aws.ini", "secrets/", "service.json", "pytest.ini")
+    assert not [name for name in names if name.startswith(left_out)]
+
+
 @pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
 def test_a_project_of_ones_own_without_agent_is_refused_naming_its_agentapp(
     tmp_path: Path, platform: str

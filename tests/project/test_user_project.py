@@ -220,6 +220,7 @@ def test_the_agentrun_archive_serves_the_project_from_its_contents(
     assert not (root / ".venv").exists() and not (root / ".git").exists()
     assert not (root / "dist").exists() and not (root / ".env.local").exists()
     assert not (root / "tests").exists() and not (root / "conftest.py").exists()
+    assert not (root / "pytest.ini").exists()  # init's, as the tests it runs
     for url in serving_agentrun_archive(root, tmp_path, key_file):
         assert ask(url, key) == REPLY
 

@@ -33,6 +33,8 @@ def project(tmp_path: Path) -> Path:
     (root / "tests").mkdir()  # the project's tests, as `init` lays them out
     (root / "tests" / "test_agent.py").write_text("def test(): pass\n")
     (root / "conftest.py").write_text("")
+    (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")  # `init` writes it
+    (root / "tox.ini").write_text("[tox]\nenv_list = py312\n")
     return root
 
 
@@ -59,6 +61,7 @@ def test_dotenv_files_and_tests_stay_out_and_links_inside_the_project_are_copied
 
 
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA=\n"
+AWS_SECRET = "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n"
 
 
 def test_credentials_and_private_keys_stay_out_and_are_named(project: Path, tmp_path: Path) -> None:
@@ -76,8 +79,16 @@ def test_credentials_and_private_keys_stay_out_and_are_named(project: Path, tmp_
         ".streamlit/secrets.toml": 'OPENAI_API_KEY = "sk-secret"\n',
         "pkg/tls/client.key": f"Bag Attributes\n{PRIVATE_KEY}",
         "pkg/deploy_key": PRIVATE_KEY,
+        # Credentials files of any name, in their tools' formats.
+        "prod-aws.ini": f"[prod]\naws_access_key_id = AKIAEXAMPLE\n{AWS_SECRET}",
+        "secrets/aws": f"[default]\n{AWS_SECRET}",
+        "pkg/ops.vars": "AWS_SECRET_ACCESS_KEY='wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'\n",
+        "pkg/client.json": '{"web": {"client_id": "1", "client_secret": "GOCSPX-abcdefghijk"}}',
     }
     kept = {
+        "pkg/aws_files.py": f'"""Reads a credentials file:\n\n[default]\n{AWS_SECRET}"""\n',
+        "pkg/template.ini": "[default]\naws_secret_access_key = ${AWS_SECRET_ACCESS_KEY}\n",
+        "pkg/schema.json": '{"client_secret": "", "private_key": "<your key>"}\n',
         ".streamlit/config.toml": "[theme]\n",  # Streamlit's settings, not its secrets
         "pkg/tls/ca.pem": "-----BEGIN CERTIFICATE-----\nMIIB\n",  # a CA the agent trusts
         "pkg/config.json": "{}\n",
@@ -105,8 +116,12 @@ def test_credentials_and_private_keys_stay_out_and_are_named(project: Path, tmp_
         ".streamlit/secrets.toml",
         "app.env",
         "pkg/.env.test",
+        "pkg/client.json",
         "pkg/deploy_key",
+        "pkg/ops.vars",
         "pkg/tls/client.key",
+        "prod-aws.ini",
+        "secrets/aws",
     ]
 
 

@@ -83,6 +83,20 @@ SECRET_FILES = (".docker/config.json", ".streamlit/secrets.toml")
 # How a PEM private key begins (OpenSSH's id_rsa, a TLS key.pem...): a file holding one is
 # left out, whatever its name; a certificate (a CA bundle the agent trusts) is copied.
 _PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+# Credentials in a data file of any name (prod-aws.ini, creds.cfg, secrets/aws, an OAuth
+# client's or a service account's JSON): an AWS shared-credentials (or dotenv) line assigning
+# a secret key, or a JSON secret key, of a long value (not a placeholder, ``${SECRET}``).
+_CREDENTIALS = re.compile(
+    rb"^[ \t]*(?:export[ \t]+)?aws_secret_access_key[ \t]*=[ \t]*[\"']?[A-Za-z0-9/+=]{20,}"
+    rb'|"(?:client_secret|private_key|aws_secret_access_key)"[ \t]*:[ \t]*"[\w/+=.:-]{16,}"',
+    re.IGNORECASE | re.MULTILINE,
+)
+# Code, and prose, which may name those keys (a module reading such a file, a README showing
+# its format): never left out for them.
+_SOURCE_SUFFIXES = frozenset(
+    {".py", ".pyi", ".pyx", ".ipynb", ".sh", ".js", ".mjs", ".cjs", ".jsx", ".ts", ".tsx"}
+    | {".go", ".rs", ".java", ".rb", ".md", ".rst"}
+)
 
 PROJECT_EXCLUDES = (
     ".git",
@@ -109,8 +123,16 @@ PROJECT_EXCLUDES = (
 )
 # How the folder a build assembles its archive in begins (in the output folder).
 SCRATCH_PREFIX = ".agentscope-build-"
-# The project's tests (as ``init`` lays them out), left out at its top: no function runs them.
-PROJECT_TOP_EXCLUDES = ("tests", "conftest.py")
+# The project's tests and their settings (as ``init`` lays them out, and tox's, nox's and
+# coverage's), left out at its top: no function runs them.
+PROJECT_TOP_EXCLUDES = (
+    "tests",
+    "conftest.py",
+    "pytest.ini",
+    "tox.ini",
+    "noxfile.py",
+    ".coveragerc",
+)
 
 
 def runtime_lock() -> Path:
@@ -272,22 +294,27 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
 
 
 def _is_secret(path: Path) -> bool:
-    """Whether ``path`` is one of :data:`SECRET_FILES`, or a file holding a PEM private key."""
+    """Whether ``path`` is one of :data:`SECRET_FILES`, a file holding a PEM private key, or
+    a file other than code holding credentials (``aws_secret_access_key = ...``,
+    ``"client_secret": "..."``), as its first 4 KB say."""
     if f"{path.parent.name}/{path.name}" in SECRET_FILES:
         return True
     if not path.is_file():  # a folder, a link to nothing (refused elsewhere), a pipe
         return False
     try:
         with path.open("rb") as file:
-            return _PRIVATE_KEY.search(file.read(4096)) is not None
+            head = file.read(4096)
     except OSError:  # unreadable here: the copy says so
         return False
+    if _PRIVATE_KEY.search(head) is not None:
+        return True
+    return path.suffix.lower() not in _SOURCE_SUFFIXES and _CREDENTIALS.search(head) is not None
 
 
 def secrets_left_out(source: Path) -> list[str]:
     """The secrets of the project the copy leaves out (:data:`SECRET_EXCLUDES`,
-    :data:`SECRET_FILES`, private keys), as paths in it, a folder's ending with ``/``: a build
-    names them, so that nothing the agent needs goes missing unsaid.
+    :data:`SECRET_FILES`, private keys, credentials files), as paths in it, a folder's ending
+    with ``/``: a build names them, so that nothing the agent needs goes missing unsaid.
 
     >>> secrets_left_out(Path("my-agent"))  # doctest: +SKIP
     ['.aws/', '.env', 'keys/id_rsa']
