@@ -109,11 +109,13 @@ class RecordedRun:
         cancel_on_disconnect: bool,
         session_id: str | None = None,
         fingerprint: str | None = None,
+        input_seed: str | None = None,
         echo: dict[str, Any] | None = None,
         time_left: float | None = None,
     ) -> None:
         self._recorder = recorder
         self._fingerprint = fingerprint
+        self._input_seed = input_seed
         self._echo = echo
         self._runs = recorder.runs
         self._source = events
@@ -236,6 +238,7 @@ class RecordedRun:
                     session_id=self.session_id,
                     kind=self.kind,
                     fingerprint=self._fingerprint,
+                    input_seed=self._input_seed,
                     echo=self._echo,
                 )
                 loop = asyncio.get_running_loop()
@@ -653,16 +656,18 @@ class RunRecorder:
         cancel_on_disconnect: bool = False,
         session_id: str | None = None,
         fingerprint: str | None = None,
+        input_seed: str | None = None,
         echo: dict[str, Any] | None = None,
     ) -> RecordedRun:
         """Start driving ``events`` as a recorded run; returns once its first event is out.
 
         ``session_id`` is the session the run is of, when known before it begins (a delete
         of that session then stops it while it still loads); ``fingerprint`` (what the
-        request was) and ``echo`` (what its answer repeats of it) are kept with the run's
-        record. An error before the first event (the session could not be loaded...) is
-        raised here, :class:`RunCanceledError` when the run was stopped meanwhile. The run
-        ends at the time limit of the invocation serving it, if any
+        request was), ``input_seed`` (what the ids of its input derive from) and ``echo``
+        (what its answer repeats of it) are kept with the run's record. An error before the
+        first event (the session could not be loaded...) is raised here,
+        :class:`RunCanceledError` when the run was stopped meanwhile. The run ends at the
+        time limit of the invocation serving it, if any
         (:func:`~agentscope_serverless.time_limit.seconds_left`).
         """
         run = RecordedRun(
@@ -673,6 +678,7 @@ class RunRecorder:
             cancel_on_disconnect=cancel_on_disconnect,
             session_id=session_id,
             fingerprint=fingerprint,
+            input_seed=input_seed,
             echo=echo,
             time_left=seconds_left(),
         )

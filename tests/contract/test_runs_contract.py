@@ -167,7 +167,8 @@ async def test_runs_are_listed_per_session_oldest_first(
 async def test_a_users_recent_runs_are_listed_oldest_first_with_their_fingerprints(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:
-    # What an OpenAI SDK's retry looks for: the run its first try started.
+    # What an OpenAI SDK's retry looks for: the run its first try started, and the seed of
+    # its input's ids (a retry running it again once canceled stores the input once).
     now = time.time()
     async with runs_factory() as runs:
         for index, (session, age) in enumerate([("a", 900.0), ("b", 20.0), ("a", 10.0)]):
@@ -177,6 +178,7 @@ async def test_a_users_recent_runs_are_listed_oldest_first_with_their_fingerprin
                 session_id=session,
                 kind="openai",
                 fingerprint=f"request {index}",
+                input_seed=f"seed {index}",
                 created_at=now - age,
             )
             await runs.create_run(record)
@@ -184,7 +186,10 @@ async def test_a_users_recent_runs_are_listed_oldest_first_with_their_fingerprin
             RunRecord(id="theirs", user_id=f"{user_id}-other", created_at=now - 5.0)
         )
         recent = await runs.recent_runs(user_id, now - 60.0)
-        assert [(r.id, r.fingerprint) for r in recent] == [("r1", "request 1"), ("r2", "request 2")]
+        assert [(r.id, r.fingerprint, r.input_seed) for r in recent] == [
+            ("r1", "request 1", "seed 1"),
+            ("r2", "request 2", "seed 2"),
+        ]
         assert [r.id for r in await runs.recent_runs(user_id, 0.0)] == ["r0", "r1", "r2"]
 
 

@@ -18,8 +18,11 @@ import pytest
 
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.settings import load_settings
+from tests.http.conftest import scenario_app
 from tests.http.test_llm_agent import ANSWER, FOLLOW_UP, ScriptedLLM, llm_agent_server
+from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import Keys, bearer, running, stream
 from tests.support.slow_agent import PIECES
 from tests.support.slow_agent import app as slow_app
@@ -1112,6 +1115,58 @@ def test_a_retry_of_a_stream_whose_run_stopped_with_its_client_runs_again(
         "echo: sleep 1"
     )
     assert [run["status"] for run in runs_of(scenario, session)] == ["canceled", "completed"]
+
+
+def canceled_try(client: httpx.Client, path: str, body: dict[str, Any], count: int) -> None:
+    """Try ``count`` of ``body``, whose run is canceled: a chat completion's stream broken
+    (its run stops with it), a response canceled by its user through the runs API."""
+    session = body["metadata"]["session_id"]
+    with client.stream("POST", path, json=body, headers=retry_of(count)) as broken:
+        if path == RESPONSES:  # (its run goes on when its client leaves)
+            assert client.post(f"/runs/{broken.headers['X-Run-Id']}/cancel").is_success
+    deadline = time.monotonic() + 30
+    while [run["status"] for run in runs_of(client, session)][count:] != ["canceled"]:
+        assert time.monotonic() < deadline, runs_of(client, session)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+def test_a_retry_running_a_canceled_call_again_stores_its_input_once(
+    backend: str, path: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The canceled run had stored the input, and each retry running the call again stored
+    # it once more: the user's message stood three times in the session.
+    session = f"retried-{uuid.uuid4()}"
+    body: dict[str, Any] = {"model": "m", "metadata": {"session_id": session}}
+    if path == CHAT:
+        body.update(stream=True, messages=[{"role": "user", "content": "sleep 1"}])
+    else:
+        body.update(stream=True, input="sleep 1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+    settings = load_settings(**backend_settings(backend, request))
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    web = create_app(settings=settings, agent_app=scenario_app(), key_store=keys.store)
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        canceled_try(client, path, body, 0)
+        canceled_try(client, path, body, 1)
+        retried = client.post(path, json=body, headers=retry_of(2))
+        assert retried.status_code == 200, retried.text
+        assert [m["role"] for m in history(client, session)] == ["user", "assistant"]
+        # The same text sent again is another turn: stored again.
+        assert client.post(path, json=body, headers=retry_of(0)).status_code == 200
+        texts = [m["content"][0]["text"] for m in history(client, session)]
+        assert texts == ["sleep 1", "echo: sleep 1"] * 2
+        assert [run["status"] for run in runs_of(client, session)] == [
+            "canceled",
+            "canceled",
+            "completed",
+            "completed",
+        ]
 
 
 def test_a_retry_of_a_failed_run_gets_its_error_again(scenario: httpx.Client) -> None:

@@ -14,8 +14,11 @@ time the SDK's tries can span (``X-Stainless-Read-Timeout`` each, and the wait b
 the run's events as stored, followed until it ends (a failed run's error, then, which tells
 the SDK not to retry). A retry that finds none (its first try never reached the server) runs,
 and so does one whose run was canceled (a streamed chat completion's run stops when its
-client leaves, which is when the SDK retries). A request with an ``Idempotency-Key`` is left
-to that key.
+client leaves, which is when the SDK retries, or its user canceled it). A canceled run had
+stored its input: the ids of a run's input derive from a seed kept with its record, which
+the run of a retry after it takes again, so that its input is recognised as stored and its
+reply follows (a new request with the same text, another turn, gets a new seed and is stored
+again). A request with an ``Idempotency-Key`` is left to that key.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -68,22 +72,38 @@ def retry_window(request: Request) -> float | None:
     return min(retries, MAX_RETRIES) * (timeout + BETWEEN_TRIES)
 
 
-async def original_run(
+async def earlier_run(
     runs: RunsService | None, request: Request, user_id: str, fingerprint: str
 ) -> RunRecord | None:
-    """The run that ``request``, an SDK's retry, repeats (None when it is no retry, runs are
-    not stored, none of the user's recent runs had this request, or the newest that had it
-    was canceled)."""
+    """The newest run an earlier try of ``request``, an SDK's retry, started (None when it
+    is no retry, runs are not stored, or none of the user's recent runs had this request)."""
     window = retry_window(request)
     if runs is None or window is None:
         return None
     recent = await runs.recent_runs(user_id, time.time() - window)
     same = [run for run in recent if run.kind == "openai" and run.fingerprint == fingerprint]
-    if not same or same[-1].status == RunStatus.Canceled:
+    return same[-1] if same else None
+
+
+def original_run(earlier: RunRecord | None) -> RunRecord | None:
+    """The run the retry whose :func:`earlier_run` is ``earlier`` answers with (None when it
+    runs again)."""
+    if earlier is None or earlier.status == RunStatus.Canceled:
         # A run canceled (most often as its client left a stream, which ends with it)
         # has no answer to give: the retry runs again.
         return None
-    return same[-1]
+    return earlier
+
+
+def input_seed(request: Request, earlier: RunRecord | None) -> str | None:
+    """What the ids of the input of the run started for ``request`` derive from: the seed of
+    ``earlier``, the run of an earlier try that was canceled (it stored the input), or a new
+    one; None for a request with an ``Idempotency-Key``, whose ids the key seeds."""
+    if IDEMPOTENCY_HEADER in request.headers:
+        return None
+    if earlier is not None and earlier.status == RunStatus.Canceled and earlier.input_seed:
+        return earlier.input_seed
+    return str(uuid.uuid4())
 
 
 def _answer_event(data: str) -> Event | None:
@@ -120,6 +140,8 @@ async def _read(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[S
 __all__ = [
     "READ_TIMEOUT_HEADER",
     "RETRY_COUNT_HEADER",
+    "earlier_run",
+    "input_seed",
     "original_run",
     "retry_window",
     "stored_events",

@@ -429,12 +429,31 @@ def seed_message_ids(seed: str) -> None:
     _MESSAGE_ID_SEED.set((uuid.uuid5(uuid.NAMESPACE_URL, seed), itertools.count()))
 
 
+def with_seeded_ids(messages: list[Message], seed: str) -> list[Message]:
+    """``messages`` with the ids messages made in their order after ``seed_message_ids(seed)``
+    get: the same messages of another run of a request are then recognised as stored.
+
+    >>> seed_message_ids("user seed"); made = Message(role="user").id
+    >>> with_seeded_ids([Message(role="user")], "user seed")[0].id == made
+    True
+    """
+    namespace = uuid.uuid5(uuid.NAMESPACE_URL, seed)
+    return [
+        message.model_copy(update={"id": _seeded_message_id(namespace, position)})
+        for position, message in enumerate(messages)
+    ]
+
+
 def _new_message_id() -> str:
     seeded = _MESSAGE_ID_SEED.get()
     if seeded is None:
         return f"msg_{uuid.uuid4()}"
     namespace, counter = seeded
-    return f"msg_{uuid.uuid5(namespace, str(next(counter)))}"
+    return _seeded_message_id(namespace, next(counter))
+
+
+def _seeded_message_id(namespace: uuid.UUID, position: int) -> str:
+    return f"msg_{uuid.uuid5(namespace, str(position))}"
 
 
 def _merge_delta(target: Content, piece: Content) -> None:

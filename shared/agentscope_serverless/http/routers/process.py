@@ -59,6 +59,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Event,
     Message,
     RunStatus,
+    with_seeded_ids,
 )
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
@@ -186,6 +187,7 @@ async def _recorded(
     kind: RunKind,
     cancel_on_disconnect: bool = False,
     fingerprint: str | None = None,
+    input_seed: str | None = None,
     echo: dict[str, Any] | None = None,
 ) -> RecordedRun:
     """The run of ``run`` started, recorded in the runs store (see :mod:`..recorder`), or
@@ -205,6 +207,7 @@ async def _recorded(
         cancel_on_disconnect=cancel_on_disconnect,
         session_id=run.session_id,
         fingerprint=fingerprint,
+        input_seed=input_seed,
         echo=echo,
     )
 
@@ -250,7 +253,8 @@ async def _openai_turn(
     assert run.user_id is not None
     fingerprint = idempotency_fingerprint(request, await request.body())
     runs = context.recorder.runs if context.recorder is not None else None
-    original = await sdk_retries.original_run(runs, request, run.user_id, fingerprint)
+    earlier = await sdk_retries.earlier_run(runs, request, run.user_id, fingerprint)
+    original = sdk_retries.original_run(earlier)
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
         session_id = original.session_id or session_id
@@ -261,6 +265,9 @@ async def _openai_turn(
         await context.session_history.append_message(session, call.history)
     if cancel_on_disconnect:
         ends_with_client(request)
+    seed = sdk_retries.input_seed(request, earlier)
+    if seed is not None:
+        run = run.model_copy(update={"input": with_seeded_ids(run.input, seed)})
     recorded = await _recorded(
         context,
         request,
@@ -268,6 +275,7 @@ async def _openai_turn(
         kind="openai",
         cancel_on_disconnect=cancel_on_disconnect,
         fingerprint=fingerprint,
+        input_seed=seed,
         echo=echo,
     )
     return _Turn(recorded.run_id, session_id, _noted(context, call, recorded.events()), recorded)

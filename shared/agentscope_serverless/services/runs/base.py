@@ -108,6 +108,12 @@ class RunRecord(BaseModel):
         description="What the request of the run was (a hash), for its client's retries to "
         "find the run they repeat.",
     )
+    input_seed: str | None = Field(
+        None,
+        description="What the ids of the run's input derive from (an OpenAI-compatible run's): "
+        "a retry running the request again once the run was canceled, which had stored the "
+        "input, gives it the same ids, so that it is stored once.",
+    )
     echo: dict[str, Any] | None = Field(
         None,
         description="What the answer repeats of the request (an OpenAI response object's "
