@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis import RedisStore
 from agentscope_serverless.services._redis_shared import SharedConnection, pack
 
@@ -338,3 +341,40 @@ async def test_the_connection_is_made_again_after_an_idle_health_check_interval(
                     ids.add(await shared_connection_id())
                     await asyncio.sleep(0.1)
                 assert len(ids) == expected
+
+
+async def test_a_failed_call_is_logged_naming_its_commands_not_their_arguments(
+    own_redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The line read "TimeoutError: " alone: which command went unanswered was anyone's guess.
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    try:
+        await _fail_a_script_and_a_transaction(own_redis_server, capsys)
+    finally:
+        logger.setLevel(level)
+
+
+async def _fail_a_script_and_a_transaction(
+    own_redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with opened(own_redis_server.url, socket_timeout=0.3) as store:
+        capsys.readouterr()
+        own_redis_server.pause()
+        try:
+            for call in (
+                store.run(ECHO, ["user-key"], ["user-text"], idempotent=False),
+                store.transaction([("EXISTS", "user-key"), ("LRANGE", "user-key", 0, -1)]),
+            ):
+                with pytest.raises(StoreUnavailableError):
+                    await call
+        finally:
+            own_redis_server.resume()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    failures = [line for line in lines if line["message"] == "redis command failed"]
+    assert [line["command"] for line in failures] == [
+        f"EVALSHA {hashlib.sha1(ECHO.encode()).hexdigest()}",  # the script, as Redis names it
+        "MULTI EXISTS LRANGE EXEC",
+    ]
+    assert all(line["error"].startswith("TimeoutError") for line in failures)
+    assert "user-" not in json.dumps(failures)

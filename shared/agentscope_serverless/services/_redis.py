@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from hashlib import sha1
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
@@ -155,6 +156,25 @@ def _slot(commands: Sequence[Command]) -> int | None:
             key = keys[0]
             return key_slot(key if isinstance(key, bytes) else str(key).encode())
     return None
+
+
+def _names_of(commands: Sequence[Command]) -> str:
+    """What a log line says ``commands`` were: their names (a script's as Redis names it:
+    ``EVALSHA`` and its hash), in the ``MULTI`` they are sent in (all but a script alone),
+    never their arguments (keys and values hold users' ids and data).
+
+    >>> _names_of([("EXISTS", "k"), ("LRANGE", "k", 0, -1)])
+    'MULTI EXISTS LRANGE EXEC'
+    """
+    names = [
+        f"EVALSHA {sha1(command.source.encode(), usedforsecurity=False).hexdigest()}"
+        if isinstance(command, ScriptCall)
+        else text(command[0]).upper()
+        for command in commands
+    ]
+    if len(commands) == 1 and isinstance(commands[0], ScriptCall):
+        return names[0]
+    return " ".join(("MULTI", *names, "EXEC"))
 
 
 def _no_script(reply: Exception) -> bool:
@@ -331,7 +351,11 @@ class RedisStore:
         Failures become :class:`StoreUnavailableError`. An ``idempotent`` script is tried
         once more after a connection failure (or a timeout, with ``retry_on_timeout``).
         """
-        return await self._call(lambda: self._evalsha(script, keys, args), idempotent=idempotent)
+        return await self._call(
+            lambda: self._evalsha(script, keys, args),
+            idempotent=idempotent,
+            commands=(ScriptCall(script, keys, args),),
+        )
 
     async def _evalsha(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = self._script(source)
@@ -386,7 +410,7 @@ class RedisStore:
                     raise replies[i]
             return replies
 
-        return await self._call(execute, idempotent=idempotent)
+        return await self._call(execute, idempotent=idempotent, commands=commands)
 
     async def _exec(self, commands: Sequence[Command]) -> list[Any]:
         """The replies of ``commands`` in one MULTI/EXEC, errors in place."""
@@ -421,8 +445,14 @@ class RedisStore:
         return command
 
     async def _call(
-        self, operation: Callable[[], Awaitable[ResultT]], *, idempotent: bool
+        self,
+        operation: Callable[[], Awaitable[ResultT]],
+        *,
+        idempotent: bool,
+        commands: Sequence[Command],
     ) -> ResultT:
+        """``await operation()``, which sends ``commands`` (named in the line logged when it
+        fails)."""
         # Each path bounds its calls: the shared connection by its watchdog, redis-py's
         # own path by ``asyncio.timeout``.
         may_retry = idempotent
@@ -436,7 +466,10 @@ class RedisStore:
                     may_retry = False
                     await asyncio.sleep(_RETRY_DELAY)
                     continue
-                logger.warning("redis command failed", extra={"error": self._redact(exc)})
+                logger.warning(
+                    "redis command failed",
+                    extra={"command": _names_of(commands), "error": self._redact(exc)},
+                )
                 raise StoreUnavailableError("redis", _failure(exc)) from None
 
     async def unlink_matching(self, pattern: str) -> int:
