@@ -7,7 +7,8 @@ written.
 
 - ``Runs`` (Count); ``RunDuration`` (Milliseconds, from the run's start, before its
   session is read, to its end); ``TimeToFirstToken`` (Milliseconds, from the same start to
-  the first piece of text, for a run that streamed any); ``PromptTokens`` and
+  the agent's first piece of text, for a run whose agent produced any, whether its client
+  got it at once or in a reply not streamed, sent whole at the end); ``PromptTokens`` and
   ``CompletionTokens`` (Count, when the agent reports usage).
 - Dimensions: ``Service`` (``POWERTOOLS_SERVICE_NAME``), and ``Service``, ``Kind``
   (``process``, ``openai``, ``a2a``) and ``Status`` (``completed``, ``failed``,

@@ -59,7 +59,12 @@ from agentscope_serverless.cancellation import CLEANUP_SECONDS, TIME_LIMIT_CLEAN
 from agentscope_serverless.errors import AgentError, RunCanceledError
 from agentscope_serverless.log import logger
 from agentscope_serverless.metrics import RunMetrics
-from agentscope_serverless.runner import AGENT_UNKNOWN_ERROR, RUN_CANCELED, end_turns_with
+from agentscope_serverless.runner import (
+    AGENT_UNKNOWN_ERROR,
+    RUN_CANCELED,
+    end_turns_with,
+    tell_first_text_held,
+)
 from agentscope_serverless.schemas._build import json_of, set_field
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
@@ -144,7 +149,8 @@ class RecordedRun:
         self._watcher: asyncio.Task[None] | None = None
         # The final event, with its JSON, once stored with the turn's history.
         self._ending: EventItem | None = None
-        # For the run's metrics: when it began, when its first text came, its usage.
+        # For the run's metrics: when it began, when its first text came (as the runner got
+        # it, whether it was sent at once or held back), its usage.
         self._began = time.monotonic()
         self._first_text: float | None = None
         self._usage: dict[str, object] | None = None
@@ -168,6 +174,8 @@ class RecordedRun:
     async def _produce(self) -> None:
         if self._runs is not None:
             end_turns_with(self._end_turn, self._keeps_turn)
+        if self._recorder.metrics is not None:
+            tell_first_text_held(self._first_text_came)
         try:
             async with contextlib.aclosing(self._source) as events:
                 async for event in events:
@@ -256,7 +264,7 @@ class RecordedRun:
             self._usage = event.usage
             self._error = event.error
         elif self._first_text is None and isinstance(event, TextContent) and event.text:
-            self._first_text = time.monotonic()
+            self._first_text = time.monotonic()  # streamed: it came just now
         if self._ending is not None and event is self._ending[0]:
             self._log.append(self._ending)
             self._written = len(self._log)
@@ -265,6 +273,12 @@ class RecordedRun:
             if self._writer is not None:  # else the writer, once started, writes it
                 self._to_write.set()
         self._notify()
+
+    def _first_text_came(self, at: float) -> None:
+        """The agent's first text came ``at`` (a ``time.monotonic()``), held back by the
+        runner until later: a run not streamed gathers its text."""
+        if self._first_text is None:
+            self._first_text = at
 
     async def _keeps_turn(self) -> bool:
         """Whether the run stores its turn: not once erased, nor once its record is gone

@@ -120,9 +120,17 @@ the same write."""
 TurnKept = Callable[[], Awaitable[bool]]
 """Says, as a run ends, whether its turn is still to be stored at all."""
 
+FirstTextHeld = Callable[[float], None]
+"""Told the ``time.monotonic()`` at which the agent's first piece of text came, in a run
+that holds its text back (not streamed: see :data:`GATHERED_TEXT_SECONDS`)."""
+
 # The turn end the next run started in this context saves its turn with, and what says
 # whether it keeps its turn at all (taken once).
 _turn_end: ContextVar[list[tuple[TurnEnd, TurnKept]] | None] = ContextVar("turn_end", default=None)
+# What the next run started in this context tells of its first text held back (taken once).
+_first_text_held: ContextVar[list[FirstTextHeld] | None] = ContextVar(
+    "first_text_held", default=None
+)
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
@@ -479,6 +487,7 @@ class Runner(ServiceLifecycleManagerMixin):
         service, added to memory. Other ``kwargs`` are passed to the query handler.
         """
         end_turn, keeping = _take_turn_end()
+        first_text_held = _take_first_text_held()
         if not self._started:
             raise ServiceNotStartedError(type(self).__name__)
         request = _as_request(request)
@@ -495,7 +504,11 @@ class Runner(ServiceLifecycleManagerMixin):
         request = request.model_copy(update={"session_id": session.id, "user_id": session.user_id})
         memories = await self._recall(user, request.input)
         kept = _stored_input(request.input, session)
-        turn = _Turn(AgentResponse(session_id=session.id), gather=not request.stream)
+        turn = _Turn(
+            AgentResponse(session_id=session.id),
+            gather=not request.stream,
+            first_text_held=first_text_held,
+        )
         for event in turn.start():
             yield event
         # What the agent stores itself (as agents written for AgentScope Runtime do) is not
@@ -785,12 +798,20 @@ class _Turn:
     Streamed text is gathered in a list and joined into its content part when the part is
     read (completed, or before any other change), so each piece costs one small event. With
     ``gather``, pieces of text that come one after another are sent as one delta (within
-    :data:`GATHERED_TEXT_SECONDS`, and before any other event).
+    :data:`GATHERED_TEXT_SECONDS`, and before any other event); ``first_text_held`` is then
+    told when the first of them came, which the delta's event does not say.
     """
 
-    def __init__(self, response: AgentResponse, *, gather: bool = False) -> None:
+    def __init__(
+        self,
+        response: AgentResponse,
+        *,
+        gather: bool = False,
+        first_text_held: FirstTextHeld | None = None,
+    ) -> None:
         self.response = response
         self._gather = gather
+        self._first_text_held = first_text_held
         # The pieces of text gathered and not yet sent as a delta, where they go (the index
         # of their part, and its message's id), and when the first of them came.
         self._unsent: list[str] = []
@@ -840,6 +861,9 @@ class _Turn:
         part = self._join_text(message, text)
         if not self._unsent:
             self._unsent_to, self._unsent_since = (part.index, message.id), time.monotonic()
+            if self._first_text_held is not None:
+                self._first_text_held(self._unsent_since)
+                self._first_text_held = None
         self._unsent.append(self._text[-1])
         if time.monotonic() - self._unsent_since >= GATHERED_TEXT_SECONDS:
             events += self.unsent()
@@ -1143,6 +1167,19 @@ def end_turns_with(end: TurnEnd, kept: TurnKept | None = None) -> None:
     turn is stored. Runs started after it, inside it or in the same context, save their
     own."""
     _turn_end.set([(end, kept or _always)])
+
+
+def tell_first_text_held(told: FirstTextHeld) -> None:
+    """Have the next run started in the current context tell ``told`` when its agent's
+    first piece of text came, if the run holds its text back (it is not streamed): the
+    recorder measures the time to the first token from it, not from when the text is sent.
+    Runs started after it, inside it or in the same context, tell nothing."""
+    _first_text_held.set([told])
+
+
+def _take_first_text_held() -> FirstTextHeld | None:
+    told = _first_text_held.get()
+    return told.pop() if told else None
 
 
 def _take_turn_end() -> tuple[TurnEnd | None, TurnKept]:

@@ -31,6 +31,11 @@ async def query(
     if text == "fail":
         yield "half"
         raise RuntimeError("the model went away")
+    if text == "answer, then think":
+        yield "At once"
+        await asyncio.sleep(1.0)  # the reply ends long after its first text
+        yield ", then more."
+        return
     await asyncio.sleep(0.05)  # the time to the first token
     yield "Hel"
     yield "lo"
@@ -93,6 +98,29 @@ def test_each_run_that_ends_writes_its_metrics(capfd: pytest.CaptureFixture[str]
     # Metrics are per service: no user, session or run is named.
     text = json.dumps(records)
     assert "alice" not in text and "session" not in text and "response_" not in text
+
+
+def test_the_time_to_first_token_of_a_reply_not_streamed_is_when_its_first_text_came(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A reply not streamed gathers its text: the time was stamped as the gathered text was
+    # sent, at the run's end, so such runs skewed the metric by their whole duration.
+    keys = Keys.make()
+    settings = load_settings(metrics_namespace="AgentScopeServerless")
+    text = "answer, then think"
+    with (
+        running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        capfd.readouterr()
+        body = {"input": [user_message(text)], "stream": False}
+        assert client.post("/process", json=body).json()["status"] == "completed"
+        chat = {"model": "m", "messages": [{"role": "user", "content": text}]}
+        assert client.post("/compatible-mode/v1/chat/completions", json=chat).status_code == 200
+    records = emf_lines(capfd.readouterr().out)
+    assert [r["Kind"] for r in records] == ["process", "openai"]
+    for record in records:
+        assert record["TimeToFirstToken"] < record["RunDuration"] / 2
 
 
 def test_without_a_namespace_no_metrics_are_written(capfd: pytest.CaptureFixture[str]) -> None:
