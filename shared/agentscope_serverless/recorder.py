@@ -37,7 +37,8 @@ drives it in a task of its own, so the run is independent of the request that st
 - a run started with a time limit (a Lambda invocation's, see
   :mod:`~agentscope_serverless.time_limit`) still going when it runs out is cancelled the
   same way, but ends ``failed`` with the error ``TIME_LIMIT``: its end is stored and sent
-  before the function is stopped.
+  before the function is stopped, and a line logged says which run it was and where it was
+  waiting (:func:`~agentscope_serverless.stacks.awaited_stack`).
 
 Without a runs store (``RUNS_BACKEND=none``) the same machinery streams without storing,
 and a run whose client leaves is cancelled (nobody could resume it).
@@ -85,6 +86,7 @@ from agentscope_serverless.services.runs.base import (
     RunsService,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
+from agentscope_serverless.stacks import awaited_stack
 from agentscope_serverless.time_limit import TIME_LIMIT, seconds_left
 
 EventItem = tuple[Event, str]
@@ -156,10 +158,12 @@ class RecordedRun:
         self._usage: dict[str, object] | None = None
         # The error the run ended with, for its record.
         self._error: Error | None = None
-        # Seconds the run may take (None: no limit), and whether they ran out.
+        # Seconds the run may take (None: no limit), whether they ran out, and where the
+        # run was waiting then (for the line saying so).
         self._time_left = time_left
         self._time_limit: asyncio.TimerHandle | None = None
         self._out_of_time = False
+        self._stopped_in = ""
         # Whether its task was cancelled (it is, once), and when its agent's cleanup is cut
         # short if still going.
         self._cancelled = False
@@ -260,6 +264,7 @@ class RecordedRun:
         if isinstance(event, AgentResponse) and event.status in FINISHED:
             if self._out_of_time and event.status == RunStatus.Canceled:
                 event.failed(_OUT_OF_TIME)  # cancelled for its time limit, not by a client
+                self._log_out_of_time()
             self.status = event.status
             self._usage = event.usage
             self._error = event.error
@@ -279,6 +284,13 @@ class RecordedRun:
         runner until later: a run not streamed gathers its text."""
         if self._first_text is None:
             self._first_text = at
+
+    def _log_out_of_time(self) -> None:
+        """Say which run its time limit ended, and where it was waiting then (its agent's
+        frames: the call it was stuck in), nothing of what it said."""
+        logged = {"code": TIME_LIMIT, "run_id": self.run_id, "session_id": self.session_id}
+        logged |= {"user_id": self.user_id, "stack": self._stopped_in}
+        logger.warning("the run reached the time limit", extra=logged)
 
     async def _keeps_turn(self) -> bool:
         """Whether the run stores its turn: not once erased, nor once its record is gone
@@ -502,6 +514,7 @@ class RecordedRun:
         cleanup of one cancelled already is cut short within :data:`TIME_LIMIT_CLEANUP_SECONDS`."""
         self._time_limit = None
         self._out_of_time = True
+        self._stopped_in = awaited_stack(self._source)
         if self._cancelled:
             self._cut_cleanup_within(TIME_LIMIT_CLEANUP_SECONDS)
         elif self._first is not None:

@@ -26,6 +26,7 @@ from agentscope_serverless.http.lambda_handler import (
     LambdaHandler,
     make_handler,
 )
+from agentscope_serverless.log import logger
 from tests.support.http import issue_key, parse_sse
 from tests.support.lambda_runtime import function_url_event
 from tests.support.tidy_agent import LOG, NEVER_ENDING
@@ -129,6 +130,36 @@ def test_a_run_still_going_at_the_time_limit_ends_failed_stored_and_answered(
     reply = last["output"][0]["content"][0]["text"]
     assert reply.startswith("piece 0. ")
     assert "piece 24." not in reply
+
+
+def test_a_run_ended_at_the_time_limit_is_logged_with_where_its_agent_was(
+    slow_process: tuple[LambdaHandler, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the run's metrics and the request's line (a 504) said anything of it: not which
+    # run, session or user it was, nor where the agent was stuck.
+    handler, key = slow_process
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    try:
+        capsys.readouterr()
+        body = _run_input("take your time", "logged-limit", stream=False)
+        answer = _invoke_near_the_limit(handler, _post(key, "/process", body))
+    finally:
+        logger.setLevel(level)
+    assert answer["statusCode"] == 504
+    run_id = answer["headers"]["x-run-id"]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (logged,) = [line for line in lines if line["message"] == "the run reached the time limit"]
+    assert logged["level"] == "WARNING" and logged["code"] == "TIME_LIMIT"
+    assert (logged["run_id"], logged["session_id"]) == (run_id, "logged-limit")
+    assert logged["user_id"] == "lambda-user"
+    # The calls the run was in, from the runner to the agent's sleep, outermost first.
+    stack = logged["stack"].split(" > ")
+    assert stack[0].startswith("agentscope_serverless.runner.Runner.stream_query:")
+    assert any(frame.startswith("tests.support.slow_agent.query:") for frame in stack)
+    assert stack[-1].startswith("asyncio.tasks.sleep:")
+    # Nothing of what the user or the agent said.
+    assert "your time" not in json.dumps(logged) and "piece" not in json.dumps(logged)
 
 
 def test_a_run_answered_whole_near_the_time_limit_is_a_504_not_to_retry(
