@@ -41,6 +41,10 @@ MAX_FIELD_CHARS = 16_384
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_request_id", default=None
 )
+# The id the client sent (X-Request-Id) when it is not the request's own (on Lambda).
+_client_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "agentscope_client_request_id", default=None
+)
 _STANDARD_FIELDS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
 )
@@ -69,6 +73,9 @@ class JsonFormatter(logging.Formatter):
         request_id = _request_id.get()
         if request_id is not None:
             line["request_id"] = request_id
+            client_request_id = _client_request_id.get()
+            if client_request_id is not None:
+                line["client_request_id"] = client_request_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD_FIELDS and not key.startswith("_"):
                 line[key] = value
@@ -275,9 +282,12 @@ def shortened(text: str, limit: int) -> str:
     return f"{text[:half]}...[{len(text) - 2 * half} characters cut]...{text[-half:]}"
 
 
-def bind_request_id(request_id: str) -> None:
-    """Tag every line logged by the current task (and tasks it starts) with ``request_id``."""
+def bind_request_id(request_id: str | None, client_request_id: str | None = None) -> None:
+    """Tag every line logged by the current task (and tasks it starts) with ``request_id``
+    (None: no request's), and ``client_request_id``, the id the client sent, when it is
+    another."""
     _request_id.set(request_id)
+    _client_request_id.set(client_request_id)
 
 
 def current_request_id() -> str | None:
@@ -286,9 +296,16 @@ def current_request_id() -> str | None:
 
 
 def log_request(
-    request_id: str, method: str | None, path: str | None, status: int, duration_ms: float
+    request_id: str,
+    method: str | None,
+    path: str | None,
+    status: int,
+    duration_ms: float,
+    *,
+    client_request_id: str | None = None,
 ) -> None:
-    """The one line logged per request, with the keys of the logger's lines.
+    """The one line logged per request, with the keys of the logger's lines, and the id the
+    client sent when it is another (``client_request_id``).
 
     It is on every request, so it is built only when INFO is enabled and written as one
     ``json.dumps`` to stdout, without the logging machinery (which costs ten times more).
@@ -310,6 +327,8 @@ def log_request(
         "status": status,
         "duration_ms": duration_ms,
     }
+    if client_request_id is not None:
+        line["client_request_id"] = client_request_id
     sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 

@@ -187,10 +187,12 @@ def test_a_key_sent_twice_behind_a_function_url_is_said_to_be_so(
 
 
 class LambdaContext:
-    """The part of Lambda's context object the handler reads: the time left."""
+    """The part of Lambda's context object the handler reads: the time left, and the
+    invocation's id."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, request_id: str = "invocation-1") -> None:
         self.deadline = time.monotonic() + seconds
+        self.aws_request_id = request_id
 
     def get_remaining_time_in_millis(self) -> int:
         return int((self.deadline - time.monotonic()) * 1000)
@@ -651,3 +653,78 @@ def test_a_head_request_for_health_is_answered_without_a_body(
     assert head["body"] == ""
     assert head["headers"]["content-type"] == "application/json"
     assert head["headers"]["content-length"] == str(len(get["body"].encode()))
+
+
+def _lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """The JSON lines logged since the last read."""
+    out = capsys.readouterr().out
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_a_requests_lines_carry_its_invocations_id_and_the_clients_beside_it(
+    sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
+) -> None:
+    """A client sending X-Request-Id had its id on every line instead of the invocation's:
+    no line could be joined to Lambda's own (START, END, REPORT), and a client could give
+    its request another request's id."""
+    handler, key = sessions_handler
+    request_log.readouterr()
+    for sent, client_id in (("client-7", "client-7"), ("bad id\t!", None), (None, None)):
+        headers = {"authorization": f"Bearer {key}"}
+        if sent is not None:
+            headers["x-request-id"] = sent
+        event = function_url_event("GET", "/sessions/nowhere", headers=headers)
+        answer = handler(event, LambdaContext(60, "invocation-7"))
+        assert answer["statusCode"] == 404
+        assert answer["headers"]["x-request-id"] == "invocation-7"
+        (line,) = [line for line in _lines(request_log) if line["message"] == "request"]
+        assert line["request_id"] == "invocation-7"
+        assert line.get("client_request_id") == client_id
+
+
+def test_an_event_refused_as_no_request_is_logged_with_its_invocations_id(
+    sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
+) -> None:
+    handler, _ = sessions_handler
+    handler(function_url_event("GET", "/health"), LambdaContext(60, "invocation-before"))
+    request_log.readouterr()
+    answer = handler({"Records": []}, LambdaContext(60, "invocation-8"))
+    assert answer["error"]["code"] == "UNSUPPORTED_EVENT"
+    (line,) = _lines(request_log)
+    assert line["message"] == "an event of an unsupported kind was refused"
+    assert line["request_id"] == "invocation-8"
+
+
+def test_the_streaming_functions_lines_carry_the_invocations_id_started_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_log: pytest.CaptureFixture[str]
+) -> None:
+    """The streaming function that could not start answered and logged under an id of its
+    own, and once started under the id its client sent: neither was the invocation's."""
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
+    monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
+    app = build_web_adapter_app(["sessions", "runs"])
+
+    def invoked(request_id: str) -> dict[str, str]:
+        # As the Web Adapter forwards an invocation, with what the client sent.
+        deadline = int((time.time() + 60) * 1000)
+        context = json.dumps({"request_id": request_id, "deadline": deadline})
+        return {"x-amzn-lambda-context": context, "X-Request-Id": "client-9"}
+
+    with TestClient(app) as client:
+        request_log.readouterr()
+        answer = client.get("/health", headers=invoked("invocation-9"))
+        assert answer.status_code == 503
+        assert answer.headers["x-request-id"] == "invocation-9"
+        lines = _lines(request_log)
+        assert {line["message"] for line in lines} == {"the function could not start", "request"}
+        assert all(line["request_id"] == "invocation-9" for line in lines), lines
+        assert all(line["client_request_id"] == "client-9" for line in lines), lines
+        monkeypatch.setenv("RUNS_BACKEND", "in_memory")
+        answer = client.get("/health", headers=invoked("invocation-10"))
+        assert answer.status_code == 200
+        assert answer.headers["x-request-id"] == "invocation-10"
+        (request,) = _lines(request_log)
+        assert request["request_id"] == "invocation-10"
+        assert request["client_request_id"] == "client-9"

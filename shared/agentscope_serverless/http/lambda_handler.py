@@ -158,12 +158,22 @@ class _WebAdapterApplication:
 
 
 async def _send_unavailable(scope: Scope, send: Send) -> None:
-    """Answer that the function could not start (the cause is logged, not sent)."""
-    from agentscope_serverless.log import log_request, logger
+    """Answer that the function could not start (the cause is logged, not sent), under the
+    invocation's id, as the application would."""
+    from agentscope_serverless.http.middleware import request_ids_of
+    from agentscope_serverless.log import bind_request_id, log_request, logger
 
-    request_id = uuid.uuid4().hex
-    logger.exception("the function could not start", extra={"request_id": request_id})
-    log_request(request_id, scope.get("method"), scope.get("path"), 503, 0.0)
+    request_id, client_request_id = request_ids_of(scope)
+    bind_request_id(request_id, client_request_id)
+    logger.exception("the function could not start")
+    log_request(
+        request_id,
+        scope.get("method"),
+        scope.get("path"),
+        503,
+        0.0,
+        client_request_id=client_request_id,
+    )
     body = _error_json("UNAVAILABLE", "the function could not start", 503).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -262,8 +272,12 @@ class _LazyApplication:
         return self._app, self._loop
 
     def __call__(self, event: Any, context: Any) -> dict[str, Any]:
+        from agentscope_serverless.log import bind_request_id
         from agentscope_serverless.tasks import TASK_EVENT_KEY
 
+        # Every line of the invocation carries its id, whatever the event (the request's
+        # are bound again by the application, with the id its client sent).
+        bind_request_id(_aws_request_id(context))
         if isinstance(event, dict) and TASK_EVENT_KEY in event:
             return self._run_task(event, context)
         handler = _http_handler(event, context)
@@ -602,9 +616,8 @@ def _error(
     """An error answered outside the application, in the shape of the request's event."""
     from agentscope_serverless.log import log_request, logger
 
-    # The invocation's id, as in the application (see ``request_id_of``).
-    invocation = getattr(getattr(handler, "context", None), "aws_request_id", None)
-    request_id = invocation if isinstance(invocation, str) and invocation else uuid.uuid4().hex
+    # The invocation's id, as in the application (see ``request_ids_of``).
+    request_id = _aws_request_id(getattr(handler, "context", None)) or uuid.uuid4().hex
     if log:
         logger.exception(message, extra={"request_id": request_id})
     log_request(request_id, *_method_and_path(getattr(handler, "event", None)), status, 0.0)
@@ -620,6 +633,12 @@ def _error(
             "isBase64Encoded": False,
         }
     return answer
+
+
+def _aws_request_id(context: Any) -> str | None:
+    """The id of the invocation of a Lambda ``context`` (None without one)."""
+    invocation = getattr(context, "aws_request_id", None)
+    return invocation if isinstance(invocation, str) and invocation else None
 
 
 def _method_and_path(event: Any) -> tuple[str | None, str | None]:

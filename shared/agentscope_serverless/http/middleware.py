@@ -3,9 +3,10 @@ streams ended with their keys.
 
 **Request context.** Every request gets a request id, on its response and its log lines.
 
-The id comes from the ``X-Request-Id`` header when it is a reasonable token (up to 128
-letters, digits, ``.``, ``_`` or ``-``), otherwise, on Lambda, it is the invocation's (as
-Lambda's own log lines of it have it), otherwise a new one is made; it is echoed in the
+On Lambda, the id is the invocation's (as Lambda's own log lines of it have it), and an
+``X-Request-Id`` header the client sent, when it is a reasonable token (up to 128 letters,
+digits, ``.``, ``_`` or ``-``), is logged beside it as ``client_request_id``; elsewhere the
+id is the client's when it is such a token, otherwise a new one is made. The id is the
 response's ``X-Request-Id`` header. The request's agent gets it from
 ``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
 ``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
@@ -105,20 +106,27 @@ def trace_headers_of(scope: Scope) -> dict[str, str]:
     return found
 
 
-def request_id_of(scope: Scope) -> str:
-    """The client's request id when it is valid, else the id of the Lambda invocation
-    serving the request (the one of Lambda's own lines for it: START, END, REPORT), else a
-    fresh one."""
-    lambda_context = None
+def request_ids_of(scope: Scope) -> tuple[str, str | None]:
+    """The request's id and the id its client sent (``X-Request-Id``, when valid) if that is
+    another.
+
+    On Lambda, the request's id is the invocation's (the one of Lambda's own lines for it:
+    START, END, REPORT), and the client's is kept beside it: a client choosing the id would
+    part our lines from Lambda's, or mix them with another request's. Elsewhere it is the
+    client's when valid (a proxy's, to follow a request through it), else a fresh one.
+    """
+    client_id = lambda_context = None
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             candidate = bytes(value).decode("latin-1")
             if _VALID_ID.match(candidate):
-                return candidate
+                client_id = candidate
         elif name == LAMBDA_CONTEXT_HEADER:
             lambda_context = value
     invocation = _invocation_id(scope, lambda_context)
-    return invocation if invocation is not None else uuid.uuid4().hex
+    if invocation is not None:
+        return invocation, client_id
+    return client_id or uuid.uuid4().hex, None
 
 
 def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
@@ -143,9 +151,10 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = request_id_of(scope)
-        scope.setdefault("state", {})["request_id"] = request_id
-        bind_request_id(request_id)
+        request_id, client_request_id = request_ids_of(scope)
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        bind_request_id(request_id, client_request_id)
         trace_headers = trace_headers_of(scope)
         if trace_headers:
             TracingUtil.set_trace_header(trace_headers)
@@ -187,6 +196,7 @@ class RequestContextMiddleware:
                 scope.get("path"),
                 500 if status is None else status,
                 round((time.perf_counter() - started) * 1000, 2),
+                client_request_id=client_request_id,
             )
 
 
@@ -540,6 +550,6 @@ __all__ = [
     "RequestContextMiddleware",
     "RevokedKeyMiddleware",
     "StartupFailureMiddleware",
-    "request_id_of",
+    "request_ids_of",
     "trace_headers_of",
 ]
