@@ -303,9 +303,11 @@ def log_request(
     duration_ms: float,
     *,
     client_request_id: str | None = None,
+    failure: dict[str, str] | None = None,
 ) -> None:
-    """The one line logged per request, with the keys of the logger's lines, and the id the
-    client sent when it is another (``client_request_id``).
+    """The one line logged per request, with the keys of the logger's lines, the id the
+    client sent when it is another (``client_request_id``), and for a failed request what
+    ``failure`` says of it (the error ``code``, the caller's ``user_id`` and ``key_id``).
 
     It is on every request, so it is built only when INFO is enabled and written as one
     ``json.dumps`` to stdout, without the logging machinery (which costs ten times more).
@@ -329,6 +331,8 @@ def log_request(
     }
     if client_request_id is not None:
         line["client_request_id"] = client_request_id
+    if failure:
+        line.update(failure)
     sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 

@@ -532,7 +532,11 @@ class Runner(ServiceLifecycleManagerMixin):
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
         # end the process serving it, and every run in it.
         except (Exception, SystemExit) as exc:
-            logged = {"session_id": session.id, "run_id": turn.response.id}
+            logged = {
+                "session_id": session.id,
+                "run_id": turn.response.id,
+                "user_id": session.user_id,
+            }
             logger.exception("the agent failed", extra=logged)
             if await keeping():
                 await self._record_quietly(session, writes, kept)
@@ -561,7 +565,11 @@ class Runner(ServiceLifecycleManagerMixin):
                 saving = self._save_turn(session, writes, messages, final, end_turn)
                 await _despite_run_cancel(saving)
         except Exception as exc:
-            logged = {"session_id": session.id, "run_id": turn.response.id}
+            logged = {
+                "session_id": session.id,
+                "run_id": turn.response.id,
+                "user_id": session.user_id,
+            }
             logger.exception("could not save the session history", extra=logged)
             turn.retract(final)
             yield turn.fail(self._error_of(exc))

@@ -125,3 +125,63 @@ def test_the_password_of_a_url_an_agents_failure_quotes_is_neither_logged_nor_an
     (failed,) = [line for _, line in lines if line["level"] == "ERROR"]
     assert "postgresql://****@db.internal:5432/trips" in json.dumps(failed)
     assert not [text for text, _ in lines if "s3cret" in text]
+
+
+def request_lines(capfd: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    return [line for _, line in logged(capfd) if line["message"] == "request"]
+
+
+def test_a_failed_requests_line_says_its_error_code_and_its_caller(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    """An operator reading the request lines of failed requests saw only their status:
+    neither why (the code the client got) nor who asked."""
+    keys = Keys.make()
+    alice_key_id = keys.alice.split("_")[1]
+    service_key_id = keys.service.split("_")[1]
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert client.get("/sessions").status_code == 401
+            as_bob = {**bearer(keys.alice), "X-User-Id": "bob"}
+            assert client.get("/sessions", headers=as_bob).status_code == 403
+            assert client.get("/sessions/none", headers=bearer(keys.alice)).status_code == 404
+            for_carol = {**bearer(keys.service), "X-User-Id": "carol"}
+            assert client.get("/sessions/none", headers=for_carol).status_code == 404
+            refused = client.post("/process", json={"input": 5}, headers=bearer(keys.alice))
+            assert refused.status_code == 422
+            assert client.get("/sessions", headers=bearer(keys.alice)).status_code == 200
+            # A chat completion whose run failed is answered with the run's error.
+            chat = {"model": "m", "messages": [{"role": "user", "content": "a trip"}]}
+            failed = client.post(
+                "/compatible-mode/v1/chat/completions", json=chat, headers=bearer(keys.alice)
+            )
+            assert failed.status_code >= 400
+    lines = request_lines(capfd)
+    failures = [
+        (line["status"], line.get("code"), line.get("user_id"), line.get("key_id"))
+        for line in lines
+    ]
+    assert failures == [
+        (401, "UNAUTHENTICATED", None, None),
+        (403, "PERMISSION_DENIED", "alice", alice_key_id),
+        (404, "SESSION_NOT_FOUND", "alice", alice_key_id),
+        (404, "SESSION_NOT_FOUND", "carol", service_key_id),
+        (422, "INVALID_INPUT", "alice", alice_key_id),
+        (200, None, None, None),
+        (failed.status_code, failed.json()["error"]["code"], "alice", alice_key_id),
+    ]
+    secrets = (keys.alice.split("_", 2)[2], keys.service.split("_", 2)[2])
+    assert not [line for line in lines if any(secret in json.dumps(line) for secret in secrets)]
+
+
+def test_an_agents_failure_is_logged_with_its_user(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    keys = Keys.make()
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message("a trip")], "stream": False}
+        httpx.post(f"{url}/process", json=body, headers=bearer(keys.alice), timeout=30)
+    (failed,) = [line for _, line in logged(capfd) if line["level"] == "ERROR"]
+    assert failed["message"] == "the agent failed" and failed["user_id"] == "alice"

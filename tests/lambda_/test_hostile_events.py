@@ -682,6 +682,23 @@ def test_a_requests_lines_carry_its_invocations_id_and_the_clients_beside_it(
         assert line.get("client_request_id") == client_id
 
 
+def test_a_failed_requests_line_says_its_code_and_caller_in_the_application_or_before(
+    sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
+) -> None:
+    handler, key = sessions_handler
+    request_log.readouterr()
+    event = function_url_event(
+        "GET", "/sessions/nowhere", headers={"authorization": f"Bearer {key}"}
+    )
+    assert handler(event, LambdaContext(60))["statusCode"] == 404
+    handler(_event(key, "not base64!", base64=True), LambdaContext(60))
+    failed = [line for line in _lines(request_log) if line["message"] == "request"]
+    assert [(line["status"], line["code"], line.get("user_id")) for line in failed] == [
+        (404, "SESSION_NOT_FOUND", "event-user"),
+        (400, "BAD_REQUEST", None),  # refused before the application: no caller known
+    ]
+
+
 def test_an_event_refused_as_no_request_is_logged_with_its_invocations_id(
     sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
 ) -> None:
@@ -721,6 +738,8 @@ def test_the_streaming_functions_lines_carry_the_invocations_id_started_or_not(
         assert {line["message"] for line in lines} == {"the function could not start", "request"}
         assert all(line["request_id"] == "invocation-9" for line in lines), lines
         assert all(line["client_request_id"] == "client-9" for line in lines), lines
+        (request,) = [line for line in lines if line["message"] == "request"]
+        assert request["code"] == "UNAVAILABLE"
         monkeypatch.setenv("RUNS_BACKEND", "in_memory")
         answer = client.get("/health", headers=invoked("invocation-10"))
         assert answer.status_code == 200

@@ -46,6 +46,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.log import shortened, without_api_keys
 from agentscope_serverless.services._validation import require_user_id
 
 USER_HEADER = "X-User-Id"
@@ -58,6 +59,8 @@ IAM_KEY_ID = "iam"
 IAM_IDENTITY_FIELDS = ("userArn", "callerId", "userId")
 # Where a request keeps its caller once authenticated (its scope's state).
 _CALLER_STATE = "agentscope_caller"
+# The most characters of a user's id in a log line (one a service key names is unchecked).
+_MAX_LOGGED_USER_CHARS = 256
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
@@ -233,6 +236,22 @@ async def get_caller(
     return caller
 
 
+def caller_fields(state: Mapping[str, Any]) -> dict[str, str]:
+    """What a failed request's log line says of its caller, once authenticated (a request's
+    ``state``): the key's id (its public part, never the secret) and the user it acts as,
+    the user key's (or the IAM identity), else the one user a service key's request names
+    outside the body."""
+    caller: Caller | None = state.get(_CALLER_STATE)
+    if caller is None:
+        return {}
+    fields = {"key_id": caller.principal.key_id}
+    named = {claimed for _, claimed in caller.claims}
+    user_id = caller.principal.user_id or (named.pop() if len(named) == 1 else None)
+    if user_id is not None:
+        fields["user_id"] = shortened(without_api_keys(user_id), _MAX_LOGGED_USER_CHARS)
+    return fields
+
+
 class KeyedRoute(APIRoute):
     """A route whose caller is authenticated before anything else, its body first: FastAPI
     reads and parses a route's body before its dependencies, so a caller without a valid
@@ -275,6 +294,7 @@ __all__ = [
     "CurrentUser",
     "KeyedRoute",
     "bearer_scheme",
+    "caller_fields",
     "current_user_id",
     "get_caller",
     "header_text",

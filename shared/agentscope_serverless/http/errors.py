@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.errors import (
     AgentScopeServerlessError,
@@ -54,6 +55,9 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import too_deep
 
 INTERNAL_ERROR = "INTERNAL_ERROR"
+# Where an error response leaves its code, as it is sent, in the request's state (for the
+# request's log line).
+ERROR_CODE_STATE = "agentscope_error_code"
 
 _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     UnsupportedParameterError: 400,
@@ -184,18 +188,33 @@ def error_body(
     return {"error": error}
 
 
+class ErrorResponse(JSONResponse):
+    """An error's answer (the body :func:`error_body` makes), which, as it is sent, leaves
+    its code in the request's state (:data:`ERROR_CODE_STATE`) for the request's log line:
+    every error answer of the application is one."""
+
+    def __init__(
+        self, body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(body, status_code=status, headers=headers)
+        self.code: str = body["error"]["code"]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("state", {})[ERROR_CODE_STATE] = self.code
+        await super().__call__(scope, receive, send)
+
+
 def error_response(
     status: int,
     code: str,
     message: str,
     fields: Sequence[dict[str, Any]] | None = None,
-) -> JSONResponse:
+) -> ErrorResponse:
     """An error response; a 401 also tells the client how to authenticate."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status >= 500 and status != 503:
         code, message, fields = INTERNAL_ERROR, "internal server error", None
-    body = error_body(code, message, fields, status=status)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ErrorResponse(error_body(code, message, fields, status=status), status, headers)
 
 
 def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
@@ -394,6 +413,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "ERROR_CODE_STATE",
+    "ErrorResponse",
     "error_body",
     "error_response",
     "error_type",

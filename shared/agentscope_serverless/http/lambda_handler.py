@@ -173,6 +173,7 @@ async def _send_unavailable(scope: Scope, send: Send) -> None:
         503,
         0.0,
         client_request_id=client_request_id,
+        failure={"code": "UNAVAILABLE"},
     )
     body = _error_json("UNAVAILABLE", "the function could not start", 503).encode()
     headers = [
@@ -620,7 +621,8 @@ def _error(
     request_id = _aws_request_id(getattr(handler, "context", None)) or uuid.uuid4().hex
     if log:
         logger.exception(message, extra={"request_id": request_id})
-    log_request(request_id, *_method_and_path(getattr(handler, "event", None)), status, 0.0)
+    method, path = _method_and_path(getattr(handler, "event", None))
+    log_request(request_id, method, path, status, 0.0, failure={"code": code})
     body = _error_json(code, message, status).encode()
     headers = [[b"content-type", b"application/json"], [b"x-request-id", request_id.encode()]]
     try:

@@ -11,7 +11,9 @@ response's ``X-Request-Id`` header. The request's agent gets it from
 ``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
 ``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
 line per request records the method, the path (never the query string or headers; a path
-longer than 1024 characters by its beginning and end), the status and the duration. An
+longer than 1024 characters by its beginning and end), the status and the duration; a
+failed request's also the error ``code`` its answer gave and, once authenticated, the
+caller's ``user_id`` and ``key_id``. An
 error no handler maps is answered here (a 500, logged as one line with its traceback), so
 the server never sees it; one after the response began is logged the same way, and the
 response left unfinished, for the server to cut. Every answer leaves with the status
@@ -69,7 +71,9 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PayloadTooLargeError,
 )
+from agentscope_serverless.http.auth import caller_fields
 from agentscope_serverless.http.errors import (
+    ERROR_CODE_STATE,
     error_response,
     response_for,
     status_on,
@@ -190,6 +194,7 @@ class RequestContextMiddleware:
                     extra={"error": type(exc).__name__},
                 )
         finally:
+            code = state.get(ERROR_CODE_STATE)
             log_request(
                 request_id,
                 scope.get("method"),
@@ -197,6 +202,7 @@ class RequestContextMiddleware:
                 500 if status is None else status,
                 round((time.perf_counter() - started) * 1000, 2),
                 client_request_id=client_request_id,
+                failure=None if code is None else {"code": code, **caller_fields(state)},
             )
 
 

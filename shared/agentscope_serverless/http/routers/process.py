@@ -38,7 +38,12 @@ from agentscope_serverless.http.auth import (
 )
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext, get_context
-from agentscope_serverless.http.errors import error_body, error_response, status_of_code
+from agentscope_serverless.http.errors import (
+    ErrorResponse,
+    error_body,
+    error_response,
+    status_of_code,
+)
 from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
@@ -341,7 +346,7 @@ def _failure(response: AgentResponse) -> JSONResponse:
     else:
         error = response.error
         status = status_of_code(error.code)
-        answer = JSONResponse(error_body(error.code, error.message, status=status), status)
+        answer = ErrorResponse(error_body(error.code, error.message, status=status), status)
     answer.headers["X-Should-Retry"] = "false"
     return answer
 
