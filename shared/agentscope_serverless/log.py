@@ -7,7 +7,8 @@ the HTTP layer), so one request's lines can be found together::
     logger.info("session created", extra={"session_id": "s1"})
 
 The warnings and errors of libraries that log without a handler (Python's last resort) are
-written the same way. A line is
+written the same way, and so are Python's warnings (``warnings.warn``) and the exceptions no
+thread caught. A line is
 ``{"level", "location", "message", "timestamp", "service", "request_id", ...extra}``
 (with ``exception`` and ``exception_name`` for ``logger.exception``), the shape AWS Lambda
 Powertools writes, so log queries keep working. A text value longer than
@@ -29,8 +30,11 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Iterable
+from typing import TextIO
 
 # The most characters of the path in a request's line (a client chooses it, unauthenticated).
 MAX_PATH_CHARS = 1024
@@ -45,8 +49,10 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _client_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_client_request_id", default=None
 )
+# uvicorn's records carry their message again with terminal colours, as color_message.
 _STANDARD_FIELDS = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "color_message"}
 )
 
 
@@ -245,6 +251,57 @@ def _take_unhandled_records() -> None:
 
 
 _take_unhandled_records()
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """Python's hook of an exception no thread caught, writing it as one line of ours."""
+    if issubclass(args.exc_type, SystemExit):
+        return  # a thread's way to end, as Python's own hook has it
+    exc_info = (
+        None if args.exc_value is None else (args.exc_type, args.exc_value, args.exc_traceback)
+    )
+    logger.error(
+        "an exception was raised in a thread",
+        exc_info=exc_info,
+        extra={"thread_name": None if args.thread is None else args.thread.name},
+    )
+
+
+_show_warning_as_text = warnings.showwarning
+
+
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Python's way of showing a warning (``warnings.showwarning``), writing it as a record
+    of the ``py.warnings`` logger (as ``logging.captureWarnings`` does, but with no handler
+    of its own: the record reaches the root logger's, else Python's last resort, ours)."""
+    if file is not None:  # asked for in a file of its own
+        _show_warning_as_text(message, category, filename, lineno, file, line)
+        return
+    logging.getLogger("py.warnings").warning(
+        str(message), extra={"category": category.__name__, "warned_at": f"{filename}:{lineno}"}
+    )
+
+
+def _take_warnings_and_thread_errors() -> None:
+    """Write Python's warnings (``warnings.warn`` in an agent) and the exceptions no thread
+    caught as lines of ours, one each, instead of text on stderr of a line per line, each
+    its own event in CloudWatch: a warning in a request with the request's id, a thread's
+    exception with the thread's name (a thread starts without the context of the request
+    that started it). Hooks a process installed of its own are kept."""
+    if warnings.showwarning is _show_warning_as_text:
+        warnings.showwarning = _log_warning
+    if threading.excepthook is threading.__excepthook__:
+        threading.excepthook = _log_thread_exception
+
+
+_take_warnings_and_thread_errors()
 
 
 def format_as_json(*names: str) -> None:
