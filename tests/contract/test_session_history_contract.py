@@ -379,6 +379,31 @@ async def test_list_sessions_page_rejects_a_forged_cursor(
             await history.list_sessions_page(user_id, cursor=forged)
 
 
+async def test_list_sessions_page_cursors_tell_nothing_of_other_users_sessions(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # A cursor holds a place among the user's own sessions: the cursors of a user whose
+    # sessions were created between another's are those of one who created them alone.
+    other, alone = f"{user_id}-other", f"{user_id}-alone"
+    for i in range(4):
+        await history.create_session(user_id, f"s{i}")
+        for j in range(3):
+            await history.create_session(other, f"o{i}-{j}")
+    for i in range(4):
+        await history.create_session(alone, f"s{i}")
+
+    async def cursors(owner: str) -> list[str]:
+        found: list[str] = []
+        cursor: str | None = None
+        while (page := await history.list_sessions_page(owner, limit=1, cursor=cursor)).next_cursor:
+            cursor = page.next_cursor
+            found.append(cursor)
+        return found
+
+    assert len(await cursors(user_id)) == 3
+    assert await cursors(user_id) == await cursors(alone)
+
+
 # --- append_message -------------------------------------------------------------------
 
 

@@ -67,7 +67,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
 
     def __init__(self, *, max_messages_per_session: int | None = None) -> None:
         self._sessions: dict[str, dict[str, _StoredSession]] = {}
-        self._seq = itertools.count(1)
+        # Each user's creation counter, as on Redis and DynamoDB: a list cursor holds its
+        # value, so one shared by all users would tell how many sessions others created.
+        # Kept when the user's last session is deleted (a cursor read before stays in
+        # place), erased with the user's data.
+        self._created: dict[str, int] = {}
         self._max_messages = optional_positive_int(
             max_messages_per_session, field="max_messages_per_session"
         )
@@ -92,6 +96,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
 
     async def _delete_user_sessions(self, user_id: str) -> None:
         self._sessions.pop(user_id, None)
+        self._created.pop(user_id, None)
 
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
@@ -215,7 +220,8 @@ class InMemorySessionHistoryService(SessionHistoryService):
         """The session as stored, made (empty) if missing."""
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
-            stored = self._sessions[user_id][session_id] = _StoredSession(next(self._seq))
+            seq = self._created[user_id] = self._created.get(user_id, 0) + 1
+            stored = self._sessions[user_id][session_id] = _StoredSession(seq)
         return stored
 
     @staticmethod
