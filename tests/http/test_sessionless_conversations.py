@@ -4,6 +4,7 @@ backend, found again from the conversation the client resends (see
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import uuid
 from collections.abc import Iterator
@@ -175,6 +176,54 @@ def test_a_deleted_session_is_not_continued_its_conversation_goes_on_in_a_new_on
     assert rest.get(f"/sessions/{session}/messages").status_code == 404
 
 
+def remade(rest: httpx.Client, session: str) -> None:
+    """The session deleted, then one of its id made again holding another conversation."""
+    assert rest.delete(f"/sessions/{session}").status_code == 204
+    made = rest.post(
+        "/process",
+        json={
+            "input": [{"role": "user", "content": "new"}],
+            "session_id": session,
+            "stream": False,
+        },
+    )
+    assert made.status_code == 200
+    assert stored(rest, session) == turns("new")
+
+
+def test_a_deleted_session_made_again_is_not_continued_by_its_old_conversation(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # The old conversation went on in the new session, mixed into its unrelated history.
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    remade(rest, session)
+    conversation.append({"role": "user", "content": "still there?"})
+    again = say(sdk, conversation, stream=False)
+    assert again != session
+    assert stored(rest, again) == sent(conversation)
+    assert stored(rest, session) == turns("new")
+
+
+def test_a_failed_turn_of_a_deleted_session_made_again_is_not_retried_in_it(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    conversation = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=False)
+    conversation.append({"role": "user", "content": "on"})
+    assert say(sdk, conversation, stream=False) == session
+    with pytest.raises(openai.APIError):
+        sdk.chat.completions.create(
+            model="m",
+            messages=[*conversation, {"role": "user", "content": "fail"}],  # type: ignore[list-item]
+        )
+    remade(rest, session)
+    conversation.append({"role": "user", "content": "better"})
+    again = say(sdk, conversation, stream=False)
+    assert again != session
+    assert stored(rest, again) == sent(conversation)
+
+
 def test_a_failed_turn_is_retried_in_the_same_session(
     sdk: openai.OpenAI, rest: httpx.Client
 ) -> None:
@@ -258,6 +307,36 @@ def test_previous_response_id_of_an_earlier_response_branches_from_it(
     assert stored(rest, session) == turns("one", "two", "four")
     assert stored(rest, branched) == turns("one", "three", "five")
     assert branch.metadata == {"session_id": branched}
+
+
+def test_a_response_of_a_deleted_session_made_again_is_continued_by_no_call(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # The call continuing it ran in the new session of the same id, an unrelated one.
+    first, session = respond(sdk, "one")
+    second, _ = respond(sdk, "two", first.id)
+    remade(rest, session)
+    for previous in (second.id, first.id):  # its note, and a branch from an earlier one
+        with pytest.raises(openai.NotFoundError):
+            respond(sdk, "and now?", previous)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(previous)
+    assert stored(rest, session) == turns("new")
+
+
+def test_a_response_id_naming_another_session_than_its_runs_is_no_response(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    first, session = respond(sdk, "one")
+    _, other = respond(sdk, "other")
+    run = first.id.removeprefix("resp_").partition("_")[0]
+    forged = f"resp_{run}_{base64.urlsafe_b64encode(other.encode()).decode().rstrip('=')}"
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(forged)
+    with pytest.raises(openai.NotFoundError):
+        respond(sdk, "and now?", forged)
+    assert stored(rest, other) == turns("other")
+    assert respond(sdk, "two", first.id)[1] == session
 
 
 def test_the_same_response_continued_twice_at_once_goes_on_in_two_conversations(

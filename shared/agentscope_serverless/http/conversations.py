@@ -15,7 +15,10 @@ left as it was: a reply regenerated, an earlier message edited, the same call se
 once. A turn that fails notes the conversation before it, for the client's retry. Notes last
 as long as idempotency records (``IDEMPOTENCY_EXPIRY_SECONDS``, a day by default; a
 conversation taken up later starts a new session holding it) and are erased with the user's
-data; one whose session was deleted is not followed.
+data. A note names, with its session, a message the session held when it was taken (the
+turn's last reply, or the last message before a failed turn), and is followed only while
+the session still holds it: one whose session was deleted (by its user, with the user's
+data, or expired) is not followed, even once a session of the same id was made again.
 
 The digest reads what a client resends of each message: its role, type, text and other
 parts (without their envelope: :data:`agentscope_serverless.schemas.agent_schemas.PART_ENVELOPE`).
@@ -25,8 +28,10 @@ none): a responses client resending its output items one by one writes the same 
 
 **Continuing a response.** A call naming ``previous_response_id`` continues that response's
 conversation as OpenAI's does: the conversation up to that response, whatever came after it.
-A completed response notes its session too (:func:`responded`), and the call continuing it
-takes the note (:func:`continued`) and runs in that session. A call finding no note (the
+A completed response notes its session too (:func:`responded`), with its last message, and
+the call continuing it takes the note (:func:`continued`) and runs in that session, unless
+the session no longer holds that message (deleted since, then made again: a 404, as when it
+was not made again). A call finding no note (the
 response was continued already: an earlier response continued again, a double submit) runs
 in a new session holding the first session's messages up to that response's last one, a
 branch; so does one continuing a response whose note expired. A response whose messages
@@ -53,6 +58,7 @@ from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.openai_compat import (
     ResponseInProgressError,
+    ResponseNotFoundError,
     reply_text,
     run_of_response,
     session_of_response,
@@ -106,19 +112,37 @@ def digest(messages: Sequence[Message]) -> str:
     return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-async def resumed(context: AppContext, user_id: str, history: Sequence[Message]) -> str | None:
-    """The session holding the conversation ``history``, taken from its note; None when
-    there is none (or the store could not say)."""
+async def resumed(
+    context: AppContext, user_id: str, history: Sequence[Message]
+) -> tuple[str, str] | None:
+    """The session holding the conversation ``history``, taken from its note, with the id of
+    the message of it the note names; None when there is none, the session no longer holds
+    that message (it was deleted, even if made again since), or the store could not say."""
     if context.idempotency is None or not history:
         return None
     try:
-        session_id = await context.idempotency.take(user_id, _KEY_PREFIX + digest(history))
-        if session_id is None or not await context.session_history.has_session(user_id, session_id):
+        kept = await context.idempotency.take(user_id, _KEY_PREFIX + digest(history))
+        found = _read_note(kept)
+        if found is None or not await context.session_history.stored_messages(
+            user_id, found[0], [found[1]]
+        ):
             return None
     except AgentScopeServerlessError as exc:  # a new session instead: the call goes on
         logger.warning("conversation lookup failed: %s", exc.code)
         return None
-    return session_id
+    return found
+
+
+def _read_note(kept: str | None) -> tuple[str, str] | None:
+    """The session and message a conversation's note names (None for no note, or one of
+    another form)."""
+    try:
+        value = json.loads(kept) if kept is not None else None
+    except ValueError:
+        return None
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return value[0], value[1]
+    return None
 
 
 async def noted(
@@ -128,27 +152,37 @@ async def noted(
     session_id: str,
     conversation: Sequence[Message],
     before: Sequence[Message] | None,
+    held: str | None,
 ) -> AsyncIterator[Event]:
     """``events``, noting the conversation with its reply before the run's completed
-    response goes out (so that the client's next call finds it); a run that ends otherwise
-    notes the conversation ``before`` its turn, for the client's retry."""
+    response goes out (so that the client's next call finds it), with the id of the reply's
+    last message; a run that ends otherwise notes the conversation ``before`` its turn, for
+    the client's retry, with ``held``, the id of a message the session held before it."""
+    last: str | None = None
     async for event in events:
+        if isinstance(event, Message):
+            last = event.id
         if isinstance(event, AgentResponse) and event.status in _ENDED:
             if event.status == RunStatus.Completed:
                 reply = Message(role=Role.ASSISTANT, content=[TextContent(text=reply_text(event))])
-                await _note(context, user_id, session_id, [*conversation, reply])
+                await _note(context, user_id, session_id, [*conversation, reply], last or held)
             elif before:
-                await _note(context, user_id, session_id, before)
+                await _note(context, user_id, session_id, before, held)
         yield event
 
 
 async def _note(
-    context: AppContext, user_id: str, session_id: str, conversation: Sequence[Message]
+    context: AppContext,
+    user_id: str,
+    session_id: str,
+    conversation: Sequence[Message],
+    message_id: str | None,
 ) -> None:
-    if context.idempotency is None:
+    if context.idempotency is None or message_id is None:
         return
+    value = json.dumps([session_id, message_id], ensure_ascii=False)
     try:
-        await context.idempotency.keep(user_id, _KEY_PREFIX + digest(conversation), session_id)
+        await context.idempotency.keep(user_id, _KEY_PREFIX + digest(conversation), value)
     except AgentScopeServerlessError as exc:  # its next call starts a session: no failure
         logger.warning("conversation note failed: %s", exc.code)
 
@@ -165,11 +199,21 @@ async def continued(
     if found is None:
         return session_id, []
     noted: bool | None = None  # unknown without notes, or when they could not be read
+    kept: str | None = None
     if context.idempotency is not None:
         try:
-            noted = await context.idempotency.take(user_id, _RESPONSE_PREFIX + found[0]) is not None
+            kept = await context.idempotency.take(user_id, _RESPONSE_PREFIX + found[0])
+            noted = kept is not None
         except AgentScopeServerlessError as exc:  # the session itself: the call goes on
             logger.warning("response note lookup failed: %s", exc.code)
+    note = _read_note(kept)
+    if note is not None and (
+        note[0] != session_id
+        or not await context.session_history.stored_messages(user_id, session_id, [note[1]])
+    ):
+        # The session no longer holds the response: deleted (or expired) since, a session
+        # of its id made again holds none of its conversation.
+        raise ResponseNotFoundError(response_id)
     if noted:
         return session_id, []
     await refuse_in_progress(context, user_id, response_id)
@@ -222,13 +266,18 @@ async def responded(
     events: AsyncIterator[Event], context: AppContext, user_id: str, session_id: str, run_id: str
 ) -> AsyncIterator[Event]:
     """``events``, noting the session of a completed response before its completed event
-    goes out, for the call that will continue it (:func:`continued`)."""
+    goes out, for the call that will continue it (:func:`continued`), with the id of the
+    response's last message: the call is refused once the session no longer holds it."""
     notes = context.idempotency
+    last: str | None = None
     async for event in events:
+        if isinstance(event, Message):
+            last = event.id
         completed = isinstance(event, AgentResponse) and event.status == RunStatus.Completed
-        if completed and notes is not None:
+        if completed and notes is not None and last is not None:
+            value = json.dumps([session_id, last], ensure_ascii=False)
             try:
-                await notes.keep(user_id, _RESPONSE_PREFIX + run_id, session_id)
+                await notes.keep(user_id, _RESPONSE_PREFIX + run_id, value)
             except AgentScopeServerlessError as exc:  # continuing it branches: no failure
                 logger.warning("response note failed: %s", exc.code)
         yield event

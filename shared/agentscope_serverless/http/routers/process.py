@@ -112,6 +112,8 @@ class _Call:
     history: list[Message]
     conversation: list[Message] | None = None
     before: list[Message] | None = None
+    # The id of a message the session holds before the turn (what a note names).
+    held: str | None = None
 
 
 async def _compatible_run(
@@ -142,9 +144,12 @@ async def _compatible_run(
         return _Call(run, given, history if new else [])
     shown = [*history, *(m for m in turn if not for_turn_only(m))]
     resumed = await conversations.resumed(context, user_id, history)
-    session = resumed or new_uuid()
+    # The message a note of the conversation before the turn names (the new session's
+    # history is stored with the ids of its messages).
+    held = resumed[1] if resumed else (history[-1].id if history else None)
+    session = resumed[0] if resumed else new_uuid()
     run = _run_request(context, input=turn, session_id=session, user_id=user_id, **options)
-    return _Call(run, session, [] if resumed else history, shown, history)
+    return _Call(run, session, [] if resumed else history, shown, history, held)
 
 
 def _run_request(context: AppContext, **fields: Any) -> AgentRequest:
@@ -298,6 +303,7 @@ def _noted(context: AppContext, call: _Call, events: AsyncIterator[Event]) -> As
         call.session_id,
         call.conversation,
         call.before,
+        call.held,
     )
 
 
@@ -775,6 +781,13 @@ async def _refuse_deleted(
             "previous_response_id names a response whose session this user does not have "
             "(it was deleted, or is another user's)",
         )
+    if runs is not None and found is not None:
+        # Its run goes with its session: gone, the session of that id (made again since)
+        # holds none of its conversation. An id naming another session than its run's is
+        # no response's (as a read of it says).
+        record = await read_record(context, lambda: runs.get_run(user_id, found[0]))
+        if (record is None and continued) or (record is not None and record.session_id != found[1]):
+            raise compat.ResponseNotFoundError(response_id)
 
 
 def _model(context: AppContext) -> dict[str, Any]:
