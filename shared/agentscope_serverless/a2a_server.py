@@ -3,8 +3,9 @@ its task store is our runs store.
 
 - :class:`RunsAgentExecutor` turns an A2A message into a recorded run of the agent (kind
   ``a2a``; the session is the A2A ``context_id``) and its events into A2A task events: the
-  reply's text pieces as chunks of one artifact, then the final status (completed, failed
-  or canceled). Cancelling the A2A task, through any process, cancels the run.
+  reply's text pieces as chunks of one artifact, the last one (no text) marked
+  ``lastChunk``, then the final status (completed, failed or canceled). Cancelling the A2A
+  task, through any process, cancels the run.
 - :class:`RunsTaskStore` keeps A2A tasks in the runs store (kind ``a2a_task``), per user
   (the owner is the authenticated user), so any process can answer ``GetTask``.
 - :func:`agent_card` describes the app (name, description, skills) with its interfaces
@@ -204,6 +205,11 @@ class RunsAgentExecutor(AgentExecutor):
                 RunStatus.Canceled,
             ):
                 final = event
+        if not first:
+            # Which piece of text is the last is known only once the run has ended.
+            await updater.event_queue.enqueue_event(
+                _reply_end(updater.task_id, updater.context_id, artifact_id)
+            )
         if final is None or final.status == RunStatus.Canceled:
             await updater.cancel()
         elif final.status == RunStatus.Failed:
@@ -451,7 +457,8 @@ class RunsRequestHandler(DefaultRequestHandler):
 
     The SDK's own handler follows only a task of its process (its event queue). Elsewhere,
     the stream is the task (without its artifacts), then the reply's text from its first
-    piece, as the chunks of one artifact, then the task's final status.
+    piece, as the chunks of one artifact (the last one marked ``lastChunk``), then the
+    task's final status.
     """
 
     def __init__(
@@ -609,11 +616,28 @@ class RunsRequestHandler(DefaultRequestHandler):
                     last_chunk=False,
                 )
                 first = False
+        if not first:
+            yield _reply_end(task.id, task.context_id, run_id)
         task = await self._stored_end(task, context)
         if task.status.state in TERMINAL:
             yield TaskStatusUpdateEvent(
                 task_id=task.id, context_id=task.context_id, status=task.status
             )
+
+
+def _reply_end(task_id: str, context_id: str, run_id: str) -> TaskArtifactUpdateEvent:
+    """The last chunk of a reply's artifact, sent once its run has ended (completed, failed
+    or canceled): no text, ``lastChunk`` true, so a client assembling the artifact from its
+    chunks knows it whole."""
+    return TaskArtifactUpdateEvent(
+        task_id=task_id,
+        context_id=context_id,
+        artifact=Artifact(
+            artifact_id=run_id, name="reply", parts=[Part(text="")], metadata={RUN_ID_KEY: run_id}
+        ),
+        append=True,
+        last_chunk=True,
+    )
 
 
 def _refuse_what_is_not_text(message: A2AMessage) -> None:

@@ -73,6 +73,9 @@ async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> Asy
     text = msgs[-1].get_text_content() or ""
     if text.startswith("fail"):
         raise RuntimeError("the well ran dry")
+    if text.startswith("falter"):  # fails once its reply has begun
+        yield "began "
+        raise RuntimeError("the well ran dry")
     if text.startswith("think"):  # a thinking model: its reasoning is no part of the reply
         thinking = Message(type=MessageType.REASONING, role="assistant")
         yield thinking.in_progress()
@@ -164,13 +167,59 @@ async def test_the_sdk_client_sends_and_streams_a_message_and_reads_the_task(
         events = [r async for r in streaming.send_message(_message("one two three"))]
         chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
         assert "".join(get_artifact_text(a, delimiter="") for a in chunks) == "one two three "
-        assert len(chunks) == 3
+        assert len(chunks) == 4  # one a word, then the last (no text)
         states = [e.status_update.status.state for e in events if e.HasField("status_update")]
         assert states[-1] == TaskState.TASK_STATE_COMPLETED
     # Another user cannot read the task.
     async with _client(url, keys.bob, streaming=False) as other:
         with pytest.raises(Exception, match=r"(?i)not found"):
             await other.get_task(GetTaskRequest(id=task.id))
+
+
+def _assembled(chunks: list[Any]) -> tuple[str, bool]:
+    """A reply's artifact as a client assembles it from its chunks: its text, and whether
+    its last chunk came (no chunk after it)."""
+    text, ended = "", False
+    for chunk in chunks:
+        assert not ended, "a chunk came after the last"
+        part_text = get_artifact_text(chunk.artifact, delimiter="")
+        text = text + part_text if chunk.append else part_text
+        ended = chunk.last_chunk
+    return text, ended
+
+
+async def test_a_streamed_reply_ends_with_its_last_chunk_completed_failed_or_canceled(
+    served: tuple[str, Keys],
+) -> None:
+    # Every chunk said lastChunk false: a client assembling the artifact never saw it whole.
+    url, keys = served
+    async with _client(url, keys.alice, streaming=True) as client:
+        for text, reply, state in [
+            ("one two three", "one two three ", TaskState.TASK_STATE_COMPLETED),
+            ("falter now", "began ", TaskState.TASK_STATE_FAILED),
+        ]:
+            events = [e async for e in client.send_message(_message(text))]
+            chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
+            assert _assembled(chunks) == (reply, True)
+            assert events[-1].status_update.status.state == state
+        stream = client.send_message(_message("slowly " + "word " * 20))
+        task_id = await _first_chunk_of(stream)
+        async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+            follow = {"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe"}
+            async with http.stream(
+                "POST", "/a2a", json={**follow, "params": {"id": task_id}}
+            ) as sub:
+                lines = sub.aiter_lines()
+                assert (await anext(lines)).startswith("data: ")  # the task
+                await client.cancel_task(CancelTaskRequest(id=task_id))
+                followed = [json.loads(line[6:])["result"] async for line in lines if line]
+        rest = [e async for e in stream]
+    chunks = [e.artifact_update for e in rest if e.HasField("artifact_update")]
+    assert _assembled(chunks)[1] is True
+    assert rest[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
+    # A2A 0.3's tasks/resubscribe: the last chunk, then the canceled status.
+    assert followed[-2]["kind"] == "artifact-update" and followed[-2]["lastChunk"] is True
+    assert followed[-1]["status"]["state"] == "canceled"
 
 
 async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -> None:
@@ -391,6 +440,7 @@ async def test_a_task_streaming_on_one_server_is_followed_from_another(
     text = "".join(get_artifact_text(c.artifact, delimiter="") for c in chunks)
     assert text == " ".join(words) + " "
     assert [c.append for c in chunks] == [False] + [True] * (len(chunks) - 1)
+    assert [c.last_chunk for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert len({c.artifact.artifact_id for c in chunks}) == 1
     assert followed[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     # Another user cannot follow it; a finished task cannot be followed.
