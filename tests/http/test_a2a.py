@@ -222,6 +222,28 @@ async def test_a_streamed_reply_ends_with_its_last_chunk_completed_failed_or_can
     assert followed[-1]["status"]["state"] == "canceled"
 
 
+def test_an_a2a_stream_pings_as_often_as_the_settings_say_while_its_agent_is_silent() -> None:
+    # The SDK's streams pinged every 15 s whatever SSE_PING_INTERVAL_SECONDS said.
+    keys = Keys.make()
+    settings = load_settings(sse_ping_interval_seconds=1)
+    call = {**a2a_send("pause here"), "method": "message/stream"}
+    with (
+        running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as http,
+    ):
+        pings, task_id = 0, None
+        with http.stream("POST", "/a2a", json=call) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: ") and task_id is None:
+                    task_id = json.loads(line[6:])["result"]["id"]
+                pings += line.startswith(":")
+                if pings == 2:
+                    break
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"id": task_id}}
+        http.post("/a2a", json=cancel)
+    assert pings == 2
+
+
 async def test_the_sdk_client_cancels_a_running_task(served: tuple[str, Keys]) -> None:
     url, keys = served
     context_id = f"a2a-{uuid.uuid4().hex[:8]}"

@@ -31,6 +31,7 @@ from a2a.utils.constants import PROTOCOL_VERSION_0_3
 from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, VersionNotSupportedError
 from a2a.utils.version_validator import validate_version
 from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -78,11 +79,14 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
         return _AuthenticatedUser(request.scope[_USER_SCOPE_KEY])
 
 
-def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
+def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
     """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then the
     body's text and numbers, the user it names and the ``Idempotency-Key`` claim. Their
     errors reach the app's handlers, as any route's do, but for the body's on the JSON-RPC
-    route: JSON-RPC errors (see :func:`_read`)."""
+    route: JSON-RPC errors (see :func:`_read`). A stream it answers pings every
+    ``ping_interval`` seconds of silence (``SSE_PING_INTERVAL_SECONDS``), as every other
+    stream does: the SDK's have no option for it and pinged every 15 s, so a proxy closing
+    a connection idle for less dropped an A2A stream while its agent was silent."""
 
     async def guarded(request: Request) -> Response:
         request = utf8_request(request)
@@ -108,7 +112,10 @@ def _guarded_endpoint(endpoint: Endpoint) -> Endpoint:
             )
             if refused is not None:
                 return refused
-        return await endpoint(request)
+        response = await endpoint(request)
+        if isinstance(response, EventSourceResponse):
+            response.ping_interval = ping_interval
+        return response
 
     return guarded
 
@@ -296,11 +303,15 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-def _guarded(routes: list[Any]) -> list[Route]:
+def _guarded(routes: list[Any], ping_interval: float) -> list[Route]:
     # The SDK also mounts the HTTP+JSON routes under /{tenant}: that catch-all would shadow
     # other routes' 404/405 answers, so only the plain routes are kept.
     return [
-        Route(route.path, _guarded_endpoint(route.endpoint), methods=list(route.methods or ()))
+        Route(
+            route.path,
+            _guarded_endpoint(route.endpoint, ping_interval),
+            methods=list(route.methods or ()),
+        )
         for route in routes
         if isinstance(route, Route)
     ]
@@ -347,7 +358,8 @@ def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
             handler, context_builder=builder, enable_v0_3_compat=True, path_prefix=A2A_PATH
         ),
     ]
-    return handler, Router(routes=_guarded(routes))
+    ping_interval = context.settings.sse_ping_interval_seconds
+    return handler, Router(routes=_guarded(routes, ping_interval))
 
 
 __all__ = ["build"]
