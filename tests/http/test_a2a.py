@@ -525,8 +525,9 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
             "a2a": "failed",
             "a2a_task": "failed",
         }
+        # It is no run: following its events is refused (it was an empty stream).
         followed = await http.get(f"/runs/{task_id}/events")
-        assert followed.status_code == 200 and "data:" not in followed.text
+        assert followed.status_code == 409, followed.text
 
 
 async def _store_a_task_whose_end_was_not_stored(
@@ -886,7 +887,9 @@ async def test_tasks_listed_without_a_context_are_all_the_callers(
         assert not mine & {t.id for t in listed.tasks}
 
 
-async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str, Keys]) -> None:
+async def test_an_a2a_task_is_cancelled_and_followed_with_a2a_not_as_a_run(
+    served: tuple[str, Keys],
+) -> None:
     url, keys = served
     async with _client(url, keys.alice, streaming=True) as client:
         stream = client.send_message(_message("slowly " + "word " * 20))
@@ -902,6 +905,10 @@ async def test_an_a2a_task_is_cancelled_with_a2a_not_as_a_run(served: tuple[str,
             assert refused.status_code == 409, refused.text
             assert "CancelTask" in refused.json()["error"]["message"]
             assert (await http.get(f"/runs/{task_id}")).json()["cancel_requested"] is False
+            # Its record has no events: following it was an empty stream, ended with the task.
+            followed = await http.get(f"/runs/{task_id}/events")
+            assert followed.status_code == 409, followed.text
+            assert "SubscribeToTask" in followed.json()["error"]["message"]
         canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
         assert canceled.status.state == TaskState.TASK_STATE_CANCELED
 

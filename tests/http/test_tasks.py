@@ -295,7 +295,9 @@ def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:
         assert too_long.json()["error"]["fields"][0]["loc"] == ["path", "task_id"]
 
 
-def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled(server: tuple[str, Keys]) -> None:
+def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled_or_followed(
+    server: tuple[str, Keys],
+) -> None:
     url, keys = server
     with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
         task_id = client.post("/jobs/sum", json={"numbers": [1, 2]}).json()["task_id"]
@@ -303,4 +305,10 @@ def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled(server: tuple[str, 
         assert refused.status_code == 409, refused.text
         assert refused.json()["error"]["message"] == "a background task cannot be cancelled"
         assert client.get(f"/runs/{task_id}").json()["cancel_requested"] is False
+        # Nor for a run to follow: its events were an empty stream, ended with the task.
+        followed = client.get(f"/runs/{task_id}/events")
+        assert followed.status_code == 409, followed.text
+        assert followed.json()["error"]["message"] == (
+            f"a background task has no events: read its status at GET /tasks/{task_id}"
+        )
         assert _wait_for(client, task_id)["status"] == "completed"

@@ -6,7 +6,8 @@
 | ``GET /runs/{run_id}`` | a run's status (404 when missing or another user's) |
 | ``GET /runs/{run_id}/events`` | the run's events as SSE: those stored after ``Last-Event-ID`` |
 |  | (or ``?after=``), then the new ones live, until the run ends (on Lambda, or until the |
-|  | function's time limit is near: resume then after the last id received) |
+|  | function's time limit is near: resume then after the last id received); 409 for a |
+|  | background task or an A2A task |
 | ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended, |
 |  | or is a background task or an A2A task) |
 
@@ -102,6 +103,17 @@ async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
     return await _found(context, lambda: _runs(context).get_run(user_id, run_id))
 
 
+def _refuse_a_task(record: RunRecord, *, task: str, a2a_task: str) -> None:
+    """Refuse (409, saying ``task`` or ``a2a_task``) a record that is no run of the agent: a
+    background task's, or an A2A task's. Only a run has events, and watches for its
+    cancellation: following either was an empty stream, cancelling either marked it and
+    it went on."""
+    if record.kind == "task":
+        raise ConflictError(task)
+    if record.kind == "a2a_task":
+        raise ConflictError(a2a_task)
+
+
 def _written_as_sequence_number(value: Any) -> Any:
     """``value`` as given; text other than decimal digits (after a ``-`` for a number below
     0) raises ValueError."""
@@ -156,7 +168,11 @@ async def run_events(
     ] = None,
 ) -> EventStreamResponse:
     position = _position(last_event_id, after)
-    await _record(context, user_id, run_id)
+    _refuse_a_task(
+        await _record(context, user_id, run_id),
+        task=f"a background task has no events: read its status at GET /tasks/{run_id}",
+        a2a_task="an A2A task is followed with A2A's SubscribeToTask",
+    )
     runs = _runs(context)
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -171,13 +187,11 @@ async def run_events(
 
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
 async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSONResponse:
-    # Only a run of the agent watches for its cancellation: a background task, or the
-    # record of an A2A task, would be marked and go on.
-    kind = (await _record(context, user_id, run_id)).kind
-    if kind == "task":
-        raise ConflictError("a background task cannot be cancelled")
-    if kind == "a2a_task":
-        raise ConflictError("an A2A task is cancelled with A2A's CancelTask")
+    _refuse_a_task(
+        await _record(context, user_id, run_id),
+        task="a background task cannot be cancelled",
+        a2a_task="an A2A task is cancelled with A2A's CancelTask",
+    )
     record = await _found(context, lambda: _runs(context).request_cancel(user_id, run_id))
     if record.finished:
         raise ConflictError(f"the run has already ended ({record.status})")
