@@ -50,6 +50,16 @@ async def wait(payload: dict[str, Any]) -> str:
     return "waited"
 
 
+JSON = {"Content-Type": "application/json"}
+# The payloads /jobs/note was run on.
+NOTED: list[Any] = []
+
+
+@app.task("/jobs/note")
+def note(payload: Any) -> None:
+    NOTED.append(payload)
+
+
 @app.task("/jobs/fail")
 async def fail(payload: Any) -> None:
     raise ValueError("the numbers do not add up")
@@ -144,11 +154,27 @@ def test_a_body_that_is_not_json_is_refused_and_no_task_runs(
         assert response.json()["error"]["message"] == (
             f"the body must be JSON (Content-Type: application/json), not {content_type!r}"
         )
-        # Sent as JSON, or with no body at all, it is submitted.
+        # Sent as JSON, it is submitted.
         sent = client.post("/jobs/scale", json={"numbers": [1, 2], "by": 3})
         assert _wait_for(client, sent.json()["task_id"])["result"] == {"scaled": [3, 6]}
-        empty = client.post("/jobs/fail", headers={"Content-Type": content_type})
-        assert empty.status_code == 202, empty.text
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain", None])
+def test_no_body_is_refused_and_no_task_runs(server: tuple[str, Keys], content_type: str) -> None:
+    # The task was submitted and ran on None, as if the body had been JSON null.
+    url, keys = server
+    headers = {"Content-Type": content_type} if content_type else {}
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        NOTED.clear()
+        empty = client.post("/jobs/note", headers=headers)
+        assert empty.status_code == 422, empty.text
+        assert empty.json()["error"]["fields"][0]["loc"] == ["body"]
+        assert "body is required" in empty.json()["error"]["message"]
+        # Any JSON value is a task's argument, null too.
+        for value in (None, [1], "text", 3, {"a": 1}):
+            sent = client.post("/jobs/note", content=json.dumps(value), headers=JSON)
+            assert _wait_for(client, sent.json()["task_id"])["status"] == "completed"
+        assert NOTED == [None, [1], "text", 3, {"a": 1}]
 
 
 @pytest.mark.parametrize(

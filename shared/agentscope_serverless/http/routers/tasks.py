@@ -2,7 +2,8 @@
 
 | Method and path | What |
 |---|---|
-| ``POST <task path>`` | submit the task with the JSON body as its argument: 202 with its id |
+| ``POST <task path>`` | submit the task with the JSON body as its argument (any JSON value, |
+|  | ``null`` too; no body is a 422): 202 with its id |
 | ``GET /tasks/{task_id}`` | status, result or error |
 | ``GET <task path>/{task_id}`` | the same as AgentScope Runtime's route answers it: |
 |  | ``pending``, ``finished`` (``result``) or ``error`` (the message as ``result``) |
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from agentscope_serverless.errors import NotFoundError
+from agentscope_serverless.errors import InvalidInputError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import not_json_type
@@ -123,7 +124,12 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
         # The payload may be any JSON value, so a body of another type is not refused by its
         # validation as on the other routes: the task would get its text, or its bytes.
         content_type = request.headers.get("content-type")
-        if await request.body() and not is_json_type(content_type):
+        if not await request.body():
+            # Read as JSON null: the task ran on None, where a JSON value (null too) is sent.
+            raise InvalidInputError(
+                "a body is required: the task's argument as JSON (null for none)", field="body"
+            )
+        if not is_json_type(content_type):
             return not_json_type(content_type)
         record = await executor.submit(task, user_id, payload)
         body = {
