@@ -321,6 +321,18 @@ def test_another_user_cannot_read_a_task(server: tuple[str, Keys]) -> None:
         assert too_long.json()["error"]["fields"][0]["loc"] == ["path", "task_id"]
 
 
+def test_a_tasks_status_is_not_read_on_another_tasks_path(server: tuple[str, Keys]) -> None:
+    # GET /jobs/count/<a /jobs/sum task's id> answered 200 with that task's result.
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/sum", json={"numbers": [5]}).json()["task_id"]
+        assert _wait_for(client, task_id)["result"] == {"sum": 5}
+        assert client.get(f"/jobs/sum/{task_id}").json()["result"] == {"sum": 5}
+        elsewhere = client.get(f"/jobs/count/{task_id}")
+        assert elsewhere.status_code == 404, elsewhere.text
+        assert elsewhere.json()["error"]["code"] == "TASK_NOT_FOUND"
+
+
 def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled_or_followed(
     server: tuple[str, Keys],
 ) -> None:

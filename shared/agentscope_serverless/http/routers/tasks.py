@@ -8,7 +8,8 @@
 | ``GET <task path>/{task_id}`` | the same as AgentScope Runtime's route answers it: |
 |  | ``pending``, ``finished`` (``result``) or ``error`` (the message as ``result``) |
 
-A task belongs to the user who submitted it: another user gets 404.
+A task belongs to the user who submitted it: another user gets 404, as does the status route
+of another task's path.
 """
 
 from __future__ import annotations
@@ -93,9 +94,13 @@ def _runs(context: AppContext) -> RunsService:
     return context.runs
 
 
-async def _status(context: AppContext, user_id: str, task_id: str) -> TaskStatus:
+async def _status(
+    context: AppContext, user_id: str, task_id: str, path: str | None = None
+) -> TaskStatus:
+    """The status of the user's task ``task_id``; when ``path`` is given, only of a task
+    submitted there (a task's own status route does not answer another task's)."""
     record = await _runs(context).get_run(user_id, task_id)
-    if record is None or record.kind != "task":
+    if record is None or record.kind != "task" or (path is not None and record.name != path):
         raise TaskNotFoundError("task not found")
     return TaskStatus.of(record)
 
@@ -143,7 +148,7 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
     async def status(
         task_id: TaskId, user_id: CurrentUser, context: Context
     ) -> AgentScopeTaskStatus:
-        return AgentScopeTaskStatus.of(await _status(context, user_id, task_id))
+        return AgentScopeTaskStatus.of(await _status(context, user_id, task_id, task.path))
 
     router.add_api_route(
         task.path,
