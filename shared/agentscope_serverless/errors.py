@@ -229,7 +229,8 @@ class SandboxError(AgentScopeServerlessError):
 
 
 class SandboxUnavailableError(SandboxError):
-    """The sandbox server cannot be reached, timed out, or failed on its side (5xx)."""
+    """The sandbox server cannot be reached, timed out, failed on its side (5xx), or
+    answered something that is not the sandbox protocol (a 2xx without JSON ``data``)."""
 
     code = "SANDBOX_UNAVAILABLE"
 

@@ -201,7 +201,11 @@ class Settings(BaseModel):
         None, description="Bearer token of the remote sandbox server."
     )
     sandbox_timeout_seconds: float = Field(
-        90.0, gt=0, description="Time limit of one request to the sandbox server, in seconds."
+        90.0,
+        gt=0,
+        description="Time limit of one call to the sandbox server, in seconds, its retries "
+        "included (a retry gets what is left of it, and is not made with less than a second, "
+        "or a quarter of it, left).",
     )
     sandbox_max_per_user: int = Field(
         4, ge=1, le=1024, description="Sandboxes one user may hold at once (their share)."

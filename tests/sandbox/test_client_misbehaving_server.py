@@ -8,10 +8,8 @@ The server is a real one on loopback, written on a raw socket so it can break HT
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import socket
-import threading
 import time
 import tracemalloc
 import zlib
@@ -26,88 +24,15 @@ from agentscope_serverless.errors import (
     SandboxUnavailableError,
 )
 from agentscope_serverless.services.sandbox import SandboxClient
+from tests.support.raw_server import Answer, RawServer, raw_servers, response
 
 TOKEN = "echoed-token-0123456789abcdef"
-Answer = Callable[[socket.socket, bytes], None]
-
-
-class RawServer:
-    """Answers every request on loopback by calling ``answer(connection, request_head)``;
-    counts the body bytes its answers managed to send."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.sent = 0
-        self._socket = socket.create_server(("127.0.0.1", 0))
-        self._socket.settimeout(0.05)
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._socket.accept()
-            except TimeoutError:
-                continue
-            with connection:
-                connection.settimeout(10)
-                head = self._read_request(connection)
-                # OSError: the client hung up, which is what these tests want of it.
-                with contextlib.suppress(OSError):
-                    self.answer(connection, head)
-
-    @staticmethod
-    def _read_request(connection: socket.socket) -> bytes:
-        """The request's head, its body read too: closing a socket with unread data would
-        reset the connection."""
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = connection.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        for line in head.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                while len(body) < int(value):
-                    chunk = connection.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
-        return head
-
-    def send(self, connection: socket.socket, data: bytes) -> None:
-        connection.sendall(data)
-        self.sent += len(data)
-
-    def close(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-        self._socket.close()
-
-
-def response(status: str, body: bytes, *headers: str) -> bytes:
-    lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", "Connection: close", *headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[[Answer], RawServer]]:
-    servers: list[RawServer] = []
-
-    def start(answer: Answer) -> RawServer:
-        servers.append(RawServer(answer))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
+    with raw_servers() as start:
+        yield start
 
 
 def echo_as_json_detail(connection: socket.socket, head: bytes) -> None:
@@ -298,3 +223,133 @@ async def test_a_server_trickling_its_answer_is_given_up_on_within_the_time_limi
             await client.get_info("sbx-1")
     finally:
         await client.aclose()
+
+
+def answering(status: str, body: bytes, content_type: str = "application/json") -> Answer:
+    def answer(connection: socket.socket, head: bytes) -> None:
+        connection.sendall(response(status, body, f"Content-Type: {content_type}"))
+
+    return answer
+
+
+NOT_JSON = answering("200 OK", b"<html>oops not json</html>", "text/html")
+NO_DATA = answering("200 OK", b'{"hello": [1,2,3], "tools": "nope"}')
+A_LIST = answering("200 OK", b'["oops", "nope"]')
+DATA_OF_ANOTHER_SHAPE = answering("200 OK", b'{"data": "oops nope"}')
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (NOT_JSON, "26 bytes of text/html, not JSON"),
+        (NO_DATA, "a JSON object without 'data'"),
+        (A_LIST, "JSON a list, not an object with 'data'"),
+        (DATA_OF_ANOTHER_SHAPE, "'data' is a text, not"),
+    ],
+    ids=["not-json", "no-data", "a-list", "data-of-another-shape"],
+)
+@pytest.mark.parametrize(
+    "operation",
+    ["get_info", "list_tools", "call_tool", "get_session_mapping", "list_session_keys"],
+)
+async def test_a_2xx_that_is_not_the_protocols_is_unavailable_saying_so_without_quoting_it(
+    serve: Callable[[Answer], RawServer], answer: Answer, said: str, operation: str
+) -> None:
+    server = serve(answer)
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    calls = {
+        "get_info": lambda: client.get_info("sbx-1"),
+        "list_tools": lambda: client.list_tools("sbx-1"),
+        "call_tool": lambda: client.call_tool("sbx-1", "run_shell_command", {"command": "ls"}),
+        "get_session_mapping": lambda: client.get_session_mapping("s_u"),
+        "list_session_keys": lambda: client.list_session_keys(),
+    }
+    try:
+        with pytest.raises(SandboxUnavailableError) as caught:
+            await calls[operation]()
+    finally:
+        await client.aclose()
+    message = str(caught.value)
+    assert message.startswith(f"{operation} failed: the sandbox server answered something ")
+    assert "unreadable" in message
+    if operation != "call_tool" or answer is not DATA_OF_ANOTHER_SHAPE:
+        assert said in message
+    for quoted in ("oops", "nope", "hello", TOKEN[:8]):
+        assert quoted not in message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [NOT_JSON, NO_DATA, A_LIST, DATA_OF_ANOTHER_SHAPE],
+    ids=["not-json", "no-data", "a-list", "data-of-another-shape"],
+)
+async def test_a_server_answering_200_not_in_the_protocol_is_not_healthy(
+    serve: Callable[[Answer], RawServer], answer: Answer
+) -> None:
+    server = serve(answer)
+    client = SandboxClient(server.url, TOKEN, retries=0)
+    try:
+        assert await client.health() is False
+    finally:
+        await client.aclose()
+
+
+def hang(connection: socket.socket, head: bytes) -> None:
+    """Never answers; returns when the client hangs up."""
+    while connection.recv(65536):
+        pass
+
+
+async def test_a_hung_server_holds_an_idempotent_call_once_its_time_limit_retries_included(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    server = serve(hang)
+    client = SandboxClient(server.url, TOKEN, timeout=1.0, connect_timeout=1.0, retry_backoff=0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxUnavailableError, match=r"did not answer in time \(1 s\)"):
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started < 1.5
+    assert server.requests == 1
+
+
+def unavailable_after(seconds: float) -> Answer:
+    def answer(connection: socket.socket, head: bytes) -> None:
+        time.sleep(seconds)
+        connection.sendall(response("503 Service Unavailable", b'{"detail": "busy"}'))
+
+    return answer
+
+
+async def test_no_retry_starts_with_too_little_of_the_time_limit_left(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    server = serve(unavailable_after(0.7))
+    client = SandboxClient(server.url, TOKEN, timeout=1.0, retries=2, retry_backoff=0.2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="503 busy"):
+            await client.list_tools("sbx-1")
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started < 1.0
+    assert server.requests == 1
+
+
+async def test_a_retry_has_what_is_left_of_the_time_limit(
+    serve: Callable[[Answer], RawServer],
+) -> None:
+    server = serve(unavailable_after(0.3))
+    client = SandboxClient(server.url, TOKEN, timeout=2.0, retries=5, retry_backoff=0.05)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="503 busy"):
+            await client.list_tools("sbx-1")
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started < 2.0
+    # 0.3 s each, 0.05, 0.1, 0.2 s between: 1.55 s for four; a fifth, after 0.4 s, would
+    # have 0.05 s, less than the quarter of the limit a retry needs.
+    assert server.requests == 4

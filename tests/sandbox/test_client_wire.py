@@ -19,7 +19,6 @@ import pytest
 
 from agentscope_serverless.errors import (
     SandboxAuthenticationError,
-    SandboxError,
     SandboxNotFoundError,
     SandboxRequestError,
     SandboxUnavailableError,
@@ -227,7 +226,7 @@ async def test_error_statuses_become_typed_errors(fake: tuple[FakeManager, str])
     with pytest.raises(SandboxUnavailableError, match="planned failure"):
         await client.create_from_pool("base")
     manager.no_envelope = True
-    with pytest.raises(SandboxError, match="no 'data'"):
+    with pytest.raises(SandboxUnavailableError, match="a JSON object without 'data'"):
         await client.get_session_mapping("s")
     await client.aclose()
 

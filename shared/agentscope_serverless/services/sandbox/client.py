@@ -2,14 +2,16 @@
 
 Each operation is ``POST {base_url}/{operation}`` with JSON arguments and the bearer token;
 the ``data`` of the reply is returned, and a non-2xx reply raises a typed
-:class:`~agentscope_serverless.errors.SandboxError`. Every call has a timeout, for the whole
-answer (a server sending it byte by byte is given up on too), and reads at most
-``max_reply_bytes`` of it; an answer that is not HTTP, JSON or the protocol is an error of
-the same kind, never another exception, and no error text holds the bearer token, even from
-a server that echoes the request. A request that never reached the server (connection
-refused) is retried for every operation; other failures (timeouts, 502/503/504) are retried
-only for the idempotent operations, never for ``create_from_pool``, ``create``,
-``call_tool`` or ``add_mcp_servers``.
+:class:`~agentscope_serverless.errors.SandboxError`. Every call has one time limit, for the
+whole answer (a server sending it byte by byte is given up on too) and its retries together,
+and reads at most ``max_reply_bytes`` of it; an answer that is not HTTP, JSON or the protocol
+is an error of the same kind (a 2xx that is not the protocol's:
+:class:`~agentscope_serverless.errors.SandboxUnavailableError`, describing the answer without
+quoting it), never another exception, and no error text holds the bearer token, even from a
+server that echoes the request. A request that never reached the server (connection refused)
+is retried for every operation; other failures (timeouts, 502/503/504) are retried only for
+the idempotent operations, never for ``create_from_pool``, ``create``, ``call_tool`` or
+``add_mcp_servers``; a retry starts only while enough of the time limit is left.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ IDEMPOTENT_OPERATIONS = frozenset(
 RETRY_STATUSES = frozenset({502, 503, 504})
 DEFAULT_TIMEOUT_SECONDS = 90.0
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
+# A retry starts only when this much of the call's time limit (at most a quarter of it) is
+# left after its backoff: an attempt with less would rarely get its answer.
+MIN_RETRY_SECONDS = 1.0
 # Our server's largest answer is a tool result of three texts of 1 MiB (its default output
 # limit) in JSON: under 20 MiB. A server with a larger output limit needs a larger cap.
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024**2
@@ -81,6 +86,31 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in a few words (never its contents).
+
+    >>> _kind([1]), _kind("x"), _kind(None), _kind(True), _kind(2.5)
+    ('a list', 'a text', 'null', 'a boolean', 'a number')
+    """
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a text"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "null" if value is None else "a number"
+
+
+def _unreadable(operation: str, what: str) -> SandboxUnavailableError:
+    """The error of a 2xx answer that is not the protocol's, ``what`` saying how (a
+    description, never the answer's contents)."""
+    return SandboxUnavailableError(
+        f"{operation} failed: the sandbox server answered something unreadable ({what})"
+    )
 
 
 def _request_body(operation: str, arguments: dict[str, Any]) -> bytes:
@@ -146,8 +176,9 @@ class SandboxClient:
     """Talks to one sandbox server; async methods, plus :meth:`run_sync` for sync callers.
 
     ``uds`` reaches the server on a Unix socket (the embedded server) instead of TCP.
-    ``timeout`` bounds each request, from sending it to the last byte of its answer (plus
-    ``connect_timeout`` to connect); an answer longer than ``max_reply_bytes`` is refused.
+    ``timeout`` bounds each call, from sending it to the last byte of its answer, its retries
+    (each with what is left of it) included; connecting takes at most ``connect_timeout`` of
+    it. An answer longer than ``max_reply_bytes`` is refused.
 
     >>> async def demo() -> None:
     ...     client = SandboxClient("http://127.0.0.1:8000", "secret-token")
@@ -175,7 +206,8 @@ class SandboxClient:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         # httpx's timeouts bound each read: a server trickling its answer never trips them.
-        self._deadline = timeout + connect_timeout
+        self._deadline = timeout
+        self._min_retry_time = min(MIN_RETRY_SECONDS, timeout / 4)
         self._max_reply_bytes = max_reply_bytes
         self._retries = max(0, retries)
         self._retry_backoff = retry_backoff
@@ -203,23 +235,28 @@ class SandboxClient:
         await asyncio.to_thread(self._background.close, closing)
 
     async def health(self) -> bool:
-        """True when ``GET /health`` answers 2xx (it needs no token) and the server takes
-        this client's token: an operation that needs it and changes nothing (the mapping
-        of a session no one has) answers 2xx too."""
+        """True when ``GET /health`` answers 2xx with JSON (it needs no token) and the
+        server takes this client's token: an operation that needs it and changes nothing
+        (the mapping of a session no one has) answers 2xx too, with the protocol's
+        ``{"data": [...]}`` (a server answering anything to anything is no sandbox server)."""
         probe = SessionMappingRequest(session_ctx_id=HEALTH_PROBE_SESSION).model_dump()
         try:
             reply = await self._request("GET", f"{self.base_url}/health")
             if not reply.is_success:
                 return False
+            _json(reply.body)
             reply = await self._request(
                 "POST",
                 f"{self.base_url}/get_session_mapping",
                 content=_request_body("get_session_mapping", probe),
                 headers=JSON_CONTENT,
             )
-        except (httpx.HTTPError, TimeoutError, AnswerTooLarge):
+            if not reply.is_success:
+                return False
+            mapping = self._data("get_session_mapping", reply)
+        except (httpx.HTTPError, TimeoutError, AnswerTooLarge, ValueError, SandboxError):
             return False
-        return reply.is_success
+        return mapping is None or isinstance(mapping, list)
 
     async def create_from_pool(
         self, sandbox_type: str = BASE, meta: dict[str, Any] | None = None
@@ -272,7 +309,7 @@ class SandboxClient:
         """Every session context with live sandboxes on the server."""
         data = await self._call("list_session_keys", {})
         if not isinstance(data, list):
-            raise SandboxError("list_session_keys: malformed reply")
+            raise _unreadable("list_session_keys", f"'data' is {_kind(data)}, not a list")
         return [str(item) for item in data]
 
     async def add_mcp_servers(
@@ -292,7 +329,7 @@ class SandboxClient:
         """What the server tells about a sandbox."""
         data = await self._call("get_info", IdentityRequest(identity=identity).model_dump())
         if not isinstance(data, dict):
-            raise SandboxError(f"get_info: malformed reply for sandbox {identity!r}")
+            raise _unreadable("get_info", f"'data' is {_kind(data)}, not an object")
         return data
 
     async def check_health(self, identity: str) -> bool:
@@ -309,14 +346,14 @@ class SandboxClient:
         try:
             return CallToolResult.model_validate(data)
         except ValueError:
-            raise SandboxError(f"call_tool: malformed result from {tool_name!r}") from None
+            raise _unreadable("call_tool", "'data' is not a tool's result") from None
 
     async def list_tools(self, identity: str, tool_type: str | None = None) -> dict[str, Any]:
         """The tools a sandbox offers: ``{tool_type: {name: {"name", "json_schema"}}}``."""
         body = ListToolsRequest(identity=identity, tool_type=tool_type).model_dump()
         data = await self._call("list_tools", body)
         if not isinstance(data, dict):
-            raise SandboxError("list_tools: malformed reply")
+            raise _unreadable("list_tools", f"'data' is {_kind(data)}, not an object")
         return data
 
     async def get_session_mapping(self, session_ctx_id: str) -> list[str]:
@@ -326,7 +363,7 @@ class SandboxClient:
         if data is None:
             return []
         if not isinstance(data, list):
-            raise SandboxError("get_session_mapping: malformed reply")
+            raise _unreadable("get_session_mapping", f"'data' is {_kind(data)}, not a list")
         return [str(item) for item in data]
 
     def _http(self) -> httpx.AsyncClient:
@@ -343,9 +380,12 @@ class SandboxClient:
             self._clients[loop] = client
         return client
 
-    async def _request(self, method: str, url: str, **kwargs: Any) -> _Reply:
-        """The whole answer to one request, within the deadline and the size cap."""
-        async with asyncio.timeout(self._deadline):
+    async def _request(
+        self, method: str, url: str, *, deadline: float | None = None, **kwargs: Any
+    ) -> _Reply:
+        """The whole answer to one request, within ``deadline`` seconds (by default the
+        client's time limit) and the size cap."""
+        async with asyncio.timeout(self._deadline if deadline is None else deadline):
             async with self._http().stream(method, url, **kwargs) as response:
                 body = bytearray()
                 # Unpacked bytes (see unpacking()): a compressed answer is capped at
@@ -364,15 +404,20 @@ class SandboxClient:
         retry_any_failure = operation in IDEMPOTENT_OPERATIONS
         url = f"{self.base_url}/{operation}"
         body = _request_body(operation, arguments)
+        clock = asyncio.get_running_loop()
+        ends = clock.time() + self._deadline
         attempt = 0
         while True:
+            reply: _Reply | None = None
             try:
-                reply = await self._request("POST", url, content=body, headers=JSON_CONTENT)
+                reply = await self._request(
+                    "POST", url, deadline=ends - clock.time(), content=body, headers=JSON_CONTENT
+                )
             except httpx.ConnectError:
                 failure = "cannot connect to the sandbox server"
                 retryable = True
             except (httpx.TimeoutException, TimeoutError):
-                failure = "the sandbox server did not answer in time"
+                failure = f"the sandbox server did not answer in time ({self._deadline:g} s)"
                 retryable = retry_any_failure
             except AnswerTooLarge:
                 cap = self._max_reply_bytes
@@ -391,21 +436,29 @@ class SandboxClient:
                 detail = self._redact(reply.detail())[:MAX_DETAIL_LENGTH]
                 failure = f"{reply.status_code} {detail}"
                 retryable = retry_any_failure and reply.status_code in RETRY_STATUSES
-                if not retryable or attempt >= self._retries:
+            backoff = self._retry_backoff * 2**attempt
+            time_left = ends - clock.time() - backoff
+            if not retryable or attempt >= self._retries or time_left < self._min_retry_time:
+                if reply is not None and not reply.is_success:
                     raise _error(operation, failure, reply)
-            if not retryable or attempt >= self._retries:
                 raise SandboxUnavailableError(f"{operation} failed: {failure}")
-            await asyncio.sleep(self._retry_backoff * 2**attempt)
+            await asyncio.sleep(backoff)
             attempt += 1
 
-    @staticmethod
-    def _data(operation: str, reply: _Reply) -> Any:
+    def _data(self, operation: str, reply: _Reply) -> Any:
+        """The ``data`` of a 2xx answer; an answer that is not the protocol's raises
+        :class:`SandboxUnavailableError`, saying what it is without quoting it."""
         try:
             body = _json(reply.body)
         except ValueError:
-            raise SandboxError(f"{operation}: the sandbox server replied with no JSON") from None
-        if not isinstance(body, dict) or "data" not in body:
-            raise SandboxError(f"{operation}: the sandbox server's reply has no 'data'")
+            kind = reply.headers.get("content-type", "").partition(";")[0].strip()
+            safe = kind.isascii() and kind.isprintable() and len(kind) <= 100 and "/" in kind
+            of_kind = f" of {self._redact(kind)}" if safe else ""
+            raise _unreadable(operation, f"{len(reply.body)} bytes{of_kind}, not JSON") from None
+        if not isinstance(body, dict):
+            raise _unreadable(operation, f"JSON {_kind(body)}, not an object with 'data'")
+        if "data" not in body:
+            raise _unreadable(operation, "a JSON object without 'data'")
         return body["data"]
 
 
