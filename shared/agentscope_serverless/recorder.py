@@ -549,6 +549,11 @@ class RecordedRun:
         return items
 
     @property
+    def error(self) -> Error | None:
+        """The error the run ended with (None while it runs, and when it did not fail)."""
+        return self._error
+
+    @property
     def done(self) -> bool:
         """Whether the run has produced its last event and all were taken."""
         return self._produced and self._taken == len(self._log)

@@ -9,6 +9,7 @@ restarted while the server runs.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import httpx
 import pytest
 from redis import Redis
 
+from agentscope_serverless import recorder
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
@@ -178,6 +180,39 @@ def test_a_turn_redis_refuses_to_store_is_not_stored_in_part() -> None:
         assert history(client)[2:] == [("user", "again"), ("assistant", "echo: again")]
         memory = client.post("/memory/search", json={"query": "sleep"}).json()["items"]
         assert memory == []
+
+
+def test_a_keyed_stream_its_store_failed_frees_its_key_and_the_retry_stores_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Streamed, the failure is the last event of a 200: that answer was kept for the key,
+    # and "retry with the same key" replayed the failure for a day, the turn never stored.
+    # The run's last write is tried until the store takes writes again (at 1.5 s).
+    monkeypatch.setattr(recorder, "LAST_WRITE_ATTEMPTS", 40)
+    with RedisServer() as redis, serving(redis) as client:
+        assert turn(client, "hi").status_code == 200
+        body = {"input": [user_message("sleep 0.5")], "session_id": "s1"}
+        keyed = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+        with client.stream("POST", "/process", json=body, headers=keyed) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            refuse_writes(redis, True)  # the turn's write is refused; the run's last is not
+            threading.Timer(1.5, refuse_writes, (redis, False)).start()
+            last = [line for line in lines if line.startswith("data:")][-1]
+        assert '"status":"failed"' in last and '"code":"STORE_UNAVAILABLE"' in last
+        assert history(client) == [("user", "hi"), ("assistant", "echo: hi")]
+        retried = client.post("/process", json=body, headers=keyed)
+        assert retried.status_code == 200, retried.text
+        assert "idempotent-replayed" not in retried.headers
+        last = [line for line in retried.text.splitlines() if line.startswith("data:")][-1]
+        assert '"status":"completed"' in last
+        once = [("user", "sleep 0.5"), ("assistant", "before after")]
+        assert history(client)[2:] == once
+        # Its answer is kept now: the key replays it, and nothing is stored again.
+        replayed = client.post("/process", json=body, headers=keyed)
+        assert replayed.headers["idempotent-replayed"] == "true"
+        assert replayed.text == retried.text
+        assert history(client)[2:] == once
 
 
 def refuse_writes(redis: RedisServer, refuse: bool) -> None:

@@ -26,7 +26,10 @@ see :mod:`agentscope_serverless.services.idempotency`):
 A streamed answer (``/process`` with ``stream: true``) is kept whole and replayed at once. A
 client that leaves before the answer ends does not end the request (a run goes on without
 it): the answer is made and kept all the same, so its retry gets it rather than running the
-request again; a run that cancels on disconnect frees the key instead.
+request again; a run that cancels on disconnect frees the key instead. A streamed answer is
+a 200 however its run ends: one whose run failed as the answer not streamed would have
+failed with a 5xx (its store did not answer, say) frees the key as that 5xx would
+(:func:`fails_when`), so the retry the 503 of the same failure asks for runs again.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -73,6 +77,7 @@ _KEY_HEADER = IDEMPOTENCY_HEADER.lower().encode()
 _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SESSION = "idempotency_session"
+_FAILED = "idempotency_failed"
 _SETTLE_SECONDS = 3.0
 # A request renews its key's lease this many times a lease, so a renewal that fails (a
 # store slow for a moment) leaves others to come before the lease runs out.
@@ -169,7 +174,9 @@ class IdempotencyMiddleware:
                     # Settled before the client sees the end: its next request finds the
                     # answer kept (or the key free), never this request still running.
                     answer = StoredResponse(status, headers, b"".join(chunks))
-                    await _finish(scope, answer if 200 <= status < 300 else None, size)
+                    failed = scope.get("state", {}).get(_FAILED)
+                    kept = 200 <= status < 300 and not (failed is not None and failed())
+                    await _finish(scope, answer if kept else None, size)
             await send(message)
 
         async def receive_past_leaving() -> Message:
@@ -229,6 +236,13 @@ def ends_with_client(request: Request) -> None:
     """The request stops when its client leaves (a run that cancels on disconnect): its
     key is then freed, as for any request that did not answer."""
     request.scope.setdefault("state", {})[_ENDS_WITH_CLIENT] = True
+
+
+def fails_when(request: Request, failed: Callable[[], bool]) -> None:
+    """The request's answer is a stream, sent with a 200 before it is known how it ends:
+    ``failed()``, asked as it ends, says whether it ended as a failure worth a retry (one
+    that would have been a 5xx), when the key is freed instead of keeping the answer."""
+    request.scope.setdefault("state", {})[_FAILED] = failed
 
 
 async def _hold(store: IdempotencyStore, claim: Claim) -> None:
@@ -312,6 +326,7 @@ __all__ = [
     "IdempotencyMiddleware",
     "claim_key",
     "ends_with_client",
+    "fails_when",
     "fingerprint",
     "install_idempotency",
     "seed_run",

@@ -48,6 +48,7 @@ from agentscope_serverless.http.guards import guard_request
 from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
     ends_with_client,
+    fails_when,
     seed_run,
     writes_in_session,
 )
@@ -337,6 +338,12 @@ async def _unless_client_leaves(
         final.cancel()  # when the client left: the run's reader detaches, cancelling it
 
 
+def _failed_as_5xx(run: RecordedRun) -> bool:
+    """Whether ``run`` ended with an error the answer not streamed is a 5xx for (its store
+    did not answer, its time ran out...): a failure its client may retry."""
+    return run.error is not None and status_of_code(run.error.code) >= 500
+
+
 def _failure(response: AgentResponse) -> JSONResponse:
     """The error answer of a chat completion whose run failed or was canceled.
 
@@ -444,6 +451,7 @@ def build_router(
                 media_type="application/json",
                 headers=headers,
             )
+        fails_when(request, lambda: _failed_as_5xx(recorded))
         return RunEventStream(
             recorded, ping_interval=context.settings.sse_ping_interval_seconds, headers=headers
         )
