@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ from agentscope_serverless.errors import (
     StoreUnavailableError,
 )
 from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -704,6 +706,52 @@ async def _refused_writes(url: str) -> int:
         return int((await client.info("errorstats")).get("errorstat_OOM", {}).get("count", 0))
     finally:
         await client.aclose()
+
+
+async def test_a_redis_out_of_memory_says_so_and_reads_as_down_while_it_refuses_writes(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    # It answered PING, so /health said all was well while every write was a 503 saying
+    # only "the command failed".
+    async with RedisSessionHistoryService(own_redis_server.url) as history:
+        await history.create_session(user_id, "s1")
+        assert await history.health()
+        await _refusing_writes(own_redis_server.url, True)
+        try:
+            with pytest.raises(StoreUnavailableError) as raised:
+                await history.create_session(user_id, "s2")
+            assert not await history.health()
+        finally:
+            await _refusing_writes(own_redis_server.url, False)
+        assert str(raised.value) == (
+            "redis is unavailable: it is out of memory (maxmemory reached, with no "
+            "eviction): it refuses writes"
+        )
+        assert await history.health()
+        await history.create_session(user_id, "s2")
+
+
+async def test_a_wrong_redis_password_says_authentication_failed_never_the_password(
+    capfd: pytest.CaptureFixture[str], user_id: str
+) -> None:
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    with contextlib.ExitStack() as stack:
+        stack.callback(logger.setLevel, level)
+        redis = stack.enter_context(RedisServer(password="Sup3r-Secret-Pa55"))
+        wrong = RedisServer(password="Wr0ng-Pa55", port=redis.port).url  # only for its URL
+        async with RedisSessionHistoryService(wrong) as history:
+            with pytest.raises(StoreUnavailableError) as raised:
+                await history.create_session(user_id, "s1")
+            assert not await history.health()
+    message = str(raised.value)
+    assert message == (
+        "redis is unavailable: authentication failed: Redis refuses the password of "
+        "REDIS_URL (the redis_url of the stack's secret)"
+    )
+    out, err = capfd.readouterr()
+    assert "redis command failed" in out
+    assert "Pa55" not in message + out + err
 
 
 async def test_run_events_redis_refuses_fail_the_write_instead_of_being_dropped(

@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -46,6 +47,10 @@ DEFAULT_KEY_PREFIX = "agentscope"
 MAX_POSITION = 10**13
 
 _RETRY_DELAY = 0.05
+# The health check's own key (under the key prefix), written with this expiry: a Redis
+# that answers PING but refuses writes (out of memory) is down for the users.
+HEALTH_KEY = "health"
+_HEALTH_KEY_MILLISECONDS = 10_000
 
 # Shared by every script: refresh the expiry of the given keys when a TTL is configured.
 LUA_TOUCH = """
@@ -191,14 +196,36 @@ def _validate_key_prefix(key_prefix: str) -> str:
 
 
 def _failure(exc: BaseException) -> str:
-    """What went wrong, for the client: never the host, port, script hash or reply text."""
+    """What went wrong, for the client: never the host, port, script hash, password or
+    reply text."""
     if isinstance(exc, RedisTimeoutError | TimeoutError):
         return "the request timed out"
+    if refuses_credentials(exc):
+        return (
+            "authentication failed: Redis refuses the password of REDIS_URL "
+            "(the redis_url of the stack's secret)"
+        )
     if isinstance(exc, RedisConnectionError | OSError):
         return "the connection failed"
+    if _out_of_memory(exc):
+        return "it is out of memory (maxmemory reached, with no eviction): it refuses writes"
     if isinstance(exc, ResponseError):
         return "the command failed"
     return "the request failed"
+
+
+def refuses_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing the password (or user) it was given, or asking for
+    one when none was given."""
+    if isinstance(exc, RedisAuthenticationError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(("WRONGPASS", "NOAUTH"))
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a write as out of memory (``maxmemory`` reached
+    under the ``noeviction`` policy); a transaction holding such a write is refused whole."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("OOM")
 
 
 class RedisStore:
@@ -297,7 +324,9 @@ class RedisStore:
             await client.aclose()
 
     async def ping(self) -> bool:
-        """True when Redis answers PING, on the connection the calls use.
+        """True when Redis takes a write (of the health check's own key, which soon
+        expires; on a cluster, after every primary answered PING), on the connection the
+        calls use: a Redis out of memory answers PING but refuses every write.
 
         A connection found lost (Redis restarted since its last use) is made again, as a
         call would: a Redis that is back reads as healthy at once.
@@ -314,9 +343,11 @@ class RedisStore:
         return False
 
     async def _ping(self) -> bool:
+        key = f"{self.key_prefix}:{HEALTH_KEY}"
+        probe = ("SET", key, "1", "PX", _HEALTH_KEY_MILLISECONDS)
         shared = await self._shared_connection()
         if shared is not None:
-            (reply,) = await shared.execute([("PING",)])
+            (reply,) = await shared.execute([probe])
             return bool(reply)
         await self._connect()
         client = self._client
@@ -330,8 +361,9 @@ class RedisStore:
             failed = next((r for r in replies if isinstance(r, BaseException)), None)
             if failed is not None:
                 raise failed
-            return bool(primaries) and all(replies)
-        return client is not None and bool(await client.ping())
+            if not (primaries and all(replies)):
+                return False
+        return client is not None and bool(await client.execute_command(*probe))
 
     def same_server(self, other: RedisStore) -> bool:
         """Whether ``other`` talks to the same server (or cluster) with the same client
