@@ -13,6 +13,7 @@ from types_aiobotocore_dynamodb import DynamoDBClient
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._dynamodb import DynamoDBStore, id_hash, now
@@ -1011,3 +1012,40 @@ async def test_a_task_result_larger_than_an_item_is_stored_whole(
         await runs.save_run(stored.model_copy(update={"result": "short"}))
         items = await partition(dynamodb_client, dynamodb_server.runs_table, pk)
         assert [item["sk"]["S"] for item in items] == ["META"]  # the old parts are gone
+
+
+async def test_a_table_missing_or_not_made_for_the_store_is_named_with_its_setting(
+    dynamodb_server: DynamoDBServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A misspelt DYNAMODB_SESSIONS_TABLE said "ResourceNotFoundException", a table of other
+    # keys "ValidationException", naming neither the table nor the setting to correct.
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    try:
+        where: dict[str, Any] = {
+            "endpoint_url": dynamodb_server.endpoint_url,
+            "region_name": dynamodb_server.region,
+        }
+        where |= LOCAL_AWS_CREDENTIALS
+        async with DynamoDBSessionHistoryService("agentscope-sesions", **where) as history:
+            with pytest.raises(StoreUnavailableError) as missing:
+                await history.create_session("alice", "s1")
+        # The key table's key is key_id, not the pk and sk of the state's items.
+        async with DynamoDBStateService(dynamodb_server.api_keys_table, **where) as state:
+            with pytest.raises(StoreUnavailableError) as mismatched:
+                await state.save_state("alice", {"step": 1}, session_id="s1")
+    finally:
+        logger.setLevel(level)
+    assert str(missing.value) == (
+        "dynamodb is unavailable: the table agentscope-sesions (DYNAMODB_SESSIONS_TABLE) "
+        f"does not exist in {dynamodb_server.region}"
+    )
+    assert str(mismatched.value) == (
+        f"dynamodb is unavailable: the table {dynamodb_server.api_keys_table} "
+        "(DYNAMODB_STATE_TABLE) does not have the key schema this store needs"
+    )
+    out, err = capfd.readouterr()
+    assert "agentscope-sesions (DYNAMODB_SESSIONS_TABLE) does not exist" in out
+    assert "(DYNAMODB_STATE_TABLE) does not have the key schema" in out
+    secret = LOCAL_AWS_CREDENTIALS["aws_secret_access_key"]
+    assert secret not in str(missing.value) + str(mismatched.value) + out + err

@@ -87,6 +87,7 @@ class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
             raise ValueError("cache_seconds must not be negative")
         self._store = DynamoDBStore(
             table_name=table_name,
+            setting="AUTH_KEYS_TABLE",
             client=client,
             endpoint_url=endpoint_url,
             region_name=region_name,

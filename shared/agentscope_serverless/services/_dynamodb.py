@@ -85,6 +85,11 @@ _RETRY_DELAYS = (0.05, 0.2)
 # executed. Given up after 1.5 s at most of waiting: 5 tries more, as AWS's SDKs do.
 _THROTTLED_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 _CODE = re.compile(r"[^A-Za-z0-9.]")
+# What DynamoDB's ValidationException says of a key the table's key schema does not have
+# (a table made for something else), as opposed to the other invalid requests it refuses.
+_KEY_SCHEMA_MISMATCH = re.compile(
+    r"Missing the key|does not match the schema|missed key schema element"
+)
 
 # Expression attribute names used by the backends (several are DynamoDB reserved words).
 NAMES = {
@@ -272,11 +277,25 @@ def _session(
     )
 
 
+def _tables_of(operation: str, kwargs: dict[str, Any]) -> set[str]:
+    """The tables a request of ``operation`` with ``kwargs`` writes or reads (a batch or a
+    transaction may span several)."""
+    if operation == "batch_write_item":
+        return set(kwargs.get("RequestItems", {}))
+    if operation == "transact_write_items":
+        items: list[dict[str, dict[str, Any]]] = kwargs.get("TransactItems", [])
+        return {action.get("TableName", "") for item in items for action in item.values()}
+    return {kwargs.get("TableName", "")}
+
+
 class DynamoDBStore:
     """A DynamoDB client bound to one table, with the backends' error and retry policy.
 
     With ``client`` given it is used as-is and never closed here; otherwise ``open()``
     creates an aioboto3 client (credentials from the usual AWS chain unless given).
+
+    ``setting`` names the setting that names the table (``DYNAMODB_SESSIONS_TABLE``...): an
+    error of a table missing, or not made for this store, names both.
 
     >>> store = DynamoDBStore(table_name="agentscope-sessions", region_name="eu-west-1")
     """
@@ -285,6 +304,7 @@ class DynamoDBStore:
         self,
         *,
         table_name: str,
+        setting: str | None = None,
         client: DynamoDBClient | None = None,
         endpoint_url: str | None = None,
         region_name: str | None = None,
@@ -295,6 +315,7 @@ class DynamoDBStore:
         read_timeout: float = 10.0,
     ) -> None:
         self.table_name = table_name
+        self.setting = setting
         self._injected = client
         self._client: DynamoDBClient | None = None
         self._endpoint_url = endpoint_url
@@ -372,6 +393,8 @@ class DynamoDBStore:
                 # The code only: a message may carry the endpoint or an emulator's HTML page.
                 failure = _CODE.sub("", str(code))[:64] or "the request failed"
                 detail = f"{code}: {error.get('Message', '')}"
+                if _tables_of(operation, kwargs) == {self.table_name}:
+                    failure = self._table_failure(code, str(error.get("Message", ""))) or failure
             except NoCredentialsError as exc:
                 retry = False
                 failure = (
@@ -388,10 +411,27 @@ class DynamoDBStore:
                 failure = "the request timed out" if timed_out else "the connection failed"
                 detail = f"{type(exc).__name__}: {exc}"
             if not retry or attempt >= len(delays):
-                logger.warning("dynamodb request failed", extra={"error": detail[:500]})
+                logger.warning(
+                    "dynamodb request failed",
+                    extra={"error": detail[:500], "table": self.table_name, "failure": failure},
+                )
                 raise StoreUnavailableError("dynamodb", failure) from None
             await asyncio.sleep(delays[attempt] * random.uniform(0.5, 1.0))
             attempt += 1
+
+    def _table_failure(self, code: str, message: str) -> str | None:
+        """What is wrong with the table, when ``code`` (and ``message``) says the table is
+        missing or lacks the key schema of this store: a misspelt or wrong table name,
+        named with its setting."""
+        named = f"the table {self.table_name}"
+        if self.setting is not None:
+            named += f" ({self.setting})"
+        if code == "ResourceNotFoundException":
+            region = self._session.region_name
+            return f"{named} does not exist" + (f" in {region}" if region else "")
+        if code == "ValidationException" and _KEY_SCHEMA_MISMATCH.search(message):
+            return f"{named} does not have the key schema this store needs"
+        return None
 
     async def query(self, **kwargs: Any) -> AsyncIterator[Item]:
         """The items of a Query on the table, page after page."""

@@ -103,6 +103,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
     ) -> None:
         self._store = DynamoDBStore(
             table_name=table_name,
+            setting="DYNAMODB_STATE_TABLE",
             client=client,
             endpoint_url=endpoint_url,
             region_name=region_name,

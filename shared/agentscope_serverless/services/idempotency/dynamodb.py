@@ -57,7 +57,9 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
         **store_options: Any,
     ) -> None:
         IdempotencyStore.__init__(self, expiry_seconds, lease_seconds)
-        self._store = DynamoDBStore(table_name=table_name, **store_options)
+        self._store = DynamoDBStore(
+            table_name=table_name, setting="DYNAMODB_SESSIONS_TABLE", **store_options
+        )
 
     @staticmethod
     def _item_key(user_id: str, key: str) -> Item:

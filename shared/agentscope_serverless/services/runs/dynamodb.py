@@ -81,6 +81,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     ) -> None:
         self._store = DynamoDBStore(
             table_name=table_name,
+            setting="DYNAMODB_RUNS_TABLE",
             client=client,
             endpoint_url=endpoint_url,
             region_name=region_name,

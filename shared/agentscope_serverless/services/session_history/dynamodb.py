@@ -152,6 +152,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     ) -> None:
         self._store = DynamoDBStore(
             table_name=table_name,
+            setting="DYNAMODB_SESSIONS_TABLE",
             client=client,
             endpoint_url=endpoint_url,
             region_name=region_name,
