@@ -120,6 +120,24 @@ def fetch_secret_json(
     return value
 
 
+class _Refusals:
+    """How many times a store refused a credential of the settings in this process."""
+
+    count = 0
+
+
+def credentials_refused() -> None:
+    """A store refused a credential of the settings (Redis the password of ``redis_url``):
+    it may have been rotated since the secret was read (see
+    :mod:`agentscope_serverless.http.lambda_handler`, which reads it again then)."""
+    _Refusals.count += 1
+
+
+def credential_refusals() -> int:
+    """How many times a store refused a credential of the settings, in this process."""
+    return _Refusals.count
+
+
 def resolve_secrets(settings: Settings) -> Settings:
     """``settings`` with the fields found in the ``SECRETS_ARN`` secret filled in; the agent's
     own secrets (``AGENT_SECRETS_ARN``) are put in the environment first. Every secret of the
@@ -200,6 +218,8 @@ def export_agent_secrets(settings: Settings) -> list[str]:
 __all__ = [
     "LAMBDA_RESERVED_VARIABLES",
     "SECRET_FIELDS",
+    "credential_refusals",
+    "credentials_refused",
     "export_agent_secrets",
     "fetch_secret_json",
     "resolve_secrets",

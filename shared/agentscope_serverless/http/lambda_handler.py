@@ -67,6 +67,12 @@ _EVENT_STREAM = "text/event-stream"
 # Headers of a response kept on the error that replaces it when it is too large.
 _KEPT_HEADERS = ("x-request-id", "x-run-id", "x-session-id")
 
+# A warm function whose store refused a credential of the secret (a Redis password rotated
+# since it was read) starts again, reading the secret anew, at most once in this many
+# seconds; stopping its services takes at most _STOP_SECONDS.
+RESTART_SECONDS = 60.0
+_STOP_SECONDS = 5.0
+
 # What a router needs beyond the HTTP application: the runtime of an agent (AgentApp, Runner)
 # for the process router. The other functions never import it.
 _RUNTIME_OF_ROUTER = {"process": "agentscope_serverless.app"}
@@ -259,12 +265,20 @@ class _LazyApplication:
         # Kept for the life of the environment: its end would stop the services.
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # A store refused a credential of the secret: the next invocation starts again.
+        self._stale = False
+        # When that last happened (time.monotonic()), at most once a RESTART_SECONDS.
+        self._restarted_at: float | None = None
 
     def _start(self) -> tuple[FastAPI, asyncio.AbstractEventLoop]:
         """The application, its services started in the event loop every invocation runs
-        in (once: a failed start is tried again by the next invocation)."""
+        in (once: a failed start is tried again by the next invocation; and again, the
+        secrets read anew, after a store refused a credential of theirs)."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
+        if self._stale:
+            self._stale = False
+            self._stop()
         if self._app is None:
             app = build_app(self._routers)
             lifespan = app.router.lifespan_context(app)
@@ -272,7 +286,51 @@ class _LazyApplication:
             self._lifespan, self._app = lifespan, app
         return self._app, self._loop
 
+    def _stop(self) -> None:
+        """Stop the application's services (within ``_STOP_SECONDS``), for a new start."""
+        from agentscope_serverless.log import logger
+
+        lifespan, self._lifespan, self._app = self._lifespan, None, None
+        if lifespan is None or self._loop is None:
+            return
+        stopping = asyncio.wait_for(lifespan.__aexit__(None, None, None), _STOP_SECONDS)
+        try:
+            self._loop.run_until_complete(stopping)
+        except Exception as exc:
+            logger.warning("the services did not stop", extra={"error": type(exc).__name__})
+
+    def _note_refusals(self, before: int) -> None:
+        """Start again with the next invocation, reading the secrets anew, when a store
+        refused a credential of theirs since ``before`` (a count of
+        :func:`~agentscope_serverless.aws_secrets.credential_refusals`): a rotated Redis
+        password is taken up without a cold start. At most once a ``RESTART_SECONDS``: a
+        password wrong in the secret too must not make every invocation read it again."""
+        from agentscope_serverless.aws_secrets import credential_refusals
+        from agentscope_serverless.log import logger
+
+        if credential_refusals() == before or self._app is None:
+            return
+        if not self._app.state.context.settings.secrets_arn:
+            return  # nothing to read again
+        now = time.monotonic()
+        if self._restarted_at is not None and now - self._restarted_at < RESTART_SECONDS:
+            return
+        self._restarted_at, self._stale = now, True
+        logger.warning(
+            "a store refused a credential of the secret (SECRETS_ARN): the next invocation "
+            "reads the secret again"
+        )
+
     def __call__(self, event: Any, context: Any) -> dict[str, Any]:
+        from agentscope_serverless.aws_secrets import credential_refusals
+
+        refusals = credential_refusals()
+        try:
+            return self._invoke(event, context)
+        finally:
+            self._note_refusals(refusals)
+
+    def _invoke(self, event: Any, context: Any) -> dict[str, Any]:
         from agentscope_serverless.log import bind_request_id
         from agentscope_serverless.tasks import TASK_EVENT_KEY
 
@@ -688,6 +746,7 @@ __all__ = [
     "ALB_RESPONSE_LIMIT_BYTES",
     "LAMBDA_CONTEXT_HEADER",
     "RESPONSE_LIMIT_BYTES",
+    "RESTART_SECONDS",
     "behind_web_adapter",
     "build_app",
     "build_web_adapter_app",

@@ -33,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from agentscope_serverless.aws_secrets import credentials_refused
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis_shared import SharedConnection
@@ -336,6 +337,8 @@ class RedisStore:
                 async with asyncio.timeout(self._timeout):
                     return await self._ping()
             except (RedisError, RedisClusterException, OSError, StoreUnavailableError) as exc:
+                if refuses_credentials(exc):
+                    credentials_refused()
                 if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
                     await self._drop_shared()
                 if attempt or not isinstance(exc, RedisConnectionError):
@@ -502,6 +505,8 @@ class RedisStore:
                     "redis command failed",
                     extra={"command": _names_of(commands), "error": self._redact(exc)},
                 )
+                if refuses_credentials(exc):
+                    credentials_refused()
                 raise StoreUnavailableError("redis", _failure(exc)) from None
 
     async def unlink_matching(self, pattern: str) -> int:
