@@ -215,6 +215,67 @@ def test_a_keyed_stream_its_store_failed_frees_its_key_and_the_retry_stores_the_
         assert history(client)[2:] == once
 
 
+CHAT = "/compatible-mode/v1/chat/completions"
+RESPONSES = "/compatible-mode/v1/responses"
+
+
+def refused_while_running(redis: RedisServer, post: Any, text: str = "sleep 0.5") -> httpx.Response:
+    """The answer of ``post()``, a run of ``text``, whose turn Redis refuses to store (its
+    writes refused from 0.25 s to 1.5 s after the request began; the run's last write is
+    tried until they are taken again)."""
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(post()))
+    thread.start()
+    time.sleep(0.25)
+    refuse_writes(redis, True)
+    threading.Timer(1.25, refuse_writes, (redis, False)).start()
+    thread.join()
+    return answers[0]
+
+
+def test_a_keyed_openai_response_its_store_failed_frees_its_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A failed run is a 200 with a failed response, as OpenAI's: that answer was kept for the
+    # key, and its retry replayed the failure, the turn never stored.
+    monkeypatch.setattr(recorder, "LAST_WRITE_ATTEMPTS", 40)
+    with RedisServer() as redis, serving(redis) as client:
+        body = {"model": "m", "input": "sleep 0.5"}
+        headers = {"X-Session-Id": "s1", "Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+        failed = refused_while_running(
+            redis, lambda: client.post(RESPONSES, json=body, headers=headers)
+        )
+        assert failed.status_code == 200, failed.text
+        assert failed.json()["status"] == "failed"
+        assert history(client) == []
+        retried = client.post(RESPONSES, json=body, headers=headers)
+        assert "idempotent-replayed" not in retried.headers
+        assert retried.json()["status"] == "completed"
+        assert history(client) == [("user", "sleep 0.5"), ("assistant", "before after")]
+
+
+def test_an_sdk_retry_after_its_store_failed_runs_again_and_stores_the_turn_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The 503 told the SDK not to retry; and a retry joined the failed run and got the 503
+    # again, the turn never stored.
+    monkeypatch.setattr(recorder, "LAST_WRITE_ATTEMPTS", 40)
+    with RedisServer() as redis, serving(redis) as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "sleep 0.5"}]}
+        tried = {"X-Session-Id": "s1", "X-Stainless-Read-Timeout": "600"}
+        failed = refused_while_running(
+            redis,
+            lambda: client.post(CHAT, json=body, headers={**tried, "X-Stainless-Retry-Count": "0"}),
+        )
+        assert failed.status_code == 503, failed.text
+        assert "X-Should-Retry" not in failed.headers  # the SDK's retry is welcome
+        retried = client.post(CHAT, json=body, headers={**tried, "X-Stainless-Retry-Count": "1"})
+        assert retried.status_code == 200, retried.text
+        assert retried.headers["X-Run-Id"] != failed.headers["X-Run-Id"]
+        assert retried.json()["choices"][0]["message"]["content"] == "before after"
+        assert history(client) == [("user", "sleep 0.5"), ("assistant", "before after")]
+
+
 def refuse_writes(redis: RedisServer, refuse: bool) -> None:
     with Redis.from_url(redis.url) as client:
         client.config_set("maxmemory", 1 if refuse else 0)

@@ -14,8 +14,9 @@ time the SDK's tries can span (``X-Stainless-Read-Timeout`` each, and the wait b
 the run's events as stored, followed until it ends (a failed run's error, then, which tells
 the SDK not to retry). A retry that finds none (its first try never reached the server) runs,
 and so does one whose run was canceled (a streamed chat completion's run stops when its
-client leaves, which is when the SDK retries, or its user canceled it). A canceled run had
-stored its input: the ids of a run's input derive from a seed kept with its record, which
+client leaves, which is when the SDK retries, or its user canceled it), or failed as
+unavailable (a 503: its store did not answer), the failure a retry is for. Such a run may
+have stored its input: the ids of a run's input derive from a seed kept with its record, which
 the run of a retry after it takes again, so that its input is recognised as stored and its
 reply follows (a new request with the same text, another turn, gets a new seed and is stored
 again). A request with an ``Idempotency-Key`` is left to that key.
@@ -31,6 +32,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from agentscope_serverless.http.errors import status_of_code
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
@@ -88,20 +90,32 @@ async def earlier_run(
 def original_run(earlier: RunRecord | None) -> RunRecord | None:
     """The run the retry whose :func:`earlier_run` is ``earlier`` answers with (None when it
     runs again)."""
-    if earlier is None or earlier.status == RunStatus.Canceled:
-        # A run canceled (most often as its client left a stream, which ends with it)
-        # has no answer to give: the retry runs again.
+    if earlier is None or _runs_again(earlier):
         return None
     return earlier
 
 
+def _runs_again(earlier: RunRecord) -> bool:
+    """Whether a retry after ``earlier`` runs again: it was canceled (most often as its
+    client left a stream, which ends with it) and has no answer to give, or it failed as
+    unavailable (its store did not answer), which the retry is for."""
+    if earlier.status == RunStatus.Canceled:
+        return True
+    code = (earlier.error or {}).get("code")
+    return (
+        earlier.status == RunStatus.Failed
+        and isinstance(code, str)
+        and (status_of_code(code) == 503)
+    )
+
+
 def input_seed(request: Request, earlier: RunRecord | None) -> str | None:
     """What the ids of the input of the run started for ``request`` derive from: the seed of
-    ``earlier``, the run of an earlier try that was canceled (it stored the input), or a new
-    one; None for a request with an ``Idempotency-Key``, whose ids the key seeds."""
+    ``earlier``, the run of an earlier try that runs again (it may have stored the input),
+    or a new one; None for a request with an ``Idempotency-Key``, whose ids the key seeds."""
     if IDEMPOTENCY_HEADER in request.headers:
         return None
-    if earlier is not None and earlier.status == RunStatus.Canceled and earlier.input_seed:
+    if earlier is not None and _runs_again(earlier) and earlier.input_seed:
         return earlier.input_seed
     return str(uuid.uuid4())
 

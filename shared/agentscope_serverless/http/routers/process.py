@@ -289,6 +289,8 @@ async def _openai_turn(
         input_seed=seed,
         echo=echo,
     )
+    # Its answer is a 200 however the run ends (a failed response, as OpenAI's).
+    fails_when(request, lambda: _failed_as_5xx(recorded))
     return _Turn(recorded.run_id, session_id, _noted(context, call, recorded.events()), recorded)
 
 
@@ -344,23 +346,28 @@ def _failed_as_5xx(run: RecordedRun) -> bool:
     return run.error is not None and status_of_code(run.error.code) >= 500
 
 
-def _failure(response: AgentResponse) -> JSONResponse:
-    """The error answer of a chat completion whose run failed or was canceled.
+def _failure(response: AgentResponse, headers: dict[str, str]) -> JSONResponse:
+    """The error answer of a chat completion whose run failed or was canceled, with
+    ``headers`` (its run's and session's ids, which a client quotes or reads the run by).
 
     A failed run answers with its error, as its stream and ``/process`` show it (its message
     is the agent's, secrets taken out), not the generic 500 of a server fault. OpenAI's SDKs
-    retry a 409 and a 5xx, and each retry would run the agent again, storing the input once
-    more: ``X-Should-Retry: false`` tells them not to.
+    retry a 409 and a 5xx, and a retry would find the failed run and answer with it again:
+    ``X-Should-Retry: false`` tells them not to, unless the run failed as unavailable (a 503:
+    its store did not answer), when a retry runs again (see :mod:`..sdk_retries`), its input
+    stored once, and may well succeed.
     """
     if response.error is None:
         assert response.status == RunStatus.Canceled
-        error = compat.RUN_CANCELED
-        answer = error_response(409, error.code, error.message)
+        error, status = compat.RUN_CANCELED, 409
+        answer = error_response(status, error.code, error.message)
     else:
         error = response.error
         status = status_of_code(error.code)
         answer = ErrorResponse(error_body(error.code, error.message, status=status), status)
-    answer.headers["X-Should-Retry"] = "false"
+    answer.headers.update(headers)
+    if status != 503:
+        answer.headers["X-Should-Retry"] = "false"
     return answer
 
 
@@ -522,7 +529,7 @@ def build_router(
             if final is None:
                 return Response(status_code=CLIENT_LEFT)
             if final.status != RunStatus.Completed:
-                return _failure(final)
+                return _failure(final, headers)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return EventStreamResponse(
