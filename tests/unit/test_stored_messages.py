@@ -20,6 +20,7 @@ from agentscope_serverless.services._stored import decode_messages, encode_messa
 @pytest.fixture(autouse=True)
 def nothing_kept() -> None:
     _stored._KNOWN.clear()
+    _stored._known_length = 0
 
 
 def text_message(text: str, **fields: Any) -> Message:
@@ -110,6 +111,27 @@ def test_what_is_kept_is_bounded_and_the_oldest_goes_first(
     assert [m.get_text_content() for m in decode_messages(raws, keep=True)] == [
         f"m{i}" for i in range(25)
     ]
+
+
+def test_what_is_kept_is_bounded_by_length_too_and_long_messages_are_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 2,048 messages of 1 MB each were kept (and their parsed fields): 4 GB of a warm
+    # process's memory for one user's long messages.
+    monkeypatch.setattr(_stored, "KNOWN_LENGTH", 1000)
+    monkeypatch.setattr(_stored, "KNOWN_MESSAGE_LENGTH", 500)
+    raws = [encode_message(text_message(f"{i:02}" + "x" * 100)) for i in range(20)]
+    for raw in raws:
+        decode_messages([raw], keep=True)
+    kept = list(_stored._KNOWN)
+    assert kept == raws[-len(kept) :] and sum(map(len, kept)) <= 1000
+    assert sum(map(len, kept)) + len(raws[0]) > 1000  # as many as fit
+    long = encode_message(text_message("y" * 600))
+    assert decode_messages([long], keep=True)[0].get_text_content() == "y" * 600
+    assert long not in _stored._KNOWN and list(_stored._KNOWN) == kept
+    # Read again, a kept message stays where it is, counted once.
+    decode_messages(kept[:1], keep=True)
+    assert list(_stored._KNOWN) == kept and _stored._known_length == sum(map(len, kept))
 
 
 def test_a_batch_mixing_kept_new_and_foreign_messages_keeps_its_order() -> None:

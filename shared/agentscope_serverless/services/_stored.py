@@ -75,7 +75,7 @@ def decode_messages(raws: Sequence[str | bytes], *, keep: bool = False) -> list[
     for raw, fields in zip(raws, known, strict=True):
         if fields is None:
             data = next(parsed)
-            fields = _knowable(data) if keep else None
+            fields = _knowable(data) if keep and len(raw) <= KNOWN_MESSAGE_LENGTH else None
             if fields is None:
                 messages.append(_message(data))
                 continue
@@ -150,10 +150,15 @@ def _current(data: Any) -> tuple[dict[str, Any], _Parts | None] | None:
 _Kept = tuple[type[BaseModel], dict[str, Any], frozenset[str], tuple[tuple[str, type], ...]]
 # A message's kept fields (its content None) and its content's, when it has content.
 _Known = tuple[_Kept, tuple[_Kept, ...] | None]
-# How many messages' fields are kept (the windows of a few dozen sessions); the oldest go
-# first.
+# How many messages' fields are kept (the windows of a few dozen sessions), and how long
+# their JSON may be in all (characters or bytes: what is kept costs about twice as much):
+# the oldest go first. A message longer than KNOWN_MESSAGE_LENGTH is decoded anew each time:
+# a user's long messages must not take a warm process's memory.
 KNOWN_MESSAGES = 2048
+KNOWN_LENGTH = 8 * 1024**2
+KNOWN_MESSAGE_LENGTH = 64 * 1024
 _KNOWN: dict[str | bytes, _Known] = {}
+_known_length = 0  # of the keys of _KNOWN
 _IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 _EMPTY_CONTAINERS = frozenset({dict, list})
 
@@ -193,9 +198,20 @@ def _kept(cls: type[BaseModel], fields: dict[str, Any]) -> _Kept | None:
 
 
 def _remember(raw: str | bytes, known: _Known) -> None:
-    if len(_KNOWN) >= KNOWN_MESSAGES:
-        _KNOWN.pop(next(iter(_KNOWN)), None)  # None: another thread took it first
+    global _known_length
+    if raw in _KNOWN:
+        return
+    while _KNOWN and (len(_KNOWN) >= KNOWN_MESSAGES or _known_length + len(raw) > KNOWN_LENGTH):
+        try:
+            oldest = next(iter(_KNOWN))
+        except (StopIteration, RuntimeError):  # another thread emptied or changed it
+            break
+        if _KNOWN.pop(oldest, None) is not None:  # None: another thread took it first
+            _known_length -= len(oldest)
+    if not _KNOWN:
+        _known_length = 0  # what racing threads miscounted goes with the last entry
     _KNOWN[raw] = known
+    _known_length += len(raw)
 
 
 def _from_known(known: _Known) -> Message:
