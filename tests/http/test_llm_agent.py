@@ -157,7 +157,12 @@ def llm_agent_server(
     )
     with running(llm.app) as llm_url:
         agent_settings = load_settings(
-            llm_base_url=f"{llm_url}/v1", llm_api_key=API_KEY, llm_model="scripted", **settings
+            **{
+                "llm_base_url": f"{llm_url}/v1",
+                "llm_api_key": API_KEY,
+                "llm_model": "scripted",
+                **settings,
+            }
         )
         app = create_llm_app([tool, *tools], settings=agent_settings)
         server = load_settings(**(server_settings or {}))
@@ -772,6 +777,26 @@ def test_a_chat_api_not_reached_is_named_by_its_host_and_never_its_credentials(
         "message": f"cannot reach the chat API at http://127.0.0.1:{port} (LLM_BASE_URL): "
         "ConnectError",
     }
+
+
+def test_a_key_no_header_can_hold_fails_at_once_as_not_sent_never_as_not_reached(
+    keys: Keys,
+) -> None:
+    # A key with a newline in it: httpx refuses the header before sending anything. The run
+    # was retried, then failed saying the chat API could not be reached (LocalProtocolError).
+    llm = ScriptedLLM([ANSWER])
+    with (
+        llm_agent_server(keys, llm, [], llm_api_key="sk-test\n0000", llm_max_retries=2) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        started = time.monotonic()
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+        took = time.monotonic() - started
+    error = sse.data[-1]["error"]
+    assert error["code"] == "LLM_ERROR", error
+    assert "cannot reach" not in error["message"] and "cannot be sent" in error["message"]
+    assert "sk-test" not in error["message"] and "0000" not in error["message"]
+    assert llm.requests == [] and took < 0.5  # not retried (0.5 s before the first retry)
 
 
 class FlakyLLM(ScriptedLLM):

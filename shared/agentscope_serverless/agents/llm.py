@@ -389,6 +389,15 @@ class LLMAgent:
                                     usage[key] = usage.get(key, 0) + count
                             yield chunk
                         return
+            except httpx.LocalProtocolError:
+                # Refused here, before anything was sent (a key with a newline makes a header
+                # no HTTP client sends): no retry can send it. Its text quotes the header.
+                raise AgentError(
+                    f"the request to {_chat_api(config.base_url)} cannot be sent: its headers "
+                    "are invalid (an API key or header value holding a newline or other "
+                    "control character?)",
+                    code="LLM_ERROR",
+                ) from None
             except httpx.HTTPError as exc:
                 failure = f"cannot reach {_chat_api(config.base_url)}: {type(exc).__name__}"
                 if streamed or attempt >= config.max_retries:
