@@ -11,18 +11,27 @@ which may be a secret).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.log import SERVICE
+from agentscope_serverless.log import SERVICE, logger
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
@@ -45,11 +54,79 @@ def _environment_values(names: Iterable[str]) -> dict[str, str]:
     }
 
 
+def closest_name(name: str, names: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The one of ``names`` that ``name`` is likely a misspelling of (compared in any case:
+    one differing only by case is the closest), or None when none is close enough.
+
+    >>> closest_name("LLMApiKy", ["LlmApiKey", "LlmModel"])
+    'LlmApiKey'
+    >>> closest_name("llm_api_key", ["LLM_API_KEY"])
+    'LLM_API_KEY'
+    """
+    by_upper = {known.upper(): known for known in names}
+    found = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=cutoff)
+    return by_upper[found[0]] if found else None
+
+
+# How close a variable's name must be to a setting's to be taken for a misspelling of it: one
+# letter off in a name of ten or more (the process's other variables, PATH, OPENAI_API_KEY...,
+# are far from every setting's).
+NEAR_MISS_CUTOFF = 0.9
+
+
+def near_miss_variables(names: Iterable[str]) -> dict[str, str]:
+    """Each of ``names`` (environment variables) that is no setting but so close to one that
+    it is likely a misspelling of it (``SESSION_HISTORY_BACKND``), with that setting's
+    variable; a misspelt setting is otherwise ignored without a word.
+
+    >>> near_miss_variables(["STATE_BACKEN", "PATH", "OPENAI_API_KEY", "state_backend"])
+    {'STATE_BACKEN': 'STATE_BACKEND'}
+    """
+    settings = [name.upper() for name in Settings.model_fields]
+    found = {
+        name: closest_name(name, settings, cutoff=NEAR_MISS_CUTOFF)
+        for name in names
+        if name.upper() not in settings
+    }
+    return {name: setting for name, setting in found.items() if setting is not None}
+
+
+def near_miss_message(misses: Mapping[str, str]) -> str:
+    """The names of ``misses`` (from :func:`near_miss_variables`), each with the setting it
+    is likely meant for."""
+    return ", ".join(f"{name} (did you mean {setting}?)" for name, setting in misses.items())
+
+
+@lru_cache(maxsize=1)
+def _warn_near_misses(misses: tuple[tuple[str, str], ...]) -> None:
+    """One warning line naming ``misses`` (never their values), once for the same ones."""
+    logger.warning(
+        "environment variables that are no setting, ignored: %s", near_miss_message(dict(misses))
+    )
+
+
 # What a CloudWatch namespace may hold, and a dimension's value.
 _NAMESPACE = re.compile(r"[0-9A-Za-z.\-_/#: ]+")
 _DIMENSION_VALUE = re.compile(r"(?=.*[^ ])[ -~]{1,1024}")
 # A web origin, as a browser sends it in its Origin header.
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
+# The schemes each URL setting takes (the Redis client's own for REDIS_URL).
+_HTTP_SCHEMES = ("http", "https")
+_URL_SCHEMES = {
+    "llm_base_url": _HTTP_SCHEMES,
+    "sandbox_base_url": _HTTP_SCHEMES,
+    "a2a_base_url": _HTTP_SCHEMES,
+    "dynamodb_endpoint_url": _HTTP_SCHEMES,
+    "lambda_endpoint_url": _HTTP_SCHEMES,
+    "secrets_endpoint_url": _HTTP_SCHEMES,
+    "redis_url": ("redis", "rediss", "unix"),
+}
+# What a secret with white space around it is told (no server takes such a key or token: the
+# request fails as it is sent, or is refused).
+PADDED = (
+    "its value begins or ends with white space, such as a newline or the \\r a Windows line "
+    "ending leaves: remove it"
+)
 
 
 class Settings(BaseModel):
@@ -386,6 +463,30 @@ class Settings(BaseModel):
         ),
     )
 
+    @field_validator(*_URL_SCHEMES)
+    @classmethod
+    def _url_scheme(cls, value: object, info: ValidationInfo) -> object:
+        url = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(url, str):
+            return value
+        schemes = _URL_SCHEMES[info.field_name or ""]
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() not in schemes or (schemes is _HTTP_SCHEMES and not parts.netloc):
+            raise ValueError(
+                f"give a URL beginning with {' or '.join(f'{s}://' for s in schemes)}"
+                + (" and a host" if schemes is _HTTP_SCHEMES else "")
+            )
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _unpadded_secret(cls, value: object) -> object:
+        if isinstance(value, SecretStr):
+            secret = value.get_secret_value()
+            if secret != secret.strip():
+                raise ValueError(PADDED)
+        return value
+
     @field_validator("agent_app", mode="before")
     @classmethod
     def _agent_import_path(cls, value: object) -> object:
@@ -486,14 +587,36 @@ def _secrets_of(raw_values: Iterable[str]) -> list[str]:
 def load_settings(**overrides: object) -> Settings:
     """Read and validate the settings, raising :class:`ConfigurationError` on bad values.
 
-    ``overrides`` take precedence over the environment.
+    ``overrides`` take precedence over the environment. An environment variable named
+    almost as a setting (:func:`near_miss_variables`) is named in one warning line.
     """
+    misses = near_miss_variables(os.environ)
+    if misses:
+        _warn_near_misses(tuple(sorted(misses.items())))
     try:
         return Settings(**overrides)
     except ValidationError as exc:
         given = {**_environment_values(Settings.model_fields), **overrides}
-        problems = "; ".join(_problem(err, given) for err in exc.errors())
-        raise ConfigurationError(f"invalid settings: {problems}") from None
+        raise _invalid(exc, given) from None
+
+
+def check_setting_variables(variables: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigurationError` as :func:`load_settings` would for the settings
+    among ``variables`` (environment variables a service will start with, by name), without
+    reading this process's environment; the others are not looked at."""
+    wanted = {name.lower() for name in Settings.model_fields}
+    given = {
+        name.lower(): value for name, value in variables.items() if name.lower() in wanted and value
+    }
+    try:
+        Settings.model_validate(given)
+    except ValidationError as exc:
+        raise _invalid(exc, given) from None
+
+
+def _invalid(exc: ValidationError, given: dict[str, Any]) -> ConfigurationError:
+    problems = "; ".join(_problem(err, given) for err in exc.errors())
+    return ConfigurationError(f"invalid settings: {problems}")
 
 
 def _problem(error: Any, given: dict[str, Any]) -> str:
@@ -508,7 +631,7 @@ def _problem(error: Any, given: dict[str, Any]) -> str:
     )
     # A validator's own words, without the "Value error, " pydantic puts before them.
     said = error["msg"].removeprefix("Value error, ")
-    return f"{name.upper() or 'SETTINGS'}: {said}{hint if padded else ''}"
+    return f"{name.upper() or 'SETTINGS'}: {said}{hint if padded and said != PADDED else ''}"
 
 
 @lru_cache(maxsize=1)
@@ -534,11 +657,17 @@ def environment_port(default: int = 8080) -> int:
 
 
 __all__ = [
+    "NEAR_MISS_CUTOFF",
+    "PADDED",
     "Settings",
     "agent_app_problem",
+    "check_setting_variables",
+    "closest_name",
     "environment_port",
     "environment_secrets",
     "get_settings",
     "load_settings",
+    "near_miss_message",
+    "near_miss_variables",
     "secret_values",
 ]

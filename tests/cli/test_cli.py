@@ -1406,3 +1406,61 @@ def test_every_help_reads_as_plain_text_wrapped_in_an_80_column_terminal() -> No
                 assert len(line.rstrip()) + 1 + len(after.split()[0]) > 79, (path, shown)
     serve = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"}).output
     assert "REQUEST_HEAD_TIMEOUT_SECONDS, 15" in serve
+
+
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+)
+@pytest.mark.parametrize(
+    ("variable", "value", "schemes"),
+    [
+        ("LLM_BASE_URL", "api.openai.com/v1", "http:// or https://"),
+        ("REDIS_URL", "localhost:6379", "redis:// or rediss:// or unix://"),
+    ],
+)
+def test_serve_refuses_a_url_setting_without_its_scheme_before_printing_a_key(
+    tmp_path: Path, command: list[str], variable: str, value: str, schemes: str
+) -> None:
+    result = refused_start(tmp_path, command=command, env={variable: value})
+    assert result.stderr.splitlines() == [
+        f"error: invalid settings: {variable}: give a URL beginning with {schemes}"
+        + (" and a host" if schemes.startswith("http") else "")
+    ]
+    assert "ask_" not in result.stdout and "Try it" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command", [["serve"], ["-m", "agentscope_serverless.serve"]], ids=["cli", "module"]
+)
+def test_serve_names_a_variable_misspelling_a_setting_in_one_warning_at_start(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # Ignored without a word: the server ran with its stores in memory.
+    output = tmp_path / "output.txt"
+    env = {
+        "SESSION_HISTORY_BACKND": "redis",
+        "State_Backen": "dynamodb",
+        "OPENAI_API_KEY": "sk-own-1234",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    port = free_port()
+    program = [SCRIPT] if command == ["serve"] else [sys.executable]
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [*program, *command, "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    said = [line for line in output.read_text().splitlines() if "no setting" in line]
+    assert len(said) == 1, output.read_text()
+    assert json.loads(said[0])["message"] == (
+        "environment variables that are no setting, ignored: SESSION_HISTORY_BACKND (did you "
+        "mean SESSION_HISTORY_BACKEND?), State_Backen (did you mean STATE_BACKEND?)"
+    )
+    assert "OPENAI" not in output.read_text() and "redis" not in said[0]

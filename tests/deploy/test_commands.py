@@ -411,3 +411,37 @@ def test_a_sam_stack_of_ones_own_project_without_agent_is_refused_naming_its_age
     if command[0] == "deploy":
         given = ["--param", "AgentApp=weather.agent:bot"]
         assert runner.invoke(app, ["deploy", "sam", *command, *given]).exit_code == 0
+
+
+@pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            "SESSION_HISTORY_BACKND=redis",
+            "SESSION_HISTORY_BACKND (did you mean SESSION_HISTORY_BACKEND?), which is no setting",
+        ),
+        ("state_backen=dynamodb", "state_backen (did you mean STATE_BACKEND?)"),
+        ("SESSION_HISTORY_BACKEND=dynamo", "invalid settings: SESSION_HISTORY_BACKEND: "),
+        ("AGENT_HISTORY_WINDOW=abc", "invalid settings: AGENT_HISTORY_WINDOW: "),
+        ("LLM_API_KEY=sk-secret-123 ", "invalid settings: LLM_API_KEY: its value begins"),
+        ("REDIS_URL=localhost:6379", "invalid settings: REDIS_URL: give a URL beginning with"),
+    ],
+)
+def test_an_env_option_naming_a_setting_amiss_or_giving_it_a_bad_value_is_refused(
+    tmp_path: Path, platform: str, env: str, says: str
+) -> None:
+    # The archive was built, exit 0: the service then ignored the misspelt setting (in-memory
+    # stores) or refused to start with the bad value.
+    project_root = tmp_path / "project"
+    project_root.mkdir()
+    (project_root / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    out = tmp_path / "out"
+    command = ["deploy", platform, "--agent", "agent:app", "--project-root", str(project_root)]
+    result = runner.invoke(
+        app, [*command, "--out", str(out), "--env", "OPENAI_API_KEY=sk-own", "--env", env]
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert says in said and "sk-secret" not in said and "OPENAI" not in said, said
+    assert not out.exists() or not list(out.iterdir())

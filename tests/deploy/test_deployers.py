@@ -156,6 +156,29 @@ def test_a_parameter_the_template_does_not_have_is_refused_before_anything_is_bu
     assert fake_sam.calls == []
 
 
+@pytest.mark.parametrize(
+    ("parameters", "says"),
+    [
+        ({"LlmBaseUrl": "api.openai.com/v1"}, "LLM_BASE_URL: give a URL beginning with http"),
+        ({"ExistingRedisUrl": "localhost:6379"}, "REDIS_URL: give a URL beginning with redis"),
+        ({"LlmApiKey": "sk-live-1\n"}, "LLM_API_KEY: its value begins or ends with white"),
+        ({"AgentApp": "agent.py"}, "AGENT_APP: give the AgentApp as module:attribute"),
+    ],
+)
+def test_a_parameter_that_is_a_setting_with_a_value_it_refuses_is_refused_before_building(
+    fake_sam: FakeSam, parameters: dict[str, str], says: str
+) -> None:
+    # The stack was built and deployed; every function then failed its first request.
+    manager = SAMDeployManager(PROJECT_ROOT, "my-agent", {"LlmModel": "m", **parameters})
+    with pytest.raises(PackagingError) as refused:
+        asyncio.run(manager.deploy())
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: {says}"), message
+    [(parameter, _)] = parameters.items()
+    assert f"{parameter} is " in message and "sk-live" not in message
+    assert fake_sam.calls == []
+
+
 def test_sam_deploy_refuses_a_parameter_its_built_template_does_not_have(tmp_path: Path) -> None:
     (tmp_path / "template.yaml").write_text((PROJECT_ROOT / "template.yaml").read_text())
     with pytest.raises(PackagingError, match="no parameter SubnetId \\(did you mean SubnetIds"):

@@ -22,6 +22,7 @@ from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.http.app import EXPOSED_HEADERS, create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
+from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
 from agentscope_serverless.services.session_history.dynamodb import (
     DynamoDBSessionHistoryService,
@@ -235,13 +236,14 @@ def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secrets
         r'"(\w+)": "\$\{', resources["StackSecrets"]["Properties"]["SecretString"]["Fn::Sub"]
     )
     assert set(stack_fields) == {"llm_api_key", "sandbox_bearer_token", "redis_url"}
-    ordinary = ["", "sk-proj-Ab3_x.y~z", "rediss://:p%40ss%2Fw@cache.example:6379/0?ssl=1"]
+    redis_url = "rediss://:p%40ss%2Fw@cache.example:6379/0?ssl=1"
+    ordinary = ["", "sk-proj-Ab3_x.y~z", redis_url]
     hostile = ['a"b', 'x", "redis_url": "redis://evil', "a\\b", "line\nbreak", "tab\there", "\x00"]
     for template in templates:
         fields = dict(re.findall(r'"(\w+)": "\$\{(\w+)\}"', template))
         for field, parameter in fields.items():
             pattern = document["Parameters"][parameter]["AllowedPattern"]
-            for value in ordinary:
+            for value in ["", redis_url] if field == "redis_url" else ordinary:
                 assert re.fullmatch(pattern, value), (parameter, value)
             for value in ordinary + hostile:
                 if re.fullmatch(pattern, value) is None:
@@ -249,6 +251,18 @@ def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secrets
                 secret = json.loads(template.replace(f"${{{parameter}}}", value))
                 assert secret[field] == value and len(secret) == len(fields), (parameter, value)
             assert all(re.fullmatch(pattern, value) is None for value in hostile), parameter
+
+
+def test_the_parameters_refuse_what_the_settings_they_fill_refuse() -> None:
+    """A Redis URL without its scheme, or a session expiry longer than the stores take,
+    made every function refuse to start once deployed."""
+    parameters = sam.load_template(TEMPLATE)["Parameters"]
+    assert parameters["SessionTtlSeconds"]["MaxValue"] == MAX_TTL_SECONDS
+    pattern = parameters["ExistingRedisUrl"]["AllowedPattern"]
+    for url in ["", "redis://cache:6379/0", "rediss://:pw@cache.example:6379/0"]:
+        assert re.fullmatch(pattern, url), url
+    for url in ["localhost:6379", "cache.example:6379", "http://cache:6379"]:
+        assert re.fullmatch(pattern, url) is None, url
 
 
 def test_without_the_sam_cli_the_error_says_how_to_install_it_in_the_users_project(

@@ -405,3 +405,35 @@ def test_with_the_functions_log_format_json_secrets_are_masked_in_lambdas_lines_
     assert secret not in text
     [line] = [line for line in text.splitlines() if "retrying with the key" in line]
     assert json.loads(line)["message"] == "retrying with the key ***"
+
+
+@pytest.mark.parametrize("name", ["SessionsFunction", "ProcessStreamFunction"])
+def test_a_variable_misspelling_a_setting_is_named_in_one_warning_as_the_function_starts(
+    lambda_artifacts: Callable[[str], Artifact],
+    function_environment: dict[str, str],
+    api_key: str,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    # Ignored without a word: the function ran with its stores in memory, losing them.
+    settings = {
+        **function_environment,
+        "SESSION_HISTORY_BACKND": "dynamodb",
+        "OPENAI_API_KEY": "sk-own-1234",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    log = tmp_path / "log"
+    with log.open("wb") as output:
+        function = start_built_function(lambda_artifacts(name), settings, output=output)
+        try:
+            status, _, body, _ = function.request("GET", "/health", key=api_key)
+        finally:
+            function.stop()
+    assert status == 200, body
+    text = log.read_text()
+    said = [json.loads(line) for line in text.splitlines() if "no setting" in line]
+    assert [line["message"] for line in said] == [
+        "environment variables that are no setting, ignored: SESSION_HISTORY_BACKND (did you "
+        "mean SESSION_HISTORY_BACKEND?)"
+    ], text
+    assert said[0]["level"] == "WARNING" and "OPENAI" not in text

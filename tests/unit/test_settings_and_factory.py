@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.factory import (
@@ -160,3 +164,81 @@ def test_the_environment_is_read_in_any_case_and_empty_variables_are_unset(
 def test_defaults_are_validated_like_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AUTH_KEYS_FILE", raising=False)
     assert "~" not in str(load_settings().auth_keys_file)
+
+
+@pytest.mark.parametrize(
+    "variable", ["LLM_API_KEY", "SANDBOX_BEARER_TOKEN", "REDIS_PASSWORD", "REDIS_URL"]
+)
+@pytest.mark.parametrize("padding", [" {}", "{}\n", "\t{}\r\n"])
+def test_a_secret_with_white_space_around_it_is_refused_naming_it_never_quoting_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, padding: str
+) -> None:
+    # Taken, every run failed: "cannot reach the chat API ... LocalProtocolError".
+    monkeypatch.setenv(variable, padding.format("redis://:sk-hush-42@cache:6379/0"))
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: {variable}: its value begins or ends with")
+    assert "hush" not in message and message.count("white space") == 1, message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "schemes"),
+    [
+        ("LLM_BASE_URL", "api.openai.com/v1", "http:// or https://"),
+        ("LLM_BASE_URL", "https://", "http:// or https://"),
+        ("SANDBOX_BASE_URL", "sandbox.internal:8000", "http:// or https://"),
+        ("DYNAMODB_ENDPOINT_URL", "localhost:8000", "http:// or https://"),
+        ("LAMBDA_ENDPOINT_URL", "ftp://localhost:3001", "http:// or https://"),
+        ("SECRETS_ENDPOINT_URL", "localhost:5000", "http:// or https://"),
+        ("A2A_BASE_URL", "agent.example.com", "http:// or https://"),
+        ("REDIS_URL", "localhost:6379", "redis:// or rediss:// or unix://"),
+        ("REDIS_URL", "http://:hush-pw@cache:6379", "redis:// or rediss:// or unix://"),
+    ],
+)
+def test_a_url_setting_without_a_scheme_it_takes_is_refused_naming_the_schemes(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, schemes: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: {variable}: give a URL beginning with {schemes}")
+    assert "hush" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LLM_BASE_URL", "http://127.0.0.1:8000/v1"),
+        ("REDIS_URL", "rediss://:pw@cache:6379/0"),
+        ("REDIS_URL", "unix:///run/redis.sock?db=1"),
+        ("DYNAMODB_ENDPOINT_URL", "HTTPS://dynamodb.local"),
+    ],
+)
+def test_urls_with_a_scheme_they_take_are_kept(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    kept = getattr(load_settings(), variable.lower())
+    assert (kept if isinstance(kept, str) else kept.get_secret_value()) == value
+
+
+def test_a_variable_named_almost_as_a_setting_is_named_in_one_warning_without_its_value(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ignored without a word, a misspelt backend left the stores in memory.
+    monkeypatch.setattr(logger, "level", logging.WARNING)  # the suite logs only critical lines
+    monkeypatch.setenv("SESSION_HISTORY_BACKND", "redis-hush")
+    monkeypatch.setenv("state_backen", "dynamodb-hush")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-own-hush")
+    monkeypatch.setenv("llm_model", "m")  # a setting, in another case: read, not named
+    settings = load_settings()
+    load_settings()
+    assert settings.session_history_backend == "in_memory"
+    [line] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert line["level"] == "WARNING"
+    assert line["message"] == (
+        "environment variables that are no setting, ignored: SESSION_HISTORY_BACKND (did you "
+        "mean SESSION_HISTORY_BACKEND?), state_backen (did you mean STATE_BACKEND?)"
+    )

@@ -31,8 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.errors import ConfigurationError, PackagingError
 from agentscope_serverless.packaging import project
+from agentscope_serverless.settings import (
+    check_setting_variables,
+    near_miss_message,
+    near_miss_variables,
+)
 
 AGENTRUN_MAX_ZIP_BYTES = 500 * 1024 * 1024
 MODELSTUDIO_MAX_ZIP_BYTES = 500 * 1024 * 1024
@@ -158,8 +163,16 @@ def _checked_python(version: str) -> str:
 
 
 def _checked_environment(environment: Mapping[str, object] | None) -> dict[str, str]:
-    """Variables the service starts with: names a shell accepts, one-line values. A None
-    value is left out and a number written as text, as AgentScope does."""
+    """Variables the service starts with: names a shell accepts, one-line values, none named
+    almost as a setting (:func:`~agentscope_serverless.settings.near_miss_variables`: the
+    service would ignore it), the settings' values valid as the service will read them. A
+    None value is left out and a number written as text, as AgentScope does."""
+    misses = near_miss_variables(environment or {})
+    if misses:
+        raise PackagingError(
+            f"the environment names {near_miss_message(misses)}, which is no setting: the "
+            "service would ignore it"
+        )
     checked: dict[str, str] = {}
     for key, value in (environment or {}).items():
         if not _ENV_NAME.match(key):
@@ -172,6 +185,10 @@ def _checked_environment(environment: Mapping[str, object] | None) -> dict[str, 
         if "\n" in text or "\r" in text:
             raise PackagingError(f"the value of {key} spans lines: give it on one line")
         checked[key] = text
+    try:
+        check_setting_variables(checked)
+    except ConfigurationError as exc:
+        raise PackagingError(exc.message) from None
     return checked
 
 

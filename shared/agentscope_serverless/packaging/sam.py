@@ -16,7 +16,6 @@ deploy time from ``ProcessInvokeMode``.
 from __future__ import annotations
 
 import csv
-import difflib
 import hashlib
 import json
 import os
@@ -29,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentscope_serverless.errors import PackagingError
+from agentscope_serverless.errors import ConfigurationError, PackagingError
 from agentscope_serverless.log import without_url_credentials
 from agentscope_serverless.packaging import project
+from agentscope_serverless.settings import check_setting_variables, closest_name
 
 PLACEHOLDER_REGION = "us-east-1"
 TEMPLATE = "template.yaml"
@@ -515,23 +515,59 @@ _CACHE_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 CACHE_NAME_MAX_CHARS = 40
 
 
+# A field of a secret the template writes from a parameter: ``"llm_api_key": "${LlmApiKey}"``.
+_SECRET_FIELD = re.compile(r'"(\w+)"\s*:\s*"\$\{(\w+)\}"')
+
+
+def setting_parameters(document: Mapping[str, Any]) -> dict[str, str]:
+    """The parameters of the template ``document`` (:func:`load_template`) the functions read
+    as settings as they are, with the setting's variable: those an environment variable of
+    every function is (``LLM_BASE_URL: !Ref LlmBaseUrl``) and those a field of a secret is
+    (``"llm_api_key": "${LlmApiKey}"``, read from ``SECRETS_ARN``).
+
+    >>> setting_parameters(load_template(Path("template.yaml")))["LlmBaseUrl"]  # doctest: +SKIP
+    'LLM_BASE_URL'
+    """
+    parameters = document.get("Parameters", {})
+    variables = document.get("Globals", {}).get("Function", {}).get("Environment", {})
+    found = {
+        value["Ref"]: name
+        for name, value in variables.get("Variables", {}).items()
+        if isinstance(value, dict) and list(value) == ["Ref"] and value["Ref"] in parameters
+    }
+    for resource in document.get("Resources", {}).values():
+        text = resource.get("Properties", {}).get("SecretString")
+        if resource.get("Type") == "AWS::SecretsManager::Secret" and isinstance(text, dict):
+            for field, parameter in _SECRET_FIELD.findall(str(text.get("Fn::Sub", ""))):
+                if parameter in parameters:
+                    found[parameter] = field.upper()
+    return found
+
+
 def check_parameters(parameters: Mapping[str, str], template: Path | None = None) -> None:
     """Raise :class:`PackagingError` naming each of ``parameters`` that ``template`` (default:
     the package's) does not have: SAM would drop it without a word (a misspelt
-    ``LLMApiKey`` deploys a stack without the key)."""
-    known = list(load_template(template or assets() / TEMPLATE).get("Parameters", {}))
+    ``LLMApiKey`` deploys a stack without the key); and as the functions would refuse to
+    start, when a parameter that is a setting (:func:`setting_parameters`) has a value the
+    setting does not take."""
+    document = load_template(template or assets() / TEMPLATE)
+    known = list(document.get("Parameters", {}))
     unknown = [name for name in parameters if name not in known]
     if unknown:
-        guesses = {
-            name: difflib.get_close_matches(name, known, n=1, cutoff=0.6) for name in unknown
-        }
+        guesses = {name: closest_name(name, known) for name in unknown}
         named = ", ".join(
-            f"{name} (did you mean {guesses[name][0]}?)" if guesses[name] else name
-            for name in unknown
+            f"{name} (did you mean {guesses[name]}?)" if guesses[name] else name for name in unknown
         )
         raise PackagingError(
             f"the template has no parameter {named}; its parameters: {', '.join(known)}"
         )
+    settings = setting_parameters(document)
+    given = {name: settings[name] for name in parameters if name in settings}
+    try:
+        check_setting_variables({given[name]: parameters[name] for name in given})
+    except ConfigurationError as exc:
+        read_as = ", ".join(f"{name} is {variable}" for name, variable in given.items())
+        raise PackagingError(f"{exc.message} (of the parameters: {read_as})") from None
 
 
 def check_stack_name(stack_name: str) -> None:
@@ -647,6 +683,7 @@ __all__ = [
     "load_template",
     "memory_cache_name",
     "sam_executable",
+    "setting_parameters",
     "slim_layer",
     "stack_outputs",
     "stage_project",
