@@ -27,9 +27,11 @@ import os
 import re
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.log import redact, redact_aws_credentials
-from agentscope_serverless.settings import Settings, secret_values
+from agentscope_serverless.settings import Settings, closest_name, secret_values
 
 SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 # What an environment variable may be named, here.
@@ -159,6 +161,7 @@ def _with_stack_secrets(settings: Settings) -> Settings:
         region=settings.aws_region,
         endpoint_url=settings.secrets_endpoint_url,
     )
+    _refuse_unknown_fields(secret)
     updates = {name: secret[name] for name in SECRET_FIELDS if secret.get(name)}
     if not updates:
         return settings
@@ -166,10 +169,31 @@ def _with_stack_secrets(settings: Settings) -> Settings:
     merged = {**settings.model_dump(), **updates}
     try:
         return Settings.model_validate(merged)
-    except ValueError:
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
         raise ConfigurationError(
-            f"the secret of SECRETS_ARN holds an invalid value for: {', '.join(updates)}"
+            f"the secret of SECRETS_ARN holds an invalid value for: {problems}"
         ) from None
+
+
+def _refuse_unknown_fields(secret: dict[str, Any]) -> None:
+    """Raise :class:`ConfigurationError` naming the fields of the ``SECRETS_ARN`` secret that
+    are none of :data:`SECRET_FIELDS` (``LLM_API_KEY``, ``llm_apikey``: each would be ignored,
+    its setting left unset), with the field each is likely meant as."""
+    unknown = sorted(name[:64] for name in secret if name not in SECRET_FIELDS)
+    if not unknown:
+        return
+    named = []
+    for name in unknown[:10]:
+        meant = closest_name(name, SECRET_FIELDS)
+        named.append(repr(name) + (f" (did you mean {meant}?)" if meant else ""))
+    raise ConfigurationError(
+        f"the secret of SECRETS_ARN holds fields it does not read: {', '.join(named)}; it "
+        f"reads {', '.join(SECRET_FIELDS)} (the agent's own secrets go in AGENT_SECRETS_ARN's)"
+    )
 
 
 def export_agent_secrets(settings: Settings) -> list[str]:

@@ -350,3 +350,57 @@ def test_the_agents_own_secrets_are_kept_out_of_run_errors_and_log_lines(
     assert error["message"] == "Unknown agent error: RuntimeError: refused: ?appid=***"
     assert "the agent failed" in logged and "RuntimeError" in logged
     assert key not in logged and key not in answer.text
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (
+            {"LLM_API_KEY": "sk-hush-1", "REDIS_URL": "rediss://:hush@cache:6379"},
+            "'LLM_API_KEY' (did you mean llm_api_key?), 'REDIS_URL' (did you mean redis_url?)",
+        ),
+        ({"llm_apikey": "sk-hush-1"}, "'llm_apikey' (did you mean llm_api_key?)"),
+        ({"llm_api_key": "sk-hush-1", "weather_key": "hush"}, "'weather_key'"),
+    ],
+)
+def test_stack_secret_fields_it_does_not_read_are_refused_naming_them_and_those_it_reads(
+    dynamodb_server: DynamoDBServer, fields: dict[str, str], named: str
+) -> None:
+    # Taken, they were ignored without a word: the function ran without its key, or with
+    # its stores in memory.
+    arn = make_secret(dynamodb_server, f"stack-secrets-unknown-{len(named)}", json.dumps(fields))
+    settings = load_settings(
+        secrets_arn=arn,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        resolve_secrets(settings)
+    message = str(refused.value)
+    assert f"holds fields it does not read: {named}; " in message, message
+    assert "it reads llm_api_key, sandbox_bearer_token, redis_url" in message
+    assert "hush" not in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("llm_api_key", "sk-hush-1\n", "llm_api_key: its value begins or ends with white space"),
+        ("sandbox_bearer_token", " hush-token", "sandbox_bearer_token: its value begins or"),
+        ("redis_url", "cache-hush:6379", "redis_url: give a URL beginning with redis://"),
+    ],
+)
+def test_a_stack_secret_field_with_a_value_its_setting_refuses_is_refused_saying_why(
+    dynamodb_server: DynamoDBServer, field: str, value: str, says: str
+) -> None:
+    arn = make_secret(dynamodb_server, f"stack-secrets-bad-{field}", json.dumps({field: value}))
+    settings = load_settings(
+        secrets_arn=arn,
+        secrets_endpoint_url=dynamodb_server.endpoint_url,
+        aws_region=dynamodb_server.region,
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        resolve_secrets(settings)
+    message = str(refused.value)
+    assert message.startswith(f"the secret of SECRETS_ARN holds an invalid value for: {says}")
+    assert "hush" not in message
