@@ -256,12 +256,14 @@ def sam_build(
     """Build every function and the shared layer (runtime, the project's code and
     requirements) with the local Python (no Docker)."""
     from agentscope_serverless.packaging import sam
+    from agentscope_serverless.packaging.project import secrets_left_out
 
     if agent is None:
         _refuse_sam_demo_agent(project_root, build_dir)
     with _steps("sam build (every function and the shared layer)"):
         built = _run(lambda: sam.build(project_root, build_dir=build_dir, agent=agent))
     console.print(f"[bold green]Built[/bold green] {built}")
+    _say_left_out(_run(lambda: secrets_left_out(project_root)))
 
 
 @sam_app.command("deploy")
@@ -295,6 +297,7 @@ def sam_deploy(
             agent=agent,
         )
         info = _run(lambda: asyncio.run(manager.deploy()))
+    _say_left_out(info["left_out"])
     if not info["deployed"]:
         console.print(f"[bold green]Built[/bold green] {info['build_dir']}")
         errors.print(f"[bold yellow]not deployed:[/bold yellow] {escape(info['reason'])}")
@@ -361,9 +364,14 @@ def _build_archive(
     console.print(f"[bold green]Built[/bold green] {manager.report.describe()}")
     console.print(f"archive: {info['artifact_path']}", markup=False)
     console.print(f"size: {info['size_bytes']} bytes", markup=False)
-    if info["left_out"]:
+    _say_left_out(info["left_out"])
+
+
+def _say_left_out(left_out: list[str]) -> None:
+    """Name the project's secrets a build left out (see ``project.secrets_left_out``)."""
+    if left_out:
         console.print(
-            f"left out as secrets: {', '.join(info['left_out'])} (give the agent what it needs "
+            f"left out as secrets: {', '.join(left_out)} (give the agent what it needs "
             "of them in the platform's environment)",
             markup=False,
         )

@@ -413,6 +413,28 @@ def test_a_sam_stack_of_ones_own_project_without_agent_is_refused_naming_its_age
         assert runner.invoke(app, ["deploy", "sam", *command, *given]).exit_code == 0
 
 
+@pytest.mark.parametrize("command", [["build"], ["deploy", "--stack-name", "s"]])
+def test_a_sam_stack_names_the_projects_secrets_its_layer_leaves_out(
+    fake_sam: FakeSam, tmp_path: Path, command: list[str]
+) -> None:
+    """The archive builds named the secrets they left out; the SAM layer left them out
+    without a word, so an agent reading its .env found nothing on Lambda, unsaid."""
+    project = tmp_path / "project"
+    (project / ".aws").mkdir(parents=True)
+    (project / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = wJalr\n")
+    (project / ".env").write_text("OPENAI_API_KEY=sk-secret\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    given = ["--project-root", str(project), "--agent", "agent:app"]
+    result = runner.invoke(app, ["deploy", "sam", *command, *given])
+    assert result.exit_code == 0, result.output
+    assert "left out as secrets: .aws/, .env (" in result.output
+    assert "wJalr" not in result.output and "sk-secret" not in result.output
+    # What the build is made of (the SAM project it stages) holds none of them.
+    layer = sam.stage_project(project, tmp_path / "stage", agent="agent:app") / "shared"
+    assert (layer / "agent.py").is_file()
+    assert not (layer / ".env").exists() and not (layer / ".aws").exists()
+
+
 @pytest.mark.parametrize("platform", ["agentrun", "modelstudio"])
 @pytest.mark.parametrize(
     ("env", "says"),

@@ -105,6 +105,7 @@ class SAMDeployManager(DeployManager):
     def deploy_sync(self) -> dict[str, Any]:
         """The blocking twin of :meth:`deploy`."""
         from agentscope_serverless.deployers.archive import refuse_missing_app
+        from agentscope_serverless.packaging.project import secrets_left_out
 
         sam = _sam()
         # Before a build they would make useless.
@@ -129,6 +130,9 @@ class SAMDeployManager(DeployManager):
             "deployed": False,
             "build_dir": str(built),
             "stack_name": self.stack_name,
+            # The project's secrets the layer was built without (to give the functions
+            # otherwise, if the agent needs them).
+            "left_out": secrets_left_out(self.project_root),
         }
         if not sam.has_credentials():
             info["reason"] = NO_CREDENTIALS
