@@ -320,6 +320,51 @@ async def test_a_revoke_takes_effect_at_once_even_while_the_key_is_being_read(
             await store.authenticate(issued.key)
 
 
+@pytest.mark.parametrize(
+    ("revoked", "outcome"),
+    [
+        ({"BOOL": True}, "revoked"),
+        ({"S": "true"}, "revoked"),
+        ({"N": "1"}, "revoked"),
+        ({"S": "false"}, "active"),
+        ({"N": "0"}, "active"),
+        ({"S": "revoked"}, "malformed"),
+        ({"N": "2"}, "malformed"),
+        ({"NULL": True}, "malformed"),
+    ],
+)
+async def test_a_revoked_flag_set_by_hand_is_read_as_a_key_file_reads_it(
+    dynamodb_server: DynamoDBServer, revoked: dict[str, Any], outcome: str
+) -> None:
+    # An operator revoking a key in the console may type the flag as a string or a number:
+    # the key is then revoked, or its item malformed, never active by mistake.
+    table = new_api_keys_table(dynamodb_server)
+    async with dynamodb_key_store(dynamodb_server, table, cache_seconds=0) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+        client: Any = botocore.session.get_session().create_client(
+            "dynamodb", endpoint_url=dynamodb_server.endpoint_url,
+            region_name=dynamodb_server.region, **LOCAL_AWS_CREDENTIALS,
+        )  # fmt: skip
+        client.update_item(
+            TableName=table,
+            Key={"key_id": {"S": issued.record.key_id}},
+            UpdateExpression="SET revoked = :revoked",
+            ExpressionAttributeValues={":revoked": revoked},
+        )
+        if outcome == "malformed":
+            with pytest.raises(StoreUnavailableError, match="malformed"):
+                await store.authenticate(issued.key)
+            with pytest.raises(StoreUnavailableError, match="malformed"):
+                await store.list_keys()
+        elif outcome == "revoked":
+            with pytest.raises(AuthenticationError):
+                await store.authenticate(issued.key)
+            assert [r.revoked for r in await store.list_keys()] == [True]
+        else:
+            assert (await store.authenticate(issued.key)).user_id == "alice"
+            assert [r.revoked for r in await store.list_keys()] == [False]
+
+
 async def test_an_unreachable_key_table_is_a_store_failure(
     dynamodb_server: DynamoDBServer,
 ) -> None:

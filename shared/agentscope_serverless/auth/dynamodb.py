@@ -2,7 +2,8 @@
 CLI (``AUTH_KEYS_BACKEND=dynamodb``, ``AUTH_KEYS_TABLE``).
 
 One item per key, partition key ``key_id`` (string), with ``key_hash`` (SHA-256 of the
-secret, never the secret), ``kind``, ``user_id`` (user keys), ``created_at`` and ``revoked``.
+secret, never the secret), ``kind``, ``user_id`` (user keys), ``created_at`` and ``revoked``
+(a Boolean; set by hand as ``"true"`` or ``1`` it revokes the key, as in a key file).
 
 **Cache.** A Lambda should not read DynamoDB on every request, so the records read by
 :meth:`authenticate` are kept in the process for ``cache_seconds`` (``AUTH_KEYS_CACHE_SECONDS``,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from decimal import Decimal
 from typing import Any
 
 from agentscope_serverless.auth.base import KeyStore
@@ -56,10 +58,29 @@ def _record(item: Item) -> KeyRecord:
             kind=item["kind"]["S"],
             user_id=item["user_id"]["S"] if "user_id" in item else None,
             created_at=int(item["created_at"]["N"]),
-            revoked=bool(item.get("revoked", {}).get("BOOL", False)),
+            revoked=_revoked(item),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, ArithmeticError):
         raise StoreUnavailableError("dynamodb", "the key table holds a malformed item") from None
+
+
+def _revoked(item: Item) -> Any:
+    """The item's ``revoked`` flag as the key record reads it, whatever type it was given.
+
+    One revoking a key by hand (the console, the AWS CLI) may type it as a string or a
+    number: ``"true"`` or ``1`` revokes it, as in a key file; a value read as neither true
+    nor false (``"2"``, a list) makes the item malformed, never an active key.
+    """
+    value = item.get("revoked")
+    if value is None:
+        return False
+    if "BOOL" in value:
+        return value["BOOL"]
+    if "S" in value:
+        return value["S"]
+    if "N" in value:
+        return Decimal(value["N"])
+    raise ValueError("revoked is neither a Boolean, a string nor a number")
 
 
 class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
