@@ -33,6 +33,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.infra.dynamodb_tables import api_keys_table
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 
 
@@ -231,6 +232,31 @@ async def test_a_corrupt_key_file_is_a_store_failure(tmp_path: Path) -> None:
         assert not await store.health()
         with pytest.raises(StoreUnavailableError):
             await store.authenticate("ask_0123456789abcdef_" + "A" * 43)
+
+
+async def test_a_corrupt_key_file_is_read_and_logged_at_most_once_per_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Anyone can send requests, with made-up keys too: a broken file must not be re-read,
+    # nor a warning logged, for each.
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path, check_seconds=0.5) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+        content = path.read_text()
+        path.write_text(content + "\n,,oops")
+        await asyncio.sleep(0.55)
+        warnings: list[str] = []
+        monkeypatch.setattr(logger, "warning", lambda message, **_: warnings.append(message))
+        made_up = "ask_0123456789abcdef_" + "A" * 43
+        for key in [issued.key, made_up] * 50:
+            with pytest.raises(StoreUnavailableError, match="not a readable key file"):
+                await store.authenticate(key)
+        assert not await store.health()
+        assert warnings == ["key file unreadable"]
+        path.write_text(content)
+        await asyncio.sleep(0.55)
+        assert (await store.authenticate(issued.key)).user_id == "alice"
+        assert await store.health()
 
 
 def test_the_factory_follows_the_settings(tmp_path: Path) -> None:

@@ -480,6 +480,7 @@ def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:
     with running(create_app(["sessions"], settings=settings)) as url:
         assert httpx.get(f"{url}/health").status_code == 200
         key_file.write_text("{ not json")
+        time.sleep(1.1)  # the key file is checked at most once a second, as for requests
         response = httpx.get(f"{url}/health")
     assert response.status_code == 503
     assert response.json() == {

@@ -5,7 +5,9 @@ rename) with 0600 permissions, and changes are serialised across processes with 
 advisory lock, so the CLI can create or revoke keys while a server is running: the server
 sees the change within ``check_seconds`` (one second by default). A request makes no
 filesystem call: the file's identity is checked at most once per ``check_seconds``, and it
-is re-read only when it changed on disk.
+is re-read only when it changed on disk. A file that cannot be read (a hand edit breaking its
+JSON) is remembered as long: requests meanwhile get the same 503, and the failure is logged
+at most once per ``check_seconds``, whatever the number of requests.
 """
 
 from __future__ import annotations
@@ -42,22 +44,32 @@ class FileKeyStore(KeyStore):
         self._records: dict[str, KeyRecord] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._checked_at: float | None = None
+        # Why the file could not be read, when it could not at its last read.
+        self._failure: str | None = None
 
     async def health(self) -> bool:
         if not self._started:
             return False
         try:
-            self._load()
+            self._checked()
         except StoreUnavailableError:
             return False
         return True
 
     async def _get(self, key_id: str) -> KeyRecord | None:
+        return self._checked().get(key_id)
+
+    def _checked(self) -> dict[str, KeyRecord]:
+        """The records, the file checked at most once per ``check_seconds``: a failed read
+        is kept as long as a good one (re-read, and logged, no more often)."""
         now = time.monotonic()
         if self._checked_at is None or now - self._checked_at >= self.check_seconds:
-            self._load()
             self._checked_at = now
-        return self._records.get(key_id)
+            self._failure = None
+            self._load()
+        if self._failure is not None:
+            raise StoreUnavailableError("key file", self._failure)
+        return self._records
 
     async def _put(self, record: KeyRecord) -> None:
         def add(records: dict[str, KeyRecord]) -> KeyRecord:
@@ -97,13 +109,14 @@ class FileKeyStore(KeyStore):
         try:
             data = json.loads(self.path.read_bytes())
             records = [KeyRecord.model_validate(item) for item in data["keys"]]
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, ValidationError) as exc:
             raise self._unavailable("it is not a readable key file", exc) from None
         return {record.key_id: record for record in records}
 
     def _unavailable(self, failure: str, exc: Exception) -> StoreUnavailableError:
         # The answer a caller gets says what failed, never where the file lives; the log
         # line, for whoever runs the server, says both.
+        self._failure = failure
         logger.warning(
             "key file unreadable",
             extra={"path": str(self.path), "error": f"{type(exc).__name__}: {exc}"[:500]},
