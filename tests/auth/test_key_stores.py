@@ -96,6 +96,18 @@ async def test_a_service_key_has_no_user(store: KeyStore) -> None:
         await store.create_key(kind="user")
 
 
+@pytest.mark.parametrize("user_id", [" alice", "alice ", "\talice", "alice\n"])
+async def test_a_user_key_is_refused_for_a_user_id_with_whitespace_around_it(
+    store: KeyStore, user_id: str
+) -> None:
+    # A service key could never name that user in the X-User-Id header (servers strip it).
+    with pytest.raises(InvalidInputError, match="begins or ends with whitespace"):
+        await store.create_key(kind="user", user_id=user_id)
+    assert await store.list_keys() == []
+    inner = await store.create_key(kind="user", user_id="alice smith")
+    assert (await store.authenticate(inner.key)).user_id == "alice smith"
+
+
 @pytest.mark.parametrize(
     "tamper",
     [

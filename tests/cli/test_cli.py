@@ -276,6 +276,7 @@ def test_keys_revoke_takes_the_key_itself_and_never_prints_it(tmp_path: Path) ->
     [
         (["keys", "create"], "--user"),
         (["keys", "create", "--user", "a", "--service"], "leave out --user"),
+        (["keys", "create", "--user", " alice"], "begins or ends with whitespace"),
         (["keys", "revoke", "0000000000000000"], "no key with id"),
     ],
 )

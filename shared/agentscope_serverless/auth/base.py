@@ -23,7 +23,7 @@ from agentscope_serverless.auth.keys import (
     secret_matches,
 )
 from agentscope_serverless.errors import AuthenticationError, InvalidInputError, NotFoundError
-from agentscope_serverless.services._validation import require_user_id
+from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 
 # Compared against when the key id is unknown, so a miss costs the same as a wrong secret.
@@ -43,10 +43,11 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
         return self._started
 
     async def create_key(self, *, kind: KeyKind = "user", user_id: str | None = None) -> IssuedKey:
-        """Issue a key. A user key needs ``user_id``; a service key must not have one."""
+        """Issue a key. A user key needs ``user_id`` (one a service key could name too: no
+        whitespace around it); a service key must not have one."""
         self._ensure_started()
         if kind == "user":
-            user_id = require_user_id(user_id)
+            user_id = require_unpadded_user_id(require_user_id(user_id))
         elif kind == "service":
             if user_id is not None:
                 raise InvalidInputError("a service key has no user", field="user_id")

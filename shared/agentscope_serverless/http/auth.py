@@ -47,7 +47,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.log import shortened, without_api_keys
-from agentscope_serverless.services._validation import require_user_id
+from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
 
 USER_HEADER = "X-User-Id"
 AUTHORIZATION_HEADER = "Authorization"
@@ -108,14 +108,8 @@ class Caller:
                 field=USER_HEADER,
             )
         for where, claimed in claims:
-            if claimed != claimed.strip():
-                # Servers strip a header's value: " alice" could be named in a body or a
-                # query but never in the header, and "alice" in the header is another user.
-                raise InvalidInputError(
-                    f"the {where} names a user whose id begins or ends with whitespace: "
-                    "send it without",
-                    field=where,
-                )
+            # Named in a body or a query, it could never be named in the header.
+            require_unpadded_user_id(claimed, where=where)
         named = {claimed for _, claimed in claims}
         if len(named) > 1:
             raise InvalidInputError(

@@ -203,6 +203,18 @@ def require_user_id(user_id: Any) -> str:
     return user_id
 
 
+def require_unpadded_user_id(user_id: str, *, where: str = "user_id") -> str:
+    """``user_id`` when it neither begins nor ends with whitespace (422 otherwise), for a
+    user that must be nameable in a header: servers strip a header's value, so " alice"
+    could never be named there, and "alice" named there is another user."""
+    if user_id != user_id.strip():
+        raise InvalidInputError(
+            f"the {where} names a user whose id begins or ends with whitespace: send it without",
+            field=where,
+        )
+    return user_id
+
+
 def clean_session_id(session_id: Any) -> str | None:
     """A session id stripped of surrounding whitespace; None when missing or blank.
 
@@ -510,6 +522,7 @@ __all__ = [
     "require_finite",
     "require_positive_int",
     "require_shallow_json",
+    "require_unpadded_user_id",
     "require_user_id",
     "require_utf8",
     "session_id_or_default",
