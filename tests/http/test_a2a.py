@@ -147,6 +147,14 @@ def test_the_card_describes_the_agent_and_needs_a_key(served: tuple[str, Keys]) 
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}}
     assert httpx.post(f"{url}/a2a", json=rpc).status_code == 401
     assert httpx.post(f"{url}/a2a/message:send", json={}).status_code == 401
+    other_scheme = {"Authorization": f"Token {keys.alice}"}
+    for refused in (
+        httpx.post(f"{url}/a2a", json=rpc, headers=other_scheme),
+        httpx.get(f"{url}/.well-known/agent-card.json", headers=other_scheme),
+    ):
+        assert refused.status_code == 401
+        assert "does not use the Bearer scheme" in refused.json()["error"]["message"]
+        assert keys.alice not in refused.text
 
 
 async def test_the_sdk_client_sends_and_streams_a_message_and_reads_the_task(

@@ -88,6 +88,22 @@ def test_a_missing_key_gets_401(client_for: Callable[..., httpx.Client], route: 
     assert_unauthenticated(call(client_for(None), route))
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=ROUTE_IDS)
+def test_an_authorization_header_of_another_scheme_is_told_apart_from_none(
+    client_for: Callable[..., httpx.Client], keys: Keys, route: Any
+) -> None:
+    # A header was sent: "missing API key" misled. What it holds (a key sent without
+    # "Bearer ", a password) is never said back.
+    for value in (keys.alice, f"Token {keys.alice}", "Basic YWxpY2U6c2VjcmV0"):
+        response = call(client_for(None, Authorization=value), route)
+        assert_unauthenticated(response)
+        message = response.json()["error"]["message"]
+        assert "does not use the Bearer scheme" in message, message
+        assert value.split()[-1] not in response.text
+    missing = call(client_for(None), route).json()["error"]["message"]
+    assert missing.startswith("missing API key")
+
+
 @pytest.mark.parametrize("body", [b"{not json", b'{"input": 3}', b'{"input": []}'])
 def test_the_agent_route_reads_no_body_of_a_caller_without_a_key(
     client_for: Callable[..., httpx.Client], body: bytes

@@ -37,6 +37,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from agentscope_serverless.auth.keys import Principal
 from agentscope_serverless.errors import (
@@ -202,7 +203,7 @@ async def get_caller(
             "joined by ',')"
         )
     elif credentials is None:
-        raise AuthenticationError("missing API key: send the header 'Authorization: Bearer <key>'")
+        raise AuthenticationError(_no_bearer_key(request.headers.get(AUTHORIZATION_HEADER)))
     else:
         principal = await context.key_store.authenticate(credentials.credentials)
     # Read directly rather than as declared parameters: this runs on every request.
@@ -228,6 +229,17 @@ async def get_caller(
         )
     caller = state[_CALLER_STATE] = Caller(principal=principal, claims=tuple(claims))
     return caller
+
+
+def _no_bearer_key(authorization: str | None) -> str:
+    """Why a request's ``Authorization`` header (its value, None when not sent) holds no
+    bearer key. Never says the value back: it may be a key sent without ``Bearer`` or a
+    password."""
+    usage = f"send the header '{AUTHORIZATION_HEADER}: Bearer <key>'"
+    scheme, _ = get_authorization_scheme_param(authorization)
+    if scheme and scheme.lower() != "bearer":
+        return f"the {AUTHORIZATION_HEADER} header does not use the Bearer scheme: {usage}"
+    return f"missing API key: {usage}"
 
 
 def caller_fields(state: Mapping[str, Any]) -> dict[str, str]:
