@@ -246,6 +246,72 @@ def test_a_body_declared_far_too_large_is_read_no_further_than_the_drain_bound(
     assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
 
 
+def answer_head(url: str, request_head: str) -> tuple[bytes, float]:
+    """The head of the answer to ``request_head`` sent alone (no body follows), and the
+    seconds it took."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=10) as connection:
+        started = time.monotonic()
+        connection.sendall(request_head.encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (data := connection.recv(65536)):
+            answer += data
+        return answer.partition(b"\r\n\r\n")[0], time.monotonic() - started
+
+
+@pytest.mark.parametrize("path", ["/process", "/state/s", "/compatible-mode/v1/chat/completions"])
+def test_a_caller_without_a_valid_key_gets_401_whatever_body_it_declares(
+    small_limit_url: str, keys: Keys, path: str
+) -> None:
+    # It got the body's 415 (compressed) or 413 (too large, after waiting for the body it
+    # declared): the key is checked first, and nothing of the body is read without one.
+    forged = "Bearer ask_0123456789abcdef_" + "A" * 43
+    for authorization in (None, forged, f"Bearer {keys.revoked}", "Basic YWxpY2U6c2VjcmV0"):
+        sent = {} if authorization is None else {"Authorization": authorization}
+        for extra in ({}, {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}):
+            compressed = httpx.post(
+                f"{small_limit_url}{path}",
+                content=gzip.compress(b'{"input": []}'),
+                headers={**sent, **extra, "Content-Type": "application/json",
+                         "Content-Encoding": "gzip"},
+            )  # fmt: skip
+            assert compressed.status_code == 401, compressed.text
+            assert compressed.headers["www-authenticate"] == "Bearer"
+            lines = "".join(f"{name}: {value}\r\n" for name, value in {**sent, **extra}.items())
+            head, took = answer_head(
+                small_limit_url,
+                f"POST {path} HTTP/1.1\r\nHost: test\r\n{lines}Content-Type: application/json"
+                f"\r\nContent-Length: {LIMIT * 100}\r\n\r\n",
+            )
+            assert head.startswith(b"HTTP/1.1 401"), head
+            assert took < DRAIN_SECONDS / 2
+    # With a valid key, the body's refusal.
+    head, _ = answer_head(
+        small_limit_url,
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {keys.alice}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {LIMIT * 100}\r\n\r\n",
+    )
+    assert head.startswith(b"HTTP/1.1 413"), head
+
+
+def test_routes_without_a_key_refuse_a_body_too_large_or_compressed_as_before(
+    small_limit_url: str,
+) -> None:
+    for path in ("/health", "/no-such-route"):
+        compressed = httpx.post(
+            f"{small_limit_url}{path}", content=b"{}", headers={"Content-Encoding": "gzip"}
+        )
+        assert compressed.status_code == 415, compressed.text
+        assert compressed.headers["Accept-Encoding"] == "identity"
+        large = httpx.post(f"{small_limit_url}{path}", content=b"x" * (LIMIT + 1))
+        assert large.status_code == 413, large.text
+        assert error_of(large)["code"] == "PAYLOAD_TOO_LARGE"
+        assert large.headers["Connection"] == "close"
+    health = httpx.get(f"{small_limit_url}/health", headers={"Content-Encoding": "gzip"})
+    assert health.status_code == 415
+
+
 def test_a_body_under_the_limit_is_served(small_limit_url: str, keys: Keys) -> None:
     with httpx.Client(base_url=small_limit_url, headers=bearer(keys.alice)) as client:
         response = client.post("/process", json={"input": [user_message("hi")], "stream": False})

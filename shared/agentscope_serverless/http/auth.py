@@ -60,6 +60,9 @@ IAM_KEY_ID = "iam"
 IAM_IDENTITY_FIELDS = ("userArn", "callerId", "userId")
 # Where a request keeps its caller once authenticated (its scope's state).
 _CALLER_STATE = "agentscope_caller"
+# Where a request whose body is refused unread (too large, compressed) keeps the error its
+# authentication raises once the key holds: a caller without a valid key gets 401 first.
+REFUSED_BODY_STATE = "agentscope_refused_body"
 # The most characters of a user's id in a log line (one a service key names is unchecked).
 _MAX_LOGGED_USER_CHARS = 256
 
@@ -228,6 +231,9 @@ async def get_caller(
             field=f"{USER_HEADER} header",
         )
     caller = state[_CALLER_STATE] = Caller(principal=principal, claims=tuple(claims))
+    refused: Exception | None = state.get(REFUSED_BODY_STATE)
+    if refused is not None:
+        raise refused
     return caller
 
 
@@ -292,6 +298,7 @@ CurrentUser = Annotated[str, Depends(current_user_id)]
 
 __all__ = [
     "IAM_IDENTITY_FIELDS",
+    "REFUSED_BODY_STATE",
     "REQUEST_CONTEXT_HEADER",
     "REQUEST_CONTEXT_SCOPE_KEY",
     "USER_HEADER",

@@ -30,6 +30,9 @@ A client that asked ``Expect: 100-continue`` has sent no body: it is answered at
 A compressed body (a ``Content-Encoding`` of gzip, deflate, br, zstd...) gets 415, refused
 the same way: it is never decompressed, and read as it came it would be refused as text that
 is not UTF-8.
+Both are refused only once the request's key holds, as any body is read only then: a caller
+without a valid key gets its 401 at once, the body unread; a route needing no key
+(``/health``) refuses them as before.
 A body whose next part does not arrive within ``REQUEST_BODY_TIMEOUT_SECONDS`` gets 408. A
 JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels gets 422
 before anything parses it: a parser recursing that far would run out of stack, and the
@@ -71,9 +74,10 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PayloadTooLargeError,
 )
-from agentscope_serverless.http.auth import caller_fields
+from agentscope_serverless.http.auth import REFUSED_BODY_STATE, caller_fields
 from agentscope_serverless.http.errors import (
     ERROR_CODE_STATE,
+    ErrorResponse,
     error_response,
     response_for,
     status_on,
@@ -381,16 +385,14 @@ class BodySizeLimitMiddleware:
             )
             response.headers["Accept-Encoding"] = "identity"
             response.headers["Connection"] = "close"
-            await _drain(scope, receive)
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, response)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             error = _too_large(self.max_bytes)
             response = error_response(413, error.code, error.message)
             response.headers["Connection"] = "close"
-            await _drain(scope, receive)
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, response)
             return
         received = 0
         complete = False
@@ -423,6 +425,36 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, receive_limited, send)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, refusal: ErrorResponse
+    ) -> None:
+        """Answer ``refusal`` to a request whose body is refused unread, but a 401 first.
+
+        The app takes the request up to its authentication (a route reads no body before
+        it), which, once the key holds, raises the refusal in place of the route (see
+        :data:`~.auth.REFUSED_BODY_STATE`). A caller without a valid key gets that 401 at
+        once, the body unread, as it would for any body; any other answer (a route without
+        a key, such as ``/health``) is replaced by the refusal.
+        """
+        refused = HTTPException(status_code=refusal.status_code, detail="the body is refused")
+        unauthenticated = False
+
+        async def no_body() -> Message:
+            raise refused
+
+        async def send_unauthenticated(message: Message) -> None:
+            nonlocal unauthenticated
+            if message["type"] == "http.response.start":
+                unauthenticated = message["status"] == 401
+            if unauthenticated:
+                await send(message)
+
+        scope.setdefault("state", {})[REFUSED_BODY_STATE] = refused
+        await self.app(scope, no_body, send_unauthenticated)
+        if not unauthenticated:
+            await _drain(scope, receive)
+            await refusal(scope, receive, send)
 
 
 # How often, at most, a streamed answer checks that its key still holds.
