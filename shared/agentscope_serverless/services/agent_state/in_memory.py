@@ -30,7 +30,7 @@ class InMemoryStateService(StateService):
         self, user_id: str, session_id: str, state: dict[str, Any], write_id: str | None
     ) -> int:
         rounds = self._rounds(user_id, session_id)
-        applied = self._applied.setdefault(user_id, {})
+        applied = self._applied.get(user_id, {})
         if write_id is not None and (session_id, write_id) in applied:
             round_id = applied[session_id, write_id]
         else:
@@ -39,7 +39,7 @@ class InMemoryStateService(StateService):
                 raise rounds_exhausted()
         rounds[round_id] = state
         if write_id is not None:
-            applied[session_id, write_id] = round_id
+            self._applied.setdefault(user_id, {})[session_id, write_id] = round_id
         return round_id
 
     async def _save_round(
@@ -72,8 +72,9 @@ class InMemoryStateService(StateService):
             applied = self._applied.get(user_id, {})
             for mark in [mark for mark in applied if mark[0] == session_id]:
                 del applied[mark]
-            if not sessions:
+            if not sessions:  # nothing of the user's is left
                 del self._states[user_id]
+                self._applied.pop(user_id, None)
 
 
 __all__ = ["InMemoryStateService"]
