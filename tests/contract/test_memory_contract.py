@@ -253,6 +253,94 @@ async def test_search_splits_scripts_written_without_spaces(
     assert texts(await memory.search_memory(user_id, query("カフェ"))) == ["ｶﾌｪ"]
 
 
+async def test_search_orders_the_characters_of_scripts_written_without_spaces(
+    memory: MemoryService, user_id: str
+) -> None:
+    # Each character was a token of its own: "明天小王要来" (tomorrow Xiao Wang comes) has
+    # both characters of "小明" and ranked first as the newer, over the memory holding the name.
+    await memory.add_memory(user_id, [msg("我叫小明\uff0c住在北京"), msg("明天小王要来")])
+    await memory.add_memory(user_id, [msg("东京大学的学生"), msg("京东的大学")])
+    assert texts(await memory.search_memory(user_id, query("小明"), filters={"top_k": 1})) == [
+        "我叫小明\uff0c住在北京"
+    ]
+    assert texts(await memory.search_memory(user_id, query("东京"), filters={"top_k": 1})) == [
+        "东京大学的学生"
+    ]
+
+
+async def test_search_matches_words_whatever_their_accents_and_vowel_marks(
+    memory: MemoryService, user_id: str
+) -> None:
+    # Marks had to match exactly: "cafe" missed "café", unvocalized Arabic missed vocalized.
+    await memory.add_memory(
+        user_id,
+        [
+            msg("I love café au lait"),
+            msg("Tôi tên là Nguyễn"),
+            msg("اسمي مُحَمَّد"),
+            msg("שָׁלוֹם עולם"),
+            msg("مـحـمـد صديقي"),
+            msg("cafe racer"),
+        ],
+    )
+    found = {
+        q: sorted(texts(await memory.search_memory(user_id, query(q))), key=str)
+        for q in ["cafe", "café", "nguyen", "محمد", "שלום"]
+    }
+    assert found == {
+        "cafe": ["I love café au lait", "cafe racer"],
+        "café": ["I love café au lait", "cafe racer"],
+        "nguyen": ["Tôi tên là Nguyễn"],
+        "محمد": ["اسمي مُحَمَّد", "مـحـمـد صديقي"],
+        "שלום": ["שָׁלוֹם עולם"],
+    }
+
+
+async def test_search_ignores_invisible_format_characters_inside_words(
+    memory: MemoryService, user_id: str
+) -> None:
+    # A soft hyphen, zero-width space, word joiner or BOM split the word it was in.
+    hidden = ["\u00ad", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"]
+    await memory.add_memory(user_id, [msg(f"my pass{c}word is {c}hunter2") for c in hidden])
+    assert len(await memory.search_memory(user_id, query("password"), {"top_k": 10})) == 6
+    assert len(await memory.search_memory(user_id, query("hunter2"), {"top_k": 10})) == 6
+    # Memories stored before still match what matched them: the pieces are still tokens.
+    assert len(await memory.search_memory(user_id, query("word"), {"top_k": 10})) == 6
+
+
+async def test_search_finds_emoji(memory: MemoryService, user_id: str) -> None:
+    # Emoji were no tokens at all: a search for one found nothing.
+    await memory.add_memory(
+        user_id,
+        [
+            msg("my favourite food is 🍕"),
+            msg("waving 👋🏽 at the family 👨\u200d👩\u200d👧"),
+            msg("flag 🇯🇵 and ❤️"),
+        ],
+    )
+    assert texts(await memory.search_memory(user_id, query("🍕"))) == ["my favourite food is 🍕"]
+    assert texts(await memory.search_memory(user_id, query("👋🏽"))) == [
+        "waving 👋🏽 at the family 👨\u200d👩\u200d👧"
+    ]
+    assert texts(await memory.search_memory(user_id, query("👨\u200d👩\u200d👧"))) == [
+        "waving 👋🏽 at the family 👨\u200d👩\u200d👧"
+    ]
+    assert texts(await memory.search_memory(user_id, query("🇯🇵 ❤️"))) == ["flag 🇯🇵 and ❤️"]
+
+
+async def test_search_splits_every_cjk_block_per_character(
+    memory: MemoryService, user_id: str
+) -> None:
+    # CJK Extension B and beyond, Bopomofo and the Katakana phonetic extensions were runs
+    # of one token: a character of them found nothing.
+    await memory.add_memory(user_id, [msg("𠮷𠮷 restaurant"), msg("ㄅㄆㄇ 注音"), msg("ㇰㇱ")])
+    assert texts(await memory.search_memory(user_id, query("𠮷"))) == ["𠮷𠮷 restaurant"]
+    assert texts(await memory.search_memory(user_id, query("ㄆ"))) == ["ㄅㄆㄇ 注音"]
+    assert texts(await memory.search_memory(user_id, query("ㇱ"))) == ["ㇰㇱ"]
+    # What a run matched before, it still matches.
+    assert texts(await memory.search_memory(user_id, query("𠮷𠮷"))) == ["𠮷𠮷 restaurant"]
+
+
 async def test_memory_of_users_is_separate(memory: MemoryService, user_id: str) -> None:
     a, a_b, star = user_id, f"{user_id}:b", "*"
     await memory.add_memory(a_b, [msg("secret of a-b")])

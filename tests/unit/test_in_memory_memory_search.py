@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.services.memory import InMemoryMemoryService, in_memory
 from agentscope_serverless.services.memory.text import (
+    MAX_QUERY_TERMS,
     CorpusStats,
     bm25_score,
     idf,
@@ -113,3 +115,40 @@ def test_ascii_text_is_tokenized_like_any_other_text() -> None:
         text = "".join(rng.choices(alphabet, k=rng.randint(0, 24)))
         assert tokenize(text) == word.findall(text.casefold()), repr(text)
     assert tokenize("Don't STOP_me-now, 42x!") == ["don", "t", "stop_me", "now", "42x"]
+
+
+# What the tokenizer made of these texts before it added forms for matching (Redis keeps
+# the tokens of memories added then).
+FIRST_TOKENS = {
+    "my pass\u00adword is hunter2": ["my", "pass", "word", "is", "hunter2"],
+    "I love café au lait": ["i", "love", "café", "au", "lait"],
+    "Tôi tên là Nguyễn": ["tôi", "tên", "là", "nguyễn"],
+    "اسمي مُحَمَّد": ["اسمي", "مُحَمَّد"],
+    "مـحـمـد": ["مـحـمـد"],
+    "שָׁלוֹם עולם": ["שָׁלוֹם", "עולם"],
+    "𠮷𠮷 restaurant": ["𠮷𠮷", "restaurant"],
+    "ㄅㄆㄇ 注音": ["ㄅㄆㄇ", "注", "音"],
+    "🍕 I❤️NY 👨\u200d👩\u200d👧 1️⃣": ["i", "\ufe0fny", "1\ufe0f\u20e3"],
+    "मुझे किताब पसंद है": ["मुझे", "किताब", "पसंद", "है"],
+    "ฉันชื่ออลิซ": ["ฉั", "น", "ชื่", "อ", "อ", "ลิ", "ซ"],
+    "ｶﾌｪ": ["カ", "フ", "ェ"],
+    "İstanbul Straße": ["istanbul", "strasse"],
+    "我叫小明\uff0c住在北京": ["我", "叫", "小", "明", "住", "在", "北", "京"],
+    "a\u0301\u200b\u0301b x\u00ad\u00ady \ufeffz": ["á", "\u0301b", "x", "y", "z"],
+}
+
+
+@pytest.mark.parametrize("text", list(FIRST_TOKENS))
+def test_every_token_made_before_is_still_made_as_often(text: str) -> None:
+    tokens = tokenize(text)
+    missing = Counter(FIRST_TOKENS[text]) - Counter(tokens)
+    assert not missing, f"{text!r} lost {dict(missing)}"
+    assert tokens[: len(FIRST_TOKENS[text])] == FIRST_TOKENS[text]
+
+
+def test_a_long_cjk_query_keeps_its_characters_before_their_pairs() -> None:
+    # Pairs of adjacent characters are added to a query's terms: the 128 it uses are still
+    # its first 128 distinct characters.
+    characters = [chr(0x4E00 + i) for i in range(200)]
+    assert query_terms(msg("".join(characters))) == characters[:MAX_QUERY_TERMS]
+    assert query_terms(msg("小明")) == ["小", "明", "小明"]
