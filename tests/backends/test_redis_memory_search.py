@@ -48,10 +48,16 @@ async def fill(service: MemoryService, user_id: str, memories: list[tuple[str, M
 
 
 async def assert_same_rankings(
-    reference: MemoryService, redis: MemoryService, user_id: str, rng: random.Random
+    reference: MemoryService,
+    redis: MemoryService,
+    user_id: str,
+    rng: random.Random,
+    text: Callable[[random.Random, int], str] | None = None,
 ) -> None:
     for _ in range(150):
-        query = [msg(" ".join(rng.choices(WORDS, WEIGHTS, k=rng.randint(1, 4))))]
+        k = rng.randint(1, 4)
+        words = text(rng, k) if text else " ".join(rng.choices(WORDS, WEIGHTS, k=k))
+        query = [msg(words)]
         top_k = rng.choice([1, 2, 3, 5, 10, 50, None])
         filters = None if top_k is None else {"top_k": top_k}
         expected = [m.id for m in await reference.search_memory(user_id, query, filters)]
@@ -81,6 +87,35 @@ async def test_search_matches_the_reference_ranking_on_a_random_corpus(
             await service.delete_memory(user_id, "s1")
             await service.add_memory(user_id, more, session_id="s9")
         await assert_same_rankings(reference, redis, user_id, rng)
+
+
+# Words with accents, vowel marks, tatweel, format characters, emoji and scripts written
+# without spaces: the forms added for them must be indexed and ranked alike.
+WORLD_WORDS = [
+    "café", "cafe", "nguyễn", "nguyen", "مُحَمَّد", "محمد", "مـحـمـد", "שָׁלוֹם", "שלום",
+    "pass\u00adword", "password", "🍕", "👋🏽", "👨\u200d👩\u200d👧", "🇯🇵", "❤️", "小明",
+    "明天", "小", "北京", "ㄅㄆ", "𠮷𠮷", "ชื่อ", "กาแฟ", "किताब", "ｶﾌｪ",
+]  # fmt: skip
+
+
+def world_text(rng: random.Random, k: int) -> str:
+    """``k`` of :data:`WORLD_WORDS`, some written together (no space between)."""
+    return "".join(w + rng.choice([" ", "", "\u200b"]) for w in rng.choices(WORLD_WORDS, k=k))
+
+
+async def test_search_of_words_in_every_script_matches_the_reference(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    rng = random.Random("world")
+    memories = [(f"s{i % 3}", msg(world_text(rng, rng.randint(1, 8)))) for i in range(300)]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(redis_server.url) as redis:
+        await fill(reference, user_id, memories)
+        await fill(redis, user_id, memories)
+        await assert_same_rankings(reference, redis, user_id, rng, world_text)
+        for service in (reference, redis):
+            await service.delete_memory(user_id, "s1")
+        await assert_same_rankings(reference, redis, user_id, rng, world_text)
 
 
 async def test_search_matches_the_reference_across_batches_pages_and_deletions(
