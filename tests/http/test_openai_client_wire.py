@@ -678,6 +678,28 @@ def test_a_responses_input_items_are_listed_as_given(sdk: openai.OpenAI) -> None
         sdk.responses.input_items.list(unkept.id)
 
 
+def test_input_items_whose_ids_could_not_be_paged_are_refused(sdk: openai.OpenAI) -> None:
+    # Items sharing an id were taken, and input_items paged after it served the same page
+    # forever (has_more true); an id over 256 characters was taken, and paging after it
+    # was refused (after is at most 256 characters).
+    def item(item_id: str, text: str) -> Any:
+        return {"type": "message", "role": "user", "id": item_id, "content": text}
+
+    repeated = [item("x", "1"), item("a", "2"), item("y", "3"), item("a", "4"), item("z", "5")]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model="m", input=repeated)
+    assert refused.value.param == "input[3].id"
+    assert "repeats the id of input[1]" in refused.value.message
+    too_long = [item("first", "1"), item("msg_" + "a" * 253, "2")]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model="m", input=too_long)
+    assert refused.value.param == "input[1].id"
+    longest = [item("first", "1"), item("msg_" + "a" * 252, "2"), item("third", "3")]
+    given = sdk.responses.create(model="m", input=longest)
+    listed = list(sdk.responses.input_items.list(given.id, limit=2, order="asc"))
+    assert [i.content[0].text for i in listed] == ["1", "2", "3"]  # type: ignore[union-attr]
+
+
 def test_only_its_user_reads_a_response_again(
     scenario_url: str, sdk: openai.OpenAI, keys: Keys
 ) -> None:

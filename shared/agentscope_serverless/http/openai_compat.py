@@ -413,6 +413,36 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
 
+# The longest id an input item may be given: ``input_items`` takes an item's id as ``after``.
+MAX_ITEM_ID_LENGTH = 256
+
+
+def _check_item_ids(items: list[dict[str, Any]]) -> None:
+    """Refuse input items whose ids could not page ``input_items``: an id given twice (a
+    page would end on it again and again) or longer than :data:`MAX_ITEM_ID_LENGTH`.
+
+    >>> _check_item_ids([{"id": "a"}, {}, {"id": "b"}, {}])
+    >>> try:
+    ...     _check_item_ids([{"id": "a"}, {"id": "b"}, {"id": "a"}])
+    ... except InvalidInputError as refused:
+    ...     print(refused)
+    input[2]: repeats the id of input[0]: each input item's id must be its own
+    """
+    seen: dict[str, int] = {}
+    for position, item in enumerate(items):
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            continue
+        where = ["input", position]
+        if len(item_id) > MAX_ITEM_ID_LENGTH:
+            says = f"an item's id must be at most {MAX_ITEM_ID_LENGTH} characters"
+            raise _refused(where, ["id"], says)
+        if item_id in seen:
+            says = f"repeats the id of input[{seen[item_id]}]: each input item's id must be its own"
+            raise _refused(where, ["id"], says)
+        seen[item_id] = position
+
+
 # The content parts a tool's output is read from: its text (see ``Message.from_openai_message``).
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 _NOT_TEXT = "a tool's output must be text: a string, or a list of text parts"
@@ -562,6 +592,7 @@ def responses_input(body: ResponsesRequest) -> list[Message]:
     elif not body.input:
         raise InvalidInputError("input holds no item: send a message", field="input")
     else:
+        _check_item_ids(body.input)
         messages = chat_messages(body.input, field="input")
     if body.instructions:
         instructions = Message(
@@ -598,6 +629,21 @@ def responses_input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
             listed["id"] = f"{_ITEM_ID_PREFIXES.get(kind, 'item')}_{uuid.uuid4().hex}"
         items.append(listed)
     return items
+
+
+def input_items_after(items: list[dict[str, Any]], after: str) -> list[dict[str, Any]]:
+    """The input items listed after the one whose id is ``after``: after the last of that
+    id, so that a page ending on an id given twice (as a response kept before such input
+    was refused may hold) is not served again.
+
+    >>> items = [{"id": i} for i in ("x", "a", "y", "a", "z")]
+    >>> input_items_after(items, "a")
+    [{'id': 'z'}]
+    """
+    ids = [item.get("id") for item in items]
+    if after not in ids:
+        raise InvalidInputError("after names no input item of this response", field="after")
+    return items[len(ids) - ids[::-1].index(after) :]
 
 
 def _is_reply(message: Message) -> bool:
@@ -940,6 +986,7 @@ async def responses_final(
 
 
 __all__ = [
+    "MAX_ITEM_ID_LENGTH",
     "RUN_CANCELED",
     "ChatCompletionRequest",
     "ResponseInProgressError",
@@ -953,6 +1000,7 @@ __all__ = [
     "check_chat_request",
     "check_responses_request",
     "finish_reason",
+    "input_items_after",
     "reply_text",
     "response_id",
     "responses_echo",

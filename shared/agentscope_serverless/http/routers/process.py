@@ -712,7 +712,11 @@ def build_router(
             Literal["asc", "desc"], Query(description="``desc``: the last item first.")
         ] = "desc",
         after: Annotated[
-            str | None, Query(max_length=256, description="The id of the item to list after.")
+            str | None,
+            Query(
+                max_length=compat.MAX_ITEM_ID_LENGTH,
+                description="The id of the item to list after.",
+            ),
         ] = None,
     ) -> dict[str, Any]:
         """The items of the response's input (as its request gave them, each with an id), a
@@ -723,10 +727,7 @@ def build_router(
         if order == "desc":
             items.reverse()
         if after is not None:
-            ids = [item.get("id") for item in items]
-            if after not in ids:
-                raise InvalidInputError("after names no input item of this response", field="after")
-            items = items[ids.index(after) + 1 :]
+            items = compat.input_items_after(items, after)
         page = items[:limit]
         return {
             "object": "list",
