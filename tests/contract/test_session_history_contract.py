@@ -761,6 +761,39 @@ async def test_list_messages_rejects_a_garbage_cursor(
         await history.list_messages(user_id, "missing", cursor="%%%")
 
 
+async def test_a_messages_cursor_pages_only_its_own_session(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # A messages cursor held only a position: used on another session, or on a session
+    # deleted and created again under the same id, it read on from there (200, messages
+    # skipped); on DynamoDB a sessions-list cursor was taken as a messages cursor, and back.
+    for session_id in ("a", "b"):
+        session = await history.create_session(user_id, session_id)
+        await history.append_message(session, numbered(0, 6))
+    cursor = (await history.list_messages(user_id, "a", limit=4)).next_cursor
+    assert cursor is not None
+    others = await history.create_session(f"{user_id}:other", "a")
+    await history.append_message(others, numbered(0, 6))
+    for owner, session_id in ((user_id, "b"), (f"{user_id}:other", "a")):
+        with pytest.raises(InvalidInputError, match="another session"):
+            await history.list_messages(owner, session_id, cursor=cursor)
+    await history.delete_session(user_id, "a")
+    again = await history.create_session(user_id, "a")
+    await history.append_message(again, numbered(0, 6))
+    with pytest.raises(InvalidInputError, match="an earlier session of this id"):
+        await history.list_messages(user_id, "a", cursor=cursor)
+    sessions_cursor = (await history.list_sessions_page(user_id, limit=1)).next_cursor
+    assert sessions_cursor is not None
+    with pytest.raises(InvalidInputError, match="cursor is not valid"):
+        await history.list_messages(user_id, "a", cursor=sessions_cursor)
+    messages_cursor = (await history.list_messages(user_id, "a", limit=1)).next_cursor
+    with pytest.raises(InvalidInputError, match="cursor is not valid"):
+        await history.list_sessions_page(user_id, cursor=messages_cursor)
+    assert ids_of(await history.list_messages(user_id, "a", cursor=messages_cursor)) == [
+        f"m{i}" for i in range(1, 6)
+    ]
+
+
 # --- max_messages_per_session ---------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import itertools
 import json
 import math
@@ -465,13 +466,60 @@ def decode_cursor(cursor: Any) -> dict[str, Any]:
 
 
 def cursor_position(cursor: str | None, key: str) -> int:
-    """The non-negative integer ``key`` of a cursor; 0 when there is no cursor."""
+    """The non-negative integer ``key`` of a cursor; 0 when there is no cursor. A cursor of
+    one session's messages (see :func:`session_cursor`) is none of these."""
     if cursor is None:
         return 0
-    value = decode_cursor(cursor).get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    payload = decode_cursor(cursor)
+    return _position(payload, key, "session" not in payload)
+
+
+def _position(payload: Mapping[str, Any], key: str, valid: bool) -> int:
+    value = payload.get(key)
+    if not valid or isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInputError("cursor is not valid", field="cursor")
     return value
+
+
+def session_tag(user_id: str, session_id: str, created: str) -> str:
+    """A short digest naming one session: of its user and id, and ``created``, what tells it
+    from an earlier session of the same id (its creation order or generation).
+
+    >>> session_tag("u", "s", "1") == session_tag("u", "s", "1") != session_tag("u", "s", "2")
+    True
+    """
+    digest = hashlib.sha256("\0".join((user_id, session_id, created)).encode()).digest()
+    return base64.urlsafe_b64encode(digest[:9]).decode()
+
+
+def session_cursor(key: str, position: int, tag: str) -> str:
+    """A cursor of the messages of the session ``tag`` names (:func:`session_tag`), read on
+    from ``position``: used on another session (or on a list of sessions) it is refused."""
+    return encode_cursor({key: position, "session": tag})
+
+
+def session_cursor_position(cursor: str | None, key: str) -> tuple[int, str | None]:
+    """The position ``key`` of a cursor made by :func:`session_cursor`, and the tag of its
+    session (check it with :func:`check_cursor_session`); ``(0, None)`` with no cursor.
+
+    >>> session_cursor_position(session_cursor("offset", 4, "tag"), "offset")
+    (4, 'tag')
+    """
+    if cursor is None:
+        return 0, None
+    payload = decode_cursor(cursor)
+    tag = payload.get("session")
+    return _position(payload, key, isinstance(tag, str)), tag
+
+
+def check_cursor_session(tag: str | None, session: str) -> None:
+    """Refuse a messages cursor whose session tag is not ``session`` (the tag of the
+    session read): it pages another session, or an earlier one of the same id."""
+    if tag is not None and tag != session:
+        raise InvalidInputError(
+            "cursor is not valid: it pages another session, or an earlier session of this id",
+            field="cursor",
+        )
 
 
 # Why a user message without content is refused: stored, it would reach the model with every
@@ -507,6 +555,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
     "MAX_TTL_SECONDS",
+    "check_cursor_session",
     "clean_session_id",
     "cursor_position",
     "decode_cursor",
@@ -525,7 +574,10 @@ __all__ = [
     "require_unpadded_user_id",
     "require_user_id",
     "require_utf8",
+    "session_cursor",
+    "session_cursor_position",
     "session_id_or_default",
+    "session_tag",
     "to_encoded_messages",
     "to_message",
     "to_messages",

@@ -40,7 +40,8 @@ pk                         sk                  attributes
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
-  sort-key order; pages use an opaque cursor holding only a sequence number. A turn's
+  sort-key order; pages use an opaque cursor holding a sequence number and a digest of
+  the session's user, id and generation (used on another session it is refused). A turn's
   window (its last N messages) is one ``Query`` in reverse order, stopping at the N-th.
 - **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
   the cursor holds only a creation order, and every Query is bound to the caller's user.
@@ -109,10 +110,14 @@ from agentscope_serverless.services._dynamodb import (
 )
 from agentscope_serverless.services._stored import decode_message, encode_message
 from agentscope_serverless.services._validation import (
+    check_cursor_session,
     cursor_position,
     encode_cursor,
     optional_positive_int,
     optional_ttl_seconds,
+    session_cursor,
+    session_cursor_position,
+    session_tag,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
@@ -617,10 +622,14 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     async def _list_messages(
         self, user_id: str, session_id: str, limit: int, cursor: str | None
     ) -> Page[Message] | None:
-        after = min(cursor_position(cursor, "after"), _MAX_CURSOR)
+        position, tag = session_cursor_position(cursor, "after")
+        after = min(position, _MAX_CURSOR)
         meta = await self._read_meta(user_id, session_id)
         if meta is None:
             return None
+        # The generation tells the session from an earlier session of the same id.
+        session = session_tag(user_id, session_id, meta["generation"]["S"])
+        check_cursor_session(tag, session)
         if self._max_messages is not None:
             # From the oldest message kept on: older ones may be stored still (deleted by
             # the next append).
@@ -632,7 +641,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         page = rows[:limit]
         return Page[Message](
             items=[message for _, message in page],
-            next_cursor=encode_cursor({"after": page[-1][0]}) if len(rows) > limit else None,
+            next_cursor=(
+                session_cursor("after", page[-1][0], session) if len(rows) > limit else None
+            ),
         )
 
     async def _append_messages(

@@ -31,9 +31,13 @@ from agentscope_serverless.services._stored import (
     stored_session,
 )
 from agentscope_serverless.services._validation import (
+    check_cursor_session,
     cursor_position,
     encode_cursor,
     optional_positive_int,
+    session_cursor,
+    session_cursor_position,
+    session_tag,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
@@ -117,16 +121,18 @@ class InMemorySessionHistoryService(SessionHistoryService):
         self, user_id: str, session_id: str, limit: int, cursor: str | None
     ) -> Page[Message] | None:
         # The number of the first message to read (trimmed or deleted: the next one kept).
-        offset = cursor_position(cursor, "offset")  # a bad cursor is one, session or not
+        offset, tag = session_cursor_position(cursor, "offset")  # bad: one, session or not
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return None
+        session = session_tag(user_id, session_id, str(stored.seq))
+        check_cursor_session(tag, session)
         first = bisect_left(stored.numbers, offset)
         end = min(first + limit, len(stored.messages))
         return Page[Message](
             items=decode_messages(stored.messages[first:end]),
             next_cursor=(
-                encode_cursor({"offset": stored.numbers[end - 1] + 1})
+                session_cursor("offset", stored.numbers[end - 1] + 1, session)
                 if end < len(stored.messages)
                 else None
             ),

@@ -28,10 +28,12 @@ expiry; index entries of expired sessions are dropped when the index is read.
 Each message gets a number when it is appended (the session's count of messages appended
 before it), never given again nor changed: a ``list_messages`` cursor holds the number to
 read on from, so deleting messages neither skips nor repeats one for a reader paging through
-the session. A message's place in the list is its number, less ``dropped`` and the deleted
-numbers below it (one ``ZCOUNT``). Deleting messages (one script) removes them from the
-list, O(n) in the session's length, and adds their numbers to ``gone``, which a trim prunes
-below the oldest message kept; marks are updated in one script too.
+the session (and a digest of the session's user, id and creation order, so it pages no
+other session, nor a later one of the same id). A message's place in the list is its
+number, less ``dropped`` and the deleted numbers below it (one ``ZCOUNT``). Deleting
+messages (one script) removes them from the list, O(n) in the session's length, and adds
+their numbers to ``gone``, which a trim prunes below the oldest message kept; marks are
+updated in one script too.
 """
 
 from __future__ import annotations
@@ -62,9 +64,13 @@ from agentscope_serverless.services._stored import (
     stored_session,
 )
 from agentscope_serverless.services._validation import (
+    check_cursor_session,
     cursor_position,
     encode_cursor,
     optional_positive_int,
+    session_cursor,
+    session_cursor_position,
+    session_tag,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
@@ -163,7 +169,7 @@ if #items > 0 and start + #items < redis.call('LLEN', KEYS[2]) then
   following = number_from(number, #items - 1) + 1
 end
 touch()
-return {following, items}
+return {following, items, redis.call('HGET', KEYS[1], 'order') or ''}
 """
 )
 
@@ -528,14 +534,19 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     async def _list_messages(
         self, user_id: str, session_id: str, limit: int, cursor: str | None
     ) -> Page[Message] | None:
-        offset = min(cursor_position(cursor, "offset"), MAX_POSITION)
-        raw = await self._session_call(_PAGE, user_id, session_id, offset, limit, idempotent=True)
+        offset, tag = session_cursor_position(cursor, "offset")
+        raw = await self._session_call(
+            _PAGE, user_id, session_id, min(offset, MAX_POSITION), limit, idempotent=True
+        )
         if raw is None:
             return None
+        # The session's creation order tells it from an earlier session of the same id.
+        session = session_tag(user_id, session_id, text(raw[2]))
+        check_cursor_session(tag, session)
         following = int(raw[0])
         return Page[Message](
             items=decode_messages(raw[1]),
-            next_cursor=encode_cursor({"offset": following}) if following else None,
+            next_cursor=session_cursor("offset", following, session) if following else None,
         )
 
     async def _append_messages(
