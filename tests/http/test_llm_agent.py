@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -267,6 +268,30 @@ def test_a_model_that_keeps_calling_tools_is_stopped(keys: Keys) -> None:
     assert sse.data[-1]["error"]["code"] == "AGENT_MAX_ITERATIONS"
     # The last round's call is not run: no model call is left to read its result.
     assert len(llm.requests) == 2 and len(tool_calls) == 1
+
+
+def test_the_tokens_of_a_failed_run_are_on_its_response_and_in_its_metrics(
+    keys: Keys, capfd: pytest.CaptureFixture[str]
+) -> None:
+    llm = ScriptedLLM([TOOL_CALL])  # two model calls of 20 + 5 tokens, then it fails
+    namespace = {"metrics_namespace": "AgentScopeServerless"}
+    with (
+        llm_agent_server(keys, llm, [], llm_max_iterations=2, server_settings=namespace) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=10) as client,
+    ):
+        capfd.readouterr()
+        _, sse = stream(client, "/process", json={"input": [user_message("loop")]})
+    assert sse.data[-1]["error"]["code"] == "AGENT_MAX_ITERATIONS"
+    spent = {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50}
+    assert sse.data[-1]["usage"] == spent
+    (record,) = [
+        json.loads(line) for line in capfd.readouterr().out.splitlines() if '"_aws"' in line
+    ]
+    assert (record["Status"], record["PromptTokens"], record["CompletionTokens"]) == (
+        "failed",
+        40,
+        10,
+    )
 
 
 def test_an_api_error_fails_the_run_without_leaking_the_reply(keys: Keys) -> None:

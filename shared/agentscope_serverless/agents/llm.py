@@ -1040,17 +1040,21 @@ def create_llm_app(
                 sandbox_definitions,
                 sandbox_types=sandbox_types,
             )
-        async for item in agent.run(
-            [*history, *msgs],
-            memories=memories,
-            usage=usage,
-            tools=run_tools,
-            settings=self.settings,
-            sampling=sampling_options(request),
-        ):
-            yield item
-        if usage:
-            response.usage = usage
+        try:
+            async for item in agent.run(
+                [*history, *msgs],
+                memories=memories,
+                usage=usage,
+                tools=run_tools,
+                settings=self.settings,
+                sampling=sampling_options(request),
+            ):
+                yield item
+        finally:
+            # The model calls made are billed however the run ends (failed, canceled, at
+            # the time limit): their tokens are on its final response and in its metrics.
+            if usage:
+                response.usage = usage
 
     return app
 
