@@ -49,6 +49,11 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _client_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentscope_client_request_id", default=None
 )
+# The trace ids of the request (``xray_trace_id``, ``trace_id``: see :func:`trace_ids_of`),
+# as the fields of its lines (name, value); empty without any.
+_trace_ids: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "agentscope_trace_ids", default=()
+)
 # uvicorn's records carry their message again with terminal colours, as color_message.
 _STANDARD_FIELDS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
@@ -82,6 +87,7 @@ class JsonFormatter(logging.Formatter):
             client_request_id = _client_request_id.get()
             if client_request_id is not None:
                 line["client_request_id"] = client_request_id
+        line.update(_trace_ids.get())
         for key, value in record.__dict__.items():
             if key not in _STANDARD_FIELDS and not key.startswith("_"):
                 line[key] = value
@@ -339,12 +345,59 @@ def shortened(text: str, limit: int) -> str:
     return f"{text[:half]}...[{len(text) - 2 * half} characters cut]...{text[-half:]}"
 
 
-def bind_request_id(request_id: str | None, client_request_id: str | None = None) -> None:
+def bind_request_id(
+    request_id: str | None,
+    client_request_id: str | None = None,
+    *,
+    trace_ids: dict[str, str] | None = None,
+) -> None:
     """Tag every line logged by the current task (and tasks it starts) with ``request_id``
-    (None: no request's), and ``client_request_id``, the id the client sent, when it is
-    another."""
+    (None: no request's), ``client_request_id``, the id the client sent, when it is
+    another, and the fields of ``trace_ids`` (:func:`trace_ids_of`)."""
     _request_id.set(request_id)
     _client_request_id.set(client_request_id)
+    _trace_ids.set(tuple(trace_ids.items()) if trace_ids else ())
+
+
+# An X-Ray trace id (``1-<8 hex digits of its time>-<24 hex digits>``) and a W3C
+# ``traceparent`` (``<version>-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, a later
+# version possibly followed by more fields).
+_XRAY_TRACE_ID = re.compile(r"1-[0-9a-f]{8}-[0-9a-f]{24}")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?", re.S)
+
+
+def trace_ids_of(x_amzn_trace_id: str | None, traceparent: str | None) -> dict[str, str]:
+    """The trace ids to log, as Powertools names them: ``xray_trace_id``, the ``Root`` of
+    an ``X-Amzn-Trace-Id`` (a header, or Lambda's ``_X_AMZN_TRACE_ID``), and ``trace_id``, the
+    trace id of a valid W3C ``traceparent``. A value that is not one is left out.
+
+    >>> ids = trace_ids_of("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1",
+    ...                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    >>> ids["xray_trace_id"], ids["trace_id"]
+    ('1-5759e988-bd862e3fe1be46a994272793', '0af7651916cd43dd8448eb211c80319c')
+    >>> trace_ids_of("Root=nonsense", "00-" + "0" * 32 + "-b7ad6b7169203331-01")
+    {}
+    """
+    found: dict[str, str] = {}
+    if x_amzn_trace_id:
+        for part in x_amzn_trace_id.split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == "Root" and _XRAY_TRACE_ID.fullmatch(value):
+                found["xray_trace_id"] = value
+                break
+    if traceparent:
+        match = _TRACEPARENT.fullmatch(traceparent.strip())
+        if match is not None:
+            version, trace_id, parent_id, more = match.groups()
+            valid = (
+                version != "ff"
+                and not (version == "00" and more)
+                and trace_id != "0" * 32
+                and parent_id != "0" * 16
+            )
+            if valid:
+                found["trace_id"] = trace_id
+    return found
 
 
 def current_request_id() -> str | None:
@@ -388,6 +441,7 @@ def log_request(
     }
     if client_request_id is not None:
         line["client_request_id"] = client_request_id
+    line.update(_trace_ids.get())
     if failure:
         line.update(failure)
     sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
@@ -409,6 +463,7 @@ __all__ = [
     "redact_aws_credentials",
     "redacted",
     "shortened",
+    "trace_ids_of",
     "without_api_keys",
     "without_url_credentials",
 ]

@@ -108,6 +108,38 @@ def test_an_agents_failure_is_logged_with_the_run_id_a_client_can_quote(
     assert failed["message"] == "the agent failed" and failed["run_id"] == run_id
 
 
+def test_a_requests_lines_carry_the_trace_ids_it_came_with(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    keys = Keys.make()
+    xray = "1-5759e988-bd862e3fe1be46a994272793"
+    w3c = "0af7651916cd43dd8448eb211c80319c"
+    traced = {
+        "X-Amzn-Trace-Id": f"Root={xray};Parent=53995c3f42cd8ad8;Sampled=1",
+        "traceparent": f"00-{w3c}-b7ad6b7169203331-01",
+    }
+    invalid = {"traceparent": f"00-{w3c}-0000000000000000-01"}  # no parent: not a traceparent
+    body = {"input": [user_message("a trip")], "stream": False}
+    sent: dict[str, tuple[str | None, str | None]] = {}
+    with running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url:
+        capfd.readouterr()
+        for headers, expected in (
+            (traced, (xray, w3c)),
+            (invalid, (None, None)),
+            ({}, (None, None)),
+        ):
+            answer = httpx.post(
+                f"{url}/process", json=body, headers={**bearer(keys.alice), **headers}, timeout=30
+            )
+            sent[answer.headers["x-request-id"]] = expected
+    lines = [line for _, line in logged(capfd)]
+    for request_id, expected in sent.items():
+        of_request = [line for line in lines if line.get("request_id") == request_id]
+        assert {line["message"] for line in of_request} == {"the agent failed", "request"}
+        for line in of_request:
+            assert (line.get("xray_trace_id"), line.get("trace_id")) == expected, line
+
+
 def test_the_password_of_a_url_an_agents_failure_quotes_is_neither_logged_nor_answered(
     capfd: pytest.CaptureFixture[str], info_logs: None
 ) -> None:

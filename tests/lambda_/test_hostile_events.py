@@ -682,6 +682,30 @@ def test_a_requests_lines_carry_its_invocations_id_and_the_clients_beside_it(
         assert line.get("client_request_id") == client_id
 
 
+def test_a_requests_lines_carry_the_xray_trace_id_of_its_invocation(
+    sessions_handler: tuple[LambdaHandler, str],
+    request_log: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As Powertools' lines: Lambda sets the invocation's X-Ray trace header in the process,
+    its Root is ``xray_trace_id``, whatever header the client sent."""
+    handler, key = sessions_handler
+    root = "1-6759e988-cd862e3fe1be46a994272793"
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", f"Root={root};Parent=53995c3f42cd8ad8;Sampled=1")
+    request_log.readouterr()
+    forged = "Root=1-00000000-000000000000000000000000"
+    headers = {"authorization": f"Bearer {key}", "x-amzn-trace-id": forged}
+    event = function_url_event("GET", "/sessions/nowhere", headers=headers)
+    assert handler(event, LambdaContext(60, "invocation-11"))["statusCode"] == 404
+    assert handler({"Records": []}, LambdaContext(60, "invocation-12"))["error"]
+    lines = _lines(request_log)
+    assert [line["message"] for line in lines] == [
+        "request",
+        "an event of an unsupported kind was refused",
+    ]
+    assert all(line["xray_trace_id"] == root for line in lines), lines
+
+
 def test_a_failed_requests_line_says_its_code_and_caller_in_the_application_or_before(
     sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
 ) -> None:

@@ -39,6 +39,7 @@ import binascii
 import contextlib
 import importlib
 import json
+import os
 import re
 import time
 import uuid
@@ -331,12 +332,14 @@ class _LazyApplication:
             self._note_refusals(refusals)
 
     def _invoke(self, event: Any, context: Any) -> dict[str, Any]:
-        from agentscope_serverless.log import bind_request_id
+        from agentscope_serverless.log import bind_request_id, trace_ids_of
         from agentscope_serverless.tasks import TASK_EVENT_KEY
 
-        # Every line of the invocation carries its id, whatever the event (the request's
-        # are bound again by the application, with the id its client sent).
-        bind_request_id(_aws_request_id(context))
+        # Every line of the invocation carries its id and its X-Ray trace id, whatever the
+        # event (the request's are bound again by the application, with the id its client
+        # sent).
+        trace_ids = trace_ids_of(os.environ.get("_X_AMZN_TRACE_ID"), None)
+        bind_request_id(_aws_request_id(context), trace_ids=trace_ids)
         if isinstance(event, dict) and TASK_EVENT_KEY in event:
             return self._run_task(event, context)
         handler = _http_handler(event, context)

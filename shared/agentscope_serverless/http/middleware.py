@@ -9,7 +9,10 @@ digits, ``.``, ``_`` or ``-``), is logged beside it as ``client_request_id``; el
 id is the client's when it is such a token, otherwise a new one is made. The id is the
 response's ``X-Request-Id`` header. The request's agent gets it from
 ``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
-``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. One JSON log
+``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. Every line of
+the request also carries its trace ids, as Powertools names them: ``xray_trace_id``, the
+``Root`` of its ``X-Amzn-Trace-Id`` (on Lambda, of the invocation's ``_X_AMZN_TRACE_ID``), and
+``trace_id``, the trace id of a valid W3C ``traceparent`` (an invalid one is ignored). One JSON log
 line per request records the method, the path (never the query string or headers; a path
 longer than 1024 characters by its beginning and end), the status and the duration; a
 failed request's also the error ``code`` its answer gave and, once authenticated, the
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 import uuid
@@ -85,7 +89,13 @@ from agentscope_serverless.http.errors import (
 )
 from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
-from agentscope_serverless.log import bind_request_id, log_request, logger, redacted
+from agentscope_serverless.log import (
+    bind_request_id,
+    log_request,
+    logger,
+    redacted,
+    trace_ids_of,
+)
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
     nests_deeper_than,
@@ -100,6 +110,9 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # The trace context a client may send, for the request's agent to continue (W3C, X-Ray).
 _TRACE_HEADERS = frozenset((b"traceparent", b"tracestate", b"x-amzn-trace-id"))
 _MAX_TRACE_HEADER = 1024
+# The X-Ray trace header of the invocation being served, which Lambda sets in the process
+# (the one its own traces of the function have).
+LAMBDA_TRACE_VARIABLE = "_X_AMZN_TRACE_ID"
 
 
 def trace_headers_of(scope: Scope) -> dict[str, str]:
@@ -162,8 +175,15 @@ class RequestContextMiddleware:
         request_id, client_request_id = request_ids_of(scope)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
-        bind_request_id(request_id, client_request_id)
         trace_headers = trace_headers_of(scope)
+        lambda_trace = os.environ.get(LAMBDA_TRACE_VARIABLE) if "aws.context" in scope else None
+        trace_ids = None
+        if trace_headers or lambda_trace:
+            trace_ids = trace_ids_of(
+                lambda_trace or trace_headers.get("x-amzn-trace-id"),
+                trace_headers.get("traceparent"),
+            )
+        bind_request_id(request_id, client_request_id, trace_ids=trace_ids)
         if trace_headers:
             TracingUtil.set_trace_header(trace_headers)
         header = (b"x-request-id", request_id.encode())
