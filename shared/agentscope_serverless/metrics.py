@@ -14,6 +14,13 @@ written.
   (``process``, ``openai``, ``a2a``) and ``Status`` (``completed``, ``failed``,
   ``canceled``).
 
+A request answered with a server error (a 5xx: a store down before the run begins, an
+error no handler maps, a run failed in a reply not streamed) writes one line of its own:
+``Errors`` (Count), by ``Service``, and by ``Service`` and ``Code``, the error code it was
+answered with when it is one of the runtime's own (:data:`KNOWN_ERROR_CODES`: the codes of
+:mod:`agentscope_serverless.errors`), else ``OTHER`` (an agent's code, or none): the dimension
+takes a bounded set of values, whatever the agent or the client sends.
+
 A line names no user, session or run: metrics are per service, not per person.
 
 >>> line = emf_line("AgentScopeServerless", {"Kind": "process", "Status": "completed"},
@@ -30,9 +37,27 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agentscope_serverless import errors
 from agentscope_serverless.log import SERVICE
 
 SERVICE_DIMENSION = "Service"
+# The error codes of the runtime's own errors: the only values of the Code dimension.
+KNOWN_ERROR_CODES = frozenset(
+    value.code
+    for value in vars(errors).values()
+    if isinstance(value, type) and issubclass(value, errors.AgentScopeServerlessError)
+)
+# The Code of an error whose code is not one of KNOWN_ERROR_CODES (or that has none).
+OTHER_ERROR_CODE = "OTHER"
+
+
+def error_code_dimension(code: str | None) -> str:
+    """The value of the ``Code`` dimension for an answer with the error code ``code``.
+
+    >>> error_code_dimension("STORE_UNAVAILABLE"), error_code_dimension("user 42 failed")
+    ('STORE_UNAVAILABLE', 'OTHER')
+    """
+    return code if code in KNOWN_ERROR_CODES else OTHER_ERROR_CODE
 
 
 def emf_line(
@@ -65,7 +90,8 @@ def emf_line(
 
 @dataclass(frozen=True)
 class RunMetrics:
-    """Writes the metrics of runs that end to stdout, under ``namespace``."""
+    """Writes the metrics of runs that end, and of requests answered with a server error, to
+    stdout, under ``namespace``."""
 
     namespace: str
 
@@ -92,7 +118,16 @@ class RunMetrics:
             count = (usage or {}).get(key)
             if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
                 values[name] = (count, "Count")
-        line = emf_line(self.namespace, {"Kind": kind, "Status": status}, values)
+        self._write(emf_line(self.namespace, {"Kind": kind, "Status": status}, values))
+
+    def request_failed(self, *, code: str | None) -> None:
+        """Write the metric of one request answered with a server error (a 5xx) whose error
+        code is ``code`` (None: it had none)."""
+        dimensions = {"Code": error_code_dimension(code)}
+        self._write(emf_line(self.namespace, dimensions, {"Errors": (1, "Count")}))
+
+    @staticmethod
+    def _write(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
@@ -102,4 +137,11 @@ def run_metrics(namespace: str | None) -> RunMetrics | None:
     return RunMetrics(namespace) if namespace else None
 
 
-__all__ = ["RunMetrics", "emf_line", "run_metrics"]
+__all__ = [
+    "KNOWN_ERROR_CODES",
+    "OTHER_ERROR_CODE",
+    "RunMetrics",
+    "emf_line",
+    "error_code_dimension",
+    "run_metrics",
+]

@@ -7,18 +7,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.schemas.agent_schemas import AgentResponse
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running, stream, user_message
+from tests.support.http import Keys, bearer, issue_key, running, stream, user_message
 
 app = AgentApp(app_name="metered")
 
@@ -121,6 +124,39 @@ def test_the_time_to_first_token_of_a_reply_not_streamed_is_when_its_first_text_
     assert [r["Kind"] for r in records] == ["process", "openai"]
     for record in records:
         assert record["TimeToFirstToken"] < record["RunDuration"] / 2
+
+
+def test_a_request_answered_with_a_server_error_writes_one_errors_line(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A store down before the run began was answered 503 without any metric: no alarm could
+    see the outage. The Code dimension takes only the runtime's own codes, else OTHER."""
+    key_file = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(key_file), "alice")
+    settings = load_settings(
+        metrics_namespace="AgentScopeServerless",
+        auth_keys_backend="file",
+        auth_keys_file=str(key_file),
+    )
+    with running(create_app(settings=settings, agent_app=app)) as url:
+        capfd.readouterr()
+        body = {"input": [user_message("fail")], "stream": False}
+        failed = httpx.post(f"{url}/process", json=body, headers=bearer(key), timeout=30)
+        assert failed.status_code == 500
+        assert httpx.get(f"{url}/sessions/nowhere", headers=bearer(key)).status_code == 404
+        key_file.write_text("{ not json")
+        time.sleep(1.1)  # the key file is read again at most once a second
+        down = httpx.get(f"{url}/sessions", headers=bearer(key))
+        assert down.json()["error"]["code"] == "STORE_UNAVAILABLE"
+    records = emf_lines(capfd.readouterr().out)
+    errors = [record for record in records if "Errors" in record]
+    assert [(r["Errors"], r["Code"]) for r in errors] == [(1, "OTHER"), (1, "STORE_UNAVAILABLE")]
+    (directive,) = errors[1]["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == "AgentScopeServerless"
+    assert directive["Dimensions"] == [["Service"], ["Service", "Code"]]
+    assert directive["Metrics"] == [{"Name": "Errors", "Unit": "Count"}]
+    assert errors[1]["Service"] == "agentscope-serverless"
+    assert "went away" not in json.dumps(errors)
 
 
 def test_without_a_namespace_no_metrics_are_written(capfd: pytest.CaptureFixture[str]) -> None:

@@ -60,6 +60,7 @@ from agentscope_serverless.http.middleware import (
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.log import logger, redact, redact_aws_credentials
+from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.settings import Settings, secret_values
 
@@ -316,7 +317,7 @@ def new_application(
     )
     if settings.auth_mode == "keys":
         app.add_middleware(RevokedKeyMiddleware, key_store=context.key_store)
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(RequestContextMiddleware, metrics=run_metrics(settings.metrics_namespace))
     app.add_middleware(StartupFailureMiddleware)
     if settings.cors_allow_origins:
         # Outermost: preflights are answered before anything else, and errors (a 401, a

@@ -96,6 +96,7 @@ from agentscope_serverless.log import (
     redacted,
     trace_ids_of,
 )
+from agentscope_serverless.metrics import RunMetrics
 from agentscope_serverless.services._validation import (
     MAX_JSON_DEPTH,
     nests_deeper_than,
@@ -163,10 +164,12 @@ def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
 
 
 class RequestContextMiddleware:
-    """Tags each request with a request id and logs it once it is answered."""
+    """Tags each request with a request id and logs it once it is answered; with
+    ``metrics``, one answered with a server error (a 5xx) also writes its metric."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: RunMetrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -219,15 +222,18 @@ class RequestContextMiddleware:
                 )
         finally:
             code = state.get(ERROR_CODE_STATE)
+            answered = 500 if status is None else status
             log_request(
                 request_id,
                 scope.get("method"),
                 scope.get("path"),
-                500 if status is None else status,
+                answered,
                 round((time.perf_counter() - started) * 1000, 2),
                 client_request_id=client_request_id,
                 failure=None if code is None else {"code": code, **caller_fields(state)},
             )
+            if answered >= 500 and self.metrics is not None:
+                self.metrics.request_failed(code=code)
 
 
 class StartupFailureMiddleware:
