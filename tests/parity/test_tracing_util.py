@@ -6,6 +6,7 @@ The tests are coroutines: each runs in a task of its own, so what one sets stays
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 from collections.abc import Iterator
@@ -13,10 +14,30 @@ from typing import Any
 
 import pytest
 
+from agentscope_serverless import log
 from agentscope_serverless.log import logger
-from agentscope_serverless.tracing import TraceType, TracingUtil, trace
+from agentscope_serverless.tracing import TraceType, TracingUtil, trace, tracing_util
 
 FRAMEWORK = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
+
+
+@pytest.fixture(autouse=True)
+def no_request_yet() -> Iterator[None]:
+    """Each test's task starts from a context with no request id: one a Lambda invocation run
+    in this process (another test's) bound for good must not show here."""
+    context = contextvars.copy_context()
+    defaults: list[tuple[contextvars.ContextVar[Any], Any]] = [
+        (log._request_id, None),
+        (log._client_request_id, None),
+        (log._trace_ids, ()),
+        (tracing_util._REQUEST_ID, ""),
+        (tracing_util._TRACE_HEADER, {}),
+        (tracing_util._COMMON_ATTRIBUTES, {}),
+    ]
+    tokens = [(var, var.set(default)) for var, default in defaults if var in context]
+    yield
+    for var, token in reversed(tokens):
+        var.reset(token)
 
 
 def test_methods_have_agentscope_parameters_and_defaults() -> None:
