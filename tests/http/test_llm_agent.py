@@ -937,3 +937,32 @@ def test_a_stream_broken_before_its_first_chunk_is_retried_and_after_it_is_not(
     assert events[-1]["status"] == "failed"
     assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
     assert len(late.requests) == 1
+
+
+def with_usage(item: dict[str, Any], prompt: int, completion: int) -> dict[str, Any]:
+    return {**item, "usage": usage(prompt, completion)["usage"]}
+
+
+def test_usage_repeated_as_a_running_total_on_every_chunk_counts_once_per_call(
+    keys: Keys,
+) -> None:
+    # vLLM's continuous_usage_stats (and some proxies) send the total so far with every
+    # chunk: adding them up counted each call's tokens once per chunk.
+    llm = ScriptedLLM(
+        [
+            [
+                with_usage(TOOL_CALL[1], 20, 1),
+                with_usage(TOOL_CALL[2], 20, 2),
+                with_usage(TOOL_CALL[3], 20, 3),
+                with_usage(TOOL_CALL[4], 20, 3),
+            ],
+            [
+                with_usage(chunk({"content": "a"}), 30, 1),
+                with_usage(chunk({"content": "b"}, "stop"), 30, 2),
+                usage(30, 2),
+            ],
+        ]
+    )
+    events = run_once(keys, llm)
+    assert events[-1]["status"] == "completed"
+    assert events[-1]["usage"] == {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55}

@@ -165,7 +165,8 @@ class LLMAgent:
 
         Yields :class:`TextContent` deltas as the model streams, and for each round of tool
         calls a ``function_call`` :class:`Message` and one ``function_call_output`` message
-        per call. Token counts reported by the API are added to ``usage``. ``tools`` are
+        per call. The token counts of each model call (the last it reports) are added to
+        ``usage``. ``tools`` are
         offered for this run only, besides the agent's own. ``settings`` (the runner's, in an
         app) fill what the constructor left out, unless it was given settings of its own.
         ``sampling`` (``temperature``, ``max_tokens``...: see :func:`sampling_options`) goes
@@ -348,7 +349,8 @@ class LLMAgent:
         usage: dict[str, int] | None,
         sampling: Mapping[str, Any],
     ) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of one streamed chat completion.
+        """The chunks of one streamed chat completion; its token counts (the last ones it
+        reports: some APIs send the running total with every chunk) are added to ``usage``.
 
         A call that fails before its first chunk is made again (see :func:`_retry_delay`),
         up to ``config.max_retries`` times; once a chunk was handed on, a failure ends it.
@@ -381,12 +383,16 @@ class LLMAgent:
                         if delay is None:
                             raise AgentError(failure, code="LLM_ERROR")
                     else:
+                        # The counts of this call added to ``usage`` so far: the last a
+                        # chunk gave (some APIs repeat the running total on every chunk).
+                        counted: dict[str, int] = {}
                         async for chunk in _chunks(response, config.timeout, max_bytes):
                             streamed = True
                             counts = _usage_counts(chunk.get("usage"))
                             if usage is not None and counts is not None:
                                 for key, count in counts.items():
-                                    usage[key] = usage.get(key, 0) + count
+                                    usage[key] = usage.get(key, 0) - counted.get(key, 0) + count
+                                counted = counts
                             yield chunk
                         return
             except httpx.LocalProtocolError:
