@@ -966,3 +966,61 @@ def test_usage_repeated_as_a_running_total_on_every_chunk_counts_once_per_call(
     events = run_once(keys, llm)
     assert events[-1]["status"] == "completed"
     assert events[-1]["usage"] == {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55}
+
+
+class EmptyChunksLLM(ScriptedLLM):
+    """A chat API that opens its stream, then sends chunks without any choice for 3 s, and
+    only then its answer."""
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+
+        async def empty() -> AsyncIterator[str]:
+            yield f"data: {json.dumps(chunk({'role': 'assistant', 'content': ''}))}\n\n"
+            for _ in range(60):
+                yield 'data: {"choices": []}\n\n'
+                await asyncio.sleep(0.05)
+            yield f"data: {json.dumps(chunk({'content': 'Late.'}, 'stop'))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(empty(), media_type="text/event-stream")
+
+
+class TricklingJSONLLM(ScriptedLLM):
+    """A chat API answering with a whole completion as JSON, one byte every 50 ms."""
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+        message = {"role": "assistant", "content": "Slowly."}
+        body = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+        async def trickle() -> AsyncIterator[bytes]:
+            for byte in body.encode():
+                yield bytes([byte])
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(trickle(), media_type="application/json")
+
+
+def test_a_stream_of_chunks_bringing_nothing_fails_at_the_timeout(keys: Keys) -> None:
+    # Each empty chunk restarted the wait: the run was held for as long as they came.
+    started = time.monotonic()
+    events = run_once(keys, EmptyChunksLLM([]), llm_timeout_seconds=0.5)
+    assert time.monotonic() - started < 2.5
+    assert events[-1]["status"] == "failed"
+    assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
+    assert "it sent no data for 0.5 s" in events[-1]["error"]["message"]
+
+
+def test_a_completion_not_streamed_must_arrive_whole_within_the_timeout(keys: Keys) -> None:
+    # A byte at a time, each within the read timeout, it had no deadline at all.
+    started = time.monotonic()
+    events = run_once(keys, TricklingJSONLLM([]), llm_timeout_seconds=0.5)
+    assert time.monotonic() - started < 4
+    assert events[-1]["status"] == "failed"
+    assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
+    assert re.fullmatch(
+        r"cannot reach the chat API at http://127\.0\.0\.1:\d+ \(LLM_BASE_URL\): its "
+        r"completion was not whole within 0\.5 s",
+        events[-1]["error"]["message"],
+    ), events[-1]["error"]

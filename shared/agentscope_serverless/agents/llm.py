@@ -521,20 +521,23 @@ async def _chunks(
 
     A server or proxy that ignores ``stream`` answers with the whole completion as JSON: its
     message is one chunk. A reply with neither (a web page at a wrong base URL) is an error,
-    not an empty answer. A stream that sends no data for ``silence`` seconds fails, however
-    many keep-alive comments it sends meanwhile (each resets the read timeout of the
-    connection, so a server stuck sending them would hold the run for ever). A line, or a
-    completion, longer than ``max_bytes`` fails before it is read whole.
+    not an empty answer. A stream that sends no part of a reply (see :func:`_makes_progress`)
+    for ``silence`` seconds fails, however many keep-alive comments or empty chunks it sends
+    meanwhile (each resets the read timeout of the connection, so a server stuck sending them
+    would hold the run for ever); so does a completion not streamed that is not whole within
+    ``silence`` seconds (one trickling a byte at a time). A line, or a completion, longer than
+    ``max_bytes`` fails before it is read whole.
     """
     if response.headers.get("content-type", "").startswith("application/json"):
-        body = bytearray()
-        async for piece in response.aiter_bytes():
-            body += piece
-            if len(body) > max_bytes:
-                raise AgentError(
-                    f"the chat API sent a completion of more than {max_bytes:,} bytes",
-                    code="LLM_ERROR",
-                )
+        try:
+            async with asyncio.timeout(silence):
+                body = await _whole_body(response, max_bytes)
+        except TimeoutError:
+            raise AgentError(
+                f"cannot reach {_chat_api(str(response.url))}: its completion was not whole "
+                f"within {silence:g} s",
+                code="LLM_UNAVAILABLE",
+            ) from None
         yield _as_chunk(_parse_chunk(body.decode(errors="replace")))
         return
     streamed = False
@@ -554,14 +557,52 @@ async def _chunks(
             ) from None
         if not line.startswith("data:"):
             continue
-        deadline = loop.time() + silence
         data = line[5:].strip()
         if data == "[DONE]":
             return
         streamed = True
-        yield _parse_chunk(data)
+        chunk = _parse_chunk(data)
+        if _makes_progress(chunk):
+            deadline = loop.time() + silence
+        yield chunk
     if not streamed:
         raise AgentError("the chat API sent no completion", code="LLM_ERROR")
+
+
+async def _whole_body(response: httpx.Response, max_bytes: int) -> bytearray:
+    """The body of a completion not streamed; one longer than ``max_bytes`` fails before it
+    is read whole."""
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > max_bytes:
+            raise AgentError(
+                f"the chat API sent a completion of more than {max_bytes:,} bytes",
+                code="LLM_ERROR",
+            )
+    return body
+
+
+# The fields of a chunk's delta that bring part of a reply.
+PROGRESS_FIELDS = ("content", "reasoning_content", "reasoning", "refusal", "tool_calls")
+
+
+def _makes_progress(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` brings part of a reply: content, reasoning, a refusal, tool-call
+    deltas, a ``finish_reason`` or usage (not ``{"choices": []}``, nor a delta that only
+    names the role)."""
+    if chunk.get("usage"):
+        return True
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("finish_reason") or (
+            isinstance(delta, dict) and any(delta.get(field) for field in PROGRESS_FIELDS)
+        ):
+            return True
+    return False
 
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
