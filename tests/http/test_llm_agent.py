@@ -13,9 +13,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from openai.types.chat import ChatCompletionMessageParam
 
 from agentscope_serverless.agents.llm import create_llm_app
 from agentscope_serverless.agents.tools import AgentTool
@@ -1024,3 +1026,78 @@ def test_a_completion_not_streamed_must_arrive_whole_within_the_timeout(keys: Ke
         r"completion was not whole within 0\.5 s",
         events[-1]["error"]["message"],
     ), events[-1]["error"]
+
+
+def test_a_models_refusal_reaches_the_client_and_the_session(keys: Keys) -> None:
+    # With no content, the refusal was dropped: the run completed with no output at all.
+    refusal = "I'm sorry, I can't help with that."
+    streamed = ScriptedLLM(
+        [
+            [
+                chunk({"role": "assistant", "content": None, "refusal": ""}),
+                chunk({"refusal": refusal[:10]}),
+                chunk({"refusal": refusal[10:]}),
+                chunk(finish="stop"),
+                usage(10, 9),
+            ]
+        ]
+    )
+    message = {"role": "assistant", "content": None, "refusal": refusal}
+    whole = PlainReplyLLM(
+        [JSONResponse({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})]
+    )
+    for llm in (streamed, whole):
+        with (
+            llm_agent_server(keys, llm, []) as url,
+            httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+        ):
+            _, sse = stream(
+                client, "/process", json={"input": [user_message("hi")], "session_id": "s"}
+            )
+            stored = client.get("/sessions/s").json()["messages"]
+        assert sse.data[-1]["status"] == "completed"
+        (answer,) = messages_of(sse.data)
+        assert answer["content"] == [
+            {**answer["content"][0], "type": "refusal", "refusal": refusal}
+        ]
+        assert [m["role"] for m in stored] == ["user", "assistant"]
+        assert stored[1]["content"][0]["type"] == "refusal"
+        assert stored[1]["content"][0]["refusal"] == refusal
+
+
+def test_a_models_refusal_reaches_openai_clients_as_a_refusal(keys: Keys) -> None:
+    # The SDK read content '' and refusal None: the refusal was lost.
+    refusal = "I can't help with that."
+    llm = ScriptedLLM(
+        [
+            [
+                chunk({"role": "assistant", "content": None}),
+                chunk({"refusal": refusal[:5]}),
+                chunk({"refusal": refusal[5:]}),
+                chunk(finish="stop"),
+                usage(10, 9),
+            ]
+        ]
+    )
+    with llm_agent_server(keys, llm, []) as url:
+        client = openai.OpenAI(
+            base_url=f"{url}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+        )
+        ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        completion = client.chat.completions.create(model="x", messages=ask)
+        pieces = list(client.chat.completions.create(model="x", messages=ask, stream=True))
+        response = client.responses.create(model="x", input="hi")
+        events = list(client.responses.create(model="x", input="hi", stream=True))
+    message = completion.choices[0].message
+    assert (message.content, message.refusal) == (None, refusal)
+    assert completion.choices[0].finish_reason == "stop"
+    streamed = "".join(p.choices[0].delta.refusal or "" for p in pieces if p.choices)
+    assert streamed == refusal
+    assert all(not p.choices[0].delta.content for p in pieces if p.choices)
+    refused = [{"type": "refusal", "refusal": refusal}]
+    assert response.output[0].model_dump()["content"] == refused
+    kinds = [event.type for event in events]
+    assert "response.refusal.delta" in kinds and "response.output_text.delta" not in kinds
+    done = [event.model_dump() for event in events if event.type == "response.refusal.done"]
+    assert [event["refusal"] for event in done] == [refusal]
+    assert events[-1].model_dump()["response"]["output"][0]["content"] == refused

@@ -11,9 +11,9 @@ take at most a quarter of it). A reply longer than ``LLM_MAX_REPLY_CHARS`` (or o
 it longer than such a reply could be) fails the run; a tool call whose arguments are not a
 JSON object is answered without running it, and kept with the arguments ``{}``; a reply cut
 at the model's output limit or by a content filter says so in its message's ``metadata``
-(``finish_reason``). The API is reached with plain HTTP (``POST
-{LLM_BASE_URL}/chat/completions``, ``Authorization: Bearer {LLM_API_KEY}``, model
-``LLM_MODEL``)::
+(``finish_reason``); the model's refusal to answer is its message's ``RefusalContent``.
+The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``,
+``Authorization: Bearer {LLM_API_KEY}``, model ``LLM_MODEL``)::
 
     from agentscope_serverless.agents.llm import create_llm_app
     app = create_llm_app(tools=[weather_tool])
@@ -58,6 +58,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     FunctionCallOutput,
     Message,
     MessageType,
+    RefusalContent,
     Role,
     TextContent,
     convert_to_openai_messages,
@@ -160,10 +161,11 @@ class LLMAgent:
         tools: Sequence[AgentTool] = (),
         settings: Settings | None = None,
         sampling: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[TextContent | Message]:
+    ) -> AsyncIterator[TextContent | RefusalContent | Message]:
         """Answer the conversation ``messages``: text deltas, then tool calls and results.
 
-        Yields :class:`TextContent` deltas as the model streams, and for each round of tool
+        Yields :class:`TextContent` deltas as the model streams (and :class:`RefusalContent`
+        deltas, in the same message, as it refuses to answer), and for each round of tool
         calls a ``function_call`` :class:`Message` and one ``function_call_output`` message
         per call. The token counts of each model call (the last it reports) are added to
         ``usage``. ``tools`` are
@@ -194,8 +196,11 @@ class LLMAgent:
                         finish_reason = choice["finish_reason"]
                 thought = _reasoning_of(delta)
                 piece = _text_of(delta.get("content"))
+                refused = _refusal_of(delta)
                 call_deltas = delta.get("tool_calls") or []
-                size += max(1, len(thought) + len(piece) + sum(map(calls.add, call_deltas)))
+                size += max(
+                    1, len(thought) + len(piece) + len(refused) + sum(map(calls.add, call_deltas))
+                )
                 if size > config.max_reply_chars:
                     raise AgentError(
                         f"the model's reply was longer than {config.max_reply_chars:,} characters",
@@ -204,8 +209,8 @@ class LLMAgent:
                 if thought:
                     for event in [*answer.close(), *reasoning.add(thought)]:
                         yield event
-                if piece or call_deltas:
-                    for event in [*reasoning.close(), *answer.add(piece)]:
+                if piece or refused or call_deltas:
+                    for event in [*reasoning.close(), *answer.add(piece), *answer.refuse(refused)]:
                         yield event
             for event in reasoning.close():
                 yield event
@@ -213,7 +218,7 @@ class LLMAgent:
                 raise AgentError("the chat API sent no completion", code="LLM_ERROR")
             if not calls.calls:
                 notable = finish_reason if finish_reason in NOTABLE_FINISH_REASONS else None
-                if notable and not answer.text:
+                if notable and not answer.text and not answer.refusal:
                     raise AgentError(UNANSWERED[notable], code="LLM_ERROR")
                 for event in answer.close(notable):
                     yield event
@@ -673,6 +678,7 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     delta = {
         "content": message.get("content"),
+        "refusal": message.get("refusal"),
         "reasoning_content": message.get("reasoning_content") or message.get("reasoning"),
         "tool_calls": [
             {**call, "index": index}
@@ -849,6 +855,12 @@ def _reasoning_of(delta: dict[str, Any]) -> str:
     return ""
 
 
+def _refusal_of(delta: dict[str, Any]) -> str:
+    """The model's refusal to answer a delta streams (``refusal``), when text."""
+    refusal = delta.get("refusal")
+    return refusal if isinstance(refusal, str) else ""
+
+
 def _text_of(content: Any) -> str:
     """The text of a delta's ``content``: a string, or (as some APIs stream it) a list of
     parts whose ``text`` parts are the answer (the others, such as thinking, are not)."""
@@ -867,7 +879,8 @@ def _text_of(content: Any) -> str:
 
 class _StreamedText:
     """The text of one kind (the answer, or the reasoning) a reply streams, as the events of
-    its message: opened by the first piece, ended by :meth:`close`.
+    its message: opened by the first piece, ended by :meth:`close`. The model's refusal to
+    answer (:meth:`refuse`) streams in the same message, as its :class:`RefusalContent`.
 
     A piece ending with the first half of a UTF-16 surrogate pair (an emoji, as a model may
     cut it across two chunks) keeps that half for the next piece, so the pair arrives whole.
@@ -876,18 +889,30 @@ class _StreamedText:
     def __init__(self, message_type: str) -> None:
         self.type = message_type
         self.text: list[str] = []
+        self.refusal: list[str] = []
         self._message: Message | None = None
-        self._held = ""
+        self._held = {"text": "", "refusal": ""}
 
-    def add(self, piece: str) -> list[Message | TextContent]:
-        piece = self._held + piece
-        self._held = piece[-1:] if "\ud800" <= piece[-1:] <= "\udbff" else ""
-        return self._stream(piece[: len(piece) - len(self._held)])
+    def add(self, piece: str) -> list[Message | TextContent | RefusalContent]:
+        return self._add("text", piece)
 
-    def close(self, finish_reason: str | None = None) -> list[Message | TextContent]:
+    def refuse(self, piece: str) -> list[Message | TextContent | RefusalContent]:
+        """The events of a piece of the model's refusal."""
+        return self._add("refusal", piece)
+
+    def _add(self, kind: str, piece: str) -> list[Message | TextContent | RefusalContent]:
+        piece = self._held[kind] + piece
+        self._held[kind] = piece[-1:] if "\ud800" <= piece[-1:] <= "\udbff" else ""
+        return self._stream(kind, piece[: len(piece) - len(self._held[kind])])
+
+    def close(
+        self, finish_reason: str | None = None
+    ) -> list[Message | TextContent | RefusalContent]:
         """The events ending the open message, which says ``finish_reason`` when given."""
-        held, self._held = self._held, ""
-        events = self._stream(held)
+        events: list[Message | TextContent | RefusalContent] = []
+        for kind, held in self._held.items():
+            events += self._stream(kind, held)
+            self._held[kind] = ""
         if self._message is not None:
             if finish_reason:
                 self._message.metadata = {"finish_reason": finish_reason}
@@ -895,15 +920,19 @@ class _StreamedText:
             self._message = None
         return events
 
-    def _stream(self, piece: str) -> list[Message | TextContent]:
+    def _stream(self, kind: str, piece: str) -> list[Message | TextContent | RefusalContent]:
         if not piece:
             return []
-        events: list[Message | TextContent] = []
+        events: list[Message | TextContent | RefusalContent] = []
         if self._message is None:
             self._message = Message(type=self.type, role=Role.ASSISTANT)
             events.append(self._message.in_progress())
-        self.text.append(piece)
-        events.append(TextContent(text=piece, delta=True))
+        if kind == "refusal":
+            self.refusal.append(piece)
+            events.append(RefusalContent(refusal=piece, delta=True))
+        else:
+            self.text.append(piece)
+            events.append(TextContent(text=piece, delta=True))
         return events
 
 
@@ -1073,7 +1102,7 @@ def create_llm_app(
         memories: list[Message],
         response: AgentResponse,
         **kwargs: Any,
-    ) -> AsyncIterator[TextContent | Message]:
+    ) -> AsyncIterator[TextContent | RefusalContent | Message]:
         history = [m for m in session.messages if isinstance(m, Message)]
         usage: dict[str, int] = {}
         run_tools: list[AgentTool] = []

@@ -67,6 +67,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Message,
     MessageType,
     Penalty,
+    RefusalContent,
     Role,
     RunStatus,
     Temperature,
@@ -672,6 +673,20 @@ def reply_text(response: AgentResponse) -> str:
     return "\n\n".join(text for text in texts if text)
 
 
+def refusal_of(message: Message) -> str:
+    """The model's refusal to answer a message holds (its :class:`RefusalContent`)."""
+    return "".join(
+        part.refusal or "" for part in message.content or [] if isinstance(part, RefusalContent)
+    )
+
+
+def reply_refusal(response: AgentResponse) -> str | None:
+    """The refusals of the agent's reply messages, separated by blank lines; None when the
+    model refused nothing."""
+    refusals = (refusal_of(m) for m in response.output or [] if _is_reply(m))
+    return "\n\n".join(refusal for refusal in refusals if refusal) or None
+
+
 def _bare_id(response: AgentResponse) -> str:
     return (response.id or "").removeprefix("response_").replace("-", "")
 
@@ -705,7 +720,9 @@ def responses_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
-    """A completed run as a ``chat.completion`` object."""
+    """A completed run as a ``chat.completion`` object: a refusal is its message's
+    ``refusal`` (its ``content`` null when the model said nothing else, as OpenAI's)."""
+    text, refusal = reply_text(response), reply_refusal(response)
     return {
         "id": f"chatcmpl-{_bare_id(response)}",
         "object": "chat.completion",
@@ -714,7 +731,11 @@ def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": reply_text(response)},
+                "message": {
+                    "role": "assistant",
+                    "content": None if refusal and not text else text,
+                    "refusal": refusal,
+                },
                 "logprobs": None,
                 "finish_reason": finish_reason(response.output),
             }
@@ -732,7 +753,8 @@ def _error_line(error: Error, status: int) -> bytes:
 async def chat_completion_chunks(
     events: AsyncIterator[Event], *, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """A run's events as ``chat.completion.chunk`` SSE lines, ending with ``[DONE]``.
+    """A run's events as ``chat.completion.chunk`` SSE lines, ending with ``[DONE]``: the
+    model's refusal streams as ``delta.refusal``.
 
     An agent failure, or the run's cancellation, becomes an ``{"error": ...}`` line (the SDK
     raises it as an APIError).
@@ -740,6 +762,7 @@ async def chat_completion_chunks(
     completion_id, created = "chatcmpl", int(time.time())
     replies: set[str] = set()
     spoken: set[str] = set()
+    refused: set[str] = set()
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {
@@ -782,6 +805,15 @@ async def chat_completion_chunks(
             separator = "\n\n" if spoken and event.msg_id not in spoken else ""
             spoken.add(event.msg_id)
             yield delta({"content": separator + event.text})
+        elif (
+            isinstance(event, RefusalContent)
+            and event.delta
+            and event.refusal
+            and event.msg_id in replies
+        ):
+            separator = "\n\n" if refused and event.msg_id not in refused else ""
+            refused.add(event.msg_id)
+            yield delta({"refusal": separator + event.refusal})
 
 
 def responses_echo(body: ResponsesRequest) -> dict[str, Any]:
@@ -852,18 +884,33 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
 
 
+def _output_part(refusal: bool, text: str) -> dict[str, Any]:
+    """An output item's part: the model's refusal, else its text."""
+    return {"type": "refusal", "refusal": text} if refusal else _output_text(text)
+
+
 def _output_item(message: Message, status: str, *, empty: bool = False) -> dict[str, Any]:
-    texts = [] if empty else [p for p in message.content or [] if isinstance(p, TextContent)]
-    return _message_item(message.id, status, [p.text or "" for p in texts])
+    parts = [] if empty else message.content or []
+    return _message_item(
+        message.id,
+        status,
+        [
+            _output_part(True, part.refusal or "")
+            if isinstance(part, RefusalContent)
+            else _output_text(part.text or "")
+            for part in parts
+            if isinstance(part, TextContent | RefusalContent)
+        ],
+    )
 
 
-def _message_item(msg_id: str, status: str, texts: list[str]) -> dict[str, Any]:
+def _message_item(msg_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "type": "message",
         "id": msg_id,
         "status": status,
         "role": "assistant",
-        "content": [_output_text(text) for text in texts],
+        "content": parts,
     }
 
 
@@ -874,20 +921,24 @@ async def _responses_stream(
 
     A run that failed or was canceled ends with its output so far: the reply messages it
     completed, and the one it was writing, ``incomplete``, with the text it had streamed.
+    The model's refusal is a ``refusal`` part (``response.refusal.delta`` as it streams).
     """
     positions: dict[str, int] = {}
-    # Per message, the place of each of its text parts (by their index among all its parts)
-    # among its text parts alone: an output item holds those only, and the SDKs read a
-    # part's ``content_index`` as its place there.
+    # Per message, the place of each of its text and refusal parts (by their index among
+    # all its parts) among those alone: an output item holds those only, and the SDKs read
+    # a part's ``content_index`` as its place there.
     text_places: dict[str, dict[int, int]] = {}
-    streamed: dict[str, dict[int, str]] = {}
+    # Per message, by place: whether the part is a refusal, and its text so far.
+    streamed: dict[str, dict[int, tuple[bool, str]]] = {}
     done_items: dict[str, dict[str, Any]] = {}
 
     def output_so_far() -> list[dict[str, Any]]:
         return [
             done_items.get(msg_id)
             or _message_item(
-                msg_id, "incomplete", [t for _, t in sorted(streamed.get(msg_id, {}).items())]
+                msg_id,
+                "incomplete",
+                [_output_part(*part) for _, part in sorted(streamed.get(msg_id, {}).items())],
             )
             for msg_id in sorted(positions, key=positions.__getitem__)
         ]
@@ -919,8 +970,9 @@ async def _responses_stream(
                 item = _output_item(event, RunStatus.Completed)
                 done_items[event.id] = item
                 yield "response.output_item.done", {"output_index": position, "item": item}
-        elif isinstance(event, TextContent) and event.msg_id in positions:
+        elif isinstance(event, TextContent | RefusalContent) and event.msg_id in positions:
             msg_id = event.msg_id
+            refusal = isinstance(event, RefusalContent)
             places = text_places.setdefault(msg_id, {})
             opened = (event.index or 0) in places
             index = places.setdefault(event.index or 0, len(places))
@@ -930,16 +982,23 @@ async def _responses_stream(
                 "content_index": index,
             }
             if not opened:
-                yield "response.content_part.added", {**where, "part": _output_text("")}
-            text = event.text or ""
+                yield "response.content_part.added", {**where, "part": _output_part(refusal, "")}
+            text = (event.refusal if isinstance(event, RefusalContent) else event.text) or ""
             parts = streamed.setdefault(msg_id, {})
             if event.delta:
-                parts[index] = parts.get(index, "") + text
-                yield "response.output_text.delta", {**where, "delta": text, "logprobs": []}
+                parts[index] = (refusal, parts.get(index, (refusal, ""))[1] + text)
+                if refusal:
+                    yield "response.refusal.delta", {**where, "delta": text}
+                else:
+                    yield "response.output_text.delta", {**where, "delta": text, "logprobs": []}
             elif event.status == RunStatus.Completed:
-                parts[index] = text
-                yield "response.output_text.done", {**where, "text": text, "logprobs": []}
-                yield "response.content_part.done", {**where, "part": _output_text(text)}
+                parts[index] = (refusal, text)
+                if refusal:
+                    yield "response.refusal.done", {**where, "refusal": text}
+                else:
+                    yield "response.output_text.done", {**where, "text": text, "logprobs": []}
+                part = _output_part(refusal, text)
+                yield "response.content_part.done", {**where, "part": part}
 
 
 async def responses_events(
@@ -1001,6 +1060,8 @@ __all__ = [
     "check_responses_request",
     "finish_reason",
     "input_items_after",
+    "refusal_of",
+    "reply_refusal",
     "reply_text",
     "response_id",
     "responses_echo",
