@@ -26,6 +26,7 @@ from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._turn import acting_for
 from agentscope_serverless.services._validation import json_copy
 from agentscope_serverless.services.idempotency.base import (
+    Claim,
     ClaimOutcome,
     IdempotencyStore,
     StoredResponse,
@@ -83,11 +84,22 @@ async def run_task(
         logger.info("a background task failed", extra={"task_id": task_id})
         failure = exc.__cause__ if isinstance(exc, _Exited) else exc
         # Without the secrets of the process, as a failed run's error.
-        message = redacted(f"{type(failure).__name__}: {failure}")[:_MAX_ERROR_CHARS]
+        message = redacted(_described(failure))[:_MAX_ERROR_CHARS]
         error = {"code": TASK_FAILED, "message": message}
         await runs.finish_run(user_id, task_id, "failed", error=error)
         return
     await runs.finish_run(user_id, task_id, "completed", result=stored)
+
+
+def _described(failure: object) -> str:
+    """``"<type name>: <text>"`` of a task's error; its type name alone when its text
+    cannot be had (its ``__str__`` raises, or returns no ``str``)."""
+    name = type(failure).__name__
+    try:
+        text = str(failure)
+    except Exception:
+        return name
+    return f"{name}: {text}"
 
 
 class _Exited(Exception):
@@ -162,10 +174,11 @@ async def run_task_event(
     Lambda delivers such an event at least once, and invokes again after an error or a
     timeout: a task runs at most once all the same. It is skipped when its run has finished
     or is not stored (expired, or never submitted), and, with ``claims``, unless this
-    invocation is the first to claim it (a claim never lapses: a task that started and was
-    cut short is not run again). An event that is not a task's (a poison message) is
-    skipped: running it again could not help. Errors reading or claiming the task are
-    raised, before it runs, for Lambda to try again.
+    invocation is the first to claim it (a claim held once the task is stored as started
+    never lapses: a task that started and was cut short is not run again). An event that
+    is not a task's (a poison message) is skipped: running it again could not help. Errors
+    reading, claiming or marking the task started are raised, before it runs, for Lambda
+    to try again: the claim is given up, so the retry runs it.
     """
     spec = event.get(TASK_EVENT_KEY) if isinstance(event, dict) else None
     fields = ("user_id", "task_id", "path")
@@ -183,33 +196,45 @@ async def run_task_event(
             "a task event for a finished or unknown task was skipped", extra={"task_id": task_id}
         )
         return "skipped"
-    if claims is not None and not await _claim(claims, user_id, task_id):
-        logger.warning(
-            "a task event for a task already started was skipped", extra={"task_id": task_id}
-        )
-        return "skipped"
+    claim = None
+    if claims is not None:
+        # Its key holds a space, which no ``Idempotency-Key`` header may.
+        claim = await claims.begin(user_id, f"task {task_id}", _TASK_CLAIM)
+        if claim.outcome is not ClaimOutcome.CLAIMED:
+            logger.warning(
+                "a task event for a task already started was skipped", extra={"task_id": task_id}
+            )
+            return "skipped"
     task = next((t for t in tasks if t.path == spec["path"]), None)
-    if task is None:
-        error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
-        await runs.finish_run(user_id, task_id, "failed", error=error)
-        return "done"
-    if record.queued:
-        # Started: from now on it beats, and is lost soon after it stops beating.
-        await runs.beat(record.model_copy(update={"queued": False}))
-    await run_task(runs, task, user_id, task_id, spec.get("payload"))
+    try:
+        if task is None:
+            error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
+            await runs.finish_run(user_id, task_id, "failed", error=error)
+        elif record.queued:
+            # Started: from now on it beats, and is lost soon after it stops beating.
+            await runs.beat(record.model_copy(update={"queued": False}))
+        if claims is not None and claim is not None:
+            # Completed only now, the task about to run: it holds until it expires
+            # (``IDEMPOTENCY_EXPIRY_SECONDS``, longer than Lambda keeps an event) instead
+            # of lapsing with its lease, so a task cut short is not run again.
+            await claims.complete(claim, StoredResponse(202, {}, b""))
+    except BaseException:
+        if claims is not None and claim is not None:
+            await _release(claims, claim, task_id)
+        raise
+    if task is not None:
+        await run_task(runs, task, user_id, task_id, spec.get("payload"))
     return "done"
 
 
-async def _claim(claims: IdempotencyStore, user_id: str, task_id: str) -> bool:
-    """Whether this invocation is the first to claim the task; the claim is completed at
-    once, so it holds until it expires (``IDEMPOTENCY_EXPIRY_SECONDS``, longer than Lambda
-    keeps an event) instead of lapsing with its lease. Its key holds a space, which no
-    ``Idempotency-Key`` header may."""
-    claim = await claims.begin(user_id, f"task {task_id}", _TASK_CLAIM)
-    if claim.outcome is not ClaimOutcome.CLAIMED:
-        return False
-    await claims.complete(claim, StoredResponse(202, {}, b""))
-    return True
+async def _release(claims: IdempotencyStore, claim: Claim, task_id: str) -> None:
+    """Give up the claim of an invocation that failed before the task ran, so Lambda's
+    retry runs it. When the store cannot forget it either, the claim lapses with its
+    lease (``lease_seconds``), and a later retry runs the task."""
+    try:
+        await claims.abandon(claim)
+    except Exception:
+        logger.exception("could not give up the claim of a task", extra={"task_id": task_id})
 
 
 class LocalTaskExecutor:

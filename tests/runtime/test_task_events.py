@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import pytest
 
 from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.services.idempotency.base import StoredResponse
 from agentscope_serverless.services.idempotency.in_memory import InMemoryIdempotencyStore
+from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
 from agentscope_serverless.services.runs.base import RunRecord
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
+from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.tasks import TASK_EVENT_KEY, TaskDefinition, run_task_event
 from agentscope_serverless.time_limit import ending_by
 
@@ -216,3 +220,124 @@ def test_a_task_still_running_at_the_time_limit_is_stored_as_failed() -> None:
     record = asyncio.run(deliver_near_the_limit())
     assert record is not None and record.status == "failed"
     assert record.error is not None and record.error["code"] == "TIME_LIMIT"
+
+
+class _RunsFailingOnce(RedisRunsService):
+    """The runs of a Redis that drops the connection once, at the first write that marks a
+    run started (``beat``) or ends it (``finish_run``), as a failover would."""
+
+    failing = "beat"
+
+    async def beat(self, record: RunRecord) -> None:
+        if self.failing == "beat":
+            self.failing = ""
+            raise StoreUnavailableError("redis", "ConnectionError: connection reset")
+        await super().beat(record)
+
+    async def finish_run(
+        self,
+        user_id: str,
+        run_id: str,
+        status: str,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        if self.failing == "finish_run":
+            self.failing = ""
+            raise StoreUnavailableError("redis", "ConnectionError: connection reset")
+        await super().finish_run(user_id, run_id, status, result=result, error=error)
+
+
+@pytest.mark.parametrize(("failing", "path"), [("beat", "/jobs/invoice"), ("finish_run", "/gone")])
+def test_an_error_marking_a_claimed_task_started_is_raised_and_the_retry_runs_it(
+    redis_server: RedisServer, user_id: str, failing: str, path: str
+) -> None:
+    calls: list[Any] = []
+    tasks = [TaskDefinition("/jobs/invoice", calls.append)]
+    task_id = f"task_{uuid.uuid4().hex}"
+    spec = {"path": path, "user_id": user_id, "task_id": task_id, "payload": {}}
+
+    async def deliver_with_a_retry() -> RunRecord | None:
+        runs = _RunsFailingOnce(redis_url=redis_server.url)
+        runs.failing = failing
+        claims = RedisIdempotencyStore(redis_url=redis_server.url)
+        async with runs, claims:
+            record = RunRecord(id=task_id, user_id=user_id, kind="task", name=path, queued=True)
+            await runs.create_run(record)
+            with pytest.raises(StoreUnavailableError):
+                await run_task_event(runs, tasks, {TASK_EVENT_KEY: spec}, claims)
+            assert await run_task_event(runs, tasks, {TASK_EVENT_KEY: spec}, claims) == "done"
+            # A third delivery finds it finished.
+            assert await run_task_event(runs, tasks, {TASK_EVENT_KEY: spec}, claims) == "skipped"
+            return await runs.get_run(user_id, task_id)
+
+    record = asyncio.run(deliver_with_a_retry())
+    assert record is not None
+    if path == "/jobs/invoice":
+        assert calls == [{}] and record.status == "completed"
+    else:
+        assert calls == [] and record.status == "failed"
+        assert record.error is not None and record.error["code"] == "TASK_FAILED"
+
+
+def test_two_deliveries_at_once_on_redis_run_the_task_once(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    calls: list[Any] = []
+
+    async def send_invoice(payload: Any) -> int:
+        calls.append(payload)
+        await asyncio.sleep(0.05)
+        return len(calls)
+
+    tasks = [TaskDefinition("/jobs/invoice", send_invoice)]
+    task_id = f"task_{uuid.uuid4().hex}"
+    spec = {"path": "/jobs/invoice", "user_id": user_id, "task_id": task_id, "payload": {}}
+
+    async def deliver_twice() -> list[str]:
+        runs = RedisRunsService(redis_url=redis_server.url)
+        claims = RedisIdempotencyStore(redis_url=redis_server.url)
+        async with runs, claims:
+            record = RunRecord(
+                id=task_id, user_id=user_id, kind="task", name="/jobs/invoice", queued=True
+            )
+            await runs.create_run(record)
+            event = {TASK_EVENT_KEY: spec}
+            return list(
+                await asyncio.gather(
+                    run_task_event(runs, tasks, event, claims),
+                    run_task_event(runs, tasks, event, claims),
+                )
+            )
+
+    assert sorted(asyncio.run(deliver_twice())) == ["done", "skipped"]
+    assert calls == [{}]
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def test_a_task_raising_an_error_without_text_is_stored_as_failed_with_its_type(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    def send_invoice(payload: Any) -> None:
+        raise _Unprintable()
+
+    tasks = [TaskDefinition("/jobs/invoice", send_invoice)]
+    task_id = f"task_{uuid.uuid4().hex}"
+    spec = {"path": "/jobs/invoice", "user_id": user_id, "task_id": task_id, "payload": {}}
+
+    async def deliver() -> RunRecord | None:
+        async with RedisRunsService(redis_url=redis_server.url) as runs:
+            await runs.create_run(
+                RunRecord(id=task_id, user_id=user_id, kind="task", name="/jobs/invoice")
+            )
+            assert await run_task_event(runs, tasks, {TASK_EVENT_KEY: spec}) == "done"
+            return await runs.get_run(user_id, task_id)
+
+    record = asyncio.run(deliver())
+    assert record is not None and record.status == "failed"
+    assert record.error == {"code": "TASK_FAILED", "message": "_Unprintable"}
