@@ -69,6 +69,7 @@ def test_a_warm_function_reads_the_secret_again_once_redis_refuses_its_password(
     monkeypatch: pytest.MonkeyPatch,
     dynamodb_server: DynamoDBServer,
     capfd: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     keys_file = tmp_path / "keys.json"
     key = issue_key(FileKeyStore(keys_file), "rotating-user")
@@ -85,8 +86,10 @@ def test_a_warm_function_reads_the_secret_again_once_redis_refuses_its_password(
             "AWS_SECRET_ACCESS_KEY": "testing",
         }.items():
             monkeypatch.setenv(name, value)
-        monkeypatch.setattr(logger, "level", logger.level)
+        level = logger.level
         logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+        # setLevel, not the attribute: it also forgets what was decided at the other level.
+        request.addfinalizer(lambda: logger.setLevel(level))
         handler = make_handler(["sessions"])
         assert create_session(handler, key)["statusCode"] == 201
 

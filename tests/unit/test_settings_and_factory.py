@@ -228,7 +228,19 @@ def test_a_variable_named_almost_as_a_setting_is_named_in_one_warning_without_it
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Ignored without a word, a misspelt backend left the stores in memory.
-    monkeypatch.setattr(logger, "level", logging.WARNING)  # the suite logs only critical lines
+    # The suite logs only critical lines; setLevel (not the attribute) also forgets what the
+    # logger decided at the level before, and after.
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        named_in_one_warning(monkeypatch, capsys)
+    finally:
+        logger.setLevel(level)
+
+
+def named_in_one_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("SESSION_HISTORY_BACKND", "redis-hush")
     monkeypatch.setenv("state_backen", "dynamodb-hush")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-own-hush")
