@@ -272,6 +272,19 @@ class SandboxQuotaError(SandboxCapacityError):
     code = "SANDBOX_QUOTA"
 
 
+def error_classes() -> list[type[AgentScopeServerlessError]]:
+    """Every error class of the project, its base first, subclasses after their class:
+    walked on each call (it is short, and needed only for failures), so classes defined
+    after the first call are found too."""
+    found: list[type[AgentScopeServerlessError]] = []
+    pending: list[type[AgentScopeServerlessError]] = [AgentScopeServerlessError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
 __all__ = [
     "AgentError",
     "AgentScopeServerlessError",
@@ -303,4 +316,5 @@ __all__ = [
     "TimeLimitError",
     "UnsupportedParameterError",
     "UploadNotAvailableError",
+    "error_classes",
 ]

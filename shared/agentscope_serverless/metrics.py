@@ -17,9 +17,9 @@ written.
 A request answered with a server error (a 5xx: a store down before the run begins, an
 error no handler maps, a run failed in a reply not streamed) writes one line of its own:
 ``Errors`` (Count), by ``Service``, and by ``Service`` and ``Code``, the error code it was
-answered with when it is one of the runtime's own (:data:`KNOWN_ERROR_CODES`: the codes of
-:mod:`agentscope_serverless.errors`), else ``OTHER`` (an agent's code, or none): the dimension
-takes a bounded set of values, whatever the agent or the client sends.
+answered with when it is one of the runtime's own (a code of its error classes:
+:func:`agentscope_serverless.errors.error_classes`), else ``OTHER`` (an agent's code, or
+none): the dimension takes a bounded set of values, whatever the agent or the client sends.
 
 A line names no user, session or run: metrics are per service, not per person.
 
@@ -41,13 +41,7 @@ from agentscope_serverless import errors
 from agentscope_serverless.log import SERVICE
 
 SERVICE_DIMENSION = "Service"
-# The error codes of the runtime's own errors: the only values of the Code dimension.
-KNOWN_ERROR_CODES = frozenset(
-    value.code
-    for value in vars(errors).values()
-    if isinstance(value, type) and issubclass(value, errors.AgentScopeServerlessError)
-)
-# The Code of an error whose code is not one of KNOWN_ERROR_CODES (or that has none).
+# The Code of an error whose code is none of the runtime's own (or that has none).
 OTHER_ERROR_CODE = "OTHER"
 
 
@@ -57,7 +51,9 @@ def error_code_dimension(code: str | None) -> str:
     >>> error_code_dimension("STORE_UNAVAILABLE"), error_code_dimension("user 42 failed")
     ('STORE_UNAVAILABLE', 'OTHER')
     """
-    return code if code in KNOWN_ERROR_CODES else OTHER_ERROR_CODE
+    if code is not None and any(cls.code == code for cls in errors.error_classes()):
+        return code
+    return OTHER_ERROR_CODE
 
 
 def emf_line(
@@ -138,7 +134,6 @@ def run_metrics(namespace: str | None) -> RunMetrics | None:
 
 
 __all__ = [
-    "KNOWN_ERROR_CODES",
     "OTHER_ERROR_CODE",
     "RunMetrics",
     "emf_line",

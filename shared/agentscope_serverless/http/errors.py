@@ -49,6 +49,7 @@ from agentscope_serverless.errors import (
     StoreUnavailableError,
     TimeLimitError,
     UnsupportedParameterError,
+    error_classes,
 )
 from agentscope_serverless.http.params import COMPATIBLE_PREFIX, is_json_type
 from agentscope_serverless.log import logger
@@ -102,13 +103,8 @@ def status_of(exc: AgentScopeServerlessError) -> int:
 
 
 def _status_of_codes() -> dict[str, int]:
-    # Walked on each call (it is short and only failed runs need it), so error classes
-    # defined after the first call are found too.
     statuses: dict[str, int] = {}
-    pending: list[type[AgentScopeServerlessError]] = [AgentScopeServerlessError]
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
+    for cls in error_classes():
         status = next((_STATUS_OF[c] for c in cls.__mro__ if c in _STATUS_OF), 500)
         statuses.setdefault(cls.code, status)
     return statuses

@@ -797,23 +797,16 @@ async def chat_completion_chunks(
             if _is_reply(event):
                 replies.add(event.id)
         elif (
-            isinstance(event, TextContent)
+            isinstance(event, TextContent | RefusalContent)
             and event.delta
-            and event.text
             and event.msg_id in replies
         ):
-            separator = "\n\n" if spoken and event.msg_id not in spoken else ""
-            spoken.add(event.msg_id)
-            yield delta({"content": separator + event.text})
-        elif (
-            isinstance(event, RefusalContent)
-            and event.delta
-            and event.refusal
-            and event.msg_id in replies
-        ):
-            separator = "\n\n" if refused and event.msg_id not in refused else ""
-            refused.add(event.msg_id)
-            yield delta({"refusal": separator + event.refusal})
+            refusal, text = _said(event)
+            if text:
+                field, said = ("refusal", refused) if refusal else ("content", spoken)
+                separator = "\n\n" if said and event.msg_id not in said else ""
+                said.add(event.msg_id)
+                yield delta({field: separator + text})
 
 
 def responses_echo(body: ResponsesRequest) -> dict[str, Any]:
@@ -884,6 +877,13 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
 
 
+def _said(part: TextContent | RefusalContent) -> tuple[bool, str]:
+    """Whether ``part`` is the model's refusal, and what it says (its text, or refusal)."""
+    if isinstance(part, RefusalContent):
+        return True, part.refusal or ""
+    return False, part.text or ""
+
+
 def _output_part(refusal: bool, text: str) -> dict[str, Any]:
     """An output item's part: the model's refusal, else its text."""
     return {"type": "refusal", "refusal": text} if refusal else _output_text(text)
@@ -895,9 +895,7 @@ def _output_item(message: Message, status: str, *, empty: bool = False) -> dict[
         message.id,
         status,
         [
-            _output_part(True, part.refusal or "")
-            if isinstance(part, RefusalContent)
-            else _output_text(part.text or "")
+            _output_part(*_said(part))
             for part in parts
             if isinstance(part, TextContent | RefusalContent)
         ],
@@ -972,7 +970,7 @@ async def _responses_stream(
                 yield "response.output_item.done", {"output_index": position, "item": item}
         elif isinstance(event, TextContent | RefusalContent) and event.msg_id in positions:
             msg_id = event.msg_id
-            refusal = isinstance(event, RefusalContent)
+            refusal, text = _said(event)
             places = text_places.setdefault(msg_id, {})
             opened = (event.index or 0) in places
             index = places.setdefault(event.index or 0, len(places))
@@ -983,7 +981,6 @@ async def _responses_stream(
             }
             if not opened:
                 yield "response.content_part.added", {**where, "part": _output_part(refusal, "")}
-            text = (event.refusal if isinstance(event, RefusalContent) else event.text) or ""
             parts = streamed.setdefault(msg_id, {})
             if event.delta:
                 parts[index] = (refusal, parts.get(index, (refusal, ""))[1] + text)
