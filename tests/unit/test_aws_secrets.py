@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -15,7 +16,7 @@ import pytest
 from agentscope_serverless.aws_secrets import export_agent_secrets, resolve_secrets
 from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.local_stack import DynamoDBServer
-from agentscope_serverless.settings import load_settings
+from agentscope_serverless.settings import Settings, load_settings
 
 
 def make_secret(server: DynamoDBServer, name: str, value: str) -> str:
@@ -28,6 +29,13 @@ def make_secret(server: DynamoDBServer, name: str, value: str) -> str:
     )
     arn: str = client.create_secret(Name=name, SecretString=value)["ARN"]
     return arn
+
+
+def secrets_settings(server: DynamoDBServer, **settings: Any) -> Settings:
+    """``settings``, their secrets read from ``server`` (moto's Secrets Manager)."""
+    return load_settings(
+        secrets_endpoint_url=server.endpoint_url, aws_region=server.region, **settings
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -53,10 +61,9 @@ def test_non_empty_secret_fields_fill_the_settings(dynamodb_server: DynamoDBServ
             }
         ),
     )
-    settings = load_settings(
+    settings = secrets_settings(
+        dynamodb_server,
         secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
         llm_model="m1",
     )
     resolved = resolve_secrets(settings)
@@ -82,12 +89,7 @@ def test_the_secrets_read_are_not_logged_at_debug_level(
     )
     agent = make_secret(dynamodb_server, "agent-secrets-debug", json.dumps({"MAP_KEY": "mk-3e2f1"}))
     monkeypatch.setenv("MAP_KEY", "stale")  # restored when the test ends
-    settings = load_settings(
-        secrets_arn=stack,
-        agent_secrets_arn=agent,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, secrets_arn=stack, agent_secrets_arn=agent)
     caplog.set_level(logging.DEBUG)
     resolved = resolve_secrets(settings)
     assert resolved.llm_api_key is not None
@@ -102,20 +104,14 @@ def test_a_secret_that_is_not_a_json_object_is_a_configuration_error(
     dynamodb_server: DynamoDBServer,
 ) -> None:
     arn = make_secret(dynamodb_server, "stack-secrets-text", "just text")
-    settings = load_settings(
-        secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, secrets_arn=arn)
     with pytest.raises(ConfigurationError, match="JSON object"):
         resolve_secrets(settings)
 
 
 def test_a_missing_secret_is_a_store_error(dynamodb_server: DynamoDBServer) -> None:
-    settings = load_settings(
-        secrets_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:nope",
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
+    settings = secrets_settings(
+        dynamodb_server, secrets_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:nope"
     )
     with pytest.raises(StoreUnavailableError, match="secretsmanager"):
         resolve_secrets(settings)
@@ -130,11 +126,7 @@ def test_a_binary_secret_is_a_configuration_error(dynamodb_server: DynamoDBServe
     arn = client.create_secret(Name="stack-secrets-binary", SecretBinary=b'{"llm_api_key": "k"}')[
         "ARN"
     ]
-    settings = load_settings(
-        secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, secrets_arn=arn)
     with pytest.raises(ConfigurationError, match="JSON object"):
         resolve_secrets(settings)
 
@@ -272,11 +264,7 @@ def test_agent_secret_fields_lambda_reserves_are_refused_naming_them(
     fields = {"AWS_ACCESS_KEY_ID": "AKIA-other", "AWS_SECRET_ACCESS_KEY": "other-secret"}
     arn = make_secret(dynamodb_server, "agent-secrets-reserved", json.dumps(fields))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    settings = load_settings(
-        agent_secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, agent_secrets_arn=arn)
     with pytest.raises(ConfigurationError) as refused:
         export_agent_secrets(settings)
     message = str(refused.value)
@@ -291,11 +279,7 @@ def test_agent_secret_fields_that_cannot_be_variables_are_refused_naming_them(
     fields = {"1BAD": "v1", "LLM_API_KEY": "sk-not-here", "PORT_NUMBER": 5, "GOOD_ONE": "v2"}
     arn = make_secret(dynamodb_server, "agent-secrets-bad", json.dumps(fields))
     monkeypatch.delenv("GOOD_ONE", raising=False)
-    settings = load_settings(
-        agent_secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, agent_secrets_arn=arn)
     with pytest.raises(ConfigurationError) as refused:
         export_agent_secrets(settings)
     message = str(refused.value)
@@ -369,11 +353,7 @@ def test_stack_secret_fields_it_does_not_read_are_refused_naming_them_and_those_
     # Taken, they were ignored without a word: the function ran without its key, or with
     # its stores in memory.
     arn = make_secret(dynamodb_server, f"stack-secrets-unknown-{len(named)}", json.dumps(fields))
-    settings = load_settings(
-        secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, secrets_arn=arn)
     with pytest.raises(ConfigurationError) as refused:
         resolve_secrets(settings)
     message = str(refused.value)
@@ -394,11 +374,7 @@ def test_a_stack_secret_field_with_a_value_its_setting_refuses_is_refused_saying
     dynamodb_server: DynamoDBServer, field: str, value: str, says: str
 ) -> None:
     arn = make_secret(dynamodb_server, f"stack-secrets-bad-{field}", json.dumps({field: value}))
-    settings = load_settings(
-        secrets_arn=arn,
-        secrets_endpoint_url=dynamodb_server.endpoint_url,
-        aws_region=dynamodb_server.region,
-    )
+    settings = secrets_settings(dynamodb_server, secrets_arn=arn)
     with pytest.raises(ConfigurationError) as refused:
         resolve_secrets(settings)
     message = str(refused.value)
