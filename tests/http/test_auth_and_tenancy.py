@@ -6,10 +6,12 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import httpx
 import pytest
+from fastapi import Body, Request
+from pydantic import BaseModel, RootModel
 
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import FileKeyStore
@@ -480,3 +482,169 @@ def test_a_custom_endpoint_taking_a_request_gets_the_callers_user_in_it(keys: Ke
             "/whoami", json={**body, "user_id": "bob"}, headers=bearer(keys.alice)
         )
         assert naming_bob.status_code == 403
+
+
+class Wanted(BaseModel):
+    text: str
+    user_id: str | None = None
+
+
+class Required(BaseModel):
+    text: str
+    user_id: str
+
+
+class Wrapper(BaseModel):
+    inner: Wanted
+    many: list[Wanted] = []
+
+
+Wanteds = RootModel[list[Wanted]]
+
+
+class HistoryQuery(BaseModel):
+    session_id: str
+    user_id: str | None = None
+
+
+def bobs_secret_session(client: httpx.Client, keys: Keys) -> None:
+    """Bob's session ``private``, holding his secret."""
+    created = client.post("/sessions", json={"session_id": "private"}, headers=bearer(keys.bob))
+    assert created.status_code == 201
+    appended = client.post(
+        "/sessions/private/messages",
+        json={"messages": [user_message("bob's PIN is 4321")]},
+        headers=bearer(keys.bob),
+    )
+    assert appended.status_code == 201
+
+
+async def history_of(request: Request, user_id: str | None, session_id: str) -> list[str]:
+    service = request.app.state.runner.session_history_service
+    session = await service.get_session(user_id, session_id)
+    return [message.get_text_content() for message in (session.messages if session else [])]
+
+
+def test_a_custom_endpoints_body_models_however_declared_hold_the_callers_user(
+    keys: Keys,
+) -> None:
+    app = AgentApp(app_name="custom")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "unused"
+
+    @app.endpoint("/history", methods=["POST"])
+    async def history(
+        q: Annotated[HistoryQuery, Body(embed=True)], request: Request
+    ) -> dict[str, Any]:
+        return {"user_id": q.user_id, "messages": await history_of(request, q.user_id, "private")}
+
+    @app.endpoint("/embedded", methods=["POST"])
+    async def embedded(body: Annotated[Wanted, Body(embed=True)]) -> list[str | None]:
+        return [body.user_id]
+
+    @app.endpoint("/optional", methods=["POST"])
+    async def optional(body: Optional[Wanted] = None) -> list[str | None]:  # noqa: UP045
+        return [body.user_id if body else None]
+
+    @app.endpoint("/union", methods=["POST"])
+    async def union(body: Wanted | None = None) -> list[str | None]:
+        return [body.user_id if body else None]
+
+    @app.endpoint("/listed", methods=["POST"])
+    def listed(body: list[Wanted]) -> list[str | None]:
+        return [item.user_id for item in body]
+
+    @app.endpoint("/rooted", methods=["POST"])
+    async def rooted(body: Wanteds) -> list[str | None]:
+        return [item.user_id for item in body.root]
+
+    @app.endpoint("/nested", methods=["POST"])
+    async def nested(body: Wrapper) -> list[str | None]:
+        return [body.inner.user_id, *(item.user_id for item in body.many)]
+
+    @app.endpoint("/required", methods=["POST"])
+    async def required(body: Required) -> list[str | None]:
+        return [body.user_id]
+
+    @app.endpoint("/request", methods=["POST"])
+    async def request(body: Optional[AgentRequest] = None) -> list[str | None]:  # noqa: UP045
+        return [body.user_id if body else None]
+
+    item = {"text": "t"}
+    cases: list[tuple[str, Callable[[dict[str, Any]], Any], int]] = [
+        ("/embedded", lambda model: {"body": model}, 1),
+        ("/optional", lambda model: model, 1),
+        ("/union", lambda model: model, 1),
+        ("/listed", lambda model: [item, model], 2),
+        ("/rooted", lambda model: [model], 1),
+        ("/nested", lambda model: {"inner": model, "many": [model]}, 2),
+        ("/required", lambda model: model, 1),
+        ("/request", lambda model: {"input": [], **model}, 1),
+    ]
+    as_bob = {**bearer(keys.service), "X-User-Id": "bob"}
+    served = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    with running(served) as url, httpx.Client(base_url=url, timeout=10) as client:
+        bobs_secret_session(client, keys)
+        leak = {"q": {"session_id": "private", "user_id": "bob"}}
+        refused = client.post("/history", json=leak, headers=bearer(keys.alice))
+        assert refused.status_code == 403, refused.text
+        assert "4321" not in refused.text
+        assert "user_id field names another user" in refused.json()["error"]["message"]
+        own = client.post(
+            "/history", json={"q": {"session_id": "private"}}, headers=bearer(keys.alice)
+        )
+        assert own.json() == {"user_id": "alice", "messages": []}
+        for path, body, count in cases:
+            for headers, user in ((bearer(keys.alice), "alice"), (as_bob, "bob")):
+                for model in (item, {**item, "user_id": user}, {**item, "user_id": None}):
+                    answer = client.post(path, json=body(model), headers=headers)
+                    assert answer.json() == [user] * count, (path, model, answer.text)
+            naming_bob = client.post(
+                path, json=body({**item, "user_id": "bob"}), headers=bearer(keys.alice)
+            )
+            assert naming_bob.status_code == 403, (path, naming_bob.text)
+            # A service key acting for bob, whose body names carol: two users.
+            naming_carol = client.post(
+                path, json=body({**item, "user_id": "carol"}), headers=as_bob
+            )
+            assert naming_carol.status_code == 422, (path, naming_carol.text)
+        # Without a body, an optional model stays None.
+        assert client.post("/optional", headers=bearer(keys.alice)).json() == [None]
+
+
+def test_a_user_id_path_parameter_of_a_custom_endpoint_names_a_user(keys: Keys) -> None:
+    app = AgentApp(app_name="custom")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "unused"
+
+    @app.endpoint("/users/{user_id}/sessions/{session_id}", methods=["GET"])
+    async def user_session(user_id: str, session_id: str, request: Request) -> dict[str, Any]:
+        return {"user_id": user_id, "messages": await history_of(request, user_id, session_id)}
+
+    served = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    with running(served) as url, httpx.Client(base_url=url, timeout=10) as client:
+        bobs_secret_session(client, keys)
+        refused = client.get("/users/bob/sessions/private", headers=bearer(keys.alice))
+        assert refused.status_code == 403, refused.text
+        assert "4321" not in refused.text
+        assert "user_id path parameter names another user" in refused.json()["error"]["message"]
+        own = client.get("/users/alice/sessions/private", headers=bearer(keys.alice))
+        assert own.json() == {"user_id": "alice", "messages": []}
+        # Bob's own key, and a service key acting for bob (named by the path alone, or by
+        # the header too), read his session.
+        for headers in (
+            bearer(keys.bob),
+            bearer(keys.service),
+            {**bearer(keys.service), "X-User-Id": "bob"},
+        ):
+            answer = client.get("/users/bob/sessions/private", headers=headers)
+            assert answer.json() == {"user_id": "bob", "messages": ["bob's PIN is 4321"]}
+        # A service key naming two users.
+        two = client.get(
+            "/users/bob/sessions/private", headers={**bearer(keys.service), "X-User-Id": "carol"}
+        )
+        assert two.status_code == 422, two.text

@@ -3,9 +3,10 @@
 ``AUTH_MODE=keys`` (the default): every route except ``/health`` needs
 ``Authorization: Bearer <key>`` (given once: two ``Authorization`` headers get 401). A
 **user key** acts only as its own user: a request naming another user (the ``X-User-Id``
-header, a ``user_id`` query parameter or a ``user_id`` body field) gets 403. A **service
-key** acts for the user the request names: the ``X-User-Id`` header or a ``user_id`` query
-parameter, and on the agent's routes (``/process``, the OpenAI-compatible ones) also the body's
+header, a ``user_id`` query parameter, a ``user_id`` path parameter of an app's own route
+(``@app.endpoint("/users/{user_id}/...")``) or a ``user_id`` body field) gets 403. A **service
+key** acts for the user the request names: the ``X-User-Id`` header or a ``user_id`` query or
+path parameter, and on the agent's routes (``/process``, the OpenAI-compatible ones) also the body's
 ``user_id`` or ``user``; naming none is a 422.
 
 ``AUTH_MODE=iam``: the function sits behind a Lambda Function URL with ``AuthType: AWS_IAM``,
@@ -29,6 +30,7 @@ neither the event nor the header is ever read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -51,6 +53,8 @@ from agentscope_serverless.log import shortened, without_api_keys
 from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
 
 USER_HEADER = "X-User-Id"
+# The query parameter (and path parameter, see claiming_path_user) naming a user.
+USER_PARAMETER = "user_id"
 AUTHORIZATION_HEADER = "Authorization"
 REQUEST_CONTEXT_HEADER = b"x-amzn-request-context"
 # Where an app behind the Lambda Web Adapter puts the request context of its header.
@@ -72,7 +76,8 @@ bearer_scheme = HTTPBearer(
     description=(
         "An API key (`ask_...`, made with `agentscope-serverless keys create`). A user key "
         f"acts as its user; a service key acts for the user named by the `{USER_HEADER}` "
-        "header or a `user_id` query parameter (on `/process` and the OpenAI-compatible "
+        "header or a `user_id` query parameter (or path parameter, on an app's own routes; "
+        "on `/process` and the OpenAI-compatible "
         "routes, also the body's `user_id` or `user`); naming two users is a 422."
     ),
 )
@@ -237,6 +242,18 @@ async def get_caller(
     return caller
 
 
+def claiming_path_user(request: Request, caller: Caller) -> Caller:
+    """``caller`` (the request's, authenticated) naming also the user of the request's
+    ``user_id`` path parameter, as the ``X-User-Id`` header names one: the request's caller
+    from now on. For the routes whose path holds one (an app's own)."""
+    claimed = request.path_params.get(USER_PARAMETER)
+    if not isinstance(claimed, str):
+        return caller
+    claims = (*caller.claims, (f"{USER_PARAMETER} path parameter", claimed))
+    caller = request.scope["state"][_CALLER_STATE] = dataclasses.replace(caller, claims=claims)
+    return caller
+
+
 def _no_bearer_key(authorization: str | None) -> str:
     """Why a request's ``Authorization`` header (its value, None when not sent) holds no
     bearer key. Never says the value back: it may be a key sent without ``Bearer`` or a
@@ -302,12 +319,14 @@ __all__ = [
     "REQUEST_CONTEXT_HEADER",
     "REQUEST_CONTEXT_SCOPE_KEY",
     "USER_HEADER",
+    "USER_PARAMETER",
     "Caller",
     "CurrentCaller",
     "CurrentUser",
     "KeyedRoute",
     "bearer_scheme",
     "caller_fields",
+    "claiming_path_user",
     "current_user_id",
     "get_caller",
     "header_text",

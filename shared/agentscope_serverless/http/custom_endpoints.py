@@ -1,10 +1,15 @@
 """The routes an :class:`AgentApp` adds with ``@app.endpoint(path, methods)``, behind auth.
 
 A handler's body model with a ``user_id`` field (an ``AgentRequest``, as AgentScope's
-handlers take) gets there the user the request acts as: the caller's, whether or not the
-body names it (a body naming another user is refused before, as on every route). What the
-handler does runs for that user too, as a run does for its: an A2A agent tool it calls, or
-a sandbox it connects naming no user, acts for them.
+handlers take) gets there the user the request acts as, however the parameter is declared
+(``Annotated[Model, Body(embed=True)]``, ``Model | None``, ``list[Model]``, a model nested in
+another): before FastAPI validates the body, each such ``user_id`` is checked as a body's
+``user_id`` is on every route (naming another user than the caller acts as: 403 for a user
+key, 422 for a service key naming another user elsewhere) and, when absent or null, set to
+that user, so a required ``user_id`` need not be sent. A ``user_id`` path parameter
+(``/users/{user_id}/...``) names a user as the ``X-User-Id`` header does. What the handler
+does runs for that user too, as a run does for its: an A2A agent tool it calls, or a sandbox
+it connects naming no user, acts for them.
 
 A handler is a FastAPI endpoint; a generator (sync or async) is streamed as Server-Sent
 Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
@@ -21,15 +26,28 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Annotated, Any
+import types
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request, Response, params
+from fastapi.dependencies.models import Dependant
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
+from pydantic.fields import FieldInfo
 from starlette.concurrency import iterate_in_threadpool
 
-from agentscope_serverless.http.auth import KeyedRoute, current_user_id
+from agentscope_serverless.http.auth import (
+    USER_PARAMETER,
+    Caller,
+    KeyedRoute,
+    bearer_scheme,
+    claiming_path_user,
+    current_user_id,
+    get_caller,
+)
+from agentscope_serverless.http.bodies import utf8_request
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._turn import acting_for
 
@@ -79,6 +97,197 @@ def _error_item(exc: Exception) -> str:
         "message": "Error in streaming generator",
     }
     return _encode(error)
+
+
+# The field of a body model naming the user the request acts as.
+_USER_FIELD = "user_id"
+
+
+# Called on a body's object that is a model with a ``user_id`` field, with the keys it may
+# be sent under.
+_UserOf = Callable[[dict[str, Any], tuple[str, ...]], None]
+
+
+class _Users:
+    """Where the ``user_id`` fields of a JSON value of some type are (see :func:`_users`)."""
+
+    def visit(self, value: Any, user_of: _UserOf) -> None:
+        """Call ``user_of`` on each object of ``value`` that is a model with a ``user_id``."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(eq=False)
+class _Model(_Users):
+    """An object of a model: its ``user_id`` keys (none without the field), and its fields
+    holding such models."""
+
+    keys: tuple[str, ...]
+    fields: list[tuple[tuple[str, ...], _Users]] = dataclasses.field(default_factory=list)
+
+    def visit(self, value: Any, user_of: _UserOf) -> None:
+        if not isinstance(value, dict):
+            return
+        if self.keys:
+            user_of(value, self.keys)
+        for keys, users in self.fields:
+            for key in keys:
+                if key in value:
+                    users.visit(value[key], user_of)
+
+
+@dataclasses.dataclass(eq=False)
+class _Items(_Users):
+    """The items of an array (or the values of an object, ``mapping``)."""
+
+    items: _Users
+    mapping: bool = False
+
+    def visit(self, value: Any, user_of: _UserOf) -> None:
+        if self.mapping and isinstance(value, dict):
+            values: Iterable[Any] = value.values()
+        elif not self.mapping and isinstance(value, list):
+            values = value
+        else:
+            return
+        for item in values:
+            self.items.visit(item, user_of)
+
+
+@dataclasses.dataclass(eq=False)
+class _Either(_Users):
+    """A value of one of several types (a union)."""
+
+    choices: list[_Users]
+
+    def visit(self, value: Any, user_of: _UserOf) -> None:
+        for choice in self.choices:
+            choice.visit(value, user_of)
+
+
+def _keys(name: str, field: FieldInfo) -> tuple[str, ...]:
+    """The keys a model's field may be sent under: its name and its aliases."""
+    aliases = (field.alias, field.validation_alias)
+    return tuple(dict.fromkeys(key for key in (*aliases, name) if isinstance(key, str)))
+
+
+def _users(annotation: Any, models: dict[type[BaseModel], _Model]) -> _Users | None:
+    """Where a value of the type ``annotation`` holds a model with a ``user_id`` field,
+    through ``Annotated``, unions, sequences, mappings, root models and other models' fields;
+    None when nowhere. ``models`` are those seen (a model may hold itself)."""
+    origin = get_origin(annotation)
+    arguments = get_args(annotation)
+    if origin is Annotated:
+        return _users(arguments[0], models)
+    if origin is Union or origin is types.UnionType:
+        choices = [users for choice in arguments if (users := _users(choice, models)) is not None]
+        return _Either(choices) if len(choices) > 1 else (choices[0] if choices else None)
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        items = _users(arguments[-1], models) if arguments else None
+        return _Items(items, mapping=True) if items is not None else None
+    if isinstance(origin, type) and issubclass(origin, Iterable) and arguments:
+        choices = [
+            users
+            for item in arguments
+            if item is not ... and (users := _users(item, models)) is not None
+        ]
+        if not choices:
+            return None
+        return _Items(choices[0] if len(choices) == 1 else _Either(choices))
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return None
+    fields = annotation.model_fields
+    if issubclass(annotation, RootModel):
+        # Sent as its root value, not as an object holding it.
+        return _users(fields["root"].annotation, models)
+    if annotation in models:
+        return models[annotation]
+    user = fields.get(_USER_FIELD)
+    model = models[annotation] = _Model(_keys(_USER_FIELD, user) if user else ())
+    for name, field in fields.items():
+        users = _users(field.annotation, models)
+        if users is not None:
+            model.fields.append((_keys(name, field), users))
+    return model if model.keys or model.fields else None
+
+
+def _body_params(dependant: Dependant) -> list[Any]:
+    """The body parameters of an endpoint and its dependencies."""
+    found = list(dependant.body_params)
+    for dependency in dependant.dependencies:
+        found.extend(_body_params(dependency))
+    return found
+
+
+class _EndpointRoute(KeyedRoute):
+    """A custom endpoint's route: before FastAPI reads the request, a ``user_id`` path
+    parameter is one of the users the request names, and the ``user_id`` fields of the body's
+    models are checked and filled (see the module)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        declared = super().get_route_handler()
+        names_user = USER_PARAMETER in self.param_convertors
+        bodies = self._user_bodies()
+        if not (names_user or bodies):
+            return declared
+
+        async def handle(request: Request) -> Response:
+            request = utf8_request(request)
+            caller = await get_caller(request, await bearer_scheme(request))
+            if names_user:
+                caller = claiming_path_user(request, caller)
+            if bodies:
+                await _fill_users(request, caller, bodies)
+            return await declared(request)
+
+        return handle
+
+    def _user_bodies(self) -> list[tuple[str | None, _Users]]:
+        """Where the body's models with a ``user_id`` are: each body parameter's key in the
+        body (None for the whole body, a single parameter not embedded, as FastAPI reads
+        it), with what its value holds."""
+        body_params = _body_params(self.dependant)
+        if not body_params or any(isinstance(p.field_info, params.Form) for p in body_params):
+            return []
+        embedded = len({p.name for p in body_params}) > 1 or bool(
+            getattr(body_params[0].field_info, "embed", False)
+        )
+        models: dict[type[BaseModel], _Model] = {}
+        found = []
+        for param in body_params:
+            users = _users(param.field_info.annotation, models)
+            if users is not None:
+                found.append((param.alias if embedded else None, users))
+        return found
+
+
+async def _fill_users(
+    request: Request, caller: Caller, bodies: list[tuple[str | None, _Users]]
+) -> None:
+    """Check each ``user_id`` of the JSON body's models against what ``caller`` may act as
+    (403 or 422 as for a body's ``user_id``), and set those absent or null to the user it
+    acts as, in the body FastAPI then reads. A body that is not JSON is left to FastAPI."""
+    if not is_json_type(request.headers.get("content-type")) or not await request.body():
+        return
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):
+        return
+
+    def user_of(model: dict[str, Any], keys: tuple[str, ...]) -> None:
+        named = False
+        for key in keys:
+            claimed = model.get(key)
+            if isinstance(claimed, str):
+                caller.user_id(body={_USER_FIELD: claimed})
+            named = named or claimed is not None
+        if not named:
+            model[keys[0]] = caller.user_id()
+
+    for key, users in bodies:
+        if key is None:
+            users.visit(body, user_of)
+        elif isinstance(body, dict) and key in body:
+            users.visit(body[key], user_of)
 
 
 def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -193,7 +402,7 @@ def build_router(endpoints: list[dict[str, Any]]) -> APIRouter:
     process's secrets (:func:`~agentscope_serverless.log.redact`) are kept out of the error
     items of streamed ones."""
     router = APIRouter(
-        dependencies=[Depends(current_user_id)], tags=["custom"], route_class=KeyedRoute
+        dependencies=[Depends(current_user_id)], tags=["custom"], route_class=_EndpointRoute
     )
     for spec in endpoints:
         handler = _acting_as_caller(spec["handler"])
