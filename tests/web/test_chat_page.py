@@ -26,6 +26,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     ImageContent,
     Message,
     MessageType,
+    RefusalContent,
     Role,
     TextContent,
 )
@@ -38,6 +39,9 @@ pytestmark = pytest.mark.timeout(180)
 # Set by a test to let the tool agent's "hold on" run finish.
 HELD_RUN_GOES_ON = threading.Event()
 REASONING_SEEN = threading.Event()  # the test saw the reasoning while it streamed
+REFUSAL_SEEN = threading.Event()  # the test saw the refusal while it streamed
+# A model's refusal as the LLM agent streams it (agents/llm.py): in pieces.
+REFUSAL = ("I am ", "sorry, ", "I cannot ", "help with that.")
 
 ENTER = ("Enter", "Enter", 13)
 
@@ -348,6 +352,17 @@ def tool_app() -> AgentApp:
             await asyncio.to_thread(REASONING_SEEN.wait, 60)  # however slow the page polls
             yield thinking.completed()
             yield "Short answer."
+            return
+        if msgs[-1].get_text_content() in ("refuse", "refuse, then wait"):
+            refusal = Message(role=Role.ASSISTANT)
+            yield refusal.in_progress()
+            for piece in REFUSAL:
+                yield refusal.add_delta_content(RefusalContent(refusal=piece, delta=True))
+                await asyncio.sleep(0.05)
+            if msgs[-1].get_text_content() == "refuse, then wait":
+                await asyncio.sleep(120)  # until stopped
+            await asyncio.to_thread(REFUSAL_SEEN.wait, 60)  # however slow the page polls
+            yield refusal.completed()
             return
         if msgs[-1].get_text_content() == "in markdown":
             for start in range(0, len(MARKDOWN), 7):  # as a model streams it
@@ -1826,4 +1841,46 @@ async def test_sessions_are_listed_by_their_first_message_read_as_they_come_into
         oldest = "document.querySelector('#sessions button[data-session=\"s000\"]')"
         await page.evaluate(f"{oldest}.scrollIntoView()")
         await page.wait_for(f"{oldest}.textContent === 'question number 0'")
+        assert not page.exceptions, page.exceptions
+
+
+STREAMED_REFUSAL = "document.querySelector('.message.assistant.streaming .body')?.textContent"
+SHOWN_REFUSAL = "document.querySelector('.message.assistant .body').textContent"
+
+
+async def test_a_refusal_streamed_in_pieces_is_shown_whole_while_it_streams(
+    tool_server: tuple[str, str],
+) -> None:
+    # Each piece replaced the one before: "help with that." showed, not the whole refusal.
+    url, key = tool_server
+    REFUSAL_SEEN.clear()
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("refuse")
+        await page.press(*ENTER)
+        try:
+            streamed = await page.wait_for(
+                f"{STREAMED_REFUSAL}?.endsWith({REFUSAL[-1]!r}) && {STREAMED_REFUSAL}"
+            )
+        finally:
+            REFUSAL_SEEN.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        assert await page.evaluate(SHOWN_REFUSAL) == "".join(REFUSAL)
+        assert not page.exceptions, page.exceptions
+    assert streamed == "".join(REFUSAL)
+
+
+async def test_a_refusal_stopped_while_it_streams_keeps_what_came(
+    tool_server: tuple[str, str],
+) -> None:
+    # The stopped run's reply kept the last piece of the refusal alone.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("refuse, then wait")
+        await page.press(*ENTER)
+        await page.wait_for(f"{STREAMED_REFUSAL}?.endsWith({REFUSAL[-1]!r})")
+        await page.press("Escape", "Escape", 27)
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        assert await page.evaluate(SHOWN_REFUSAL) == "".join(REFUSAL)
         assert not page.exceptions, page.exceptions

@@ -473,7 +473,7 @@ function setPart(view, index, content) {
 function partNode(message, content) {
   if (content.type === "text" && isReply(message)) return replyText(content.text || "");
   if (content.type === "text") return element("span", "text", content.text || "");
-  if (content.type === "refusal") return element("span", "text", content.refusal || "");
+  if (content.type === "refusal") return element("span", "text refusal", content.refusal || "");
   if (content.type === "image") return imageNode(content.image_url);
   if (content.type === "data" && CALLS.has(message.type)) return callNode(content.data || {});
   if (content.type === "data" && RESULTS.has(message.type)) return resultNode(content.data || {});
@@ -952,8 +952,10 @@ function handleEvent(data, run, views) {
     const node = view.parts[index];
     if (data.delta && data.type === "text" && node && rawText.has(node)) {
       appendReplyText(node, data.text || "");
-    } else if (data.delta && data.type === "text" && node && node.classList.contains("text")) {
+    } else if (data.delta && data.type === "text" && node?.matches(".text:not(.refusal)")) {
       node.textContent += data.text || "";
+    } else if (data.delta && data.type === "refusal" && node?.classList.contains("refusal")) {
+      node.textContent += data.refusal || ""; // the refusal streamed so far, and this piece
     } else {
       setPart(view, index, data);
     }
