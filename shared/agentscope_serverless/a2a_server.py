@@ -76,7 +76,11 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
-from agentscope_serverless.services._validation import MAX_ID_LENGTH, require_session_id
+from agentscope_serverless.services._validation import (
+    MAX_ID_LENGTH,
+    is_blank_text,
+    require_session_id,
+)
 from agentscope_serverless.services.runs.base import (
     RUN_ID_KEY,
     STOP_TIMEOUT_SECONDS,
@@ -662,7 +666,7 @@ def _refuse_what_is_not_text(message: A2AMessage) -> None:
                 message=f"the message holds a {kind} part: this agent takes text parts only"
             )
     # A message without parts is the SDK's to refuse (a required field).
-    if message.parts and not "".join(part.text for part in message.parts).strip():
+    if message.parts and all(is_blank_text(part.text) for part in message.parts):
         raise InvalidParamsError("the message holds no text")
 
 

@@ -22,6 +22,7 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
+from agentscope_serverless.services._validation import BLANK_USER_MESSAGE
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import a2a_send, bearer, invalid_status, issue_key, running
@@ -249,6 +250,82 @@ UNREADABLE: list[tuple[str, bytes, str]] = [
     ("/state/s1", b'{"state": {"n": ' + b"9" * 5000 + b"}}", "more than 4300 digits"),
     ("/a2a", b'{"jsonrpc": "2.0", "id": 1, "method": "\xfe"}', "the body is not valid UTF-8"),
 ]
+
+
+# Text a chat shows as nothing: whitespace and format characters (zero width space, word
+# joiner, byte order mark, zero width non-joiner and joiner, soft hyphen, invisible separator,
+# Arabic letter mark).
+INVISIBLE = " \u200b\u2060\ufeff\t\u200c\u200d\u00ad\n\u2063\u061c "
+
+# (path, body holding a user message of INVISIBLE, where it is): every route taking one.
+INVISIBLE_MESSAGES: list[tuple[str, Any, list[Any]]] = [
+    ("/process", {"input": [text_message(INVISIBLE)], "stream": False}, ["input[0].content"]),
+    (
+        "/process",
+        {"input": [{"role": "user", "content": INVISIBLE}], "stream": True},
+        ["input[0].content"],
+    ),
+    ("/sessions/s1/messages", {"messages": [text_message(INVISIBLE)]}, ["messages[0].content"]),
+    (
+        "/compatible-mode/v1/chat/completions",
+        {"model": "agent", "messages": [{"role": "user", "content": INVISIBLE}]},
+        ["messages", 0, "content"],
+    ),
+    (
+        "/compatible-mode/v1/chat/completions",
+        {"model": "agent", "messages": [text_message(INVISIBLE)], "stream": True},
+        ["messages", 0, "content"],
+    ),
+    ("/compatible-mode/v1/responses", {"model": "agent", "input": INVISIBLE}, ["input"]),
+    (
+        "/compatible-mode/v1/responses",
+        {"model": "agent", "input": [{"role": "user", "content": INVISIBLE}]},
+        ["input", 0, "content"],
+    ),
+    ("/a2a", a2a_send(INVISIBLE), []),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    INVISIBLE_MESSAGES,
+    ids=[f"{p} {w}" for p, _, w in INVISIBLE_MESSAGES],
+)
+def test_a_user_message_of_invisible_characters_is_refused_as_blank_and_nothing_is_stored(
+    client: httpx.Client, path: str, body: Any, where: list[Any]
+) -> None:
+    # It was taken as a message: stored, run as an empty turn, and listed as a blank session.
+    response = client.post(path, json=body)
+    error = refusal(response, path, -32602)
+    if path == "/a2a":
+        assert "the message holds no text" in error["message"]
+    else:
+        assert BLANK_USER_MESSAGE in error["message"]
+        assert error["fields"][0]["loc"] == where
+    assert_nothing_stored(client)
+
+
+# A family (joined by zero width joiners), a flag, and a word holding a soft hyphen.
+JOINED = "\U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f3f3\ufe0f\u200d\U0001f308 co\u00adop"
+
+
+def test_visible_text_with_format_characters_is_taken_as_it_is(client: httpx.Client) -> None:
+    session = f"joined-{uuid.uuid4().hex[:8]}"
+    stored = client.post(f"/sessions/{session}/messages", json={"messages": [text_message(JOINED)]})
+    assert stored.status_code == 201, stored.text
+    ran = client.post(
+        "/process",
+        json={"input": [text_message("\u200b" + JOINED)], "session_id": session, "stream": False},
+    )
+    assert ran.status_code == 200, ran.text
+    chat = client.post(
+        "/compatible-mode/v1/chat/completions",
+        json={"model": "agent", "messages": [{"role": "user", "content": JOINED}]},
+    )
+    assert chat.status_code == 200, chat.text
+    messages = client.get(f"/sessions/{session}/messages").json()["items"]
+    users = [m["content"][0]["text"] for m in messages if m["role"] == "user"]
+    assert users == [JOINED, "\u200b" + JOINED]
 
 
 @pytest.mark.parametrize(("path", "body", "says"), UNREADABLE, ids=[p for p, _, _ in UNREADABLE])

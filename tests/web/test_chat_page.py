@@ -1884,3 +1884,47 @@ async def test_a_refusal_stopped_while_it_streams_keeps_what_came(
         await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
         assert await page.evaluate(SHOWN_REFUSAL) == "".join(REFUSAL)
         assert not page.exceptions, page.exceptions
+
+
+# Text a chat shows as nothing: whitespace and format characters (zero width space, word
+# joiner, byte order mark, zero width non-joiner and joiner, soft hyphen).
+INVISIBLE = " \u200b\u2060\ufeff\u200c\u200d\u00ad\n\u200b "
+
+
+async def test_a_message_of_invisible_characters_is_neither_sent_nor_a_sessions_title(
+    own_keys: Keys,
+) -> None:
+    # The page sent it (the server refuses it now); a session stored with one, from before
+    # the server refused them, was listed as a blank button.
+    app = create_app(
+        settings=load_settings(web_ui=True), agent_app=demo_app, key_store=own_keys.store
+    )
+    history = app.state.context.services.session_history
+    box = "document.getElementById('composer-input')"
+    with running(app) as url:
+        session = await history.create_session("alice", "invisible-first")
+        await history.append_message(
+            session, {"role": "user", "content": [{"type": "text", "text": INVISIBLE}]}
+        )
+        async with chromium_page() as page:
+            await sign_in(page, url, own_keys.alice)
+            button = "document.querySelector('#sessions button[data-session=\"invisible-first\"]')"
+            await page.wait_for(f"{button} !== null")
+            # Its first messages are read (to title it): they hold no text a user sees.
+            await page.wait_for(
+                "performance.getEntriesByType('resource')"
+                ".some((entry) => entry.name.includes('/invisible-first/messages?limit='))"
+            )
+            await asyncio.sleep(0.2)
+            assert await page.evaluate(f"{button}.textContent") == "invisible-first"
+            assert not await page.evaluate(f"{button}.classList.contains('titled')")
+
+            await page.evaluate(
+                f"{box}.value = {json.dumps(INVISIBLE)};"
+                " document.getElementById('composer').requestSubmit()"
+            )
+            await asyncio.sleep(0.5)
+            assert not [r for r in page.requests if r == f"{url}/process"]
+            assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+            assert await page.evaluate(f"{box}.value") == INVISIBLE
+            assert not page.exceptions, page.exceptions

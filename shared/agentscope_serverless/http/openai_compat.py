@@ -76,7 +76,11 @@ from agentscope_serverless.schemas.agent_schemas import (
     TopP,
     UnsupportedContentError,
 )
-from agentscope_serverless.services._validation import BLANK_USER_MESSAGE, is_blank_user_message
+from agentscope_serverless.services._validation import (
+    BLANK_USER_MESSAGE,
+    is_blank_text,
+    is_blank_user_message,
+)
 
 # What a chat completion answers for a run canceled before it completed (``POST
 # /runs/{id}/cancel``): chat completions have no status to say it with.
@@ -587,7 +591,7 @@ def responses_input(body: ResponsesRequest) -> list[Message]:
     response, and a client sending them with every turn does not pile them up in the
     session)."""
     if isinstance(body.input, str):
-        if not body.input.strip():
+        if is_blank_text(body.input):
             raise InvalidInputError(f"input: {BLANK_USER_MESSAGE}", field="input")
         messages = [Message(role=Role.USER, content=[TextContent(text=body.input)])]
     elif not body.input:

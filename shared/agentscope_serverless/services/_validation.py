@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+import unicodedata
 from array import array
 from collections.abc import Mapping
 from typing import Any
@@ -529,12 +530,26 @@ BLANK_USER_MESSAGE = (
 )
 
 
+def is_blank_text(text: str) -> bool:
+    r"""Whether ``text`` shows nothing: it holds only whitespace and format characters (zero
+    width spaces and joiners, word joiners, soft hyphens, byte order marks...), which a chat
+    shows as an empty message. Text such as an emoji sequence joined by zero width joiners
+    shows its emoji: it is not blank. Cheap for ordinary text: read up to its first visible
+    character.
+
+    >>> is_blank_text(" \u200b\u2060\ufeff\u00ad\n"), is_blank_text("\u200b\U0001f468\u200d")
+    (True, False)
+    """
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
+
+
 def is_blank_user_message(message: Any) -> bool:
-    """Whether ``message`` is a user's message holding nothing: no content, or blank text."""
+    """Whether ``message`` is a user's message holding nothing: no content, or text that
+    shows nothing (see :func:`is_blank_text`)."""
     if getattr(message, "role", None) != "user":
         return False
     return all(
-        getattr(part, "type", None) == "text" and not (getattr(part, "text", None) or "").strip()
+        getattr(part, "type", None) == "text" and is_blank_text(getattr(part, "text", None) or "")
         for part in getattr(message, "content", None) or []
     )
 
@@ -560,6 +575,7 @@ __all__ = [
     "cursor_position",
     "decode_cursor",
     "encode_cursor",
+    "is_blank_text",
     "is_blank_user_message",
     "json_copy",
     "nests_deeper_than",

@@ -22,6 +22,9 @@ const TITLE_CHARS = 80;
 const TITLE_MESSAGES = 20;
 const TITLE_READS = 4;
 const TERMINAL = new Set(["completed", "failed", "canceled", "rejected", "incomplete"]);
+// Text that shows nothing: whitespace and format characters (zero width spaces and joiners,
+// soft hyphens...), as the server reads a blank message (what Python counts as whitespace).
+const BLANK = /^[\s\p{Cf}\x1c-\x1f\x85]*$/u;
 // A key of the right form that the server does not know: most often a development key of a
 // server since restarted (it printed a new one).
 const KEY_FORM = /^ask_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$/;
@@ -316,7 +319,8 @@ function titleOf(messages) {
       .join(" ")
       .replace(/\s+/g, " ")
       .trim();
-    if (text) return text.length > TITLE_CHARS ? `${text.slice(0, TITLE_CHARS - 1)}…` : text;
+    if (BLANK.test(text)) continue; // nothing a user sees: no title
+    return text.length > TITLE_CHARS ? `${text.slice(0, TITLE_CHARS - 1)}…` : text;
   }
   return null;
 }
@@ -684,7 +688,7 @@ async function searchMemories(text) {
 async function send(event) {
   event.preventDefault();
   const input = $("composer-input");
-  if (!input.value.trim() || state.run) return;
+  if (BLANK.test(input.value) || state.run) return;
   // While a session loads, its history is still being put on screen: a message sent then
   // would land in the middle of it, or be trimmed away with the oldest messages. It goes
   // once the history is there (staying in the box if the session is left meanwhile).
