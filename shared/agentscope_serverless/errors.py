@@ -41,6 +41,15 @@ class StartupError(AgentScopeServerlessError):
         super().__init__(f"the {kind} hook {name}() failed: {type(cause).__name__}: {cause}")
 
 
+class ShutdownError(AgentScopeServerlessError):
+    """A shut-down hook of the app (``@app.shutdown``, ``after_finish``) raised: the message
+    names the hook and its exception, which is chained as the cause."""
+
+    def __init__(self, kind: str, hook: object, cause: BaseException) -> None:
+        name = getattr(hook, "__qualname__", None) or type(hook).__name__
+        super().__init__(f"the {kind} hook {name}() failed: {type(cause).__name__}: {cause}")
+
+
 class InvalidInputError(AgentScopeServerlessError, ValueError):
     """An argument or request body is not valid.
 
@@ -311,6 +320,7 @@ __all__ = [
     "SandboxUnavailableError",
     "ServiceNotStartedError",
     "SessionNotFoundError",
+    "ShutdownError",
     "StartupError",
     "StoreUnavailableError",
     "TimeLimitError",

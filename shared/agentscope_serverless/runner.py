@@ -59,6 +59,7 @@ from agentscope_serverless.errors import (
     ConfigurationError,
     InvalidInputError,
     ServiceNotStartedError,
+    ShutdownError,
     StartupError,
     StoreUnavailableError,
 )
@@ -453,6 +454,8 @@ class Runner(ServiceLifecycleManagerMixin):
         self._started = False
         try:
             await _maybe_await(self.shutdown_handler())
+        except Exception as exc:
+            raise ShutdownError("@app.shutdown", self.shutdown_handler, exc) from exc
         finally:
             if self._owns_services and self._services is not None:
                 await self._services.__aexit__(None, None, None)

@@ -579,6 +579,66 @@ def test_serve_says_in_one_line_which_start_up_hook_failed_and_why(
     assert "Traceback" not in result.stdout + result.stderr
 
 
+FAILING_SHUTDOWN_HOOKS = """import os
+from pathlib import Path
+
+from agentscope_serverless.app import AgentApp
+
+FAIL = os.environ["FAIL_HOOK"]
+MARKS = Path(os.environ["HOOK_MARKS"])
+
+
+def finish(app):
+    (MARKS / "after_finish.ran").write_text("yes")
+    if FAIL == "after_finish":
+        raise RuntimeError("cannot flush with key " + os.environ["LLM_API_KEY"])
+
+
+app = AgentApp(after_finish=finish)
+
+
+@app.shutdown
+async def close(self):
+    (MARKS / "shutdown.ran").write_text("yes")
+    if FAIL == "shutdown":
+        raise ConnectionError("cannot close with key " + os.environ["LLM_API_KEY"])
+
+
+@app.query(framework="text")
+async def query(self, msgs, **kwargs):
+    yield "hi"
+"""
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [
+        ("shutdown", "the @app.shutdown hook close() failed: ConnectionError: cannot close"),
+        ("after_finish", "the after_finish hook finish() failed: RuntimeError: cannot flush"),
+    ],
+)
+def test_serve_says_in_one_line_which_shut_down_hook_failed_its_secrets_masked(
+    tmp_path: Path, hook: str, message: str
+) -> None:
+    # A failing shut-down hook was uvicorn's raw traceback, the exception's text (here the
+    # LLM key) in clear.
+    secret = "sk-shutdown-hook-secret-9876543210"
+    (tmp_path / "hooks.py").write_text(FAILING_SHUTDOWN_HOOKS)
+    env = {"FAIL_HOOK": hook, "LLM_API_KEY": secret, "HOOK_MARKS": str(tmp_path)}
+    output = tmp_path / "output.txt"
+    with serving(output, "--agent", "hooks:app", "--app-dir", str(tmp_path), env=env):
+        pass
+    said = output.read_text()
+    [line] = [line for line in said.splitlines() if "could not stop" in line]
+    assert f"{message} with key ***" in line, said
+    assert secret not in said
+    assert "Traceback" not in said
+    assert "Application shutdown failed" in said  # still a failed shutdown
+    # Both hooks ran, whichever failed.
+    assert (tmp_path / "shutdown.ran").exists()
+    assert (tmp_path / "after_finish.ran").exists()
+
+
 @pytest.mark.parametrize("imports", ["from .loud import shout", "from shop.loud import shout"])
 def test_serve_from_inside_the_projects_package_says_where_to_serve_from(
     tmp_path: Path, imports: str

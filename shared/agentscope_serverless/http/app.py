@@ -43,7 +43,7 @@ from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
-from agentscope_serverless.errors import ConfigurationError, StartupError
+from agentscope_serverless.errors import ConfigurationError, ShutdownError, StartupError
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
@@ -465,6 +465,13 @@ async def call_hook(hook: Callable[..., Any] | None, *args: Any, **kwargs: Any) 
             await result
 
 
+async def _after_finish(hook: Callable[..., Any] | None, app: FastAPI) -> None:
+    try:
+        await call_hook(hook, app)
+    except Exception as exc:
+        raise ShutdownError("after_finish", hook, exc) from exc
+
+
 def _lifespan(context: AppContext) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -483,7 +490,7 @@ def _lifespan(context: AppContext) -> Lifespan:
                     await call_hook(before_start, app)
                 except Exception as exc:
                     raise StartupError("before_start", before_start, exc) from exc
-                stack.push_async_callback(call_hook, context.agent_app.after_finish, app)
+                stack.push_async_callback(_after_finish, context.agent_app.after_finish, app)
             if context.recorder is not None:
                 stack.push_async_callback(context.recorder.aclose)
             if context.task_executor is not None:

@@ -237,8 +237,9 @@ class RequestContextMiddleware:
 
 
 class StartupFailureMiddleware:
-    """Tells the server why the application could not start in one line: its server
-    (uvicorn) would print the traceback Starlette gives it."""
+    """Tells the server why the application could not start, or stop, in one line, the
+    settings' secrets masked: its server (uvicorn) would print the traceback Starlette gives
+    it (with the exception's text as it is)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -247,29 +248,34 @@ class StartupFailureMiddleware:
         if scope["type"] != "lifespan":
             await self.app(scope, receive, send)
             return
-        failed = False
+        failed: str | None = None
 
         async def sending(message: Message) -> None:
             nonlocal failed
-            if message["type"] == "lifespan.startup.failed":
-                failed = True  # told below, once the exception is known
+            if message["type"] in _FAILED:
+                failed = message["type"]  # told below, once the exception is known
                 return
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         except BaseException as exc:
-            if failed:
-                logger.debug("the application could not start", exc_info=exc)
+            if failed is not None:
+                what = _FAILED[failed]
+                logger.debug(f"the application could not {what}", exc_info=exc)
                 reason = (
                     exc.message
                     if isinstance(exc, AgentScopeServerlessError)
                     else f"{type(exc).__name__}: {exc}"
                 )
-                line = f"the application could not start: {redacted(reason)}"
+                line = f"the application could not {what}: {redacted(reason)}"
                 hint = " (LOG_LEVEL=DEBUG logs its traceback)"
-                await send({"type": "lifespan.startup.failed", "message": line + hint})
+                await send({"type": failed, "message": line + hint})
             raise  # the server, told already, says no more
+
+
+# The lifespan messages of a failure, and what the application could not do.
+_FAILED = {"lifespan.startup.failed": "start", "lifespan.shutdown.failed": "stop"}
 
 
 def _route_path(scope: Scope) -> str:
