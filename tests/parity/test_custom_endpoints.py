@@ -5,13 +5,16 @@ blocks holding up no other request."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import HTTPException, Request
 
 from agentscope_serverless import AgentApp
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -19,6 +22,8 @@ from agentscope_serverless.settings import load_settings
 from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
 
 SECRET = "sk-custom-endpoint-secret"
+# Set when the sync generator of /ticking is closed.
+TICKING_CLOSED = threading.Event()
 
 
 @dataclass
@@ -59,6 +64,34 @@ def build_app(released: threading.Event) -> AgentApp:
         # A blocking wait, as a sync generator calling a blocking client does: released by
         # another request, which only a server that is not blocked can answer.
         yield "released" if released.wait(timeout=30) else "never released"
+
+    @app.endpoint("/ticking", methods=["GET"])
+    def ticking() -> Iterator[int]:
+        try:
+            for tick in range(10_000):
+                yield tick
+                time.sleep(0.05)
+        finally:
+            TICKING_CLOSED.set()
+
+    @app.endpoint("/scores", methods=["GET"])
+    async def scores() -> AsyncIterator[dict[str, float]]:
+        yield {"score": 0.5}
+        yield {"score": float("nan"), "max": float("inf")}
+        yield {"score": 1.0}
+
+    @app.endpoint("/teapot/{shape}", methods=["GET"])
+    async def teapot(shape: str) -> None:
+        detail: Any = {"why": "teapot"} if shape == "dict" else ["short", "stout"]
+        raise HTTPException(418, detail=detail, headers={"X-Teapot": "1"})
+
+    @app.endpoint("/raw", methods=["POST"])
+    async def raw(request: Request) -> dict[str, Any]:
+        return {"got": await request.json()}
+
+    @app.endpoint("/raw-bytes", methods=["POST"])
+    async def raw_bytes(request: Request) -> dict[str, int]:
+        return {"length": len(await request.body())}
 
     @app.endpoint("/release", methods=["POST"])
     async def release() -> dict[str, bool]:
@@ -143,3 +176,81 @@ def test_a_body_that_is_not_utf8_is_refused_before_the_endpoint_runs(
     )
     assert response.status_code == status, response.text
     assert "UTF-8" in response.json()["error"]["message"]
+
+
+def test_a_sync_generator_is_closed_when_its_client_leaves(served: tuple[str, str]) -> None:
+    # Its ``finally`` ran only when the server shut down (an async generator's at once).
+    url, key = served
+    with (
+        httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client,
+        client.stream("GET", "/ticking") as response,
+    ):
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:")) == "data: 0"
+    assert TICKING_CLOSED.wait(timeout=10)
+
+
+def test_an_item_json_cannot_carry_ends_the_stream_with_the_error_item(
+    served: tuple[str, str],
+) -> None:
+    # It was sent as `data: {"score": NaN, "max": Infinity}`, which no JSON parser reads.
+    url, key = served
+    response = httpx.get(f"{url}/scores", headers=bearer(key), timeout=30)
+    data = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    items = [json.loads(item, parse_constant=pytest.fail) for item in data]
+    assert items == [
+        {"score": 0.5},
+        {
+            "error": "the item holds a number JSON cannot carry (NaN or Infinity)",
+            "error_type": "ValueError",
+            "message": "Error in streaming generator",
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shape", "detail"), [("dict", {"why": "teapot"}), ("list", ["short", "stout"])]
+)
+def test_an_http_exception_keeps_its_structured_detail(
+    served: tuple[str, str], shape: str, detail: Any
+) -> None:
+    # It answered {"error": {"code": "HTTP_ERROR", "message": "request failed"}}.
+    url, key = served
+    response = httpx.get(f"{url}/teapot/{shape}", headers=bearer(key), timeout=30)
+    assert response.status_code == 418
+    assert response.headers["X-Teapot"] == "1"
+    error = response.json()["error"]
+    assert error["code"] == "HTTP_ERROR"
+    assert error["detail"] == detail
+    assert json.loads(error["message"]) == detail
+
+
+def test_a_request_handler_reading_a_body_that_is_not_json_answers_422(
+    served: tuple[str, str],
+) -> None:
+    # It answered 500 INTERNAL_ERROR (a JSONDecodeError from `await request.json()`).
+    url, key = served
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    response = httpx.post(f"{url}/raw", content=b'{"name": ', headers=headers, timeout=30)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == "body"
+    assert error["message"].startswith("the body is not valid JSON: Expecting value at line 1")
+    # A JSON body is read as before; one of another type, read as bytes, is not refused.
+    response = httpx.post(f"{url}/raw", json={"name": "x"}, headers=bearer(key), timeout=30)
+    assert response.json() == {"got": {"name": "x"}}
+    text = {**bearer(key), "Content-Type": "text/plain"}
+    response = httpx.post(f"{url}/raw-bytes", content=b"not json", headers=text, timeout=30)
+    assert response.json() == {"length": 8}
+
+
+def test_openapi_documents_a_streamed_endpoint_as_an_event_stream(
+    served: tuple[str, str],
+) -> None:
+    # It documented application/json, which clients generated from the document expect.
+    url, key = served
+    document = httpx.get(f"{url}/openapi.json", headers=bearer(key), timeout=30).json()
+    streamed = document["paths"]["/ticking"]["get"]["responses"]["200"]["content"]
+    assert list(streamed) == ["text/event-stream"]
+    plain = document["paths"]["/raw"]["post"]["responses"]["200"]["content"]
+    assert list(plain) == ["application/json"]

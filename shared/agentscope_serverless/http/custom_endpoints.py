@@ -11,14 +11,18 @@ that user, so a required ``user_id`` need not be sent. A ``user_id`` path parame
 does runs for that user too, as a run does for its: an A2A agent tool it calls, or a sandbox
 it connects naming no user, acts for them.
 
-A handler is a FastAPI endpoint; a generator (sync or async) is streamed as Server-Sent
+A handler is a FastAPI endpoint; one reading the request's body itself (``await
+request.json()``) that is sent a body that is not JSON answers 422, saying where it does not
+parse, as one taking a body model does. A generator (sync or async) is streamed as Server-Sent
 Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
 are sent as JSON strings, pydantic models, dataclasses and objects with ``to_dict()`` (or
 ``to_map()``) as their JSON objects, at any depth, tuples and sets as arrays, anything else as
 its ``str()``. A sync generator runs in a worker thread, so a blocking one holds up no other
 request. A generator that raises ends the stream with AgentScope's error item,
 ``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
-streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``.
+streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``; so
+does an item holding a number JSON cannot carry (NaN, Infinity). A generator whose client
+leaves is closed (its ``finally`` runs then, a sync one's in a worker thread).
 """
 
 from __future__ import annotations
@@ -27,9 +31,18 @@ import dataclasses
 import inspect
 import json
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Mapping,
+)
 from typing import Annotated, Any, Union, get_args, get_origin
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Request, Response, params
 from fastapi.dependencies.models import Dependant
 from fastapi.responses import StreamingResponse
@@ -37,6 +50,7 @@ from pydantic import BaseModel, RootModel
 from pydantic.fields import FieldInfo
 from starlette.concurrency import iterate_in_threadpool
 
+from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import (
     USER_PARAMETER,
     Caller,
@@ -83,7 +97,12 @@ def _encode(item: Any) -> str:
     if isinstance(item, BaseModel):
         body = item.model_dump_json()
     else:
-        body = json.dumps(_jsonable(item), ensure_ascii=False)
+        try:
+            body = json.dumps(_jsonable(item), ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            raise ValueError(
+                "the item holds a number JSON cannot carry (NaN or Infinity)"
+            ) from None
     return f"data: {body}\n\n"
 
 
@@ -322,21 +341,32 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
         def endpoint(**kwargs: Any) -> Any:
             user_id = kwargs.pop(_CALLER_PARAMETER)
             items = handler(**filled(user_id, kwargs))
-            while True:
-                # Each step may run in a worker thread of its own, in a copy of the context.
+            try:
+                while True:
+                    # Each step may run in a worker thread of its own, in a copy of the context.
+                    with acting_for(user_id):
+                        try:
+                            item = next(items)
+                        except StopIteration:
+                            return
+                    yield item
+            finally:
+                # Closed early (its client left): the handler's ``finally`` runs now.
                 with acting_for(user_id):
-                    try:
-                        item = next(items)
-                    except StopIteration:
-                        return
-                yield item
+                    items.close()
 
     elif inspect.iscoroutinefunction(handler):
+        requests = _request_parameters(signature)
 
         async def endpoint(**kwargs: Any) -> Any:
             user_id = kwargs.pop(_CALLER_PARAMETER)
             with acting_for(user_id):
-                return await handler(**filled(user_id, kwargs))
+                try:
+                    return await handler(**filled(user_id, kwargs))
+                except json.JSONDecodeError as exc:
+                    if await _parsed_the_body(exc, [kwargs[name] for name in requests]):
+                        raise _not_json(exc) from exc
+                    raise
 
     else:
 
@@ -361,40 +391,100 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
     return endpoint
 
 
+class EventStreamResponse(StreamingResponse):
+    """A stream of Server-Sent Events (documented so in the OpenAPI document)."""
+
+    media_type = "text/event-stream"
+
+
+def _request_parameters(signature: inspect.Signature) -> list[str]:
+    """The parameters of a handler that receive the request itself (``request: Request``)."""
+    return [
+        name
+        for name, parameter in signature.parameters.items()
+        if isinstance(parameter.annotation, type) and issubclass(parameter.annotation, Request)
+    ]
+
+
+async def _parsed_the_body(exc: json.JSONDecodeError, requests: list[Request]) -> bool:
+    """Whether ``exc`` is the failed JSON parse of the request's body (``await
+    request.json()``): a body that is not JSON, which the client is told (422)."""
+    for request in requests:
+        try:
+            body = await request.body()
+            if exc.doc in (body, body.decode("utf-8", "surrogatepass")):
+                return True
+        except (RuntimeError, UnicodeDecodeError):  # its stream read by the handler
+            continue
+    return False
+
+
+def _not_json(exc: json.JSONDecodeError) -> InvalidInputError:
+    """The refusal of a body that is not JSON (as a route reading a body model says it)."""
+    return InvalidInputError(
+        f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+        "(JSON takes double quotes, and no comma after a last item)",
+        field="body",
+    )
+
+
 def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     """``handler`` (a generator function) as an endpoint returning an SSE response."""
 
-    async def endpoint(*args: Any, **kwargs: Any) -> StreamingResponse:
+    async def endpoint(*args: Any, **kwargs: Any) -> EventStreamResponse:
         items = handler(*args, **kwargs)
 
         async def body() -> AsyncIterator[str]:
             try:
                 if inspect.isasyncgen(items):
-                    async for item in items:
-                        yield _encode(item)
+                    try:
+                        async for item in items:
+                            yield _encode(item)
+                    finally:
+                        await items.aclose()  # ended early: an item JSON cannot carry
                 else:
-                    async for line in iterate_in_threadpool(_encoded(items)):
-                        yield line
+                    lines = _encoded(items)
+                    try:
+                        async for line in iterate_in_threadpool(lines):
+                            yield line
+                    finally:
+                        # A client that left ends the stream early: the generator is closed
+                        # (its ``finally`` may block, so in a worker thread), even while the
+                        # response is being cancelled.
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(_close, lines)
             except Exception as exc:
                 yield _error_item(exc)
 
-        return StreamingResponse(body(), media_type="text/event-stream")
+        return EventStreamResponse(body())
 
     # The handler's parameters (annotations resolved in its own module), so FastAPI reads
     # the request the same way; the result is the SSE response.
     signature = inspect.signature(handler, eval_str=True)
     endpoint.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        return_annotation=StreamingResponse
+        return_annotation=EventStreamResponse
     )
     endpoint.__name__ = getattr(handler, "__name__", "stream")
     endpoint.__doc__ = handler.__doc__
     return endpoint
 
 
-def _encoded(items: Iterable[Any]) -> Iterator[str]:
+def _encoded(items: Iterable[Any]) -> Generator[str, None, None]:
     """The SSE lines of a sync generator's items (encoded in its worker thread too)."""
-    for item in items:
-        yield _encode(item)
+    try:
+        for item in items:
+            yield _encode(item)
+    finally:
+        if isinstance(items, Generator):
+            items.close()
+
+
+def _close(lines: Generator[str, None, None]) -> None:
+    """Close a stream's generator; what its ``finally`` raises is logged (the stream is over)."""
+    try:
+        lines.close()
+    except Exception:
+        logger.exception("a streamed endpoint failed as it was closed")
 
 
 def build_router(endpoints: list[dict[str, Any]]) -> APIRouter:
@@ -407,8 +497,14 @@ def build_router(endpoints: list[dict[str, Any]]) -> APIRouter:
     for spec in endpoints:
         handler = _acting_as_caller(spec["handler"])
         if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
-            handler = _streaming(handler)
-        router.add_api_route(spec["path"], handler, methods=spec["methods"])
+            router.add_api_route(
+                spec["path"],
+                _streaming(handler),
+                methods=spec["methods"],
+                response_class=EventStreamResponse,
+            )
+        else:
+            router.add_api_route(spec["path"], handler, methods=spec["methods"])
     return router
 
 

@@ -7,7 +7,9 @@ Every error body has the same shape, the one OpenAI's SDKs read into their excep
                "param": "messages[0].role", "fields": [{"loc": [...], "msg": "..."}]}}
 
 ``type`` is the kind of error by its status (OpenAI's names), ``param`` the first offending
-field (or null), ``fields`` is present for validation errors (400, 422). Server errors (500)
+field (or null), ``fields`` is present for validation errors (400, 422), ``detail`` for a
+route's ``HTTPException`` whose detail is not a text (a dict or a list, kept as given; its
+JSON text is the message). Server errors (500)
 say only ``internal server error``: no stack trace, no exception text, nothing secret.
 
 An invalid request is a 422, except on the OpenAI-compatible routes, where it is a 400 with
@@ -17,12 +19,14 @@ the same body, as OpenAI answers it (:func:`status_on`): code written against Op
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -171,8 +175,10 @@ def error_body(
     fields: Sequence[dict[str, Any]] | None = None,
     *,
     status: int = 500,
+    detail: Any = None,
 ) -> dict[str, Any]:
-    """The JSON body of an error response (``status`` gives its ``type``)."""
+    """The JSON body of an error response (``status`` gives its ``type``; ``detail``, when
+    not None, is a route's structured detail)."""
     error: dict[str, Any] = {
         "code": code,
         "message": message,
@@ -181,6 +187,8 @@ def error_body(
     }
     if fields is not None:
         error["fields"] = list(fields)
+    if detail is not None:
+        error["detail"] = detail
     return {"error": error}
 
 
@@ -205,12 +213,15 @@ def error_response(
     code: str,
     message: str,
     fields: Sequence[dict[str, Any]] | None = None,
+    *,
+    detail: Any = None,
 ) -> ErrorResponse:
     """An error response; a 401 also tells the client how to authenticate."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status >= 500 and status != 503:
-        code, message, fields = INTERNAL_ERROR, "internal server error", None
-    return ErrorResponse(error_body(code, message, fields, status=status), status, headers)
+        code, message, fields, detail = INTERNAL_ERROR, "internal server error", None, None
+    body = error_body(code, message, fields, status=status, detail=detail)
+    return ErrorResponse(body, status, headers)
 
 
 def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
@@ -351,16 +362,25 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     unreadable = unreadable_body(exc.__cause__) if exc.__cause__ is not None else None
     if exc.status_code == 400 and unreadable is not None:
         return response_for(unreadable)
-    message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    detail = None if isinstance(exc.detail, str) else _as_json(exc.detail)
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(detail, ensure_ascii=False)
     if exc.status_code == 404 and message == "Not Found":  # no route has this path
         message = _no_route(request.url.path)
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
-    response = error_response(exc.status_code, code, message)
+    response = error_response(exc.status_code, code, message, detail=detail)
     if exc.status_code == 405:
         response.headers["Allow"] = _allowed_methods(request) or (exc.headers or {})["Allow"]
     for name, value in (exc.headers or {}).items():
         response.headers.setdefault(name, value)
     return response
+
+
+def _as_json(detail: Any) -> Any:
+    """An ``HTTPException``'s detail as plain JSON values (its ``str()`` when it has none)."""
+    try:
+        return json.loads(json.dumps(jsonable_encoder(detail), allow_nan=False))
+    except (TypeError, ValueError):
+        return str(detail)
 
 
 def _allowed_methods(request: Request) -> str:
