@@ -487,6 +487,32 @@ def test_a_response_larger_than_lambda_returns_is_a_500_saying_to_ask_for_less(
     assert len(json.loads(page["body"])["items"]) == 3
 
 
+def test_head_answers_as_get_of_a_response_larger_than_lambda_returns(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """HEAD said 200 (its body, which was measured, being empty) where GET said 500."""
+    handler, key = sessions_handler
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    body = json.dumps({"messages": [{"role": "user", "content": "h" * 900_000}]})
+    for _ in range(8):
+        appended = handler(
+            function_url_event("POST", "/sessions/head-big/messages", headers=headers, body=body),
+            None,
+        )
+        assert appended["statusCode"] == 201, appended["body"][:200]
+    get = handler(function_url_event("GET", "/sessions/head-big", headers=headers), None)
+    head = handler(function_url_event("HEAD", "/sessions/head-big", headers=headers), None)
+    assert get["statusCode"] == head["statusCode"] == 500
+    assert head["body"] == ""
+    assert head["headers"]["x-should-retry"] == get["headers"]["x-should-retry"] == "false"
+    assert head["headers"]["content-type"] == get["headers"]["content-type"]
+    page = function_url_event(
+        "HEAD", "/sessions/head-big/messages", headers=headers, query="limit=2"
+    )
+    small = handler(page, None)
+    assert small["statusCode"] == 200 and small["body"] == ""
+
+
 def test_a_response_larger_than_an_alb_takes_is_a_500_saying_to_ask_for_less(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:

@@ -47,7 +47,11 @@ class LambdaContext:
 
 
 def _process_handler(
-    tmp_path: Path, agent: str, monkeypatch: pytest.MonkeyPatch, margin: float = MARGIN_SECONDS
+    tmp_path: Path,
+    agent: str,
+    monkeypatch: pytest.MonkeyPatch,
+    margin: float = MARGIN_SECONDS,
+    routers: tuple[str, ...] = ("process", "users"),
 ) -> tuple[LambdaHandler, str]:
     keys_file = tmp_path / "keys.json"
     key = issue_key(FileKeyStore(keys_file), "lambda-user")
@@ -58,7 +62,7 @@ def _process_handler(
     monkeypatch.setenv("RUNS_BACKEND", "in_memory")
     monkeypatch.setenv("AGENT_APP", agent)
     monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", str(margin))
-    handler = make_handler(["process", "users"])
+    handler = make_handler(routers)
     handler(function_url_event("GET", "/health"), None)  # builds the app with these settings
     return handler, key
 
@@ -75,6 +79,15 @@ def demo_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lam
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("demo")
         yield _process_handler(tmp, "agentscope_serverless.agents.demo:app", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def big_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LambdaHandler, str]]:
+    """The agent whose reply (7 MB) is larger than a buffered function returns."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tmp = tmp_path_factory.mktemp("big")
+        routers = ("process", "users", "sessions")
+        yield _process_handler(tmp, "tests.support.big_agent:app", monkeypatch, routers=routers)
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +257,125 @@ def test_a_run_whose_cleanup_never_ends_is_still_answered_before_the_time_limit(
     assert LOG[session_id] == ["cancelled", "cleanup cut short"]
     run = json.loads(handler(_get(key, f"/runs/{last['id']}"), None)["body"])
     assert run["status"] == "failed" and run["error"]["code"] == "TIME_LIMIT"
+
+
+def _payload_bytes(answer: dict[str, Any]) -> int:
+    """The bytes Lambda counts of a buffered answer (its JSON, as the runtime writes it)."""
+    return len(json.dumps(answer, ensure_ascii=False).encode())
+
+
+def _a2a_call(method: str, request_id: int) -> dict[str, Any]:
+    message = {
+        "role": "user",
+        "parts": [{"kind": "text", "text": "hi"}],
+        "messageId": f"message-{method}-{request_id}",
+        "kind": "message",
+    }
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {"message": message}}
+
+
+def test_an_a2a_stream_larger_than_lambda_returns_keeps_its_events_and_ends_in_json_rpc(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = big_process
+    answer = handler(_post(key, "/a2a", _a2a_call("message/stream", 7)), None)
+    assert answer["statusCode"] == 200
+    assert _payload_bytes(answer) < RESPONSE_LIMIT_BYTES
+    # sse-starlette ends A2A's events with CRLF: the events that fit are kept, whole.
+    events = [event for event in answer["body"].split("\r\n\r\n") if event]
+    answers = [json.loads(event.removeprefix("data: ")) for event in events]
+    assert len(answers) > 50
+    assert all(each["jsonrpc"] == "2.0" and each["id"] == 7 for each in answers)
+    task_id = answers[0]["result"]["id"]
+    error = answers[-1]["error"]
+    assert error["data"]["code"] == "RESPONSE_TOO_LARGE"
+    assert error["data"]["taskId"] == task_id
+    assert error["data"]["runId"].startswith("response_")
+    assert task_id in error["message"] and "RESPONSE_STREAM" in error["message"]
+    assert "<" not in error["message"] and "/sessions" not in error["message"]
+
+
+def test_an_a2a_answer_larger_than_lambda_returns_is_a_json_rpc_error_naming_its_task(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = big_process
+    answer = handler(_post(key, "/a2a", _a2a_call("message/send", 8)), None)
+    assert answer["statusCode"] == 200  # as the SDK answers every JSON-RPC error
+    assert answer["headers"]["x-should-retry"] == "false"
+    reply = json.loads(answer["body"])
+    assert reply["jsonrpc"] == "2.0" and reply["id"] == 8
+    error = reply["error"]
+    assert error["code"] == -32603 and error["data"]["code"] == "RESPONSE_TOO_LARGE"
+    assert error["data"]["taskId"] and error["data"]["taskId"] in error["message"]
+    assert "GetTask" in error["message"] and "/sessions" not in error["message"]
+
+
+def test_an_event_larger_than_lambda_returns_is_named_and_can_be_gone_past(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    """Resuming before an event that no buffered answer can hold returned it never, and the
+    same error, for ever: the error names it, and resuming after it goes on."""
+    handler, key = big_process
+    answer = handler(_post(key, "/process", _run_input("hi", "big-event")), None)
+    run_id = answer["headers"]["x-run-id"]
+    last_id = [i for i in parse_sse(answer["body"].split("\n")[:-1]).ids if i][-1]
+    skipped: list[str] = []
+    for _ in range(20):
+        page = handler(_get(key, f"/runs/{run_id}/events", **{"last-event-id": last_id}), None)
+        assert page["statusCode"] == 200
+        assert _payload_bytes(page) < RESPONSE_LIMIT_BYTES
+        sse = parse_sse(page["body"].split("\n")[:-1])
+        if not sse.events or sse.events[-1][0] != "error":
+            break  # the run's end
+        message = sse.events[-1][1]["error"]["message"]
+        assert f"/runs/{run_id}/events" in message and "<run id>" not in message
+        ids = [i for i in sse.ids if i]
+        if ids:
+            last_id = ids[-1]
+            continue
+        # Nothing fits: the event is named, with the way past it.
+        assert "by itself" in message and "RESPONSE_STREAM" in message
+        skipped_id = message.split("Last-Event-ID ")[-1].split(" ")[0]
+        assert int(skipped_id) == int(last_id) + 1
+        skipped.append(skipped_id)
+        last_id = skipped_id
+    else:
+        raise AssertionError("the resumes never reached the run's end")
+    assert skipped  # the message completed, the response: each holds the whole text
+
+
+def test_a_custom_endpoint_too_large_is_told_no_run_or_session(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = big_process
+    answer = handler(_get(key, "/big-json"), None)
+    assert answer["statusCode"] == 500
+    message = json.loads(answer["body"])["error"]["message"]
+    assert "RESPONSE_STREAM" in message
+    assert "/sessions" not in message and "/runs" not in message
+    stream = handler(_get(key, "/big-stream"), None)
+    assert _payload_bytes(stream) < RESPONSE_LIMIT_BYTES
+    name, error = parse_sse(stream["body"].split("\n")[:-1]).events[-1]
+    assert name == "error" and error["error"]["code"] == "RESPONSE_TOO_LARGE"
+    assert "/runs" not in error["error"]["message"] and "<" not in error["error"]["message"]
+
+
+def test_a_page_of_one_message_larger_than_lambda_returns_says_no_smaller_page_fits(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    """A page of one message too large said to ask for a smaller limit, which cannot be."""
+    handler, key = big_process
+    body = {**_run_input("hi", "one-big"), "stream": False}
+    assert handler(_post(key, "/process", body), None)["statusCode"] == 500  # a 7 MB reply
+    auth = {"authorization": f"Bearer {key}"}
+    path = "/sessions/one-big/messages"
+    first = handler(function_url_event("GET", path, headers=auth, query="limit=1"), None)
+    cursor = json.loads(first["body"])["next_cursor"]
+    assert cursor
+    page = function_url_event("GET", path, headers=auth, query=f"limit=1&cursor={cursor}")
+    answer = handler(page, None)
+    assert answer["statusCode"] == 500
+    message = json.loads(answer["body"])["error"]["message"]
+    assert "smaller limit" not in message
+    assert "by itself" in message and "RESPONSE_STREAM" in message
+    assert "GET /runs?session_id=one-big" in message

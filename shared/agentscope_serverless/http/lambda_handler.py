@@ -18,9 +18,11 @@ What a caller gets, whatever the event:
 - A buffered response is at most 6 MB (``RESPONSE_LIMIT_BYTES``, counted as Lambda does:
   the JSON of the whole answer), 1 MB to an ALB (``ALB_RESPONSE_LIMIT_BYTES``). A larger
   event stream is cut after its last event that fits, with an ``error`` event saying so (a
-  run's client resumes it from the stored run with ``Last-Event-ID``); any other larger
-  response becomes a 500 ``RESPONSE_TOO_LARGE`` with ``X-Should-Retry: false`` saying to
-  ask for less.
+  run's client resumes it from the stored run with ``Last-Event-ID``, or past an event too
+  large by itself, which the error names; an A2A stream ends with a JSON-RPC error naming its
+  task); any other larger response becomes a 500 ``RESPONSE_TOO_LARGE`` with
+  ``X-Should-Retry: false`` saying what to ask instead, for its route (an A2A JSON-RPC answer,
+  a JSON-RPC error). HEAD answers as GET does.
 - A background task's event (``{"agentscope_task": ...}``, an asynchronous invocation by the
   process function) runs the task (see :func:`~agentscope_serverless.tasks.run_task_event`).
 - Any other event (an empty one, a direct invocation's own payload) is refused with an
@@ -533,15 +535,46 @@ def _serve(
 
     cycle = HTTPCycle(scope, body)
     loop.run_until_complete(cycle.run(_ending_cleanly(app)))
-    # A HEAD request's answer has the headers of a GET's, without its body (which a server
-    # would leave out, and Mangum does not).
-    body_sent = b"" if scope["method"] == "HEAD" else cycle.body
-    response: Response = {"status": cycle.status, "headers": cycle.headers, "body": body_sent}
-    answer: dict[str, Any] = handler(response)
     limit = _response_limit(handler)
+    # A HEAD request's answer is a GET's without its body (which a server would leave out,
+    # and Mangum does not), so a GET's too large is one too: the application answers HEAD
+    # without the body, and a body that may not fit (see _too_large) is asked for as GET.
+    head = scope["method"] == "HEAD"
+    if head and _may_not_fit(cycle.headers, limit):
+        cycle = HTTPCycle({**scope, "method": "GET"}, body)
+        loop.run_until_complete(cycle.run(_ending_cleanly(app)))
+    response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
+    if head and len(cycle.body) < limit // 8:
+        return handler({**response, "body": b""})
+    answer: dict[str, Any] = handler(response)
     if _too_large(answer, limit):
-        answer = handler(_within_limit(handler, response, limit))
+        response = _within_limit(handler, response, limit, _route_path(scope))
+        answer = handler({**response, "body": b""} if head else response)
+    elif head:
+        answer = handler({**response, "body": b""})
     return answer
+
+
+def _may_not_fit(headers: Sequence[Sequence[bytes]], limit: int) -> bool:
+    """Whether the body a HEAD answer's headers announce (its ``Content-Length``) may not
+    fit in ``limit`` (an event stream is cut to fit: its status stays)."""
+    for name, value in headers:
+        name = bytes(name).lower()
+        if name == b"content-type" and bytes(value).startswith(_EVENT_STREAM.encode()):
+            return False
+    for name, value in headers:
+        if bytes(name).lower() == b"content-length":
+            return bytes(value).strip().isdigit() and int(value) >= limit // 8
+    return False
+
+
+def _route_path(scope: Scope) -> str:
+    """The request's path as its routes see it: after the scope's root path (an API
+    Gateway stage, a custom domain's base path)."""
+    path, root = str(scope.get("path") or "/"), str(scope.get("root_path") or "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path or "/"
 
 
 def _response_limit(handler: MangumHandler) -> int:
@@ -591,9 +624,13 @@ def _too_large(answer: dict[str, Any], limit: int) -> bool:
     return size > limit - _RESPONSE_SLACK_BYTES
 
 
-def _within_limit(handler: MangumHandler, response: Response, limit: int) -> Response:
+def _within_limit(handler: MangumHandler, response: Response, limit: int, path: str) -> Response:
     """A response too large to return, made to fit: an event stream cut after its last
-    event that fits, with an ``error`` event saying so; else a 500 saying to ask for less."""
+    event that fits, with an error event saying so; else an error saying what to do
+    instead. What it says fits the route (``path``, as its routes see it): a run's stream
+    names the run to read on from, an A2A answer is a JSON-RPC error naming its task, a page
+    says to ask for fewer items (or that its one item cannot fit), anything else says to
+    return less or use the streaming process function."""
     from agentscope_serverless.log import logger
 
     headers = [[bytes(k).lower(), bytes(v)] for k, v in response["headers"]]
@@ -606,57 +643,277 @@ def _within_limit(handler: MangumHandler, response: Response, limit: int) -> Res
         if limit == ALB_RESPONSE_LIMIT_BYTES
         else f"the {limit} bytes a buffered Lambda function can return"
     )
+    on_runs = _RUN_EVENTS_PATH.fullmatch(path)
+    run_id = run_id or (on_runs.group(1) if on_runs else None)
     logger.warning("a response was too large for Lambda", extra={"bytes": size, "run_id": run_id})
+    a2a = path == _A2A_PATH or path.startswith(_A2A_PATH + "/")
     if content_type.startswith(_EVENT_STREAM):
-        from agentscope_serverless.http.sse import encode
-
-        where = f"GET /runs/{run_id or '<run id>'}/events"
-        message = (
-            f"the stream was cut here: it reached {most}. The run is stored: read the rest "
-            f"with {where}, "
-            "Last-Event-ID set to the last id received (or deploy the process function "
-            "with ProcessInvokeMode RESPONSE_STREAM)"
+        try:
+            text = bytes(response["body"]).decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            stream_headers = [[k, v] for k, v in headers if k != b"content-length"]
+            bare = handler({"status": response["status"], "headers": stream_headers, "body": b""})
+            room = limit - _RESPONSE_SLACK_BYTES - _TRAILER_ROOM
+            room -= len(json.dumps(bare, ensure_ascii=False).encode())
+            # The trailer takes _TRAILER_ROOM at most, but for ids of unusual length.
+            cut, trailer = _stream_end(text, room, most, path, run_id)
+            excess = _json_bytes(trailer) - _TRAILER_ROOM
+            if excess > 0:
+                cut, trailer = _stream_end(text, room - excess, most, path, run_id)
+            stream = (text[: cut.end] + trailer).encode()
+            return {"status": response["status"], "headers": stream_headers, "body": stream}
+    if a2a:
+        status, body = _a2a_too_large(bytes(response["body"]), size, most, rpc=path == _A2A_PATH)
+    else:
+        status = 500
+        message = f"the response is {size} bytes: more than {most}. " + _json_advice(
+            bytes(response["body"]), path, run_id
         )
-        trailer = encode(_error_json("RESPONSE_TOO_LARGE", message), event="error")
-        stream_headers = [[k, v] for k, v in headers if k != b"content-length"]
-        bare = handler({"status": response["status"], "headers": stream_headers, "body": b""})
-        room = limit - _RESPONSE_SLACK_BYTES - _json_bytes(trailer)
-        room -= len(json.dumps(bare, ensure_ascii=False).encode())
-        cut = _events_within(response["body"], room)
-        if cut is not None:
-            return {"status": response["status"], "headers": stream_headers, "body": cut + trailer}
-    message = (
-        f"the response is {size} bytes: more than {most}. Ask for less at a time: a page "
-        "with a smaller limit (GET "
-        "/sessions/{id}/messages reads a session's messages a page at a time)"
-    )
-    if run_id:
-        message += f"; the run is stored: read its events with GET /runs/{run_id}/events"
+        body = _error_json("RESPONSE_TOO_LARGE", message)
     return {
-        "status": 500,
+        "status": status,
         "headers": [
             [b"content-type", b"application/json"],
             [b"x-should-retry", b"false"],
             *kept,
         ],
-        "body": _error_json("RESPONSE_TOO_LARGE", message).encode(),
+        "body": body.encode(),
     }
 
 
-def _events_within(body: bytes, room: int) -> bytes | None:
-    """The events of an event stream that fit in ``room`` bytes of JSON, whole, from the
-    first (None when the stream is not UTF-8 text)."""
-    try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        return None
-    kept: list[str] = []
-    for event in text.split("\n\n")[:-1]:
-        room -= _json_bytes(event + "\n\n")
-        if room < 0:
+# The routes whose answers too large are told apart (the paths their routes see).
+_A2A_PATH = "/a2a"
+_RUN_EVENTS_PATH = re.compile(r"/runs/([^/]+)/events/?")
+_SESSION_PATH = re.compile(r"/sessions/([^/]+)/?")
+_SESSION_MESSAGES_PATH = re.compile(r"/sessions/([^/]+)/messages/?")
+# An event of an event stream ends with an empty line; a line ends with CRLF, LF or CR
+# (sse-starlette, which serves A2A's streams, ends them with CRLF).
+_EVENT_END = re.compile(r"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+_EVENT_ID = re.compile(r"^id:[ ]?(\d+)\r?$", re.M)
+# Kept free in a cut stream for the error event ending it.
+_TRAILER_ROOM = 2048
+_STREAMING_FUNCTION = (
+    "the streaming process function (deployed with ProcessInvokeMode RESPONSE_STREAM), "
+    "which returns up to 200 MB"
+)
+# JSON-RPC's internal error, as the A2A SDK answers a failure of its own.
+_JSON_RPC_INTERNAL_ERROR = -32603
+
+
+class _Cut:
+    """Where an event stream too large is cut: ``end``, after its last event that fits in
+    the room; ``following``, the first event left out (None when none is); ``alone``, true
+    when that event does not fit in the room by itself (no answer of this function can
+    hold it); ``newline``, the stream's line ending."""
+
+    def __init__(self, end: int, following: str | None, alone: bool, newline: str) -> None:
+        self.end, self.following, self.alone, self.newline = end, following, alone, newline
+
+    @classmethod
+    def of(cls, text: str, room: int) -> _Cut:
+        whole_room, end, newline = room, 0, "\n"
+        for number, match in enumerate(_EVENT_END.finditer(text)):
+            if number == 0 and match.group().startswith("\r"):
+                newline = "\r\n" if match.group().startswith("\r\n") else "\r"
+            event_bytes = _json_bytes(text[end : match.end()])
+            if event_bytes > room:
+                following = text[end : match.end()]
+                return cls(end, following, event_bytes > whole_room, newline)
+            room -= event_bytes
+            end = match.end()
+        return cls(end, None, False, newline)
+
+    def following_id(self) -> str | None:
+        """The ``id`` of the first event left out (None without one)."""
+        found = _EVENT_ID.search(self.following or "")
+        return found.group(1) if found else None
+
+    def following_bytes(self) -> int:
+        return len((self.following or "").encode())
+
+
+def _stream_end(text: str, room: int, most: str, path: str, run_id: str | None) -> tuple[_Cut, str]:
+    """Where the event stream ``text`` is cut to fit in ``room`` bytes of JSON, and the
+    event ending it there, saying what to do for the rest (see :func:`_within_limit`)."""
+    cut = _Cut.of(text, room)
+    if path == _A2A_PATH or path.startswith(_A2A_PATH + "/"):
+        return cut, _a2a_stream_end(text, cut, most, rpc=path == _A2A_PATH)
+    if run_id:
+        return cut, _run_stream_end(run_id, cut, most)
+    message = (
+        f"the stream was cut here: it reached {most}. Send less, or serve it from "
+        f"{_STREAMING_FUNCTION}"
+    )
+    return cut, _sse(_error_json("RESPONSE_TOO_LARGE", message), cut.newline, "error")
+
+
+def _sse(data: str, newline: str, event: str | None = None) -> str:
+    """One event of an event stream (``data`` is one line), its lines ended by ``newline``."""
+    named = f"event: {event}{newline}" if event else ""
+    return f"{named}data: {data}{newline}{newline}"
+
+
+def _run_stream_end(run_id: str, cut: _Cut, most: str) -> str:
+    """The error event ending a run's stream cut at ``cut``: read on from the stored run;
+    an event that no buffered answer can hold is named, with the ways to get it, or past it
+    (resuming before it would return it again, for ever)."""
+    where = f"GET /runs/{run_id}/events"
+    if not cut.alone:
+        message = (
+            f"the stream was cut here: it reached {most}. The run {run_id} is stored: read "
+            f"the rest with {where}, Last-Event-ID set to the last id received (or deploy the "
+            "process function with ProcessInvokeMode RESPONSE_STREAM)"
+        )
+    else:
+        event_id = cut.following_id()
+        named = f"its next event (id {event_id})" if event_id else "its next event"
+        message = (
+            f"the stream was cut here: {named} is {cut.following_bytes()} bytes by itself, "
+            f"more than {most}, so this function cannot return it, however it is resumed. "
+            f"Read it from {_STREAMING_FUNCTION}: {where}, Last-Event-ID set to the last id "
+            "received"
+        )
+        if event_id:
+            message += (
+                f"; or go on past it here: {where} with Last-Event-ID {event_id} (the "
+                "events after it)"
+            )
+    return _sse(_error_json("RESPONSE_TOO_LARGE", message), cut.newline, "error")
+
+
+def _a2a_ids(answer: Any) -> tuple[Any, str | None, str | None]:
+    """The JSON-RPC id, the task id and the run id an A2A answer (a JSON-RPC response, or an
+    event of a stream) gives, each None when it gives none (A2A 1.0's and 0.3's shapes)."""
+    if not isinstance(answer, dict):
+        return None, None, None
+    result = answer.get("result", answer)
+    task_id = run_id = None
+    if isinstance(result, dict):
+        for key in ("task", "statusUpdate", "artifactUpdate"):
+            if isinstance(result.get(key), dict):
+                result = result[key]
+                break
+        task_id = result.get("taskId") or (
+            result.get("id") if result.get("kind", "task") == "task" else None
+        )
+        artifact = result.get("artifact")
+        for holder in (result, artifact if isinstance(artifact, dict) else {}):
+            metadata = holder.get("metadata")
+            if isinstance(metadata, dict) and isinstance(metadata.get("run_id"), str):
+                run_id = metadata["run_id"]
+    return (
+        answer.get("id"),
+        task_id if isinstance(task_id, str) else None,
+        run_id,
+    )
+
+
+def _a2a_message(lead: str, task_id: str | None, run_id: str | None) -> str:
+    """What an A2A answer too large says after ``lead``: which task, and how to get its
+    reply whole (the task has ended: following it, SubscribeToTask, is refused; reading
+    it, GetTask, here answers its whole reply, too large as well)."""
+    if task_id:
+        run = f" (run {run_id})" if run_id else ""
+        return (
+            f"{lead}. Task {task_id}{run} is stored: read it whole with GetTask (tasks/get) "
+            f"from {_STREAMING_FUNCTION}"
+        )
+    return f"{lead}. Send the message to {_STREAMING_FUNCTION}"
+
+
+def _a2a_stream_end(text: str, cut: _Cut, most: str, *, rpc: bool) -> str:
+    """The event ending an A2A stream cut at ``cut``: on the JSON-RPC route, a JSON-RPC
+    error response (what its clients read), naming the task and its run."""
+    request_id = task_id = run_id = None
+    start = 0
+    for match in _EVENT_END.finditer(text):
+        event = text[start : match.end()]
+        start = match.end()
+        data = "".join(
+            line[5:].lstrip(" ") for line in event.splitlines() if line.startswith("data:")
+        )
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            continue
+        found = _a2a_ids(answer)
+        request_id = request_id if request_id is not None else found[0]
+        task_id, run_id = task_id or found[1], run_id or found[2]
+        if task_id and run_id:
             break
-        kept.append(event + "\n\n")
-    return "".join(kept).encode()
+    message = _a2a_message(f"the stream was cut here: it reached {most}", task_id, run_id)
+    if not rpc:
+        return _sse(_error_json("RESPONSE_TOO_LARGE", message), cut.newline, "error")
+    return _sse(_json_rpc_too_large(request_id, message, task_id, run_id), cut.newline)
+
+
+def _a2a_too_large(body: bytes, size: int, most: str, *, rpc: bool) -> tuple[int, str]:
+    """The status and body answering an A2A answer too large: on the JSON-RPC route, a
+    JSON-RPC error response (HTTP 200, as the SDK answers its errors)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    request_id, task_id, run_id = _a2a_ids(answer)
+    message = _a2a_message(f"the answer is {size} bytes: more than {most}", task_id, run_id)
+    if not rpc:
+        return 500, _error_json("RESPONSE_TOO_LARGE", message)
+    return 200, _json_rpc_too_large(request_id, message, task_id, run_id)
+
+
+def _json_rpc_too_large(
+    request_id: Any, message: str, task_id: str | None, run_id: str | None
+) -> str:
+    data = {"code": "RESPONSE_TOO_LARGE", "taskId": task_id, "runId": run_id}
+    error = {"code": _JSON_RPC_INTERNAL_ERROR, "message": message, "data": data}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}, separators=(",", ":"))
+
+
+def _json_advice(body: bytes, path: str, run_id: str | None) -> str:
+    """What to do instead of asking for a JSON answer too large from ``path``."""
+    if run_id:
+        return (
+            f"The run {run_id} is stored: read its events with GET /runs/{run_id}/events, "
+            f"a part at a time (Last-Event-ID), or whole from {_STREAMING_FUNCTION}"
+        )
+    session = _SESSION_PATH.fullmatch(path)
+    if session:
+        return (
+            "Read the session's messages a page at a time: "
+            f"GET /sessions/{session.group(1)}/messages"
+        )
+    items = _page_items(body)
+    if items is not None:
+        asked = "page_size" if path.rstrip("/") == "/memory" else "limit"
+        if items > 1:
+            return f"Ask for less at a time: a page with a smaller {asked} (this one holds {items})"
+        advice = (
+            "The page's one item is larger than that by itself: no page holding it fits, "
+            f"whatever its {asked}, and no buffered function can return it"
+        )
+        messages = _SESSION_MESSAGES_PATH.fullmatch(path)
+        if messages:
+            session_id = messages.group(1)
+            advice += (
+                f". The session's runs (GET /runs?session_id={session_id}) hold it: read "
+                f"their events (GET /runs/{{id}}/events) from {_STREAMING_FUNCTION}"
+            )
+        return advice
+    return f"Return less, or serve it from {_STREAMING_FUNCTION}"
+
+
+def _page_items(body: bytes) -> int | None:
+    """The number of items of a page (a JSON object with an ``items`` list); None for any
+    other answer."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and isinstance(answer.get("items"), list):
+        return len(answer["items"])
+    return None
 
 
 def _json_bytes(text: str | bytes) -> int:
