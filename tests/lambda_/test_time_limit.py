@@ -86,7 +86,7 @@ def big_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lamb
     """The agent whose reply (7 MB) is larger than a buffered function returns."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("big")
-        routers = ("process", "users", "sessions")
+        routers = ("process", "users", "sessions", "memory")
         yield _process_handler(tmp, "tests.support.big_agent:app", monkeypatch, routers=routers)
 
 
@@ -360,6 +360,22 @@ def test_a_custom_endpoint_too_large_is_told_no_run_or_session(
     assert "/runs" not in error["error"]["message"] and "<" not in error["error"]["message"]
 
 
+def test_a_stream_whose_lines_end_with_cr_alone_is_cut_after_its_events_that_fit(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = big_process
+    answer = handler(_get(key, "/big-cr-stream"), None)
+    assert answer["statusCode"] == 200
+    assert _payload_bytes(answer) < RESPONSE_LIMIT_BYTES
+    events = answer["body"].split("\r\r")
+    assert events.pop() == ""
+    assert len(events) > 50
+    assert all(event.startswith("id: ") for event in events[:-1])
+    name, data = events[-1].split("\r")
+    assert name == "event: error"
+    assert json.loads(data.removeprefix("data: "))["error"]["code"] == "RESPONSE_TOO_LARGE"
+
+
 def test_a_page_of_one_message_larger_than_lambda_returns_says_no_smaller_page_fits(
     big_process: tuple[LambdaHandler, str],
 ) -> None:
@@ -379,3 +395,20 @@ def test_a_page_of_one_message_larger_than_lambda_returns_says_no_smaller_page_f
     assert "smaller limit" not in message
     assert "by itself" in message and "RESPONSE_STREAM" in message
     assert "GET /runs?session_id=one-big" in message
+
+
+def test_a_memory_page_too_large_is_told_its_own_page_size_not_the_sessions_route(
+    big_process: tuple[LambdaHandler, str],
+) -> None:
+    handler, key = big_process
+    memory = {"role": "user", "content": [{"type": "text", "text": "m" * 900_000}]}
+    for _ in range(8):
+        added = handler(_post(key, "/memory", {"messages": [memory]}), None)
+        assert added["statusCode"] == 201, added["body"][:200]
+    auth = {"authorization": f"Bearer {key}"}
+    page = function_url_event("GET", "/memory", headers=auth, query="page_size=8")
+    answer = handler(page, None)
+    assert answer["statusCode"] == 500
+    message = json.loads(answer["body"])["error"]["message"]
+    assert "a smaller page_size (this one holds 8)" in message
+    assert "/sessions" not in message

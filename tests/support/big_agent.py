@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.responses import StreamingResponse
+
 from agentscope_serverless.app import AgentApp
 
 REPLY_CHARS = 7_000_000
@@ -31,3 +33,14 @@ async def big_json() -> dict[str, str]:
 async def big_stream() -> AsyncIterator[dict[str, Any]]:
     for done in range(0, REPLY_CHARS, _PIECE):
         yield {"at": done, "chunk": "s" * _PIECE}
+
+
+@app.endpoint("/big-cr-stream", methods=["GET"])
+async def big_cr_stream() -> StreamingResponse:
+    """An event stream whose lines end with CR alone, as SSE allows."""
+
+    async def events() -> AsyncIterator[str]:
+        for done in range(0, REPLY_CHARS, _PIECE):
+            yield f"id: {done}\rdata: {'c' * _PIECE}\r\r"
+
+    return StreamingResponse(events(), media_type="text/event-stream")

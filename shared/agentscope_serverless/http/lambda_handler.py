@@ -691,7 +691,7 @@ _SESSION_MESSAGES_PATH = re.compile(r"/sessions/([^/]+)/messages/?")
 # An event of an event stream ends with an empty line; a line ends with CRLF, LF or CR
 # (sse-starlette, which serves A2A's streams, ends them with CRLF).
 _EVENT_END = re.compile(r"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-_EVENT_ID = re.compile(r"^id:[ ]?(\d+)\r?$", re.M)
+_EVENT_ID = re.compile(r"(?:^|[\r\n])id: ?(\d+)(?:[\r\n]|$)")
 # Kept free in a cut stream for the error event ending it.
 _TRAILER_ROOM = 2048
 _STREAMING_FUNCTION = (
