@@ -831,8 +831,8 @@ def _a2a_stream_end(text: str, cut: _Cut, most: str, *, rpc: bool) -> str:
     for match in _EVENT_END.finditer(text):
         event = text[start : match.end()]
         start = match.end()
-        data = "".join(
-            line[5:].lstrip(" ") for line in event.splitlines() if line.startswith("data:")
+        data = "\n".join(
+            line[5:].removeprefix(" ") for line in event.splitlines() if line.startswith("data:")
         )
         try:
             answer = json.loads(data)
