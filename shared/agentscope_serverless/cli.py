@@ -616,6 +616,8 @@ def _stream_reply(
     """
     import httpx
 
+    from agentscope_serverless.helpers.sse_lines import iter_sse_lines
+
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
         body["session_id"] = session_id
@@ -643,7 +645,7 @@ def _stream_reply(
             printed: str | None = None  # the message whose text was printed last
             ended = False
             try:
-                for line in response.iter_lines():
+                for line in iter_sse_lines(response):
                     if not line.startswith("data: "):
                         continue
                     event = json.loads(line[6:])

@@ -22,6 +22,7 @@ import httpx
 from pydantic import ValidationError
 
 from agentscope_serverless.errors import AgentScopeServerlessError
+from agentscope_serverless.helpers.sse_lines import aiter_sse_lines, iter_sse_lines
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -112,7 +113,7 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             ) as response,
         ):
             _check(response.status_code, lambda: response.read())
-            for line in response.iter_lines():
+            for line in iter_sse_lines(response):
                 event = _event_of_line(line)
                 if event is not None:
                     yield event
@@ -127,7 +128,7 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             if response.status_code >= 400:
                 body = await response.aread()
                 _check(response.status_code, lambda: body)
-            async for line in response.aiter_lines():
+            async for line in aiter_sse_lines(response):
                 event = _event_of_line(line)
                 if event is not None:
                     yield event

@@ -6,6 +6,12 @@ b'data: {"a":1}\\n\\n'
 b'id: 3\\ndata: {"a":1}\\n\\n'
 >>> encode('{"a":1}', event="response.created")
 b'event: response.created\\ndata: {"a":1}\\n\\n'
+>>> encode('"a\\u2028b"')
+b'data: "a\\\\u2028b"\\n\\n'
+
+The JSON of an event is written with U+2028, U+2029 and U+0085 as JSON escapes: the value is
+the same, and clients that split a stream with ``str.splitlines`` (httpx's ``iter_lines``
+does), which breaks lines at these characters too, still read each event whole.
 
 :class:`EventStreamResponse` streams encoded chunks and writes a ``: ping`` comment whenever
 nothing was sent for ``ping_interval`` seconds, so proxies and load balancers keep the
@@ -35,17 +41,29 @@ PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
 MEDIA_TYPE = "text/event-stream"
 
+# Line breaks for str.splitlines, not for SSE, and their JSON escapes.
+_SPLITLINES_BREAKS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
+
 
 def encode(data: str, *, event: str | None = None, id: int | None = None) -> bytes:
     """One SSE event: optional ``id:`` and ``event:`` lines and one ``data:`` line (``data`` is
-    one line)."""
+    one line of JSON)."""
     if event is None:
         if id is not None:
-            return b"id: %d\ndata: %b\n\n" % (id, data.encode())
-        return b"data: " + data.encode() + b"\n\n"
+            return b"id: %d\ndata: %b\n\n" % (id, _data(data))
+        return b"data: " + _data(data) + b"\n\n"
     if id is not None:
         return b"id: %d\n" % id + encode(data, event=event)
-    return b"event: " + event.encode() + b"\ndata: " + data.encode() + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + _data(data) + b"\n\n"
+
+
+def _data(data: str) -> bytes:
+    """``data`` (JSON) as UTF-8, U+2028, U+2029 and U+0085 escaped (found only in strings)."""
+    if not data.isascii():  # most events are ASCII: one quick pass over them
+        for char, escaped in _SPLITLINES_BREAKS:
+            if char in data:
+                data = data.replace(char, escaped)
+    return data.encode()
 
 
 class EventStreamResponse(StreamingResponse):
