@@ -228,6 +228,25 @@ async def test_follow_replays_then_streams_until_the_run_ends(
         assert [s async for s, _ in reader.follow(user_id, "missing")] == []
 
 
+async def test_a_follower_of_a_run_deleted_between_two_polls_gets_its_readable_events(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # Its session deleted, the run is cancelled and stores its final event after its record
+    # went: the stores that keep it (DynamoDB, which deletes a run's items one batch after
+    # another, too) give it to a follower polling then, its stream ending with it.
+    async with runs_factory() as writer, runs_factory() as reader:
+        record = RunRecord(id="r1", user_id=user_id, session_id="s")
+        await writer.create_run(record)
+        await writer.append_events(user_id, "r1", [_event(0), _event(1)])
+        following = reader.follow(user_id, "r1")
+        assert [await anext(following), await anext(following)] == [_event(0), _event(1)]
+        await writer.delete_session_runs(user_id, "s")
+        await writer.record(record.model_copy(update={"status": "canceled"}), [_event(2)])
+        readable = await writer.read_events(user_id, "r1", after=1)
+        assert readable in ([], [_event(2)])
+        assert [event async for event in following] == readable
+
+
 async def test_ids_are_checked(runs_factory: Callable[[], RunsService], user_id: str) -> None:
     async with runs_factory() as runs:
         with pytest.raises(InvalidInputError):

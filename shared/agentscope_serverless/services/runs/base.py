@@ -562,11 +562,14 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     ) -> AsyncIterator[StoredEvent]:
         """The events after ``after``, then the new ones as they are stored, until the run ends.
 
-        Stops at once when the run does not exist.
+        Stops when the run does not exist, after the events still readable: a run deleted
+        between two polls (its session deleted) may have stored its last ones meanwhile.
         """
         while True:
             record = await self.get_run(user_id, run_id)
             if record is None:
+                for event in await self.read_events(user_id, run_id, after):
+                    yield event
                 return
             # The status is read before the events: a finished run has stored all of them.
             events = await self.read_events(user_id, run_id, after)
