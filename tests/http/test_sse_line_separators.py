@@ -41,6 +41,10 @@ def served() -> Iterator[tuple[str, str]]:
     async def query(self, msgs, request=None, **kwargs):  # type: ignore[no-untyped-def]
         yield REPLY
 
+    @app.endpoint("/said", methods=["GET"])
+    async def said():  # type: ignore[no-untyped-def]
+        yield {"text": REPLY}
+
     store = InMemoryKeyStore()
     key = issue_key(store, "dev")
     with running(app.get_fastapi_app(settings=load_settings(), key_store=store)) as url:
@@ -66,7 +70,8 @@ def test_the_servers_streams_carry_the_characters_as_json_escapes(
     _, completions = raw_stream(
         "POST", f"{url}/compatible-mode/v1/chat/completions", key, json=chat
     )
-    for raw in (streamed, replayed, completions):
+    _, custom = raw_stream("GET", f"{url}/said", key)
+    for raw in (streamed, replayed, completions, custom):
         text = raw.decode()
         assert not any(char in text for char in BREAKS)
         assert "first\\u2028second\\u2029third\\u0085fourth" in text

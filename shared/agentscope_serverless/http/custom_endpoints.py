@@ -62,6 +62,7 @@ from agentscope_serverless.http.auth import (
 )
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.params import is_json_type
+from agentscope_serverless.http.sse import escape_line_breaks
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._turn import acting_for
 
@@ -103,7 +104,7 @@ def _encode(item: Any) -> str:
             raise ValueError(
                 "the item holds a number JSON cannot carry (NaN or Infinity)"
             ) from None
-    return f"data: {body}\n\n"
+    return f"data: {escape_line_breaks(body)}\n\n"
 
 
 def _error_item(exc: Exception) -> str:

@@ -59,11 +59,21 @@ def encode(data: str, *, event: str | None = None, id: int | None = None) -> byt
 
 def _data(data: str) -> bytes:
     """``data`` (JSON) as UTF-8, U+2028, U+2029 and U+0085 escaped (found only in strings)."""
+    return escape_line_breaks(data).encode()
+
+
+def escape_line_breaks(data: str) -> str:
+    """``data`` (JSON) with U+2028, U+2029 and U+0085 written as JSON escapes: the same value,
+    on one line for every reader (see the module).
+
+    >>> escape_line_breaks('"a\u2028b"')
+    '"a\\u2028b"'
+    """
     if not data.isascii():  # most events are ASCII: one quick pass over them
         for char, escaped in _SPLITLINES_BREAKS:
             if char in data:
                 data = data.replace(char, escaped)
-    return data.encode()
+    return data
 
 
 class EventStreamResponse(StreamingResponse):
@@ -256,4 +266,5 @@ __all__ = [
     "LiveRun",
     "RunEventStream",
     "encode",
+    "escape_line_breaks",
 ]
