@@ -1049,3 +1049,44 @@ async def test_a_table_missing_or_not_made_for_the_store_is_named_with_its_setti
     assert "(DYNAMODB_STATE_TABLE) does not have the key schema" in out
     secret = LOCAL_AWS_CREDENTIALS["aws_secret_access_key"]
     assert secret not in str(missing.value) + str(mismatched.value) + out + err
+
+
+async def test_events_put_between_a_runs_deletion_query_and_its_delete_are_deleted_too(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The deletion has queried the run's partition and is about to delete what it found
+    # (its META included) when the run appends: the append sees the META still there, and
+    # its event is the deletion's to remove.
+    writer = DynamoDBRunsService(
+        dynamodb_server.runs_table,
+        endpoint_url=dynamodb_server.endpoint_url,
+        region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+    deleter = DynamoDBRunsService(
+        dynamodb_server.runs_table, client=dynamodb_client, region_name=dynamodb_server.region
+    )
+    pk = f"RUN#{id_hash(user_id)}#{id_hash('r1')}"
+    appended: list[bool] = []
+
+    async def append_before_meta_goes(params: dict[str, Any], **_: Any) -> None:
+        requests = params.get("RequestItems", {}).get(dynamodb_server.runs_table, [])
+        deletes_meta = any(
+            r.get("DeleteRequest", {}).get("Key") == {"pk": {"S": pk}, "sk": {"S": "META"}}
+            for r in requests
+        )
+        if deletes_meta and not appended:
+            appended.append(True)
+            await writer.append_events(user_id, "r1", [(1, '{"text": "secret"}')])
+
+    events = dynamodb_client.meta.events
+    events.register("before-parameter-build.dynamodb.BatchWriteItem", append_before_meta_goes)
+    try:
+        async with writer, deleter:
+            record = RunRecord(id="r1", user_id=user_id, session_id="s")
+            await writer.record(record, [(0, '{"text": "secret"}')], create=True)
+            await deleter.delete_session_runs(user_id, "s")
+            assert appended
+            assert await partition(dynamodb_client, dynamodb_server.runs_table, pk) == []
+    finally:
+        events.unregister("before-parameter-build.dynamodb.BatchWriteItem", append_before_meta_goes)

@@ -9,9 +9,12 @@ takes (``max_messages_per_session``) as keywords.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aioboto3
 import pytest
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from agentscope_serverless.local_stack import (
     LOCAL_AWS_CREDENTIALS,
@@ -19,6 +22,8 @@ from agentscope_serverless.local_stack import (
     RedisClusterServer,
     RedisServer,
 )
+from agentscope_serverless.services._dynamodb import id_hash
+from agentscope_serverless.services._redis import glob_escape, user_key_prefix
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
 from agentscope_serverless.services.agent_state.redis import RedisStateService
@@ -42,6 +47,8 @@ STATE_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 RUNS_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 
 SessionHistoryFactory = Callable[..., SessionHistoryService]
+# What a runs store still holds of a user (see ``runs_leftovers``).
+RunsLeftovers = Callable[[str], Awaitable[list[str]]]
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -161,6 +168,54 @@ def runs_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], RunsS
 def runs_factory(request: pytest.FixtureRequest) -> Callable[[], RunsService]:
     factory: Callable[[], RunsService] = request.getfixturevalue(f"runs_{request.param}_factory")
     return factory
+
+
+@pytest.fixture
+def runs_leftovers(
+    request: pytest.FixtureRequest, runs_factory: Callable[[], RunsService]
+) -> RunsLeftovers:
+    """What the store of ``runs_factory`` still holds of a user, whether readable or not:
+    every DynamoDB item (runs, events, index entries) or Redis key of the user, or the
+    runs the in-memory store keeps of them."""
+    backend = request.node.callspec.params["runs_factory"]
+    if backend == "dynamodb":
+        server: DynamoDBServer = request.getfixturevalue("dynamodb_server")
+
+        async def dynamodb_items(user_id: str) -> list[str]:
+            session = aioboto3.Session(region_name=server.region, **LOCAL_AWS_CREDENTIALS)
+            user = id_hash(user_id)
+            found: list[str] = []
+            async with session.client("dynamodb", endpoint_url=server.endpoint_url) as client:
+                paginator = client.get_paginator("scan")
+                async for page in paginator.paginate(TableName=server.runs_table):
+                    found += [
+                        f"{item['pk']['S']} {item['sk']['S']}"
+                        for item in page["Items"]
+                        if user in item["pk"]["S"]
+                    ]
+            return found
+
+        return dynamodb_items
+    if backend in ("redis", "redis_cluster"):
+        cluster = backend == "redis_cluster"
+        url = request.getfixturevalue(f"{backend}_server").url
+
+        async def redis_keys(user_id: str) -> list[str]:
+            client = RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+            prefix = glob_escape(user_key_prefix("agentscope", "run", user_id))
+            try:
+                return sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
+            finally:
+                await client.aclose()
+
+        return redis_keys
+    service = runs_factory()
+    assert isinstance(service, InMemoryRunsService)
+
+    async def runs_in_memory(user_id: str) -> list[str]:
+        return list(service._runs.get(user_id, {}))
+
+    return runs_in_memory
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)

@@ -19,6 +19,7 @@ from agentscope_serverless.services.runs.base import (
     RunBurst,
 )
 from agentscope_serverless.tasks import TaskDefinition, run_task
+from tests.contract.conftest import RunsLeftovers
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -232,8 +233,9 @@ async def test_a_follower_of_a_run_deleted_between_two_polls_gets_its_readable_e
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:
     # Its session deleted, the run is cancelled and stores its final event after its record
-    # went: the stores that keep it (DynamoDB, which deletes a run's items one batch after
-    # another, too) give it to a follower polling then, its stream ending with it.
+    # went: a store may hold it a moment (DynamoDB deletes a run's items one batch after
+    # another, and what a run writes once its record went just after writing it), and a
+    # follower polling then gets it, its stream ending with it.
     async with runs_factory() as writer, runs_factory() as reader:
         record = RunRecord(id="r1", user_id=user_id, session_id="s")
         await writer.create_run(record)
@@ -245,6 +247,58 @@ async def test_a_follower_of_a_run_deleted_between_two_polls_gets_its_readable_e
         readable = await writer.read_events(user_id, "r1", after=1)
         assert readable in ([], [_event(2)])
         assert [event async for event in following] == readable
+
+
+async def _erase(runs: RunsService, user_id: str, what: str) -> None:
+    if what == "session":
+        await runs.delete_session_runs(user_id, "s")
+    else:
+        await runs.delete_user_runs(user_id)
+
+
+@pytest.mark.parametrize("erased", ["session", "user"])
+async def test_a_run_deleted_while_it_executes_keeps_nothing_it_writes_afterwards(
+    runs_factory: Callable[[], RunsService],
+    runs_leftovers: RunsLeftovers,
+    user_id: str,
+    erased: str,
+) -> None:
+    # Its session deleted (or its user erased) mid-run, the run goes on: its last content
+    # events, then its final record with its final event (a large one each, and a large
+    # result: stored in several items where a store's item is bounded).
+    async with runs_factory() as runs:
+        record = RunRecord(id="r1", user_id=user_id, session_id="s")
+        await runs.record(record, [_event(0, "secret")], create=True)
+        await runs.append_events(user_id, "r1", [_event(1, "secret")])
+        await _erase(runs, user_id, erased)
+        await runs.append_events(user_id, "r1", [_event(2, "secret" * 100_000)])
+        await runs.beat(record)
+        final = record.model_copy(update={"status": "canceled", "result": "secret" * 100_000})
+        await runs.record(final, [_event(3, "secret" * 100_000)], finish=True)
+        await runs.save_run(final)
+        assert await runs.get_run(user_id, "r1") is None
+        assert await runs.read_events(user_id, "r1") == []
+        assert await runs.list_runs(user_id, "s") == []
+        assert await runs_leftovers(user_id) == []
+
+
+async def test_a_run_deleted_while_it_writes_keeps_nothing_whatever_the_timing(
+    runs_factory: Callable[[], RunsService], runs_leftovers: RunsLeftovers, user_id: str
+) -> None:
+    async with runs_factory() as runs:
+
+        async def execute(record: RunRecord) -> None:
+            for sequence in range(1, 6):
+                await runs.append_events(record.user_id, record.id, [_event(sequence, "secret")])
+            final = record.model_copy(update={"status": "canceled"})
+            await runs.record(final, [_event(6, "secret")], finish=True)
+
+        for i in range(20):
+            record = RunRecord(id=f"r{i}", user_id=user_id, session_id="s")
+            await runs.record(record, [_event(0, "secret")], create=True)
+            deleting = _erase(runs, user_id, "session" if i % 2 else "user")
+            await asyncio.gather(deleting, execute(record))
+        assert await runs_leftovers(user_id) == []
 
 
 async def test_ids_are_checked(runs_factory: Callable[[], RunsService], user_id: str) -> None:

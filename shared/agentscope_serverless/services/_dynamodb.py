@@ -530,18 +530,22 @@ class DynamoDBStore:
         await self._batch([{"DeleteRequest": {"Key": key}} for key in keys])
 
     async def delete_partition(self, pk: str, *also: Item) -> None:
-        """Delete every item of the partition ``pk``, and the items with the keys ``also``
+        """Delete every item of the partition ``pk``, querying it again until it is empty
+        (items written meanwhile go too: a writer that puts items after the last query
+        finds its container gone, and deletes them), and the items with the keys ``also``
         after them (an index entry: a retry after a failure still finds the partition)."""
-        keys = [
-            {"pk": item["pk"], "sk": item["sk"]}
-            async for item in self.query(
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": s(pk)},
-                ProjectionExpression="pk, sk",
-                ConsistentRead=True,
-            )
-        ]
-        if keys:
+        while True:
+            keys = [
+                {"pk": item["pk"], "sk": item["sk"]}
+                async for item in self.query(
+                    KeyConditionExpression="pk = :pk",
+                    ExpressionAttributeValues={":pk": s(pk)},
+                    ProjectionExpression="pk, sk",
+                    ConsistentRead=True,
+                )
+            ]
+            if not keys:
+                break
             await self.delete(keys)
         if also:
             await self.delete(list(also))

@@ -532,9 +532,9 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def delete_user_runs(self, user_id: str) -> None:
         """Delete every run of ``user_id``: records and events, tasks and A2A tasks too
         (erasing a user's data: a run's events hold its conversation). Other users' runs
-        stay. A run still executing is not stopped (see :meth:`stop_runs`): what it stores
-        afterwards (its end, or its first write when it had stored nothing yet) may be kept.
-        Retrying is safe."""
+        stay. A run still executing is not stopped (see :meth:`stop_runs`); what it stores
+        afterwards is not kept (its events, its end), except its first write when it had
+        stored nothing yet, which stores the run anew. Retrying is safe."""
         self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 

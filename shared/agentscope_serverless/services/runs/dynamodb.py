@@ -21,6 +21,13 @@ pk                 sk                          attributes
 The events of a run are read with one consistent ``Query`` of its partition from a sort key
 on. Every item expires ``ttl_seconds`` after its last write (DynamoDB's TTL on
 ``expires_at``; expired items are also filtered out on read).
+
+A run deleted while it executes (its session deleted, its user erased) keeps nothing it
+writes afterwards: its writer puts its events (or its record's tail items), then makes sure
+the META item is still there (a consistent read, or the condition of the record's update),
+and deletes what it put when it is gone. Deleting a run queries its partition and deletes
+what it finds until a query finds nothing: what a writer put before that last query is
+found, and a writer that put after it finds the META gone.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ _META = "META"
 
 def _event_key(sequence: int) -> str:
     return f"{_EVENT_PREFIX}{sequence:012d}"
+
+
+def _keys(items: list[Item]) -> list[Item]:
+    return [{"pk": item["pk"], "sk": item["sk"]} for item in items]
 
 
 class DynamoDBRunsService(DynamoDBBackedService, RunsService):
@@ -152,9 +163,15 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     async def _record(
         self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
     ) -> bool | None:
-        if not create:
-            return await super()._record(record, events, create, finish)
         items = self._event_items(record.user_id, record.id, events)
+        if not create:
+            if finish:
+                # The events land before the finished record; its update's condition
+                # tells whether the run is still there.
+                await self._save_after(record, items)
+            elif items:
+                await self._put_while_run(record.user_id, record.id, items)
+            return None
         tails, record_items = self._record_items(record)
         if finish:
             # The events land before the finished record: a reader who sees the run
@@ -167,6 +184,11 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         return None
 
     async def _save(self, record: RunRecord) -> None:
+        await self._save_after(record, [])
+
+    async def _save_after(self, record: RunRecord, items: list[Item]) -> None:
+        """Put ``items`` of the run (its events), then save its record; a run deleted
+        meanwhile (its META gone) keeps neither, nor the rest of a large record."""
         tails, meta = self._meta_items(record)
         values: Item = {":record": meta["record"]}
         update = "SET #r = :record"
@@ -180,7 +202,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             names["#e"] = "expires_at"
         if not tails:
             update += " REMOVE #p, #v"
-        await self._store.put(tails)
+        written = [*items, *tails]
+        await self._store.put(written)
         try:
             response = await self._store.run(
                 "update_item",
@@ -193,6 +216,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 ReturnValues="UPDATED_OLD",
             )
         except ConditionFailed:
+            await self._store.delete(_keys(written))
             return
         old = response.get("Attributes", {})
         if old.get("version") not in (None, meta.get("version")):
@@ -200,7 +224,22 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             await self._store.delete(stale)
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
-        await self._store.put(self._event_items(user_id, run_id, events))
+        await self._put_while_run(user_id, run_id, self._event_items(user_id, run_id, events))
+
+    async def _put_while_run(self, user_id: str, run_id: str, items: list[Item]) -> None:
+        """Put ``items`` in the run's partition, then delete them if the run is gone (deleted
+        meanwhile: its deletion may have queried the partition before they landed)."""
+        await self._store.put(items)
+        response = await self._store.run(
+            "get_item",
+            idempotent=True,
+            Key=self._meta_key(user_id, run_id),
+            ProjectionExpression="#pk",
+            ExpressionAttributeNames={"#pk": "pk"},
+            ConsistentRead=True,
+        )
+        if "Item" not in response:
+            await self._store.delete(_keys(items))
 
     async def _mark_cancel(self, user_id: str, run_id: str) -> None:
         try:
