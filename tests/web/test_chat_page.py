@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
@@ -973,6 +975,96 @@ async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
         )
         assert replies == ["Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        assert not page.exceptions, page.exceptions
+
+
+# The sequence number of the run's event a buffered Lambda function cannot return.
+TOO_LARGE = 5
+
+
+class BufferedFunction:
+    """A server in front of which every event stream is answered as a buffered Lambda
+    function answers a run holding an event too large by itself (http/lambda_handler.py,
+    ``_run_stream_end``): whole, cut before that event, with an error event saying so. A
+    stream resumed after the event before it holds the error event alone."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: ASGIMessage | None = None
+        body: list[bytes] = []
+
+        async def buffered(message: ASGIMessage) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                headers = dict(message["headers"])
+                if not headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                    await send(message)
+                    return
+                start = message
+            elif start is None:
+                await send(message)
+            else:
+                body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await send(start)
+                    cut = self.cut(b"".join(body).decode())
+                    await send({"type": "http.response.body", "body": cut.encode()})
+
+        await self.app(scope, receive, buffered)
+
+    @staticmethod
+    def cut(text: str) -> str:
+        kept = ""
+        for event in text.split("\n\n"):
+            data = [line[6:] for line in event.split("\n") if line.startswith("data: ")]
+            if data and json.loads(data[0]).get("sequence_number") == TOO_LARGE:
+                message = (
+                    f"the stream was cut here: its next event (id {TOO_LARGE}) is 7000400 "
+                    "bytes by itself, more than the 6291456 bytes a buffered Lambda function "
+                    "can return, so this function cannot return it, however it is resumed"
+                )
+                error = {"error": {"code": "RESPONSE_TOO_LARGE", "message": message}}
+                return f"{kept}event: error\ndata: {json.dumps(error)}\n\n"
+            if event:
+                kept += event + "\n\n"
+        return text
+
+
+@pytest.fixture
+def buffered_function() -> Iterator[tuple[str, str]]:
+    """The demo agent's server behind :class:`BufferedFunction`, and a key for it."""
+    keys = Keys.make()  # a server stops its key store when it stops
+    settings = load_settings(web_ui=True)
+    app = create_app(settings=settings, agent_app=demo_app, key_store=keys.store)
+    with running(BufferedFunction(app)) as url:
+        yield url, keys.alice
+
+
+async def test_a_stream_the_server_ends_with_an_error_says_it_and_stops_resuming(
+    buffered_function: tuple[str, str],
+) -> None:
+    # The page resumed the stream every 0.5 s for ever, saying nothing of the error.
+    url, key = buffered_function
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.type_text("hello")
+        await page.press(*ENTER)
+        await page.wait_for("!document.getElementById('send').hidden", within=10)
+        status = await page.evaluate("document.getElementById('run-status').textContent")
+        assert status.startswith("Error: the stream was cut here: its next event (id 5)")
+        assert status.endswith("however it is resumed (RESPONSE_TOO_LARGE)")
+        await asyncio.sleep(2)  # the time of a few more tries, were there any
+        resumed = [request for request in page.requests if "/events?after=" in request]
+        assert len(resumed) == 1  # the one answering the error alone
+        reply = await page.evaluate(
+            "document.querySelector('.message.assistant .body').textContent"
+        )
+        assert reply == "Hello! I "  # the events before the one left out
         assert not page.exceptions, page.exceptions
 
 

@@ -854,7 +854,10 @@ async function resumeRun() {
 }
 
 // Read a run's stream to its end. A stream cut before the run ended (a dropped connection, a
-// proxy's time limit) is picked up again after the last event received, from the stored run.
+// proxy's time limit, a buffered Lambda function's size limit) is picked up again after the
+// last event received, from the stored run. A stream that brings no new event counts as a
+// failed try; one that brings none and ends with the server's error event (an event too large
+// for the function to return, however it is asked for) ends the run's stream with that error.
 async function follow(response, run, views) {
   let outcome = "";
   let last = -1;
@@ -862,11 +865,19 @@ async function follow(response, run, views) {
   let failures = 0;
   for (;;) {
     let lost = new Error("the connection closed before the run ended");
+    let told = null; // the error event the server ended this stream with
+    let progressed = false;
     try {
       for await (const data of serverSentEvents(response)) {
-        failures = 0;
-        if (Number.isInteger(data.sequence_number)) last = data.sequence_number;
+        if (Number.isInteger(data.sequence_number) && data.sequence_number > last) {
+          last = data.sequence_number;
+          progressed = true;
+        }
         if (data.object === "response" && TERMINAL.has(data.status)) ended = true;
+        if (data.object === undefined && data.error && typeof data.error === "object") {
+          const { message = "the server ended the stream", code = "ERROR" } = data.error;
+          told = new Error(`${message} (${code})`);
+        }
         outcome = handleEvent(data, run, views) || outcome;
       }
     } catch (error) {
@@ -874,6 +885,12 @@ async function follow(response, run, views) {
       lost = error;
     }
     if (ended) return outcome;
+    if (told) {
+      // Asked again, the server would answer the same.
+      if (!progressed) throw told;
+      lost = told;
+    }
+    if (progressed) failures = 0;
     response = null;
     while (!response) {
       if (!run.id || failures >= RESUME_ATTEMPTS) throw lost;
