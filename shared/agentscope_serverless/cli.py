@@ -505,7 +505,10 @@ def invoke(
     """Send one message to a running server and print the streamed reply."""
     import httpx
 
-    if not message.strip():  # stored, it would reach the model with every later turn
+    from agentscope_serverless.services._validation import is_blank_text
+
+    # Stored, it would reach the model with every later turn; the server refuses it (422).
+    if is_blank_text(message):
         _fail("the message is blank: say something to the agent", code=2)
     api_key = _require_key(key)
     with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
@@ -531,6 +534,8 @@ def chat(
     """Chat with a running server, one session, until /exit or end of input."""
     import httpx
 
+    from agentscope_serverless.services._validation import is_blank_text
+
     api_key = _require_key(key)
     try:
         _check_text(session=session, user=user)
@@ -547,7 +552,7 @@ def chat(
                 break
             if text in ("/exit", "/quit"):
                 break
-            if not text:
+            if is_blank_text(text):  # invisible characters too: the server would refuse them
                 continue
             try:
                 _check_text(message=text)

@@ -208,13 +208,29 @@ def test_invoke_says_what_to_change_for_a_key_refused_for_its_user(tmp_path: Pat
         assert served.returncode == 0, served.stderr
 
 
-@pytest.mark.parametrize("message", ["", "   ", "\n"])
+# Blank as the server reads a message: whitespace, and invisible characters (a zero width
+# space, a word joiner, a soft hyphen), which it refuses with 422.
+BLANK_MESSAGES = ["", "   ", "\n", "\u200b\u2060\u00ad"]
+
+
+@pytest.mark.parametrize("message", BLANK_MESSAGES)
 def test_invoke_refuses_a_blank_message_before_sending_it(server: Server, message: str) -> None:
     # Stored, a blank message would reach the model with every later turn (chat skips them).
     result = run_cli("invoke", message, "--url", server.url, "--key", server.key)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "the message is blank: say something to the agent" in result.stderr
     assert "session:" not in result.stdout
+
+
+def test_chat_skips_a_line_of_invisible_characters_as_an_empty_one(server: Server) -> None:
+    # The line was sent, and the server's 422 printed as an error.
+    typed = "".join(f"{message}\n" for message in BLANK_MESSAGES[1:]) + "hello\n/exit\n"
+    target = ("--url", server.url, "--key", server.key)
+    chatted = run_cli("chat", *target, stdin=typed.encode())
+    assert chatted.returncode == 0, chatted.stderr
+    assert "error" not in chatted.stderr, chatted.stderr
+    assert chatted.stdout.count("agent>") == 1  # the reply to "hello" alone
+    assert "Hello! I am a demo agent" in chatted.stdout
 
 
 def test_invoke_needs_a_key() -> None:
