@@ -151,6 +151,12 @@ class RunCanceledError(ConflictError):
     code = "RUN_CANCELED"
 
 
+class RunNotEndedError(ConflictError):
+    """What was asked needs the run's end (deleting a response still in progress): a retry
+    a moment later would find it going still, or act on a run that ended since, which its
+    caller never saw."""
+
+
 class RequestTimeoutError(AgentScopeServerlessError):
     """The request body did not arrive in time."""
 
@@ -311,6 +317,7 @@ __all__ = [
     "RequestInProgressError",
     "RequestTimeoutError",
     "RunCanceledError",
+    "RunNotEndedError",
     "SandboxAuthenticationError",
     "SandboxCapacityError",
     "SandboxError",

@@ -628,6 +628,8 @@ def test_a_deleted_response_is_gone_and_no_later_response_continues_it(
     with pytest.raises(openai.ConflictError) as still_going:
         sdk.responses.delete(created.response.id)
     assert "in progress" in still_going.value.message
+    # Without it the SDKs retried, and the retry could delete the response once it ended.
+    assert still_going.value.response.headers["X-Should-Retry"] == "false"
     sdk.responses.cancel(created.response.id)
     going.close()
 

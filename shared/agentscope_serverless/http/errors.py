@@ -45,6 +45,7 @@ from agentscope_serverless.errors import (
     PermissionDeniedError,
     RequestTimeoutError,
     RunCanceledError,
+    RunNotEndedError,
     SandboxAuthenticationError,
     SandboxCapacityError,
     SandboxRequestError,
@@ -241,9 +242,13 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     response = error_response(status, exc.code, exc.message, fields)
     if isinstance(exc, SandboxCapacityError):
         response.headers["Retry-After"] = str(exc.retry_after)
-    if isinstance(exc, RunCanceledError | IdempotencyKeyReusedError | MessageIdConflictError):
+    not_retried = (
+        RunCanceledError | IdempotencyKeyReusedError | MessageIdConflictError | RunNotEndedError
+    )
+    if isinstance(exc, not_retried):
         # OpenAI's SDKs retry a 409: the retry would run the turn again, in a session
-        # deleted (or data erased) on purpose; or get the same answer again.
+        # deleted (or data erased) on purpose; get the same answer again; or delete a
+        # response that ended meanwhile, its caller told it was in progress.
         response.headers["X-Should-Retry"] = "false"
     return response
 

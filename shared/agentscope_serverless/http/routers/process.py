@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from agentscope_serverless.errors import (
-    ConflictError,
     InvalidInputError,
     NotFoundError,
+    RunNotEndedError,
 )
 from agentscope_serverless.http import conversations, sdk_retries
 from agentscope_serverless.http import openai_compat as compat
@@ -692,7 +692,7 @@ def build_router(
         if deleted is None:
             raise compat.ResponseNotFoundError(response_id)
         if not deleted.finished:
-            raise ConflictError(
+            raise RunNotEndedError(
                 "the response is still in progress: cancel it (responses.cancel) or wait for "
                 "its end before deleting it"
             )
