@@ -14,7 +14,13 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
-from agentscope_serverless.schemas.agent_schemas import ImageContent, Message, Role, TextContent
+from agentscope_serverless.schemas.agent_schemas import (
+    ImageContent,
+    Message,
+    RefusalContent,
+    Role,
+    TextContent,
+)
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -63,6 +69,13 @@ def scenario_app() -> AgentApp:
         if text == "draw":
             picture = ImageContent(image_url=CAT)
             yield Message(role=Role.ASSISTANT, content=[picture, TextContent(text="A cat.")])
+            return
+        if text == "refuse":
+            yield Message(role=Role.ASSISTANT, content=[RefusalContent(refusal="I can't.")])
+            return
+        if text == "half refuse":
+            said = [TextContent(text="Part one."), RefusalContent(refusal="Not the rest.")]
+            yield Message(role=Role.ASSISTANT, content=said)
             return
         if text == "show":
             # A message of a picture alone, then one of text.

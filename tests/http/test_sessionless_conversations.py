@@ -414,3 +414,46 @@ def test_a_responses_client_resending_a_reply_with_a_message_of_no_text_continue
     items.append({"role": "user", "content": "thanks"})
     second = sdk.responses.create(model="m", input=items)
     assert (first.metadata or {})["session_id"] == (second.metadata or {})["session_id"]
+
+
+@pytest.mark.parametrize("asked", ["refuse", "half refuse"])
+def test_a_responses_client_resending_a_reply_with_a_refusal_continues_it(
+    sdk: openai.OpenAI, rest: httpx.Client, asked: str
+) -> None:
+    # The conversation was noted with the reply's text alone, while the digest of the
+    # resent output read its refusal part: the next call started a new session.
+    items: list[Any] = [*started(uuid.uuid4().hex), {"role": "user", "content": asked}]
+    first = sdk.responses.create(model="m", input=items)
+    assert "refusal" in [part.type for item in first.output for part in item.content]  # type: ignore[union-attr]
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    items.append({"role": "user", "content": "thanks"})
+    second = sdk.responses.create(model="m", input=items)
+    session = str((first.metadata or {})["session_id"])
+    assert str((second.metadata or {})["session_id"]) == session
+    assert [role for role, _ in stored(rest, session)] == [
+        "system",
+        "user",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+
+
+@pytest.mark.parametrize("resent_as", ["message", "refusal part"])
+@pytest.mark.parametrize("asked", ["refuse", "half refuse"])
+def test_a_chat_client_resending_a_reply_with_a_refusal_continues_it(
+    sdk: openai.OpenAI, asked: str, resent_as: str
+) -> None:
+    conversation: list[Any] = [*started(uuid.uuid4().hex), {"role": "user", "content": asked}]
+    raw = sdk.chat.completions.with_raw_response.create(model="m", messages=conversation)
+    reply = raw.parse().choices[0].message
+    assert reply.refusal
+    if resent_as == "message":  # the SDK's message as it came (its refusal field)
+        conversation.append(reply.model_dump(exclude_none=True))
+    else:
+        parts = [{"type": "text", "text": reply.content}] if reply.content else []
+        parts.append({"type": "refusal", "refusal": reply.refusal})
+        conversation.append({"role": "assistant", "content": parts})
+    conversation.append({"role": "user", "content": "thanks"})
+    assert say(sdk, conversation, stream=False) == raw.headers["X-Session-Id"]

@@ -21,7 +21,9 @@ the session still holds it: one whose session was deleted (by its user, with the
 data, or expired) is not followed, even once a session of the same id was made again.
 
 The digest reads what a client resends of each message: its role, type, text and other
-parts (without their envelope: :data:`agentscope_serverless.schemas.agent_schemas.PART_ENVELOPE`).
+parts (without their envelope: :data:`agentscope_serverless.schemas.agent_schemas.PART_ENVELOPE`),
+an assistant's refusal apart: clients resend it as a part, as chat's ``refusal`` field (which
+is not read as input), or not at all, and a reply is noted as its text.
 Consecutive assistant messages of text count as one whose texts are joined by a blank line,
 as a chat completion joins the reply messages of a run (those with text: a picture's adds
 none): a responses client resending its output items one by one writes the same digest.
@@ -73,6 +75,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Event,
     Message,
     MessageType,
+    RefusalContent,
     Role,
     RunStatus,
     TextContent,
@@ -92,10 +95,13 @@ def digest(messages: Sequence[Message]) -> str:
     shown: list[list[Any]] = []
     for message in messages:
         text = text_of(message)
+        # An assistant's refusal is not read: clients resend it as a part, as chat's
+        # ``refusal`` field (not read as input), or not at all.
+        skipped = TextContent | RefusalContent if message.role == Role.ASSISTANT else TextContent
         others = [
             p.model_dump_json(exclude=set(PART_ENVELOPE))
             for p in message.content or []
-            if not isinstance(p, TextContent)
+            if not isinstance(p, skipped)
         ]
         if (
             shown
