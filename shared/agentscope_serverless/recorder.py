@@ -561,7 +561,8 @@ class RecordedRun:
     def changed(self) -> asyncio.Future[None]:
         """A future resolved when the run produces an event or ends (at once when there
         are events not taken yet, or the run has ended)."""
-        if self._changed is None:
+        if self._changed is None or self._changed.cancelled():
+            # (A waiter cancelled, its client gone, cancelled the future it awaited.)
             self._changed = asyncio.get_running_loop().create_future()
         changed = self._changed
         if self._produced or self._taken < len(self._log):

@@ -77,6 +77,12 @@ def scenario_app() -> AgentApp:
             said = [TextContent(text="Part one."), RefusalContent(refusal="Not the rest.")]
             yield Message(role=Role.ASSISTANT, content=said)
             return
+        if text == "ticks":
+            # A message a tick, for 8 s: a reply long enough to be stopped.
+            for tick in range(40):
+                yield Message(role=Role.ASSISTANT, content=[TextContent(text=f"tick {tick}")])
+                await asyncio.sleep(0.2)
+            return
         if text == "show":
             # A message of a picture alone, then one of text.
             yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=CAT)])

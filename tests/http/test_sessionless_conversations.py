@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -457,3 +458,31 @@ def test_a_chat_client_resending_a_reply_with_a_refusal_continues_it(
         conversation.append({"role": "assistant", "content": parts})
     conversation.append({"role": "user", "content": "thanks"})
     assert say(sdk, conversation, stream=False) == raw.headers["X-Session-Id"]
+
+
+def test_a_chat_reply_stopped_by_its_client_is_continued_with_what_it_got(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # The stopped run noted only the conversation before its turn: the next call, resending
+    # the partial reply the client got, started a new session.
+    conversation: list[Any] = [*started(uuid.uuid4().hex), {"role": "user", "content": "ticks"}]
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="m", messages=conversation, stream=True
+    )
+    session, run = raw.headers["X-Session-Id"], raw.headers["X-Run-Id"]
+    got = ""
+    with raw.parse() as chunks:  # the user presses "stop" after two ticks
+        for chunk in chunks:
+            got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if got.count("tick") == 2:
+                break
+    assert got == "tick 0\n\ntick 1"
+    deadline = time.monotonic() + 10  # the run ends (its partial reply kept), then is noted
+    while rest.get(f"/runs/{run}").json()["status"] != "canceled":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    conversation += [{"role": "assistant", "content": got}, {"role": "user", "content": "on"}]
+    assert say(sdk, conversation, stream=True) == session
+    assert stored(rest, session)[:4] == [*sent(conversation[:3]), ("assistant", "tick 0")]
+    assert stored(rest, session)[-2:] == [("user", "on"), ("assistant", "echo: on")]

@@ -20,6 +20,12 @@ turn's last reply, or the last message before a failed turn), and is followed on
 the session still holds it: one whose session was deleted (by its user, with the user's
 data, or expired) is not followed, even once a session of the same id was made again.
 
+A run cancelled (a chat client closing its stream to stop the reply) notes the conversation
+with its partial reply too, as the session keeps it and as it was streamed until the client
+left, so that the client resending what it got of it goes on in the session. The end of a run
+whose client left is awaited apart from the request: a call sent before it (and the partial
+reply stored) starts a new session, as does one resending less than was streamed.
+
 The digest reads what a client resends of each message: its role, type, text and other
 parts (without their envelope: :data:`agentscope_serverless.schemas.agent_schemas.PART_ENVELOPE`),
 an assistant's refusal apart: clients resend it as a part, as chat's ``refusal`` field (which
@@ -51,9 +57,11 @@ True
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentscope_serverless.errors import AgentScopeServerlessError
@@ -159,22 +167,107 @@ async def noted(
     conversation: Sequence[Message],
     before: Sequence[Message] | None,
     held: str | None,
+    ended: Callable[[], Awaitable[AgentResponse]] | None = None,
 ) -> AsyncIterator[Event]:
     """``events``, noting the conversation with its reply before the run's completed
     response goes out (so that the client's next call finds it), with the id of the reply's
     last message; a run that ends otherwise notes the conversation ``before`` its turn, for
-    the client's retry, with ``held``, the id of a message the session held before it."""
+    the client's retry, with ``held``, the id of a message the session held before it.
+
+    A cancelled run also notes the conversation with its partial reply, as the session keeps
+    it and as it was streamed: a chat client that stopped a reply resends what it got of it.
+    When the listener leaves before the run's end (the client stopped the stream), the end
+    is awaited (``ended``) apart from the request, and noted alike.
+    """
     last: str | None = None
-    async for event in events:
-        if isinstance(event, Message):
-            last = event.id
-        if isinstance(event, AgentResponse) and event.status in _ENDED:
-            if event.status == RunStatus.Completed:
-                reply = Message(role=Role.ASSISTANT, content=[TextContent(text=reply_text(event))])
-                await _note(context, user_id, session_id, [*conversation, reply], last or held)
-            elif before:
-                await _note(context, user_id, session_id, before, held)
-        yield event
+    streamed: dict[str, str] = {}  # the text of each reply message, as streamed so far
+    done = False
+    try:
+        async for event in events:
+            if isinstance(event, Message):
+                last = event.id
+                if _is_reply(event):
+                    streamed.setdefault(event.id, "")
+            elif isinstance(event, TextContent) and event.delta and event.msg_id in streamed:
+                streamed[event.msg_id] += event.text or ""
+            if isinstance(event, AgentResponse) and event.status in _ENDED:
+                done = True
+                ending = _Ending(context, user_id, session_id, conversation, before, held)
+                await ending.note(event, _joined(streamed.values()), last)
+            yield event
+    except (asyncio.CancelledError, GeneratorExit):
+        if not done and ended is not None:
+            ending = _Ending(context, user_id, session_id, conversation, before, held)
+            _later(ending.note_when_ended(ended, _joined(streamed.values()), last))
+        raise
+
+
+def _is_reply(message: Message) -> bool:
+    return message.role == Role.ASSISTANT and message.type == MessageType.MESSAGE
+
+
+def _joined(texts: Iterable[str]) -> str:
+    """Reply messages' texts as one reply says them (see :func:`reply_text`)."""
+    return "\n\n".join(text for text in texts if text)
+
+
+def _reply(text: str) -> Message:
+    return Message(role=Role.ASSISTANT, content=[TextContent(text=text)])
+
+
+# The notes taken apart from the requests that started them (held here: the event loop
+# keeps no reference to its tasks).
+_pending: set[asyncio.Task[None]] = set()
+
+
+def _later(step: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(step)
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """What a call naming no session notes as its run ends (see :func:`noted`)."""
+
+    context: AppContext
+    user_id: str
+    session_id: str
+    conversation: Sequence[Message]
+    before: Sequence[Message] | None
+    held: str | None
+
+    async def note(self, final: AgentResponse, streamed: str, last: str | None) -> None:
+        """Note the conversation as the run ended with ``final``, its reply ``streamed``
+        so far, the last message the listener saw ``last``."""
+        # The run's messages are kept in the session, the one open when it was cancelled
+        # too (as it was then).
+        last_kept = last or next((m.id for m in reversed(final.output or [])), None)
+        if final.status == RunStatus.Completed:
+            reply = _reply(reply_text(final))
+            await self._note([*self.conversation, reply], last_kept or self.held)
+            return
+        if self.before:
+            await self._note(self.before, self.held)
+        if final.status == RunStatus.Canceled and last_kept is not None:
+            # The partial reply the session keeps, and the one streamed (the client got it,
+            # or less: what it resends is found only if it is one of them).
+            kept = reply_text(final) if final.output else None
+            for partial in dict.fromkeys(p for p in (kept, streamed) if p is not None):
+                await self._note([*self.conversation, _reply(partial)], last_kept)
+
+    async def note_when_ended(
+        self, ended: Callable[[], Awaitable[AgentResponse]], streamed: str, last: str | None
+    ) -> None:
+        try:
+            final = await ended()
+        except Exception:  # a run that ends so is not continued: its next call starts anew
+            logger.warning("could not follow a run to its end to note its conversation")
+            return
+        await self.note(final, streamed, last)
+
+    async def _note(self, conversation: Sequence[Message], message_id: str | None) -> None:
+        await _note(self.context, self.user_id, self.session_id, conversation, message_id)
 
 
 async def _note(

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -291,11 +291,18 @@ async def _openai_turn(
     )
     # Its answer is a 200 however the run ends (a failed response, as OpenAI's).
     fails_when(request, lambda: _failed_as_5xx(recorded))
-    return _Turn(recorded.run_id, session_id, _noted(context, call, recorded.events()), recorded)
+    noted = _noted(context, call, recorded.events(), recorded.final)
+    return _Turn(recorded.run_id, session_id, noted, recorded)
 
 
-def _noted(context: AppContext, call: _Call, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    """The run's events, noting a conversation of a call naming no session as it ends."""
+def _noted(
+    context: AppContext,
+    call: _Call,
+    events: AsyncIterator[Event],
+    ended: Callable[[], Awaitable[AgentResponse]] | None = None,
+) -> AsyncIterator[Event]:
+    """The run's events, noting a conversation of a call naming no session as it ends (as
+    ``ended`` tells, when the client leaves first)."""
     if call.conversation is None:
         return events
     assert call.run.user_id is not None
@@ -307,6 +314,7 @@ def _noted(context: AppContext, call: _Call, events: AsyncIterator[Event]) -> As
         call.conversation,
         call.before,
         call.held,
+        ended,
     )
 
 
