@@ -13,11 +13,17 @@ from typing import Any
 import pytest
 
 from agentscope_serverless import AgentApp
+from agentscope_serverless.errors import ServiceNotStartedError
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services.agent_state import StateService
+from agentscope_serverless.services.agent_state import RedisStateService, StateService
 from agentscope_serverless.services.memory import MemoryService
-from agentscope_serverless.services.session_history import SessionHistoryService
+from agentscope_serverless.services.session_history import (
+    InMemorySessionHistoryService,
+    RedisSessionHistoryService,
+    SessionHistoryService,
+)
 
 
 class DictSessionHistoryService(SessionHistoryService):
@@ -185,3 +191,72 @@ async def test_a_history_without_append_message_is_refused_naming_it() -> None:
     session = await history.create_session("ann", "s1")
     with pytest.raises(NotImplementedError, match=r"override append_message\(\)"):
         await history.append_message(session, {"role": "user", "content": "hi"})
+
+
+def logged(backend: type[Any]) -> type[Any]:
+    """A wrapper of a backend, overriding AgentScope's methods to call ``super()``."""
+
+    class Logged(backend):  # type: ignore[misc]
+        calls: list[str] = []
+
+        async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
+            self.calls.append("create_session")
+            return await super().create_session(user_id, session_id)  # type: ignore[no-any-return]
+
+        async def get_session(self, user_id: str, session_id: str) -> Session | None:
+            return await super().get_session(user_id, session_id)  # type: ignore[no-any-return]
+
+        async def delete_session(self, user_id: str, session_id: str) -> None:
+            await super().delete_session(user_id, session_id)
+
+        async def list_sessions(self, user_id: str) -> list[Session]:
+            return await super().list_sessions(user_id)  # type: ignore[no-any-return]
+
+        async def append_message(self, session: Session, message: Any) -> None:
+            self.calls.append("append_message")
+            await super().append_message(session, message)
+
+    return Logged
+
+
+async def test_a_wrapper_of_a_backend_keeps_its_started_check_and_storage(
+    redis_server: RedisServer,
+) -> None:
+    for history in (
+        logged(InMemorySessionHistoryService)(),
+        logged(RedisSessionHistoryService)(redis_server.url),
+    ):
+        with pytest.raises(ServiceNotStartedError):
+            await history.create_session("ann", "s1")
+        async with history:
+            session = await history.create_session("ann", "s1")
+            await history.append_message(session, {"role": "user", "content": "hi"})
+            opened = await history.open_session("ann", "s1", recent=5)
+            assert [m.get_text_content() for m in opened.messages] == ["hi"]
+            assert [m.get_text_content() for m in session.messages] == ["hi"]
+            await history.delete_session("ann", "s1")
+        assert history.calls == ["create_session", "create_session", "append_message"]
+        with pytest.raises(ServiceNotStartedError):
+            await history.create_session("ann", "s1")
+
+    class LoggedState(RedisStateService):
+        async def save_state(
+            self,
+            user_id: str,
+            state: dict[str, Any],
+            session_id: str | None = None,
+            round_id: int | None = None,
+        ) -> int:
+            return await super().save_state(user_id, state, session_id, round_id)
+
+        async def export_state(
+            self, user_id: str, session_id: str | None = None, round_id: int | None = None
+        ) -> dict[str, Any] | None:
+            return await super().export_state(user_id, session_id, round_id)
+
+    state = LoggedState(redis_server.url)
+    with pytest.raises(ServiceNotStartedError):
+        await state.save_state("ann", {"a": 1})
+    async with state:
+        round_id = await state.save_state("ann", {"a": 1}, session_id=uuid.uuid4().hex)
+        assert round_id == 1

@@ -10,6 +10,9 @@ read through them), and it checks its own state (the base's started check, which
 ``start()`` may not set, is left out). What AgentScope's methods cannot give (listing a
 session's state rounds, clearing every user's memory...) raises ``NotImplementedError``
 saying which method to override.
+
+A subclass of one of our backends (a wrapper overriding the public methods to call
+``super()``) is not such a backend: it has the hooks already, and keeps the started check.
 """
 
 from __future__ import annotations
@@ -35,19 +38,31 @@ def adapt_ported_subclass(
     hooks: Mapping[str, Hook],
 ) -> None:
     """Implement the ``hooks`` that ``cls`` leaves abstract when it overrides every one of
-    ``agentscope_methods`` of ``base`` (see the module's documentation)."""
-    if not all(getattr(cls, name) is not getattr(base, name) for name in agentscope_methods):
+    ``agentscope_methods`` of ``base`` (see the module's documentation).
+
+    A subclass of a backend (whose hooks are all implemented: a wrapper overriding the
+    public methods to call ``super()``) is not adapted: it keeps the backend's storage and
+    its started check.
+    """
+    ported = all(
+        getattr(cls, name) is not getattr(base, name) for name in agentscope_methods
+    ) and any(_left_to_adapt(getattr(cls, name)) for name in hooks)
+    if not ported:
         return
     for name, hook in hooks.items():
-        current = getattr(cls, name)
         # Abstract, or made here for a parent class (this class may override otherwise).
-        if getattr(current, "__isabstractmethod__", False) or hasattr(current, _MADE_HERE):
+        if _left_to_adapt(getattr(cls, name)):
             method = _CALLS.get(name)
             if method is not None and getattr(cls, method) is getattr(base, method):
                 # The base's method would call this hook back: it is not the subclass's.
                 hook = unsupported(method, _CALLS_WHAT[method])
             setattr(cls, name, hook)
     cls._ensure_started = _checked_by_the_subclass  # type: ignore[attr-defined]
+
+
+def _left_to_adapt(hook: Any) -> bool:
+    """Whether ``hook`` is abstract, or made here for a parent class."""
+    return getattr(hook, "__isabstractmethod__", False) or hasattr(hook, _MADE_HERE)
 
 
 # Hooks made of a public method that AgentScope's base did not make abstract: the subclass
