@@ -193,6 +193,84 @@ async def test_a_history_without_append_message_is_refused_naming_it() -> None:
         await history.append_message(session, {"role": "user", "content": "hi"})
 
 
+class SuperCallingHistory(SessionHistoryService):
+    """Calls the base's methods first, as AgentScope's base allowed (its ``append_message``
+    was a no-op, the others abstract)."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[tuple[str, str], list[Any]] = {}
+
+    async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
+        assert await super().create_session(user_id, session_id) is None
+        sid = session_id or str(uuid.uuid4())
+        self.sessions.setdefault((user_id, sid), [])
+        return Session(id=sid, user_id=user_id)
+
+    async def get_session(self, user_id: str, session_id: str) -> Session | None:
+        assert await super().get_session(user_id, session_id) is None
+        messages = self.sessions.get((user_id, session_id))
+        return (
+            None if messages is None else Session(id=session_id, user_id=user_id, messages=messages)
+        )
+
+    async def delete_session(self, user_id: str, session_id: str) -> None:
+        await super().delete_session(user_id, session_id)
+        self.sessions.pop((user_id, session_id), None)
+
+    async def list_sessions(self, user_id: str) -> list[Session]:
+        assert await super().list_sessions(user_id) is None
+        return [Session(id=s, user_id=u) for u, s in self.sessions if u == user_id]
+
+    async def append_message(self, session: Session, message: Any) -> None:
+        await super().append_message(session, message)
+        messages = message if isinstance(message, list) else [message]
+        self.sessions.setdefault((session.user_id, session.id), []).extend(messages)
+
+
+async def test_super_calls_of_agentscopes_methods_do_nothing_as_its_base_did() -> None:
+    history = SuperCallingHistory()
+    session = await history.create_session("ann", "s1")
+    await history.append_message(session, {"role": "user", "content": "hi"})
+    assert session.messages == []  # AgentScope's base did not touch the object either
+    messages = await history.list_messages("ann", "s1")
+    assert [m.get_text_content() for m in messages.items] == ["hi"]
+    assert [s.id for s in await history.list_sessions("ann")] == ["s1"]
+    await history.delete_session("ann", "s1")
+    assert await history.get_session("ann", "s1") is None
+
+    class SuperState(StateService):
+        def __init__(self) -> None:
+            self.saved: dict[str, Any] = {}
+
+        async def save_state(
+            self,
+            user_id: str,
+            state: dict[str, Any],
+            session_id: str | None = None,
+            round_id: int | None = None,
+        ) -> int:
+            assert await super().save_state(user_id, state, session_id, round_id) is None
+            self.saved[user_id] = state
+            return 1
+
+        async def export_state(
+            self, user_id: str, session_id: str | None = None, round_id: int | None = None
+        ) -> dict[str, Any] | None:
+            assert await super().export_state(user_id, session_id, round_id) is None
+            return self.saved.get(user_id)
+
+    class SuperMemory(ListMemoryService):
+        async def add_memory(self, user_id: str, messages: Any, session_id: Any = None) -> None:
+            await MemoryService.add_memory(self, user_id, messages, session_id)
+            await super().add_memory(user_id, messages, session_id)
+
+    state, memory = SuperState(), SuperMemory()
+    assert await state.save_state("ann", {"a": 1}, session_id="s1") == 1
+    assert await state.export_state("ann", session_id="s1", round_id=1) == {"a": 1}
+    await memory.add_memory("ann", [{"role": "user", "content": "tea"}])
+    assert len(await memory.list_memory("ann")) == 1
+
+
 def logged(backend: type[Any]) -> type[Any]:
     """A wrapper of a backend, overriding AgentScope's methods to call ``super()``."""
 

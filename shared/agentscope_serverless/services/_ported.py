@@ -9,7 +9,8 @@ routes need beyond AgentScope's methods, such as ``open_session`` or a page of m
 read through them), and it checks its own state (the base's started check, which its
 ``start()`` may not set, is left out). What AgentScope's methods cannot give (listing a
 session's state rounds, clearing every user's memory...) raises ``NotImplementedError``
-saying which method to override.
+saying which method to override. Its ``super()`` calls of AgentScope's methods do nothing,
+as AgentScope's base did (see :func:`agentscope_base_method`).
 
 A subclass of one of our backends (a wrapper overriding the public methods to call
 ``super()``) is not such a backend: it has the hooks already, and keeps the started check.
@@ -17,8 +18,9 @@ A subclass of one of our backends (a wrapper overriding the public methods to ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
@@ -47,6 +49,7 @@ def adapt_ported_subclass(
     ported = all(
         getattr(cls, name) is not getattr(base, name) for name in agentscope_methods
     ) and any(_left_to_adapt(getattr(cls, name)) for name in hooks)
+    setattr(cls, _PORTED, ported)
     if not ported:
         return
     for name, hook in hooks.items():
@@ -60,9 +63,34 @@ def adapt_ported_subclass(
     cls._ensure_started = _checked_by_the_subclass  # type: ignore[attr-defined]
 
 
+# The attribute telling whether a class is adapted here.
+_PORTED = "__ported_backend__"
+
+
 def _left_to_adapt(hook: Any) -> bool:
     """Whether ``hook`` is abstract, or made here for a parent class."""
     return getattr(hook, "__isabstractmethod__", False) or hasattr(hook, _MADE_HERE)
+
+
+AgentScopeMethod = TypeVar("AgentScopeMethod", bound=Callable[..., Awaitable[Any]])
+
+
+def agentscope_base_method(method: AgentScopeMethod) -> AgentScopeMethod:
+    """``method``, one of AgentScope's base methods, which does nothing (returns None) when
+    a ported subclass overriding it calls it with ``super()``, as AgentScope's base did.
+
+    The base's method would call the subclass's back through a hook made here, again and
+    again; AgentScope's did nothing (``append_message`` was a no-op, the others abstract).
+    """
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(type(self), _PORTED, False) and getattr(type(self), name) is not checked:
+            return None
+        return await method(self, *args, **kwargs)
+
+    return cast(AgentScopeMethod, checked)
 
 
 # Hooks made of a public method that AgentScope's base did not make abstract: the subclass

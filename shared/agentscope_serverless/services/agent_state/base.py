@@ -16,6 +16,7 @@ from agentscope_serverless.services._ported import (
     STATE_HOOKS,
     STATE_METHODS,
     adapt_ported_subclass,
+    agentscope_base_method,
 )
 from agentscope_serverless.services._validation import (
     json_copy,
@@ -62,6 +63,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @agentscope_base_method
     async def save_state(
         self,
         user_id: str,
@@ -90,6 +92,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         await self._save_round(user_id, sid, round_id, stored)
         return round_id
 
+    @agentscope_base_method
     async def export_state(
         self, user_id: str, session_id: str | None = None, round_id: int | None = None
     ) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from agentscope_serverless.services._ported import (
     MEMORY_HOOKS,
     MEMORY_METHODS,
     adapt_ported_subclass,
+    agentscope_base_method,
 )
 from agentscope_serverless.services._turn import note_memory_write
 from agentscope_serverless.services._validation import (
@@ -75,6 +76,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @agentscope_base_method
     async def add_memory(self, user_id: str, messages: Any, session_id: str | None = None) -> None:
         """Remember ``messages`` (a message or a list; models or dicts) for the user."""
         self._ensure_started()
@@ -90,6 +92,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
             write_id = next_write_id()
             await self._add(user_id, session_id_or_default(session_id), memories, write_id)
 
+    @agentscope_base_method
     async def search_memory(
         self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
     ) -> list[Message]:
@@ -109,6 +112,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
             return []
         return await self._search(user_id, terms, top_k or MAX_TOP_K)
 
+    @agentscope_base_method
     async def list_memory(
         self, user_id: str, filters: dict[str, Any] | None = None
     ) -> list[Message]:
@@ -125,6 +129,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         )
         return await self._list(user_id, (page_num - 1) * page_size, page_size)
 
+    @agentscope_base_method
     async def delete_memory(self, user_id: str, session_id: str | None = None) -> None:
         """Forget one session's memories, or all of the user's when ``session_id`` is None.
 

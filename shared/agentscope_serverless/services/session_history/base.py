@@ -23,6 +23,7 @@ from agentscope_serverless.services._ported import (
     SESSION_HISTORY_HOOKS,
     SESSION_HISTORY_METHODS,
     adapt_ported_subclass,
+    agentscope_base_method,
 )
 from agentscope_serverless.services._turn import note_history_write
 from agentscope_serverless.services._validation import (
@@ -82,6 +83,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @agentscope_base_method
     async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
         """Create a session (a fresh uuid when ``session_id`` is missing or blank).
 
@@ -110,6 +112,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         recent = min(recent, MAX_PAGE_SIZE)
         return await self._open_session(user_id, new_or_clean_session_id(session_id), recent)
 
+    @agentscope_base_method
     async def get_session(self, user_id: str, session_id: str) -> Session | None:
         """The session with its full history, or None when it does not exist."""
         self._ensure_started()
@@ -127,6 +130,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             return False
         return True
 
+    @agentscope_base_method
     async def delete_session(self, user_id: str, session_id: str) -> None:
         """Delete a session and its history; deleting a missing session is not an error."""
         self._ensure_started()
@@ -144,6 +148,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         self._ensure_started()
         await self._delete_user_sessions(require_user_id(user_id))
 
+    @agentscope_base_method
     async def list_sessions(self, user_id: str) -> list[Session]:
         """Every session of ``user_id`` in creation order, with ``messages == []``."""
         sessions: list[Session] = []
@@ -182,6 +187,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             raise SessionNotFoundError(user_id, sid)
         return page
 
+    @agentscope_base_method
     async def append_message(
         self,
         session: Session,
