@@ -325,3 +325,28 @@ def test_a_fifo_in_the_workspace_does_not_hang_a_file_tool(tool: Tool) -> None:
     error(tool("edit_file", path="pipe", edits=[{"oldText": "a", "newText": "b"}]))
     assert "[FILE] pipe" in ok(tool("list_directory", path="."))
     assert "isFile: false" in ok(tool("get_file_info", path="pipe"))
+
+
+def test_a_directory_given_to_a_file_tool_is_named_and_leaks_no_descriptor(tool: Tool) -> None:
+    made = tool("run_shell_command", command="mkdir -p src && echo hello > notes.txt && echo made")
+    assert made["content"][0]["text"] == "made\n"
+    said = "'src' is a directory, not a file"
+    assert error(tool("read_file", path="src")) == f"Error: {said}"
+    assert ok(tool("read_multiple_files", paths=["src", "notes.txt"])) == (
+        f"src: Error - {said}\n---\nnotes.txt:\nhello\n\n"
+    )
+    assert error(tool("edit_file", path="src", edits=[{"oldText": "a", "newText": "b"}])) == (
+        f"Error: {said}"
+    )
+    assert error(tool("write_file", path="src", content="x")) == f"Error: {said}"
+    assert error(tool("read_file", path="/workspace/src/")) == (
+        "Error: '/workspace/src/' is a directory, not a file"
+    )
+    # The agent may hold 256 descriptors: a descriptor left behind by each call used them up.
+    for _ in range(300):
+        error(tool("read_file", path="src"))
+    assert ok(tool("read_file", path="notes.txt")) == "hello\n"
+    ok(tool("write_file", path="new.txt", content="x"))
+    listed = tool("run_shell_command", command="ls")
+    assert listed.get("isError") is False, listed
+    assert listed["content"][0]["text"] == "new.txt\nnotes.txt\nsrc\n"

@@ -43,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, BinaryIO, cast
+from typing import IO, Any, BinaryIO, cast
 
 WORKSPACE = "/workspace"
 STRAY_KILL_SECONDS = 2.0
@@ -174,6 +174,31 @@ stat_is_file = stat.S_ISREG
 def _os_error(exc: OSError) -> str:
     reason = exc.strerror or str(exc)
     return f"{reason}: {exc.filename}" if exc.filename else reason
+
+
+def _open_file(full: str, path: str, flags: int, mode: str) -> IO[Any]:
+    """The regular file ``full`` (``path`` as the caller gave it), opened with ``flags`` and
+    ``mode``. Anything else is a ``ToolFailure`` naming ``path``, and leaves no descriptor open:
+    a descriptor left behind on each failure would use up the agent's limit."""
+    try:
+        fd = os.open(full, flags, 0o644)
+    except IsADirectoryError:
+        raise ToolFailure(f"{path!r} is a directory, not a file") from None
+    try:
+        kind = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        if stat.S_ISDIR(kind):
+            raise ToolFailure(f"{path!r} is a directory, not a file")
+        raise ToolFailure(f"{path!r} is not a regular file")
+    try:
+        return open(fd, mode, encoding=None if "b" in mode else "utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _iso(timestamp: float) -> str:
@@ -571,11 +596,9 @@ class Agent:
     def _read_text(self, path: str, limit: int | None = None) -> str:
         limit = self.max_output if limit is None else limit
         # Non-blocking, so a FIFO the sandbox made cannot hang the call; only files are read.
-        fd = os.open(workspace_path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ToolFailure(f"{path!r} is not a regular file")
-            data = file.read(limit + 1)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+        with _open_file(workspace_path(path), path, flags, "rb") as file:
+            data: bytes = file.read(limit + 1)
         if len(data) > limit:
             raise ToolFailure(f"{path!r} is larger than {limit} bytes")
         try:
@@ -586,11 +609,8 @@ class Agent:
     @staticmethod
     def _write_text(full: str, path: str, content: str) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(full, flags, 0o644)
-        with open(fd, "w", encoding="utf-8") as file:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ToolFailure(f"{path!r} is not a regular file")
-            os.set_blocking(fd, True)
+        with _open_file(full, path, flags, "w") as file:
+            os.set_blocking(file.fileno(), True)
             file.truncate(0)
             file.write(content)
 
