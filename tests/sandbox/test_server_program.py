@@ -156,6 +156,37 @@ exec BWRAP "$@"
 """
 
 
+def test_a_server_not_run_as_root_says_its_sandboxes_share_its_uid_quotas(scratch: Path) -> None:
+    # One sandbox holding every inotify instance of the uid (a per-uid kernel quota) made
+    # inotify_init fail in every other sandbox and in the server's uid, and nothing said so.
+    unshare = shutil.which("unshare")
+    assert unshare is not None, "unshare is missing: apt-get install -y util-linux"
+    env = {**os.environ, "SANDBOX_SERVER_TOKEN": TOKEN}
+    args = ["--port", str(free_port()), "--root", str(scratch / "root"), "--weaker-isolation"]
+    # A user namespace of its own: the server's uid is not 0 there (it is not root).
+    server = subprocess.Popen(
+        [unshare, "--user", "--", *SERVER, *args],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        said = []
+        for line in server.stderr:
+            said.append(line)
+            if "Started server process" in line:
+                break
+    finally:
+        server.terminate()
+        server.wait(20)
+    warning = next(line for line in said if "per-uid kernel quotas" in line)
+    assert warning.startswith("agentscope-sandbox-server: not run as root, every sandbox runs")
+    assert "(inotify instances and watches, among others)" in warning
+    assert "shared between sandboxes and with the server" in warning
+
+
 def test_a_bubblewrap_older_than_0_8_stops_the_server_unless_weaker(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,6 +202,7 @@ def test_a_bubblewrap_older_than_0_8_stops_the_server_unless_weaker(
     assert refused.returncode == 2
     assert "NOT enforced: no nested user namespaces" in refused.stderr
     assert "install bubblewrap 0.8.0 or later" in refused.stderr
+    assert "per-uid kernel quotas" not in refused.stderr  # as root each sandbox has its uid
     server = start_server(scratch / "weaker", "--weaker-isolation")
     try:
         health = httpx.get(f"{server.url}/health").json()

@@ -38,6 +38,13 @@ from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerC
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
 DEFAULT_ROOT = "/var/lib/agentscope-sandbox"
 MIN_TOKEN_LENGTH = 16
+# As root each sandbox runs as a host uid of its own (--first-sandbox-uid); otherwise as ours.
+SHARED_UID_WARNING = (
+    "not run as root, every sandbox runs as this server's uid: per-uid kernel quotas "
+    "(inotify instances and watches, among others) are shared between sandboxes and with "
+    "the server: one sandbox that exhausts one (such as fs.inotify.max_user_instances) makes "
+    "it fail for the other sandboxes and every process of this uid until it is released"
+)
 
 
 def _positive_seconds(text: str) -> float:
@@ -249,6 +256,8 @@ def _host_isolation(config: ServerConfig) -> HostIsolation:
         file=sys.stderr,
         flush=True,
     )
+    if os.geteuid() != 0:
+        print(f"agentscope-sandbox-server: {SHARED_UID_WARNING}", file=sys.stderr, flush=True)
     if missing and not config.weaker_isolation:
         host.close()
         print(
