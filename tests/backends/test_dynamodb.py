@@ -792,6 +792,48 @@ async def test_a_stopped_dynamodb_makes_calls_fail_and_a_restarted_one_works_aga
         assert await state.save_state(user_id, {"v": 1}) == 1
 
 
+def test_a_service_started_once_works_from_each_later_event_loop(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # As a script or a CLI does: every asyncio.run is a new loop, the previous one closed.
+    history, state = history_on(dynamodb_server), state_on(dynamodb_server)
+    asyncio.run(history.start())
+    asyncio.run(state.start())
+    for i in range(3):
+        asyncio.run(history.create_session(user_id, f"s{i}"))
+        assert asyncio.run(state.save_state(user_id, {"v": i})) == i + 1
+
+    async def together() -> None:  # the first calls of a loop, side by side
+        await asyncio.gather(*(history.create_session(user_id, f"t{i}") for i in range(3)))
+
+    asyncio.run(together())
+    assert asyncio.run(history.health()) is True
+    assert asyncio.run(state.health()) is True
+    sessions = asyncio.run(history.list_sessions(user_id))
+    assert sorted(s.id for s in sessions) == ["s0", "s1", "s2", "t0", "t1", "t2"]
+    assert asyncio.run(state.export_state(user_id)) == {"v": 2}
+    asyncio.run(history.stop())
+    asyncio.run(state.stop())
+
+
+async def test_a_service_works_from_another_event_loop_and_back(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as history:
+        await history.create_session(user_id, "here")
+
+        def elsewhere() -> list[str]:
+            async def call() -> list[str]:
+                await history.create_session(user_id, "there")
+                return sorted(s.id for s in await history.list_sessions(user_id))
+
+            return asyncio.run(call())
+
+        assert await asyncio.to_thread(elsewhere) == ["here", "there"]
+        assert await history.get_session(user_id, "there") is not None
+        assert await history.health() is True
+
+
 async def test_a_dynamodb_that_stops_answering_fails_a_call_within_one_timeout(
     own_dynamodb_server: DynamoDBServer, user_id: str
 ) -> None:

@@ -33,7 +33,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from contextlib import AsyncExitStack, aclosing
+from contextlib import AsyncExitStack, aclosing, suppress
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -288,11 +288,37 @@ def _tables_of(operation: str, kwargs: dict[str, Any]) -> set[str]:
     return {kwargs.get("TableName", "")}
 
 
+async def _release(exit_stack: AsyncExitStack, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Close a client made in ``loop``. From another event loop nothing is awaited there:
+    when ``loop`` is closed its connections went with it (closing them waits for nothing),
+    else the client is closed in ``loop`` when it next runs."""
+    if loop is None or loop is asyncio.get_running_loop():
+        await exit_stack.aclose()
+    elif loop.is_closed():
+        with suppress(Exception):
+            await exit_stack.aclose()
+    else:
+        with suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(_close_in_loop, exit_stack)
+
+
+# The closes scheduled in other event loops, kept until done (a loop keeps only weak
+# references to its tasks).
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_in_loop(exit_stack: AsyncExitStack) -> None:
+    task = asyncio.get_running_loop().create_task(exit_stack.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
 class DynamoDBStore:
     """A DynamoDB client bound to one table, with the backends' error and retry policy.
 
     With ``client`` given it is used as-is and never closed here; otherwise ``open()``
-    creates an aioboto3 client (credentials from the usual AWS chain unless given).
+    creates an aioboto3 client (credentials from the usual AWS chain unless given), and
+    creates it again when called from another event loop than the one it was made in.
 
     ``setting`` names the setting that names the table (``DYNAMODB_SESSIONS_TABLE``...): an
     error of a table missing, or not made for this store, names both.
@@ -329,23 +355,48 @@ class DynamoDBStore:
             retries={"total_max_attempts": 1, "mode": "standard"},
         )
         self._exit_stack: AsyncExitStack | None = None
+        # The event loop of the client this store made (None for one given).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> None:
         """Create the client (no request is made until the first call)."""
         if self._injected is not None:
             self._client = self._injected
             return
-        self._exit_stack = AsyncExitStack()
-        self._client = await self._exit_stack.enter_async_context(
-            self._session.client("dynamodb", endpoint_url=self._endpoint_url, config=self._config)
-        )
+        self._client, self._exit_stack = await self._new_client()
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
         """Close the client if this store created it."""
         self._client = None
         exit_stack, self._exit_stack = self._exit_stack, None
+        loop, self._loop = self._loop, None
         if exit_stack is not None:
+            await _release(exit_stack, loop)
+
+    async def _new_client(self) -> tuple[DynamoDBClient, AsyncExitStack]:
+        exit_stack = AsyncExitStack()
+        client = await exit_stack.enter_async_context(
+            self._session.client("dynamodb", endpoint_url=self._endpoint_url, config=self._config)
+        )
+        return client, exit_stack
+
+    async def _reopen(self) -> None:
+        """Make the client again for the running event loop: its HTTP connections belong to
+        the loop that made them, which may be closed by now (a script's or a test's
+        ``asyncio.run``), and fail in any other. The old client is dropped."""
+        loop = asyncio.get_running_loop()
+        client, exit_stack = await self._new_client()
+        if self._client is None or self._loop is loop:
+            # Closed meanwhile, or another call of this loop made a client first.
             await exit_stack.aclose()
+            if self._client is None:
+                raise StoreUnavailableError("dynamodb", "the client is closed")
+            return
+        old_stack, old_loop = self._exit_stack, self._loop
+        self._client, self._exit_stack, self._loop = client, exit_stack, loop
+        if old_stack is not None:
+            await _release(old_stack, old_loop)
 
     async def ping(self) -> bool:
         """True when the table can be described (the endpoint answers, the table exists).
@@ -368,6 +419,8 @@ class DynamoDBStore:
         """
         if self._client is None:
             raise StoreUnavailableError("dynamodb", "the client is closed")
+        if self._loop is not asyncio.get_running_loop() and self._injected is None:
+            await self._reopen()
         if operation not in ("batch_write_item", "transact_write_items"):
             kwargs["TableName"] = self.table_name
         method = getattr(self._client, operation)
