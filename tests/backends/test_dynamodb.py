@@ -295,6 +295,33 @@ async def test_items_are_restamped_before_they_could_outlive_their_session(
         assert int(message["expires_at"]["N"]) >= start + 1995
 
 
+async def late_in_a_second() -> None:
+    """Wait until the current second is 0.85 s old."""
+    await asyncio.sleep((0.85 - time.time() % 1) % 1)
+
+
+async def test_a_ttl_never_ends_before_its_seconds_have_passed(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    # DynamoDB's TTL counts whole seconds: an expiry rounded down would come up to a second
+    # early, a second after a write made late in a second.
+    async with history_on(dynamodb_server, ttl_seconds=1) as history:
+        await late_in_a_second()
+        await history.create_session(user_id, "s1")
+        await asyncio.sleep(0.3)
+        assert await history.get_session(user_id, "s1") is not None
+        await asyncio.sleep(2.1)  # a second past the expiry that read slid, rounded up
+        assert await history.get_session(user_id, "s1") is None
+
+    async with state_on(dynamodb_server, ttl_seconds=1) as state:
+        await late_in_a_second()
+        await state.save_state(user_id, {"v": 1})
+        await asyncio.sleep(0.3)
+        assert await state.export_state(user_id) == {"v": 1}
+        await asyncio.sleep(2.1)
+        assert await state.export_state(user_id) is None
+
+
 # --- cost -----------------------------------------------------------------------------
 
 

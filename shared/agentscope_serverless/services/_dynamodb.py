@@ -18,6 +18,7 @@ written first and the head last, so a reader never sees a partial body.
 write; children get ``expires_at`` twice as far ahead, and are re-stamped (at most once
 per TTL period) when the meta's ``stamped_until`` falls behind, so they always outlive
 the meta. Expired items are filtered out on read (DynamoDB deletes them only eventually).
+Expiries are whole epoch seconds rounded up (:func:`now`): never before the TTL has passed.
 
 **Errors.** Failures become :class:`StoreUnavailableError`; only idempotent requests are
 retried (reads, deletes, puts of a fixed key), never counter updates, and none that timed
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import random
 import re
 import time
@@ -104,8 +106,9 @@ NAMES = {
 }
 
 
-# The condition of an item that has not expired (it may still exist in DynamoDB).
-LIVE = "(attribute_not_exists(#e) OR #e > :now)"
+# The condition of an item that has not expired (it may still exist in DynamoDB), with
+# ``:now`` from :func:`now`; its opposite, an expired item's, is ``#e < :now``.
+LIVE = "(attribute_not_exists(#e) OR #e >= :now)"
 
 
 def names(*aliases: str) -> dict[str, str]:
@@ -134,8 +137,12 @@ def id_hash(value: str) -> str:
 
 
 def now() -> int:
-    """The current time in epoch seconds, as DynamoDB's TTL counts it."""
-    return int(time.time())
+    """The current time in whole epoch seconds (DynamoDB's TTL counts those), rounded up.
+
+    An expiry of ``now() + ttl`` falls ``ttl`` seconds from now or up to a second later,
+    never earlier; an item lives while its expiry is at least ``now()``, so until that
+    second has passed (:data:`LIVE`, :func:`is_live`)."""
+    return math.ceil(time.time())
 
 
 def s(value: str) -> dict[str, str]:
@@ -155,8 +162,9 @@ def number(item: Item, name: str, default: int = 0) -> int:
 
 
 def is_live(item: Item, at: int) -> bool:
-    """False when the item has expired (DynamoDB may not have deleted it yet)."""
-    return number(item, TTL_ATTRIBUTE, at + 1) > at
+    """False when the item has expired at ``at`` (from :func:`now`): its expiry is before
+    it. DynamoDB may not have deleted it yet."""
+    return number(item, TTL_ATTRIBUTE, at) >= at
 
 
 def new_generation() -> str:

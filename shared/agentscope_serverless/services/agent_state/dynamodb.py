@@ -165,7 +165,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                 "delete_item",
                 idempotent=True,
                 Key={"pk": s(pk), "sk": s("META")},
-                ConditionExpression="#e <= :now",
+                ConditionExpression="#e < :now",
                 ExpressionAttributeNames=names("#e"),
                 ExpressionAttributeValues={":now": n(at)},
             )
@@ -356,7 +356,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                 "put_item",
                 idempotent=True,
                 Item={**mark, "round": n(round_id), "expires_at": n(at + WRITE_ID_SECONDS)},
-                ConditionExpression="attribute_not_exists(pk) OR #e <= :now",
+                ConditionExpression="attribute_not_exists(pk) OR #e < :now",
                 ExpressionAttributeNames=names("#e"),
                 ExpressionAttributeValues={":now": n(at)},
             )

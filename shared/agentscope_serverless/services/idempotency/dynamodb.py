@@ -37,7 +37,7 @@ from agentscope_serverless.services.idempotency.base import (
 
 # The key is free: no record, an expired one, or a lapsed lease of the same request.
 _FREE = (
-    "attribute_not_exists(#pk) OR #e <= :now "
+    "attribute_not_exists(#pk) OR #e < :now "
     "OR (#st = :progress AND lease_until < :now_ms AND fingerprint = :fp)"
 )
 
@@ -202,7 +202,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                 "delete_item",
                 idempotent=False,
                 Key=self._item_key(user_id, key),
-                ConditionExpression="#st = :kept AND #e > :now",
+                ConditionExpression="#st = :kept AND #e >= :now",
                 ExpressionAttributeNames={**names("#e"), "#st": "state"},
                 ExpressionAttributeValues={":kept": s(KEPT), ":now": n(now())},
                 ReturnValues="ALL_OLD",

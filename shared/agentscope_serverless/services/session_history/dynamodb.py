@@ -259,7 +259,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                     "put_item",
                     idempotent=False,
                     Item=meta,
-                    ConditionExpression="attribute_not_exists(#pk) OR #e <= :now",
+                    ConditionExpression="attribute_not_exists(#pk) OR #e < :now",
                     ExpressionAttributeNames=names("#pk", "#e"),
                     ExpressionAttributeValues={":now": n(at)},
                 )
