@@ -1014,6 +1014,102 @@ async def test_an_append_resent_after_failing_between_its_transactions_adds_each
             assert texts(await history.get_session(user_id, "s1")) == expected
 
 
+async def items_of_user(client: DynamoDBClient, table: str, user_id: str) -> list[Any]:
+    """Every item of the table whose key holds the user's hash (a Scan, as an audit would)."""
+    user = id_hash(user_id)
+    found: list[Any] = []
+    paginator = client.get_paginator("scan")
+    async for page in paginator.paginate(TableName=table, ConsistentRead=True):
+        found += [item for item in page["Items"] if user in item["pk"]["S"]]
+    return found
+
+
+async def test_a_session_delete_cut_short_by_a_failure_deletes_everything_when_retried(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The session item went first, then the messages: when deleting them failed, the retry
+    # found no session and did nothing, and the messages stayed stored for good, reachable
+    # by no read and no later delete (of the session or of the user).
+    table = dynamodb_server.sessions_table
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker=messages_pk(user_id, "s1"))
+        failing.failing = False
+        async with DynamoDBSessionHistoryService(
+            table,
+            client=failing,  # type: ignore[arg-type]
+        ) as history:
+            target = Session(id="s1", user_id=user_id)
+            await history.append_message(target, [msg(f"secret {i}") for i in range(30)])
+            await history.append_message(target, msg(ONE_MEGABYTE_TEXT))
+            failing.failing = True
+            with pytest.raises(StoreUnavailableError):
+                await history.delete_session(user_id, "s1")
+            assert await history.get_session(user_id, "s1") is None
+            failing.failing = False
+            await history.delete_session(user_id, "s1")
+            assert await history.get_session(user_id, "s1") is None
+    # Only the user's creation counter stays (a number, kept across the user's sessions).
+    left = await items_of_user(dynamodb_client, table, user_id)
+    assert [item["sk"]["S"] for item in left] == ["COUNTER"]
+
+
+async def test_a_users_delete_cut_short_by_a_failure_deletes_everything_when_retried(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # Every session item went first, then each session's messages: when deleting one
+    # session's failed, the retry found no session, and its messages (and those of the
+    # sessions after it) stayed stored for good.
+    table = dynamodb_server.sessions_table
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker=messages_pk(user_id, "s2"))
+        failing.failing = False
+        async with DynamoDBSessionHistoryService(
+            table,
+            client=failing,  # type: ignore[arg-type]
+        ) as history:
+            for i in range(5):
+                target = Session(id=f"s{i}", user_id=user_id)
+                await history.append_message(target, [msg(f"secret {i}.{j}") for j in range(30)])
+            failing.failing = True
+            with pytest.raises(StoreUnavailableError):
+                await history.delete_user_sessions(user_id)
+            assert await history.list_sessions(user_id) == []
+            failing.failing = False
+            await history.delete_user_sessions(user_id)
+            assert await history.list_sessions(user_id) == []
+    assert await items_of_user(dynamodb_client, table, user_id) == []
+
+
+async def test_a_session_delete_retried_after_the_session_was_made_again_deletes_both(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker=messages_pk(user_id, "s1"))
+        failing.failing = False
+        async with DynamoDBSessionHistoryService(
+            table,
+            client=failing,  # type: ignore[arg-type]
+        ) as history:
+            target = Session(id="s1", user_id=user_id)
+            await history.append_message(target, [msg(f"old {i}") for i in range(30)])
+            failing.failing = True
+            with pytest.raises(StoreUnavailableError):
+                await history.delete_session(user_id, "s1")
+            failing.failing = False
+            # Made again meanwhile: its messages are its own, the old ones stay unread.
+            await history.append_message(Session(id="s1", user_id=user_id), msg("new"))
+            assert texts(await history.get_session(user_id, "s1")) == ["new"]
+            await history.delete_session(user_id, "s1")
+            assert await history.get_session(user_id, "s1") is None
+    # Only the user's creation counter stays (a number, kept across the user's sessions).
+    left = await items_of_user(dynamodb_client, table, user_id)
+    assert [item["sk"]["S"] for item in left] == ["COUNTER"]
+
+
 class ThrottlingClient:
     """A DynamoDB client whose first ``throttled`` requests are throttled (never executed)."""
 

@@ -11,7 +11,8 @@ also enable TTL on :data:`TTL_ATTRIBUTE` (:func:`tables_with_ttl`).
 Layout (the backends' module docstrings say how they use it):
 
 - **sessions**: ``pk``/``sk`` strings. A user's partition ``USER#<user hash>`` holds one
-  item per session (``sk = SESSION#<session hash>``) and a creation counter; each session's
+  item per session (``sk = SESSION#<session hash>``), a creation counter, and a purge
+  record per deleted session whose messages are not all deleted yet; each session's
   messages live in their own partition ``SESSION#<user hash>#<session hash>``. The local
   secondary index ``by_creation`` sorts a user's sessions by ``creation_order``.
 - **state**: ``pk``/``sk`` strings; one partition per user and session holding a meta item

@@ -12,6 +12,8 @@ pk                         sk                  attributes
                                                index ``by_creation``), ``next_seq``,
                                                ``generation``, ``expires_at``,
                                                ``stamped_until``
+``USER#U``                 ``PURGE#S#<gen>``   a session deleted whose messages of generation
+                                               ``gen`` may not all be deleted yet
 ``SESSION#U#S``            ``M#<gen>#<seq>``   one message: ``body`` (JSON), ``expires_at``
                                                (larger ones: head plus tail items); with
                                                ``max_messages_per_session``, ``claim``: the
@@ -47,9 +49,14 @@ pk                         sk                  attributes
   the cursor holds only a creation order, and every Query is bound to the caller's user.
 - **Create** is idempotent: a conditional ``PutItem`` (``attribute_not_exists``); a
   concurrent creator's session wins and is returned.
-- **Delete** removes the session item (the session is gone at once), then its messages;
-  an append that lands after that (it read the session item before) sees the session item
-  gone, or of another generation, and deletes what it wrote.
+- **Delete** removes the session item (the session is gone at once) and writes a purge
+  record naming its generation, in one transaction; then its messages go, then the record.
+  A delete cut short by a store failure leaves the record: the next delete of the session,
+  or of the user's sessions, finds it and deletes what is left. An append that lands after
+  the session item went (it read the session item before) sees the session item gone, or
+  of another generation, and deletes what it wrote. A delete of the user's sessions does
+  the same for every session (up to 49 session items in one transaction), deleting the
+  messages of 16 sessions at once.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
   and write; see :mod:`agentscope_serverless.services._dynamodb`.
 - **Summary**: items of its own, after the session's messages and ids in sort-key order,
@@ -78,8 +85,8 @@ pk                         sk                  attributes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Iterable
+from typing import Any, TypeVar
 
 from agentscope_serverless.infra.dynamodb_tables import SESSIONS_BY_CREATION_INDEX
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -121,10 +128,19 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
 
+T = TypeVar("T")
+
 # Cursor positions stay within DynamoDB's 38-digit numbers.
 _MAX_CURSOR = 10**30
 # How many times a summary is read when it is replaced while read.
 _SUMMARY_READS = 3
+# The sort key prefix of a purge record in a user's partition: ``PURGE#<S>#<generation>``.
+_PURGE = "PURGE#"
+# How many requests a delete of sessions sends at once, the purge records it handles in a
+# round, and the items a BatchWriteItem deletes.
+_CONCURRENCY = 16
+_PURGE_CHUNK = 400
+_BATCH = 25
 
 
 class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService):
@@ -548,33 +564,33 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         return Session(id=session_id, user_id=user_id, messages=messages)
 
     async def _delete_session(self, user_id: str, session_id: str) -> None:
-        response = await self._store.run(
-            "delete_item",
-            idempotent=True,
-            Key=self._session_key(user_id, session_id),
-            ReturnValues="ALL_OLD",
-        )
-        old = response.get("Attributes")
-        if old is None:
-            return
-        keys = [
-            {"pk": item["pk"], "sk": item["sk"]}
+        key = self._session_key(user_id, session_id)
+        while True:
+            response = await self._store.run(
+                "get_item", idempotent=True, Key=key, ConsistentRead=True
+            )
+            meta = response.get("Item")
+            if meta is None or not await self._store.write_together([self._retirement(meta)]):
+                break
+            # Deleted, or made again, since it was read: the session as it is now goes.
+        records = [
+            item
             async for item in self._store.query(
                 KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
                 ExpressionAttributeValues={
-                    ":pk": s(self._messages_pk(user_id, session_id)),
-                    ":prefix": s(self._prefix(old)),
+                    ":pk": key["pk"],
+                    ":prefix": s(f"{_PURGE}{id_hash(session_id)}#"),
                 },
                 ProjectionExpression="pk, sk",
                 ConsistentRead=True,
             )
         ]
-        if keys:
-            await self._store.delete(keys)
+        await self._purge_all(user_id, records)
 
     async def _delete_user_sessions(self, user_id: str) -> None:
-        # The user's session items (and creation counter) go first, together: up to 99
-        # sessions in one transaction, so they vanish at once; then their messages.
+        # The user's session items (and creation counter) go first, together: up to 49
+        # sessions in one transaction, so they vanish at once; then their messages, several
+        # sessions at once.
         pk = s(f"USER#{id_hash(user_id)}")
         items = [
             item
@@ -584,12 +600,90 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 ConsistentRead=True,
             )
         ]
-        sessions = [item for item in items if item["sk"]["S"].startswith("SESSION#")]
-        keys = [{"pk": item["pk"], "sk": item["sk"]} for item in sessions]
-        keys.append({"pk": pk, "sk": s("COUNTER")})
-        await self._store.delete_together(keys)
-        for item in sessions:
-            await self._store.delete_partition(self._messages_pk(user_id, item["session_id"]["S"]))
+        units = [self._retirement(item) for item in items if item["sk"]["S"].startswith("SESSION#")]
+        units.append(
+            [
+                {
+                    "Delete": {
+                        "TableName": self._store.table_name,
+                        "Key": {"pk": pk, "sk": s("COUNTER")},
+                    }
+                }
+            ]
+        )
+        # A session left out was deleted meanwhile (its delete left a purge record, read
+        # below), or made again after this delete had read it (it stays, as if made after).
+        await self._store.write_together(units)
+        records = [
+            item
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": pk, ":prefix": s(_PURGE)},
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
+        await self._purge_all(user_id, records)
+
+    def _retirement(self, meta: Item) -> list[Item]:
+        """The transaction actions deleting the session item ``meta`` (only while it is of
+        ``meta``'s generation) and recording, in the user's partition, that the messages of
+        that generation are still to be deleted (:meth:`_purge_all`)."""
+        session_hash = meta["sk"]["S"].removeprefix("SESSION#")
+        record = {"pk": meta["pk"], "sk": s(f"{_PURGE}{session_hash}#{meta['generation']['S']}")}
+        return [
+            {
+                "Delete": {
+                    "TableName": self._store.table_name,
+                    "Key": {"pk": meta["pk"], "sk": meta["sk"]},
+                    "ConditionExpression": "#g = :generation",
+                    "ExpressionAttributeNames": names("#g"),
+                    "ExpressionAttributeValues": {":generation": meta["generation"]},
+                }
+            },
+            {"Put": {"TableName": self._store.table_name, "Item": record}},
+        ]
+
+    async def _purge_all(self, user_id: str, records: list[Item]) -> None:
+        """Delete the messages the purge ``records`` name (each its session's, of one
+        generation), then the records: a delete cut short by a store failure leaves the
+        records, and the messages not deleted yet, for the next delete of the session or
+        the user. The messages of many sessions are listed :data:`_CONCURRENCY` at once,
+        and deleted 25 a request (those of several sessions together), as many at once.
+
+        A purge record is written with the deletion of its session item, in one
+        transaction, so both are done before the messages are listed. An append (or a
+        summary write) checks, after writing, that the session item is still of the
+        generation it wrote for (:meth:`DynamoDBStore.holds`): if it checked before the
+        session item went, it had written before the messages are listed here, and they
+        are deleted here; if after, it finds the session item gone and deletes what it
+        wrote itself. Either way nothing of it stays. Appends after the session item went
+        make the session again, of a new generation, which no purge record names.
+        """
+        for start in range(0, len(records), _PURGE_CHUNK):
+            chunk = [{"pk": r["pk"], "sk": r["sk"]} for r in records[start : start + _PURGE_CHUNK]]
+            listed = await _bounded(self._purged_keys(user_id, record) for record in chunk)
+            keys = [key for keys in listed for key in keys]
+            await _bounded(
+                self._store.delete(keys[i : i + _BATCH]) for i in range(0, len(keys), _BATCH)
+            )
+            await self._store.delete(chunk)
+
+    async def _purged_keys(self, user_id: str, record: Item) -> list[Item]:
+        """The keys of the message items a purge record names."""
+        session_hash, _, generation = record["sk"]["S"].removeprefix(_PURGE).partition("#")
+        return [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self._store.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={
+                    ":pk": s(f"SESSION#{id_hash(user_id)}#{session_hash}"),
+                    ":prefix": s(f"M#{generation}#"),
+                },
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
+            )
+        ]
 
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
@@ -980,6 +1074,17 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         )
         bodies = [body async for _, body in assemble(items, now())]
         return decode_message(bodies[0]) if bodies else None
+
+
+async def _bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``calls``, :data:`_CONCURRENCY` at most at once; their results, in order."""
+    slots = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with slots:
+            return await call
+
+    return await asyncio.gather(*(one(call) for call in calls))
 
 
 __all__ = ["DynamoDBSessionHistoryService"]
