@@ -580,6 +580,28 @@ async def test_a_state_made_again_during_a_users_delete_is_found_by_the_next(
     assert await partition(dynamodb_client, dynamodb_server.state_table, index) == []
 
 
+async def test_a_state_saved_again_while_its_delete_lists_the_rounds_keeps_its_round(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with state_on(dynamodb_server) as writer, state_on(dynamodb_server) as deleter:
+        await writer.save_state(user_id, {"v": 1}, session_id="s1")
+        # Saved again once the meta item is gone, before the delete lists the rounds.
+        query = deleter._store.query
+        pending = [lambda: writer.save_state(user_id, {"v": 2}, session_id="s1")]
+
+        async def save_then_query(**kwargs: Any) -> Any:
+            if pending:
+                await pending.pop()()
+            async for item in query(**kwargs):
+                yield item
+
+        deleter._store.query = save_then_query  # type: ignore[method-assign]
+        await deleter.delete_state(user_id, "s1")
+        assert await writer.export_state(user_id, session_id="s1") == {"v": 2}
+    items = await partition(dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "s1"))
+    assert sorted(item["sk"]["S"].split("#")[0] for item in items) == ["META", "R"]
+
+
 def delete_before_first_read(service: Any, delete: Any) -> None:
     """Make ``delete()`` run (on another service object) just before ``service`` first
     queries messages: an append repeating a message, after it found the message's id in the
@@ -1108,6 +1130,35 @@ async def test_a_session_delete_retried_after_the_session_was_made_again_deletes
     # Only the user's creation counter stays (a number, kept across the user's sessions).
     left = await items_of_user(dynamodb_client, table, user_id)
     assert [item["sk"]["S"] for item in left] == ["COUNTER"]
+
+
+async def test_a_state_delete_cut_short_by_a_failure_deletes_every_round_when_retried(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # The meta item went first, then the rounds: when deleting them failed, the retry
+    # found no meta item and did nothing, and the rounds stayed stored.
+    table = dynamodb_server.state_table
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        failing = FailingWriteClient(client, marker=state_pk(user_id, "s1"))
+        failing.failing = False
+        async with DynamoDBStateService(table, client=failing) as state:  # type: ignore[arg-type]
+            for i in range(30):
+                await state.save_state(user_id, {"secret": i}, session_id="s1")
+            await state.save_state(user_id, {"v": ONE_MEGABYTE_TEXT}, session_id="s1")
+            failing.failing = True
+            with pytest.raises(StoreUnavailableError):
+                await state.delete_state(user_id, "s1")
+            assert await state.export_state(user_id, session_id="s1") is None
+            failing.failing = False
+            await state.delete_state(user_id, "s1")
+            # A state saved again after it is kept, then deleted as any other.
+            await state.save_state(user_id, {"v": 2}, session_id="s1")
+            await state.delete_state(user_id, "s2")
+            assert await state.export_state(user_id, session_id="s1") == {"v": 2}
+            await state.delete_state(user_id, "s1")
+            assert await state.export_state(user_id, session_id="s1") is None
+    assert await partition(dynamodb_client, table, state_pk(user_id, "s1")) == []
 
 
 class ThrottlingClient:

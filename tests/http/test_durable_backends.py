@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import boto3
 import httpx
 import pytest
 
@@ -15,7 +16,9 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.services._dynamodb import id_hash
 from agentscope_serverless.settings import load_settings
+from tests.support.dynamodb_proxy import FailingDynamoDBProxy
 from tests.support.http import bearer, issue_key, running, stream, text_of, user_message
 
 
@@ -110,3 +113,92 @@ def test_deleting_a_session_deletes_its_stored_runs(durable: tuple[str, str, str
         assert client.get(f"/runs/{runs['forget-me']}").status_code == 404
         assert client.get("/runs", params={"session_id": "forget-me"}).json()["items"] == []
         assert client.get(f"/runs/{runs['keep-me']}").json()["status"] == "completed"
+
+
+# --- deletes cut short by a store failure ---------------------------------------------
+
+
+@pytest.fixture
+def proxied(
+    redis_server: RedisServer, dynamodb_server: DynamoDBServer
+) -> Iterator[tuple[str, str, str, FailingDynamoDBProxy]]:
+    """A server whose DynamoDB requests pass through a proxy that can make them fail; its
+    URL, a fresh user's id and key, and the proxy."""
+    with (
+        FailingDynamoDBProxy(dynamodb_server.endpoint_url) as proxy,
+        pytest.MonkeyPatch.context() as env,
+    ):
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(
+            session_history_backend="dynamodb",
+            state_backend="dynamodb",
+            memory_backend="redis",
+            redis_url=redis_server.url,
+            dynamodb_endpoint_url=proxy.url,
+            aws_region=dynamodb_server.region,
+        )
+        store = InMemoryKeyStore()
+        user = f"user-{uuid.uuid4().hex[:8]}"
+        key = issue_key(store, user)
+        app = create_app(settings=settings, agent_app=demo_app, key_store=store)
+        with running(app) as url:
+            yield url, user, key, proxy
+
+
+def stored_of_user(server: DynamoDBServer, table: str, user: str) -> list[str]:
+    """The sort keys of every item of ``table`` whose key holds the user's hash (a Scan, as
+    an audit would read the table)."""
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=server.endpoint_url,
+        region_name=server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )
+    found = []
+    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+        found += [item["sk"]["S"] for item in page["Items"] if id_hash(user) in item["pk"]["S"]]
+    return found
+
+
+def test_a_session_delete_cut_short_by_a_failure_deletes_everything_when_retried(
+    proxied: tuple[str, str, str, FailingDynamoDBProxy], dynamodb_server: DynamoDBServer
+) -> None:
+    # The retried delete answered 204 and the session read 404, but its messages stayed in
+    # the table for good: the session item, the only way to them, had gone first.
+    url, user, key, proxy = proxied
+    secrets = [{"role": "user", "content": f"secret {i}"} for i in range(30)]
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        added = client.post("/sessions/s1/messages", json={"messages": secrets})
+        assert added.status_code == 201
+        proxy.fail("BatchWriteItem", marker=f"SESSION#{id_hash(user)}#")
+        failed = client.delete("/sessions/s1")
+        assert failed.status_code == 503
+        assert failed.json()["error"]["code"] == "STORE_UNAVAILABLE"
+        assert client.get("/sessions/s1").status_code == 404
+        proxy.fail(None)
+        assert client.delete("/sessions/s1").status_code == 204
+        assert client.get("/sessions/s1").status_code == 404
+    assert proxy.refused > 0
+    # The user's creation counter (a number) is all that stays.
+    assert stored_of_user(dynamodb_server, dynamodb_server.sessions_table, user) == ["COUNTER"]
+
+
+def test_a_users_erase_cut_short_by_a_failure_deletes_everything_when_retried(
+    proxied: tuple[str, str, str, FailingDynamoDBProxy], dynamodb_server: DynamoDBServer
+) -> None:
+    url, user, key, proxy = proxied
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        for sid in ("s1", "s2", "s3"):
+            secrets = [{"role": "user", "content": f"secret {sid} {i}"} for i in range(30)]
+            added = client.post(f"/sessions/{sid}/messages", json={"messages": secrets})
+            assert added.status_code == 201
+            assert client.post(f"/state/{sid}", json={"state": {"secret": sid}}).is_success
+        proxy.fail("BatchWriteItem", marker=f"SESSION#{id_hash(user)}#")
+        assert client.delete("/users/me/data").status_code == 503
+        proxy.fail(None)
+        assert client.delete("/users/me/data").status_code == 204
+        assert client.get("/sessions").json()["items"] == []
+    assert proxy.refused > 0
+    assert stored_of_user(dynamodb_server, dynamodb_server.sessions_table, user) == []
+    assert stored_of_user(dynamodb_server, dynamodb_server.state_table, user) == []

@@ -34,7 +34,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
 from contextlib import AsyncExitStack, aclosing, suppress
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -267,6 +267,17 @@ async def take(items: AsyncGenerator[T, None], count: int) -> list[T]:
             if len(taken) == count:
                 break
     return taken
+
+
+async def gather_bounded(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """Await ``calls``, ``limit`` at most at once; their results, in order."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with slots:
+            return await call
+
+    return await asyncio.gather(*(one(call) for call in calls))
 
 
 @lru_cache(maxsize=8)
@@ -744,6 +755,7 @@ __all__ = [
     "Item",
     "assemble",
     "body_items",
+    "gather_bounded",
     "id_hash",
     "is_live",
     "iterate",

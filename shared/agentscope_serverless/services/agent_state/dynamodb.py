@@ -28,12 +28,13 @@ pk                 sk                     attributes
   conditional update when the round is higher, so the next allocated round follows it.
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
   order, stopping at the first complete round).
-- **Delete** removes the meta item (the state is gone at once), then the rounds; a save
-  that lands after that sees the meta item gone, or of another generation, and deletes its
-  round.
+- **Delete** removes the meta item (the state is gone at once), then the rounds of every
+  generation but that of a meta item made again meanwhile (so a delete cut short by a
+  store failure finishes when retried); a save that lands after the meta item went sees it
+  gone, or of another generation, and deletes its round.
 - **Delete a user's state**: the meta items of every indexed session in one transaction
-  (up to 100 items: the state is gone at once), then the rounds and the index; a session
-  whose state a save made again meanwhile gets its index item back.
+  (up to 100 items: the state is gone at once), then the rounds (16 sessions at once) and
+  the index; a session whose state a save made again meanwhile gets its index item back.
 - **TTL** (``ttl_seconds``): a sliding expiry of the session's state, refreshed by every
   read and write; see :mod:`agentscope_serverless.services._dynamodb`.
 """
@@ -55,6 +56,7 @@ from agentscope_serverless.services._dynamodb import (
     Item,
     assemble,
     body_items,
+    gather_bounded,
     id_hash,
     is_live,
     iterate,
@@ -76,6 +78,9 @@ from agentscope_serverless.services.agent_state.base import (
     StateService,
     rounds_exhausted,
 )
+
+# How many sessions' state a delete of a user's state deletes at once.
+_CONCURRENCY = 16
 
 
 class DynamoDBStateService(DynamoDBBackedService, StateService):
@@ -290,8 +295,9 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         ]
         metas = [{"pk": item["state_pk"], "sk": s("META")} for item in index]
         await self._store.delete_together(metas)
-        for item in index:
-            await self._store.delete_partition(item["state_pk"]["S"])
+        await gather_bounded(
+            (self._store.delete_partition(item["state_pk"]["S"]) for item in index), _CONCURRENCY
+        )
         if index:
             await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in index])
         # A save may have made a session's state again meanwhile, and indexed it before the
@@ -415,21 +421,33 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
 
     async def _delete(self, user_id: str, session_id: str) -> None:
         pk = self._pk(user_id, session_id)
-        response = await self._store.run(
-            "delete_item",
-            idempotent=True,
-            Key={"pk": s(pk), "sk": s("META")},
-            ReturnValues="ALL_OLD",
-        )
-        old = response.get("Attributes")
-        if old is None:
-            return
+        await self._store.run("delete_item", idempotent=True, Key={"pk": s(pk), "sk": s("META")})
+        # The rounds of every generation but the live one's, not only those of the meta item
+        # deleted: a delete cut short by a store failure leaves rounds, and its retry, which
+        # finds no meta item, must still find them.
+        # A save to the generation deleted checks the meta item after writing its round: if
+        # before the meta item went, the round was written before this Query, which lists
+        # it; if after, the save sees it gone and deletes the round itself. A save after the
+        # meta item went makes a new generation, its meta item before its rounds: the meta
+        # item read after this Query names it, and its rounds stay.
         keys = [
             {"pk": item["pk"], "sk": item["sk"]}
             async for item in self._store.query(
-                **self._range(pk, old), ProjectionExpression="pk, sk"
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": s(pk), ":prefix": s("R#")},
+                ProjectionExpression="pk, sk",
+                ConsistentRead=True,
             )
         ]
+        response = await self._store.run(
+            "get_item",
+            idempotent=True,
+            Key={"pk": s(pk), "sk": s("META")},
+            ConsistentRead=True,
+        )
+        live = response.get("Item")
+        if live is not None:
+            keys = [key for key in keys if not key["sk"]["S"].startswith(self._prefix(live))]
         if keys:
             await self._store.delete(keys)
 

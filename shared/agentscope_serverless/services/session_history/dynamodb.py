@@ -85,8 +85,8 @@ pk                         sk                  attributes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Iterable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from agentscope_serverless.infra.dynamodb_tables import SESSIONS_BY_CREATION_INDEX
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -101,6 +101,7 @@ from agentscope_serverless.services._dynamodb import (
     Item,
     assemble,
     body_items,
+    gather_bounded,
     id_hash,
     is_live,
     iterate,
@@ -127,8 +128,6 @@ from agentscope_serverless.services._validation import (
     session_tag,
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService, remark
-
-T = TypeVar("T")
 
 # Cursor positions stay within DynamoDB's 38-digit numbers.
 _MAX_CURSOR = 10**30
@@ -662,10 +661,13 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         """
         for start in range(0, len(records), _PURGE_CHUNK):
             chunk = [{"pk": r["pk"], "sk": r["sk"]} for r in records[start : start + _PURGE_CHUNK]]
-            listed = await _bounded(self._purged_keys(user_id, record) for record in chunk)
+            listed = await gather_bounded(
+                (self._purged_keys(user_id, record) for record in chunk), _CONCURRENCY
+            )
             keys = [key for keys in listed for key in keys]
-            await _bounded(
-                self._store.delete(keys[i : i + _BATCH]) for i in range(0, len(keys), _BATCH)
+            await gather_bounded(
+                (self._store.delete(keys[i : i + _BATCH]) for i in range(0, len(keys), _BATCH)),
+                _CONCURRENCY,
             )
             await self._store.delete(chunk)
 
@@ -1074,17 +1076,6 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         )
         bodies = [body async for _, body in assemble(items, now())]
         return decode_message(bodies[0]) if bodies else None
-
-
-async def _bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await ``calls``, :data:`_CONCURRENCY` at most at once; their results, in order."""
-    slots = asyncio.Semaphore(_CONCURRENCY)
-
-    async def one(call: Awaitable[T]) -> T:
-        async with slots:
-            return await call
-
-    return await asyncio.gather(*(one(call) for call in calls))
 
 
 __all__ = ["DynamoDBSessionHistoryService"]
