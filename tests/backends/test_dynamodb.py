@@ -500,6 +500,22 @@ async def test_an_append_landing_after_its_sessions_delete_leaves_no_items(
     assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
 
 
+async def test_an_append_landing_after_its_session_is_deleted_leaves_no_items(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as writer, history_on(dynamodb_server) as deleter:
+        session = await writer.create_session(user_id, "s1")
+        await writer.append_message(session, msg("before"))
+        delete_before_first_put(writer, lambda: deleter.delete_session(user_id, "s1"))
+        await writer.append_message(session, [msg("late"), msg(ONE_MEGABYTE_TEXT)])
+        assert await writer.get_session(user_id, "s1") is None
+    table = dynamodb_server.sessions_table
+    assert await partition(dynamodb_client, table, messages_pk(user_id, "s1")) == []
+    # No purge record is left: only the user's creation counter.
+    user = await partition(dynamodb_client, table, f"USER#{id_hash(user_id)}")
+    assert [item["sk"]["S"] for item in user] == ["COUNTER"]
+
+
 async def test_a_summary_landing_after_its_sessions_delete_is_kept_by_the_session_made_again(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:
