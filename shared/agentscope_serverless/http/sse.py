@@ -67,7 +67,7 @@ def escape_line_breaks(data: str) -> str:
     on one line for every reader (see the module).
 
     >>> escape_line_breaks('"a\u2028b"')
-    '"a\\u2028b"'
+    '"a\\\\u2028b"'
     """
     if not data.isascii():  # most events are ASCII: one quick pass over them
         for char, escaped in _SPLITLINES_BREAKS:
