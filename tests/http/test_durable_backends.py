@@ -17,9 +17,29 @@ from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
 from agentscope_serverless.services._dynamodb import id_hash
-from agentscope_serverless.settings import load_settings
+from agentscope_serverless.settings import Settings, load_settings
 from tests.support.dynamodb_proxy import FailingDynamoDBProxy
 from tests.support.http import bearer, issue_key, running, stream, text_of, user_message
+
+
+def durable_settings(
+    env: pytest.MonkeyPatch,
+    redis_server: RedisServer,
+    dynamodb_server: DynamoDBServer,
+    dynamodb_url: str,
+) -> Settings:
+    """Settings for history and state on DynamoDB at ``dynamodb_url`` (moto's server, or a
+    proxy in front of it) and memory on Redis, with moto's credentials set in ``env``."""
+    env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+    return load_settings(
+        session_history_backend="dynamodb",
+        state_backend="dynamodb",
+        memory_backend="redis",
+        redis_url=redis_server.url,
+        dynamodb_endpoint_url=dynamodb_url,
+        aws_region=dynamodb_server.region,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +48,8 @@ def durable(
 ) -> Iterator[tuple[str, str, str]]:
     """A server on the durable backends, and the keys of two fresh users."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
-        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
-        settings = load_settings(
-            session_history_backend="dynamodb",
-            state_backend="dynamodb",
-            memory_backend="redis",
-            redis_url=redis_server.url,
-            dynamodb_endpoint_url=dynamodb_server.endpoint_url,
-            aws_region=dynamodb_server.region,
+        settings = durable_settings(
+            env, redis_server, dynamodb_server, dynamodb_server.endpoint_url
         )
         store = InMemoryKeyStore()
         first = issue_key(store, f"user-{uuid.uuid4().hex[:8]}")
@@ -128,16 +141,7 @@ def proxied(
         FailingDynamoDBProxy(dynamodb_server.endpoint_url) as proxy,
         pytest.MonkeyPatch.context() as env,
     ):
-        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
-        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
-        settings = load_settings(
-            session_history_backend="dynamodb",
-            state_backend="dynamodb",
-            memory_backend="redis",
-            redis_url=redis_server.url,
-            dynamodb_endpoint_url=proxy.url,
-            aws_region=dynamodb_server.region,
-        )
+        settings = durable_settings(env, redis_server, dynamodb_server, proxy.url)
         store = InMemoryKeyStore()
         user = f"user-{uuid.uuid4().hex[:8]}"
         key = issue_key(store, user)
