@@ -34,6 +34,7 @@ from a2a.types import (
     AgentSkill,
     Artifact,
     CancelTaskRequest,
+    GetTaskPushNotificationConfigRequest,
     HTTPAuthSecurityScheme,
     ListTasksRequest,
     ListTasksResponse,
@@ -45,6 +46,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskArtifactUpdateEvent,
+    TaskPushNotificationConfig,
     TaskState,
     TaskStatus,
     TaskStatusUpdateEvent,
@@ -54,6 +56,7 @@ from a2a.types import Role as A2ARole
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InvalidParamsError,
+    PushNotificationNotSupportedError,
     TaskNotFoundError,
     UnsupportedOperationError,
 )
@@ -473,6 +476,7 @@ class RunsRequestHandler(DefaultRequestHandler):
         )
         self._tasks = task_store
         self._runs = task_store.runs
+        self._push_notifications = agent_card.capabilities.push_notifications
         # The cancels of a task under way here, and how many are waiting for them.
         self._cancels: dict[str, tuple[asyncio.Lock, int]] = {}
 
@@ -489,6 +493,22 @@ class RunsRequestHandler(DefaultRequestHandler):
         await self._refuse_what_cannot_run(params, context)
         async for event in super().on_message_send_stream(params, context):
             yield event
+
+    async def on_get_task_push_notification_config(
+        self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        """Push notifications not supported (-32003) when the card says so, as for the other
+        push notification methods: before the params are read, so the A2A 0.3 form naming
+        only the task (which A2A 1.0 has no form for: its config id is required) is not
+        invalid params."""
+        if not self._push_notifications:
+            raise PushNotificationNotSupportedError(
+                message="Push notifications are not supported by the agent"
+            )
+        config: TaskPushNotificationConfig = await super().on_get_task_push_notification_config(
+            params, context
+        )
+        return config
 
     async def _refuse_what_cannot_run(
         self, params: SendMessageRequest, context: ServerCallContext

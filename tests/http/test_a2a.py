@@ -1360,6 +1360,60 @@ async def test_params_an_a2a_1_0_method_cannot_read_are_not_logged_as_a_server_e
     assert [(r.levelno, r.exc_info) for r in warned] == [(logging.WARNING, None)]
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "version", "code"),
+    [
+        (
+            "tasks/pushNotificationConfig/set",
+            {"taskId": "t1", "pushNotificationConfig": {"url": "https://example.com/h"}},
+            "0.3",
+            -32003,
+        ),
+        (
+            "CreateTaskPushNotificationConfig",
+            {"taskId": "t1", "url": "https://example.com/h"},
+            "1.0",
+            -32003,
+        ),
+        ("GetExtendedAgentCard", {}, "1.0", -32004),
+    ],
+)
+async def test_a_call_for_what_the_card_says_is_not_supported_is_not_logged_as_an_error(
+    served: tuple[str, Keys],
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    params: Any,
+    version: str,
+    code: int,
+) -> None:
+    # The SDK logged each as a server error ("Validation failure: ..."), by any client.
+    url, keys = served
+    call = {"jsonrpc": "2.0", "id": 4, "method": method, "params": params}
+    headers = {**bearer(keys.alice), "A2A-Version": version}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        with caplog.at_level(logging.WARNING, logger="a2a"):
+            answer = (await http.post("/a2a", json=call)).json()
+    assert (answer["id"], answer["error"]["code"]) == (4, code), answer
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    warned = [r for r in caplog.records if r.getMessage().startswith("Validation failure")]
+    assert [r.levelno for r in warned] == [logging.WARNING]
+
+
+async def test_an_a2a_0_3_push_config_get_naming_only_its_task_is_not_supported(
+    served: tuple[str, Keys],
+) -> None:
+    # A2A 0.3 takes {"id": taskId}; it was answered invalid params, "id Field is required".
+    url, keys = served
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        sent = (await http.post("/a2a", json=a2a_send("hi", messageId=str(uuid.uuid4())))).json()
+        for task_id in (sent["result"]["id"], "no-such-task"):
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tasks/pushNotificationConfig/get"}
+            call["params"] = {"id": task_id}
+            answer = (await http.post("/a2a", json=call)).json()
+            assert answer["error"]["code"] == -32003, answer
+            assert answer["error"]["message"] == "Push notifications are not supported by the agent"
+
+
 async def test_an_agent_calls_another_a2a_agent_as_a_tool(served: tuple[str, Keys]) -> None:
     url, keys = served
     tool = await a2a_agent_tool(url, api_key=keys.alice)
@@ -1480,9 +1534,16 @@ def test_a_message_sent_again_with_its_idempotency_key_gets_the_first_answer(
         assert "error" not in first.json(), first.text
         assert again.content == first.content
         assert again.headers["Idempotent-Replayed"] == "true"
-        other = client.post("/a2a", json={**body, "id": 2}, headers={"A2A-Version": "0.3"})
-        assert other.status_code == 409
-        assert other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+        retried = client.post("/a2a", json={**body, "id": 2}, headers={"A2A-Version": "0.3"})
+        assert retried.headers["Idempotent-Replayed"] == "true"
+        assert retried.json() == {**first.json(), "id": 2}
+        other = client.post(
+            "/a2a",
+            json=a2a_send("say it twice", contextId=context_id),
+            headers={"A2A-Version": "0.3"},
+        )
+        assert other.status_code == 200
+        assert other.json()["error"]["data"]["code"] == "IDEMPOTENCY_KEY_REUSED"
         bad = client.post("/a2a", json=body, headers={"Idempotency-Key": "no spaces"})
         assert bad.status_code == 422
         items = client.get(f"/sessions/{context_id}/messages").json()["items"]

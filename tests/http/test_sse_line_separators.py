@@ -1,6 +1,7 @@
 """A reply holding U+2028, U+2029 or U+0085 (models write them): the server's streams carry
 them as JSON escapes, and the project's clients (the CLI, ``HTTPAgentAPIClient``) read them
-whole, whoever sends them."""
+whole, whoever sends them; so do A2A's streams, which the ``a2a-sdk`` writes, and its client
+reads them whole."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import get_artifact_text, new_text_message
+from a2a.types import Role, SendMessageRequest
 
 from agentscope_serverless import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
@@ -23,6 +28,7 @@ from agentscope_serverless.helpers.agent_api_client import (
     extract_text_from_event,
 )
 from agentscope_serverless.helpers.sse_lines import SSELineDecoder
+from agentscope_serverless.http.sse import escaping_line_breaks
 from agentscope_serverless.schemas.agent_schemas import AgentResponse, Message
 from agentscope_serverless.settings import load_settings
 from tests.support.http import bearer, issue_key, running
@@ -144,3 +150,54 @@ def test_lines_end_at_cr_lf_and_crlf_only_even_split_across_pieces() -> None:
     pieces = ["data: a\u2028b\r", "\ndata: c\x85", "d\rdata: e\n", "\n", "data: f"]
     lines = [line for piece in pieces for line in decoder.decode(piece)] + decoder.flush()
     assert lines == ["data: a\u2028b", "data: c\x85d", "data: e", "", "data: f"]
+
+
+@pytest.mark.parametrize(
+    ("method", "version"), [("SendStreamingMessage", "1.0"), ("message/stream", "0.3")]
+)
+def test_an_a2a_stream_carries_the_characters_as_json_escapes(
+    served: tuple[str, str], method: str, version: str
+) -> None:
+    # The SDK's streams wrote them raw, as its encoder does.
+    url, key = served
+    message: dict[str, Any] = {"role": "user", "messageId": "m1", "parts": [{"text": "hi"}]}
+    if version == "0.3":
+        message = {**message, "kind": "message", "parts": [{"kind": "text", "text": "hi"}]}
+    else:
+        message["role"] = "ROLE_USER"
+    call = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"message": message}}
+    headers = {**bearer(key), "A2A-Version": version}
+    with httpx.stream("POST", f"{url}/a2a", json=call, headers=headers, timeout=30) as response:
+        raw = response.read()
+    text = raw.decode()
+    assert not any(char in text for char in BREAKS)
+    assert "first\\u2028second\\u2029third\\u0085fourth" in text
+
+
+async def test_the_a2a_sdk_client_streams_a_reply_holding_the_characters_whole(
+    served: tuple[str, str],
+) -> None:
+    # Its client, reading lines with str.splitlines, broke the event: "Unterminated string".
+    url, key = served
+    async with httpx.AsyncClient(headers=bearer(key), timeout=30) as http:
+        config = ClientConfig(httpx_client=http, streaming=True)
+        client = await ClientFactory(config).create_from_url(url)
+        request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+        events = [event async for event in client.send_message(request)]
+    chunks = [e.artifact_update.artifact for e in events if e.HasField("artifact_update")]
+    assert "".join(get_artifact_text(chunk) for chunk in chunks) == REPLY
+
+
+async def test_a_character_split_between_two_pieces_of_a_stream_is_escaped_whole() -> None:
+    sent: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message.get("body", b""))
+
+    escaped = escaping_line_breaks(send)
+    encoded = 'data: "a\u2028b\u2029c\x85"\n\n'.encode()
+    for at in range(len(encoded)):
+        body = {"type": "http.response.body", "more_body": True}
+        await escaped({**body, "body": encoded[at : at + 1]})
+    await escaped({"type": "http.response.body", "body": b"", "more_body": False})
+    assert b"".join(sent) == b'data: "a\\u2028b\\u2029c\\u0085"\n\n'

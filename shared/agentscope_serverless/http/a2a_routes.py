@@ -9,12 +9,16 @@ invalid params, as in A2A 1.0; one without an id, of either version, or a body t
 JSON-RPC request, is an invalid request saying why; a 0.3 call whose ``A2A-Version`` names
 another version is not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read
 are logged as a warning, not a server error), and the A2A call context carries the user it
-acts as, which scopes the tasks. Imported on the first A2A request (see
+acts as, which scopes the tasks. On the JSON-RPC route, an ``Idempotency-Key`` is freed by an
+answer that is a JSON-RPC error, a retry is the same call whatever its id and its answer
+carries its own, and the key reused for another call is a JSON-RPC error. Every stream
+writes U+2028, U+2029 and U+0085 as JSON escapes. Imported on the first A2A request (see
 :mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -35,6 +39,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
+from starlette.types import Message, Receive, Scope, Send
 
 from agentscope_serverless.a2a_server import (
     A2A_PATH,
@@ -42,18 +47,32 @@ from agentscope_serverless.a2a_server import (
     RunsRequestHandler,
     RunsTaskStore,
 )
-from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.errors import (
+    AgentScopeServerlessError,
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+)
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.errors import response_for, status_of
 from agentscope_serverless.http.guards import (
     check_body,
     check_claims,
     check_request,
     request_body,
 )
-from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_PATTERN
+from agentscope_serverless.http.idempotency import (
+    IDEMPOTENCY_HEADER,
+    IDEMPOTENCY_KEY_PATTERN,
+    Replay,
+    fails_when,
+    fingerprint_body,
+    replayed,
+)
 from agentscope_serverless.http.middleware import BodyTooDeep
+from agentscope_serverless.http.sse import escape_line_breaks, escaping_line_breaks
+from agentscope_serverless.services.idempotency import StoredResponse
 
 _USER_SCOPE_KEY = "agentscope.user_id"
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -101,7 +120,15 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
             body, refused = await _read(request)
             if refused is not None:
                 return refused
-            await check_claims(request, caller, idempotency_key, body)
+            call_id = _call_id(body)
+            if idempotency_key is not None and isinstance(body, dict):
+                fingerprint_body(request, _without_id(body))
+            try:
+                await check_claims(request, caller, idempotency_key, body)
+            except Replay as replay:
+                return _replayed_call(replay.response, call_id)
+            except IdempotencyKeyReusedError as exc:
+                return _json_rpc_error(call_id, -32600, exc.message, _http_error(exc))
             refused = (
                 _null_refused(body, await request.body())
                 or _request_refused(body)
@@ -110,14 +137,136 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
                 or _history_length_refused(body)
                 or await _version_refused(body, request)
             )
-            if refused is not None:
-                return refused
-        response = await endpoint(request)
-        if isinstance(response, EventSourceResponse):
-            response.ping_interval = ping_interval
-        return response
+            return _answer(request, refused or await endpoint(request), ping_interval)
+        return _answer(request, await endpoint(request), ping_interval)
 
     return guarded
+
+
+def _answer(request: Request, response: Response, ping_interval: float) -> Response:
+    """``response`` as sent: a stream pinging every ``ping_interval`` seconds of silence and
+    writing U+2028, U+2029 and U+0085 as JSON escapes (the SDK writes them as they are, and
+    its streaming client, reading lines with ``str.splitlines``, broke an event holding
+    one). On the JSON-RPC route, an answer that is an error (a stream whose first event is
+    one) frees its ``Idempotency-Key`` as an HTTP error would: answered with a 200, it was
+    kept, and the retry of a call that failed for a while (its store down) got the error."""
+    json_rpc = request.url.path == A2A_PATH
+    if isinstance(response, EventSourceResponse):
+        response.ping_interval = ping_interval
+        stream = _EscapedStream(response)
+        if json_rpc:
+            fails_when(request, lambda: stream.failed)
+        return stream
+    if json_rpc and _is_error(getattr(response, "body", b"")):
+        fails_when(request, lambda: True)
+    return response
+
+
+class _EscapedStream(Response):
+    """An SSE ``response`` written through :func:`..sse.escaping_line_breaks`, telling once
+    its first event is read whether it is a JSON-RPC error (``failed``)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+        self.failed = False
+        self._head: bytes | None = b""  # None once the first event is read
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        escaped = escaping_line_breaks(send)
+
+        async def watched(message: Message) -> None:
+            if self._head is not None and message["type"] == "http.response.body":
+                self._read(bytes(message.get("body", b"")))
+            await escaped(message)
+
+        await self.response(scope, receive, watched)
+
+    def _read(self, chunk: bytes) -> None:
+        assert self._head is not None
+        self._head += chunk
+        *events, self._head = _EVENT_END.split(self._head)
+        for event in events:
+            lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+            data = b"\n".join(
+                line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")
+            )
+            if data:  # not a comment (a ping)
+                self.failed = b"event: error" in lines or _is_error(data)
+                self._head = None
+                return
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def _is_error(body: bytes) -> bool:
+    """Whether ``body`` is a JSON-RPC error answer."""
+    if b'"error"' not in body:  # an answer is read again only when it may be one
+        return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "error" in answer
+
+
+def _call_id(body: Any) -> str | int | None:
+    call_id = body.get("id") if isinstance(body, dict) else None
+    return None if isinstance(call_id, bool) or not isinstance(call_id, str | int) else call_id
+
+
+def _without_id(body: dict[str, Any]) -> bytes:
+    """The call ``body`` without its ``id`` (the same call, retried, has another), as JSON
+    written one way whatever the call's spacing and order of members."""
+    call = {name: value for name, value in body.items() if name != "id"}
+    text = json.dumps(call, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return text.encode()
+
+
+def _replayed_call(stored: StoredResponse, call_id: str | int | None) -> Response:
+    """The kept answer of a call, answering its retry: with the retry's id, which a JSON-RPC
+    answer carries (a stream's events, each). A kept answer that is not JSON-RPC (an answer
+    too large to keep, said as a 409) is a JSON-RPC error holding it."""
+    if not 200 <= stored.status < 300:
+        kept = _json_loads(stored.body)
+        error = kept.get("error") if isinstance(kept, dict) else None
+        kept_error = {"status": stored.status, **(error if isinstance(error, dict) else {})}
+        message = str(kept_error.get("message", "the answer kept for this Idempotency-Key"))
+        return _json_rpc_error(call_id, -32600, message, kept_error)
+    if stored.headers.get("content-type", "").startswith("text/event-stream"):
+        lines = stored.body.split(b"\n")
+        for at, line in enumerate(lines):
+            if line.startswith(b"data:"):
+                data, ending = line[5:].removeprefix(b" "), b""
+                if data.endswith(b"\r"):
+                    data, ending = data[:-1], b"\r"
+                lines[at] = b"data: " + _with_id(data, call_id) + ending
+        return replayed(stored, b"\n".join(lines))
+    return replayed(stored, _with_id(stored.body, call_id))
+
+
+def _with_id(answer: bytes, call_id: str | int | None) -> bytes:
+    """The JSON-RPC ``answer`` carrying ``call_id``; anything else as it is."""
+    parsed = _json_loads(answer)
+    if not isinstance(parsed, dict) or "jsonrpc" not in parsed or parsed.get("id") == call_id:
+        return answer
+    parsed["id"] = call_id
+    text = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+    return escape_line_breaks(text).encode()
+
+
+def _json_loads(text: bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _http_error(exc: AgentScopeServerlessError) -> dict[str, Any]:
+    """The error's answer on the other routes (status, code, message) as a JSON-RPC error's
+    data."""
+    error = json.loads(bytes(response_for(exc).body))["error"]
+    return {"status": status_of(exc), **error}
 
 
 # The protocol's historyLength is a 32-bit integer. The SDK's A2A 0.3 methods (their names
@@ -318,20 +467,28 @@ def _guarded(routes: list[Any], ping_interval: float) -> list[Route]:
 
 
 class _ClientErrorsAsWarnings(logging.Filter):
-    """The SDK's record of an A2A 1.0 call whose params its method cannot read (a string
-    where a number goes, a historyLength past 32 bits...) as a warning without traceback:
-    the client's mistake, answered as invalid params (-32602), which the SDK logs as a
-    server error with its traceback. Its params are not read before the SDK's: that would
-    read a message of up to a megabyte twice."""
+    """The SDK's records of a client's mistakes as warnings without traceback, which it logs
+    as server errors: an A2A 1.0 call whose params its method cannot read (a string where a
+    number goes, a historyLength past 32 bits...), answered as invalid params (-32602); a
+    call for what the agent's card says it does not support (push notifications, the
+    authenticated extended card), answered as not supported (-32003, -32004). Its params
+    are not read before the SDK's: that would read a message of up to a megabyte twice."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and record.msg == "Failed to parse request params":
+        if record.levelno >= logging.ERROR and record.msg in _CLIENT_ERRORS:
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info, record.exc_text = None, None
         return True
 
 
+_CLIENT_ERRORS = ("Failed to parse request params", "Validation failure: %s")
 _CLIENT_ERRORS_AS_WARNINGS = _ClientErrorsAsWarnings()
+# The SDK's loggers of those records: its JSON-RPC routes', and its request handler's
+# checks of what the card says the agent supports.
+_SDK_LOGGERS = (
+    "a2a.server.routes.jsonrpc_dispatcher",
+    "a2a.server.request_handlers.request_handler",
+)
 
 
 def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
@@ -348,9 +505,10 @@ def build(context: AppContext) -> tuple[RunsRequestHandler, Router]:
         task_store=RunsTaskStore(context.runs, first_write_delay=recorder.first_write_delay),
         agent_card=base_card,
     )
-    dispatcher_log = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
-    if _CLIENT_ERRORS_AS_WARNINGS not in dispatcher_log.filters:
-        dispatcher_log.addFilter(_CLIENT_ERRORS_AS_WARNINGS)
+    for name in _SDK_LOGGERS:
+        sdk_log = logging.getLogger(name)
+        if _CLIENT_ERRORS_AS_WARNINGS not in sdk_log.filters:
+            sdk_log.addFilter(_CLIENT_ERRORS_AS_WARNINGS)
     builder = _ContextBuilder()
     routes: list[Any] = [
         *create_jsonrpc_routes(handler, A2A_PATH, context_builder=builder, enable_v0_3_compat=True),

@@ -30,6 +30,11 @@ request again; a run that cancels on disconnect frees the key instead. A streame
 a 200 however its run ends: one whose run failed as the answer not streamed would have
 failed with a 5xx (its store did not answer, say) frees the key as that 5xx would
 (:func:`fails_when`), so the retry the 503 of the same failure asks for runs again.
+
+A JSON-RPC call (A2A's) is answered with a 200 whether it failed or not: an answer that is
+a JSON-RPC error (a stream whose first event is one) frees the key too. The call's ``id``
+is not part of what makes two calls the same (:func:`fingerprint_body`): a client gives each
+call a new one, its retries too; a replayed answer carries the retry's.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SESSION = "idempotency_session"
 _FAILED = "idempotency_failed"
+_FINGERPRINTED = "idempotency_fingerprinted"
 _SETTLE_SECONDS = 3.0
 # A request renews its key's lease this many times a lease, so a renewal that fails (a
 # store slow for a moment) leaves others to come before the lease runs out.
@@ -94,13 +100,20 @@ class Replay(Exception):
 
 def fingerprint(request: Request, body: bytes) -> str:
     """What makes two requests "the same": method, path, query, ``X-Session-Id`` (which names
-    the session of an OpenAI-compatible call) and body."""
+    the session of an OpenAI-compatible call) and body (or what :func:`fingerprint_body`
+    gave in its place)."""
     digest = hashlib.sha256()
     session = ",".join(request.headers.getlist(SESSION_HEADER))
     for part in (request.method, request.url.path, request.url.query, session):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
-    digest.update(body)
+    digest.update(request.scope.get("state", {}).get(_FINGERPRINTED, body))
     return digest.hexdigest()
+
+
+def fingerprint_body(request: Request, body: bytes) -> None:
+    """The request is the same as another when ``body`` is, whatever its own body: a
+    JSON-RPC call's without its ``id``, which differs between a call and its retry."""
+    request.scope.setdefault("state", {})[_FINGERPRINTED] = body
 
 
 async def claim_key(request: Request, user_id: str, key: str) -> None:
@@ -239,9 +252,9 @@ def ends_with_client(request: Request) -> None:
 
 
 def fails_when(request: Request, failed: Callable[[], bool]) -> None:
-    """The request's answer is a stream, sent with a 200 before it is known how it ends:
-    ``failed()``, asked as it ends, says whether it ended as a failure worth a retry (one
-    that would have been a 5xx), when the key is freed instead of keeping the answer."""
+    """The request's answer is a 200 that may be a failure (a stream, sent before it is
+    known how it ends; a JSON-RPC error): ``failed()``, asked as it ends, says whether it
+    is one worth a retry, when the key is freed instead of keeping the answer."""
     request.scope.setdefault("state", {})[_FAILED] = failed
 
 
@@ -290,17 +303,22 @@ def _too_large(status: int) -> StoredResponse:
     return StoredResponse(409, headers, bytes(response.body))
 
 
-async def _replay(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Replay)
-    stored = exc.response
+def replayed(stored: StoredResponse, body: bytes | None = None) -> Response:
+    """The kept answer ``stored`` sent again, with ``body`` in place of its own if given (a
+    JSON-RPC answer carrying the retry's id)."""
     headers = {name: value for name, value in stored.headers.items() if name != "content-type"}
     headers[REPLAYED_HEADER] = "true"
     return Response(
-        stored.body,
+        stored.body if body is None else body,
         status_code=stored.status,
         headers=headers,
         media_type=stored.headers.get("content-type"),
     )
+
+
+async def _replay(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Replay)
+    return replayed(exc.response)
 
 
 async def _in_progress(request: Request, exc: Exception) -> Response:
@@ -324,11 +342,14 @@ __all__ = [
     "IDEMPOTENCY_KEY_PATTERN",
     "REPLAYED_HEADER",
     "IdempotencyMiddleware",
+    "Replay",
     "claim_key",
     "ends_with_client",
     "fails_when",
     "fingerprint",
+    "fingerprint_body",
     "install_idempotency",
+    "replayed",
     "seed_run",
     "writes_in_session",
 ]

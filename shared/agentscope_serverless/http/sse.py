@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -43,6 +43,9 @@ MEDIA_TYPE = "text/event-stream"
 
 # Line breaks for str.splitlines, not for SSE, and their JSON escapes.
 _SPLITLINES_BREAKS = (("\u2028", "\\u2028"), ("\u2029", "\\u2029"), ("\x85", "\\u0085"))
+_SPLITLINES_BREAKS_UTF8 = tuple(
+    (char.encode(), escaped.encode()) for char, escaped in _SPLITLINES_BREAKS
+)
 
 
 def encode(data: str, *, event: str | None = None, id: int | None = None) -> bytes:
@@ -74,6 +77,39 @@ def escape_line_breaks(data: str) -> str:
             if char in data:
                 data = data.replace(char, escaped)
     return data
+
+
+def escaping_line_breaks(send: Send) -> Send:
+    """``send`` writing the body of a stream of JSON events (made by another encoder: the
+    ``a2a-sdk``'s) with U+2028, U+2029 and U+0085 as JSON escapes, as :func:`encode` does.
+    They are found only in JSON strings, so their UTF-8 bytes are replaced as they are; one
+    split between two chunks waits for the rest of it."""
+    held = b""
+
+    async def escaped(message: Message) -> None:
+        nonlocal held
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        body = held + bytes(message.get("body", b""))
+        held = _unfinished_break(body) if message.get("more_body", False) else b""
+        body = body[: len(body) - len(held)]
+        for char, escape in _SPLITLINES_BREAKS_UTF8:
+            if char in body:
+                body = body.replace(char, escape)
+        await send({**message, "body": body})
+
+    return escaped
+
+
+def _unfinished_break(body: bytes) -> bytes:
+    """The end of ``body`` that may be the first bytes of U+2028, U+2029 or U+0085 (lead
+    bytes, never found in another character's encoding)."""
+    if body.endswith(b"\xe2\x80"):
+        return body[-2:]
+    if body.endswith((b"\xe2", b"\xc2")):
+        return body[-1:]
+    return b""
 
 
 class EventStreamResponse(StreamingResponse):
@@ -267,4 +303,5 @@ __all__ = [
     "RunEventStream",
     "encode",
     "escape_line_breaks",
+    "escaping_line_breaks",
 ]
