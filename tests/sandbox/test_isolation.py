@@ -393,7 +393,10 @@ async def test_200_create_release_pairs_in_random_order_under_load_leave_nothing
     tmp_path: Path, cpu_burners: None
 ) -> None:
     root = Path(tempfile.mkdtemp(prefix="sandbox-races-"))
-    server = start_server(root, "--workspace-mb", "16", "--max-sandboxes", "64")
+    # Small memory limits: 25 sandboxes at once fit a host of a few GiB.
+    server = start_server(
+        root, "--workspace-mb", "16", "--max-sandboxes", "64", "--memory-mb", "128"
+    )
     durations: list[float] = []
     rng = random.Random(10)
     client = SandboxClient(server.url, server.token, timeout=60)
@@ -658,6 +661,9 @@ async def test_a_workspace_is_made_only_while_the_host_disk_has_room_for_all_to_
         with pytest.raises(SandboxCapacityError, match=r"disk has \d+ MiB free") as refused:
             await client.create("base")
         assert "32 MiB each" in str(refused.value)
+        health = (await _health(small_disk.url)).json()
+        assert health["status"] == "full"
+        assert "disk has" in health["reason"]
         fill = "dd if=/dev/zero of=big bs=1M count=64 2>&1; sync; df -m . | tail -1"
         for sandbox_id in (first, second):
             filled = await client.call_tool(sandbox_id, "run_shell_command", {"command": fill})

@@ -65,10 +65,15 @@ class RunningServer:
     log: Path
 
 
-def start_server(root: Path, *extra: str, open_files: int | None = None) -> RunningServer:
-    """Start the server on ``root``; ``open_files`` caps its file descriptors."""
+def start_server(
+    root: Path, *extra: str, open_files: int | None = None, cgroup: Path | None = None
+) -> RunningServer:
+    """Start the server on ``root``; ``open_files`` caps its file descriptors, ``cgroup`` (a
+    group's directory) is where it runs."""
     require_sandbox_tools()
     capped = [] if open_files is None else ["prlimit", f"--nofile={open_files}", "--"]
+    if cgroup is not None:
+        capped = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *capped]
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)
     port = free_port()

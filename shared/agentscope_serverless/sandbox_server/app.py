@@ -40,13 +40,16 @@ from agentscope_serverless.sandbox_protocol import (
     async_body,
     status_for_error,
 )
-from agentscope_serverless.sandbox_server.bodylimit import BodyLimit
+from agentscope_serverless.sandbox_server.bodylimit import (
+    DEFAULT_BODIES_BYTES,
+    MAX_BODY_BYTES,
+    BodyLimit,
+)
 from agentscope_serverless.sandbox_server.manager import RETRY_AFTER_SECONDS, SandboxManager
 
 logger = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health"})
-MAX_BODY_BYTES = 64 * 1024**2
 # Errors of a host out of what a request needs (descriptors, memory, processes): a 503 to
 # retry, not a fault of the server.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
@@ -80,8 +83,11 @@ async def _call_tool(
     return result.model_dump()
 
 
-def create_app(manager: SandboxManager, token: str) -> FastAPI:
-    """The server's ASGI app; ``manager`` starts and stops with it.
+def create_app(
+    manager: SandboxManager, token: str, *, bodies_bytes: int = DEFAULT_BODIES_BYTES
+) -> FastAPI:
+    """The server's ASGI app; ``manager`` starts and stops with it, and it holds
+    ``bodies_bytes`` of request bodies at once at most.
 
     >>> from pathlib import Path
     >>> from agentscope_serverless.sandbox_server.isolation import Toolchain
@@ -109,7 +115,7 @@ def create_app(manager: SandboxManager, token: str) -> FastAPI:
         openapi_url=None,
     )
     # Inside the authentication below: an unauthenticated body is never read.
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, budget=bodies_bytes)
 
     @app.middleware("http")
     async def authenticate(

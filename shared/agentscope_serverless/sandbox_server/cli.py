@@ -31,8 +31,13 @@ from agentscope_serverless.head_timeout import (
     head_timeout_protocol,
 )
 from agentscope_serverless.sandbox_server.app import create_app
+from agentscope_serverless.sandbox_server.bodylimit import BODY_WAIT_SECONDS, DEFAULT_BODIES_BYTES
 from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
-from agentscope_serverless.sandbox_server.jail import HostIsolation, how_to_enforce
+from agentscope_serverless.sandbox_server.jail import (
+    HostIsolation,
+    how_to_enforce,
+    spare_from_oom_killer,
+)
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
 
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -55,6 +60,16 @@ def _positive_seconds(text: str) -> float:
     if not 0 < seconds < math.inf:  # inf would be no limit: half-sent requests held forever
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds above 0")
     return seconds
+
+
+def _overcommit(text: str) -> float:
+    try:
+        times = float(text)
+    except ValueError:
+        times = 0.0
+    if not 0 < times < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return times
 
 
 def _cpus(text: str) -> float:
@@ -109,6 +124,15 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.total_memory_bytes // 1024**2,
         help="memory of a sandbox: of each process, and of all of them with their tmpfs "
         "together (0: no total)",
+    )
+    parser.add_argument(
+        "--memory-overcommit",
+        type=_overcommit,
+        default=os.environ.get("SANDBOX_SERVER_MEMORY_OVERCOMMIT", "1.0"),
+        help="how many times the host's memory (less 1 GiB for the server) the sandboxes' "
+        "--memory-mb may add up to; past it a new sandbox is refused (429); above 1, "
+        "sandboxes all using theirs would run the host out of memory "
+        "(env SANDBOX_SERVER_MEMORY_OVERCOMMIT)",
     )
     parser.add_argument(
         "--workspace-mb",
@@ -172,6 +196,16 @@ def _parser() -> argparse.ArgumentParser:
         help="sandboxes one owner (meta.owner_id, e.g. a user) may hold (default: all)",
     )
     parser.add_argument("--max-output-bytes", type=_whole(1), default=1024**2)
+    parser.add_argument(
+        "--request-bodies-mb",
+        type=_whole(1),
+        default=os.environ.get(
+            "SANDBOX_SERVER_REQUEST_BODIES_MB", str(DEFAULT_BODIES_BYTES // 1024**2)
+        ),
+        help="request bodies the server holds at once, together; a request past it waits "
+        f"for room ({BODY_WAIT_SECONDS:g} s at most, else 503) "
+        "(env SANDBOX_SERVER_REQUEST_BODIES_MB)",
+    )
     parser.add_argument(
         "--first-sandbox-uid",
         type=int,
@@ -320,9 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         weaker_isolation=args.weaker_isolation,
         freeze_between_calls=not args.no_freeze,
         first_sandbox_uid=args.first_sandbox_uid,
+        memory_overcommit=args.memory_overcommit,
     )
+    spare_from_oom_killer()
     manager = SandboxManager(config, toolchain, _host_isolation(config))
-    app = create_app(manager, token)
+    app = create_app(manager, token, bodies_bytes=args.request_bodies_mb * 1024**2)
     server = _Server(
         uvicorn.Config(
             app,

@@ -55,6 +55,10 @@ CPU_PERIOD_US = 100_000
 KILL_TIMEOUT_SECONDS = 2.0
 MiB = 1024**2
 HOST_CPUS = os.cpu_count() or 1
+# What the kernel's OOM killer adds to the badness of a sandbox's processes (the most: they
+# go first) and of the server's, run as root (low: it goes after them, and any other).
+SANDBOX_OOM_SCORE_ADJ = 1000
+SERVER_OOM_SCORE_ADJ = -500
 # A workspace image holds the sandbox's files, readable in it by anyone who may read it.
 IMAGE_MODE = 0o600
 
@@ -77,6 +81,49 @@ def _own_cgroup(version: int, controller: str = "") -> str | None:
         if version == 1 and controller in controllers.split(","):
             return path
     return None
+
+
+def host_memory() -> int:
+    """The memory this server and its sandboxes can have, in bytes: the host's (``MemTotal``
+    of ``/proc/meminfo``), or the memory limit of the server's own cgroup or one above it
+    when lower (a server in a container, or in a memory-limited service)."""
+    total = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+                break
+    limits = [total] if total else []
+    for group, limit_file in _own_memory_groups():
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                limits.append(int((group / limit_file).read_text().strip()))  # "max": none
+            if group in (CGROUP_ROOT, CGROUP_ROOT / "memory"):
+                break
+            group = group.parent
+    if not limits:
+        raise OSError("cannot tell the host's memory: /proc/meminfo has no MemTotal")
+    return min(limits)
+
+
+def _own_memory_groups() -> list[tuple[Path, str]]:
+    """This process's memory cgroup (v2 and v1) and the file holding its limit."""
+    groups = []
+    own = _own_cgroup(2)
+    if own is not None and (CGROUP_ROOT / "cgroup.controllers").exists():
+        groups.append((CGROUP_ROOT / own.lstrip("/"), "memory.max"))
+    own = _own_cgroup(1, "memory")
+    if own is not None and (CGROUP_ROOT / "memory").is_dir():
+        groups.append((CGROUP_ROOT / "memory" / own.lstrip("/"), "memory.limit_in_bytes"))
+    return groups
+
+
+def spare_from_oom_killer() -> None:
+    """Make the kernel's OOM killer choose this process after the others (sandboxes, see
+    :data:`SANDBOX_OOM_SCORE_ADJ`, first). Lowering a score needs ``CAP_SYS_RESOURCE``
+    (root, in most containers): without it the process keeps the score it has."""
+    with contextlib.suppress(OSError):
+        _write(Path("/proc/self/oom_score_adj"), str(SERVER_OOM_SCORE_ADJ))
 
 
 def remove_tree(directory: Path) -> None:
@@ -593,12 +640,15 @@ __all__ = [
     "MEMORY",
     "NO_USERNS",
     "PROCESSES",
+    "SANDBOX_OOM_SCORE_ADJ",
+    "SERVER_OOM_SCORE_ADJ",
     "SYSCALLS",
     "Cgroups",
     "DiskTools",
     "SandboxCgroup",
     "bwrap_disables_userns",
     "bwrap_filters_syscalls",
+    "host_memory",
     "how_to_enforce",
     "make_template",
     "make_workspace",
@@ -607,6 +657,7 @@ __all__ = [
     "remove_tree",
     "remove_workspace",
     "setup_cgroups",
+    "spare_from_oom_killer",
 ]
 
 

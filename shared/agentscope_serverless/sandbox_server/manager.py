@@ -65,6 +65,7 @@ from agentscope_serverless.sandbox_server.jail import (
     HostIsolation,
     MiB,
     SandboxCgroup,
+    host_memory,
     how_to_enforce,
     make_template,
     make_workspace,
@@ -92,6 +93,9 @@ SHUTTING_DOWN = (
 )
 # What a refused create tells the client to wait before trying again, in seconds.
 RETRY_AFTER_SECONDS = 10
+# The host's memory kept for the server itself (its interpreter, the request bodies it holds,
+# see bodylimit), never promised to sandboxes.
+SERVER_MEMORY_BYTES = 1024**3
 
 # Which tools each sandbox type offers. As in AgentScope, where every sandbox image serves
 # the generic tools, a filesystem sandbox runs code too; both types offer every tool.
@@ -117,6 +121,16 @@ class ServerConfig:
     freeze_between_calls: bool = True
     # The host uid of the first sandbox (run as root): each runs as one of its own.
     first_sandbox_uid: int = FIRST_HOST_UID
+    # How many times the memory the host can give sandboxes their limits may add up to (1.0:
+    # never more; past 1, sandboxes all using theirs would run the host out of memory).
+    memory_overcommit: float = 1.0
+    # The memory of the host (None: found at start, see jail.host_memory).
+    host_memory_bytes: int | None = None
+
+    @property
+    def sandbox_memory_bytes(self) -> int:
+        """The memory one sandbox may take: its total, or (no total) a process's limit."""
+        return max(1, self.limits.total_memory_bytes or self.limits.memory_bytes)
 
     def configured_bounds(self) -> list[str]:
         """The bounds this configuration asks for (a zero size turns a total off)."""
@@ -258,6 +272,7 @@ class SandboxManager:
         self._closing = False
         self._template: Path | None = None
         self._disk_room = threading.Lock()
+        self._host_memory = config.host_memory_bytes
         self._agent_source = Path(agent.__file__).read_text()
 
     @property
@@ -281,6 +296,14 @@ class SandboxManager:
         (root / "sandboxes").chmod(0o711)
         if self._host is None:
             self._host = await asyncio.to_thread(HostIsolation.probe, root)
+        if self._host_memory is None:
+            self._host_memory = await asyncio.to_thread(host_memory)
+        if self._memory_for_sandboxes() < self.config.sandbox_memory_bytes:
+            self._host.close()
+            raise ConfigurationError(
+                f"this host cannot give one sandbox its memory: {self._memory_room()}; lower "
+                "--memory-mb (or raise --memory-overcommit)"
+            )
         await asyncio.to_thread(self._remove_leftovers)
         missing = self._host.missing(self.config.configured_bounds())
         if missing and not self.config.weaker_isolation:
@@ -333,21 +356,59 @@ class SandboxManager:
             await asyncio.to_thread(self._host.close)
 
     def health(self) -> dict[str, Any]:
-        """Capacity in use and the bounds enforced (what ``GET /health`` says)."""
-        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
-        full = in_use >= self.config.max_sandboxes
+        """Capacity in use and the bounds enforced (what ``GET /health`` says); when full,
+        the ``reason``."""
+        in_use = self._in_use()
+        fitting = min(
+            self.config.max_sandboxes,
+            self._memory_for_sandboxes() // self.config.sandbox_memory_bytes,
+        )
         host = self._host
         enforced = host.enforced if host is not None else []
         configured = self.config.configured_bounds()
-        return {
-            "status": "full" if full else "ok",
+        health: dict[str, Any] = {
+            "status": "ok",
             "sandboxes": in_use,
             "max_sandboxes": self.config.max_sandboxes,
-            "available": max(0, self.config.max_sandboxes - in_use),
+            "available": max(0, fitting - in_use),
             "max_sandboxes_per_owner": self.config.max_sandboxes_per_owner,
             "enforced": [bound for bound in configured if bound in enforced],
             "not_enforced": [bound for bound in configured if bound not in enforced],
         }
+        reason = self._full(in_use) or self._disk_full()
+        if reason is not None:
+            health.update(status="full", available=0, reason=reason)
+        return health
+
+    def _in_use(self) -> int:
+        """Sandboxes counted against the capacity: alive, being made or being released."""
+        return len(self._sandboxes) + sum(self._creating.values()) + self._releasing
+
+    def _full(self, in_use: int) -> str | None:
+        """Why no sandbox more can be made now (None: one can)."""
+        if in_use >= self.config.max_sandboxes:
+            return f"this server already runs {self.config.max_sandboxes} sandboxes"
+        if (in_use + 1) * self.config.sandbox_memory_bytes > self._memory_for_sandboxes():
+            return self._memory_room(in_use + 1)
+        return None
+
+    def _memory_for_sandboxes(self) -> int:
+        """The memory the sandboxes' limits may add up to."""
+        host = self._host_memory or 0
+        return int(max(0, host - SERVER_MEMORY_BYTES) * self.config.memory_overcommit)
+
+    def _memory_room(self, sandboxes: int = 1) -> str:
+        """The host's memory for sandboxes against what ``sandboxes`` of them may take."""
+        size = self.config.sandbox_memory_bytes
+        overcommit = self.config.memory_overcommit
+        times = f", {overcommit:g} times over" if overcommit != 1 else ""
+        return (
+            f"the host's memory gives sandboxes {self._memory_for_sandboxes() / MiB:.0f} MiB "
+            f"({(self._host_memory or 0) / MiB:.0f} MiB less {SERVER_MEMORY_BYTES / MiB:.0f} "
+            f"MiB kept for the server{times}), and {sandboxes} "
+            f"{'sandbox' if sandboxes == 1 else 'sandboxes'} of {size / MiB:.0f} MiB each may "
+            f"take {sandboxes * size / MiB:.0f} MiB"
+        )
 
     async def create(
         self,
@@ -496,11 +557,10 @@ class SandboxManager:
         return sandbox_id
 
     def _check_capacity(self, owner: str | None, owner_cap: int) -> None:
-        in_use = len(self._sandboxes) + sum(self._creating.values()) + self._releasing
-        if in_use >= self.config.max_sandboxes:
+        full = self._full(self._in_use())
+        if full is not None:
             raise SandboxCapacityError(
-                f"this server already runs {self.config.max_sandboxes} sandboxes; "
-                f"retry in {RETRY_AFTER_SECONDS} s",
+                f"{full}: release sandboxes or retry in {RETRY_AFTER_SECONDS} s",
                 retry_after=RETRY_AFTER_SECONDS,
             )
         if owner is None:
@@ -714,7 +774,7 @@ class SandboxManager:
                 )
             if host.disk is not None and self._template is not None:
                 with self._disk_room:  # one workspace counted and made at a time
-                    self._check_disk_room(directory.parent)
+                    self._check_disk_room()
                     workspace = make_workspace(host.disk, directory, self._template)
             else:
                 workspace = directory / "workspace"
@@ -726,16 +786,26 @@ class SandboxManager:
             raise
         return workspace, cgroup
 
-    def _check_disk_room(self, sandboxes: Path) -> None:
-        size = self.config.limits.workspace_bytes
-        free, needed = workspace_room(sandboxes, size)
-        if free < needed:
+    def _check_disk_room(self) -> None:
+        full = self._disk_full()
+        if full is not None:
             raise SandboxCapacityError(
-                f"the sandbox host's disk has {free / MiB:.0f} MiB free, and its workspaces "
-                f"may take {needed / MiB:.0f} MiB with one more ({size / MiB:.0f} MiB each): "
-                f"release sandboxes or retry in {RETRY_AFTER_SECONDS} s",
+                f"{full}: release sandboxes or retry in {RETRY_AFTER_SECONDS} s",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+
+    def _disk_full(self) -> str | None:
+        """Why the host's disk has no room for one workspace more (None: it has)."""
+        if self._template is None:
+            return None
+        size = self.config.limits.workspace_bytes
+        free, needed = workspace_room(self.config.root / "sandboxes", size)
+        if free >= needed:
+            return None
+        return (
+            f"the sandbox host's disk has {free / MiB:.0f} MiB free, and its workspaces "
+            f"may take {needed / MiB:.0f} MiB with one more ({size / MiB:.0f} MiB each)"
+        )
 
     def _remove_leftovers(self) -> None:
         # Sandboxes of an earlier server on this root that did not shut down cleanly.

@@ -32,7 +32,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.sandbox_protocol import CallToolResult
 from agentscope_serverless.sandbox_server.agent import limit_text
 from agentscope_serverless.sandbox_server.isolation import BWRAP_ENVIRONMENT, JAIL_FDS, JailCommand
-from agentscope_serverless.sandbox_server.jail import SandboxCgroup
+from agentscope_serverless.sandbox_server.jail import SANDBOX_OOM_SCORE_ADJ, SandboxCgroup
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ PIPE_MIN_BYTES = 64 * 1024
 # How long a stop waits for the killed bwrap to be reaped (it dies with its PID namespace).
 STOP_WAIT_SECONDS = 2.0
 # Joins the cgroups named before ``--`` (as root, before anything runs), then runs the rest.
-JOIN_CGROUPS = (
+# Run before the jail (as the server's uid): make the OOM killer choose the sandbox first,
+# join its cgroups (the procs files up to "--"), then run the rest.
+JAIL_ENTRY = (
+    f"echo {SANDBOX_OOM_SCORE_ADJ} > /proc/self/oom_score_adj || exit 125; "
     'for f; do shift; [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; done; exec "$@"'
 )
 
@@ -469,8 +472,8 @@ class SandboxProcess:
                     "--",
                     *argv,
                 ]
-            if self._cgroup is not None:
-                argv = ["/bin/sh", "-c", JOIN_CGROUPS, "sh", *self._cgroup.procs_files, "--", *argv]
+            procs_files = [] if self._cgroup is None else self._cgroup.procs_files
+            argv = ["/bin/sh", "-c", JAIL_ENTRY, "sh", *procs_files, "--", *argv]
             return await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
