@@ -9,7 +9,8 @@ Ids are percent-encoded (:func:`escape`), so an id never contains ``:``, ``{``, 
 glob characters or whitespace: no id can reach another user's keys or break the hash tag.
 
 Writes are Lua scripts (atomic, one round trip). Only idempotent calls (reads, deletes) are
-retried after a connection failure; a write that may have been applied is never replayed.
+retried after a connection failure; a write that may have been applied is never replayed. A
+cluster's MULTI answered MOVED never ran: it is sent again to the slot's new primary.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentscope_serverless.aws_secrets import credentials_refused
@@ -48,6 +55,9 @@ DEFAULT_KEY_PREFIX = "agentscope"
 MAX_POSITION = 10**13
 
 _RETRY_DELAY = 0.05
+# How many times a cluster transaction answered MOVED is sent again (to the slot's new
+# primary): more than one move of a slot while a call is under way is a reshard gone wrong.
+_MOVED_RESENDS = 2
 # The health check's own key (under the key prefix), written with this expiry: a Redis
 # that answers PING but refuses writes (out of memory) is down for the users.
 HEALTH_KEY = "health"
@@ -456,13 +466,25 @@ class RedisStore:
             return replies
         async with asyncio.timeout(self._timeout):
             await self._connect()
-            if self._client is None:
+            client = self._client
+            if client is None:
                 raise StoreUnavailableError("redis", "the client is closed")
-            pipeline = self._client.pipeline(transaction=True)
-            for command in wire:
-                pipeline.execute_command(*command)
-            executed: list[Any] = await pipeline.execute(raise_on_error=False)
-        return executed
+            resends = 0
+            while True:
+                pipeline = client.pipeline(transaction=True)
+                for command in wire:
+                    pipeline.execute_command(*command)
+                try:
+                    executed: list[Any] = await pipeline.execute(raise_on_error=False)
+                    return executed
+                except MovedError as moved:
+                    # The slot has another primary (a reshard): Redis refused the commands
+                    # as they were queued, or the EXEC, and discarded the transaction, so
+                    # none of it ran. Sent again where the error says the slot went.
+                    if resends == _MOVED_RESENDS or not isinstance(client, RedisCluster):
+                        raise
+                    resends += 1
+                    await client.nodes_manager.move_slot(moved)
 
     async def _load(self, source: str) -> None:
         """Load a script Redis lost (on every primary of a cluster)."""
