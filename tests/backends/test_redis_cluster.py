@@ -1,20 +1,28 @@
 """The Redis backends on a Redis Cluster that changes under them: a slot moved to another
-primary.
+primary, a connection closed under a call, a primary killed.
 
-Each test has a cluster of its own: it moves slots.
+Each test has a cluster of its own: it moves slots or kills nodes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
+import pytest
+import uvloop
+from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
+from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisClusterServer
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
-from agentscope_serverless.services._redis import user_key_prefix
+from agentscope_serverless.services._redis import RedisBackedService, user_key_prefix
+from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord
 from agentscope_serverless.services.runs.redis import RedisRunsService
 from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
-from tests.support.redis_cluster import move_slot
+from tests.support.redis_cluster import move_slot, slot_owner
 
 
 def msg(text: str) -> Message:
@@ -46,3 +54,58 @@ async def test_a_write_of_two_services_is_made_once_right_after_its_slot_moved(
             assert stored is not None
             assert [m.get_text_content() for m in stored.messages] == ["hello"]  # type: ignore[union-attr]
             assert await runs.read_events(user_id, "r1") == [(0, '{"n":0}')]
+
+
+async def close_connections_under_redis_py(service: RedisBackedService, user_id: str) -> None:
+    """Close the sockets of the idle connections to ``user_id``'s primary, as redis-py's
+    disconnect of a node's idle connections does when a call on that node failed: until the
+    disconnect ends, they stay in the pool with their socket closed, and a call may take one
+    and write on it (with uvloop: a RuntimeError, not a ConnectionError)."""
+    client = service._redis._client
+    assert isinstance(client, RedisCluster)
+    node = client.nodes_manager.get_node_from_slot(slot_of(user_id))
+    writers = [connection._writer for connection in node._free]
+    assert writers, "no idle connection to the primary"
+    for writer in writers:
+        assert writer is not None
+        writer.close()
+        await writer.wait_closed()
+
+
+def test_a_connection_closed_under_a_call_fails_it_as_a_lost_connection() -> None:
+    # A primary killed under traffic: some calls got a 500 (the RuntimeError of a write on
+    # a socket uvloop had closed). Now a lost connection as any other: a read is tried again,
+    # a write fails as unavailable (503), as do all once the primary is gone.
+    user_id = f"user-{uuid.uuid4().hex[:12]}"
+
+    async def calls(cluster: RedisClusterServer) -> None:
+        history = RedisSessionHistoryService(cluster.url, cluster=True, socket_timeout=2.0)
+        state = RedisStateService(cluster.url, cluster=True, socket_timeout=2.0)
+        async with history, state:
+            await history.create_session(user_id, "s1")
+            assert await state.save_state(user_id, {"v": 1}) == 1
+
+            await close_connections_under_redis_py(history, user_id)
+            assert await history.get_session(user_id, "s1") is not None  # MULTI, tried again
+            await close_connections_under_redis_py(history, user_id)
+            await history.create_session(user_id, "s2")  # a script, tried again
+
+            await close_connections_under_redis_py(state, user_id)
+            with pytest.raises(StoreUnavailableError) as raised:
+                await state.save_state(user_id, {"v": 2})  # may not be sent twice
+            assert str(raised.value) == "redis is unavailable: the connection failed"
+            assert await state.export_state(user_id) == {"v": 1}
+
+            slot_owner(cluster, slot_of(user_id)).stop()
+            await close_connections_under_redis_py(history, user_id)
+            with pytest.raises(StoreUnavailableError):
+                await history.get_session(user_id, "s1")
+            await close_connections_under_redis_py(state, user_id)
+            with pytest.raises(StoreUnavailableError):
+                await state.save_state(user_id, {"v": 3})
+
+    with (
+        RedisClusterServer() as cluster,
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+    ):
+        runner.run(calls(cluster))

@@ -216,7 +216,7 @@ def _failure(exc: BaseException) -> str:
             "authentication failed: Redis refuses the password of REDIS_URL "
             "(the redis_url of the stack's secret)"
         )
-    if isinstance(exc, RedisConnectionError | OSError):
+    if _connection_lost(exc):
         return "the connection failed"
     if _out_of_memory(exc):
         return "it is out of memory (maxmemory reached, with no eviction): it refuses writes"
@@ -231,6 +231,23 @@ def refuses_credentials(exc: BaseException) -> bool:
     if isinstance(exc, RedisAuthenticationError):
         return True
     return isinstance(exc, ResponseError) and str(exc).startswith(("WRONGPASS", "NOAUTH"))
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection failed or was lost, the command perhaps applied."""
+    return isinstance(exc, RedisConnectionError | OSError) or _transport_closed(exc)
+
+
+def _transport_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` is uvloop refusing a write on a socket it already closed: redis-py
+    raises it as it is when its connection was closed under it (its disconnect of a failed
+    node's idle connections leaves them in the pool until it ends)."""
+    message = str(exc)
+    return (
+        isinstance(exc, RuntimeError)
+        and message.startswith("unable to perform operation on ")
+        and message.endswith("; the handler is closed")
+    )
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -346,12 +363,21 @@ class RedisStore:
             try:
                 async with asyncio.timeout(self._timeout):
                     return await self._ping()
-            except (RedisError, RedisClusterException, OSError, StoreUnavailableError) as exc:
+            except (
+                RedisError,
+                RedisClusterException,
+                OSError,
+                RuntimeError,
+                StoreUnavailableError,
+            ) as exc:
+                if isinstance(exc, RuntimeError) and not _transport_closed(exc):
+                    raise
                 if refuses_credentials(exc):
                     credentials_refused()
-                if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
+                lost = isinstance(exc, RedisConnectionError) or _transport_closed(exc)
+                if lost or isinstance(exc, RedisTimeoutError | TimeoutError):
                     await self._drop_shared()
-                if attempt or not isinstance(exc, RedisConnectionError):
+                if attempt or not lost:
                     return False
         return False
 
@@ -516,8 +542,12 @@ class RedisStore:
         while True:
             try:
                 return await operation()
-            except (RedisError, RedisClusterException, OSError) as exc:
-                if isinstance(exc, RedisTimeoutError | TimeoutError | RedisConnectionError):
+            except (RedisError, RedisClusterException, OSError, RuntimeError) as exc:
+                if isinstance(exc, RuntimeError) and not _transport_closed(exc):
+                    raise
+                if isinstance(
+                    exc, RedisTimeoutError | TimeoutError | RedisConnectionError
+                ) or _transport_closed(exc):
                     await self._drop_shared()  # no answer in time: start afresh
                 if may_retry and self._retryable(exc):
                     may_retry = False
@@ -613,7 +643,7 @@ class RedisStore:
     def _retryable(self, exc: Exception) -> bool:
         if isinstance(exc, RedisTimeoutError | TimeoutError):
             return self._retry_on_timeout
-        return isinstance(exc, RedisConnectionError | OSError)
+        return _connection_lost(exc)
 
     def _redact(self, exc: BaseException) -> str:
         message = f"{type(exc).__name__}: {exc}"
