@@ -1,5 +1,5 @@
 """The Redis backends on a Redis Cluster that changes under them: a slot moved to another
-primary, a connection closed under a call, a primary killed.
+primary, a connection closed under a call, a primary killed; and one given a wrong password.
 
 Each test has a cluster of its own: it moves slots or kills nodes.
 """
@@ -7,6 +7,8 @@ Each test has a cluster of its own: it moves slots or kills nodes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 
 import pytest
@@ -14,8 +16,10 @@ import uvloop
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
+from agentscope_serverless.aws_secrets import credential_refusals
 from agentscope_serverless.errors import StoreUnavailableError
-from agentscope_serverless.local_stack import RedisClusterServer
+from agentscope_serverless.local_stack import RedisClusterServer, RedisServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.services._redis import RedisBackedService, user_key_prefix
 from agentscope_serverless.services.agent_state.redis import RedisStateService
@@ -109,3 +113,36 @@ def test_a_connection_closed_under_a_call_fails_it_as_a_lost_connection() -> Non
         asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
     ):
         runner.run(calls(cluster))
+
+
+async def test_a_wrong_cluster_password_says_authentication_failed_never_the_password(
+    capfd: pytest.CaptureFixture[str], user_id: str
+) -> None:
+    # It read "the request failed", and was not counted as a refused password (the count
+    # has the secret read again: it may have been rotated).
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    with contextlib.ExitStack() as stack:
+        stack.callback(logger.setLevel, level)
+        node = stack.enter_context(RedisServer(password="Sup3r-Secret-Pa55", cluster=True))
+        assert node.cli("CLUSTER", "ADDSLOTSRANGE", "0", "16383") == "OK"
+        deadline = time.monotonic() + 30
+        while "cluster_state:ok" not in node.cli("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "the cluster did not come up"
+            await asyncio.sleep(0.05)
+        wrong = RedisServer(password="Wr0ng-Pa55", port=node.port).url  # only for its URL
+        refused = credential_refusals()
+        async with RedisSessionHistoryService(wrong, cluster=True) as history:
+            with pytest.raises(StoreUnavailableError) as raised:
+                await history.create_session(user_id, "s1")
+            assert credential_refusals() == refused + 1
+            assert not await history.health()
+            assert credential_refusals() == refused + 2
+    message = str(raised.value)
+    assert message == (
+        "redis is unavailable: authentication failed: Redis refuses the password of "
+        "REDIS_URL (the redis_url of the stack's secret)"
+    )
+    out, err = capfd.readouterr()
+    assert "redis command failed" in out
+    assert "Pa55" not in message + out + err

@@ -227,7 +227,10 @@ def _failure(exc: BaseException) -> str:
 
 def refuses_credentials(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing the password (or user) it was given, or asking for
-    one when none was given."""
+    one when none was given; on a cluster, when no node could be reached for that reason
+    (redis-py's error then has the node's refusal as its cause)."""
+    if isinstance(exc, RedisClusterException) and exc.__cause__ is not None:
+        return refuses_credentials(exc.__cause__)
     if isinstance(exc, RedisAuthenticationError):
         return True
     return isinstance(exc, ResponseError) and str(exc).startswith(("WRONGPASS", "NOAUTH"))
