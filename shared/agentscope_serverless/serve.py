@@ -105,13 +105,29 @@ def development_key(key_store: KeyStore, user: str = "dev") -> str | None:
         return thread.submit(asyncio.run, issue()).result()
 
 
+def _print_development_key(key: str) -> None:
+    print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
+
+
 def announce_development_key(key_store: KeyStore) -> str | None:
     """Print a development key of ``key_store`` when it is in memory (see
     :func:`development_key`): what a script serving an app (``app.run()``, a local
     deployment) is called with. The key, or None."""
     key = development_key(key_store)
     if key is not None:
-        print(f"development key (user 'dev', valid while this server runs): {key}", flush=True)
+        _print_development_key(key)
+    return key
+
+
+async def issue_development_key(key_store: KeyStore) -> str | None:
+    """:func:`announce_development_key` for a started ``key_store``, from its server's loop
+    (an application of ``AgentApp.get_fastapi_app()`` as it starts)."""
+    from agentscope_serverless.auth import InMemoryKeyStore
+
+    if not isinstance(key_store, InMemoryKeyStore):
+        return None
+    key = (await key_store.create_key(kind="user", user_id="dev")).key
+    _print_development_key(key)
     return key
 
 
@@ -212,6 +228,7 @@ __all__ = [
     "build",
     "create",
     "development_key",
+    "issue_development_key",
     "main",
     "root_settings",
     "source_root",

@@ -171,6 +171,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self.framework = runner.framework_type if runner is not None else "text"
         self.with_sandbox = with_sandbox or sandbox_service is not None
         self.custom_endpoints: list[dict[str, Any]] = []
+        self._web_applications: list[Any] = []
         self._runner = runner
         if history_window is not None and (
             isinstance(history_window, bool)
@@ -265,19 +266,31 @@ class AgentApp(ServiceLifecycleManagerMixin):
     def get_fastapi_app(self, **kwargs: Any) -> Any:
         """The web application serving this app (``create_app`` arguments in ``kwargs``; the
         settings default to the app's, else the environment's). Without a ``key_store``, on
-        the embedded in-memory one, it prints a development key, as :meth:`run` does."""
+        the embedded in-memory one, it prints a development key as it starts, as :meth:`run`
+        does.
+
+        What is added to it (middleware, routes, mounts, exception handlers) is served by
+        every application built later for this app: ``agentscope-serverless serve``,
+        :meth:`run`, a local deployment, the process function on Lambda."""
         # The HTTP layer builds on this one: imported when serving, never at module import.
         from agentscope_serverless.http import create_app
 
         kwargs.setdefault("settings", self.settings or _root_settings())
-        if kwargs.get("key_store") is None:
+        announces = kwargs.get("key_store") is None
+        if announces:
             from agentscope_serverless.auth.factory import create_key_store
-            from agentscope_serverless.serve import announce_development_key
 
             kwargs["key_store"] = create_key_store(kwargs["settings"])
-            # Every route but /health needs a key: the embedded store has none.
-            announce_development_key(kwargs["key_store"])
-        return create_app(agent_app=self, **kwargs)
+        web_app: Any = create_app(agent_app=self, **kwargs)
+        web_app.announces_development_key = announces
+        self._web_applications.append(web_app)
+        return web_app
+
+    @property
+    def web_applications(self) -> list[Any]:
+        """The applications :meth:`get_fastapi_app` returned, whose additions every
+        application built later for this app serves too."""
+        return list(self._web_applications)
 
     async def deploy(self, deployer: Any, **kwargs: Any) -> dict[str, Any]:
         """Deploy with ``deployer`` (a :class:`DeployManager`): ``deployer.deploy(app=self)``."""
@@ -508,6 +521,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
         from agentscope_serverless.auth.factory import create_key_store
         from agentscope_serverless.head_timeout import head_timeout_protocol
+        from agentscope_serverless.http import create_app
         from agentscope_serverless.serve import announce_development_key
 
         kwargs.pop("mode", None)
@@ -517,7 +531,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         if web_ui:
             root = root.model_copy(update={"web_ui": True})
         key_store = create_key_store(root)
-        served = self.get_fastapi_app(settings=root, key_store=key_store)
+        served = create_app(settings=root, agent_app=self, key_store=key_store)
         # Every route but /health needs a key: the embedded store has none.
         announce_development_key(key_store)
         kwargs.setdefault(

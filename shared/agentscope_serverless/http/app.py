@@ -37,14 +37,16 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, compile_path
+from starlette.types import ASGIApp
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.auth.factory import create_key_store
 from agentscope_serverless.collector import keep_pauses_short, stop_keeping_pauses_short
 from agentscope_serverless.errors import ConfigurationError, ShutdownError, StartupError
-from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute
+from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, require_key
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import error_response, install_error_handlers
@@ -60,7 +62,7 @@ from agentscope_serverless.http.middleware import (
 from agentscope_serverless.http.openapi import ERROR_RESPONSES
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.log import logger, redact, redact_aws_credentials
-from agentscope_serverless.metrics import run_metrics
+from agentscope_serverless.metrics import RunMetrics, run_metrics
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.settings import Settings, secret_values
 
@@ -185,7 +187,16 @@ def create_app(
         kept = {("GET", "/health")}
         if "process" in names:
             kept.add(("POST", agent_app.endpoint_path))
-        _serve_app_routes_first(app, runtime_routes, kept)
+        _warn_of_hidden(app.router.routes[len(runtime_routes) :], runtime_routes, kept)
+        app.router.routes[:] = [*app.router.routes[len(runtime_routes) :], *runtime_routes]
+        app.kept_routes = kept
+    app.runtime_routes = list(app.router.routes)
+    if agent_app is not None:
+        for source in agent_app.web_applications:
+            if isinstance(source, RuntimeApplication):
+                source.copy_additions_to(app)
+    app.serve_added_routes_first()
+    app.mark_built()
     return app
 
 
@@ -204,14 +215,13 @@ def include_api_router(app: FastAPI, router: APIRouter) -> None:
     app.include_router(router, dependencies=[Depends(guard_request)], responses=ERROR_RESPONSES)
 
 
-def _serve_app_routes_first(
-    app: FastAPI, runtime_routes: list[BaseRoute], kept: set[tuple[str, str]]
+def _warn_of_hidden(
+    app_routes: list[BaseRoute], runtime_routes: list[BaseRoute], kept: set[tuple[str, str]]
 ) -> None:
-    """Put the app's routes (``@app.endpoint``, ``@app.task``: those after
-    ``runtime_routes``) before the runtime's, so that a request both could answer reaches the
-    one the app declared; each runtime route so hidden is logged. A route hiding one of
-    ``kept`` (method and path: what the runtime cannot do without) is refused."""
-    app_routes = app.router.routes[len(runtime_routes) :]
+    """Log each of ``runtime_routes`` that ``app_routes`` (the app's, ``@app.endpoint``,
+    ``@app.task``, or a user's, served first) hide: a request both could answer reaches the
+    app's. A route hiding one of ``kept`` (method and path: what the runtime cannot do
+    without) is refused."""
     served = _paths_and_methods(runtime_routes)
     for path, methods in _paths_and_methods(app_routes):
         for runtime_path, runtime_methods in served:
@@ -230,7 +240,6 @@ def _serve_app_routes_first(
                 ours,
                 theirs,
             )
-    app.router.routes[:] = [*app_routes, *runtime_routes]
 
 
 def _paths_and_methods(routes: list[BaseRoute]) -> list[tuple[str, set[str] | None]]:
@@ -277,6 +286,100 @@ def _segments_overlap(segment: str, other: str) -> bool:
     return segment == other
 
 
+class RuntimeApplication(FastAPI):
+    """The runtime's FastAPI application, which keeps its own layers around what a user adds
+    to it (``add_middleware``, ``include_router``, ``mount``, ``add_exception_handler``...).
+
+    Whatever is added, and whenever, the runtime's request context (request ids, the log
+    line, typed errors, secrets masked) stays outermost, with CORS; a user's middleware runs
+    just inside it. A user's handler of ``Exception`` (or 500) answers an error no other
+    handler maps. A route or mount a user adds needs a key (but one left open with
+    :func:`~agentscope_serverless.http.auth.public`) and is matched before the runtime's,
+    a warning naming each runtime route it hides; one hiding ``GET /health`` or the process
+    endpoint is refused as the application starts.
+
+    What a user adds to an application of ``AgentApp.get_fastapi_app()`` is copied to every
+    application built later for that AgentApp (see :meth:`copy_additions_to`).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: The runtime's outermost middleware, outermost first (CORS, start-up failures),
+        #: around the request context.
+        self.outer_middleware: list[Middleware] = []
+        #: Where the request context writes the metric of a request failed (a 5xx).
+        self.request_metrics: RunMetrics | None = None
+        #: The runtime's routes, once built; routes beyond them are a user's.
+        self.runtime_routes: list[BaseRoute] | None = None
+        #: The methods and paths no route of a user may hide.
+        self.kept_routes: set[tuple[str, str]] = {("GET", "/health")}
+        #: Whether the application prints a development key as it starts (its key store
+        #: being the embedded one, which has none).
+        self.announces_development_key = False
+        self._built: tuple[set[int], set[int], dict[Any, Any]] | None = None
+        self._settled: set[int] = set()
+
+    def mark_built(self) -> None:
+        """Record what the application holds now as built for it: what comes later is a
+        user's addition (see :meth:`copy_additions_to`)."""
+        self._built = (
+            {id(route) for route in self.router.routes},
+            {id(middleware) for middleware in self.user_middleware},
+            dict(self.exception_handlers),
+        )
+
+    def copy_additions_to(self, other: FastAPI) -> None:
+        """Add to ``other`` what a user added to this application since it was built: its
+        routes and mounts, its middleware (in the order added, outside ``other``'s own) and
+        its exception handlers."""
+        if self._built is None:
+            return
+        routes, middleware, handlers = self._built
+        other.router.routes.extend(r for r in self.router.routes if id(r) not in routes)
+        other.user_middleware[0:0] = [m for m in self.user_middleware if id(m) not in middleware]
+        other.exception_handlers.update(
+            (kind, handler)
+            for kind, handler in self.exception_handlers.items()
+            if handlers.get(kind) is not handler
+        )
+        other.dependency_overrides.update(self.dependency_overrides)
+
+    def serve_added_routes_first(self) -> None:
+        """Put the routes a user added before the runtime's, each behind the key unless left
+        open (:func:`~agentscope_serverless.http.auth.public`); a warning names each runtime
+        route one hides, and one hiding a route the runtime keeps raises
+        :class:`ConfigurationError` (the routes left as they were, the runtime's first)."""
+        if self.runtime_routes is None:
+            return
+        runtime = {id(route) for route in self.runtime_routes}
+        added = [route for route in self.router.routes if id(route) not in runtime]
+        new = [route for route in added if id(route) not in self._settled]
+        for route in new:
+            require_key(route)
+        served = [route for route in self.router.routes if id(route) in runtime]
+        if new:
+            _warn_of_hidden(new, served, self.kept_routes)
+            self._settled.update(id(route) for route in new)
+        self.router.routes[:] = [*added, *served]
+
+    def build_middleware_stack(self) -> ASGIApp:
+        # Built once, as the first request or the start of the application comes: whatever
+        # the user added by then sits inside the runtime's outermost layers.
+        with contextlib.suppress(ConfigurationError):  # raised as the application starts
+            self.serve_added_routes_first()
+        error_handler = self.exception_handlers.get(Exception) or self.exception_handlers.get(500)
+        context = Middleware(
+            RequestContextMiddleware, metrics=self.request_metrics, error_handler=error_handler
+        )
+        outer = [*self.outer_middleware, context]
+        inner = self.user_middleware
+        self.user_middleware = [*outer, *inner]
+        try:
+            return super().build_middleware_stack()
+        finally:
+            self.user_middleware = inner
+
+
 def new_application(
     context: AppContext,
     *,
@@ -284,7 +387,7 @@ def new_application(
     description: str,
     lifespan: Lifespan,
     **metadata: Any,
-) -> FastAPI:
+) -> RuntimeApplication:
     """An application with the shared plumbing: errors, request ids, body limit, ``/health``.
 
     ``metadata`` are FastAPI's fields of the API's documentation (``version``, ``summary``,
@@ -295,7 +398,7 @@ def new_application(
     redact_aws_credentials()
     open_docs = not settings.docs_require_key
     metadata.setdefault("version", __version__)
-    app = FastAPI(
+    app = RuntimeApplication(
         title=title,
         description=description,
         **metadata,
@@ -317,12 +420,11 @@ def new_application(
     )
     if settings.auth_mode == "keys":
         app.add_middleware(RevokedKeyMiddleware, key_store=context.key_store)
-    app.add_middleware(RequestContextMiddleware, metrics=run_metrics(settings.metrics_namespace))
-    app.add_middleware(StartupFailureMiddleware)
+    # Outside whatever a user adds (see RuntimeApplication), outermost first.
     if settings.cors_allow_origins:
         # Outermost: preflights are answered before anything else, and errors (a 401, a
         # 413) carry the headers a page needs to read them.
-        app.add_middleware(
+        cors = Middleware(
             _CORSMiddleware,
             allow_origins=list(settings.cors_allow_origins),
             allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
@@ -330,6 +432,9 @@ def new_application(
             expose_headers=list(EXPOSED_HEADERS),
             max_age=600,
         )
+        app.outer_middleware.append(cors)
+    app.outer_middleware.append(Middleware(StartupFailureMiddleware))
+    app.request_metrics = run_metrics(settings.metrics_namespace)
     app.include_router(health.router)
     if open_docs:
         _add_open_docs(app)
@@ -475,9 +580,17 @@ async def _after_finish(hook: Callable[..., Any] | None, app: FastAPI) -> None:
 def _lifespan(context: AppContext) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if isinstance(app, RuntimeApplication):
+            # A route a user added that the runtime refuses fails the start.
+            app.serve_added_routes_first()
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(context.lifecycle)
             await stack.enter_async_context(context.key_store)
+            if isinstance(app, RuntimeApplication) and app.announces_development_key:
+                from agentscope_serverless.serve import issue_development_key
+
+                # Every route but /health needs a key: the embedded store has none.
+                await issue_development_key(context.key_store)
             if context.idempotency is not None:
                 await stack.enter_async_context(context.idempotency)
             if context.runner is not None and context.agent_app is not None:
@@ -507,4 +620,11 @@ def _lifespan(context: AppContext) -> Lifespan:
     return lifespan
 
 
-__all__ = ["ROUTERS", "call_hook", "create_app", "include_api_router", "new_application"]
+__all__ = [
+    "ROUTERS",
+    "RuntimeApplication",
+    "call_hook",
+    "create_app",
+    "include_api_router",
+    "new_application",
+]

@@ -34,12 +34,14 @@ import dataclasses
 import json
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Request, Response, Security
+from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.routing import BaseRoute
+from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.auth.keys import Principal
 from agentscope_serverless.errors import (
@@ -298,6 +300,74 @@ class KeyedRoute(APIRoute):
         return handle
 
 
+# What marks a route, endpoint or application left open (see public).
+_PUBLIC_MARK = "__agentscope_public__"
+# What marks a route already behind the key (see require_key).
+_KEYED_MARK = "__agentscope_keyed__"
+
+PublicT = TypeVar("PublicT")
+
+
+def public(target: PublicT) -> PublicT:
+    """Leave ``target`` open to callers without a key, on an application of
+    ``app.get_fastapi_app()``, where every route or mount a user adds needs one: an endpoint
+    function, an ``APIRouter`` (each of its routes) or a mounted application.
+
+    >>> from fastapi import FastAPI
+    >>> web = FastAPI()
+    >>> @web.get("/webhook")
+    ... @public
+    ... async def webhook() -> dict[str, bool]:
+    ...     return {"ok": True}
+
+    ``fastapi_app.mount("/static", public(StaticFiles(directory="static")))`` serves files to
+    anyone.
+    """
+    routes = getattr(target, "routes", None) if isinstance(target, APIRouter) else None
+    for route in routes or ():
+        for marked in (route, getattr(route, "endpoint", None)):
+            if marked is not None:
+                setattr(marked, _PUBLIC_MARK, True)
+    try:
+        setattr(target, _PUBLIC_MARK, True)
+    except (AttributeError, TypeError):
+        raise TypeError(
+            f"public() marks a function, a router or an application, not {type(target).__name__}"
+        ) from None
+    return target
+
+
+def is_public(route: BaseRoute) -> bool:
+    """Whether ``route`` was left open with :func:`public` (itself, its endpoint or its
+    application)."""
+    marked = (
+        route,
+        getattr(route, "endpoint", None),
+        getattr(route, "app", None),
+        getattr(route, "original_router", None),  # an included router (FastAPI's)
+    )
+    return any(getattr(target, _PUBLIC_MARK, False) is True for target in marked)
+
+
+def require_key(route: BaseRoute) -> None:
+    """Authenticate every request ``route`` takes (a ``Route``, an ``APIRoute``, a ``Mount``,
+    an included router...) before it handles it, as the runtime's routes do: without a valid
+    key, a 401. A route left open with :func:`public` is left as it is; so is one already
+    keyed."""
+    if is_public(route) or getattr(route, _KEYED_MARK, False):
+        return
+    handle = route.handle
+
+    async def keyed(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            request = Request({**scope, "type": "http"}, receive)
+            await get_caller(request, await bearer_scheme(request))
+        await handle(scope, receive, send)
+
+    route.handle = keyed  # type: ignore[method-assign]
+    setattr(route, _KEYED_MARK, True)
+
+
 def no_other_user(caller: Caller) -> None:
     """A user key naming another user gets 403, on a route holding no user's data (where a
     service key need not name one)."""
@@ -331,6 +401,9 @@ __all__ = [
     "get_caller",
     "header_text",
     "iam_user_id",
+    "is_public",
     "no_other_user",
+    "public",
+    "require_key",
     "web_adapter_request_context",
 ]

@@ -60,15 +60,21 @@ All are pure ASGI (no per-request task), so streaming responses pass through unt
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless.auth.base import KeyStore
@@ -165,11 +171,22 @@ def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
 
 class RequestContextMiddleware:
     """Tags each request with a request id and logs it once it is answered; with
-    ``metrics``, one answered with a server error (a 5xx) also writes its metric."""
+    ``metrics``, one answered with a server error (a 5xx) also writes its metric.
 
-    def __init__(self, app: ASGIApp, metrics: RunMetrics | None = None) -> None:
+    ``error_handler`` (an application's handler of ``Exception`` or 500, as FastAPI's
+    ``add_exception_handler`` takes it: ``handler(request, exc)``, sync or async) answers an
+    error no other handler maps in place of the runtime's 500; the error is logged all the
+    same."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: RunMetrics | None = None,
+        error_handler: Callable[[Request, Exception], Any] | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        self.error_handler = error_handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -211,7 +228,8 @@ class RequestContextMiddleware:
             # line of the exception's text a log line of its own, with no request id).
             if status is None:
                 # Answered here, through CORS on its way out; the connection stays open.
-                await unexpected_error(exc)(scope, receive, send_with_id)
+                answer = await self._answer(scope, receive, exc)
+                await answer(scope, receive, send_with_id)
             else:
                 # Left unfinished: the server cuts it, so the client knows it is incomplete
                 # (a stream's client resumes it).
@@ -234,6 +252,26 @@ class RequestContextMiddleware:
             )
             if answered >= 500 and self.metrics is not None:
                 self.metrics.request_failed(code=code)
+
+    async def _answer(self, scope: Scope, receive: Receive, exc: Exception) -> Response:
+        """The answer to ``exc``: the application's error handler's, if it has one, else
+        the runtime's 500 (as when its handler fails)."""
+        if self.error_handler is None:
+            return unexpected_error(exc)
+        logger.error("unexpected error", exc_info=exc, extra={"error": type(exc).__name__})
+        request = Request(scope, receive)
+        try:
+            if inspect.iscoroutinefunction(self.error_handler):
+                answer = await self.error_handler(request, exc)
+            else:
+                answer = await run_in_threadpool(self.error_handler, request, exc)
+        except Exception as failed:
+            return unexpected_error(failed)
+        if not isinstance(answer, Response):
+            return unexpected_error(
+                TypeError(f"the error handler answered {type(answer).__name__}, not a Response")
+            )
+        return answer
 
 
 class StartupFailureMiddleware:

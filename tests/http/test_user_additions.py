@@ -1,0 +1,296 @@
+"""What a user adds to ``app.get_fastapi_app()`` (middleware, routes, mounts, exception
+handlers), the way FastAPI's users customize an app: served wherever the agent is served
+(``serve --agent``, the process function on Lambda, any application built later for the app),
+inside the runtime's request context, each route behind the key unless left open."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.staticfiles import StaticFiles
+
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth.file import FileKeyStore
+from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.http import create_app, public
+from agentscope_serverless.http.lambda_handler import make_handler
+from agentscope_serverless.log import logger
+from agentscope_serverless.settings import load_settings
+from tests.cli.test_cli import serving
+from tests.support.http import Keys, bearer, issue_key, running
+from tests.support.lambda_runtime import function_url_event
+
+# An agent's module customizing its app as FastAPI's users do, at import.
+AGENT_MODULE = textwrap.dedent(
+    """
+    from fastapi import APIRouter
+    from agentscope_serverless.app import AgentApp
+    from agentscope_serverless.http import public
+
+    app = AgentApp(app_name="added")
+
+
+    @app.query(framework="text")
+    async def query(self, msgs, request=None, **kwargs):
+        yield "hello"
+
+
+    web = app.get_fastapi_app()
+
+
+    @web.middleware("http")
+    async def first(request, call_next):
+        response = await call_next(request)
+        response.headers["X-Layers"] = response.headers.get("X-Layers", "") + "first;"
+        return response
+
+
+    @web.middleware("http")
+    async def second(request, call_next):
+        if request.url.path == "/explode":
+            raise LookupError(f"no tenant for {request.headers.get('authorization')}")
+        response = await call_next(request)
+        response.headers["X-Layers"] = response.headers.get("X-Layers", "") + "second;"
+        return response
+
+
+    router = APIRouter()
+
+
+    @router.get("/reports/{name}")
+    async def report(name: str):
+        return {"report": name}
+
+
+    web.include_router(router)
+
+
+    @web.get("/hook")
+    @public
+    async def hook():
+        return {"open": True}
+
+
+    @web.get("/sessions/export")
+    async def export():
+        return {"export": True}
+    """
+)
+
+# Module names are unique: each test imports its own copy.
+_modules = itertools.count()
+
+
+@pytest.fixture
+def agent_module(tmp_path: Path) -> tuple[Path, str]:
+    """A project folder holding the agent's module, and the module's name."""
+    name = f"added_agent_{next(_modules)}"
+    (tmp_path / f"{name}.py").write_text(AGENT_MODULE)
+    return tmp_path, name
+
+
+@pytest.fixture
+def info_logs() -> Iterator[None]:
+    level = logger.level
+    logger.setLevel("INFO")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def test_serve_serves_what_the_agents_module_added_to_its_fastapi_app(
+    agent_module: tuple[Path, str], tmp_path: Path
+) -> None:
+    folder, name = agent_module
+    output = tmp_path / "output.txt"
+    with serving(output, "--agent", f"{name}:app", "--app-dir", str(folder)) as server:
+        # Only the key of the application served is printed, not one of the module's.
+        printed = output.read_text()
+        assert "valid while this server runs" not in printed
+        assert len({line for line in printed.splitlines() if line.startswith("ask_")}) == 1
+        health = httpx.get(f"{server.url}/health")
+        assert health.headers["x-layers"] == "first;second;"  # in the order added
+        assert health.headers["x-request-id"]
+        refused = httpx.get(f"{server.url}/reports/q3")
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "UNAUTHENTICATED"
+        report = httpx.get(f"{server.url}/reports/q3", headers=bearer(server.key))
+        assert report.json() == {"report": "q3"}
+        assert httpx.get(f"{server.url}/hook").json() == {"open": True}
+        export = httpx.get(f"{server.url}/sessions/export", headers=bearer(server.key))
+        assert export.json() == {"export": True}
+        assert "in place of the runtime's GET /sessions/{session_id}" in output.read_text()
+        failed = httpx.get(
+            f"{server.url}/explode",
+            headers={**bearer(server.key), "X-Request-Id": "req-explode"},
+        )
+        assert failed.status_code == 500
+        assert failed.json()["error"]["code"] == "INTERNAL_ERROR"
+        assert failed.headers["x-request-id"] == "req-explode"
+        logged = [line for line in output.read_text().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in logged]
+    assert any(line.get("path") == "/explode" and line.get("status") == 500 for line in lines)
+    assert any("ask_***" in line for line in logged)  # the error quoting the key, masked
+    assert not any(server.key in line for line in logged)
+    assert "Traceback" not in "\n".join(
+        line for line in output.read_text().splitlines() if not line.startswith("{")
+    )
+
+
+def test_the_process_function_serves_what_the_agents_module_added(
+    agent_module: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, name = agent_module
+    keys_file = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(keys_file), "lambda-user")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("AGENT_APP", f"{name}:app")
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(keys_file))
+    handler = make_handler(["process"])
+    health = handler(function_url_event("GET", "/health"), None)
+    assert health["statusCode"] == 200
+    assert health["headers"]["x-layers"] == "first;second;"
+    assert handler(function_url_event("GET", "/reports/q3"), None)["statusCode"] == 401
+    report = handler(
+        function_url_event("GET", "/reports/q3", headers={"authorization": f"Bearer {key}"}),
+        None,
+    )
+    assert report["statusCode"] == 200 and json.loads(report["body"]) == {"report": "q3"}
+    assert handler(function_url_event("GET", "/hook"), None)["statusCode"] == 200
+
+
+def _agent() -> AgentApp:
+    agent = AgentApp(app_name="added")
+
+    @agent.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> Any:
+        yield "hello"
+
+    return agent
+
+
+def test_an_application_built_later_for_the_app_serves_its_additions() -> None:
+    # A local deployment's application, uvicorn's --factory's: created for the same app.
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    class Stamp(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: Any) -> Any:
+            response = await call_next(request)
+            response.headers["X-Stamp"] = "user"
+            return response
+
+    web.add_middleware(Stamp)
+
+    @web.get("/mine")
+    async def mine() -> dict[str, bool]:
+        return {"mine": True}
+
+    later = create_app(settings=load_settings(), agent_app=agent, key_store=keys.store)
+    with running(later) as url:
+        assert httpx.get(f"{url}/health").headers["x-stamp"] == "user"
+        assert httpx.get(f"{url}/mine").status_code == 401
+        assert httpx.get(f"{url}/mine", headers=bearer(keys.alice)).json() == {"mine": True}
+
+
+def test_a_users_exception_handler_answers_an_unexpected_error(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    seen: list[str] = []
+
+    async def on_any(request: Request, exc: Exception) -> JSONResponse:
+        seen.append(type(exc).__name__)
+        return JSONResponse({"handled": True}, status_code=503)
+
+    web.add_exception_handler(Exception, on_any)
+
+    @web.get("/fails")
+    async def fails() -> None:
+        raise RuntimeError(f"kaboom with {keys.alice}")
+
+    with running(web) as url:
+        capfd.readouterr()
+        answer = httpx.get(f"{url}/fails", headers={**bearer(keys.alice), "X-Request-Id": "r-1"})
+    assert answer.status_code == 503 and answer.json() == {"handled": True}
+    assert answer.headers["x-request-id"] == "r-1"
+    assert seen == ["RuntimeError"]
+    output = capfd.readouterr().out
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert any(line.get("message") == "unexpected error" for line in lines)
+    assert any(line.get("path") == "/fails" and line.get("status") == 503 for line in lines)
+    assert keys.alice not in output
+
+
+def test_a_user_middleware_that_raises_gets_the_runtimes_json_error(
+    capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @web.middleware("http")
+    async def tenant(request: Request, call_next: Any) -> Any:
+        raise LookupError(f"no tenant for {request.headers.get('authorization')}")
+
+    with running(web) as url:
+        capfd.readouterr()
+        answer = httpx.get(f"{url}/sessions", headers={**bearer(keys.alice), "X-Request-Id": "r-2"})
+    assert answer.status_code == 500
+    assert answer.json()["error"]["code"] == "INTERNAL_ERROR"
+    assert answer.headers["x-request-id"] == "r-2"
+    output = capfd.readouterr()
+    lines = [json.loads(line) for line in output.out.splitlines() if line.startswith("{")]
+    assert any(line.get("path") == "/sessions" and line.get("status") == 500 for line in lines)
+    assert keys.alice not in output.out + output.err
+    assert "Traceback" not in output.err
+
+
+def test_mounts_a_user_adds_need_a_key_unless_left_open(tmp_path: Path) -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    (tmp_path / "a.txt").write_text("static file")
+    sub = FastAPI()
+
+    @sub.get("/whoami")
+    async def whoami() -> dict[str, bool]:
+        return {"sub": True}
+
+    web.mount("/v2", sub)
+    web.mount("/static", public(StaticFiles(directory=tmp_path)))
+    with running(web) as url:
+        assert httpx.get(f"{url}/v2/whoami").status_code == 401
+        assert httpx.get(f"{url}/v2/whoami", headers=bearer(keys.alice)).json() == {"sub": True}
+        assert httpx.get(f"{url}/static/a.txt").text == "static file"
+
+
+def test_a_user_route_on_health_is_refused() -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @web.get("/health")
+    async def health() -> dict[str, bool]:
+        return {"mine": True}
+
+    with pytest.raises(ConfigurationError, match="GET /health"):
+        create_app(settings=load_settings(), agent_app=agent, key_store=keys.store)
+
+    async def start() -> None:
+        async with web.router.lifespan_context(web):
+            pass
+
+    with pytest.raises(ConfigurationError, match="GET /health"):
+        asyncio.run(start())
