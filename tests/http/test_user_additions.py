@@ -8,6 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import re
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.staticfiles import StaticFiles
@@ -28,7 +32,14 @@ from agentscope_serverless.http.lambda_handler import make_handler
 from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 from tests.cli.test_cli import serving
-from tests.support.http import Keys, bearer, issue_key, running
+from tests.support.http import (
+    Keys,
+    bearer,
+    free_port,
+    issue_key,
+    running,
+    wait_until_healthy,
+)
 from tests.support.lambda_runtime import function_url_event
 
 # An agent's module customizing its app as FastAPI's users do, at import.
@@ -172,6 +183,35 @@ def test_the_process_function_serves_what_the_agents_module_added(
     assert handler(function_url_event("GET", "/hook"), None)["statusCode"] == 200
 
 
+def test_run_serves_what_the_script_added_and_prints_one_key(
+    agent_module: tuple[Path, str], tmp_path: Path
+) -> None:
+    # python agent.py, customizing its app then calling app.run() at its end.
+    folder, name = agent_module
+    port = free_port()
+    script = tmp_path / "script.py"
+    script.write_text(f"from {name} import app\napp.run(port={port})\n")
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, str(script)],
+            cwd=folder,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": "CRITICAL"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process)
+        (key,) = re.findall(r"server runs\): (ask_\S+)", output.read_text())
+        assert httpx.get(f"{url}/health").headers["x-layers"] == "first;second;"
+        assert httpx.get(f"{url}/reports/q3").status_code == 401
+        assert httpx.get(f"{url}/reports/q3", headers=bearer(key)).json() == {"report": "q3"}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def _agent() -> AgentApp:
     agent = AgentApp(app_name="added")
 
@@ -275,6 +315,26 @@ def test_mounts_a_user_adds_need_a_key_unless_left_open(tmp_path: Path) -> None:
         assert httpx.get(f"{url}/v2/whoami").status_code == 401
         assert httpx.get(f"{url}/v2/whoami", headers=bearer(keys.alice)).json() == {"sub": True}
         assert httpx.get(f"{url}/static/a.txt").text == "static file"
+
+
+def test_a_router_left_open_needs_no_key() -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    hooks, keyed = APIRouter(), APIRouter()
+
+    @hooks.post("/hooks/github")
+    async def github() -> dict[str, bool]:
+        return {"received": True}
+
+    @keyed.get("/reports")
+    async def reports() -> list[str]:
+        return []
+
+    web.include_router(public(hooks))
+    web.include_router(keyed)
+    with running(web) as url:
+        assert httpx.post(f"{url}/hooks/github").json() == {"received": True}
+        assert httpx.get(f"{url}/reports").status_code == 401
 
 
 def test_a_user_route_on_health_is_refused() -> None:
