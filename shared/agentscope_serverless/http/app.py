@@ -17,7 +17,10 @@ not at import time). Services are built from settings (or taken from the agent a
 started in the application's lifespan, which Mangum also runs in Lambda. The agent app's own
 routes (``@app.endpoint``, ``@app.task``) come first: on a path and method a router serves
 too, the app's answers (a warning names the route it hides), but ``GET /health`` and the
-process endpoint are the runtime's alone (such a route is refused).
+process endpoint are the runtime's alone (such a route is refused). What a user adds to an
+application of ``AgentApp.get_fastapi_app()`` (middleware, routes, mounts, exception
+handlers) is served by every application built later for that app, and kept inside the
+runtime's request context and behind the key: see :class:`RuntimeApplication`.
 """
 
 from __future__ import annotations
@@ -330,8 +333,8 @@ class RuntimeApplication(FastAPI):
 
     def copy_additions_to(self, other: FastAPI) -> None:
         """Add to ``other`` what a user added to this application since it was built: its
-        routes and mounts, its middleware (in the order added, outside ``other``'s own) and
-        its exception handlers."""
+        routes and mounts, its middleware (in the order added, outside ``other``'s own), its
+        exception handlers and its dependency overrides."""
         if self._built is None:
             return
         routes, middleware, handlers = self._built

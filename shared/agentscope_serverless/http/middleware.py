@@ -17,8 +17,9 @@ line per request records the method, the path (never the query string or headers
 longer than 1024 characters by its beginning and end), the status and the duration; a
 failed request's also the error ``code`` its answer gave and, once authenticated, the
 caller's ``user_id`` and ``key_id``. An
-error no handler maps is answered here (a 500, logged as one line with its traceback), so
-the server never sees it; one after the response began is logged the same way, and the
+error no handler maps is answered here (a 500, or the answer of the application's own
+handler of ``Exception``, logged as one line with its traceback), so the server never sees
+it; one after the response began is logged the same way, and the
 response left unfinished, for the server to cut. Every answer leaves with the status
 :func:`~agentscope_serverless.http.errors.status_on` gives it: an invalid request on the
 OpenAI-compatible routes is a 400, as OpenAI's, wherever it was refused.
