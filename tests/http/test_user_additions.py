@@ -28,7 +28,7 @@ from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http import create_app, public
-from agentscope_serverless.http.lambda_handler import make_handler
+from agentscope_serverless.http.lambda_handler import build_web_adapter_app, make_handler
 from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 from tests.cli.test_cli import serving
@@ -181,6 +181,11 @@ def test_the_process_function_serves_what_the_agents_module_added(
     )
     assert report["statusCode"] == 200 and json.loads(report["body"]) == {"report": "q3"}
     assert handler(function_url_event("GET", "/hook"), None)["statusCode"] == 200
+    # The streaming process function's application, behind the Lambda Web Adapter.
+    with running(build_web_adapter_app(["process"])) as url:
+        assert httpx.get(f"{url}/health").headers["x-layers"] == "first;second;"
+        assert httpx.get(f"{url}/reports/q3").status_code == 401
+        assert httpx.get(f"{url}/reports/q3", headers=bearer(key)).json() == {"report": "q3"}
 
 
 def test_run_serves_what_the_script_added_and_prints_one_key(
