@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -121,12 +121,48 @@ _URL_SCHEMES = {
     "secrets_endpoint_url": _HTTP_SCHEMES,
     "redis_url": ("redis", "rediss", "unix"),
 }
-# What a secret with white space around it is told (no server takes such a key or token: the
-# request fails as it is sent, or is refused).
+# What a value with white space around it is told: no server takes such a key, model, region
+# or file name (the request fails as it is sent, or is refused), and a URL or path is used as
+# it is given.
 PADDED = (
     "its value begins or ends with white space, such as a newline or the \\r a Windows line "
     "ending leaves: remove it"
 )
+BLANK = "its value is only white space: give a value, or leave the variable unset"
+# The settings of free text, taken as they are (white space around a prompt is the user's).
+_FREE_TEXT = frozenset({"llm_system_prompt"})
+# The options the Redis client takes in REDIS_URL's query (redis-py's URL_QUERY_ARGUMENT_PARSERS
+# and the text options its connections take; tests check them against it): any other reaches
+# its connections and fails every command. The TLS ones only with rediss://.
+_REDIS_URL_OPTIONS = (
+    "db",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_read_size",
+    "socket_keepalive",
+    "retry_on_timeout",
+    "max_connections",
+    "health_check_interval",
+    "protocol",
+    "client_name",
+    "username",
+    "password",
+)
+_REDIS_URL_TLS_OPTIONS = (
+    "ssl_check_hostname",
+    "ssl_include_verify_flags",
+    "ssl_exclude_verify_flags",
+    "ssl_min_version",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_ciphers",
+)
+# What LLM_SYSTEM_PROMPT is set to for no system prompt (an empty variable counts as unset).
+NO_SYSTEM_PROMPT = "none"
 
 
 class Settings(BaseModel):
@@ -405,7 +441,8 @@ class Settings(BaseModel):
     llm_api_key: SecretStr | None = Field(None, description="API key of the chat API.")
     llm_model: str = Field("gpt-4o-mini", min_length=1, description="Model name for the chat API.")
     llm_system_prompt: str = Field(
-        "You are a helpful assistant.", description="System prompt of the LLM agent."
+        "You are a helpful assistant.",
+        description="System prompt of the LLM agent; none (in any case): no system prompt.",
     )
     llm_max_iterations: int = Field(
         8, ge=1, le=100, description="Most model calls per request when the model calls tools."
@@ -470,22 +507,22 @@ class Settings(BaseModel):
         if not isinstance(url, str):
             return value
         schemes = _URL_SCHEMES[info.field_name or ""]
-        parts = urlsplit(url.strip())
+        parts = urlsplit(url)
         if parts.scheme.lower() not in schemes or (schemes is _HTTP_SCHEMES and not parts.netloc):
             raise ValueError(
                 f"give a URL beginning with {' or '.join(f'{s}://' for s in schemes)}"
                 + (" and a host" if schemes is _HTTP_SCHEMES else "")
             )
+        if info.field_name == "redis_url":
+            problem = redis_url_query_problem(url)
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
-    @field_validator("*")
+    @field_validator("llm_system_prompt")
     @classmethod
-    def _unpadded_secret(cls, value: object) -> object:
-        if isinstance(value, SecretStr):
-            secret = value.get_secret_value()
-            if secret != secret.strip():
-                raise ValueError(PADDED)
-        return value
+    def _no_system_prompt(cls, value: str) -> str:
+        return "" if value.lower() == NO_SYSTEM_PROMPT else value
 
     @field_validator("agent_app", mode="before")
     @classmethod
@@ -532,6 +569,15 @@ class Settings(BaseModel):
     def _expand_home(cls, value: Path) -> Path:
         return value.expanduser()
 
+    # Last: pydantic runs the validators before parsing from the last one defined.
+    @field_validator("*", mode="before")
+    @classmethod
+    def _unpadded(cls, value: object, info: ValidationInfo) -> object:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and info.field_name not in _FREE_TEXT and text != text.strip():
+            raise ValueError(PADDED if text.strip() else BLANK)
+        return value
+
 
 def agent_app_problem(value: str) -> str | None:
     """What is wrong with ``value`` as the AgentApp to serve (``AGENT_APP``, ``--agent``),
@@ -553,6 +599,44 @@ def agent_app_problem(value: str) -> str | None:
         "give the AgentApp as module:attribute, the module's import path (not a file "
         f"path) and the name of its AgentApp, e.g. {example}"
     )
+
+
+def redis_url_query_problem(url: str) -> str | None:
+    """What is wrong with the options in the query of ``url`` (``REDIS_URL``), naming the
+    first one the Redis client does not take (never the URL, which may hold a password) and
+    those it takes; None when it takes them all.
+
+    >>> redis_url_query_problem("redis://h:6379/0?socket_timeout=5") is None
+    True
+    >>> redis_url_query_problem("redis://h:6379/0?ssl=true").split(";")[0]
+    "the query option 'ssl' is not one the Redis client takes (for TLS, begin the URL with rediss://)"
+    """
+    parts = urlsplit(url)
+    tls = parts.scheme.lower() == "rediss"
+    accepted = [
+        *(
+            o
+            for o in _REDIS_URL_OPTIONS
+            if not (o == "socket_keepalive" and parts.scheme == "unix")
+        ),
+        *(_REDIS_URL_TLS_OPTIONS if tls else ()),
+    ]
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if name in accepted:
+            continue
+        # A name that is no identifier may be a piece of a password with a ? in it.
+        shown = repr(name) if re.fullmatch(r"[A-Za-z_]\w{0,63}", name) else "(not shown)"
+        if name.lower() in ("ssl", "tls") and not tls:
+            hint = " (for TLS, begin the URL with rediss://)"
+        elif name in _REDIS_URL_TLS_OPTIONS:
+            hint = " without TLS (begin the URL with rediss:// for it)"
+        else:
+            hint = ""
+        return (
+            f"the query option {shown} is not one the Redis client takes{hint}; it takes "
+            + ", ".join(accepted)
+        )
+    return None
 
 
 def secret_values(settings: Settings) -> list[str]:
@@ -596,8 +680,7 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        given = {**_environment_values(Settings.model_fields), **overrides}
-        raise _invalid(exc, given) from None
+        raise _invalid(exc) from None
 
 
 def check_setting_variables(variables: Mapping[str, str]) -> None:
@@ -611,27 +694,19 @@ def check_setting_variables(variables: Mapping[str, str]) -> None:
     try:
         Settings.model_validate(given)
     except ValidationError as exc:
-        raise _invalid(exc, given) from None
+        raise _invalid(exc) from None
 
 
-def _invalid(exc: ValidationError, given: dict[str, Any]) -> ConfigurationError:
-    problems = "; ".join(_problem(err, given) for err in exc.errors())
+def _invalid(exc: ValidationError) -> ConfigurationError:
+    problems = "; ".join(_problem(err) for err in exc.errors())
     return ConfigurationError(f"invalid settings: {problems}")
 
 
-def _problem(error: Any, given: dict[str, Any]) -> str:
-    """One invalid setting: its variable, what is wrong and, when its value has white space
-    around it (a file saved on Windows leaves a \\r), that (never the value)."""
+def _problem(error: Any) -> str:
+    """One invalid setting: its variable and what is wrong (never its value)."""
     name = ".".join(str(part) for part in error["loc"])
-    value = given.get(name)
-    padded = isinstance(value, str) and value != value.strip()
-    hint = (
-        " (its value begins or ends with white space, such as the \\r a Windows line ending "
-        "leaves: remove it)"
-    )
     # A validator's own words, without the "Value error, " pydantic puts before them.
-    said = error["msg"].removeprefix("Value error, ")
-    return f"{name.upper() or 'SETTINGS'}: {said}{hint if padded and said != PADDED else ''}"
+    return f"{name.upper() or 'SETTINGS'}: {error['msg'].removeprefix('Value error, ')}"
 
 
 @lru_cache(maxsize=1)
@@ -657,7 +732,9 @@ def environment_port(default: int = 8080) -> int:
 
 
 __all__ = [
+    "BLANK",
     "NEAR_MISS_CUTOFF",
+    "NO_SYSTEM_PROMPT",
     "PADDED",
     "Settings",
     "agent_app_problem",
@@ -669,5 +746,6 @@ __all__ = [
     "load_settings",
     "near_miss_message",
     "near_miss_variables",
+    "redis_url_query_problem",
     "secret_values",
 ]

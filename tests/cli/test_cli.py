@@ -731,20 +731,42 @@ def refused_start(
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("AGENT_APP", "demo_agent:app\r"), ("AUTH_KEYS_BACKEND", "file\r"), ("AGENT_APP", " x:app")],
+    [
+        ("AGENT_APP", "demo_agent:app\r"),
+        ("AUTH_KEYS_BACKEND", "file\r"),
+        ("AGENT_APP", " x:app"),
+        ("AUTH_KEYS_FILE", "keys.json\r"),
+        ("LLM_MODEL", "gpt-4o\r"),
+        ("LLM_BASE_URL", "http://127.0.0.1:9/v1\r"),
+    ],
 )
 def test_serve_says_a_setting_holds_a_windows_line_ending(
     tmp_path: Path, variable: str, value: str
 ) -> None:
-    # A settings file saved on Windows, sourced by bash: each value ends with a \r.
+    # A settings file saved on Windows, sourced by bash: each value ends with a \r. A key
+    # file named so was another file (every key refused), a model so named sent as it was.
     (tmp_path / "demo_agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
     result = refused_start(tmp_path, env={variable: value})
+    assert result.stderr.splitlines() == [
+        f"error: invalid settings: {variable}: its value begins or ends with white space, such "
+        "as a newline or the \\r a Windows line ending leaves: remove it"
+    ]
+    assert "ask_" not in result.stdout
+
+
+def test_serve_refuses_a_redis_url_option_the_redis_client_does_not_take(tmp_path: Path) -> None:
+    # Taken, the server started and answered every request needing Redis with a 500.
+    env = {
+        "SESSION_HISTORY_BACKEND": "redis",
+        "REDIS_URL": "redis://:hush-pw@127.0.0.1:1/0?ssl=true",
+    }
+    result = refused_start(tmp_path, env=env)
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"error: invalid settings: {variable}: "), line
-    assert line.endswith(
-        "(its value begins or ends with white space, such as the \\r a Windows line ending "
-        "leaves: remove it)"
+    assert line.startswith(
+        "error: invalid settings: REDIS_URL: the query option 'ssl' is not one the Redis client "
+        "takes (for TLS, begin the URL with rediss://); it takes db, socket_timeout,"
     ), line
+    assert "hush" not in result.stdout + result.stderr and "ask_" not in result.stdout
 
 
 @pytest.mark.parametrize("agent", ["mypkg/agent.py", "./mypkg/agent.py", "mypkg.agent"])

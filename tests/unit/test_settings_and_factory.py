@@ -19,7 +19,7 @@ from agentscope_serverless.services.factory import (
 )
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
-from agentscope_serverless.settings import load_settings
+from agentscope_serverless.settings import PADDED, Settings, load_settings, redis_url_query_problem
 
 
 def test_defaults_are_the_embedded_in_memory_backends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,3 +254,150 @@ def named_in_one_warning(
         "environment variables that are no setting, ignored: SESSION_HISTORY_BACKND (did you "
         "mean SESSION_HISTORY_BACKEND?), state_backen (did you mean STATE_BACKEND?)"
     )
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "LLM_BASE_URL",
+        "LLM_MODEL",
+        "AWS_REGION",
+        "AUTH_KEYS_FILE",
+        "DYNAMODB_SESSIONS_TABLE",
+        "TASKS_FUNCTION_NAME",
+        "RUNS_TTL_SECONDS",
+    ],
+)
+@pytest.mark.parametrize("padding", [" {}", "{}\r", "\t{}\r\n"])
+def test_any_setting_with_white_space_around_it_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, padding: str
+) -> None:
+    # Taken as it was: a key file of that name (every key refused), a model 'gpt-4o\r'.
+    value = {"LLM_BASE_URL": "http://127.0.0.1:9/v1", "RUNS_TTL_SECONDS": "60"}.get(
+        variable, "agentscope-sessions"
+    )
+    monkeypatch.setenv(variable, padding.format(value))
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    assert str(refused.value) == f"invalid settings: {variable}: {PADDED}"
+
+
+@pytest.mark.parametrize("variable", ["LLM_MODEL", "AWS_REGION", "AGENT_APP", "SECRETS_ARN"])
+@pytest.mark.parametrize("blank", [" ", "\r", "\t \n"])
+def test_a_setting_of_only_white_space_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, blank: str
+) -> None:
+    monkeypatch.setenv(variable, blank)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    assert str(refused.value) == (
+        f"invalid settings: {variable}: its value is only white space: give a value, or leave "
+        "the variable unset"
+    )
+
+
+def test_the_system_prompt_is_free_text_taken_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_SYSTEM_PROMPT", "  Answer in French.\n")
+    assert load_settings().llm_system_prompt == "  Answer in French.\n"
+
+
+@pytest.mark.parametrize(("value", "prompt"), [("none", ""), ("None", ""), ("", "default")])
+def test_the_system_prompt_none_is_no_system_prompt_and_empty_is_the_default(
+    monkeypatch: pytest.MonkeyPatch, value: str, prompt: str
+) -> None:
+    monkeypatch.setenv("LLM_SYSTEM_PROMPT", value)
+    expected = Settings.model_fields["llm_system_prompt"].default if prompt else ""
+    assert load_settings().llm_system_prompt == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "redis://:hush-pw@cache:6379/0?ssl=true",
+            "the query option 'ssl' is not one the Redis client takes (for TLS, begin the URL "
+            "with rediss://); it takes db, socket_timeout,",
+        ),
+        (
+            "redis://:hush-pw@cache:6379/0?ssl_cert_reqs=none",
+            "the query option 'ssl_cert_reqs' is not one the Redis client takes without TLS "
+            "(begin the URL with rediss:// for it); it takes db,",
+        ),
+        (
+            "redis://cache:6379/0?socket_timeout=5&sockettimeout=5",
+            "the query option 'sockettimeout' is not one the Redis client takes; it takes db,",
+        ),
+        ("unix:///run/redis.sock?socket_keepalive=true", "the query option 'socket_keepalive'"),
+        # What follows a ? in a password is no option's name: not shown.
+        ("redis://:hu?sh-pw@cache:6379/0", "the query option (not shown) is not one"),
+    ],
+)
+def test_a_redis_url_option_the_client_does_not_take_is_refused_naming_the_option(
+    monkeypatch: pytest.MonkeyPatch, url: str, said: str
+) -> None:
+    # Taken, the server started and every request needing Redis was a 500 (a TypeError).
+    monkeypatch.setenv("REDIS_URL", url)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: REDIS_URL: {said}"), message
+    assert "hush" not in message and "pw" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:pw@cache:6379/0?socket_timeout=5&health_check_interval=10&client_name=agent",
+        "rediss://cache:6379/0?ssl_cert_reqs=none&ssl_check_hostname=false",
+        "unix:///run/redis.sock?db=1&socket_timeout=2",
+    ],
+)
+def test_a_redis_url_with_options_the_client_takes_is_kept(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("REDIS_URL", url)
+    assert load_settings().redis_url.get_secret_value() == url
+
+
+# A value of each option the Redis client takes in a URL.
+_REDIS_OPTION_VALUES = {
+    "db": "1",
+    "socket_timeout": "5",
+    "socket_connect_timeout": "5",
+    "socket_read_size": "65536",
+    "socket_keepalive": "true",
+    "retry_on_timeout": "true",
+    "max_connections": "5",
+    "health_check_interval": "5",
+    "protocol": "2",
+    "client_name": "agent",
+    "username": "user",
+    "password": "pw",
+    "ssl_check_hostname": "false",
+    "ssl_include_verify_flags": "VERIFY_X509_STRICT",
+    "ssl_exclude_verify_flags": "VERIFY_X509_STRICT",
+    "ssl_min_version": "3",
+    "ssl_cert_reqs": "none",
+    "ssl_ca_certs": "/etc/ssl/ca.pem",
+    "ssl_ca_path": "/etc/ssl",
+    "ssl_certfile": "/etc/ssl/client.pem",
+    "ssl_keyfile": "/etc/ssl/client.key",
+    "ssl_password": "pw",
+    "ssl_ciphers": "HIGH",
+}
+
+
+@pytest.mark.parametrize("scheme", ["redis", "rediss", "unix"])
+def test_every_redis_url_option_accepted_is_one_the_redis_client_builds_a_connection_with(
+    scheme: str,
+) -> None:
+    from redis.asyncio import Redis
+
+    base = "unix:///run/redis.sock" if scheme == "unix" else f"{scheme}://cache:6379/0"
+    accepted = redis_url_query_problem(f"{base}?no_such_option=1")
+    assert accepted is not None
+    names = accepted.partition("; it takes ")[2].split(", ")
+    assert names and set(names) <= set(_REDIS_OPTION_VALUES)
+    for name in names:
+        client = Redis.from_url(f"{base}?{name}={_REDIS_OPTION_VALUES[name]}")
+        client.connection_pool.make_connection()  # a TypeError for an option it does not take
