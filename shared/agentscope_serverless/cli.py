@@ -30,6 +30,7 @@ import errno
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 URL_ENV = "AGENTSCOPE_URL"
 KEY_ENV = "AGENTSCOPE_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8090"
+# uvicorn's log levels (``uvicorn.config.LOG_LEVELS``), most verbose last.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 app = typer.Typer(
     help="AgentScope Serverless: serve agents as HTTP APIs, talk to them, manage API keys, deploy.",
@@ -167,7 +170,9 @@ def serve(
     dev_user: Annotated[
         str, typer.Option(help="The user of the development key (in-memory key store).")
     ] = "dev",
-    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(help="uvicorn's log level: " + ", ".join(LOG_LEVELS) + ".")
+    ] = "info",
     stack: Annotated[
         bool,
         typer.Option(
@@ -196,6 +201,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends)."""
+    if log_level.lower() not in LOG_LEVELS:
+        _fail(f"--log-level {log_level!r}: give one of {', '.join(LOG_LEVELS)}", code=2)
+    log_level = log_level.lower()
     if agent is not None and not agent.strip():  # --agent "$AGENT" of a variable not set
         _fail(
             "--agent is empty (a variable not set?): give the AgentApp as module:attribute, "
@@ -510,6 +518,7 @@ def invoke(
     # Stored, it would reach the model with every later turn; the server refuses it (422).
     if is_blank_text(message):
         _fail("the message is blank: say something to the agent", code=2)
+    _check_url(url)
     api_key = _require_key(key)
     with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
         try:
@@ -536,6 +545,7 @@ def chat(
 
     from agentscope_serverless.services._validation import is_blank_text
 
+    _check_url(url)
     api_key = _require_key(key)
     try:
         _check_text(session=session, user=user)
@@ -573,6 +583,19 @@ def chat(
         console.print(f"session: {session}", style="dim", markup=False)
     if failure is not None:
         raise typer.Exit(1)
+
+
+def _check_url(url: str) -> None:
+    """Refuse a server URL carrying credentials (``user:password@``): the server takes an API
+    key only, and the HTTP client would send them instead of it. The URL is not shown: it
+    holds a password."""
+    authority = url.partition("://")[2] if "://" in url else url
+    if "@" in re.split(r"[/?#]", authority, maxsplit=1)[0]:
+        _fail(
+            f"--url (or {URL_ENV}) holds credentials (user:password@ before the host): the "
+            "server takes only an API key, given with --key; remove them from the URL",
+            code=2,
+        )
 
 
 def _require_key(key: str | None) -> str:

@@ -769,6 +769,23 @@ def test_serve_refuses_a_redis_url_option_the_redis_client_does_not_take(tmp_pat
     assert "hush" not in result.stdout + result.stderr and "ask_" not in result.stdout
 
 
+@pytest.mark.parametrize("level", ["verbose", "INFO ", "warn_ing"])
+def test_serve_refuses_a_log_level_uvicorn_has_not_before_printing_anything(
+    tmp_path: Path, level: str
+) -> None:
+    # Taken, the banner and a development key were printed, then a KeyError's traceback.
+    result = refused_start(tmp_path, "--log-level", level)
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: --log-level {level!r}: give one of critical, error, warning, info, debug, trace"
+    ]
+
+
+def test_serve_takes_a_log_level_in_any_case(tmp_path: Path) -> None:
+    with serving(tmp_path / "output.txt", "--log-level", "WARNING") as running:
+        assert running.key.startswith("ask_")
+
+
 @pytest.mark.parametrize("agent", ["mypkg/agent.py", "./mypkg/agent.py", "mypkg.agent"])
 @pytest.mark.parametrize(
     "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
@@ -1002,6 +1019,66 @@ def test_invoke_says_the_url_is_the_servers_not_a_routes(server: Server, route: 
     assert said.returncode == 1
     assert f"{server.url}{route}/ serves no /process: --url is the base URL" in said.stderr
     assert "such as http://127.0.0.1:8090, without a route" in said.stderr
+
+
+@contextmanager
+def recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A server on loopback recording the headers of each request it gets (answering 401),
+    its URL and the list of them."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    received: list[dict[str, str]] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(dict(self.headers))
+            self.send_response(401)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http_server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    Thread(target=http_server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{http_server.server_address[1]}", received
+    finally:
+        http_server.shutdown()
+        http_server.server_close()
+
+
+@pytest.mark.parametrize("command", ["invoke", "chat"])
+@pytest.mark.parametrize("given", ["option", "variable"])
+def test_invoke_and_chat_refuse_a_url_with_credentials_never_showing_them(
+    command: str, given: str
+) -> None:
+    # Taken, the password was printed in the banner and in every error, and the URL's
+    # credentials were sent instead of the key (401, "not Bearer").
+    with recording_server() as (address, received):
+        url = f"http://agent:s3cret-PW@{address}"
+        args = ["hi"] if command == "invoke" else []
+        env = {**os.environ, "AGENTSCOPE_API_KEY": "ask_abc_def"}
+        if given == "option":
+            args += ["--url", url]
+        else:
+            env["AGENTSCOPE_URL"] = url
+        result = subprocess.run(
+            [SCRIPT, command, *args],
+            input="hi\n/exit\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "error: --url (or AGENTSCOPE_URL) holds credentials (user:password@ before the host): "
+        "the server takes only an API key, given with --key; remove them from the URL"
+    ]
+    assert "s3cret" not in result.stdout + result.stderr
+    assert received == []
 
 
 def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
