@@ -218,10 +218,34 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+# The variables the log level is read from, the first one set wins (Powertools' own first).
+LOG_LEVEL_VARIABLES = ("POWERTOOLS_LOG_LEVEL", "LOG_LEVEL")
+_LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _level() -> int:
-    name = (os.environ.get("POWERTOOLS_LOG_LEVEL") or os.environ.get("LOG_LEVEL") or "INFO").upper()
-    level = logging.getLevelName(name)
-    return level if isinstance(level, int) else logging.INFO
+    return _configured_level()[0]
+
+
+def _configured_level() -> tuple[int, str | None]:
+    """The log level :data:`LOG_LEVEL_VARIABLES` ask for (in any case), and when the one set
+    names none (a typo, or white space around it, as a Windows line ending leaves), INFO with
+    what to warn of: the level is read as the logger is made, before any settings are."""
+    for variable in LOG_LEVEL_VARIABLES:
+        value = os.environ.get(variable)
+        if value:
+            break
+    else:
+        return logging.INFO, None
+    level = logging.getLevelNamesMapping().get(value.upper())
+    if level is not None and value == value.strip():
+        return level, None
+    problem = (
+        "begins or ends with white space, such as the \\r a Windows line ending leaves (remove it)"
+        if value.strip().upper() in logging.getLevelNamesMapping()
+        else f"is no log level (give {', '.join(_LEVEL_NAMES[:-1])} or {_LEVEL_NAMES[-1]})"
+    )
+    return logging.INFO, f"{variable}={value!r} {problem}: logging at INFO"
 
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "agentscope-serverless"
@@ -239,6 +263,8 @@ def _make_logger() -> logging.Logger:
 
 
 logger = _make_logger()
+if (_level_problem := _configured_level()[1]) is not None:
+    logger.warning(_level_problem)
 
 
 def _take_unhandled_records() -> None:

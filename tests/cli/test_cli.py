@@ -786,6 +786,19 @@ def test_serve_takes_a_log_level_in_any_case(tmp_path: Path) -> None:
         assert running.key.startswith("ask_")
 
 
+@pytest.mark.parametrize("value", ["verbose", "debug\r"])
+def test_serve_warns_of_a_log_level_variable_that_names_no_level(
+    tmp_path: Path, value: str
+) -> None:
+    # Taken for INFO without a word: an operator asking for ERROR, or DEBUG, got neither.
+    with serving(tmp_path / "output.txt", log_level=value) as running:
+        lines = running.log_lines()
+    warned = [line["message"] for line in lines if line["level"] == "WARNING"]
+    assert warned[0].startswith(f"POWERTOOLS_LOG_LEVEL={value!r} "), warned
+    assert warned[0].endswith(": logging at INFO"), warned
+    assert len([m for m in warned if "LOG_LEVEL" in m]) == 1, warned
+
+
 @pytest.mark.parametrize("agent", ["mypkg/agent.py", "./mypkg/agent.py", "mypkg.agent"])
 @pytest.mark.parametrize(
     "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
