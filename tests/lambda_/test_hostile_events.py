@@ -611,6 +611,53 @@ def test_the_streaming_function_that_cannot_start_answers_503_then_starts_once_i
         assert client.get("/health").status_code == 200
 
 
+@pytest.mark.parametrize("function", ["buffered", "streaming"])
+def test_a_function_that_cannot_start_for_a_setting_logs_it_in_one_line_without_a_traceback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request_log: pytest.CaptureFixture[str],
+    function: str,
+) -> None:
+    # Logged with its traceback, the cause was only the traceback's last line.
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("MAX_REQUEST_BYTES", "1GB")
+    request_log.readouterr()
+    if function == "buffered":
+        answer = make_handler(["sessions"])(function_url_event("GET", "/health"), None)
+        assert answer["statusCode"] == 503
+    else:
+        with TestClient(build_web_adapter_app(["sessions"])) as client:
+            assert client.get("/health").status_code == 503
+    failures = [line for line in _lines(request_log) if line["level"] == "ERROR"]
+    assert failures, "nothing logged"
+    for line in failures:
+        assert line["message"] == (
+            "the function could not start: invalid settings: MAX_REQUEST_BYTES: Input should "
+            "be a valid integer, unable to parse string as an integer"
+        )
+        assert "exception" not in line, line
+
+
+def test_a_function_that_cannot_start_for_an_unexpected_error_logs_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_log: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    # A Secrets Manager that does not answer: no setting is wrong.
+    monkeypatch.setenv("SECRETS_ARN", "arn:aws:secretsmanager:us-east-1:123456789012:secret:s")
+    monkeypatch.setenv("SECRETS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    request_log.readouterr()
+    answer = make_handler(["sessions"])(function_url_event("GET", "/health"), None)
+    assert answer["statusCode"] == 503
+    (line,) = [line for line in _lines(request_log) if line["level"] == "ERROR"]
+    assert line["message"] == "the function could not start"
+    assert line["exception"].startswith("Traceback"), line
+
+
 def test_following_a_run_ends_before_the_functions_time_limit(
     sessions_handler: tuple[LambdaHandler, str],
 ) -> None:
@@ -785,7 +832,10 @@ def test_the_streaming_functions_lines_carry_the_invocations_id_started_or_not(
         assert answer.status_code == 503
         assert answer.headers["x-request-id"] == "invocation-9"
         lines = _lines(request_log)
-        assert {line["message"] for line in lines} == {"the function could not start", "request"}
+        assert [line["message"].partition(":")[0] for line in lines] == [
+            "the function could not start",
+            "request",
+        ]
         assert all(line["request_id"] == "invocation-9" for line in lines), lines
         assert all(line["client_request_id"] == "client-9" for line in lines), lines
         (request,) = [line for line in lines if line["message"] == "request"]

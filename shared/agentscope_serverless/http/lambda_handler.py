@@ -43,6 +43,7 @@ import importlib
 import json
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -149,15 +150,13 @@ class _WebAdapterApplication:
         await app(scope, receive, send)
 
     async def _serve_lifespan(self, receive: Receive, send: Send) -> None:
-        from agentscope_serverless.log import logger
-
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
                     await self._started()
                 except Exception:
-                    logger.exception("the function could not start")
+                    _log_exception("the function could not start")
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._lifespan is not None:
@@ -170,11 +169,11 @@ async def _send_unavailable(scope: Scope, send: Send) -> None:
     """Answer that the function could not start (the cause is logged, not sent), under the
     invocation's id, as the application would."""
     from agentscope_serverless.http.middleware import request_ids_of
-    from agentscope_serverless.log import bind_request_id, log_request, logger
+    from agentscope_serverless.log import bind_request_id, log_request
 
     request_id, client_request_id = request_ids_of(scope)
     bind_request_id(request_id, client_request_id)
-    logger.exception("the function could not start")
+    _log_exception("the function could not start")
     log_request(
         request_id,
         scope.get("method"),
@@ -929,16 +928,29 @@ def _error_json(code: str, message: str, status: int = 500) -> str:
     return json.dumps(error_body(code, message, status=status), separators=(",", ":"))
 
 
+def _log_exception(message: str, *, extra: dict[str, Any] | None = None) -> None:
+    """Log ``message`` with the exception being handled: an invalid setting as one line
+    saying which and why (as ``serve`` prints it), any other with its traceback."""
+    from agentscope_serverless.errors import ConfigurationError
+    from agentscope_serverless.log import logger
+
+    exc = sys.exception()
+    if isinstance(exc, ConfigurationError):
+        logger.error(f"{message}: {exc.message}", extra=extra, stacklevel=2)
+    else:
+        logger.exception(message, extra=extra, stacklevel=2)
+
+
 def _error(
     handler: MangumHandler, status: int, code: str, message: str, *, log: bool = False
 ) -> dict[str, Any]:
     """An error answered outside the application, in the shape of the request's event."""
-    from agentscope_serverless.log import log_request, logger
+    from agentscope_serverless.log import log_request
 
     # The invocation's id, as in the application (see ``request_ids_of``).
     request_id = _aws_request_id(getattr(handler, "context", None)) or uuid.uuid4().hex
     if log:
-        logger.exception(message, extra={"request_id": request_id})
+        _log_exception(message, extra={"request_id": request_id})
     method, path = _method_and_path(getattr(handler, "event", None))
     log_request(request_id, method, path, status, 0.0, failure={"code": code})
     body = _error_json(code, message, status).encode()
