@@ -612,6 +612,8 @@ def redis_url_query_problem(url: str) -> str | None:
     "the query option 'ssl' is not one the Redis client takes (for TLS, begin the URL with rediss://)"
     """
     parts = urlsplit(url)
+    if "@" in parts.query:
+        return "a ? in its password ends its address early: percent-encode it (%3F)"
     tls = parts.scheme.lower() == "rediss"
     accepted = [
         *(
@@ -624,7 +626,7 @@ def redis_url_query_problem(url: str) -> str | None:
     for name, _ in parse_qsl(parts.query, keep_blank_values=True):
         if name in accepted:
             continue
-        # A name that is no identifier may be a piece of a password with a ? in it.
+        # A name that is no identifier may be a piece of a password.
         shown = repr(name) if re.fullmatch(r"[A-Za-z_]\w{0,63}", name) else "(not shown)"
         if name.lower() in ("ssl", "tls") and not tls:
             hint = " (for TLS, begin the URL with rediss://)"

@@ -329,7 +329,8 @@ def test_the_system_prompt_none_is_no_system_prompt_and_empty_is_the_default(
         ),
         ("unix:///run/redis.sock?socket_keepalive=true", "the query option 'socket_keepalive'"),
         # What follows a ? in a password is no option's name: not shown.
-        ("redis://:hu?sh-pw@cache:6379/0", "the query option (not shown) is not one"),
+        ("redis://:hu?sh-pw@cache:6379/0", "a ? in its password ends its address early"),
+        ("redis://cache:6379/0?db=1&hu$sh=pw", "the query option (not shown) is not one"),
     ],
 )
 def test_a_redis_url_option_the_client_does_not_take_is_refused_naming_the_option(
