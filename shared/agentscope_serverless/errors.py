@@ -14,10 +14,12 @@ class AgentScopeServerlessError(Exception):
     """Base of every error raised by this project.
 
     ``code`` is a stable, machine-readable identifier (used in HTTP error bodies and in
-    ``failed`` events); the message is for humans.
+    ``failed`` events); the message is for humans. ``retry_after``, when set, is the seconds
+    to wait before retrying (sent as ``Retry-After``, carried by a ``failed`` event).
     """
 
     code: str = "INTERNAL_ERROR"
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

@@ -636,7 +636,7 @@ class Runner(ServiceLifecycleManagerMixin):
         """The ``error`` of a failed event, with every configured secret scrubbed out."""
         error = _error_of(exc)
         # Every secret of the process: the runner's, and the agent's own (AGENT_SECRETS_ARN).
-        return Error(code=error.code, message=redacted(error.message))
+        return error.model_copy(update={"message": redacted(error.message)})
 
     async def _recall(self, user_id: str, messages: list[Message]) -> list[Message]:
         memory = self.memory_service
@@ -1232,7 +1232,7 @@ class _CancelledWithin(Exception):
 def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
-        return Error(code=exc.code, message=exc.message)
+        return Error(code=exc.code, message=exc.message, retry_after=exc.retry_after)
     agents = Exception | SystemExit | asyncio.CancelledError
     unknown = UnknownAgentException(exc if isinstance(exc, agents) else None)
     return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)

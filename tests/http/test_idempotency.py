@@ -18,6 +18,7 @@ import pytest
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore
+from agentscope_serverless.errors import SandboxCapacityError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
 from agentscope_serverless.settings import load_settings
@@ -550,3 +551,96 @@ def test_writes_that_timed_out_on_a_stopped_dynamodb_are_stored_once_when_retrie
                 assert_stored_once(client)
             finally:
                 client.close()
+
+
+# --- a run failing with "retry later" ---------------------------------------------------
+
+
+def at_capacity_once_app(calls: list[str]) -> AgentApp:
+    """An agent whose first run finds the sandbox server at capacity (a 429 saying to retry
+    in a second), and that answers after; ``calls`` gets the input of each run."""
+    app = AgentApp(app_name="at-capacity-once")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        calls.append(str(msgs))
+        yield "let me run that. "
+        if len(calls) == 1:
+            raise SandboxCapacityError("the sandbox server is at capacity", retry_after=1)
+        yield "done."
+
+    return app
+
+
+@contextlib.contextmanager
+def at_capacity_once(user_id: str) -> Iterator[tuple[httpx.Client, list[str]]]:
+    calls: list[str] = []
+    store = InMemoryKeyStore()
+    app = create_app(
+        settings=load_settings(), agent_app=at_capacity_once_app(calls), key_store=store
+    )
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+    ):
+        yield client, calls
+
+
+STREAMED_RUNS: list[tuple[str, dict[str, Any]]] = [
+    ("/process", {"input": [text_message("run it")], "session_id": "s", "stream": True}),
+    (
+        "/compatible-mode/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "run it"}], "stream": True},
+    ),
+    ("/compatible-mode/v1/responses", {"model": "m", "input": "run it", "stream": True}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), STREAMED_RUNS, ids=["process", "chat", "responses"])
+def test_a_streamed_run_failing_with_retry_later_frees_its_key(
+    path: str, body: dict[str, Any], user_id: str
+) -> None:
+    # The stream's 200 was kept: the retry the 429 asks for replayed the failure for a day.
+    headers = {**keyed("at-capacity"), "X-Session-Id": "s"}
+    with at_capacity_once(user_id) as (client, calls):
+        failed = client.post(path, json=body, headers=headers)
+        assert failed.status_code == 200 and "server is at capacity" in failed.text
+        retried = client.post(path, json=body, headers=headers)
+        assert "Idempotent-Replayed" not in retried.headers
+        assert "at capacity" not in retried.text and "done." in retried.text
+        assert len(calls) == 2
+        again = client.post(path, json=body, headers=headers)
+        assert again.headers["Idempotent-Replayed"] == "true" and len(calls) == 2
+        # The input once, as after the same runs not streamed, then the answer.
+        texts = [
+            m["content"][0]["text"] for m in client.get("/sessions/s/messages").json()["items"]
+        ]
+        assert texts == ["run it", "let me run that. done."]
+
+
+def test_a_streamed_run_failing_with_retry_later_says_when_in_its_failed_event(
+    user_id: str,
+) -> None:
+    run = {"input": [text_message("run it")], "session_id": "s", "stream": True}
+    with at_capacity_once(user_id) as (client, _):
+        _, sse = stream(client, "/process", json=run)
+    assert sse.data[-1]["error"] == {
+        "code": "SANDBOX_CAPACITY",
+        "message": "the sandbox server is at capacity",
+        "retry_after": 1,
+    }
+
+
+def test_a_run_failing_with_retry_later_answers_retry_after(user_id: str) -> None:
+    # The 429 came without Retry-After: clients retried at once, or not at all.
+    run = {"input": [text_message("run it")], "session_id": "s", "stream": False}
+    with at_capacity_once(user_id) as (client, calls):
+        failed = client.post("/process", json=run, headers=keyed("k"))
+        assert failed.status_code == 429 and failed.headers["Retry-After"] == "1"
+        assert failed.json()["error"]["code"] == "SANDBOX_CAPACITY"
+        retried = client.post("/process", json=run, headers=keyed("k"))
+        assert retried.status_code == 200 and len(calls) == 2
+    chat = {"model": "m", "messages": [{"role": "user", "content": "run it"}]}
+    with at_capacity_once(user_id) as (client, _):
+        failed = client.post("/compatible-mode/v1/chat/completions", json=chat)
+        assert failed.status_code == 429 and failed.headers["Retry-After"] == "1"

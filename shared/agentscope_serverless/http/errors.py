@@ -120,6 +120,16 @@ def status_of_code(code: str) -> int:
     return _status_of_codes().get(code, 500)
 
 
+def asks_retry(status: int) -> bool:
+    """Whether an error answered with ``status`` is a failure its client may retry later: a
+    429 (a sandbox server at capacity) or a 5xx (a store that did not answer, a time limit).
+
+    >>> asks_retry(429), asks_retry(503), asks_retry(422)
+    (True, True, False)
+    """
+    return status == 429 or status >= 500
+
+
 # The ``type`` of an error by its status, as OpenAI names them; any other is a request error.
 _TYPE_OF_STATUS = {
     401: "authentication_error",
@@ -240,7 +250,7 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     if status == 500:
         logger.error("request failed", extra={"code": exc.code, "error": type(exc).__name__})
     response = error_response(status, exc.code, exc.message, fields)
-    if isinstance(exc, SandboxCapacityError):
+    if exc.retry_after is not None:
         response.headers["Retry-After"] = str(exc.retry_after)
     not_retried = (
         RunCanceledError | IdempotencyKeyReusedError | MessageIdConflictError | RunNotEndedError
@@ -436,6 +446,7 @@ def install_error_handlers(app: FastAPI) -> None:
 __all__ = [
     "ERROR_CODE_STATE",
     "ErrorResponse",
+    "asks_retry",
     "error_body",
     "error_response",
     "error_type",

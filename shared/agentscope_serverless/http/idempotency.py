@@ -28,8 +28,8 @@ client that leaves before the answer ends does not end the request (a run goes o
 it): the answer is made and kept all the same, so its retry gets it rather than running the
 request again; a run that cancels on disconnect frees the key instead. A streamed answer is
 a 200 however its run ends: one whose run failed as the answer not streamed would have
-failed with a 5xx (its store did not answer, say) frees the key as that 5xx would
-(:func:`fails_when`), so the retry the 503 of the same failure asks for runs again.
+failed with a 429 or a 5xx (the sandbox server at capacity, its store did not answer) frees
+the key as that answer would (:func:`fails_when`), so the retry it asks for runs again.
 
 A JSON-RPC call (A2A's) is answered with a 200 whether it failed or not: an answer that is
 a JSON-RPC error (a stream whose first event is one) frees the key too. The call's ``id``

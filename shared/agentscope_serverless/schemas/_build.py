@@ -7,7 +7,7 @@ the set of fields given, no extra and no private attributes. A streamed reply co
 of these per piece of text, so each microsecond here is one per token.
 
 >>> from agentscope_serverless.schemas.agent_schemas import Error
->>> built(Error, {"code": "c", "message": "m"}) == Error(code="c", message="m")
+>>> built(Error, {"code": "c", "message": "m", "retry_after": None}) == Error(code="c", message="m")
 True
 """
 

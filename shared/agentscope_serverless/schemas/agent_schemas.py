@@ -190,10 +190,12 @@ class McpApprovalRequest(BaseModel):
 
 
 class Error(BaseModel):
-    """An error carried by a failed event."""
+    """An error carried by a failed event; ``retry_after`` (sent only when set) is the
+    seconds to wait before a retry, when the error says so (a sandbox server at capacity)."""
 
     code: str
     message: str
+    retry_after: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 _SCALARS = (str, int, float, type(None))

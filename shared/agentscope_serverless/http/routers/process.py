@@ -40,6 +40,7 @@ from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import (
     ErrorResponse,
+    asks_retry,
     error_body,
     error_response,
     status_of_code,
@@ -62,6 +63,7 @@ from agentscope_serverless.runner import for_turn_only
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
+    Error,
     Event,
     Message,
     RunStatus,
@@ -290,7 +292,7 @@ async def _openai_turn(
         echo=echo,
     )
     # Its answer is a 200 however the run ends (a failed response, as OpenAI's).
-    fails_when(request, lambda: _failed_as_5xx(recorded))
+    fails_when(request, lambda: _failed_worth_retry(recorded))
     noted = _noted(context, call, recorded.events(), recorded.final)
     return _Turn(recorded.run_id, session_id, noted, recorded)
 
@@ -348,10 +350,21 @@ async def _unless_client_leaves(
         final.cancel()  # when the client left: the run's reader detaches, cancelling it
 
 
-def _failed_as_5xx(run: RecordedRun) -> bool:
-    """Whether ``run`` ended with an error the answer not streamed is a 5xx for (its store
-    did not answer, its time ran out...): a failure its client may retry."""
-    return run.error is not None and status_of_code(run.error.code) >= 500
+def _failed_worth_retry(run: RecordedRun) -> bool:
+    """Whether ``run`` ended with an error the answer not streamed asks a retry for: a 5xx
+    (its store did not answer, its time ran out...), a 429 (the sandbox server is at
+    capacity), any error saying when to retry."""
+    error = run.error
+    if error is None:
+        return False
+    return error.retry_after is not None or asks_retry(status_of_code(error.code))
+
+
+def _retry_after(error: Error | None, headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with ``Retry-After`` when ``error`` says when to retry."""
+    if error is not None and error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    return headers
 
 
 def _failure(response: AgentResponse, headers: dict[str, str]) -> JSONResponse:
@@ -373,7 +386,7 @@ def _failure(response: AgentResponse, headers: dict[str, str]) -> JSONResponse:
         error = response.error
         status = status_of_code(error.code)
         answer = ErrorResponse(error_body(error.code, error.message, status=status), status)
-    answer.headers.update(headers)
+    answer.headers.update(_retry_after(response.error, headers))
     if status != 503:
         answer.headers["X-Should-Retry"] = "false"
     return answer
@@ -464,9 +477,9 @@ def build_router(
                 final.model_dump_json(),
                 status_code=status,
                 media_type="application/json",
-                headers=headers,
+                headers=_retry_after(final.error, headers),
             )
-        fails_when(request, lambda: _failed_as_5xx(recorded))
+        fails_when(request, lambda: _failed_worth_retry(recorded))
         return RunEventStream(
             recorded, ping_interval=context.settings.sse_ping_interval_seconds, headers=headers
         )
