@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -644,3 +645,35 @@ def test_a_run_failing_with_retry_later_answers_retry_after(user_id: str) -> Non
     with at_capacity_once(user_id) as (client, _):
         failed = client.post("/compatible-mode/v1/chat/completions", json=chat)
         assert failed.status_code == 429 and failed.headers["Retry-After"] == "1"
+
+
+# --- the same JSON, written another way -----------------------------------------------
+
+
+def test_the_same_json_body_written_another_way_is_the_same_request(client: httpx.Client) -> None:
+    # The retry was refused as another request (409, X-Should-Retry: false): a client that
+    # serialises its body anew for each attempt could not retry at all.
+    json_type = {"Content-Type": "application/json"}
+    run = {"input": [text_message("hi")], "session_id": "s-json", "stream": False}
+    chat = {"model": "demo", "messages": [{"role": "user", "content": "héllo"}]}
+    for path, body, other in [
+        ("/process", run, {**run, "input": [text_message("bye")]}),
+        ("/state/s-json", {"state": {"a": 1, "b": [1, {"c": 2, "d": 3}]}}, {"state": {"a": 1}}),
+        ("/compatible-mode/v1/chat/completions", chat, {**chat, "model": "other"}),
+    ]:
+        key = {**keyed(f"json-{path}"), **json_type}
+        first = client.post(path, content=json.dumps(body), headers=key)
+        assert first.is_success, first.text
+        reordered = dict(reversed(list(body.items())))
+        for again in (
+            json.dumps(reordered, indent=2, ensure_ascii=True),
+            json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+        ):
+            retried = client.post(path, content=again, headers=key)
+            assert retried.headers.get("Idempotent-Replayed") == "true", (path, retried.text)
+            assert retried.content == first.content
+        refused = client.post(path, content=json.dumps(other), headers=key)
+        assert refused.status_code == 409, (path, refused.text)
+        assert refused.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert len(message_texts(client, "s-json")) == 2  # the question and the one answer
+    assert client.get("/state/s-json/rounds").json()["rounds"] == [1]

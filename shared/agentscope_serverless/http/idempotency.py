@@ -6,8 +6,9 @@ see :mod:`agentscope_serverless.services.idempotency`):
 
 - the first request with the key runs; a 2xx answer is kept (status, body and the
   ``Content-Type``/``X-Session-Id`` headers) for ``IDEMPOTENCY_EXPIRY_SECONDS``;
-- a request repeating the key, method, path, query and body gets that answer again,
-  with ``Idempotent-Replayed: true``, and writes nothing;
+- a request repeating the key, method, path, query and body (a JSON body the same JSON,
+  whatever the order of its members and its spacing: :func:`canonical_json`) gets that
+  answer again, with ``Idempotent-Replayed: true``, and writes nothing;
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
 - deleting a session forgets the keys of the requests that wrote in it (a run, messages
   appended, the session created), and erasing a user's data all of theirs: a kept answer
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -101,13 +103,39 @@ class Replay(Exception):
 def fingerprint(request: Request, body: bytes) -> str:
     """What makes two requests "the same": method, path, query, ``X-Session-Id`` (which names
     the session of an OpenAI-compatible call) and body (or what :func:`fingerprint_body`
-    gave in its place)."""
+    gave in its place). A request with an ``Idempotency-Key`` whose body is JSON is the same
+    as another whose body is the same JSON, whatever the order of its members and its
+    spacing (:func:`canonical_json`)."""
     digest = hashlib.sha256()
     session = ",".join(request.headers.getlist(SESSION_HEADER))
     for part in (request.method, request.url.path, request.url.query, session):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
-    digest.update(request.scope.get("state", {}).get(_FINGERPRINTED, body))
+    given = request.scope.get("state", {}).get(_FINGERPRINTED)
+    if given is None:
+        # Only a keyed request pays for the parse: others are compared as sent (an SDK's
+        # retry resends the same bytes).
+        keyed = IDEMPOTENCY_HEADER in request.headers
+        given = canonical_json(body) if keyed else body
+    digest.update(given)
     return digest.hexdigest()
+
+
+def canonical_json(body: bytes) -> bytes:
+    r"""``body`` in one form for every way of writing the same JSON (members sorted, no
+    spaces, characters as UTF-8); a body that is not JSON as it is.
+
+    >>> canonical_json(b'{"b": [1, 2], "a": "\\u00e9"}')
+    b'{"a":"\xc3\xa9","b":[1,2]}'
+    >>> canonical_json(b"not json")
+    b'not json'
+    """
+    try:
+        parsed = json.loads(body)
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), too deep, too long
+        return body
 
 
 def fingerprint_body(request: Request, body: bytes) -> None:
@@ -343,6 +371,7 @@ __all__ = [
     "REPLAYED_HEADER",
     "IdempotencyMiddleware",
     "Replay",
+    "canonical_json",
     "claim_key",
     "ends_with_client",
     "fails_when",
