@@ -116,9 +116,21 @@ TERMINAL = {
 _WORKING = {TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING}
 
 
+# The key, in an A2A call context's state, of the function told the session a call's run
+# writes in (set by the HTTP layer: the call's Idempotency-Key goes when that session does).
+SESSION_WRITER = "agentscope.writes_in_session"
+
+
 def owner_of(context: ServerCallContext) -> str:
     """The user an A2A call acts as (set by the HTTP layer after authentication)."""
     return context.user.user_name
+
+
+def _writes_in_session(context: ServerCallContext, session_id: str) -> None:
+    """Tell the HTTP layer the call writes in ``session_id`` (see :data:`SESSION_WRITER`)."""
+    writer = context.state.get(SESSION_WRITER)
+    if writer is not None:
+        writer(session_id)
 
 
 class RunsAgentExecutor(AgentExecutor):
@@ -144,6 +156,9 @@ class RunsAgentExecutor(AgentExecutor):
         # task it continues, or a new uuid.
         assert task_id is not None and context_id is not None
         user_id = owner_of(context.call_context)
+        # Before the first event, which may end a call not waiting for the run (its answer,
+        # and its Idempotency-Key record, are made then).
+        _writes_in_session(context.call_context, context_id)
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(
                 Task(
@@ -809,6 +824,7 @@ def agent_card(
 
 __all__ = [
     "A2A_PATH",
+    "SESSION_WRITER",
     "RunsAgentExecutor",
     "RunsRequestHandler",
     "RunsTaskStore",

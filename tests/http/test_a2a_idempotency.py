@@ -18,8 +18,9 @@ from a2a.types import Role, SendMessageRequest
 
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
-from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, RedisServer
 from agentscope_serverless.settings import load_settings
+from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import Keys, bearer, running
 
 app = AgentApp(app_name="echo-a2a-keys", app_description="Echoes what it is told.")
@@ -45,6 +46,18 @@ def served_on_redis() -> Iterator[tuple[str, Keys, RedisServer]]:
         settings = load_settings(runs_backend="redis", redis_url=redis.url)
         with running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url:
             yield url, keys, redis
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def served_on_backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, Keys]]:
+    """A server whose sessions are on the backend ``request.param``."""
+    keys = Keys.make()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(**backend_settings(request.param, request))
+        with running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url:
+            yield url, keys
 
 
 def _call(method: str, text: str, call_id: int | str = 1) -> dict[str, Any]:
@@ -158,3 +171,39 @@ def test_a_retry_is_the_same_call_however_its_json_is_spaced_or_ordered(
         again = client.post("/a2a", content=reordered)
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json() == first.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/a2a", "SendMessage"),
+        ("/a2a", "SendStreamingMessage"),
+        ("/a2a", "message/send"),
+        ("/a2a/message:send", None),
+        ("/a2a/message:stream", None),
+    ],
+)
+def test_deleting_the_session_of_a_keyed_message_forgets_its_key(
+    served_on_backend: tuple[str, Keys], path: str, method: str | None
+) -> None:
+    # The message's run wrote in its context's session, but its key's record was not listed
+    # under it: deleting the session left the answer quoting it, replayed to the retry.
+    url, keys = served_on_backend
+    context_id = f"ctx-{uuid.uuid4().hex[:8]}"
+    if method is None:
+        message = {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "remember me"}]}
+        body: dict[str, Any] = {"message": {**message, "contextId": context_id}}
+    else:
+        body = _call(method, "remember me")
+        body["params"]["message"]["contextId"] = context_id
+    headers = {**bearer(keys.alice), "Idempotency-Key": uuid.uuid4().hex}
+    if method is None or "/" not in method:
+        headers["A2A-Version"] = "1.0"
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        first = client.post(path, json=body, headers=headers)
+        assert first.is_success and "error" not in _answers(first)[0], first.text
+        assert client.delete(f"/sessions/{context_id}").status_code == 204
+        retried = client.post(path, json=body, headers=headers)
+        messages = client.get(f"/sessions/{context_id}/messages")
+    assert retried.is_success and "idempotent-replayed" not in retried.headers
+    assert len(messages.json()["items"]) == 2  # the message and its reply, anew

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from a2a.auth.user import User
@@ -43,6 +44,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from agentscope_serverless.a2a_server import (
     A2A_PATH,
+    SESSION_WRITER,
     RunsAgentExecutor,
     RunsRequestHandler,
     RunsTaskStore,
@@ -69,6 +71,7 @@ from agentscope_serverless.http.idempotency import (
     fails_when,
     fingerprint_body,
     replayed,
+    writes_in_session,
 )
 from agentscope_serverless.http.middleware import BodyTooDeep
 from agentscope_serverless.http.sse import escape_line_breaks, escaping_line_breaks
@@ -92,7 +95,15 @@ class _AuthenticatedUser(User):
 
 
 class _ContextBuilder(DefaultServerCallContextBuilder):
-    """The A2A call context of an authenticated request: its user is the caller's user."""
+    """The A2A call context of an authenticated request: its user is the caller's user, and
+    the session its run writes in is the request's (:func:`..idempotency.writes_in_session`):
+    deleting the session forgets the call's ``Idempotency-Key``, whose kept answer quotes
+    it."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[SESSION_WRITER] = partial(writes_in_session, request)
+        return context
 
     def build_user(self, request: Request) -> User:
         return _AuthenticatedUser(request.scope[_USER_SCOPE_KEY])
