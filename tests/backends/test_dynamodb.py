@@ -295,6 +295,68 @@ async def test_items_are_restamped_before_they_could_outlive_their_session(
         assert int(message["expires_at"]["N"]) >= start + 1995
 
 
+def state_index_key(user_id: str, session_id: str) -> dict[str, Any]:
+    return {"pk": {"S": f"STATE_USER#{id_hash(user_id)}"}, "sk": {"S": f"S#{id_hash(session_id)}"}}
+
+
+async def test_a_states_index_item_expires_and_is_restamped_with_its_rounds(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # It had no expiry: the user's index kept a session whose state had expired, for ever.
+    table = dynamodb_server.state_table
+    async with state_on(dynamodb_server, ttl_seconds=1000) as state:
+        await state.save_state(user_id, {"v": 1}, session_id="s1")
+        start = now()
+        index_key = state_index_key(user_id, "s1")
+        index = (await dynamodb_client.get_item(TableName=table, Key=index_key))["Item"]
+        (round_item,) = [
+            item
+            for item in await partition(dynamodb_client, table, state_pk(user_id, "s1"))
+            if item["sk"]["S"].startswith("R#")
+        ]
+        assert start - 5 <= int(index["expires_at"]["N"]) - 2000 <= start
+        assert abs(int(index["expires_at"]["N"]) - int(round_item["expires_at"]["N"])) <= 1
+
+        meta_key = {"pk": {"S": state_pk(user_id, "s1")}, "sk": {"S": "META"}}
+        await set_number(dynamodb_client, table, meta_key, "stamped_until", start + 100)
+        await set_number(dynamodb_client, table, index_key, "expires_at", start + 100)
+        assert await state.export_state(user_id, session_id="s1") == {"v": 1}
+        index = (await dynamodb_client.get_item(TableName=table, Key=index_key))["Item"]
+        assert int(index["expires_at"]["N"]) >= start + 1995
+
+        # One written without an expiry (by an earlier release) gets one with the rounds.
+        await dynamodb_client.update_item(
+            TableName=table, Key=index_key, UpdateExpression="REMOVE expires_at"
+        )
+        await set_number(dynamodb_client, table, meta_key, "stamped_until", start + 100)
+        assert await state.list_rounds(user_id, session_id="s1") == [1]
+        index = (await dynamodb_client.get_item(TableName=table, Key=index_key))["Item"]
+        assert int(index["expires_at"]["N"]) >= start + 1995
+
+
+@pytest.mark.parametrize("ttl_seconds", [None, 1000])
+async def test_deleting_a_state_deletes_its_index_item(
+    dynamodb_server: DynamoDBServer,
+    dynamodb_client: DynamoDBClient,
+    user_id: str,
+    ttl_seconds: int | None,
+) -> None:
+    table = dynamodb_server.state_table
+    async with state_on(dynamodb_server, ttl_seconds=ttl_seconds) as state:
+        for session_id in ("gone", "kept"):
+            await state.save_state(user_id, {"v": 1}, session_id=session_id)
+        await state.delete_state(user_id, "gone")
+        index = f"STATE_USER#{id_hash(user_id)}"
+        left = await partition(dynamodb_client, table, index)
+        assert [item["sk"] for item in left] == [state_index_key(user_id, "kept")["sk"]]
+        # Saved again, the state is indexed again, and a user's delete finds it.
+        await state.save_state(user_id, {"v": 2}, session_id="gone")
+        assert len(await partition(dynamodb_client, table, index)) == 2
+        await state.delete_user_state(user_id)
+        assert await state.export_state(user_id, session_id="gone") is None
+        assert await partition(dynamodb_client, table, index) == []
+
+
 async def late_in_a_second() -> None:
     """Wait until the current second is 0.85 s old."""
     await asyncio.sleep((0.85 - time.time() % 1) % 1)
@@ -976,18 +1038,25 @@ async def test_an_append_failing_midway_hides_none_of_the_newest_messages(
 
 class FailingWriteClient:
     """A DynamoDB client passing every request to ``client`` but the writes of items holding
-    ``marker``, which fail as DynamoDB's own errors do (never executed)."""
+    ``marker`` (batches and transactions, or the ``operations`` named), which fail as
+    DynamoDB's own errors do (never executed)."""
 
-    def __init__(self, client: DynamoDBClient, marker: str) -> None:
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        marker: str,
+        operations: tuple[str, ...] = ("BatchWriteItem", "TransactWriteItems"),
+    ) -> None:
         self.client = client
         self.marker = marker
+        self.operations = operations
         self.failing = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
 
     def _refuse(self, operation: str, request: Any) -> None:
-        if self.failing and self.marker in str(request):
+        if self.failing and operation in self.operations and self.marker in str(request):
             error = {"Code": "InternalServerError", "Message": "Internal server error"}
             raise ClientError({"Error": error}, operation)
 
@@ -1156,7 +1225,8 @@ async def test_a_state_delete_cut_short_by_a_failure_deletes_every_round_when_re
     table = dynamodb_server.state_table
     session = aioboto3_session()
     async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
-        failing = FailingWriteClient(client, marker=state_pk(user_id, "s1"))
+        marker = state_pk(user_id, "s1")
+        failing = FailingWriteClient(client, marker, operations=("BatchWriteItem",))
         failing.failing = False
         async with DynamoDBStateService(table, client=failing) as state:  # type: ignore[arg-type]
             for i in range(30):

@@ -693,9 +693,16 @@ class DynamoDBStore:
             return
 
     async def restamp_if_due(
-        self, meta_key: Item, meta: Item, children_pk: str, prefix: str, ttl: int | None
+        self,
+        meta_key: Item,
+        meta: Item,
+        children_pk: str,
+        prefix: str,
+        ttl: int | None,
+        *also: Item,
     ) -> None:
-        """Push the children's expiry ahead of the meta item's, at most once per TTL."""
+        """Push the children's expiry ahead of the meta item's, at most once per TTL, and
+        that of the items with the keys ``also`` (an index item elsewhere) with them."""
         at = now()
         if ttl is None or number(meta, "stamped_until") >= at + ttl:
             return
@@ -710,6 +717,13 @@ class DynamoDBStore:
             if number(item, TTL_ATTRIBUTE) < target:
                 key = {"pk": item["pk"], "sk": item["sk"]}
                 await self.set_if(key, "#e", target, "attribute_exists(#pk)")
+        for key in also:
+            await self.set_if(
+                key,
+                "#e",
+                target,
+                "attribute_exists(#pk) AND (attribute_not_exists(#e) OR #e < :value)",
+            )
         await self.set_if(meta_key, "#s", target, "attribute_exists(#pk) AND #s < :value")
 
     async def _batch(self, requests: list[Item]) -> None:

@@ -12,9 +12,10 @@ pk                 sk                     attributes
                                           (larger ones: head plus tail items)
 ``STATE#U#S``      ``APPLIED#<write id>``  ``round``, ``expires_at``: a save made under an
                                           Idempotency-Key, and the round it got
-``STATE_USER#U``   ``S#<S>``              ``state_pk``: the user's index of sessions with
-                                          state (written once per session, at its first
-                                          save; the meta item is then marked ``indexed``)
+``STATE_USER#U``   ``S#<S>``              ``state_pk``, ``expires_at``: the user's index of
+                                          sessions with state (written once per session,
+                                          at its first save; the meta item is then marked
+                                          ``indexed``), expiring as the rounds do
 =================  =====================  ==============================================
 
 - **Save without a round**: one ``UpdateItem ADD max_round 1`` on the meta item allocates
@@ -28,7 +29,8 @@ pk                 sk                     attributes
   conditional update when the round is higher, so the next allocated round follows it.
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
   order, stopping at the first complete round).
-- **Delete** removes the meta item (the state is gone at once), then the rounds of every
+- **Delete** removes the meta item and the session's index item in one transaction (the
+  state is gone at once, and a save making it again indexes it anew), then the rounds of every
   generation but that of a meta item made again meanwhile (so a delete cut short by a
   store failure finishes when retried); a save that lands after the meta item went sees it
   gone, or of another generation, and deletes its round.
@@ -36,7 +38,8 @@ pk                 sk                     attributes
   (up to 100 items: the state is gone at once), then the rounds (16 sessions at once) and
   the index; a session whose state a save made again meanwhile gets its index item back.
 - **TTL** (``ttl_seconds``): a sliding expiry of the session's state, refreshed by every
-  read and write; see :mod:`agentscope_serverless.services._dynamodb`.
+  read and write; see :mod:`agentscope_serverless.services._dynamodb`. The session's index
+  item is stamped and restamped with its rounds: it outlives the state, and goes after it.
 """
 
 from __future__ import annotations
@@ -125,14 +128,19 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         return f"STATE#{id_hash(user_id)}#{id_hash(session_id)}"
 
     @staticmethod
+    def _index_key(user_id: str, session_id: str) -> Item:
+        """The key of the session's item in the user's index."""
+        return {"pk": s(f"STATE_USER#{id_hash(user_id)}"), "sk": s(f"S#{id_hash(session_id)}")}
+
+    @staticmethod
     def _prefix(meta: Item) -> str:
         return f"R#{meta['generation']['S']}#"
 
     # --- the meta item ------------------------------------------------------------------
 
-    async def _live_meta(self, pk: str, *, allocate: bool) -> Item:
+    async def _live_meta(self, pk: str, index: Item, *, allocate: bool) -> Item:
         """The meta item, created (or replaced, when expired) if needed; with ``allocate``
-        its ``max_round`` is incremented."""
+        its ``max_round`` is incremented. ``index``: the key of the session's index item."""
         while True:
             at = now()
             sets = ["#g = if_not_exists(#g, :generation)"]
@@ -161,7 +169,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                 await self._replace_expired(pk, at)
                 continue
             meta: Item = response["Attributes"]
-            await self._restamp_if_due(pk, meta)
+            await self._restamp_if_due(pk, index, meta)
             return meta
 
     async def _replace_expired(self, pk: str, at: int) -> None:
@@ -177,16 +185,16 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         except ConditionFailed:
             return
 
-    async def _read_meta(self, pk: str) -> Item | None:
+    async def _read_meta(self, pk: str, index: Item) -> Item | None:
         """The live meta item; with a TTL, reading it also refreshes its expiry."""
         meta = await self._store.read_container({"pk": s(pk), "sk": s("META")}, self._ttl)
         if meta is not None:
-            await self._restamp_if_due(pk, meta)
+            await self._restamp_if_due(pk, index, meta)
         return meta
 
-    async def _restamp_if_due(self, pk: str, meta: Item) -> None:
+    async def _restamp_if_due(self, pk: str, index: Item, meta: Item) -> None:
         key = {"pk": s(pk), "sk": s("META")}
-        await self._store.restamp_if_due(key, meta, pk, self._prefix(meta), self._ttl)
+        await self._store.restamp_if_due(key, meta, pk, self._prefix(meta), self._ttl, index)
 
     # --- rounds -------------------------------------------------------------------------
 
@@ -261,15 +269,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         if "indexed" in meta:
             return
         pk = self._pk(user_id, session_id)
-        await self._store.put(
-            [
-                {
-                    "pk": s(f"STATE_USER#{id_hash(user_id)}"),
-                    "sk": s(f"S#{id_hash(session_id)}"),
-                    "state_pk": s(pk),
-                }
-            ]
-        )
+        await self._store.put([self._index_item(user_id, session_id)])
         with contextlib.suppress(ConditionFailed):  # deleted meanwhile: nothing to mark
             await self._store.run(
                 "update_item",
@@ -283,6 +283,16 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
                     ":generation": meta["generation"],
                 },
             )
+
+    def _index_item(self, user_id: str, session_id: str) -> Item:
+        """The session's index item, expiring (with a TTL) when its rounds written now do."""
+        item = {
+            **self._index_key(user_id, session_id),
+            "state_pk": s(self._pk(user_id, session_id)),
+        }
+        if self._ttl is not None:
+            item["expires_at"] = n(now() + 2 * self._ttl)
+        return item
 
     async def _delete_user_state(self, user_id: str) -> None:
         index = [
@@ -303,7 +313,12 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         # A save may have made a session's state again meanwhile, and indexed it before the
         # index item went: it keeps its index, so the user's next delete finds it.
         remade = await asyncio.gather(*(self._has_meta(item["state_pk"]) for item in index))
-        await self._store.put([item for item, found in zip(index, remade, strict=True) if found])
+        kept = [item for item, found in zip(index, remade, strict=True) if found]
+        if self._ttl is not None:
+            # As written now: the one read may expire before the state made again.
+            for item in kept:
+                item["expires_at"] = n(now() + 2 * self._ttl)
+        await self._store.put(kept)
 
     async def _has_meta(self, pk: Item) -> bool:
         response = await self._store.run(
@@ -322,7 +337,8 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         pk = self._pk(user_id, session_id)
         mark = {"pk": s(pk), "sk": s(f"APPLIED#{write_id}")}
         round_id = None if write_id is None else await self._applied_round(mark)
-        meta = await self._live_meta(pk, allocate=round_id is None)
+        index = self._index_key(user_id, session_id)
+        meta = await self._live_meta(pk, index, allocate=round_id is None)
         await self._index(user_id, session_id, meta)
         if round_id is None:
             round_id = number(meta, "max_round")
@@ -378,7 +394,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         self, user_id: str, session_id: str, round_id: int, state: dict[str, Any]
     ) -> None:
         pk = self._pk(user_id, session_id)
-        meta = await self._live_meta(pk, allocate=False)
+        meta = await self._live_meta(pk, self._index_key(user_id, session_id), allocate=False)
         await self._index(user_id, session_id, meta)
         await self._raise_max_round(pk, meta, round_id)
         await self._write_round(pk, meta, round_id, state)
@@ -387,7 +403,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         self, user_id: str, session_id: str, round_id: int | None
     ) -> tuple[int, dict[str, Any]] | None:
         pk = self._pk(user_id, session_id)
-        meta = await self._read_meta(pk)
+        meta = await self._read_meta(pk, self._index_key(user_id, session_id))
         if meta is None:
             return None
         if round_id is None:
@@ -405,7 +421,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         pk = self._pk(user_id, session_id)
-        meta = await self._read_meta(pk)
+        meta = await self._read_meta(pk, self._index_key(user_id, session_id))
         if meta is None:
             return []
         at = now()
@@ -421,7 +437,10 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
 
     async def _delete(self, user_id: str, session_id: str) -> None:
         pk = self._pk(user_id, session_id)
-        await self._store.run("delete_item", idempotent=True, Key={"pk": s(pk), "sk": s("META")})
+        # Together: a save making the state again after this indexes it anew, and the index
+        # keeps no session whose state is gone.
+        meta = {"pk": s(pk), "sk": s("META")}
+        await self._store.delete_together([meta, self._index_key(user_id, session_id)])
         # The rounds of every generation but the live one's, not only those of the meta item
         # deleted: a delete cut short by a store failure leaves rounds, and its retry, which
         # finds no meta item, must still find them.
