@@ -109,6 +109,9 @@ async def test_erasing_a_user_leaves_no_key_of_theirs(
             await runs.record(record, [(0, "{}")], create=True)
             claim = await records.begin(user_id, f"key-{session_id}", "fingerprint")
             await records.complete(claim, StoredResponse(200, {}, b"the answer"))
+            # A request that wrote in the session is listed under it too.
+            claim = await records.begin(user_id, f"run-in-{session_id}", "fingerprint")
+            await records.complete(claim, StoredResponse(200, {}, b"a run"), session_id)
         kinds = ("session", "memory", "state", "run", "idempotency")
         assert all([await user_keys(redis_client, kind, user_id) for kind in kinds])
         await runs.delete_user_runs(user_id)
@@ -121,6 +124,17 @@ async def test_erasing_a_user_leaves_no_key_of_theirs(
     finally:
         for service in services:
             await service.stop()
+
+
+async def test_deleting_a_sessions_idempotency_records_leaves_no_listing_of_them(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisIdempotencyStore(redis_url=redis_server.url) as records:
+        for key in ("k1", "k2"):
+            claim = await records.begin(user_id, key, "fingerprint")
+            await records.complete(claim, StoredResponse(200, {}, b"a run"), "s1")
+        await records.delete_session_records(user_id, "s1")
+    assert await user_keys(redis_client, "idempotency", user_id) == []
 
 
 async def test_the_index_of_a_users_idempotency_records_drops_expired_ones(

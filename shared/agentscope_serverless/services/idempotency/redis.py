@@ -7,7 +7,8 @@ the user's records (the sha256, scored by its expiry in ms), lists them for eras
 expired entries are dropped as records are claimed. A completed record that wrote in a
 session holds its id in ``session``, and is listed (its sha256) in the set
 ``<prefix>:idempotency:{<escaped user id>}:session:<sha256 of the session id>``, for
-deleting the session.
+deleting the session; the index lists that set too (as ``session:<sha256 of the session
+id>``, the rest of its key), so erasing the user deletes it with the records.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ return false
 """
 
 # KEYS: record, the user's index[, the session's set]. ARGV: token, response, expiry (s),
-# now (ms), sha256[, session id].
+# now (ms), sha256[, session id, the session's set as the index lists it].
 _COMPLETE = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'response', ARGV[2], 'lease_until', 0)
@@ -54,6 +55,7 @@ if KEYS[3] then
   redis.call('HSET', KEYS[1], 'session', ARGV[6])
   redis.call('SADD', KEYS[3], ARGV[5])
   redis.call('EXPIRE', KEYS[3], ARGV[3])
+  redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[7])
 end
 return 1
 """
@@ -86,17 +88,18 @@ _SESSION_RECORDS = """
 return redis.call('SRANDMEMBER', KEYS[1], tonumber(ARGV[1]))
 """
 
-# KEYS: the user's index, the session's set, then records. ARGV: the session id, then the
-# records' sha256 in the same order. A record claimed again since (once expired) for a
-# request in another session stays.
+# KEYS: the user's index, the session's set, then records. ARGV: the session id, the
+# session's set as the index lists it, then the records' sha256 in the order of KEYS. A
+# record claimed again since (once expired) for a request in another session stays.
 _DELETE_SESSION_RECORDS = """
-for i = 2, #ARGV do
-  if redis.call('HGET', KEYS[i + 1], 'session') == ARGV[1] then
-    redis.call('DEL', KEYS[i + 1])
+for i = 3, #ARGV do
+  if redis.call('HGET', KEYS[i], 'session') == ARGV[1] then
+    redis.call('DEL', KEYS[i])
     redis.call('ZREM', KEYS[1], ARGV[i])
   end
   redis.call('SREM', KEYS[2], ARGV[i])
 end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[2]) end
 return 1
 """
 # Records erased per script.
@@ -184,9 +187,11 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         keys, _ = self._keys(user_id, key)
         await self._redis.run(_RENEW, keys[:1], [token, lease_until_ms], idempotent=True)
 
-    def _session_key(self, user_id: str, session_id: str) -> str:
-        digest = hashlib.sha256(session_id.encode()).hexdigest()
-        return f"{self._base(user_id)}:session:{digest}"
+    def _session_key(self, user_id: str, session_id: str) -> tuple[str, str]:
+        """The key of the set listing the records of the session, and the rest of that key
+        after the user's (as the user's index lists it)."""
+        listed = f"session:{hashlib.sha256(session_id.encode()).hexdigest()}"
+        return f"{self._base(user_id)}:{listed}", listed
 
     async def _complete(
         self, user_id: str, key: str, token: str, response: str, session_id: str | None
@@ -194,8 +199,9 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         keys, digest = self._keys(user_id, key)
         args: list[str | int] = [token, response, self.expiry_seconds, now_ms(), digest]
         if session_id is not None:
-            keys.append(self._session_key(user_id, session_id))
-            args.append(session_id)
+            listing, listed = self._session_key(user_id, session_id)
+            keys.append(listing)
+            args += [session_id, listed]
         await self._redis.run(_COMPLETE, keys, args, idempotent=True)
 
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
@@ -226,10 +232,10 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
 
     async def _delete_session(self, user_id: str, session_id: str) -> None:
         base = self._base(user_id)
-        listed = self._session_key(user_id, session_id)
+        listing, listed = self._session_key(user_id, session_id)
         while True:
             some = await self._redis.run(
-                _SESSION_RECORDS, [listed], [_DELETE_BATCH], idempotent=True
+                _SESSION_RECORDS, [listing], [_DELETE_BATCH], idempotent=True
             )
             digests = [text(digest) for digest in some]
             if not digests:
@@ -237,8 +243,8 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
             records = [f"{base}:{digest}" for digest in digests]
             await self._redis.run(
                 _DELETE_SESSION_RECORDS,
-                [f"{base}:index", listed, *records],
-                [session_id, *digests],
+                [f"{base}:index", listing, *records],
+                [session_id, listed, *digests],
                 idempotent=True,
             )
 
