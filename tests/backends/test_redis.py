@@ -26,11 +26,13 @@ from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services import _stored
+from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services._redis import escape, user_key_prefix
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
+from agentscope_serverless.services.agent_state import redis as state_redis
 from agentscope_serverless.services.agent_state.redis import RedisStateService
 from agentscope_serverless.services.container import Services
-from agentscope_serverless.services.idempotency.base import StoredResponse
+from agentscope_serverless.services.idempotency.base import StoredResponse, now_ms
 from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
 from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.runs.base import RunBurst, RunRecord
@@ -227,6 +229,44 @@ async def test_state_ttl_slides_on_reads(
             await redis_client.pexpire(key, 5_000)
         assert await state.export_state(user_id) == {"v": 1}
         assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
+
+
+@pytest.mark.parametrize("ttl_seconds", [None, 100])
+async def test_keyed_state_saves_forget_their_write_ids_once_past(
+    redis_server: RedisServer,
+    redis_client: Redis,
+    user_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ttl_seconds: int | None,
+) -> None:
+    # Every keyed save added a write id to the session's `applied` hash, which nothing
+    # removed and which had no expiry (or that of the state): it grew with every save.
+    days = {"passed": 0}
+    day_ms = 24 * 3600 * 1000
+    monkeypatch.setattr(state_redis, "now_ms", lambda: now_ms() + days["passed"] * day_ms)
+    base = f"{user_key_prefix('agentscope', 'state', user_id)}:s:daily"
+    applied, until = f"{base}:applied", f"{base}:applied_until"
+    async with RedisStateService(redis_server.url, ttl_seconds=ttl_seconds) as state:
+        for day in range(0, 8, 2):
+            days["passed"] = day
+            seed_writes(f"{user_id}\0save on day {day}")
+            assert await state.save_state(user_id, {"day": day}, session_id="daily") == day // 2 + 1
+            # Only the last save's id is remembered (the others were remembered a day).
+            assert len(await redis_client.hgetall(applied)) == 1
+            assert await redis_client.zcard(until) == 1
+        # A save run again within its day gets its round back, as before.
+        seed_writes(f"{user_id}\0save on day 6")
+        assert await state.save_state(user_id, {"day": 6}, session_id="daily") == 4
+        # Both keys expire with the last id remembered, whatever the state's TTL: reading
+        # the state does not shorten it.
+        days["passed"] = 0
+        seed_writes(f"{user_id}\0save now")
+        await state.save_state(user_id, {"now": True}, session_id="daily")
+        assert await state.export_state(user_id, session_id="daily") == {"now": True}
+        for key in (applied, until):
+            assert 6 * day_ms < await redis_client.pttl(key) <= 7 * day_ms
+        await state.delete_state(user_id, "daily")
+    assert await user_keys(redis_client, "state", user_id) == []
 
 
 async def test_the_longest_ttl_works_and_a_longer_one_is_refused_at_once(
