@@ -38,6 +38,7 @@ from tests.support.http import (
     free_port,
     issue_key,
     running,
+    user_message,
     wait_until_healthy,
 )
 from tests.support.lambda_runtime import function_url_event
@@ -358,4 +359,33 @@ def test_a_user_route_on_health_is_refused() -> None:
             pass
 
     with pytest.raises(ConfigurationError, match="GET /health"):
+        asyncio.run(start())
+
+
+def test_an_application_built_before_the_query_handler_serves_the_handler() -> None:
+    # FastAPI's usual order: `web = app.get_fastapi_app()` right after `app = AgentApp(...)`.
+    agent, keys = AgentApp(app_name="early"), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @agent.query(framework="text")
+    async def query(self: Any, msgs: Any, request: Any = None, **kwargs: Any) -> Any:
+        yield "registered later"
+
+    with running(web) as url:
+        reply = httpx.post(
+            f"{url}/process", headers=bearer(keys.alice), json={"input": [user_message("hi")]}
+        )
+        assert reply.status_code == 200
+        assert "registered later" in reply.text
+
+
+def test_an_application_without_a_query_handler_fails_to_start_saying_so() -> None:
+    agent, keys = AgentApp(app_name="none"), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    async def start() -> None:
+        async with web.router.lifespan_context(web):
+            pass
+
+    with pytest.raises(ConfigurationError, match=r"no query handler: register one"):
         asyncio.run(start())

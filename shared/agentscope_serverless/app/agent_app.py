@@ -281,7 +281,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
             from agentscope_serverless.auth.factory import create_key_store
 
             kwargs["key_store"] = create_key_store(kwargs["settings"])
-        web_app: Any = create_app(agent_app=self, **kwargs)
+        # Commonly called before the handlers below it are registered: the application
+        # checks the app as it starts, not here.
+        web_app: Any = create_app(agent_app=self, check_agent=False, **kwargs)
         web_app.announces_development_key = announces
         self._web_applications.append(web_app)
         return web_app
@@ -548,6 +550,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
         them onto it."""
         runner = self._runner
         assert runner is not None
+        self.bind_handlers(runner)
+        return runner
+
+    def bind_handlers(self, runner: Runner) -> None:
+        """Have ``runner`` (of :meth:`create_runner`) run the handlers registered with this
+        app's decorators: those registered after it was made too (an application built by
+        :meth:`get_fastapi_app` before ``@app.query``) as it starts."""
         if self._query_handler is not None:
             runner.query_handler = types.MethodType(self._query_handler, runner)  # type: ignore[method-assign]
             runner.framework_type = self.framework
@@ -555,7 +564,6 @@ class AgentApp(ServiceLifecycleManagerMixin):
             runner.init_handler = types.MethodType(self._init_handler, runner)  # type: ignore[method-assign]
         if self._shutdown_handler is not None:
             runner.shutdown_handler = types.MethodType(self._shutdown_handler, runner)  # type: ignore[method-assign]
-        return runner
 
     def _register(self, framework: str) -> _Registration:
         return _Registration(self, framework)

@@ -93,12 +93,16 @@ def create_app(
     settings: Settings,
     agent_app: AgentApp | None = None,
     key_store: KeyStore | None = None,
+    check_agent: bool = True,
 ) -> FastAPI:
     """A FastAPI application with ``routers`` (all of them by default) and ``/health``.
 
     ``settings`` come from the process's composition root (the CLI, a Lambda entry point, an
     archive's entry command), secrets included; everything below reads them from here.
     ``key_store`` defaults to the one selected by settings (``AUTH_KEYS_BACKEND``).
+    ``agent_app`` is checked (:meth:`AgentApp.check`) here unless ``check_agent`` is False
+    (an app still being defined): then as the application starts, with the handlers
+    registered by then.
     """
     names = _router_names(routers, settings)
     if "process" in names and agent_app is None:
@@ -118,7 +122,8 @@ def create_app(
         services = dataclasses.replace(services, sandbox=_build_service("sandbox", settings))
     if agent_app is not None and "process" in names:
         runner = agent_app.create_runner(services, settings=settings)
-        runner.check()
+        if check_agent:
+            runner.check()
     # The process router records its runs, so it serves the runs routes too.
     if settings.runs_backend == "none":
         names = tuple(name for name in names if name != "runs")
@@ -600,6 +605,8 @@ def _lifespan(context: AppContext) -> Lifespan:
                 # As AgentScope Runtime's: the hooks run while the runner is started (its
                 # init handler has run), and find it as app.state.runner.
                 app.state.runner = context.runner
+                context.agent_app.bind_handlers(context.runner)
+                context.runner.check()
                 await stack.enter_async_context(context.runner)
                 before_start = context.agent_app.before_start
                 try:
