@@ -189,7 +189,12 @@ def serve(
         typer.Option("--app-dir", help="Import the agent's modules from here (as uvicorn does)."),
     ] = Path(),
     reload: Annotated[
-        bool, typer.Option("--reload", help="Restart when a file of --app-dir changes.")
+        bool,
+        typer.Option(
+            "--reload",
+            help="Restart when a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file "
+            "of --app-dir changes (not in virtualenvs, .git, __pycache__, node_modules, dist).",
+        ),
     ] = False,
     header_timeout: Annotated[
         float | None,
@@ -406,7 +411,8 @@ def _serve_reloading(
     web: bool,
     **overrides: object,
 ) -> None:
-    """uvicorn's reloader: a worker process builds the app (``serve.create``) at each change.
+    """A reloader (:class:`~agentscope_serverless.reloader.ProjectReload`): a worker process
+    builds the app (``serve.create``) at each change of the project's files.
 
     Keys must outlive the workers: an in-memory key store becomes a key file in a temporary
     directory, which holds the development key.
@@ -418,6 +424,11 @@ def _serve_reloading(
     from agentscope_serverless.auth import FileKeyStore
     from agentscope_serverless.head_timeout import head_timeout_protocol
     from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
+
+    try:
+        from agentscope_serverless.reloader import ProjectReload, stop_signal_exit
+    except ImportError as exc:
+        _fail(f"--reload needs {exc.name}: pip install 'agentscope-serverless[cli]'", code=2)
 
     directory = use_app_dir(app_dir)
     os.environ[APP_DIR_ENV] = str(directory)
@@ -436,7 +447,7 @@ def _serve_reloading(
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     _announce(host, port, settings, dev_key, dev_user)
-    uvicorn.run(
+    config = uvicorn.Config(
         "agentscope_serverless.serve:create",
         factory=True,
         reload=True,
@@ -449,6 +460,11 @@ def _serve_reloading(
         log_level=log_level,
         access_log=False,
     )
+    reloader = ProjectReload(
+        config, uvicorn.Server(config).run, [config.bind_socket()], root=directory
+    )
+    reloader.run()
+    stop_signal_exit(reloader.stopped_by)
 
 
 def _announce(host: str, port: int, settings: Settings, dev_key: str | None, dev_user: str) -> None:

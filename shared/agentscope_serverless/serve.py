@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from agentscope_serverless.auth.base import KeyStore
     from agentscope_serverless.settings import Settings
@@ -77,10 +78,13 @@ class Served:
 def build(settings: Settings) -> Served:
     """The application of every router for ``settings`` (its key store included)."""
     from agentscope_serverless.auth.factory import create_key_store
-    from agentscope_serverless.http.app import create_app
+    from agentscope_serverless.http.app import RuntimeApplication, create_app
 
     key_store = create_key_store(settings)
-    return Served(create_app(settings=settings, key_store=key_store), settings, key_store)
+    app = create_app(settings=settings, key_store=key_store)
+    if isinstance(app, RuntimeApplication):
+        app.build_middleware()
+    return Served(app, settings, key_store)
 
 
 def development_key(key_store: KeyStore, user: str = "dev") -> str | None:
@@ -131,26 +135,86 @@ async def issue_development_key(key_store: KeyStore) -> str | None:
     return key
 
 
-def create() -> FastAPI:
+def create() -> ASGIApp:
     """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
 
     The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``. An
-    agent that cannot be served is one line, not a traceback, and until a file changes (the
-    fix: the reloader starts another worker) every request is answered 503 saying so, rather
-    than left waiting on a port no worker serves.
+    agent that cannot be served (its module failing, or its start: a hook, a store) is one
+    line, not a traceback, and until a file changes (the fix: the reloader starts another
+    worker) every request is answered 503 saying so, rather than left waiting on a port no
+    worker serves.
     """
     from agentscope_serverless.errors import AgentScopeServerlessError
 
     use_app_dir(os.environ.get(APP_DIR_ENV))
     try:
-        return build(root_settings()).app
+        return _StartedOrUnavailable(build(root_settings()).app)
     except AgentScopeServerlessError as exc:
-        print(
-            f"error: {exc.message} (the server starts again when a file changes)",
-            file=sys.stderr,
-            flush=True,
-        )
+        _print_not_loaded(exc.message)
         return _not_loaded()
+
+
+def _print_not_loaded(reason: str) -> None:
+    from agentscope_serverless.reloader import WATCHED_DESCRIPTION
+
+    print(
+        f"error: {reason} (the server starts again when {WATCHED_DESCRIPTION} of the project "
+        "changes)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class _StartedOrUnavailable:
+    """``app`` once its start (lifespan) completes; if it fails, one line says why and every
+    request is answered 503 (:func:`_not_loaded`) rather than the worker exiting, leaving
+    the port to a reloader that serves no request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.unavailable: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+        else:
+            await (self.unavailable or self.app)(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        to_app: asyncio.Queue[Message] = asyncio.Queue()
+        from_app: asyncio.Queue[Message] = asyncio.Queue()
+        await to_app.put(await receive())  # lifespan.startup
+        running = asyncio.ensure_future(self.app(scope, to_app.get, from_app.put))
+        replied = asyncio.ensure_future(from_app.get())
+        await asyncio.wait({running, replied}, return_when=asyncio.FIRST_COMPLETED)
+        if replied.done() and replied.result()["type"] == "lifespan.startup.complete":
+            await send(replied.result())
+            await to_app.put(await receive())  # lifespan.shutdown
+            await running
+            while not from_app.empty():
+                await send(from_app.get_nowait())
+            return
+        replied.cancel()
+        # Starlette says the start failed, then raises what failed it.
+        await asyncio.wait({running}, timeout=1)
+        failure = None if running.cancelled() or not running.done() else running.exception()
+        running.cancel()
+        _print_not_loaded(_start_failure(failure))
+        self.unavailable = _not_loaded()
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+def _start_failure(exc: BaseException | None) -> str:
+    """What failed the start of the application, in one line."""
+    from agentscope_serverless.errors import AgentScopeServerlessError
+
+    if isinstance(exc, AgentScopeServerlessError):
+        return f"the agent could not start: {exc.message}"
+    if exc is None:
+        return "the agent could not start (the server's output says why)"
+    return f"the agent could not start: {type(exc).__name__}: {exc}"
 
 
 def _not_loaded() -> FastAPI:
@@ -160,11 +224,12 @@ def _not_loaded() -> FastAPI:
     from fastapi.responses import JSONResponse
 
     from agentscope_serverless.http.errors import error_response
+    from agentscope_serverless.reloader import WATCHED_DESCRIPTION
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     message = (
-        "the agent could not be loaded (the server's output says why); the server starts "
-        "again when a file of the project changes"
+        "the agent could not be loaded or started (the server's output says why); the server "
+        f"starts again when {WATCHED_DESCRIPTION} of the project changes"
     )
 
     @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])

@@ -856,7 +856,7 @@ def test_serve_reload_masks_the_secrets_an_agent_quotes_as_it_fails_to_import(
         env={**os.environ, "PYTHONUNBUFFERED": "1", "LLM_API_KEY": "sk-LEAKME-12345678"},
     )
     try:
-        said = read_until(process.stderr, "when a file changes)\n", within=60)
+        said = read_until(process.stderr, "of the project changes)\n", within=60)
         assert "raised RuntimeError: could not log in with *** (" in said, said
         assert "LEAKME" not in said
     finally:
@@ -898,7 +898,7 @@ def test_serve_reload_says_what_is_wrong_with_the_agent_and_serves_it_once_fixed
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        said = read_until(process.stderr, "when a file changes)\n", within=60)
+        said = read_until(process.stderr, "of the project changes)\n", within=60)
         assert "error: AGENT_APP='needs_a_key:app': importing 'needs_a_key' raised KeyError" in said
         assert "Traceback" not in said
         # Meanwhile a request is answered, saying what to do, rather than left waiting.

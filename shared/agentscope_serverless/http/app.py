@@ -387,6 +387,34 @@ class RuntimeApplication(FastAPI):
         finally:
             self.user_middleware = inner
 
+    def build_middleware(self) -> None:
+        """Build the middleware stack now rather than at the first request: a server calls it
+        before it serves, so a middleware added with a wrong argument is
+        :class:`ConfigurationError` naming it at start-up, not a 500 at every request (and a
+        lifespan left unrun)."""
+        try:
+            self.middleware_stack = self.build_middleware_stack()
+        except Exception as exc:
+            raise ConfigurationError(
+                f"the middleware {_failing_middleware(self.user_middleware)}could not be "
+                f"built: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _failing_middleware(added: list[Middleware]) -> str:
+    """The name (and a space) of the first of ``added`` that cannot be built, else ''."""
+
+    async def innermost(scope: Any, receive: Any, send: Any) -> None:
+        """Never called: what a middleware built to find the failing one wraps."""
+
+    for middleware in added:
+        factory = middleware.cls
+        try:
+            factory(innermost, *middleware.args, **middleware.kwargs)
+        except Exception:
+            return f"{getattr(factory, '__name__', repr(factory))} "
+    return ""
+
 
 def new_application(
     context: AppContext,

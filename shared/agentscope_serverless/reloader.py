@@ -1,0 +1,187 @@
+"""``agentscope-serverless serve --reload``: a worker process serves the project, and another
+one replaces it when a file of the project changes.
+
+uvicorn's reloader, with what an agent's project needs:
+
+- what is watched: the project's sources and configuration (:data:`WATCHED`), through the
+  system's file events (watchfiles), never in virtualenvs, ``.git``, ``__pycache__``,
+  ``node_modules`` or ``dist`` (:data:`IGNORED_FOLDERS`): an idle server costs nothing;
+- a worker that does not stop within :data:`STOP_GRACE_SECONDS` (stuck importing the agent's
+  module, which holds its signals off until the import returns) is killed, so a fix replaces
+  it and Ctrl-C stops the server; a second Ctrl-C kills it at once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from socket import socket
+from types import FrameType
+
+from uvicorn._subprocess import get_subprocess
+from uvicorn.config import Config
+from uvicorn.supervisors.basereload import BaseReload
+from watchfiles import Change, watch
+
+logger = logging.getLogger("uvicorn.error")
+
+#: The names of the files whose change restarts the server: sources, requirements, and the
+#: configuration a project reads (dotenv's ``.env`` files, TOML, YAML, INI).
+WATCHED = (
+    "*.py",
+    "requirements*.txt",
+    "*.toml",
+    "*.yaml",
+    "*.yml",
+    "*.ini",
+    "*.cfg",
+    ".env",
+    ".env.*",
+    "*.env",
+)
+#: Editors' temporary and backup files, never a change of the project.
+EDITOR_FILES = ("*.sw?", "*~", ".#*", "*.tmp", "*.bak")
+#: Folders never watched (besides any virtualenv, a folder with a ``pyvenv.cfg``).
+IGNORED_FOLDERS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        "node_modules",
+        "dist",
+        "build",
+        ".aws-sam",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".idea",
+    }
+)
+#: Seconds a worker has to stop before it is killed.
+STOP_GRACE_SECONDS = 3.0
+
+#: What ``serve --help`` and the messages of a server waiting for a fix say is watched.
+WATCHED_DESCRIPTION = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
+
+
+class ProjectFiles:
+    """Whether a changed path is one of the project's :data:`WATCHED` files, outside the
+    :data:`IGNORED_FOLDERS` and virtualenvs of ``root``.
+
+    >>> ProjectFiles(Path("/p"))(Change.modified, "/p/.venv/lib/x.py")   # doctest: +SKIP
+    False
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __call__(self, change: Change, path: str) -> bool:
+        changed = Path(path)
+        try:
+            folders = changed.relative_to(self.root).parts[:-1]
+        except ValueError:
+            return False
+        if IGNORED_FOLDERS.intersection(folders):
+            return False
+        name = changed.name
+        if any(fnmatch.fnmatch(name, pattern) for pattern in EDITOR_FILES):
+            return False
+        if not any(fnmatch.fnmatch(name, pattern) for pattern in WATCHED):
+            return False
+        folder = self.root
+        for part in folders:
+            folder = folder / part
+            if (folder / "pyvenv.cfg").is_file():
+                return False
+        return True
+
+
+class ProjectReload(BaseReload):
+    """uvicorn's reloader watching the project's files (:class:`ProjectFiles`) of ``root``,
+    which kills a worker that does not stop in time."""
+
+    def __init__(
+        self,
+        config: Config,
+        target: Callable[[list[socket] | None], None],
+        sockets: list[socket],
+        *,
+        root: Path,
+    ) -> None:
+        super().__init__(config, target, sockets)
+        self.reloader_name = "WatchFiles"
+        #: The signal that stopped the reloader, if one did.
+        self.stopped_by: int | None = None
+        self.watcher = watch(
+            root,
+            watch_filter=ProjectFiles(root),
+            stop_event=self.should_exit,
+            yield_on_timeout=True,
+            ignore_permission_denied=True,
+        )
+
+    def signal_handler(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit.is_set():
+            # Asked twice (Ctrl-C again): the worker is killed now, not after the grace.
+            process = getattr(self, "process", None)
+            if process is not None and process.is_alive():
+                process.kill()
+            return
+        self.stopped_by = sig
+        self.should_exit.set()
+
+    def should_restart(self) -> list[Path] | None:
+        self.pause()
+        changes = next(self.watcher)
+        return sorted({Path(path) for _, path in changes}) or None
+
+    def restart(self) -> None:
+        self._stop_worker()
+        self.process = get_subprocess(config=self.config, target=self.target, sockets=self.sockets)
+        self.process.start()
+
+    def shutdown(self) -> None:
+        self._stop_worker()
+        for sock in self.sockets:
+            sock.close()
+        logger.info("Stopping reloader process [%s]", self.pid)
+
+    def _stop_worker(self) -> None:
+        self.process.terminate()
+        self.process.join(STOP_GRACE_SECONDS)
+        if self.process.is_alive():
+            logger.warning(
+                "the server's process did not stop within %s s (still importing the agent?): "
+                "killed",
+                f"{STOP_GRACE_SECONDS:g}",
+            )
+            self.process.kill()
+            self.process.join()
+
+
+def stop_signal_exit(sig: int | None) -> None:
+    """Leave as the server without ``--reload`` does once ``sig`` stopped it: Ctrl-C as an
+    interruption, SIGTERM with status 143."""
+    if sig == signal.SIGINT:
+        raise KeyboardInterrupt
+    if sig is not None:
+        raise SystemExit(128 + sig)
+
+
+__all__ = [
+    "IGNORED_FOLDERS",
+    "STOP_GRACE_SECONDS",
+    "WATCHED",
+    "WATCHED_DESCRIPTION",
+    "ProjectFiles",
+    "ProjectReload",
+    "stop_signal_exit",
+]
