@@ -29,7 +29,8 @@ from watchfiles import Change, watch
 logger = logging.getLogger("uvicorn.error")
 
 #: The names of the files whose change restarts the server: sources, requirements, and the
-#: configuration a project reads (dotenv's ``.env`` files, TOML, YAML, INI).
+#: configuration a project reads (dotenv's ``.env`` files, TOML, YAML, INI), as
+#: :data:`~agentscope_serverless.serve.WATCHED_FILES` says.
 WATCHED = (
     "*.py",
     "requirements*.txt",
@@ -67,9 +68,6 @@ IGNORED_FOLDERS = frozenset(
 )
 #: Seconds a worker has to stop before it is killed.
 STOP_GRACE_SECONDS = 3.0
-
-#: What ``serve --help`` and the messages of a server waiting for a fix say is watched.
-WATCHED_DESCRIPTION = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
 
 
 class ProjectFiles:
@@ -180,7 +178,6 @@ __all__ = [
     "IGNORED_FOLDERS",
     "STOP_GRACE_SECONDS",
     "WATCHED",
-    "WATCHED_DESCRIPTION",
     "ProjectFiles",
     "ProjectReload",
     "stop_signal_exit",

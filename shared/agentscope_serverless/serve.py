@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from agentscope_serverless.settings import Settings
 
 APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
+#: The files whose change restarts a server of ``--reload`` (see ``reloader.WATCHED``).
+WATCHED_FILES = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
 
 
 # What a project has at its root to be installed by pip.
@@ -155,11 +157,8 @@ def create() -> ASGIApp:
 
 
 def _print_not_loaded(reason: str) -> None:
-    from agentscope_serverless.reloader import WATCHED_DESCRIPTION
-
     print(
-        f"error: {reason} (the server starts again when {WATCHED_DESCRIPTION} of the project "
-        "changes)",
+        f"error: {reason} (the server starts again when {WATCHED_FILES} of the project changes)",
         file=sys.stderr,
         flush=True,
     )
@@ -224,12 +223,11 @@ def _not_loaded() -> FastAPI:
     from fastapi.responses import JSONResponse
 
     from agentscope_serverless.http.errors import error_response
-    from agentscope_serverless.reloader import WATCHED_DESCRIPTION
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     message = (
         "the agent could not be loaded or started (the server's output says why); the server "
-        f"starts again when {WATCHED_DESCRIPTION} of the project changes"
+        f"starts again when {WATCHED_FILES} of the project changes"
     )
 
     @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
@@ -288,6 +286,7 @@ if __name__ == "__main__":
 
 __all__ = [
     "APP_DIR_ENV",
+    "WATCHED_FILES",
     "Served",
     "announce_development_key",
     "build",

@@ -183,8 +183,10 @@ def test_agentrun_manifest_names_the_entry_command_runtime_and_health_check(
     assert (root / "fastapi").is_dir() and (root / "uvicorn").is_dir()
     # The runtime only: no CLI, deploy or packaging code, and none of their dependencies.
     assert not (root / "agentscope_serverless" / "cli.py").exists()
+    assert not (root / "agentscope_serverless" / "reloader.py").exists()
     assert not (root / "agentscope_serverless" / "packaging").exists()
     assert not (root / "typer").exists() and not (root / "yaml").exists()
+    assert not (root / "watchfiles").exists()
 
 
 def test_agentrun_archive_holds_no_installer_leftovers_and_no_file_others_may_write(

@@ -44,6 +44,7 @@ TOOL_MODULES = (
     "cli.py",
     "deploy_cli.py",
     "local_stack.py",
+    "reloader.py",
     "packaging",
     "sam_project",
 )
