@@ -426,7 +426,7 @@ def _serve_reloading(
     from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
 
     try:
-        from agentscope_serverless.reloader import ProjectReload, stop_signal_exit
+        from agentscope_serverless.reloader import LoadingWorker, ProjectReload, stop_signal_exit
     except ImportError as exc:
         _fail(f"--reload needs {exc.name}: pip install 'agentscope-serverless[cli]'", code=2)
 
@@ -460,9 +460,8 @@ def _serve_reloading(
         log_level=log_level,
         access_log=False,
     )
-    reloader = ProjectReload(
-        config, uvicorn.Server(config).run, [config.bind_socket()], root=directory
-    )
+    worker = LoadingWorker(uvicorn.Server(config))
+    reloader = ProjectReload(config, worker.run, [config.bind_socket()], root=directory)
     reloader.run()
     stop_signal_exit(reloader.stopped_by)
 

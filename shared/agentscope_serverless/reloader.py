@@ -6,16 +6,22 @@ uvicorn's reloader, with what an agent's project needs:
 - what is watched: the project's sources and configuration (:data:`WATCHED`), through the
   system's file events (watchfiles), never in virtualenvs, ``.git``, ``__pycache__``,
   ``node_modules`` or ``dist`` (:data:`IGNORED_FOLDERS`): an idle server costs nothing;
-- a worker that does not stop within :data:`STOP_GRACE_SECONDS` (stuck importing the agent's
-  module, which holds its signals off until the import returns) is killed, so a fix replaces
-  it and Ctrl-C stops the server; a second Ctrl-C kills it at once.
+- while the agent's module imports, requests are answered 503 and a stop signal stops the
+  worker at once (:class:`LoadingWorker`), so a fix replaces a module stuck at import;
+- a worker that does not stop within :data:`STOP_GRACE_SECONDS` (a start or stop hook that
+  never returns) is killed; a second Ctrl-C kills it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import json
 import logging
+import select
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from socket import socket
@@ -23,8 +29,11 @@ from types import FrameType
 
 from uvicorn._subprocess import get_subprocess
 from uvicorn.config import Config
+from uvicorn.server import Server
 from uvicorn.supervisors.basereload import BaseReload
 from watchfiles import Change, watch
+
+from agentscope_serverless.serve import WATCHED_FILES
 
 logger = logging.getLogger("uvicorn.error")
 
@@ -157,12 +166,93 @@ class ProjectReload(BaseReload):
         self.process.join(STOP_GRACE_SECONDS)
         if self.process.is_alive():
             logger.warning(
-                "the server's process did not stop within %s s (still importing the agent?): "
-                "killed",
+                "the server's process did not stop within %s s: killed",
                 f"{STOP_GRACE_SECONDS:g}",
             )
             self.process.kill()
             self.process.join()
+
+
+class LoadingWorker:
+    """A worker of :class:`ProjectReload`: while the agent's module imports, each request is
+    answered 503 (the agent is still loading) rather than left waiting, and a stop signal
+    stops it at once; then ``server`` serves.
+
+    uvicorn imports the application after it takes the stop signals over, holding them off
+    until the import returns, and accepts no connection until then: a module stuck at import
+    (a call that never returns) left clients hanging and the worker deaf to its reloader.
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def run(self, sockets: list[socket] | None = None) -> None:
+        answers = None
+        if sockets:
+            # Listening already (uvicorn listens once the application is loaded).
+            sockets[0].listen(self.server.config.backlog)
+            answers = LoadingAnswers(sockets[0])
+            answers.start()
+        try:
+            self.server.config.load()
+        except KeyboardInterrupt:  # Ctrl-C as the module imports: the reloader stops too
+            return
+        finally:
+            if answers is not None:
+                answers.stop()
+        self.server.run(sockets=sockets)
+
+
+class LoadingAnswers(threading.Thread):
+    """Answer each connection to ``listener`` with a 503 saying the agent is still loading,
+    until :meth:`stop`."""
+
+    def __init__(self, listener: socket) -> None:
+        super().__init__(name="loading-answers", daemon=True)
+        self.listener = listener
+        self.since = time.monotonic()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            ready, _, _ = select.select([self.listener], [], [], 0.1)
+            if not ready or self.stopping.is_set():
+                continue
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                continue
+            with connection, contextlib.suppress(OSError):
+                connection.settimeout(1)
+                connection.recv(65536)  # the request's head, left unanswered
+                connection.sendall(self.answer())
+
+    def answer(self) -> bytes:
+        seconds = time.monotonic() - self.since
+        message = (
+            f"the agent is still loading (its module has been importing for {seconds:.0f} s); "
+            f"the server answers once it is loaded, or starts again when {WATCHED_FILES} of "
+            "the project changes"
+        )
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "UNAVAILABLE",
+                    "message": message,
+                    "type": "server_error",
+                    "param": None,
+                }
+            }
+        ).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+        )
+        return head.encode() + body
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
 
 
 def stop_signal_exit(sig: int | None) -> None:
@@ -178,6 +268,8 @@ __all__ = [
     "IGNORED_FOLDERS",
     "STOP_GRACE_SECONDS",
     "WATCHED",
+    "LoadingAnswers",
+    "LoadingWorker",
     "ProjectFiles",
     "ProjectReload",
     "stop_signal_exit",

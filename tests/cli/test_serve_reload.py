@@ -130,9 +130,33 @@ def test_a_worker_stuck_importing_the_agent_is_replaced_once_the_module_is_fixed
 ) -> None:
     with reloading(project(tmp_path, STUCK), "--reload") as server:
         server.wait_for("importing the stuck agent")
+        # Meanwhile a request is answered, rather than left waiting.
+        reply = server.get(timeout=5)
+        assert reply.status_code == 503
+        assert "the agent is still loading" in reply.json()["error"]["message"]
         server.agent.write_text(AGENT.replace("You said", "Fixed"))
         wait_until_healthy(server.url, server.process, timeout=60)
-        assert "did not stop within 3 s (still importing the agent?): killed" in server.output()
+        reply = httpx.post(
+            server.url + "/process",
+            headers={"Authorization": f"Bearer {server.key}"},
+            json={"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            timeout=30,
+        )
+        assert "Fixed: hi" in reply.text
+
+
+def test_a_worker_stuck_in_its_start_is_killed_and_replaced_once_the_hook_is_fixed(
+    tmp_path: Path,
+) -> None:
+    # A start hook blocking the event loop: the worker never acts on its stop signal.
+    stuck = (
+        AGENT + "\n\n@app.init\nasync def setup(self):\n    while True:\n        time.sleep(1)\n"
+    )
+    with reloading(project(tmp_path, "import time\n" + stuck), "--reload") as server:
+        server.wait_for("Waiting for application startup")
+        server.agent.write_text(AGENT)
+        wait_until_healthy(server.url, server.process, timeout=60)
+        assert "did not stop within 3 s: killed" in server.output()
 
 
 @pytest.mark.parametrize("presses", [1, 2])
@@ -145,8 +169,8 @@ def test_ctrl_c_stops_the_server_while_the_agent_is_still_importing(
             os.killpg(server.process.pid, signal.SIGINT)  # as a terminal sends Ctrl-C
             time.sleep(0.2)
         # As without --reload: Ctrl-C interrupts, whatever the agent's module is doing.
-        assert server.process.wait(timeout=10) == 130
-        assert not in_session(server.process.pid)
+        assert server.process.wait(timeout=10) == 130, server.output()
+        assert not in_session(server.process.pid), server.output()
 
 
 def test_an_init_hook_raising_leaves_a_worker_answering_503_until_the_fix(
