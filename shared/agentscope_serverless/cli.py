@@ -48,6 +48,7 @@ from rich.table import Table
 
 from agentscope_serverless.deploy_cli import deploy_app
 from agentscope_serverless.errors import AgentScopeServerlessError
+from agentscope_serverless.serve import WATCHED_FILES
 
 if TYPE_CHECKING:
     import httpx
@@ -192,8 +193,8 @@ def serve(
         bool,
         typer.Option(
             "--reload",
-            help="Restart when a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file "
-            "of --app-dir changes (not in virtualenvs, .git, __pycache__, node_modules, dist).",
+            help=f"Restart when {WATCHED_FILES} of --app-dir changes (not in virtualenvs, "
+            ".git, __pycache__, node_modules, dist).",
         ),
     ] = False,
     header_timeout: Annotated[

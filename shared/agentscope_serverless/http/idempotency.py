@@ -86,6 +86,7 @@ _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
 _SESSION = "idempotency_session"
 _FAILED = "idempotency_failed"
 _FINGERPRINTED = "idempotency_fingerprinted"
+_FINGERPRINT = "idempotency_fingerprint"
 _SETTLE_SECONDS = 3.0
 # A request renews its key's lease this many times a lease, so a renewal that fails (a
 # store slow for a moment) leaves others to come before the lease runs out.
@@ -105,19 +106,25 @@ def fingerprint(request: Request, body: bytes) -> str:
     the session of an OpenAI-compatible call) and body (or what :func:`fingerprint_body`
     gave in its place). A request with an ``Idempotency-Key`` whose body is JSON is the same
     as another whose body is the same JSON, whatever the order of its members and its
-    spacing (:func:`canonical_json`)."""
+    spacing (:func:`canonical_json`). Made once per request (a keyed OpenAI-compatible call
+    asks twice: for its key, and for an SDK's retry)."""
+    state = request.scope.setdefault("state", {})
+    made: str | None = state.get(_FINGERPRINT)
+    if made is not None:
+        return made
     digest = hashlib.sha256()
     session = ",".join(request.headers.getlist(SESSION_HEADER))
     for part in (request.method, request.url.path, request.url.query, session):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
-    given = request.scope.get("state", {}).get(_FINGERPRINTED)
+    given = state.get(_FINGERPRINTED)
     if given is None:
         # Only a keyed request pays for the parse: others are compared as sent (an SDK's
         # retry resends the same bytes).
         keyed = IDEMPOTENCY_HEADER in request.headers
         given = canonical_json(body) if keyed else body
     digest.update(given)
-    return digest.hexdigest()
+    made = state[_FINGERPRINT] = digest.hexdigest()
+    return made
 
 
 def canonical_json(body: bytes) -> bytes:
@@ -141,7 +148,9 @@ def canonical_json(body: bytes) -> bytes:
 def fingerprint_body(request: Request, body: bytes) -> None:
     """The request is the same as another when ``body`` is, whatever its own body: a
     JSON-RPC call's without its ``id``, which differs between a call and its retry."""
-    request.scope.setdefault("state", {})[_FINGERPRINTED] = body
+    state = request.scope.setdefault("state", {})
+    state[_FINGERPRINTED] = body
+    state.pop(_FINGERPRINT, None)
 
 
 async def claim_key(request: Request, user_id: str, key: str) -> None:
