@@ -14,6 +14,7 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
+from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import (
     ImageContent,
     Message,
@@ -121,3 +122,14 @@ def client_for(demo_url: str) -> Iterator[Callable[..., httpx.Client]]:
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def info_logs() -> Iterator[None]:
+    """The runtime's logger at INFO for one test (the tests log nothing below CRITICAL)."""
+    level = logger.level
+    logger.setLevel("INFO")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

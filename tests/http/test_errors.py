@@ -22,7 +22,6 @@ from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.http import create_app
 from agentscope_serverless.http.function_app import create_function_app
 from agentscope_serverless.http.middleware import DRAIN_BYTES, DRAIN_SECONDS
-from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 from tests.http.conftest import SECRET
 from tests.support.http import Keys, bearer, invalid_status, issue_key, running, user_message
@@ -449,17 +448,6 @@ def test_a_plain_functions_body_that_is_not_utf8_is_refused_before_it_runs(keys:
             assert response.status_code == status, response.text
             assert "UTF-8" in error_of(response)["message"]
     assert called == []
-
-
-@pytest.fixture
-def info_logs() -> Iterator[None]:
-    """The logger at INFO for one test (the tests log nothing below CRITICAL)."""
-    level = logger.level
-    logger.setLevel("INFO")
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def test_an_unexpected_error_is_logged_once_as_json_and_the_connection_kept(

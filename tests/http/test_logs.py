@@ -4,7 +4,6 @@ value of a line cut to a bounded length, still one valid JSON object."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
-from agentscope_serverless.log import MAX_FIELD_CHARS, MAX_PATH_CHARS, logger
+from agentscope_serverless.log import MAX_FIELD_CHARS, MAX_PATH_CHARS
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running, user_message
 
@@ -23,17 +22,6 @@ app = AgentApp(app_name="strict")
 async def query(self: Any, msgs: Any, **kwargs: Any) -> str:
     # As agents do: an error quoting what it could not take, here the whole message.
     raise ValueError(f"cannot plan for {msgs[-1].get_text_content()}")
-
-
-@pytest.fixture
-def info_logs() -> Iterator[None]:
-    """The logger at INFO for one test (the tests log nothing below CRITICAL)."""
-    level = logger.level
-    logger.setLevel("INFO")
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def logged(capfd: pytest.CaptureFixture[str]) -> list[tuple[str, dict[str, Any]]]:

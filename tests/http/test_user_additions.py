@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from agentscope_serverless.auth.file import FileKeyStore
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http import create_app, public
 from agentscope_serverless.http.lambda_handler import build_web_adapter_app, make_handler
-from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 from tests.cli.test_cli import serving
 from tests.support.http import (
@@ -110,16 +108,6 @@ def agent_module(tmp_path: Path) -> tuple[Path, str]:
     name = f"added_agent_{next(_modules)}"
     (tmp_path / f"{name}.py").write_text(AGENT_MODULE)
     return tmp_path, name
-
-
-@pytest.fixture
-def info_logs() -> Iterator[None]:
-    level = logger.level
-    logger.setLevel("INFO")
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def test_serve_serves_what_the_agents_module_added_to_its_fastapi_app(
