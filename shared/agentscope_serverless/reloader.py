@@ -257,7 +257,12 @@ class LoadingAnswers(threading.Thread):
 
 def stop_signal_exit(sig: int | None) -> None:
     """Leave as the server without ``--reload`` does once ``sig`` stopped it: Ctrl-C as an
-    interruption, SIGTERM with status 143."""
+    interruption, SIGTERM with status 143.
+
+    The worker is gone by then: a Ctrl-C pressed again as the process exits is ignored (the
+    interpreter puts the default action back as it finalizes, and such a press killed the
+    process before its exit status was set)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sig == signal.SIGINT:
         raise KeyboardInterrupt
     if sig is not None:

@@ -64,6 +64,16 @@ def in_session(session: int) -> set[int]:
     return found
 
 
+def left_in_session(session: int, seconds: float = 10) -> set[int]:
+    """The processes of ``session`` still living after ``seconds``: none once its leader's
+    helpers (multiprocessing's resource tracker, which stops when the leader's end of its pipe
+    closes) have exited."""
+    deadline = time.monotonic() + seconds
+    while (living := in_session(session)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return living
+
+
 def stop_and_check(
     process: subprocess.Popen[str], signum: int, minimum_children: int
 ) -> tuple[str, str]:
