@@ -326,15 +326,17 @@ def unavailable_after(seconds: float) -> Answer:
 async def test_no_retry_starts_with_too_little_of_the_time_limit_left(
     serve: Callable[[Answer], RawServer],
 ) -> None:
-    server = serve(unavailable_after(0.7))
-    client = SandboxClient(server.url, TOKEN, timeout=1.0, retries=2, retry_backoff=0.2)
+    # The answer takes 2.9 s of the 4 s limit: after the 0.2 s backoff, 0.9 s would be left,
+    # less than the second a retry needs. (A second of slack for a busy machine.)
+    server = serve(unavailable_after(2.9))
+    client = SandboxClient(server.url, TOKEN, timeout=4.0, retries=2, retry_backoff=0.2)
     started = time.monotonic()
     try:
         with pytest.raises(SandboxUnavailableError, match="503 busy"):
             await client.list_tools("sbx-1")
     finally:
         await client.aclose()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 4.0
     assert server.requests == 1
 
 
