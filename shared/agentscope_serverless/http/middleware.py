@@ -476,8 +476,11 @@ class BodySizeLimitMiddleware:
             if complete or self.timeout is None:
                 message = await receive()
             else:
+                # A timer on this task, not wait_for's task of its own (and the turns of
+                # the loop it takes): a body read whole costs next to nothing more.
                 try:
-                    message = await asyncio.wait_for(receive(), self.timeout)
+                    async with asyncio.timeout(self.timeout):
+                        message = await receive()
                 except TimeoutError:
                     raise BodyTimedOut(self.timeout) from None
             if message["type"] == "http.request":

@@ -322,7 +322,26 @@ def _items(message: Any) -> list[tuple[int | None, Any]]:
     return [] if message is None else [(None, message)]
 
 
+def to_query_messages(message: Any) -> list[Message]:
+    """What :func:`to_messages` accepts, for a call that stores none of it (a memory
+    search): the same checks but the one that they serialise, which costs a JSON encoding of
+    each message."""
+    return [_validated(item, i) for i, item in _items(message)]
+
+
 def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
+    message = _validated(item, position)
+    where = "message" if position is None else f"message[{position}]"
+    try:
+        raw = message.model_dump_json()
+    except PydanticSerializationError:
+        raise _unencodable(message, where) from None
+    require_shallow_json(raw, field=where)
+    _require_finite_values(message, where)
+    return message, raw
+
+
+def _validated(item: Any, position: int | None) -> Message:
     where = "message" if position is None else f"message[{position}]"
     if isinstance(item, Message):
         message = item
@@ -339,13 +358,7 @@ def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
             f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
         )
     require_message_id(message.id, field=f"{where}.id")
-    try:
-        raw = message.model_dump_json()
-    except PydanticSerializationError:
-        raise _unencodable(message, where) from None
-    require_shallow_json(raw, field=where)
-    _require_finite_values(message, where)
-    return message, raw
+    return message
 
 
 def _require_finite_values(message: Message, where: str) -> None:
@@ -597,6 +610,7 @@ __all__ = [
     "to_encoded_messages",
     "to_message",
     "to_messages",
+    "to_query_messages",
     "too_deep",
     "unencodable_path",
 ]

@@ -27,7 +27,7 @@ from agentscope_serverless.services._validation import (
     require_user_id,
     session_id_or_default,
     to_encoded_messages,
-    to_messages,
+    to_query_messages,
 )
 from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
 from agentscope_serverless.services.memory.text import message_text, query_terms
@@ -106,7 +106,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         top_k = _filters(filters).get("top_k")
         if top_k is not None:
             top_k = require_positive_int(top_k, field="top_k", maximum=MAX_TOP_K)
-        items = to_messages(messages)
+        items = to_query_messages(messages)
         terms = query_terms(items[-1] if items else None)
         if not terms:
             return []
