@@ -414,6 +414,26 @@ async def test_append_message_object(history: SessionHistoryService, user_id: st
     assert texts(await history.get_session(user_id, "s1")) == ["Hello, world!"]
 
 
+async def test_append_encodes_each_message_once(
+    history: SessionHistoryService, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The JSON the append checks a message with is the JSON stored: no second encoding.
+    encodings: list[str] = []
+    encode = Message.model_dump_json
+
+    def counted(message: Message, **options: Any) -> str:
+        encodings.append(message.id)
+        return encode(message, **options)
+
+    session = await history.create_session(user_id, "s1")
+    given = [text_message("one"), text_message("two", role="assistant")]
+    monkeypatch.setattr(Message, "model_dump_json", counted)
+    await history.append_message(session, given)
+    monkeypatch.undo()
+    assert sorted(encodings) == sorted(m.id for m in given)
+    assert texts(await history.get_session(user_id, "s1")) == ["one", "two"]
+
+
 async def test_append_dict_stores_a_validated_message(
     history: SessionHistoryService, user_id: str
 ) -> None:

@@ -54,9 +54,27 @@ _FIELDS: dict[type[BaseModel], frozenset[str]] = {
 }
 
 
-def encode_message(message: Message) -> str:
-    """The JSON a store keeps for ``message`` (every field, so it decodes without checks)."""
-    return message.model_dump_json()
+def encode_message(message: Message, encoded: Sequence[Message] = ()) -> str:
+    """The JSON a store keeps for ``message`` (every field, so it decodes without checks):
+    the JSON it was checked with when it is one of ``encoded``, :class:`EncodedMessages`
+    (what it was when it was given to the store), else encoded now."""
+    raw = encoded.json.get(id(message)) if isinstance(encoded, EncodedMessages) else None
+    return message.model_dump_json() if raw is None else raw
+
+
+class EncodedMessages(list[Message]):
+    """Messages checked for a store, with the JSON each was encoded to by the check, by the
+    id of the message (each is held by the list, so its id stays its own): a store keeps
+    that JSON rather than encoding the message a second time.
+
+    >>> message = Message(role="user", content="hi")
+    >>> encode_message(message, EncodedMessages([(message, '{"checked": true}')]))
+    '{"checked": true}'
+    """
+
+    def __init__(self, pairs: Sequence[tuple[Message, str]] = ()) -> None:
+        super().__init__(message for message, _ in pairs)
+        self.json = {id(message): raw for message, raw in pairs}
 
 
 def decode_messages(raws: Sequence[str | bytes], *, keep: bool = False) -> list[Message]:
@@ -232,4 +250,10 @@ def _build(kept: _Kept) -> Any:
     return built(cls, fields, names)
 
 
-__all__ = ["decode_message", "decode_messages", "encode_message", "stored_session"]
+__all__ = [
+    "EncodedMessages",
+    "decode_message",
+    "decode_messages",
+    "encode_message",
+    "stored_session",
+]

@@ -25,6 +25,7 @@ from agentscope_serverless.services._ported import (
     adapt_ported_subclass,
     agentscope_base_method,
 )
+from agentscope_serverless.services._stored import EncodedMessages
 from agentscope_serverless.services._turn import note_history_write
 from agentscope_serverless.services._validation import (
     clean_session_id,
@@ -32,7 +33,7 @@ from agentscope_serverless.services._validation import (
     require_positive_int,
     require_user_id,
     require_utf8,
-    to_messages,
+    to_encoded_messages,
 )
 from agentscope_serverless.services.base import (
     PreparedWrite,
@@ -357,7 +358,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         sid = clean_session_id(session.id)
         if sid is None:
             raise InvalidInputError("session.id must not be blank", field="session.id")
-        return user_id, sid, to_messages(message)
+        return user_id, sid, EncodedMessages(to_encoded_messages(message))
 
     def _prepare_append(
         self,

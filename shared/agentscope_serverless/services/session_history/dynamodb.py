@@ -320,8 +320,14 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     # --- messages -----------------------------------------------------------------------
 
     def _message_items(
-        self, user_id: str, session_id: str, meta: Item, messages: list[tuple[int, Message]]
+        self,
+        user_id: str,
+        session_id: str,
+        meta: Item,
+        messages: list[tuple[int, Message]],
+        given: list[Message],
     ) -> tuple[list[Item], list[Item]]:
+        """The items of ``messages`` (numbered), out of ``given``, the append's messages."""
         extra: Item = {}
         if self._ttl is not None:
             extra["expires_at"] = n(now() + 2 * self._ttl)
@@ -331,7 +337,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             message_tails, head = body_items(
                 self._messages_pk(user_id, session_id),
                 position_key(self._prefix(meta), seq),
-                encode_message(message),
+                encode_message(message, given),
                 extra,
             )
             if self._max_messages is not None:
@@ -793,7 +799,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             gaps = [seq for seq in range(first, first + len(messages)) if seq not in used]
             if gaps:
                 meta = await self._record_gaps(user_id, session_id, meta, gaps, add=True)
-        tails, heads = self._message_items(user_id, session_id, meta, fresh)
+        tails, heads = self._message_items(user_id, session_id, meta, fresh, messages)
         await self._store.put(tails)
         # All or none: a turn stored in part (a tool call without its result) would be sent
         # to the model, which refuses it, with every later turn. Each message only while the

@@ -149,7 +149,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
                 stored.by_id[message.id] = stored.appended
                 stored.numbers.append(stored.appended)
                 stored.appended += 1
-                stored.messages.append(encode_message(message))
+                stored.messages.append(encode_message(message, messages))
                 result.append(message)
             else:
                 result.append(decode_message(stored.messages[_index(stored, number)]))

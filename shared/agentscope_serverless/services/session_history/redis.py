@@ -609,7 +609,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     ) -> RedisWrite:
         arguments: list[Any] = [self._ttl, session_id, self._max_messages]
         for message in messages:
-            arguments += [message.id, encode_message(message)]
+            arguments += [message.id, encode_message(message, messages)]
 
         def done(replies: list[Any]) -> Any:
             (raw,) = replies
