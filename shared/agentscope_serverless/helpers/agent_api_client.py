@@ -9,20 +9,31 @@
 
 ``astream`` is the async twin. A non-2xx answer, or an ``{"error": ...}`` line, raises
 :class:`AgentAPIError`; a run that fails arrives as its ``failed`` response event.
+
+The agent API may be another party's server, so what it sends is read within bounds: a
+compressed answer is unpacked a bounded piece at a time (see
+:func:`~agentscope_serverless.unpacking.unpacking`), a failed answer is read up to its first
+:data:`MAX_ERROR_BYTES` (all its error needs), and a line of the event stream longer than
+``max_line_chars`` characters (:data:`MAX_LINE_CHARS` by default) raises
+:class:`AgentAPIError` once that much of it has come.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import ValidationError
 
 from agentscope_serverless.errors import AgentScopeServerlessError
-from agentscope_serverless.helpers.sse_lines import aiter_sse_lines, iter_sse_lines
+from agentscope_serverless.helpers.sse_lines import (
+    SSELineTooLong,
+    aiter_sse_lines,
+    iter_sse_lines,
+)
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -38,6 +49,14 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
+from agentscope_serverless.unpacking import unpacking
+
+# The most of a failed answer read for its error: an ``{"error": ...}`` body is far shorter.
+MAX_ERROR_BYTES = 64 * 1024
+# The longest line of an event stream read (by default): a ``data:`` line is one event's
+# JSON, a completed message's whole text included; far longer than any reply, it still
+# bounds what a line that never ends holds.
+MAX_LINE_CHARS = 16 * 1024**2
 
 _CONTENTS: dict[str, type[Content]] = {
     "text": TextContent,
@@ -80,6 +99,8 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
 
     ``token`` (sent as a bearer token) and ``headers`` (sent with every request) are read
     when a request is sent: a token renewed by assigning ``client.token`` is the one used.
+    A line of the event stream longer than ``max_line_chars`` characters raises
+    :class:`AgentAPIError` (see the module's notes for the other bounds).
     """
 
     def __init__(
@@ -88,11 +109,13 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
         token: str | None = None,
         timeout: float = 300.0,
         headers: dict[str, str] | None = None,
+        max_line_chars: int = MAX_LINE_CHARS,
     ) -> None:
         self.endpoint = endpoint
         self.token = token
         self.timeout = timeout
         self.headers = dict(headers or {})
+        self.max_line_chars = max_line_chars
 
     def _prepare_headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream", **self.headers}
@@ -107,45 +130,153 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
 
     def stream(self, request: AgentRequest) -> Iterator[Event]:
         with (
-            httpx.Client(timeout=self.timeout) as client,
-            client.stream(
-                "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
-            ) as response,
-        ):
-            _check(response.status_code, lambda: response.read())
-            for line in iter_sse_lines(response):
-                event = _event_of_line(line)
-                if event is not None:
-                    yield event
-
-    async def astream(self, request: AgentRequest) -> AsyncIterator[Event]:
-        async with (
-            httpx.AsyncClient(timeout=self.timeout) as client,
+            httpx.Client(timeout=self.timeout, event_hooks=_sync_hooks(unpacking())) as client,
             client.stream(
                 "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
             ) as response,
         ):
             if response.status_code >= 400:
-                body = await response.aread()
-                _check(response.status_code, lambda: body)
-            async for line in aiter_sse_lines(response):
-                event = _event_of_line(line)
-                if event is not None:
-                    yield event
+                body = bytearray()
+                try:
+                    for piece in response.iter_bytes():
+                        body += piece
+                        if len(body) >= MAX_ERROR_BYTES:
+                            break
+                except httpx.HTTPError:
+                    body.clear()
+                raise _refusal(response.status_code, bytes(body))
+            try:
+                for line in iter_sse_lines(response, self.max_line_chars):
+                    event = _event_of_line(line)
+                    if event is not None:
+                        yield event
+            except SSELineTooLong as exc:
+                raise _line_too_long(exc) from None
+
+    async def astream(self, request: AgentRequest) -> AsyncIterator[Event]:
+        async with (
+            httpx.AsyncClient(timeout=self.timeout, event_hooks=unpacking()) as client,
+            client.stream(
+                "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
+            ) as response,
+        ):
+            if response.status_code >= 400:
+                body = bytearray()
+                try:
+                    async for piece in response.aiter_bytes():
+                        body += piece
+                        if len(body) >= MAX_ERROR_BYTES:
+                            break
+                except httpx.HTTPError:
+                    body.clear()
+                raise _refusal(response.status_code, bytes(body))
+            try:
+                async for line in aiter_sse_lines(response, self.max_line_chars):
+                    event = _event_of_line(line)
+                    if event is not None:
+                        yield event
+            except SSELineTooLong as exc:
+                raise _line_too_long(exc) from None
 
 
-def _check(status: int, read: Any) -> None:
-    if status < 400:
-        return
+def _refusal(status: int, body: bytes) -> AgentAPIError:
+    """The error of a failed answer, quoting its ``{"error": {code, message}}`` when the
+    first :data:`MAX_ERROR_BYTES` of its body are one."""
     detail = ""
     try:
-        body = json.loads(read() or b"{}")
-        error = body.get("error") if isinstance(body, dict) else None
+        error = json.loads(body[:MAX_ERROR_BYTES] or b"{}")
+        error = error.get("error") if isinstance(error, dict) else None
         if isinstance(error, dict):
             detail = f": {error.get('code')}: {error.get('message')}"
-    except (ValueError, httpx.HTTPError):
+    except (ValueError, RecursionError):
         pass
-    raise AgentAPIError(f"the agent API answered HTTP {status}{detail}", status_code=status)
+    return AgentAPIError(f"the agent API answered HTTP {status}{detail}", status_code=status)
+
+
+def _line_too_long(exc: SSELineTooLong) -> AgentAPIError:
+    return AgentAPIError(
+        f"the agent API sent a line longer than {exc.max_line_length:,} characters "
+        "(the client's max_line_chars)"
+    )
+
+
+_T = TypeVar("_T")
+
+
+def _now(step: Awaitable[_T]) -> _T:
+    """The result of an awaitable that never waits (one of :func:`unpacking`'s, over a sync
+    stream), got without an event loop."""
+    steps = step.__await__()
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    steps.close()
+    raise RuntimeError("an unpacking step waited for something: it needs an event loop")
+
+
+class _AsyncOfSync(httpx.AsyncByteStream):
+    """A sync byte stream, as the async one :func:`unpacking` reads (it never waits)."""
+
+    def __init__(self, stream: httpx.SyncByteStream) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        self.stream.close()
+
+
+class _SyncOfAsync(httpx.SyncByteStream):
+    """The async byte stream :func:`unpacking` gives, over a sync one, read step by step."""
+
+    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        pieces = aiter(self.stream)
+        try:
+            while True:
+                try:
+                    yield _now(anext(pieces))
+                except StopAsyncIteration:
+                    return
+        finally:
+            close: Callable[[], Awaitable[None]] | None = getattr(pieces, "aclose", None)
+            if close is not None:
+                _now(close())
+
+    def close(self) -> None:
+        _now(self.stream.aclose())
+
+
+def _sync_hooks(
+    hooks: dict[str, list[Callable[[Any], Any]]],
+) -> dict[str, list[Callable[[Any], Any]]]:
+    """The async ``event_hooks`` of :func:`unpacking`, for an ``httpx.Client``: its answer's
+    sync stream is read through them (none of their steps waits), so a sync client unpacks a
+    bounded piece at a time as an async one does."""
+
+    def on_request(request: httpx.Request) -> None:
+        for hook in hooks["request"]:
+            _now(hook(request))
+
+    def on_response(response: httpx.Response) -> None:
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)
+        response.stream = _AsyncOfSync(stream)
+        for hook in hooks["response"]:
+            _now(hook(response))
+        unpacked = response.stream
+        assert isinstance(unpacked, httpx.AsyncByteStream)
+        # Left as it was (a plain answer, no cap): read directly.
+        is_plain = isinstance(unpacked, _AsyncOfSync) and unpacked.stream is stream
+        response.stream = stream if is_plain else _SyncOfAsync(unpacked)
+
+    return {"request": [on_request], "response": [on_response]}
 
 
 def _event_of_line(line: str) -> Event | None:
