@@ -15,32 +15,159 @@ Called in a run, the tool acts there for the run's user (``X-User-Id``): the rem
 keeps each user's sessions and memory apart, as it does for its own users, rather than
 holding everyone's under the key's user. So give it a service key of the remote agent; a
 user key acts only as its own user, and the tool's calls in other users' runs are refused.
+
+The key and the user go only to the origin (scheme, host and port) of the URL given: the
+card's endpoints at another origin are not used (a card naming only such endpoints is
+refused with :class:`A2AOriginError`), unless that origin is in ``allowed_origins``. What
+the other agent says (its replies, its errors, its card) never carries the key: it is
+replaced by ``[redacted]``. Each call ends within its ``timeout_seconds``, however slowly
+the other agent answers (:class:`A2ATimeoutError`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client.errors import A2AClientTimeoutError
 from a2a.helpers.proto_helpers import get_artifact_text, get_message_text, new_text_message
 from a2a.types import AgentCard, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import A2AError
 
 from agentscope_serverless.agents.tools import AgentTool
-from agentscope_serverless.errors import AgentError
+from agentscope_serverless.errors import AgentError, ConfigurationError
+from agentscope_serverless.log import redact
 from agentscope_serverless.services._turn import turn_user_id
+from agentscope_serverless.settings import BLANK, PADDED
 from agentscope_serverless.unpacking import unpacking
 
 # The largest answer of the other agent read (a card, a reply with its task), unpacked.
 MAX_ANSWER_BYTES = 64 * 1024**2
+# The most of what the other agent said of a failure that an error quotes.
+MAX_DETAIL_CHARS = 1000
+# What the key is replaced by in what the other agent says (it may echo the request).
+REDACTED = "[redacted]"
 
 _PARAMETERS = {
     "type": "object",
     "properties": {"message": {"type": "string", "description": "What to ask the agent."}},
     "required": ["message"],
 }
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+# An origin: scheme, host (as sent: lower case, IDNA), port.
+_Origin = tuple[str, str, int]
+
+
+class A2AOriginError(AgentError):
+    """The agent card names its endpoints only at origins (scheme, host, port) other than
+    the one the tool was given (and those of ``allowed_origins``): the key and the user
+    would go there. ``named`` lists the card's origins, ``given`` the allowed ones."""
+
+    def __init__(self, message: str, *, named: list[str], given: list[str]) -> None:
+        super().__init__(message)
+        self.named = named
+        self.given = given
+
+
+class A2ATimeoutError(AgentError):
+    """The other agent did not answer whole within ``limit_seconds``."""
+
+    def __init__(self, message: str, *, limit_seconds: float) -> None:
+        super().__init__(message)
+        self.limit_seconds = limit_seconds
+
+
+def _checked_key(api_key: str | None) -> str | None:
+    """``api_key``, if an HTTP header can carry it; the key is never quoted (an error
+    quoting the header it makes would print it). The key is masked in the log from now on."""
+    if not api_key:
+        return None
+    if api_key != api_key.strip():
+        raise ConfigurationError(
+            f"the api_key of the A2A agent: {PADDED if api_key.strip() else BLANK}"
+        )
+    if not (api_key.isascii() and api_key.isprintable()):
+        raise ConfigurationError(
+            "the api_key of the A2A agent holds a control or non-ASCII character, which no "
+            "HTTP header carries"
+        )
+    redact([api_key])
+    return api_key
+
+
+def _redacted(text: str, api_key: str | None) -> str:
+    """``text`` without the key (the other agent may echo the request it got)."""
+    return text.replace(api_key, REDACTED) if api_key else text
+
+
+def _origin(url: str) -> _Origin | None:
+    """The origin of an http(s) ``url``; None for any other."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return None
+    if parsed.scheme not in _DEFAULT_PORTS or not parsed.raw_host:
+        return None
+    host = parsed.raw_host.decode("ascii")
+    return parsed.scheme, host, parsed.port or _DEFAULT_PORTS[parsed.scheme]
+
+
+def _shown(origin: _Origin | None) -> str:
+    if origin is None:
+        return "a URL that is not http(s)"
+    scheme, host, port = origin
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" + ("" if _DEFAULT_PORTS[scheme] == port else f":{port}")
+
+
+def _allowed(url: str, allowed_origins: Iterable[str]) -> list[_Origin]:
+    """The origin of ``url`` and those of ``allowed_origins`` (one alone may be a string)."""
+    if isinstance(allowed_origins, str):
+        allowed_origins = [allowed_origins]
+    given = _origin(url)
+    if given is None:
+        raise ConfigurationError("the URL of the A2A agent must be an http(s) URL with a host")
+    origins = [given]
+    for other in allowed_origins:
+        origin = _origin(other)
+        if origin is None:
+            raise ConfigurationError(
+                f"allowed_origins: {other!r} is not an http(s) URL with a host"
+            )
+        origins.append(origin)
+    return origins
+
+
+def _at(card: AgentCard, origins: list[_Origin], api_key: str | None) -> AgentCard:
+    """``card`` with only its endpoints at ``origins``; refused if it has none there."""
+    named = [_origin(interface.url) for interface in card.supported_interfaces]
+    if all(origin in origins for origin in named):
+        return card
+    if not any(origin in origins for origin in named):
+        shown = sorted({_redacted(_shown(origin), api_key) for origin in named})
+        given = [_shown(origin) for origin in origins]
+        raise A2AOriginError(
+            f"the agent card at {given[0]} names its endpoint at "
+            f"{', '.join(shown) if shown else 'no URL'}, not at {' or '.join(given)}: the "
+            "key and the user go only to the origin given (list another in allowed_origins "
+            "to send them there)",
+            named=shown,
+            given=given,
+        )
+    kept = AgentCard()
+    kept.CopyFrom(card)
+    del kept.supported_interfaces[:]
+    kept.supported_interfaces.extend(
+        interface
+        for interface, origin in zip(card.supported_interfaces, named, strict=True)
+        if origin in origins
+    )
+    return kept
 
 
 def _headers(api_key: str | None, user_id: str | None = None) -> dict[str, str]:
@@ -66,16 +193,52 @@ async def _refused(response: httpx.Response) -> None:
         )
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether the A2A client's ``exc`` is a read that timed out."""
+    return isinstance(exc, A2AClientTimeoutError) or isinstance(
+        exc.__cause__, httpx.TimeoutException
+    )
+
+
+def _said(exc: BaseException, api_key: str | None) -> str:
+    """What the A2A client's ``exc`` says (the other agent's words among it), without the
+    key: redacted before it is cut, so no part of the key either."""
+    return _redacted(str(exc), api_key)[:MAX_DETAIL_CHARS]
+
+
 async def fetch_card(
-    url: str, *, api_key: str | None = None, timeout_seconds: float = 30
+    url: str,
+    *,
+    api_key: str | None = None,
+    timeout_seconds: float = 30,
+    allowed_origins: Iterable[str] = (),
 ) -> AgentCard:
-    """The agent card of the A2A agent at ``url``."""
-    async with httpx.AsyncClient(
-        headers=_headers(api_key),
-        timeout=timeout_seconds,
-        event_hooks=unpacking(max_bytes=MAX_ANSWER_BYTES),
-    ) as http:
-        return await A2ACardResolver(http, url).get_agent_card()
+    """The agent card of the A2A agent at ``url``, read within ``timeout_seconds``, with
+    only its endpoints at the origin of ``url`` or one of ``allowed_origins`` (see the
+    module): :func:`ask_a2a_agent` sends the key to the card's endpoint."""
+    api_key = _checked_key(api_key)
+    origins = _allowed(url, allowed_origins)
+    limit = asyncio.timeout(timeout_seconds)
+    try:
+        async with (
+            limit,
+            httpx.AsyncClient(
+                headers=_headers(api_key),
+                timeout=timeout_seconds,
+                event_hooks=unpacking(max_bytes=MAX_ANSWER_BYTES),
+            ) as http,
+        ):
+            card = await A2ACardResolver(http, url).get_agent_card()
+    except (TimeoutError, A2AError, httpx.HTTPError) as exc:
+        if limit.expired() or _timed_out(exc):
+            raise A2ATimeoutError(
+                f"the agent card at {url} was not read within {timeout_seconds:g} s",
+                limit_seconds=timeout_seconds,
+            ) from None
+        if isinstance(exc, TimeoutError):
+            raise
+        raise AgentError(f"cannot read the agent card at {url}: {_said(exc, api_key)}") from None
+    return _at(card, origins, api_key)
 
 
 async def ask_a2a_agent(
@@ -88,7 +251,39 @@ async def ask_a2a_agent(
     user_id: str | None = None,
 ) -> str:
     """Send ``message`` to the agent of ``card`` and return its reply text; with
-    ``user_id``, as that user (``X-User-Id``, for a service key of the agent)."""
+    ``user_id``, as that user (``X-User-Id``, for a service key of the agent).
+
+    The key goes to the endpoint the card names: give a card of :func:`fetch_card` (which
+    keeps only the endpoints at the origin it was given) or one of your own. The whole call
+    ends within ``timeout_seconds`` (:class:`A2ATimeoutError`); the other agent's words in
+    its reply and errors never carry the key.
+    """
+    api_key = _checked_key(api_key)
+    name = _redacted(card.name, api_key)
+    limit = asyncio.timeout(timeout_seconds)
+    try:
+        async with limit:
+            return await _ask(card, message, name, api_key, context_id, timeout_seconds, user_id)
+    except (TimeoutError, A2AError, httpx.HTTPError) as exc:
+        if limit.expired() or _timed_out(exc):
+            raise A2ATimeoutError(
+                f"the agent {name!r} did not answer within {timeout_seconds:g} s",
+                limit_seconds=timeout_seconds,
+            ) from None
+        if isinstance(exc, TimeoutError):
+            raise
+        raise AgentError(f"the call to the agent {name!r} failed ({_said(exc, api_key)})") from None
+
+
+async def _ask(
+    card: AgentCard,
+    message: str,
+    name: str,
+    api_key: str | None,
+    context_id: str | None,
+    timeout_seconds: float,
+    user_id: str | None,
+) -> str:
     async with httpx.AsyncClient(
         headers=_headers(api_key, user_id),
         timeout=timeout_seconds,
@@ -100,27 +295,36 @@ async def ask_a2a_agent(
         )
         async for response in client.send_message(request):
             if response.HasField("message"):
-                return str(get_message_text(response.message, delimiter=""))
+                return _redacted(str(get_message_text(response.message, delimiter="")), api_key)
             task = response.task
             if task.status.state != TaskState.TASK_STATE_COMPLETED:
                 # Its state, and what it said of it (a failed task's error), for the model.
                 state = TaskState.Name(task.status.state).removeprefix("TASK_STATE_").lower()
-                said = get_message_text(task.status.message, delimiter="")
+                said = _redacted(get_message_text(task.status.message, delimiter=""), api_key)
                 raise AgentError(
-                    f"the agent {card.name!r} did not complete the task "
+                    f"the agent {name!r} did not complete the task "
                     f"({state}{': ' + said if said else ''})"
                 )
-            return "".join(str(get_artifact_text(a, delimiter="")) for a in task.artifacts)
-    raise AgentError(f"the agent {card.name!r} sent no reply")
+            reply = "".join(str(get_artifact_text(a, delimiter="")) for a in task.artifacts)
+            return _redacted(reply, api_key)
+    raise AgentError(f"the agent {name!r} sent no reply")
 
 
 async def a2a_agent_tool(
-    url: str, *, api_key: str | None = None, name: str | None = None, timeout_seconds: float = 120
+    url: str,
+    *,
+    api_key: str | None = None,
+    name: str | None = None,
+    timeout_seconds: float = 120,
+    allowed_origins: Iterable[str] = (),
 ) -> AgentTool:
     """The A2A agent at ``url`` as a tool taking one argument, ``message``, that acts for
-    the user of the run calling it (see the module)."""
-    card = await fetch_card(url, api_key=api_key)
-    tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", card.name)[:64] or "a2a_agent"
+    the user of the run calling it; the key and the user go only to the origin of ``url``
+    or one of ``allowed_origins`` (see the module)."""
+    card = await fetch_card(url, api_key=api_key, allowed_origins=allowed_origins)
+    api_key = _checked_key(api_key)
+    card_name = _redacted(card.name, api_key)
+    tool_name = name or re.sub(r"[^A-Za-z0-9_-]", "_", card_name)[:64] or "a2a_agent"
 
     async def call(arguments: dict[str, Any]) -> str:
         return await ask_a2a_agent(
@@ -133,10 +337,16 @@ async def a2a_agent_tool(
 
     return AgentTool(
         name=tool_name,
-        description=card.description or f"Ask the agent {card.name}.",
+        description=_redacted(card.description, api_key) or f"Ask the agent {card_name}.",
         parameters=_PARAMETERS,
         call=call,
     )
 
 
-__all__ = ["a2a_agent_tool", "ask_a2a_agent", "fetch_card"]
+__all__ = [
+    "A2AOriginError",
+    "A2ATimeoutError",
+    "a2a_agent_tool",
+    "ask_a2a_agent",
+    "fetch_card",
+]
