@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -22,8 +23,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from agentscope_serverless.agents.llm import create_llm_app
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.http import create_app
-from agentscope_serverless.settings import load_settings
+from agentscope_serverless.settings import Settings, load_settings
 from tests.support.http import (
+    SSE,
     Keys,
     bearer,
     free_port,
@@ -32,6 +34,7 @@ from tests.support.http import (
     text_of,
     user_message,
 )
+from tests.support.raw_server import raw_servers
 
 API_KEY = "sk-test-0000"
 WEATHER_SCHEMA = {
@@ -1026,6 +1029,111 @@ def test_a_completion_not_streamed_must_arrive_whole_within_the_timeout(keys: Ke
         r"completion was not whole within 0\.5 s",
         events[-1]["error"]["message"],
     ), events[-1]["error"]
+
+
+class TricklingErrorLLM(ScriptedLLM):
+    """A chat API answering HTTP 500 at once, then its error body one byte every 50 ms."""
+
+    async def complete(self, request: Request) -> Response:
+        self.requests.append({"body": await request.json()})
+        body = " " * 200 + json.dumps({"error": {"code": "server_error"}})
+
+        async def trickle() -> AsyncIterator[bytes]:
+            for byte in body.encode():
+                yield bytes([byte])
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(trickle(), status_code=500, media_type="application/json")
+
+
+def process_once(keys: Keys, agent_settings: Settings) -> tuple[SSE, float]:
+    """The events of one /process run of an LLM agent app with ``agent_settings``, and how
+    many seconds the run took."""
+    app = create_llm_app([], settings=agent_settings)
+    with (
+        running(create_app(settings=load_settings(), agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        started = time.monotonic()
+        _, sse = stream(client, "/process", json={"input": [user_message("hi")]})
+        return sse, time.monotonic() - started
+
+
+def test_an_error_body_trickling_in_fails_the_run_at_the_timeout(keys: Keys) -> None:
+    # Each byte reset the read timeout: the run waited for the whole body (up to 64 KiB).
+    llm = TricklingErrorLLM([])
+    with running(llm.app) as llm_url:
+        settings = load_settings(
+            llm_base_url=f"{llm_url}/v1",
+            llm_api_key=API_KEY,
+            llm_model="m",
+            llm_timeout_seconds=0.5,
+            llm_max_retries=0,
+        )
+        sse, took = process_once(keys, settings)
+    assert took < 2
+    assert sse.data[-1]["error"] == {
+        "code": "LLM_ERROR",
+        "message": "the chat API answered HTTP 500",
+    }
+    assert len(llm.requests) == 1
+    assert API_KEY not in sse.raw
+
+
+def test_headers_trickling_in_fail_the_run_at_the_timeout(keys: Keys) -> None:
+    # A header growing a byte at a time held the run as long as it grew.
+    def trickle_headers(connection: socket.socket, head: bytes) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        for _ in range(200):
+            connection.sendall(b"a")
+            time.sleep(0.05)
+
+    with raw_servers() as start:
+        llm = start(trickle_headers)
+        llm_url = llm.url
+        settings = load_settings(
+            llm_base_url=f"{llm_url}/v1",
+            llm_api_key=API_KEY,
+            llm_model="m",
+            llm_timeout_seconds=0.5,
+            llm_max_retries=1,
+        )
+        sse, took = process_once(keys, settings)
+    assert took < 3  # two calls of 0.5 s, and a backoff of at most 0.5 s between them
+    assert sse.data[-1]["error"] == {
+        "code": "LLM_UNAVAILABLE",
+        "message": f"cannot reach the chat API at {llm_url} (LLM_BASE_URL): it did not answer "
+        "within 0.5 s",
+    }
+    assert llm.requests == 2
+    assert API_KEY not in sse.raw
+
+
+class QueryLLM(ScriptedLLM):
+    """A scripted chat API that records the query of each request."""
+
+    def __init__(self, replies: list[list[dict[str, Any]]]) -> None:
+        super().__init__(replies)
+        self.queries: list[str] = []
+
+    async def complete(self, request: Request) -> Response:
+        self.queries.append(request.url.query)
+        return await super().complete(request)
+
+
+def test_a_base_url_with_a_query_keeps_it_after_the_chat_path(keys: Keys) -> None:
+    # Azure's ?api-version=...: the path was appended to the query, and the API answered 404.
+    llm = QueryLLM([ANSWER])
+    with running(llm.app) as llm_url:
+        settings = load_settings(
+            llm_base_url=f"{llm_url}/v1/?api-version=2024-06-01",
+            llm_api_key=API_KEY,
+            llm_model="m",
+        )
+        sse, _ = process_once(keys, settings)
+    assert sse.data[-1]["status"] == "completed", sse.data[-1]
+    assert text_of(sse.data) == "It is sunny in Paris."
+    assert llm.queries == ["api-version=2024-06-01"]
 
 
 def test_a_models_refusal_reaches_the_client_and_the_session(keys: Keys) -> None:

@@ -12,8 +12,8 @@ it longer than such a reply could be) fails the run; a tool call whose arguments
 JSON object is answered without running it, and kept with the arguments ``{}``; a reply cut
 at the model's output limit or by a content filter says so in its message's ``metadata``
 (``finish_reason``); the model's refusal to answer is its message's ``RefusalContent``.
-The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``,
-``Authorization: Bearer {LLM_API_KEY}``, model ``LLM_MODEL``)::
+The API is reached with plain HTTP (``POST {LLM_BASE_URL}/chat/completions``, a query of
+the URL kept after it, ``Authorization: Bearer {LLM_API_KEY}``, model ``LLM_MODEL``)::
 
     from agentscope_serverless.agents.llm import create_llm_app
     app = create_llm_app(tools=[weather_tool])
@@ -29,6 +29,7 @@ server of ``SANDBOX_BASE_URL`` (``AGENT_APP=agentscope_serverless.agents.llm:san
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import json
@@ -370,20 +371,32 @@ class LLMAgent:
         if tools:
             payload["tools"] = tools
         max_bytes = LINE_BYTES_PER_REPLY_CHAR * config.max_reply_chars + LINE_ENVELOPE_BYTES
+        loop = asyncio.get_running_loop()
         attempt = 0
         while True:
             streamed = False
+            # The answer's headers, and a failed answer's body, come within the timeout of
+            # the call as a whole: each byte resets the read timeout of the connection, so a
+            # server trickling them would hold the run for as long as it keeps on.
+            deadline = loop.time() + config.timeout
             try:
-                async with self._client().stream(
-                    "POST",
-                    f"{config.base_url.rstrip('/')}/chat/completions",
-                    json=payload,
-                    headers=self._headers(config),
-                    timeout=config.timeout,
-                ) as response:
+                async with contextlib.AsyncExitStack() as answer:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            response = await answer.enter_async_context(
+                                self._client().stream(
+                                    "POST",
+                                    _completions_url(config.base_url),
+                                    json=payload,
+                                    headers=self._headers(config),
+                                    timeout=config.timeout,
+                                )
+                            )
+                    except TimeoutError:
+                        raise _NoAnswer(f"it did not answer within {config.timeout:g} s") from None
                     if not response.is_success:
                         failure = f"the chat API answered HTTP {response.status_code}"
-                        failure += await _named_error(response)
+                        failure += await _named_error(response, deadline)
                         delay = _retry_delay(response, attempt, config.max_retries)
                         if delay is None:
                             raise AgentError(failure, code="LLM_ERROR")
@@ -409,8 +422,9 @@ class LLMAgent:
                     "control character?)",
                     code="LLM_ERROR",
                 ) from None
-            except httpx.HTTPError as exc:
-                failure = f"cannot reach {_chat_api(config.base_url)}: {type(exc).__name__}"
+            except (httpx.HTTPError, _NoAnswer) as exc:
+                reason = str(exc) if isinstance(exc, _NoAnswer) else type(exc).__name__
+                failure = f"cannot reach {_chat_api(config.base_url)}: {reason}"
                 if streamed or attempt >= config.max_retries:
                     raise AgentError(failure, code="LLM_UNAVAILABLE") from None
                 delay = _backoff(attempt)
@@ -503,6 +517,21 @@ def _backoff(attempt: int) -> float:
     to 8 s, less up to a quarter at random, so clients refused together come back apart."""
     wait = min(FIRST_BACKOFF_SECONDS * 2.0**attempt, MAX_BACKOFF_SECONDS)
     return wait * (1 - 0.25 * random.random())
+
+
+class _NoAnswer(Exception):
+    """The chat API did not answer (its headers) within the timeout; says so in words."""
+
+
+def _completions_url(base_url: str) -> str:
+    """``{base_url}/chat/completions``, appended to the URL's path: a query it holds (Azure's
+    ``?api-version=...``) stays its query.
+
+    >>> _completions_url("https://h/openai/deployments/d/?api-version=2024-06-01")
+    'https://h/openai/deployments/d/chat/completions?api-version=2024-06-01'
+    """
+    base, mark, query = base_url.partition("?")
+    return f"{base.rstrip('/')}/chat/completions{mark}{query}"
 
 
 def _chat_api(url: str) -> str:
@@ -655,16 +684,18 @@ def _error_name(body: Any) -> str:
     return ""
 
 
-async def _named_error(response: httpx.Response) -> str:
-    """:func:`_error_name` of a failed answer's JSON (its first 64 KiB)."""
+async def _named_error(response: httpx.Response, deadline: float) -> str:
+    """:func:`_error_name` of a failed answer's JSON (its first 64 KiB); ``""`` when it is
+    not whole by ``deadline`` (of the event loop's clock)."""
     body = b""
     try:
-        async for piece in response.aiter_bytes():
-            body += piece
-            if len(body) > _MAX_ERROR_BYTES:
-                return ""
+        async with asyncio.timeout_at(deadline):
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) > _MAX_ERROR_BYTES:
+                    return ""
         return _error_name(json.loads(body))
-    except (httpx.HTTPError, ValueError, RecursionError):
+    except (httpx.HTTPError, ValueError, RecursionError, TimeoutError):
         return ""
 
 
