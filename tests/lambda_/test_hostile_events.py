@@ -15,7 +15,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +390,188 @@ def test_a_rest_api_behind_a_custom_domains_base_path_serves_its_routes(
         assert docs["statusCode"] == 200, docs
         assert f'url: "{base}/openapi.json"' in docs["body"]
         assert handler(event("/nothing-here"), None)["statusCode"] == 404
+
+
+_API = "abc123.execute-api.us-east-1.amazonaws.com"
+
+
+def _base_path_event(key: str, base: str, route: str, **overrides: Any) -> dict[str, Any]:
+    """A REST API request to ``route`` through a custom domain mapping ``base`` to it."""
+    context = {
+        "identity": {"sourceIp": "203.0.113.1"},
+        "stage": "prod",
+        "domainName": "api.example.com",
+        "resourcePath": "/{proxy+}",
+        "path": base + route,
+    }
+    return _rest_event(
+        key,
+        path=base + route,
+        pathParameters={"proxy": route.lstrip("/")} if route else None,
+        requestContext=context,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def process_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., tuple[LambdaHandler, str]]:
+    """A handler serving ``routers`` with the settings ``env`` adds, and a key for it."""
+
+    def build(routers: list[str], **env: str) -> tuple[LambdaHandler, str]:
+        keys_file = tmp_path / "keys.json"
+        key = issue_key(FileKeyStore(keys_file), "event-user")
+        monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+        monkeypatch.setenv("AUTH_KEYS_FILE", str(keys_file))
+        monkeypatch.setenv("SESSION_HISTORY_BACKEND", "in_memory")
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return make_handler(routers), key
+
+    return build
+
+
+def _json_rpc_call(call_id: int | None, text: str, task_id: str | None = None) -> str:
+    message: dict[str, Any] = {
+        "messageId": f"m-{text}",
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    }
+    if task_id is not None:
+        message["taskId"] = task_id
+    call: dict[str, Any] = {
+        "jsonrpc": "2.0",
+        "method": "SendMessage",
+        "params": {"message": message},
+    }
+    if call_id is not None:
+        call["id"] = call_id
+    return json.dumps(call)
+
+
+def test_a2a_json_rpc_behind_a_stage_or_a_base_path_is_answered_as_at_the_root(
+    process_handler: Callable[..., tuple[LambdaHandler, str]],
+) -> None:
+    """``POST /prod/a2a`` (an HTTP API's stage) and ``/agent/a2a`` (a custom domain's base
+    path) are the JSON-RPC route, checked as ``/a2a`` is: the route was told by the URL's
+    path, so under a root path a notification ran a task, a retry with its
+    ``Idempotency-Key`` and a new id (as the SDK's client sends) was a 409, a number JSON
+    cannot carry an HTTP 422, and a call answered with a JSON-RPC error kept its key."""
+    handler, key = process_handler(["process"])
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    headers["a2a-version"] = "1.0"
+
+    def at_stage(body: str, sent: dict[str, str]) -> dict[str, Any]:
+        event = _http_api_event(key, "/prod/a2a", "prod", _API)
+        event["requestContext"]["http"]["method"] = "POST"
+        event["headers"] = {**event["headers"], **headers, **sent}
+        event["body"] = body
+        return event
+
+    def at_base_path(body: str, sent: dict[str, str]) -> dict[str, Any]:
+        all_headers = {**headers, **sent, "host": "api.example.com"}
+        return _base_path_event(
+            key,
+            "/agent",
+            "/a2a",
+            httpMethod="POST",
+            headers=all_headers,
+            multiValueHeaders={name: [value] for name, value in all_headers.items()},
+            body=body,
+        )
+
+    for tag, event in [("stage", at_stage), ("base", at_base_path)]:
+        notified = handler(event(_json_rpc_call(None, f"note-{tag}"), {}), None)
+        assert json.loads(notified["body"])["error"]["code"] == -32600, (tag, notified)
+
+        idempotency = {"idempotency-key": f"key-{tag}"}
+        first = handler(event(_json_rpc_call(1, f"retry-{tag}"), idempotency), None)
+        retried = handler(event(_json_rpc_call(2, f"retry-{tag}"), idempotency), None)
+        assert retried["statusCode"] == 200, (tag, retried)
+        replayed = json.loads(retried["body"])
+        assert replayed["id"] == 2, (tag, replayed)
+        assert replayed["result"] == json.loads(first["body"])["result"]
+
+        unencodable = '{"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"x": 1e999}}'
+        refused = handler(event(unencodable, {}), None)
+        assert refused["statusCode"] == 200, (tag, refused)
+        assert json.loads(refused["body"])["id"] == 7
+
+        failing = {"idempotency-key": f"fails-{tag}"}
+        call = _json_rpc_call(3, f"fails-{tag}", task_id=f"no-such-task-{tag}")
+        failed = handler(event(call, failing), None)
+        assert "error" in json.loads(failed["body"]), (tag, failed)
+        again = handler(event(call, failing), None)
+        assert "idempotent-replayed" not in (again.get("headers") or {}), (tag, again)
+        assert "idempotent-replayed" not in (again.get("multiValueHeaders") or {}), (tag, again)
+
+
+def test_the_keyed_openapi_document_behind_a_stage_names_the_stage_as_its_server(
+    process_handler: Callable[..., tuple[LambdaHandler, str]],
+) -> None:
+    """With ``DOCS_REQUIRE_KEY=true`` the OpenAPI document behind ``/prod`` names ``/prod``
+    as its server, as the open one does: without it, the docs page's "Try it out" sent its
+    requests outside the stage. At the root it names none (what it keeps is not changed)."""
+    handler, key = process_handler(["sessions"], DOCS_REQUIRE_KEY="true")
+    for _ in range(2):
+        staged = handler(_http_api_event(key, "/prod/openapi.json", "prod", _API), None)
+        assert staged["statusCode"] == 200, staged
+        assert json.loads(staged["body"])["servers"] == [{"url": "/prod"}]
+        at_root = handler(_http_api_event(key, "/openapi.json", "$default", _API), None)
+        assert at_root["statusCode"] == 200, at_root
+        assert "servers" not in json.loads(at_root["body"])
+    based = handler(_base_path_event(key, "/agent", "/openapi.json"), None)
+    assert json.loads(based["body"])["servers"] == [{"url": "/agent"}]
+
+
+def test_the_chat_page_behind_a_stage_is_reached_at_the_stages_url(
+    process_handler: Callable[..., tuple[LambdaHandler, str]],
+) -> None:
+    """The stage's invoke URL as AWS prints it (``.../prod``, no trailing slash) redirects
+    to the chat page at ``/prod/`` (its assets are relative to it): it was a 404. The
+    redirect is built from the root path, never from the ``Host`` the client sent."""
+    handler, key = process_handler(["sessions"], WEB_UI="true")
+    event = _http_api_event(key, "/prod", "prod", _API)
+    event["headers"]["host"] = "evil.example"
+    bare = handler(event, None)
+    assert bare["statusCode"] == 307, bare
+    assert bare["headers"]["location"] == "/prod/"
+    page = handler(_http_api_event(key, "/prod/", "prod", _API), None)
+    assert page["statusCode"] == 200, page
+    assert "<html" in page["body"]
+    # A REST API's root resource (``/``) reached at the custom domain's base path.
+    root = _base_path_event(key, "/agent", "", resource="/")
+    based = handler(root, None)
+    assert based["statusCode"] == 307, based
+    assert based["headers"]["location"] == "/agent/"
+    # Outside any root path nothing is redirected.
+    assert handler(_http_api_event(key, "/production", "prod", _API), None)["statusCode"] == 404
+    assert handler(function_url_event("GET", "/"), None)["statusCode"] == 200
+
+
+def test_a_404_behind_a_stage_advises_paths_in_the_stage(
+    process_handler: Callable[..., tuple[LambdaHandler, str]],
+) -> None:
+    """Behind ``/prod`` a 404 says the routes are listed at ``/prod/docs``, and tells an
+    OpenAI SDK its base URL ends ``/prod/compatible-mode/v1`` only when it is not there
+    already: one at ``/prod/compatible-mode/v1`` asking for a route not served was told
+    to use ``/compatible-mode/v1``."""
+    handler, key = process_handler(["process"])
+
+    def message(path: str, stage: str) -> str:
+        event = _http_api_event(key, path, stage, _API)
+        event["requestContext"]["http"]["method"] = "POST"
+        answer = handler(event, None)
+        assert answer["statusCode"] == 404, answer
+        return str(json.loads(answer["body"])["error"]["message"])
+
+    listed_at = "no route has this path (the API's routes are listed at /prod/docs)"
+    assert listed_at in message("/prod/nothing", "prod")
+    assert listed_at in message("/prod/compatible-mode/v1/embeddings", "prod")
+    advice = message("/prod/v1/chat/completions", "prod")
+    assert "base_url is http://<host>:<port>/prod/compatible-mode/v1)" in advice
+    assert "listed at /docs)" in message("/nothing", "$default")
 
 
 def test_a_percent_in_a_session_id_names_it_behind_a_custom_domains_base_path(

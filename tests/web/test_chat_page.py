@@ -81,6 +81,41 @@ def demo_url(keys: Keys) -> Iterator[str]:
         yield url
 
 
+def _under_root_path(app: ASGIApp, root: str) -> ASGIApp:
+    """``app`` served with the root path ``root``, its requests' paths as sent (a proxy
+    passing ``/agents/demo/...`` on as it is, as API Gateway does)."""
+
+    async def served(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope = {**scope, "root_path": root}
+        await app(scope, receive, send)
+
+    return served
+
+
+def test_the_root_paths_own_url_redirects_to_the_page_on_the_same_origin(keys: Keys) -> None:
+    """Under a root path (``uvicorn --root-path /agents/demo``) its own URL, without the
+    trailing slash, redirects to the page (it was a 404); the ``Location`` is a path built
+    from the root path, which names no other host whatever the root path holds."""
+    app = create_app(settings=load_settings(web_ui=True), agent_app=demo_app, key_store=keys.store)
+    for root, sent, location in [
+        ("/agents/demo", "/agents/demo", "/agents/demo/"),
+        ("//evil.example", "//evil.example", "/evil.example/"),
+        ("/\\evil.example", "/%5Cevil.example", "/%5Cevil.example/"),
+    ]:
+        with running(_under_root_path(app, root)) as url:
+            bare = httpx.get(f"{url}{sent}", headers={"host": "evil.example"})
+            assert bare.status_code == 307, (root, bare.text)
+            assert bare.headers["location"] == location
+            query = httpx.get(f"{url}{sent}", params={"session": "s1"})
+            assert query.headers["location"] == f"{location}?session=s1"
+            assert httpx.post(f"{url}{sent}").status_code == 404
+    with running(_under_root_path(app, "/agents/demo")) as url:
+        page = httpx.get(f"{url}/agents/demo/")
+        assert page.status_code == 200
+        assert "text/html" in page.headers["content-type"]
+
+
 async def visible(page: Page, element_id: str) -> Any:
     return await page.wait_for(
         f"document.readyState === 'complete' && document.getElementById({element_id!r})"

@@ -73,7 +73,7 @@ from agentscope_serverless.http.idempotency import (
     replayed,
     writes_in_session,
 )
-from agentscope_serverless.http.middleware import BodyTooDeep
+from agentscope_serverless.http.middleware import BodyTooDeep, _route_path
 from agentscope_serverless.http.sse import escape_line_breaks, escaping_line_breaks
 from agentscope_serverless.services.idempotency import StoredResponse
 
@@ -125,7 +125,9 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
         idempotency_key = _idempotency_key(request)
         # The SDK reads the body as JSON whatever its content type: so are the checks (a
         # body that is not UTF-8, which its HTTP+JSON routes failed on, is refused there).
-        if request.url.path != A2A_PATH:
+        # The route's path, not the URL's: under a root path (an API Gateway stage) the URL
+        # is /prod/a2a, and the JSON-RPC route was served as an HTTP+JSON one.
+        if _route_path(request.scope) != A2A_PATH:
             await check_request(request, caller, idempotency_key, any_type=True)
         else:
             body, refused = await _read(request)
@@ -161,7 +163,7 @@ def _answer(request: Request, response: Response, ping_interval: float) -> Respo
     one). On the JSON-RPC route, an answer that is an error (a stream whose first event is
     one) frees its ``Idempotency-Key`` as an HTTP error would: answered with a 200, it was
     kept, and the retry of a call that failed for a while (its store down) got the error."""
-    json_rpc = request.url.path == A2A_PATH
+    json_rpc = _route_path(request.scope) == A2A_PATH
     if isinstance(response, EventSourceResponse):
         response.ping_interval = ping_interval
         stream = _EscapedStream(response)

@@ -183,7 +183,9 @@ def create_app(
         tasks = importlib.import_module(f"{__package__}.routers.tasks")
         include_api_router(app, tasks.router)
     if settings.web_ui:
-        app.include_router(importlib.import_module(f"{__package__}.routers.web").router)
+        web = importlib.import_module(f"{__package__}.routers.web")
+        app.include_router(web.router)
+        app.router.routes.append(web.RootPathRedirect())
     if agent_app is not None:
         runtime_routes = list(app.router.routes)
         if context.task_executor is not None:
@@ -510,6 +512,18 @@ def _docs(app: FastAPI, request: Request) -> HTMLResponse:
     return docs_page(f"{root}/openapi.json", f"{app.title} - docs")
 
 
+def _openapi(app: FastAPI, request: Request) -> dict[str, Any]:
+    """The app's OpenAPI document naming the request's root path (an API Gateway stage) as
+    its first server, as FastAPI's own ``/openapi.json`` does: without it, the docs page's
+    "Try it out" sent its requests outside the stage."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    schema = app.openapi()
+    servers = schema.get("servers", [])
+    if root and app.root_path_in_servers and root not in {s.get("url") for s in servers}:
+        schema = {**schema, "servers": [{"url": root}, *servers]}  # the cached one unchanged
+    return schema
+
+
 def _add_open_docs(app: FastAPI) -> None:
     """``/docs``, open as ``/openapi.json`` is."""
 
@@ -522,8 +536,8 @@ def _add_open_docs(app: FastAPI) -> None:
 def _add_keyed_docs(app: FastAPI) -> None:
     """``/openapi.json`` and ``/docs`` behind the API key, like every other route."""
 
-    async def openapi(caller: CurrentCaller) -> JSONResponse:
-        return JSONResponse(app.openapi())
+    async def openapi(caller: CurrentCaller, request: Request) -> JSONResponse:
+        return JSONResponse(_openapi(app, request))
 
     async def docs(caller: CurrentCaller, request: Request) -> HTMLResponse:
         return _docs(app, request)

@@ -380,7 +380,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     detail = None if isinstance(exc.detail, str) else _as_json(exc.detail)
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(detail, ensure_ascii=False)
     if exc.status_code == 404 and message == "Not Found":  # no route has this path
-        message = _no_route(request.url.path)
+        message = _no_route(request.scope)
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
     response = error_response(exc.status_code, code, message, detail=detail)
     if exc.status_code == 405:
@@ -420,13 +420,22 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 _OPENAI_PATHS = re.compile(r"/(chat/completions|completions|responses|models|embeddings)(/.*)?$")
 
 
-def _no_route(path: str) -> str:
+def _no_route(scope: Scope) -> str:
+    """Why no route has the request's path, and where to look. The path compared is the
+    routes' (after the root path: an API Gateway stage, a custom domain's base path), and
+    the paths advised keep the root path: behind ``/prod``, an SDK already at
+    ``/prod/compatible-mode/v1`` was told to use ``/compatible-mode/v1``, and the routes
+    were said to be at ``/docs``, outside the stage."""
+    path: str = scope["path"]
+    root = str(scope.get("root_path") or "").rstrip("/")
+    if root and path.startswith(f"{root}/"):
+        path = path[len(root) :]
     if _OPENAI_PATHS.search(path) and not path.startswith(f"{COMPATIBLE_PREFIX}/"):
         return (
-            "Not Found: the OpenAI-compatible routes are under /compatible-mode/v1 (an SDK's "
-            "base_url is http://<host>:<port>/compatible-mode/v1)"
+            f"Not Found: the OpenAI-compatible routes are under {root}{COMPATIBLE_PREFIX} (an "
+            f"SDK's base_url is http://<host>:<port>{root}{COMPATIBLE_PREFIX})"
         )
-    return "Not Found: no route has this path (the API's routes are listed at /docs)"
+    return f"Not Found: no route has this path (the API's routes are listed at {root}/docs)"
 
 
 def unexpected_error(exc: Exception) -> JSONResponse:

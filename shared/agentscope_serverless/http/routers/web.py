@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from urllib.parse import quote
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Match
+from starlette.types import Receive, Scope, Send
 
 CONTENT_SECURITY_POLICY = "; ".join(
     [
@@ -71,4 +74,29 @@ async def chat_style() -> Response:
     return _page("app.css", ASSETS["app.css"])
 
 
-__all__ = ["CONTENT_SECURITY_POLICY", "router"]
+class RootPathRedirect(BaseRoute):
+    """``GET`` of the root path itself (an API Gateway stage's invoke URL, ``/prod``, as AWS
+    prints it), redirected to the chat page at ``/prod/``: no route has the empty path, and
+    the page's assets are relative to it. The ``Location`` is built from the root path
+    alone (never the ``Host``), its leading slashes as one: it stays on the same origin."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        root = scope.get("root_path", "")
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("GET", "HEAD")
+            and root.strip("/")
+            and scope["path"] == root
+        ):
+            return Match.FULL, {}
+        return Match.NONE, {}
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        location = "/" + quote(scope["root_path"].strip("/")) + "/"
+        query = scope.get("query_string", b"").decode("latin-1")
+        if query:
+            location += f"?{query}"
+        await RedirectResponse(location)(scope, receive, send)
+
+
+__all__ = ["CONTENT_SECURITY_POLICY", "RootPathRedirect", "router"]
