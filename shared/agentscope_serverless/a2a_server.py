@@ -332,6 +332,7 @@ class RunsTaskStore(TaskStore):
                 if task.status.state in TERMINAL:
                     await self._store_end(user_id, task, written.record)
                 else:
+                    written.at = time.monotonic()  # as in _flush_later
                     try:
                         written.wrote(await self._store(user_id, task, written.record), task)
                     except Exception:
@@ -387,6 +388,9 @@ class RunsTaskStore(TaskStore):
             task, written.pending = written.pending, None
             if task is None:
                 return
+            # From now: a save while this write is under way waits for the next interval,
+            # rather than writing the same reply again as soon as this one is done.
+            written.at = time.monotonic()
             try:
                 written.wrote(await self._store(user_id, task, written.record), task)
             except Exception:
