@@ -377,3 +377,83 @@ def test_an_application_without_a_query_handler_fails_to_start_saying_so() -> No
 
     with pytest.raises(ConfigurationError, match=r"no query handler: register one"):
         asyncio.run(start())
+
+
+def test_a_user_key_naming_another_user_on_a_route_a_user_added_gets_403() -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @web.post("/owned")
+    async def owned(request: Request) -> dict[str, Any]:
+        return {"ran": True}
+
+    sub = FastAPI()
+
+    @sub.post("/owned")
+    async def mounted(request: Request) -> dict[str, Any]:
+        return {"body": await request.json()}
+
+    web.mount("/v2", sub)
+    alice = bearer(keys.alice)
+    with running(web) as url:
+        for path in ("/owned", "/v2/owned"):
+            for kwargs in (
+                {"headers": {**alice, "X-User-Id": "bob"}, "json": {}},
+                {"headers": alice, "params": {"user_id": "bob"}, "json": {}},
+                {"headers": alice, "json": {"user_id": "bob"}},
+                {"headers": alice, "json": {"user": "bob"}},
+            ):
+                answer = httpx.post(f"{url}{path}", **kwargs)  # type: ignore[arg-type]
+                assert answer.status_code == 403, (path, kwargs, answer.text)
+        # Its own user, or none named, runs; the body read for the checks reaches the route.
+        assert httpx.post(f"{url}/owned", headers=alice, json={"user_id": "alice"}).json() == {
+            "ran": True
+        }
+        assert httpx.post(f"{url}/v2/owned", headers=alice, json={"a": [1, "é"]}).json() == {
+            "body": {"a": [1, "é"]}
+        }
+        # A service key acts for the one user a request names; two users are a 422.
+        service = bearer(keys.service)
+        answer = httpx.post(f"{url}/owned", headers={**service, "X-User-Id": "bob"}, json={})
+        assert answer.status_code == 200
+        answer = httpx.post(
+            f"{url}/owned", headers={**service, "X-User-Id": "bob"}, json={"user_id": "alice"}
+        )
+        assert answer.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"note": "\\ud800"}', "body.note"),
+        ('{"values": [1, NaN]}', "body.values.1"),
+        ('{"limit": Infinity}', "body.limit"),
+        ('{"big": 1e999}', "body.big"),
+    ],
+)
+def test_a_body_a_route_a_user_added_cannot_carry_is_422_naming_the_field(
+    body: str, field: str
+) -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @web.post("/notes")
+    async def notes(request: Request) -> dict[str, Any]:
+        return {"got": repr(await request.json())}
+
+    @web.post("/open-notes")
+    @public
+    async def open_notes(request: Request) -> dict[str, Any]:
+        return {"got": repr(await request.json())}
+
+    with running(web) as url:
+        for path in ("/notes", "/open-notes"):
+            answer = httpx.post(
+                f"{url}{path}",
+                headers={**bearer(keys.alice), "Content-Type": "application/json"},
+                content=body.encode(),
+            )
+            assert answer.status_code == 422, (path, answer.text)
+            assert field in answer.text
+        answer = httpx.post(f"{url}/open-notes", json={"note": "fine"})
+        assert answer.json() == {"got": "{'note': 'fine'}"}

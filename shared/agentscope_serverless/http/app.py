@@ -53,7 +53,7 @@ from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, require_k
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import error_response, install_error_handlers
-from agentscope_serverless.http.guards import guard_request
+from agentscope_serverless.http.guards import guard_added_request, guard_request
 from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
@@ -304,7 +304,8 @@ class RuntimeApplication(FastAPI):
     line, typed errors, secrets masked) stays outermost, with CORS; a user's middleware runs
     just inside it. A user's handler of ``Exception`` (or 500) answers an error no other
     handler maps. A route or mount a user adds needs a key (but one left open with
-    :func:`~agentscope_serverless.http.auth.public`) and is matched before the runtime's,
+    :func:`~agentscope_serverless.http.auth.public`), its requests checked as the runtime's
+    are (:mod:`~agentscope_serverless.http.guards`), and is matched before the runtime's,
     a warning naming each runtime route it hides; one hiding ``GET /health`` or the process
     endpoint is refused as the application starts.
 
@@ -356,7 +357,9 @@ class RuntimeApplication(FastAPI):
 
     def serve_added_routes_first(self) -> None:
         """Put the routes a user added before the runtime's, each behind the key unless left
-        open (:func:`~agentscope_serverless.http.auth.public`); a warning names each runtime
+        open (:func:`~agentscope_serverless.http.auth.public`) and its requests checked as the
+        runtime's are (:func:`~agentscope_serverless.http.guards.guard_added_request`); a
+        warning names each runtime
         route one hides, and one hiding a route the runtime keeps raises
         :class:`ConfigurationError` (the routes left as they were, the runtime's first)."""
         if self.runtime_routes is None:
@@ -365,7 +368,7 @@ class RuntimeApplication(FastAPI):
         added = [route for route in self.router.routes if id(route) not in runtime]
         new = [route for route in added if id(route) not in self._settled]
         for route in new:
-            require_key(route)
+            require_key(route, guard_added_request)
         served = [route for route in self.router.routes if id(route) in runtime]
         if new:
             _warn_of_hidden(new, served, self.kept_routes)

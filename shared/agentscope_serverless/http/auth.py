@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -349,19 +349,34 @@ def is_public(route: BaseRoute) -> bool:
     return any(getattr(target, _PUBLIC_MARK, False) is True for target in marked)
 
 
-def require_key(route: BaseRoute) -> None:
+# Checks of an HTTP request to a route, its caller authenticated (None on a route left
+# open): they answer the receive the route reads the request from (the body they read
+# handed over again).
+RequestGuard = Callable[[Request, "Caller | None"], Awaitable[Receive]]
+
+
+def require_key(route: BaseRoute, guard: RequestGuard | None = None) -> None:
     """Authenticate every request ``route`` takes (a ``Route``, an ``APIRoute``, a ``Mount``,
     an included router...) before it handles it, as the runtime's routes do: without a valid
-    key, a 401. A route left open with :func:`public` is left as it is; so is one already
-    keyed."""
-    if is_public(route) or getattr(route, _KEYED_MARK, False):
+    key, a 401; a user key naming another user (``X-User-Id``, ``?user_id=``), a 403. An HTTP
+    request then passes ``guard``. A route left open with :func:`public` is not
+    authenticated, its requests passing ``guard`` all the same, without a caller. A route
+    already keyed is left as it is."""
+    if getattr(route, _KEYED_MARK, False):
         return
-    handle = route.handle
+    if is_public(route) and guard is None:
+        return
+    handle, opened = route.handle, is_public(route)
 
     async def keyed(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             request = Request({**scope, "type": "http"}, receive)
-            await get_caller(request, await bearer_scheme(request))
+            caller: Caller | None = None
+            if not opened:
+                caller = await get_caller(request, await bearer_scheme(request))
+                no_other_user(caller)
+            if guard is not None and scope["type"] == "http":
+                receive = await guard(request, caller)
         await handle(scope, receive, send)
 
     route.handle = keyed  # type: ignore[method-assign]
@@ -394,6 +409,7 @@ __all__ = [
     "CurrentCaller",
     "CurrentUser",
     "KeyedRoute",
+    "RequestGuard",
     "bearer_scheme",
     "caller_fields",
     "claiming_path_user",

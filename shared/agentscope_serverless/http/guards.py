@@ -1,4 +1,6 @@
-"""Checks every route of the API runs before its own code (``create_app`` adds them).
+"""Checks every route of the API runs before its own code (``create_app`` adds them; a
+route a user adds to ``app.get_fastapi_app()`` runs them too, see
+:func:`guard_added_request`).
 
 - **Text is valid Unicode.** A JSON body holding text that cannot be encoded as UTF-8 (a
   lone surrogate such as ``"\\ud800"``) is refused with 422 naming the field, before any
@@ -17,14 +19,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import Header, Request
+from starlette.types import Message, Receive
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import Caller, CurrentCaller
+from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.errors import unreadable_body
-from agentscope_serverless.http.idempotency import IDEMPOTENCY_KEY_PATTERN, claim_key
+from agentscope_serverless.http.idempotency import (
+    IDEMPOTENCY_HEADER,
+    IDEMPOTENCY_KEY_PATTERN,
+    claim_key,
+)
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.services._validation import (
     nests_deeper_than,
@@ -35,6 +44,8 @@ from agentscope_serverless.services._validation import (
 
 # Body fields that name the user a request acts as (ours, and OpenAI's ``user``).
 USER_FIELDS = ("user_id", "user")
+# The longest Idempotency-Key (as declared, see IdempotencyKey).
+_MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
 async def request_body(request: Request, *, any_type: bool = False) -> Any:
@@ -76,7 +87,7 @@ IdempotencyKey = Annotated[
     Header(
         alias="Idempotency-Key",
         min_length=1,
-        max_length=255,
+        max_length=_MAX_IDEMPOTENCY_KEY_CHARS,
         pattern=IDEMPOTENCY_KEY_PATTERN,
         description=(
             "Makes a write safe to retry: a request repeating the key and body gets the "
@@ -111,6 +122,48 @@ async def check_request(
     await check_claims(request, caller, idempotency_key, body)
 
 
+async def guard_added_request(request: Request, caller: Caller | None) -> Receive:
+    """:func:`guard_request` for a request to a route, router or mount a user added to the
+    application (outside FastAPI's dependencies, as the route may be any ASGI one): its
+    ``Idempotency-Key`` checked as the header's declaration does. On a route left open
+    (``caller`` None) only the body is checked. Answers the receive the route reads the
+    request from, the body read here handed over again."""
+    request = utf8_request(request)
+    if caller is None:
+        check_body(await request_body(request))
+        return _handing_over(request)
+    keys = request.headers.getlist(IDEMPOTENCY_HEADER)
+    idempotency_key = keys[0] if keys else None
+    if idempotency_key is not None and not (
+        0 < len(idempotency_key) <= _MAX_IDEMPOTENCY_KEY_CHARS
+        and re.fullmatch(IDEMPOTENCY_KEY_PATTERN, idempotency_key)
+    ):
+        raise InvalidInputError(
+            f"the {IDEMPOTENCY_HEADER} header must be 1 to {_MAX_IDEMPOTENCY_KEY_CHARS} "
+            "visible ASCII characters",
+            field=IDEMPOTENCY_HEADER,
+        )
+    await check_request(request, caller, idempotency_key)
+    return _handing_over(request)
+
+
+def _handing_over(request: Request) -> Receive:
+    """What the route reads ``request`` from: its body, once read here, then the rest."""
+    if not hasattr(request, "_body"):  # its body unread: the route reads it as it comes
+        return request.receive
+    body: bytes = request._body
+    receive, handed = request.receive, False
+
+    async def replay() -> Message:
+        nonlocal handed
+        if handed:
+            return await receive()
+        handed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 def check_body(body: Any) -> None:
     """Refuse (422 naming where) a body holding text that is not valid Unicode, or a number
     that is not finite."""
@@ -139,6 +192,7 @@ __all__ = [
     "check_body",
     "check_claims",
     "check_request",
+    "guard_added_request",
     "guard_any_type_request",
     "guard_request",
     "json_body",
