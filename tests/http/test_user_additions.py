@@ -457,3 +457,29 @@ def test_a_body_a_route_a_user_added_cannot_carry_is_422_naming_the_field(
             assert field in answer.text
         answer = httpx.post(f"{url}/open-notes", json={"note": "fine"})
         assert answer.json() == {"got": "{'note': 'fine'}"}
+
+
+def test_public_leaves_open_the_route_it_marks_not_others_of_the_same_function() -> None:
+    agent, keys = _agent(), Keys.make()
+    web = agent.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    async def report() -> dict[str, str]:
+        return {"report": "numbers"}
+
+    web.add_api_route("/public/summary", public(report))
+    web.add_api_route("/admin/report", report)
+    hooks = APIRouter()
+
+    @hooks.post("/hooks/in")
+    async def receive() -> dict[str, bool]:
+        return {"received": True}
+
+    web.include_router(public(hooks))
+    web.add_api_route("/admin/replay", receive, methods=["POST"])
+    with running(web) as url:
+        assert httpx.get(f"{url}/public/summary").json() == {"report": "numbers"}
+        assert httpx.get(f"{url}/admin/report").status_code == 401
+        assert httpx.post(f"{url}/hooks/in").json() == {"received": True}
+        assert httpx.post(f"{url}/admin/replay").status_code == 401
+        answer = httpx.post(f"{url}/admin/replay", headers=bearer(keys.alice))
+        assert answer.json() == {"received": True}

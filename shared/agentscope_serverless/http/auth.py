@@ -31,10 +31,12 @@ neither the event nor the header is ever read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import types
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.routing import APIRoute
@@ -322,12 +324,24 @@ def public(target: PublicT) -> PublicT:
 
     ``fastapi_app.mount("/static", public(StaticFiles(directory="static")))`` serves files to
     anyone.
+
+    What is left open is the route given what ``public`` answers: for a function, a copy of
+    it (the function itself, given to another route, needs a key there); for a router, its
+    routes and itself as included (a route of another router, or of the application, sharing
+    an endpoint function with one of them needs a key).
     """
-    routes = getattr(target, "routes", None) if isinstance(target, APIRouter) else None
-    for route in routes or ():
-        for marked in (route, getattr(route, "endpoint", None)):
-            if marked is not None:
-                setattr(marked, _PUBLIC_MARK, True)
+    if isinstance(target, types.FunctionType):
+        opened: Any = _copy_of(target)
+        setattr(opened, _PUBLIC_MARK, True)
+        return cast(PublicT, opened)
+    if isinstance(target, APIRouter):
+        for route in target.routes:
+            setattr(route, _PUBLIC_MARK, True)
+            endpoint = getattr(route, "endpoint", None)
+            if isinstance(endpoint, types.FunctionType):
+                # What a FastAPI copying an included router's routes copies them with
+                # (their handlers are built already).
+                route.endpoint = public(endpoint)  # type: ignore[attr-defined]
     try:
         setattr(target, _PUBLIC_MARK, True)
     except (AttributeError, TypeError):
@@ -337,9 +351,29 @@ def public(target: PublicT) -> PublicT:
     return target
 
 
+def _copy_of(function: types.FunctionType) -> types.FunctionType:
+    """A function doing what ``function`` does (of its kind: a coroutine or generator
+    function's code is its), with its name, signature and attributes, but not it."""
+    copy = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+    copy.__kwdefaults__ = dict(function.__kwdefaults__ or {}) or None
+    wrapped = function.__dict__.get("__wrapped__")
+    functools.update_wrapper(copy, function)
+    if wrapped is None:
+        del copy.__dict__["__wrapped__"]  # its signature is its own, not the original's
+    else:
+        copy.__dict__["__wrapped__"] = wrapped
+    return copy
+
+
 def is_public(route: BaseRoute) -> bool:
-    """Whether ``route`` was left open with :func:`public` (itself, its endpoint or its
-    application)."""
+    """Whether ``route`` was left open with :func:`public` (itself, its endpoint, its
+    application or the router it includes)."""
     marked = (
         route,
         getattr(route, "endpoint", None),
