@@ -216,25 +216,26 @@ def _start_failure(exc: BaseException | None) -> str:
     return f"the agent could not start: {type(exc).__name__}: {exc}"
 
 
-def _not_loaded() -> FastAPI:
-    """An application answering every request 503: the agent could not be loaded (why is
-    said on the server's output only: it may quote the agent's own error)."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
+def _not_loaded() -> ASGIApp:
+    """An application answering every request 503, whatever its method (a browser's
+    preflight ``OPTIONS`` too), with its ``X-Request-Id`` and its log line: the agent could
+    not be loaded (why is said on the server's output only: it may quote the agent's own
+    error)."""
     from agentscope_serverless.http.errors import error_response
+    from agentscope_serverless.http.middleware import RequestContextMiddleware
 
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     message = (
         "the agent could not be loaded or started (the server's output says why); the server "
         f"starts again when {WATCHED_FILES} of the project changes"
     )
 
-    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])
-    async def unavailable() -> JSONResponse:
-        return error_response(503, "UNAVAILABLE", message)
+    async def unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await error_response(503, "UNAVAILABLE", message)(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1013})  # try again later
 
-    return app
+    return RequestContextMiddleware(unavailable)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

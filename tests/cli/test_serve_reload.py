@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.cli.test_signals import in_session, left_in_session
-from tests.support.http import free_port, wait_until_healthy
+from tests.support.http import free_port, running, wait_until_healthy
 from tests.support.signals import terminal_signals
 
 pytestmark = pytest.mark.timeout(180)
@@ -303,3 +303,18 @@ def test_an_app_built_before_its_query_handler_serves_the_handler(tmp_path: Path
         )
         assert reply.status_code == 200
         assert '"ok"' in reply.text
+
+
+@pytest.mark.parametrize("method", ["GET", "OPTIONS", "TRACE", "PROPFIND"])
+def test_a_worker_whose_agent_failed_answers_every_method_503_with_its_request_id(
+    method: str,
+) -> None:
+    from agentscope_serverless.serve import _not_loaded
+
+    preflight = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"}
+    with running(_not_loaded()) as url:
+        reply = httpx.request(method, f"{url}/process", headers=preflight)
+    assert reply.status_code == 503
+    assert reply.json()["error"]["code"] == "UNAVAILABLE"
+    assert "could not be loaded or started" in reply.json()["error"]["message"]
+    assert reply.headers["x-request-id"]
