@@ -121,7 +121,7 @@ def test_serve_serves_what_the_agents_module_added_to_its_fastapi_app(
         assert "valid while this server runs" not in printed
         assert len({line for line in printed.splitlines() if line.startswith("ask_")}) == 1
         health = httpx.get(f"{server.url}/health")
-        assert health.headers["x-layers"] == "first;second;"  # in the order added
+        assert health.headers["x-layers"] == "first;second;"  # the last added outermost
         assert health.headers["x-request-id"]
         refused = httpx.get(f"{server.url}/reports/q3")
         assert refused.status_code == 401
