@@ -556,6 +556,34 @@ async def test_deleting_a_run_that_ended_leaves_only_the_mark_that_it_was(
         assert not await runs.was_deleted(user_id, "gone")
 
 
+async def test_a_run_discarded_leaves_its_id_to_a_new_run_alone(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # A new run under a lost run's id (a keyed request's retry) read back the lost run's
+    # events after its own, and (DynamoDB) was listed twice.
+    other = f"{user_id}:other"
+    async with runs_factory() as runs:
+        await _record_lost_run(runs, user_id)
+        await runs.append_events(user_id, "lost", [_event(3, "stale"), _event(4, "stale")])
+        await _record_lost_run(runs, other)
+        await runs.discard_run(user_id, "lost")
+        await runs.discard_run(user_id, "never")
+        assert await runs.get_run(user_id, "lost") is None
+        assert not await runs.was_deleted(user_id, "lost")
+        assert await runs.read_events(user_id, "lost") == []
+        assert await runs.list_runs(user_id, "s1") == []
+        assert await runs.recent_runs(user_id, 0) == []
+        assert await runs.get_run(other, "lost") is not None  # another user's run stays
+        again = RunRecord(id="lost", user_id=user_id, session_id="s1")
+        await runs.record(again, [_response(0, "created"), _event(1, "new")], create=True)
+        assert [r.id for r in await runs.list_runs(user_id, "s1")] == ["lost"]
+        events = await runs.read_events(user_id, "lost")
+        assert [(s, json.loads(data).get("text")) for s, data in events] == [
+            (0, None),
+            (1, "new"),
+        ]
+
+
 async def test_deleting_a_users_runs_races_with_runs_being_stored(
     runs_factory: Callable[[], RunsService], user_id: str
 ) -> None:

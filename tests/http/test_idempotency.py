@@ -22,6 +22,9 @@ from agentscope_serverless.auth import InMemoryKeyStore
 from agentscope_serverless.errors import SandboxCapacityError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.services.factory import create_runs_service
+from agentscope_serverless.services.runs import InMemoryRunsService, RunsService
+from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import bearer, issue_key, parse_sse, running, stream, text_of
@@ -443,6 +446,89 @@ def test_a_key_reused_for_another_request_after_a_failed_run_stores_its_input(
         answered = client.post("/process", json=other, headers=keyed("reused"))
         assert answered.status_code == 200 and answered.json()["status"] == "completed"
         assert message_texts(client, "s") == ["hi", "something else", "first words. the rest."]
+
+
+def changing_app() -> AgentApp:
+    """An agent that, as a model does, answers otherwise when asked again: thirty pieces of
+    text the first time, one after."""
+    app = AgentApp(app_name="changing")
+    calls: list[int] = []
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        calls.append(1)
+        for piece in range(30 if len(calls) == 1 else 1):
+            yield f"piece{piece} "
+
+    return app
+
+
+def leave_lost(runs: RunsService, user_id: str, run_id: str) -> None:
+    """Leave the run as a process stopped in its middle (killed) leaves it: in progress, its
+    last heartbeat older than ``LOST_AFTER_SECONDS``, its events stored but for its end."""
+
+    async def lose() -> None:
+        record = await runs.get_run(user_id, run_id)
+        events = await runs.read_events(user_id, run_id)
+        assert record is not None and len(events) > 30
+        await runs.delete_run(user_id, run_id)
+        stale = time.time() - LOST_AFTER_SECONDS - 5
+        kept = {"status": "in_progress", "updated_at": stale, "error": None}
+        await runs.create_run(record.model_copy(update=kept))
+        await runs.append_events(user_id, run_id, events[:-1])
+
+    async def on_the_store() -> None:
+        async with runs:
+            await lose()
+
+    asyncio.run(lose() if isinstance(runs, InMemoryRunsService) else on_the_store())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_retry_after_a_lost_run_is_read_back_alone(
+    backend: str, aws_env: None, user_id: str, request: pytest.FixtureRequest
+) -> None:
+    # The retry ran under the lost run's id (it derives from the key) over its events: they
+    # were read back mixed (on DynamoDB the retry's, then the lost run's after the retry's
+    # end, the run listed twice; on Redis the lost run's alone, without an end), and a client
+    # resuming past the retry's end got the lost run's deltas for ever.
+    settings = load_settings(
+        **backend_settings(backend, request), idempotency_expiry_seconds=SHORT_EXPIRY_SECONDS
+    )
+    store = InMemoryKeyStore()
+    app = create_app(settings=settings, agent_app=changing_app(), key_store=store)
+    app.state.context.recorder.first_write_delay = 0  # each run stored as it goes
+    run = {"input": [text_message("hi")], "session_id": "s", "stream": True}
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(issue_key(store, user_id)), timeout=60) as client,
+    ):
+        first, _ = stream(client, "/process", json=run, headers=keyed("lost"))
+        run_id = first.headers["X-Run-Id"]
+        runs = app.state.context.recorder.runs
+        if backend != "in_memory":
+            runs = create_runs_service(settings)
+        leave_lost(runs, user_id, run_id)
+        assert client.get(f"/runs/{run_id}").json()["error"]["code"] == "RUN_LOST"
+        # The key is free again, as after its request's process stopped.
+        time.sleep(SHORT_EXPIRY_SECONDS + 1.5)
+        retried, events = stream(client, "/process", json=run, headers=keyed("lost"))
+        assert retried.status_code == 200 and "Idempotent-Replayed" not in retried.headers
+        assert retried.headers["X-Run-Id"] == run_id
+        assert text_of(events.data) == "piece0 "
+        assert events.data[-1]["status"] == "completed"
+        # The run read back is the retry's, whole and alone, from its start or past its end.
+        stored = parse_sse(client.get(f"/runs/{run_id}/events").text.splitlines()).data
+        assert stored == events.data
+        last = events.data[-1]["sequence_number"]
+        resumed = client.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": str(last)})
+        assert parse_sse(resumed.text.splitlines()).data == []
+        assert client.get(f"/runs/{run_id}").json()["status"] == "completed"
+        listed = client.get("/runs", params={"session_id": "s"}).json()["items"]
+        assert [(r["id"], r["status"]) for r in listed] == [(run_id, "completed")]
+        # The input is stored once.
+        assert message_texts(client, "s")[0] == "hi"
+        assert len(message_texts(client, "s")) == 2
 
 
 # --- a store that freezes ---------------------------------------------------------------

@@ -253,7 +253,12 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
     short of its turn (canceled, or failed), which freed the key for the request to run
     anew: under that run's id its events would mix with the new run's, and under the ids
     of a part of its reply kept (a run canceled midway) the whole reply would be skipped as
-    stored already. The input keeps the ids the request gave it: it is stored once."""
+    stored already. The input keeps the ids the request gave it: it is stored once.
+
+    An earlier attempt's run whose id the run takes again (one lost, one failed when its
+    store did not answer, one whose answer was not kept) is discarded first: what is read
+    back under the id (its events, its place among the session's runs) is then the new run
+    alone, not the earlier one's mixed with it."""
     claimed = request.scope.get("state", {}).get(_STATE)
     if claimed is None or runs is None:
         return
@@ -263,6 +268,9 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
         earlier = await runs.get_run(claim.user_id, first_response_id(seed))
         if earlier is None or not _ended_short(earlier):
             break
+    if earlier is not None:
+        # Its request holds the key no longer: its process stopped, or it failed.
+        await runs.discard_run(claim.user_id, earlier.id)
     seed_message_ids(seed)
     seed_writes(seed)
 

@@ -465,6 +465,18 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             await self._create(RunRecord(**fields, kind=record.kind, **mark))
         return record
 
+    async def discard_run(self, user_id: str, run_id: str) -> None:
+        """Delete the run whatever its status, its events and its entries in indexes, and
+        keep no mark that it was (unlike :meth:`delete_run`): its id is taken again, by a
+        new run of the request that started it (a retry with its ``Idempotency-Key`` after
+        the run was lost, say), whose events and listing would otherwise mix with its own.
+        Nothing happens when the run is not stored."""
+        self._ensure_started()
+        user_id, run_id = require_user_id(user_id), require_run_id(run_id)
+        record = await self._load(user_id, run_id)
+        if record is not None:
+            await self._delete_run_of(record)
+
     async def was_deleted(self, user_id: str, run_id: str) -> bool:
         """Whether the run was deleted with :meth:`delete_run` (and its mark has not expired)."""
         self._ensure_started()
