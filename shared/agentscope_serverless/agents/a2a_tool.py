@@ -27,8 +27,9 @@ the other agent answers (:class:`A2ATimeoutError`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import httpx
@@ -206,6 +207,25 @@ def _said(exc: BaseException, api_key: str | None) -> str:
     return _redacted(str(exc), api_key)[:MAX_DETAIL_CHARS]
 
 
+@contextlib.asynccontextmanager
+async def _within(
+    seconds: float, api_key: str | None, *, late: str, failed: Callable[[str], str]
+) -> AsyncIterator[None]:
+    """Bound what runs inside to ``seconds`` in all (:class:`A2ATimeoutError`: ``late``, then
+    the limit), and turn the A2A client's failures into an :class:`AgentError` saying
+    ``failed`` of what they said, the key left out."""
+    limit = asyncio.timeout(seconds)
+    try:
+        async with limit:
+            yield
+    except (TimeoutError, A2AError, httpx.HTTPError) as exc:
+        if limit.expired() or _timed_out(exc):
+            raise A2ATimeoutError(f"{late} within {seconds:g} s", limit_seconds=seconds) from None
+        if isinstance(exc, TimeoutError):
+            raise
+        raise AgentError(failed(_said(exc, api_key))) from None
+
+
 async def fetch_card(
     url: str,
     *,
@@ -218,26 +238,20 @@ async def fetch_card(
     module): :func:`ask_a2a_agent` sends the key to the card's endpoint."""
     api_key = _checked_key(api_key)
     origins = _allowed(url, allowed_origins)
-    limit = asyncio.timeout(timeout_seconds)
-    try:
-        async with (
-            limit,
-            httpx.AsyncClient(
-                headers=_headers(api_key),
-                timeout=timeout_seconds,
-                event_hooks=unpacking(max_bytes=MAX_ANSWER_BYTES),
-            ) as http,
-        ):
-            card = await A2ACardResolver(http, url).get_agent_card()
-    except (TimeoutError, A2AError, httpx.HTTPError) as exc:
-        if limit.expired() or _timed_out(exc):
-            raise A2ATimeoutError(
-                f"the agent card at {url} was not read within {timeout_seconds:g} s",
-                limit_seconds=timeout_seconds,
-            ) from None
-        if isinstance(exc, TimeoutError):
-            raise
-        raise AgentError(f"cannot read the agent card at {url}: {_said(exc, api_key)}") from None
+    async with (
+        _within(
+            timeout_seconds,
+            api_key,
+            late=f"the agent card at {url} was not read",
+            failed=lambda said: f"cannot read the agent card at {url}: {said}",
+        ),
+        httpx.AsyncClient(
+            headers=_headers(api_key),
+            timeout=timeout_seconds,
+            event_hooks=unpacking(max_bytes=MAX_ANSWER_BYTES),
+        ) as http,
+    ):
+        card = await A2ACardResolver(http, url).get_agent_card()
     return _at(card, origins, api_key)
 
 
@@ -260,19 +274,13 @@ async def ask_a2a_agent(
     """
     api_key = _checked_key(api_key)
     name = _redacted(card.name, api_key)
-    limit = asyncio.timeout(timeout_seconds)
-    try:
-        async with limit:
-            return await _ask(card, message, name, api_key, context_id, timeout_seconds, user_id)
-    except (TimeoutError, A2AError, httpx.HTTPError) as exc:
-        if limit.expired() or _timed_out(exc):
-            raise A2ATimeoutError(
-                f"the agent {name!r} did not answer within {timeout_seconds:g} s",
-                limit_seconds=timeout_seconds,
-            ) from None
-        if isinstance(exc, TimeoutError):
-            raise
-        raise AgentError(f"the call to the agent {name!r} failed ({_said(exc, api_key)})") from None
+    async with _within(
+        timeout_seconds,
+        api_key,
+        late=f"the agent {name!r} did not answer",
+        failed=lambda said: f"the call to the agent {name!r} failed ({said})",
+    ):
+        return await _ask(card, message, name, api_key, context_id, timeout_seconds, user_id)
 
 
 async def _ask(
