@@ -974,7 +974,7 @@ def test_usage_repeated_as_a_running_total_on_every_chunk_counts_once_per_call(
 
 
 class EmptyChunksLLM(ScriptedLLM):
-    """A chat API that opens its stream, then sends chunks without any choice for 3 s, and
+    """A chat API that opens its stream, then sends chunks without any choice for 10 s, and
     only then its answer."""
 
     async def complete(self, request: Request) -> Response:
@@ -982,7 +982,7 @@ class EmptyChunksLLM(ScriptedLLM):
 
         async def empty() -> AsyncIterator[str]:
             yield f"data: {json.dumps(chunk({'role': 'assistant', 'content': ''}))}\n\n"
-            for _ in range(60):
+            for _ in range(200):
                 yield 'data: {"choices": []}\n\n'
                 await asyncio.sleep(0.05)
             yield f"data: {json.dumps(chunk({'content': 'Late.'}, 'stop'))}\n\n"
@@ -1011,7 +1011,7 @@ def test_a_stream_of_chunks_bringing_nothing_fails_at_the_timeout(keys: Keys) ->
     # Each empty chunk restarted the wait: the run was held for as long as they came.
     started = time.monotonic()
     events = run_once(keys, EmptyChunksLLM([]), llm_timeout_seconds=0.5)
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 6
     assert events[-1]["status"] == "failed"
     assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
     assert "it sent no data for 0.5 s" in events[-1]["error"]["message"]

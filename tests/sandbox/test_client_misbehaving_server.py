@@ -311,7 +311,8 @@ async def test_a_hung_server_holds_an_idempotent_call_once_its_time_limit_retrie
             await client.get_info("sbx-1")
     finally:
         await client.aclose()
-    assert time.monotonic() - started < 1.5
+    # A retry would take it past 2 s: the rest is slack for a busy machine.
+    assert time.monotonic() - started < 1.9
     assert server.requests == 1
 
 
