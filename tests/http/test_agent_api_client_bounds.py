@@ -185,3 +185,29 @@ def test_the_decoder_refuses_a_line_longer_than_its_limit_however_it_is_split() 
     with pytest.raises(SSELineTooLong):
         SSELineDecoder(max_line_length=5).decode("ok\n123456")
     assert SSELineDecoder().decode("x" * 100_000 + "\n") == ["x" * 100_000]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_failed_answer_whose_body_trickles_fails_within_the_clients_timeout(mode: str) -> None:
+    # The status and headers of a 500, then its body a byte every half second (each within
+    # the read timeout): the caller was held for as long as the server kept it up.
+    def trickling(connection: socket.socket, head: bytes) -> None:
+        connection.sendall(
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\nConnection: close\r\n\r\n"
+        )
+        for _ in range(120):  # 60 s, far past the client's timeout: until the client leaves
+            connection.sendall(b" ")
+            time.sleep(0.5)
+
+    with raw_servers() as start:
+        client = HTTPAgentAPIClient(f"{start(trickling).url}/process", token="ask_any", timeout=3)
+        began = time.monotonic()
+        with pytest.raises(AgentAPIError) as raised:
+            events_of(client, mode)
+        took = time.monotonic() - began
+    assert str(raised.value) == (
+        "the agent API answered HTTP 500, and its error body did not all arrive within 3 s"
+    )
+    assert raised.value.status_code == 500
+    assert took < 20

@@ -13,14 +13,18 @@
 The agent API may be another party's server, so what it sends is read within bounds: a
 compressed answer is unpacked a bounded piece at a time (see
 :func:`~agentscope_serverless.unpacking.unpacking`), a failed answer is read up to its first
-:data:`MAX_ERROR_BYTES` (all its error needs), and a line of the event stream longer than
-``max_line_chars`` characters (:data:`MAX_LINE_CHARS` by default) raises
-:class:`AgentAPIError` once that much of it has come.
+:data:`MAX_ERROR_BYTES` (all its error needs) for at most the client's ``timeout`` (a body
+trickled slower raises :class:`AgentAPIError` saying so), and a line of the event stream
+longer than ``max_line_chars`` characters (:data:`MAX_LINE_CHARS` by default) raises
+:class:`AgentAPIError` once that much of it has come. The command line's ``invoke`` and
+``chat`` read a server within the same bounds (:func:`read_error_body`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -130,21 +134,14 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
 
     def stream(self, request: AgentRequest) -> Iterator[Event]:
         with (
-            httpx.Client(timeout=self.timeout, event_hooks=_sync_hooks(unpacking())) as client,
+            httpx.Client(timeout=self.timeout, event_hooks=sync_unpacking()) as client,
             client.stream(
                 "POST", self.endpoint, json=self._body(request), headers=self._prepare_headers()
             ) as response,
         ):
             if response.status_code >= 400:
-                body = bytearray()
-                try:
-                    for piece in response.iter_bytes():
-                        body += piece
-                        if len(body) >= MAX_ERROR_BYTES:
-                            break
-                except httpx.HTTPError:
-                    body.clear()
-                raise _refusal(response.status_code, bytes(body))
+                body = read_error_body(response, self.timeout)
+                raise _refusal(response.status_code, body, self.timeout)
             try:
                 for line in iter_sse_lines(response, self.max_line_chars):
                     event = _event_of_line(line)
@@ -161,15 +158,8 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             ) as response,
         ):
             if response.status_code >= 400:
-                body = bytearray()
-                try:
-                    async for piece in response.aiter_bytes():
-                        body += piece
-                        if len(body) >= MAX_ERROR_BYTES:
-                            break
-                except httpx.HTTPError:
-                    body.clear()
-                raise _refusal(response.status_code, bytes(body))
+                body = await aread_error_body(response, self.timeout)
+                raise _refusal(response.status_code, body, self.timeout)
             try:
                 async for line in aiter_sse_lines(response, self.max_line_chars):
                     event = _event_of_line(line)
@@ -179,17 +169,65 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
                 raise _line_too_long(exc) from None
 
 
-def _refusal(status: int, body: bytes) -> AgentAPIError:
-    """The error of a failed answer, quoting its ``{"error": {code, message}}`` when the
-    first :data:`MAX_ERROR_BYTES` of its body are one."""
-    detail = ""
+def read_error_body(response: httpx.Response, seconds: float) -> bytes | None:
+    """The first :data:`MAX_ERROR_BYTES` of a failed answer's body (``b""`` when reading it
+    failed), or None when it did not all come within ``seconds``: a server trickling it a byte
+    at a time holds its reader that long, and at most one more read (a read under way is not
+    interrupted; the client's read timeout bounds it)."""
+    deadline = time.monotonic() + seconds
+    body = bytearray()
+    try:
+        for piece in response.iter_bytes():
+            body += piece
+            if len(body) >= MAX_ERROR_BYTES:
+                break
+            if time.monotonic() > deadline:
+                return None
+    except httpx.TimeoutException:
+        return None
+    except httpx.HTTPError:
+        return b""
+    return bytes(body[:MAX_ERROR_BYTES])
+
+
+async def aread_error_body(response: httpx.Response, seconds: float) -> bytes | None:
+    """The async twin of :func:`read_error_body`, its whole read ended at ``seconds``."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(seconds):
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) >= MAX_ERROR_BYTES:
+                    break
+    except (TimeoutError, httpx.TimeoutException):
+        return None
+    except httpx.HTTPError:
+        return b""
+    return bytes(body[:MAX_ERROR_BYTES])
+
+
+def error_of_body(body: bytes) -> dict[str, Any] | None:
+    """The ``{"code", "message", ...}`` of an ``{"error": {...}}`` body (its first
+    :data:`MAX_ERROR_BYTES`), else None."""
     try:
         error = json.loads(body[:MAX_ERROR_BYTES] or b"{}")
-        error = error.get("error") if isinstance(error, dict) else None
-        if isinstance(error, dict):
-            detail = f": {error.get('code')}: {error.get('message')}"
     except (ValueError, RecursionError):
-        pass
+        return None
+    error = error.get("error") if isinstance(error, dict) else None
+    return error if isinstance(error, dict) else None
+
+
+def _refusal(status: int, body: bytes | None, seconds: float) -> AgentAPIError:
+    """The error of a failed answer, quoting its ``{"error": {code, message}}`` when the
+    first :data:`MAX_ERROR_BYTES` of its body are one (``body`` None: it came too slowly)."""
+    if body is None:
+        return AgentAPIError(
+            f"the agent API answered HTTP {status}, and its error body did not all arrive "
+            f"within {seconds:g} s",
+            status_code=status,
+        )
+    error = error_of_body(body)
+    detail = f": {error.get('code')}: {error.get('message')}" if error is not None else ""
     return AgentAPIError(f"the agent API answered HTTP {status}{detail}", status_code=status)
 
 
@@ -251,6 +289,13 @@ class _SyncOfAsync(httpx.SyncByteStream):
 
     def close(self) -> None:
         _now(self.stream.aclose())
+
+
+def sync_unpacking() -> dict[str, list[Callable[[Any], Any]]]:
+    """The ``event_hooks`` of an ``httpx.Client`` unpacking a compressed answer a bounded
+    piece at a time, as :func:`~agentscope_serverless.unpacking.unpacking`'s do an
+    ``httpx.AsyncClient``'s."""
+    return _sync_hooks(unpacking())
 
 
 def _sync_hooks(
@@ -355,9 +400,13 @@ __all__ = [
     "ImageContent",
     "Message",
     "TextContent",
+    "aread_error_body",
     "create_simple_text_request",
+    "error_of_body",
     "extract_text_from_event",
     "parse_event_from_json",
     "parse_sse_line",
     "parse_sse_line_bytes",
+    "read_error_body",
+    "sync_unpacking",
 ]
