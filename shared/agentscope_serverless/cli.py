@@ -527,8 +527,6 @@ def invoke(
     user: UserOption = None,
 ) -> None:
     """Send one message to a running server and print the streamed reply."""
-    import httpx
-
     from agentscope_serverless.services._validation import is_blank_text
 
     # Stored, it would reach the model with every later turn; the server refuses it (422).
@@ -536,7 +534,7 @@ def invoke(
         _fail("the message is blank: say something to the agent", code=2)
     _check_url(url)
     api_key = _require_key(key)
-    with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
+    with _talk_client(url) as client:
         try:
             _check_text(message=message, session=session, user=user)
             session_id = _stream_reply(client, api_key, message, session, user)
@@ -557,8 +555,6 @@ def chat(
     user: UserOption = None,
 ) -> None:
     """Chat with a running server, one session, until /exit or end of input."""
-    import httpx
-
     from agentscope_serverless.services._validation import is_blank_text
 
     _check_url(url)
@@ -569,7 +565,7 @@ def chat(
         _fail(str(exc))
     console.print(f"Chatting with {url}; type /exit (or Ctrl-D) to leave.", markup=False)
     failure = None
-    with httpx.Client(base_url=url, timeout=_talk_timeout()) as client:
+    with _talk_client(url) as client:
         while True:
             try:
                 text = console.input("[bold green]you>[/bold green] ").strip()
@@ -644,10 +640,16 @@ ENDED = frozenset({"completed", "failed", "canceled", "rejected", "incomplete"})
 SILENCE_SECONDS = 60.0
 
 
-def _talk_timeout() -> httpx.Timeout:
+def _talk_client(url: str) -> httpx.Client:
+    """A client of the server at ``url``, which reads it within the bounds
+    ``HTTPAgentAPIClient`` reads an agent API within: a compressed answer is unpacked a
+    bounded piece at a time, and a reply that sends nothing for :data:`SILENCE_SECONDS` ends."""
     import httpx
 
-    return httpx.Timeout(30.0, read=SILENCE_SECONDS)
+    from agentscope_serverless.helpers.agent_api_client import sync_unpacking
+
+    timeout = httpx.Timeout(30.0, read=SILENCE_SECONDS)
+    return httpx.Client(base_url=url, timeout=timeout, event_hooks=sync_unpacking())
 
 
 def _stream_reply(
@@ -660,7 +662,8 @@ def _stream_reply(
     """
     import httpx
 
-    from agentscope_serverless.helpers.sse_lines import iter_sse_lines
+    from agentscope_serverless.helpers import agent_api_client as api
+    from agentscope_serverless.helpers.sse_lines import SSELineTooLong, iter_sse_lines
 
     body: dict[str, Any] = {"input": [{"role": "user", "content": text}], "stream": True}
     if session_id:
@@ -679,20 +682,26 @@ def _stream_reply(
                     "http://127.0.0.1:8090, without a route"
                 )
             if response.status_code != 200:
-                response.read()
-                hint = _refusal_hint(response, key, user_id)
+                answer = api.read_error_body(response, SILENCE_SECONDS)
+                if answer is None:
+                    raise CommandError(
+                        f"{client.base_url} answered HTTP {response.status_code}, and its error "
+                        f"body did not all arrive within {SILENCE_SECONDS:g} s"
+                    )
+                error = api.error_of_body(answer)
+                hint = _refusal_hint(error, key, user_id)
                 refused = CannotTalk if hint or response.status_code in (401, 403) else CommandError
-                raise refused(_error_message(response) + hint)
+                raise refused(_error_message(response.status_code, error) + hint)
             session_id = response.headers.get("X-Session-Id") or session_id
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
             reasoning: set[str] = set()
             printed: str | None = None  # the message whose text was printed last
             ended = False
             try:
-                for line in iter_sse_lines(response):
+                for line in iter_sse_lines(response, api.MAX_LINE_CHARS):
                     if not line.startswith("data: "):
                         continue
-                    event = json.loads(line[6:])
+                    event = _event_of(line[6:])
                     if "object" not in event and isinstance(event.get("error"), dict):
                         # The stream cut by the server (a buffered Lambda function's size
                         # limit), saying why.
@@ -730,6 +739,12 @@ def _stream_reply(
             except KeyboardInterrupt:
                 _cancel_run(client, headers, response.headers.get("X-Run-Id"))
                 raise ReplyInterrupted(session_id or "") from None
+            except SSELineTooLong as exc:
+                console.print()
+                raise CannotTalk(
+                    f"the server sent an event line longer than {exc.max_line_length:,} "
+                    "characters, the most read of one event: the rest of the reply is not read"
+                ) from None
             if not ended:
                 console.print()
                 run = response.headers.get("X-Run-Id")
@@ -788,17 +803,31 @@ def _cancel_run(client: httpx.Client, headers: dict[str, str], run_id: str | Non
         console.print("stopped showing the reply; the run may go on", style="dim", markup=False)
 
 
-def _refusal_hint(response: httpx.Response, key: str, user_id: str | None) -> str:
-    """What to change in the command for a request refused for its key or its user, in the
-    command's terms (the server's message speaks of HTTP headers and fields); else ``""``."""
+def _event_of(data: str) -> dict[str, Any]:
+    """The event of a ``data:`` line; a line that is not a JSON object is no server's of
+    this project."""
+    try:
+        event = json.loads(data)
+    except (ValueError, RecursionError):
+        event = None
+    if not isinstance(event, dict):
+        console.print()
+        raise CannotTalk(
+            "the server sent an event that is not a JSON object (is --url this project's server?)"
+        )
+    return event
+
+
+def _refusal_hint(error: dict[str, Any] | None, key: str, user_id: str | None) -> str:
+    """What to change in the command for a request refused for its key or its user (its
+    body's ``error``), in the command's terms (the server's message speaks of HTTP headers
+    and fields); else ``""``."""
     from agentscope_serverless.auth.keys import parse_key
     from agentscope_serverless.http.auth import USER_HEADER
 
-    try:
-        error = response.json()["error"]
-        code, param = error["code"], error.get("param")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    if error is None or "code" not in error:
         return ""
+    code, param = error["code"], error.get("param")
     if code == "UNAUTHENTICATED" and parse_key(key) is not None:
         # A key of the right form that the server does not know.
         return (
@@ -813,12 +842,10 @@ def _refusal_hint(response: httpx.Response, key: str, user_id: str | None) -> st
     return ""
 
 
-def _error_message(response: httpx.Response) -> str:
-    try:
-        error = response.json()["error"]
-        return f"HTTP {response.status_code} {error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}"
+def _error_message(status: int, error: dict[str, Any] | None) -> str:
+    if error is None or "code" not in error or "message" not in error:
+        return f"HTTP {status}"
+    return f"HTTP {status} {error['code']}: {error['message']}"
 
 
 def _key_store(file: Path | None, table: str | None) -> tuple[KeyStore, str]:
