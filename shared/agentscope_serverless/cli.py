@@ -793,11 +793,15 @@ def _cancel_run(client: httpx.Client, headers: dict[str, str], run_id: str | Non
     console.print()
     if not run_id:
         return
-    try:
-        answer = client.post(f"/runs/{quote(run_id, safe='')}/cancel", headers=headers)
+    status = None
+    try:  # the status says it all: the body is not read (a server's may never end)
+        with client.stream(
+            "POST", f"/runs/{quote(run_id, safe='')}/cancel", headers=headers
+        ) as answer:
+            status = answer.status_code
     except httpx.HTTPError:
-        answer = None
-    if answer is not None and answer.status_code in (202, 409):
+        pass
+    if status in (202, 409):
         console.print("stopped: the run was cancelled", style="dim", markup=False)
     else:
         console.print("stopped showing the reply; the run may go on", style="dim", markup=False)

@@ -5,17 +5,24 @@ time), and a failure is one line that never shows the key."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import socket
+import subprocess
 import time
 import tracemalloc
 import zlib
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 import agentscope_serverless.cli as cli_module
 from agentscope_serverless.cli import app
+from tests.cli.test_cli import SCRIPT, read_until
 from tests.support.raw_server import raw_servers
+from tests.support.signals import terminal_signals
 
 KEY = "ask_hostile_s3cr3tpart"
 TEXT_EVENT = b'data: {"object":"content","delta":true,"text":"Hello, ","msg_id":"m1"}\n\n'
@@ -158,3 +165,63 @@ def test_a_compressed_error_body_is_not_unpacked_whole() -> None:
 def gzipped(data: bytes) -> bytes:
     compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
     return compressor.compress(data) + compressor.flush()
+
+
+def _slow_cancel_server() -> Any:
+    """A server whose ``/process`` streams the start of a reply and then waits, and whose
+    ``/runs/{id}/cancel`` answers 202 with a body trickled a byte every half second."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    async def reply() -> Any:
+        yield TEXT_EVENT
+        for _ in range(60):
+            await asyncio.sleep(0.5)
+            yield b": ping\n\n"
+
+    async def trickle() -> Any:
+        for _ in range(120):  # 60 s, far past what the test waits: until the client leaves
+            yield b" "
+            await asyncio.sleep(0.5)
+
+    server = FastAPI()
+
+    @server.post("/process")
+    async def process() -> StreamingResponse:
+        headers = {"X-Run-Id": "run-1", "X-Session-Id": "s1"}
+        return StreamingResponse(reply(), media_type="text/event-stream", headers=headers)
+
+    @server.post("/runs/{run_id}/cancel")
+    async def cancel(run_id: str) -> StreamingResponse:
+        return StreamingResponse(trickle(), status_code=202, media_type="application/json")
+
+    return server
+
+
+def test_ctrl_c_reads_no_body_of_the_cancel_answer() -> None:
+    # Ctrl-C asked the server to cancel the run, then read its answer's whole body: one that
+    # never ended (trickled, or endless) held the command, growing.
+    from tests.support.http import running
+
+    with running(_slow_cancel_server()) as url:
+        command = subprocess.Popen(
+            [SCRIPT, "invoke", "hi", "--url", url, "--key", KEY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=terminal_signals,
+        )
+        assert command.stdout is not None
+        try:
+            seen = read_until(command.stdout, "Hello, ")
+            command.send_signal(signal.SIGINT)
+            began = time.monotonic()
+            code = command.wait(timeout=30)
+            took = time.monotonic() - began
+            seen += command.stdout.read().decode()
+        finally:
+            command.kill()
+    assert "stopped: the run was cancelled" in seen
+    assert code == 130, seen
+    assert took < 20
+    assert KEY not in seen
