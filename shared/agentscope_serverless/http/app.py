@@ -53,7 +53,7 @@ from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, require_k
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import error_response, install_error_handlers
-from agentscope_serverless.http.guards import guard_added_request, guard_request
+from agentscope_serverless.http.guards import guard_added_request, guard_request, install_guards
 from agentscope_serverless.http.idempotency import install_idempotency
 from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
@@ -452,6 +452,7 @@ def new_application(
     )
     app.state.context = context
     install_error_handlers(app)
+    install_guards(app)
     app.add_middleware(HeadMiddleware)
     install_idempotency(app)
     app.add_middleware(

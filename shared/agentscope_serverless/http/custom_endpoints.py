@@ -5,8 +5,11 @@ handlers take) gets there the user the request acts as, however the parameter is
 (``Annotated[Model, Body(embed=True)]``, ``Model | None``, ``list[Model]``, a model nested in
 another): before FastAPI validates the body, each such ``user_id`` is checked as a body's
 ``user_id`` is on every route (naming another user than the caller acts as: 403 for a user
-key, 422 for a service key naming another user elsewhere) and, when absent or null, set to
-that user, so a required ``user_id`` need not be sent. A ``user_id`` path parameter
+key, 422 for a service key naming another user elsewhere; a number names the user of its
+digits, and a value that is neither a string nor an integer is 422) and, when absent or
+null, set to that user, so a required ``user_id`` need not be sent. The request's body is
+checked as a route a user adds has it checked (a body of any type that parses as JSON, a
+form's ``user_id`` fields: see :mod:`.guards`). A ``user_id`` path parameter
 (``/users/{user_id}/...``) names a user as the ``X-User-Id`` header does. What the handler
 does runs for that user too, as a run does for its: an A2A agent tool it calls, or a sandbox
 it connects naming no user, acts for them.
@@ -50,7 +53,6 @@ from pydantic import BaseModel, RootModel
 from pydantic.fields import FieldInfo
 from starlette.concurrency import iterate_in_threadpool
 
-from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import (
     USER_PARAMETER,
     Caller,
@@ -61,7 +63,13 @@ from agentscope_serverless.http.auth import (
     get_caller,
 )
 from agentscope_serverless.http.bodies import utf8_request
-from agentscope_serverless.http.params import is_json_type
+from agentscope_serverless.http.guards import (
+    body_as_read,
+    is_parse_of,
+    named_users,
+    not_json,
+    read_as_users_route,
+)
 from agentscope_serverless.http.sse import escape_line_breaks
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._turn import acting_for
@@ -247,11 +255,10 @@ class _EndpointRoute(KeyedRoute):
         declared = super().get_route_handler()
         names_user = USER_PARAMETER in self.param_convertors
         bodies = self._user_bodies()
-        if not (names_user or bodies):
-            return declared
 
         async def handle(request: Request) -> Response:
             request = utf8_request(request)
+            read_as_users_route(request)
             caller = await get_caller(request, await bearer_scheme(request))
             if names_user:
                 caller = claiming_path_user(request, caller)
@@ -285,20 +292,19 @@ async def _fill_users(
 ) -> None:
     """Check each ``user_id`` of the JSON body's models against what ``caller`` may act as
     (403 or 422 as for a body's ``user_id``), and set those absent or null to the user it
-    acts as, in the body FastAPI then reads. A body that is not JSON is left to FastAPI."""
-    if not is_json_type(request.headers.get("content-type")) or not await request.body():
-        return
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):
+    acts as, in the body FastAPI then reads. A body of any type is checked when it parses
+    as JSON (a handler may read it with ``await request.json()``); one that does not is
+    left to FastAPI."""
+    body = await body_as_read(request)
+    if body is None:
         return
 
     def user_of(model: dict[str, Any], keys: tuple[str, ...]) -> None:
         named = False
         for key in keys:
             claimed = model.get(key)
-            if isinstance(claimed, str):
-                caller.user_id(body={_USER_FIELD: claimed})
+            if claimed is not None:
+                caller.user_id(body=named_users({_USER_FIELD: claimed}))
             named = named or claimed is not None
         if not named:
             model[keys[0]] = caller.user_id()
@@ -366,7 +372,7 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
                     return await handler(**filled(user_id, kwargs))
                 except json.JSONDecodeError as exc:
                     if await _parsed_the_body(exc, [kwargs[name] for name in requests]):
-                        raise _not_json(exc) from exc
+                        raise not_json(exc) from exc
                     raise
 
     else:
@@ -412,21 +418,11 @@ async def _parsed_the_body(exc: json.JSONDecodeError, requests: list[Request]) -
     request.json()``): a body that is not JSON, which the client is told (422)."""
     for request in requests:
         try:
-            body = await request.body()
-            if exc.doc in (body, body.decode("utf-8", "surrogatepass")):
+            if is_parse_of(exc, await request.body()):
                 return True
-        except (RuntimeError, UnicodeDecodeError):  # its stream read by the handler
+        except RuntimeError:  # its stream read by the handler
             continue
     return False
-
-
-def _not_json(exc: json.JSONDecodeError) -> InvalidInputError:
-    """The refusal of a body that is not JSON (as a route reading a body model says it)."""
-    return InvalidInputError(
-        f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
-        "(JSON takes double quotes, and no comma after a last item)",
-        field="body",
-    )
 
 
 def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,23 +12,46 @@ route a user adds to ``app.get_fastapi_app()`` runs them too, see
   user than the key acts for is 403 on every route, whether or not the route's body
   defines that field; a service key's request whose body names two users (``user_id`` and
   ``user`` disagreeing) is 422, as is a duplicated ``X-User-Id`` header or ``user_id``
-  parameter (see :mod:`agentscope_serverless.http.auth`).
+  parameter (see :mod:`agentscope_serverless.http.auth`). A number names the user of its
+  decimal digits (``42`` names user ``"42"``, as a model's ``user_id: int`` reads ``"42"``
+  as 42). A ``user_id`` of another type (``true``, ``4.2``, an object, an array) is 422: a
+  model's ``user_id: int`` would read ``true`` as user 1 and ``42.0`` as user 42, and no
+  route takes a user to be such a value. A ``user`` that is an object, an array or a
+  boolean names no user (payloads sent to webhooks carry ``"user": {"login": ...}``); a
+  ``user`` that is a fraction is 422 as ``user_id``'s.
+- **What a route a user adds reads.** On those routes (added to ``app.get_fastapi_app()``
+  or with ``@app.endpoint``) a body is checked as the route may read it: a body of any
+  declared type (``text/plain``, a form's, none) that parses as JSON is checked as a JSON
+  body is, as ``await request.json()`` reads it whatever its type; and the ``user_id`` or
+  ``user`` fields of a form (``application/x-www-form-urlencoded``, or the fields, not the
+  files, of ``multipart/form-data``) are checked as a body's (an empty one names no user,
+  as FastAPI reads it as absent). A route of theirs that parses the request's body as JSON
+  (``await request.json()``) and is sent a body that is not JSON answers 422 naming where
+  it does not parse, not a 500 (:func:`install_guards`); one that never reads it so is not
+  refused.
 - **Retried writes run once**: ``Idempotency-Key``, see
-  :mod:`agentscope_serverless.http.idempotency`.
+  :mod:`agentscope_serverless.http.idempotency`. A service key whose request names no user
+  claims its keys for itself (its key id), apart from every user's.
 """
 
 from __future__ import annotations
 
+import codecs
+import inspect
+import json
 import re
 from typing import Annotated, Any
+from urllib.parse import unquote_plus
 
-from fastapi import Header, Request
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 from starlette.types import Message, Receive
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import Caller, CurrentCaller
-from agentscope_serverless.http.bodies import utf8_request
-from agentscope_serverless.http.errors import unreadable_body
+from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
+from agentscope_serverless.http.errors import response_for, unreadable_body
 from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
     IDEMPOTENCY_KEY_PATTERN,
@@ -46,6 +69,12 @@ from agentscope_serverless.services._validation import (
 USER_FIELDS = ("user_id", "user")
 # The longest Idempotency-Key (as declared, see IdempotencyKey).
 _MAX_IDEMPOTENCY_KEY_CHARS = 255
+# Where a request to a route a user added keeps what its guard read: that its body is
+# checked as such a route may read it (see read_as_users_route), and the body itself (for
+# install_guards' answer to the route's failed parse of it).
+_USERS_ROUTE = "agentscope_users_route"
+_USERS_ROUTE_BODY = "agentscope_users_route_body"
+_WRITES = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 
 
 async def request_body(request: Request, *, any_type: bool = False) -> Any:
@@ -82,6 +111,113 @@ class _NotJson(InvalidInputError):
     """A body that is not JSON at all."""
 
 
+async def body_as_read(request: Request) -> Any:
+    """The request's body as a route reading ``await request.json()`` gets it, or None: a
+    JSON body as :func:`request_body` reads it, and a body of another type (or none) when it
+    is a UTF-8 JSON object or array all the same (one that is not is None: the route cannot
+    read it as JSON either, and a lone ``NaN`` or ``"\\ud800"`` sent as text is more likely
+    text). One that parses but nests too deeply is refused, as a JSON body is."""
+    if is_json_type(request.headers.get("content-type")):
+        return await request_body(request)
+    body = await request.body()
+    if body.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
+        return None
+    try:
+        parsed = await request.json()
+    except (ValueError, RecursionError, NotUtf8Charset):
+        return None
+    if nests_deeper_than(body):
+        raise too_deep("body")
+    return parsed
+
+
+def form_users(content_type: str | None, body: bytes) -> list[tuple[str, str]]:
+    """The fields of a form body naming a user (``user_id``, ``user``), as Starlette's form
+    parsers read them: each (name, value) not empty (FastAPI reads an empty field as absent).
+    A URL-encoded form's fields, a multipart form's fields (not its files); none for another
+    type.
+
+    >>> form_users("application/x-www-form-urlencoded", b"user%5Fid=bob&text=&user=")
+    [('user_id', 'bob')]
+    """
+    kind, options = _options_header(content_type or "")
+    if kind == "application/x-www-form-urlencoded":
+        fields = []
+        for pair in body.split(b"&"):
+            name, _, value = pair.partition(b"=")
+            fields.append(
+                (unquote_plus(name.decode("latin-1")), unquote_plus(value.decode("latin-1")))
+            )
+    elif kind == "multipart/form-data" and options.get("boundary"):
+        fields = _multipart_fields(body, options["boundary"], options.get("charset", "utf-8"))
+    else:
+        return []
+    return [(name, value) for name, value in fields if name in USER_FIELDS and value]
+
+
+def _multipart_fields(body: bytes, boundary: str, charset: str) -> list[tuple[str, str]]:
+    """The fields (not the files) of a multipart body: its parts between ``CRLF--boundary``
+    delimiters whose ``Content-Disposition`` names a field without a ``filename``."""
+    try:
+        charset = codecs.lookup(charset).name
+    except LookupError:
+        charset = "latin-1"
+    fields = []
+    delimiter = b"\r\n--" + boundary.encode("latin-1")
+    for part in (b"\r\n" + body).split(delimiter)[1:]:
+        if part.startswith(b"--"):
+            break  # the closing delimiter
+        head, found, data = part.partition(b"\r\n\r\n")
+        if not found:
+            continue
+        for line in head.split(b"\r\n")[1:]:  # the first ends the delimiter's line
+            name, _, value = line.partition(b":")
+            if name.strip().lower() != b"content-disposition":
+                continue
+            _, options = _options_header(value.decode("latin-1"))
+            if "name" in options and "filename" not in options:
+                fields.append((_decoded(options["name"], charset), _decoded(data, charset)))
+    return fields
+
+
+def _decoded(value: str | bytes, charset: str) -> str:
+    """Text of a multipart part, as Starlette decodes it (Latin-1 when not ``charset``)."""
+    raw = value.encode("latin-1") if isinstance(value, str) else value
+    try:
+        return raw.decode(charset)
+    except (UnicodeDecodeError, LookupError):
+        return raw.decode("latin-1")
+
+
+def _options_header(value: str) -> tuple[str, dict[str, str]]:
+    """A header's value and its parameters, as python-multipart reads them: split on ``;``
+    outside quotes, names in lower case, quoted values unquoted; RFC 2231 ``name*=``
+    parameters ignored (multipart forms forbid them)."""
+    segments: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in value:
+        if char == ";" and not quoted:
+            segments.append("".join(current))
+            current = []
+            continue
+        if char == '"' and not escaped:
+            quoted = not quoted
+        escaped = char == "\\" and not escaped
+        current.append(char)
+    segments.append("".join(current))
+    options: dict[str, str] = {}
+    for segment in segments[1:]:
+        name, _, option = segment.strip(" \t").partition("=")
+        name, option = name.rstrip(" \t").lower(), option.lstrip(" \t")
+        if "*" in name:
+            continue
+        if len(option) >= 2 and option[0] == option[-1] == '"':
+            option = option[1:-1].replace("\\\\", "\\").replace('\\"', '"')
+        options[name] = option
+    return segments[0].strip(" \t").lower(), options
+
+
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -116,10 +252,25 @@ async def check_request(
     request: Request, caller: Caller, idempotency_key: str | None, *, any_type: bool = False
 ) -> None:
     """:func:`guard_request` for routes outside FastAPI's dependencies (A2A's), whose body
-    is read as JSON whatever its content type with ``any_type``."""
+    is read as JSON whatever its content type with ``any_type``. A route a user added
+    (:func:`read_as_users_route`) has its body checked as it may read it: see the module."""
+    if request.scope.get("state", {}).get(_USERS_ROUTE):
+        body = await body_as_read(request)
+        check_body(body)
+        form = form_users(request.headers.get("content-type"), await request.body())
+        await check_claims(request, caller, idempotency_key, body, form)
+        return
     body = await request_body(request, any_type=any_type)
     check_body(body)
     await check_claims(request, caller, idempotency_key, body)
+
+
+def read_as_users_route(request: Request) -> None:
+    """The request is to a route a user added (``@app.endpoint``, or one added to
+    ``app.get_fastapi_app()``): its guard checks its body as the route may read it (a body
+    of any type that parses as JSON, a form's fields), not as the runtime's routes read
+    theirs (JSON bodies only)."""
+    request.scope.setdefault("state", {})[_USERS_ROUTE] = True
 
 
 async def guard_added_request(request: Request, caller: Caller | None) -> Receive:
@@ -143,15 +294,19 @@ async def guard_added_request(request: Request, caller: Caller | None) -> Receiv
             "visible ASCII characters",
             field=IDEMPOTENCY_HEADER,
         )
+    read_as_users_route(request)
     await check_request(request, caller, idempotency_key)
     return _handing_over(request)
 
 
 def _handing_over(request: Request) -> Receive:
-    """What the route reads ``request`` from: its body, once read here, then the rest."""
+    """What the route reads ``request`` from: its body, once read here, then the rest. The
+    body is kept for the answer to the route's own parse of it failing (see
+    :func:`install_guards`)."""
     if not hasattr(request, "_body"):  # its body unread: the route reads it as it comes
         return request.receive
     body: bytes = request._body
+    request.scope.setdefault("state", {})[_USERS_ROUTE_BODY] = body
     receive, handed = request.receive, False
 
     async def replay() -> Message:
@@ -172,29 +327,146 @@ def check_body(body: Any) -> None:
 
 
 async def check_claims(
-    request: Request, caller: Caller, idempotency_key: str | None, body: Any
+    request: Request,
+    caller: Caller,
+    idempotency_key: str | None,
+    body: Any,
+    form: list[tuple[str, str]] | None = None,
 ) -> None:
-    """Refuse a ``body`` naming another user than ``caller`` acts for (or two users), then
-    claim the ``Idempotency-Key``."""
+    """Refuse a ``body`` (or the ``form`` fields of :func:`form_users`) naming another user
+    than ``caller`` acts for (or two users), then claim the ``Idempotency-Key``: for the
+    user the request acts as, or, a service key's naming none, for that key alone."""
     user_id: str | None = None
-    if isinstance(body, dict):
+    named = named_users(body)
+    if named:
         # All at once: a body whose user_id and user name two users is refused, as the
         # routes would disagree on which of them acts.
-        named = {name: body[name] for name in USER_FIELDS if isinstance(body.get(name), str)}
-        if named:
-            user_id = caller.user_id(body=named)
-    if idempotency_key is not None and request.method in {"POST", "PUT", "PATCH", "DELETE"}:
-        await claim_key(request, user_id or caller.user_id(), idempotency_key)
+        user_id = caller.user_id(body=named)
+    for name, value in form or ():
+        also = caller.user_id(body={f"{name} form": value})
+        if user_id is not None and also != user_id:
+            raise InvalidInputError(
+                "the request names more than one user",
+                errors=[{"loc": [f"{name} form field"], "msg": "names a different user"}],
+            )
+        user_id = also
+    if idempotency_key is None or request.method not in _WRITES:
+        return
+    users_route = request.scope.get("state", {}).get(_USERS_ROUTE)
+    if users_route and user_id is None and caller.principal.kind == "service" and not caller.claims:
+        # Acting for no user (a route of the app's own that needs none): the key is the
+        # service key's, in a space of its own no user's key can reach (a header's key
+        # holds no space).
+        space = f"service key {caller.principal.key_id}"
+        await claim_key(request, space, f"{space} {idempotency_key}")
+        return
+    await claim_key(request, user_id or caller.user_id(), idempotency_key)
+
+
+def named_users(body: Any) -> dict[str, str]:
+    """The users a JSON body names, by field (``user_id``, ``user``): a string, or an
+    integer (not a boolean) as its decimal digits. A ``user_id`` of another type, or a
+    ``user`` that is a fraction, is refused (422 naming it; see the module).
+
+    >>> named_users({"user_id": 42, "user": {"login": "octocat"}})
+    {'user_id': '42'}
+    """
+    if not isinstance(body, dict):
+        return {}
+    named = {}
+    for name in USER_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            named[name] = value
+        elif isinstance(value, int) and not isinstance(value, bool):
+            named[name] = str(value)
+        elif name == "user_id" or isinstance(value, float):
+            raise InvalidInputError(
+                f"the body's {name} names a user with a string or an integer, not "
+                f"{_json_type(value)}",
+                field=name,
+            )
+    return named
+
+
+def _json_type(value: Any) -> str:
+    """What JSON calls ``value``'s type, with an article."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return "a fraction"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def not_json(exc: json.JSONDecodeError) -> InvalidInputError:
+    """The refusal of a body that is not JSON (as a route reading a body model says it)."""
+    return InvalidInputError(
+        f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+        "(JSON takes double quotes, and no comma after a last item)",
+        field="body",
+    )
+
+
+def is_parse_of(exc: json.JSONDecodeError, body: bytes) -> bool:
+    """Whether ``exc`` is the failed JSON parse of ``body`` (as Starlette's
+    ``request.json()`` or ours reads it)."""
+    for encoding in ("utf-8", "utf-8-sig"):
+        try:
+            if exc.doc == body.decode(encoding, "surrogatepass"):
+                return True
+        except UnicodeDecodeError:
+            return False
+    return False
+
+
+async def _body_not_json(request: Request, exc: Exception) -> Response:
+    """A route a user added parsed the request's body as JSON, and it is not: 422 naming
+    where (any other failed parse is the route's own error, a 500)."""
+    assert isinstance(exc, json.JSONDecodeError)
+    body = request.scope.get("state", {}).get(_USERS_ROUTE_BODY)
+    if isinstance(body, bytes) and body and is_parse_of(exc, body):
+        return response_for(not_json(exc))
+    # The route's own error: answered as it was before, by the handler of a class it is of
+    # (one the app was given), else as an unexpected error.
+    for kind in type(exc).__mro__[1:]:
+        if kind in (Exception, BaseException):  # the 500's, which answers a re-raise
+            break
+        handler = request.app.exception_handlers.get(kind)
+        if handler is not None:
+            if inspect.iscoroutinefunction(handler):
+                answer: Response = await handler(request, exc)
+            else:
+                answer = await run_in_threadpool(handler, request, exc)
+            return answer
+    raise exc
+
+
+def install_guards(app: FastAPI) -> None:
+    """Answer 422 to a route a user added whose parse of the request's body fails."""
+    app.add_exception_handler(json.JSONDecodeError, _body_not_json)
 
 
 __all__ = [
     "USER_FIELDS",
+    "body_as_read",
     "check_body",
     "check_claims",
     "check_request",
+    "form_users",
     "guard_added_request",
     "guard_any_type_request",
     "guard_request",
+    "install_guards",
+    "is_parse_of",
     "json_body",
+    "named_users",
+    "not_json",
+    "read_as_users_route",
     "request_body",
 ]

@@ -4,8 +4,10 @@ A write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) sent with an ``Idempotency-Ke
 claims that key for the caller's user (records live in the store of the session history,
 see :mod:`agentscope_serverless.services.idempotency`):
 
-- the first request with the key runs; a 2xx answer is kept (status, body and the
-  ``Content-Type``/``X-Session-Id`` headers) for ``IDEMPOTENCY_EXPIRY_SECONDS``;
+- the first request with the key runs; a 2xx answer is kept (status, body and headers,
+  each of several ``Set-Cookie`` too, but those of the connection or of that response
+  alone: ``Date``, ``Server``, ``Content-Length``, ``X-Request-Id``, CORS's... see
+  :data:`_DROPPED_HEADERS`) for ``IDEMPOTENCY_EXPIRY_SECONDS``;
 - a request repeating the key, method, path, query and body (a JSON body the same JSON,
   whatever the order of its members and its spacing: :func:`canonical_json`) gets that
   answer again, with ``Idempotent-Replayed: true``, and writes nothing;
@@ -44,7 +46,7 @@ import asyncio
 import hashlib
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -79,7 +81,31 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # Visible ASCII: a key is an opaque token (a uuid, say) the client makes.
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
-_KEPT_HEADERS = ("content-type", "x-session-id", "x-run-id", "location")
+# Headers of an answer not kept for its replay: those of the connection, and those each
+# response has its own (its date, its request's id, what its CORS layer allowed its origin).
+_DROPPED_HEADERS = frozenset(
+    (
+        "connection",
+        "content-length",
+        "date",
+        "keep-alive",
+        "proxy-connection",
+        "server",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "x-request-id",
+        REPLAYED_HEADER.lower(),
+    )
+)
+_DROPPED_PREFIXES = ("access-control-",)
+# The most bytes the headers kept with an answer take stored (as JSON; counted in the bytes
+# it may take): an answer whose headers take more is too large to keep.
+MAX_KEPT_HEADER_BYTES = 16_384
+# Kept under one name, the values of a header sent several times (Set-Cookie) are joined by
+# a line break, which no header's value holds.
+_VALUES_SEPARATOR = "\n"
 _KEY_HEADER = IDEMPOTENCY_HEADER.lower().encode()
 _STATE = "idempotency_claim"
 _ENDS_WITH_CLIENT = "idempotency_ends_with_client"
@@ -211,10 +237,10 @@ class IdempotencyMiddleware:
             nonlocal status, size
             if message["type"] == "http.response.start":
                 status = message["status"]
-                for name, value in message.get("headers", ()):
-                    lowered = bytes(name).decode("latin-1").lower()
-                    if lowered in _KEPT_HEADERS:
-                        headers[lowered] = bytes(value).decode("latin-1")
+                headers.update(_kept_headers(message.get("headers", ())))
+                # As stored (JSON), headers too large make the answer too large to keep.
+                kept = len(json.dumps(headers))
+                size += kept if kept <= MAX_KEPT_HEADER_BYTES else MAX_STORED_RESPONSE_BYTES + 1
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if size <= MAX_STORED_RESPONSE_BYTES:
@@ -338,6 +364,19 @@ async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> Non
         logger.warning("idempotency record not updated", extra={"error": type(exc).__name__})
 
 
+def _kept_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers of an answer kept for its replay (names in lower case), the values of
+    one sent several times joined (see :data:`_VALUES_SEPARATOR`)."""
+    kept: dict[str, str] = {}
+    for name, value in raw:
+        lowered = bytes(name).decode("latin-1").lower()
+        if lowered in _DROPPED_HEADERS or lowered.startswith(_DROPPED_PREFIXES):
+            continue
+        text = bytes(value).decode("latin-1")
+        kept[lowered] = f"{kept[lowered]}{_VALUES_SEPARATOR}{text}" if lowered in kept else text
+    return kept
+
+
 def _too_large(status: int) -> StoredResponse:
     error = IdempotencyKeyReusedError(
         f"this {IDEMPOTENCY_HEADER} was answered with {status}, but the answer was too large "
@@ -351,14 +390,18 @@ def _too_large(status: int) -> StoredResponse:
 def replayed(stored: StoredResponse, body: bytes | None = None) -> Response:
     """The kept answer ``stored`` sent again, with ``body`` in place of its own if given (a
     JSON-RPC answer carrying the retry's id)."""
-    headers = {name: value for name, value in stored.headers.items() if name != "content-type"}
-    headers[REPLAYED_HEADER] = "true"
-    return Response(
+    response = Response(
         stored.body if body is None else body,
         status_code=stored.status,
-        headers=headers,
         media_type=stored.headers.get("content-type"),
     )
+    for name, values in stored.headers.items():
+        if name in ("content-type", "content-length"):
+            continue
+        for value in values.split(_VALUES_SEPARATOR):
+            response.raw_headers.append((name.encode("latin-1"), value.encode("latin-1")))
+    response.headers[REPLAYED_HEADER] = "true"
+    return response
 
 
 async def _replay(request: Request, exc: Exception) -> Response:
@@ -385,6 +428,7 @@ def install_idempotency(app: FastAPI) -> None:
 __all__ = [
     "IDEMPOTENCY_HEADER",
     "IDEMPOTENCY_KEY_PATTERN",
+    "MAX_KEPT_HEADER_BYTES",
     "REPLAYED_HEADER",
     "IdempotencyMiddleware",
     "Replay",
