@@ -895,6 +895,11 @@ def keys_create(
         _fail("a service key acts for any user: leave out --user")
     if not service and user is None:
         _fail("say who the key is for: --user <user>, or --service")
+    if user is not None and not user.strip():
+        _fail("--user is blank: give the id of the user the key acts as")
+    if user is not None and user != user.strip():
+        # A service key could never name such a user: servers strip a header's value.
+        _fail(f"--user {user!r} begins or ends with whitespace: give the id without it")
     store, where = _key_store(file, table)
 
     async def create() -> Any:

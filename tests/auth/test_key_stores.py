@@ -101,7 +101,10 @@ async def test_a_user_key_is_refused_for_a_user_id_with_whitespace_around_it(
     store: KeyStore, user_id: str
 ) -> None:
     # A service key could never name that user in the X-User-Id header (servers strip it).
-    with pytest.raises(InvalidInputError, match="begins or ends with whitespace"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"begins or ends with whitespace: send the id without the surrounding whitespace$",
+    ):
         await store.create_key(kind="user", user_id=user_id)
     assert await store.list_keys() == []
     inner = await store.create_key(kind="user", user_id="alice smith")

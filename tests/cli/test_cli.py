@@ -292,7 +292,11 @@ def test_keys_revoke_takes_the_key_itself_and_never_prints_it(tmp_path: Path) ->
     [
         (["keys", "create"], "--user"),
         (["keys", "create", "--user", "a", "--service"], "leave out --user"),
-        (["keys", "create", "--user", " alice"], "begins or ends with whitespace"),
+        (
+            ["keys", "create", "--user", " alice"],
+            "error: --user ' alice' begins or ends with whitespace: give the id without it\n",
+        ),
+        (["keys", "create", "--user", " "], "error: --user is blank"),
         (["keys", "revoke", "0000000000000000"], "no key with id"),
     ],
 )

@@ -211,7 +211,8 @@ def require_unpadded_user_id(user_id: str, *, where: str = "user_id") -> str:
     could never be named there, and "alice" named there is another user."""
     if user_id != user_id.strip():
         raise InvalidInputError(
-            f"the {where} names a user whose id begins or ends with whitespace: send it without",
+            f"the {where} names a user whose id begins or ends with whitespace: send the id "
+            "without the surrounding whitespace",
             field=where,
         )
     return user_id
