@@ -317,3 +317,36 @@ def test_the_session_memory_marks_and_deletes_stored_messages_as_agentscopes(
         "['a and b', 'c'] 1",
         str(sorted(f"new {i}" for i in range(5))),
     ]
+
+
+MISSING_AGENTSCOPE = """
+import importlib, sys
+
+
+class NoAgentScope:  # as if not installed, whatever this environment has
+    def find_spec(self, name, path=None, target=None):
+        if name == "agentscope":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, NoAgentScope())
+for name in ["message", "memory", "long_term_memory", "tool"]:
+    module = f"agentscope_serverless.adapters.agentscope.{name}"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:  # an ImportError still, for who catches that
+        assert exc.name == "agentscope", exc.name
+        print(exc)
+    else:
+        raise AssertionError(f"{module} imported without agentscope")
+"""
+
+
+def test_an_adapter_imported_without_agentscope_names_the_extra_to_install() -> None:
+    # It was a bare "No module named 'agentscope'".
+    said = run_script(MISSING_AGENTSCOPE).splitlines()
+    assert said == [
+        f"agentscope_serverless.adapters.agentscope.{name} needs the agentscope package (1.x, "
+        "as AgentScope Runtime 1.0.5): pip install 'agentscope-serverless[agentscope]'"
+        for name in ["message", "memory", "long_term_memory", "tool"]
+    ]

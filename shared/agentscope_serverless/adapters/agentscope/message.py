@@ -25,7 +25,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from agentscope.message import Msg  # type: ignore[import-not-found]
+from agentscope_serverless.adapters.agentscope import agentscope_missing
+
+try:
+    from agentscope.message import Msg  # type: ignore[import-not-found]
+except ModuleNotFoundError as exc:
+    raise agentscope_missing(__name__, exc) from None
 
 from agentscope_serverless.schemas.agent_schemas import (
     AudioContent,

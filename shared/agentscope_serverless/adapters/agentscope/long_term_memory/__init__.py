@@ -16,9 +16,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentscope.memory import LongTermMemoryBase  # type: ignore[import-not-found]
-from agentscope.message import Msg, TextBlock, ThinkingBlock  # type: ignore[import-not-found]
-from agentscope.tool import ToolResponse  # type: ignore[import-not-found]
+from agentscope_serverless.adapters.agentscope import agentscope_missing
+
+try:
+    from agentscope.memory import LongTermMemoryBase  # type: ignore[import-not-found]
+    from agentscope.message import Msg, TextBlock, ThinkingBlock  # type: ignore[import-not-found]
+    from agentscope.tool import ToolResponse  # type: ignore[import-not-found]
+except ModuleNotFoundError as exc:
+    raise agentscope_missing(__name__, exc) from None
 
 from agentscope_serverless.adapters.agentscope.message import agentscope_msg_to_message
 from agentscope_serverless.schemas.agent_schemas import Message

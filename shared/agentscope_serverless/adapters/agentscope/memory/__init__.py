@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentscope.memory import MemoryBase  # type: ignore[import-not-found]
+from agentscope_serverless.adapters.agentscope import agentscope_missing
+
+try:
+    from agentscope.memory import MemoryBase  # type: ignore[import-not-found]
+except ModuleNotFoundError as exc:
+    raise agentscope_missing(__name__, exc) from None
 
 from agentscope_serverless.adapters.agentscope.message import (
     agentscope_msg_to_message,

@@ -18,7 +18,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from agentscope.tool import ToolResponse  # type: ignore[import-not-found]
+from agentscope_serverless.adapters.agentscope import agentscope_missing
+
+try:
+    from agentscope.tool import ToolResponse  # type: ignore[import-not-found]
+except ModuleNotFoundError as exc:
+    raise agentscope_missing(__name__, exc) from None
 
 from agentscope_serverless.services.sandbox.box import Sandbox
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS
