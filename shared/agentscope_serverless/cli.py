@@ -48,7 +48,7 @@ from rich.table import Table
 
 from agentscope_serverless.deploy_cli import deploy_app
 from agentscope_serverless.errors import AgentScopeServerlessError
-from agentscope_serverless.serve import WATCHED_FILES
+from agentscope_serverless.serve import IGNORED_FOLDERS_TEXT, WATCHED_FILES
 
 if TYPE_CHECKING:
     import httpx
@@ -193,8 +193,8 @@ def serve(
         bool,
         typer.Option(
             "--reload",
-            help=f"Restart when {WATCHED_FILES} of --app-dir changes (not in virtualenvs, "
-            ".git, __pycache__, node_modules, dist).",
+            help=f"Restart when {WATCHED_FILES} of --app-dir changes (not in "
+            f"{IGNORED_FOLDERS_TEXT}).",
         ),
     ] = False,
     header_timeout: Annotated[

@@ -4,8 +4,8 @@ one replaces it when a file of the project changes.
 uvicorn's reloader, with what an agent's project needs:
 
 - what is watched: the project's sources and configuration (:data:`WATCHED`), through the
-  system's file events (watchfiles), never in virtualenvs, ``.git``, ``__pycache__``,
-  ``node_modules`` or ``dist`` (:data:`IGNORED_FOLDERS`): an idle server costs nothing;
+  system's file events (watchfiles), never in virtualenvs, ``.git``, caches or build
+  outputs (:data:`IGNORED_FOLDERS`): an idle server costs nothing;
 - while the agent's module imports, requests are answered 503 and a stop signal stops the
   worker at once (:class:`LoadingWorker`), so a fix replaces a module stuck at import;
 - a worker that does not stop within :data:`STOP_GRACE_SECONDS` (a start or stop hook that
@@ -33,7 +33,7 @@ from uvicorn.server import Server
 from uvicorn.supervisors.basereload import BaseReload
 from watchfiles import Change, watch
 
-from agentscope_serverless.serve import WATCHED_FILES
+from agentscope_serverless.serve import IGNORED_FOLDERS, WATCHED_FILES
 
 logger = logging.getLogger("uvicorn.error")
 
@@ -54,27 +54,6 @@ WATCHED = (
 )
 #: Editors' temporary and backup files, never a change of the project.
 EDITOR_FILES = ("*.sw?", "*~", ".#*", "*.tmp", "*.bak")
-#: Folders never watched (besides any virtualenv, a folder with a ``pyvenv.cfg``).
-IGNORED_FOLDERS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        "__pycache__",
-        ".venv",
-        "venv",
-        ".tox",
-        ".nox",
-        "node_modules",
-        "dist",
-        "build",
-        ".aws-sam",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".idea",
-    }
-)
 #: Seconds a worker has to stop before it is killed.
 STOP_GRACE_SECONDS = 3.0
 

@@ -34,6 +34,31 @@ APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
 #: The files whose change restarts a server of ``--reload`` (see ``reloader.WATCHED``).
 WATCHED_FILES = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
 
+#: The folders ``--reload`` never watches, besides any virtualenv (a folder with a
+#: ``pyvenv.cfg``), as ``reloader`` applies them.
+IGNORED_FOLDERS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        "node_modules",
+        "dist",
+        "build",
+        ".aws-sam",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".idea",
+    }
+)
+_IGNORED_NAMES = sorted(IGNORED_FOLDERS, key=lambda name: name.lstrip("._"))
+#: :data:`IGNORED_FOLDERS` as the help of ``--reload`` says them.
+IGNORED_FOLDERS_TEXT = f"virtualenvs, {', '.join(_IGNORED_NAMES[:-1])} or {_IGNORED_NAMES[-1]}"
 
 # What a project has at its root to be installed by pip.
 PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
@@ -299,3 +324,5 @@ __all__ = [
     "source_root",
     "use_app_dir",
 ]
+    "IGNORED_FOLDERS",
+    "IGNORED_FOLDERS_TEXT",

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import select
 import shlex
 import signal
@@ -1603,6 +1604,15 @@ def test_every_help_reads_as_plain_text_wrapped_in_an_80_column_terminal() -> No
 
 @pytest.mark.parametrize(
     "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+def test_serve_help_names_every_folder_reload_never_watches() -> None:
+    # It named five of the sixteen (not .venv, build, .aws-sam or the tools' caches).
+    from agentscope_serverless.reloader import IGNORED_FOLDERS
+
+    serve = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    words = set(re.findall(r"[\w.-]+", serve))
+    assert sorted(IGNORED_FOLDERS - words) == []
+
+
 )
 @pytest.mark.parametrize(
     ("variable", "value", "schemes"),

@@ -225,3 +225,11 @@ def test_every_setting_is_in_the_configuration_table() -> None:
     named = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", section))
     missing = [name.upper() for name in Settings.model_fields if name.upper() not in named]
     assert missing == [], f"settings the README's Configuration table does not name: {missing}"
+
+
+def test_the_reload_passage_names_every_folder_never_watched() -> None:
+    from agentscope_serverless.serve import IGNORED_FOLDERS
+
+    passage = README.read_text().split("`serve --reload` restarts the server", 1)[1]
+    passage = passage.split("an idle server costs nothing", 1)[0]
+    assert sorted(IGNORED_FOLDERS - set(re.findall(r"`([^`]+)`", passage))) == []
