@@ -51,8 +51,11 @@ from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.serve import IGNORED_FOLDERS_TEXT, WATCHED_FILES
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import httpx
     import uvicorn
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from agentscope_serverless.auth.base import KeyStore
     from agentscope_serverless.settings import Settings
@@ -368,14 +371,38 @@ def _serve(
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
     port = listener.getsockname()[1]
-    _announce(host, port, served.settings, dev_key, dev_user)
     protocol = head_timeout_protocol(
         served.settings.request_head_timeout_seconds,
         served.settings.request_body_timeout_seconds,
     )
-    config = uvicorn.Config(served.app, http=protocol, log_level=log_level, access_log=False)
+    # Said once the app started: a failing start (an @app.init hook) shows its error alone,
+    # no key or commands for a server that is not there.
+    announced = _AnnouncedOnStart(
+        served.app, lambda: _announce(host, port, served.settings, dev_key, dev_user)
+    )
+    config = uvicorn.Config(announced, http=protocol, log_level=log_level, access_log=False)
     server = uvicorn.Server(config)
     _run_until_signalled(server, listener)
+
+
+class _AnnouncedOnStart:
+    """``app``, calling ``announce`` as its start (lifespan) completes."""
+
+    def __init__(self, app: ASGIApp, announce: Callable[[], None]) -> None:
+        self.app = app
+        self.announce = announce
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def announcing(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                self.announce()
+            await send(message)
+
+        await self.app(scope, receive, announcing)
 
 
 def _run_until_signalled(server: uvicorn.Server, listener: socket.socket) -> None:

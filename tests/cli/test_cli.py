@@ -598,6 +598,8 @@ def test_serve_says_in_one_line_which_start_up_hook_failed_and_why(
     [line] = [line for line in result.stderr.splitlines() if "could not start" in line]
     assert message in line, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+    # No key and no commands to try for a server that never started.
+    assert "ask_" not in result.stdout and "Try it" not in result.stdout, result.stdout
 
 
 FAILING_SHUTDOWN_HOOKS = """import os
@@ -1602,8 +1604,6 @@ def test_every_help_reads_as_plain_text_wrapped_in_an_80_column_terminal() -> No
     assert "REQUEST_HEAD_TIMEOUT_SECONDS, 15" in serve
 
 
-@pytest.mark.parametrize(
-    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
 def test_serve_help_names_every_folder_reload_never_watches() -> None:
     # It named five of the sixteen (not .venv, build, .aws-sam or the tools' caches).
     from agentscope_serverless.reloader import IGNORED_FOLDERS
@@ -1613,6 +1613,8 @@ def test_serve_help_names_every_folder_reload_never_watches() -> None:
     assert sorted(IGNORED_FOLDERS - words) == []
 
 
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
 )
 @pytest.mark.parametrize(
     ("variable", "value", "schemes"),

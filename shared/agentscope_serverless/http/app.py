@@ -640,11 +640,6 @@ def _lifespan(context: AppContext) -> Lifespan:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(context.lifecycle)
             await stack.enter_async_context(context.key_store)
-            if isinstance(app, RuntimeApplication) and app.announces_development_key:
-                from agentscope_serverless.serve import issue_development_key
-
-                # Every route but /health needs a key: the embedded store has none.
-                await issue_development_key(context.key_store)
             if context.idempotency is not None:
                 await stack.enter_async_context(context.idempotency)
             if context.runner is not None and context.agent_app is not None:
@@ -671,6 +666,12 @@ def _lifespan(context: AppContext) -> Lifespan:
             # collection lives long too: later full collections walk only newer objects.
             keep_pauses_short()
             stack.callback(stop_keeping_pauses_short)
+            if isinstance(app, RuntimeApplication) and app.announces_development_key:
+                from agentscope_serverless.serve import issue_development_key
+
+                # Every route but /health needs a key: the embedded store has none. Issued
+                # once the start succeeded: a start that fails prints no key to call it with.
+                await issue_development_key(context.key_store)
             yield
 
     return lifespan
