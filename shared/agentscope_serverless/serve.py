@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
 #: The files whose change restarts a server of ``--reload`` (see ``reloader.WATCHED``).
 WATCHED_FILES = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
-
 #: The folders ``--reload`` never watches, besides any virtualenv (a folder with a
 #: ``pyvenv.cfg``), as ``reloader`` applies them.
 IGNORED_FOLDERS = frozenset(
@@ -59,6 +59,7 @@ IGNORED_FOLDERS = frozenset(
 _IGNORED_NAMES = sorted(IGNORED_FOLDERS, key=lambda name: name.lstrip("._"))
 #: :data:`IGNORED_FOLDERS` as the help of ``--reload`` says them.
 IGNORED_FOLDERS_TEXT = f"virtualenvs, {', '.join(_IGNORED_NAMES[:-1])} or {_IGNORED_NAMES[-1]}"
+
 
 # What a project has at its root to be installed by pip.
 PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
@@ -159,23 +160,36 @@ async def issue_development_key(key_store: KeyStore) -> str | None:
         return None
     key = (await key_store.create_key(kind="user", user_id="dev")).key
     _print_development_key(key)
+    if multiprocessing.parent_process() is not None:
+        # A worker of uvicorn's --workers or --reload: each has its own in-memory keys.
+        print(
+            "  (this worker process's key: another worker, or the next one after a reload, "
+            "refuses it; AUTH_KEYS_BACKEND=file shares keys between workers)",
+            flush=True,
+        )
     return key
 
 
 def create() -> ASGIApp:
     """The application for uvicorn's ``--factory`` (and ``--reload``): the root in a worker.
 
-    The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``. An
-    agent that cannot be served (its module failing, or its start: a hook, a store) is one
-    line, not a traceback, and until a file changes (the fix: the reloader starts another
-    worker) every request is answered 503 saying so, rather than left waiting on a port no
-    worker serves.
+    The agent comes from ``AGENT_APP`` and the import path from ``AGENTSCOPE_APP_DIR``. On
+    the in-memory key store (the default), a development key is printed once the start
+    succeeded, as ``agentscope-serverless serve`` does: without one no caller would be
+    accepted. An agent that cannot be served (its module failing, or its start: a hook, a
+    store) is one line, not a traceback, and until a file changes (the fix: the reloader
+    starts another worker) every request is answered 503 saying so, rather than left waiting
+    on a port no worker serves.
     """
     from agentscope_serverless.errors import AgentScopeServerlessError
+    from agentscope_serverless.http.app import RuntimeApplication
 
     use_app_dir(os.environ.get(APP_DIR_ENV))
     try:
-        return _StartedOrUnavailable(build(root_settings()).app)
+        app = build(root_settings()).app
+        if isinstance(app, RuntimeApplication):
+            app.announces_development_key = True  # on an in-memory key store only
+        return _StartedOrUnavailable(app)
     except AgentScopeServerlessError as exc:
         _print_not_loaded(exc.message)
         return _not_loaded()
@@ -231,14 +245,16 @@ class _StartedOrUnavailable:
 
 
 def _start_failure(exc: BaseException | None) -> str:
-    """What failed the start of the application, in one line."""
+    """What failed the start of the application, in one line, its secrets masked (as
+    :func:`~agentscope_serverless.log.redacted` masks them)."""
     from agentscope_serverless.errors import AgentScopeServerlessError
+    from agentscope_serverless.log import redacted
 
     if isinstance(exc, AgentScopeServerlessError):
-        return f"the agent could not start: {exc.message}"
+        return f"the agent could not start: {redacted(exc.message)}"
     if exc is None:
         return "the agent could not start (the server's output says why)"
-    return f"the agent could not start: {type(exc).__name__}: {exc}"
+    return f"the agent could not start: {redacted(f'{type(exc).__name__}: {exc}')}"
 
 
 def _not_loaded() -> ASGIApp:
@@ -312,6 +328,8 @@ if __name__ == "__main__":
 
 __all__ = [
     "APP_DIR_ENV",
+    "IGNORED_FOLDERS",
+    "IGNORED_FOLDERS_TEXT",
     "WATCHED_FILES",
     "Served",
     "announce_development_key",
@@ -324,5 +342,3 @@ __all__ = [
     "source_root",
     "use_app_dir",
 ]
-    "IGNORED_FOLDERS",
-    "IGNORED_FOLDERS_TEXT",
