@@ -9,6 +9,7 @@ names, so neither prints nor needs a development key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import shlex
 import subprocess
 import sys
 import sysconfig
+import tracemalloc
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,7 @@ import pytest
 
 from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging import build_agentrun_archive, build_modelstudio_archive
+from agentscope_serverless.packaging.archives import ArchiveReport, _zip_tree
 from agentscope_serverless.packaging.project import check_agent_import
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, unpack
@@ -713,3 +716,90 @@ def test_an_agentrun_archive_keeps_no_requirements_file_of_the_project(
     assert "agentscope_private_sdk.py" in names and "agent.py" in names
     assert "requirements.txt" not in names
     assert not [n for n in names if b"s3cret" in private_sdk_agentrun.read(n)]
+
+
+def test_two_builds_of_an_unchanged_project_give_the_same_bytes(tmp_path: Path) -> None:
+    # Each entry took its file's time: a checksum could not tell an unchanged build.
+    project = tmp_path / "project"
+    (project / "bin").mkdir(parents=True)
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "bin" / "start.sh").write_text("#!/bin/sh\n")
+    (project / "bin" / "start.sh").chmod(0o700)
+    digests = []
+    for build in (1, 2):
+        for path in project.rglob("*"):
+            os.utime(path, (1_700_000_000 + build * 1000,) * 2)
+        report = build_agentrun_archive(
+            project, tmp_path / f"out{build}", agent="agent:app", python_version=HOST_PYTHON
+        )
+        digests.append(hashlib.sha256(report.path.read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+    with zipfile.ZipFile(report.path) as archive:
+        infos = archive.infolist()
+    assert {info.date_time for info in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert [info.filename for info in infos] == sorted(info.filename for info in infos)
+    modes = {info.filename: info.external_attr >> 16 for info in infos}
+    assert modes["bin/start.sh"] == 0o100755 and modes["agent.py"] == 0o100644
+
+
+def test_an_archive_takes_source_date_epoch_and_streams_each_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 3 GB model of the project was read whole into memory to be zipped.
+    root = tmp_path / "root"
+    root.mkdir()
+    with (root / "model.bin").open("wb") as model:
+        model.truncate(64 * 2**20)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # 2023-11-14 22:13:20 UTC
+    tracemalloc.start()
+    try:
+        report = _zip_tree(root, tmp_path / "a.zip", 2**30, lambda _: None, tmp_path / "a.part")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    assert report.unpacked_bytes == 64 * 2**20
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        (info,) = archive.infolist()
+        assert info.date_time == (2023, 11, 14, 22, 13, 20)
+        assert archive.testzip() is None
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(PackagingError, match=r"SOURCE_DATE_EPOCH is 'yesterday': give a time"):
+        _zip_tree(root, tmp_path / "b.zip", 2**30, lambda _: None, tmp_path / "b.part")
+
+
+def test_a_report_says_its_share_is_of_the_limit_on_the_archive(tmp_path: Path) -> None:
+    # "3289.1 MB unpacked, 6% of the 500 MiB limit" read as a share of the unpacked size.
+    report = ArchiveReport(tmp_path / "a.zip", 31_400_000, 3_289_100_000, 3447, 500 * 2**20)
+    assert report.describe() == (
+        f"{tmp_path / 'a.zip'} 31.4 MB zipped, 6% of the 500 MiB limit on the archive "
+        "(3289.1 MB unpacked, 3447 files)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "refused"),
+    [
+        ("secrets.py", "def helper():\n    return 1\n", "the project's secrets.py hides the "),
+        ("uuid.py", "X = 1\n", "the project's uuid.py hides the standard library's module uuid"),
+        ("llm.py", 'KEY = "sk-proj-Ab3dEfGh1jKlMn0pQrStUvWx0123"\n', "llm.py (line 1) holds "),
+        ("agentscope_serverless.py", "X = 1\n", "the project's agentscope_serverless.py is"),
+    ],
+)
+def test_a_project_the_deployed_app_could_not_start_from_is_refused_before_installing(
+    tmp_path: Path, name: str, text: str, refused: str
+) -> None:
+    # Built, the archive's server could not start (starlette got the project's secrets.py),
+    # or carried the key; uuid.py was refused by the import check, told to use --source.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text("agentscope-no-such-package==1\n")
+    (project / name).write_text(text)
+    out = tmp_path / "out"
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError) as error:
+            build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+        assert str(error.value).startswith(refused), error.value
+        assert "--source" not in str(error.value) and "sk-proj" not in str(error.value)
+    assert not out.exists()  # nothing resolved, installed or written

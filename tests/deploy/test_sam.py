@@ -930,3 +930,19 @@ def test_a_function_and_its_layers_above_lambdas_unzipped_limit_fail_the_build(
     assert "Lambda's limit of 262,144,000 bytes" in message
     assert re.search(r"the biggest: SharedLayer/python/models 262\.1 MB", message)
     assert not (tmp_path / "build").exists()
+
+
+def test_a_project_module_named_as_the_standard_librarys_is_refused_for_the_layer(
+    tmp_path: Path,
+) -> None:
+    # Lambda puts the task folder and the layer ahead of the standard library: the layer's
+    # secrets.py was what starlette's `from secrets import token_hex` got, and no function
+    # started; the build passed.
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "agent.py").write_text("app = None\n")
+    (project / "secrets.py").write_text("def helper():\n    return 1\n")
+    (project / "requirements.txt").write_text("agentscope-no-such-package==1\n")
+    with pytest.raises(PackagingError, match=r"^the project's secrets\.py hides the standard "):
+        sam.stage_project(project, tmp_path / "stage")
+    assert not (tmp_path / "stage" / "shared" / "secrets.py").exists()

@@ -11,6 +11,7 @@ import pytest
 
 from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging.project import (
+    check_archivable,
     copy_project,
     project_requirements,
     secrets_left_out,
@@ -326,4 +327,164 @@ def test_a_src_layout_package_named_as_a_top_level_entry_is_refused(tmp_path: Pa
     target.mkdir()
     with pytest.raises(PackagingError, match=r"mypkg is both in src/ and at its root"):
         copy_project(project, target)
+    assert copied(target) == set()
+
+
+# Keys as their issuers give them (made up, of the right form).
+OPENAI_KEY = "sk-proj-" + "Ab3dEfGh1jKlMn0pQrStUvWx" * 2
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0" * 2
+KEY_FORMS = {
+    "OpenAI's": OPENAI_KEY,
+    "Anthropic's": "sk-ant-api03-" + "x1Y2z3" * 8,
+    "GitHub's": GITHUB_TOKEN,
+    "GitHub's fine-grained": "github_pat_11ABCDEFG0" + "a1b2c3d4" * 6,
+    "Slack's": "xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx",
+    "an AWS access key's": "AKIAZ5EXAMPLE7Q2WXYZ",
+    "Google's": "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+    "Hugging Face's": "hf_" + "aBcDeFgHiJ" * 4,
+}
+
+
+def test_api_keys_and_tokens_in_data_files_stay_out_and_are_named(
+    project: Path, tmp_path: Path
+) -> None:
+    """An API key's JSON, a config assigning OPENAI_API_KEY, a token file were archived; the
+    build named .env alone."""
+    secrets = {
+        "keys.json": f'{{"api_key": "{OPENAI_KEY}"}}\n',
+        "settings.cfg": f"[llm]\nOPENAI_API_KEY={OPENAI_KEY}\n",
+        "tokens.txt": f"GITHUB_TOKEN={GITHUB_TOKEN}\n",
+        "pkg/app.yaml": "model: qwen-max\ntoken: 3f9a1c0b7e2d4a6f8b1c9d0e\n",
+        "pkg/web.json": '{"apiKey": "a1b2c3d4e5f6a7b8c9d0"}\n',
+        "pkg/db.toml": 'password = "Zq8vR3nL0pW5tY2u"\n',
+        "pkg/notes.md": f"Mine: `{GITHUB_TOKEN}`\n",  # prose, but the key is a key
+        "run.sh": f"export OPENAI_API_KEY={OPENAI_KEY}\n",
+        **{f"pkg/forms/{n}.txt": f"{key}\n" for n, key in enumerate(KEY_FORMS.values())},
+    }
+    kept = {
+        "pkg/template.yaml": "api_key: ${OPENAI_API_KEY}\ntoken: <your token>\n",
+        "pkg/prompts.json": '{"max_tokens": 1024, "token": "", "api_key": "your-api-key-here"}\n',
+        "pkg/secret_ref.yaml": "secret: arn:aws:secretsmanager:us-east-1:123456789012:secret:x\n",
+        "pkg/usage.md": "Set `OPENAI_API_KEY=sk-...` in the platform's environment.\n",
+        "pkg/setup.sh": 'export OPENAI_API_KEY="$OPENAI_API_KEY"\n',
+    }
+    for name, text in {**secrets, **kept}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv", *kept}
+    named = set(secrets_left_out(project))
+    assert set(secrets) <= named
+    assert not [p for p in named if p in kept]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        f'OPENAI_API_KEY = "{OPENAI_KEY}"\n',
+        'client = dict(model="qwen", api_key="a1b2c3d4e5f6a7b8c9d0e1f2")\n',
+        'GITHUB: str = "' + GITHUB_TOKEN + '"\n',
+        'HEADERS = {"token": "3f9a1c0b7e2d4a6f8b1c9d0e"}\n',
+        f'os.environ["OPENAI_API_KEY"] = "{OPENAI_KEY}"\n',
+        'KEY = "-----BEGIN RSA PRIVATE KEY-----\\nMIIB"\n',
+    ],
+)
+def test_a_module_holding_a_key_fails_the_copy_naming_its_file_and_line(
+    project: Path, tmp_path: Path, code: str
+) -> None:
+    # Left out, the agent could not import it; copied, the key went with the archive.
+    (project / "pkg" / "llm.py").write_text(f'"""The model."""\n\nimport os\n\n{code}')
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(PackagingError) as refused:
+        copy_project(project, target)
+    message = str(refused.value)
+    assert message.startswith("pkg/llm.py (line 5) holds what looks like a secret ("), message
+    assert "os.environ" in message
+    for secret in (OPENAI_KEY, GITHUB_TOKEN, "a1b2c3d4e5f6", "3f9a1c0b", "MIIB"):
+        assert secret not in message
+    assert copied(target) == set()
+
+
+def test_a_module_reading_its_keys_from_elsewhere_is_copied(project: Path, tmp_path: Path) -> None:
+    code = (
+        "import os\n\n"
+        'OPENAI_API_KEY = os.environ["OPENAI_API_KEY"]\n'
+        'token = os.getenv("GITHUB_TOKEN", "")\n'
+        "client = dict(api_key=settings.openai_api_key_v2, max_tokens=1024)\n"
+        'api_key: str = ""\n'
+        'API_KEY_ENV = "OPENAI_API_KEY"\n'
+        'password = "<set me>"\n'
+        'if token == "a1b2c3d4e5f6a7b8c9d0e1f2":\n    pass\n'
+        '"""Set OPENAI_API_KEY=sk-... before serving."""\n'
+    )
+    (project / "pkg" / "llm.py").write_text(code)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert (target / "pkg" / "llm.py").read_text() == code
+
+
+@pytest.mark.parametrize(
+    ("entry", "module"),
+    [("secrets.py", "secrets"), ("uuid.py", "uuid"), ("token.py", "token"), ("json", "json")],
+)
+def test_a_module_named_as_the_standard_librarys_is_refused_naming_it(
+    project: Path, tmp_path: Path, entry: str, module: str
+) -> None:
+    # Deployed, the project comes ahead of the standard library: starlette's `from secrets
+    # import token_hex` got the project's secrets.py, and the app could not start.
+    if entry.endswith(".py"):
+        (project / entry).write_text("def helper():\n    return 1\n")
+    else:
+        (project / entry).mkdir()
+        (project / entry / "__init__.py").write_text("")
+    shown = entry if entry.endswith(".py") else f"{entry}/"
+    target = tmp_path / "out"
+    target.mkdir()
+    for step in (lambda: check_archivable(project), lambda: copy_project(project, target)):
+        with pytest.raises(PackagingError) as refused:
+            step()
+        assert str(refused.value).startswith(
+            f"the project's {shown} hides the standard library's module {module}: deployed, "
+        ), refused.value
+        assert str(refused.value).endswith("rename the project's")
+    assert copied(target) == set()
+
+
+def test_a_folder_named_as_a_standard_module_but_no_package_is_copied(
+    project: Path, tmp_path: Path
+) -> None:
+    # A folder without __init__.py comes after the standard library's package on the path.
+    (project / "html").mkdir()
+    (project / "html" / "index.html").write_text("<p>hi</p>\n")
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert "html/index.html" in copied(target)
+
+
+@pytest.mark.parametrize("entry", ["agentscope_serverless", "agentscope_serverless.py"])
+def test_an_entry_named_as_the_runtimes_package_is_refused_naming_it(
+    project: Path, tmp_path: Path, entry: str
+) -> None:
+    # The folder was left out without a word; the module was copied, hidden by the runtime.
+    if entry.endswith(".py"):
+        (project / entry).write_text("X = 1\n")
+    else:
+        (project / entry).mkdir()
+        (project / entry / "my_extension.py").write_text("X = 1\n")
+    shown = entry if entry.endswith(".py") else f"{entry}/"
+    target = tmp_path / "out"
+    target.mkdir()
+    for step in (lambda: check_archivable(project), lambda: copy_project(project, target)):
+        with pytest.raises(PackagingError) as refused:
+            step()
+        assert str(refused.value) == (
+            f"the project's {shown} is named as the runtime's own package, which every "
+            "package of the project holds: one would hide or overwrite the other; rename the "
+            "project's"
+        )
     assert copied(target) == set()

@@ -20,12 +20,14 @@ A build fails with :class:`PackagingError` when the archive is above the platfor
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -62,12 +64,13 @@ class ArchiveReport:
     left_out: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """One line for humans: path, size and the share of the platform's limit."""
+        """One line for humans: path, size and the share of the platform's limit (on the
+        zipped size)."""
         share = 100 * self.size_bytes / self.limit_bytes
         return (
-            f"{self.path} {self.size_bytes / 1e6:.1f} MB zipped "
-            f"({self.unpacked_bytes / 1e6:.1f} MB unpacked, {self.files} files, "
-            f"{share:.0f}% of the {self.limit_bytes / 2**20:.0f} MiB limit)"
+            f"{self.path} {self.size_bytes / 1e6:.1f} MB zipped, {share:.0f}% of the "
+            f"{self.limit_bytes / 2**20:.0f} MiB limit on the archive "
+            f"({self.unpacked_bytes / 1e6:.1f} MB unpacked, {self.files} files)"
         )
 
 
@@ -96,19 +99,48 @@ def _archived_mode(path: Path) -> int:
     return stat.S_IFREG | (0o755 if executable else 0o644)
 
 
+# The time of every archived file when SOURCE_DATE_EPOCH is not set: the earliest a zip
+# archive can say.
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def _archived_time() -> tuple[int, int, int, int, int, int]:
+    """The time every archived file is given, whatever its own: ``SOURCE_DATE_EPOCH`` (seconds
+    since 1970, UTC) if set, as reproducible builds name it, else :data:`ZIP_EPOCH`; so two
+    builds of an unchanged project give the same bytes."""
+    given = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not given:
+        return ZIP_EPOCH
+    if not given.isdigit():
+        raise PackagingError(
+            f"SOURCE_DATE_EPOCH is {given!r}: give a time as whole seconds since 1970 (UTC), "
+            "such as the last commit's (git log -1 --format=%ct), or unset it"
+        )
+    # A zip archive says times from 1980 to 2107.
+    clamped = min(max(int(given), 315_532_800), 4_354_819_199)
+    return time.gmtime(clamped)[:6]
+
+
 def _zip_tree(
     root: Path, archive: Path, limit: int, progress: Progress, partial: Path
 ) -> ArchiveReport:
     """Zip ``root`` into ``partial``, then put it in place of ``archive`` at once: an archive
-    of an earlier build stays whole until this one is."""
-    files = sorted(p for p in root.rglob("*") if p.is_file())
+    of an earlier build stays whole until this one is. The entries are in the order of their
+    paths, each with :func:`_archived_time` and :func:`_archived_mode`, and each file is read
+    a piece at a time (a model of gigabytes is not held in memory)."""
+    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.as_posix())
+    date_time = _archived_time()
     unpacked = 0
     with zipfile.ZipFile(partial, "w") as zf:
         for i, path in enumerate(files, 1):
-            info = zipfile.ZipInfo.from_file(path, path.relative_to(root).as_posix())
+            info = zipfile.ZipInfo(path.relative_to(root).as_posix(), date_time)
             info.external_attr = _archived_mode(path) << 16
-            zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED, compresslevel=6)
-            unpacked += path.stat().st_size
+            info.compress_type = zipfile.ZIP_DEFLATED
+            # Its size known ahead, a file above 2 GiB gets the ZIP64 fields it needs.
+            info.file_size = path.stat().st_size
+            with path.open("rb") as source, zf.open(info, "w") as entry:
+                shutil.copyfileobj(source, entry, 1 << 20)
+            unpacked += info.file_size
             if i % 500 == 0 or i == len(files):
                 progress(f"zipped {i}/{len(files)} files")
     report = ArchiveReport(archive, partial.stat().st_size, unpacked, len(files), limit)

@@ -92,12 +92,54 @@ _CREDENTIALS = re.compile(
     rb'|"(?:client_secret|private_key|aws_secret_access_key)"[ \t]*:[ \t]*"[\w/+=.:-]{16,}"',
     re.IGNORECASE | re.MULTILINE,
 )
+# An API key or token in a form its issuer gives it (OpenAI's and Anthropic's sk-..., GitHub's
+# ghp_... and github_pat_..., Slack's xoxb-..., an AWS access key's AKIA..., Google's AIza...,
+# Hugging Face's hf_..., Stripe's sk_live_...): a file holding one is left out, whatever its name.
+_KEY_FORMS = re.compile(
+    rb"(?<![\w-])(?:sk-(?=[\w-]*\d)[\w-]{20,}"
+    rb"|gh[pousr]_[A-Za-z0-9]{30,}"
+    rb"|github_pat_\w{22,}"
+    rb"|xox[abposr]-(?=[\w-]*\d)[\w-]{10,}"
+    rb"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    rb"|AIza[\w-]{35}"
+    rb"|hf_[A-Za-z0-9]{30,}"
+    rb"|[rs]k_live_[A-Za-z0-9]{20,})(?![\w-])"
+)
+# What names a secret: an API key (OPENAI_API_KEY, apiKey), a token (GITHUB_TOKEN), a secret
+# (CLIENT_SECRET), a password, a secret or private key.
+_SECRET_NAME = (
+    rb"[\w.-]*?(?:api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|token|secret"
+    rb"|password|passwd)"
+)
+# A literal-looking value: 16 characters or more of a key's alphabet, a digit among them (not a
+# placeholder, ``${OPENAI_API_KEY}``, ``<your key>``, ``your-api-key-here``).
+_SECRET_VALUE = rb"(?=[\w./+=-]*\d)[\w./+=-]{16,}"
+# A data file (a config, a JSON, a dotenv file of any name) assigning one such name a literal
+# value: ``OPENAI_API_KEY=...``, ``"api_key": "..."``, ``token: ...``.
+_ASSIGNED_SECRET = re.compile(
+    rb"(?<![\w.-])[\"']?" + _SECRET_NAME + rb"[\"']?[ \t]*[:=][ \t]*[\"']?" + _SECRET_VALUE,
+    re.IGNORECASE,
+)
+# Python code giving one such name a string literal (``OPENAI_API_KEY = "..."``,
+# ``OpenAI(api_key="...")``, ``{"token": "..."}``), not what it reads from elsewhere
+# (``os.environ["OPENAI_API_KEY"]``, ``api_key=settings.key``).
+_CODED_SECRET = re.compile(
+    rb"(?<![\w.-])[\"']?"
+    + _SECRET_NAME
+    + rb"[\"']?[ \t]*(?::[ \t]*[\w.\[\], |]+?[ \t]*)?[:=][ \t]*[rbRB]?[\"']"
+    + _SECRET_VALUE
+    + rb"[\"']",
+    re.IGNORECASE,
+)
 # Code, and prose, which may name those keys (a module reading such a file, a README showing
-# its format): never left out for them.
+# its format): never left out for the credentials lines above, only for a key of a form above.
 _SOURCE_SUFFIXES = frozenset(
     {".py", ".pyi", ".pyx", ".ipynb", ".sh", ".js", ".mjs", ".cjs", ".jsx", ".ts", ".tsx"}
     | {".go", ".rs", ".java", ".rb", ".md", ".rst"}
 )
+# The project's modules: never left out (the agent would break without them); one holding a
+# secret fails the build (:func:`_refuse_secrets_in_code`).
+_MODULE_SUFFIXES_OF_CODE = frozenset({".py"})
 
 PROJECT_EXCLUDES = (
     ".git",
@@ -237,6 +279,7 @@ def _project_entries(source: Path, ignore: Callable[[str, list[str]], set[str]])
     if not source.is_dir():
         raise PackagingError(f"the project folder {source} does not exist")
     _refuse_links_out(source, ignore)
+    _refuse_secrets_in_code(source, ignore)
     entries = _top_entries(source, ignore)
     src = source_root(source)
     if src is not None and src in entries:
@@ -250,14 +293,99 @@ def _project_entries(source: Path, ignore: Callable[[str, list[str]], set[str]])
                 "packaged, what src/ holds goes to the top, where the other is; rename one"
             )
         entries += packages
+    _refuse_hiding_names(entries)
     return entries
 
 
 def _top_entries(folder: Path, ignore: Callable[[str, list[str]], set[str]]) -> list[Path]:
-    """The entries of ``folder`` the copy takes (not those ``ignore`` leaves out, nor a
-    copy of this package)."""
+    """The entries of ``folder`` the copy takes (not those ``ignore`` leaves out)."""
     skip = set(ignore(str(folder), [p.name for p in folder.iterdir()]))
-    return [p for p in sorted(folder.iterdir()) if p.name not in skip and p.name != PACKAGE]
+    return [p for p in sorted(folder.iterdir()) if p.name not in skip]
+
+
+def standard_module(name: str) -> bool:
+    """Whether ``name`` is a top-level module of Python's standard library (``secrets``,
+    ``uuid``, ``json``...): a module of a project by that name hides it, or is hidden."""
+    return name in sys.stdlib_module_names
+
+
+def _refuse_hiding_names(entries: Sequence[Path]) -> None:
+    """Refuse the project's top-level modules and packages named as a module of the standard
+    library (``secrets.py``, ``uuid.py``, ``json/``), or as this package: a package puts the
+    project ahead of the standard library on the import path (Lambda's task folder and
+    layer, an archive's root), so ``secrets.py`` is what ``from secrets import token_hex``
+    gets, and the deployed app cannot start; ``agentscope_serverless/`` goes into the
+    runtime's package (or is not copied), ``agentscope_serverless.py`` is hidden by it. A
+    folder without ``__init__.py`` (``html/`` of static files) hides no module."""
+    standard: dict[str, str] = {}  # each entry shown: the module it hides
+    own = []
+    for entry in entries:
+        folder = entry.is_dir()
+        shown = f"{entry.name}/" if folder else entry.name
+        module = _top_module(entry.name, folder=folder)
+        if module == PACKAGE:
+            own.append(shown)
+        elif module is not None and standard_module(module) and _hides(entry):
+            standard[shown] = module
+    if own:
+        raise PackagingError(
+            f"the project's {', '.join(own)} {'is' if len(own) == 1 else 'are'} named as the "
+            "runtime's own package, which every package of the project holds: one would hide "
+            "or overwrite the other; rename the project's"
+        )
+    if standard:
+        one = len(standard) == 1
+        raise PackagingError(
+            f"the project's {', '.join(standard)} {'hides' if one else 'hide'} the standard "
+            f"library's module{'' if one else 's'} {', '.join(standard.values())}: deployed, "
+            "the project comes ahead of the standard library on the import path, so every "
+            f"import of {'it' if one else 'them'} (starlette's from secrets import token_hex, "
+            "say) would get the project's, and the app could not start; rename the project's"
+        )
+
+
+def _hides(entry: Path) -> bool:
+    """Whether ``entry``, at the top of the import path, is imported ahead of the standard
+    library's module of its name: a module, or a package (``__init__.py``); a folder without
+    one (a namespace) comes after it."""
+    return not entry.is_dir() or (entry / "__init__.py").is_file()
+
+
+def _refuse_secrets_in_code(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> None:
+    """Refuse a module of the project (a ``.py`` file the copy takes) holding a secret: a key
+    of a known form (:data:`_KEY_FORMS`), a PEM private key, or a string literal given to a
+    name of a secret (``OPENAI_API_KEY = "..."``). Left out, the agent could not import it;
+    copied, any reader of the archive has the secret. The error names the file and the line,
+    never the value."""
+    found = []
+    for folder, folders, files in os.walk(source, followlinks=True):
+        skipped = ignore(folder, [*folders, *files])
+        folders[:] = sorted(name for name in folders if name not in skipped)
+        for name in sorted(files):
+            path = Path(folder, name)
+            if name in skipped or path.suffix.lower() not in _MODULE_SUFFIXES_OF_CODE:
+                continue
+            try:
+                text = path.read_bytes()
+            except OSError:  # unreadable here: the copy says so
+                continue
+            matches = [
+                match.start()
+                for pattern in (_KEY_FORMS, _PRIVATE_KEY, _CODED_SECRET)
+                for match in [pattern.search(text)]
+                if match is not None
+            ]
+            if matches:
+                line = text.count(b"\n", 0, min(matches)) + 1
+                found.append(f"{path.relative_to(source).as_posix()} (line {line})")
+    if found:
+        raise PackagingError(
+            f"{', '.join(found)} {'holds' if len(found) == 1 else 'hold'} what looks like a "
+            "secret (an API key, a token, a password or a private key written in the code): "
+            "the package would carry it to anyone who reads it, and the agent cannot do "
+            "without the module; read it from the environment (os.environ) and give it in "
+            "the platform's (--env, the stack's secret) instead"
+        )
 
 
 def _copy_anew(source: str | Path, destination: str | Path) -> None:
@@ -295,21 +423,27 @@ def _project_ignore(source: Path, outputs: Sequence[Path]) -> Callable[[str, lis
 
 
 def _is_secret(path: Path) -> bool:
-    """Whether ``path`` is one of :data:`SECRET_FILES`, a file holding a PEM private key, or
-    a file other than code holding credentials (``aws_secret_access_key = ...``,
-    ``"client_secret": "..."``), as its first 4 KB say."""
+    """Whether ``path`` is one of :data:`SECRET_FILES`, a file holding a PEM private key or a
+    key of a known form (``sk-...``, ``ghp_...``), or a file other than code holding
+    credentials (``aws_secret_access_key = ...``, ``"client_secret": "..."``,
+    ``OPENAI_API_KEY=...``, ``"api_key": "..."``), as its first 4 KB say. A module of the
+    project (``.py``) is never one: holding a secret, it fails the build instead
+    (:func:`_refuse_secrets_in_code`)."""
     if f"{path.parent.name}/{path.name}" in SECRET_FILES:
         return True
-    if not path.is_file():  # a folder, a link to nothing (refused elsewhere), a pipe
-        return False
+    suffix = path.suffix.lower()
+    if suffix in _MODULE_SUFFIXES_OF_CODE or not path.is_file():
+        return False  # a folder, a link to nothing (refused elsewhere), a pipe
     try:
         with path.open("rb") as file:
             head = file.read(4096)
     except OSError:  # unreadable here: the copy says so
         return False
-    if _PRIVATE_KEY.search(head) is not None:
+    if _PRIVATE_KEY.search(head) is not None or _KEY_FORMS.search(head) is not None:
         return True
-    return path.suffix.lower() not in _SOURCE_SUFFIXES and _CREDENTIALS.search(head) is not None
+    if suffix in _SOURCE_SUFFIXES:
+        return False
+    return any(pattern.search(head) is not None for pattern in (_CREDENTIALS, _ASSIGNED_SECRET))
 
 
 def secrets_left_out(source: Path) -> list[str]:
@@ -988,6 +1122,7 @@ __all__ = [
     "run",
     "runtime_lock",
     "secrets_left_out",
+    "standard_module",
     "tool",
     "uv_platform",
 ]

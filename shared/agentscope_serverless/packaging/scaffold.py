@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.packaging.project import standard_module
 
 AGENT = '''"""The {name} agent: an AgentApp whose query handler answers each message."""
 
@@ -85,7 +86,7 @@ def package_name(name: str) -> str:
     package = re.sub(r"\W", "_", name.strip().lower().replace("-", "_"))
     if not package or not package.isidentifier() or keyword.iskeyword(package):
         raise ConfigurationError(f"{name!r} cannot name a Python package")
-    if package in sys.stdlib_module_names or package in _TAKEN:
+    if standard_module(package) or package in _TAKEN:
         raise ConfigurationError(
             f"{name!r} would name the package {package!r}, which Python or the runtime already "
             f"has: the project could not import its agent (try {package + '_agent'!r})"
