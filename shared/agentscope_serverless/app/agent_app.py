@@ -43,7 +43,11 @@ from agentscope_serverless.deployers.adapter.a2a import (
     extract_a2a_config,
 )
 from agentscope_serverless.deployers.base import DeployManager, DeploymentMode
-from agentscope_serverless.errors import ConfigurationError, InvalidInputError
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    PermissionDeniedError,
+)
 from agentscope_serverless.log import redacted
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import (
@@ -60,6 +64,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     Role,
     TextContent,
 )
+from agentscope_serverless.services._turn import turn_user_id
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.container import Services
@@ -197,6 +202,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
         self._local: tuple[ServiceManager, Runner] | None = None
+        # The runners of the servers serving this app, each with its event loop.
+        self._served: list[tuple[Runner, asyncio.AbstractEventLoop]] = []
         #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
         self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
@@ -354,7 +361,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
         Runtime: ``@app.query()`` hands the handler AgentScope ``Msg`` objects) decorates the
         handler; ``await app.query("hello", user_id=..., session_id=...)`` runs a request
         (text, a dict or an :class:`AgentRequest`; ``request=`` also works) and returns the
-        final :class:`AgentResponse`. A lone framework name registers.
+        final :class:`AgentResponse`. A lone framework name registers. In a server serving
+        the app, a request runs on the served runner, for the caller's user (see
+        :meth:`serving`).
         """
         if callable(framework):  # @app.query without its parentheses, given the handler
             raise TypeError(
@@ -383,12 +392,41 @@ class AgentApp(ServiceLifecycleManagerMixin):
         user_id: str | None = None,
         session_id: str | None = None,
     ) -> AsyncIterator[Event]:
-        """The events of one run in process (starting the app on first use)."""
-        runner = await self._local_runner()
-        async for event in runner.stream_query(
+        """The events of one run in process (starting the app on first use; in a server
+        serving the app, on its runner: see :meth:`serving`)."""
+        runner, run = await self._runner_for(
             _to_request(request, user_id=user_id, session_id=session_id)
-        ):
+        )
+        async for event in runner.stream_query(run):
             yield event
+
+    @contextlib.contextmanager
+    def serving(self, runner: Runner) -> Iterator[None]:
+        """While a server has ``runner`` started for this app (its lifespan), ``app.query``
+        and ``app.stream_query`` called in that server's event loop (an ``@app.endpoint``
+        running the agent, as AgentScope's streaming pattern does) run on it, on the served
+        services: no second runner is started (nor ``@app.init`` run again), and the turn
+        is stored where the server's routes read it. Called for a caller (an endpoint's, a
+        run's), the run is that caller's user's: a request naming no user is given theirs,
+        and one naming another user is refused (:class:`PermissionDeniedError`), as the
+        process endpoint refuses it."""
+        entry = (runner, asyncio.get_running_loop())
+        self._served.append(entry)
+        try:
+            yield
+        finally:
+            self._served.remove(entry)
+
+    async def _runner_for(
+        self, request: AgentRequest | dict[str, Any]
+    ) -> tuple[Runner, AgentRequest | dict[str, Any]]:
+        """The runner to run ``request`` on, and the request as it runs there: the served
+        runner of this event loop, for the caller's user, else the in-process one."""
+        loop = asyncio.get_running_loop()
+        served = [runner for runner, served_loop in self._served if served_loop is loop]
+        if not served:
+            return await self._local_runner(), request
+        return served[-1], _for_caller(request)
 
     def build_services(self, settings: Settings) -> Services:
         """The services a runner of this app uses: those passed in, the rest from ``settings``."""
@@ -569,8 +607,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return _Registration(self, framework)
 
     async def _query(self, request: AgentRequest | dict[str, Any]) -> AgentResponse:
-        runner = await self._local_runner()
-        return await runner.query(request)
+        runner, run = await self._runner_for(request)
+        return await runner.query(run)
 
     async def _local_runner(self) -> Runner:
         async with self._local_lock:
@@ -646,6 +684,26 @@ def _to_request(
     if isinstance(request, AgentRequest):
         return request.model_copy(update=updates)
     return {**request, **updates}
+
+
+def _for_caller(request: AgentRequest | dict[str, Any]) -> AgentRequest | dict[str, Any]:
+    """``request`` as run for the user the current caller acts as (an ``@app.endpoint``'s,
+    a run's), if any: given that user when it names none; refused when it names another."""
+    caller = turn_user_id()
+    if caller is None:
+        return request
+    named = request.user_id if isinstance(request, AgentRequest) else request.get("user_id")
+    if named is None or named == "":
+        if isinstance(request, AgentRequest):
+            return request.model_copy(update={"user_id": caller})
+        return {**request, "user_id": caller}
+    if str(named) != caller:
+        raise PermissionDeniedError(
+            f"app.query/app.stream_query named user_id {str(named)!r}, but the call it runs "
+            f"for acts as user {caller!r}: a run acts only as its caller's user (leave "
+            "user_id out to run for them)"
+        )
+    return request
 
 
 # The AGENT_APP whose module a server is importing, if any: an app.run() then is refused.

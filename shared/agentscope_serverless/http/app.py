@@ -649,6 +649,8 @@ def _lifespan(context: AppContext) -> Lifespan:
                 context.agent_app.bind_handlers(context.runner)
                 context.runner.check()
                 await stack.enter_async_context(context.runner)
+                # app.query/app.stream_query (an endpoint running the agent) run on it.
+                stack.enter_context(context.agent_app.serving(context.runner))
                 before_start = context.agent_app.before_start
                 try:
                     await call_hook(before_start, app)

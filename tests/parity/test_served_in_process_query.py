@@ -1,0 +1,98 @@
+"""``app.query`` / ``app.stream_query`` called from an ``@app.endpoint`` of a served app (the
+"Streaming Responses with SSE" pattern of AgentScope Runtime's docs) run on the served
+runner: ``@app.init`` and ``@app.shutdown`` run once, the turn is stored where the server's
+routes read it, for the user the call acts as."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from agentscope_serverless import AgentApp
+from agentscope_serverless.schemas.agent_schemas import AgentRequest
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running, user_message
+
+
+def build_app(hooks: list[str]) -> AgentApp:
+    app = AgentApp(app_name="in-process")
+
+    @app.init
+    async def init(self: Any) -> None:
+        hooks.append("init")
+
+    @app.shutdown
+    async def shutdown(self: Any) -> None:
+        hooks.append("shutdown")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, request: Any = None, **kwargs: Any) -> AsyncIterator[str]:
+        yield "You said: " + (msgs[-1].get_text_content() or "")
+
+    @app.endpoint("/stream")
+    async def stream(query: str) -> AsyncIterator[Any]:
+        async for chunk in app.stream_query(query, session_id="via-stream"):
+            yield chunk
+
+    @app.endpoint("/ask")
+    async def ask(request: AgentRequest) -> dict[str, Any]:
+        response = await app.query(request)
+        return {"text": response.output[-1].get_text_content(), "session": response.session_id}
+
+    @app.endpoint("/ask-as")
+    async def ask_as(user: str) -> dict[str, Any]:
+        response = await app.query("hi", user_id=user, session_id="named")
+        return {"session": response.session_id}
+
+    return app
+
+
+def session_ids(client: httpx.Client, key: str, **headers: str) -> list[str]:
+    response = client.get("/sessions", headers={**bearer(key), **headers})
+    response.raise_for_status()
+    return sorted(item["id"] for item in response.json()["items"])
+
+
+def test_an_endpoint_running_the_agent_uses_the_served_runner_for_its_caller() -> None:
+    keys = Keys.make()
+    hooks: list[str] = []
+    app = build_app(hooks)
+    with (
+        running(app.get_fastapi_app(settings=load_settings(), key_store=keys.store)) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        streamed = client.post("/stream", params={"query": "hello"}, headers=bearer(keys.alice))
+        assert streamed.status_code == 200, streamed.text
+        assert "You said: hello" in streamed.text
+        asked = client.post(
+            "/ask",
+            json={"input": [user_message("hi")], "session_id": "via-ask"},
+            headers=bearer(keys.alice),
+        )
+        assert asked.json() == {"text": "You said: hi", "session": "via-ask"}
+        # A service key acting for bob: the turn is bob's.
+        client.post(
+            "/stream",
+            params={"query": "hey"},
+            headers={**bearer(keys.service), "X-User-Id": "bob"},
+        ).raise_for_status()
+
+        assert session_ids(client, keys.alice) == ["via-ask", "via-stream"]
+        assert session_ids(client, keys.bob) == ["via-stream"]
+        messages = client.get("/sessions/via-stream/messages", headers=bearer(keys.alice))
+        texts = [m["content"][0]["text"] for m in messages.json()["items"]]
+        assert texts == ["hello", "You said: hello"]
+
+        # A user key cannot run the agent as another user through app.query.
+        refused = client.post("/ask-as", params={"user": "bob"}, headers=bearer(keys.alice))
+        assert refused.status_code == 403, refused.text
+        assert "bob" not in session_ids(client, keys.alice) and session_ids(client, keys.bob) == [
+            "via-stream"
+        ]
+        # Naming the caller's own user is fine.
+        own = client.post("/ask-as", params={"user": "alice"}, headers=bearer(keys.alice))
+        assert own.json() == {"session": "named"}
+        assert hooks == ["init"]
+    assert hooks == ["init", "shutdown"]
