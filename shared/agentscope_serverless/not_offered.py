@@ -39,6 +39,11 @@ _AGUI = (
     "an app serves /process (SSE), the OpenAI Responses and Chat Completions APIs and A2A "
     "itself (agentscope_serverless.app.AgentApp)"
 )
+_SANDBOX = (
+    "the sandbox server runs 'base' and 'filesystem' sandboxes: use "
+    "agentscope_serverless.sandbox.BaseSandbox or FilesystemSandbox (or their *Async forms), "
+    "or connect them with agentscope_serverless.services.sandbox.SandboxService"
+)
 
 # Each name: (what it is, what to use instead).
 NOT_OFFERED: dict[str, tuple[str, str]] = {
@@ -73,6 +78,20 @@ NOT_OFFERED: dict[str, tuple[str, str]] = {
     "ProcessManager": ("detached server processes", _DETACHED),
     "build_detached_app": ("detached-process projects", _DETACHED),
     "get_bundle_entry_script": ("detached-process projects", _DETACHED),
+    "BrowserSandbox": ("browser sandboxes", _SANDBOX),
+    "BrowserSandboxAsync": ("browser sandboxes", _SANDBOX),
+    "GuiSandbox": ("GUI sandboxes", _SANDBOX),
+    "GuiSandboxAsync": ("GUI sandboxes", _SANDBOX),
+    "GUIMixin": ("GUI sandboxes", _SANDBOX),
+    "AsyncGUIMixin": ("GUI sandboxes", _SANDBOX),
+    "MobileSandbox": ("mobile sandboxes", _SANDBOX),
+    "MobileSandboxAsync": ("mobile sandboxes", _SANDBOX),
+    "TrainingSandbox": ("training sandboxes", _SANDBOX),
+    "APPWorldSandbox": ("training sandboxes", _SANDBOX),
+    "BFCLSandbox": ("training sandboxes", _SANDBOX),
+    "CloudSandbox": ("cloud sandboxes", _SANDBOX),
+    "AgentbaySandbox": ("AgentBay sandboxes", _SANDBOX),
+    "DummySandbox": ("dummy sandboxes", _SANDBOX),
     "build_wheel": ("wheel bundles", _WHEEL),
     "generate_wrapper_project": ("wheel bundles", _WHEEL),
     "get_user_bundle_appdir": ("wheel bundles", _WHEEL),

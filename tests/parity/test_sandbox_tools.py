@@ -40,3 +40,37 @@ async def test_connect_infers_the_sandboxes_of_the_tool_modules_tools(
 def test_tools_of_sandboxes_not_offered_are_refused_at_import(kind: str) -> None:
     with pytest.raises(ImportError, match=f"{kind} sandbox tools are not offered"):
         importlib.import_module(f"agentscope_serverless.sandbox.tools.{kind}")
+
+
+# AgentScope Runtime 1.0.5's sandbox classes of the types the server does not run, by the
+# module (package) AgentScope defines them in.
+SANDBOXES_NOT_OFFERED = {
+    "BrowserSandbox": "browser.browser_sandbox",
+    "BrowserSandboxAsync": "browser.browser_sandbox",
+    "GuiSandbox": "gui.gui_sandbox",
+    "GuiSandboxAsync": "gui.gui_sandbox",
+    "MobileSandbox": "mobile.mobile_sandbox",
+    "MobileSandboxAsync": "mobile.mobile_sandbox",
+    "TrainingSandbox": "training_box.training_box",
+    "CloudSandbox": "cloud.cloud_sandbox",
+    "AgentbaySandbox": "agentbay.agentbay_sandbox",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SANDBOXES_NOT_OFFERED))
+def test_sandboxes_not_offered_are_refused_at_import_naming_what_to_use(name: str) -> None:
+    module = f"agentscope_serverless.sandbox.box.{SANDBOXES_NOT_OFFERED[name]}"
+    for statement in (
+        f"from agentscope_serverless.sandbox import {name}",
+        f"from {module} import {name}",
+        f"import {module}",
+    ):
+        with pytest.raises(ImportError) as raised:
+            exec(statement, {})
+        message = str(raised.value)
+        assert "is not offered" in message, (statement, message)
+        assert "agentscope_serverless.sandbox.BaseSandbox or FilesystemSandbox" in message
+    # Any other missing name is an AttributeError, as for any module.
+    sandbox = importlib.import_module("agentscope_serverless.sandbox")
+    with pytest.raises(AttributeError):
+        sandbox.NoSuchSandbox  # noqa: B018

@@ -11,10 +11,14 @@ Change the import prefix and the code runs::
 Offered: ``BaseSandbox``, ``FilesystemSandbox`` and their ``*Async`` forms, ``SandboxManager``
 (every operation of the protocol, sync and ``*_async``), ``SandboxType`` and
 ``SandboxRegistry``. The browser, GUI, mobile, training, cloud and AgentBay sandboxes are not:
-our server offers the ``base`` and ``filesystem`` types. Errors raise
+our server offers the ``base`` and ``filesystem`` types (importing one of them, or its
+module, raises an ``ImportError`` saying so and what to use). Errors raise
 :class:`~agentscope_serverless.errors.SandboxError` instead of coming back as strings.
 """
 
+from typing import Any
+
+from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.sandbox.box.base.base_sandbox import BaseSandbox, BaseSandboxAsync
 from agentscope_serverless.sandbox.box.filesystem.filesystem_sandbox import (
     FilesystemSandbox,
@@ -24,6 +28,11 @@ from agentscope_serverless.sandbox.box.sandbox import Sandbox, SandboxAsync
 from agentscope_serverless.sandbox.enums import SandboxType
 from agentscope_serverless.sandbox.manager.sandbox_manager import SandboxManager
 from agentscope_serverless.sandbox.registry import SandboxRegistry
+
+
+def __getattr__(name: str) -> Any:
+    raise missing_name(__name__, name)
+
 
 __all__ = [
     "BaseSandbox",
