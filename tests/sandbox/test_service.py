@@ -295,6 +295,30 @@ async def test_an_async_type_name_connects_the_same_sandbox_again(
     await sandbox_service.release_async(session_id, "u1")
 
 
+async def test_connected_sandboxes_are_instances_of_agentscopes_classes_of_their_type(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    from agentscope_serverless import sandbox
+
+    # As AgentScope's service returns instances of the classes registered for the types.
+    base, files = await sandbox_service.connect_async(
+        session_id, "u1", env_types=["base", "filesystem"]
+    )
+    assert isinstance(base, sandbox.BaseSandbox) and isinstance(base, sandbox.Sandbox)
+    assert not isinstance(base, sandbox.FilesystemSandbox)
+    assert isinstance(files, sandbox.FilesystemSandbox) and isinstance(files, sandbox.BaseSandbox)
+    assert not isinstance(files, sandbox.FilesystemSandboxAsync)
+    assert not isinstance(object(), sandbox.BaseSandbox)
+    # Found again (connected by another call), they are the same.
+    listed = await sandbox_service.sandboxes_async(session_id, "u1")
+    assert [isinstance(box, sandbox.FilesystemSandbox) for box in listed] == [False, True]
+    # And they have every method of those classes.
+    for box, cls in ((base, sandbox.BaseSandbox), (files, sandbox.FilesystemSandbox)):
+        missing = [n for n in dir(cls) if not n.startswith("_") and not hasattr(box, n)]
+        assert not missing, (cls.__name__, missing)
+    await sandbox_service.release_async(session_id, "u1")
+
+
 async def test_an_unsupported_sandbox_type_is_a_request_error(
     sandbox_service: SandboxService, session_id: str
 ) -> None:

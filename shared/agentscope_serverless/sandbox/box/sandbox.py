@@ -4,6 +4,11 @@
 (unless ``sandbox_id`` names an existing one) and releases it on exit; the async classes do
 the same with ``async with``. Without ``base_url`` the sandbox lives on a private local
 server started for it (bubblewrap needed), which stops on exit.
+
+The sandboxes ``SandboxService.connect`` returns are instances of the class registered for
+their type, as AgentScope's service returns them: ``isinstance(box, FilesystemSandbox)``
+holds for a ``filesystem`` sandbox it connected (and ``isinstance(box, BaseSandbox)`` for
+both types, ``FilesystemSandbox`` being a ``BaseSandbox``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,28 @@ from typing import Any, Self
 from agentscope_serverless.errors import SandboxError
 from agentscope_serverless.sandbox.enums import SandboxType
 from agentscope_serverless.sandbox.manager.sandbox_manager import SandboxManager
+from agentscope_serverless.sandbox.registry import SandboxRegistry
+from agentscope_serverless.services.sandbox.box import Sandbox as ConnectedSandbox
 
 
-class SandboxBase:
+class _SandboxClass(type):
+    """The sandbox classes' metaclass: a sandbox of ``SandboxService.connect`` (which has
+    every method of its type's class) is an instance of the class registered for its type,
+    and of that class's bases."""
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        if super().__instancecheck__(instance):
+            return True
+        if not isinstance(instance, ConnectedSandbox):
+            return False
+        try:
+            registered = SandboxRegistry.get_classes_by_type(instance.sandbox_type)
+        except ValueError:  # a type AgentScope does not know
+            return False
+        return registered is not None and issubclass(registered, cls)
+
+
+class SandboxBase(metaclass=_SandboxClass):
     """What the sync and async sandbox classes share: the id, the type and the manager."""
 
     def __init__(
