@@ -9,11 +9,10 @@ import json
 import textwrap
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, File, Form, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -55,6 +54,16 @@ def _app(keys: Keys) -> FastAPI:
     async def ep_notes(request: Request) -> dict[str, Any]:
         return {"stored_for": (await request.json()).get("user_id")}
 
+    @agent.endpoint("/ep/form", methods=["POST"])
+    async def ep_form(note: str = Form("")) -> dict[str, Any]:
+        return {"note": note}
+
+    @agent.endpoint("/ep/upload", methods=["POST"])
+    async def ep_upload(
+        upload: UploadFile, raw: bytes = File(b""), note: str = Form("")
+    ) -> dict[str, Any]:
+        return {"name": upload.filename, "size": len(await upload.read()) + len(raw), "note": note}
+
     @agent.endpoint("/ep/batch", methods=["POST"])
     async def ep_batch(lines: list[Line]) -> dict[str, Any]:
         return {"line_users": [line.user_id for line in lines]}
@@ -70,9 +79,12 @@ def _app(keys: Keys) -> FastAPI:
         return {"acting_for": order.user_id}
 
     @web.post("/form")
-    async def form(request: Request) -> dict[str, Any]:
-        # As a route with ``user_id: str = Form(...)`` reads it (without python-multipart).
-        return {"stored_for": parse_qs((await request.body()).decode())["user_id"][-1]}
+    async def form(user_id: str = Form("")) -> dict[str, Any]:
+        return {"stored_for": user_id}
+
+    @web.post("/rawform")
+    async def rawform(request: Request) -> dict[str, Any]:
+        return {"stored_for": (await request.form()).getlist("user_id")}
 
     @web.post("/upload")
     async def upload(request: Request) -> dict[str, Any]:
@@ -195,6 +207,117 @@ def test_a_form_field_naming_another_user_is_refused() -> None:
         }
         two = httpx.post(f"{url}/form", headers=service, data={"user_id": "carol"})
         assert two.status_code == 422, two.text
+
+
+@pytest.fixture(scope="module")
+def served() -> Any:
+    keys = Keys.make()
+    with running(_app(keys)) as url:
+        yield url, keys
+
+
+def _post(served: Any, path: str, content_type: str | None, body: bytes) -> httpx.Response:
+    url, keys = served
+    headers = bearer(keys.alice)
+    if content_type:
+        headers["content-type"] = content_type
+    return httpx.post(url + path, headers=headers, content=body)
+
+
+BOB = b'{"user_id": "bob"}'
+FORM = "multipart/form-data; boundary=XX"
+USER_ID_PART = b'--XX\r\nContent-Disposition: form-data; name="user_id"\r\n\r\nbob\r\n--XX--\r\n'
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/x-www-form-urlencoded", b"note=hi"),
+        (FORM, b'--XX\r\nContent-Disposition: form-data; name="note"\r\n\r\nhi\r\n--XX--\r\n'),
+    ],
+)
+def test_an_endpoint_reading_a_form_answers(served: Any, content_type: str, body: bytes) -> None:
+    # FastAPI reads the form before the guard runs: the guard checks the form it read.
+    answer = _post(served, "/ep/form", content_type, body)
+    assert answer.status_code == 200 and answer.json() == {"note": "hi"}, answer.text
+
+
+def test_an_endpoint_taking_files_answers_and_checks_its_fields(served: Any) -> None:
+    url, keys = served
+    files = {"upload": ("user_id.txt", b"bob"), "raw": ("r.bin", b"12")}
+    answer = httpx.post(
+        f"{url}/ep/upload", headers=bearer(keys.alice), files=files, data={"note": "n"}
+    )
+    assert answer.json() == {"name": "user_id.txt", "size": 5, "note": "n"}, answer.text
+    files = {"upload": ("a.txt", b"x")}
+    for data in ({"user_id": "bob"}, {"user": "bob"}):
+        answer = httpx.post(f"{url}/ep/upload", headers=bearer(keys.alice), files=files, data=data)
+        assert answer.status_code == 403, answer.text
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        # Starlette's request.json() ignores the charset and reads UTF-16 and UTF-32 too.
+        ("text/plain; charset=latin-1", BOB),
+        ("application/x-www-form-urlencoded; charset=iso-8859-1", BOB),
+        ("text/plain", BOB.decode().encode("utf-16-le")),
+        (None, BOB.decode().encode("utf-16")),
+        ("text/plain", BOB.decode().encode("utf-32")),
+    ],
+)
+def test_json_the_route_reads_in_any_encoding_naming_another_user_is_refused(
+    served: Any, content_type: str | None, body: bytes
+) -> None:
+    for path in ("/notes", "/ep/notes"):
+        answer = _post(served, path, content_type, body)
+        assert answer.status_code == 403, (path, answer.text)
+
+
+def test_text_the_route_reads_with_surrogate_bytes_is_refused(served: Any) -> None:
+    # Starlette's request.json() decodes UTF-8 with surrogatepass: "\ud800" reaches the route.
+    answer = _post(served, "/notes", "text/plain", b'{"user_id": "bob", "note": "\xed\xa0\x80"}')
+    assert answer.status_code == 422 and "body.note" in answer.text, answer.text
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        (FORM, b"\n" + USER_ID_PART),  # what comes before the first delimiter is skipped
+        (FORM, b"\r" + USER_ID_PART),
+        (FORM, b"\nignored" + USER_ID_PART),
+        ('multipart/form-data; \\\\"; boundary=XX', USER_ID_PART),
+        (
+            FORM,
+            b'--XX\r\nContent-Disposition: form-data; \\\\"; name="user_id"\r\n\r\nbob\r\n'
+            b"--XX--\r\n",
+        ),
+        (
+            FORM,
+            b'--XX\r\nContent-Disposition: form-data; name="user_id"\r\n--XX: 1\r\n\r\nbob\r\n'
+            b"--XX--\r\n",
+        ),
+    ],
+)
+def test_a_form_is_read_as_the_route_reads_it(served: Any, content_type: str, body: bytes) -> None:
+    for path in ("/form", "/rawform"):
+        answer = _post(served, path, content_type, body)
+        assert answer.status_code == 403 and "bob" not in answer.text, (path, answer.text)
+
+
+def test_a_form_the_parser_refuses_is_refused_as_the_route_would(served: Any) -> None:
+    many = b"&".join(b"f%d=1" % n for n in range(1001)) + b"&user_id=bob"
+    malformed = b"--YY\r\n" + USER_ID_PART
+    for path in ("/form", "/raw"):
+        answer = _post(served, path, "application/x-www-form-urlencoded", many)
+        assert answer.status_code == 400 and "Too many fields" in answer.text, answer.text
+        answer = _post(served, path, FORM, malformed)
+        assert answer.status_code == 400, answer.text
+
+
+def test_an_endpoint_reading_a_body_that_is_not_utf8_is_422(served: Any) -> None:
+    answer = _post(served, "/ep/notes", "text/plain", b'{"note": "\xff"}')
+    assert answer.status_code == 422 and "not valid UTF-8" in answer.text, answer.text
 
 
 def test_a_service_keys_keyed_request_naming_no_user_runs_once_apart_from_users() -> None:

@@ -16,16 +16,17 @@ it connects naming no user, acts for them.
 
 A handler is a FastAPI endpoint; one reading the request's body itself (``await
 request.json()``) that is sent a body that is not JSON answers 422, saying where it does not
-parse, as one taking a body model does. A generator (sync or async) is streamed as Server-Sent
-Events, one ``data: <JSON>`` line per item, as AgentScope Runtime streams them: text items
-are sent as JSON strings, pydantic models, dataclasses and objects with ``to_dict()`` (or
-``to_map()``) as their JSON objects, at any depth, tuples and sets as arrays, anything else as
-its ``str()``. A sync generator runs in a worker thread, so a blocking one holds up no other
-request. A generator that raises ends the stream with AgentScope's error item,
-``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
-streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``; so
-does an item holding a number JSON cannot carry (NaN, Infinity). A generator whose client
-leaves is closed (its ``finally`` runs then, a sync one's in a worker thread).
+parse, as one taking a body model does (one that is not UTF-8 text: 422 saying so). A
+generator (sync or async) is streamed as Server-Sent Events, one ``data: <JSON>`` line per
+item, as AgentScope Runtime streams them: text items are sent as JSON strings, pydantic
+models, dataclasses and objects with ``to_dict()`` (or ``to_map()``) as their JSON objects,
+at any depth, tuples and sets as arrays, anything else as its ``str()``. A sync generator
+runs in a worker thread, so a blocking one holds up no other request. A generator that
+raises ends the stream with AgentScope's error item, ``{"error": "<the exception's
+message>", "error_type": "<its class>", "message": "Error in streaming generator"}``, the
+settings' secrets (and the agent's own) replaced by ``***``; so does an item holding a
+number JSON cannot carry (NaN, Infinity). A generator whose client leaves is closed (its
+``finally`` runs then, a sync one's in a worker thread).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from agentscope_serverless.http.auth import (
     get_caller,
 )
 from agentscope_serverless.http.bodies import utf8_request
+from agentscope_serverless.http.errors import unreadable_body
 from agentscope_serverless.http.guards import (
     body_as_read,
     is_parse_of,
@@ -374,6 +376,11 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
                     if await _parsed_the_body(exc, [kwargs[name] for name in requests]):
                         raise not_json(exc) from exc
                     raise
+                except UnicodeDecodeError as exc:
+                    # The body read as JSON (``await request.json()``) is not UTF-8 text.
+                    if await _decoded_the_body(exc, [kwargs[name] for name in requests]):
+                        raise unreadable_body(exc) or exc from exc
+                    raise
 
     else:
 
@@ -419,6 +426,19 @@ async def _parsed_the_body(exc: json.JSONDecodeError, requests: list[Request]) -
     for request in requests:
         try:
             if is_parse_of(exc, await request.body()):
+                return True
+        except RuntimeError:  # its stream read by the handler
+            continue
+    return False
+
+
+async def _decoded_the_body(exc: UnicodeDecodeError, requests: list[Request]) -> bool:
+    """Whether ``exc`` is the failed decoding of the request's body as it was parsed as JSON
+    (``await request.json()``): a body that is not UTF-8 text, which the client is told
+    (422)."""
+    for request in requests:
+        try:
+            if exc.object == await request.body():
                 return True
         except RuntimeError:  # its stream read by the handler
             continue

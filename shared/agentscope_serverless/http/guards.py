@@ -22,13 +22,14 @@ route a user adds to ``app.get_fastapi_app()`` runs them too, see
 - **What a route a user adds reads.** On those routes (added to ``app.get_fastapi_app()``
   or with ``@app.endpoint``) a body is checked as the route may read it: a body of any
   declared type (``text/plain``, a form's, none) that parses as JSON is checked as a JSON
-  body is, as ``await request.json()`` reads it whatever its type; and the ``user_id`` or
-  ``user`` fields of a form (``application/x-www-form-urlencoded``, or the fields, not the
-  files, of ``multipart/form-data``) are checked as a body's (an empty one names no user,
-  as FastAPI reads it as absent). A route of theirs that parses the request's body as JSON
-  (``await request.json()``) and is sent a body that is not JSON answers 422 naming where
-  it does not parse, not a 500 (:func:`install_guards`); one that never reads it so is not
-  refused.
+  body is, as Starlette's ``await request.json()`` reads it whatever its type and charset
+  (UTF-8, UTF-16 or UTF-32); and the ``user_id`` or ``user`` fields of a form
+  (``application/x-www-form-urlencoded``, or the fields, not the files, of
+  ``multipart/form-data``), read by Starlette's own form parser, are checked as a body's
+  (an empty one names no user, as FastAPI reads it as absent; see :func:`form_users`). A
+  route of theirs that parses the request's body as JSON (``await request.json()``) and is
+  sent a body that is not JSON answers 422 naming where it does not parse, not a 500
+  (:func:`install_guards`); one that never reads it so is not refused.
 - **Retried writes run once**: ``Idempotency-Key``, see
   :mod:`agentscope_serverless.http.idempotency`. A service key whose request names no user
   claims its keys for itself (its key id), apart from every user's.
@@ -36,21 +37,22 @@ route a user adds to ``app.get_fastapi_app()`` runs them too, see
 
 from __future__ import annotations
 
-import codecs
 import inspect
 import json
 import re
 from typing import Annotated, Any
-from urllib.parse import unquote_plus
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import Response
+from starlette import requests as starlette_requests
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive
 
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import Caller, CurrentCaller
-from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
+from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.errors import response_for, unreadable_body
 from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
@@ -75,6 +77,8 @@ _MAX_IDEMPOTENCY_KEY_CHARS = 255
 _USERS_ROUTE = "agentscope_users_route"
 _USERS_ROUTE_BODY = "agentscope_users_route_body"
 _WRITES = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+# Starlette's reader of a form's type, None without python-multipart (no form is read then).
+_parse_options_header = getattr(starlette_requests, "parse_options_header", None)
 
 
 async def request_body(request: Request, *, any_type: bool = False) -> Any:
@@ -114,108 +118,69 @@ class _NotJson(InvalidInputError):
 async def body_as_read(request: Request) -> Any:
     """The request's body as a route reading ``await request.json()`` gets it, or None: a
     JSON body as :func:`request_body` reads it, and a body of another type (or none) when it
-    is a UTF-8 JSON object or array all the same (one that is not is None: the route cannot
-    read it as JSON either, and a lone ``NaN`` or ``"\\ud800"`` sent as text is more likely
-    text). One that parses but nests too deeply is refused, as a JSON body is."""
+    is a JSON object or array as Starlette's ``request.json()`` reads it all the same
+    (``json.loads`` of its bytes: UTF-8, UTF-16 or UTF-32 as its first bytes tell, lone
+    surrogates kept, whatever charset the type names). A body that is not is None: the route
+    cannot read it as JSON either, and a lone ``NaN`` or ``"\\ud800"`` sent as text is more
+    likely text. One that parses but nests too deeply is refused, as a JSON body is. A
+    request whose form the route has read (a FastAPI ``Form`` parameter) has no body left
+    for it to read: None."""
+    if request._form is not None and not hasattr(request, "_body"):
+        return None
     if is_json_type(request.headers.get("content-type")):
         return await request_body(request)
     body = await request.body()
-    if body.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
-        return None
     try:
-        parsed = await request.json()
-    except (ValueError, RecursionError, NotUtf8Charset):
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict | list):
         return None
     if nests_deeper_than(body):
         raise too_deep("body")
     return parsed
 
 
-def form_users(content_type: str | None, body: bytes) -> list[tuple[str, str]]:
-    """The fields of a form body naming a user (``user_id``, ``user``), as Starlette's form
-    parsers read them: each (name, value) not empty (FastAPI reads an empty field as absent).
-    A URL-encoded form's fields, a multipart form's fields (not its files); none for another
-    type.
-
-    >>> form_users("application/x-www-form-urlencoded", b"user%5Fid=bob&text=&user=")
-    [('user_id', 'bob')]
+async def form_users(request: Request) -> list[tuple[str, str]]:
+    """The fields of the request's form naming a user (``user_id``, ``user``), as the route
+    reads them: each (name, value) not empty (FastAPI reads an empty field as absent), every
+    value of a repeated field. The form is read by Starlette's own parser (python-multipart),
+    as the route's ``request.form()`` or ``Form`` parameters read it, with Starlette's
+    limits: the form the route has read already (a FastAPI ``Form`` or ``File`` parameter),
+    else the body parsed again apart from the request (the route reads it as sent). Files
+    are not fields. A form the parser refuses (malformed, more than 1000 fields or files) is
+    refused as the route would (400 saying why). Without python-multipart no route can read
+    a form: none is read here either.
     """
-    kind, options = _options_header(content_type or "")
-    if kind == "application/x-www-form-urlencoded":
-        fields = []
-        for pair in body.split(b"&"):
-            name, _, value = pair.partition(b"=")
-            fields.append(
-                (unquote_plus(name.decode("latin-1")), unquote_plus(value.decode("latin-1")))
-            )
-    elif kind == "multipart/form-data" and options.get("boundary"):
-        fields = _multipart_fields(body, options["boundary"], options.get("charset", "utf-8"))
-    else:
-        return []
-    return [(name, value) for name, value in fields if name in USER_FIELDS and value]
+    form = request._form
+    if form is None:
+        if _parse_options_header is None:
+            return []
+        body = await request.body()
+
+        async def replay() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        try:
+            form = await Request(dict(request.scope), replay).form()
+        except HTTPException:
+            raise
+        except Exception as exc:  # as FastAPI answers a form it cannot parse
+            raise HTTPException(400, "There was an error parsing the body") from exc
+        try:
+            return _user_fields(form)
+        finally:
+            await form.close()
+    return _user_fields(form)
 
 
-def _multipart_fields(body: bytes, boundary: str, charset: str) -> list[tuple[str, str]]:
-    """The fields (not the files) of a multipart body: its parts between ``CRLF--boundary``
-    delimiters whose ``Content-Disposition`` names a field without a ``filename``."""
-    try:
-        charset = codecs.lookup(charset).name
-    except LookupError:
-        charset = "latin-1"
-    fields = []
-    delimiter = b"\r\n--" + boundary.encode("latin-1")
-    for part in (b"\r\n" + body).split(delimiter)[1:]:
-        if part.startswith(b"--"):
-            break  # the closing delimiter
-        head, found, data = part.partition(b"\r\n\r\n")
-        if not found:
-            continue
-        for line in head.split(b"\r\n")[1:]:  # the first ends the delimiter's line
-            name, _, value = line.partition(b":")
-            if name.strip().lower() != b"content-disposition":
-                continue
-            _, options = _options_header(value.decode("latin-1"))
-            if "name" in options and "filename" not in options:
-                fields.append((_decoded(options["name"], charset), _decoded(data, charset)))
-    return fields
-
-
-def _decoded(value: str | bytes, charset: str) -> str:
-    """Text of a multipart part, as Starlette decodes it (Latin-1 when not ``charset``)."""
-    raw = value.encode("latin-1") if isinstance(value, str) else value
-    try:
-        return raw.decode(charset)
-    except (UnicodeDecodeError, LookupError):
-        return raw.decode("latin-1")
-
-
-def _options_header(value: str) -> tuple[str, dict[str, str]]:
-    """A header's value and its parameters, as python-multipart reads them: split on ``;``
-    outside quotes, names in lower case, quoted values unquoted; RFC 2231 ``name*=``
-    parameters ignored (multipart forms forbid them)."""
-    segments: list[str] = []
-    current: list[str] = []
-    quoted = escaped = False
-    for char in value:
-        if char == ";" and not quoted:
-            segments.append("".join(current))
-            current = []
-            continue
-        if char == '"' and not escaped:
-            quoted = not quoted
-        escaped = char == "\\" and not escaped
-        current.append(char)
-    segments.append("".join(current))
-    options: dict[str, str] = {}
-    for segment in segments[1:]:
-        name, _, option = segment.strip(" \t").partition("=")
-        name, option = name.rstrip(" \t").lower(), option.lstrip(" \t")
-        if "*" in name:
-            continue
-        if len(option) >= 2 and option[0] == option[-1] == '"':
-            option = option[1:-1].replace("\\\\", "\\").replace('\\"', '"')
-        options[name] = option
-    return segments[0].strip(" \t").lower(), options
+def _user_fields(form: FormData) -> list[tuple[str, str]]:
+    """The text fields of ``form`` naming a user, not empty."""
+    return [
+        (name, value)
+        for name, value in form.multi_items()
+        if name in USER_FIELDS and isinstance(value, str) and value
+    ]
 
 
 IdempotencyKey = Annotated[
@@ -257,7 +222,7 @@ async def check_request(
     if request.scope.get("state", {}).get(_USERS_ROUTE):
         body = await body_as_read(request)
         check_body(body)
-        form = form_users(request.headers.get("content-type"), await request.body())
+        form = await form_users(request)
         await check_claims(request, caller, idempotency_key, body, form)
         return
     body = await request_body(request, any_type=any_type)
