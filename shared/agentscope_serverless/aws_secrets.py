@@ -80,22 +80,86 @@ class _WhileReadingSecrets(logging.Filter):
 _UNLOGGED_BODIES = _WhileReadingSecrets()
 
 
+# How long reading a secret may take: Secrets Manager answers in well under a second, and a
+# function reads its secrets as it starts (Lambda's init phase lasts at most 10 s). An endpoint
+# that never answers, or cannot be reached, fails the start within about
+# ``SECRETS_MAX_ATTEMPTS * (SECRETS_CONNECT_TIMEOUT_SECONDS or SECRETS_READ_TIMEOUT_SECONDS)``,
+# not the AWS SDK's 5 attempts of 60 s each.
+SECRETS_CONNECT_TIMEOUT_SECONDS = 2.0
+SECRETS_READ_TIMEOUT_SECONDS = 3.0
+SECRETS_MAX_ATTEMPTS = 2
+# The errors of Secrets Manager that say the deployment is wrong (the ARN, the function's
+# role, the key the secret is encrypted with), not that the service is down: what each means.
+_MISCONFIGURED = {
+    "ResourceNotFoundException": "it does not exist in region {region}",
+    "AccessDeniedException": "access denied",
+    "AccessDenied": "access denied",
+    "DecryptionFailure": "it cannot be decrypted with its KMS key (access to the key denied?)",
+    "InvalidRequestException": "the request was refused (is the secret scheduled for deletion?)",
+    "InvalidParameterException": "its ARN or name is not valid",
+}
+# The region in a secret's ARN: arn:<partition>:secretsmanager:<region>:<account>:secret:<name>
+_ARN_REGION = re.compile(r"arn:[a-z0-9-]+:secretsmanager:([a-z0-9-]+):")
+
+
+def secret_region(arn: str, default: str) -> str:
+    """The region the secret ``arn`` is in: the one its ARN names, else ``default`` (for a
+    secret given by name).
+
+    >>> secret_region("arn:aws:secretsmanager:eu-west-1:123456789012:secret:s-AbCdEf", "us-east-1")
+    'eu-west-1'
+    >>> secret_region("my-agent-secrets", "us-east-1")
+    'us-east-1'
+    """
+    match = _ARN_REGION.match(arn)
+    return match.group(1) if match else default
+
+
 def fetch_secret_json(
     arn: str, *, region: str, endpoint_url: str | None = None, setting: str = "SECRETS_ARN"
 ) -> dict[str, Any]:
-    """The JSON object stored in the secret ``arn`` (the value of ``setting``)."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    """The JSON object stored in the secret ``arn`` (the value of ``setting``), read in the
+    region its ARN names (``region`` for a secret given by name).
 
+    Raises :class:`ConfigurationError` when the secret cannot be read for what the
+    deployment says (no such secret, access denied, not a JSON object), and
+    :class:`StoreUnavailableError` when Secrets Manager does not answer (within
+    :data:`SECRETS_READ_TIMEOUT_SECONDS`, :data:`SECRETS_MAX_ATTEMPTS` times) or fails.
+    """
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
+    )
+
+    region = secret_region(arn, region)
+    config = Config(
+        connect_timeout=SECRETS_CONNECT_TIMEOUT_SECONDS,
+        read_timeout=SECRETS_READ_TIMEOUT_SECONDS,
+        retries={"total_max_attempts": SECRETS_MAX_ATTEMPTS, "mode": "standard"},
+    )
     # A session of its own: the credentials of the environment as it is now.
     session = boto3.session.Session()
-    client = session.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
+    client = session.client(
+        "secretsmanager", region_name=region, endpoint_url=endpoint_url, config=config
+    )
     logging.getLogger("botocore.parsers").addFilter(_UNLOGGED_BODIES)  # added once
     reading = _READING_SECRET.set(True)
     try:
         raw = client.get_secret_value(SecretId=arn).get("SecretString")
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
+        if code in _MISCONFIGURED:
+            meaning = _MISCONFIGURED[code].format(region=region)
+            raise ConfigurationError(
+                f"cannot read the secret of {setting}: {meaning} ({code}): check the ARN "
+                "and the function's role"
+            ) from None
         raise StoreUnavailableError(
             "secretsmanager", f"cannot read the secret of {setting} ({code})"
         ) from None
@@ -104,6 +168,21 @@ def fetch_secret_json(
             f"{setting} names a secret, but no AWS credentials were found to read it: "
             f"configure them (AWS_PROFILE, AWS_ACCESS_KEY_ID...), or unset {setting} and "
             "give its values in the environment for a local run"
+        ) from None
+    except (ConnectTimeoutError, EndpointConnectionError) as exc:
+        where = endpoint_url or f"region {region}"
+        raise StoreUnavailableError(
+            "secretsmanager",
+            f"cannot read the secret of {setting}: Secrets Manager ({where}) could not be "
+            f"reached in {SECRETS_MAX_ATTEMPTS} attempts ({type(exc).__name__})",
+        ) from None
+    except ReadTimeoutError:
+        where = endpoint_url or f"region {region}"
+        raise StoreUnavailableError(
+            "secretsmanager",
+            f"cannot read the secret of {setting}: Secrets Manager ({where}) did not answer "
+            f"within {SECRETS_READ_TIMEOUT_SECONDS:g} s, {SECRETS_MAX_ATTEMPTS} times "
+            "(ReadTimeoutError)",
         ) from None
     except BotoCoreError as exc:
         raise StoreUnavailableError(
@@ -247,4 +326,5 @@ __all__ = [
     "export_agent_secrets",
     "fetch_secret_json",
     "resolve_secrets",
+    "secret_region",
 ]

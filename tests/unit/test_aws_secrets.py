@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +111,72 @@ def test_a_secret_that_is_not_a_json_object_is_a_configuration_error(
         resolve_secrets(settings)
 
 
-def test_a_missing_secret_is_a_store_error(dynamodb_server: DynamoDBServer) -> None:
+def test_a_missing_secret_is_a_configuration_error_naming_its_region(
+    dynamodb_server: DynamoDBServer,
+) -> None:
+    # It was "secretsmanager is unavailable ... (ResourceNotFoundException)": an outage.
     settings = secrets_settings(
-        dynamodb_server, secrets_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:nope"
+        dynamodb_server,
+        agent_secrets_arn="arn:aws:secretsmanager:eu-west-1:123456789012:secret:nope-AbCdEf",
     )
-    with pytest.raises(StoreUnavailableError, match="secretsmanager"):
+    with pytest.raises(ConfigurationError) as refused:
         resolve_secrets(settings)
+    assert str(refused.value) == (
+        "cannot read the secret of AGENT_SECRETS_ARN: it does not exist in region eu-west-1 "
+        "(ResourceNotFoundException): check the ARN and the function's role"
+    )
+
+
+def test_a_secret_in_another_region_is_read_in_the_region_its_arn_names(
+    dynamodb_server: DynamoDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was read in the stack's region (AWS_REGION), where it does not exist.
+    client = boto3.client(
+        "secretsmanager", endpoint_url=dynamodb_server.endpoint_url, region_name="eu-west-1"
+    )
+    arn = client.create_secret(
+        Name="agent-secrets-eu", SecretString=json.dumps({"EU_WEATHER_KEY": "wk-eu-7c1d"})
+    )["ARN"]
+    assert ":eu-west-1:" in arn and dynamodb_server.region != "eu-west-1"
+    monkeypatch.setenv("EU_WEATHER_KEY", "stale")  # restored when the test ends
+    assert export_agent_secrets(secrets_settings(dynamodb_server, agent_secrets_arn=arn)) == [
+        "EU_WEATHER_KEY"
+    ]
+    assert os.environ["EU_WEATHER_KEY"] == "wk-eu-7c1d"
+
+
+def test_a_secrets_manager_that_never_answers_fails_within_seconds_naming_the_setting() -> None:
+    # A Secrets Manager accepting connections and never answering held the start ~300 s
+    # (the AWS SDK's 60 s read timeout, 5 attempts): past Lambda's 10 s init phase.
+    silent = socket.create_server(("127.0.0.1", 0))  # connections wait, never accepted
+    with silent:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        settings = load_settings(
+            secrets_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:stack-AbCdEf",
+            secrets_endpoint_url=endpoint,
+        )
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as failed:
+            resolve_secrets(settings)
+        elapsed = time.monotonic() - started
+    assert elapsed < 20, elapsed
+    message = str(failed.value)
+    assert message.startswith("secretsmanager is unavailable: cannot read the secret of ")
+    assert f"SECRETS_ARN: Secrets Manager ({endpoint}) did not answer within 3 s" in message
+    assert "stack-AbCdEf" not in message
+
+
+def test_a_secrets_manager_that_cannot_be_reached_fails_naming_the_setting() -> None:
+    unused = socket.create_server(("127.0.0.1", 0))
+    endpoint = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    unused.close()  # nothing listens there: connections are refused
+    settings = load_settings(agent_secrets_arn="my-agent-secrets", secrets_endpoint_url=endpoint)
+    with pytest.raises(StoreUnavailableError) as failed:
+        resolve_secrets(settings)
+    assert str(failed.value) == (
+        "secretsmanager is unavailable: cannot read the secret of AGENT_SECRETS_ARN: Secrets "
+        f"Manager ({endpoint}) could not be reached in 2 attempts (EndpointConnectionError)"
+    )
 
 
 def test_a_binary_secret_is_a_configuration_error(dynamodb_server: DynamoDBServer) -> None:

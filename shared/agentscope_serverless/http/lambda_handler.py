@@ -43,11 +43,13 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
@@ -56,6 +58,9 @@ if TYPE_CHECKING:
     from mangum.types import LambdaHandler as MangumHandler
     from starlette.types import ASGIApp, Message, Receive, Send
 
+    from agentscope_serverless.settings import Settings
+
+_T = TypeVar("_T")
 LambdaHandler = Callable[[Any, Any], dict[str, Any]]
 
 # The most a buffered invocation may answer: the bytes of its response payload (the JSON of
@@ -90,17 +95,26 @@ def import_runtime(routers: Sequence[str]) -> None:
             importlib.import_module(_RUNTIME_OF_ROUTER[name])
 
 
-def build_app(routers: Sequence[str]) -> FastAPI:
-    """The application for ``routers``, with the settings' secrets read from AWS.
+def build_app(routers: Sequence[str], settings: Settings | None = None) -> FastAPI:
+    """The application for ``routers``, with the settings' secrets read from AWS (or the
+    ``settings`` :func:`read_settings` gave).
 
     The composition root of every function: the settings (the environment, then the
     ``SECRETS_ARN`` secret) are read here, once, and handed down to everything else.
     """
-    from agentscope_serverless.aws_secrets import resolve_secrets
     from agentscope_serverless.http.app import create_app
+
+    return create_app(routers, settings=settings if settings is not None else read_settings())
+
+
+def read_settings() -> Settings:
+    """The settings of the environment, their secrets read from Secrets Manager (and the
+    agent's own put in the environment): a call that waits on the network, a few seconds
+    at most (see :mod:`agentscope_serverless.aws_secrets`)."""
+    from agentscope_serverless.aws_secrets import resolve_secrets
     from agentscope_serverless.settings import load_settings
 
-    return create_app(routers, settings=resolve_secrets(load_settings()))
+    return resolve_secrets(load_settings())
 
 
 def build_web_adapter_app(routers: Sequence[str]) -> ASGIApp:
@@ -131,7 +145,9 @@ class _WebAdapterApplication:
     async def _started(self) -> ASGIApp:
         async with self._starting:
             if self._app is None:
-                app = build_app(self._routers)
+                # The secrets are read off the event loop: the server acts on SIGTERM meanwhile.
+                settings = await _in_daemon_thread(read_settings)
+                app = build_app(self._routers, settings)
                 lifespan = app.router.lifespan_context(app)
                 await lifespan.__aenter__()
                 self._lifespan, self._app = lifespan, behind_web_adapter(app)
@@ -153,16 +169,99 @@ class _WebAdapterApplication:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                try:
-                    await self._started()
-                except Exception:
-                    _log_exception("the function could not start")
+                await self._start_unless_stopped()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self._lifespan is not None:
                     await self._lifespan.__aexit__(None, None, None)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _start_unless_stopped(self) -> None:
+        """Start the application as the server starts, unless the server is told to stop
+        first (SIGTERM, SIGINT): a start waiting on Secrets Manager does not keep it from
+        ending, and one that fails is logged (requests try it again)."""
+        from agentscope_serverless.log import logger
+
+        starting: asyncio.Future[Any] = asyncio.ensure_future(self._started())
+        with _stop_signalled() as stopped:
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            logger.warning("the server was stopped as the function started")
+            return
+        try:
+            starting.result()
+        except Exception:
+            _log_exception("the function could not start")
+
+
+@contextlib.contextmanager
+def _stop_signalled() -> Iterator[asyncio.Future[None]]:
+    """A future done once the process is told to stop (SIGTERM, SIGINT) within the block,
+    the server's own handlers of those signals still called (uvicorn's, which only note
+    them while the application starts). Signals reach the main thread only: elsewhere, the
+    future stays pending."""
+    loop = asyncio.get_running_loop()
+    stopped: asyncio.Future[None] = loop.create_future()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+
+    def note() -> None:
+        if not stopped.done():
+            stopped.set_result(None)
+
+    previous: dict[int, Any] = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+
+    def handle(sig: int, frame: Any) -> None:
+        loop.call_soon_threadsafe(note)
+        handler = previous[sig]
+        if callable(handler):
+            handler(sig, frame)
+
+    # Only a server's own handlers are wrapped: without one, the signal ends the process.
+    wrapped = [sig for sig, handler in previous.items() if callable(handler)]
+    for sig in wrapped:
+        signal.signal(sig, handle)
+    try:
+        yield stopped
+    finally:
+        for sig in wrapped:
+            if signal.getsignal(sig) is handle:
+                signal.signal(sig, previous[sig])
+
+
+async def _in_daemon_thread(function: Callable[[], _T]) -> _T:
+    """``function()`` run in a daemon thread of its own, in a copy of this context, the event
+    loop free meanwhile. A process ending does not wait for it, as it would for a thread of
+    the loop's executor."""
+    import contextvars
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = context.run(function), None
+        except BaseException as exc:
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="agentscope-start", daemon=True).start()
+    return await done
 
 
 async def _send_unavailable(scope: Scope, send: Send) -> None:
@@ -1024,4 +1123,5 @@ __all__ = [
     "build_web_adapter_app",
     "import_runtime",
     "make_handler",
+    "read_settings",
 ]
