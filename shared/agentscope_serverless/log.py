@@ -117,11 +117,39 @@ class _Masking(logging.Formatter):
 
 def _masked(line: str) -> str:
     """A JSON line with every secret given to :func:`redact` replaced by ``***``, the
-    credentials of its URLs by ``****``, and its API keys by ``ask_***``."""
-    for secret, as_json in _REDACTED:
-        line = line.replace(as_json, "***")
-        line = line.replace(secret, "***")
+    credentials of its URLs by ``****``, and its API keys by ``ask_***``; still JSON: a
+    secret is masked in the text of a string, and a bare value holding one (``true``,
+    ``5432``: a flag or a port put in the agent's secret) becomes the string ``"***"``."""
+    forms = _REDACTED
+    if any(form in line for form in forms):
+        line = _JSON_TOKEN.sub(_masked_token, line)
     return without_api_keys(without_url_credentials(line))
+
+
+# A JSON string (with its escapes), or a bare value (a number, true, false, null).
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s"{}\[\],:]+')
+
+
+def _masked_token(match: re.Match[str]) -> str:
+    """The token of a JSON line ``match`` found, with the secrets in it masked."""
+    token = match.group()
+    if not any(form in token for form in _REDACTED):
+        return token
+    if not token.startswith('"'):
+        return '"***"'
+    try:
+        text = json.loads(token)
+    except ValueError:  # not JSON after all (another formatter's line): masked as text
+        return _without_secrets(token)
+    # Masked in the text the string holds, then written again: an escape is never cut.
+    return json.dumps(_without_secrets(text))
+
+
+def _without_secrets(text: str) -> str:
+    """``text`` with every form of every secret given to :func:`redact` replaced by ``***``."""
+    for form in _REDACTED:
+        text = text.replace(form, "***")
+    return text
 
 
 # An API key (``ask_<key id>_<secret>``, as auth/keys.py makes them), whoever's it is: a
@@ -157,22 +185,39 @@ def without_url_credentials(text: str) -> str:
     return _URL_CREDENTIALS.sub("****@", text) if "://" in text else text
 
 
-# The secret values of the process (the settings', the agent's own) with their forms in a
-# line's JSON, longest first (a secret holding another is replaced whole), replaced by *** in every
-# line: an agent's exception quoting its API key is logged with its traceback. A tuple
-# replaced whole, never changed, so a line formatted meanwhile in another thread reads it.
-_REDACTED: tuple[tuple[str, str], ...] = ()
+# The secret values of the process (the settings', the agent's own), replaced by *** in every
+# line (an agent's exception quoting its API key is logged with its traceback) and in the
+# errors clients read.
+_SECRETS: frozenset[str] = frozenset()
+# The forms they take in a text or a line, longest first (a secret holding another is
+# replaced whole): as they are, as repr() quotes them (``!r``, a dict or a list printed: a PEM
+# key's lines joined by ``\n``, a backslash doubled) and each of those JSON-escaped (a line's
+# JSON, a JSON text quoted by an error). A tuple replaced whole, never changed, so a line
+# formatted meanwhile in another thread reads it.
+_REDACTED: tuple[str, ...] = ()
+
+
+def _forms(secret: str) -> set[str]:
+    r"""The forms ``secret`` takes in a text or a JSON line (see :data:`_REDACTED`).
+
+    >>> sorted(_forms("C:\\temp"), key=len)
+    ['C:\\temp', 'C:\\\\temp', 'C:\\\\\\\\temp']
+    """
+    # repr() of a text holding both quotes escapes its ', as one quoting the secret may.
+    quoted = {secret, repr(secret)[1:-1], repr('"' + secret)[2:-1]}
+    return quoted | {json.dumps(form)[1:-1] for form in quoted}
 
 
 def redact(secrets: Iterable[str]) -> None:
     """Replace each of ``secrets`` by ``***`` in every line logged from now on, and in the
-    text :func:`redacted` gives (the error messages clients read)."""
-    global _REDACTED
-    known = dict(_REDACTED)
-    for secret in secrets:
-        if secret:
-            known[secret] = json.dumps(secret)[1:-1]
-    _REDACTED = tuple(sorted(known.items(), key=lambda item: len(item[0]), reverse=True))
+    text :func:`redacted` gives (the error messages clients read), as it is, as ``repr()``
+    quotes it, and JSON-escaped."""
+    global _SECRETS, _REDACTED
+    known = _SECRETS | {secret for secret in secrets if secret}
+    if known == _SECRETS:
+        return
+    forms = set().union(*(_forms(secret) for secret in known))
+    _SECRETS, _REDACTED = known, tuple(sorted(forms, key=len, reverse=True))
 
 
 # The AWS SDK's credentials in the environment (a Lambda function's role gets them there):
@@ -197,9 +242,7 @@ def redacted(text: str) -> str:
     >>> redacted("the key sk-example-key was refused by https://bot:pw@api.example")
     'the key *** was refused by https://****@api.example'
     """
-    for secret, _ in _REDACTED:
-        text = text.replace(secret, "***")
-    return without_api_keys(without_url_credentials(text))
+    return without_api_keys(without_url_credentials(_without_secrets(text)))
 
 
 class _StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
