@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import json
 import os
 import re
@@ -105,32 +106,29 @@ _KEY_FORMS = re.compile(
     rb"|hf_[A-Za-z0-9]{30,}"
     rb"|[rs]k_live_[A-Za-z0-9]{20,})(?![\w-])"
 )
-# What names a secret: an API key (OPENAI_API_KEY, apiKey), a token (GITHUB_TOKEN), a secret
-# (CLIENT_SECRET), a password, a secret or private key.
+# What names a secret, as a setting's name: upper-snake (OPENAI_API_KEY, GITHUB_TOKEN,
+# CLIENT_SECRET, DB_PASSWORD), or one of a few names of its own (api_key, apiKey, token,
+# access_token, secret, password...); never a name ending so (nextPageToken, unk_token,
+# max_tokens, openai_secret_id).
 _SECRET_NAME = (
-    rb"[\w.-]*?(?:api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|token|secret"
-    rb"|password|passwd)"
+    rb"(?:[A-Z][A-Z0-9]*_)*(?:API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWORD)"
+    rb"|(?:[a-z][a-z0-9]*_)*api_key|api-key|apiKey|(?:access_|refresh_|auth_|api_)?token"
+    rb"|client_secret|secret_key|secret|password|passwd"
 )
-# A literal-looking value: 16 characters or more of a key's alphabet, a digit among them (not a
-# placeholder, ``${OPENAI_API_KEY}``, ``<your key>``, ``your-api-key-here``).
-_SECRET_VALUE = rb"(?=[\w./+=-]*\d)[\w./+=-]{16,}"
+# A key-like value: 16 characters or more of a key's alphabet, a digit among them, ending
+# there (not a path, a URL, a secret's name in a store, ``os.environ/NAME``, ``${NAME}``,
+# ``$NAME``, text with spaces).
+_SECRET_VALUE = rb"(?P<value>(?=[\w.+=-]*\d)[\w.+=-]{16,})(?![^\s\"',;}\])])"
 # A data file (a config, a JSON, a dotenv file of any name) assigning one such name a literal
 # value: ``OPENAI_API_KEY=...``, ``"api_key": "..."``, ``token: ...``.
 _ASSIGNED_SECRET = re.compile(
-    rb"(?<![\w.-])[\"']?" + _SECRET_NAME + rb"[\"']?[ \t]*[:=][ \t]*[\"']?" + _SECRET_VALUE,
-    re.IGNORECASE,
+    rb"(?<![\w.-])[\"']?(?:" + _SECRET_NAME + rb")[\"']?[ \t]*[:=][ \t]*[\"']?" + _SECRET_VALUE
 )
-# Python code giving one such name a string literal (``OPENAI_API_KEY = "..."``,
-# ``OpenAI(api_key="...")``, ``{"token": "..."}``), not what it reads from elsewhere
-# (``os.environ["OPENAI_API_KEY"]``, ``api_key=settings.key``).
-_CODED_SECRET = re.compile(
-    rb"(?<![\w.-])[\"']?"
-    + _SECRET_NAME
-    + rb"[\"']?[ \t]*(?::[ \t]*[\w.\[\], |]+?[ \t]*)?[:=][ \t]*[rbRB]?[\"']"
-    + _SECRET_VALUE
-    + rb"[\"']",
-    re.IGNORECASE,
-)
+# A value written in place of a key, not one: AWS's documented AKIAIOSFODNN7EXAMPLE, a test's
+# sk-test-0000000000000000, sk-proj-XXXXXXXXXXXXXXXXXXXX1234, your-api-key, a fake or dummy.
+_PLACEHOLDER = re.compile(rb"example|test|fake|dummy|placeholder|your|(.)\1{5}", re.IGNORECASE)
+# A line marked so (detect-secrets' convention) holds no secret, whatever it looks like.
+_ALLOWLIST_MARK = b"pragma: allowlist secret"
 # Code, and prose, which may name those keys (a module reading such a file, a README showing
 # its format): never left out for the credentials lines above, only for a key of a form above.
 _SOURCE_SUFFIXES = frozenset(
@@ -162,6 +160,9 @@ PROJECT_EXCLUDES = (
     ".agentscope-build-*",
     "*.egg-info",
     ".DS_Store",
+    # Test modules, wherever they are (beside the code they test): no function runs them.
+    "test_*.py",
+    "*_test.py",
     *SECRET_EXCLUDES,
 )
 # How the folder a build assembles its archive in begins (in the output folder).
@@ -309,10 +310,64 @@ def standard_module(name: str) -> bool:
     return name in sys.stdlib_module_names
 
 
+# The modules the runtime's start imports: the server of an archive (``python3 -m
+# agentscope_serverless.serve``) and a Lambda function's handler.
+_STARTUP_MODULES = (
+    f"{PACKAGE}.serve",
+    f"{PACKAGE}.aws_secrets",
+    f"{PACKAGE}.settings",
+    f"{PACKAGE}.auth.factory",
+    f"{PACKAGE}.app",
+    f"{PACKAGE}.http.app",
+    f"{PACKAGE}.http.errors",
+    f"{PACKAGE}.http.middleware",
+    f"{PACKAGE}.http.lambda_handler",
+    "uvicorn.main",
+)
+_STARTUP_PROBE = """
+import sys
+before = set(sys.modules)  # imported as Python starts, before the project is on the path
+import importlib, json
+sys.path.insert(0, sys.argv[1])
+for name in json.loads(sys.argv[2]):
+    importlib.import_module(name)
+print(json.dumps(sorted({n.partition(".")[0] for n in set(sys.modules) - before})))
+"""
+
+
+@functools.cache
+def started_standard_modules() -> frozenset[str]:
+    """The standard library's top-level modules the runtime imports as it starts (``secrets``,
+    ``uuid``, ``json``, ``email``...; not ``chunk`` or ``statistics``), found once by importing
+    its server and handler in a fresh interpreter: only those can a project's module of the
+    same name hide. Should that import fail, every module of the standard library."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-B",
+            "-c",
+            _STARTUP_PROBE,
+            str(PACKAGE_DIR.parent),
+            json.dumps(_STARTUP_MODULES),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tempfile.gettempdir(),
+    )
+    try:
+        imported = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return frozenset(sys.stdlib_module_names)
+    return frozenset(imported) & sys.stdlib_module_names
+
+
 def _refuse_hiding_names(entries: Sequence[Path]) -> None:
     """Refuse the project's top-level modules and packages named as a module of the standard
-    library (``secrets.py``, ``uuid.py``, ``json/``), or as this package: a package puts the
-    project ahead of the standard library on the import path (Lambda's task folder and
+    library the runtime imports as it starts (``secrets.py``, ``uuid.py``, ``json/``:
+    :func:`started_standard_modules`; ``chunk.py`` is copied), or as this package: a package
+    puts the project ahead of the standard library on the import path (Lambda's task folder and
     layer, an archive's root), so ``secrets.py`` is what ``from secrets import token_hex``
     gets, and the deployed app cannot start; ``agentscope_serverless/`` goes into the
     runtime's package (or is not copied), ``agentscope_serverless.py`` is hidden by it. A
@@ -325,7 +380,7 @@ def _refuse_hiding_names(entries: Sequence[Path]) -> None:
         module = _top_module(entry.name, folder=folder)
         if module == PACKAGE:
             own.append(shown)
-        elif module is not None and standard_module(module) and _hides(entry):
+        elif module in started_standard_modules() and _hides(entry):
             standard[shown] = module
     if own:
         raise PackagingError(
@@ -353,8 +408,9 @@ def _hides(entry: Path) -> bool:
 
 def _refuse_secrets_in_code(source: Path, ignore: Callable[[str, list[str]], set[str]]) -> None:
     """Refuse a module of the project (a ``.py`` file the copy takes) holding a secret: a key
-    of a known form (:data:`_KEY_FORMS`), a PEM private key, or a string literal given to a
-    name of a secret (``OPENAI_API_KEY = "..."``). Left out, the agent could not import it;
+    of a known form (:data:`_KEY_FORMS`) or a PEM private key, not a placeholder
+    (``AKIAIOSFODNN7EXAMPLE``, ``sk-test-0000...``) nor on a line marked
+    ``# pragma: allowlist secret``. Left out, the agent could not import it;
     copied, any reader of the archive has the secret. The error names the file and the line,
     never the value."""
     found = []
@@ -369,23 +425,37 @@ def _refuse_secrets_in_code(source: Path, ignore: Callable[[str, list[str]], set
                 text = path.read_bytes()
             except OSError:  # unreadable here: the copy says so
                 continue
-            matches = [
-                match.start()
-                for pattern in (_KEY_FORMS, _PRIVATE_KEY, _CODED_SECRET)
-                for match in [pattern.search(text)]
-                if match is not None
-            ]
-            if matches:
-                line = text.count(b"\n", 0, min(matches)) + 1
+            at = _secret_at(text, (_KEY_FORMS, _PRIVATE_KEY))
+            if at is not None:
+                line = text.count(b"\n", 0, at) + 1
                 found.append(f"{path.relative_to(source).as_posix()} (line {line})")
     if found:
         raise PackagingError(
             f"{', '.join(found)} {'holds' if len(found) == 1 else 'hold'} what looks like a "
-            "secret (an API key, a token, a password or a private key written in the code): "
-            "the package would carry it to anyone who reads it, and the agent cannot do "
-            "without the module; read it from the environment (os.environ) and give it in "
-            "the platform's (--env, the stack's secret) instead"
+            "secret (an API key or a token in its issuer's form, or a private key, written "
+            "in the code): the package would carry it to anyone who reads it, and the agent "
+            "cannot do without the module; read it from the environment (os.environ) and "
+            "give it in the platform's (--env, the stack's secret) instead; a value that is "
+            "no secret is let through by # pragma: allowlist secret on its line"
         )
+
+
+def _secret_at(text: bytes, patterns: Sequence[re.Pattern[bytes]]) -> int | None:
+    """Where ``text`` first holds a secret one of ``patterns`` finds: not a placeholder
+    (:data:`_PLACEHOLDER`) for a key, nor on a line marked :data:`_ALLOWLIST_MARK`."""
+    found = []
+    for pattern in patterns:
+        for match in pattern.finditer(text):
+            start = text.rfind(b"\n", 0, match.start()) + 1
+            end = text.find(b"\n", match.end())
+            if _ALLOWLIST_MARK in text[start : end if end >= 0 else len(text)]:
+                continue
+            value = match.groupdict().get("value") or match.group()
+            if pattern is not _PRIVATE_KEY and _PLACEHOLDER.search(value):
+                continue
+            found.append(match.start())
+            break
+    return min(found, default=None)
 
 
 def _copy_anew(source: str | Path, destination: str | Path) -> None:
@@ -439,11 +509,13 @@ def _is_secret(path: Path) -> bool:
             head = file.read(4096)
     except OSError:  # unreadable here: the copy says so
         return False
-    if _PRIVATE_KEY.search(head) is not None or _KEY_FORMS.search(head) is not None:
+    if _secret_at(head, (_PRIVATE_KEY, _KEY_FORMS)) is not None:
         return True
     if suffix in _SOURCE_SUFFIXES:
         return False
-    return any(pattern.search(head) is not None for pattern in (_CREDENTIALS, _ASSIGNED_SECRET))
+    return (
+        _CREDENTIALS.search(head) is not None or _secret_at(head, (_ASSIGNED_SECRET,)) is not None
+    )
 
 
 def secrets_left_out(source: Path) -> list[str]:
