@@ -319,12 +319,17 @@ def _not_json(exc: RequestValidationError) -> InvalidInputError | None:
             line = exc.body.count("\n", 0, at) + 1
             column = at - exc.body.rfind("\n", 0, at)
             where = f" at line {line}, column {column}"
-        return InvalidInputError(
-            f"the body is not valid JSON: {reason}{where} (JSON takes double quotes, and no "
-            "comma after a last item)",
-            field="body",
-        )
+        return body_not_json(f"{reason}{where}")
     return None
+
+
+def body_not_json(why: str) -> InvalidInputError:
+    """The refusal of a body that is not JSON, saying ``why`` and where (never quoting it)."""
+    return InvalidInputError(
+        f"the body is not valid JSON: {why} (JSON takes double quotes, and no comma after a "
+        "last item)",
+        field="body",
+    )
 
 
 # A body of the other shape: a chat completion's messages where /process or a response's input
@@ -456,6 +461,7 @@ __all__ = [
     "ERROR_CODE_STATE",
     "ErrorResponse",
     "asks_retry",
+    "body_not_json",
     "error_body",
     "error_response",
     "error_type",

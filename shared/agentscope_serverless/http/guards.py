@@ -53,7 +53,7 @@ from starlette.types import Message, Receive
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import Caller, CurrentCaller
 from agentscope_serverless.http.bodies import utf8_request
-from agentscope_serverless.http.errors import response_for, unreadable_body
+from agentscope_serverless.http.errors import body_not_json, response_for, unreadable_body
 from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
     IDEMPOTENCY_KEY_PATTERN,
@@ -371,11 +371,7 @@ def _json_type(value: Any) -> str:
 
 def not_json(exc: json.JSONDecodeError) -> InvalidInputError:
     """The refusal of a body that is not JSON (as a route reading a body model says it)."""
-    return InvalidInputError(
-        f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
-        "(JSON takes double quotes, and no comma after a last item)",
-        field="body",
-    )
+    return body_not_json(f"{exc.msg} at line {exc.lineno}, column {exc.colno}")
 
 
 def is_parse_of(exc: json.JSONDecodeError, body: bytes) -> bool:
