@@ -237,3 +237,36 @@ def test_keys_mode_ignores_the_lambda_event_identity(keys: Keys) -> None:
     result = handler(event, None)
     assert result["statusCode"] == 200
     assert all(s["user_id"] == "bob" for s in json.loads(result["body"])["items"])
+
+
+def test_the_web_adapter_serves_an_api_gateway_stage_as_the_root_path(adapter_url: str) -> None:
+    """The streaming function behind a REST API's stage: the adapter passes the path with
+    the stage (``/prod/sessions``), or without it when told to leave it out. Every route
+    under the stage was a 404 and the docs named ``/openapi.json`` outside it; now the
+    routes see the path after the stage and the URLs given keep it, as for the buffered
+    functions."""
+    alice = iam(ALICE)
+
+    def stage_headers(requested: str) -> dict[str, str]:
+        context = {"accountId": ACCOUNT, "stage": "prod", "path": requested}
+        return {"x-amzn-request-context": json.dumps({**context, "authorizer": {"iam": alice}})}
+
+    with httpx.Client(base_url=adapter_url, timeout=10) as client:
+        created = client.post(
+            "/prod/sessions", json={"session_id": "staged"}, headers=stage_headers("/prod/sessions")
+        )
+        assert created.status_code == 201, created.text
+        for path in ("/prod/sessions", "/sessions"):  # the stage kept, or left out
+            listed = client.get(path, headers=stage_headers("/prod/sessions"))
+            assert listed.status_code == 200, (path, listed.text)
+            assert "staged" in [s["id"] for s in listed.json()["items"]]
+        for path in ("/prod/docs", "/docs"):
+            docs = client.get(path, headers=stage_headers("/prod/docs"))
+            assert docs.status_code == 200, (path, docs.text)
+            assert 'url: "/prod/openapi.json"' in docs.text
+        # A path that only begins like the stage's name is not in it.
+        other = client.get("/production/sessions", headers=stage_headers("/production/sessions"))
+        assert other.status_code == 404
+        # Without a stage in the request context nothing changes.
+        assert client.get("/docs", headers=context_header(alice)).status_code == 200
+        assert 'url: "/openapi.json"' in client.get("/docs", headers=context_header(alice)).text

@@ -540,6 +540,17 @@ def test_the_chat_page_behind_a_stage_is_reached_at_the_stages_url(
     page = handler(_http_api_event(key, "/prod/", "prod", _API), None)
     assert page["statusCode"] == 200, page
     assert "<html" in page["body"]
+    # A REST API's stage: its invoke URL gives the path "/" and the requested path "/prod"
+    # (the page was served there, its assets resolving outside the stage); "/prod/" is
+    # the page.
+    context = {"identity": {"sourceIp": "203.0.113.1"}, "stage": "prod", "path": "/prod"}
+    rest = handler(_rest_event(key, path="/", resource="/", requestContext=context), None)
+    assert rest["statusCode"] == 307, rest
+    assert rest["headers"]["location"] == "/prod/"
+    context["path"] = "/prod/"
+    rest_page = handler(_rest_event(key, path="/", resource="/", requestContext=context), None)
+    assert rest_page["statusCode"] == 200, rest_page
+    assert 'src="web/app.js"' in rest_page["body"]
     # A REST API's root resource (``/``) reached at the custom domain's base path.
     root = _base_path_event(key, "/agent", "", resource="/")
     based = handler(root, None)

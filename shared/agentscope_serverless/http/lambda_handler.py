@@ -319,8 +319,37 @@ class _WebAdapterInvocation:
         if scope["type"] == "http":
             deadline = _adapter_deadline(scope.get("headers", ()), self.margin)
             web_adapter_request_context(scope)
+            _adapter_stage(scope)
         with ending_by(deadline):
             await self.app(scope, receive, send)
+
+
+def _adapter_stage(scope: Scope) -> None:
+    """An API Gateway stage the client requested the path under is the scope's root path,
+    as it is for the buffered functions (:func:`_scope`): the routes see the path after it,
+    and the URLs the application gives keep it. The adapter passes the path on with the
+    stage (or, told to leave it out, without it: then the stage is put back in front)."""
+    from agentscope_serverless.http.auth import _request_context
+
+    context = _request_context(scope)
+    if not isinstance(context, dict) or not isinstance(scope.get("path"), str):
+        return
+    path: str = scope["path"]
+    stage = context.get("stage")
+    if "http" in context:  # an HTTP API's (payload 2.0): the stage leads the path, if any
+        root = _stage_path({"requestContext": context, "version": "2.0"}, path)
+    elif context.get("path") == path:  # a REST API's, with the path as requested
+        prefix = f"/{stage}"
+        under_stage = stage != "$default" and (path + "/").startswith(prefix + "/")
+        root = prefix if isinstance(stage, str) and under_stage else ""
+    else:
+        root = _stage_path({"requestContext": context, "path": path}, path)
+        if root:  # the path came without the stage
+            raw = scope.get("raw_path") or path.encode()
+            scope["path"] = root if context.get("path") == root else root + path
+            scope["raw_path"] = root.encode() + (b"" if scope["path"] == root else raw)
+    if root:
+        scope["root_path"] = root
 
 
 def _adapter_deadline(headers: Sequence[tuple[bytes, bytes]], margin: float) -> float | None:
@@ -549,8 +578,11 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
                 scope["path"] = unquote(raw_path) or "/"
         stage = _stage_path(event, scope["path"])
         if stage and event.get("version") != "2.0":  # a REST API gives the path without it
-            scope["path"] = stage + scope["path"]
-            scope["raw_path"] = stage.encode() + (scope["raw_path"] or b"")
+            # The stage's invoke URL itself (``/prod``) comes as the path ``/``: it stays
+            # the stage alone, so that it is redirected to ``/prod/``.
+            at_stage = event["requestContext"].get("path") == stage
+            scope["path"] = stage if at_stage else stage + scope["path"]
+            scope["raw_path"] = stage.encode() + (b"" if at_stage else scope["raw_path"] or b"")
         scope["root_path"] = stage or _base_path(event, scope["path"])
         if "elb" in event["requestContext"]:
             scope["query_string"] = _alb_query(event)
@@ -578,8 +610,9 @@ def _stage_path(event: dict[str, Any], path: str) -> str:
         api, domain = context.get("apiId"), context.get("domainName")
         on_api_endpoint = isinstance(api, str) and str(domain).startswith(f"{api}.execute-api.")
         return prefix if on_api_endpoint and (path + "/").startswith(prefix + "/") else ""
-    requested = context.get("path")
-    return prefix if requested == prefix + event.get("path", "") else ""
+    requested, path_given = context.get("path"), event.get("path", "")
+    at_stage = requested == prefix and path_given == "/"  # the invoke URL, without its "/"
+    return prefix if at_stage or requested == prefix + path_given else ""
 
 
 def _base_path(event: dict[str, Any], path: str) -> str:
