@@ -71,7 +71,8 @@ def _process_handler(
 def slow_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LambdaHandler, str]]:
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("slow")
-        yield _process_handler(tmp, "tests.support.slow_agent:app", monkeypatch)
+        routers = ("process", "users", "sessions")
+        yield _process_handler(tmp, "tests.support.slow_agent:app", monkeypatch, routers=routers)
 
 
 @pytest.fixture(scope="module")
@@ -412,3 +413,30 @@ def test_a_memory_page_too_large_is_told_its_own_page_size_not_the_sessions_rout
     message = json.loads(answer["body"])["error"]["message"]
     assert "a smaller page_size (this one holds 8)" in message
     assert "/sessions" not in message
+
+
+@pytest.mark.parametrize("path", ["/ask", "/ask-stream"])
+def test_a_run_an_endpoint_starts_ends_at_the_time_limit_too(
+    slow_process: tuple[LambdaHandler, str], path: str
+) -> None:
+    """``app.query`` / ``app.stream_query`` in an ``@app.endpoint`` ran past the function's
+    time limit (Lambda would stop it, the turn lost): it ends as a ``/process`` run does,
+    failed with ``TIME_LIMIT``, stored with the input and the reply so far."""
+    handler, key = slow_process
+    session = f"endpoint-limit{path.replace('/', '-')}"
+    body = {"text": "take your time", "run": {"session_id": session}}
+    answer = _invoke_near_the_limit(handler, _post(key, path, body))
+    assert answer["statusCode"] == 200, answer
+    if path == "/ask":
+        final = json.loads(answer["body"])
+    else:
+        final = parse_sse(answer["body"].split("\n")[:-1]).data[-1]
+    assert final["status"] == "failed" and final["error"]["code"] == "TIME_LIMIT", final
+    stored = json.loads(handler(_get(key, f"/sessions/{session}/messages"), None)["body"])
+    texts = [part["text"] for m in stored["items"] for part in m["content"] or []]
+    assert texts[0] == "take your time"
+    assert texts[1].startswith("piece 0. ") and "piece 24." not in texts[1]
+    runs = _get(key, "/runs")
+    runs["rawQueryString"] = f"session_id={session}"
+    listed = json.loads(handler(runs, None)["body"])
+    assert [run["status"] for run in listed["items"]] == ["failed"]

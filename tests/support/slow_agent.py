@@ -35,3 +35,18 @@ async def double(payload: dict[str, Any]) -> dict[str, int]:
     """A background task: twice ``payload["n"]`` (a missing ``n`` fails the task)."""
     await asyncio.sleep(0.2)
     return {"doubled": 2 * payload["n"]}
+
+
+@app.endpoint("/ask")
+async def ask(body: dict[str, Any]) -> dict[str, Any]:
+    """The agent's run, to its end, from an endpoint (``await app.query``)."""
+    final = await app.query({"input": [{"role": "user", "content": body["text"]}], **body["run"]})
+    return {"status": final.status, "error": final.error and final.error.model_dump()}
+
+
+@app.endpoint("/ask-stream")
+async def ask_stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The agent's events, streamed from an endpoint (AgentScope's ``stream_query`` pattern)."""
+    request = {"input": [{"role": "user", "content": body["text"]}], **body["run"]}
+    async for event in app.stream_query(request):
+        yield event.model_dump(include={"object", "status", "error"})

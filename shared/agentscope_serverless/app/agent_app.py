@@ -78,6 +78,7 @@ from agentscope_serverless.settings import Settings, environment_port, secret_va
 from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
+    from agentscope_serverless.recorder import RecordedRun, RunRecorder
     from agentscope_serverless.services.sandbox.service import SandboxService
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
@@ -202,8 +203,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
         self._init_handler: LifecycleHandler | None = None
         self._shutdown_handler: LifecycleHandler | None = None
         self._local: tuple[ServiceManager, Runner] | None = None
-        # The runners of the servers serving this app, each with its event loop.
-        self._served: list[tuple[Runner, asyncio.AbstractEventLoop]] = []
+        # The runners of the servers serving this app, each with its event loop and the
+        # recorder of its runs.
+        self._served: list[tuple[Runner, asyncio.AbstractEventLoop, RunRecorder | None]] = []
         #: The settings of in-process runs (``await app.query(...)``); None: the environment's.
         self.settings: Settings | None = None
         self._local_lock = asyncio.Lock()
@@ -394,14 +396,20 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ) -> AsyncIterator[Event]:
         """The events of one run in process (starting the app on first use; in a server
         serving the app, on its runner: see :meth:`serving`)."""
-        runner, run = await self._runner_for(
+        runner, run, recorder = await self._runner_for(
             _to_request(request, user_id=user_id, session_id=session_id)
         )
-        async for event in runner.stream_query(run):
-            yield event
+        if recorder is None:
+            async for event in runner.stream_query(run):
+                yield event
+            return
+        recorded = await _recorded(runner, recorder, run)
+        async with contextlib.aclosing(recorded.events()) as events:
+            async for event in events:
+                yield event
 
     @contextlib.contextmanager
-    def serving(self, runner: Runner) -> Iterator[None]:
+    def serving(self, runner: Runner, recorder: RunRecorder | None = None) -> Iterator[None]:
         """While a server has ``runner`` started for this app (its lifespan), ``app.query``
         and ``app.stream_query`` called in that server's event loop (an ``@app.endpoint``
         running the agent, as AgentScope's streaming pattern does) run on it, on the served
@@ -409,8 +417,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
         is stored where the server's routes read it. Called for a caller (an endpoint's, a
         run's), the run is that caller's user's: a request naming no user is given theirs,
         and one naming another user is refused (:class:`PermissionDeniedError`), as the
-        process endpoint refuses it."""
-        entry = (runner, asyncio.get_running_loop())
+        process endpoint refuses it. With ``recorder`` (the server's), such a run for a
+        caller is one of the caller's runs, as a ``/process`` run is: it ends at the time
+        limit of the invocation serving it (on Lambda), and is listed and stopped as runs
+        are."""
+        entry = (runner, asyncio.get_running_loop(), recorder)
         self._served.append(entry)
         try:
             yield
@@ -419,14 +430,18 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     async def _runner_for(
         self, request: AgentRequest | dict[str, Any]
-    ) -> tuple[Runner, AgentRequest | dict[str, Any]]:
-        """The runner to run ``request`` on, and the request as it runs there: the served
-        runner of this event loop, for the caller's user, else the in-process one."""
+    ) -> tuple[Runner, AgentRequest | dict[str, Any], RunRecorder | None]:
+        """The runner to run ``request`` on, the request as it runs there, and the recorder
+        of the run (None: the runner's stream as it is): the served runner of this event
+        loop, for the caller's user (recorded when there is a caller), else the in-process
+        one."""
         loop = asyncio.get_running_loop()
-        served = [runner for runner, served_loop in self._served if served_loop is loop]
+        served = [entry for entry in self._served if entry[1] is loop]
         if not served:
-            return await self._local_runner(), request
-        return served[-1], _for_caller(request)
+            return await self._local_runner(), request, None
+        runner, _, recorder = served[-1]
+        for_caller = _for_caller(request)
+        return runner, for_caller, recorder if turn_user_id() is not None else None
 
     def build_services(self, settings: Settings) -> Services:
         """The services a runner of this app uses: those passed in, the rest from ``settings``."""
@@ -607,8 +622,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return _Registration(self, framework)
 
     async def _query(self, request: AgentRequest | dict[str, Any]) -> AgentResponse:
-        runner, run = await self._runner_for(request)
-        return await runner.query(run)
+        runner, run, recorder = await self._runner_for(request)
+        if recorder is None:
+            return await runner.query(run)
+        # Like a /process run, it goes on to its end when its caller is gone.
+        return await (await _recorded(runner, recorder, run)).final()
 
     async def _local_runner(self) -> Runner:
         async with self._local_lock:
@@ -684,6 +702,18 @@ def _to_request(
     if isinstance(request, AgentRequest):
         return request.model_copy(update=updates)
     return {**request, **updates}
+
+
+async def _recorded(
+    runner: Runner, recorder: RunRecorder, request: AgentRequest | dict[str, Any]
+) -> RecordedRun:
+    """The run of ``request`` (for its caller's user) on ``runner``, started as a recorded
+    ``process`` run."""
+    run = request if isinstance(request, AgentRequest) else AgentRequest.model_validate(request)
+    assert run.user_id is not None
+    return await recorder.start(
+        runner.stream_query(run), user_id=run.user_id, kind="process", session_id=run.session_id
+    )
 
 
 def _for_caller(request: AgentRequest | dict[str, Any]) -> AgentRequest | dict[str, Any]:

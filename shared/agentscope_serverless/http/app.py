@@ -650,7 +650,13 @@ def _lifespan(context: AppContext) -> Lifespan:
                 context.runner.check()
                 await stack.enter_async_context(context.runner)
                 # app.query/app.stream_query (an endpoint running the agent) run on it.
-                stack.enter_context(context.agent_app.serving(context.runner))
+                # Recorded as /process runs are (without storing them when runs are not).
+                from agentscope_serverless.recorder import RunRecorder
+
+                recorder = context.recorder or RunRecorder(
+                    None, metrics=run_metrics(context.settings.metrics_namespace)
+                )
+                stack.enter_context(context.agent_app.serving(context.runner, recorder))
                 before_start = context.agent_app.before_start
                 try:
                     await call_hook(before_start, app)
