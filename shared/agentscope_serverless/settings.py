@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, get_args
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -661,12 +661,25 @@ def environment_secrets() -> list[str]:
 
 
 def _secrets_of(raw_values: Iterable[str]) -> list[str]:
+    """The values, and the passwords of those that are connection URLs, as written and as
+    a client decodes them (``%40`` is ``@``): in the URL's user part or its ``password``
+    query option (``redis://host?password=...``)."""
     secrets: list[str] = []
     for raw in raw_values:
         secrets.append(raw)
-        password = urlsplit(raw).password if "://" in raw else None
-        if password:
-            secrets.append(password)
+        if "://" not in raw:
+            continue
+        try:
+            parts = urlsplit(raw)
+            passwords = [parts.password or ""]
+        except ValueError:
+            continue
+        for option in parts.query.split("&"):  # as written; parse_qsl decodes
+            name, _, value = option.partition("=")
+            if unquote_plus(name) == "password":
+                passwords += [value, unquote_plus(value)]
+        for password in passwords:
+            secrets += [password, unquote(password)]
     return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
 

@@ -402,3 +402,30 @@ def test_every_redis_url_option_accepted_is_one_the_redis_client_builds_a_connec
     for name in names:
         client = Redis.from_url(f"{base}?{name}={_REDIS_OPTION_VALUES[name]}")
         client.connection_pool.make_connection()  # a TypeError for an option it does not take
+
+
+@pytest.mark.parametrize(
+    ("redis_url", "password"),
+    [
+        ("redis://:Pw%40Secret%2F9876@127.0.0.1:6379/0", "Pw@Secret/9876"),
+        ("redis://127.0.0.1:6379/0?password=Pw%40Secret%2F9876", "Pw@Secret/9876"),
+        ("redis://127.0.0.1:6379/0?db=0&password=S3cret+Redis", "S3cret Redis"),
+    ],
+    ids=["encoded in the user part", "encoded in the query", "plus in the query"],
+)
+def test_a_redis_password_is_masked_as_the_client_decodes_it(
+    redis_url: str, password: str
+) -> None:
+    """A password written percent-encoded (as ``@ / ? #`` must be) or as the ``password``
+    query option was masked only as written: an error quoting the client's connection
+    options (``{'password': 'Pw@Secret/9876'}``) showed it."""
+    import redis
+
+    from agentscope_serverless.log import redact, redacted
+    from agentscope_serverless.settings import load_settings, secret_values
+
+    redact(secret_values(load_settings(redis_url=redis_url)))
+    options = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    assert options["password"] == password
+    assert password not in redacted(f"could not connect with {options!r}")
+    assert password not in redacted(json.dumps({"password": options["password"]}))
