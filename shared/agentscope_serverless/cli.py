@@ -635,6 +635,13 @@ def _check_url(url: str) -> None:
             "server takes only an API key, given with --key; remove them from the URL",
             code=2,
         )
+    if re.search(r"[?#]", authority):
+        # Not shown either: a query may hold a token.
+        _fail(
+            f"--url (or {URL_ENV}) holds a query or a fragment (?... or #...): it is the "
+            "server's base URL, which the routes' paths are added to; remove them from it",
+            code=2,
+        )
 
 
 def _require_key(key: str | None) -> str:

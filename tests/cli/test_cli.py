@@ -1101,6 +1101,29 @@ def test_invoke_and_chat_refuse_a_url_with_credentials_never_showing_them(
     assert received == []
 
 
+@pytest.mark.parametrize("command", ["invoke", "chat"])
+@pytest.mark.parametrize("suffix", ["/?tenant=acme&token=t0ken-Secret", "/#frag"])
+def test_invoke_and_chat_refuse_a_url_with_a_query_or_fragment(command: str, suffix: str) -> None:
+    # Taken, the paths were added after the query (POST / with "?tenant=acme/process": a
+    # 405), and the error quoted the URL, a token in its query too.
+    with recording_server() as (address, received):
+        args = ["hi"] if command == "invoke" else []
+        result = subprocess.run(
+            [SCRIPT, command, *args, "--url", f"http://{address}{suffix}", "--key", "ask_a_b"],
+            input="hi\n/exit\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "error: --url (or AGENTSCOPE_URL) holds a query or a fragment (?... or #...): it is the "
+        "server's base URL, which the routes' paths are added to; remove them from it"
+    ]
+    assert "t0ken" not in result.stdout + result.stderr
+    assert received == []
+
+
 def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
     unset = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"}
     env = {name: value for name, value in os.environ.items() if name not in unset}
