@@ -413,9 +413,7 @@ def test_every_redis_url_option_accepted_is_one_the_redis_client_builds_a_connec
     ],
     ids=["encoded in the user part", "encoded in the query", "plus in the query"],
 )
-def test_a_redis_password_is_masked_as_the_client_decodes_it(
-    redis_url: str, password: str
-) -> None:
+def test_a_redis_password_is_masked_as_the_client_decodes_it(redis_url: str, password: str) -> None:
     """A password written percent-encoded (as ``@ / ? #`` must be) or as the ``password``
     query option was masked only as written: an error quoting the client's connection
     options (``{'password': 'Pw@Secret/9876'}``) showed it."""
