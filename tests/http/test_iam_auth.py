@@ -270,3 +270,15 @@ def test_the_web_adapter_serves_an_api_gateway_stage_as_the_root_path(adapter_ur
         # Without a stage in the request context nothing changes.
         assert client.get("/docs", headers=context_header(alice)).status_code == 200
         assert 'url: "/openapi.json"' in client.get("/docs", headers=context_header(alice)).text
+
+
+@pytest.mark.parametrize("deadline", ["NaN", "Infinity", "-Infinity", "1e400", '"soon"', "true"])
+def test_a_lambda_context_deadline_that_is_no_time_sets_none(deadline: str) -> None:
+    """The Web Adapter's header with a deadline JSON reads as NaN gave a run's timer NaN (a
+    500): a deadline that is not a finite number sets no time limit."""
+    from agentscope_serverless.http.lambda_handler import _adapter_deadline
+
+    header = f'{{"deadline": {deadline}}}'.encode()
+    assert _adapter_deadline([(b"x-amzn-lambda-context", header)], 5.0) is None
+    finite = _adapter_deadline([(b"x-amzn-lambda-context", b'{"deadline": 4102444800000}')], 5.0)
+    assert finite == 4102444800.0 - 5.0

@@ -41,6 +41,7 @@ import binascii
 import contextlib
 import importlib
 import json
+import math
 import os
 import re
 import signal
@@ -361,7 +362,8 @@ def _adapter_deadline(headers: Sequence[tuple[bytes, bytes]], margin: float) -> 
                 deadline_ms = json.loads(value).get("deadline")
             except (ValueError, AttributeError, RecursionError):
                 return None
-            if isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool):
+            number = isinstance(deadline_ms, int | float) and not isinstance(deadline_ms, bool)
+            if number and math.isfinite(deadline_ms):  # JSON's NaN and Infinity are none
                 return _work_deadline(float(deadline_ms) / 1000, margin)
             return None
     return None
