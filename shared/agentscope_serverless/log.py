@@ -19,7 +19,9 @@ quoting a client's whole message stays a line of bounded length. The level comes
 secret values of the process (the settings', the agent's own: :func:`redact`) are replaced
 by ``***`` in every line all the same, and so are the credentials a URL carries
 (``https://user:password@host``: :func:`without_url_credentials`), and anything shaped like
-one of our API keys, whoever's it is, by ``ask_***`` (:func:`without_api_keys`).
+one of our API keys, whoever's it is, by ``ask_***`` (:func:`without_api_keys`). The
+server's own lines (uvicorn's access lines and WebSocket lines, which quote a request's path
+and query) are masked the same way, whatever writes them (:class:`MaskingFilter`).
 """
 
 from __future__ import annotations
@@ -379,6 +381,63 @@ def _take_warnings_and_thread_errors() -> None:
 _take_warnings_and_thread_errors()
 
 
+# The loggers of the server (uvicorn): its access lines and its WebSocket lines quote a
+# request's path and query, where a client may have put a key (``?token=ask_...``), and at
+# the trace level its ASGI messages quote a request's headers (``Authorization``).
+SERVER_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
+class MaskingFilter(logging.Filter):
+    """Masks a record as our own lines are (:func:`redacted`: the secrets of the process,
+    the credentials of a URL, API keys), whatever handler and formatter write it: its
+    message, its arguments (uvicorn's access line is formatted from them) and its traceback.
+
+    >>> record = logging.LogRecord("uvicorn.access", 20, "", 0, '"%s %s" %d',
+    ...                            ("GET", "/state?token=ask_83549bb5c909093f_kU18h", 401), None)
+    >>> MaskingFilter().filter(record), record.getMessage()
+    (True, '"GET /state?token=ask_***" 401')
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = _masked_argument(record.msg)
+        color_message = record.__dict__.get("color_message")
+        if isinstance(color_message, str):
+            record.color_message = redacted(color_message)
+        if isinstance(record.args, tuple):
+            record.args = tuple(_masked_argument(argument) for argument in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {name: _masked_argument(value) for name, value in record.args.items()}
+        if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+            record.exc_text = redacted(_TRACEBACKS.formatException(record.exc_info))
+        return True
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+def _masked_argument(argument: object) -> object:
+    """A record's argument, masked: a number stays one (``%d`` formats it), and anything
+    else whose text holds a secret becomes that text, masked."""
+    if argument is None or isinstance(argument, int | float):
+        return argument
+    text = argument if isinstance(argument, str) else str(argument)
+    masked = redacted(text)
+    return argument if masked == text else masked
+
+
+def _mask_server_records() -> None:
+    """Mask every record of the server's loggers (:data:`SERVER_LOGGERS`), whichever
+    handlers a server configures for them: a filter of the logger a record is made on,
+    which its logging configuration (uvicorn's ``dictConfig``) keeps."""
+    for name in SERVER_LOGGERS:
+        server_logger = logging.getLogger(name)
+        if not any(isinstance(known, MaskingFilter) for known in server_logger.filters):
+            server_logger.addFilter(MaskingFilter())
+
+
+_mask_server_records()
+
+
 def format_as_json(*names: str) -> None:
     """Write the records of the loggers ``names`` (the root logger without any) as lines of
     ours: the handlers a host gave them keep their destination, with our JSON (secrets
@@ -521,8 +580,10 @@ __all__ = [
     "AWS_CREDENTIAL_VARIABLES",
     "MAX_FIELD_CHARS",
     "MAX_PATH_CHARS",
+    "SERVER_LOGGERS",
     "SERVICE",
     "JsonFormatter",
+    "MaskingFilter",
     "bind_request_id",
     "current_request_id",
     "format_as_json",
