@@ -5,6 +5,7 @@ blocks holding up no other request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -24,6 +25,11 @@ from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, r
 SECRET = "sk-custom-endpoint-secret"
 # Set when the sync generator of /ticking is closed.
 TICKING_CLOSED = threading.Event()
+# Set as the async generator of /cleaning has cleaned up, awaits included.
+CLEANED = threading.Event()
+# Set as the cleanup of /stuck-cleaning has done its first await, and as it is cut short.
+STUCK_CLEANUP_STARTED = threading.Event()
+STUCK_CLEANUP_CUT_SHORT = threading.Event()
 
 
 @dataclass
@@ -73,6 +79,31 @@ def build_app(released: threading.Event) -> AgentApp:
                 time.sleep(0.05)
         finally:
             TICKING_CLOSED.set()
+
+    @app.endpoint("/cleaning", methods=["GET"])
+    async def cleaning() -> AsyncIterator[int]:
+        try:
+            for tick in range(10_000):
+                yield tick
+                await asyncio.sleep(0.05)
+        finally:
+            await asyncio.sleep(0.05)  # a cleanup's await: closing a connection, saving
+            await asyncio.sleep(0.05)
+            CLEANED.set()
+
+    @app.endpoint("/stuck-cleaning", methods=["GET"])
+    async def stuck_cleaning() -> AsyncIterator[int]:
+        try:
+            yield 0
+            await asyncio.Event().wait()  # news that never come
+        finally:
+            await asyncio.sleep(0.05)
+            STUCK_CLEANUP_STARTED.set()
+            try:
+                await asyncio.Event().wait()  # a cleanup that never ends
+            except asyncio.CancelledError:
+                STUCK_CLEANUP_CUT_SHORT.set()
+                raise
 
     @app.endpoint("/scores", methods=["GET"])
     async def scores() -> AsyncIterator[dict[str, float]]:
@@ -188,6 +219,33 @@ def test_a_sync_generator_is_closed_when_its_client_leaves(served: tuple[str, st
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:")) == "data: 0"
     assert TICKING_CLOSED.wait(timeout=10)
+
+
+def test_an_async_generators_cleanup_runs_to_its_end_when_its_client_leaves(
+    served: tuple[str, str],
+) -> None:
+    # Its ``finally`` was cut at its first await.
+    url, key = served
+    with (
+        httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client,
+        client.stream("GET", "/cleaning") as response,
+    ):
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:")) == "data: 0"
+    assert CLEANED.wait(timeout=10)
+
+
+def test_a_cleanup_that_never_ends_is_cut_short(served: tuple[str, str]) -> None:
+    url, key = served
+    with (
+        httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client,
+        client.stream("GET", "/stuck-cleaning") as response,
+    ):
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:")) == "data: 0"
+    assert STUCK_CLEANUP_STARTED.wait(timeout=10)
+    assert STUCK_CLEANUP_CUT_SHORT.wait(timeout=30)
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 
 
 def test_an_item_json_cannot_carry_ends_the_stream_with_the_error_item(

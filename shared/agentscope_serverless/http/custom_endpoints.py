@@ -25,17 +25,20 @@ runs in a worker thread, so a blocking one holds up no other request. A generato
 raises ends the stream with AgentScope's error item, ``{"error": "<the exception's
 message>", "error_type": "<its class>", "message": "Error in streaming generator"}``, the
 settings' secrets (and the agent's own) replaced by ``***``; so does an item holding a
-number JSON cannot carry (NaN, Infinity). A generator whose client leaves is closed (its
-``finally`` runs then, a sync one's in a worker thread).
+number JSON cannot carry (NaN, Infinity). A generator whose client leaves is closed: its
+``finally`` runs then, a sync one's in a worker thread, an async one's to its end, awaits
+included, as a canceled run's agent's does (cut short if still going 3 s later).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
 import types
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterator,
     Callable,
     Coroutine,
@@ -54,6 +57,7 @@ from pydantic import BaseModel, RootModel
 from pydantic.fields import FieldInfo
 from starlette.concurrency import iterate_in_threadpool
 
+from agentscope_serverless.cancellation import CLEANUP_SECONDS, cancelled_from_outside
 from agentscope_serverless.http.auth import (
     USER_PARAMETER,
     Caller,
@@ -117,7 +121,7 @@ def _encode(item: Any) -> str:
     return f"data: {escape_line_breaks(body)}\n\n"
 
 
-def _error_item(exc: Exception) -> str:
+def _error_item(exc: BaseException) -> str:
     """AgentScope's last item of a stream whose generator raised ``exc``."""
     message = redacted(str(exc))
     logger.exception("a streamed endpoint failed", extra={"error": type(exc).__name__})
@@ -454,11 +458,8 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
         async def body() -> AsyncIterator[str]:
             try:
                 if inspect.isasyncgen(items):
-                    try:
-                        async for item in items:
-                            yield _encode(item)
-                    finally:
-                        await items.aclose()  # ended early: an item JSON cannot carry
+                    async for line in _driven(items):
+                        yield line
                 else:
                     lines = _encoded(items)
                     try:
@@ -484,6 +485,54 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     endpoint.__name__ = getattr(handler, "__name__", "stream")
     endpoint.__doc__ = handler.__doc__
     return endpoint
+
+
+async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncIterator[str]:
+    """The SSE lines of an async generator's items, the generator run by a task of its own,
+    one item at a time as the response asks for them (an error ending it as its error item).
+
+    A client that leaves cancels the response at once, and at each of its awaits after that:
+    the task is cancelled once instead, as a canceled run's agent is, so the generator's
+    ``finally`` runs to its end, awaits included; one still going :data:`CLEANUP_SECONDS`
+    later is cancelled again, cut short, and the response ends without waiting for it.
+    """
+    handoff: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1)
+
+    async def drive() -> None:
+        try:
+            try:
+                async for item in items:
+                    await handoff.put(_encode(item))
+                    await handoff.join()  # sent: the next item is asked for
+            finally:
+                await items.aclose()  # ended early: an item JSON cannot carry, or cancelled
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # sys.exit() too: raised out of a task, it stops the loop
+            if cancelled_from_outside():  # its client left: no one to tell
+                logger.exception("a streamed endpoint failed as it was closed")
+                return
+            await handoff.put(_error_item(exc))
+        await handoff.put(None)
+
+    task = asyncio.create_task(drive())
+    _STREAMS.add(task)
+    task.add_done_callback(_STREAMS.discard)
+    try:
+        while (line := await handoff.get()) is not None:
+            yield line
+            handoff.task_done()
+    finally:
+        if not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({task}, timeout=CLEANUP_SECONDS)
+            task.cancel()  # its cleanup cut short, if still going
+
+
+# The tasks running the generators of streams: asyncio refers to a task weakly, and one
+# nothing else refers to may be collected while it waits.
+_STREAMS: set[asyncio.Task[None]] = set()
 
 
 def _encoded(items: Iterable[Any]) -> Generator[str, None, None]:
