@@ -42,6 +42,7 @@ from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
@@ -192,11 +193,12 @@ def iam_user_id(scope: Mapping[str, Any]) -> str:
 
 
 async def get_caller(
-    request: Request,
+    request: HTTPConnection,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Caller:
-    """Authenticate the request: its bearer key, or in iam mode its IAM identity (else 401).
-    Once per request: a route authenticating before its body is read keeps the caller."""
+    """Authenticate the request (an HTTP request, or a WebSocket handshake): its bearer key,
+    or in iam mode its IAM identity (else 401). Once per request: a route authenticating
+    before its body is read keeps the caller."""
     state = request.scope.setdefault("state", {})
     known: Caller | None = state.get(_CALLER_STATE)
     if known is not None:

@@ -1,0 +1,97 @@
+"""WebSocket routes an app adds to ``app.get_fastapi_app()``, served by a local server: behind
+the key as every route, their handshake refused as an HTTP request to the same URL would be,
+and their caller (``CurrentUser``, ``CurrentCaller``) known as on HTTP routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from fastapi import WebSocket
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http.auth import CurrentCaller, CurrentUser
+from agentscope_serverless.settings import load_settings
+from tests.support.http import Keys, bearer, running
+
+
+def build_app(keys: Keys) -> Any:
+    app = AgentApp(app_name="sockets")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "unused"
+
+    web = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+
+    @web.websocket("/ws/user")
+    async def user(websocket: WebSocket, user_id: CurrentUser) -> None:
+        await websocket.accept()
+        await websocket.send_json({"user": user_id})
+        await websocket.close()
+
+    @web.websocket("/ws/caller")
+    async def caller(websocket: WebSocket, caller: CurrentCaller) -> None:
+        await websocket.accept()
+        await websocket.send_json({"key_id": caller.principal.key_id})
+        await websocket.close()
+
+    return web
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys.make()
+
+
+@pytest.fixture(scope="module")
+def ws_url(keys: Keys) -> Iterator[str]:
+    with running(build_app(keys)) as url:
+        yield url.replace("http://", "ws://", 1)
+
+
+def opened(url: str, key: str | None = None, **headers: str) -> ClientConnection:
+    """A WebSocket connection to ``url``, with ``key`` and ``headers``."""
+    sent = {**(bearer(key) if key is not None else {}), **headers}
+    return connect(url, additional_headers=sent, open_timeout=10)
+
+
+def refusal(url: str, key: str | None = None, **headers: str) -> tuple[int, bytes]:
+    """The status and body of the answer refusing a WebSocket handshake to ``url``."""
+    with pytest.raises(InvalidStatus) as refused, opened(url, key, **headers):
+        pass
+    return refused.value.response.status_code, bytes(refused.value.response.body or b"")
+
+
+def test_current_user_on_a_websocket_route_is_the_user_the_caller_acts_as(
+    ws_url: str, keys: Keys
+) -> None:
+    with opened(f"{ws_url}/ws/user", keys.alice) as ws:
+        assert ws.recv(timeout=10) == '{"user":"alice"}'
+    with opened(f"{ws_url}/ws/user", keys.service, **{"X-User-Id": "bob"}) as ws:
+        assert ws.recv(timeout=10) == '{"user":"bob"}'
+
+
+def test_current_caller_on_a_websocket_route_is_the_callers_key(ws_url: str, keys: Keys) -> None:
+    for key in (keys.bob, keys.service):
+        with opened(f"{ws_url}/ws/caller", key) as ws:
+            assert ws.recv(timeout=10) == f'{{"key_id":"{key.split("_")[1]}"}}'
+
+
+@pytest.mark.parametrize("path", ["/ws/user", "/ws/caller"])
+def test_a_websocket_route_of_the_caller_refuses_a_handshake_without_a_valid_key(
+    ws_url: str, keys: Keys, path: str
+) -> None:
+    assert refusal(f"{ws_url}{path}")[0] == 401
+    assert refusal(f"{ws_url}{path}", keys.revoked)[0] == 401
+
+
+def test_current_user_refuses_a_service_keys_handshake_naming_no_user(
+    ws_url: str, keys: Keys
+) -> None:
+    status, body = refusal(f"{ws_url}/ws/user", keys.service)
+    assert status == 422
+    assert b"must name the user it acts for" in body
