@@ -13,7 +13,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import CurrentCaller, CurrentUser
+from agentscope_serverless.http.middleware import refuse_handshake
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -37,6 +39,12 @@ def build_app(keys: Keys) -> Any:
     async def caller(websocket: WebSocket, caller: CurrentCaller) -> None:
         await websocket.accept()
         await websocket.send_json({"key_id": caller.principal.key_id})
+        await websocket.close()
+
+    @web.websocket("/ws/users/{name}")
+    async def named(websocket: WebSocket, name: str) -> None:
+        await websocket.accept()
+        await websocket.send_json({"name": name})
         await websocket.close()
 
     return web
@@ -95,3 +103,40 @@ def test_current_user_refuses_a_service_keys_handshake_naming_no_user(
     status, body = refusal(f"{ws_url}/ws/user", keys.service)
     assert status == 422
     assert b"must name the user it acts for" in body
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/ws/user?user_id=%FE", b"the user_id query parameter is not UTF-8 text"),
+        ("/ws/user?user_id=%FF", b"the user_id query parameter is not UTF-8 text"),
+        ("/ws/users/%FF", b"the path is not UTF-8 text once percent-decoded"),
+    ],
+)
+def test_a_handshake_whose_path_or_query_is_not_utf8_is_refused_as_a_request_would_be(
+    ws_url: str, keys: Keys, path: str, message: bytes
+) -> None:
+    # Accepted, naming user "\ufffd" (%FE and %FF alike).
+    status, body = refusal(f"{ws_url}{path}", keys.service)
+    assert status == 422
+    assert message in body
+
+
+async def test_a_handshake_is_refused_with_a_close_saying_why_without_denial_responses() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "websocket.connect"}
+
+    error = InvalidInputError("the path is not UTF-8 text once percent-decoded", field="path")
+    await refuse_handshake(error, {"type": "websocket", "extensions": {}}, receive, send)
+    assert sent == [
+        {
+            "type": "websocket.close",
+            "code": 1008,
+            "reason": "the path is not UTF-8 text once percent-decoded",
+        }
+    ]

@@ -190,6 +190,11 @@ class RequestContextMiddleware:
         self.error_handler = error_handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            refused = _not_utf8(scope)
+            if refused is not None:
+                await refuse_handshake(refused, scope, receive, send)
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -273,6 +278,26 @@ class RequestContextMiddleware:
                 TypeError(f"the error handler answered {type(answer).__name__}, not a Response")
             )
         return answer
+
+
+# The most bytes of the reason a WebSocket close frame carries.
+_MAX_CLOSE_REASON_BYTES = 123
+# A WebSocket's close code for a message (a handshake) that breaks the server's policy.
+POLICY_VIOLATION = 1008
+
+
+async def refuse_handshake(
+    error: AgentScopeServerlessError, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Refuse a WebSocket handshake before it is accepted, as an HTTP request would be
+    refused: the JSON error with its status, when the server can answer a handshake so (the
+    ASGI ``websocket.http.response`` extension, as uvicorn's), else a close saying why
+    (which uvicorn would answer 403)."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await response_for(error)(scope, receive, send)
+        return
+    reason = error.message.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+    await send({"type": "websocket.close", "code": POLICY_VIOLATION, "reason": reason})
 
 
 class StartupFailureMiddleware:
@@ -653,6 +678,7 @@ def _content_length(scope: Scope) -> int | None:
 
 
 __all__ = [
+    "POLICY_VIOLATION",
     "REQUEST_ID_HEADER",
     "BodySizeLimitMiddleware",
     "BodyTimedOut",
@@ -662,6 +688,7 @@ __all__ = [
     "RequestContextMiddleware",
     "RevokedKeyMiddleware",
     "StartupFailureMiddleware",
+    "refuse_handshake",
     "request_ids_of",
     "trace_headers_of",
 ]
