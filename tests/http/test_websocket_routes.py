@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import WebSocket
 from websockets.exceptions import InvalidStatus
@@ -40,6 +41,16 @@ def build_app(keys: Keys) -> Any:
         await websocket.accept()
         await websocket.send_json({"key_id": caller.principal.key_id})
         await websocket.close()
+
+    @web.websocket("/ws/open")
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    @web.get("/notes")
+    async def notes() -> dict[str, str]:
+        return {"notes": "none"}
 
     @web.websocket("/ws/users/{name}")
     async def named(websocket: WebSocket, name: str) -> None:
@@ -140,3 +151,19 @@ async def test_a_handshake_is_refused_with_a_close_saying_why_without_denial_res
             "reason": "the path is not UTF-8 text once percent-decoded",
         }
     ]
+
+
+def test_a_service_key_naming_two_users_is_refused_on_routes_an_app_adds(
+    ws_url: str, keys: Keys
+) -> None:
+    # Both were accepted; an @app.endpoint route refused it.
+    two_users = {**bearer(keys.service), "X-User-Id": "bob"}
+    http_url = ws_url.replace("ws://", "http://", 1)
+    answer = httpx.get(f"{http_url}/notes?user_id=carol", headers=two_users, timeout=10)
+    assert answer.status_code == 422
+    assert answer.json()["error"]["message"] == "the request names more than one user"
+    status, body = refusal(f"{ws_url}/ws/open?user_id=carol", **two_users)
+    assert status == 422
+    assert b"the request names more than one user" in body
+    with opened(f"{ws_url}/ws/open?user_id=bob", **two_users) as ws:  # the same user twice
+        assert ws.recv(timeout=10) == "hello"

@@ -394,7 +394,8 @@ RequestGuard = Callable[[Request, "Caller | None"], Awaitable[Receive]]
 def require_key(route: BaseRoute, guard: RequestGuard | None = None) -> None:
     """Authenticate every request ``route`` takes (a ``Route``, an ``APIRoute``, a ``Mount``,
     an included router...) before it handles it, as the runtime's routes do: without a valid
-    key, a 401; a user key naming another user (``X-User-Id``, ``?user_id=``), a 403. An HTTP
+    key, a 401; a user key naming another user (``X-User-Id``, ``?user_id=``), a 403; a
+    request naming two users, a 422. An HTTP
     request then passes ``guard``. A route left open with :func:`public` is not
     authenticated, its requests passing ``guard`` all the same, without a caller. A route
     already keyed is left as it is."""
@@ -420,9 +421,10 @@ def require_key(route: BaseRoute, guard: RequestGuard | None = None) -> None:
 
 
 def no_other_user(caller: Caller) -> None:
-    """A user key naming another user gets 403, on a route holding no user's data (where a
-    service key need not name one)."""
-    if caller.principal.kind == "user":
+    """On a route holding no user's data (where a service key need not name one), a user key
+    naming another user gets 403, and a request naming two users (a service key's
+    ``X-User-Id`` and ``?user_id=`` disagreeing) 422, as on every route."""
+    if caller.principal.kind == "user" or caller.claims:
         caller.user_id()
 
 
