@@ -4,31 +4,33 @@ and their caller (``CurrentUser``, ``CurrentCaller``) known as on HTTP routes.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import WebSocket
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from agentscope_serverless.app import AgentApp
+from agentscope_serverless.auth import InMemoryKeyStore, KeyStore, Principal
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import CurrentCaller, CurrentUser
 from agentscope_serverless.http.middleware import refuse_handshake
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running
+from tests.support.http import Keys, bearer, issue_key, revoke_key, running
 
 
-def build_app(keys: Keys) -> Any:
+def build_app(store: KeyStore) -> Any:
     app = AgentApp(app_name="sockets")
 
     @app.query(framework="text")
     async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
         yield "unused"
 
-    web = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    web = app.get_fastapi_app(settings=load_settings(), key_store=store)
 
     @web.websocket("/ws/user")
     async def user(websocket: WebSocket, user_id: CurrentUser) -> None:
@@ -47,6 +49,12 @@ def build_app(keys: Keys) -> Any:
         await websocket.accept()
         await websocket.send_text("hello")
         await websocket.close()
+
+    @web.websocket("/ws/echo")
+    async def echo_all(websocket: WebSocket) -> None:
+        await websocket.accept()
+        async for text in websocket.iter_text():
+            await websocket.send_text(text)
 
     @web.get("/notes")
     async def notes() -> dict[str, str]:
@@ -68,7 +76,7 @@ def keys() -> Keys:
 
 @pytest.fixture(scope="module")
 def ws_url(keys: Keys) -> Iterator[str]:
-    with running(build_app(keys)) as url:
+    with running(build_app(keys.store)) as url:
         yield url.replace("http://", "ws://", 1)
 
 
@@ -167,3 +175,44 @@ def test_a_service_key_naming_two_users_is_refused_on_routes_an_app_adds(
     assert b"the request names more than one user" in body
     with opened(f"{ws_url}/ws/open?user_id=bob", **two_users) as ws:  # the same user twice
         assert ws.recv(timeout=10) == "hello"
+
+
+def test_a_websocket_is_closed_once_its_key_is_revoked(ws_url: str, keys: Keys) -> None:
+    # It stayed open, and echoing, however long after the revoke.
+    key = issue_key(keys.store, "dave")
+    with opened(f"{ws_url}/ws/echo", key) as ws:
+        ws.send("before")
+        assert ws.recv(timeout=10) == "before"
+        revoke_key(keys.store, key)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=15)  # idle: nothing sent meanwhile
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1008
+    assert closed.value.rcvd.reason == "the API key was revoked"
+
+
+class CountingKeyStore(InMemoryKeyStore):
+    """An in-memory key store counting the keys it is asked to check."""
+
+    checks = 0
+
+    async def authenticate(self, key: str) -> Principal:
+        CountingKeyStore.checks += 1
+        return await super().authenticate(key)
+
+
+def test_an_open_websocket_checks_its_key_at_most_once_a_second(keys: Keys) -> None:
+    store = CountingKeyStore()
+    key = issue_key(store, "erin")
+    with (
+        running(build_app(store)) as url,
+        opened(f"{url.replace('http://', 'ws://', 1)}/ws/echo", key) as ws,
+    ):
+        started = time.monotonic()
+        for count in range(200):
+            ws.send(str(count))
+            assert ws.recv(timeout=10) == str(count)
+            time.sleep(0.01)
+        seconds = time.monotonic() - started
+    # The handshake's check, then one a second at most (whatever the messages).
+    assert CountingKeyStore.checks <= 1 + seconds + 1

@@ -45,7 +45,9 @@ stores keep only what can be read back.
 **Revoked keys.** A streamed answer (a run's events, as it goes) outlives the check of the
 key it was asked with: it ends once that key is revoked, checked at most once per
 ``KEY_RECHECK_SECONDS`` as its parts (and pings) go out, as if its client had left (a run
-goes on without it). A key store that does not answer leaves the stream going.
+goes on without it). A WebSocket connection is closed the same way (code 1008, policy
+violation), its key checked every ``KEY_RECHECK_SECONDS`` while it is open, whether messages
+go or not. A key store that does not answer leaves the stream going.
 
 **Start-up failures.** An application that cannot start (a start-up hook that raises, a
 store that cannot be reached) tells its server so in one line naming the cause, not a
@@ -55,12 +57,14 @@ traceback (the server prints it and exits); the traceback is logged at DEBUG lev
 body (RFC 9110): on every GET route, with the same authentication. The GET stops once its
 headers are out, so a HEAD of a stream (a run's events) does not wait for the stream.
 
-All are pure ASGI (no per-request task), so streaming responses pass through untouched.
+All are pure ASGI (no per-request task: only an open WebSocket connection has one, checking
+its key), so streaming responses pass through untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -77,6 +81,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocketDisconnect
 
 from agentscope_serverless.auth.base import KeyStore
 from agentscope_serverless.errors import (
@@ -598,6 +603,9 @@ class RevokedKeyMiddleware:
         self.recheck_seconds = recheck_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and _bearer_key(scope) is not None:
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -623,6 +631,63 @@ class RevokedKeyMiddleware:
         except* _StreamEnded:
             pass  # the app stopped as for a client that left
 
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a WebSocket connection, closed (code 1008) once its key is revoked: checked
+        every ``recheck_seconds`` while it is open, whether messages go or not. The app then
+        receives a disconnect, and a message it sends raises ``WebSocketDisconnect``, as for
+        a client that left."""
+        revoked = False
+        watcher: asyncio.Task[None] | None = None
+        sending = asyncio.Lock()  # the app's messages and the watcher's close, one at a time
+
+        async def watch() -> None:
+            nonlocal revoked
+            while True:
+                # Checked as the handshake was made: next in a while, then as often.
+                await asyncio.sleep(self.recheck_seconds)
+                if await self._revoked(scope):
+                    break
+            async with sending:
+                revoked = True
+                with contextlib.suppress(OSError):  # its client left meanwhile
+                    await send(
+                        {"type": "websocket.close", "code": POLICY_VIOLATION, "reason": _REVOKED}
+                    )
+
+        def stop_watching() -> None:
+            if watcher is not None:
+                watcher.cancel()
+
+        async def send_while_valid(message: Message) -> None:
+            nonlocal watcher
+            async with sending:
+                if revoked:
+                    raise _KeyRevoked(POLICY_VIOLATION, _REVOKED)
+                await send(message)
+            if message["type"] == "websocket.accept":
+                watcher = asyncio.create_task(watch())
+            elif message["type"] == "websocket.close":
+                stop_watching()
+
+        async def receive_while_valid() -> Message:
+            message = await receive()  # the server's disconnect once the watcher closed it
+            if revoked:
+                return {
+                    "type": "websocket.disconnect",
+                    "code": POLICY_VIOLATION,
+                    "reason": _REVOKED,
+                }
+            if message["type"] == "websocket.disconnect":
+                stop_watching()
+            return message
+
+        try:
+            await self.app(scope, receive_while_valid, send_while_valid)
+        except* _KeyRevoked:
+            pass  # the app stopped as for a client that left
+        finally:
+            stop_watching()
+
     async def _revoked(self, scope: Scope) -> bool:
         key = _bearer_key(scope)
         if key is None:
@@ -634,6 +699,14 @@ class RevokedKeyMiddleware:
         except AgentScopeServerlessError:
             return False  # the store did not answer: not a reason to cut a stream
         return False
+
+
+# Why a WebSocket connection is closed once its key is revoked.
+_REVOKED = "the API key was revoked"
+
+
+class _KeyRevoked(WebSocketDisconnect):
+    """Raised into the app sending on a WebSocket connection closed for its revoked key."""
 
 
 def _bearer_key(scope: Scope) -> str | None:
