@@ -100,3 +100,49 @@ def test_no_line_of_a_local_server_shows_a_key_a_request_carries(
     secret = key.split("_", 2)[2]
     assert secret not in output
     assert "WebSocket /ws?token=ask_***" in output
+    assert "no WebSocket library" not in output
+
+
+# app.py run where no WebSocket library can be imported.
+WITHOUT_WEBSOCKET_LIBRARIES = (
+    "import runpy, sys; sys.modules['websockets'] = sys.modules['wsproto'] = None; "
+    "runpy.run_path('app.py', run_name='__main__')"
+)
+
+
+def test_a_server_without_a_websocket_library_says_so_as_it_starts(tmp_path: Path) -> None:
+    # It started saying nothing, and answered each handshake 404.
+    (tmp_path / "app.py").write_text(APP)
+    keys = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(keys), "alice")
+    port = free_port()
+    environment = {
+        **os.environ,
+        "AUTH_KEYS_BACKEND": "file",
+        "AUTH_KEYS_FILE": str(keys),
+        "PORT": str(port),
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-c", WITHOUT_WEBSOCKET_LIBRARIES],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        with (
+            pytest.raises(InvalidStatus) as refused,
+            connect(f"ws://127.0.0.1:{port}/ws", additional_headers=bearer(key)),
+        ):
+            pass
+        assert refused.value.response.status_code == 404
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    warnings = [line for line in output.splitlines() if "no WebSocket library" in line]
+    assert len(warnings) == 1
+    assert "/ws" in warnings[0]
+    assert "pip install websockets" in warnings[0]

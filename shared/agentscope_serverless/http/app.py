@@ -41,7 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, compile_path
+from starlette.routing import BaseRoute, WebSocketRoute, compile_path
 from starlette.types import ASGIApp
 
 from agentscope_serverless import __version__
@@ -250,6 +250,34 @@ def _warn_of_hidden(
                 ours,
                 theirs,
             )
+
+
+# The libraries uvicorn serves WebSocket routes with (either will do).
+WEBSOCKET_LIBRARIES = ("websockets", "wsproto")
+
+
+def _warn_of_unserved_websockets(routes: list[BaseRoute]) -> None:
+    """Log, in one line, that the WebSocket routes among ``routes`` cannot be served when no
+    WebSocket library is installed: uvicorn would answer each handshake as a plain GET (a
+    404), saying only "Unsupported upgrade request" as each comes."""
+    flattened: Iterable[Any] = getattr(fastapi.routing, "iter_route_contexts", iter)(routes)
+    paths = [
+        route.path
+        for route in flattened
+        if isinstance(getattr(route, "original_route", route), WebSocketRoute)
+    ]
+    if not paths:
+        return
+    for library in WEBSOCKET_LIBRARIES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(library)
+            return
+    logger.warning(
+        "the app's WebSocket routes (%s) are not served: no WebSocket library is installed, so "
+        "the server answers their handshakes 404 (pip install websockets); WebSocket routes "
+        "are served by a local server only, Lambda carries no WebSocket",
+        ", ".join(paths),
+    )
 
 
 def _paths_and_methods(routes: list[BaseRoute]) -> list[tuple[str, set[str] | None]]:
@@ -637,6 +665,7 @@ def _lifespan(context: AppContext) -> Lifespan:
         if isinstance(app, RuntimeApplication):
             # A route a user added that the runtime refuses fails the start.
             app.serve_added_routes_first()
+            _warn_of_unserved_websockets(app.router.routes)
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(context.lifecycle)
             await stack.enter_async_context(context.key_store)
