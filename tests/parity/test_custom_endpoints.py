@@ -20,7 +20,14 @@ from fastapi import HTTPException, Request
 from agentscope_serverless import AgentApp
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.settings import load_settings
-from tests.support.http import InMemoryKeyStore, bearer, issue_key, parse_sse, running
+from tests.support.http import (
+    InMemoryKeyStore,
+    bearer,
+    issue_key,
+    parse_sse,
+    revoke_key,
+    running,
+)
 
 SECRET = "sk-custom-endpoint-secret"
 # Set when the sync generator of /ticking is closed.
@@ -233,6 +240,24 @@ def test_an_async_generators_cleanup_runs_to_its_end_when_its_client_leaves(
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:")) == "data: 0"
     assert CLEANED.wait(timeout=10)
+
+
+def test_an_async_generators_cleanup_runs_to_its_end_when_its_key_is_revoked() -> None:
+    # The stream ended, but its generator was left open.
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    served = build_app(threading.Event()).get_fastapi_app(settings=load_settings(), key_store=store)
+    CLEANED.clear()
+    with (
+        running(served) as url,
+        httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client,
+        client.stream("GET", "/cleaning") as response,
+    ):
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:")) == "data: 0"
+        revoke_key(store, key)
+        assert sum(1 for _ in lines) < 10_000  # ended before its generator did
+        assert CLEANED.wait(timeout=10)
 
 
 def test_a_cleanup_that_never_ends_is_cut_short(served: tuple[str, str]) -> None:

@@ -33,6 +33,7 @@ included, as a canceled run's agent's does (cut short if still going 3 s later).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -56,6 +57,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, RootModel
 from pydantic.fields import FieldInfo
 from starlette.concurrency import iterate_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.cancellation import CLEANUP_SECONDS, cancelled_from_outside
 from agentscope_serverless.http.auth import (
@@ -410,9 +412,20 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A stream of Server-Sent Events (documented so in the OpenAPI document)."""
+    """A stream of Server-Sent Events (documented so in the OpenAPI document), whose source
+    is closed as the response ends, however it ends: Starlette leaves it to the garbage
+    collector when sending fails (its client left, or its key was revoked)."""
 
     media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            source = self.body_iterator
+            if isinstance(source, AsyncGenerator):
+                with anyio.CancelScope(shield=True):
+                    await source.aclose()
 
 
 def _request_parameters(signature: inspect.Signature) -> list[str]:
@@ -458,8 +471,9 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
         async def body() -> AsyncIterator[str]:
             try:
                 if inspect.isasyncgen(items):
-                    async for line in _driven(items):
-                        yield line
+                    async with contextlib.aclosing(_driven(items)) as driven:
+                        async for line in driven:
+                            yield line
                 else:
                     lines = _encoded(items)
                     try:
@@ -487,7 +501,7 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     return endpoint
 
 
-async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncIterator[str]:
+async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncGenerator[str, None]:
     """The SSE lines of an async generator's items, the generator run by a task of its own,
     one item at a time as the response asks for them (an error ending it as its error item).
 
