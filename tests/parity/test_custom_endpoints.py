@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import HTTPException, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentscope_serverless import AgentApp
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -37,6 +38,9 @@ CLEANED = threading.Event()
 # Set as the cleanup of /stuck-cleaning has done its first await, and as it is cut short.
 STUCK_CLEANUP_STARTED = threading.Event()
 STUCK_CLEANUP_CUT_SHORT = threading.Event()
+# Set as the cleanup of /stuck-sync-cleaning starts; it ends once the test releases it.
+SYNC_CLEANUP_STARTED = threading.Event()
+SYNC_CLEANUP_RELEASED = threading.Event()
 
 
 @dataclass
@@ -111,6 +115,16 @@ def build_app(released: threading.Event) -> AgentApp:
             except asyncio.CancelledError:
                 STUCK_CLEANUP_CUT_SHORT.set()
                 raise
+
+    @app.endpoint("/stuck-sync-cleaning", methods=["GET"])
+    def stuck_sync_cleaning() -> Iterator[int]:
+        try:
+            for tick in range(10_000):
+                yield tick
+                time.sleep(0.05)
+        finally:
+            SYNC_CLEANUP_STARTED.set()
+            SYNC_CLEANUP_RELEASED.wait(timeout=120)  # a cleanup that never ends
 
     @app.endpoint("/scores", methods=["GET"])
     async def scores() -> AsyncIterator[dict[str, float]]:
@@ -271,6 +285,40 @@ def test_a_cleanup_that_never_ends_is_cut_short(served: tuple[str, str]) -> None
     assert STUCK_CLEANUP_STARTED.wait(timeout=10)
     assert STUCK_CLEANUP_CUT_SHORT.wait(timeout=30)
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_a_sync_cleanup_that_never_ends_does_not_hold_its_response() -> None:
+    # The response waited for it as long as it went on.
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    served = build_app(threading.Event()).get_fastapi_app(settings=load_settings(), key_store=store)
+    answered = threading.Event()
+
+    class Answered:
+        """Sets ``answered`` once the app is done with a request to /stuck-sync-cleaning."""
+
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            await self.app(scope, receive, send)
+            if scope.get("path") == "/stuck-sync-cleaning":
+                answered.set()
+
+    served.add_middleware(Answered)
+    with running(served) as url:
+        try:
+            with (
+                httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client,
+                client.stream("GET", "/stuck-sync-cleaning") as response,
+            ):
+                lines = response.iter_lines()
+                assert next(line for line in lines if line.startswith("data:")) == "data: 0"
+            assert SYNC_CLEANUP_STARTED.wait(timeout=10)
+            assert answered.wait(timeout=30)
+            assert not SYNC_CLEANUP_RELEASED.is_set()
+        finally:
+            SYNC_CLEANUP_RELEASED.set()
 
 
 def test_an_item_json_cannot_carry_ends_the_stream_with_the_error_item(

@@ -27,7 +27,8 @@ message>", "error_type": "<its class>", "message": "Error in streaming generator
 settings' secrets (and the agent's own) replaced by ``***``; so does an item holding a
 number JSON cannot carry (NaN, Infinity). A generator whose client leaves is closed: its
 ``finally`` runs then, a sync one's in a worker thread, an async one's to its end, awaits
-included, as a canceled run's agent's does (cut short if still going 3 s later).
+included, as a canceled run's agent's does (cut short if still going 3 s later; a sync one's
+is left to its thread then, which cannot be stopped, and the response ends).
 """
 
 from __future__ import annotations
@@ -482,9 +483,10 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
                     finally:
                         # A client that left ends the stream early: the generator is closed
                         # (its ``finally`` may block, so in a worker thread), even while the
-                        # response is being cancelled.
-                        with anyio.CancelScope(shield=True):
-                            await anyio.to_thread.run_sync(_close, lines)
+                        # response is being cancelled. A thread cannot be stopped: one still
+                        # closing it after CLEANUP_SECONDS is left to go on, the response ends.
+                        with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
+                            await anyio.to_thread.run_sync(_close, lines, abandon_on_cancel=True)
             except Exception as exc:
                 yield _error_item(exc)
 
