@@ -452,6 +452,21 @@ def tool_app() -> AgentApp:
             )
             yield Message(role=Role.ASSISTANT, content="It is sunny.")
             return
+        if msgs[-1].get_text_content() == "a tool with a deeply nested result":
+            call = FunctionCall(call_id="call_4", name="scrape", arguments="{}")
+            yield Message(
+                type=MessageType.FUNCTION_CALL,
+                role=Role.ASSISTANT,
+                content=[DataContent(data=call.model_dump())],
+            )
+            result = FunctionCallOutput(call_id="call_4", output=DEEP_RESULT)
+            yield Message(
+                type=MessageType.FUNCTION_CALL_OUTPUT,
+                role=Role.TOOL,
+                content=[DataContent(data=result.model_dump())],
+            )
+            yield Message(role=Role.ASSISTANT, content="The page is scraped.")
+            return
         if msgs[-1].get_text_content() == "a tool with a malformed result":
             call = FunctionCall(call_id="call_2", name="scrape", arguments="{}")
             yield Message(
@@ -769,6 +784,33 @@ async def test_a_malformed_tool_result_is_shown_and_the_run_goes_on(
             "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
         )
         assert reopened[-1] == "The page is scraped." and "page scraped" in reopened[-2]
+        assert not page.exceptions, page.exceptions
+
+
+# A tool's output nested deeper than the page's stack writes it back (JSON.stringify).
+DEEP_RESULT = '{"content": [' + "[" * 20_000 + "]" * 20_000 + "]}"
+
+
+async def test_a_tool_result_nested_too_deeply_to_indent_is_shown_as_it_came(
+    tool_server: tuple[str, str],
+) -> None:
+    # Writing it indented overflowed the stack: the result was shown empty while streamed,
+    # and the session could not be opened again ("Maximum call stack size exceeded").
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        assert await say(page, "a tool with a deeply nested result") == "The page is scraped."
+        shown = "[...document.querySelectorAll('.message.tool pre')].map((pre) => pre.textContent)"
+        assert await page.evaluate(shown) == ["{}", DEEP_RESULT]
+        current = "document.querySelector('#sessions button[aria-current=\"true\"]')"
+        await page.wait_for(f"{current} !== null")
+        await page.evaluate(f"{current}.click()")
+        await page.wait_for("document.getElementById('run-status').textContent === ''")
+        reopened = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert reopened[-1] == "The page is scraped."
+        assert await page.evaluate(shown) == ["{}", DEEP_RESULT]
         assert not page.exceptions, page.exceptions
 
 
@@ -1407,6 +1449,21 @@ async def test_markdown_of_a_long_text_is_built_in_one_pass_with_whole_links(
     assert shown["opened"] is True
     assert shown["bold"] == [len("bold ") * 300 - 1]
     assert shown["links"] == [["the report", PRESIGNED], [PRESIGNED, PRESIGNED]]
+
+
+async def test_a_line_under_a_table_row_of_spaces_alone_is_built_in_one_pass(
+    demo_url: str,
+) -> None:
+    # The rule under a table's header was matched with two runs of spaces side by side: a
+    # line holding "|" over a long run of spaces took a time growing with its square (20 KB
+    # most of a second, 120 KB froze the tab for minutes).
+    text = "a|b\n" + " " * 1_000_000 + "x\n\n| a | b |\n| :-- | --: |\n| 1 | 2 |"
+    shown = await markdown_of(
+        demo_url,
+        text,
+        '[box.querySelectorAll("table").length, box.querySelectorAll("td").length]',
+    )
+    assert shown == [1, 2]
 
 
 # The body of the reply to /process comes in pieces of 1,000 bytes (as over a slow network),

@@ -481,7 +481,9 @@ function partNode(message, content) {
   if (content.type === "image") return imageNode(content.image_url);
   if (content.type === "data" && CALLS.has(message.type)) return callNode(content.data || {});
   if (content.type === "data" && RESULTS.has(message.type)) return resultNode(content.data || {});
-  if (content.type === "data") return element("pre", "", pretty(content.data));
+  if (content.type === "data") {
+    return element("pre", "", pretty(content.data) ?? "(data nested too deeply to show)");
+  }
   if (content.type === "file") return element("span", "text", `[file ${content.filename || content.file_id || ""}]`);
   return element("span", "text", `[${content.type} content]`);
 }
@@ -542,15 +544,14 @@ function sameOrigin(url) {
   }
 }
 
+// A JSON value (or JSON text) indented; text that is not JSON as it is; null for a value
+// nested too deeply to write (a tool's output is anything: thousands of "[" overflow the stack).
 function pretty(value) {
-  if (typeof value === "string") {
-    try {
-      return JSON.stringify(JSON.parse(value), null, 2);
-    } catch (_) {
-      return value;
-    }
+  try {
+    return JSON.stringify(typeof value === "string" ? JSON.parse(value) : value, null, 2);
+  } catch (_) {
+    return typeof value === "string" ? value : null;
   }
-  return JSON.stringify(value, null, 2);
 }
 
 function callNode(call) {
@@ -560,6 +561,24 @@ function callNode(call) {
   summary.append("Calls ", element("code", "", call.name || "a tool"));
   details.append(summary, element("pre", "", pretty(call.arguments || "")));
   return details;
+}
+
+// The nodes showing the parts of an MCP CallToolResult's content; null when a part is nested
+// too deeply to write.
+function contentNodes(parts, name) {
+  const nodes = [];
+  for (const part of parts) {
+    if (part && part.type === "text") nodes.push(element("pre", "", part.text || ""));
+    else if (part && part.type === "image" && typeof part.data === "string") {
+      const mime = /^image\/[a-z0-9.+-]+$/i.test(part.mimeType || "") ? part.mimeType : "image/png";
+      nodes.push(imageNode(`data:${mime};base64,${part.data}`, `Image from ${name || "the tool"}`));
+    } else {
+      const text = pretty(part);
+      if (text === null) return null;
+      nodes.push(element("pre", "", text));
+    }
+  }
+  return nodes;
 }
 
 function resultNode(result) {
@@ -577,18 +596,9 @@ function resultNode(result) {
   summary.append(failed ? "Error from " : "Result of ", element("code", "", name || "the tool"));
   details.append(summary);
   // MCP CallToolResult: {"content": [{"type": "text", "text"}, {"type": "image", "data", "mimeType"}]}
-  if (parsed && Array.isArray(parsed.content)) {
-    for (const part of parsed.content) {
-      if (!part || typeof part !== "object") details.append(element("pre", "", pretty(part)));
-      else if (part.type === "text") details.append(element("pre", "", part.text || ""));
-      else if (part.type === "image" && typeof part.data === "string") {
-        const mime = /^image\/[a-z0-9.+-]+$/i.test(part.mimeType || "") ? part.mimeType : "image/png";
-        details.append(imageNode(`data:${mime};base64,${part.data}`, `Image from ${name || "the tool"}`));
-      } else details.append(element("pre", "", pretty(part)));
-    }
-  } else {
-    details.append(element("pre", "", pretty(output ?? "")));
-  }
+  const shown = parsed && Array.isArray(parsed.content) ? contentNodes(parsed.content, name) : null;
+  // Not MCP's, or a part nested too deeply to write: the output as it came.
+  details.append(...(shown || [element("pre", "", pretty(output ?? ""))]));
   // Open to read, unless long: a page or a file a tool read would push the reply far down.
   details.open = details.textContent.length - summary.textContent.length <= LONG_RESULT;
   return details;

@@ -9,7 +9,9 @@ const HEADING = /^ {0,3}(#{1,6})(?:[ \t](.*))?$/;
 const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
-const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+// Of a line trimmed: no two runs of spaces side by side, which would try every split of a
+// long one between them.
+const TABLE_RULE = /^\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?$/;
 // Where a span may open: code, a link, bold, italic or struck through, a URL (bare or in <>);
 // or a backslash escapes the punctuation after it, shown as it is.
 const SPAN_START = /[`[*_]|~~|<?https?:\/\/|\\[!-\/:-@[-`{-~]/g;
@@ -218,7 +220,7 @@ function cells(line) {
 
 // Whether ``line`` heads a table: the line under it (``next``) is a rule with as many cells.
 function headsTable(line, next) {
-  if (!line.includes("|") || next === undefined || !TABLE_RULE.test(next)) return false;
+  if (!line.includes("|") || next === undefined || !TABLE_RULE.test(next.trim())) return false;
   return cells(line).length === cells(next).length;
 }
 
