@@ -135,6 +135,10 @@ def build_app(released: threading.Event) -> AgentApp:
     @app.endpoint("/teapot/{shape}", methods=["GET"])
     async def teapot(shape: str) -> None:
         detail: Any = {"why": "teapot"} if shape == "dict" else ["short", "stout"]
+        if shape == "secret":
+            detail = f"upstream refused key {SECRET}"
+        elif shape == "secret-dict":
+            detail = {"why": f"upstream refused key {SECRET}", "key": SECRET}
         raise HTTPException(418, detail=detail, headers={"X-Teapot": "1"})
 
     @app.endpoint("/raw", methods=["POST"])
@@ -354,6 +358,20 @@ def test_an_http_exception_keeps_its_structured_detail(
     assert error["code"] == "HTTP_ERROR"
     assert error["detail"] == detail
     assert json.loads(error["message"]) == detail
+
+
+@pytest.mark.parametrize("shape", ["secret", "secret-dict"])
+def test_an_http_exception_quoting_a_secret_is_masked(served: tuple[str, str], shape: str) -> None:
+    # A route's HTTPException quoting a secret of the settings sent it to the client as it
+    # was: every other error masks it.
+    url, key = served
+    response = httpx.get(f"{url}/teapot/{shape}", headers=bearer(key), timeout=30)
+    assert response.status_code == 418
+    assert SECRET not in response.text
+    error = response.json()["error"]
+    assert "upstream refused key ***" in error["message"]
+    if shape == "secret-dict":
+        assert error["detail"] == {"why": "upstream refused key ***", "key": "***"}
 
 
 def test_a_request_handler_reading_a_body_that_is_not_json_answers_422(

@@ -57,7 +57,7 @@ from agentscope_serverless.errors import (
     error_classes,
 )
 from agentscope_serverless.http.params import COMPATIBLE_PREFIX, is_json_type
-from agentscope_serverless.log import logger
+from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._validation import too_deep
 
 INTERNAL_ERROR = "INTERNAL_ERROR"
@@ -382,8 +382,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     unreadable = unreadable_body(exc.__cause__) if exc.__cause__ is not None else None
     if exc.status_code == 400 and unreadable is not None:
         return response_for(unreadable)
-    detail = None if isinstance(exc.detail, str) else _as_json(exc.detail)
-    message = exc.detail if isinstance(exc.detail, str) else json.dumps(detail, ensure_ascii=False)
+    # A route's own text may quote a secret (a key upstream refused): masked as any error is.
+    given: Any = exc.detail  # a text, or any value a route gave
+    detail = None
+    if isinstance(given, str):
+        message = redacted(given)
+    else:
+        detail = json.loads(redacted(json.dumps(_as_json(given), ensure_ascii=False)))
+        message = json.dumps(detail, ensure_ascii=False)
     if exc.status_code == 404 and message == "Not Found":  # no route has this path
         message = _no_route(request.scope)
     code = _CODE_OF_STATUS.get(exc.status_code, "HTTP_ERROR")
