@@ -808,6 +808,20 @@ async def test_a_wrong_redis_password_says_authentication_failed_never_the_passw
     assert "Pa55" not in message + out + err
 
 
+async def test_a_database_redis_does_not_have_is_named_as_redis_urls(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    # It said only "the command failed": nothing pointed at the /99 of REDIS_URL.
+    url = redis_server.url.rsplit("/", 1)[0] + "/99"
+    async with RedisSessionHistoryService(url) as history:
+        with pytest.raises(StoreUnavailableError) as raised:
+            await history.create_session(user_id, "s1")
+    assert str(raised.value) == (
+        "redis is unavailable: REDIS_URL names a database Redis does not have (the number "
+        "after the host's /: 0 to 15 on a Redis as it comes)"
+    )
+
+
 async def test_run_events_redis_refuses_fail_the_write_instead_of_being_dropped(
     own_redis_server: RedisServer, user_id: str
 ) -> None:

@@ -220,6 +220,11 @@ def _failure(exc: BaseException) -> str:
         return "the connection failed"
     if _out_of_memory(exc):
         return "it is out of memory (maxmemory reached, with no eviction): it refuses writes"
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        return (
+            "REDIS_URL names a database Redis does not have (the number after the host's "
+            "/: 0 to 15 on a Redis as it comes)"
+        )
     if isinstance(exc, ResponseError):
         return "the command failed"
     return "the request failed"
