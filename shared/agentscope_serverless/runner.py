@@ -99,6 +99,7 @@ from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
+from agentscope_serverless.threads import ThreadWorker
 
 FRAMEWORKS = ("text", "agentscope")
 # What a run gives its query handler, by name (each only to a handler that takes it).
@@ -766,21 +767,27 @@ def _is_async(handler: Callable[..., Any]) -> bool:
 
 async def _items_in_a_thread(call: Callable[[], Any]) -> AsyncGenerator[Any, None]:
     """The items of a plain function's or generator's ``call``, which runs in a worker thread
-    (each of a generator's steps too): a handler that blocks (a sync HTTP client, a sleep)
-    holds no other run, nor the server's answers, while it works."""
-    result = await asyncio.to_thread(call)
-    if not inspect.isgenerator(result):
-        async with contextlib.aclosing(items_of(result)) as items:
-            async for item in items:
-                yield item
-        return
-    done = object()
+    (each of a generator's steps too, in the same thread): a handler that blocks (a sync HTTP
+    client, a sleep) holds no other run, nor the server's answers, while it works. The
+    thread is a daemon one (see :mod:`~agentscope_serverless.threads`): a handler that never
+    returns does not keep the server from exiting."""
+    worker = ThreadWorker("agentscope-handler")
     try:
-        while (item := await asyncio.to_thread(next, result, done)) is not done:
-            yield item
+        result = await worker.run(call)
+        if not inspect.isgenerator(result):
+            async with contextlib.aclosing(items_of(result)) as items:
+                async for item in items:
+                    yield item
+            return
+        done = object()
+        try:
+            while (item := await worker.run(next, result, done)) is not done:
+                yield item
+        finally:
+            with contextlib.suppress(ValueError):  # still running in its thread: a run canceled
+                result.close()
     finally:
-        with contextlib.suppress(ValueError):  # still running in its thread: a run canceled
-            result.close()
+        worker.close()
 
 
 def items_of(result: Any) -> AsyncGenerator[Any, None]:

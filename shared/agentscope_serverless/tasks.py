@@ -6,7 +6,7 @@ error (status ``failed``). Its status is read back from the runs store, so any p
 Lambda instance) can answer ``GET /tasks/{task_id}``, and only for the user who submitted it.
 
 The :class:`LocalTaskExecutor` runs tasks in the server's own event loop (a plain function
-in a worker thread). No broker is needed.
+in a daemon thread of its own). No broker is needed.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from agentscope_serverless.services.idempotency.base import (
     StoredResponse,
 )
 from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
+from agentscope_serverless.threads import run_in_thread
 from agentscope_serverless.time_limit import seconds_left
 
 TASK_FAILED = "TASK_FAILED"
@@ -111,7 +112,9 @@ async def _call(task: TaskDefinition, payload: Any) -> Any:
     try:
         if inspect.iscoroutinefunction(task.function):
             return await task.function(payload)
-        result = await asyncio.to_thread(task.function, payload)
+        # A daemon thread: a function that never returns does not keep the server from
+        # exiting once stopped (its result is dropped then).
+        result = await run_in_thread(task.function, payload)
         if inspect.isawaitable(result):
             result = await result
         return result

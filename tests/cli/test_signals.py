@@ -4,9 +4,11 @@ process of its own left behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -197,3 +199,113 @@ def test_the_local_server_on_the_stack_stops_cleanly(signum: int) -> None:
         raise
     stdout, stderr = stop_and_check(process, signum, minimum_children=2)
     assert "starting redis-server" in stdout + stderr
+
+
+HANGING_AGENT = """
+import pathlib
+import time
+
+from agentscope_serverless.app.agent_app import AgentApp
+
+app = AgentApp(app_name="hanging")
+
+
+def hang(what):
+    pathlib.Path(__file__).with_name("started").write_text(what)
+    time.sleep(600)
+
+
+@app.task("/jobs/hang")
+def task(payload):
+    hang("task")
+
+
+@app.query(framework="text")
+def query(self, msgs, **kwargs):
+    hang("query")
+    yield "never"
+
+
+@app.endpoint("/stream", methods=["GET"])
+def stream():
+    hang("stream")
+    yield "never"
+
+
+@app.endpoint("/plain", methods=["GET"])
+def plain():
+    hang("plain")
+"""
+
+# What starts each plain function that never returns: a request (method, path, JSON body).
+HANGING = {
+    "task": ("POST", "/jobs/hang", {}),
+    "query": ("POST", "/process", {"input": [{"role": "user", "content": "hi"}]}),
+    "stream": ("GET", "/stream", None),
+    "plain": ("GET", "/plain", None),
+}
+
+
+def _send(port: int, key: str, method: str, path: str, body: object) -> socket.socket:
+    """A connection that sent the request, its answer left unread."""
+    data = b"" if body is None else json.dumps(body).encode()
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(head.encode() + data)
+    return connection
+
+
+def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("work", "signum"),
+    [
+        ("task", signal.SIGTERM),
+        ("task", signal.SIGINT),
+        ("query", signal.SIGINT),
+        ("stream", signal.SIGINT),
+        ("plain", signal.SIGINT),
+    ],
+    ids=lambda value: signal.Signals(value).name if isinstance(value, int) else value,
+)
+def test_the_local_server_exits_while_a_plain_function_never_returns(
+    tmp_path: Path, work: str, signum: int
+) -> None:
+    (tmp_path / "hanging.py").write_text(HANGING_AGENT)
+    port = free_port()
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--agent", "hanging:app", "--no-web"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=terminal_signals,
+        )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+        with _send(port, key, *HANGING[work]):
+            _wait_for((tmp_path / "started").exists, f"the start of the {work}")
+            process.send_signal(signum)
+            if work != "task":
+                # A request in progress is waited for until a second Ctrl-C (uvicorn's way).
+                _wait_for(lambda: "Waiting for connections" in output.read_text(), "the wait")
+                process.send_signal(signum)
+            # The function's thread goes on (nothing can stop it): the process exits all the
+            # same, without waiting for it.
+            process.wait(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert "Finished server process" in output.read_text()

@@ -21,14 +21,16 @@ generator (sync or async) is streamed as Server-Sent Events, one ``data: <JSON>`
 item, as AgentScope Runtime streams them: text items are sent as JSON strings, pydantic
 models, dataclasses and objects with ``to_dict()`` (or ``to_map()``) as their JSON objects,
 at any depth, tuples and sets as arrays, anything else as its ``str()``. A sync generator
-runs in a worker thread, so a blocking one holds up no other request. A generator that
-raises ends the stream with AgentScope's error item, ``{"error": "<the exception's
-message>", "error_type": "<its class>", "message": "Error in streaming generator"}``, the
-settings' secrets (and the agent's own) replaced by ``***``; so does an item holding a
-number JSON cannot carry (NaN, Infinity). A generator whose client leaves is closed: its
-``finally`` runs then, a sync one's in a worker thread, an async one's to its end, awaits
-included, as a canceled run's agent's does (cut short if still going 3 s later; a sync one's
-is left to its thread then, which cannot be stopped, and the response ends).
+(a plain function too) runs in a worker thread, so a blocking one holds up no other
+request; a daemon thread, so one that never returns does not keep the server from exiting
+once stopped. A generator that raises ends the stream with AgentScope's error item,
+``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
+streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``; so
+does an item holding a number JSON cannot carry (NaN, Infinity). A generator whose client
+leaves is closed: its ``finally`` runs then, a sync one's in its thread (once the step it
+may be taking is over), an async one's to its end, awaits included, as a canceled run's
+agent's does (cut short if still going 3 s later; a sync one's is left to its thread then,
+which cannot be stopped, and the response ends).
 """
 
 from __future__ import annotations
@@ -51,13 +53,11 @@ from collections.abc import (
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import anyio
-import anyio.to_thread
 from fastapi import APIRouter, Depends, Request, Response, params
 from fastapi.dependencies.models import Dependant
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, RootModel
 from pydantic.fields import FieldInfo
-from starlette.concurrency import iterate_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.cancellation import CLEANUP_SECONDS, cancelled_from_outside
@@ -82,6 +82,7 @@ from agentscope_serverless.http.guards import (
 from agentscope_serverless.http.sse import escape_line_breaks
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._turn import acting_for
+from agentscope_serverless.threads import ThreadWorker, run_in_thread
 
 # Deeper than this, a value is sent as its str(): a structure that contains itself ends.
 _MAX_DEPTH = 100
@@ -327,7 +328,9 @@ async def _fill_users(
 
 def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
     """``handler`` run for the caller's user, its body models with a ``user_id`` field given
-    that user (a function of the same kind: FastAPI runs a sync one in a worker thread)."""
+    that user (a generator of the same kind; a plain function's call in a daemon thread, see
+    :mod:`~agentscope_serverless.threads`, so one that never returns does not keep the
+    server from exiting)."""
     signature = inspect.signature(handler, eval_str=True)
     bodies = [
         name
@@ -359,7 +362,7 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
             items = handler(**filled(user_id, kwargs))
             try:
                 while True:
-                    # Each step may run in a worker thread of its own, in a copy of the context.
+                    # Each step runs in a copy of the context (in the stream's thread).
                     with acting_for(user_id):
                         try:
                             item = next(items)
@@ -391,10 +394,14 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
 
     else:
 
-        def endpoint(**kwargs: Any) -> Any:
+        async def endpoint(**kwargs: Any) -> Any:
             user_id = kwargs.pop(_CALLER_PARAMETER)
-            with acting_for(user_id):
-                return handler(**filled(user_id, kwargs))
+
+            def call() -> Any:
+                with acting_for(user_id):
+                    return handler(**filled(user_id, kwargs))
+
+            return await run_in_thread(call)
 
     caller = inspect.Parameter(
         _CALLER_PARAMETER,
@@ -477,16 +484,21 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
                             yield line
                 else:
                     lines = _encoded(items)
+                    worker = ThreadWorker("agentscope-stream")
+                    done = object()
                     try:
-                        async for line in iterate_in_threadpool(lines):
+                        while (line := await worker.run(next, lines, done)) is not done:
                             yield line
                     finally:
                         # A client that left ends the stream early: the generator is closed
-                        # (its ``finally`` may block, so in a worker thread), even while the
-                        # response is being cancelled. A thread cannot be stopped: one still
-                        # closing it after CLEANUP_SECONDS is left to go on, the response ends.
+                        # in its thread, once the step it may be taking is over (its
+                        # ``finally`` may block), even while the response is being cancelled.
+                        # A thread cannot be stopped: one still taking its step, or closing
+                        # the generator, after CLEANUP_SECONDS is left to go on, the response
+                        # ends (nor does a server stopping wait for it).
                         with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
-                            await anyio.to_thread.run_sync(_close, lines, abandon_on_cancel=True)
+                            await worker.run(_close, lines)
+                        worker.close()
             except Exception as exc:
                 yield _error_item(exc)
 

@@ -1,0 +1,137 @@
+"""A user's plain (blocking) functions run in daemon threads of our own, so a server that
+is told to stop always exits.
+
+The threads of ``asyncio.to_thread`` (the loop's default executor) and of anyio (FastAPI's
+and Starlette's worker threads) are not daemon threads: Python waits for them as it exits
+(``asyncio.run`` joins the default executor's threads), so a plain function that never
+returns (a task in a loop, a handler waiting on a socket) kept a server that was stopped
+(SIGTERM, Ctrl-C) alive. A daemon thread does not: the process exits with it still
+running, and what it returns is dropped (a thread cannot be stopped).
+
+>>> import asyncio
+>>> asyncio.run(run_in_thread(sum, [1, 2, 3]))
+6
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+# A call waiting for the worker's thread: the loop and future awaiting it, the context it
+# runs in, the function and its arguments.
+_Call = tuple[
+    asyncio.AbstractEventLoop,
+    "asyncio.Future[Any]",
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+]
+
+
+class ThreadWorker:
+    """A daemon thread running the calls given to :meth:`run` one after another, each in a
+    copy of its caller's context (as ``asyncio.to_thread`` runs them): the steps of a sync
+    generator, say, all in one thread.
+
+    What a call raises is raised to its caller, whatever it is (``KeyboardInterrupt``,
+    ``SystemExit`` too). A caller cancelled while its call runs does not stop it: its
+    result is dropped. The thread starts with the first call and ends once :meth:`close`
+    was called and the calls given before have run.
+
+    >>> async def twice() -> list[int]:
+    ...     worker = ThreadWorker("example")
+    ...     try:
+    ...         return [await worker.run(len, "ab"), await worker.run(len, "abc")]
+    ...     finally:
+    ...         worker.close()
+    >>> asyncio.run(twice())
+    [2, 3]
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    async def run(self, function: Callable[..., _T], /, *args: Any) -> _T:
+        """``function(*args)``, called in the worker's thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        self._calls.put((loop, future, contextvars.copy_context(), function, args))
+        self._start()
+        return await future
+
+    def close(self) -> None:
+        """Let the thread end once the calls given so far have run (without waiting)."""
+        self._calls.put(None)
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            _answer(*call)
+            del call  # nothing of a call is held while the thread waits for the next
+
+
+def _answer(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    context: contextvars.Context,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    """Call ``function(*args)`` in ``context`` and settle ``future`` with what it gave."""
+    try:
+        result = context.run(function, *args)
+    except StopIteration:
+        # A future refuses it (asyncio's rule): what it means, said.
+        _settle(loop, future, None, RuntimeError("a plain function raised StopIteration"))
+    except BaseException as exc:
+        _settle(loop, future, None, exc)
+    else:
+        _settle(loop, future, result, None)
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    """Give ``future`` the result or the error of its call, in its loop's thread; nothing
+    when its caller stopped waiting (cancelled) or its loop has closed."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(settle)
+
+
+async def run_in_thread(function: Callable[..., _T], /, *args: Any) -> _T:
+    """``function(*args)`` called in a daemon thread of its own (see :class:`ThreadWorker`):
+    ``asyncio.to_thread`` without holding the process's exit."""
+    worker = ThreadWorker(getattr(function, "__name__", "call"))
+    try:
+        return await worker.run(function, *args)
+    finally:
+        worker.close()
+
+
+__all__ = ["ThreadWorker", "run_in_thread"]
