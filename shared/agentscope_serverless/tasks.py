@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,27 +58,44 @@ def new_task_id() -> str:
     return f"task_{new_uuid()}"
 
 
+def new_submission() -> str:
+    """A token of its own for a task's submission (:attr:`RunRecord.submission`), random
+    even when the task's id derives from an ``Idempotency-Key``."""
+    return uuid.uuid4().hex
+
+
 async def run_task(
-    runs: RunsService, task: TaskDefinition, user_id: str, task_id: str, payload: Any
+    runs: RunsService,
+    task: TaskDefinition,
+    user_id: str,
+    task_id: str,
+    payload: Any,
+    submission: str | None = None,
 ) -> None:
     """Run ``task`` with ``payload`` and store its result or its error; while it runs, its
     record is saved every ``HEARTBEAT_SECONDS``, so a task whose process stopped (a Lambda
     timeout) reads as lost (see :class:`~agentscope_serverless.services.runs.base.RunRecord`).
     A task still running at the time limit of the invocation serving it
     (:mod:`~agentscope_serverless.time_limit`) is stopped and stored as failed
-    (``TIME_LIMIT``)."""
+    (``TIME_LIMIT``). With ``submission`` (its record's), its end and its heartbeats land
+    only on the record of that submission: the task erased and submitted again under the
+    same id meanwhile, the new record keeps its own."""
+
+    async def finish(status: str, **outcome: Any) -> None:
+        await runs.finish_run(user_id, task_id, status, submission=submission, **outcome)
+
     try:
         # What the task does (a remote agent called, a sandbox connected) is for its user.
         with acting_for(user_id):
-            result = await _beating(runs, user_id, task_id, _call(task, payload))
+            work = _call(task, payload)
+            result = await _beating(runs, user_id, task_id, submission, work)
         # A result that every store could not keep and give back as it was fails the task,
         # saying why: numbers JSON cannot carry (NaN, infinities: null once stored), text
         # that is not Unicode (a lone UTF-16 surrogate), nesting too deep to be read back.
         stored = json_copy(to_jsonable_python(result, inf_nan_mode="constants"), field="result")
     except TimeLimitError as exc:
         logger.warning("a background task reached the time limit", extra={"task_id": task_id})
-        error = {"code": exc.code, "message": exc.message}
-        await runs.finish_run(user_id, task_id, "failed", error=error)
+        await finish("failed", error={"code": exc.code, "message": exc.message})
         return
     except (Exception, asyncio.CancelledError) as exc:
         if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
@@ -86,10 +104,9 @@ async def run_task(
         failure = exc.__cause__ if isinstance(exc, _Exited) else exc
         # Without the secrets of the process, as a failed run's error.
         message = redacted(_described(failure))[:_MAX_ERROR_CHARS]
-        error = {"code": TASK_FAILED, "message": message}
-        await runs.finish_run(user_id, task_id, "failed", error=error)
+        await finish("failed", error={"code": TASK_FAILED, "message": message})
         return
-    await runs.finish_run(user_id, task_id, "completed", result=stored)
+    await finish("completed", result=stored)
 
 
 def _described(failure: object) -> str:
@@ -122,10 +139,17 @@ async def _call(task: TaskDefinition, payload: Any) -> Any:
         raise _Exited() from exc
 
 
-async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitable[Any]) -> Any:
-    """The result of ``work``, the task's record saved every ``HEARTBEAT_SECONDS`` until it
-    ends. Each save is awaited before the next step, so none lands after the final one.
-    Raises :class:`TimeLimitError` (``work`` cancelled) at the invocation's time limit."""
+async def _beating(
+    runs: RunsService,
+    user_id: str,
+    task_id: str,
+    submission: str | None,
+    work: Awaitable[Any],
+) -> Any:
+    """The result of ``work``, the task's record (of ``submission``, when given) saved every
+    ``HEARTBEAT_SECONDS`` until it ends. Each save is awaited before the next step, so none
+    lands after the final one. Raises :class:`TimeLimitError` (``work`` cancelled) at the
+    invocation's time limit."""
     running = asyncio.ensure_future(work)
     try:
         while True:
@@ -142,7 +166,8 @@ async def _beating(runs: RunsService, user_id: str, task_id: str, work: Awaitabl
                 continue  # the time limit comes before the heartbeat
             try:
                 record = await runs.get_run(user_id, task_id)
-                if record is not None and not record.finished:
+                mine = record is not None and submission in (None, record.submission)
+                if record is not None and mine and not record.finished:
                     await runs.beat(record)
             except Exception:
                 logger.exception("could not save the task's heartbeat", extra={"task_id": task_id})
@@ -176,7 +201,8 @@ async def run_task_event(
 
     Lambda delivers such an event at least once, and invokes again after an error or a
     timeout: a task runs at most once all the same. It is skipped when its run has finished
-    or is not stored (expired, or never submitted), and, with ``claims``, unless this
+    or is not stored (expired, or never submitted), or is another submission's (the
+    task erased and submitted again under its id), and, with ``claims``, unless this
     invocation is the first to claim it (a claim held once the task is stored as started
     never lapses: a task that started and was cut short is not run again). An event that
     is not a task's (a poison message) is skipped: running it again could not help. Errors
@@ -194,9 +220,17 @@ async def run_task_event(
     except InvalidInputError:
         logger.warning("a task event naming no valid task was skipped")
         return "skipped"
+    submission = spec.get("submission")
     if record is None or record.finished or record.kind != "task":
         logger.info(
             "a task event for a finished or unknown task was skipped", extra={"task_id": task_id}
+        )
+        return "skipped"
+    if record.submission != submission:
+        # The task was erased, and submitted again under its id: the new submission has
+        # an event of its own.
+        logger.info(
+            "a task event for an earlier submission was skipped", extra={"task_id": task_id}
         )
         return "skipped"
     claim = None
@@ -212,7 +246,7 @@ async def run_task_event(
     try:
         if task is None:
             error = {"code": TASK_FAILED, "message": f"no task is served at {spec['path']!r}"}
-            await runs.finish_run(user_id, task_id, "failed", error=error)
+            await runs.finish_run(user_id, task_id, "failed", error=error, submission=submission)
         elif record.queued:
             # Started: from now on it beats, and is lost soon after it stops beating.
             await runs.beat(record.model_copy(update={"queued": False}))
@@ -226,7 +260,7 @@ async def run_task_event(
             await _release(claims, claim, task_id)
         raise
     if task is not None:
-        await run_task(runs, task, user_id, task_id, spec.get("payload"))
+        await run_task(runs, task, user_id, task_id, spec.get("payload"), submission)
     return "done"
 
 
@@ -249,9 +283,17 @@ class LocalTaskExecutor:
 
     async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
         """Store the task as submitted, start it, and return its record."""
-        record = RunRecord(id=new_task_id(), user_id=user_id, kind="task", name=task.path)
+        record = RunRecord(
+            id=new_task_id(),
+            user_id=user_id,
+            kind="task",
+            name=task.path,
+            submission=new_submission(),
+        )
         await self.runs.create_run(record)
-        running = asyncio.create_task(run_task(self.runs, task, user_id, record.id, payload))
+        running = asyncio.create_task(
+            run_task(self.runs, task, user_id, record.id, payload, record.submission)
+        )
         self._running.add(running)
         running.add_done_callback(self._running.discard)
         return record
@@ -268,6 +310,7 @@ __all__ = [
     "LocalTaskExecutor",
     "TaskDefinition",
     "TaskExecutor",
+    "new_submission",
     "new_task_id",
     "run_task",
     "run_task_event",

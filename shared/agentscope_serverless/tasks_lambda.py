@@ -19,7 +19,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from agentscope_serverless.errors import PayloadTooLargeError, StoreUnavailableError
 from agentscope_serverless.log import logger
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
-from agentscope_serverless.tasks import TASK_EVENT_KEY, TaskDefinition, new_task_id
+from agentscope_serverless.tasks import (
+    TASK_EVENT_KEY,
+    TaskDefinition,
+    new_submission,
+    new_task_id,
+)
 
 # The largest payload of an asynchronous invocation Lambda takes (1 MB).
 EVENT_PAYLOAD_LIMIT_BYTES = 1024 * 1024
@@ -49,9 +54,20 @@ class LambdaTaskExecutor:
         """
         # Queued: Lambda may deliver the invocation long after (see RunRecord.queued).
         record = RunRecord(
-            id=new_task_id(), user_id=user_id, kind="task", name=task.path, queued=True
+            id=new_task_id(),
+            user_id=user_id,
+            kind="task",
+            name=task.path,
+            queued=True,
+            submission=new_submission(),
         )
-        spec = {"path": task.path, "user_id": user_id, "task_id": record.id, "payload": payload}
+        spec = {
+            "path": task.path,
+            "user_id": user_id,
+            "task_id": record.id,
+            "submission": record.submission,
+            "payload": payload,
+        }
         event = json.dumps({TASK_EVENT_KEY: spec}, ensure_ascii=False, separators=(",", ":"))
         size = len(event.encode())
         if size > EVENT_PAYLOAD_LIMIT_BYTES:
@@ -71,7 +87,9 @@ class LambdaTaskExecutor:
         except (ClientError, BotoCoreError, OSError) as exc:
             logger.error("could not start a background task", extra={"task_id": record.id})
             error = {"code": "TASK_NOT_STARTED", "message": "the task could not be queued"}
-            await self.runs.finish_run(user_id, record.id, "failed", error=error)
+            await self.runs.finish_run(
+                user_id, record.id, "failed", error=error, submission=record.submission
+            )
             raise StoreUnavailableError("lambda", type(exc).__name__) from None
         return record
 

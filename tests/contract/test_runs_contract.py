@@ -910,3 +910,50 @@ async def test_a_task_whose_result_no_store_can_keep_fails_saying_why(
         completed = await runs.get_run(user_id, "fine")
         assert completed is not None and completed.status == "completed"
         assert completed.result == {"reply": "whole \U0001f642", "nested": _nested(99)}
+
+
+async def test_a_task_submitted_again_after_an_erase_keeps_nothing_the_earlier_one_saves(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    # The same Idempotency-Key sent again after an erase gives the task the same id: the
+    # end, then the heartbeat, of the task that ran first landed in the new record.
+    first = RunRecord(id="again", user_id=user_id, kind="task", name="/jobs/a", submission="one")
+    async with runs_factory() as runs:
+        await runs.create_run(first)
+        beating = await runs.get_run(user_id, "again")  # as the first task's heartbeat saves it
+        assert beating is not None and beating.submission == "one"
+        await runs.delete_user_runs(user_id)
+        await runs.create_run(first.model_copy(update={"submission": "two"}))
+        await runs.finish_run(user_id, "again", "completed", result="one's", submission="one")
+        await runs.beat(beating)
+        second = await runs.get_run(user_id, "again")
+        assert second is not None and second.submission == "two"
+        assert (second.status, second.result) == ("in_progress", None)
+        await runs.finish_run(user_id, "again", "completed", result="two's", submission="two")
+        await runs.beat(beating)
+        done = await runs.get_run(user_id, "again")
+        assert done is not None and (done.status, done.result) == ("completed", "two's")
+
+
+async def test_a_task_ending_after_its_record_was_erased_and_submitted_again_stores_nothing(
+    runs_factory: Callable[[], RunsService], user_id: str
+) -> None:
+    released = asyncio.Event()
+
+    async def slow(payload: Any) -> Any:
+        await released.wait()
+        return payload
+
+    task = TaskDefinition(path="/jobs/slow", function=slow)
+    first = RunRecord(id="slow", user_id=user_id, kind="task", name=task.path, submission="one")
+    async with runs_factory() as runs:
+        await runs.create_run(first)
+        running = asyncio.ensure_future(run_task(runs, task, user_id, "slow", "one's", "one"))
+        await asyncio.sleep(0)
+        await runs.delete_user_runs(user_id)
+        await runs.create_run(first.model_copy(update={"submission": "two"}))
+        released.set()
+        await running
+        second = await runs.get_run(user_id, "slow")
+        assert second is not None and second.submission == "two"
+        assert (second.status, second.result) == ("in_progress", None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +50,19 @@ def scale(payload: dict[str, Any]) -> dict[str, Any]:
 async def wait(payload: dict[str, Any]) -> str:
     await asyncio.sleep(payload["seconds"])
     return "waited"
+
+
+# One gate per call of /jobs/gate, in order: the call returns its number once its gate opens.
+GATES: list[threading.Event] = []
+
+
+@app.task("/jobs/gate")
+def gate(payload: Any) -> int:
+    opened = threading.Event()
+    GATES.append(opened)
+    number = len(GATES)
+    opened.wait(timeout=30)
+    return number
 
 
 JSON = {"Content-Type": "application/json"}
@@ -350,3 +365,38 @@ def test_a_task_is_not_taken_for_a_run_that_can_be_cancelled_or_followed(
             f"a background task has no events: read its status at GET /tasks/{task_id}"
         )
         assert _wait_for(client, task_id)["status"] == "completed"
+
+
+def _gates(count: int) -> list[threading.Event]:
+    deadline = time.monotonic() + 30
+    while len(GATES) < count:
+        assert time.monotonic() < deadline, "the task did not start"
+        time.sleep(0.02)
+    return GATES[:count]
+
+
+def test_a_task_erased_then_submitted_again_with_its_key_keeps_its_own_result(
+    server: tuple[str, Keys],
+) -> None:
+    # The same Idempotency-Key after an erase gives the same task id: the erased task's
+    # result was stored as the new task's.
+    url, keys = server
+    GATES.clear()
+    headers = {**bearer(keys.service), "X-User-Id": "erased-then-again"}
+    key = {"Idempotency-Key": f"again-{uuid.uuid4().hex}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        first = client.post("/jobs/gate", json={}, headers=key).json()["task_id"]
+        _gates(1)
+        assert client.delete("/users/me/data").status_code == 204
+        second = client.post("/jobs/gate", json={}, headers=key).json()["task_id"]
+        assert second == first
+        erased, submitted = _gates(2)
+        erased.set()
+        # The erased task ends within milliseconds: its result never shows.
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            assert client.get(f"/tasks/{second}").json()["status"] == "in_progress"
+            time.sleep(0.05)
+        submitted.set()
+        done = _wait_for(client, second)
+    assert (done["status"], done["result"]) == ("completed", 2)

@@ -74,6 +74,29 @@ def test_a_task_event_without_its_run_runs_nothing() -> None:
     assert calls == []
 
 
+def test_a_task_event_of_an_earlier_submission_runs_nothing() -> None:
+    # The task erased, then submitted again under its id (the same Idempotency-Key): a
+    # delivery of the first submission's event ran the task into the second's record.
+    calls: list[Any] = []
+    tasks = [TaskDefinition("/jobs/invoice", calls.append)]
+    event = _invoice_event()
+    event[TASK_EVENT_KEY]["submission"] = "first"
+
+    async def deliver() -> tuple[str, RunRecord | None]:
+        runs = InMemoryRunsService()
+        async with runs:
+            again = RunRecord(
+                id="task_1", user_id="alice", kind="task", name="/jobs/invoice", submission="second"
+            )
+            await runs.create_run(again)
+            outcome = await run_task_event(runs, tasks, event)
+            return outcome, await runs.get_run("alice", "task_1")
+
+    outcome, record = asyncio.run(deliver())
+    assert outcome == "skipped" and calls == []
+    assert record is not None and record.status == "in_progress"
+
+
 def _invoice_event(task_id: str = "task_1") -> dict[str, Any]:
     spec = {"path": "/jobs/invoice", "user_id": "alice", "task_id": task_id, "payload": {}}
     return {TASK_EVENT_KEY: spec}
@@ -242,11 +265,14 @@ class _RunsFailingOnce(RedisRunsService):
         *,
         result: Any = None,
         error: dict[str, Any] | None = None,
+        submission: str | None = None,
     ) -> None:
         if self.failing == "finish_run":
             self.failing = ""
             raise StoreUnavailableError("redis", "ConnectionError: connection reset")
-        await super().finish_run(user_id, run_id, status, result=result, error=error)
+        await super().finish_run(
+            user_id, run_id, status, result=result, error=error, submission=submission
+        )
 
 
 @pytest.mark.parametrize(("failing", "path"), [("beat", "/jobs/invoice"), ("finish_run", "/gone")])

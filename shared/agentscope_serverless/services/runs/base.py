@@ -124,6 +124,13 @@ class RunRecord(BaseModel):
         description="A background task waiting for the invocation that runs it, which may "
         "come hours later: not lost before then (see QUEUED_LOST_AFTER_SECONDS).",
     )
+    submission: str | None = Field(
+        None,
+        description="A background task's submission (a token made for it alone): its id "
+        "comes again when its Idempotency-Key is sent again after its record was erased, and "
+        "what the task that ran then stores (its end, its heartbeat) lands only on its own "
+        "record, never on the record of a later submission (see :meth:`RunsService.finish_run`).",
+    )
     deleted: bool = Field(
         False,
         description="Deleted by its user (see :meth:`RunsService.delete_run`): the record is "
@@ -356,13 +363,20 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         *,
         result: Any = None,
         error: dict[str, Any] | None = None,
+        submission: str | None = None,
     ) -> None:
-        """Record the end of the run: its final ``status`` (and a task's result or error)."""
+        """Record the end of the run: its final ``status`` (and a task's result or error).
+
+        With ``submission`` (a task's :attr:`RunRecord.submission`), only the record of that
+        very submission is ended: one stored since under the same id (the task erased, then
+        submitted again with the same ``Idempotency-Key``) keeps its own status, checked by
+        the store in the same step as the write.
+        """
         self._ensure_started()
         if status not in FINISHED:
             raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
         record = await self.get_run(user_id, run_id)
-        if record is None:
+        if record is None or (submission is not None and record.submission != submission):
             return
         record = record.model_copy(
             update={"status": status, "result": result, "error": error, "updated_at": time.time()}
@@ -392,7 +406,8 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def beat(self, record: RunRecord) -> None:
         """Save the record of a run executing in this process as it is now, still in
         progress: its heartbeat (:data:`HEARTBEAT_SECONDS`). A run deleted meanwhile is not
-        made again."""
+        made again, nor is a task's record replaced by a later submission's (the store
+        checks that the one it holds is of ``record.submission``)."""
         self._ensure_started()
         record.updated_at = time.time()
         await self._save(record)
@@ -623,7 +638,9 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
 
     @abstractmethod
     async def _save(self, record: RunRecord) -> None:
-        """Replace the run's record (keeping a cancellation mark)."""
+        """Replace the run's record (keeping a cancellation mark) when it is stored, and,
+        for a record with a ``submission``, only when the stored one is of the same
+        submission (checked in the same step as the write)."""
 
     @abstractmethod
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:

@@ -8,7 +8,7 @@ pk                 sk                          attributes
 =================  ==========================  ===========================================
 ``RUN#U#R``        ``META``                    ``record`` (JSON; a large one: its head,
                                                with ``parts`` and ``version``), ``cancel``,
-                                               ``expires_at``
+                                               ``submission`` (a task's), ``expires_at``
 ``RUN#U#R``        ``META#<version>#<part>``   the rest of a large record (``body``)
 ``RUN#U#R``        ``E#<sequence:012d>``       ``body`` (event JSON; large ones: head plus
                                                tail items), ``expires_at``
@@ -27,7 +27,9 @@ writes afterwards: its writer puts its events (or its record's tail items), then
 the META item is still there (a consistent read, or the condition of the record's update),
 and deletes what it put when it is gone. Deleting a run queries its partition and deletes
 what it finds until a query finds nothing: what a writer put before that last query is
-found, and a writer that put after it finds the META gone.
+found, and a writer that put after it finds the META gone. A task's record is saved only
+while its META holds the task's ``submission`` (the update's condition): a record of the
+same id stored since by a later submission keeps nothing the earlier task writes.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             self._pk(record.user_id, record.id), _META, stored, self._expiry()
         )
         meta["record"] = meta.pop("body")
+        if record.submission is not None:
+            meta["submission"] = s(record.submission)  # what a save checks (see ``_save``)
         return tails, meta
 
     def _record_items(self, record: RunRecord) -> tuple[list[Item], list[Item]]:
@@ -188,7 +192,8 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
 
     async def _save_after(self, record: RunRecord, items: list[Item]) -> None:
         """Put ``items`` of the run (its events), then save its record; a run deleted
-        meanwhile (its META gone) keeps neither, nor the rest of a large record."""
+        meanwhile (its META gone), or a task's replaced by a later submission's, keeps
+        neither, nor the rest of a large record."""
         tails, meta = self._meta_items(record)
         values: Item = {":record": meta["record"]}
         update = "SET #r = :record"
@@ -202,6 +207,11 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             names["#e"] = "expires_at"
         if not tails:
             update += " REMOVE #p, #v"
+        condition = "attribute_exists(#pk)"
+        if record.submission is not None:
+            condition += " AND #s = :submission"
+            names["#s"] = "submission"
+            values[":submission"] = s(record.submission)
         written = [*items, *tails]
         await self._store.put(written)
         try:
@@ -210,7 +220,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 idempotent=True,
                 Key=self._meta_key(record.user_id, record.id),
                 UpdateExpression=update,
-                ConditionExpression="attribute_exists(#pk)",
+                ConditionExpression=condition,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
                 ReturnValues="UPDATED_OLD",

@@ -119,6 +119,8 @@ class InMemoryRunsService(RunsService):
 
     async def _save(self, record: RunRecord) -> None:
         run = self._get(record.user_id, record.id)
+        if record.submission is not None and run is not None:
+            run = run if run.record.submission == record.submission else None
         if run is not None:
             run.record = record.model_copy(update={"cancel_requested": False})
             run.touched = time.time()

@@ -3,7 +3,9 @@
 Keys of user ``U``, run ``R`` and session ``S`` (escaped, the user in the hash tag)::
 
     <prefix>:run:{U}:r:R          HASH    record (JSON), cancel ("1" once requested),
-                                          events (a run stored in one write)
+                                          events (a run stored in one write),
+                                          submission (a task's: a save of its record
+                                          lands only while it is the same)
     <prefix>:run:{U}:r:R:events   STREAM  one entry per write of events
     <prefix>:run:{U}:s:S          ZSET    run id -> creation time
     <prefix>:run:{U}:all          ZSET    run id -> creation time (every run of the user,
@@ -53,12 +55,18 @@ local function index_run(key, created, run_id, cutoff)
 end
 """
 
-# KEYS: run, session index, user index. ARGV: ttl, record, run id, created at, cutoff.
+# KEYS: run, session index, user index. ARGV: ttl, record, run id, created at, cutoff,
+# submission ("" for none).
 _CREATE = (
     LUA_TOUCH
     + _LUA_INDEX_RUN
     + """
 redis.call('HSET', KEYS[1], 'record', ARGV[2])
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'submission', ARGV[6])
+else
+  redis.call('HDEL', KEYS[1], 'submission')
+end
 if KEYS[2] ~= KEYS[1] then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3]) end
 index_run(KEYS[3], ARGV[4], ARGV[3], ARGV[5])
 touch(tonumber(ARGV[1]), KEYS)
@@ -66,11 +74,12 @@ return 1
 """
 )
 
-# KEYS: run. ARGV: ttl, record.
+# KEYS: run. ARGV: ttl, record, submission ("" for none: saved whichever is stored).
 _SAVE = (
     LUA_TOUCH
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'submission') ~= ARGV[3] then return 0 end
 redis.call('HSET', KEYS[1], 'record', ARGV[2])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
@@ -237,6 +246,7 @@ class RedisRunsService(RedisBackedService, RunsService):
                 record.id,
                 repr(record.created_at),
                 repr(self._index_cutoff()),
+                record.submission or "",
             ],
             idempotent=True,
         )
@@ -302,7 +312,10 @@ class RedisRunsService(RedisBackedService, RunsService):
     async def _save(self, record: RunRecord) -> None:
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
         await self._redis.run(
-            _SAVE, [self._run_key(record.user_id, record.id)], [self._ttl, stored], idempotent=True
+            _SAVE,
+            [self._run_key(record.user_id, record.id)],
+            [self._ttl, stored, record.submission or ""],
+            idempotent=True,
         )
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
