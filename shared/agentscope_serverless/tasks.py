@@ -101,7 +101,7 @@ async def run_task(
         if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
             raise  # not the task's failure: what runs it stops (its server shuts down)
         logger.info("a background task failed", extra={"task_id": task_id})
-        failure = exc.__cause__ if isinstance(exc, _Exited) else exc
+        failure = exc.__cause__ if isinstance(exc, _Raised) else exc
         # Without the secrets of the process, as a failed run's error.
         message = redacted(_described(failure))[:_MAX_ERROR_CHARS]
         await finish("failed", error={"code": TASK_FAILED, "message": message})
@@ -120,9 +120,12 @@ def _described(failure: object) -> str:
     return f"{name}: {text}"
 
 
-class _Exited(Exception):
-    """A task's ``sys.exit()``, carried out of the asyncio task running it as an error: a
-    ``SystemExit`` leaving an asyncio task ends the event loop, and the process serving it."""
+class _Raised(Exception):
+    """An exception of a task that is no ``Exception`` (``sys.exit()``'s ``SystemExit``,
+    ``KeyboardInterrupt``, ``GeneratorExit``, a ``BaseException`` subclass of its own),
+    carried out of the asyncio task running it as an error: the first two leaving an
+    asyncio task end the event loop, and the process serving it; the others would leave
+    the task in progress until it read as lost."""
 
 
 async def _call(task: TaskDefinition, payload: Any) -> Any:
@@ -135,8 +138,10 @@ async def _call(task: TaskDefinition, payload: Any) -> Any:
         if inspect.isawaitable(result):
             result = await result
         return result
-    except SystemExit as exc:
-        raise _Exited() from exc
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise _Raised() from exc
 
 
 async def _beating(

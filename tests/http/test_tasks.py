@@ -232,6 +232,52 @@ def test_a_failing_task_reports_its_error(server: tuple[str, Keys]) -> None:
         assert client.get(f"/jobs/sum/{pending}").json()["status"] == "pending"
 
 
+class OwnBaseException(BaseException):
+    """An exception of a library's own that is no ``Exception``."""
+
+
+# What /jobs/raise and /jobs/raise-plain raise, by the payload naming it.
+RAISED: dict[str, tuple[type[BaseException], str]] = {
+    "interrupt": (KeyboardInterrupt, "stop"),
+    "generator-exit": (GeneratorExit, "closed"),
+    "own": (OwnBaseException, "its own"),
+}
+raising = AgentApp(app_name="raising")
+
+
+@raising.query(framework="text")
+async def answer(self: Any, msgs: Any, **kwargs: Any) -> str:
+    return "ok"
+
+
+@raising.task("/jobs/raise")
+async def raise_it(payload: str) -> None:
+    kind, text = RAISED[payload]
+    raise kind(text)
+
+
+@raising.task("/jobs/raise-plain")
+def raise_it_plain(payload: str) -> None:
+    kind, text = RAISED[payload]
+    raise kind(text)
+
+
+def test_a_task_raising_what_is_no_exception_fails_and_the_server_goes_on() -> None:
+    # A KeyboardInterrupt ended the server; the others left the task in progress, read as
+    # lost a minute later.
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=raising, key_store=keys.store)
+    with running(web) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        for path in ("/jobs/raise", "/jobs/raise-plain"):
+            for name, (kind, text) in RAISED.items():
+                task_id = client.post(path, json=name).json()["task_id"]
+                failed = _wait_for(client, task_id)
+                assert failed["status"] == "failed"
+                message = f"{kind.__name__}: {text}"
+                assert failed["error"] == {"code": "TASK_FAILED", "message": message}
+        assert client.get("/health").status_code == 200
+
+
 def test_a_task_failing_with_a_cancellation_of_its_own_fails_saying_so(
     server: tuple[str, Keys],
 ) -> None:
