@@ -518,6 +518,9 @@ class Runner(ServiceLifecycleManagerMixin):
         # What the agent stores itself (as agents written for AgentScope Runtime do) is not
         # stored again: see _turn.
         writes = AgentWrites(session.user_id, session.id)
+        # Whether the run's reader closed it (a GeneratorExit at one of its events), as
+        # opposed to the agent raising GeneratorExit.
+        closed = False
         try:
             try:
                 with agent_turn(writes):
@@ -526,11 +529,24 @@ class Runner(ServiceLifecycleManagerMixin):
                     ) as items:
                         async for item in items:
                             for event in turn.feed(item):
-                                yield event
+                                try:
+                                    yield event
+                                except GeneratorExit:
+                                    closed = True
+                                    raise
             except asyncio.CancelledError as exc:
                 if cancelled_from_outside():
                     raise
                 raise _CancelledWithin() from exc
+            except (Exception, SystemExit):
+                raise
+            except BaseException as exc:
+                if closed:
+                    raise
+                # The agent's KeyboardInterrupt, GeneratorExit or BaseException of its own
+                # fails its turn: leaving the run, the first would end the process serving
+                # it, the others the run without its end.
+                raise _RaisedByAgent() from exc
             for event in turn.close():
                 yield event
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
@@ -546,7 +562,8 @@ class Runner(ServiceLifecycleManagerMixin):
                 await self._record_quietly(session, writes, kept)
             for event in turn.unsent():  # the reply so far, as a streamed run sent it
                 yield event
-            failure = exc.__cause__ if isinstance(exc, _CancelledWithin) else exc
+            wrapped = isinstance(exc, _CancelledWithin | _RaisedByAgent)
+            failure = exc.__cause__ if wrapped else exc
             yield turn.fail(self._error_of(failure or exc))
             return
         except (asyncio.CancelledError, GeneratorExit) as exc:
@@ -1236,12 +1253,17 @@ class _CancelledWithin(Exception):
     nothing canceled the run."""
 
 
+class _RaisedByAgent(Exception):
+    """An exception of the agent's that is no ``Exception`` (``KeyboardInterrupt``,
+    ``GeneratorExit``, a ``BaseException`` subclass of its own; ``SystemExit`` is taken as
+    it is), carried out as the failure it is."""
+
+
 def _error_of(exc: BaseException) -> Error:
     """The ``error`` of a failed event: our errors keep their code and (safe) message."""
     if isinstance(exc, AgentScopeServerlessError):
         return Error(code=exc.code, message=exc.message, retry_after=exc.retry_after)
-    agents = Exception | SystemExit | asyncio.CancelledError
-    unknown = UnknownAgentException(exc if isinstance(exc, agents) else None)
+    unknown = UnknownAgentException(exc)
     return Error(code=AGENT_UNKNOWN_ERROR, message=unknown.message)
 
 

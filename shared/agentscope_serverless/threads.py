@@ -21,15 +21,17 @@ import contextvars
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
+# What a call gave: its result, or the exception it raised.
+_Outcome = tuple[Any, BaseException | None]
 
 # A call waiting for the worker's thread: the loop and future awaiting it, the context it
 # runs in, the function and its arguments.
 _Call = tuple[
     asyncio.AbstractEventLoop,
-    "asyncio.Future[Any]",
+    "asyncio.Future[_Outcome]",
     contextvars.Context,
     Callable[..., Any],
     tuple[Any, ...],
@@ -64,10 +66,19 @@ class ThreadWorker:
     async def run(self, function: Callable[..., _T], /, *args: Any) -> _T:
         """``function(*args)``, called in the worker's thread."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_T] = loop.create_future()
+        future: asyncio.Future[_Outcome] = loop.create_future()
         self._calls.put((loop, future, contextvars.copy_context(), function, args))
         self._start()
-        return await future
+        result, error = await future
+        if error is not None:
+            # Raised here, in the caller's frame, rather than thrown into its task by the
+            # future: asyncio throws a GeneratorExit into the coroutine, and an async
+            # generator it passes through takes it for its own closing (and is left broken).
+            try:
+                raise error
+            finally:
+                del error
+        return cast(_T, result)
 
     def close(self) -> None:
         """Let the thread end once the calls given so far have run (without waiting)."""
@@ -86,39 +97,31 @@ class ThreadWorker:
 
 def _answer(
     loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
+    future: asyncio.Future[_Outcome],
     context: contextvars.Context,
     function: Callable[..., Any],
     args: tuple[Any, ...],
 ) -> None:
     """Call ``function(*args)`` in ``context`` and settle ``future`` with what it gave."""
     try:
-        result = context.run(function, *args)
+        outcome: _Outcome = (context.run(function, *args), None)
     except StopIteration:
-        # A future refuses it (asyncio's rule): what it means, said.
-        _settle(loop, future, None, RuntimeError("a plain function raised StopIteration"))
+        # A coroutine cannot raise it (PEP 479): what it means, said.
+        outcome = (None, RuntimeError("a plain function raised StopIteration"))
     except BaseException as exc:
-        _settle(loop, future, None, exc)
-    else:
-        _settle(loop, future, result, None)
+        outcome = (None, exc)
+    _settle(loop, future, outcome)
 
 
 def _settle(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    result: Any,
-    error: BaseException | None,
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[_Outcome], outcome: _Outcome
 ) -> None:
-    """Give ``future`` the result or the error of its call, in its loop's thread; nothing
-    when its caller stopped waiting (cancelled) or its loop has closed."""
+    """Give ``future`` the outcome of its call, in its loop's thread; nothing when its
+    caller stopped waiting (cancelled) or its loop has closed."""
 
     def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
+        if not future.done():
+            future.set_result(outcome)
 
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
         loop.call_soon_threadsafe(settle)

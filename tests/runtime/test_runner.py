@@ -494,6 +494,39 @@ async def test_an_agent_failing_with_a_cancellation_of_its_own_fails_its_run() -
     assert failed.error.message == "Unknown agent error: CancelledError: "
 
 
+class _OwnBaseException(BaseException):
+    """An exception of a library's own that is no ``Exception``."""
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [KeyboardInterrupt("stop"), GeneratorExit("closed"), _OwnBaseException("its own")],
+    ids=lambda raised: type(raised).__name__,
+)
+@pytest.mark.parametrize("plain", [False, True], ids=["async", "plain"])
+async def test_an_agent_raising_what_is_no_exception_fails_its_run(
+    raised: BaseException, plain: bool
+) -> None:
+    # A KeyboardInterrupt left the run, and ended the server serving it; the others ended
+    # the run with no end of its own.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
+        yield "half an answer"
+        raise raised
+
+    def plain_handler(self: Runner, msgs: list[Message], **kwargs: Any) -> Iterator[str]:
+        yield "half an answer"
+        raise raised
+
+    try:
+        events = await run(plain_handler if plain else handler)
+    except BaseException as exc:
+        pytest.fail(f"the run raised {exc!r}")
+    failed = events[-1]
+    assert isinstance(failed, AgentResponse) and failed.status == "failed"
+    assert failed.error is not None and failed.error.code == "AGENT_UNKNOWN_ERROR"
+    assert failed.error.message == f"Unknown agent error: {type(raised).__name__}: {raised}"
+
+
 async def test_a_project_error_keeps_its_code() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
         raise StoreUnavailableError("dynamodb", "throttled")
