@@ -75,6 +75,16 @@ def build_app(released: threading.Event) -> AgentApp:
         yield {"i": 0}
         raise ValueError(f"upstream refused key {SECRET}")
 
+    @app.endpoint("/interrupted", methods=["GET"])
+    async def interrupted() -> AsyncIterator[int]:
+        yield 0
+        raise KeyboardInterrupt("stop")
+
+    @app.endpoint("/interrupted-plain", methods=["GET"])
+    def interrupted_plain() -> Iterator[int]:
+        yield 0
+        raise KeyboardInterrupt("stop")
+
     @app.endpoint("/blocking")
     def blocking(body: dict[str, Any]) -> Iterator[str]:
         yield "waiting"
@@ -341,6 +351,25 @@ def test_an_item_json_cannot_carry_ends_the_stream_with_the_error_item(
             "message": "Error in streaming generator",
         },
     ]
+
+
+def test_a_generator_raising_keyboard_interrupt_ends_its_stream_and_the_server_goes_on() -> None:
+    # The KeyboardInterrupt left the response and ended the server.
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    app = build_app(threading.Event()).get_fastapi_app(settings=load_settings(), key_store=store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(key)) as client:
+        for path in ("/interrupted", "/interrupted-plain"):
+            response = client.get(path)
+            assert parse_sse(response.text.splitlines()).data == [
+                0,
+                {
+                    "error": "stop",
+                    "error_type": "KeyboardInterrupt",
+                    "message": "Error in streaming generator",
+                },
+            ]
+        assert client.get("/health").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ models, dataclasses and objects with ``to_dict()`` (or ``to_map()``) as their JS
 at any depth, tuples and sets as arrays, anything else as its ``str()``. A sync generator
 (a plain function too) runs in a worker thread, so a blocking one holds up no other
 request; a daemon thread, so one that never returns does not keep the server from exiting
-once stopped. A generator that raises ends the stream with AgentScope's error item,
+once stopped. A generator that raises (whatever: a ``KeyboardInterrupt`` too, which the
+server outlives) ends the stream with AgentScope's error item,
 ``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
 streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``; so
 does an item holding a number JSON cannot carry (NaN, Infinity). A generator whose client
@@ -477,18 +478,29 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
         items = handler(*args, **kwargs)
 
         async def body() -> AsyncIterator[str]:
+            # Whether the response closed the stream (a GeneratorExit at one of its lines),
+            # as opposed to the handler raising GeneratorExit.
+            closed = False
             try:
                 if inspect.isasyncgen(items):
                     async with contextlib.aclosing(_driven(items)) as driven:
                         async for line in driven:
-                            yield line
+                            try:
+                                yield line
+                            except GeneratorExit:
+                                closed = True
+                                raise
                 else:
                     lines = _encoded(items)
                     worker = ThreadWorker("agentscope-stream")
                     done = object()
                     try:
                         while (line := await worker.run(next, lines, done)) is not done:
-                            yield line
+                            try:
+                                yield line
+                            except GeneratorExit:
+                                closed = True
+                                raise
                     finally:
                         # A client that left ends the stream early: the generator is closed
                         # in its thread, once the step it may be taking is over (its
@@ -499,7 +511,13 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
                         with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
                             await worker.run(_close, lines)
                         worker.close()
-            except Exception as exc:
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if closed:
+                    raise
+                # What is no Exception too (KeyboardInterrupt, SystemExit, GeneratorExit, a
+                # library's own): leaving the response, the first two would end the server.
                 yield _error_item(exc)
 
         return EventStreamResponse(body())
