@@ -262,6 +262,25 @@ def raise_it_plain(payload: str) -> None:
     raise kind(text)
 
 
+@raising.task("/jobs/first")
+def first(payload: list[int]) -> int:
+    return next(iter(payload))  # StopIteration for an empty list: a common slip
+
+
+def test_a_plain_task_raising_stop_iteration_fails_at_once() -> None:
+    # The thread's future refused StopIteration as its exception: the task stayed in
+    # progress for ever (on Lambda, until the function's time limit, reported as such).
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=raising, key_store=keys.store)
+    with running(web) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        failed = _wait_for(client, client.post("/jobs/first", json=[]).json()["task_id"])
+        assert failed["status"] == "failed"
+        message = "RuntimeError: a plain function raised StopIteration"
+        assert failed["error"] == {"code": "TASK_FAILED", "message": message}
+        done = _wait_for(client, client.post("/jobs/first", json=[7]).json()["task_id"])
+        assert (done["status"], done["result"]) == ("completed", 7)
+
+
 def test_a_task_raising_what_is_no_exception_fails_and_the_server_goes_on() -> None:
     # A KeyboardInterrupt ended the server; the others left the task in progress, read as
     # lost a minute later.
