@@ -707,9 +707,10 @@ def _stream_reply(
     headers = {"Authorization": f"Bearer {key}"}
     try:
         with client.stream("POST", "/process", json=body, headers=headers) as response:
-            if response.status_code == 404:
-                # A URL with a route in it (/process, the SDKs' /compatible-mode/v1), or of
-                # another function of a stack (its sessions function's).
+            if response.status_code in (404, 405, 501):
+                # A URL with a route in it (/process, the SDKs' /compatible-mode/v1), of
+                # another function of a stack (its sessions function's), or of a server
+                # that takes no POST there (a static file server: 501, a website: 405).
                 raise CannotTalk(
                     f"{client.base_url} serves no /process: --url is the base URL of the "
                     "server (or of a stack's process function, its ProcessUrl), such as "
@@ -726,6 +727,12 @@ def _stream_reply(
                 hint = _refusal_hint(error, key, user_id)
                 refused = CannotTalk if hint or response.status_code in (401, 403) else CommandError
                 raise refused(_error_message(response.status_code, error) + hint)
+            kind = response.headers.get("content-type", "").partition(";")[0].strip()
+            if kind != "text/event-stream":  # a page of a website, a proxy's catch-all
+                raise CannotTalk(
+                    f"{client.base_url} answered /process with {kind or 'no content type'}, "
+                    "not an event stream: is --url this project's server (its base URL)?"
+                )
             session_id = response.headers.get("X-Session-Id") or session_id
             # A thinking model's reasoning is printed dim, the answer on a line of its own.
             reasoning: set[str] = set()

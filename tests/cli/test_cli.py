@@ -1069,6 +1069,64 @@ def recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
         http_server.server_close()
 
 
+@contextmanager
+def website(status: int, content_type: str) -> Iterator[tuple[str, list[str]]]:
+    """A server on loopback that is not this project's: every POST answered ``status`` with
+    a page of ``content_type``; its URL and the paths it was sent."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    posted: list[str] = []
+
+    class Site(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(self.path)
+            page = b"<html><body>Welcome</body></html>"
+            self.send_response(status)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http_server = ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    Thread(target=http_server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{http_server.server_address[1]}", posted
+    finally:
+        http_server.shutdown()
+        http_server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "said"),
+    [
+        (405, "text/html", "serves no /process"),
+        (501, "text/html", "serves no /process"),
+        (200, "text/html; charset=utf-8", "answered /process with text/html, not an event stream"),
+    ],
+)
+def test_chat_ends_at_a_server_that_serves_no_process(
+    status: int, content_type: str, said: str
+) -> None:
+    # Only a 404 ended it: at a static file server (501), a website (405) or one answering
+    # every path with its page (200), each message said "HTTP 405" or "the reply was cut
+    # off", and chat went on, exiting 0.
+    with website(status, content_type) as (url, posted):
+        result = subprocess.run(
+            [SCRIPT, "chat", "--url", url, "--key", "ask_a_b"],
+            input="hi\nhello again\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert said in result.stderr
+    assert posted == ["/process"]
+
+
 @pytest.mark.parametrize("command", ["invoke", "chat"])
 @pytest.mark.parametrize("given", ["option", "variable"])
 def test_invoke_and_chat_refuse_a_url_with_credentials_never_showing_them(
