@@ -580,7 +580,9 @@ class RecordedRun:
             while True:
                 for item in self.take():
                     yield item
-                if self._produced:
+                # Events produced while the last were yielded (the run may have ended
+                # meanwhile, its last event among them) are taken first.
+                if self._produced and self._taken == len(self._log):
                     break
                 await self.changed()
             await self.wait_stored()

@@ -4,6 +4,7 @@ the final event streamed once the run is stored."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -90,6 +91,23 @@ async def test_a_fast_run_is_stored_in_one_write() -> None:
         assert write == (True, final.sequence_number + 1, True)
         stored = await runs.get_run("alice", run.run_id)
         assert stored is not None and stored.status == "completed"
+
+
+async def test_a_listener_slower_than_the_run_gets_every_event_to_the_last() -> None:
+    # A run that ended while its listener was still taking the events it had (the listener
+    # waiting elsewhere between two) ended its events() there: the last (the final
+    # response) was never given.
+    runner = _runner(_fast)
+    async with runner.services.get("session_history"), runner:
+        run = await RunRecorder(None).start(runner.stream_query(_request()), user_id="alice")
+        seen = []
+        async with contextlib.aclosing(run.events()) as events:
+            async for event in events:
+                seen.append(event)
+                if len(seen) == 1:
+                    await run.wait_stored()  # the run ends meanwhile
+    assert isinstance(seen[-1], AgentResponse) and seen[-1].status == "completed"
+    assert [event.sequence_number for event in seen] == list(range(len(seen)))
 
 
 async def test_a_stored_run_is_forgotten_once_it_ends() -> None:
