@@ -128,6 +128,15 @@ that holds its text back (not streamed: see :data:`GATHERED_TEXT_SECONDS`)."""
 
 # The turn end the next run started in this context saves its turn with, and what says
 # whether it keeps its turn at all (taken once).
+# Set while a runner's init handler runs (what it calls is not run on a started runner).
+_in_init: ContextVar[bool] = ContextVar("in_init", default=False)
+
+
+def in_init_handler() -> bool:
+    """Whether this is called (directly or not) from a runner's init handler (``@app.init``)."""
+    return _in_init.get()
+
+
 _turn_end: ContextVar[list[tuple[TurnEnd, TurnKept]] | None] = ContextVar("turn_end", default=None)
 # What the next run started in this context tells of its first text held back (taken once).
 _first_text_held: ContextVar[list[FirstTextHeld] | None] = ContextVar(
@@ -438,6 +447,7 @@ class Runner(ServiceLifecycleManagerMixin):
             self._typed = Services.of(self._services)
         if self._owns_services:
             await self._services.__aenter__()
+        token = _in_init.set(True)
         try:
             await _maybe_await(self.init_handler())
         except BaseException as exc:
@@ -446,6 +456,8 @@ class Runner(ServiceLifecycleManagerMixin):
             if isinstance(exc, Exception):
                 raise StartupError("@app.init", self.init_handler, exc) from exc
             raise
+        finally:
+            _in_init.reset(token)
         self._started = True
 
     async def stop(self) -> None:

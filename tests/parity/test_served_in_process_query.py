@@ -5,10 +5,12 @@ routes read it, for the user the call acts as."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 
 from agentscope_serverless import AgentApp
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
@@ -40,6 +42,22 @@ def build_app(hooks: list[str]) -> AgentApp:
     async def ask(request: AgentRequest) -> dict[str, Any]:
         response = await app.query(request)
         return {"text": response.output[-1].get_text_content(), "session": response.session_id}
+
+    @app.endpoint("/ask-sync")
+    def ask_sync(session: str) -> dict[str, Any]:
+        # A plain endpoint (run in a worker thread) running the agent on a loop of its own.
+        response = asyncio.run(app.query("from a thread", session_id=session))
+        return {"session": response.session_id}
+
+    @app.endpoint("/stream-sync")
+    def stream_sync(session: str) -> list[str]:
+        async def events() -> list[str]:
+            return [
+                str(event.object)
+                async for event in app.stream_query("streamed from a thread", session_id=session)
+            ]
+
+        return asyncio.run(events())
 
     @app.endpoint("/ask-as")
     async def ask_as(user: str) -> dict[str, Any]:
@@ -91,8 +109,40 @@ def test_an_endpoint_running_the_agent_uses_the_served_runner_for_its_caller() -
         assert "bob" not in session_ids(client, keys.alice) and session_ids(client, keys.bob) == [
             "via-stream"
         ]
+        # From a plain endpoint's own event loop too: on the served runner (no second
+        # @app.init), for the caller, never for a user named like the session (the runner
+        # takes the session id for the user when none is given).
+        sync = client.post("/ask-sync", params={"session": "bob"}, headers=bearer(keys.alice))
+        assert sync.json() == {"session": "bob"}, sync.text
+        streamed_sync = client.post(
+            "/stream-sync", params={"session": "bob-stream"}, headers=bearer(keys.alice)
+        )
+        assert streamed_sync.json()[-1] == "response", streamed_sync.text
+        assert session_ids(client, keys.alice) == ["bob", "bob-stream", "via-ask", "via-stream"]
+        assert session_ids(client, keys.bob) == ["via-stream"]
         # Naming the caller's own user is fine.
         own = client.post("/ask-as", params={"user": "alice"}, headers=bearer(keys.alice))
         assert own.json() == {"session": "named"}
         assert hooks == ["init"]
     assert hooks == ["init", "shutdown"]
+
+
+def test_app_query_in_app_init_fails_the_start_saying_why() -> None:
+    """A warm-up turn in ``@app.init`` waited for the runner being started (in process, on
+    a lock held by that start): the server never started, nor said why."""
+    app = AgentApp(app_name="warm-up")
+
+    @app.init
+    async def init(self: Any) -> None:
+        await app.query("warm up", user_id="u1", session_id="s1")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> str:
+        return "ok"
+
+    async def in_process() -> None:
+        await asyncio.wait_for(app.query("hi", user_id="u1", session_id="s1"), 30)
+
+    with pytest.raises(Exception) as raised:
+        asyncio.run(in_process())
+    assert "cannot run in @app.init" in str(raised.value)

@@ -22,7 +22,9 @@ settings by the factory (in-memory by default). A ``sandbox_service`` is registe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
 import difflib
 import importlib
 import importlib.util
@@ -32,9 +34,17 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+    Mapping,
+)
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from pydantic import ValidationError
 
@@ -55,6 +65,7 @@ from agentscope_serverless.runner import (
     LifecycleHandler,
     QueryHandler,
     Runner,
+    in_init_handler,
 )
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
@@ -82,6 +93,7 @@ if TYPE_CHECKING:
     from agentscope_serverless.services.sandbox.service import SandboxService
 
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+T = TypeVar("T")
 # The keyword arguments of FastAPI an AgentApp takes, as AgentScope's passes them on: the
 # fields of the API's documentation (the rest of the application is this package's).
 FASTAPI_METADATA = (
@@ -396,9 +408,13 @@ class AgentApp(ServiceLifecycleManagerMixin):
     ) -> AsyncIterator[Event]:
         """The events of one run in process (starting the app on first use; in a server
         serving the app, on its runner: see :meth:`serving`)."""
-        runner, run, recorder = await self._runner_for(
-            _to_request(request, user_id=user_id, session_id=session_id)
-        )
+        request = _to_request(request, user_id=user_id, session_id=session_id)
+        served_loop = self._served_loop_elsewhere()
+        if served_loop is not None:
+            async for event in _across_loops(served_loop, self.stream_query(request)):
+                yield event
+            return
+        runner, run, recorder = await self._runner_for(request)
         if recorder is None:
             async for event in runner.stream_query(run):
                 yield event
@@ -427,6 +443,26 @@ class AgentApp(ServiceLifecycleManagerMixin):
             yield
         finally:
             self._served.remove(entry)
+
+    def _served_loop_elsewhere(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop of the server serving this app, when called for a caller of it
+        from another loop (a sync ``@app.endpoint``'s ``asyncio.run(app.query(...))``, in
+        its worker thread): the run is made there, on the served runner, for the caller.
+        Refused in ``@app.init``: its runner is not started yet (and a runner started for
+        the call would run the same init again, waiting on itself)."""
+        if in_init_handler():
+            raise RuntimeError(
+                "app.query and app.stream_query cannot run in @app.init: the runner is still "
+                "starting; run a warm-up turn in a before_start hook (it runs once the runner "
+                "is ready)"
+            )
+        if turn_user_id() is None or not self._served:
+            return None
+        loop = asyncio.get_running_loop()
+        if any(entry[1] is loop for entry in self._served):
+            return None
+        served_loop = self._served[-1][1]
+        return None if served_loop.is_closed() else served_loop
 
     async def _runner_for(
         self, request: AgentRequest | dict[str, Any]
@@ -622,6 +658,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
         return _Registration(self, framework)
 
     async def _query(self, request: AgentRequest | dict[str, Any]) -> AgentResponse:
+        served_loop = self._served_loop_elsewhere()
+        if served_loop is not None:
+            return await _on_loop(served_loop, self._query(request), contextvars.copy_context())
         runner, run, recorder = await self._runner_for(request)
         if recorder is None:
             return await runner.query(run)
@@ -702,6 +741,55 @@ def _to_request(
     if isinstance(request, AgentRequest):
         return request.model_copy(update=updates)
     return {**request, **updates}
+
+
+async def _on_loop(
+    loop: asyncio.AbstractEventLoop, call: Coroutine[Any, Any, T], context: contextvars.Context
+) -> T:
+    """What ``call`` returns, run as a task of ``loop`` (another thread's) in ``context``;
+    cancelled with its caller."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def settle(task: asyncio.Task[T]) -> None:
+        if done.cancelled():
+            return
+        if task.cancelled():
+            done.cancel()
+        elif (error := task.exception()) is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(task.result())
+
+    def start() -> None:
+        if done.cancelled():
+            call.close()
+            return
+        task = loop.create_task(call, context=context)
+        task.add_done_callback(settle)
+        done.add_done_callback(lambda _: loop.call_soon_threadsafe(task.cancel))
+
+    loop.call_soon_threadsafe(start)
+    return await asyncio.wrap_future(done)
+
+
+async def _across_loops(
+    loop: asyncio.AbstractEventLoop, events: AsyncIterator[Event]
+) -> AsyncIterator[Event]:
+    """The items of ``events``, an async generator stepped on ``loop`` (another thread's),
+    each step in the caller's context as it was when the first was asked."""
+    context = contextvars.copy_context()
+
+    async def step() -> Event | None:
+        return await anext(events, None)  # None: the end (no event is None)
+
+    async def close() -> None:
+        await cast(AsyncGenerator[Event, None], events).aclose()
+
+    try:
+        while (event := await _on_loop(loop, step(), context)) is not None:
+            yield event
+    finally:
+        await _on_loop(loop, close(), context)
 
 
 async def _recorded(
