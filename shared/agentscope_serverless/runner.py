@@ -50,7 +50,7 @@ from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
-from agentscope_serverless.cancellation import cancelled_from_outside
+from agentscope_serverless.cancellation import CLEANUP_SECONDS, cancelled_from_outside
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager
 from agentscope_serverless.errors import (
@@ -813,8 +813,14 @@ async def _items_in_a_thread(call: Callable[[], Any]) -> AsyncGenerator[Any, Non
             while (item := await worker.run(next, result, done)) is not done:
                 yield item
         finally:
-            with contextlib.suppress(ValueError):  # still running in its thread: a run canceled
-                result.close()
+            # Ended early (the run canceled, its reader gone, an item refused): the generator
+            # is closed in its thread, once the step it may be taking is over, in the run's
+            # context (its user and request), so its ``finally`` may block without holding
+            # the server. A thread cannot be stopped: one still busy after CLEANUP_SECONDS
+            # (or once the run's cleanup is cut short) is left to close it on its own.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLEANUP_SECONDS):
+                    await worker.run(result.close)
     finally:
         worker.close()
 
