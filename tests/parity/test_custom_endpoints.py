@@ -43,6 +43,19 @@ SYNC_CLEANUP_STARTED = threading.Event()
 SYNC_CLEANUP_RELEASED = threading.Event()
 
 
+class OwnBaseException(BaseException):
+    """A library's exception that is no ``Exception``."""
+
+
+# What an endpoint raises that is no Exception, by name.
+NOT_EXCEPTIONS: dict[str, BaseException] = {
+    "interrupt": KeyboardInterrupt("stop"),
+    "exit": SystemExit(3),
+    "generator-exit": GeneratorExit(),
+    "own": OwnBaseException(f"mine {SECRET}"),
+}
+
+
 @dataclass
 class Point:
     x: int
@@ -84,6 +97,14 @@ def build_app(released: threading.Event) -> AgentApp:
     def interrupted_plain() -> Iterator[int]:
         yield 0
         raise KeyboardInterrupt("stop")
+
+    @app.endpoint("/base-failing", methods=["GET"])
+    def base_failing(kind: str) -> dict[str, str]:
+        raise NOT_EXCEPTIONS[kind]
+
+    @app.endpoint("/async-base-failing", methods=["GET"])
+    async def async_base_failing(kind: str) -> dict[str, str]:
+        raise NOT_EXCEPTIONS[kind]
 
     @app.endpoint("/blocking")
     def blocking(body: dict[str, Any]) -> Iterator[str]:
@@ -369,6 +390,22 @@ def test_a_generator_raising_keyboard_interrupt_ends_its_stream_and_the_server_g
                     "message": "Error in streaming generator",
                 },
             ]
+        assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/base-failing", "/async-base-failing"])
+def test_an_endpoint_raising_what_is_no_exception_answers_the_json_500(path: str) -> None:
+    # It answered a plain-text 500 with no X-Request-Id, the traceback logged as plain text.
+    store = InMemoryKeyStore()
+    key = issue_key(store, "dev")
+    app = build_app(threading.Event()).get_fastapi_app(settings=load_settings(), key_store=store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(key)) as client:
+        for kind in NOT_EXCEPTIONS:
+            response = client.get(path, params={"kind": kind})
+            assert response.status_code == 500
+            assert response.json()["error"]["code"] == "INTERNAL_ERROR"
+            assert SECRET not in response.text
+            assert response.headers["X-Request-Id"]
         assert client.get("/health").status_code == 200
 
 

@@ -49,6 +49,7 @@ from collections.abc import (
     Coroutine,
     Generator,
     Iterable,
+    Iterator,
     Mapping,
 )
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -380,7 +381,7 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
 
         async def endpoint(**kwargs: Any) -> Any:
             user_id = kwargs.pop(_CALLER_PARAMETER)
-            with acting_for(user_id):
+            with acting_for(user_id), _failing_as_an_exception():
                 try:
                     return await handler(**filled(user_id, kwargs))
                 except json.JSONDecodeError as exc:
@@ -402,7 +403,8 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
                 with acting_for(user_id):
                     return handler(**filled(user_id, kwargs))
 
-            return await run_in_thread(call)
+            with _failing_as_an_exception():
+                return await run_in_thread(call)
 
     caller = inspect.Parameter(
         _CALLER_PARAMETER,
@@ -418,6 +420,25 @@ def _acting_as_caller(handler: Callable[..., Any]) -> Callable[..., Any]:
     endpoint.__name__ = getattr(handler, "__name__", "endpoint")
     endpoint.__doc__ = handler.__doc__
     return endpoint
+
+
+class _RaisedByEndpoint(Exception):
+    """An exception of an endpoint's that is no ``Exception`` (``KeyboardInterrupt``,
+    ``SystemExit``, ``GeneratorExit``, a ``BaseException`` subclass of its own), carried out
+    as the failure it is: answered as any other failure (the JSON 500, with the request's
+    id, logged as one line), where raised as it is it would reach the server."""
+
+
+@contextlib.contextmanager
+def _failing_as_an_exception() -> Iterator[None]:
+    """What the code run within raises that is no ``Exception`` raised as a
+    :class:`_RaisedByEndpoint`; a cancellation (its client left, the server stopping) as it is."""
+    try:
+        yield
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise _RaisedByEndpoint(type(exc).__name__) from exc
 
 
 class EventStreamResponse(StreamingResponse):
