@@ -362,7 +362,13 @@ def _serve(
     import uvicorn
 
     from agentscope_serverless.head_timeout import head_timeout_protocol
-    from agentscope_serverless.serve import build, development_key, root_settings, use_app_dir
+    from agentscope_serverless.serve import (
+        STOP_GRACE_SECONDS,
+        build,
+        development_key,
+        root_settings,
+        use_app_dir,
+    )
 
     use_app_dir(app_dir)
     try:
@@ -380,7 +386,13 @@ def _serve(
     announced = _AnnouncedOnStart(
         served.app, lambda: _announce(host, port, served.settings, dev_key, dev_user)
     )
-    config = uvicorn.Config(announced, http=protocol, log_level=log_level, access_log=False)
+    config = uvicorn.Config(
+        announced,
+        http=protocol,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=STOP_GRACE_SECONDS,
+    )
     server = uvicorn.Server(config)
     _run_until_signalled(server, listener)
 
@@ -451,7 +463,12 @@ def _serve_reloading(
 
     from agentscope_serverless.auth import FileKeyStore
     from agentscope_serverless.head_timeout import head_timeout_protocol
-    from agentscope_serverless.serve import APP_DIR_ENV, root_settings, use_app_dir
+    from agentscope_serverless.serve import (
+        APP_DIR_ENV,
+        STOP_GRACE_SECONDS,
+        root_settings,
+        use_app_dir,
+    )
 
     try:
         from agentscope_serverless.reloader import LoadingWorker, ProjectReload, stop_signal_exit
@@ -487,6 +504,7 @@ def _serve_reloading(
         ),
         log_level=log_level,
         access_log=False,
+        timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
     worker = LoadingWorker(uvicorn.Server(config))
     reloader = ProjectReload(config, worker.run, [config.bind_socket()], root=directory)

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from agentscope_serverless.settings import Settings
 
 APP_DIR_ENV = "AGENTSCOPE_APP_DIR"
+# How long a server told to stop (SIGTERM, Ctrl-C) waits for the requests still open to end:
+# then they are cancelled, and the runs still going are canceled as the server stops (each
+# agent's cleanup has CLEANUP_SECONDS more), so it exits within seconds even while a plain
+# function blocks (a thread cannot be stopped: it is left, a daemon one).
+STOP_GRACE_SECONDS = 5
 #: The files whose change restarts a server of ``--reload`` (see ``reloader.WATCHED``).
 WATCHED_FILES = "a .py, requirements*.txt, .env, .toml, .yaml, .ini or .cfg file"
 #: The folders ``--reload`` never watches, besides any virtualenv (a folder with a
@@ -319,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         log_level=options.log_level,
         access_log=False,
+        timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
 
 
