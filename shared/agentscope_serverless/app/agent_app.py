@@ -613,7 +613,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         from agentscope_serverless.auth.factory import create_key_store
         from agentscope_serverless.head_timeout import head_timeout_protocol
         from agentscope_serverless.http import create_app
-        from agentscope_serverless.serve import announce_development_key
+        from agentscope_serverless.serve import STOP_GRACE_SECONDS, announce_development_key
 
         kwargs.pop("mode", None)
         host = host or os.environ.get("HOST") or "127.0.0.1"
@@ -631,6 +631,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
                 root.request_head_timeout_seconds, root.request_body_timeout_seconds
             ),
         )
+        # Stopped, it waits this long for requests still open (as `serve` does), not for ever.
+        kwargs.setdefault("timeout_graceful_shutdown", STOP_GRACE_SECONDS)
         uvicorn.run(served, host=host, port=port, **kwargs)
 
     def _given_runner(self) -> Runner:
