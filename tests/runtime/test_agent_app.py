@@ -342,7 +342,8 @@ def test_run_listens_on_agentscope_runtimes_port_by_default(
     echo_app().run(settings=load_settings())
     [call] = calls
     call.pop("http")  # the request head's time limit (see below)
-    assert call == {"host": "127.0.0.1", "port": 8080}
+    # Stopped, it waits for requests still open as serve does, 5 s (not for ever).
+    assert call == {"host": "127.0.0.1", "port": 8080, "timeout_graceful_shutdown": 5}
 
 
 def test_run_cuts_off_a_client_sending_half_a_request_head() -> None:
