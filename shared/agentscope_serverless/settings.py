@@ -671,15 +671,14 @@ def _secrets_of(raw_values: Iterable[str]) -> list[str]:
             continue
         try:
             parts = urlsplit(raw)
-            passwords = [parts.password or ""]
+            password = parts.password or ""
         except ValueError:
             continue
+        secrets += [password, unquote(password)]
         for option in parts.query.split("&"):  # as written; parse_qsl decodes
             name, _, value = option.partition("=")
             if unquote_plus(name) == "password":
-                passwords += [value, unquote_plus(value)]
-        for password in passwords:
-            secrets += [password, unquote(password)]
+                secrets += [value, unquote_plus(value)]
     return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
 
 

@@ -30,6 +30,7 @@ neither the event nor the header is ever read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -62,7 +63,7 @@ USER_HEADER = "X-User-Id"
 USER_PARAMETER = "user_id"
 AUTHORIZATION_HEADER = "Authorization"
 REQUEST_CONTEXT_HEADER = b"x-amzn-request-context"
-# Where an app behind the Lambda Web Adapter puts the request context of its header.
+# Where an app behind the Lambda Web Adapter puts the request context of its header, parsed.
 REQUEST_CONTEXT_SCOPE_KEY = "aws.request_context"
 IAM_KEY_ID = "iam"
 # The fields of the Function URL's IAM authorizer that name the caller, best first.
@@ -147,33 +148,30 @@ def header_text(value: str, *, name: str) -> str:
         raise InvalidInputError(f"the {name} header is not UTF-8 text", field=name) from None
 
 
-def _request_context(scope: Mapping[str, Any]) -> Any:
-    """The Function URL request context: from Mangum's event, else the Web Adapter's header
-    (as an app behind the adapter hands it over: never from a header of another server)."""
+def request_context(scope: Mapping[str, Any]) -> Any:
+    """The Function URL request context: from Mangum's event, else the one the Web Adapter's
+    header carried (:func:`web_adapter_request_context`: never from a header of another
+    server); None without one."""
     event = scope.get("aws.event")
     if event is not None:
         return event.get("requestContext") if isinstance(event, dict) else None
-    value = scope.get(REQUEST_CONTEXT_SCOPE_KEY)
-    if value is None:
-        return None
-    try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
-        return None
+    return scope.get(REQUEST_CONTEXT_SCOPE_KEY)
 
 
 def web_adapter_request_context(scope: Any) -> None:
     """Hand the request context of the Lambda Web Adapter's header over to authentication
-    (an app behind the adapter only: it replaces any such header a client sends)."""
+    (an app behind the adapter only: it replaces any such header a client sends), parsed
+    once for the request: None when it is not JSON."""
     for name, value in scope.get("headers", ()):
         if name == REQUEST_CONTEXT_HEADER:
-            scope[REQUEST_CONTEXT_SCOPE_KEY] = value
+            with contextlib.suppress(ValueError, RecursionError):
+                scope[REQUEST_CONTEXT_SCOPE_KEY] = json.loads(value)
             return
 
 
 def iam_user_id(scope: Mapping[str, Any]) -> str:
     """The IAM identity of a request to an ``AWS_IAM`` Function URL (401 when there is none)."""
-    context = _request_context(scope)
+    context = request_context(scope)
     authorizer = context.get("authorizer") if isinstance(context, dict) else None
     iam = authorizer.get("iam") if isinstance(authorizer, dict) else None
     if isinstance(iam, dict):
@@ -458,6 +456,7 @@ __all__ = [
     "is_public",
     "no_other_user",
     "public",
+    "request_context",
     "require_key",
     "web_adapter_request_context",
 ]

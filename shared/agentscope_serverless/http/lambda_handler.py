@@ -330,9 +330,9 @@ def _adapter_stage(scope: Scope) -> None:
     as it is for the buffered functions (:func:`_scope`): the routes see the path after it,
     and the URLs the application gives keep it. The adapter passes the path on with the
     stage (or, told to leave it out, without it: then the stage is put back in front)."""
-    from agentscope_serverless.http.auth import _request_context
+    from agentscope_serverless.http.auth import request_context
 
-    context = _request_context(scope)
+    context = request_context(scope)
     if not isinstance(context, dict) or not isinstance(scope.get("path"), str):
         return
     path: str = scope["path"]
