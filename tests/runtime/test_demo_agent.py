@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentscope_serverless.agents.demo import app, demo_reply
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.schemas.agent_schemas import Message
 
 
@@ -45,6 +46,25 @@ def test_assistant_messages_do_not_count_as_introductions() -> None:
 def test_a_name_from_long_term_memory() -> None:
     reply = demo_reply("what's my name?", [], memories=said("My name is Alice"))
     assert reply == "Your name is Alice: you told me in an earlier conversation."
+
+
+async def test_past_the_history_window_the_count_says_it_may_be_later() -> None:
+    """A conversation longer than the messages a turn reads is not miscounted: from the
+    window alone the demo cannot tell its length."""
+    from agentscope_serverless.agents.demo import query
+
+    small = AgentApp(history_window=4)
+    small.query(framework="text")(query)
+    try:
+        replies = [await small.query(f"note {n}", user_id="u", session_id="s") for n in range(1, 5)]
+    finally:
+        await small.stop()
+    texts = [reply.output[0].get_text_content() for reply in replies if reply.output]
+    assert texts[1] == 'You said: "note 2". That is message 2 of this conversation.'
+    assert texts[3] == (
+        'You said: "note 4". That is message 3 or a later one of this conversation: '
+        "I read its last 4 messages."
+    )
 
 
 async def test_the_shipped_app_remembers_across_turns_and_sessions() -> None:

@@ -34,8 +34,20 @@ _GREETING = re.compile(
 _PIECE = re.compile(r"\S+\s*")
 
 
-def demo_reply(text: str, history: Sequence[Message], memories: Sequence[Message] = ()) -> str:
-    """The demo agent's answer to ``text``, given the session's history and memories."""
+def demo_reply(
+    text: str,
+    history: Sequence[Message],
+    memories: Sequence[Message] = (),
+    *,
+    window: int | None = None,
+) -> str:
+    """The demo agent's answer to ``text``, given the session's history and memories;
+    ``window``: the most messages of the history a turn reads (None: all of them), so a
+    history that long may have begun earlier.
+
+    >>> demo_reply("ok", [Message(role="user", content="hi")] * 2, window=2)[16:]
+    'That is message 3 or a later one of this conversation: I read its last 2 messages.'
+    """
     introduced = _name_in([text])
     if introduced:
         return f"Nice to meet you, {introduced}! I will remember your name."
@@ -54,6 +66,11 @@ def demo_reply(text: str, history: Sequence[Message], memories: Sequence[Message
             "Tell me your name, then ask me what it is."
         )
     turn = sum(1 for m in history if m.role == Role.USER) + 1
+    if window is not None and len(history) >= window:
+        return (
+            f'You said: "{text}". That is message {turn} or a later one of this '
+            f"conversation: I read its last {len(history)} messages."
+        )
     return f'You said: "{text}". That is message {turn} of this conversation.'
 
 
@@ -90,7 +107,8 @@ async def query(
     """Stream the demo reply word by word."""
     text = " ".join(m.get_text_content() or "" for m in msgs if m.role == Role.USER).strip()
     history = [m for m in session.messages if isinstance(m, Message)]
-    for piece in _PIECE.findall(demo_reply(text, history, memories)):
+    reply = demo_reply(text, history, memories, window=self.history_window)
+    for piece in _PIECE.findall(reply):
         yield piece
 
 
