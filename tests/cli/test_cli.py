@@ -54,10 +54,15 @@ class Server:
 
 @contextmanager
 def serving(
-    output: Path, *options: str, log_level: str = "INFO", env: dict[str, str] | None = None
+    output: Path,
+    *options: str,
+    log_level: str = "INFO",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[Server]:
     """``agentscope-serverless serve`` with ``options`` (and the variables ``env``) on a free
-    port, its output in ``output``, and its printed development key (if it printed one)."""
+    port, started in ``cwd`` (default: this one), its output in ``output``, and its printed
+    development key (if it printed one)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": log_level, **(env or {})}
     with output.open("w") as sink:
@@ -66,6 +71,7 @@ def serving(
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,21 +1,25 @@
 """``app.query`` / ``app.stream_query`` called from an ``@app.endpoint`` of a served app (the
 "Streaming Responses with SSE" pattern of AgentScope Runtime's docs) run on the served
 runner: ``@app.init`` and ``@app.shutdown`` run once, the turn is stored where the server's
-routes read it, for the user the call acts as."""
+routes read it, for the user the call acts as; in an application of this process, and in
+``agentscope-serverless serve`` of an agent in a folder of the user's own."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from agentscope_serverless import AgentApp
+from agentscope_serverless.auth import FileKeyStore
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, bearer, running, user_message
+from tests.cli.test_cli import serving
+from tests.support.http import Keys, bearer, issue_key, running, user_message
 
 
 def build_app(hooks: list[str]) -> AgentApp:
@@ -146,3 +150,53 @@ def test_app_query_in_app_init_fails_the_start_saying_why() -> None:
     with pytest.raises(Exception) as raised:
         asyncio.run(in_process())
     assert "cannot run in @app.init" in str(raised.value)
+
+
+# An agent as a user writes it in a folder of their own: a plain endpoint (run in a worker
+# thread) running the agent on an event loop of its own.
+PLAIN_ENDPOINT_AGENT = """
+import asyncio
+
+from agentscope_serverless import AgentApp
+
+app = AgentApp(app_name="asks-from-a-thread")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, **kwargs):
+    yield "You said: " + (msgs[-1].get_text_content() or "")
+
+
+@app.endpoint("/ask-sync")
+def ask_sync(text: str, session: str) -> dict:
+    response = asyncio.run(app.query(text, session_id=session))
+    return {"text": response.output[-1].get_text_content(), "session": response.session_id}
+"""
+
+
+def test_a_plain_endpoint_of_a_served_users_agent_runs_it_for_the_caller(tmp_path: Path) -> None:
+    (tmp_path / "asker.py").write_text(PLAIN_ENDPOINT_AGENT)
+    keys_file = tmp_path / "keys.json"
+    alice, bob = (issue_key(FileKeyStore(keys_file), user) for user in ("alice", "bob"))
+    env = {"AUTH_KEYS_BACKEND": "file", "AUTH_KEYS_FILE": str(keys_file)}
+    output = tmp_path / "output.txt"
+    with (
+        serving(output, "--agent", "asker:app", "--no-web", env=env, cwd=tmp_path) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        # A session named as another user: the runner takes the session id for the user
+        # when none is given, so the turn is bob's unless it runs for its caller.
+        asked = client.post(
+            "/ask-sync", params={"text": "hi", "session": "bob"}, headers=bearer(alice)
+        )
+        assert asked.json() == {"text": "You said: hi", "session": "bob"}, asked.text
+        messages = client.get("/sessions/bob/messages", headers=bearer(alice))
+        assert messages.status_code == 200, messages.text
+        texts = [m["content"][0]["text"] for m in messages.json()["items"]]
+        assert texts == ["hi", "You said: hi"]
+        runs = client.get("/runs", params={"session_id": "bob"}, headers=bearer(alice))
+        [run] = runs.json()["items"]
+        assert (run["kind"], run["status"]) == ("process", "completed")
+        assert session_ids(client, bob) == []
+        listed = client.get("/runs", params={"session_id": "bob"}, headers=bearer(bob))
+        assert listed.json()["items"] == []
