@@ -360,6 +360,32 @@ print("<b>hi</b>")
 LARGE_LOG = "".join(f"line {number:07d} of the log\n" for number in range(40_000))  # 1 MB
 
 
+def tool_turn(
+    call_id: str,
+    name: str,
+    output: str,
+    reply: str,
+    *,
+    arguments: str = "{}",
+    plugin: bool = False,
+) -> list[Message]:
+    """A tool's call, its result and the reply after them, as an agent yields them.
+
+    ``plugin`` sends them as plugin calls, as AgentScope's agents call their tools.
+    """
+    if plugin:
+        call_type, output_type = MessageType.PLUGIN_CALL, MessageType.PLUGIN_CALL_OUTPUT
+    else:
+        call_type, output_type = MessageType.FUNCTION_CALL, MessageType.FUNCTION_CALL_OUTPUT
+    call = FunctionCall(call_id=call_id, name=name, arguments=arguments)
+    result = FunctionCallOutput(call_id=call_id, output=output)
+    return [
+        Message(type=call_type, role=Role.ASSISTANT, content=[DataContent(data=call.model_dump())]),
+        Message(type=output_type, role=Role.TOOL, content=[DataContent(data=result.model_dump())]),
+        Message(role=Role.ASSISTANT, content=reply),
+    ]
+
+
 def tool_app() -> AgentApp:
     """An agent that calls a sandbox-like tool whose result holds text and an image."""
     app = AgentApp(app_name="tools")
@@ -422,77 +448,29 @@ def tool_app() -> AgentApp:
             yield Message(role=Role.ASSISTANT, content=[ImageContent(image_url=u) for u in urls])
             return
         if msgs[-1].get_text_content() == "a large tool result":
-            call = FunctionCall(call_id="call_4", name="read_log", arguments="{}")
-            yield Message(
-                type=MessageType.FUNCTION_CALL,
-                role=Role.ASSISTANT,
-                content=[DataContent(data=call.model_dump())],
-            )
-            result = FunctionCallOutput(call_id="call_4", output=LARGE_LOG)
-            yield Message(
-                type=MessageType.FUNCTION_CALL_OUTPUT,
-                role=Role.TOOL,
-                content=[DataContent(data=result.model_dump())],
-            )
-            yield Message(role=Role.ASSISTANT, content="The log is read.")
+            for message in tool_turn("call_4", "read_log", LARGE_LOG, "The log is read."):
+                yield message
             return
         if msgs[-1].get_text_content() == "a plugin":
             # As AgentScope's agents call their tools.
-            call = FunctionCall(call_id="call_3", name="get_weather", arguments="{}")
-            yield Message(
-                type=MessageType.PLUGIN_CALL,
-                role=Role.ASSISTANT,
-                content=[DataContent(data=call.model_dump())],
-            )
-            result = FunctionCallOutput(call_id="call_3", output='"sunny"')
-            yield Message(
-                type=MessageType.PLUGIN_CALL_OUTPUT,
-                role=Role.TOOL,
-                content=[DataContent(data=result.model_dump())],
-            )
-            yield Message(role=Role.ASSISTANT, content="It is sunny.")
+            for message in tool_turn(
+                "call_3", "get_weather", '"sunny"', "It is sunny.", plugin=True
+            ):
+                yield message
             return
         if msgs[-1].get_text_content() == "a tool with a deeply nested result":
-            call = FunctionCall(call_id="call_4", name="scrape", arguments="{}")
-            yield Message(
-                type=MessageType.FUNCTION_CALL,
-                role=Role.ASSISTANT,
-                content=[DataContent(data=call.model_dump())],
-            )
-            result = FunctionCallOutput(call_id="call_4", output=DEEP_RESULT)
-            yield Message(
-                type=MessageType.FUNCTION_CALL_OUTPUT,
-                role=Role.TOOL,
-                content=[DataContent(data=result.model_dump())],
-            )
-            yield Message(role=Role.ASSISTANT, content="The page is scraped.")
+            for message in tool_turn("call_4", "scrape", DEEP_RESULT, "The page is scraped."):
+                yield message
             return
         if msgs[-1].get_text_content() == "a tool with a malformed result":
-            call = FunctionCall(call_id="call_2", name="scrape", arguments="{}")
-            yield Message(
-                type=MessageType.FUNCTION_CALL,
-                role=Role.ASSISTANT,
-                content=[DataContent(data=call.model_dump())],
-            )
             # Tools return anything: an MCP-like result with parts that are not objects.
             malformed = {"content": [None, 7, {"type": "text", "text": "page scraped"}]}
-            result = FunctionCallOutput(call_id="call_2", output=json.dumps(malformed))
-            yield Message(
-                type=MessageType.FUNCTION_CALL_OUTPUT,
-                role=Role.TOOL,
-                content=[DataContent(data=result.model_dump())],
-            )
-            yield Message(role=Role.ASSISTANT, content="The page is scraped.")
+            for message in tool_turn(
+                "call_2", "scrape", json.dumps(malformed), "The page is scraped."
+            ):
+                yield message
             return
         yield "Let me draw that. "
-        call = FunctionCall(
-            call_id="call_1", name="run_ipython_cell", arguments='{"code": "plot(sales)"}'
-        )
-        yield Message(
-            type=MessageType.FUNCTION_CALL,
-            role=Role.ASSISTANT,
-            content=[DataContent(data=call.model_dump())],
-        )
         image = {"type": "image", "data": __import__("base64").b64encode(png(240, 90)).decode()}
         output = {
             "content": [
@@ -501,13 +479,14 @@ def tool_app() -> AgentApp:
             ],
             "isError": False,
         }
-        result = FunctionCallOutput(call_id="call_1", output=json.dumps(output))
-        yield Message(
-            type=MessageType.FUNCTION_CALL_OUTPUT,
-            role=Role.TOOL,
-            content=[DataContent(data=result.model_dump())],
-        )
-        yield Message(role=Role.ASSISTANT, content="Here is the chart of sales by quarter.")
+        for message in tool_turn(
+            "call_1",
+            "run_ipython_cell",
+            json.dumps(output),
+            "Here is the chart of sales by quarter.",
+            arguments='{"code": "plot(sales)"}',
+        ):
+            yield message
 
     return app
 
