@@ -4,10 +4,13 @@ its path, its ``Authorization`` header."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,49 +61,70 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
-def test_no_line_of_a_local_server_shows_a_key_a_request_carries(
-    tmp_path: Path, command: list[str]
-) -> None:
-    (tmp_path / "app.py").write_text(APP)
-    keys = tmp_path / "keys.json"
-    key = issue_key(FileKeyStore(keys), "alice")
-    port = free_port()
+@dataclass
+class LoggedServer:
+    """A local server of ``APP`` as a process, what it needs to be asked, and what it wrote."""
+
+    port: int
+    key: str  # a user key the server knows
+    output: str = ""  # all the server wrote to its stdout and stderr, once it has stopped
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def logged_server(folder: Path, command: list[str], log_level: str) -> Iterator[LoggedServer]:
+    """Serve ``APP`` from ``folder`` with ``command``, a file key store and our log level;
+    stop it with Ctrl+C on leaving and keep all it wrote in ``output``."""
+    (folder / "app.py").write_text(APP)
+    keys = folder / "keys.json"
+    server = LoggedServer(port=free_port(), key=issue_key(FileKeyStore(keys), "alice"))
     environment = {
         **os.environ,
         "AUTH_KEYS_BACKEND": "file",
         "AUTH_KEYS_FILE": str(keys),
-        "PORT": str(port),
-        "POWERTOOLS_LOG_LEVEL": "INFO",
+        "PORT": str(server.port),  # app.py's port; the serve command takes it as an option
+        "POWERTOOLS_LOG_LEVEL": log_level,
     }
-    command = [*command, "--port", str(port)] if "--agent" in command else command
+    if "agentscope_serverless.serve" in command:
+        command = [*command, "--port", str(server.port)]
     process = subprocess.Popen(
         command,
-        cwd=tmp_path,
+        cwd=folder,
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, process)
-        with httpx.Client(base_url=url) as client:
+        wait_until_healthy(server.url, process)
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)
+        server.output, _ = process.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
+def test_no_line_of_a_local_server_shows_a_key_a_request_carries(
+    tmp_path: Path, command: list[str]
+) -> None:
+    with logged_server(tmp_path, command, "INFO") as server:
+        key, websocket = server.key, f"ws://127.0.0.1:{server.port}/ws"
+        with httpx.Client(base_url=server.url) as client:
             assert client.get("/health", params={"token": key}).status_code == 200
             assert client.get("/sessions", params={"token": key}).status_code == 401
             assert client.get(f"/files/{key}", headers=bearer(key)).status_code == 404
-        with connect(f"ws://127.0.0.1:{port}/ws?token={key}", additional_headers=bearer(key)) as ws:
+        with connect(f"{websocket}?token={key}", additional_headers=bearer(key)) as ws:
             assert ws.recv(timeout=10) == "hello"
         with pytest.raises(InvalidStatus) as refused:
-            connect(f"ws://127.0.0.1:{port}/ws?token={key}").close()
+            connect(f"{websocket}?token={key}").close()
         assert refused.value.response.status_code == 401
-    finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=30)
     secret = key.split("_", 2)[2]
-    assert secret not in output
-    assert "WebSocket /ws?token=ask_***" in output
-    assert "no WebSocket library" not in output
+    assert secret not in server.output
+    assert "WebSocket /ws?token=ask_***" in server.output
+    assert "no WebSocket library" not in server.output
 
 
 # app.py run where no WebSocket library can be imported.
@@ -112,37 +136,15 @@ WITHOUT_WEBSOCKET_LIBRARIES = (
 
 def test_a_server_without_a_websocket_library_says_so_as_it_starts(tmp_path: Path) -> None:
     # It started saying nothing, and answered each handshake 404.
-    (tmp_path / "app.py").write_text(APP)
-    keys = tmp_path / "keys.json"
-    key = issue_key(FileKeyStore(keys), "alice")
-    port = free_port()
-    environment = {
-        **os.environ,
-        "AUTH_KEYS_BACKEND": "file",
-        "AUTH_KEYS_FILE": str(keys),
-        "PORT": str(port),
-        "POWERTOOLS_LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-c", WITHOUT_WEBSOCKET_LIBRARIES],
-        cwd=tmp_path,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+    command = [sys.executable, "-c", WITHOUT_WEBSOCKET_LIBRARIES]
+    with logged_server(tmp_path, command, "WARNING") as server:
         with (
             pytest.raises(InvalidStatus) as refused,
-            connect(f"ws://127.0.0.1:{port}/ws", additional_headers=bearer(key)),
+            connect(f"ws://127.0.0.1:{server.port}/ws", additional_headers=bearer(server.key)),
         ):
             pass
         assert refused.value.response.status_code == 404
-    finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=30)
-    warnings = [line for line in output.splitlines() if "no WebSocket library" in line]
+    warnings = [line for line in server.output.splitlines() if "no WebSocket library" in line]
     assert len(warnings) == 1
     assert "/ws" in warnings[0]
     assert "pip install websockets" in warnings[0]
