@@ -988,13 +988,16 @@ def test_serve_refuses_a_header_timeout_that_is_not_a_finite_positive_number(sec
     assert "Traceback" not in said.stderr
 
 
-def run_cli(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
-    """The console script as a process on a UTF-8 terminal, its output as text."""
+def run_cli(
+    *args: str | bytes, stdin: bytes = b"", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The console script as a process on a UTF-8 terminal, with the variables ``env`` added to
+    ours, its output as text."""
     result = subprocess.run(
         [SCRIPT, *args],
         input=stdin,
         capture_output=True,
-        env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONUTF8": "1"},
+        env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONUTF8": "1", **(env or {})},
         timeout=60,
     )
     return subprocess.CompletedProcess(
@@ -1048,35 +1051,7 @@ def test_invoke_says_the_url_is_the_servers_not_a_routes(server: Server, route: 
 
 
 @contextmanager
-def recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """A server on loopback recording the headers of each request it gets (answering 401),
-    its URL and the list of them."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from threading import Thread
-
-    received: list[dict[str, str]] = []
-
-    class Recorder(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(dict(self.headers))
-            self.send_response(401)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    http_server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    Thread(target=http_server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{http_server.server_address[1]}", received
-    finally:
-        http_server.shutdown()
-        http_server.server_close()
-
-
-@contextmanager
-def website(status: int, content_type: str) -> Iterator[tuple[str, list[str]]]:
+def website(status: int, content_type: str = "text/html") -> Iterator[tuple[str, list[str]]]:
     """A server on loopback that is not this project's: every POST answered ``status`` with
     a page of ``content_type``; its URL and the paths it was sent."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -1121,13 +1096,7 @@ def test_chat_ends_at_a_server_that_serves_no_process(
     # every path with its page (200), each message said "HTTP 405" or "the reply was cut
     # off", and chat went on, exiting 0.
     with website(status, content_type) as (url, posted):
-        result = subprocess.run(
-            [SCRIPT, "chat", "--url", url, "--key", "ask_a_b"],
-            input="hi\nhello again\n",
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_cli("chat", "--url", url, "--key", "ask_a_b", stdin=b"hi\nhello again\n")
     assert result.returncode == 1, result.stdout + result.stderr
     assert said in result.stderr
     assert posted == ["/process"]
@@ -1140,29 +1109,22 @@ def test_invoke_and_chat_refuse_a_url_with_credentials_never_showing_them(
 ) -> None:
     # Taken, the password was printed in the banner and in every error, and the URL's
     # credentials were sent instead of the key (401, "not Bearer").
-    with recording_server() as (address, received):
-        url = f"http://agent:s3cret-PW@{address}"
+    with website(401) as (site, posted):
+        url = site.replace("http://", "http://agent:s3cret-PW@")
         args = ["hi"] if command == "invoke" else []
-        env = {**os.environ, "AGENTSCOPE_API_KEY": "ask_abc_def"}
+        env = {"AGENTSCOPE_API_KEY": "ask_abc_def"}
         if given == "option":
             args += ["--url", url]
         else:
             env["AGENTSCOPE_URL"] = url
-        result = subprocess.run(
-            [SCRIPT, command, *args],
-            input="hi\n/exit\n",
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        result = run_cli(command, *args, stdin=b"hi\n/exit\n", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines() == [
         "error: --url (or AGENTSCOPE_URL) holds credentials (user:password@ before the host): "
         "the server takes only an API key, given with --key; remove them from the URL"
     ]
     assert "s3cret" not in result.stdout + result.stderr
-    assert received == []
+    assert posted == []
 
 
 @pytest.mark.parametrize("command", ["invoke", "chat"])
@@ -1170,14 +1132,10 @@ def test_invoke_and_chat_refuse_a_url_with_credentials_never_showing_them(
 def test_invoke_and_chat_refuse_a_url_with_a_query_or_fragment(command: str, suffix: str) -> None:
     # Taken, the paths were added after the query (POST / with "?tenant=acme/process": a
     # 405), and the error quoted the URL, a token in its query too.
-    with recording_server() as (address, received):
+    with website(401) as (url, posted):
         args = ["hi"] if command == "invoke" else []
-        result = subprocess.run(
-            [SCRIPT, command, *args, "--url", f"http://{address}{suffix}", "--key", "ask_a_b"],
-            input="hi\n/exit\n",
-            capture_output=True,
-            text=True,
-            timeout=60,
+        result = run_cli(
+            command, *args, "--url", f"{url}{suffix}", "--key", "ask_a_b", stdin=b"hi\n/exit\n"
         )
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines() == [
@@ -1185,7 +1143,7 @@ def test_invoke_and_chat_refuse_a_url_with_a_query_or_fragment(command: str, suf
         "server's base URL, which the routes' paths are added to; remove them from it"
     ]
     assert "t0ken" not in result.stdout + result.stderr
-    assert received == []
+    assert posted == []
 
 
 def test_keys_on_a_table_without_aws_credentials_say_so(tmp_path: Path) -> None:
