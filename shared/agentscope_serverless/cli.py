@@ -51,7 +51,7 @@ from agentscope_serverless.errors import AgentScopeServerlessError
 from agentscope_serverless.serve import IGNORED_FOLDERS_TEXT, WATCHED_FILES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     import httpx
     import uvicorn
@@ -182,7 +182,8 @@ def serve(
         typer.Option(
             "--stack",
             help="Run on the local emulation stack: Redis and moto's DynamoDB on loopback "
-            "(needs redis-server and the dev dependencies).",
+            "(needs redis-server and the dev dependencies); a store's backend set in the "
+            "environment (SESSION_HISTORY_BACKEND, MEMORY_BACKEND, STATE_BACKEND) is kept.",
         ),
     ] = False,
     web: Annotated[
@@ -246,7 +247,7 @@ def serve(
             except AgentScopeServerlessError as exc:
                 _fail(exc.message, code=2)
             # Environment, not settings overrides: the AWS SDK reads its credentials there.
-            os.environ.update(local.environment())
+            os.environ.update(_stack_environment(local.environment(), os.environ))
         if reload:
             port = listener.getsockname()[1]  # the one taken for --port 0
             listener.close()  # the port is free: uvicorn's reloader binds it again
@@ -255,6 +256,24 @@ def serve(
             )
         else:
             _serve(listener, host, agent, dev_user, log_level, app_dir, web=web, **overrides)
+
+
+# The variables choosing a store's backend: one set in the environment wins over the stack's.
+CHOSEN_BACKENDS = ("SESSION_HISTORY_BACKEND", "MEMORY_BACKEND", "STATE_BACKEND")
+
+
+def _stack_environment(stack: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The local stack's environment, but for the backends ``environ`` chooses itself.
+
+    >>> stack = {"STATE_BACKEND": "dynamodb", "REDIS_URL": "redis://127.0.0.1:6390"}
+    >>> _stack_environment(stack, {"STATE_BACKEND": "redis"})
+    {'REDIS_URL': 'redis://127.0.0.1:6390'}
+    """
+    return {
+        name: value
+        for name, value in stack.items()
+        if not (name in CHOSEN_BACKENDS and environ.get(name, "").strip())
+    }
 
 
 def _report_progress(message: str) -> None:

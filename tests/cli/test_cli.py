@@ -387,10 +387,21 @@ def test_a_key_sent_as_a_value_is_masked_in_the_lines_quoting_it(server: Server)
     assert all(key_id not in line and secret[:8] not in line for line in written), written
 
 
-def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("chosen", "banner"),
+    [
+        ({}, "session history dynamodb, memory redis, state dynamodb"),
+        ({"STATE_BACKEND": "redis"}, "session history dynamodb, memory redis, state redis"),
+    ],
+    ids=["stack-backends", "state-chosen"],
+)
+def test_serve_on_the_local_stack_remembers_and_cleans_up(
+    tmp_path: Path, chosen: dict[str, str], banner: str
+) -> None:
+    """The stack's backends, but for one the environment chooses."""
     port = free_port()
     output = tmp_path / "output.txt"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **chosen}
     with output.open("w") as sink:
         process = subprocess.Popen(
             [SCRIPT, "serve", "--stack", "--port", str(port), "--log-level", "warning"],
@@ -402,9 +413,9 @@ def test_serve_on_the_local_stack_remembers_and_cleans_up(tmp_path: Path) -> Non
     try:
         wait_until_healthy(url, process, timeout=60)
         children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-        banner = output.read_text()
-        assert "session history dynamodb, memory redis, state dynamodb" in banner
-        key = next(line for line in banner.splitlines() if line.startswith("ask_"))
+        written = output.read_text()
+        assert banner in written, written
+        key = next(line for line in written.splitlines() if line.startswith("ask_"))
         headers = {"Authorization": f"Bearer {key}"}
         for text in ("My name is Alice", "What is my name?"):
             body = {"input": [user_message(text)], "session_id": "stack", "stream": False}
