@@ -104,6 +104,18 @@ class ServiceNotStartedError(AgentScopeServerlessError, RuntimeError):
         self.service_name = service_name
 
 
+class MethodNotImplementedError(AgentScopeServerlessError, NotImplementedError):
+    """A service does not implement a method the request needs (a service written for
+    AgentScope Runtime has AgentScope's methods only): the message names the method to
+    implement. Retrying gets the same answer until it is implemented.
+
+    >>> MethodNotImplementedError("override list_rounds() to list a session's rounds").code
+    'NOT_IMPLEMENTED'
+    """
+
+    code = "NOT_IMPLEMENTED"
+
+
 class NotFoundError(AgentScopeServerlessError, LookupError):
     """The thing asked for does not exist (or belongs to someone else)."""
 
@@ -312,6 +324,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "InvalidInputError",
     "MessageIdConflictError",
+    "MethodNotImplementedError",
     "NotFoundError",
     "PackagingError",
     "PayloadTooLargeError",

@@ -206,3 +206,25 @@ def test_a_users_erase_cut_short_by_a_failure_deletes_everything_when_retried(
     assert proxy.refused > 0
     assert stored_of_user(dynamodb_server, dynamodb_server.sessions_table, user) == []
     assert stored_of_user(dynamodb_server, dynamodb_server.state_table, user) == []
+
+
+def test_a_users_erase_whose_state_store_fails_erases_every_other_store(
+    proxied: tuple[str, str, str, FailingDynamoDBProxy], dynamodb_server: DynamoDBServer
+) -> None:
+    url, user, key, proxy = proxied
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        secrets = {"messages": [user_message("my secret is 1234")]}
+        assert client.post("/sessions/s1/messages", json=secrets).status_code == 201
+        assert client.post("/state/s1", json={"state": {"secret": 1234}}).is_success
+        proxy.fail("Query", marker=f"STATE_USER#{id_hash(user)}")
+        failed = client.delete("/users/me/data")
+        assert failed.status_code == 503
+        assert failed.json()["error"]["message"].startswith(
+            "could not erase the caller's agent state (the rest of their data is erased): "
+        )
+        assert stored_of_user(dynamodb_server, dynamodb_server.sessions_table, user) == []
+        assert client.get("/state/s1").json()["state"] == {"secret": 1234}
+        proxy.fail(None)
+        assert client.delete("/users/me/data").status_code == 204
+    assert proxy.refused > 0
+    assert stored_of_user(dynamodb_server, dynamodb_server.state_table, user) == []

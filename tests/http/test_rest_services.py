@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
 from tests.support.http import (
@@ -17,6 +19,7 @@ from tests.support.http import (
     running,
     user_message,
 )
+from tests.support.ported_state import DictStateService
 
 
 @pytest.fixture
@@ -300,3 +303,97 @@ def test_one_router_per_application(keys: Keys) -> None:
         health = client.get("/health").json()
         assert health["services"] == {"state": True, "auth_keys": True}
         assert health["runner"] == "not_ready"  # no agent served
+
+
+def ported_state_app() -> AgentApp:
+    """An agent whose init assigns a state service written for AgentScope Runtime (it
+    overrides save_state and export_state only), as AgentScope's guide does."""
+    app = AgentApp(app_name="ported-state")
+
+    @app.init
+    async def init(self: Any) -> None:
+        self.state_service = DictStateService()
+        await self.state_service.start()
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, request: Any = None, **kwargs: Any) -> AsyncIterator[str]:
+        saved = await self.state_service.export_state(request.user_id, request.session_id)
+        turn = (saved or {"turn": 0})["turn"] + 1
+        await self.state_service.save_state(request.user_id, {"turn": turn}, request.session_id)
+        yield f"turn {turn}"
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def ported_url(keys: Keys) -> Iterator[str]:
+    app = create_app(settings=load_settings(), agent_app=ported_state_app(), key_store=keys.store)
+    with running(app) as url:
+        yield url
+
+
+@pytest.fixture
+def ported(client_for: Callable[..., httpx.Client], keys: Keys, ported_url: str) -> httpx.Client:
+    """A fresh user's client of the app with the ported state service."""
+    return client_for(keys.service, url=ported_url, **{"X-User-Id": f"user-{uuid.uuid4().hex[:8]}"})
+
+
+def test_the_latest_state_of_a_ported_state_service_is_what_its_export_state_gives(
+    ported: httpx.Client,
+) -> None:
+    assert ported.get("/state/s1").status_code == 404
+    for level in (1, 2):
+        assert ported.post("/state/s1", json={"state": {"level": level}}).status_code == 201
+    latest = ported.get("/state/s1")
+    assert latest.status_code == 200, latest.text
+    # AgentScope's export_state() gives the state, not which round it is.
+    assert latest.json() == {"session_id": "s1", "round_id": None, "state": {"level": 2}}
+    assert ported.get("/state/s1", params={"round_id": 1}).json()["round_id"] == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "to_implement"),
+    [("GET", "/state/s1/rounds", "list_rounds()"), ("DELETE", "/state/s1", "delete_state()")],
+)
+def test_what_a_ported_state_service_cannot_do_is_a_501_naming_the_method_to_implement(
+    ported: httpx.Client, method: str, path: str, to_implement: str
+) -> None:
+    ported.post("/state/s1", json={"state": {"level": 1}})
+    refused = ported.request(method, path)
+    assert refused.status_code == 501, refused.text
+    assert refused.headers["X-Should-Retry"] == "false"
+    error = refused.json()["error"]
+    assert error["code"] == "NOT_IMPLEMENTED"
+    assert (
+        f"DictStateService implements AgentScope Runtime's methods only: override {to_implement}"
+        in error["message"]
+    )
+    assert ported.get("/state/s1").json()["state"] == {"level": 1}
+
+
+def test_an_erase_with_a_ported_state_service_erases_every_other_store_and_names_the_method(
+    ported: httpx.Client,
+) -> None:
+    run = {"input": [user_message("My secret is 1234")], "session_id": "s1", "stream": False}
+    keyed = {"Idempotency-Key": "k1"}
+    assert ported.post("/process", json=run, headers=keyed).status_code == 200
+    ported.post("/memory", json={"messages": [user_message("I love green tea")]})
+    assert ported.get("/runs", params={"session_id": "s1"}).json()["items"]
+    for _ in range(2):  # a retry answers the same
+        erased = ported.delete("/users/me/data")
+        assert erased.status_code == 501, erased.text
+        assert erased.headers["X-Should-Retry"] == "false"
+        error = erased.json()["error"]
+        assert error["code"] == "NOT_IMPLEMENTED"
+        assert error["message"] == (
+            "could not erase the caller's agent state (the rest of their data is erased): "
+            "DictStateService implements AgentScope Runtime's methods only: override "
+            "delete_user_state() to delete a user's state"
+        )
+        assert ported.get("/sessions").json()["items"] == []
+        assert ported.get("/sessions/s1/messages").status_code == 404
+        assert ported.get("/memory").json()["items"] == []
+        assert ported.get("/runs", params={"session_id": "s1"}).json()["items"] == []
+    # The key's record (its answer quotes the conversation) is gone: the request runs anew.
+    again = ported.post("/process", json=run, headers=keyed)
+    assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers

@@ -24,6 +24,7 @@ from agentscope_serverless.services.session_history import (
     RedisSessionHistoryService,
     SessionHistoryService,
 )
+from tests.support.ported_state import DictStateService
 
 
 class DictSessionHistoryService(SessionHistoryService):
@@ -61,40 +62,6 @@ class DictSessionHistoryService(SessionHistoryService):
         self.store[session.user_id][stored.id].messages.extend(
             m.model_dump() if isinstance(m, Message) else m for m in messages
         )
-
-
-class DictStateService(StateService):
-    def __init__(self) -> None:
-        self.rounds: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def health(self) -> bool:
-        return True
-
-    async def save_state(
-        self,
-        user_id: str,
-        state: dict[str, Any],
-        session_id: str | None = None,
-        round_id: int | None = None,
-    ) -> int:
-        rounds = self.rounds.setdefault((user_id, session_id or "default"), {})
-        round_id = round_id or max(rounds, default=0) + 1
-        rounds[round_id] = copy.deepcopy(state)
-        return round_id
-
-    async def export_state(
-        self, user_id: str, session_id: str | None = None, round_id: int | None = None
-    ) -> dict[str, Any] | None:
-        rounds = self.rounds.get((user_id, session_id or "default"), {})
-        if not rounds:
-            return None
-        return copy.deepcopy(rounds[round_id or max(rounds)])
 
 
 class ListMemoryService(MemoryService):

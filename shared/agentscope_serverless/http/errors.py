@@ -10,7 +10,9 @@ Every error body has the same shape, the one OpenAI's SDKs read into their excep
 field (or null), ``fields`` is present for validation errors (400, 422), ``detail`` for a
 route's ``HTTPException`` whose detail is not a text (a dict or a list, kept as given; its
 JSON text is the message). Server errors (500)
-say only ``internal server error``: no stack trace, no exception text, nothing secret.
+say only ``internal server error``: no stack trace, no exception text, nothing secret. A
+501 (a service does not implement a method, named in the message) and a 503 (a store is
+unavailable) say what happened, in messages written here.
 
 An invalid request is a 422, except on the OpenAI-compatible routes, where it is a 400 with
 the same body, as OpenAI answers it (:func:`status_on`): code written against OpenAI catches
@@ -40,6 +42,7 @@ from agentscope_serverless.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
     MessageIdConflictError,
+    MethodNotImplementedError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
@@ -75,6 +78,7 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     PayloadTooLargeError: 413,
     RequestTimeoutError: 408,
     TimeLimitError: 504,
+    MethodNotImplementedError: 501,
     StoreUnavailableError: 503,
     ServiceNotStartedError: 503,
     SandboxUnavailableError: 503,
@@ -95,6 +99,7 @@ _CODE_OF_STATUS = {
     413: PayloadTooLargeError.code,
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: InvalidInputError.code,
+    501: MethodNotImplementedError.code,
     503: StoreUnavailableError.code,
 }
 
@@ -122,12 +127,13 @@ def status_of_code(code: str) -> int:
 
 def asks_retry(status: int) -> bool:
     """Whether an error answered with ``status`` is a failure its client may retry later: a
-    429 (a sandbox server at capacity) or a 5xx (a store that did not answer, a time limit).
+    429 (a sandbox server at capacity) or a 5xx (a store that did not answer, a time limit),
+    but a 501 (a method the service does not implement, which a retry does not implement).
 
-    >>> asks_retry(429), asks_retry(503), asks_retry(422)
-    (True, True, False)
+    >>> asks_retry(429), asks_retry(503), asks_retry(422), asks_retry(501)
+    (True, True, False, False)
     """
-    return status == 429 or status >= 500
+    return status == 429 or (status >= 500 and status != 501)
 
 
 # The ``type`` of an error by its status, as OpenAI names them; any other is a request error.
@@ -229,7 +235,7 @@ def error_response(
 ) -> ErrorResponse:
     """An error response; a 401 also tells the client how to authenticate."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    if status >= 500 and status != 503:
+    if status >= 500 and status not in (501, 503):
         code, message, fields, detail = INTERNAL_ERROR, "internal server error", None, None
     body = error_body(code, message, fields, status=status, detail=detail)
     return ErrorResponse(body, status, headers)
@@ -253,12 +259,17 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     if exc.retry_after is not None:
         response.headers["Retry-After"] = str(exc.retry_after)
     not_retried = (
-        RunCanceledError | IdempotencyKeyReusedError | MessageIdConflictError | RunNotEndedError
+        RunCanceledError
+        | IdempotencyKeyReusedError
+        | MessageIdConflictError
+        | RunNotEndedError
+        | MethodNotImplementedError
     )
     if isinstance(exc, not_retried):
-        # OpenAI's SDKs retry a 409: the retry would run the turn again, in a session
+        # OpenAI's SDKs retry a 409 and a 5xx: the retry would run the turn again, in a session
         # deleted (or data erased) on purpose; get the same answer again; or delete a
-        # response that ended meanwhile, its caller told it was in progress.
+        # response that ended meanwhile, its caller told it was in progress; or find the
+        # method still not implemented.
         response.headers["X-Should-Retry"] = "false"
     return response
 

@@ -8,9 +8,10 @@ leaves abstract are implemented here with its public methods (what the runner an
 routes need beyond AgentScope's methods, such as ``open_session`` or a page of messages, is
 read through them), and it checks its own state (the base's started check, which its
 ``start()`` may not set, is left out). What AgentScope's methods cannot give (listing a
-session's state rounds, clearing every user's memory...) raises ``NotImplementedError``
-saying which method to override. Its ``super()`` calls of AgentScope's methods do nothing,
-as AgentScope's base did (see :func:`agentscope_base_method`).
+session's state rounds, clearing every user's memory...) raises
+:class:`~agentscope_serverless.errors.MethodNotImplementedError` (a ``NotImplementedError``,
+answered over HTTP as a 501) saying which method to override. Its ``super()`` calls of
+AgentScope's methods do nothing, as AgentScope's base did (see :func:`agentscope_base_method`).
 
 A subclass of one of our backends (a wrapper overriding the public methods to call
 ``super()``) is not such a backend: it has the hooks already, and keeps the started check.
@@ -22,7 +23,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from agentscope_serverless.errors import InvalidInputError
+from agentscope_serverless.errors import InvalidInputError, MethodNotImplementedError
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
@@ -107,7 +108,7 @@ def unsupported(method: str, what: str) -> Hook:
     """A hook a ported subclass cannot provide with AgentScope's methods."""
 
     async def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
+        raise MethodNotImplementedError(
             f"{type(self).__name__} implements AgentScope Runtime's methods only: "
             f"override {method}() to {what}"
         )
@@ -248,12 +249,9 @@ async def _save_round(
 
 async def _load(
     self: Any, user_id: str, session_id: str, round_id: int | None
-) -> tuple[int, dict[str, Any]] | None:
-    if round_id is None:
-        raise NotImplementedError(
-            f"{type(self).__name__} implements AgentScope Runtime's methods only: override "
-            "export_latest_state() to read the latest round with its id"
-        )
+) -> tuple[int | None, dict[str, Any]] | None:
+    # The latest (round_id None) is read as AgentScope read it: its export_state() gives
+    # the state, not which round it is.
     state = await self.export_state(user_id, session_id=session_id, round_id=round_id)
     return None if state is None else (round_id, state)
 

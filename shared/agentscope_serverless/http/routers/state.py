@@ -51,7 +51,11 @@ class StateOut(BaseModel):
     """A saved state and its round."""
 
     session_id: str
-    round_id: int
+    round_id: int | None = Field(
+        description="The state's round; null when the state service cannot tell which round "
+        "is the latest (one written for AgentScope Runtime, whose export_state() gives the "
+        "state only)."
+    )
     state: dict[str, Any]
 
 

@@ -107,9 +107,10 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
 
     async def export_latest_state(
         self, user_id: str, session_id: str | None = None
-    ) -> tuple[int, dict[str, Any]] | None:
+    ) -> tuple[int | None, dict[str, Any]] | None:
         """The latest round of the session and a copy of its state, read together; None
-        when the session has no state.
+        when the session has no state. The round is None when the service cannot tell it:
+        one written for AgentScope Runtime, whose ``export_state()`` gives the state only.
 
         One read whatever the number of rounds (listing the rounds to pick the last would
         read them all).
@@ -164,7 +165,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
     @abstractmethod
     async def _load(
         self, user_id: str, session_id: str, round_id: int | None
-    ) -> tuple[int, dict[str, Any]] | None:
+    ) -> tuple[int | None, dict[str, Any]] | None:
         """The round (the highest when None) with a fresh copy of its state, or None."""
 
     @abstractmethod
