@@ -252,6 +252,31 @@ def test_a_save_past_the_largest_round_is_a_409_and_stores_nothing(alice: httpx.
     assert alice.get("/state/end/rounds").json()["rounds"] == [last]
 
 
+def test_a_round_not_saved_is_a_404_naming_it(alice: httpx.Client) -> None:
+    for round_id in (1, 5):
+        alice.post("/state/s1", json={"state": {"v": round_id}, "round_id": round_id})
+    missing = alice.get("/state/s1", params={"round_id": 3})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "no saved state for session 's1' in round 3"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/state/%20"), ("GET", "/state/%20/rounds"), ("GET", "/sessions/%20")],
+)
+def test_a_blank_session_id_in_a_path_is_refused_saying_what_an_id_must_be(
+    alice: httpx.Client, method: str, path: str
+) -> None:
+    refused = alice.request(method, path, json={"state": {"v": 1}})
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["param"] == "session_id"
+    assert error["message"] == (
+        "invalid request: path.session_id: must not be blank (only whitespace) nor contain "
+        "control characters"
+    )
+
+
 def test_one_call_erases_all_of_the_callers_data_and_nobody_elses(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

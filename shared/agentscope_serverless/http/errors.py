@@ -59,7 +59,7 @@ from agentscope_serverless.errors import (
     UnsupportedParameterError,
     error_classes,
 )
-from agentscope_serverless.http.params import COMPATIBLE_PREFIX, is_json_type
+from agentscope_serverless.http.params import COMPATIBLE_PREFIX, PATTERN_RULES, is_json_type
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._validation import too_deep
 
@@ -280,9 +280,19 @@ def _validation_fields(errors: Sequence[Any]) -> list[dict[str, Any]]:
     # validated by each.
     fields: dict[tuple[Any, ...], dict[str, Any]] = {}
     for err in errors:
-        field = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", ""))}
+        field = {"loc": list(err.get("loc", ())), "msg": _what_is_wrong(err)}
         fields.setdefault((*field["loc"], field["msg"]), field)
     return list(fields.values())
+
+
+def _what_is_wrong(err: Mapping[str, Any]) -> str:
+    """What a validation error says: for a value one of the routes' patterns refuses, what
+    it must be (see :data:`PATTERN_RULES`), not the pattern."""
+    if err.get("type") == "string_pattern_mismatch":
+        rule = PATTERN_RULES.get(str((err.get("ctx") or {}).get("pattern")))
+        if rule is not None:
+            return rule
+    return str(err.get("msg", ""))
 
 
 async def _our_error(request: Request, exc: Exception) -> JSONResponse:

@@ -23,6 +23,12 @@ ID_PATTERN = rf"^{_TEXT}*{_NOT_BLANK}{_TEXT}*$"
 # An optional id in a body: blank means "make one", control characters are refused.
 OPTIONAL_ID_PATTERN = rf"^{_TEXT}*$"
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
+# What a value one of these patterns refuses must be, as a refusal says it.
+PATTERN_RULES = {
+    ID_PATTERN: "must not be blank (only whitespace) nor contain control characters",
+    OPTIONAL_ID_PATTERN: "must not contain control characters",
+    CURSOR_PATTERN: "must be the next_cursor of the previous page",
+}
 # The header naming the session of an OpenAI-compatible call (and, in answers, of any run).
 SESSION_HEADER = "X-Session-Id"
 # Where the OpenAI-compatible routes are: an SDK's base_url is http://<host>:<port> with it.
@@ -82,6 +88,7 @@ __all__ = [
     "CURSOR_PATTERN",
     "ID_PATTERN",
     "OPTIONAL_ID_PATTERN",
+    "PATTERN_RULES",
     "SESSION_HEADER",
     "Cursor",
     "RequestBody",

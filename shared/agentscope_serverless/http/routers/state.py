@@ -87,12 +87,13 @@ async def export_state(
 ) -> StateOut:
     if round_id is None:
         latest = await state.export_latest_state(user_id, session_id)
-    else:
-        saved = await state.export_state(user_id, session_id, round_id)
-        latest = None if saved is None else (round_id, saved)
-    if latest is None:
-        raise NotFoundError(f"no saved state for session {session_id!r}")
-    return StateOut(session_id=session_id, round_id=latest[0], state=latest[1])
+        if latest is None:
+            raise NotFoundError(f"no saved state for session {session_id!r}")
+        return StateOut(session_id=session_id, round_id=latest[0], state=latest[1])
+    saved = await state.export_state(user_id, session_id, round_id)
+    if saved is None:
+        raise NotFoundError(f"no saved state for session {session_id!r} in round {round_id}")
+    return StateOut(session_id=session_id, round_id=round_id, state=saved)
 
 
 @router.get("/{session_id}/rounds", response_model=Rounds, summary="List saved rounds")
