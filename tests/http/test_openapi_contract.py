@@ -2,38 +2,222 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
+import pytest
 
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
-from tests.support.http import Keys, assert_docs_run_only_their_pinned_scripts, bearer, running
+from tests.support.http import (
+    Keys,
+    assert_docs_run_only_their_pinned_scripts,
+    bearer,
+    running,
+    user_message,
+)
+from tests.support.sandbox_server import RunningServer
+from tests.support.slow_agent import app as slow_app
 
 ERRORS = {"400", "401", "403", "404", "405", "408", "409", "413", "415", "422", "500", "503"}
+# The headers the API's answers carry (each must be documented where it is sent).
+HEADERS = (
+    "X-Request-Id",
+    "WWW-Authenticate",
+    "Retry-After",
+    "X-Should-Retry",
+    "Idempotent-Replayed",
+    "X-Run-Id",
+    "X-Session-Id",
+)
+ERROR_BODY = "#/components/schemas/ErrorBody"
+CHAT = "/compatible-mode/v1/chat/completions"
+RESPONSES = "/compatible-mode/v1/responses"
+STORED = "/compatible-mode/v1/responses/{response_id}"
+# Keywords of pydantic's constraints that are no keywords of JSON Schema.
+NOT_JSON_SCHEMA = {"ge", "gt", "le", "lt", "min_length", "max_length", "multiple_of"}
+
+
+def assert_documented(document: dict[str, Any], path: str, response: httpx.Response) -> None:
+    """``response`` (to a request of the operation at ``path``, as the document names it) is
+    documented: its status, its media type, and each header it carries."""
+    method = response.request.method.lower()
+    responses = document["paths"][path][method]["responses"]
+    status = str(response.status_code)
+    assert status in responses, (method, path, status)
+    answer = responses[status]
+    media_type = response.headers.get("content-type", "").partition(";")[0]
+    if media_type:
+        assert media_type in answer.get("content", {}), (method, path, status, media_type)
+    sent = {name for name in HEADERS if name in response.headers}
+    documented = set(answer.get("headers", {}))
+    assert sent <= documented, (method, path, status, sorted(sent - documented))
+
+
+def operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            yield path, method, operation
 
 
 def test_every_route_documents_its_errors_with_the_error_schema(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:
     document = client_for(keys.alice).get("/openapi.json").json()
-    operations = [
-        (path, method, operation)
-        for path, item in document["paths"].items()
-        for method, operation in item.items()
-        if path != "/health"
-    ]
-    assert len(operations) >= 18
-    for path, method, operation in operations:
+    documented = [(p, m, o) for p, m, o in operations(document) if p != "/health"]
+    assert len(documented) >= 18
+    for path, method, operation in documented:
         responses = operation["responses"]
         assert set(responses) >= ERRORS, (method, path, sorted(responses))
-        schema = responses["422"]["content"]["application/json"]["schema"]
-        assert schema == {"$ref": "#/components/schemas/ErrorBody"}
-        headers = {p["name"] for p in operation.get("parameters", []) if p["in"] == "header"}
-        assert "Idempotency-Key" in headers, (method, path)
+        for status in ERRORS:
+            content = responses[status]["content"]
+            assert list(content) == ["application/json"], (method, path, status)
+            # A2A's HTTP+JSON binding answers its own errors in its own shape too.
+            schema = content["application/json"]["schema"]
+            assert {"$ref": ERROR_BODY} in [schema, *schema.get("anyOf", [])], (path, status)
     error = document["components"]["schemas"]["ErrorDetail"]
-    assert set(error["required"]) == {"code", "message"}
+    assert set(error["required"]) == {"code", "message", "type", "param"}
+
+
+def test_idempotency_key_is_documented_on_the_writes_only(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    document = client_for(keys.alice).get("/openapi.json").json()
+    for path, method, operation in operations(document):
+        if path == "/health":
+            continue
+        headers = {p["name"] for p in operation.get("parameters", []) if p["in"] == "header"}
+        assert ("Idempotency-Key" in headers) is (method != "get"), (method, path)
+
+
+def test_the_answers_served_and_their_headers_are_documented(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    document = client.get("/openapi.json").json()
+    run = {"input": [user_message("hello")], "stream": False}
+    served = [
+        ("/process", client.post("/process", json=run)),
+        ("/process", client_for(None).post("/process", json=run)),
+        ("/sessions/{session_id}", client.get("/sessions/nope")),
+        ("/runs/{run_id}/events", client.get("/runs/x/events", params={"after": -2})),
+    ]
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    for _ in range(2):
+        served.append(("/process", client.post("/process", json=run, headers=key)))
+    assert served[-1][1].headers["Idempotent-Replayed"] == "true"
+    chat = {"messages": [{"role": "user", "content": "hello"}]}
+    served.append(("/compatible-mode/v1/chat/completions", client.post(CHAT, json=chat)))
+    created = client.post(RESPONSES, json={"input": "hello"})
+    served.append((RESPONSES, created))
+    response_id = created.json()["id"]
+    served.append((STORED, client.get(f"{RESPONSES}/{response_id}")))
+    with client.stream("GET", f"{RESPONSES}/{response_id}", params={"stream": True}) as events:
+        served.append((STORED, events))
+    served.append((STORED, client.get(f"{RESPONSES}/resp_missing")))
+    served.append((STORED, client.delete(f"{RESPONSES}/resp_missing")))
+    assert "X-Run-Id" in served[0][1].headers and "WWW-Authenticate" in served[1][1].headers
+    for path, response in served:
+        assert_documented(document, path, response)
+
+
+def test_the_a2a_routes_are_documented_behind_the_key(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    document = client.get("/openapi.json").json()
+    call = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "nope"}}
+    served = [
+        ("/a2a", client_for(None).post("/a2a", json=call)),
+        ("/a2a", client.post("/a2a", json=call, headers={"A2A-Version": "1.0"})),
+        ("/a2a/{rest}", client.get("/a2a/tasks/nope")),
+        ("/.well-known/agent-card.json", client.get("/.well-known/agent-card.json")),
+    ]
+    assert [response.status_code for _, response in served[:2]] == [401, 200]
+    for path, response in served:
+        assert_documented(document, path, response)
+    operation = document["paths"]["/a2a"]["post"]
+    assert operation["security"] == [{"APIKey": []}]
+    assert "JSON-RPC" in operation["description"]
+    assert operation["requestBody"]["required"] is True
+
+
+def test_an_apps_streaming_endpoint_and_task_document_what_they_answer() -> None:
+    keys = Keys.make()  # its own: the application stops its key store as it stops
+    app = create_app(settings=load_settings(), agent_app=slow_app, key_store=keys.store)
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        document = client.get("/openapi.json").json()
+        refused = client.post("/ask-stream", json=[1])
+        not_json = client.post("/ask-stream", content=b"x", headers={"Content-Type": "text/plain"})
+        no_body = client.post("/jobs/double")
+    assert [refused.status_code, not_json.status_code, no_body.status_code] == [422, 415, 422]
+    assert_documented(document, "/ask-stream", refused)
+    assert_documented(document, "/ask-stream", not_json)
+    assert_documented(document, "/jobs/double", no_body)
+    assert document["paths"]["/jobs/double"]["post"]["requestBody"]["required"] is True
+
+
+def test_a_sandbox_server_at_capacity_is_a_documented_429(sandbox_server: RunningServer) -> None:
+    keys = Keys.make()
+    settings = load_settings(
+        sandbox_base_url=sandbox_server.url,
+        sandbox_bearer_token=sandbox_server.token,
+        sandbox_max_per_user=1,
+    )
+    app = create_app(["sandbox"], settings=settings, key_store=keys.store)
+    sessions = [f"full-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        client.timeout = httpx.Timeout(30)
+        document = client.get("/openapi.json").json()
+        assert client.post(f"/sandboxes/{sessions[0]}").status_code == 200
+        refused = client.post(f"/sandboxes/{sessions[1]}")
+        assert client.delete(f"/sandboxes/{sessions[0]}").status_code == 200
+    assert refused.status_code == 429 and "Retry-After" in refused.headers
+    assert_documented(document, "/sandboxes/{session_id}", refused)
+
+
+def test_error_detail_documents_every_field_an_error_carries(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    client = client_for(keys.alice)
+    detail = client.get("/openapi.json").json()["components"]["schemas"]["ErrorDetail"]
+    errors = [
+        client.get("/sessions/nope").json()["error"],
+        client.post("/process", json={"input": "hi"}).json()["error"],
+        client.post(CHAT, json={"messages": []}).json()["error"],
+    ]
+    for error in errors:
+        assert set(detail["required"]) <= set(error) <= set(detail["properties"]), error
+        assert error["type"] in detail["properties"]["type"]["enum"]
+    assert errors[1]["param"] == "input" and errors[0]["param"] is None, errors
+
+
+def test_the_document_is_valid_openapi_its_schemas_of_json_schema_keywords(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    document = client_for(keys.alice).get("/openapi.json").json()
+    pytest.importorskip("openapi_spec_validator").validate(document)
+
+    def keywords(schema: Any) -> Iterator[str]:
+        if isinstance(schema, list):
+            for item in schema:
+                yield from keywords(item)
+        elif isinstance(schema, dict):
+            for name, value in schema.items():
+                yield name
+                if name == "properties":  # field names, not keywords
+                    for field in value.values():
+                        yield from keywords(field)
+                elif name not in ("examples", "example", "default", "const", "enum"):
+                    yield from keywords(value)
+
+    assert not NOT_JSON_SCHEMA & set(keywords(document))
+    events = document["paths"]["/runs/{run_id}/events"]["get"]["parameters"]
+    after = next(p for p in events if p["name"] == "after")["schema"]
+    assert {"type": "integer", "minimum": -1} in after["anyOf"]
 
 
 def test_ids_cursors_and_rounds_are_bounded_in_the_schema(

@@ -62,7 +62,7 @@ from agentscope_serverless.http.middleware import (
     RevokedKeyMiddleware,
     StartupFailureMiddleware,
 )
-from agentscope_serverless.http.openapi import ERROR_RESPONSES
+from agentscope_serverless.http.openapi import ERROR_RESPONSES, complete_document
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.log import logger, redact, redact_aws_credentials
 from agentscope_serverless.metrics import RunMetrics, run_metrics
@@ -357,6 +357,13 @@ class RuntimeApplication(FastAPI):
         self.announces_development_key = False
         self._built: tuple[set[int], set[int], dict[Any, Any]] | None = None
         self._settled: set[int] = set()
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document of the application, completed (the headers of each answer, see
+        :func:`complete_document`)."""
+        if self.openapi_schema is None:
+            self.openapi_schema = complete_document(super().openapi())
+        return self.openapi_schema
 
     def mark_built(self) -> None:
         """Record what the application holds now as built for it: what comes later is a

@@ -143,6 +143,8 @@ _TYPE_OF_STATUS = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
+#: Every ``type`` an error may have (see :func:`error_type`).
+ERROR_TYPES = ("invalid_request_error", *_TYPE_OF_STATUS.values(), "server_error")
 
 
 def error_type(status: int) -> str:
@@ -486,6 +488,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 __all__ = [
     "ERROR_CODE_STATE",
+    "ERROR_TYPES",
     "ErrorResponse",
     "asks_retry",
     "body_not_json",

@@ -31,6 +31,8 @@ PATTERN_RULES = {
 }
 # The header naming the session of an OpenAI-compatible call (and, in answers, of any run).
 SESSION_HEADER = "X-Session-Id"
+# The header naming, in an answer, the run it started or reads.
+RUN_HEADER = "X-Run-Id"
 # Where the OpenAI-compatible routes are: an SDK's base_url is http://<host>:<port> with it.
 COMPATIBLE_PREFIX = "/compatible-mode/v1"
 
@@ -89,6 +91,7 @@ __all__ = [
     "ID_PATTERN",
     "OPTIONAL_ID_PATTERN",
     "PATTERN_RULES",
+    "RUN_HEADER",
     "SESSION_HEADER",
     "Cursor",
     "RequestBody",

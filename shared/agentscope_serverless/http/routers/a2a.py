@@ -9,22 +9,24 @@
 | ``/a2a/message:send``, ``/a2a/tasks/{id}``... | the HTTP+JSON binding |
 
 The SDK is imported on the first A2A request, so a cold start that serves none does not pay
-for it (see :mod:`agentscope_serverless.http.a2a_routes`).
+for it (see :mod:`agentscope_serverless.http.a2a_routes`). Its routes, plain Starlette ones,
+are in the OpenAPI document all the same (see :class:`DocumentationRoute`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, no_other_user
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
-from agentscope_serverless.http.openapi import ERROR_RESPONSES
+from agentscope_serverless.http.openapi import ERROR_RESPONSES, DocumentationRoute, ErrorBody
 
 A2A_PATH = "/a2a"
 WELL_KNOWN_PATH = "/.well-known/agent-card.json"
@@ -60,6 +62,7 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     a2a = A2AApplication(context)
     app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
     app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
+    _document(app)
 
     async def card(request: Request, caller: CurrentCaller) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
@@ -85,6 +88,127 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
             route_class_override=KeyedRoute,
         )
     return a2a
+
+
+# An A2A answer: JSON, or the events of a streaming method.
+_A2A_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The answer (JSON), or the events of a streaming method.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
+
+
+class BindingStatus(BaseModel):
+    """An error of A2A's HTTP+JSON binding: its HTTP status (``code``), its gRPC status name
+    and a message; ``details`` say why (its ``google.rpc.ErrorInfo``)."""
+
+    code: int = Field(examples=[404])
+    status: str = Field(examples=["NOT_FOUND"])
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class BindingError(BaseModel):
+    """The body of an error of A2A's HTTP+JSON binding (a ``google.rpc.Status``), as its SDK
+    answers it."""
+
+    error: BindingStatus
+
+
+# The statuses the binding's own errors have (the a2a-sdk's A2A_ERROR_MAPPING).
+_BINDING_ERRORS = (400, 404, 500)
+_BINDING_ANSWERS: dict[int | str, dict[str, Any]] = {
+    status: {**ERROR_RESPONSES[status], "model": ErrorBody | BindingError}
+    for status in _BINDING_ERRORS
+}
+_PROTOCOL = "the A2A protocol (https://a2a-protocol.org), 1.0 and 0.3"
+_OWNED = (
+    f"The caller's user owns the tasks. The agent card (`GET {WELL_KNOWN_PATH}`) describes "
+    "the agent."
+)
+_JSON_RPC_CALL = {
+    "description": "A JSON-RPC 2.0 call.",
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["jsonrpc", "id", "method"],
+                "properties": {
+                    "jsonrpc": {"const": "2.0"},
+                    "id": {"type": ["string", "integer"]},
+                    "method": {"type": "string", "examples": ["SendMessage", "message/send"]},
+                    "params": {"type": "object"},
+                },
+            }
+        }
+    },
+}
+_BINDING_MESSAGE = {
+    "description": "The method's JSON message.",
+    "content": {"application/json": {}},
+}
+
+
+async def _json_rpc(caller: CurrentCaller) -> None:
+    """The endpoint of ``POST /a2a``'s documentation (never called: A2A's route answers)."""
+
+
+async def _http_json(
+    rest: Annotated[str, Path(description="The binding's path after `/a2a/`, slashes too.")],
+    caller: CurrentCaller,
+) -> None:
+    """The endpoint of ``/a2a/{rest}``'s documentation (never called: A2A's routes answer)."""
+
+
+def _document(app: FastAPI) -> None:
+    """Declare A2A's routes in the OpenAPI document (:class:`DocumentationRoute`): their
+    key, their checks (``Idempotency-Key``), their error answers, as every route's."""
+
+    def add(
+        path: str, method: str, endpoint: Any, summary: str, *, binding: bool, **details: Any
+    ) -> None:
+        answers = {**ERROR_RESPONSES, **(_BINDING_ANSWERS if binding else {}), **_A2A_ANSWER}
+        app.router.add_api_route(
+            path,
+            endpoint,
+            methods=[method],
+            tags=["a2a"],
+            summary=summary,
+            dependencies=[Depends(guard_request)],
+            responses=answers,
+            route_class_override=DocumentationRoute,
+            **details,
+        )
+
+    add(
+        A2A_PATH,
+        "POST",
+        _json_rpc,
+        "A2A over JSON-RPC",
+        binding=False,
+        description=(
+            f"A JSON-RPC 2.0 call of {_PROTOCOL}: `SendMessage`, `SendStreamingMessage`, "
+            "`GetTask`, `CancelTask`... (and 0.3's `message/send`, `message/stream`, "
+            "`tasks/get`...), answered with a 200, a result or a JSON-RPC error. " + _OWNED
+        ),
+        openapi_extra={"requestBody": _JSON_RPC_CALL},
+    )
+    for method in ("GET", "POST", "DELETE"):
+        add(
+            f"{A2A_PATH}/{{rest:path}}",
+            method,
+            _http_json,
+            f"A2A over HTTP+JSON ({method})",
+            binding=True,
+            description=(
+                f"The HTTP+JSON binding of {_PROTOCOL}: `POST /a2a/message:send`, "
+                "`POST /a2a/message:stream`, `GET /a2a/tasks/{id}`, "
+                "`POST /a2a/tasks/{id}:cancel`..., its own errors a `google.rpc.Status`. " + _OWNED
+            ),
+            openapi_extra={"requestBody": _BINDING_MESSAGE} if method == "POST" else None,
+        )
 
 
 __all__ = ["A2AApplication", "mount"]

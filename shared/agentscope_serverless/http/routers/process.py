@@ -54,7 +54,8 @@ from agentscope_serverless.http.idempotency import (
     writes_in_session,
 )
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
-from agentscope_serverless.http.params import COMPATIBLE_PREFIX, SESSION_HEADER
+from agentscope_serverless.http.openapi import Answers, answers, error_answer
+from agentscope_serverless.http.params import COMPATIBLE_PREFIX, RUN_HEADER, SESSION_HEADER
 from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
@@ -81,7 +82,6 @@ from agentscope_serverless.time_limit import seconds_left
 
 _T = TypeVar("_T")
 
-RUN_HEADER = "X-Run-Id"
 # When this process started: the ``created`` of the agent as an OpenAI model.
 STARTED = int(time.time())
 
@@ -102,6 +102,7 @@ _STREAM_OR_JSON: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {}, "text/event-stream": {}},
     }
 }
+_NO_SUCH_RESPONSE = error_answer(404, "No such response of the caller's user.")
 
 
 @dataclass
@@ -501,14 +502,17 @@ def build_router(
                 "description": "The run's events (text/event-stream) or the final response.",
                 "model": AgentResponse,
                 "content": {"text/event-stream": {}},
-            }
+            },
+            **error_answer(429),
         },
+        openapi_extra=answers(Answers.RUN, Answers.FAILED_RUN),
     )
 
     @router.post(
         f"{COMPATIBLE_PREFIX}/chat/completions",
         summary="OpenAI chat completions",
-        responses=_STREAM_OR_JSON,
+        responses={**_STREAM_OR_JSON, **error_answer(429)},
+        openapi_extra=answers(Answers.RUN, Answers.FAILED_RUN, Answers.FAILED_RUN_NOT_RETRIED),
     )
     async def chat_completions(
         body: compat.ChatCompletionRequest,
@@ -562,7 +566,10 @@ def build_router(
         )
 
     @router.post(
-        f"{COMPATIBLE_PREFIX}/responses", summary="OpenAI responses", responses=_STREAM_OR_JSON
+        f"{COMPATIBLE_PREFIX}/responses",
+        summary="OpenAI responses",
+        responses=_STREAM_OR_JSON,
+        openapi_extra=answers(Answers.RUN),
     )
     async def responses(
         body: compat.ResponsesRequest,
@@ -632,7 +639,14 @@ def build_router(
     @router.get(
         f"{COMPATIBLE_PREFIX}/responses/{{response_id}}",
         summary="OpenAI response, read again",
-        responses={404: {"description": "No such response of the caller's user."}},
+        responses={
+            200: {
+                "description": "The response (JSON), or its events (`stream=true`).",
+                "content": {"application/json": {}, "text/event-stream": {}},
+            },
+            **_NO_SUCH_RESPONSE,
+        },
+        openapi_extra=answers(Answers.RUN),
     )
     async def get_response(
         response_id: str,
@@ -670,7 +684,8 @@ def build_router(
     @router.post(
         f"{COMPATIBLE_PREFIX}/responses/{{response_id}}/cancel",
         summary="OpenAI response, cancelled",
-        responses={404: {"description": "No such response of the caller's user."}},
+        responses=_NO_SUCH_RESPONSE,
+        openapi_extra=answers(Answers.RUN),
     )
     async def cancel_response(
         response_id: str, caller: CurrentCaller, context: Context
@@ -697,8 +712,10 @@ def build_router(
         f"{COMPATIBLE_PREFIX}/responses/{{response_id}}",
         summary="OpenAI response, deleted",
         responses={
-            404: {"description": "No such response of the caller's user."},
-            409: {"description": "The response is still in progress."},
+            **_NO_SUCH_RESPONSE,
+            **error_answer(
+                409, "The response is still in progress: cancel it, or wait for its end."
+            ),
         },
     )
     async def delete_response(
@@ -722,7 +739,7 @@ def build_router(
     @router.get(
         f"{COMPATIBLE_PREFIX}/responses/{{response_id}}/input_items",
         summary="OpenAI response's input items",
-        responses={404: {"description": "No such response of the caller's user."}},
+        responses=_NO_SUCH_RESPONSE,
     )
     async def list_input_items(
         response_id: str,

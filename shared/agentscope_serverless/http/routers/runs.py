@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, Field
 
 from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
@@ -162,9 +162,11 @@ async def run_events(
         str | None, Header(alias="Last-Event-ID", description="The last event id received.")
     ] = None,
     after: Annotated[
-        int | None,
+        # The bound is the number's: put on the union (behind the validator), pydantic
+        # writes it as ``ge``, which is no keyword of JSON Schema.
+        Annotated[int, Field(ge=-1)] | None,
         BeforeValidator(_written_as_sequence_number),
-        Query(ge=-1, description="Send the events after this sequence number."),
+        Query(description="Send the events after this sequence number."),
     ] = None,
 ) -> EventStreamResponse:
     position = _position(last_event_id, after)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.openapi import error_answer
 from agentscope_serverless.http.params import RequestBody, SessionIdPath
 from agentscope_serverless.sandbox_protocol import BASE, MAX_TOOL_NAME_LENGTH, CallToolResult
 from agentscope_serverless.services.sandbox.box import Sandbox
@@ -123,7 +124,12 @@ def _sandbox_for(tool_name: str, boxes: list[Sandbox], sandbox_type: str | None)
     )
 
 
-@router.post("/{session_id}", response_model=SessionSandboxes, summary="Connect sandboxes")
+@router.post(
+    "/{session_id}",
+    response_model=SessionSandboxes,
+    summary="Connect sandboxes",
+    responses=error_answer(429),
+)
 async def connect(
     session_id: SessionIdPath,
     user_id: CurrentUser,

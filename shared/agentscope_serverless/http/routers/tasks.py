@@ -122,6 +122,9 @@ def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRout
     return router
 
 
+_TASK_BODY = "The task's argument: any JSON value (`null` for none)."
+
+
 def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
     async def submit(
         request: Request, user_id: CurrentUser, payload: Annotated[Any, Body()] = None
@@ -156,6 +159,9 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
         methods=["POST"],
         status_code=202,
         summary=f"Submit the background task {task.function.__name__}",
+        # Required: ``submit`` refuses a request without one, saying what to send (the
+        # parameter's default keeps FastAPI's own refusal, of another status, out of it).
+        openapi_extra={"requestBody": {"required": True, "description": _TASK_BODY}},
     )
     router.add_api_route(
         f"{task.path.rstrip('/')}/{{task_id}}",
