@@ -188,7 +188,7 @@ def test_stream_false_returns_the_final_agent_response(
     )
 
 
-@pytest.mark.parametrize("max_tokens", [0, -5, "many", 2.5])
+@pytest.mark.parametrize("max_tokens", [0, -5, "many", 2.5, 5.0, "5", True])
 def test_a_max_tokens_below_one_or_not_a_whole_number_is_refused_naming_it(
     client_for: Callable[..., httpx.Client], keys: Keys, max_tokens: object
 ) -> None:
@@ -293,7 +293,7 @@ def test_a_max_tokens_of_one_or_more_reaches_the_agent(
     client_for: Callable[..., httpx.Client], keys: Keys, scenario_url: str
 ) -> None:
     client = client_for(keys.alice, url=scenario_url)
-    for sent, seen in ((1, "max_tokens=1"), ("40", "max_tokens=40"), (None, "max_tokens=None")):
+    for sent, seen in ((1, "max_tokens=1"), (40, "max_tokens=40"), (None, "max_tokens=None")):
         body = {"input": [user_message("limits")], "stream": False, "max_tokens": sent}
         answer = client.post("/process", json=body)
         assert answer.status_code == 200, answer.text
@@ -328,6 +328,36 @@ def test_a_sampling_field_out_of_openais_range_is_refused_naming_it(
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", True),
+        ("temperature", "0.5"),
+        ("top_p", "1"),
+        ("frequency_penalty", False),
+        ("presence_penalty", "0"),
+        ("seed", False),
+        ("seed", "7"),
+        ("seed", 7.0),
+        ("n", True),
+    ],
+)
+def test_a_sampling_field_sent_as_a_boolean_or_a_string_is_refused_naming_it(
+    client_for: Callable[..., httpx.Client], keys: Keys, field: str, value: object
+) -> None:
+    # Taken for a number (``true`` for 1, ``"0.5"`` for 0.5), they reached the agent, which
+    # the OpenAI-compatible routes and OpenAI itself refuse.
+    client = client_for(keys.alice)
+    session = f"sampling-{uuid.uuid4().hex[:8]}"
+    body = {"input": [user_message("hi")], "session_id": session, field: value}
+    refused = client.post("/process", json=body)
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["param"] == field
+    assert error["message"].startswith(f"invalid request: body.{field}: Input should be a valid")
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_sampling_fields_in_openais_ranges_are_taken(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:
@@ -335,7 +365,7 @@ def test_sampling_fields_in_openais_ranges_are_taken(
     for sampling in (
         {"temperature": 0, "top_p": 0, "frequency_penalty": -2, "presence_penalty": -2},
         {"temperature": 2, "top_p": 1, "frequency_penalty": 2, "presence_penalty": 2},
-        {"temperature": "0.7", "top_p": None, "frequency_penalty": 0.5},
+        {"temperature": 0.7, "top_p": None, "frequency_penalty": 0.5, "seed": 7, "n": 5},
     ):
         body = {"input": [user_message("hi")], "stream": False, **sampling}
         answer = client.post("/process", json=body)

@@ -70,6 +70,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RefusalContent,
     Role,
     RunStatus,
+    Seed,
     Temperature,
     TextContent,
     TokenLimit,
@@ -100,7 +101,8 @@ _SESSION_FIELD = "The session, when no X-Session-Id header names one (as /proces
 
 class ChatCompletionRequest(BaseModel):
     """The body of ``POST /chat/completions`` (fields we do not use are accepted; a boolean
-    is ``true`` or ``false``, as OpenAI takes it, not a string or a number)."""
+    is ``true`` or ``false`` and a number a JSON number, as OpenAI takes them, not a string,
+    nor a boolean for a number)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -117,12 +119,13 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: TokenLimit = Field(
         None, description="What current clients send for ``max_tokens`` (which wins if both)."
     )
-    seed: int | None = None
+    seed: Seed = None
     stop: str | list[str] | None = Field(None, description="Up to 4 sequences.")
     n: int | None = Field(
         None,
         ge=1,
         le=1,
+        strict=True,
         description="How many choices to make: 1, as an agent gives one answer a turn.",
     )
     frequency_penalty: Penalty = None
@@ -137,7 +140,7 @@ class ChatCompletionRequest(BaseModel):
         None, description='Only ``{"type": "text"}``: an agent answers in its own words.'
     )
     logprobs: StrictBool | None = Field(None, description="Refused when true.")
-    top_logprobs: int | None = Field(None, description="Refused when above 0.")
+    top_logprobs: int | None = Field(None, strict=True, description="Refused when above 0.")
     modalities: list[str] | None = Field(None, description="Only ``text``.")
     audio: dict[str, Any] | None = Field(None, description="Refused: an agent answers in text.")
 
@@ -184,7 +187,7 @@ class ResponsesRequest(BaseModel):
     )
     tool_choice: str | dict[str, Any] | None = None
     text: ResponsesText | None = None
-    top_logprobs: int | None = Field(None, description="Refused when above 0.")
+    top_logprobs: int | None = Field(None, strict=True, description="Refused when above 0.")
     include: list[str] | None = None
     background: StrictBool | None = Field(None, description="Refused when true.")
     prompt: dict[str, Any] | None = Field(None, description="Refused: no prompt templates here.")

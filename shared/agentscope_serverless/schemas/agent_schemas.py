@@ -741,18 +741,23 @@ class BaseRequest(BaseModel):
     id: str | None = None
 
 
-# The sampling options in OpenAI's ranges: out of them, a model refuses the call, and the
-# run would fail after storing its input.
-Temperature = Annotated[float | None, Field(ge=0, le=2)]
-TopP = Annotated[float | None, Field(ge=0, le=1)]
-Penalty = Annotated[float | None, Field(ge=-2, le=2)]
-TokenLimit = Annotated[int | None, Field(ge=1)]
+# The sampling options as OpenAI takes them. JSON numbers, whole ones for a count or a seed
+# (strict: ``true`` or ``"5"`` would be taken for 1 or 5, and a reply cut to one token); in
+# OpenAI's ranges: out of them, a model refuses the call, and the run would fail after
+# storing its input.
+Temperature = Annotated[float | None, Field(ge=0, le=2, strict=True)]
+TopP = Annotated[float | None, Field(ge=0, le=1, strict=True)]
+Penalty = Annotated[float | None, Field(ge=-2, le=2, strict=True)]
+TokenLimit = Annotated[int | None, Field(ge=1, strict=True)]
+Seed = Annotated[int | None, Field(strict=True)]
 
 
 class AgentRequest(BaseRequest):
     """A request to an agent, as posted to ``/process``.
 
-    Unknown fields are kept (``extra="allow"``) so clients can pass their own metadata.
+    Its sampling options are JSON numbers (a boolean or a numeric string is refused, as
+    OpenAI refuses it). Unknown fields are kept (``extra="allow"``) so clients can pass
+    their own metadata.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -764,8 +769,8 @@ class AgentRequest(BaseRequest):
     presence_penalty: Penalty = None
     max_tokens: TokenLimit = None
     stop: str | list[str] | None = None
-    n: Annotated[int | None, Field(ge=1, le=5)] = 1
-    seed: int | None = None
+    n: Annotated[int | None, Field(ge=1, le=5, strict=True)] = 1
+    seed: Seed = None
     tools: list[Tool | dict[str, Any]] | None = None
     session_id: str | None = None
     user_id: str | None = None
