@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
+from tests.conftest import PROJECT_ROOT
 from tests.support.http import (
     Keys,
     assert_docs_run_only_their_pinned_scripts,
@@ -244,3 +250,35 @@ def test_the_schema_and_the_docs_can_require_a_key(keys: Keys) -> None:
 
 def test_the_schema_is_open_by_default(client_for: Callable[..., httpx.Client]) -> None:
     assert client_for(None).get("/openapi.json").status_code == 200
+
+
+def request_schema(document: dict[str, Any], path: str) -> Draft202012Validator:
+    """A validator of the JSON body ``POST path`` takes, as the document describes it."""
+    registry = Registry().with_resource(
+        "urn:openapi", Resource.from_contents(document, default_specification=DRAFT202012)
+    )
+    escaped = path.replace("~", "~0").replace("/", "~1")
+    pointer = f"/paths/{escaped}/post/requestBody/content/application~1json/schema"
+    return Draft202012Validator({"$ref": f"urn:openapi#{pointer}"}, registry=registry)
+
+
+def test_a_message_whose_content_is_a_plain_string_is_a_body_the_schema_takes(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # The server took the README's bodies, the document allowed an array of parts or null
+    # alone: a client generated from it could not send them.
+    document = client_for(keys.alice).get("/openapi.json").json()
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    processed = [json.loads(body) for body in re.findall(r"-d '(\{\"input\".*?\})'", readme)]
+    assert processed
+    said = [{"role": "user", "content": "I like tea"}]
+    bodies = [
+        *(("/process", body) for body in processed),
+        ("/sessions/{session_id}/messages", {"messages": said}),
+        ("/memory", {"messages": said}),
+    ]
+    for path, body in bodies:
+        errors = [error.message for error in request_schema(document, path).iter_errors(body)]
+        assert errors == [], (path, body)
+    refused = request_schema(document, "/process").iter_errors({"input": [{"content": 5}]})
+    assert [error.json_path for error in refused] == ["$.input[0].content"]

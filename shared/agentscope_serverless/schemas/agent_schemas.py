@@ -482,6 +482,11 @@ def _merge_delta(target: Content, piece: Content) -> None:
                 setattr(target, name, getattr(piece, name))
 
 
+def _text_also(schema: dict[str, Any]) -> None:
+    """Say in a message's content schema that a plain string is taken too (one text part)."""
+    schema["anyOf"].insert(0, {"type": "string", "description": "A text: one text part."})
+
+
 class Message(Event):
     """A message of a conversation: user input, an assistant reply, a tool call...
 
@@ -493,7 +498,7 @@ class Message(Event):
     type: str = MessageType.MESSAGE
     status: str = RunStatus.Created
     role: AgentRole | None = None
-    content: list[AgentContent] | None = None
+    content: list[AgentContent] | None = Field(None, json_schema_extra=_text_also)
     code: str | None = None
     message: str | None = None
     usage: dict[str, Any] | None = None
