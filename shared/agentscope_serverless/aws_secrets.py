@@ -36,7 +36,6 @@ from agentscope_serverless.settings import Settings, closest_name, secret_values
 SECRET_FIELDS = ("llm_api_key", "sandbox_bearer_token", "redis_url")
 # What an environment variable may be named, here.
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_MIN_SECRET_LENGTH = 4
 # The variables Lambda sets itself and refuses in a function's configuration: the function's
 # credentials, region, runtime API... (a field of these names would replace them).
 LAMBDA_RESERVED_VARIABLES = frozenset(
@@ -312,9 +311,8 @@ def export_agent_secrets(settings: Settings) -> list[str]:
             f"own, to your client): {', '.join(map(repr, bad[:10]))}"
         )
     os.environ.update(secret)
-    # Kept out of log lines and error messages, as the settings' secrets are (a value of
-    # fewer than 4 characters, a flag say, would hide every occurrence of it instead).
-    redact(value for value in secret.values() if len(value) >= _MIN_SECRET_LENGTH)
+    # Kept out of log lines and error messages, as the settings' secrets are.
+    redact(secret.values())
     return sorted(secret)
 
 

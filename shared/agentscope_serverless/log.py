@@ -210,12 +210,17 @@ def _forms(secret: str) -> set[str]:
     return quoted | {json.dumps(form)[1:-1] for form in quoted}
 
 
+# Shorter values are no secrets (a flag, a test's token): masked, each would blot out its
+# letters in every text ("at capacity" read "a*** capaci***y" for a token "t"), and show them.
+MIN_SECRET_LENGTH = 4
+
+
 def redact(secrets: Iterable[str]) -> None:
-    """Replace each of ``secrets`` by ``***`` in every line logged from now on, and in the
-    text :func:`redacted` gives (the error messages clients read), as it is, as ``repr()``
-    quotes it, and JSON-escaped."""
+    """Replace each of ``secrets`` (of :data:`MIN_SECRET_LENGTH` characters or more) by
+    ``***`` in every line logged from now on, and in the text :func:`redacted` gives (the
+    error messages clients read), as it is, as ``repr()`` quotes it, and JSON-escaped."""
     global _SECRETS, _REDACTED
-    known = _SECRETS | {secret for secret in secrets if secret}
+    known = _SECRETS | {secret for secret in secrets if len(secret) >= MIN_SECRET_LENGTH}
     if known == _SECRETS:
         return
     forms = set().union(*(_forms(secret) for secret in known))
@@ -580,6 +585,7 @@ __all__ = [
     "AWS_CREDENTIAL_VARIABLES",
     "MAX_FIELD_CHARS",
     "MAX_PATH_CHARS",
+    "MIN_SECRET_LENGTH",
     "SERVER_LOGGERS",
     "SERVICE",
     "JsonFormatter",

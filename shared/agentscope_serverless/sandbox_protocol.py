@@ -65,6 +65,9 @@ GENERIC_TOOLS = "generic"
 FILESYSTEM_TOOLS = "filesystem"
 ALLOWED_DIRECTORY = "/workspace"
 MAX_TOOL_NAME_LENGTH = 128
+MIN_BEARER_TOKEN_LENGTH = 16
+"""The fewest characters of a bearer token our sandbox server takes, and a client's settings
+(``SANDBOX_BEARER_TOKEN``) too: a shorter token is guessed in few tries."""
 
 SANDBOX_TYPE_ALIASES = {"base_async": BASE, "filesystem_async": FILESYSTEM}
 """AgentScope's async sandbox classes ask for these types; they are the same sandboxes."""
@@ -571,6 +574,7 @@ __all__ = [
     "FILESYSTEM_TOOLS",
     "GENERIC_TOOLS",
     "MAX_TOOL_NAME_LENGTH",
+    "MIN_BEARER_TOKEN_LENGTH",
     "OPERATIONS",
     "PATH_ARGUMENTS",
     "POSITIONAL_PARAMETERS",

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.log import SERVICE, logger
+from agentscope_serverless.log import MIN_SECRET_LENGTH, SERVICE, logger
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 
 SessionHistoryBackend = Literal["in_memory", "redis", "dynamodb"]
@@ -519,6 +519,22 @@ class Settings(BaseModel):
                 raise ValueError(problem)
         return value
 
+    @field_validator("sandbox_bearer_token")
+    @classmethod
+    def _unguessable_token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is None:
+            return token
+        # Imported here: the protocol's models are built on import, a cost that a process
+        # without a sandbox server (most functions) does not pay at its start.
+        from agentscope_serverless.sandbox_protocol import MIN_BEARER_TOKEN_LENGTH
+
+        if len(token.get_secret_value()) < MIN_BEARER_TOKEN_LENGTH:
+            raise ValueError(
+                f"give a token of at least {MIN_BEARER_TOKEN_LENGTH} characters, as the "
+                "sandbox server takes (a shorter one is guessed in few tries)"
+            )
+        return token
+
     @field_validator("llm_system_prompt")
     @classmethod
     def _no_system_prompt(cls, value: str) -> str:
@@ -643,7 +659,7 @@ def redis_url_query_problem(url: str) -> str | None:
 
 def secret_values(settings: Settings) -> list[str]:
     """Every secret of ``settings`` (and the password inside a connection URL) of at least
-    4 characters, longest first."""
+    :data:`~agentscope_serverless.log.MIN_SECRET_LENGTH` characters, longest first."""
     values = (getattr(settings, name) for name in type(settings).model_fields)
     return _secrets_of(value.get_secret_value() for value in values if isinstance(value, SecretStr))
 
@@ -679,7 +695,7 @@ def _secrets_of(raw_values: Iterable[str]) -> list[str]:
             name, _, value = option.partition("=")
             if unquote_plus(name) == "password":
                 secrets += [value, unquote_plus(value)]
-    return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+    return sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -315,7 +315,7 @@ def test_every_router_includes_sandbox_only_with_a_sandbox_server() -> None:
     assert "sandbox" in ROUTERS
     without = create_app(settings=load_settings())
     assert not any(p.startswith("/sandboxes") for p in without.openapi()["paths"])
-    configured = load_settings(sandbox_base_url="http://127.0.0.1:9", sandbox_bearer_token="t")
+    configured = load_settings(sandbox_base_url="http://127.0.0.1:9", sandbox_bearer_token="t" * 16)
     with_server = create_app(settings=configured)
     assert "/sandboxes/{session_id}/tools/{tool_name}" in with_server.openapi()["paths"]
 

@@ -75,6 +75,27 @@ async def test_a_server_echoing_the_request_never_puts_the_token_in_an_error(
     assert TOKEN[:8] not in message
 
 
+def at_capacity(connection: socket.socket, head: bytes) -> None:
+    body = b'{"detail": "the sandbox server is at capacity"}'
+    connection.sendall(response("429 Too Many Requests", body, "Content-Type: application/json"))
+
+
+@pytest.mark.parametrize("token", ["t", "ity"])
+async def test_a_token_too_short_to_be_a_secret_leaves_the_servers_error_as_it_said_it(
+    serve: Callable[[Answer], RawServer], token: str
+) -> None:
+    # Masked wherever its letters stood, a token "t" made the error "a[redacted] capaci..."
+    # (and showed what the token is).
+    server = serve(at_capacity)
+    client = SandboxClient(server.url, token, retries=0)
+    try:
+        with pytest.raises(SandboxCapacityError) as caught:
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+    assert str(caught.value).endswith("429 the sandbox server is at capacity")
+
+
 def bad_gzip(status: str) -> Answer:
     def answer(connection: socket.socket, head: bytes) -> None:
         connection.sendall(response(status, b"this is not gzip", "Content-Encoding: gzip"))

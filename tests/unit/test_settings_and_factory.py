@@ -182,6 +182,20 @@ def test_a_secret_with_white_space_around_it_is_refused_naming_it_never_quoting_
     assert "hush" not in message and message.count("white space") == 1, message
 
 
+def test_a_sandbox_token_shorter_than_the_sandbox_server_takes_is_refused_never_quoted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A token of a few characters is guessed in few tries: our sandbox server refuses one.
+    monkeypatch.setenv("SANDBOX_BEARER_TOKEN", "hush-15-letters")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("invalid settings: SANDBOX_BEARER_TOKEN: give a token of at least")
+    assert "hush" not in message
+    monkeypatch.setenv("SANDBOX_BEARER_TOKEN", "hush-16-letters!")
+    assert load_settings().sandbox_bearer_token is not None
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "schemes"),
     [

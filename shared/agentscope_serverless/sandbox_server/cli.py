@@ -30,6 +30,7 @@ from agentscope_serverless.head_timeout import (
     DEFAULT_HEAD_TIMEOUT_SECONDS,
     head_timeout_protocol,
 )
+from agentscope_serverless.sandbox_protocol import MIN_BEARER_TOKEN_LENGTH
 from agentscope_serverless.sandbox_server.app import create_app
 from agentscope_serverless.sandbox_server.bodylimit import BODY_WAIT_SECONDS, DEFAULT_BODIES_BYTES
 from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limits, Toolchain
@@ -42,7 +43,6 @@ from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerC
 
 TOKEN_ENV = "SANDBOX_SERVER_TOKEN"  # noqa: S105 - a variable name, not a secret
 DEFAULT_ROOT = "/var/lib/agentscope-sandbox"
-MIN_TOKEN_LENGTH = 16
 # As root each sandbox runs as a host uid of its own (--first-sandbox-uid); otherwise as ours.
 SHARED_UID_WARNING = (
     "not run as root, every sandbox runs as this server's uid: per-uid kernel quotas "
@@ -237,9 +237,9 @@ def _token(args: argparse.Namespace) -> str:
         raise ConfigurationError(
             f"no bearer token: set {TOKEN_ENV} or --token-file (or pass --dev for a random one)"
         )
-    if len(token) < MIN_TOKEN_LENGTH:
+    if len(token) < MIN_BEARER_TOKEN_LENGTH:
         raise ConfigurationError(
-            f"the bearer token must have at least {MIN_TOKEN_LENGTH} characters"
+            f"the bearer token must have at least {MIN_BEARER_TOKEN_LENGTH} characters"
         )
     return token
 

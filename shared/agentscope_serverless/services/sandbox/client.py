@@ -8,10 +8,12 @@ and reads at most ``max_reply_bytes`` of it; an answer that is not HTTP, JSON or
 is an error of the same kind (a 2xx that is not the protocol's:
 :class:`~agentscope_serverless.errors.SandboxUnavailableError`, describing the answer without
 quoting it), never another exception, and no error text holds the bearer token, even from a
-server that echoes the request. A request that never reached the server (connection refused)
-is retried for every operation; other failures (timeouts, 502/503/504) are retried only for
-the idempotent operations, never for ``create_from_pool``, ``create``, ``call_tool`` or
-``add_mcp_servers``; a retry starts only while enough of the time limit is left.
+server that echoes the request (one too short to be a secret, under
+:data:`~agentscope_serverless.log.MIN_SECRET_LENGTH` characters, is left as it is). A request
+that never reached the server (connection refused) is retried for every operation; other
+failures (timeouts, 502/503/504) are retried only for the idempotent operations, never for
+``create_from_pool``, ``create``, ``call_tool`` or ``add_mcp_servers``; a retry starts only
+while enough of the time limit is left.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agentscope_serverless.errors import (
     SandboxRequestError,
     SandboxUnavailableError,
 )
+from agentscope_serverless.log import redact, redacted
 from agentscope_serverless.sandbox_protocol import (
     BASE,
     AddMcpServersRequest,
@@ -74,7 +77,6 @@ DEFAULT_MAX_REPLY_BYTES = 64 * 1024**2
 MAX_DETAIL_LENGTH = 1000
 DEFAULT_RETRY_AFTER_SECONDS = 10
 MAX_RETRY_AFTER_SECONDS = 3600
-REDACTED = "[redacted]"
 # The session a health check asks the mapping of: its answer shows the token is taken.
 HEALTH_PROBE_SESSION = "health-check"
 JSON_CONTENT = {"Content-Type": "application/json"}
@@ -201,9 +203,10 @@ class SandboxClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Accept": "application/json"}
-        self._token = bearer_token or ""
         if bearer_token:
             self._headers["Authorization"] = f"Bearer {bearer_token}"
+            # Out of every error and log line (a server may echo the request in its errors).
+            redact([bearer_token])
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         # httpx's timeouts bound each read: a server trickling its answer never trips them.
         self._deadline = timeout
@@ -396,10 +399,6 @@ class SandboxClient:
                     response.status_code, response.reason_phrase, response.headers, bytes(body)
                 )
 
-    def _redact(self, text: str) -> str:
-        """``text`` without the bearer token (a server may echo the request in its errors)."""
-        return text.replace(self._token, REDACTED) if self._token else text
-
     async def _call(self, operation: str, arguments: dict[str, Any]) -> Any:
         retry_any_failure = operation in IDEMPOTENT_OPERATIONS
         url = f"{self.base_url}/{operation}"
@@ -433,7 +432,7 @@ class SandboxClient:
                 if reply.is_success:
                     return self._data(operation, reply)
                 # Redacted before it is cut: no part of the token either.
-                detail = self._redact(reply.detail())[:MAX_DETAIL_LENGTH]
+                detail = redacted(reply.detail())[:MAX_DETAIL_LENGTH]
                 failure = f"{reply.status_code} {detail}"
                 retryable = retry_any_failure and reply.status_code in RETRY_STATUSES
             backoff = self._retry_backoff * 2**attempt
@@ -453,7 +452,7 @@ class SandboxClient:
         except ValueError:
             kind = reply.headers.get("content-type", "").partition(";")[0].strip()
             safe = kind.isascii() and kind.isprintable() and len(kind) <= 100 and "/" in kind
-            of_kind = f" of {self._redact(kind)}" if safe else ""
+            of_kind = f" of {redacted(kind)}" if safe else ""
             raise _unreadable(operation, f"{len(reply.body)} bytes{of_kind}, not JSON") from None
         if not isinstance(body, dict):
             raise _unreadable(operation, f"JSON {_kind(body)}, not an object with 'data'")
