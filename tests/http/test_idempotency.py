@@ -126,6 +126,23 @@ def test_a_retry_gets_the_first_answer_and_writes_nothing(client: httpx.Client) 
     assert len(message_texts(client, "s2")) == 2  # the question and the one answer
 
 
+def test_a_search_with_a_key_used_before_reads_anew(client: httpx.Client) -> None:
+    # A search is a read: its answer was kept, and a later search with its key was told
+    # what was remembered then, not what had been remembered since.
+    search = {"query": "tea"}
+    first = client.post("/memory/search", json=search, headers=keyed("k-search"))
+    assert first.status_code == 200 and first.json()["items"] == []
+    remembered = {"messages": [text_message("I like green tea")]}
+    assert client.post("/memory", json=remembered).status_code == 201
+    again = client.post("/memory/search", json=search, headers=keyed("k-search"))
+    assert again.status_code == 200
+    assert "Idempotent-Replayed" not in again.headers
+    assert [m["content"][0]["text"] for m in again.json()["items"]] == ["I like green tea"]
+    # Nor is the key claimed: a write may take it.
+    saved = client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k-search"))
+    assert saved.status_code == 201
+
+
 def test_the_same_key_with_another_request_is_a_conflict(client: httpx.Client) -> None:
     assert client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("k")).is_success
     other = client.post("/state/s1", json={"state": {"v": 2}}, headers=keyed("k"))

@@ -58,6 +58,7 @@ from agentscope_serverless.http.idempotency import (
     IDEMPOTENCY_HEADER,
     IDEMPOTENCY_KEY_PATTERN,
     claim_key,
+    is_write,
 )
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.services._validation import (
@@ -76,7 +77,6 @@ _MAX_IDEMPOTENCY_KEY_CHARS = 255
 # install_guards' answer to the route's failed parse of it).
 _USERS_ROUTE = "agentscope_users_route"
 _USERS_ROUTE_BODY = "agentscope_users_route_body"
-_WRITES = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 # Starlette's reader of a form's type, None without python-multipart (no form is read then).
 _parse_options_header = getattr(starlette_requests, "parse_options_header", None)
 
@@ -315,7 +315,7 @@ async def check_claims(
                 errors=[{"loc": [f"{name} form field"], "msg": "names a different user"}],
             )
         user_id = also
-    if idempotency_key is None or request.method not in _WRITES:
+    if idempotency_key is None or not is_write(request):
         return
     users_route = request.scope.get("state", {}).get(_USERS_ROUTE)
     if users_route and user_id is None and caller.principal.kind == "service" and not caller.claims:

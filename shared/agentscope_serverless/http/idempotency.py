@@ -2,7 +2,8 @@
 
 A write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) sent with an ``Idempotency-Key`` header
 claims that key for the caller's user (records live in the store of the session history,
-see :mod:`agentscope_serverless.services.idempotency`):
+see :mod:`agentscope_serverless.services.idempotency`); a read sent as a ``POST`` (a search,
+its query a body: :func:`reads_only`) claims nothing, as a ``GET`` does, and reads anew:
 
 - the first request with the key runs; a 2xx answer is kept (status, body and headers,
   each of several ``Set-Cookie`` too, but those of the connection or of that response
@@ -47,6 +48,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -78,6 +80,7 @@ from agentscope_serverless.services.idempotency.base import MAX_STORED_RESPONSE_
 from agentscope_serverless.services.runs.base import RUN_LOST, RunRecord, RunsService
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+WRITE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 REPLAYED_HEADER = "Idempotent-Replayed"
 # Visible ASCII: a key is an opaque token (a uuid, say) the client makes.
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]+$"
@@ -117,6 +120,30 @@ _SETTLE_SECONDS = 3.0
 # A request renews its key's lease this many times a lease, so a renewal that fails (a
 # store slow for a moment) leaves others to come before the lease runs out.
 _RENEWALS_PER_LEASE = 3
+
+
+EndpointT = TypeVar("EndpointT", bound=Callable[..., Any])
+# The endpoints of the routes that take a POST only to read (see reads_only).
+_READ_ENDPOINTS: set[Callable[..., Any]] = set()
+
+
+def reads_only(endpoint: EndpointT) -> EndpointT:
+    """Declare the endpoint of a ``POST`` route that only reads (a search, its query a body):
+    its ``Idempotency-Key`` claims nothing, as a ``GET``'s, so a later request with the same
+    key reads anew, not what was read for the first.
+
+    >>> @reads_only
+    ... async def search() -> None: ...
+    """
+    _READ_ENDPOINTS.add(endpoint)
+    return endpoint
+
+
+def is_write(request: Request) -> bool:
+    """Whether ``request`` may write, and so claims its ``Idempotency-Key``: a method of
+    :data:`WRITE_METHODS`, to a route whose endpoint is not :func:`reads_only`."""
+    endpoint = getattr(request.scope.get("route"), "endpoint", None)
+    return request.method in WRITE_METHODS and endpoint not in _READ_ENDPOINTS
 
 
 class Replay(Exception):
@@ -222,7 +249,7 @@ class IdempotencyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
-            or scope.get("method") not in {"POST", "PUT", "PATCH", "DELETE"}
+            or scope.get("method") not in WRITE_METHODS
             or not any(name.lower() == _KEY_HEADER for name, _ in scope["headers"])
         ):
             # Nothing to keep: only a request with a key claims one.
@@ -430,6 +457,7 @@ __all__ = [
     "IDEMPOTENCY_KEY_PATTERN",
     "MAX_KEPT_HEADER_BYTES",
     "REPLAYED_HEADER",
+    "WRITE_METHODS",
     "IdempotencyMiddleware",
     "Replay",
     "canonical_json",
@@ -439,6 +467,8 @@ __all__ = [
     "fingerprint",
     "fingerprint_body",
     "install_idempotency",
+    "is_write",
+    "reads_only",
     "replayed",
     "seed_run",
     "writes_in_session",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.idempotency import reads_only
 from agentscope_serverless.http.params import OPTIONAL_ID_PATTERN, RequestBody, SessionIdPath
 from agentscope_serverless.schemas.agent_schemas import Message, Role, TextContent
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
@@ -93,6 +94,7 @@ async def add_memory(body: MemoryAdd, user_id: CurrentUser, memory: Memory) -> M
 
 
 @router.post("/search", response_model=MemoryList, summary="Search memories")
+@reads_only  # a retry reads anew: a search answered again would miss what was remembered since
 async def search_memory(body: MemorySearch, user_id: CurrentUser, memory: Memory) -> MemoryList:
     query = Message(role=Role.USER, content=[TextContent(text=body.query)])
     top_k = body.results_asked()
