@@ -22,6 +22,7 @@ from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.http.app import EXPOSED_HEADERS, create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.packaging import sam
+from agentscope_serverless.sandbox_protocol import MIN_BEARER_TOKEN_LENGTH
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
 from agentscope_serverless.services.session_history.dynamodb import (
@@ -254,8 +255,9 @@ def test_every_value_a_secret_parameter_admits_is_its_field_of_the_stack_secrets
 
 
 def test_the_parameters_refuse_what_the_settings_they_fill_refuse() -> None:
-    """A Redis URL without its scheme, or a session expiry longer than the stores take,
-    made every function refuse to start once deployed."""
+    """A Redis URL without its scheme, a session expiry longer than the stores take, or a
+    sandbox token shorter than the sandbox server takes, made every function refuse to start
+    once deployed."""
     parameters = sam.load_template(TEMPLATE)["Parameters"]
     assert parameters["SessionTtlSeconds"]["MaxValue"] == MAX_TTL_SECONDS
     pattern = parameters["ExistingRedisUrl"]["AllowedPattern"]
@@ -263,6 +265,11 @@ def test_the_parameters_refuse_what_the_settings_they_fill_refuse() -> None:
         assert re.fullmatch(pattern, url), url
     for url in ["localhost:6379", "cache.example:6379", "http://cache:6379"]:
         assert re.fullmatch(pattern, url) is None, url
+    pattern = parameters["SandboxBearerToken"]["AllowedPattern"]
+    for token in ["", "t" * MIN_BEARER_TOKEN_LENGTH]:
+        assert re.fullmatch(pattern, token), token
+    for token in ["t", "t" * (MIN_BEARER_TOKEN_LENGTH - 1)]:
+        assert re.fullmatch(pattern, token) is None, token
 
 
 def test_without_the_sam_cli_the_error_says_how_to_install_it_in_the_users_project(
