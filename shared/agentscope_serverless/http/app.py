@@ -54,7 +54,7 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import error_response, install_error_handlers
 from agentscope_serverless.http.guards import guard_added_request, guard_request, install_guards
-from agentscope_serverless.http.idempotency import install_idempotency
+from agentscope_serverless.http.idempotency import install_idempotency, only_reads
 from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
     HeadMiddleware,
@@ -291,6 +291,18 @@ def _paths_and_methods(routes: list[BaseRoute]) -> list[tuple[str, set[str] | No
     ]
 
 
+def _reading_operations(routes: list[BaseRoute]) -> set[tuple[str, str]]:
+    """The path and (lowercase) method of each operation whose endpoint only reads (see
+    :func:`~agentscope_serverless.http.idempotency.reads_only`), an included router's too."""
+    flattened: Iterable[Any] = getattr(fastapi.routing, "iter_route_contexts", iter)(routes)
+    return {
+        (route.path, method.lower())
+        for route in flattened
+        if only_reads(getattr(getattr(route, "original_route", route), "endpoint", None))
+        for method in getattr(route, "methods", None) or ()
+    }
+
+
 def _shared_methods(methods: set[str] | None, other: set[str] | None) -> list[str]:
     """The methods both routes answer."""
     if methods is None or other is None:
@@ -362,7 +374,8 @@ class RuntimeApplication(FastAPI):
         """FastAPI's document of the application, completed (the headers of each answer, see
         :func:`complete_document`)."""
         if self.openapi_schema is None:
-            self.openapi_schema = complete_document(super().openapi())
+            reads = _reading_operations(self.routes)
+            self.openapi_schema = complete_document(super().openapi(), reads=reads)
         return self.openapi_schema
 
     def mark_built(self) -> None:

@@ -139,11 +139,16 @@ def reads_only(endpoint: EndpointT) -> EndpointT:
     return endpoint
 
 
+def only_reads(endpoint: Any) -> bool:
+    """Whether ``endpoint`` was declared :func:`reads_only`."""
+    return endpoint in _READ_ENDPOINTS
+
+
 def is_write(request: Request) -> bool:
     """Whether ``request`` may write, and so claims its ``Idempotency-Key``: a method of
     :data:`WRITE_METHODS`, to a route whose endpoint is not :func:`reads_only`."""
     endpoint = getattr(request.scope.get("route"), "endpoint", None)
-    return request.method in WRITE_METHODS and endpoint not in _READ_ENDPOINTS
+    return request.method in WRITE_METHODS and not only_reads(endpoint)
 
 
 class Replay(Exception):

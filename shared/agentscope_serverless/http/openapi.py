@@ -15,7 +15,7 @@ is documented by a :class:`DocumentationRoute` declared as any route is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -267,21 +267,24 @@ class DocumentationRoute(APIRoute):
         return Match.NONE, {}
 
 
-def complete_document(document: dict[str, Any]) -> dict[str, Any]:
+def complete_document(
+    document: dict[str, Any], reads: Collection[tuple[str, str]] = ()
+) -> dict[str, Any]:
     """Finish ``document`` (FastAPI's) in place: each error answer as JSON, ``Idempotency-Key``
-    on writes only, and each answer's headers (:data:`RESPONSE_HEADERS`)."""
-    for item in document.get("paths", {}).values():
+    on writes only (not on the operations of ``reads``, (path, method) pairs of routes that
+    take a POST only to read), and each answer's headers (:data:`RESPONSE_HEADERS`)."""
+    for path, item in document.get("paths", {}).items():
         for method, documented in item.items():
-            _complete_operation(method, documented)
+            _complete_operation(method, documented, write=(path, method) not in reads)
     return document
 
 
-def _complete_operation(method: str, documented: dict[str, Any]) -> None:
+def _complete_operation(method: str, documented: dict[str, Any], *, write: bool) -> None:
     """One operation: ``Idempotency-Key`` on a write only, each error answer as JSON (FastAPI
     gives an answer's model the route's media type: an event stream's), the headers of each
     of its answers."""
     kinds = frozenset(documented.pop(_ANSWERS_KEY, ()))
-    if method in _WRITES:
+    if method in _WRITES and write:
         kinds |= {_WRITE}
     else:
         parameters = [
