@@ -5,32 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 import pytest
 
-from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
-from agentscope_serverless.services.idempotency import IdempotencyStore, InMemoryIdempotencyStore
-from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
-from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
-
-BACKENDS = ("in_memory", "redis", "dynamodb")
-
-
-def store_on(backend: str, request: pytest.FixtureRequest, **options: Any) -> IdempotencyStore:
-    if backend == "in_memory":
-        return InMemoryIdempotencyStore(**options)
-    if backend == "redis":
-        redis: RedisServer = request.getfixturevalue("redis_server")
-        return RedisIdempotencyStore(redis_url=redis.url, **options)
-    dynamodb: DynamoDBServer = request.getfixturevalue("dynamodb_server")
-    return DynamoDBIdempotencyStore(
-        dynamodb.sessions_table,
-        endpoint_url=dynamodb.endpoint_url,
-        region_name=dynamodb.region,
-        **LOCAL_AWS_CREDENTIALS,
-        **options,
-    )
+from tests.support.backends import BACKENDS, idempotency_store
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -38,7 +16,7 @@ async def test_a_note_is_taken_once_by_its_user_and_replaced_by_a_new_one(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     user, other = f"u-{uuid.uuid4().hex}", f"v-{uuid.uuid4().hex}"
-    async with store_on(backend, request) as records:
+    async with idempotency_store(backend, request) as records:
         await records.keep(user, "conversation a", "first")
         await records.keep(user, "conversation a", "second")
         assert await records.take(other, "conversation a") is None
@@ -57,7 +35,7 @@ async def test_notes_go_with_the_users_records_and_when_they_expire(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     user = f"u-{uuid.uuid4().hex}"
-    async with store_on(backend, request, expiry_seconds=1) as records:
+    async with idempotency_store(backend, request, expiry_seconds=1) as records:
         await records.keep(user, "conversation a", "session-a")
         await records.keep(user, "conversation b", "session-b")
         await records.delete_user_records(user)

@@ -253,11 +253,14 @@ async def test_state_survives_a_new_service_object(
 # --- saves retried under an Idempotency-Key ------------------------------------------------
 
 
-async def keyed_save(state: StateService, seed: str, user_id: str, value: int) -> int:
-    """A save made as a request with an Idempotency-Key makes it (in its own context)."""
+async def keyed_save(
+    state: StateService, seed: str, user_id: str, value: int, record_seed: str = "record"
+) -> int:
+    """A save made as a request with an Idempotency-Key makes it (in its own context), under
+    the key's record of ``record_seed``."""
 
     async def run() -> int:
-        seed_writes(seed)
+        seed_writes(seed, record_seed)
         return await state.save_state(user_id, {"v": value}, session_id="s1")
 
     return await asyncio.create_task(run())
@@ -280,3 +283,30 @@ async def test_a_keyed_save_run_again_stores_one_round(state: StateService, user
     assert await state.export_state(user_id, session_id="s1") == {"v": 4}
     assert await state.save_state(user_id, {"v": 5}, session_id="s1") == 2
     assert await state.export_state(user_id, session_id="s1", round_id=1) == {"v": 4}
+
+
+async def test_a_keyed_save_after_the_state_was_deleted_takes_a_round_of_the_new_state(
+    state: StateService, user_id: str
+) -> None:
+    # On DynamoDB the delete left the save's applied write id: run again, the save took its
+    # round 2 back, the first round of the new state.
+    assert await keyed_save(state, f"{user_id}\0key-1", user_id, 1) == 1
+    assert await keyed_save(state, f"{user_id}\0key-2", user_id, 2) == 2
+    await state.delete_state(user_id, session_id="s1")
+    assert await keyed_save(state, f"{user_id}\0key-2", user_id, 3) == 1
+    assert await state.list_rounds(user_id, session_id="s1") == [1]
+    assert await state.save_state(user_id, {"v": 4}, session_id="s1") == 2
+
+
+async def test_a_keyed_save_under_its_keys_record_made_anew_takes_the_next_round(
+    state: StateService, user_id: str
+) -> None:
+    seed = f"{user_id}\0key-1"
+    assert await keyed_save(state, seed, user_id, 1, record_seed="first") == 1
+    assert await state.save_state(user_id, {"v": 2}, session_id="s1") == 2
+    # The key expired, or was erased: the same request runs anew, and is the latest.
+    assert await keyed_save(state, seed, user_id, 3, record_seed="second") == 3
+    assert await state.export_latest_state(user_id, session_id="s1") == (3, {"v": 3})
+    # Run again under the record it ran under, it lands where it did.
+    assert await keyed_save(state, seed, user_id, 3, record_seed="second") == 3
+    assert await state.list_rounds(user_id, session_id="s1") == [1, 2, 3]

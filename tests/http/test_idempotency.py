@@ -240,6 +240,24 @@ def test_keys_expire(expiring_client: httpx.Client) -> None:
     assert later.status_code == 201 and later.json()["round_id"] == 2
 
 
+def test_a_keyed_save_sent_again_after_its_key_expired_is_the_latest_round(
+    expiring_client: httpx.Client,
+) -> None:
+    # It was answered round 1 again, overwriting round 1 (its write id was remembered for a
+    # day), and the state read back stayed the save made after it.
+    save = {"state": {"step": 1}}
+    first = expiring_client.post("/state/s1", json=save, headers=keyed("k"))
+    assert first.json()["round_id"] == 1
+    assert expiring_client.post("/state/s1", json={"state": {"step": 2}}).json()["round_id"] == 2
+    time.sleep(SHORT_EXPIRY_SECONDS + 1.5)
+    again = expiring_client.post("/state/s1", json=save, headers=keyed("k"))
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again.headers
+    assert again.json()["round_id"] == 3
+    latest = expiring_client.get("/state/s1").json()
+    assert (latest["round_id"], latest["state"]) == (3, {"step": 1})
+    assert expiring_client.get("/state/s1", params={"round_id": 1}).json()["state"] == {"step": 1}
+
+
 def test_a_request_run_again_after_its_key_expired_appends_nothing_twice(
     expiring_client: httpx.Client,
 ) -> None:

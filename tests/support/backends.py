@@ -1,4 +1,5 @@
-"""Settings of the HTTP app on each backend, for tests that run on all of them."""
+"""Settings of the HTTP app, and idempotency stores, on each backend, for tests that run on all
+of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from typing import Any
 
 import pytest
 
-from agentscope_serverless.local_stack import DynamoDBServer, RedisServer
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer, RedisServer
+from agentscope_serverless.services.idempotency import IdempotencyStore, InMemoryIdempotencyStore
+from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
+from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
 
 BACKENDS = ("in_memory", "redis", "dynamodb")
 
@@ -33,3 +37,22 @@ def backend_settings(name: str, request: pytest.FixtureRequest) -> dict[str, Any
         "dynamodb_endpoint_url": dynamodb.endpoint_url,
         "aws_region": dynamodb.region,
     }
+
+
+def idempotency_store(
+    name: str, request: pytest.FixtureRequest, **options: Any
+) -> IdempotencyStore:
+    """An idempotency store on ``name``, with the session's servers (not started)."""
+    if name == "in_memory":
+        return InMemoryIdempotencyStore(**options)
+    if name == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        return RedisIdempotencyStore(redis_url=redis.url, **options)
+    dynamodb: DynamoDBServer = request.getfixturevalue("dynamodb_server")
+    return DynamoDBIdempotencyStore(
+        dynamodb.sessions_table,
+        endpoint_url=dynamodb.endpoint_url,
+        region_name=dynamodb.region,
+        **LOCAL_AWS_CREDENTIALS,
+        **options,
+    )

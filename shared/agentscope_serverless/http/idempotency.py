@@ -21,7 +21,8 @@ its query a body: :func:`reads_only`) claims nothing, as a ``GET`` does, and rea
   they applied with the data, so a run of the same request after one whose answer was lost
   (its store froze or failed mid-write, and the write landed later) stores nothing twice
   (:mod:`agentscope_serverless.services._once`), while another request reusing a freed key
-  stores its own;
+  stores its own; write ids derive from the key's record too, so a request whose record was
+  erased or expired runs anew: its state save takes the next round, its memories are added;
 - while the first request runs, the key answers 409 ``REQUEST_IN_PROGRESS`` with
   ``Retry-After``, however long it runs (it renews its lease as it goes); a request that
   failed (any answer other than 2xx) frees the key, and a request whose process died or
@@ -224,14 +225,7 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
     if claim.outcome is ClaimOutcome.CLAIMED:
         holding = asyncio.create_task(_hold(store, claim))
         request.scope.setdefault("state", {})[_STATE] = (store, claim, holding)
-        # A run of this request after an earlier one that wrote but never answered (its
-        # store froze) makes the same message ids, so its appends store nothing twice; its
-        # other writes (state rounds, memories, new session ids) are keyed the same way. All
-        # derive from the request too: the key reused for another one (once freed by a
-        # request that failed, or expired) writes anew.
-        seed = f"{user_id}\0{key}\0{claim.fingerprint}"
-        seed_message_ids(seed)
-        seed_writes(seed)
+        _seed_ids(claim, f"{user_id}\0{key}\0{claim.fingerprint}")
     elif claim.outcome is ClaimOutcome.REPLAY:
         assert claim.response is not None
         raise Replay(claim.response)
@@ -329,8 +323,19 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
     if earlier is not None:
         # Its request holds the key no longer: its process stopped, or it failed.
         await runs.discard_run(claim.user_id, earlier.id)
+    _seed_ids(claim, seed)
+
+
+def _seed_ids(claim: Claim, seed: str) -> None:
+    """Derive the ids the request of ``claim`` makes from now on from ``seed`` (its user,
+    key and fingerprint): a run of it after an earlier one that wrote but never answered
+    (its store froze) makes the same message ids and new session ids, so its appends store
+    nothing twice; its other writes (state rounds, memories) are keyed the same way while
+    its key's record lives. Their write ids derive from the record's seed too: after the
+    record expired or was erased, they are new writes. The key reused for another request
+    (once freed by a request that failed, or expired) writes anew."""
     seed_message_ids(seed)
-    seed_writes(seed)
+    seed_writes(seed, claim.seed)
 
 
 def _ended_short(run: RunRecord) -> bool:

@@ -10,8 +10,9 @@ pk                 sk                     attributes
                                           ``generation``, ``expires_at``, ``stamped_until``
 ``STATE#U#S``      ``R#<gen>#<round>``    one round: ``body`` (state JSON), ``expires_at``
                                           (larger ones: head plus tail items)
-``STATE#U#S``      ``APPLIED#<write id>``  ``round``, ``expires_at``: a save made under an
-                                          Idempotency-Key, and the round it got
+``STATE#U#S``      ``APPLIED#<write id>``  ``round``, ``generation``, ``expires_at``: a save
+                                          made under an Idempotency-Key, and the round it
+                                          got (in the meta item's generation)
 ``STATE_USER#U``   ``S#<S>``              ``state_pk``, ``expires_at``: the user's index of
                                           sessions with state (written once per session,
                                           at its first save; the meta item is then marked
@@ -30,10 +31,11 @@ pk                 sk                     attributes
 - **Export**: ``GetItem`` of the meta item, then a ``Query`` (the latest round: in reverse
   order, stopping at the first complete round).
 - **Delete** removes the meta item and the session's index item in one transaction (the
-  state is gone at once, and a save making it again indexes it anew), then the rounds of every
-  generation but that of a meta item made again meanwhile (so a delete cut short by a
-  store failure finishes when retried); a save that lands after the meta item went sees it
-  gone, or of another generation, and deletes its round.
+  state is gone at once, and a save making it again indexes it anew), then the rounds and
+  the ``APPLIED#`` items of every generation but that of a meta item made again meanwhile
+  (so a delete cut short by a store failure finishes when retried); a save that lands after
+  the meta item went sees it gone, or of another generation, and deletes its round. A keyed
+  save run again after the delete takes a round of the new state.
 - **Delete a user's state**: the meta items of every indexed session in one transaction
   (up to 100 items: the state is gone at once), then the rounds (16 sessions at once) and
   the index; a session whose state a save made again meanwhile gets its index item back.
@@ -345,7 +347,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             if round_id > MAX_ROUND_ID:
                 raise rounds_exhausted()
             if write_id is not None:
-                round_id = await self._apply(mark, round_id)
+                round_id = await self._apply(mark, meta, round_id)
         await self._raise_max_round(pk, meta, round_id)
         await self._write_round(pk, meta, round_id, state)
         return round_id
@@ -370,14 +372,20 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             return None
         return number(item, "round")
 
-    async def _apply(self, mark: Item, round_id: int) -> int:
-        """Record ``round_id`` as the keyed save's round, unless a run of it did first."""
+    async def _apply(self, mark: Item, meta: Item, round_id: int) -> int:
+        """Record ``round_id`` (of ``meta``'s generation) as the keyed save's round, unless a
+        run of it did first."""
         at = now()
         try:
             await self._store.run(
                 "put_item",
                 idempotent=True,
-                Item={**mark, "round": n(round_id), "expires_at": n(at + WRITE_ID_SECONDS)},
+                Item={
+                    **mark,
+                    "round": n(round_id),
+                    "generation": meta["generation"],
+                    "expires_at": n(at + WRITE_ID_SECONDS),
+                },
                 ConditionExpression="attribute_not_exists(pk) OR #e < :now",
                 ExpressionAttributeNames=names("#e"),
                 ExpressionAttributeValues={":now": n(at)},
@@ -387,7 +395,7 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             if earlier is not None:
                 return earlier
             # Expired between the two reads: this run's round is as good.
-            return await self._apply(mark, round_id)
+            return await self._apply(mark, meta, round_id)
         return round_id
 
     async def _save_round(
@@ -441,20 +449,21 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
         # keeps no session whose state is gone.
         meta = {"pk": s(pk), "sk": s("META")}
         await self._store.delete_together([meta, self._index_key(user_id, session_id)])
-        # The rounds of every generation but the live one's, not only those of the meta item
-        # deleted: a delete cut short by a store failure leaves rounds, and its retry, which
-        # finds no meta item, must still find them.
+        # The rounds and applied write ids of every generation but the live one's, not only
+        # those of the meta item deleted: a delete cut short by a store failure leaves them,
+        # and its retry, which finds no meta item, must still find them.
         # A save to the generation deleted checks the meta item after writing its round: if
         # before the meta item went, the round was written before this Query, which lists
         # it; if after, the save sees it gone and deletes the round itself. A save after the
         # meta item went makes a new generation, its meta item before its rounds: the meta
         # item read after this Query names it, and its rounds stay.
-        keys = [
-            {"pk": item["pk"], "sk": item["sk"]}
+        items = [
+            item
             async for item in self._store.query(
-                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
-                ExpressionAttributeValues={":pk": s(pk), ":prefix": s("R#")},
-                ProjectionExpression="pk, sk",
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": s(pk)},
+                ProjectionExpression="pk, sk, #g",
+                ExpressionAttributeNames=names("#g"),
                 ConsistentRead=True,
             )
         ]
@@ -465,10 +474,20 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             ConsistentRead=True,
         )
         live = response.get("Item")
-        if live is not None:
-            keys = [key for key in keys if not key["sk"]["S"].startswith(self._prefix(live))]
+        keys = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            for item in items
+            if item["sk"]["S"] != "META" and not (live is not None and self._of(live, item))
+        ]
         if keys:
             await self._store.delete(keys)
+
+    def _of(self, meta: Item, item: Item) -> bool:
+        """Whether ``item`` (a round or an applied write id) is of ``meta``'s generation."""
+        sort_key: str = item["sk"]["S"]
+        if sort_key.startswith("APPLIED#"):
+            return bool(item.get("generation") == meta["generation"])
+        return sort_key.startswith(self._prefix(meta))
 
 
 __all__ = ["DynamoDBStateService"]

@@ -3,7 +3,15 @@
 A write sent with an ``Idempotency-Key`` first *claims* the key with a record holding the
 request's fingerprint and an in-progress lease. The record then either *completes* (it
 keeps the response, which later requests with the same key and fingerprint get back
-without writing again) or is *abandoned* (deleted, so a retry runs the write again).
+without writing again) or is *abandoned* (released: a retry, or another request with the
+key, runs anew).
+
+A record also holds the *seed* of its request's writes (see
+:mod:`agentscope_serverless.services._once`): made when the key is claimed with no live
+record, and kept while the record lives, through a release and a lapsed lease taken over,
+so a run again after one whose write landed unseen stores nothing twice. A record made
+anew (the key expired, or its record was erased with its session or its user) makes a new
+seed: its request runs anew, and its writes are new ones.
 
 The record model follows Powertools' idempotency utility (``INPROGRESS``/``COMPLETED``,
 an expiry, an in-progress expiry, a payload hash), on our async stores: a request that
@@ -35,6 +43,7 @@ from agentscope_serverless.services.base import ServiceWithLifecycleManager, Sta
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
 KEPT = "kept"  # a note of the server's own (see IdempotencyStore.keep)
+RELEASED = "released"  # abandoned: free for any request, keeping its seed
 DEFAULT_EXPIRY_SECONDS = 24 * 3600
 DEFAULT_LEASE_SECONDS = 60.0
 # Responses larger than this are not kept (a DynamoDB item holds 400 KB): a replay of
@@ -67,7 +76,8 @@ class StoredResponse:
 
 @dataclass(frozen=True)
 class IdempotencyRecord:
-    """A stored record (``response`` is the JSON of a :class:`StoredResponse` once completed)."""
+    """A stored record (``response`` is the JSON of a :class:`StoredResponse` once completed;
+    ``token`` names the request holding it in progress; ``seed``, the seed of its writes)."""
 
     fingerprint: str
     state: str
@@ -75,6 +85,7 @@ class IdempotencyRecord:
     token: str
     response: str | None = None
     session_id: str | None = None
+    seed: str = ""
 
 
 class ClaimOutcome(enum.Enum):
@@ -86,7 +97,8 @@ class ClaimOutcome(enum.Enum):
 
 @dataclass(frozen=True)
 class Claim:
-    """The outcome of :meth:`IdempotencyStore.begin`, and what the request needs to finish."""
+    """The outcome of :meth:`IdempotencyStore.begin`, and what the request needs to finish
+    (``seed``: the seed of its writes, see :class:`IdempotencyRecord`)."""
 
     outcome: ClaimOutcome
     user_id: str
@@ -94,6 +106,7 @@ class Claim:
     fingerprint: str
     token: str = ""
     response: StoredResponse | None = field(default=None)
+    seed: str = ""
 
 
 def now_ms() -> int:
@@ -131,11 +144,12 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         user_id = require_user_id(user_id)
         token = secrets.token_hex(8)
         lease_until = now_ms() + int(self.lease_seconds * 1000)
-        record = IdempotencyRecord(fingerprint, IN_PROGRESS, lease_until, token)
+        record = IdempotencyRecord(
+            fingerprint, IN_PROGRESS, lease_until, token, seed=secrets.token_hex(16)
+        )
         existing = await self._claim(user_id, key, record)
-        claim = Claim(ClaimOutcome.CLAIMED, user_id, key, fingerprint, token)
-        if existing is None:
-            return claim
+        if existing.token == token:
+            return Claim(ClaimOutcome.CLAIMED, user_id, key, fingerprint, token, seed=existing.seed)
         if existing.fingerprint != fingerprint:
             return Claim(ClaimOutcome.MISMATCH, user_id, key, fingerprint)
         if existing.state == COMPLETED and existing.response is not None:
@@ -161,7 +175,8 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         await self._complete(claim.user_id, claim.key, claim.token, response.to_json(), session_id)
 
     async def abandon(self, claim: Claim) -> None:
-        """Forget the claim (the request failed), so a retry runs the write again."""
+        """Release the claim (the request failed): a retry runs the write again (with the
+        claim's seed), and another request may take the key."""
         self._ensure_started()
         await self._abandon(claim.user_id, claim.key, claim.token)
 
@@ -193,13 +208,13 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         await self._delete_session(require_user_id(user_id), session_id)
 
     @abstractmethod
-    async def _claim(
-        self, user_id: str, key: str, record: IdempotencyRecord
-    ) -> IdempotencyRecord | None:
-        """Atomically store ``record`` unless a live record holds the key; return that one.
+    async def _claim(self, user_id: str, key: str, record: IdempotencyRecord) -> IdempotencyRecord:
+        """Atomically store ``record`` unless a live record holds the key; return the record
+        holding the key then: ``record`` as stored, or the live one (whose token differs).
 
-        The key is free when there is no record, it has expired, or it is in progress with
-        a lease that ran out and the same fingerprint.
+        The key is free when there is no record, it has expired, it was released, or it is
+        in progress with a lease that ran out and the same fingerprint. ``record`` taking
+        over a live record (released, or a lapsed lease) keeps that one's seed.
         """
 
     @abstractmethod
@@ -216,7 +231,8 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
 
     @abstractmethod
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
-        """Delete the record, if it still holds ``token``."""
+        """Mark the record :data:`RELEASED` (keeping its fingerprint and seed, with no token),
+        expiring ``expiry_seconds`` from now, if it still holds ``token``."""
 
     @abstractmethod
     async def _delete_user(self, user_id: str) -> None:
@@ -242,6 +258,7 @@ __all__ = [
     "IN_PROGRESS",
     "KEPT",
     "MAX_STORED_RESPONSE_BYTES",
+    "RELEASED",
     "Claim",
     "ClaimOutcome",
     "IdempotencyRecord",

@@ -1,8 +1,10 @@
-"""Idempotency records on DynamoDB, in the session table, claimed by a conditional put.
+"""Idempotency records on DynamoDB, in the session table, claimed by a conditional write.
 
 Item: pk ``IDEMPOTENCY#<sha256 of the user id>``, sk ``KEY#<sha256 of the key>``, with
-``fingerprint``, ``state``, ``lease_until``, ``token``, ``response`` and ``expires_at``
-(the table's TTL attribute; expired records are ignored before DynamoDB deletes them).
+``fingerprint``, ``state``, ``lease_until``, ``token``, ``response``, ``seed`` and
+``expires_at`` (the table's TTL attribute; expired records are ignored before DynamoDB
+deletes them). A key with no live record is claimed by a conditional put (a new seed); a
+live one released, or whose lease lapsed, by a conditional update keeping its seed.
 A completed record that wrote in a session holds the session's hash in ``session``, and is
 listed by an item in the same partition, sk ``SESSION#<sha256 of the session id>#<sha256 of
 the key>``, for deleting the session.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from agentscope_serverless.services._dynamodb import (
@@ -30,15 +33,18 @@ from agentscope_serverless.services._dynamodb import (
 from agentscope_serverless.services.idempotency.base import (
     IN_PROGRESS,
     KEPT,
+    RELEASED,
     IdempotencyRecord,
     IdempotencyStore,
     now_ms,
 )
 
-# The key is free: no record, an expired one, or a lapsed lease of the same request.
-_FREE = (
-    "attribute_not_exists(#pk) OR #e < :now "
-    "OR (#st = :progress AND lease_until < :now_ms AND fingerprint = :fp)"
+# The key has no live record: none, or an expired one.
+_UNCLAIMED = "attribute_not_exists(#pk) OR #e < :now"
+# The key's live record is free: released, or a lapsed lease of the same request.
+_TAKEN_OVER = (
+    "#e >= :now AND (#st = :released "
+    "OR (#st = :progress AND lease_until < :now_ms AND fingerprint = :fp))"
 )
 
 
@@ -70,9 +76,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
     def _listing_prefix(session_id: str) -> str:
         return f"SESSION#{id_hash(session_id)}#"
 
-    async def _claim(
-        self, user_id: str, key: str, record: IdempotencyRecord
-    ) -> IdempotencyRecord | None:
+    async def _claim(self, user_id: str, key: str, record: IdempotencyRecord) -> IdempotencyRecord:
         item_key = self._item_key(user_id, key)
         while True:
             at = now()
@@ -82,36 +86,73 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                 "state": s(IN_PROGRESS),
                 "lease_until": n(record.lease_until_ms),
                 "token": s(record.token),
+                "seed": s(record.seed),
                 "expires_at": n(at + self.expiry_seconds),
             }
-            try:
+            with contextlib.suppress(ConditionFailed):
                 await self._store.run(
                     "put_item",
                     idempotent=False,
                     Item=item,
-                    ConditionExpression=_FREE,
-                    ExpressionAttributeNames={**names("#pk", "#e"), "#st": "state"},
-                    ExpressionAttributeValues={
-                        ":now": n(at),
-                        ":now_ms": n(now_ms()),
-                        ":progress": s(IN_PROGRESS),
-                        ":fp": s(record.fingerprint),
-                    },
+                    ConditionExpression=_UNCLAIMED,
+                    ExpressionAttributeNames=names("#pk", "#e"),
+                    ExpressionAttributeValues={":now": n(at)},
                 )
-                return None
-            except ConditionFailed:
-                response = await self._store.run(
-                    "get_item", idempotent=True, Key=item_key, ConsistentRead=True
+                return record
+            with contextlib.suppress(ConditionFailed):
+                return await self._take_over(item_key, record, at)
+            response = await self._store.run(
+                "get_item", idempotent=True, Key=item_key, ConsistentRead=True
+            )
+            existing: Item | None = response.get("Item")
+            # Else expired, or released, since: the next round claims it.
+            if (
+                existing is not None
+                and is_live(existing, now())
+                and existing["state"]["S"] != RELEASED
+            ):
+                return IdempotencyRecord(
+                    existing["fingerprint"]["S"],
+                    existing["state"]["S"],
+                    number(existing, "lease_until"),
+                    existing["token"]["S"],
+                    existing.get("response", {}).get("S"),
                 )
-                existing: Item | None = response.get("Item")
-                if existing is not None and is_live(existing, now()):
-                    return IdempotencyRecord(
-                        existing["fingerprint"]["S"],
-                        existing["state"]["S"],
-                        number(existing, "lease_until"),
-                        existing["token"]["S"],
-                        existing.get("response", {}).get("S"),
-                    )
+
+    async def _take_over(
+        self, item_key: Item, record: IdempotencyRecord, at: int
+    ) -> IdempotencyRecord:
+        """Claim the key's live record if it is free (:data:`_TAKEN_OVER`), keeping its seed
+        (taking ``record``'s when it has none); raise ``ConditionFailed`` when it is not."""
+        response = await self._store.run(
+            "update_item",
+            idempotent=False,
+            Key=item_key,
+            UpdateExpression=(
+                "SET fingerprint = :fp, #st = :progress, lease_until = :lease, #t = :token, "
+                "#e = :e, #seed = if_not_exists(#seed, :seed)"
+            ),
+            ConditionExpression=_TAKEN_OVER,
+            ExpressionAttributeNames={
+                **names("#e"),
+                "#st": "state",
+                "#t": "token",
+                "#seed": "seed",
+            },
+            ExpressionAttributeValues={
+                ":fp": s(record.fingerprint),
+                ":progress": s(IN_PROGRESS),
+                ":lease": n(record.lease_until_ms),
+                ":token": s(record.token),
+                ":e": n(at + self.expiry_seconds),
+                ":seed": s(record.seed),
+                ":now": n(at),
+                ":now_ms": n(now_ms()),
+                ":released": s(RELEASED),
+            },
+            ReturnValues="ALL_NEW",
+        )
+        return replace(record, seed=response["Attributes"]["seed"]["S"])
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
         try:
@@ -174,12 +215,18 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
         try:
             await self._store.run(
-                "delete_item",
+                "update_item",
                 idempotent=True,
                 Key=self._item_key(user_id, key),
+                UpdateExpression="SET #st = :released, lease_until = :zero, #e = :e REMOVE #t",
                 ConditionExpression="#t = :token",
-                ExpressionAttributeNames={"#t": "token"},
-                ExpressionAttributeValues={":token": s(token)},
+                ExpressionAttributeNames={**names("#e"), "#st": "state", "#t": "token"},
+                ExpressionAttributeValues={
+                    ":released": s(RELEASED),
+                    ":zero": n(0),
+                    ":e": n(now() + self.expiry_seconds),
+                    ":token": s(token),
+                },
             )
         except ConditionFailed:
             return

@@ -9,6 +9,7 @@ from agentscope_serverless.services.idempotency.base import (
     COMPLETED,
     IN_PROGRESS,
     KEPT,
+    RELEASED,
     IdempotencyRecord,
     IdempotencyStore,
     now_ms,
@@ -32,18 +33,19 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             return None
         return entry[1]
 
-    async def _claim(
-        self, user_id: str, key: str, record: IdempotencyRecord
-    ) -> IdempotencyRecord | None:
+    async def _claim(self, user_id: str, key: str, record: IdempotencyRecord) -> IdempotencyRecord:
         existing = self._live(user_id, key)
-        if existing is not None and not (
-            existing.state == IN_PROGRESS
-            and existing.lease_until_ms < now_ms()
-            and existing.fingerprint == record.fingerprint
-        ):
-            return existing
+        if existing is not None:
+            lapsed = (
+                existing.state == IN_PROGRESS
+                and existing.lease_until_ms < now_ms()
+                and existing.fingerprint == record.fingerprint
+            )
+            if not (lapsed or existing.state == RELEASED):
+                return existing
+            record = replace(record, seed=existing.seed or record.seed)
         self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, record)
-        return None
+        return record
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
         existing = self._live(user_id, key)
@@ -70,7 +72,8 @@ class InMemoryIdempotencyStore(IdempotencyStore):
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
         existing = self._live(user_id, key)
         if existing is not None and existing.token == token:
-            del self._records[(user_id, key)]
+            released = IdempotencyRecord(existing.fingerprint, RELEASED, 0, "", seed=existing.seed)
+            self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, released)
 
     async def _delete_user(self, user_id: str) -> None:
         for user_and_key in [entry for entry in self._records if entry[0] == user_id]:

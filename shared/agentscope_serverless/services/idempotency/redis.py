@@ -1,8 +1,8 @@
 """Idempotency records on Redis: one hash per key, claimed by a Lua script.
 
 Key: ``<prefix>:idempotency:{<escaped user id>}:<sha256 of the key>``, a hash with
-``fingerprint``, ``state``, ``lease_until``, ``token`` and ``response``, expiring after
-the record's expiry. ``<prefix>:idempotency:{<escaped user id>}:index``, a sorted set of
+``fingerprint``, ``state``, ``lease_until``, ``token``, ``response`` and ``seed``, expiring
+after the record's expiry. ``<prefix>:idempotency:{<escaped user id>}:index``, a sorted set of
 the user's records (the sha256, scored by its expiry in ms), lists them for erasing; its
 expired entries are dropped as records are claimed. A completed record that wrote in a
 session holds its id in ``session``, and is listed (its sha256) in the set
@@ -14,6 +14,7 @@ id>``, the rest of its key), so erasing the user deletes it with the records.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from agentscope_serverless.services._redis import RedisBackedService, text, user_key_prefix
@@ -24,22 +25,25 @@ from agentscope_serverless.services.idempotency.base import (
 )
 
 # KEYS: record, the user's index. ARGV: now (ms), fingerprint, token, lease until (ms),
-# expiry (s), the record's sha256.
+# expiry (s), the record's sha256, seed. Returns the live record holding the key, or the
+# seed kept when claimed.
 _CLAIM = """
-local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until', 'token', 'response')
-if r[1] and not (r[2] == 'in_progress' and tonumber(r[3]) < tonumber(ARGV[1])
-                 and r[1] == ARGV[2]) then
+local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until', 'token', 'response',
+                     'seed')
+if r[1] and r[2] ~= 'released' and not (r[2] == 'in_progress'
+    and tonumber(r[3]) < tonumber(ARGV[1]) and r[1] == ARGV[2]) then
   return r
 end
+local seed = r[6] or ARGV[7]
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[2], 'state', 'in_progress',
-           'lease_until', ARGV[4], 'token', ARGV[3])
+           'lease_until', ARGV[4], 'token', ARGV[3], 'seed', seed)
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 local expiry = tonumber(ARGV[1]) + 1000 * tonumber(ARGV[5])
 redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-return false
+return seed
 """
 
 # KEYS: record, the user's index[, the session's set]. ARGV: token, response, expiry (s),
@@ -105,10 +109,16 @@ return 1
 # Records erased per script.
 _DELETE_BATCH = 500
 
-# ARGV: token.
+# KEYS: record, the user's index. ARGV: token, expiry (s), now (ms), sha256.
 _ABANDON = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'released', 'lease_until', 0)
+redis.call('HDEL', KEYS[1], 'token')
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+local expiry = tonumber(ARGV[3]) + 1000 * tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
 """
 
 # KEYS: record, the user's index. ARGV: value, expiry (s), now (ms), sha256.
@@ -157,9 +167,7 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         base = self._base(user_id)
         return [f"{base}:{digest}", f"{base}:index"], digest
 
-    async def _claim(
-        self, user_id: str, key: str, record: IdempotencyRecord
-    ) -> IdempotencyRecord | None:
+    async def _claim(self, user_id: str, key: str, record: IdempotencyRecord) -> IdempotencyRecord:
         keys, digest = self._keys(user_id, key)
         raw = await self._redis.run(
             _CLAIM,
@@ -171,16 +179,22 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
                 record.lease_until_ms,
                 self.expiry_seconds,
                 digest,
+                record.seed,
             ],
             idempotent=False,
         )
-        if not raw:
-            return None
-        fingerprint, state, lease_until, token, response = (
+        if not isinstance(raw, list):
+            return replace(record, seed=text(raw))
+        fingerprint, state, lease_until, token, response, seed = (
             None if value is None else text(value) for value in raw
         )
         return IdempotencyRecord(
-            fingerprint or "", state or "", int(lease_until or 0), token or "", response
+            fingerprint or "",
+            state or "",
+            int(lease_until or 0),
+            token or "",
+            response,
+            seed=seed or "",
         )
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
@@ -205,8 +219,9 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         await self._redis.run(_COMPLETE, keys, args, idempotent=True)
 
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
-        keys, _ = self._keys(user_id, key)
-        await self._redis.run(_ABANDON, keys[:1], [token], idempotent=True)
+        keys, digest = self._keys(user_id, key)
+        args = [token, self.expiry_seconds, now_ms(), digest]
+        await self._redis.run(_ABANDON, keys, args, idempotent=True)
 
     async def _delete_user(self, user_id: str) -> None:
         base = self._base(user_id)
