@@ -539,8 +539,9 @@ def test_health_is_503_when_a_store_is_down(tmp_path: Path) -> None:
     assert response.status_code == 503
     assert response.json() == {
         "status": "degraded",
-        # A session's deletion deletes its stored runs: the runs store serves it too.
-        "services": {"session_history": True, "runs": True, "auth_keys": False},
+        # A session's deletion deletes its stored runs and its agent state: the runs and
+        # state stores serve it too.
+        "services": {"session_history": True, "state": True, "runs": True, "auth_keys": False},
         "runner": "not_ready",  # the sessions function serves no agent
     }
 

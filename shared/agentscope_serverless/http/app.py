@@ -629,8 +629,12 @@ def _build_service(name: str, settings: Settings) -> Any:
     return builders[name](settings)
 
 
-# Routers that use several services (the erase route reaches every store of the user).
-_SERVICES_OF_ROUTER = {"users": ("session_history", "memory", "state")}
+# Routers that use several services (the erase route reaches every store of the user;
+# deleting a session deletes its agent state too).
+_SERVICES_OF_ROUTER = {
+    "users": ("session_history", "memory", "state"),
+    "sessions": ("session_history", "state"),
+}
 
 
 def _a2a_installed() -> bool:

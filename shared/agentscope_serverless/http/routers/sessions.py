@@ -5,7 +5,7 @@
 | ``POST /sessions`` | create a session (idempotent; a new uuid without ``session_id``) |
 | ``GET /sessions?limit=&cursor=`` | list sessions, oldest first, a page at a time |
 | ``GET /sessions/{id}`` | a session with its messages (404 when missing) |
-| ``DELETE /sessions/{id}`` | delete a session, its history, its runs, its requests' keys |
+| ``DELETE /sessions/{id}`` | delete a session: its history, runs, agent state, requests' keys |
 | ``GET /sessions/{id}/messages?limit=&cursor=`` | a page of a session's messages |
 | ``POST /sessions/{id}/messages`` | append messages (creates the session if needed) |
 """
@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.errors import SessionNotFoundError
+from agentscope_serverless.errors import MethodNotImplementedError, SessionNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.idempotency import writes_in_session
@@ -27,10 +27,12 @@ from agentscope_serverless.http.params import (
     RequestBody,
     SessionIdPath,
 )
+from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._validation import MAX_ID_LENGTH, refuse_blank_user_messages
+from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
 router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=KeyedRoute)
@@ -124,6 +126,10 @@ async def delete_session(
     runs = context.current.runs
     if runs is not None:
         await runs.delete_session_runs(user_id, session_id)
+    state = context.current.state
+    if state is not None:
+        # Its agent's state (an AgentScope agent's state_dict) holds its conversation too.
+        await _delete_agent_state(state, user_id, session_id)
     await context.session_history.delete_session(user_id, session_id)
     if context.idempotency is not None:
         # A replayed request would answer as if the session still were.
@@ -133,6 +139,18 @@ async def delete_session(
         # Its sandboxes' workspaces hold what its agent wrote.
         await sandbox.release_async(session_id, user_id)
     return Response(status_code=204)
+
+
+async def _delete_agent_state(state: StateService, user_id: str, session_id: str) -> None:
+    """Delete the session's agent state; a state service that cannot (one written for
+    AgentScope Runtime without ``delete_state``) keeps it, which is logged."""
+    try:
+        await state.delete_state(user_id, session_id)
+    except MethodNotImplementedError as exc:
+        logger.warning(
+            "the session's agent state is kept: its state service cannot delete it",
+            extra={"session_id": session_id, "error": str(exc)},
+        )
 
 
 @router.get(
