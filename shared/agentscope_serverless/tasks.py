@@ -25,7 +25,7 @@ from agentscope_serverless.errors import InvalidInputError, TimeLimitError
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._turn import acting_for
-from agentscope_serverless.services._validation import json_copy
+from agentscope_serverless.services._validation import json_copy, require_distinct_keys
 from agentscope_serverless.services.idempotency.base import (
     Claim,
     ClaimOutcome,
@@ -91,7 +91,9 @@ async def run_task(
             result = await _beating(runs, user_id, task_id, submission, work)
         # A result that every store could not keep and give back as it was fails the task,
         # saying why: numbers JSON cannot carry (NaN, infinities: null once stored), text
-        # that is not Unicode (a lone UTF-16 surrogate), nesting too deep to be read back.
+        # that is not Unicode (a lone UTF-16 surrogate), nesting too deep to be read back,
+        # two keys that are one in JSON (1 and "1": converting keeps one value alone).
+        require_distinct_keys(result, field="result")
         stored = json_copy(to_jsonable_python(result, inf_nan_mode="constants"), field="result")
     except TimeLimitError as exc:
         logger.warning("a background task reached the time limit", extra={"task_id": task_id})

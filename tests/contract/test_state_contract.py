@@ -184,6 +184,21 @@ async def test_state_holding_an_infinity_is_refused_naming_where(
     assert await state.export_state(user_id) is None
 
 
+async def test_state_with_two_keys_json_writes_as_one_is_refused_naming_them(
+    state: StateService, user_id: str
+) -> None:
+    # Stored as {"1": "str"}: the value under 1 was dropped without a word.
+    with pytest.raises(InvalidInputError, match=r"^state has the keys 1 and '1'") as refused:
+        await state.save_state(user_id, {1: "int", "1": "str"})
+    assert refused.value.errors == [{"loc": ["state", "1"], "msg": "a key given twice"}]
+    with pytest.raises(InvalidInputError, match=r"^state\.a\.0 has the keys True and 'true'"):
+        await state.save_state(user_id, {"a": [{True: 1, "true": 2}]})
+    assert await state.export_state(user_id) is None
+    # Keys that stay apart in JSON are taken, as JSON writes them.
+    await state.save_state(user_id, {1: "one", 2: "two", None: "none"})
+    assert await state.export_state(user_id) == {"1": "one", "2": "two", "null": "none"}
+
+
 def nested(levels: int) -> object:
     value: object = 1
     for _ in range(levels):

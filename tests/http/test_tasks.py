@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -44,6 +45,11 @@ def count_words(payload: dict[str, Any]) -> int:
 @app.task("/jobs/scale")
 def scale(payload: dict[str, Any]) -> dict[str, Any]:
     return {"scaled": [x * payload["by"] for x in payload["numbers"]]}
+
+
+@app.task("/jobs/tally")
+def tally(payload: dict[str, Any]) -> dict[Any, int]:
+    return dict(collections.Counter(payload["items"]))
 
 
 @app.task("/jobs/wait")
@@ -363,6 +369,22 @@ def test_a_result_json_cannot_carry_fails_the_task_saying_where(
         )
         fine = client.post("/jobs/scale", json={"numbers": [1, 2.5], "by": 2}).json()
         assert _wait_for(client, fine["task_id"])["result"] == {"scaled": [2, 5.0]}
+
+
+def test_a_result_with_two_keys_json_writes_as_one_fails_the_task_naming_them(
+    server: tuple[str, Keys],
+) -> None:
+    # The tally of 1 and "1" was stored as {"1": 1}, one count lost, the task completed.
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/tally", json={"items": [1, "1", 2]}).json()["task_id"]
+        failed = _wait_for(client, task_id)
+        assert failed["status"] == "failed" and failed["result"] is None
+        assert failed["error"]["message"].startswith(
+            "InvalidInputError: result has the keys 1 and '1', which are one key in JSON"
+        )
+        fine = client.post("/jobs/tally", json={"items": ["a", 2, "a"]}).json()["task_id"]
+        assert _wait_for(client, fine)["result"] == {"a": 2, "2": 1}
 
 
 def test_a_task_running_past_the_lost_bound_beats_and_stays_in_progress(

@@ -429,7 +429,67 @@ def json_copy(value: Any, *, field: str) -> Any:
     require_shallow_json(text, field=field)
     if not _encodes(text):
         require_utf8(value, field=field)
-    return json.loads(text)
+    copy = json.loads(text)
+    if json.dumps(copy, ensure_ascii=False) != text:
+        # Two keys of a dict became one JSON key (1 and "1"): the copy kept one value alone.
+        require_distinct_keys(value, field=field)
+    return copy
+
+
+def colliding_keys(
+    value: Any, path: tuple[str | int, ...] = ()
+) -> tuple[tuple[str | int, ...], Any, Any] | None:
+    """Where in ``value`` (nested dicts and lists) a dict has two keys that are one key in
+    JSON (``1`` and ``"1"``, ``True`` and ``"true"``): the dict's place and the two keys.
+
+    >>> colliding_keys({"a": [{1: "int", "1": "str"}]})
+    (('a', 0), 1, '1')
+    >>> colliding_keys({"a": {1: "int", 2: "two"}}) is None
+    True
+    """
+    if isinstance(value, dict):
+        seen: dict[str, Any] = {}
+        for key, item in value.items():
+            name = _json_key(key)
+            if name in seen:
+                return path, seen[name], key
+            seen[name] = key
+            found = colliding_keys(item, (*path, name))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = colliding_keys(item, (*path, index))
+            if found is not None:
+                return found
+    return None
+
+
+def _json_key(key: Any) -> str:
+    """The key of a JSON object that the dict key ``key`` becomes (``json`` writes a number,
+    a boolean or None as its JSON text).
+
+    >>> _json_key(1), _json_key(True), _json_key(None), _json_key("x")
+    ('1', 'true', 'null', 'x')
+    """
+    if isinstance(key, str):
+        return key
+    written: str = next(iter(json.loads(json.dumps({key: None}))))
+    return written
+
+
+def require_distinct_keys(value: Any, *, field: str) -> None:
+    """Refuse ``value`` when a dict in it has two keys that are one key in JSON (422 naming
+    where): stored, one of their values would be lost."""
+    found = colliding_keys(value)
+    if found is not None:
+        path, first, second = found
+        loc = [field, *path]
+        raise InvalidInputError(
+            f"{'.'.join(str(p) for p in loc)} has the keys {first!r} and {second!r}, which are "
+            f"one key in JSON ({_json_key(second)!r}): one of their values would be lost",
+            errors=[{"loc": [*loc, _json_key(second)], "msg": "a key given twice"}],
+        )
 
 
 def require_positive_int(value: Any, *, field: str, maximum: int | None = None) -> int:
@@ -586,6 +646,7 @@ __all__ = [
     "MAX_TTL_SECONDS",
     "check_cursor_session",
     "clean_session_id",
+    "colliding_keys",
     "cursor_position",
     "decode_cursor",
     "encode_cursor",
@@ -598,6 +659,7 @@ __all__ = [
     "optional_positive_int",
     "optional_ttl_seconds",
     "refuse_blank_user_messages",
+    "require_distinct_keys",
     "require_finite",
     "require_positive_int",
     "require_shallow_json",
