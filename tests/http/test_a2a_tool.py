@@ -165,6 +165,16 @@ async def test_what_an_a2a_agent_echoes_of_the_request_never_carries_the_key(
     assert key not in capsys.readouterr().out
 
 
+async def test_a_key_too_short_to_mask_leaves_the_answer_whole() -> None:
+    # Masked as it was, the key "e" turned the answer into "th[redacted] answ[redacted]r".
+    with _agent() as (url, state):
+        state["answer"] = _replying("the answer")
+        state["card"] = lambda headers: _card("helper", f"{url}/a2a", description="Helps.")
+        tool = await a2a_agent_tool(url, api_key="e")
+        assert tool.description == "Helps."
+        assert await tool.invoke('{"message": "hi"}') == "the answer"
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, Keys]]:
     keys = Keys.make()

@@ -20,8 +20,9 @@ The key and the user go only to the origin (scheme, host and port) of the URL gi
 card's endpoints at another origin are not used (a card naming only such endpoints is
 refused with :class:`A2AOriginError`), unless that origin is in ``allowed_origins``. What
 the other agent says (its replies, its errors, its card) never carries the key: it is
-replaced by ``[redacted]``. Each call ends within its ``timeout_seconds``, however slowly
-the other agent answers (:class:`A2ATimeoutError`).
+replaced by ``[redacted]`` (a key of 4 characters or more: a shorter one is no secret to
+mask). Each call ends within its ``timeout_seconds``, however slowly the other agent answers
+(:class:`A2ATimeoutError`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from a2a.utils.errors import A2AError
 
 from agentscope_serverless.agents.tools import AgentTool
 from agentscope_serverless.errors import AgentError, ConfigurationError
-from agentscope_serverless.log import redact
+from agentscope_serverless.log import MIN_SECRET_LENGTH, redact
 from agentscope_serverless.services._turn import turn_user_id
 from agentscope_serverless.settings import BLANK, PADDED
 from agentscope_serverless.unpacking import unpacking
@@ -102,8 +103,12 @@ def _checked_key(api_key: str | None) -> str | None:
 
 
 def _redacted(text: str, api_key: str | None) -> str:
-    """``text`` without the key (the other agent may echo the request it got)."""
-    return text.replace(api_key, REDACTED) if api_key else text
+    """``text`` without the key (the other agent may echo the request it got); a key
+    shorter than :data:`MIN_SECRET_LENGTH` is left (as in the log): masked, it would blot
+    out words, and show the key."""
+    if api_key is None or len(api_key) < MIN_SECRET_LENGTH:
+        return text
+    return text.replace(api_key, REDACTED)
 
 
 def _origin(url: str) -> _Origin | None:
