@@ -37,7 +37,6 @@ _DOT_SEGMENTS = frozenset({".", ".."})
 # Python's ``json`` near its recursion limit, earlier in a deeper stack), so whatever is
 # accepted can always be read back; no real document comes near.
 MAX_JSON_DEPTH = 100
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")  # as signed bytes: +1 and -1
 
@@ -88,8 +87,21 @@ def nests_deeper_than(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
         text = text.encode("utf-8", "surrogatepass")
     # +1 for each opening bracket, -1 for each closing one, outside strings: the running
     # sum is the depth at each point.
-    steps = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS).translate(_STEPS)
+    steps = _outside_strings(text).translate(None, _NOT_BRACKETS).translate(_STEPS)
     return max(itertools.accumulate(array("b", steps)), default=0) > limit
+
+
+def _outside_strings(text: bytes) -> bytes:
+    r"""JSON ``text`` without its strings: with the escaped backslashes and quotes gone, every
+    other ``"`` opens a string. A string that never ends stays, as a parser reads it.
+
+    >>> _outside_strings(rb'{"a\\": ["]\"", 1]}'), _outside_strings(b'["ok", "[[')
+    (b'{: [, 1]}', b'[, "[[')
+    """
+    pieces = text.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')
+    if len(pieces) % 2 == 1:  # every string closed
+        return b"".join(pieces[::2])
+    return b"".join([*pieces[::2], b'"', pieces[-1]])
 
 
 def _as_parsed(data: bytes) -> str | bytes:
