@@ -327,54 +327,42 @@ def test_an_invalid_response_request_is_a_400_as_openai_answers_it(
 
 # Numbers as the SDK sends what it is given: a boolean or a numeric string is no number
 # (taken for one, ``max_tokens=True`` cut the agent's reply to one token), nor a float a count.
-@pytest.mark.parametrize(
-    ("option", "param"),
-    [
-        ({"max_tokens": True}, "max_tokens"),
-        ({"max_tokens": "5"}, "max_tokens"),
-        ({"max_tokens": 5.0}, "max_tokens"),
-        ({"max_completion_tokens": "5"}, "max_completion_tokens"),
-        ({"temperature": True}, "temperature"),
-        ({"temperature": "0.5"}, "temperature"),
-        ({"top_p": "1"}, "top_p"),
-        ({"seed": False}, "seed"),
-        ({"seed": "7"}, "seed"),
-        ({"n": True}, "n"),
-        ({"frequency_penalty": False}, "frequency_penalty"),
-        ({"presence_penalty": "0"}, "presence_penalty"),
-        ({"top_logprobs": False}, "top_logprobs"),
-    ],
-)
-def test_a_chat_completion_number_sent_as_a_boolean_or_a_string_is_a_400_naming_it(
-    sdk: openai.OpenAI, scenario: httpx.Client, option: dict[str, Any], param: str
-) -> None:
-    session = f"numbers-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(openai.BadRequestError) as refused:
-        sdk.chat.completions.create(
-            model="m", messages=ASK, extra_headers={"X-Session-Id": session}, **option
-        )
-    assert (refused.value.type, refused.value.param) == ("invalid_request_error", param)
-    assert scenario.get(f"/sessions/{session}").status_code == 404
+ASKED_BY = {
+    "chat": lambda sdk, **options: sdk.chat.completions.create(model="m", messages=ASK, **options),
+    "responses": lambda sdk, **options: sdk.responses.create(model="m", input="hi", **options),
+}
 
 
 @pytest.mark.parametrize(
-    ("option", "param"),
+    ("call", "option"),
     [
-        ({"max_output_tokens": True}, "max_output_tokens"),
-        ({"max_output_tokens": "5"}, "max_output_tokens"),
-        ({"temperature": "1"}, "temperature"),
-        ({"top_p": True}, "top_p"),
-        ({"top_logprobs": False}, "top_logprobs"),
+        ("chat", {"max_tokens": True}),
+        ("chat", {"max_tokens": "5"}),
+        ("chat", {"max_tokens": 5.0}),
+        ("chat", {"max_completion_tokens": "5"}),
+        ("chat", {"temperature": True}),
+        ("chat", {"temperature": "0.5"}),
+        ("chat", {"top_p": "1"}),
+        ("chat", {"seed": False}),
+        ("chat", {"seed": "7"}),
+        ("chat", {"n": True}),
+        ("chat", {"frequency_penalty": False}),
+        ("chat", {"presence_penalty": "0"}),
+        ("chat", {"top_logprobs": False}),
+        ("responses", {"max_output_tokens": True}),
+        ("responses", {"max_output_tokens": "5"}),
+        ("responses", {"temperature": "1"}),
+        ("responses", {"top_p": True}),
+        ("responses", {"top_logprobs": False}),
     ],
 )
-def test_a_response_number_sent_as_a_boolean_or_a_string_is_a_400_naming_it(
-    sdk: openai.OpenAI, scenario: httpx.Client, option: dict[str, Any], param: str
+def test_a_number_sent_as_a_boolean_or_a_string_is_a_400_naming_it(
+    sdk: openai.OpenAI, scenario: httpx.Client, call: str, option: dict[str, Any]
 ) -> None:
     session = f"numbers-{uuid.uuid4().hex[:8]}"
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.responses.create(
-            model="m", input="hi", extra_headers={"X-Session-Id": session}, **option
-        )
+        ASKED_BY[call](sdk, extra_headers={"X-Session-Id": session}, **option)
+    (param,) = option
     assert (refused.value.type, refused.value.param) == ("invalid_request_error", param)
     assert scenario.get(f"/sessions/{session}").status_code == 404
 
