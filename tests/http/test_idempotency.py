@@ -296,22 +296,40 @@ def test_a_bad_key_is_refused_saying_why_once(client: httpx.Client, path: str) -
     assert message.count("at most 255 characters") == 1, message
 
 
-def test_concurrent_retries_with_one_key_write_once(client: httpx.Client) -> None:
+def saved_at_once(client: httpx.Client, save: dict[str, Any], key: str) -> list[httpx.Response]:
+    """Eight retries of the keyed state save ``save``, sent at the same moment: each is
+    answered 201 (the save, or its replay) or 409 (still in progress, with a Retry-After)."""
     start = threading.Barrier(8)
 
-    def save(_: int) -> httpx.Response:
+    def send(_: int) -> httpx.Response:
         start.wait()
-        return client.post("/state/s1", json={"state": {"v": 1}}, headers=keyed("burst"))
+        return client.post("/state/s1", json=save, headers=keyed(key))
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(save, range(8)))
+        answers = list(pool.map(send, range(8)))
     assert {a.status_code for a in answers} <= {201, 409}
     assert any(a.status_code == 201 for a in answers)
     for answer in answers:
         if answer.status_code == 409:
             assert answer.json()["error"]["code"] == "REQUEST_IN_PROGRESS"
             assert int(answer.headers["Retry-After"]) >= 1
+    return answers
+
+
+def test_concurrent_retries_with_one_key_write_once(client: httpx.Client) -> None:
+    saved_at_once(client, {"state": {"v": 1}}, "burst")
     assert client.get("/state/s1/rounds").json()["rounds"] == [1]
+
+
+def test_concurrent_retries_of_a_key_that_expired_write_one_new_round(
+    expiring_client: httpx.Client,
+) -> None:
+    save = {"state": {"v": 1}}
+    assert expiring_client.post("/state/s1", json=save, headers=keyed("k")).is_success
+    time.sleep(SHORT_EXPIRY_SECONDS + 1.5)
+    answers = saved_at_once(expiring_client, save, "k")
+    assert {a.json()["round_id"] for a in answers if a.status_code == 201} == {2}
+    assert expiring_client.get("/state/s1/rounds").json()["rounds"] == [1, 2]
 
 
 # --- a request that runs longer than its lease --------------------------------------------
