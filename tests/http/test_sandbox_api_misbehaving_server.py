@@ -18,7 +18,7 @@ from tests.http.test_llm_agent import API_KEY, messages_of
 from tests.http.test_llm_sandbox_tools import ReportingLLM
 from tests.sandbox.test_client_misbehaving_server import NO_DATA, NOT_JSON, hang
 from tests.support.http import Keys, bearer, running, stream, user_message
-from tests.support.raw_server import Answer, RawServer, raw_servers
+from tests.support.raw_server import Answer, RawServer, raw_servers, response
 
 TOKEN = "sbx-Token-Marmot-4411"
 ROUTES = [
@@ -77,6 +77,29 @@ def test_a_hung_sandbox_server_gets_503_within_the_time_limit_retries_included(
     # Three attempts, as the idempotent mapping once got, would take 3 s at least.
     assert took < 2.5
     assert server.requests == 1
+
+
+def test_a_sandbox_server_out_of_resources_has_its_retry_after_passed_on(
+    serve: Callable[[Answer], RawServer], keys: Keys
+) -> None:
+    # The API answered 503 without it: clients retried at once, or not at all.
+    detail = b'{"detail": "the sandbox server is out of resources", "code": "SANDBOX_UNAVAILABLE"}'
+    server = serve(
+        lambda connection, head: connection.sendall(
+            response("503 Service Unavailable", detail, "Retry-After: 7")
+        )
+    )
+    settings = load_settings(sandbox_base_url=server.url, sandbox_bearer_token=TOKEN)
+    with (
+        running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        for method, path in ROUTES:
+            body = {"command": "echo hi"} if "tools/" in path else None
+            answer = client.request(method, path, json=body)
+            assert answer.status_code == 503, (method, path, answer.text)
+            assert answer.json()["error"]["code"] == "SANDBOX_UNAVAILABLE"
+            assert answer.headers["Retry-After"] == "7", (method, path)
 
 
 def test_the_model_reads_a_sandbox_answer_not_in_the_protocol_as_a_tool_error(

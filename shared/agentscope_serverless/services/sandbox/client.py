@@ -171,7 +171,11 @@ def _error(operation: str, failure: str, reply: _Reply) -> SandboxError:
             f"{operation} failed: {failure}",
             retry_after=_retry_after(reply.headers.get("retry-after", "")),
         )
-    return error_class(f"{operation} failed: {failure}")
+    error = error_class(f"{operation} failed: {failure}")
+    if reply.status_code == 503 and "retry-after" in reply.headers:
+        # Out of resources for a while: the caller is told when to come back, as it was.
+        error.retry_after = _retry_after(reply.headers["retry-after"])
+    return error
 
 
 class SandboxClient:
