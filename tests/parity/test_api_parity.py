@@ -14,6 +14,7 @@ from tests.parity.reference import (
     OUT_OF_SCOPE_METHODS,
     OUT_OF_SCOPE_MODULES,
     OUT_OF_SCOPE_NAMES,
+    SANDBOX_PACKAGE,
     Entry,
     in_scope,
     incompatibilities,
@@ -45,6 +46,24 @@ def test_the_listing_is_parsed_whole() -> None:
     assert len(LISTING.modules) == 37
     assert len(LISTING.entries) > 200
     assert sum(len(e.methods) for e in LISTING.entries) > 120
+
+
+# Names an engine module imports from AgentScope's sandbox package (``SandboxManager`` in
+# ``...services.sandbox.sandbox_service``): the ported sandbox package's own objects.
+SANDBOX_NAMES = [
+    e
+    for e in LISTING.entries
+    if (e.defined_in or "").startswith(SANDBOX_PACKAGE) and e.module not in OUT_OF_SCOPE_MODULES
+]
+
+
+@pytest.mark.parametrize("entry", SANDBOX_NAMES, ids=lambda e: f"{e.module}.{e.name}")
+def test_names_imported_from_the_sandbox_package_are_there_too(entry: Entry) -> None:
+    # ``from ...sandbox_service import SandboxType`` was a bare ImportError.
+    listed = importlib.import_module(our_module(entry.module))
+    assert getattr(listed, entry.name) is getattr(
+        importlib.import_module(our_module(entry.defined_in)), entry.name
+    )
 
 
 @pytest.mark.parametrize("module", MODULES)
