@@ -4,6 +4,8 @@ Each :class:`ToolDefinition` has a name, a description, the JSON schema of its p
 and the sandbox type it needs; ``SandboxService.connect(tools=...)`` infers the sandbox
 types from them. :func:`openai_tools` offers them to a model, and :func:`execute_tool`
 runs a model's tool call on the connected sandboxes and returns the text to show it.
+As AgentScope's sandbox tools, a definition is also called (``run_ipython_cell(code=...,
+sandbox=box)``), bound (``run_ipython_cell.bind(box)``) and read (``.schema``).
 
 >>> run_ipython_cell.to_openai_tool()["function"]["name"]
 'run_ipython_cell'
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentscope_serverless.errors import InvalidInputError, SandboxRequestError
@@ -26,12 +28,18 @@ from agentscope_serverless.services.sandbox.box import Sandbox
 
 @dataclass(frozen=True)
 class ToolDefinition:
-    """A tool that runs in a sandbox of ``sandbox_type``."""
+    """A tool that runs in a sandbox of ``sandbox_type`` (``sandbox``, once bound).
+
+    >>> def demo(box: Any) -> None:
+    ...     run_ipython_cell(code="x = 6", sandbox=box)
+    ...     run_ipython_cell.bind(box)(code="print(x * 7)")["content"][0]["text"]  # '42\\n'
+    """
 
     name: str
     description: str
     parameters: dict[str, Any] = field(hash=False)
     sandbox_type: str
+    sandbox: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_spec(cls, spec: ToolSpec) -> ToolDefinition:
@@ -48,6 +56,43 @@ class ToolDefinition:
                 "parameters": self.parameters,
             },
         }
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI function tool (AgentScope's ``SandboxTool.schema``)."""
+        return self.to_openai_tool()
+
+    def bind(self, sandbox: Any) -> ToolDefinition:
+        """A copy of this tool that runs on ``sandbox``; this one stays unbound."""
+        return replace(self, sandbox=self._fitting(sandbox))
+
+    def __call__(self, *, sandbox: Any = None, **arguments: Any) -> dict[str, Any]:
+        """Run this tool on ``sandbox``, else the bound one, else a temporary sandbox of its
+        type (made as ``BaseSandbox()`` is, released after the call); the MCP
+        ``CallToolResult`` as a dict."""
+        box = self._fitting(sandbox) if sandbox is not None else self.sandbox
+        if box is not None:
+            return box.call_tool(self.name, arguments)  # type: ignore[no-any-return]
+        with self._sandbox_class()() as temporary:
+            return temporary.call_tool(self.name, arguments)  # type: ignore[no-any-return]
+
+    def _sandbox_class(self) -> type:
+        """AgentScope's sandbox class of this tool's type (``BaseSandbox``, ...)."""
+        # Imported here: those classes are built on this package.
+        from agentscope_serverless.sandbox.registry import SandboxRegistry
+
+        sandbox_class = SandboxRegistry.get_classes_by_type(self.sandbox_type)
+        assert sandbox_class is not None, f"no sandbox class of type {self.sandbox_type!r}"
+        return sandbox_class
+
+    def _fitting(self, sandbox: Any) -> Any:
+        """``sandbox``, if it is of this tool's type (a filesystem sandbox is a base one)."""
+        if not isinstance(sandbox, self._sandbox_class()):
+            raise SandboxRequestError(
+                f"the tool {self.name!r} runs in a {self.sandbox_type!r} sandbox, "
+                f"not in a {str(getattr(sandbox, 'sandbox_type', None))!r} one"
+            )
+        return sandbox
 
     async def execute_async(
         self, sandboxes: Sandbox | Sequence[Sandbox], arguments: str | Mapping[str, Any] | None
