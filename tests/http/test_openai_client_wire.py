@@ -514,6 +514,22 @@ def test_a_reply_with_an_image_before_its_text_streams_as_the_sdk_reads_it(
     assert final.output_text == "A cat."
 
 
+@pytest.mark.parametrize("asked", ["refuse", "half refuse", "draw"])
+def test_a_reply_given_whole_streams_all_the_completion_not_streamed_holds_once(
+    sdk: openai.OpenAI, asked: str
+) -> None:
+    # Only deltas were streamed: a refusal in a message given whole never was, and the
+    # streamed reply of an agent refusing looked empty.
+    ask = [{"role": "user", "content": asked}]
+    message = sdk.chat.completions.create(model="m", messages=ask).choices[0].message
+    chunks = sdk.chat.completions.create(model="m", messages=ask, stream=True)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    content = "".join(d.content or "" for d in deltas) or None
+    refusal = "".join(d.refusal or "" for d in deltas) or None
+    assert (content, refusal) == (message.content, message.refusal)
+    assert message.refusal or message.content
+
+
 @dataclass
 class Snapshot:
     """An AgentScope ``Msg`` as an agent streams it: its blocks so far."""
@@ -1099,15 +1115,17 @@ def retry_of(count: int, **headers: str) -> dict[str, str]:
     return {"X-Stainless-Retry-Count": str(count), "X-Stainless-Read-Timeout": "600", **headers}
 
 
+@pytest.mark.parametrize("asked", ["hi", "half refuse"])
 @pytest.mark.parametrize("path", [CHAT, RESPONSES])
 def test_a_retry_of_a_stream_replays_the_run_of_its_first_try(
-    scenario: httpx.Client, path: str
+    scenario: httpx.Client, path: str, asked: str
 ) -> None:
+    # The replay read the run's text alone: a refusal the first try streamed was lost.
     session = f"retried-{uuid.uuid4()}"
     if path == CHAT:
-        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": asked}]}
     else:
-        body = {"model": "m", "input": "hi"}
+        body = {"model": "m", "input": asked}
     body["stream"] = True
     headers = {"X-Session-Id": session}
     first, first_events = stream(scenario, path, json=body, headers=retry_of(0, **headers))

@@ -761,7 +761,8 @@ async def chat_completion_chunks(
     events: AsyncIterator[Event], *, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """A run's events as ``chat.completion.chunk`` SSE lines, ending with ``[DONE]``: the
-    model's refusal streams as ``delta.refusal``.
+    model's refusal streams as ``delta.refusal``. A part given whole (a refusal in a message
+    yielded whole) streams as it completes, what its deltas streamed before not again.
 
     An agent failure, or the run's cancellation, becomes an ``{"error": ...}`` line (the SDK
     raises it as an APIError).
@@ -770,6 +771,8 @@ async def chat_completion_chunks(
     replies: set[str] = set()
     spoken: set[str] = set()
     refused: set[str] = set()
+    # How much of each reply part (by its message and index) streamed so far.
+    streamed: dict[tuple[str, int | None], int] = {}
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {
@@ -803,12 +806,12 @@ async def chat_completion_chunks(
         elif isinstance(event, Message) and event.status == RunStatus.InProgress:
             if _is_reply(event):
                 replies.add(event.id)
-        elif (
-            isinstance(event, TextContent | RefusalContent)
-            and event.delta
-            and event.msg_id in replies
-        ):
+        elif isinstance(event, TextContent | RefusalContent) and event.msg_id in replies:
             refusal, text = _said(event)
+            part = (event.msg_id, event.index)
+            if not event.delta:
+                text = text[streamed.get(part, 0) :] if event.status == RunStatus.Completed else ""
+            streamed[part] = streamed.get(part, 0) + len(text)
             if text:
                 field, said = ("refusal", refused) if refusal else ("content", spoken)
                 separator = "\n\n" if said and event.msg_id not in said else ""

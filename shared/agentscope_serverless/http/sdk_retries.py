@@ -38,6 +38,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
     Event,
     Message,
+    RefusalContent,
     RunStatus,
     TextContent,
 )
@@ -120,17 +121,24 @@ def input_seed(request: Request, earlier: RunRecord | None) -> str | None:
     return str(uuid.uuid4())
 
 
+# The content parts an OpenAI answer reads, by their type.
+_ANSWER_PARTS: dict[str, type[TextContent | RefusalContent]] = {
+    "text": TextContent,
+    "refusal": RefusalContent,
+}
+
+
 def _answer_event(data: str) -> Event | None:
     """A stored event, when it is one an OpenAI answer is made of: the run's responses, its
-    messages, and their text."""
+    messages, and their text and refusals."""
     fields = json.loads(data)
     kind, part = fields.get("object"), fields.get("type")
     if kind == "response":
         return AgentResponse.model_validate(fields)
     if kind == "message":
         return Message.model_validate(fields)
-    if kind == "content" and part == "text":
-        return TextContent.model_validate(fields)
+    if kind == "content" and part in _ANSWER_PARTS:
+        return _ANSWER_PARTS[part].model_validate(fields)
     return None
 
 
