@@ -74,6 +74,8 @@ def scenario_app() -> AgentApp:
         if text == "refuse":
             yield Message(role=Role.ASSISTANT, content=[RefusalContent(refusal="I can't.")])
             return
+        if text == "say nothing":
+            return
         if text == "half refuse":
             said = [TextContent(text="Part one."), RefusalContent(refusal="Not the rest.")]
             yield Message(role=Role.ASSISTANT, content=said)

@@ -460,6 +460,26 @@ def test_a_chat_client_resending_a_reply_with_a_refusal_continues_it(
     assert say(sdk, conversation, stream=False) == raw.headers["X-Session-Id"]
 
 
+@pytest.mark.parametrize("resent_as", ["", None])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_empty_reply_resent_as_the_client_got_it_continues_its_session(
+    sdk: openai.OpenAI, rest: httpx.Client, stream: bool, resent_as: str | None
+) -> None:
+    # A turn whose agent said nothing left no message to note the conversation with: each
+    # later call started a new session holding a copy of the conversation.
+    conversation: list[Any] = [
+        *started(uuid.uuid4().hex),
+        {"role": "user", "content": "say nothing"},
+    ]
+    first = say(sdk, conversation, stream=stream)
+    assert conversation[-1] == {"role": "assistant", "content": ""}
+    conversation[-1]["content"] = resent_as
+    conversation.append({"role": "user", "content": "thanks"})
+    assert say(sdk, conversation, stream=stream) == first
+    roles = [role for role, _ in stored(rest, first)]
+    assert roles == ["system", "user", "user", "user", "assistant"]
+
+
 def test_a_chat_reply_stopped_by_its_client_is_continued_with_what_it_got(
     sdk: openai.OpenAI, rest: httpx.Client
 ) -> None:

@@ -16,7 +16,8 @@ once. A turn that fails notes the conversation before it, for the client's retry
 as long as idempotency records (``IDEMPOTENCY_EXPIRY_SECONDS``, a day by default; a
 conversation taken up later starts a new session holding it) and are erased with the user's
 data. A note names, with its session, a message the session held when it was taken (the
-turn's last reply, or the last message before a failed turn), and is followed only while
+turn's last reply; for a turn that replied nothing, the message before it, else its input;
+the last message before a failed turn), and is followed only while
 the session still holds it: one whose session was deleted (by its user, with the user's
 data, or expired) is not followed, even once a session of the same id was made again.
 
@@ -167,18 +168,22 @@ async def noted(
     conversation: Sequence[Message],
     before: Sequence[Message] | None,
     held: str | None,
+    asked: str | None,
     ended: Callable[[], Awaitable[AgentResponse]] | None = None,
 ) -> AsyncIterator[Event]:
     """``events``, noting the conversation with its reply before the run's completed
     response goes out (so that the client's next call finds it), with the id of the reply's
-    last message; a run that ends otherwise notes the conversation ``before`` its turn, for
-    the client's retry, with ``held``, the id of a message the session held before it.
+    last message (for a reply of no message, ``held``, else ``asked``: the turn's last input
+    message the session keeps); a run that ends otherwise notes the conversation ``before``
+    its turn, for the client's retry, with ``held``, the id of a message the session held
+    before it.
 
     A cancelled run also notes the conversation with its partial reply, as the session keeps
     it and as it was streamed: a chat client that stopped a reply resends what it got of it.
     When the listener leaves before the run's end (the client stopped the stream), the end
     is awaited (``ended``) apart from the request, and noted alike.
     """
+    ending = _Ending(context, user_id, session_id, conversation, before, held, asked)
     last: str | None = None
     streamed: dict[str, str] = {}  # the text of each reply message, as streamed so far
     done = False
@@ -192,12 +197,10 @@ async def noted(
                 streamed[event.msg_id] += event.text or ""
             if isinstance(event, AgentResponse) and event.status in _ENDED:
                 done = True
-                ending = _Ending(context, user_id, session_id, conversation, before, held)
                 await ending.note(event, _joined(streamed.values()), last)
             yield event
     except (asyncio.CancelledError, GeneratorExit):
         if not done and ended is not None:
-            ending = _Ending(context, user_id, session_id, conversation, before, held)
             _later(ending.note_when_ended(ended, _joined(streamed.values()), last))
         raise
 
@@ -236,6 +239,7 @@ class _Ending:
     conversation: Sequence[Message]
     before: Sequence[Message] | None
     held: str | None
+    asked: str | None
 
     async def note(self, final: AgentResponse, streamed: str, last: str | None) -> None:
         """Note the conversation as the run ended with ``final``, its reply ``streamed``
@@ -245,7 +249,7 @@ class _Ending:
         last_kept = last or next((m.id for m in reversed(final.output or [])), None)
         if final.status == RunStatus.Completed:
             reply = _reply(reply_text(final))
-            await self._note([*self.conversation, reply], last_kept or self.held)
+            await self._note([*self.conversation, reply], last_kept or self.held or self.asked)
             return
         if self.before:
             await self._note(self.before, self.held)

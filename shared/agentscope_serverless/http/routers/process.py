@@ -272,7 +272,8 @@ async def _openai_turn(
     if runs is not None and original is not None:
         events = sdk_retries.stored_events(runs, run.user_id, original.id)
         session_id = original.session_id or session_id
-        retried = dataclasses.replace(call, session_id=session_id)
+        run = _seeded(run, original.input_seed)
+        retried = dataclasses.replace(call, run=run, session_id=session_id)
         return _Turn(original.id, session_id, _noted(context, retried, events))
     if call.history:
         session = Session(id=session_id, user_id=run.user_id)
@@ -280,8 +281,7 @@ async def _openai_turn(
     if cancel_on_disconnect:
         ends_with_client(request)
     seed = sdk_retries.input_seed(request, earlier)
-    if seed is not None:
-        run = run.model_copy(update={"input": with_seeded_ids(run.input, seed)})
+    run = _seeded(run, seed)
     recorded = await _recorded(
         context,
         request,
@@ -294,8 +294,15 @@ async def _openai_turn(
     )
     # Its answer is a 200 however the run ends (a failed response, as OpenAI's).
     fails_when(request, lambda: _failed_worth_retry(recorded))
-    noted = _noted(context, call, recorded.events(), recorded.final)
+    noted = _noted(context, dataclasses.replace(call, run=run), recorded.events(), recorded.final)
     return _Turn(recorded.run_id, session_id, noted, recorded)
+
+
+def _seeded(run: AgentRequest, seed: str | None) -> AgentRequest:
+    """``run`` with the ids its input is stored with: seeded by ``seed``, else its own."""
+    if seed is None:
+        return run
+    return run.model_copy(update={"input": with_seeded_ids(run.input, seed)})
 
 
 def _noted(
@@ -309,6 +316,7 @@ def _noted(
     if call.conversation is None:
         return events
     assert call.run.user_id is not None
+    asked = next((m.id for m in reversed(call.run.input) if not for_turn_only(m)), None)
     return conversations.noted(
         events,
         context,
@@ -317,6 +325,7 @@ def _noted(
         call.conversation,
         call.before,
         call.held,
+        asked,
         ended,
     )
 
