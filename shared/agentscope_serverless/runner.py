@@ -50,6 +50,7 @@ from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
+from agentscope_serverless.adapters.agentscope.blocks import block_content
 from agentscope_serverless.cancellation import CLEANUP_SECONDS, cancelled_from_outside
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
 from agentscope_serverless.deployers.base import DeployManager
@@ -90,7 +91,7 @@ from agentscope_serverless.services._turn import AgentWrites, agent_turn
 from agentscope_serverless.services._validation import (
     new_or_clean_session_id,
     require_input_ids,
-    valid_text,
+    valid_streamed_text,
 )
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
@@ -559,7 +560,7 @@ class Runner(ServiceLifecycleManagerMixin):
                 # fails its turn: leaving the run, the first would end the process serving
                 # it, the others the run without its end.
                 raise _RaisedByAgent() from exc
-            for event in turn.close():
+            for event in turn.end():
                 yield event
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
         # end the process serving it, and every run in it.
@@ -848,6 +849,9 @@ class _Turn:
 
     Pieces of text and content deltas go into the open assistant message (opened on the
     first piece); a whole :class:`Message` closes it and is emitted as a message of its own.
+    A message the handler streams itself (yielded ``in_progress``, or announced by a part
+    naming it) is not closed by another: it stays open, set aside, and a part naming it
+    (its ``msg_id``) goes back into it, so messages streamed at once keep their own parts.
     Streamed text is gathered in a list and joined into its content part when the part is
     read (completed, or before any other change), so each piece costs one small event. With
     ``gather``, pieces of text that come one after another are sent as one delta (within
@@ -873,14 +877,22 @@ class _Turn:
         self.outputs: list[Message] = []
         self._sequence = 0
         self._open: Message | None = None
+        # Whether the open message is one the handler streams itself; such messages it
+        # left for another (their parts interleaved), open still, by id.
+        self._open_own = False
+        self._set_aside: dict[str, Message] = {}
         # Of the AgentScope Msg being streamed (``snapshot``): its key, its thinking and text
         # so far, and the message types of its tool calls, by call id.
         self._msg_key: object = None
         self._thought = ""
         self._snapshot = ""
         self._tool_kinds: dict[str, str] = {}
+        self._media_sent = 0
         self._text_part: TextContent | None = None
         self._text: list[str] = []
+        # The first half of a UTF-16 surrogate pair ending the last piece of text, waiting
+        # for its second half in the next piece.
+        self._held = ""
 
     def start(self) -> list[Event]:
         return [
@@ -911,13 +923,15 @@ class _Turn:
         if not text:
             return []
         message, events = self._ensure_open()
-        part = self._join_text(message, text)
+        part, piece = self._join_text(message, text)
+        if not piece:
+            return events
         if not self._unsent:
             self._unsent_to, self._unsent_since = (part.index, message.id), time.monotonic()
             if self._first_text_held is not None:
                 self._first_text_held(self._unsent_since)
                 self._first_text_held = None
-        self._unsent.append(self._text[-1])
+        self._unsent.append(piece)
         if time.monotonic() - self._unsent_since >= GATHERED_TEXT_SECONDS:
             events += self.unsent()
         return events
@@ -934,15 +948,15 @@ class _Turn:
         if not text:
             return []
         message, events = self._ensure_open()
-        events.append(self._stream_text(message, text))
+        events += self._stream_text(message, text)
         return events
 
     def content(self, part: Content) -> list[Event]:
         message, events = self._ensure_open(part.msg_id)
         if isinstance(part, TextContent) and part.delta and part.index is None:
-            events.append(self._stream_text(message, part.text or ""))
+            events += self._stream_text(message, part.text or "")
             return events
-        self._flush_text()
+        events += self._flush_text()
         if (
             not part.delta
             and part.msg_id == message.id
@@ -957,7 +971,7 @@ class _Turn:
             return events
         events += self._complete_parts(message)
         if isinstance(part, TextContent):
-            events.append(self._stream_text(message, part.text or ""))
+            events += self._stream_text(message, part.text or "")
             events += self._complete_parts(message)
         else:
             events.append(self._emit(message.add_content(part)))
@@ -969,9 +983,12 @@ class _Turn:
         deltas ``msg.add_delta_content(...)`` returns, ``msg.content_completed(i)``, then
         ``yield msg.completed()``): it stays open until it comes back with another status."""
         open_message = self._open
-        if open_message is not None and open_message.id == message.id:
-            return self._update_open(open_message, message)
-        events = self.close()
+        if (open_message is not None and open_message.id == message.id) or (
+            message.id in self._set_aside
+        ):
+            open_message, events = self._ensure_open(message.id)
+            return events + self._update_open(open_message, message)
+        events = self._leave_open()
         events += self._open_message(
             Message(
                 id=message.id,
@@ -981,7 +998,8 @@ class _Turn:
                 message=message.message,
                 usage=message.usage,
                 metadata=message.metadata if message.metadata is not None else {},
-            )
+            ),
+            own=message.status == RunStatus.InProgress,
         )
         for part in message.content or []:
             fresh = {"delta": False, "index": None, "msg_id": None, "status": None}
@@ -1030,7 +1048,7 @@ class _Turn:
         events: list[Event] = []
         if key != self._msg_key:
             events += self.close()
-            self._msg_key, self._thought, self._snapshot = key, "", ""
+            self._msg_key, self._thought, self._snapshot, self._media_sent = key, "", "", 0
         blocks = _agentscope_blocks(msg)
         usage = getattr(msg, "usage", None)
         usage = dict(usage) if isinstance(usage, Mapping) and usage else None
@@ -1042,13 +1060,19 @@ class _Turn:
         text = "".join(str(b.get("text", "")) for b in blocks if b["type"] == "text")
         events += self._grow(MessageType.MESSAGE, role, self._snapshot, text, usage)
         self._snapshot = text
+        media = [block for block in blocks if block["type"] in _MEDIA_BLOCKS]
+        if len(media) > self._media_sent:
+            events += self._open_kind(MessageType.MESSAGE, role, usage)
+            for block in media[self._media_sent :]:
+                events += self.content(block_content(block))
+            self._media_sent = len(media)
         if last:
             events += self.close()
             for block in blocks:
                 tool_message = _tool_message(block, self._tool_kinds, usage)
                 if tool_message is not None:
                     events += self.message(tool_message)
-            self._msg_key, self._thought, self._snapshot = None, "", ""
+            self._msg_key, self._thought, self._snapshot, self._media_sent = None, "", "", 0
         return events
 
     def _grow(
@@ -1063,6 +1087,21 @@ class _Turn:
         twice."""
         if now == before:
             return []
+        events = self._open_kind(kind, role, usage)
+        message = self._open
+        assert message is not None
+        if now.startswith(before):
+            piece = now[len(before) :]
+        else:
+            events += self._complete_parts(message)
+            piece = now
+        if piece:
+            events += self._stream_text(message, piece)
+        return events
+
+    def _open_kind(self, kind: str, role: str, usage: dict[str, Any] | None) -> list[Event]:
+        """Have a message of ``kind`` open (a new one, closing another kind's), with
+        ``usage`` when given."""
         events: list[Event] = []
         message = self._open
         if message is None or message.type != kind:
@@ -1071,13 +1110,16 @@ class _Turn:
             events += self._open_message(message)
         if usage is not None:
             message.usage = usage
-        if now.startswith(before):
-            piece = now[len(before) :]
-        else:
-            events += self._complete_parts(message)
-            piece = now
-        if piece:
-            events.append(self._stream_text(message, piece))
+        return events
+
+    def end(self) -> list[Event]:
+        """Close every message still open: the open one, then those the handler streams
+        itself and left open for another, in the order it left them."""
+        events = self.close()
+        for message in self._set_aside.values():
+            self._open = message
+            events += self.close()
+        self._set_aside.clear()
         return events
 
     def close(self) -> list[Event]:
@@ -1108,9 +1150,12 @@ class _Turn:
     def interrupt(self) -> list[Message]:
         """The messages so far, the open one included as it is (no events are emitted)."""
         if self._open is not None:
+            self._held = ""  # not streamed: the turn ends here
             self._flush_text()
             self.outputs.append(self._open)
             self._open = None
+        self.outputs += self._set_aside.values()
+        self._set_aside.clear()
         return self.outputs
 
     def cancel(self) -> AgentResponse:
@@ -1129,29 +1174,49 @@ class _Turn:
         self._sequence += 1
         return event
 
-    def _open_message(self, message: Message) -> list[Event]:
+    def _open_message(self, message: Message, *, own: bool = False) -> list[Event]:
         message.in_progress()
-        self._open = message
+        self._open, self._open_own = message, own
         return [self._emit(message.model_copy())]
 
     def _ensure_open(self, message_id: str | None = None) -> tuple[Message, list[Event]]:
-        """The open message, or a new one: with ``message_id`` when a part of that message
-        comes before the message itself, so the message, yielded later, is the same one."""
-        if self._open is not None:
-            return self._open, []
+        """The open message, or the one ``message_id`` names: one the handler streams
+        itself and left open for another, or a new one when a part of that message comes
+        before the message itself, so the message, yielded later, is the same one."""
+        open_message = self._open
+        if open_message is not None and (not message_id or message_id == open_message.id):
+            return open_message, []
+        events = self._leave_open()
+        message = self._set_aside.pop(message_id, None) if message_id else None
+        if message is not None:
+            self._open, self._open_own = message, True
+            return message, events
         message = Message(role=Role.ASSISTANT, metadata={})
         if message_id:
             message.id = message_id
-        return message, self._open_message(message)
+        return message, events + self._open_message(message, own=bool(message_id))
 
-    def _stream_text(self, message: Message, text: str) -> TextContent:
-        """The delta event of ``text``, whose piece joins the open text part of ``message``."""
-        part = self._join_text(message, text)
-        return self._delta(part.index, message.id, self._text[-1])
+    def _leave_open(self) -> list[Event]:
+        """Leave the open message for another: one the handler streams itself stays open
+        (set aside until its parts come again, or it ends); any other is closed."""
+        message = self._open
+        if message is None or not self._open_own:
+            return self.close()
+        events = self._flush_text()
+        self._set_aside[message.id] = message
+        self._open = None
+        return events
 
-    def _join_text(self, message: Message, text: str) -> TextContent:
-        """The open text part of ``message`` (a new one when none is open), ``text`` joined
-        to its pieces."""
+    def _stream_text(self, message: Message, text: str) -> list[Event]:
+        """The delta event of ``text``, whose piece joins the open text part of ``message``
+        (none while the piece is only half of a surrogate pair)."""
+        part, piece = self._join_text(message, text)
+        return [self._delta(part.index, message.id, piece)] if piece else []
+
+    def _join_text(self, message: Message, text: str) -> tuple[TextContent, str]:
+        """The open text part of ``message`` (a new one when none is open), and the piece of
+        ``text`` joined to its pieces: valid Unicode (a model's cut emoji must not end the
+        run), a first half of a surrogate pair ending it held for the next piece."""
         part = self._text_part
         if part is None:
             if message.content is None:
@@ -1171,23 +1236,36 @@ class _Turn:
             self._text_part = part
         if type(text) is not str:
             text = str.__str__(text)  # a str subclass's value, as validation gives it
-        self._text.append(valid_text(text))  # a model's cut emoji must not end the run
-        return part
+        if self._held or not text.isascii():
+            text, self._held = valid_streamed_text(self._held + text)
+            if not text:
+                return part, text
+        self._text.append(text)
+        return part, text
 
     def _delta(self, index: int | None, msg_id: str, text: str) -> TextContent:
         fields = _TEXT_DELTA.copy()
         fields["index"], fields["msg_id"], fields["text"] = index, msg_id, text
         return self._emit(built(TextContent, fields, _TEXT_DELTA_SET))
 
-    def _flush_text(self) -> None:
-        """Join the streamed pieces into their content part (before it is read or changed)."""
-        if self._text_part is not None:
-            self._text_part.text = "".join(self._text)
-            self._text_part, self._text = None, []
+    def _flush_text(self) -> list[Event]:
+        """Join the streamed pieces into their content part (before it is read or changed):
+        a half of a surrogate pair still held, whose second half never came, ends it as
+        U+FFFD, in the delta returned."""
+        part = self._text_part
+        if part is None:
+            return []
+        events: list[Event] = []
+        if self._held:
+            self._held = ""
+            self._text.append("\ufffd")
+            events.append(self._delta(part.index, part.msg_id or "", "\ufffd"))
+        part.text = "".join(self._text)
+        self._text_part, self._text = None, []
+        return events
 
     def _complete_parts(self, message: Message) -> list[Event]:
-        self._flush_text()
-        events: list[Event] = []
+        events = self._flush_text()
         for index, part in enumerate(message.content or []):
             if part.status != RunStatus.Completed:
                 completed = message.content_completed(index)
@@ -1309,6 +1387,10 @@ def _agentscope_msg_converter() -> Callable[[list[Message]], list[Any]]:
         )
     module = importlib.import_module("agentscope_serverless.adapters.agentscope.message")
     return cast(Callable[[list[Message]], list[Any]], module.message_to_agentscope_msg)
+
+
+# The blocks of an AgentScope ``Msg`` streamed as whole content parts of its message.
+_MEDIA_BLOCKS = ("image", "audio", "video")
 
 
 def _agentscope_blocks(msg: Any) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import GATHERED_TEXT_SECONDS, Runner
 from agentscope_serverless.schemas.agent_schemas import (
     AgentResponse,
+    Content,
     DataContent,
     Event,
     Message,
@@ -116,11 +117,13 @@ async def test_each_text_delta_is_the_model_validation_would_give_and_its_own() 
 
 async def test_text_that_is_not_valid_unicode_is_streamed_and_kept_with_replacements() -> None:
     # What JSON's \\u escapes give for a model's emoji cut in two: lone surrogates, which
-    # UTF-8 cannot carry. Each becomes U+FFFD; a pair sent in one piece joins.
+    # UTF-8 cannot carry. Each becomes U+FFFD (a first half once the text ends without its
+    # second, in a delta of its own); a pair sent in one piece joins.
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
-        yield "cut \ud83d"
-        yield "\ude42 whole \ud83d\ude42"
+        yield "cut \ude42"
+        yield " whole \ud83d\ude42"
         yield TextContent(text=" part \udfff", delta=True)
+        yield " end \ud83d"
 
     manager = services()
     async with manager, Runner(handler, services=manager) as runner:
@@ -132,12 +135,34 @@ async def test_text_that_is_not_valid_unicode_is_streamed_and_kept_with_replacem
         )
     assert events[-1].status == "completed"
     deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
-    assert deltas == ["cut \ufffd", "\ufffd whole \U0001f642", " part \ufffd"]
-    reply = "cut \ufffd\ufffd whole \U0001f642 part \ufffd"
+    assert deltas == ["cut \ufffd", " whole \U0001f642", " part \ufffd", " end ", "\ufffd"]
+    reply = "cut \ufffd whole \U0001f642 part \ufffd end \ufffd"
     assert texts(events[-1]) == [reply]
     assert session is not None
     assert [m.get_text_content() for m in session.messages] == ["go", reply]
     assert reply in [m.get_text_content() for m in memories]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_emoji_cut_across_two_pieces_of_text_arrives_whole(stream: bool) -> None:
+    # A model's chunks may split a UTF-16 surrogate pair: its first half waits for the next.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield "smile "
+        yield "\ud83d"
+        yield TextContent(text="\ude00", delta=True)
+        yield " done"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query({**request("go"), "stream": stream})]
+        session = await runner.session_history_service.get_session("u1", "s1")
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    reply = "smile \U0001f600 done"
+    assert "".join(d or "" for d in deltas) == reply
+    assert all(deltas)
+    assert texts(events[-1]) == [reply]
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages] == ["go", reply]
 
 
 async def test_yielded_messages_are_separate_messages() -> None:
@@ -236,6 +261,53 @@ async def test_a_message_whose_parts_come_before_it_is_still_one_message() -> No
     assert opened == [m.id for m in done.output]
 
 
+async def test_messages_the_handler_streams_interleaved_keep_their_own_parts() -> None:
+    # AgentScope's protocol lets two messages stream at once (two sub-agents answering):
+    # each delta names its message, and lands in it.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        a, b = Message(role="assistant"), Message(role="assistant")
+        yield a.in_progress()
+        yield a.add_delta_content(new_content=TextContent(text="A1 ", delta=True))
+        yield b.in_progress()
+        yield b.add_delta_content(new_content=TextContent(text="B1 ", delta=True))
+        yield a.add_delta_content(new_content=TextContent(text="A2", delta=True))
+        yield b.completed()
+        yield a.completed()
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        events = [e async for e in runner.stream_query(request("go"))]
+        session = await runner.session_history_service.get_session("u1", "s1")
+    opened = [e.id for e in events if isinstance(e, Message) and e.status == "in_progress"]
+    a, b = opened
+    deltas = [(e.msg_id, e.index, e.text) for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == [(a, 0, "A1 "), (b, 0, "B1 "), (a, 0, "A2")]
+    completed = [e.id for e in events if isinstance(e, Message) and e.status == "completed"]
+    assert completed == [b, a]
+    done = events[-1]
+    assert isinstance(done, AgentResponse)
+    assert [(m.id, m.get_text_content()) for m in done.output or []] == [(b, "B1 "), (a, "A1 A2")]
+    assert session is not None
+    assert [(m.id, m.get_text_content()) for m in session.messages[1:]] == [
+        (b, "B1 "),
+        (a, "A1 A2"),
+    ]
+
+
+async def test_a_message_the_handler_leaves_open_for_another_ends_with_the_run() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        a = Message(role="assistant")
+        yield a.in_progress()
+        yield a.add_delta_content(new_content=TextContent(text="left open", delta=True))
+        yield Message(role="assistant", content="whole")
+
+    events = await run(handler)
+    completed = [e for e in events if isinstance(e, Message) and e.status == "completed"]
+    assert [m.get_text_content() for m in completed] == ["whole", "left open"]
+    assert texts(events[-1]) == ["whole", "left open"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 @pytest.mark.parametrize(
     ("result", "expected"),
     [
@@ -314,6 +386,62 @@ async def test_agentscope_pairs_stream_cumulative_text_as_suffixes(fake_agentsco
     assert deltas == ["Hel", "lo", " there", "Second"]
     assert texts(events[-1]) == ["Hello there", "Second"]
     assert shape(events).count("message:completed") == 2
+
+
+async def test_agentscope_pairs_join_an_emoji_cut_across_two_snapshots(
+    fake_agentscope: None,
+) -> None:
+    async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> AsyncIterator[Any]:
+        yield FakeMsg("friday", "smile \ud83d", "assistant", "m1"), False
+        yield FakeMsg("friday", "smile \ud83d\ude00 done", "assistant", "m1"), True
+
+    events = await run(handler, framework="agentscope")
+    deltas = [e.text for e in events if isinstance(e, TextContent) and e.delta]
+    assert deltas == ["smile ", "\U0001f600 done"]
+    assert texts(events[-1]) == ["smile \U0001f600 done"]
+
+
+async def test_agentscope_media_blocks_are_whole_parts_of_their_message_sent_once(
+    fake_agentscope: None,
+) -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/c.png"}}
+    wav = {"type": "base64", "media_type": "audio/wav", "data": "UklGRg=="}
+    audio = {"type": "audio", "source": wav}
+    text = {"type": "text", "text": "see"}
+    snapshots = [
+        [{"type": "text", "text": "se"}],
+        [text, image],
+        [text, image],
+        [text, image, audio],
+    ]
+
+    async def handler(self: Runner, msgs: list[Any], **kwargs: Any) -> AsyncIterator[Any]:
+        for number, blocks in enumerate(snapshots, 1):
+            msg = FakeMsg("friday", "", "assistant", "m1")
+            msg.content = blocks  # type: ignore[assignment]
+            yield msg, number == len(snapshots)
+
+    manager = services()
+    async with manager, Runner(handler, services=manager, framework="agentscope") as runner:
+        events = [e async for e in runner.stream_query(request("show me"))]
+        session = await runner.session_history_service.get_session("u1", "s1")
+    done = events[-1]
+    assert isinstance(done, AgentResponse)
+    [message] = done.output or []
+    parts = [p.model_dump(exclude_none=True) for p in message.content or []]
+    assert [(p["type"], p["index"], p["status"]) for p in parts] == [
+        ("text", 0, "completed"),
+        ("image", 1, "completed"),
+        ("audio", 2, "completed"),
+    ]
+    assert (parts[0]["text"], parts[1]["image_url"]) == ("see", "https://example.com/c.png")
+    assert (parts[2]["data"], parts[2]["format"]) == ("UklGRg==", "wav")
+    # Streamed as they were kept, each once, whole, in the message they belong to.
+    whole = [e for e in events if isinstance(e, Content) and not e.delta]
+    assert [e.model_dump(exclude_none=True) for e in whole] == parts
+    assert {e.msg_id for e in whole} == {message.id}
+    assert session is not None
+    assert [p.model_dump(exclude_none=True) for p in session.messages[1].content or []] == parts
 
 
 async def test_agentscope_without_the_package_fails_at_start(

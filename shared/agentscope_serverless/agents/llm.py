@@ -66,7 +66,11 @@ from agentscope_serverless.schemas.agent_schemas import (
     convert_to_openai_tool_call,
 )
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._validation import nests_deeper_than, valid_text
+from agentscope_serverless.services._validation import (
+    nests_deeper_than,
+    valid_streamed_text,
+    valid_text,
+)
 from agentscope_serverless.services.sandbox.service import SandboxService
 from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, ToolDefinition, as_tool
 from agentscope_serverless.settings import Settings
@@ -932,9 +936,8 @@ class _StreamedText:
         return self._add("refusal", piece)
 
     def _add(self, kind: str, piece: str) -> list[Message | TextContent | RefusalContent]:
-        piece = self._held[kind] + piece
-        self._held[kind] = piece[-1:] if "\ud800" <= piece[-1:] <= "\udbff" else ""
-        return self._stream(kind, piece[: len(piece) - len(self._held[kind])])
+        valid, self._held[kind] = valid_streamed_text(self._held[kind] + piece)
+        return self._stream(kind, valid)
 
     def close(
         self, finish_reason: str | None = None
@@ -942,7 +945,7 @@ class _StreamedText:
         """The events ending the open message, which says ``finish_reason`` when given."""
         events: list[Message | TextContent | RefusalContent] = []
         for kind, held in self._held.items():
-            events += self._stream(kind, held)
+            events += self._stream(kind, valid_text(held))
             self._held[kind] = ""
         if self._message is not None:
             if finish_reason:

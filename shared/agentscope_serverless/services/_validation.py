@@ -144,6 +144,22 @@ def valid_text(text: str) -> str:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
+def valid_streamed_text(piece: str) -> tuple[str, str]:
+    """A piece of streamed text as :func:`valid_text`, but for the first half of a UTF-16
+    surrogate pair ending it (an emoji a model cut across two chunks), kept apart to go
+    before the next piece: ``(valid, held)``. Only a half still alone when the text ends
+    becomes U+FFFD.
+
+    >>> valid_streamed_text("smile \\ud83d")
+    ('smile ', '\\ud83d')
+    >>> valid_streamed_text("\\ud83d" + "\\ude00 done")
+    ('\U0001f600 done', '')
+    """
+    if "\ud800" <= piece[-1:] <= "\udbff":
+        return valid_text(piece[:-1]), piece[-1]
+    return valid_text(piece), ""
+
+
 def require_utf8(value: Any, *, field: str) -> None:
     """Refuse ``value`` when any text in it cannot be encoded as UTF-8 (422 naming where)."""
     where = unencodable_path(value)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agentscope_serverless.adapters.agentscope import agentscope_missing
+from agentscope_serverless.adapters.agentscope.blocks import block_content
 
 try:
     from agentscope.message import Msg  # type: ignore[import-not-found]
@@ -64,24 +65,6 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     return [dict(block) for block in content if isinstance(block, dict)]
 
 
-def _part(block: dict[str, Any]) -> Content:
-    kind = block.get("type")
-    source = block.get("source") or {}
-    base64 = source.get("type") == "base64" and isinstance(source.get("data"), str)
-    media_type = str(source.get("media_type") or "")
-    if kind == "text":
-        return TextContent(text=str(block.get("text", "")))
-    if kind == "image" and source.get("type") == "url":
-        return ImageContent(image_url=source.get("url"))
-    if kind == "image" and base64 and media_type.startswith("image/"):
-        return ImageContent(image_url=f"data:{media_type};base64,{source['data']}")
-    if kind == "audio" and source.get("type") == "url":
-        return AudioContent(data=source.get("url"), format="url")
-    if kind == "audio" and base64 and media_type.startswith("audio/"):
-        return AudioContent(data=source["data"], format=media_type.removeprefix("audio/"))
-    return DataContent(data={"agentscope_block": block})
-
-
 def agentscope_msg_to_message(messages: Any) -> Any:
     """An AgentScope ``Msg`` (or a list of them) as :class:`Message` (or a list)."""
     if isinstance(messages, Iterable) and not isinstance(messages, (str, dict)):
@@ -92,7 +75,7 @@ def agentscope_msg_to_message(messages: Any) -> Any:
     metadata["agentscope"] = {"id": getattr(msg, "id", None), "name": getattr(msg, "name", None)}
     return Message(
         role=role,
-        content=[_part(block) for block in _blocks(msg.content)],
+        content=[block_content(block) for block in _blocks(msg.content)],
         metadata=metadata,
     )
 
