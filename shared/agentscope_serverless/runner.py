@@ -500,7 +500,8 @@ class Runner(ServiceLifecycleManagerMixin):
         already in the session for a message saying something else: 409) and problems
         loading the session raise before the first event; an agent error ends the
         stream with a ``failed`` response event. Afterwards the input and the agent's messages
-        are appended to the history (the input alone when the agent failed) and, with a memory
+        are appended to the history (the input alone when the agent failed; before the agent
+        is called when the sender gave an id: see ``_claim_given_ids``) and, with a memory
         service, added to memory. Other ``kwargs`` are passed to the query handler.
         """
         end_turn, keeping = _take_turn_end()
@@ -521,6 +522,7 @@ class Runner(ServiceLifecycleManagerMixin):
         request = request.model_copy(update={"session_id": session.id, "user_id": session.user_id})
         memories = await self._recall(user, request.input)
         kept = _stored_input(request.input, session)
+        await self._claim_given_ids(session, kept)
         turn = _Turn(
             AgentResponse(session_id=session.id),
             gather=not request.stream,
@@ -609,6 +611,16 @@ class Runner(ServiceLifecycleManagerMixin):
             yield turn.fail(self._error_of(exc))
             return
         yield final
+
+    async def _claim_given_ids(self, session: Session, kept: list[Message]) -> None:
+        """Store the input ``kept`` before the agent is called when its sender gave one of
+        its ids, refusing (409) one the session holds for a message saying something else:
+        runs sent at once, each with its own text for one id, would otherwise all call the
+        agent, and the history keep one of their texts. ``session`` (what the agent reads)
+        is left as loaded; the turn's append finds the input stored, and stores it once."""
+        if any("id" in m.model_fields_set for m in kept):
+            claiming = Session(id=session.id, user_id=session.user_id)
+            await self.session_history_service.append_new_messages(claiming, kept, field="input")
 
     async def _save_turn(
         self,

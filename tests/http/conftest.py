@@ -14,6 +14,7 @@ from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import (
     ImageContent,
@@ -30,6 +31,13 @@ SECRET = "sk-live-0123456789"
 CAT = "https://example.com/cat.png"
 # Loading the CA bundle is the slowest part of making an httpx client: load it once.
 TLS_CONTEXT = ssl.create_default_context()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local stack's AWS credentials, for apps on DynamoDB (moto)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
 
 
 @pytest.fixture(scope="module")

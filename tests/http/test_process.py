@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
 
+from agentscope_serverless.app import AgentApp
+from agentscope_serverless.http import create_app
+from agentscope_serverless.settings import load_settings
 from tests.http.conftest import SECRET
-from tests.support.http import Keys, stream, text_of, user_message
+from tests.support.backends import BACKENDS, backend_settings
+from tests.support.http import (
+    Keys,
+    bearer,
+    posted_at_once,
+    running,
+    stream,
+    text_of,
+    the_one_taken,
+    user_message,
+)
 
 RESPONSE_FIELDS = {
     "sequence_number",
@@ -439,3 +453,43 @@ def test_no_ping_when_the_agent_answers_at_once(
     _, sse = stream(client, "/process", json={"input": [user_message("quick")]})
     assert sse.comments == []
     assert text_of(sse.data) == "echo: quick"
+
+
+def counted_app(calls: list[int]) -> AgentApp:
+    """An agent that notes each call in ``calls``, then answers."""
+    app = AgentApp(app_name="counted")
+
+    @app.query(framework="text")
+    async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        calls.append(1)
+        yield "answered"
+
+    return app
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runs_sent_at_once_with_one_input_id_saying_different_things_call_the_agent_once(
+    backend: str, aws_env: None, keys: Keys, request: pytest.FixtureRequest
+) -> None:
+    # On DynamoDB all were answered 200: the agent answered each, and the history kept one
+    # of their questions.
+    calls: list[int] = []
+    settings = load_settings(**backend_settings(backend, request))
+    app = create_app(settings=settings, agent_app=counted_app(calls), key_store=keys.store)
+    session = f"at-once-{uuid.uuid4().hex[:8]}"
+    texts = [f"question {i}" for i in range(10)]
+    bodies = [
+        {"input": [{**user_message(text), "id": "same"}], "session_id": session, "stream": False}
+        for text in texts
+    ]
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as alice,
+    ):
+        winner = the_one_taken(posted_at_once(alice, "/process", bodies), 200)
+        stored = alice.get(f"/sessions/{session}/messages").json()["items"]
+    assert len(calls) == 1
+    assert [(m["role"], m["content"][0]["text"]) for m in stored] == [
+        ("user", texts[winner]),
+        ("assistant", "answered"),
+    ]

@@ -12,11 +12,14 @@ import pytest
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.settings import load_settings
+from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import (
     Keys,
     assert_docs_run_only_their_pinned_scripts,
     bearer,
+    posted_at_once,
     running,
+    the_one_taken,
     user_message,
 )
 from tests.support.ported_state import DictStateService
@@ -422,3 +425,26 @@ def test_an_erase_with_a_ported_state_service_erases_every_other_store_and_names
     # The key's record (its answer quotes the conversation) is gone: the request runs anew.
     again = ported.post("/process", json=run, headers=keyed)
     assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_appends_sent_at_once_of_one_message_id_saying_different_things_store_one(
+    backend: str, aws_env: None, keys: Keys, request: pytest.FixtureRequest
+) -> None:
+    # On DynamoDB all were answered 201 (on Redis some), each body quoting a message that
+    # was not the one sent, though the session kept one text.
+    app = create_app(
+        settings=load_settings(**backend_settings(backend, request)), key_store=keys.store
+    )
+    texts = [f"text {i}" for i in range(12)]
+    bodies = [{"messages": [{**user_message(text), "id": "same"}]} for text in texts]
+    path = f"/sessions/at-once-{uuid.uuid4().hex[:8]}/messages"
+    with (
+        running(app) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as alice,
+    ):
+        answers = posted_at_once(alice, path, bodies)
+        winner = the_one_taken(answers, 201)
+        stored = alice.get(path).json()["items"]
+    assert [m["content"][0]["text"] for m in stored] == [texts[winner]]
+    assert answers[winner].json()["messages"][0]["content"][0]["text"] == texts[winner]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import hashlib
 import json
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +141,31 @@ def bearer(key: str) -> dict[str, str]:
 
 def user_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def posted_at_once(client: httpx.Client, path: str, bodies: list[Any]) -> list[httpx.Response]:
+    """``bodies`` posted to ``path``, each from its own thread, at the same moment."""
+    start = threading.Barrier(len(bodies))
+
+    def send(body: Any) -> httpx.Response:
+        start.wait()
+        return client.post(path, json=body)
+
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(send, bodies))
+
+
+def the_one_taken(answers: list[httpx.Response], taken: int) -> int:
+    """The answers of requests sent at once naming one message id, each with its own text:
+    exactly one answered ``taken``, the others 409 MESSAGE_ID_CONFLICT not to be retried.
+    Returns the position of the one taken."""
+    statuses = [a.status_code for a in answers]
+    assert sorted(statuses) == [taken] + [409] * (len(answers) - 1), statuses
+    for answer in answers:
+        if answer.status_code == 409:
+            assert answer.json()["error"]["code"] == "MESSAGE_ID_CONFLICT"
+            assert answer.headers["x-should-retry"] == "false"
+    return statuses.index(taken)
 
 
 def a2a_send(text: str, **message: Any) -> dict[str, Any]:

@@ -181,9 +181,8 @@ async def append_messages(
 ) -> MessagesOut:
     refuse_blank_user_messages(body.messages, field="messages")
     writes_in_session(request, session_id)
-    await history.refuse_changed_messages(user_id, session_id, body.messages, field="message")
     session = Session(id=session_id, user_id=user_id)
-    await history.append_message(session, body.messages)
+    await history.append_new_messages(session, body.messages, field="message")
     return MessagesOut(messages=[m for m in session.messages if isinstance(m, Message)])
 
 

@@ -206,10 +206,32 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         after the append), so a retried append duplicates neither the history nor the
         object's messages. An id given twice in one append is stored, and added, once.
         """
+        await self._append(session, message)
+
+    async def append_new_messages(
+        self, session: Session, messages: list[Message], *, field: str
+    ) -> None:
+        """:meth:`append_message`, refusing (:class:`MessageIdConflictError`, as
+        :meth:`refuse_changed_messages` does) a message whose id, given by its sender, the
+        session holds for a message saying something else: before the append, and after it,
+        for another writer that stored the id in between (appends sent at once, each with
+        its own text for one id: one stores its text, the others are refused).
+
+        >>> async def post(service: SessionHistoryService, session: Session) -> None:
+        ...     await service.append_new_messages(session, [Message(id="m1")], field="message")
+        """
+        await self.refuse_changed_messages(session.user_id, session.id, messages, field=field)
+        await self._append(session, messages, field=field)
+
+    async def _append(self, session: Session, message: Any, *, field: str | None = None) -> None:
+        """Append ``message``; with ``field``, first refusing a message the append found
+        stored under its id saying something else (see :meth:`append_new_messages`)."""
         user_id, sid, messages = self._appending(session, message)
         if messages:
             note_history_write(user_id, sid)
             stored = await self._append_messages(user_id, sid, messages)
+            if field is not None:
+                _refuse_stored_by_others(messages, stored, field=field)
             _add_appended(session, messages, stored)
 
     async def stored_messages(
@@ -487,6 +509,18 @@ def _add_appended(session: Session, given: list[Message], stored: list[Message])
                 continue
         new.append(result)
     extend_messages(session, new)
+
+
+def _refuse_stored_by_others(given: list[Message], stored: list[Message], *, field: str) -> None:
+    """Raise :class:`MessageIdConflictError` when an append of ``given`` found one of their
+    ids stored (``stored``, its answer) for a message saying something else."""
+    for position, (message, result) in enumerate(zip(given, stored, strict=True)):
+        if result is not message and not _says_the_same(result, message):
+            raise MessageIdConflictError(
+                f"{field}[{position}].id names a message another request stored in the "
+                "session at the same time, which says something else: a session keeps one "
+                "message per id, so give a new message an id of its own"
+            )
 
 
 def _says_the_same(stored: Message, given: Message) -> bool:

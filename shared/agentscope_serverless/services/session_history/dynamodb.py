@@ -819,6 +819,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         deleted = await self._store.put_together(heads, checks, first_only=True)
         if deleted:
             await self._store.delete([key for head in deleted for key in tail_keys(head)])
+            result = await self._kept_instead(
+                user_id, session_id, meta, result, fresh, heads, deleted
+            )
         if not await self._store.holds(self._session_key(user_id, session_id), meta):
             # Deleted meanwhile, after its delete had listed the messages: what this
             # append wrote would stay stored, reachable by no one.
@@ -835,6 +838,27 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         await self._trim(user_id, session_id, meta)
         await self._restamp_if_due(user_id, session_id, meta)
         return result
+
+    async def _kept_instead(
+        self,
+        user_id: str,
+        session_id: str,
+        meta: Item,
+        result: list[Message],
+        fresh: list[tuple[int, Message]],
+        heads: list[Item],
+        deleted: list[Item],
+    ) -> list[Message]:
+        """``result`` with each message whose head was not written (another append wrote
+        its number first: one of the same id, found claimed but not yet written) replaced
+        by the message stored at its number, so the answer names what the session keeps."""
+        kept: dict[int, Message] = {}
+        for (seq, message), head in zip(fresh, heads, strict=True):
+            if any(head is lost for lost in deleted):
+                stored = await self._message_at(user_id, session_id, meta, seq)
+                if stored is not None:
+                    kept[id(message)] = stored
+        return [kept.get(id(message), message) for message in result]
 
     async def _stored_messages(
         self, user_id: str, session_id: str, message_ids: list[str]
