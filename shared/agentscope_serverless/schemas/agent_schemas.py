@@ -441,9 +441,18 @@ def with_seeded_ids(messages: list[Message], seed: str) -> list[Message]:
     """
     namespace = uuid.uuid5(uuid.NAMESPACE_URL, seed)
     return [
-        message.model_copy(update={"id": _seeded_message_id(namespace, position)})
+        _with_made_id(message, _seeded_message_id(namespace, position))
         for position, message in enumerate(messages)
     ]
+
+
+def _with_made_id(message: Message, message_id: str) -> Message:
+    """``message`` with the id ``message_id``, made here, not given by its sender: only a
+    retry of its request has it again, saying the same, so it needs no check against what
+    the session holds (see ``refuse_changed_messages``)."""
+    copy = message.model_copy(update={"id": message_id})
+    copy.__pydantic_fields_set__.discard("id")
+    return copy
 
 
 def _new_message_id() -> str:
