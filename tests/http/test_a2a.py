@@ -1061,6 +1061,28 @@ async def test_a_message_no_client_can_send_is_invalid_params_not_run(
         assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/a2a/v1/message:send", "POST"),
+        ("GET", "/a2a/message:send", "POST"),
+        ("POST", "/a2a/v1/tasks/t1", "GET, HEAD"),
+        ("PUT", "/a2a/tasks/t1", "GET, HEAD"),
+        ("GET", "/a2a", "POST"),
+    ],
+)
+async def test_a_method_an_a2a_route_does_not_serve_is_a_405_allowing_those_it_does(
+    served: tuple[str, Keys], method: str, path: str, allowed: str
+) -> None:
+    # Allow named every method, the refused one included.
+    url, keys = served
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        answer = await http.request(method, path, headers={"A2A-Version": "1.0"})
+        assert answer.status_code == 405, answer.text
+        assert answer.headers["allow"] == allowed
+        assert (await http.get("/a2a/no/such/route")).status_code == 404
+
+
 async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
     served: tuple[str, Keys],
 ) -> None:

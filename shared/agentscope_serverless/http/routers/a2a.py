@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, no_other_user
@@ -42,17 +42,44 @@ class A2AApplication:
         self._handler: Any = None
         self._router: Any = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @property
+    def router(self) -> Any:
+        """The SDK's routes (built now if not yet)."""
         if self._router is None:
             from agentscope_serverless.http.a2a_routes import build
 
             self._handler, self._router = build(self.context)
-        await self._router(scope, receive, send)
+        return self._router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.router(scope, receive, send)
 
     async def aclose(self) -> None:
         """Drain the A2A tasks still running (at shutdown)."""
         if self._handler is not None:
             await self._handler.aclose()
+
+
+class BindingRoute(Route):
+    """The route of A2A's HTTP+JSON binding (``/a2a/{rest}``), matching a request as the
+    SDK's routes behind it do: fully when one of them serves its method at its path, partly
+    when one serves its path with another method. A 405's ``Allow`` then names the methods
+    the path is served with (as a catch-all of every method, it named them all, the
+    refused one included)."""
+
+    def __init__(self, path: str, a2a: A2AApplication) -> None:
+        super().__init__(path, a2a)
+        self.a2a = a2a
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is Match.NONE:
+            return match, child_scope
+        served = {route.matches(scope)[0] for route in self.a2a.router.routes}
+        for match in (Match.FULL, Match.PARTIAL):
+            if match in served:
+                return match, child_scope
+        return Match.NONE, {}
 
 
 def mount(app: FastAPI, context: AppContext) -> A2AApplication:
@@ -61,7 +88,7 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
     assert agent_app is not None
     a2a = A2AApplication(context)
     app.router.routes.append(Route(A2A_PATH, a2a, methods=["POST"]))
-    app.router.routes.append(Route(f"{A2A_PATH}/{{rest:path}}", a2a))
+    app.router.routes.append(BindingRoute(f"{A2A_PATH}/{{rest:path}}", a2a))
     _document(app)
 
     async def card(request: Request, caller: CurrentCaller) -> JSONResponse:
