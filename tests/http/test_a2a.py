@@ -1061,6 +1061,48 @@ async def test_a_message_no_client_can_send_is_invalid_params_not_run(
         assert (await http.get("/runs", params={"session_id": context_id})).json()["items"] == []
 
 
+# A2A 0.3's HTTP+JSON form of messages the agent refuses: a file part, no content.
+_REFUSED_0_3 = [
+    ({"file": {"fileWithUri": "https://a.example/b.png", "mimeType": "image/png"}}, "a url part"),
+    (None, "Validation failed"),
+]
+
+
+@pytest.mark.parametrize(("part", "says"), _REFUSED_0_3)
+async def test_an_a2a_0_3_stream_of_a_refused_message_is_answered_as_its_send_not_broken_off(
+    served: tuple[str, Keys], part: dict[str, Any] | None, says: str
+) -> None:
+    # message:stream answered 200 text/event-stream, then broke its body off unfinished.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    message = {"role": "ROLE_USER", "messageId": "m1", "contextId": context_id}
+    message["content"] = [part] if part else []
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        sent = await http.post("/a2a/v1/message:send", json={"message": message})
+        streamed = await http.post("/a2a/v1/message:stream", json={"message": message})
+        assert sent.status_code == streamed.status_code == 400, streamed.text
+        assert streamed.json() == sent.json()
+        assert says in streamed.json()["error"]["message"]
+        assert (await http.get(f"/sessions/{context_id}")).status_code == 404
+
+
+async def test_a_json_rpc_stream_of_a_refused_message_is_one_error_event(
+    served: tuple[str, Keys],
+) -> None:
+    # JSON-RPC answers a call with a 200 whatever it says: the stream is the error, whole.
+    url, keys = served
+    file = {"kind": "file", "file": {"uri": "https://a.example/b.png", "mimeType": "image/png"}}
+    message = {"role": "user", "messageId": "m1", "parts": [file]}
+    call = {"jsonrpc": "2.0", "id": 4, "method": "message/stream", "params": {"message": message}}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        answer = await http.post("/a2a", json=call)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in answer.text.splitlines() if line.startswith("data:")]
+    assert len(events) == 1, answer.text
+    assert _error_of(answer)["code"] == -32005
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [

@@ -1,19 +1,19 @@
 """The ``a2a-sdk``'s routes for our agent, each authenticated like every other route.
 
-The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is
-authenticated first (401 without a key), the request passes the checks every route runs
-(valid Unicode and finite numbers in the body, ``Idempotency-Key``: on the JSON-RPC route,
-a body they refuse is a JSON-RPC error, a parse error for one that cannot be read; an A2A
-0.3 call with params its method cannot take, or a ``historyLength`` beyond 32 bits, is
-invalid params, as in A2A 1.0; one without an id, of either version, or a body that is no
-JSON-RPC request, is an invalid request saying why; a 0.3 call whose ``A2A-Version`` names
-another version is not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read
-are logged as a warning, not a server error), and the A2A call context carries the user it
-acts as, which scopes the tasks. On the JSON-RPC route, an ``Idempotency-Key`` is freed by an
-answer that is a JSON-RPC error, a retry is the same call whatever its id and its answer
-carries its own, and the key reused for another call is a JSON-RPC error. Every stream
-writes U+2028, U+2029 and U+0085 as JSON escapes. Imported on the first A2A request (see
-:mod:`agentscope_serverless.http.routers.a2a`).
+The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is authenticated
+first (401 without a key), the request passes the checks every route runs (valid
+Unicode and finite numbers in the body, ``Idempotency-Key``: on the JSON-RPC
+route, a body they refuse is a JSON-RPC error, a parse error for one that cannot be read; an A2A
+0.3 call with params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid
+params, as in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC
+request, is an invalid request saying why; a 0.3 call whose ``A2A-Version`` names another
+version is not supported (-32009), as in A2A 1.0; params a 1.0 method cannot read are logged as
+a warning, not a server error), and the A2A call context carries the user it acts as, which
+scopes the tasks. On the JSON-RPC route, an ``Idempotency-Key`` is freed by an answer that is a
+JSON-RPC error, a retry is the same call whatever its id and its answer carries its own, and the
+key reused for another call is a JSON-RPC error. Every stream writes U+2028, U+2029 and U+0085
+as JSON escapes; an HTTP+JSON stream failing before its first event is the binding's error
+answer. Imported on the first A2A request (see :mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from a2a.server.routes import (
     create_rest_routes,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_0_3
+from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, VersionNotSupportedError
 from a2a.utils.version_validator import validate_version
 from pydantic import ValidationError
@@ -151,9 +152,34 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
                 or await _version_refused(body, request)
             )
             return _answer(request, refused or await endpoint(request), ping_interval)
-        return _answer(request, await endpoint(request), ping_interval)
+        return _answer(request, await _first_event_read(await endpoint(request)), ping_interval)
 
     return guarded
+
+
+async def _first_event_read(response: Response) -> Response:
+    """An HTTP+JSON answer, its first event read when it is a stream: a stream failing before
+    any event (a message the agent refuses: a file part, no content) is the binding's error,
+    as ``message:send`` answers it. The SDK's A2A 0.3 routes started the stream first, then
+    broke it off: a 200 whose body never ended."""
+    if not isinstance(response, EventSourceResponse):
+        return response
+    events = aiter(response.body_iterator)
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        return response
+    except Exception as exc:  # as the SDK's error handler answers any (it has logged it)
+        error = build_rest_error_payload(exc)
+        return JSONResponse(error, status_code=error["error"]["code"])
+    response.body_iterator = _chained(first, events)
+    return response
+
+
+async def _chained(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for event in rest:
+        yield event
 
 
 def _answer(request: Request, response: Response, ping_interval: float) -> Response:
