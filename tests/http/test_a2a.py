@@ -1125,6 +1125,35 @@ async def test_a_method_an_a2a_route_does_not_serve_is_a_405_allowing_those_it_d
         assert (await http.get("/a2a/no/such/route")).status_code == 404
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/a2a", a2a_send("hello")),
+        ("/a2a/v1/message:send", {"message": {"role": "ROLE_USER", "messageId": "m1"}}),
+        ("/a2a/v1/message:stream", {"message": {"role": "ROLE_USER", "messageId": "m1"}}),
+        ("/a2a/message:send", {"message": {"role": "ROLE_USER", "messageId": "m1"}}),
+    ],
+)
+async def test_an_a2a_body_not_sent_as_json_is_a_415_and_not_run(
+    served: tuple[str, Keys], path: str, body: dict[str, Any], content_type: str | None
+) -> None:
+    # The SDK read it as JSON whatever its type, and ran the agent on it.
+    url, keys = served
+    user = f"a2a-user-{uuid.uuid4().hex[:8]}"  # a user with nothing stored yet
+    key = (await keys.store.create_key(kind="user", user_id=user)).key
+    if "message" in body:
+        body["message"]["content" if "/v1/" in path else "parts"] = [{"text": "hello"}]
+    headers = {"A2A-Version": "1.0"} if path == "/a2a/message:send" else {}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    async with httpx.AsyncClient(base_url=url, headers=bearer(key), timeout=30) as http:
+        answer = await http.post(path, content=json.dumps(body), headers=headers)
+        assert answer.status_code == 415, answer.text
+        assert answer.json()["error"]["code"] == "UNSUPPORTED_MEDIA_TYPE"
+        assert (await http.get("/sessions")).json()["items"] == []
+
+
 async def test_a_task_id_or_context_id_no_task_can_have_is_a_client_error(
     served: tuple[str, Keys],
 ) -> None:
@@ -1349,9 +1378,8 @@ _GET = b'{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1
     [
         (b"\xff\xfe", "application/json", -32700, None, "the body is not valid UTF-8 text"),
         (_GET + b', "x": "\xff"}}', "application/json", -32700, None, "not valid UTF-8 text"),
-        (_GET + b', "n": ' + b"1" * 5000 + b"}}", "text/plain", -32700, None, "4300 digits"),
+        (_GET + b', "n": ' + b"1" * 5000 + b"}}", "application/json", -32700, None, "4300 digits"),
         (b"[" * 200 + b"]" * 200, "application/json", -32700, None, "nests deeper than 100"),
-        (b"[" * 200 + b"]" * 200, "text/plain", -32700, None, "nests deeper than 100"),
         (
             b'{"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"contextId": '
             b'"\\ud800"}}',

@@ -168,7 +168,7 @@ def test_a_retry_is_the_same_call_however_its_json_is_spaced_or_ordered(
     reordered = json.dumps(dict(reversed(list(call.items()))), indent=2)
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         first = client.post("/a2a", json=call)
-        again = client.post("/a2a", content=reordered)
+        again = client.post("/a2a", content=reordered, headers={"Content-Type": "application/json"})
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json() == first.json()
 

@@ -1,8 +1,8 @@
 """The ``a2a-sdk``'s routes for our agent, each authenticated like every other route.
 
 The SDK's routes are plain Starlette endpoints; each is wrapped so the caller is authenticated
-first (401 without a key), the request passes the checks every route runs (valid
-Unicode and finite numbers in the body, ``Idempotency-Key``: on the JSON-RPC
+first (401 without a key), the request passes the checks every route runs (a body sent as JSON,
+else a 415; valid Unicode and finite numbers in the body, ``Idempotency-Key``: on the JSON-RPC
 route, a body they refuse is a JSON-RPC error, a parse error for one that cannot be read; an A2A
 0.3 call with params its method cannot take, or a ``historyLength`` beyond 32 bits, is invalid
 params, as in A2A 1.0; one without an id, of either version, or a body that is no JSON-RPC
@@ -58,7 +58,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.errors import response_for, status_of
+from agentscope_serverless.http.errors import not_json_type, response_for, status_of
 from agentscope_serverless.http.guards import (
     check_body,
     check_claims,
@@ -75,6 +75,7 @@ from agentscope_serverless.http.idempotency import (
     writes_in_session,
 )
 from agentscope_serverless.http.middleware import BodyTooDeep, _route_path
+from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.http.sse import escape_line_breaks, escaping_line_breaks
 from agentscope_serverless.services.idempotency import StoredResponse
 
@@ -123,13 +124,16 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
         request = utf8_request(request)
         caller = await get_caller(request, await bearer_scheme(request))
         request.scope[_USER_SCOPE_KEY] = caller.user_id()
+        # The SDK reads a body as JSON whatever its content type: one not sent as JSON is
+        # refused, as every route reading JSON refuses it.
+        content_type = request.headers.get("content-type")
+        if request.method == "POST" and not is_json_type(content_type) and await request.body():
+            return not_json_type(content_type)
         idempotency_key = _idempotency_key(request)
-        # The SDK reads the body as JSON whatever its content type: so are the checks (a
-        # body that is not UTF-8, which its HTTP+JSON routes failed on, is refused there).
         # The route's path, not the URL's: under a root path (an API Gateway stage) the URL
         # is /prod/a2a, and the JSON-RPC route was served as an HTTP+JSON one.
         if _route_path(request.scope) != A2A_PATH:
-            await check_request(request, caller, idempotency_key, any_type=True)
+            await check_request(request, caller, idempotency_key)
         else:
             body, refused = await _read(request)
             if refused is not None:
@@ -336,7 +340,7 @@ async def _read(request: Request) -> tuple[Any, Response | None]:
     text that is not Unicode, or a number JSON cannot carry, invalid params (in the params)
     or an invalid request."""
     try:
-        body = await request_body(request, any_type=True)
+        body = await request_body(request)
     except InvalidInputError as exc:
         return None, _json_rpc_error(None, -32700, exc.message, {"fields": exc.errors})
     except (BodyTooDeep, NotUtf8Charset) as exc:
