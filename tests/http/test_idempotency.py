@@ -27,7 +27,15 @@ from agentscope_serverless.services.runs import InMemoryRunsService, RunsService
 from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
-from tests.support.http import bearer, issue_key, parse_sse, running, stream, text_of
+from tests.support.http import (
+    bearer,
+    issue_key,
+    parse_sse,
+    posted_at_once,
+    running,
+    stream,
+    text_of,
+)
 
 # Long enough for a test's requests to replay before it, on a loaded machine.
 EXPIRY_SECONDS = 5
@@ -293,14 +301,7 @@ def test_a_bad_key_is_refused_saying_why_once(client: httpx.Client, path: str) -
 def saved_at_once(client: httpx.Client, save: dict[str, Any], key: str) -> list[httpx.Response]:
     """Eight retries of the keyed state save ``save``, sent at the same moment: each is
     answered 201 (the save, or its replay) or 409 (still in progress, with a Retry-After)."""
-    start = threading.Barrier(8)
-
-    def send(_: int) -> httpx.Response:
-        start.wait()
-        return client.post("/state/s1", json=save, headers=keyed(key))
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(send, range(8)))
+    answers = posted_at_once(client, "/state/s1", [save] * 8, headers=keyed(key))
     assert {a.status_code for a in answers} <= {201, 409}
     assert any(a.status_code == 201 for a in answers)
     for answer in answers:

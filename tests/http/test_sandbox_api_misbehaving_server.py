@@ -4,6 +4,7 @@ the sandbox protocol, one that never answers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -36,20 +37,34 @@ def serve() -> Iterator[Callable[[Answer], RawServer]]:
         yield start
 
 
-@pytest.mark.parametrize("answer", [NOT_JSON, NO_DATA], ids=["not-json", "no-data"])
-def test_a_sandbox_server_answering_200_not_in_the_protocol_gets_503_and_health_says_so(
-    serve: Callable[[Answer], RawServer], keys: Keys, answer: Answer
-) -> None:
-    server = serve(answer)
+@contextlib.contextmanager
+def sandbox_routes_over(
+    server: RawServer, keys: Keys
+) -> Iterator[tuple[str, list[httpx.Response]]]:
+    """The sandbox routes served on the sandbox server ``server``: their URL, and the answer
+    of each of :data:`ROUTES`."""
     settings = load_settings(sandbox_base_url=server.url, sandbox_bearer_token=TOKEN)
     with (
         running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url,
         httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
     ):
-        for method, path in ROUTES:
-            body = {"command": "echo hi"} if "tools/" in path else None
-            response = client.request(method, path, json=body)
-            assert response.status_code == 503, (method, path, response.text)
+        body = {"command": "echo hi"}
+        yield (
+            url,
+            [
+                client.request(method, path, json=body if "tools/" in path else None)
+                for method, path in ROUTES
+            ],
+        )
+
+
+@pytest.mark.parametrize("answer", [NOT_JSON, NO_DATA], ids=["not-json", "no-data"])
+def test_a_sandbox_server_answering_200_not_in_the_protocol_gets_503_and_health_says_so(
+    serve: Callable[[Answer], RawServer], keys: Keys, answer: Answer
+) -> None:
+    with sandbox_routes_over(serve(answer), keys) as (url, answers):
+        for route, response in zip(ROUTES, answers, strict=True):
+            assert response.status_code == 503, (route, response.text)
             error = response.json()["error"]
             assert error["code"] == "SANDBOX_UNAVAILABLE"
             assert "the sandbox server answered something unreadable" in error["message"]
@@ -89,17 +104,11 @@ def test_a_sandbox_server_out_of_resources_has_its_retry_after_passed_on(
             response("503 Service Unavailable", detail, "Retry-After: 7")
         )
     )
-    settings = load_settings(sandbox_base_url=server.url, sandbox_bearer_token=TOKEN)
-    with (
-        running(create_app(["sandbox"], settings=settings, key_store=keys.store)) as url,
-        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
-    ):
-        for method, path in ROUTES:
-            body = {"command": "echo hi"} if "tools/" in path else None
-            answer = client.request(method, path, json=body)
-            assert answer.status_code == 503, (method, path, answer.text)
+    with sandbox_routes_over(server, keys) as (_, answers):
+        for route, answer in zip(ROUTES, answers, strict=True):
+            assert answer.status_code == 503, (route, answer.text)
             assert answer.json()["error"]["code"] == "SANDBOX_UNAVAILABLE"
-            assert answer.headers["Retry-After"] == "7", (method, path)
+            assert answer.headers["Retry-After"] == "7", route
 
 
 def test_the_model_reads_a_sandbox_answer_not_in_the_protocol_as_a_tool_error(

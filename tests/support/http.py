@@ -143,13 +143,15 @@ def user_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
-def posted_at_once(client: httpx.Client, path: str, bodies: list[Any]) -> list[httpx.Response]:
+def posted_at_once(
+    client: httpx.Client, path: str, bodies: list[Any], headers: dict[str, str] | None = None
+) -> list[httpx.Response]:
     """``bodies`` posted to ``path``, each from its own thread, at the same moment."""
     start = threading.Barrier(len(bodies))
 
     def send(body: Any) -> httpx.Response:
         start.wait()
-        return client.post(path, json=body)
+        return client.post(path, json=body, headers=headers)
 
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         return list(pool.map(send, bodies))
