@@ -3,6 +3,7 @@ errors it can see); any other origin, and every origin by default, gets no CORS 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -52,6 +53,17 @@ def test_a_page_of_an_allowed_origin_calls_the_api(allowed: str, keys: Keys) -> 
     exposed = reply.headers["access-control-expose-headers"].lower()
     assert {"x-run-id", "x-session-id", "x-request-id"} <= set(exposed.replace(" ", "").split(","))
     assert "access-control-allow-credentials" not in reply.headers  # bearer keys, no cookies
+
+
+def test_a_page_reads_that_an_answer_was_replayed(allowed: str, keys: Keys) -> None:
+    # Idempotent-Replayed was not exposed: the page could not tell a retry's answer was kept.
+    headers = {**bearer(keys.alice), "Origin": PAGE, "Idempotency-Key": uuid.uuid4().hex}
+    body = {"session_id": f"replayed-{uuid.uuid4().hex[:8]}"}
+    first, again = (httpx.post(f"{allowed}/sessions", json=body, headers=headers) for _ in "12")
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.headers["idempotent-replayed"] == "true"
+    exposed = again.headers["access-control-expose-headers"].lower().replace(" ", "").split(",")
+    assert "idempotent-replayed" in exposed
 
 
 def test_an_error_reaches_the_page_and_the_key_is_still_required(allowed: str) -> None:

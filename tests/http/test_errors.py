@@ -353,6 +353,67 @@ def test_a_compressed_body_is_refused_saying_to_send_it_uncompressed(
         assert stored.status_code == 201, stored.text
 
 
+@pytest.mark.parametrize("coding", ["gzip, chunked", "foo, chunked"])
+def test_a_body_of_a_transfer_coding_but_chunked_is_refused_saying_to_send_it_uncompressed(
+    demo_url: str, keys: Keys, coding: str
+) -> None:
+    # The server undid the chunks only: gzip was read as the body (a 422 "not valid UTF-8
+    # text") and a coding it does not know was ignored.
+    session_id = f"coded-{uuid.uuid4().hex[:8]}"
+    body = json.dumps({"session_id": session_id}).encode()
+    if coding.startswith("gzip"):
+        body = gzip.compress(body)
+    host, port = httpx.URL(demo_url).host, httpx.URL(demo_url).port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=10) as connection:
+        connection.sendall(
+            f"POST /sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {keys.alice}\r\n"
+            f"Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n\r\n".encode()
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+        answer = b""
+        while data := connection.recv(65536):
+            answer += data
+    head, _, content = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 415"), answer[:300]
+    assert json.loads(content)["error"]["message"] == (
+        f"the request body must be sent uncompressed: Transfer-Encoding {coding!r} is not supported"
+    )
+    created = httpx.get(f"{demo_url}/sessions/{session_id}", headers=bearer(keys.alice))
+    assert created.status_code == 404
+
+
+def test_every_answer_without_a_cache_control_of_its_own_is_not_to_be_stored(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # A user's sessions, messages, memory and runs (and the refusals) were answered with no
+    # Cache-Control: a browser's cache, or a proxy told to cache these paths, could keep them.
+    client = client_for(keys.alice)
+    session_id = f"cached-{uuid.uuid4().hex[:8]}"
+    assert client.post("/sessions", json={"session_id": session_id}).status_code == 201
+    run = {"input": [user_message("hi")], "session_id": session_id, "stream": False}
+    assert client.post("/process", json=run).status_code == 200
+    answers = [
+        client.get(path)
+        for path in (
+            "/sessions",
+            f"/sessions/{session_id}",
+            f"/sessions/{session_id}/messages",
+            "/memory",
+            f"/runs?session_id={session_id}",
+            "/sessions/nope",
+            "/health",
+            "/openapi.json",
+        )
+    ]
+    answers.append(client_for(None).get("/sessions"))
+    for answer in answers:
+        assert answer.headers["cache-control"] == "no-store", (answer.url, answer.status_code)
+    # An event stream keeps its own: no-cache.
+    with client.stream("POST", "/process", json={**run, "stream": True}) as streamed:
+        assert streamed.headers.get_list("cache-control") == ["no-cache"]
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

@@ -32,6 +32,7 @@ ERRORS = {"400", "401", "403", "404", "405", "408", "409", "413", "415", "422", 
 # The headers the API's answers carry (each must be documented where it is sent).
 HEADERS = (
     "X-Request-Id",
+    "Cache-Control",
     "WWW-Authenticate",
     "Retry-After",
     "X-Should-Retry",

@@ -60,6 +60,7 @@ def _error(response: dict[str, Any]) -> dict[str, Any]:
     assert response["statusCode"] == 400, response
     assert response["headers"]["content-type"] == "application/json"
     assert response["headers"]["x-request-id"]
+    assert response["headers"]["cache-control"] == "no-store"
     error: dict[str, Any] = json.loads(response["body"])["error"]
     assert error["code"] == "BAD_REQUEST"
     return error
@@ -153,6 +154,17 @@ def test_a_decodable_event_is_still_served(sessions_handler: tuple[LambdaHandler
     response = handler(_event(key, body, base64=False), None)
     assert response["statusCode"] == 201, response
     assert json.loads(response["body"])["id"] == "after-bad-events"
+
+
+def test_a_functions_answers_are_not_to_be_stored_by_a_cache(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    # A user's sessions were answered with no Cache-Control: a cache could keep them.
+    handler, key = sessions_handler
+    for authorization in ({"authorization": f"Bearer {key}"}, {}):
+        answer = handler(function_url_event("GET", "/sessions", headers=authorization), None)
+        assert answer["statusCode"] == (200 if authorization else 401)
+        assert answer["headers"]["cache-control"] == "no-store"
 
 
 def test_a_user_named_twice_behind_a_function_url_is_refused(
@@ -673,6 +685,7 @@ def test_a_response_larger_than_lambda_returns_is_a_500_saying_to_ask_for_less(
         answered.update(answer.get("headers") or {})
         assert answered["x-should-retry"] == "false"  # OpenAI's SDKs retry a 500 otherwise
         assert answered["x-request-id"]
+        assert answered["cache-control"] == "no-store"
     page = handler(
         function_url_event("GET", "/sessions/big/messages", headers=headers, query="limit=3"), None
     )

@@ -54,7 +54,11 @@ from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.docs import docs_page
 from agentscope_serverless.http.errors import error_response, install_error_handlers
 from agentscope_serverless.http.guards import guard_added_request, guard_request, install_guards
-from agentscope_serverless.http.idempotency import install_idempotency, only_reads
+from agentscope_serverless.http.idempotency import (
+    REPLAYED_HEADER,
+    install_idempotency,
+    only_reads,
+)
 from agentscope_serverless.http.middleware import (
     BodySizeLimitMiddleware,
     HeadMiddleware,
@@ -74,7 +78,14 @@ if TYPE_CHECKING:
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
 # The response headers a page of another origin may read (CORS_ALLOW_ORIGINS).
-EXPOSED_HEADERS = ("X-Run-Id", "X-Session-Id", "X-Request-Id", "Retry-After", "X-Should-Retry")
+EXPOSED_HEADERS = (
+    "X-Run-Id",
+    "X-Session-Id",
+    "X-Request-Id",
+    "Retry-After",
+    "X-Should-Retry",
+    REPLAYED_HEADER,
+)
 
 _SERVICE_OF_ROUTER = {
     "sessions": "session_history",

@@ -75,7 +75,7 @@ _RESPONSE_SLACK_BYTES = 4096
 LAMBDA_CONTEXT_HEADER = b"x-amzn-lambda-context"
 _EVENT_STREAM = "text/event-stream"
 # Headers of a response kept on the error that replaces it when it is too large.
-_KEPT_HEADERS = ("x-request-id", "x-run-id", "x-session-id")
+_KEPT_HEADERS = ("x-request-id", "x-run-id", "x-session-id", "cache-control")
 
 # A warm function whose store refused a credential of the secret (a Redis password rotated
 # since it was read) starts again, reading the secret anew, at most once in this many
@@ -268,7 +268,7 @@ async def _in_daemon_thread(function: Callable[[], _T]) -> _T:
 async def _send_unavailable(scope: Scope, send: Send) -> None:
     """Answer that the function could not start (the cause is logged, not sent), under the
     invocation's id, as the application would."""
-    from agentscope_serverless.http.middleware import request_ids_of
+    from agentscope_serverless.http.middleware import NO_STORE, request_ids_of
     from agentscope_serverless.log import bind_request_id, log_request
 
     request_id, client_request_id = request_ids_of(scope)
@@ -288,6 +288,7 @@ async def _send_unavailable(scope: Scope, send: Send) -> None:
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"x-request-id", request_id.encode()),
+        NO_STORE,
     ]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -1079,6 +1080,7 @@ def _error(
     handler: MangumHandler, status: int, code: str, message: str, *, log: bool = False
 ) -> dict[str, Any]:
     """An error answered outside the application, in the shape of the request's event."""
+    from agentscope_serverless.http.middleware import NO_STORE
     from agentscope_serverless.log import log_request
 
     # The invocation's id, as in the application (see ``request_ids_of``).
@@ -1088,7 +1090,11 @@ def _error(
     method, path = _method_and_path(getattr(handler, "event", None))
     log_request(request_id, method, path, status, 0.0, failure={"code": code})
     body = _error_json(code, message, status).encode()
-    headers = [[b"content-type", b"application/json"], [b"x-request-id", request_id.encode()]]
+    headers = [
+        [b"content-type", b"application/json"],
+        [b"x-request-id", request_id.encode()],
+        list(NO_STORE),
+    ]
     try:
         answer: dict[str, Any] = handler({"status": status, "headers": headers, "body": body})
     except Exception:  # the event is too malformed for its own shape: the common one

@@ -7,9 +7,13 @@ On Lambda, the id is the invocation's (as Lambda's own log lines of it have it),
 ``X-Request-Id`` header the client sent, when it is a reasonable token (up to 128 letters,
 digits, ``.``, ``_`` or ``-``), is logged beside it as ``client_request_id``; elsewhere the
 id is the client's when it is such a token, otherwise a new one is made. The id is the
-response's ``X-Request-Id`` header. The request's agent gets it from
-``TracingUtil.get_request_id()``, and the trace headers it came with (``traceparent``,
-``tracestate``, ``X-Amzn-Trace-Id``) from ``TracingUtil.get_trace_header()``. Every line of
+response's ``X-Request-Id`` header. A response without a ``Cache-Control`` of its own (an
+event stream's and the chat page's have ``no-cache``) gets ``Cache-Control: no-store``: what
+the API answers is a user's own data (an error too, a 401's included), and ``/health`` or the
+OpenAPI document kept by a cache would hide what the server answers now. The request's
+agent gets its id from ``TracingUtil.get_request_id()``, and the trace headers it came with
+(``traceparent``, ``tracestate``, ``X-Amzn-Trace-Id``) from
+``TracingUtil.get_trace_header()``. Every line of
 the request also carries its trace ids, as Powertools names them: ``xray_trace_id``, the
 ``Root`` of its ``X-Amzn-Trace-Id`` (on Lambda, of the invocation's ``_X_AMZN_TRACE_ID``), and
 ``trace_id``, the trace id of a valid W3C ``traceparent`` (an invalid one is ignored). One JSON log
@@ -31,9 +35,12 @@ says so, without reading it into the app, otherwise as soon as the bytes read ex
 closed while the client still sends is reset, and a client writing its whole body before
 reading (httpx's async client, most SDKs) then sees a broken connection instead of the 413.
 A client that asked ``Expect: 100-continue`` has sent no body: it is answered at once.
-A compressed body (a ``Content-Encoding`` of gzip, deflate, br, zstd...) gets 415, refused
+A compressed body (a ``Content-Encoding`` of gzip, deflate, br, zstd..., or a
+``Transfer-Encoding`` of any coding but ``chunked``, ``gzip, chunked`` say) gets 415, refused
 the same way: it is never decompressed, and read as it came it would be refused as text that
-is not UTF-8.
+is not UTF-8. A transfer coding is refused as a content coding is, rather than with the 501
+RFC 9112 suggests: to the client it is the same mistake, and a 5xx would be retried (OpenAI's
+SDKs retry every one) to the same answer.
 Both are refused only once the request's key holds, as any body is read only then: a caller
 without a valid key gets its 401 at once, the body unread; a route needing no key
 (``/health``) refuses them as before.
@@ -175,8 +182,20 @@ def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
     return candidate if isinstance(candidate, str) and _VALID_ID.match(candidate) else None
 
 
+# What an answer that says nothing of caching is sent with: answers are a user's own data
+# (their sessions, their memory), which no cache, a browser's or a proxy's, is to keep.
+NO_STORE = (b"cache-control", b"no-store")
+
+
+def _sets_caching(headers: Any) -> bool:
+    """Whether the answer's ``headers`` have a ``Cache-Control`` of their own (an event
+    stream's ``no-cache``, the chat page's)."""
+    return any(name.lower() == b"cache-control" for name, _ in headers)
+
+
 class RequestContextMiddleware:
-    """Tags each request with a request id and logs it once it is answered; with
+    """Tags each request with a request id and logs it once it is answered (an answer that
+    says nothing of caching also gets ``Cache-Control: no-store``); with
     ``metrics``, one answered with a server error (a 5xx) also writes its metric.
 
     ``error_handler`` (an application's handler of ``Exception`` or 500, as FastAPI's
@@ -225,7 +244,11 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"] = status_on(_route_path(scope), message["status"])
-                message["headers"] = [*message.get("headers", ()), header]
+                headers = message.get("headers", ())
+                if _sets_caching(headers):
+                    message["headers"] = [*headers, header]
+                else:
+                    message["headers"] = [*headers, header, NO_STORE]
             await send(message)
 
         try:
@@ -459,7 +482,8 @@ class BodyTooDeep(HTTPException):
 
 class BodySizeLimitMiddleware:
     """Rejects request bodies larger than ``max_bytes`` with 413, compressed ones (a
-    ``Content-Encoding`` of a compression) with 415, stalled ones with 408 and JSON ones
+    ``Content-Encoding`` of a compression, a ``Transfer-Encoding`` of any coding but
+    ``chunked``) with 415, stalled ones with 408 and JSON ones
     nesting deeper than ``MAX_JSON_DEPTH`` with 422.
 
     ``timeout`` bounds the wait for each part of the body (None: no limit); once the body
@@ -476,13 +500,13 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        coding = _content_coding(scope)
+        coding = _body_coding(scope)
         if coding is not None:
+            header, value = coding
             response = error_response(
                 415,
                 "UNSUPPORTED_MEDIA_TYPE",
-                f"the request body must be sent uncompressed: Content-Encoding {coding!r} is "
-                "not supported",
+                f"the request body must be sent uncompressed: {header} {value!r} is not supported",
             )
             response.headers["Accept-Encoding"] = "identity"
             response.headers["Connection"] = "close"
@@ -729,15 +753,30 @@ def _is_json(scope: Scope) -> bool:
 _COMPRESSIONS = frozenset(("gzip", "x-gzip", "deflate", "br", "compress", "x-compress", "zstd"))
 
 
-def _content_coding(scope: Scope) -> str | None:
-    """The request's ``Content-Encoding`` when it names a compression, else None."""
+def _body_coding(scope: Scope) -> tuple[str, str] | None:
+    """The header and its value, when the request's body is encoded in a way it is not read
+    in: a ``Content-Encoding`` naming a compression, or a ``Transfer-Encoding`` naming any
+    coding but ``chunked`` (the server undoes the chunks only: a ``gzip`` one would be read
+    compressed), else None."""
     for name, value in scope.get("headers", ()):
         if name == b"content-encoding":
             coding = bytes(value).decode("latin-1").strip()
-            codings = {part.strip().lower() for part in coding.split(",")}
-            if codings & _COMPRESSIONS:
-                return coding[:100]
+            if _codings(coding) & _COMPRESSIONS:
+                return "Content-Encoding", coding[:100]
+        elif name == b"transfer-encoding":
+            coding = bytes(value).decode("latin-1").strip()
+            if _codings(coding) - {"chunked"}:
+                return "Transfer-Encoding", coding[:100]
     return None
+
+
+def _codings(value: str) -> set[str]:
+    """The codings a ``Content-Encoding`` or ``Transfer-Encoding`` value lists, lower-case.
+
+    >>> sorted(_codings("GZIP,, chunked"))
+    ['chunked', 'gzip']
+    """
+    return {part.strip().lower() for part in value.split(",")} - {""}
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -751,6 +790,7 @@ def _content_length(scope: Scope) -> int | None:
 
 
 __all__ = [
+    "NO_STORE",
     "POLICY_VIOLATION",
     "REQUEST_ID_HEADER",
     "BodySizeLimitMiddleware",

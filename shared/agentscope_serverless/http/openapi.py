@@ -220,6 +220,14 @@ RESPONSE_HEADERS = (
         required=True,
     ),
     ResponseHeader(
+        "Cache-Control",
+        "`no-store`, no cache is to keep the answer, unless its route sends its own (an "
+        "event stream: `no-cache`).",
+        lambda kinds, status: True,
+        _TEXT,
+        required=True,
+    ),
+    ResponseHeader(
         "WWW-Authenticate",
         "`Bearer`: how to authenticate.",
         lambda kinds, status: status == "401",
