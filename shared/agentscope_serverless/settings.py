@@ -604,9 +604,10 @@ def agent_app_problem(value: str) -> str | None:
     >>> agent_app_problem("mypkg.agent:app") is None
     True
     """
-    if re.fullmatch(_AGENT_APP_PATTERN, value):
-        return None
     module, _, attribute = value.partition(":")
+    # agent.py:app names the file, not the module (Python would look for agent's module py).
+    if re.fullmatch(_AGENT_APP_PATTERN, value) and not module.endswith(".py"):
+        return None
     module = re.sub(r"\.py$", "", module.removeprefix("./")).replace("/", ".")
     example = f"{module}:{attribute or 'app'}"
     if not re.fullmatch(_AGENT_APP_PATTERN, example):

@@ -502,6 +502,7 @@ AGENT_MODULES = {
             "be replaced: pick another path for it\n",
         ),
         ("./agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
+        ("agent.py:bot", "not a file path) and the name of its AgentApp, e.g. agent:bot"),
         ("agent.py", "e.g. agent:app"),
         ("", "--agent is empty (a variable not set?): give the AgentApp as module:attribute"),
     ],
