@@ -115,6 +115,11 @@ def test_only_known_frameworks_register() -> None:
 
     with pytest.raises(ValueError, match="text, agentscope"):
         app.query(framework="autogen")(query)  # as @app.query(framework="autogen") does
+
+    # A misspelt framework= was run as a request's text: "'coroutine' object is not callable".
+    for misspelt in ("Text", "txt"):
+        with pytest.raises(ValueError, match=f"text, agentscope, got '{misspelt}'"):
+            app.query(framework=misspelt)(query)
     with pytest.raises(TypeError):
         app.query("hello", framework="text")  # type: ignore[call-overload]
 

@@ -355,7 +355,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
     @overload
     def query(
         self,
-        framework: AgentRequest | Mapping[str, Any] | str,
+        request: AgentRequest | Mapping[str, Any] | str,
+        /,
         *,
         user_id: str | None = None,
         session_id: str | None = None,
@@ -363,8 +364,8 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     def query(
         self,
-        framework: AgentRequest | Mapping[str, Any] | str | None = None,
-        *,
+        *given: AgentRequest | Mapping[str, Any] | str | None,
+        framework: str | None = None,
         request: AgentRequest | Mapping[str, Any] | str | None = None,
         user_id: str | None = None,
         session_id: str | None = None,
@@ -375,27 +376,38 @@ class AgentApp(ServiceLifecycleManagerMixin):
         Runtime: ``@app.query()`` hands the handler AgentScope ``Msg`` objects) decorates the
         handler; ``await app.query("hello", user_id=..., session_id=...)`` runs a request
         (text, a dict or an :class:`AgentRequest`; ``request=`` also works) and returns the
-        final :class:`AgentResponse`. A lone framework name registers. In a server serving
-        the app, a request runs on the served runner, for the caller's user (see
+        final :class:`AgentResponse`. ``framework=`` always registers (a misspelt one is
+        refused, not run as a request's text), and so does a lone framework name. In a server
+        serving the app, a request runs on the served runner, for the caller's user (see
         :meth:`serving`).
         """
-        if callable(framework):  # @app.query without its parentheses, given the handler
+        if len(given) > 1:
+            raise TypeError(f"query() takes one request, got {len(given)} arguments")
+        first = given[0] if given else None
+        if callable(first):  # @app.query without its parentheses, given the handler
             raise TypeError(
                 "@app.query takes parentheses: @app.query(framework='text') above a handler "
                 "of protocol Messages, or @app.query() for AgentScope Msgs"
             )
+        # The one positional argument is AgentScope's framework name or a request's text;
+        # framework= is only a framework, so that a misspelt one is refused, not run as text.
+        if framework is not None:
+            if any(value is not None for value in (first, request, user_id, session_id)):
+                raise TypeError("pass either framework= (to register) or a request (to run)")
+            return self._register(framework)
         if request is None:
-            registering = framework is None or (
-                isinstance(framework, str)
-                and framework in _FRAMEWORK_NAMES
+            if first is None:
+                return self._register("agentscope")
+            if (
+                isinstance(first, str)
+                and first in _FRAMEWORK_NAMES
                 and user_id is None
                 and session_id is None
-            )
-            if registering:
-                return self._register(framework if isinstance(framework, str) else "agentscope")
-            request = framework
-        elif framework is not None:
-            raise TypeError("pass either framework= (to register) or a request (to run)")
+            ):
+                return self._register(first)
+            request = first
+        elif first is not None:
+            raise TypeError("pass the request once: as the argument or as request=")
         assert request is not None
         return self._query(_to_request(request, user_id=user_id, session_id=session_id))
 
