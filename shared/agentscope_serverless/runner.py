@@ -1000,9 +1000,8 @@ class _Turn:
         ):
             open_message, events = self._ensure_open(message.id)
             return events + self._update_open(open_message, message)
-        events = self._leave_open()
-        events += self._open_message(
-            Message(
+        try:
+            opened = Message(
                 id=message.id,
                 type=message.type,
                 role=message.role or Role.ASSISTANT,
@@ -1010,9 +1009,15 @@ class _Turn:
                 message=message.message,
                 usage=message.usage,
                 metadata=message.metadata if message.metadata is not None else {},
-            ),
-            own=message.status == RunStatus.InProgress,
-        )
+            )
+        except ValidationError as exc:  # a field set by assignment, which pydantic lets by
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise AgentError(
+                f"the Message the agent yielded is not valid: {field}: {first['msg']}"
+            ) from None
+        events = self._leave_open()
+        events += self._open_message(opened, own=message.status == RunStatus.InProgress)
         for part in message.content or []:
             fresh = {"delta": False, "index": None, "msg_id": None, "status": None}
             events += self.content(part.model_copy(update=fresh))

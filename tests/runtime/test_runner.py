@@ -680,6 +680,20 @@ async def test_an_unsupported_value_fails_the_run_saying_what_a_handler_gives() 
     )
 
 
+async def test_a_message_made_invalid_by_assignment_fails_the_run_naming_it() -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Message]:
+        message = Message(role="assistant", content=[TextContent(text="hi")])
+        message.role = "bot"  # not validated on assignment
+        yield message
+
+    error = (await run(handler))[-1].error
+    assert error is not None and error.code == "AGENT_ERROR"
+    assert error.message == (
+        "the Message the agent yielded is not valid: role: Input should be 'assistant', "
+        "'system', 'user' or 'tool'"
+    )
+
+
 async def test_a_run_abandoned_midway_keeps_the_input_and_the_partial_reply() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
         yield "first"
