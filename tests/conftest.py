@@ -32,6 +32,19 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "CRITICAL")
 
 
 @pytest.fixture
+def warnings_logged() -> Iterator[None]:
+    """The runtime's logger at WARNING for one test (the suite logs only critical lines)."""
+    from agentscope_serverless.log import logger
+
+    level = logger.level
+    logger.setLevel("WARNING")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@pytest.fixture
 def user_id() -> str:
     """A user id no other test uses, so durable backends need no cleaning between tests."""
     return f"user-{uuid.uuid4().hex[:12]}"

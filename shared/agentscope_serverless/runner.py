@@ -564,6 +564,12 @@ class Runner(ServiceLifecycleManagerMixin):
                 raise _RaisedByAgent() from exc
             for event in turn.end():
                 yield event
+            if not turn.outputs:  # legitimate at times, but mostly a forgotten return
+                logger.warning(
+                    f"the query handler {handler_name(self.query_handler)} yielded or "
+                    "returned nothing: the reply is empty",
+                    extra={"session_id": session.id, "run_id": turn.response.id},
+                )
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would
         # end the process serving it, and every run in it.
         except (Exception, SystemExit) as exc:
@@ -922,10 +928,13 @@ class _Turn:
             return events + self.message(item)
         if isinstance(item, Content):
             return events + self.content(item)
+        kind = type(item).__name__
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bool):
-            return events + self.snapshot(item[0], item[1])
+            if _is_agentscope_msg(item[0]):
+                return events + self.snapshot(item[0], item[1])
+            kind = f"({type(item[0]).__name__}, bool)"
         raise AgentError(
-            f"the agent produced a value of unsupported type {type(item).__name__}: a handler "
+            f"the agent produced a value of unsupported type {kind}: a handler "
             "yields (or returns) text, Messages or content (TextContent...), or AgentScope "
             "(msg, last) pairs"
         )
@@ -1466,6 +1475,19 @@ def _json_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(value)
+
+
+def handler_name(handler: Callable[..., Any]) -> str:
+    """A handler as logs name it, ``module.qualname`` (of the function a method binds)."""
+    function = getattr(handler, "__func__", handler)
+    qualname = getattr(function, "__qualname__", type(function).__name__)
+    return f"{getattr(function, '__module__', None)}.{qualname}"
+
+
+def _is_agentscope_msg(value: Any) -> bool:
+    """Whether ``value`` reads as an AgentScope ``Msg`` (duck-typed, as
+    :func:`_agentscope_text` reads it): text, say, is not one."""
+    return hasattr(value, "content") or callable(getattr(value, "get_text_content", None))
 
 
 def _agentscope_text(msg: Any) -> str:

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
 
 import pytest
 
 from agentscope_serverless.agents.llm import create_llm_app
-from agentscope_serverless.log import logger
 from agentscope_serverless.settings import load_settings
 
-
-@pytest.fixture(autouse=True)
-def warnings_logged() -> Iterator[None]:
-    """The suite logs only critical lines; these tests read the warnings."""
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("warnings_logged")  # these tests read the warnings
 
 
 def start_and_stop(api_key: str | None, capfd: pytest.CaptureFixture[str]) -> str:

@@ -680,6 +680,35 @@ async def test_an_unsupported_value_fails_the_run_saying_what_a_handler_gives() 
     )
 
 
+async def test_a_pair_of_text_and_a_flag_fails_the_run_naming_its_types() -> None:
+    # Taken for an AgentScope (msg, last) pair: the run completed with no output.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        yield ("Hello ", False)
+        yield ("world", True)
+
+    error = (await run(handler))[-1].error
+    assert error is not None and error.code == "AGENT_ERROR"
+    assert error.message.startswith("the agent produced a value of unsupported type (str, bool): ")
+
+
+@pytest.mark.usefixtures("warnings_logged")
+async def test_a_handler_giving_nothing_completes_and_warns_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> None:
+        msgs[-1].get_text_content()  # the reply made, and not returned
+
+    final = (await run(handler))[-1]
+    assert isinstance(final, AgentResponse) and final.status == "completed" and not final.output
+    warned = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if '"WARNING"' in line
+    ]
+    assert [line["message"] for line in warned] == [
+        f"the query handler {__name__}.{handler.__qualname__} yielded or returned nothing: "
+        "the reply is empty"
+    ]
+
+
 async def test_a_message_made_invalid_by_assignment_fails_the_run_naming_it() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Message]:
         message = Message(role="assistant", content=[TextContent(text="hi")])
