@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import subprocess
@@ -122,6 +123,36 @@ def test_only_known_frameworks_register() -> None:
             app.query(framework=misspelt)(query)
     with pytest.raises(TypeError):
         app.query("hello", framework="text")  # type: ignore[call-overload]
+
+
+@pytest.mark.usefixtures("warnings_logged")
+def test_a_second_handler_replaces_the_first_with_a_warning_naming_both(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    app = echo_app()  # its query handler is echo_app.<locals>.query
+
+    @app.query(framework="text")
+    async def query(self: Runner, msgs: list[Message], **kw: Any) -> AsyncIterator[str]:
+        yield "the leftover"
+
+    for register in (app.init, app.init, app.shutdown, app.shutdown):
+
+        @register
+        def hook(self: Runner) -> None: ...
+
+    here = (
+        f"{__name__}.{test_a_second_handler_replaces_the_first_with_a_warning_naming_both.__name__}"
+    )
+    warned = [json.loads(line)["message"] for line in capsys.readouterr().out.splitlines()]
+    assert warned == [
+        f"@app.query {here}.<locals>.query replaces {__name__}.echo_app.<locals>.query, "
+        "registered before it: an app has one query handler",
+        f"@app.init {here}.<locals>.hook replaces {here}.<locals>.hook, registered before it: "
+        "an app has one init handler",
+        f"@app.shutdown {here}.<locals>.hook replaces {here}.<locals>.hook, registered before "
+        "it: an app has one shutdown handler",
+    ]
+    assert app._query_handler is query  # replaced, as in AgentScope Runtime
 
 
 def test_query_without_its_parentheses_says_to_add_them() -> None:

@@ -58,13 +58,14 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PermissionDeniedError,
 )
-from agentscope_serverless.log import redacted
+from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import (
     FRAMEWORKS,
     LifecycleHandler,
     QueryHandler,
     Runner,
+    handler_name,
     in_init_handler,
 )
 from agentscope_serverless.schemas.agent_schemas import (
@@ -322,12 +323,12 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
     def init(self, func: HandlerT) -> HandlerT:
         """Register ``func(self)`` (``self`` is the Runner) to run when the app starts."""
-        self._init_handler = func
+        self._init_handler = _replacing("init", self._init_handler, func)
         return func
 
     def shutdown(self, func: HandlerT) -> HandlerT:
         """Register ``func(self)`` to run when the app stops."""
-        self._shutdown_handler = func
+        self._shutdown_handler = _replacing("shutdown", self._shutdown_handler, func)
         return func
 
     def task(self, path: str, queue: str = "default") -> Callable[[HandlerT], HandlerT]:
@@ -731,7 +732,7 @@ class _Registration:
             raise ValueError(
                 f"framework must be one of {', '.join(FRAMEWORKS)}, got {self._framework!r}"
             )
-        self._app._query_handler = func
+        self._app._query_handler = _replacing("query", self._app._query_handler, func)
         self._app.framework = self._framework
         return func
 
@@ -739,6 +740,17 @@ class _Registration:
         return self._app._query(
             _to_request(self._framework, user_id=None, session_id=None)
         ).__await__()
+
+
+def _replacing(kind: str, registered: Hook | None, func: HandlerT) -> HandlerT:
+    """``func``, to register in place of ``registered``: a second ``@app.<kind>`` replaces
+    the first, as in AgentScope Runtime, and is warned of (a leftover replacing the agent)."""
+    if registered is not None:
+        logger.warning(
+            f"@app.{kind} {handler_name(func)} replaces {handler_name(registered)}, registered "
+            f"before it: an app has one {kind} handler"
+        )
+    return func
 
 
 def _to_request(
