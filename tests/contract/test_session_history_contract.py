@@ -414,6 +414,15 @@ async def test_append_message_object(history: SessionHistoryService, user_id: st
     assert texts(await history.get_session(user_id, "s1")) == ["Hello, world!"]
 
 
+async def test_append_takes_a_session_not_its_id(history: SessionHistoryService) -> None:
+    # A session id in its place failed deep in the service: "'str' object has no attribute".
+    message = {"role": "assistant", "content": "x"}
+    with pytest.raises(InvalidInputError, match=r"^session must be a Session, got str$"):
+        await history.append_message("s1", message)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"^session must be a Session, got str$"):
+        await history.append_new_messages("s1", [Message()], field="input")  # type: ignore[arg-type]
+
+
 async def test_append_encodes_each_message_once(
     history: SessionHistoryService, user_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

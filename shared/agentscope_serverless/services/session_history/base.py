@@ -220,6 +220,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def post(service: SessionHistoryService, session: Session) -> None:
         ...     await service.append_new_messages(session, [Message(id="m1")], field="message")
         """
+        _require_session(session)
         await self.refuse_changed_messages(session.user_id, session.id, messages, field=field)
         await self._append(session, messages, field=field)
 
@@ -376,6 +377,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
 
     def _appending(self, session: Session, message: Any) -> tuple[str, str, list[Message]]:
         self._ensure_started()
+        _require_session(session)
         user_id = require_user_id(session.user_id)
         sid = clean_session_id(session.id)
         if sid is None:
@@ -484,6 +486,14 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
         """Replace the session's summary (``""``: remove it), creating the session."""
         raise NotImplementedError(f"{type(self).__name__} cannot keep a summary")
+
+
+def _require_session(session: object) -> None:
+    """Refuse what is not a :class:`Session` (a session id, say) where one is taken."""
+    if not isinstance(session, Session):
+        raise InvalidInputError(
+            f"session must be a Session, got {type(session).__name__}", field="session"
+        )
 
 
 def _add_appended(session: Session, given: list[Message], stored: list[Message]) -> None:
