@@ -626,7 +626,11 @@ class Runner(ServiceLifecycleManagerMixin):
         is left as loaded; the turn's append finds the input stored, and stores it once."""
         if any("id" in m.model_fields_set for m in kept):
             claiming = Session(id=session.id, user_id=session.user_id)
-            await self.session_history_service.append_new_messages(claiming, kept, field="input")
+            # Refused as changed before the session was opened: checked here only for
+            # another run that stored one of the ids since.
+            await self.session_history_service.append_new_messages(
+                claiming, kept, field="input", checked=True
+            )
 
     async def _save_turn(
         self,

@@ -209,19 +209,21 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         await self._append(session, message)
 
     async def append_new_messages(
-        self, session: Session, messages: list[Message], *, field: str
+        self, session: Session, messages: list[Message], *, field: str, checked: bool = False
     ) -> None:
         """:meth:`append_message`, refusing (:class:`MessageIdConflictError`, as
         :meth:`refuse_changed_messages` does) a message whose id, given by its sender, the
-        session holds for a message saying something else: before the append, and after it,
-        for another writer that stored the id in between (appends sent at once, each with
-        its own text for one id: one stores its text, the others are refused).
+        session holds for a message saying something else: before the append (unless the
+        caller ``checked`` them so already), and after it, for another writer that stored
+        the id in between (appends sent at once, each with its own text for one id: one
+        stores its text, the others are refused).
 
         >>> async def post(service: SessionHistoryService, session: Session) -> None:
         ...     await service.append_new_messages(session, [Message(id="m1")], field="message")
         """
         _require_session(session)
-        await self.refuse_changed_messages(session.user_id, session.id, messages, field=field)
+        if not checked:
+            await self.refuse_changed_messages(session.user_id, session.id, messages, field=field)
         await self._append(session, messages, field=field)
 
     async def _append(self, session: Session, message: Any, *, field: str | None = None) -> None:

@@ -852,9 +852,10 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         """``result`` with each message whose head was not written (another append wrote
         its number first: one of the same id, found claimed but not yet written) replaced
         by the message stored at its number, so the answer names what the session keeps."""
+        lost = {id(head) for head in deleted}
         kept: dict[int, Message] = {}
         for (seq, message), head in zip(fresh, heads, strict=True):
-            if any(head is lost for lost in deleted):
+            if id(head) in lost:
                 stored = await self._message_at(user_id, session_id, meta, seq)
                 if stored is not None:
                     kept[id(message)] = stored
