@@ -51,6 +51,19 @@ def echo_padded(connection: socket.socket, head: bytes) -> None:
     connection.sendall(response("503 Unavailable", padding + head))
 
 
+async def get_info_error(
+    server: RawServer, error: type[SandboxError], token: str = TOKEN
+) -> SandboxError:
+    """What ``get_info`` on ``server`` raises (an ``error``), asked with ``token``."""
+    client = SandboxClient(server.url, token, retries=0)
+    try:
+        with pytest.raises(error) as caught:
+            await client.get_info("sbx-1")
+    finally:
+        await client.aclose()
+    return caught.value
+
+
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
@@ -62,14 +75,7 @@ def echo_padded(connection: socket.socket, head: bytes) -> None:
 async def test_a_server_echoing_the_request_never_puts_the_token_in_an_error(
     serve: Callable[[Answer], RawServer], answer: Answer, error: type[SandboxError]
 ) -> None:
-    server = serve(answer)
-    client = SandboxClient(server.url, TOKEN, retries=0)
-    try:
-        with pytest.raises(error) as caught:
-            await client.get_info("sbx-1")
-    finally:
-        await client.aclose()
-    message = str(caught.value)
+    message = str(await get_info_error(serve(answer), error))
     assert "Authorization" in message or "xxxx" in message
     assert TOKEN not in message
     assert TOKEN[:8] not in message
@@ -86,14 +92,8 @@ async def test_a_token_too_short_to_be_a_secret_leaves_the_servers_error_as_it_s
 ) -> None:
     # Masked wherever its letters stood, a token "t" made the error "a[redacted] capaci..."
     # (and showed what the token is).
-    server = serve(at_capacity)
-    client = SandboxClient(server.url, token, retries=0)
-    try:
-        with pytest.raises(SandboxCapacityError) as caught:
-            await client.get_info("sbx-1")
-    finally:
-        await client.aclose()
-    assert str(caught.value).endswith("429 the sandbox server is at capacity")
+    refused = await get_info_error(serve(at_capacity), SandboxCapacityError, token)
+    assert str(refused).endswith("429 the sandbox server is at capacity")
 
 
 def bad_gzip(status: str) -> Answer:
@@ -135,13 +135,7 @@ def retry_after(value: bytes) -> Answer:
 async def test_garbage_answers_raise_typed_errors(
     serve: Callable[[Answer], RawServer], answer: Answer, error: type[SandboxError]
 ) -> None:
-    server = serve(answer)
-    client = SandboxClient(server.url, TOKEN, retries=0)
-    try:
-        with pytest.raises(error):
-            await client.get_info("sbx-1")
-    finally:
-        await client.aclose()
+    await get_info_error(serve(answer), error)
 
 
 async def test_a_retry_after_past_an_hour_is_capped(serve: Callable[[Answer], RawServer]) -> None:
