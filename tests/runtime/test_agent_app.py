@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -123,6 +124,32 @@ def test_only_known_frameworks_register() -> None:
             app.query(framework=misspelt)(query)
     with pytest.raises(TypeError):
         app.query("hello", framework="text")  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("given", "user_id"), [("txt", None), ("Text", None), ("text", "u1"), ({"input": []}, None)]
+)
+def test_a_positional_request_above_a_handler_says_framework_is_a_keyword(
+    given: Any, user_id: str | None
+) -> None:
+    app = AgentApp()
+
+    async def query(self: Runner, msgs: list[Any], **kw: Any) -> AsyncIterator[str]:
+        yield "hi"
+
+    # It was taken for a request to run: "'coroutine' object is not callable".
+    with pytest.raises(TypeError, match=r"framework= is a keyword, as in @app.query\(framework="):
+        app.query(given, user_id=user_id)(query)
+    assert app._query_handler is None
+
+
+def test_a_query_run_as_a_coroutine_outside_a_loop() -> None:
+    app = echo_app()
+    try:
+        reply = asyncio.run(app.query("hello", user_id="u1"))
+    finally:
+        asyncio.run(app.stop())
+    assert reply.output is not None and reply.output[0].get_text_content() == "echo: hello"
 
 
 @pytest.mark.usefixtures("warnings_logged")

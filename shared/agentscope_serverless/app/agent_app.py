@@ -399,17 +399,9 @@ class AgentApp(ServiceLifecycleManagerMixin):
         if request is None:
             if first is None:
                 return self._register("agentscope")
-            if (
-                isinstance(first, str)
-                and first in _FRAMEWORK_NAMES
-                and user_id is None
-                and session_id is None
-            ):
-                return self._register(first)
-            request = first
-        elif first is not None:
+            return _PositionalQuery(self, first, user_id=user_id, session_id=session_id)
+        if first is not None:
             raise TypeError("pass the request once: as the argument or as request=")
-        assert request is not None
         return self._query(_to_request(request, user_id=user_id, session_id=session_id))
 
     async def stream_query(
@@ -669,8 +661,17 @@ class AgentApp(ServiceLifecycleManagerMixin):
         if self._shutdown_handler is not None:
             runner.shutdown_handler = types.MethodType(self._shutdown_handler, runner)  # type: ignore[method-assign]
 
-    def _register(self, framework: str) -> _Registration:
-        return _Registration(self, framework)
+    def _register(self, framework: str) -> Callable[[HandlerT], HandlerT]:
+        def register(func: HandlerT) -> HandlerT:
+            if framework not in FRAMEWORKS:
+                raise ValueError(
+                    f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}"
+                )
+            self._query_handler = _replacing("query", self._query_handler, func)
+            self.framework = framework
+            return func
+
+        return register
 
     async def _query(self, request: AgentRequest | dict[str, Any]) -> AgentResponse:
         served_loop = self._served_loop_elsewhere()
@@ -718,28 +719,56 @@ def _root_settings() -> Settings:
     return get_settings()
 
 
-class _Registration:
-    """What ``app.query(name)`` of a lone framework name gives: the decorator registering
-    the handler of that framework (``@app.query("text")``) or, awaited, the run of that
-    text as a query (``await app.query("text")``: a user's words may be a framework's name).
-    """
+class _PositionalQuery(Coroutine[Any, Any, AgentResponse]):
+    """What ``app.query(given)`` gives: awaited (or run as a coroutine), the run of ``given``
+    as a request; above a handler, the registration of the framework ``given`` names
+    (``@app.query("text")``, as AgentScope Runtime takes it), else a TypeError there and then
+    (``@app.query("txt")``: the framework is a keyword, ``framework="text"``). The run starts
+    only once awaited, so a mistaken decorator leaves no coroutine never awaited."""
 
-    def __init__(self, app: AgentApp, framework: str) -> None:
-        self._app, self._framework = app, framework
+    def __init__(
+        self,
+        app: AgentApp,
+        given: AgentRequest | Mapping[str, Any] | str,
+        *,
+        user_id: str | None,
+        session_id: str | None,
+    ) -> None:
+        self._app, self._given = app, given
+        self._request = _to_request(given, user_id=user_id, session_id=session_id)
+        self._named_run = user_id is not None or session_id is not None
+        self._run: Coroutine[Any, Any, AgentResponse] | None = None
 
     def __call__(self, func: HandlerT) -> HandlerT:
-        if self._framework not in FRAMEWORKS:
-            raise ValueError(
-                f"framework must be one of {', '.join(FRAMEWORKS)}, got {self._framework!r}"
-            )
-        self._app._query_handler = _replacing("query", self._app._query_handler, func)
-        self._app.framework = self._framework
-        return func
+        given = self._given
+        if isinstance(given, str) and given in _FRAMEWORK_NAMES and not self._named_run:
+            return self._app._register(given)(func)
+        shown = repr(given) if isinstance(given, str) else f"<{type(given).__name__}>"
+        raise TypeError(
+            f"@app.query({shown}) runs {shown} as a request: it is not a framework "
+            f"({', '.join(FRAMEWORKS)}); framework= is a keyword, as in "
+            "@app.query(framework='text') above a handler of protocol Messages"
+        )
+
+    def _started(self) -> Coroutine[Any, Any, AgentResponse]:
+        if self._run is None:
+            self._run = self._app._query(self._request)
+        return self._run
+
+    def send(self, value: Any) -> Any:
+        return self._started().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._started().throw(typ)
+        return self._started().throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.close()
 
     def __await__(self) -> Generator[Any, None, AgentResponse]:
-        return self._app._query(
-            _to_request(self._framework, user_id=None, session_id=None)
-        ).__await__()
+        return self._started().__await__()
 
 
 def _replacing(kind: str, registered: Hook | None, func: HandlerT) -> HandlerT:
