@@ -475,11 +475,15 @@ class Runner(ServiceLifecycleManagerMixin):
                 await self._services.__aexit__(None, None, None)
 
     async def query(
-        self, request: AgentRequest | Mapping[str, Any], *, user_id: str | None = None
+        self,
+        request: AgentRequest | Mapping[str, Any],
+        *,
+        user_id: str | None = None,
+        session_id: str | None = None,
     ) -> AgentResponse:
         """Run a request to the end and return the final response (completed or failed)."""
         final: Event | None = None
-        async for event in self.stream_query(request, user_id=user_id):
+        async for event in self.stream_query(request, user_id=user_id, session_id=session_id):
             final = event
         assert isinstance(final, AgentResponse)
         return final
@@ -489,13 +493,15 @@ class Runner(ServiceLifecycleManagerMixin):
         request: AgentRequest | Mapping[str, Any],
         *,
         user_id: str | None = None,
+        session_id: str | None = None,
         **kwargs: Any,
     ) -> AsyncGenerator[Event, None]:
         """The events of one run, in the order of CONTRACT §7.
 
-        The session (``request.session_id``, or a new uuid) is created if new and its last
-        ``history_window`` messages loaded before the agent is called; the user is ``user_id``,
-        else ``request.user_id``, else the session id (the handler's ``request`` names both).
+        The session (``session_id``, else ``request.session_id``, else a new uuid) is created
+        if new and its last ``history_window`` messages loaded before the agent is called; the
+        user is ``user_id``, else ``request.user_id``, else the session id (the handler's
+        ``request`` names both).
         Input refused (a message id empty, longer than 512 characters, or given twice; one
         already in the session for a message saying something else: 409) and problems
         loading the session raise before the first event; an agent error ends the
@@ -510,7 +516,7 @@ class Runner(ServiceLifecycleManagerMixin):
             raise ServiceNotStartedError(type(self).__name__)
         request = _as_request(request)
         require_input_ids(request.input)
-        session_id = new_or_clean_session_id(request.session_id)
+        session_id = new_or_clean_session_id(session_id or request.session_id)
         user = user_id or request.user_id or session_id
         await self.session_history_service.refuse_changed_messages(
             user, session_id, request.input, field="input"

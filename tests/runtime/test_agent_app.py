@@ -126,6 +126,14 @@ def test_only_known_frameworks_register() -> None:
         app.query("hello", framework="text")  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize("named", [{"user_id": "u1"}, {"session_id": "s1"}])
+def test_framework_with_a_runs_user_or_session_says_they_go_with_a_request(
+    named: dict[str, str],
+) -> None:
+    with pytest.raises(TypeError, match=r"user_id and session_id name a run's, given with its "):
+        AgentApp().query(framework="text", **named)  # type: ignore[call-overload]
+
+
 @pytest.mark.parametrize(
     ("given", "user_id"), [("txt", None), ("Text", None), ("text", "u1"), ({"input": []}, None)]
 )

@@ -22,6 +22,7 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import GATHERED_TEXT_SECONDS, Runner
 from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
     AgentResponse,
     Content,
     DataContent,
@@ -752,6 +753,28 @@ async def test_a_session_id_and_user_default_sensibly() -> None:
         named = await runner.query({"input": [{"role": "user", "content": "hi"}]}, user_id="zed")
     assert done.session_id and texts(done) == [done.session_id]
     assert texts(named) == ["zed"]
+
+
+async def test_a_session_id_given_by_keyword_names_the_session() -> None:
+    # A handler taking no **kwargs, as AgentScope's examples write them.
+    async def handler(self: Runner, msgs: list[Message], request: AgentRequest) -> str:
+        return f"{request.user_id} {request.session_id}"
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        # It went to the handler: "got an unexpected keyword argument 'session_id'", or
+        # Runner.query refused it with a TypeError.
+        queried = await runner.query({"input": [{"role": "user", "content": "hi"}]}, session_id="k")
+        streamed = [
+            event
+            async for event in runner.stream_query(
+                {"input": [{"role": "user", "content": "hi"}]}, user_id="zed", session_id="j"
+            )
+        ]
+        session = await runner.session_history_service.get_session("zed", "j")
+    assert texts(queried) == ["k k"]
+    assert texts(streamed[-1]) == ["zed j"]
+    assert session is not None and len(session.messages) == 2
 
 
 async def test_the_runner_must_be_started_and_requests_valid() -> None:

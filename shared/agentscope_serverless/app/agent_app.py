@@ -393,8 +393,14 @@ class AgentApp(ServiceLifecycleManagerMixin):
         # The one positional argument is AgentScope's framework name or a request's text;
         # framework= is only a framework, so that a misspelt one is refused, not run as text.
         if framework is not None:
-            if any(value is not None for value in (first, request, user_id, session_id)):
+            if first is not None or request is not None:
                 raise TypeError("pass either framework= (to register) or a request (to run)")
+            if user_id is not None or session_id is not None:
+                raise TypeError(
+                    "framework= registers the query handler, which each run calls for its "
+                    "own user and session: user_id and session_id name a run's, given with "
+                    "its request, as in await app.query('hello', user_id=..., session_id=...)"
+                )
             return self._register(framework)
         if request is None:
             if first is None:
