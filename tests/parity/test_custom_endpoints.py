@@ -83,6 +83,20 @@ def build_app(released: threading.Event) -> AgentApp:
         yield {"points": (Point(3, 4),), "tags": {"a"}}
         yield Mapped()
 
+    @app.endpoint("/mixed", methods=["GET"])
+    async def mixed() -> AsyncIterator[Any]:
+        yield b"event: raw\ndata: \xff\n\n"
+        yield "h\u00e9"
+        yield bytearray(b"data: 2\n\n")
+        yield {"k": "\u00e9"}
+
+    @app.endpoint("/mixed-plain", methods=["GET"])
+    def mixed_plain() -> Iterator[Any]:
+        yield b"event: raw\ndata: \xff\n\n"
+        yield "h\u00e9"
+        yield bytearray(b"data: 2\n\n")
+        yield {"k": "\u00e9"}
+
     @app.endpoint("/failing")
     async def failing(body: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
         yield {"i": 0}
@@ -212,6 +226,22 @@ def test_models_dataclasses_and_mapped_objects_stream_as_json_objects(
         {"points": [{"x": 3, "y": 4}], "tags": ["a"]},
         {"kind": "mapped", "point": {"x": 5, "y": 6}},
     ]
+
+
+@pytest.mark.parametrize("path", ["/mixed", "/mixed-plain"])
+def test_bytes_stream_as_they_are_text_as_utf8_json_and_dicts_as_json(
+    served: tuple[str, str], path: str
+) -> None:
+    # The bytes went out as their repr: data: "b'event: raw\\ndata: \\xff\\n\\n'".
+    url, key = served
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=30) as client:
+        response = client.get(path)
+    assert response.content == (
+        b"event: raw\ndata: \xff\n\n"
+        + 'data: "h\u00e9"\n\n'.encode()
+        + b"data: 2\n\n"
+        + 'data: {"k": "\u00e9"}\n\n'.encode()
+    )
 
 
 def test_a_generator_that_raises_ends_with_agentscopes_error_item(

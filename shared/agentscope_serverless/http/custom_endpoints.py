@@ -18,12 +18,13 @@ A handler is a FastAPI endpoint; one reading the request's body itself (``await
 request.json()``) that is sent a body that is not JSON answers 422, saying where it does not
 parse, as one taking a body model does (one that is not UTF-8 text: 422 saying so). A
 generator (sync or async) is streamed as Server-Sent Events, one ``data: <JSON>`` line per
-item, as AgentScope Runtime streams them: text items are sent as JSON strings, pydantic
-models, dataclasses and objects with ``to_dict()`` (or ``to_map()``) as their JSON objects,
-at any depth, tuples and sets as arrays, anything else as its ``str()``. A sync generator
-(a plain function too) runs in a worker thread, so a blocking one holds up no other
-request; a daemon thread, so one that never returns does not keep the server from exiting
-once stopped. A generator that raises (whatever: a ``KeyboardInterrupt`` too, which the
+item, as AgentScope Runtime streams them: text items are sent as JSON strings (in UTF-8),
+pydantic models, dataclasses and objects with ``to_dict()`` (or ``to_map()``) as their JSON
+objects, at any depth, tuples and sets as arrays, anything else as its ``str()``; ``bytes``
+go out as they are, no ``data:`` added (a generator's own events, ``b"data: 1\\n\\n"``).
+A sync generator (a plain function too) runs in a worker thread, so a blocking one holds up
+no other request; a daemon thread, so one that never returns does not keep the server from
+exiting once stopped. A generator that raises (whatever: a ``KeyboardInterrupt`` too, which the
 server outlives) ends the stream with AgentScope's error item,
 ``{"error": "<the exception's message>", "error_type": "<its class>", "message": "Error in
 streaming generator"}``, the settings' secrets (and the agent's own) replaced by ``***``; so
@@ -112,6 +113,14 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         if callable(method):
             return _jsonable(method(), depth + 1)
     return str(value)
+
+
+def _streamed(item: Any) -> str | bytes:
+    """What a generator's ``item`` sends: its ``data:`` line; bytes as they are (the
+    generator's own, say whole SSE events), not their repr."""
+    if isinstance(item, bytes | bytearray | memoryview):
+        return bytes(item)
+    return _encode(item)
 
 
 def _encode(item: Any) -> str:
@@ -498,7 +507,7 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     async def endpoint(*args: Any, **kwargs: Any) -> EventStreamResponse:
         items = handler(*args, **kwargs)
 
-        async def body() -> AsyncIterator[str]:
+        async def body() -> AsyncIterator[str | bytes]:
             # Whether the response closed the stream (a GeneratorExit at one of its lines),
             # as opposed to the handler raising GeneratorExit.
             closed = False
@@ -554,7 +563,7 @@ def _streaming(handler: Callable[..., Any]) -> Callable[..., Any]:
     return endpoint
 
 
-async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncGenerator[str, None]:
+async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncGenerator[str | bytes, None]:
     """The SSE lines of an async generator's items, the generator run by a task of its own,
     one item at a time as the response asks for them (an error ending it as its error item).
 
@@ -563,13 +572,13 @@ async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncGenerator[str, None]:
     ``finally`` runs to its end, awaits included; one still going :data:`CLEANUP_SECONDS`
     later is cancelled again, cut short, and the response ends without waiting for it.
     """
-    handoff: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1)
+    handoff: asyncio.Queue[str | bytes | None] = asyncio.Queue(maxsize=1)
 
     async def drive() -> None:
         try:
             try:
                 async for item in items:
-                    await handoff.put(_encode(item))
+                    await handoff.put(_streamed(item))
                     await handoff.join()  # sent: the next item is asked for
             finally:
                 await items.aclose()  # ended early: an item JSON cannot carry, or cancelled
@@ -602,17 +611,17 @@ async def _driven(items: AsyncGenerator[Any, Any]) -> AsyncGenerator[str, None]:
 _STREAMS: set[asyncio.Task[None]] = set()
 
 
-def _encoded(items: Iterable[Any]) -> Generator[str, None, None]:
+def _encoded(items: Iterable[Any]) -> Generator[str | bytes, None, None]:
     """The SSE lines of a sync generator's items (encoded in its worker thread too)."""
     try:
         for item in items:
-            yield _encode(item)
+            yield _streamed(item)
     finally:
         if isinstance(items, Generator):
             items.close()
 
 
-def _close(lines: Generator[str, None, None]) -> None:
+def _close(lines: Generator[str | bytes, None, None]) -> None:
     """Close a stream's generator; what its ``finally`` raises is logged (the stream is over)."""
     try:
         lines.close()
