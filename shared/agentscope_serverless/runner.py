@@ -549,7 +549,7 @@ class Runner(ServiceLifecycleManagerMixin):
                         self._handler_items(turn, request, session, memories, kwargs)
                     ) as items:
                         async for item in items:
-                            for event in turn.feed(item):
+                            for event in _fed(turn, item, self.query_handler, items):
                                 try:
                                     yield event
                                 except GeneratorExit:
@@ -870,6 +870,28 @@ async def _other_items(result: Any) -> AsyncGenerator[Any, None]:
                 yield item
     else:
         yield await result if inspect.isawaitable(result) else result
+
+
+def _fed(turn: _Turn, item: Any, handler: Callable[..., Any], items: object) -> list[Event]:
+    """The events of ``item``, which ``handler`` produced (``items`` gives them): one the
+    turn refuses fails it naming where the handler gave it, in the logged traceback, whose
+    frames are the runtime's alone."""
+    try:
+        return turn.feed(item)
+    except AgentError as exc:
+        exc.add_note(f"given by the query handler {handler_name(handler)} at {_at(handler, items)}")
+        raise
+
+
+def _at(handler: Callable[..., Any], items: object) -> str:
+    """Where ``handler`` gave its last item: the line of its generator (``items`` itself, an
+    async generator, waits at that ``yield``), else where its function starts."""
+    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return "a line unknown"
+    frame = getattr(items, "ag_frame", None)
+    line = frame.f_lineno if frame is not None and frame.f_code is code else code.co_firstlineno
+    return f"{code.co_filename}:{line}"
 
 
 class _Turn:

@@ -724,6 +724,34 @@ async def test_a_message_made_invalid_by_assignment_fails_the_run_naming_it() ->
     )
 
 
+@pytest.mark.usefixtures("warnings_logged")
+async def test_a_message_made_invalid_is_logged_naming_where_the_handler_yielded_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Message]:
+        message = Message(role="assistant", content=[TextContent(text="hi")])
+        message.role = "bot"  # not validated on assignment
+        yield message
+
+    def plain(self: Runner, msgs: list[Message], **kwargs: Any) -> Iterator[tuple[str, str]]:
+        yield ("not", "supported")
+
+    for function, offset in ((handler, 3), (plain, 0)):
+        assert (await run(function))[-1].status == "failed"
+        logged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        failed = next(entry for entry in logged if entry["message"] == "the agent failed")
+        # The traceback's frames were the runtime's alone.
+        code = function.__code__
+        assert (
+            failed["exception"]
+            .rstrip()
+            .endswith(
+                f"given by the query handler {__name__}.{function.__qualname__} at "
+                f"{code.co_filename}:{code.co_firstlineno + offset}"
+            )
+        )
+
+
 async def test_a_run_abandoned_midway_keeps_the_input_and_the_partial_reply() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[str]:
         yield "first"
