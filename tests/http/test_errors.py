@@ -53,6 +53,10 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
         ("POST", "/state/s", {"state": "not an object"}, ["body", "state"]),
         ("POST", "/state/s", {"state": {}, "round_id": 0}, ["body", "round_id"]),
         ("GET", "/sessions?limit=0", None, ["query", "limit"]),
+        # A repeated one was read as its last value, the others ignored.
+        ("GET", "/sessions?limit=10&limit=20", None, ["query", "limit"]),
+        ("GET", "/runs?session_id=a&session_id=b", None, ["query", "session_id"]),
+        ("GET", "/memory?page_num=1&page_size=5&page_size=6", None, ["query", "page_size"]),
         ("GET", "/memory?page_size=5000", None, ["query", "page_size"]),
         ("GET", "/sessions?cursor=%21%21", None, ["query", "cursor"]),
         ("POST", "/compatible-mode/v1/responses", {"model": "m"}, ["body", "input"]),

@@ -55,6 +55,7 @@ from agentscope_serverless.errors import (
 )
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext
+from agentscope_serverless.http.params import refuse_repeated, single_query_parameters
 from agentscope_serverless.log import shortened, without_api_keys
 from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
 
@@ -289,14 +290,18 @@ class KeyedRoute(APIRoute):
     """A route whose caller is authenticated before anything else, its body first: FastAPI
     reads and parses a route's body before its dependencies, so a caller without a valid
     key would get the body's errors (422) and make the server parse it for nothing. Its body
-    is read as UTF-8 JSON only (see :mod:`.bodies`)."""
+    is read as UTF-8 JSON only (see :mod:`.bodies`); a query parameter of one value given
+    more than once is refused (422 naming it), not read as the last one."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         declared = super().get_route_handler()
+        single = single_query_parameters(self.dependant)
 
         async def handle(request: Request) -> Response:
             request = utf8_request(request)
             await get_caller(request, await bearer_scheme(request))
+            if single and request.scope["query_string"]:
+                refuse_repeated(request.query_params, single)
             return await declared(request)
 
         return handle

@@ -9,8 +9,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Path, Query
+from fastapi._compat import field_annotation_is_sequence
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic.json_schema import SkipJsonSchema
+from starlette.datastructures import QueryParams
 
 from agentscope_serverless.services._validation import MAX_ID_LENGTH
 
@@ -86,6 +90,35 @@ def is_json_type(content_type: str | None) -> bool:
     )
 
 
+def single_query_parameters(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route (its ``dependant``, dependencies included) takes one
+    value of: not a list."""
+    names: set[str] = set()
+    pending = [dependant]
+    while pending:
+        current = pending.pop()
+        names.update(
+            field.alias
+            for field in current.query_params
+            if not field_annotation_is_sequence(field.field_info.annotation)
+        )
+        pending.extend(current.dependencies)
+    return frozenset(names)
+
+
+def refuse_repeated(query: QueryParams, single: frozenset[str]) -> None:
+    """Refuse (422, naming them) the parameters of ``single`` that ``query`` gives more than
+    once (``?limit=10&limit=20``): FastAPI would take the last one, the others ignored."""
+    repeated = sorted(name for name in single if len(query.getlist(name)) > 1)
+    if repeated:
+        raise RequestValidationError(
+            [
+                {"type": "repeated", "loc": ("query", name), "msg": "given more than once"}
+                for name in repeated
+            ]
+        )
+
+
 __all__ = [
     "CURSOR_PATTERN",
     "ID_PATTERN",
@@ -97,4 +130,6 @@ __all__ = [
     "RequestBody",
     "SessionIdPath",
     "is_json_type",
+    "refuse_repeated",
+    "single_query_parameters",
 ]
