@@ -55,6 +55,19 @@ def test_a_page_of_an_allowed_origin_calls_the_api(allowed: str, keys: Keys) -> 
     assert "access-control-allow-credentials" not in reply.headers  # bearer keys, no cookies
 
 
+def test_a_preflight_is_cached_as_long_as_its_max_age_says_and_a_refused_one_not(
+    allowed: str,
+) -> None:
+    # Preflights had no Cache-Control, where every other answer has one.
+    answer = preflight(allowed, PAGE)
+    assert answer.headers["access-control-max-age"] == "600"
+    assert answer.headers["cache-control"] == "private, max-age=600"
+    refused = preflight(allowed, "https://evil.example.com")
+    assert refused.status_code == 400
+    assert refused.headers["cache-control"] == "no-store"
+    assert "access-control-max-age" not in refused.headers
+
+
 def test_a_page_reads_that_an_answer_was_replayed(allowed: str, keys: Keys) -> None:
     # Idempotent-Replayed was not exposed: the page could not tell a retry's answer was kept.
     headers = {**bearer(keys.alice), "Origin": PAGE, "Idempotency-Key": uuid.uuid4().hex}

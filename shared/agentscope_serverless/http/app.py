@@ -553,20 +553,31 @@ _PREFLIGHT_FAILURES = {
 }
 
 
+# The header saying how long a browser keeps an allowed preflight.
+_MAX_AGE = "access-control-max-age"
+
+
 class _CORSMiddleware(CORSMiddleware):
     """Starlette's CORS, a refused preflight answered in the error shape, saying why (its
-    own answer is the only one in plain text)."""
+    own answer is the only one in plain text). Preflights are answered here, before the
+    middleware giving every other answer ``Cache-Control: no-store``: an allowed one is kept
+    by the browser for its ``Access-Control-Max-Age``, and says so to caches too (``private,
+    max-age`` of as long: it mirrors the headers its request asked for); a refused one is
+    kept by none (``no-store``, without a max age)."""
 
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
         if response.status_code != 400:
+            max_age = response.headers[_MAX_AGE]
+            response.headers["Cache-Control"] = f"private, max-age={max_age}"
             return response
         failed = bytes(response.body).decode().removeprefix("Disallowed CORS ").split(", ")
         why = "; ".join(_PREFLIGHT_FAILURES.get(word, word) for word in failed)
         refused = error_response(400, "BAD_REQUEST", f"this preflight is refused: {why}")
         for name, value in response.headers.items():
-            if name.startswith("access-control-") or name == "vary":
+            if name == "vary" or (name.startswith("access-control-") and name != _MAX_AGE):
                 refused.headers[name] = value
+        refused.headers["Cache-Control"] = "no-store"
         return refused
 
 
