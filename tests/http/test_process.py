@@ -202,6 +202,62 @@ def test_stream_false_returns_the_final_agent_response(
     )
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/xml",
+        "text/html, application/xml;q=0.9",
+        "*/*;q=0",
+        "text/event-stream;q=0, application/json;q=0",
+        "text/*, text/event-stream;q=0",
+    ],
+)
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_an_accept_taking_neither_events_nor_json_is_a_406(
+    client_for: Callable[..., httpx.Client], keys: Keys, accept: str, idempotent: bool
+) -> None:
+    # It was ignored: a 200 event stream.
+    headers = {"Accept": accept, **({"Idempotency-Key": uuid.uuid4().hex} if idempotent else {})}
+    response = client_for(keys.alice).post(
+        "/process", json={"input": [user_message("hi")]}, headers=headers
+    )
+    assert response.status_code == 406
+    error = response.json()["error"]
+    assert error["code"] == "NOT_ACCEPTABLE"
+    assert error["message"].startswith(
+        "Accept takes neither text/event-stream nor application/json"
+    )
+
+
+@pytest.mark.parametrize(
+    ("accept", "stream", "answered"),
+    [
+        (None, True, "text/event-stream"),
+        ("*/*", True, "text/event-stream"),
+        ("text/event-stream", True, "text/event-stream"),
+        ("text/*;q=0.5, application/xml", True, "text/event-stream"),
+        ("application/json", False, "application/json"),
+        ("application/*, text/event-stream;q=0", False, "application/json"),
+    ],
+)
+def test_an_accept_taking_events_or_json_is_answered(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    accept: str | None,
+    stream: bool,
+    answered: str,
+) -> None:
+    headers = {"Accept": accept} if accept else {}
+    client = client_for(keys.alice)
+    if accept is None:
+        client.headers.pop("Accept")  # httpx sends */* by default
+    response = client.post(
+        "/process", json={"input": [user_message("hi")], "stream": stream}, headers=headers
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith(answered)
+
+
 @pytest.mark.parametrize("max_tokens", [0, -5, "many", 2.5, 5.0, "5", True])
 def test_a_max_tokens_below_one_or_not_a_whole_number_is_refused_naming_it(
     client_for: Callable[..., httpx.Client], keys: Keys, max_tokens: object

@@ -94,6 +94,7 @@ _CODE_OF_STATUS = {
     403: PermissionDeniedError.code,
     404: NotFoundError.code,
     405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
     408: RequestTimeoutError.code,
     409: ConflictError.code,
     413: PayloadTooLargeError.code,

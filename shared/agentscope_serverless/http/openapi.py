@@ -112,6 +112,7 @@ _ERRORS = {
 }
 # Statuses only some routes answer (each adds it with error_answer).
 _SOME_ERRORS = {
+    406: "`Accept` takes neither `text/event-stream` nor `application/json`.",
     429: (
         "The sandbox server runs as many sandboxes as it may (`SANDBOX_CAPACITY`), or the "
         "user holds their share of them (`SANDBOX_QUOTA`): release some, or retry after "

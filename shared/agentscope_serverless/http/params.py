@@ -6,6 +6,7 @@ characters and not only whitespace (the services strip surrounding whitespace).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from fastapi import Path, Query
@@ -90,6 +91,47 @@ def is_json_type(content_type: str | None) -> bool:
     )
 
 
+# What the agent's route answers in: the run's events, or JSON (its errors always).
+ANSWER_TYPES = ("text/event-stream", "application/json")
+
+
+def accepts_an_answer(accept: str) -> bool:
+    """Whether an ``Accept`` header takes one of :data:`ANSWER_TYPES`: for each, the most
+    specific media range matching it (the type, ``text/*``, ``*/*``) says, one of ``q=0``
+    refusing it. A header without a media range (empty) takes anything, as none does.
+
+    >>> accepts_an_answer("application/xml"), accepts_an_answer("text/*;q=0.5")
+    (False, True)
+    >>> accepts_an_answer("*/*;q=0"), accepts_an_answer("*/*;q=0, application/json")
+    (False, True)
+    """
+    ranges = [_media_range(part) for part in accept.split(",") if part.strip()]
+    return not ranges or any(_quality(ranges, kind) > 0 for kind in ANSWER_TYPES)
+
+
+def _media_range(part: str) -> tuple[str, float]:
+    """A media range of an ``Accept`` header and its quality (1 unless a valid ``q`` says)."""
+    media, *parameters = part.split(";")
+    quality = 1.0
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "q":
+            with contextlib.suppress(ValueError):
+                quality = float(value.strip())
+    return media.strip().lower(), quality
+
+
+def _quality(ranges: list[tuple[str, float]], kind: str) -> float:
+    """The quality ``ranges`` give ``kind``: its most specific matching range's (0: none)."""
+    specificity = {kind: 3, f"{kind.partition('/')[0]}/*": 2, "*/*": 1}
+    best, quality = 0, 0.0
+    for media, given in ranges:
+        rank = specificity.get(media, 0)
+        if rank > best or (rank == best and rank and given > quality):
+            best, quality = rank, given
+    return quality
+
+
 def single_query_parameters(dependant: Dependant) -> frozenset[str]:
     """The query parameters a route (its ``dependant``, dependencies included) takes one
     value of: not a list."""
@@ -120,6 +162,7 @@ def refuse_repeated(query: QueryParams, single: frozenset[str]) -> None:
 
 
 __all__ = [
+    "ANSWER_TYPES",
     "CURSOR_PATTERN",
     "ID_PATTERN",
     "OPTIONAL_ID_PATTERN",
@@ -129,6 +172,7 @@ __all__ = [
     "Cursor",
     "RequestBody",
     "SessionIdPath",
+    "accepts_an_answer",
     "is_json_type",
     "refuse_repeated",
     "single_query_parameters",

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
@@ -55,7 +55,13 @@ from agentscope_serverless.http.idempotency import (
 )
 from agentscope_serverless.http.idempotency import fingerprint as idempotency_fingerprint
 from agentscope_serverless.http.openapi import Answers, answers, error_answer
-from agentscope_serverless.http.params import COMPATIBLE_PREFIX, RUN_HEADER, SESSION_HEADER
+from agentscope_serverless.http.params import (
+    ANSWER_TYPES,
+    COMPATIBLE_PREFIX,
+    RUN_HEADER,
+    SESSION_HEADER,
+    accepts_an_answer,
+)
 from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
 from agentscope_serverless.metrics import run_metrics
@@ -428,6 +434,13 @@ class _AgentRoute(KeyedRoute):
 
         async def handle(request: Request) -> Response:
             request = utf8_request(request)
+            accept = request.headers.get("accept")
+            if accept and accept != "*/*" and not accepts_an_answer(accept):
+                raise HTTPException(
+                    406,
+                    f"Accept takes neither {' nor '.join(ANSWER_TYPES)}, the types this route "
+                    "answers in (send no Accept, or */*, to take either)",
+                )
             if IDEMPOTENCY_HEADER in request.headers:
                 return await declared(request)
             # Before the body is read: validating a large one costs more than parsing it,
@@ -512,6 +525,7 @@ def build_router(
                 "model": AgentResponse,
                 "content": {"text/event-stream": {}},
             },
+            **error_answer(406),
             **error_answer(429),
         },
         openapi_extra=answers(Answers.RUN, Answers.FAILED_RUN),
