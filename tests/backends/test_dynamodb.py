@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 from types_aiobotocore_dynamodb import DynamoDBClient
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import MessageIdConflictError, StoreUnavailableError
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
@@ -528,6 +530,58 @@ async def test_concurrent_creates_of_one_session_agree(
         created = await asyncio.gather(*(history.create_session(user_id, "s1") for _ in range(10)))
         assert {s.id for s in created} == {"s1"}
         assert [s.id for s in await history.list_sessions(user_id)] == ["s1"]
+
+
+def with_id(text: str, message_id: str) -> Message:
+    """A message whose id its sender gave."""
+    return Message.model_validate({"id": message_id, "role": "user", "content": text})
+
+
+@contextlib.asynccontextmanager
+async def written_first_by(
+    server: DynamoDBServer, other: DynamoDBSessionHistoryService, session: Session, message: Message
+) -> AsyncIterator[DynamoDBSessionHistoryService]:
+    """A history whose first append is beaten to it by ``other``: ``other`` appends
+    ``message`` to ``session`` once that append has claimed its ids, just before it writes
+    its messages. An id the two share is found claimed by ``other``, its message not
+    written yet: both write their own at its number, and the first append's write comes
+    second."""
+    raced: list[bool] = []
+
+    async def other_writes_first(**_: Any) -> None:
+        if not raced:
+            raced.append(True)
+            await other.append_message(session, message)
+
+    async with aioboto3_session().client("dynamodb", endpoint_url=server.endpoint_url) as client:
+        client.meta.events.register("before-call.dynamodb.TransactWriteItems", other_writes_first)
+        async with DynamoDBSessionHistoryService(server.sessions_table, client=client) as history:
+            yield history
+    assert raced
+
+
+async def test_an_append_refused_for_a_message_another_wrote_first_writes_nothing(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # Refused (409), it had stored its other message all the same, here a large one.
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server) as other:
+        racing = Session(id="s1", user_id=user_id)
+        async with written_first_by(dynamodb_server, other, racing, with_id("two", "x")) as history:
+            session = Session(id="s1", user_id=user_id)
+            refused = [with_id("one", "x"), with_id(ONE_MEGABYTE_TEXT, "z")]
+            with pytest.raises(MessageIdConflictError, match=r"^message\[0\]\.id"):
+                await history.append_new_messages(session, refused, field="message")
+            assert session.messages == []
+            assert texts(await history.get_session(user_id, "s1")) == ["two"]
+            assert await history.stored_messages(user_id, "s1", ["z"]) == {}
+        items = await partition(dynamodb_client, table, messages_pk(user_id, "s1"))
+        assert len(items) == 2  # the message kept and the item of its id: no part of z
+        # Its retry with an id of its own stores its messages after the one kept.
+        retried = [with_id("one", "x2"), with_id(ONE_MEGABYTE_TEXT, "z")]
+        await other.append_new_messages(session, retried, field="message")
+        stored = await other.get_session(user_id, "s1")
+        assert [m.id for m in stored.messages] == ["x", "x2", "z"]  # type: ignore[union-attr]
 
 
 # --- deletes racing with writes -------------------------------------------------------

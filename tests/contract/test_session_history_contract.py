@@ -665,6 +665,69 @@ async def test_messages_whose_given_id_names_one_saying_else_are_refused(
     )
 
 
+def with_given_id(text: str, message_id: str) -> Message:
+    """A message whose id its sender gave."""
+    return Message.model_validate({"id": message_id, "role": "user", "content": text})
+
+
+async def test_an_append_refused_for_an_id_stored_meanwhile_stores_none_of_its_messages(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # The other message of the refused append was stored all the same: ['x', 'y', 'z'].
+    await history.append_new_messages(
+        Session(id="s1", user_id=user_id),
+        [with_given_id("x", "x"), with_given_id("y", "y")],
+        field="message",
+    )
+    # Checked before the other append stored x: the append itself finds x saying else.
+    late = Session(id="s1", user_id=user_id)
+    with pytest.raises(MessageIdConflictError, match=r"^message\[0\]\.id names a message another"):
+        await history.append_new_messages(
+            late,
+            [with_given_id("other x", "x"), with_given_id("z", "z")],
+            field="message",
+            checked=True,
+        )
+    assert late.messages == []
+    assert texts(await history.get_session(user_id, "s1")) == ["x", "y"]
+    assert await history.stored_messages(user_id, "s1", ["z"]) == {}
+    # Its retry with an id of its own stores both, after the others.
+    await history.append_new_messages(
+        late,
+        [with_given_id("other x", "x2"), with_given_id("z", "z")],
+        field="message",
+        checked=True,
+    )
+    assert texts(late) == ["other x", "z"]
+    assert texts(await history.get_session(user_id, "s1")) == ["x", "y", "other x", "z"]
+
+
+async def test_appends_at_once_of_one_given_id_saying_else_store_one_of_them_whole(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # The refused appends stored their other message all the same.
+    sessions = [Session(id="s1", user_id=user_id) for _ in range(8)]
+    answers = await asyncio.gather(
+        *(
+            history.append_new_messages(
+                session,
+                [with_given_id(f"x{i}", "x"), with_given_id(f"z{i}", f"z{i}")],
+                field="message",
+            )
+            for i, session in enumerate(sessions)
+        ),
+        return_exceptions=True,
+    )
+    taken = [i for i, answer in enumerate(answers) if answer is None]
+    assert len(taken) == 1, answers
+    assert all(
+        isinstance(answer, MessageIdConflictError)
+        for i, answer in enumerate(answers)
+        if i not in taken
+    )
+    assert texts(await history.get_session(user_id, "s1")) == [f"x{taken[0]}", f"z{taken[0]}"]
+
+
 async def test_append_keeps_message_ids_and_roles(
     history: SessionHistoryService, user_id: str
 ) -> None:

@@ -528,14 +528,18 @@ def test_runs_sent_at_once_with_one_input_id_saying_different_things_call_the_ag
     backend: str, aws_env: None, keys: Keys, request: pytest.FixtureRequest
 ) -> None:
     # On DynamoDB all were answered 200: the agent answered each, and the history kept one
-    # of their questions.
+    # of their questions; then the others were 409, the rest of their input stored.
     calls: list[int] = []
     settings = load_settings(**backend_settings(backend, request))
     app = create_app(settings=settings, agent_app=counted_app(calls), key_store=keys.store)
     session = f"at-once-{uuid.uuid4().hex[:8]}"
     texts = [f"question {i}" for i in range(10)]
     bodies = [
-        {"input": [{**user_message(text), "id": "same"}], "session_id": session, "stream": False}
+        {
+            "input": [{**user_message(text), "id": "same"}, user_message(f"more {text}")],
+            "session_id": session,
+            "stream": False,
+        }
         for text in texts
     ]
     with (
@@ -547,5 +551,6 @@ def test_runs_sent_at_once_with_one_input_id_saying_different_things_call_the_ag
     assert len(calls) == 1
     assert [(m["role"], m["content"][0]["text"]) for m in stored] == [
         ("user", texts[winner]),
+        ("user", f"more {texts[winner]}"),
         ("assistant", "answered"),
     ]

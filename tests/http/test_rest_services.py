@@ -432,12 +432,16 @@ def test_appends_sent_at_once_of_one_message_id_saying_different_things_store_on
     backend: str, aws_env: None, keys: Keys, request: pytest.FixtureRequest
 ) -> None:
     # On DynamoDB all were answered 201 (on Redis some), each body quoting a message that
-    # was not the one sent, though the session kept one text.
+    # was not the one sent, though the session kept one text; then the others were 409,
+    # their other message stored all the same.
     app = create_app(
         settings=load_settings(**backend_settings(backend, request)), key_store=keys.store
     )
     texts = [f"text {i}" for i in range(12)]
-    bodies = [{"messages": [{**user_message(text), "id": "same"}]} for text in texts]
+    bodies = [
+        {"messages": [{**user_message(text), "id": "same"}, user_message(f"more {text}")]}
+        for text in texts
+    ]
     path = f"/sessions/at-once-{uuid.uuid4().hex[:8]}/messages"
     with (
         running(app) as url,
@@ -446,5 +450,5 @@ def test_appends_sent_at_once_of_one_message_id_saying_different_things_store_on
         answers = posted_at_once(alice, path, bodies)
         winner = the_one_taken(answers, 201)
         stored = alice.get(path).json()["items"]
-    assert [m["content"][0]["text"] for m in stored] == [texts[winner]]
+    assert [m["content"][0]["text"] for m in stored] == [texts[winner], f"more {texts[winner]}"]
     assert answers[winner].json()["messages"][0]["content"][0]["text"] == texts[winner]

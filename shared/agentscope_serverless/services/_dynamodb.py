@@ -229,6 +229,29 @@ def _action_key(action: Item) -> str:
     return f"{key['pk']['S']}\n{key['sk']['S']}"
 
 
+def _transactions(units: list[list[Item]]) -> list[list[int]]:
+    """``units`` (lists of ``TransactWriteItems`` actions) in groups that each fit in one
+    transaction (100 actions, 4 MB, each item once), in order: their indexes."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    keys: set[str] = set()
+    for index, unit in enumerate(units):
+        unit_size = sum(_item_size(action) for action in unit)
+        unit_keys = {_action_key(action) for action in unit}
+        if groups[-1] and (
+            sum(len(units[i]) for i in groups[-1]) + len(unit) > _TRANSACTION_ITEMS
+            or size + unit_size > _TRANSACTION_BYTES
+            or keys & unit_keys
+        ):
+            groups.append([])
+            size = 0
+            keys = set()
+        groups[-1].append(index)
+        size += unit_size
+        keys |= unit_keys
+    return groups
+
+
 def tail_keys(head: Item) -> list[Item]:
     """The keys of the tail items of a head item."""
     pk, sk, version = head["pk"], head["sk"]["S"], head.get("version", {}).get("S")
@@ -538,6 +561,14 @@ class DynamoDBStore:
         if checks is None and not first_only and len(items) <= 1:
             await self.put(items)
             return []
+        left_out = await self.write_together(self.put_actions(items, checks, first_only=first_only))
+        return [items[i] for i in sorted(left_out)]
+
+    def put_actions(
+        self, items: list[Item], checks: list[Item] | None = None, *, first_only: bool = False
+    ) -> list[list[Item]]:
+        """The ``TransactWriteItems`` actions :meth:`put_together` sends: a unit per item,
+        its ``Put`` then (with ``checks``) its ``ConditionCheck``."""
         units: list[list[Item]] = []
         for item in items:
             put: Item = {"TableName": self.table_name, "Item": item}
@@ -551,8 +582,7 @@ class DynamoDBStore:
         if checks is not None:
             for unit, check in zip(units, checks, strict=True):
                 unit.append({"ConditionCheck": {"TableName": self.table_name, **check}})
-        left_out = await self.write_together(units)
-        return [items[i] for i in sorted(left_out)]
+        return units
 
     async def write_together(self, units: list[list[Item]]) -> dict[int, set[int]]:
         """Send ``units``, each a list of ``TransactWriteItems`` actions that go together:
@@ -560,42 +590,43 @@ class DynamoDBStore:
         in a transaction per such group, in order. A unit one of whose conditions fails is
         left out, the others written together all the same. Returns the units left out, by
         index, each with the positions in it of the actions whose condition failed."""
-        groups: list[list[int]] = [[]]
-        size = 0
-        keys: set[str] = set()
-        for index, unit in enumerate(units):
-            unit_size = sum(_item_size(action) for action in unit)
-            unit_keys = {_action_key(action) for action in unit}
-            if groups[-1] and (
-                sum(len(units[i]) for i in groups[-1]) + len(unit) > _TRANSACTION_ITEMS
-                or size + unit_size > _TRANSACTION_BYTES
-                or keys & unit_keys
-            ):
-                groups.append([])
-                size = 0
-                keys = set()
-            groups[-1].append(index)
-            size += unit_size
-            keys |= unit_keys
         left_out: dict[int, set[int]] = {}
-        for group in groups:
+        for group in _transactions(units):
             while group:
-                owners = [(i, position) for i in group for position in range(len(units[i]))]
-                try:
-                    await self.run(
-                        "transact_write_items",
-                        idempotent=True,
-                        TransactItems=[action for i in group for action in units[i]],
-                    )
+                failed = await self.write_all_or_none([units[i] for i in group])
+                if not failed:
                     break
-                except ConditionFailed as failure:
-                    if not failure.failed:
-                        raise
-                    for position in failure.failed:
-                        index, action = owners[position]
-                        left_out.setdefault(index, set()).add(action)
-                    group = [i for i in group if i not in left_out]
+                for index, positions in failed.items():
+                    left_out[group[index]] = positions
+                group = [i for i in group if i not in left_out]
         return left_out
+
+    def fit_together(self, units: list[list[Item]]) -> bool:
+        """Whether ``units`` fit in one ``TransactWriteItems`` (see :meth:`write_together`)."""
+        return len(_transactions(units)) == 1
+
+    async def write_all_or_none(self, units: list[list[Item]]) -> dict[int, set[int]]:
+        """Send ``units`` (which :meth:`fit_together`) in one transaction: all are written,
+        or, when one of their conditions fails, none. Returns the units whose condition
+        failed (``{}``: all were written), as :meth:`write_together` does."""
+        try:
+            await self.run(
+                "transact_write_items",
+                idempotent=True,
+                TransactItems=[action for unit in units for action in unit],
+            )
+        except ConditionFailed as failure:
+            if not failure.failed:
+                raise
+            owners = [
+                (i, position) for i, unit in enumerate(units) for position in range(len(unit))
+            ]
+            failed: dict[int, set[int]] = {}
+            for position in failure.failed:
+                index, action = owners[position]
+                failed.setdefault(index, set()).add(action)
+            return failed
+        return {}
 
     async def delete(self, keys: list[Item]) -> None:
         """Delete the items with these keys (missing ones are fine)."""

@@ -214,9 +214,10 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """:meth:`append_message`, refusing (:class:`MessageIdConflictError`, as
         :meth:`refuse_changed_messages` does) a message whose id, given by its sender, the
         session holds for a message saying something else: before the append (unless the
-        caller ``checked`` them so already), and after it, for another writer that stored
-        the id in between (appends sent at once, each with its own text for one id: one
-        stores its text, the others are refused).
+        caller ``checked`` them so already), and by the append itself, for another writer
+        that stored the id in between (appends sent at once, each with its own text for one
+        id: one stores its text, the others are refused). A refused append stores none of
+        its messages.
 
         >>> async def post(service: SessionHistoryService, session: Session) -> None:
         ...     await service.append_new_messages(session, [Message(id="m1")], field="message")
@@ -227,15 +228,19 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         await self._append(session, messages, field=field)
 
     async def _append(self, session: Session, message: Any, *, field: str | None = None) -> None:
-        """Append ``message``; with ``field``, first refusing a message the append found
-        stored under its id saying something else (see :meth:`append_new_messages`)."""
+        """Append ``message``; with ``field``, refusing, with none of them stored, messages
+        one of which the append found stored under its id saying something else (see
+        :meth:`append_new_messages`)."""
         user_id, sid, messages = self._appending(session, message)
-        if messages:
-            note_history_write(user_id, sid)
+        if not messages:
+            return
+        note_history_write(user_id, sid)
+        if field is not None and any("id" in m.model_fields_set for m in messages):
+            refuse = functools.partial(_refuse_stored_by_others, messages, field=field)
+            stored = await self._append_messages_unless(user_id, sid, messages, refuse)
+        else:
             stored = await self._append_messages(user_id, sid, messages)
-            if field is not None:
-                _refuse_stored_by_others(messages, stored, field=field)
-            _add_appended(session, messages, stored)
+        _add_appended(session, messages, stored)
 
     async def stored_messages(
         self, user_id: str, session_id: str, message_ids: list[str]
@@ -442,6 +447,23 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         Returns, for each message given, that very message when this call stored it, else the
         stored one with its id (another object).
         """
+
+    async def _append_messages_unless(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        refuse: Callable[[list[Message]], None],
+    ) -> list[Message]:
+        """``_append_messages``, all or none: ``refuse`` is called with what it would answer
+        (for each message the one the session holds under its id, else itself) before any
+        of them is stored, and none is when it raises.
+
+        This one stores them, then calls ``refuse`` (a backend written for AgentScope
+        Runtime): the backends here override it to call it first, atomically."""
+        stored = await self._append_messages(user_id, session_id, messages)
+        refuse(stored)
+        return stored
 
     @abstractmethod
     async def _delete_user_sessions(self, user_id: str) -> None:

@@ -38,7 +38,12 @@ pk                         sk                  attributes
   in the transaction): one deleted meanwhile is left out. A head is written only where
   none is (or its own, replayed): of two appends writing one message at once (a retry
   racing the append it repeats), the first head stays and the other deletes its tail
-  items, which would be part of no message. Two appends at
+  items, which would be part of no message. An append refused (409) for an id, given by
+  its sender, that the session holds for a message saying something else writes none of
+  its messages: it is refused before writing when it finds the id's message, then writes
+  them in one transaction (up to 50 messages and 3.5 MB: a larger one takes several, and
+  may keep some), none when another append wrote one first, and gives back the items of
+  the ids it claimed. Two appends at
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
@@ -85,7 +90,7 @@ pk                         sk                  attributes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from agentscope_serverless.infra.dynamodb_tables import SESSIONS_BY_CREATION_INDEX
@@ -751,6 +756,15 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> list[Message]:
+        return await self._append_messages_unless(user_id, session_id, messages, None)
+
+    async def _append_messages_unless(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        refuse: Callable[[list[Message]], None] | None,
+    ) -> list[Message]:
         meta = await self._allocate(user_id, session_id, len(messages))
         first = number(meta, "next_seq") - len(messages) + 1
         fresh: list[tuple[int, Message]] = []
@@ -799,6 +813,10 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             gaps = [seq for seq in range(first, first + len(messages)) if seq not in used]
             if gaps:
                 meta = await self._record_gaps(user_id, session_id, meta, gaps, add=True)
+        # The ids this append claimed, given back when it is refused.
+        claims = [(seq, m) for seq, m in fresh if first <= seq < first + len(messages)]
+        if refuse is not None:
+            await self._refuse_or_withdraw(user_id, session_id, meta, refuse, result, claims, [])
         tails, heads = self._message_items(user_id, session_id, meta, fresh, messages)
         await self._store.put(tails)
         # All or none: a turn stored in part (a tool call without its result) would be sent
@@ -816,12 +834,38 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         # A message is written once at its number: where two appends write it at once (a
         # retry racing the append it repeats), the first head stays and the other's tail
         # items go, else left over, part of no message.
-        deleted = await self._store.put_together(heads, checks, first_only=True)
+        units = self._store.put_actions(heads, checks, first_only=True)
+        deleted: list[Item] = []
+        at_once = refuse is not None and self._store.fit_together(units)
+        if refuse is not None and at_once:
+            # In one transaction, so that a refused append writes none of them: where
+            # another append wrote one first (of an id found claimed, not yet written),
+            # none is written, and what it wrote is looked at before the others are.
+            pending = list(range(len(units)))
+            while pending:
+                failed = await self._store.write_all_or_none([units[i] for i in pending])
+                if not failed:
+                    break
+                lost = [heads[pending[i]] for i in failed]
+                result = await self._kept_instead(
+                    user_id, session_id, meta, result, fresh, heads, lost
+                )
+                await self._refuse_or_withdraw(
+                    user_id, session_id, meta, refuse, result, claims, tails
+                )
+                deleted += lost
+                pending = [index for i, index in enumerate(pending) if i not in failed]
+        else:
+            # Larger appends (over 50 messages or 3.5 MB) take several transactions: one
+            # refused for an id another append wrote first keeps what the others wrote.
+            left_out = await self._store.write_together(units)
+            deleted = [heads[i] for i in sorted(left_out)]
+            if deleted:
+                result = await self._kept_instead(
+                    user_id, session_id, meta, result, fresh, heads, deleted
+                )
         if deleted:
             await self._store.delete([key for head in deleted for key in tail_keys(head)])
-            result = await self._kept_instead(
-                user_id, session_id, meta, result, fresh, heads, deleted
-            )
         if not await self._store.holds(self._session_key(user_id, session_id), meta):
             # Deleted meanwhile, after its delete had listed the messages: what this
             # append wrote would stay stored, reachable by no one.
@@ -837,7 +881,62 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             return result
         await self._trim(user_id, session_id, meta)
         await self._restamp_if_due(user_id, session_id, meta)
+        if refuse is not None and not at_once:
+            refuse(result)
         return result
+
+    async def _refuse_or_withdraw(
+        self,
+        user_id: str,
+        session_id: str,
+        meta: Item,
+        refuse: Callable[[list[Message]], None],
+        result: list[Message],
+        claims: list[tuple[int, Message]],
+        tails: list[Item],
+    ) -> None:
+        """``refuse(result)``, for an append that has written none of its messages yet;
+        when it raises, the append's ``tails`` and ``claims`` (those of its ids not taken
+        over since: no message was written at their numbers) go first, so that it leaves
+        nothing behind."""
+        try:
+            refuse(result)
+        except Exception:
+            if tails:
+                await self._store.delete([{"pk": item["pk"], "sk": item["sk"]} for item in tails])
+            kept = await self._store.write_together(
+                [self._release(user_id, session_id, meta, seq, m.id) for seq, m in claims]
+            )
+            gaps = [seq for i, (seq, _) in enumerate(claims) if i not in kept]
+            if gaps and self._max_messages is not None:
+                await self._record_gaps(user_id, session_id, meta, gaps, add=True)
+            raise
+
+    def _release(
+        self, user_id: str, session_id: str, meta: Item, seq: int, message_id: str
+    ) -> list[Item]:
+        """The transaction actions deleting the item of ``message_id`` while it holds
+        ``seq`` and no message was written there (another append may have, having found the
+        id claimed)."""
+        head = position_key(self._prefix(meta), seq)
+        return [
+            {
+                "Delete": {
+                    "TableName": self._store.table_name,
+                    "Key": self._claim_key(user_id, session_id, meta, message_id),
+                    "ConditionExpression": "seq = :seq",
+                    "ExpressionAttributeValues": {":seq": n(seq)},
+                }
+            },
+            {
+                "ConditionCheck": {
+                    "TableName": self._store.table_name,
+                    "Key": {"pk": s(self._messages_pk(user_id, session_id)), "sk": s(head)},
+                    "ConditionExpression": "attribute_not_exists(#pk)",
+                    "ExpressionAttributeNames": names("#pk"),
+                }
+            },
+        ]
 
     async def _kept_instead(
         self,

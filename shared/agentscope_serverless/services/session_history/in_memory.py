@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentscope_serverless.schemas.agent_schemas import Message
@@ -141,18 +142,32 @@ class InMemorySessionHistoryService(SessionHistoryService):
     async def _append_messages(
         self, user_id: str, session_id: str, messages: list[Message]
     ) -> list[Message]:
+        return await self._append_messages_unless(user_id, session_id, messages, None)
+
+    async def _append_messages_unless(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        refuse: Callable[[list[Message]], None] | None,
+    ) -> list[Message]:
+        # Without an await, no other call runs until it is done.
         stored = self._stored_or_new(user_id, session_id)
         result: list[Message] = []
+        new: dict[str, Message] = {}
         for message in messages:
             number = stored.by_id.get(message.id)
             if number is None:
-                stored.by_id[message.id] = stored.appended
-                stored.numbers.append(stored.appended)
-                stored.appended += 1
-                stored.messages.append(encode_message(message, messages))
-                result.append(message)
+                result.append(new.setdefault(message.id, message))
             else:
                 result.append(decode_message(stored.messages[_index(stored, number)]))
+        if refuse is not None:
+            refuse(result)
+        for message_id, message in new.items():
+            stored.by_id[message_id] = stored.appended
+            stored.numbers.append(stored.appended)
+            stored.appended += 1
+            stored.messages.append(encode_message(message, messages))
         if self._max_messages is not None and len(stored.messages) > self._max_messages:
             _trim(stored, len(stored.messages) - self._max_messages)
         return result

@@ -19,7 +19,10 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
 
 Appending is one ``RPUSH`` (plus ``LTRIM`` with ``max_messages_per_session``, which drops
 the trimmed messages' ids too, so a session kept to N messages stays that size): O(1) per
-message and atomic, so concurrent appends all land in one order. A session read returns
+message and atomic, so concurrent appends all land in one order. An append of messages
+whose ids their sender gave appends none of them when the session holds one of their ids
+(in the same script): what it holds is answered, refused when it says something else, else
+the others are appended. A session read returns
 its messages as stored and decodes them on first use; without a TTL, reading a whole
 session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
 ``SCAN``. With ``ttl_seconds`` every read and write refreshes the session's and the index's
@@ -175,9 +178,7 @@ return {following, items, redis.call('HGET', KEYS[1], 'order') or ''}
 
 # ARGV[3]: max messages (0: no limit), ARGV[4..]: message id, message JSON, ...
 # Returns, per message, 0 when it was appended, else the stored message with that id.
-_APPEND = (
-    _PRELUDE
-    + """
+_APPENDING = """
 ensure()
 local dropped = tonumber(redis.call('HGET', KEYS[1], 'dropped'))
 local length = redis.call('LLEN', KEYS[2])
@@ -226,6 +227,37 @@ end
 touch()
 return out
 """
+_APPEND = _PRELUDE + _APPENDING
+
+# _APPEND of messages of distinct ids, unless the session holds one of their ids: then
+# none is appended, and the reply is, per message, the one stored with its id (its own
+# JSON when that one was trimmed), or false.
+_APPEND_UNLESS_HELD = (
+    _PRELUDE
+    + """
+local dropped = redis.call('HGET', KEYS[1], 'dropped')
+if dropped then
+  local found, held = {}, false
+  for i = 4, #ARGV, 2 do
+    local number = redis.call('HGET', KEYS[6], ARGV[i])
+    local stored = false
+    if number then
+      held = true
+      if tonumber(number) >= tonumber(dropped) then
+        local index = index_of(tonumber(number), tonumber(dropped))
+        stored = redis.call('LINDEX', KEYS[2], string.format('%d', index))
+      end
+      stored = stored or ARGV[i + 1]
+    end
+    found[#found + 1] = stored
+  end
+  if held then
+    touch()
+    return found
+  end
+end
+"""
+    + _APPENDING
 )
 
 # ARGV[3..]: message ids. Returns, per id, the stored message with it, or false.
@@ -600,6 +632,47 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         )
         return int(updated)
 
+    async def _append_messages_unless(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        refuse: Callable[[list[Message]], None],
+    ) -> list[Message]:
+        # The first message of each id, appended in one script unless the session holds
+        # one of their ids: then what it holds is answered (and refused, or taken as
+        # stored), and the others are tried again.
+        first: dict[str, Message] = {}
+        for message in messages:
+            first.setdefault(message.id, message)
+        held: dict[str, Message] = {}
+        while True:
+            result = [held.get(message.id, first[message.id]) for message in messages]
+            refuse(result)
+            new = [message for message_id, message in first.items() if message_id not in held]
+            if not new:
+                return result
+            found = await self._session_call(
+                _APPEND_UNLESS_HELD,
+                user_id,
+                session_id,
+                self._max_messages,
+                *self._pairs(new, messages),
+                idempotent=False,
+            )
+            if all(reply == 0 for reply in found):
+                return result
+            held |= {
+                message.id: Message.model_validate_json(reply)
+                for message, reply in zip(new, found, strict=True)
+                if reply is not None
+            }
+
+    @staticmethod
+    def _pairs(messages: list[Message], given: list[Message]) -> list[str]:
+        """The script arguments of ``messages`` (out of ``given``): id, JSON, ..."""
+        return [part for m in messages for part in (m.id, encode_message(m, given))]
+
     def _prepare_append(
         self,
         user_id: str,
@@ -607,9 +680,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         messages: list[Message],
         stored: Callable[[list[Message]], Any],
     ) -> RedisWrite:
-        arguments: list[Any] = [self._ttl, session_id, self._max_messages]
-        for message in messages:
-            arguments += [message.id, encode_message(message, messages)]
+        arguments = [self._ttl, session_id, self._max_messages, *self._pairs(messages, messages)]
 
         def done(replies: list[Any]) -> Any:
             (raw,) = replies
