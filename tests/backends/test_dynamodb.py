@@ -560,6 +560,19 @@ async def written_first_by(
     assert raced
 
 
+async def test_an_append_whose_message_another_wrote_first_answers_the_one_kept(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as other:
+        racing = Session(id="s1", user_id=user_id)
+        async with written_first_by(dynamodb_server, other, racing, with_id("two", "x")) as history:
+            session = Session(id="s1", user_id=user_id)
+            await history.append_message(session, [with_id("one", "x"), with_id("y", "y")])
+            assert texts(session) == ["two", "y"]
+            assert texts(racing) == ["two"]
+            assert texts(await history.get_session(user_id, "s1")) == ["two", "y"]
+
+
 async def test_an_append_refused_for_a_message_another_wrote_first_writes_nothing(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:
