@@ -530,6 +530,22 @@ def test_a_reply_given_whole_streams_all_the_completion_not_streamed_holds_once(
     assert message.refusal or message.content
 
 
+@pytest.mark.parametrize("asked", ["refuse", "half refuse"])
+def test_a_refusal_given_whole_streams_its_delta_before_its_done_as_openais(
+    sdk: openai.OpenAI, asked: str
+) -> None:
+    # A refusal in a message given whole sent response.refusal.done alone: a client building
+    # the reply from the deltas showed nothing.
+    with sdk.responses.stream(model="m", input=asked) as events:
+        deltas = [
+            e for e in events if e.type in ("response.refusal.delta", "response.refusal.done")
+        ]
+        final = events.get_final_response()
+    refused = [p.refusal for item in final.output for p in item.content if p.type == "refusal"]  # type: ignore[union-attr]
+    assert [e.type for e in deltas] == ["response.refusal.delta", "response.refusal.done"]
+    assert [deltas[0].delta] == [deltas[1].refusal] == refused  # type: ignore[union-attr]
+
+
 @dataclass
 class Snapshot:
     """An AgentScope ``Msg`` as an agent streams it: its blocks so far."""

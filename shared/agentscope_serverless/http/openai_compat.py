@@ -992,13 +992,17 @@ async def _responses_stream(
             if not opened:
                 yield "response.content_part.added", {**where, "part": _output_part(refusal, "")}
             parts = streamed.setdefault(msg_id, {})
-            if event.delta:
-                parts[index] = (refusal, parts.get(index, (refusal, ""))[1] + text)
-                if refusal:
-                    yield "response.refusal.delta", {**where, "delta": text}
-                else:
-                    yield "response.output_text.delta", {**where, "delta": text, "logprobs": []}
-            elif event.status == RunStatus.Completed:
+            so_far = parts.get(index, (refusal, ""))[1]
+            # A part given whole streams what its deltas did not, as a delta before its done:
+            # clients build the text from the deltas.
+            if event.delta or event.status == RunStatus.Completed:
+                new = text if event.delta else text[len(so_far) :]
+                parts[index] = (refusal, so_far + new)
+                if new and refusal:
+                    yield "response.refusal.delta", {**where, "delta": new}
+                elif new:
+                    yield "response.output_text.delta", {**where, "delta": new, "logprobs": []}
+            if not event.delta and event.status == RunStatus.Completed:
                 parts[index] = (refusal, text)
                 if refusal:
                     yield "response.refusal.done", {**where, "refusal": text}
