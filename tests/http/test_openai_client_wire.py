@@ -21,7 +21,13 @@ from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.settings import load_settings
 from tests.http.conftest import scenario_app
-from tests.http.test_llm_agent import ANSWER, FOLLOW_UP, ScriptedLLM, llm_agent_server
+from tests.http.test_llm_agent import (
+    ANSWER,
+    FOLLOW_UP,
+    THINKING,
+    ScriptedLLM,
+    llm_agent_server,
+)
 from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import Keys, bearer, running, stream
 from tests.support.slow_agent import PIECES
@@ -607,6 +613,52 @@ def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once()
     ]
 
 
+def test_a_thinking_models_reasoning_reaches_openai_clients_as_reasoning_servers_send_it() -> None:
+    # The reasoning of the LLM agent's model never reached the OpenAI routes: a chat client
+    # or a responses client saw the answer alone.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    thought = "The user greets. Answer briefly."
+    with (
+        llm_agent_server(keys, ScriptedLLM([THINKING]), []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as sdk,
+    ):
+        ask = [{"role": "user", "content": "hi"}]
+        message = sdk.chat.completions.create(model="m", messages=ask).choices[0].message
+        chunks = sdk.chat.completions.create(model="m", messages=ask, stream=True)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        with sdk.responses.stream(model="m", input="hi") as events:
+            kinds = [e.type for e in events]
+            final = events.get_final_response()
+        with sdk.responses.stream(model="m", input="hi") as events:
+            summary = [e for e in events if e.type.startswith("response.reasoning_summary")]
+        replayed = [item.model_dump(exclude_none=True) for item in final.output]
+        resent = [*replayed, {"role": "user", "content": "so?"}]
+        again = sdk.responses.create(model="m", input=resent)  # type: ignore[arg-type]
+    assert (message.content, message.model_extra) == (
+        "Hello there.",
+        {"reasoning_content": thought},
+    )
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == "Hello there."
+    # The reasoning streams before the answer, as a reasoning item with one summary part.
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert [part.text for part in final.output[0].summary] == [thought]  # type: ignore[union-attr]
+    assert final.output_text == "Hello there."
+    assert kinds.index("response.reasoning_summary_text.done") < kinds.index(
+        "response.output_text.delta"
+    )
+    assert [e.type for e in summary] == [
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ]
+    assert "".join(getattr(e, "delta", "") for e in summary) == summary[3].text == thought  # type: ignore[union-attr]
+    # Its output sent back whole (reasoning item and all) is taken as the next input.
+    assert again.status == "completed"
+
+
 def test_a_response_is_read_again_by_its_id_as_it_was_given(sdk: openai.OpenAI) -> None:
     given = sdk.responses.create(
         model="m", input="hello", instructions="Be terse.", metadata={"app": "tests"}
@@ -938,11 +990,11 @@ def test_function_call_items_of_a_responses_input_reach_the_session(
             model="m",
             input=[
                 {"role": "user", "content": "hi"},
-                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed"},
             ],
         )
     assert refused.value.param == "input[1].type"
-    assert "items taken are messages, function_call and function_call_output" in (
+    assert "items taken are messages, function_call, function_call_output and reasoning" in (
         refused.value.message
     )
 

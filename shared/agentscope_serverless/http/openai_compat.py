@@ -530,18 +530,22 @@ def chat_messages(items: list[dict[str, Any]], *, field: str = "messages") -> li
     """OpenAI chat messages (or responses input items) as messages of our protocol.
 
     Of the responses' items, ``function_call`` and ``function_call_output`` (what a client
-    sends back of a conversation with tool calls) are read as their chat messages.
+    sends back of a conversation with tool calls) are read as their chat messages; a
+    ``reasoning`` item (a response's output sent back whole) is left out, as the agent's
+    reasoning never goes back to its model.
     """
     messages: list[Message] = []
     for position, item in enumerate(items):
         where = [field, position]
         kind = item.get("type", "message")
+        if field == "input" and kind == "reasoning":
+            continue
         if field == "input" and kind in ("function_call", "function_call_output"):
             item = _function_item_as_chat(item, where)
         elif field == "input" and kind != "message":
             says = (
                 f"is an item of the type {str(kind)[:40]!r}; the items taken are messages, "
-                "function_call and function_call_output"
+                "function_call, function_call_output and reasoning"
             )
             raise InvalidInputError(
                 f"{field}[{position}] {says}", errors=[{"loc": [*where, "type"], "msg": says}]
@@ -658,6 +662,10 @@ def _is_reply(message: Message) -> bool:
     return message.type == MessageType.MESSAGE and message.role == Role.ASSISTANT
 
 
+def _is_reasoning(message: Message) -> bool:
+    return message.type == MessageType.REASONING
+
+
 def text_of(message: Message) -> str:
     return "".join(
         part.text or "" for part in message.content or [] if isinstance(part, TextContent)
@@ -685,6 +693,13 @@ def refusal_of(message: Message) -> str:
     return "".join(
         part.refusal or "" for part in message.content or [] if isinstance(part, RefusalContent)
     )
+
+
+def reply_reasoning(response: AgentResponse) -> str | None:
+    """The text of the agent's reasoning messages (a thinking model's), separated by blank
+    lines; None when it reasoned nothing aloud."""
+    texts = (text_of(m) for m in response.output or [] if _is_reasoning(m))
+    return "\n\n".join(text for text in texts if text) or None
 
 
 def reply_refusal(response: AgentResponse) -> str | None:
@@ -728,8 +743,10 @@ def responses_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
     """A completed run as a ``chat.completion`` object: a refusal is its message's
-    ``refusal`` (its ``content`` null when the model said nothing else, as OpenAI's)."""
+    ``refusal`` (its ``content`` null when the model said nothing else, as OpenAI's), the
+    agent's reasoning its ``reasoning_content`` (as DeepSeek's and vLLM's, when it reasoned)."""
     text, refusal = reply_text(response), reply_refusal(response)
+    reasoning = reply_reasoning(response)
     return {
         "id": f"chatcmpl-{_bare_id(response)}",
         "object": "chat.completion",
@@ -742,6 +759,7 @@ def chat_completion(response: AgentResponse, *, model: str) -> dict[str, Any]:
                     "role": "assistant",
                     "content": None if refusal and not text else text,
                     "refusal": refusal,
+                    **({"reasoning_content": reasoning} if reasoning else {}),
                 },
                 "logprobs": None,
                 "finish_reason": finish_reason(response.output),
@@ -761,16 +779,19 @@ async def chat_completion_chunks(
     events: AsyncIterator[Event], *, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """A run's events as ``chat.completion.chunk`` SSE lines, ending with ``[DONE]``: the
-    model's refusal streams as ``delta.refusal``. A part given whole (a refusal in a message
-    yielded whole) streams as it completes, what its deltas streamed before not again.
+    model's refusal streams as ``delta.refusal``, the agent's reasoning (its ``reasoning``
+    messages) as ``delta.reasoning_content`` (as DeepSeek's and vLLM's). A part given whole
+    (a refusal in a message yielded whole) streams as it completes, what its deltas streamed
+    before not again.
 
     An agent failure, or the run's cancellation, becomes an ``{"error": ...}`` line (the SDK
     raises it as an APIError).
     """
     completion_id, created = "chatcmpl", int(time.time())
     replies: set[str] = set()
-    spoken: set[str] = set()
-    refused: set[str] = set()
+    thoughts: set[str] = set()
+    # Per delta field, the messages that said something in it (a blank line parts two).
+    said: dict[str, set[str]] = {}
     # How much of each reply part (by its message and index) streamed so far.
     streamed: dict[tuple[str, int | None], int] = {}
 
@@ -806,16 +827,25 @@ async def chat_completion_chunks(
         elif isinstance(event, Message) and event.status == RunStatus.InProgress:
             if _is_reply(event):
                 replies.add(event.id)
-        elif isinstance(event, TextContent | RefusalContent) and event.msg_id in replies:
+            elif _is_reasoning(event):
+                thoughts.add(event.id)
+        elif isinstance(event, TextContent | RefusalContent) and event.msg_id in replies | thoughts:
             refusal, text = _said(event)
             part = (event.msg_id, event.index)
             if not event.delta:
                 text = text[streamed.get(part, 0) :] if event.status == RunStatus.Completed else ""
             streamed[part] = streamed.get(part, 0) + len(text)
             if text:
-                field, said = ("refusal", refused) if refusal else ("content", spoken)
-                separator = "\n\n" if said and event.msg_id not in said else ""
-                said.add(event.msg_id)
+                field = (
+                    "reasoning_content"
+                    if event.msg_id in thoughts
+                    else "refusal"
+                    if refusal
+                    else "content"
+                )
+                saying = said.setdefault(field, set())
+                separator = "\n\n" if saying and event.msg_id not in saying else ""
+                saying.add(event.msg_id)
                 yield delta({field: separator + text})
 
 
@@ -854,7 +884,9 @@ def responses_object(
         status, incomplete = "incomplete", {"reason": INCOMPLETE_REASONS[reason]}
     if output is None:
         output = [
-            _output_item(m, RunStatus.Completed) for m in response.output or [] if _is_reply(m)
+            _output_item(m, RunStatus.Completed)
+            for m in response.output or []
+            if _is_reply(m) or _is_reasoning(m)
         ]
     echo = echo or {}
     return {
@@ -901,15 +933,28 @@ def _output_part(refusal: bool, text: str) -> dict[str, Any]:
 
 def _output_item(message: Message, status: str, *, empty: bool = False) -> dict[str, Any]:
     parts = [] if empty else message.content or []
-    return _message_item(
-        message.id,
-        status,
-        [
-            _output_part(*_said(part))
-            for part in parts
-            if isinstance(part, TextContent | RefusalContent)
-        ],
-    )
+    said = [_said(part) for part in parts if isinstance(part, TextContent | RefusalContent)]
+    return _item(message.id, status, said, reasoning=_is_reasoning(message))
+
+
+def _item(
+    msg_id: str, status: str, said: list[tuple[bool, str]], *, reasoning: bool
+) -> dict[str, Any]:
+    """An output item: a ``reasoning`` item whose ``summary`` holds the reasoning's texts,
+    else a ``message`` of what was said (see :func:`_said`)."""
+    if reasoning:
+        summary = [_summary_part(text) for _, text in said]
+        return {"type": "reasoning", "id": msg_id, "status": status, "summary": summary}
+    return _message_item(msg_id, status, [_output_part(*part) for part in said])
+
+
+def _summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
+
+
+def _part(reasoning: bool, refusal: bool, text: str) -> dict[str, Any]:
+    """A part of an output item: of a reasoning item's summary, else of a message."""
+    return _summary_part(text) if reasoning else _output_part(refusal, text)
 
 
 def _message_item(msg_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -922,6 +967,33 @@ def _message_item(msg_id: str, status: str, parts: list[dict[str, Any]]) -> dict
     }
 
 
+# The events streaming a part of an output item, by the item's kind and the part's: its
+# start, its text's deltas, the text whole, its end; and the field the text whole is in.
+_PART_EVENTS = {
+    "reasoning": (
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "text",
+    ),
+    "refusal": (
+        "response.content_part.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.content_part.done",
+        "refusal",
+    ),
+    "text": (
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "text",
+    ),
+}
+
+
 async def _responses_stream(
     events: AsyncIterator[Event], *, model: str, session_id: str, echo: Mapping[str, Any]
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -930,11 +1002,15 @@ async def _responses_stream(
     A run that failed or was canceled ends with its output so far: the reply messages it
     completed, and the one it was writing, ``incomplete``, with the text it had streamed.
     The model's refusal is a ``refusal`` part (``response.refusal.delta`` as it streams).
+    The agent's reasoning (a ``reasoning`` message) is a ``reasoning`` item, each of its
+    texts a ``summary_text`` part (``response.reasoning_summary_text.delta`` as it streams),
+    as OpenAI's reasoning models stream their summaries.
     """
     positions: dict[str, int] = {}
+    thoughts: set[str] = set()
     # Per message, the place of each of its text and refusal parts (by their index among
     # all its parts) among those alone: an output item holds those only, and the SDKs read
-    # a part's ``content_index`` as its place there.
+    # a part's ``content_index`` (``summary_index``) as its place there.
     text_places: dict[str, dict[int, int]] = {}
     # Per message, by place: whether the part is a refusal, and its text so far.
     streamed: dict[str, dict[int, tuple[bool, str]]] = {}
@@ -943,10 +1019,11 @@ async def _responses_stream(
     def output_so_far() -> list[dict[str, Any]]:
         return [
             done_items.get(msg_id)
-            or _message_item(
+            or _item(
                 msg_id,
                 "incomplete",
-                [_output_part(*part) for _, part in sorted(streamed.get(msg_id, {}).items())],
+                [part for _, part in sorted(streamed.get(msg_id, {}).items())],
+                reasoning=msg_id in thoughts,
             )
             for msg_id in sorted(positions, key=positions.__getitem__)
         ]
@@ -968,9 +1045,11 @@ async def _responses_stream(
             elif event.status == RunStatus.Canceled:
                 body = response(event, output=output_so_far())
                 yield "response.incomplete", {"response": body}
-        elif isinstance(event, Message) and _is_reply(event):
+        elif isinstance(event, Message) and (_is_reply(event) or _is_reasoning(event)):
             if event.status == RunStatus.InProgress:
                 position = positions[event.id] = len(positions)
+                if _is_reasoning(event):
+                    thoughts.add(event.id)
                 item = _output_item(event, RunStatus.InProgress, empty=True)
                 yield "response.output_item.added", {"output_index": position, "item": item}
             elif event.status == RunStatus.Completed and event.id in positions:
@@ -981,16 +1060,22 @@ async def _responses_stream(
         elif isinstance(event, TextContent | RefusalContent) and event.msg_id in positions:
             msg_id = event.msg_id
             refusal, text = _said(event)
+            thought = msg_id in thoughts
+            added, delta, done, part_done, field = _PART_EVENTS[
+                "reasoning" if thought else "refusal" if refusal else "text"
+            ]
+            # What OpenAI's output text events carry besides (no log probabilities here).
+            extra: dict[str, Any] = {} if thought or refusal else {"logprobs": []}
             places = text_places.setdefault(msg_id, {})
             opened = (event.index or 0) in places
             index = places.setdefault(event.index or 0, len(places))
             where: dict[str, Any] = {
                 "item_id": msg_id,
                 "output_index": positions[msg_id],
-                "content_index": index,
+                "summary_index" if thought else "content_index": index,
             }
             if not opened:
-                yield "response.content_part.added", {**where, "part": _output_part(refusal, "")}
+                yield added, {**where, "part": _part(thought, refusal, "")}
             parts = streamed.setdefault(msg_id, {})
             so_far = parts.get(index, (refusal, ""))[1]
             # A part given whole streams what its deltas did not, as a delta before its done:
@@ -998,18 +1083,12 @@ async def _responses_stream(
             if event.delta or event.status == RunStatus.Completed:
                 new = text if event.delta else text[len(so_far) :]
                 parts[index] = (refusal, so_far + new)
-                if new and refusal:
-                    yield "response.refusal.delta", {**where, "delta": new}
-                elif new:
-                    yield "response.output_text.delta", {**where, "delta": new, "logprobs": []}
+                if new:
+                    yield delta, {**where, "delta": new, **extra}
             if not event.delta and event.status == RunStatus.Completed:
                 parts[index] = (refusal, text)
-                if refusal:
-                    yield "response.refusal.done", {**where, "refusal": text}
-                else:
-                    yield "response.output_text.done", {**where, "text": text, "logprobs": []}
-                part = _output_part(refusal, text)
-                yield "response.content_part.done", {**where, "part": part}
+                yield done, {**where, field: text, **extra}
+                yield part_done, {**where, "part": _part(thought, refusal, text)}
 
 
 async def responses_events(
