@@ -1137,8 +1137,16 @@ class _Turn:
         self, kind: str, role: str, before: str, now: str, usage: dict[str, Any] | None
     ) -> list[Event]:
         """Stream what ``now`` adds to ``before`` in the open message of ``kind`` (opened
-        when another kind, or none, is open); a ``now`` that does not extend ``before``
-        completes the part streamed so far and starts a new one.
+        when another kind, or none, is open).
+
+        A ``now`` that does not extend ``before`` (the ``Msg``'s text rewritten, not grown:
+        a model's answer cleaned up in its last snapshot, say) is the text from then on, as
+        AgentScope Runtime 1.0.5 ends the message with its last snapshot's text: the
+        message's last text part takes it, sent whole as that part's ``completed`` event
+        (the deltas sent before cannot be taken back: a client shows a part's completed
+        text in place of its deltas, as the message completed holds it), and what ``now``
+        grows by later streams in a new part. So the message never holds the text before
+        and after, one after the other.
 
         A message opened again for the same ``Msg`` (its thinking grew after its text, say)
         holds what was added since: what the one closed before it streamed is not sent
@@ -1148,14 +1156,24 @@ class _Turn:
         events = self._open_kind(kind, role, usage)
         message = self._open
         assert message is not None
-        if now.startswith(before):
-            piece = now[len(before) :]
-        else:
-            events += self._complete_parts(message)
-            piece = now
-        if piece:
-            events += self._stream_text(message, piece)
-        return events
+        if not now.startswith(before):
+            return events + self._rewrite(message, before, now)
+        return events + self._stream_text(message, now[len(before) :])
+
+    def _rewrite(self, message: Message, before: str, now: str) -> list[Event]:
+        """The events of ``message``'s text, ``before``, rewritten as ``now`` (see
+        :meth:`_grow`): its last text part completed with what ``now`` says past the text
+        of the parts (and messages) before that one, when ``now`` keeps that; else with
+        ``now`` whole."""
+        events = self._flush_text()
+        texts = [(i, p) for i, p in enumerate(message.content or []) if isinstance(p, TextContent)]
+        if not texts:
+            return [*events, self._emit(message.add_content(TextContent(text=now)))]
+        position, last = texts[-1]
+        earlier = before[: len(before) - len(last.text or "")]
+        last.text = now[len(earlier) :] if now.startswith(earlier) else now
+        completed = message.content_completed(position)
+        return events + ([] if completed is None else [self._emit(completed)])
 
     def _open_kind(self, kind: str, role: str, usage: dict[str, Any] | None) -> list[Event]:
         """Have a message of ``kind`` open (a new one, closing another kind's), with

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -562,33 +563,36 @@ class Snapshot:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def thinking_between_texts_app() -> AgentApp:
-    """An AgentScope agent whose one ``Msg`` thinks, answers, thinks again, answers on."""
-    app = AgentApp(app_name="interleaved")
+def snapshots_app(snapshots: list[list[dict[str, str]]]) -> AgentApp:
+    """An AgentScope agent streaming one ``Msg`` as ``snapshots`` of its blocks."""
+    app = AgentApp(app_name="snapshots")
 
     @app.query(framework="text")
     async def query(
         self: Any, msgs: list[Any], request: Any = None, **kwargs: Any
     ) -> AsyncIterator[tuple[Snapshot, bool]]:
-        blocks = [
-            {"type": "thinking", "thinking": "First, "},
-            {"type": "text", "text": "Paris"},
-            {"type": "thinking", "thinking": "then the river."},
-            {"type": "text", "text": "on the Seine."},
-        ]
-        for grown in range(1, len(blocks) + 1):
-            yield Snapshot(blocks[:grown]), grown == len(blocks)
+        for number, blocks in enumerate(snapshots, 1):
+            yield Snapshot(blocks), number == len(snapshots)
 
     return app
 
 
-def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once() -> None:
-    # Each message opened again for the Msg streamed its text from the start: the client read
-    # "Paris\n\nParison the Seine." and the session kept "Paris" twice for the model.
+def thinking_between_texts_app() -> AgentApp:
+    """An AgentScope agent whose one ``Msg`` thinks, answers, thinks again, answers on."""
+    blocks = [
+        {"type": "thinking", "thinking": "First, "},
+        {"type": "text", "text": "Paris"},
+        {"type": "thinking", "thinking": "then the river."},
+        {"type": "text", "text": "on the Seine."},
+    ]
+    return snapshots_app([blocks[:grown] for grown in range(1, len(blocks) + 1)])
+
+
+@contextmanager
+def serving(agent_app: AgentApp) -> Iterator[tuple[openai.OpenAI, httpx.Client]]:
+    """``agent_app`` served alone, with the SDK and an httpx client of one of its users."""
     keys = Keys.make()
-    web = create_app(
-        settings=load_settings(), agent_app=thinking_between_texts_app(), key_store=keys.store
-    )
+    web = create_app(settings=load_settings(), agent_app=agent_app, key_store=keys.store)
     with (
         running(web) as served,
         openai.OpenAI(
@@ -596,6 +600,13 @@ def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once()
         ) as sdk,
         httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as rest,
     ):
+        yield sdk, rest
+
+
+def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once() -> None:
+    # Each message opened again for the Msg streamed its text from the start: the client read
+    # "Paris\n\nParison the Seine." and the session kept "Paris" twice for the model.
+    with serving(thinking_between_texts_app()) as (sdk, rest):
         ask = [{"role": "user", "content": "Where?"}]
         answer = sdk.chat.completions.with_raw_response.create(model="m", messages=ask)
         chunks = sdk.chat.completions.create(model="m", messages=ask, stream=True)
@@ -611,6 +622,28 @@ def test_text_of_a_msg_that_thinks_again_after_it_began_answering_is_sent_once()
         ("reasoning", "then the river."),
         ("message", "on the Seine."),
     ]
+
+
+def test_a_msg_whose_text_is_rewritten_ends_with_its_new_text_alone() -> None:
+    # The text before the rewrite and the one after were both kept, one after the other:
+    # the reply said "Hello worGoodbye world.".
+    texts = ["Hello wor", "Goodbye", "Goodbye world."]  # rewritten, then grown
+    rewriting = snapshots_app([[{"type": "text", "text": text}] for text in texts])
+    with serving(rewriting) as (sdk, rest):
+        ask = [{"role": "user", "content": "Hi"}]
+        answer = sdk.chat.completions.with_raw_response.create(model="m", messages=ask)
+        chunks = sdk.chat.completions.create(model="m", messages=ask, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        with sdk.responses.stream(model="m", input="Hi") as events:
+            done = [e.text for e in events if e.type == "response.output_text.done"]
+            given = events.get_final_response()
+        kept = history(rest, answer.headers["X-Session-Id"])
+    assert answer.parse().choices[0].message.content == "Goodbye world."
+    assert given.output_text == "".join(done) == "Goodbye world."
+    assert "".join(p["text"] for p in kept[1]["content"]) == "Goodbye world."
+    # A stream cannot take back what it sent: what it sent stays, no piece of the new text
+    # out of place is added.
+    assert streamed == "Hello wor world."
 
 
 def test_a_thinking_models_reasoning_reaches_openai_clients_as_reasoning_servers_send_it() -> None:

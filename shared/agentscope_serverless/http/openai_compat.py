@@ -792,8 +792,8 @@ async def chat_completion_chunks(
     thoughts: set[str] = set()
     # Per delta field, the messages that said something in it (a blank line parts two).
     said: dict[str, set[str]] = {}
-    # How much of each reply part (by its message and index) streamed so far.
-    streamed: dict[tuple[str, int | None], int] = {}
+    # What each reply part (by its message and index) streamed so far.
+    streamed: dict[tuple[str, int | None], str] = {}
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {
@@ -833,8 +833,9 @@ async def chat_completion_chunks(
             refusal, text = _said(event)
             part = (event.msg_id, event.index)
             if not event.delta:
-                text = text[streamed.get(part, 0) :] if event.status == RunStatus.Completed else ""
-            streamed[part] = streamed.get(part, 0) + len(text)
+                completed = event.status == RunStatus.Completed
+                text = _unstreamed(text, streamed.get(part, "")) if completed else ""
+            streamed[part] = streamed.get(part, "") + text
             if text:
                 field = (
                     "reasoning_content"
@@ -913,6 +914,17 @@ def responses_object(
         # Only when the request named one: AgentScope Runtime's responses have no such key.
         **({"conversation": echo["conversation"]} if echo.get("conversation") else {}),
     }
+
+
+def _unstreamed(whole: str, streamed: str) -> str:
+    """What a part completed ``whole`` says past what its deltas ``streamed``: nothing when
+    its text was rewritten (a stream cannot take back what it sent; the part's text whole
+    follows it, in a response's output and its ``.done`` event).
+
+    >>> _unstreamed("Hello there.", "Hello"), _unstreamed("Goodbye.", "Hello")
+    (' there.', '')
+    """
+    return whole[len(streamed) :] if whole.startswith(streamed) else ""
 
 
 def _output_text(text: str) -> dict[str, Any]:
@@ -1081,7 +1093,7 @@ async def _responses_stream(
             # A part given whole streams what its deltas did not, as a delta before its done:
             # clients build the text from the deltas.
             if event.delta or event.status == RunStatus.Completed:
-                new = text if event.delta else text[len(so_far) :]
+                new = text if event.delta else _unstreamed(text, so_far)
                 parts[index] = (refusal, so_far + new)
                 if new:
                     yield delta, {**where, "delta": new, **extra}
