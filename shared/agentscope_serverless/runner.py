@@ -941,8 +941,10 @@ class _Turn:
         self._text_part: TextContent | None = None
         self._text: list[str] = []
         # The first half of a UTF-16 surrogate pair ending the last piece of text, waiting
-        # for its second half in the next piece.
+        # for its second half in the next piece; of a message set aside, its text part and
+        # the half it holds, by the message's id (its next piece brings the second half).
         self._held = ""
+        self._held_aside: dict[str, tuple[TextContent, str]] = {}
 
     def start(self) -> list[Event]:
         return [
@@ -1193,7 +1195,7 @@ class _Turn:
         itself and left open for another, in the order it left them."""
         events = self.close()
         for message in self._set_aside.values():
-            self._open = message
+            self._resume(message)
             events += self.close()
         self._set_aside.clear()
         return events
@@ -1232,6 +1234,7 @@ class _Turn:
             self._open = None
         self.outputs += self._set_aside.values()
         self._set_aside.clear()
+        self._held_aside.clear()
         return self.outputs
 
     def cancel(self) -> AgentResponse:
@@ -1265,7 +1268,7 @@ class _Turn:
         events = self._leave_open()
         message = self._set_aside.pop(message_id, None) if message_id else None
         if message is not None:
-            self._open, self._open_own = message, True
+            self._resume(message)
             return message, events
         message = Message(role=Role.ASSISTANT, metadata={})
         if message_id:
@@ -1278,10 +1281,22 @@ class _Turn:
         message = self._open
         if message is None or not self._open_own:
             return self.close()
+        # A half of a surrogate pair it holds stays its own, for its next piece.
+        part, held, self._held = self._text_part, self._held, ""
         events = self._flush_text()
+        if part is not None and held:
+            self._held_aside[message.id] = (part, held)
         self._set_aside[message.id] = message
         self._open = None
         return events
+
+    def _resume(self, message: Message) -> None:
+        """Open again ``message``, set aside, with the half of a surrogate pair it held."""
+        self._open, self._open_own = message, True
+        aside = self._held_aside.pop(message.id, None)
+        if aside is not None:
+            part, self._held = aside
+            self._text_part, self._text = part, [part.text or ""]
 
     def _stream_text(self, message: Message, text: str) -> list[Event]:
         """The delta event of ``text``, whose piece joins the open text part of ``message``

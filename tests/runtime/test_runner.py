@@ -295,6 +295,26 @@ async def test_messages_the_handler_streams_interleaved_keep_their_own_parts() -
     ]
 
 
+async def test_an_emoji_cut_in_a_message_streamed_interleaved_with_another_arrives_whole() -> None:
+    # The first half of the pair, held for the next piece of its message, was ended as
+    # U+FFFD when the other message's piece came in between, and its second half after it.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
+        a, b = Message(role="assistant"), Message(role="assistant")
+        yield a.in_progress()
+        yield TextContent(text="A \ud83d", delta=True, msg_id=a.id)
+        yield b.in_progress()
+        yield TextContent(text="B \ud83d", delta=True, msg_id=b.id)
+        yield TextContent(text="\ude00 A", delta=True, msg_id=a.id)
+        yield TextContent(text="\ude42 B", delta=True, msg_id=b.id)
+        yield a.completed()
+        yield b.completed()
+
+    events = await run(handler)
+    deltas = "".join(e.text or "" for e in events if isinstance(e, TextContent) and e.delta)
+    assert "\ufffd" not in deltas
+    assert texts(events[-1]) == ["A \U0001f600 A", "B \U0001f642 B"]
+
+
 async def test_a_message_the_handler_leaves_open_for_another_ends_with_the_run() -> None:
     async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> AsyncIterator[Any]:
         a = Message(role="assistant")
