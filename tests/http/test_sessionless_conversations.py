@@ -506,3 +506,34 @@ def test_a_chat_reply_stopped_by_its_client_is_continued_with_what_it_got(
     assert say(sdk, conversation, stream=True) == session
     assert stored(rest, session)[:4] == [*sent(conversation[:3]), ("assistant", "tick 0")]
     assert stored(rest, session)[-2:] == [("user", "on"), ("assistant", "echo: on")]
+
+
+@pytest.mark.parametrize("stopped_by", ["client", "cancel"])
+def test_a_chat_reply_stopped_before_it_said_anything_is_continued_in_its_session(
+    sdk: openai.OpenAI, rest: httpx.Client, stopped_by: str
+) -> None:
+    # The stopped run noted no conversation with its (empty) reply: the next call, resending
+    # the turn as the client showed it, started a new session holding a copy of it all.
+    conversation: list[Any] = started(uuid.uuid4().hex)
+    session = say(sdk, conversation, stream=True)
+    conversation.append({"role": "user", "content": "sleep 3"})
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="m", messages=conversation, stream=True
+    )
+    run = raw.headers["X-Run-Id"]
+    with raw.parse() as chunks:  # the user presses "stop" before the agent says anything
+        if stopped_by == "cancel":
+            assert rest.post(f"/runs/{run}/cancel").status_code == 202
+        next(iter(chunks))
+    deadline = time.monotonic() + 10
+    while rest.get(f"/runs/{run}").json()["status"] != "canceled":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    conversation += [{"role": "assistant", "content": ""}, {"role": "user", "content": "on"}]
+    assert say(sdk, conversation, stream=True) == session
+    assert stored(rest, session)[-3:] == [
+        ("user", "sleep 3"),
+        ("user", "on"),
+        ("assistant", "echo: on"),
+    ]

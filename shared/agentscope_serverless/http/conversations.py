@@ -23,7 +23,8 @@ data, or expired) is not followed, even once a session of the same id was made a
 
 A run cancelled (a chat client closing its stream to stop the reply) notes the conversation
 with its partial reply too, as the session keeps it and as it was streamed until the client
-left, so that the client resending what it got of it goes on in the session. The end of a run
+left (empty, for a run stopped before it said anything, as for a turn that replied nothing),
+so that the client resending what it got of it goes on in the session. The end of a run
 whose client left is awaited apart from the request: a call sent before it (and the partial
 reply stored) starts a new session, as does one resending less than was streamed.
 
@@ -253,12 +254,15 @@ class _Ending:
             return
         if self.before:
             await self._note(self.before, self.held)
-        if final.status == RunStatus.Canceled and last_kept is not None:
+        if final.status == RunStatus.Canceled:
             # The partial reply the session keeps, and the one streamed (the client got it,
-            # or less: what it resends is found only if it is one of them).
+            # or less: what it resends is found only if it is one of them); for a run
+            # stopped before it said anything, the empty reply, as of a turn that replied
+            # nothing (the client shows the turn so, and resends it so).
             kept = reply_text(final) if final.output else None
             for partial in dict.fromkeys(p for p in (kept, streamed) if p is not None):
-                await self._note([*self.conversation, _reply(partial)], last_kept)
+                replied = [*self.conversation, _reply(partial)]
+                await self._note(replied, last_kept or self.held or self.asked)
 
     async def note_when_ended(
         self, ended: Callable[[], Awaitable[AgentResponse]], streamed: str, last: str | None
