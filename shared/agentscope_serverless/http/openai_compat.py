@@ -829,7 +829,9 @@ async def chat_completion_chunks(
                 replies.add(event.id)
             elif _is_reasoning(event):
                 thoughts.add(event.id)
-        elif isinstance(event, TextContent | RefusalContent) and event.msg_id in replies | thoughts:
+        elif isinstance(event, TextContent | RefusalContent) and (
+            event.msg_id in replies or event.msg_id in thoughts
+        ):
             refusal, text = _said(event)
             part = (event.msg_id, event.index)
             if not event.delta:
