@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -553,11 +553,24 @@ async def written_first_by(
             raced.append(True)
             await other.append_message(session, message)
 
-    async with aioboto3_session().client("dynamodb", endpoint_url=server.endpoint_url) as client:
-        client.meta.events.register("before-call.dynamodb.TransactWriteItems", other_writes_first)
-        async with DynamoDBSessionHistoryService(server.sessions_table, client=client) as history:
-            yield history
+    hooks = {"before-call.dynamodb.TransactWriteItems": other_writes_first}
+    async with history_hooked(server, hooks) as history:
+        yield history
     assert raced
+
+
+@contextlib.asynccontextmanager
+async def history_hooked(
+    server: DynamoDBServer, hooks: dict[str, Callable[..., Awaitable[None]]], **options: Any
+) -> AsyncIterator[DynamoDBSessionHistoryService]:
+    """A history whose client calls ``hooks`` (botocore event name: handler)."""
+    async with aioboto3_session().client("dynamodb", endpoint_url=server.endpoint_url) as client:
+        for event, hook in hooks.items():
+            client.meta.events.register(event, hook)
+        async with DynamoDBSessionHistoryService(
+            server.sessions_table, client=client, **options
+        ) as history:
+            yield history
 
 
 async def test_an_append_whose_message_another_wrote_first_answers_the_one_kept(
@@ -595,6 +608,77 @@ async def test_an_append_refused_for_a_message_another_wrote_first_writes_nothin
         await other.append_new_messages(session, retried, field="message")
         stored = await other.get_session(user_id, "s1")
         assert [m.id for m in stored.messages] == ["x", "x2", "z"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("checked", "kept"),
+    [(True, None), (False, None), (True, 10)],
+    ids=["refusing", "plain", "kept"],
+)
+async def test_an_append_stores_a_message_whose_id_a_refused_append_gave_back(
+    dynamodb_server: DynamoDBServer,
+    dynamodb_client: DynamoDBClient,
+    user_id: str,
+    checked: bool,
+    kept: int | None,
+) -> None:
+    # The refused append claimed z first; the other found the claim, its message not written,
+    # and wrote z at its number: once the claim was given back, z was left out, answered
+    # stored all the same.
+    b_writes, r_gave_back = asyncio.Event(), asyncio.Event()
+    b_session = Session(id="s1", user_id=user_id)
+    given = [with_id("zed", "z"), with_id("y", "y")]
+
+    async def b_appends() -> None:
+        if checked:
+            await b.append_new_messages(b_session, given, field="message")
+        else:
+            await b.append_message(b_session, given)
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def r_gives_back(**_: Any) -> None:  # before the refused append's release
+        if not tasks:
+            tasks.append(asyncio.create_task(b_appends()))
+            await b_writes.wait()
+
+    async def gave_back(**_: Any) -> None:
+        r_gave_back.set()
+
+    async def b_waits(**_: Any) -> None:  # before the other's write
+        b_writes.set()
+        await r_gave_back.wait()
+
+    b_hooks = {"before-call.dynamodb.TransactWriteItems": b_waits}
+    r_hooks = {
+        "before-call.dynamodb.TransactWriteItems": r_gives_back,
+        "after-call.dynamodb.TransactWriteItems": gave_back,
+    }
+    async with (
+        history_on(dynamodb_server, max_messages_per_session=kept) as history,
+        history_hooked(dynamodb_server, r_hooks, max_messages_per_session=kept) as r,
+        history_hooked(dynamodb_server, b_hooks, max_messages_per_session=kept) as b,
+    ):
+        await history.append_message(Session(id="s1", user_id=user_id), with_id("two", "x"))
+        refused = [with_id("one", "x"), with_id("zed", "z")]
+        with pytest.raises(MessageIdConflictError, match=r"^message\[0\]\.id"):
+            # Checked before another stored x: the append finds it.
+            await r.append_new_messages(
+                Session(id="s1", user_id=user_id), refused, field="message", checked=True
+            )
+        await tasks[0]
+        stored = await history.get_session(user_id, "s1")
+        assert stored is not None
+        assert [m.id for m in stored.messages] == ["x", "z", "y"]  # type: ignore[union-attr]
+        assert texts(stored) == ["two", "zed", "y"]
+        assert b_session.messages == stored.messages[1:]  # its answer: what the session holds
+        if kept is not None:
+            # Unused: the refused append's numbers (x found, z given back), not the other's
+            # own number for z, where z is now.
+            item = await dynamodb_client.get_item(
+                TableName=dynamodb_server.sessions_table, Key=session_key(user_id, "s1")
+            )
+            assert sorted(map(int, item["Item"]["gaps"]["NS"])) == [2, 3]
 
 
 # --- deletes racing with writes -------------------------------------------------------
@@ -773,7 +857,22 @@ async def ids_stored(history: DynamoDBSessionHistoryService, user_id: str) -> li
     return [m.id for m in session.messages if isinstance(m, Message)]
 
 
-async def test_a_retried_append_racing_its_messages_delete_leaves_it_deleted(
+async def stored_again_once(
+    history: DynamoDBSessionHistoryService,
+    client: DynamoDBClient,
+    server: DynamoDBServer,
+    user_id: str,
+) -> None:
+    """Message x, deleted while an append of it wrote it, is stored again (as if appended
+    after the delete): once, with the item of its id, so that a delete leaves none of it."""
+    assert await ids_stored(history, user_id) == ["x"]
+    assert list(await history.stored_messages(user_id, "s1", ["x"])) == ["x"]
+    assert await history.delete_messages(user_id, "s1", ["x"]) == 1
+    pk = messages_pk(user_id, "s1")
+    assert await partition(client, server.sessions_table, pk) == []
+
+
+async def test_a_retried_append_racing_its_messages_delete_stores_it_once(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:
     # The retry found the message's id, then no message (deleted meanwhile), and wrote it
@@ -789,10 +888,7 @@ async def test_a_retried_append_racing_its_messages_delete_leaves_it_deleted(
         delete_before_first_read(writer, delete)
         await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
         assert deleted == [1]
-        assert await ids_stored(writer, user_id) == []
-        assert await writer.stored_messages(user_id, "s1", ["x"]) == {}
-        pk = messages_pk(user_id, "s1")
-        assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+        await stored_again_once(writer, dynamodb_client, dynamodb_server, user_id)
         await writer.append_message(Session(id="s1", user_id=user_id), big_message("x"))
         assert await ids_stored(writer, user_id) == ["x"]
 
@@ -820,7 +916,7 @@ async def test_an_append_racing_its_messages_delete_keeps_it_deletable(
     assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
 
 
-async def test_two_appends_of_a_message_racing_its_delete_leave_it_deleted(
+async def test_two_appends_of_a_message_racing_its_delete_store_it_once(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:
     # The first append claims the id and stops before writing; its retry finds the id and
@@ -852,10 +948,7 @@ async def test_two_appends_of_a_message_racing_its_delete_leave_it_deleted(
         delete_before_first_put(retry, finish_first_then_delete)
         await retry.append_message(Session(id="s1", user_id=user_id), big_message("x"))
         assert deleted == [1]
-        assert await ids_stored(retry, user_id) == []
-        assert await retry.stored_messages(user_id, "s1", ["x"]) == {}
-    pk = messages_pk(user_id, "s1")
-    assert await partition(dynamodb_client, dynamodb_server.sessions_table, pk) == []
+        await stored_again_once(retry, dynamodb_client, dynamodb_server, user_id)
 
 
 async def test_two_appends_of_a_large_message_at_one_position_leave_no_stray_parts(

@@ -43,7 +43,13 @@ pk                         sk                  attributes
   its messages: it is refused before writing when it finds the id's message, then writes
   them in one transaction (up to 50 messages and 3.5 MB: a larger one takes several, and
   may keep some), none when another append wrote one first, and gives back the items of
-  the ids it claimed. Two appends at
+  the ids it claimed. An append that finds an id claimed by another, its message not
+  written yet, writes its own at that number; when it finds no message there after all
+  (the other append, refused, gave the id back, or the message was deleted meanwhile), it
+  claims the id again from its own number and writes the message there, in its place
+  among its messages (refused as above where the session holds the id for another
+  message by then): a success names only messages stored. A message deleted meanwhile is
+  thus stored again, as if the append came after the delete. Two appends at
   once may land out of sequence order, so a read between them sees the later without
   the earlier, and a walk through the pages then may pass over the earlier one.
 - **Read**: ``GetItem`` on the session item, then ``Query`` of its message partition in
@@ -817,52 +823,72 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         claims = [(seq, m) for seq, m in fresh if first <= seq < first + len(messages)]
         if refuse is not None:
             await self._refuse_or_withdraw(user_id, session_id, meta, refuse, result, claims, [])
+        # Where each message is written from: its own sequence number (the first of its id).
+        own: dict[int, int] = {}
+        for seq, message in enumerate(messages, start=first):
+            own.setdefault(id(message), seq)
         tails, heads = self._message_items(user_id, session_id, meta, fresh, messages)
         await self._store.put(tails)
-        # All or none: a turn stored in part (a tool call without its result) would be sent
-        # to the model, which refuses it, with every later turn. Each message only while the
-        # item of its id holds its sequence number: one deleted meanwhile (the item of its
-        # id goes with it) would be stored again without it, out of reach of its id.
-        checks = [
-            {
-                "Key": self._claim_key(user_id, session_id, meta, message.id),
-                "ConditionExpression": "seq = :seq",
-                "ExpressionAttributeValues": {":seq": n(seq)},
-            }
-            for seq, message in fresh
-        ]
         # A message is written once at its number: where two appends write it at once (a
         # retry racing the append it repeats), the first head stays and the other's tail
         # items go, else left over, part of no message.
-        units = self._store.put_actions(heads, checks, first_only=True)
+        units = self._store.put_actions(
+            heads, self._claim_checks(user_id, session_id, meta, fresh), first_only=True
+        )
         deleted: list[Item] = []
+        # All or none: a turn stored in part (a tool call without its result) would be sent
+        # to the model, which refuses it, with every later turn. In one transaction, so that
+        # a refused append writes none of them: where another append wrote one first (of an
+        # id found claimed, not yet written), none is written, and what it wrote is looked
+        # at before the others are. Larger appends (over 50 messages or 3.5 MB) take several
+        # transactions: one refused for an id another append wrote first keeps what the
+        # others wrote.
         at_once = refuse is not None and self._store.fit_together(units)
-        if refuse is not None and at_once:
-            # In one transaction, so that a refused append writes none of them: where
-            # another append wrote one first (of an id found claimed, not yet written),
-            # none is written, and what it wrote is looked at before the others are.
-            pending = list(range(len(units)))
-            while pending:
-                failed = await self._store.write_all_or_none([units[i] for i in pending])
-                if not failed:
-                    break
-                lost = [heads[pending[i]] for i in failed]
-                result = await self._kept_instead(
-                    user_id, session_id, meta, result, fresh, heads, lost
+        pending = list(range(len(units)))
+        while pending:
+            batch = [units[i] for i in pending]
+            if at_once:
+                failed = await self._store.write_all_or_none(batch)
+            else:
+                failed = await self._store.write_together(batch)
+            lost = [pending[i] for i in sorted(failed)]
+            pending = [i for i in pending if i not in lost] if at_once else []
+            if not lost:
+                break
+            deleted += [heads[i] for i in lost]
+            kept: dict[int, Message] = {}
+            again: list[tuple[int, Message]] = []
+            for seq, message in (fresh[i] for i in lost):
+                stored, at = await self._left_out(
+                    user_id, session_id, meta, message, seq, own[id(message)]
                 )
+                if stored is not None:
+                    kept[id(message)] = stored
+                elif at is not None:
+                    again.append((at, message))
+            result = [kept.get(id(message), message) for message in result]
+            mine = [seq for seq, message in again if seq == own[id(message)]]
+            claims += [(seq, message) for seq, message in again if seq in mine]
+            if mine and self._max_messages is not None:
+                # Its own numbers, recorded unused, now hold its messages.
+                meta = await self._record_gaps(user_id, session_id, meta, mine, add=False)
+            if refuse is not None and at_once:
                 await self._refuse_or_withdraw(
                     user_id, session_id, meta, refuse, result, claims, tails
                 )
-                deleted += lost
-                pending = [index for i, index in enumerate(pending) if i not in failed]
-        else:
-            # Larger appends (over 50 messages or 3.5 MB) take several transactions: one
-            # refused for an id another append wrote first keeps what the others wrote.
-            left_out = await self._store.write_together(units)
-            deleted = [heads[i] for i in sorted(left_out)]
-            if deleted:
-                result = await self._kept_instead(
-                    user_id, session_id, meta, result, fresh, heads, deleted
+            if again:
+                more_tails, more_heads = self._message_items(
+                    user_id, session_id, meta, again, messages
+                )
+                await self._store.put(more_tails)
+                pending += range(len(units), len(units) + len(again))
+                fresh += again
+                tails += more_tails
+                heads += more_heads
+                units += self._store.put_actions(
+                    more_heads,
+                    self._claim_checks(user_id, session_id, meta, again),
+                    first_only=True,
                 )
         if deleted:
             await self._store.delete([key for head in deleted for key in tail_keys(head)])
@@ -938,27 +964,39 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             },
         ]
 
-    async def _kept_instead(
-        self,
-        user_id: str,
-        session_id: str,
-        meta: Item,
-        result: list[Message],
-        fresh: list[tuple[int, Message]],
-        heads: list[Item],
-        deleted: list[Item],
-    ) -> list[Message]:
-        """``result`` with each message whose head was not written (another append wrote
-        its number first: one of the same id, found claimed but not yet written) replaced
-        by the message stored at its number, so the answer names what the session keeps."""
-        lost = {id(head) for head in deleted}
-        kept: dict[int, Message] = {}
-        for (seq, message), head in zip(fresh, heads, strict=True):
-            if id(head) in lost:
-                stored = await self._message_at(user_id, session_id, meta, seq)
-                if stored is not None:
-                    kept[id(message)] = stored
-        return [kept.get(id(message), message) for message in result]
+    def _claim_checks(
+        self, user_id: str, session_id: str, meta: Item, numbered: list[tuple[int, Message]]
+    ) -> list[Item]:
+        """The conditions writing each message of ``numbered`` only while the item of its id
+        holds its sequence number: one deleted meanwhile (the item of its id goes with it)
+        would be stored again without it, out of reach of its id."""
+        return [
+            {
+                "Key": self._claim_key(user_id, session_id, meta, message.id),
+                "ConditionExpression": "seq = :seq",
+                "ExpressionAttributeValues": {":seq": n(seq)},
+            }
+            for seq, message in numbered
+        ]
+
+    async def _left_out(
+        self, user_id: str, session_id: str, meta: Item, message: Message, seq: int, own: int
+    ) -> tuple[Message | None, int | None]:
+        """Where ``message``, not written at ``seq``, is: the message the session keeps
+        there (another append of its id wrote it first), else the number to write it at
+        again; (None, None) when neither (its own number, ``own``: the session was deleted
+        meanwhile)."""
+        stored = await self._message_at(user_id, session_id, meta, seq)
+        if stored is not None or seq == own:
+            return stored, None
+        # Its id was found claimed by another append, its message not written yet: that
+        # append, refused, gave the claim back (or its message was deleted meanwhile).
+        # Claimed again, from its own number (in its place among the append's messages).
+        claimed = await self._claim_id(user_id, session_id, meta, message.id, own)
+        if claimed == own:
+            return None, own
+        stored = await self._message_at(user_id, session_id, meta, claimed)
+        return stored, claimed if stored is None else None
 
     async def _stored_messages(
         self, user_id: str, session_id: str, message_ids: list[str]
