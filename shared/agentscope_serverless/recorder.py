@@ -432,8 +432,12 @@ class RecordedRun:
             self.cancel()
 
     def _stored(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
+        # Let go of the watcher: cancelled, its task holds a traceback through its frame
+        # back to this run, a reference cycle that would keep the run's events (a large
+        # reply) until the next garbage collection.
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
         self._recorder._forget(self)
 
     async def _watch(self) -> None:

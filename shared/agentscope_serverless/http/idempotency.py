@@ -362,8 +362,14 @@ def ends_with_client(request: Request) -> None:
 def fails_when(request: Request, failed: Callable[[], bool]) -> None:
     """The request's answer is a 200 that may be a failure (a stream, sent before it is
     known how it ends; a JSON-RPC error): ``failed()``, asked as it ends, says whether it
-    is one worth a retry, when the key is freed instead of keeping the answer."""
-    request.scope.setdefault("state", {})[_FAILED] = failed
+    is one worth a retry, when the key is freed instead of keeping the answer.
+
+    Held only by a request that claimed its key, until its answer ends: ``failed`` may hold
+    what made the answer (a run, its whole reply), and the request's scope outlives it (a
+    keep-alive connection keeps its last request's)."""
+    state = request.scope.setdefault("state", {})
+    if _STATE in state:
+        state[_FAILED] = failed
 
 
 async def _hold(store: IdempotencyStore, claim: Claim) -> None:
@@ -381,6 +387,7 @@ async def _hold(store: IdempotencyStore, claim: Claim) -> None:
 
 async def _finish(scope: Scope, answer: StoredResponse | None, size: int) -> None:
     """Keep ``answer`` for the request's key, or free the key (once per request)."""
+    scope.get("state", {}).pop(_FAILED, None)
     claimed = scope.get("state", {}).pop(_STATE, None)
     if claimed is None:
         return
