@@ -11,6 +11,7 @@ from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedErr
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.memory import MemoryService
+from agentscope_serverless.services.memory.text import MAX_INDEXED_CHARS
 
 
 def msg(text: str, role: str = "user") -> Message:
@@ -170,6 +171,19 @@ async def test_search_uses_the_first_128_distinct_words_of_a_long_query(
     assert sorted(texts(found)) == sorted(["needle", " ".join(words[1000:2000])])
     capped = await memory.search_memory(user_id, query(" ".join([*words[:128], "pin"])))
     assert texts(capped) == [" ".join(words[:1000])]
+
+
+async def test_a_memory_is_indexed_by_its_first_characters_and_kept_whole(
+    memory: MemoryService, user_id: str
+) -> None:
+    # A reply of megabytes is not analysed whole: only its first MAX_INDEXED_CHARS are.
+    filler = "filler " * (MAX_INDEXED_CHARS // 7)
+    await memory.add_memory(user_id, [msg(f"early {filler}late"), msg("later")])
+    assert texts(await memory.search_memory(user_id, query("early"))) == [f"early {filler}late"]
+    assert texts(await memory.search_memory(user_id, query("late"))) == []
+    # A query too: its words past them are not searched for.
+    assert await memory.search_memory(user_id, query(f"{filler.replace('f', 'k')} later")) == []
+    assert texts(await memory.search_memory(user_id, query("later"))) == ["later"]
 
 
 @pytest.mark.parametrize("top_k", [0, -1, "3", 2.5, True])
@@ -505,11 +519,12 @@ async def test_a_keyed_add_run_again_stores_nothing_twice(
 async def test_a_document_of_many_distinct_words_is_found_by_each_and_stored_once(
     memory: MemoryService, user_id: str
 ) -> None:
-    # Past what one step indexes on Redis (4,000 buckets): indexed in several.
-    words = [f"term{i}" for i in range(12_000)]
+    # Past what one step indexes on Redis (4,000 buckets): indexed in several. Within the
+    # characters a memory is indexed by (46,889).
+    words = [f"t{i}" for i in range(8_000)]
     document = " ".join(words)
     await keyed_add(memory, f"{user_id}\0doc", user_id, document)
     await keyed_add(memory, f"{user_id}\0doc", user_id, document)  # its answer was lost
     assert texts(await memory.list_memory(user_id)) == [document]
-    for word in (words[0], words[5_999], words[-1]):
+    for word in (words[0], words[3_999], words[-1]):
         assert texts(await memory.search_memory(user_id, query(word))) == [document]

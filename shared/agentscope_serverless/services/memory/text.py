@@ -45,6 +45,11 @@ BM25_B = 0.75
 # input: the runner searches with it) would make one search cost as much as thousands, and
 # on Redis hold the server (a script) for all that time, for no better ranking.
 MAX_QUERY_TERMS = 128
+# The characters of a message's text that memory indexes, and that a search reads of its
+# query: its first ones. A reply of megabytes (a generated document) analysed and indexed
+# whole would hold the process for as long as thousands of memories (and, on Redis, the
+# server, for every user), for no better ranking; it is still stored and returned whole.
+MAX_INDEXED_CHARS = 65_536
 
 # Planes holding combining marks besides variation selectors (plane 14's are added below).
 _MARK_PLANES = range(0x20000)
@@ -286,10 +291,15 @@ def _split_unspaced(word: str, unspaced: re.Pattern[str]) -> Iterable[str]:
 
 
 def message_text(message: Message) -> str:
-    """All the text parts of a message, joined by spaces: what memory search indexes."""
-    return " ".join(
-        part.text for part in message.content or [] if isinstance(part, TextContent) and part.text
-    )
+    """The text parts of a message, joined by spaces, up to :data:`MAX_INDEXED_CHARS`
+    characters: what memory search indexes."""
+    parts: list[str] = []
+    left = MAX_INDEXED_CHARS
+    for part in message.content or []:
+        if left > 0 and isinstance(part, TextContent) and part.text:
+            parts.append(part.text[:left])
+            left -= len(parts[-1]) + 1  # and the space before the next
+    return " ".join(parts)
 
 
 def query_terms(message: Message | None) -> list[str]:
@@ -347,6 +357,7 @@ def bm25_score(
 __all__ = [
     "BM25_B",
     "BM25_K1",
+    "MAX_INDEXED_CHARS",
     "MAX_QUERY_TERMS",
     "CorpusStats",
     "bm25_score",
