@@ -21,7 +21,7 @@ from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis import RedisStore
-from agentscope_serverless.services._redis_shared import SharedConnection, pack
+from agentscope_serverless.services._redis_shared import SharedConnection, pack, pack_in_pieces
 
 ECHO = "return ARGV[1]"
 SLOW_ECHO = """
@@ -254,6 +254,48 @@ async def test_the_calls_of_one_turn_of_the_loop_and_the_next_go_out_in_one_writ
         # Two turns later is too late: a write of its own.
         await asyncio.gather(connection.execute([("PING",)]), turns_later(2, "later"))
         assert len(writes) == 3
+
+
+async def test_a_large_command_lets_other_tasks_run_while_it_is_packed(
+    redis_server: RedisServer,
+) -> None:
+    # A reply of 50 MB packed at once held every other request of the process: a large
+    # argument is packed a piece at a time, the event loop turning between pieces.
+    value = "é" + "x" * (8 << 20)
+    async with connected(redis_server.url) as (client, connection):
+        ticks = 0
+        ticks_when_written: list[int] = []
+        writelines = connection._writer.writelines
+        write = connection._writer.write
+
+        def written(data: Any) -> None:
+            ticks_when_written.append(ticks)
+            (writelines if isinstance(data, list) else write)(data)
+
+        connection._writer.writelines = written  # type: ignore[method-assign]
+        connection._writer.write = written  # type: ignore[method-assign]
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        ticking = asyncio.create_task(tick())
+        try:
+            assert await connection.execute([("SET", "large", value), ("STRLEN", "large")]) == [
+                b"OK",
+                len(value.encode()),
+            ]
+        finally:
+            ticking.cancel()
+        assert ticks_when_written[0] >= 8  # a turn for each MiB
+        assert await client.get("large") == value.encode()
+
+
+async def test_a_command_packed_in_pieces_is_packed_as_at_once() -> None:
+    command = ("EVALSHA", "sha", 2, "key", b"b" * (3 << 20), "é" * (3 << 20), 1.5)
+    assert b"".join(await pack_in_pieces([command, ("PING",)])) == pack(command) + pack(("PING",))
 
 
 def test_a_store_outlives_an_event_loop_closed_under_its_connection(
