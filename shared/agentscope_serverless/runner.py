@@ -87,10 +87,12 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._stored import EncodedMessages
 from agentscope_serverless.services._turn import AgentWrites, agent_turn
 from agentscope_serverless.services._validation import (
     new_or_clean_session_id,
     require_input_ids,
+    to_encoded_messages,
     valid_streamed_text,
 )
 from agentscope_serverless.services.agent_state.base import StateService
@@ -647,12 +649,15 @@ class Runner(ServiceLifecycleManagerMixin):
         end_turn: TurnEnd | None,
     ) -> None:
         """Append a completed turn's messages to the session (raising when they could not
-        be), then add them to memory; either is left to an agent that did it itself."""
+        be), then add them to memory; either is left to an agent that did it itself. The
+        messages are checked and encoded once, for both."""
         if writes.history:
             pass  # the agent stored its turn: the run is stored at its end, on its own
         elif end_turn is None:
+            messages = EncodedMessages(to_encoded_messages(messages))
             await self.session_history_service.append_message(session, messages)
         else:
+            messages = EncodedMessages(to_encoded_messages(messages))
             await end_turn(self.session_history_service, session, messages, final)
         await self._remember_quietly(session, writes, messages)
 
@@ -751,7 +756,8 @@ class Runner(ServiceLifecycleManagerMixin):
         if memory is None or writes.memory:
             return
         try:
-            await memory.add_memory(session.user_id, list(messages), session_id=session.id)
+            remembered = messages if isinstance(messages, EncodedMessages) else list(messages)
+            await memory.add_memory(session.user_id, remembered, session_id=session.id)
         except Exception:
             logger.exception("could not add the run to memory", extra={"session_id": session.id})
 

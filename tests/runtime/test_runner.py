@@ -31,6 +31,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     TextContent,
 )
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services import _validation as validation
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory import InMemoryMemoryService
@@ -557,6 +558,40 @@ async def test_history_and_memory_get_the_input_and_the_reply() -> None:
         "noted",
     ]
     assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["plain", "recorded run"])
+async def test_a_turn_is_checked_and_encoded_once_for_history_and_memory(
+    recorded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded: list[str | None] = []
+    check = validation._encoded
+
+    def counted(item: Any, position: int | None) -> tuple[Message, str]:
+        message, raw = check(item, position)
+        encoded.append(message.get_text_content())
+        return message, raw
+
+    monkeypatch.setattr(validation, "_encoded", counted)
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return "noted"
+
+    manager, runs = services(), InMemoryRunsService()
+    async with manager, runs, Runner(handler, services=manager) as runner:
+        if recorded:
+            run = await RunRecorder(runs).start(runner.stream_query(request("kiwi")), user_id="u1")
+            await run.final()
+        else:
+            await runner.query(request("kiwi"))
+        session = await runner.session_history_service.get_session("u1", "s1")
+        assert runner.memory_service is not None
+        memories = await runner.memory_service.list_memory("u1")
+    # Once each, for both stores (each encoded its own copy before).
+    assert encoded == ["kiwi", "noted"]
+    assert session is not None
+    assert [m.get_text_content() for m in session.messages] == ["kiwi", "noted"]
+    assert [m.get_text_content() for m in memories] == ["kiwi", "noted"]
 
 
 @pytest.mark.parametrize("outcome", ["completed", "failed"])

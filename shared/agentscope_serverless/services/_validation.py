@@ -20,6 +20,7 @@ from pydantic_core import PydanticSerializationError
 from agentscope_serverless.errors import InvalidInputError
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services._stored import EncodedMessages
 
 MAX_ID_LENGTH = 512
 # The longest expiry a store is given (about 31,700 years; unset means none): Redis counts
@@ -341,7 +342,15 @@ def to_encoded_messages(message: Any) -> list[tuple[Message, str]]:
 
     >>> [(m.role, raw[:14]) for m, raw in to_encoded_messages({"role": "user"})]
     [('user', '{"sequence_num')]
+
+    Messages checked already (an :class:`EncodedMessages`: a turn stored in the history,
+    then added to memory) keep the JSON they were checked with, without a second check.
     """
+    if isinstance(message, EncodedMessages):
+        known = message.json
+        return [
+            (m, known[id(m)]) if id(m) in known else _encoded(m, i) for i, m in enumerate(message)
+        ]
     return [_encoded(item, i) for i, item in _items(message)]
 
 
