@@ -34,13 +34,19 @@ class ConfigurationError(AgentScopeServerlessError, ValueError):
     code = "CONFIGURATION_ERROR"
 
 
+def hook_name(hook: object) -> str:
+    """The name of an app's hook (``@app.init``, ``@app.shutdown``...) as messages show it."""
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
+
+
 class StartupError(AgentScopeServerlessError):
     """A start-up hook of the app (``@app.init``, ``before_start``) raised: the message names
     the hook and its exception, which is chained as the cause."""
 
     def __init__(self, kind: str, hook: object, cause: BaseException) -> None:
-        name = getattr(hook, "__qualname__", None) or type(hook).__name__
-        super().__init__(f"the {kind} hook {name}() failed: {type(cause).__name__}: {cause}")
+        super().__init__(
+            f"the {kind} hook {hook_name(hook)}() failed: {type(cause).__name__}: {cause}"
+        )
 
 
 class ShutdownError(AgentScopeServerlessError):
@@ -48,8 +54,9 @@ class ShutdownError(AgentScopeServerlessError):
     names the hook and its exception, which is chained as the cause."""
 
     def __init__(self, kind: str, hook: object, cause: BaseException) -> None:
-        name = getattr(hook, "__qualname__", None) or type(hook).__name__
-        super().__init__(f"the {kind} hook {name}() failed: {type(cause).__name__}: {cause}")
+        super().__init__(
+            f"the {kind} hook {hook_name(hook)}() failed: {type(cause).__name__}: {cause}"
+        )
 
 
 class InvalidInputError(AgentScopeServerlessError, ValueError):
@@ -349,4 +356,5 @@ __all__ = [
     "UnsupportedParameterError",
     "UploadNotAvailableError",
     "error_classes",
+    "hook_name",
 ]

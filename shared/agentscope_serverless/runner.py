@@ -63,6 +63,7 @@ from agentscope_serverless.errors import (
     ShutdownError,
     StartupError,
     StoreUnavailableError,
+    hook_name,
 )
 from agentscope_serverless.log import logger, redact, redacted
 from agentscope_serverless.schemas._build import built, set_field
@@ -158,6 +159,10 @@ del _delta
 # into one delta for at most this long: its events are stored (and followed) all the same,
 # in a few deltas rather than one per token.
 GATHERED_TEXT_SECONDS = 0.25
+# How long the shutdown handler (``@app.shutdown``) may take as the runner stops: one still
+# going is cancelled (a WARNING names it), and the stop goes on, so a hook that hangs does not
+# keep a stopped server from exiting.
+SHUTDOWN_HANDLER_SECONDS = 10.0
 
 
 class Runner(ServiceLifecycleManagerMixin):
@@ -468,10 +473,18 @@ class Runner(ServiceLifecycleManagerMixin):
         if not self._started:
             return
         self._started = False
+        limit = asyncio.timeout(SHUTDOWN_HANDLER_SECONDS)
         try:
-            await _maybe_await(self.shutdown_handler())
+            async with limit:
+                await _maybe_await(self.shutdown_handler())
         except Exception as exc:
-            raise ShutdownError("@app.shutdown", self.shutdown_handler, exc) from exc
+            if not (isinstance(exc, TimeoutError) and limit.expired()):
+                raise ShutdownError("@app.shutdown", self.shutdown_handler, exc) from exc
+            logger.warning(
+                "the @app.shutdown hook %s() did not end within %g s: it was cancelled",
+                hook_name(self.shutdown_handler),
+                SHUTDOWN_HANDLER_SECONDS,
+            )
         finally:
             if self._owns_services and self._services is not None:
                 await self._services.__aexit__(None, None, None)

@@ -37,6 +37,16 @@ from agentscope_serverless.threads import run_in_thread
 from agentscope_serverless.time_limit import seconds_left
 
 TASK_FAILED = "TASK_FAILED"
+# A task cancelled by what runs it (its server stopping): its end stored at once, rather than
+# read as lost (RUN_LOST) only once its heartbeats stop.
+TASK_STOPPED = "TASK_STOPPED"
+_STOPPED_ERROR = {
+    "code": TASK_STOPPED,
+    "message": "the process running the task stopped before the task ended",
+}
+# How long a stopping server waits for the tasks still running to end, then for those it
+# cancels (their cleanup, their end stored).
+STOP_WAIT_SECONDS = 5.0
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
@@ -101,7 +111,14 @@ async def run_task(
         return
     except (Exception, asyncio.CancelledError) as exc:
         if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
-            raise  # not the task's failure: what runs it stops (its server shuts down)
+            # Not the task's failure: what runs it stops (its server shuts down).
+            try:
+                await finish("failed", error=_STOPPED_ERROR)
+            except Exception:
+                logger.exception(
+                    "could not store the end of a stopped task", extra={"task_id": task_id}
+                )
+            raise
         logger.info("a background task failed", extra={"task_id": task_id})
         failure = exc.__cause__ if isinstance(exc, _Raised) else exc
         # Without the secrets of the process, as a failed run's error.
@@ -306,14 +323,22 @@ class LocalTaskExecutor:
         return record
 
     async def aclose(self) -> None:
-        """Wait (a little) for the tasks still running."""
+        """Wait (a little) for the tasks still running, then cancel those still going: each
+        is stored failed (``TASK_STOPPED``) before the stores close."""
         if self._running:
-            await asyncio.wait(self._running, timeout=5)
+            await asyncio.wait(self._running, timeout=STOP_WAIT_SECONDS)
+        going = set(self._running)
+        if going:
+            logger.warning("%d background task(s) still running were stopped", len(going))
+            for task in going:
+                task.cancel()
+            await asyncio.wait(going, timeout=STOP_WAIT_SECONDS)
 
 
 __all__ = [
     "TASK_EVENT_KEY",
     "TASK_FAILED",
+    "TASK_STOPPED",
     "LocalTaskExecutor",
     "TaskDefinition",
     "TaskExecutor",

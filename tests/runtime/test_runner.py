@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentscope_serverless import runner as runner_module
 from agentscope_serverless.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -889,6 +890,30 @@ async def test_init_and_shutdown_handlers_run_and_owned_services_are_built() -> 
         assert runner.state_service is not None
         assert (await runner.query(request("hi"))).status == "completed"
     assert calls == ["init", "shutdown"]
+
+
+async def test_a_shutdown_handler_that_hangs_is_cut_off_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was awaited without limit: a stopped server waited for it as long as it hung.
+    monkeypatch.setattr(runner_module, "SHUTDOWN_HANDLER_SECONDS", 0.2)
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        return "ok"
+
+    async def close_connections(self: Runner) -> None:
+        await asyncio.sleep(60)
+
+    runner = Runner(handler, shutdown_handler=close_connections)
+    level = logger.level
+    logger.setLevel("WARNING")
+    try:
+        await runner.start()
+        await asyncio.wait_for(runner.stop(), 5)
+    finally:
+        logger.setLevel(level)
+    logged = capsys.readouterr().out
+    assert "WARNING" in logged and "close_connections() did not end within 0.2 s" in logged
 
 
 def test_bad_configurations_are_refused() -> None:
