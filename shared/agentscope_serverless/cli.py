@@ -389,6 +389,7 @@ def _serve(
         root_settings,
         use_app_dir,
     )
+    from agentscope_serverless.stopping_server import StoppingServer
 
     use_app_dir(app_dir)
     try:
@@ -413,7 +414,7 @@ def _serve(
         access_log=False,
         timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
-    _run_until_signalled(uvicorn.Server(config), listener, announced)
+    _run_until_signalled(StoppingServer(config), listener, announced)
 
 
 class _AnnouncedOnStart:
@@ -525,6 +526,7 @@ def _serve_reloading(
         root_settings,
         use_app_dir,
     )
+    from agentscope_serverless.stopping_server import StoppingServer
 
     try:
         from agentscope_serverless.reloader import LoadingWorker, ProjectReload, stop_signal_exit
@@ -562,7 +564,7 @@ def _serve_reloading(
         access_log=False,
         timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
-    worker = LoadingWorker(uvicorn.Server(config))
+    worker = LoadingWorker(StoppingServer(config))
     reloader = ProjectReload(config, worker.run, [config.bind_socket()], root=directory)
     reloader.run()
     stop_signal_exit(reloader.stopped_by)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -97,6 +98,8 @@ LAST_WRITE_ATTEMPTS = 3
 # this slow to fail does not answer (each call waited out its timeout), and the client gets
 # the run's last events only once the write is given up.
 LAST_WRITE_PATIENCE_SECONDS = 5.0
+STOP_SECONDS = CLEANUP_SECONDS + 2
+"""How long a stopping server waits, in all, for its cancelled runs to end and be stored."""
 _OUT_OF_TIME = Error(
     code=TIME_LIMIT,
     message="the run was ended at the function's time limit, before the agent finished",
@@ -685,6 +688,7 @@ class RunRecorder:
         self.metrics = metrics
         self._live: dict[tuple[str, str], RecordedRun] = {}
         self._runs: set[RecordedRun] = set()
+        _recorders.add(self)
 
     async def start(
         self,
@@ -740,12 +744,7 @@ class RunRecorder:
             for run in self._runs
             if run.user_id == user_id and session_id in (None, run.session_id)
         ]
-        for run in runs:
-            run.cancel()
-        if runs:
-            await asyncio.wait(
-                [asyncio.ensure_future(run.wait_stored()) for run in runs], timeout=wait
-            )
+        await _cancel_and_wait(runs, wait)
 
     def erase_local(self, user_id: str, session_id: str | None = None) -> None:
         """Have the runs of ``user_id`` (of ``session_id``, when given) still executing in
@@ -763,13 +762,9 @@ class RunRecorder:
         return True
 
     async def aclose(self) -> None:
-        """Cancel the runs still executing and wait for them to be stored."""
-        runs = list(self._runs)
-        for run in runs:
-            run.cancel()
-        for run in runs:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(run.wait_stored(), 5)
+        """Cancel the runs still executing and wait for them to be stored, up to
+        :data:`STOP_SECONDS` in all."""
+        await _cancel_and_wait(list(self._runs), STOP_SECONDS)
 
     def _ended(self, run: RecordedRun) -> None:
         """Write the metrics of a run that has ended (one that failed before its first event
@@ -792,4 +787,37 @@ class RunRecorder:
         self._live.pop((run.user_id, run.run_id), None)
 
 
-__all__ = ["FIRST_WRITE_DELAY", "EventItem", "RecordedRun", "RunRecorder", "write_last"]
+_recorders: weakref.WeakSet[RunRecorder] = weakref.WeakSet()
+
+
+async def _cancel_and_wait(runs: list[RecordedRun], wait: float) -> None:
+    """Cancel ``runs`` and wait, up to ``wait`` seconds in all, for them to be stored."""
+    for run in runs:
+        run.cancel()
+    if runs:
+        await asyncio.wait([asyncio.ensure_future(run.wait_stored()) for run in runs], timeout=wait)
+
+
+async def stop_runs() -> None:
+    """Cancel every run executing on this event loop (a server stopping, while their clients
+    are still connected: each gets the run's ``canceled`` end) and wait for them to be
+    stored, up to :data:`STOP_SECONDS` in all."""
+    loop = asyncio.get_running_loop()
+    runs = [
+        run
+        for recorder in list(_recorders)
+        for run in recorder._runs
+        if run._producer is not None and run._producer.get_loop() is loop
+    ]
+    await _cancel_and_wait(runs, STOP_SECONDS)
+
+
+__all__ = [
+    "FIRST_WRITE_DELAY",
+    "STOP_SECONDS",
+    "EventItem",
+    "RecordedRun",
+    "RunRecorder",
+    "stop_runs",
+    "write_last",
+]

@@ -294,8 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info")
     options = parser.parse_args(argv)
 
-    import uvicorn
-
+    from agentscope_serverless import stopping_server
     from agentscope_serverless.errors import AgentScopeServerlessError
     from agentscope_serverless.head_timeout import head_timeout_protocol
     from agentscope_serverless.settings import agent_app_problem
@@ -315,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     keys = settings.auth_keys_backend
     where = {"file": f" {settings.auth_keys_file}", "dynamodb": f" {settings.auth_keys_table}"}
     print(f"API keys: {keys}{where.get(keys, ' (empty: no caller is accepted)')}", flush=True)
-    uvicorn.run(
+    stopping_server.run(
         served.app,
         host=options.host,
         port=options.port,

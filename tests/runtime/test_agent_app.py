@@ -406,10 +406,10 @@ def test_a_plain_handler_that_blocks_holds_no_other_request(keys: Keys, generato
 def test_run_listens_on_agentscope_runtimes_port_by_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import uvicorn
+    from agentscope_serverless import stopping_server
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(stopping_server, "run", lambda app, **kwargs: calls.append(kwargs))
     echo_app().run(settings=load_settings())
     [call] = calls
     call.pop("http")  # the request head's time limit (see below)
@@ -439,10 +439,10 @@ def test_run_cuts_off_a_client_sending_half_a_request_head() -> None:
 
 
 def test_run_keeps_the_http_protocol_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
+    from agentscope_serverless import stopping_server
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(stopping_server, "run", lambda app, **kwargs: calls.append(kwargs))
     echo_app().run(settings=load_settings(), http="h11")
     assert calls[0]["http"] == "h11"
 

@@ -619,8 +619,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
                 "would serve it apart from this server: call app.run() only under "
                 'if __name__ == "__main__":'
             )
-        import uvicorn
-
+        from agentscope_serverless import stopping_server
         from agentscope_serverless.auth.factory import create_key_store
         from agentscope_serverless.head_timeout import head_timeout_protocol
         from agentscope_serverless.http import create_app
@@ -644,7 +643,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
         )
         # Stopped, it waits this long for requests still open (as `serve` does), not for ever.
         kwargs.setdefault("timeout_graceful_shutdown", STOP_GRACE_SECONDS)
-        uvicorn.run(served, host=host, port=port, **kwargs)
+        stopping_server.run(served, host=host, port=port, **kwargs)
 
     def _given_runner(self) -> Runner:
         """The runner given with ``runner=``, running the handlers registered with this app's

@@ -738,13 +738,14 @@ def _lifespan(context: AppContext) -> Lifespan:
                 except Exception as exc:
                     raise StartupError("before_start", before_start, exc) from exc
                 stack.push_async_callback(_after_finish, context.agent_app.after_finish, app)
-            if context.recorder is not None:
-                stack.push_async_callback(context.recorder.aclose)
             if context.task_executor is not None:
                 stack.push_async_callback(context.task_executor.aclose)
             a2a_handler = getattr(app.state, "a2a_handler", None)
             if a2a_handler is not None:
                 stack.push_async_callback(a2a_handler.aclose)
+            if context.recorder is not None:
+                # Closed first: no agent runs on while the rest waits for its own.
+                stack.push_async_callback(context.recorder.aclose)
             # What start-up built lives as long as the process, and what survives a full
             # collection lives long too: later full collections walk only newer objects.
             keep_pauses_short()
