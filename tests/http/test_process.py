@@ -229,6 +229,22 @@ def test_an_accept_taking_neither_events_nor_json_is_a_406(
     )
 
 
+@pytest.mark.parametrize("key", [None, "not-a-key"])
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_an_accept_taking_neither_from_a_caller_without_a_key_is_a_401(
+    client_for: Callable[..., httpx.Client], key: str | None, idempotent: bool
+) -> None:
+    # It was a 406: the Accept was read before the key.
+    headers = {"Accept": "application/xml"}
+    if idempotent:
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    response = client_for(key).post(
+        "/process", json={"input": [user_message("hi")]}, headers=headers
+    )
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
 @pytest.mark.parametrize(
     ("accept", "stream", "answered"),
     [

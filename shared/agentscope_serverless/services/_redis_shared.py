@@ -70,14 +70,18 @@ def _data(argument: Any) -> bytes:
     raise DataError(f"a Redis argument must be str, bytes, int or float, not {argument!r}")
 
 
+_TEXT = (str, bytes)
+
+
 def _large(commands: Sequence[Sequence[Any]]) -> bool:
-    """Whether an argument of ``commands`` is longer than :data:`_PIECE`."""
-    return any(
-        len(argument) > _PIECE
-        for command in commands
-        for argument in command
-        if isinstance(argument, str | bytes)
-    )
+    """Whether an argument of ``commands`` is longer than :data:`_PIECE`. Asked before every
+    call, so written as plain loops (a third of the time of ``any()`` over a generator: as
+    long as packing the usual call)."""
+    for command in commands:
+        for argument in command:
+            if type(argument) is not int and isinstance(argument, _TEXT) and len(argument) > _PIECE:
+                return True
+    return False
 
 
 async def pack_in_pieces(commands: Sequence[Sequence[Any]]) -> list[bytes]:

@@ -436,6 +436,8 @@ class _AgentRoute(KeyedRoute):
             request = utf8_request(request)
             accept = request.headers.get("accept")
             if accept and accept != "*/*" and not accepts_an_answer(accept):
+                # After the key, as every other refusal: a caller without one gets a 401.
+                await get_caller(request, await bearer_scheme(request))
                 raise HTTPException(
                     406,
                     f"Accept takes neither {' nor '.join(ANSWER_TYPES)}, the types this route "
