@@ -41,6 +41,7 @@ import functools
 import importlib
 import inspect
 import json
+import logging
 import sys
 import time
 import types
@@ -586,9 +587,14 @@ class Runner(ServiceLifecycleManagerMixin):
             for event in turn.end():
                 yield event
             if not turn.outputs:  # legitimate at times, but mostly a forgotten return
-                logger.warning(
+                # Once a WARNING: an agent that means it would fill the log with them.
+                warned = self.__dict__.get("_warned_empty_reply", False)
+                self.__dict__["_warned_empty_reply"] = True
+                logger.log(
+                    logging.DEBUG if warned else logging.WARNING,
                     f"the query handler {handler_name(self.query_handler)} yielded or "
-                    "returned nothing: the reply is empty",
+                    "returned nothing: the reply is empty"
+                    + ("" if warned else " (said once; next times at DEBUG)"),
                     extra={"session_id": session.id, "run_id": turn.response.id},
                 )
         # sys.exit() in an agent (a script's habit, a CLI library's) fails its turn: it would

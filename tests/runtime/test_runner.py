@@ -762,8 +762,23 @@ async def test_a_handler_giving_nothing_completes_and_warns_naming_it(
     ]
     assert [line["message"] for line in warned] == [
         f"the query handler {__name__}.{handler.__qualname__} yielded or returned nothing: "
-        "the reply is empty"
+        "the reply is empty (said once; next times at DEBUG)"
     ]
+
+
+@pytest.mark.usefixtures("warnings_logged")
+async def test_empty_replies_warn_once(capsys: pytest.CaptureFixture[str]) -> None:
+    # Every empty reply was a WARNING: an agent meaning some filled the log with them.
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> None:
+        return None
+
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        for _ in range(3):
+            events = [event async for event in runner.stream_query(request("hi"))]
+            assert events[-1].status == "completed"
+    warned = [line for line in capsys.readouterr().out.splitlines() if '"WARNING"' in line]
+    assert len(warned) == 1 and "yielded or returned nothing" in warned[0]
 
 
 async def test_a_message_made_invalid_by_assignment_fails_the_run_naming_it() -> None:
