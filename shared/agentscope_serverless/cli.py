@@ -52,7 +52,6 @@ from agentscope_serverless.serve import IGNORED_FOLDERS_TEXT, WATCHED_FILES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from types import FrameType
 
     import httpx
     import uvicorn
@@ -414,7 +413,7 @@ def _serve(
         access_log=False,
         timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
-    _run_until_signalled(StoppingServer(config), listener, announced)
+    _run_until_signalled(StoppingServer(config), listener)
 
 
 class _AnnouncedOnStart:
@@ -423,52 +422,27 @@ class _AnnouncedOnStart:
     def __init__(self, app: ASGIApp, announce: Callable[[], None]) -> None:
         self.app = app
         self.announce = announce
-        # The task running the app's start and stop, and whether its stop was cut short.
-        self._lifespan: asyncio.Task[Any] | None = None
-        self._cut_short = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "lifespan":
             await self.app(scope, receive, send)
             return
-        self._lifespan = asyncio.current_task()
 
         async def announcing(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete":
                 self.announce()
-            if message["type"] == "lifespan.shutdown.failed" and self._cut_short:
-                # Not the cancellation's traceback: the stop was cut short on purpose.
-                message = {"type": message["type"], "message": "the stop was cut short"}
             await send(message)
 
         await self.app(scope, receive, announcing)
 
-    def cut_short(self) -> None:
-        """Cancel the app's stop (its stop hooks) still going; callable from a signal
-        handler."""
-        task = self._lifespan
-        if task is not None and not task.done():
-            self._cut_short = True
-            task.get_loop().call_soon_threadsafe(_stop_now, task)
 
-
-def _stop_now(lifespan: asyncio.Task[Any]) -> None:
-    from agentscope_serverless.log import logger
-
-    logger.warning("asked again to stop: the stop hooks still going are cancelled")
-    lifespan.cancel()
-
-
-def _run_until_signalled(
-    server: uvicorn.Server, listener: socket.socket, app: _AnnouncedOnStart
-) -> None:
+def _run_until_signalled(server: uvicorn.Server, listener: socket.socket) -> None:
     """Run ``server`` on ``listener``; a SIGTERM stops it gracefully, then exits 143.
 
     From here on the signal only asks the server to stop: raised as an exception while
     uvicorn sets up (before it takes the signal over, or after it gives it back), it could
-    interrupt a lock's holder and leave the process unable to exit. Asked again (SIGTERM or
-    SIGINT) while it stops, it stops at once: the requests still open are not waited for, and
-    the app's stop hooks still going are cancelled.
+    interrupt a lock's holder and leave the process unable to exit. (Asked again while it
+    stops, a :class:`~agentscope_serverless.stopping_server.StoppingServer` stops at once.)
     """
     received: list[int] = []
 
@@ -476,17 +450,6 @@ def _run_until_signalled(
         received.append(signum)
         server.should_exit = True
 
-    handle_exit = server.handle_exit
-
-    def stop_now_if_again(signum: int, frame: FrameType | None) -> None:
-        if server.should_exit and not server.force_exit:
-            server.force_exit = True
-            app.cut_short()
-        handle_exit(signum, frame)
-
-    # uvicorn installs its handler of SIGTERM and SIGINT as it runs, and a second SIGINT
-    # alone stops its wait for the requests still open, not the app's stop.
-    server.handle_exit = stop_now_if_again  # type: ignore[method-assign,assignment]
     signal.signal(signal.SIGTERM, stop)
     try:
         server.run(sockets=[listener])

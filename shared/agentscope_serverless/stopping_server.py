@@ -7,6 +7,9 @@ another) to end, then cancels the runs still going while their clients are still
 streamed client gets the run's ``canceled`` event and the end of its stream, a non-streamed
 one the canceled response. What is still open once those runs are stored (at most
 :data:`~agentscope_serverless.recorder.STOP_SECONDS` later) is cut.
+
+Asked again to stop (a second SIGTERM or Ctrl-C) while it stops, it stops at once: the
+requests still open are not waited for, and the app's stop hooks still going are cancelled.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import asyncio
 import contextlib
 import math
 import socket
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from agentscope_serverless.recorder import STOP_SECONDS, stop_runs
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Left to the cancelled runs' requests to send their last events before what is still open
 # is cut.
@@ -27,13 +34,31 @@ _FLUSH_SECONDS = 0.5
 
 
 class StoppingServer(uvicorn.Server):
-    """A uvicorn server that cancels its runs when its grace for open requests ends."""
+    """A uvicorn server that cancels its runs when its grace for open requests ends, and
+    stops at once when asked again."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         self.grace = config.timeout_graceful_shutdown
         if self.grace is not None:  # (None: it waits for the requests, however long)
             config.timeout_graceful_shutdown = self.grace + math.ceil(STOP_SECONDS + _FLUSH_SECONDS)
         super().__init__(config)
+        self._stoppable: CuttableStop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler stops its wait for the requests still open on a second SIGINT
+        # alone, and never the app's stop.
+        if self.should_exit and not self.force_exit:
+            self.force_exit = True
+            if self._stoppable is not None:
+                self._stoppable.cut_short()
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # The application is loaded by now (in the worker of --reload too): its lifespan and
+        # its requests run it wrapped from here on.
+        self._stoppable = CuttableStop(self.config.loaded_app)
+        self.config.loaded_app = self._stoppable
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.grace is None:
@@ -53,10 +78,50 @@ class StoppingServer(uvicorn.Server):
             task.cancel(msg="the server stopped")
 
 
+class CuttableStop:
+    """``app``, whose stop (its lifespan's shutdown: the stop hooks) :meth:`cut_short`
+    cancels."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        # The task running the app's start and stop, and whether its stop was cut short.
+        self._lifespan: asyncio.Task[Any] | None = None
+        self._cut_short = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        self._lifespan = asyncio.current_task()
+
+        async def saying_why(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.failed" and self._cut_short:
+                # Not the cancellation's traceback: the stop was cut short on purpose.
+                message = {"type": message["type"], "message": "the stop was cut short"}
+            await send(message)
+
+        await self.app(scope, receive, saying_why)
+
+    def cut_short(self) -> None:
+        """Cancel the app's stop (its stop hooks) still going; callable from a signal
+        handler."""
+        task = self._lifespan
+        if task is not None and not task.done():
+            self._cut_short = True
+            task.get_loop().call_soon_threadsafe(_stop_now, task)
+
+
+def _stop_now(lifespan: asyncio.Task[Any]) -> None:
+    from agentscope_serverless.log import logger
+
+    logger.warning("asked again to stop: the stop hooks still going are cancelled")
+    lifespan.cancel()
+
+
 def run(app: Any, **options: Any) -> None:
     """``uvicorn.run(app, **options)``, on a :class:`StoppingServer`."""
     with contextlib.suppress(KeyboardInterrupt):
         StoppingServer(uvicorn.Config(app, **options)).run()
 
 
-__all__ = ["StoppingServer", "run"]
+__all__ = ["CuttableStop", "StoppingServer", "run"]
