@@ -527,7 +527,8 @@ def _serve_reloading(
         access_log=False,
         timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )
-    worker = LoadingWorker(StoppingServer(config))
+    # The reloader relays a stop to its worker (as SIGTERM), a Ctrl-C included.
+    worker = LoadingWorker(StoppingServer(config, interrupted=False))
     reloader = ProjectReload(config, worker.run, [config.bind_socket()], root=directory)
     reloader.run()
     stop_signal_exit(reloader.stopped_by)

@@ -8,8 +8,12 @@ uvicorn's reloader, with what an agent's project needs:
   outputs (:data:`IGNORED_FOLDERS`): an idle server costs nothing;
 - while the agent's module imports, requests are answered 503 and a stop signal stops the
   worker at once (:class:`LoadingWorker`), so a fix replaces a module stuck at import;
-- a worker that does not stop within :data:`STOP_GRACE_SECONDS` (a start or stop hook that
-  never returns) is killed; a second Ctrl-C kills it at once.
+- a worker replaced on a change that does not stop within :data:`STOP_GRACE_SECONDS` (a
+  start or stop hook that never returns) is killed;
+- stopped (SIGTERM, Ctrl-C), the reloader lets its worker stop as a server without
+  ``--reload`` does (its grace for the requests still open, then their runs canceled, each
+  client getting its run's ``canceled`` end), killing it only past that stop's longest time
+  (:meth:`ProjectReload.stop_seconds`); a second signal kills it at once.
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ WATCHED = (
 )
 #: Editors' temporary and backup files, never a change of the project.
 EDITOR_FILES = ("*.sw?", "*~", ".#*", "*.tmp", "*.bak")
-#: Seconds a worker has to stop before it is killed.
+#: Seconds a worker replaced on a change has to stop before it is killed.
 STOP_GRACE_SECONDS = 3.0
+#: Seconds left to a worker stopped with the reloader beyond the longest its stop takes.
+STOP_MARGIN_SECONDS = 5.0
 
 
 class ProjectFiles:
@@ -130,24 +136,34 @@ class ProjectReload(BaseReload):
         return sorted({Path(path) for _, path in changes}) or None
 
     def restart(self) -> None:
-        self._stop_worker()
+        # A change: its fix is what is waited for, not the requests of the code it replaces.
+        self._stop_worker(STOP_GRACE_SECONDS)
         self.process = get_subprocess(config=self.config, target=self.target, sockets=self.sockets)
         self.process.start()
 
     def shutdown(self) -> None:
-        self._stop_worker()
+        self._stop_worker(self.stop_seconds())
         for sock in self.sockets:
             sock.close()
         logger.info("Stopping reloader process [%s]", self.pid)
 
-    def _stop_worker(self) -> None:
+    def stop_seconds(self) -> float:
+        """The longest a worker's stop takes, and :data:`STOP_MARGIN_SECONDS`: its wait for
+        the requests still open (``timeout_graceful_shutdown``: their grace, then their runs'
+        cancellation), then its app's stop (the background tasks', the stop hooks')."""
+        from agentscope_serverless.runner import SHUTDOWN_HANDLER_SECONDS
+        from agentscope_serverless.tasks import STOP_WAIT_SECONDS
+
+        requests = self.config.timeout_graceful_shutdown
+        if requests is None:  # it waits for the requests, however long
+            return float("inf")
+        return requests + 2 * STOP_WAIT_SECONDS + SHUTDOWN_HANDLER_SECONDS + STOP_MARGIN_SECONDS
+
+    def _stop_worker(self, seconds: float) -> None:
         self.process.terminate()
-        self.process.join(STOP_GRACE_SECONDS)
+        self.process.join(None if seconds == float("inf") else seconds)
         if self.process.is_alive():
-            logger.warning(
-                "the server's process did not stop within %s s: killed",
-                f"{STOP_GRACE_SECONDS:g}",
-            )
+            logger.warning("the server's process did not stop within %s s: killed", f"{seconds:g}")
             self.process.kill()
             self.process.join()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
 import socket
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -37,14 +38,21 @@ class StoppingServer(uvicorn.Server):
     """A uvicorn server that cancels its runs when its grace for open requests ends, and
     stops at once when asked again."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, *, interrupted: bool = True) -> None:
+        """``interrupted``: whether a Ctrl-C (SIGINT) stops it, not only SIGTERM. Not for a
+        worker of ``--reload``: its reloader, in the same process group, gets the terminal's
+        Ctrl-C too and stops the worker with SIGTERM, which would make the stop a second one,
+        cut short."""
         self.grace = config.timeout_graceful_shutdown
         if self.grace is not None:  # (None: it waits for the requests, however long)
             config.timeout_graceful_shutdown = self.grace + math.ceil(STOP_SECONDS + _FLUSH_SECONDS)
         super().__init__(config)
+        self.interrupted = interrupted
         self._stoppable: CuttableStop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGINT and not self.interrupted:
+            return
         # uvicorn's own handler stops its wait for the requests still open on a second SIGINT
         # alone, and never the app's stop.
         if self.should_exit and not self.force_exit:

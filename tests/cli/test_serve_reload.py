@@ -4,6 +4,7 @@ stops."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -318,3 +319,86 @@ def test_a_worker_whose_agent_failed_answers_every_method_503_with_its_request_i
     assert reply.json()["error"]["code"] == "UNAVAILABLE"
     assert "could not be loaded or started" in reply.json()["error"]["message"]
     assert reply.headers["x-request-id"]
+
+
+# An agent answering a word, then taking its time.
+SLOW = AGENT + textwrap.dedent(
+    """
+
+    import asyncio
+
+
+    @app.query(framework="text")
+    async def slow(self, msgs, request=None, **kwargs):
+        yield "first "
+        await asyncio.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C"])
+def test_a_stopped_reloader_lets_its_worker_send_each_client_the_runs_canceled_end(
+    tmp_path: Path, stop: str
+) -> None:
+    # The worker was killed 3 s into its stop, before its 5 s grace ended and its runs were
+    # canceled: the streamed client's body was cut, its last event a delta.
+    with reloading(project(tmp_path, SLOW), "--reload") as server:
+        wait_until_healthy(server.url, server.process, timeout=60)
+        body = {"input": [{"role": "user", "content": "hi"}], "session_id": "s"}
+        headers = {"Authorization": f"Bearer {server.key}"}
+        lines: list[str] = []
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream("POST", f"{server.url}/process", json=body, headers=headers) as reply,
+        ):
+            for line in reply.iter_lines():
+                lines.append(line)
+                if '"first "' not in line or lines.count("stopped"):
+                    continue
+                lines.append("stopped")  # once
+                if stop == "SIGTERM":  # as a process manager stops the server
+                    server.process.send_signal(signal.SIGTERM)
+                else:  # as a terminal sends Ctrl-C, to the reloader and its worker
+                    os.killpg(server.process.pid, signal.SIGINT)
+        code = server.process.wait(timeout=60)
+    events = [json.loads(line.removeprefix("data:")) for line in lines if line.startswith("data:")]
+    assert (events[-1]["object"], events[-1]["status"]) == ("response", "canceled"), lines
+    assert "did not stop" not in server.output(), server.output()
+    assert code == (143 if stop == "SIGTERM" else 130), server.output()
+
+
+# An agent whose stop hook hangs.
+HANGING_STOP = AGENT + textwrap.dedent(
+    """
+
+    import asyncio
+    from pathlib import Path
+
+
+    @app.shutdown
+    async def shutdown(self):
+        Path("stopping").touch()
+        await asyncio.sleep(60)
+    """
+)
+
+
+def test_a_second_signal_to_a_stopping_reloader_kills_its_worker_at_once(
+    tmp_path: Path,
+) -> None:
+    # Its worker is left its whole stop by the first signal (up to its stop hooks' 10 s).
+    with reloading(project(tmp_path, HANGING_STOP), "--reload") as server:
+        wait_until_healthy(server.url, server.process, timeout=60)
+        server.process.send_signal(signal.SIGTERM)
+        stopping = server.folder / "stopping"
+        deadline = time.monotonic() + 30
+        while not stopping.exists():
+            assert time.monotonic() < deadline, f"the stop hook did not run: {server.output()}"
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        asked_again = time.monotonic()
+        code = server.process.wait(timeout=60)
+        took = time.monotonic() - asked_again
+    assert took < 3, server.output()
+    assert code == 143, server.output()
+    assert not left_in_session(server.process.pid), server.output()
