@@ -1251,10 +1251,14 @@ class _Turn:
         final.completed_at = None
 
     def interrupt(self) -> list[Message]:
-        """The messages so far, the open one included as it is (no events are emitted)."""
+        """The messages so far, the open one included with what it holds, ``incomplete``
+        (it and its parts still open: the turn ends here; no events are emitted)."""
         if self._open is not None:
             self._held = ""  # not streamed: the turn ends here
             self._flush_text()
+            for model in (self._open, *(self._open.content or ())):
+                if model.status == RunStatus.InProgress:
+                    set_field(model, "status", RunStatus.Incomplete)
             self.outputs.append(self._open)
             self._open = None
         self.outputs += self._set_aside.values()

@@ -109,6 +109,17 @@ def test_a_canceled_runs_cleanup_runs_to_its_end(client: httpx.Client, cancels: 
     assert [message["role"] for message in history] == ["user", "assistant"]
 
 
+def test_a_canceled_runs_message_is_kept_incomplete_with_its_text(client: httpx.Client) -> None:
+    # It was stored in_progress, as if still being written, for good.
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    _, events = _canceled_after_three_events(client, session_id, 1)
+    [cut] = events[-1]["output"]
+    assert (cut["status"], cut["content"][0]["status"]) == ("incomplete", "incomplete")
+    history = client.get(f"/sessions/{session_id}/messages").json()["items"]
+    assert history[-1]["role"] == "assistant" and history[-1]["status"] == "incomplete"
+    assert history[-1]["content"][0]["text"] == cut["content"][0]["text"] != ""
+
+
 def test_a_cleanup_that_never_ends_is_cut_short_and_the_run_ends_canceled(
     client: httpx.Client,
 ) -> None:
