@@ -753,6 +753,15 @@ class RunRecorder:
             if run.user_id == user_id and session_id in (None, run.session_id):
                 run.erase()
 
+    def has_local(self, user_id: str, session_id: str | None = None) -> bool:
+        """Whether runs of ``user_id`` (of ``session_id``, when given) execute in this
+        process, stored yet or not, but those told to store nothing more
+        (:meth:`erase_local`)."""
+        return any(
+            run.user_id == user_id and session_id in (None, run.session_id) and not run._erased
+            for run in self._runs
+        )
+
     def cancel_local(self, user_id: str, run_id: str) -> bool:
         """Cancel the run at once if it executes in this process."""
         run = self._live.get((user_id, run_id))

@@ -18,6 +18,7 @@ from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import context as http_context
 from agentscope_serverless.http import create_app
 from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.settings import load_settings
 from tests.http.conftest import scenario_app
@@ -472,3 +473,83 @@ def test_a_run_outlasting_an_erase_stores_nothing_after_it(
             assert client.get(f"/sessions/{session_id}").status_code == 404
             assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
             assert client.get(f"/runs/{response.headers['X-Run-Id']}").status_code == 404
+
+
+def slow_erase_app(
+    erasing: threading.Event,
+    gate: threading.Event,
+    answering: threading.Event,
+    released: threading.Event,
+) -> AgentApp:
+    """An agent answering with what the user said in its session; asked "again", it ends
+    its reply only once cancelled or ``released`` (``answering`` set meanwhile). Its state
+    takes until ``gate`` opens to be erased: the other stores wait behind it."""
+    app = AgentApp(app_name="slow-erase")
+
+    class SlowErase(InMemoryStateService):
+        async def delete_state(self, user_id: str, session_id: str | None = None) -> None:
+            erasing.set()
+            await asyncio.to_thread(gate.wait, 30)
+            await super().delete_state(user_id, session_id)
+
+        async def delete_user_state(self, user_id: str) -> None:
+            erasing.set()
+            await asyncio.to_thread(gate.wait, 30)
+            await super().delete_user_state(user_id)
+
+    @app.init
+    async def init(self: Any) -> None:
+        state = SlowErase()
+        await state.start()  # whoever assigns a service starts it
+        self.state_service = state
+
+    @app.query(framework="text")
+    async def query(
+        self: Any, msgs: list[Message], *, session: Any, **kwargs: Any
+    ) -> AsyncIterator[str]:
+        said = [m.get_text_content() for m in session.messages if m.role == "user"]
+        yield f"you said {said}. "
+        if msgs[-1].get_text_content() == "again":
+            answering.set()
+            await asyncio.to_thread(released.wait, 30)
+        yield "bye"
+
+    return app
+
+
+@pytest.mark.parametrize("erase", ["user", "session"])
+def test_a_turn_started_during_an_erase_keeps_nothing_of_what_was_erased(
+    keys: Keys, erase: str
+) -> None:
+    # A client sending its next turn at once, while its data was erased: the turn read the
+    # conversation being erased, and stored its reply quoting it after the erase's 204.
+    erasing, gate, answering, released = (threading.Event() for _ in range(4))
+    agent = slow_erase_app(erasing, gate, answering, released)
+    web = create_app(settings=load_settings(), agent_app=agent, key_store=keys.store)
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    path = "/users/me/data" if erase == "user" else f"/sessions/{session_id}"
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.bob), timeout=30) as client,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+
+        def turn(text: str) -> httpx.Response:
+            body = {"input": [user_message(text)], "session_id": session_id, "stream": False}
+            return client.post("/process", json=body)
+
+        assert turn("secret-one").status_code == 200
+        try:
+            erased = pool.submit(client.delete, path)
+            assert erasing.wait(30)  # its runs stopped and deleted: the stores go next
+            sent = pool.submit(turn, "again")
+            assert answering.wait(30)  # it has read the session
+        finally:
+            gate.set()
+        try:
+            assert erased.result().status_code == 204
+        finally:
+            released.set()
+        sent.result()
+        assert client.get(f"/sessions/{session_id}").status_code == 404
+        assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,7 +15,11 @@ from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency import IdempotencyStore
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MemoryService
-from agentscope_serverless.services.runs.base import STOP_TIMEOUT_SECONDS, RunsService
+from agentscope_serverless.services.runs.base import (
+    FIRST_WRITE_DELAY,
+    STOP_TIMEOUT_SECONDS,
+    RunsService,
+)
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
 
@@ -25,6 +30,11 @@ if TYPE_CHECKING:
     from agentscope_serverless.runner import Runner
     from agentscope_serverless.services.sandbox.service import SandboxService
     from agentscope_serverless.tasks import TaskExecutor
+
+
+# How many times an erase (of a user's data, of a session) goes over the stores while runs
+# keep starting during it (see AppContext.runs_started).
+ERASE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,22 @@ class AppContext:
             # running elsewhere stops once it finds its record deleted.
             self.recorder.erase_local(user_id, session_id)
 
+    async def runs_started(self, user_id: str, session_id: str | None = None) -> bool:
+        """Whether runs of ``user_id`` (of ``session_id``, when given) are there after an
+        erase deleted their runs: started while it erased (a client sending its next turn at
+        once), such a run read what was being erased, and would store its turn after it.
+        This process's are seen at once; those of others once stored (a run is stored
+        ``FIRST_WRITE_DELAY`` after its start: waited for)."""
+        if self.recorder is not None and self.recorder.has_local(user_id, session_id):
+            return True
+        runs = self.current.runs
+        if runs is None:
+            return False
+        await asyncio.sleep(FIRST_WRITE_DELAY + runs.write_seconds)
+        if session_id is None:
+            return bool(await runs.recent_runs(user_id, 0.0))
+        return bool(await runs.list_runs(user_id, session_id))
+
     def require_recorder(self) -> RunRecorder:
         """The recorder of this application's runs."""
         if self.recorder is None:
@@ -118,4 +144,4 @@ async def get_context(request: Request) -> AppContext:
     return context
 
 
-__all__ = ["AppContext", "get_context"]
+__all__ = ["ERASE_ROUNDS", "AppContext", "get_context"]

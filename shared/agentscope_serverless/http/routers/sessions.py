@@ -17,9 +17,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.errors import MethodNotImplementedError, SessionNotFoundError
+from agentscope_serverless.errors import (
+    ConflictError,
+    MethodNotImplementedError,
+    SessionNotFoundError,
+)
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
-from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.context import ERASE_ROUNDS, AppContext, get_context
 from agentscope_serverless.http.idempotency import writes_in_session
 from agentscope_serverless.http.params import (
     OPTIONAL_ID_PATTERN,
@@ -119,6 +123,19 @@ async def delete_session(
     user_id: CurrentUser,
     context: Annotated[AppContext, Depends(get_context)],
 ) -> Response:
+    # A run started while the session was deleted (a client sending its next turn at once)
+    # read what was deleted, and would store its turn after it: deleted again.
+    for _ in range(ERASE_ROUNDS):
+        await _delete_session_once(context, user_id, session_id)
+        if not await context.runs_started(user_id, session_id):
+            return Response(status_code=204)
+    raise ConflictError(
+        f"runs kept starting in the session while it was deleted ({ERASE_ROUNDS} times): "
+        "what they store comes after the delete; delete it again once they have ended"
+    )
+
+
+async def _delete_session_once(context: AppContext, user_id: str, session_id: str) -> None:
     # The session's runs in progress are stopped first (else one would store its turn in
     # the session again), then its stored runs go: their events hold its conversation, and
     # a retry after a failure still finds them.
@@ -138,7 +155,6 @@ async def delete_session(
     if sandbox is not None:
         # Its sandboxes' workspaces hold what its agent wrote.
         await sandbox.release_async(session_id, user_id)
-    return Response(status_code=204)
 
 
 async def _delete_agent_state(state: StateService, user_id: str, session_id: str) -> None:

@@ -16,9 +16,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 
-from agentscope_serverless.errors import AgentScopeServerlessError, MethodNotImplementedError
+from agentscope_serverless.errors import (
+    AgentScopeServerlessError,
+    ConflictError,
+    MethodNotImplementedError,
+)
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
-from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.context import ERASE_ROUNDS, AppContext, get_context
 from agentscope_serverless.log import logger
 
 router = APIRouter(prefix="/users", tags=["users"], route_class=KeyedRoute)
@@ -47,17 +51,28 @@ async def erase_my_data(
     of one that failed: one a retry may cure first (a 503), else, for a state service
     written for AgentScope Runtime without ``delete_user_state()``, a 501 naming that
     method. Retrying after an error is safe.
+
+    Runs of the caller found once the stores are erased started meanwhile (a client
+    sending its next turn at once): they read what was being erased, and would store their
+    turn after it. They are stopped and the stores erased again, up to 3 times in all;
+    runs still starting after that are a 409 ``CONFLICT`` (erase again once they end).
     """
-    await context.stop_runs(user_id)
-    failed: list[tuple[str, Exception]] = []
-    for what, erase in _erasers(context):
-        try:
-            await erase(user_id)
-        except Exception as exc:  # the other stores are still erased
-            failed.append((what, exc))
-    if failed:
-        raise _not_all_erased(failed)
-    return Response(status_code=204)
+    for _ in range(ERASE_ROUNDS):
+        await context.stop_runs(user_id)
+        failed: list[tuple[str, Exception]] = []
+        for what, erase in _erasers(context):
+            try:
+                await erase(user_id)
+            except Exception as exc:  # the other stores are still erased
+                failed.append((what, exc))
+        if failed:
+            raise _not_all_erased(failed)
+        if not await context.runs_started(user_id):
+            return Response(status_code=204)
+    raise ConflictError(
+        f"runs of the caller kept starting while their data was erased ({ERASE_ROUNDS} "
+        "times): what they store comes after the erase; erase again once they have ended"
+    )
 
 
 def _erasers(context: AppContext) -> list[Eraser]:
