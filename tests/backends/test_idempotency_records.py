@@ -88,3 +88,20 @@ async def test_a_key_released_then_expired_has_a_new_seed(
         await asyncio.sleep(2.1)
         later = await records.begin(user, "key-1", "request")
         assert later.outcome is ClaimOutcome.CLAIMED and later.seed != failed.seed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_record_whose_request_still_runs_outlives_its_expiry(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    # Its lease renewed, the record still expired IDEMPOTENCY_EXPIRY_SECONDS after its
+    # claim: a retry then ran the request a second time beside the first.
+    user = f"u-{uuid.uuid4().hex}"
+    async with idempotency_store(backend, request, expiry_seconds=1, lease_seconds=2) as records:
+        running = await records.begin(user, "key-1", "request")
+        for _ in range(8):  # 4 s: past its expiry, and past its first lease
+            await asyncio.sleep(0.5)
+            await records.renew(running)
+        assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.IN_PROGRESS
+        await records.delete_user_records(user)  # still listed for its user's erase
+        assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.CLAIMED

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import math
 import secrets
 import time
 from abc import abstractmethod
@@ -128,6 +129,13 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     ) -> None:
         self.expiry_seconds = expiry_seconds
         self.lease_seconds = lease_seconds
+
+    @property
+    def held_seconds(self) -> int:
+        """How long a record in progress is kept from its claim or its lease's last renewal:
+        its expiry, or its lease when longer. A record expiring while its request still ran
+        let a retry run the request a second time beside it."""
+        return max(self.expiry_seconds, math.ceil(self.lease_seconds))
 
     async def start(self) -> None:
         self._set_started(True)

@@ -87,7 +87,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                 "lease_until": n(record.lease_until_ms),
                 "token": s(record.token),
                 "seed": s(record.seed),
-                "expires_at": n(at + self.expiry_seconds),
+                "expires_at": n(at + self.held_seconds),
             }
             with contextlib.suppress(ConditionFailed):
                 await self._store.run(
@@ -160,11 +160,12 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                 "update_item",
                 idempotent=True,
                 Key=self._item_key(user_id, key),
-                UpdateExpression="SET lease_until = :lease",
+                UpdateExpression="SET lease_until = :lease, #e = :e",
                 ConditionExpression="#t = :token AND #st = :progress AND lease_until < :lease",
-                ExpressionAttributeNames={"#t": "token", "#st": "state"},
+                ExpressionAttributeNames={"#t": "token", "#st": "state", "#e": "expires_at"},
                 ExpressionAttributeValues={
                     ":lease": n(lease_until_ms),
+                    ":e": n(now() + self.held_seconds),
                     ":token": s(token),
                     ":progress": s(IN_PROGRESS),
                 },

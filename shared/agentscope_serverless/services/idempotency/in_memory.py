@@ -44,7 +44,7 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             if not (lapsed or existing.state == RELEASED):
                 return existing
             record = replace(record, seed=existing.seed or record.seed)
-        self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, record)
+        self._records[(user_id, key)] = (time.monotonic() + self.held_seconds, record)
         return record
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
@@ -55,9 +55,8 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             and existing.state == IN_PROGRESS
             and existing.lease_until_ms < lease_until_ms
         ):
-            expiry = self._records[(user_id, key)][0]
             renewed = replace(existing, lease_until_ms=lease_until_ms)
-            self._records[(user_id, key)] = (expiry, renewed)
+            self._records[(user_id, key)] = (time.monotonic() + self.held_seconds, renewed)
 
     async def _complete(
         self, user_id: str, key: str, token: str, response: str, session_id: str | None

@@ -64,13 +64,18 @@ end
 return 1
 """
 
-# KEYS: record. ARGV: token, lease until (ms).
+# KEYS: record, the user's index. ARGV: token, lease until (ms), how long the record is kept
+# (s), now (ms), the record's sha256.
 _RENEW = """
 local r = redis.call('HMGET', KEYS[1], 'token', 'state', 'lease_until')
 if r[1] ~= ARGV[1] or r[2] ~= 'in_progress' or tonumber(r[3]) >= tonumber(ARGV[2]) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local expiry = tonumber(ARGV[4]) + 1000 * tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%d', expiry), ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
 
@@ -177,7 +182,7 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
                 record.fingerprint,
                 record.token,
                 record.lease_until_ms,
-                self.expiry_seconds,
+                self.held_seconds,
                 digest,
                 record.seed,
             ],
@@ -198,8 +203,9 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         )
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
-        keys, _ = self._keys(user_id, key)
-        await self._redis.run(_RENEW, keys[:1], [token, lease_until_ms], idempotent=True)
+        keys, digest = self._keys(user_id, key)
+        args: list[str | int] = [token, lease_until_ms, self.held_seconds, now_ms(), digest]
+        await self._redis.run(_RENEW, keys, args, idempotent=True)
 
     def _session_key(self, user_id: str, session_id: str) -> tuple[str, str]:
         """The key of the set listing the records of the session, and the rest of that key
