@@ -201,9 +201,11 @@ class Settings(BaseModel):
     )
     runs_ttl_seconds: int = Field(
         86400,
-        ge=1,
+        # A run in progress writes its record every 10 s, and one silent for 60 s is read as
+        # lost (RUN_LOST): kept less, a run went 404 while it ran, its end never stored.
+        ge=60,
         le=MAX_TTL_SECONDS,
-        description="How long a run and its events are kept after its last write.",
+        description="How long a run and its events are kept after its last write (60 or more).",
     )
     runs_cancel_poll_seconds: float = Field(
         0.25,

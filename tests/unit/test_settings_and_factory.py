@@ -59,6 +59,17 @@ def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+def test_runs_kept_less_than_a_run_may_stay_silent_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # RUNS_TTL_SECONDS=6 was taken: a run went 404 while it ran, and its end was never stored.
+    monkeypatch.setenv("RUNS_TTL_SECONDS", "59")
+    with pytest.raises(ConfigurationError, match="RUNS_TTL_SECONDS"):
+        load_settings()
+    monkeypatch.setenv("RUNS_TTL_SECONDS", "60")
+    assert load_settings().runs_ttl_seconds == 60
+
+
 @pytest.mark.parametrize(
     "variable",
     [
