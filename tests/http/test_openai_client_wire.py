@@ -1429,3 +1429,24 @@ def test_without_a_runs_store_a_call_whose_client_left_is_canceled(
             assert time.monotonic() - left < 2.5, "the run went on without its client"
             time.sleep(0.05)
         assert c.get(f"/state/{session}").json()["state"] == {"cleanup": True}
+
+
+def test_a_response_whose_session_expired_is_gone(
+    keys: Keys, request: pytest.FixtureRequest
+) -> None:
+    # Its session expired (SESSION_TTL_SECONDS), the response and its input items were
+    # still read, with the conversation: only its runs' own, longer, expiry ended them.
+    settings = load_settings(**backend_settings("redis", request), session_ttl_seconds=2)
+    with (
+        running(create_app(settings=settings, key_store=keys.store)) as served,
+        openai.OpenAI(
+            base_url=f"{served}/compatible-mode/v1", api_key=keys.alice, max_retries=0
+        ) as sdk,
+    ):
+        given = sdk.responses.create(model="m", input="My name is Ada")
+        assert sdk.responses.retrieve(given.id).id == given.id
+        time.sleep(3.5)  # Redis expires whole seconds
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(given.id)
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.input_items.list(given.id)

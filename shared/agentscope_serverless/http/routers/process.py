@@ -837,6 +837,12 @@ async def _stored_response(
         raise compat.ResponseNotFoundError(response_id)
     if record.session_id != found[1]:
         raise compat.ResponseNotFoundError(response_id)
+    # Its runs are kept longer than a session that expired (SESSION_TTL_SECONDS): the
+    # conversation goes with the session.
+    if not await context.session_history.has_session(user_id, record.session_id):
+        raise compat.ResponseNotFoundError(
+            response_id, "the response's session was deleted or has expired"
+        )
     return runs, record
 
 
