@@ -143,9 +143,11 @@ async def test_the_index_of_a_users_idempotency_records_drops_expired_ones(
     redis_server: RedisServer, redis_client: Redis, user_id: str
 ) -> None:
     index = f"{user_key_prefix('agentscope', 'idempotency', user_id)}:index"
-    async with RedisIdempotencyStore(redis_url=redis_server.url, expiry_seconds=1) as records:
+    async with RedisIdempotencyStore(
+        redis_url=redis_server.url, expiry_seconds=1, lease_seconds=1
+    ) as records:
         await records.begin(user_id, "old", "fingerprint")
-        await asyncio.sleep(1.1)  # the record expired
+        await asyncio.sleep(1.1)  # the record expired (its request kept it for its lease)
         claim = await records.begin(user_id, "new", "fingerprint")
         await records.complete(claim, StoredResponse(200, {}, b""))
         assert await redis_client.zcard(index) == 1
