@@ -177,6 +177,10 @@ class Runner(ServiceLifecycleManagerMixin):
     handlers.
     """
 
+    # Whether a reply was empty already (said once at WARNING); a class default, for the
+    # subclasses of ported runners that do not call __init__.
+    _warned_empty_reply = False
+
     def __init__(
         self,
         query_handler: QueryHandler | None = None,
@@ -588,8 +592,7 @@ class Runner(ServiceLifecycleManagerMixin):
                 yield event
             if not turn.outputs:  # legitimate at times, but mostly a forgotten return
                 # Once a WARNING: an agent that means it would fill the log with them.
-                warned = self.__dict__.get("_warned_empty_reply", False)
-                self.__dict__["_warned_empty_reply"] = True
+                warned, self._warned_empty_reply = self._warned_empty_reply, True
                 logger.log(
                     logging.DEBUG if warned else logging.WARNING,
                     f"the query handler {handler_name(self.query_handler)} yielded or "

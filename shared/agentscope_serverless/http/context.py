@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 from fastapi import Request
 
 from agentscope_serverless.auth.base import KeyStore
-from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.errors import ConfigurationError, ConflictError
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.idempotency import IdempotencyStore
@@ -24,6 +24,8 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 from agentscope_serverless.settings import Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     # The runtime of an agent: a function serving none (sessions, memory...) never imports it.
     from agentscope_serverless.app import AgentApp
     from agentscope_serverless.recorder import RunRecorder
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 
 # How many times an erase (of a user's data, of a session) goes over the stores while runs
-# keep starting during it (see AppContext.runs_started).
+# keep starting during it (see AppContext.erase_while_runs_start).
 ERASE_ROUNDS = 3
 
 
@@ -96,6 +98,22 @@ class AppContext:
             # Those still going (their agents did not stop in time) store nothing more; one
             # running elsewhere stops once it finds its record deleted.
             self.recorder.erase_local(user_id, session_id)
+
+    async def erase_while_runs_start(
+        self, erase: Callable[[], Awaitable[None]], user_id: str, session_id: str | None, what: str
+    ) -> None:
+        """``erase()`` (which stops the runs first), then again while runs of ``user_id``
+        (of ``session_id``) are found after it (see :meth:`runs_started`), up to
+        :data:`ERASE_ROUNDS` times in all; runs still starting after that are a 409
+        (``what``: what was erased, as the error names it)."""
+        for _ in range(ERASE_ROUNDS):
+            await erase()
+            if not await self.runs_started(user_id, session_id):
+                return
+        raise ConflictError(
+            f"runs kept starting while {what} ({ERASE_ROUNDS} times): what they store comes "
+            "after it; try again once they have ended"
+        )
 
     async def runs_started(self, user_id: str, session_id: str | None = None) -> bool:
         """Whether runs of ``user_id`` (of ``session_id``, when given) are there after an

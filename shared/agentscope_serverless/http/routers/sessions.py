@@ -17,13 +17,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.errors import (
-    ConflictError,
-    MethodNotImplementedError,
-    SessionNotFoundError,
-)
+from agentscope_serverless.errors import MethodNotImplementedError, SessionNotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
-from agentscope_serverless.http.context import ERASE_ROUNDS, AppContext, get_context
+from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.idempotency import writes_in_session
 from agentscope_serverless.http.params import (
     OPTIONAL_ID_PATTERN,
@@ -125,14 +121,13 @@ async def delete_session(
 ) -> Response:
     # A run started while the session was deleted (a client sending its next turn at once)
     # read what was deleted, and would store its turn after it: deleted again.
-    for _ in range(ERASE_ROUNDS):
-        await _delete_session_once(context, user_id, session_id)
-        if not await context.runs_started(user_id, session_id):
-            return Response(status_code=204)
-    raise ConflictError(
-        f"runs kept starting in the session while it was deleted ({ERASE_ROUNDS} times): "
-        "what they store comes after the delete; delete it again once they have ended"
+    await context.erase_while_runs_start(
+        lambda: _delete_session_once(context, user_id, session_id),
+        user_id,
+        session_id,
+        "the session was deleted",
     )
+    return Response(status_code=204)
 
 
 async def _delete_session_once(context: AppContext, user_id: str, session_id: str) -> None:

@@ -16,13 +16,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 
-from agentscope_serverless.errors import (
-    AgentScopeServerlessError,
-    ConflictError,
-    MethodNotImplementedError,
-)
+from agentscope_serverless.errors import AgentScopeServerlessError, MethodNotImplementedError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
-from agentscope_serverless.http.context import ERASE_ROUNDS, AppContext, get_context
+from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.log import logger
 
 router = APIRouter(prefix="/users", tags=["users"], route_class=KeyedRoute)
@@ -57,7 +53,8 @@ async def erase_my_data(
     turn after it. They are stopped and the stores erased again, up to 3 times in all;
     runs still starting after that are a 409 ``CONFLICT`` (erase again once they end).
     """
-    for _ in range(ERASE_ROUNDS):
+
+    async def erase_once() -> None:
         await context.stop_runs(user_id)
         failed: list[tuple[str, Exception]] = []
         for what, erase in _erasers(context):
@@ -67,12 +64,9 @@ async def erase_my_data(
                 failed.append((what, exc))
         if failed:
             raise _not_all_erased(failed)
-        if not await context.runs_started(user_id):
-            return Response(status_code=204)
-    raise ConflictError(
-        f"runs of the caller kept starting while their data was erased ({ERASE_ROUNDS} "
-        "times): what they store comes after the erase; erase again once they have ended"
-    )
+
+    await context.erase_while_runs_start(erase_once, user_id, None, "the caller's data was erased")
+    return Response(status_code=204)
 
 
 def _erasers(context: AppContext) -> list[Eraser]:
