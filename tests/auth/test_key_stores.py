@@ -209,6 +209,21 @@ async def test_a_running_file_store_sees_changes_made_by_another(tmp_path: Path)
         assert time.monotonic() - revoked_at < 1.0
 
 
+async def test_a_key_created_elsewhere_works_at_once_on_a_running_file_store(
+    tmp_path: Path,
+) -> None:
+    # The CLI issues a key and the user tries it straight away: the server's once-a-minute
+    # check must not answer "invalid API key" meanwhile.
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path, check_seconds=60) as server, FileKeyStore(path) as cli:
+        first = await cli.create_key(kind="user", user_id="alice")
+        assert (await server.authenticate(first.key)).user_id == "alice"
+        second = await cli.create_key(kind="user", user_id="bob")
+        assert (await server.authenticate(second.key)).user_id == "bob"
+        with pytest.raises(AuthenticationError):
+            await server.authenticate("ask_0123456789abcdef_" + "A" * 43)
+
+
 async def test_authenticating_makes_no_filesystem_call_per_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

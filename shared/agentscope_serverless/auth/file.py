@@ -3,11 +3,13 @@
 The file holds only hashes. It is replaced atomically (write to a temporary file, fsync,
 rename) with 0600 permissions, and changes are serialised across processes with an
 advisory lock, so the CLI can create or revoke keys while a server is running: the server
-sees the change within ``check_seconds`` (one second by default). A request makes no
-filesystem call: the file's identity is checked at most once per ``check_seconds``, and it
-is re-read only when it changed on disk. A file that cannot be read (a hand edit breaking its
-JSON) is remembered as long: requests meanwhile get the same 503, and the failure is logged
-at most once per ``check_seconds``, whatever the number of requests.
+sees a revoke within ``check_seconds`` (one second by default), and a key created a moment
+ago at once. A request with a known key makes no filesystem call: the file's identity is
+checked at most once per ``check_seconds``, and it is re-read only when it changed on disk;
+a key not found has it checked again at once (one ``stat``, no read unless it changed).
+A file that cannot be read (a hand edit breaking its JSON) is remembered as long: requests
+meanwhile get the same 503, and the failure is logged at most once per ``check_seconds``,
+whatever the number of requests.
 """
 
 from __future__ import annotations
@@ -57,7 +59,12 @@ class FileKeyStore(KeyStore):
         return True
 
     async def _get(self, key_id: str) -> KeyRecord | None:
-        return self._checked().get(key_id)
+        record = self._checked().get(key_id)
+        if record is None and self._failure is None:
+            # A key the CLI created since the last check works at once.
+            self._checked_at = time.monotonic()
+            record = self._load().get(key_id)
+        return record
 
     def _checked(self) -> dict[str, KeyRecord]:
         """The records, the file checked at most once per ``check_seconds``: a failed read
