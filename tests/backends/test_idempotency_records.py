@@ -105,3 +105,32 @@ async def test_a_record_whose_request_still_runs_outlives_its_expiry(
         assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.IN_PROGRESS
         await records.delete_user_records(user)  # still listed for its user's erase
         assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.CLAIMED
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_replay_forgotten_frees_its_key_for_one_retry(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    # A replay names the session its request wrote in: gone, its record is forgotten and
+    # the retry claims the key anew (one of two retries at once), a new request.
+    user = f"u-{uuid.uuid4().hex}"
+    async with idempotency_store(backend, request) as records:
+        first = await records.begin(user, "key-1", "request")
+        await records.complete(first, ANSWER, "s1")
+        found = [await records.begin(user, "key-1", "request") for _ in range(2)]
+        assert [claim.outcome for claim in found] == [ClaimOutcome.REPLAY] * 2
+        assert {claim.session_id for claim in found} == {"s1"}
+        for claim in found:
+            await records.forget(claim)
+        retries = [await records.begin(user, "key-1", "request") for _ in range(2)]
+        assert [claim.outcome for claim in retries] == [
+            ClaimOutcome.CLAIMED,
+            ClaimOutcome.IN_PROGRESS,
+        ]
+        assert retries[0].seed != first.seed
+        await records.complete(retries[0], ANSWER, "s1")
+        # A late forget of the record found before changes nothing: the key is the retry's.
+        await records.forget(found[0])
+        assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.REPLAY
+        await records.delete_session_records(user, "s1")
+        assert (await records.begin(user, "key-1", "request")).outcome is ClaimOutcome.CLAIMED

@@ -811,3 +811,73 @@ def test_the_same_json_body_written_another_way_is_the_same_request(client: http
         assert refused.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
     assert len(message_texts(client, "s-json")) == 2  # the question and the one answer
     assert client.get("/state/s-json/rounds").json()["rounds"] == [1]
+
+
+# --- a request whose session is gone -------------------------------------------------------
+
+SESSION_TTL_SECONDS = 2
+
+
+def written_in_sessions(client: httpx.Client) -> list[httpx.Response]:
+    """Keyed writes in three sessions: one created, one appended to, one run in."""
+    return [
+        client.post("/sessions", json={"session_id": "made"}, headers=keyed("k-new")),
+        client.post(
+            "/sessions/added/messages",
+            json={"messages": [text_message("hello")]},
+            headers=keyed("k-add"),
+        ),
+        client.post(
+            "/process",
+            json={"input": [text_message("My name is Ada")], "session_id": "ran", "stream": False},
+            headers=keyed("k-run"),
+        ),
+    ]
+
+
+def assert_written_anew(client: httpx.Client) -> None:
+    """The writes of :func:`written_in_sessions`, sent again, run as first requests: their
+    sessions hold what they wrote, once."""
+    for answer in written_in_sessions(client):
+        assert answer.is_success, answer.text
+        assert "Idempotent-Replayed" not in answer.headers
+    assert client.get("/sessions/made").status_code == 200
+    assert message_texts(client, "added") == ["hello"]
+    assert len(message_texts(client, "ran")) == 2
+
+
+@pytest.mark.parametrize("backend", ["redis", "dynamodb"])
+def test_a_request_whose_session_expired_runs_anew(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    # Its kept answer was replayed for a session that no longer existed: the client took
+    # what it wrote for stored.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+        env.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+        settings = load_settings(
+            **backend_settings(backend, request), session_ttl_seconds=SESSION_TTL_SECONDS
+        )
+        store = InMemoryKeyStore()
+        app = create_app(settings=settings, agent_app=demo_app, key_store=store)
+        with running(app) as url, user_client((url, store)) as client:
+            assert all(answer.is_success for answer in written_in_sessions(client))
+            time.sleep(SESSION_TTL_SECONDS + 1.5)  # whole seconds on both stores
+            assert client.get("/sessions/ran").status_code == 404
+            assert_written_anew(client)
+
+
+def test_a_request_whose_session_is_gone_runs_anew_in_memory() -> None:
+    # The in-memory store has no expiry: the sessions go by their history service alone,
+    # their requests' records kept, as an expiry leaves them on the other stores.
+    store = InMemoryKeyStore()
+    app = create_app(settings=load_settings(), agent_app=demo_app, key_store=store)
+    user_id = f"user-{uuid.uuid4().hex[:10]}"
+    with running(app) as url:
+        key = issue_key(store, user_id)
+        with httpx.Client(base_url=url, headers=bearer(key), timeout=60) as client:
+            assert all(answer.is_success for answer in written_in_sessions(client))
+            history = app.state.context.session_history
+            for session_id in ("made", "added", "ran"):
+                asyncio.run(history.delete_session(user_id, session_id))
+            assert_written_anew(client)

@@ -15,7 +15,8 @@ its query a body: :func:`reads_only`) claims nothing, as a ``GET`` does, and rea
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
 - deleting a session forgets the keys of the requests that wrote in it (a run, messages
   appended, the session created), and erasing a user's data all of theirs: a kept answer
-  quotes what was deleted, and a retry then runs anew;
+  quotes what was deleted, and a retry then runs anew; so does a retry whose session is
+  gone otherwise (it expired: ``SESSION_TTL_SECONDS``), its kept answer forgotten then;
 - message ids, new session ids and the ids of its other writes (a state save without a
   round, a memory add) derive from the key and the request, and stores keep the write ids
   they applied with the data, so a run of the same request after one whose answer was lost
@@ -79,6 +80,7 @@ from agentscope_serverless.services.idempotency import (
 )
 from agentscope_serverless.services.idempotency.base import MAX_STORED_RESPONSE_BYTES
 from agentscope_serverless.services.runs.base import RUN_LOST, RunRecord, RunsService
+from agentscope_serverless.services.session_history.base import SessionHistoryService
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 WRITE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
@@ -221,7 +223,13 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
     store: IdempotencyStore | None = request.app.state.context.idempotency
     if store is None:
         return
-    claim = await store.begin(user_id, key, fingerprint(request, await request.body()))
+    made = fingerprint(request, await request.body())
+    claim = await store.begin(user_id, key, made)
+    if claim.outcome is ClaimOutcome.REPLAY and not await _session_remains(request, claim):
+        # Its answer would say what it wrote is stored: the request runs as a first would
+        # (unless a retry beside it claimed the key first, whose answer is then the one).
+        await store.forget(claim)
+        claim = await store.begin(user_id, key, made)
     if claim.outcome is ClaimOutcome.CLAIMED:
         holding = asyncio.create_task(_hold(store, claim))
         request.scope.setdefault("state", {})[_STATE] = (store, claim, holding)
@@ -237,6 +245,15 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
         raise RequestInProgressError(
             f"a request with this {IDEMPOTENCY_HEADER} is still running: retry later"
         )
+
+
+async def _session_remains(request: Request, claim: Claim) -> bool:
+    """Whether the session the request of ``claim`` wrote in (if any) still exists: one
+    that expired (``SESSION_TTL_SECONDS``) took what the request wrote with it."""
+    if claim.session_id is None:
+        return True
+    history: SessionHistoryService = request.app.state.context.session_history
+    return await history.has_session(claim.user_id, claim.session_id)
 
 
 class IdempotencyMiddleware:

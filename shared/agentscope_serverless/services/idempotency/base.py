@@ -78,7 +78,8 @@ class StoredResponse:
 @dataclass(frozen=True)
 class IdempotencyRecord:
     """A stored record (``response`` is the JSON of a :class:`StoredResponse` once completed;
-    ``token`` names the request holding it in progress; ``seed``, the seed of its writes)."""
+    ``token`` names the request holding it in progress, or that completed it; ``session_id``,
+    the session a completed one wrote in; ``seed``, the seed of its writes)."""
 
     fingerprint: str
     state: str
@@ -99,7 +100,8 @@ class ClaimOutcome(enum.Enum):
 @dataclass(frozen=True)
 class Claim:
     """The outcome of :meth:`IdempotencyStore.begin`, and what the request needs to finish
-    (``seed``: the seed of its writes, see :class:`IdempotencyRecord`)."""
+    (``seed``: the seed of its writes, see :class:`IdempotencyRecord`). A replay names the
+    record it found (``token``) and the session its request wrote in (``session_id``)."""
 
     outcome: ClaimOutcome
     user_id: str
@@ -108,6 +110,7 @@ class Claim:
     token: str = ""
     response: StoredResponse | None = field(default=None)
     seed: str = ""
+    session_id: str | None = None
 
 
 def now_ms() -> int:
@@ -162,7 +165,15 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
             return Claim(ClaimOutcome.MISMATCH, user_id, key, fingerprint)
         if existing.state == COMPLETED and existing.response is not None:
             response = StoredResponse.from_json(existing.response)
-            return Claim(ClaimOutcome.REPLAY, user_id, key, fingerprint, response=response)
+            return Claim(
+                ClaimOutcome.REPLAY,
+                user_id,
+                key,
+                fingerprint,
+                existing.token,
+                response,
+                session_id=existing.session_id,
+            )
         return Claim(ClaimOutcome.IN_PROGRESS, user_id, key, fingerprint)
 
     async def renew(self, claim: Claim) -> None:
@@ -187,6 +198,15 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         claim's seed), and another request may take the key."""
         self._ensure_started()
         await self._abandon(claim.user_id, claim.key, claim.token)
+
+    async def forget(self, claim: Claim) -> None:
+        """Delete the completed record a :data:`ClaimOutcome.REPLAY` ``claim`` found, if the
+        key still holds that one (its session is gone: its answer would tell a retry that
+        what it wrote is stored). The next :meth:`begin` with the key then claims it anew;
+        of retries forgetting it at once, one claims it."""
+        self._ensure_started()
+        if claim.outcome is ClaimOutcome.REPLAY and claim.token:
+            await self._forget(claim.user_id, claim.key, claim.token, claim.session_id)
 
     async def delete_user_records(self, user_id: str) -> None:
         """Forget every record of ``user_id`` (erasing the user's data: a completed record
@@ -241,6 +261,11 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     async def _abandon(self, user_id: str, key: str, token: str) -> None:
         """Mark the record :data:`RELEASED` (keeping its fingerprint and seed, with no token),
         expiring ``expiry_seconds`` from now, if it still holds ``token``."""
+
+    @abstractmethod
+    async def _forget(self, user_id: str, key: str, token: str, session_id: str | None) -> None:
+        """Delete the record if it is completed and still holds ``token`` (and its listing
+        under ``session_id``, when given)."""
 
     @abstractmethod
     async def _delete_user(self, user_id: str) -> None:

@@ -5,9 +5,10 @@ Item: pk ``IDEMPOTENCY#<sha256 of the user id>``, sk ``KEY#<sha256 of the key>``
 ``expires_at`` (the table's TTL attribute; expired records are ignored before DynamoDB
 deletes them). A key with no live record is claimed by a conditional put (a new seed); a
 live one released, or whose lease lapsed, by a conditional update keeping its seed.
-A completed record that wrote in a session holds the session's hash in ``session``, and is
-listed by an item in the same partition, sk ``SESSION#<sha256 of the session id>#<sha256 of
-the key>``, for deleting the session.
+A completed record that wrote in a session holds the session's hash in ``session`` and its
+id in ``session_id`` (to ask whether it still exists before a replay), and is listed by an
+item in the same partition, sk ``SESSION#<sha256 of the session id>#<sha256 of the key>``,
+for deleting the session.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agentscope_serverless.services._dynamodb import (
     s,
 )
 from agentscope_serverless.services.idempotency.base import (
+    COMPLETED,
     IN_PROGRESS,
     KEPT,
     RELEASED,
@@ -117,6 +119,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                     number(existing, "lease_until"),
                     existing["token"]["S"],
                     existing.get("response", {}).get("S"),
+                    existing.get("session_id", {}).get("S"),
                 )
 
     async def _take_over(
@@ -185,8 +188,8 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
             digest = item_key["sk"]["S"].removeprefix("KEY#")
             listing = s(self._listing_prefix(session_id) + digest)
             await self._store.put([{"pk": item_key["pk"], "sk": listing, "expires_at": expires_at}])
-            update += ", #sess = :session"
-            session = {":session": s(id_hash(session_id))}
+            update += ", #sess = :session, session_id = :session_id"
+            session = {":session": s(id_hash(session_id)), ":session_id": s(session_id)}
         try:
             await self._store.run(
                 "update_item",
@@ -202,7 +205,7 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
                     **({"#sess": "session"} if session else {}),
                 },
                 ExpressionAttributeValues={
-                    ":done": s("completed"),
+                    ":done": s(COMPLETED),
                     ":response": s(response),
                     ":zero": n(0),
                     ":e": expires_at,
@@ -231,6 +234,24 @@ class DynamoDBIdempotencyStore(DynamoDBBackedService, IdempotencyStore):
             )
         except ConditionFailed:
             return
+
+    async def _forget(self, user_id: str, key: str, token: str, session_id: str | None) -> None:
+        item_key = self._item_key(user_id, key)
+        try:
+            await self._store.run(
+                "delete_item",
+                idempotent=True,
+                Key=item_key,
+                ConditionExpression="#t = :token AND #st = :done",
+                ExpressionAttributeNames={"#t": "token", "#st": "state"},
+                ExpressionAttributeValues={":token": s(token), ":done": s(COMPLETED)},
+            )
+        except ConditionFailed:
+            return
+        if session_id is not None:
+            digest = item_key["sk"]["S"].removeprefix("KEY#")
+            listing = s(self._listing_prefix(session_id) + digest)
+            await self._store.delete([{"pk": item_key["pk"], "sk": listing}])
 
     async def _delete_user(self, user_id: str) -> None:
         await self._store.delete_partition(f"IDEMPOTENCY#{id_hash(user_id)}")

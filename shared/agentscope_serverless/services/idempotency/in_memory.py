@@ -74,6 +74,11 @@ class InMemoryIdempotencyStore(IdempotencyStore):
             released = IdempotencyRecord(existing.fingerprint, RELEASED, 0, "", seed=existing.seed)
             self._records[(user_id, key)] = (time.monotonic() + self.expiry_seconds, released)
 
+    async def _forget(self, user_id: str, key: str, token: str, session_id: str | None) -> None:
+        existing = self._live(user_id, key)
+        if existing is not None and existing.state == COMPLETED and existing.token == token:
+            del self._records[(user_id, key)]
+
     async def _delete_user(self, user_id: str) -> None:
         for user_and_key in [entry for entry in self._records if entry[0] == user_id]:
             del self._records[user_and_key]

@@ -25,11 +25,11 @@ from agentscope_serverless.services.idempotency.base import (
 )
 
 # KEYS: record, the user's index. ARGV: now (ms), fingerprint, token, lease until (ms),
-# expiry (s), the record's sha256, seed. Returns the live record holding the key, or the
-# seed kept when claimed.
+# expiry (s), the record's sha256, seed. Returns the live record holding the key (with the
+# session it wrote in), or the seed kept when claimed.
 _CLAIM = """
 local r = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until', 'token', 'response',
-                     'seed')
+                     'seed', 'session')
 if r[1] and r[2] ~= 'released' and not (r[2] == 'in_progress'
     and tonumber(r[3]) < tonumber(ARGV[1]) and r[1] == ARGV[2]) then
   return r
@@ -114,6 +114,20 @@ return 1
 # Records erased per script.
 _DELETE_BATCH = 500
 
+# KEYS: record, the user's index[, the session's set]. ARGV: token, sha256[, the session's
+# set as the index lists it].
+_FORGET = """
+local r = redis.call('HMGET', KEYS[1], 'token', 'state')
+if r[1] ~= ARGV[1] or r[2] ~= 'completed' then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+if KEYS[3] then
+  redis.call('SREM', KEYS[3], ARGV[2])
+  if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('ZREM', KEYS[2], ARGV[3]) end
+end
+return 1
+"""
+
 # KEYS: record, the user's index. ARGV: token, expiry (s), now (ms), sha256.
 _ABANDON = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
@@ -190,7 +204,7 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         )
         if not isinstance(raw, list):
             return replace(record, seed=text(raw))
-        fingerprint, state, lease_until, token, response, seed = (
+        fingerprint, state, lease_until, token, response, seed, session = (
             None if value is None else text(value) for value in raw
         )
         return IdempotencyRecord(
@@ -199,7 +213,8 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
             int(lease_until or 0),
             token or "",
             response,
-            seed=seed or "",
+            session,
+            seed or "",
         )
 
     async def _renew(self, user_id: str, key: str, token: str, lease_until_ms: int) -> None:
@@ -228,6 +243,15 @@ class RedisIdempotencyStore(RedisBackedService, IdempotencyStore):
         keys, digest = self._keys(user_id, key)
         args = [token, self.expiry_seconds, now_ms(), digest]
         await self._redis.run(_ABANDON, keys, args, idempotent=True)
+
+    async def _forget(self, user_id: str, key: str, token: str, session_id: str | None) -> None:
+        keys, digest = self._keys(user_id, key)
+        args = [token, digest]
+        if session_id is not None:
+            listing, listed = self._session_key(user_id, session_id)
+            keys.append(listing)
+            args.append(listed)
+        await self._redis.run(_FORGET, keys, args, idempotent=True)
 
     async def _delete_user(self, user_id: str) -> None:
         base = self._base(user_id)
