@@ -14,9 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import context as http_context
 from agentscope_serverless.http import create_app
+from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.memory import InMemoryMemoryService
@@ -553,3 +555,27 @@ def test_a_turn_started_during_an_erase_keeps_nothing_of_what_was_erased(
         sent.result()
         assert client.get(f"/sessions/{session_id}").status_code == 404
         assert client.get("/runs", params={"session_id": session_id}).json()["items"] == []
+
+
+@pytest.mark.parametrize("backend", ["redis", "dynamodb"])
+def test_a_run_whose_session_expired_is_gone(
+    keys: Keys, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its session expired (SESSION_TTL_SECONDS), the run and its events were still read,
+    # with the conversation: only the runs' own, longer, expiry ended them.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+    settings = load_settings(**backend_settings(backend, request), session_ttl_seconds=2)
+    web = create_app(settings=settings, agent_app=demo_app, key_store=keys.store)
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        body = {"input": [user_message("My name is Ada")], "stream": False}
+        run_id = client.post("/process", json=body).headers["X-Run-Id"]
+        assert client.get(f"/runs/{run_id}").json()["status"] == "completed"
+        time.sleep(3.5)  # both stores expire whole seconds
+        for path in (f"/runs/{run_id}", f"/runs/{run_id}/events"):
+            gone = client.get(path)
+            assert gone.status_code == 404, path
+            assert gone.json()["error"]["code"] == "RUN_NOT_FOUND"

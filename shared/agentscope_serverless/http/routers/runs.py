@@ -48,8 +48,8 @@ class RunNotFoundError(NotFoundError):
 
     code = "RUN_NOT_FOUND"
 
-    def __init__(self) -> None:
-        super().__init__("run not found")
+    def __init__(self, message: str = "run not found") -> None:
+        super().__init__(message)
 
 
 class RunView(BaseModel):
@@ -103,6 +103,22 @@ async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
     return await _found(context, lambda: _runs(context).get_run(user_id, run_id))
 
 
+async def _readable(context: AppContext, user_id: str, run_id: str) -> RunRecord:
+    """The record of a run whose session remains: one that ended in a session that expired
+    (``SESSION_TTL_SECONDS``; its runs are kept longer) is gone with its conversation, as
+    with a deleted session. A run in progress, or an A2A task (stored before its run opens
+    its session), is read whatever its session."""
+    record = await _record(context, user_id, run_id)
+    if (
+        record.finished
+        and record.kind != "a2a_task"
+        and record.session_id is not None
+        and not await context.session_history.has_session(user_id, record.session_id)
+    ):
+        raise RunNotFoundError("the run's session was deleted or has expired")
+    return record
+
+
 def _refuse_a_task(record: RunRecord, *, task: str, a2a_task: str) -> None:
     """Refuse (409, saying ``task`` or ``a2a_task``) a record that is no run of the agent: a
     background task's, or an A2A task's. Only a run has events, and watches for its
@@ -145,7 +161,7 @@ async def list_runs(
 
 @router.get("/{run_id}", summary="A run's status")
 async def get_run(run_id: str, user_id: CurrentUser, context: Context) -> RunView:
-    return RunView.of(await _record(context, user_id, run_id))
+    return RunView.of(await _readable(context, user_id, run_id))
 
 
 @router.get(
@@ -171,7 +187,7 @@ async def run_events(
 ) -> EventStreamResponse:
     position = _position(last_event_id, after)
     _refuse_a_task(
-        await _record(context, user_id, run_id),
+        await _readable(context, user_id, run_id),
         task=f"a background task has no events: read its status at GET /tasks/{run_id}",
         a2a_task="an A2A task is followed with A2A's SubscribeToTask",
     )
