@@ -46,6 +46,7 @@ REFUSAL_SEEN = threading.Event()  # the test saw the refusal while it streamed
 REFUSAL = ("I am ", "sorry, ", "I cannot ", "help with that.")
 
 ENTER = ("Enter", "Enter", 13)
+LONG_REASONING_PIECES = 20_000
 
 # Counts the DOM updates of assistant replies while they stream (before they complete).
 WATCH_STREAMING = """
@@ -415,6 +416,15 @@ def tool_app() -> AgentApp:
             await asyncio.to_thread(REASONING_SEEN.wait, 60)  # however slow the page polls
             yield thinking.completed()
             yield "Short answer."
+            return
+        if msgs[-1].get_text_content() == "think at length":
+            thinking = Message(type=MessageType.REASONING, role=Role.ASSISTANT)
+            yield thinking.in_progress()
+            for _ in range(LONG_REASONING_PIECES):  # as a thinking model streams it
+                yield TextContent(text="abcdefgh ", delta=True)
+            await asyncio.to_thread(REASONING_SEEN.wait, 60)
+            yield thinking.completed()
+            yield "Done thinking."
             return
         if msgs[-1].get_text_content() in ("refuse", "refuse, then wait"):
             refusal = Message(role=Role.ASSISTANT)
@@ -1385,6 +1395,38 @@ async def test_reasoning_is_shown_while_it_streams_then_folded_away(
         "summary": "Show the reasoning",
         "replies": ["Short answer."],
     }
+
+
+async def test_reasoning_in_many_pieces_is_shown_a_frame_at_a_time(
+    tool_server: tuple[str, str],
+) -> None:
+    # Each piece was added to the text shown so far: 60,000 pieces froze the page for seconds.
+    url, key = tool_server
+    REASONING_SEEN.clear()
+    streamed = "document.querySelector('.message.reasoning.streaming .body')"
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.evaluate(
+            "window.reasoningUpdates = 0;"
+            " new MutationObserver((records) => { for (const record of records) {"
+            " if (record.target.closest?.('.message.reasoning .body .text'))"
+            " window.reasoningUpdates += 1; } })"
+            ".observe(document.getElementById('messages'), {subtree: true, childList: true});"
+            " true"
+        )
+        await page.type_text("think at length")
+        await page.press(*ENTER)
+        try:
+            await page.wait_for(
+                f"{streamed}?.textContent.length === {len('abcdefgh ') * LONG_REASONING_PIECES}"
+            )
+            updates = await page.evaluate("window.reasoningUpdates")
+        finally:
+            REASONING_SEEN.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        assert not page.exceptions, page.exceptions
+    # Shown once a frame, as a reply's text: not once a piece.
+    assert 0 < updates < LONG_REASONING_PIECES / 10
 
 
 async def markdown_of(url: str, text: str, shown: str) -> Any:

@@ -493,34 +493,39 @@ function isReply(message) {
   return message.role === "assistant" && (message.type || "message") === "message";
 }
 
-// The markdown of a reply's text part; ``raw`` keeps its source for the pieces to come.
-const rawText = new WeakMap();
-const pendingMarkdown = new Set();
-
+// The markdown of a reply's text part; its source is kept for the pieces to come.
 function replyText(text) {
   const node = element("div", "text markdown");
-  rawText.set(node, text);
+  streamedText.set(node, text);
   node.append(markdown(text));
   return node;
 }
 
-// A piece of a streamed reply: its markdown is built again at a coming frame, once whatever
-// the number of pieces, and at most a fifth of the time (a long reply takes longer to build).
-let markdownCost = 0;
-function appendReplyText(node, text) {
-  rawText.set(node, rawText.get(node) + text);
-  if (pendingMarkdown.size === 0) {
-    setTimeout(() => requestAnimationFrame(buildPendingMarkdown), markdownCost * 4);
+// A piece of a streamed text (a reply's, reasoning, a refusal, a tool's): the part is shown
+// again at a coming frame, once whatever the number of pieces, and at most a fifth of the time
+// (a long reply's markdown takes longer to build). Set piece by piece, a text of many pieces
+// took a time in the square of its length.
+const streamedText = new WeakMap(); // a part -> its text so far
+const pendingText = new Set();
+let showCost = 0;
+function appendStreamedText(node, text) {
+  streamedText.set(node, (streamedText.get(node) ?? node.textContent) + text);
+  if (pendingText.size === 0) {
+    setTimeout(() => requestAnimationFrame(showPendingText), showCost * 4);
   }
-  pendingMarkdown.add(node);
+  pendingText.add(node);
 }
 
-function buildPendingMarkdown() {
+function showPendingText() {
   const start = performance.now();
-  for (const pending of pendingMarkdown) pending.replaceChildren(markdown(rawText.get(pending)));
-  pendingMarkdown.clear();
-  markdownCost = performance.now() - start;
-  showFrame(); // the reply grew, in this frame
+  for (const node of pendingText) {
+    const text = streamedText.get(node);
+    if (node.classList.contains("markdown")) node.replaceChildren(markdown(text));
+    else node.textContent = text;
+  }
+  pendingText.clear();
+  showCost = performance.now() - start;
+  showFrame(); // the text grew, in this frame
 }
 
 function imageNode(url, alt = "Image from the agent") {
@@ -981,12 +986,10 @@ function handleEvent(data, run, views) {
     if (!view) return "";
     const index = Number.isInteger(data.index) ? data.index : view.parts.length;
     const node = view.parts[index];
-    if (data.delta && data.type === "text" && node && rawText.has(node)) {
-      appendReplyText(node, data.text || "");
-    } else if (data.delta && data.type === "text" && node?.matches(".text:not(.refusal)")) {
-      node.textContent += data.text || "";
+    if (data.delta && data.type === "text" && node?.matches(".text:not(.refusal)")) {
+      appendStreamedText(node, data.text || "");
     } else if (data.delta && data.type === "refusal" && node?.classList.contains("refusal")) {
-      node.textContent += data.refusal || ""; // the refusal streamed so far, and this piece
+      appendStreamedText(node, data.refusal || ""); // the refusal streamed so far, and this piece
     } else {
       setPart(view, index, data);
     }
