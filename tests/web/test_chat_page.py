@@ -441,6 +441,9 @@ def tool_app() -> AgentApp:
             for start in range(0, len(MARKDOWN), 7):  # as a model streams it
                 yield MARKDOWN[start : start + 7]
             return
+        if msgs[-1].get_text_content() == "fail":
+            yield "Let me see"
+            raise RuntimeError("the weather service is down")
         if msgs[-1].get_text_content() == "hold on":
             yield "Before the break"
             await asyncio.to_thread(HELD_RUN_GOES_ON.wait, 60)
@@ -603,8 +606,9 @@ async def test_a_run_is_stopped_with_the_keyboard(tool_server: tuple[str, str]) 
         await eventually(canceled)
 
 
+@pytest.mark.parametrize("then_left", [False, True], ids=["stopped", "stopped-then-left"])
 async def test_a_run_stopped_before_its_reply_starts_is_canceled(
-    tool_server: tuple[str, str],
+    tool_server: tuple[str, str], then_left: bool
 ) -> None:
     url, key = tool_server
     async with chromium_page() as page:
@@ -623,7 +627,16 @@ async def test_a_run_stopped_before_its_reply_starts_is_canceled(
         await page.press(*ENTER)
         await page.wait_for("window.processSent === true")
         await page.evaluate("document.getElementById('stop').click()")
-        await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
+        if then_left:
+            # Leaving then is no reason not to cancel the run it stopped.
+            await page.evaluate("document.getElementById('new-chat').click()")
+
+            async def cancel_sent() -> bool:
+                return any(r.endswith("/cancel") for r in page.requests)
+
+            await eventually(cancel_sent)
+        else:
+            await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
         cancel = [r for r in page.requests if r.startswith(f"{url}/runs/")]
         assert len(cancel) == 1 and cancel[0].endswith("/cancel")
         assert not page.exceptions, page.exceptions
@@ -1174,6 +1187,78 @@ async def test_a_reload_during_a_run_shows_the_run_again(tool_server: tuple[str,
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert await page.evaluate("sessionStorage.length") == 1  # the key alone: nothing to resume
         assert not page.exceptions, page.exceptions
+
+
+async def test_a_run_left_for_a_new_chat_goes_on_and_is_followed_again_from_its_session(
+    tool_server: tuple[str, str],
+) -> None:
+    # Leaving the session (a new chat, another session) canceled the run.
+    url, key = tool_server
+    HELD_RUN_GOES_ON.clear()
+    async with chromium_page() as page, let_the_held_run_end():
+        await sign_in(page, url, key)
+        await page.type_text("hold on")
+        await page.press(*ENTER)
+        streaming = (
+            "document.querySelector('.message.assistant.streaming')"
+            "?.textContent.includes('Before the break')"
+        )
+        await page.wait_for(streaming)
+        run_id = await page.wait_for(
+            "JSON.parse(sessionStorage.getItem('agentscope-serverless.run') || '{}').id"
+        )
+        label = await page.evaluate("document.getElementById('session-label').textContent")
+        session = label.removeprefix("Session ")
+
+        await page.evaluate("document.getElementById('new-chat').click()")
+        assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+        assert await page.evaluate("document.getElementById('stop').hidden")
+        async with httpx.AsyncClient(base_url=url, headers=bearer(key)) as client:
+            run = (await client.get(f"/runs/{run_id}")).json()
+        assert run["status"] == "in_progress" and not run["cancel_requested"], run
+
+        # Opened again, the session shows the run going on, and follows it to its end.
+        button = f"document.querySelector('#sessions button[data-session={json.dumps(session)}]')"
+        await page.wait_for(f"{button} !== null")
+        await page.evaluate(f"{button}.click()")
+        await page.wait_for(streaming)
+        assert not await page.evaluate("document.getElementById('stop').hidden")
+        # Opening a session (this one again) leaves it too, and it is followed again.
+        await page.evaluate(f"{button}.click()")
+        await page.wait_for(f"{streaming} && document.querySelectorAll('.message').length === 2")
+        HELD_RUN_GOES_ON.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        texts = await page.evaluate(
+            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+        )
+        assert texts == ["hold on", "Before the break and after it."]
+        assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        assert not [r for r in page.requests if r.endswith("/cancel")]
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_failed_run_says_so_when_its_session_is_opened_again(
+    tool_server: tuple[str, str],
+) -> None:
+    # Opened again, the session showed the question alone: nothing said the run failed.
+    url, key = tool_server
+    shown = (
+        "[[...document.querySelectorAll('#messages .message')].map((m) => m.textContent),"
+        " document.getElementById('run-status').textContent]"
+    )
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "fail")
+        live = await page.evaluate(shown)
+        await reopen_session(page, "document.querySelector('.message.failed')")
+        await page.wait_for("document.getElementById('run-status').textContent !== ''")
+        reopened = await page.evaluate(shown)
+        assert not page.exceptions, page.exceptions
+    assert live[1] == "The run failed."
+    assert live[0][-1].endswith("the weather service is down")
+    assert reopened[1] == live[1]
+    assert reopened[0][0] == "Youfail"
+    assert reopened[0][-1] == live[0][-1]
 
 
 async def test_a_long_reply_in_small_pieces_streams_to_the_end(

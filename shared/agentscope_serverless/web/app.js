@@ -40,6 +40,7 @@ const state = {
   listing: null, // AbortController of the sessions list being loaded
   sessionsRetry: { timer: 0, delay: SESSIONS_RETRY_MS },
   toolNames: new Map(), // call_id -> tool name, to title results
+  runTexts: new Map(), // run id -> the message that started it, of the runs this tab sent
   titles: new Map(), // session id -> its title, once read
   titling: null, // {observer, queue, reading} of the sessions listed
 };
@@ -150,6 +151,7 @@ function signOut(message = "") {
   state.session = null;
   stopReadingTitles();
   state.titles.clear();
+  state.runTexts.clear();
   // Nothing of theirs is left for whoever signs in next in this tab.
   $("composer-input").value = "";
   fitComposer();
@@ -346,7 +348,7 @@ function stopLoading() {
 }
 
 function newChat() {
-  stopRun();
+  leaveRun();
   stopLoading();
   state.session = null;
   state.toolNames.clear();
@@ -372,7 +374,7 @@ function hiddenNote(count) {
 }
 
 async function openSession(id) {
-  stopRun();
+  leaveRun();
   stopLoading();
   const loading = new AbortController();
   // Settled once the session is on screen (``finished``), or left: a message sent meanwhile
@@ -389,6 +391,8 @@ async function openSession(id) {
   const log = $("messages");
   log.replaceChildren();
   $("run-status").textContent = "Loading the session…";
+  const lastRun = lastRunOf(id, loading.signal);
+  let going = null; // the session's run still going on
   try {
     const path = `sessions/${encodeURIComponent(id)}/messages`;
     let hidden = 0;
@@ -403,7 +407,11 @@ async function openSession(id) {
       }
     }
     if (hidden) log.prepend(hiddenNote(hidden));
-    $("run-status").textContent = "";
+    const run = await lastRun;
+    if (loading.signal.aborted) return;
+    if (run && !TERMINAL.has(run.status)) going = run;
+    // A run that ended without a reply (failed, stopped) says so, as it did while it streamed.
+    $("run-status").textContent = run && !going ? showRunEnd(run.status, run.error) : "";
   } catch (error) {
     if (loading.signal.aborted) return;
     $("run-status").textContent = `Could not load the session: ${error.message}`;
@@ -414,6 +422,19 @@ async function openSession(id) {
   if (!log.children.length) log.append(emptyState());
   scrollToEnd(true);
   $("composer-input").focus();
+  if (going) followRun(going.id, state.runTexts.get(going.id));
+}
+
+// The last run of a session (null when it has none, or the server keeps no runs). Background
+// and A2A tasks have no events to follow: not counted.
+async function lastRunOf(id, signal) {
+  try {
+    const response = await api(`runs?session_id=${encodeURIComponent(id)}`, { signal });
+    const runs = (await response.json()).items || [];
+    return runs.filter((run) => run.kind !== "task" && run.kind !== "a2a_task").at(-1) ?? null;
+  } catch (_) {
+    return null;
+  }
 }
 
 // --- Rendering --------------------------------------------------------------------------
@@ -729,6 +750,12 @@ async function send(event) {
   setRunning(true, "Thinking…");
   const memories = await searchMemories(text);
   if (memories.length) user.item.append(memoriesNode(memories));
+  if (run.left) {
+    // Another session opened before it was sent: nothing runs, the message waits in the box.
+    if (!input.value) input.value = text;
+    fitComposer();
+    return;
+  }
   if (run.stopped) {
     // Stopped before it was sent: nothing runs.
     state.run = null;
@@ -782,10 +809,11 @@ async function stream(run, open) {
     const response = await open();
     run.id = run.id || response.headers.get("X-Run-Id");
     if (run.stopped) {
-      // Stopped (or left) before its id arrived: cancel it now that it is known.
+      // Stopped (then perhaps left) before its id arrived: cancel it now that it is known.
       cancelRun(run);
       throw new DOMException("stopped", "AbortError");
     }
+    if (run.left) throw new DOMException("left", "AbortError");
     adoptSession(response.headers.get("X-Session-Id"));
     if (run.id && state.session) {
       const saved = { id: run.id, session: state.session, text: run.text };
@@ -825,43 +853,32 @@ function savedRun() {
   }
 }
 
-// After a reload: open the session of the run the tab was streaming and, if the run still
-// goes on, show it again from its first event (its messages reach the history when it ends).
-async function resumeRun() {
+// After a reload: open the session of the run the tab was streaming (which shows the run
+// again if it still goes on).
+function resumeRun() {
   const saved = savedRun();
   sessionStorage.removeItem(RUN_STORAGE);
   if (!saved || typeof saved.id !== "string" || typeof saved.session !== "string") return;
-  await openSession(saved.session);
-  const moved = () => state.session !== saved.session || state.run !== null;
-  if (moved()) return;
-  let status;
-  try {
-    status = (await (await api(`runs/${encodeURIComponent(saved.id)}`)).json()).status;
-  } catch (_) {
-    return; // no runs routes, or the run is gone: the history is all there is
-  }
-  if (moved()) return;
-  if (TERMINAL.has(status)) {
-    await openSession(saved.session); // it ended meanwhile: its messages are in the history now
-    return;
-  }
+  if (typeof saved.text === "string") state.runTexts.set(saved.id, saved.text);
+  openSession(saved.session);
+}
+
+// Show a run of the session on screen that still goes on, from its first event, after the
+// message that started it (``text``, when this tab sent it: a run's events do not hold it).
+async function followRun(id, text) {
   const log = $("messages");
   log.querySelector(".empty")?.remove();
-  const user = messageView({ role: "user", type: "message" });
-  renderParts(user, [{ type: "text", text: String(saved.text ?? "") }]);
-  log.append(user.item);
+  if (typeof text === "string") {
+    const user = messageView({ role: "user", type: "message" });
+    renderParts(user, [{ type: "text", text }]);
+    log.append(user.item);
+  }
   scrollToEnd();
-  const run = {
-    controller: new AbortController(),
-    id: saved.id,
-    stopped: false,
-    text: saved.text,
-    key: state.key,
-  };
+  const run = { controller: new AbortController(), id, stopped: false, text, key: state.key };
   state.run = run;
   setRunning(true, "Thinking…");
   await stream(run, () =>
-    api(`runs/${encodeURIComponent(run.id)}/events?after=-1`, {
+    api(`runs/${encodeURIComponent(id)}/events?after=-1`, {
       signal: run.controller.signal,
       accept: "text/event-stream",
     }),
@@ -884,6 +901,7 @@ async function follow(response, run, views) {
     let progressed = false;
     try {
       for await (const data of serverSentEvents(response)) {
+        if (run.left) throw new DOMException("left", "AbortError");
         if (Number.isInteger(data.sequence_number) && data.sequence_number > last) {
           last = data.sequence_number;
           progressed = true;
@@ -953,18 +971,8 @@ function handleEvent(data, run, views) {
   if (data.object === "response") {
     if (data.id && !run.id) run.id = data.id;
     adoptSession(data.session_id);
-    if (data.status === "failed") {
-      const failure = messageView({ role: "assistant", type: "message" });
-      failure.item.classList.add("failed");
-      const error = data.error || {};
-      renderParts(failure, [{ type: "text", text: `The agent failed: ${error.message || "unknown error"}` }]);
-      log.append(failure.item);
-      scrollToEnd();
-      return "The run failed.";
-    }
-    if (data.status === "canceled") return "Stopped.";
     if (data.status === "completed") return usageText(data.usage);
-    return "";
+    return showRunEnd(data.status, data.error);
   }
   if (data.object === "message") {
     let view = views.get(data.id);
@@ -998,6 +1006,22 @@ function handleEvent(data, run, views) {
   return "";
 }
 
+// The end of a run that gave no reply, in the conversation (a failure) and as the run's status.
+function showRunEnd(status, error) {
+  if (status === "failed") {
+    const failure = messageView({ role: "assistant", type: "message" });
+    failure.item.classList.add("failed");
+    const message = (error && error.message) || "unknown error";
+    renderParts(failure, [{ type: "text", text: `The agent failed: ${message}` }]);
+    $("messages").append(failure.item);
+    scrollToEnd();
+    return "The run failed.";
+  }
+  if (status === "canceled") return "Stopped.";
+  if (status === "incomplete") return "The run ended before its reply was done.";
+  return "";
+}
+
 function usageText(usage) {
   if (!usage || typeof usage.total_tokens !== "number") return "Done.";
   return `Done · ${usage.prompt_tokens ?? "?"} prompt + ${usage.completion_tokens ?? "?"} completion = ${usage.total_tokens} tokens`;
@@ -1011,6 +1035,19 @@ function setRunning(running, status) {
   // the run. Escape stops it from anywhere. The box is always in view: focusing it scrolls
   // nothing (which would take the reader away from where they read).
   $("composer-input").focus({ preventScroll: true });
+}
+
+// Leave the run being streamed (another session opened, or a new chat): the page stops reading
+// it, the run goes on. Its session, opened again, shows it going on, or as stored once ended.
+function leaveRun() {
+  const run = state.run;
+  if (!run) return;
+  run.left = true;
+  if (run.id) state.runTexts.set(run.id, run.text);
+  // One stopped before its id arrived is canceled once it arrives all the same (stream).
+  if (!run.stopped) run.controller.abort();
+  state.run = null;
+  setRunning(false, "");
 }
 
 function stopRun() {
