@@ -1843,6 +1843,42 @@ async def test_a_link_to_an_address_holding_parentheses_is_whole(demo_url: str) 
     assert text == f"Python, {WIKIPEDIA}. (See also https://docs.python.org/3/.)"
 
 
+TITLED_LINKS = (
+    "[docs](https://example.com/a \"The docs\") and [guide](https://example.com/b 'A guide')"
+    ' but [not](javascript:alert(1) "x") nor [this](/sessions "y").'
+)
+SHOWN_LINKS = (
+    '[box.textContent, [...box.querySelectorAll("a")]'
+    '.map((n) => [n.textContent, n.getAttribute("href"), n.title])]'
+)
+
+
+async def test_a_link_with_a_title_is_a_link_titled_so(demo_url: str) -> None:
+    # The title was taken for part of the address: no link, its markdown shown as text.
+    text, links = await markdown_of(demo_url, TITLED_LINKS, SHOWN_LINKS)
+    assert links == [
+        ["docs", "https://example.com/a", "The docs"],
+        ["guide", "https://example.com/b", "A guide"],
+    ]
+    assert text == ('docs and guide but [not](javascript:alert(1) "x") nor [this](/sessions "y").')
+
+
+SETEXT = "Title\n=====\nSub *title*\nwritten on two lines\n---\ntext\n\n---\n\nend"
+BLOCKS = "[...box.children].map((n) => [n.tagName, n.className, n.textContent])"
+
+
+async def test_a_line_underlined_with_equals_or_dashes_is_a_heading(demo_url: str) -> None:
+    # "Title" and "=====" were a paragraph; the "---" under a paragraph was a rule.
+    blocks = await markdown_of(demo_url, SETEXT, BLOCKS)
+    assert blocks == [
+        ["P", "heading level-1", "Title"],
+        ["P", "heading level-2", "Sub title written on two lines"],
+        ["P", "", "text"],
+        ["HR", "", ""],  # after a blank line, "---" is a rule
+        ["P", "", "end"],
+    ]
+
+
 BOLD_ITALIC = "***Note:*** read **all of *this***."
 
 

@@ -7,6 +7,9 @@
 const FENCE = /^ {0,3}(`{3,}|~{3,})(.*)$/;
 const HEADING = /^ {0,3}(#{1,6})(?:[ \t](.*))?$/;
 const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
+// The line under a paragraph that makes it a heading: "=" for the first level, "-" for the
+// second (two or more: one "-" may be a list item being written).
+const UNDERLINE = /^ {0,3}(=+|-{2,})[ \t]*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])\s+(.*)$/;
 // Of a line trimmed: no two runs of spaces side by side, which would try every split of a
@@ -25,9 +28,9 @@ const CLOSER = {
   italic2: /[_\n]/g,
   url: /[\s<>]/g,
 };
-// A link's address and its ")": it may hold parentheses, one level deep (Wikipedia's
-// "Python_(programming_language)").
-const HREF = /(?:[^()\s]|\([^()\s]*\))+\)/y;
+// A link's address, its title if any (in double or single quotes, after a space) and its ")":
+// the address may hold parentheses, one level deep (Wikipedia's "Python_(programming_language)").
+const HREF = /((?:[^()\s]|\([^()\s]*\))+)(?:[ \t]+(?:"([^"\n]*)"|'([^'\n]*)'))?[ \t]*\)/y;
 const URL_TAIL = /[.,;:!?'"`*_]/; // ends the sentence rather than a bare URL
 // Quotes, lists and spans nest this deep at most; deeper, their markers are text.
 const MAX_DEPTH = 8;
@@ -57,10 +60,11 @@ function startsBlock(line, depth) {
   return nests || fence(line) !== null || HEADING.test(line) || RULE.test(line);
 }
 
-function link(text, href, depth) {
+function link(text, href, depth, title) {
   if (!/^(https?:\/\/|mailto:)/i.test(href)) return null;
   const anchor = node("a");
   anchor.href = href;
+  if (title) anchor.title = title;
   anchor.rel = "noopener noreferrer";
   anchor.target = "_blank";
   anchor.append(inline(text, false, depth + 1));
@@ -131,10 +135,11 @@ function spanAt(text, at, closer, links, depth) {
   if (char === "[") {
     const close = closer("label", at + 1);
     HREF.lastIndex = close + 2;
-    if (text[close] === "]" && close > at + 1 && text[close + 1] === "(" && HREF.test(text)) {
-      const end = HREF.lastIndex - 1;
-      const made = links ? link(text.slice(at + 1, close), text.slice(close + 2, end), depth) : null;
-      return [end + 1, made];
+    const target = text[close] === "]" && close > at + 1 && text[close + 1] === "(" && HREF.exec(text);
+    if (target) {
+      const [, href, title = target[3]] = target;
+      const made = links ? link(text.slice(at + 1, close), href, depth, title) : null;
+      return [HREF.lastIndex, made];
     }
   } else if (char === "*" && after === "*" && solid(text[at + 2])) {
     let close = closer("bold", at + 3);
@@ -336,10 +341,19 @@ export function markdown(text, tight = false, depth = 0) {
       out.append(table(line, rule, rows));
     } else {
       const body = [];
-      for (; i < all.length && all[i].trim() && (!body.length || !startsBlock(all[i], depth)); i += 1) {
+      let underline = null;
+      for (; i < all.length && all[i].trim(); i += 1) {
+        if (body.length && (underline = UNDERLINE.exec(all[i]))) break;
+        if (body.length && startsBlock(all[i], depth)) break;
         body.push(all[i]);
       }
-      if (tight) lines(out, body);
+      if (underline) {
+        const heading = node("p");
+        heading.className = `heading level-${underline[1][0] === "=" ? 1 : 2}`;
+        heading.append(inline(body.map((text) => text.trim()).join(" ")));
+        out.append(heading);
+        i += 1;
+      } else if (tight) lines(out, body);
       else out.append(lines(node("p"), body));
     }
   }
