@@ -441,6 +441,10 @@ def tool_app() -> AgentApp:
             for start in range(0, len(MARKDOWN), 7):  # as a model streams it
                 yield MARKDOWN[start : start + 7]
             return
+        if msgs[-1].get_text_content() == "say nothing":
+            for piece in (" ", "\n\n", "  "):
+                yield piece
+            return
         if msgs[-1].get_text_content() == "fail":
             yield "Let me see"
             raise RuntimeError("the weather service is down")
@@ -1234,6 +1238,23 @@ async def test_a_run_left_for_a_new_chat_goes_on_and_is_followed_again_from_its_
         assert texts == ["hold on", "Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert not [r for r in page.requests if r.endswith("/cancel")]
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_reply_of_whitespace_alone_says_it_is_empty(tool_server: tuple[str, str]) -> None:
+    # It showed as an empty bubble.
+    url, key = tool_server
+    note = (
+        "getComputedStyle([...document.querySelectorAll('.message.assistant .markdown')].at(-1),"
+        " '::before').content"
+    )
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "say nothing")
+        assert await page.evaluate(note) == '"(empty reply)"'
+        # A reply with text says nothing of the kind.
+        await say(page, "in markdown")
+        assert await page.evaluate(note) == "none"
         assert not page.exceptions, page.exceptions
 
 
