@@ -12,9 +12,11 @@ which may be a secret).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+import ssl
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -161,6 +163,58 @@ _REDIS_URL_TLS_OPTIONS = (
     "ssl_password",
     "ssl_ciphers",
 )
+
+
+def _whole_number(least: int) -> Callable[[str], bool]:
+    return lambda value: re.fullmatch(r"[0-9]{1,18}", value) is not None and int(value) >= least
+
+
+def _seconds(value: str) -> bool:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(seconds) and seconds > 0
+
+
+def _verify_flags(value: str) -> bool:
+    names = value.replace("[", "").replace("]", "").split(",")
+    return all(name.strip() in ssl.VerifyFlags.__members__ for name in names)
+
+
+# What each option of REDIS_URL's query takes (as a refusal says it) and its check. The
+# Redis client takes more, then fails every request needing Redis (nan seconds, a timeout
+# of -1, protocol 9) or reads the value as another ("off" as true).
+_REDIS_BOOLEANS = ("true", "false", "yes", "no", "t", "f", "y", "n", "1", "0")
+_YES_NO = ("true or false (or yes, no, 1, 0)", lambda value: value.lower() in _REDIS_BOOLEANS)
+_REDIS_URL_OPTION_VALUES: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "db": ("a database number (0, 1, ...)", _whole_number(0)),
+    "socket_timeout": ("a finite number of seconds above 0", _seconds),
+    "socket_connect_timeout": ("a finite number of seconds above 0", _seconds),
+    "socket_read_size": ("a whole number of bytes above 0", _whole_number(1)),
+    "socket_keepalive": _YES_NO,
+    "retry_on_timeout": _YES_NO,
+    "max_connections": ("a whole number above 0", _whole_number(1)),
+    "health_check_interval": ("a whole number of seconds (0: none)", _whole_number(0)),
+    "protocol": ("2 or 3", lambda value: value in ("2", "3")),
+    "ssl_check_hostname": _YES_NO,
+    "ssl_include_verify_flags": (
+        "names of ssl.VerifyFlags, such as VERIFY_X509_STRICT",
+        _verify_flags,
+    ),
+    "ssl_exclude_verify_flags": (
+        "names of ssl.VerifyFlags, such as VERIFY_X509_STRICT",
+        _verify_flags,
+    ),
+    "ssl_min_version": (
+        "a TLS version's number: 771 for TLS 1.2, 772 for TLS 1.3",
+        lambda value: value in ("769", "770", "771", "772"),
+    ),
+    "ssl_cert_reqs": (
+        "none, optional or required",
+        lambda value: value in ("none", "optional", "required"),
+    ),
+}
 # What LLM_SYSTEM_PROMPT is set to for no system prompt (an empty variable counts as unset).
 NO_SYSTEM_PROMPT = "none"
 
@@ -516,7 +570,7 @@ class Settings(BaseModel):
                 + (" and a host" if schemes is _HTTP_SCHEMES else "")
             )
         if info.field_name == "redis_url":
-            problem = redis_url_query_problem(url)
+            problem = redis_url_problem(url)
             if problem is not None:
                 raise ValueError(problem)
         return value
@@ -620,19 +674,28 @@ def agent_app_problem(value: str) -> str | None:
     )
 
 
-def redis_url_query_problem(url: str) -> str | None:
-    """What is wrong with the options in the query of ``url`` (``REDIS_URL``), naming the
-    first one the Redis client does not take (never the URL, which may hold a password) and
-    those it takes; None when it takes them all.
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with the path or the query of ``url`` (``REDIS_URL``): a path that is
+    no database number, the first query option the Redis client does not take (naming those
+    it takes) or a value of one it cannot use; never the URL, which may hold a password.
+    None when the client takes it all.
 
-    >>> redis_url_query_problem("redis://h:6379/0?socket_timeout=5") is None
+    >>> redis_url_problem("redis://h:6379/0?socket_timeout=5") is None
     True
-    >>> redis_url_query_problem("redis://h:6379/0?ssl=true").split(";")[0]
+    >>> redis_url_problem("redis://h:6379/0?ssl=true").split(";")[0]
     "the query option 'ssl' is not one the Redis client takes (for TLS, begin the URL with rediss://)"
+    >>> redis_url_problem("redis://h:6379/0?socket_timeout=nan")
+    "the query option 'socket_timeout' takes a finite number of seconds above 0"
     """
     parts = urlsplit(url)
     if "@" in parts.query:
         return "a ? in its password ends its address early: percent-encode it (%3F)"
+    if "@" in parts.path:
+        return "a / in its user name or password ends its address early: percent-encode it (%2F)"
+    # A unix:// URL's path is its socket's. Of another URL, the client reads a path of digits
+    # as the database number, and any other path as database 0, without a word.
+    if parts.scheme.lower() != "unix" and not re.fullmatch(r"/?([0-9]+/?)?", parts.path):
+        return "its path is not a database number: end it with /0, /1... or nothing (/0)"
     tls = parts.scheme.lower() == "rediss"
     accepted = [
         *(
@@ -642,8 +705,13 @@ def redis_url_query_problem(url: str) -> str | None:
         ),
         *(_REDIS_URL_TLS_OPTIONS if tls else ()),
     ]
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in accepted:
+            takes, valid = _REDIS_URL_OPTION_VALUES.get(name, ("", lambda _: True))
+            # A blank value the client ignores; a wrong one is not shown (it may be a
+            # piece of a password holding & or =).
+            if value and not valid(value):
+                return f"the query option {name!r} takes {takes}"
             continue
         # A name that is no identifier may be a piece of a password.
         shown = repr(name) if re.fullmatch(r"[A-Za-z_]\w{0,63}", name) else "(not shown)"
@@ -779,6 +847,6 @@ __all__ = [
     "load_settings",
     "near_miss_message",
     "near_miss_variables",
-    "redis_url_query_problem",
+    "redis_url_problem",
     "secret_values",
 ]

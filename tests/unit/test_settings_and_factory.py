@@ -19,7 +19,7 @@ from agentscope_serverless.services.factory import (
 )
 from agentscope_serverless.services.memory import InMemoryMemoryService
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
-from agentscope_serverless.settings import PADDED, Settings, load_settings, redis_url_query_problem
+from agentscope_serverless.settings import PADDED, Settings, load_settings, redis_url_problem
 
 
 def test_defaults_are_the_embedded_in_memory_backends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,11 +371,68 @@ def test_a_redis_url_option_the_client_does_not_take_is_refused_naming_the_optio
 
 
 @pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("socket_timeout=nan", "'socket_timeout' takes a finite number of seconds above 0"),
+        ("socket_timeout=-1", "'socket_timeout' takes a finite number of seconds above 0"),
+        ("socket_timeout=inf", "'socket_timeout' takes a finite number of seconds above 0"),
+        ("socket_connect_timeout=0", "'socket_connect_timeout' takes a finite number of"),
+        ("protocol=9", "'protocol' takes 2 or 3"),
+        ("max_connections=0", "'max_connections' takes a whole number above 0"),
+        ("health_check_interval=1.5", "'health_check_interval' takes a whole number of"),
+        ("db=abc", "'db' takes a database number"),
+        ("retry_on_timeout=off", "'retry_on_timeout' takes true or false"),
+        ("db=1&socket_read_size=-5", "'socket_read_size' takes a whole number of bytes"),
+    ],
+)
+def test_a_redis_url_option_value_the_client_cannot_use_is_refused_without_showing_the_url(
+    monkeypatch: pytest.MonkeyPatch, option: str, said: str
+) -> None:
+    # Taken, every request needing Redis was a 500 (nan) or a 503 (a timeout of -1,
+    # protocol 9), or "off" was read as true.
+    monkeypatch.setenv("REDIS_URL", f"redis://:hush-pw@cache:6379/0?{option}")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: REDIS_URL: the query option {said}"), message
+    assert "hush" not in message and "cache" not in message
+
+
+@pytest.mark.parametrize("path", ["/3x", "/abc", "/0/1", "/-1"])
+def test_a_redis_url_path_that_is_no_database_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    # Taken, the Redis client used database 0 (or read /0/1 as 1) without a word.
+    monkeypatch.setenv("REDIS_URL", f"rediss://:hush-pw@cache:6379{path}")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("invalid settings: REDIS_URL: its path is not a database number")
+    assert "hush" not in message and path not in message
+
+
+def test_a_slash_in_a_redis_password_is_refused_at_start_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:Wq7z/Pa55-tail@cache:6379/0")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert "percent-encode it (%2F)" in message
+    assert "Wq7z" not in message and "Pa55" not in message
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "redis://:pw@cache:6379/0?socket_timeout=5&health_check_interval=10&client_name=agent",
         "rediss://cache:6379/0?ssl_cert_reqs=none&ssl_check_hostname=false",
         "unix:///run/redis.sock?db=1&socket_timeout=2",
+        "redis://cache:6379/12?socket_timeout=0.5&protocol=3&retry_on_timeout=No&max_connections=",
+        "rediss://cache:6379/?socket_keepalive=1&ssl_min_version=771",
+        "redis://cache:6379",
+        "redis://cache:6379/3/",
+        "unix:///run/redis/redis.sock",
     ],
 )
 def test_a_redis_url_with_options_the_client_takes_is_kept(
@@ -402,7 +459,7 @@ _REDIS_OPTION_VALUES = {
     "ssl_check_hostname": "false",
     "ssl_include_verify_flags": "VERIFY_X509_STRICT",
     "ssl_exclude_verify_flags": "VERIFY_X509_STRICT",
-    "ssl_min_version": "3",
+    "ssl_min_version": "771",
     "ssl_cert_reqs": "none",
     "ssl_ca_certs": "/etc/ssl/ca.pem",
     "ssl_ca_path": "/etc/ssl",
@@ -420,7 +477,7 @@ def test_every_redis_url_option_accepted_is_one_the_redis_client_builds_a_connec
     from redis.asyncio import Redis
 
     base = "unix:///run/redis.sock" if scheme == "unix" else f"{scheme}://cache:6379/0"
-    accepted = redis_url_query_problem(f"{base}?no_such_option=1")
+    accepted = redis_url_problem(f"{base}?no_such_option=1")
     assert accepted is not None
     names = accepted.partition("; it takes ")[2].split(", ")
     assert names and set(names) <= set(_REDIS_OPTION_VALUES)
