@@ -48,7 +48,12 @@ from rich.table import Table
 
 from agentscope_serverless.deploy_cli import deploy_app
 from agentscope_serverless.errors import AgentScopeServerlessError
-from agentscope_serverless.serve import IGNORED_FOLDERS_TEXT, WATCHED_FILES
+from agentscope_serverless.serve import (
+    IGNORED_FOLDERS_TEXT,
+    LOG_LEVELS,
+    WATCHED_FILES,
+    listen_options_problem,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -63,8 +68,6 @@ if TYPE_CHECKING:
 URL_ENV = "AGENTSCOPE_URL"
 KEY_ENV = "AGENTSCOPE_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8090"
-# uvicorn's log levels (``uvicorn.config.LOG_LEVELS``), most verbose last.
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 app = typer.Typer(
     help="AgentScope Serverless: serve agents as HTTP APIs, talk to them, manage API keys, deploy.",
@@ -211,8 +214,8 @@ def serve(
     ] = None,
 ) -> None:
     """Run every router in one local server (settings and env pick the backends)."""
-    if log_level.lower() not in LOG_LEVELS:
-        _fail(f"--log-level {log_level!r}: give one of {', '.join(LOG_LEVELS)}", code=2)
+    if problem := listen_options_problem(port, log_level):
+        _fail(problem, code=2)
     log_level = log_level.lower()
     if agent is not None and not agent.strip():  # --agent "$AGENT" of a variable not set
         _fail(
@@ -220,8 +223,6 @@ def serve(
             "e.g. mypkg.agent:app, or leave --agent out for AGENT_APP or the demo agent",
             code=2,
         )
-    if not 0 <= port <= 65535:
-        _fail(f"--port must be a port number from 0 to 65535, not {port}", code=2)
     from agentscope_serverless.settings import agent_app_problem
 
     if agent is not None and (problem := agent_app_problem(agent)):

@@ -66,6 +66,27 @@ _IGNORED_NAMES = sorted(IGNORED_FOLDERS, key=lambda name: name.lstrip("._"))
 IGNORED_FOLDERS_TEXT = f"virtualenvs, {', '.join(_IGNORED_NAMES[:-1])} or {_IGNORED_NAMES[-1]}"
 
 
+#: uvicorn's log levels (``uvicorn.config.LOG_LEVELS``), most verbose last.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def listen_options_problem(port: int, log_level: str) -> str | None:
+    """What is wrong with ``--port`` or ``--log-level`` (in any case), as the message to
+    print; None when uvicorn takes both. Checked before the agent is loaded: uvicorn takes
+    a port modulo 65536 (99999 listens on 34463) and fails on an unknown level only after.
+
+    >>> listen_options_problem(99999, "info")
+    '--port must be a port number from 0 to 65535, not 99999'
+    >>> listen_options_problem(8090, "WARNING") is None
+    True
+    """
+    if log_level.lower() not in LOG_LEVELS:
+        return f"--log-level {log_level!r}: give one of {', '.join(LOG_LEVELS)}"
+    if not 0 <= port <= 65535:
+        return f"--port must be a port number from 0 to 65535, not {port}"
+    return None
+
+
 # What a project has at its root to be installed by pip.
 PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
 
@@ -293,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--app-dir", default=".", help="Where the agent's modules are.")
     parser.add_argument("--log-level", default="info")
     options = parser.parse_args(argv)
+    problem = listen_options_problem(options.port, options.log_level)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
 
     from agentscope_serverless import stopping_server
     from agentscope_serverless.errors import AgentScopeServerlessError
@@ -321,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         http=head_timeout_protocol(
             settings.request_head_timeout_seconds, settings.request_body_timeout_seconds
         ),
-        log_level=options.log_level,
+        log_level=options.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=STOP_GRACE_SECONDS,
     )

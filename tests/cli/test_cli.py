@@ -794,12 +794,15 @@ def test_serve_refuses_a_redis_url_option_the_redis_client_does_not_take(tmp_pat
     assert "hush" not in result.stdout + result.stderr and "ask_" not in result.stdout
 
 
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+)
 @pytest.mark.parametrize("level", ["verbose", "INFO ", "warn_ing"])
 def test_serve_refuses_a_log_level_uvicorn_has_not_before_printing_anything(
-    tmp_path: Path, level: str
+    tmp_path: Path, command: list[str], level: str
 ) -> None:
     # Taken, the banner and a development key were printed, then a KeyError's traceback.
-    result = refused_start(tmp_path, "--log-level", level)
+    result = refused_start(tmp_path, "--log-level", level, command=command)
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"error: --log-level {level!r}: give one of critical, error, warning, info, debug, trace"
@@ -1477,11 +1480,20 @@ def test_invoke_prints_each_message_apart_and_the_tools_the_agent_calls(tmp_path
     assert "Let me check.\n[calls get_weather]\nSunny." in said.stdout
 
 
-def test_serve_refuses_a_port_out_of_range() -> None:
-    result = run_cli("serve", "--port", "99999")
-    assert result.returncode == 2
-    assert "--port" in result.stderr and "65535" in result.stderr
-    assert "ask_" not in result.stdout
+@pytest.mark.parametrize(
+    "command", [[SCRIPT, "serve"], [sys.executable, "-m", "agentscope_serverless.serve"]]
+)
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_serve_refuses_a_port_out_of_range_before_loading_the_agent(
+    tmp_path: Path, command: list[str], port: str
+) -> None:
+    # The module took 99999 as 34463 (uvicorn wraps it), and -1 failed in uvicorn after the
+    # agent was loaded.
+    result = refused_start(tmp_path, f"--port={port}", command=command)
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: --port must be a port number from 0 to 65535, not {port}"
+    ]
 
 
 @pytest.fixture(scope="module")
