@@ -264,6 +264,19 @@ async def test_a_corrupt_key_file_is_a_store_failure(tmp_path: Path) -> None:
             await store.authenticate("ask_0123456789abcdef_" + "A" * 43)
 
 
+async def test_a_key_file_that_cannot_be_written_is_a_store_failure_naming_no_path(
+    tmp_path: Path,
+) -> None:
+    # Its folder could not be made (a file of that name): a FileExistsError went up raw.
+    (tmp_path / "afile").write_text("")
+    async with FileKeyStore(tmp_path / "afile" / "keys.json") as store:
+        with pytest.raises(StoreUnavailableError) as raised:
+            await store.create_key(kind="user", user_id="alice")
+        with pytest.raises(StoreUnavailableError):
+            await store.revoke_key("0123456789abcdef")
+    assert str(raised.value) == "key file is unavailable: it cannot be written"
+
+
 async def test_a_corrupt_key_file_is_read_and_logged_at_most_once_per_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -280,6 +280,19 @@ def test_keys_create_list_revoke_with_the_file_store(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
+@pytest.mark.parametrize("command", [["create", "--user", "bob"], ["revoke", "0123456789abcdef"]])
+def test_keys_say_in_one_line_that_a_key_file_cannot_be_written(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # Its folder could not be made (a file of that name): a traceback.
+    (tmp_path / "afile").write_text("")
+    key_file = tmp_path / "afile" / "keys.json"
+    result = CliRunner().invoke(app, ["keys", *command, "--file", str(key_file)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == "error: key file is unavailable: it cannot be written"
+    assert not isinstance(result.exception, OSError)
+
+
 def test_keys_revoke_takes_the_key_itself_and_never_prints_it(tmp_path: Path) -> None:
     key_file = tmp_path / "keys.json"
     cli = CliRunner()

@@ -134,17 +134,31 @@ class FileKeyStore(KeyStore):
         self, change: Callable[[dict[str, KeyRecord]], KeyRecord | None]
     ) -> KeyRecord | None:
         """Apply ``change`` to the records and write them back, under an exclusive lock."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._unwritable(exc) from None
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             self._stamp = self._checked_at = None
             records = dict(self._load())
             result = change(records)
-            self._write(records)
+            try:
+                self._write(records)
+            except OSError as exc:
+                raise self._unwritable(exc) from None
             return result
         finally:
             os.close(lock_fd)
+
+    def _unwritable(self, exc: OSError) -> StoreUnavailableError:
+        # As _unavailable, but the records read stay good: a key is still authenticated.
+        logger.warning(
+            "key file unwritable",
+            extra={"path": str(self.path), "error": f"{type(exc).__name__}: {exc}"[:500]},
+        )
+        return StoreUnavailableError("key file", "it cannot be written")
 
     def _write(self, records: dict[str, KeyRecord]) -> None:
         payload = json.dumps(
