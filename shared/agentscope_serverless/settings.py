@@ -110,8 +110,9 @@ def _warn_near_misses(misses: tuple[tuple[str, str], ...]) -> None:
 # What a CloudWatch namespace may hold, and a dimension's value.
 _NAMESPACE = re.compile(r"[0-9A-Za-z.\-_/#: ]+")
 _DIMENSION_VALUE = re.compile(r"(?=.*[^ ])[ -~]{1,1024}")
-# A web origin, as a browser sends it in its Origin header.
-_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
+# A web origin: scheme://host[:port], in any case.
+_ORIGIN = re.compile(r"(https?)://([^/\s:]+)(?::(\d{1,5}))?", re.IGNORECASE)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # The schemes each URL setting takes (the Redis client's own for REDIS_URL).
 _HTTP_SCHEMES = ("http", "https")
 _URL_SCHEMES = {
@@ -610,12 +611,7 @@ class Settings(BaseModel):
         if isinstance(value, str):
             value = [origin.strip() for origin in value.split(",") if origin.strip()]
         if isinstance(value, list | tuple):
-            for origin in value:
-                if isinstance(origin, str) and origin != "*" and not _ORIGIN.fullmatch(origin):
-                    raise ValueError(
-                        f"{origin!r} is not an origin: give scheme://host[:port], with no path"
-                        " or trailing slash (as browsers send it), or *"
-                    )
+            return [_browser_origin(o) if isinstance(o, str) else o for o in value]
         return value
 
     @field_validator("metrics_namespace")
@@ -649,6 +645,26 @@ class Settings(BaseModel):
         if isinstance(text, str) and info.field_name not in _FREE_TEXT and text != text.strip():
             raise ValueError(PADDED if text.strip() else BLANK)
         return value
+
+
+def _browser_origin(origin: str) -> str:
+    """``origin`` (of CORS_ALLOW_ORIGINS) as a browser sends it in its Origin header, to be
+    compared with it: scheme and host in lower case, no default port.
+
+    >>> _browser_origin("HTTPS://App.Example.com:443")
+    'https://app.example.com'
+    """
+    if origin == "*":
+        return origin
+    match = _ORIGIN.fullmatch(origin)
+    if match is None or (match[3] is not None and int(match[3]) > 65535):
+        raise ValueError(
+            f"{origin!r} is not an origin: give scheme://host[:port], with no path or "
+            "trailing slash, or *"
+        )
+    scheme, host, port = match[1].lower(), match[2].lower(), match[3]
+    shown_port = "" if port is None or int(port) == _DEFAULT_PORTS[scheme] else f":{int(port)}"
+    return f"{scheme}://{host}{shown_port}"
 
 
 def agent_app_problem(value: str) -> str | None:

@@ -115,8 +115,30 @@ def test_no_origin_is_allowed_by_default() -> None:
         assert "access-control-allow-origin" not in answer.headers
 
 
-@pytest.mark.parametrize("origin", [f"{PAGE}/", f"{PAGE}/app", "app.example.com", "ftp://x"])
-def test_an_origin_is_given_as_browsers_send_it(origin: str) -> None:
+@pytest.mark.parametrize(
+    "setting", ["https://App.Example.com", "https://app.example.com:443", "HTTPS://app.example.com"]
+)
+def test_an_origin_set_in_capitals_or_with_its_default_port_matches_what_browsers_send(
+    keys: Keys, setting: str
+) -> None:
+    # Taken as written, it never matched: browsers send the host in lower case, no :443.
+    settings = load_settings(cors_allow_origins=setting)
+    app = create_app(settings=settings, agent_app=demo_app, key_store=keys.store)
+    with running(app) as url:
+        answer = preflight(url, PAGE)
+    assert answer.status_code == 200
+    assert answer.headers["access-control-allow-origin"] == PAGE
+
+
+def test_a_port_other_than_the_default_is_kept() -> None:
+    settings = load_settings(cors_allow_origins="http://LocalHost:5173, http://127.0.0.1:80")
+    assert settings.cors_allow_origins == ("http://localhost:5173", "http://127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "origin", [f"{PAGE}/", f"{PAGE}/app", "app.example.com", "ftp://x", f"{PAGE}:99999"]
+)
+def test_what_is_no_origin_is_refused_at_start(origin: str) -> None:
     # With a trailing slash no browser's Origin would ever match: said at start, not later.
     with pytest.raises(ConfigurationError, match=r"CORS_ALLOW_ORIGINS.*is not an origin"):
         load_settings(cors_allow_origins=origin)
