@@ -190,8 +190,11 @@ def serve(
         ),
     ] = False,
     web: Annotated[
-        bool, typer.Option("--web/--no-web", help="Serve the chat page at / (WEB_UI).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--web/--no-web", help="Serve the chat page at / (default: WEB_UI if set, else on)."
+        ),
+    ] = None,
     app_dir: Annotated[
         Path,
         typer.Option("--app-dir", help="Import the agent's modules from here (as uvicorn does)."),
@@ -235,6 +238,8 @@ def serve(
             code=2,
         )
     overrides = {} if header_timeout is None else {"request_head_timeout_seconds": header_timeout}
+    if web is None and not os.environ.get("WEB_UI", "").strip():
+        web = True  # unset (or empty), WEB_UI is off: the local server shows the page
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception (not the default
     # handler's instant exit) it unwinds this block, so the local stack is stopped too.
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -376,7 +381,7 @@ def _serve(
     log_level: str,
     app_dir: Path,
     *,
-    web: bool,
+    web: bool | None,
     **overrides: object,
 ) -> None:
     import uvicorn
@@ -393,7 +398,8 @@ def _serve(
 
     use_app_dir(app_dir)
     try:
-        served = build(root_settings(agent, web_ui=web, **overrides))
+        web_ui = {} if web is None else {"web_ui": web}  # None: WEB_UI's
+        served = build(root_settings(agent, **web_ui, **overrides))
         dev_key = development_key(served.key_store, dev_user)
     except AgentScopeServerlessError as exc:
         _fail(exc.message, code=2)
@@ -469,7 +475,7 @@ def _serve_reloading(
     app_dir: Path,
     resources: contextlib.ExitStack,
     *,
-    web: bool,
+    web: bool | None,
     **overrides: object,
 ) -> None:
     """A reloader (:class:`~agentscope_serverless.reloader.ProjectReload`): a worker process
@@ -499,7 +505,8 @@ def _serve_reloading(
 
     directory = use_app_dir(app_dir)
     os.environ[APP_DIR_ENV] = str(directory)
-    os.environ["WEB_UI"] = "true" if web else "false"
+    if web is not None:
+        os.environ["WEB_UI"] = "true" if web else "false"
     if agent:
         os.environ["AGENT_APP"] = agent
     try:

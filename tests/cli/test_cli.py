@@ -181,6 +181,20 @@ def test_invoke_with_the_key_of_a_server_since_restarted_says_so(
     assert "after a restart, use the key it printed then)" in said.stderr
 
 
+@pytest.mark.parametrize(
+    ("web_ui", "options", "shown"),
+    [("false", [], False), ("", [], True), ("0", ["--web"], True), ("true", ["--no-web"], False)],
+)
+def test_serve_shows_the_chat_page_as_web_ui_says_unless_an_option_says_otherwise(
+    tmp_path: Path, web_ui: str, options: list[str], shown: bool
+) -> None:
+    # WEB_UI=false was overruled by the default of --web: the page was served all the same.
+    with serving(tmp_path / "output.txt", *options, env={"WEB_UI": web_ui}) as running:
+        page = httpx.get(f"{running.url}/", follow_redirects=True)
+        assert any(line.startswith("chat page: ") for line in running.banner) is shown
+    assert (page.status_code == 200 and "text/html" in page.headers["content-type"]) is shown
+
+
 def test_invoke_says_what_to_change_for_a_key_refused_for_its_user(tmp_path: Path) -> None:
     # The errors spoke of the X-User-Id header and the user_id field, which invoke has not.
     key_file = tmp_path / "keys.json"
