@@ -227,6 +227,36 @@ def test_every_setting_is_in_the_configuration_table() -> None:
     assert missing == [], f"settings the README's Configuration table does not name: {missing}"
 
 
+def test_the_configuration_table_states_the_bounds_each_setting_is_held_to() -> None:
+    # Refused at start-up naming only the variable, a limit the README did not state
+    # (LLM_MAX_ITERATIONS at most 100) was found by trial.
+    from agentscope_serverless.services._validation import MAX_TTL_SECONDS
+    from agentscope_serverless.settings import Settings
+
+    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        name: row
+        for row in section.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row.split(" | ")[0])
+    }
+    unstated = []
+    for name, field in Settings.model_fields.items():
+        for constraint in field.metadata:
+            for kind in ("ge", "gt", "le", "lt"):
+                bound = getattr(constraint, kind, None)
+                if bound is None or (kind in ("ge", "gt") and bound in (0, 1)):
+                    continue  # a count from 1 or a time above 0 goes without saying
+                if bound == MAX_TTL_SECONDS:
+                    stated = "at most 10^12 s" in section
+                else:
+                    number = f"{bound:g}" if isinstance(bound, float) else str(bound)
+                    stated = re.search(rf"(?<![\d.]){number}(?![\d.])", rows[name.upper()])
+                if not stated:
+                    unstated.append(f"{name.upper()} {kind} {bound}")
+    assert unstated == [], f"bounds the Configuration table does not state: {unstated}"
+
+
 def test_the_reload_passage_names_every_folder_never_watched() -> None:
     from agentscope_serverless.serve import IGNORED_FOLDERS
 
