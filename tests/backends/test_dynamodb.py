@@ -277,6 +277,33 @@ async def test_a_ttl_stamps_items_and_slides_on_every_read(
         assert int(meta["expires_at"]["N"]) >= start + 995
 
 
+async def test_listing_sessions_slides_the_expiry_of_those_listed(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    table = dynamodb_server.sessions_table
+    async with history_on(dynamodb_server, ttl_seconds=1000) as history:
+        for session_id in ("s1", "s2"):
+            await history.append_message(Session(id=session_id, user_id=user_id), msg("hi"))
+        start = now()
+        keys = [session_key(user_id, session_id) for session_id in ("s1", "s2")]
+
+        async def expiries() -> list[int]:
+            items = [(await dynamodb_client.get_item(TableName=table, Key=k))["Item"] for k in keys]
+            return [int(item["expires_at"]["N"]) for item in items]
+
+        for key in keys:
+            await set_number(dynamodb_client, table, key, "expires_at", start + 10)
+        await history.list_sessions(user_id)
+        assert all(expiry >= start + 995 for expiry in await expiries())
+
+        for key in keys:
+            await set_number(dynamodb_client, table, key, "expires_at", start + 10)
+        await history.list_sessions_page(user_id, limit=1)  # s1 alone
+        first, second = await expiries()
+        assert first >= start + 995
+        assert second == start + 10
+
+
 async def test_items_are_restamped_before_they_could_outlive_their_session(
     dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
 ) -> None:

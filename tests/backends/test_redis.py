@@ -194,6 +194,42 @@ async def test_session_ttl_slides_on_reads_and_writes(
         assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
 
 
+async def test_listing_sessions_slides_the_expiry_of_those_listed(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=100) as history:
+        for session_id in ("s1", "s2"):
+            session = await history.create_session(user_id, session_id)
+            await history.append_message(session, msg("hello"))
+        keys = await user_keys(redis_client, "session", user_id)
+        assert len(keys) == 9  # index, expiry, counter, and meta, messages, ids of each
+        (expiry,) = [key for key in keys if key.endswith(":expiry")]
+
+        async def soon() -> None:
+            """Every key, and every session's entry in the expiry index, due in 5 s."""
+            for key in keys:
+                await redis_client.pexpire(key, 5_000)
+            due = int(time.time() * 1000) + 5_000
+            await redis_client.zadd(expiry, {"s1": due, "s2": due})
+
+        def slid(ttl_ms: float) -> bool:
+            return ttl_ms > 90_000
+
+        await soon()
+        await history.list_sessions(user_id)
+        assert all(slid(ttl) for ttl in await pttls(redis_client, keys))
+        scores = await redis_client.zrange(expiry, 0, -1, withscores=True)
+        assert all(slid(score - time.time() * 1000) for _, score in scores)
+
+        await soon()
+        await history.list_sessions_page(user_id, limit=1)  # s1 alone
+        ttls = dict(zip(keys, await pttls(redis_client, keys), strict=True))
+        assert [key for key in keys if slid(ttls[key])] == [k for k in keys if ":s:s2:" not in k]
+        scores = dict(await redis_client.zrange(expiry, 0, -1, withscores=True))
+        assert slid(scores["s1"] - time.time() * 1000)
+        assert not slid(scores["s2"] - time.time() * 1000)
+
+
 async def test_an_expired_session_is_gone_everywhere(
     redis_server: RedisServer, user_id: str
 ) -> None:

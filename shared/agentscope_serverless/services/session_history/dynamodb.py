@@ -69,7 +69,8 @@ pk                         sk                  attributes
   the same for every session (up to 49 session items in one transaction), deleting the
   messages of 16 sessions at once.
 - **TTL** (``ttl_seconds``): a sliding expiry of the whole session, refreshed by every read
-  and write; see :mod:`agentscope_serverless.services._dynamodb`.
+  and write (a page of sessions listed: theirs, an ``UpdateItem`` each); see
+  :mod:`agentscope_serverless.services._dynamodb`.
 - **Summary**: items of its own, after the session's messages and ids in sort-key order,
   so neither reading the session item (every turn) nor any Query of messages reads any of
   it, and a summary of any size is kept, split as a message is. Replacing it writes its
@@ -727,6 +728,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         )
         rows = await take(live, limit + 1)
         page = rows[:limit]
+        if self._ttl is not None:
+            # Listed, the sessions are read: their expiry slides, as a read of each does.
+            await gather_bounded((self._read_meta(user_id, sid) for _, sid in page), _CONCURRENCY)
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
             next_cursor=encode_cursor({"after": page[-1][0]}) if len(rows) > limit else None,

@@ -26,7 +26,8 @@ the others are appended. A session read returns
 its messages as stored and decodes them on first use; without a TTL, reading a whole
 session is a ``MULTI`` of ``EXISTS`` and ``LRANGE``. Listing reads the user's index, never
 ``SCAN``. With ``ttl_seconds`` every read and write refreshes the session's and the index's
-expiry; index entries of expired sessions are dropped when the index is read.
+expiry (a page of sessions listed: theirs, in a second script); index entries of expired
+sessions are dropped when the index is read.
 
 Each message gets a number when it is appended (the session's count of messages appended
 before it), never given again nor changed: a ``list_messages`` cursor holds the number to
@@ -430,6 +431,23 @@ return redis.call(
   'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[3])
 """
 
+# Slides the expiry of sessions just listed (with a TTL: a listing reads them). KEYS: the
+# user's expiry, then the meta, messages, ids, id order, marks and gone keys of each
+# session. ARGV: ttl, then the session ids. A session gone meanwhile is left gone.
+_TOUCH_LISTED = """
+local ttl = tonumber(ARGV[1])
+local now = redis.call('TIME')
+local expiry = string.format('%d', now[1] * 1000 + math.floor(now[2] / 1000) + ttl * 1000)
+for i = 2, #ARGV do
+  local first = 2 + (i - 2) * 6
+  if redis.call('EXISTS', KEYS[first]) == 1 then
+    redis.call('ZADD', KEYS[1], expiry, ARGV[i])
+    for k = first, first + 5 do redis.call('EXPIRE', KEYS[k], ttl) end
+  end
+end
+return 1
+"""
+
 
 class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     """Session history on Redis or Redis Cluster (managed Redis / Valkey).
@@ -558,10 +576,20 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         )
         rows = [(text(raw[i]), int(float(text(raw[i + 1])))) for i in range(0, len(raw), 2)]
         page = rows[:limit]
+        if self._ttl and page:
+            await self._touch_listed(user_id, [sid for sid, _ in page])
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for sid, _ in page],
             next_cursor=encode_cursor({"after": page[-1][1]}) if len(rows) > limit else None,
         )
+
+    async def _touch_listed(self, user_id: str, session_ids: list[str]) -> None:
+        """Slide the expiry of the sessions of a page just listed, as a read of each does."""
+        keys = [self._user_keys(user_id)[1]]
+        for session_id in session_ids:
+            meta, messages, *_, ids, order, marks, gone = self._keys(user_id, session_id)
+            keys += (meta, messages, ids, order, marks, gone)
+        await self._redis.run(_TOUCH_LISTED, keys, [self._ttl, *session_ids], idempotent=True)
 
     async def _list_messages(
         self, user_id: str, session_id: str, limit: int, cursor: str | None
