@@ -1130,6 +1130,18 @@ def test_a_service_started_once_works_from_each_later_event_loop(
     asyncio.run(state.stop())
 
 
+async def test_starting_a_started_service_keeps_its_client(
+    dynamodb_server: DynamoDBServer, user_id: str
+) -> None:
+    async with history_on(dynamodb_server) as history:
+        await history.create_session(user_id, "s1")
+        client = history._store._client
+        async with history:  # a nested `async with`: started again, then stopped
+            assert history._store._client is client
+            assert await history.get_session(user_id, "s1") is not None
+        assert await history.health() is False
+
+
 async def test_a_service_works_from_another_event_loop_and_back(
     dynamodb_server: DynamoDBServer, user_id: str
 ) -> None:

@@ -401,7 +401,10 @@ class DynamoDBStore:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> None:
-        """Create the client (no request is made until the first call)."""
+        """Create the client (no request is made until the first call); an open store
+        stays as it is."""
+        if self._client is not None:
+            return
         if self._injected is not None:
             self._client = self._injected
             return
