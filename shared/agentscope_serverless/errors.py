@@ -99,15 +99,20 @@ class UnsupportedParameterError(InvalidInputError):
 
 
 class ServiceNotStartedError(AgentScopeServerlessError, RuntimeError):
-    """A data method was called on a service before ``start()`` or after ``stop()``."""
+    """A data method was called on a service before ``start()`` or after ``stop()``, or
+    was under way still when ``stop()`` closed the store (``stopped``)."""
 
     code = "SERVICE_NOT_STARTED"
 
-    def __init__(self, service_name: str) -> None:
-        super().__init__(
-            f"{service_name} is not started: call `await service.start()` first "
-            "(or use `async with service:`)"
-        )
+    def __init__(self, service_name: str, *, stopped: bool = False) -> None:
+        if stopped:
+            message = f"{service_name} was stopped while this call was under way"
+        else:
+            message = (
+                f"{service_name} is not started: call `await service.start()` first "
+                "(or use `async with service:`)"
+            )
+        super().__init__(message)
         self.service_name = service_name
 
 

@@ -24,7 +24,11 @@ from agentscope_serverless.auth.keys import (
 )
 from agentscope_serverless.errors import AuthenticationError, InvalidInputError, NotFoundError
 from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    ServiceWithLifecycleManager,
+    StartedGuard,
+    service_call,
+)
 
 # Compared against when the key id is unknown, so a miss costs the same as a wrong secret.
 _DUMMY_HASH = hash_secret("no such key")
@@ -42,10 +46,10 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @service_call
     async def create_key(self, *, kind: KeyKind = "user", user_id: str | None = None) -> IssuedKey:
         """Issue a key. A user key needs ``user_id`` (one a service key could name too: no
         whitespace around it); a service key must not have one."""
-        self._ensure_started()
         if kind == "user":
             user_id = require_unpadded_user_id(require_user_id(user_id))
         elif kind == "service":
@@ -58,10 +62,10 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
         await self._put(record)
         return IssuedKey(key=key, record=record)
 
+    @service_call
     async def revoke_key(self, key_id: str) -> KeyRecord:
         """Revoke a key for good, given by its id or whole (``ask_<id>_<secret>``, as one
         pastes a key that leaked); revoking it again is not an error."""
-        self._ensure_started()
         parsed = parse_key(key_id)
         if parsed is not None:
             key_id = parsed[0]
@@ -77,14 +81,14 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
             raise NotFoundError(f"no key with id {key_id!r}")
         return record
 
+    @service_call
     async def list_keys(self) -> list[KeyRecord]:
         """Every key record (revoked ones too), oldest first."""
-        self._ensure_started()
         return sorted(await self._list(), key=lambda r: (r.created_at, r.key_id))
 
+    @service_call
     async def authenticate(self, key: str) -> Principal:
         """The principal of a valid, unrevoked key; :class:`AuthenticationError` otherwise."""
-        self._ensure_started()
         parsed = parse_key(key)
         if parsed is None:
             # Not shown: it may be a real key with a stray character.

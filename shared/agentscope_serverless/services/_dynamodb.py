@@ -508,6 +508,9 @@ class DynamoDBStore:
                 retry = idempotent and not timed_out
                 failure = "the request timed out" if timed_out else "the connection failed"
                 detail = f"{type(exc).__name__}: {exc}"
+            if self._client is None:
+                # Closed under the request (by stop()): DynamoDB did not fail.
+                raise StoreUnavailableError("dynamodb", "the client is closed") from None
             if not retry or attempt >= len(delays):
                 logger.warning(
                     "dynamodb request failed",
@@ -785,7 +788,7 @@ class DynamoDBBackedService(StartedGuard):
         self._set_started(True)
 
     async def stop(self) -> None:
-        self._set_started(False)
+        await self._finish_calls()
         await self._store.close()
 
     async def health(self) -> bool:

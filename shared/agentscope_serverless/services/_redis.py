@@ -45,7 +45,7 @@ from agentscope_serverless.errors import ConfigurationError, StoreUnavailableErr
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._redis_shared import SharedConnection
 from agentscope_serverless.services._validation import optional_ttl_seconds
-from agentscope_serverless.services.base import PreparedWrite, StartedGuard
+from agentscope_serverless.services.base import PreparedWrite, StartedGuard, service_call
 
 ResultT = TypeVar("ResultT")
 RedisClient = Redis | RedisCluster
@@ -128,25 +128,27 @@ Command = Sequence[Any] | ScriptCall
 
 @dataclass(frozen=True, slots=True)
 class RedisWrite(PreparedWrite):
-    """A service's write as Redis commands, prepared: applied alone or with the writes of
-    other services on the same Redis server in one MULTI/EXEC (their keys in one hash slot
-    on a cluster). ``done`` turns the replies of ``commands`` into the write's result.
+    """A write of ``service`` as Redis commands, prepared: applied (through its store)
+    alone or with the writes of other services on the same Redis server in one MULTI/EXEC
+    (their keys in one hash slot on a cluster). ``done`` turns the replies of ``commands``
+    into the write's result.
 
     In a transaction nothing else runs between the commands; a failing command neither
     stops nor undoes the others (its error is raised once they ran).
     """
 
-    store: RedisStore
+    service: RedisBackedService
     commands: list[Command]
     done: Callable[[list[Any]], Any]
     # Whether applying it twice stores the same (then tried again after a lost connection).
     idempotent: bool = False
 
     def joins(self, other: PreparedWrite) -> bool:
-        if not isinstance(other, RedisWrite) or not self.store.same_server(other.store):
+        store = self.service._redis
+        if not isinstance(other, RedisWrite) or not store.same_server(other.service._redis):
             return False
         # Each write's keys share a slot (a script's must): both must share the same one.
-        return not self.store.cluster or _slot(self.commands) == _slot(other.commands)
+        return not store.cluster or _slot(self.commands) == _slot(other.commands)
 
     async def apply(self, *others: PreparedWrite) -> list[Any]:
         writes = [self]
@@ -156,7 +158,7 @@ class RedisWrite(PreparedWrite):
             writes.append(other)
         commands = [command for write in writes for command in write.commands]
         idempotent = all(write.idempotent for write in writes)
-        replies = await self.store.transaction(commands, idempotent=idempotent)
+        replies = await self.service._apply_writes(commands, idempotent=idempotent)
         results, at = [], 0
         for write in writes:
             results.append(write.done(replies[at : at + len(write.commands)]))
@@ -557,6 +559,9 @@ class RedisStore:
                     exc, RedisTimeoutError | TimeoutError | RedisConnectionError
                 ) or _transport_closed(exc):
                     await self._drop_shared()  # no answer in time: start afresh
+                if self._client is None:
+                    # Closed under the call (by stop()): Redis did not fail.
+                    raise StoreUnavailableError("redis", "the client is closed") from None
                 if may_retry and self._retryable(exc):
                     may_retry = False
                     await asyncio.sleep(_RETRY_DELAY)
@@ -736,8 +741,14 @@ class RedisBackedService(StartedGuard):
         self._set_started(True)
 
     async def stop(self) -> None:
-        self._set_started(False)
+        await self._finish_calls()
         await self._redis.close()
+
+    @service_call
+    async def _apply_writes(self, commands: Sequence[Command], *, idempotent: bool) -> list[Any]:
+        """A transaction of prepared writes, applied through this service's store: a
+        call of its own, which ``stop()`` lets finish."""
+        return await self._redis.transaction(commands, idempotent=idempotent)
 
     async def health(self) -> bool:
         return self._started and await self._redis.ping()

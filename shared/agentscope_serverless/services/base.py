@@ -8,11 +8,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from agentscope_serverless.errors import ServiceNotStartedError
+from agentscope_serverless.errors import ServiceNotStartedError, StoreUnavailableError
+
+# How long ``stop()`` of a service on a store lets the calls under way finish before it
+# closes the store all the same.
+STOP_GRACE_SECONDS = 5.0
+
+# The service whose call is under way here: a call of its own other methods is part of
+# that call (``list_sessions`` reading page after page), not a new one to refuse once
+# ``stop()`` began.
+_calling: ContextVar[object | None] = ContextVar("calling", default=None)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+GuardT = TypeVar("GuardT", bound="StartedGuard")
 
 
 class Service(ABC):
@@ -52,16 +70,75 @@ class ServiceWithLifecycleManager(Service, ServiceLifecycleManagerMixin):
 
 
 class StartedGuard:
-    """Tracks whether a service is started, so data methods fail clearly when it is not."""
+    """Tracks whether a service is started, so data methods fail clearly when it is not,
+    and counts its calls under way (see :func:`service_call`), so ``stop()`` lets them
+    finish."""
 
     _started: bool = False
+    # Calls under way, and the event set when the last one has ended (once stop() waited).
+    _under_way: int = 0
+    _idle: asyncio.Event | None = None
+    # How many times stop() closed the store under calls still under way.
+    _cut_short: int = 0
 
     def _set_started(self, started: bool) -> None:
         self._started = started
 
     def _ensure_started(self) -> None:
-        if not self._started:
+        if not self._started and _calling.get() is not self:
             raise ServiceNotStartedError(type(self).__name__)
+
+    async def _finish_calls(self) -> None:
+        """Refuse new calls, and wait for those under way to finish (up to
+        :data:`STOP_GRACE_SECONDS`): called by ``stop()`` before it closes the store.
+        Calls still under way then get :class:`ServiceNotStartedError` once the store
+        closes under them."""
+        self._set_started(False)
+        if not self._under_way:
+            return
+        if self._idle is None or self._idle.is_set():
+            self._idle = asyncio.Event()  # shared by the stops waiting at once
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_GRACE_SECONDS):
+                await self._idle.wait()
+        if self._under_way:
+            self._cut_short += 1
+
+
+def service_call(
+    method: Callable[Concatenate[GuardT, P], Awaitable[R]],
+) -> Callable[Concatenate[GuardT, P], Awaitable[R]]:
+    """A data method of a service: refused (:class:`ServiceNotStartedError`) unless the
+    service is started, and counted while under way, so that ``stop()`` lets it finish.
+
+    A call that ``stop()`` cut short (it closed the store after waiting) raises
+    :class:`ServiceNotStartedError` saying so, rather than the store's error.
+
+    >>> class Clock(StartedGuard):
+    ...     @service_call
+    ...     async def now(self) -> float: ...
+    """
+
+    @functools.wraps(method)
+    async def call(self: GuardT, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._ensure_started()
+        cut_short = self._cut_short
+        self._under_way += 1
+        token = _calling.set(self)
+        try:
+            return await method(self, *args, **kwargs)
+        except (StoreUnavailableError, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if self._cut_short == cut_short or (task is not None and task.cancelling()):
+                raise
+            raise ServiceNotStartedError(type(self).__name__, stopped=True) from None
+        finally:
+            _calling.reset(token)
+            self._under_way -= 1
+            if not self._under_way and self._idle is not None:
+                self._idle.set()
+
+    return call
 
 
 class PreparedWrite(ABC):
@@ -85,9 +162,11 @@ class PreparedWrite(ABC):
 
 
 __all__ = [
+    "STOP_GRACE_SECONDS",
     "PreparedWrite",
     "Service",
     "ServiceLifecycleManagerMixin",
     "ServiceWithLifecycleManager",
     "StartedGuard",
+    "service_call",
 ]

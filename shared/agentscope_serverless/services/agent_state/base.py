@@ -24,7 +24,11 @@ from agentscope_serverless.services._validation import (
     require_user_id,
     session_id_or_default,
 )
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    ServiceWithLifecycleManager,
+    StartedGuard,
+    service_call,
+)
 
 # Round ids are exact integers in every store (JSON numbers, Redis scores, DynamoDB).
 MAX_ROUND_ID = 2**53 - 1
@@ -64,6 +68,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         return self._started
 
     @agentscope_base_method
+    @service_call
     async def save_state(
         self,
         user_id: str,
@@ -76,7 +81,6 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         Without ``round_id`` the next round is allocated atomically (concurrent saves get
         distinct rounds); with it, that round is overwritten.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         if not isinstance(state, dict):
             raise InvalidInputError(
@@ -93,11 +97,11 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         return round_id
 
     @agentscope_base_method
+    @service_call
     async def export_state(
         self, user_id: str, session_id: str | None = None, round_id: int | None = None
     ) -> dict[str, Any] | None:
         """A copy of the state of ``round_id`` (the latest round by default), or None."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         sid = session_id_or_default(session_id)
         if round_id is not None:
@@ -105,6 +109,7 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         saved = await self._load(user_id, sid, round_id)
         return None if saved is None else saved[1]
 
+    @service_call
     async def export_latest_state(
         self, user_id: str, session_id: str | None = None
     ) -> tuple[int | None, dict[str, Any]] | None:
@@ -118,25 +123,24 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def latest(state: StateService) -> None:
         ...     round_id, saved = await state.export_latest_state("u1", session_id="s1")
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         return await self._load(user_id, session_id_or_default(session_id), None)
 
+    @service_call
     async def list_rounds(self, user_id: str, session_id: str | None = None) -> list[int]:
         """The round ids stored for the session, ascending."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         return await self._list_rounds(user_id, session_id_or_default(session_id))
 
+    @service_call
     async def delete_state(self, user_id: str, session_id: str | None = None) -> None:
         """Delete every round of the session's state; no error when there is none."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         await self._delete(user_id, session_id_or_default(session_id))
 
+    @service_call
     async def delete_user_state(self, user_id: str) -> None:
         """Delete the state of every session of ``user_id``, at once."""
-        self._ensure_started()
         await self._delete_user_state(require_user_id(user_id))
 
     @abstractmethod

@@ -39,7 +39,11 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 
 from agentscope_serverless.services._validation import require_user_id
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    ServiceWithLifecycleManager,
+    StartedGuard,
+    service_call,
+)
 
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
@@ -149,9 +153,9 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @service_call
     async def begin(self, user_id: str, key: str, fingerprint: str) -> Claim:
         """Claim ``key`` for a request with ``fingerprint``, or say why it cannot run."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         token = secrets.token_hex(8)
         lease_until = now_ms() + int(self.lease_seconds * 1000)
@@ -176,63 +180,63 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
             )
         return Claim(ClaimOutcome.IN_PROGRESS, user_id, key, fingerprint)
 
+    @service_call
     async def renew(self, claim: Claim) -> None:
         """Extend the claim's lease to ``lease_seconds`` from now, while it still holds the
         key in progress: the request is still running. A lease is never shortened, so a
         renewal that reaches the store late (after a later one, or after the lease ran out
         and the key was taken over) changes nothing."""
-        self._ensure_started()
         lease_until = now_ms() + int(self.lease_seconds * 1000)
         await self._renew(claim.user_id, claim.key, claim.token, lease_until)
 
+    @service_call
     async def complete(
         self, claim: Claim, response: StoredResponse, session_id: str | None = None
     ) -> None:
         """Keep ``response`` as the answer to every later request with the claim's key;
         ``session_id`` is the session the request wrote in, whose deletion forgets it."""
-        self._ensure_started()
         await self._complete(claim.user_id, claim.key, claim.token, response.to_json(), session_id)
 
+    @service_call
     async def abandon(self, claim: Claim) -> None:
         """Release the claim (the request failed): a retry runs the write again (with the
         claim's seed), and another request may take the key."""
-        self._ensure_started()
         await self._abandon(claim.user_id, claim.key, claim.token)
 
+    @service_call
     async def forget(self, claim: Claim) -> None:
         """Delete the completed record a :data:`ClaimOutcome.REPLAY` ``claim`` found, if the
         key still holds that one (its session is gone: its answer would tell a retry that
         what it wrote is stored). The next :meth:`begin` with the key then claims it anew;
         of retries forgetting it at once, one claims it."""
-        self._ensure_started()
         if claim.outcome is ClaimOutcome.REPLAY and claim.token:
             await self._forget(claim.user_id, claim.key, claim.token, claim.session_id)
 
+    @service_call
     async def delete_user_records(self, user_id: str) -> None:
         """Forget every record of ``user_id`` (erasing the user's data: a completed record
         keeps its response, which may quote it). A request of theirs still in progress
         finishes unrecorded, so a retry of it runs again."""
-        self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 
+    @service_call
     async def keep(self, user_id: str, key: str, value: str) -> None:
         """Keep ``value`` under ``key`` among the user's records, for as long as a record
         lasts, replacing what the key held: a note of the server's own, erased with the
         user's records. Its keys must be ones no client sends as an ``Idempotency-Key``
         (those are visible ASCII: a key holding a space is the server's)."""
-        self._ensure_started()
         await self._keep(require_user_id(user_id), key, value)
 
+    @service_call
     async def take(self, user_id: str, key: str) -> str | None:
         """The value kept under ``key`` (None when there is none, or it expired), removed as
         it is read: of callers taking one key at once, one gets it."""
-        self._ensure_started()
         return await self._take(require_user_id(user_id), key)
 
+    @service_call
     async def delete_session_records(self, user_id: str, session_id: str) -> None:
         """Forget the records of the requests that wrote in ``session_id`` (deleting the
         session: a kept answer quotes it, and would answer a retry as if it still were)."""
-        self._ensure_started()
         await self._delete_session(require_user_id(user_id), session_id)
 
     @abstractmethod

@@ -29,7 +29,11 @@ from agentscope_serverless.services._validation import (
     to_encoded_messages,
     to_query_messages,
 )
-from agentscope_serverless.services.base import ServiceWithLifecycleManager, StartedGuard
+from agentscope_serverless.services.base import (
+    ServiceWithLifecycleManager,
+    StartedGuard,
+    service_call,
+)
 from agentscope_serverless.services.memory.text import message_text, query_terms
 
 DEFAULT_PAGE_SIZE = 10
@@ -77,9 +81,9 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         return self._started
 
     @agentscope_base_method
+    @service_call
     async def add_memory(self, user_id: str, messages: Any, session_id: str | None = None) -> None:
         """Remember ``messages`` (a message or a list; models or dicts) for the user."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         # What is stored and indexed is read from the messages now, before any await.
         memories = [
@@ -93,6 +97,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
             await self._add(user_id, session_id_or_default(session_id), memories, write_id)
 
     @agentscope_base_method
+    @service_call
     async def search_memory(
         self, user_id: str, messages: Any, filters: dict[str, Any] | None = None
     ) -> list[Message]:
@@ -101,7 +106,6 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         ``filters={"top_k": k}`` keeps the ``k`` best. An unknown user or a query without
         words gives ``[]``.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         top_k = _filters(filters).get("top_k")
         if top_k is not None:
@@ -113,6 +117,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         return await self._search(user_id, terms, top_k or MAX_TOP_K)
 
     @agentscope_base_method
+    @service_call
     async def list_memory(
         self, user_id: str, filters: dict[str, Any] | None = None
     ) -> list[Message]:
@@ -120,7 +125,6 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
 
         ``filters={"page_num": 1, "page_size": 10}`` (the defaults) selects the page.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         options = _filters(filters)
         page_num = require_positive_int(options.get("page_num", 1), field="page_num")
@@ -130,13 +134,13 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         return await self._list(user_id, (page_num - 1) * page_size, page_size)
 
     @agentscope_base_method
+    @service_call
     async def delete_memory(self, user_id: str, session_id: str | None = None) -> None:
         """Forget one session's memories, or all of the user's when ``session_id`` is None.
 
         A blank ``session_id`` is an error, not "everything": forgetting all of a user's
         memory has to be asked for explicitly.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         if session_id is None:
             await self._delete(user_id, None)
@@ -153,9 +157,9 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         """Forget every memory of ``user_id``, at once (``delete_memory(user_id)``)."""
         await self.delete_memory(user_id, None)
 
+    @service_call
     async def clear_all_memory(self) -> None:
         """Forget every user's memories (an operator's action: it spans all users)."""
-        self._ensure_started()
         await self._clear_all()
 
     async def get_query_text(self, message: Message) -> str:

@@ -41,6 +41,7 @@ from agentscope_serverless.services.base import (
     PreparedWrite,
     ServiceWithLifecycleManager,
     StartedGuard,
+    service_call,
 )
 
 RunKind = Literal["process", "openai", "a2a", "a2a_task", "task"]
@@ -286,16 +287,16 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     async def health(self) -> bool:
         return self._started
 
+    @service_call
     async def create_run(self, record: RunRecord) -> None:
         """Store a new run (its record; events come with :meth:`append_events`)."""
-        self._ensure_started()
         require_user_id(record.user_id)
         require_run_id(record.id)
         await self._create(record)
 
+    @service_call
     async def append_events(self, user_id: str, run_id: str, events: Sequence[StoredEvent]) -> None:
         """Append ``(sequence_number, event JSON)`` pairs, in order, to the run's events."""
-        self._ensure_started()
         if events:
             await self._append(require_user_id(user_id), require_run_id(run_id), list(events))
 
@@ -318,10 +319,10 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         (requested,) = await self.record_many([RunBurst(record, events, create, finish)])
         return requested
 
+    @service_call
     async def record_many(self, bursts: Sequence[RunBurst]) -> list[bool | None]:
         """:meth:`record` for several bursts (of different runs), in as few round trips as
         the store allows; the answers in order. Fails as a whole when one fails."""
-        self._ensure_started()
         for burst in bursts:
             _check(burst)
         return await self._record_many(list(bursts))
@@ -355,6 +356,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             await self._save(record)
         return None
 
+    @service_call
     async def finish_run(
         self,
         user_id: str,
@@ -372,7 +374,6 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         submitted again with the same ``Idempotency-Key``) keeps its own status, checked by
         the store in the same step as the write.
         """
-        self._ensure_started()
         if status not in FINISHED:
             raise InvalidInputError(f"a run finishes as one of {sorted(FINISHED)}", field="status")
         record = await self.get_run(user_id, run_id)
@@ -383,16 +384,16 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         )
         await self._save(record)
 
+    @service_call
     async def save_run(self, record: RunRecord) -> None:
         """Replace the record of an existing run (its cancellation mark is kept)."""
-        self._ensure_started()
         require_user_id(record.user_id)
         require_run_id(record.id)
         await self._save(record.model_copy(update={"updated_at": time.time()}))
 
+    @service_call
     async def request_cancel(self, user_id: str, run_id: str) -> RunRecord | None:
         """Mark the run for cancellation; the run as it is now, or None when not found."""
-        self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
         record = await self._load(user_id, run_id)
         if record is None:
@@ -403,12 +404,12 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             record.cancel_requested = True
         return record
 
+    @service_call
     async def beat(self, record: RunRecord) -> None:
         """Save the record of a run executing in this process as it is now, still in
         progress: its heartbeat (:data:`HEARTBEAT_SECONDS`). A run deleted meanwhile is not
         made again, nor is a task's record replaced by a later submission's (the store
         checks that the one it holds is of ``record.submission``)."""
-        self._ensure_started()
         record.updated_at = time.time()
         await self._save(record)
 
@@ -417,22 +418,22 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         record = await self.get_run(user_id, run_id)
         return record is not None and record.cancel_requested
 
+    @service_call
     async def get_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """The run's record, or None (also for another user's run, or a deleted one)."""
-        self._ensure_started()
         record = await self._load(require_user_id(user_id), require_run_id(run_id))
         return None if record is None or record.deleted else await self._seen(record)
 
+    @service_call
     async def list_runs(self, user_id: str, session_id: str) -> list[RunRecord]:
         """The runs of a session, oldest first. ``session_id`` is taken as sessions take it
         (stripped; refused when blank or holding control characters)."""
-        self._ensure_started()
         runs = await self._list(require_user_id(user_id), require_session_id(session_id))
         return await self._listed(runs)
 
+    @service_call
     async def recent_runs(self, user_id: str, since: float) -> list[RunRecord]:
         """The user's runs created at ``since`` (a Unix time) or later, oldest first."""
-        self._ensure_started()
         return await self._listed(await self._list_user(require_user_id(user_id), since))
 
     async def _seen(self, record: RunRecord) -> RunRecord:
@@ -462,12 +463,12 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         kept = await self._all_seen([record for record in records if not record.deleted])
         return sorted(kept, key=lambda record: record.created_at)
 
+    @service_call
     async def delete_run(self, user_id: str, run_id: str) -> RunRecord | None:
         """Delete a run that has ended (a response its client deletes): its events and its
         record go, and a record marking it deleted (:meth:`was_deleted`) is kept until it
         expires, which no read or listing finds. Returns the run as it was, or None when not
         found; a run in progress is not deleted (returned as it is)."""
-        self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
         record = await self._load(user_id, run_id)
         if record is None or record.deleted:
@@ -480,24 +481,25 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             await self._create(RunRecord(**fields, kind=record.kind, **mark))
         return record
 
+    @service_call
     async def discard_run(self, user_id: str, run_id: str) -> None:
         """Delete the run whatever its status, its events and its entries in indexes, and
         keep no mark that it was (unlike :meth:`delete_run`): its id is taken again, by a
         new run of the request that started it (a retry with its ``Idempotency-Key`` after
         the run was lost, say), whose events and listing would otherwise mix with its own.
         Nothing happens when the run is not stored."""
-        self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
         record = await self._load(user_id, run_id)
         if record is not None:
             await self._delete_run_of(record)
 
+    @service_call
     async def was_deleted(self, user_id: str, run_id: str) -> bool:
         """Whether the run was deleted with :meth:`delete_run` (and its mark has not expired)."""
-        self._ensure_started()
         record = await self._load(require_user_id(user_id), require_run_id(run_id))
         return record is not None and record.deleted
 
+    @service_call
     async def stop_runs(
         self,
         user_id: str,
@@ -516,7 +518,6 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         once that delay, and a write's time, have passed since the call began and the runs
         asked have ended, and those found then are asked too.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         if session_id is not None:
             session_id = require_session_id(session_id)
@@ -556,28 +557,28 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
             run_ids = [record.id for record in found if not record.finished]
         return run_ids
 
+    @service_call
     async def delete_user_runs(self, user_id: str) -> None:
         """Delete every run of ``user_id``: records and events, tasks and A2A tasks too
         (erasing a user's data: a run's events hold its conversation). Other users' runs
         stay. A run still executing is not stopped (see :meth:`stop_runs`); what it stores
         afterwards is not kept (its events, its end), except its first write when it had
         stored nothing yet, which stores the run anew. Retrying is safe."""
-        self._ensure_started()
         await self._delete_user(require_user_id(user_id))
 
+    @service_call
     async def delete_session_runs(self, user_id: str, session_id: str) -> None:
         """Delete the runs of a session (deleting the session: their events hold its
         conversation), as :meth:`delete_user_runs` does a user's."""
-        self._ensure_started()
         await self._delete_session(require_user_id(user_id), require_session_id(session_id))
 
+    @service_call
     async def read_events(
         self, user_id: str, run_id: str, after: int = -1, limit: int | None = None
     ) -> list[StoredEvent]:
         """The stored events with a sequence number above ``after``, in order (``after``
         below -1 reads them all, above :data:`MAX_SEQUENCE` none), at most ``limit`` of them
         (at least 1) when given."""
-        self._ensure_started()
         user_id, run_id = require_user_id(user_id), require_run_id(run_id)
         if isinstance(after, bool) or not isinstance(after, int):
             raise InvalidInputError("after must be an integer", field="after")

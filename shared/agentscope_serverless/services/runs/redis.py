@@ -372,7 +372,7 @@ class RedisRunsService(RedisBackedService, RunsService):
         def done(replies: list[Any]) -> Any:
             return answer([at is not None and _requested(replies[-1][at]) for at in scripted])
 
-        return RedisWrite(self._redis, commands, done, idempotent=True)
+        return RedisWrite(self, commands, done, idempotent=True)
 
     def _whole(self, burst: RunBurst) -> list[Command] | None:
         """The commands storing a run whole (created and finished in one write), its

@@ -39,6 +39,7 @@ from agentscope_serverless.services.base import (
     PreparedWrite,
     ServiceWithLifecycleManager,
     StartedGuard,
+    service_call,
 )
 
 MAX_PAGE_SIZE = 1000
@@ -85,15 +86,16 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         return self._started
 
     @agentscope_base_method
+    @service_call
     async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
         """Create a session (a fresh uuid when ``session_id`` is missing or blank).
 
         Creating a session that exists returns it unchanged, with its history.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         return await self._create_session(user_id, new_or_clean_session_id(session_id))
 
+    @service_call
     async def open_session(
         self, user_id: str, session_id: str | None = None, *, recent: int
     ) -> Session:
@@ -106,7 +108,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def turn(service: SessionHistoryService) -> None:
         ...     session = await service.open_session("u1", "s1", recent=100)
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
             raise InvalidInputError("recent must be an integer of at least 0", field="recent")
@@ -114,9 +115,9 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         return await self._open_session(user_id, new_or_clean_session_id(session_id), recent)
 
     @agentscope_base_method
+    @service_call
     async def get_session(self, user_id: str, session_id: str) -> Session | None:
         """The session with its full history, or None when it does not exist."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         sid = clean_session_id(session_id)
         if sid is None:
@@ -132,24 +133,25 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         return True
 
     @agentscope_base_method
+    @service_call
     async def delete_session(self, user_id: str, session_id: str) -> None:
         """Delete a session and its history; deleting a missing session is not an error."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         sid = clean_session_id(session_id)
         if sid is not None:
             await self._delete_session(user_id, sid)
 
+    @service_call
     async def delete_user_sessions(self, user_id: str) -> None:
         """Delete every session of ``user_id`` with its history, at once.
 
         Sessions created after the call started may survive; none of those before do, and
         no other user's are touched.
         """
-        self._ensure_started()
         await self._delete_user_sessions(require_user_id(user_id))
 
     @agentscope_base_method
+    @service_call
     async def list_sessions(self, user_id: str) -> list[Session]:
         """Every session of ``user_id`` in creation order, with ``messages == []``."""
         sessions: list[Session] = []
@@ -161,15 +163,16 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
                 return sessions
             cursor = page.next_cursor
 
+    @service_call
     async def list_sessions_page(
         self, user_id: str, *, limit: int = 50, cursor: str | None = None
     ) -> Page[Session]:
         """One page of ``list_sessions``; pass ``next_cursor`` back for the next one."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         limit = require_positive_int(limit, field="limit", maximum=MAX_PAGE_SIZE)
         return await self._list_sessions_page(user_id, limit, cursor)
 
+    @service_call
     async def list_messages(
         self, user_id: str, session_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Page[Message]:
@@ -177,7 +180,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
 
         Raises :class:`SessionNotFoundError` when the session does not exist.
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         limit = require_positive_int(limit, field="limit", maximum=MAX_PAGE_SIZE)
         sid = clean_session_id(session_id)
@@ -189,6 +191,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         return page
 
     @agentscope_base_method
+    @service_call
     async def append_message(
         self,
         session: Session,
@@ -208,6 +211,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         """
         await self._append(session, message)
 
+    @service_call
     async def append_new_messages(
         self, session: Session, messages: list[Message], *, field: str, checked: bool = False
     ) -> None:
@@ -242,6 +246,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             stored = await self._append_messages(user_id, sid, messages)
         _add_appended(session, messages, stored)
 
+    @service_call
     async def stored_messages(
         self, user_id: str, session_id: str, message_ids: list[str]
     ) -> dict[str, Message]:
@@ -251,7 +256,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def stored(service: SessionHistoryService) -> bool:
         ...     return "m1" in await service.stored_messages("u1", "s1", ["m1"])
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         ids = _message_ids(message_ids, field="message_ids")
         sid = clean_session_id(session_id)
@@ -286,6 +290,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
                     "message again is taken as a retry, and stored once)"
                 )
 
+    @service_call
     async def delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
         """Delete the messages with these ids (and their marks) from the session; how many
         were deleted (an id not in it, or a missing session, counts for none).
@@ -295,7 +300,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def forget(service: SessionHistoryService, message_id: str) -> int:
         ...     return await service.delete_messages("u1", "s1", [message_id])
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         ids = _message_ids(message_ids, field="message_ids")
         sid = clean_session_id(session_id)
@@ -303,16 +307,17 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             return 0
         return await self._delete_messages(user_id, sid, ids)
 
+    @service_call
     async def message_marks(self, user_id: str, session_id: str) -> dict[str, list[str]]:
         """The marks of the session's messages: ``{message id: [mark, ...]}``, for the
         messages having any (``{}`` for a missing session)."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         sid = clean_session_id(session_id)
         if sid is None:
             return {}
         return await self._message_marks(user_id, sid)
 
+    @service_call
     async def update_message_marks(
         self,
         user_id: str,
@@ -331,7 +336,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def compress(service: SessionHistoryService, ids: list[str]) -> int:
         ...     return await service.update_message_marks("u1", "s1", "compressed", None, ids)
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         new_mark = _optional_mark(new_mark, field="new_mark")
         old_mark = _optional_mark(old_mark, field="old_mark")
@@ -341,16 +345,17 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             return 0
         return await self._update_message_marks(user_id, sid, new_mark, old_mark, ids)
 
+    @service_call
     async def session_summary(self, user_id: str, session_id: str) -> str:
         """The summary kept with the session (``""`` when none, or no session): what an
         AgentScope memory compressed its older messages into."""
-        self._ensure_started()
         user_id = require_user_id(user_id)
         sid = clean_session_id(session_id)
         if sid is None:
             return ""
         return await self._session_summary(user_id, sid)
 
+    @service_call
     async def set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
         """Keep ``summary`` with the session (created if missing), in place of the one it
         had; ``""`` removes it. The history stays as it is.
@@ -362,7 +367,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         >>> async def compress(service: SessionHistoryService) -> None:
         ...     await service.set_session_summary("u1", "s1", "They planned a trip.")
         """
-        self._ensure_started()
         user_id = require_user_id(user_id)
         if not isinstance(summary, str):
             raise InvalidInputError("summary must be a string", field="summary")

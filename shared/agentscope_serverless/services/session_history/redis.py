@@ -720,7 +720,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             )
 
         call = ScriptCall(_APPEND, self._keys(user_id, session_id), arguments)
-        return RedisWrite(self._redis, [call], done)
+        return RedisWrite(self, [call], done)
 
 
 def _same(messages: list[Message]) -> list[Message]:
