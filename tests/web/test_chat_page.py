@@ -48,6 +48,14 @@ REFUSAL = ("I am ", "sorry, ", "I cannot ", "help with that.")
 ENTER = ("Enter", "Enter", 13)
 LONG_REASONING_PIECES = 20_000
 
+# The chat's messages, as their text.
+MESSAGE_TEXTS = (
+    "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
+)
+HELD_RUN_STREAMING = (
+    "document.querySelector('.message.assistant.streaming')"
+    "?.textContent.includes('Before the break')"
+)
 # Counts the DOM updates of assistant replies while they stream (before they complete).
 WATCH_STREAMING = """
 window.streamedUpdates = 0;
@@ -205,6 +213,14 @@ async def reopen_session(page: Page, shown: str) -> None:
     await page.wait_for(f"{shown} !== null")
 
 
+async def send_held_run(page: Page) -> None:
+    """Send the message whose run holds mid-reply (until ``HELD_RUN_GOES_ON``), and wait
+    for its reply to stream up to there."""
+    await page.type_text("hold on")
+    await page.press(*ENTER)
+    await page.wait_for(HELD_RUN_STREAMING)
+
+
 def only_local(requests: list[str], url: str) -> list[str]:
     """The requests that left the server (data: URIs stay in the page)."""
     return [r for r in requests if not (r.startswith(f"{url}/") or r.startswith("data:"))]
@@ -292,9 +308,7 @@ async def test_chat_stream_reload_and_reopen_a_session(demo_url: str, keys: Keys
         assert await page.evaluate("document.activeElement.dataset.session") == listed[0]
         await page.press(*ENTER)
         await page.wait_for("document.querySelectorAll('#messages .message').length === 4")
-        texts = await page.evaluate(
-            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
-        )
+        texts = await page.evaluate(MESSAGE_TEXTS)
         assert texts[0] == "My name is Alice" and texts[2] == "What is my name?"
         assert "Alice" in texts[3]
         reopened = await page.screenshot("chat-page-reopened.png")
@@ -963,9 +977,7 @@ async def test_a_long_session_opens_with_its_newest_messages(
             "document.querySelectorAll('.message.assistant').length > 0"
             " && !document.getElementById('send').hidden"
         )
-        texts = await page.evaluate(
-            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
-        )
+        texts = await page.evaluate(MESSAGE_TEXTS)
         # The newest 2,000 are shown, the page saying how many earlier ones are not; then the
         # message sent while they loaded, and its reply.
         mine = texts.index("take a picture")
@@ -1048,12 +1060,7 @@ async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
     relay = Relay(server)
     async with relay as url, chromium_page() as page, let_the_held_run_end():
         await sign_in(page, url, key)
-        await page.type_text("hold on")
-        await page.press(*ENTER)
-        await page.wait_for(
-            "document.querySelector('.message.assistant.streaming')"
-            "?.textContent.includes('Before the break')"
-        )
+        await send_held_run(page)
         label = await page.evaluate("document.getElementById('session-label').textContent")
         runs = f"{server}/runs?session_id={label.removeprefix('Session ')}"
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as client:
@@ -1166,27 +1173,19 @@ async def test_a_reload_during_a_run_shows_the_run_again(tool_server: tuple[str,
     HELD_RUN_GOES_ON.clear()
     async with chromium_page() as page, let_the_held_run_end():
         await sign_in(page, url, key)
-        await page.type_text("hold on")
-        await page.press(*ENTER)
-        streaming = (
-            "document.querySelector('.message.assistant.streaming')"
-            "?.textContent.includes('Before the break')"
-        )
-        await page.wait_for(streaming)
+        await send_held_run(page)
         label = await page.evaluate("document.getElementById('session-label').textContent")
 
         await page.evaluate("window.beforeReload = true")
         await page.send("Page.reload")
         await page.wait_for("!window.beforeReload && document.readyState === 'complete'")
-        await page.wait_for(streaming)
+        await page.wait_for(HELD_RUN_STREAMING)
         assert await page.evaluate("document.getElementById('session-label').textContent") == label
         assert await page.evaluate("document.activeElement.id") == "composer-input"
 
         HELD_RUN_GOES_ON.set()
         await page.wait_for("!document.getElementById('send').hidden")
-        texts = await page.evaluate(
-            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
-        )
+        texts = await page.evaluate(MESSAGE_TEXTS)
         assert texts == ["hold on", "Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert await page.evaluate("sessionStorage.length") == 1  # the key alone: nothing to resume
@@ -1201,13 +1200,7 @@ async def test_a_run_left_for_a_new_chat_goes_on_and_is_followed_again_from_its_
     HELD_RUN_GOES_ON.clear()
     async with chromium_page() as page, let_the_held_run_end():
         await sign_in(page, url, key)
-        await page.type_text("hold on")
-        await page.press(*ENTER)
-        streaming = (
-            "document.querySelector('.message.assistant.streaming')"
-            "?.textContent.includes('Before the break')"
-        )
-        await page.wait_for(streaming)
+        await send_held_run(page)
         run_id = await page.wait_for(
             "JSON.parse(sessionStorage.getItem('agentscope-serverless.run') || '{}').id"
         )
@@ -1225,16 +1218,15 @@ async def test_a_run_left_for_a_new_chat_goes_on_and_is_followed_again_from_its_
         button = f"document.querySelector('#sessions button[data-session={json.dumps(session)}]')"
         await page.wait_for(f"{button} !== null")
         await page.evaluate(f"{button}.click()")
-        await page.wait_for(streaming)
+        await page.wait_for(HELD_RUN_STREAMING)
         assert not await page.evaluate("document.getElementById('stop').hidden")
         # Opening a session (this one again) leaves it too, and it is followed again.
         await page.evaluate(f"{button}.click()")
-        await page.wait_for(f"{streaming} && document.querySelectorAll('.message').length === 2")
+        two_messages = "document.querySelectorAll('.message').length === 2"
+        await page.wait_for(f"{HELD_RUN_STREAMING} && {two_messages}")
         HELD_RUN_GOES_ON.set()
         await page.wait_for("!document.getElementById('send').hidden")
-        texts = await page.evaluate(
-            "[...document.querySelectorAll('#messages .message .body')].map((b) => b.textContent)"
-        )
+        texts = await page.evaluate(MESSAGE_TEXTS)
         assert texts == ["hold on", "Before the break and after it."]
         assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
         assert not [r for r in page.requests if r.endswith("/cancel")]
@@ -2049,13 +2041,12 @@ async def test_the_escape_that_drops_a_word_in_an_input_method_does_not_stop_the
         await sign_in(page, url, key)
         await page.type_text("take your time")
         await page.press(*ENTER)
-        await page.wait_for("document.querySelector('.message.assistant.streaming') !== null")
+        await page.wait_for(STREAMING)
         dropped = {"key": "Escape", "code": "Escape", "windowsVirtualKeyCode": 229}
         await page.send("Input.dispatchKeyEvent", type="rawKeyDown", **dropped)
         await page.send("Input.dispatchKeyEvent", type="keyUp", **dropped)
         await asyncio.sleep(0.2)
-        streaming = "document.querySelector('.message.assistant.streaming') !== null"
-        assert await page.evaluate(streaming)
+        assert await page.evaluate(STREAMING)
         await page.press("Escape", "Escape", 27)  # Escape itself stops it
         await page.wait_for("document.getElementById('run-status').textContent === 'Stopped.'")
         assert not page.exceptions, page.exceptions
