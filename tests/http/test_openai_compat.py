@@ -462,6 +462,28 @@ def test_files_reach_the_session_and_unknown_parts_are_refused(
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["file:///etc/passwd", "C:\\Users\\me\\secret.png", "javascript:alert(1)", "ftp://x/a.png"],
+)
+def test_an_image_of_a_url_no_model_fetches_is_refused_rather_than_stored(
+    client_for: Callable[..., httpx.Client], keys: Keys, url: str
+) -> None:
+    # Stored, an image a model refuses (a local file, a drive letter taken for a scheme) was
+    # resent with every later turn of the session, which the chat API refused each time.
+    client = client_for(keys.alice)
+    session = f"image-{uuid.uuid4()}"
+    part = {"type": "image_url", "image_url": {"url": url}}
+    refused = client.post(
+        "/compatible-mode/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": [part]}]},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 400, refused.text
+    assert "need their image_url (an http or https URL" in refused.json()["error"]["message"]
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
+@pytest.mark.parametrize(
     ("path", "body"),
     [
         (
@@ -566,6 +588,11 @@ def test_a_message_in_the_protocols_shape_has_its_parts_checked_as_openais(
             "not an image's base64",
         ),
         (
+            "responses",
+            {"type": "input_image", "image_url": "data:image/svg+xml;base64,PHN2Zy8+"},
+            "not an image's base64 of a type models take",
+        ),
+        (
             "chat/completions",
             {"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}},
             "need their data (base64)",
@@ -611,6 +638,8 @@ def test_images_audio_and_files_of_valid_base64_are_taken(
     parts = [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "image_url", "image_url": {"url": "DATA:IMAGE/WEBP;BASE64,UklGRg=="}},
+        {"type": "image_url", "image_url": {"url": "HTTP://example.com/cat.gif"}},
         {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
         {"type": "file", "file": {"filename": "a.pdf", "file_data": "JVBERi0x"}},
         {

@@ -658,18 +658,21 @@ def _openai_parts(content: Any) -> list[Any]:
         elif kind in ("image_url", "input_image"):
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str) or not urlsplit(url).scheme:
-                # Kept empty, or a name that is no URL, it would show the agent nothing, and
-                # make a chat API refuse every later turn of the session (a path would be
-                # read from the server's own disk by agents that take local images).
+            is_data = isinstance(url, str) and url[:5].lower() == "data:"
+            if not isinstance(url, str) or not (is_data or _is_web_url(url)):
+                # Kept empty, or a path or any URL a model does not fetch (file:, a drive
+                # letter, javascript:), it would show the agent nothing and make a chat API
+                # refuse every later turn of the session (and a path would be read from the
+                # server's own disk by agents that take local images).
                 raise UnsupportedContentError(
-                    f"content parts of type {kind!r} need their image_url (a URL or a data: "
-                    "URI; images are not read by file_id here)"
+                    f"content parts of type {kind!r} need their image_url (an http or https "
+                    "URL, or a data: URI; images are not read by file_id nor from a path here)"
                 )
-            if urlsplit(url).scheme.lower() == "data" and not _is_data_uri(url, "image/"):
+            if is_data and not _is_data_uri(url, IMAGE_MEDIA_TYPES):
                 raise UnsupportedContentError(
                     f"the image_url of a content part of type {kind!r} is a data: URI that is "
-                    "not an image's base64 (data:image/png;base64,...)"
+                    "not an image's base64 of a type models take (PNG, JPEG, GIF or WebP: "
+                    "data:image/png;base64,...)"
                 )
             parts.append(ImageContent(image_url=url))
         elif kind == "input_audio":
@@ -719,12 +722,30 @@ def _is_file_data(data: str) -> bool:
     return _is_data_uri(data) if data.startswith("data:") else _is_base64(data)
 
 
-def _is_data_uri(uri: str, media: str = "") -> bool:
-    """Whether ``uri`` is a ``data:`` URI of base64 data (of a type starting with ``media``).
+def _is_web_url(url: str) -> bool:
+    """Whether ``url`` is an http or https URL of a host (what a model fetches an image from).
 
-    >>> _is_data_uri("data:image/png;base64,iVBORw0KGgo=", "image/")
+    >>> _is_web_url("https://example.com/cat.png"), _is_web_url("file:///etc/passwd")
+    (True, False)
+    """
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed one ("http://[")
+        return False
+
+
+# The image types chat APIs take in a data: URI (OpenAI's: no SVG, no BMP...).
+IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+def _is_data_uri(uri: str, media_types: frozenset[str] | None = None) -> bool:
+    """Whether ``uri`` is a ``data:`` URI of base64 data (of one of ``media_types``, when
+    given).
+
+    >>> _is_data_uri("data:image/png;base64,iVBORw0KGgo=", IMAGE_MEDIA_TYPES)
     True
-    >>> _is_data_uri("data:image/png;base64,not base64!", "image/")
+    >>> _is_data_uri("data:image/png;base64,not base64!", IMAGE_MEDIA_TYPES)
     False
     """
     header, comma, payload = uri[len("data:") :].partition(",")
@@ -732,7 +753,7 @@ def _is_data_uri(uri: str, media: str = "") -> bool:
     return (
         bool(comma)
         and encoding.lower() == "base64"
-        and kind.lower().startswith(media)
+        and (media_types is None or kind.lower() in media_types)
         and _is_base64(payload)
     )
 
