@@ -187,6 +187,46 @@ def test_a_session_named_for_the_first_time_starts_with_the_conversation_sent(
     assert [m["role"] for m in kept] == ["user", "assistant", "user", "assistant"]
 
 
+def test_a_conversation_ending_with_a_reply_to_continue_is_the_turn_in_a_named_session(
+    sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # Ending with an assistant message (a reply for the agent to continue), it gave the agent
+    # no message at all in a named session (the whole conversation unnamed): agents that
+    # read their last input message failed.
+    chat, responses = f"sdk-{uuid.uuid4()}", f"sdk-{uuid.uuid4()}"
+    start = [
+        {"role": "user", "content": "Write a haiku"},
+        {"role": "assistant", "content": "Autumn moon"},
+    ]
+    answer = sdk.chat.completions.create(
+        model="demo", messages=start, extra_headers={"X-Session-Id": chat}
+    )
+    assert answer.choices[0].message.content == (
+        'You said: "Write a haiku". That is message 1 of this conversation.'
+    )
+    first = sdk.responses.create(
+        model="demo", input="Write a haiku", metadata={"session_id": responses}
+    )
+    again = [
+        {"role": "user", "content": "Write a haiku"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another"},
+        {"role": "assistant", "content": "Spring rain"},
+    ]
+    given = sdk.responses.create(model="demo", input=again, metadata={"session_id": responses})
+    assert given.output_text.startswith('You said: "Another". That is message 2')
+    client = client_for(keys.alice)
+    stored = {
+        session: [
+            (m["role"], m["content"][0]["text"])
+            for m in client.get(f"/sessions/{session}/messages").json()["items"]
+        ]
+        for session in (chat, responses)
+    }
+    assert stored[chat][:-1] == [(m["role"], m["content"]) for m in start]
+    assert stored[responses][:-1] == [(m["role"], m["content"]) for m in again]
+
+
 def test_a_system_message_resent_with_each_turn_is_stored_once_until_it_changes(
     sdk: openai.OpenAI, client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

@@ -391,13 +391,18 @@ def split_turn(messages: list[Message]) -> tuple[list[Message], list[Message]]:
     The conversation runs to the last assistant message; the turn is what follows it,
     after the messages before it that are for this turn alone (a responses request's
     ``instructions``, which precede a conversation sent whole). Without an assistant
-    message, every message is the turn.
+    message, every message is the turn. A conversation that ends with assistant messages
+    (a reply for the agent to continue) has them in its turn, after the messages that asked
+    for them.
 
     >>> ask, reply = Message(role="user", content="hi"), Message(role="assistant", content="yo")
     >>> split_turn([ask, reply, ask]) == ([ask, reply], [ask])
     True
+    >>> split_turn([ask, reply, ask, reply]) == ([ask, reply], [ask, reply])
+    True
     """
-    for position in range(len(messages) - 1, -1, -1):
+    last_asked = max((i for i, m in enumerate(messages) if m.role != Role.ASSISTANT), default=-1)
+    for position in range(last_asked - 1, -1, -1):
         if messages[position].role == Role.ASSISTANT:
             earlier = messages[: position + 1]
             for_this_turn = [m for m in earlier if for_turn_only(m)]

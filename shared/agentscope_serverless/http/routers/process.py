@@ -136,7 +136,8 @@ async def _compatible_run(
     """The run of an OpenAI-compatible call, in its session: the one given, else the one of
     the conversation the call continues, else a new one.
 
-    Only the messages after the last assistant message are new input: clients resend the
+    Only the messages after the last assistant message are new input (see
+    :func:`compat.split_turn` for a conversation that ends with one): clients resend the
     whole conversation with each call. With a given session, the earlier ones are in its
     history already, as in the session of the conversation they continue. Otherwise they
     are the new session's history, stored but not given to memory again: the call that sent
@@ -146,8 +147,6 @@ async def _compatible_run(
     """
     given = clean_session_id(session_id)
     history, turn = compat.split_turn(messages)
-    if given is None and not turn:  # it ends with an assistant message: all of it is input
-        history, turn = [], messages
     if given is not None:
         run = _run_request(context, input=turn, session_id=given, user_id=user_id, **options)
         new = bool(history) and not await context.session_history.has_session(user_id, given)
