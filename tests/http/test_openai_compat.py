@@ -1040,6 +1040,38 @@ def test_a_sampling_option_out_of_openais_range_is_refused_naming_it(
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("path", "option", "param"),
+    [
+        ("chat/completions", {"stop": 5}, "stop"),
+        ("chat/completions", {"stop": ["a", 1]}, "stop"),
+        ("chat/completions", {"tool_choice": 5}, "tool_choice"),
+        ("responses", {"input": 5}, "input"),
+        ("responses", {"conversation": 5}, "conversation"),
+        ("responses", {"previous_response_id": f"resp_{'a' * 32}_Lw"}, "previous_response_id"),
+    ],
+)
+def test_a_refused_value_is_named_by_the_field_the_client_sent(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    option: dict[str, object],
+    param: str,
+) -> None:
+    # A field taking a string or a list was named by pydantic's branch ("stop.str"), the
+    # message listing each branch; a response id whose session part is no session id was
+    # named "session_id", a field the client never sent.
+    chat = path == "chat/completions"
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
+    refused = client_for(keys.alice).post(
+        f"/compatible-mode/v1/{path}", json={"model": "m", **ask, **option}
+    )
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == param
+    assert ".str" not in error["message"] and "session_id" not in error["message"]
+
+
 @pytest.mark.parametrize("path", ["chat/completions", "responses"])
 def test_a_model_name_longer_than_any_is_refused(
     client_for: Callable[..., httpx.Client], keys: Keys, path: str

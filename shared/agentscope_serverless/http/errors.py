@@ -277,14 +277,36 @@ def response_for(exc: AgentScopeServerlessError) -> JSONResponse:
     return response
 
 
+# The part pydantic puts in an error's ``loc`` naming the branch of a union that refused the
+# value ("str", "list[str]", "dict[str,any]", "function-after[...]", a model's class name):
+# no part of the request the client sent.
+_UNION_BRANCH = re.compile(r"str|int|float|bool|bytes|none|any|[a-z-]+\[.*\]|[A-Z]\w*")
+
+
+def _request_loc(loc: Sequence[Any]) -> list[Any]:
+    """Where in the request a validation error is, without the union branches in its path.
+
+    >>> _request_loc(["body", "stop", "list[str]", 1])
+    ['body', 'stop', 1]
+    """
+    return [
+        part
+        for at, part in enumerate(loc)
+        if at < 2 or not (isinstance(part, str) and _UNION_BRANCH.fullmatch(part))
+    ]
+
+
 def _validation_fields(errors: Sequence[Any]) -> list[dict[str, Any]]:
     # Only where and what: pydantic's "input" echoes the value sent, which may be secret.
     # Each once: a parameter two dependencies of a route declare (the guards' header) is
-    # validated by each.
+    # validated by each. A value no branch of a union takes is one field saying what each
+    # wanted.
     fields: dict[tuple[Any, ...], dict[str, Any]] = {}
     for err in errors:
-        field = {"loc": list(err.get("loc", ())), "msg": _what_is_wrong(err)}
-        fields.setdefault((*field["loc"], field["msg"]), field)
+        loc, msg = _request_loc(err.get("loc", ())), _what_is_wrong(err)
+        field = fields.setdefault(tuple(loc), {"loc": loc, "msg": msg})
+        if msg not in field["msg"].split(", or "):
+            field["msg"] += f", or {msg[:1].lower()}{msg[1:]}"
     return list(fields.values())
 
 

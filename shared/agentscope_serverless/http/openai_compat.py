@@ -79,6 +79,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.services._validation import (
     BLANK_USER_MESSAGE,
+    clean_session_id,
     is_blank_text,
     is_blank_user_message,
 )
@@ -334,8 +335,11 @@ def session_of_response(response_id: str) -> str:
         decoded = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
         if not response_id.startswith("resp_") or not run or not decoded:
             raise ValueError
+        # A session id this server would not make ("/", or blank): no response of its.
+        if clean_session_id(decoded) != decoded:
+            raise ValueError
         return decoded
-    except ValueError:  # binascii.Error and UnicodeDecodeError among them
+    except ValueError:  # binascii.Error, UnicodeDecodeError and InvalidInputError among them
         raise InvalidInputError(
             "previous_response_id is not the id of a response of this server",
             field="previous_response_id",
