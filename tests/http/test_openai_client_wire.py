@@ -980,6 +980,20 @@ def test_instructions_reach_the_agent_with_a_conversation_sent_whole() -> None:
     assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
 
 
+def test_blank_instructions_are_as_if_not_sent() -> None:
+    # They reached the model as a system message of whitespace.
+    keys = Keys.make()  # (the server stops its key store as it stops)
+    llm = ScriptedLLM([ANSWER])
+    with (
+        llm_agent_server(keys, llm, []) as url,
+        openai.OpenAI(base_url=f"{url}/compatible-mode/v1", api_key=keys.alice) as llm_sdk,
+    ):
+        given = llm_sdk.responses.create(model="llm", input="hi", instructions=" \n ")
+    assert given.instructions is None
+    (request,) = llm.requests
+    assert [m["role"] for m in request["body"]["messages"] if not m["content"].strip()] == []
+
+
 def test_a_failed_response_keeps_the_reply_it_had_streamed(sdk: openai.OpenAI) -> None:
     failed = sdk.responses.create(model="m", input="fail after a word")
     assert failed.status == "failed" and failed.error is not None

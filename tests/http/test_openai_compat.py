@@ -1072,6 +1072,68 @@ def test_a_refused_value_is_named_by_the_field_the_client_sent(
     assert ".str" not in error["message"] and "session_id" not in error["message"]
 
 
+CALLED = {"role": "assistant", "content": None}
+
+
+@pytest.mark.parametrize(
+    ("path", "option", "param"),
+    [
+        ("chat/completions", {"tool_choice": "bogus"}, "tool_choice"),
+        ("chat/completions", {"function_call": "bogus"}, "function_call"),
+        ("chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            "chat/completions",
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+        ),
+        ("chat/completions", {"response_format": {}}, "response_format"),
+        ("chat/completions", {"reasoning_effort": "bogus"}, "reasoning_effort"),
+        (
+            "chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        **CALLED,
+                        "tool_calls": [
+                            {"id": "c1", "type": "bogus", "function": {"name": "f"}},
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                    {"role": "user", "content": "and?"},
+                ]
+            },
+            "messages[1].tool_calls[0].type",
+        ),
+        ("responses", {"tool_choice": "bogus"}, "tool_choice"),
+        ("responses", {"truncation": "bogus"}, "truncation"),
+        ("responses", {"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
+        ("responses", {"text": {"format": {}}}, "text.format"),
+    ],
+)
+def test_a_value_openai_refuses_is_refused_naming_its_field(
+    client_for: Callable[..., httpx.Client],
+    keys: Keys,
+    path: str,
+    option: dict[str, object],
+    param: str,
+) -> None:
+    # Each was taken silently (include_usage "yes" read as true, an empty response_format as
+    # text), where OpenAI answers a 400: a client learnt nothing of its mistake.
+    client = client_for(keys.alice)
+    session = f"refused-{uuid.uuid4()}"
+    chat = path == "chat/completions"
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
+    refused = client.post(
+        f"/compatible-mode/v1/{path}",
+        json={"model": "m", **ask, **option},
+        headers={"X-Session-Id": session},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 @pytest.mark.parametrize("path", ["chat/completions", "responses"])
 def test_a_model_name_longer_than_any_is_refused(
     client_for: Callable[..., httpx.Client], keys: Keys, path: str

@@ -41,7 +41,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -98,6 +98,20 @@ MAX_STOP_SEQUENCES = 4
 ModelName = Annotated[str, Field(max_length=256)]
 # A session named as /process names it: taken, rather than dropped as an unknown field.
 _SESSION_FIELD = "The session, when no X-Session-Id header names one (as /process takes it)."
+# The values OpenAI takes (another one it refuses, as this server does rather than take it
+# for something else). An object naming a tool or function forces it: refused (see
+# :func:`check_chat_request`).
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any] | None
+FunctionCallChoice = Literal["none", "auto"] | dict[str, Any] | None
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None
+
+
+class ChatStreamOptions(BaseModel):
+    """The ``stream_options`` of a chat completion (other fields taken)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool | None = None
 
 
 class ChatCompletionRequest(BaseModel):
@@ -110,7 +124,9 @@ class ChatCompletionRequest(BaseModel):
     model: ModelName = "agent"
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: StrictBool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: ChatStreamOptions | None = Field(
+        None, description="Only with ``stream`` true, as OpenAI takes it."
+    )
     user: str | None = None
     session_id: str | None = Field(None, description=_SESSION_FIELD)
     metadata: dict[str, Any] | None = None
@@ -134,12 +150,13 @@ class ChatCompletionRequest(BaseModel):
     tools: list[dict[str, Any]] | None = Field(
         None, description="Refused unless empty or ``tool_choice`` is ``none``."
     )
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice = None
     functions: list[dict[str, Any]] | None = Field(None, description="Refused, as ``tools``.")
-    function_call: str | dict[str, Any] | None = None
+    function_call: FunctionCallChoice = None
     response_format: dict[str, Any] | None = Field(
         None, description='Only ``{"type": "text"}``: an agent answers in its own words.'
     )
+    reasoning_effort: ReasoningEffort = None
     logprobs: StrictBool | None = Field(None, description="Refused when true.")
     top_logprobs: int | None = Field(None, strict=True, description="Refused when above 0.")
     modalities: list[str] | None = Field(None, description="Only ``text``.")
@@ -161,6 +178,14 @@ class ResponsesText(BaseModel):
     format: dict[str, Any] | None = Field(None, description='Only ``{"type": "text"}``.')
 
 
+class ResponsesReasoning(BaseModel):
+    """The ``reasoning`` of a responses request (other fields taken)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    effort: ReasoningEffort = None
+
+
 class ResponsesRequest(BaseModel):
     """The body of ``POST /responses`` (fields we do not use are accepted)."""
 
@@ -168,7 +193,7 @@ class ResponsesRequest(BaseModel):
 
     model: ModelName = "agent"
     input: str | list[dict[str, Any]]
-    instructions: str | None = None
+    instructions: str | None = Field(None, description="Blank, as if not sent.")
     stream: StrictBool = False
     user: str | None = None
     session_id: str | None = Field(None, description=_SESSION_FIELD)
@@ -186,12 +211,20 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = Field(
         None, description="Refused unless empty or ``tool_choice`` is ``none``."
     )
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice = None
     text: ResponsesText | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    reasoning: ResponsesReasoning | None = None
     top_logprobs: int | None = Field(None, strict=True, description="Refused when above 0.")
     include: list[str] | None = None
     background: StrictBool | None = Field(None, description="Refused when true.")
     prompt: dict[str, Any] | None = Field(None, description="Refused: no prompt templates here.")
+
+    @field_validator("instructions")
+    @classmethod
+    def _blank_instructions_are_none(cls, instructions: str | None) -> str | None:
+        # Taken, they were a system message of whitespace before the conversation.
+        return None if instructions is not None and is_blank_text(instructions) else instructions
 
 
 # Why client tools are refused: their calls would have to come back for the client to run.
@@ -215,6 +248,8 @@ def _check_tools(tools: list[Any] | None, tool_choice: str | Mapping[str, Any] |
 
 
 def _check_format(parameter: str, response_format: Mapping[str, Any] | None) -> None:
+    if response_format is not None and "type" not in response_format:
+        raise InvalidInputError(f"{parameter} needs its type ('text')", field=parameter)
     kind = (response_format or {}).get("type", "text")
     if kind != "text":
         raise UnsupportedParameterError(
@@ -241,6 +276,11 @@ def check_chat_request(body: ChatCompletionRequest) -> None:
     logprobs
     """
     _check_tools(body.tools, body.tool_choice)
+    if body.stream_options is not None and not body.stream:
+        raise InvalidInputError(
+            "stream_options is only taken with stream true, as OpenAI takes it",
+            field="stream_options",
+        )
     if body.functions and body.function_call != "none":
         raise UnsupportedParameterError("functions", _TOOLS_REASON)
     if _forces_a_tool(body.function_call):
@@ -530,6 +570,8 @@ def _check_tool_call_ids(item: dict[str, Any], where: list[Any]) -> None:
             raise _refused(where, [*at, "function"], "a tool call needs its function")
         if not _is_id(call.get("id")):
             raise _refused(where, [*at, "id"], "a tool call needs its id")
+        if call.get("type", "function") != "function":
+            raise _refused(where, [*at, "type"], "a tool call's type is 'function'")
         if not _is_id(function.get("name")):
             says = "a tool call needs the name of its function"
             raise _refused(where, [*at, "function", "name"], says)

@@ -580,7 +580,7 @@ def build_router(
             if final.status != RunStatus.Completed:
                 return _failure(final, headers)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStreamResponse(
             compat.chat_completion_chunks(
                 turn.events, model=body.model, include_usage=include_usage
