@@ -199,6 +199,27 @@ def test_a_user_key_naming_another_user_in_the_body_gets_403(
     assert response.status_code == 403
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/process", {"input": [user_message("hi")], "user_id": "", "stream": False}),
+        (
+            "/compatible-mode/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": ""},
+        ),
+        ("/compatible-mode/v1/responses", {"model": "m", "input": "hi", "user": ""}),
+    ],
+)
+def test_an_empty_user_in_the_body_names_no_user(
+    client_for: Callable[..., httpx.Client], keys: Keys, path: str, body: dict[str, Any]
+) -> None:
+    # It was a 403 saying the field names another user; a service key naming its user in
+    # the header is not refused either.
+    assert client_for(keys.bob).post(path, json=body).status_code == 200
+    service = client_for(keys.service, **{"X-User-Id": "bob"})
+    assert service.post(path, json=body).status_code == 200
+
+
 def test_naming_ones_own_user_is_allowed(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:
@@ -598,7 +619,9 @@ def test_a_custom_endpoints_body_models_however_declared_hold_the_callers_user(
         assert own.json() == {"user_id": "alice", "messages": []}
         for path, body, count in cases:
             for headers, user in ((bearer(keys.alice), "alice"), (as_bob, "bob")):
-                for model in (item, {**item, "user_id": user}, {**item, "user_id": None}):
+                # Absent, null or empty, the user_id is the user the key acts as.
+                named = ({**item, "user_id": given} for given in (user, None, ""))
+                for model in (item, *named):
                     answer = client.post(path, json=body(model), headers=headers)
                     assert answer.json() == [user] * count, (path, model, answer.text)
             naming_bob = client.post(

@@ -102,11 +102,12 @@ class Caller:
     ) -> str:
         """The user this request acts as, checked against what the key may do.
 
-        ``body_user_id`` is the ``user_id`` the request body names, if any; ``body`` maps
-        each body field naming a user (``user_id``, OpenAI's ``user``) to the user it names.
+        ``body_user_id`` is the ``user_id`` the request body names, if any (empty, it names
+        none); ``body`` maps each body field naming a user (``user_id``, OpenAI's ``user``) to
+        the user it names.
         """
         claims = list(self.claims)
-        if body_user_id is not None:
+        if body_user_id:
             claims.append(("user_id field", body_user_id))
         claims.extend((f"{field} field", claimed) for field, claimed in (body or {}).items())
         if self.principal.kind == "user":

@@ -312,7 +312,7 @@ async def _fill_users(
     request: Request, caller: Caller, bodies: list[tuple[str | None, _Users]]
 ) -> None:
     """Check each ``user_id`` of the JSON body's models against what ``caller`` may act as
-    (403 or 422 as for a body's ``user_id``), and set those absent or null to the user it
+    (403 or 422 as for a body's ``user_id``), and set those absent, null or empty to the user it
     acts as, in the body FastAPI then reads. A body of any type is checked when it parses
     as JSON (a handler may read it with ``await request.json()``); one that does not is
     left to FastAPI."""
@@ -324,9 +324,9 @@ async def _fill_users(
         named = False
         for key in keys:
             claimed = model.get(key)
-            if claimed is not None:
+            if claimed is not None and claimed != "":
                 caller.user_id(body=named_users({_USER_FIELD: claimed}))
-            named = named or claimed is not None
+                named = True
         if not named:
             model[keys[0]] = caller.user_id()
 

@@ -17,8 +17,9 @@ route a user adds to ``app.get_fastapi_app()`` runs them too, see
   as 42). A ``user_id`` of another type (``true``, ``4.2``, an object, an array) is 422: a
   model's ``user_id: int`` would read ``true`` as user 1 and ``42.0`` as user 42, and no
   route takes a user to be such a value. A ``user`` that is an object, an array or a
-  boolean names no user (payloads sent to webhooks carry ``"user": {"login": ...}``); a
-  ``user`` that is a fraction is 422 as ``user_id``'s.
+  boolean names no user (payloads sent to webhooks carry ``"user": {"login": ...}``), nor
+  does an empty one (``user`` or ``user_id``); a ``user`` that is a fraction is 422 as
+  ``user_id``'s.
 - **What a route a user adds reads.** On those routes (added to ``app.get_fastapi_app()``
   or with ``@app.endpoint``) a body is checked as the route may read it: a body of any
   declared type (``text/plain``, a form's, none) that parses as JSON is checked as a JSON
@@ -329,9 +330,10 @@ async def check_claims(
 
 
 def named_users(body: Any) -> dict[str, str]:
-    """The users a JSON body names, by field (``user_id``, ``user``): a string, or an
-    integer (not a boolean) as its decimal digits. A ``user_id`` of another type, or a
-    ``user`` that is a fraction, is refused (422 naming it; see the module).
+    """The users a JSON body names, by field (``user_id``, ``user``): a string (an empty
+    one names none, as a form's), or an integer (not a boolean) as its decimal digits. A
+    ``user_id`` of another type, or a ``user`` that is a fraction, is refused (422 naming
+    it; see the module).
 
     >>> named_users({"user_id": 42, "user": {"login": "octocat"}})
     {'user_id': '42'}
@@ -341,7 +343,7 @@ def named_users(body: Any) -> dict[str, str]:
     named = {}
     for name in USER_FIELDS:
         value = body.get(name)
-        if value is None:
+        if value is None or value == "":
             continue
         if isinstance(value, str):
             named[name] = value
