@@ -179,6 +179,24 @@ def test_a_user_message_without_content_is_refused_not_run_or_stored(
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "url", ["/etc/passwd", "file:///etc/passwd", "data:image/svg+xml;base64,PHN2Zy8+"]
+)
+def test_an_image_no_model_takes_is_refused_not_run_or_stored(
+    client_for: Callable[..., httpx.Client], keys: Keys, url: str
+) -> None:
+    # It was run and stored: resent with every later turn of the session, the chat API
+    # refused each (and a path is read from the server's disk by agents taking local images).
+    client = client_for(keys.alice)
+    session = f"image-{uuid.uuid4().hex}"
+    picture = {"role": "user", "content": [{"type": "image", "image_url": url}]}
+    body = {"input": [user_message("hi"), picture], "session_id": session, "stream": False}
+    answer = client.post("/process", json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == "input[1].content[0].image_url"
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_stream_false_returns_the_final_agent_response(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

@@ -737,6 +737,25 @@ def _is_web_url(url: str) -> bool:
 
 # The image types chat APIs take in a data: URI (OpenAI's: no SVG, no BMP...).
 IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+# What an image a model is shown must be, said to a client who sent another.
+MODEL_IMAGE_RULE = (
+    "an image needs an http or https URL, or the base64 data: URI of a PNG, JPEG, GIF or "
+    "WebP image (a model takes no other: not a path, nor a file: URL)"
+)
+
+
+def is_model_image_url(url: Any) -> bool:
+    """Whether a model can be shown the image at ``url``: an http or https URL, or a
+    ``data:`` URI of base64 data of a type it takes (see :data:`IMAGE_MEDIA_TYPES`).
+
+    >>> is_model_image_url("data:image/webp;base64,UklGRg=="), is_model_image_url("/etc/passwd")
+    (True, False)
+    """
+    if not isinstance(url, str):
+        return False
+    if url[:5].lower() == "data:":
+        return _is_data_uri(url, IMAGE_MEDIA_TYPES)
+    return _is_web_url(url)
 
 
 def _is_data_uri(uri: str, media_types: frozenset[str] | None = None) -> bool:
@@ -970,6 +989,8 @@ def convert_to_openai_tools(tools: Iterable[Tool | dict[str, Any]] | None) -> li
 
 
 __all__ = [
+    "IMAGE_MEDIA_TYPES",
+    "MODEL_IMAGE_RULE",
     "PART_ENVELOPE",
     "AgentContent",
     "AgentRequest",
@@ -1008,5 +1029,6 @@ __all__ = [
     "convert_to_openai_messages",
     "convert_to_openai_tool_call",
     "convert_to_openai_tools",
+    "is_model_image_url",
     "said",
 ]

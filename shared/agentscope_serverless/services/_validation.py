@@ -18,7 +18,12 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from agentscope_serverless.errors import InvalidInputError
-from agentscope_serverless.schemas.agent_schemas import Message
+from agentscope_serverless.schemas.agent_schemas import (
+    MODEL_IMAGE_RULE,
+    ImageContent,
+    Message,
+    is_model_image_url,
+)
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._stored import EncodedMessages
 
@@ -675,6 +680,18 @@ def refuse_blank_user_messages(messages: list[Any], *, field: str) -> None:
             )
 
 
+def refuse_images_no_model_takes(messages: list[Message], *, field: str) -> None:
+    """Refuse (naming ``field[i].content[j].image_url``) the first image of ``messages`` a
+    model cannot be shown (see :func:`is_model_image_url`): stored, it would be sent with
+    every later turn of the session, which the chat API refuses each time; and a path would
+    be read from the server's own disk by agents that take local images."""
+    for index, message in enumerate(messages):
+        for at, part in enumerate(message.content or []):
+            if isinstance(part, ImageContent) and not is_model_image_url(part.image_url):
+                where = f"{field}[{index}].content[{at}].image_url"
+                raise InvalidInputError(f"{where}: {MODEL_IMAGE_RULE}", field=where)
+
+
 __all__ = [
     "BLANK_USER_MESSAGE",
     "DEFAULT_SESSION_ID",
@@ -696,6 +713,7 @@ __all__ = [
     "optional_positive_int",
     "optional_ttl_seconds",
     "refuse_blank_user_messages",
+    "refuse_images_no_model_takes",
     "require_distinct_keys",
     "require_finite",
     "require_positive_int",

@@ -82,6 +82,7 @@ from agentscope_serverless.services._validation import (
     clean_session_id,
     new_or_clean_session_id,
     refuse_blank_user_messages,
+    refuse_images_no_model_takes,
 )
 from agentscope_serverless.services.runs.base import RunKind, RunRecord, RunsService
 from agentscope_serverless.time_limit import seconds_left
@@ -482,6 +483,7 @@ def build_router(
         _: Guarded = None,
     ) -> Response:
         refuse_blank_user_messages(body.input, field="input")
+        refuse_images_no_model_takes(body.input, field="input")
         user_id = caller.user_id(body.user_id)
         session_id = new_or_clean_session_id(body.session_id)
         run = body.model_copy(update={"user_id": user_id, "session_id": session_id})
