@@ -194,6 +194,10 @@ def test_an_image_no_model_takes_is_refused_not_run_or_stored(
     answer = client.post("/process", json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["param"] == "input[1].content[0].image_url"
+    # Appended to the session, it would be sent with its every later turn all the same.
+    appended = client.post(f"/sessions/{session}/messages", json={"messages": body["input"]})
+    assert appended.status_code == 422, appended.text
+    assert appended.json()["error"]["param"] == "messages[1].content[0].image_url"
     assert client.get(f"/sessions/{session}").status_code == 404
 
 

@@ -31,7 +31,11 @@ from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
-from agentscope_serverless.services._validation import MAX_ID_LENGTH, refuse_blank_user_messages
+from agentscope_serverless.services._validation import (
+    MAX_ID_LENGTH,
+    refuse_blank_user_messages,
+    refuse_images_no_model_takes,
+)
 from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.session_history.base import MAX_PAGE_SIZE, SessionHistoryService
 
@@ -191,6 +195,7 @@ async def append_messages(
     request: Request,
 ) -> MessagesOut:
     refuse_blank_user_messages(body.messages, field="messages")
+    refuse_images_no_model_takes(body.messages, field="messages")
     writes_in_session(request, session_id)
     session = Session(id=session_id, user_id=user_id)
     await history.append_new_messages(session, body.messages, field="message")
