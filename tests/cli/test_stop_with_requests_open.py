@@ -190,3 +190,90 @@ def test_a_server_stopped_mid_run_sends_each_client_the_runs_canceled_end(
     [reply] = answered
     assert reply.headers["content-type"].startswith("application/json")
     assert reply.json()["status"] == "canceled"
+
+
+# Each A2A stream of a message: (path, body, headers), and its final event's status update.
+A2A_STREAMS: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
+    "SendStreamingMessage": (
+        "/a2a",
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendStreamingMessage",
+            "params": {
+                "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+            },
+        },
+        {"A2A-Version": "1.0"},
+    ),
+    "message/stream": (
+        "/a2a",
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "message/stream",
+            "params": {
+                "message": {
+                    "messageId": "m2",
+                    "role": "user",
+                    "kind": "message",
+                    "parts": [{"kind": "text", "text": "hi"}],
+                }
+            },
+        },
+        {},
+    ),
+    "message:stream": (
+        "/a2a/message:stream",
+        {"message": {"messageId": "m3", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+        {"A2A-Version": "1.0"},
+    ),
+}
+
+
+def _status_update(event: dict[str, Any]) -> dict[str, Any]:
+    """The status update an A2A stream's ``event`` (of either version, either binding) is."""
+    result = event.get("result", event)
+    return result.get("statusUpdate", result)
+
+
+def test_a_server_stopped_mid_run_ends_each_a2a_stream_with_its_canceled_status(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    # The SDK's streams watched for the server's stop themselves and were cut at once, with
+    # no final event ("incomplete chunked read"), while their tasks ran on.
+    process, url = _serve(tmp_path, SLOW_AGENT, redis_server.url)
+    streamed: dict[str, list[str]] = {name: [] for name in A2A_STREAMS}
+    ended: list[str] = []  # the streams whose chunked body came to its end
+    begun: list[str] = []  # once every stream has begun
+    try:
+        headers = _authorized(process, url)
+
+        def stream(name: str) -> None:
+            path, body, extra = A2A_STREAMS[name]
+            with (
+                httpx.Client(timeout=60) as client,
+                client.stream(
+                    "POST", f"{url}{path}", json=body, headers={**headers, **extra}
+                ) as response,
+            ):
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        streamed[name].append(line)
+                        # Each stream has its working status and the reply's first text.
+                        if all(len(events) >= 3 for events in streamed.values()) and not begun:
+                            begun.append(name)
+            ended.append(name)
+
+        clients = [lambda name=name: stream(name) for name in A2A_STREAMS]  # type: ignore[misc]
+        _stop_mid_requests(process, clients, begun, signal.SIGTERM)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert sorted(ended) == sorted(A2A_STREAMS)
+    for name, lines in streamed.items():
+        update = _status_update(json.loads(lines[-1].removeprefix("data:")))
+        assert update["status"]["state"] in ("TASK_STATE_CANCELED", "canceled"), (name, update)
+        if name == "message/stream":
+            assert update["final"] is True

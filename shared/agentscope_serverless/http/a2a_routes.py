@@ -37,6 +37,7 @@ from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, VersionNotSupportedError
 from a2a.utils.version_validator import validate_version
 from pydantic import ValidationError
+from sse_starlette.event import ensure_bytes
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -76,7 +77,11 @@ from agentscope_serverless.http.idempotency import (
 )
 from agentscope_serverless.http.middleware import BodyTooDeep, _route_path
 from agentscope_serverless.http.params import is_json_type
-from agentscope_serverless.http.sse import escape_line_breaks, escaping_line_breaks
+from agentscope_serverless.http.sse import (
+    EventStreamResponse,
+    escape_line_breaks,
+    escaping_line_breaks,
+)
 from agentscope_serverless.services.idempotency import StoredResponse
 
 _USER_SCOPE_KEY = "agentscope.user_id"
@@ -195,14 +200,36 @@ def _answer(request: Request, response: Response, ping_interval: float) -> Respo
     kept, and the retry of a call that failed for a while (its store down) got the error."""
     json_rpc = _route_path(request.scope) == A2A_PATH
     if isinstance(response, EventSourceResponse):
-        response.ping_interval = ping_interval
-        stream = _EscapedStream(response)
+        stream = _EscapedStream(_stopping_gracefully(response, ping_interval))
         if json_rpc:
             fails_when(request, lambda: stream.failed)
         return stream
     if json_rpc and _is_error(getattr(response, "body", b"")):
         fails_when(request, lambda: True)
     return response
+
+
+def _stopping_gracefully(response: EventSourceResponse, ping_interval: float) -> Response:
+    """The SDK's stream ``response`` sent as every other stream is
+    (:class:`..sse.EventStreamResponse`): a server told to stop waits for it as for any open
+    request, and a run the stop cancels sends its canceled status, the stream's last event,
+    before it ends. Sent as the SDK's ``EventSourceResponse``, which watches for the server's
+    stop itself, it was cut at once, with no final event, while its task ran on."""
+    sep = response.sep
+
+    async def chunks() -> AsyncIterator[bytes]:
+        async for event in response.body_iterator:
+            yield ensure_bytes(event, sep)
+
+    headers = {
+        name: value
+        for name, value in response.headers.items()
+        if name not in ("content-type", "content-length", "connection", "cache-control")
+    }
+    stream = EventStreamResponse(chunks(), ping_interval=ping_interval, headers=headers)
+    stream.status_code = response.status_code
+    stream.background = response.background
+    return stream
 
 
 class _EscapedStream(Response):
