@@ -5,7 +5,9 @@ another call is a JSON-RPC error the client can read."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -29,6 +31,21 @@ app = AgentApp(app_name="echo-a2a-keys", app_description="Echoes what it is told
 @app.query(framework="text")
 async def query(self: Any, msgs: Any, session: Any = None, **kwargs: Any) -> AsyncIterator[str]:
     yield msgs[-1].get_text_content() or ""
+
+
+# The agent of ``held_app`` has begun a reply (its call holds its key), and may end it.
+held_began = threading.Event()
+held_ends = threading.Event()
+held_app = AgentApp(app_name="held-a2a", app_description="Answers once it may.")
+
+
+@held_app.query(framework="text")
+async def held_query(
+    self: Any, msgs: Any, session: Any = None, **kwargs: Any
+) -> AsyncIterator[str]:
+    held_began.set()
+    await asyncio.to_thread(held_ends.wait, 30)
+    yield "done"
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +224,69 @@ def test_deleting_the_session_of_a_keyed_message_forgets_its_key(
         messages = client.get(f"/sessions/{context_id}/messages")
     assert retried.is_success and "idempotent-replayed" not in retried.headers
     assert len(messages.json()["items"]) == 2  # the message and its reply, anew
+
+
+def test_a_call_retried_while_the_first_still_runs_is_a_json_rpc_error_saying_so() -> None:
+    # It was an HTTP 409 whose body was no JSON-RPC answer (no jsonrpc, no id): the SDK's
+    # client raised a bare HTTP error.
+    keys = Keys.make()
+    held_began.clear()
+    held_ends.clear()
+    headers = {**bearer(keys.alice), "A2A-Version": "1.0", "Idempotency-Key": uuid.uuid4().hex}
+    with (
+        running(
+            create_app(settings=load_settings(), agent_app=held_app, key_store=keys.store)
+        ) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as client,
+    ):
+        answered: list[httpx.Response] = []
+        call = _call("SendMessage", "take your time", call_id=1)
+        first = threading.Thread(target=lambda: answered.append(client.post("/a2a", json=call)))
+        first.start()
+        try:
+            assert held_began.wait(30)
+            retried = client.post("/a2a", json={**call, "id": "retry-2"})
+        finally:
+            held_ends.set()
+            first.join(30)
+    assert retried.status_code == 200
+    answer = retried.json()
+    assert (answer["jsonrpc"], answer["id"], answer["error"]["code"]) == ("2.0", "retry-2", -32600)
+    data = answer["error"]["data"]
+    assert (data["status"], data["code"]) == (409, "REQUEST_IN_PROGRESS")
+    assert data["retry_after"] >= 1
+    assert retried.headers["retry-after"] == str(data["retry_after"])
+    [done] = answered
+    assert "error" not in done.json(), done.text
+
+
+@pytest.fixture
+def keys_on_redis() -> Iterator[tuple[str, Keys, RedisServer]]:
+    """A server whose sessions, and so its keys' records, are in a Redis of its own, for the
+    test to stop."""
+    keys = Keys.make()
+    with RedisServer() as redis:
+        settings = load_settings(session_history_backend="redis", redis_url=redis.url)
+        with running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url:
+            yield url, keys, redis
+
+
+def test_a_call_whose_key_cannot_be_claimed_with_its_store_down_is_a_json_rpc_error(
+    keys_on_redis: tuple[str, Keys, RedisServer],
+) -> None:
+    # It was an HTTP 503 whose body was no JSON-RPC answer.
+    url, keys, redis = keys_on_redis
+    headers = {**bearer(keys.alice), "A2A-Version": "1.0", "Idempotency-Key": uuid.uuid4().hex}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        redis.stop()
+        try:
+            failed = client.post("/a2a", json=_call("SendMessage", "hello", call_id=5))
+        finally:
+            redis.start()
+    assert failed.status_code == 200
+    answer = failed.json()
+    assert (answer["jsonrpc"], answer["id"], answer["error"]["code"]) == ("2.0", 5, -32603)
+    assert (answer["error"]["data"]["status"], answer["error"]["data"]["code"]) == (
+        503,
+        "STORE_UNAVAILABLE",
+    )

@@ -11,9 +11,12 @@ version is not supported (-32009), as in A2A 1.0; params a 1.0 method cannot rea
 a warning, not a server error), and the A2A call context carries the user it acts as, which
 scopes the tasks. On the JSON-RPC route, an ``Idempotency-Key`` is freed by an answer that is a
 JSON-RPC error, a retry is the same call whatever its id and its answer carries its own, and the
-key reused for another call is a JSON-RPC error. Every stream writes U+2028, U+2029 and U+0085
-as JSON escapes; an HTTP+JSON stream failing before its first event is the binding's error
-answer. Imported on the first A2A request (see :mod:`agentscope_serverless.http.routers.a2a`).
+key reused for another call, held by a call still under way or not claimable (its store down) is
+a JSON-RPC error with the call's id. Every stream is sent as every other stream is (a server
+told to stop waits for it; a run the stop cancels ends it with its canceled status), and writes
+U+2028, U+2029 and U+0085 as JSON escapes; an HTTP+JSON stream failing before its first event
+is the binding's error answer. Imported on the first A2A request (see
+:mod:`agentscope_serverless.http.routers.a2a`).
 """
 
 from __future__ import annotations
@@ -53,13 +56,13 @@ from agentscope_serverless.a2a_server import (
 )
 from agentscope_serverless.errors import (
     AgentScopeServerlessError,
-    IdempotencyKeyReusedError,
     InvalidInputError,
+    RequestInProgressError,
 )
 from agentscope_serverless.http.auth import bearer_scheme, get_caller
 from agentscope_serverless.http.bodies import NotUtf8Charset, utf8_request
 from agentscope_serverless.http.context import AppContext
-from agentscope_serverless.http.errors import not_json_type, response_for, status_of
+from agentscope_serverless.http.errors import not_json_type, response_for
 from agentscope_serverless.http.guards import (
     check_body,
     check_claims,
@@ -72,6 +75,7 @@ from agentscope_serverless.http.idempotency import (
     Replay,
     fails_when,
     fingerprint_body,
+    in_progress_response,
     replayed,
     writes_in_session,
 )
@@ -119,8 +123,8 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
 def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
     """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then the
     body's text and numbers, the user it names and the ``Idempotency-Key`` claim. Their
-    errors reach the app's handlers, as any route's do, but for the body's on the JSON-RPC
-    route: JSON-RPC errors (see :func:`_read`). A stream it answers pings every
+    errors reach the app's handlers, as any route's do, but on the JSON-RPC route: JSON-RPC
+    errors (see :func:`_read`, :func:`_claim_refused`). A stream it answers pings every
     ``ping_interval`` seconds of silence (``SSE_PING_INTERVAL_SECONDS``), as every other
     stream does: the SDK's have no option for it and pinged every 15 s, so a proxy closing
     a connection idle for less dropped an A2A stream while its agent was silent."""
@@ -150,8 +154,8 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
                 await check_claims(request, caller, idempotency_key, body)
             except Replay as replay:
                 return _replayed_call(replay.response, call_id)
-            except IdempotencyKeyReusedError as exc:
-                return _json_rpc_error(call_id, -32600, exc.message, _http_error(exc))
+            except AgentScopeServerlessError as exc:
+                return _claim_refused(request, call_id, exc)
             refused = (
                 _null_refused(body, await request.body())
                 or _request_refused(body)
@@ -332,11 +336,27 @@ def _json_loads(text: bytes) -> Any:
         return None
 
 
-def _http_error(exc: AgentScopeServerlessError) -> dict[str, Any]:
-    """The error's answer on the other routes (status, code, message) as a JSON-RPC error's
-    data."""
-    error = json.loads(bytes(response_for(exc).body))["error"]
-    return {"status": status_of(exc), **error}
+def _claim_refused(request: Request, call_id: Any, exc: AgentScopeServerlessError) -> Response:
+    """The JSON-RPC error answering a call the checks of its user and ``Idempotency-Key``
+    refuse (the key reused for another call, still held by a call under way, its store
+    unreachable...), with the call's id: an internal error (-32603) for a server error, else
+    an invalid request (-32600). Its data is the error's answer on the other routes (status,
+    code, message, and ``retry_after``: the seconds its ``Retry-After`` says, which this
+    answer carries too). They were that answer: an HTTP error whose body no JSON-RPC client
+    reads."""
+    if isinstance(exc, RequestInProgressError):
+        http = in_progress_response(request, exc)
+    else:
+        http = response_for(exc)
+    data = {"status": http.status_code, **json.loads(bytes(http.body))["error"]}
+    retry_after = http.headers.get("Retry-After")
+    if retry_after is not None:
+        data["retry_after"] = int(retry_after)
+    code = -32603 if http.status_code >= 500 else -32600
+    answer = _json_rpc_error(call_id, code, exc.message, data)
+    if retry_after is not None:
+        answer.headers["Retry-After"] = retry_after
+    return answer
 
 
 # The protocol's historyLength is a 32-bit integer. The SDK's A2A 0.3 methods (their names

@@ -472,6 +472,12 @@ async def _replay(request: Request, exc: Exception) -> Response:
 
 async def _in_progress(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestInProgressError)
+    return in_progress_response(request, exc)
+
+
+def in_progress_response(request: Request, exc: RequestInProgressError) -> Response:
+    """The answer to a request whose key another request holds: a 409 whose ``Retry-After``
+    is the key's lease (1 to 60 seconds)."""
     response = response_for(exc)
     store: IdempotencyStore | None = request.app.state.context.idempotency
     lease = store.lease_seconds if store is not None else 1
@@ -500,6 +506,7 @@ __all__ = [
     "fails_when",
     "fingerprint",
     "fingerprint_body",
+    "in_progress_response",
     "install_idempotency",
     "is_write",
     "reads_only",
