@@ -1342,7 +1342,6 @@ async def refused_without_id_and_not_run(
         ('{"id": 3, "method": "GetTask", "params": {"id": "t1"}}', 3, 'jsonrpc must be "2.0"'),
         ('{"jsonrpc": "2.0", "id": 3}', 3, "method must be a string"),
         ('{"jsonrpc": "2.0", "id": 3, "method": 7}', 3, "method must be a string"),
-        ('{"jsonrpc": "2.0", "id": 1.5, "method": "GetTask"}', None, "id must be a string"),
         ('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "GetTask"}', None, "id must be a string"),
         ('{"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": "t1"}', 3, "params must be"),
         ('{"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": null}', 3, "params must be"),
@@ -1368,6 +1367,47 @@ async def test_a_body_that_is_no_json_rpc_request_is_refused_saying_why_not_logg
     assert answer.json()["error"]["code"] == -32600, answer.text
     assert says in answer.json()["error"]["message"]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def _message_call(method: str, call_id: float) -> dict[str, Any]:
+    if "/" in method:  # A2A 0.3
+        message = {"role": "user", "kind": "message", "parts": [{"kind": "text", "text": "hi"}]}
+    else:
+        message = {"role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    message["messageId"] = uuid.uuid4().hex
+    return {"jsonrpc": "2.0", "id": call_id, "method": method, "params": {"message": message}}
+
+
+@pytest.mark.parametrize(
+    ("call", "answered_with"),
+    [
+        (_message_call("SendMessage", 1.5), "result"),
+        (_message_call("SendStreamingMessage", 2.5), "result"),
+        (_message_call("message/send", 1.0), "result"),
+        (_message_call("message/stream", 0.25), "result"),
+        ({"jsonrpc": "2.0", "id": 3.5, "method": "GetTask", "params": {"id": "none"}}, "error"),
+    ],
+)
+async def test_a_call_whose_id_is_a_number_with_a_fraction_is_answered_with_that_id(
+    served: tuple[str, Keys], call: dict[str, Any], answered_with: str
+) -> None:
+    # JSON-RPC allows a number with a fraction as id: it was refused as an invalid request
+    # whose id was null.
+    url, keys = served
+    headers = {**bearer(keys.alice), "Content-Type": "application/json"}
+    if "/" not in call["method"]:
+        headers["A2A-Version"] = "1.0"
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+        answer = await http.post("/a2a", content=json.dumps(call))
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"].startswith("text/event-stream"):
+        lines = answer.text.splitlines()
+        answers = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
+    else:
+        answers = [answer.json()]
+    assert answers and all(a["id"] == call["id"] for a in answers), answer.text
+    assert all(answered_with in a for a in answers), answer.text
+    assert json.dumps(call["id"]) in answer.text  # as sent: 1.0, not 1
 
 
 _GET = b'{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "t1"'

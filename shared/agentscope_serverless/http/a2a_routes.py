@@ -164,7 +164,15 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
                 or _history_length_refused(body)
                 or await _version_refused(body, request)
             )
-            return _answer(request, refused or await endpoint(request), ping_interval)
+            if refused is not None:
+                return _answer(request, refused, ping_interval)
+            if not isinstance(call_id, float):
+                return _answer(request, await endpoint(request), ping_interval)
+            # The SDK takes a string or an integer as id: it reads one standing in for a
+            # number with a fraction, which its answer carries back.
+            request.read_as({**body, "id": _STAND_IN_ID})
+            answer = await endpoint(request)
+            return _answer(request, answer, ping_interval, call_id)
         return _answer(request, await _first_event_read(await endpoint(request)), ping_interval)
 
     return guarded
@@ -195,35 +203,66 @@ async def _chained(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield event
 
 
-def _answer(request: Request, response: Response, ping_interval: float) -> Response:
+def _answer(
+    request: Request, response: Response, ping_interval: float, call_id: float | None = None
+) -> Response:
     """``response`` as sent: a stream pinging every ``ping_interval`` seconds of silence and
     writing U+2028, U+2029 and U+0085 as JSON escapes (the SDK writes them as they are, and
     its streaming client, reading lines with ``str.splitlines``, broke an event holding
-    one). On the JSON-RPC route, an answer that is an error (a stream whose first event is
-    one) frees its ``Idempotency-Key`` as an HTTP error would: answered with a 200, it was
-    kept, and the retry of a call that failed for a while (its store down) got the error."""
+    one); given the ``call_id`` of a call the SDK read with :data:`_STAND_IN_ID`, its
+    answers (each event of a stream) carrying it. On the JSON-RPC route, an answer that is
+    an error (a stream whose first event is one) frees its ``Idempotency-Key`` as an HTTP
+    error would: answered with a 200, it was kept, and the retry of a call that failed for a
+    while (its store down) got the error."""
     json_rpc = _route_path(request.scope) == A2A_PATH
     if isinstance(response, EventSourceResponse):
-        stream = _EscapedStream(_stopping_gracefully(response, ping_interval))
+        stream = _EscapedStream(_stopping_gracefully(response, ping_interval, call_id))
         if json_rpc:
             fails_when(request, lambda: stream.failed)
         return stream
+    if call_id is not None:
+        response = _carrying_id(response, call_id)
     if json_rpc and _is_error(getattr(response, "body", b"")):
         fails_when(request, lambda: True)
     return response
 
 
-def _stopping_gracefully(response: EventSourceResponse, ping_interval: float) -> Response:
+# The id the SDK reads in place of a number with a fraction (JSON-RPC allows one, the SDK
+# refuses it); the answer carries the call's own.
+_STAND_IN_ID = "agentscope-serverless:number-id"
+
+
+def _carrying_id(response: Response, call_id: float) -> Response:
+    """The JSON ``response`` (a JSON-RPC answer) carrying ``call_id``."""
+    body = bytes(response.body)
+    carrying = _with_id(body, call_id)
+    if carrying == body:
+        return response
+    headers = {
+        name: value
+        for name, value in response.headers.items()
+        if name not in ("content-length", "content-type")
+    }
+    return Response(
+        carrying, status_code=response.status_code, headers=headers, media_type=response.media_type
+    )
+
+
+def _stopping_gracefully(
+    response: EventSourceResponse, ping_interval: float, call_id: float | None
+) -> Response:
     """The SDK's stream ``response`` sent as every other stream is
     (:class:`..sse.EventStreamResponse`): a server told to stop waits for it as for any open
     request, and a run the stop cancels sends its canceled status, the stream's last event,
     before it ends. Sent as the SDK's ``EventSourceResponse``, which watches for the server's
-    stop itself, it was cut at once, with no final event, while its task ran on."""
+    stop itself, it was cut at once, with no final event, while its task ran on. Given a
+    ``call_id``, each event carries it (see :func:`_answer`)."""
     sep = response.sep
 
     async def chunks() -> AsyncIterator[bytes]:
         async for event in response.body_iterator:
-            yield ensure_bytes(event, sep)
+            chunk = ensure_bytes(event, sep)
+            yield chunk if call_id is None else _events_with_id(chunk, call_id)
 
     headers = {
         name: value
@@ -284,9 +323,17 @@ def _is_error(body: bytes) -> bool:
     return isinstance(answer, dict) and "error" in answer
 
 
-def _call_id(body: Any) -> str | int | None:
+CallId = str | int | float | None
+
+
+def _call_id(body: Any) -> CallId:
     call_id = body.get("id") if isinstance(body, dict) else None
-    return None if isinstance(call_id, bool) or not isinstance(call_id, str | int) else call_id
+    return call_id if _is_id(call_id) else None
+
+
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is a JSON-RPC id: a string, a number or null."""
+    return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
 def _without_id(body: dict[str, Any]) -> bytes:
@@ -297,7 +344,7 @@ def _without_id(body: dict[str, Any]) -> bytes:
     return text.encode()
 
 
-def _replayed_call(stored: StoredResponse, call_id: str | int | None) -> Response:
+def _replayed_call(stored: StoredResponse, call_id: CallId) -> Response:
     """The kept answer of a call, answering its retry: with the retry's id, which a JSON-RPC
     answer carries (a stream's events, each). A kept answer that is not JSON-RPC (an answer
     too large to keep, said as a 409) is a JSON-RPC error holding it."""
@@ -308,18 +355,23 @@ def _replayed_call(stored: StoredResponse, call_id: str | int | None) -> Respons
         message = str(kept_error.get("message", "the answer kept for this Idempotency-Key"))
         return _json_rpc_error(call_id, -32600, message, kept_error)
     if stored.headers.get("content-type", "").startswith("text/event-stream"):
-        lines = stored.body.split(b"\n")
-        for at, line in enumerate(lines):
-            if line.startswith(b"data:"):
-                data, ending = line[5:].removeprefix(b" "), b""
-                if data.endswith(b"\r"):
-                    data, ending = data[:-1], b"\r"
-                lines[at] = b"data: " + _with_id(data, call_id) + ending
-        return replayed(stored, b"\n".join(lines))
+        return replayed(stored, _events_with_id(stored.body, call_id))
     return replayed(stored, _with_id(stored.body, call_id))
 
 
-def _with_id(answer: bytes, call_id: str | int | None) -> bytes:
+def _events_with_id(events: bytes, call_id: CallId) -> bytes:
+    """The SSE ``events`` (whole ones), each JSON-RPC answer carrying ``call_id``."""
+    lines = events.split(b"\n")
+    for at, line in enumerate(lines):
+        if line.startswith(b"data:"):
+            data, ending = line[5:].removeprefix(b" "), b""
+            if data.endswith(b"\r"):
+                data, ending = data[:-1], b"\r"
+            lines[at] = b"data: " + _with_id(data, call_id) + ending
+    return b"\n".join(lines)
+
+
+def _with_id(answer: bytes, call_id: CallId) -> bytes:
     """The JSON-RPC ``answer`` carrying ``call_id``; anything else as it is."""
     parsed = _json_loads(answer)
     if not isinstance(parsed, dict) or "jsonrpc" not in parsed or parsed.get("id") == call_id:
@@ -396,9 +448,7 @@ async def _read(request: Request) -> tuple[Any, Response | None]:
         check_body(body)
     except InvalidInputError as exc:
         where, data = exc.errors[0]["loc"][1:2], {"fields": exc.errors}
-        request_id = body.get("id") if isinstance(body, dict) and where != ["id"] else None
-        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
-            request_id = None
+        request_id = _call_id(body) if where != ["id"] else None
         if where == ["params"]:
             return body, _invalid_params({"id": request_id}, exc.message, data)
         return body, _invalid_request(request_id, exc.message, data)
@@ -417,7 +467,7 @@ def _null_refused(body: Any, raw: bytes) -> Response | None:
 def _request_refused(body: Any) -> Response | None:
     """The JSON-RPC error refusing a body that is no JSON-RPC request, saying why: not an
     object (a batch, an array, is not supported), its ``jsonrpc`` not "2.0", its method no
-    string, its id neither a string, an integer nor null, its params neither an object nor
+    string, its id neither a string, a number nor null, its params neither an object nor
     an array. The SDK answers it as an invalid request (or invalid params) saying no more,
     logged as a server error with its traceback. A body that is not JSON (None) is the
     SDK's to answer (a parse error)."""
@@ -428,10 +478,8 @@ def _request_refused(body: Any) -> Response | None:
     if not isinstance(body, dict):
         return _invalid_request(None, "a JSON-RPC request is an object")
     request_id = body.get("id")
-    if request_id is not None and (
-        isinstance(request_id, bool) or not isinstance(request_id, str | int)
-    ):
-        return _invalid_request(None, "id must be a string, an integer or null")
+    if not _is_id(request_id):
+        return _invalid_request(None, "id must be a string, a number or null")
     if body.get("jsonrpc") != "2.0":
         return _invalid_request(request_id, 'jsonrpc must be "2.0"')
     if not isinstance(body.get("method"), str) or not body["method"]:

@@ -80,6 +80,10 @@ class Utf8Request(Request):
             self._json = loads_utf8(await self.body())
         return self._json
 
+    def read_as(self, value: Any) -> None:
+        """Have the route read ``value`` as the body's JSON, not the body."""
+        self._json = value
+
 
 def utf8_request(request: Request) -> Utf8Request:
     """``request`` reading its body as UTF-8 JSON: called where a route starts, before its
