@@ -3,6 +3,7 @@ errors it can see); any other origin, and every origin by default, gets no CORS 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import pytest
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.errors import ConfigurationError
 from agentscope_serverless.http import create_app
+from agentscope_serverless.http.auth import CurrentCaller
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, running
 
@@ -68,6 +70,54 @@ def test_a_preflight_is_cached_as_long_as_its_max_age_says_and_a_refused_one_not
     assert "access-control-max-age" not in refused.headers
 
 
+def test_a_preflight_carries_a_request_id_and_is_logged(
+    allowed: str, capfd: pytest.CaptureFixture[str], info_logs: None
+) -> None:
+    # Answered before the request context, preflights had no X-Request-Id and no log line.
+    capfd.readouterr()
+    answer = httpx.options(
+        f"{allowed}/process",
+        headers={"Origin": PAGE, "Access-Control-Request-Method": "POST", "X-Request-Id": "pf-1"},
+    )
+    refused = preflight(allowed, "https://evil.example.com")
+    assert (answer.status_code, refused.status_code) == (200, 400)
+    assert answer.headers["x-request-id"] == "pf-1"
+    assert refused.headers["x-request-id"]
+    assert refused.headers["cache-control"] == "no-store"  # its own, not doubled
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line]
+    logged = [
+        (line["request_id"], line["method"], line["status"], line.get("code"))
+        for line in lines
+        if line["message"] == "request"
+    ]
+    assert logged == [
+        ("pf-1", "OPTIONS", 200, None),
+        (refused.headers["x-request-id"], "OPTIONS", 400, "BAD_REQUEST"),
+    ]
+
+
+def test_a_preflight_allows_the_methods_the_routes_take_and_no_other() -> None:
+    # It allowed PUT and PATCH, which no route took.
+    settings = load_settings(cors_allow_origins=PAGE)
+    # Stores of their own: an application stops its key store as it stops.
+    app = create_app(settings=settings, agent_app=demo_app, key_store=Keys.make().store)
+    asked = {"Origin": PAGE, "Access-Control-Request-Method": "PATCH"}
+    with running(app) as url:
+        answer = preflight(url, PAGE)
+        assert answer.headers["access-control-allow-methods"] == "DELETE, GET, HEAD, POST"
+        assert httpx.options(f"{url}/sessions", headers=asked).status_code == 400
+
+    async def rename(caller: CurrentCaller) -> dict[str, str]:
+        return {"renamed": caller.user_id()}
+
+    app = create_app(settings=settings, agent_app=demo_app, key_store=Keys.make().store)
+    app.add_api_route("/names", rename, methods=["PATCH"])
+    with running(app) as url:
+        answer = httpx.options(f"{url}/names", headers=asked)
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-methods"] == "DELETE, GET, HEAD, PATCH, POST"
+
+
 def test_a_page_reads_that_an_answer_was_replayed(allowed: str, keys: Keys) -> None:
     # Idempotent-Replayed was not exposed: the page could not tell a retry's answer was kept.
     headers = {**bearer(keys.alice), "Origin": PAGE, "Idempotency-Key": uuid.uuid4().hex}
@@ -98,7 +148,7 @@ def test_another_origin_gets_no_cors_headers(allowed: str, keys: Keys) -> None:
     method = httpx.options(f"{allowed}/process", headers=headers)
     assert method.status_code == 400
     assert method.json()["error"]["message"] == (
-        "this preflight is refused: its method is not one of GET, POST, PUT, PATCH, DELETE"
+        "this preflight is refused: its method is not one of DELETE, GET, HEAD, POST"
     )
     assert method.headers["access-control-allow-origin"] == PAGE  # the page reads why
     answer = httpx.get(

@@ -41,8 +41,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, WebSocketRoute, compile_path
-from starlette.types import ASGIApp
+from starlette.routing import BaseRoute, Mount, WebSocketRoute, compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
@@ -527,8 +527,8 @@ def new_application(
         # 413) carry the headers a page needs to read them.
         cors = Middleware(
             _CORSMiddleware,
+            served_by=app.router,
             allow_origins=list(settings.cors_allow_origins),
-            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["*"],
             expose_headers=list(EXPOSED_HEADERS),
             max_age=600,
@@ -547,10 +547,31 @@ def new_application(
 # Why Starlette's CORS refuses a preflight, by the word it names it with.
 _PREFLIGHT_FAILURES = {
     "origin": "its origin is not one CORS_ALLOW_ORIGINS allows",
-    "method": "its method is not one of GET, POST, PUT, PATCH, DELETE",
+    "method": "its method is not one of {methods}",
     "headers": "it asks for headers not allowed",
     "private-network": "it asks for private network access",
 }
+# The methods a page may send to a mount whose application lists no routes (any ASGI one).
+_ANY_METHOD = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"))
+
+
+def served_methods(routes: list[BaseRoute]) -> list[str]:
+    """The methods ``routes`` take, sorted: each route's, a mounted application's routes'
+    (every method a page sends, for one listing none), and ``HEAD`` beside ``GET`` (answered
+    on every GET route). A route taking any method (A2A's binding, whose methods its
+    documentation routes declare; a redirect) adds none."""
+    methods: set[str] = set()
+    flattened: Iterable[Any] = getattr(fastapi.routing, "iter_route_contexts", iter)(routes)
+    for route in flattened:
+        original = getattr(route, "original_route", route)
+        if isinstance(original, Mount):
+            mounted = original.routes
+            methods.update(served_methods(mounted) if mounted else _ANY_METHOD)
+        else:
+            methods.update(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 # The header saying how long a browser keeps an allowed preflight.
@@ -563,7 +584,27 @@ class _CORSMiddleware(CORSMiddleware):
     middleware giving every other answer ``Cache-Control: no-store``: an allowed one is kept
     by the browser for its ``Access-Control-Max-Age``, and says so to caches too (``private,
     max-age`` of as long: it mirrors the headers its request asked for); a refused one is
-    kept by none (``no-store``, without a max age)."""
+    kept by none (``no-store``, without a max age).
+
+    A preflight gets a request context of its own (a request id, its log line), as every
+    other answer gets one from the context inside: CORS stays outside that one, whose 500s
+    must pass through CORS for a page to read them. The methods allowed are those the
+    routes of ``served_by`` take as the middleware is built (the application starts)."""
+
+    def __init__(self, app: ASGIApp, /, *, served_by: APIRouter, **options: Any) -> None:
+        super().__init__(app, allow_methods=served_methods(served_by.routes), **options)
+        self.preflight_context = RequestContextMiddleware(self.answer_preflight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            headers = Headers(scope=scope)
+            if "origin" in headers and "access-control-request-method" in headers:
+                await self.preflight_context(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def answer_preflight(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.preflight_response(Headers(scope=scope))(scope, receive, send)
 
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
@@ -572,7 +613,10 @@ class _CORSMiddleware(CORSMiddleware):
             response.headers["Cache-Control"] = f"private, max-age={max_age}"
             return response
         failed = bytes(response.body).decode().removeprefix("Disallowed CORS ").split(", ")
-        why = "; ".join(_PREFLIGHT_FAILURES.get(word, word) for word in failed)
+        methods = ", ".join(self.allow_methods)
+        why = "; ".join(
+            _PREFLIGHT_FAILURES.get(word, word).format(methods=methods) for word in failed
+        )
         refused = error_response(400, "BAD_REQUEST", f"this preflight is refused: {why}")
         for name, value in response.headers.items():
             if name == "vary" or (name.startswith("access-control-") and name != _MAX_AGE):
