@@ -135,6 +135,29 @@ def test_the_answers_served_and_their_headers_are_documented(
         assert_documented(document, path, response)
 
 
+def test_health_documents_the_errors_it_answers(
+    client_for: Callable[..., httpx.Client],
+) -> None:
+    # It listed 200 and 503 only, while refusing what every route refuses, needing no key.
+    client = client_for(None)
+    document = client.get("/openapi.json").json()
+    json_type = {"Content-Type": "application/json"}
+    too_large = b"a" * (load_settings().max_request_bytes + 1)
+    served = [
+        client.get("/health?x=%FF"),
+        client.request(
+            "GET", "/health", content=b"xx", headers={**json_type, "Content-Encoding": "gzip"}
+        ),
+        client.request("GET", "/health", content=too_large, headers=json_type),
+    ]
+    assert [response.status_code for response in served] == [422, 415, 413]
+    answers = document["paths"]["/health"]["get"]["responses"]
+    for response in served:
+        assert_documented(document, "/health", response)
+        content = answers[str(response.status_code)]["content"]
+        assert content["application/json"]["schema"] == {"$ref": ERROR_BODY}
+
+
 def test_the_a2a_routes_are_documented_behind_the_key(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

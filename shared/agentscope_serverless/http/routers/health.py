@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.openapi import ErrorBody, error_answer
 from agentscope_serverless.services.manager import check_health
 
 router = APIRouter(tags=["health"])
@@ -29,7 +30,21 @@ class Health(BaseModel):
     "/health",
     response_model=Health,
     summary="Health of the services",
-    responses={503: {"model": Health, "description": "A service is unhealthy."}},
+    responses={
+        503: {
+            "model": Health | ErrorBody,
+            "description": (
+                "A service is unhealthy (the body says which); or a Lambda function could "
+                "not start (`UNAVAILABLE`, an error)."
+            ),
+        },
+        # What the checks of every request refuse, which need no key: a URL that is not
+        # UTF-8 (422), a body too large (413) or compressed (415).
+        **error_answer(413),
+        **error_answer(415),
+        **error_answer(422, "The URL's path or query is not UTF-8 text once percent-decoded."),
+        **error_answer(500, "A fault of the server (`INTERNAL_ERROR`, no details)."),
+    },
 )
 async def health(context: Annotated[AppContext, Depends(get_context)]) -> JSONResponse:
     # Checked together, each within HEALTH_TIMEOUT_SECONDS: a store that does not answer
