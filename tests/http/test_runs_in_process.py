@@ -262,7 +262,7 @@ def test_a_position_to_resume_from_is_decimal_digits_only(url: str, keys: Keys) 
             return [e["sequence_number"] for e in parse_sse(response.text.split("\n")).data]
 
         every = numbers(client.get(events))
-        for written, after in (("10", 10), ("010", 10), ("-1", -1), ("-5", -1), ("", -1)):
+        for written, after in (("10", 10), ("010", 10), ("-1", -1), ("", -1)):
             assert numbers(client.get(events, headers={"Last-Event-ID": written})) == [
                 n for n in every if n > after
             ]
@@ -273,6 +273,21 @@ def test_a_position_to_resume_from_is_decimal_digits_only(url: str, keys: Keys) 
             assert refused.status_code == 422, bad
             assert refused.json()["error"]["code"] == "INVALID_INPUT"
         for bad in ("1_0", "+3", " 3 ", "1.0", "\u0663", "-2", ""):
+            assert client.get(events, params={"after": bad}).status_code == 422, bad
+
+
+def test_a_bad_last_event_id_is_refused_as_after_is_naming_the_header(url: str, keys: Keys) -> None:
+    # It was refused naming nothing (param null, loc []), and "-5" replayed the run where
+    # ?after=-5 was refused.
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        body = {"input": [user_message("go")], "stream": False}
+        events = f"/runs/{client.post('/process', json=body).headers['X-Run-Id']}/events"
+        for bad in ("xyz", "-5", "9" * 5000):
+            refused = client.get(events, headers={"Last-Event-ID": bad})
+            assert refused.status_code == 422, bad
+            error = refused.json()["error"]
+            assert error["param"] == "Last-Event-ID", bad
+            assert error["fields"][0]["loc"] == ["header", "Last-Event-ID"], bad
             assert client.get(events, params={"after": bad}).status_code == 422, bad
 
 

@@ -13,8 +13,8 @@
 
 Each event is sent as ``id: <sequence_number>`` and ``data: <event JSON>``, so a client that
 loses the stream resumes with ``Last-Event-ID`` set to the last id it received. Both it and
-``after`` are decimal digits, after a ``-`` for a number below 0 (a ``Last-Event-ID`` below
--1 replays every event, as -1 does; ``after`` below -1 is refused).
+``after`` are decimal digits, after a ``-`` for a number below 0, and at least -1 (-1, or
+neither, replays every event); a blank ``Last-Event-ID`` is none.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, Field
 
-from agentscope_serverless.errors import ConflictError, InvalidInputError, NotFoundError
+from agentscope_serverless.errors import ConflictError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.sse import EventStreamResponse, encode
@@ -138,15 +138,28 @@ def _written_as_sequence_number(value: Any) -> Any:
     return value
 
 
-def _position(last_event_id: str | None, after: int | None) -> int:
+def _blank_as_none(value: Any) -> Any:
+    """``value`` as given, but None for blank text (a header sent empty)."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+# An event's sequence number as a client sends it back (``Last-Event-ID``, ``?after=``):
+# checked as the request's parameters are, so a bad one is a 422 naming itself. The bound
+# is the number's: put on the union (behind the validators), pydantic writes it as ``ge``,
+# which is no keyword of JSON Schema.
+Position = Annotated[
+    Annotated[int, Field(ge=-1)] | None, BeforeValidator(_written_as_sequence_number)
+]
+
+
+def _position(last_event_id: int | None, after: int | None) -> int:
+    """The sequence number to send the events after: ``after``'s, else ``Last-Event-ID``'s,
+    else -1 (every event)."""
     if after is not None:
         return after
-    if last_event_id is None or not last_event_id.strip():
-        return -1
-    try:
-        return int(_written_as_sequence_number(last_event_id))
-    except ValueError:  # not digits, or more of them than int() reads
-        raise InvalidInputError("Last-Event-ID must be an event's sequence number") from None
+    return -1 if last_event_id is None else last_event_id
 
 
 @router.get("", summary="List a session's runs")
@@ -175,14 +188,12 @@ async def run_events(
     user_id: CurrentUser,
     context: Context,
     last_event_id: Annotated[
-        str | None, Header(alias="Last-Event-ID", description="The last event id received.")
+        Position,
+        BeforeValidator(_blank_as_none),
+        Header(alias="Last-Event-ID", description="The last event id received."),
     ] = None,
     after: Annotated[
-        # The bound is the number's: put on the union (behind the validator), pydantic
-        # writes it as ``ge``, which is no keyword of JSON Schema.
-        Annotated[int, Field(ge=-1)] | None,
-        BeforeValidator(_written_as_sequence_number),
-        Query(description="Send the events after this sequence number."),
+        Position, Query(description="Send the events after this sequence number.")
     ] = None,
 ) -> EventStreamResponse:
     position = _position(last_event_id, after)
