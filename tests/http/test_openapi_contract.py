@@ -16,6 +16,7 @@ from referencing.jsonschema import DRAFT202012
 
 from agentscope_serverless.agents.demo import app as demo_app
 from agentscope_serverless.http import create_app
+from agentscope_serverless.http.function_app import create_function_app
 from agentscope_serverless.settings import load_settings
 from tests.conftest import PROJECT_ROOT
 from tests.support.http import (
@@ -156,6 +157,50 @@ def test_health_documents_the_errors_it_answers(
         assert_documented(document, "/health", response)
         content = answers[str(response.status_code)]["content"]
         assert content["application/json"]["schema"] == {"$ref": ERROR_BODY}
+
+
+def test_a_runs_events_are_documented_as_an_event_stream_only(
+    client_for: Callable[..., httpx.Client], keys: Keys
+) -> None:
+    # Its 200 was documented as JSON too, which it never is.
+    client = client_for(keys.alice)
+    document = client.get("/openapi.json").json()
+    run = client.post("/process", json={"input": [user_message("hello")], "stream": False})
+    events = client.get(f"/runs/{run.headers['X-Run-Id']}/events")
+    assert events.status_code == 200
+    assert_documented(document, "/runs/{run_id}/events", events)
+    answers = document["paths"]["/runs/{run_id}/events"]["get"]["responses"]
+    # As /process's: a schema there is read (by schemathesis) as each event's.
+    assert answers["200"]["content"] == {"text/event-stream": {}}
+    assert list(answers["404"]["content"]) == ["application/json"]
+
+
+@pytest.mark.parametrize(
+    ("response_type", "media_type"),
+    [("sse", "text/event-stream"), ("text", "text/plain"), ("json", "application/json")],
+)
+def test_a_served_function_documents_the_one_type_it_answers_in(
+    response_type: str, media_type: str
+) -> None:
+    # Its success was documented as JSON whatever it answered in.
+    keys = Keys.make()  # its own: the application stops its key store as it stops
+    app = create_function_app(
+        lambda body: ["a"],
+        response_type=response_type,
+        settings=load_settings(),
+        key_store=keys.store,
+    )
+    with running(app) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as client:
+        document = client.get("/openapi.json").json()
+        answer = client.post("/process", json={})
+        refused = client.post(
+            "/process", content=b"{", headers={"Content-Type": "application/json"}
+        )
+    assert (answer.status_code, refused.status_code) == (200, 422)
+    answers = document["paths"]["/process"]["post"]["responses"]
+    assert list(answers["200"]["content"]) == [media_type]
+    assert_documented(document, "/process", answer)
+    assert_documented(document, "/process", refused)
 
 
 def test_the_a2a_routes_are_documented_behind_the_key(

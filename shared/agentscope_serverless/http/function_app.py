@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from agentscope_serverless.auth.base import KeyStore
@@ -41,6 +41,11 @@ from agentscope_serverless.settings import Settings
 
 ResponseType = Literal["sse", "json", "text"]
 RESPONSE_TYPES = ("sse", "json", "text")
+_RESPONSE_CLASSES: dict[str, type[Response]] = {
+    "sse": EventStreamResponse,
+    "json": JSONResponse,
+    "text": PlainTextResponse,
+}
 
 
 def create_function_app(
@@ -99,6 +104,9 @@ def create_function_app(
         endpoint,
         methods=["POST"],
         response_model=None,
+        # Documents the success as the one media type it is sent as.
+        response_class=_RESPONSE_CLASSES[response_type],
+        status_code=200,
         dependencies=[Depends(guard_any_type_request)],
         responses=ERROR_RESPONSES,
         # Its body read as UTF-8 JSON only, as every route's (the caller authenticated first).

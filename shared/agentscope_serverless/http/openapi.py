@@ -288,10 +288,14 @@ def complete_document(
     return document
 
 
+# The media types of a route's success (its ``response_class``'s) that no error answer has.
+_SUCCESS_ONLY_TYPES = ("text/event-stream", "text/plain")
+
+
 def _complete_operation(method: str, documented: dict[str, Any], *, write: bool) -> None:
     """One operation: ``Idempotency-Key`` on a write only, each error answer as JSON (FastAPI
-    gives an answer's model the route's media type: an event stream's), the headers of each
-    of its answers."""
+    gives an answer's model the route's media type: an event stream's, or plain text's), a
+    streamed success without a schema, the headers of each of its answers."""
     kinds = frozenset(documented.pop(_ANSWERS_KEY, ()))
     if method in _WRITES and write:
         kinds |= {_WRITE}
@@ -307,13 +311,15 @@ def _complete_operation(method: str, documented: dict[str, Any], *, write: bool)
             documented.pop("parameters", None)
     for status, answer in documented.get("responses", {}).items():
         content = answer.get("content", {})
-        if (
-            status[0] in "45"
-            and "text/event-stream" in content
-            and "application/json" not in content
-        ):
-            # No error answer is a stream: each is JSON, sent before any stream begins.
-            answer["content"] = {"application/json": content.pop("text/event-stream"), **content}
+        streamed = [media_type for media_type in _SUCCESS_ONLY_TYPES if media_type in content]
+        if status[0] in "45" and streamed and "application/json" not in content:
+            # No error answer is a stream or text: each is JSON, sent before any stream begins.
+            answer["content"] = {"application/json": content.pop(streamed[0]), **content}
+        stream = content.get("text/event-stream")
+        if _success(status) and stream is not None and stream.get("schema") == _TEXT:
+            # FastAPI's schema of a streamed success (its body as text) is read by clients
+            # and fuzzers as each event's: it is documented as /process's is, without one.
+            del stream["schema"]
         headers = {
             header.name: header.document()
             for header in RESPONSE_HEADERS

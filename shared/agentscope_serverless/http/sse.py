@@ -113,7 +113,10 @@ def _unfinished_break(body: bytes) -> bytes:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A ``text/event-stream`` response of ``chunks``, with a ping after each silence."""
+    """A ``text/event-stream`` response of ``chunks``, with a ping after each silence. As a
+    route's ``response_class``, it documents the route's success as an event stream only."""
+
+    media_type = MEDIA_TYPE
 
     def __init__(
         self,

@@ -181,7 +181,10 @@ async def get_run(run_id: str, user_id: CurrentUser, context: Context) -> RunVie
     "/{run_id}/events",
     summary="Replay and follow a run's events",
     response_model=None,
-    responses={200: {"description": "The run's events.", "content": {"text/event-stream": {}}}},
+    # Its success is only ever a stream (its errors are JSON, see http.openapi).
+    response_class=EventStreamResponse,
+    status_code=200,
+    responses={200: {"description": "The run's events."}},
 )
 async def run_events(
     run_id: str,
