@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -82,3 +83,33 @@ def test_trace_headers_that_are_not_printable_text_are_left_out() -> None:
         sent = {"traceparent": "00-\xe9t\xe9".encode("latin-1"), "tracestate": "a=1" * 2000}
         seen = seen_by_agent(url, keys.alice, sent)
     assert seen["headers"] == {}
+
+
+@trace("TOOL", trace_name="warm")
+def warm() -> str:
+    return TracingUtil.get_request_id()
+
+
+def test_a_traced_call_outside_a_request_leaves_each_request_its_own_id() -> None:
+    # As an agent module calling a traced helper as it is imported: the id that call is given
+    # must not become that of the requests later served in a context copied from this one.
+    outside = warm()
+    keys = Keys.make()
+    served = create_app(settings=load_settings(), agent_app=app, key_store=keys.store)
+    body = {"input": [user_message("hi")], "stream": False}
+
+    async def seen() -> list[str]:
+        transport = httpx.ASGITransport(app=served)
+        ids = []
+        client = httpx.AsyncClient(transport=transport, base_url="http://test")
+        async with served.router.lifespan_context(served), client:
+            for sent in ("req-1", "req-2"):
+                headers = {**bearer(keys.alice), "X-Request-Id": sent}
+                answer = await client.post("/process", json=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                text = answer.json()["output"][-1]["content"][0]["text"]
+                ids.append(json.loads(text)["request_id"])
+        return ids
+
+    assert asyncio.run(seen()) == ["req-1", "req-2"]
+    assert warm() == outside

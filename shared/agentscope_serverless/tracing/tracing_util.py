@@ -65,9 +65,11 @@ class TracingUtil:
 
     @staticmethod
     def get_request_id(default_value: str = "") -> str:
-        """The request id set, else the id of the HTTP request being served (its
-        ``X-Request-Id``, on its log lines), else ``default_value``."""
-        return _REQUEST_ID.get() or current_request_id() or default_value
+        """The id of the HTTP request being served (its ``X-Request-Id``, on its log lines),
+        else the request id set, else ``default_value``. Inside a request its own id wins: an
+        id set outside it (a traced call as the agent module is imported, say) is inherited by
+        the tasks serving requests and must not stand for theirs."""
+        return current_request_id() or _REQUEST_ID.get() or default_value
 
     @staticmethod
     def set_trace_header(trace_headers: dict[str, Any]) -> None:
