@@ -818,6 +818,41 @@ def test_the_streaming_function_that_cannot_start_answers_503_then_starts_once_i
 
 
 @pytest.mark.parametrize("function", ["buffered", "streaming"])
+def test_a_function_that_cannot_start_counts_its_503_as_an_error_under_the_clients_id(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request_log: pytest.CaptureFixture[str],
+    function: str,
+) -> None:
+    # Its 503 wrote no Errors metric, and the buffered function's request line left out the
+    # id the client sent, the streaming function's its X-Ray trace id.
+    monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
+    monkeypatch.setenv("AUTH_KEYS_FILE", str(tmp_path / "keys.json"))
+    monkeypatch.setenv("METRICS_NAMESPACE", "Tests")
+    monkeypatch.setenv("RUNS_BACKEND", "cassandra")  # a setting that stops the start
+    xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1"
+    headers = {"X-Request-Id": "client-5", "X-Amzn-Trace-Id": xray}
+    request_log.readouterr()
+    if function == "buffered":
+        monkeypatch.setenv("_X_AMZN_TRACE_ID", xray)
+        event = function_url_event("GET", "/health", headers=headers)
+        answer = make_handler(["sessions", "runs"])(event, LambdaContext(60, "invocation-5"))
+        assert answer["statusCode"] == 503
+    else:
+        # As the Web Adapter forwards an invocation, with what the client sent.
+        invocation = {"request_id": "invocation-5", "deadline": int((time.time() + 60) * 1000)}
+        headers["x-amzn-lambda-context"] = json.dumps(invocation)
+        with TestClient(build_web_adapter_app(["sessions", "runs"])) as client:
+            assert client.get("/health", headers=headers).status_code == 503
+    lines = _lines(request_log)
+    (request,) = [line for line in lines if line.get("message") == "request"]
+    assert request["client_request_id"] == "client-5"
+    assert request["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793"
+    (metric,) = [line for line in lines if "_aws" in line]
+    assert metric["Errors"] == 1
+
+
+@pytest.mark.parametrize("function", ["buffered", "streaming"])
 def test_a_function_that_cannot_start_for_a_setting_logs_it_in_one_line_without_a_traceback(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

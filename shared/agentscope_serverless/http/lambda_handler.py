@@ -48,7 +48,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
@@ -59,6 +58,7 @@ if TYPE_CHECKING:
     from mangum.types import LambdaHandler as MangumHandler
     from starlette.types import ASGIApp, Message, Receive, Send
 
+    from agentscope_serverless.metrics import RunMetrics
     from agentscope_serverless.settings import Settings
 
 _T = TypeVar("_T")
@@ -268,11 +268,15 @@ async def _in_daemon_thread(function: Callable[[], _T]) -> _T:
 async def _send_unavailable(scope: Scope, send: Send) -> None:
     """Answer that the function could not start (the cause is logged, not sent), under the
     invocation's id, as the application would."""
-    from agentscope_serverless.http.middleware import NO_STORE, request_ids_of
+    from agentscope_serverless.http.middleware import (
+        NO_STORE,
+        request_ids_of,
+        request_trace_ids,
+    )
     from agentscope_serverless.log import bind_request_id, log_request
 
     request_id, client_request_id = request_ids_of(scope)
-    bind_request_id(request_id, client_request_id)
+    bind_request_id(request_id, client_request_id, trace_ids=request_trace_ids(scope))
     _log_exception("the function could not start")
     log_request(
         request_id,
@@ -283,6 +287,9 @@ async def _send_unavailable(scope: Scope, send: Send) -> None:
         client_request_id=client_request_id,
         failure={"code": "UNAVAILABLE"},
     )
+    metrics = _environment_metrics()
+    if metrics is not None:
+        metrics.request_failed(code="UNAVAILABLE")
     body = _error_json("UNAVAILABLE", "the function could not start", 503).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -480,7 +487,8 @@ class _LazyApplication:
         try:
             app, loop = self._start()
         except Exception:
-            return _error(handler, 503, "UNAVAILABLE", "the function could not start", log=True)
+            message = "the function could not start"
+            return _error(handler, 503, "UNAVAILABLE", message, log=True)
         try:
             scope = _scope(handler, event)
             body = _body(handler, event)
@@ -500,7 +508,8 @@ class _LazyApplication:
             try:
                 return _serve(loop, app, handler, scope, body)
             except Exception:
-                return _error(handler, 500, "INTERNAL_ERROR", "internal server error", log=True)
+                message = "internal server error"
+                return _error(handler, 500, "INTERNAL_ERROR", message, log=True, app=app)
 
     def _run_task(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         """Run a background task sent by an asynchronous invocation (not a Function URL).
@@ -1076,19 +1085,62 @@ def _log_exception(message: str, *, extra: dict[str, Any] | None = None) -> None
         logger.exception(message, extra=extra, stacklevel=2)
 
 
+def _environment_metrics() -> RunMetrics | None:
+    """The metrics writer of ``METRICS_NAMESPACE``, for a function that could not start
+    (its settings, maybe invalid, not read): None when unset or not a namespace."""
+    from agentscope_serverless.metrics import run_metrics
+    from agentscope_serverless.settings import Settings
+
+    try:
+        namespace = Settings._namespace(os.environ.get("METRICS_NAMESPACE") or None)
+    except ValueError:
+        return None
+    return run_metrics(namespace)
+
+
 def _error(
-    handler: MangumHandler, status: int, code: str, message: str, *, log: bool = False
+    handler: MangumHandler,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    log: bool = False,
+    app: FastAPI | None = None,
 ) -> dict[str, Any]:
-    """An error answered outside the application, in the shape of the request's event."""
-    from agentscope_serverless.http.middleware import NO_STORE
+    """An error answered outside the application, in the shape of the request's event; a
+    server error writes its metric (the metrics of ``app``, started, else of the
+    environment's ``METRICS_NAMESPACE``)."""
+    from agentscope_serverless.http.middleware import NO_STORE, request_ids_of
     from agentscope_serverless.log import log_request
 
-    # The invocation's id, as in the application (see ``request_ids_of``).
-    request_id = _aws_request_id(getattr(handler, "context", None)) or uuid.uuid4().hex
+    # The invocation's id and the client's, as in the application (see ``request_ids_of``).
+    event = getattr(handler, "event", None)
+    headers = event.get("headers") if isinstance(event, dict) else None
+    scope: dict[str, Any] = {
+        "headers": [
+            (b"x-request-id", value.encode("latin-1", "replace"))
+            for name, value in (headers.items() if isinstance(headers, dict) else ())
+            if isinstance(name, str) and name.lower() == "x-request-id" and isinstance(value, str)
+        ],
+        "aws.context": getattr(handler, "context", None),
+    }
+    request_id, client_request_id = request_ids_of(scope)
     if log:
         _log_exception(message, extra={"request_id": request_id})
-    method, path = _method_and_path(getattr(handler, "event", None))
-    log_request(request_id, method, path, status, 0.0, failure={"code": code})
+    method, path = _method_and_path(event)
+    log_request(
+        request_id,
+        method,
+        path,
+        status,
+        0.0,
+        client_request_id=client_request_id,
+        failure={"code": code},
+    )
+    if status >= 500:
+        metrics = _environment_metrics() if app is None else getattr(app, "request_metrics", None)
+        if metrics is not None:
+            metrics.request_failed(code=code)
     body = _error_json(code, message, status).encode()
     headers = [
         [b"content-type", b"application/json"],

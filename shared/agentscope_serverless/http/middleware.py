@@ -170,6 +170,19 @@ def request_ids_of(scope: Scope) -> tuple[str, str | None]:
     return client_id or uuid.uuid4().hex, None
 
 
+def request_trace_ids(scope: Scope) -> dict[str, str] | None:
+    """The trace ids of the request's lines (:func:`trace_ids_of`): on Lambda (Mangum), the
+    invocation's X-Ray trace, else the ``X-Amzn-Trace-Id`` header's; and its ``traceparent``'s.
+    None when there are none."""
+    trace_headers = trace_headers_of(scope)
+    lambda_trace = os.environ.get(LAMBDA_TRACE_VARIABLE) if "aws.context" in scope else None
+    if not trace_headers and not lambda_trace:
+        return None
+    return trace_ids_of(
+        lambda_trace or trace_headers.get("x-amzn-trace-id"), trace_headers.get("traceparent")
+    )
+
+
 def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
     """The Lambda invocation's request id: from its context object (Mangum), or from the
     context the Web Adapter sends in a header; None outside Lambda."""
@@ -226,14 +239,7 @@ class RequestContextMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         trace_headers = trace_headers_of(scope)
-        lambda_trace = os.environ.get(LAMBDA_TRACE_VARIABLE) if "aws.context" in scope else None
-        trace_ids = None
-        if trace_headers or lambda_trace:
-            trace_ids = trace_ids_of(
-                lambda_trace or trace_headers.get("x-amzn-trace-id"),
-                trace_headers.get("traceparent"),
-            )
-        bind_request_id(request_id, client_request_id, trace_ids=trace_ids)
+        bind_request_id(request_id, client_request_id, trace_ids=request_trace_ids(scope))
         if trace_headers:
             TracingUtil.set_trace_header(trace_headers)
         header = (b"x-request-id", request_id.encode())
