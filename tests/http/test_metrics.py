@@ -196,3 +196,34 @@ def test_a_service_name_cloudwatch_would_refuse_as_a_dimension_fails_at_start(
     # Without metrics, the name is only the logs' own: taken.
     env.pop("METRICS_NAMESPACE")
     assert subprocess.run([sys.executable, "-c", check], env=env, timeout=60).returncode == 0
+
+
+def test_a_run_failed_in_a_reply_not_streamed_logs_its_code_and_caller(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """/process answered a failed run not streamed with a request line without its error
+    code or its caller (user_id, key_id), which chat completions' has."""
+    from agentscope_serverless.log import logger
+
+    key_file = tmp_path / "keys.json"
+    key = issue_key(FileKeyStore(key_file), "alice")
+    settings = load_settings(auth_keys_backend="file", auth_keys_file=str(key_file))
+    level = logger.level
+    logger.setLevel("INFO")  # the request lines (the tests log nothing below CRITICAL)
+    try:
+        with running(create_app(settings=settings, agent_app=app)) as url:
+            capfd.readouterr()
+            body = {"input": [user_message("fail")], "stream": False}
+            failed = httpx.post(f"{url}/process", json=body, headers=bearer(key), timeout=30)
+            assert failed.status_code == 500
+            chat = {"model": "m", "messages": [{"role": "user", "content": "fail"}]}
+            path = "/compatible-mode/v1/chat/completions"
+            answered = httpx.post(f"{url}{path}", json=chat, headers=bearer(key), timeout=30)
+            assert answered.status_code == 500
+    finally:
+        logger.setLevel(level)
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line[:1] == "{"]
+    requests = [line for line in lines if line.get("message") == "request"]
+    said = [(r["path"], r.get("code"), r.get("user_id"), "key_id" in r) for r in requests]
+    code = failed.json()["error"]["code"]
+    assert said == [("/process", code, "alice", True), (path, code, "alice", True)]

@@ -39,6 +39,7 @@ from agentscope_serverless.http.auth import (
 from agentscope_serverless.http.bodies import utf8_request
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import (
+    ERROR_CODE_STATE,
     ErrorResponse,
     asks_retry,
     error_body,
@@ -498,7 +499,11 @@ def build_router(
             final = await _final(recorded, request)
             if final is None:
                 return Response(status_code=CLIENT_LEFT)
-            status = 200 if final.error is None else status_of_code(final.error.code)
+            status = 200
+            if final.error is not None:
+                status = status_of_code(final.error.code)
+                # For the request's log line and its metric, as an error's answer leaves it.
+                request.scope.setdefault("state", {})[ERROR_CODE_STATE] = final.error.code
             return Response(
                 final.model_dump_json(),
                 status_code=status,
