@@ -287,12 +287,13 @@ def _configured_level() -> tuple[int, str | None]:
             break
     else:
         return logging.INFO, None
-    level = logging.getLevelNamesMapping().get(value.upper())
-    if level is not None and value == value.strip():
-        return level, None
+    # Only the five documented: logging also knows NOTSET (which leaves the level to the
+    # root logger's, WARNING), WARN and FATAL.
+    if value.upper() in _LEVEL_NAMES:
+        return logging.getLevelNamesMapping()[value.upper()], None
     problem = (
         "begins or ends with white space, such as the \\r a Windows line ending leaves (remove it)"
-        if value.strip().upper() in logging.getLevelNamesMapping()
+        if value.strip().upper() in _LEVEL_NAMES
         else f"is no log level (give {', '.join(_LEVEL_NAMES[:-1])} or {_LEVEL_NAMES[-1]})"
     )
     return logging.INFO, f"{variable}={value!r} {problem}: logging at INFO"

@@ -841,7 +841,7 @@ def test_serve_takes_a_log_level_in_any_case(tmp_path: Path) -> None:
         assert running.key.startswith("ask_")
 
 
-@pytest.mark.parametrize("value", ["verbose", "debug\r"])
+@pytest.mark.parametrize("value", ["verbose", "debug\r", "NOTSET", "warn", "FATAL"])
 def test_serve_warns_of_a_log_level_variable_that_names_no_level(
     tmp_path: Path, value: str
 ) -> None:
