@@ -18,7 +18,8 @@ A request answered with a server error (a 5xx: a store down before the run begin
 error no handler maps, a run failed in a reply not streamed) writes one line of its own:
 ``Errors`` (Count), by ``Service``, and by ``Service`` and ``Code``, the error code it was
 answered with when it is one of the runtime's own (a code of its error classes:
-:func:`agentscope_serverless.errors.error_classes`), else ``OTHER`` (an agent's code, or
+:func:`agentscope_serverless.errors.error_classes`, or of :data:`RUNTIME_ERROR_CODES`, such
+as ``AGENT_UNKNOWN_ERROR`` for a run the agent failed), else ``OTHER`` (an agent's code, or
 none): the dimension takes a bounded set of values, whatever the agent or the client sends.
 
 A line names no user, session or run: metrics are per service, not per person.
@@ -43,15 +44,32 @@ from agentscope_serverless.log import SERVICE
 SERVICE_DIMENSION = "Service"
 # The Code of an error whose code is none of the runtime's own (or that has none).
 OTHER_ERROR_CODE = "OTHER"
+# The runtime's codes that are no error class's: of a run the agent failed
+# (``runner.AGENT_UNKNOWN_ERROR``, the built-in LLM agent's), of a request the application did
+# not answer (``http.errors.INTERNAL_ERROR``) and of a function or server that could not start.
+RUNTIME_ERROR_CODES = frozenset(
+    {
+        "AGENT_UNKNOWN_ERROR",
+        "AGENT_MAX_ITERATIONS",
+        "LLM_ERROR",
+        "LLM_UNAVAILABLE",
+        "INTERNAL_ERROR",
+        "UNAVAILABLE",
+    }
+)
 
 
 def error_code_dimension(code: str | None) -> str:
     """The value of the ``Code`` dimension for an answer with the error code ``code``.
 
-    >>> error_code_dimension("STORE_UNAVAILABLE"), error_code_dimension("user 42 failed")
-    ('STORE_UNAVAILABLE', 'OTHER')
+    >>> error_code_dimension("STORE_UNAVAILABLE"), error_code_dimension("AGENT_UNKNOWN_ERROR")
+    ('STORE_UNAVAILABLE', 'AGENT_UNKNOWN_ERROR')
+    >>> error_code_dimension("user 42 failed")
+    'OTHER'
     """
-    if code is not None and any(cls.code == code for cls in errors.error_classes()):
+    if code is None:
+        return OTHER_ERROR_CODE
+    if code in RUNTIME_ERROR_CODES or any(cls.code == code for cls in errors.error_classes()):
         return code
     return OTHER_ERROR_CODE
 
@@ -135,6 +153,7 @@ def run_metrics(namespace: str | None) -> RunMetrics | None:
 
 __all__ = [
     "OTHER_ERROR_CODE",
+    "RUNTIME_ERROR_CODES",
     "RunMetrics",
     "emf_line",
     "error_code_dimension",

@@ -150,7 +150,10 @@ def test_a_request_answered_with_a_server_error_writes_one_errors_line(
         assert down.json()["error"]["code"] == "STORE_UNAVAILABLE"
     records = emf_lines(capfd.readouterr().out)
     errors = [record for record in records if "Errors" in record]
-    assert [(r["Errors"], r["Code"]) for r in errors] == [(1, "OTHER"), (1, "STORE_UNAVAILABLE")]
+    assert [(r["Errors"], r["Code"]) for r in errors] == [
+        (1, "AGENT_UNKNOWN_ERROR"),  # it was OTHER: the runtime's own code for a failed run
+        (1, "STORE_UNAVAILABLE"),
+    ]
     (directive,) = errors[1]["_aws"]["CloudWatchMetrics"]
     assert directive["Namespace"] == "AgentScopeServerless"
     assert directive["Dimensions"] == [["Service"], ["Service", "Code"]]
@@ -227,3 +230,14 @@ def test_a_run_failed_in_a_reply_not_streamed_logs_its_code_and_caller(
     said = [(r["path"], r.get("code"), r.get("user_id"), "key_id" in r) for r in requests]
     code = failed.json()["error"]["code"]
     assert said == [("/process", code, "alice", True), (path, code, "alice", True)]
+
+
+def test_the_runtimes_own_codes_are_their_own_code_dimension() -> None:
+    from agentscope_serverless.http.errors import INTERNAL_ERROR
+    from agentscope_serverless.metrics import error_code_dimension
+    from agentscope_serverless.runner import AGENT_UNKNOWN_ERROR
+
+    for code in (AGENT_UNKNOWN_ERROR, INTERNAL_ERROR, "LLM_ERROR", "UNAVAILABLE"):
+        assert error_code_dimension(code) == code
+    assert error_code_dimension("MY_AGENTS_OWN") == "OTHER"
+    assert error_code_dimension(None) == "OTHER"

@@ -849,7 +849,7 @@ def test_a_function_that_cannot_start_counts_its_503_as_an_error_under_the_clien
     assert request["client_request_id"] == "client-5"
     assert request["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793"
     (metric,) = [line for line in lines if "_aws" in line]
-    assert metric["Errors"] == 1
+    assert (metric["Errors"], metric["Code"]) == (1, "UNAVAILABLE")
 
 
 @pytest.mark.parametrize("function", ["buffered", "streaming"])
