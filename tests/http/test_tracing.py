@@ -113,3 +113,26 @@ def test_a_traced_call_outside_a_request_leaves_each_request_its_own_id() -> Non
 
     assert asyncio.run(seen()) == ["req-1", "req-2"]
     assert warm() == outside
+
+
+renaming = AgentApp(app_name="renaming")
+
+
+@renaming.query(framework="text")
+async def renamed(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+    TracingUtil.set_request_id(f"mine-{TracingUtil.get_request_id()}")
+    yield TracingUtil.get_request_id()
+
+
+def test_a_request_id_the_agent_sets_is_the_one_it_reads_in_that_request() -> None:
+    # As AgentScope's TracingUtil: set, then got, in the same request (the request's own id
+    # wins only over one set outside it).
+    keys = Keys.make()
+    served = create_app(settings=load_settings(), agent_app=renaming, key_store=keys.store)
+    with running(served) as url:
+        body = {"input": [user_message("hi")], "stream": False}
+        for sent in ("req-1", "req-2"):
+            headers = {**bearer(keys.alice), "X-Request-Id": sent}
+            answer = httpx.post(f"{url}/process", json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["output"][-1]["content"][0]["text"] == f"mine-{sent}"

@@ -30,7 +30,7 @@ def no_request_yet() -> Iterator[None]:
         (log._request_id, None),
         (log._client_request_id, None),
         (log._trace_ids, ()),
-        (tracing_util._REQUEST_ID, ""),
+        (tracing_util._REQUEST_ID, None),
         (tracing_util._TRACE_HEADER, {}),
         (tracing_util._COMMON_ATTRIBUTES, {}),
     ]

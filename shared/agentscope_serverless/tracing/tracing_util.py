@@ -9,7 +9,10 @@ from typing import Any
 
 from agentscope_serverless.log import current_request_id
 
-_REQUEST_ID: ContextVar[str] = ContextVar("trace_request_id", default="")
+# The request id set, with the id of the HTTP request it was set in (None: outside any).
+_REQUEST_ID: ContextVar[tuple[str | None, str] | None] = ContextVar(
+    "trace_request_id", default=None
+)
 _TRACE_HEADER: ContextVar[dict[str, Any]] = ContextVar("trace_header")
 _COMMON_ATTRIBUTES: ContextVar[dict[str, Any]] = ContextVar("trace_common_attributes")
 
@@ -52,7 +55,7 @@ class TracingUtil:
         keeps the request id already set."""
         if not value:
             return
-        _REQUEST_ID.set(value)
+        _REQUEST_ID.set((current_request_id(), value))
         TracingUtil.clear_common_attributes()
         TracingUtil.set_common_attributes(
             {
@@ -65,11 +68,16 @@ class TracingUtil:
 
     @staticmethod
     def get_request_id(default_value: str = "") -> str:
-        """The id of the HTTP request being served (its ``X-Request-Id``, on its log lines),
-        else the request id set, else ``default_value``. Inside a request its own id wins: an
-        id set outside it (a traced call as the agent module is imported, say) is inherited by
-        the tasks serving requests and must not stand for theirs."""
-        return current_request_id() or _REQUEST_ID.get() or default_value
+        """The request id set while serving this HTTP request, else the request's own id (its
+        ``X-Request-Id``, on its log lines), else (outside any request) the request id set,
+        else ``default_value``. An id set outside the request (a traced call as the agent
+        module is imported, say) is inherited by the tasks serving requests, and must not
+        stand for theirs."""
+        serving = current_request_id()
+        held = _REQUEST_ID.get()
+        if held is not None and held[0] == serving:
+            return held[1]
+        return serving or (held[1] if held is not None else "") or default_value
 
     @staticmethod
     def set_trace_header(trace_headers: dict[str, Any]) -> None:
