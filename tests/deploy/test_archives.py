@@ -493,6 +493,43 @@ def test_a_project_module_named_as_a_dependencys_is_refused_naming_both(tmp_path
     assert list(out.iterdir()) == []
 
 
+def test_a_requirement_installing_a_standard_librarys_module_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    # enum34 installs a top-level enum/ package: ahead of the standard library on the
+    # deployed import path, the app could not start (module 'enum' has no attribute
+    # 'global_enum'); the build passed.
+    vendor = tmp_path / "vendor"
+    write_wheel(vendor, "agentscope_enum_backport", "1.0", "", {"enum/__init__.py": ""})
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text(
+        f"--find-links {vendor}\nagentscope_enum_backport==1.0\n"
+    )
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    out = tmp_path / "out"
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError) as refused:
+            build(project, out, agent="agent:app", python_version=HOST_PYTHON)
+        assert str(refused.value).startswith(
+            "the requirements install enum/ (of agentscope_enum_backport 1.0), named as a "
+            f"module of the standard library of Python {HOST_PYTHON}: "
+        ), refused.value
+    assert list(out.iterdir()) == []
+
+
+def test_the_import_check_sees_a_standard_librarys_module_the_package_hides(
+    tmp_path: Path,
+) -> None:
+    # The check imported json (and so re and enum) before the package's folders were on
+    # its path: an enum/ of the package, which the deployed app imports, went unseen.
+    (tmp_path / "enum").mkdir()
+    (tmp_path / "enum" / "__init__.py").write_text("")
+    (tmp_path / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    with pytest.raises(PackagingError, match="cannot be imported from the package's contents"):
+        check_agent_import("agent:app", [tmp_path, *RUNTIME_PATH], python_version=HOST_PYTHON)
+
+
 def test_two_builds_at_once_into_the_projects_folder_each_leave_a_whole_archive(
     tmp_path: Path,
 ) -> None:

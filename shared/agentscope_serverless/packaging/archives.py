@@ -321,6 +321,7 @@ def build_agentrun_archive(
             cwd=project_root.resolve(),  # a requirement's path is the project folder's
         )
         project.check_portable(project.installed_tags(staging), platform)
+        project.refuse_standard_shadowing(staging, python_version=python_version)
         _drop_install_leftovers(staging)  # before the project's files: a bin/ may be theirs
         progress("copying the runtime and the project")
         project.copy_runtime(staging)
@@ -579,6 +580,7 @@ def _check_modelstudio_import(
             "installing the bundled wheels",
         )
         project.refuse_shadowing(copied, Path(installed))
+        project.refuse_standard_shadowing(Path(installed), python_version=python_version)
         project.check_agent_import(agent, [staging, Path(installed)], python_version=python_version)
 
 

@@ -660,23 +660,39 @@ def _top_module(name: str, *, folder: bool) -> str | None:
     return name.partition(".")[0] if name.endswith(_MODULE_SUFFIXES) else None
 
 
-def refuse_shadowing(copied: Sequence[str], site: Path) -> None:
-    """Refuse the project's top-level entries (``copied``, as :func:`copy_project` returns
-    them) named as a module of a distribution installed in ``site``: in one folder, or the
-    project's ahead of the dependencies on the import path, one hides or overwrites the
-    other (a project's ``anyio/`` package merged into the runtime's breaks every server).
-    A library the project requires by path (``./libs/mylib``) is its own: not a clash."""
-    owners: dict[str, str] = {}
+def _installed_modules(site: Path, *, by_path: bool) -> dict[str, tuple[str, str]]:
+    """The top-level modules of the distributions installed in ``site``, each with its
+    distribution (``six 1.17.0``) and its entry there (``six.py``, ``enum`` for a package),
+    as their ``RECORD`` files list them; with ``by_path`` false, not those of a library the
+    project requires by path (``./libs/mylib``)."""
+    owners: dict[str, tuple[str, str]] = {}
     for record in sorted(site.glob("*.dist-info/RECORD")):
         origin = record.with_name("direct_url.json")
-        if origin.is_file() and json.loads(origin.read_text()).get("url", "").startswith("file:"):
+        if (
+            not by_path
+            and origin.is_file()
+            and json.loads(origin.read_text()).get("url", "").startswith("file:")
+        ):
             continue
         distribution = record.parent.name.removesuffix(".dist-info").replace("-", " ", 1)
         for row in csv.reader(record.read_text(errors="replace").splitlines()):
             top, separator, _ = (row[0] if row else "").partition("/")
             module = _top_module(top, folder=bool(separator))
             if module is not None:
-                owners.setdefault(module, distribution)
+                owners.setdefault(module, (distribution, top))
+    return owners
+
+
+def refuse_shadowing(copied: Sequence[str], site: Path) -> None:
+    """Refuse the project's top-level entries (``copied``, as :func:`copy_project` returns
+    them) named as a module of a distribution installed in ``site``: in one folder, or the
+    project's ahead of the dependencies on the import path, one hides or overwrites the
+    other (a project's ``anyio/`` package merged into the runtime's breaks every server).
+    A library the project requires by path (``./libs/mylib``) is its own: not a clash."""
+    owners = {
+        module: distribution
+        for module, (distribution, _) in _installed_modules(site, by_path=False).items()
+    }
     clashes = []
     for name in copied:
         module = _top_module(name, folder="." not in name)
@@ -688,6 +704,52 @@ def refuse_shadowing(copied: Sequence[str], site: Path) -> None:
             "a dependency the package holds: one would hide or overwrite the other; rename the "
             "project's"
         )
+
+
+def refuse_standard_shadowing(site: Path, *, python_version: str) -> None:
+    """Refuse the distributions installed in ``site`` that hold a top-level module or package
+    named as a module of the standard library of the target's Python (``enum34``'s ``enum/``,
+    ``typing``'s ``typing.py``): deployed, the dependencies come ahead of the standard library
+    on the import path (Lambda's layer, an archive's root), so every import of it would get
+    theirs, and the app could not start. A folder without ``__init__.py`` hides no module."""
+    standard = standard_module_names(python_version)
+    hiding = [
+        f"{entry}{'/' if (site / entry).is_dir() else ''} (of {distribution})"
+        for module, (distribution, entry) in sorted(_installed_modules(site, by_path=True).items())
+        if module in standard and (site / entry).exists() and _hides(site / entry)
+    ]
+    if hiding:
+        one = len(hiding) == 1
+        raise PackagingError(
+            f"the requirements install {', '.join(hiding)}, named as "
+            f"{'a module' if one else 'modules'} of the standard library of Python "
+            f"{python_version}: deployed, the dependencies come ahead of the standard library "
+            f"on the import path, so every import of {'it' if one else 'them'} would get the "
+            "requirement's, and the app could not start; leave out that requirement (a "
+            "backport for an older Python, say), or pin what requires it to a version that "
+            "does not"
+        )
+
+
+@functools.cache
+def standard_module_names(python_version: str) -> frozenset[str]:
+    """The top-level modules of the standard library of CPython ``python_version`` (the
+    target's, whose list may differ from the build's own Python's)."""
+    python = interpreter(python_version)
+    if python == sys.executable:
+        return frozenset(sys.stdlib_module_names)
+    result = subprocess.run(
+        [python, "-I", "-S", "-c", "import sys; print(*sorted(sys.stdlib_module_names))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise PackagingError(
+            f"CPython {python_version} ({python}) could not list its standard library: "
+            + (result.stderr.strip().splitlines() or ["failed"])[-1]
+        )
+    return frozenset(result.stdout.split())
 
 
 def project_requirements(source: Path | None) -> Path | None:
@@ -1029,9 +1091,13 @@ def _path_past_shims() -> str:
     return os.pathsep.join([*kept, *versions])
 
 
+# Nothing is imported before the package's folders are put on the path (only ``sys``,
+# built in): a module of the standard library imported first (``json`` imports ``re`` and
+# ``enum``) would hide one of a dependency's of its name, which the deployed app gets.
 _IMPORT_PROBE = """
-import importlib, json, sys
-sys.path[:0] = json.loads(sys.argv[2])
+import sys
+sys.path[:0] = sys.argv[2:]
+import importlib
 module_name, _, attribute = sys.argv[1].partition(":")
 from agentscope_serverless.app.agent_app import importing_agent
 from agentscope_serverless.errors import ConfigurationError
@@ -1117,7 +1183,7 @@ def check_agent_import(agent: str, paths: Sequence[Path], *, python_version: str
                     "-c",
                     _IMPORT_PROBE,
                     agent,
-                    json.dumps([str(p) for p in paths]),
+                    *[str(p) for p in paths],
                 ],
                 cwd=empty,
                 capture_output=True,
@@ -1190,6 +1256,7 @@ __all__ = [
     "pinned",
     "project_requirements",
     "refuse_shadowing",
+    "refuse_standard_shadowing",
     "resolve_requirements",
     "run",
     "runtime_lock",

@@ -467,6 +467,7 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     try:
         layer = target / "SharedLayer" / "python"
         project.refuse_shadowing(staged, layer)
+        project.refuse_standard_shadowing(layer, python_version="3.11")
         project.check_portable(project.installed_tags(layer), "manylinux2014_x86_64")
         slim_layer(layer)
         compile_layer(
