@@ -1337,10 +1337,11 @@ def test_inits_project_runs_its_test_without_a_warning(tmp_path: Path, plugins: 
     assert "warning" not in (tested.stdout + tested.stderr).lower(), tested.stdout
 
 
-@pytest.mark.parametrize("name", ["email", "json", "fastapi", "tests"])
+@pytest.mark.parametrize("name", ["email", "json", "fastapi", "tests", "six", "idna", "jmespath"])
 def test_init_refuses_a_name_whose_package_python_already_has(tmp_path: Path, name: str) -> None:
     # "init email" wrote a project whose test and serve failed: its package was the
-    # standard library's.
+    # standard library's. "init six" (a module of a dependency of the runtime) wrote one
+    # that every build refused.
     result = subprocess.run(
         [SCRIPT, "init", name], capture_output=True, text=True, cwd=tmp_path, timeout=60
     )

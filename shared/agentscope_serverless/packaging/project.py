@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -676,11 +677,40 @@ def _installed_modules(site: Path, *, by_path: bool) -> dict[str, tuple[str, str
             continue
         distribution = record.parent.name.removesuffix(".dist-info").replace("-", " ", 1)
         for row in csv.reader(record.read_text(errors="replace").splitlines()):
-            top, separator, _ = (row[0] if row else "").partition("/")
-            module = _top_module(top, folder=bool(separator))
+            top, module = _recorded_top(row[0] if row else "")
             if module is not None:
                 owners.setdefault(module, (distribution, top))
     return owners
+
+
+def _recorded_top(path: str) -> tuple[str, str | None]:
+    """The top-level entry of a path a distribution's ``RECORD`` lists (``six.py``,
+    ``anyio/_core/_fileio.py``), and the module it is imported as, if any."""
+    top, separator, _ = path.partition("/")
+    return top, _top_module(top, folder=bool(separator))
+
+
+@functools.cache
+def runtime_modules() -> frozenset[str]:
+    """The top-level modules every package of a project holds besides the project's: this
+    package and those of the distributions ``runtime.lock`` pins (``fastapi``, ``six``,
+    ``idna``...), as installed with this package; a project's module of one of those names is
+    refused by every build (:func:`refuse_shadowing`)."""
+    modules = {PACKAGE}
+    if not RUNTIME_LOCK.is_file():
+        return frozenset(modules)
+    for line in RUNTIME_LOCK.read_text().splitlines():
+        name, pinned, _ = line.split("#")[0].strip().partition("==")
+        if not pinned:
+            continue
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:  # not for this platform (uvloop)
+            continue
+        modules.update(
+            module for module in (_recorded_top(f.as_posix())[1] for f in files) if module
+        )
+    return frozenset(modules)
 
 
 def refuse_shadowing(copied: Sequence[str], site: Path) -> None:
@@ -1260,6 +1290,7 @@ __all__ = [
     "resolve_requirements",
     "run",
     "runtime_lock",
+    "runtime_modules",
     "secrets_left_out",
     "standard_module",
     "tool",

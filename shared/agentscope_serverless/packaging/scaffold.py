@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from agentscope_serverless.errors import ConfigurationError
-from agentscope_serverless.packaging.project import standard_module
+from agentscope_serverless.packaging.project import runtime_modules, standard_module
 
 AGENT = '''"""The {name} agent: an AgentApp whose query handler answers each message."""
 
@@ -86,7 +86,7 @@ def package_name(name: str) -> str:
     package = re.sub(r"\W", "_", name.strip().lower().replace("-", "_"))
     if not package or not package.isidentifier() or keyword.iskeyword(package):
         raise ConfigurationError(f"{name!r} cannot name a Python package")
-    if standard_module(package) or package in _TAKEN:
+    if standard_module(package) or package in runtime_modules() or package in _TAKEN:
         raise ConfigurationError(
             f"{name!r} would name the package {package!r}, which Python or the runtime already "
             f"has: the project could not import its agent (try {package + '_agent'!r})"
@@ -94,25 +94,8 @@ def package_name(name: str) -> str:
     return package
 
 
-# Top-level packages of the runtime and its dependencies a project's package would shadow.
-_TAKEN = frozenset(
-    {
-        "agentscope_serverless",
-        "agentscope",
-        "fastapi",
-        "pydantic",
-        "httpx",
-        "redis",
-        "boto3",
-        "botocore",
-        "starlette",
-        "uvicorn",
-        "mangum",
-        "a2a",
-        "openai",
-        "tests",
-    }
-)
+# The project's own folder of tests, which a package of its name would be merged with.
+_TAKEN = frozenset({"tests"})
 
 
 def write_project(target: Path) -> str:
