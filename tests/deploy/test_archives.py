@@ -240,6 +240,46 @@ def test_modelstudio_config_has_agentscope_keys(
     assert not (root / "agentscope_serverless" / "deploy_cli.py").exists()
 
 
+def test_modelstudio_environment_values_reach_the_service_as_given(tmp_path: Path) -> None:
+    # The archive's main.py read its .env stripping each value ('  >> ' came back '>>') and
+    # splitting lines at a form feed, U+2028... (a value 'a\x0cb=c' also set a variable b).
+    given = {"GREETING": "  >> ", "NOTE": "a\x0cb=c", "MOTTO": "x\u2028y\x85z\x1c \x0b"}
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    report = build_modelstudio_archive(
+        project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON, environment=given
+    )
+    with zipfile.ZipFile(report.path) as archive:
+        archive.extractall(tmp_path / "unpacked")
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import json, os, runpy\n"
+            "runpy.run_path('deploy_starter/main.py', run_name='starter')['load_env']()\n"
+            "print(json.dumps(dict(os.environ)))",
+        ],
+        cwd=tmp_path / "unpacked",
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    environment = json.loads(read.stdout)
+    assert {name: environment.get(name) for name in given} == given
+    assert "b" not in environment
+
+
+def test_an_environment_value_holding_a_nul_is_refused_without_showing_it(tmp_path: Path) -> None:
+    with pytest.raises(PackagingError) as refused:
+        build_agentrun_archive(PROJECT_ROOT, tmp_path, environment={"NOTE": "s3cret\0x"})
+    assert str(refused.value) == (
+        "the value of NOTE holds a NUL character, which no environment can carry"
+    )
+
+
 def test_an_archive_above_the_limit_fails_naming_the_limit(tmp_path: Path) -> None:
     with pytest.raises(PackagingError, match="limit of 1024 bytes"):
         build_agentrun_archive(

@@ -216,6 +216,10 @@ def _checked_environment(environment: Mapping[str, object] | None) -> dict[str, 
         text = str(value)
         if "\n" in text or "\r" in text:
             raise PackagingError(f"the value of {key} spans lines: give it on one line")
+        if "\0" in text:
+            raise PackagingError(
+                f"the value of {key} holds a NUL character, which no environment can carry"
+            )
         checked[key] = text
     try:
         check_setting_variables(checked)
@@ -382,12 +386,14 @@ def read_config():
 
 
 def load_env():
+    # One NAME=value per line, the value as given: its spaces kept, and nothing but a line
+    # feed ending it (a form feed or U+2028 is part of it).
     env_file = HERE / ".env"
     if env_file.exists():
-        for line in env_file.read_text().splitlines():
+        for line in env_file.read_text(encoding="utf-8").split("\\n"):
             key, separator, value = line.partition("=")
-            if separator and not line.lstrip().startswith("#"):
-                os.environ.setdefault(key.strip(), value.strip())
+            if separator and not line.startswith("#"):
+                os.environ.setdefault(key, value)
 
 
 def main():
@@ -518,7 +524,9 @@ def build_modelstudio_archive(
     (starter / "main.py").write_text(MODELSTUDIO_MAIN)
     (starter / "config.yml").write_text(_config_yml(name, agent, port, "requirements.txt"))
     if env:
-        (starter / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        (starter / ".env").write_text(
+            "".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8", newline=""
+        )
     progress("zipping")
     try:
         report = _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
