@@ -10,6 +10,7 @@ names, so neither prints nor needs a development key.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tracemalloc
 import zipfile
 from collections.abc import Iterator
@@ -817,6 +819,48 @@ def test_two_builds_of_an_unchanged_project_give_the_same_bytes(tmp_path: Path) 
     assert [info.filename for info in infos] == sorted(info.filename for info in infos)
     modes = {info.filename: info.external_attr >> 16 for info in infos}
     assert modes["bin/start.sh"] == 0o100755 and modes["agent.py"] == 0o100644
+
+
+def write_sdist(folder: Path, name: str, version: str, module: str) -> None:
+    """A pure-Python source archive of ``module`` (one ``.py``), as an index serves a package
+    published with no wheel (docopt)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = f"{name}-{version}"
+    files = {
+        f"{base}/setup.py": f"from setuptools import setup\n\nsetup(py_modules=[{name!r}])\n",
+        f"{base}/setup.cfg": f"[metadata]\nname = {name}\nversion = {version}\n",
+        f"{base}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{base}/{name}.py": module,
+    }
+    with tarfile.open(folder / f"{base}.tar.gz", "w:gz") as sdist:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            sdist.addfile(info, io.BytesIO(data))
+
+
+def test_two_modelstudio_builds_of_a_requirement_built_from_source_give_the_same_bytes(
+    tmp_path: Path,
+) -> None:
+    # The wheel built of a source archive (docopt's) had its files dated when it was built.
+    project = tmp_path / "project"
+    write_sdist(project / "vendor", "agentscope_plain_sdk", "1.0", "ANSWER = 42\n")
+    (project / "requirements.txt").write_text("--find-links ./vendor\nagentscope_plain_sdk==1.0\n")
+    (project / "agent.py").write_text(
+        "import agentscope_plain_sdk\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    digests = []
+    for build in (1, 2):
+        report = build_modelstudio_archive(
+            project, tmp_path / f"out{build}", agent="agent:app", python_version=HOST_PYTHON
+        )
+        digests.append(hashlib.sha256(report.path.read_bytes()).hexdigest())
+    with zipfile.ZipFile(report.path) as archive:
+        wheel = archive.read("wheels/agentscope_plain_sdk-1.0-py3-none-any.whl")
+    with zipfile.ZipFile(io.BytesIO(wheel)) as built:
+        assert {info.date_time for info in built.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    assert digests[0] == digests[1]
 
 
 def test_an_archive_takes_source_date_epoch_and_streams_each_file(

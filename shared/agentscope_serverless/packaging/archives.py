@@ -100,14 +100,14 @@ def _archived_mode(path: Path) -> int:
 
 
 # The time of every archived file when SOURCE_DATE_EPOCH is not set: the earliest a zip
-# archive can say.
-ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+# archive can say, 1980-01-01 00:00 UTC, as seconds since 1970.
+ZIP_EPOCH = 315_532_800
 
 
-def _archived_time() -> tuple[int, int, int, int, int, int]:
-    """The time every archived file is given, whatever its own: ``SOURCE_DATE_EPOCH`` (seconds
-    since 1970, UTC) if set, as reproducible builds name it, else :data:`ZIP_EPOCH`; so two
-    builds of an unchanged project give the same bytes."""
+def _archived_epoch() -> int:
+    """The time every archived file is given, whatever its own, as seconds since 1970 (UTC):
+    ``SOURCE_DATE_EPOCH`` if set, as reproducible builds name it, else :data:`ZIP_EPOCH`; so
+    two builds of an unchanged project give the same bytes."""
     given = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not given:
         return ZIP_EPOCH
@@ -117,8 +117,12 @@ def _archived_time() -> tuple[int, int, int, int, int, int]:
             "such as the last commit's (git log -1 --format=%ct), or unset it"
         )
     # A zip archive says times from 1980 to 2107.
-    clamped = min(max(int(given), 315_532_800), 4_354_819_199)
-    return time.gmtime(clamped)[:6]
+    return min(max(int(given), ZIP_EPOCH), 4_354_819_199)
+
+
+def _archived_time() -> tuple[int, int, int, int, int, int]:
+    """:func:`_archived_epoch` as a zip archive's entries say it."""
+    return time.gmtime(_archived_epoch())[:6]
 
 
 def _zip_tree(
@@ -554,6 +558,9 @@ def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> N
                 str(source),
             ],
             f"building a wheel of {source.name}",
+            # The wheel's files are dated so (as the archive's), not when it was built: two
+            # builds of an unchanged project give the same bytes.
+            env={"SOURCE_DATE_EPOCH": str(_archived_epoch())},
         )
         source.unlink()
     # name-version(-build)-python-abi-platform.whl

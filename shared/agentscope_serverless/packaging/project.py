@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agentscope_serverless.errors import PackagingError
@@ -827,10 +827,20 @@ def tool(name: str) -> str:
     return found
 
 
-def run(command: list[str], what: str, cwd: Path | None = None) -> str:
-    """Run ``command``; a failure raises :class:`PackagingError` with the output's tail (the
-    credentials of the URLs it quotes, a requirement's or an index's, left out)."""
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+def run(
+    command: list[str], what: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """Run ``command`` (with ``env`` added to this environment); a failure raises
+    :class:`PackagingError` with the output's tail (the credentials of the URLs it quotes, a
+    requirement's or an index's, left out)."""
+    result = subprocess.run(
+        command,
+        cwd=cwd,
+        env={**os.environ, **env} if env else None,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise PackagingError(f"{what} failed:\n{without_url_credentials(tail)}")
