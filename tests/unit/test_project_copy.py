@@ -3,6 +3,7 @@ link would bring in from outside it."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from pathlib import Path
@@ -381,6 +382,39 @@ def test_api_keys_and_tokens_in_data_files_stay_out_and_are_named(
         "pkg/keys.txt": "Yours: sk-proj-XXXXXXXXXXXXXXXXXXXX1234\nsk-test-0000000000000000",
         "pkg/dummy.cfg": "API_TOKEN=dummy-0123456789abcdef\n",
         "pkg/marked.txt": f"{OPENAI_KEY}  # pragma: allowlist secret\n",
+    }
+    for name, text in {**secrets, **kept}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv", *kept}
+    named = set(secrets_left_out(project))
+    assert set(secrets) <= named
+    assert not [p for p in named if p in kept]
+
+
+def test_kubeconfigs_putty_keys_and_docker_logins_stay_out_and_are_named(
+    project: Path, tmp_path: Path
+) -> None:
+    """A kubeconfig with its client key, a PuTTY key, a copy of Docker's logins were
+    archived, readable by any user, unnamed."""
+    key_data = base64.b64encode(PRIVATE_KEY.encode()).decode()
+    certificate = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t" * 40
+    secrets = {
+        "kubeconfig.yaml": "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n"
+        f"    certificate-authority-data: {certificate}\nusers:\n- name: admin\n  user:\n"
+        f"    client-certificate-data: {certificate}\n    client-key-data: {key_data}\n",
+        "pkg/kube.json": f'{{"users": [{{"user": {{"client-key-data": "{key_data}"}}}}]}}\n',
+        "server.ppk": "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+        "Private-Lines: 1\nAAAAIBt9s8d7f6g5h4j3k2l1\n",
+        "docker-auth.json": '{"auths": {"ghcr.io": {"auth": "Ym9iOmdocF9hYmNkZWZnaGlqaw=="}}}',
+    }
+    kept = {
+        "pkg/cluster.yaml": f"- cluster:\n    certificate-authority-data: {certificate}\n",
+        "pkg/registry.json": '{"auths": {"ghcr.io": {}}, "credsStore": "desktop"}\n',
+        "pkg/kube.md": "Your kubeconfig names `client-key-data: <base64 of your key>`.\n",
     }
     for name, text in {**secrets, **kept}.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)

@@ -83,15 +83,26 @@ SECRET_EXCLUDES = (
 )
 # Secrets named so in their tool's folder alone: Docker's logins, Streamlit's secrets.
 SECRET_FILES = (".docker/config.json", ".streamlit/secrets.toml")
-# How a PEM private key begins (OpenSSH's id_rsa, a TLS key.pem...): a file holding one is
-# left out, whatever its name; a certificate (a CA bundle the agent trusts) is copied.
-_PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+# How a private key is written: a PEM one's first line (OpenSSH's id_rsa, a TLS key.pem...),
+# a PuTTY key file's (server.ppk), a kubeconfig's client key (``client-key-data:``, a PEM
+# key in base64). A file holding one is left out, whatever its name; a certificate (a CA
+# bundle the agent trusts, a kubeconfig's ``certificate-authority-data``) is copied.
+_PRIVATE_KEY = re.compile(
+    rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"
+    rb"|^PuTTY-User-Key-File-\d+:"
+    rb"|^[ \t]*client-key-data:[ \t]*[\"']?[A-Za-z0-9+/]{20,}"
+    rb'|"client-key-data"[ \t]*:[ \t]*"[A-Za-z0-9+/]{20,}',  # as JSON
+    re.MULTILINE,
+)
 # Credentials in a data file of any name (prod-aws.ini, creds.cfg, secrets/aws, an OAuth
-# client's or a service account's JSON): an AWS shared-credentials (or dotenv) line assigning
-# a secret key, or a JSON secret key, of a long value (not a placeholder, ``${SECRET}``).
+# client's or a service account's JSON, a copy of Docker's logins): an AWS shared-credentials
+# (or dotenv) line assigning a secret key, or a JSON secret key, of a long value (not a
+# placeholder, ``${SECRET}``), or Docker's ``"auths"`` holding an ``"auth"`` (user:password in
+# base64).
 _CREDENTIALS = re.compile(
     rb"^[ \t]*(?:export[ \t]+)?aws_secret_access_key[ \t]*=[ \t]*[\"']?[A-Za-z0-9/+=]{20,}"
-    rb'|"(?:client_secret|private_key|aws_secret_access_key)"[ \t]*:[ \t]*"[\w/+=.:-]{16,}"',
+    rb'|"(?:client_secret|private_key|aws_secret_access_key)"[ \t]*:[ \t]*"[\w/+=.:-]{16,}"'
+    rb'|"auths"\s*:\s*\{[^\0]*?"auth"\s*:\s*"[A-Za-z0-9+/]{8,}={0,2}"',
     re.IGNORECASE | re.MULTILINE,
 )
 # An API key or token in a form its issuer gives it (OpenAI's and Anthropic's sk-..., GitHub's
@@ -497,7 +508,8 @@ def _is_secret(path: Path) -> bool:
     """Whether ``path`` is one of :data:`SECRET_FILES`, a file holding a PEM private key or a
     key of a known form (``sk-...``, ``ghp_...``), or a file other than code holding
     credentials (``aws_secret_access_key = ...``, ``"client_secret": "..."``,
-    ``OPENAI_API_KEY=...``, ``"api_key": "..."``), as its first 4 KB say. A module of the
+    ``OPENAI_API_KEY=...``, ``"api_key": "..."``), as its first 16 KB say (a kubeconfig's
+    client key comes after its certificates). A module of the
     project (``.py``) is never one: holding a secret, it fails the build instead
     (:func:`_refuse_secrets_in_code`)."""
     if f"{path.parent.name}/{path.name}" in SECRET_FILES:
@@ -507,7 +519,7 @@ def _is_secret(path: Path) -> bool:
         return False  # a folder, a link to nothing (refused elsewhere), a pipe
     try:
         with path.open("rb") as file:
-            head = file.read(4096)
+            head = file.read(16384)
     except OSError:  # unreadable here: the copy says so
         return False
     if _secret_at(head, (_PRIVATE_KEY, _KEY_FORMS)) is not None:
