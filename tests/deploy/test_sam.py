@@ -357,6 +357,24 @@ def test_a_project_package_named_as_a_dependencys_is_refused_leaving_no_build(
     assert not (tmp_path / "build").exists()
 
 
+def test_a_requirement_installing_a_standard_librarys_module_is_refused_leaving_no_build(
+    tmp_path: Path,
+) -> None:
+    # enum34's enum/ in the layer came ahead of Python's enum (the streaming function's
+    # run.sh puts /opt/python first on PYTHONPATH): no function could start; the build passed.
+    project = tmp_path / "project"
+    write_wheel(project / "vendor", "agentscope_enum_backport", "1.0", "", {"enum/__init__.py": ""})
+    (project / "requirements.txt").write_text("-f ./vendor\nagentscope_enum_backport==1.0\n")
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    with pytest.raises(
+        PackagingError,
+        match=r"the requirements install enum/ \(of agentscope_enum_backport 1\.0\), named as a "
+        r"module of the standard library of Python 3\.11: ",
+    ):
+        sam.build(project, build_dir=tmp_path / "build", agent="agent:app")
+    assert not (tmp_path / "build").exists()
+
+
 def test_a_requirement_found_by_the_projects_find_links_is_in_the_layer(tmp_path: Path) -> None:
     # SAM installed the layer's requirements without the project's --find-links (or private
     # --extra-index-url): "No matching distribution found".
