@@ -1337,7 +1337,9 @@ def test_inits_project_runs_its_test_without_a_warning(tmp_path: Path, plugins: 
     assert "warning" not in (tested.stdout + tested.stderr).lower(), tested.stdout
 
 
-@pytest.mark.parametrize("name", ["email", "json", "fastapi", "tests", "six", "idna", "jmespath"])
+@pytest.mark.parametrize(
+    "name", ["email", "json", "fastapi", "tests", "six", "idna", "jmespath", "agentscope", "openai"]
+)
 def test_init_refuses_a_name_whose_package_python_already_has(tmp_path: Path, name: str) -> None:
     # "init email" wrote a project whose test and serve failed: its package was the
     # standard library's. "init six" (a module of a dependency of the runtime) wrote one

@@ -94,8 +94,10 @@ def package_name(name: str) -> str:
     return package
 
 
-# The project's own folder of tests, which a package of its name would be merged with.
-_TAKEN = frozenset({"tests"})
+# The project's own folder of tests, which a package of its name would be merged with; and
+# packages an agent project commonly requires (AgentScope's agents, the OpenAI SDK, A2A's),
+# which a build would then refuse for the project's package shadowing them.
+_TAKEN = frozenset({"tests", "agentscope", "openai", "a2a"})
 
 
 def write_project(target: Path) -> str:
