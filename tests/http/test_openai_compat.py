@@ -1162,3 +1162,17 @@ def test_a_message_of_a_role_no_agent_takes_is_refused_naming_it(sdk: openai.Ope
         "messages[0] has the role 'function'; roles are assistant, developer, system, tool, user"
     )
     assert error["fields"][0]["loc"] == ["messages", 0, "role"]
+
+
+def test_a_responses_usage_is_one_the_sdk_takes_as_it_types_it() -> None:
+    # Its input_tokens_details lacked cache_write_tokens, which the SDK's type requires:
+    # a client validating what it read (ResponseUsage.model_validate) was refused.
+    from openai.types.responses import ResponseUsage
+
+    from agentscope_serverless.http.openai_compat import responses_usage
+
+    shown = responses_usage({"prompt_tokens": 3, "completion_tokens": 2})
+    assert shown is not None
+    usage = ResponseUsage.model_validate(shown)
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (3, 2, 5)
+    assert usage.input_tokens_details.cache_write_tokens == 0

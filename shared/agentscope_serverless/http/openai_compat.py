@@ -785,7 +785,7 @@ def responses_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {
         "input_tokens": counts["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": counts["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": counts["total_tokens"],
