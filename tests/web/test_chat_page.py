@@ -455,6 +455,9 @@ def tool_app() -> AgentApp:
             for start in range(0, len(MARKDOWN), 7):  # as a model streams it
                 yield MARKDOWN[start : start + 7]
             return
+        if msgs[-1].get_text_content() == "in two scripts":
+            yield "\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd.\n\nHello, world."
+            return
         if msgs[-1].get_text_content() == "say nothing":
             for piece in (" ", "\n\n", "  "):
                 yield piece
@@ -1756,7 +1759,7 @@ async def test_a_list_item_goes_on_after_a_blank_line_in_it(demo_url: str) -> No
             "Run it.",
         ],
         "code": ["import sys\n\nprint(sys.argv)"],
-        "after": "<p>That is all.</p>",
+        "after": '<p dir="auto">That is all.</p>',
     }
 
 
@@ -2276,3 +2279,22 @@ async def test_a_message_of_invisible_characters_is_neither_sent_nor_a_sessions_
             assert await page.evaluate("document.querySelectorAll('.message').length") == 0
             assert await page.evaluate(f"{box}.value") == INVISIBLE
             assert not page.exceptions, page.exceptions
+
+
+async def test_a_paragraph_in_a_script_written_right_to_left_reads_so(
+    tool_server: tuple[str, str],
+) -> None:
+    # Hebrew or Arabic was set left to right, as the page.
+    url, key = tool_server
+    directions = (
+        "[...document.querySelectorAll('#messages .message.assistant .body p')]"
+        ".map((p) => getComputedStyle(p).direction)"
+    )
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "in two scripts")
+        assert await page.evaluate(directions) == ["rtl", "ltr"]
+        await say(page, "\u05e9\u05dc\u05d5\u05dd")
+        user = "getComputedStyle([...document.querySelectorAll('.message.user .body')].at(-1))"
+        assert await page.evaluate(f"{user}.direction") == "rtl"
+        assert not page.exceptions, page.exceptions

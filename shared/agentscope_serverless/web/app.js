@@ -469,6 +469,7 @@ function messageView(message) {
   item.dataset.id = message.id || "";
   const who = element("span", "who", whoLabel(message));
   const body = element("div", "body");
+  body.dir = "auto"; // a message written right to left reads so
   if (message.type === "reasoning") {
     // A thinking model's reasoning: shown while it streams, folded away once done.
     item.classList.add("reasoning");

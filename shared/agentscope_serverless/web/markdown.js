@@ -35,8 +35,13 @@ const URL_TAIL = /[.,;:!?'"`*_]/; // ends the sentence rather than a bare URL
 // Quotes, lists and spans nest this deep at most; deeper, their markers are text.
 const MAX_DEPTH = 8;
 
+// Blocks of text, each set right to left when it starts in a script written so (Hebrew,
+// Arabic...), whatever the reply's other paragraphs are written in.
+const TEXT_BLOCKS = new Set(["p", "li", "blockquote", "td", "th"]);
+
 function node(tag, text) {
   const made = document.createElement(tag);
+  if (TEXT_BLOCKS.has(tag)) made.dir = "auto";
   if (text !== undefined) made.textContent = text;
   return made;
 }
