@@ -257,6 +257,20 @@ def test_bad_tool_calls_get_4xx(
     alice.delete(f"/sandboxes/{session}")
 
 
+def test_a_misspelt_tool_on_a_session_of_several_sandboxes_is_named(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    # The answer asked which sandbox to run it on, as if the tool existed.
+    alice = client(keys.alice)
+    assert alice.post(f"/sandboxes/{session}", json={"types": ["base", "filesystem"]}).is_success
+    response = alice.post(f"/sandboxes/{session}/tools/run_ipyton_cell", json={"code": "1"})
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert "'run_ipyton_cell' is none of the built-in tools" in message
+    assert "run_ipython_cell" in message.split("built-in tools", 1)[1]
+    alice.delete(f"/sandboxes/{session}")
+
+
 def test_an_unknown_sandbox_type_gets_422(
     client: Callable[[str], httpx.Client], keys: Keys, session: str
 ) -> None:

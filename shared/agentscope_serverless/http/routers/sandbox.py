@@ -119,7 +119,9 @@ def _sandbox_for(tool_name: str, boxes: list[Sandbox], sandbox_type: str | None)
     if len(boxes) == 1:
         return boxes[0]
     raise InvalidInputError(
-        "the session has several sandboxes: say which with the sandbox_type query parameter",
+        f"{tool_name!r} is none of the built-in tools ({', '.join(_BUILTIN)}), and the "
+        "session has several sandboxes: for a tool of a sandbox server's own, say which "
+        "sandbox offers it with the sandbox_type query parameter",
         field="sandbox_type",
     )
 
