@@ -581,6 +581,45 @@ async def test_an_embedded_server_killed_leaves_nothing_once_its_service_stops()
     assert await asyncio.to_thread(_leftovers, server.pid, box.sandbox_id) == []
 
 
+# An app using an embedded sandbox server: it prints the server's directory once its
+# sandbox holds a file, then waits to be killed.
+APP_WITH_AN_EMBEDDED_SERVER = """
+import asyncio, pathlib
+from agentscope_serverless.services.sandbox import SandboxService
+
+async def main():
+    service = SandboxService()
+    await service.start()
+    [box] = await service.connect_async("app-killed", "u1")
+    await box.write_file_async("notes.txt", "x" * 1024)
+    print(pathlib.Path(service._embedded.socket_path).parent, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_an_embedded_server_whose_app_is_killed_leaves_nothing() -> None:
+    # The app never stops it: the server went, its directory (1 GiB workspace image, log,
+    # socket) stayed in /tmp, one per crash.
+    app = subprocess.Popen(
+        [sys.executable, "-c", APP_WITH_AN_EMBEDDED_SERVER],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert app.stdout is not None
+        directory = Path(app.stdout.readline().decode().strip())
+        assert (directory / "root").is_dir()
+    finally:
+        app.kill()
+        app.wait()
+    deadline = time.monotonic() + 30
+    while directory.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not directory.exists()
+
+
 async def test_a_server_killed_mid_call_leaves_nothing_once_restarted_on_its_root() -> None:
     root = Path(tempfile.mkdtemp(prefix="sandbox-crash-"))
     first = start_server(root, "--workspace-mb", "16")

@@ -37,6 +37,7 @@ from agentscope_serverless.sandbox_server.isolation import FIRST_HOST_UID, Limit
 from agentscope_serverless.sandbox_server.jail import (
     HostIsolation,
     how_to_enforce,
+    remove_tree,
     spare_from_oom_killer,
 )
 from agentscope_serverless.sandbox_server.manager import SandboxManager, ServerConfig
@@ -218,6 +219,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--parent-pid", type=int, help="exit when this process is gone (embedded use)"
     )
+    parser.add_argument(
+        "--parents-directory",
+        type=Path,
+        help="the directory the parent made for this server (holding --root): deleted when "
+        "the server exits for its parent is gone, as the parent would have (embedded use)",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -265,15 +272,21 @@ async def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
     server.should_exit = True
 
 
-async def _serve(server: uvicorn.Server, parent_pid: int | None) -> None:
+async def _serve(
+    server: uvicorn.Server, parent_pid: int | None, parents_directory: Path | None = None
+) -> None:
     watcher = asyncio.create_task(_watch_parent(server, parent_pid)) if parent_pid else None
     try:
         await server.serve()
     finally:
+        orphaned = watcher is not None and watcher.done() and not watcher.cancelled()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+    if orphaned and parents_directory is not None:
+        # The parent (killed, it never stopped this server) cannot delete it any more.
+        remove_tree(parents_directory)
 
 
 def _host_isolation(config: ServerConfig) -> HostIsolation:
@@ -376,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     # uvicorn shuts down gracefully on SIGINT and SIGTERM, then re-raises the signal: an
     # interrupt is the expected way out, not an error to print a traceback for.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(server, args.parent_pid))
+        asyncio.run(_serve(server, args.parent_pid, args.parents_directory))
 
 
 __all__ = ["main"]

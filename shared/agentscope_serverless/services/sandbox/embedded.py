@@ -90,6 +90,8 @@ class EmbeddedSandboxServer:
                 str(directory / "root"),
                 "--parent-pid",
                 str(os.getpid()),
+                "--parents-directory",
+                str(directory),
                 "--token-fd",
                 str(token_fd),
                 "--log-level",
