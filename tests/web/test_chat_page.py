@@ -465,6 +465,8 @@ def tool_app() -> AgentApp:
         if msgs[-1].get_text_content() == "fail":
             yield "Let me see"
             raise RuntimeError("the weather service is down")
+        if msgs[-1].get_text_content() == "fail with a link":
+            raise RuntimeError("see https://status.example.com/x for **why**")
         if msgs[-1].get_text_content() == "hold on":
             yield "Before the break"
             await asyncio.to_thread(HELD_RUN_GOES_ON.wait, 60)
@@ -2297,4 +2299,18 @@ async def test_a_paragraph_in_a_script_written_right_to_left_reads_so(
         await say(page, "\u05e9\u05dc\u05d5\u05dd")
         user = "getComputedStyle([...document.querySelectorAll('.message.user .body')].at(-1))"
         assert await page.evaluate(f"{user}.direction") == "rtl"
+        assert not page.exceptions, page.exceptions
+
+
+async def test_a_failed_runs_error_is_shown_as_plain_text(tool_server: tuple[str, str]) -> None:
+    # It was rendered as markdown: a URL in an exception's message became a link.
+    url, key = tool_server
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await say(page, "fail with a link")
+        await page.wait_for("document.querySelector('.message.failed') !== null")
+        failed = "document.querySelector('.message.failed')"
+        assert await page.evaluate(f"{failed}.querySelectorAll('a, strong').length") == 0
+        text = await page.evaluate(f"{failed}.querySelector('.body').textContent")
+        assert text.endswith("see https://status.example.com/x for **why**")
         assert not page.exceptions, page.exceptions

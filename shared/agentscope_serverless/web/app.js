@@ -1013,7 +1013,8 @@ function showRunEnd(status, error) {
     const failure = messageView({ role: "assistant", type: "message" });
     failure.item.classList.add("failed");
     const message = (error && error.message) || "unknown error";
-    renderParts(failure, [{ type: "text", text: `The agent failed: ${message}` }]);
+    // Plain text: an error's message is no markdown of the agent's (its URLs no links).
+    failure.body.append(element("span", "text", `The agent failed: ${message}`));
     $("messages").append(failure.item);
     scrollToEnd();
     return "The run failed.";
