@@ -1002,6 +1002,19 @@ def test_max_completion_tokens_reaches_the_agent_as_max_tokens(
     assert older.choices[0].message.content == "max_tokens=9"
 
 
+def compatible_call(
+    client: httpx.Client, path: str, option: dict[str, object], *, session: str | None = None
+) -> httpx.Response:
+    """A call of the OpenAI-compatible ``path`` (``chat/completions`` or ``responses``)
+    saying "hi", with ``option`` in its body, in ``session`` when given."""
+    chat = path == "chat/completions"
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
+    headers = {"X-Session-Id": session} if session else {}
+    return client.post(
+        f"/compatible-mode/v1/{path}", json={"model": "m", **ask, **option}, headers=headers
+    )
+
+
 @pytest.mark.parametrize(
     ("path", "option", "param"),
     [
@@ -1028,13 +1041,7 @@ def test_a_sampling_option_out_of_openais_range_is_refused_naming_it(
     # 500, with the message stored unanswered); a max_tokens of 0 gave way to another limit.
     client = client_for(keys.alice)
     session = f"sampling-{uuid.uuid4()}"
-    chat = path == "chat/completions"
-    ask = {"messages": [{"role": "user", "content": "limits"}]} if chat else {"input": "limits"}
-    refused = client.post(
-        f"/compatible-mode/v1/{path}",
-        json={"model": "m", **ask, **option},
-        headers={"X-Session-Id": session},
-    )
+    refused = compatible_call(client, path, option, session=session)
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == param
     assert client.get(f"/sessions/{session}").status_code == 404
@@ -1061,11 +1068,7 @@ def test_a_refused_value_is_named_by_the_field_the_client_sent(
     # A field taking a string or a list was named by pydantic's branch ("stop.str"), the
     # message listing each branch; a response id whose session part is no session id was
     # named "session_id", a field the client never sent.
-    chat = path == "chat/completions"
-    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
-    refused = client_for(keys.alice).post(
-        f"/compatible-mode/v1/{path}", json={"model": "m", **ask, **option}
-    )
+    refused = compatible_call(client_for(keys.alice), path, option)
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["param"] == param
@@ -1122,13 +1125,7 @@ def test_a_value_openai_refuses_is_refused_naming_its_field(
     # text), where OpenAI answers a 400: a client learnt nothing of its mistake.
     client = client_for(keys.alice)
     session = f"refused-{uuid.uuid4()}"
-    chat = path == "chat/completions"
-    ask = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"input": "hi"}
-    refused = client.post(
-        f"/compatible-mode/v1/{path}",
-        json={"model": "m", **ask, **option},
-        headers={"X-Session-Id": session},
-    )
+    refused = compatible_call(client, path, option, session=session)
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == param
     assert client.get(f"/sessions/{session}").status_code == 404
