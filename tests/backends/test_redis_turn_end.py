@@ -241,6 +241,9 @@ async def test_an_agent_running_another_runner_keeps_its_own_turn_end(
         yield f"inner said {reply.output[-1].get_text_content()}"  # type: ignore[index]
 
     stack = _Stack(RedisSessionHistoryService(url), RedisRunsService(url), handler=outer)
+    # Stored whole as it ends (a slow machine may take longer than the first write's delay,
+    # which would store the run before its end, apart from the turn).
+    stack.recorder.first_write_delay = 60
     async with stack, inner_history, inner, Redis.from_url(url) as client:
         await client.config_resetstat()
         run = await stack.start(user_id, "outer")
