@@ -428,6 +428,37 @@ def test_kubeconfigs_putty_keys_and_docker_logins_stay_out_and_are_named(
     assert not [p for p in named if p in kept]
 
 
+def test_configs_holding_a_url_with_its_password_stay_out_and_are_named(
+    project: Path, tmp_path: Path
+) -> None:
+    """A config naming its database by a URL with the password in it was archived, readable
+    by any user, unnamed."""
+    secrets = {
+        "config.yaml": "database_url: postgresql://app:s3cr3t-2024@db.internal:5432/app\n",
+        "pkg/settings.toml": 'cache = "redis://:pa55word99@cache.internal:6379/0"\n',
+        "pkg/broker.json": '{"broker": "amqp://bot:p%40ssw0rd7@mq.internal/agents"}\n',
+    }
+    kept = {
+        "pkg/local.yaml": "database_url: postgresql://postgres:postgres@localhost/app\n",
+        "pkg/prod.yaml": "database_url: postgresql://app:${DB_PASSWORD}@db.internal/app\n",
+        "pkg/template.ini": "url = postgresql://app:<password>@db.internal/app\n"
+        "other = postgresql://app:%(password)s@db.internal/app\n",
+        "pkg/links.yaml": "docs: https://user@github.com/org/repo\nhost: http://db:8080/x\n",
+        "pkg/marked.yaml": "url: redis://:s3cr3t-2024@cache/0  # pragma: allowlist secret\n",
+        "pkg/guide.md": "Set `postgresql://app:s3cr3t-2024@db.internal/app` as yours.\n",
+    }
+    for name, text in {**secrets, **kept}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv", *kept}
+    named = set(secrets_left_out(project))
+    assert set(secrets) <= named
+    assert not [p for p in named if p in kept]
+
+
 @pytest.mark.parametrize(
     "code",
     [

@@ -136,9 +136,20 @@ _SECRET_VALUE = rb"(?P<value>(?=[\w.+=-]*\d)[\w.+=-]{16,})(?![^\s\"',;}\])])"
 _ASSIGNED_SECRET = re.compile(
     rb"(?<![\w.-])[\"']?(?:" + _SECRET_NAME + rb")[\"']?[ \t]*[:=][ \t]*[\"']?" + _SECRET_VALUE
 )
+# A URL carrying its password (``postgresql://app:s3cr3t-2024@db.internal/app``,
+# ``redis://:pa55word@cache:6379``, ``amqp://bot:hunter22@mq``), as a config names its database:
+# a literal of 8 characters or more (not a reference, ``${DB_PASSWORD}``, ``$PASSWORD``,
+# ``%(password)s``, ``{password}``, ``<password>``, nor a placeholder), of a host other than
+# this machine's (``postgres:postgres@localhost`` is a local database's default).
+_URL_PASSWORD = re.compile(
+    rb"(?<![\w+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'<>]*:"
+    rb"(?P<value>(?![$%{<])[^\s:/?#@\"'<>\\]{8,})@(?!localhost\b|127\.|\[::1\])[\w.\[\]-]"
+)
 # A value written in place of a key, not one: AWS's documented AKIAIOSFODNN7EXAMPLE, a test's
 # sk-test-0000000000000000, sk-proj-XXXXXXXXXXXXXXXXXXXX1234, your-api-key, a fake or dummy.
-_PLACEHOLDER = re.compile(rb"example|test|fake|dummy|placeholder|your|(.)\1{5}", re.IGNORECASE)
+_PLACEHOLDER = re.compile(
+    rb"example|test|fake|dummy|placeholder|your|changeme|^password$|(.)\1{5}", re.IGNORECASE
+)
 # A line marked so (detect-secrets' convention) holds no secret, whatever it looks like.
 _ALLOWLIST_MARK = b"pragma: allowlist secret"
 # Code, and prose, which may name those keys (a module reading such a file, a README showing
@@ -508,8 +519,8 @@ def _is_secret(path: Path) -> bool:
     """Whether ``path`` is one of :data:`SECRET_FILES`, a file holding a PEM private key or a
     key of a known form (``sk-...``, ``ghp_...``), or a file other than code holding
     credentials (``aws_secret_access_key = ...``, ``"client_secret": "..."``,
-    ``OPENAI_API_KEY=...``, ``"api_key": "..."``), as its first 16 KB say (a kubeconfig's
-    client key comes after its certificates). A module of the
+    ``OPENAI_API_KEY=...``, ``"api_key": "..."``, a URL with its password), as its first
+    16 KB say (a kubeconfig's client key comes after its certificates). A module of the
     project (``.py``) is never one: holding a secret, it fails the build instead
     (:func:`_refuse_secrets_in_code`)."""
     if f"{path.parent.name}/{path.name}" in SECRET_FILES:
@@ -527,7 +538,8 @@ def _is_secret(path: Path) -> bool:
     if suffix in _SOURCE_SUFFIXES:
         return False
     return (
-        _CREDENTIALS.search(head) is not None or _secret_at(head, (_ASSIGNED_SECRET,)) is not None
+        _CREDENTIALS.search(head) is not None
+        or _secret_at(head, (_ASSIGNED_SECRET, _URL_PASSWORD)) is not None
     )
 
 
