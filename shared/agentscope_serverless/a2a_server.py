@@ -157,8 +157,11 @@ class RunsAgentExecutor(AgentExecutor):
         assert task_id is not None and context_id is not None
         user_id = owner_of(context.call_context)
         # Before the first event, which may end a call not waiting for the run (its answer,
-        # and its Idempotency-Key record, are made then).
+        # and its Idempotency-Key record, are made then). The session exists by then: the
+        # record of a session that does not exist is taken for one whose session expired,
+        # and a retry coming before the run opened it would run the message again.
         _writes_in_session(context.call_context, context_id)
+        await self.runner.session_history_service.open_session(user_id, context_id, recent=0)
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(
                 Task(

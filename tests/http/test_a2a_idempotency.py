@@ -21,6 +21,7 @@ from a2a.types import Role, SendMessageRequest
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, RedisServer
+from agentscope_serverless.services.session_history.in_memory import InMemorySessionHistoryService
 from agentscope_serverless.settings import load_settings
 from tests.support.backends import BACKENDS, backend_settings
 from tests.support.http import Keys, bearer, running
@@ -290,3 +291,65 @@ def test_a_call_whose_key_cannot_be_claimed_with_its_store_down_is_a_json_rpc_er
         503,
         "STORE_UNAVAILABLE",
     )
+
+
+class _RunsHeldBeforeTheirSession(InMemorySessionHistoryService):
+    """Sessions in memory; while ``hold`` is set, a run stops before it opens its session
+    (the runner checks the ids of its input first), until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    async def refuse_changed_messages(
+        self, user_id: str, session_id: str, messages: list[Any], *, field: str
+    ) -> None:
+        if self.hold.is_set():
+            self.holding.set()
+            await asyncio.to_thread(self.release.wait, 30)
+        await super().refuse_changed_messages(user_id, session_id, messages, field=field)
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [("/a2a", "message/send"), ("/a2a", "SendMessage"), ("/a2a/message:send", None)],
+)
+def test_a_message_not_waited_for_retried_before_its_run_began_is_replayed(
+    path: str, method: str | None
+) -> None:
+    # The answer (and its key's record, naming the context's session) was made before the
+    # run created the session: a retry then found no session, took the key's record for
+    # one of an expired session, and ran the message again, a second task.
+    history = _RunsHeldBeforeTheirSession()
+    held = AgentApp(app_name="echo-a2a-held", session_history_service=history)
+    held.query(framework="text")(query)
+    keys = Keys.make()
+    context_id = f"ctx-{uuid.uuid4().hex[:8]}"
+    if method == "message/send":
+        body = _call(method, "do it later")
+        body["params"]["configuration"] = {"blocking": False}
+    else:
+        message = {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "do it later"}]}
+        params: dict[str, Any] = {"message": message, "configuration": {"returnImmediately": True}}
+        body = params if method is None else {**_call("SendMessage", ""), "params": params}
+    body_message = body["params"]["message"] if "params" in body else body["message"]
+    body_message["contextId"] = context_id
+    headers = {**bearer(keys.alice), "Idempotency-Key": uuid.uuid4().hex}
+    if method != "message/send":
+        headers["A2A-Version"] = "1.0"
+    history.hold.set()
+    with (
+        running(create_app(settings=load_settings(), agent_app=held, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=headers, timeout=30) as client,
+    ):
+        try:
+            first = client.post(path, json=body)
+            assert history.holding.wait(30)
+            retried = client.post(path, json=body)
+        finally:
+            history.release.set()
+    assert first.is_success and "error" not in first.text, first.text
+    assert retried.headers.get("idempotent-replayed") == "true", retried.text
+    assert retried.json() == first.json()
