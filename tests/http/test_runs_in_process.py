@@ -594,3 +594,31 @@ def test_a_run_whose_session_expired_is_gone(
             gone = client.get(path)
             assert gone.status_code == 404, path
             assert gone.json()["error"]["code"] == "RUN_NOT_FOUND"
+
+
+@pytest.mark.parametrize("backend", ["redis", "dynamodb"])
+def test_a_run_whose_session_expired_is_neither_listed_nor_canceled(
+    keys: Keys, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GET /runs/{run_id} answered 404 for it, but the session's list still held it, and a
+    # cancel answered 409 "the run has already ended", as for a run still there.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_AWS_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_AWS_CREDENTIALS["aws_secret_access_key"])
+    settings = load_settings(**backend_settings(backend, request), session_ttl_seconds=2)
+    web = create_app(settings=settings, agent_app=demo_app, key_store=keys.store)
+    session_id = f"s-{uuid.uuid4().hex[:8]}"
+    with (
+        running(web) as served,
+        httpx.Client(base_url=served, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        body = {"input": [user_message("I am Ada")], "stream": False, "session_id": session_id}
+        run_id = client.post("/process", json=body).headers["X-Run-Id"]
+        listed = client.get("/runs", params={"session_id": session_id}).json()["items"]
+        assert [run["id"] for run in listed] == [run_id]
+        time.sleep(3.5)  # both stores expire whole seconds
+        after = client.get("/runs", params={"session_id": session_id})
+        canceled = client.post(f"/runs/{run_id}/cancel")
+    assert after.status_code == 200
+    assert after.json()["items"] == []
+    assert canceled.status_code == 404
+    assert canceled.json()["error"]["code"] == "RUN_NOT_FOUND"

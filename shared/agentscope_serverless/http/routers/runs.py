@@ -11,6 +11,9 @@
 | ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended, |
 |  | or is a background task or an A2A task) |
 
+A run that ended in a session since deleted or expired (``SESSION_TTL_SECONDS``) went with its
+conversation: it is 404 to each route, and not listed.
+
 Each event is sent as ``id: <sequence_number>`` and ``data: <event JSON>``, so a client that
 loses the stream resumes with ``Last-Event-ID`` set to the last id it received. Both it and
 ``after`` are decimal digits, after a ``-`` for a number below 0, and at least -1 (-1, or
@@ -103,15 +106,20 @@ async def _record(context: AppContext, user_id: str, run_id: str) -> RunRecord:
     return await _found(context, lambda: _runs(context).get_run(user_id, run_id))
 
 
+def _goes_with_its_session(record: RunRecord) -> bool:
+    """Whether ``record`` is gone once its session is: a run that ended in a session that
+    expired (``SESSION_TTL_SECONDS``; its runs are kept longer) is gone with its
+    conversation, as with a deleted session. A run in progress, or an A2A task (stored
+    before its run opens its session), is read whatever its session."""
+    return record.finished and record.kind != "a2a_task" and record.session_id is not None
+
+
 async def _readable(context: AppContext, user_id: str, run_id: str) -> RunRecord:
-    """The record of a run whose session remains: one that ended in a session that expired
-    (``SESSION_TTL_SECONDS``; its runs are kept longer) is gone with its conversation, as
-    with a deleted session. A run in progress, or an A2A task (stored before its run opens
-    its session), is read whatever its session."""
+    """The record of a run, unless it went with its session (see
+    :func:`_goes_with_its_session`)."""
     record = await _record(context, user_id, run_id)
     if (
-        record.finished
-        and record.kind != "a2a_task"
+        _goes_with_its_session(record)
         and record.session_id is not None
         and not await context.session_history.has_session(user_id, record.session_id)
     ):
@@ -169,6 +177,12 @@ async def list_runs(
     session_id: Annotated[str, Query(min_length=1, max_length=512)],
 ) -> RunList:
     records = await _runs(context).list_runs(user_id, session_id)
+    if any(_goes_with_its_session(record) for record in records) and not (
+        await context.session_history.has_session(user_id, session_id)
+    ):
+        # Listed as each is read (GET /runs/{run_id}): the ended runs of a session that
+        # expired went with it.
+        records = [record for record in records if not _goes_with_its_session(record)]
     return RunList(items=[RunView.of(record) for record in records])
 
 
@@ -220,7 +234,7 @@ async def run_events(
 @router.post("/{run_id}/cancel", status_code=202, summary="Cancel a run")
 async def cancel_run(run_id: str, user_id: CurrentUser, context: Context) -> JSONResponse:
     _refuse_a_task(
-        await _record(context, user_id, run_id),
+        await _readable(context, user_id, run_id),
         task="a background task cannot be cancelled",
         a2a_task="an A2A task is cancelled with A2A's CancelTask",
     )
