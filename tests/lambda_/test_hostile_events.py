@@ -326,6 +326,39 @@ def test_an_http_api_event_of_a_named_stage_is_routed_without_the_stage(
     assert answer["statusCode"] == 404, answer
 
 
+def _http_api_v1_event(
+    key: str, path: str, stage: str, domain: str, *, proxy: str | None = None
+) -> dict[str, Any]:
+    """An API Gateway HTTP API request in payload format 1.0 to ``path`` (as the client
+    sent it) of the stage ``stage``, reached at ``domain``: by the ``$default`` route, or
+    with ``proxy`` the path parameter of ``ANY /{proxy+}``."""
+    headers = {"Authorization": f"Bearer {key}", "Host": domain}
+    resource = "$default" if proxy is None else "/{proxy+}"
+    return {
+        "version": "1.0",
+        "resource": resource,
+        "path": path,
+        "httpMethod": "GET",
+        "headers": headers,
+        "multiValueHeaders": {name: [value] for name, value in headers.items()},
+        "queryStringParameters": None,
+        "multiValueQueryStringParameters": None,
+        "pathParameters": None if proxy is None else {"proxy": proxy},
+        "requestContext": {
+            "apiId": "abc123",
+            "domainName": domain,
+            "httpMethod": "GET",
+            "identity": {"sourceIp": "203.0.113.1"},
+            "path": path,
+            "resourcePath": resource,
+            "routeKey": "$default" if proxy is None else "ANY /{proxy+}",
+            "stage": stage,
+        },
+        "body": None,
+        "isBase64Encoded": False,
+    }
+
+
 def test_an_invalid_openai_request_behind_an_api_gateway_stage_is_a_400(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -648,6 +681,61 @@ def test_an_alb_event_is_answered_with_multi_value_headers(
         "GET", "/sessions", {"authorization": [f"Bearer {key}"], "x-user-id": ["a", "b"]}
     )
     assert handler(two_users, None)["statusCode"] == 422
+
+
+DOWNLOAD_AGENT = """
+from fastapi import Response
+from agentscope_serverless.app import AgentApp
+
+app = AgentApp(app_name="downloads")
+
+
+@app.query(framework="text")
+async def query(self, msgs, request=None, **kwargs):
+    yield "hello"
+
+
+@app.endpoint("/download", methods=["GET"])
+async def download() -> Response:
+    disposition = 'attachment; filename="caf\\u00e9.txt"'
+    return Response(b"hi", media_type="text/plain", headers={"Content-Disposition": disposition})
+"""
+
+
+def test_a_response_header_outside_ascii_reaches_the_client_whatever_the_event(
+    process_handler: Callable[..., tuple[LambdaHandler, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request_log: pytest.CaptureFixture[str],
+) -> None:
+    """Starlette sends a header's value in Latin-1, as HTTP has it (a download named
+    ``café.txt``), and a server serves it so: read as UTF-8, it turned the finished
+    response into a 500, logged as a second request line after the first's 200."""
+    (tmp_path / "latin1_header_agent.py").write_text(DOWNLOAD_AGENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    handler, key = process_handler(["process"], AGENT_APP="latin1_header_agent:app")
+    bearer = f"Bearer {key}"
+    alb_single = _alb_event("GET", "/download", {})
+    alb_single["headers"] = {"host": "alb.example.com", "authorization": bearer}
+    alb_single["queryStringParameters"] = alb_single.pop("multiValueQueryStringParameters")
+    del alb_single["multiValueHeaders"]
+    events = [
+        ("GET", function_url_event("GET", "/download", headers={"authorization": bearer})),
+        ("HEAD", function_url_event("HEAD", "/download", headers={"authorization": bearer})),
+        ("GET", _rest_event(key, path="/download")),
+        ("GET", _http_api_v1_event(key, "/download", "$default", _API)),
+        ("GET", _alb_event("GET", "/download", {"authorization": [bearer]})),
+        ("GET", alb_single),
+    ]
+    for method, event in events:
+        request_log.readouterr()
+        answer = handler(event, None)
+        assert answer["statusCode"] == 200, answer
+        headers = answer.get("headers") or {}
+        headers.update({k: v[-1] for k, v in (answer.get("multiValueHeaders") or {}).items()})
+        assert headers["content-disposition"] == 'attachment; filename="café.txt"', answer
+        assert answer["body"] == ("" if method == "HEAD" else "hi")
+        assert _request_lines(request_log) == [(method, "/download", 200)]
 
 
 def _payload_bytes(answer: dict[str, Any]) -> int:

@@ -688,13 +688,25 @@ def _serve(
         loop.run_until_complete(cycle.run(_ending_cleanly(app)))
     response: Response = {"status": cycle.status, "headers": cycle.headers, "body": cycle.body}
     if head and len(cycle.body) < limit // 8:
-        return handler({**response, "body": b""})
-    answer: dict[str, Any] = handler(response)
+        return _answer(handler, {**response, "body": b""})
+    answer = _answer(handler, response)
     if _too_large(answer, limit):
         response = _within_limit(handler, response, limit, _route_path(scope))
-        answer = handler({**response, "body": b""} if head else response)
+        answer = _answer(handler, {**response, "body": b""} if head else response)
     elif head:
-        answer = handler({**response, "body": b""})
+        answer = _answer(handler, {**response, "body": b""})
+    return answer
+
+
+def _answer(handler: MangumHandler, response: Response) -> dict[str, Any]:
+    """``response`` in the shape of the request's event, its headers read as Latin-1, as
+    HTTP has them (and Starlette encodes them): Mangum reads them as UTF-8, so a value past
+    ASCII (a download's ``filename="café.txt"``) made the finished response an error."""
+    headers = [
+        [bytes(name).decode("latin-1").encode(), bytes(value).decode("latin-1").encode()]
+        for name, value in response["headers"]
+    ]
+    answer: dict[str, Any] = handler({**response, "headers": headers})
     return answer
 
 
@@ -797,7 +809,9 @@ def _within_limit(handler: MangumHandler, response: Response, limit: int, path: 
             text = None
         if text is not None:
             stream_headers = [[k, v] for k, v in headers if k != b"content-length"]
-            bare = handler({"status": response["status"], "headers": stream_headers, "body": b""})
+            bare = _answer(
+                handler, {"status": response["status"], "headers": stream_headers, "body": b""}
+            )
             room = limit - _RESPONSE_SLACK_BYTES - _TRAILER_ROOM
             room -= len(json.dumps(bare, ensure_ascii=False).encode())
             # The trailer takes _TRAILER_ROOM at most, but for ids of unusual length.
