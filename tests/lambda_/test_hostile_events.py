@@ -299,6 +299,44 @@ def test_a_rest_api_event_is_answered_and_its_repeated_values_refused(
     assert "more than once" in json.loads(answer["body"])["error"]["message"]
 
 
+def test_a_header_given_in_two_spellings_is_given_more_than_once(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """An API Gateway event lists headers by the names the client spelt: ``X-User-Id`` and
+    ``x-user-id`` were one header to the function, the last spelling acting (a request
+    naming two users served as one of them), where two headers are refused: 422 naming
+    two users, 401 with two keys, as an ALB event's are."""
+    handler, key = sessions_handler
+    bearer = f"Bearer {key}"
+    spelt_twice = {
+        "X-User-Id": {
+            "Authorization": [bearer],
+            "X-User-Id": ["someone"],
+            "x-user-id": ["event-user"],
+        },
+        "Authorization": {"Authorization": ["Bearer ask_x_y"], "authorization": [bearer]},
+    }
+    for name, sent in spelt_twice.items():
+        last = {header: values[-1] for header, values in sent.items()}
+        rest = _rest_event(key, headers=last, multiValueHeaders=sent)
+        http_v1 = _http_api_v1_event(key, "/sessions", "$default", _API)
+        http_v1.update(headers=last, multiValueHeaders=sent)
+        function_url = function_url_event("GET", "/sessions")
+        function_url["headers"].update(last)
+        alb = _alb_event("GET", "/sessions", sent)
+        for kind, event in [
+            ("REST", rest),
+            ("HTTP API 1.0", http_v1),
+            ("Function URL", function_url),
+            ("ALB", alb),
+        ]:
+            answer = handler(event, None)
+            expected = 422 if name == "X-User-Id" else 401
+            assert answer["statusCode"] == expected, (name, kind, answer)
+            error = json.loads(answer["body"])["error"]
+            assert name in error["message"], (name, kind, error)
+
+
 def _http_api_event(key: str, path: str, stage: str, domain: str) -> dict[str, Any]:
     """An API Gateway HTTP API (payload 2.0) request to ``path`` (as the client sent it) of
     the stage ``stage``, reached at ``domain``."""

@@ -481,6 +481,7 @@ class _LazyApplication:
         bind_request_id(_aws_request_id(context), trace_ids=trace_ids)
         if isinstance(event, dict) and TASK_EVENT_KEY in event:
             return self._run_task(event, context)
+        event = _headers_by_one_name(event)
         handler = _http_handler(event, context)
         if handler is None:
             return _unsupported(event)
@@ -548,6 +549,41 @@ def _http_handler(event: Any, context: Any) -> MangumHandler | None:
         except (AttributeError, KeyError, TypeError):
             return None
     return None
+
+
+def _headers_by_one_name(event: Any) -> Any:
+    """``event`` with each header of its ``headers`` and ``multiValueHeaders`` under one
+    name. API Gateway lists headers by the names the client spelt, ``X-User-Id`` apart from
+    ``x-user-id``, and Mangum kept one of them, the last, where they are one header (names
+    differ in case only): a request naming two users acted as one. All their values are
+    kept, so that a header given more than once is refused as such."""
+    if not isinstance(event, dict):
+        return event
+    merged = dict(event)
+    for field in ("headers", "multiValueHeaders"):
+        headers = event.get(field)
+        if isinstance(headers, dict):
+            merged[field] = _one_name_each(headers, multi_value=field == "multiValueHeaders")
+    return merged
+
+
+def _one_name_each(headers: dict[Any, Any], *, multi_value: bool) -> dict[Any, Any]:
+    """``headers`` with the names that differ in case only made one, lower-case: the lists
+    of values (``multi_value``) joined, or the values joined by ``,`` (as API Gateway and
+    Function URLs join a repeated header's). Headers not of that form are left as they are,
+    for the request to be refused as malformed."""
+    merged: dict[Any, Any] = {}
+    for name, value in headers.items():
+        key = name.lower() if isinstance(name, str) else name
+        if key not in merged:
+            merged[key] = value
+        elif multi_value and isinstance(merged[key], list) and isinstance(value, list):
+            merged[key] = [*merged[key], *value]
+        elif not multi_value and isinstance(merged[key], str) and isinstance(value, str):
+            merged[key] = f"{merged[key]},{value}"
+        else:
+            return headers
+    return merged if len(merged) < len(headers) else headers
 
 
 class _Unreadable(ValueError):
