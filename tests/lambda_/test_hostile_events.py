@@ -397,6 +397,31 @@ def _http_api_v1_event(
     }
 
 
+def test_an_http_api_payload_1_event_of_a_named_stage_is_routed_without_the_stage(
+    sessions_handler: tuple[LambdaHandler, str],
+) -> None:
+    """Payload format 1.0's ``path`` holds the stage at the API's own endpoint, as 2.0's
+    ``rawPath`` does: behind the ``$default`` route it was routed with it (a 404)."""
+    handler, key = sessions_handler
+    for path, domain, proxy in [
+        ("/prod/sessions", _API, None),
+        ("/prod/sessions", _API, "sessions"),
+        ("/sessions", "api.example.com", None),
+        ("/agent/sessions", "api.example.com", "sessions"),  # a custom domain's base path
+    ]:
+        answer = handler(_http_api_v1_event(key, path, "prod", domain, proxy=proxy), None)
+        assert answer["statusCode"] == 200, (path, domain, proxy, answer)
+        assert "items" in json.loads(answer["body"])
+    docs = handler(_http_api_v1_event(key, "/prod/docs", "prod", _API), None)
+    assert docs["statusCode"] == 200, docs
+    assert 'url: "/prod/openapi.json"' in docs["body"]
+    at_default = handler(_http_api_v1_event(key, "/sessions", "$default", _API), None)
+    assert at_default["statusCode"] == 200, at_default
+    # A path that only begins like the stage's name is not in the stage.
+    other = handler(_http_api_v1_event(key, "/production/sessions", "prod", _API), None)
+    assert other["statusCode"] == 404, other
+
+
 def test_an_invalid_openai_request_behind_an_api_gateway_stage_is_a_400(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

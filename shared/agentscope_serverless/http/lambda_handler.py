@@ -625,7 +625,7 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
             if event.get("version") == "2.0":  # as sent: http.path may be decoded already
                 scope["path"] = unquote(raw_path) or "/"
         stage = _stage_path(event, scope["path"])
-        if stage and event.get("version") != "2.0":  # a REST API gives the path without it
+        if stage and not _of_http_api(event):  # a REST API gives the path without it
             # The stage's invoke URL itself (``/prod``) comes as the path ``/``: it stays
             # the stage alone, so that it is redirected to ``/prod/``.
             at_stage = event["requestContext"].get("path") == stage
@@ -643,18 +643,24 @@ def _scope(handler: MangumHandler, event: dict[str, Any]) -> Scope:
     return scope
 
 
+def _of_http_api(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is an HTTP API's (or a Function URL's), in either payload format
+    (its ``version``): a REST API's has none."""
+    return event.get("version") in ("1.0", "2.0")
+
+
 def _stage_path(event: dict[str, Any], path: str) -> str:
     """``/<stage>`` when the client requested ``path`` under an API Gateway stage, else
     ``""``. An HTTP API puts a stage other than ``$default`` at the start of the path of a
     request to its own endpoint (``<api id>.execute-api.<region>.amazonaws.com``), not of
-    one to a custom domain; a REST API gives the path without the stage, and the path as
-    requested in its request context."""
+    one to a custom domain, in either payload format; a REST API gives the path without
+    the stage, and the path as requested in its request context."""
     context = event["requestContext"]
     stage = context.get("stage")
     if not isinstance(stage, str) or stage == "$default":
         return ""
     prefix = f"/{stage}"
-    if event.get("version") == "2.0":
+    if _of_http_api(event):
         api, domain = context.get("apiId"), context.get("domainName")
         on_api_endpoint = isinstance(api, str) and str(domain).startswith(f"{api}.execute-api.")
         return prefix if on_api_endpoint and (path + "/").startswith(prefix + "/") else ""
