@@ -1188,6 +1188,24 @@ def test_a_failed_requests_line_says_its_code_and_caller_in_the_application_or_b
     ]
 
 
+def test_a_request_refused_before_the_application_logs_the_clients_id_of_an_alb_event(
+    sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
+) -> None:
+    """An ALB with multi-value headers turned on sends ``multiValueHeaders`` and no
+    ``headers``: the line of a request refused before the application (a body not base64)
+    left out the ``X-Request-Id`` its client sent."""
+    handler, key = sessions_handler
+    sent = {"authorization": [f"Bearer {key}"], "x-request-id": ["client-13"]}
+    event = _alb_event("POST", "/sessions", sent)
+    event.update(body="!!not base64", isBase64Encoded=True)
+    request_log.readouterr()
+    answer = handler(event, LambdaContext(60, "invocation-13"))
+    assert answer["statusCode"] == 400, answer
+    (line,) = [line for line in _lines(request_log) if line["message"] == "request"]
+    assert (line["request_id"], line["status"]) == ("invocation-13", 400)
+    assert line.get("client_request_id") == "client-13"
+
+
 def test_an_event_refused_as_no_request_is_logged_with_its_invocations_id(
     sessions_handler: tuple[LambdaHandler, str], request_log: pytest.CaptureFixture[str]
 ) -> None:

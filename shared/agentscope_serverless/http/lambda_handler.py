@@ -1171,12 +1171,10 @@ def _error(
 
     # The invocation's id and the client's, as in the application (see ``request_ids_of``).
     event = getattr(handler, "event", None)
-    headers = event.get("headers") if isinstance(event, dict) else None
     scope: dict[str, Any] = {
         "headers": [
             (b"x-request-id", value.encode("latin-1", "replace"))
-            for name, value in (headers.items() if isinstance(headers, dict) else ())
-            if isinstance(name, str) and name.lower() == "x-request-id" and isinstance(value, str)
+            for value in _sent_request_ids(event)
         ],
         "aws.context": getattr(handler, "context", None),
     }
@@ -1213,6 +1211,22 @@ def _error(
             "isBase64Encoded": False,
         }
     return answer
+
+
+def _sent_request_ids(event: Any) -> list[str]:
+    """The values of the ``X-Request-Id`` headers of a request event, as text: of its
+    ``headers`` then of its ``multiValueHeaders`` (an ALB's with multi-value headers turned
+    on has only those)."""
+    if not isinstance(event, dict):
+        return []
+    sent: list[str] = []
+    for field in ("headers", "multiValueHeaders"):
+        headers = event.get(field)
+        for name, values in headers.items() if isinstance(headers, dict) else ():
+            if isinstance(name, str) and name.lower() == "x-request-id":
+                listed = values if isinstance(values, list) else [values]
+                sent.extend(value for value in listed if isinstance(value, str))
+    return sent
 
 
 def _aws_request_id(context: Any) -> str | None:
