@@ -1732,3 +1732,45 @@ def test_an_a2a_registry_is_refused_not_ignored() -> None:
         AgentApp(a2a_config={"registry": Registry()})
     with pytest.raises(ValueError, match="wellknown_path"):
         AgentApp(a2a_config={"wellknown_path": "card.json"})
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/event-stream;q=0, */*"])
+async def test_an_accept_not_taking_events_is_a_406_to_an_http_json_stream(
+    served: tuple[str, Keys], accept: str
+) -> None:
+    # It was ignored: the message ran, answered with a 200 event stream.
+    url, keys = served
+    context_id = f"a2a-{uuid.uuid4().hex[:8]}"
+    message = {"role": "ROLE_USER", "parts": [{"text": "hi"}], "contextId": context_id}
+    legacy = {"role": "user", "parts": [{"kind": "text", "text": "hi"}], "contextId": context_id}
+    headers = {"Accept": accept, "A2A-Version": "1.0"}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(keys.alice), timeout=30) as http:
+        sent = await http.post(
+            "/a2a/message:send",
+            json={"message": {**message, "messageId": uuid.uuid4().hex}},
+            headers=headers,
+        )
+        assert sent.status_code == 200, sent.text
+        task_id = sent.json()["task"]["id"]
+        refused = [
+            await http.post(
+                "/a2a/message:stream",
+                json={"message": {**message, "messageId": uuid.uuid4().hex}},
+                headers=headers,
+            ),
+            await http.post(
+                "/a2a/v1/message:stream",
+                json={"message": {**legacy, "messageId": uuid.uuid4().hex}},
+                headers={"Accept": accept},
+            ),
+            await http.get(f"/a2a/tasks/{task_id}:subscribe", headers=headers),
+            await http.post(f"/a2a/tasks/{task_id}:subscribe", headers=headers),
+            await http.get(f"/a2a/v1/tasks/{task_id}:subscribe", headers={"Accept": accept}),
+        ]
+        for answer in refused:
+            assert answer.status_code == 406, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "NOT_ACCEPTABLE"
+            assert error["message"].startswith("Accept does not take text/event-stream")
+        runs = (await http.get("/runs", params={"session_id": context_id})).json()["items"]
+        assert [run["kind"] for run in runs].count("a2a") == 1  # the message sent, none streamed

@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -622,3 +622,49 @@ def test_a_run_whose_session_expired_is_neither_listed_nor_canceled(
     assert after.json()["items"] == []
     assert canceled.status_code == 404
     assert canceled.json()["error"]["code"] == "RUN_NOT_FOUND"
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/json",
+        "application/xml",
+        "*/*;q=0",
+        "text/event-stream;q=0",
+        "text/*, text/event-stream;q=0",
+        "application/json, text/plain",
+    ],
+)
+def test_an_accept_not_taking_events_is_a_406_to_a_runs_events(
+    client_for: Callable[..., httpx.Client], keys: Keys, accept: str
+) -> None:
+    # It was ignored: a 200 event stream.
+    client = client_for(keys.alice)
+    body = {"input": [user_message("hi")], "stream": False}
+    run_id = client.post("/process", json=body).headers["X-Run-Id"]
+    refused = client.get(f"/runs/{run_id}/events", headers={"Accept": accept})
+    assert refused.status_code == 406, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "NOT_ACCEPTABLE"
+    assert error["message"].startswith("Accept does not take text/event-stream")
+    anonymous = client_for(None).get(f"/runs/{run_id}/events", headers={"Accept": accept})
+    assert anonymous.status_code == 401
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [None, "*/*", "", "text/*", "text/event-stream", "text/event-stream;q=0.2, */*;q=0"],
+)
+def test_an_accept_taking_events_is_answered_a_runs_events(
+    client_for: Callable[..., httpx.Client], keys: Keys, accept: str | None
+) -> None:
+    client = client_for(keys.alice)
+    body = {"input": [user_message("hi")], "stream": False}
+    run_id = client.post("/process", json=body).headers["X-Run-Id"]
+    if accept is None:
+        client.headers.pop("Accept")  # httpx sends */* by default
+    headers = {} if accept is None else {"Accept": accept}
+    answered = client.get(f"/runs/{run_id}/events", headers=headers)
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["content-type"].startswith("text/event-stream")
+    assert parse_sse(answered.text.split("\n")).data[-1]["status"] == "completed"

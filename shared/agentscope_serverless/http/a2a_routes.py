@@ -80,7 +80,7 @@ from agentscope_serverless.http.idempotency import (
     writes_in_session,
 )
 from agentscope_serverless.http.middleware import BodyTooDeep, _route_path
-from agentscope_serverless.http.params import is_json_type
+from agentscope_serverless.http.params import EVENTS_ONLY, is_json_type, not_acceptable
 from agentscope_serverless.http.sse import (
     EventStreamResponse,
     escape_line_breaks,
@@ -120,8 +120,9 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
         return _AuthenticatedUser(request.scope[_USER_SCOPE_KEY])
 
 
-def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
-    """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then the
+def _guarded_endpoint(endpoint: Endpoint, ping_interval: float, *, streams: bool) -> Endpoint:
+    """``endpoint`` behind the checks every route runs (:mod:`..guards`): the key, then (on
+    an HTTP+JSON route that ``streams``) an ``Accept`` taking ``text/event-stream``, the
     body's text and numbers, the user it names and the ``Idempotency-Key`` claim. Their
     errors reach the app's handlers, as any route's do, but on the JSON-RPC route: JSON-RPC
     errors (see :func:`_read`, :func:`_claim_refused`). A stream it answers pings every
@@ -133,6 +134,9 @@ def _guarded_endpoint(endpoint: Endpoint, ping_interval: float) -> Endpoint:
         request = utf8_request(request)
         caller = await get_caller(request, await bearer_scheme(request))
         request.scope[_USER_SCOPE_KEY] = caller.user_id()
+        refusal = not_acceptable(request.headers.get("accept"), EVENTS_ONLY) if streams else None
+        if refusal is not None:
+            raise refusal
         # The SDK reads a body as JSON whatever its content type: one not sent as JSON is
         # refused, as every route reading JSON refuses it.
         content_type = request.headers.get("content-type")
@@ -590,13 +594,20 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
+# The HTTP+JSON routes answering only a stream (A2A 1.0's and 0.3's): SendStreamingMessage,
+# SubscribeToTask.
+_STREAMING_PATHS = ("/message:stream", ":subscribe")
+
+
 def _guarded(routes: list[Any], ping_interval: float) -> list[Route]:
     # The SDK also mounts the HTTP+JSON routes under /{tenant}: that catch-all would shadow
     # other routes' 404/405 answers, so only the plain routes are kept.
     return [
         Route(
             route.path,
-            _guarded_endpoint(route.endpoint, ping_interval),
+            _guarded_endpoint(
+                route.endpoint, ping_interval, streams=route.path.endswith(_STREAMING_PATHS)
+            ),
             methods=list(route.methods or ()),
         )
         for route in routes

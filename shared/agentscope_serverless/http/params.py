@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated
 
-from fastapi import Path, Query
+from fastapi import HTTPException, Path, Query
 from fastapi._compat import field_annotation_is_sequence
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
@@ -93,20 +93,46 @@ def is_json_type(content_type: str | None) -> bool:
 
 # What the agent's route answers in: the run's events, or JSON (its errors always).
 ANSWER_TYPES = ("text/event-stream", "application/json")
+# What a route that only streams answers in (its errors are JSON all the same).
+EVENTS_ONLY = ("text/event-stream",)
 
 
-def accepts_an_answer(accept: str) -> bool:
-    """Whether an ``Accept`` header takes one of :data:`ANSWER_TYPES`: for each, the most
-    specific media range matching it (the type, ``text/*``, ``*/*``) says, one of ``q=0``
-    refusing it. A header without a media range (empty) takes anything, as none does.
+def accepts_an_answer(accept: str, types: tuple[str, ...] = ANSWER_TYPES) -> bool:
+    """Whether an ``Accept`` header takes one of ``types``: for each, the most specific
+    media range matching it (the type, ``text/*``, ``*/*``) says, one of ``q=0`` refusing
+    it. A header without a media range (empty) takes anything, as none does.
 
     >>> accepts_an_answer("application/xml"), accepts_an_answer("text/*;q=0.5")
     (False, True)
     >>> accepts_an_answer("*/*;q=0"), accepts_an_answer("*/*;q=0, application/json")
     (False, True)
+    >>> accepts_an_answer("application/json", EVENTS_ONLY)
+    False
     """
     ranges = [_media_range(part) for part in accept.split(",") if part.strip()]
-    return not ranges or any(_quality(ranges, kind) > 0 for kind in ANSWER_TYPES)
+    return not ranges or any(_quality(ranges, kind) > 0 for kind in types)
+
+
+def not_acceptable(accept: str | None, types: tuple[str, ...]) -> HTTPException | None:
+    """The 406 refusing an ``Accept`` header that takes none of ``types``, the media types
+    a route answers in (None when it takes one: no header, or ``*/*``, without parsing).
+
+    >>> not_acceptable("application/json", EVENTS_ONLY).detail.split(",")[0]
+    'Accept does not take text/event-stream'
+    """
+    if not accept or accept == "*/*" or accepts_an_answer(accept, types):
+        return None
+    if len(types) == 1:
+        return HTTPException(
+            406,
+            f"Accept does not take {types[0]}, the type this route answers in (send no "
+            "Accept, or */*, to take it)",
+        )
+    return HTTPException(
+        406,
+        f"Accept takes neither {' nor '.join(types)}, the types this route answers in (send "
+        "no Accept, or */*, to take either)",
+    )
 
 
 def _media_range(part: str) -> tuple[str, float]:

@@ -26,7 +26,12 @@ from starlette.types import Receive, Scope, Send
 from agentscope_serverless.http.auth import CurrentCaller, KeyedRoute, no_other_user
 from agentscope_serverless.http.context import AppContext
 from agentscope_serverless.http.guards import guard_request
-from agentscope_serverless.http.openapi import ERROR_RESPONSES, DocumentationRoute, ErrorBody
+from agentscope_serverless.http.openapi import (
+    ERROR_RESPONSES,
+    DocumentationRoute,
+    ErrorBody,
+    error_answer,
+)
 
 A2A_PATH = "/a2a"
 WELL_KNOWN_PATH = "/.well-known/agent-card.json"
@@ -194,9 +199,21 @@ def _document(app: FastAPI) -> None:
     key, their checks (``Idempotency-Key``), their error answers, as every route's."""
 
     def add(
-        path: str, method: str, endpoint: Any, summary: str, *, binding: bool, **details: Any
+        path: str,
+        method: str,
+        endpoint: Any,
+        summary: str,
+        *,
+        binding: bool,
+        refusals: dict[int | str, dict[str, Any]] | None = None,
+        **details: Any,
     ) -> None:
-        answers = {**ERROR_RESPONSES, **(_BINDING_ANSWERS if binding else {}), **_A2A_ANSWER}
+        answers = {
+            **ERROR_RESPONSES,
+            **(_BINDING_ANSWERS if binding else {}),
+            **(refusals or {}),
+            **_A2A_ANSWER,
+        }
         app.router.add_api_route(
             path,
             endpoint,
@@ -222,6 +239,10 @@ def _document(app: FastAPI) -> None:
         ),
         openapi_extra={"requestBody": _JSON_RPC_CALL},
     )
+    # Only a stream answers message:stream and tasks/{id}:subscribe (GET and POST).
+    streams = error_answer(
+        406, "`Accept` does not take `text/event-stream`, asking for a stream's events."
+    )
     for method in ("GET", "POST", "DELETE"):
         add(
             f"{A2A_PATH}/{{rest:path}}",
@@ -229,6 +250,7 @@ def _document(app: FastAPI) -> None:
             _http_json,
             f"A2A over HTTP+JSON ({method})",
             binding=True,
+            refusals=streams if method != "DELETE" else {},
             description=(
                 f"The HTTP+JSON binding of {_PROTOCOL}: `POST /a2a/message:send`, "
                 "`POST /a2a/message:stream`, `GET /a2a/tasks/{id}`, "

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
@@ -61,7 +61,7 @@ from agentscope_serverless.http.params import (
     COMPATIBLE_PREFIX,
     RUN_HEADER,
     SESSION_HEADER,
-    accepts_an_answer,
+    not_acceptable,
 )
 from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
@@ -435,15 +435,11 @@ class _AgentRoute(KeyedRoute):
 
         async def handle(request: Request) -> Response:
             request = utf8_request(request)
-            accept = request.headers.get("accept")
-            if accept and accept != "*/*" and not accepts_an_answer(accept):
+            refusal = not_acceptable(request.headers.get("accept"), ANSWER_TYPES)
+            if refusal is not None:
                 # After the key, as every other refusal: a caller without one gets a 401.
                 await get_caller(request, await bearer_scheme(request))
-                raise HTTPException(
-                    406,
-                    f"Accept takes neither {' nor '.join(ANSWER_TYPES)}, the types this route "
-                    "answers in (send no Accept, or */*, to take either)",
-                )
+                raise refusal
             if IDEMPOTENCY_HEADER in request.headers:
                 return await declared(request)
             # Before the body is read: validating a large one costs more than parsing it,

@@ -7,7 +7,7 @@
 | ``GET /runs/{run_id}/events`` | the run's events as SSE: those stored after ``Last-Event-ID`` |
 |  | (or ``?after=``), then the new ones live, until the run ends (on Lambda, or until the |
 |  | function's time limit is near: resume then after the last id received); 409 for a |
-|  | background task or an A2A task |
+|  | background task or an A2A task; 406 for an ``Accept`` not taking ``text/event-stream`` |
 | ``POST /runs/{run_id}/cancel`` | cancel the run, wherever it executes (202; 409 if it ended, |
 |  | or is a background task or an A2A task) |
 
@@ -27,13 +27,15 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, Field
 
 from agentscope_serverless.errors import ConflictError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.openapi import error_answer
+from agentscope_serverless.http.params import EVENTS_ONLY, not_acceptable
 from agentscope_serverless.http.sse import EventStreamResponse, encode
 from agentscope_serverless.services.runs.base import RunRecord, RunsService
 from agentscope_serverless.time_limit import seconds_left
@@ -198,9 +200,13 @@ async def get_run(run_id: str, user_id: CurrentUser, context: Context) -> RunVie
     # Its success is only ever a stream (its errors are JSON, see http.openapi).
     response_class=EventStreamResponse,
     status_code=200,
-    responses={200: {"description": "The run's events."}},
+    responses={
+        200: {"description": "The run's events."},
+        **error_answer(406, "`Accept` does not take `text/event-stream`."),
+    },
 )
 async def run_events(
+    request: Request,
     run_id: str,
     user_id: CurrentUser,
     context: Context,
@@ -213,6 +219,9 @@ async def run_events(
         Position, Query(description="Send the events after this sequence number.")
     ] = None,
 ) -> EventStreamResponse:
+    refusal = not_acceptable(request.headers.get("accept"), EVENTS_ONLY)
+    if refusal is not None:
+        raise refusal
     position = _position(last_event_id, after)
     _refuse_a_task(
         await _readable(context, user_id, run_id),
