@@ -136,6 +136,24 @@ def test_an_error_reaches_the_page_and_the_key_is_still_required(allowed: str) -
     assert answer.headers["access-control-allow-origin"] == PAGE
 
 
+@pytest.mark.parametrize("path", ["/%ff", "/sessions/%c3%28", "/process?q=%ff"])
+def test_a_preflight_to_a_url_not_utf8_is_refused_with_the_cors_headers(
+    allowed: str, path: str
+) -> None:
+    # Refused before CORS saw it, the 422 had no CORS headers: the page saw a CORS failure.
+    headers = {"Origin": PAGE, "Access-Control-Request-Method": "POST"}
+    refused = httpx.options(f"{allowed}{path}", headers=headers)
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "INVALID_INPUT"
+    assert refused.headers["access-control-allow-origin"] == PAGE
+    assert "POST" in refused.headers["access-control-allow-methods"]
+    assert "access-control-max-age" not in refused.headers
+    assert refused.headers["cache-control"] == "no-store"
+    other = httpx.options(f"{allowed}{path}", headers={**headers, "Origin": "https://evil.example"})
+    assert other.status_code == 422
+    assert "access-control-allow-origin" not in other.headers
+
+
 def test_another_origin_gets_no_cors_headers(allowed: str, keys: Keys) -> None:
     refused = preflight(allowed, "https://evil.example.com")
     assert refused.status_code == 400

@@ -39,10 +39,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount, WebSocketRoute, compile_path
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentscope_serverless import __version__
 from agentscope_serverless.auth.base import KeyStore
@@ -588,8 +588,10 @@ class _CORSMiddleware(CORSMiddleware):
 
     A preflight gets a request context of its own (a request id, its log line), as every
     other answer gets one from the context inside: CORS stays outside that one, whose 500s
-    must pass through CORS for a page to read them. The methods allowed are those the
-    routes of ``served_by`` take as the middleware is built (the application starts)."""
+    must pass through CORS for a page to read them. An error that context answers a
+    preflight with (its path not UTF-8, a failure) carries the headers of a refused
+    preflight. The methods allowed are those the routes of ``served_by`` take as the
+    middleware is built (the application starts)."""
 
     def __init__(self, app: ASGIApp, /, *, served_by: APIRouter, **options: Any) -> None:
         super().__init__(app, allow_methods=served_methods(served_by.routes), **options)
@@ -599,7 +601,8 @@ class _CORSMiddleware(CORSMiddleware):
         if scope["type"] == "http" and scope["method"] == "OPTIONS":
             headers = Headers(scope=scope)
             if "origin" in headers and "access-control-request-method" in headers:
-                await self.preflight_context(scope, receive, send)
+                cors = _refusal_headers(super().preflight_response(headers))
+                await self.preflight_context(scope, receive, _carrying(send, cors))
                 return
         await super().__call__(scope, receive, send)
 
@@ -618,11 +621,36 @@ class _CORSMiddleware(CORSMiddleware):
             _PREFLIGHT_FAILURES.get(word, word).format(methods=methods) for word in failed
         )
         refused = error_response(400, "BAD_REQUEST", f"this preflight is refused: {why}")
-        for name, value in response.headers.items():
-            if name == "vary" or (name.startswith("access-control-") and name != _MAX_AGE):
-                refused.headers[name] = value
+        for name, value in _refusal_headers(response):
+            refused.headers[name] = value
         refused.headers["Cache-Control"] = "no-store"
         return refused
+
+
+def _refusal_headers(preflight: Response) -> list[tuple[str, str]]:
+    """The CORS headers of Starlette's answer to a preflight a refusal of it carries (the
+    origin allowed, if it is; the methods and headers allowed): all but its max age."""
+    return [
+        (name, value)
+        for name, value in preflight.headers.items()
+        if name == "vary" or (name.startswith("access-control-") and name != _MAX_AGE)
+    ]
+
+
+def _carrying(send: Send, cors: list[tuple[str, str]]) -> Send:
+    """``send`` giving an answer to a preflight without CORS headers (an error answered
+    before the preflight was: its path not UTF-8, a failure) the ``cors`` headers: without
+    them, a browser reports a CORS failure, not the error."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = MutableHeaders(scope=message)
+            if not any(name.startswith("access-control-") for name in headers):
+                for name, value in cors:
+                    headers.append(name, value)
+        await send(message)
+
+    return sending
 
 
 def _docs(app: FastAPI, request: Request) -> HTMLResponse:
