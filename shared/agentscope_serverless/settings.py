@@ -702,6 +702,8 @@ def redis_url_problem(url: str) -> str | None:
     "the query option 'ssl' is not one the Redis client takes (for TLS, begin the URL with rediss://)"
     >>> redis_url_problem("redis://h:6379/0?socket_timeout=nan")
     "the query option 'socket_timeout' takes a finite number of seconds above 0"
+    >>> redis_url_problem("redis://h:6379/0?client_name=").split(":")[0]
+    "the query option 'client_name' has no value, which the Redis client ignores"
     """
     parts = urlsplit(url)
     if "@" in parts.query:
@@ -724,9 +726,14 @@ def redis_url_problem(url: str) -> str | None:
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in accepted:
             takes, valid = _REDIS_URL_OPTION_VALUES.get(name, ("", lambda _: True))
-            # A blank value the client ignores; a wrong one is not shown (it may be a
-            # piece of a password holding & or =).
-            if value and not valid(value):
+            # The client ignores a blank value, as if the option were not given.
+            if not value:
+                return (
+                    f"the query option {name!r} has no value, which the Redis client "
+                    f"ignores: give it {takes or 'one'}, or leave the option out"
+                )
+            # A wrong one is not shown (it may be a piece of a password holding & or =).
+            if not valid(value):
                 return f"the query option {name!r} takes {takes}"
             continue
         # A name that is no identifier may be a piece of a password.

@@ -398,6 +398,32 @@ def test_a_redis_url_option_value_the_client_cannot_use_is_refused_without_showi
     assert "hush" not in message and "cache" not in message
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (
+            "socket_timeout=",
+            "'socket_timeout' has no value, which the Redis client ignores: give"
+            " it a finite number of seconds above 0, or leave the option out",
+        ),
+        ("db=1&max_connections=", "'max_connections' has no value"),
+        ("protocol", "'protocol' has no value"),
+        ("password=&db=1", "'password' has no value, which the Redis client ignores: give it one"),
+    ],
+)
+def test_a_redis_url_option_without_a_value_is_refused_without_showing_the_url(
+    monkeypatch: pytest.MonkeyPatch, option: str, said: str
+) -> None:
+    # Taken, the client ignored it: the server ran without the timeout, pool bound or
+    # password its URL seemed to set.
+    monkeypatch.setenv("REDIS_URL", f"redis://:hush-pw@cache:6379/0?{option}")
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith(f"invalid settings: REDIS_URL: the query option {said}"), message
+    assert "hush" not in message and "cache" not in message
+
+
 @pytest.mark.parametrize("path", ["/3x", "/abc", "/0/1", "/-1"])
 def test_a_redis_url_path_that_is_no_database_number_is_refused(
     monkeypatch: pytest.MonkeyPatch, path: str
@@ -428,7 +454,7 @@ def test_a_slash_in_a_redis_password_is_refused_at_start_without_showing_it(
         "redis://:pw@cache:6379/0?socket_timeout=5&health_check_interval=10&client_name=agent",
         "rediss://cache:6379/0?ssl_cert_reqs=none&ssl_check_hostname=false",
         "unix:///run/redis.sock?db=1&socket_timeout=2",
-        "redis://cache:6379/12?socket_timeout=0.5&protocol=3&retry_on_timeout=No&max_connections=",
+        "redis://cache:6379/12?socket_timeout=0.5&protocol=3&retry_on_timeout=No",
         "rediss://cache:6379/?socket_keepalive=1&ssl_min_version=771",
         "redis://cache:6379",
         "redis://cache:6379/3/",
