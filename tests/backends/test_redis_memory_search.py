@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -275,6 +276,9 @@ async def test_concurrent_bulk_adds_of_one_user_rank_like_the_same_adds_in_turn(
         for memories, session in sorted(adds, key=lambda add: stored.index(add[0][0].id)):
             await reference.add_memory(user_id, memories, session_id=session)
         assert stored == await listed(reference, user_id)
+        if not cluster:  # the adds' ids were merged in order into the buckets they share
+            async with Redis.from_url(url, decode_responses=True) as client:
+                await assert_buckets_ascend(client, user_id)
         await assert_same_rankings(reference, redis, user_id, rng)
         for service in (reference, redis):
             await service.delete_memory(user_id, "a")
@@ -469,3 +473,71 @@ async def test_a_bulk_add_to_a_capped_session_keeps_its_newest_memories(
 def test_max_messages_per_session_must_be_a_whole_number_of_one_or_more(refused: Any) -> None:
     with pytest.raises(InvalidInputError, match="max_messages_per_session"):
         RedisMemoryService(max_messages_per_session=refused)
+
+
+async def bucket_reads(
+    redis_server: RedisServer, user_id: str, action: Callable[[], Awaitable[Any]]
+) -> tuple[int, int]:
+    """How many tails and pages of ``user_id``'s buckets, and how many memories' entries,
+    the scripts run by ``action`` read (Redis shows the commands a script runs to MONITOR;
+    the Redis is the test's own, so nothing else runs meanwhile)."""
+    base = user_key_prefix("agentscope", "memory", user_id)
+    fields = {f"{base}:bucket_ids": 0, f"{base}:entries": 0}
+    async with (
+        Redis.from_url(redis_server.url, decode_responses=True) as client,
+        client.monitor() as monitor,
+    ):
+        await action()
+        await client.echo("done")
+        while (command := (await monitor.next_command())["command"]) != "ECHO done":
+            name, *args = command.split(" ")
+            if name in ("HGET", "HMGET") and args[0] in fields:
+                fields[args[0]] += len(args) - 1
+    return fields[f"{base}:bucket_ids"], fields[f"{base}:entries"]
+
+
+async def assert_buckets_ascend(client: Redis, user_id: str) -> None:
+    """Each bucket's ids ascend through its pages, each named after its first id, then its
+    tail; each memory is in a bucket once."""
+    base = user_key_prefix("agentscope", "memory", user_id)
+    texts = await client.hgetall(f"{base}:bucket_ids")
+    members = await client.zrange(f"{base}:buckets", 0, -1)
+    assert sorted(members) == sorted(texts)
+    pages: defaultdict[str, list[str]] = defaultdict(list)
+    for member in sorted(members):  # a bucket, then its pages by first id
+        bucket = "\0".join(member.split("\0")[:2])
+        ids = [texts[member][at : at + 8] for at in range(0, len(texts[member]), 8)]
+        if member != bucket:
+            assert ids and ids[0] >= member.split("\0")[2], member
+        pages[bucket] += ids if member != bucket else []
+    for bucket, ids in pages.items():
+        ids += [texts[bucket][at : at + 8] for at in range(0, len(texts[bucket]), 8)]
+        assert ids == sorted(set(ids)), bucket
+
+
+async def test_a_search_for_a_word_every_memory_holds_reads_only_the_newest(
+    own_redis_server: RedisServer, user_id: str
+) -> None:
+    # 3,000 memories of the same length holding "common": they tie, and ties go to the
+    # newest, so the top 10 are the 10 newest and no older one needs reading. The search
+    # read every page of the word's bucket and scored all 3,000.
+    memories = [msg(f"common note{n}") for n in range(3000)]
+    reference = InMemoryMemoryService()
+    async with reference, RedisMemoryService(own_redis_server.url) as redis:
+        for service in (reference, redis):
+            await service.add_memory(user_id, memories[:2000], session_id="bulk")
+            for start in range(2000, 3000, 500):
+                await service.add_memory(user_id, memories[start : start + 500])
+        query = [msg("common")]
+        found: list[Message] = []
+
+        async def search() -> None:
+            found.extend(await redis.search_memory(user_id, query, {"top_k": 10}))
+
+        pages, entries = await bucket_reads(own_redis_server, user_id, search)
+        assert [m.id for m in found] == [m.id for m in memories[:-11:-1]]
+        assert [m.id for m in await reference.search_memory(user_id, query, {"top_k": 10})] == [
+            m.id for m in found
+        ]
+        assert pages == 1  # its tail: the newest
+        assert entries == 10

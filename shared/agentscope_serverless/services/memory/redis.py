@@ -3,7 +3,8 @@
 Every key of user ``U`` (escaped) shares the hash tag ``{U}``; there is a fixed set of
 them, so deleting or expiring a user's memory touches the same keys, whatever its size::
 
-    <prefix>:memory:{U}:stats       HASH  seq (last memory id), docs (count), length (tokens)
+    <prefix>:memory:{U}:stats       HASH  seq (last memory id), docs (count), length (tokens),
+                                          sorted ("1" once every bucket's ids ascend)
     <prefix>:memory:{U}:docs        HASH  memory id -> message JSON
     <prefix>:memory:{U}:order       ZSET  memory id -> memory id (chronological pages)
     <prefix>:memory:{U}:sessions    ZSET  all scores 0, members "<escaped session>\\0<id>"
@@ -35,7 +36,11 @@ full 2 KiB of a tail becomes a page of its own, so adding to a bucket copies at 
 much, whatever the bucket's size. Ids are stored as 8 hexadecimal digits ("hex ids"): of
 fixed width, they need no separator, a bucket holds ``HSTRLEN / 8`` memories, and a term's
 document frequency is the sum over its buckets, with no counter to update per term and
-batch (a user can be given 4,294,967,295 memories: ids are not reused).
+batch (a user can be given 4,294,967,295 memories: ids are not reused). A bucket's ids
+ascend through its pages (each named after its first id), then its tail: a bulk add's ids,
+reserved before those of adds indexed meanwhile, are merged in their place. Buckets indexed
+by earlier releases may not ascend: a user's ``sorted`` statistic says all do (set when the
+user has no bucket: from the first add after the user's memory was erased or emptied).
 
 An add of up to 1,000 memories falling in up to 4,000 buckets is one script. A larger one
 (more memories, or a document of thousands of distinct words) is stored 1,000 at a time,
@@ -56,7 +61,10 @@ Search is one Lua script that ranks exactly like
 :func:`~agentscope_serverless.services.memory.text.bm25_score` (ties: newest first): it
 reads each query term's buckets best first, scores the memories it meets from their
 ``entries``, and stops reading a term as soon as no unread memory can still enter the top
-``k`` (a threshold algorithm), so a search reads what can match, never the whole memory.
+``k`` (a threshold algorithm), so a search reads what can match, never the whole memory. A
+bucket is read newest first (its tail, then its pages from the last): for the last term
+read, once the bucket's best possible contribution cannot beat the top ``k``'s last, nor
+tie it being newer, it stops (memories that tie: the newest ``k`` only are read).
 
 Memory indexed by the layout before this one (an ``info`` hash, a ``postings`` sorted set
 of one member per memory and term, and a ``tf`` hash; no release wrote it) is refused by
@@ -323,9 +331,56 @@ local function store(after, count, session, at)
   redis.call('HINCRBY', STATS, 'length', total)
 end
 
--- Appends hex ids to buckets: each bucket's tail is read and written once, a thousand
--- buckets at a time (a new bucket is one sorted-set insert), and its full pages leave it.
-local function index(names, ids)
+-- The newest id of a bucket whose tail is empty (in its last page), or nil.
+local function last_page_id(name)
+  local page = redis.call(
+    'ZREVRANGEBYLEX', BUCKETS, '(' .. name .. '\\1', '(' .. name, 'LIMIT', 0, 1)[1]
+  if not page then return nil end
+  return tonumber(string.sub(redis.call('HGET', BUCKET_IDS, page) or '', -8), 16)
+end
+
+-- The ids of a bucket from the page its first new id falls in (those pages forgotten),
+-- merged with the new ids (hex, ascending), newer ids than some of them being there already.
+local function merged(name, tail, ids)
+  local from = redis.call('ZREVRANGEBYLEX', BUCKETS, '[' .. name .. '\\0' .. string.sub(ids, 1, 8),
+    '(' .. name, 'LIMIT', 0, 1)[1]
+  local pages = redis.call(
+    'ZRANGEBYLEX', BUCKETS, from and '[' .. from or '(' .. name, '(' .. name .. '\\1')
+  local held = {}
+  for i = 1, #pages, 1000 do
+    local last = math.min(i + 999, #pages)
+    for _, text in ipairs(redis.call('HMGET', BUCKET_IDS, unpack(pages, i, last))) do
+      held[#held + 1] = text or ''
+    end
+  end
+  bulk('HDEL', BUCKET_IDS, pages)
+  bulk('ZREM', BUCKETS, pages)
+  held[#held + 1] = tail
+  local old, out, a, b = table.concat(held), {}, 1, 1
+  local x, y = tonumber(string.sub(old, 1, 8), 16), tonumber(string.sub(ids, 1, 8), 16)
+  while x and y do
+    if x < y then
+      out[#out + 1] = string.sub(old, a, a + 7)
+      a = a + 8
+      x = tonumber(string.sub(old, a, a + 7), 16)
+    else
+      out[#out + 1] = string.sub(ids, b, b + 7)
+      b = b + 8
+      y = tonumber(string.sub(ids, b, b + 7), 16)
+    end
+  end
+  out[#out + 1] = string.sub(old, a)
+  out[#out + 1] = string.sub(ids, b)
+  return table.concat(out)
+end
+
+-- Appends hex ids (ascending) to buckets: each bucket's tail is read and written once, a
+-- thousand buckets at a time (a new bucket is one sorted-set insert), and its full pages
+-- leave it. Ids given before newer ones were indexed (a bulk add's, reserved before: older)
+-- are merged in their place, so a bucket's ids always ascend. With no bucket yet, STATS
+-- says so ('sorted'): every bucket is in order.
+local function index(names, ids, older)
+  if redis.call('EXISTS', BUCKETS) == 0 then redis.call('HSET', STATS, 'sorted', '1') end
   local created = {}
   for i = 1, #names, 1000 do
     local last = math.min(i + 999, #names)
@@ -337,7 +392,15 @@ local function index(names, ids)
         add(created, 0, name)
         tail = ''
       end
-      tail = tail .. ids[k]
+      local newest = nil
+      if older and tails[k - i + 1] then
+        newest = #tail > 0 and tonumber(string.sub(tail, -8), 16) or last_page_id(name)
+      end
+      if newest and newest > tonumber(string.sub(ids[k], 1, 8), 16) then
+        tail = merged(name, tail, ids[k])
+      else
+        tail = tail .. ids[k]
+      end
       local at = 1
       while #tail - at + 1 >= PAGE do
         local page = name .. '\\0' .. string.sub(tail, at, at + 7)
@@ -456,7 +519,7 @@ if reserved then
       ids[#ids + 1] = at
     end
   end
-  index(names, ids)
+  index(names, ids, true)
 end
 touch(ttl, KEYS)
 return 0
@@ -520,11 +583,14 @@ if refused then return refused end
 local EPSILON, CHUNK = 1e-9, 256
 local top_k = tonumber(ARGV[2])
 touch(ttl, KEYS)
-local stats = redis.call('HMGET', STATS, 'docs', 'length')
+local stats = redis.call('HMGET', STATS, 'docs', 'length', 'sorted')
 local documents = tonumber(stats[1]) or 0
 if documents == 0 then return {} end
 local avg = (tonumber(stats[2]) or 0) / documents
 if avg == 0 then avg = 1.0 end
+-- Whether every bucket's ids ascend (see index), so that one read newest first can stop
+-- on ties.
+local sorted = stats[3] == '1'
 
 -- Same arithmetic, in the same order, as text.bm25_score: scores are bit-identical.
 local function contribution(idf, tf, length)
@@ -541,18 +607,25 @@ local function decode(name, term_length)
   return tf, math.max(tf, (class % 4 + 4) * 2 ^ (math.floor(class / 4) - 3))
 end
 
--- Query terms that occur: their buckets and pages, best first, their idf (df: 8 bytes
--- per memory in them) and the largest contribution any memory can get (tf <= length, and
--- the contribution grows with tf and shrinks with length).
+-- Query terms that occur: their buckets (each with its pages, oldest first), best first,
+-- their idf (df: 8 bytes per memory in them) and the largest contribution any memory can
+-- get (tf <= length, and the contribution grows with tf and shrinks with length).
 local terms = {}
 for i = 3, #ARGV do
   local term = ARGV[i]
-  local buckets = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. term .. '\\0', '(' .. term .. '\\1')
-  local df = 0
-  for _, name in ipairs(buckets) do df = df + redis.call('HSTRLEN', BUCKET_IDS, name) / 8 end
+  local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. term .. '\\0', '(' .. term .. '\\1')
+  local df, buckets = 0, {}
+  for _, member in ipairs(members) do
+    df = df + redis.call('HSTRLEN', BUCKET_IDS, member) / 8
+    local name = string.sub(member, 1, #term + 11)  -- a page's name: "<bucket>\\0<hex id>"
+    if #buckets == 0 or buckets[#buckets].name ~= name then
+      buckets[#buckets + 1] = {name = name, pages = {}}
+    end
+    if #member > #name then table.insert(buckets[#buckets].pages, member) end
+  end
   if df > 0 then
     local idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
-    local tf_max = decode(buckets[1], #term)
+    local tf_max = decode(buckets[1].name, #term)
     terms[#terms + 1] = {
       term = term, idf = idf, buckets = buckets, bound = contribution(idf, tf_max, tf_max),
     }
@@ -628,28 +701,49 @@ for p, index in ipairs(order) do
   local theta = threshold()
   if theta and t.bound + rest[p] + EPSILON < theta then break end
   local cut = false
-  for _, name in ipairs(t.buckets) do
-    local tf, shortest = decode(name, #t.term)
+  for _, b in ipairs(t.buckets) do
+    local tf, shortest = decode(b.name, #t.term)
+    -- No memory of this bucket gets more than its shortest possible one: top.
+    local top = contribution(t.idf, tf, shortest)
     -- Every memory of this bucket and the later ones has a lower tf, or the same tf and a
     -- text at least this long.
-    local bound = contribution(t.idf, tf, shortest)
+    local bound = top
     if tf > 1 then bound = math.max(bound, contribution(t.idf, tf - 1, tf - 1)) end
-    local ids, fresh = redis.call('HGET', BUCKET_IDS, name) or '', {}
-    for at = 1, #ids, 8 do
-      local id = string.sub(ids, at, at + 7)
-      if not seen[id] then
-        seen[id] = true
-        fresh[#fresh + 1] = id
+    -- Newest first: the tail, then the pages from the last.
+    local fields = {b.name}
+    for k = #b.pages, 1, -1 do fields[#fields + 1] = b.pages[k] end
+    local fresh, passed = {}, false
+    for _, field in ipairs(fields) do
+      local ids = redis.call('HGET', BUCKET_IDS, field) or ''
+      for at = #ids - 7, 1, -8 do
+        local id = string.sub(ids, at, at + 7)
+        if #heap >= top_k then
+          local low = heap[1]
+          if bound + rest[p] + EPSILON < low[1] then
+            cut = true
+            break
+          end
+          -- With no term left after this one, a memory first met here scores its
+          -- contribution for this term exactly, at most top: once that cannot beat the
+          -- one to beat, nor tie it being newer, neither can the older memories left.
+          if sorted and rest[p] == 0
+            and (top < low[1] or (top == low[1] and tonumber(id, 16) < low[2])) then
+            passed = true
+            break
+          end
+        end
+        if not seen[id] then
+          seen[id] = true
+          fresh[#fresh + 1] = id
+          if #fresh == CHUNK or (#heap < top_k and #heap + #fresh >= top_k) then
+            score(fresh)
+            fresh = {}
+          end
+        end
       end
+      if cut or passed then break end
     end
-    for i = 1, #fresh, CHUNK do
-      theta = threshold()
-      if theta and bound + rest[p] + EPSILON < theta then
-        cut = true
-        break
-      end
-      score({unpack(fresh, i, math.min(i + CHUNK - 1, #fresh))})
-    end
+    if #fresh > 0 then score(fresh) end
     if cut then break end
   end
 end
