@@ -66,6 +66,10 @@ bucket is read newest first (its tail, then its pages from the last): for the la
 read, once the bucket's best possible contribution cannot beat the top ``k``'s last, nor
 tie it being newer, it stops (memories that tie: the newest ``k`` only are read).
 
+Deleting memories (a session's, 500 a script) reads and rewrites, in each bucket they are
+in, only its tail and the pages holding them, found from the pages' names; a bucket left
+empty goes.
+
 Memory indexed by the layout before this one (an ``info`` hash, a ``postings`` sorted set
 of one member per memory and term, and a ``tf`` hash; no release wrote it) is refused by
 search, add and session deletion with an error saying so; deleting the user's memory
@@ -191,6 +195,122 @@ end
 # Forgets memories of a session: members of SESSIONS ("<escaped session>\\0<id>"), at
 # most a delete batch.
 _FORGETTING = """
+-- The text of a bucket's tail or page without the hex ids given, and those it did not hold.
+local function drop(text, hex_ids)
+  local at, absent = {}, {}
+  for _, id in ipairs(hex_ids) do
+    local from, found = 1, nil
+    repeat
+      found = string.find(text, id, from, true)
+      if found then from = found + 1 end
+    until not found or found % 8 == 1
+    if found then at[#at + 1] = found else absent[#absent + 1] = id end
+  end
+  if #at == 0 then return text, absent end
+  table.sort(at)
+  local pieces, from = {}, 1
+  for _, found in ipairs(at) do
+    pieces[#pieces + 1] = string.sub(text, from, found - 1)
+    from = found + 8
+  end
+  pieces[#pieces + 1] = string.sub(text, from)
+  return table.concat(pieces), absent
+end
+
+-- Removes hex ids from a bucket, reading and writing only its tail and the pages holding
+-- them: its ids ascend through its pages (each named after its first id), then its tail.
+-- A bucket left empty goes. In memory indexed before ids were kept in order (no 'sorted'
+-- in STATS), an id not where it would be is looked for in the bucket's other pages.
+local function unindex(name, hex_ids, sorted)
+  local tail = redis.call('HGET', BUCKET_IDS, name)
+  -- None yet when a bulk add stored the memory and has still to index it.
+  if not tail then return end
+  local ids = {}
+  for k, id in ipairs(hex_ids) do ids[k] = tonumber(id, 16) end
+  table.sort(ids, function(a, b) return a > b end)
+  local tail_first = #tail > 0 and tonumber(string.sub(tail, 1, 8), 16) or nil
+  local pages, wanted, absent = {}, {[name] = {}}, {}
+  local page, first = nil, nil
+  for _, id in ipairs(ids) do
+    local field = name
+    if not tail_first or id < tail_first then
+      -- The page named after the largest first id up to this one (newest first: a page
+      -- found serves the ids down to its first).
+      if page == nil or (page and id < first) then
+        local found = redis.call(
+          'ZREVRANGEBYLEX', BUCKETS, '[' .. name .. '\\0' .. hex(id), '(' .. name, 'LIMIT', 0, 1)
+        page = found[1] or false
+        first = page and tonumber(string.sub(page, -8), 16)
+      end
+      field = page
+    end
+    if field then
+      if not wanted[field] then
+        wanted[field] = {}
+        pages[#pages + 1] = field
+      end
+      wanted[field][#wanted[field] + 1] = hex(id)
+    else
+      absent[#absent + 1] = hex(id)
+    end
+  end
+  local texts, changed = {[name] = tail}, {}
+  local function load(names)
+    for i = 1, #names, 1000 do
+      local last = math.min(i + 999, #names)
+      local got = redis.call('HMGET', BUCKET_IDS, unpack(names, i, last))
+      for k = i, last do texts[names[k]] = got[k - i + 1] or '' end
+    end
+  end
+  local function remove(field, list)
+    local text, left = drop(texts[field], list)
+    if #left < #list then
+      texts[field] = text
+      if not changed[field] then
+        changed[field] = true
+        changed[#changed + 1] = field
+      end
+    end
+    return left
+  end
+  load(pages)
+  for _, id in ipairs(remove(name, wanted[name])) do absent[#absent + 1] = id end
+  for _, field in ipairs(pages) do
+    for _, id in ipairs(remove(field, wanted[field])) do absent[#absent + 1] = id end
+  end
+  if #absent > 0 and not sorted then
+    local others = {}
+    for _, member in ipairs(
+      redis.call('ZRANGEBYLEX', BUCKETS, '(' .. name, '(' .. name .. '\\1')
+    ) do
+      if not texts[member] then others[#others + 1] = member end
+    end
+    load(others)
+    for _, field in ipairs(others) do
+      if #absent == 0 then break end
+      absent = remove(field, absent)
+    end
+  end
+  local fields, emptied = {}, {}
+  for _, field in ipairs(changed) do
+    if field ~= name and texts[field] == '' then
+      emptied[#emptied + 1] = field
+    else
+      add(fields, field, texts[field])
+    end
+  end
+  if #emptied > 0 then
+    bulk('HDEL', BUCKET_IDS, emptied)
+    bulk('ZREM', BUCKETS, emptied)
+  end
+  if #fields > 0 then bulk('HSET', BUCKET_IDS, fields) end
+  if texts[name] == ''
+    and redis.call('ZLEXCOUNT', BUCKETS, '(' .. name, '(' .. name .. '\\1') == 0 then
+    redis.call('HDEL', BUCKET_IDS, name)
+    redis.call('ZREM', BUCKETS, name)
+  end
+end
+
 local function forget(forgotten, prefix)
   local ids, hex_ids = {}, {}
   for k, member in ipairs(forgotten) do
@@ -206,11 +326,13 @@ local function forget(forgotten, prefix)
       local length = entry_length(entry)
       for term, tf in string.gmatch(entry, ' ([^ :]+):(%d+)') do
         local name = bucket(term, tonumber(tf), length)
-        if not dropped[name] then
-          dropped[name] = {}
+        local list = dropped[name]
+        if not list then
+          list = {}
+          dropped[name] = list
           bucket_names[#bucket_names + 1] = name
         end
-        dropped[name][id] = true
+        list[#list + 1] = id
       end
       removed[#removed + 1] = ids[k]
       removed_hex[#removed_hex + 1] = id
@@ -221,39 +343,8 @@ local function forget(forgotten, prefix)
     redis.call('HDEL', DOCS, unpack(removed))
     redis.call('HDEL', ENTRIES, unpack(removed_hex))
     redis.call('ZREM', ORDER, unpack(removed))
-    -- Each page of each bucket touched is rewritten once, without the removed memories; a
-    -- bucket left empty goes.
-    for _, name in ipairs(bucket_names) do
-      local members = redis.call('ZRANGEBYLEX', BUCKETS, '[' .. name, '(' .. name .. '\\1')
-      -- None yet when a bulk add stored the memory and has still to index it.
-      if #members > 0 then
-        local pages = redis.call('HMGET', BUCKET_IDS, unpack(members))
-        local fields, emptied, left = {}, {}, 0
-        for k, member in ipairs(members) do
-          local page, kept, changed = pages[k] or '', {}, false
-          for at = 1, #page, 8 do
-            local id = string.sub(page, at, at + 7)
-            if dropped[name][id] then changed = true else kept[#kept + 1] = id end
-          end
-          left = left + #kept
-          if member ~= name and #kept == 0 then
-            emptied[#emptied + 1] = member
-          elseif changed then
-            add(fields, member, table.concat(kept))
-          end
-        end
-        if left == 0 then
-          redis.call('HDEL', BUCKET_IDS, unpack(members))
-          redis.call('ZREM', BUCKETS, unpack(members))
-        else
-          if #fields > 0 then redis.call('HSET', BUCKET_IDS, unpack(fields)) end
-          if #emptied > 0 then
-            redis.call('HDEL', BUCKET_IDS, unpack(emptied))
-            redis.call('ZREM', BUCKETS, unpack(emptied))
-          end
-        end
-      end
-    end
+    local sorted = redis.call('HGET', STATS, 'sorted') == '1'
+    for _, name in ipairs(bucket_names) do unindex(name, dropped[name], sorted) end
     redis.call('HINCRBY', STATS, 'docs', string.format('%d', -#removed))
     redis.call('HINCRBY', STATS, 'length', string.format('%d', -removed_length))
     redis.call('HINCRBY', STATS, 'deletes', 1)  -- bulk adds in flight: see _INDEX
