@@ -4,6 +4,7 @@ and their caller (``CurrentUser``, ``CurrentCaller``) known as on HTTP routes.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -11,16 +12,20 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import WebSocket
+from fastapi.responses import StreamingResponse
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from agentscope_serverless.app import AgentApp
 from agentscope_serverless.auth import InMemoryKeyStore, KeyStore, Principal
 from agentscope_serverless.errors import InvalidInputError
-from agentscope_serverless.http.auth import CurrentCaller, CurrentUser
+from agentscope_serverless.http.auth import CurrentCaller, CurrentUser, public
 from agentscope_serverless.http.middleware import refuse_handshake
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, bearer, issue_key, revoke_key, running
+
+# The parts of the public stream, a tenth of a second apart: longer than a key's recheck.
+STREAMED_PARTS = 30
 
 
 def build_app(store: KeyStore) -> Any:
@@ -59,6 +64,23 @@ def build_app(store: KeyStore) -> Any:
     @web.get("/notes")
     async def notes() -> dict[str, str]:
         return {"notes": "none"}
+
+    @web.websocket("/ws/public")
+    @public
+    async def open_echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        async for text in websocket.iter_text():
+            await websocket.send_text(text)
+
+    @web.get("/stream/public")
+    @public
+    async def open_stream() -> StreamingResponse:
+        async def parts() -> AsyncIterator[str]:
+            for part in range(STREAMED_PARTS):
+                await asyncio.sleep(0.1)
+                yield f"{part}\n"
+
+        return StreamingResponse(parts(), media_type="text/plain")
 
     @web.websocket("/ws/users/{name}")
     async def named(websocket: WebSocket, name: str) -> None:
@@ -189,6 +211,31 @@ def test_a_websocket_is_closed_once_its_key_is_revoked(ws_url: str, keys: Keys) 
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1008
     assert closed.value.rcvd.reason == "the API key was revoked"
+
+
+@pytest.mark.parametrize("token", ["revoked", "some-other-services-token"])
+def test_a_public_websocket_is_not_closed_for_a_bearer_token_it_does_not_need(
+    ws_url: str, keys: Keys, token: str
+) -> None:
+    # Closed 1008 "the API key was revoked" a second after it was accepted.
+    sent = keys.revoked if token == "revoked" else token
+    key = issue_key(keys.store, "frank")
+    with opened(f"{ws_url}/ws/public", sent) as public_ws, opened(f"{ws_url}/ws/echo", key) as ws:
+        revoke_key(keys.store, key)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=15)  # a check of the keys ran since, the public one's too
+        public_ws.send("still open")
+        assert public_ws.recv(timeout=10) == "still open"
+
+
+def test_a_public_stream_is_not_ended_for_a_bearer_token_it_does_not_need(
+    ws_url: str, keys: Keys
+) -> None:
+    # Ended after its first second, as if the key had been revoked.
+    http_url = ws_url.replace("ws://", "http://", 1)
+    answer = httpx.get(f"{http_url}/stream/public", headers=bearer(keys.revoked), timeout=30)
+    assert answer.status_code == 200
+    assert answer.text.splitlines() == [str(part) for part in range(STREAMED_PARTS)]
 
 
 class CountingKeyStore(InMemoryKeyStore):

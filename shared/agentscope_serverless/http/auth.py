@@ -271,6 +271,13 @@ def _no_bearer_key(authorization: str | None) -> str:
     return f"missing API key: {usage}"
 
 
+def authenticated_caller(state: Mapping[str, Any]) -> Caller | None:
+    """The caller a request (its ``state``) was authenticated as, None while it is not (on
+    a route left open with :func:`public`, never)."""
+    caller: Caller | None = state.get(_CALLER_STATE)
+    return caller
+
+
 def caller_fields(state: Mapping[str, Any]) -> dict[str, str]:
     """What a failed request's log line says of its caller, once authenticated (a request's
     ``state``): the key's id (its public part, never the secret) and the user it acts as,
@@ -452,6 +459,7 @@ __all__ = [
     "CurrentUser",
     "KeyedRoute",
     "RequestGuard",
+    "authenticated_caller",
     "bearer_scheme",
     "caller_fields",
     "claiming_path_user",

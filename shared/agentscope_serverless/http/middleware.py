@@ -54,7 +54,9 @@ key it was asked with: it ends once that key is revoked, checked at most once pe
 ``KEY_RECHECK_SECONDS`` as its parts (and pings) go out, as if its client had left (a run
 goes on without it). A WebSocket connection is closed the same way (code 1008, policy
 violation), its key checked every ``KEY_RECHECK_SECONDS`` while it is open, whether messages
-go or not. A key store that does not answer leaves the stream going.
+go or not. A key store that does not answer leaves the stream going. Only an answer whose
+request was authenticated by its key is watched: one of a route left open (``public``) goes on
+whatever bearer token its client sent (an expired key, another service's token).
 
 **Start-up failures.** An application that cannot start (a start-up hook that raises, a
 store that cannot be reached) tells its server so in one line naming the cause, not a
@@ -97,7 +99,11 @@ from agentscope_serverless.errors import (
     InvalidInputError,
     PayloadTooLargeError,
 )
-from agentscope_serverless.http.auth import REFUSED_BODY_STATE, caller_fields
+from agentscope_serverless.http.auth import (
+    REFUSED_BODY_STATE,
+    authenticated_caller,
+    caller_fields,
+)
 from agentscope_serverless.http.errors import (
     ERROR_CODE_STATE,
     ErrorResponse,
@@ -634,6 +640,7 @@ class RevokedKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and _bearer_key(scope) is not None:
+            scope.setdefault("state", {})  # where the route keeps the caller it authenticates
             await self._websocket(scope, receive, send)
             return
         if scope["type"] != "http":
@@ -694,7 +701,7 @@ class RevokedKeyMiddleware:
                 if revoked:
                     raise _KeyRevoked(POLICY_VIOLATION, _REVOKED)
                 await send(message)
-            if message["type"] == "websocket.accept":
+            if message["type"] == "websocket.accept" and _authenticated(scope):
                 watcher = asyncio.create_task(watch())
             elif message["type"] == "websocket.close":
                 stop_watching()
@@ -719,8 +726,10 @@ class RevokedKeyMiddleware:
             stop_watching()
 
     async def _revoked(self, scope: Scope) -> bool:
+        """Whether the key the request was authenticated with no longer holds (a request
+        not authenticated by its key, on a route left open, is never cut for it)."""
         key = _bearer_key(scope)
-        if key is None:
+        if key is None or not _authenticated(scope):
             return False
         try:
             await self.key_store.authenticate(key)
@@ -729,6 +738,12 @@ class RevokedKeyMiddleware:
         except AgentScopeServerlessError:
             return False  # the store did not answer: not a reason to cut a stream
         return False
+
+
+def _authenticated(scope: Scope) -> bool:
+    """Whether the request was authenticated by its key: a route left open never checks the
+    bearer token it may carry (an expired key, another service's token)."""
+    return authenticated_caller(scope.get("state", {})) is not None
 
 
 # Why a WebSocket connection is closed once its key is revoked.
