@@ -431,14 +431,43 @@ def _masked_argument(argument: object) -> object:
     return argument if masked == text else masked
 
 
+# Whether the WebSocket handshake the current task serves was refused with an HTTP answer.
+_handshake_refused: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agentscope_handshake_refused", default=False
+)
+# What uvicorn logs (an ERROR) of a WebSocket connection whose application returned before
+# it answered the handshake.
+_UNANSWERED_HANDSHAKE = "ASGI callable returned without completing handshake."
+
+
+def handshake_refused() -> None:
+    """Note that the WebSocket handshake the current task serves was refused with a whole
+    HTTP answer (a 401 and its JSON error, say)."""
+    _handshake_refused.set(True)
+
+
+class _RefusedHandshakeFilter(logging.Filter):
+    """Drops uvicorn's ERROR of a handshake left unanswered when it was refused with an HTTP
+    answer: its sans-I/O and wsproto servers never count such an answer (the ASGI
+    ``websocket.http.response`` extension's) as the handshake's, and log one per refusal.
+    The record is made as the application returns, in its task: the task's note is seen."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == _UNANSWERED_HANDSHAKE and _handshake_refused.get())
+
+
 def _mask_server_records() -> None:
     """Mask every record of the server's loggers (:data:`SERVER_LOGGERS`), whichever
     handlers a server configures for them: a filter of the logger a record is made on,
-    which its logging configuration (uvicorn's ``dictConfig``) keeps."""
+    which its logging configuration (uvicorn's ``dictConfig``) keeps. uvicorn's ERROR of
+    a refused handshake is dropped (:class:`_RefusedHandshakeFilter`)."""
     for name in SERVER_LOGGERS:
         server_logger = logging.getLogger(name)
         if not any(isinstance(known, MaskingFilter) for known in server_logger.filters):
             server_logger.addFilter(MaskingFilter())
+    errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(known, _RefusedHandshakeFilter) for known in errors.filters):
+        errors.addFilter(_RefusedHandshakeFilter())
 
 
 _mask_server_records()
@@ -594,6 +623,7 @@ __all__ = [
     "bind_request_id",
     "current_request_id",
     "format_as_json",
+    "handshake_refused",
     "log_request",
     "logger",
     "redact",

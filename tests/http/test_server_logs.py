@@ -5,6 +5,7 @@ its path, its ``Authorization`` header."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -148,3 +149,22 @@ def test_a_server_without_a_websocket_library_says_so_as_it_starts(tmp_path: Pat
     assert len(warnings) == 1
     assert "/ws" in warnings[0]
     assert "pip install websockets" in warnings[0]
+
+
+def test_a_local_server_logs_each_websocket_handshake_as_a_request(tmp_path: Path) -> None:
+    # No line of ours named a handshake, and uvicorn logged each refusal as an ERROR.
+    with logged_server(tmp_path, COMMANDS["serve"][:-2], "INFO") as server:
+        websocket = f"ws://127.0.0.1:{server.port}/ws"
+        with pytest.raises(InvalidStatus) as refused:
+            connect(websocket, additional_headers={"X-Request-Id": "refused-1"}).close()
+        assert refused.value.response.status_code == 401
+        with connect(websocket, additional_headers={**bearer(server.key), "X-Request-Id": "ok-1"}):
+            pass
+    lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
+    handshakes = {line["request_id"]: line for line in lines if line["message"] == "request"}
+    assert handshakes["refused-1"]["status"] == 401
+    assert handshakes["refused-1"]["path"] == "/ws"
+    assert handshakes["refused-1"]["code"] == "UNAUTHENTICATED"
+    assert handshakes["ok-1"]["status"] == 101
+    assert "code" not in handshakes["ok-1"]
+    assert "without completing handshake" not in server.output

@@ -138,6 +138,30 @@ def test_a_websocket_route_of_the_caller_refuses_a_handshake_without_a_valid_key
     assert refusal(f"{ws_url}{path}", keys.revoked)[0] == 401
 
 
+@pytest.mark.parametrize("path", ["/ws/user", "/ws/user?user_id=%FF"])
+def test_a_refused_handshake_carries_its_request_id_and_is_not_stored(
+    ws_url: str, keys: Keys, path: str
+) -> None:
+    # It carried neither header.
+    with (
+        pytest.raises(InvalidStatus) as refused,
+        opened(f"{ws_url}{path}", **{"X-Request-Id": "r-1"}),
+    ):
+        pass
+    headers = refused.value.response.headers
+    assert headers["X-Request-Id"] == "r-1"
+    assert headers["Cache-Control"] == "no-store"
+
+
+def test_an_accepted_handshake_carries_its_request_id(ws_url: str, keys: Keys) -> None:
+    with opened(f"{ws_url}/ws/user", keys.alice) as ws:
+        assert ws.response is not None
+        assert len(ws.response.headers["X-Request-Id"]) == 32  # a fresh one
+    with opened(f"{ws_url}/ws/user", keys.alice, **{"X-Request-Id": "mine-2"}) as ws:
+        assert ws.response is not None
+        assert ws.response.headers["X-Request-Id"] == "mine-2"
+
+
 def test_current_user_refuses_a_service_keys_handshake_naming_no_user(
     ws_url: str, keys: Keys
 ) -> None:

@@ -28,6 +28,12 @@ response left unfinished, for the server to cut. Every answer leaves with the st
 :func:`~agentscope_serverless.http.errors.status_on` gives it: an invalid request on the
 OpenAI-compatible routes is a 400, as OpenAI's, wherever it was refused.
 
+A WebSocket handshake is such a request: its answer (the 101 accepting it, or the refusal)
+carries the request id, a refusal ``no-store`` too, and its line is logged as it is answered
+(method ``GET``, status 101 or the refusal's); the connection's lines after carry its id.
+uvicorn's ERROR of a handshake "returned without completing" is not logged for one refused
+with an HTTP answer (see :func:`~agentscope_serverless.log.handshake_refused`).
+
 **Body limits.** A body larger than ``MAX_REQUEST_BYTES`` gets 413: when ``Content-Length``
 says so, without reading it into the app, otherwise as soon as the bytes read exceed it
 (chunked uploads). The rest of the body is read and dropped for a moment before the answer
@@ -116,6 +122,7 @@ from agentscope_serverless.http.lambda_handler import LAMBDA_CONTEXT_HEADER
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.log import (
     bind_request_id,
+    handshake_refused,
     log_request,
     logger,
     redacted,
@@ -234,20 +241,13 @@ class RequestContextMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            refused = _not_utf8(scope)
-            if refused is not None:
-                await refuse_handshake(refused, scope, receive, send)
-                return
+            await self._handshake(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id, client_request_id = request_ids_of(scope)
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        trace_headers = trace_headers_of(scope)
-        bind_request_id(request_id, client_request_id, trace_ids=request_trace_ids(scope))
-        if trace_headers:
-            TracingUtil.set_trace_header(trace_headers)
+        request_id, client_request_id = _bind_request(scope)
+        state = scope["state"]
         header = (b"x-request-id", request_id.encode())
         status: int | None = None
         started = time.perf_counter()
@@ -299,6 +299,67 @@ class RequestContextMiddleware:
             if answered >= 500 and self.metrics is not None:
                 self.metrics.request_failed(code=code)
 
+    async def _handshake(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a WebSocket connection with the context of a request, its handshake's: its
+        answer (the 101 accepting it, or the refusal) carries the request id, a refusal
+        ``Cache-Control: no-store`` too, and one line logs the handshake as it is answered
+        (a refusal's naming its code; the connection's life after is not the request's)."""
+        request_id, client_request_id = _bind_request(scope)
+        state = scope["state"]
+        header = (b"x-request-id", request_id.encode())
+        status: int | None = None
+        logged = False
+        started = time.perf_counter()
+
+        def log_handshake(answered: int) -> None:
+            nonlocal logged
+            logged = True
+            code = state.get(ERROR_CODE_STATE)
+            log_request(
+                request_id,
+                "GET",
+                scope.get("path"),
+                answered,
+                round((time.perf_counter() - started) * 1000, 2),
+                client_request_id=client_request_id,
+                failure=None if code is None else {"code": code, **caller_fields(state)},
+            )
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            kind = message["type"]
+            if status is None and kind == "websocket.accept":
+                status = 101
+                message["headers"] = [*message.get("headers", ()), header]
+            elif status is None and kind == "websocket.http.response.start":
+                status = message["status"] = status_on(_route_path(scope), message["status"])
+                headers = message.get("headers", ())
+                if _sets_caching(headers):
+                    message["headers"] = [*headers, header]
+                else:
+                    message["headers"] = [*headers, header, NO_STORE]
+            elif status is None and kind == "websocket.close":
+                status = 403  # how the server answers a handshake closed before it is accepted
+            await send(message)
+            if kind == "websocket.http.response.body" and not message.get("more_body", False):
+                handshake_refused()
+            if status is not None and not logged and kind != "websocket.http.response.start":
+                log_handshake(status)
+
+        try:
+            refused = _not_utf8(scope)
+            if refused is not None:
+                await refuse_handshake(refused, scope, receive, send_with_id)
+                return
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if status is not None:
+                raise  # the server ends the connection, and logs why
+            await _answer_handshake(unexpected_error(exc), scope, receive, send_with_id)
+        finally:
+            if not logged:
+                log_handshake(500 if status is None else status)
+
     async def _answer(self, scope: Scope, receive: Receive, exc: Exception) -> Response:
         """The answer to ``exc``: the application's error handler's, if it has one, else
         the runtime's 500 (as when its handler fails)."""
@@ -324,6 +385,8 @@ class RequestContextMiddleware:
 _MAX_CLOSE_REASON_BYTES = 123
 # A WebSocket's close code for a message (a handshake) that breaks the server's policy.
 POLICY_VIOLATION = 1008
+# A WebSocket's close code for a server that failed.
+SERVER_ERROR = 1011
 
 
 async def refuse_handshake(
@@ -333,11 +396,36 @@ async def refuse_handshake(
     refused: the JSON error with its status, when the server can answer a handshake so (the
     ASGI ``websocket.http.response`` extension, as uvicorn's), else a close saying why
     (which uvicorn would answer 403)."""
+    await _answer_handshake(response_for(error), scope, receive, send, error.message)
+
+
+async def _answer_handshake(
+    answer: Response,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    reason: str = "internal server error",
+) -> None:
+    """Refuse a WebSocket handshake with ``answer``, or where the server cannot answer one
+    so, with a close saying ``reason`` (a policy violation, or for a 500 an internal error)."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        await response_for(error)(scope, receive, send)
+        await answer(scope, receive, send)
         return
-    reason = error.message.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
-    await send({"type": "websocket.close", "code": POLICY_VIOLATION, "reason": reason})
+    code = SERVER_ERROR if answer.status_code >= 500 else POLICY_VIOLATION
+    reason = reason.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+    await send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _bind_request(scope: Scope) -> tuple[str, str | None]:
+    """The request's id and the one its client sent (:func:`request_ids_of`), bound to its
+    lines and kept in its state, and its trace headers for its agent."""
+    request_id, client_request_id = request_ids_of(scope)
+    scope.setdefault("state", {})["request_id"] = request_id
+    bind_request_id(request_id, client_request_id, trace_ids=request_trace_ids(scope))
+    trace_headers = trace_headers_of(scope)
+    if trace_headers:
+        TracingUtil.set_trace_header(trace_headers)
+    return request_id, client_request_id
 
 
 class StartupFailureMiddleware:
