@@ -158,16 +158,24 @@ def _without_secrets(text: str) -> str:
 # library's record quotes what a client sent (a key given as a page size), and a key the
 # process only knows by its hash is not among the secrets given to :func:`redact`. Whatever
 # follows its id goes too: the secret, or the part of it a cut left.
-_API_KEY = re.compile(r"ask_[0-9a-f]{16}_[A-Za-z0-9_-]+")
+# A URL quotes one percent-encoded as its client sent it (``?api_key=ask%5F...``, any of
+# its characters escaped): each character is matched as it is or as its escape.
+_API_KEY = re.compile(
+    r"(?:a|%61)(?:s|%73)(?:k|%6[Bb])(?:_|%5[Ff])"
+    r"(?:[0-9a-f]|%3[0-9]|%6[1-6]){16}(?:_|%5[Ff])"
+    r"(?:[A-Za-z0-9_-]|%[0-9A-Fa-f]{2})+"
+)
 
 
 def without_api_keys(text: str) -> str:
-    """``text`` with each API key in it replaced by ``ask_***``.
+    """``text`` with each API key in it, as it is or percent-encoded, replaced by ``ask_***``.
 
     >>> without_api_keys("invalid literal for int(): 'ask_44b09d27598e7973_nfkC3x-Yz_q'")
     "invalid literal for int(): 'ask_***'"
+    >>> without_api_keys("GET /ws?api_key=ask%5F44b09d27598e7973%5FnfkC3x-Yz%5Fq&page=2")
+    'GET /ws?api_key=ask_***&page=2'
     """
-    return _API_KEY.sub("ask_***", text) if "ask_" in text else text
+    return _API_KEY.sub("ask_***", text) if "ask_" in text or "%" in text else text
 
 
 # What a URL carries before its host (``user:password@``, a token alone): up to the last @

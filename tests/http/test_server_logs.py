@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,6 +127,28 @@ def test_no_line_of_a_local_server_shows_a_key_a_request_carries(
     assert secret not in server.output
     assert "WebSocket /ws?token=ask_***" in server.output
     assert "no WebSocket library" not in server.output
+
+
+def test_no_line_of_a_local_server_shows_a_key_percent_encoded_in_a_query(
+    tmp_path: Path,
+) -> None:
+    # uvicorn's WebSocket line quoted them as sent: ask%5F<id>%5F<secret>.
+    with logged_server(tmp_path, COMMANDS["serve"][:-2], "INFO") as server:
+        key, websocket = server.key, f"ws://127.0.0.1:{server.port}/ws"
+        first = key[4]
+        for query in (
+            key.replace("_", "%5F"),
+            f"ask%5f{key[4:]}",
+            f"ask_%{ord(first):02X}{key[5:]}",
+            "%61sk" + key[3:].replace("-", "%2D"),
+        ):
+            with connect(f"{websocket}?api_key={query}", additional_headers=bearer(key)) as ws:
+                assert ws.recv(timeout=10) == "hello"
+    secret = key.split("_", 2)[2]
+    # What is left of the secret between the characters an encoding may have replaced.
+    for piece in re.split(r"[_-]", secret):
+        assert len(piece) < 6 or piece not in server.output
+    assert "api_key=ask_***" in server.output
 
 
 # app.py run where no WebSocket library can be imported.
