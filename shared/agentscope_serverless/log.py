@@ -27,6 +27,7 @@ and query) are masked the same way, whatever writes them (:class:`MaskingFilter`
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import logging
 import os
@@ -434,6 +435,7 @@ def _masked_argument(argument: object) -> object:
     else whose text holds a secret becomes that text, masked."""
     if argument is None or isinstance(argument, int | float):
         return argument
+    argument = _masked_frame(argument)
     text = argument if isinstance(argument, str) else str(argument)
     masked = redacted(text)
     return argument if masked == text else masked
@@ -462,6 +464,21 @@ class _RefusedHandshakeFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == _UNANSWERED_HANDSHAKE and _handshake_refused.get())
+
+
+def _masked_frame(argument: object) -> object:
+    """``argument``, or when it is a WebSocket frame (websockets' ``Frame``, which the server's
+    debug lines quote) the frame with the secrets of its payload masked: its text shows a
+    long payload's beginning and end only, and masked after the cut, a key's end would stay."""
+    frames = sys.modules.get("websockets.frames")  # none made before websockets is imported
+    if frames is None or not isinstance(argument, frames.Frame):
+        return argument
+    # Bytes that are not UTF-8 (a binary frame's) are kept as they are, around what is masked.
+    payload = bytes(argument.data).decode("utf-8", "surrogateescape")
+    masked = redacted(payload)
+    if masked == payload:
+        return argument
+    return dataclasses.replace(argument, data=masked.encode("utf-8", "surrogateescape"))
 
 
 def _mask_server_records() -> None:

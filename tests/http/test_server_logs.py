@@ -48,6 +48,13 @@ async def echo(websocket: WebSocket):
     await websocket.close()
 
 
+@fastapi_app.websocket("/ws/echo")
+async def echo_once(websocket: WebSocket):
+    await websocket.accept()
+    await websocket.send_text(await websocket.receive_text())
+    await websocket.close()
+
+
 if __name__ == "__main__":
     app.run(port=int(os.environ["PORT"]))
 """
@@ -149,6 +156,21 @@ def test_no_line_of_a_local_server_shows_a_key_percent_encoded_in_a_query(
     for piece in re.split(r"[_-]", secret):
         assert len(piece) < 6 or piece not in server.output
     assert "api_key=ask_***" in server.output
+
+
+def test_no_frame_line_of_a_local_server_shows_the_end_of_a_key_a_long_frame_carries(
+    tmp_path: Path,
+) -> None:
+    # At the debug level, a frame's line quoted its beginning and end, the cut made before
+    # the key was masked: the end of the secret was logged.
+    with logged_server(tmp_path, COMMANDS["serve"], "INFO") as server:
+        key = server.key
+        with connect(f"ws://127.0.0.1:{server.port}/ws/echo", additional_headers=bearer(key)) as ws:
+            ws.send("x" * 100 + key)
+            assert ws.recv(timeout=10) == "x" * 100 + key
+    assert "< TEXT 'xxx" in server.output  # the frame's line is there
+    secret = key.split("_", 2)[2]
+    assert secret[-12:] not in server.output
 
 
 # app.py run where no WebSocket library can be imported.
