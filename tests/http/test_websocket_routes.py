@@ -5,6 +5,7 @@ and their caller (``CurrentUser``, ``CurrentCaller``) known as on HTTP routes.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -28,14 +29,14 @@ from tests.support.http import Keys, bearer, issue_key, revoke_key, running
 STREAMED_PARTS = 30
 
 
-def build_app(store: KeyStore) -> Any:
+def build_app(store: KeyStore, **settings: Any) -> Any:
     app = AgentApp(app_name="sockets")
 
     @app.query(framework="text")
     async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
         yield "unused"
 
-    web = app.get_fastapi_app(settings=load_settings(), key_store=store)
+    web = app.get_fastapi_app(settings=load_settings(**settings), key_store=store)
 
     @web.websocket("/ws/user")
     async def user(websocket: WebSocket, user_id: CurrentUser) -> None:
@@ -260,6 +261,38 @@ def test_a_public_stream_is_not_ended_for_a_bearer_token_it_does_not_need(
     answer = httpx.get(f"{http_url}/stream/public", headers=bearer(keys.revoked), timeout=30)
     assert answer.status_code == 200
     assert answer.text.splitlines() == [str(part) for part in range(STREAMED_PARTS)]
+
+
+@pytest.mark.parametrize("path", ["/ws/user", "/ws/public"])
+def test_a_handshake_from_a_page_of_another_origin_is_refused(
+    ws_url: str, keys: Keys, path: str
+) -> None:
+    # Accepted: any page a user visited could open a connection with their key.
+    status, body = refusal(f"{ws_url}{path}", keys.alice, Origin="https://evil.example")
+    assert status == 403
+    assert json.loads(body)["error"]["message"] == (
+        "the handshake's origin is not one CORS_ALLOW_ORIGINS allows"
+    )
+    with opened(f"{ws_url}/ws/user", keys.alice) as ws:  # no Origin: not a browser's
+        assert ws.recv(timeout=10) == '{"user":"alice"}'
+
+
+@pytest.mark.parametrize(
+    ("setting", "allowed", "refused"),
+    [
+        ("HTTPS://App.Example:443", "https://app.example", "https://evil.example"),
+        ("*", "https://evil.example", None),
+    ],
+)
+def test_a_handshake_from_an_origin_cors_allow_origins_allows_is_accepted(
+    keys: Keys, setting: str, allowed: str, refused: str | None
+) -> None:
+    with running(build_app(keys.store, cors_allow_origins=setting)) as url:
+        ws_url = url.replace("http://", "ws://", 1)
+        with opened(f"{ws_url}/ws/user", keys.alice, Origin=allowed) as ws:
+            assert ws.recv(timeout=10) == '{"user":"alice"}'
+        if refused is not None:
+            assert refusal(f"{ws_url}/ws/user", keys.alice, Origin=refused)[0] == 403
 
 
 class CountingKeyStore(InMemoryKeyStore):

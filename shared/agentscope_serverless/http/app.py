@@ -65,6 +65,7 @@ from agentscope_serverless.http.middleware import (
     RequestContextMiddleware,
     RevokedKeyMiddleware,
     StartupFailureMiddleware,
+    WebSocketOriginMiddleware,
 )
 from agentscope_serverless.http.openapi import ERROR_RESPONSES, complete_document
 from agentscope_serverless.http.routers import health
@@ -521,6 +522,7 @@ def new_application(
     )
     if settings.auth_mode == "keys":
         app.add_middleware(RevokedKeyMiddleware, key_store=context.key_store)
+    app.add_middleware(WebSocketOriginMiddleware, allow_origins=settings.cors_allow_origins)
     # Outside whatever a user adds (see RuntimeApplication), outermost first.
     if settings.cors_allow_origins:
         # Outermost: preflights are answered before anything else, and errors (a 401, a

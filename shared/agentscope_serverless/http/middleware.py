@@ -55,6 +55,9 @@ JSON body nesting arrays and objects deeper than ``MAX_JSON_DEPTH`` (100) levels
 before anything parses it: a parser recursing that far would run out of stack, and the
 stores keep only what can be read back.
 
+**WebSocket origins.** A WebSocket handshake from a browser page of an origin
+``CORS_ALLOW_ORIGINS`` does not allow is refused 403 (one without ``Origin`` goes on).
+
 **Revoked keys.** A streamed answer (a run's events, as it goes) outlives the check of the
 key it was asked with: it ends once that key is revoked, checked at most once per
 ``KEY_RECHECK_SECONDS`` as its parts (and pings) go out, as if its client had left (a run
@@ -104,6 +107,7 @@ from agentscope_serverless.errors import (
     AuthenticationError,
     InvalidInputError,
     PayloadTooLargeError,
+    PermissionDeniedError,
 )
 from agentscope_serverless.http.auth import (
     REFUSED_BODY_STATE,
@@ -426,6 +430,38 @@ def _bind_request(scope: Scope) -> tuple[str, str | None]:
     if trace_headers:
         TracingUtil.set_trace_header(trace_headers)
     return request_id, client_request_id
+
+
+class WebSocketOriginMiddleware:
+    """Refuses, 403 and its JSON error, a WebSocket handshake from a browser page of an origin
+    ``allow_origins`` (``CORS_ALLOW_ORIGINS``, as browsers send them; ``*``: any) does not allow.
+
+    A browser lets any page open a WebSocket connection to any server, and no CORS applies
+    to it (Starlette's CORS passes handshakes by): the server has only the ``Origin`` the
+    browser sent to tell. A handshake without one is no browser page's, and goes on."""
+
+    def __init__(self, app: ASGIApp, allow_origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.allow_all = "*" in allow_origins
+        self.allow_origins = frozenset(allow_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self.allow_all:
+            origin = _origin_of(scope)
+            if origin is not None and origin not in self.allow_origins:
+                refused = PermissionDeniedError(
+                    "the handshake's origin is not one CORS_ALLOW_ORIGINS allows"
+                )
+                await refuse_handshake(refused, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _origin_of(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"origin":
+            return bytes(value).decode("latin-1")
+    return None
 
 
 class StartupFailureMiddleware:
@@ -910,6 +946,7 @@ __all__ = [
     "RequestContextMiddleware",
     "RevokedKeyMiddleware",
     "StartupFailureMiddleware",
+    "WebSocketOriginMiddleware",
     "refuse_handshake",
     "request_ids_of",
     "trace_headers_of",
