@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -20,7 +20,7 @@ from agentscope_serverless.services._redis import user_key_prefix
 from agentscope_serverless.services.memory import InMemoryMemoryService, MemoryService
 from agentscope_serverless.services.memory import redis as redis_memory
 from agentscope_serverless.services.memory.redis import RedisMemoryService
-from agentscope_serverless.services.memory.text import tokenize
+from agentscope_serverless.services.memory.text import term_frequencies, tokenize
 
 WORDS = [f"w{i}" for i in range(40)]
 WEIGHTS = [1 / (rank + 1) for rank in range(len(WORDS))]  # Zipf-like: a few very common words
@@ -117,6 +117,33 @@ async def test_search_of_words_in_every_script_matches_the_reference(
         for service in (reference, redis):
             await service.delete_memory(user_id, "s1")
         await assert_same_rankings(reference, redis, user_id, rng, world_text)
+
+
+async def test_memory_indexed_with_a_length_below_a_term_frequency_is_still_ranked_exactly(
+    redis_server: RedisServer, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memories added by earlier releases counted a word split by format characters as one
+    # ("x\u00adx": length 1, though it holds "x" twice); their entries keep that length.
+    def earlier_frequencies(text: str) -> tuple[Counter[str], int]:
+        counts, _ = term_frequencies(text)
+        return counts, len(text.split())
+
+    monkeypatch.setattr(redis_memory, "term_frequencies", earlier_frequencies)
+    rng = random.Random("earlier lengths")
+    pieces = ["\u00ad", "\u200b", "\u200c", "\u2060", " "]
+
+    def text(rng: random.Random, k: int) -> str:
+        return "".join(w + rng.choice(pieces) for w in rng.choices("xyzw", k=k)).strip()
+
+    memories = [msg("x\u00adx"), msg("x f0 f1 f2"), msg("y g0 g1 g2 g3 g4")]
+    memories += [msg(text(rng, rng.randint(1, 8))) for _ in range(200)]
+    async with RedisMemoryService(redis_server.url) as redis:
+        await redis.add_memory(user_id, memories)
+        for words in ["y x", *(text(rng, rng.randint(1, 3)) for _ in range(60))]:
+            full = [m.id for m in await redis.search_memory(user_id, [msg(words)])]
+            for top_k in (1, 2, 3, 5, 10):
+                hits = await redis.search_memory(user_id, [msg(words)], {"top_k": top_k})
+                assert [m.id for m in hits] == full[:top_k], (words, top_k)
 
 
 async def test_search_matches_the_reference_across_batches_pages_and_deletions(

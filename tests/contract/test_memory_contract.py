@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 
 import pytest
@@ -320,6 +321,45 @@ async def test_search_ignores_invisible_format_characters_inside_words(
     assert len(await memory.search_memory(user_id, query("hunter2"), {"top_k": 10})) == 6
     # Memories stored before still match what matched them: the pieces are still tokens.
     assert len(await memory.search_memory(user_id, query("word"), {"top_k": 10})) == 6
+
+
+FORMAT_CHARACTERS = ["\u00ad", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"]
+
+
+def split_words(rng: random.Random, count: int) -> str:
+    """``count`` words of a few letters, some of them pieces joined by format characters."""
+    return " ".join(
+        "".join(
+            piece + rng.choice(["", *FORMAT_CHARACTERS])
+            for piece in rng.choices("xyzw", k=rng.randint(1, 3))
+        )
+        for _ in range(count)
+    )
+
+
+async def test_top_k_keeps_the_best_of_the_full_ranking_when_format_characters_split_words(
+    memory: MemoryService, user_id: str
+) -> None:
+    # "x\u00adx" holds the token "x" twice: counted as one word, it outranked what a search
+    # with top_k stopped at.
+    await memory.add_memory(user_id, [msg("x\u00adx"), msg("x f0 f1 f2"), msg("y g0 g1 g2 g3 g4")])
+    full = [m.id for m in await memory.search_memory(user_id, query("y x"))]
+    for top_k in (1, 2, 3):
+        hits = await memory.search_memory(user_id, query("y x"), {"top_k": top_k})
+        assert [m.id for m in hits] == full[:top_k]
+
+
+async def test_top_k_keeps_the_best_of_the_full_ranking_of_words_split_by_format_characters(
+    memory: MemoryService, user_id: str
+) -> None:
+    rng = random.Random("format characters")
+    await memory.add_memory(user_id, [msg(split_words(rng, rng.randint(1, 6))) for _ in range(150)])
+    for _ in range(40):
+        words = query(split_words(rng, rng.randint(1, 2)))
+        full = [m.id for m in await memory.search_memory(user_id, words)]
+        for top_k in (1, 2, 3, 5):
+            hits = await memory.search_memory(user_id, words, {"top_k": top_k})
+            assert [m.id for m in hits] == full[:top_k], (words[0].get_text_content(), top_k)
 
 
 async def test_search_finds_emoji(memory: MemoryService, user_id: str) -> None:

@@ -117,6 +117,18 @@ def test_ascii_text_is_tokenized_like_any_other_text() -> None:
     assert tokenize("Don't STOP_me-now, 42x!") == ["don", "t", "stop_me", "now", "42x"]
 
 
+def test_a_memory_is_never_shorter_than_a_token_occurs_in_it() -> None:
+    # Search stops early on that bound. Format characters split a word for the first
+    # tokenizer ("x\u00adx" holds "x" twice) and join it for the forms added.
+    rng = random.Random("lengths")
+    alphabet = [*"xé 小明ㄅก\u0e34\u064e🍕.", "\u00ad", "\u200b", "\u200c", "\u200d", "\ufeff"]
+    for _ in range(20000):
+        text = "".join(rng.choices(alphabet, k=rng.randint(1, 12)))
+        counts, length = term_frequencies(text)
+        assert max(counts.values(), default=0) <= length, (text, counts, length)
+    assert term_frequencies("x\u00adx") == (Counter({"x": 2, "xx": 1}), 2)
+
+
 # What the tokenizer made of these texts before it added forms for matching (Redis keeps
 # the tokens of memories added then).
 FIRST_TOKENS = {

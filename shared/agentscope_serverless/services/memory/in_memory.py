@@ -176,8 +176,9 @@ class InMemoryMemoryService(MemoryService):
             for t in terms
             if t in user.postings
         }
-        # The largest contribution of each term (tf <= length; it grows with tf and shrinks
-        # with length), read largest first; rest[p] bounds what later terms can still add.
+        # The largest contribution of each term (term_frequencies keeps tf <= length; it
+        # grows with tf and shrinks with length), read largest first; rest[p] bounds what
+        # later terms can still add.
         best_tfs = {t: _best_tf(user.postings[t]) for t in idfs}
         bounds = {t: contribution(i, best_tfs[t], best_tfs[t]) for t, i in idfs.items()}
         order = sorted(idfs, key=bounds.__getitem__, reverse=True)

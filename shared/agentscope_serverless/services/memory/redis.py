@@ -26,7 +26,8 @@ The postings of a term are grouped in buckets, one per term frequency and length
 10-11, 12-13, 14-15, 16-19, ...), so the BM25 contribution of the term to any memory of a
 bucket is at most the one it gives the bucket's shortest possible memory. A term's
 buckets are one lexicographic range of ``buckets``, ordered by term frequency
-(descending) then length class (ascending): the order in which that bound decreases.
+(descending) then length class (ascending): best first (search bounds the buckets left by
+the largest of their bounds, which holds whatever length a memory was stored with).
 
 Adding memories appends their ids to the buckets they fall in: each bucket touched is
 read and written once, with a few variadic commands for the whole add (a new bucket, rare
@@ -689,18 +690,20 @@ local function contribution(idf, tf, length)
 end
 
 -- The term frequency of a bucket of a term of term_length bytes, and the shortest length
--- a memory of the bucket can have (it holds tf tokens, and its length class starts there).
+-- a memory of the bucket can have: where its length class starts. Not the tf: a memory
+-- added by an earlier release may hold a token more often than its length counts.
 local function decode(name, term_length)
   local at = term_length + 2
   local tf = 4294967295 - tonumber(string.sub(name, at, at + 7), 16)
   local class = tonumber(string.sub(name, at + 8, at + 9), 16)
-  if class < 4 then return tf, math.max(tf, class) end
-  return tf, math.max(tf, (class % 4 + 4) * 2 ^ (math.floor(class / 4) - 3))
+  if class < 4 then return tf, class end
+  return tf, (class % 4 + 4) * 2 ^ (math.floor(class / 4) - 3)
 end
 
 -- Query terms that occur: their buckets (each with its pages, oldest first), best first,
--- their idf (df: 8 bytes per memory in them) and the largest contribution any memory can
--- get (tf <= length, and the contribution grows with tf and shrinks with length).
+-- their idf (df: 8 bytes per memory in them) and bounds[b], the largest contribution a
+-- memory of the b-th bucket or a later one can get (the contribution grows with tf and
+-- shrinks with length).
 local terms = {}
 for i = 3, #ARGV do
   local term = ARGV[i]
@@ -716,9 +719,13 @@ for i = 3, #ARGV do
   end
   if df > 0 then
     local idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
-    local tf_max = decode(buckets[1].name, #term)
+    local bounds, most = {}, 0
+    for b = #buckets, 1, -1 do
+      most = math.max(most, contribution(idf, decode(buckets[b].name, #term)))
+      bounds[b] = most
+    end
     terms[#terms + 1] = {
-      term = term, idf = idf, buckets = buckets, bound = contribution(idf, tf_max, tf_max),
+      term = term, idf = idf, buckets = buckets, bounds = bounds, bound = bounds[1],
     }
   end
 end
@@ -792,14 +799,12 @@ for p, index in ipairs(order) do
   local theta = threshold()
   if theta and t.bound + rest[p] + EPSILON < theta then break end
   local cut = false
-  for _, b in ipairs(t.buckets) do
-    local tf, shortest = decode(b.name, #t.term)
-    -- No memory of this bucket gets more than its shortest possible one: top.
-    local top = contribution(t.idf, tf, shortest)
-    -- Every memory of this bucket and the later ones has a lower tf, or the same tf and a
-    -- text at least this long.
-    local bound = top
-    if tf > 1 then bound = math.max(bound, contribution(t.idf, tf - 1, tf - 1)) end
+  for n, b in ipairs(t.buckets) do
+    -- No memory of this bucket gets more than one of its tf as short as its length class
+    -- allows (whatever the length stored): top. None of it or of a later bucket gets more
+    -- than bound.
+    local top = contribution(t.idf, decode(b.name, #t.term))
+    local bound = t.bounds[n]
     -- Newest first: the tail, then the pages from the last.
     local fields = {b.name}
     for k = #b.pages, 1, -1 do fields[#fields + 1] = b.pages[k] end

@@ -21,8 +21,10 @@ added) is still found as it was: the tokens the first tokenizer made of a text a
 made of it, as many times (it is the first step, and the forms are merged after it: a
 token appears as often as in whichever of the two analyses has it more), so every query
 still has the terms that matched it. ASCII text gets no added form: its tokens are the
-first tokenizer's, as fast. A memory's length is its number of words and emoji: the
-forms added are not counted, so a text without emoji, format characters or the newly
+first tokenizer's, as fast. A memory's length is its number of words and emoji (or of
+the first tokenizer's tokens when they are more: a word split by format characters counts
+as its pieces, so no token occurs more often than the length, a bound search relies on):
+the forms added are not counted, so a text without emoji, format characters or the newly
 split scripts has the length it had.
 """
 
@@ -176,7 +178,8 @@ def tokenize(text: str) -> list[str]:
 
 
 def _analyze(text: str) -> tuple[list[str], int]:
-    """The tokens of ``text`` and its length: the number of its words and emoji."""
+    """The tokens of ``text`` and its length: the number of its words and emoji, or of the
+    first tokenizer's tokens when they are more."""
     if text.isascii():
         # The same tokens, faster: every ASCII character that is not a word character
         # (letters, digits, "_") separates words, and nothing else is added.
@@ -207,7 +210,10 @@ def _analyze(text: str) -> tuple[list[str], int]:
         forms.extend(_bigrams(words))
     if units is first and not forms:
         return first, len(first)
-    return _merge(first, [*units, *forms]), len(units)
+    # The first tokenizer splits a word at its format characters ("pass\u00adpass" holds
+    # "pass" twice): counted as one word, its length would be below a term's frequency,
+    # which search's early stop takes as a bound.
+    return _merge(first, [*units, *forms]), max(len(first), len(units))
 
 
 def _first_tokens(words: list[str]) -> list[str]:
@@ -312,7 +318,12 @@ def query_terms(message: Message | None) -> list[str]:
 
 def term_frequencies(text: str) -> tuple[Counter[str], int]:
     """The tokens of a memory's text with their counts, and its length: the number of its
-    words and emoji (with the first tokenizer's tokens), not of the forms added for them."""
+    words and emoji (or of the first tokenizer's tokens when they are more), not of the
+    forms added for them; never below a count.
+
+    >>> term_frequencies("pass\u00adpass word")
+    (Counter({'pass': 2, 'word': 1, 'passpass': 1}), 3)
+    """
     if text.isascii():  # the fast path, without a call more
         tokens = text.lower().translate(_ASCII_SEPARATORS).split()
         return Counter(tokens), len(tokens)
