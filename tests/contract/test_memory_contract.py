@@ -461,6 +461,43 @@ async def test_delete_one_session_keeps_the_others(memory: MemoryService, user_i
     }
 
 
+async def test_deleting_sessions_sharing_words_leaves_exactly_the_other_memories(
+    memory: MemoryService, user_id: str
+) -> None:
+    # Sessions added in turns, of the same few words (repeated, in texts of every length):
+    # a delete removes some memories of each posting group, all of others, and a word's
+    # only memory.
+    rng = random.Random("sessions sharing words")
+    words = ["tea", "green", "cup", "pot", "leaf"]
+    added: list[tuple[str, Message]] = []
+    for _ in range(12):
+        for session in ("s1", "s2", "s3"):
+            batch = [
+                msg(" ".join(rng.choices(words, k=rng.randint(1, 6))))
+                for _ in range(rng.randint(1, 8))
+            ]
+            added += [(session, message) for message in batch]
+            await memory.add_memory(user_id, batch, session_id=session)
+    added.append(("s2", msg("rare tea")))
+    await memory.add_memory(user_id, [added[-1][1]], session_id="s2")
+    untouched = f"{user_id}-untouched"  # the memories left, added alone
+    queries = [*words, "rare", "green tea", "cup pot leaf", "tea tea rare"]
+    for session in ("s2", "s1"):
+        await memory.delete_memory(user_id, session)
+        added = [(owner, message) for owner, message in added if owner != session]
+        left = [message for _, message in added]
+        listed = await memory.list_memory(user_id, {"page_size": 1000})
+        assert [m.id for m in listed] == [m.id for m in left]
+        await memory.delete_memory(untouched)
+        await memory.add_memory(untouched, left)
+        for words_asked in queries:
+            for filters in (None, {"top_k": 1}, {"top_k": 5}):
+                got = await memory.search_memory(user_id, query(words_asked), filters)
+                expected = await memory.search_memory(untouched, query(words_asked), filters)
+                assert [m.id for m in got] == [m.id for m in expected], (words_asked, filters)
+    assert await memory.search_memory(user_id, query("rare")) == []
+
+
 async def test_default_session_is_deletable_by_name(memory: MemoryService, user_id: str) -> None:
     await memory.add_memory(user_id, [msg("no session given")])
     await memory.add_memory(user_id, [msg("in s1")], session_id="s1")

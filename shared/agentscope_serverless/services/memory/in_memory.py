@@ -5,8 +5,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.services._stored import decode_messages
@@ -27,14 +29,16 @@ _EPSILON = 1e-9
 # have a single memory, and tuples of numbers are never walked by the garbage collector.
 Posting = tuple[int, int, int]
 # A term's postings once it has more than one, by group: the memories of equal term
-# frequency and length, as their seqs in the order added (8 bytes each), so a new memory is
-# appended to its group whatever the term's size. A group's key packs (-tf, length) into an
-# int that sorts like the pair: the order in which the BM25 contribution decreases. Neither
-# the bytearrays nor (then) the dict holding them are walked by the garbage collector.
+# frequency and length, as their seqs in the order added (8 bytes each, in the machine's
+# byte order: a memoryview reads them so), so a new memory is appended to its group
+# whatever the term's size. A group's key packs (-tf, length) into an int that sorts like
+# the pair: the order in which the BM25 contribution decreases. Neither the bytearrays nor
+# (then) the dict holding them are walked by the garbage collector.
 Groups = dict[int, bytearray]
 Postings = Posting | Groups
 
 _SEQ_BYTES = 8
+_SEQ_FORMAT: Final = "Q"  # a native unsigned 8-byte integer, as a memoryview reads it
 _MAX_TF = 1 << 31
 _LENGTHS = 1 << 32  # more tokens than any message a request can carry
 
@@ -44,7 +48,7 @@ def _group(tf: int, length: int) -> int:
 
 
 def _seq_bytes(seq: int) -> bytes:
-    return seq.to_bytes(_SEQ_BYTES, "little")
+    return seq.to_bytes(_SEQ_BYTES, sys.byteorder)
 
 
 def _document_frequency(postings: Postings) -> int:
@@ -69,7 +73,7 @@ def _best_first(postings: Postings) -> Iterator[tuple[int, int, int]]:
         negative_tf, length = divmod(group, _LENGTHS)
         tf, seqs = _MAX_TF - negative_tf, postings[group]
         for end in range(len(seqs), 0, -_SEQ_BYTES):
-            yield tf, length, int.from_bytes(seqs[end - _SEQ_BYTES : end], "little")
+            yield tf, length, int.from_bytes(seqs[end - _SEQ_BYTES : end], sys.byteorder)
 
 
 def _add_posting(postings: Postings, tf: int, length: int, seq: int) -> Groups:
@@ -85,18 +89,19 @@ def _add_posting(postings: Postings, tf: int, length: int, seq: int) -> Groups:
     return postings
 
 
-def _remove_posting(postings: Groups, tf: int, length: int, seq: int) -> None:
-    group = _group(tf, length)
-    seqs = postings[group]
-    # Seqs grow as memories are added: each group is sorted.
-    at = bisect.bisect_left(
-        range(len(seqs) // _SEQ_BYTES),
-        seq,
-        key=lambda i: int.from_bytes(seqs[i * _SEQ_BYTES : (i + 1) * _SEQ_BYTES], "little"),
-    )
-    del seqs[at * _SEQ_BYTES : (at + 1) * _SEQ_BYTES]
-    if not seqs:
-        del postings[group]
+def _without(seqs: bytearray, removed: list[int]) -> bytearray:
+    """A group's ``seqs`` but the ``removed`` ones (ascending, all of them in it): found by
+    bisection (seqs grow as memories are added: a group is sorted), the runs between them
+    copied whole."""
+    kept = bytearray()
+    with memoryview(seqs) as view, view.cast(_SEQ_FORMAT) as ids:
+        start = 0
+        for seq in removed:
+            at = bisect.bisect_left(ids, seq, start)
+            kept += ids[start:at]
+            start = at + 1
+        kept += ids[start:]
+    return kept
 
 
 @dataclass(slots=True)
@@ -234,19 +239,35 @@ class InMemoryMemoryService(MemoryService):
         if session_id is None:
             del self._users[user_id]
             return
+        # The seqs to remove by term and group (ascending: memories are kept in the order
+        # added), so that each group touched is rewritten once: a session of thousands of
+        # memories sharing a word costs a pass over their postings, not one per memory.
+        removed: dict[tuple[str, int], list[int]] = {}
         for seq in [s for s, m in user.memories.items() if m.session_id == session_id]:
             memory = user.memories.pop(seq)
             user.total_length -= memory.length
             for term, tf in memory.terms:
-                postings = user.postings[term]
-                if isinstance(postings, tuple):
-                    del user.postings[term]
-                    continue
-                _remove_posting(postings, tf, memory.length, seq)
-                if not postings:
-                    del user.postings[term]
+                key = (term, _group(tf, memory.length))
+                seqs = removed.get(key)
+                if seqs is None:
+                    removed[key] = [seq]
+                else:
+                    seqs.append(seq)
         if not user.memories:
             del self._users[user_id]
+            return
+        for (term, group), seqs in removed.items():
+            postings = user.postings[term]
+            if isinstance(postings, tuple):  # the memory removed was its only one
+                del user.postings[term]
+                continue
+            kept = _without(postings[group], seqs)
+            if kept:
+                postings[group] = kept
+            else:
+                del postings[group]
+                if not postings:
+                    del user.postings[term]
 
 
 __all__ = ["InMemoryMemoryService"]
