@@ -12,6 +12,7 @@ from agentscope_serverless.errors import InvalidInputError, ServiceNotStartedErr
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.services._once import seed_writes
 from agentscope_serverless.services.memory import MemoryService
+from agentscope_serverless.services.memory.base import MAX_TOP_K
 from agentscope_serverless.services.memory.text import MAX_INDEXED_CHARS
 
 
@@ -154,6 +155,16 @@ async def test_search_top_k_caps_the_results(memory: MemoryService, user_id: str
     assert len(hits) == 3
     # equal relevance: most recent first
     assert texts(hits) == ["note 7 about rust", "note 6 about rust", "note 5 about rust"]
+
+
+async def test_search_without_top_k_gives_the_best_1000(
+    memory: MemoryService, user_id: str
+) -> None:
+    notes = [msg(f"note {i} about otters") for i in range(MAX_TOP_K + 50)]
+    await memory.add_memory(user_id, notes)
+    hits = await memory.search_memory(user_id, query("otters"))
+    # equal relevance: the most recent first
+    assert [m.id for m in hits] == [m.id for m in reversed(notes[-MAX_TOP_K:])]
 
 
 async def test_search_uses_the_first_128_distinct_words_of_a_long_query(

@@ -263,3 +263,13 @@ def test_the_reload_passage_names_every_folder_never_watched() -> None:
     passage = README.read_text().split("`serve --reload` restarts the server", 1)[1]
     passage = passage.split("an idle server costs nothing", 1)[0]
     assert sorted(IGNORED_FOLDERS - set(re.findall(r"`([^`]+)`", passage))) == []
+
+
+def test_the_routes_table_says_what_a_memory_search_without_top_k_gives() -> None:
+    # It said "all that match", while a search gives the best MAX_TOP_K at most.
+    from agentscope_serverless.services.memory.base import MAX_TOP_K
+
+    row = next(
+        line for line in README.read_text().splitlines() if line.startswith("| `POST /memory`")
+    )
+    assert f"1 to {MAX_TOP_K:,} results; the best {MAX_TOP_K:,} without one" in row

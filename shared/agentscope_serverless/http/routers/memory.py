@@ -3,7 +3,7 @@
 | Method and path | What |
 |---|---|
 | ``POST /memory`` | remember messages (optionally under a ``session_id``) |
-| ``POST /memory/search`` | memories matching a query, best first (``top_k`` of them) |
+| ``POST /memory/search`` | memories matching a query, best first (``top_k`` of them, or 1,000) |
 | ``GET /memory?page_num=&page_size=`` | list memories, oldest first |
 | ``DELETE /memory/{session_id}`` | forget one session's memories |
 | ``DELETE /memory`` | forget all of the user's memories |
@@ -63,15 +63,15 @@ class MemoryFilters(BaseModel):
 
 class MemorySearch(RequestBody):
     """A keyword query; ``top_k`` (or ``filters.top_k``, as ``search_memory`` takes it) caps
-    the number of results."""
+    the number of results (:data:`MAX_TOP_K` without one)."""
 
     query: str = Field(min_length=1)
     top_k: TopK | None = None
     filters: MemoryFilters | None = None
 
     def results_asked(self) -> int | None:
-        """The number of results asked for (None: all that match); a ``top_k`` and a
-        ``filters.top_k`` that differ are refused, as neither can be the one meant."""
+        """The number of results asked for (None: the :data:`MAX_TOP_K` best); a ``top_k``
+        and a ``filters.top_k`` that differ are refused, as neither can be the one meant."""
         named = self.filters.top_k if self.filters is not None else None
         if self.top_k is not None and named is not None and named != self.top_k:
             raise InvalidInputError(

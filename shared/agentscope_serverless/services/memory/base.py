@@ -38,6 +38,9 @@ from agentscope_serverless.services.memory.text import message_text, query_terms
 
 DEFAULT_PAGE_SIZE = 10
 MAX_PAGE_SIZE = 1000
+# The most results a search gives, with or without a top_k: else every match of a word
+# most memories hold would be read, scored and sent in one answer (on Redis, by one script
+# holding the server for every user).
 MAX_TOP_K = 1000
 
 
@@ -103,8 +106,8 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
     ) -> list[Message]:
         """Memories matching the text of the last message, best first.
 
-        ``filters={"top_k": k}`` keeps the ``k`` best. An unknown user or a query without
-        words gives ``[]``.
+        ``filters={"top_k": k}`` keeps the ``k`` best (1 to :data:`MAX_TOP_K`); without it,
+        the :data:`MAX_TOP_K` best. An unknown user or a query without words gives ``[]``.
         """
         user_id = require_user_id(user_id)
         top_k = _filters(filters).get("top_k")
