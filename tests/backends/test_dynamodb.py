@@ -470,6 +470,68 @@ async def test_reading_the_latest_state_costs_the_same_whatever_the_number_of_ro
             assert costs == [2, 2]  # the meta item, one page of the newest round's items
 
 
+async def test_a_runs_heartbeat_restamps_its_events_and_index_entries_once_a_ttl(
+    dynamodb_server: DynamoDBServer, dynamodb_client: DynamoDBClient, user_id: str
+) -> None:
+    # They expired a TTL after their own write while the run went on beating: a run
+    # longer than RUNS_TTL_SECONDS lost its first events and dropped out of its indexes.
+    # Keeping them costs a request per event once a TTL, not with every heartbeat.
+    table = dynamodb_server.runs_table
+    sent: list[str] = []
+    session = aioboto3_session()
+    async with session.client("dynamodb", endpoint_url=dynamodb_server.endpoint_url) as client:
+        client.meta.events.register(
+            "before-send.dynamodb", lambda request, **_: sent.append(request.url) and None
+        )
+        async with DynamoDBRunsService(table, client=client, ttl_seconds=1000) as runs:
+            record = RunRecord(id="long", user_id=user_id, session_id="s1")
+            await runs.record(record, [(i, f'{{"i": {i}}}') for i in range(30)], create=True)
+            start = now()
+            pk = f"RUN#{id_hash(user_id)}#{id_hash('long')}"
+            meta_key = {"pk": {"S": pk}, "sk": {"S": "META"}}
+            events = [
+                i for i in await partition(dynamodb_client, table, pk) if i["sk"]["S"] != "META"
+            ]
+            index = [
+                item
+                for index_pk in (
+                    f"USERRUNS#{id_hash(user_id)}",
+                    f"RUNS#{id_hash(user_id)}#{id_hash('s1')}",
+                )
+                for item in await partition(dynamodb_client, table, index_pk)
+            ]
+            assert len(events) == 30 and len(index) == 2
+            for item in events + index:
+                assert start - 5 <= int(item["expires_at"]["N"]) - 2000 <= start
+
+            sent.clear()
+            await runs.beat(record)
+            assert len(sent) == 1  # the record alone
+
+            # Nearly a TTL later: the record saved now would outlive them.
+            for item in events + index:
+                await set_number(
+                    dynamodb_client,
+                    table,
+                    {"pk": item["pk"], "sk": item["sk"]},
+                    "expires_at",
+                    start + 500,
+                )
+            await set_number(dynamodb_client, table, meta_key, "stamped_until", start + 500)
+            sent.clear()
+            await runs.beat(record)
+            # The record, a query of the events, each event, both index entries, the mark.
+            assert len(sent) == 1 + 1 + 30 + 2 + 1
+            for item in events + index:
+                key = {"pk": item["pk"], "sk": item["sk"]}
+                stored = (await dynamodb_client.get_item(TableName=table, Key=key))["Item"]
+                assert int(stored["expires_at"]["N"]) >= start + 1995
+            sent.clear()
+            await runs.beat(record)
+            assert len(sent) == 1
+            assert len(await runs.read_events(user_id, "long")) == 30
+
+
 def aioboto3_session() -> Any:
     import aioboto3
 

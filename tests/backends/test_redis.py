@@ -746,14 +746,19 @@ async def test_the_index_of_a_users_runs_drops_runs_long_expired(
     index = f"{user_key_prefix('agentscope', 'run', user_id)}:all"
     long_ago = time.time() - 100  # more than twice the expiry: the run is gone
     async with RedisRunsService(redis_url=redis_server.url, ttl_seconds=30) as runs:
-        await runs.create_run(RunRecord(id="old", user_id=user_id, created_at=long_ago))
+        # Created long ago, and written since: a run still going is kept.
+        going = RunRecord(id="going", user_id=user_id, created_at=long_ago)
+        await runs.create_run(going)
+        await runs.create_run(RunRecord(id="old", user_id=user_id))
+        await redis_client.zadd(index, {"old": long_ago})  # last written long ago
         await runs.create_run(RunRecord(id="new", user_id=user_id))
-        assert await redis_client.zrange(index, 0, -1) == ["new"]
-        old = RunRecord(id="old-whole", user_id=user_id, created_at=long_ago, status="completed")
+        assert await redis_client.zrange(index, 0, -1) == ["going", "new"]
+        old = RunRecord(id="old-whole", user_id=user_id, status="completed")
         await runs.record(old, [(0, "{}")], create=True, finish=True)
+        await redis_client.zadd(index, {"old-whole": long_ago})
         whole = RunRecord(id="whole", user_id=user_id, status="completed")
         await runs.record(whole, [(0, "{}")], create=True, finish=True)
-        assert await redis_client.zrange(index, 0, -1) == ["new", "whole"]
+        assert await redis_client.zrange(index, 0, -1) == ["going", "new", "whole"]
         assert 0 < await redis_client.ttl(index) <= 30
         await runs.delete_user_runs(user_id)
         assert await redis_client.exists(index) == 0

@@ -22,7 +22,7 @@ from agentscope_serverless.local_stack import (
     RedisClusterServer,
     RedisServer,
 )
-from agentscope_serverless.services._dynamodb import id_hash
+from agentscope_serverless.services._dynamodb import id_hash, now
 from agentscope_serverless.services._redis import glob_escape, user_key_prefix
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
@@ -49,6 +49,10 @@ RUNS_BACKENDS = ["in_memory", "redis", "redis_cluster", "dynamodb"]
 SessionHistoryFactory = Callable[..., SessionHistoryService]
 # What a runs store still holds of a user (see ``runs_leftovers``).
 RunsLeftovers = Callable[[str], Awaitable[list[str]]]
+# Lets seconds pass for what a runs store holds of a user (see ``runs_aging``).
+RunsAging = Callable[[RunsService, str, int], Awaitable[None]]
+# How long every runs store of the suite keeps a run after its last write.
+RUNS_TTL_SECONDS = 3600
 
 
 def _shared(instance: object) -> Callable[[], object]:
@@ -138,19 +142,21 @@ def state_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], Stat
 
 @pytest.fixture
 def runs_in_memory_factory() -> Callable[[], RunsService]:
-    return _shared(InMemoryRunsService())  # type: ignore[return-value]
+    return _shared(InMemoryRunsService(ttl_seconds=RUNS_TTL_SECONDS))  # type: ignore[return-value]
 
 
 @pytest.fixture
 def runs_redis_factory(redis_server: RedisServer) -> Callable[[], RunsService]:
-    return lambda: RedisRunsService(redis_url=redis_server.url, ttl_seconds=3600)
+    return lambda: RedisRunsService(redis_url=redis_server.url, ttl_seconds=RUNS_TTL_SECONDS)
 
 
 @pytest.fixture
 def runs_redis_cluster_factory(
     redis_cluster_server: RedisClusterServer,
 ) -> Callable[[], RunsService]:
-    return lambda: RedisRunsService(redis_url=redis_cluster_server.url, cluster=True)
+    return lambda: RedisRunsService(
+        redis_url=redis_cluster_server.url, cluster=True, ttl_seconds=RUNS_TTL_SECONDS
+    )
 
 
 @pytest.fixture
@@ -159,7 +165,7 @@ def runs_dynamodb_factory(dynamodb_server: DynamoDBServer) -> Callable[[], RunsS
         dynamodb_server.runs_table,
         endpoint_url=dynamodb_server.endpoint_url,
         region_name=dynamodb_server.region,
-        ttl_seconds=3600,
+        ttl_seconds=RUNS_TTL_SECONDS,
         **LOCAL_AWS_CREDENTIALS,
     )
 
@@ -216,6 +222,68 @@ def runs_leftovers(
         return list(service._runs.get(user_id, {}))
 
     return runs_in_memory
+
+
+@pytest.fixture
+def runs_aging(
+    request: pytest.FixtureRequest, runs_factory: Callable[[], RunsService]
+) -> RunsAging:
+    """Lets ``seconds`` pass for what the store of ``runs_factory`` holds of a user: each
+    expiry of theirs comes that much closer, and what has expired then is gone, as the
+    store's expiry removes it (DynamoDB's TTL deletes an expired item, in its own time)."""
+    backend = request.node.callspec.params["runs_factory"]
+    if backend == "dynamodb":
+        server: DynamoDBServer = request.getfixturevalue("dynamodb_server")
+
+        async def age_items(service: RunsService, user_id: str, seconds: int) -> None:
+            session = aioboto3.Session(region_name=server.region, **LOCAL_AWS_CREDENTIALS)
+            user, table = id_hash(user_id), server.runs_table
+            async with session.client("dynamodb", endpoint_url=server.endpoint_url) as client:
+                paginator = client.get_paginator("scan")
+                async for page in paginator.paginate(TableName=table):
+                    for item in page["Items"]:
+                        if user not in item["pk"]["S"] or "expires_at" not in item:
+                            continue
+                        key = {"pk": item["pk"], "sk": item["sk"]}
+                        expiry = int(item["expires_at"]["N"]) - seconds
+                        if expiry < now():
+                            await client.delete_item(TableName=table, Key=key)
+                            continue
+                        # Times ahead (an expiry, how far a run's events are stamped) come
+                        # closer alike.
+                        times = {
+                            name: {"N": str(int(item[name]["N"]) - seconds)}
+                            for name in ("expires_at", "stamped_until")
+                            if name in item
+                        }
+                        await client.put_item(TableName=table, Item=item | times)
+
+        return age_items
+    if backend in ("redis", "redis_cluster"):
+        cluster = backend == "redis_cluster"
+        url = request.getfixturevalue(f"{backend}_server").url
+
+        async def age_keys(service: RunsService, user_id: str, seconds: int) -> None:
+            client = RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+            prefix = glob_escape(user_key_prefix("agentscope", "run", user_id))
+            try:
+                async for key in client.scan_iter(match=f"{prefix}*"):
+                    left = await client.pttl(key)
+                    if left > seconds * 1000:
+                        await client.pexpire(key, left - seconds * 1000)
+                    elif left >= 0:
+                        await client.delete(key)
+            finally:
+                await client.aclose()
+
+        return age_keys
+
+    async def age_runs(service: RunsService, user_id: str, seconds: int) -> None:
+        assert isinstance(service, InMemoryRunsService)
+        for run in service._runs.get(user_id, {}).values():
+            run.touched -= seconds
+
+    return age_runs
 
 
 @pytest.fixture(params=SESSION_HISTORY_BACKENDS)

@@ -19,7 +19,7 @@ from agentscope_serverless.services.runs.base import (
     RunBurst,
 )
 from agentscope_serverless.tasks import TaskDefinition, run_task
-from tests.contract.conftest import RunsLeftovers
+from tests.contract.conftest import RUNS_TTL_SECONDS, RunsAging, RunsLeftovers
 
 
 def _event(sequence: int, text: str = "") -> tuple[int, str]:
@@ -869,6 +869,67 @@ async def test_a_heartbeat_keeps_a_run_in_progress_and_never_makes_a_deleted_one
         await runs.delete_user_runs(user_id)
         await runs.beat(running)
         assert await runs.get_run(user_id, "beating") is None
+
+
+async def _run_written_for_three_ttls(
+    runs: RunsService, runs_aging: RunsAging, user_id: str
+) -> None:
+    """The run ``long`` of session s1, started three TTLs ago and written since, three
+    quarters of a TTL apart (a heartbeat and an event each time, stored in a burst or
+    appended), and the run ``later``, just started."""
+    step = RUNS_TTL_SECONDS * 3 // 4
+    started = time.time() - 4 * step
+    long = RunRecord(id="long", user_id=user_id, session_id="s1", created_at=started)
+    await runs.record(long, [_event(0, "first")], create=True)
+    for sequence in range(1, 5):
+        await runs_aging(runs, user_id, step)
+        await runs.beat(long)
+        if sequence % 2:
+            await runs.record(long, [_event(sequence)])
+        else:
+            await runs.append_events(user_id, "long", [_event(sequence)])
+    await runs.create_run(RunRecord(id="later", user_id=user_id, session_id="s1"))
+
+
+async def test_a_run_written_for_longer_than_the_ttl_keeps_all_of_it_until_a_ttl_after(
+    runs_factory: Callable[[], RunsService], runs_aging: RunsAging, user_id: str
+) -> None:
+    # A background task beating for minutes (RUNS_TTL_SECONDS=60): its first events
+    # expired while it ran (a client resuming from the start missed them), and it dropped
+    # out of its session's runs and its user's.
+    async with runs_factory() as runs:
+        await _run_written_for_three_ttls(runs, runs_aging, user_id)
+        seen = await runs.get_run(user_id, "long")
+        assert seen is not None and seen.status == "in_progress"
+        assert [s for s, _ in await runs.read_events(user_id, "long")] == [0, 1, 2, 3, 4]
+        assert [r.id for r in await runs.list_runs(user_id, "s1")] == ["long", "later"]
+        assert [r.id for r in await runs.recent_runs(user_id, 0)] == ["long", "later"]
+
+        await runs_aging(runs, user_id, RUNS_TTL_SECONDS + 1)
+        assert await runs.get_run(user_id, "long") is None
+        assert await runs.list_runs(user_id, "s1") == []
+        assert await runs.recent_runs(user_id, 0) == []
+
+
+@pytest.mark.parametrize("erase", ["user", "session"])
+async def test_erasing_finds_a_run_written_for_longer_than_the_ttl(
+    runs_factory: Callable[[], RunsService],
+    runs_aging: RunsAging,
+    runs_leftovers: RunsLeftovers,
+    user_id: str,
+    erase: str,
+) -> None:
+    # Its entries in the indexes an erase reads had expired (and been dropped): its record
+    # and events outlived the erase of its user's data, or of its session.
+    async with runs_factory() as runs:
+        await _run_written_for_three_ttls(runs, runs_aging, user_id)
+        if erase == "user":
+            await runs.delete_user_runs(user_id)
+        else:
+            await runs.delete_session_runs(user_id, "s1")
+        assert await runs.get_run(user_id, "long") is None
+        assert await runs.read_events(user_id, "long") == []
+        assert await runs_leftovers(user_id) == []
 
 
 def _nested(levels: int) -> Any:

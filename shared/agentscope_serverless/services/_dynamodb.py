@@ -65,6 +65,8 @@ T = TypeVar("T")
 # A body chunk, in bytes of UTF-8: an item (chunk plus keys and attributes) stays < 400 KB.
 BODY_CHUNK_BYTES = 350_000
 _BATCH_SIZE = 25
+# Items whose expiry a re-stamp pushes ahead at once.
+_RESTAMP_CONCURRENCY = 16
 _THROTTLING = {
     "ProvisionedThroughputExceededException",
     "ThrottlingException",
@@ -744,23 +746,26 @@ class DynamoDBStore:
         if ttl is None or number(meta, "stamped_until") >= at + ttl:
             return
         target = at + 2 * ttl
-        async for item in self.query(
-            KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
-            ExpressionAttributeValues={":pk": s(children_pk), ":prefix": s(prefix)},
-            ProjectionExpression="pk, sk, #e",
-            ExpressionAttributeNames=names("#e"),
-            ConsistentRead=True,
-        ):
-            if number(item, TTL_ATTRIBUTE) < target:
-                key = {"pk": item["pk"], "sk": item["sk"]}
-                await self.set_if(key, "#e", target, "attribute_exists(#pk)")
-        for key in also:
-            await self.set_if(
-                key,
-                "#e",
-                target,
-                "attribute_exists(#pk) AND (attribute_not_exists(#e) OR #e < :value)",
+        children = [
+            {"pk": item["pk"], "sk": item["sk"]}
+            async for item in self.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": s(children_pk), ":prefix": s(prefix)},
+                ProjectionExpression="pk, sk, #e",
+                ExpressionAttributeNames=names("#e"),
+                ConsistentRead=True,
             )
+            if number(item, TTL_ATTRIBUTE) < target
+        ]
+        indexed = "attribute_exists(#pk) AND (attribute_not_exists(#e) OR #e < :value)"
+        # A few at once: a run streams thousands of events.
+        await gather_bounded(
+            [
+                *(self.set_if(key, "#e", target, "attribute_exists(#pk)") for key in children),
+                *(self.set_if(key, "#e", target, indexed) for key in also),
+            ],
+            _RESTAMP_CONCURRENCY,
+        )
         await self.set_if(meta_key, "#s", target, "attribute_exists(#pk) AND #s < :value")
 
     async def _batch(self, requests: list[Item]) -> None:

@@ -8,7 +8,8 @@ pk                 sk                          attributes
 =================  ==========================  ===========================================
 ``RUN#U#R``        ``META``                    ``record`` (JSON; a large one: its head,
                                                with ``parts`` and ``version``), ``cancel``,
-                                               ``submission`` (a task's), ``expires_at``
+                                               ``submission`` (a task's), ``expires_at``,
+                                               ``stamped_until``
 ``RUN#U#R``        ``META#<version>#<part>``   the rest of a large record (``body``)
 ``RUN#U#R``        ``E#<sequence:012d>``       ``body`` (event JSON; large ones: head plus
                                                tail items), ``expires_at``
@@ -19,8 +20,13 @@ pk                 sk                          attributes
 =================  ==========================  ===========================================
 
 The events of a run are read with one consistent ``Query`` of its partition from a sort key
-on. Every item expires ``ttl_seconds`` after its last write (DynamoDB's TTL on
-``expires_at``; expired items are also filtered out on read).
+on. With ``ttl_seconds``, a run expires that long after the last write of its record (its
+creation, its heartbeat, its end): the META item's ``expires_at`` slides with each. Its
+events and its index entries are stamped twice as far ahead, and re-stamped with a write
+of the record that finds them (``stamped_until``) due to expire before the record would:
+once per TTL while the run is written, whatever its length, so none expires while the run
+lives (see :mod:`agentscope_serverless.services._dynamodb`). DynamoDB's TTL deletes
+expired items; they are also filtered out on read.
 
 A run deleted while it executes (its session deleted, its user erased) keeps nothing it
 writes afterwards: its writer puts its events (or its record's tail items), then makes sure
@@ -110,39 +116,45 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     def _pk(user_id: str, run_id: str) -> str:
         return f"RUN#{id_hash(user_id)}#{id_hash(run_id)}"
 
-    def _expiry(self) -> Item:
-        return {"expires_at": n(now() + self._ttl)} if self._ttl else {}
+    def _expiry(self, at: int, ttls: int = 1) -> Item:
+        """The expiry of an item written at ``at``: ``ttls`` TTLs ahead (2: an event's or
+        an index entry's, which outlive the record)."""
+        return {"expires_at": n(at + ttls * self._ttl)} if self._ttl else {}
 
     def _meta_key(self, user_id: str, run_id: str) -> Item:
         return {"pk": s(self._pk(user_id, run_id)), "sk": s(_META)}
 
-    def _meta_items(self, record: RunRecord) -> tuple[list[Item], Item]:
+    def _meta_items(self, record: RunRecord, at: int) -> tuple[list[Item], Item]:
         """The items holding the rest of a large record (none for most), and its META item
-        (without the cancellation mark)."""
+        (without the cancellation mark), written at ``at``."""
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
         tails, meta = _body_items(
-            self._pk(record.user_id, record.id), _META, stored, self._expiry()
+            self._pk(record.user_id, record.id), _META, stored, self._expiry(at)
         )
         meta["record"] = meta.pop("body")
         if record.submission is not None:
             meta["submission"] = s(record.submission)  # what a save checks (see ``_save``)
         return tails, meta
 
-    def _record_items(self, record: RunRecord) -> tuple[list[Item], list[Item]]:
+    def _record_items(self, record: RunRecord, at: int) -> tuple[list[Item], list[Item]]:
         """The items holding the rest of a large record, then the run's META item, its
         entry in the user's index and, with a session, in the session's (written once the
-        first are)."""
-        tails, meta = self._meta_items(record)
-        return tails, [meta, *self._index_entries(record)]
+        first are), at ``at``: the META item says how far the run's other items are stamped
+        (those written since are stamped further)."""
+        tails, meta = self._meta_items(record, at)
+        if self._ttl:
+            meta["stamped_until"] = n(at + 2 * self._ttl)
+        return tails, [meta, *self._index_entries(record, at)]
 
-    def _index_entries(self, record: RunRecord) -> list[Item]:
-        """The run's entry in the user's index and, with a session, in the session's."""
+    def _index_entries(self, record: RunRecord, at: int) -> list[Item]:
+        """The run's entry in the user's index and, with a session, in the session's, as
+        written at ``at``."""
         user = id_hash(record.user_id)
         entry = {
             "pk": s(f"USERRUNS#{user}"),
             "sk": s(f"{int(record.created_at * 1000):015d}#{id_hash(record.id)}"),
             "run_id": s(record.id),
-            **self._expiry(),
+            **self._expiry(at, 2),
         }
         entries = [entry]
         if record.session_id is not None:
@@ -151,23 +163,31 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             entries.append(index)
         return entries
 
-    def _event_items(self, user_id: str, run_id: str, events: list[StoredEvent]) -> list[Item]:
+    def _index_keys(self, record: RunRecord) -> list[Item]:
+        """The keys of the run's entries in the indexes."""
+        return _keys(self._index_entries(record, 0))
+
+    def _event_items(
+        self, user_id: str, run_id: str, events: list[StoredEvent], at: int
+    ) -> list[Item]:
         pk = self._pk(user_id, run_id)
+        expiry = self._expiry(at, 2)
         items: list[Item] = []
         for sequence, data in events:
-            tails, head = _body_items(pk, _event_key(sequence), data, self._expiry())
+            tails, head = _body_items(pk, _event_key(sequence), data, expiry)
             items += [*tails, head]
         return items
 
     async def _create(self, record: RunRecord) -> None:
-        tails, items = self._record_items(record)
+        tails, items = self._record_items(record, now())
         await self._store.put(tails)
         await self._store.put(items)
 
     async def _record(
         self, record: RunRecord, events: list[StoredEvent], create: bool, finish: bool
     ) -> bool | None:
-        items = self._event_items(record.user_id, record.id, events)
+        at = now()
+        items = self._event_items(record.user_id, record.id, events, at)
         if not create:
             if finish:
                 # The events land before the finished record; its update's condition
@@ -176,7 +196,7 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             elif items:
                 await self._put_while_run(record.user_id, record.id, items)
             return None
-        tails, record_items = self._record_items(record)
+        tails, record_items = self._record_items(record, at)
         if finish:
             # The events land before the finished record: a reader who sees the run
             # finished finds all of its events.
@@ -193,8 +213,10 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
     async def _save_after(self, record: RunRecord, items: list[Item]) -> None:
         """Put ``items`` of the run (its events), then save its record; a run deleted
         meanwhile (its META gone), or a task's replaced by a later submission's, keeps
-        neither, nor the rest of a large record."""
-        tails, meta = self._meta_items(record)
+        neither, nor the rest of a large record. The run's events and index entries are
+        re-stamped when they would expire before the record saved."""
+        at = now()
+        tails, meta = self._meta_items(record, at)
         values: Item = {":record": meta["record"]}
         update = "SET #r = :record"
         names = {"#r": "record", "#pk": "pk", "#p": "parts", "#v": "version"}
@@ -202,9 +224,10 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
             update += ", #p = :parts, #v = :version"
             values |= {":parts": meta["parts"], ":version": meta["version"]}
         if self._ttl:
-            update += ", #e = :expires"
-            values[":expires"] = n(now() + self._ttl)
-            names["#e"] = "expires_at"
+            # A run stored by an earlier release has no ``stamped_until``: 0, restamped.
+            update += ", #e = :expires, #s = if_not_exists(#s, :zero)"
+            values |= {":expires": n(at + self._ttl), ":zero": n(0)}
+            names |= {"#e": "expires_at", "#s": "stamped_until"}
         if not tails:
             update += " REMOVE #p, #v"
         condition = "attribute_exists(#pk)"
@@ -223,18 +246,24 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
                 ConditionExpression=condition,
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
-                ReturnValues="UPDATED_OLD",
+                # All of it: ``stamped_until`` too, which the update may leave as it was.
+                ReturnValues="ALL_OLD",
             )
         except ConditionFailed:
             await self._store.delete(_keys(written))
             return
+        meta_key = self._meta_key(record.user_id, record.id)
         old = response.get("Attributes", {})
         if old.get("version") not in (None, meta.get("version")):
-            stale = tail_keys({**self._meta_key(record.user_id, record.id), **old})
+            stale = tail_keys({**meta_key, **old})
             await self._store.delete(stale)
+        await self._store.restamp_if_due(
+            meta_key, old, meta_key["pk"]["S"], _EVENT_PREFIX, self._ttl, *self._index_keys(record)
+        )
 
     async def _append(self, user_id: str, run_id: str, events: list[StoredEvent]) -> None:
-        await self._put_while_run(user_id, run_id, self._event_items(user_id, run_id, events))
+        items = self._event_items(user_id, run_id, events, now())
+        await self._put_while_run(user_id, run_id, items)
 
     async def _put_while_run(self, user_id: str, run_id: str, items: list[Item]) -> None:
         """Put ``items`` in the run's partition, then delete them if the run is gone (deleted
@@ -374,8 +403,9 @@ class DynamoDBRunsService(DynamoDBBackedService, RunsService):
         )
 
     async def _delete_run_of(self, record: RunRecord) -> None:
-        entries = [{"pk": e["pk"], "sk": e["sk"]} for e in self._index_entries(record)]
-        await self._store.delete_partition(self._pk(record.user_id, record.id), *entries)
+        await self._store.delete_partition(
+            self._pk(record.user_id, record.id), *self._index_keys(record)
+        )
 
     async def _read(
         self, user_id: str, run_id: str, after: int, limit: int | None

@@ -8,9 +8,10 @@ Keys of user ``U``, run ``R`` and session ``S`` (escaped, the user in the hash t
                                           lands only while it is the same)
     <prefix>:run:{U}:r:R:events   STREAM  one entry per write of events
     <prefix>:run:{U}:s:S          ZSET    run id -> creation time
-    <prefix>:run:{U}:all          ZSET    run id -> creation time (every run of the user,
-                                          for erasing them; members older than twice the
-                                          expiry are dropped as runs are added)
+    <prefix>:run:{U}:all          ZSET    run id -> time of its last write (every run of
+                                          the user, for erasing them; members not written
+                                          for twice the expiry are dropped as runs are
+                                          written)
 
 A run stored whole in one write (it ended before its first write, as most runs do) keeps
 its events in its hash, one per line: ``<sequence number> <JSON>\n``, with no stream.
@@ -21,7 +22,10 @@ overlapping what is stored adds entries that readers skip (they keep the first o
 sequence number). Entries of one event with the field ``d`` (an earlier layout) are read
 too.
 
-Every write refreshes the expiry (``ttl_seconds``) of the keys it touches.
+Every write refreshes the expiry (``ttl_seconds``) of the keys it touches: a write of the
+record (its creation, a burst of the run executing, its heartbeat, its end) touches all of
+the run's keys and its indexes, and sets its time in the user's, so a run written for longer
+than the expiry keeps all of it, listed and found by an erase.
 """
 
 from __future__ import annotations
@@ -46,17 +50,17 @@ from agentscope_serverless.services.runs.base import RunBurst, RunRecord, RunsSe
 # The cancellation mark is kept apart from the record (its own hash field).
 _NOT_STORED = {"cancel_requested"}
 
-# Adds a run to the user's index, dropping the runs created before ``cutoff`` (expired:
-# nothing writes to a run that long).
+# Sets the time of a run's last write (``at``) in the user's index, dropping the runs not
+# written since ``cutoff`` (expired).
 _LUA_INDEX_RUN = """
-local function index_run(key, created, run_id, cutoff)
-  redis.call('ZADD', key, created, run_id)
+local function index_run(key, at, run_id, cutoff)
+  redis.call('ZADD', key, at, run_id)
   if tonumber(cutoff) > 0 then redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. cutoff) end
 end
 """
 
 # KEYS: run, session index, user index. ARGV: ttl, record, run id, created at, cutoff,
-# submission ("" for none).
+# submission ("" for none), now.
 _CREATE = (
     LUA_TOUCH
     + _LUA_INDEX_RUN
@@ -68,19 +72,24 @@ else
   redis.call('HDEL', KEYS[1], 'submission')
 end
 if KEYS[2] ~= KEYS[1] then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3]) end
-index_run(KEYS[3], ARGV[4], ARGV[3], ARGV[5])
+index_run(KEYS[3], ARGV[7], ARGV[3], ARGV[5])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
 )
 
-# KEYS: run. ARGV: ttl, record, submission ("" for none: saved whichever is stored).
+# KEYS: run, events, session index (the run's key without one), user index. ARGV: ttl,
+# record, submission ("" for none: saved whichever is stored), run id, created at, now,
+# cutoff.
 _SAVE = (
     LUA_TOUCH
+    + _LUA_INDEX_RUN
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'submission') ~= ARGV[3] then return 0 end
 redis.call('HSET', KEYS[1], 'record', ARGV[2])
+if KEYS[3] ~= KEYS[1] then redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4]) end
+index_run(KEYS[4], ARGV[6], ARGV[4], ARGV[7])
 touch(tonumber(ARGV[1]), KEYS)
 return 1
 """
@@ -118,28 +127,23 @@ return 1
 )
 
 # Bursts of runs executing here (not stored whole: see ``_whole``), each with 4 KEYS (run,
-# events, session index, user index) and, after ARGV[1] (the ttl) and ARGV[2] (the user
-# index's cutoff), its ARGV: create ("1"/"0"), record (written when creating or
-# finishing), run id, created at, finish ("1"/"0"), the number of events, then the events
-# (as for add_events). Returns, per burst, -1 when the run is not found, else 1 when its
-# cancellation was requested, else 0.
+# events, session index, user index) and, after ARGV[1] (the ttl), ARGV[2] (the user
+# index's cutoff) and ARGV[3] (now), its ARGV: create ("1"/"0"), record (written when
+# creating or finishing), run id, created at, finish ("1"/"0"), the number of events, then
+# the events (as for add_events). Returns, per burst, -1 when the run is not found, else 1
+# when its cancellation was requested, else 0.
 _RECORD = (
     LUA_TOUCH
     + _LUA_ADD_EVENTS
     + _LUA_INDEX_RUN
     + """
-local answers, a = {}, 3
+local answers, a = {}, 4
 for i = 1, #KEYS / 4 do
   local run, events, index, all = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local create, finish, count = ARGV[a] == '1', ARGV[a + 4] == '1', tonumber(ARGV[a + 5])
-  local found = true
-  if create then
-    if index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
-    index_run(all, ARGV[a + 3], ARGV[a + 2], ARGV[2])
-  elseif redis.call('EXISTS', run) == 0 then
-    found = false
-  end
-  if found then
+  if create or redis.call('EXISTS', run) == 1 then
+    if create and index ~= run then redis.call('ZADD', index, ARGV[a + 3], ARGV[a + 2]) end
+    index_run(all, ARGV[3], ARGV[a + 2], ARGV[2])
     if create or finish then redis.call('HSET', run, 'record', ARGV[a + 1]) end
     add_events(events, a + 6, count)
     touch(tonumber(ARGV[1]), {run, events, index, all})
@@ -231,7 +235,8 @@ class RedisRunsService(RedisBackedService, RunsService):
         return f"{user_key_prefix(self._redis.key_prefix, 'run', user_id)}:all"
 
     def _index_cutoff(self) -> float:
-        """Runs created before this are dropped from their user's index (0: none are)."""
+        """Runs not written since this are dropped from their user's index (0: none are):
+        expired, with room for the clocks of two machines to differ."""
         return time.time() - 2 * self._ttl if self._ttl else 0
 
     async def _create(self, record: RunRecord) -> None:
@@ -247,6 +252,7 @@ class RedisRunsService(RedisBackedService, RunsService):
                 repr(record.created_at),
                 repr(self._index_cutoff()),
                 record.submission or "",
+                repr(time.time()),
             ],
             idempotent=True,
         )
@@ -256,7 +262,8 @@ class RedisRunsService(RedisBackedService, RunsService):
             _RUNS_SINCE, [self._user_key(user_id)], [repr(since)], idempotent=True
         )
         records = await self._records(user_id, [text(run_id) for run_id in ids])
-        return [record for record in records if record is not None]
+        # Listed by their last write: those created before ``since`` are left out here.
+        return [record for record in records if record is not None and record.created_at >= since]
 
     async def _records(self, user_id: str, run_ids: list[str]) -> list[RunRecord | None]:
         """The records of ``run_ids`` with their cancellation marks, in order (None for a
@@ -311,10 +318,20 @@ class RedisRunsService(RedisBackedService, RunsService):
 
     async def _save(self, record: RunRecord) -> None:
         stored = record.model_copy(update={"cancel_requested": False}).model_dump_json()
+        run = self._run_key(record.user_id, record.id)
+        index = self._session_key(record.user_id, record.session_id) if record.session_id else run
         await self._redis.run(
             _SAVE,
-            [self._run_key(record.user_id, record.id)],
-            [self._ttl, stored, record.submission or ""],
+            [run, f"{run}:events", index, self._user_key(record.user_id)],
+            [
+                self._ttl,
+                stored,
+                record.submission or "",
+                record.id,
+                repr(record.created_at),
+                repr(time.time()),
+                repr(self._index_cutoff()),
+            ],
             idempotent=True,
         )
 
@@ -355,7 +372,7 @@ class RedisRunsService(RedisBackedService, RunsService):
         keep their entry ids, the record written is the burst's own."""
         commands: list[Command] = []
         keys: list[str] = []
-        args: list[Any] = [self._ttl, repr(self._index_cutoff())]
+        args: list[Any] = [self._ttl, repr(self._index_cutoff()), repr(time.time())]
         # Per burst: its answer's position in the script's reply; None when stored whole.
         scripted: list[int | None] = []
         for burst in bursts:
@@ -399,7 +416,7 @@ class RedisRunsService(RedisBackedService, RunsService):
             if self._ttl:
                 commands.append(("EXPIRE", index, self._ttl))
         user_key = self._user_key(record.user_id)
-        commands.append(("ZADD", user_key, created, record.id))
+        commands.append(("ZADD", user_key, repr(time.time()), record.id))
         if self._ttl:
             cutoff = f"({self._index_cutoff()!r}"
             commands += [
