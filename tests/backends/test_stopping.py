@@ -4,7 +4,9 @@ those a store holds past the grace say that the service was stopped."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -17,6 +19,11 @@ from agentscope_serverless.services import base
 from agentscope_serverless.services.agent_state import InMemoryStateService, StateService
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
 from agentscope_serverless.services.agent_state.redis import RedisStateService
+from agentscope_serverless.services.base import (
+    ServiceWithLifecycleManager,
+    StartedGuard,
+    service_call,
+)
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
@@ -150,3 +157,54 @@ async def test_calls_a_store_holds_past_the_grace_say_the_service_was_stopped(
     # The store did not fail: the service closed it, so nothing says it did.
     out, err = capfd.readouterr()
     assert "failed" not in out + err
+
+
+class Gated(StartedGuard, ServiceWithLifecycleManager):
+    """A service of one's own whose call waits for the test to open a gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        await self._finish_calls()
+
+    async def health(self) -> bool:
+        return self._started
+
+    @service_call
+    async def pass_gate(self) -> str:
+        self.entered.set()
+        await asyncio.to_thread(self.gate.wait)
+        return "passed"
+
+
+async def test_a_call_ending_in_another_threads_event_loop_ends_the_wait_of_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A stop that missed the end of the call would wait out its grace: here, for ever.
+    monkeypatch.setattr(base, "STOP_GRACE_SECONDS", 3600)
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)  # a call of this loop's methods from another thread raises
+    service = Gated()
+    await service.start()
+    with ThreadPoolExecutor(1) as thread:
+        call = asyncio.wrap_future(thread.submit(asyncio.run, service.pass_gate()))
+        await asyncio.to_thread(service.entered.wait)
+        stopping = asyncio.ensure_future(service.stop())
+        try:
+            await asyncio.sleep(0)
+            assert not stopping.done()  # waiting for the call
+            with pytest.raises(ServiceNotStartedError, match="is not started"):
+                await service.pass_gate()
+            service.gate.set()
+            assert await call == "passed"
+            await stopping
+        finally:
+            stopping.cancel()
+            loop.set_debug(False)
+    assert service._under_way == service._cut_short == 0
+

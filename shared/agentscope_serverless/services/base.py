@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -27,6 +28,10 @@ STOP_GRACE_SECONDS = 5.0
 # that call (``list_sessions`` reading page after page), not a new one to refuse once
 # ``stop()`` began.
 _calling: ContextVar[object | None] = ContextVar("calling", default=None)
+
+# Guards every service's count of calls under way, and the stops waiting for it to reach 0:
+# a service may be shared by threads, each running an event loop of its own.
+_counting = threading.Lock()
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -75,9 +80,10 @@ class StartedGuard:
     finish."""
 
     _started: bool = False
-    # Calls under way, and the event set when the last one has ended (once stop() waited).
+    # Calls under way (in any thread), and the stops waiting for them to end: a future of
+    # each stop's event loop.
     _under_way: int = 0
-    _idle: asyncio.Event | None = None
+    _stops_waiting: tuple[asyncio.Future[None], ...] = ()
     # How many times stop() closed the store under calls still under way.
     _cut_short: int = 0
 
@@ -93,16 +99,33 @@ class StartedGuard:
         :data:`STOP_GRACE_SECONDS`): called by ``stop()`` before it closes the store.
         Calls still under way then get :class:`ServiceNotStartedError` once the store
         closes under them."""
-        self._set_started(False)
-        if not self._under_way:
-            return
-        if self._idle is None or self._idle.is_set():
-            self._idle = asyncio.Event()  # shared by the stops waiting at once
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(STOP_GRACE_SECONDS):
-                await self._idle.wait()
-        if self._under_way:
-            self._cut_short += 1
+        with _counting:
+            self._set_started(False)
+            if not self._under_way:
+                return
+            idle = asyncio.get_running_loop().create_future()
+            self._stops_waiting = (*self._stops_waiting, idle)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_GRACE_SECONDS):
+                    await idle
+        finally:
+            with _counting:
+                self._stops_waiting = tuple(f for f in self._stops_waiting if f is not idle)
+        with _counting:
+            if self._under_way:
+                self._cut_short += 1
+
+
+def _wake(stop: asyncio.Future[None]) -> None:
+    """End the wait of a stop, from any thread (its event loop may be another's)."""
+    with contextlib.suppress(RuntimeError):  # its loop is closed: nothing waits any more
+        stop.get_loop().call_soon_threadsafe(_set_done, stop)
+
+
+def _set_done(stop: asyncio.Future[None]) -> None:
+    if not stop.done():  # not timed out meanwhile
+        stop.set_result(None)
 
 
 def service_call(
@@ -121,9 +144,14 @@ def service_call(
 
     @functools.wraps(method)
     async def call(self: GuardT, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        self._ensure_started()
-        cut_short = self._cut_short
-        self._under_way += 1
+        # acquire() and release(): a `with` costs twice as much, on every call.
+        _counting.acquire()
+        try:
+            self._ensure_started()
+            cut_short = self._cut_short
+            self._under_way += 1
+        finally:
+            _counting.release()
         token = _calling.set(self)
         try:
             return await method(self, *args, **kwargs)
@@ -134,9 +162,14 @@ def service_call(
             raise ServiceNotStartedError(type(self).__name__, stopped=True) from None
         finally:
             _calling.reset(token)
+            _counting.acquire()
             self._under_way -= 1
-            if not self._under_way and self._idle is not None:
-                self._idle.set()
+            stops = () if self._under_way else self._stops_waiting
+            if stops:
+                self._stops_waiting = ()
+            _counting.release()
+            for stop in stops:
+                _wake(stop)
 
     return call
 
