@@ -24,6 +24,7 @@ from agentscope_serverless.services.base import (
     StartedGuard,
     service_call,
 )
+from agentscope_serverless.services.runs import InMemoryRunsService, RunRecord
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     SessionHistoryService,
@@ -208,3 +209,25 @@ async def test_a_call_ending_in_another_threads_event_loop_ends_the_wait_of_stop
             loop.set_debug(False)
     assert service._under_way == service._cut_short == 0
 
+
+async def test_stop_of_an_in_memory_service_waits_for_a_call_under_way_across_awaits(
+    user_id: str,
+) -> None:
+    runs = InMemoryRunsService()
+    runs.poll_seconds = 0.02
+    await runs.start()
+    await runs.create_run(RunRecord(id="never-ends", user_id=user_id, session_id="s1"))
+    # Polls the run until it ends, or until the wait is over.
+    stopping_runs = asyncio.ensure_future(runs.stop_runs(user_id, "s1", wait=0.3))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(runs.stop())
+    await asyncio.sleep(0)
+    try:
+        assert not stopping.done()  # waiting for the call under way
+        with pytest.raises(ServiceNotStartedError, match="is not started"):
+            await runs.get_run(user_id, "never-ends")
+        assert await stopping_runs == ["never-ends"]
+        await stopping
+    finally:
+        stopping.cancel()
+    assert runs._under_way == runs._cut_short == 0

@@ -78,7 +78,7 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         self._set_started(True)
 
     async def stop(self) -> None:
-        self._set_started(False)
+        await self._finish_calls()
 
     async def health(self) -> bool:
         return self._started

@@ -282,7 +282,7 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
         self._set_started(True)
 
     async def stop(self) -> None:
-        self._set_started(False)
+        await self._finish_calls()
 
     async def health(self) -> bool:
         return self._started
