@@ -923,3 +923,20 @@ async def test_a_run_write_redis_refuses_is_made_again_with_the_next_one(
         assert stored is not None and stored.status == "completed"
         events = await runs.read_events(user_id, run.run_id)
         assert [sequence for sequence, _ in events] == list(range(final.sequence_number + 1))
+
+
+async def test_starting_a_started_service_keeps_its_client(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        session = await history.create_session(user_id, "s1")
+        client = history._redis._client
+        appending = asyncio.ensure_future(history.append_message(session, msg("under way")))
+        await asyncio.sleep(0)
+        async with history:  # a nested `async with`: started again, then stopped
+            assert history._redis._client is client
+            await appending
+            stored = await history.get_session(user_id, "s1")
+            assert stored is not None
+            assert [m.get_text_content() for m in stored.messages] == ["under way"]
+        assert await history.health() is False

@@ -328,7 +328,10 @@ class RedisStore:
         self.cluster = False
 
     async def open(self) -> None:
-        """Create the client (no connection is made until the first command)."""
+        """Create the client (no connection is made until the first command); an open
+        store keeps its client, which calls under way may be using."""
+        if self._client is not None:
+            return
         if self._injected is not None:
             self._client = self._injected
             self.cluster = isinstance(self._client, RedisCluster)
