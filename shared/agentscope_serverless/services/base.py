@@ -87,6 +87,17 @@ class StartedGuard:
     # How many times stop() closed the store under calls still under way.
     _cut_short: int = 0
 
+    # The lifecycle of a service holding nothing to open or close (the in-memory ones): a
+    # backend on a store opens it in start() and closes it in stop(), after _finish_calls().
+    async def start(self) -> None:
+        self._set_started(True)
+
+    async def stop(self) -> None:
+        await self._finish_calls()
+
+    async def health(self) -> bool:
+        return self._started
+
     def _set_started(self, started: bool) -> None:
         self._started = started
 

@@ -58,15 +58,6 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         # A backend written for AgentScope Runtime overrides the public methods instead.
         adapt_ported_subclass(cls, StateService, STATE_METHODS, STATE_HOOKS)
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @agentscope_base_method
     @service_call
     async def save_state(

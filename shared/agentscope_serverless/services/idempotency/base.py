@@ -144,15 +144,6 @@ class IdempotencyStore(StartedGuard, ServiceWithLifecycleManager):
         let a retry run the request a second time beside it."""
         return max(self.expiry_seconds, math.ceil(self.lease_seconds))
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @service_call
     async def begin(self, user_id: str, key: str, fingerprint: str) -> Claim:
         """Claim ``key`` for a request with ``fingerprint``, or say why it cannot run."""

@@ -74,15 +74,6 @@ class MemoryService(StartedGuard, ServiceWithLifecycleManager):
         # A backend written for AgentScope Runtime overrides the public methods instead.
         adapt_ported_subclass(cls, MemoryService, MEMORY_METHODS, MEMORY_HOOKS)
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @agentscope_base_method
     @service_call
     async def add_memory(self, user_id: str, messages: Any, session_id: str | None = None) -> None:

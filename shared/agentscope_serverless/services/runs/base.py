@@ -278,15 +278,6 @@ class RunsService(StartedGuard, ServiceWithLifecycleManager):
     # Whether the backend prepares writes (see :meth:`prepare_record`).
     prepares_writes: ClassVar[bool] = False
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @service_call
     async def create_run(self, record: RunRecord) -> None:
         """Store a new run (its record; events come with :meth:`append_events`)."""

@@ -76,15 +76,6 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
             cls, SessionHistoryService, SESSION_HISTORY_METHODS, SESSION_HISTORY_HOOKS
         )
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @agentscope_base_method
     @service_call
     async def create_session(self, user_id: str, session_id: str | None = None) -> Session:
