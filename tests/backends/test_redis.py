@@ -484,6 +484,7 @@ async def test_deleting_memory_updates_the_index_and_its_statistics(
             "seq": "3",
             "docs": "3",
             "length": "6",
+            "sorted": "1",  # every bucket's ids ascend (search may cut ties)
         }
         await memory.delete_memory(user_id, "s1")
         assert await redis_client.hmget(f"{base}:stats", "docs", "length") == ["1", "3"]
