@@ -225,6 +225,39 @@ def test_deleting_a_session_forgets_the_keys_of_its_requests(client: httpx.Clien
     assert replayed.headers["Idempotent-Replayed"] == "true"
 
 
+def test_a_keyed_state_save_goes_with_its_session(client: httpx.Client) -> None:
+    # A session holding only state (no history): a retry is replayed while its state lives.
+    save = {"state": {"step": 1}}
+    first = client.post("/state/s", json=save, headers=keyed("k-save"))
+    again = client.post("/state/s", json=save, headers=keyed("k-save"))
+    assert first.status_code == again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert client.get("/state/s/rounds").json()["rounds"] == [1]
+    # The session deleted (its state with it), the retry runs anew and is stored.
+    assert client.delete("/sessions/s").status_code == 204
+    anew = client.post("/state/s", json=save, headers=keyed("k-save"))
+    assert anew.status_code == 201 and "Idempotent-Replayed" not in anew.headers
+    assert client.get("/state/s").json() == {
+        "session_id": "s",
+        "round_id": 1,
+        "state": save["state"],
+    }
+    replayed = client.post("/state/s", json=save, headers=keyed("k-save"))
+    assert replayed.headers["Idempotent-Replayed"] == "true"
+    assert client.get("/state/s/rounds").json()["rounds"] == [1]
+
+
+def test_a_keyed_state_save_goes_with_the_state_deleted(client: httpx.Client) -> None:
+    # The session itself stays (it has history): only its state is deleted.
+    assert client.post("/sessions", json={"session_id": "s"}).status_code == 201
+    save = {"state": {"step": 1}}
+    assert client.post("/state/s", json=save, headers=keyed("k-save")).status_code == 201
+    assert client.delete("/state/s").status_code == 204
+    anew = client.post("/state/s", json=save, headers=keyed("k-save"))
+    assert anew.status_code == 201 and "Idempotent-Replayed" not in anew.headers
+    assert client.get("/state/s").json()["state"] == save["state"]
+
+
 def test_keys_belong_to_their_user(server: tuple[str, InMemoryKeyStore]) -> None:
     url, store = server
     for name in ("first", "second"):

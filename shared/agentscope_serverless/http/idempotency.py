@@ -14,9 +14,11 @@ its query a body: :func:`reads_only`) claims nothing, as a ``GET`` does, and rea
   answer again, with ``Idempotent-Replayed: true``, and writes nothing;
 - the same key with another request is 409 ``IDEMPOTENCY_KEY_REUSED``;
 - deleting a session forgets the keys of the requests that wrote in it (a run, messages
-  appended, the session created), and erasing a user's data all of theirs: a kept answer
-  quotes what was deleted, and a retry then runs anew; so does a retry whose session is
-  gone otherwise (it expired: ``SESSION_TTL_SECONDS``), its kept answer forgotten then;
+  appended, the session created, its state saved), and erasing a user's data all of
+  theirs: a kept answer quotes what was deleted, and a retry then runs anew; so does a
+  retry whose session is gone otherwise (it expired: ``SESSION_TTL_SECONDS``), its kept
+  answer forgotten then; a state save's whose session's state is gone (deleted alone, or
+  expired: :func:`kept_while`);
 - message ids, new session ids and the ids of its other writes (a state save without a
   round, a memory add) derive from the key and the request, and stores keep the write ids
   they applied with the data, so a run of the same request after one whose answer was lost
@@ -49,7 +51,7 @@ import asyncio
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -128,6 +130,10 @@ _RENEWALS_PER_LEASE = 3
 EndpointT = TypeVar("EndpointT", bound=Callable[..., Any])
 # The endpoints of the routes that take a POST only to read (see reads_only).
 _READ_ENDPOINTS: set[Callable[..., Any]] = set()
+# Whether what a route's request wrote in its session remains, by endpoint (see
+# kept_while); a route not listed wrote in the session's history.
+SessionCheck = Callable[[Request, str, str], Awaitable[bool]]
+_SESSION_CHECKS: dict[Callable[..., Any], SessionCheck] = {}
 
 
 def reads_only(endpoint: EndpointT) -> EndpointT:
@@ -140,6 +146,25 @@ def reads_only(endpoint: EndpointT) -> EndpointT:
     """
     _READ_ENDPOINTS.add(endpoint)
     return endpoint
+
+
+def kept_while(check: SessionCheck) -> Callable[[EndpointT], EndpointT]:
+    """Declare what the requests of a route write in their session (:func:`writes_in_session`)
+    when it is not the session's history: ``await check(request, user_id, session_id)``
+    says whether it remains, and a kept answer is replayed only while it does (a state save's
+    rounds may outlive the session's history, or be deleted without it).
+
+    >>> async def has_state(request: Request, user_id: str, session_id: str) -> bool:
+    ...     return True
+    >>> @kept_while(has_state)
+    ... async def save() -> None: ...
+    """
+
+    def declare(endpoint: EndpointT) -> EndpointT:
+        _SESSION_CHECKS[endpoint] = check
+        return endpoint
+
+    return declare
 
 
 def only_reads(endpoint: Any) -> bool:
@@ -249,9 +274,15 @@ async def claim_key(request: Request, user_id: str, key: str) -> None:
 
 async def _session_remains(request: Request, claim: Claim) -> bool:
     """Whether the session the request of ``claim`` wrote in (if any) still exists: one
-    that expired (``SESSION_TTL_SECONDS``) took what the request wrote with it."""
+    that expired (``SESSION_TTL_SECONDS``) took what the request wrote with it. What a
+    route declared :func:`kept_while` wrote is asked for instead (a retry has its request's
+    method and path, so its route)."""
     if claim.session_id is None:
         return True
+    endpoint = getattr(request.scope.get("route"), "endpoint", None)
+    check = _SESSION_CHECKS.get(endpoint) if endpoint is not None else None
+    if check is not None:
+        return await check(request, claim.user_id, claim.session_id)
     history: SessionHistoryService = request.app.state.context.session_history
     return await history.has_session(claim.user_id, claim.session_id)
 
@@ -509,6 +540,7 @@ __all__ = [
     "in_progress_response",
     "install_idempotency",
     "is_write",
+    "kept_while",
     "reads_only",
     "replayed",
     "seed_run",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
+from agentscope_serverless.http.idempotency import kept_while, writes_in_session
 from agentscope_serverless.http.params import RequestBody, SessionIdPath
 from agentscope_serverless.services.agent_state.base import MAX_ROUND_ID, StateService
 
@@ -66,10 +67,20 @@ class Rounds(BaseModel):
     rounds: list[int]
 
 
+async def _has_state(request: Request, user_id: str, session_id: str) -> bool:
+    """Whether the session still has a saved state: a keyed save's answer is replayed only
+    then (its session deleted, or its state, or expired, the save runs anew)."""
+    state: StateService = request.app.state.context.state
+    return await state.export_latest_state(user_id, session_id) is not None
+
+
 @router.post("/{session_id}", status_code=201, response_model=StateSaved, summary="Save state")
+@kept_while(_has_state)
 async def save_state(
-    session_id: SessionIdPath, body: StateSave, user_id: CurrentUser, state: State
+    session_id: SessionIdPath, body: StateSave, user_id: CurrentUser, state: State, request: Request
 ) -> StateSaved:
+    # Its kept answer goes with the session (DELETE /sessions/{id} forgets it).
+    writes_in_session(request, session_id)
     round_id = await state.save_state(
         user_id, body.state, session_id=session_id, round_id=body.round_id
     )
