@@ -13,13 +13,19 @@ import pytest
 from botocore.exceptions import ClientError
 from types_aiobotocore_dynamodb import DynamoDBClient
 
-from agentscope_serverless.errors import MessageIdConflictError, StoreUnavailableError
+from agentscope_serverless.auth.dynamodb import DynamoDBKeyStore
+from agentscope_serverless.errors import (
+    ConfigurationError,
+    MessageIdConflictError,
+    StoreUnavailableError,
+)
 from agentscope_serverless.local_stack import LOCAL_AWS_CREDENTIALS, DynamoDBServer
 from agentscope_serverless.log import logger
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._dynamodb import DynamoDBStore, id_hash, now
 from agentscope_serverless.services.agent_state.dynamodb import DynamoDBStateService
+from agentscope_serverless.services.idempotency.dynamodb import DynamoDBIdempotencyStore
 from agentscope_serverless.services.runs.base import RunRecord
 from agentscope_serverless.services.runs.dynamodb import DynamoDBRunsService
 from agentscope_serverless.services.session_history.dynamodb import (
@@ -1653,3 +1659,34 @@ async def test_events_put_between_a_runs_deletion_query_and_its_delete_are_delet
             assert await partition(dynamodb_client, dynamodb_server.runs_table, pk) == []
     finally:
         events.unregister("before-parameter-build.dynamodb.BatchWriteItem", append_before_meta_goes)
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda server, **o: DynamoDBSessionHistoryService(server.sessions_table, **o),
+        lambda server, **o: DynamoDBStateService(server.state_table, **o),
+        lambda server, **o: DynamoDBRunsService(server.runs_table, **o),
+        lambda server, **o: DynamoDBIdempotencyStore(server.sessions_table, **o),
+        lambda server, **o: DynamoDBKeyStore(server.api_keys_table, **o),
+    ],
+    ids=["sessions", "state", "runs", "idempotency", "keys"],
+)
+async def test_a_store_without_a_region_says_what_to_set(
+    dynamodb_server: DynamoDBServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    make: Callable[..., Any],
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    service = make(
+        dynamodb_server, endpoint_url=dynamodb_server.endpoint_url, **LOCAL_AWS_CREDENTIALS
+    )
+    with pytest.raises(ConfigurationError, match=r"AWS_REGION.*region_name") as raised:
+        await service.start()
+    assert raised.value.__cause__ is None

@@ -46,10 +46,11 @@ from botocore.exceptions import (
     ClientError,
     ConnectTimeoutError,
     NoCredentialsError,
+    NoRegionError,
     ReadTimeoutError,
 )
 
-from agentscope_serverless.errors import StoreUnavailableError
+from agentscope_serverless.errors import ConfigurationError, StoreUnavailableError
 from agentscope_serverless.infra.dynamodb_tables import TTL_ATTRIBUTE
 from agentscope_serverless.log import logger
 from agentscope_serverless.services.base import StartedGuard
@@ -423,9 +424,18 @@ class DynamoDBStore:
 
     async def _new_client(self) -> tuple[DynamoDBClient, AsyncExitStack]:
         exit_stack = AsyncExitStack()
-        client = await exit_stack.enter_async_context(
-            self._session.client("dynamodb", endpoint_url=self._endpoint_url, config=self._config)
-        )
+        try:
+            client = await exit_stack.enter_async_context(
+                self._session.client(
+                    "dynamodb", endpoint_url=self._endpoint_url, config=self._config
+                )
+            )
+        except NoRegionError:
+            await exit_stack.aclose()
+            raise ConfigurationError(
+                f"DynamoDB table {self.table_name!r} needs an AWS region: set AWS_REGION "
+                "(or AWS_DEFAULT_REGION), or pass region_name"
+            ) from None
         return client, exit_stack
 
     async def _reopen(self) -> None:
