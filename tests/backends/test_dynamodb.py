@@ -1661,6 +1661,38 @@ async def test_events_put_between_a_runs_deletion_query_and_its_delete_are_delet
         events.unregister("before-parameter-build.dynamodb.BatchWriteItem", append_before_meta_goes)
 
 
+async def test_a_round_stored_corrupt_reads_as_none_and_is_logged_without_its_data(
+    dynamodb_server: DynamoDBServer,
+    dynamodb_client: DynamoDBClient,
+    user_id: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with state_on(dynamodb_server) as state:
+        await state.save_state(user_id, {"v": 1}, session_id="c")
+        items = await partition(
+            dynamodb_client, dynamodb_server.state_table, state_pk(user_id, "c")
+        )
+        for item in items:
+            if "body" in item:
+                await dynamodb_client.update_item(
+                    TableName=dynamodb_server.state_table,
+                    Key={"pk": item["pk"], "sk": item["sk"]},
+                    UpdateExpression="SET body = :body",
+                    ExpressionAttributeValues={":body": {"S": '{"secret-data": '}},
+                )
+        level = logger.level
+        logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+        try:
+            capsys.readouterr()
+            assert await state.export_state(user_id, session_id="c") is None
+            assert await state.export_state(user_id, session_id="c", round_id=1) is None
+            assert await state.export_latest_state(user_id, session_id="c") is None
+        finally:
+            logger.setLevel(level)
+    logged = capsys.readouterr().out
+    assert "not a JSON object" in logged and "secret-data" not in logged
+
+
 # --- configuration ----------------------------------------------------------------------
 
 

@@ -269,6 +269,33 @@ async def test_state_ttl_slides_on_reads(
         assert all(ttl > 90_000 for ttl in await pttls(redis_client, keys))
 
 
+async def test_a_round_stored_corrupt_reads_as_none_and_is_logged_without_its_data(
+    redis_server: RedisServer,
+    redis_client: Redis,
+    user_id: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # As AgentScope Runtime's RedisStateService: corrupt data gives None (it raised
+    # json.JSONDecodeError).
+    async with RedisStateService(redis_server.url) as state:
+        await state.save_state(user_id, {"v": 1}, session_id="c")
+        await state.save_state(user_id, {"v": 2}, session_id="c")
+        (rounds,) = [k for k in await user_keys(redis_client, "state", user_id) if "states" in k]
+        await redis_client.hset(rounds, "2", '{"secret-data": ')
+        level = logger.level
+        logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+        try:
+            capsys.readouterr()
+            assert await state.export_state(user_id, session_id="c") is None
+            assert await state.export_state(user_id, session_id="c", round_id=2) is None
+            assert await state.export_latest_state(user_id, session_id="c") is None
+        finally:
+            logger.setLevel(level)
+        assert await state.export_state(user_id, session_id="c", round_id=1) == {"v": 1}
+    logged = capsys.readouterr().out
+    assert "not a JSON object" in logged and "secret-data" not in logged
+
+
 @pytest.mark.parametrize("ttl_seconds", [None, 100])
 async def test_keyed_state_saves_forget_their_write_ids_once_past(
     redis_server: RedisServer,

@@ -7,10 +7,12 @@ round atomically.
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from typing import Any
 
 from agentscope_serverless.errors import ConflictError, InvalidInputError
+from agentscope_serverless.log import logger
 from agentscope_serverless.services._once import next_write_id
 from agentscope_serverless.services._ported import (
     STATE_HOOKS,
@@ -32,6 +34,29 @@ from agentscope_serverless.services.base import (
 
 # Round ids are exact integers in every store (JSON numbers, Redis scores, DynamoDB).
 MAX_ROUND_ID = 2**53 - 1
+
+
+def stored_state(body: str | bytes, session_id: str, round_id: int) -> dict[str, Any] | None:
+    """The state stored as ``body``; None (as AgentScope Runtime's ``export_state`` gives
+    for corrupt data) when it is not a JSON object: written by hand, or by another writer.
+    A warning names the session and round, not the data.
+
+    >>> stored_state('{"step": 1}', "s1", 1)
+    {'step': 1}
+    >>> stored_state("not json{", "s1", 1) is None
+    True
+    """
+    try:
+        state = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8), too deep
+        state = None
+    if isinstance(state, dict):
+        return state
+    logger.warning(
+        "a stored state is not a JSON object: read as none",
+        extra={"session_id": session_id, "round_id": round_id},
+    )
+    return None
 
 
 def rounds_exhausted() -> ConflictError:
@@ -172,4 +197,4 @@ class StateService(StartedGuard, ServiceWithLifecycleManager):
         """Remove every round of the session."""
 
 
-__all__ = ["MAX_ROUND_ID", "StateService", "rounds_exhausted"]
+__all__ = ["MAX_ROUND_ID", "StateService", "rounds_exhausted", "stored_state"]

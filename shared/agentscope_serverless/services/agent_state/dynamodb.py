@@ -82,6 +82,7 @@ from agentscope_serverless.services.agent_state.base import (
     MAX_ROUND_ID,
     StateService,
     rounds_exhausted,
+    stored_state,
 )
 
 # How many sessions' state a delete of a user's state deletes at once.
@@ -424,8 +425,8 @@ class DynamoDBStateService(DynamoDBBackedService, StateService):
             if found is None:
                 return None
             body = found
-        state: dict[str, Any] = json.loads(body)
-        return round_id, state
+        state = stored_state(body, session_id, round_id)
+        return None if state is None else (round_id, state)
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         pk = self._pk(user_id, session_id)

@@ -37,6 +37,7 @@ from agentscope_serverless.services.agent_state.base import (
     MAX_ROUND_ID,
     StateService,
     rounds_exhausted,
+    stored_state,
 )
 from agentscope_serverless.services.idempotency.base import now_ms
 
@@ -232,8 +233,9 @@ class RedisStateService(RedisBackedService, StateService):
         raw = await self._call(_LOAD, user_id, session_id, wanted, idempotent=True)
         if raw is None:
             return None
-        state: dict[str, Any] = json.loads(raw[1])
-        return int(text(raw[0])), state
+        loaded = int(text(raw[0]))
+        state = stored_state(raw[1], session_id, loaded)
+        return None if state is None else (loaded, state)
 
     async def _list_rounds(self, user_id: str, session_id: str) -> list[int]:
         raw = await self._call(_ROUNDS, user_id, session_id, idempotent=True)
