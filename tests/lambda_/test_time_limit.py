@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from agentscope_serverless.http.lambda_handler import (
     LambdaHandler,
     make_handler,
 )
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.log import logger
 from tests.support.http import issue_key, parse_sse
 from tests.support.lambda_runtime import function_url_event
@@ -52,14 +54,15 @@ def _process_handler(
     monkeypatch: pytest.MonkeyPatch,
     margin: float = MARGIN_SECONDS,
     routers: tuple[str, ...] = ("process", "users"),
+    backend: str = "in_memory",
 ) -> tuple[LambdaHandler, str]:
     keys_file = tmp_path / "keys.json"
     key = issue_key(FileKeyStore(keys_file), "lambda-user")
     monkeypatch.setenv("AUTH_KEYS_BACKEND", "file")
     monkeypatch.setenv("AUTH_KEYS_FILE", str(keys_file))
-    for variable in ("SESSION_HISTORY_BACKEND", "STATE_BACKEND", "MEMORY_BACKEND"):
-        monkeypatch.setenv(variable, "in_memory")
-    monkeypatch.setenv("RUNS_BACKEND", "in_memory")
+    for variable in ("SESSION_HISTORY_BACKEND", "STATE_BACKEND", "RUNS_BACKEND"):
+        monkeypatch.setenv(variable, backend)
+    monkeypatch.setenv("MEMORY_BACKEND", "in_memory")
     monkeypatch.setenv("AGENT_APP", agent)
     monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", str(margin))
     handler = make_handler(routers)
@@ -440,3 +443,83 @@ def test_a_run_an_endpoint_starts_ends_at_the_time_limit_too(
     runs["rawQueryString"] = f"session_id={session}"
     listed = json.loads(handler(runs, None)["body"])
     assert [run["status"] for run in listed["items"]] == ["failed"]
+
+
+@pytest.fixture(scope="module")
+def shared_runs(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[tuple[LambdaHandler, LambdaHandler, str]]:
+    """Two warm process functions of one stack (their runs in one Redis)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("REDIS_URL", redis_server.url)
+        tmp = tmp_path_factory.mktemp("shared")
+        routers = ("process", "users", "sessions")
+        first, key = _process_handler(
+            tmp, "tests.support.slow_agent:app", monkeypatch, routers=routers, backend="redis"
+        )
+        second = make_handler(routers)
+        second(function_url_event("GET", "/health"), None)
+        yield first, second, key
+
+
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [("/chat/completions", False), ("/chat/completions", True), ("/responses", True)],
+)
+def test_an_sdk_retry_following_a_run_elsewhere_is_answered_before_the_time_limit(
+    shared_runs: tuple[LambdaHandler, LambdaHandler, str], path: str, stream: bool
+) -> None:
+    """An SDK's retry answered by following its first try's run, still going in another
+    instance, waited for it with no bound: answered after the function's time limit (on
+    Lambda, a bare 502). It ends before, saying the run goes on."""
+    first, second, key = shared_runs
+    session_id = f"retry-{path.strip('/').replace('/', '-')}-{stream}"
+    if path == "/responses":
+        body: dict[str, Any] = {"model": "slow", "input": "take your time", "stream": stream}
+    else:
+        messages = [{"role": "user", "content": "take your time"}]
+        body = {"model": "slow", "messages": messages, "stream": stream}
+    headers = {
+        "authorization": f"Bearer {key}",
+        "content-type": "application/json",
+        "x-session-id": session_id,
+    }
+
+    def call(retry: int) -> dict[str, Any]:
+        tried = {**headers, "x-stainless-retry-count": str(retry)}
+        return function_url_event(
+            "POST", f"/compatible-mode/v1{path}", headers=tried, body=json.dumps(body)
+        )
+
+    answers: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answers.update(answer=first(call(0), LambdaContext(60)))
+    )
+    thread.start()
+    try:
+        runs = _get(key, "/runs")
+        runs["rawQueryString"] = f"session_id={session_id}"
+        while not json.loads(second(runs, None)["body"])["items"]:
+            time.sleep(0.05)  # the first try's run is not stored yet
+        answer = _invoke_near_the_limit(second, call(1))
+    finally:
+        thread.join()
+    run_id = answer["headers"]["x-run-id"]
+    assert run_id == answers["answer"]["headers"]["x-run-id"]  # the first try's run
+    if not stream:
+        assert answer["statusCode"] == 504
+        assert answer["headers"]["x-should-retry"] == "true"  # it goes on: a retry gets it
+        error = json.loads(answer["body"])["error"]
+        assert error["code"] == "TIME_LIMIT" and f"GET /runs/{run_id}" in error["message"]
+        return
+    assert answer["statusCode"] == 200
+    sse = parse_sse(answer["body"].split("\n")[:-1])
+    if path == "/responses":
+        name, error = sse.events[-1]
+        assert name == "error" and error["code"] == "TIME_LIMIT"
+        assert "stream=true&starting_after=" in error["message"]
+        assert sse.data[0]["type"] == "response.created"
+    else:
+        error = sse.data[-1]["error"]
+        assert error["code"] == "TIME_LIMIT" and f"GET /runs/{run_id}" in error["message"]
+        assert sse.data[0]["object"] == "chat.completion.chunk"

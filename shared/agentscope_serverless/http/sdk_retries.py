@@ -24,6 +24,7 @@ again). A request with an ``Idempotency-Key`` is left to that key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from agentscope_serverless.errors import TimeLimitError
 from agentscope_serverless.http.errors import status_of_code
 from agentscope_serverless.http.idempotency import IDEMPOTENCY_HEADER
 from agentscope_serverless.schemas.agent_schemas import (
@@ -142,16 +144,46 @@ def _answer_event(data: str) -> Event | None:
     return None
 
 
+class FollowCutError(TimeLimitError):
+    """The invocation's time ended while following a run that goes on (elsewhere)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"this invocation's time ran out before run {run_id}, of the first try, ended; "
+            f"it goes on: retry, or read it at GET /runs/{run_id}"
+        )
+        self.run_id = run_id
+
+
 async def stored_events(
-    runs: RunsService, user_id: str, run_id: str, *, follow: bool = True
+    runs: RunsService,
+    user_id: str,
+    run_id: str,
+    *,
+    follow: bool = True,
+    ends_in: float | None = None,
 ) -> AsyncIterator[Event]:
     """The run's events as stored, from its first, followed until it ends unless ``follow``
-    is false (those that make an OpenAI answer)."""
+    is false (those that make an OpenAI answer); given ``ends_in`` seconds (the time left of
+    a Lambda invocation), a run still going then raises :class:`FollowCutError`."""
     stored = runs.follow(user_id, run_id) if follow else _read(runs, user_id, run_id)
-    async for _, data in stored:
-        event = _answer_event(data)
-        if event is not None:
-            yield event
+    ends_at = None if ends_in is None else asyncio.get_running_loop().time() + ends_in
+    try:
+        while True:
+            try:
+                async with asyncio.timeout_at(ends_at):
+                    _, data = await anext(stored)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise FollowCutError(run_id) from None
+            event = _answer_event(data)
+            if event is not None:
+                yield event
+    finally:
+        close = getattr(stored, "aclose", None)  # both are async generators
+        if close is not None:
+            await close()
 
 
 async def _read(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[StoredEvent]:
@@ -162,6 +194,7 @@ async def _read(runs: RunsService, user_id: str, run_id: str) -> AsyncIterator[S
 __all__ = [
     "READ_TIMEOUT_HEADER",
     "RETRY_COUNT_HEADER",
+    "FollowCutError",
     "earlier_run",
     "input_seed",
     "original_run",

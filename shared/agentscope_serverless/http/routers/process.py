@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ from agentscope_serverless.http.params import (
     not_acceptable,
 )
 from agentscope_serverless.http.routers.runs import read_record
-from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream
+from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream, encode
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
 from agentscope_serverless.runner import for_turn_only
@@ -277,7 +278,8 @@ async def _openai_turn(
     earlier = await sdk_retries.earlier_run(runs, request, run.user_id, fingerprint)
     original = sdk_retries.original_run(earlier)
     if runs is not None and original is not None:
-        events = sdk_retries.stored_events(runs, run.user_id, original.id)
+        # On Lambda, followed until the invocation's time ends (the run goes on elsewhere).
+        events = sdk_retries.stored_events(runs, run.user_id, original.id, ends_in=seconds_left())
         session_id = original.session_id or session_id
         run = _seeded(run, original.input_seed)
         retried = dataclasses.replace(call, run=run, session_id=session_id)
@@ -407,6 +409,47 @@ def _failure(response: AgentResponse, headers: dict[str, str]) -> JSONResponse:
     if status != 503:
         answer.headers["X-Should-Retry"] = "false"
     return answer
+
+
+def _run_goes_on(exc: sdk_retries.FollowCutError, headers: dict[str, str]) -> ErrorResponse:
+    """The answer not streamed of an SDK's retry whose invocation's time ended before the
+    run it follows: a 504 ``TIME_LIMIT`` the SDK retries (the run goes on elsewhere)."""
+    answer = ErrorResponse(error_body(exc.code, exc.message, status=504), 504, headers)
+    answer.headers["X-Should-Retry"] = "true"
+    return answer
+
+
+async def _ending_if_cut(
+    chunks: AsyncIterator[bytes], ending: Callable[[sdk_retries.FollowCutError], bytes]
+) -> AsyncIterator[bytes]:
+    """``chunks``, ended by ``ending`` when the run they follow outlasts the invocation."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except sdk_retries.FollowCutError as exc:
+        yield ending(exc)
+
+
+def _cut_chat_line(exc: sdk_retries.FollowCutError) -> bytes:
+    """The line ending a retry's chat completion stream cut at the time limit: an error,
+    as a failed run's (the SDK raises it; a chat completion is not read again)."""
+    return encode(json.dumps(error_body(exc.code, exc.message, status=504)))
+
+
+def _cut_responses_event(exc: sdk_retries.FollowCutError, turn: _Turn) -> bytes:
+    """The event ending a retry's responses stream cut at the time limit: an ``error``
+    saying where to read on (as ``GET .../responses/{id}?stream=true`` resumes)."""
+    answer = AgentResponse(id=turn.run_id)
+    resume = (
+        f"GET {COMPATIBLE_PREFIX}/responses/{compat.response_id(answer, turn.session_id)}"
+        "?stream=true&starting_after=<the last sequence_number received>"
+    )
+    message = (
+        "this invocation's time ran out before the response ended; it goes on: read on "
+        f"with {resume}"
+    )
+    payload = {"type": "error", "code": exc.code, "message": message, "param": None}
+    return encode(json.dumps(payload), event="error")
 
 
 def _with_body_model(endpoint: Callable[..., Any], model: type[AgentRequest]) -> None:
@@ -577,17 +620,21 @@ def build_router(
         turn = await _openai_turn(context, request, call, cancel_on_disconnect=cancel)
         headers = _session_headers(turn.session_id, turn.run_id)
         if not body.stream:
-            final = await turn.answer(request, _last_response(turn.events))
+            try:
+                final = await turn.answer(request, _last_response(turn.events))
+            except sdk_retries.FollowCutError as exc:
+                return _run_goes_on(exc, headers)
             if final is None:
                 return Response(status_code=CLIENT_LEFT)
             if final.status != RunStatus.Completed:
                 return _failure(final, headers)
             return JSONResponse(compat.chat_completion(final, model=body.model), headers=headers)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = compat.chat_completion_chunks(
+            turn.events, model=body.model, include_usage=include_usage
+        )
         return EventStreamResponse(
-            compat.chat_completion_chunks(
-                turn.events, model=body.model, include_usage=include_usage
-            ),
+            _ending_if_cut(chunks, _cut_chat_line),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
@@ -653,12 +700,18 @@ def build_router(
         shape: dict[str, Any] = {"model": body.model, "session_id": turn.session_id, "echo": echo}
         if not body.stream:
             # A failed run is a 200 with a ``failed`` response and its error, as OpenAI's.
-            payload = await turn.answer(request, compat.responses_final(turn.events, **shape))
+            try:
+                payload = await turn.answer(request, compat.responses_final(turn.events, **shape))
+            except sdk_retries.FollowCutError as exc:
+                return _run_goes_on(exc, headers)
             if payload is None:
                 return Response(status_code=CLIENT_LEFT)
             return JSONResponse(payload, headers=headers)
         return EventStreamResponse(
-            compat.responses_events(turn.events, **shape),
+            _ending_if_cut(
+                compat.responses_events(turn.events, **shape),
+                lambda exc: _cut_responses_event(exc, turn),
+            ),
             ping_interval=context.settings.sse_ping_interval_seconds,
             headers=headers,
         )
