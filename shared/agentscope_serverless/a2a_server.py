@@ -90,6 +90,7 @@ from agentscope_serverless.services.runs.base import (
     RunRecord,
     RunsService,
 )
+from agentscope_serverless.time_limit import seconds_left
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "bearer"
@@ -606,10 +607,15 @@ class RunsRequestHandler(DefaultRequestHandler):
         task = await self._stored_end(task, context)
         return task if task.status.state in TERMINAL else None
 
-    async def _stored_end(self, task: Task, context: ServerCallContext) -> Task:
+    async def _stored_end(
+        self, task: Task, context: ServerCallContext, ends_at: float | None = None
+    ) -> Task:
         """``task`` once the process running it has stored its end (its run has ended: that
-        process stores it right after), or as stored :data:`FOLLOW_END_SECONDS` later."""
+        process stores it right after), or as stored :data:`FOLLOW_END_SECONDS` later (or at
+        ``ends_at``, a time of the loop, when sooner)."""
         deadline = asyncio.get_running_loop().time() + FOLLOW_END_SECONDS
+        if ends_at is not None:
+            deadline = min(deadline, ends_at - self._runs.poll_seconds)
         while task.status.state not in TERMINAL:
             if asyncio.get_running_loop().time() > deadline:
                 break
@@ -632,21 +638,32 @@ class RunsRequestHandler(DefaultRequestHandler):
                 message=f"Task {task.id} is in terminal state: {TaskState.Name(task.status.state)}"
             )
         # A task just submitted names its run with its first update, and a run just started
-        # is stored within its first write delay.
+        # is stored within its first write delay. On Lambda, the stream ends before the
+        # invocation's time limit, the task as it is then (its client subscribes again).
         user_id, loop = owner_of(context), asyncio.get_running_loop()
+        left = seconds_left()
+        ends_at = None if left is None else loop.time() + left
         deadline = loop.time() + FOLLOW_START_SECONDS
         while not _run_of(task) or await self._runs.get_run(user_id, _run_of(task)) is None:
+            if ends_at is not None and loop.time() + self._tasks.first_write_delay >= ends_at:
+                yield _snapshot(task)
+                return
             if loop.time() > deadline:
                 raise TaskNotFoundError
             await asyncio.sleep(self._tasks.first_write_delay)
             task = await self._tasks.get(params.id, context) or task
-        snapshot = Task()
-        snapshot.CopyFrom(task)
-        del snapshot.artifacts[:]
-        yield snapshot
+        yield _snapshot(task)
         run_id, first = _run_of(task), True
         replies = _Replies()
-        async for _, data in self._runs.follow(user_id, run_id):
+        followed = self._runs.follow(user_id, run_id)
+        while True:
+            try:
+                async with asyncio.timeout_at(ends_at):
+                    _, data = await anext(followed)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                return  # out of time: the run goes on, followed again by a new subscription
             text = replies.text_of(json.loads(data))
             if text:
                 yield TaskArtifactUpdateEvent(
@@ -664,11 +681,19 @@ class RunsRequestHandler(DefaultRequestHandler):
                 first = False
         if not first:
             yield _reply_end(task.id, task.context_id, run_id)
-        task = await self._stored_end(task, context)
+        task = await self._stored_end(task, context, ends_at)
         if task.status.state in TERMINAL:
             yield TaskStatusUpdateEvent(
                 task_id=task.id, context_id=task.context_id, status=task.status
             )
+
+
+def _snapshot(task: Task) -> Task:
+    """``task`` without its artifacts: what a subscription to it starts with."""
+    snapshot = Task()
+    snapshot.CopyFrom(task)
+    del snapshot.artifacts[:]
+    return snapshot
 
 
 def _reply_end(task_id: str, context_id: str, run_id: str) -> TaskArtifactUpdateEvent:

@@ -523,3 +523,53 @@ def test_an_sdk_retry_following_a_run_elsewhere_is_answered_before_the_time_limi
         error = sse.data[-1]["error"]
         assert error["code"] == "TIME_LIMIT" and f"GET /runs/{run_id}" in error["message"]
         assert sse.data[0]["object"] == "chat.completion.chunk"
+
+
+def test_an_a2a_subscription_to_a_task_running_elsewhere_ends_before_the_time_limit(
+    shared_runs: tuple[LambdaHandler, LambdaHandler, str],
+) -> None:
+    """``tasks/resubscribe`` of a task whose run goes on in another instance followed it with
+    no bound (and waited 5 s for a run to be named): past the function's time limit. It ends
+    before, the task still working, for its client to subscribe again."""
+    first, second, key = shared_runs
+    context_id = f"a2a-follow-{time.monotonic_ns()}"
+    message = {
+        "role": "user",
+        "parts": [{"kind": "text", "text": "take your time"}],
+        "messageId": f"m-{context_id}",
+        "contextId": context_id,
+        "kind": "message",
+    }
+    send = {"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": message}}
+    answers: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answers.update(answer=first(_post(key, "/a2a", send), LambdaContext(60)))
+    )
+    thread.start()
+    try:
+        runs = _get(key, "/runs")
+        runs["rawQueryString"] = f"session_id={context_id}"
+        tasks: list[dict[str, Any]] = []
+        while not tasks:
+            items = json.loads(second(runs, None)["body"])["items"]
+            tasks = [item for item in items if item["kind"] == "a2a_task"]
+            time.sleep(0.05)  # the task is not stored yet
+        follow = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tasks/resubscribe",
+            "params": {"id": tasks[0]["id"]},
+        }
+        answer = _invoke_near_the_limit(second, _post(key, "/a2a", follow))
+    finally:
+        thread.join()
+    assert answer["statusCode"] == 200
+    events = [event for event in answer["body"].split("\r\n\r\n") if event]
+    followed = [json.loads(event.removeprefix("data: ")) for event in events]
+    assert all("error" not in each for each in followed), followed[-1]
+    assert followed[0]["result"]["id"] == tasks[0]["id"]
+    assert followed[0]["result"]["status"]["state"] == "working"
+    # It ended before the run, which went on to its end.
+    assert not any(each["result"].get("final") for each in followed)
+    streamed = answers["answer"]["body"]
+    assert '"state":"completed"' in streamed.replace(" ", "")
