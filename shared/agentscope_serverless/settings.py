@@ -74,6 +74,9 @@ def closest_name(name: str, names: Iterable[str], *, cutoff: float = 0.6) -> str
 # letter off in a name of ten or more (the process's other variables, PATH, OPENAI_API_KEY...,
 # are far from every setting's).
 NEAR_MISS_CUTOFF = 0.9
+# The least TIME_LIMIT_MARGIN_SECONDS: the cut of a run's cleanup at its time limit (1 s,
+# cancellation.TIME_LIMIT_CLEANUP_SECONDS), then the write of its end and its answer.
+MIN_TIME_LIMIT_MARGIN_SECONDS = 2.0
 
 
 def near_miss_variables(names: Iterable[str]) -> dict[str, str]:
@@ -281,12 +284,14 @@ class Settings(BaseModel):
     )
     time_limit_margin_seconds: float = Field(
         5.0,
-        ge=0,
+        # Less leaves no time to end a run: its agent's cleanup is cut short only after
+        # TIME_LIMIT_CLEANUP_SECONDS (1 s), and its end must then be stored and sent.
+        ge=MIN_TIME_LIMIT_MARGIN_SECONDS,
         description=(
             "On Lambda: how long before the function's time limit a run or background task"
             " still going is ended (failed, TIME_LIMIT), so that its end is stored and sent;"
             " a stream following a stored run ends then too, for its client to resume. At"
-            " most half the time an invocation has."
+            " most half the time an invocation has; 2 or more."
         ),
     )
     a2a_base_url: str | None = Field(

@@ -535,3 +535,17 @@ def test_a_redis_password_is_masked_as_the_client_decodes_it(redis_url: str, pas
     assert options["password"] == password
     assert password not in redacted(f"could not connect with {options!r}")
     assert password not in redacted(json.dumps({"password": options["password"]}))
+
+
+@pytest.mark.parametrize("seconds", ["0", "-0", "0.5", "1.9"])
+def test_a_time_limit_margin_too_short_to_end_a_run_is_refused(
+    monkeypatch: pytest.MonkeyPatch, seconds: str
+) -> None:
+    """0 (and -0) or 0.5 were taken: a run at its time limit has its agent's cleanup cut
+    after 1 s, then its end stored, so it was answered after the function's time limit."""
+    monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", seconds)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    assert "TIME_LIMIT_MARGIN_SECONDS" in str(raised.value) and "2" in str(raised.value)
+    monkeypatch.setenv("TIME_LIMIT_MARGIN_SECONDS", "2")
+    assert load_settings().time_limit_margin_seconds == 2
