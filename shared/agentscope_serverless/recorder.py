@@ -58,7 +58,7 @@ from typing import Any
 from pydantic_core import PydanticSerializationError
 
 from agentscope_serverless.cancellation import CLEANUP_SECONDS, TIME_LIMIT_CLEANUP_SECONDS
-from agentscope_serverless.errors import AgentError, RunCanceledError
+from agentscope_serverless.errors import AgentError, RunCanceledError, TimeLimitError
 from agentscope_serverless.log import logger
 from agentscope_serverless.metrics import RunMetrics
 from agentscope_serverless.runner import (
@@ -92,6 +92,9 @@ from agentscope_serverless.time_limit import TIME_LIMIT, seconds_left
 
 EventItem = tuple[Event, str]
 """An event and its JSON, as sent and stored."""
+# How long after the cut of its cleanup at the time limit a run whose agent goes on all the
+# same is ended without it (see RecordedRun._abandon).
+ABANDON_SECONDS = 0.2
 # How many times the write saving a run's final status is tried.
 LAST_WRITE_ATTEMPTS = 3
 # No further attempt once the last write's attempts have taken this long: a store that is
@@ -175,12 +178,17 @@ class RecordedRun:
         self._cancel_requested = False
         # Its session or its user's data was erased while it ran: it stores nothing more.
         self._erased = False
+        # Its agent went on past the cut of its cleanup at the time limit: the run was ended
+        # without it (its task left behind), and nothing its task does later counts; the
+        # task storing that end.
+        self._abandoned = False
+        self._abandoning: asyncio.Task[None] | None = None
 
     # --- the run's task -----------------------------------------------------------------
 
     async def _produce(self) -> None:
-        if self._runs is not None:
-            end_turns_with(self._end_turn, self._keeps_turn)
+        # (Without a runs store too: a turn its run was ended without is not stored.)
+        end_turns_with(self._end_turn, self._keeps_turn)
         if self._recorder.metrics is not None:
             tell_first_text_held(self._first_text_came)
         try:
@@ -215,12 +223,13 @@ class RecordedRun:
                 logger.exception("the run failed", extra={"run_id": self.run_id})
                 self._end_failed(exc)
         finally:
-            self._produced = True
-            self._end_timers()
-            self._notify()
-            self._recorder._ended(self)
-            if self._record is not None:
-                await self._store_end()
+            if not self._abandoned:  # else its end was stored without it
+                self._produced = True
+                self._end_timers()
+                self._notify()
+                self._recorder._ended(self)
+                if self._record is not None:
+                    await self._store_end()
 
     def _end_failed(self, exc: Exception) -> None:
         """End the stream of a run that failed past its first event outside the agent (an
@@ -242,6 +251,8 @@ class RecordedRun:
         return self._log[-1][0].sequence_number or 0
 
     def _emit(self, event: Event) -> None:
+        if self._abandoned:
+            return  # its agent, left behind at the time limit, goes on: nothing counts
         if self._first is None and isinstance(event, AgentResponse):
             self._first = event.model_copy()
             self.run_id = event.id or ""
@@ -298,6 +309,8 @@ class RecordedRun:
     async def _keeps_turn(self) -> bool:
         """Whether the run stores its turn: not once erased, nor once its record is gone
         after its cancellation was asked (an erase elsewhere, which did not wait for it)."""
+        if self._abandoned:
+            return False  # ended without it at the time limit: its turn comes too late
         if self._cancel_requested and self._created and not self._erased:
             assert self._runs is not None
             with contextlib.suppress(Exception):  # unknown: the turn is kept
@@ -503,6 +516,36 @@ class RecordedRun:
         if self._going():
             assert self._producer is not None
             self._producer.cancel(RUN_CANCELED)
+            if self._out_of_time:
+                loop = asyncio.get_running_loop()
+                self._cleanup_limit = loop.call_later(ABANDON_SECONDS, self._abandon)
+
+    def _abandon(self) -> None:
+        """The run's agent goes on at its time limit, its cleanup cut short (it catches the
+        cancellation, or awaits what ignores it): end the run without it, failed with
+        ``TIME_LIMIT`` after what it produced, and store that end. Its task is left behind
+        (in a Lambda environment, frozen until the next invocation); whatever it does later
+        is ignored (see :meth:`_emit`, :meth:`_keeps_turn`)."""
+        self._cleanup_limit = None
+        if not self._going():
+            return
+        self._abandoned = True
+        logged = {"code": TIME_LIMIT, "run_id": self.run_id, "session_id": self.session_id}
+        logged |= {"user_id": self.user_id, "stack": awaited_stack(self._source)}
+        logger.warning("the run's agent ignores its cancellation: it is left behind", extra=logged)
+        if self._first is None:
+            self._failure = TimeLimitError("the run reached the time limit before it began")
+        elif not self._ended():
+            ending = {"output": None, "sequence_number": self._last_sequence() + 1}
+            self._abandoned = False  # (its own last event)
+            self._emit(self._first.model_copy(update=ending).canceled())
+            self._abandoned = True
+        self._produced = True
+        self._end_timers()
+        self._notify()
+        self._recorder._ended(self)
+        if self._record is not None:
+            self._abandoning = asyncio.get_running_loop().create_task(self._store_end())
 
     def _end_timers(self) -> None:
         """The run has ended: neither its time limit nor its cleanup's comes."""
@@ -619,7 +662,8 @@ class RecordedRun:
     async def wait_stored(self) -> None:
         """Wait until the run's events and status are stored (or the run has ended, when
         it is not stored)."""
-        pending = [t for t in (self._producer, self._writer) if t is not None and not t.done()]
+        producer = self._abandoning if self._abandoned else self._producer
+        pending = [t for t in (producer, self._writer) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
 

@@ -31,7 +31,7 @@ from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.log import logger
 from tests.support.http import issue_key, parse_sse
 from tests.support.lambda_runtime import function_url_event
-from tests.support.tidy_agent import LOG, NEVER_ENDING
+from tests.support.tidy_agent import LOG, NEVER_ENDING, SWALLOWING
 
 MARGIN_SECONDS = 2.0
 # The slow agent takes 5 s; the invocation has this long, so its run ends at 1.5 s (the
@@ -100,7 +100,10 @@ def tidy_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lam
     """The agent whose cleanup takes a while; 2 s for its run's end, cleanup included."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("tidy")
-        yield _process_handler(tmp, "tests.support.tidy_agent:app", monkeypatch, margin=2.0)
+        routers = ("process", "users", "sessions")
+        yield _process_handler(
+            tmp, "tests.support.tidy_agent:app", monkeypatch, margin=2.0, routers=routers
+        )
 
 
 def _post(key: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -574,3 +577,34 @@ def test_an_a2a_subscription_to_a_task_running_elsewhere_ends_before_the_time_li
     assert not any(each["result"].get("final") for each in followed)
     streamed = answers["answer"]["body"]
     assert '"state":"completed"' in streamed.replace(" ", "")
+
+
+def test_a_run_whose_agent_ignores_its_cancellation_is_ended_without_it_at_the_time_limit(
+    tidy_process: tuple[LambdaHandler, str],
+) -> None:
+    """An agent catching its cancellation and going on held the invocation past the time
+    limit (Lambda would stop it, no answer), then stored its run as completed. The run ends
+    without it, failed with TIME_LIMIT, and what its agent does later is ignored."""
+    handler, key = tidy_process
+    session_id = f"swallowing-{time.monotonic_ns()}"
+    started = time.monotonic()
+    answer = handler(_post(key, "/process", _run_input(SWALLOWING, session_id)), LambdaContext(4.0))
+    assert time.monotonic() - started < 4.0, "answered before Lambda would stop the function"
+    events = parse_sse(answer["body"].split("\n")[:-1]).data
+    last = events[-1]
+    assert last["status"] == "failed" and last["error"]["code"] == "TIME_LIMIT"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert LOG[session_id][:2] == ["cancelled", "cancelled"]  # the cut of its cleanup too
+    # The next invocations of the warm function run its agent, left behind, to its end.
+    loop = handler._loop  # type: ignore[attr-defined]
+    loop.run_until_complete(asyncio.sleep(5))
+    assert LOG[session_id][-1] == "went on"
+    run = json.loads(handler(_get(key, f"/runs/{last['id']}"), None)["body"])
+    assert run["status"] == "failed" and run["error"]["code"] == "TIME_LIMIT"
+    stored = parse_sse(
+        handler(_get(key, f"/runs/{last['id']}/events"), None)["body"].split("\n")[:-1]
+    ).data
+    assert stored == events
+    # Nothing of its turn was stored in its session as completed.
+    messages = json.loads(handler(_get(key, f"/sessions/{session_id}/messages"), None)["body"])
+    assert not messages.get("items")
