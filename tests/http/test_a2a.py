@@ -60,6 +60,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.services.runs.base import LOST_AFTER_SECONDS, RunRecord
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.runs.redis import RedisRunsService
+from agentscope_serverless.services.session_history.redis import RedisSessionHistoryService
 from agentscope_serverless.settings import load_settings
 from tests.support.http import Keys, a2a_send, bearer, running
 
@@ -499,6 +500,9 @@ async def test_a_task_whose_process_stopped_reads_as_failed_not_working(
         history=[asked],
         metadata={RUN_ID_KEY: run_id},
     )
+    # Its session, as a task's run opens it before its first event.
+    async with RedisSessionHistoryService(redis_url=redis_server.url) as sessions:
+        await sessions.create_session("alice", context_id)
     async with RedisRunsService(redis_url=redis_server.url) as runs:
         run = RunRecord(
             id=run_id, user_id="alice", session_id=context_id, kind="a2a", updated_at=stale
