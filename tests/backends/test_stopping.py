@@ -172,15 +172,6 @@ class Gated(StartedGuard, ServiceWithLifecycleManager):
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    async def start(self) -> None:
-        self._set_started(True)
-
-    async def stop(self) -> None:
-        await self._finish_calls()
-
-    async def health(self) -> bool:
-        return self._started
-
     @service_call
     async def pass_gate(self) -> str:
         self.entered.set()

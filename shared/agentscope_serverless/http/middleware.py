@@ -217,6 +217,14 @@ def _invocation_id(scope: Scope, lambda_context: bytes | None) -> str | None:
 NO_STORE = (b"cache-control", b"no-store")
 
 
+def _with_request_id(headers: Any, request_id: tuple[bytes, bytes]) -> list[Any]:
+    """A response's ``headers`` with its ``X-Request-Id`` header, and ``no-store`` unless
+    they say how to cache it."""
+    if _sets_caching(headers):
+        return [*headers, request_id]
+    return [*headers, request_id, NO_STORE]
+
+
 def _sets_caching(headers: Any) -> bool:
     """Whether the answer's ``headers`` have a ``Cache-Control`` of their own (an event
     stream's ``no-cache``, the chat page's)."""
@@ -260,11 +268,7 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"] = status_on(_route_path(scope), message["status"])
-                headers = message.get("headers", ())
-                if _sets_caching(headers):
-                    message["headers"] = [*headers, header]
-                else:
-                    message["headers"] = [*headers, header, NO_STORE]
+                message["headers"] = _with_request_id(message.get("headers", ()), header)
             await send(message)
 
         try:
@@ -337,11 +341,7 @@ class RequestContextMiddleware:
                 message["headers"] = [*message.get("headers", ()), header]
             elif status is None and kind == "websocket.http.response.start":
                 status = message["status"] = status_on(_route_path(scope), message["status"])
-                headers = message.get("headers", ())
-                if _sets_caching(headers):
-                    message["headers"] = [*headers, header]
-                else:
-                    message["headers"] = [*headers, header, NO_STORE]
+                message["headers"] = _with_request_id(message.get("headers", ()), header)
             elif status is None and kind == "websocket.close":
                 status = 403  # how the server answers a handshake closed before it is accepted
             await send(message)
