@@ -637,18 +637,23 @@ def test_a_custom_endpoints_body_models_however_declared_hold_the_callers_user(
         assert client.post("/optional", headers=bearer(keys.alice)).json() == [None]
 
 
-def test_a_user_id_path_parameter_of_a_custom_endpoint_names_a_user(keys: Keys) -> None:
+@pytest.mark.parametrize("added", ["custom endpoint", "route of the FastAPI app"])
+def test_a_user_id_path_parameter_of_an_apps_own_route_names_a_user(keys: Keys, added: str) -> None:
     app = AgentApp(app_name="custom")
 
     @app.query(framework="text")
     async def query(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
         yield "unused"
 
-    @app.endpoint("/users/{user_id}/sessions/{session_id}", methods=["GET"])
     async def user_session(user_id: str, session_id: str, request: Request) -> dict[str, Any]:
         return {"user_id": user_id, "messages": await history_of(request, user_id, session_id)}
 
+    path = "/users/{user_id}/sessions/{session_id}"
+    if added == "custom endpoint":
+        app.endpoint(path, methods=["GET"])(user_session)
     served = app.get_fastapi_app(settings=load_settings(), key_store=keys.store)
+    if added != "custom endpoint":
+        served.get(path)(user_session)
     with running(served) as url, httpx.Client(base_url=url, timeout=10) as client:
         bobs_secret_session(client, keys)
         refused = client.get("/users/bob/sessions/private", headers=bearer(keys.alice))

@@ -83,6 +83,12 @@ def build_app(store: KeyStore, **settings: Any) -> Any:
 
         return StreamingResponse(parts(), media_type="text/plain")
 
+    @web.websocket("/ws/of/{user_id}")
+    async def of_user(websocket: WebSocket, user_id: str) -> None:
+        await websocket.accept()
+        await websocket.send_json({"user": user_id})
+        await websocket.close()
+
     @web.websocket("/ws/users/{name}")
     async def named(websocket: WebSocket, name: str) -> None:
         await websocket.accept()
@@ -123,6 +129,20 @@ def test_current_user_on_a_websocket_route_is_the_user_the_caller_acts_as(
         assert ws.recv(timeout=10) == '{"user":"alice"}'
     with opened(f"{ws_url}/ws/user", keys.service, **{"X-User-Id": "bob"}) as ws:
         assert ws.recv(timeout=10) == '{"user":"bob"}'
+
+
+def test_a_user_id_path_parameter_of_a_websocket_route_names_a_user(
+    ws_url: str, keys: Keys
+) -> None:
+    status, body = refusal(f"{ws_url}/ws/of/bob", keys.alice)
+    assert status == 403
+    assert b"user_id path parameter names another user" in body
+    with opened(f"{ws_url}/ws/of/alice", keys.alice) as ws:
+        assert ws.recv(timeout=10) == '{"user":"alice"}'
+    # A service key acts for the user the path names, and naming two users is a 422.
+    with opened(f"{ws_url}/ws/of/bob", keys.service) as ws:
+        assert ws.recv(timeout=10) == '{"user":"bob"}'
+    assert refusal(f"{ws_url}/ws/of/bob", keys.service, **{"X-User-Id": "carol"})[0] == 422
 
 
 def test_current_caller_on_a_websocket_route_is_the_callers_key(ws_url: str, keys: Keys) -> None:

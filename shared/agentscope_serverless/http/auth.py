@@ -4,7 +4,8 @@
 ``Authorization: Bearer <key>`` (given once: two ``Authorization`` headers get 401). A
 **user key** acts only as its own user: a request naming another user (the ``X-User-Id``
 header, a ``user_id`` query parameter, a ``user_id`` path parameter of an app's own route
-(``@app.endpoint("/users/{user_id}/...")``) or a ``user_id`` body field) gets 403. A **service
+(``@app.endpoint("/users/{user_id}/...")``, a route or WebSocket route added to its FastAPI
+app) or a ``user_id`` body field) gets 403. A **service
 key** acts for the user the request names: the ``X-User-Id`` header or a ``user_id`` query or
 path parameter, and on the agent's routes (``/process``, the OpenAI-compatible ones) also the body's
 ``user_id`` or ``user``; naming none is a 422.
@@ -405,8 +406,8 @@ RequestGuard = Callable[[Request, "Caller | None"], Awaitable[Receive]]
 def require_key(route: BaseRoute, guard: RequestGuard | None = None) -> None:
     """Authenticate every request ``route`` takes (a ``Route``, an ``APIRoute``, a ``Mount``,
     an included router...) before it handles it, as the runtime's routes do: without a valid
-    key, a 401; a user key naming another user (``X-User-Id``, ``?user_id=``), a 403; a
-    request naming two users, a 422. An HTTP
+    key, a 401; a user key naming another user (``X-User-Id``, ``?user_id=``, a ``user_id``
+    path parameter), a 403; a request naming two users, a 422. An HTTP
     request then passes ``guard``. A route left open with :func:`public` is not
     authenticated, its requests passing ``guard`` all the same, without a caller. A route
     already keyed is left as it is."""
@@ -422,7 +423,7 @@ def require_key(route: BaseRoute, guard: RequestGuard | None = None) -> None:
             caller: Caller | None = None
             if not opened:
                 caller = await get_caller(request, await bearer_scheme(request))
-                no_other_user(caller)
+                no_other_user(claiming_path_user(request, caller))
             if guard is not None and scope["type"] == "http":
                 receive = await guard(request, caller)
         await handle(scope, receive, send)
