@@ -207,8 +207,7 @@ class RecordedRun:
             if self._ending is not None and not self._ended():
                 self._emit(self._ending[0])  # stored already: the run completed
             elif self._first is not None and not self._ended():
-                ending = {"output": None, "sequence_number": self._last_sequence() + 1}
-                self._emit(self._first.model_copy(update=ending).canceled())
+                self._emit(self._next_end().canceled())
             elif self._first is None:
                 # Canceled before it began (an erase of its session): a conflict, answered
                 # as such, not a server's failure.
@@ -224,12 +223,22 @@ class RecordedRun:
                 self._end_failed(exc)
         finally:
             if not self._abandoned:  # else its end was stored without it
-                self._produced = True
-                self._end_timers()
-                self._notify()
-                self._recorder._ended(self)
+                self._mark_produced()
                 if self._record is not None:
                     await self._store_end()
+
+    def _mark_produced(self) -> None:
+        """The run's stream has ended: its timers go, its readers and its recorder learn it."""
+        self._produced = True
+        self._end_timers()
+        self._notify()
+        self._recorder._ended(self)
+
+    def _next_end(self) -> AgentResponse:
+        """The run's first event, as the last one to come next (its status to set)."""
+        assert self._first is not None
+        ending = {"output": None, "sequence_number": self._last_sequence() + 1}
+        return self._first.model_copy(update=ending)
 
     def _end_failed(self, exc: Exception) -> None:
         """End the stream of a run that failed past its first event outside the agent (an
@@ -237,9 +246,8 @@ class RecordedRun:
         would; the runner then keeps the input in the session."""
         assert self._first is not None
         if not self._ended():
-            ending = {"output": None, "sequence_number": self._last_sequence() + 1}
             with contextlib.suppress(Exception):
-                self._emit(self._first.model_copy(update=ending).failed(_failure_of(exc)))
+                self._emit(self._next_end().failed(_failure_of(exc)))
         self.status = RunStatus.Failed
 
     def _ended(self) -> bool:
@@ -529,21 +537,15 @@ class RecordedRun:
         self._cleanup_limit = None
         if not self._going():
             return
-        self._abandoned = True
         logged = {"code": TIME_LIMIT, "run_id": self.run_id, "session_id": self.session_id}
         logged |= {"user_id": self.user_id, "stack": awaited_stack(self._source)}
         logger.warning("the run's agent ignores its cancellation: it is left behind", extra=logged)
         if self._first is None:
             self._failure = TimeLimitError("the run reached the time limit before it began")
         elif not self._ended():
-            ending = {"output": None, "sequence_number": self._last_sequence() + 1}
-            self._abandoned = False  # (its own last event)
-            self._emit(self._first.model_copy(update=ending).canceled())
-            self._abandoned = True
-        self._produced = True
-        self._end_timers()
-        self._notify()
-        self._recorder._ended(self)
+            self._emit(self._next_end().canceled())  # its last event, then nothing counts
+        self._abandoned = True
+        self._mark_produced()
         if self._record is not None:
             self._abandoning = asyncio.get_running_loop().create_task(self._store_end())
 
