@@ -147,6 +147,8 @@ _turn_end: ContextVar[list[tuple[TurnEnd, TurnKept]] | None] = ContextVar("turn_
 _first_text_held: ContextVar[list[FirstTextHeld] | None] = ContextVar(
     "first_text_held", default=None
 )
+# Whether the next run started in this context repeats an earlier request (taken once).
+_repeated: ContextVar[list[bool] | None] = ContextVar("repeated", default=None)
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
@@ -538,8 +540,10 @@ class Runner(ServiceLifecycleManagerMixin):
         require_input_ids(request.input)
         session_id = new_or_clean_session_id(session_id or request.session_id)
         user = user_id or request.user_id or session_id
-        await self.session_history_service.refuse_changed_messages(
-            user, session_id, request.input, field="input"
+        # The input the session holds already (sent again: a retry, or a conversation
+        # resent whole) was added to memory when first stored.
+        held = await self.session_history_service.refuse_changed_messages(
+            user, session_id, request.input, field="input", made_too=_take_repeated()
         )
         session = await self.session_history_service.open_session(
             user, session_id, recent=self.history_window
@@ -610,7 +614,7 @@ class Runner(ServiceLifecycleManagerMixin):
             }
             logger.exception("the agent failed", extra=logged)
             if await keeping():
-                await self._record_quietly(session, writes, kept)
+                await self._record_quietly(session, writes, kept, held=held)
             for event in turn.unsent():  # the reply so far, as a streamed run sent it
                 yield event
             wrapped = isinstance(exc, _CancelledWithin | _RaisedByAgent)
@@ -621,7 +625,8 @@ class Runner(ServiceLifecycleManagerMixin):
             # What was produced so far is kept, the open message as it is.
             partial = [*kept, *turn.interrupt()]
             if await keeping():
-                await asyncio.shield(self._record_quietly(session, writes, partial, kept))
+                recording = self._record_quietly(session, writes, partial, kept, held=held)
+                await asyncio.shield(recording)
             if isinstance(exc, asyncio.CancelledError) and exc.args == (RUN_CANCELED,):
                 for event in turn.unsent():
                     yield event
@@ -634,7 +639,7 @@ class Runner(ServiceLifecycleManagerMixin):
             # The agent has finished: a cancellation now comes too late, and cutting the
             # save short (a store's append may take several requests) would lose the turn.
             if await keeping():
-                saving = self._save_turn(session, writes, messages, final, end_turn)
+                saving = self._save_turn(session, writes, messages, final, end_turn, held)
                 await _despite_run_cancel(saving)
         except Exception as exc:
             logged = {
@@ -669,10 +674,12 @@ class Runner(ServiceLifecycleManagerMixin):
         messages: list[Message],
         final: AgentResponse,
         end_turn: TurnEnd | None,
+        held: set[str],
     ) -> None:
         """Append a completed turn's messages to the session (raising when they could not
-        be), then add them to memory; either is left to an agent that did it itself. The
-        messages are checked and encoded once, for both."""
+        be), then add them to memory but those the session ``held`` before the turn; either
+        is left to an agent that did it itself. The messages are checked and encoded once,
+        for both."""
         if writes.history:
             pass  # the agent stored its turn: the run is stored at its end, on its own
         elif end_turn is None:
@@ -681,7 +688,7 @@ class Runner(ServiceLifecycleManagerMixin):
         else:
             messages = EncodedMessages(to_encoded_messages(messages))
             await end_turn(self.session_history_service, session, messages, final)
-        await self._remember_quietly(session, writes, messages)
+        await self._remember_quietly(session, writes, messages, held)
 
     def _handler_items(
         self,
@@ -745,13 +752,15 @@ class Runner(ServiceLifecycleManagerMixin):
         writes: AgentWrites,
         messages: list[Message],
         turn_input: list[Message] | None = None,
+        *,
+        held: set[str],
     ) -> None:
         """Keep the input of a run that did not finish, with what the agent produced so far
         when ``turn_input`` is given (``messages`` then starts with it); when the agent's
         part cannot be stored (it is not valid), the input alone; nothing an agent that
         stores its turn itself has stored. Errors here are only logged."""
         if writes.history:
-            await self._remember_quietly(session, writes, messages)
+            await self._remember_quietly(session, writes, messages, held)
             return
         try:
             await self.session_history_service.append_message(session, list(messages))
@@ -763,25 +772,42 @@ class Runner(ServiceLifecycleManagerMixin):
                 "the agent's partial reply could not be saved: keeping the input alone",
                 extra={"session_id": session.id},
             )
-            await self._record_quietly(session, writes, turn_input)
+            await self._record_quietly(session, writes, turn_input, held=held)
             return
         except Exception:
             logger.exception("could not save the input of a failed run")
-        await self._remember_quietly(session, writes, messages)
+        await self._remember_quietly(session, writes, messages, held)
 
     async def _remember_quietly(
-        self, session: Session, writes: AgentWrites, messages: list[Message]
+        self, session: Session, writes: AgentWrites, messages: list[Message], held: set[str]
     ) -> None:
-        """Add a run's messages to memory, unless its agent added memories itself; memory is
-        best effort, so errors are only logged."""
+        """Add a run's messages to memory, each id once and none the session ``held`` before
+        the run (remembered as they were first stored), unless its agent added memories
+        itself; memory is best effort, so errors are only logged."""
         memory = self.memory_service
         if memory is None or writes.memory:
             return
         try:
-            remembered = messages if isinstance(messages, EncodedMessages) else list(messages)
+            remembered = _new_to_memory(messages, held)
+            if not remembered:
+                return
             await memory.add_memory(session.user_id, remembered, session_id=session.id)
         except Exception:
             logger.exception("could not add the run to memory", extra={"session_id": session.id})
+
+
+def _new_to_memory(messages: list[Message], held: set[str]) -> list[Message]:
+    """``messages`` without those whose id is ``held`` or came earlier in them, as the
+    history stores them: one message per id (the JSON of :class:`EncodedMessages` kept)."""
+    seen = set(held)
+    new: list[Message] = []
+    for message in messages:
+        if message.id not in seen:
+            seen.add(message.id)
+            new.append(message)
+    if isinstance(messages, EncodedMessages):
+        return messages if len(new) == len(messages) else messages.subset(new)
+    return new
 
 
 def _stored_input(messages: list[Message], session: Session) -> list[Message]:
@@ -1429,6 +1455,19 @@ def tell_first_text_held(told: FirstTextHeld) -> None:
     recorder measures the time to the first token from it, not from when the text is sent.
     Runs started after it, inside it or in the same context, tell nothing."""
     _first_text_held.set([told])
+
+
+def repeats_earlier_request() -> None:
+    """Tell the next run started in the current context that it repeats an earlier request
+    (a retry after a run that may have stored its input): every id of its input is looked
+    up in the session, not only those its sender gave, and the messages found are not added
+    to memory again. Runs started after it, inside it or in the same context, do not."""
+    _repeated.set([True])
+
+
+def _take_repeated() -> bool:
+    repeated = _repeated.get()
+    return repeated.pop() if repeated else False
 
 
 def _take_first_text_held() -> FirstTextHeld | None:

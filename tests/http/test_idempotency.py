@@ -506,6 +506,9 @@ def test_a_retry_after_a_failed_run_is_a_run_of_its_own(
             events = parse_sse(client.get(f"/runs/{run_id}/events").text.splitlines()).data
             assert [e["status"] for e in events if e["object"] == "response"][-1] == status
         assert message_texts(client, "s") == ["hi", "first words. the rest."]
+        # Memory too holds the input once (remembered by the failed run).
+        remembered = [m["content"][0]["text"] for m in client.get("/memory").json()["items"]]
+        assert remembered == ["hi", "first words. the rest."]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -537,3 +537,38 @@ def test_a_chat_reply_stopped_before_it_said_anything_is_continued_in_its_sessio
         ("user", "on"),
         ("assistant", "echo: on"),
     ]
+
+
+def test_an_sdk_retry_of_a_stopped_run_adds_its_input_to_memory_once(
+    sdk: openai.OpenAI, rest: httpx.Client
+) -> None:
+    # The stopped run stored its input, and memory got it; the retry, running again with
+    # the same input, added it to memory a second time.
+    marker = uuid.uuid4().hex
+    conversation: list[Any] = [
+        {"role": "user", "content": f"a note {marker}"},
+        {"role": "user", "content": "sleep 1"},
+    ]
+    tried = {"X-Session-Id": marker, "X-Stainless-Retry-Count": "0"}
+    first = sdk.chat.completions.with_raw_response.create(
+        model="m", messages=conversation, stream=True, extra_headers=tried
+    )
+    run = first.headers["X-Run-Id"]
+    assert rest.post(f"/runs/{run}/cancel").status_code == 202
+    first.parse().close()
+    deadline = time.monotonic() + 10
+    while rest.get(f"/runs/{run}").json()["status"] != "canceled":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    retried = sdk.chat.completions.with_raw_response.create(
+        model="m",
+        messages=conversation,
+        stream=True,
+        extra_headers={**tried, "X-Stainless-Retry-Count": "1"},
+    )
+    assert retried.headers["X-Run-Id"] != run  # run again
+    with retried.parse() as chunks:
+        said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert said == "echo: sleep 1"
+    found = rest.post("/memory/search", json={"query": marker, "top_k": 10}).json()["items"]
+    assert [m["content"][0]["text"] for m in found] == [f"a note {marker}"]

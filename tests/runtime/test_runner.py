@@ -561,6 +561,39 @@ async def test_history_and_memory_get_the_input_and_the_reply() -> None:
     assert [m.get_text_content() for m in memories] == ["remember the kiwi", "noted"]
 
 
+async def test_memory_gets_each_message_once_however_often_it_is_sent() -> None:
+    # A client resending its conversation with its messages' ids, and a retry of a failed
+    # run's input: memory got every earlier message again at each turn.
+    calls = 0
+
+    async def handler(self: Runner, msgs: list[Message], **kwargs: Any) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("the model timed out")
+        return f"reply {calls}"
+
+    conversation: list[dict[str, Any]] = []
+    manager = services()
+    async with manager, Runner(handler, services=manager) as runner:
+        for text in ("oolong", "oolong", "sencha", "matcha"):  # the first try fails
+            if not conversation or conversation[-1]["role"] == "assistant":
+                conversation.append({"id": f"m-{text}", "role": "user", "content": text})
+            final = await runner.query({**request(text), "input": conversation})
+            if final.status == "completed":
+                reply = final.output[-1]
+                conversation.append(
+                    {"id": reply.id, "role": "assistant", "content": reply.get_text_content()}
+                )
+        session = await runner.session_history_service.get_session("u1", "s1")
+        assert runner.memory_service is not None
+        memories = await runner.memory_service.list_memory("u1", {"page_size": 100})
+    assert session is not None
+    stored = [m.get_text_content() for m in session.messages]
+    assert stored == ["oolong", "reply 2", "sencha", "reply 3", "matcha", "reply 4"]
+    assert [m.get_text_content() for m in memories] == stored
+
+
 @pytest.mark.parametrize("recorded", [False, True], ids=["plain", "recorded run"])
 async def test_a_turn_is_checked_and_encoded_once_for_history_and_memory(
     recorded: bool, monkeypatch: pytest.MonkeyPatch

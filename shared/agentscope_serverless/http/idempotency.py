@@ -68,6 +68,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.log import logger
+from agentscope_serverless.runner import repeats_earlier_request
 from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     first_response_id,
@@ -371,6 +372,8 @@ async def seed_run(request: Request, runs: RunsService | None) -> None:
     if earlier is not None:
         # Its request holds the key no longer: its process stopped, or it failed.
         await runs.discard_run(claim.user_id, earlier.id)
+    if earlier is not None or attempt > 0:
+        repeats_earlier_request()  # whose run may have stored the input
     _seed_ids(claim, seed)
 
 

@@ -76,6 +76,10 @@ class EncodedMessages(list[Message]):
         super().__init__(message for message, _ in pairs)
         self.json = {id(message): raw for message, raw in pairs}
 
+    def subset(self, messages: Sequence[Message]) -> EncodedMessages:
+        """Those of ``messages`` (some of these) with their JSON."""
+        return EncodedMessages([(m, self.json[id(m)]) for m in messages])
+
 
 def decode_messages(raws: Sequence[str | bytes], *, keep: bool = False) -> list[Message]:
     """The messages of JSON written by :func:`encode_message`, in order.

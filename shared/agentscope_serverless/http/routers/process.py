@@ -68,7 +68,7 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream, encode
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
-from agentscope_serverless.runner import for_turn_only
+from agentscope_serverless.runner import for_turn_only, repeats_earlier_request
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -290,6 +290,8 @@ async def _openai_turn(
     if cancel_on_disconnect:
         ends_with_client(request)
     seed = sdk_retries.input_seed(request, earlier)
+    if earlier is not None and seed == earlier.input_seed:
+        repeats_earlier_request()  # whose run may have stored the input
     run = _seeded(run, seed)
     recorded = await _recorded(
         context,

@@ -255,22 +255,31 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         return await self._stored_messages(user_id, sid, ids)
 
     async def refuse_changed_messages(
-        self, user_id: str, session_id: str, messages: list[Message], *, field: str
-    ) -> None:
+        self,
+        user_id: str,
+        session_id: str,
+        messages: list[Message],
+        *,
+        field: str,
+        made_too: bool = False,
+    ) -> set[str]:
         """Refuse messages to be appended whose id, given by their sender, names another
         message: one of the session, or earlier in ``messages``, with another role, type or
-        content. Raises :class:`MessageIdConflictError` (409) naming ``field[i].id``.
+        content. Raises :class:`MessageIdConflictError` (409) naming ``field[i].id``. Returns
+        the ids of ``messages`` the session holds.
 
         Appended, such a message would not be stored (a session keeps one message per id),
         so this is checked before whatever the append follows (a run of the agent). The
         very same message again passes: it is a retry, which the append stores once. Only
         ids given by the sender are looked up (``"id" in message.model_fields_set``): a made
-        one is new.
+        one is new, unless ``made_too`` (a retry's messages, whose ids were made as its
+        earlier try's were).
         """
-        given = [(i, m) for i, m in enumerate(messages) if "id" in m.model_fields_set]
+        given = [(i, m) for i, m in enumerate(messages) if made_too or "id" in m.model_fields_set]
         if not given:
-            return
+            return set()
         stored = await self.stored_messages(user_id, session_id, [m.id for _, m in given])
+        held = set(stored)
         for position, message in given:
             first = stored.setdefault(message.id, message)
             if not _says_the_same(first, message):
@@ -280,6 +289,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
                     "message per id, so give a new message an id of its own (the very same "
                     "message again is taken as a retry, and stored once)"
                 )
+        return held
 
     @service_call
     async def delete_messages(self, user_id: str, session_id: str, message_ids: list[str]) -> int:
