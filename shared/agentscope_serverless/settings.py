@@ -336,6 +336,11 @@ class Settings(BaseModel):
     max_messages_per_session: int | None = Field(
         None, ge=1, description="Keep only the newest N messages of a session; unset: all."
     )
+    memory_redis_max_messages_per_session: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only the newest N long-term memories of a session on Redis; unset: all.",
+    )
 
     dynamodb_sessions_table: str = Field(
         "agentscope-sessions", min_length=3, description="DynamoDB table for session history."

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from agentscope_serverless.errors import ConfigurationError
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.log import logger
 from agentscope_serverless.services._validation import MAX_TTL_SECONDS
 from agentscope_serverless.services.agent_state import InMemoryStateService
@@ -50,6 +51,29 @@ def test_a_bad_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_bad_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAX_MESSAGES_PER_SESSION", "many")
     with pytest.raises(ConfigurationError, match="MAX_MESSAGES_PER_SESSION"):
+        load_settings()
+
+
+async def test_the_cap_of_memories_per_session_on_redis_is_honoured(
+    monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, user_id: str
+) -> None:
+    # The README's setting reached only MemoryServiceFactory: the server kept every memory.
+    monkeypatch.setenv("MEMORY_BACKEND", "redis")
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.setenv("MEMORY_REDIS_MAX_MESSAGES_PER_SESSION", "2")
+    async with create_memory_service(load_settings()) as memory:
+        for text in ("black tea", "green tea", "white tea"):
+            await memory.add_memory(user_id, [{"role": "user", "content": text}], "s")
+        kept = await memory.list_memory(user_id)
+    assert sorted(m.get_text_content() for m in kept) == ["green tea", "white tea"]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "2.5", " ", "2 "])
+def test_a_cap_of_memories_that_is_no_positive_whole_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("MEMORY_REDIS_MAX_MESSAGES_PER_SESSION", value)
+    with pytest.raises(ConfigurationError, match="MEMORY_REDIS_MAX_MESSAGES_PER_SESSION"):
         load_settings()
 
 

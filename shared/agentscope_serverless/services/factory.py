@@ -79,7 +79,9 @@ def _dynamodb_session_history(settings: Settings) -> Any:
 
 def _redis_memory(settings: Settings) -> Any:
     return _import("agentscope_serverless.services.memory.redis:RedisMemoryService")(
-        **_redis_options(settings), ttl_seconds=settings.memory_ttl_seconds
+        **_redis_options(settings),
+        ttl_seconds=settings.memory_ttl_seconds,
+        max_messages_per_session=settings.memory_redis_max_messages_per_session,
     )
 
 
