@@ -101,7 +101,7 @@ from agentscope_serverless.services.agent_state.base import StateService
 from agentscope_serverless.services.base import ServiceLifecycleManagerMixin
 from agentscope_serverless.services.container import Services
 from agentscope_serverless.services.manager import ServiceManager
-from agentscope_serverless.services.memory.base import MemoryService
+from agentscope_serverless.services.memory.base import MAX_TOP_K, MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
 from agentscope_serverless.threads import ThreadWorker
@@ -213,7 +213,7 @@ class Runner(ServiceLifecycleManagerMixin):
         self.secrets = [secret for secret in secrets if secret]
         redact(self.secrets)  # from the log lines too: an agent's traceback may quote one
         self._settings = settings
-        self._memory_top_k = memory_top_k
+        self._memory_top_k = _memory_top_k(memory_top_k)
         self.history_window = history_window
         self._services = services.manager() if isinstance(services, Services) else services
         self._typed = typed
@@ -378,8 +378,8 @@ class Runner(ServiceLifecycleManagerMixin):
     ) -> None:
         """Run with ``settings`` from the composition root (what ``AgentApp`` does for a
         runner given to it)."""
+        self._memory_top_k = _memory_top_k(memory_top_k)
         self._settings = settings
-        self._memory_top_k = memory_top_k
         self.history_window = history_window
         self.secrets = [secret for secret in secrets if secret]
         redact(self.secrets)  # from the log lines too: an agent's traceback may quote one
@@ -1494,6 +1494,20 @@ def _as_request(request: AgentRequest | Mapping[str, Any]) -> AgentRequest:
             f"not a valid request: {exc.errors()[0]['msg']}",
             errors=[{"loc": list(err["loc"]), "msg": err["msg"]} for err in exc.errors()],
         ) from None
+
+
+def _memory_top_k(value: int | None) -> int | None:
+    """``value`` when it is None or a number of memories a search takes; refused otherwise,
+    as the runner is built: taken, every run failed at its search, answered as the client's
+    mistake (422)."""
+    if value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_TOP_K
+    ):
+        return value
+    raise ConfigurationError(
+        f"memory_top_k must be an integer from 1 to {MAX_TOP_K} (as AGENT_MEMORY_TOP_K), "
+        f"got {value!r:.40}"
+    )
 
 
 def _typed(services: ServiceManager | Services | None) -> Services | None:

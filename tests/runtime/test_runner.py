@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 
 from agentscope_serverless import runner as runner_module
+from agentscope_serverless.app import AgentApp
 from agentscope_serverless.errors import (
     ConfigurationError,
     InvalidInputError,
     ServiceNotStartedError,
     StoreUnavailableError,
 )
+from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.log import logger
 from agentscope_serverless.recorder import RunRecorder
 from agentscope_serverless.runner import GATHERED_TEXT_SECONDS, Runner
@@ -36,8 +38,10 @@ from agentscope_serverless.services import _validation as validation
 from agentscope_serverless.services.agent_state import InMemoryStateService
 from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory import InMemoryMemoryService
+from agentscope_serverless.services.memory.redis import RedisMemoryService
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+from agentscope_serverless.settings import load_settings
 
 
 def request(text: str, session_id: str = "s1", user_id: str = "u1") -> dict[str, Any]:
@@ -969,6 +973,42 @@ def test_bad_configurations_are_refused() -> None:
         Runner(framework="langgraph")
     with pytest.raises(ConfigurationError, match="session_history"):
         Runner(services=ServiceManager())
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 1001, True, "5"])
+def test_a_number_of_memories_a_search_cannot_take_is_refused_as_the_runner_is_built(
+    top_k: Any,
+) -> None:
+    # Taken, every run failed at its memory search, answered over HTTP as the client's 422.
+    said = f"memory_top_k must be an integer from 1 to 1000 (as AGENT_MEMORY_TOP_K), got {top_k!r}"
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        Runner(services=services(), memory_top_k=top_k)
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        Runner().use_settings(load_settings(), memory_top_k=top_k)
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        AgentApp().create_runner(services(), settings=load_settings(), memory_top_k=top_k)
+
+
+@pytest.mark.parametrize("top_k", [1, 1000])
+async def test_the_runner_recalls_as_many_memories_as_it_is_given(
+    redis_server: RedisServer, user_id: str, top_k: int
+) -> None:
+    recalled: list[int] = []
+
+    async def handler(self: Runner, msgs: Any, memories: list[Message], **kwargs: Any) -> str:
+        recalled.append(len(memories))
+        return "noted"
+
+    memory = RedisMemoryService(redis_url=redis_server.url)
+    manager = (
+        ServiceManager()
+        .register_service("session_history", InMemorySessionHistoryService())
+        .register_service("memory", memory)
+    )
+    async with manager, Runner(handler, services=manager, memory_top_k=top_k) as runner:
+        for text in ("green tea", "black tea", "which tea"):
+            await runner.query(request(text, user_id=user_id))
+    assert recalled == [0, 1, min(top_k, 2)]
 
 
 async def test_an_agent_storing_its_own_turn_is_not_stored_twice() -> None:
