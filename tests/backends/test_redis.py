@@ -243,6 +243,40 @@ async def test_an_expired_session_is_gone_everywhere(
         assert again.messages == []
 
 
+async def test_a_messages_cursor_of_an_expired_session_pages_no_later_one_of_its_id(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    # The cursor named its session by its creation order, whose counter expired with the
+    # user's sessions: the session made again got the same order, and the cursor paged it.
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=1) as history:
+        old = [Message(id=f"m{i}", role="user", content=f"old{i}") for i in range(6)]
+        await history.append_message(Session(id="s", user_id=user_id), old)
+        cursor = (await history.list_messages(user_id, "s", limit=3)).next_cursor
+        await asyncio.sleep(1.2)
+        new = [Message(id=f"m{i}", role="user", content=f"new{i}") for i in range(6)]
+        await history.append_message(Session(id="s", user_id=user_id), new)
+        with pytest.raises(InvalidInputError, match="an earlier session of this id"):
+            await history.list_messages(user_id, "s", cursor=cursor)
+
+
+async def test_a_messages_cursor_of_a_session_stored_without_a_generation_works(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    # Sessions stored before sessions kept a generation are named by their creation order.
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        messages = [Message(id=f"m{i}", role="user", content=f"m{i}") for i in range(6)]
+        await history.append_message(Session(id="s", user_id=user_id), messages)
+        meta = f"{user_key_prefix('agentscope', 'session', user_id)}:s:s:meta"
+        assert await redis_client.hdel(meta, "generation") == 1
+        cursor = (await history.list_messages(user_id, "s", limit=3)).next_cursor
+        page = await history.list_messages(user_id, "s", cursor=cursor)
+        assert [m.id for m in page.items] == ["m3", "m4", "m5"]
+        await history.delete_session(user_id, "s")
+        await history.append_message(Session(id="s", user_id=user_id), messages)
+        with pytest.raises(InvalidInputError, match="an earlier session of this id"):
+            await history.list_messages(user_id, "s", cursor=cursor)
+
+
 async def test_memory_ttl_is_opt_in_and_slides(
     redis_server: RedisServer, redis_client: Redis, user_id: str
 ) -> None:

@@ -886,6 +886,40 @@ async def test_a_messages_cursor_pages_only_its_own_session(
     ]
 
 
+async def test_a_messages_cursor_of_an_erased_session_pages_no_later_one_of_its_id(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # In memory and on Redis the cursor named its session by its creation order, a count
+    # the user's erase started again: the first session made after it got the order of
+    # the erased one, and an old cursor paged it (200, its first messages skipped).
+    cursor = None
+    for _ in range(2):
+        session = await history.create_session(user_id, "a")
+        await history.append_message(session, numbered(0, 6))
+        if cursor is not None:
+            with pytest.raises(InvalidInputError, match="an earlier session of this id"):
+                await history.list_messages(user_id, "a", cursor=cursor)
+        cursor = (await history.list_messages(user_id, "a", limit=3)).next_cursor
+        assert cursor is not None
+        assert ids_of(await history.list_messages(user_id, "a", cursor=cursor)) == [
+            "m3",
+            "m4",
+            "m5",
+        ]
+        await history.delete_user_sessions(user_id)
+    # Made again otherwise: by an append alone (as a turn does), an open, a summary.
+    for make in (
+        lambda: history.append_message(Session(id="a", user_id=user_id), numbered(0, 6)),
+        lambda: history.open_session(user_id, "a", recent=1),
+        lambda: history.set_session_summary(user_id, "a", "summary"),
+    ):
+        await make()
+        await history.append_message(Session(id="a", user_id=user_id), numbered(0, 6))
+        with pytest.raises(InvalidInputError, match="an earlier session of this id"):
+            await history.list_messages(user_id, "a", cursor=cursor)
+        await history.delete_user_sessions(user_id)
+
+
 # --- max_messages_per_session ---------------------------------------------------------
 
 

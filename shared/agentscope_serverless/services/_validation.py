@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+import secrets
 import unicodedata
 from array import array
 from collections.abc import Mapping
@@ -600,13 +601,21 @@ def _position(payload: Mapping[str, Any], key: str, valid: bool) -> int:
 
 def session_tag(user_id: str, session_id: str, created: str) -> str:
     """A short digest naming one session: of its user and id, and ``created``, what tells it
-    from an earlier session of the same id (its creation order or generation).
+    from an earlier session of the same id (its generation: :func:`new_session_generation`).
 
     >>> session_tag("u", "s", "1") == session_tag("u", "s", "1") != session_tag("u", "s", "2")
     True
     """
     digest = hashlib.sha256("\0".join((user_id, session_id, created)).encode()).digest()
     return base64.urlsafe_b64encode(digest[:9]).decode()
+
+
+def new_session_generation() -> str:
+    """A value telling a new session from every earlier one of its user and id (the
+    ``created`` of :func:`session_tag`). Random, not a count: a count kept with the user's
+    data starts again once that data is erased or expires, and a cursor of the first
+    session of an id would then page the one made after it."""
+    return secrets.token_hex(8)
 
 
 def session_cursor(key: str, position: int, tag: str) -> str:
@@ -709,6 +718,7 @@ __all__ = [
     "json_copy",
     "nests_deeper_than",
     "new_or_clean_session_id",
+    "new_session_generation",
     "nonfinite_path",
     "optional_positive_int",
     "optional_ttl_seconds",

@@ -35,6 +35,7 @@ from agentscope_serverless.services._validation import (
     check_cursor_session,
     cursor_position,
     encode_cursor,
+    new_session_generation,
     optional_positive_int,
     session_cursor,
     session_cursor_position,
@@ -46,6 +47,9 @@ from agentscope_serverless.services.session_history.base import SessionHistorySe
 @dataclass(slots=True)
 class _StoredSession:
     seq: int
+    # Tells the session from an earlier one of its id, in its messages cursors
+    # (:func:`new_session_generation`).
+    generation: str = field(default_factory=new_session_generation)
     # The messages kept, as JSON in order, with their numbers (ascending: ``numbers[i]`` is
     # that of ``messages[i]``), and each one's id with its number. ``by_id`` lists the ids
     # in append order, so the trimmed ones are its first. ``appended``: how many numbers
@@ -126,7 +130,7 @@ class InMemorySessionHistoryService(SessionHistoryService):
         stored = self._sessions.get(user_id, {}).get(session_id)
         if stored is None:
             return None
-        session = session_tag(user_id, session_id, str(stored.seq))
+        session = session_tag(user_id, session_id, stored.generation)
         check_cursor_session(tag, session)
         first = bisect_left(stored.numbers, offset)
         end = min(first + limit, len(stored.messages))

@@ -5,9 +5,11 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
     <prefix>:session:{U}:sessions        ZSET  session id -> creation order (the user's index)
     <prefix>:session:{U}:counter         STRING creation counter
     <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
-    <prefix>:session:{U}:s:S:meta        HASH  order, dropped (every message numbered below
-                                               it was trimmed or deleted), summary (when
-                                               one is kept)
+    <prefix>:session:{U}:s:S:meta        HASH  order, generation (random: tells the session
+                                               from an earlier one of its id), dropped
+                                               (every message numbered below it was
+                                               trimmed or deleted), summary (when one is
+                                               kept)
     <prefix>:session:{U}:s:S:messages    LIST  message JSON, in append order
     <prefix>:session:{U}:s:S:ids         HASH  message id -> its number (appends skip known ids)
     <prefix>:session:{U}:s:S:gone        ZSET  the numbers of the messages deleted, from
@@ -32,12 +34,13 @@ sessions are dropped when the index is read.
 Each message gets a number when it is appended (the session's count of messages appended
 before it), never given again nor changed: a ``list_messages`` cursor holds the number to
 read on from, so deleting messages neither skips nor repeats one for a reader paging through
-the session (and a digest of the session's user, id and creation order, so it pages no
-other session, nor a later one of the same id). A message's place in the list is its
-number, less ``dropped`` and the deleted numbers below it (one ``ZCOUNT``). Deleting
-messages (one script) removes them from the list, O(n) in the session's length, and adds
-their numbers to ``gone``, which a trim prunes below the oldest message kept; marks are
-updated in one script too.
+the session (and a digest of the session's user, id and generation, so it pages no other
+session, nor a later one of the same id: the creation order would not do, as the counter
+giving it starts again once the user's data is erased or expires). A message's place in
+the list is its number, less ``dropped`` and the deleted numbers below it (one ``ZCOUNT``).
+Deleting messages (one script) removes them from the list, O(n) in the session's length,
+and adds their numbers to ``gone``, which a trim prunes below the oldest message kept;
+marks are updated in one script too.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from agentscope_serverless.services._validation import (
     check_cursor_session,
     cursor_position,
     encode_cursor,
+    new_session_generation,
     optional_positive_int,
     session_cursor,
     session_cursor_position,
@@ -109,10 +113,10 @@ _PRELUDE = (
     _NUMBERS
     + """
 local ttl = tonumber(ARGV[1])
-local function ensure()
+local function ensure(generation)
   if redis.call('EXISTS', KEYS[1]) == 1 then return end
   local order = redis.call('INCR', KEYS[5])
-  redis.call('HSET', KEYS[1], 'order', order, 'dropped', 0)
+  redis.call('HSET', KEYS[1], 'order', order, 'dropped', 0, 'generation', generation)
   redis.call('ZADD', KEYS[3], order, ARGV[2])
 end
 local function touch()
@@ -126,20 +130,22 @@ end
 """
 )
 
+# ARGV[3]: the generation of the session, if made.
 _CREATE = (
     _PRELUDE
     + """
-ensure()
+ensure(ARGV[3])
 touch()
 return redis.call('LRANGE', KEYS[2], 0, -1)
 """
 )
 
-# ARGV[3]: how many of the last messages to return (0: none).
+# ARGV[3]: how many of the last messages to return (0: none), ARGV[4]: the generation of
+# the session, if made.
 _OPEN = (
     _PRELUDE
     + """
-ensure()
+ensure(ARGV[4])
 touch()
 local recent = tonumber(ARGV[3])
 if recent == 0 then return {} end
@@ -157,8 +163,9 @@ return redis.call('LRANGE', KEYS[2], 0, -1)
 )
 
 # ARGV[3]: the number of the first message wanted (or the next one kept), ARGV[4]: how
-# many. Returns the number to read on from (0: none, the last message was read), and the
-# messages.
+# many. Returns the number to read on from (0: none, the last message was read), the
+# messages, and the session's generation (its creation order, when stored by a version
+# that kept none).
 _PAGE = (
     _PRELUDE
     + """
@@ -173,20 +180,22 @@ if #items > 0 and start + #items < redis.call('LLEN', KEYS[2]) then
   following = number_from(number, #items - 1) + 1
 end
 touch()
-return {following, items, redis.call('HGET', KEYS[1], 'order') or ''}
+local generation = redis.call('HGET', KEYS[1], 'generation')
+return {following, items, generation or redis.call('HGET', KEYS[1], 'order') or ''}
 """
 )
 
-# ARGV[3]: max messages (0: no limit), ARGV[4..]: message id, message JSON, ...
-# Returns, per message, 0 when it was appended, else the stored message with that id.
+# ARGV[3]: max messages (0: no limit), ARGV[4]: the generation of the session, if made,
+# ARGV[5..]: message id, message JSON, ... Returns, per message, 0 when it was appended,
+# else the stored message with that id.
 _APPENDING = """
-ensure()
+ensure(ARGV[4])
 local dropped = tonumber(redis.call('HGET', KEYS[1], 'dropped'))
 local length = redis.call('LLEN', KEYS[2])
 local deleted = redis.call('ZCARD', KEYS[9])
 local max = tonumber(ARGV[3])
 local out = {}
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   local number = redis.call('HGET', KEYS[6], ARGV[i])
   if number then
     local stored = false
@@ -239,7 +248,7 @@ _APPEND_UNLESS_HELD = (
 local dropped = redis.call('HGET', KEYS[1], 'dropped')
 if dropped then
   local found, held = {}, false
-  for i = 4, #ARGV, 2 do
+  for i = 5, #ARGV, 2 do
     local number = redis.call('HGET', KEYS[6], ARGV[i])
     local stored = false
     if number then
@@ -355,11 +364,11 @@ return updated
 """
 )
 
-# ARGV[3]: the summary ('' removes it).
+# ARGV[3]: the summary ('' removes it), ARGV[4]: the generation of the session, if made.
 _SET_SUMMARY = (
     _PRELUDE
     + """
-ensure()
+ensure(ARGV[4])
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], 'summary')
 else
@@ -541,11 +550,15 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
                 return
 
     async def _create_session(self, user_id: str, session_id: str) -> Session:
-        raw = await self._session_call(_CREATE, user_id, session_id, idempotent=True)
+        raw = await self._session_call(
+            _CREATE, user_id, session_id, new_session_generation(), idempotent=True
+        )
         return stored_session(user_id, session_id, raw)
 
     async def _open_session(self, user_id: str, session_id: str, recent: int) -> Session:
-        raw = await self._session_call(_OPEN, user_id, session_id, recent, idempotent=True)
+        raw = await self._session_call(
+            _OPEN, user_id, session_id, recent, new_session_generation(), idempotent=True
+        )
         return stored_session(user_id, session_id, raw)
 
     async def _get_session(self, user_id: str, session_id: str) -> Session | None:
@@ -600,7 +613,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         )
         if raw is None:
             return None
-        # The session's creation order tells it from an earlier session of the same id.
+        # The session's generation tells it from an earlier session of the same id.
         session = session_tag(user_id, session_id, text(raw[2]))
         check_cursor_session(tag, session)
         following = int(raw[0])
@@ -637,7 +650,9 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         return "" if summary is None else text(summary)
 
     async def _set_session_summary(self, user_id: str, session_id: str, summary: str) -> None:
-        await self._session_call(_SET_SUMMARY, user_id, session_id, summary, idempotent=True)
+        await self._session_call(
+            _SET_SUMMARY, user_id, session_id, summary, new_session_generation(), idempotent=True
+        )
 
     async def _update_message_marks(
         self,
@@ -685,6 +700,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
                 user_id,
                 session_id,
                 self._max_messages,
+                new_session_generation(),
                 *self._pairs(new, messages),
                 idempotent=False,
             )
@@ -708,7 +724,13 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
         messages: list[Message],
         stored: Callable[[list[Message]], Any],
     ) -> RedisWrite:
-        arguments = [self._ttl, session_id, self._max_messages, *self._pairs(messages, messages)]
+        arguments = [
+            self._ttl,
+            session_id,
+            self._max_messages,
+            new_session_generation(),
+            *self._pairs(messages, messages),
+        ]
 
         def done(replies: list[Any]) -> Any:
             (raw,) = replies
