@@ -48,6 +48,16 @@ async def test_add_memory_rejects_an_invalid_message_and_stores_nothing(
     assert await memory.list_memory(user_id) == []
 
 
+async def test_add_memory_refuses_a_message_id_holding_a_control_character_and_stores_nothing(
+    memory: MemoryService, user_id: str
+) -> None:
+    for bad in ("a\x00b", " "):
+        with pytest.raises(InvalidInputError, match=r"^message\[1\]\.id must not") as raised:
+            await memory.add_memory(user_id, [msg("fine"), {**msg("x").model_dump(), "id": bad}])
+        assert raised.value.errors[0]["loc"] == ["message[1].id"]
+    assert await memory.list_memory(user_id) == []
+
+
 async def test_add_memory_refuses_a_message_nesting_too_deeply_and_stores_nothing(
     memory: MemoryService, user_id: str
 ) -> None:

@@ -557,6 +557,73 @@ async def test_a_message_id_empty_or_longer_than_512_characters_is_refused_and_n
     assert [m.id for m in stored.messages] == ["m" * 512]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"),
+    [
+        ("a\x00b", "must not contain control characters"),
+        ("\x1b[31mred", "must not contain control characters"),
+        ("\x7f", "must not contain control characters"),
+        ("\x85", "must not contain control characters"),
+        (" ", "must not be blank"),
+        ("\t\n", "must not be blank"),
+    ],
+)
+async def test_a_message_id_holding_a_control_character_or_only_whitespace_is_refused(
+    history: SessionHistoryService, user_id: str, message_id: str, why: str
+) -> None:
+    session = await history.create_session(user_id, "s1")
+    bad = {"id": message_id, "role": "user", "content": "hi"}
+    with pytest.raises(InvalidInputError, match=rf"^message\[1\]\.id {why}") as raised:
+        await history.append_message(session, [text_message("fine"), bad])
+    assert raised.value.errors[0]["loc"] == ["message[1].id"]
+    kept = [" padded ", "tab\tand\nline"]
+    await history.append_message(
+        session, [{"id": i, "role": "user", "content": "kept"} for i in kept]
+    )
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None
+    assert [m.id for m in stored.messages] == kept  # type: ignore[union-attr]
+
+
+async def test_a_message_stored_before_ids_were_held_to_more_stays_reachable_by_its_id(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # Ids a new message may no longer have, stored as earlier versions took them.
+    old = ["a\x00b", "\x1b[31mred", " "]
+    await history._append_messages(
+        user_id, "s1", [Message(id=i, role="user", content=[TextContent(text=i)]) for i in old]
+    )
+    stored = await history.get_session(user_id, "s1")
+    assert stored is not None and [m.id for m in stored.messages] == old  # type: ignore[union-attr]
+    assert list(await history.stored_messages(user_id, "s1", old)) == old
+    assert await history.update_message_marks(user_id, "s1", "seen", None, old[:2]) == 2
+    assert await history.message_marks(user_id, "s1") == {i: ["seen"] for i in old[:2]}
+    assert await history.delete_messages(user_id, "s1", old[1:]) == 2
+    assert texts(await history.get_session(user_id, "s1")) == ["a\x00b"]
+
+
+async def test_marks_and_message_ids_that_are_no_valid_unicode_are_refused_naming_them(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # In memory kept the mark, Redis raised UnicodeEncodeError, DynamoDB an outage (500).
+    session = await history.create_session(user_id, "s1")
+    await history.append_message(session, {"id": "m1", "role": "user", "content": "hi"})
+    calls = {
+        "new_mark": history.update_message_marks(user_id, "s1", "\ud800", None, ["m1"]),
+        "old_mark": history.update_message_marks(user_id, "s1", "x", "\ud800", ["m1"]),
+        "message_ids": history.update_message_marks(user_id, "s1", "x", None, ["m1", "\ud800"]),
+    }
+    for field, call in calls.items():
+        with pytest.raises(InvalidInputError, match=f"^{field}.* is not valid Unicode") as raised:
+            await call
+        assert raised.value.errors[0]["loc"][0] == field
+    for lookup in (history.delete_messages, history.stored_messages):
+        with pytest.raises(InvalidInputError, match=r"^message_ids\.1 is not valid Unicode"):
+            await lookup(user_id, "s1", ["m1", "\ud800"])
+    assert await history.message_marks(user_id, "s1") == {}
+    assert texts(await history.get_session(user_id, "s1")) == ["hi"]
+
+
 async def test_append_rejects_a_non_message(history: SessionHistoryService, user_id: str) -> None:
     session = await history.create_session(user_id, "s1")
     with pytest.raises(InvalidInputError):

@@ -332,6 +332,31 @@ def test_an_input_message_id_empty_or_longer_than_512_characters_is_refused_befo
     assert client.get(f"/sessions/{session}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"),
+    [
+        ("a\x00b", "must not contain control characters"),
+        ("\x1b[31mred", "must not contain control characters"),
+        ("\x85", "must not contain control characters"),
+        (" ", "must not be blank"),
+    ],
+)
+def test_an_input_message_id_holding_a_control_character_or_blank_is_refused_before_the_run(
+    client_for: Callable[..., httpx.Client], keys: Keys, message_id: str, why: str
+) -> None:
+    client = client_for(keys.alice)
+    session = f"message-id-{uuid.uuid4().hex[:8]}"
+    bad = {**user_message("hi"), "id": message_id}
+    for streamed in (False, True):
+        body = {"input": [user_message("fine"), bad], "session_id": session, "stream": streamed}
+        refused = client.post("/process", json=body)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "input[1].id"
+        assert error["message"].startswith(f"input[1].id {why}")
+    assert client.get(f"/sessions/{session}").status_code == 404
+
+
 def test_input_messages_sharing_an_id_are_refused_before_the_run(
     client_for: Callable[..., httpx.Client], keys: Keys
 ) -> None:

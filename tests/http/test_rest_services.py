@@ -80,6 +80,26 @@ def test_an_appended_message_id_empty_or_longer_than_512_characters_is_refused(
     assert alice.get("/sessions/ids").status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("message_id", "why"),
+    [
+        ("a\x00b", "must not contain control characters"),
+        ("\x7f", "must not contain control characters"),
+        (" ", "must not be blank"),
+    ],
+)
+def test_an_appended_message_id_holding_a_control_character_or_blank_is_refused(
+    alice: httpx.Client, message_id: str, why: str
+) -> None:
+    bad = {**user_message("hi"), "id": message_id}
+    refused = alice.post("/sessions/ids/messages", json={"messages": [user_message("x"), bad]})
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "message[1].id"
+    assert error["message"].startswith(f"message[1].id {why}")
+    assert alice.get("/sessions/ids").status_code == 404
+
+
 def test_an_appended_message_whose_id_is_stored_saying_else_is_refused_and_nothing_stored(
     alice: httpx.Client,
 ) -> None:

@@ -123,6 +123,18 @@ async def test_an_app_runs_on_services_written_for_agentscope() -> None:
     assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
 
 
+async def test_messages_such_a_service_kept_before_ids_were_held_to_more_are_read() -> None:
+    # A control character, only whitespace: ids a new message may no longer have.
+    old = [{"id": i, "role": "user", "content": i} for i in ("a\x00b", " ")]
+    history = DictSessionHistoryService()
+    history.store["ann"] = {"s1": Session(id="s1", user_id="ann", messages=old)}
+    async with history:
+        opened = await history.open_session("ann", "s1", recent=2)
+        assert [m.id for m in opened.messages] == ["a\x00b", " "]  # type: ignore[union-attr]
+        page = await history.list_messages("ann", "s1")
+        assert [m.id for m in page.items] == ["a\x00b", " "]
+
+
 async def test_beyond_agentscopes_methods_the_base_reads_through_them() -> None:
     history = DictSessionHistoryService()
     async with history:

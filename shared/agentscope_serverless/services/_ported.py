@@ -191,7 +191,9 @@ async def _delete_user_sessions(self: Any, user_id: str) -> None:
 
 def _with_messages(session: Session) -> Session:
     """``session`` with its messages validated (a ported backend may keep dicts)."""
-    return Session(id=session.id, user_id=session.user_id, messages=to_messages(session.messages))
+    return Session(
+        id=session.id, user_id=session.user_id, messages=to_messages(session.messages, stored=True)
+    )
 
 
 SESSION_HISTORY_METHODS = ("create_session", "get_session", "delete_session", "list_sessions")
@@ -211,12 +213,12 @@ SESSION_HISTORY_HOOKS: dict[str, Hook] = {
 
 async def _search(self: Any, user_id: str, terms: list[str], top_k: int) -> list[Message]:
     query = Message(role=Role.USER, content=[TextContent(text=" ".join(terms))])
-    return to_messages(await self.search_memory(user_id, [query], {"top_k": top_k}))
+    return to_messages(await self.search_memory(user_id, [query], {"top_k": top_k}), stored=True)
 
 
 async def _list(self: Any, user_id: str, offset: int, limit: int) -> list[Message]:
     listed = await self.list_memory(user_id, {"page_num": 1, "page_size": offset + limit})
-    return to_messages(listed)[offset:]
+    return to_messages(listed, stored=True)[offset:]
 
 
 async def _delete(self: Any, user_id: str, session_id: str | None) -> None:

@@ -299,9 +299,21 @@ def session_id_or_default(session_id: Any) -> str:
 
 
 def require_message_id(message_id: str, *, field: str) -> None:
-    """Refuse a message id that is empty or longer than :data:`MAX_ID_LENGTH` (422 naming
-    ``field``): a store keeps one message per id, so an empty one would stand for every
-    message without an id of its own, and a long one costs as much as its content."""
+    """Refuse the id of a new message (422 naming ``field``) when :func:`_require_kept_id`
+    does, or when it holds a control character or only whitespace, as a session id may
+    not. It is kept as given, never stripped: it is another message's id than the one
+    without the whitespace."""
+    _require_kept_id(message_id, field)
+    _require_id_text(message_id, field)
+    if message_id.isspace():
+        raise InvalidInputError(f"{field} must not be blank", field=field)
+
+
+def _require_kept_id(message_id: str, field: str) -> None:
+    """Refuse a message id that is empty or longer than :data:`MAX_ID_LENGTH`: a store keeps
+    one message per id, so an empty one would stand for every message without an id of its
+    own, and a long one costs as much as its content. Messages read back are held to this
+    alone: one stored before ids were held to more keeps its id."""
     if not message_id:
         raise InvalidInputError(f"{field} must not be empty", field=field)
     if len(message_id) > MAX_ID_LENGTH:
@@ -324,23 +336,24 @@ def require_input_ids(messages: list[Message], *, field: str = "input") -> None:
             )
 
 
-def to_message(item: Any, *, position: int | None = None) -> Message:
+def to_message(item: Any, *, position: int | None = None, stored: bool = False) -> Message:
     """A validated :class:`Message` given as a model or a dict.
 
     A model is returned as it is, once checked to serialise: every store keeps the JSON, so
     changing the model later changes nothing stored, and copying it here would only cost.
+    A ``stored`` message (read back from a store) keeps an id a new one may not have.
     """
-    message, _ = _encoded(item, position)
+    message, _ = _encoded(item, position, stored)
     return message
 
 
-def to_messages(message: Any) -> list[Message]:
+def to_messages(message: Any, *, stored: bool = False) -> list[Message]:
     """One message or a list of them, validated; ``None`` items are skipped.
 
     Everything is validated before anything is returned, so a bad item in a list stores
     nothing.
     """
-    return [to_message(item, position=i) for i, item in _items(message)]
+    return [to_message(item, position=i, stored=stored) for i, item in _items(message)]
 
 
 def to_encoded_messages(message: Any) -> list[tuple[Message, str]]:
@@ -373,8 +386,8 @@ def to_query_messages(message: Any) -> list[Message]:
     return [_validated(item, i) for i, item in _items(message)]
 
 
-def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
-    message = _validated(item, position)
+def _encoded(item: Any, position: int | None, stored: bool = False) -> tuple[Message, str]:
+    message = _validated(item, position, stored)
     where = "message" if position is None else f"message[{position}]"
     try:
         raw = message.model_dump_json()
@@ -385,7 +398,7 @@ def _encoded(item: Any, position: int | None) -> tuple[Message, str]:
     return message, raw
 
 
-def _validated(item: Any, position: int | None) -> Message:
+def _validated(item: Any, position: int | None, stored: bool = False) -> Message:
     where = "message" if position is None else f"message[{position}]"
     if isinstance(item, Message):
         message = item
@@ -401,7 +414,10 @@ def _validated(item: Any, position: int | None) -> Message:
         raise InvalidInputError(
             f"{where} must be a Message or a dict, got {type(item).__name__}", field=where
         )
-    require_message_id(message.id, field=f"{where}.id")
+    if stored:
+        _require_kept_id(message.id, f"{where}.id")
+    else:
+        require_message_id(message.id, field=f"{where}.id")
     return message
 
 

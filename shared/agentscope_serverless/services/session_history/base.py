@@ -582,14 +582,19 @@ def remark(marks: list[str], new_mark: str | None, old_mark: str | None) -> list
 
 
 def _message_ids(value: Any, *, field: str) -> list[str]:
+    """The ids to look up, once each. Only text no store can take is refused: an id that a
+    new message may no longer have (a control character, only whitespace) may name one
+    stored before that rule, which stays reachable by it."""
     if not isinstance(value, list | tuple) or not all(isinstance(i, str) for i in value):
         raise InvalidInputError(f"{field} must be a list of message ids (strings)", field=field)
+    require_utf8(value, field=field)
     return list(dict.fromkeys(value))
 
 
 def _optional_mark(value: Any, *, field: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise InvalidInputError(f"{field} must be a non-empty string or None", field=field)
+    require_utf8(value, field=field)
     return value
 
 
