@@ -992,12 +992,14 @@ class EmptyChunksLLM(ScriptedLLM):
 
 
 class TricklingJSONLLM(ScriptedLLM):
-    """A chat API answering with a whole completion as JSON, one byte every 50 ms."""
+    """A chat API answering with a whole completion as JSON, one byte every 50 ms (15 s in
+    all: far longer than any deadline a test sets)."""
 
     async def complete(self, request: Request) -> Response:
         self.requests.append({"body": await request.json()})
         message = {"role": "assistant", "content": "Slowly."}
-        body = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+        completion = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        body = " " * 210 + json.dumps(completion)
 
         async def trickle() -> AsyncIterator[bytes]:
             for byte in body.encode():
@@ -1021,7 +1023,7 @@ def test_a_completion_not_streamed_must_arrive_whole_within_the_timeout(keys: Ke
     # A byte at a time, each within the read timeout, it had no deadline at all.
     started = time.monotonic()
     events = run_once(keys, TricklingJSONLLM([]), llm_timeout_seconds=0.5)
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 10  # the completion takes 15 s
     assert events[-1]["status"] == "failed"
     assert events[-1]["error"]["code"] == "LLM_UNAVAILABLE"
     assert re.fullmatch(
