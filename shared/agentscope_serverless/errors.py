@@ -202,6 +202,25 @@ class PayloadTooLargeError(AgentScopeServerlessError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class TaskCapacityError(AgentScopeServerlessError):
+    """This process runs as many background tasks as it may at once (``TASKS_MAX_RUNNING``):
+    the task was not submitted; retry once some have ended (``retry_after`` seconds, sent as
+    ``Retry-After`` with the 429)."""
+
+    code = "TASK_CAPACITY"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int = 5) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class TaskQuotaError(TaskCapacityError):
+    """The user runs as many background tasks at once as their share allows
+    (``TASKS_MAX_RUNNING_PER_USER``); retry once one of theirs has ended."""
+
+    code = "TASK_QUOTA"
+
+
 class AuthenticationError(AgentScopeServerlessError):
     """No credential, or a credential that does not match any key."""
 
@@ -357,6 +376,8 @@ __all__ = [
     "ShutdownError",
     "StartupError",
     "StoreUnavailableError",
+    "TaskCapacityError",
+    "TaskQuotaError",
     "TimeLimitError",
     "UnsupportedParameterError",
     "UploadNotAvailableError",

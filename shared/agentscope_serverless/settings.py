@@ -282,6 +282,25 @@ class Settings(BaseModel):
     lambda_endpoint_url: str | None = Field(
         None, description="Lambda API endpoint (for a local emulator); unset: AWS."
     )
+    tasks_max_running: int = Field(
+        64,
+        ge=1,
+        le=10_000,
+        description=(
+            "Background tasks one server runs at once (a plain function holds a thread while"
+            " it runs); a submission past it is refused, 429 TASK_CAPACITY with Retry-After."
+            " Not used with TASKS_FUNCTION_NAME (1 to 10000)."
+        ),
+    )
+    tasks_max_running_per_user: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description=(
+            "Background tasks one user may run at once in one server (their share); past"
+            " it, 429 TASK_QUOTA with Retry-After. Unset: TASKS_MAX_RUNNING (1 to 10000)."
+        ),
+    )
     time_limit_margin_seconds: float = Field(
         5.0,
         # Less leaves no time to end a run: its agent's cleanup is cut short only after

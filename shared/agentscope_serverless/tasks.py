@@ -6,7 +6,8 @@ error (status ``failed``). Its status is read back from the runs store, so any p
 Lambda instance) can answer ``GET /tasks/{task_id}``, and only for the user who submitted it.
 
 The :class:`LocalTaskExecutor` runs tasks in the server's own event loop (a plain function
-in a daemon thread of its own). No broker is needed.
+in a daemon thread of its own), a bounded number at once (``TASKS_MAX_RUNNING``, and
+``TASKS_MAX_RUNNING_PER_USER`` for each user). No broker is needed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from typing import Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from agentscope_serverless.cancellation import TIME_LIMIT_CLEANUP_SECONDS, cancelled_from_outside
-from agentscope_serverless.errors import InvalidInputError, TimeLimitError
+from agentscope_serverless.errors import (
+    InvalidInputError,
+    TaskCapacityError,
+    TaskQuotaError,
+    TimeLimitError,
+)
 from agentscope_serverless.log import logger, redacted
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._turn import acting_for
@@ -47,6 +53,10 @@ _STOPPED_ERROR = {
 # How long a stopping server waits for the tasks still running to end, then for those it
 # cancels (their cleanup, their end stored).
 STOP_WAIT_SECONDS = 5.0
+# How many background tasks a server runs at once (TASKS_MAX_RUNNING), and how long a
+# submission refused for want of a free slot is told to wait (Retry-After).
+DEFAULT_MAX_RUNNING = 64
+BUSY_RETRY_SECONDS = 5
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
@@ -299,28 +309,84 @@ async def _release(claims: IdempotencyStore, claim: Claim, task_id: str) -> None
 
 
 class LocalTaskExecutor:
-    """Runs submitted tasks in this process's event loop, each in a task of its own."""
+    """Runs submitted tasks in this process's event loop, each in a task of its own: at most
+    ``max_running`` at once, and ``max_per_user`` of one user's (``max_running`` when None).
 
-    def __init__(self, runs: RunsService) -> None:
+    A plain function holds a thread of its own while it runs: without a bound, one user's
+    submissions took as many threads (and their memory) as they sent. A submission past
+    either bound is refused before anything is stored (:class:`TaskCapacityError`, or
+    :class:`TaskQuotaError` for the user's share: a 429 with ``Retry-After``), so its
+    ``Idempotency-Key`` is free for the retry it asks for.
+    """
+
+    def __init__(
+        self,
+        runs: RunsService,
+        *,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        max_per_user: int | None = None,
+    ) -> None:
         self.runs = runs
+        self.max_running = max_running
+        self.max_per_user = max_per_user or max_running
         self._running: set[asyncio.Task[None]] = set()
+        # The slots taken, by user: a task's from its submission (before it is stored, so
+        # concurrent submissions cannot all pass the bound) until it ends.
+        self._taken: dict[str, int] = {}
+        self._total = 0
 
     async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
-        """Store the task as submitted, start it, and return its record."""
-        record = RunRecord(
-            id=new_task_id(),
-            user_id=user_id,
-            kind="task",
-            name=task.path,
-            submission=new_submission(),
-        )
-        await self.runs.create_run(record)
-        running = asyncio.create_task(
-            run_task(self.runs, task, user_id, record.id, payload, record.submission)
-        )
+        """Store the task as submitted, start it, and return its record; raises
+        :class:`TaskCapacityError` (nothing stored) when no slot is free for it."""
+        self._take(user_id)
+        try:
+            record = RunRecord(
+                id=new_task_id(),
+                user_id=user_id,
+                kind="task",
+                name=task.path,
+                submission=new_submission(),
+            )
+            await self.runs.create_run(record)
+            running = asyncio.create_task(
+                run_task(self.runs, task, user_id, record.id, payload, record.submission)
+            )
+        except BaseException:
+            self._give_back(user_id)
+            raise
         self._running.add(running)
         running.add_done_callback(self._running.discard)
+        running.add_done_callback(lambda _: self._give_back(user_id))
         return record
+
+    def _take(self, user_id: str) -> None:
+        mine = self._taken.get(user_id, 0)
+        # The server's bound first: without a share of their own (TASKS_MAX_RUNNING_PER_USER
+        # unset), a user is told the server is full, not that they hold too many.
+        if self._total >= self.max_running:
+            raise TaskCapacityError(
+                f"this server runs {self._total} background tasks at once, its most "
+                "(TASKS_MAX_RUNNING): the task was not submitted; submit it again once some "
+                "have ended",
+                retry_after=BUSY_RETRY_SECONDS,
+            )
+        if mine >= self.max_per_user:
+            raise TaskQuotaError(
+                f"you run {mine} background tasks at once in this server, your most "
+                "(TASKS_MAX_RUNNING_PER_USER): the task was not submitted; submit it again "
+                "once one of them has ended",
+                retry_after=BUSY_RETRY_SECONDS,
+            )
+        self._taken[user_id] = mine + 1
+        self._total += 1
+
+    def _give_back(self, user_id: str) -> None:
+        self._total -= 1
+        left = self._taken[user_id] - 1
+        if left:
+            self._taken[user_id] = left
+        else:
+            del self._taken[user_id]
 
     async def aclose(self) -> None:
         """Wait (a little) for the tasks still running, then cancel those still going: each

@@ -6,6 +6,10 @@ and the function (the buffered process function's handler, see
 :mod:`agentscope_serverless.http.lambda_handler`) runs the task to completion and stores its
 result. Only IAM principals allowed to invoke the function can send such an event: a Function
 URL request never has that top-level key.
+
+No bound on the tasks running at once is kept here (``TASKS_MAX_RUNNING`` is the in-server
+executor's): each task runs in an invocation of its own, and Lambda's concurrency (the
+account's, or the function's reserved concurrency) bounds them, queueing what it throttles.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -487,3 +488,80 @@ def test_a_task_erased_then_submitted_again_with_its_key_keeps_its_own_result(
         submitted.set()
         done = _wait_for(client, second)
     assert (done["status"], done["result"]) == ("completed", 2)
+
+
+def _submitted_tasks(web: Any, user_id: str) -> int:
+    """How many tasks of ``user_id`` the server's runs store holds."""
+    runs = web.state.context.runs
+    return sum(r.kind == "task" for r in asyncio.run(runs.recent_runs(user_id, 0)))
+
+
+def _assert_refused(answer: httpx.Response, code: str) -> None:
+    assert answer.status_code == 429, answer.text
+    assert answer.json()["error"]["code"] == code
+    assert answer.headers["Retry-After"] == "5"
+    assert "X-Should-Retry" not in answer.headers
+
+
+def test_submissions_past_the_servers_bound_are_refused_until_a_task_ends() -> None:
+    # Each plain task took a thread of its own, with no bound: 3000 submissions of one user
+    # were all accepted, and ran 3000 threads at once.
+    GATES.clear()
+    keys = Keys.make()
+    settings = load_settings(tasks_max_running=3)
+    web = create_app(settings=settings, agent_app=app, key_store=keys.store)
+    key = {"Idempotency-Key": f"busy-{uuid.uuid4().hex}"}
+    with (
+        running(web) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as alice,
+        httpx.Client(base_url=url, headers=bearer(keys.bob), timeout=30) as bob,
+    ):
+        first = [alice.post("/jobs/gate", json={}) for _ in range(3)]
+        assert [a.status_code for a in first] == [202] * 3
+        gates = _gates(3)
+        _assert_refused(alice.post("/jobs/gate", json={}, headers=key), "TASK_CAPACITY")
+        _assert_refused(bob.post("/jobs/gate", json={}), "TASK_CAPACITY")
+        # Nothing stored for a refused task, and no thread started for it.
+        assert (_submitted_tasks(web, "alice"), _submitted_tasks(web, "bob")) == (3, 0)
+        time.sleep(0.2)
+        assert len(GATES) == 3
+        for opened in gates:
+            opened.set()
+        for answer in first:
+            assert _wait_for(alice, answer.json()["task_id"])["status"] == "completed"
+        # The refusal left its key free: the same request, sent again, runs.
+        again = alice.post("/jobs/gate", json={}, headers=key)
+        assert again.status_code == 202, again.text
+        assert "Idempotent-Replayed" not in again.headers
+        _gates(4)[3].set()
+        done = _wait_for(alice, again.json()["task_id"])
+    assert (done["status"], done["result"]) == ("completed", 4)
+
+
+def test_a_user_past_their_share_of_tasks_is_refused_while_others_still_submit() -> None:
+    GATES.clear()
+    keys = Keys.make()
+    settings = load_settings(tasks_max_running=5, tasks_max_running_per_user=2)
+    web = create_app(settings=settings, agent_app=app, key_store=keys.store)
+    with (
+        running(web) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as alice,
+        httpx.Client(base_url=url, headers=bearer(keys.bob), timeout=30) as bob,
+    ):
+        # Sent at once: each takes its slot before it is stored, so no more than the share pass.
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: alice.post("/jobs/gate", json={}), range(6)))
+        taken = [a for a in answers if a.status_code == 202]
+        assert len(taken) == 2, [a.text for a in answers]
+        for answer in answers:
+            if answer.status_code != 202:
+                _assert_refused(answer, "TASK_QUOTA")
+        assert _submitted_tasks(web, "alice") == 2
+        others = [bob.post("/jobs/gate", json={}) for _ in range(2)]
+        assert [a.status_code for a in others] == [202] * 2
+        _assert_refused(bob.post("/jobs/gate", json={}), "TASK_QUOTA")
+        for opened in _gates(4):
+            opened.set()
+        for answer in taken:
+            assert _wait_for(alice, answer.json()["task_id"])["status"] == "completed"
+        assert alice.post("/jobs/sum", json={"numbers": [1]}).status_code == 202

@@ -77,6 +77,16 @@ def test_a_cap_of_memories_that_is_no_positive_whole_number_is_refused(
         load_settings()
 
 
+@pytest.mark.parametrize("variable", ["TASKS_MAX_RUNNING", "TASKS_MAX_RUNNING_PER_USER"])
+@pytest.mark.parametrize("value", ["0", "-3", "many", "2.5", "10001"])
+def test_a_bound_on_tasks_at_once_that_is_no_whole_number_from_1_to_10000_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
+        load_settings()
+
+
 def test_a_negative_ttl_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SESSION_TTL_SECONDS", "-5")
     with pytest.raises(ConfigurationError, match="SESSION_TTL_SECONDS"):

@@ -751,7 +751,11 @@ def _task_executor(runs: Any, settings: Settings) -> Any:
         )
     from agentscope_serverless.tasks import LocalTaskExecutor
 
-    return LocalTaskExecutor(runs)
+    return LocalTaskExecutor(
+        runs,
+        max_running=settings.tasks_max_running,
+        max_per_user=settings.tasks_max_running_per_user,
+    )
 
 
 def _services_for(names: tuple[str, ...], settings: Settings) -> Services:

@@ -55,6 +55,7 @@ from agentscope_serverless.errors import (
     SandboxUnavailableError,
     ServiceNotStartedError,
     StoreUnavailableError,
+    TaskCapacityError,
     TimeLimitError,
     UnsupportedParameterError,
     error_classes,
@@ -85,6 +86,7 @@ _STATUS_OF: dict[type[AgentScopeServerlessError], int] = {
     # The sandbox server refuses this server's token: no fault of the caller's.
     SandboxAuthenticationError: 503,
     SandboxCapacityError: 429,
+    TaskCapacityError: 429,
     SandboxRequestError: 422,
 }
 

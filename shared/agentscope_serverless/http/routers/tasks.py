@@ -3,7 +3,8 @@
 | Method and path | What |
 |---|---|
 | ``POST <task path>`` | submit the task with the JSON body as its argument (any JSON value, |
-|  | ``null`` too; no body is a 422): 202 with its id |
+|  | ``null`` too; no body is a 422): 202 with its id; 429 with ``Retry-After`` when |
+|  | the server runs as many tasks as it may (see ``LocalTaskExecutor``) |
 | ``GET /tasks/{task_id}`` | status, result or error |
 | ``GET <task path>/{task_id}`` | the same as AgentScope Runtime's route answers it: |
 |  | ``pending``, ``finished`` (``result``) or ``error`` (the message as ``result``) |
@@ -24,6 +25,7 @@ from agentscope_serverless.errors import InvalidInputError, NotFoundError
 from agentscope_serverless.http.auth import CurrentUser, KeyedRoute
 from agentscope_serverless.http.context import AppContext, get_context
 from agentscope_serverless.http.errors import not_json_type
+from agentscope_serverless.http.openapi import error_answer
 from agentscope_serverless.http.params import is_json_type
 from agentscope_serverless.services.runs.base import MAX_RUN_ID_LENGTH, RunRecord, RunsService
 from agentscope_serverless.tasks import TaskDefinition, TaskExecutor
@@ -123,6 +125,11 @@ def build_router(tasks: list[TaskDefinition], executor: TaskExecutor) -> APIRout
 
 
 _TASK_BODY = "The task's argument: any JSON value (`null` for none)."
+_BUSY = (
+    "This server runs as many background tasks at once as it may (`TASK_CAPACITY`, "
+    "`TASKS_MAX_RUNNING`), or the user their share of them (`TASK_QUOTA`): nothing was "
+    "stored; submit again after `Retry-After` seconds."
+)
 
 
 def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExecutor) -> None:
@@ -159,6 +166,7 @@ def _add_task_routes(router: APIRouter, task: TaskDefinition, executor: TaskExec
         methods=["POST"],
         status_code=202,
         summary=f"Submit the background task {task.function.__name__}",
+        responses=error_answer(429, _BUSY),
         # Required: ``submit`` refuses a request without one, saying what to send (the
         # parameter's default keeps FastAPI's own refusal, of another status, out of it).
         openapi_extra={"requestBody": {"required": True, "description": _TASK_BODY}},
