@@ -13,6 +13,7 @@ in a daemon thread of its own), a bounded number at once (``TASKS_MAX_RUNNING``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from agentscope_serverless.errors import (
     TimeLimitError,
 )
 from agentscope_serverless.log import logger, redacted
+from agentscope_serverless.recorder import write_last
 from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._turn import acting_for
 from agentscope_serverless.services._validation import json_copy, require_distinct_keys
@@ -62,6 +64,11 @@ TASK_EVENT_KEY = "agentscope_task"
 _MAX_ERROR_CHARS = 1000
 # The fingerprint of the claim an invocation makes before running a task (one per task id).
 _TASK_CLAIM = "background-task"
+# The ends of tasks run in this process that could not be stored, by (user id, task id,
+# submission), for Lambda's retry of their invocation to store (see run_task_event); the
+# oldest go first beyond _UNSTORED_KEPT.
+_unstored: dict[tuple[str, str, str | None], tuple[str, dict[str, Any]]] = {}
+_UNSTORED_KEPT = 100
 
 
 @dataclass(frozen=True)
@@ -99,11 +106,22 @@ async def run_task(
     (:mod:`~agentscope_serverless.time_limit`) is stopped and stored as failed
     (``TIME_LIMIT``). With ``submission`` (its record's), its end and its heartbeats land
     only on the record of that submission: the task erased and submitted again under the
-    same id meanwhile, the new record keeps its own."""
+    same id meanwhile, the new record keeps its own. Its end is stored as :func:`_store_end`
+    does: the store's error is raised once it is given up."""
+    status, outcome = await _ended(runs, task, user_id, task_id, payload, submission)
+    await _store_end(runs, user_id, task_id, submission, status, outcome)
 
-    async def finish(status: str, **outcome: Any) -> None:
-        await runs.finish_run(user_id, task_id, status, submission=submission, **outcome)
 
+async def _ended(
+    runs: RunsService,
+    task: TaskDefinition,
+    user_id: str,
+    task_id: str,
+    payload: Any,
+    submission: str | None,
+) -> tuple[str, dict[str, Any]]:
+    """Run the task (see :func:`run_task`); its end: its final status and the result or
+    error to store with it. Only a task stopped from outside has its end stored here."""
     try:
         # What the task does (a remote agent called, a sandbox connected) is for its user.
         with acting_for(user_id):
@@ -117,13 +135,14 @@ async def run_task(
         stored = json_copy(to_jsonable_python(result, inf_nan_mode="constants"), field="result")
     except TimeLimitError as exc:
         logger.warning("a background task reached the time limit", extra={"task_id": task_id})
-        await finish("failed", error={"code": exc.code, "message": exc.message})
-        return
+        return "failed", {"error": {"code": exc.code, "message": exc.message}}
     except (Exception, asyncio.CancelledError) as exc:
         if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
             # Not the task's failure: what runs it stops (its server shuts down).
             try:
-                await finish("failed", error=_STOPPED_ERROR)
+                await runs.finish_run(
+                    user_id, task_id, "failed", error=_STOPPED_ERROR, submission=submission
+                )
             except Exception:
                 logger.exception(
                     "could not store the end of a stopped task", extra={"task_id": task_id}
@@ -133,9 +152,32 @@ async def run_task(
         failure = exc.__cause__ if isinstance(exc, _Raised) else exc
         # Without the secrets of the process, as a failed run's error.
         message = redacted(_described(failure))[:_MAX_ERROR_CHARS]
-        await finish("failed", error={"code": TASK_FAILED, "message": message})
-        return
-    await finish("completed", result=stored)
+        return "failed", {"error": {"code": TASK_FAILED, "message": message}}
+    return "completed", {"result": stored}
+
+
+async def _store_end(
+    runs: RunsService,
+    user_id: str,
+    task_id: str,
+    submission: str | None,
+    status: str,
+    outcome: dict[str, Any],
+) -> None:
+    """Store the end of a task (``status``, with ``outcome``), made again after a failure
+    as a run's last write is (:func:`~agentscope_serverless.recorder.write_last`): a store
+    failing for a moment as the task ended (a failover) lost its result, and the task read
+    as lost. Once given up, an error naming the task is logged and the store's is raised."""
+    try:
+        await write_last(
+            lambda: runs.finish_run(user_id, task_id, status, submission=submission, **outcome),
+            pause=runs.poll_seconds,
+            failure="could not store the end of a background task",
+            extra={"task_id": task_id},
+        )
+    except Exception:
+        logger.error("the end of a background task was not stored", extra={"task_id": task_id})
+        raise
 
 
 def _described(failure: object) -> str:
@@ -241,7 +283,9 @@ async def run_task_event(
     never lapses: a task that started and was cut short is not run again). An event that
     is not a task's (a poison message) is skipped: running it again could not help. Errors
     reading, claiming or marking the task started are raised, before it runs, for Lambda
-    to try again: the claim is given up, so the retry runs it.
+    to try again: the claim is given up, so the retry runs it. A task's end the store did
+    not take (:func:`_store_end`) is raised too, and kept in this process: Lambda's retry
+    reaching it stores that end, without running the task again.
     """
     spec = event.get(TASK_EVENT_KEY) if isinstance(event, dict) else None
     fields = ("user_id", "task_id", "path")
@@ -249,12 +293,23 @@ async def run_task_event(
         logger.warning("an event that is not a background task's was skipped")
         return "skipped"
     user_id, task_id = spec["user_id"], spec["task_id"]
+    submission = spec.get("submission")
+    key = (user_id, task_id, submission)
+    if (submission is None or isinstance(submission, str)) and key in _unstored:
+        # Ran here, by the invocation Lambda retries: its end is stored, or raised again for
+        # Lambda's next retry.
+        status, outcome = _unstored[key]
+        await _store_end(runs, user_id, task_id, submission, status, outcome)
+        _unstored.pop(key, None)
+        logger.info(
+            "the end of a background task was stored on a retry", extra={"task_id": task_id}
+        )
+        return "done"
     try:
         record = await runs.get_run(user_id, task_id)
     except InvalidInputError:
         logger.warning("a task event naming no valid task was skipped")
         return "skipped"
-    submission = spec.get("submission")
     if record is None or record.finished or record.kind != "task":
         logger.info(
             "a task event for a finished or unknown task was skipped", extra={"task_id": task_id}
@@ -294,7 +349,16 @@ async def run_task_event(
             await _release(claims, claim, task_id)
         raise
     if task is not None:
-        await run_task(runs, task, user_id, task_id, spec.get("payload"), submission)
+        status, outcome = await _ended(
+            runs, task, user_id, task_id, spec.get("payload"), submission
+        )
+        try:
+            await _store_end(runs, user_id, task_id, submission, status, outcome)
+        except Exception:
+            while len(_unstored) >= _UNSTORED_KEPT:
+                del _unstored[next(iter(_unstored))]
+            _unstored[key] = (status, outcome)
+            raise
     return "done"
 
 
@@ -349,7 +413,7 @@ class LocalTaskExecutor:
             )
             await self.runs.create_run(record)
             running = asyncio.create_task(
-                run_task(self.runs, task, user_id, record.id, payload, record.submission)
+                self._run(task, user_id, record.id, payload, record.submission)
             )
         except BaseException:
             self._give_back(user_id)
@@ -387,6 +451,18 @@ class LocalTaskExecutor:
             self._taken[user_id] = left
         else:
             del self._taken[user_id]
+
+    async def _run(
+        self,
+        task: TaskDefinition,
+        user_id: str,
+        task_id: str,
+        payload: Any,
+        submission: str | None,
+    ) -> None:
+        """:func:`run_task`, its end not stored logged there: nothing here tries again."""
+        with contextlib.suppress(Exception):
+            await run_task(self.runs, task, user_id, task_id, payload, submission)
 
     async def aclose(self) -> None:
         """Wait (a little) for the tasks still running, then cancel those still going: each

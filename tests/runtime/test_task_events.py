@@ -9,21 +9,31 @@ before it runs keeps any other delivery from running it again.
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from redis import Redis
 
 from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.local_stack import RedisServer
+from agentscope_serverless.log import logger
 from agentscope_serverless.services.idempotency.base import StoredResponse
 from agentscope_serverless.services.idempotency.in_memory import InMemoryIdempotencyStore
 from agentscope_serverless.services.idempotency.redis import RedisIdempotencyStore
 from agentscope_serverless.services.runs.base import RunRecord
 from agentscope_serverless.services.runs.in_memory import InMemoryRunsService
 from agentscope_serverless.services.runs.redis import RedisRunsService
-from agentscope_serverless.tasks import TASK_EVENT_KEY, TaskDefinition, run_task_event
+from agentscope_serverless.tasks import (
+    TASK_EVENT_KEY,
+    LocalTaskExecutor,
+    TaskDefinition,
+    run_task_event,
+)
 from agentscope_serverless.time_limit import ending_by
 
 
@@ -367,3 +377,141 @@ def test_a_task_raising_an_error_without_text_is_stored_as_failed_with_its_type(
     record = asyncio.run(deliver())
     assert record is not None and record.status == "failed"
     assert record.error == {"code": "TASK_FAILED", "message": "_Unprintable"}
+
+
+def _refuse_writes(redis: RedisServer, refuse: bool) -> None:
+    """Redis refusing every write (out of memory), as while it fails over; reads go on."""
+    with Redis.from_url(redis.url) as client:
+        client.config_set("maxmemory", 1 if refuse else 0)
+
+
+@pytest.fixture
+def failing_over() -> Iterator[tuple[RedisServer, Callable[[float], None]]]:
+    """A Redis of the test's own, and what has it take writes again so many seconds from
+    now (done before it stops, however soon)."""
+    timers: list[threading.Timer] = []
+
+    def taking_writes_again(after: float) -> None:
+        timers.append(threading.Timer(after, _refuse_writes, (redis, False)))
+        timers[-1].start()
+
+    with RedisServer() as redis:
+        try:
+            yield redis, taking_writes_again
+        finally:
+            for timer in timers:
+                timer.join()
+
+
+def test_a_task_whose_end_is_refused_for_a_moment_is_stored_completed(
+    failing_over: tuple[RedisServer, Callable[[float], None]], user_id: str
+) -> None:
+    redis, taking_writes_again = failing_over
+    calls: list[Any] = []
+
+    def report(payload: Any) -> dict[str, int]:
+        calls.append(payload)
+        # The store refuses writes as the task ends, and takes them again a moment later.
+        _refuse_writes(redis, True)
+        taking_writes_again(0.3)
+        return {"pages": 42}
+
+    tasks = [TaskDefinition("/jobs/report", report)]
+    task_id = f"task_{uuid.uuid4().hex}"
+    spec = {"path": "/jobs/report", "user_id": user_id, "task_id": task_id, "payload": {}}
+
+    async def deliver() -> tuple[str, RunRecord | None]:
+        runs = RedisRunsService(redis_url=redis.url)
+        runs.poll_seconds = 1.0  # the pause between attempts: well after writes are back
+        claims = RedisIdempotencyStore(redis_url=redis.url)
+        async with runs, claims:
+            record = RunRecord(
+                id=task_id, user_id=user_id, kind="task", name="/jobs/report", queued=True
+            )
+            await runs.create_run(record)
+            outcome = await run_task_event(runs, tasks, {TASK_EVENT_KEY: spec}, claims)
+            return outcome, await runs.get_run(user_id, task_id)
+
+    outcome, record = asyncio.run(deliver())
+    assert outcome == "done" and calls == [{}]
+    assert record is not None and record.status == "completed"
+    assert record.result == {"pages": 42} and record.error is None
+
+
+def test_a_task_whose_end_the_store_never_took_has_it_stored_by_lambdas_retry(
+    failing_over: tuple[RedisServer, Callable[[float], None]],
+    user_id: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    redis, _ = failing_over
+    calls: list[Any] = []
+
+    def report(payload: Any) -> dict[str, int]:
+        calls.append(payload)
+        _refuse_writes(redis, True)  # until after the invocation has given up
+        return {"pages": 42}
+
+    tasks = [TaskDefinition("/jobs/report", report)]
+    task_id = f"task_{uuid.uuid4().hex}"
+    spec = {"path": "/jobs/report", "user_id": user_id, "task_id": task_id, "payload": {}}
+    event = {TASK_EVENT_KEY: spec}
+
+    async def deliver_with_retries() -> RunRecord | None:
+        runs = RedisRunsService(redis_url=redis.url)
+        runs.poll_seconds = 0.05
+        claims = RedisIdempotencyStore(redis_url=redis.url)
+        async with runs, claims:
+            record = RunRecord(
+                id=task_id, user_id=user_id, kind="task", name="/jobs/report", queued=True
+            )
+            await runs.create_run(record)
+            with pytest.raises(StoreUnavailableError):
+                await run_task_event(runs, tasks, event, claims)
+            # Lambda's retry, the store still refusing: raised again, for the next one.
+            with pytest.raises(StoreUnavailableError):
+                await run_task_event(runs, tasks, event, claims)
+            stored = await runs.get_run(user_id, task_id)
+            assert stored is not None and stored.status == "in_progress"
+            _refuse_writes(redis, False)
+            assert await run_task_event(runs, tasks, event, claims) == "done"
+            # A later delivery finds it finished.
+            assert await run_task_event(runs, tasks, event, claims) == "skipped"
+            return await runs.get_run(user_id, task_id)
+
+    level = logger.level
+    logger.setLevel("ERROR")  # the tests log nothing below CRITICAL
+    try:
+        record = asyncio.run(deliver_with_retries())
+    finally:
+        logger.setLevel(level)
+    assert calls == [{}]
+    assert record is not None and record.status == "completed"
+    assert record.result == {"pages": 42}
+    logged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    given_up = [r for r in logged if r["message"] == "the end of a background task was not stored"]
+    assert len(given_up) == 2  # the invocation's, and its first retry's
+    assert all(r["level"] == "ERROR" and r["task_id"] == task_id for r in given_up)
+
+
+def test_a_task_run_in_the_server_whose_end_is_refused_for_a_moment_is_stored_completed(
+    failing_over: tuple[RedisServer, Callable[[float], None]],
+) -> None:
+    redis, taking_writes_again = failing_over
+
+    async def report(payload: Any) -> dict[str, int]:
+        _refuse_writes(redis, True)
+        taking_writes_again(0.3)
+        return {"pages": 42}
+
+    async def submit() -> RunRecord | None:
+        runs = RedisRunsService(redis_url=redis.url)
+        runs.poll_seconds = 1.0
+        async with runs:
+            executor = LocalTaskExecutor(runs)
+            record = await executor.submit(TaskDefinition("/jobs/report", report), "alice", {})
+            await executor.aclose()  # waits for the task
+            return await runs.get_run("alice", record.id)
+
+    record = asyncio.run(submit())
+    assert record is not None and record.status == "completed"
+    assert record.result == {"pages": 42}
