@@ -539,21 +539,27 @@ def test_a_chat_reply_stopped_before_it_said_anything_is_continued_in_its_sessio
     ]
 
 
-def test_an_sdk_retry_of_a_stopped_run_adds_its_input_to_memory_once(
-    sdk: openai.OpenAI, rest: httpx.Client
+@pytest.mark.parametrize("named", [True, False], ids=["session named", "conversation"])
+def test_an_sdk_retry_of_a_stopped_run_goes_on_in_its_session_and_remembers_its_input_once(
+    sdk: openai.OpenAI, rest: httpx.Client, named: bool
 ) -> None:
     # The stopped run stored its input, and memory got it; the retry, running again with
-    # the same input, added it to memory a second time.
+    # the same input, added it to memory a second time, and a conversation's retry went on
+    # in a new session (the first try's left holding the input alone).
     marker = uuid.uuid4().hex
+    # A conversation's first turn: no earlier part of it finds its session again.
     conversation: list[Any] = [
         {"role": "user", "content": f"a note {marker}"},
         {"role": "user", "content": "sleep 1"},
     ]
-    tried = {"X-Session-Id": marker, "X-Stainless-Retry-Count": "0"}
+    tried = {"X-Session-Id": marker} if named else {}
     first = sdk.chat.completions.with_raw_response.create(
-        model="m", messages=conversation, stream=True, extra_headers=tried
+        model="m",
+        messages=conversation,
+        stream=True,
+        extra_headers={**tried, "X-Stainless-Retry-Count": "0"},
     )
-    run = first.headers["X-Run-Id"]
+    run, session = first.headers["X-Run-Id"], first.headers["X-Session-Id"]
     assert rest.post(f"/runs/{run}/cancel").status_code == 202
     first.parse().close()
     deadline = time.monotonic() + 10
@@ -567,8 +573,14 @@ def test_an_sdk_retry_of_a_stopped_run_adds_its_input_to_memory_once(
         extra_headers={**tried, "X-Stainless-Retry-Count": "1"},
     )
     assert retried.headers["X-Run-Id"] != run  # run again
+    assert retried.headers["X-Session-Id"] == session
     with retried.parse() as chunks:
         said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert said == "echo: sleep 1"
+    assert stored(rest, session) == [
+        ("user", f"a note {marker}"),
+        ("user", "sleep 1"),
+        ("assistant", "echo: sleep 1"),
+    ]
     found = rest.post("/memory/search", json={"query": marker, "top_k": 10}).json()["items"]
     assert [m["content"][0]["text"] for m in found] == [f"a note {marker}"]

@@ -284,13 +284,20 @@ async def _openai_turn(
         run = _seeded(run, original.input_seed)
         retried = dataclasses.replace(call, run=run, session_id=session_id)
         return _Turn(original.id, session_id, _noted(context, retried, events))
+    seed = sdk_retries.input_seed(request, earlier)
+    again = earlier is not None and seed == earlier.input_seed
+    if again and earlier is not None and await _moves_to(context, earlier, session_id):
+        # A retry running again after its try stopped goes on in that try's session (which
+        # holds the conversation, and maybe the input), not in one of its own.
+        session_id = earlier.session_id or session_id
+        run = run.model_copy(update={"session_id": session_id})
+        call = dataclasses.replace(call, run=run, session_id=session_id, history=[])
     if call.history:
         session = Session(id=session_id, user_id=run.user_id)
         await context.session_history.append_message(session, call.history)
     if cancel_on_disconnect:
         ends_with_client(request)
-    seed = sdk_retries.input_seed(request, earlier)
-    if earlier is not None and seed == earlier.input_seed:
+    if again:
         repeats_earlier_request()  # whose run may have stored the input
     run = _seeded(run, seed)
     recorded = await _recorded(
@@ -307,6 +314,16 @@ async def _openai_turn(
     fails_when(request, lambda: _failed_worth_retry(recorded))
     noted = _noted(context, dataclasses.replace(call, run=run), recorded.events(), recorded.final)
     return _Turn(recorded.run_id, session_id, noted, recorded)
+
+
+async def _moves_to(context: AppContext, earlier: RunRecord, session_id: str) -> bool:
+    """Whether a retry that runs again goes on in the session of its ``earlier`` try rather
+    than in ``session_id`` (a new one, for a call naming none): when that session is
+    another, and is still there."""
+    user_id, earlier_session = earlier.user_id, earlier.session_id
+    if not earlier_session or earlier_session == session_id:
+        return False
+    return await context.session_history.has_session(user_id, earlier_session)
 
 
 def _seeded(run: AgentRequest, seed: str | None) -> AgentRequest:
