@@ -10,6 +10,11 @@ one the canceled response. What is still open once those runs are stored (at mos
 
 Asked again to stop (a second SIGTERM or Ctrl-C) while it stops, it stops at once: the
 requests still open are not waited for, and the app's stop hooks still going are cancelled.
+
+Once stopped, the tasks still running (an agent's run or a background task that catches its
+cancellation, left behind by what ran it) are cancelled and get
+:data:`LEFT_BEHIND_SECONDS` to end: those still going then are left, a WARNING saying where
+each waits, and the process exits without them (``asyncio.run`` waits for them however long).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import math
 import signal
 import socket
+import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +38,10 @@ if TYPE_CHECKING:
 # Left to the cancelled runs' requests to send their last events before what is still open
 # is cut.
 _FLUSH_SECONDS = 0.5
+# Left to the tasks still running once the server has stopped, cancelled then (again, for
+# those that ignored it): a background task whose stop a second signal cut short has its
+# cleanup (1 s) and its end stored.
+LEFT_BEHIND_SECONDS = 2.0
 
 
 class StoppingServer(uvicorn.Server):
@@ -49,6 +59,28 @@ class StoppingServer(uvicorn.Server):
         super().__init__(config)
         self.interrupted = interrupted
         self._stoppable: CuttableStop | None = None
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's ``run`` (``asyncio.run`` of :meth:`serve`), but for the tasks still
+        running once the server stopped: they are left behind after
+        :data:`LEFT_BEHIND_SECONDS` (see :func:`_end_the_rest`), not waited for forever."""
+        factory = self.config.get_loop_factory()
+        loop = asyncio.new_event_loop() if factory is None else factory()
+        if factory is None:
+            asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.serve(sockets=sockets))
+        finally:
+            try:
+                if loop.run_until_complete(_end_the_rest()):
+                    # (Else the async generators the tasks left behind run cannot be closed:
+                    # they are running still.)
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                if factory is None:
+                    asyncio.set_event_loop(None)
+                loop.close()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGINT and not self.interrupted:
@@ -126,10 +158,44 @@ def _stop_now(lifespan: asyncio.Task[Any]) -> None:
     lifespan.cancel()
 
 
+async def _end_the_rest() -> bool:
+    """Cancel the tasks still running (``asyncio.run``'s last step), and wait
+    :data:`LEFT_BEHIND_SECONDS` at most for them to end: one still going then (it catches
+    its cancellation) is left behind, a WARNING saying where it waits. Whether all ended."""
+    from agentscope_serverless.log import logger
+    from agentscope_serverless.stacks import awaited_stack
+
+    rest = asyncio.all_tasks() - {asyncio.current_task()}
+    if not rest:
+        return True
+    for task in rest:
+        task.cancel()
+    _, going = await asyncio.wait(rest, timeout=LEFT_BEHIND_SECONDS)
+    if going:
+        logger.warning(
+            "%d task(s) ignoring their cancellation were left behind as the server stopped",
+            len(going),
+            extra={"stacks": sorted(awaited_stack(task) or task.get_name() for task in going)},
+        )
+        _hold(going)
+    return not going
+
+
+def _hold(tasks: set[asyncio.Task[Any]]) -> None:
+    """Keep ``tasks`` from being destroyed as the process exits (a daemon thread's frame is
+    never cleared): destroyed, each would log that it was pending, and its coroutine be
+    closed, running the code it is stuck in once more, its errors logged, as Python ends."""
+    threading.Thread(target=_holding, args=(tasks,), name="left-behind", daemon=True).start()
+
+
+def _holding(tasks: set[asyncio.Task[Any]]) -> None:
+    threading.Event().wait()
+
+
 def run(app: Any, **options: Any) -> None:
     """``uvicorn.run(app, **options)``, on a :class:`StoppingServer`."""
     with contextlib.suppress(KeyboardInterrupt):
         StoppingServer(uvicorn.Config(app, **options)).run()
 
 
-__all__ = ["CuttableStop", "StoppingServer", "run"]
+__all__ = ["LEFT_BEHIND_SECONDS", "CuttableStop", "StoppingServer", "run"]

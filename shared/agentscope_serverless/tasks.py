@@ -6,8 +6,8 @@ error (status ``failed``). Its status is read back from the runs store, so any p
 Lambda instance) can answer ``GET /tasks/{task_id}``, and only for the user who submitted it.
 
 The :class:`LocalTaskExecutor` runs tasks in the server's own event loop (a plain function
-in a daemon thread of its own), a bounded number at once (``TASKS_MAX_RUNNING``, and
-``TASKS_MAX_RUNNING_PER_USER`` for each user). No broker is needed.
+in a daemon thread of its own, a plain generator's steps too), a bounded number at once
+(``TASKS_MAX_RUNNING``, and ``TASKS_MAX_RUNNING_PER_USER`` for each user). No broker is needed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,7 +41,7 @@ from agentscope_serverless.services.idempotency.base import (
     StoredResponse,
 )
 from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
-from agentscope_serverless.threads import run_in_thread
+from agentscope_serverless.threads import ThreadWorker
 from agentscope_serverless.time_limit import seconds_left
 
 TASK_FAILED = "TASK_FAILED"
@@ -200,19 +200,56 @@ class _Raised(Exception):
 
 
 async def _call(task: TaskDefinition, payload: Any) -> Any:
+    """What ``task`` gives for ``payload``: a generator's items as a list, made here, while
+    the task beats and within its time limit (not once it has ended)."""
     try:
         if inspect.iscoroutinefunction(task.function):
             return await task.function(payload)
-        # A daemon thread: a function that never returns does not keep the server from
-        # exiting once stopped (its result is dropped then).
-        result = await run_in_thread(task.function, payload)
+        if inspect.isasyncgenfunction(task.function):
+            return await _listed(task.function(payload))
+        result = await _in_a_thread(task.function, payload)
         if inspect.isawaitable(result):
             result = await result
+        if inspect.isasyncgen(result):
+            result = await _listed(result)
         return result
     except (Exception, asyncio.CancelledError):
         raise
     except BaseException as exc:
         raise _Raised() from exc
+
+
+async def _listed(items: AsyncGenerator[Any, Any]) -> list[Any]:
+    """The items of an async generator, which is closed (its ``finally`` blocks run) when
+    the task is cancelled."""
+    async with contextlib.aclosing(items):
+        return [item async for item in items]
+
+
+async def _in_a_thread(function: Callable[..., Any], payload: Any) -> Any:
+    """``function(payload)`` called in a daemon thread of its own: a function that never
+    returns does not keep the server from exiting once stopped (its result is dropped then).
+    A generator it gives is run in that thread too, step by step, so the task is stopped
+    (at its time limit, its server stopping) between two items: it is closed then, in its
+    thread, once the step it may be taking is over (a step still going after
+    ``TIME_LIMIT_CLEANUP_SECONDS`` is left to end, and the generator to close, on its own)."""
+    worker = ThreadWorker(getattr(function, "__name__", "task"))
+    try:
+        result = await worker.run(function, payload)
+        if not inspect.isgenerator(result):
+            return result
+        done = object()
+        items = []
+        try:
+            while (item := await worker.run(next, result, done)) is not done:
+                items.append(item)
+        finally:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TIME_LIMIT_CLEANUP_SECONDS):
+                    await worker.run(result.close)
+        return items
+    finally:
+        worker.close()
 
 
 async def _beating(

@@ -309,3 +309,70 @@ def test_the_local_server_exits_while_a_plain_function_never_returns(
         process.kill()
         process.wait()
     assert "Finished server process" in output.read_text()
+
+
+STUBBORN_AGENT = """
+import asyncio
+import pathlib
+
+from agentscope_serverless.app.agent_app import AgentApp
+
+app = AgentApp(app_name="stubborn")
+
+
+async def ignore_cancellation(what):
+    pathlib.Path(__file__).with_name("started").write_text(what)
+    while True:
+        try:
+            await asyncio.sleep(100)
+        except asyncio.CancelledError:
+            pass
+
+
+@app.task("/jobs/stubborn")
+async def task(payload):
+    await ignore_cancellation("task")
+
+
+@app.query(framework="text")
+async def query(self, msgs, **kwargs):
+    yield "started"
+    await ignore_cancellation("query")
+"""
+
+
+@pytest.mark.parametrize(("work", "signals"), [("task", 1), ("task", 2), ("query", 1)])
+def test_the_local_server_exits_while_a_coroutine_ignores_its_cancellation(
+    tmp_path: Path, work: str, signals: int
+) -> None:
+    # asyncio.run waited for the abandoned coroutine to end, however long: the process never
+    # exited, a second SIGTERM neither.
+    (tmp_path / "stubborn.py").write_text(STUBBORN_AGENT)
+    port = free_port()
+    output = tmp_path / "output.txt"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [SCRIPT, "serve", "--port", str(port), "--agent", "stubborn:app", "--no-web"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "POWERTOOLS_LOG_LEVEL": "WARNING"},
+            start_new_session=True,
+            preexec_fn=terminal_signals,
+        )
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process)
+        key = next(line for line in output.read_text().splitlines() if line.startswith("ask_"))
+        request = ("POST", "/jobs/stubborn", {}) if work == "task" else HANGING["query"]
+        with _send(port, key, *request):
+            _wait_for((tmp_path / "started").exists, f"the start of the {work}")
+            for _ in range(signals):
+                process.send_signal(signal.SIGTERM)
+            process.wait(timeout=45)
+    finally:
+        process.kill()
+        process.wait()
+    logged = output.read_text()
+    assert "Finished server process" in logged
+    left = next(line for line in logged.splitlines() if "were left behind" in line)
+    assert "stubborn.ignore_cancellation:" in left, left

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -70,6 +70,27 @@ def gate(payload: Any) -> int:
     number = len(GATES)
     opened.wait(timeout=30)
     return number
+
+
+# Set by /jobs/pages as it takes its second step, which waits for RELEASED.
+STEPPING = threading.Event()
+RELEASED = threading.Event()
+
+
+@app.task("/jobs/pages")
+def pages(payload: int) -> Iterator[dict[str, int]]:
+    for page in range(payload):
+        if page == 1:
+            STEPPING.set()
+            RELEASED.wait(timeout=30)
+        yield {"page": page}
+
+
+@app.task("/jobs/async-pages")
+async def async_pages(payload: int) -> AsyncIterator[int]:
+    for page in range(payload):
+        await asyncio.sleep(0)
+        yield page
 
 
 JSON = {"Content-Type": "application/json"}
@@ -155,6 +176,26 @@ def test_a_task_is_submitted_at_once_and_its_result_read_when_done(
         assert body["message"] == f"Task {task_id} submitted to queue numbers"
         counted = client.post("/jobs/count", json={"text": "three little words"}).json()
         assert _wait_for(client, counted["task_id"])["result"] == 3
+
+
+def test_a_generator_tasks_items_are_its_result_made_while_the_server_answers(
+    server: tuple[str, Keys],
+) -> None:
+    # A plain generator was run on the server's loop once its task had ended: nothing was
+    # answered while it took its steps. An async generator's task failed (unserializable).
+    url, keys = server
+    with httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client:
+        task_id = client.post("/jobs/pages", json=3).json()["task_id"]
+        assert STEPPING.wait(timeout=30)
+        try:
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+            assert client.get(f"/tasks/{task_id}").json()["status"] == "in_progress"
+        finally:
+            RELEASED.set()
+        done = _wait_for(client, task_id)
+        assert done["result"] == [{"page": 0}, {"page": 1}, {"page": 2}], done
+        task_id = client.post("/jobs/async-pages", json=3).json()["task_id"]
+        assert _wait_for(client, task_id)["result"] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

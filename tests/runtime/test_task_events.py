@@ -13,7 +13,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -252,6 +252,46 @@ def test_a_task_still_running_at_the_time_limit_is_stored_as_failed() -> None:
 
     record = asyncio.run(deliver_near_the_limit())
     assert record is not None and record.status == "failed"
+    assert record.error is not None and record.error["code"] == "TIME_LIMIT"
+
+
+@pytest.mark.parametrize("kind", ["plain", "async"])
+def test_a_generator_task_still_running_at_the_time_limit_is_closed_and_stored_as_failed(
+    kind: str,
+) -> None:
+    # A plain generator was run only once the task had ended, past the time limit, and its
+    # items stored (an async generator's task failed: its result could not be stored).
+    closed = threading.Event()
+
+    def pages(payload: Any) -> Iterator[int]:
+        try:
+            for page in range(100):
+                time.sleep(0.05)
+                yield page
+        finally:
+            closed.set()
+
+    async def async_pages(payload: Any) -> AsyncIterator[int]:
+        try:
+            for page in range(100):
+                await asyncio.sleep(0.05)
+                yield page
+        finally:
+            closed.set()
+
+    tasks = [TaskDefinition("/jobs/invoice", pages if kind == "plain" else async_pages)]
+
+    async def deliver_near_the_limit() -> RunRecord | None:
+        runs = InMemoryRunsService()
+        async with runs:
+            await _submitted(runs)
+            with ending_by(time.time() + 0.3):
+                assert await run_task_event(runs, tasks, _invoice_event()) == "done"
+            return await runs.get_run("alice", "task_1")
+
+    record = asyncio.run(deliver_near_the_limit())
+    assert closed.wait(timeout=10)  # its ``finally`` ran
+    assert record is not None and record.status == "failed", record
     assert record.error is not None and record.error["code"] == "TIME_LIMIT"
 
 
