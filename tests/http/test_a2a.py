@@ -1600,7 +1600,9 @@ def remembering() -> Iterator[tuple[str, Keys]]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "first", "second"), [("service", "sam", "tom"), ("alice", "alice", "bob")]
+    ("kind", "first", "second"),
+    # Users whose ids are not ASCII too (the header carries them as UTF-8).
+    [("service", "sam", "tom"), ("service", "josé", "王伟"), ("alice", "alice", "bob")],
 )
 async def test_an_a2a_agent_called_as_a_tool_keeps_the_callers_users_apart(
     remembering: tuple[str, Keys], kind: str, first: str, second: str

@@ -176,10 +176,12 @@ def _at(card: AgentCard, origins: list[_Origin], api_key: str | None) -> AgentCa
     return kept
 
 
-def _headers(api_key: str | None, user_id: str | None = None) -> dict[str, str]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _headers(api_key: str | None, user_id: str | None = None) -> dict[bytes, bytes]:
+    """The key, and the user in UTF-8 as the server reads it (httpx encodes a header given
+    as text in ASCII only: a user "josé" could not be named)."""
+    headers = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
     if user_id is not None:
-        headers["X-User-Id"] = user_id
+        headers[b"X-User-Id"] = user_id.encode()
     return headers
 
 
