@@ -808,6 +808,11 @@ class RunRecorder:
             for run in self._runs
         )
 
+    def executing(self) -> bool:
+        """Whether runs execute in this process now (those stored: the others end with
+        their requests)."""
+        return bool(self._runs)
+
     def cancel_local(self, user_id: str, run_id: str) -> bool:
         """Cancel the run at once if it executes in this process."""
         run = self._live.get((user_id, run_id))

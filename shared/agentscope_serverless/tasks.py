@@ -298,6 +298,10 @@ class TaskExecutor(Protocol):
         """Store the task as submitted, start it, and return its record."""
         ...
 
+    def executing(self) -> bool:
+        """Whether tasks run in this process now."""
+        ...
+
     async def aclose(self) -> None:
         """Called when the server stops."""
         ...
@@ -500,6 +504,10 @@ class LocalTaskExecutor:
         """:func:`run_task`, its end not stored logged there: nothing here tries again."""
         with contextlib.suppress(Exception):
             await run_task(self.runs, task, user_id, task_id, payload, submission)
+
+    def executing(self) -> bool:
+        """Whether tasks run in this process now."""
+        return bool(self._running)
 
     async def aclose(self) -> None:
         """Wait (a little) for the tasks still running, then cancel those still going: each

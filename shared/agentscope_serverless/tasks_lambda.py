@@ -97,6 +97,10 @@ class LambdaTaskExecutor:
             raise StoreUnavailableError("lambda", type(exc).__name__) from None
         return record
 
+    def executing(self) -> bool:
+        """Never: the tasks run in their own invocations."""
+        return False
+
     async def aclose(self) -> None:
         """Nothing runs here: the tasks run in their own invocations."""
 

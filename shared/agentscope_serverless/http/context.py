@@ -84,6 +84,12 @@ class AppContext:
         """The sandbox service."""
         return _present(self.current.sandbox, "sandbox")
 
+    def executing(self) -> bool:
+        """Whether runs or background tasks of this application execute in this process:
+        its services must not be closed under them (its requests are not counted)."""
+        runs = self.recorder is not None and self.recorder.executing()
+        return runs or (self.task_executor is not None and self.task_executor.executing())
+
     async def stop_runs(self, user_id: str, session_id: str | None = None) -> None:
         """Stop the runs of ``user_id`` in progress (of ``session_id``, when given) and wait
         for their ends, before erasing: else a run would store its turn, and its events, once

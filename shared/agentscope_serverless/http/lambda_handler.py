@@ -82,6 +82,9 @@ _KEPT_HEADERS = ("x-request-id", "x-run-id", "x-session-id", "cache-control")
 # seconds; stopping its services takes at most _STOP_SECONDS.
 RESTART_SECONDS = 60.0
 _STOP_SECONDS = 5.0
+# How often the services a restart left (behind the Web Adapter) are checked for work still
+# running on them, before they stop.
+_IDLE_SECONDS = 0.5
 
 # What a router needs beyond the HTTP application: the runtime of an agent (AgentApp, Runner)
 # for the process router. The other functions never import it.
@@ -134,37 +137,65 @@ def build_web_adapter_app(routers: Sequence[str]) -> ASGIApp:
 
 
 class _WebAdapterApplication:
-    """The application of :func:`build_web_adapter_app`, started once it can be."""
+    """The application of :func:`build_web_adapter_app`, started once it can be, and again,
+    the secrets read anew, after a store refused a credential of theirs (as the buffered
+    functions do, see :class:`_Restarts`).
+
+    Requests are served concurrently: those a restart finds in flight, and the runs and
+    background tasks of the services they started, go on with those services, which are
+    stopped once nothing of theirs is left (or the server stops), while new requests are
+    served by the new ones.
+    """
 
     def __init__(self, routers: Sequence[str]) -> None:
         self._routers = tuple(routers)
-        self._app: ASGIApp | None = None
-        # Kept for the life of the server: its end stops the services.
-        self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
+        self._served: _Served | None = None
         self._starting = asyncio.Lock()
+        self._restarts = _Restarts()
+        # A store refused a credential of the secret: the next request starts again.
+        self._stale = False
+        # The stops of the services a restart left, once they are idle (or the server stops).
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._stopped = asyncio.Event()
 
-    async def _started(self) -> ASGIApp:
+    async def _started(self) -> _Served:
         async with self._starting:
-            if self._app is None:
+            if self._stale and self._served is not None:
+                self._stale = False
+                stopping = asyncio.ensure_future(_stop_when_idle(self._served, self._stopped))
+                self._stopping.add(stopping)
+                stopping.add_done_callback(self._stopping.discard)
+                self._served = None
+            if self._served is None:
                 # The secrets are read off the event loop: the server acts on SIGTERM meanwhile.
                 settings = await _in_daemon_thread(read_settings)
                 app = build_app(self._routers, settings)
                 lifespan = app.router.lifespan_context(app)
                 await lifespan.__aenter__()
-                self._lifespan, self._app = lifespan, behind_web_adapter(app)
-            return self._app
+                self._served = _Served(app, lifespan)
+            return self._served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from agentscope_serverless.aws_secrets import credential_refusals
+
         if scope["type"] == "lifespan":
             await self._serve_lifespan(receive, send)
             return
+        refusals = credential_refusals()
         try:
-            app = await self._started()
+            served = await self._started()
         except Exception:
             if scope["type"] == "http":
                 await _send_unavailable(scope, send)
             return
-        await app(scope, receive, send)
+        served.requests += 1
+        try:
+            await served.asgi(scope, receive, send)
+        finally:
+            served.requests -= 1
+            # Only the services serving new requests are started again.
+            if served is self._served and self._restarts.due(refusals, served.app):
+                self._stale = True
 
     async def _serve_lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -173,8 +204,11 @@ class _WebAdapterApplication:
                 await self._start_unless_stopped()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._lifespan is not None:
-                    await self._lifespan.__aexit__(None, None, None)
+                # Services a restart left stop now, whatever still runs on them.
+                self._stopped.set()
+                await asyncio.gather(*self._stopping)
+                if self._served is not None:
+                    await self._served.lifespan.__aexit__(None, None, None)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -263,6 +297,75 @@ async def _in_daemon_thread(function: Callable[[], _T]) -> _T:
 
     threading.Thread(target=run, name="agentscope-start", daemon=True).start()
     return await done
+
+
+class _Served:
+    """An application started by :class:`_WebAdapterApplication`, and how many of its
+    requests are in flight."""
+
+    def __init__(self, app: FastAPI, lifespan: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        self.app = app
+        self.asgi = behind_web_adapter(app)
+        # Kept until the services stop: its end stops them.
+        self.lifespan = lifespan
+        self.requests = 0
+
+    def idle(self) -> bool:
+        """Whether nothing runs on its services: no request, run or background task."""
+        return self.requests == 0 and not self.app.state.context.executing()
+
+
+async def _stop_when_idle(served: _Served, now: asyncio.Event) -> None:
+    """Stop the services of ``served`` once it is idle (checked every ``_IDLE_SECONDS``: its
+    runs and tasks end without telling), or once ``now`` is set (the server stops)."""
+    while not (served.idle() or now.is_set()):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(now.wait(), _IDLE_SECONDS)
+    await _stop_services(served.lifespan)
+
+
+class _Restarts:
+    """When a warm function starts again, reading the secrets anew: once a store refused a
+    credential of theirs (a Redis password rotated since they were read; counted by
+    :func:`~agentscope_serverless.aws_secrets.credential_refusals`), so that it is taken
+    up without a cold start. At most once a ``RESTART_SECONDS``: a password wrong in the
+    secret too must not make every request read it again."""
+
+    def __init__(self) -> None:
+        # When it last was due (time.monotonic()).
+        self._at: float | None = None
+
+    def due(self, before: int, app: FastAPI) -> bool:
+        """Whether ``app`` should start again, a store having refused a credential since
+        ``before`` (a count of refusals); the next invocation does, as the line logged
+        says."""
+        from agentscope_serverless.aws_secrets import credential_refusals
+        from agentscope_serverless.log import logger
+
+        if credential_refusals() == before:
+            return False
+        if not app.state.context.settings.secrets_arn:
+            return False  # nothing to read again
+        now = time.monotonic()
+        if self._at is not None and now - self._at < RESTART_SECONDS:
+            return False
+        self._at = now
+        logger.warning(
+            "a store refused a credential of the secret (SECRETS_ARN): the next invocation "
+            "reads the secret again"
+        )
+        return True
+
+
+async def _stop_services(lifespan: contextlib.AbstractAsyncContextManager[Any]) -> None:
+    """Stop the services of an application's ``lifespan`` (within ``_STOP_SECONDS``), for
+    a new start."""
+    from agentscope_serverless.log import logger
+
+    try:
+        await asyncio.wait_for(lifespan.__aexit__(None, None, None), _STOP_SECONDS)
+    except Exception as exc:
+        logger.warning("the services did not stop", extra={"error": type(exc).__name__})
 
 
 async def _send_unavailable(scope: Scope, send: Send) -> None:
@@ -405,10 +508,9 @@ class _LazyApplication:
         # Kept for the life of the environment: its end would stop the services.
         self._lifespan: contextlib.AbstractAsyncContextManager[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._restarts = _Restarts()
         # A store refused a credential of the secret: the next invocation starts again.
         self._stale = False
-        # When that last happened (time.monotonic()), at most once a RESTART_SECONDS.
-        self._restarted_at: float | None = None
 
     def _start(self) -> tuple[FastAPI, asyncio.AbstractEventLoop]:
         """The application, its services started in the event loop every invocation runs
@@ -418,48 +520,15 @@ class _LazyApplication:
             self._loop = asyncio.new_event_loop()
         if self._stale:
             self._stale = False
-            self._stop()
+            lifespan, self._lifespan, self._app = self._lifespan, None, None
+            if lifespan is not None:
+                self._loop.run_until_complete(_stop_services(lifespan))
         if self._app is None:
             app = build_app(self._routers)
             lifespan = app.router.lifespan_context(app)
             self._loop.run_until_complete(lifespan.__aenter__())
             self._lifespan, self._app = lifespan, app
         return self._app, self._loop
-
-    def _stop(self) -> None:
-        """Stop the application's services (within ``_STOP_SECONDS``), for a new start."""
-        from agentscope_serverless.log import logger
-
-        lifespan, self._lifespan, self._app = self._lifespan, None, None
-        if lifespan is None or self._loop is None:
-            return
-        stopping = asyncio.wait_for(lifespan.__aexit__(None, None, None), _STOP_SECONDS)
-        try:
-            self._loop.run_until_complete(stopping)
-        except Exception as exc:
-            logger.warning("the services did not stop", extra={"error": type(exc).__name__})
-
-    def _note_refusals(self, before: int) -> None:
-        """Start again with the next invocation, reading the secrets anew, when a store
-        refused a credential of theirs since ``before`` (a count of
-        :func:`~agentscope_serverless.aws_secrets.credential_refusals`): a rotated Redis
-        password is taken up without a cold start. At most once a ``RESTART_SECONDS``: a
-        password wrong in the secret too must not make every invocation read it again."""
-        from agentscope_serverless.aws_secrets import credential_refusals
-        from agentscope_serverless.log import logger
-
-        if credential_refusals() == before or self._app is None:
-            return
-        if not self._app.state.context.settings.secrets_arn:
-            return  # nothing to read again
-        now = time.monotonic()
-        if self._restarted_at is not None and now - self._restarted_at < RESTART_SECONDS:
-            return
-        self._restarted_at, self._stale = now, True
-        logger.warning(
-            "a store refused a credential of the secret (SECRETS_ARN): the next invocation "
-            "reads the secret again"
-        )
 
     def __call__(self, event: Any, context: Any) -> dict[str, Any]:
         from agentscope_serverless.aws_secrets import credential_refusals
@@ -468,7 +537,8 @@ class _LazyApplication:
         try:
             return self._invoke(event, context)
         finally:
-            self._note_refusals(refusals)
+            if self._app is not None and self._restarts.due(refusals, self._app):
+                self._stale = True
 
     def _invoke(self, event: Any, context: Any) -> dict[str, Any]:
         from agentscope_serverless.log import bind_request_id, trace_ids_of
