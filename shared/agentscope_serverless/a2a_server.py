@@ -433,11 +433,8 @@ class RunsTaskStore(TaskStore):
         if not params.context_id:
             records = await self.runs.recent_runs(owner_of(context), 0.0)
         else:
-            try:
-                records = await self.runs.list_runs(owner_of(context), params.context_id)
-            except InvalidInputError as exc:
-                message = f"contextId cannot name a session: {exc.message}"
-                raise InvalidParamsError(message) from None
+            _require_context_id(params.context_id)
+            records = await self.runs.list_runs(owner_of(context), params.context_id)
         listing = InMemoryTaskStore()
         for record in records:
             if record.kind == "a2a_task":
@@ -740,14 +737,26 @@ def _refuse_what_is_not_text(message: A2AMessage) -> None:
 def _refuse_a_context_no_session_can_be(message: A2AMessage) -> None:
     """Refuse a message whose contextId, the session of its run, no session can have (one
     naming no session: a '/', '..', a control character, too long...; see
-    :func:`~agentscope_serverless.services._validation.clean_session_id`). Refused once its
-    task had started, the task's execution failing was logged as a server error."""
-    if not message.context_id:
-        return  # the task's, or a new one
+    :func:`~agentscope_serverless.services._validation.clean_session_id`), or one that is
+    not already clean (:func:`_require_context_id`). Refused once its task had started, the
+    task's execution failing was logged as a server error."""
+    if message.context_id:  # else the task's, or a new one
+        _require_context_id(message.context_id)
+
+
+def _require_context_id(context_id: str) -> None:
+    """Refuse a contextId no session can have, or one with whitespace around it: its session
+    would be the id stripped, and its tasks would keep the id sent (what a client expects
+    back), which neither listing the context's tasks nor deleting its session would reach."""
     try:
-        require_session_id(message.context_id)
+        session_id = require_session_id(context_id)
     except InvalidInputError as exc:
         raise InvalidParamsError(f"contextId cannot name a session: {exc.message}") from None
+    if session_id != context_id:
+        raise InvalidParamsError(
+            "contextId begins or ends with whitespace, which a session's id does not: send "
+            f"{session_id!r}"
+        )
 
 
 def _join_reply(task: Task) -> None:

@@ -1012,6 +1012,37 @@ async def test_a_context_id_no_session_can_have_is_refused_before_any_task_not_l
         assert listing.json().get("tasks", []) == [], listing.text
 
 
+async def test_a_context_id_with_spaces_around_it_is_refused_before_any_task(
+    served: tuple[str, Keys], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its run wrote in the session of the id stripped, its task kept the id sent: listing the
+    # context's tasks (either id) found none, and deleting the session left the task.
+    url, keys = served
+    user = f"a2a-user-{uuid.uuid4().hex[:8]}"  # a user with nothing stored yet
+    key = (await keys.store.create_key(kind="user", user_id=user)).key
+    version = {"A2A-Version": "1.0"}
+    async with httpx.AsyncClient(base_url=url, headers=bearer(key), timeout=30) as http:
+        for path, headers, body in _sent_to(" pad "):
+            with caplog.at_level(logging.WARNING):
+                answer = await http.post(path, json=body, headers=headers)
+            error = _error_of(answer)
+            assert error["code"] == (-32602 if path == "/a2a" else 400), (path, body, answer.text)
+            assert "contextId begins or ends with whitespace" in error["message"]
+            assert "'pad'" in error["message"]
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+            caplog.clear()
+        assert (await http.get("/sessions")).json()["items"] == []
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "ListTasks", "params": {}}
+        listing["params"] = {"contextId": " pad "}
+        answer = (await http.post("/a2a", json=listing, headers=version)).json()
+        assert answer["error"]["code"] == -32602, answer
+        assert "contextId begins or ends with whitespace" in answer["error"]["message"]
+        listing["params"] = {}
+        assert (await http.post("/a2a", json=listing, headers=version)).json()["result"][
+            "tasks"
+        ] == []
+
+
 @pytest.mark.parametrize(
     ("parts", "code", "says"),
     [
