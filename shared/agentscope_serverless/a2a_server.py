@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from a2a.helpers.proto_helpers import new_text_message
+from a2a.helpers.proto_helpers import get_message_text, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
@@ -79,6 +79,7 @@ from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     TextContent,
 )
+from agentscope_serverless.services._once import new_uuid
 from agentscope_serverless.services._validation import (
     MAX_ID_LENGTH,
     is_blank_text,
@@ -157,6 +158,7 @@ class RunsAgentExecutor(AgentExecutor):
         # task it continues, or a new uuid.
         assert task_id is not None and context_id is not None
         user_id = owner_of(context.call_context)
+        request = self.request(context.get_user_input(), context_id, user_id)
         # Before the first event, which may end a call not waiting for the run (its answer,
         # and its Idempotency-Key record, are made then). The session exists by then: the
         # record of a session that does not exist is taken for one whose session expired,
@@ -173,16 +175,6 @@ class RunsAgentExecutor(AgentExecutor):
                 )
             )
         updater = TaskUpdater(event_queue, task_id, context_id)
-        try:
-            request = self.make_request(
-                input=[
-                    Message(role=Role.USER, content=[TextContent(text=context.get_user_input())])
-                ],
-                session_id=context_id,
-                user_id=user_id,
-            )
-        except InvalidInputError as exc:
-            raise InvalidParamsError(exc.message) from None
         run = await self.recorder.start(
             self.runner.stream_query(request), user_id=user_id, kind="a2a", session_id=context_id
         )
@@ -201,6 +193,18 @@ class RunsAgentExecutor(AgentExecutor):
             self._runs.pop(task_id, None)
             self._relayed.pop(task_id, None)
             relayed.set()
+
+    def request(self, text: str, session_id: str, user_id: str) -> AgentRequest:
+        """The request of the run of a message holding ``text``, as the app's request model;
+        invalid params when that model needs a field A2A cannot fill."""
+        try:
+            return self.make_request(
+                input=[Message(role=Role.USER, content=[TextContent(text=text)])],
+                session_id=session_id,
+                user_id=user_id,
+            )
+        except InvalidInputError as exc:
+            raise InvalidParamsError(exc.message) from None
 
     async def _relay(self, run: RecordedRun, updater: TaskUpdater) -> None:
         artifact_id = run.run_id
@@ -489,11 +493,16 @@ class RunsRequestHandler(DefaultRequestHandler):
     """
 
     def __init__(
-        self, *, agent_executor: AgentExecutor, task_store: RunsTaskStore, agent_card: AgentCard
+        self,
+        *,
+        agent_executor: RunsAgentExecutor,
+        task_store: RunsTaskStore,
+        agent_card: AgentCard,
     ) -> None:
         super().__init__(
             agent_executor=agent_executor, task_store=task_store, agent_card=agent_card
         )
+        self._executor = agent_executor
         self._tasks = task_store
         self._runs = task_store.runs
         self._push_notifications = agent_card.capabilities.push_notifications
@@ -535,10 +544,16 @@ class RunsRequestHandler(DefaultRequestHandler):
     ) -> None:
         """Refuse, before a task is made for it, a message the agent cannot run: see
         :func:`_refuse_what_is_not_text`, :func:`_refuse_a_context_no_session_can_be` and
-        :meth:`_refuse_a_working_task`."""
-        _refuse_what_is_not_text(params.message)
-        _refuse_a_context_no_session_can_be(params.message)
+        :meth:`_refuse_a_working_task`; and one whose run's request the app's request model
+        refuses (a field A2A cannot fill). Refused once its task had started, the task was
+        left failed, its session made empty, and its execution's failure logged as a server
+        error."""
+        message = params.message
+        _refuse_what_is_not_text(message)
+        _refuse_a_context_no_session_can_be(message)
         await self._refuse_a_working_task(params, context)
+        session_id = message.context_id or new_uuid()  # the SDK names a new context later
+        self._executor.request(get_message_text(message), session_id, owner_of(context))
 
     async def _refuse_a_working_task(
         self, params: SendMessageRequest, context: ServerCallContext

@@ -52,6 +52,7 @@ from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.http import create_app
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import (
+    AgentRequest,
     AgentResponse,
     Message,
     MessageType,
@@ -1041,6 +1042,38 @@ async def test_a_context_id_with_spaces_around_it_is_refused_before_any_task(
         assert (await http.post("/a2a", json=listing, headers=version)).json()["result"][
             "tasks"
         ] == []
+
+
+def test_a_message_the_apps_request_model_cannot_take_leaves_nothing_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The client was answered invalid params, but the task had been made (left failed), its
+    # session opened (left empty), and its execution's failure logged as two server errors.
+    class TenantRequest(AgentRequest):
+        tenant: str
+
+    tenanted = AgentApp(app_name="tenanted", request_model=TenantRequest)
+    tenanted.query(framework="text")(query)
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=tenanted, key_store=keys.store)
+    version = {"A2A-Version": "1.0"}
+    with running(web) as url, httpx.Client(base_url=url, headers=bearer(keys.alice)) as http:
+        for context_id in ("", "tenanted"):
+            for path, headers, body in _sent_to(context_id):
+                with caplog.at_level(logging.WARNING):
+                    answer = http.post(path, json=body, headers=headers, timeout=30)
+                error = _error_of(answer)
+                code = -32602 if path == "/a2a" else 400
+                assert error["code"] == code, (path, body, answer.text)
+                assert "TenantRequest needs tenant" in error["message"]
+                errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+                assert [r.getMessage() for r in errors] == []
+                assert [r for r in caplog.records if r.exc_info] == []
+                caplog.clear()
+        time.sleep(0.2)  # what a task started in the background would store
+        assert http.get("/sessions").json()["items"] == []
+        listing = http.get("/a2a/tasks", headers=version)
+        assert listing.json().get("tasks", []) == [], listing.text
 
 
 @pytest.mark.parametrize(
