@@ -1804,6 +1804,39 @@ def test_an_a2a_registry_is_refused_not_ignored() -> None:
         AgentApp(a2a_config={"wellknown_path": "card.json"})
 
 
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/health", "/health"),
+        ("/sessions", "/sessions"),
+        ("/sessions/mine", "/sessions/{session_id}"),
+        ("/docs", "/docs"),
+        ("/a2a/card", "/a2a/{rest:path}"),
+    ],
+)
+def test_a_wellknown_path_of_another_route_is_refused_at_start(path: str, route: str) -> None:
+    # The route there answered, the card was not served, and nothing said so.
+    from agentscope_serverless.errors import ConfigurationError
+
+    configured = AgentApp(app_name="echo-a2a", a2a_config={"wellknown_path": path})
+    configured.query(framework="text")(query)
+    with pytest.raises(ConfigurationError) as refused:
+        create_app(settings=load_settings(), agent_app=configured, key_store=Keys.make().store)
+    assert f"wellknown_path {path!r}" in str(refused.value)
+    assert f"GET {route}," in str(refused.value)
+
+
+def test_a_wellknown_path_of_the_a2a_route_serves_the_card() -> None:
+    configured = AgentApp(app_name="echo-a2a", a2a_config={"wellknown_path": "/a2a"})
+    configured.query(framework="text")(query)
+    keys = Keys.make()
+    web = create_app(settings=load_settings(), agent_app=configured, key_store=keys.store)
+    with running(web) as url:
+        card = httpx.get(f"{url}/a2a", headers=bearer(keys.alice))
+    assert card.status_code == 200, card.text
+    assert card.json()["name"] == "echo-a2a"
+
+
 @pytest.mark.parametrize("accept", ["application/json", "text/event-stream;q=0, */*"])
 async def test_an_accept_not_taking_events_is_a_406_to_an_http_json_stream(
     served: tuple[str, Keys], accept: str

@@ -198,6 +198,8 @@ def create_app(
         web = importlib.import_module(f"{__package__}.routers.web")
         app.include_router(web.router)
         app.router.routes.append(web.RootPathRedirect())
+    if getattr(app.state, "a2a_handler", None) is not None:
+        _refuse_a_taken_card_path(app.router.routes, app.state.a2a_handler)
     if agent_app is not None:
         runtime_routes = list(app.router.routes)
         if context.task_executor is not None:
@@ -261,6 +263,24 @@ def _warn_of_hidden(
                 "path to keep it)",
                 ours,
                 theirs,
+            )
+
+
+def _refuse_a_taken_card_path(routes: list[BaseRoute], a2a: Any) -> None:
+    """Refuse an ``a2a_config.wellknown_path`` where another of the runtime's ``routes``
+    answers ``GET`` (the A2A card's are ``a2a.card_routes``): one before the card's answered
+    there, the card silently not served, and one after was hidden. Under ``/a2a/`` is the
+    HTTP+JSON binding's; ``/a2a`` itself is the card's (A2A's route there takes ``POST``)."""
+    agent_app = a2a.context.agent_app
+    path = agent_app.a2a_config.wellknown_path if agent_app.a2a_config else None
+    if not path:
+        return
+    others = [route for route in routes if route not in a2a.card_routes]
+    for route_path, methods in _paths_and_methods(others):
+        if (methods is None or "GET" in methods) and _paths_overlap(path, route_path):
+            raise ConfigurationError(
+                f"a2a_config.wellknown_path {path!r} is the path of the runtime's route GET "
+                f"{route_path}, where the agent card would not be served: pick another path"
             )
 
 

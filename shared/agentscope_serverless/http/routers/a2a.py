@@ -46,6 +46,8 @@ class A2AApplication:
         self.context = context
         self._handler: Any = None
         self._router: Any = None
+        # The routes serving the agent card (see mount).
+        self.card_routes: list[Any] = []
 
     @property
     def router(self) -> Any:
@@ -119,6 +121,7 @@ def mount(app: FastAPI, context: AppContext) -> A2AApplication:
             responses=ERROR_RESPONSES,
             route_class_override=KeyedRoute,
         )
+        a2a.card_routes.append(app.router.routes[-1])
     return a2a
 
 
