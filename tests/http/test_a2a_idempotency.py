@@ -304,12 +304,12 @@ class _RunsHeldBeforeTheirSession(InMemorySessionHistoryService):
         self.release = threading.Event()
 
     async def refuse_changed_messages(
-        self, user_id: str, session_id: str, messages: list[Any], *, field: str
-    ) -> None:
+        self, user_id: str, session_id: str, messages: list[Any], **options: Any
+    ) -> set[str]:
         if self.hold.is_set():
             self.holding.set()
             await asyncio.to_thread(self.release.wait, 30)
-        await super().refuse_changed_messages(user_id, session_id, messages, field=field)
+        return await super().refuse_changed_messages(user_id, session_id, messages, **options)
 
 
 @pytest.mark.parametrize(
