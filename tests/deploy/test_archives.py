@@ -9,7 +9,10 @@ names, so neither prints nor needs a development key.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import threading
 import tracemalloc
 import zipfile
 from collections.abc import Iterator
@@ -685,6 +689,59 @@ def test_a_requirement_found_by_the_projects_find_links_is_packaged(
         assert "wheels/agentscope_private_sdk-1.0-py3-none-any.whl" in archive.namelist()
         setup = archive.read("requirements.txt").decode()
     assert "agentscope-private-sdk==1.0" in setup and "--" not in setup
+
+
+@contextlib.contextmanager
+def serving_files(folder: Path) -> Iterator[int]:
+    """An HTTP server on loopback handing out the files of ``folder``; yields its port."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_modelstudio_archive_pins_a_url_requirement_without_its_password(
+    tmp_path: Path,
+) -> None:
+    # Its requirements.txt kept `name @ http://bob:password@host/...` word for word, and the
+    # platform's offline SETUP_CMD fetched that URL again, failing where it cannot reach it.
+    project = tmp_path / "project"
+    write_wheel(tmp_path / "files", "agentscope_url_sdk", "1.0", "ANSWER = 42\n")
+    (project / "agent.py").parent.mkdir()
+    (project / "agent.py").write_text(
+        "import agentscope_url_sdk\nfrom agentscope_serverless.agents.demo import app\n"
+    )
+    with serving_files(tmp_path / "files") as port:
+        (project / "requirements.txt").write_text(
+            f"agentscope_url_sdk @ http://bob:Sup3rS3cretPw9@127.0.0.1:{port}/"
+            "agentscope_url_sdk-1.0-py3-none-any.whl\n"
+        )
+        report = build_modelstudio_archive(
+            project, tmp_path / "out", agent="agent:app", python_version=HOST_PYTHON
+        )
+    root = tmp_path / "unpacked"
+    with zipfile.ZipFile(report.path) as archive:
+        archive.extractall(root)
+    held = [p for p in root.rglob("*") if p.is_file() and b"Sup3rS3cretPw9" in p.read_bytes()]
+    assert held == []
+    assert "agentscope-url-sdk==1.0\n" in (root / "requirements.txt").read_text()
+    assert (root / "wheels" / "agentscope_url_sdk-1.0-py3-none-any.whl").is_file()
+    setup = shlex.split(read_config(root / "deploy_starter" / "config.yml")["SETUP_CMD"])
+    # As on the platform: the archive's wheels alone, none of this machine's pip settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    installed = subprocess.run(
+        [sys.executable, "-m", *setup, "--dry-run", "--ignore-installed", "--retries", "0"],
+        cwd=root,
+        env={**env, "PIP_CONFIG_FILE": os.devnull},
+        capture_output=True,
+        text=True,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "Processing ./wheels/agentscope_url_sdk-1.0-py3-none-any.whl" in installed.stdout
 
 
 def test_an_agent_whose_import_never_ends_is_told_to_connect_when_it_runs(

@@ -516,7 +516,8 @@ def build_modelstudio_archive(
         project.copy_runtime(staging)
         copied = project.copy_project(project_root, staging, leave_out=(out_dir, archive, scratch))
         # The platform's SETUP_CMD installs this: every pin, the project's included.
-        (staging / "requirements.txt").write_text("\n".join(project.pinned(resolved)) + "\n")
+        pins = _pinned_to_wheels(resolved, wheels)
+        (staging / "requirements.txt").write_text("\n".join(pins) + "\n")
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         _check_modelstudio_import(staging, agent, python_version, copied)
@@ -537,6 +538,32 @@ def build_modelstudio_archive(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return replace(report, left_out=left_out)
+
+
+# A requirement from a URL: ``name[extras] @ URL ; marker``.
+_DIRECT_URL = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<extras>\[[^\]]*\])?\s*@\s*\S+(?P<marker>\s*;.*)?$"
+)
+
+
+def _pinned_to_wheels(resolved: Path, wheels: Path) -> list[str]:
+    """The pins of ``resolved`` (:func:`~.project.pinned`), each ``name @ URL`` one pinned to
+    the version of its wheel in ``wheels`` instead (``name==1.0``): the offline install would
+    fetch the URL again, and the URL may hold a password (``https://user:token@...``), which
+    the archive must not, as the AgentRun archive and the SAM layer keep no requirements."""
+    # name-version(-build)-python-abi-platform.whl, the name with ``_`` for ``-`` and ``.``
+    versions = {}
+    for wheel in wheels.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        versions[name.lower()] = version
+    pins = []
+    for line in project.pinned(resolved):
+        direct = _DIRECT_URL.match(line)
+        if direct is not None:
+            version = versions[re.sub(r"[-_.]+", "_", direct["name"]).lower()]
+            line = f"{direct['name']}{direct['extras'] or ''}=={version}{direct['marker'] or ''}"
+        pins.append(line)
+    return pins
 
 
 def _build_source_archives(wheels: Path, platform: str, progress: Progress) -> None:
