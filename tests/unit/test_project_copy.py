@@ -395,6 +395,41 @@ def test_api_keys_and_tokens_in_data_files_stay_out_and_are_named(
     assert not [p for p in named if p in kept]
 
 
+def test_passwords_holding_punctuation_stay_out_and_are_named(
+    project: Path, tmp_path: Path
+) -> None:
+    """A config's password of 16 characters or more with a digit was archived, unnamed, when
+    it held common punctuation (``#``, ``$``, ``@``, ``!``, ``&``)."""
+    secrets = {
+        "config/db.ini": "[db]\npassword = Xk9#mP2$vL8@qR5!zT\n",
+        "config/prod.vars": "DB_PASSWORD=Tr0ub4dor&3horse!!\n",
+        "config/db.yaml": 'db:\n  password: "Sup3r!S3cret#2024"\n',
+        "config/commented.ini": "[db]\npassword = Xk9#mP2$vL8@qR5!zT  ; the production one\n",
+        "config/single.yaml": "password: 'Sup3r!S3cret#2024' # rotated in March\n",
+        "config/keys.json": '{"api_key": "Ab3$dE6^gH9*jK2~mN5", "user": "bot"}\n',
+    }
+    kept = {
+        # References to a secret kept elsewhere, text with spaces, placeholders: no secret.
+        "config/ref.yaml": 'password: "${DB_PASSWORD}"\ntoken: $GITHUB_TOKEN_FOR_CI_2024\n',
+        "config/interpolated.ini": "[db]\npassword = %(db_password_2024)s\n",
+        "config/vault.yaml": "password: '{{ vault_db_password_2024 }}'\n",
+        "config/sentence.yaml": 'password: "Sup3r S3cret 2024, said twice!"\n',
+        "config/code.cfg": 'api_key = os.environ["OPENAI_API_KEY_2"]\n',
+        "config/sample.ini": "password = changeme#Changeme2024!\n",
+        "config/path.yaml": "token: /run/secrets/db-password-2024!\n",
+    }
+    for name, text in {**secrets, **kept}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    target = tmp_path / "out"
+    target.mkdir()
+    copy_project(project, target)
+    assert copied(target) == {"README.md", "pkg/agent.py", "pkg/data/table.csv", *kept}
+    named = set(secrets_left_out(project))
+    assert set(secrets) <= named
+    assert not [p for p in named if p in kept]
+
+
 def test_kubeconfigs_putty_keys_and_docker_logins_stay_out_and_are_named(
     project: Path, tmp_path: Path
 ) -> None:

@@ -127,14 +127,21 @@ _SECRET_NAME = (
     rb"|(?:[a-z][a-z0-9]*_)*api_key|api-key|apiKey|(?:access_|refresh_|auth_|api_)?token"
     rb"|client_secret|secret_key|secret|password|passwd"
 )
-# A key-like value: 16 characters or more of a key's alphabet, a digit among them, ending
-# there (not a path, a URL, a secret's name in a store, ``os.environ/NAME``, ``${NAME}``,
-# ``$NAME``, text with spaces).
-_SECRET_VALUE = rb"(?P<value>(?=[\w.+=-]*\d)[\w.+=-]{16,})(?![^\s\"',;}\])])"
+# A key-like value: 16 printable characters or more, a digit among them, ending there (at
+# its closing quote, when quoted: the quotes are not part of it; else at a space, before a
+# comment): a password's punctuation (``Xk9#mP2$vL8@qR5!zT``) is in, but not a ``/`` (a path,
+# a URL, a secret's name in a store, ``os.environ/NAME``), a space (text), a quote
+# (``os.environ["NAME"]``), nor a reference's start (``${NAME}``, ``$NAME``, ``%(name)s``,
+# ``{{ name }}``, ``<password>``, a secret's ARN).
+_SECRET_VALUE = (
+    rb"(?P<quote>[\"'])?(?![$%{<]|arn:)"
+    rb"(?P<value>(?=[^\x00-\x20\x7f/\"']*\d)[^\x00-\x20\x7f/\"']{16,})"
+    rb"(?(quote)(?P=quote)|(?!\S))"
+)
 # A data file (a config, a JSON, a dotenv file of any name) assigning one such name a literal
 # value: ``OPENAI_API_KEY=...``, ``"api_key": "..."``, ``token: ...``.
 _ASSIGNED_SECRET = re.compile(
-    rb"(?<![\w.-])[\"']?(?:" + _SECRET_NAME + rb")[\"']?[ \t]*[:=][ \t]*[\"']?" + _SECRET_VALUE
+    rb"(?<![\w.-])[\"']?(?:" + _SECRET_NAME + rb")[\"']?[ \t]*[:=][ \t]*" + _SECRET_VALUE
 )
 # A URL carrying its password (``postgresql://app:s3cr3t-2024@db.internal/app``,
 # ``redis://:pa55word@cache:6379``, ``amqp://bot:hunter22@mq``), as a config names its database:
