@@ -15,12 +15,14 @@ directory; an archive installs the ``--requirement``/``-r`` entries with its req
 the deployers' ``requirements=[...]``). The runtime comes from this package, pinned by its
 ``runtime.lock``. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
 stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
-is built; ``--skip-upload`` builds the archive).
+is built; ``--skip-upload`` builds the archive); an archive's build stopped by SIGTERM or
+Ctrl-C exits with 143 or 130 once it has removed what it wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -343,17 +345,15 @@ def _build_archive(
         except AgentScopeServerlessError as exc:
             _fail(exc.message, code=2)
     name = name or default_archive_name(agent, manager.project_root)
-    with _steps(f"building the {manager.platform_name} archive") as step:
+    with _exit_on_signals(), _steps(f"building the {manager.platform_name} archive") as step:
         try:
-            info = asyncio.run(
-                manager.deploy(
-                    agent,
-                    environment=env,
-                    deploy_name=name,
-                    skip_upload=skip_upload,
-                    progress=step,
-                    requirements=requirements,
-                )
+            info = manager.deploy_sync(
+                agent,
+                environment=env,
+                deploy_name=name,
+                skip_upload=skip_upload,
+                progress=step,
+                requirements=requirements,
             )
         except UploadNotAvailableError as exc:
             errors.print(f"[bold yellow]not uploaded:[/bold yellow] {escape(exc.message)}")
@@ -365,6 +365,42 @@ def _build_archive(
     console.print(f"archive: {info['artifact_path']}", markup=False)
     console.print(f"size: {info['size_bytes']} bytes", markup=False)
     _say_left_out(info["left_out"])
+
+
+class _Stopped(BaseException):
+    """A stop signal, raised where the build is: no ``except Exception`` takes it for a
+    failure to go on from."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _exit_on_signals() -> Iterator[None]:
+    """Exit with 128 + the signal's number (143, 130) on SIGTERM (a CI job cancelled,
+    ``timeout``) or Ctrl-C, once the build has unwound: the tool it runs is killed and its
+    folder in --out removed, where the default SIGTERM ended the process at once and left
+    them. A second signal meets the handler of before (a second Ctrl-C cuts that short)."""
+
+    def stop(signum: int, frame: object) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    except _Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        errors.print(f"[bold yellow]stopped[/bold yellow] by {name}", markup=True)
+        raise typer.Exit(128 + stopped.signum) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _say_left_out(left_out: list[str]) -> None:

@@ -36,7 +36,7 @@ import pytest
 
 from agentscope_serverless.errors import PackagingError
 from agentscope_serverless.packaging import build_agentrun_archive, build_modelstudio_archive
-from agentscope_serverless.packaging.archives import ArchiveReport, _zip_tree
+from agentscope_serverless.packaging.archives import ArchiveReport, _owner, _zip_tree
 from agentscope_serverless.packaging.project import check_agent_import
 from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, unpack
@@ -287,11 +287,88 @@ def test_an_environment_value_holding_a_nul_is_refused_without_showing_it(tmp_pa
 
 
 def test_an_archive_above_the_limit_fails_naming_the_limit(tmp_path: Path) -> None:
-    with pytest.raises(PackagingError, match="limit of 1024 bytes"):
+    with pytest.raises(PackagingError, match="limit of 1024 bytes") as refused:
         build_agentrun_archive(
             PROJECT_ROOT, tmp_path, python_version=HOST_PYTHON, max_zip_bytes=1024
         )
     assert not (tmp_path / "agentscope-serverless-agentrun.zip").exists()
+    # It told a CLI user to "raise max_zip_bytes", which no option sets, and named nothing.
+    assert re.search(r"the largest, zipped: [\w.]+/ \(\d+\.\d MB; ", str(refused.value))
+    assert "max_zip_bytes" not in str(refused.value)
+
+
+def test_a_project_whose_own_files_are_too_big_is_refused_naming_them_before_installing(
+    tmp_path: Path,
+) -> None:
+    # It was refused only once every dependency was installed and zipped, blaming them.
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text(NO_INDEX)
+    (project / "models" / "big.bin").write_bytes(os.urandom(300_000))
+    (project / "notes.txt").write_text("a line that shrinks a lot zipped\n" * 100_000)
+    for build in (build_agentrun_archive, build_modelstudio_archive):
+        with pytest.raises(PackagingError) as refused:
+            build(
+                project,
+                tmp_path / "out",
+                agent="agent:app",
+                python_version=HOST_PYTHON,
+                max_zip_bytes=200_000,
+            )
+        message = str(refused.value)
+        assert message.startswith(
+            "the project's own files zip to more than the platform's limit of 200000 bytes "
+            "(0.2 MiB) on the archive, before any dependency; the largest, zipped: models/ "
+            "(0.3 MB; models/big.bin 0.3 MB), notes.txt (0.0 MB). Move big data"
+        ), message
+        assert "max_zip_bytes" not in message
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_project_files_that_zip_below_the_limit_are_not_refused_for_their_size(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text(NO_INDEX)
+    (project / "notes.txt").write_text("a line that shrinks a lot zipped\n" * 100_000)
+    with pytest.raises(PackagingError, match="resolving") as refused:
+        build_agentrun_archive(
+            project,
+            tmp_path / "out",
+            agent="agent:app",
+            python_version=HOST_PYTHON,
+            max_zip_bytes=1_000_000,
+        )
+    assert "limit" not in str(refused.value)
+
+
+def test_a_build_removes_the_folders_of_builds_killed_before_and_keeps_those_running(
+    tmp_path: Path,
+) -> None:
+    # A build killed (SIGKILL, a machine stopped) left its folder, a copy of the project and
+    # every dependency, in the output folder for good.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text(NO_INDEX)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    out = tmp_path / "out"
+    killed = out / f".agentscope-build-other-agentrun-{_owner(gone.pid)}-abcd_123"
+    running = out / f".agentscope-build-other-agentrun-{_owner(os.getpid())}-efgh_456"
+    elsewhere = out / f".agentscope-build-other-agentrun-0000abcd-pid{gone.pid}-ijkl_789"
+    unknown = out / ".agentscope-build-other-agentrun-mnop_012"  # an older version's
+    for folder in (killed, running, elsewhere, unknown):
+        (folder / "archive").mkdir(parents=True)
+        (folder / "archive" / "big.bin").write_bytes(b"0" * 1000)
+    with pytest.raises(PackagingError, match="resolving"):
+        build_agentrun_archive(project, out, agent="agent:app", python_version=HOST_PYTHON)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [running.name, elsewhere.name, unknown.name]
+    )
 
 
 def test_environment_names_must_be_variable_names(tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from tests.conftest import PROJECT_ROOT
 from tests.deploy.conftest import HOST_PYTHON, OUTPUTS, FakeSam
 from tests.deploy.test_archives import write_wheel
 from tests.deploy.test_deployers import without_alibaba_cloud_credentials
+from tests.support.signals import terminal_signals
 
 runner = CliRunner()
 
@@ -467,3 +470,40 @@ def test_an_env_option_naming_a_setting_amiss_or_giving_it_a_bad_value_is_refuse
     assert result.exit_code == 1, result.output
     assert says in said and "sk-secret" not in said and "OPENAI" not in said, said
     assert not out.exists() or not list(out.iterdir())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_build_stopped_by_a_signal_removes_its_folder_and_exits_with_the_signals_code(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    # Stopped by SIGTERM (a CI job cancelled, `timeout`), a build ended at once, leaving its
+    # folder (a copy of the project and every dependency, 79 MB) in --out for good.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    (project / "requirements.txt").write_text("")
+    out = tmp_path / "dist"
+    build = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentscope_serverless.cli", "deploy", "agentrun"),
+            *("--agent", "agent:app", "--source", str(project), "--out", str(out)),
+            *("--python-version", HOST_PYTHON, "--skip-upload"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=terminal_signals,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".agentscope-build-*")):
+            assert build.poll() is None, build.communicate()
+            assert time.monotonic() < deadline, "the build never made its folder"
+            time.sleep(0.05)
+        build.send_signal(signum)
+        _, stderr = build.communicate(timeout=60)
+    finally:
+        build.kill()
+    assert build.returncode == 128 + signum, stderr
+    assert f"stopped by {signum.name}" in stderr
+    assert list(out.iterdir()) == []

@@ -229,25 +229,46 @@ class ArchiveDeployManager(DeployManager):
         """
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        return await asyncio.to_thread(
+            self.deploy_sync,
+            app,
+            environment=environment,
+            deploy_name=deploy_name,
+            port=port,
+            skip_upload=skip_upload,
+            progress=progress,
+            requirements=requirements,
+        )
+
+    def deploy_sync(
+        self,
+        app: Any = None,
+        *,
+        environment: dict[str, str] | None = None,
+        deploy_name: str | None = None,
+        port: int | None = None,
+        skip_upload: bool = False,
+        progress: Progress | None = None,
+        requirements: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """:meth:`deploy` in the calling thread: the CLI builds in its main thread, where a
+        signal's exception (SIGTERM, Ctrl-C) unwinds the build, which then removes its
+        folder."""
         if not skip_upload and self._has_credentials():
             raise UploadNotAvailableError(self.platform_name)
         from agentscope_serverless.packaging.archives import DEFAULT_AGENT
 
         if not self._root_given:
-            await asyncio.to_thread(
-                self.use_project, default_project_root(DEFAULT_AGENT if app is None else app)
-            )
+            self.use_project(default_project_root(DEFAULT_AGENT if app is None else app))
         if app is None:
-            await asyncio.to_thread(
-                refuse_missing_app,
+            refuse_missing_app(
                 self.project_root,
                 self.build_root,
                 give="app='module:attribute' (or the AgentApp object)",
             )
         if deploy_name is None:
             deploy_name = default_archive_name(app, self.project_root)
-        report = await asyncio.to_thread(
-            self._build,
+        report = self._build(
             import_path_of(DEFAULT_AGENT if app is None else app, self.project_root),
             environment=environment,
             name=deploy_name,

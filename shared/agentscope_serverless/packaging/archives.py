@@ -24,11 +24,13 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import stat
 import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -88,8 +90,47 @@ def _scratch(out_dir: Path, archive: Path) -> Path:
             f"the output folder {out_dir} cannot be made ({exc.strerror}): --out names the "
             f"folder the archive goes in, {archive.name} in it"
         ) from None
-    prefix = f"{project.SCRATCH_PREFIX}{archive.stem}-"
+    _remove_stale_scratch(out_dir)
+    prefix = f"{project.SCRATCH_PREFIX}{archive.stem}-{_owner(os.getpid())}-"
     return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir))
+
+
+def _owner(pid: int) -> str:
+    """How a build folder's name tells the process building in it: this machine's (a hash
+    of its host name: an output folder may be shared) process ``pid``."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}-pid{pid}"
+
+
+# The end of a build folder's name: the process building in it (_owner), then mkdtemp's.
+_SCRATCH_OWNER = re.compile(r"-([0-9a-f]{8}-pid([0-9]+))-[^-]*$")
+
+
+def _remove_stale_scratch(out_dir: Path) -> None:
+    """Remove the build folders in ``out_dir`` whose process is gone: a build killed (SIGKILL,
+    a machine stopped) could not remove its own, a copy of the project and every dependency.
+    One whose process still runs is another build's, kept; so is one of another machine, or
+    whose name tells no process (an older version's): nothing here tells whether it is in
+    use."""
+    for folder in out_dir.glob(f"{project.SCRATCH_PREFIX}*"):
+        found = _SCRATCH_OWNER.search(folder.name)
+        if not found or not folder.is_dir():
+            continue
+        pid = int(found.group(2))
+        if found.group(1) == _owner(pid) and not _running(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's too)."""
+    if pid <= 0:
+        return True  # no process's: os.kill would signal a group
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _archived_mode(path: Path) -> int:
@@ -135,6 +176,7 @@ def _zip_tree(
     files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.as_posix())
     date_time = _archived_time()
     unpacked = 0
+    zipped: dict[str, int] = {}
     with zipfile.ZipFile(partial, "w") as zf:
         for i, path in enumerate(files, 1):
             info = zipfile.ZipInfo(path.relative_to(root).as_posix(), date_time)
@@ -145,16 +187,81 @@ def _zip_tree(
             with path.open("rb") as source, zf.open(info, "w") as entry:
                 shutil.copyfileobj(source, entry, 1 << 20)
             unpacked += info.file_size
+            zipped[info.filename] = info.compress_size
             if i % 500 == 0 or i == len(files):
                 progress(f"zipped {i}/{len(files)} files")
     report = ArchiveReport(archive, partial.stat().st_size, unpacked, len(files), limit)
     if report.size_bytes > limit:
         raise PackagingError(
-            f"the archive is {report.size_bytes} bytes, above the limit of {limit} bytes "
-            f"({limit / 2**20:.1f} MiB): remove dependencies or raise max_zip_bytes"
+            f"the archive is {report.size_bytes} bytes, above the platform's limit of {limit} "
+            f"bytes ({limit / 2**20:.1f} MiB); the largest, zipped: {_largest(zipped)}. "
+            f"{_MAKE_SMALLER}, or drop dependencies the agent does not need"
         )
     partial.replace(archive)
     return report
+
+
+# What to do about a project its own files make too big; the platform's limit is fixed.
+_MAKE_SMALLER = (
+    "Move big data (a model, a data set) out of the project folder and load it at run time "
+    "(from object storage, say)"
+)
+# How many of the largest entries an archive above its limit names.
+LARGEST_SHOWN = 5
+
+
+def _largest(zipped: Mapping[str, int]) -> str:
+    """The largest entries of an archive whose files zip to ``zipped`` bytes (by path), as
+    "models/big.bin (540.0 MB)": each file at the top, each folder there (a dependency of a
+    flat site-packages, or one of the project's) with its largest file named, and each wheel
+    of a ``wheels/`` folder (a ModelStudio archive's dependencies)."""
+    totals: dict[str, int] = {}
+    biggest: dict[str, str] = {}
+    for path, size in zipped.items():
+        top = path.split("/")[0]
+        top = path if top == "wheels" else top
+        totals[top] = totals.get(top, 0) + size
+        if top not in biggest or zipped[biggest[top]] < size:
+            biggest[top] = path
+    shown = []
+    for top in sorted(totals, key=lambda name: (-totals[name], name))[:LARGEST_SHOWN]:
+        total, largest = f"{totals[top] / 1e6:.1f} MB", biggest[top]
+        if largest == top:
+            shown.append(f"{top} ({total})")
+        else:
+            shown.append(f"{top}/ ({total}; {largest} {zipped[largest] / 1e6:.1f} MB)")
+    return ", ".join(shown)
+
+
+def _refuse_big_project(project_root: Path, leave_out: Sequence[Path], limit: int) -> None:
+    """Refuse, before any dependency is resolved or installed, a project whose own files
+    already zip above ``limit``, naming the largest. Their sizes are added up first: only
+    when the sum is above the limit are the files compressed (the largest first, and no
+    further than the limit) to tell, as some shrink a lot."""
+    files = project.project_files(project_root, leave_out=leave_out)
+    sizes = {path: path.stat().st_size for path in files}
+    if sum(sizes.values()) <= limit:
+        return
+    zipped: dict[str, int] = {}
+    for path in sorted(files, key=lambda p: (-sizes[p], p)):
+        zipped[path.relative_to(project_root).as_posix()] = _deflated_size(path)
+        if sum(zipped.values()) > limit:
+            raise PackagingError(
+                f"the project's own files zip to more than the platform's limit of {limit} "
+                f"bytes ({limit / 2**20:.1f} MiB) on the archive, before any dependency; the "
+                f"largest, zipped: {_largest(zipped)}. {_MAKE_SMALLER}"
+            )
+
+
+def _deflated_size(path: Path) -> int:
+    """The bytes ``path`` takes zipped (deflated as :func:`_zip_tree` does), read a piece at
+    a time."""
+    deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, -15)
+    size = 0
+    with path.open("rb") as source:
+        while piece := source.read(1 << 20):
+            size += len(deflate.compress(piece))
+    return size + len(deflate.flush())
 
 
 def _drop_install_leftovers(site_packages: Path) -> None:
@@ -288,6 +395,7 @@ def build_agentrun_archive(
     out_dir = out_dir.resolve()  # the import check runs in a folder of its own
     archive = out_dir / f"{name}-agentrun.zip"
     project.check_archivable(project_root, leave_out=(out_dir, archive))
+    _refuse_big_project(project_root, (out_dir, archive), max_zip_bytes)
     left_out = tuple(project.secrets_left_out(project_root))
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"
@@ -470,6 +578,7 @@ def build_modelstudio_archive(
             "starter (main.py, config.yml): rename it, or remove it if an earlier "
             "packaging left it"
         )
+    _refuse_big_project(project_root, (out_dir, archive), max_zip_bytes)
     left_out = tuple(project.secrets_left_out(project_root))
     scratch = _scratch(out_dir, archive)
     staging = scratch / "archive"

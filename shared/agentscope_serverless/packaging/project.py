@@ -282,15 +282,33 @@ def check_archivable(source: Path, *, leave_out: Sequence[Path] = ()) -> list[st
         return []
     ignore = _project_ignore(source, leave_out)
     entries = _project_entries(source, ignore)
+    for path in _archived_paths(entries, ignore):
+        _refuse_unencodable_name(path.relative_to(source))
+    return [entry.name for entry in entries]
+
+
+def project_files(source: Path, *, leave_out: Sequence[Path] = ()) -> list[Path]:
+    """The files :func:`copy_project` takes from ``source`` (after :func:`check_archivable`),
+    as paths in it."""
+    if is_this_repository(source):
+        return []
+    ignore = _project_ignore(source, leave_out)
+    paths = _archived_paths(_project_entries(source, ignore), ignore)
+    return [path for path in paths if path.is_file()]
+
+
+def _archived_paths(
+    entries: Sequence[Path], ignore: Callable[[str, list[str]], set[str]]
+) -> list[Path]:
+    """``entries`` and every path below them that ``ignore`` does not leave out."""
+    paths = []
     for entry in entries:
-        paths = [entry]
+        paths.append(entry)
         for folder, folders, files in os.walk(entry, followlinks=True):
             skipped = ignore(folder, [*folders, *files])
             folders[:] = [name for name in folders if name not in skipped]
             paths += [Path(folder, name) for name in [*folders, *files] if name not in skipped]
-        for path in paths:
-            _refuse_unencodable_name(path.relative_to(source))
-    return [entry.name for entry in entries]
+    return paths
 
 
 def _refuse_unencodable_name(path: Path) -> None:
@@ -1325,6 +1343,7 @@ __all__ = [
     "interpreter",
     "is_this_repository",
     "pinned",
+    "project_files",
     "project_requirements",
     "refuse_shadowing",
     "refuse_standard_shadowing",
