@@ -90,7 +90,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 from agentscope_serverless.schemas.exception import AppBaseException, UnknownAgentException
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._stored import EncodedMessages
-from agentscope_serverless.services._turn import AgentWrites, agent_turn
+from agentscope_serverless.services._turn import AgentWrites, agent_turn, take_repeated
 from agentscope_serverless.services._validation import (
     new_or_clean_session_id,
     require_input_ids,
@@ -147,8 +147,6 @@ _turn_end: ContextVar[list[tuple[TurnEnd, TurnKept]] | None] = ContextVar("turn_
 _first_text_held: ContextVar[list[FirstTextHeld] | None] = ContextVar(
     "first_text_held", default=None
 )
-# Whether the next run started in this context repeats an earlier request (taken once).
-_repeated: ContextVar[list[bool] | None] = ContextVar("repeated", default=None)
 
 _ROLES = (Role.ASSISTANT, Role.USER, Role.SYSTEM, Role.TOOL)
 EventT = TypeVar("EventT", bound=Event)
@@ -543,7 +541,7 @@ class Runner(ServiceLifecycleManagerMixin):
         # The input the session holds already (sent again: a retry, or a conversation
         # resent whole) was added to memory when first stored.
         held = await self.session_history_service.refuse_changed_messages(
-            user, session_id, request.input, field="input", made_too=_take_repeated()
+            user, session_id, request.input, field="input", made_too=take_repeated()
         )
         session = await self.session_history_service.open_session(
             user, session_id, recent=self.history_window
@@ -1455,19 +1453,6 @@ def tell_first_text_held(told: FirstTextHeld) -> None:
     recorder measures the time to the first token from it, not from when the text is sent.
     Runs started after it, inside it or in the same context, tell nothing."""
     _first_text_held.set([told])
-
-
-def repeats_earlier_request() -> None:
-    """Tell the next run started in the current context that it repeats an earlier request
-    (a retry after a run that may have stored its input): every id of its input is looked
-    up in the session, not only those its sender gave, and the messages found are not added
-    to memory again. Runs started after it, inside it or in the same context, do not."""
-    _repeated.set([True])
-
-
-def _take_repeated() -> bool:
-    repeated = _repeated.get()
-    return repeated.pop() if repeated else False
 
 
 def _take_first_text_held() -> FirstTextHeld | None:

@@ -68,13 +68,13 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.http.errors import response_for
 from agentscope_serverless.http.params import SESSION_HEADER
 from agentscope_serverless.log import logger
-from agentscope_serverless.runner import repeats_earlier_request
 from agentscope_serverless.schemas.agent_schemas import (
     RunStatus,
     first_response_id,
     seed_message_ids,
 )
 from agentscope_serverless.services._once import seed_writes
+from agentscope_serverless.services._turn import repeats_earlier_request
 from agentscope_serverless.services.idempotency import (
     Claim,
     ClaimOutcome,

@@ -76,11 +76,32 @@ def note_memory_write(user_id: str) -> None:
         writes.memory = True
 
 
+# Whether the next run started in this context repeats an earlier request (taken once).
+_REPEATED: ContextVar[list[bool] | None] = ContextVar("repeated_request", default=None)
+
+
+def repeats_earlier_request() -> None:
+    """Tell the next run started in the current context that it repeats an earlier request
+    (a retry after a run that may have stored its input): every id of its input is looked
+    up in the session, not only those its sender gave, and the messages found are not added
+    to memory again. Runs started after it, inside it or in the same context, do not."""
+    _REPEATED.set([True])
+
+
+def take_repeated() -> bool:
+    """Whether the run starting now repeats an earlier request (see
+    :func:`repeats_earlier_request`); asked once."""
+    repeated = _REPEATED.get()
+    return repeated.pop() if repeated else False
+
+
 __all__ = [
     "AgentWrites",
     "acting_for",
     "agent_turn",
     "note_history_write",
     "note_memory_write",
+    "repeats_earlier_request",
+    "take_repeated",
     "turn_user_id",
 ]

@@ -68,7 +68,7 @@ from agentscope_serverless.http.routers.runs import read_record
 from agentscope_serverless.http.sse import EventStreamResponse, RunEventStream, encode
 from agentscope_serverless.metrics import run_metrics
 from agentscope_serverless.recorder import RecordedRun, RunRecorder
-from agentscope_serverless.runner import for_turn_only, repeats_earlier_request
+from agentscope_serverless.runner import for_turn_only
 from agentscope_serverless.schemas.agent_schemas import (
     AgentRequest,
     AgentResponse,
@@ -80,6 +80,7 @@ from agentscope_serverless.schemas.agent_schemas import (
 )
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services._once import new_uuid
+from agentscope_serverless.services._turn import repeats_earlier_request
 from agentscope_serverless.services._validation import (
     clean_session_id,
     new_or_clean_session_id,
