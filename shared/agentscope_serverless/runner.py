@@ -104,7 +104,7 @@ from agentscope_serverless.services.manager import ServiceManager
 from agentscope_serverless.services.memory.base import MAX_TOP_K, MemoryService
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 from agentscope_serverless.settings import Settings
-from agentscope_serverless.threads import ThreadWorker
+from agentscope_serverless.threads import ThreadWorker, stepped
 
 FRAMEWORKS = ("text", "agentscope")
 # What a run gives its query handler, by name (each only to a handler that takes it).
@@ -889,19 +889,12 @@ async def _items_in_a_thread(call: Callable[[], Any]) -> AsyncGenerator[Any, Non
                 async for item in items:
                     yield item
             return
-        done = object()
-        try:
-            while (item := await worker.run(next, result, done)) is not done:
+        # Ended early (the run canceled, its reader gone, an item refused): the generator is
+        # closed in its thread, in the run's context (its user and request), within
+        # CLEANUP_SECONDS (or until the run's cleanup is cut short).
+        async with contextlib.aclosing(stepped(worker, result, CLEANUP_SECONDS)) as items:
+            async for item in items:
                 yield item
-        finally:
-            # Ended early (the run canceled, its reader gone, an item refused): the generator
-            # is closed in its thread, once the step it may be taking is over, in the run's
-            # context (its user and request), so its ``finally`` may block without holding
-            # the server. A thread cannot be stopped: one still busy after CLEANUP_SECONDS
-            # (or once the run's cleanup is cut short) is left to close it on its own.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CLEANUP_SECONDS):
-                    await worker.run(result.close)
     finally:
         worker.close()
 

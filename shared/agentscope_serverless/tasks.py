@@ -41,7 +41,7 @@ from agentscope_serverless.services.idempotency.base import (
     StoredResponse,
 )
 from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
-from agentscope_serverless.threads import ThreadWorker
+from agentscope_serverless.threads import ThreadWorker, stepped
 from agentscope_serverless.time_limit import seconds_left
 
 TASK_FAILED = "TASK_FAILED"
@@ -238,16 +238,9 @@ async def _in_a_thread(function: Callable[..., Any], payload: Any) -> Any:
         result = await worker.run(function, payload)
         if not inspect.isgenerator(result):
             return result
-        done = object()
-        items = []
-        try:
-            while (item := await worker.run(next, result, done)) is not done:
-                items.append(item)
-        finally:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TIME_LIMIT_CLEANUP_SECONDS):
-                    await worker.run(result.close)
-        return items
+        steps = stepped(worker, result, TIME_LIMIT_CLEANUP_SECONDS)
+        async with contextlib.aclosing(steps) as items:
+            return [item async for item in items]
     finally:
         worker.close()
 
@@ -438,7 +431,6 @@ class LocalTaskExecutor:
         # The slots taken, by user: a task's from its submission (before it is stored, so
         # concurrent submissions cannot all pass the bound) until it ends.
         self._taken: dict[str, int] = {}
-        self._total = 0
 
     async def submit(self, task: TaskDefinition, user_id: str, payload: Any) -> RunRecord:
         """Store the task as submitted, start it, and return its record; raises
@@ -465,12 +457,12 @@ class LocalTaskExecutor:
         return record
 
     def _take(self, user_id: str) -> None:
-        mine = self._taken.get(user_id, 0)
+        mine, total = self._taken.get(user_id, 0), sum(self._taken.values())
         # The server's bound first: without a share of their own (TASKS_MAX_RUNNING_PER_USER
         # unset), a user is told the server is full, not that they hold too many.
-        if self._total >= self.max_running:
+        if total >= self.max_running:
             raise TaskCapacityError(
-                f"this server runs {self._total} background tasks at once, its most "
+                f"this server runs {total} background tasks at once, its most "
                 "(TASKS_MAX_RUNNING): the task was not submitted; submit it again once some "
                 "have ended",
                 retry_after=BUSY_RETRY_SECONDS,
@@ -483,10 +475,8 @@ class LocalTaskExecutor:
                 retry_after=BUSY_RETRY_SECONDS,
             )
         self._taken[user_id] = mine + 1
-        self._total += 1
 
     def _give_back(self, user_id: str) -> None:
-        self._total -= 1
         left = self._taken[user_id] - 1
         if left:
             self._taken[user_id] = left

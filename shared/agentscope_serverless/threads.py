@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
@@ -127,6 +127,24 @@ def _settle(
         loop.call_soon_threadsafe(settle)
 
 
+async def stepped(
+    worker: ThreadWorker, generator: Generator[_T, Any, Any], close_within: float
+) -> AsyncGenerator[_T, None]:
+    """The items of a plain ``generator``, each of its steps taken in ``worker``'s thread.
+    Ended early (its reader gone, cancelled), the generator is closed in that thread once
+    the step it may be taking is over, so its ``finally`` may block without holding the
+    loop; one still busy after ``close_within`` seconds is left to close on its own (a
+    thread cannot be stopped)."""
+    done = object()
+    try:
+        while (item := await worker.run(next, generator, done)) is not done:
+            yield cast(_T, item)
+    finally:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(close_within):
+                await worker.run(generator.close)
+
+
 async def run_in_thread(function: Callable[..., _T], /, *args: Any) -> _T:
     """``function(*args)`` called in a daemon thread of its own (see :class:`ThreadWorker`):
     ``asyncio.to_thread`` without holding the process's exit."""
@@ -137,4 +155,4 @@ async def run_in_thread(function: Callable[..., _T], /, *args: Any) -> _T:
         worker.close()
 
 
-__all__ = ["ThreadWorker", "run_in_thread"]
+__all__ = ["ThreadWorker", "run_in_thread", "stepped"]

@@ -243,9 +243,11 @@ def _refuse_big_project(project_root: Path, leave_out: Sequence[Path], limit: in
     if sum(sizes.values()) <= limit:
         return
     zipped: dict[str, int] = {}
+    total = 0
     for path in sorted(files, key=lambda p: (-sizes[p], p)):
-        zipped[path.relative_to(project_root).as_posix()] = _deflated_size(path)
-        if sum(zipped.values()) > limit:
+        zipped[path.relative_to(project_root).as_posix()] = size = _deflated_size(path)
+        total += size
+        if total > limit:
             raise PackagingError(
                 f"the project's own files zip to more than the platform's limit of {limit} "
                 f"bytes ({limit / 2**20:.1f} MiB) on the archive, before any dependency; the "
