@@ -115,6 +115,7 @@ _NAMESPACE = re.compile(r"[0-9A-Za-z.\-_/#: ]+")
 _DIMENSION_VALUE = re.compile(r"(?=.*[^ ])[ -~]{1,1024}")
 # A web origin: scheme://host[:port], in any case.
 _ORIGIN = re.compile(r"(https?)://([^/\s:]+)(?::(\d{1,5}))?", re.IGNORECASE)
+TASKS_MAX_RUNNING = 64  # the default of ``tasks_max_running``
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # The schemes each URL setting takes (the Redis client's own for REDIS_URL).
 _HTTP_SCHEMES = ("http", "https")
@@ -283,7 +284,7 @@ class Settings(BaseModel):
         None, description="Lambda API endpoint (for a local emulator); unset: AWS."
     )
     tasks_max_running: int = Field(
-        64,
+        TASKS_MAX_RUNNING,
         ge=1,
         le=10_000,
         description=(

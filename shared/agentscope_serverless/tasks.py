@@ -41,6 +41,7 @@ from agentscope_serverless.services.idempotency.base import (
     StoredResponse,
 )
 from agentscope_serverless.services.runs.base import HEARTBEAT_SECONDS, RunRecord, RunsService
+from agentscope_serverless.settings import TASKS_MAX_RUNNING
 from agentscope_serverless.threads import ThreadWorker, stepped
 from agentscope_serverless.time_limit import seconds_left
 
@@ -55,9 +56,8 @@ _STOPPED_ERROR = {
 # How long a stopping server waits for the tasks still running to end, then for those it
 # cancels (their cleanup, their end stored).
 STOP_WAIT_SECONDS = 5.0
-# How many background tasks a server runs at once (TASKS_MAX_RUNNING), and how long a
-# submission refused for want of a free slot is told to wait (Retry-After).
-DEFAULT_MAX_RUNNING = 64
+# How long a submission refused for want of a free slot is told to wait (Retry-After); how
+# many tasks a server runs at once is the TASKS_MAX_RUNNING setting.
 BUSY_RETRY_SECONDS = 5
 # The key of the event of an asynchronous Lambda invocation that runs a task.
 TASK_EVENT_KEY = "agentscope_task"
@@ -421,7 +421,7 @@ class LocalTaskExecutor:
         self,
         runs: RunsService,
         *,
-        max_running: int = DEFAULT_MAX_RUNNING,
+        max_running: int = TASKS_MAX_RUNNING,
         max_per_user: int | None = None,
     ) -> None:
         self.runs = runs
