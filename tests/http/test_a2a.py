@@ -1811,7 +1811,9 @@ def test_an_a2a_registry_is_refused_not_ignored() -> None:
         ("/sessions", "/sessions"),
         ("/sessions/mine", "/sessions/{session_id}"),
         ("/docs", "/docs"),
-        ("/a2a/card", "/a2a/{rest:path}"),
+        ("/a2a/tasks", "/a2a/tasks"),
+        ("/a2a/v1/card", "/a2a/v1/card"),
+        ("/a2a/tasks/mine", "/a2a/tasks/{id}"),
     ],
 )
 def test_a_wellknown_path_of_another_route_is_refused_at_start(path: str, route: str) -> None:
@@ -1826,15 +1828,19 @@ def test_a_wellknown_path_of_another_route_is_refused_at_start(path: str, route:
     assert f"GET {route}," in str(refused.value)
 
 
-def test_a_wellknown_path_of_the_a2a_route_serves_the_card() -> None:
-    configured = AgentApp(app_name="echo-a2a", a2a_config={"wellknown_path": "/a2a"})
+@pytest.mark.parametrize("path", ["/a2a", "/a2a/card", "/a2a/agent/card.json"])
+def test_a_wellknown_path_the_a2a_routes_do_not_serve_serves_the_card(path: str) -> None:
+    # Every path under /a2a/ was refused, though A2A serves GET on a few of them only.
+    configured = AgentApp(app_name="echo-a2a", a2a_config={"wellknown_path": path})
     configured.query(framework="text")(query)
     keys = Keys.make()
     web = create_app(settings=load_settings(), agent_app=configured, key_store=keys.store)
     with running(web) as url:
-        card = httpx.get(f"{url}/a2a", headers=bearer(keys.alice))
+        card = httpx.get(f"{url}{path}", headers=bearer(keys.alice))
+        task = httpx.get(f"{url}/a2a/tasks/nowhere", headers=bearer(keys.alice))
     assert card.status_code == 200, card.text
     assert card.json()["name"] == "echo-a2a"
+    assert task.status_code != 200 and "echo-a2a" not in task.text  # the binding still answers
 
 
 @pytest.mark.parametrize("accept", ["application/json", "text/event-stream;q=0, */*"])

@@ -67,7 +67,11 @@ from agentscope_serverless.http.middleware import (
     StartupFailureMiddleware,
     WebSocketOriginMiddleware,
 )
-from agentscope_serverless.http.openapi import ERROR_RESPONSES, complete_document
+from agentscope_serverless.http.openapi import (
+    ERROR_RESPONSES,
+    DocumentationRoute,
+    complete_document,
+)
 from agentscope_serverless.http.routers import health
 from agentscope_serverless.log import logger, redact, redact_aws_credentials
 from agentscope_serverless.metrics import RunMetrics, run_metrics
@@ -76,6 +80,7 @@ from agentscope_serverless.settings import Settings, secret_values
 
 if TYPE_CHECKING:
     from agentscope_serverless.app import AgentApp
+    from agentscope_serverless.http.routers.a2a import A2AApplication
 
 ROUTERS = ("process", "sessions", "memory", "state", "sandbox", "runs", "users")
 # The response headers a page of another origin may read (CORS_ALLOW_ORIGINS).
@@ -266,16 +271,24 @@ def _warn_of_hidden(
             )
 
 
-def _refuse_a_taken_card_path(routes: list[BaseRoute], a2a: Any) -> None:
+def _refuse_a_taken_card_path(routes: list[BaseRoute], a2a: A2AApplication) -> None:
     """Refuse an ``a2a_config.wellknown_path`` where another of the runtime's ``routes``
     answers ``GET`` (the A2A card's are ``a2a.card_routes``): one before the card's answered
-    there, the card silently not served, and one after was hidden. Under ``/a2a/`` is the
-    HTTP+JSON binding's; ``/a2a`` itself is the card's (A2A's route there takes ``POST``)."""
+    there, the card silently not served, and one after was hidden. Under ``/a2a/``, the
+    HTTP+JSON binding's route stands for the paths the A2A SDK serves there (``/a2a/card`` is
+    free, ``/a2a/tasks`` is not); ``/a2a`` itself is the card's (A2A's route there takes
+    ``POST``)."""
     agent_app = a2a.context.agent_app
-    path = agent_app.a2a_config.wellknown_path if agent_app.a2a_config else None
+    path = agent_app.a2a_config.wellknown_path if agent_app and agent_app.a2a_config else None
     if not path:
         return
-    others = [route for route in routes if route not in a2a.card_routes]
+    others: list[BaseRoute] = []
+    for route in routes:
+        if getattr(route, "a2a", None) is a2a:  # the binding's: the SDK's routes behind it
+            if _paths_overlap(path, getattr(route, "path", "")):  # built only then
+                others.extend(a2a.router.routes)
+        elif route not in a2a.card_routes and not isinstance(route, DocumentationRoute):
+            others.append(route)
     for route_path, methods in _paths_and_methods(others):
         if (methods is None or "GET" in methods) and _paths_overlap(path, route_path):
             raise ConfigurationError(
