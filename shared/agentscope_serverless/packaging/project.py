@@ -118,14 +118,24 @@ _KEY_FORMS = re.compile(
     rb"|hf_[A-Za-z0-9]{30,}"
     rb"|[rs]k_live_[A-Za-z0-9]{20,})(?![\w-])"
 )
-# What names a secret, as a setting's name: upper-snake (OPENAI_API_KEY, GITHUB_TOKEN,
-# CLIENT_SECRET, DB_PASSWORD), or one of a few names of its own (api_key, apiKey, token,
-# access_token, secret, password...); never a name ending so (nextPageToken, unk_token,
-# max_tokens, openai_secret_id).
+# What names a secret, as a setting's name, after a dotted path or not
+# (spring.datasource.password): upper-snake (OPENAI_API_KEY, GITHUB_TOKEN, CLIENT_SECRET,
+# DB_PASSWORD), lower snake or kebab case (db_password, smtp-password, client_secret,
+# api-key), camel or Pascal case (dbPassword, clientSecret, apiKey, AwsSecretKey), and a
+# few tokens by their kind (token, access_token, refreshToken); never a name only ending so
+# (nextPageToken, unk_token, max_tokens, openai_secret_id).
 _SECRET_NAME = (
-    rb"(?:[A-Z][A-Z0-9]*_)*(?:API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWORD)"
-    rb"|(?:[a-z][a-z0-9]*_)*api_key|api-key|apiKey|(?:access_|refresh_|auth_|api_)?token"
-    rb"|client_secret|secret_key|secret|password|passwd"
+    rb"(?:[A-Za-z][\w-]*\.)*(?:"
+    rb"(?:[A-Z][A-Z0-9]*_)*(?:API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWD"
+    rb"|PASSWORD)"
+    rb"|(?:[a-z][a-z0-9]*[_-])*(?:api|access|secret|private)[_-]key"
+    rb"|(?:[a-z][a-z0-9]*[_-])*(?:secret|password|passwd)"
+    rb"|(?:(?:access|refresh|auth|api|bearer)[_-])?token"
+    rb"|(?:api|access|secret|private)Key|(?:access|refresh|auth|api|bearer)Token"
+    rb"|(?:[A-Za-z][a-z0-9]*(?:[A-Z][a-z0-9]*)*)?"
+    rb"(?:(?:Api|Access|Secret|Private)Key|(?:Access|Refresh|Auth|Api|Bearer)Token"
+    rb"|Secret|Password|Passwd)"
+    rb")"
 )
 # A key-like value: 16 printable characters or more, a digit among them, ending there (at
 # its closing quote, when quoted: the quotes are not part of it; else at a space, before a
