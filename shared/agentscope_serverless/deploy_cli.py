@@ -15,13 +15,12 @@ directory; an archive installs the ``--requirement``/``-r`` entries with its req
 the deployers' ``requirements=[...]``). The runtime comes from this package, pinned by its
 ``runtime.lock``. Exit codes: 0 done, 1 failed, 3 not deployed: no AWS credentials (the
 stack is built), or Alibaba Cloud credentials ask for an upload this build cannot do (nothing
-is built; ``--skip-upload`` builds the archive); an archive's build stopped by SIGTERM or
-Ctrl-C exits with 143 or 130 once it has removed what it wrote.
+is built; ``--skip-upload`` builds the archive); a build (an archive's, the stack's) stopped by
+SIGTERM or Ctrl-C exits with 143 or 130 once it has removed what it wrote.
 """
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
 import time
@@ -262,7 +261,7 @@ def sam_build(
 
     if agent is None:
         _refuse_sam_demo_agent(project_root, build_dir)
-    with _steps("sam build (every function and the shared layer)"):
+    with _exit_on_signals(), _steps("sam build (every function and the shared layer)"):
         built = _run(lambda: sam.build(project_root, build_dir=build_dir, agent=agent))
     console.print(f"[bold green]Built[/bold green] {built}")
     _say_left_out(_run(lambda: secrets_left_out(project_root)))
@@ -288,7 +287,7 @@ def sam_deploy(
     parameters = _pairs(param, "--param")
     if agent is None and "AgentApp" not in parameters:
         _refuse_sam_demo_agent(project_root, build_dir)
-    with _steps("starting") as step:
+    with _exit_on_signals(), _steps("starting") as step:
         manager = SAMDeployManager(
             project_root,
             stack_name,
@@ -298,7 +297,7 @@ def sam_deploy(
             progress=step,
             agent=agent,
         )
-        info = _run(lambda: asyncio.run(manager.deploy()))
+        info = _run(manager.deploy_sync)  # in this thread: a stop signal reaches the build
     _say_left_out(info["left_out"])
     if not info["deployed"]:
         console.print(f"[bold green]Built[/bold green] {info['build_dir']}")

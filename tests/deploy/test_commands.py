@@ -507,3 +507,58 @@ def test_a_build_stopped_by_a_signal_removes_its_folder_and_exits_with_the_signa
     assert build.returncode == 128 + signum, stderr
     assert f"stopped by {signum.name}" in stderr
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("command", [["build"], ["deploy", "--stack-name", "my-agent"]])
+def test_a_stack_build_stopped_by_a_signal_leaves_no_half_build_and_exits_with_its_code(
+    tmp_path: Path, signum: signal.Signals, command: list[str]
+) -> None:
+    # Stopped by SIGTERM, `deploy sam build` ended at once: its stage in the temporary
+    # folder and the half-written build folder stayed, and the exit status was the signal's;
+    # `deploy sam deploy` built in a thread the signal never reached.
+    project = tmp_path / "project"
+    (project / ".venv-sam" / "bin").mkdir(parents=True)
+    (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
+    pid_file = tmp_path / "sam.pid"
+    stand_in = project / ".venv-sam" / "bin" / "sam"  # a SAM CLI writing its build, slowly
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = validate ] && exit 0\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --build-dir ] && dir=$2; shift; done\n'
+        'mkdir -p "$dir/SharedLayer/python" && touch "$dir/template.yaml"\n'
+        f'echo $$ > "{pid_file}"\n'
+        "exec sleep 60\n"
+    )
+    stand_in.chmod(0o755)
+    scratch, build_dir = tmp_path / "tmp", tmp_path / "build"
+    scratch.mkdir()
+    build = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "agentscope_serverless.cli", "deploy", "sam", *command),
+            *("--agent", "agent:app", "--project-root", str(project)),
+            *("--build-dir", str(build_dir)),
+        ],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=terminal_signals,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert build.poll() is None, build.communicate()
+            assert time.monotonic() < deadline, "the build never ran sam"
+            time.sleep(0.05)
+        build.send_signal(signum)
+        _, stderr = build.communicate(timeout=60)
+    finally:
+        build.kill()
+    assert build.returncode == 128 + signum, stderr
+    assert f"stopped by {signum.name}" in stderr
+    assert not build_dir.exists()
+    assert list(scratch.iterdir()) == []
+    sam_pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # the SAM CLI was stopped too
+        os.kill(sam_pid, 0)

@@ -23,7 +23,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,17 @@ def _refuse_build_dir(target: Path, project_root: Path) -> None:
         )
 
 
+@contextmanager
+def _none_left_on_failure(target: Path) -> Iterator[None]:
+    """Remove the build folder ``target`` when the block fails or is stopped (Ctrl-C, a
+    signal's exception): half a build is none."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
 def build(project_root: Path, *, build_dir: Path | None = None, agent: str | None = None) -> Path:
     """``sam build`` of the project in ``project_root`` with the local interpreter (no
     container); returns the build directory.
@@ -443,7 +455,7 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
     layer holds the runtime, the project's code and requirements. Each function's code with
     the layer must be within Lambda's unzipped limit (:func:`check_unzipped_size`), and
     ``agent`` (default: the template's) must import from the built layer alone, else nothing
-    is left built.
+    is left built, as when ``sam build`` fails or the build is stopped (Ctrl-C, a signal).
     """
     target = (build_dir or project_root / DEFAULT_BUILD_DIR).resolve()
     _refuse_build_dir(target, project_root.resolve())
@@ -454,17 +466,18 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
         stage = stage_project(
             project_root, Path(scratch) / "sam-project", agent=agent, leave_out=(target,)
         )
-        _run_sam(
-            project_root,
-            "build",
-            "--template-file",
-            TEMPLATE,
-            "--build-dir",
-            str(target),
-            cwd=stage,
-        )
+        with _none_left_on_failure(target):
+            _run_sam(
+                project_root,
+                "build",
+                "--template-file",
+                TEMPLATE,
+                "--build-dir",
+                str(target),
+                cwd=stage,
+            )
         staged = [entry.name for entry in (stage / "shared").iterdir()]
-    try:
+    with _none_left_on_failure(target):
         layer = target / "SharedLayer" / "python"
         project.refuse_shadowing(staged, layer)
         project.refuse_standard_shadowing(layer, python_version="3.11")
@@ -479,9 +492,6 @@ def build(project_root: Path, *, build_dir: Path | None = None, agent: str | Non
             [target / "ProcessFunction", layer],
             python_version="3.11",
         )
-    except PackagingError:
-        shutil.rmtree(target, ignore_errors=True)
-        raise
     return target
 
 
