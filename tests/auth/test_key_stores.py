@@ -244,6 +244,24 @@ async def test_authenticating_makes_no_filesystem_call_per_request(
     assert calls == []
 
 
+async def test_a_key_file_reached_through_a_symlink_is_changed_where_it_lives(
+    tmp_path: Path,
+) -> None:
+    # The symlink was replaced by a file of its own: a key revoked through it ("Revoked
+    # key ...") went on working on a server reading the file it pointed to.
+    real = tmp_path / "shared" / "keys.json"
+    link = tmp_path / "keys.json"
+    link.symlink_to(real)
+    async with FileKeyStore(real, check_seconds=0) as server, FileKeyStore(link) as cli:
+        issued = await cli.create_key(kind="user", user_id="alice")
+        assert (await server.authenticate(issued.key)).user_id == "alice"
+        await cli.revoke_key(issued.record.key_id)
+        with pytest.raises(AuthenticationError):
+            await server.authenticate(issued.key)
+    assert link.is_symlink() and link.resolve() == real
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600
+
+
 async def test_concurrent_creations_are_all_kept(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
     stores = [FileKeyStore(path) for _ in range(10)]

@@ -134,9 +134,12 @@ class FileKeyStore(KeyStore):
         self, change: Callable[[dict[str, KeyRecord]], KeyRecord | None]
     ) -> KeyRecord | None:
         """Apply ``change`` to the records and write them back, under an exclusive lock."""
+        # Written where a symlink leads, which stays one: replaced by a file of its own, a
+        # key revoked through it would still work on a server reading the file it named.
+        target = Path(os.path.realpath(self.path))
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock_fd = os.open(f"{target}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise self._unwritable(exc) from None
         try:
@@ -145,7 +148,7 @@ class FileKeyStore(KeyStore):
             records = dict(self._load())
             result = change(records)
             try:
-                self._write(records)
+                self._write(records, target)
             except OSError as exc:
                 raise self._unwritable(exc) from None
             return result
@@ -160,23 +163,24 @@ class FileKeyStore(KeyStore):
         )
         return StoreUnavailableError("key file", "it cannot be written")
 
-    def _write(self, records: dict[str, KeyRecord]) -> None:
+    @staticmethod
+    def _write(records: dict[str, KeyRecord], target: Path) -> None:
         payload = json.dumps(
             {"version": FILE_VERSION, "keys": [r.model_dump() for r in records.values()]},
             indent=2,
         ).encode()
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".keys-", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".keys-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
