@@ -1044,7 +1044,7 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
             record.key_id,
             record.kind,
             record.user_id or "-",
-            datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+            _created(record.created_at),
             "revoked" if record.revoked else "active",
         )
         for record in records
@@ -1060,6 +1060,15 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
         colour = "red" if status == "revoked" else "green"
         listing.add_row(key_id, kind, escape(user), created, f"[{colour}]{status}[/{colour}]")
     console.print(listing)
+
+
+def _created(timestamp: int) -> str:
+    """When a key was created, to the minute; a time no date has (a hand edit of the key
+    file or table, which a server never reads) as it is."""
+    try:
+        return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    except (OverflowError, OSError, ValueError):
+        return str(timestamp)
 
 
 def _tsv_field(text: str) -> str:

@@ -294,6 +294,20 @@ def test_keys_create_list_revoke_with_the_file_store(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
+def test_keys_list_shows_a_creation_time_edited_beyond_any_date_as_it_is(tmp_path: Path) -> None:
+    # A server takes such a key; keys list ended in an OverflowError's traceback.
+    key_file = tmp_path / "keys.json"
+    cli = CliRunner()
+    created = cli.invoke(app, ["keys", "create", "--user", "alice", "--file", str(key_file)])
+    assert created.exit_code == 0, created.output
+    content = json.loads(key_file.read_text())
+    content["keys"][0]["created_at"] = 10**20
+    key_file.write_text(json.dumps(content))
+    listed = cli.invoke(app, ["keys", "list", "--file", str(key_file)])
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.split("\t")[2:] == ["alice", str(10**20), "active\n"]
+
+
 @pytest.mark.parametrize("command", [["create", "--user", "bob"], ["revoke", "0123456789abcdef"]])
 def test_keys_say_in_one_line_that_a_key_file_cannot_be_written(
     tmp_path: Path, command: list[str]
