@@ -632,7 +632,8 @@ def log_request(
     line.update(_trace_ids.get())
     if failure:
         line.update(failure)
-    sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    # A key sent as the request's id (a valid one: letters, digits and "_") is masked too.
+    sys.stdout.write(without_api_keys(json.dumps(line, separators=(",", ":"))) + "\n")
     sys.stdout.flush()
 
 

@@ -125,6 +125,9 @@ def test_no_line_of_a_local_server_shows_a_key_a_request_carries(
             assert client.get("/health", params={"token": key}).status_code == 200
             assert client.get("/sessions", params={"token": key}).status_code == 401
             assert client.get(f"/files/{key}", headers=bearer(key)).status_code == 404
+            # A valid request id, as it is made of letters, digits and "_": its request's
+            # line quoted it whole.
+            assert client.get("/sessions", headers={"X-Request-Id": key}).status_code == 401
         with connect(f"{websocket}?token={key}", additional_headers=bearer(key)) as ws:
             assert ws.recv(timeout=10) == "hello"
         with pytest.raises(InvalidStatus) as refused:
