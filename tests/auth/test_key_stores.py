@@ -320,6 +320,32 @@ async def test_a_corrupt_key_file_is_read_and_logged_at_most_once_per_check(
         assert await store.health()
 
 
+async def test_a_key_file_record_that_is_refused_is_logged_without_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The warning quoted the refused value: most of a hash in upper case, whole a secret
+    # pasted where the hash goes.
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+    secret = issued.key.split("_", 2)[2]
+    errors: list[str] = []
+    monkeypatch.setattr(
+        logger, "warning", lambda message, **kwargs: errors.append(kwargs["extra"]["error"])
+    )
+    for key_hash in (issued.record.key_hash.upper(), secret):
+        content = json.loads(path.read_text())
+        content["keys"][0]["key_hash"] = key_hash
+        path.write_text(json.dumps(content))
+        errors.clear()
+        async with FileKeyStore(path) as store:
+            with pytest.raises(StoreUnavailableError):
+                await store.authenticate(issued.key)
+        (error,) = errors
+        assert "key_hash" in error
+        assert key_hash[:8] not in error and key_hash[-8:] not in error
+
+
 def test_the_factory_follows_the_settings(tmp_path: Path) -> None:
     file_store = create_key_store(
         load_settings(auth_keys_backend="file", auth_keys_file=str(tmp_path / "k.json"))

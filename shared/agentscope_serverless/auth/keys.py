@@ -60,7 +60,8 @@ class KeyRecord(BaseModel):
     has no user and acts for the user each request names.
     """
 
-    model_config = ConfigDict(frozen=True)
+    # A record refused (a hand edit of the key file) is logged: never with its hash.
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     key_id: str = Field(pattern=rf"^{KEY_ID_PATTERN}$")
     key_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
