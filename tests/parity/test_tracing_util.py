@@ -9,7 +9,7 @@ import asyncio
 import contextvars
 import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -191,6 +191,23 @@ def test_a_traced_generator_is_one_span_over_its_whole_iteration(
     finally:
         logger.setLevel(level)
     assert (span["span"], span["span_type"], span["error"]) == ("rows", "TOOL", "ValueError")
+
+
+def test_a_traced_generator_returns_what_its_function_returns() -> None:
+    # The value was dropped: `yield from` a traced generator gave None.
+    @trace("TOOL")
+    def rows() -> Generator[int, None, str]:
+        yield 1
+        return "one row"
+
+    def counted() -> Generator[int, None, str]:
+        return (yield from rows())
+
+    iteration = counted()
+    assert next(iteration) == 1
+    with pytest.raises(StopIteration) as stopped:
+        next(iteration)
+    assert stopped.value.value == "one row"
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,7 @@ def trace(
                 ensure_request_id()
                 started, error = time.perf_counter(), None
                 try:
-                    yield from func(*args, **kwargs)
+                    return (yield from func(*args, **kwargs))
                 except BaseException as exc:
                     error = exc
                     raise
