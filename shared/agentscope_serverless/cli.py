@@ -38,7 +38,7 @@ import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import typer
@@ -56,7 +56,7 @@ from agentscope_serverless.serve import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Coroutine, Mapping
 
     import httpx
     import uvicorn
@@ -968,6 +968,17 @@ def _key_store(file: Path | None, table: str | None) -> tuple[KeyStore, str]:
     return default, str(default.path)
 
 
+_Result = TypeVar("_Result")
+
+
+def _on_store(work: Coroutine[Any, Any, _Result]) -> _Result:
+    """Run ``work`` of a ``keys`` command on its store, what the store logs (a key file it
+    cannot read, naming it) going to stderr with the errors: the command's output is its
+    own (``keys list | cut -f1``)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return asyncio.run(work)
+
+
 @keys_app.command("create")
 def keys_create(
     user: Annotated[
@@ -996,7 +1007,7 @@ def keys_create(
             return await store.create_key(kind="service" if service else "user", user_id=user)
 
     try:
-        issued = asyncio.run(create())
+        issued = _on_store(create())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
     record = issued.record
@@ -1020,7 +1031,7 @@ def keys_revoke(
             return await store.revoke_key(key_id)
 
     try:
-        record = asyncio.run(revoke())
+        record = _on_store(revoke())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
     console.print(f"Revoked key [bold]{record.key_id}[/bold].")
@@ -1036,7 +1047,7 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
             return await store.list_keys()
 
     try:
-        records = asyncio.run(list_keys())
+        records = _on_store(list_keys())
     except AgentScopeServerlessError as exc:
         _fail(exc.message)
     rows = [

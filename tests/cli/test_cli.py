@@ -308,6 +308,24 @@ def test_keys_list_shows_a_creation_time_edited_beyond_any_date_as_it_is(tmp_pat
     assert listed.output.split("\t")[2:] == ["alice", str(10**20), "active\n"]
 
 
+def test_keys_list_of_an_unreadable_key_file_writes_nothing_to_its_output(tmp_path: Path) -> None:
+    # The warning naming the file was a JSON line on stdout: `keys list | cut -f1` read it.
+    key_file = tmp_path / "keys.json"
+    key_file.write_text('{"version": 1, "keys": [')
+    result = subprocess.run(
+        [SCRIPT, "keys", "list", "--file", str(key_file)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POWERTOOLS_LOG_LEVEL": "INFO"},
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "error: key file is unavailable: it is not a readable key file" in result.stderr
+    (warning,) = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert warning["path"] == str(key_file)
+
+
 @pytest.mark.parametrize("command", [["create", "--user", "bob"], ["revoke", "0123456789abcdef"]])
 def test_keys_say_in_one_line_that_a_key_file_cannot_be_written(
     tmp_path: Path, command: list[str]
