@@ -9,7 +9,8 @@ written.
   session is read, to its end); ``TimeToFirstToken`` (Milliseconds, from the same start to
   the agent's first piece of text, for a run whose agent produced any, whether its client
   got it at once or in a reply not streamed, sent whole at the end); ``PromptTokens`` and
-  ``CompletionTokens`` (Count, when the agent reports usage).
+  ``CompletionTokens`` (Count, when the agent reports usage: ``prompt_tokens`` and
+  ``completion_tokens``, or ``input_tokens`` and ``output_tokens``).
 - Dimensions: ``Service`` (``POWERTOOLS_SERVICE_NAME``), and ``Service``, ``Kind``
   (``process``, ``openai``, ``a2a``) and ``Status`` (``completed``, ``failed``,
   ``canceled``).
@@ -37,6 +38,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from agentscope_serverless import errors
 from agentscope_serverless.log import SERVICE
@@ -125,12 +127,16 @@ class RunMetrics:
         }
         if first_token_s is not None:
             values["TimeToFirstToken"] = (round(first_token_s * 1000, 3), "Milliseconds")
-        for key, name in (
-            ("prompt_tokens", "PromptTokens"),
-            ("completion_tokens", "CompletionTokens"),
+        counts = usage or {}
+        # Named as chat completions count them, or as the Responses API does (as the
+        # OpenAI-compatible routes read them).
+        for keys, name in (
+            (("prompt_tokens", "input_tokens"), "PromptTokens"),
+            (("completion_tokens", "output_tokens"), "CompletionTokens"),
         ):
-            count = (usage or {}).get(key)
-            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            given = (counts.get(key) for key in keys)
+            count = next((value for value in given if _is_count(value)), None)
+            if count is not None:
                 values[name] = (count, "Count")
         self._write(emf_line(self.namespace, {"Kind": kind, "Status": status}, values))
 
@@ -144,6 +150,10 @@ class RunMetrics:
     def _write(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def run_metrics(namespace: str | None) -> RunMetrics | None:

@@ -42,6 +42,9 @@ async def query(
     await asyncio.sleep(0.05)  # the time to the first token
     yield "Hel"
     yield "lo"
+    if text == "count as responses do":
+        response.usage = {"input_tokens": 12, "output_tokens": 2, "total_tokens": 14}
+        return
     response.usage = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
 
 
@@ -124,6 +127,24 @@ def test_the_time_to_first_token_of_a_reply_not_streamed_is_when_its_first_text_
     assert [r["Kind"] for r in records] == ["process", "openai"]
     for record in records:
         assert record["TimeToFirstToken"] < record["RunDuration"] / 2
+
+
+def test_usage_reported_as_the_responses_api_counts_it_writes_its_token_counts(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # The OpenAI-compatible routes answered its usage; the run's metrics had no token counts.
+    keys = Keys.make()
+    settings = load_settings(metrics_namespace="AgentScopeServerless")
+    with (
+        running(create_app(settings=settings, agent_app=app, key_store=keys.store)) as url,
+        httpx.Client(base_url=url, headers=bearer(keys.alice), timeout=30) as client,
+    ):
+        capfd.readouterr()
+        chat = {"model": "m", "messages": [{"role": "user", "content": "count as responses do"}]}
+        answered = client.post("/compatible-mode/v1/chat/completions", json=chat)
+        assert answered.json()["usage"]["prompt_tokens"] == 12
+    (record,) = emf_lines(capfd.readouterr().out)
+    assert (record["PromptTokens"], record["CompletionTokens"]) == (12, 2)
 
 
 def test_a_request_answered_with_a_server_error_writes_one_errors_line(
