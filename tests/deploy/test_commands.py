@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -483,12 +484,26 @@ def test_a_build_stopped_by_a_signal_removes_its_folder_and_exits_with_the_signa
     (project / "agent.py").write_text("from agentscope_serverless.agents.demo import app\n")
     (project / "requirements.txt").write_text("")
     out = tmp_path / "dist"
+    command = [
+        *("deploy", "agentrun", "--agent", "agent:app", "--source", str(project)),
+        *("--out", str(out), "--python-version", HOST_PYTHON, "--skip-upload"),
+    ]
+    stopped(command, signum, when=lambda: bool(list(out.glob(".agentscope-build-*"))))
+    assert list(out.iterdir()) == []
+
+
+def stopped(
+    command: list[str],
+    signum: signal.Signals,
+    *,
+    when: Callable[[], bool],
+    env: dict[str, str] | None = None,
+) -> None:
+    """Run the CLI's ``command`` and send it ``signum`` once ``when()`` holds: it exits with
+    the signal's code, saying it was stopped."""
     build = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "agentscope_serverless.cli", "deploy", "agentrun"),
-            *("--agent", "agent:app", "--source", str(project), "--out", str(out)),
-            *("--python-version", HOST_PYTHON, "--skip-upload"),
-        ],
+        [sys.executable, "-m", "agentscope_serverless.cli", *command],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -496,9 +511,9 @@ def test_a_build_stopped_by_a_signal_removes_its_folder_and_exits_with_the_signa
     )
     try:
         deadline = time.monotonic() + 60
-        while not list(out.glob(".agentscope-build-*")):
+        while not when():
             assert build.poll() is None, build.communicate()
-            assert time.monotonic() < deadline, "the build never made its folder"
+            assert time.monotonic() < deadline, "the build never got that far"
             time.sleep(0.05)
         build.send_signal(signum)
         _, stderr = build.communicate(timeout=60)
@@ -506,7 +521,6 @@ def test_a_build_stopped_by_a_signal_removes_its_folder_and_exits_with_the_signa
         build.kill()
     assert build.returncode == 128 + signum, stderr
     assert f"stopped by {signum.name}" in stderr
-    assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -533,30 +547,13 @@ def test_a_stack_build_stopped_by_a_signal_leaves_no_half_build_and_exits_with_i
     stand_in.chmod(0o755)
     scratch, build_dir = tmp_path / "tmp", tmp_path / "build"
     scratch.mkdir()
-    build = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "agentscope_serverless.cli", "deploy", "sam", *command),
-            *("--agent", "agent:app", "--project-root", str(project)),
-            *("--build-dir", str(build_dir)),
-        ],
+    where = ["--project-root", str(project), "--build-dir", str(build_dir)]
+    stopped(
+        ["deploy", "sam", *command, "--agent", "agent:app", *where],
+        signum,
+        when=lambda: pid_file.exists() and bool(pid_file.read_text().strip()),
         env={**os.environ, "TMPDIR": str(scratch)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=terminal_signals,
     )
-    try:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() or not pid_file.read_text().strip():
-            assert build.poll() is None, build.communicate()
-            assert time.monotonic() < deadline, "the build never ran sam"
-            time.sleep(0.05)
-        build.send_signal(signum)
-        _, stderr = build.communicate(timeout=60)
-    finally:
-        build.kill()
-    assert build.returncode == 128 + signum, stderr
-    assert f"stopped by {signum.name}" in stderr
     assert not build_dir.exists()
     assert list(scratch.iterdir()) == []
     sam_pid = int(pid_file.read_text())
