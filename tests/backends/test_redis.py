@@ -180,7 +180,8 @@ async def test_session_ttl_slides_on_reads_and_writes(
         session = await history.create_session(user_id, "s1")
         await history.append_message(session, msg("hello"))
         keys = await user_keys(redis_client, "session", user_id)
-        assert len(keys) == 6  # index, expiry, counter, meta, messages, message ids
+        # index, expiry, counter and its generation, meta, messages, message ids
+        assert len(keys) == 7
         assert all(90_000 < ttl <= 100_000 for ttl in await pttls(redis_client, keys))
 
         for key in keys:
@@ -202,7 +203,8 @@ async def test_listing_sessions_slides_the_expiry_of_those_listed(
             session = await history.create_session(user_id, session_id)
             await history.append_message(session, msg("hello"))
         keys = await user_keys(redis_client, "session", user_id)
-        assert len(keys) == 9  # index, expiry, counter, and meta, messages, ids of each
+        # index, expiry, counter and its generation, and meta, messages, ids of each
+        assert len(keys) == 10
         (expiry,) = [key for key in keys if key.endswith(":expiry")]
 
         async def soon() -> None:
@@ -241,6 +243,45 @@ async def test_an_expired_session_is_gone_everywhere(
         assert [s.id for s in await history.list_sessions(user_id)] == ["new"]
         again = await history.create_session(user_id, "old")
         assert again.messages == []
+
+
+async def test_a_sessions_cursor_read_before_the_sessions_expired_passes_over_none(
+    redis_server: RedisServer, user_id: str
+) -> None:
+    # The cursor held a creation order, whose counter expired with the user's sessions:
+    # the sessions made after got the orders of those expired, and the cursor passed over
+    # the first of them.
+    async with RedisSessionHistoryService(redis_server.url, ttl_seconds=1) as history:
+        for i in range(3):
+            await history.create_session(user_id, f"old{i}")
+        cursor = (await history.list_sessions_page(user_id, limit=2)).next_cursor
+        await asyncio.sleep(1.2)
+        for i in range(3):
+            await history.create_session(user_id, f"new{i}")
+        with pytest.raises(InvalidInputError, match="erased or expired"):
+            await history.list_sessions_page(user_id, cursor=cursor)
+        assert [s.id for s in await history.list_sessions(user_id)] == ["new0", "new1", "new2"]
+
+
+async def test_a_sessions_cursor_of_a_counter_stored_without_a_generation_works(
+    redis_server: RedisServer, redis_client: Redis, user_id: str
+) -> None:
+    # A counter started before counters kept a generation lists as before, its cursors
+    # (which name none) too, until the user's data is erased.
+    async with RedisSessionHistoryService(redis_server.url) as history:
+        for i in range(3):
+            await history.create_session(user_id, f"s{i}")
+        generation = f"{user_key_prefix('agentscope', 'session', user_id)}:generation"
+        assert await redis_client.delete(generation) == 1
+        cursor = (await history.list_sessions_page(user_id, limit=2)).next_cursor
+        await history.create_session(user_id, "s3")
+        page = await history.list_sessions_page(user_id, cursor=cursor)
+        assert [s.id for s in page.items] == ["s2", "s3"]
+        await history.delete_user_sessions(user_id)
+        for i in range(3):
+            await history.create_session(user_id, f"new{i}")
+        with pytest.raises(InvalidInputError, match="erased or expired"):
+            await history.list_sessions_page(user_id, cursor=cursor)
 
 
 async def test_a_messages_cursor_of_an_expired_session_pages_no_later_one_of_its_id(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from agentscope_serverless.errors import (
 from agentscope_serverless.schemas.agent_schemas import Message, TextContent
 from agentscope_serverless.schemas.pagination import Page
 from agentscope_serverless.schemas.session import Session
+from agentscope_serverless.services._validation import decode_cursor
 from agentscope_serverless.services.session_history import SessionHistoryService
 
 
@@ -400,8 +401,58 @@ async def test_list_sessions_page_cursors_tell_nothing_of_other_users_sessions(
             found.append(cursor)
         return found
 
+    # Each cursor also names the user's listing (a digest of a random value of theirs),
+    # which tells nothing either: apart from it, the cursors are the same.
+    def places(cursors: list[str]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in decode_cursor(c).items() if k != "listing"} for c in cursors]
+
     assert len(await cursors(user_id)) == 3
-    assert await cursors(user_id) == await cursors(alone)
+    assert places(await cursors(user_id)) == places(await cursors(alone))
+
+
+async def test_a_sessions_cursor_read_before_an_erase_passes_over_no_later_session(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # The cursor held a creation order, a count the user's erase started again: the
+    # sessions made after it got the orders of those erased, and a cursor read before
+    # passed over the first of them (200, sessions that exist missing from the listing).
+    makes: list[Callable[[str], Awaitable[Any]]] = [
+        lambda sid: history.create_session(user_id, sid),
+        lambda sid: history.append_message(Session(id=sid, user_id=user_id), text_message("hi")),
+        lambda sid: history.open_session(user_id, sid, recent=1),
+        lambda sid: history.set_session_summary(user_id, sid, "summary"),
+    ]
+    for make in makes:
+        for i in range(3):
+            await history.create_session(user_id, f"old{i}")
+        cursor = (await history.list_sessions_page(user_id, limit=2)).next_cursor
+        assert cursor is not None
+        await history.delete_user_sessions(user_id)
+        # Refused with nothing to list, and once sessions were made again.
+        with pytest.raises(InvalidInputError, match="cursor is not valid"):
+            await history.list_sessions_page(user_id, cursor=cursor)
+        for i in range(3):
+            await make(f"new{i}")
+        with pytest.raises(InvalidInputError, match="erased or expired"):
+            await history.list_sessions_page(user_id, cursor=cursor)
+        assert [s.id for s in await history.list_sessions(user_id)] == ["new0", "new1", "new2"]
+        await history.delete_user_sessions(user_id)
+
+
+async def test_a_sessions_cursor_outlives_the_sessions_deleted_one_by_one(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # Deleting sessions, even the user's last, keeps their count: a cursor read before
+    # reads on among the sessions made since.
+    for i in range(3):
+        await history.create_session(user_id, f"s{i}")
+    cursor = (await history.list_sessions_page(user_id, limit=2)).next_cursor
+    assert cursor is not None
+    for i in range(3):
+        await history.delete_session(user_id, f"s{i}")
+    await history.create_session(user_id, "later")
+    page = await history.list_sessions_page(user_id, cursor=cursor)
+    assert [s.id for s in page.items] == ["later"]
 
 
 # --- append_message -------------------------------------------------------------------

@@ -599,15 +599,6 @@ def decode_cursor(cursor: Any) -> dict[str, Any]:
     return payload
 
 
-def cursor_position(cursor: str | None, key: str) -> int:
-    """The non-negative integer ``key`` of a cursor; 0 when there is no cursor. A cursor of
-    one session's messages (see :func:`session_cursor`) is none of these."""
-    if cursor is None:
-        return 0
-    payload = decode_cursor(cursor)
-    return _position(payload, key, "session" not in payload)
-
-
 def _position(payload: Mapping[str, Any], key: str, valid: bool) -> int:
     value = payload.get(key)
     if not valid or isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -632,6 +623,58 @@ def new_session_generation() -> str:
     data starts again once that data is erased or expires, and a cursor of the first
     session of an id would then page the one made after it."""
     return secrets.token_hex(8)
+
+
+def listing_tag(user_id: str, generation: str) -> str:
+    """A short digest naming one listing of a user's sessions: of the user, and the
+    generation of the creation counter ordering them (random, made with the counter), what
+    tells it from the listing of the sessions made after the user's data was erased or
+    expired (the counter then starts again: their orders are those of the sessions gone).
+
+    >>> listing_tag("u", "g1") == listing_tag("u", "g1") != listing_tag("u", "g2")
+    True
+    """
+    digest = hashlib.sha256("\0".join(("sessions", user_id, generation)).encode()).digest()
+    return base64.urlsafe_b64encode(digest[:9]).decode()
+
+
+def listing_cursor(position: int, tag: str | None) -> str:
+    """A cursor of the listing ``tag`` names (:func:`listing_tag`; None: of a counter
+    stored without a generation), read on after the creation order ``position``."""
+    return encode_cursor(
+        {"after": position} if tag is None else {"after": position, "listing": tag}
+    )
+
+
+def listing_cursor_position(cursor: str | None) -> tuple[int, str | None]:
+    """The creation order a cursor made by :func:`listing_cursor` reads on after, and the
+    tag of its listing (``""``: none; check it with :func:`check_cursor_listing`);
+    ``(0, None)`` with no cursor. A cursor of one session's messages (see
+    :func:`session_cursor`) is none of these.
+
+    >>> listing_cursor_position(listing_cursor(4, "tag")), listing_cursor_position(None)
+    ((4, 'tag'), (0, None))
+    """
+    if cursor is None:
+        return 0, None
+    payload = decode_cursor(cursor)
+    tag = payload.get("listing", "")
+    valid = "session" not in payload and isinstance(tag, str)
+    return _position(payload, "after", valid), tag
+
+
+def check_cursor_listing(tag: str | None, listing: str | None) -> None:
+    """Refuse a sessions cursor (``tag``: its listing's, None when there is no cursor) not
+    of ``listing`` (the tag of the user's listing now, None when their counter has no
+    generation): it lists another user's sessions, or those the user had before their data
+    was erased or expired, and read on from its place among the sessions made since, it
+    would pass over the first of them."""
+    if tag is not None and tag != (listing or ""):
+        raise InvalidInputError(
+            "cursor is not valid: it lists another user's sessions, or sessions erased or "
+            "expired since (list again from the start)",
+            field="cursor",
+        )
 
 
 def session_cursor(key: str, position: int, tag: str) -> str:
@@ -723,15 +766,18 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_JSON_DEPTH",
     "MAX_TTL_SECONDS",
+    "check_cursor_listing",
     "check_cursor_session",
     "clean_session_id",
     "colliding_keys",
-    "cursor_position",
     "decode_cursor",
     "encode_cursor",
     "is_blank_text",
     "is_blank_user_message",
     "json_copy",
+    "listing_cursor",
+    "listing_cursor_position",
+    "listing_tag",
     "nests_deeper_than",
     "new_or_clean_session_id",
     "new_session_generation",

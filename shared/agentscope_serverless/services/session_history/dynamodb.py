@@ -6,7 +6,9 @@ SHA-256 of the user and session ids:
 =========================  ==================  ===========================================
 pk                         sk                  attributes
 =========================  ==================  ===========================================
-``USER#U``                 ``COUNTER``         ``next_order``: creation counter of the user
+``USER#U``                 ``COUNTER``         ``next_order``: creation counter of the user;
+                                               ``generation``: random, set with the counter
+                                               (list cursors name it)
 ``USER#U``                 ``SESSION#S``       the session: ``user_id``, ``session_id``,
                                                ``creation_order`` (sort key of the local
                                                index ``by_creation``), ``next_seq``,
@@ -57,7 +59,10 @@ pk                         sk                  attributes
   the session's user, id and generation (used on another session it is refused). A turn's
   window (its last N messages) is one ``Query`` in reverse order, stopping at the N-th.
 - **List**: ``Query`` on the ``by_creation`` index of the user's partition (never Scan);
-  the cursor holds only a creation order, and every Query is bound to the caller's user.
+  the cursor holds a creation order and a digest of the user and the counter's generation,
+  and every Query is bound to the caller's user. A delete of the user's sessions deletes
+  the counter: made again, of a new generation, it gives the orders of the sessions gone,
+  and a cursor listing those is refused.
 - **Create** is idempotent: a conditional ``PutItem`` (``attribute_not_exists``); a
   concurrent creator's session wins and is returned.
 - **Delete** removes the session item (the session is gone at once) and writes a purge
@@ -130,9 +135,11 @@ from agentscope_serverless.services._dynamodb import (
 )
 from agentscope_serverless.services._stored import decode_message, encode_message
 from agentscope_serverless.services._validation import (
+    check_cursor_listing,
     check_cursor_session,
-    cursor_position,
-    encode_cursor,
+    listing_cursor,
+    listing_cursor_position,
+    listing_tag,
     optional_positive_int,
     optional_ttl_seconds,
     session_cursor,
@@ -266,8 +273,9 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
                 "update_item",
                 idempotent=False,
                 Key={"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")},
-                UpdateExpression="ADD next_order :one",
-                ExpressionAttributeValues={":one": n(1)},
+                UpdateExpression="ADD next_order :one SET #g = if_not_exists(#g, :generation)",
+                ExpressionAttributeNames=names("#g"),
+                ExpressionAttributeValues={":one": n(1), ":generation": s(new_generation())},
                 ReturnValues="UPDATED_NEW",
             )
             at = now()
@@ -708,7 +716,20 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
     ) -> Page[Session]:
-        after = min(cursor_position(cursor, "after"), _MAX_CURSOR)
+        position, tag = listing_cursor_position(cursor)
+        after = min(position, _MAX_CURSOR)
+        counter = await self._store.run(
+            "get_item",
+            idempotent=True,
+            Key={"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")},
+            ProjectionExpression="#g",
+            ExpressionAttributeNames=names("#g"),
+            ConsistentRead=True,
+        )
+        # No generation: a counter made by a version that kept none (or no counter).
+        generation = counter.get("Item", {}).get("generation")
+        listing = None if generation is None else listing_tag(user_id, generation["S"])
+        check_cursor_listing(tag, listing)
         at = now()
         items = self._store.query(
             IndexName=SESSIONS_BY_CREATION_INDEX,
@@ -733,7 +754,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             await gather_bounded((self._read_meta(user_id, sid) for _, sid in page), _CONCURRENCY)
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
-            next_cursor=encode_cursor({"after": page[-1][0]}) if len(rows) > limit else None,
+            next_cursor=listing_cursor(page[-1][0], listing) if len(rows) > limit else None,
         )
 
     async def _list_messages(

@@ -32,9 +32,11 @@ from agentscope_serverless.services._stored import (
     stored_session,
 )
 from agentscope_serverless.services._validation import (
+    check_cursor_listing,
     check_cursor_session,
-    cursor_position,
-    encode_cursor,
+    listing_cursor,
+    listing_cursor_position,
+    listing_tag,
     new_session_generation,
     optional_positive_int,
     session_cursor,
@@ -79,8 +81,11 @@ class InMemorySessionHistoryService(SessionHistoryService):
         # Each user's creation counter, as on Redis and DynamoDB: a list cursor holds its
         # value, so one shared by all users would tell how many sessions others created.
         # Kept when the user's last session is deleted (a cursor read before stays in
-        # place), erased with the user's data.
-        self._created: dict[str, int] = {}
+        # place), erased with the user's data: it starts again, of a new generation (random,
+        # as a session's), which refuses the cursors of the sessions erased (see
+        # :func:`listing_tag`). A tuple (count, generation): of atoms, untracked by the
+        # garbage collector.
+        self._created: dict[str, tuple[int, str]] = {}
         self._max_messages = optional_positive_int(
             max_messages_per_session, field="max_messages_per_session"
         )
@@ -110,13 +115,16 @@ class InMemorySessionHistoryService(SessionHistoryService):
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
     ) -> Page[Session]:
-        after = cursor_position(cursor, "after")
+        after, tag = listing_cursor_position(cursor)
+        counter = self._created.get(user_id)
+        listing = None if counter is None else listing_tag(user_id, counter[1])
+        check_cursor_listing(tag, listing)
         ordered = sorted(
             (stored.seq, sid) for sid, stored in self._sessions.get(user_id, {}).items()
         )
         remaining = [(seq, sid) for seq, sid in ordered if seq > after]
         page = remaining[:limit]
-        next_cursor = encode_cursor({"after": page[-1][0]}) if len(remaining) > limit else None
+        next_cursor = listing_cursor(page[-1][0], listing) if len(remaining) > limit else None
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for _, sid in page],
             next_cursor=next_cursor,
@@ -245,8 +253,9 @@ class InMemorySessionHistoryService(SessionHistoryService):
         """The session as stored, made (empty) if missing."""
         stored = self._sessions.setdefault(user_id, {}).get(session_id)
         if stored is None:
-            seq = self._created[user_id] = self._created.get(user_id, 0) + 1
-            stored = self._sessions[user_id][session_id] = _StoredSession(seq)
+            count, generation = self._created.get(user_id) or (0, new_session_generation())
+            self._created[user_id] = (count + 1, generation)
+            stored = self._sessions[user_id][session_id] = _StoredSession(count + 1)
         return stored
 
     @staticmethod

@@ -4,6 +4,8 @@ Keys of user ``U`` (escaped, in the hash tag) and session ``S`` (escaped)::
 
     <prefix>:session:{U}:sessions        ZSET  session id -> creation order (the user's index)
     <prefix>:session:{U}:counter         STRING creation counter
+    <prefix>:session:{U}:generation      STRING the counter's generation (random, set when
+                                               the counter starts: list cursors name it)
     <prefix>:session:{U}:expiry          ZSET  session id -> expiry in ms (only with a TTL)
     <prefix>:session:{U}:s:S:meta        HASH  order, generation (random: tells the session
                                                from an earlier one of its id), dropped
@@ -71,9 +73,11 @@ from agentscope_serverless.services._stored import (
     stored_session,
 )
 from agentscope_serverless.services._validation import (
+    check_cursor_listing,
     check_cursor_session,
-    cursor_position,
-    encode_cursor,
+    listing_cursor,
+    listing_cursor_position,
+    listing_tag,
     new_session_generation,
     optional_positive_int,
     session_cursor,
@@ -82,8 +86,8 @@ from agentscope_serverless.services._validation import (
 )
 from agentscope_serverless.services.session_history.base import SessionHistoryService
 
-# KEYS: meta, messages, index, expiry, counter, ids, id order, marks, gone. ARGV: ttl,
-# session id, ...
+# KEYS: meta, messages, index, expiry, counter, ids, id order, marks, gone, counter
+# generation. ARGV: ttl, session id, ...
 #
 # index_of: where in the list the first message numbered ``number`` or more is (``dropped``:
 # the meta's). number_from: the number of the message ``count`` places after the first one
@@ -116,6 +120,10 @@ local ttl = tonumber(ARGV[1])
 local function ensure(generation)
   if redis.call('EXISTS', KEYS[1]) == 1 then return end
   local order = redis.call('INCR', KEYS[5])
+  -- The counter starts (again, once the user's data was erased or expired): its orders
+  -- are those of the sessions gone, so the cursors listing these are refused. The
+  -- session's generation is random, so it does for the counter's too.
+  if order == 1 then redis.call('SET', KEYS[10], generation) end
   redis.call('HSET', KEYS[1], 'order', order, 'dropped', 0, 'generation', generation)
   redis.call('ZADD', KEYS[3], order, ARGV[2])
 end
@@ -404,10 +412,10 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
-# KEYS: index, expiry, counter, then the meta, messages, ids, id order, marks and gone
-# keys of the sessions the caller read from the index. ARGV: the counter value then.
-# Deletes only when no session was created since (else returns 0 and the caller reads the
-# index again).
+# KEYS: index, expiry, counter, counter generation, then the meta, messages, ids, id
+# order, marks and gone keys of the sessions the caller read from the index. ARGV: the
+# counter value then. Deletes only when no session was created since (else returns 0 and
+# the caller reads the index again).
 _DELETE_USER = (
     LUA_DELETE_KEYS
     + """
@@ -417,12 +425,14 @@ return 1
 """
 )
 
-# KEYS: index, expiry, counter. The counter and every session id of the index.
+# KEYS: index, expiry, counter, counter generation. The counter and every session id of
+# the index.
 _READ_INDEX = """
 return {redis.call('GET', KEYS[3]), redis.call('ZRANGE', KEYS[1], 0, -1)}
 """
 
-# KEYS: index, expiry, counter. ARGV: ttl, list after this order, how many.
+# KEYS: index, expiry, counter, counter generation. ARGV: ttl, list after this order, how
+# many. Returns the counter's generation (false: none), and the sessions with their orders.
 _LIST = """
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then
@@ -434,10 +444,13 @@ if ttl > 0 then
     redis.call('ZREM', KEYS[1], unpack(batch))
     redis.call('ZREM', KEYS[2], unpack(batch))
   end
-  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ttl) end
+  for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
 end
-return redis.call(
-  'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[3])
+return {
+  redis.call('GET', KEYS[4]),
+  redis.call(
+    'ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[3]),
+}
 """
 
 # Slides the expiry of sessions just listed (with a TTL: a listing reads them). KEYS: the
@@ -510,20 +523,20 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
 
     def _user_keys(self, user_id: str) -> list[str]:
         base = user_key_prefix(self._redis.key_prefix, "session", user_id)
-        return [f"{base}:sessions", f"{base}:expiry", f"{base}:counter"]
+        return [f"{base}:sessions", f"{base}:expiry", f"{base}:counter", f"{base}:generation"]
 
-    def _keys(self, user_id: str, session_id: str) -> list[str]:
+    def _session_keys(self, user_id: str, session_id: str) -> list[str]:
+        """The keys of one session: meta, messages, ids, id order, marks, gone."""
         base = user_key_prefix(self._redis.key_prefix, "session", user_id)
         session = f"{base}:s:{escape(session_id)}"
-        return [
-            f"{session}:meta",
-            f"{session}:messages",
-            *self._user_keys(user_id),
-            f"{session}:ids",
-            f"{session}:ids:order",
-            f"{session}:marks",
-            f"{session}:gone",
-        ]
+        suffixes = ("meta", "messages", "ids", "ids:order", "marks", "gone")
+        return [f"{session}:{suffix}" for suffix in suffixes]
+
+    def _keys(self, user_id: str, session_id: str) -> list[str]:
+        """The keys of a session's scripts (see their KEYS)."""
+        meta, messages, ids, order, marks, gone = self._session_keys(user_id, session_id)
+        index, expiry, counter, generation = self._user_keys(user_id)
+        return [meta, messages, index, expiry, counter, ids, order, marks, gone, generation]
 
     async def _session_call(
         self, script: str, user_id: str, session_id: str, *extra: Any, idempotent: bool
@@ -543,8 +556,7 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
             before = await self._redis.run(_READ_INDEX, keys, [], idempotent=True)
             counter_value, session_ids = text(before[0] or ""), [text(s) for s in before[1]]
             for session_id in session_ids:
-                meta, messages, *_, ids, order, marks, gone = self._keys(user_id, session_id)
-                keys += (meta, messages, ids, order, marks, gone)
+                keys += self._session_keys(user_id, session_id)
             done = await self._redis.run(_DELETE_USER, keys, [counter_value], idempotent=True)
             if int(done):
                 return
@@ -583,25 +595,27 @@ class RedisSessionHistoryService(RedisBackedService, SessionHistoryService):
     async def _list_sessions_page(
         self, user_id: str, limit: int, cursor: str | None
     ) -> Page[Session]:
-        after = cursor_position(cursor, "after")
-        raw = await self._redis.run(
+        after, tag = listing_cursor_position(cursor)
+        generation, raw = await self._redis.run(
             _LIST, self._user_keys(user_id), [self._ttl, after, limit + 1], idempotent=True
         )
+        # None: a counter started by a version that kept no generation.
+        listing = None if generation is None else listing_tag(user_id, text(generation))
+        check_cursor_listing(tag, listing)
         rows = [(text(raw[i]), int(float(text(raw[i + 1])))) for i in range(0, len(raw), 2)]
         page = rows[:limit]
         if self._ttl and page:
             await self._touch_listed(user_id, [sid for sid, _ in page])
         return Page[Session](
             items=[Session(id=sid, user_id=user_id, messages=[]) for sid, _ in page],
-            next_cursor=encode_cursor({"after": page[-1][1]}) if len(rows) > limit else None,
+            next_cursor=listing_cursor(page[-1][1], listing) if len(rows) > limit else None,
         )
 
     async def _touch_listed(self, user_id: str, session_ids: list[str]) -> None:
         """Slide the expiry of the sessions of a page just listed, as a read of each does."""
         keys = [self._user_keys(user_id)[1]]
         for session_id in session_ids:
-            meta, messages, *_, ids, order, marks, gone = self._keys(user_id, session_id)
-            keys += (meta, messages, ids, order, marks, gone)
+            keys += self._session_keys(user_id, session_id)
         await self._redis.run(_TOUCH_LISTED, keys, [self._ttl, *session_ids], idempotent=True)
 
     async def _list_messages(
