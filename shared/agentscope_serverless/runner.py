@@ -550,7 +550,7 @@ class Runner(ServiceLifecycleManagerMixin):
         request = request.model_copy(update={"session_id": session.id, "user_id": session.user_id})
         memories = await self._recall(user, request.input)
         kept = _stored_input(request.input, session)
-        await self._claim_given_ids(session, kept)
+        held |= await self._claim_given_ids(session, kept)
         turn = _Turn(
             AgentResponse(session_id=session.id),
             gather=not request.stream,
@@ -651,19 +651,25 @@ class Runner(ServiceLifecycleManagerMixin):
             return
         yield final
 
-    async def _claim_given_ids(self, session: Session, kept: list[Message]) -> None:
+    async def _claim_given_ids(self, session: Session, kept: list[Message]) -> set[str]:
         """Store the input ``kept`` before the agent is called when its sender gave one of
         its ids, refusing (409) one the session holds for a message saying something else:
         runs sent at once, each with its own text for one id, would otherwise all call the
         agent, and the history keep one of their texts. ``session`` (what the agent reads)
-        is left as loaded; the turn's append finds the input stored, and stores it once."""
-        if any("id" in m.model_fields_set for m in kept):
-            claiming = Session(id=session.id, user_id=session.user_id)
-            # Refused as changed before the session was opened: checked here only for
-            # another run that stored one of the ids since.
-            await self.session_history_service.append_new_messages(
-                claiming, kept, field="input", checked=True
-            )
+        is left as loaded; the turn's append finds the input stored, and stores it once.
+
+        Returns the ids of ``kept`` another run stored since the session was looked up
+        (the same input sent twice at once: a retry racing its first try), which this run
+        leaves out of memory: the run whose append stored them adds them."""
+        if not any("id" in m.model_fields_set for m in kept):
+            return set()
+        claiming = Session(id=session.id, user_id=session.user_id)
+        # Refused as changed before the session was opened: checked here only for another
+        # run that stored one of the ids since.
+        stored = await self.session_history_service.append_new_messages(
+            claiming, kept, field="input", checked=True
+        )
+        return {m.id for m in kept} - stored
 
     async def _save_turn(
         self,

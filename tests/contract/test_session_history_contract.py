@@ -836,14 +836,36 @@ async def test_appends_at_once_of_one_given_id_saying_else_store_one_of_them_who
         ),
         return_exceptions=True,
     )
-    taken = [i for i, answer in enumerate(answers) if answer is None]
+    taken = [i for i, answer in enumerate(answers) if not isinstance(answer, BaseException)]
     assert len(taken) == 1, answers
+    assert answers[taken[0]] == {"x", f"z{taken[0]}"}
     assert all(
         isinstance(answer, MessageIdConflictError)
         for i, answer in enumerate(answers)
         if i not in taken
     )
     assert texts(await history.get_session(user_id, "s1")) == [f"x{taken[0]}", f"z{taken[0]}"]
+
+
+async def test_appends_at_once_of_the_same_messages_each_say_which_ones_they_stored(
+    history: SessionHistoryService, user_id: str
+) -> None:
+    # What the runner adds to memory: the input its own append stored. Of appends sent at
+    # once with the same messages (a retry racing its first try), one says it stored each.
+    given = [with_given_id("x", "x"), with_given_id("y", "y")]
+    answers = await asyncio.gather(
+        *(
+            history.append_new_messages(Session(id="s1", user_id=user_id), given, field="message")
+            for _ in range(8)
+        )
+    )
+    assert sorted(i for answer in answers for i in answer) == ["x", "y"]
+    assert texts(await history.get_session(user_id, "s1")) == ["x", "y"]
+    # Sent again, they are held: none stored.
+    assert (
+        await history.append_new_messages(Session(id="s1", user_id=user_id), given, field="message")
+        == set()
+    )
 
 
 async def test_append_keeps_message_ids_and_roles(

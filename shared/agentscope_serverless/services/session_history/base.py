@@ -205,7 +205,7 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
     @service_call
     async def append_new_messages(
         self, session: Session, messages: list[Message], *, field: str, checked: bool = False
-    ) -> None:
+    ) -> set[str]:
         """:meth:`append_message`, refusing (:class:`MessageIdConflictError`, as
         :meth:`refuse_changed_messages` does) a message whose id, given by its sender, the
         session holds for a message saying something else: before the append (unless the
@@ -214,21 +214,29 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         id: one stores its text, the others are refused). A refused append stores none of
         its messages.
 
-        >>> async def post(service: SessionHistoryService, session: Session) -> None:
-        ...     await service.append_new_messages(session, [Message(id="m1")], field="message")
+        Returns the ids of the messages this append stored: not those the session held
+        already, even when another writer stored them since they were checked (appends sent
+        at once, each with the same message: one of them stores it, and says so).
+
+        >>> async def post(service: SessionHistoryService, session: Session) -> set[str]:
+        ...     return await service.append_new_messages(
+        ...         session, [Message(id="m1")], field="message"
+        ...     )
         """
         _require_session(session)
         if not checked:
             await self.refuse_changed_messages(session.user_id, session.id, messages, field=field)
-        await self._append(session, messages, field=field)
+        return await self._append(session, messages, field=field)
 
-    async def _append(self, session: Session, message: Any, *, field: str | None = None) -> None:
+    async def _append(
+        self, session: Session, message: Any, *, field: str | None = None
+    ) -> set[str]:
         """Append ``message``; with ``field``, refusing, with none of them stored, messages
         one of which the append found stored under its id saying something else (see
-        :meth:`append_new_messages`)."""
+        :meth:`append_new_messages`). Returns the ids of the messages it stored."""
         user_id, sid, messages = self._appending(session, message)
         if not messages:
-            return
+            return set()
         note_history_write(user_id, sid)
         if field is not None and any("id" in m.model_fields_set for m in messages):
             refuse = functools.partial(_refuse_stored_by_others, messages, field=field)
@@ -236,6 +244,8 @@ class SessionHistoryService(StartedGuard, ServiceWithLifecycleManager):
         else:
             stored = await self._append_messages(user_id, sid, messages)
         _add_appended(session, messages, stored)
+        # The backends answer the very message given for each one the append stored.
+        return {m.id for m, result in zip(messages, stored, strict=True) if result is m}
 
     @service_call
     async def stored_messages(
