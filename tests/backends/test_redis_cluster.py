@@ -146,3 +146,57 @@ async def test_a_wrong_cluster_password_says_authentication_failed_never_the_pas
     out, err = capfd.readouterr()
     assert "redis command failed" in out
     assert "Pa55" not in message + out + err
+
+
+async def test_a_call_failing_mid_reshard_logs_no_key_nor_argument(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A slot half moved answers a transaction ASK or TRYAGAIN (503, as README says). redis-py
+    # puts the failing command, keys and values, in its error, which the "redis command
+    # failed" line quoted: user and session ids, and the start of what was stored.
+    user_id = f"user-{uuid.uuid4().hex[:12]}"
+    level = logger.level
+    logger.setLevel("WARNING")  # the tests log nothing below CRITICAL
+    with contextlib.ExitStack() as stack:
+        stack.callback(logger.setLevel, level)
+        cluster = stack.enter_context(RedisClusterServer())
+        history = RedisSessionHistoryService(cluster.url, cluster=True)
+        runs = RedisRunsService(redis_url=cluster.url, cluster=True)
+        async with history, runs:
+            session = await history.create_session(user_id, "chat-about-ann")
+            await history.append_message(session, [msg("hello")])
+            slot = slot_of(user_id)
+            ids = {node.port: node.cli("CLUSTER", "MYID") for node in cluster.nodes}
+            owner = slot_owner(cluster, slot)
+            target = cluster.nodes[(cluster.nodes.index(owner) + 1) % len(cluster.nodes)]
+            target.cli("CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[owner.port])
+            owner.cli("CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[target.port])
+            messages = f"{user_key_prefix('agentscope', 'session', user_id)}:s:chat-about-ann"
+            assert (
+                owner.cli(
+                    "MIGRATE",
+                    "127.0.0.1",
+                    str(target.port),
+                    "",
+                    "0",
+                    "5000",
+                    "KEYS",
+                    f"{messages}:messages",
+                )
+                == "OK"
+            )
+            capfd.readouterr()
+            with pytest.raises(StoreUnavailableError):
+                await history.get_session(user_id, "chat-about-ann")
+            run = RunRecord(
+                id="r1", user_id=user_id, session_id="chat-about-ann", status="completed"
+            )
+            record = runs.prepare_record(RunBurst(run, [(0, '{"said":"Ann"}')], True, True))
+            assert record is not None
+            with pytest.raises(StoreUnavailableError):
+                await record.apply()
+    out, err = capfd.readouterr()
+    assert out.count("redis command failed") == 2
+    assert '"command":"MULTI EXISTS LRANGE EXEC"' in out
+    for secret in (user_id, "chat-about-ann", "Ann"):
+        assert secret not in out + err

@@ -662,10 +662,17 @@ class RedisStore:
         return _connection_lost(exc)
 
     def _redact(self, exc: BaseException) -> str:
-        message = f"{type(exc).__name__}: {exc}"
+        # redis-py's cluster pipeline puts the failing command in its errors, keys and
+        # values (users' ids and data) included: only its number is kept.
+        message = _PIPELINE_COMMAND.sub(r"\1", f"{type(exc).__name__}: {exc}")
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return message
+
+
+# How redis-py's cluster pipeline names the failing command in its errors: its number, then
+# up to 100 characters of its name, keys and values.
+_PIPELINE_COMMAND = re.compile(r"(Command # \d+) \(.{0,100}\)(?= of pipeline caused error: )", re.S)
 
 
 def _needs_discovery(client: RedisClient | None) -> bool:
