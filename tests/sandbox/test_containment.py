@@ -604,3 +604,28 @@ async def test_a_request_the_agent_does_not_read_is_stopped_by_the_call_time_lim
         assert "NameError" in part(lost, "stderr")
         await assert_still_works(sandbox)
         await service.release_async(session_id)
+
+
+async def test_a_thread_printing_on_between_cells_keeps_the_interpreter(
+    sandbox_service: SandboxService, session_id: str
+) -> None:
+    # Each call pointed sys.stdout at a new stream and dropped the last: a thread printing
+    # at that moment wrote on a stream freed under it (Python's print holds no reference),
+    # and the interpreter died of a segmentation fault or sent a garbled reply, its
+    # variables lost.
+    sandbox = await box(sandbox_service, session_id)
+    started = await sandbox.run_ipython_cell_async(
+        "import sys, threading, time\n"
+        "kept = 42\n"
+        "def chatter():\n"
+        "    while True:\n"
+        "        print('y' * 1000)\n"
+        "threading.Thread(target=chatter, daemon=True).start()\n"
+        "time.sleep(0.3)"
+    )
+    assert part(started, "stderr") == ""
+    for _ in range(5):
+        result = await sandbox.run_ipython_cell_async(
+            "time.sleep(0.1)\nprint('kept', kept, file=sys.stderr)"
+        )
+        assert part(result, "stderr") == "kept 42\n"  # the thread's output fills stdout

@@ -341,6 +341,9 @@ class Capture:
         self.null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         self.files = self._files()
         self.writers = (CappedWriter(1, max_output), CappedWriter(2, max_output))
+        self.streams = (_text_stream(self.writers[0]), _text_stream(self.writers[1]))
+        # Streams the sandbox's code closed, kept: a thread may still be printing on one.
+        self.retired: list[io.TextIOWrapper] = []
 
     def _files(self) -> list[tuple[int, int]]:
         try:
@@ -362,17 +365,24 @@ class Capture:
         self.clear()
         for target, fd in zip((1, 2), self.fds, strict=True):
             os.dup2(fd, target)
-        # New ones: a stream closes its writer once it is dropped.
-        self.writers = (CappedWriter(1, self.max_output), CappedWriter(2, self.max_output))
-        sys.stdout = _text_stream(self.writers[0])
-        sys.stderr = _text_stream(self.writers[1])
+        self._set_streams()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for target in (1, 2):
             os.dup2(self.null, target)
-        sys.stdout = _text_stream(io.FileIO(1, "w", closefd=False))
-        sys.stderr = _text_stream(io.FileIO(2, "w", closefd=False))
+        self._set_streams()  # between calls they write where 1 and 2 lead: nowhere
+
+    def _set_streams(self) -> None:
+        """``sys.stdout`` and ``sys.stderr`` as the capture's streams: the same from call to
+        call (one the code closed made anew). Never dropped: Python's ``print`` holds no
+        reference to the stream it writes on, so a thread printing on a stream freed under
+        it crashed the interpreter."""
+        if any(stream.closed for stream in self.streams):
+            self.retired += self.streams
+            self.writers = (CappedWriter(1, self.max_output), CappedWriter(2, self.max_output))
+            self.streams = (_text_stream(self.writers[0]), _text_stream(self.writers[1]))
+        sys.stdout, sys.stderr = self.streams
 
     def read(self, index: int) -> str:
         fd = self.fds[index]
