@@ -200,6 +200,30 @@ async def test_a_connection_is_not_used_from_another_event_loop(redis_server: Re
         assert await store.run(ECHO, [], ["back"], idempotent=True) == b"back"
 
 
+async def test_threads_each_running_an_event_loop_of_its_own_share_a_store_at_once(
+    redis_server: RedisServer,
+) -> None:
+    # A service shared by threads (a sync endpoint's asyncio.run beside the server's loop)
+    # had one connection: each loop that called dropped the other's, failing its calls
+    # (a write is never sent twice: 503) or handing it a reply awaited on the wrong loop.
+    async with opened(redis_server.url) as store:
+
+        async def calls(name: str) -> list[bytes]:
+            replies = []
+            for n in range(50):
+                replies.append(await store.run(ECHO, [], [f"{name}{n}"], idempotent=False))
+            return replies
+
+        def elsewhere(name: str) -> list[bytes]:
+            return asyncio.run(calls(name))
+
+        answers = await asyncio.gather(
+            calls("main"), *(asyncio.to_thread(elsewhere, f"t{i}") for i in range(3))
+        )
+        for name, replies in zip(("main", "t0", "t1", "t2"), answers, strict=True):
+            assert replies == [f"{name}{n}".encode() for n in range(50)]
+
+
 async def test_calls_after_close_fail_cleanly(redis_server: RedisServer) -> None:
     async with connected(redis_server.url) as (_, connection):
         await connection.close()

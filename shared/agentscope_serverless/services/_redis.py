@@ -16,6 +16,7 @@ cluster's MULTI answered MOVED never ran: it is sent again to the slot's new pri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -321,8 +322,10 @@ class RedisStore:
         self._ready = False
         self._ready_lock = asyncio.Lock()
         self._idle_limit = health_check_interval
-        self._shared: SharedConnection | None = None
-        self._opening: asyncio.Task[SharedConnection] | None = None
+        # Per event loop (a store may be shared by threads, each running a loop of its own):
+        # the connection its calls share, and the one being opened.
+        self._shared: dict[asyncio.AbstractEventLoop, SharedConnection] = {}
+        self._opening: dict[asyncio.AbstractEventLoop, asyncio.Task[SharedConnection]] = {}
         # Whether the client is a Redis Cluster client (once open). Known at open: the
         # check costs microseconds (RedisCluster is a protocol's subclass).
         self.cluster = False
@@ -360,7 +363,8 @@ class RedisStore:
         self.cluster = False
         self._scripts.clear()
         self._ready = False
-        await self._drop_shared()
+        for loop in list(self._shared):
+            await _close_shared(self._shared.pop(loop, None))
         if client is not None and client is not self._injected:
             await client.aclose()
 
@@ -611,42 +615,44 @@ class RedisStore:
                 self._ready = True
 
     async def _shared_connection(self) -> SharedConnection | None:
-        """The connection calls share (see :mod:`._redis_shared`), opened on first use and
-        again after it was lost, was idle longer than the health-check interval (when there
-        is one), or belongs to another event loop; None when calls go through redis-py's
-        own path."""
+        """The connection the calls of this event loop share (see :mod:`._redis_shared`),
+        opened on first use and again after it was lost or was idle longer than the
+        health-check interval (when there is one); None when calls go through redis-py's
+        own path. Those of loops closed since (a script's earlier ``asyncio.run``) are
+        closed."""
         if self._client is None:
             raise StoreUnavailableError("redis", "the client is closed")
-        shared = self._shared
+        loop = asyncio.get_running_loop()
+        shared = self._shared.get(loop)
         if shared is not None:
             idle = time.monotonic() - shared.last_used
             if shared.usable and (not self._idle_limit or idle < self._idle_limit):
                 return shared
             await self._drop_shared()
+        for other in [other for other in list(self._shared) if other.is_closed()]:
+            self._opening.pop(other, None)
+            await _close_shared(self._shared.pop(other, None))
         client = self._client
         if not isinstance(client, Redis) or client.connection_pool.connection_kwargs.get(
             "protocol"
         ) not in (None, 2, "2"):
             return None
-        opening = self._opening
-        if opening is None or opening.get_loop() is not asyncio.get_running_loop():
+        opening = self._opening.get(loop)
+        if opening is None:
             pool = client.connection_pool
-            opening = self._opening = asyncio.ensure_future(
+            opening = self._opening[loop] = asyncio.ensure_future(
                 SharedConnection.open(pool, reply_timeout=self._timeout)
             )
         try:
             shared = await asyncio.shield(opening)
         finally:
-            if opening.done() and self._opening is opening:
-                self._opening = None
-        if self._shared is None:
-            self._shared = shared
-        return self._shared
+            if opening.done() and self._opening.get(loop) is opening:
+                del self._opening[loop]
+        return self._shared.setdefault(loop, shared)
 
     async def _drop_shared(self) -> None:
-        shared, self._shared = self._shared, None
-        if shared is not None:
-            await shared.close()
+        """Close the connection of this event loop (the next call opens another)."""
+        await _close_shared(self._shared.pop(asyncio.get_running_loop(), None))
 
     def _script(self, source: str) -> AsyncScript:
         if self._client is None:
@@ -673,6 +679,19 @@ class RedisStore:
 # How redis-py's cluster pipeline names the failing command in its errors: its number, then
 # up to 100 characters of its name, keys and values.
 _PIPELINE_COMMAND = re.compile(r"(Command # \d+) \(.{0,100}\)(?= of pipeline caused error: )", re.S)
+
+
+async def _close_shared(shared: SharedConnection | None) -> None:
+    """Close ``shared``: in its own event loop when that runs in another thread (a store
+    closed there meanwhile)."""
+    if shared is None:
+        return
+    loop = shared.loop
+    if loop is not asyncio.get_running_loop() and loop.is_running():
+        with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+            asyncio.run_coroutine_threadsafe(shared.close(), loop)
+        return
+    await shared.close()
 
 
 def _needs_discovery(client: RedisClient | None) -> bool:
