@@ -200,3 +200,39 @@ async def test_a_call_failing_mid_reshard_logs_no_key_nor_argument(
     assert '"command":"MULTI EXISTS LRANGE EXEC"' in out
     for secret in (user_id, "chat-about-ann", "Ann"):
         assert secret not in out + err
+
+
+def test_a_service_on_a_cluster_serves_one_event_loop_after_another() -> None:
+    # As on a standalone Redis (and DynamoDB), a script's successive asyncio.run calls use
+    # one service. The cluster client kept the connections of the first loop: every call
+    # after it raised RuntimeError ("Event loop is closed"), and so did stop().
+    user_id = f"user-{uuid.uuid4().hex[:12]}"
+    with RedisClusterServer() as cluster:
+        history = RedisSessionHistoryService(cluster.url, cluster=True)
+        state = RedisStateService(cluster.url, cluster=True)
+
+        async def first() -> None:
+            await history.start()
+            await state.start()
+            await history.create_session(user_id, "s1")
+
+        async def turn(n: int) -> tuple[int, int | None, bool]:
+            session = await history.get_session(user_id, "s1")
+            assert session is not None
+            await history.append_message(session, [msg(f"turn {n}")])
+            saved = await state.save_state(user_id, {"n": n}, session_id="s1")
+            stored = await history.get_session(user_id, "s1")
+            assert stored is not None
+            return len(stored.messages), saved, await history.health()
+
+        async def last() -> None:
+            await history.stop()
+            await state.stop()
+
+        asyncio.run(first())
+        assert [asyncio.run(turn(n)) for n in range(3)] == [
+            (1, 1, True),
+            (2, 2, True),
+            (3, 3, True),
+        ]
+        asyncio.run(last())

@@ -326,6 +326,8 @@ class RedisStore:
         # the connection its calls share, and the one being opened.
         self._shared: dict[asyncio.AbstractEventLoop, SharedConnection] = {}
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Task[SharedConnection]] = {}
+        # The event loop whose calls use the cluster client (its connections are that loop's).
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         # Whether the client is a Redis Cluster client (once open). Known at open: the
         # check costs microseconds (RedisCluster is a protocol's subclass).
         self.cluster = False
@@ -339,33 +341,38 @@ class RedisStore:
             self._client = self._injected
             self.cluster = isinstance(self._client, RedisCluster)
             return
-        options = dict(self._options)
-        if self._password is not None:
-            options["password"] = self._password
-        if urlsplit(self._url).scheme == "unix":
-            options.pop("socket_keepalive")  # a TCP option: a Unix socket's connection refuses it
         if _userinfo_misplaced(self._url):
             raise ConfigurationError(_MISPLACED_USERINFO)
         try:
-            if self._cluster:
-                self._client = RedisCluster.from_url(self._url, **options)
-            else:
-                self._client = Redis.from_url(self._url, **options)
+            self._client = self._new_client()
             self.cluster = self._cluster
         except (ValueError, RedisError) as exc:
             if _userinfo_outside_address(self._url):
                 raise ConfigurationError(_MISPLACED_USERINFO) from None
             raise ConfigurationError(f"REDIS_URL is not valid: {self._redact(exc)}") from None
 
+    def _new_client(self) -> RedisClient:
+        options = dict(self._options)
+        if self._password is not None:
+            options["password"] = self._password
+        if urlsplit(self._url).scheme == "unix":
+            options.pop("socket_keepalive")  # a TCP option: a Unix socket's connection refuses it
+        if self._cluster:
+            return RedisCluster.from_url(self._url, **options)
+        return Redis.from_url(self._url, **options)
+
     async def close(self) -> None:
         """Close the client if this store created it."""
         client, self._client = self._client, None
+        used, self._client_loop = self._client_loop, None
         self.cluster = False
         self._scripts.clear()
         self._ready = False
         for loop in list(self._shared):
             await _close_shared(self._shared.pop(loop, None))
-        if client is not None and client is not self._injected:
+        # A cluster client of a loop closed since has nothing left to close.
+        gone = used is not None and used.is_closed()
+        if client is not None and client is not self._injected and not gone:
             await client.aclose()
 
     async def ping(self) -> bool:
@@ -446,12 +453,12 @@ class RedisStore:
         )
 
     async def _evalsha(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        script = self._script(source)
         shared = await self._shared_connection()
         if shared is None:
             async with asyncio.timeout(self._timeout):
-                await self._connect()
-                return await script(keys=list(keys), args=list(args))
+                await self._connect()  # first: it may make the client anew
+                return await self._script(source)(keys=list(keys), args=list(args))
+        script = self._script(source)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             (reply,) = await shared.execute([command])
@@ -606,13 +613,29 @@ class RedisStore:
         # in a transaction's queueing, which redis-py does in an event loop of its own, in a
         # thread: the connections it made there, left in the pools, broke later calls on
         # nodes that are up ("Event loop is closed", a 500) until the node came back.
-        if not self.cluster or (self._ready and not _needs_discovery(self._client)):
+        if not self.cluster:
+            return
+        self._renew_for_loop()
+        if self._ready and not _needs_discovery(self._client):
             return
         async with self._ready_lock:
             client = self._client
             if isinstance(client, RedisCluster) and (not self._ready or _needs_discovery(client)):
                 await client.initialize()
                 self._ready = True
+
+    def _renew_for_loop(self) -> None:
+        """Make the cluster client anew when the event loop its calls used is closed (a
+        script's earlier ``asyncio.run``, a test's own loop): its connections were that
+        loop's. An injected client is kept as it is."""
+        loop = asyncio.get_running_loop()
+        used, self._client_loop = self._client_loop, loop
+        if used is None or used is loop or not used.is_closed() or self._injected is not None:
+            return
+        self._client = self._new_client()
+        self._scripts.clear()
+        self._ready = False
+        self._ready_lock = asyncio.Lock()
 
     async def _shared_connection(self) -> SharedConnection | None:
         """The connection the calls of this event loop share (see :mod:`._redis_shared`),
