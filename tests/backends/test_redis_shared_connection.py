@@ -341,6 +341,18 @@ def test_a_store_outlives_an_event_loop_closed_under_its_connection(
     assert asyncio.run(later()) == b"two"
 
 
+def test_a_store_on_redis_pys_own_path_serves_one_event_loop_after_another(
+    redis_server: RedisServer,
+) -> None:
+    # A RESP3 URL keeps redis-py's own path, whose pool kept the connection of the loop
+    # before: the next loop's call raised RuntimeError ("Event loop is closed"), as did close.
+    store = RedisStore(url=f"{redis_server.url}?protocol=3")
+    asyncio.run(store.open())
+    for n in range(3):
+        assert asyncio.run(store.run(ECHO, [], [str(n)], idempotent=False)) == str(n).encode()
+    asyncio.run(store.close())
+
+
 async def test_a_reply_late_past_the_timeout_fails_the_calls_and_closes_the_connection(
     redis_server: RedisServer,
 ) -> None:

@@ -326,7 +326,8 @@ class RedisStore:
         # the connection its calls share, and the one being opened.
         self._shared: dict[asyncio.AbstractEventLoop, SharedConnection] = {}
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Task[SharedConnection]] = {}
-        # The event loop whose calls use the cluster client (its connections are that loop's).
+        # The event loop whose calls use the client through redis-py's own path (its
+        # connections are that loop's).
         self._client_loop: asyncio.AbstractEventLoop | None = None
         # Whether the client is a Redis Cluster client (once open). Known at open: the
         # check costs microseconds (RedisCluster is a protocol's subclass).
@@ -370,7 +371,7 @@ class RedisStore:
         self._ready = False
         for loop in list(self._shared):
             await _close_shared(self._shared.pop(loop, None))
-        # A cluster client of a loop closed since has nothing left to close.
+        # A client of a loop closed since has nothing left to close.
         gone = used is not None and used.is_closed()
         if client is not None and client is not self._injected and not gone:
             await client.aclose()
@@ -613,9 +614,9 @@ class RedisStore:
         # in a transaction's queueing, which redis-py does in an event loop of its own, in a
         # thread: the connections it made there, left in the pools, broke later calls on
         # nodes that are up ("Event loop is closed", a 500) until the node came back.
+        self._renew_for_loop()
         if not self.cluster:
             return
-        self._renew_for_loop()
         if self._ready and not _needs_discovery(self._client):
             return
         async with self._ready_lock:
@@ -625,9 +626,10 @@ class RedisStore:
                 self._ready = True
 
     def _renew_for_loop(self) -> None:
-        """Make the cluster client anew when the event loop its calls used is closed (a
-        script's earlier ``asyncio.run``, a test's own loop): its connections were that
-        loop's. An injected client is kept as it is."""
+        """Make the client of redis-py's own path (a cluster's, or one speaking RESP3) anew
+        when the event loop its calls used is closed (a script's earlier ``asyncio.run``, a
+        test's own loop): its connections were that loop's. An injected client is kept as
+        it is."""
         loop = asyncio.get_running_loop()
         used, self._client_loop = self._client_loop, loop
         if used is None or used is loop or not used.is_closed() or self._injected is not None:
