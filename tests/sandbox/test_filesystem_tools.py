@@ -350,3 +350,39 @@ def test_a_directory_given_to_a_file_tool_is_named_and_leaks_no_descriptor(tool:
     listed = tool("run_shell_command", command="ls")
     assert listed.get("isError") is False, listed
     assert listed["content"][0]["text"] == "new.txt\nnotes.txt\nsrc\n"
+
+
+def test_a_write_of_text_that_is_not_unicode_leaves_the_file_as_it_was(
+    sandbox_server: RunningServer,
+) -> None:
+    # A lone surrogate (JSON lets a client send "\ud800", as a model's broken emoji) failed
+    # the write after the file was emptied: an edit adding one to a file wiped it.
+    with httpx.Client(
+        base_url=sandbox_server.url,
+        headers={"Authorization": f"Bearer {sandbox_server.token}"},
+        timeout=60,
+    ) as http:
+        sandbox_id = http.post("/create_from_pool", json={"sandbox_type": "filesystem"}).json()[
+            "data"
+        ]
+
+        def call(name: str, **arguments: Any) -> dict[str, Any]:
+            # As AgentScope's client encodes it: ASCII, a lone surrogate escaped.
+            body = json.dumps({"identity": sandbox_id, "tool_name": name, "arguments": arguments})
+            reply = http.post(
+                "/call_tool", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert reply.status_code == 200, reply.text
+            result: dict[str, Any] = reply.json()["data"]
+            return result
+
+        try:
+            assert ok(call("write_file", path="plan.md", content="- step one\n"))
+            edit = [{"oldText": "one", "newText": "\ud800"}]
+            assert "surrogates not allowed" in error(call("edit_file", path="plan.md", edits=edit))
+            assert "surrogates not allowed" in error(
+                call("write_file", path="plan.md", content="- \ud800\n")
+            )
+            assert ok(call("read_file", path="plan.md")) == "- step one\n"
+        finally:
+            http.post("/release", json={"identity": sandbox_id})

@@ -618,11 +618,14 @@ class Agent:
 
     @staticmethod
     def _write_text(full: str, path: str, content: str) -> None:
+        # Encoded before the file is emptied: text UTF-8 cannot hold (a lone surrogate)
+        # fails the write with the file as it was.
+        data = content.encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
-        with _open_file(full, path, flags, "w") as file:
+        with _open_file(full, path, flags, "wb") as file:
             os.set_blocking(file.fileno(), True)
             file.truncate(0)
-            file.write(content)
+            file.write(data)
 
     def read_file(self, path: str) -> str:
         return self._read_text(path)
