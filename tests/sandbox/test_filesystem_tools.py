@@ -219,6 +219,10 @@ def test_directories_list_tree_move_search_and_info(tool: Tool) -> None:
     assert "already exists" in error(tool("move_file", source="build", destination="src"))
     assert "cannot be moved" in error(tool("move_file", source=".", destination="elsewhere"))
     assert "cannot be moved" in error(tool("move_file", source="src", destination="/workspace"))
+    # Into a folder that does not exist: the error named the source alone, which exists.
+    assert error(tool("move_file", source="src/README.md", destination="docs/README.md")) == (
+        "Error: No such file or directory: /workspace/src/README.md -> /workspace/docs/README.md"
+    )
 
     assert ok(tool("list_allowed_directories")) == "Allowed directories:\n/workspace"
 

@@ -173,6 +173,8 @@ stat_is_file = stat.S_ISREG
 
 def _os_error(exc: OSError) -> str:
     reason = exc.strerror or str(exc)
+    if exc.filename and exc.filename2:  # a move: either path may be the one missing
+        return f"{reason}: {exc.filename} -> {exc.filename2}"
     return f"{reason}: {exc.filename}" if exc.filename else reason
 
 
