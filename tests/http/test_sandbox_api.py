@@ -63,6 +63,27 @@ def run(client: httpx.Client, session: str, code: str) -> dict[str, Any]:
     return result
 
 
+def test_a_tool_call_whose_client_leaves_is_stopped_in_the_sandbox(
+    client: Callable[[str], httpx.Client], keys: Keys, session: str
+) -> None:
+    # The sandbox server stops a call whose client leaves, but the app, its client, stayed:
+    # the cell ran on to its time limit (keeping what it defined), the user's next call
+    # waiting behind it.
+    alice = client(keys.alice)
+    assert alice.post(f"/sandboxes/{session}", json={"types": ["base"]}).status_code == 200
+    run(alice, session, "kept = 1")
+    with pytest.raises(httpx.ReadTimeout):
+        alice.post(
+            f"/sandboxes/{session}/tools/run_ipython_cell",
+            json={"code": "import time\ntime.sleep(30)"},
+            timeout=1,
+        )
+    # Stopped, as the sandbox server stops a call whose client left: its variables are gone.
+    after = run(alice, session, "print(kept)")
+    assert "NameError" in "".join(p["text"] for p in after["content"])
+    assert alice.delete(f"/sandboxes/{session}").json()["released"] is True
+
+
 def test_connect_run_python_twice_keeping_state_then_release(
     client: Callable[[str], httpx.Client], keys: Keys, session: str
 ) -> None:

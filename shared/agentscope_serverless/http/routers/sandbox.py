@@ -18,9 +18,11 @@ status) is a 200 result with ``isError`` set; a session without sandboxes is a 4
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Path, Query
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from agentscope_serverless.errors import InvalidInputError, SandboxNotFoundError
@@ -36,6 +38,8 @@ from agentscope_serverless.services.sandbox.tools import BUILTIN_TOOLS, select_s
 router = APIRouter(prefix="/sandboxes", tags=["sandboxes"], route_class=KeyedRoute)
 
 _BUILTIN = {tool.name: tool for tool in BUILTIN_TOOLS}
+# The status logged for a request whose client left before its answer (nginx's).
+CLIENT_LEFT = 499
 
 
 async def _sandbox_service(context: Annotated[AppContext, Depends(get_context)]) -> SandboxService:
@@ -176,14 +180,39 @@ async def call_tool(
     tool_name: Annotated[str, Path(min_length=1, max_length=MAX_TOOL_NAME_LENGTH)],
     user_id: CurrentUser,
     service: Sandboxes,
+    request: Request,
     arguments: Annotated[dict[str, Any] | None, Body(description="The tool's arguments.")] = None,
     sandbox_type: Annotated[
         str | None, Query(min_length=1, max_length=64, description="Run on this sandbox type.")
     ] = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
     boxes = await _existing(service, session_id, user_id)
     box = _sandbox_for(tool_name, boxes, sandbox_type)
-    return await box.call_tool_async(tool_name, arguments or {})
+    result = await _unless_client_leaves(box.call_tool_async(tool_name, arguments or {}), request)
+    return Response(status_code=CLIENT_LEFT) if result is None else result
+
+
+async def _unless_client_leaves(
+    call: Coroutine[Any, Any, dict[str, Any]], request: Request
+) -> dict[str, Any] | None:
+    """The result of ``call``, or None when the client left first: the call is then
+    cancelled, which closes its request to the sandbox server, and that server stops the
+    tool's processes (a call made with an ``Idempotency-Key`` goes on, for its retry)."""
+    answer = asyncio.ensure_future(call)
+    leaving: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            # The body was read: the next message is the client leaving.
+            leaving = asyncio.ensure_future(request.receive())
+            await asyncio.wait((answer, leaving), return_when=asyncio.FIRST_COMPLETED)
+            if answer.done():
+                return answer.result()
+            if leaving.result().get("type") == "http.disconnect":
+                return None
+    finally:
+        if leaving is not None:
+            leaving.cancel()
+        answer.cancel()
 
 
 @router.delete("/{session_id}", response_model=Released, summary="Release sandboxes")
