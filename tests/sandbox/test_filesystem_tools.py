@@ -356,6 +356,15 @@ def test_a_directory_given_to_a_file_tool_is_named_and_leaks_no_descriptor(tool:
     assert listed["content"][0]["text"] == "new.txt\nnotes.txt\nsrc\n"
 
 
+def test_a_write_to_a_directorys_path_is_refused_making_nothing(tool: Tool) -> None:
+    # "drafts/" wrote a file named drafts, the slash dropped.
+    said = "'drafts/' is a directory's path, not a file's"
+    assert error(tool("write_file", path="drafts/", content="x")) == f"Error: {said}"
+    assert error(tool("write_file", path="/workspace/a/b/", content="x")).startswith("Error: ")
+    listed = tool("run_shell_command", command="ls -A")
+    assert listed["content"][0]["text"] == "", listed
+
+
 def test_a_write_of_text_that_is_not_unicode_leaves_the_file_as_it_was(
     sandbox_server: RunningServer,
 ) -> None:

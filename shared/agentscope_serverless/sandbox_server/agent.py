@@ -649,6 +649,8 @@ class Agent:
         return "\n---\n".join(pieces)
 
     def write_file(self, path: str, content: str) -> str:
+        if path.endswith("/"):  # a folder's path: made a file of that name, the / dropped
+            raise ToolFailure(f"{path!r} is a directory's path, not a file's")
         full = workspace_path(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         self._write_text(full, path, content)
