@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import stat
@@ -23,6 +24,7 @@ from agentscope_serverless.auth import (
     create_key_store,
 )
 from agentscope_serverless.auth.dynamodb import DynamoDBKeyStore
+from agentscope_serverless.auth.file import MAX_FILE_BYTES
 from agentscope_serverless.auth.keys import parse_key
 from agentscope_serverless.errors import (
     AuthenticationError,
@@ -280,6 +282,61 @@ async def test_a_corrupt_key_file_is_a_store_failure(tmp_path: Path) -> None:
         assert not await store.health()
         with pytest.raises(StoreUnavailableError):
             await store.authenticate("ask_0123456789abcdef_" + "A" * 43)
+
+
+async def test_a_key_file_path_naming_a_pipe_is_refused_without_blocking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The read of a named pipe waited for a writer that never came, on the event loop.
+    pipe = tmp_path / "keys.fifo"
+    os.mkfifo(pipe)
+    link = tmp_path / "keys.json"
+    link.symlink_to(pipe)
+    warnings: list[dict[str, Any]] = []
+    monkeypatch.setattr(logger, "warning", lambda message, **kwargs: warnings.append(kwargs))
+
+    async def refusals() -> list[str]:
+        refused = []
+        for path in (pipe, link):
+            async with FileKeyStore(path) as store:
+                assert not await store.health()
+                with pytest.raises(StoreUnavailableError) as raised:
+                    await store.authenticate("ask_0123456789abcdef_" + "A" * 43)
+                refused.append(str(raised.value))
+        return refused
+
+    reading = asyncio.create_task(asyncio.to_thread(asyncio.run, refusals()))
+    try:
+        done, _ = await asyncio.wait([reading], timeout=30)
+    finally:
+        while not reading.done():  # release a blocked read, so that the test can end
+            with contextlib.suppress(OSError):
+                os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+            await asyncio.sleep(0.05)
+    assert done, "the read of a named pipe blocked"
+    assert reading.result() == ["key file is unavailable: it is not a regular file"] * 2
+    assert [w["extra"]["path"] for w in warnings][-2:] == [str(pipe), str(link)]
+
+
+async def test_a_key_file_too_large_for_any_number_of_keys_is_refused_with_its_size(
+    tmp_path: Path,
+) -> None:
+    # A path set by mistake to a file of hundreds of megabytes had it read whole each time.
+    path = tmp_path / "keys.json"
+    async with FileKeyStore(path) as store:
+        issued = await store.create_key(kind="user", user_id="alice")
+    content = path.read_text()
+    with path.open("a") as handle:
+        handle.write(" " * (MAX_FILE_BYTES - len(content) + 1))
+    async with FileKeyStore(path) as store:
+        with pytest.raises(StoreUnavailableError, match="larger than 16 MiB") as raised:
+            await store.authenticate(issued.key)
+        with pytest.raises(StoreUnavailableError, match="larger than 16 MiB"):
+            await store.create_key(kind="user", user_id="bob")
+    assert str(path) not in str(raised.value)
+    path.write_text(content + " " * (MAX_FILE_BYTES - len(content)))
+    async with FileKeyStore(path) as store:
+        assert (await store.authenticate(issued.key)).user_id == "alice"
 
 
 async def test_a_key_file_that_cannot_be_written_is_a_store_failure_naming_no_path(

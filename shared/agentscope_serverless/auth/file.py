@@ -9,7 +9,9 @@ checked at most once per ``check_seconds``, and it is re-read only when it chang
 a key not found has it checked again at once (one ``stat``, no read unless it changed).
 A file that cannot be read (a hand edit breaking its JSON) is remembered as long: requests
 meanwhile get the same 503, and the failure is logged at most once per ``check_seconds``,
-whatever the number of requests.
+whatever the number of requests. Only a regular file (or a symlink to one) is read, and
+only up to :data:`MAX_FILE_BYTES`: a named pipe would block the server's read, and a file
+of hundreds of megabytes (a path set by mistake) would be read whole each time it changed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +35,19 @@ from agentscope_serverless.errors import StoreUnavailableError
 from agentscope_serverless.log import logger
 
 FILE_VERSION = 1
+# A key's record takes about 220 bytes of the file (6.5 KB with the longest user id): 16 MiB
+# holds some 75,000 keys, far more than a key file is for.
+MAX_FILE_BYTES = 16 * 2**20
+
+
+_TOO_LARGE = (
+    f"it is larger than {MAX_FILE_BYTES // 2**20} MiB, far more than any number of keys takes "
+    "(is the path the key file's?)"
+)
+
+
+class _RefusedFile(Exception):
+    """The key file is not one to read: the message says why."""
 
 
 class FileKeyStore(KeyStore):
@@ -114,11 +130,35 @@ class FileKeyStore(KeyStore):
 
     def _read(self) -> dict[str, KeyRecord]:
         try:
-            data = json.loads(self.path.read_bytes())
+            data = json.loads(self._content())
             records = [KeyRecord.model_validate(item) for item in data["keys"]]
+        except _RefusedFile as refused:
+            raise self._unavailable(str(refused), refused) from None
         except (OSError, ValueError, KeyError, TypeError, RecursionError, ValidationError) as exc:
             raise self._unavailable("it is not a readable key file", exc) from None
         return {record.key_id: record for record in records}
+
+    def _content(self) -> bytes:
+        """The file's bytes, when it is a regular file of at most :data:`MAX_FILE_BYTES`.
+
+        Opened without blocking and checked on what was opened: a named pipe (its open, then
+        its read, wait for a writer that may never come) or a device is refused, whatever
+        the path was a moment before.
+        """
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _RefusedFile("it is not a regular file")
+            if info.st_size > MAX_FILE_BYTES:
+                raise _RefusedFile(_TOO_LARGE)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                content = handle.read(MAX_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(content) > MAX_FILE_BYTES:  # it grew since
+            raise _RefusedFile(_TOO_LARGE)
+        return content
 
     def _unavailable(self, failure: str, exc: Exception) -> StoreUnavailableError:
         # The answer a caller gets says what failed, never where the file lives; the log
@@ -187,4 +227,4 @@ class FileKeyStore(KeyStore):
             os.close(dir_fd)
 
 
-__all__ = ["FileKeyStore"]
+__all__ = ["MAX_FILE_BYTES", "FileKeyStore"]
