@@ -535,6 +535,44 @@ async def test_a_revoked_flag_set_by_hand_is_read_as_a_key_file_reads_it(
             assert [r.revoked for r in await store.list_keys()] == [False]
 
 
+@pytest.mark.parametrize("named", [True, False])
+async def test_a_malformed_key_item_is_named_by_its_key_id_and_other_keys_still_work(
+    dynamodb_server: DynamoDBServer, named: bool
+) -> None:
+    # The refusal said "dynamodb is unavailable: the key table holds a malformed item",
+    # which item not said: one of a table of thousands, found by hand.
+    table = new_api_keys_table(dynamodb_server)
+    async with dynamodb_key_store(dynamodb_server, table, cache_seconds=0) as store:
+        good = await store.create_key(kind="user", user_id="alice")
+        bad = await store.create_key(kind="user", user_id="bob")
+        client: Any = botocore.session.get_session().create_client(
+            "dynamodb", endpoint_url=dynamodb_server.endpoint_url,
+            region_name=dynamodb_server.region, **LOCAL_AWS_CREDENTIALS,
+        )  # fmt: skip
+        item = client.get_item(TableName=table, Key={"key_id": {"S": bad.record.key_id}})["Item"]
+        item["kind"] = {"S": "admin"}
+        if not named:  # the whole key pasted where its id goes
+            client.delete_item(TableName=table, Key={"key_id": item["key_id"]})
+            item["key_id"] = {"S": bad.key}
+        client.put_item(TableName=table, Item=item)
+        with pytest.raises(StoreUnavailableError) as listing:
+            await store.list_keys()
+        assert (await store.authenticate(good.key)).user_id == "alice"
+        if named:
+            with pytest.raises(StoreUnavailableError) as reading:
+                await store.authenticate(bad.key)
+            assert str(reading.value) == str(listing.value)
+    fault = "kind: Input should be 'user' or 'service'"
+    if named:
+        which = f"key_id {bad.record.key_id} ({fault})"
+    else:
+        pattern = "key_id: String should match pattern '^[0-9a-f]{16}$'"
+        which = f"one whose key_id is not a key id ({pattern}; {fault})"
+    assert str(listing.value) == f"key table is unavailable: it holds a malformed item, {which}"
+    assert bad.record.key_hash not in str(listing.value)
+    assert bad.key.split("_", 2)[2] not in str(listing.value)
+
+
 async def test_an_unreachable_key_table_is_a_store_failure(
     dynamodb_server: DynamoDBServer,
 ) -> None:

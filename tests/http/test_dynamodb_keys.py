@@ -11,7 +11,9 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import botocore.session
 import httpx
 import pytest
 from typer.testing import CliRunner
@@ -86,6 +88,35 @@ def test_the_table_option_picks_the_key_table(
     key = created_key(cli("keys", "create", "--service", "--table", other))
     assert key.split("_")[1] in cli("keys", "list", "--table", other)
     assert key.split("_")[1] not in cli("keys", "list")
+
+
+def test_a_malformed_key_item_is_named_while_the_other_keys_work(
+    dynamodb_server: DynamoDBServer, key_table: dict[str, str]
+) -> None:
+    # keys list said "dynamodb is unavailable: the key table holds a malformed item", the
+    # table reachable and the item not named.
+    good = created_key(cli("keys", "create", "--user", "alice"))
+    bad = created_key(cli("keys", "create", "--user", "bob"))
+    bad_id = bad.split("_")[1]
+    client: Any = botocore.session.get_session().create_client(
+        "dynamodb", endpoint_url=dynamodb_server.endpoint_url, region_name=dynamodb_server.region,
+        **LOCAL_AWS_CREDENTIALS,
+    )  # fmt: skip
+    client.update_item(
+        TableName=key_table["AUTH_KEYS_TABLE"],
+        Key={"key_id": {"S": bad_id}},
+        UpdateExpression="SET kind = :kind",
+        ExpressionAttributeValues={":kind": {"S": "admin"}},
+    )
+    malformed = f"key table is unavailable: it holds a malformed item, key_id {bad_id} (kind: "
+    listed = CliRunner().invoke(cli_app, ["keys", "list"])
+    assert listed.exit_code == 1
+    assert f"error: {malformed}" in listed.output and bad.split("_", 2)[2] not in listed.output
+    with running(create_app(["sessions"], settings=load_settings())) as url:
+        assert httpx.get(f"{url}/sessions", headers=bearer(good), timeout=10).status_code == 200
+        refused = httpx.get(f"{url}/sessions", headers=bearer(bad), timeout=10)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["message"].startswith(malformed)
 
 
 def test_the_aws_sdks_debug_lines_mask_the_functions_aws_credentials(

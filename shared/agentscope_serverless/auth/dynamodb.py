@@ -15,13 +15,16 @@ CLI, another Lambda instance) takes effect in every process within ``cache_secon
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from decimal import Decimal
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentscope_serverless.auth.base import KeyStore
-from agentscope_serverless.auth.keys import KeyRecord
+from agentscope_serverless.auth.keys import KEY_ID_PATTERN, KeyRecord
 from agentscope_serverless.errors import ConflictError, StoreUnavailableError
 from agentscope_serverless.services._dynamodb import (
     ConditionFailed,
@@ -51,17 +54,53 @@ def _item(record: KeyRecord) -> Item:
 
 
 def _record(item: Item) -> KeyRecord:
+    """The key record an item holds; an item none can be read from (edited by hand) is
+    refused as a malformed record of a key file is, naming its key id and the attribute at
+    fault, never a value."""
     try:
         return KeyRecord(
-            key_id=item["key_id"]["S"],
-            key_hash=item["key_hash"]["S"],
-            kind=item["kind"]["S"],
-            user_id=item["user_id"]["S"] if "user_id" in item else None,
-            created_at=int(item["created_at"]["N"]),
+            key_id=_attribute(item, "key_id", "S"),
+            key_hash=_attribute(item, "key_hash", "S"),
+            kind=_attribute(item, "kind", "S"),
+            user_id=_attribute(item, "user_id", "S") if "user_id" in item else None,
+            created_at=_created_at(item),
             revoked=_revoked(item),
         )
-    except (KeyError, TypeError, ValueError, ArithmeticError):
-        raise StoreUnavailableError("dynamodb", "the key table holds a malformed item") from None
+    except ValidationError as exc:
+        fault = "; ".join(f"{_place(error['loc'])}: {error['msg']}" for error in exc.errors())
+    except _MalformedAttribute as exc:
+        fault = str(exc)
+    key_id = item.get("key_id")
+    key_id = key_id.get("S") if isinstance(key_id, dict) else None
+    if isinstance(key_id, str) and re.fullmatch(KEY_ID_PATTERN, key_id):
+        which = f"key_id {key_id}"
+    else:
+        # Not shown: it may be a whole key pasted where its id goes, its secret in clear.
+        which = "one whose key_id is not a key id"
+    raise StoreUnavailableError("key table", f"it holds a malformed item, {which} ({fault})")
+
+
+class _MalformedAttribute(Exception):
+    """An attribute of a key item is missing or of the wrong type: the message says which."""
+
+
+def _attribute(item: Item, name: str, kind: str) -> Any:
+    value = item.get(name)
+    if not isinstance(value, dict) or kind not in value:
+        raise _MalformedAttribute(f"{name}: missing, or not of type {kind}")
+    return value[kind]
+
+
+def _created_at(item: Item) -> int:
+    created_at = _attribute(item, "created_at", "N")
+    try:
+        return int(created_at)
+    except ValueError:
+        raise _MalformedAttribute("created_at: not a whole number") from None
+
+
+def _place(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "item"
 
 
 def _revoked(item: Item) -> Any:
@@ -79,8 +118,11 @@ def _revoked(item: Item) -> Any:
     if "S" in value:
         return value["S"]
     if "N" in value:
-        return Decimal(value["N"])
-    raise ValueError("revoked is neither a Boolean, a string nor a number")
+        try:
+            return Decimal(value["N"])
+        except ArithmeticError:
+            raise _MalformedAttribute("revoked: not a number") from None
+    raise _MalformedAttribute("revoked: neither a Boolean, a string nor a number")
 
 
 class DynamoDBKeyStore(DynamoDBBackedService, KeyStore):
