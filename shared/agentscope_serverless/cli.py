@@ -1069,7 +1069,8 @@ def keys_list(file: FileOption = None, table: TableOption = None) -> None:
     listing = Table("key id", "kind", "user", "created", "status")
     for key_id, kind, user, created, status in rows:
         colour = "red" if status == "revoked" else "green"
-        listing.add_row(key_id, kind, escape(user), created, f"[{colour}]{status}[/{colour}]")
+        shown = escape(_bidi_escaped(user))
+        listing.add_row(key_id, kind, shown, created, f"[{colour}]{status}[/{colour}]")
     console.print(listing)
 
 
@@ -1082,8 +1083,19 @@ def _created(timestamp: int) -> str:
         return str(timestamp)
 
 
+def _bidi_escaped(text: str) -> str:
+    """``text`` with its bidirectional controls as escapes (``\\u202e``): a user id of a hand
+    edit of the key file or table may hold them, to show as another user's id."""
+    from agentscope_serverless.services._validation import BIDI_CONTROLS
+
+    return text.translate({ord(control): f"\\u{ord(control):04x}" for control in BIDI_CONTROLS})
+
+
 def _tsv_field(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    """``text`` as a field of a tab-separated line: backslashes, tabs and line breaks as
+    escapes, and the other control characters too, as the terminal's table shows them."""
+    escaped = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+    return _bidi_escaped(escaped.replace("\r", "\\r").translate(_CONTROLS))
 
 
 def main() -> None:

@@ -113,6 +113,18 @@ async def test_a_user_key_is_refused_for_a_user_id_with_whitespace_around_it(
     assert (await store.authenticate(inner.key)).user_id == "alice smith"
 
 
+@pytest.mark.parametrize("user_id", ["\u202eecila", "ali\u2066ce", "alice\u200e"])
+async def test_a_user_key_is_refused_for_a_user_id_with_bidirectional_controls(
+    store: KeyStore, user_id: str
+) -> None:
+    # "\u202eecila" shows as "alice": keys list showed it as another user's key.
+    with pytest.raises(InvalidInputError, match="must not contain bidirectional controls"):
+        await store.create_key(kind="user", user_id=user_id)
+    assert await store.list_keys() == []
+    shown = await store.create_key(kind="user", user_id="\u05d0\u05dc\u05d9\u200d\U0001f600")
+    assert (await store.authenticate(shown.key)).user_id == "\u05d0\u05dc\u05d9\u200d\U0001f600"
+
+
 @pytest.mark.parametrize(
     "tamper",
     [

@@ -1412,6 +1412,43 @@ def test_keys_list_to_a_pipe_is_one_tab_separated_line_per_key(tmp_path: Path) -
     assert {row[0] for row in rows} == {record["key_id"] for record in stored}
 
 
+def test_keys_list_shows_control_characters_of_a_hand_edited_user_id_escaped(
+    tmp_path: Path,
+) -> None:
+    # A user id edited to hold U+202E showed reversed, as another user's ("\u202eecila" as
+    # "alice"), and one holding ESC wrote its escape sequence raw to a pipe.
+    key_file = tmp_path / "keys.json"
+    for user in ("mallory", "eve"):
+        assert run_cli("keys", "create", "--user", user, "--file", str(key_file)).returncode == 0
+    content = json.loads(key_file.read_text())
+    content["keys"][0]["user_id"] = "\u202eecila"
+    content["keys"][1]["user_id"] = "bob\x1b[2J\u2066"
+    key_file.write_text(json.dumps(content))
+    piped = run_cli("keys", "list", "--file", str(key_file))
+    assert piped.returncode == 0, piped.stderr
+    assert sorted(line.split("\t")[2] for line in piped.stdout.splitlines()) == [
+        "\\u202eecila",
+        "bob\\x1b[2J\\u2066",
+    ]
+    shown = run_cli(
+        "keys", "list", "--file", str(key_file), env={"TTY_COMPATIBLE": "1", "COLUMNS": "200"}
+    )  # the terminal's table
+    assert shown.returncode == 0, shown.stderr
+    assert "\\u202eecila" in shown.stdout and "bob\\x1b[2J\\u2066" in shown.stdout
+    assert "\u202e" not in shown.stdout + piped.stdout
+    assert "\u2066" not in shown.stdout + piped.stdout
+
+
+def test_keys_create_refuses_a_user_id_with_bidirectional_controls(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys.json"
+    for user in ("\u202eecila", "ali\u2067ce", "bob\u200f"):
+        refused = run_cli("keys", "create", "--user", user, "--file", str(key_file))
+        assert refused.returncode == 1
+        assert "user_id must not contain bidirectional controls" in refused.stderr
+        assert "ask_" not in refused.stdout
+    assert not key_file.exists()
+
+
 FAILING_AGENT = """
 from agentscope_serverless.app import AgentApp
 

@@ -23,7 +23,11 @@ from agentscope_serverless.auth.keys import (
     secret_matches,
 )
 from agentscope_serverless.errors import AuthenticationError, InvalidInputError, NotFoundError
-from agentscope_serverless.services._validation import require_unpadded_user_id, require_user_id
+from agentscope_serverless.services._validation import (
+    require_unpadded_user_id,
+    require_user_id,
+    require_user_id_shown_as_written,
+)
 from agentscope_serverless.services.base import (
     ServiceWithLifecycleManager,
     StartedGuard,
@@ -49,9 +53,11 @@ class KeyStore(StartedGuard, ServiceWithLifecycleManager):
     @service_call
     async def create_key(self, *, kind: KeyKind = "user", user_id: str | None = None) -> IssuedKey:
         """Issue a key. A user key needs ``user_id`` (one a service key could name too: no
-        whitespace around it); a service key must not have one."""
+        whitespace around it; and one shown as it is: no bidirectional control); a service
+        key must not have one."""
         if kind == "user":
             user_id = require_unpadded_user_id(require_user_id(user_id))
+            user_id = require_user_id_shown_as_written(user_id)
         elif kind == "service":
             if user_id is not None:
                 raise InvalidInputError("a service key has no user", field="user_id")

@@ -38,6 +38,9 @@ DEFAULT_SESSION_ID = "default"
 # they are invisible, some count as whitespace (an id of "\x1c" would strip to nothing),
 # and header values cannot carry them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# The bidirectional controls (marks, embeddings, overrides, isolates): invisible, they reorder
+# the text around them, so that text holding one can show as other text.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 _DOT_SEGMENTS = frozenset({".", ".."})
 # How deeply JSON values may nest (arrays and objects within each other), in a request body
 # and in what a store keeps. Parsers give up far deeper (pydantic's at about 250 levels,
@@ -249,6 +252,19 @@ def require_unpadded_user_id(user_id: str, *, where: str = "user_id") -> str:
             f"the {where} names a user whose id begins or ends with whitespace: send the id "
             "without the surrounding whitespace",
             field=where,
+        )
+    return user_id
+
+
+def require_user_id_shown_as_written(user_id: str) -> str:
+    """``user_id`` when it holds no bidirectional control (422 otherwise), for the user of a
+    key: ``keys list`` shows it, and a control reordering it would let it show as another
+    user's id (``"\\u202eecila"`` shows as ``alice``)."""
+    if any(control in user_id for control in BIDI_CONTROLS):
+        raise InvalidInputError(
+            "user_id must not contain bidirectional controls (such as U+202E): they make an id "
+            "show as another",
+            field="user_id",
         )
     return user_id
 
@@ -761,6 +777,7 @@ def refuse_images_no_model_takes(messages: list[Message], *, field: str) -> None
 
 
 __all__ = [
+    "BIDI_CONTROLS",
     "BLANK_USER_MESSAGE",
     "DEFAULT_SESSION_ID",
     "MAX_ID_LENGTH",
@@ -792,6 +809,7 @@ __all__ = [
     "require_shallow_json",
     "require_unpadded_user_id",
     "require_user_id",
+    "require_user_id_shown_as_written",
     "require_utf8",
     "session_cursor",
     "session_cursor_position",
