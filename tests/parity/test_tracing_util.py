@@ -10,13 +10,21 @@ import contextvars
 import inspect
 import json
 from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentscope_serverless import log
+from agentscope_serverless.helpers.agent_api_client import parse_event_from_json
 from agentscope_serverless.log import logger
-from agentscope_serverless.tracing import TraceType, TracingUtil, trace, tracing_util
+from agentscope_serverless.tracing import (
+    TraceType,
+    TracingUtil,
+    merge_agent_response,
+    trace,
+    tracing_util,
+)
 
 FRAMEWORK = {"gen_ai.framework": "Alibaba Cloud Model Studio"}
 
@@ -244,3 +252,34 @@ def test_every_trace_type_of_agentscope_is_named(name: str) -> None:
         return "done"
 
     assert traced() == "done"
+
+
+def _golden_events(name: str) -> list[Any]:
+    """The events of a golden ``/process`` transcript, as AgentScope's client parses them."""
+    text = (Path(__file__).with_name("golden") / name).read_text()
+    return [
+        parse_event_from_json(json.loads(line[len("data: ") :]))
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
+
+
+def test_merging_a_run_cut_short_keeps_the_text_it_streamed() -> None:
+    # The deltas were dropped: a run that failed after "Hi! " merged into a message of no text.
+    events = _golden_events("peer_as_err_process.txt")
+    merged = merge_agent_response(events)
+    assert merged.status == "failed"
+    assert merged.output is not None
+    assert [m.get_text_content() for m in merged.output] == ["Hi! "]
+    # What was merged is left as it was.
+    assert _golden_events("peer_as_err_process.txt")[2] == events[2]
+
+
+def test_merging_a_whole_run_gives_its_reply_once() -> None:
+    events = _golden_events("peer_as_process.txt")
+    for cut in range(4, len(events) + 1):
+        merged = merge_agent_response(events[:cut])
+        assert merged.output is not None
+        (reply,) = merged.output
+        assert reply.get_text_content() == "".join(["Hi! ", "My name is ", "Friday."][: cut - 3])
+    assert merge_agent_response(events).status == "completed"
