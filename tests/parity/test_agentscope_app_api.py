@@ -265,6 +265,14 @@ def test_fastapi_keyword_arguments_document_the_api_and_others_are_refused() -> 
         AgentApp(app_name="overview", agent=object())
 
 
+def test_an_ag_ui_config_is_refused_not_ignored() -> None:
+    # AgentScope served AG-UI at agui_config's route_path; it was kept unused, the route a 404.
+    from agentscope_serverless.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="AG-UI"):
+        AgentApp(app_name="overview", agui_config={"route_path": "/ag-ui"})
+
+
 class TextRunner(Runner):
     """A runner given to an app whose handlers are registered with its decorators."""
 

@@ -168,6 +168,11 @@ class AgentApp(ServiceLifecycleManagerMixin):
                 "Celery task queues (broker_url, backend_url, enable_embedded_worker) are not "
                 "supported: a function's work ends with its request"
             )
+        if agui_config is not None:
+            raise ConfigurationError(
+                "the AG-UI protocol adapter (agui_config) is not supported: an app serves "
+                "/process (SSE), the OpenAI Responses and Chat Completions APIs and A2A itself"
+            )
         if runner is not None and not isinstance(runner, Runner):
             raise TypeError("runner must be a Runner (or a subclass of it)")
         unknown = sorted(set(kwargs) - set(FASTAPI_METADATA))
