@@ -340,6 +340,11 @@ class Runner(ServiceLifecycleManagerMixin):
 
         if requirements or extra_packages or runtime_config:
             raise TypeError("requirements, extra_packages and runtime_config are not supported")
+        from agentscope_serverless.deployers.adapter.protocol_adapter import (
+            refuse_protocol_adapters,
+        )
+
+        refuse_protocol_adapters(protocol_adapters)
         if deploy_manager is None:
             from agentscope_serverless.deployers.local_deployer import LocalDeployManager
 

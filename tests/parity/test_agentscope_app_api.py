@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from agentscope_serverless import AgentApp, DeployManager, LocalDeployManager, Runner
+from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.adapter.responses import ResponseAPIDefaultAdapter
+from agentscope_serverless.deployers.modelstudio_deployer import ModelstudioDeployManager
 from agentscope_serverless.helpers.agent_api_client import (
     AgentAPIError,
     HTTPAgentAPIClient,
@@ -241,6 +245,32 @@ async def test_a_deployer_written_for_agentscope_deploys_an_app() -> None:
     assert deployer.deployed is app and info["deploy_id"]
     assert not deployer.is_running and deployer.service_url is None
     assert (await deployer.stop(info["deploy_id"]))["success"]
+
+
+class EchoAdapter(ProtocolAdapter):
+    """A protocol adapter as AgentScope users write them: routes added to the app."""
+
+    def add_endpoint(self, app: Any, func: Any, **kwargs: Any) -> Any:
+        app.add_api_route("/echo", func, methods=["POST"])
+
+
+async def test_a_protocol_adapter_of_ones_own_is_refused_not_ignored(tmp_path: Path) -> None:
+    # AgentScope's deployers called add_endpoint; here it was never called, /echo a 404.
+    options: dict[str, Any] = {"settings": load_settings(), "key_store": InMemoryKeyStore()}
+    deployer = LocalDeployManager(host="127.0.0.1", port=0)
+    app = AgentApp(app_name="counter", runner=CountingRunner())
+    with pytest.raises(TypeError, match="EchoAdapter"):
+        await app.deploy(deployer, protocol_adapters=[EchoAdapter()], **options)
+    with pytest.raises(TypeError, match="EchoAdapter"):
+        await CountingRunner().deploy(deployer, protocol_adapters=[EchoAdapter()], **options)
+    assert not deployer.is_running
+    with pytest.raises(TypeError, match="EchoAdapter"):
+        await ModelstudioDeployManager(build_root=tmp_path).deploy(
+            app, protocol_adapters=[EchoAdapter()], skip_upload=True
+        )
+    # The responses API's own adapter adds what every app serves already.
+    info = await app.deploy(deployer, protocol_adapters=[ResponseAPIDefaultAdapter()], **options)
+    await deployer.stop(info["deploy_id"])
 
 
 def test_extract_text_from_event_gives_text_as_agentscopes_client_does() -> None:

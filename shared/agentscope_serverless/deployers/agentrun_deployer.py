@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.adapter.protocol_adapter import (
+    ProtocolAdapter,
+    refuse_protocol_adapters,
+)
 from agentscope_serverless.deployers.archive import (
     ArchiveDeployManager,
     archived_app_options,
@@ -292,6 +295,7 @@ class AgentRunDeployManager(ArchiveDeployManager):
 
         if app is None and runner is not None and not isinstance(runner, Runner):
             app, runner = runner, None
+        refuse_protocol_adapters(protocol_adapters)
         refuse_image_inputs(
             runner=runner,
             extra_packages=extra_packages,

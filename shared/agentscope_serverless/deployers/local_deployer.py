@@ -24,7 +24,10 @@ from pydantic import BaseModel
 
 from agentscope_serverless.app.agent_app import AgentApp, FastAPIAppFactory
 from agentscope_serverless.auth.base import KeyStore
-from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.adapter.protocol_adapter import (
+    ProtocolAdapter,
+    refuse_protocol_adapters,
+)
 from agentscope_serverless.deployers.base import DeployManager, Deployment, DeploymentMode
 from agentscope_serverless.head_timeout import (
     DEFAULT_BODY_TIMEOUT_SECONDS,
@@ -215,6 +218,7 @@ class LocalDeployManager(DeployManager):
         **kwargs: Any,
     ) -> dict[str, str]:
         """The blocking twin of :meth:`deploy`."""
+        refuse_protocol_adapters(protocol_adapters)
         if self.is_running:
             raise RuntimeError(f"already serving at {self.service_url}; stop() it first")
         if DeploymentMode(mode) is not DeploymentMode.DAEMON_THREAD:

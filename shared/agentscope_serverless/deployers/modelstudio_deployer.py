@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
+from agentscope_serverless.deployers.adapter.protocol_adapter import (
+    ProtocolAdapter,
+    refuse_protocol_adapters,
+)
 from agentscope_serverless.deployers.archive import (
     ArchiveDeployManager,
     archived_app_options,
@@ -186,6 +189,7 @@ class ModelstudioDeployManager(ModelStudioDeployManager):
         ``stream`` the AgentApp does not have (see
         :func:`~agentscope_serverless.deployers.archive.archived_app_options`).
         """
+        refuse_protocol_adapters(protocol_adapters)
         refuse_image_inputs(
             runner=runner,
             extra_packages=extra_packages,

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -23,4 +23,26 @@ class ProtocolAdapter(ABC):
         """Add the protocol's routes to ``app``, calling ``func`` (the agent) per request."""
 
 
-__all__ = ["ProtocolAdapter"]
+def refuse_protocol_adapters(adapters: Iterable[Any] | None) -> None:
+    """Raise :class:`TypeError` naming the protocol adapters given whose routes a deployment
+    would not serve: every one but AgentScope's ``ResponseAPIDefaultAdapter`` (whose API every
+    app serves already). A deployer here adds no adapter's routes: an app's own go in its
+    module, with ``@app.endpoint`` or on ``app.get_fastapi_app()``."""
+    from agentscope_serverless.deployers.adapter.responses.response_api_protocol_adapter import (
+        ResponseAPIDefaultAdapter,
+    )
+
+    others = [
+        type(adapter).__name__
+        for adapter in adapters or ()
+        if not isinstance(adapter, ResponseAPIDefaultAdapter)
+    ]
+    if others:
+        raise TypeError(
+            f"protocol adapters are not supported: {', '.join(others)} (an app serves "
+            "/process, the OpenAI Responses and Chat Completions APIs and A2A itself; add "
+            "routes of its own with @app.endpoint(path) or on app.get_fastapi_app())"
+        )
+
+
+__all__ = ["ProtocolAdapter", "refuse_protocol_adapters"]
