@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
 
 from agentscope_serverless import AgentApp
 from agentscope_serverless.errors import ServiceNotStartedError
@@ -18,7 +20,7 @@ from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.session import Session
 from agentscope_serverless.services.agent_state import RedisStateService, StateService
-from agentscope_serverless.services.memory import MemoryService
+from agentscope_serverless.services.memory import MemoryService, RedisMemoryService
 from agentscope_serverless.services.session_history import (
     InMemorySessionHistoryService,
     RedisSessionHistoryService,
@@ -317,3 +319,16 @@ async def test_a_wrapper_of_a_backend_keeps_its_started_check_and_storage(
     async with state:
         round_id = await state.save_state("ann", {"a": 1}, session_id=uuid.uuid4().hex)
         assert round_id == 1
+
+
+@pytest.mark.parametrize(
+    "service", [RedisSessionHistoryService, RedisMemoryService, RedisStateService]
+)
+def test_a_redis_client_that_is_not_an_asyncio_one_is_refused_naming_it(service: Any) -> None:
+    # AgentScope takes a redis.asyncio client; given redis.Redis (the sync client), the
+    # service failed at its first call: "object list can't be used in 'await' expression".
+    with pytest.raises(TypeError, match=r"redis\.asyncio.*redis\.client\.Redis"):
+        service(redis_client=redis.Redis())
+    with pytest.raises(TypeError, match="got str"):
+        service(redis_client="redis://localhost:6379/0")
+    service(redis_client=redis.asyncio.Redis())

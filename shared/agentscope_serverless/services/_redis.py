@@ -293,6 +293,17 @@ class RedisStore:
         socket_keepalive: bool = True,
     ) -> None:
         self.key_prefix = _validate_key_prefix(key_prefix)
+        injected: object = client  # what a caller passed, whatever its annotation says
+        if injected is not None and not isinstance(injected, (Redis, RedisCluster)):
+            # A sync redis.Redis failed only at the first call, awaiting what it answers.
+            kind = type(injected)
+            given = kind.__qualname__
+            if kind.__module__ != "builtins":
+                given = f"{kind.__module__}.{given}"
+            raise TypeError(
+                "redis_client must be a redis.asyncio client (redis.asyncio.Redis or "
+                f"redis.asyncio.RedisCluster), got {given}"
+            )
         self._url = url
         self._injected = client
         self._client: RedisClient | None = None
