@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from agentscope_serverless import AgentApp
-from agentscope_serverless.errors import ServiceNotStartedError
+from agentscope_serverless.errors import ConfigurationError, ServiceNotStartedError
 from agentscope_serverless.local_stack import RedisServer
 from agentscope_serverless.schemas.agent_schemas import Message
 from agentscope_serverless.schemas.session import Session
@@ -332,3 +332,15 @@ def test_a_redis_client_that_is_not_an_asyncio_one_is_refused_naming_it(service:
     with pytest.raises(TypeError, match="got str"):
         service(redis_client="redis://localhost:6379/0")
     service(redis_client=redis.asyncio.Redis())
+
+
+@pytest.mark.parametrize(
+    "service", [RedisSessionHistoryService, RedisMemoryService, RedisStateService]
+)
+def test_a_redis_url_that_is_not_text_is_refused_naming_it(service: Any) -> None:
+    # redis_url=os.environ.get("REDIS_URL") with the variable unset failed at start with
+    # "argument of type 'NoneType' is not iterable".
+    with pytest.raises(ConfigurationError, match=r"redis_url must be a Redis URL.*got None"):
+        service(redis_url=None)
+    with pytest.raises(ConfigurationError, match="got bytes"):
+        service(redis_url=b"redis://localhost:6379/0")

@@ -304,6 +304,16 @@ class RedisStore:
                 "redis_client must be a redis.asyncio client (redis.asyncio.Redis or "
                 f"redis.asyncio.RedisCluster), got {given}"
             )
+        given_url: object = url  # what a caller passed, whatever its annotation says
+        if not isinstance(given_url, str):
+            if client is None:
+                # redis_url=os.environ.get("REDIS_URL"), the variable unset, say.
+                given = "None" if given_url is None else type(given_url).__name__
+                raise ConfigurationError(
+                    "REDIS_URL is not valid: redis_url must be a Redis URL (redis://, "
+                    f"rediss:// or unix://), got {given}"
+                )
+            url = DEFAULT_REDIS_URL  # not used: the client given is
         self._url = url
         self._injected = client
         self._client: RedisClient | None = None
