@@ -873,6 +873,24 @@ def get_settings() -> Settings:
     return resolve_secrets(load_settings())
 
 
+def port_number(port: Any) -> int:
+    """``port`` (an int, or its decimal digits as text) as a port number; anything else, or a
+    number past 65535 (which the socket layer would take modulo 65536: 80800 as 15264),
+    raises :class:`ValueError` saying so.
+
+    >>> port_number("8090")
+    8090
+    """
+    text = port.strip() if isinstance(port, str) else None
+    if text is not None and text.isascii() and text.isdigit():
+        number: Any = int(text)
+    else:
+        number = port if isinstance(port, int) and not isinstance(port, bool) else None
+    if number is None or not 0 <= number <= 65535:
+        raise ValueError(f"port must be a port number from 0 to 65535, got {port!r}")
+    return int(number)
+
+
 def environment_port(default: int = 8080) -> int:
     """The ``PORT`` environment variable, which AgentScope's ``app.run()`` listens on and a
     platform running a script sets (``default`` when unset); a value that is no port number
@@ -900,6 +918,7 @@ __all__ = [
     "load_settings",
     "near_miss_message",
     "near_miss_variables",
+    "port_number",
     "redis_url_problem",
     "secret_values",
 ]

@@ -208,6 +208,19 @@ async def test_a_runner_its_user_started_deploys_restarted_by_the_server() -> No
     assert runner.events == ["init", "shutdown", "init", "shutdown"]
 
 
+@pytest.mark.parametrize("port", [80800, 70000, -1, True, "80a"])
+def test_a_port_that_is_no_port_number_is_refused_naming_it(port: Any) -> None:
+    # 80800 (8080 typed once more) served on port 15264 (80800 - 65536); -1 failed to start,
+    # saying only that the server did not start.
+    with pytest.raises(
+        ValueError, match=f"port must be a port number from 0 to 65535, got {port!r}"
+    ):
+        LocalDeployManager(port=port)
+    with pytest.raises(ValueError, match="port must be a port number"):
+        AgentApp(app_name="counter", runner=CountingRunner()).run(port=port)
+    assert LocalDeployManager(port="8090").port == 8090
+
+
 @pytest.mark.parametrize("deployed", ["runner", "app"])
 async def test_a_local_deployment_serves_at_the_endpoint_path_given(deployed: str) -> None:
     store = InMemoryKeyStore()

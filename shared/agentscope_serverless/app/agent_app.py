@@ -86,7 +86,7 @@ from agentscope_serverless.services.session_history.base import (
     MAX_PAGE_SIZE,
     SessionHistoryService,
 )
-from agentscope_serverless.settings import Settings, environment_port, secret_values
+from agentscope_serverless.settings import Settings, environment_port, port_number, secret_values
 from agentscope_serverless.tasks import TaskDefinition
 
 if TYPE_CHECKING:
@@ -632,7 +632,7 @@ class AgentApp(ServiceLifecycleManagerMixin):
 
         kwargs.pop("mode", None)
         host = host or os.environ.get("HOST") or "127.0.0.1"
-        port = port if port is not None else environment_port()
+        port = port_number(port) if port is not None else environment_port()
         root = settings or _root_settings()
         if web_ui:
             root = root.model_copy(update={"web_ui": True})

@@ -37,7 +37,7 @@ from agentscope_serverless.head_timeout import (
 from agentscope_serverless.not_offered import missing_name
 from agentscope_serverless.runner import Runner
 from agentscope_serverless.schemas.agent_schemas import AgentRequest
-from agentscope_serverless.settings import Settings
+from agentscope_serverless.settings import Settings, port_number
 
 
 class ServerThread:
@@ -127,7 +127,7 @@ class LocalDeployManager(DeployManager):
     ) -> None:
         super().__init__()
         self.host = host
-        self.port = port
+        self.port = port if port is None else port_number(port)
         self.shutdown_timeout = shutdown_timeout
         self.startup_timeout = startup_timeout
         self.logger = logger
