@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from agentscope_serverless import AgentApp, DeployManager, LocalDeployManager, Runner
 from agentscope_serverless.deployers.adapter.protocol_adapter import ProtocolAdapter
@@ -140,6 +141,22 @@ async def test_the_clients_token_is_the_one_it_holds_when_it_sends(
     assert reply_of(events) == "turn 1"
     events = [e async for e in client.astream(create_simple_text_request("hi", session_id="c3"))]
     assert reply_of(events) == "turn 2"
+
+
+async def test_both_clients_take_a_request_as_a_dict_as_the_runner_does(
+    served: tuple[str, str, CountingRunner],
+) -> None:
+    # A dict, as Runner.stream_query takes one, failed with "'dict' object has no attribute
+    # 'model_dump'"; one that is no request is refused before anything is sent.
+    url, key, _ = served
+    client = HTTPAgentAPIClient(f"{url}/process", token=key)
+    request = {"input": [{"role": "user", "content": "hi"}], "session_id": "c4"}
+    assert reply_of([e async for e in client.astream(request)]) == "turn 1"
+    assert reply_of(await asyncio.to_thread(lambda: list(client.stream(request)))) == "turn 2"
+    with pytest.raises(ValidationError, match="input"):
+        [e async for e in client.astream({"session_id": "c4"})]
+    with pytest.raises(TypeError, match="AgentRequest or a dict, got str"):
+        list(client.stream("hi"))  # type: ignore[arg-type]
 
 
 async def test_both_clients_say_why_the_api_refused_a_request(

@@ -26,7 +26,7 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -127,12 +127,19 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _body(self, request: AgentRequest) -> dict[str, Any]:
+    def _body(self, request: AgentRequest | Mapping[str, Any]) -> dict[str, Any]:
+        # A dict as Runner.stream_query takes one, validated before anything is sent.
+        if isinstance(request, Mapping):
+            request = AgentRequest.model_validate(request)
+        elif not isinstance(request, AgentRequest):
+            raise TypeError(
+                f"request must be an AgentRequest or a dict, got {type(request).__name__}"
+            )
         body = request.model_dump(mode="json", exclude_none=True)
         body["stream"] = True
         return body
 
-    def stream(self, request: AgentRequest) -> Iterator[Event]:
+    def stream(self, request: AgentRequest | Mapping[str, Any]) -> Iterator[Event]:
         with (
             httpx.Client(timeout=self.timeout, event_hooks=sync_unpacking()) as client,
             client.stream(
@@ -150,7 +157,7 @@ class HTTPAgentAPIClient(AgentAPIClientBase):
             except SSELineTooLong as exc:
                 raise _line_too_long(exc) from None
 
-    async def astream(self, request: AgentRequest) -> AsyncIterator[Event]:
+    async def astream(self, request: AgentRequest | Mapping[str, Any]) -> AsyncIterator[Event]:
         async with (
             httpx.AsyncClient(timeout=self.timeout, event_hooks=unpacking()) as client,
             client.stream(
