@@ -135,6 +135,36 @@ def test_the_session_memory_takes_the_user_before_the_session_as_agentscopes() -
     ]
 
 
+NOT_A_MSG = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.memory import AgentScopeSessionHistoryMemory
+from agentscope_serverless.services.session_history import InMemorySessionHistoryService
+
+async def main():
+    async with InMemorySessionHistoryService() as service:
+        memory = AgentScopeSessionHistoryMemory(service=service, session_id="s1", user_id="u1")
+        for given in ("hello", {"role": "user", "content": "hello"}, [Msg("u", "a", "user"), 5]):
+            try:
+                await memory.add(given)
+            except TypeError as exc:
+                print(exc)
+        print(await memory.size())
+
+asyncio.run(main())
+"""
+
+
+def test_the_session_memory_refuses_what_is_no_msg_naming_it() -> None:
+    # "'str' object has no attribute 'role'", and a list storing nothing of its Msgs.
+    assert run_script(NOT_A_MSG).splitlines() == [
+        "memories must be AgentScope Msg objects (or a list of them), got str",
+        "memories must be AgentScope Msg objects (or a list of them), got dict",
+        "memories must be AgentScope Msg objects (or a list of them), got int",
+        "0",
+    ]
+
+
 TOOL_OF_A_SANDBOX_METHOD = """
 import asyncio, inspect, sys
 from agentscope.tool import Toolkit, ToolResponse

@@ -28,6 +28,7 @@ from agentscope_serverless.adapters.agentscope import agentscope_missing
 
 try:
     from agentscope.memory import MemoryBase  # type: ignore[import-not-found]
+    from agentscope.message import Msg  # type: ignore[import-not-found]
 except ModuleNotFoundError as exc:
     raise agentscope_missing(__name__, exc) from None
 
@@ -69,6 +70,12 @@ class AgentScopeSessionHistoryMemory(MemoryBase):  # type: ignore[misc]
             return
         msgs = memories if isinstance(memories, list) else [memories]
         msgs = [m for m in msgs if m is not None]
+        others = [m for m in msgs if not isinstance(m, Msg)]
+        if others:
+            raise TypeError(
+                "memories must be AgentScope Msg objects (or a list of them), "
+                f"got {type(others[0]).__name__}"
+            )
         if not msgs:
             return
         if marks:
