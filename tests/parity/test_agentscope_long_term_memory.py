@@ -47,3 +47,32 @@ def test_an_agents_long_term_memory_records_and_retrieves_in_the_memory_service(
         "'Alice lives in Lyon\\nI love green tea'",
         "[('user', 'I love green tea'), ('assistant', 'Alice lives in Lyon')]",
     ]
+
+
+TEXT_FOR_A_LIST = """
+import asyncio
+from agentscope_serverless.adapters.agentscope.long_term_memory import (
+    AgentScopeLongTermMemory,
+)
+from agentscope_serverless.services.memory import InMemoryMemoryService
+
+async def main():
+    async with InMemoryMemoryService() as service:
+        memory = AgentScopeLongTermMemory(service=service, user_id="u1", session_id="s1")
+        await memory.record_to_memory("worth keeping", "Alice lives in Lyon")
+        await service.add_memory("u1", [{"role": "user", "content": "Bob likes tea"}])
+        print([m.get_text_content() for m in await service.list_memory("u1")])
+        found = await memory.retrieve_from_memory("Lyon")
+        print(repr(found.content[0]["text"]))
+
+asyncio.run(main())
+"""
+
+
+def test_the_memory_tools_take_a_text_for_a_list_of_one() -> None:
+    # A model passing the text itself, not a list: it was recorded one block per character,
+    # and searched for letter by letter ("t" finding every memory holding one).
+    assert run_script(TEXT_FOR_A_LIST).splitlines() == [
+        "['Alice lives in Lyon', 'Bob likes tea']",
+        "'Alice lives in Lyon'",
+    ]

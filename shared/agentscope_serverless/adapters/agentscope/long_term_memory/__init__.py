@@ -84,8 +84,10 @@ class AgentScopeLongTermMemory(LongTermMemoryBase):  # type: ignore[misc]
             content (`list[str]`):
                 The content to remember, which is a list of strings.
         """
+        given: object = content  # a model may send its text for a list of one
+        texts = [given] if isinstance(given, str) else content
         blocks = [ThinkingBlock(type="thinking", thinking=thinking)]
-        blocks += [TextBlock(type="text", text=text) for text in content]
+        blocks += [TextBlock(type="text", text=text) for text in texts]
         try:
             await self.record([Msg(name="assistant", content=blocks, role="assistant")])
         except Exception as exc:
@@ -104,9 +106,11 @@ class AgentScopeLongTermMemory(LongTermMemoryBase):  # type: ignore[misc]
                 The maximum number of memories to retrieve per search, i.e., the number of
                 memories to retrieve for each keyword.
         """
+        given: object = keywords  # a model may send its text for a list of one
+        words = [given] if isinstance(given, str) else keywords
         queries = [
             Msg(name="assistant", content=[TextBlock(type="text", text=word)], role="assistant")
-            for word in keywords
+            for word in words
         ]
         try:
             found = await self.retrieve(queries, limit=limit, **kwargs)
