@@ -76,3 +76,36 @@ def test_the_memory_tools_take_a_text_for_a_list_of_one() -> None:
         "['Alice lives in Lyon', 'Bob likes tea']",
         "'Alice lives in Lyon'",
     ]
+
+
+ONE_MSG = """
+import asyncio
+from agentscope.message import Msg
+from agentscope_serverless.adapters.agentscope.long_term_memory import (
+    AgentScopeLongTermMemory,
+)
+from agentscope_serverless.services.memory import InMemoryMemoryService
+
+async def main():
+    async with InMemoryMemoryService() as service:
+        memory = AgentScopeLongTermMemory(service=service, user_id="u1", session_id="s1")
+        await memory.record(Msg("alice", "I love green tea", "user"))
+        print([m.get_text_content() for m in await service.list_memory("u1")])
+        for given in ("I love tea", [{"role": "user", "content": "tea"}]):
+            try:
+                await memory.record(given)
+            except TypeError as exc:
+                print(exc)
+
+asyncio.run(main())
+"""
+
+
+def test_record_takes_one_msg_and_refuses_what_is_no_msg() -> None:
+    # One Msg failed with "'Msg' object is not iterable"; a text with "'str' object has no
+    # attribute 'role'".
+    assert run_script(ONE_MSG).splitlines() == [
+        "['I love green tea']",
+        "msgs must be AgentScope Msg objects (or a list of them), got str",
+        "msgs must be AgentScope Msg objects (or a list of them), got dict",
+    ]

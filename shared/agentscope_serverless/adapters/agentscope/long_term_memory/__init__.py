@@ -41,8 +41,15 @@ class AgentScopeLongTermMemory(LongTermMemoryBase):  # type: ignore[misc]
         self.session_id = session_id
 
     async def record(self, msgs: list[Any], **kwargs: Any) -> None:
-        """Add ``msgs`` (AgentScope ``Msg``\\ s; None entries are skipped) to the memory."""
-        kept = [msg for msg in msgs or [] if msg is not None]
+        """Add ``msgs`` (AgentScope ``Msg``\\ s, or one; None entries are skipped) to the
+        memory."""
+        given: object = msgs
+        listed = [given] if isinstance(given, Msg) else list(msgs or [])
+        kept = [msg for msg in listed if msg is not None]
+        others = [msg for msg in kept if not isinstance(msg, Msg)]  # a text's characters too
+        if others:
+            kind = type(others[0]).__name__
+            raise TypeError(f"msgs must be AgentScope Msg objects (or a list of them), got {kind}")
         if not kept:
             return
         await self._service.add_memory(
