@@ -96,16 +96,21 @@ async def main():
                 await memory.record(given)
             except TypeError as exc:
                 print(exc)
+        try:
+            await memory.retrieve("tea")
+        except TypeError as exc:
+            print(exc)
 
 asyncio.run(main())
 """
 
 
-def test_record_takes_one_msg_and_refuses_what_is_no_msg() -> None:
+def test_record_takes_one_msg_and_both_refuse_what_is_no_msg() -> None:
     # One Msg failed with "'Msg' object is not iterable"; a text with "'str' object has no
     # attribute 'role'".
     assert run_script(ONE_MSG).splitlines() == [
         "['I love green tea']",
         "msgs must be AgentScope Msg objects (or a list of them), got str",
         "msgs must be AgentScope Msg objects (or a list of them), got dict",
+        "msg must be an AgentScope Msg (or a list of them), got str",
     ]

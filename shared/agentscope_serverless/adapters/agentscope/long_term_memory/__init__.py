@@ -64,6 +64,10 @@ class AgentScopeLongTermMemory(LongTermMemoryBase):  # type: ignore[misc]
                 Msg(name="assistant", content=[TextBlock(type="text", text="")], role="assistant")
             ]
         queries = [msg] if isinstance(msg, Msg) else list(msg)
+        others = [query for query in queries if not isinstance(query, Msg)]
+        if others:  # a text's characters too
+            kind = type(others[0]).__name__
+            raise TypeError(f"msg must be an AgentScope Msg (or a list of them), got {kind}")
         results = await asyncio.gather(
             *(
                 self._service.search_memory(
