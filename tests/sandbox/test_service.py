@@ -219,6 +219,22 @@ def test_the_service_can_be_configured_by_settings() -> None:
     assert SandboxService.from_settings(load_settings()).base_url is None
 
 
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({"base_url": 8000}, "base_url must be a string or None, not int"),
+        ({"base_url": b"http://sandbox"}, "base_url must be a string or None, not bytes"),
+        ({"bearer_token": 123}, "bearer_token must be a string or None, not int"),
+    ],
+)
+def test_a_url_or_token_that_is_no_text_is_refused_when_the_service_is_made(
+    arguments: dict[str, Any], said: str
+) -> None:
+    # SandboxService(base_url=123) was made, then failed at start with an AttributeError.
+    with pytest.raises(TypeError, match=said):
+        SandboxService(**arguments)
+
+
 async def test_health_pings_the_server(sandbox_server: RunningServer) -> None:
     service = SandboxService(sandbox_server.url, sandbox_server.token)
     assert await service.health() is False  # not started

@@ -155,6 +155,9 @@ class SandboxService(StartedGuard, ServiceWithLifecycleManager):
         max_sandboxes_per_user: int | None = None,
         weaker_isolation: bool = False,
     ) -> None:
+        for name, value in (("base_url", base_url), ("bearer_token", bearer_token)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, not {type(value).__name__}")
         self.base_url = base_url
         self._bearer_token = bearer_token
         self._timeout = timeout
