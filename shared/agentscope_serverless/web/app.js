@@ -542,12 +542,22 @@ function showPendingText() {
   const start = performance.now();
   for (const node of pendingText) {
     const text = streamedText.get(node);
-    if (node.classList.contains("markdown")) node.replaceChildren(markdown(text));
+    if (node.classList.contains("markdown")) rebuild(node, markdown(text));
     else node.textContent = text;
   }
   pendingText.clear();
   showCost = performance.now() - start;
   showFrame(); // the text grew, in this frame
+}
+
+// ``node``'s content replaced with ``content`` while out of the page: in a message, whose
+// direction the browser works out from its text (see messageView), each block put in worked it
+// out again, and a reply of thousands of lines froze the page for seconds at every piece.
+function rebuild(node, content) {
+  const spot = new Comment();
+  node.replaceWith(spot);
+  node.replaceChildren(content);
+  spot.replaceWith(node);
 }
 
 function imageNode(url, alt = "Image from the agent") {

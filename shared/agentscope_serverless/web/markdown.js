@@ -35,15 +35,19 @@ const URL_TAIL = /[.,;:!?'"`*_]/; // ends the sentence rather than a bare URL
 // Quotes, lists and spans nest this deep at most; deeper, their markers are text.
 const MAX_DEPTH = 8;
 
-// Blocks of text, each set right to left when it starts in a script written so (Hebrew,
-// Arabic...), whatever the reply's other paragraphs are written in.
-const TEXT_BLOCKS = new Set(["p", "li", "blockquote", "td", "th"]);
-
 function node(tag, text) {
   const made = document.createElement(tag);
-  if (TEXT_BLOCKS.has(tag)) made.dir = "auto";
   if (text !== undefined) made.textContent = text;
   return made;
+}
+
+// A block of text (a paragraph, a list item, a quote, a table cell), set right to left when it
+// starts in a script written so (Hebrew, Arabic...), whatever the reply's other blocks are
+// written in. Set so once it holds its text: the browser works the direction out again at each
+// node put into a block set so, which for a paragraph of thousands took seconds.
+function directed(block) {
+  block.dir = "auto";
+  return block;
 }
 
 // The fence opening a code block on ``line``, with its info (a backtick fence's holds none).
@@ -245,7 +249,7 @@ function table(header, rule, rows) {
   const row = (tag, line) => {
     const made = node("tr");
     cells(line).forEach((cell, column) => {
-      const shown = lines(node(tag), [cell]);
+      const shown = directed(lines(node(tag), [cell]));
       if (aligned[column]) shown.className = `align-${aligned[column]}`;
       made.append(shown);
     });
@@ -289,7 +293,7 @@ function list(all, start, depth) {
     const entry = node("li");
     if (body.length === 1) entry.append(inline(body[0]));
     else entry.append(markdown(body.join("\n"), !body.includes(""), depth + 1));
-    made.append(entry);
+    made.append(directed(entry));
     // A blank line between items keeps the list going.
     if (i + 1 < all.length && all[i] !== undefined && !all[i].trim() && ITEM.test(all[i + 1])) i += 1;
   }
@@ -325,7 +329,7 @@ export function markdown(text, tight = false, depth = 0) {
       const heading = node("p");
       heading.className = `heading level-${match[1].length}`;
       heading.append(inline(headingText(match[2])));
-      out.append(heading);
+      out.append(directed(heading));
       i += 1;
     } else if (RULE.test(line)) {
       out.append(node("hr"));
@@ -335,7 +339,7 @@ export function markdown(text, tight = false, depth = 0) {
       for (; i < all.length && QUOTE.test(all[i]); i += 1) body.push(all[i].replace(QUOTE, ""));
       const quote = node("blockquote");
       quote.append(markdown(body.join("\n"), false, depth + 1));
-      out.append(quote);
+      out.append(directed(quote));
     } else if (ITEM.test(line) && depth < MAX_DEPTH) {
       const [made, next] = list(all, i, depth);
       out.append(made);
@@ -356,10 +360,10 @@ export function markdown(text, tight = false, depth = 0) {
         const heading = node("p");
         heading.className = `heading level-${underline[1][0] === "=" ? 1 : 2}`;
         heading.append(inline(body.map((text) => text.trim()).join(" ")));
-        out.append(heading);
+        out.append(directed(heading));
         i += 1;
       } else if (tight) lines(out, body);
-      else out.append(lines(node("p"), body));
+      else out.append(directed(lines(node("p"), body)));
     }
   }
   return out;
