@@ -1093,6 +1093,61 @@ async def test_a_dropped_stream_is_picked_up_where_it_broke_off(
         assert not page.exceptions, page.exceptions
 
 
+class Busy:
+    """A server whose first answers to a run's events are errors a busy server gives for a
+    moment: a store that did not answer (503), a function throttled (429)."""
+
+    def __init__(self, app: ASGIApp, statuses: list[int]) -> None:
+        self.app = app
+        self.statuses = statuses
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/events") and self.statuses:
+            status = self.statuses.pop(0)
+            error = {"error": {"code": "BUSY", "message": f"busy for a moment ({status})"}}
+            body = json.dumps(error).encode()
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture
+def busy_tool_server() -> Iterator[tuple[str, str]]:
+    """The tool agent's server, its first two answers to a run's events 503 then 429, and a
+    key for it."""
+    keys = Keys.make()  # a server stops its key store when it stops
+    settings = load_settings(web_ui=True)
+    app = create_app(settings=settings, agent_app=tool_app(), key_store=keys.store)
+    with running(Busy(app, [503, 429])) as url:
+        yield url, keys.bob
+
+
+async def test_a_dropped_stream_is_picked_up_once_the_server_is_no_longer_busy(
+    busy_tool_server: tuple[str, str],
+) -> None:
+    # A 503 or a 429 to the first try to pick the stream up again ended it, saying "the
+    # connection closed before the run ended", while the run went on.
+    server, key = busy_tool_server
+    HELD_RUN_GOES_ON.clear()
+    relay = Relay(server)
+    async with relay as url, chromium_page() as page, let_the_held_run_end():
+        await sign_in(page, url, key)
+        await send_held_run(page)
+        label = await page.evaluate("document.getElementById('session-label').textContent")
+        runs = f"{server}/runs?session_id={label.removeprefix('Session ')}"
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as client:
+            await eventually(lambda: stored(client, runs))  # the run's first write
+        relay.cut()
+        HELD_RUN_GOES_ON.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        assert await page.evaluate(MESSAGE_TEXTS) == ["hold on", "Before the break and after it."]
+        assert await page.evaluate("document.getElementById('run-status').textContent") == "Done."
+        assert len([request for request in page.requests if "/events?after=" in request]) == 3
+        assert not page.exceptions, page.exceptions
+
+
 # The sequence number of the run's event a buffered Lambda function cannot return.
 TOO_LARGE = 5
 

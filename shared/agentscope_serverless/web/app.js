@@ -949,11 +949,17 @@ async function follow(response, run, views) {
       } catch (error) {
         if (error.status === 401 || run.stopped || error.name === "AbortError") throw error;
         // The server does not have the run (no runs store, or another server's memory): give up.
-        if (error instanceof ApiError) throw lost;
+        // Busy for a moment (a store that did not answer, a function throttled): try again.
+        if (error instanceof ApiError && !busy(error.status)) throw lost;
       }
     }
     $("run-status").textContent = "Thinking…";
   }
+}
+
+// Whether a server answering ``status`` may answer otherwise when asked again a moment later.
+function busy(status) {
+  return status === 429 || (status >= 500 && status !== 501);
 }
 
 function pause(milliseconds, signal) {
