@@ -952,7 +952,11 @@ async def test_a_session_left_while_loading_does_not_spill_into_the_next(
         await sign_in(page, url, key)
         await page.wait_for("document.querySelectorAll('#sessions button').length === 2")
         await page.evaluate("document.querySelector('[data-session=long]').click()")
-        await page.wait_for("document.querySelectorAll('#messages .message').length > 0")
+
+        async def loading() -> bool:
+            return any("/sessions/long/messages?limit=1000" in r for r in page.requests)
+
+        await eventually(loading)
         await page.evaluate("document.querySelector('[data-session=short]').click()")
         await page.wait_for(
             "document.getElementById('run-status').textContent === ''"
@@ -965,6 +969,20 @@ async def test_a_session_left_while_loading_does_not_spill_into_the_next(
         )
         assert texts == ["short", "take a picture"]
         assert not page.exceptions, page.exceptions
+
+
+# Counts the messages of a session's history ("message N") put in the conversation.
+WATCH_BUILT = """
+window.builtFromHistory = 0;
+new MutationObserver((records) => {
+  for (const record of records) {
+    for (const node of record.addedNodes) {
+      if (node.textContent.startsWith("Youmessage ")) window.builtFromHistory += 1;
+    }
+  }
+}).observe(document.getElementById("messages"), {childList: true});
+true
+"""
 
 
 async def test_a_long_session_opens_with_its_newest_messages(
@@ -981,6 +999,7 @@ async def test_a_long_session_opens_with_its_newest_messages(
     async with chromium_page() as page:
         await sign_in(page, url, key)
         await page.wait_for("document.querySelector('[data-session=long]') !== null")
+        await page.evaluate(WATCH_BUILT)
         # A message sent while the session loads goes once its history is on screen, at the
         # end: it landed in the middle of the history, or was trimmed away with the oldest.
         await page.evaluate(
@@ -1000,6 +1019,8 @@ async def test_a_long_session_opens_with_its_newest_messages(
         assert "chart" in texts[-1]
         note = await page.evaluate("document.querySelector('#messages .hidden-note').textContent")
         assert note == "500 earlier messages are not shown."
+        # The 500 earlier ones were built too, then taken away (20,000 messages took 8 s).
+        assert await page.evaluate("window.builtFromHistory") == 2000
         assert not page.exceptions, page.exceptions
 
 

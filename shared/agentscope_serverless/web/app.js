@@ -395,18 +395,28 @@ async function openSession(id) {
   let going = null; // the session's run still going on
   try {
     const path = `sessions/${encodeURIComponent(id)}/messages`;
+    // The newest messages alone are built, once all are read: the older ones, built to be
+    // taken away, took seconds of a long session's opening (20,000 messages, 8 s).
+    let newest = [];
     let hidden = 0;
+    const keepNewest = () => {
+      const older = newest.slice(0, -MAX_SHOWN);
+      for (const message of older) noteToolNames(message);
+      hidden += older.length;
+      newest = newest.slice(-MAX_SHOWN);
+    };
     for await (const message of pages(path, PAGE_SIZE, loading.signal)) {
       if (loading.signal.aborted) return;
+      newest.push(message);
+      if (newest.length >= 2 * MAX_SHOWN) keepNewest();
+    }
+    keepNewest();
+    if (hidden) log.append(hiddenNote(hidden));
+    for (const message of newest) {
       const view = messageView(message);
       renderParts(view, message.content || []);
       log.append(view.item);
-      if (log.children.length > MAX_SHOWN) {
-        log.firstElementChild.remove();
-        hidden += 1;
-      }
     }
-    if (hidden) log.prepend(hiddenNote(hidden));
     const run = await lastRun;
     if (loading.signal.aborted) return;
     if (run && !TERMINAL.has(run.status)) going = run;
@@ -588,6 +598,15 @@ function pretty(value) {
     return JSON.stringify(typeof value === "string" ? JSON.parse(value) : value, null, 2);
   } catch (_) {
     return typeof value === "string" ? value : null;
+  }
+}
+
+// The names of the tool calls of a message not shown, for their results shown to say.
+function noteToolNames(message) {
+  if (!CALLS.has(message.type)) return;
+  for (const content of message.content || []) {
+    const call = (content.type === "data" && content.data) || {};
+    if (call.call_id && call.name) state.toolNames.set(call.call_id, call.name);
   }
 }
 
