@@ -2306,9 +2306,11 @@ async def test_sessions_are_listed_by_their_first_message_read_as_they_come_into
     key = (await keys.store.create_key(kind="user", user_id="titles")).key
     messages = f"{demo_url}/sessions/{{}}/messages"
     spaced = "  Plan a   trip\n to Lisbon " + "and Porto " * 20
+    # An emoji (two UTF-16 code units) where the title is cut: cut in half, it showed as "�".
+    emoji = "Q" * 78 + "\U0001f30d" + " and more"
     async with httpx.AsyncClient(headers=bearer(key), timeout=30) as client:
         for i in range(150):
-            text = spaced if i == 149 else f"question number {i}"
+            text = {149: spaced, 147: emoji}.get(i, f"question number {i}")
             body = {"messages": [{"role": "user", "content": text}]}
             assert (await client.post(messages.format(f"s{i:03}"), json=body)).status_code == 201
         replies_only = {"messages": [{"role": "assistant", "content": "hi"}]}
@@ -2328,6 +2330,10 @@ async def test_sessions_are_listed_by_their_first_message_read_as_they_come_into
             "document.querySelector('#sessions button[data-session=\"s148\"]').textContent"
             " === 'question number 148'"
         )
+        cut = "document.querySelector('#sessions button[data-session=\"s147\"]').textContent"
+        await page.wait_for(f"{cut}.endsWith('…')")
+        assert await page.evaluate(f"{cut}.isWellFormed()")
+        assert await page.evaluate(cut) == "Q" * 78 + "…"
         assert await page.evaluate(f"{first}.textContent") == "replies-only"  # no text of theirs
         read = [r for r in page.requests if "/messages?limit=" in r]
         assert 0 < len(read) < 100, len(read)  # those in view, not all 151

@@ -322,7 +322,9 @@ function titleOf(messages) {
       .replace(/\s+/g, " ")
       .trim();
     if (BLANK.test(text)) continue; // nothing a user sees: no title
-    return text.length > TITLE_CHARS ? `${text.slice(0, TITLE_CHARS - 1)}…` : text;
+    if (text.length <= TITLE_CHARS) return text;
+    // Cut between two characters, not in the middle of one of two UTF-16 units (an emoji).
+    return `${text.slice(0, TITLE_CHARS - 1).replace(/[\ud800-\udbff]$/, "")}…`;
   }
   return null;
 }
