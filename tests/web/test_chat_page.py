@@ -1324,6 +1324,76 @@ async def test_a_run_left_for_a_new_chat_goes_on_and_is_followed_again_from_its_
         assert not page.exceptions, page.exceptions
 
 
+class SlowToAnswer:
+    """A server whose answers to ``/process`` start once ``answer`` is set, the run under
+    way meanwhile (as behind a proxy slow to pass them on)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.answer = threading.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/process":
+            await self.app(scope, receive, send)
+            return
+
+        async def held(message: ASGIMessage) -> None:
+            if message["type"] == "http.response.start":
+                await asyncio.to_thread(self.answer.wait, 60)
+            await send(message)
+
+        await self.app(scope, receive, held)
+
+
+@pytest.fixture
+def slow_tool_server() -> Iterator[tuple[str, str, SlowToAnswer]]:
+    """The tool agent's server behind :class:`SlowToAnswer`, a key for it, and the wrapper."""
+    keys = Keys.make()  # a server stops its key store when it stops
+    settings = load_settings(web_ui=True)
+    slow = SlowToAnswer(create_app(settings=settings, agent_app=tool_app(), key_store=keys.store))
+    try:
+        with running(slow) as url:
+            yield url, keys.bob, slow
+    finally:
+        slow.answer.set()
+
+
+async def test_a_run_left_before_the_server_named_it_is_followed_again_with_its_message(
+    slow_tool_server: tuple[str, str, SlowToAnswer],
+) -> None:
+    # Left before the answer named the run, the page dropped the request: the run went on,
+    # and its session, opened again, showed its reply streaming under no message of the user.
+    url, key, slow = slow_tool_server
+    HELD_RUN_GOES_ON.clear()
+    async with (
+        chromium_page() as page,
+        let_the_held_run_end(),
+        httpx.AsyncClient(base_url=url, headers=bearer(key)) as client,
+    ):
+        await sign_in(page, url, key)
+        await page.type_text("hold on")
+        await page.press(*ENTER)
+
+        async def started() -> bool:
+            sessions = (await client.get("/sessions")).json()["items"]
+            return bool(sessions) and await stored(client, f"/runs?session_id={sessions[0]['id']}")
+
+        await eventually(started)
+        session = (await client.get("/sessions")).json()["items"][0]["id"]
+        await page.evaluate("document.getElementById('new-chat').click()")
+        slow.answer.set()
+        button = f"document.querySelector('#sessions button[data-session={json.dumps(session)}]')"
+        await page.wait_for(f"{button} !== null")
+        await page.evaluate(f"{button}.click()")
+        await page.wait_for(HELD_RUN_STREAMING)
+        HELD_RUN_GOES_ON.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        texts = await page.evaluate(MESSAGE_TEXTS)
+        assert texts == ["hold on", "Before the break and after it."]
+        assert not [r for r in page.requests if r.endswith("/cancel")]
+        assert not page.exceptions, page.exceptions
+
+
 async def test_a_reply_of_whitespace_alone_says_it_is_empty(tool_server: tuple[str, str]) -> None:
     # It showed as an empty bubble.
     url, key = tool_server

@@ -814,7 +814,11 @@ async function send(event) {
       throw error;
     }
   });
-  if (refused) {
+  if (refused && run.left) {
+    // Refused after another session was opened: the message waits in the box.
+    if (!$("composer-input").value) $("composer-input").value = text;
+    fitComposer();
+  } else if (refused) {
     // Refused, or the server out of reach: no run has it.
     returnToBox(user, text);
     const why = refused.status ? refused.message : "the server cannot be reached";
@@ -845,7 +849,11 @@ async function stream(run, open) {
       cancelRun(run);
       throw new DOMException("stopped", "AbortError");
     }
-    if (run.left) throw new DOMException("left", "AbortError");
+    if (run.left) {
+      if (run.id) state.runTexts.set(run.id, run.text);
+      run.controller.abort();
+      throw new DOMException("left", "AbortError");
+    }
     adoptSession(response.headers.get("X-Session-Id"));
     if (run.id && state.session) {
       const saved = { id: run.id, session: state.session, text: run.text };
@@ -1083,8 +1091,9 @@ function leaveRun() {
   if (!run) return;
   run.left = true;
   if (run.id) state.runTexts.set(run.id, run.text);
-  // One stopped before its id arrived is canceled once it arrives all the same (stream).
-  if (!run.stopped) run.controller.abort();
+  // One not named yet is left once its id arrives (stream): the run goes on all the same,
+  // and its message is kept for its session opened again. One stopped is canceled then.
+  if (run.id) run.controller.abort();
   state.run = null;
   setRunning(false, "");
 }
