@@ -1394,6 +1394,52 @@ async def test_a_run_left_before_the_server_named_it_is_followed_again_with_its_
         assert not page.exceptions, page.exceptions
 
 
+async def test_a_message_stopped_then_refused_goes_back_to_the_box(
+    slow_tool_server: tuple[str, str, SlowToAnswer],
+) -> None:
+    # Stopped while the server had not answered, then refused: the message stayed in the
+    # conversation, "Stopped.", though no run had it, and the box was left empty.
+    url, key, slow = slow_tool_server
+    too_large = "x" * 1_100_000  # more than the server takes (413)
+    async with chromium_page() as page:
+        await sign_in(page, url, key)
+        await page.evaluate(
+            f"document.getElementById('composer-input').value = {json.dumps(too_large)};"
+            " document.getElementById('composer').requestSubmit()"
+        )
+
+        async def sent() -> bool:
+            return any(request.endswith("/process") for request in page.requests)
+
+        await eventually(sent)
+        await page.press("Escape", "Escape", 27)
+        await page.wait_for("document.getElementById('run-status').textContent === 'Stopping…'")
+        slow.answer.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        status = await page.evaluate("document.getElementById('run-status').textContent")
+        assert status.startswith("Error: ") and status.endswith("it is back in the box."), status
+        assert await page.evaluate("document.getElementById('composer-input').value") == too_large
+        assert await page.evaluate("document.querySelectorAll('.message').length") == 0
+
+        # Signed out while the server had not answered: nothing goes back in the box for
+        # whoever signs in next.
+        slow.answer.clear()
+        await page.evaluate("document.getElementById('composer').requestSubmit()")
+
+        async def sent_again() -> bool:
+            return len([r for r in page.requests if r.endswith("/process")]) == 2
+
+        await eventually(sent_again)
+        await page.evaluate("document.getElementById('sign-out').click()")
+        slow.answer.set()
+        await page.wait_for("!document.getElementById('send').hidden")
+        await page.type_text(key)
+        await page.press(*ENTER)
+        await visible(page, "chat")
+        assert await page.evaluate("document.getElementById('composer-input').value.length") == 0
+        assert not page.exceptions, page.exceptions
+
+
 async def test_a_reply_of_whitespace_alone_says_it_is_empty(tool_server: tuple[str, str]) -> None:
     # It showed as an empty bubble.
     url, key = tool_server

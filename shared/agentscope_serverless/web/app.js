@@ -810,10 +810,12 @@ async function send(event) {
         accept: "text/event-stream",
       });
     } catch (error) {
-      if (!run.stopped && error.name !== "AbortError" && error.status !== 401) refused = error;
+      // Stopped meanwhile or not, no run has it.
+      if (error.name !== "AbortError" && error.status !== 401) refused = error;
       throw error;
     }
   });
+  if (state.key !== run.key) return; // signed out meanwhile: nothing goes back in the box
   if (refused && run.left) {
     // Refused after another session was opened: the message waits in the box.
     if (!$("composer-input").value) $("composer-input").value = text;
