@@ -185,6 +185,12 @@ async def test_a_key_the_server_does_not_know_is_said_to_be_perhaps_a_restarted_
         await visible(page, "sign-in")
         error = await page.evaluate("document.getElementById('sign-in-error').textContent")
         assert error.startswith("Your key was not accepted. ") and restarted in error
+        # Whoever signs in next finds nothing of theirs: the message was put back in the box.
+        await page.type_text(keys.alice)
+        await page.press(*ENTER)
+        await visible(page, "chat")
+        assert await page.evaluate("document.getElementById('composer-input').value") == ""
+        assert not page.exceptions, page.exceptions
 
 
 async def say(page: Page, text: str) -> str:

@@ -781,6 +781,13 @@ async function send(event) {
   state.run = run;
   setRunning(true, "Thinking…");
   const memories = await searchMemories(text);
+  if (state.key !== run.key) {
+    // Signed out meanwhile (their key refused): nothing runs, and nothing of theirs goes back
+    // in the box for whoever signs in next.
+    if (state.run === run) state.run = null;
+    setRunning(false, "");
+    return;
+  }
   if (memories.length) user.item.append(memoriesNode(memories));
   if (run.left) {
     // Another session opened before it was sent: nothing runs, the message waits in the box.
