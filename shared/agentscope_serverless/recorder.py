@@ -101,6 +101,8 @@ LAST_WRITE_ATTEMPTS = 3
 # this slow to fail does not answer (each call waited out its timeout), and the client gets
 # the run's last events only once the write is given up.
 LAST_WRITE_PATIENCE_SECONDS = 5.0
+# The most events one write of a run stores (see RecordedRun._write_burst).
+MAX_BURST_EVENTS = 1000
 STOP_SECONDS = CLEANUP_SECONDS + 2
 """How long a stopping server waits, in all, for its cancelled runs to end and be stored."""
 _OUT_OF_TIME = Error(
@@ -160,6 +162,8 @@ class RecordedRun:
         # For the run's metrics: when it began, when its first text came (as the runner got
         # it, whether it was sent at once or held back), its usage.
         self._began = time.monotonic()
+        # When its record was last saved as in progress (its heartbeat, see _beat_when_due).
+        self._beaten = self._began
         self._first_text: float | None = None
         self._usage: dict[str, object] | None = None
         # The error the run ended with, for its record.
@@ -345,11 +349,11 @@ class RecordedRun:
         assert runs is not None and record is not None
         ending = (final, json_of(final))
         events = [(e.sequence_number or 0, data) for e, data in (*self._log, ending)]
-        # Saved as final by this write; when it is not made, the run's last write saves
-        # the record again, with the status it has then.
-        set_field(record, "status", final.status)
-        set_field(record, "updated_at", time.time())
-        recording = runs.prepare_record(RunBurst(record, events, create=True, finish=True))
+        # Saved as final by this write (a copy: when it is not made, the run's writes
+        # store the record in progress, then as final with the status it has then).
+        final_record = record.model_copy(update={"status": final.status, "updated_at": time.time()})
+        burst = RunBurst(final_record, events, create=True, finish=True)
+        recording = runs.prepare_record(burst)
         if recording is None or not appending.joins(recording):
             await appending.apply()
             return
@@ -395,19 +399,12 @@ class RecordedRun:
         burst that fails is written again with the next one."""
         assert self._runs is not None and self._record is not None
         try:
-            beaten = time.monotonic()
             failing = False
             while not self._produced:
                 self._to_write.clear()
                 try:
                     await self._write_burst(finish=False)
-                    if (
-                        self._created
-                        and not self._erased
-                        and time.monotonic() - beaten >= HEARTBEAT_SECONDS
-                    ):
-                        await self._runs.beat(self._record)
-                        beaten = time.monotonic()
+                    await self._beat_when_due()
                     failing = False
                 except Exception:
                     # Once per outage: a run streaming on tries again with each burst.
@@ -435,14 +432,35 @@ class RecordedRun:
                 extra={"run_id": self.run_id},
             )
 
+    async def _beat_when_due(self) -> None:
+        """Save the run's record as it is now (its heartbeat), when the last was
+        :data:`HEARTBEAT_SECONDS` ago or more."""
+        assert self._runs is not None and self._record is not None
+        if (
+            self._created
+            and not self._erased
+            and time.monotonic() - self._beaten >= HEARTBEAT_SECONDS
+        ):
+            await self._runs.beat(self._record)
+            self._beaten = time.monotonic()
+
     async def _write_burst(self, *, finish: bool) -> None:
-        """One write: the events not written yet (and, until a write succeeded, the run's
-        creation; with ``finish``, its final status). A failed write changes nothing here:
-        writing the same events again stores them once."""
+        """Store the events not written yet (and, until a write succeeded, the run's
+        creation; with ``finish``, its final status), :data:`MAX_BURST_EVENTS` a write at
+        most, the run's heartbeat saved between two when due: a write of thousands of
+        events (a fast agent, a slow store) takes long, and a run whose record is not saved
+        meanwhile reads as lost. A failed write changes nothing here: writing the same
+        events again stores them once."""
+        while not self._erased and len(self._log) - self._written > MAX_BURST_EVENTS:
+            await self._write_once(self._written + MAX_BURST_EVENTS, finish=False)
+            await self._beat_when_due()
+        await self._write_once(len(self._log), finish=finish)
+
+    async def _write_once(self, end: int, *, finish: bool) -> None:
+        """One write: the events not written yet up to ``end`` (see :meth:`_write_burst`)."""
         assert self._runs is not None and self._record is not None
         if self._erased:
             return
-        end = len(self._log)
         burst = [(e.sequence_number or 0, data) for e, data in self._log[self._written : end]]
         record = self._record
         if finish:  # the last write: the record is saved as final

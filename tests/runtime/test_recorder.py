@@ -368,6 +368,53 @@ async def test_a_run_silent_past_the_lost_bound_beats_and_stays_in_progress(
         assert dead is not None and dead.status == "failed"
 
 
+class PerEventRunsService(InMemoryRunsService):
+    """The in-memory runs store with writes that take longer the more events they carry,
+    as DynamoDB's do (a batch of items per 25 events)."""
+
+    async def _record_many(self, bursts: list[RunBurst]) -> list[bool | None]:
+        await asyncio.sleep(0.0001 * sum(len(burst.events) for burst in bursts))
+        return await super()._record_many(bursts)
+
+
+async def test_a_run_with_many_events_to_store_at_once_is_never_seen_lost(
+    monkeypatch: Any,
+) -> None:
+    # A burst of thousands of events (a fast agent, a slow store) once went in one write,
+    # which took longer than the lost bound: the run's heartbeat waited for it, and readers
+    # saw the run failed (RUN_LOST) meanwhile, then completed.
+    import agentscope_serverless.recorder as recorder_module
+    import agentscope_serverless.services.runs.base as runs_base
+
+    monkeypatch.setattr(recorder_module, "HEARTBEAT_SECONDS", 0.1)
+    monkeypatch.setattr(runs_base, "LOST_AFTER_SECONDS", 0.6)
+
+    async def _burst(self: Any, msgs: Any, **kwargs: Any) -> AsyncIterator[str]:
+        yield "start "
+        await asyncio.sleep(0.2)  # the run is stored, then its words come all at once
+        for index in range(8000):
+            yield f"w{index} "
+
+    runs = PerEventRunsService()
+    runner = _runner(_burst)
+    async with runs, runner.services.get("session_history"), runner:
+        recorder = RunRecorder(runs, first_write_delay=0.05)
+        run = await recorder.start(runner.stream_query(_request()), user_id="alice")
+        ending = asyncio.ensure_future(run.final())
+        seen: list[str] = []
+        while not ending.done():
+            record = await runs.get_run("alice", run.run_id)
+            if record is not None:
+                seen.append(record.status)
+            await asyncio.sleep(0.05)
+        assert (await ending).status == "completed"
+        assert set(seen) <= {"in_progress", "completed"}, seen
+        stored = await runs.get_run("alice", run.run_id)
+        assert stored is not None and stored.status == "completed"
+        events = await runs.read_events("alice", run.run_id)
+        assert [sequence for sequence, _ in events] == list(range(len(events)))
+
+
 class FailingRunsService(InMemoryRunsService):
     """A runs store that is down: each write fails after ``delay`` seconds (a store that
     refuses at once, or one that does not answer until its timeout), and so does each read
