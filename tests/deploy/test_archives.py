@@ -1058,3 +1058,23 @@ def test_a_project_the_deployed_app_could_not_start_from_is_refused_before_insta
         assert str(error.value).startswith(refused), error.value
         assert "--source" not in str(error.value) and "sk-proj" not in str(error.value)
     assert not out.exists()  # nothing resolved, installed or written
+
+
+def test_a_stop_coming_as_the_build_folder_is_made_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGTERM landing after the folder was made but before the build held it (a loaded
+    # machine) left the folder in --out, the build exiting 143 all the same.
+    from agentscope_serverless.packaging import archives
+
+    made = archives._scratch
+
+    def made_then_stopped(out_dir: Path, archive: Path) -> Path:
+        made(out_dir, archive)
+        raise KeyboardInterrupt  # as the stop signal's handler raises
+
+    monkeypatch.setattr(archives, "_scratch", made_then_stopped)
+    out = tmp_path / "dist"
+    with pytest.raises(KeyboardInterrupt), archives._build_folder(out, out / "a.zip"):
+        pass
+    assert list(out.iterdir()) == []

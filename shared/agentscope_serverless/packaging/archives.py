@@ -31,7 +31,8 @@ import tempfile
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,6 +94,36 @@ def _scratch(out_dir: Path, archive: Path) -> Path:
     _remove_stale_scratch(out_dir)
     prefix = f"{project.SCRATCH_PREFIX}{archive.stem}-{_owner(os.getpid())}-"
     return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir))
+
+
+@contextmanager
+def _build_folder(out_dir: Path, archive: Path) -> Iterator[Path]:
+    """The folder of this build (:func:`_scratch`), removed when the build ends, whichever
+    way. A stop (Ctrl-C, a signal's exception) may come before the folder is in hand, or
+    while it is removed: then every build folder of this process in ``out_dir`` goes (the
+    process is stopping), and a removal cut short is done again."""
+    scratch: Path | None = None
+    try:
+        scratch = _scratch(out_dir, archive)
+        yield scratch
+    except Exception:
+        raise
+    except BaseException:
+        _remove_folders(out_dir.glob(f"{project.SCRATCH_PREFIX}*-{_owner(os.getpid())}-*"))
+        raise
+    finally:
+        _remove_folders([scratch] if scratch is not None else [])
+
+
+def _remove_folders(folders: Iterable[Path]) -> None:
+    """Remove ``folders``, even when a stop comes meanwhile (its exception goes on once they
+    are gone: a stop signal's handler raises once)."""
+    for folder in list(folders):
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
 
 
 def _owner(pid: int) -> str:
@@ -399,11 +430,10 @@ def build_agentrun_archive(
     project.check_archivable(project_root, leave_out=(out_dir, archive))
     _refuse_big_project(project_root, (out_dir, archive), max_zip_bytes)
     left_out = tuple(project.secrets_left_out(project_root))
-    scratch = _scratch(out_dir, archive)
-    staging = scratch / "archive"
-    staging.mkdir()
-    requirements_file = scratch / "requirements.txt"
-    try:
+    with _build_folder(out_dir, archive) as scratch:
+        staging = scratch / "archive"
+        staging.mkdir()
+        requirements_file = scratch / "requirements.txt"
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
         resolved = project.resolve_requirements(
             project_root,
@@ -452,25 +482,19 @@ def build_agentrun_archive(
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         project.check_agent_import(agent, [staging], python_version=python_version)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    manifest = {
-        "name": name,
-        "runtime": f"python{python_version}",
-        "entrypoint": {"command": serve_command(agent, port), "port": port},
-        "resources": {"cpu": resources.cpu, "memory": resources.memory},
-        "session_concurrency_limit": resources.session_concurrency_limit,
-        "session_idle_timeout_seconds": resources.session_idle_timeout_seconds,
-        "environment": env,
-        "health_check": {"path": "/health", "port": port},
-    }
-    (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    progress("zipping")
-    try:
+        manifest = {
+            "name": name,
+            "runtime": f"python{python_version}",
+            "entrypoint": {"command": serve_command(agent, port), "port": port},
+            "resources": {"cpu": resources.cpu, "memory": resources.memory},
+            "session_concurrency_limit": resources.session_concurrency_limit,
+            "session_idle_timeout_seconds": resources.session_idle_timeout_seconds,
+            "environment": env,
+            "health_check": {"path": "/health", "port": port},
+        }
+        (staging / "agentrun.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        progress("zipping")
         report = _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return replace(report, left_out=left_out)
 
 
@@ -582,12 +606,11 @@ def build_modelstudio_archive(
         )
     _refuse_big_project(project_root, (out_dir, archive), max_zip_bytes)
     left_out = tuple(project.secrets_left_out(project_root))
-    scratch = _scratch(out_dir, archive)
-    staging = scratch / "archive"
-    staging.mkdir()
-    requirements_file = scratch / "requirements.txt"
-    wheels = staging / "wheels"
-    try:
+    with _build_folder(out_dir, archive) as scratch:
+        staging = scratch / "archive"
+        staging.mkdir()
+        requirements_file = scratch / "requirements.txt"
+        wheels = staging / "wheels"
         progress(f"resolving the requirements for {platform}, CPython {python_version}")
         resolved = project.resolve_requirements(
             project_root,
@@ -632,22 +655,16 @@ def build_modelstudio_archive(
         _drop_bytecode(staging)
         progress(f"checking that {agent} imports from the archive")
         _check_modelstudio_import(staging, agent, python_version, copied)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    starter = staging / "deploy_starter"
-    starter.mkdir()
-    (starter / "main.py").write_text(MODELSTUDIO_MAIN)
-    (starter / "config.yml").write_text(_config_yml(name, agent, port, "requirements.txt"))
-    if env:
-        (starter / ".env").write_text(
-            "".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8", newline=""
-        )
-    progress("zipping")
-    try:
+        starter = staging / "deploy_starter"
+        starter.mkdir()
+        (starter / "main.py").write_text(MODELSTUDIO_MAIN)
+        (starter / "config.yml").write_text(_config_yml(name, agent, port, "requirements.txt"))
+        if env:
+            (starter / ".env").write_text(
+                "".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8", newline=""
+            )
+        progress("zipping")
         report = _zip_tree(staging, archive, max_zip_bytes, progress, scratch / archive.name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return replace(report, left_out=left_out)
 
 
