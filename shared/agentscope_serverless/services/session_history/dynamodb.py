@@ -213,6 +213,11 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         return {"pk": s(f"USER#{id_hash(user_id)}"), "sk": s(f"SESSION#{id_hash(session_id)}")}
 
     @staticmethod
+    def _counter_key(user_id: str) -> Item:
+        """The key of the user's creation counter (the order of their sessions)."""
+        return {"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")}
+
+    @staticmethod
     def _messages_pk(user_id: str, session_id: str) -> str:
         return f"SESSION#{id_hash(user_id)}#{id_hash(session_id)}"
 
@@ -272,7 +277,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
             counter = await self._store.run(
                 "update_item",
                 idempotent=False,
-                Key={"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")},
+                Key=self._counter_key(user_id),
                 UpdateExpression="ADD next_order :one SET #g = if_not_exists(#g, :generation)",
                 ExpressionAttributeNames=names("#g"),
                 ExpressionAttributeValues={":one": n(1), ":generation": s(new_generation())},
@@ -721,7 +726,7 @@ class DynamoDBSessionHistoryService(DynamoDBBackedService, SessionHistoryService
         counter = await self._store.run(
             "get_item",
             idempotent=True,
-            Key={"pk": s(f"USER#{id_hash(user_id)}"), "sk": s("COUNTER")},
+            Key=self._counter_key(user_id),
             ProjectionExpression="#g",
             ExpressionAttributeNames=names("#g"),
             ConsistentRead=True,
